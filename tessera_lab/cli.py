@@ -1,0 +1,328 @@
+"""The ``tessera-lab`` command line (DESIGN section 10).
+
+Every subcommand prints a readable table and accepts ``--json PATH`` (``--json -`` for stdout, which
+then replaces the table) to write its result. Bad input exits with status 2 and one line naming the
+field and the allowed range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from typing import Any, Callable, Sequence
+
+from .errors import TesseraError
+
+GIB = 2**30
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit status 2."""
+
+    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} = {text!r} is not an integer; allowed: an integer >= 1") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{name} = {v} is out of range; allowed: an integer >= 1")
+        return v
+
+    return parse
+
+
+def _nonneg_float(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} = {text!r} is not a number; allowed: a number >= 0") from None
+        if not v >= 0 or v == float("inf"):
+            raise argparse.ArgumentTypeError(f"{name} = {text} is out of range; allowed: a finite number >= 0")
+        return v
+
+    return parse
+
+
+def _cost_list(text: str) -> list[float]:
+    out = []
+    for idx, part in enumerate(text.split(",")):
+        try:
+            v = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"costs[{idx}] = {part!r} is not a number; allowed: comma-separated numbers >= 0") from None
+        if not v >= 0 or v == float("inf"):
+            raise argparse.ArgumentTypeError(f"costs[{idx}] = {part} is out of range; allowed: a finite number >= 0")
+        out.append(v)
+    return out
+
+
+def _table(rows: list[dict[str, Any]], floatfmt: str = ".4g") -> str:
+    from tabulate import tabulate
+
+    return tabulate(rows, headers="keys", floatfmt=floatfmt, tablefmt="simple")
+
+
+def _emit(args: argparse.Namespace, result: Any, text: str) -> None:
+    from .io import write_json
+
+    if getattr(args, "json", None) == "-":
+        write_json("-", result)
+        return
+    print(text)
+    if getattr(args, "json", None):
+        write_json(args.json, result)
+
+
+def _layer_summary(layers: list[int], kinds: list[str]) -> str:
+    if not layers:
+        return "-"
+    short = {"linear_attention": "L", "full_attention": "A"}
+    counts = Counter(short.get(k.split("+")[0], "?") + ("" if k.endswith("moe") else "d") for k in kinds)
+    parts = " ".join(f"{k}x{n}" for k, n in sorted(counts.items()))
+    return f"{layers[0]}-{layers[-1]} ({parts})"
+
+
+# ---------------------------------------------------------------------- subcommands
+def cmd_models(args: argparse.Namespace) -> int:
+    from .models import load_model, shipped_models
+
+    rows = []
+    for name in shipped_models():
+        m = load_model(name)
+        c = m.param_counts()
+        rows.append({
+            "model": name, "type": m.model_type, "layers": m.num_layers, "hidden": m.hidden_size,
+            "experts": m.num_experts, "top_k": m.num_experts_per_tok, "attention_ratio": m.attention_ratio,
+            "total_B": c.total / 1e9, "active_B": c.active / 1e9,
+        })
+    _emit(args, {"models": rows}, _table(rows, ".2f"))
+    return 0
+
+
+def cmd_params(args: argparse.Namespace) -> int:
+    from .models import load_model
+
+    m = load_model(args.model)
+    c = m.param_counts().as_dict()
+    rows = [{"count": k, "parameters": v, "billions": v / 1e9} for k, v in c.items()]
+    _emit(args, {"model": m.name, **c}, f"{m.name} ({m.model_type}, {m.num_layers} layers)\n" + _table(rows, ".3f"))
+    return 0
+
+
+def _model_from_args(args: argparse.Namespace):
+    from .models import load_model
+
+    m = load_model(args.model)
+    changes = {k: v for k, v in {
+        "attention_ratio": args.attention_ratio, "moe_intermediate_size": args.expert_width,
+        "num_experts_per_tok": args.top_k, "num_experts": args.num_experts, "num_layers": args.layers,
+    }.items() if v is not None}
+    return m.with_changes(**changes) if changes else m
+
+
+def _parallel_from_args(args: argparse.Namespace):
+    from .hardware import ParallelConfig
+
+    return ParallelConfig(
+        pp=args.pp, vpp=args.vpp, tp=args.tp, ep=args.ep, dp=args.dp, microbatches=args.microbatches,
+        micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, schedule=args.schedule,
+        distributed_optimizer=not args.no_distributed_optimizer,
+    )
+
+
+def _evaluation_rows(ev) -> list[dict[str, Any]]:
+    return [{
+        "stage": st.index, "layers": _layer_summary(st.layers, st.kinds), "n": len(st.layers),
+        "time/mb (ms)": st.time_s * 1e3, "F (ms)": st.f_s * 1e3, "B+W (ms)": st.b_s * 1e3,
+        "memory (GiB)": st.memory_bytes / GIB,
+    } for st in ev.stages]
+
+
+def format_plan(plan) -> str:
+    """Readable text of a plan: per-stage tables for the chosen method and each baseline, then a summary."""
+    p, m = plan.parallel, plan.model
+    lines = [
+        f"model {m.name}: {m.num_layers} layers, pattern {m.layer_pattern()}  (L linear attention, A full attention; lower case: dense FFN)",
+        f"cluster {plan.cluster.num_nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}; "
+        f"pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp} ({p.world_size} GPUs), schedule {p.schedule}, "
+        f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "
+        f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU",
+        "",
+    ]
+    summary = []
+    for label, ev in [(f"{plan.chosen.method} (chosen)", plan.chosen)] + list(plan.baselines.items()):
+        lines.append(f"[{label}] boundaries {ev.partition.boundaries}"
+                     + (f"; solver {ev.partition.solver} {ev.partition.status} in {ev.partition.solve_time_s:.3f} s"
+                        if ev.partition.solver else ""))
+        lines.append(_table(_evaluation_rows(ev), ".3f"))
+        lines.append("")
+        summary.append({
+            "method": ev.method, "iteration (s)": ev.iteration_time_s, "tokens/s": ev.tokens_per_s,
+            "MFU": ev.mfu, "bubble_fraction": ev.bubble_fraction,
+            "slowest stage (ms)": max(st.time_s for st in ev.stages) * 1e3,
+        })
+    lines.append(_table(summary, ".4g"))
+    lines.append("MFU: Megatron-LM model FLOPs (3 x forward GEMM + attention FLOPs, causal at half) / "
+                 f"(iteration time x {p.world_size} GPUs x {plan.cluster.gpu.peak_flops / 1e12:.0f} TFLOP/s dense bf16)")
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .hardware import Cluster
+    from .plan import make_plan
+
+    model = _model_from_args(args)
+    parallel = _parallel_from_args(args)
+    cluster = Cluster.dgx(args.gpu, args.nodes) if args.nodes else None
+    plan = make_plan(model, parallel, cluster, method=args.method, objective=args.objective,
+                     time_limit_s=args.time_limit, gpu=args.gpu)
+    _emit(args, plan.as_dict(), format_plan(plan))
+    if args.plot:
+        from .plots import save_plan_figures
+
+        paths = save_plan_figures(plan, args.plot)
+        print("figures: " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from .partition import partition_costs
+
+    part = partition_costs(args.costs, args.stages, args.method, time_limit_s=args.time_limit)
+    result = {
+        "boundaries": part.boundaries, "stage_costs": part.stage_costs, "bottleneck": part.bottleneck,
+        "method": part.method, "solver": part.solver, "status": part.status, "solve_time_s": part.solve_time_s,
+    }
+    rows = [{"stage": s, "layers": f"{part.boundaries[s]}-{part.boundaries[s + 1] - 1}", "cost": c}
+            for s, c in enumerate(part.stage_costs)]
+    _emit(args, result, _table(rows) + f"\nbottleneck {part.bottleneck:.6g} ({part.method}"
+          + (f", {part.solver} {part.status}" if part.solver else "") + ")")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .schedules import build_schedule
+    from .simulate import simulate, uniform_durations
+
+    sched = build_schedule(args.schedule, args.stages, args.microbatches, args.vpp)
+    tl = simulate(sched, uniform_durations(args.f, args.b, args.w, args.fb), p2p_latency=args.p2p_latency)
+    result = {
+        "schedule": sched.name, "stages": args.stages, "microbatches": args.microbatches, "vpp": args.vpp,
+        "makespan": tl.iteration_time, "bubble_fraction": tl.bubble_fraction,
+        "bubble_overhead": tl.bubble_overhead, "per_rank_idle": tl.per_rank_idle,
+        "per_rank_busy": tl.per_rank_busy, "peak_activations": tl.peak_activations,
+    }
+    rows = [{"rank": r, "busy": tl.per_rank_busy[r], "idle": tl.per_rank_idle[r],
+             "peak activations": tl.peak_activations[r]} for r in range(len(tl.per_rank_busy))]
+    text = (_table(rows) + f"\nmakespan {tl.iteration_time:.6g}  bubble_fraction {tl.bubble_fraction:.4f}  "
+            f"bubble_overhead {tl.bubble_overhead:.4f}")
+    _emit(args, result, text)
+    if args.trace:
+        tl.to_chrome_trace(args.trace)
+    if args.plot:
+        from .plots import gantt
+
+        ax = gantt(tl, title=f"{sched.name}: p={args.stages}, m={args.microbatches}")
+        ax.figure.savefig(args.plot, dpi=120, bbox_inches="tight")
+    return 0
+
+
+# ---------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    from .plan import DEFAULT_GPU, DEFAULT_MODEL
+
+    parser = _Parser(prog="tessera-lab", description="Pipeline-parallel planning for hybrid MoE models.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def add_json(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH ('-' for stdout)")
+
+    p = sub.add_parser("models", help="list the shipped models")
+    add_json(p)
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("params", help="parameter counts of a model")
+    p.add_argument("model", help="a shipped model name or a config.json path")
+    add_json(p)
+    p.set_defaults(func=cmd_params)
+
+    p = sub.add_parser("plan", help="the main job: partition, simulate and report a pipeline plan")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"shipped model or config.json (default {DEFAULT_MODEL})")
+    p.add_argument("--gpu", default=DEFAULT_GPU, help="H100, H200 or B200 (default H200)")
+    p.add_argument("--nodes", type=_positive_int("nodes"), default=None,
+                   help="nodes of 8 GPUs (default: the fewest that hold pp*dp*ep*tp)")
+    p.add_argument("--pp", type=_positive_int("pp"), default=8)
+    p.add_argument("--vpp", type=_positive_int("vpp"), default=1)
+    p.add_argument("--ep", type=_positive_int("ep"), default=8)
+    p.add_argument("--tp", type=_positive_int("tp"), default=1)
+    p.add_argument("--dp", type=_positive_int("dp"), default=1)
+    p.add_argument("--microbatches", "-m", type=_positive_int("microbatches"), default=32)
+    p.add_argument("--micro-batch-size", type=_positive_int("micro_batch_size"), default=1)
+    p.add_argument("--seq-len", type=_positive_int("seq_len"), default=4096)
+    p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b (default), zb-h1, zb-h2 or overlapped")
+    p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
+    p.add_argument("--objective", default="bottleneck", choices=["bottleneck", "schedule"])
+    p.add_argument("--time-limit", type=_nonneg_float("time_limit"), default=10.0, help="ILP time limit, seconds")
+    p.add_argument("--no-distributed-optimizer", action="store_true")
+    p.add_argument("--attention-ratio", type=int, default=None, help="linear-attention layers per full-attention layer")
+    p.add_argument("--expert-width", type=int, default=None, help="routed expert intermediate size")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--num-experts", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--plot", metavar="PATH", help="save figures (PATH.png: stage costs and timeline)")
+    add_json(p)
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("partition", help="partition a plain per-layer cost list")
+    p.add_argument("--costs", type=_cost_list, required=True, help="comma-separated per-layer costs")
+    p.add_argument("--stages", type=_positive_int("stages"), required=True)
+    p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
+    p.add_argument("--time-limit", type=_nonneg_float("time_limit"), default=10.0)
+    add_json(p)
+    p.set_defaults(func=cmd_partition)
+
+    p = sub.add_parser("simulate", help="simulate a uniform pipeline")
+    p.add_argument("--schedule", default="1f1b", help="gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped")
+    p.add_argument("--stages", type=_positive_int("stages"), required=True, help="pipeline ranks (pp)")
+    p.add_argument("--microbatches", type=_positive_int("microbatches"), required=True)
+    p.add_argument("--vpp", type=_positive_int("vpp"), default=1, help="chunks per rank (interleaved)")
+    p.add_argument("--f", type=_nonneg_float("f"), required=True, help="forward time per stage")
+    p.add_argument("--b", type=_nonneg_float("b"), required=True, help="full backward time per stage")
+    p.add_argument("--w", type=_nonneg_float("w"), default=None, help="weight-gradient part of b")
+    p.add_argument("--fb", type=_nonneg_float("fb"), default=None, help="overlapped F+B pair time")
+    p.add_argument("--p2p-latency", type=_nonneg_float("p2p_latency"), default=0.0)
+    p.add_argument("--trace", metavar="PATH", help="write a Chrome trace JSON (opens in Perfetto)")
+    p.add_argument("--plot", metavar="PATH", help="save a Gantt chart")
+    add_json(p)
+    p.set_defaults(func=cmd_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``tessera-lab``; returns the exit status (0 ok, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except TesseraError as exc:
+        print(f"tessera-lab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        print(f"tessera-lab {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # pragma: no cover - e.g. piping into head
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Memory per pipeline stage: parameters, gradients and optimizer state plus activations in flight.
+
+Bytes per parameter (DESIGN section 3; Megatron-LM mixed precision with Adam): bf16 weights (2) +
+fp32 gradient accumulation buffer (4) + fp32 master weights, Adam m and v (12) = 18; with a distributed
+optimizer the 12 bytes of optimizer state are sharded over the data-parallel ranks: ``6 + 12 / dp``
+(Rajbhandari et al., ZeRO stage 1). Expert parameters are data-parallel over ``dp`` ranks; the rest of a
+stage over ``ep * dp`` ranks (see :mod:`tessera_lab.hardware`).
+
+Activations: the ``saved_bytes`` of every forward task of the stage's layers (:mod:`tessera_lab.tasks`)
+per micro-batch, times the micro-batches in flight on that stage for the schedule:
+GPipe ``m``; 1F1B (and overlapped 1F1B, ZB-H1) ``min(p - s, m)`` on stage ``s`` of ``p``; ZB-H2
+``min(2p - 1 - 2s, m)`` (Qi et al., ICLR 2024, about twice 1F1B's peak on the first stage);
+interleaved 1F1B with v chunks: ``min(p - s + (v - 1) p, v m)`` chunk-micro-batches of ``1/v`` of the
+stage's layers each (Narayanan et al., SC21, warm-up count of Megatron-LM's interleaved schedule);
+DualPipeV ``min(p + 1, m)`` (DeepSeek DualPipe README: activation memory ``PP + 1`` against 1F1B's ``PP``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .errors import ConfigError
+from .hardware import Cluster, ParallelConfig, cost_assumptions
+from .models import ModelSpec
+from .tasks import LayerTasks
+
+GIB = 2**30
+
+
+def bytes_per_param(parallel: ParallelConfig, dp_degree: int) -> float:
+    """Training-state bytes per parameter: 18, or ``6 + 12/dp_degree`` with a distributed optimizer."""
+    if parallel.distributed_optimizer:
+        return 6.0 + 12.0 / dp_degree
+    return 18.0
+
+
+def in_flight(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> float:
+    """Micro-batches whose activations a stage holds at its peak (in units of the whole stage's
+    activations per micro-batch). Formulas in the module docstring.
+
+    Raises:
+        ConfigError: unknown schedule name.
+    """
+    s = stage
+    if schedule == "gpipe":
+        return float(m)
+    if schedule in ("1f1b", "overlapped", "zb-h1"):
+        return float(min(pp - s, m))
+    if schedule == "zb-h2":
+        return float(min(2 * pp - 1 - 2 * s, m))
+    if schedule == "interleaved":
+        return min(pp - s + (vpp - 1) * pp, vpp * m) / vpp
+    if schedule == "dualpipev":
+        return float(min(pp + 1, m))
+    raise ConfigError(f"schedule {schedule!r} is unknown; allowed: gpipe, 1f1b, interleaved, zb-h1, zb-h2, dualpipev, overlapped")
+
+
+@dataclass(frozen=True)
+class LayerMemory:
+    """Per-layer memory inputs: parameter bytes on one GPU and activation bytes per micro-batch."""
+
+    param_bytes: float
+    activation_bytes: float
+
+
+def layer_memory(model: ModelSpec, parallel: ParallelConfig, tasks: Sequence[LayerTasks]) -> list[LayerMemory]:
+    """Memory of the embedding, every decoder layer and the LM head (same order as ``decompose``).
+
+    Parameter bytes on one GPU: expert weights / ep and the rest / tp, times the bytes per parameter of
+    each part's data-parallel degree.
+    """
+    p = parallel
+    dense_bpp = bytes_per_param(p, p.ep * p.dp)
+    expert_bpp = bytes_per_param(p, p.dp)
+    out = []
+    for lt in tasks:
+        if lt.layer < 0:
+            params = model.vocab_size * model.hidden_size / p.tp * dense_bpp
+        elif lt.layer >= model.num_layers:
+            head = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
+            params = (head / p.tp + model.hidden_size) * dense_bpp
+        else:
+            comp = model.layer_params(model.layers[lt.layer])
+            dense = (comp["mixer"] + comp["shared"] + comp["dense_mlp"]) / p.tp + comp["norms"] + comp["router"]
+            params = dense * dense_bpp + comp["experts"] / p.ep * expert_bpp
+        act = sum(t.saved_bytes for t in lt.F)
+        out.append(LayerMemory(params, act))
+    return out
+
+
+def memory_capacity(cluster: Cluster) -> float:
+    """Bytes usable per GPU: HBM minus the reserve of ``data/hardware/cost_model.json``."""
+    return cluster.gpu.memory_bytes - cost_assumptions()["memory_reserve_gib"] * GIB

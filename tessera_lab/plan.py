@@ -1,0 +1,352 @@
+"""The main job: model -> tasks -> costs -> partition -> schedule -> simulate -> metrics.
+
+:func:`make_plan` turns a :class:`~tessera_lab.models.ModelSpec`, a
+:class:`~tessera_lab.hardware.ParallelConfig` and a :class:`~tessera_lab.hardware.Cluster` into a
+:class:`Plan`: stage boundaries chosen by the requested method, each stage's time per micro-batch and
+memory, the simulated iteration, tokens/s, MFU and bubble, and the same numbers for baseline partitions
+evaluated with the same schedule and simulator (a fair comparison).
+
+MFU = model FLOPs per iteration / (iteration time x GPUs x peak dense bf16 FLOP/s), with model FLOPs
+in Megatron-LM's convention (:func:`tessera_lab.tasks.model_flops_per_iteration`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .costs import CostModel, LayerCost
+from .errors import ConfigError
+from .hardware import Cluster, ParallelConfig, check_fits, cluster_for
+from .memory import LayerMemory, in_flight, layer_memory, memory_capacity
+from .models import ModelSpec
+from .partition import Partition, PartitionProblem, solve, uniform_boundaries
+from .schedules import build_schedule
+from .simulate import Timeline, simulate, stage_durations
+from .tasks import Collective, decompose, model_flops_per_iteration
+
+DEFAULT_MODEL = "qwen3-next-80b-a3b"
+DEFAULT_GPU = "H200"
+BASELINES = ("uniform",)
+
+
+@dataclass
+class StagePlan:
+    """One pipeline stage: its layers, per-micro-batch times (seconds) and memory (bytes per GPU)."""
+
+    index: int
+    layers: list[int]
+    kinds: list[str]
+    f_s: float
+    b_s: float
+    w_s: float
+    memory_bytes: float
+    param_bytes: float
+    activation_bytes: float
+
+    @property
+    def time_s(self) -> float:
+        """Forward + full backward (input and weight gradient) per micro-batch, seconds."""
+        return self.f_s + self.b_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "layers": self.layers,
+            "kinds": self.kinds,
+            "time_s": self.time_s,
+            "f_s": self.f_s,
+            "b_s": self.b_s,
+            "w_s": self.w_s,
+            "memory_bytes": self.memory_bytes,
+            "param_bytes": self.param_bytes,
+            "activation_bytes": self.activation_bytes,
+        }
+
+
+@dataclass
+class Evaluation:
+    """A partition evaluated by the simulator."""
+
+    method: str
+    partition: Partition
+    stages: list[StagePlan]
+    timeline: Timeline
+    iteration_time_s: float
+    tokens_per_s: float
+    mfu: float
+    bubble_fraction: float
+    exposed_comm_s: dict[str, float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "boundaries": self.partition.boundaries,
+            "stages": [s.as_dict() for s in self.stages],
+            "iteration_time_s": self.iteration_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "mfu": self.mfu,
+            "bubble_fraction": self.bubble_fraction,
+            "bubble_overhead": self.timeline.bubble_overhead,
+            "exposed_comm_s": self.exposed_comm_s,
+            "solver": self.partition.solver,
+            "solver_status": self.partition.status,
+            "solve_time_s": self.partition.solve_time_s,
+        }
+
+
+@dataclass
+class Plan:
+    """Result of :func:`make_plan`: the chosen evaluation plus baselines and the inputs."""
+
+    model: ModelSpec
+    parallel: ParallelConfig
+    cluster: Cluster
+    chosen: Evaluation
+    baselines: dict[str, Evaluation]
+    layer_costs: list[LayerCost]
+    model_flops: float
+    memory_capacity_bytes: float
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with the keys of the CLI contract (``model``, ``method``, ``stages``, ...)."""
+        d = self.chosen.as_dict()
+        d = {
+            "model": self.model.name,
+            **d,
+            "baselines": {name: ev.as_dict() for name, ev in self.baselines.items()},
+            "model_flops_per_iteration": self.model_flops,
+            "tokens_per_iteration": self.parallel.tokens_per_iteration,
+            "gpus": self.parallel.world_size,
+            "gpu": self.cluster.gpu.name,
+            "nodes": self.cluster.num_nodes,
+            "memory_capacity_bytes": self.memory_capacity_bytes,
+            "parallel": {k: getattr(self.parallel, k) for k in (
+                "pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
+                "distributed_optimizer", "schedule")},
+            "notes": self.notes,
+        }
+        return d
+
+
+class StageCostModel:
+    """Per-layer times and memory turned into segment functions for the partitioner.
+
+    Index convention: decoder layer ``l`` is entry ``l + 1`` of ``layer_costs`` / ``memory`` (entry 0
+    is the embedding, the last entry the LM head and loss); the embedding counts toward stage 0 and
+    the head toward the last stage.
+    """
+
+    def __init__(self, layer_costs: Sequence[LayerCost], memory: Sequence[LayerMemory], parallel: ParallelConfig):
+        self.costs = list(layer_costs)
+        self.memory = list(memory)
+        self.parallel = parallel
+        n = len(self.costs) - 2
+        self.num_layers = n
+        self._pf = self._prefix([c.F.time for c in self.costs[1:-1]])
+        self._pb = self._prefix([c.B.time + c.W.time for c in self.costs[1:-1]])
+        self._pw = self._prefix([c.W.time for c in self.costs[1:-1]])
+        self._pparam = self._prefix([mm.param_bytes for mm in self.memory[1:-1]])
+        self._pact = self._prefix([mm.activation_bytes for mm in self.memory[1:-1]])
+
+    @staticmethod
+    def _prefix(values: Sequence[float]) -> list[float]:
+        out = [0.0]
+        for v in values:
+            out.append(out[-1] + v)
+        return out
+
+    def _extra(self, s: int, attr: str) -> float:
+        total = 0.0
+        emb, head = self.costs[0], self.costs[-1]
+        if s == 0:
+            total += {"f": emb.F.time, "b": emb.B.time + emb.W.time, "w": emb.W.time}[attr]
+        if s == self.parallel.pp - 1:
+            total += {"f": head.F.time, "b": head.B.time + head.W.time, "w": head.W.time}[attr]
+        return total
+
+    def f(self, s: int, i: int, j: int) -> float:
+        return self._pf[j] - self._pf[i] + self._extra(s, "f")
+
+    def b(self, s: int, i: int, j: int) -> float:
+        """Full backward (B + W) of the segment, seconds per micro-batch."""
+        return self._pb[j] - self._pb[i] + self._extra(s, "b")
+
+    def w(self, s: int, i: int, j: int) -> float:
+        return self._pw[j] - self._pw[i] + self._extra(s, "w")
+
+    def cost(self, s: int, i: int, j: int) -> float:
+        """Standalone time per micro-batch (F + B + W) of stage s owning layers i..j-1."""
+        return self.f(s, i, j) + self.b(s, i, j)
+
+    def params(self, s: int, i: int, j: int) -> float:
+        extra = (self.memory[0].param_bytes if s == 0 else 0.0) + (
+            self.memory[-1].param_bytes if s == self.parallel.pp - 1 else 0.0)
+        return self._pparam[j] - self._pparam[i] + extra
+
+    def activations(self, s: int, i: int, j: int) -> float:
+        """Activation bytes per micro-batch of the segment."""
+        extra = (self.memory[0].activation_bytes if s == 0 else 0.0) + (
+            self.memory[-1].activation_bytes if s == self.parallel.pp - 1 else 0.0)
+        return self._pact[j] - self._pact[i] + extra
+
+    def memory_bytes(self, s: int, i: int, j: int) -> float:
+        """Parameters and training state plus activations times micro-batches in flight (bytes)."""
+        p = self.parallel
+        return self.params(s, i, j) + self.activations(s, i, j) * in_flight(p.schedule, p.pp, s, p.microbatches, p.vpp)
+
+
+def dp_grad_sync_time(model: ModelSpec, cost_model: CostModel, stage: StagePlan) -> float:
+    """Gradient synchronisation at the end of the iteration on one stage, seconds.
+
+    Non-expert gradients are reduced over the ``ep * dp`` data-parallel ranks, expert gradients over
+    ``dp``: a reduce-scatter plus all-gather of the bf16 parameters with a distributed optimizer
+    (together the bus volume of one all-reduce), else an all-reduce of the gradients.
+    """
+    p = cost_model.parallel
+    dense = expert = 0.0
+    for idx in stage.layers:
+        comp = model.layer_params(model.layers[idx])
+        dense += (comp["mixer"] + comp["shared"] + comp["dense_mlp"]) / p.tp + comp["norms"] + comp["router"]
+        expert += comp["experts"] / p.ep
+    if stage.index == 0:
+        dense += model.vocab_size * model.hidden_size / p.tp
+    if stage.index == p.pp - 1 and not model.tie_word_embeddings:
+        dense += model.vocab_size * model.hidden_size / p.tp
+    t = 0.0
+    for params, group, size in ((dense, "edp", p.ep * p.dp), (expert, "dp", p.dp)):
+        if size > 1 and params > 0:
+            t += cost_model.collective_time(Collective("all_reduce", params * p.dtype_bytes, group, size))
+    return t
+
+
+def evaluate(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    cost_model: CostModel,
+    stage_model: StageCostModel,
+    partition: Partition,
+    method: str,
+    model_flops: float,
+) -> Evaluation:
+    """Simulate a partition with the parallel config's schedule and compute the metrics."""
+    p = parallel
+    b = partition.boundaries
+    stages = []
+    for s in range(p.pp):
+        i, j = b[s], b[s + 1]
+        stages.append(StagePlan(
+            index=s,
+            layers=list(range(i, j)),
+            kinds=[model.layers[l].kind for l in range(i, j)],
+            f_s=stage_model.f(s, i, j),
+            b_s=stage_model.b(s, i, j),
+            w_s=stage_model.w(s, i, j),
+            memory_bytes=stage_model.memory_bytes(s, i, j),
+            param_bytes=stage_model.params(s, i, j),
+            activation_bytes=stage_model.activations(s, i, j),
+        ))
+    schedule = build_schedule(p.schedule, p.pp, p.microbatches, p.vpp)
+    if schedule.num_stages != p.pp:
+        raise ConfigError(
+            f"schedule {p.schedule!r} places {schedule.num_stages} stages on {p.pp} ranks; the planner needs one "
+            f"stage per rank (use schedule 1f1b, gpipe, zb-h1, zb-h2 or overlapped)"
+        )
+    durations = stage_durations([st.f_s for st in stages], [st.b_s for st in stages], [st.w_s for st in stages])
+    p2p = [cost_model.p2p_time(model, s) for s in range(p.pp)]
+    comm = []
+    for s, st in enumerate(stages):
+        rank = schedule.stage_to_rank[s]
+        sync = dp_grad_sync_time(model, cost_model, st)
+        if sync > 0:
+            comm.append((rank, "dp_grad_sync", sync, schedule.actions[rank][-1]))
+    timeline = simulate(schedule, durations, p2p_time=lambda src, dst: p2p[min(src, dst)], comm=comm)
+    T = timeline.iteration_time
+    exposed = dict(timeline.exposed_comm)
+    # EP all-to-all and TP all-reduce not hidden inside the stage's own bundles (per rank, summed over ranks)
+    for st in stages:
+        for l in st.layers:
+            c = stage_model.costs[l + 1]
+            for ph in (c.F, c.B):
+                for key, sec in ph.comm_by_collective.items():
+                    share = ph.exposed_comm / ph.comm if ph.comm > 0 else 0.0
+                    exposed[key] = exposed.get(key, 0.0) + sec * share * p.microbatches
+    return Evaluation(
+        method=method,
+        partition=partition,
+        stages=stages,
+        timeline=timeline,
+        iteration_time_s=T,
+        tokens_per_s=p.tokens_per_iteration / T,
+        mfu=model_flops / (T * p.world_size * cost_model.cluster.gpu.peak_flops),
+        bubble_fraction=timeline.bubble_fraction,
+        exposed_comm_s=exposed,
+    )
+
+
+def make_plan(
+    model: ModelSpec,
+    parallel: ParallelConfig | None = None,
+    cluster: Cluster | None = None,
+    *,
+    method: str = "ilp",
+    baselines: Sequence[str] = BASELINES,
+    time_limit_s: float = 10.0,
+    objective: str = "bottleneck",
+    gpu: str = DEFAULT_GPU,
+) -> Plan:
+    """Plan a pipeline for ``model``.
+
+    Args:
+        model: the model.
+        parallel: parallel sizes (default :class:`ParallelConfig()`: pp=8, ep=8, m=32, seq 4096, mbs 1).
+        cluster: the cluster; default the smallest DGX cluster of ``gpu`` holding the world size.
+        method: ``ilp`` (default), ``dp`` or ``uniform``.
+        baselines: other partitions to evaluate with the same schedule (``uniform``).
+        time_limit_s: ILP time limit, seconds.
+        objective: ``bottleneck`` or ``schedule`` (``sum + (m-1) max``).
+
+    Raises:
+        ConfigError: bad parallel sizes or a world size larger than the cluster.
+        PartitionError / InfeasiblePlanError: more stages than layers, or nothing fits in memory.
+    """
+    parallel = parallel or ParallelConfig()
+    cluster = cluster or cluster_for(parallel, gpu)
+    check_fits(parallel, cluster)
+    if parallel.pp > model.num_layers:
+        from .errors import PartitionError
+
+        raise PartitionError(
+            f"field 'pp' = {parallel.pp} is out of range; allowed: 1 to the number of layers ({model.num_layers})"
+        )
+    cost_model = CostModel(cluster, parallel)
+    tasks = decompose(model, parallel)
+    layer_costs = [cost_model.layer_cost(lt) for lt in tasks]
+    mem = layer_memory(model, parallel, tasks)
+    stage_model = StageCostModel(layer_costs, mem, parallel)
+    capacity = memory_capacity(cluster)
+    problem = PartitionProblem(
+        model.num_layers, parallel.pp, stage_model.cost,
+        memory=stage_model.memory_bytes, memory_limit=capacity,
+        objective=objective, microbatches=parallel.microbatches,
+    )
+    flops = model_flops_per_iteration(model, parallel)
+    chosen_part = solve(problem, method, time_limit_s=time_limit_s)
+    chosen = evaluate(model, parallel, cost_model, stage_model, chosen_part, method, flops)
+    notes = []
+    out: dict[str, Evaluation] = {}
+    for name in baselines:
+        if name == method:
+            continue
+        if name != "uniform":
+            raise ConfigError(f"baseline {name!r} is unknown; allowed: uniform")
+        b = uniform_boundaries(model.num_layers, parallel.pp)
+        costs = [stage_model.cost(s, b[s], b[s + 1]) for s in range(parallel.pp)]
+        part = Partition(b, costs, max(costs), problem.objective_value(costs), "uniform",
+                         stage_memory=[stage_model.memory_bytes(s, b[s], b[s + 1]) for s in range(parallel.pp)])
+        over = [s for s, mm in enumerate(part.stage_memory) if mm > capacity]
+        if over:
+            notes.append(f"uniform baseline exceeds memory on stage(s) {over}")
+        out[name] = evaluate(model, parallel, cost_model, stage_model, part, name, flops)
+    return Plan(model, parallel, cluster, chosen, out, layer_costs, flops, capacity, notes)

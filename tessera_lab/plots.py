@@ -1,0 +1,229 @@
+"""Figures (seaborn / matplotlib). Plotting libraries are imported inside each function, so
+importing this module stays cheap and works where matplotlib is absent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["gantt"]
+
+# Colour per action type (indices into seaborn's colour-blind palette), fixed so that every figure
+# uses the same colours.
+_TYPE_ORDER = ["F", "B", "I", "W", "OVERLAP_F_B"]
+_TYPE_PALETTE_INDEX = {"F": 0, "B": 3, "I": 1, "W": 2, "OVERLAP_F_B": 4}
+_TYPE_NAMES = {
+    "F": "F forward",
+    "B": "B backward",
+    "I": "I input grad",
+    "W": "W weight grad",
+    "OVERLAP_F_B": "F&B overlapped",
+}
+
+
+def _time_unit(span: float) -> tuple[float, str]:
+    if span >= 1.0 or span == 0:
+        return 1.0, "s"
+    if span >= 1e-3:
+        return 1e3, "ms"
+    return 1e6, "µs"
+
+
+def _text_colour(rgb) -> str:
+    r, g, b = rgb[:3]
+    luminance = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    return "black" if luminance > 0.5 else "white"
+
+
+def _bar_text(e) -> str:
+    if e.type == "OVERLAP_F_B":
+        # label "(0F7;7B3)OVERLAP_F_B" -> "7|3" (forward's micro-batch | backward's)
+        inner = e.label[1 : e.label.find(")")]
+        parts = []
+        for sub in inner.split(";"):
+            digits = ""
+            for ch in reversed(sub):
+                if not ch.isdigit():
+                    break
+                digits = ch + digits
+            parts.append(digits)
+        return "|".join(parts)
+    return "" if e.microbatch is None else str(e.microbatch)
+
+
+def gantt(timeline, ax=None, title: str | None = None) -> Any:
+    """Gantt chart of a :class:`~tessera_lab.simulate.Timeline`: one row per rank.
+
+    Compute actions are bars coloured by type (F, B, I, W, overlapped F&B) with the micro-batch
+    number written on each bar wide enough to hold it (``f|b`` for an overlapped pair);
+    transfers and other communication appear as a thin grey strip under the rank's row. Text
+    colour follows each bar's brightness, and axes use the active matplotlib style, so the
+    figure reads in light and dark themes. Default size 10 x (0.45 per rank + 1.6) inches,
+    capped at 8 inches high.
+
+    Args:
+        timeline: the simulated timeline.
+        ax: matplotlib axes to draw into; a new figure is made when ``None``.
+        title: figure title; default names the schedule, makespan and bubble fraction.
+
+    Returns:
+        the matplotlib ``Axes``.
+    """
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+    from matplotlib.patches import Patch
+
+    events = timeline.events
+    ranks = max(getattr(timeline, "num_ranks", 0) or 0, 1 + max((e.rank for e in events), default=-1))
+    if ax is None:
+        height = min(8.0, 0.45 * max(ranks, 1) + 1.6)
+        _, ax = plt.subplots(figsize=(10, height), layout="constrained")
+    palette = sns.color_palette("colorblind", 10)
+    colours = {k: palette[i] for k, i in _TYPE_PALETTE_INDEX.items()}
+    comm_colour = (0.55, 0.55, 0.55)
+    edge = plt.rcParams.get("axes.facecolor", "white")
+    if edge in ("none", None):
+        edge = "white"
+
+    span = timeline.iteration_time
+    scale, unit = _time_unit(span)
+    bar_h, comm_h = 0.72, 0.16
+
+    # ranks holding several stages (interleaved, DualPipeV): later chunks in a lighter shade
+    first_stage: dict[int, int] = {}
+    stages_seen: dict[int, set] = {}
+    for e in events:
+        if e.lane == "compute" and e.type != "OVERLAP_F_B":
+            first_stage[e.rank] = min(first_stage.get(e.rank, e.stage), e.stage)
+            stages_seen.setdefault(e.rank, set()).add(e.stage)
+    multi_chunk = any(len(v) > 1 for v in stages_seen.values())
+
+    def colour_of(typ: str, light: bool):
+        c = colours.get(typ, comm_colour)
+        return tuple(0.55 * x + 0.45 for x in c) if light else c
+
+    by_key: dict[tuple[int, str, bool], list[tuple[float, float]]] = {}
+    comm_bars: dict[int, list[tuple[float, float]]] = {}
+    light_of: dict[int, bool] = {}
+    for n, e in enumerate(events):
+        if e.lane == "compute":
+            light = multi_chunk and e.type != "OVERLAP_F_B" and e.stage != first_stage.get(e.rank, e.stage)
+            light_of[n] = light
+            by_key.setdefault((e.rank, e.type, light), []).append((e.start * scale, (e.end - e.start) * scale))
+        else:
+            comm_bars.setdefault(e.rank, []).append((e.start * scale, (e.end - e.start) * scale))
+    for (rank, typ, light), bars in by_key.items():
+        ax.broken_barh(
+            bars, (rank - bar_h / 2, bar_h), facecolors=colour_of(typ, light), edgecolors=edge, linewidth=0.6
+        )
+    for rank, bars in comm_bars.items():
+        ax.broken_barh(bars, (rank + bar_h / 2 + 0.02, comm_h), facecolors=comm_colour, edgecolors="none", alpha=0.8)
+
+    # micro-batch numbers where they fit (about 7 points per character at font size 7)
+    fig = ax.figure
+    axes_width_pt = max(1.0, ax.get_position().width * fig.get_figwidth() * 72)
+    pt_per_unit = axes_width_pt / max(span * scale, 1e-30)
+    compute = [(n, e) for n, e in enumerate(events) if e.lane == "compute"]
+    if len(compute) <= 3000:
+        for n, e in compute:
+            text = _bar_text(e)
+            if not text:
+                continue
+            width_pt = (e.end - e.start) * scale * pt_per_unit
+            if width_pt < 5.0 * len(text) + 2:
+                continue
+            ax.text(
+                (e.start + e.end) / 2 * scale,
+                e.rank,
+                text,
+                ha="center",
+                va="center",
+                fontsize=7,
+                color=_text_colour(colour_of(e.type, light_of.get(n, False))),
+                clip_on=True,
+            )
+
+    ax.set_ylim(ranks - 0.5 + (comm_h + 0.05 if comm_bars else 0.0), -0.6)
+    ax.set_yticks(range(ranks))
+    ax.set_yticklabels([f"rank {r}" for r in range(ranks)])
+    ax.set_xlim(0, span * scale * 1.005 if span > 0 else 1)
+    ax.set_xlabel(f"time ({unit})")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+
+    present = [t for t in _TYPE_ORDER if any(k[1] == t for k in by_key)]
+    handles = [Patch(facecolor=colours[t], edgecolor=edge, label=_TYPE_NAMES[t]) for t in present]
+    if multi_chunk:
+        handles.append(Patch(facecolor=colour_of("F", True), edgecolor=edge, label="lighter: later chunk"))
+    if comm_bars:
+        handles.append(Patch(facecolor=comm_colour, label="comm (p2p, collectives)"))
+    if handles:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    if title is None:
+        name = getattr(timeline, "schedule_name", "") or "pipeline"
+        title = (
+            f"{name}: iteration {timeline.iteration_time * scale:.4g} {unit}, "
+            f"bubble {timeline.bubble_fraction:.1%} of rank-time"
+        )
+    ax.set_title(title, fontsize=10)
+    return ax
+
+
+def stage_cost_bars(plan, ax=None, title: str | None = None) -> Any:
+    """Bar chart of time per micro-batch per stage (F and B+W stacked) for the chosen partition and
+    each baseline of a :class:`~tessera_lab.plan.Plan`, side by side. Times in ms.
+
+    Returns:
+        the matplotlib ``Axes``.
+    """
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+
+    rows = []
+    for ev in [plan.chosen, *plan.baselines.values()]:
+        for st in ev.stages:
+            rows.append({"partition": ev.method, "stage": st.index, "time per micro-batch (ms)": st.time_s * 1e3,
+                         "layers": len(st.layers)})
+    df = pd.DataFrame(rows)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
+    sns.barplot(data=df, x="stage", y="time per micro-batch (ms)", hue="partition", ax=ax,
+                palette="colorblind")
+    slowest = max(st.time_s for st in plan.chosen.stages) * 1e3
+    ax.axhline(slowest, color="grey", linestyle="--", linewidth=1, label=f"slowest ({plan.chosen.method})")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(title or f"{plan.model.name}: stage cost per micro-batch")
+    return ax
+
+
+__all__.append("stage_cost_bars")
+
+
+def save_plan_figures(plan, path) -> list:
+    """Save the stage-cost bars and the Gantt of the chosen plan's timeline.
+
+    ``path`` ``out/plan.png`` writes ``out/plan-stages.png`` and ``out/plan-timeline.png``.
+    Returns the written paths.
+    """
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    base = Path(path)
+    base.parent.mkdir(parents=True, exist_ok=True)
+    stem, suffix = base.stem, base.suffix or ".png"
+    out = []
+    ax = stage_cost_bars(plan)
+    p1 = base.with_name(f"{stem}-stages{suffix}")
+    ax.figure.savefig(p1, dpi=120, bbox_inches="tight")
+    plt.close(ax.figure)
+    ax = gantt(plan.chosen.timeline, title=f"{plan.model.name}: {plan.parallel.schedule}, "
+               f"p={plan.parallel.pp}, m={plan.parallel.microbatches} ({plan.chosen.method} partition)")
+    p2 = base.with_name(f"{stem}-timeline{suffix}")
+    ax.figure.savefig(p2, dpi=120, bbox_inches="tight")
+    plt.close(ax.figure)
+    out += [p1, p2]
+    return out
+
+
+__all__.append("save_plan_figures")

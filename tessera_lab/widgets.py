@@ -1,0 +1,123 @@
+"""ipywidgets dashboards. Each callback is a thin shell over a pure function that tests call directly.
+
+ipywidgets, matplotlib and IPython are imported inside the panel builders, so importing this module
+costs nothing where they are absent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .hardware import ParallelConfig
+from .models import load_model
+from .plan import Plan, make_plan
+
+
+def replan(
+    model: str = "qwen3-next-80b-a3b",
+    *,
+    attention_ratio: int | None = None,
+    expert_width: int | None = None,
+    top_k: int | None = None,
+    pp: int = 8,
+    ep: int = 8,
+    microbatches: int = 32,
+    seq_len: int = 4096,
+    gpu: str = "H200",
+    method: str = "ilp",
+) -> Plan:
+    """Plan a variant of a shipped model (pure function behind the quick-start panel).
+
+    Args:
+        model: shipped model name.
+        attention_ratio: linear-attention layers per full-attention layer (hybrid models only).
+        expert_width: routed expert intermediate size.
+        top_k: routed experts per token.
+        pp, ep, microbatches, seq_len: parallel sizes and batch shape.
+
+    Raises:
+        ConfigError / PartitionError: as :func:`tessera_lab.plan.make_plan`.
+    """
+    spec = load_model(model)
+    changes = {k: v for k, v in {"attention_ratio": attention_ratio, "moe_intermediate_size": expert_width,
+                                 "num_experts_per_tok": top_k}.items() if v is not None}
+    if changes:
+        spec = spec.with_changes(**changes)
+    parallel = ParallelConfig(pp=pp, ep=ep, microbatches=microbatches, seq_len=seq_len)
+    return make_plan(spec, parallel, method=method, gpu=gpu)
+
+
+def plan_summary(plan: Plan) -> dict[str, Any]:
+    """Headline numbers of a plan: per partition, iteration time (s), tokens/s, MFU, bubble fraction and
+    the slowest stage (ms)."""
+    out = {}
+    for ev in [plan.chosen, *plan.baselines.values()]:
+        out[ev.method] = {
+            "iteration_time_s": ev.iteration_time_s,
+            "tokens_per_s": ev.tokens_per_s,
+            "mfu": ev.mfu,
+            "bubble_fraction": ev.bubble_fraction,
+            "slowest_stage_ms": max(st.time_s for st in ev.stages) * 1e3,
+            "layers_per_stage": [len(st.layers) for st in ev.stages],
+        }
+    return out
+
+
+def quickstart_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
+    """A small re-planning panel: attention ratio, expert width, pp and micro-batches.
+
+    Returns:
+        ``(panel, controls, state)``: the ``ipywidgets.VBox`` to display, a dict of the controls (set
+        their ``.value`` to re-plan, as the tests do) and a dict holding the latest ``summary``
+        (:func:`plan_summary`) or ``error`` text.
+    """
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from IPython.display import display
+
+    from .errors import TesseraError
+    from .plots import stage_cost_bars
+
+    spec = load_model(model)
+    controls = {
+        "attention_ratio": w.IntSlider(value=defaults.get("attention_ratio", spec.attention_ratio or 3), min=0, max=11,
+                                       description="attn ratio", continuous_update=False,
+                                       disabled=spec.attention_ratio is None),
+        "expert_width": w.Dropdown(options=[128, 256, 512, 1024, 2048],
+                                   value=defaults.get("expert_width", spec.moe_intermediate_size or 512),
+                                   description="expert width"),
+        "pp": w.Dropdown(options=[2, 4, 8, 12, 16], value=defaults.get("pp", 8), description="pp"),
+        "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
+                                    description="micro-batches", continuous_update=False),
+    }
+    output = w.Output()
+    state: dict[str, Any] = {}
+
+    def update(_change=None) -> None:
+        output.clear_output(wait=True)
+        state.clear()
+        with output:
+            try:
+                plan = replan(
+                    model,
+                    attention_ratio=controls["attention_ratio"].value if spec.attention_ratio is not None else None,
+                    expert_width=controls["expert_width"].value,
+                    pp=controls["pp"].value,
+                    microbatches=controls["microbatches"].value,
+                )
+            except TesseraError as exc:
+                state["error"] = str(exc)
+                print(f"cannot plan: {exc}")
+                return
+            state["summary"] = plan_summary(plan)
+            display(pd.DataFrame(state["summary"]).T.drop(columns="layers_per_stage"))
+            ax = stage_cost_bars(plan)
+            plt.show()
+            plt.close(ax.figure)
+
+    for c in controls.values():
+        c.observe(update, names="value")
+    update()
+    panel = w.VBox([w.HBox(list(controls.values())[:2]), w.HBox(list(controls.values())[2:]), output])
+    return panel, controls, state

@@ -1,0 +1,26 @@
+"""Shared fixtures and settings for the test-suite."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import settings
+
+# deterministic, bounded property tests on a 2-core CI machine
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+try:  # headless plotting in this process only (notebook kernels keep their inline backend)
+    import matplotlib
+
+    matplotlib.use("Agg")
+except ImportError:  # pragma: no cover
+    pass
+
+
+@pytest.fixture(scope="session")
+def qwen3_next():
+    from tessera_lab.models import load_model
+
+    return load_model("qwen3-next-80b-a3b")

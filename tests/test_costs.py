@@ -1,0 +1,96 @@
+"""Analytic cost model: roofline, alpha-beta collectives, placement and the two-lane executor."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from tessera_lab.costs import Contention, CostModel, two_lane_makespan
+from tessera_lab.errors import ConfigError
+from tessera_lab.hardware import Cluster, GPUSpec, ParallelConfig, cost_assumptions
+from tessera_lab.tasks import Collective, Task
+
+
+def test_gpu_specs_from_datasheet():
+    h200 = GPUSpec.named("H200")
+    assert h200.peak_flops == 989e12
+    assert h200.nvlink_bytes_per_s == 450e9  # 900 GB/s bidirectional, halved per direction
+    assert GPUSpec.named("h100").name == "H100-SXM"
+    with pytest.raises(ConfigError, match="gpu"):
+        GPUSpec.named("A100")
+
+
+def test_roofline_compute_bound_and_memory_bound():
+    a = cost_assumptions()
+    cm = CostModel(Cluster.dgx("H200", 1), ParallelConfig(pp=1, ep=8))
+    big = Task("g", 0, "F", "gemm", flops=2 * 8192**3, bytes=3 * 8192**2 * 2)
+    expected = a["kernel_launch_s"] + 2 * 8192**3 / (989e12 * a["gemm_efficiency"])
+    assert cm.task_time(big) == pytest.approx(expected, rel=1e-12)
+    copy = Task("c", 0, "F", "elementwise", flops=0, bytes=4.8e9)
+    assert cm.task_time(copy) == pytest.approx(a["kernel_launch_s"] + 4.8e9 / (4.8e12 * a["hbm_efficiency"]), rel=1e-12)
+
+
+def test_alpha_beta_all_to_all_inside_node():
+    a = cost_assumptions()
+    cm = CostModel(Cluster.dgx("H200", 1), ParallelConfig(pp=1, ep=8))
+    S = 100e6
+    t = cm.collective_time(Collective("all_to_all", S, "ep", 8))
+    # nccl-tests: time = S * (n-1)/n / busbw, NVLink 450 GB/s per direction
+    assert t == pytest.approx(a["alpha_intra_node_s"] + S * 7 / 8 / (450e9 * a["nccl_bus_efficiency"]), rel=1e-12)
+
+
+def test_ep8_in_node_uses_nvlink_ep16_crosses_nodes():
+    p8 = ParallelConfig(pp=2, ep=8)
+    cl = Cluster.dgx("H200", 4)
+    assert {cl.node_of(r) for r in p8.group_ranks("ep")} == {0}
+    assert cl.link_for(p8.group_ranks("ep")).name == "NVLink"
+    p16 = ParallelConfig(pp=2, ep=16)
+    assert cl.link_for(p16.group_ranks("ep")).name == "InfiniBand"
+    a = cost_assumptions()
+    S = 100e6
+    t16 = CostModel(cl, p16).collective_time(Collective("all_to_all", S, "ep", 16))
+    # 8 of the 16 peers are off-node: S*8/16 over 50 GB/s InfiniBand dominates S*7/16 over NVLink
+    assert t16 == pytest.approx(a["alpha_inter_node_s"] + S * 8 / 16 / (50e9 * a["nccl_bus_efficiency"]), rel=1e-12)
+
+
+def test_all_reduce_bus_factor_and_noop():
+    a = cost_assumptions()
+    cm = CostModel(Cluster.dgx("H100", 1), ParallelConfig(pp=1, ep=1, tp=4))
+    S = 64e6
+    t = cm.collective_time(Collective("all_reduce", S, "tp", 4))
+    assert t == pytest.approx(a["alpha_intra_node_s"] + S * 2 * 3 / 4 / (450e9 * a["nccl_bus_efficiency"]), rel=1e-12)
+    assert cm.collective_time(Collective("all_reduce", S, "tp", 1)) == 0.0
+    assert cm.collective_time(Collective("all_to_all", 0.0, "ep", 8)) == 0.0
+
+
+def test_two_lane_hand_example():
+    # compute A (2) -> comm C (3) -> compute D (1); compute E (2) independent of C
+    order = ["A", "C", "E", "D"]
+    dur = {"A": 2, "C": 3, "E": 2, "D": 1}
+    lanes = {"A": "compute", "C": "comm", "E": "compute", "D": "compute"}
+    deps = {"C": ["A"], "D": ["C"]}
+    r = two_lane_makespan(order, dur, lanes, deps)
+    assert r.makespan == pytest.approx(6.0)  # A 0-2, C 2-5 with E 2-4 beside it, D 5-6
+    # with contention 1.0 on both lanes, C and E run at half speed while together:
+    # 2..6 both run (E finishes 2 units of work at t=6, C has done 2 of 3), C alone 6..7, D 7..8
+    r2 = two_lane_makespan(order, dur, lanes, deps, Contention(1.0, 1.0))
+    assert r2.makespan == pytest.approx(8.0)
+    assert r.comm_hidden_fraction() == pytest.approx(2 / 3)
+
+
+def test_two_lane_bad_order():
+    with pytest.raises(ConfigError, match="cannot complete"):
+        two_lane_makespan(["B", "A"], {"A": 1, "B": 1}, {"A": "compute", "B": "compute"}, {"B": ["A"]})
+
+
+@given(st.lists(st.tuples(st.floats(0, 5), st.booleans()), min_size=1, max_size=8))
+def test_two_lane_bounds(tasks):
+    """Makespan lies between the busiest lane's work and the serial sum (no contention, chain-free)."""
+    order = [f"t{i}" for i in range(len(tasks))]
+    dur = {k: d for k, (d, _) in zip(order, tasks)}
+    lanes = {k: "comm" if c else "compute" for k, (_, c) in zip(order, tasks)}
+    r = two_lane_makespan(order, dur, lanes, {})
+    comp = sum(d for k, d in dur.items() if lanes[k] == "compute")
+    comm = sum(d for k, d in dur.items() if lanes[k] == "comm")
+    assert max(comp, comm) - 1e-9 <= r.makespan <= comp + comm + 1e-9
+    assert r.makespan == pytest.approx(max(comp, comm))  # independent tasks: lanes run fully in parallel

@@ -1,0 +1,145 @@
+"""Uniform, exact DP and ILP partitioning: equal optima, constraints and edge cases."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, strategies as st
+
+from tessera_lab.errors import InfeasiblePlanError, PartitionError
+from tessera_lab.partition import (
+    PartitionProblem, additive_problem, partition_costs, solve, solve_dp, solve_ilp, uniform_boundaries,
+)
+
+
+def brute_force_bottleneck(costs, S):
+    """Minimum over every placement of S-1 cut points (independent of the library)."""
+    L = len(costs)
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, L), S - 1):
+        b = (0,) + cuts + (L,)
+        best = min(best, max(sum(costs[b[s]:b[s + 1]]) for s in range(S)))
+    return best
+
+
+def check_valid(part, L, S):
+    b = part.boundaries
+    assert b[0] == 0 and b[-1] == L and len(b) == S + 1
+    assert all(b[s] < b[s + 1] for s in range(S))  # contiguous, no empty stage, every layer once
+
+
+def test_hand_example():
+    # costs 1,2,1,3,1,1,2 on 3 stages: best bottleneck 4 (e.g. [1,2,1] [3,1] ... ) -> check by hand:
+    # [1,2,1 | 3 | 1,1,2] = 4,3,4 -> 4; no split reaches 3 since the total 11 > 3*3
+    for method in ("dp", "ilp"):
+        part = partition_costs([1, 2, 1, 3, 1, 1, 2], 3, method)
+        assert part.bottleneck == 4
+        check_valid(part, 7, 3)
+
+
+@given(st.lists(st.integers(1, 20), min_size=2, max_size=9), st.integers(1, 4))
+def test_dp_equals_brute_force(costs, S):
+    S = min(S, len(costs))
+    part = partition_costs(costs, S, "dp")
+    check_valid(part, len(costs), S)
+    assert part.bottleneck == brute_force_bottleneck(costs, S)
+
+
+@given(
+    st.lists(st.floats(0.1, 10), min_size=3, max_size=24),
+    st.integers(1, 6),
+    st.floats(0.3, 1.0),
+    st.sampled_from(["bottleneck", "schedule"]),
+)
+def test_ilp_equals_dp_with_memory(costs, S, mem_frac, objective):
+    """ILP and DP reach the same optimum (relative 1e-9) with per-stage memory limits."""
+    S = min(S, len(costs))
+    # memory: parameters proportional to cost plus activations x in-flight (1F1B: S - s)
+    def memory(s, i, j):
+        return sum(costs[i:j]) + 0.5 * (S - s) * (j - i)
+
+    uni = uniform_boundaries(len(costs), S)
+    cap = max(memory(s, uni[s], uni[s + 1]) for s in range(S)) * mem_frac + max(costs) * 2
+    prob = additive_problem(costs, S, memory=memory, memory_limit=cap, objective=objective, microbatches=8)
+    try:
+        dp = solve_dp(prob)
+    except InfeasiblePlanError:
+        with pytest.raises(InfeasiblePlanError):
+            solve_ilp(prob, time_limit_s=20)
+        return
+    ilp = solve_ilp(prob, time_limit_s=20)
+    assert ilp.status == "Optimal"
+    assert ilp.objective == pytest.approx(dp.objective, rel=1e-9)
+    check_valid(ilp, len(costs), S)
+    assert all(m <= cap * (1 + 1e-12) for m in ilp.stage_memory)
+
+
+def test_layers_not_divisible_by_stages_cover_every_layer():
+    b = uniform_boundaries(10, 4)
+    assert b == [0, 3, 6, 8, 10]
+    part = partition_costs([1.0] * 10, 4, "ilp")
+    check_valid(part, 10, 4)
+    assert sorted(part.layer_counts()) == [2, 2, 3, 3]  # equal-cost layers split as evenly as possible
+
+
+def test_equal_costs_split_evenly_dp():
+    part = partition_costs([1.0] * 12, 5, "dp")
+    assert sorted(part.layer_counts()) == [2, 2, 2, 3, 3]
+
+
+def test_more_stages_than_layers_is_clear_error():
+    with pytest.raises(PartitionError, match="stages"):
+        partition_costs([1, 2], 3)
+
+
+def test_bad_costs():
+    with pytest.raises(PartitionError, match=r"costs\[1\]"):
+        partition_costs([1, -2, 3], 2)
+    with pytest.raises(PartitionError, match="method"):
+        partition_costs([1, 2, 3], 2, "magic")
+
+
+def test_stage_dependent_extras_count_toward_their_stage():
+    # embedding cost 5 on stage 0 and head cost 5 on the last stage push layers to the middle
+    L, S = 9, 3
+    prob = PartitionProblem(L, S, lambda s, i, j: (j - i) + (5 if s == 0 else 0) + (5 if s == S - 1 else 0))
+    for method in ("dp", "ilp"):
+        part = solve(prob, method)
+        assert part.layer_counts()[1] > part.layer_counts()[0]
+        assert part.bottleneck == pytest.approx(brute_force_general(prob))
+
+
+def brute_force_general(prob):
+    best = float("inf")
+    L, S = prob.num_layers, prob.num_stages
+    for cuts in itertools.combinations(range(1, L), S - 1):
+        b = (0,) + cuts + (L,)
+        best = min(best, max(prob.cost(s, b[s], b[s + 1]) for s in range(S)))
+    return best
+
+
+def test_memory_infeasible_names_stage_and_gib():
+    GiB = 2**30
+    prob = additive_problem([1.0] * 8, 2, memory=lambda s, i, j: (j - i) * GiB + (3 * GiB if s == 0 else 0),
+                            memory_limit=4 * GiB)
+    # by hand: stage 0 with k layers needs k + 3 GiB, stage 1 needs 8 - k; the least worst excess over
+    # 4 GiB is max(k - 1, 4 - k) = 2 GiB at k = 2 or 3
+    for method in ("dp", "ilp"):
+        with pytest.raises(InfeasiblePlanError, match=r"stage [01] .*2\.00 GiB more than the 4\.00 GiB"):
+            solve(prob, method)
+
+
+def test_min_max_and_pinned_layers():
+    costs = [1.0] * 12
+    prob = additive_problem(costs, 3, first_stage_layers=2, max_layers=6)
+    for method in ("dp", "ilp"):
+        part = solve(prob, method)
+        assert part.layer_counts()[0] == 2
+        assert max(part.layer_counts()) <= 6
+
+
+def test_ilp_records_solver_and_time():
+    part = partition_costs([3, 1, 4, 1, 5, 9, 2, 6], 3, "ilp")
+    assert part.solver in ("HiGHS", "PULP_CBC_CMD")
+    assert part.status == "Optimal" and part.solve_time_s > 0

@@ -1,0 +1,92 @@
+"""The main job end to end: plan on every shipped model, ILP = DP, metrics by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera_lab.hardware import Cluster, ParallelConfig
+from tessera_lab.models import load_model, shipped_models
+from tessera_lab.partition import PartitionProblem, solve_dp, solve_ilp
+from tessera_lab.plan import make_plan
+
+
+def test_default_plan_covers_all_48_layers(qwen3_next):
+    plan = make_plan(qwen3_next)
+    layers = [l for st in plan.chosen.stages for l in st.layers]
+    assert layers == list(range(48))
+    assert len(plan.chosen.stages) == 8
+    assert plan.chosen.partition.status == "Optimal"
+    # the ILP's slowest stage is never worse than the uniform baseline's
+    assert max(s.time_s for s in plan.chosen.stages) <= max(s.time_s for s in plan.baselines["uniform"].stages) + 1e-12
+
+
+def test_plan_metrics_are_consistent(qwen3_next):
+    plan = make_plan(qwen3_next)
+    ev, p = plan.chosen, plan.parallel
+    assert ev.tokens_per_s == pytest.approx(32 * 4096 * 8 / ev.iteration_time_s)
+    assert ev.mfu == pytest.approx(plan.model_flops / (ev.iteration_time_s * 64 * 989e12))
+    # the iteration is at least the pipeline's critical path: (m + p - 1) slowest-stage-ish lower bound
+    slowest = max(s.time_s for s in ev.stages)
+    assert ev.iteration_time_s >= p.microbatches * slowest
+    assert 0 < ev.bubble_fraction < 1
+    d = plan.as_dict()
+    for key in ("model", "method", "stages", "iteration_time_s", "tokens_per_s", "mfu", "bubble_fraction", "baselines"):
+        assert key in d
+    for key in ("index", "layers", "time_s", "memory_bytes"):
+        assert key in d["stages"][0]
+    assert set(d["baselines"]) == {"uniform"}
+
+
+@pytest.mark.parametrize("name", sorted(shipped_models()))
+def test_ilp_equals_dp_on_shipped_models(name):
+    model = load_model(name)
+    pp = 16 if model.num_layers >= 60 else 8
+    ep = 8 if model.num_experts else 1
+    dp = 4 if name == "deepseek-v3" else 1  # 671B: shard optimizer state over 4 data-parallel replicas to fit
+    parallel = ParallelConfig(pp=pp, ep=ep, dp=dp, microbatches=2 * pp)
+    plan = make_plan(model, parallel, method="dp", baselines=())
+    sm = plan  # reuse the stage model through a fresh problem
+    from tessera_lab.costs import CostModel
+    from tessera_lab.hardware import cluster_for
+    from tessera_lab.memory import layer_memory, memory_capacity
+    from tessera_lab.plan import StageCostModel
+    from tessera_lab.tasks import decompose
+
+    cluster = cluster_for(parallel)
+    cm = CostModel(cluster, parallel)
+    tasks = decompose(model, parallel)
+    stage_model = StageCostModel([cm.layer_cost(t) for t in tasks], layer_memory(model, parallel, tasks), parallel)
+    prob = PartitionProblem(model.num_layers, pp, stage_model.cost, memory=stage_model.memory_bytes,
+                            memory_limit=memory_capacity(cluster))
+    dp, ilp = solve_dp(prob), solve_ilp(prob)
+    assert ilp.objective == pytest.approx(dp.objective, rel=1e-9)
+    assert sm.chosen.partition.objective == pytest.approx(dp.objective, rel=1e-9)
+
+
+def test_more_stages_than_layers():
+    from tessera_lab.errors import PartitionError
+
+    with pytest.raises(PartitionError, match="pp"):
+        make_plan(load_model("qwen3-8b"), ParallelConfig(pp=40, ep=1, microbatches=40))
+
+
+def test_world_larger_than_cluster(qwen3_next):
+    from tessera_lab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="world_size"):
+        make_plan(qwen3_next, ParallelConfig(), Cluster.dgx("H200", 2))
+
+
+def test_memory_infeasible_plan_is_clear(qwen3_next):
+    from tessera_lab.errors import InfeasiblePlanError
+
+    # 48 layers of 512 experts on 2 stages with ep=1: far beyond 141 GB per GPU
+    with pytest.raises(InfeasiblePlanError, match="GiB"):
+        make_plan(qwen3_next, ParallelConfig(pp=2, ep=1, microbatches=4), method="dp", baselines=())
+
+
+def test_knob_changes_move_stage_costs(qwen3_next):
+    base = make_plan(qwen3_next, baselines=())
+    wide = make_plan(qwen3_next.with_changes(moe_intermediate_size=2048), baselines=())
+    assert wide.chosen.iteration_time_s > base.chosen.iteration_time_s
+    assert wide.model_flops > base.model_flops
