@@ -141,7 +141,7 @@ def _parallel_from_args(args: argparse.Namespace):
 def _evaluation_rows(ev) -> list[dict[str, Any]]:
     return [{
         "stage": st.index, "layers": _layer_summary(st.layers, st.kinds), "n": len(st.layers),
-        "time/mb (ms)": st.time_s * 1e3, "F (ms)": st.f_s * 1e3, "B+W (ms)": st.b_s * 1e3,
+        "time/mb (ms)": st.time_s * 1e3, "standalone F+B+W (ms)": st.standalone_s * 1e3,
         "memory (GiB)": st.memory_bytes / GIB,
     } for st in ev.stages]
 
@@ -158,6 +158,10 @@ def format_plan(plan) -> str:
         "",
     ]
     summary = []
+    if p.schedule == "overlapped":
+        lines.append("time/mb: per micro-batch after overlap (forward of one micro-batch paired with the backward of "
+                     "another, best issue order); standalone: the same work run one task after the other")
+        lines.append("")
     for label, ev in [(f"{plan.chosen.method} (chosen)", plan.chosen)] + list(plan.baselines.items()):
         lines.append(f"[{label}] boundaries {ev.partition.boundaries}"
                      + (f"; solver {ev.partition.solver} {ev.partition.status} in {ev.partition.solve_time_s:.3f} s"
@@ -269,9 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", "-m", type=_positive_int("microbatches"), default=32)
     p.add_argument("--micro-batch-size", type=_positive_int("micro_batch_size"), default=1)
     p.add_argument("--seq-len", type=_positive_int("seq_len"), default=4096)
-    p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b (default), zb-h1, zb-h2 or overlapped")
+    p.add_argument("--schedule", default="overlapped",
+                   help="overlapped (default: F of one micro-batch with B of another), 1f1b, gpipe, zb-h1 or zb-h2")
     p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
-    p.add_argument("--objective", default="bottleneck", choices=["bottleneck", "schedule"])
+    p.add_argument("--objective", default="auto", choices=["auto", "bottleneck", "schedule"],
+                   help="auto (default): solve the bottleneck and the schedule objective, keep the faster in simulation")
     p.add_argument("--time-limit", type=_nonneg_float("time_limit"), default=10.0, help="ILP time limit, seconds")
     p.add_argument("--no-distributed-optimizer", action="store_true")
     p.add_argument("--attention-ratio", type=int, default=None, help="linear-attention layers per full-attention layer")

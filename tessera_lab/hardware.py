@@ -169,7 +169,8 @@ class ParallelConfig:
         dtype: ``bf16`` (default), ``fp16``, ``fp8`` or ``fp32`` for activations and communication.
         distributed_optimizer: shard optimizer state over the data-parallel ranks (6 + 12/dp bytes per
             parameter instead of 18; DESIGN section 3).
-        schedule: pipeline schedule name used by the planner.
+        schedule: pipeline schedule the planner simulates; default ``overlapped`` (1F1B whose steady state runs
+            the forward of one micro-batch together with the backward of another, as Tessera's plans assume).
     """
 
     pp: int = 8
@@ -182,7 +183,7 @@ class ParallelConfig:
     seq_len: int = 4096
     dtype: str = "bf16"
     distributed_optimizer: bool = True
-    schedule: str = "1f1b"
+    schedule: str = "overlapped"
 
     def __post_init__(self) -> None:
         for name in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len"):

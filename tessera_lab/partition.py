@@ -48,6 +48,12 @@ class PartitionProblem:
         microbatches: m, used by the ``schedule`` objective.
         min_layers / max_layers: per-stage layer-count bounds.
         first_stage_layers / last_stage_layers: pinned layer counts of the first / last stage.
+        sum_cost: cost entering the sum term of the ``schedule`` objective (default: ``cost``). The
+            planner uses it for overlapped 1F1B, whose warm-up and cool-down run F and B apart (standalone)
+            while the steady state runs pairs (``cost``).
+        vpp: virtual stages per pipeline rank. ``num_stages`` then counts virtual stages (``p * vpp``);
+            virtual stage ``s`` runs on rank ``s % p`` (Megatron-LM's interleaved placement), a rank's
+            cost and memory are the sums over its virtual stages, and the objective is taken over ranks.
     """
 
     num_layers: int
@@ -61,6 +67,8 @@ class PartitionProblem:
     max_layers: int | None = None
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    vpp: int = 1
+    sum_cost: SegmentFn | None = None
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
@@ -77,6 +85,10 @@ class PartitionProblem:
             raise PartitionError(f"field 'min_layers' = {self.min_layers} is out of range; allowed: >= 1")
         if self.max_layers is not None and self.max_layers < self.min_layers:
             raise PartitionError(f"field 'max_layers' = {self.max_layers} is out of range; allowed: >= min_layers")
+        if self.vpp < 1 or self.num_stages % self.vpp:
+            raise PartitionError(
+                f"field 'vpp' = {self.vpp} is out of range; allowed: a divisor of the virtual stage count {self.num_stages}"
+            )
         if self.microbatches < 1:
             raise PartitionError(f"field 'microbatches' = {self.microbatches} is out of range; allowed: >= 1")
 
@@ -111,10 +123,29 @@ class PartitionProblem:
                     out.append((i, j))
         return out
 
-    def objective_value(self, stage_costs: Sequence[float]) -> float:
+    @property
+    def num_ranks(self) -> int:
+        """Pipeline ranks (``num_stages / vpp``)."""
+        return self.num_stages // self.vpp
+
+    def rank_values(self, per_stage: Sequence[float]) -> list[float]:
+        """Per-rank sums of per-virtual-stage values (identity when vpp = 1)."""
+        out = [0.0] * self.num_ranks
+        for s, v in enumerate(per_stage):
+            out[s % self.num_ranks] += v
+        return out
+
+    def objective_value(self, stage_costs: Sequence[float], sum_costs: Sequence[float] | None = None) -> float:
+        """Objective of per-(virtual-)stage costs, taken over ranks (``sum_costs`` default ``stage_costs``)."""
+        ranks = self.rank_values(stage_costs)
         if self.objective == "bottleneck":
-            return max(stage_costs)
-        return sum(stage_costs) + (self.microbatches - 1) * max(stage_costs)
+            return max(ranks)
+        total = sum(sum_costs) if sum_costs is not None else sum(ranks)
+        return total + (self.microbatches - 1) * max(ranks)
+
+    def summed(self, s: int, i: int, j: int) -> float:
+        """The segment's contribution to the sum term of the ``schedule`` objective."""
+        return self.sum_cost(s, i, j) if self.sum_cost is not None else self.cost(s, i, j)
 
 
 @dataclass
@@ -142,6 +173,8 @@ class Partition:
     solve_time_s: float = 0.0
     num_variables: int = 0
     stage_memory: list[float] = field(default_factory=list)
+    rank_costs: list[float] = field(default_factory=list)
+    rank_memory: list[float] = field(default_factory=list)
 
     @property
     def num_stages(self) -> int:
@@ -163,7 +196,10 @@ def _evaluate(problem: PartitionProblem, boundaries: list[int], method: str, **e
     S = problem.num_stages
     costs = [problem.cost(s, boundaries[s], boundaries[s + 1]) for s in range(S)]
     mem = [problem.memory(s, boundaries[s], boundaries[s + 1]) for s in range(S)] if problem.memory else []
-    return Partition(list(boundaries), costs, max(costs), problem.objective_value(costs), method, stage_memory=mem, **extra)
+    ranks = problem.rank_values(costs)
+    sums = [problem.summed(s, boundaries[s], boundaries[s + 1]) for s in range(S)] if problem.sum_cost else None
+    return Partition(list(boundaries), costs, max(ranks), problem.objective_value(costs, sums), method, stage_memory=mem,
+                     rank_costs=ranks, rank_memory=problem.rank_values(mem) if mem else [], **extra)
 
 
 def uniform_boundaries(num_layers: int, num_stages: int) -> list[int]:
@@ -183,10 +219,12 @@ def check_memory(problem: PartitionProblem, part: Partition) -> None:
     """Raise InfeasiblePlanError naming the first stage over the memory limit and the shortfall in GiB."""
     if problem.memory is None:
         return
-    for s, mem in enumerate(part.stage_memory):
+    for r, mem in enumerate(part.rank_memory):
         if mem > problem.memory_limit * (1 + 1e-12):
+            where = (f"stage {r} (layers {part.boundaries[r]}-{part.boundaries[r + 1] - 1})" if problem.vpp == 1
+                     else f"rank {r} (virtual stages {list(range(r, problem.num_stages, problem.num_ranks))})")
             raise InfeasiblePlanError(
-                f"stage {s} (layers {part.boundaries[s]}-{part.boundaries[s + 1] - 1}) needs {mem / GIB:.2f} GiB, "
+                f"{where} needs {mem / GIB:.2f} GiB, "
                 f"{(mem - problem.memory_limit) / GIB:.2f} GiB more than the {problem.memory_limit / GIB:.2f} GiB available"
             )
 
@@ -197,6 +235,11 @@ def _infeasible(problem: PartitionProblem) -> InfeasiblePlanError:
     shortfall in GiB (a min-max DP over memory excess)."""
     if problem.memory is None:
         return InfeasiblePlanError("no partition satisfies the layer-count constraints")
+    if problem.vpp > 1:
+        return InfeasiblePlanError(
+            f"no partition into {problem.num_stages} virtual stages fits {problem.memory_limit / GIB:.2f} GiB on every "
+            f"rank; add ranks, memory or a distributed optimizer"
+        )
     S, L, limit = problem.num_stages, problem.num_layers, problem.memory_limit
     best: dict[int, tuple[float, tuple[int, ...]]] = {0: (-math.inf, (0,))}
     for s in range(S):
@@ -239,10 +282,13 @@ def solve_dp(problem: PartitionProblem) -> Partition:
     Raises:
         InfeasiblePlanError: no partition satisfies memory and layer-count constraints.
     """
+    if problem.vpp > 1:
+        raise PartitionError("method 'dp' needs vpp = 1 (a rank's cost sums non-adjacent chunks); use method 'ilp'")
     t0 = time.perf_counter()
     S, L = problem.num_stages, problem.num_layers
     seg = [problem.segments(s) for s in range(S)]
     cost = [{(i, j): problem.cost(s, i, j) for i, j in seg[s]} for s in range(S)]
+    scost = cost if problem.sum_cost is None else [{(i, j): problem.sum_cost(s, i, j) for i, j in seg[s]} for s in range(S)]
 
     def min_bottleneck() -> float:
         INF = math.inf
@@ -258,14 +304,14 @@ def solve_dp(problem: PartitionProblem) -> Partition:
         return best.get(L, INF)
 
     def min_sum(cap: float, squared: bool) -> tuple[float, list[int]] | None:
-        """Minimise sum of cost (or cost^2) with every stage <= cap; returns (value, boundaries)."""
+        """Minimise the sum of sum-costs (or of cost^2) with every stage's cost <= cap; returns (value, boundaries)."""
         best: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, (0,))}
         for s in range(S):
             nxt: dict[int, tuple[float, tuple[int, ...]]] = {}
             for (i, j), c in cost[s].items():
                 if c > cap or i not in best:
                     continue
-                v = best[i][0] + (c * c if squared else c)
+                v = best[i][0] + (c * c if squared else scost[s][(i, j)])
                 if j not in nxt or v < nxt[j][0]:
                     nxt[j] = (v, best[i][1] + (j,))
             best = nxt
@@ -421,19 +467,22 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0, solver: 
     all_seg = {(s, i, j): problem.cost(s, i, j) for s in range(S) for i, j in problem.segments(s)}
     if not all_seg:
         raise _infeasible(problem)
+    all_sum = all_seg if problem.sum_cost is None else {k: problem.sum_cost(*k) for k in all_seg}
     ub = math.inf
-    for b in (greedy_upper_bound(problem, all_seg), uniform_boundaries(L, S)):
+    heuristic = greedy_upper_bound(problem, all_seg) if problem.vpp == 1 else None
+    for b in (heuristic, uniform_boundaries(L, S)):
         if b is not None and all((s, b[s], b[s + 1]) in all_seg for s in range(S)):
-            ub = min(ub, problem.objective_value([all_seg[(s, b[s], b[s + 1])] for s in range(S)]))
+            keys = [(s, b[s], b[s + 1]) for s in range(S)]
+            ub = min(ub, problem.objective_value([all_seg[k] for k in keys], [all_sum[k] for k in keys]))
     # exact pruning: the objective of any plan using segment k is at least lower_bound(k)
-    fwd, bwd = _path_bounds(problem, all_seg)
+    fwd, bwd = _path_bounds(problem, all_sum)
 
     def lower_bound(k: tuple[int, int, int], c: float) -> float:
         s, i, j = k
         before, after = fwd[s].get(i, math.inf), bwd[s + 1].get(j, math.inf)
         if problem.objective == "bottleneck":
             return c if before < math.inf and after < math.inf else math.inf
-        return before + c + after + (m - 1) * c
+        return before + all_sum[k] + after + (m - 1) * c
 
     def model(seg: dict[tuple[int, int, int], float], phase2_bound: float | None):
         by_stage: dict[int, list] = {s: [] for s in range(S)}
@@ -452,10 +501,16 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0, solver: 
         if problem.objective == "bottleneck":
             objective_expr = pulp.LpAffineExpression([(T, 1.0)])
         else:
-            objective_expr = pulp.LpAffineExpression([(u[k], c) for k, c in seg.items()] + [(T, m - 1.0)])
+            objective_expr = pulp.LpAffineExpression([(u[k], all_sum[k]) for k in seg] + [(T, m - 1.0)])
+        P = problem.num_ranks
         for s in range(S):
             prob += pulp.LpAffineExpression([(u[k], 1.0) for k in by_stage[s]]) == 1, f"one_segment_{s}"
-            prob += T >= stage_cost[s], f"bottleneck_{s}"
+        for r in range(P):
+            chunks = range(r, S, P)
+            prob += T >= pulp.lpSum(stage_cost[c] for c in chunks), f"bottleneck_{r}"
+            if problem.vpp > 1 and problem.memory is not None:
+                prob += (pulp.LpAffineExpression([(u[k], problem.memory(*k)) for c in chunks for k in by_stage[c]])
+                         <= problem.memory_limit, f"memory_rank_{r}")
         for s in range(S - 1):
             for k_ in range(L + 1):
                 a, b = ending.get((s, k_), []), starting.get((s + 1, k_), [])

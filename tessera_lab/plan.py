@@ -27,7 +27,13 @@ from .tasks import Collective, decompose, model_flops_per_iteration
 
 DEFAULT_MODEL = "qwen3-next-80b-a3b"
 DEFAULT_GPU = "H200"
-BASELINES = ("uniform",)
+#: baselines evaluated beside the chosen plan, all with the same schedule and simulator:
+#: ``uniform`` (layer counts as even as possible), ``standalone`` (balanced on standalone F+B+W sums: what a
+#: planner without overlap measurement picks), ``parameters`` (balanced on parameter bytes, DeepSpeed's default).
+BASELINES = ("uniform", "standalone", "parameters")
+#: candidate orders the overlap scheduler evaluates per layer-kind pair while planning
+PAIR_SEARCH_BUDGET = 300
+OBJECTIVES = ("auto", "bottleneck", "schedule")
 
 
 @dataclass
@@ -43,11 +49,17 @@ class StagePlan:
     memory_bytes: float
     param_bytes: float
     activation_bytes: float
+    overlap_s: float | None = None
+
+    @property
+    def standalone_s(self) -> float:
+        """Forward + full backward (input and weight gradient) per micro-batch run one after the other, seconds."""
+        return self.f_s + self.b_s
 
     @property
     def time_s(self) -> float:
-        """Forward + full backward (input and weight gradient) per micro-batch, seconds."""
-        return self.f_s + self.b_s
+        """Time per micro-batch as the schedule sees it: after overlap (overlapped 1F1B) or standalone."""
+        return self.overlap_s if self.overlap_s is not None else self.standalone_s
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -55,6 +67,8 @@ class StagePlan:
             "layers": self.layers,
             "kinds": self.kinds,
             "time_s": self.time_s,
+            "standalone_s": self.standalone_s,
+            "overlap_s": self.overlap_s,
             "f_s": self.f_s,
             "b_s": self.b_s,
             "w_s": self.w_s,
@@ -138,12 +152,16 @@ class StageCostModel:
     the head toward the last stage.
     """
 
-    def __init__(self, layer_costs: Sequence[LayerCost], memory: Sequence[LayerMemory], parallel: ParallelConfig):
+    def __init__(self, layer_costs: Sequence[LayerCost], memory: Sequence[LayerMemory], parallel: ParallelConfig,
+                 pair_costs: dict[tuple[str, str], float] | None = None):
         self.costs = list(layer_costs)
         self.memory = list(memory)
         self.parallel = parallel
+        self.pair_costs = pair_costs
         n = len(self.costs) - 2
         self.num_layers = n
+        self.kinds = [c.kind for c in self.costs[1:-1]]
+        self._fb_cache: dict[tuple[int, int], float] = {}
         self._pf = self._prefix([c.F.time for c in self.costs[1:-1]])
         self._pb = self._prefix([c.B.time + c.W.time for c in self.costs[1:-1]])
         self._pw = self._prefix([c.W.time for c in self.costs[1:-1]])
@@ -176,9 +194,29 @@ class StageCostModel:
     def w(self, s: int, i: int, j: int) -> float:
         return self._pw[j] - self._pw[i] + self._extra(s, "w")
 
-    def cost(self, s: int, i: int, j: int) -> float:
+    def standalone(self, s: int, i: int, j: int) -> float:
         """Standalone time per micro-batch (F + B + W) of stage s owning layers i..j-1."""
         return self.f(s, i, j) + self.b(s, i, j)
+
+    def fb(self, s: int, i: int, j: int) -> float:
+        """Time per micro-batch after overlap (DESIGN section 3): the steady state of overlapped 1F1B pairs
+        layer ``i+k``'s forward with layer ``j-1-k``'s full backward (B then W); the stage costs the sum of the
+        pair makespans plus its extras (embedding on the first stage, LM head and loss on the last), which
+        run standalone. Requires ``pair_costs``."""
+        if self.pair_costs is None:
+            raise ConfigError("overlap-aware stage costs need pair costs (plan with schedule 'overlapped')")
+        core = self._fb_cache.get((i, j))
+        if core is None:
+            from .overlap import stage_pair_cost
+
+            core = self._fb_cache[(i, j)] = stage_pair_cost(self.kinds[i:j], self.pair_costs)
+        return core + self._extra(s, "f") + self._extra(s, "b")
+
+    def cost(self, s: int, i: int, j: int) -> float:
+        """The stage cost the schedule sees: after overlap for ``overlapped``, else standalone."""
+        if self.parallel.schedule == "overlapped":
+            return self.fb(s, i, j)
+        return self.standalone(s, i, j)
 
     def params(self, s: int, i: int, j: int) -> float:
         extra = (self.memory[0].param_bytes if s == 0 else 0.0) + (
@@ -246,6 +284,7 @@ def evaluate(
             memory_bytes=stage_model.memory_bytes(s, i, j),
             param_bytes=stage_model.params(s, i, j),
             activation_bytes=stage_model.activations(s, i, j),
+            overlap_s=stage_model.fb(s, i, j) if stage_model.pair_costs is not None else None,
         ))
     schedule = build_schedule(p.schedule, p.pp, p.microbatches, p.vpp)
     if schedule.num_stages != p.pp:
@@ -253,7 +292,8 @@ def evaluate(
             f"schedule {p.schedule!r} places {schedule.num_stages} stages on {p.pp} ranks; the planner needs one "
             f"stage per rank (use schedule 1f1b, gpipe, zb-h1, zb-h2 or overlapped)"
         )
-    durations = stage_durations([st.f_s for st in stages], [st.b_s for st in stages], [st.w_s for st in stages])
+    fb = [st.overlap_s for st in stages] if stage_model.pair_costs is not None else None
+    durations = stage_durations([st.f_s for st in stages], [st.b_s for st in stages], [st.w_s for st in stages], fb=fb)
     p2p = [cost_model.p2p_time(model, s) for s in range(p.pp)]
     comm = []
     for s, st in enumerate(stages):
@@ -285,6 +325,50 @@ def evaluate(
     )
 
 
+def layer_pair_costs(model: ModelSpec, parallel: ParallelConfig, cost_model: CostModel,
+                     budget: int = PAIR_SEARCH_BUDGET) -> dict[tuple[str, str], float]:
+    """Analytic makespan (seconds) of the forward of a ``kind_f`` layer run together with the full backward
+    (B then W) of a ``kind_b`` layer, for every pair of layer kinds of the model, each in the best issue
+    order the overlap scheduler finds (:func:`tessera_lab.overlap.schedule_pair`)."""
+    from .overlap import bundle, layer_kind_examples, schedule_pair
+
+    ex = layer_kind_examples(model)
+    out = {}
+    for kf, lf in ex.items():
+        for kb, lb in ex.items():
+            res = schedule_pair(bundle(model, lf, "F", parallel, name="F"), bundle(model, lb, "BW", parallel, name="BW"),
+                                cost_model=cost_model, budget=budget)
+            out[(kf, kb)] = res.makespan
+    return out
+
+
+def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -> tuple[CostModel, StageCostModel]:
+    """Cost model and per-segment stage costs/memory for a model on a cluster (pair costs after overlap
+    included when the schedule is ``overlapped``)."""
+    cost_model = CostModel(cluster, parallel)
+    tasks = decompose(model, parallel)
+    layer_costs = [cost_model.layer_cost(lt) for lt in tasks]
+    mem = layer_memory(model, parallel, tasks)
+    pairs = layer_pair_costs(model, parallel, cost_model) if parallel.schedule == "overlapped" else None
+    return cost_model, StageCostModel(layer_costs, mem, parallel, pairs)
+
+
+def planning_problem(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, *, objective: str = "bottleneck"
+                     ) -> tuple[PartitionProblem, StageCostModel]:
+    """The partition problem the planner solves (stage cost as the schedule sees it, memory limit of the GPU)."""
+    _, sm = build_stage_model(model, parallel, cluster)
+    return _problem(model, parallel, sm, sm.cost, memory_capacity(cluster), objective), sm
+
+
+def _problem(model: ModelSpec, parallel: ParallelConfig, sm: StageCostModel, cost, capacity: float,
+             objective: str) -> PartitionProblem:
+    # overlapped 1F1B: the steady state runs pairs (stage cost after overlap), warm-up and cool-down run F and
+    # B apart, so the schedule objective sums standalone stage times: sum_s standalone + (m - 1) max_s cost
+    sum_cost = sm.standalone if (parallel.schedule == "overlapped" and cost == sm.cost) else None
+    return PartitionProblem(model.num_layers, parallel.pp, cost, memory=sm.memory_bytes, memory_limit=capacity,
+                            objective=objective, microbatches=parallel.microbatches, sum_cost=sum_cost)
+
+
 def make_plan(
     model: ModelSpec,
     parallel: ParallelConfig | None = None,
@@ -293,7 +377,7 @@ def make_plan(
     method: str = "ilp",
     baselines: Sequence[str] = BASELINES,
     time_limit_s: float = 10.0,
-    objective: str = "bottleneck",
+    objective: str = "auto",
     gpu: str = DEFAULT_GPU,
 ) -> Plan:
     """Plan a pipeline for ``model``.
@@ -305,7 +389,9 @@ def make_plan(
         method: ``ilp`` (default), ``dp`` or ``uniform``.
         baselines: other partitions to evaluate with the same schedule (``uniform``).
         time_limit_s: ILP time limit, seconds.
-        objective: ``bottleneck`` or ``schedule`` (``sum + (m-1) max``).
+        objective: ``bottleneck`` (minimise the slowest stage; ties to the smaller spread), ``schedule``
+            (``sum_s standalone_s + (m-1) max_s cost_s``, the iteration-time shape of (overlapped) 1F1B), or
+            ``auto`` (default): solve both and keep the one that simulates faster (both are recorded in notes).
 
     Raises:
         ConfigError: bad parallel sizes or a world size larger than the cluster.
@@ -320,33 +406,46 @@ def make_plan(
         raise PartitionError(
             f"field 'pp' = {parallel.pp} is out of range; allowed: 1 to the number of layers ({model.num_layers})"
         )
-    cost_model = CostModel(cluster, parallel)
-    tasks = decompose(model, parallel)
-    layer_costs = [cost_model.layer_cost(lt) for lt in tasks]
-    mem = layer_memory(model, parallel, tasks)
-    stage_model = StageCostModel(layer_costs, mem, parallel)
+    cost_model, stage_model = build_stage_model(model, parallel, cluster)
+    layer_costs = stage_model.costs
     capacity = memory_capacity(cluster)
-    problem = PartitionProblem(
-        model.num_layers, parallel.pp, stage_model.cost,
-        memory=stage_model.memory_bytes, memory_limit=capacity,
-        objective=objective, microbatches=parallel.microbatches,
-    )
+
+    def problem_for(cost, obj: str = "bottleneck") -> PartitionProblem:
+        return _problem(model, parallel, stage_model, cost, capacity, obj)
+
+    if objective not in OBJECTIVES:
+        raise ConfigError(f"field 'objective' = {objective!r} is unknown; allowed: {', '.join(OBJECTIVES)}")
     flops = model_flops_per_iteration(model, parallel)
-    chosen_part = solve(problem, method, time_limit_s=time_limit_s)
-    chosen = evaluate(model, parallel, cost_model, stage_model, chosen_part, method, flops)
     notes = []
+    objectives = ("bottleneck", "schedule") if objective == "auto" and method != "uniform" else (
+        ("bottleneck",) if objective == "auto" else (objective,))
+    candidates = []
+    for obj in objectives:
+        problem = problem_for(stage_model.cost, obj)
+        part = solve(problem, method, time_limit_s=time_limit_s)
+        candidates.append((evaluate(model, parallel, cost_model, stage_model, part, method, flops), obj))
+    chosen, chosen_obj = min(candidates, key=lambda c: c[0].iteration_time_s)
+    if len(candidates) > 1:
+        notes.append("objective auto: " + ", ".join(
+            f"{obj} optimum simulates to {ev.iteration_time_s:.4f} s" for ev, obj in candidates)
+            + f"; kept the {chosen_obj} optimum")
     out: dict[str, Evaluation] = {}
     for name in baselines:
-        if name == method:
-            continue
-        if name != "uniform":
-            raise ConfigError(f"baseline {name!r} is unknown; allowed: uniform")
-        b = uniform_boundaries(model.num_layers, parallel.pp)
-        costs = [stage_model.cost(s, b[s], b[s + 1]) for s in range(parallel.pp)]
-        part = Partition(b, costs, max(costs), problem.objective_value(costs), "uniform",
-                         stage_memory=[stage_model.memory_bytes(s, b[s], b[s + 1]) for s in range(parallel.pp)])
-        over = [s for s, mm in enumerate(part.stage_memory) if mm > capacity]
-        if over:
-            notes.append(f"uniform baseline exceeds memory on stage(s) {over}")
+        if name not in BASELINES:
+            raise ConfigError(f"baseline {name!r} is unknown; allowed: {', '.join(BASELINES)}")
+        if name == "uniform":
+            b = uniform_boundaries(model.num_layers, parallel.pp)
+            costs = [stage_model.cost(s, b[s], b[s + 1]) for s in range(parallel.pp)]
+            part = Partition(b, costs, max(costs), problem.objective_value(costs), "uniform",
+                             stage_memory=[stage_model.memory_bytes(s, b[s], b[s + 1]) for s in range(parallel.pp)])
+            over = [s for s, mm in enumerate(part.stage_memory) if mm > capacity]
+            if over:
+                notes.append(f"uniform baseline exceeds memory on stage(s) {over}")
+        else:
+            if name == "standalone" and parallel.schedule != "overlapped":
+                continue  # identical to the chosen plan: the schedule sees standalone costs
+            cost = stage_model.standalone if name == "standalone" else stage_model.params
+            part = solve(problem_for(cost), "dp")
+            part.method = name
         out[name] = evaluate(model, parallel, cost_model, stage_model, part, name, flops)
     return Plan(model, parallel, cluster, chosen, out, layer_costs, flops, capacity, notes)

@@ -56,6 +56,8 @@ __all__ = [
     "dualpipev",
     "overlapped_1f1b",
     "build_schedule",
+    "canonical_name",
+    "schedule_from_lists",
     "SCHEDULE_NAMES",
     "dump_csv",
     "load_csv",

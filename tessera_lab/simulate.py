@@ -11,7 +11,8 @@ Model (times in float seconds):
   needs the inputs of both its sub-actions, runs for the pair makespan and delivers both outputs
   when it ends.
 * Transfers between stages on different ranks take ``p2p_latency + p2p_time(src, dst)``;
-  transfers between stages on the same rank are free. A zero-time transfer is a no-op (no event).
+  transfers between stages on the same rank are free. A zero-time transfer is a no-op (no event,
+  no exposed time; with blocking sends it still synchronises sender and receiver).
   Without explicit SEND/RECV actions a transfer starts when its producer ends (batched
   ``isend``/``irecv``, as Megatron and torch do). Explicit ``SEND_*`` actions post the send when the
   rank reaches them; with ``blocking_sends=True`` a send is a rendezvous: it completes (and the
@@ -35,11 +36,11 @@ from __future__ import annotations
 
 import gc
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
-from tessera_lab.schedules import Action, ActionType, Schedule, build_schedule, canonical_name, parse_action
+from tessera_lab.schedules import ActionType, Schedule, build_schedule, canonical_name, parse_action
 
 __all__ = [
     "Durations",
@@ -331,7 +332,10 @@ def _transfer_fn(p2p_latency: float, p2p_time) -> Callable[[int, int], float]:
         return lambda src, dst: lat
     if callable(p2p_time):
         def fn(src: int, dst: int) -> float:
-            return lat + _nonneg(f"p2p_time({src}, {dst})", p2p_time(src, dst))
+            v = p2p_time(src, dst)
+            if not 0.0 <= v < math.inf:
+                raise ConfigError(f"p2p_time({src}, {dst}) returned {v!r}; allowed finite seconds >= 0")
+            return lat + v
 
         return fn
     t = lat + _nonneg("p2p_time", p2p_time)

@@ -143,3 +143,43 @@ def test_ilp_records_solver_and_time():
     part = partition_costs([3, 1, 4, 1, 5, 9, 2, 6], 3, "ilp")
     assert part.solver in ("HiGHS", "PULP_CBC_CMD")
     assert part.status == "Optimal" and part.solve_time_s > 0
+
+
+def brute_force_vpp(costs, ranks, vpp, memory=None, limit=None):
+    """Best bottleneck over ranks for every placement of the p*v - 1 cut points (independent of the library)."""
+    L, S = len(costs), ranks * vpp
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, L), S - 1):
+        b = (0,) + cuts + (L,)
+        per_rank = [0.0] * ranks
+        mem = [0.0] * ranks
+        for s in range(S):
+            per_rank[s % ranks] += sum(costs[b[s]:b[s + 1]])
+            if memory:
+                mem[s % ranks] += memory(s, b[s], b[s + 1])
+        if memory and max(mem) > limit:
+            continue
+        best = min(best, max(per_rank))
+    return best
+
+
+@given(st.lists(st.integers(1, 9), min_size=4, max_size=10), st.sampled_from([(2, 2), (1, 2), (2, 1)]))
+def test_ilp_virtual_stages_equal_brute_force(costs, shape):
+    ranks, vpp = shape
+    if len(costs) < ranks * vpp:
+        return
+    prob = additive_problem(costs, ranks * vpp, vpp=vpp)
+    part = solve_ilp(prob)
+    assert part.bottleneck == pytest.approx(brute_force_vpp(costs, ranks, vpp))
+    assert len(part.rank_costs) == ranks
+
+
+def test_virtual_stages_memory_per_rank():
+    costs = [1.0] * 8
+    mem = lambda s, i, j: float(j - i)  # noqa: E731
+    prob = additive_problem(costs, 4, vpp=2, memory=mem, memory_limit=4.0)
+    part = solve_ilp(prob)
+    assert max(part.rank_memory) <= 4.0
+    assert part.bottleneck == brute_force_vpp(costs, 2, 2, mem, 4.0) == 4.0
+    with pytest.raises(PartitionError, match="vpp"):
+        solve_dp(prob)
