@@ -241,6 +241,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_measure(args: argparse.Namespace) -> int:
+    from .measure_cli import run_measure
+
+    return run_measure(args, _emit, _table)
+
+
 # ---------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     from .plan import DEFAULT_GPU, DEFAULT_MODEL
@@ -311,6 +317,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="PATH", help="save a Gantt chart")
     add_json(p)
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("measure", help="measure the overlap of layer pairs (F with B+W) and write a profile")
+    from .measure_cli import add_arguments as add_measure_arguments
+
+    add_measure_arguments(p)
+    add_json(p)
+    p.set_defaults(func=cmd_measure)
     return parser
 
 

@@ -98,6 +98,10 @@ def run_measure(args: argparse.Namespace, emit: Callable[[argparse.Namespace, An
     else:
         kwargs.update(repeats=args.repeats, warmup=args.warmup, size_factor=f, timeout_s=args.timeout,
                       world_size=args.world_size)
+    if args.backend != "analytic":
+        from .overlap_backends import preflight
+
+        preflight(args.backend)
     bar = tqdm(total=len({l.kind for l in model.layers}) ** 2, desc=f"measure {args.backend}", unit="pair",
                file=sys.stderr, disable=args.no_progress, leave=False)
 

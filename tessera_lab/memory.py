@@ -7,12 +7,14 @@ optimizer the 12 bytes of optimizer state are sharded over the data-parallel ran
 stage over ``ep * dp`` ranks (see :mod:`tessera_lab.hardware`).
 
 Activations: the ``saved_bytes`` of every forward task of the stage's layers (:mod:`tessera_lab.tasks`)
-per micro-batch, times the micro-batches in flight on that stage for the schedule:
-GPipe ``m``; 1F1B (and overlapped 1F1B, ZB-H1) ``min(p - s, m)`` on stage ``s`` of ``p``; ZB-H2
-``min(2p - 1 - 2s, m)`` (Qi et al., ICLR 2024, about twice 1F1B's peak on the first stage);
-interleaved 1F1B with v chunks: ``min(p - s + (v - 1) p, v m)`` chunk-micro-batches of ``1/v`` of the
-stage's layers each (Narayanan et al., SC21, warm-up count of Megatron-LM's interleaved schedule);
-DualPipeV ``min(p + 1, m)`` (DeepSeek DualPipe README: activation memory ``PP + 1`` against 1F1B's ``PP``).
+per micro-batch, times the micro-batches in flight on that stage at its peak for the schedule (a micro-batch
+is in flight from the start of its F to the end of its B, or of its W when the backward is split). These
+closed forms equal the peaks of :mod:`tessera_lab.schedules`' action lists in the simulator (tested):
+GPipe ``m``; 1F1B ``min(p - s, m)`` on stage ``s`` of ``p``; overlapped 1F1B ``min(2 (p - s), m)`` (its warm-up
+runs ``2 (p - 1 - s) + 1`` forwards so that each pair's inputs are ready); ZB-H1 ``min(p, m)`` on every stage
+(W is deferred, Qi et al., ICLR 2024); our ZB-H2 ``min(3p - 2 - s, m)``; interleaved 1F1B with v chunks
+``min(2 (p - s - 1) + (v - 1) p + 1, v m)`` chunk-micro-batches of ``1/v`` of the stage's layers each
+(Megatron-LM's interleaved warm-up count plus the micro-batch in its first backward).
 """
 
 from __future__ import annotations
@@ -36,24 +38,26 @@ def bytes_per_param(parallel: ParallelConfig, dp_degree: int) -> float:
 
 
 def in_flight(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> float:
-    """Micro-batches whose activations a stage holds at its peak (in units of the whole stage's
-    activations per micro-batch). Formulas in the module docstring.
+    """Micro-batches whose activations stage ``stage`` of ``pp`` holds at its peak, in units of the whole
+    stage's activations per micro-batch (formulas in the module docstring).
 
     Raises:
-        ConfigError: unknown schedule name.
+        ConfigError: a schedule without a stage-per-rank memory formula (DualPipeV holds two stages per rank).
     """
-    s = stage
+    p, s = pp, stage
     if schedule == "gpipe":
         return float(m)
-    if schedule in ("1f1b", "overlapped", "zb-h1"):
-        return float(min(pp - s, m))
+    if schedule == "1f1b":
+        return float(min(p - s, m))
+    if schedule == "overlapped":
+        return float(min(2 * (p - s), m))
+    if schedule == "zb-h1":
+        return float(min(p, m))
     if schedule == "zb-h2":
-        return float(min(2 * pp - 1 - 2 * s, m))
+        return float(min(3 * p - 2 - s, m))
     if schedule == "interleaved":
-        return min(pp - s + (vpp - 1) * pp, vpp * m) / vpp
-    if schedule == "dualpipev":
-        return float(min(pp + 1, m))
-    raise ConfigError(f"schedule {schedule!r} is unknown; allowed: gpipe, 1f1b, interleaved, zb-h1, zb-h2, dualpipev, overlapped")
+        return min(2 * (p - s - 1) + (vpp - 1) * p + 1, vpp * m) / vpp
+    raise ConfigError(f"schedule {schedule!r} has no memory model; allowed: gpipe, 1f1b, overlapped, zb-h1, zb-h2, interleaved")
 
 
 @dataclass(frozen=True)

@@ -591,14 +591,26 @@ def _in_process_cuda(jobs, settings: Settings, progress) -> list[OverlapResult]:
     return [results[i] for i in range(len(jobs))]
 
 
-def measure(pairs: Sequence[tuple[Bundle, Bundle]], backend: str, *, orders, repeats: int, warmup: int,
-            size_factor: float, contention: Contention | None, budget: int, keep: int, world_size: int | None,
-            timeout_s: float, seed: int, progress) -> list[OverlapResult]:
-    """Measure pairs with the ``cpu`` or ``cuda`` backend (see the module docstring)."""
+def preflight(backend: str) -> None:
+    """Raise :class:`MeasurementError` at once if ``backend`` cannot run here (no torch, no CUDA GPU)."""
     try:
         import torch
     except ImportError as exc:  # pragma: no cover - torch is a dev dependency
         raise MeasurementError(f"the {backend} backend needs torch ({exc}); pip install torch") from None
+    if backend == "cuda" and not torch.cuda.is_available():
+        raise MeasurementError("the cuda backend needs a CUDA GPU; torch.cuda.is_available() is False "
+                               "(use --backend cpu or analytic)")
+    if backend == "cpu" and not torch.distributed.is_available():
+        raise MeasurementError("the cpu backend needs torch.distributed with gloo; this torch build lacks it")
+
+
+def measure(pairs: Sequence[tuple[Bundle, Bundle]], backend: str, *, orders, repeats: int, warmup: int,
+            size_factor: float, contention: Contention | None, budget: int, keep: int, world_size: int | None,
+            timeout_s: float, seed: int, progress) -> list[OverlapResult]:
+    """Measure pairs with the ``cpu`` or ``cuda`` backend (see the module docstring)."""
+    preflight(backend)
+    import torch
+
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise ConfigError(f"field 'timeout_s' = {timeout_s!r} is out of range; allowed: seconds > 0")
     settings = Settings(backend, repeats, warmup, size_factor, contention or default_contention(), budget, keep, seed,
@@ -608,9 +620,6 @@ def measure(pairs: Sequence[tuple[Bundle, Bundle]], backend: str, *, orders, rep
         raise ConfigError(f"field 'world_size' = {world_size!r} is out of range; allowed: an integer >= 2")
     if backend == "cpu":
         return _spawn(jobs, settings, world_size or 2, progress)
-    if not torch.cuda.is_available():
-        raise MeasurementError("the cuda backend needs a CUDA GPU; torch.cuda.is_available() is False "
-                               "(use --backend cpu or analytic)")
     n = torch.cuda.device_count()
     if n >= 2:
         return _spawn(jobs, settings, min(n, world_size or 8), progress)

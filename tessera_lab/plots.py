@@ -227,3 +227,65 @@ def save_plan_figures(plan, path) -> list:
 
 
 __all__.append("save_plan_figures")
+
+
+def overlap_heatmap(table, ax=None, value: str = "gain", title: str | None = None) -> Any:
+    """Heatmap of an overlap table (:func:`tessera_lab.overlap.overlap_table` or ``Profile.table()``):
+    rows the forward bundle's layer kind, columns the backward bundle's, cells ``value`` (``gain`` in ms by
+    default; ``efficiency``, ``t_pair`` (ms) or ``comm_hidden_fraction`` also work).
+
+    Returns:
+        the matplotlib ``Axes``.
+    """
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    ms = value in ("gain", "t_pair", "t_sum", "t_f", "t_b", "t_program")
+    grid = table.pivot(index="kind_f", columns="kind_b", values=value) * (1e3 if ms else 1.0)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.8 + 1.9 * grid.shape[1], 1.0 + 1.0 * grid.shape[0]), layout="constrained")
+    sns.heatmap(grid, annot=True, fmt=".3g", cmap="viridis", ax=ax,
+                cbar_kws={"label": f"{value} (ms)" if ms else value})
+    ax.set_xlabel("backward (B+W) of micro-batch i")
+    ax.set_ylabel("forward of micro-batch i+1")
+    backend = table["backend"].iloc[0] if "backend" in table and len(table) else ""
+    ax.set_title(title or f"overlap {value} by layer combination ({backend})", fontsize=10)
+    return ax
+
+
+__all__.append("overlap_heatmap")
+
+
+def lane_gantt(spans, ax=None, title: str | None = None) -> Any:
+    """Gantt chart of tasks on the compute and comm lanes (``tessera_lab.overlap.lane_timeline`` output:
+    columns ``task, bundle, lane, start, end``; seconds), one colour per bundle, times in ms.
+
+    Returns:
+        the matplotlib ``Axes``.
+    """
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    bundles = list(dict.fromkeys(spans["bundle"]))
+    colours = dict(zip(bundles, sns.color_palette("colorblind", len(bundles))))
+    lanes = ["comm", "compute"]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 2.4), layout="constrained")
+    for row in spans.itertuples():
+        y = lanes.index(row.lane)
+        width = (row.end - row.start) * 1e3
+        if width <= 0:
+            continue
+        ax.barh(y, width, left=row.start * 1e3, height=0.6, color=colours[row.bundle], edgecolor="white", linewidth=0.5)
+        if width > 0.06 * max(spans["end"].max() * 1e3, 1e-12):
+            ax.text(row.start * 1e3 + width / 2, y, row.task.split(".", 1)[-1], ha="center", va="center", fontsize=6,
+                    color=_text_colour(colours[row.bundle]), clip_on=True)
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.set_xlabel("time (ms)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[b]) for b in bundles]
+    ax.legend(handles, bundles, loc="upper right", fontsize=8, ncols=len(bundles))
+    ax.set_title(title or "tasks on the compute and communication lanes", fontsize=10)
+    return ax
+
+
+__all__.append("lane_gantt")
