@@ -1,0 +1,346 @@
+"""Overlap of two bundles: the scheduler (never worse than program order, equal to brute force on small
+bundles), the analytic backend (negative efficiency under contention, worked by hand), the overlap table,
+the contention fit, and the measuring backends (cpu: real, small; cuda: skipped without a GPU)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tessera_lab.costs import Contention, two_lane_makespan
+from tessera_lab.errors import ConfigError
+from tessera_lab.hardware import ParallelConfig
+from tessera_lab.models import load_model
+from tessera_lab import overlap as ov
+from tessera_lab.tasks import Collective, Task
+
+COMM_COLL = Collective("all_to_all", 1.0, "ep", 8)
+
+
+def synthetic(name: str, spec: list[tuple[bool, float, list[int]]]) -> ov.Bundle:
+    """A bundle from (is_comm, duration, deps as indices of earlier tasks)."""
+    tasks, durations = [], {}
+    for i, (is_comm, dur, deps) in enumerate(spec):
+        t = Task(f"t{i}", 0, "F", "all_to_all" if is_comm else "gemm", collective=COMM_COLL if is_comm else None,
+                 deps=tuple(f"t{j}" for j in deps))
+        tasks.append(t)
+        durations[f"F.t{i}"] = dur
+    return ov.Bundle.from_tasks(name, tasks, durations=durations)
+
+
+@st.composite
+def bundle_specs(draw, max_tasks: int):
+    n = draw(st.integers(1, max_tasks))
+    spec = []
+    for i in range(n):
+        is_comm = draw(st.booleans())
+        dur = draw(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 3.0]) | st.floats(0.0, 4.0))
+        deps = sorted(draw(st.sets(st.integers(0, i - 1), max_size=2))) if i else []
+        spec.append((is_comm, dur, deps))
+    return spec
+
+
+contentions = st.builds(Contention, st.sampled_from([0.0, 0.25, 1.0, 2.0]) | st.floats(0, 2),
+                        st.sampled_from([0.0, 0.1, 1.0]) | st.floats(0, 2))
+
+
+def brute_force(a: ov.Bundle, b: ov.Bundle, cont: Contention) -> float:
+    g = ov.pair_graph(a, b)
+    d = ov._keyed_durations(a, b, a.durations, b.durations)
+    return min(two_lane_makespan(o, d, g.lanes, g.deps, cont).makespan for o in ov.brute_force_orders(g))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bundle_specs(3), bundle_specs(4), contentions)
+def test_scheduler_equals_brute_force_on_small_bundles(sa, sb, cont):
+    a, b = synthetic("A", sa), synthetic("B", sb)
+    res = ov.schedule_pair(a, b, contention=cont, budget=6000)  # 7 tasks: at most 7! lane sequences
+    assert res.method == "exhaustive"
+    best = brute_force(a, b, cont)
+    assert res.makespan == pytest.approx(best, rel=1e-12, abs=1e-12)
+    assert res.makespan <= res.program_makespan + 1e-12
+    # the returned order is a real dependency-respecting order with that makespan
+    g = ov.pair_graph(a, b)
+    d = ov._keyed_durations(a, b, a.durations, b.durations)
+    assert sorted(res.order) == sorted(g.keys)
+    assert two_lane_makespan(res.order, d, g.lanes, g.deps, cont).makespan == pytest.approx(res.makespan, abs=1e-12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bundle_specs(12), bundle_specs(12), contentions, st.integers(1, 60))
+def test_scheduler_never_slower_than_program_order(sa, sb, cont, budget):
+    a, b = synthetic("A", sa), synthetic("B", sb)
+    res = ov.schedule_pair(a, b, contention=cont, budget=budget)
+    g = ov.pair_graph(a, b)
+    d = ov._keyed_durations(a, b, a.durations, b.durations)
+    program = two_lane_makespan(g.program_order, d, g.lanes, g.deps, cont).makespan
+    assert res.program_makespan == pytest.approx(program, abs=1e-12)
+    assert res.makespan <= program + 1e-12
+    assert res.serial_makespan == pytest.approx(res.t_a + res.t_b)
+
+
+QWEN = load_model("qwen3-next-80b-a3b")
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from([0, 3]), st.sampled_from([0, 3]), st.sampled_from([128, 512, 2048]), st.sampled_from([2, 10]),
+       st.sampled_from([8, 16]), contentions)
+def test_scheduler_on_real_layers_never_slower_than_program_order(lf, lb, width, k, ep, cont):
+    m = QWEN.with_changes(moe_intermediate_size=width, num_experts_per_tok=k)
+    p = ParallelConfig(ep=ep, pp=1)
+    a, b = ov.bundle(m, lf, "F", p), ov.bundle(m, lb, "BW", p)
+    res = ov.schedule_pair(a, b, contention=cont, budget=300)
+    assert res.method == "heuristic"
+    assert res.makespan <= res.program_makespan + 1e-15
+    assert res.makespan <= res.one_lane_makespan + 1e-15
+
+
+def test_negative_efficiency_under_heavy_contention_worked_by_hand():
+    # Bundle a: one 2 s GEMM; bundle b: one 1 s all-to-all. They are independent and on different lanes,
+    # so both start at t = 0. Contention (compute 1.0, comm 1.5): while both run, compute progresses at
+    # 1/2 and comm at 1/2.5 = 0.4. Comm ends at 1/0.4 = 2.5 s, when compute has done 1.25 s of its 2 s;
+    # the remaining 0.75 s run alone: t_ab = 3.25 s. t_a + t_b = 3 s, so
+    # e = (3 - 3.25) / min(2, 1) = -0.25.
+    a = synthetic("A", [(False, 2.0, [])])
+    b = synthetic("B", [(True, 1.0, [])])
+    r = ov.measure_pair(a, b, "analytic", contention=Contention(1.0, 1.5))
+    assert (r.t_a, r.t_b) == (2.0, 1.0)
+    assert r.t_ab == pytest.approx(3.25)
+    assert r.overlap_efficiency == pytest.approx(-0.25)
+    assert r.gain == pytest.approx(-0.25)
+    assert r.inflation["A/F.t0"] == pytest.approx(3.25 / 2.0)
+    assert r.inflation["B/F.t0"] == pytest.approx(2.5)
+    assert r.comm_hidden_fraction == pytest.approx(1.0)
+    # contention 1.0 / 1.0 on equal 1 s tasks: both at half speed, t_ab = 2 = t_a + t_b, e = 0 exactly;
+    # 2.0 / 2.0: both at a third, t_ab = 3, e = -1.
+    c = synthetic("C", [(False, 1.0, [])])
+    assert ov.measure_pair(c, b, contention=Contention(1.0, 1.0)).overlap_efficiency == pytest.approx(0.0)
+    assert ov.measure_pair(c, b, contention=Contention(2.0, 2.0)).overlap_efficiency == pytest.approx(-1.0)
+    # no contention: perfect overlap, e = 1
+    assert ov.measure_pair(c, b, contention=Contention(0.0, 0.0)).overlap_efficiency == pytest.approx(1.0)
+
+
+def test_negative_efficiency_on_a_real_layer_pair_under_heavy_contention():
+    p = ParallelConfig(ep=8, pp=1)
+    a, b = ov.bundle(QWEN, 0, "F", p), ov.bundle(QWEN, 0, "BW", p)
+    assert ov.measure_pair(a, b, contention=Contention(0.25, 0.1), budget=300).overlap_efficiency > 0
+    assert ov.measure_pair(a, b, contention=Contention(3.0, 3.0), budget=300).overlap_efficiency < 0
+
+
+def test_overlap_table_and_stage_cost_differs_from_standalone_sum():
+    p = ParallelConfig()
+    table = ov.overlap_table(QWEN, p, budget=600)
+    assert len(table) == 4
+    assert set(table["kind_f"]) == {"linear_attention+moe", "full_attention+moe"}
+    assert set(zip(table["kind_f"], table["kind_b"])) == {
+        (f, b) for f in ("linear_attention+moe", "full_attention+moe") for b in ("linear_attention+moe", "full_attention+moe")}
+    assert (table["t_sum"] == table["t_f"] + table["t_b"]).all()
+    assert (table["gain"] - (table["t_sum"] - table["t_pair"])).abs().max() < 1e-15
+    assert (table["t_pair"] <= table["t_program"] + 1e-15).all()
+    assert (table["t_pair"] - table["t_sum"]).abs().max() > 1e-6  # at least one combination differs
+    kinds = [layer.kind for layer in QWEN.layers[:6]]  # L L L A L L
+    pair = ov.pair_costs_from_table(table)
+    standalone = ov.pair_costs_from_table(table, "t_sum")
+    after, before = ov.stage_pair_cost(kinds, pair), ov.stage_pair_cost(kinds, standalone)
+    assert after < before
+    assert ov.overlap_spread(table) >= 1.0
+
+
+def test_stage_pair_cost_pairs_forward_up_with_backward_down():
+    costs = {("x", "x"): 1.0, ("x", "y"): 10.0, ("y", "x"): 100.0, ("y", "y"): 1000.0}
+    assert ov.stage_pair_cost(["x", "y"], costs) == 110.0  # F(x) with B(y), F(y) with B(x)
+    assert ov.stage_pair_cost(["x", "x", "y"], costs) == 10.0 + 1.0 + 100.0
+    with pytest.raises(ConfigError, match="missing"):
+        ov.stage_pair_cost(["z"], costs)
+
+
+def test_overlap_spread():
+    import pandas as pd
+
+    assert ov.overlap_spread(pd.DataFrame({"gain": [1.0, 3.0, 2.0]})) == 3.0
+    assert ov.overlap_spread(pd.DataFrame({"gain": [-1.0, 3.0]})) == math.inf
+    assert math.isnan(ov.overlap_spread(pd.DataFrame({"gain": [-1.0, 0.0]})))
+
+
+def test_fit_contention_recovers_the_generating_values():
+    p = ParallelConfig(ep=16, pp=1)
+    true = Contention(0.6, 0.2)
+    ms = [ov.measure_pair(ov.bundle(QWEN, lf, "F", p), ov.bundle(QWEN, lb, "BW", p), contention=true, budget=200)
+          for lf, lb in ((0, 0), (3, 0))]
+    ms.append(ov.measure_pair(synthetic("A", [(False, 2.0, [])]), synthetic("B", [(True, 1.0, [])]), contention=true))
+    fit = ov.fit_contention(ms, step=0.1)
+    assert fit.contention.compute == pytest.approx(0.6, abs=0.011)
+    assert fit.contention.comm == pytest.approx(0.2, abs=0.011)
+    assert fit.rms_relative_error < 1e-3
+    with pytest.raises(ConfigError, match="measurements"):
+        ov.fit_contention([])
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ConfigError, match="phase"):
+        ov.bundle(QWEN, 0, "X")
+    with pytest.raises(ConfigError, match="layer"):
+        ov.bundle(QWEN, 99, "F")
+    a = ov.bundle(QWEN, 0, "F")
+    with pytest.raises(ConfigError, match="same name|both named"):
+        ov.measure_pair(a, ov.bundle(QWEN, 3, "F", name="F0"))
+    b = ov.bundle(QWEN, 3, "BW")
+    with pytest.raises(ConfigError, match="backend"):
+        ov.measure_pair(a, b, "tpu")
+    with pytest.raises(ConfigError, match="budget"):
+        ov.schedule_pair(a, b, budget=0)
+    g = ov.pair_graph(a, b)
+    with pytest.raises(ConfigError, match="order"):
+        ov.measure_pair(a, b, order=list(reversed(g.keys)))
+    with pytest.raises(ConfigError, match="order"):
+        ov.measure_pair(a, b, order=g.keys[:-1])
+    with pytest.raises(ConfigError, match="size_factor"):
+        ov.measure_pair(a, b, "cpu", size_factor=2.0)
+    with pytest.raises(ConfigError, match="repeats"):
+        ov.measure_pair(a, b, "cpu", repeats=0)
+    with pytest.raises(ConfigError, match="model"):
+        ov.measure_pair(synthetic("A", [(False, 1.0, [])]), synthetic("B", [(True, 1.0, [])]), "cpu")
+    with pytest.raises(ConfigError, match="durations"):
+        ov.Bundle.from_tasks("A", [Task("x", 0, "F", "gemm")], durations={"F.x": -1.0})
+    with pytest.raises(ConfigError, match="cycle"):
+        ov.Bundle.from_tasks("A", [Task("x", 0, "F", "gemm", deps=("y",)), Task("y", 0, "F", "gemm", deps=("x",))])
+
+
+def test_given_order_is_used_and_bw_bundle_links_w_to_its_gradient():
+    p = ParallelConfig()
+    a, b = ov.bundle(QWEN, 0, "F", p), ov.bundle(QWEN, 0, "BW", p)
+    assert b.deps["W.experts"] == b.deps["B.experts"] == ("B.combine",)
+    g = ov.pair_graph(a, b)
+    r = ov.measure_pair(a, b, order=g.program_order)
+    assert r.t_ab == pytest.approx(r.t_program)
+    assert r.order == g.program_order
+
+
+def test_lane_timeline_and_hidden_fraction_falls_as_expert_gemms_get_short():
+    p = ParallelConfig(ep=16, pp=1)  # EP across two nodes: communication outweighs compute
+    spans = ov.lane_timeline(ov.bundle(QWEN, 0, "F", p))
+    assert set(spans["lane"]) == {"compute", "comm"}
+    assert (spans["end"] >= spans["start"]).all()
+    df = ov.hidden_fraction_sweep(QWEN, p, expert_widths=(64, 512, 2048), top_ks=(10,), budget=400)
+    hf = list(df["comm_hidden_fraction"])
+    assert hf[0] < hf[1] < hf[2]
+    assert hf[2] - hf[0] > 0.2
+    wide = ov.overlap_point(QWEN, p, expert_width=512, top_k=2, budget=400)
+    assert wide["comm_hidden_fraction"] > df["comm_hidden_fraction"][1]  # fewer copies: more hidden
+
+
+def test_planning_modules_do_not_import_torch():
+    code = ("import sys, tessera_lab.overlap, tessera_lab.profiles, tessera_lab.measure_cli; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------- measuring backends
+def test_delta_rule_chunked_matches_the_sequential_recurrence():
+    torch = pytest.importorskip("torch")
+    from tessera_lab.overlap_backends import _delta_rule_chunked
+
+    g = torch.Generator().manual_seed(0)
+    H, T, dk, dv = 2, 150, 8, 6  # T not a multiple of the chunk
+    q, v = torch.randn(H, T, dk, generator=g, dtype=torch.float64), torch.randn(H, T, dv, generator=g, dtype=torch.float64)
+    k = torch.nn.functional.normalize(torch.randn(H, T, dk, generator=g, dtype=torch.float64), dim=-1)
+    beta = torch.rand(H, T, generator=g, dtype=torch.float64)
+    S = torch.zeros(H, dk, dv, dtype=torch.float64)
+    ref = []
+    for t in range(T):  # u = beta (v - k S); S += k u^T; o = q S
+        u = beta[:, t, None] * (v[:, t] - torch.einsum("hk,hkv->hv", k[:, t], S))
+        S = S + torch.einsum("hk,hv->hkv", k[:, t], u)
+        ref.append(torch.einsum("hk,hkv->hv", q[:, t], S))
+    ref = torch.stack(ref, dim=1)
+    assert torch.allclose(_delta_rule_chunked(q, k, v, beta), ref, atol=1e-9)
+
+
+def test_kernels_of_every_task_run_in_process_with_the_copy_proxy():
+    torch = pytest.importorskip("torch")
+    from tessera_lab import overlap_backends as ob
+
+    torch.set_num_threads(1)
+    ctx = ob.KernelContext(torch.device("cpu"), torch.float32, 1, "copy")
+    runner = ob.ThreadRunner(30)
+    for layer, phase in ((0, "F"), (0, "BW"), (3, "F"), (3, "BW")):
+        bd = ob.scaled_bundle(ov.bundle(QWEN, layer, phase), 1 / 32)
+        assert bd.parallel.seq_len == 128 and bd.model.hidden_size == 64
+        ks = ob.build_kernels(bd, ctx)
+        assert set(ks) == set(bd.ids)
+        g = ov.pair_graph(bd)
+        spans = runner.run(g.keys, {f"{bd.name}/{k}": f for k, f in ks.items()}, g.lanes, g.deps)
+        assert set(spans) == set(g.keys)
+        for k in g.keys:  # dependencies respected
+            for d in g.deps[k]:
+                assert spans[d][1] <= spans[k][0] + 1e-9
+
+
+def test_expert_counts_sum_to_received_tokens():
+    pytest.importorskip("numpy")
+    from tessera_lab.overlap_backends import expert_counts
+
+    c = expert_counts(5120, 64, seed=3)
+    assert len(c) == 64 and sum(c) == 5120 and c == expert_counts(5120, 64, seed=3)
+
+
+@pytest.mark.slow
+def test_cpu_backend_measures_a_pair_with_spread():
+    pytest.importorskip("torch")
+    p = ParallelConfig()
+    a, b = ov.bundle(QWEN, 0, "F", p), ov.bundle(QWEN, 3, "BW", p)
+    r = ov.measure_pair(a, b, "cpu", repeats=3, warmup=1, size_factor=1 / 32, timeout_s=120)
+    assert r.backend == "cpu"
+    for name in ("t_a", "t_b", "t_ab", "t_program"):
+        s = r.spread[name]
+        assert s["n"] == 3 and s["min"] <= s["q1"] <= s["median"] <= s["q3"] <= s["max"]
+        assert s["median"] > 0
+    assert r.t_ab <= r.t_program + 1e-12  # the best measured candidate; program order is a candidate
+    assert r.metadata["world_size"] == 2 and r.metadata["comm"] == "gloo" and r.metadata["comm_proxy"] is None
+    assert r.metadata["size_factor"] == 1 / 32 and r.metadata["repeats"] == 3
+    assert r.metadata["shapes"]["a"]["hidden"] == 64
+    assert 0.0 <= r.comm_hidden_fraction <= 1.0
+    assert set(r.inflation) == set(ov.pair_graph(a, b).keys)
+    assert r.overlap_efficiency == pytest.approx((r.t_a + r.t_b - r.t_ab) / min(r.t_a, r.t_b))
+
+
+@pytest.mark.slow
+def test_cpu_backend_times_out_cleanly():
+    pytest.importorskip("torch")
+    a, b = ov.bundle(QWEN, 0, "F"), ov.bundle(QWEN, 3, "BW")
+    with pytest.raises(ov.MeasurementError, match="timeout"):
+        ov.measure_pair(a, b, "cpu", repeats=50, size_factor=0.25, timeout_s=3)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="no CUDA GPU (torch.cuda.is_available() is False)")
+def test_cuda_backend_measures_a_pair():
+    p = ParallelConfig()
+    a, b = ov.bundle(QWEN, 0, "F", p), ov.bundle(QWEN, 3, "BW", p)
+    r = ov.measure_pair(a, b, "cuda", repeats=3, warmup=2, size_factor=0.25, timeout_s=300)
+    assert r.backend == "cuda" and r.t_ab > 0 and r.spread["t_ab"]["n"] == 3
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        assert r.metadata["comm_proxy"] == "copy"
+    else:
+        assert r.metadata["comm"] == "nccl"
+
+
+def test_cuda_backend_without_a_gpu_is_a_clear_error():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    with pytest.raises(ov.MeasurementError, match="CUDA"):
+        ov.measure_pair(ov.bundle(QWEN, 0, "F"), ov.bundle(QWEN, 3, "BW"), "cuda")
