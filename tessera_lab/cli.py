@@ -164,6 +164,7 @@ def format_plan(plan) -> str:
         lines.append("")
     for label, ev in [(f"{plan.chosen.method} (chosen)", plan.chosen)] + list(plan.baselines.items()):
         lines.append(f"[{label}] boundaries {ev.partition.boundaries}"
+                     + ("" if ev.fits_memory else "  ** exceeds GPU memory **")
                      + (f"; solver {ev.partition.solver} {ev.partition.status} in {ev.partition.solve_time_s:.3f} s"
                         if ev.partition.solver else ""))
         lines.append(_table(_evaluation_rows(ev), ".3f"))
@@ -191,6 +192,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = make_plan(model, parallel, cluster, method=args.method, objective=args.objective,
                      time_limit_s=args.time_limit, gpu=args.gpu)
     _emit(args, plan.as_dict(), format_plan(plan))
+    if args.export:
+        from .exports import write_plan
+
+        write_plan(plan.as_dict(), args.export)
+        print(f"plan written to {args.export} (schema-versioned JSON with Megatron-LM, DeepSpeed and "
+              "torch.distributed.pipelining exports)", file=sys.stderr)
     if args.plot:
         from .plots import save_plan_figures
 
@@ -202,13 +209,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_partition(args: argparse.Namespace) -> int:
     from .partition import partition_costs
 
-    part = partition_costs(args.costs, args.stages, args.method, time_limit_s=args.time_limit)
+    part = partition_costs(args.costs, args.stages * args.vpp, args.method, time_limit_s=args.time_limit,
+                           vpp=args.vpp)
+    from .exports import deepspeed_parts, megatron_layout, torch_split_points
+
     result = {
         "boundaries": part.boundaries, "stage_costs": part.stage_costs, "bottleneck": part.bottleneck,
         "method": part.method, "solver": part.solver, "status": part.status, "solve_time_s": part.solve_time_s,
+        "rank_costs": part.rank_costs, "vpp": args.vpp,
+        "exports": {"megatron_pipeline_model_parallel_layout": megatron_layout(part.boundaries),
+                    "deepspeed_parts": deepspeed_parts(part.boundaries),
+                    "torch_pipelining_split_points": torch_split_points(part.boundaries)},
     }
-    rows = [{"stage": s, "layers": f"{part.boundaries[s]}-{part.boundaries[s + 1] - 1}", "cost": c}
-            for s, c in enumerate(part.stage_costs)]
+    rows = [{"stage": s, "rank": s % args.stages, "layers": f"{part.boundaries[s]}-{part.boundaries[s + 1] - 1}",
+             "cost": c} for s, c in enumerate(part.stage_costs)]
     _emit(args, result, _table(rows) + f"\nbottleneck {part.bottleneck:.6g} ({part.method}"
           + (f", {part.solver} {part.status}" if part.solver else "") + ")")
     return 0
@@ -292,12 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-experts", type=int, default=None)
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--plot", metavar="PATH", help="save figures (PATH.png: stage costs and timeline)")
+    p.add_argument("--export", metavar="PATH",
+                   help="write the plan as schema-versioned JSON with Megatron-LM layout, DeepSpeed parts and "
+                        "torch.distributed.pipelining split points")
     add_json(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("partition", help="partition a plain per-layer cost list")
     p.add_argument("--costs", type=_cost_list, required=True, help="comma-separated per-layer costs")
-    p.add_argument("--stages", type=_positive_int("stages"), required=True)
+    p.add_argument("--stages", type=_positive_int("stages"), required=True, help="pipeline ranks")
+    p.add_argument("--vpp", type=_positive_int("vpp"), default=1,
+                   help="virtual stages per rank (stage s runs on rank s %% stages; needs --method ilp)")
     p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
     p.add_argument("--time-limit", type=_nonneg_float("time_limit"), default=10.0)
     add_json(p)

@@ -91,6 +91,7 @@ class Evaluation:
     mfu: float
     bubble_fraction: float
     exposed_comm_s: dict[str, float]
+    fits_memory: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +104,7 @@ class Evaluation:
             "bubble_fraction": self.bubble_fraction,
             "bubble_overhead": self.timeline.bubble_overhead,
             "exposed_comm_s": self.exposed_comm_s,
+            "fits_memory": self.fits_memory,
             "solver": self.partition.solver,
             "solver_status": self.partition.status,
             "solve_time_s": self.partition.solve_time_s,
@@ -322,6 +324,7 @@ def evaluate(
         mfu=model_flops / (T * p.world_size * cost_model.cluster.gpu.peak_flops),
         bubble_fraction=timeline.bubble_fraction,
         exposed_comm_s=exposed,
+        fits_memory=all(st.memory_bytes <= memory_capacity(cost_model.cluster) * (1 + 1e-12) for st in stages),
     )
 
 
