@@ -39,8 +39,10 @@ def replan(
         ConfigError / PartitionError: as :func:`tessera_lab.plan.make_plan`.
     """
     spec = load_model(model)
+    current = {"attention_ratio": spec.attention_ratio, "moe_intermediate_size": spec.moe_intermediate_size,
+               "num_experts_per_tok": spec.num_experts_per_tok}
     changes = {k: v for k, v in {"attention_ratio": attention_ratio, "moe_intermediate_size": expert_width,
-                                 "num_experts_per_tok": top_k}.items() if v is not None}
+                                 "num_experts_per_tok": top_k}.items() if v is not None and v != current[k]}
     if changes:
         spec = spec.with_changes(**changes)
     parallel = ParallelConfig(pp=pp, ep=ep, microbatches=microbatches, seq_len=seq_len)
