@@ -232,6 +232,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .schedules import build_schedule
     from .simulate import simulate, uniform_durations
 
+    if getattr(args, "routing", None) is not None or getattr(args, "dynamic", False):
+        return _simulate_routed(args)
     sched = build_schedule(args.schedule, args.stages, args.microbatches, args.vpp)
     tl = simulate(sched, uniform_durations(args.f, args.b, args.w, args.fb), p2p_latency=args.p2p_latency)
     result = {
@@ -255,10 +257,45 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate_routed(args: argparse.Namespace) -> int:
+    """``simulate --routing ... [--dynamic]``: routing-dependent durations; static vs dynamic filling."""
+    from .dynamic import simulate_cli
+
+    result, text, timelines = simulate_cli(
+        schedule=args.schedule, stages=args.stages, microbatches=args.microbatches, f=args.f, b=args.b, w=args.w,
+        routing=args.routing, dynamic=args.dynamic, vpp=args.vpp, ep=args.ep, experts=args.experts, top_k=args.top_k,
+        tokens=args.tokens, layers_per_stage=args.layers_per_stage, expert_fraction=args.expert_fraction,
+        groups=args.groups, seed=args.seed, capacity_factor=args.capacity_factor, grad_sync=args.grad_sync,
+        p2p_latency=args.p2p_latency, memory_cap=args.memory_cap)
+    _emit(args, result, text)
+    tl = timelines.get("dynamic", timelines["static"])
+    if args.trace:
+        tl.to_chrome_trace(args.trace)
+    if args.plot:
+        from .plots import gantt_pair
+
+        fig = gantt_pair(timelines.get("static"), timelines.get("dynamic"))
+        fig.savefig(args.plot, dpi=120, bbox_inches="tight")
+    return 0
+
+
 def cmd_measure(args: argparse.Namespace) -> int:
     from .measure_cli import run_measure
 
     return run_measure(args, _emit, _table)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import run_report
+
+    return run_report(args, _emit, _table)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Spawn pp x ep x dp local workers (gloo on CPU, NCCL with GPUs); see tessera_lab.runner.launch."""
+    from .runner.launch import run_from_args
+
+    return run_from_args(args)
 
 
 # ---------------------------------------------------------------------- parser
@@ -334,6 +371,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--p2p-latency", type=_nonneg_float("p2p_latency"), default=0.0)
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace JSON (opens in Perfetto)")
     p.add_argument("--plot", metavar="PATH", help="save a Gantt chart")
+    g = p.add_argument_group("routing skew and dynamic bubble filling (tessera_lab.dynamic)")
+    g.add_argument("--routing", default=None, metavar="SPEC",
+                   help="uniform|zipf:S|drift:S[:R]|replay:PATH: tokens per expert vary per micro-batch and the "
+                        "busiest EP rank sets each stage's time")
+    g.add_argument("--dynamic", action="store_true",
+                   help="compare the static order with W deferred into predicted bubbles (needs --w)")
+    g.add_argument("--ep", type=_positive_int("ep"), default=8, help="EP ranks per stage (default 8)")
+    g.add_argument("--experts", type=_positive_int("experts"), default=64, help="routed experts (default 64)")
+    g.add_argument("--top-k", type=_positive_int("top_k"), default=8, help="experts per token (default 8)")
+    g.add_argument("--tokens", type=_positive_int("tokens"), default=4096,
+                   help="tokens per EP rank and micro-batch (default 4096)")
+    g.add_argument("--layers-per-stage", type=_positive_int("layers_per_stage"), default=4,
+                   help="MoE layers per stage, each routed independently (default 4)")
+    g.add_argument("--expert-fraction", type=_nonneg_float("expert_fraction"), default=0.5,
+                   help="share of f, b, w that scales with the busiest EP rank's load (default 0.5)")
+    g.add_argument("--groups", type=_positive_int("groups"), default=1, help="EP groups, each deciding alone")
+    g.add_argument("--seed", type=int, default=0, help="routing seed")
+    g.add_argument("--capacity-factor", type=_nonneg_float("capacity_factor"), default=None,
+                   help="drop assignments above ceil(cf * tokens * k / E) per expert")
+    g.add_argument("--grad-sync", type=_nonneg_float("grad_sync"), default=0.0,
+                   help="gradient reduce-scatter seconds per stage (comm lane)")
+    g.add_argument("--memory-cap", default="max",
+                   help="live micro-batches per rank: max (default: the static plan's worst rank), rank, or N")
     add_json(p)
     p.set_defaults(func=cmd_simulate)
 
@@ -343,6 +403,40 @@ def build_parser() -> argparse.ArgumentParser:
     add_measure_arguments(p)
     add_json(p)
     p.set_defaults(func=cmd_measure)
+
+    p = sub.add_parser("report", help="capacity report (where the lost MFU goes) of a plan, and a model-change diff")
+    p.add_argument("--plan", metavar="PLAN.json", help="a plan from 'tessera-lab plan --json' (else the plan options)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"shipped model or config.json (default {DEFAULT_MODEL})")
+    p.add_argument("--gpu", default=DEFAULT_GPU, help="H100, H200 or B200 (default H200)")
+    p.add_argument("--nodes", type=_positive_int("nodes"), default=None)
+    p.add_argument("--pp", type=_positive_int("pp"), default=8)
+    p.add_argument("--vpp", type=_positive_int("vpp"), default=1)
+    p.add_argument("--ep", type=_positive_int("ep"), default=8)
+    p.add_argument("--tp", type=_positive_int("tp"), default=1)
+    p.add_argument("--dp", type=_positive_int("dp"), default=1)
+    p.add_argument("--microbatches", "-m", type=_positive_int("microbatches"), default=32)
+    p.add_argument("--micro-batch-size", type=_positive_int("micro_batch_size"), default=1)
+    p.add_argument("--seq-len", type=_positive_int("seq_len"), default=4096)
+    p.add_argument("--schedule", default="overlapped", help="overlapped (default), 1f1b, gpipe, zb-h1 or zb-h2")
+    p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
+    p.add_argument("--no-distributed-optimizer", action="store_true")
+    p.add_argument("--attention-ratio", type=int, default=None)
+    p.add_argument("--expert-width", type=int, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--num-experts", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--diff", metavar="OTHER",
+                   help="compare with OTHER: a plan JSON, a model name, or changes like "
+                        "'expert_width=256,top_k=4,seq_len=8192,dtype=fp8'")
+    p.add_argument("--plot", metavar="PATH", help="save the waterfall of the capacity report")
+    add_json(p)
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("run", help="train the tiny MoE model with pipeline + expert parallelism (local processes)")
+    from .runner.launch import add_run_arguments
+
+    add_run_arguments(p)  # includes --json
+    p.set_defaults(func=cmd_run)
     return parser
 
 

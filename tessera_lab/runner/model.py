@@ -46,7 +46,7 @@ import copy
 import math
 import threading
 import zlib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -55,6 +55,7 @@ import torch.nn.functional as F
 
 from tessera_lab.errors import ConfigError
 
+from .launch import TinyConfig  # the config is torch-free so that the spawner can validate it
 from .moe import ExpertParallelComm, group_exchange, permute, route, unpermute
 
 __all__ = [
@@ -81,107 +82,6 @@ __all__ = [
     "ReferenceResult",
     "is_expert_param",
 ]
-
-
-# ----------------------------------------------------------------------------------------------
-# config
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TinyConfig:
-    """Size knobs of the tiny model (defaults run a step in milliseconds on a CPU).
-
-    Attributes:
-        vocab_size: V tokens.
-        hidden_size: H.
-        num_layers: decoder layers.
-        attention_ratio: linear-attention layers per full-attention layer (3 in Qwen3-Next; 0: all full).
-        num_heads: attention heads (both mixers); head_dim: per-head width.
-        num_kv_heads: key/value heads of full attention (GQA; divides ``num_heads``).
-        num_experts: routed experts E; top_k: experts per token.
-        expert_width: routed expert intermediate size; shared_expert_width: shared expert intermediate size
-            (0: no shared expert).
-        seq_len: tokens per sequence T.
-        linear_chunk: chunk length of the chunked delta rule.
-        capacity_factor: per-expert capacity factor (None: no drops).
-        router_bias: optional fixed ``[E]`` logit offsets (not trained), e.g. to force skewed routing or
-            leave an EP rank without tokens in tests.
-        seed: initialisation seed.
-    """
-
-    vocab_size: int = 64
-    hidden_size: int = 32
-    num_layers: int = 4
-    attention_ratio: int = 1
-    num_heads: int = 2
-    head_dim: int = 16
-    num_kv_heads: int = 1
-    num_experts: int = 4
-    top_k: int = 2
-    expert_width: int = 16
-    shared_expert_width: int = 32
-    seq_len: int = 16
-    linear_chunk: int = 8
-    capacity_factor: float | None = None
-    router_bias: tuple[float, ...] | None = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        ints = {
-            "vocab_size": 2, "hidden_size": 1, "num_layers": 1, "attention_ratio": 0, "num_heads": 1,
-            "head_dim": 1, "num_kv_heads": 1, "num_experts": 1, "top_k": 1, "expert_width": 1,
-            "shared_expert_width": 0, "seq_len": 1, "linear_chunk": 1,
-        }
-        for name, low in ints.items():
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ConfigError(f"model field '{name}' = {v!r} is out of range; allowed: an integer >= {low}")
-        if self.num_heads % self.num_kv_heads:
-            raise ConfigError(
-                f"model field 'num_kv_heads' = {self.num_kv_heads} must divide num_heads = {self.num_heads}")
-        if self.top_k > self.num_experts:
-            raise ConfigError(
-                f"model field 'top_k' = {self.top_k} is out of range; allowed: 1..num_experts ({self.num_experts})")
-        if self.capacity_factor is not None and not self.capacity_factor > 0:
-            raise ConfigError(
-                f"model field 'capacity_factor' = {self.capacity_factor} is out of range; allowed: > 0 or None")
-        if self.router_bias is not None:
-            if len(self.router_bias) != self.num_experts:
-                raise ConfigError(
-                    f"model field 'router_bias' has {len(self.router_bias)} entries; allowed: exactly num_experts "
-                    f"({self.num_experts})")
-            object.__setattr__(self, "router_bias", tuple(float(x) for x in self.router_bias))
-
-    def layer_kinds(self) -> list[str]:
-        """Mixer of each layer: ``"linear_attention"`` or ``"full_attention"``."""
-        r = self.attention_ratio + 1
-        return ["full_attention" if (i + 1) % r == 0 else "linear_attention" for i in range(self.num_layers)]
-
-    def with_changes(self, **changes) -> "TinyConfig":
-        """A copy with some fields changed (validated)."""
-        unknown = set(changes) - {f.name for f in fields(self)}
-        if unknown:
-            raise ConfigError(f"unknown model field(s) {sorted(unknown)}; allowed: {[f.name for f in fields(self)]}")
-        d = asdict(self)
-        d.update(changes)
-        return TinyConfig(**d)
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if d["router_bias"] is not None:
-            d["router_bias"] = list(d["router_bias"])
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TinyConfig":
-        d = dict(d)
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigError(f"unknown model field(s) {sorted(unknown)}; allowed: {[f.name for f in fields(cls)]}")
-        if d.get("router_bias") is not None:
-            d["router_bias"] = tuple(d["router_bias"])
-        return cls(**d)
 
 
 # ----------------------------------------------------------------------------------------------
