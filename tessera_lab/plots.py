@@ -241,11 +241,14 @@ def overlap_heatmap(table, ax=None, value: str = "gain", title: str | None = Non
     import seaborn as sns
 
     ms = value in ("gain", "t_pair", "t_sum", "t_f", "t_b", "t_program")
+    order = list(dict.fromkeys(list(table["kind_f"]) + list(table["kind_b"])))
     grid = table.pivot(index="kind_f", columns="kind_b", values=value) * (1e3 if ms else 1.0)
+    grid = grid.reindex(index=[k for k in order if k in grid.index], columns=[k for k in order if k in grid.columns])
     if ax is None:
-        _, ax = plt.subplots(figsize=(1.8 + 1.9 * grid.shape[1], 1.0 + 1.0 * grid.shape[0]), layout="constrained")
+        _, ax = plt.subplots(figsize=(2.8 + 2.4 * grid.shape[1], 1.2 + 1.0 * grid.shape[0]), layout="constrained")
     sns.heatmap(grid, annot=True, fmt=".3g", cmap="viridis", ax=ax,
                 cbar_kws={"label": f"{value} (ms)" if ms else value})
+    ax.tick_params(axis="y", rotation=0)
     ax.set_xlabel("backward (B+W) of micro-batch i")
     ax.set_ylabel("forward of micro-batch i+1")
     backend = table["backend"].iloc[0] if "backend" in table and len(table) else ""
@@ -325,3 +328,149 @@ def standalone_vs_overlap_bars(plan, ax=None, title: str | None = None) -> Any:
 
 
 __all__.append("standalone_vs_overlap_bars")
+
+
+def waterfall(report, ax=None, title: str | None = None, unit: str = "ms_per_gpu") -> Any:
+    """Waterfall of a :class:`~tessera_lab.report.CapacityReport`: the iteration's time per GPU (``unit``
+    ``ms_per_gpu``, default) or GPU-seconds (``gpu_s``), starting from model FLOPs at peak (the MFU share) and
+    stacking each lost-time category on top, ending at the full iteration. Rows that round to zero are kept
+    (they are part of the contract: the parts sum to the lost time).
+
+    Returns:
+        the matplotlib ``Axes``.
+    """
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    if unit not in ("ms_per_gpu", "gpu_s"):
+        from .errors import ConfigError
+
+        raise ConfigError(f"field 'unit' = {unit!r} is unknown; allowed: ms_per_gpu, gpu_s")
+    scale = (1e3 / report.gpus) if unit == "ms_per_gpu" else 1.0
+    rows = report.rows()
+    labels = ["model FLOPs at peak"] + [r["label"] for r in rows] + ["iteration"]
+    values = [report.useful_gpu_s * scale] + [r["gpu_s"] * scale for r in rows]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4.2), layout="constrained")
+    palette = sns.color_palette("colorblind", 3)
+    bottom = 0.0
+    for k, v in enumerate(values):
+        if k == 0:
+            ax.bar(k, v, color=palette[2])
+            bottom = v
+            continue
+        lo, hi = (bottom, bottom + v) if v >= 0 else (bottom + v, bottom)
+        ax.bar(k, hi - lo, bottom=lo, color=palette[1] if v >= 0 else palette[0])
+        if abs(v) >= 0.005 * max(values[0], 1e-300):
+            ax.text(k, hi, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
+        bottom += v
+    total = report.gpu_time_s * scale
+    ax.bar(len(values), total, color="grey", alpha=0.6)
+    ax.text(0, values[0], f"{values[0]:.3g}", ha="center", va="bottom", fontsize=7)
+    ax.text(len(values), total, f"{total:.3g}", ha="center", va="bottom", fontsize=7)
+    ax.axhline(report.useful_gpu_s * scale, color=palette[2], linewidth=0.8, linestyle=":")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=40, ha="right", fontsize=8)
+    ax.set_ylabel("ms per GPU per iteration" if unit == "ms_per_gpu" else "GPU-seconds per iteration")
+    ax.set_title(title or f"where the iteration goes: MFU {report.mfu:.1%}, lost {1 - report.mfu:.1%}", fontsize=10)
+    return ax
+
+
+__all__.append("waterfall")
+
+
+def routing_heatmap(counts, ax=None, ep: int | None = None, title: str | None = None) -> Any:
+    """Heatmap of tokens (assignments) per expert: rows = micro-batches, columns = experts.
+
+    Args:
+        counts: ``[microbatches, E]`` (or ``[E]``) token counts from :mod:`tessera_lab.routing`.
+        ax: axes to draw into (new figure when ``None``).
+        ep: draw the boundaries of the ``ep`` EP ranks (experts are split contiguously).
+        title: default names the shape and the busiest rank's load.
+
+    Returns:
+        the matplotlib ``Axes``.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import seaborn as sns
+
+    c = np.atleast_2d(np.asarray(counts))
+    if c.ndim != 2:
+        from .errors import ConfigError
+
+        raise ConfigError(f"field 'counts' has shape {c.shape}; allowed: [microbatches, experts] or [experts]")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 1.2 + 0.22 * min(c.shape[0], 24)), layout="constrained")
+    sns.heatmap(c, ax=ax, cmap="mako_r", cbar_kws={"label": "tokens (assignments)"},
+                xticklabels=max(1, c.shape[1] // 16), yticklabels=max(1, c.shape[0] // 12))
+    if ep and c.shape[1] % ep == 0:
+        for k in range(1, ep):
+            ax.axvline(k * c.shape[1] // ep, color="white", linewidth=1.2)
+    ax.set_xlabel("expert" + (f" (white lines: {ep} EP ranks)" if ep else ""))
+    ax.set_ylabel("micro-batch")
+    if title is None:
+        title = f"tokens per expert: {c.shape[0]} micro-batch(es) x {c.shape[1]} experts"
+        if ep and c.shape[1] % ep == 0:
+            ranks = c.reshape(c.shape[0], ep, -1).sum(-1)
+            title += f"; busiest EP rank {np.mean(ranks.max(1) / ranks.mean(1)):.2f}x its share (mean)"
+    ax.set_title(title, fontsize=10)
+    return ax
+
+
+def rank_load_bars(loads, ax=None, title: str | None = None, relative: bool = True) -> Any:
+    """Per-EP-rank load as bars: the mean over micro-batches, with the min-max range as error bars.
+
+    Args:
+        loads: ``[ep]`` or ``[microbatches, ep]`` tokens per EP rank (e.g.
+            :func:`tessera_lab.routing.ep_rank_load`).
+        relative: divide by the mean rank load (1.0 = the uniform share; a dashed line marks it).
+
+    Returns:
+        the matplotlib ``Axes``.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import seaborn as sns
+
+    x = np.atleast_2d(np.asarray(loads, dtype=float))
+    if relative:
+        mean = x.mean(axis=1, keepdims=True)
+        x = np.divide(x, mean, out=np.ones_like(x), where=mean > 0)
+    m, lo, hi = x.mean(0), x.min(0), x.max(0)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.6 + 0.5 * x.shape[1], 3.2), layout="constrained")
+    colour = sns.color_palette("colorblind", 4)
+    bars = [colour[3] if v == m.max() else colour[0] for v in m]
+    ax.bar(range(x.shape[1]), m, color=bars, yerr=[m - lo, hi - m], capsize=3, ecolor="grey")
+    ax.axhline(1.0 if relative else float(m.mean()), color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xticks(range(x.shape[1]))
+    ax.set_xlabel("EP rank")
+    ax.set_ylabel("load / uniform share" if relative else "tokens")
+    imb = float(np.mean(x.max(1) / x.mean(1))) if (x.mean(1) > 0).all() else 1.0
+    ax.set_title(title or f"per-EP-rank load (imbalance max/mean {imb:.2f}; bars: mean, whiskers: min-max)",
+                 fontsize=10)
+    return ax
+
+
+def gantt_pair(static, dynamic=None, titles: tuple[str, str] | None = None) -> Any:
+    """Two Gantt charts on a shared time axis: the static timeline above, the filled (dynamic) one below
+    (only the first when ``dynamic`` is ``None``). Returns the matplotlib ``Figure``."""
+    import matplotlib.pyplot as plt
+
+    tls = [t for t in (static, dynamic) if t is not None]
+    ranks = max(t.num_ranks or 1 for t in tls)
+    h = min(7.0, 0.4 * ranks + 1.4)
+    fig, axes = plt.subplots(len(tls), 1, figsize=(10, h * len(tls)), layout="constrained", squeeze=False)
+    names = titles or ("static", "dynamic (W moved into predicted bubbles)")
+    lims = []
+    for ax, tl, name in zip(axes[:, 0], tls, names):
+        gantt(tl, ax=ax, title=f"{name}: iteration {tl.iteration_time:.4g} s, bubble {tl.bubble_fraction:.1%}")
+        lims.append(ax.get_xlim())
+    if len({ax.get_xlabel() for ax in axes[:, 0]}) == 1:  # same time unit: one time axis
+        for ax in axes[:, 0]:
+            ax.set_xlim(min(lo for lo, _ in lims), max(hi for _, hi in lims))
+    return fig
+
+
+__all__ += ["routing_heatmap", "rank_load_bars", "gantt_pair"]
