@@ -367,7 +367,8 @@ def waterfall(report, ax=None, title: str | None = None, unit: str = "ms_per_gpu
     total = report.gpu_time_s * scale
     ax.bar(len(values), total, color="grey", alpha=0.6)
     ax.text(0, values[0], f"{values[0]:.3g}", ha="center", va="bottom", fontsize=7)
-    ax.text(len(values), total, f"{total:.3g}", ha="center", va="bottom", fontsize=7)
+    ax.text(len(values), total, f"{total:.4g}", ha="center", va="bottom", fontsize=7)
+    ax.margins(y=0.08)
     ax.axhline(report.useful_gpu_s * scale, color=palette[2], linewidth=0.8, linestyle=":")
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=40, ha="right", fontsize=8)
