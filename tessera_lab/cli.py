@@ -189,8 +189,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     model = _model_from_args(args)
     parallel = _parallel_from_args(args)
     cluster = Cluster.dgx(args.gpu, args.nodes) if args.nodes else None
+    profile = None
+    if args.profile:
+        from .profiles import load_profile
+
+        profile = load_profile(args.profile)
     plan = make_plan(model, parallel, cluster, method=args.method, objective=args.objective,
-                     time_limit_s=args.time_limit, gpu=args.gpu)
+                     time_limit_s=args.time_limit, gpu=args.gpu, profile=profile)
     _emit(args, plan.as_dict(), format_plan(plan))
     if args.export:
         from .exports import write_plan
@@ -298,6 +303,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from .reproduce import reproduce, write
+
+    rep = reproduce(quick=args.quick)
+    paths = write(rep, args.out)
+    rows = [{"figure": p.name, "path": str(p)} for p in paths]
+    text = _table(rows) + "\n" + "\n".join(f"- {n}" for n in rep.notes)
+    _emit(args, rep.as_dict() | {"files": [str(p) for p in paths]}, text)
+    return 0
+
+
 # ---------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     from .plan import DEFAULT_GPU, DEFAULT_MODEL
@@ -343,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-experts", type=int, default=None)
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--plot", metavar="PATH", help="save figures (PATH.png: stage costs and timeline)")
+    p.add_argument("--profile", metavar="PATH",
+                   help="measured overlap profile (tessera-lab measure); layer-pair costs come from it")
     p.add_argument("--export", metavar="PATH",
                    help="write the plan as schema-versioned JSON with Megatron-LM layout, DeepSpeed parts and "
                         "torch.distributed.pipelining split points")
@@ -358,6 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=_nonneg_float("time_limit"), default=10.0)
     add_json(p)
     p.set_defaults(func=cmd_partition)
+
+    p = sub.add_parser("reproduce", help="the paper's reported figures beside ours (PNG, JSON, Markdown)")
+    p.add_argument("--out", metavar="DIR", required=True, help="folder for the figures and tables")
+    p.add_argument("--quick", action="store_true", help="fewer expert widths in the width study (seconds, not minutes)")
+    add_json(p)
+    p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("simulate", help="simulate a uniform pipeline")
     p.add_argument("--schedule", default="1f1b", help="gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped")

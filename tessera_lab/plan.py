@@ -345,14 +345,23 @@ def layer_pair_costs(model: ModelSpec, parallel: ParallelConfig, cost_model: Cos
     return out
 
 
-def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -> tuple[CostModel, StageCostModel]:
+def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, profile=None
+                      ) -> tuple[CostModel, StageCostModel]:
     """Cost model and per-segment stage costs/memory for a model on a cluster (pair costs after overlap
-    included when the schedule is ``overlapped``)."""
+    included when the schedule is ``overlapped``: from a measured ``profile`` (a
+    :class:`tessera_lab.profiles.Profile`) when given, else from the analytic overlap scheduler)."""
     cost_model = CostModel(cluster, parallel)
     tasks = decompose(model, parallel)
     layer_costs = [cost_model.layer_cost(lt) for lt in tasks]
     mem = layer_memory(model, parallel, tasks)
-    pairs = layer_pair_costs(model, parallel, cost_model) if parallel.schedule == "overlapped" else None
+    pairs = None
+    if parallel.schedule == "overlapped":
+        if profile is not None:
+            from .profiles import profile_stage_pair_costs
+
+            pairs = profile_stage_pair_costs(profile, model, parallel, cost_model, budget=PAIR_SEARCH_BUDGET)
+        else:
+            pairs = layer_pair_costs(model, parallel, cost_model)
     return cost_model, StageCostModel(layer_costs, mem, parallel, pairs)
 
 
@@ -382,6 +391,7 @@ def make_plan(
     time_limit_s: float = 10.0,
     objective: str = "auto",
     gpu: str = DEFAULT_GPU,
+    profile=None,
 ) -> Plan:
     """Plan a pipeline for ``model``.
 
@@ -392,6 +402,8 @@ def make_plan(
         method: ``ilp`` (default), ``dp`` or ``uniform``.
         baselines: other partitions to evaluate with the same schedule (``uniform``).
         time_limit_s: ILP time limit, seconds.
+        profile: a measured overlap profile (:func:`tessera_lab.profiles.load_profile`); layer-pair costs then
+            come from it (measured efficiency transferred onto this model's scale) instead of the analytic model.
         objective: ``bottleneck`` (minimise the slowest stage; ties to the smaller spread), ``schedule``
             (``sum_s standalone_s + (m-1) max_s cost_s``, the iteration-time shape of (overlapped) 1F1B), or
             ``auto`` (default): solve both and keep the one that simulates faster (both are recorded in notes).
@@ -409,7 +421,7 @@ def make_plan(
         raise PartitionError(
             f"field 'pp' = {parallel.pp} is out of range; allowed: 1 to the number of layers ({model.num_layers})"
         )
-    cost_model, stage_model = build_stage_model(model, parallel, cluster)
+    cost_model, stage_model = build_stage_model(model, parallel, cluster, profile)
     layer_costs = stage_model.costs
     capacity = memory_capacity(cluster)
 
