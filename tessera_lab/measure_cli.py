@@ -80,7 +80,7 @@ def run_measure(args: argparse.Namespace, emit: Callable[[argparse.Namespace, An
     from tqdm import tqdm
 
     from .costs import CostModel
-    from .hardware import Cluster, ParallelConfig, cluster_for
+    from .hardware import ParallelConfig, cluster_for
     from .models import load_model
     from .overlap import overlap_spread, overlap_table
     from .paths import data_dir
@@ -92,8 +92,7 @@ def run_measure(args: argparse.Namespace, emit: Callable[[argparse.Namespace, An
     f = args.size_factor if args.size_factor is not None else DEFAULT_SIZE_FACTOR[args.backend]
     kwargs: dict[str, Any] = {}
     if args.backend == "analytic":
-        cluster = cluster_for(parallel, args.gpu) if args.gpu else cluster_for(parallel)
-        kwargs["cost_model"] = CostModel(cluster, parallel)
+        kwargs["cost_model"] = CostModel(cluster_for(parallel, args.gpu), parallel)
         f = 1.0
     else:
         kwargs.update(repeats=args.repeats, warmup=args.warmup, size_factor=f, timeout_s=args.timeout,

@@ -572,7 +572,7 @@ def schedule_pair(a: Bundle, b: Bundle, backend: str = "analytic", *, budget: in
         backend: ``analytic`` evaluates candidates with the two-lane executor and the contention term.
             ``cpu`` or ``cuda`` measure the pair (:func:`measure_pair`): standalone runs give per-task times,
             the analytic search over those times proposes ``keep`` orders (program order included), each is
-            measured, and the fastest measured one wins.
+            measured, and the fastest measured one wins; the returned makespans are then measured medians.
         budget: maximum distinct candidates evaluated (>= 1).
         contention: analytic contention (default: the cost model's).
         cost_model: cost model for task times (default: H200 cluster fitting the bundles' parallel sizes).
@@ -766,7 +766,10 @@ def _analytic_result(a: Bundle, b: Bundle, *, order: Sequence[str] | None, conte
         d1 = together.spans[k][1] - together.spans[k][0]
         inflation[k] = d1 / d0 if d0 > 0 else 1.0
     t_a, t_b, t_ab = alone_a.makespan, alone_b.makespan, together.makespan
-    meta = {
+    from .profiles import current_environment
+
+    meta = current_environment("analytic", cm.cluster.gpu.name if cm is not None else None)
+    meta.update({
         "backend": "analytic", "date": _now(),
         "device": f"analytic model of {cm.cluster.gpu.name}" if cm is not None else "analytic model (given durations)",
         "contention": {"compute": cont.compute, "comm": cont.comm},
@@ -774,7 +777,7 @@ def _analytic_result(a: Bundle, b: Bundle, *, order: Sequence[str] | None, conte
         "dtype": (a.parallel.dtype if a.parallel else None), "shapes": {"a": bundle_shapes(a), "b": bundle_shapes(b)},
         "repeats": 1, "spread": "none (deterministic model)", "size_factor": 1.0, "comm_proxy": None,
         "search": {"method": sched.method, "evaluated": sched.evaluated, "space": sched.space},
-    }
+    })
     spread = {name: spread_stats([v]) for name, v in (("t_a", t_a), ("t_b", t_b), ("t_ab", t_ab),
                                                       ("t_program", sched.program_makespan))}
     return OverlapResult(a.name, b.name, a.kind, b.kind, a.phase, b.phase, t_a, t_b, t_ab, sched.program_makespan,
@@ -922,9 +925,14 @@ def assemble_measured(a: Bundle, b: Bundle, backend: str, runs: Mapping[str, lis
     meta.update({"candidates_measured": len(candidates), "best_candidate": best,
                  "candidate_medians": [c["median"] for c in cstats]})
     spread = {"t_a": ta, "t_b": tb, "t_ab": cstats[best], "t_program": cstats[0]}
+    measured = ScheduleResult(
+        tuple(candidates[best]), t_ab, tuple(candidates[0]), cstats[0]["median"], t_a + t_b, sum(dur.values()), t_a, t_b,
+        f"{sched.method} search on measured task times, {len(candidates)} orders measured" if sched else "measured",
+        sched.evaluated if sched else len(candidates), sched.space if sched else None,
+        sorted(((c["median"], tuple(o)) for c, o in zip(cstats, candidates)), key=lambda x: x[0]), backend)
     return OverlapResult(a.name, b.name, a.kind, b.kind, a.phase, b.phase, t_a, t_b, t_ab, cstats[0]["median"],
                          inflation, hf, overlap_efficiency(t_a, t_b, t_ab), backend, tuple(candidates[best]), spread,
-                         dur, dict(graph.lanes), dict(graph.deps), meta, sched)
+                         dur, dict(graph.lanes), dict(graph.deps), meta, measured)
 
 
 # ---------------------------------------------------------------------- contention fit

@@ -8,7 +8,9 @@ Kernels (one per task, built once, run many times; shapes after the size factor 
 * ``grouped_gemm`` (routed experts): per local expert ``e`` with ``c_e`` tokens, ``X_e @ W1_e`` (width 2w,
   gate and up), SiLU-and-multiply, ``@ W2_e``; B and W are the transposed products. Token counts per local
   expert come from a routing: ``T * top_k * expert_load`` token copies drawn uniformly at random over the
-  ``E / ep`` local experts (multinomial, seeded).
+  ``E / ep`` local experts (multinomial, seeded). On CUDA with bf16 each product is one
+  ``torch._grouped_mm`` launch when this torch supports it, else a loop of per-expert matmuls (the
+  metadata's ``kernels`` says which).
 * ``attention``: ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)`` with the
   model's query / key-value heads and head size; B is the real autograd backward of that call.
 * ``linear_attention``: a chunked delta-rule loop (chunk 64; WY form with a triangular solve per chunk,
@@ -105,6 +107,7 @@ class KernelContext:
     world: int
     comm: str  # "gloo", "nccl" or "copy"
     seed: int = 0
+    notes: dict = dataclasses.field(default_factory=dict)  # implementation choices, copied into the metadata
 
 
 def _delta_rule_chunked(q, k, v, beta, chunk: int = CHUNK):
@@ -122,7 +125,10 @@ def _delta_rule_chunked(q, k, v, beta, chunk: int = CHUNK):
         kb = kc * bc.unsqueeze(-1)
         A = torch.tril(kb @ kc.transpose(1, 2), -1)
         I = eye[:c, :c].expand(H, c, c)
-        Tinv = torch.linalg.solve_triangular(I + A, I, upper=False)
+        if q.dtype in (torch.float32, torch.float64):
+            Tinv = torch.linalg.solve_triangular(I + A, I, upper=False)
+        else:  # bf16 / fp16: the triangular solve runs in fp32 (as flash-linear-attention's kernels do)
+            Tinv = torch.linalg.solve_triangular((I + A).float(), I.float(), upper=False).to(q.dtype)
         W = Tinv @ kb
         U = Tinv @ (vc * bc.unsqueeze(-1))
         Uc = U - W @ S
@@ -170,9 +176,9 @@ def build_kernels(bd: Bundle, ctx: KernelContext, *, layer_seed: int = 0) -> dic
             k = m.num_experts_per_tok
             out[tid] = lambda x=x, w=w, logits=logits, k=k: torch.topk(torch.matmul(x, w, out=logits), k, dim=-1)
         elif op == "grouped_gemm":
-            out[tid] = _experts_kernel(ph, bd, T, h, rnd, torch, F_, layer_seed + ctx.seed * 7919)
+            out[tid] = _experts_kernel(ph, bd, T, h, rnd, torch, F_, layer_seed + ctx.seed * 7919, ctx)
         elif op == "attention":
-            out[tid] = _attention_kernel(ph, m, p, rnd, torch, F_)
+            out[tid] = _attention_kernel(ph, m, p, rnd, torch, F_, ctx)
         elif op == "linear_attention":
             out[tid] = _linear_attention_kernel(ph, m, p, rnd, torch)
         else:  # element-wise and the rest: move the task's bytes (2 reads, 1 write)
@@ -213,7 +219,7 @@ def _gemm_kernel(phase: str, T: int, k: int, n: int, rnd, torch):
     return lambda: torch.matmul(xt, dy, out=dw)
 
 
-def _experts_kernel(phase: str, bd: Bundle, T: int, h: int, rnd, torch, F_, seed: int):
+def _experts_kernel(phase: str, bd: Bundle, T: int, h: int, rnd, torch, F_, seed: int, ctx: KernelContext):
     m, p = bd.model, bd.parallel
     w = m.moe_intermediate_size
     local = max(1, m.num_experts // p.ep)
@@ -228,6 +234,11 @@ def _experts_kernel(phase: str, bd: Bundle, T: int, h: int, rnd, torch, F_, seed
     dY, dA, dH1, dX = rnd(N, h), rnd(N, w), rnd(N, 2 * w), rnd(N, h)
     dW1, dW2 = rnd(local, h, 2 * w), rnd(local, w, h)
     segs = [(e, offs[e], offs[e + 1]) for e in range(local) if counts[e] > 0]
+    fused = _grouped_mm_kernel(phase, torch, F_, offs, W1, W2, X, A, dY, dH1, w) if ctx.device.type == "cuda" else None
+    if fused is not None:
+        ctx.notes["grouped_gemm"] = "torch._grouped_mm"
+        return fused
+    ctx.notes.setdefault("grouped_gemm", "a loop of per-expert matmuls")
 
     if phase == "F":
         def run():
@@ -251,7 +262,35 @@ def _experts_kernel(phase: str, bd: Bundle, T: int, h: int, rnd, torch, F_, seed
     return run
 
 
-def _attention_kernel(phase: str, m: ModelSpec, p: ParallelConfig, rnd, torch, F_):
+def _grouped_mm_kernel(phase, torch, F_, offs, W1, W2, X, A, dY, dH1, w):
+    """One grouped-GEMM launch per product with ``torch._grouped_mm`` (CUDA, bf16, Hopper or newer), or None
+    when this torch / device does not support it (then the per-expert loop is used)."""
+    gmm = getattr(torch, "_grouped_mm", None)
+    if gmm is None or X.dtype != torch.bfloat16:
+        return None
+    ends = torch.tensor(offs[1:], dtype=torch.int32, device=X.device)
+    W1t, W2t = W1.transpose(1, 2), W2.transpose(1, 2)
+
+    if phase == "F":
+        def run():
+            H1 = gmm(X, W1, offs=ends)
+            return gmm(F_.silu(H1[:, :w]) * H1[:, w:], W2, offs=ends)
+    elif phase == "B":
+        def run():
+            dA = gmm(dY, W2t, offs=ends)
+            return gmm(torch.cat([dA * A, dA * A], dim=1), W1t, offs=ends)
+    else:
+        def run():
+            return gmm(A.t(), dY, offs=ends), gmm(X.t(), dH1, offs=ends)
+    try:
+        run()
+        torch.cuda.synchronize(X.device)
+    except Exception:  # noqa: BLE001 - unsupported shapes, dtype or device: fall back to the loop
+        return None
+    return run
+
+
+def _attention_kernel(phase: str, m: ModelSpec, p: ParallelConfig, rnd, torch, F_, ctx: KernelContext):
     b, s = p.micro_batch_size, p.seq_len
     hq = max(1, m.num_attention_heads // p.tp)
     if m.kv_lora_rank:  # MLA: q/k carry nope + rope dims, v its own; kv heads = q heads
@@ -265,7 +304,15 @@ def _attention_kernel(phase: str, m: ModelSpec, p: ParallelConfig, rnd, torch, F
     v = rnd(b, hkv, s, dv, scale=1.0, grad=grad)
     if hkv != hq:
         rep = hq // hkv
-        fwd = lambda: F_.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)  # noqa: E731
+        fwd = lambda: F_.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+        try:
+            with torch.no_grad():
+                fwd()
+            ctx.notes.setdefault("attention", "scaled_dot_product_attention(is_causal=True, enable_gqa=True)")
+        except (TypeError, RuntimeError):  # older torch or a backend without GQA: expand the kv heads
+            fwd = lambda: F_.scaled_dot_product_attention(  # noqa: E731
+                q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)
+            ctx.notes.setdefault("attention", "scaled_dot_product_attention(is_causal=True), kv heads repeated")
     else:
         fwd = lambda: F_.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     if phase == "F":
@@ -411,7 +458,9 @@ def _measure_jobs(rank: int, world: int, jobs, settings: Settings, runner, ctx: 
     from .profiles import current_environment
 
     env = current_environment(settings.backend) if rank == 0 else {}
+    load_before = _loadavg()
     for ji, (a, b, given) in enumerate(jobs):
+        ctx.notes = {}
         sa, sb = scaled_bundle(a, settings.size_factor), scaled_bundle(b, settings.size_factor)
         graph = pair_graph(sa, sb)
         with runner.building():
@@ -461,10 +510,20 @@ def _measure_jobs(rank: int, world: int, jobs, settings: Settings, runner, ctx: 
                 "size_factor": settings.size_factor, "world_size": world, "comm": comm_label,
                 "comm_proxy": "copy" if ctx.comm == "copy" else None,
                 "search_contention": {"compute": settings.contention.compute, "comm": settings.contention.comm},
+                "kernels": dict(ctx.notes),
+                "load_average_1m": {"before": load_before, "after": _loadavg()},
             })
             res = assemble_measured(a, b, settings.backend, runs, cands, meta, sched)
             emit(("result", ji, res))
         del kernels, ka, kb
+
+
+def _loadavg() -> float | None:
+    """The machine's 1-minute load average (other processes competing for the cores), if known."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
 
 
 def _worker(rank: int, world: int, store: str, jobs, settings: Settings, q) -> None:

@@ -412,7 +412,8 @@ def pair_time(profile: Profile, kind_f: str, kind_b: str, *, t_f: float | None =
     return t_f + t_b - eff * min(t_f, t_b)
 
 
-def profile_stage_pair_costs(profile: Profile, model: Any, parallel: Any, cost_model: Any = None) -> dict[tuple[str, str], float]:
+def profile_stage_pair_costs(profile: Profile, model: Any, parallel: Any, cost_model: Any = None, *,
+                             budget: int = 300) -> dict[tuple[str, str], float]:
     """Pair costs for the planner: ``{(kind_f, kind_b): seconds}`` of the forward of one micro-batch
     together with the full backward (B + W) of another, at the planner's scale.
 
@@ -453,6 +454,7 @@ def profile_stage_pair_costs(profile: Profile, model: Any, parallel: Any, cost_m
                 out[(kf, kb)] = pair_time(profile, kf, kb, t_f=alone(lf, "F"), t_b=alone(lb, "BW"))
             else:
                 r = measure_pair(bundle(model, lf, "F", parallel, name=f"F{lf}"),
-                                 bundle(model, lb, "BW", parallel, name=f"BW{lb}"), "analytic", cost_model=cm)
+                                 bundle(model, lb, "BW", parallel, name=f"BW{lb}"), "analytic", cost_model=cm,
+                                 budget=budget)
                 out[(kf, kb)] = r.t_ab
     return out

@@ -1,0 +1,85 @@
+"""``tessera-lab measure``: the analytic table in-process, a real cpu measurement (slow, small), and bad
+input exiting with status 2 and one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from tessera_lab import profiles as pr
+from tessera_lab.cli import main
+
+CLI = [sys.executable, "-m", "tessera_lab"]
+
+
+def test_measure_analytic_writes_a_profile_and_prints_the_table(tmp_path, capsys):
+    out = tmp_path / "an.json"
+    assert main(["measure", "--backend", "analytic", "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "linear_attention+moe" in text and "full_attention+moe" in text and "overlap spread" in text
+    prof = pr.load_profile(out)
+    assert prof.backend == "analytic" and len(prof.entries) == 4
+    assert main(["measure", "--backend", "analytic", "--out", str(out), "--no-progress", "--json", "-"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["backend"] == "analytic" and len(result["table"]) == 4
+    assert {"t_pair", "t_sum", "gain", "efficiency"} <= set(result["table"][0])
+    assert pr.load_profile(out).entries[next(iter(prof.entries))]["metadata"]["repeats"] == 2  # merged
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--backend", "analytic", "--size-factor", "0"], "size_factor"),
+    (["--backend", "analytic", "--size-factor", "abc"], "size_factor"),
+    (["--backend", "analytic", "--repeats", "0"], "repeats"),
+    (["--backend", "tpu"], "backend"),
+    (["--backend", "analytic", "--model", "no-such-model"], "no-such-model"),
+    (["--backend", "analytic", "--timeout", "-1"], "timeout"),
+    (["--backend", "cpu", "--world-size", "1"], "world_size"),
+])
+def test_bad_input_exits_2_with_one_line(argv, field, tmp_path):
+    proc = subprocess.run(CLI + ["measure", *argv, "--out", str(tmp_path / "x.json")], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert field in lines[0]
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_cuda_without_a_gpu_exits_2_with_one_line(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    proc = subprocess.run(CLI + ["measure", "--backend", "cuda", "--out", str(tmp_path / "x.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "CUDA" in lines[0]
+
+
+@pytest.mark.slow
+def test_measure_cpu_writes_a_profile_with_spread(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "cpu.json"
+    proc = subprocess.run(CLI + ["measure", "--backend", "cpu", "--size-factor", "0.03125", "--repeats", "3",
+                                 "--warmup", "1", "--timeout", "120", "--out", str(out), "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert "linear_attention+moe" in proc.stdout
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prof = pr.load_profile(out)  # measured here: current, no warning
+    assert prof.backend == "cpu" and prof.size_factor == 0.03125 and len(prof.entries) == 4
+    for e in prof.entries.values():
+        for name in ("t_a", "t_b", "t_ab", "t_program"):
+            s = e[name]
+            assert s["n"] == 3 and len(s["samples"]) == 3
+            assert 0 < s["min"] <= s["q1"] <= s["median"] <= s["q3"] <= s["max"]
+        meta = e["metadata"]
+        assert meta["backend"] == "cpu" and meta["repeats"] == 3 and meta["world_size"] == 2
+        assert meta["device"] and meta["torch"] and meta["date"] and meta["shapes"]["a"]["hidden"] == 64
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["profile"] == str(out)

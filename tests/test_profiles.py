@@ -1,0 +1,220 @@
+"""The profile store: schema version, atomic writes (kill -9 mid-write), stale detection, merging of
+repeated measurements, and the planner lookups."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tessera_lab import overlap as ov
+from tessera_lab import profiles as pr
+from tessera_lab.errors import ProfileError
+from tessera_lab.hardware import ParallelConfig
+from tessera_lab.models import load_model
+
+QWEN = load_model("qwen3-next-80b-a3b")
+P = ParallelConfig(pp=1, dp=1)
+
+
+@pytest.fixture(scope="module")
+def analytic_table():
+    return ov.overlap_table(QWEN, P, budget=400)
+
+
+def fake_measured(result: ov.OverlapResult, samples: dict[str, list[float]], env: dict) -> ov.OverlapResult:
+    """A copy of an analytic result dressed as a cpu measurement with the given samples."""
+    r = copy.deepcopy(result)
+    r.backend = "cpu"
+    r.spread = {k: ov.spread_stats(v) for k, v in samples.items()}
+    r.t_a, r.t_b, r.t_ab = (r.spread[k]["median"] for k in ("t_a", "t_b", "t_ab"))
+    r.t_program = r.spread["t_program"]["median"]
+    r.overlap_efficiency = ov.overlap_efficiency(r.t_a, r.t_b, r.t_ab)
+    r.metadata = {**r.metadata, **env, "backend": "cpu", "repeats": len(samples["t_ab"]), "size_factor": 0.125,
+                  "comm_proxy": None, "world_size": 2, "dtype": "float32"}
+    return r
+
+
+CPU_ENV = {"device": "AMD EPYC (2 cores)", "torch": "2.13.0+cpu", "cuda": None, "driver": None}
+
+
+def test_round_trip_of_an_analytic_profile(tmp_path, analytic_table):
+    prof = pr.new_profile("analytic", QWEN.name, P, size_factor=1.0)
+    pr.add_results(prof, analytic_table.attrs["results"])
+    path = pr.save_profile(prof, tmp_path / "a.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # current: no stale warning
+        back = pr.load_profile(path)
+    assert back.data["schema_version"] == 1
+    assert not pr.is_stale(back)
+    assert len(back.entries) == 4
+    e = back.entry("linear_attention+moe", "full_attention+moe")
+    for f in ("device", "torch", "cuda", "driver", "dtype", "shapes", "repeats", "spread", "date", "backend"):
+        assert f in e["metadata"], f
+    assert e["t_ab"]["median"] == pytest.approx(
+        analytic_table.set_index(["kind_f", "kind_b"]).loc[("linear_attention+moe", "full_attention+moe"), "t_pair"])
+    t = back.table()
+    assert set(t.columns) >= {"kind_f", "kind_b", "t_pair", "gain", "efficiency"}
+
+
+def test_unknown_schema_version_and_malformed_files(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps({"schema_version": 2, "backend": "cpu", "entries": {}}))
+    with pytest.raises(ProfileError, match="schema_version"):
+        pr.load_profile(p)
+    p.write_text(json.dumps({"schema_version": 1, "backend": "gpu", "entries": {}}))
+    with pytest.raises(ProfileError, match="backend"):
+        pr.load_profile(p)
+    p.write_text(json.dumps({"schema_version": 1, "backend": "cpu", "entries": {"k": {"kind_f": "x"}}}))
+    with pytest.raises(ProfileError, match=r"entries\[k\]\.kind_b"):
+        pr.load_profile(p)
+    p.write_text("{not json")
+    with pytest.raises(ProfileError, match="not valid JSON"):
+        pr.load_profile(p)
+    with pytest.raises(ProfileError, match="does not exist"):
+        pr.load_profile(tmp_path / "missing.json")
+
+
+def test_stale_profile_is_detected(tmp_path, analytic_table):
+    r = analytic_table.attrs["results"][0]
+    measured = fake_measured(r, {"t_a": [1.0], "t_b": [2.0], "t_ab": [2.5], "t_program": [2.7]}, CPU_ENV)
+    prof = pr.new_profile("cpu", QWEN.name, P, size_factor=0.125, environment={**CPU_ENV, "device": "Fake CPU 9000", "torch": "0.0.1"})
+    measured.metadata["device"] = "Fake CPU 9000"
+    measured.metadata["torch"] = "0.0.1"
+    pr.add_results(prof, [measured])
+    path = pr.save_profile(prof, tmp_path / "stale.json")
+    with pytest.warns(pr.StaleProfileWarning, match="stale"):
+        back = pr.load_profile(path)
+    assert pr.is_stale(back)
+    reasons = " ".join(pr.stale_reasons(back))
+    assert "device" in reasons and "torch" in reasons
+    # the same profile is current on the machine it names
+    assert not pr.is_stale(back, {**CPU_ENV, "device": "Fake CPU 9000", "torch": "0.0.1"})
+    # re-measuring replaces a stale profile instead of merging into it
+    fresh = fake_measured(r, {"t_a": [1.0], "t_b": [2.0], "t_ab": [2.2], "t_program": [2.7]},
+                          pr.current_environment("cpu"))
+    new = pr.update_profile(path, [fresh], backend="cpu", model=QWEN.name, parallel=P, size_factor=0.125)
+    assert not pr.is_stale(new)
+    assert new.entries[next(iter(new.entries))]["t_ab"]["samples"] == [2.2]
+
+
+def test_analytic_profile_goes_stale_when_the_cost_model_changes(tmp_path, analytic_table):
+    prof = pr.new_profile("analytic", QWEN.name, P)
+    pr.add_results(prof, analytic_table.attrs["results"][:1])
+    env = pr.current_environment("analytic")
+    assert not pr.is_stale(prof, env)
+    assert pr.is_stale(prof, {**env, "cost_model": "0" * 12})
+
+
+def test_repeated_measurements_merge(tmp_path, analytic_table):
+    r = analytic_table.attrs["results"][0]
+    env = pr.current_environment("cpu")
+    m1 = fake_measured(r, {"t_a": [1.0, 1.2], "t_b": [2.0, 2.2], "t_ab": [2.5, 2.7], "t_program": [3, 3]}, env)
+    m2 = fake_measured(r, {"t_a": [1.1], "t_b": [2.1], "t_ab": [2.6], "t_program": [3]}, env)
+    path = tmp_path / "m.json"
+    pr.update_profile(path, [m1], backend="cpu", model=QWEN.name, parallel=P, size_factor=0.125)
+    prof = pr.update_profile(path, [m2], backend="cpu", model=QWEN.name, parallel=P, size_factor=0.125)
+    e = next(iter(prof.entries.values()))
+    assert sorted(e["t_ab"]["samples"]) == [2.5, 2.6, 2.7]
+    assert (e["t_ab"]["median"], e["t_ab"]["q1"], e["t_ab"]["q3"]) == pytest.approx((2.6, 2.55, 2.65))
+    assert e["metadata"]["repeats"] == 3 and len(e["metadata"]["dates"]) == 2
+    assert e["efficiency"] == pytest.approx((1.1 + 2.1 - 2.6) / 1.1)
+    # a measurement with other shapes replaces the entry
+    m3 = fake_measured(r, {"t_a": [9.0], "t_b": [9.0], "t_ab": [9.0], "t_program": [9.0]}, env)
+    m3.metadata["shapes"] = {"a": {"hidden": 1}}
+    merged = pr.merge_entries(e, pr.entry_from_result(m3)[1])
+    assert merged["t_ab"]["samples"] == [9.0]
+
+
+def test_a_write_killed_midway_leaves_the_previous_profile_intact(tmp_path):
+    path = tmp_path / "big.json"
+    old = pr.new_profile("analytic", "old-model", environment={"device": "x"})
+    pr.save_profile(old, path)
+    before = path.read_bytes()
+    writer = textwrap.dedent(f"""
+        from tessera_lab import profiles as pr
+        prof = pr.new_profile("analytic", "new-model", environment={{"device": "x"}})
+        prof.data["padding"] = ["0.123456789012345678"] * 6_000_000   # about 140 MB of JSON
+        pr.save_profile(prof, {str(path)!r})
+    """)
+    caught = False
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", writer])
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline and proc.poll() is None:
+                tmps = [p for p in tmp_path.iterdir() if p.name.startswith(".big.json.") and p.name.endswith(".tmp")]
+                if tmps and tmps[0].stat().st_size > 1_000_000:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    caught = True
+                    break
+                time.sleep(0.002)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        if caught:
+            break
+        pr.save_profile(old, path)  # the write won the race; restore and try again
+    assert caught, "could not kill the writer mid-write"
+    assert path.read_bytes() == before
+    back = pr.load_profile(path, check_stale=False)
+    assert back.model == "old-model"
+
+
+def test_pair_time_lookup_and_planner_costs(tmp_path, analytic_table):
+    prof = pr.new_profile("analytic", QWEN.name, P)
+    pr.add_results(prof, analytic_table.attrs["results"])
+    lin, full = "linear_attention+moe", "full_attention+moe"
+    row = analytic_table.set_index(["kind_f", "kind_b"]).loc[(lin, full)]
+    assert pr.pair_time(prof, lin, full) == pytest.approx(row["t_pair"])
+    assert pr.pair_time(prof, lin, "dense+x") is None
+    # transferring the efficiency onto the measured standalone times gives back the measured pair
+    assert pr.pair_time(prof, lin, full, t_f=row["t_f"], t_b=row["t_b"]) == pytest.approx(row["t_pair"])
+    e = row["efficiency"]
+    assert pr.pair_time(prof, lin, full, t_f=2.0, t_b=3.0) == pytest.approx(5.0 - e * 2.0)
+    costs = pr.profile_stage_pair_costs(prof, QWEN, P)
+    assert set(costs) == {(a, b) for a in (lin, full) for b in (lin, full)}
+    assert costs[(lin, full)] == pytest.approx(row["t_pair"])  # full scale, same shapes: measured value as is
+    kinds = [l.kind for l in QWEN.layers[:4]]
+    sums = ov.pair_costs_from_table(analytic_table, "t_sum")
+    assert ov.stage_pair_cost(kinds, costs) < ov.stage_pair_cost(kinds, sums)
+
+
+def test_scaled_profile_transfers_efficiency(analytic_table):
+    env = pr.current_environment("cpu")
+    lin = "linear_attention+moe"
+    r = next(x for x in analytic_table.attrs["results"] if x.kind_a == lin and x.kind_b == lin)
+    m = fake_measured(r, {"t_a": [0.010], "t_b": [0.020], "t_ab": [0.025], "t_program": [0.03]}, env)  # e = 0.5
+    prof = pr.new_profile("cpu", QWEN.name, P, size_factor=0.125, environment=env)
+    pr.add_results(prof, [m])
+    costs = pr.profile_stage_pair_costs(prof, QWEN, P)
+    row = analytic_table.set_index(["kind_f", "kind_b"]).loc[(lin, lin)]
+    assert costs[(lin, lin)] == pytest.approx(row["t_f"] + row["t_b"] - 0.5 * min(row["t_f"], row["t_b"]))
+    # combinations the profile lacks fall back to the analytic pair time
+    full = "full_attention+moe"
+    assert costs[(full, full)] == pytest.approx(
+        analytic_table.set_index(["kind_f", "kind_b"]).loc[(full, full), "t_pair"], rel=1e-6)
+
+
+def test_shipped_cpu_profile_loads_and_has_spread():
+    path = Path(__file__).resolve().parents[1] / "data" / "profiles" / "cpu-qwen3-next-small.json"
+    if not path.exists():
+        pytest.skip("no shipped CPU profile yet")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pr.StaleProfileWarning)  # measured on another machine is fine here
+        prof = pr.load_profile(path)
+    assert prof.backend == "cpu" and len(prof.entries) == 4
+    for e in prof.entries.values():
+        assert e["metadata"]["repeats"] >= 3
+        assert e["t_ab"]["q1"] <= e["t_ab"]["median"] <= e["t_ab"]["q3"]
+        assert len(e["t_ab"]["samples"]) == e["metadata"]["repeats"]
