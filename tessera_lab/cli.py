@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
+from .argtypes import nonneg_float, positive_int
 from .errors import TesseraError
 
 GIB = 2**30
@@ -22,32 +23,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # noqa: D401 - argparse API
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _positive_int(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} = {text!r} is not an integer; allowed: an integer >= 1") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{name} = {v} is out of range; allowed: an integer >= 1")
-        return v
-
-    return parse
-
-
-def _nonneg_float(name: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} = {text!r} is not a number; allowed: a number >= 0") from None
-        if not v >= 0 or v == float("inf"):
-            raise argparse.ArgumentTypeError(f"{name} = {text} is out of range; allowed: a finite number >= 0")
-        return v
-
-    return parse
 
 
 def _cost_list(text: str) -> list[float]:
@@ -314,6 +289,32 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu: str) -> None:
+    """The model, hardware, parallel and partition options that build a plan (``plan`` and ``report``; read
+    by :func:`_model_from_args`, :func:`_parallel_from_args` and ``Cluster.dgx(gpu, nodes)``)."""
+    p.add_argument("--model", default=default_model, help=f"shipped model or config.json (default {default_model})")
+    p.add_argument("--gpu", default=default_gpu, help=f"H100, H200 or B200 (default {default_gpu})")
+    p.add_argument("--nodes", type=positive_int("nodes"), default=None,
+                   help="nodes of 8 GPUs (default: the fewest that hold pp*dp*ep*tp)")
+    p.add_argument("--pp", type=positive_int("pp"), default=8)
+    p.add_argument("--vpp", type=positive_int("vpp"), default=1)
+    p.add_argument("--ep", type=positive_int("ep"), default=8)
+    p.add_argument("--tp", type=positive_int("tp"), default=1)
+    p.add_argument("--dp", type=positive_int("dp"), default=1)
+    p.add_argument("--microbatches", "-m", type=positive_int("microbatches"), default=32)
+    p.add_argument("--micro-batch-size", type=positive_int("micro_batch_size"), default=1)
+    p.add_argument("--seq-len", type=positive_int("seq_len"), default=4096)
+    p.add_argument("--schedule", default="overlapped",
+                   help="overlapped (default: F of one micro-batch with B of another), 1f1b, gpipe, zb-h1 or zb-h2")
+    p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
+    p.add_argument("--no-distributed-optimizer", action="store_true")
+    p.add_argument("--attention-ratio", type=int, default=None, help="linear-attention layers per full-attention layer")
+    p.add_argument("--expert-width", type=int, default=None, help="routed expert intermediate size")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--num-experts", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None)
+
+
 # ---------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     from .plan import DEFAULT_GPU, DEFAULT_MODEL
@@ -334,30 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_params)
 
     p = sub.add_parser("plan", help="the main job: partition, simulate and report a pipeline plan")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"shipped model or config.json (default {DEFAULT_MODEL})")
-    p.add_argument("--gpu", default=DEFAULT_GPU, help="H100, H200 or B200 (default H200)")
-    p.add_argument("--nodes", type=_positive_int("nodes"), default=None,
-                   help="nodes of 8 GPUs (default: the fewest that hold pp*dp*ep*tp)")
-    p.add_argument("--pp", type=_positive_int("pp"), default=8)
-    p.add_argument("--vpp", type=_positive_int("vpp"), default=1)
-    p.add_argument("--ep", type=_positive_int("ep"), default=8)
-    p.add_argument("--tp", type=_positive_int("tp"), default=1)
-    p.add_argument("--dp", type=_positive_int("dp"), default=1)
-    p.add_argument("--microbatches", "-m", type=_positive_int("microbatches"), default=32)
-    p.add_argument("--micro-batch-size", type=_positive_int("micro_batch_size"), default=1)
-    p.add_argument("--seq-len", type=_positive_int("seq_len"), default=4096)
-    p.add_argument("--schedule", default="overlapped",
-                   help="overlapped (default: F of one micro-batch with B of another), 1f1b, gpipe, zb-h1 or zb-h2")
-    p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
+    _add_plan_options(p, DEFAULT_MODEL, DEFAULT_GPU)
     p.add_argument("--objective", default="auto", choices=["auto", "bottleneck", "schedule"],
                    help="auto (default): solve the bottleneck and the schedule objective, keep the faster in simulation")
-    p.add_argument("--time-limit", type=_nonneg_float("time_limit"), default=10.0, help="ILP time limit, seconds")
-    p.add_argument("--no-distributed-optimizer", action="store_true")
-    p.add_argument("--attention-ratio", type=int, default=None, help="linear-attention layers per full-attention layer")
-    p.add_argument("--expert-width", type=int, default=None, help="routed expert intermediate size")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--num-experts", type=int, default=None)
-    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--time-limit", type=nonneg_float("time_limit"), default=10.0, help="ILP time limit, seconds")
     p.add_argument("--plot", metavar="PATH", help="save figures (PATH.png: stage costs and timeline)")
     p.add_argument("--profile", metavar="PATH",
                    help="measured overlap profile (tessera-lab measure); layer-pair costs come from it")
@@ -369,11 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("partition", help="partition a plain per-layer cost list")
     p.add_argument("--costs", type=_cost_list, required=True, help="comma-separated per-layer costs")
-    p.add_argument("--stages", type=_positive_int("stages"), required=True, help="pipeline ranks")
-    p.add_argument("--vpp", type=_positive_int("vpp"), default=1,
+    p.add_argument("--stages", type=positive_int("stages"), required=True, help="pipeline ranks")
+    p.add_argument("--vpp", type=positive_int("vpp"), default=1,
                    help="virtual stages per rank (stage s runs on rank s %% stages; needs --method ilp)")
     p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
-    p.add_argument("--time-limit", type=_nonneg_float("time_limit"), default=10.0)
+    p.add_argument("--time-limit", type=nonneg_float("time_limit"), default=10.0)
     add_json(p)
     p.set_defaults(func=cmd_partition)
 
@@ -385,14 +366,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", help="simulate a uniform pipeline")
     p.add_argument("--schedule", default="1f1b", help="gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped")
-    p.add_argument("--stages", type=_positive_int("stages"), required=True, help="pipeline ranks (pp)")
-    p.add_argument("--microbatches", type=_positive_int("microbatches"), required=True)
-    p.add_argument("--vpp", type=_positive_int("vpp"), default=1, help="chunks per rank (interleaved)")
-    p.add_argument("--f", type=_nonneg_float("f"), required=True, help="forward time per stage")
-    p.add_argument("--b", type=_nonneg_float("b"), required=True, help="full backward time per stage")
-    p.add_argument("--w", type=_nonneg_float("w"), default=None, help="weight-gradient part of b")
-    p.add_argument("--fb", type=_nonneg_float("fb"), default=None, help="overlapped F+B pair time")
-    p.add_argument("--p2p-latency", type=_nonneg_float("p2p_latency"), default=0.0)
+    p.add_argument("--stages", type=positive_int("stages"), required=True, help="pipeline ranks (pp)")
+    p.add_argument("--microbatches", type=positive_int("microbatches"), required=True)
+    p.add_argument("--vpp", type=positive_int("vpp"), default=1, help="chunks per rank (interleaved)")
+    p.add_argument("--f", type=nonneg_float("f"), required=True, help="forward time per stage")
+    p.add_argument("--b", type=nonneg_float("b"), required=True, help="full backward time per stage")
+    p.add_argument("--w", type=nonneg_float("w"), default=None, help="weight-gradient part of b")
+    p.add_argument("--fb", type=nonneg_float("fb"), default=None, help="overlapped F+B pair time")
+    p.add_argument("--p2p-latency", type=nonneg_float("p2p_latency"), default=0.0)
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace JSON (opens in Perfetto)")
     p.add_argument("--plot", metavar="PATH", help="save a Gantt chart")
     g = p.add_argument_group("routing skew and dynamic bubble filling (tessera_lab.dynamic)")
@@ -401,20 +382,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "busiest EP rank sets each stage's time")
     g.add_argument("--dynamic", action="store_true",
                    help="compare the static order with W deferred into predicted bubbles (needs --w)")
-    g.add_argument("--ep", type=_positive_int("ep"), default=8, help="EP ranks per stage (default 8)")
-    g.add_argument("--experts", type=_positive_int("experts"), default=64, help="routed experts (default 64)")
-    g.add_argument("--top-k", type=_positive_int("top_k"), default=8, help="experts per token (default 8)")
-    g.add_argument("--tokens", type=_positive_int("tokens"), default=4096,
+    g.add_argument("--ep", type=positive_int("ep"), default=8, help="EP ranks per stage (default 8)")
+    g.add_argument("--experts", type=positive_int("experts"), default=64, help="routed experts (default 64)")
+    g.add_argument("--top-k", type=positive_int("top_k"), default=8, help="experts per token (default 8)")
+    g.add_argument("--tokens", type=positive_int("tokens"), default=4096,
                    help="tokens per EP rank and micro-batch (default 4096)")
-    g.add_argument("--layers-per-stage", type=_positive_int("layers_per_stage"), default=4,
+    g.add_argument("--layers-per-stage", type=positive_int("layers_per_stage"), default=4,
                    help="MoE layers per stage, each routed independently (default 4)")
-    g.add_argument("--expert-fraction", type=_nonneg_float("expert_fraction"), default=0.5,
+    g.add_argument("--expert-fraction", type=nonneg_float("expert_fraction"), default=0.5,
                    help="share of f, b, w that scales with the busiest EP rank's load (default 0.5)")
-    g.add_argument("--groups", type=_positive_int("groups"), default=1, help="EP groups, each deciding alone")
+    g.add_argument("--groups", type=positive_int("groups"), default=1, help="EP groups, each deciding alone")
     g.add_argument("--seed", type=int, default=0, help="routing seed")
-    g.add_argument("--capacity-factor", type=_nonneg_float("capacity_factor"), default=None,
+    g.add_argument("--capacity-factor", type=nonneg_float("capacity_factor"), default=None,
                    help="drop assignments above ceil(cf * tokens * k / E) per expert")
-    g.add_argument("--grad-sync", type=_nonneg_float("grad_sync"), default=0.0,
+    g.add_argument("--grad-sync", type=nonneg_float("grad_sync"), default=0.0,
                    help="gradient reduce-scatter seconds per stage (comm lane)")
     g.add_argument("--memory-cap", default="max",
                    help="live micro-batches per rank: max (default: the static plan's worst rank), rank, or N")
@@ -430,25 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="capacity report (where the lost MFU goes) of a plan, and a model-change diff")
     p.add_argument("--plan", metavar="PLAN.json", help="a plan from 'tessera-lab plan --json' (else the plan options)")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"shipped model or config.json (default {DEFAULT_MODEL})")
-    p.add_argument("--gpu", default=DEFAULT_GPU, help="H100, H200 or B200 (default H200)")
-    p.add_argument("--nodes", type=_positive_int("nodes"), default=None)
-    p.add_argument("--pp", type=_positive_int("pp"), default=8)
-    p.add_argument("--vpp", type=_positive_int("vpp"), default=1)
-    p.add_argument("--ep", type=_positive_int("ep"), default=8)
-    p.add_argument("--tp", type=_positive_int("tp"), default=1)
-    p.add_argument("--dp", type=_positive_int("dp"), default=1)
-    p.add_argument("--microbatches", "-m", type=_positive_int("microbatches"), default=32)
-    p.add_argument("--micro-batch-size", type=_positive_int("micro_batch_size"), default=1)
-    p.add_argument("--seq-len", type=_positive_int("seq_len"), default=4096)
-    p.add_argument("--schedule", default="overlapped", help="overlapped (default), 1f1b, gpipe, zb-h1 or zb-h2")
-    p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
-    p.add_argument("--no-distributed-optimizer", action="store_true")
-    p.add_argument("--attention-ratio", type=int, default=None)
-    p.add_argument("--expert-width", type=int, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--num-experts", type=int, default=None)
-    p.add_argument("--layers", type=int, default=None)
+    _add_plan_options(p, DEFAULT_MODEL, DEFAULT_GPU)
     p.add_argument("--diff", metavar="OTHER",
                    help="compare with OTHER: a plan JSON, a model name, or changes like "
                         "'expert_width=256,top_k=4,seq_len=8192,dtype=fp8'")

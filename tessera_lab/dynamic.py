@@ -71,7 +71,7 @@ from .routing import (
     DEFAULT_JITTER,
 )
 from .schedules import Action, ActionType, Schedule, build_schedule, canonical_name
-from .simulate import Timeline, simulate
+from .simulate import Timeline, overlap_length, simulate
 
 __all__ = [
     "StageCosts",
@@ -1276,11 +1276,8 @@ def group_sweep(costs: StageCosts, groups: Iterable[int] = (1, 2, 4, 8), routing
 
 
 def _interval_overlap(a: list[Gap], b: list[Gap]) -> float:
-    total = 0.0
-    for x in a:
-        for y in b:
-            total += max(0.0, min(x.end, y.end) - max(x.start, y.start))
-    return total
+    """Seconds shared by two ranks' gap lists (each sorted and disjoint, as :func:`idle_gaps` returns)."""
+    return overlap_length([(g.start, g.end) for g in a], [(g.start, g.end) for g in b])
 
 
 def gap_error(predicted: Timeline, realised: Timeline) -> dict[str, float]:

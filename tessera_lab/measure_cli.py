@@ -15,6 +15,7 @@ import argparse
 import sys
 from typing import Any, Callable
 
+from .argtypes import int_at_least
 from .overlap import BACKENDS, DEFAULT_SIZE_FACTOR
 
 
@@ -26,19 +27,6 @@ def _size_factor(text: str) -> float:
     if not 0 < v <= 1:
         raise argparse.ArgumentTypeError(f"size_factor = {text} is out of range; allowed: a number in (0, 1]")
     return v
-
-
-def _int_at_least(name: str, low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} = {text!r} is not an integer; allowed: an integer >= {low}") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"{name} = {v} is out of range; allowed: an integer >= {low}")
-        return v
-
-    return parse
 
 
 def _seconds(text: str) -> float:
@@ -59,16 +47,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"shipped model or config.json (default {DEFAULT_MODEL})")
     p.add_argument("--out", metavar="PATH", default=None,
                    help="profile to write (default data/profiles/<backend>-<model>.json); merged if it exists")
-    p.add_argument("--repeats", type=_int_at_least("repeats", 1), default=5, help="timed repetitions (default 5)")
-    p.add_argument("--warmup", type=_int_at_least("warmup", 0), default=1, help="untimed repetitions (default 1)")
+    p.add_argument("--repeats", type=int_at_least("repeats", 1), default=5, help="timed repetitions (default 5)")
+    p.add_argument("--warmup", type=int_at_least("warmup", 0), default=1, help="untimed repetitions (default 1)")
     p.add_argument("--size-factor", type=_size_factor, default=None,
                    help="multiply widths and sequence length (default: cpu 0.125, cuda and analytic 1.0)")
-    p.add_argument("--ep", type=_int_at_least("ep", 1), default=8)
-    p.add_argument("--tp", type=_int_at_least("tp", 1), default=1)
-    p.add_argument("--seq-len", type=_int_at_least("seq_len", 1), default=4096)
-    p.add_argument("--micro-batch-size", type=_int_at_least("micro_batch_size", 1), default=1)
+    p.add_argument("--ep", type=int_at_least("ep", 1), default=8)
+    p.add_argument("--tp", type=int_at_least("tp", 1), default=1)
+    p.add_argument("--seq-len", type=int_at_least("seq_len", 1), default=4096)
+    p.add_argument("--micro-batch-size", type=int_at_least("micro_batch_size", 1), default=1)
     p.add_argument("--gpu", default=DEFAULT_GPU, help="GPU of the analytic model (default H200)")
-    p.add_argument("--world-size", type=_int_at_least("world_size", 2), default=None,
+    p.add_argument("--world-size", type=int_at_least("world_size", 2), default=None,
                    help="processes of the local group (cpu: 2; cuda: visible GPUs, at most 8)")
     p.add_argument("--timeout", type=_seconds, default=600.0, help="kill the measuring processes after S seconds")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

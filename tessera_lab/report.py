@@ -89,12 +89,13 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from .costs import Contention, CostModel, two_lane_makespan
 from .errors import ConfigError
 from .hardware import Cluster, ParallelConfig, cluster_for
 from .models import ModelSpec, load_model
+from .simulate import interval_gaps, merge_intervals, overlap_length
 from .tasks import MODEL_FLOP_OPS, Task, decompose
 
 GIB = 2**30
@@ -203,33 +204,6 @@ class ActionBreakdown:
         return ActionBreakdown(dict(self.parts), dict(self.comm), self.total)
 
 
-def _merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for s, e in sorted(intervals):
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
-
-
-def _overlap(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> float:
-    """Total length of the intersection of two merged interval lists."""
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if e > s:
-            total += e - s
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
 def lane_breakdown(
     order: Sequence[str],
     durations: Mapping[str, float],
@@ -280,10 +254,10 @@ def lane_breakdown(
             key = f"{t.collective.kind}:{t.collective.group}" if t.collective else t.op
             comm_total[key] += d
             comm_spans.append((key, s, e))
-    merged = _merge(comp_iv)
+    merged = merge_intervals(comp_iv)
     for key, s, e in comm_spans:
         if e > s:
-            parts[collective_category(key)] += (e - s) - _overlap([(s, e)], merged)
+            parts[collective_category(key)] += (e - s) - overlap_length([(s, e)], merged)
     return ActionBreakdown(dict(parts), dict(comm_total), res.makespan)
 
 
@@ -625,18 +599,12 @@ def capacity_breakdown(
     busy0_max = max(busy0) if busy0 else 0.0
     per_rank = []
     for r in range(R):
-        merged = _merge(comp_iv[r])
+        merged = merge_intervals(comp_iv[r])
         union = sum(b - a for a, b in merged)
         parts["runtime_overhead"] -= busy_sum[r] - union  # compute events overlapping each other
-        gaps, cur = [], 0.0
-        for a, b in merged:
-            if a > cur:
-                gaps.append((cur, a))
-            cur = max(cur, b)
-        if T > cur:
-            gaps.append((cur, T))
-        mem = _merge(mem_iv[r])
-        mem_wait = _overlap(gaps, mem)
+        gaps = interval_gaps(merged, T)
+        mem = merge_intervals(mem_iv[r])
+        mem_wait = overlap_length(gaps, mem)
         parts["memory_wait"] += mem_wait
         idle_iv = _subtract(gaps, mem)
         idle = sum(b - a for a, b in idle_iv)

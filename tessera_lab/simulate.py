@@ -52,6 +52,9 @@ __all__ = [
     "simulate",
     "closed_form",
     "compare_with_closed_form",
+    "merge_intervals",
+    "overlap_length",
+    "interval_gaps",
 ]
 
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
@@ -684,10 +687,11 @@ def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: in
         preds.append(pred)
 
 
-def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    intervals.sort()
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of ``(start, end)`` intervals as sorted, disjoint intervals (touching ones join; empty ones,
+    ``end <= start``, are dropped). The input is not changed."""
     out: list[list[float]] = []
-    for s, e in intervals:
+    for s, e in sorted(intervals):
         if e <= s:
             continue
         if out and s <= out[-1][1]:
@@ -698,7 +702,8 @@ def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(s, e) for s, e in out]
 
 
-def _overlap_len(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+def overlap_length(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> float:
+    """Total length of the intersection of two merged interval lists (as :func:`merge_intervals` returns)."""
     i = j = 0
     total = 0.0
     while i < len(a) and j < len(b):
@@ -711,6 +716,19 @@ def _overlap_len(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> 
         else:
             j += 1
     return total
+
+
+def interval_gaps(merged: Sequence[tuple[float, float]], end: float) -> list[tuple[float, float]]:
+    """The parts of ``[0, end]`` that merged intervals ``merged`` leave uncovered (e.g. a rank's idle time
+    from its merged compute intervals and the iteration time), in order."""
+    gaps, cur = [], 0.0
+    for s, e in merged:
+        if s > cur:
+            gaps.append((cur, s))
+        cur = max(cur, e)
+    if end > cur:
+        gaps.append((cur, end))
+    return gaps
 
 
 def _build_timeline(
@@ -740,19 +758,9 @@ def _build_timeline(
 
     exposed: dict[str, float] = {}
     if comm_iv:
-        idle_iv: list[list[tuple[float, float]]] = []
-        for r in range(R):
-            merged = _merge(compute_iv[r])
-            gaps, cur = [], 0.0
-            for s, e in merged:
-                if s > cur:
-                    gaps.append((cur, s))
-                cur = max(cur, e)
-            if T > cur:
-                gaps.append((cur, T))
-            idle_iv.append(gaps)
+        idle_iv = [interval_gaps(merge_intervals(compute_iv[r]), T) for r in range(R)]
         for (r, coll), ivs in comm_iv.items():
-            exposed[coll] = exposed.get(coll, 0.0) + _overlap_len(_merge(ivs), idle_iv[r])
+            exposed[coll] = exposed.get(coll, 0.0) + overlap_length(merge_intervals(ivs), idle_iv[r])
 
     peaks = []
     for r in range(R):

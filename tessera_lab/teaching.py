@@ -1103,36 +1103,25 @@ def collective_cost_panel(n: int = 8, gpu: str = "H100", message_mib: float = 64
     import ipywidgets as w
     from IPython.display import display
 
+    from .widgets import panel
+
     controls = {
         "message_mib": w.FloatLogSlider(value=message_mib, base=2, min=-10, max=12, step=0.5,
                                         description="S (MiB)", continuous_update=False, readout_format=".4g"),
         "n": w.IntSlider(value=n, min=2, max=64, description="ranks n", continuous_update=False),
         "gpu": w.Dropdown(options=["H100", "H200", "B200"], value=gpu, description="GPU"),
     }
-    output = w.Output()
-    state: dict[str, Any] = {}
 
-    def update(_change=None) -> None:
-        output.clear_output(wait=True)
-        state.clear()
-        with output:
-            try:
-                table = collective_cost_table(controls["message_mib"].value * 2**20, controls["n"].value,
-                                              controls["gpu"].value)
-            except TesseraError as exc:
-                state["error"] = str(exc)
-                print(f"cannot compute: {exc}")
-                return
-            state["table"] = table
-            display(table[["formula", "factor", "NVLink (us)", "InfiniBand (us)", "IB / NVLink"]])
-            if show_figure:
-                _show(plot_cost_bars(table, title=f"S = {controls['message_mib'].value:.4g} MiB, "
-                                                  f"n = {controls['n'].value}, {controls['gpu'].value}"))
+    def compute(v: dict[str, Any]):
+        return collective_cost_table(v["message_mib"] * 2**20, v["n"], v["gpu"])
 
-    for c in controls.values():
-        c.observe(update, names="value")
-    update()
-    return w.VBox([w.HBox(list(controls.values())), output]), controls, state
+    def render(table) -> None:
+        display(table[["formula", "factor", "NVLink (us)", "InfiniBand (us)", "IB / NVLink"]])
+        if show_figure:
+            _show(plot_cost_bars(table, title=f"S = {controls['message_mib'].value:.4g} MiB, "
+                                              f"n = {controls['n'].value}, {controls['gpu'].value}"))
+
+    return panel(controls, compute, render, state_key="table")
 
 
 def tp_pp_panel(model: str = "qwen3-8b", tp: int = 8, pp: int = 4, seq_len: int = 4096, gpu: str = "H100", *,
@@ -1145,6 +1134,8 @@ def tp_pp_panel(model: str = "qwen3-8b", tp: int = 8, pp: int = 4, seq_len: int 
     import seaborn as sns
     from IPython.display import display
 
+    from .widgets import panel
+
     spec = _as_model(model)
     pps = sorted({p for p in (1, 2, 4, 8, 16, pp) if p <= spec.num_layers})
     controls = {
@@ -1154,38 +1145,25 @@ def tp_pp_panel(model: str = "qwen3-8b", tp: int = 8, pp: int = 4, seq_len: int 
                               description="seq len"),
         "gpu": w.Dropdown(options=["H100", "H200", "B200"], value=gpu, description="GPU"),
     }
-    output = w.Output()
-    state: dict[str, Any] = {}
 
-    def update(_change=None) -> None:
-        output.clear_output(wait=True)
-        state.clear()
-        with output:
-            try:
-                res = tp_vs_pp_volumes(spec, controls["tp"].value, controls["pp"].value,
-                                       seq_len=controls["seq_len"].value, gpu=controls["gpu"].value)
-            except TesseraError as exc:
-                state["error"] = str(exc)
-                print(f"cannot compute: {exc}")
-                return
-            state["result"] = res
-            display(pd.Series(res.summary(), name=f"tp={res.tp}, pp={res.pp} on {res.nodes} node(s)").to_frame())
-            if show_figure:
-                frame = res.frame().reset_index()
-                with _style():
-                    fig, ax = plt.subplots(figsize=(8, 3), facecolor="white", layout="constrained")
-                    sns.barplot(data=frame, y="communication", x="time per stage per micro-batch (ms)",
-                                hue="parallelism", palette="colorblind", ax=ax)
-                    ax.axvline(res.compute_per_stage_s * 1e3, color="grey", linestyle="--",
-                               label="compute per stage")
-                    ax.legend(fontsize=8)
-                    ax.set_ylabel("")
-                _show(fig)
+    def compute(v: dict[str, Any]) -> TpPpVolumes:
+        return tp_vs_pp_volumes(spec, v["tp"], v["pp"], seq_len=v["seq_len"], gpu=v["gpu"])
 
-    for c in controls.values():
-        c.observe(update, names="value")
-    update()
-    return w.VBox([w.HBox(list(controls.values())), output]), controls, state
+    def render(res: TpPpVolumes) -> None:
+        display(pd.Series(res.summary(), name=f"tp={res.tp}, pp={res.pp} on {res.nodes} node(s)").to_frame())
+        if show_figure:
+            frame = res.frame().reset_index()
+            with _style():
+                fig, ax = plt.subplots(figsize=(8, 3), facecolor="white", layout="constrained")
+                sns.barplot(data=frame, y="communication", x="time per stage per micro-batch (ms)",
+                            hue="parallelism", palette="colorblind", ax=ax)
+                ax.axvline(res.compute_per_stage_s * 1e3, color="grey", linestyle="--",
+                           label="compute per stage")
+                ax.legend(fontsize=8)
+                ax.set_ylabel("")
+            _show(fig)
+
+    return panel(controls, compute, render)
 
 
 def moe_panel(model: str = "qwen3-30b-a3b", ep: int = 8, top_k: int | None = None, skew: float = 1.0,
@@ -1196,6 +1174,8 @@ def moe_panel(model: str = "qwen3-30b-a3b", ep: int = 8, top_k: int | None = Non
     import pandas as pd
     from IPython.display import display
 
+    from .widgets import panel
+
     spec = _as_model(model)
     eps = [e for e in (1, 2, 4, 8, 16, 32, 64) if spec.num_experts % e == 0]
     controls = {
@@ -1205,28 +1185,15 @@ def moe_panel(model: str = "qwen3-30b-a3b", ep: int = 8, top_k: int | None = Non
         "skew": w.FloatSlider(value=skew, min=0.0, max=2.0, step=0.1, description="skew",
                               continuous_update=False),
     }
-    output = w.Output()
-    state: dict[str, Any] = {}
 
-    def update(_change=None) -> None:
-        output.clear_output(wait=True)
-        state.clear()
-        with output:
-            try:
-                res = moe_all_to_all(spec, ep=controls["ep"].value, top_k=controls["top_k"].value,
-                                     skew=controls["skew"].value, tokens_per_rank=tokens_per_rank, seed=seed,
-                                     jitter=jitter)
-            except TesseraError as exc:
-                state["error"] = str(exc)
-                print(f"cannot compute: {exc}")
-                return
-            state["result"] = res
-            display(pd.Series(res.summary(), name=spec.name).to_frame())
-            if show_figure:
-                _show(plot_moe(res, title=f"{spec.name}: top-k {controls['top_k'].value}, ep {controls['ep'].value}, "
-                                          f"skew {controls['skew'].value:.1f}"))
+    def compute(v: dict[str, Any]) -> AllToAllVolumes:
+        return moe_all_to_all(spec, ep=v["ep"], top_k=v["top_k"], skew=v["skew"], tokens_per_rank=tokens_per_rank,
+                              seed=seed, jitter=jitter)
 
-    for c in controls.values():
-        c.observe(update, names="value")
-    update()
-    return w.VBox([w.HBox(list(controls.values())), output]), controls, state
+    def render(res: AllToAllVolumes) -> None:
+        display(pd.Series(res.summary(), name=spec.name).to_frame())
+        if show_figure:
+            _show(plot_moe(res, title=f"{spec.name}: top-k {controls['top_k'].value}, ep {controls['ep'].value}, "
+                                      f"skew {controls['skew'].value:.1f}"))
+
+    return panel(controls, compute, render)

@@ -1,16 +1,78 @@
 """ipywidgets dashboards. Each callback is a thin shell over a pure function that tests call directly.
 
+:func:`panel` is the one builder behind every panel here and in :mod:`tessera_lab.teaching`: controls, an
+output area, the callback wiring and the ``state`` dict the tests read.
+
 ipywidgets, matplotlib and IPython are imported inside the panel builders, so importing this module
 costs nothing where they are absent.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from .hardware import ParallelConfig
 from .models import load_model
 from .plan import Plan, make_plan
+
+
+def panel(
+    controls: dict[str, Any],
+    compute: Callable[[dict[str, Any]], Any],
+    render: Callable[[Any], None],
+    rows: list[list[str]] | None = None,
+    *,
+    state_key: str | None = "result",
+    error_prefix: str = "cannot compute",
+):
+    """Wire ipywidgets controls to a pure function: the one builder behind every panel of this package.
+
+    Every change of a control's ``value`` (and the call itself, once) clears the output and ``state``, calls
+    ``compute`` with the current values and, inside the output area, ``render`` with its result. The callback
+    stays thin: all the work is in ``compute``, which tests call directly.
+
+    Args:
+        controls: the widgets by name; ``compute`` receives ``{name: widget.value}`` in this order.
+        compute: the pure function; a :class:`~tessera_lab.errors.TesseraError` it raises is reported,
+            not raised: ``state["error"]`` holds its text and the output one line ``"{error_prefix}: {exc}"``.
+        render: draws a result (tables, figures) into the output area.
+        rows: control names per row of the layout (default: one row of all controls, in order).
+        state_key: ``state[state_key]`` holds the latest result; ``None``: ``compute`` returns a dict of state
+            entries (e.g. ``{"summary": ..., "plan": ...}``) that are all kept.
+        error_prefix: the first words of the error line (e.g. ``"cannot plan"``).
+
+    Returns:
+        ``(panel, controls, state)``: the ``ipywidgets.VBox`` to display (the rows of controls above the
+        output), the controls as a dict (set their ``.value`` to recompute) and the live ``state`` dict.
+    """
+    import ipywidgets as w
+
+    from .errors import TesseraError
+
+    output = w.Output()
+    state: dict[str, Any] = {}
+
+    def update(_change=None) -> None:
+        output.clear_output(wait=True)
+        state.clear()
+        with output:
+            try:
+                result = compute({name: c.value for name, c in controls.items()})
+            except TesseraError as exc:
+                state["error"] = str(exc)
+                print(f"{error_prefix}: {exc}")
+                return
+            if state_key is None:
+                state.update(result)
+            else:
+                state[state_key] = result
+            render(result)
+
+    for c in controls.values():
+        c.observe(update, names="value")
+    update()
+    layout = [w.HBox([controls[name] for name in row]) for row in (rows if rows is not None else [list(controls)])]
+    return w.VBox([*layout, output]), controls, state
 
 
 def replan(
@@ -71,14 +133,13 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     Returns:
         ``(panel, controls, state)``: the ``ipywidgets.VBox`` to display, a dict of the controls (set
         their ``.value`` to re-plan, as the tests do) and a dict holding the latest ``summary``
-        (:func:`plan_summary`) or ``error`` text.
+        (:func:`plan_summary`) and ``plan``, or the ``error`` text (built by :func:`panel`).
     """
     import ipywidgets as w
     import matplotlib.pyplot as plt
     import pandas as pd
     from IPython.display import display
 
-    from .errors import TesseraError
     from .plots import stage_cost_bars
 
     spec = load_model(model)
@@ -93,36 +154,20 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
         "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
                                     description="micro-batches", continuous_update=False),
     }
-    output = w.Output()
-    state: dict[str, Any] = {}
 
-    def update(_change=None) -> None:
-        output.clear_output(wait=True)
-        state.clear()
-        with output:
-            try:
-                plan = replan(
-                    model,
-                    attention_ratio=controls["attention_ratio"].value if spec.attention_ratio is not None else None,
-                    expert_width=controls["expert_width"].value,
-                    pp=controls["pp"].value,
-                    microbatches=controls["microbatches"].value,
-                )
-            except TesseraError as exc:
-                state["error"] = str(exc)
-                print(f"cannot plan: {exc}")
-                return
-            state["summary"] = plan_summary(plan)
-            display(pd.DataFrame(state["summary"]).T.drop(columns="layers_per_stage"))
-            ax = stage_cost_bars(plan)
-            plt.show()
-            plt.close(ax.figure)
+    def compute(v: dict[str, Any]) -> dict[str, Any]:
+        plan = replan(model, attention_ratio=v["attention_ratio"] if spec.attention_ratio is not None else None,
+                      expert_width=v["expert_width"], pp=v["pp"], microbatches=v["microbatches"])
+        return {"summary": plan_summary(plan), "plan": plan}
 
-    for c in controls.values():
-        c.observe(update, names="value")
-    update()
-    panel = w.VBox([w.HBox(list(controls.values())[:2]), w.HBox(list(controls.values())[2:]), output])
-    return panel, controls, state
+    def render(res: dict[str, Any]) -> None:
+        display(pd.DataFrame(res["summary"]).T.drop(columns="layers_per_stage"))
+        ax = stage_cost_bars(res["plan"])
+        plt.show()
+        plt.close(ax.figure)
+
+    return panel(controls, compute, render, rows=[["attention_ratio", "expert_width"], ["pp", "microbatches"]],
+                 state_key=None, error_prefix="cannot plan")
 
 
 def compare_partitions(
@@ -165,14 +210,13 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     """Notebook 06's panel: attention ratio, expert width, top-k, stages and micro-batches.
 
     Returns:
-        ``(panel, controls, state)`` like :func:`quickstart_panel`; ``state["table"]`` holds the latest
-        :func:`compare_partitions` table or ``state["error"]`` the reason it could not plan.
+        ``(panel, controls, state)`` like :func:`quickstart_panel`; ``state["table"]`` and ``state["plan"]``
+        hold the latest :func:`compare_partitions` result or ``state["error"]`` the reason it could not plan.
     """
     import ipywidgets as w
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from .errors import TesseraError
     from .plots import standalone_vs_overlap_bars
 
     spec = load_model(model)
@@ -187,27 +231,16 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
         "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
                                     description="micro-batches", continuous_update=False),
     }
-    output = w.Output()
-    state: dict[str, Any] = {}
 
-    def update(_change=None) -> None:
-        output.clear_output(wait=True)
-        state.clear()
-        with output:
-            try:
-                plan, table = compare_partitions(model, **{k: c.value for k, c in controls.items()})
-            except TesseraError as exc:
-                state["error"] = str(exc)
-                print(f"cannot plan: {exc}")
-                return
-            state["table"] = table
-            display(table)
-            ax = standalone_vs_overlap_bars(plan)
-            plt.show()
-            plt.close(ax.figure)
+    def compute(v: dict[str, Any]) -> dict[str, Any]:
+        plan, table = compare_partitions(model, **v)
+        return {"table": table, "plan": plan}
 
-    for c in controls.values():
-        c.observe(update, names="value")
-    update()
-    items = list(controls.values())
-    return w.VBox([w.HBox(items[:3]), w.HBox(items[3:]), output]), controls, state
+    def render(res: dict[str, Any]) -> None:
+        display(res["table"])
+        ax = standalone_vs_overlap_bars(res["plan"])
+        plt.show()
+        plt.close(ax.figure)
+
+    names = list(controls)
+    return panel(controls, compute, render, rows=[names[:3], names[3:]], state_key=None, error_prefix="cannot plan")

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tessera_lab.runner.launch import _alive, _free_port  # process helpers shared with the runner
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -61,12 +62,6 @@ CHROMIUM = _find("TESSERA_CHROMIUM", "/usr/bin/chromium", "chromium", "chromium-
 CHROMEDRIVER = _find("TESSERA_CHROMEDRIVER", "/usr/bin/chromedriver", "chromedriver")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _descendants(pid: int) -> list[int]:
     """PIDs below ``pid`` (Linux /proc; empty elsewhere)."""
     children: dict[int, list[int]] = {}
@@ -82,20 +77,6 @@ def _descendants(pid: int) -> list[int]:
             out.append(c)
             todo.append(c)
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover
-        return True
-    with contextlib.suppress(OSError):
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        if state == "Z":
-            return False
-    return True
 
 
 def _kill_pids(pids: list[int], grace_s: float = 5.0) -> list[int]:

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence
 
+from tessera_lab.argtypes import positive_int
 from tessera_lab.errors import ConfigError, TesseraError
 from tessera_lab.schedules import Action, ActionType, Schedule, build_schedule, canonical_name
 
@@ -985,36 +986,23 @@ def worker_main(spec_path: str, out_dir: str | None) -> int:
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``tessera-lab run`` (also used by ``python -m tessera_lab.runner``)."""
-
-    def pos(name):
-        def parse(text):
-            try:
-                v = int(text)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{name} = {text!r} is not an integer; allowed: an integer >= 1") from None
-            if v < 1:
-                raise argparse.ArgumentTypeError(f"{name} = {v} is out of range; allowed: an integer >= 1")
-            return v
-
-        return parse
-
-    p.add_argument("--pp", type=pos("pp"), default=2, help="pipeline stages (ranks)")
-    p.add_argument("--ep", type=pos("ep"), default=2, help="expert-parallel size")
-    p.add_argument("--dp", type=pos("dp"), default=1, help="data-parallel size")
+    p.add_argument("--pp", type=positive_int("pp"), default=2, help="pipeline stages (ranks)")
+    p.add_argument("--ep", type=positive_int("ep"), default=2, help="expert-parallel size")
+    p.add_argument("--dp", type=positive_int("dp"), default=1, help="data-parallel size")
     p.add_argument("--schedule", default="1f1b", help="gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped")
-    p.add_argument("--vpp", type=pos("vpp"), default=None, help="chunks per rank (interleaved; default 2)")
-    p.add_argument("--microbatches", "-m", type=pos("microbatches"), default=4)
-    p.add_argument("--micro-batch-size", type=pos("micro_batch_size"), default=2, help="sequences per replica")
-    p.add_argument("--steps", type=pos("steps"), default=3)
+    p.add_argument("--vpp", type=positive_int("vpp"), default=None, help="chunks per rank (interleaved; default 2)")
+    p.add_argument("--microbatches", "-m", type=positive_int("microbatches"), default=4)
+    p.add_argument("--micro-batch-size", type=positive_int("micro_batch_size"), default=2, help="sequences per replica")
+    p.add_argument("--steps", type=positive_int("steps"), default=3)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--plan", metavar="PLAN.json", help="plan JSON with 'boundaries' (partition/plan --json)")
-    p.add_argument("--layers", type=pos("layers"), default=None, help="model layers (default 4)")
-    p.add_argument("--hidden", type=pos("hidden"), default=None, help="hidden size (default 32)")
-    p.add_argument("--experts", type=pos("experts"), default=None, help="routed experts (default 4)")
-    p.add_argument("--top-k", type=pos("top_k"), default=None)
-    p.add_argument("--expert-width", type=pos("expert_width"), default=None)
+    p.add_argument("--layers", type=positive_int("layers"), default=None, help="model layers (default 4)")
+    p.add_argument("--hidden", type=positive_int("hidden"), default=None, help="hidden size (default 32)")
+    p.add_argument("--experts", type=positive_int("experts"), default=None, help="routed experts (default 4)")
+    p.add_argument("--top-k", type=positive_int("top_k"), default=None)
+    p.add_argument("--expert-width", type=positive_int("expert_width"), default=None)
     p.add_argument("--attention-ratio", type=int, default=None, help="linear-attention layers per full-attention layer")
-    p.add_argument("--seq-len", type=pos("seq_len"), default=None)
+    p.add_argument("--seq-len", type=positive_int("seq_len"), default=None)
     p.add_argument("--capacity-factor", type=float, default=None)
     p.add_argument("--seed", type=int, default=None, help="model init seed")
     p.add_argument("--defer-w", action="store_true", help="split backwards into I now and W later")
