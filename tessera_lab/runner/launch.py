@@ -798,8 +798,8 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps({"world": asdict(world), "jobs": [j.as_dict() for j in jobs]}, indent=1))
     result_path = out / "result.json"
-    if result_path.exists():
-        result_path.unlink()
+    for old in [result_path, *out.glob("failure-*.json")]:
+        old.unlink(missing_ok=True)
     port = _free_port()
     n = world.world_size
     base_env = dict(os.environ)
@@ -851,6 +851,14 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
                           f"logs in {out}", codes, logs, pids)
     if any(c != 0 for c in codes.values()):
         bad = first_fail if first_fail is not None else next(r for r, c in codes.items() if c != 0)
+        recorded = {}
+        for r in codes:
+            try:
+                recorded[r] = json.loads((out / f"failure-{r}.json").read_text())["time"]
+            except (OSError, ValueError, KeyError):
+                pass
+        if recorded:  # the rank that failed first is the root cause; its peers fail after it
+            bad = min(recorded, key=recorded.get)
         raise RunnerError(
             f"rank {bad} failed with exit status {codes[bad]}; exit codes {codes}; log tail of rank {bad}:\n"
             + _tail(logs[bad]), codes, logs, pids)
@@ -953,6 +961,18 @@ def run_worker(world: WorldSpec, jobs: Sequence[RunSpec], out_dir: str | None) -
     return RunResult(results, backend, asdict(world), out_dir)
 
 
+def _record_failure(out_dir: str | None) -> None:
+    """Write ``{out_dir}/failure-<rank>.json`` with the wall-clock time of this rank's failure, so the launcher
+    can name the rank that failed first (the root cause) rather than the first one it happened to poll."""
+    if not out_dir:
+        return
+    try:
+        rank = int(os.environ.get("RANK", "-1"))
+        (Path(out_dir) / f"failure-{rank}.json").write_text(json.dumps({"rank": rank, "time": time.time()}))
+    except OSError:  # pragma: no cover - best effort while exiting
+        pass
+
+
 def worker_main(spec_path: str, out_dir: str | None) -> int:
     """Entry of a spawned worker: read the spec, run, rank 0 writes ``{out_dir}/result.json``."""
     _watch_parent()
@@ -966,10 +986,12 @@ def worker_main(spec_path: str, out_dir: str | None) -> int:
 
             atomic_write_text(Path(out_dir) / "result.json", dumps(res.to_dict()))
     except TesseraError as exc:
+        _record_failure(out_dir)
         print(f"tessera-lab runner: error: {exc}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(2)
     except BaseException:  # noqa: BLE001 - any failure must end this rank at once
+        _record_failure(out_dir)
         traceback.print_exc()
         sys.stderr.flush()
         sys.stdout.flush()
