@@ -12,8 +12,10 @@ code = lambda s, **kw: cells.append(nbf.v4.new_code_cell(s, **kw))  # noqa: E731
 md("""# 00 · Quick start: from a Hugging Face config to a pipeline plan
 
 This notebook walks the main job of **tessera-lab**: load Qwen3-Next-80B-A3B from its `config.json`, look at its
-hybrid layer pattern and parameter counts, partition its 48 layers into pipeline stages (ILP vs the uniform
-baseline), simulate a 1F1B iteration and read off iteration time, tokens/s, MFU and the bubble.
+hybrid layer pattern and parameter counts, partition its 48 layers into pipeline stages by their cost after
+overlap (ILP, against uniform, standalone-balanced and parameter-balanced baselines), simulate an overlapped 1F1B
+iteration (the forward of one micro-batch runs together with the backward of another) and read off iteration time,
+tokens/s, MFU and the bubble.
 Every number comes from the analytic cost model (`data/hardware/cost_model.json` states each assumption) or from
 the shipped config and hardware data.""")
 code("""# parameters: small values run in the tests in seconds; the defaults below are already full size,
@@ -36,7 +38,7 @@ print(model.layer_pattern(), " (L = Gated DeltaNet linear attention, A = gated f
 pd.DataFrame([{"layer": l.index, "mixer": l.mixer, "attention": l.attention, "ffn": l.ffn} for l in model.layers[:8]])""")
 code("""counts = model.param_counts().as_dict()
 pd.DataFrame({"parameters (B)": {k: v / 1e9 for k, v in counts.items()}})""")
-md("## Plan: overlap of tasks inside each layer, ILP partition, 1F1B simulation")
+md("## Plan: layer pairs after overlap, ILP partition, overlapped 1F1B simulation")
 code("""parallel = ParallelConfig(pp=PP, ep=EP, microbatches=MICROBATCHES, seq_len=SEQ_LEN)
 plan = make_plan(model, parallel, gpu=GPU)
 rows = []

@@ -189,6 +189,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_partition(args: argparse.Namespace) -> int:
     from .partition import partition_costs
 
+    if args.stages * args.vpp > len(args.costs):
+        from .errors import PartitionError
+
+        raise PartitionError(
+            f"field 'stages' x 'vpp' = {args.stages} x {args.vpp} = {args.stages * args.vpp} virtual stages is out of "
+            f"range; allowed: at most the number of layers ({len(args.costs)})")
     part = partition_costs(args.costs, args.stages * args.vpp, args.method, time_limit_s=args.time_limit,
                            vpp=args.vpp)
     from .exports import deepspeed_parts, megatron_layout, torch_split_points
@@ -339,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--objective", default="auto", choices=["auto", "bottleneck", "schedule"],
                    help="auto (default): solve the bottleneck and the schedule objective, keep the faster in simulation")
     p.add_argument("--time-limit", type=nonneg_float("time_limit"), default=10.0, help="ILP time limit, seconds")
-    p.add_argument("--plot", metavar="PATH", help="save figures (PATH.png: stage costs and timeline)")
+    p.add_argument("--plot", metavar="PATH",
+                   help="save figures: PATH.png gives PATH-stages.png (stage costs) and PATH-timeline.png (Gantt)")
     p.add_argument("--profile", metavar="PATH",
                    help="measured overlap profile (tessera-lab measure); layer-pair costs come from it")
     p.add_argument("--export", metavar="PATH",
@@ -365,14 +372,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("simulate", help="simulate a uniform pipeline")
-    p.add_argument("--schedule", default="1f1b", help="gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped")
+    p.add_argument("--schedule", default="1f1b", help="gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped (default 1f1b)")
     p.add_argument("--stages", type=positive_int("stages"), required=True, help="pipeline ranks (pp)")
     p.add_argument("--microbatches", type=positive_int("microbatches"), required=True)
     p.add_argument("--vpp", type=positive_int("vpp"), default=1, help="chunks per rank (interleaved)")
-    p.add_argument("--f", type=nonneg_float("f"), required=True, help="forward time per stage")
-    p.add_argument("--b", type=nonneg_float("b"), required=True, help="full backward time per stage")
-    p.add_argument("--w", type=nonneg_float("w"), default=None, help="weight-gradient part of b")
-    p.add_argument("--fb", type=nonneg_float("fb"), default=None, help="overlapped F+B pair time")
+    p.add_argument("--f", type=nonneg_float("f"), required=True, help="forward time of one stage (one chunk for interleaved and DualPipeV, so a rank with v chunks does "
+                        "v times the work), any time unit (seconds if you want units)")
+    p.add_argument("--b", type=nonneg_float("b"), required=True, help="full backward time (input + weight gradient) of one stage or chunk, same unit as --f")
+    p.add_argument("--w", type=nonneg_float("w"), default=None, help="weight-gradient part of --b (zero-bubble schedules split B into I = b - w and W = w)")
+    p.add_argument("--fb", type=nonneg_float("fb"), default=None, help="time of an overlapped F+B pair (default f + b: no overlap gain)")
     p.add_argument("--p2p-latency", type=nonneg_float("p2p_latency"), default=0.0)
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace JSON (opens in Perfetto)")
     p.add_argument("--plot", metavar="PATH", help="save a Gantt chart")
@@ -427,20 +435,70 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: options that name an output file, and the commands whose ``--out`` is a folder
+_FILE_OUTPUTS = ("json", "plot", "export", "trace", "profile_store")
+_DIR_OUT_COMMANDS = ("reproduce", "run")
+_PLOT_SUFFIXES = ("", ".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def _check_output_paths(args: argparse.Namespace) -> None:
+    """Refuse unusable output paths before any work is done (a folder where a file goes, a file where a
+    folder goes, an unknown figure format), so that a long measurement never ends in a failed write.
+
+    Raises:
+        ConfigError: naming the option and what is allowed.
+    """
+    from pathlib import Path
+
+    from .errors import ConfigError
+
+    def blocked_by_file(path: Path) -> Path | None:
+        for parent in path.parents:
+            if parent.exists():
+                return None if parent.is_dir() else parent
+        return None
+
+    outputs = [(name, getattr(args, name, None)) for name in _FILE_OUTPUTS]
+    out = getattr(args, "out", None)
+    if out is not None and args.command not in _DIR_OUT_COMMANDS:
+        outputs.append(("out", out))
+    for name, value in outputs:
+        if value is None or value == "-":
+            continue
+        path, opt = Path(value), "--" + name.replace("_", "-")
+        if path.is_dir():
+            raise ConfigError(f"option {opt} = '{value}' is a folder; allowed: a file path")
+        bad = blocked_by_file(path)
+        if bad is not None:
+            raise ConfigError(f"option {opt} = '{value}': '{bad}' is a file, not a folder")
+        if name == "plot" and path.suffix.lower() not in _PLOT_SUFFIXES:
+            raise ConfigError(f"option --plot = '{value}' has an unknown figure format '{path.suffix}'; "
+                              f"allowed: .png, .pdf, .svg, .jpg")
+    if out is not None and args.command in _DIR_OUT_COMMANDS:
+        path = Path(out)
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"option --out = '{out}' is a file; allowed: a folder")
+        bad = blocked_by_file(path)
+        if bad is not None:
+            raise ConfigError(f"option --out = '{out}': '{bad}' is a file, not a folder")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``tessera-lab``; returns the exit status (0 ok, 2 bad input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_output_paths(args)
         return int(args.func(args) or 0)
     except TesseraError as exc:
         print(f"tessera-lab {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        print(f"tessera-lab {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # pragma: no cover - e.g. piping into head
         return 0
+    except OSError as exc:  # unreadable input or unwritable output named by the user
+        where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
+        print(f"tessera-lab {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -161,6 +161,9 @@ class ModelSpec:
                 raise ConfigError(f"config file '{path}' does not exist") from None
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"config file '{path}' is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+            if not isinstance(cfg, dict):
+                raise ConfigError(f"config file '{path}' holds a JSON {type(cfg).__name__}; allowed: a JSON object "
+                                  "(a Hugging Face config.json)")
             name = name or path.stem
         elif isinstance(path_or_dict, Mapping):
             cfg = dict(path_or_dict)

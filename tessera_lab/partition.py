@@ -238,7 +238,7 @@ def _infeasible(problem: PartitionProblem) -> InfeasiblePlanError:
     if problem.vpp > 1:
         return InfeasiblePlanError(
             f"no partition into {problem.num_stages} virtual stages fits {problem.memory_limit / GIB:.2f} GiB on every "
-            f"rank; add ranks, memory or a distributed optimizer"
+            f"rank; add pipeline ranks, shard further (ep, dp) or shorten the sequence"
         )
     S, L, limit = problem.num_stages, problem.num_layers, problem.memory_limit
     best: dict[int, tuple[float, tuple[int, ...]]] = {0: (-math.inf, (0,))}
@@ -261,7 +261,7 @@ def _infeasible(problem: PartitionProblem) -> InfeasiblePlanError:
     return InfeasiblePlanError(
         f"no partition fits in memory: even the closest one puts stage {s} (layers {b[s]}-{b[s + 1] - 1}) at "
         f"{need / GIB:.2f} GiB, {excess[s] / GIB:.2f} GiB more than the {limit / GIB:.2f} GiB available; "
-        f"add stages, memory or a distributed optimizer"
+        f"add pipeline stages, shard further (ep, dp with a distributed optimizer) or shorten the sequence"
     )
 
 
@@ -353,20 +353,23 @@ def solve_dp(problem: PartitionProblem) -> Partition:
 @contextlib.contextmanager
 def _native_stdout_silenced():
     """Send file descriptor 1 to /dev/null while a native solver runs (HiGHS prints a banner from C++
-    when a solver object is created, before PuLP can switch its output off), so ``--json -`` stays valid."""
+    when a solver object is created, before PuLP can switch its output off), so ``--json -`` stays valid and
+    notebooks (whose kernels forward fd 1 into cell output) stay clean."""
     try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # e.g. a Jupyter kernel's stream
+        sys.stdout.flush()
+    except (AttributeError, ValueError):  # pragma: no cover - a closed or odd stream
+        pass
+    try:
+        saved = os.dup(1)
+    except OSError:  # pragma: no cover - no fd 1 at all
         yield
         return
-    sys.stdout.flush()
-    saved = os.dup(fd)
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, fd)
+        os.dup2(devnull, 1)
         yield
     finally:
-        os.dup2(saved, fd)
+        os.dup2(saved, 1)
         os.close(saved)
         os.close(devnull)
 

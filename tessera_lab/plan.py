@@ -34,6 +34,33 @@ BASELINES = ("uniform", "standalone", "parameters")
 #: candidate orders the overlap scheduler evaluates per layer-kind pair while planning
 PAIR_SEARCH_BUDGET = 300
 OBJECTIVES = ("auto", "bottleneck", "schedule")
+#: schedules the planner simulates (one stage per pipeline rank)
+PLAN_SCHEDULES = ("overlapped", "1f1b", "gpipe", "zb-h1", "zb-h2")
+
+
+def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -> None:
+    """Parallel sizes the model and cluster can run (Megatron-LM's rules for tensor parallelism).
+
+    Raises:
+        ConfigError: ``tp`` not dividing the attention heads, the key-value heads or the linear-attention heads,
+            ``tp`` not dividing the GPUs of a node (TP stays inside a node), ``ep`` not dividing the experts, or a
+            schedule the planner cannot simulate.
+    """
+    tp = parallel.tp
+    if parallel.schedule not in PLAN_SCHEDULES:
+        raise ConfigError(f"field 'schedule' = {parallel.schedule!r} cannot be planned; allowed: "
+                          f"{', '.join(PLAN_SCHEDULES)} (one stage per pipeline rank)")
+    heads = {"num_attention_heads": model.num_attention_heads, "num_key_value_heads": model.num_key_value_heads}
+    if model.linear_num_key_heads:
+        heads["linear_num_key_heads"] = model.linear_num_key_heads
+    for name, n in heads.items():
+        if n % tp:
+            raise ConfigError(f"field 'tp' = {tp} must divide {name} = {n}")
+    if cluster.gpus_per_node % tp:
+        raise ConfigError(f"field 'tp' = {tp} must divide the {cluster.gpus_per_node} GPUs of a node "
+                          f"(tensor parallelism stays on NVLink)")
+    if model.has_moe and model.num_experts % parallel.ep:
+        raise ConfigError(f"field 'ep' = {parallel.ep} must divide num_experts = {model.num_experts}")
 
 
 @dataclass
@@ -415,6 +442,7 @@ def make_plan(
     parallel = parallel or ParallelConfig()
     cluster = cluster or cluster_for(parallel, gpu)
     check_fits(parallel, cluster)
+    check_parallel_for_model(model, parallel, cluster)
     if parallel.pp > model.num_layers:
         from .errors import PartitionError
 
@@ -432,6 +460,14 @@ def make_plan(
         raise ConfigError(f"field 'objective' = {objective!r} is unknown; allowed: {', '.join(OBJECTIVES)}")
     flops = model_flops_per_iteration(model, parallel)
     notes = []
+    if profile is not None:
+        env = profile.environment
+        notes.append(f"layer-pair costs from profile {profile.path or '(in memory)'}: backend {profile.backend}, "
+                     f"device {env.get('device', '?')}, size factor {profile.size_factor:g}; its measured overlap "
+                     f"efficiency is transferred onto this model's analytic standalone times")
+        if profile.backend != "cuda":
+            notes.append(f"the profile was measured with the {profile.backend} backend, not on a {cluster.gpu.name}: "
+                         "its efficiencies describe that device")
     objectives = ("bottleneck", "schedule") if objective == "auto" and method != "uniform" else (
         ("bottleneck",) if objective == "auto" else (objective,))
     candidates = []

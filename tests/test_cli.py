@@ -90,3 +90,38 @@ def test_bad_input_exits_2_with_one_line(args, field):
     assert len(lines) == 1, r.stderr
     assert field in lines[0]
     assert "Traceback" not in r.stderr
+
+
+@pytest.fixture()
+def a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    return f
+
+
+@pytest.mark.parametrize(
+    "make_args, field",
+    [
+        (lambda f: ["simulate", "--stages", "4", "--microbatches", "8", "--f", "1", "--b", "2", "--plot", f"{f}/t.png"], "--plot"),
+        (lambda f: ["simulate", "--stages", "4", "--microbatches", "8", "--f", "1", "--b", "2", "--plot", f"{f.parent}/t.xyz"], "--plot"),
+        (lambda f: ["plan", "--export", f"{f}/p.json"], "--export"),
+        (lambda f: ["plan", "--json", str(f.parent)], "--json"),
+        (lambda f: ["reproduce", "--out", str(f), "--quick"], "--out"),
+        (lambda f: ["measure", "--backend", "analytic", "--out", f"{f}/x.json"], "--out"),
+        (lambda f: ["plan", "--tp", "3"], "tp"),
+        (lambda f: ["plan", "--schedule", "interleaved"], "schedule"),
+        (lambda f: ["partition", "--costs", "1,2,3,4", "--stages", "2", "--vpp", "3"], "vpp"),
+    ],
+)
+def test_unusable_outputs_and_settings_fail_before_work(a_file, make_args, field, capsys):
+    """Checked before any work is done: exit 2, one line naming the option."""
+    assert main(make_args(a_file)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0]
+
+
+def test_config_that_is_not_an_object(tmp_path, capsys):
+    cfg = tmp_path / "list.json"
+    cfg.write_text("[1, 2, 3]")
+    assert main(["params", str(cfg)]) == 2
+    assert "JSON object" in capsys.readouterr().err
