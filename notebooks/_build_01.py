@@ -76,7 +76,15 @@ $$ t = \\alpha + \\frac{S \\cdot f(n)}{B \\cdot \\eta} $$
 * *B*: the per-GPU, per-direction link bandwidth, *η* the fraction of it NCCL reaches, *α* the base latency
   (`data/hardware/cost_model.json` states each value and its source).""")
 code("""links = link_bandwidths(GPU)
-pd.Series(links, name=GPU).to_frame()""")
+print(f"{links['gpu']}: NVLink / InfiniBand per direction {links['ratio_per_direction']:.0f}x, bidirectional NVLink vs "
+      f"one direction of IB {links['ratio_bidirectional_nvlink_vs_ib']:.0f}x (often quoted: "
+      f"{links['quoted_ratio_range'][0]}-{links['quoted_ratio_range'][1]}x); NCCL reaches "
+      f"eta = {links['nccl_bus_efficiency']:.0%} of the link bandwidth")
+pd.DataFrame({
+    "bandwidth B per direction (GB/s)": {"NVLink": links["nvlink_bytes_per_s"] / 1e9,
+                                         "InfiniBand": links["infiniband_bytes_per_s"] / 1e9},
+    "latency alpha (us)": {"NVLink": links["nvlink_latency_s"] * 1e6, "InfiniBand": links["infiniband_latency_s"] * 1e6},
+}).rename_axis(f"{links['gpu']} link")""")
 md("""NVLink datasheets quote **bidirectional** totals (900 GB/s on H100 and H200, 1,800 GB/s on B200); one direction
 carries half. InfiniBand NDR gives each GPU 50 GB/s per direction. So per direction NVLink is 9x (H100) or 18x
 (B200) faster; the often quoted "18-36x" compares the bidirectional NVLink figure with one direction of

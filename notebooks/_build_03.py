@@ -182,6 +182,8 @@ controls = dict(
     fb=widgets.FloatSlider(value=FB, min=0.1, max=12, step=0.1, description="F&B (s)"),
     latency=widgets.FloatSlider(value=P2P_LATENCY, min=0.0, max=1.0, step=0.05, description="p2p (s)"),
 )
+for c in controls.values():
+    c.style.description_width = "initial"  # full labels (JupyterLab cuts them at 80 px otherwise)
 if INTERACTIVE:
     panel = widgets.interactive_output(show, controls)  # calls show() now and on every change
     sliders = list(controls.values())

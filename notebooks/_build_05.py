@@ -77,7 +77,7 @@ executor. While both lanes are busy, compute runs 1.25x and communication 1.1x s
 code("""b3 = ov.bundle(model, 3, "BW", parallel)
 res = ov.measure_pair(f0, b3, "analytic", cost_model=cost_model, budget=SCHED_BUDGET)
 s = res.schedule
-pd.DataFrame({"seconds (ms)": {
+pd.DataFrame({"time (ms)": {
     "t_a (F0 alone)": res.t_a * 1e3, "t_b (BW3 alone)": res.t_b * 1e3, "t_a + t_b": (res.t_a + res.t_b) * 1e3,
     "program order (a then b per lane)": s.program_makespan * 1e3, "best order t_ab": res.t_ab * 1e3,
     "all tasks on one lane": s.one_lane_makespan * 1e3}}).assign(
@@ -91,14 +91,43 @@ md("""Per-task inflation is the time a task takes together divided by its time a
 all-to-all stretch by the contention factor.""")
 code("""infl = pd.Series(res.inflation, name="inflation").sort_values(ascending=False)
 infl.head(8).to_frame()""")
-md("""**Efficiency can be negative.** With heavy contention (both lanes 4x slower while overlapping), issuing
-the bundles in program order overlaps kernels that now slow each other more than overlap saves. The scheduler
-then prefers orders that overlap less.""")
+md("""**Efficiency can be negative.** Overlap only pays if the time two kernels save by running together exceeds
+what they lose by slowing each other down. A hand example (the one `tests/test_overlap.py` works through): a
+2 s GEMM beside an independent 1 s all-to-all, with contention compute 1.0 / comm 1.5 (while both run, the GEMM
+progresses at 1/2 of its speed and the all-to-all at 1/2.5). The all-to-all ends at 2.5 s, when the GEMM has
+done 1.25 s of its 2 s; the last 0.75 s run alone, so t_ab = 3.25 s against t_a + t_b = 3 s and
+e = (3 − 3.25) / min(2, 1) = −0.25: running them together is slower than one after the other.""")
+code("""from tessera_lab.tasks import Collective, Task
+
+gemm = ov.Bundle.from_tasks("GEMM", [Task("gemm", 0, "F", "gemm")], durations={"F.gemm": 2.0})
+a2a = ov.Bundle.from_tasks("A2A", [Task("a2a", 0, "F", "all_to_all", collective=Collective("all_to_all", 1.0, "ep", 8))],
+                           durations={"F.a2a": 1.0})
+hand = ov.measure_pair(gemm, a2a, "analytic", contention=Contention(1.0, 1.5))
+print(f"t_a {hand.t_a:.2f} s, t_b {hand.t_b:.2f} s, t_a + t_b {hand.t_a + hand.t_b:.2f} s, t_ab {hand.t_ab:.2f} s, "
+      f"efficiency {hand.overlap_efficiency:+.2f}")""")
+md("""The same happens on the real layer pair F0 / BW3 when contention is heavy (both lanes 4x slower while they
+overlap, `Contention(3.0, 3.0)`), depending on the issue order:
+
+* **program order** (all of F0, then all of BW3, on each lane) overlaps *nothing* here: BW3's compute queues
+  behind F0's on the compute lane and BW3's all-to-alls wait for BW3's compute, so the pair runs serially and
+  e = 0 exactly, whatever the contention;
+* **the order the scheduler chose above** (for the default contention) hides every all-to-all under a GEMM;
+  under heavy contention those overlaps cost more than they save and e is **negative**;
+* **the scheduler, re-run with the heavy contention**, finds that any overlap now loses time and picks an order
+  that avoids overlapping (hidden fraction 0): e ≈ 0, the serial time. It never does worse than program order.""")
 code("""heavy = Contention(3.0, 3.0)
-naive = ov.measure_pair(f0, b3, "analytic", cost_model=cost_model, contention=heavy, order=ov.pair_graph(f0, b3).program_order)
-best = ov.measure_pair(f0, b3, "analytic", cost_model=cost_model, contention=heavy, budget=SCHED_BUDGET)
-pd.DataFrame([{"order": "program", "t_ab (ms)": naive.t_ab * 1e3, "efficiency": naive.overlap_efficiency},
-              {"order": "scheduler", "t_ab (ms)": best.t_ab * 1e3, "efficiency": best.overlap_efficiency}])""")
+cases = {
+    "program order": ov.measure_pair(f0, b3, "analytic", cost_model=cost_model, contention=heavy,
+                                     order=ov.pair_graph(f0, b3).program_order),
+    "order chosen for the default contention": ov.measure_pair(f0, b3, "analytic", cost_model=cost_model,
+                                                               contention=heavy, order=res.order),
+    "scheduler, re-run for heavy contention": ov.measure_pair(f0, b3, "analytic", cost_model=cost_model,
+                                                              contention=heavy, budget=SCHED_BUDGET),
+}
+pd.DataFrame([{"issue order (heavy contention 3.0 / 3.0)": name, "t_a + t_b (ms)": (r.t_a + r.t_b) * 1e3,
+               "t_ab (ms)": r.t_ab * 1e3, "efficiency": round(r.overlap_efficiency, 3) + 0.0,
+               "comm hidden": round(r.comm_hidden_fraction, 3) + 0.0}
+              for name, r in cases.items()]).set_index("issue order (heavy contention 3.0 / 3.0)")""")
 md("""## 3 · The overlap table and the stage cost after overlap
 
 Every combination of layer kinds that can meet in a stage: the forward of one kind against the backward of the
@@ -182,16 +211,18 @@ def show(expert_width=512, top_k=10):
               f"pair communication {point['comm_s'] * 1e3:.2f} ms, hidden {point['comm_hidden_fraction']:.0%}, "
               f"overlap efficiency {point['efficiency']:.2f}")
 
+label = {"description_width": "initial"}  # labels at full width (JupyterLab cuts them at 80 px otherwise)
 panel = widgets.interactive(show, expert_width=widgets.SelectionSlider(options=[64, 128, 256, 512, 1024, 2048], value=512,
-                                                                         description="expert width"),
-                            top_k=widgets.IntSlider(min=1, max=16, value=10, description="top-k"))
+                                                                         description="expert width", style=label),
+                            top_k=widgets.IntSlider(min=1, max=16, value=10, description="top-k", style=label))
 display(widgets.VBox([panel, out]))
 show(512, 10)""")
 md("""## What to take away
 
 * A stage's time is set by pairs of bundles running together, not by the sum of standalone task times.
 * Overlap has a price: while compute and communication share the device both slow down, and the efficiency
-  can fall below zero. A scheduler that chooses *which* tasks overlap recovers part of it.
+  can fall below zero. A scheduler that chooses *which* tasks overlap avoids that: under heavy contention its
+  best order overlaps nothing (e ≈ 0) instead of losing time.
 * Measure on the device you will train on: `scripts/gpu_profile.sh` measures the same table on a CUDA machine
   (`tessera-lab measure --backend cuda`), and the planner can take its pair costs from the profile
   (`tessera_lab.profiles.profile_stage_pair_costs`).""")

@@ -63,6 +63,17 @@ from tessera_lab.report import capacity_report
 
 pd.set_option("display.width", 160)
 pd.set_option("display.max_colwidth", 120)
+
+
+def _number(v):
+    # display format for floats only (the data keep full precision): float noise below 1e-9 shows as 0,
+    # large values with thousands separators, the rest with up to 4 decimals; never scientific notation
+    if abs(v) < 1e-9:
+        return "0"
+    return f"{v:,.0f}" if abs(v) >= 1e5 else f"{v:,.4f}".rstrip("0").rstrip(".")
+
+
+pd.set_option("display.float_format", _number)
 model = load_model(MODEL)
 parallel = ParallelConfig(pp=PP, ep=EP, microbatches=MICROBATCHES, seq_len=SEQ_LEN)
 plan = make_plan(model, parallel, baselines=("uniform",))

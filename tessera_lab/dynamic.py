@@ -1429,12 +1429,13 @@ def simulate_cli(
                   "bubble_fraction": tl.bubble_fraction, "bubble_overhead": tl.bubble_overhead,
                   "per_rank_idle": tl.per_rank_idle, "per_rank_busy": tl.per_rank_busy,
                   "peak_activations": tl.peak_activations}
-        rows = [{"rank": r, "busy": tl.per_rank_busy[r], "idle": tl.per_rank_idle[r],
-                 "peak activations": tl.peak_activations[r]} for r in range(len(tl.per_rank_busy))]
+        rows = [{"rank": r, "busy (s)": tl.per_rank_busy[r], "idle (s)": tl.per_rank_idle[r],
+                 "peak activations (micro-batches)": tl.peak_activations[r]} for r in range(len(tl.per_rank_busy))]
         text = (tabulate(rows, headers="keys", floatfmt=".4g") +
                 f"\nrouting {spec}: busiest EP rank carries {x.mean():.3f}x its share on average (max {x.max():.3f}x; "
-                f"ep={ep}, {experts} experts, top-{top_k})\nmakespan {tl.iteration_time:.6g}  "
-                f"bubble_fraction {tl.bubble_fraction:.4f}  bubble_overhead {tl.bubble_overhead:.4f}")
+                f"ep={ep}, {experts} experts, top-{top_k})\nmakespan {tl.iteration_time:.6g} s  "
+                f"bubble_fraction {tl.bubble_fraction:.4f} (idle share of rank-time)  "
+                f"bubble_overhead {tl.bubble_overhead:.4f} (idle / busy)")
         return result, text, {"static": tl}
     res = run_dynamic(costs, spec, schedule=name, microbatches=microbatches, vpp=vpp, groups=groups, seed=seed,
                       capacity_factor=capacity_factor, p2p_latency=p2p_latency, memory_cap=memory_cap)
@@ -1443,15 +1444,16 @@ def simulate_cli(
               "routing": str(spec), "dynamic": True, **{k: v for k, v in s.items() if k not in ("schedule", "routing")},
               "groups_detail": res.rows()}
     rows = [
-        {"plan": "static", "iteration (s)": res.iteration_static_s, "idle/rank (s)": res.idle_static_s,
-         "bubble": res.idle_static_s / res.iteration_static_s if res.iteration_static_s else 0.0},
-        {"plan": "dynamic", "iteration (s)": res.iteration_dynamic_s, "idle/rank (s)": res.idle_dynamic_s,
-         "bubble": res.idle_dynamic_s / res.iteration_dynamic_s if res.iteration_dynamic_s else 0.0},
+        {"plan": "static", "iteration (s)": res.iteration_static_s, "idle per rank (s)": res.idle_static_s,
+         "bubble (% of iteration)": 100 * res.idle_static_s / res.iteration_static_s if res.iteration_static_s else 0.0},
+        {"plan": "dynamic", "iteration (s)": res.iteration_dynamic_s, "idle per rank (s)": res.idle_dynamic_s,
+         "bubble (% of iteration)": 100 * res.idle_dynamic_s / res.iteration_dynamic_s if res.iteration_dynamic_s else 0.0},
     ]
     text = (tabulate(rows, headers="keys", floatfmt=".5g") +
             f"\nrouting {spec}: busiest EP rank carries {s['busiest_rank_load_mean']:.3f}x its share on average "
             f"(max {s['busiest_rank_load_max']:.3f}x; ep={ep}, {experts} experts, top-{top_k}, {groups} EP group(s))"
-            f"\ndynamic: idle time removed {s['idle_removed_s']:.5g} per rank ({100 * s['idle_removed_share']:.1f}% "
-            f"of the static idle time), throughput {100 * s['throughput_gain']:+.2f}%; choice per group: "
-            f"{', '.join(s['choices'])}")
+            f"\ndynamic: idle time removed {s['idle_removed_s']:.5g} s per rank ({100 * s['idle_removed_share']:.1f}% "
+            f"of the static idle time), iteration {s['iteration_static_s']:.5g} s -> {s['iteration_dynamic_s']:.5g} s, "
+            f"throughput {100 * s['throughput_gain']:+.2f}%; choice per group: {', '.join(s['choices'])}"
+            "\n(times in seconds if --f, --b and --w are seconds)")
     return result, text, {"static": res.groups[0].static, "dynamic": res.groups[0].dynamic}

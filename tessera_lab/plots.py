@@ -16,7 +16,7 @@ _TYPE_NAMES = {
     "B": "B backward",
     "I": "I input grad",
     "W": "W weight grad",
-    "OVERLAP_F_B": "F&B overlapped",
+    "OVERLAP_F_B": "F&B overlapped\n(F's micro-batch | B's,\nor F's above B's)",
 }
 
 
@@ -50,11 +50,60 @@ def _bar_text(e) -> str:
     return "" if e.microbatch is None else str(e.microbatch)
 
 
+_FIT_TEXT: list = []
+
+
+def _fit_text_class():
+    """A matplotlib ``Text`` that draws itself at the largest of ``sizes`` points that fits inside a box
+    (``xspan`` x ``yspan`` in data units, less a 1-point margin), or not at all; ``variants`` are other ways to
+    write the same label (e.g. on two lines), tried at each size after the text itself. The choice is made at
+    draw time, so it follows the final layout (constrained layout, a legend outside the axes, the saved dpi)."""
+    if not _FIT_TEXT:
+        from matplotlib.text import Text
+
+        class FitText(Text):
+            def __init__(self, xspan, yspan, *args, sizes=(7.0, 6.0, 5.0), variants=(), **kwargs):
+                super().__init__(*args, **kwargs)
+                self._xspan, self._yspan, self._sizes = xspan, yspan, tuple(sizes)
+                self._variants = (self.get_text(), *variants)
+
+            def _fits(self, renderer) -> bool:
+                tr = self.axes.transData
+                (x0, y0), (x1, y1) = tr.transform([(self._xspan[0], self._yspan[0]), (self._xspan[1], self._yspan[1])])
+                margin = renderer.points_to_pixels(1.0)
+                room_w, room_h = abs(x1 - x0) - 2 * margin, abs(y1 - y0) - margin
+                for size in self._sizes:
+                    for text in self._variants:
+                        if self.get_fontsize() != size:
+                            self.set_fontsize(size)
+                        if self.get_text() != text:
+                            self.set_text(text)
+                        ext = super().get_window_extent(renderer)
+                        if ext.width <= room_w and ext.height <= room_h:
+                            return True
+                return False
+
+            def draw(self, renderer):
+                self.shown = False  # whether the last draw wrote the label (it did not fit otherwise)
+                if renderer is None or not self.get_visible() or self.axes is None:
+                    return
+                if self._fits(renderer):
+                    super().draw(renderer)
+                    self.shown = True
+
+            def get_tightbbox(self, renderer=None):  # labels live inside the axes: never grow the layout
+                return None
+
+        _FIT_TEXT.append(FitText)
+    return _FIT_TEXT[0]
+
+
 def gantt(timeline, ax=None, title: str | None = None) -> Any:
     """Gantt chart of a :class:`~tessera_lab.simulate.Timeline`: one row per rank.
 
     Compute actions are bars coloured by type (F, B, I, W, overlapped F&B) with the micro-batch
-    number written on each bar wide enough to hold it (``f|b`` for an overlapped pair);
+    number written on each bar (``f|b`` for an overlapped pair, or ``f`` above ``b`` where that fits
+    better) at 7 points, or 6 or 5 where the bar is narrow, and left out where even 5 points do not fit;
     transfers and other communication appear as a thin grey strip under the rank's row. Text
     colour follows each bar's brightness, and axes use the active matplotlib style, so the
     figure reads in light and dark themes. Default size 10 x (0.45 per rank + 1.6) inches,
@@ -118,29 +167,26 @@ def gantt(timeline, ax=None, title: str | None = None) -> Any:
     for rank, bars in comm_bars.items():
         ax.broken_barh(bars, (rank + bar_h / 2 + 0.02, comm_h), facecolors=comm_colour, edgecolors="none", alpha=0.8)
 
-    # micro-batch numbers where they fit (about 7 points per character at font size 7)
-    fig = ax.figure
-    axes_width_pt = max(1.0, ax.get_position().width * fig.get_figwidth() * 72)
-    pt_per_unit = axes_width_pt / max(span * scale, 1e-30)
+    # micro-batch numbers: each label is drawn at the largest font size (7, 6 or 5 points) at which it fits
+    # inside its bar in the final layout, and skipped when even 5 points do not fit (decided at draw time)
     compute = [(n, e) for n, e in enumerate(events) if e.lane == "compute"]
     if len(compute) <= 3000:
+        fit_text = _fit_text_class()
         for n, e in compute:
             text = _bar_text(e)
             if not text:
                 continue
-            width_pt = (e.end - e.start) * scale * pt_per_unit
-            if width_pt < 5.0 * len(text) + 2:
-                continue
-            ax.text(
-                (e.start + e.end) / 2 * scale,
-                e.rank,
-                text,
-                ha="center",
-                va="center",
-                fontsize=7,
-                color=_text_colour(colour_of(e.type, light_of.get(n, False))),
+            label = fit_text(
+                (e.start * scale, e.end * scale), (e.rank - bar_h / 2, e.rank + bar_h / 2),
+                (e.start + e.end) / 2 * scale, e.rank, text, variants=(text.replace("|", "\n"),) if "|" in text else (),
+                ha="center", va="center", linespacing=1.0, color=_text_colour(colour_of(e.type, light_of.get(n, False))),
                 clip_on=True,
             )
+            label.set_clip_path(ax.patch)
+            if hasattr(ax, "_add_text"):  # among ax.texts, like ax.text() would put it
+                ax._add_text(label)
+            else:  # pragma: no cover - older matplotlib
+                ax.add_artist(label)
 
     ax.set_ylim(ranks - 0.5 + (comm_h + 0.05 if comm_bars else 0.0), -0.6)
     ax.set_yticks(range(ranks))
@@ -186,12 +232,14 @@ def stage_cost_bars(plan, ax=None, title: str | None = None) -> Any:
                          "layers": len(st.layers)})
     df = pd.DataFrame(rows)
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
+        _, ax = plt.subplots(figsize=(9, 3.6), layout="constrained")
     sns.barplot(data=df, x="stage", y="time per micro-batch (ms)", hue="partition", ax=ax,
                 palette="colorblind")
     slowest = max(st.time_s for st in plan.chosen.stages) * 1e3
     ax.axhline(slowest, color="grey", linestyle="--", linewidth=1, label=f"slowest ({plan.chosen.method})")
-    ax.legend(loc="lower right", fontsize=8)
+    # legend outside the axes (right), so it never hides the tallest bars
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="partition", title_fontsize=8,
+              frameon=False)
     ax.set_title(title or f"{plan.model.name}: stage cost per micro-batch")
     return ax
 
@@ -234,10 +282,15 @@ def overlap_heatmap(table, ax=None, value: str = "gain", title: str | None = Non
     rows the forward bundle's layer kind, columns the backward bundle's, cells ``value`` (``gain`` in ms by
     default; ``efficiency``, ``t_pair`` (ms) or ``comm_hidden_fraction`` also work).
 
+    The colour scale is anchored at 0 (from 0 to the largest value; ``efficiency`` and
+    ``comm_hidden_fraction`` to at least 1), so cells that differ by a few percent look alike; with values
+    of both signs it is a diverging scale centred on 0. The title states the range of the values.
+
     Returns:
         the matplotlib ``Axes``.
     """
     import matplotlib.pyplot as plt
+    import numpy as np
     import seaborn as sns
 
     ms = value in ("gain", "t_pair", "t_sum", "t_f", "t_b", "t_program")
@@ -246,13 +299,24 @@ def overlap_heatmap(table, ax=None, value: str = "gain", title: str | None = Non
     grid = grid.reindex(index=[k for k in order if k in grid.index], columns=[k for k in order if k in grid.columns])
     if ax is None:
         _, ax = plt.subplots(figsize=(2.8 + 2.4 * grid.shape[1], 1.2 + 1.0 * grid.shape[0]), layout="constrained")
-    sns.heatmap(grid, annot=True, fmt=".3g", cmap="viridis", ax=ax,
-                cbar_kws={"label": f"{value} (ms)" if ms else value})
+    vals = grid.to_numpy(dtype=float)
+    vals = vals[np.isfinite(vals)]
+    lo, hi = (float(vals.min()), float(vals.max())) if vals.size else (0.0, 1.0)
+    unit_max = 1.0 if value in ("efficiency", "comm_hidden_fraction") else 0.0
+    if lo >= 0:  # all non-negative: 0 .. max
+        scale = dict(cmap="viridis", vmin=0.0, vmax=max(hi, unit_max) or 1.0)
+    elif hi <= 0:  # all non-positive: min .. 0
+        scale = dict(cmap="viridis", vmin=lo, vmax=0.0)
+    else:  # both signs: diverging around 0
+        bound = max(abs(lo), abs(hi), unit_max)
+        scale = dict(cmap="vlag_r", vmin=-bound, vmax=bound)  # symmetric limits: white at 0
+    sns.heatmap(grid, annot=True, fmt=".3g", ax=ax, cbar_kws={"label": f"{value} (ms)" if ms else value}, **scale)
     ax.tick_params(axis="y", rotation=0)
     ax.set_xlabel("backward (B+W) of micro-batch i")
     ax.set_ylabel("forward of micro-batch i+1")
     backend = table["backend"].iloc[0] if "backend" in table and len(table) else ""
-    ax.set_title(title or f"overlap {value} by layer combination ({backend})", fontsize=10)
+    span = f"values {lo:.3g} to {hi:.3g}{' ms' if ms else ''}; colour scale from {scale['vmin']:.3g} to {scale['vmax']:.3g}"
+    ax.set_title((title or f"overlap {value} by layer combination ({backend})") + f"\n{span}", fontsize=10)
     return ax
 
 
@@ -309,7 +373,7 @@ def standalone_vs_overlap_bars(plan, ax=None, title: str | None = None) -> Any:
     evs = [plan.chosen, *plan.baselines.values()]
     n = len(evs)
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 3.8), layout="constrained")
+        _, ax = plt.subplots(figsize=(10, 3.8), layout="constrained")
     palette = sns.color_palette("colorblind", n)
     width = 0.8 / n
     x = np.arange(plan.parallel.pp)
@@ -322,7 +386,9 @@ def standalone_vs_overlap_bars(plan, ax=None, title: str | None = None) -> Any:
     ax.set_xticks(x)
     ax.set_xlabel("stage")
     ax.set_ylabel("time per micro-batch (ms)")
-    ax.legend(title="solid: after overlap; hatched: standalone", fontsize=8, title_fontsize=8, loc="lower right")
+    # legend outside the axes (right), so it never hides the tallest bars
+    ax.legend(title="partition\n(solid: after overlap,\nhatched: standalone)", fontsize=8, title_fontsize=8,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title(title or f"{plan.model.name}: stage cost standalone vs after overlap")
     return ax
 
@@ -373,11 +439,36 @@ def waterfall(report, ax=None, title: str | None = None, unit: str = "ms_per_gpu
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=40, ha="right", fontsize=8)
     ax.set_ylabel("ms per GPU per iteration" if unit == "ms_per_gpu" else "GPU-seconds per iteration")
-    ax.set_title(title or f"where the iteration goes: MFU {report.mfu:.1%}, lost {1 - report.mfu:.1%}", fontsize=10)
+    headline = f"where the iteration goes: MFU {report.mfu:.1%}, lost {1 - report.mfu:.1%}"
+    if title is None:
+        title = f"{report.source}\n{headline}" if report.source else headline
+    ax.set_title(title, fontsize=10)
     return ax
 
 
 __all__.append("waterfall")
+
+
+def waterfall_pair(reports, titles=None, suptitle: str | None = None, unit: str = "ms_per_gpu") -> Any:
+    """Two :func:`waterfall` charts side by side on one y scale (a model-change diff: the base on the left,
+    the variant on the right). ``titles``: one per chart (default each report's source and MFU);
+    ``suptitle``: a line above both (e.g. the diff's headline). Returns the matplotlib ``Figure``."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    a, b = reports
+    fig, axes = plt.subplots(1, 2, figsize=(16, 5.0), layout="constrained", sharey=True)
+    for ax, rep, t in zip(axes, (a, b), titles or (None, None)):
+        waterfall(rep, ax=ax, title=t, unit=unit)
+    axes[1].set_ylabel("")
+    axes[1].tick_params(axis="y", labelleft=True)
+    if suptitle:
+        fig.suptitle(textwrap.fill(suptitle, 170), fontsize=10)
+    return fig
+
+
+__all__.append("waterfall_pair")
 
 
 def routing_heatmap(counts, ax=None, ep: int | None = None, title: str | None = None) -> Any:

@@ -1113,7 +1113,8 @@ def model_diff(
 def run_report(args: Any, emit, table) -> int:
     """``tessera-lab report``: capacity report of a plan (from ``--plan PLAN.json`` or plan options), an
     optional ``--diff OTHER`` (a plan JSON, a model name or ``KEY=VALUE,...`` changes), ``--plot PATH``
-    (waterfall) and ``--json``."""
+    (:func:`save_report_figure`: the waterfall, or with ``--diff`` both waterfalls side by side) and
+    ``--json``."""
     from .cli import _model_from_args, _parallel_from_args
     from .plan import make_plan
 
@@ -1145,15 +1146,48 @@ def run_report(args: Any, emit, table) -> int:
         text += "\n\n" + diff.format()
     emit(args, result, text)
     if args.plot:
-        import matplotlib.pyplot as plt
-
-        from .plots import waterfall
-
-        ax = waterfall(rep)
-        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-        ax.figure.savefig(args.plot, dpi=120, bbox_inches="tight")
-        plt.close(ax.figure)
         import sys
 
+        save_report_figure(args.plot, plan, rep, diff if args.diff else None)
         print(f"figure: {args.plot}", file=sys.stderr)
     return 0
+
+
+def plan_caption(plan: Any, evaluation: Any = None, *, name: str | None = None, sep: str = ": ") -> str:
+    """Name a plan's model and configuration for figure titles: ``"<model> on <GPUs> x <GPU><sep><partition>,
+    <schedule>, pp= ep= tp= dp=, m=, seq, dtype"`` (``name`` replaces the model name; ``sep="\\n"`` gives two
+    lines)."""
+    ev = plan.chosen if evaluation is None else evaluation
+    p = plan.parallel
+    return (f"{name or plan.model.name} on {p.world_size} x {plan.cluster.gpu.name}{sep}{ev.method} partition, "
+            f"{p.schedule}, pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}" + (f" vpp={p.vpp}" if p.vpp > 1 else "")
+            + f", m={p.microbatches}, seq {p.seq_len}, {p.dtype}")
+
+
+def report_figure(plan: Any, report: CapacityReport | None = None, diff: DiffReport | None = None) -> Any:
+    """The ``report --plot`` figure: the waterfall of ``plan`` titled with its model and configuration; with
+    a ``diff``, both variants' waterfalls side by side on one y scale under the diff's headline. Returns the
+    matplotlib ``Figure``."""
+    from .plots import waterfall, waterfall_pair
+
+    if diff is None:
+        rep = report or capacity_report(plan)
+        ax = waterfall(rep, title=f"{plan_caption(plan)}\nwhere the iteration goes: MFU {rep.mfu:.1%}, "
+                                  f"lost {1 - rep.mfu:.1%}")
+        return ax.figure
+    titles = [f"{plan_caption(pl, name=label, sep=chr(10))}\nMFU {cap.mfu:.1%}, iteration {cap.iteration_time_s:.4f} s"
+              for label, pl, cap in zip(diff.labels, diff.plans, diff.capacity)]
+    return waterfall_pair(diff.capacity, titles=titles, suptitle=diff.headline)
+
+
+def save_report_figure(path: str | Path, plan: Any, report: CapacityReport | None = None,
+                       diff: DiffReport | None = None) -> Path:
+    """Write :func:`report_figure` to ``path`` (PNG, 120 dpi); returns the path."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = report_figure(plan, report, diff)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path

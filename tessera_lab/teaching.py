@@ -1103,13 +1103,15 @@ def collective_cost_panel(n: int = 8, gpu: str = "H100", message_mib: float = 64
     import ipywidgets as w
     from IPython.display import display
 
-    from .widgets import panel
+    from .widgets import LABEL_STYLE, panel
 
     controls = {
         "message_mib": w.FloatLogSlider(value=message_mib, base=2, min=-10, max=12, step=0.5,
-                                        description="S (MiB)", continuous_update=False, readout_format=".4g"),
-        "n": w.IntSlider(value=n, min=2, max=64, description="ranks n", continuous_update=False),
-        "gpu": w.Dropdown(options=["H100", "H200", "B200"], value=gpu, description="GPU"),
+                                        description="S (MiB)", style=LABEL_STYLE, continuous_update=False,
+                                        readout_format=".4g"),
+        "n": w.IntSlider(value=n, min=2, max=64, description="ranks n", style=LABEL_STYLE,
+                         continuous_update=False),
+        "gpu": w.Dropdown(options=["H100", "H200", "B200"], value=gpu, description="GPU", style=LABEL_STYLE),
     }
 
     def compute(v: dict[str, Any]):
@@ -1134,16 +1136,16 @@ def tp_pp_panel(model: str = "qwen3-8b", tp: int = 8, pp: int = 4, seq_len: int 
     import seaborn as sns
     from IPython.display import display
 
-    from .widgets import panel
+    from .widgets import LABEL_STYLE, panel
 
     spec = _as_model(model)
     pps = sorted({p for p in (1, 2, 4, 8, 16, pp) if p <= spec.num_layers})
     controls = {
-        "tp": w.Dropdown(options=sorted({1, 2, 4, 8, 16, 32, tp}), value=tp, description="tp"),
-        "pp": w.Dropdown(options=pps, value=pp, description="pp"),
+        "tp": w.Dropdown(options=sorted({1, 2, 4, 8, 16, 32, tp}), value=tp, description="tp", style=LABEL_STYLE),
+        "pp": w.Dropdown(options=pps, value=pp, description="pp", style=LABEL_STYLE),
         "seq_len": w.Dropdown(options=sorted({1024, 2048, 4096, 8192, 16384, seq_len}), value=seq_len,
-                              description="seq len"),
-        "gpu": w.Dropdown(options=["H100", "H200", "B200"], value=gpu, description="GPU"),
+                              description="seq len", style=LABEL_STYLE),
+        "gpu": w.Dropdown(options=["H100", "H200", "B200"], value=gpu, description="GPU", style=LABEL_STYLE),
     }
 
     def compute(v: dict[str, Any]) -> TpPpVolumes:
@@ -1174,15 +1176,15 @@ def moe_panel(model: str = "qwen3-30b-a3b", ep: int = 8, top_k: int | None = Non
     import pandas as pd
     from IPython.display import display
 
-    from .widgets import panel
+    from .widgets import LABEL_STYLE, panel
 
     spec = _as_model(model)
     eps = [e for e in (1, 2, 4, 8, 16, 32, 64) if spec.num_experts % e == 0]
     controls = {
         "top_k": w.IntSlider(value=top_k or spec.num_experts_per_tok, min=1, max=min(spec.num_experts, 32),
-                             description="top-k", continuous_update=False),
-        "ep": w.Dropdown(options=sorted(set(eps) | {ep}), value=ep, description="ep"),
-        "skew": w.FloatSlider(value=skew, min=0.0, max=2.0, step=0.1, description="skew",
+                             description="top-k", style=LABEL_STYLE, continuous_update=False),
+        "ep": w.Dropdown(options=sorted(set(eps) | {ep}), value=ep, description="ep", style=LABEL_STYLE),
+        "skew": w.FloatSlider(value=skew, min=0.0, max=2.0, step=0.1, description="skew", style=LABEL_STYLE,
                               continuous_update=False),
     }
 

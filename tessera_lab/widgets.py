@@ -15,6 +15,10 @@ from .hardware import ParallelConfig
 from .models import load_model
 from .plan import Plan, make_plan
 
+#: ``style`` of every control: the label takes the width it needs ("initial"), so JupyterLab does not cut
+#: descriptions such as "expert width" or "micro-batches" to "expert wi…" at its default 80 px.
+LABEL_STYLE = {"description_width": "initial"}
+
 
 def panel(
     controls: dict[str, Any],
@@ -69,6 +73,9 @@ def panel(
             render(result)
 
     for c in controls.values():
+        style = getattr(c, "style", None)
+        if style is not None and hasattr(style, "description_width") and not style.description_width:
+            style.description_width = LABEL_STYLE["description_width"]  # labels never cut off
         c.observe(update, names="value")
     update()
     layout = [w.HBox([controls[name] for name in row]) for row in (rows if rows is not None else [list(controls)])]
@@ -145,14 +152,14 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     spec = load_model(model)
     controls = {
         "attention_ratio": w.IntSlider(value=defaults.get("attention_ratio", spec.attention_ratio or 3), min=0, max=11,
-                                       description="attn ratio", continuous_update=False,
+                                       description="attn ratio", style=LABEL_STYLE, continuous_update=False,
                                        disabled=spec.attention_ratio is None),
         "expert_width": w.Dropdown(options=[128, 256, 512, 1024, 2048],
                                    value=defaults.get("expert_width", spec.moe_intermediate_size or 512),
-                                   description="expert width"),
-        "pp": w.Dropdown(options=[2, 4, 8, 12, 16], value=defaults.get("pp", 8), description="pp"),
+                                   description="expert width", style=LABEL_STYLE),
+        "pp": w.Dropdown(options=[2, 4, 8, 12, 16], value=defaults.get("pp", 8), description="pp", style=LABEL_STYLE),
         "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
-                                    description="micro-batches", continuous_update=False),
+                                    description="micro-batches", style=LABEL_STYLE, continuous_update=False),
     }
 
     def compute(v: dict[str, Any]) -> dict[str, Any]:
@@ -222,14 +229,15 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     spec = load_model(model)
     controls = {
         "attention_ratio": w.IntSlider(value=defaults.get("attention_ratio", spec.attention_ratio or 3), min=0, max=11,
-                                       description="attn ratio", continuous_update=False),
+                                       description="attn ratio", style=LABEL_STYLE, continuous_update=False),
         "expert_width": w.Dropdown(options=[128, 256, 512, 1024, 2048],
-                                   value=defaults.get("expert_width", spec.moe_intermediate_size), description="expert width"),
+                                   value=defaults.get("expert_width", spec.moe_intermediate_size),
+                                   description="expert width", style=LABEL_STYLE),
         "top_k": w.IntSlider(value=defaults.get("top_k", spec.num_experts_per_tok), min=1, max=32,
-                             description="top-k", continuous_update=False),
-        "pp": w.Dropdown(options=[2, 4, 8, 12, 16], value=defaults.get("pp", 8), description="stages"),
+                             description="top-k", style=LABEL_STYLE, continuous_update=False),
+        "pp": w.Dropdown(options=[2, 4, 8, 12, 16], value=defaults.get("pp", 8), description="stages", style=LABEL_STYLE),
         "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
-                                    description="micro-batches", continuous_update=False),
+                                    description="micro-batches", style=LABEL_STYLE, continuous_update=False),
     }
 
     def compute(v: dict[str, Any]) -> dict[str, Any]:

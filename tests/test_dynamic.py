@@ -4,6 +4,7 @@ never-slower guard), evaluation and the CLI flags."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -328,9 +329,14 @@ def test_cli_routing_table_and_plot(capsys, tmp_path):
     assert main(SIM + ["--routing", "drift:1", "--seed", "2"]) == 0
     text = capsys.readouterr().out
     assert "routing drift:1" in text and "makespan" in text
+    assert "busy (s)" in text and "idle (s)" in text
     png = tmp_path / "g.png"
     assert main(SIM + ["--w", "1", "--routing", "zipf:0.5", "--dynamic", "--plot", str(png)]) == 0
-    assert "idle time removed" in capsys.readouterr().out and png.stat().st_size > 0
+    text = capsys.readouterr().out
+    assert "idle time removed" in text and png.stat().st_size > 0
+    # every number carries its unit
+    assert re.search(r"idle time removed [0-9.e+-]+ s per rank", text)
+    assert "iteration (s)" in text and "idle per rank (s)" in text and "bubble (% of iteration)" in text
 
 
 def test_cli_without_new_flags_is_unchanged(capsys):

@@ -267,6 +267,28 @@ def test_model_diff_contributions_exact(plan, qwen3_next):
     assert diff_contributions(ca, ca)["model work at peak"] == 0
 
 
+def test_report_figure_names_the_configuration_and_shows_both_diff_variants(plan, report, qwen3_next):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tessera_lab.report import plan_caption, report_figure
+
+    fig = report_figure(plan, report)
+    (ax,) = fig.axes
+    assert plan.model.name in ax.get_title() and f"pp={plan.parallel.pp}" in ax.get_title()
+    plt.close(fig)
+    d = model_diff(qwen3_next, {"top_k": 4}, plan.parallel)
+    fig = report_figure(plan, report, d)
+    axes = [a for a in fig.axes if a.get_title()]
+    assert len(axes) == 2  # the base and the variant side by side
+    assert d.labels[0] in axes[0].get_title() and d.labels[1] in axes[1].get_title()
+    assert axes[0].get_ylim() == axes[1].get_ylim()  # one y scale
+    assert "x H" in plan_caption(plan)
+    plt.close(fig)
+
+
 def test_changes_parse_and_apply(qwen3_next):
     ch = parse_changes("expert_width=256, top_k=4, seq_len=8192, dtype=fp8, attention_ratio=1")
     m, p = apply_changes(qwen3_next, ParallelConfig(), ch)

@@ -26,5 +26,11 @@ def test_reproduce_cli_writes_labelled_figures(tmp_path, capsys):
     # the simulated ablation parts add up to the simulated total
     sim = {r["step"]: r["gain"] for r in d["ablation"] if r["source"] == "simulated"}
     assert sim["of which stage balance"] + sim["of which overlap scheduling"] == pytest.approx(sim["static plan (total)"])
-    assert (out / "README.md").read_text().count("reported") >= 4
+    readme = (out / "README.md").read_text()
+    assert readme.count("reported") >= 4
+    assert "nan" not in readme.lower()  # missing values are blank
+    assert "| True " in readme  # booleans read True / False, not 1 / 0
+    # the notes explain the two largest gaps: the static-plan gain and idle time removed per rank
+    assert any(n.startswith("Static plan:") and "LM head" in n and "1F1B" in n for n in d["notes"])
+    assert any(n.startswith("Dynamic filling:") and "641 ms" in n and "GPUs" in n for n in d["notes"])
     assert any("measured (cpu)" == r["source"] for r in d["overlap"])  # the shipped CPU profile

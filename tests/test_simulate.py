@@ -395,6 +395,27 @@ def test_gantt_draws(style):
             plt.close(ax.figure)
 
 
+def test_gantt_writes_two_digit_labels_where_they_fit():
+    mpl = pytest.importorskip("matplotlib")
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tessera_lab.plots import gantt
+
+    tl = simulate(one_f_one_b(4, 16), uniform_durations(1.0, 2.0))
+    ax = gantt(tl)
+    ax.figure.canvas.draw()
+    shown = [t for t in ax.texts if getattr(t, "shown", False)]
+    assert {t.get_text() for t in shown} == {str(m) for m in range(16)}  # 10-15 as well as 0-9
+    assert len(shown) == 2 * 4 * 16  # every F and B bar of every rank is labelled
+    plt.close(ax.figure)
+    # bars far too narrow for any label: labels are skipped, not drawn over the neighbours
+    ax = gantt(simulate(one_f_one_b(2, 400), uniform_durations(1.0, 2.0)))
+    ax.figure.canvas.draw()
+    assert not any(getattr(t, "shown", False) and len(t.get_text()) == 3 for t in ax.texts)
+    plt.close(ax.figure)
+
+
 # ----------------------------------------------------------------------------------------------
 # closed forms
 # ----------------------------------------------------------------------------------------------

@@ -291,3 +291,13 @@ def test_moe_panel_recomputes():
     assert state["result"] == moe_all_to_all("qwen3-30b-a3b", ep=8, top_k=4, skew=1.5, tokens_per_rank=1024)
     controls["ep"].value = 16
     assert state["result"].link == "InfiniBand"
+
+
+def test_panel_labels_are_not_cut_off():
+    pytest.importorskip("ipywidgets")
+    from tessera_lab.teaching import collective_cost_panel, moe_panel, tp_pp_panel
+
+    for make in (lambda: collective_cost_panel(show_figure=False), lambda: tp_pp_panel("qwen3-8b", show_figure=False),
+                 lambda: moe_panel("qwen3-30b-a3b", tokens_per_rank=1024, show_figure=False)):
+        _, controls, _ = make()
+        assert all(c.style.description_width == "initial" for c in controls.values())

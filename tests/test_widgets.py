@@ -20,6 +20,8 @@ def test_quickstart_panel_replans_on_widget_change():
     assert before == base
     controls["pp"].value = 2  # 48 MoE layers on 2 stages do not fit: the panel reports it instead of failing
     assert "GiB" in state["error"]
+    # labels take the width they need (JupyterLab cuts "expert width" to "expert wi…" at its default 80 px)
+    assert all(c.style.description_width == "initial" for c in controls.values())
 
 
 def test_partition_panel_matches_pure_function():
