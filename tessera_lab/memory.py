@@ -68,28 +68,37 @@ class LayerMemory:
     activation_bytes: float
 
 
+def gpu_params(model: ModelSpec, parallel: ParallelConfig, layer: int) -> tuple[float, float]:
+    """Parameters one GPU holds for one entry of ``decompose`` order, split ``(dense, expert)``.
+
+    ``layer`` is a decoder layer index, ``-1`` for the input embedding or ``num_layers`` for the final norm and
+    LM head. Dense parameters (mixer, shared expert, dense MLP, embedding, head) are split over ``tp``; norms and
+    the router are replicated; routed experts are split over ``ep``.
+    """
+    p = parallel
+    if layer < 0:
+        return model.vocab_size * model.hidden_size / p.tp, 0.0
+    if layer >= model.num_layers:
+        head = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
+        return head / p.tp + model.hidden_size, 0.0
+    comp = model.layer_params(model.layers[layer])
+    dense = (comp["mixer"] + comp["shared"] + comp["dense_mlp"]) / p.tp + comp["norms"] + comp["router"]
+    return dense, comp["experts"] / p.ep
+
+
 def layer_memory(model: ModelSpec, parallel: ParallelConfig, tasks: Sequence[LayerTasks]) -> list[LayerMemory]:
     """Memory of the embedding, every decoder layer and the LM head (same order as ``decompose``).
 
-    Parameter bytes on one GPU: expert weights / ep and the rest / tp, times the bytes per parameter of
-    each part's data-parallel degree.
+    Parameter bytes on one GPU (:func:`gpu_params`) times the bytes per parameter of each part's data-parallel
+    degree (``ep * dp`` for dense parameters, ``dp`` for experts).
     """
     p = parallel
     dense_bpp = bytes_per_param(p, p.ep * p.dp)
     expert_bpp = bytes_per_param(p, p.dp)
     out = []
     for lt in tasks:
-        if lt.layer < 0:
-            params = model.vocab_size * model.hidden_size / p.tp * dense_bpp
-        elif lt.layer >= model.num_layers:
-            head = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
-            params = (head / p.tp + model.hidden_size) * dense_bpp
-        else:
-            comp = model.layer_params(model.layers[lt.layer])
-            dense = (comp["mixer"] + comp["shared"] + comp["dense_mlp"]) / p.tp + comp["norms"] + comp["router"]
-            params = dense * dense_bpp + comp["experts"] / p.ep * expert_bpp
-        act = sum(t.saved_bytes for t in lt.F)
-        out.append(LayerMemory(params, act))
+        dense, expert = gpu_params(model, p, lt.layer)
+        out.append(LayerMemory(dense * dense_bpp + expert * expert_bpp, sum(t.saved_bytes for t in lt.F)))
     return out
 
 

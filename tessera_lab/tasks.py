@@ -30,7 +30,7 @@ from typing import Iterable
 
 from .errors import ConfigError
 from .hardware import ParallelConfig
-from .models import DENSE, MOE, LayerSpec, ModelSpec
+from .models import MOE, LayerSpec, ModelSpec
 
 PHASES = ("F", "B", "W")
 LINEAR_ATTENTION_CHUNK = 64

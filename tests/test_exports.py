@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 from tessera_lab.cli import main
 from tessera_lab.errors import PartitionError
 from tessera_lab.exports import (
-    deepspeed_parts, megatron_layout, parse_megatron_layout, plan_from_json, plan_to_json, torch_split_points, write_plan,
+    deepspeed_parts, megatron_layout, parse_megatron_layout, plan_from_json, torch_split_points, write_plan,
 )
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from tessera_lab.hardware import Cluster, ParallelConfig
 from tessera_lab.models import load_model, shipped_models
-from tessera_lab.partition import PartitionProblem, solve_dp, solve_ilp
+from tessera_lab.partition import solve_dp, solve_ilp
 from tessera_lab.plan import make_plan
 
 

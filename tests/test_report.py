@@ -256,7 +256,7 @@ def test_breakdown_sums_on_random_plans(qwen3_next, width, top_k, ratio, pp, ext
 # ------------------------------------------------------------------ diff
 def test_model_diff_contributions_exact(plan, qwen3_next):
     d = model_diff(qwen3_next, {"expert_width": 1024}, plan.parallel, plans=None)
-    (pa, pb), (ca, cb) = d.plans, d.capacity
+    (pa, pb), (ca, _) = d.plans, d.capacity
     dT = pb.chosen.iteration_time_s - pa.chosen.iteration_time_s
     assert sum(d.contributions_ms_per_gpu.values()) == pytest.approx(dT * 1e3, abs=1e-9)
     assert "dominated by" in d.headline and "MFU" in d.headline
