@@ -27,10 +27,10 @@ def median_time(fn, repeats: int = 3) -> float:
 
 def ilp_vs_dp(name: str, parallel, repeats: int = 3) -> str:
     """One line: DP and ILP solve times on the planner's problem for a shipped model, their ratio, same optimum."""
-    from tessera_lab.hardware import cluster_for
-    from tessera_lab.models import load_model
-    from tessera_lab.partition import solve_dp, solve_ilp
-    from tessera_lab.plan import planning_problem
+    from tessera_lab.model.hardware import cluster_for
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.partition import solve_dp, solve_ilp
+    from tessera_lab.plan.make import planning_problem
 
     model = load_model(name)
     prob, _ = planning_problem(model, parallel, cluster_for(parallel))
@@ -49,9 +49,9 @@ PROBLEMS = {"qwen3-next-80b-a3b": dict(pp=8, ep=8, microbatches=32),
 
 
 def main() -> None:
-    from tessera_lab.hardware import ParallelConfig
-    from tessera_lab.models import load_model
-    from tessera_lab.plan import make_plan
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.make import make_plan
 
     print("(a) ILP vs DP, overlap-aware stage costs with memory limits")
     for name, sizes in PROBLEMS.items():

@@ -25,9 +25,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
-    from tessera_lab.hardware import ParallelConfig
-    from tessera_lab.models import load_model
-    from tessera_lab.plan import make_plan
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.make import make_plan
 
     model = load_model("qwen3-next-80b-a3b")
     t_plan = median_time(lambda: make_plan(model), args.repeats)

@@ -35,7 +35,7 @@ def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> No
     import torch
     import torch.distributed as dist
 
-    from tessera_lab.partition import uniform_boundaries
+    from tessera_lab.plan.partition import uniform_boundaries
     from tessera_lab.runner.launch import RunSpec, WorldSpec
     from tessera_lab.runner.model import TinyMoEModel, make_batch, shard_rows
     from tessera_lab.runner.moe import ExpertParallelComm

@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from tessera_lab.schedules import ActionType, Schedule, build_schedule
-from tessera_lab.simulate import simulate, uniform_durations
+from tessera_lab.pipeline.schedules import ActionType, Schedule, build_schedule
+from tessera_lab.pipeline.simulate import simulate, uniform_durations
 
 F, B, I, W, OV = ActionType.F, ActionType.B, ActionType.I, ActionType.W, ActionType.OVERLAP_F_B
 

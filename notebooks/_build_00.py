@@ -27,10 +27,10 @@ MICROBATCHES = 32
 SEQ_LEN = 4096""", metadata={"tags": ["parameters"]})
 code("""import pandas as pd
 import matplotlib.pyplot as plt
-from tessera_lab.models import load_model
-from tessera_lab.hardware import ParallelConfig
-from tessera_lab.plan import make_plan
-from tessera_lab.plots import gantt, stage_cost_bars
+from tessera_lab.model.spec import load_model
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.plan.make import make_plan
+from tessera_lab.ui.plots import gantt, stage_cost_bars
 pd.set_option("display.precision", 3)""")
 md("## The model: layer pattern and parameter counts")
 code("""model = load_model(MODEL)
@@ -59,7 +59,7 @@ md("""## Re-plan interactively
 
 Move the sliders: the attention ratio (linear-attention layers per full-attention layer), the routed expert
 width, the number of stages and of micro-batches. Each change re-runs the same `make_plan` and redraws.""")
-code("""from tessera_lab.widgets import quickstart_panel
+code("""from tessera_lab.ui.widgets import quickstart_panel
 panel, controls, state = quickstart_panel(MODEL, pp=PP, microbatches=MICROBATCHES)
 panel""")
 

@@ -1,5 +1,5 @@
 """Generate 01_collectives.ipynb (run: python notebooks/_build_01.py). The notebook stays thin: it calls
-tessera_lab.teaching."""
+tessera_lab.teach.core."""
 
 from pathlib import Path
 
@@ -34,7 +34,7 @@ MESSAGE_MIB = 64        # message size S for the cost table (the slider starts h
 SIZES = [2**i for i in range(10, 33, 2)]   # 1 KiB .. 4 GiB for the size sweep""", metadata={"tags": ["parameters"]})
 code("""import matplotlib.pyplot as plt
 import pandas as pd
-from tessera_lab.teaching import (collective_cost_sweep, collective_cost_table, collectives_frame, link_bandwidths,
+from tessera_lab.teach.core import (collective_cost_sweep, collective_cost_table, collectives_frame, link_bandwidths,
                                   plot_collectives, plot_cost_bars, plot_cost_vs_size, run_collectives)
 pd.set_option("display.precision", 3)
 pd.set_option("display.max_colwidth", 60)""")
@@ -49,7 +49,7 @@ table = collectives_frame(runs)
 assert table["as expected"].all(), "gloo disagrees with the plain-Python reference"
 table""")
 md("""The column *as expected* compares each output with the same data movement written in plain Python
-(`tessera_lab.teaching.expected_collective`). The picture below colours each value by the rank it came from;
+(`tessera_lab.teach.core.expected_collective`). The picture below colours each value by the rank it came from;
 hatched grey cells are sums over all ranks.""")
 code("""fig = plot_collectives(runs)
 plt.show()""")
@@ -104,7 +104,7 @@ md("""## Try it
 
 Move the message size (a log slider from 1 KiB to 4 GiB), the group size and the GPU. The callback only calls
 `collective_cost_table` and draws it.""")
-code("""from tessera_lab.teaching import collective_cost_panel
+code("""from tessera_lab.teach.core import collective_cost_panel
 panel, controls, state = collective_cost_panel(n=GROUP, gpu=GPU, message_mib=MESSAGE_MIB)
 panel""")
 md("""Questions to try:

@@ -1,5 +1,5 @@
 """Generate 02_tensor_vs_pipeline.ipynb (run: python notebooks/_build_02.py). The notebook stays thin: it calls
-tessera_lab.teaching."""
+tessera_lab.teach.core."""
 
 from pathlib import Path
 
@@ -34,17 +34,17 @@ GPUS = 32               # for the table of all tp x pp splits
 TP_SWEEP = [1, 2, 4, 8, 16, 32]""", metadata={"tags": ["parameters"]})
 code("""import matplotlib.pyplot as plt
 import pandas as pd
-from tessera_lab.hardware import ParallelConfig
-from tessera_lab.models import load_model
-from tessera_lab.tasks import layer_tasks
-from tessera_lab.teaching import plot_tp_sweep, tp_link_sweep, tp_pp_layouts, tp_vs_pp_volumes
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.model.spec import load_model
+from tessera_lab.model.tasks import layer_tasks
+from tessera_lab.teach.core import plot_tp_sweep, tp_link_sweep, tp_pp_layouts, tp_vs_pp_volumes
 pd.set_option("display.precision", 3)
 model = load_model(MODEL)
 pd.Series({"layers": model.num_layers, "hidden size": model.hidden_size, "attention heads": model.num_attention_heads,
            "MLP width": model.intermediate_size, "experts": model.num_experts}, name=MODEL).to_frame()""")
 md("""## Where the all-reduces are
 
-The forward tasks of one layer with tensor parallelism, as `tessera_lab.tasks.layer_tasks` builds them. The two
+The forward tasks of one layer with tensor parallelism, as `tessera_lab.model.tasks.layer_tasks` builds them. The two
 `*_tp_allreduce` tasks are the all-reduces; every GEMM before them works on 1/tp of the weights.""")
 code("""lt = layer_tasks(model, 0, ParallelConfig(tp=TP, pp=1, ep=1, seq_len=SEQ_LEN, micro_batch_size=MICRO_BATCH_SIZE))
 pd.DataFrame([{"task": t.name, "op": t.op, "GFLOP": t.flops / 1e9,
@@ -87,7 +87,7 @@ combine them: TP (and EP for MoE layers) inside a node, PP and data parallelism 
 ## Try it
 
 Change *tp*, *pp*, the sequence length and the GPU. The callback only calls `tp_vs_pp_volumes`.""")
-code("""from tessera_lab.teaching import tp_pp_panel
+code("""from tessera_lab.teach.core import tp_pp_panel
 panel, controls, state = tp_pp_panel(MODEL, tp=TP, pp=PP, seq_len=SEQ_LEN, gpu=GPU)
 panel""")
 md("""Questions to try:

@@ -67,9 +67,9 @@ import seaborn as sns
 from IPython.display import display
 
 from tessera_lab.errors import ScheduleError
-from tessera_lab.plots import gantt
-from tessera_lab.schedules import SCHEDULE_NAMES
-from tessera_lab.simulate import compare_with_closed_form
+from tessera_lab.ui.plots import gantt
+from tessera_lab.pipeline.schedules import SCHEDULE_NAMES
+from tessera_lab.pipeline.simulate import compare_with_closed_form
 
 sns.set_theme(context="notebook", style="whitegrid")"""
     ),

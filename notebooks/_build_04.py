@@ -1,5 +1,5 @@
 """Generate 04_moe_all_to_all.ipynb (run: python notebooks/_build_04.py). The notebook stays thin: it calls
-tessera_lab.teaching."""
+tessera_lab.teach.core."""
 
 from pathlib import Path
 
@@ -32,15 +32,15 @@ TOP_K = None                # None = the model's top-k
 SKEW = 1.0                  # Zipf exponent of expert popularity (0 = uniform)
 TOKENS_PER_RANK = 4096      # micro-batch size x sequence length on each rank
 SEED = 0
-JITTER = 0.5                # per-rank noise on the expert shares (tessera_lab.routing.DEFAULT_JITTER)
+JITTER = 0.5                # per-rank noise on the expert shares (tessera_lab.dynamic.routing.DEFAULT_JITTER)
 GPU = "H100"
 SKEWS = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5]
 TOP_KS = [1, 2, 4, 8]
 EPS = [2, 4, 8, 16, 32]""", metadata={"tags": ["parameters"]})
 code("""import matplotlib.pyplot as plt
 import pandas as pd
-from tessera_lab.models import load_model
-from tessera_lab.teaching import (a2a_volume_vs_topk, moe_all_to_all, plot_a2a_vs_topk, plot_moe, plot_skew_sweep,
+from tessera_lab.model.spec import load_model
+from tessera_lab.teach.core import (a2a_volume_vs_topk, moe_all_to_all, plot_a2a_vs_topk, plot_moe, plot_skew_sweep,
                                   skew_sweep)
 pd.set_option("display.precision", 3)
 model = load_model(MODEL)
@@ -67,7 +67,7 @@ order of magnitude slower. That is why EP groups are kept inside a node where po
 
 ## Routing skew and per-rank load
 
-Real routers prefer some experts. The routing model of `tessera_lab.routing` (the same one the dynamic bubble
+Real routers prefer some experts. The routing model of `tessera_lab.dynamic.routing` (the same one the dynamic bubble
 optimizer of notebook 07 uses) gives expert *e* a share following Zipf's law, `p_e ∝ 1 / rank_e ** skew`, the
 popular experts scattered over the EP ranks by a seeded permutation; each rank's tokens perturb those shares a
 little (`JITTER`: different sequences prefer different experts) and pick *k* distinct experts each. Skew 0 is the
@@ -96,7 +96,7 @@ plan cannot remove it; notebook 07 predicts these bubbles from the routing and f
 ## Try it
 
 Change top-k, the EP size and the skew. The callback only calls `moe_all_to_all` and draws the result.""")
-code("""from tessera_lab.teaching import moe_panel
+code("""from tessera_lab.teach.core import moe_panel
 panel, controls, state = moe_panel(MODEL, ep=EP, top_k=k, skew=SKEW, tokens_per_rank=TOKENS_PER_RANK, seed=SEED,
                                    jitter=JITTER)
 panel""")

@@ -1,5 +1,5 @@
 """Generate 05_layer_tasks_and_overlap.ipynb (run: python notebooks/_build_05.py). The notebook stays thin: it
-calls the library (tessera_lab.overlap, tessera_lab.profiles, tessera_lab.plots)."""
+calls the library (tessera_lab.overlap.core, tessera_lab.overlap.profiles, tessera_lab.ui.plots)."""
 
 from pathlib import Path
 
@@ -45,12 +45,12 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from tessera_lab import overlap as ov
-from tessera_lab import profiles as pr
-from tessera_lab.costs import Contention, CostModel
-from tessera_lab.hardware import ParallelConfig, cluster_for
-from tessera_lab.models import load_model
-from tessera_lab.plots import lane_gantt, overlap_heatmap
+from tessera_lab.overlap import core as ov
+from tessera_lab.overlap import profiles as pr
+from tessera_lab.cost.analytic import Contention, CostModel
+from tessera_lab.model.hardware import ParallelConfig, cluster_for
+from tessera_lab.model.spec import load_model
+from tessera_lab.ui.plots import lane_gantt, overlap_heatmap
 
 pd.set_option("display.precision", 4)
 model = load_model(MODEL)
@@ -97,7 +97,7 @@ what they lose by slowing each other down. A hand example (the one `tests/test_o
 progresses at 1/2 of its speed and the all-to-all at 1/2.5). The all-to-all ends at 2.5 s, when the GEMM has
 done 1.25 s of its 2 s; the last 0.75 s run alone, so t_ab = 3.25 s against t_a + t_b = 3 s and
 e = (3 − 3.25) / min(2, 1) = −0.25: running them together is slower than one after the other.""")
-code("""from tessera_lab.tasks import Collective, Task
+code("""from tessera_lab.model.tasks import Collective, Task
 
 gemm = ov.Bundle.from_tasks("GEMM", [Task("gemm", 0, "F", "gemm")], durations={"F.gemm": 2.0})
 a2a = ov.Bundle.from_tasks("A2A", [Task("a2a", 0, "F", "all_to_all", collective=Collective("all_to_all", 1.0, "ep", 8))],
@@ -225,7 +225,7 @@ md("""## What to take away
   best order overlaps nothing (e ≈ 0) instead of losing time.
 * Measure on the device you will train on: `scripts/gpu_profile.sh` measures the same table on a CUDA machine
   (`tessera-lab measure --backend cuda`), and the planner can take its pair costs from the profile
-  (`tessera_lab.profiles.profile_stage_pair_costs`).""")
+  (`tessera_lab.overlap.profiles.profile_stage_pair_costs`).""")
 
 nb["cells"] = cells
 nb["metadata"]["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}

@@ -23,13 +23,13 @@ PP = 8
 MICROBATCHES = 32""", metadata={"tags": ["parameters"]})
 code("""import matplotlib.pyplot as plt
 import pandas as pd
-from tessera_lab.widgets import compare_partitions, partition_panel
-from tessera_lab.plots import standalone_vs_overlap_bars, gantt
+from tessera_lab.ui.widgets import compare_partitions, partition_panel
+from tessera_lab.ui.plots import standalone_vs_overlap_bars, gantt
 pd.set_option("display.precision", 4)""")
 md("## Layer-pair costs after overlap (analytic, best issue order)")
 code("""plan, table = compare_partitions(MODEL, pp=PP, microbatches=MICROBATCHES)
-from tessera_lab.costs import CostModel
-from tessera_lab.plan import layer_pair_costs
+from tessera_lab.cost.analytic import CostModel
+from tessera_lab.plan.make import layer_pair_costs
 pc = layer_pair_costs(plan.model, plan.parallel, CostModel(plan.cluster, plan.parallel))
 pd.DataFrame([{"forward of": kf, "backward of": kb, "pair after overlap (ms)": t * 1e3} for (kf, kb), t in pc.items()])""")
 md("## The partitions side by side")

@@ -29,7 +29,7 @@ the simulator and **moves deferrable work** (weight-gradient passes W, gradient 
 every EP group on its own, never making the step slower than the static plan. The paper reports 641 ms less
 idle time and 3.4 % more throughput on a 6,144-GPU job.
 
-This notebook rebuilds that loop in simulation with `tessera_lab.routing` and `tessera_lab.dynamic`:
+This notebook rebuilds that loop in simulation with `tessera_lab.dynamic.routing` and `tessera_lab.dynamic.core`:
 
 1. a routing model (uniform, Zipf-skewed, drifting) and what it does to per-rank load;
 2. variable stage times that follow the busiest EP rank;
@@ -68,15 +68,15 @@ import pandas as pd
 import seaborn as sns
 from IPython.display import display
 
-from tessera_lab import dynamic as dyn
-from tessera_lab import routing as rt
-from tessera_lab.plots import gantt_pair, rank_load_bars, routing_heatmap
+from tessera_lab.dynamic import core as dyn
+from tessera_lab.dynamic import routing as rt
+from tessera_lab.ui.plots import gantt_pair, rank_load_bars, routing_heatmap
 
 sns.set_theme(context="notebook", style="whitegrid")
 
 if USE_MODEL:
-    from tessera_lab.hardware import ParallelConfig
-    from tessera_lab.models import load_model
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.spec import load_model
 
     PP, MICROBATCHES = 8, 32
     costs = dyn.StageCosts.from_model(load_model("qwen3-next-80b-a3b"),
@@ -239,8 +239,8 @@ milliseconds; the table adds the simulated step's length and GPU count, to set b
         """if USE_MODEL:
     model_costs, model_res = costs, res
 else:
-    from tessera_lab.hardware import ParallelConfig
-    from tessera_lab.models import load_model
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.spec import load_model
 
     model_costs = dyn.StageCosts.from_model(load_model("qwen3-next-80b-a3b"),
                                             ParallelConfig(pp=PP, ep=8, microbatches=MICROBATCHES, schedule="zb-h1"))
@@ -268,7 +268,7 @@ The callback only calls `run_dynamic` (a pure, tested function) and the plotting
 
 
 def show(skew, schedule, seed):
-    \"\"\"Thin view over tessera_lab.dynamic.run_dynamic.\"\"\"
+    \"\"\"Thin view over tessera_lab.dynamic.core.run_dynamic.\"\"\"
     r = dyn.run_dynamic(costs, f"zipf:{skew}", schedule=schedule, microbatches=MICROBATCHES, seed=seed)
     g = r.groups[0]
     fig, axes = plt.subplots(1, 2, figsize=(13, 3.0), layout="constrained", gridspec_kw={"width_ratios": [3, 1.2]})

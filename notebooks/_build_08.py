@@ -21,7 +21,7 @@ QUICK = True""", metadata={"tags": ["parameters"]})
 code("""import matplotlib.pyplot as plt
 import pandas as pd
 from tqdm.auto import tqdm
-from tessera_lab import reproduce as R
+from tessera_lab.report import reproduce as R
 pd.set_option("display.precision", 3)
 steps = tqdm(total=4, desc="computing")
 widths = (128, 512, 2048) if QUICK else None
@@ -57,7 +57,7 @@ Simulated: Qwen3-Next at 8,192 GPUs with the EP group of 32 spanning 4 nodes, ex
 code("""display(width[["width", "hidden_fraction", "exposed_share", "source"]])
 R.plot_width(rep); plt.show()""")
 md("## What differs and why")
-code("""from tessera_lab.study import describe_paper_points, paper_point_widths
+code("""from tessera_lab.report.study import describe_paper_points, paper_point_widths
 sim = width[(width["source"] == "simulated") & (width["feasible"] == True)]
 notes = describe_paper_points(paper_point_widths(sim))
 notes.append(R.spread_note(overlap.attrs["spreads"]))

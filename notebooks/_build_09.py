@@ -16,7 +16,7 @@ and gated full attention in a 1:1 ratio, top-2 MoE with a sigmoid-gated shared e
 **4 CPU processes**: 2 pipeline stages x 2 expert-parallel ranks, talking over gloo.
 
 * Pipeline stages pass activations forward and gradients backward with `batch_isend_irecv`, in the order of the
-  action lists from `tessera_lab.schedules` (the same lists the simulator runs).
+  action lists from `tessera_lab.pipeline.schedules` (the same lists the simulator runs).
 * Inside each stage the experts are split over the EP group: a **count exchange** (`all_to_all_single` of
   per-expert token counts) tells each rank how many rows to expect, then `all_to_all_single` with uneven splits
   **dispatches** tokens to their experts and **combines** the results back.
@@ -36,10 +36,10 @@ MODEL = {"num_layers": 4, "hidden_size": 32, "num_experts": 4, "top_k": 2, "atte
 code("""import tempfile
 import matplotlib.pyplot as plt
 import pandas as pd
-from tessera_lab.plots import gantt
+from tessera_lab.ui.plots import gantt
 from tessera_lab.runner import RunSpec, WorldSpec, spawn, write_trace
 from tessera_lab.runner.model import TinyConfig, reference_run
-from tessera_lab.simulate import simulate, stage_durations
+from tessera_lab.pipeline.simulate import simulate, stage_durations
 pd.set_option("display.precision", 4)""")
 md("""## The model and the rank layout
 
@@ -103,7 +103,7 @@ code("""for job in res.jobs:
 res.timing_table(0)""")
 code("""job = res.job(0)
 d = job["timing"]["durations"]
-from tessera_lab.schedules import build_schedule
+from tessera_lab.pipeline.schedules import build_schedule
 pred = simulate(build_schedule(SCHEDULE, PP, MICROBATCHES), stage_durations(d["f"], d["b"], d["w"], d["fb"]),
                 p2p_latency=d["p2p_latency"])
 fig, axes = plt.subplots(2, 1, figsize=(10, 4.5), layout="constrained")

@@ -55,11 +55,11 @@ DYNAMIC_ROUTING = None                   # full: "zipf:0.5" (adds ZB-H1 static /
 import pandas as pd
 import matplotlib.pyplot as plt
 
-from tessera_lab.hardware import ParallelConfig
-from tessera_lab.models import load_model
-from tessera_lab.plan import make_plan
-from tessera_lab.plots import waterfall
-from tessera_lab.report import capacity_report
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.model.spec import load_model
+from tessera_lab.plan.make import make_plan
+from tessera_lab.ui.plots import waterfall
+from tessera_lab.report.capacity import capacity_report
 
 pd.set_option("display.width", 160)
 pd.set_option("display.max_colwidth", 120)
@@ -107,7 +107,7 @@ The same target scale, two models. The iteration-time difference per GPU splits 
 model work at peak plus the change of every lost-time category; the headline names the largest term."""
     ),
     new_code_cell(
-        """from tessera_lab.report import model_diff
+        """from tessera_lab.report.capacity import model_diff
 
 diff = model_diff(model, VARIANT, parallel)
 print(diff.headline)
@@ -128,7 +128,7 @@ at `SPIKE_STEP` another stage has one slow step. The lifecycle re-plans only whe
 The gain comes from re-partitioning with per-stage speed factors (observed / predicted)."""
     ),
     new_code_cell(
-        """from tessera_lab.lifecycle import LifecyclePolicy, plan_hooks, plan_predictions, run_lifecycle, synthetic_drift
+        """from tessera_lab.report.lifecycle import LifecyclePolicy, plan_hooks, plan_predictions, run_lifecycle, synthetic_drift
 
 predicted = plan_predictions(plan)
 records = synthetic_drift(predicted, STEPS, drift_key=DRIFT_KEY, drift_factor=DRIFT_FACTOR, start=DRIFT_START,
@@ -159,7 +159,7 @@ across nodes over InfiniBand. The partitioner sees per-stage devices: a slow sta
 where the layers go. Admission picks the allocation with the earliest predicted completion."""
     ),
     new_code_cell(
-        """from tessera_lab.topology import Allocation, admission, allocation_from_plan, factor_plan, links_table
+        """from tessera_lab.report.topology import Allocation, admission, allocation_from_plan, factor_plan, links_table
 
 display(links_table(parallel))
 display(links_table(parallel.replace(ep=16)))
@@ -182,7 +182,7 @@ over InfiniBand): wider experts give the all-to-all more compute to hide behind.
 / 8.3% of the step exposed for its large job and 26% / 38.9% for a medium job with short per-expert GEMMs."""
     ),
     new_code_cell(
-        """from tessera_lab.study import (describe_paper_points, expert_width_study, paper_point_widths,
+        """from tessera_lab.report.study import (describe_paper_points, expert_width_study, paper_point_widths,
                                plot_scale_study, plot_width_study, scale_study)
 
 widths = expert_width_study(widths=WIDTHS)

@@ -42,8 +42,8 @@ cat "$env_txt"
 
 # 1) quick check: one small pair, few repeats (fails fast if the backend is broken)
 "$py" - <<'PY'
-from tessera_lab import overlap as ov
-from tessera_lab.models import load_model
+from tessera_lab.overlap import core as ov
+from tessera_lab.model.spec import load_model
 m = load_model("qwen3-next-80b-a3b")
 r = ov.measure_pair(ov.bundle(m, 0, "F"), ov.bundle(m, 3, "BW"), "cuda", size_factor=0.25, repeats=3, warmup=2,
                     timeout_s=300)

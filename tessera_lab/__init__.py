@@ -5,7 +5,7 @@ Data flows one way: ``models`` -> ``tasks`` -> ``costs`` -> ``partition`` -> ``s
 torch.
 """
 
-from .errors import ConfigError, DeadlockError, InfeasiblePlanError, PartitionError, ScheduleError, TesseraError
+from tessera_lab.errors import ConfigError, DeadlockError, InfeasiblePlanError, PartitionError, ScheduleError, TesseraError
 
 __version__ = "0.1.0"
 

@@ -21,6 +21,6 @@ except ImportError:  # pragma: no cover
 
 @pytest.fixture(scope="session")
 def qwen3_next():
-    from tessera_lab.models import load_model
+    from tessera_lab.model.spec import load_model
 
     return load_model("qwen3-next-80b-a3b")

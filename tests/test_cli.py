@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tessera_lab.cli import main
+from tessera_lab.cli.main import main
 
 
 def run(*args):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from tessera_lab.costs import Contention, CostModel, two_lane_makespan
+from tessera_lab.cost.analytic import Contention, CostModel, two_lane_makespan
 from tessera_lab.errors import ConfigError
-from tessera_lab.hardware import Cluster, GPUSpec, ParallelConfig, cost_assumptions
-from tessera_lab.tasks import Collective, Task
+from tessera_lab.model.hardware import Cluster, GPUSpec, ParallelConfig, cost_assumptions
+from tessera_lab.model.tasks import Collective, Task
 
 
 def test_gpu_specs_from_datasheet():

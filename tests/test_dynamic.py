@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera_lab.cli import main
-from tessera_lab.dynamic import (
+from tessera_lab.cli.main import main
+from tessera_lab.dynamic.core import (
     SKEW_LEVELS,
     ChunkedDurations,
     RoutedDurations,
@@ -37,8 +37,8 @@ from tessera_lab.dynamic import (
     split_backward,
 )
 from tessera_lab.errors import ConfigError, ScheduleError
-from tessera_lab.schedules import ActionType, build_schedule, schedule_from_lists
-from tessera_lab.simulate import simulate, uniform_durations
+from tessera_lab.pipeline.schedules import ActionType, build_schedule, schedule_from_lists
+from tessera_lab.pipeline.simulate import simulate, uniform_durations
 
 F, I, W, B = ActionType.F, ActionType.I, ActionType.W, ActionType.B
 
@@ -80,7 +80,7 @@ def test_slowest_loads_by_hand_with_capacity():
 
 
 def test_from_model_durations_follow_the_busiest_rank(qwen3_next):
-    from tessera_lab.hardware import ParallelConfig
+    from tessera_lab.model.hardware import ParallelConfig
 
     p = ParallelConfig(pp=4, ep=8, microbatches=8, schedule="zb-h1")
     c = StageCosts.from_model(qwen3_next, p, boundaries=[0, 12, 24, 36, 48])
@@ -296,7 +296,7 @@ def test_sweeps_and_prediction_study():
 
 
 def test_replay_routing_from_a_log(tmp_path):
-    from tessera_lab.routing import token_counts, write_routing_log
+    from tessera_lab.dynamic.routing import token_counts, write_routing_log
 
     c = token_counts("zipf:1.5", num_experts=64, tokens=1024, top_k=8, microbatches=3, layers=2, steps=1)
     path = write_routing_log(tmp_path / "log.json", c, top_k=8, tokens=1024)
@@ -370,8 +370,8 @@ def test_cli_overlapped_dynamic_is_refused(capsys):
 def test_plots():
     import matplotlib.pyplot as plt
 
-    from tessera_lab.plots import gantt_pair, rank_load_bars, routing_heatmap
-    from tessera_lab.routing import ep_rank_load, token_counts
+    from tessera_lab.ui.plots import gantt_pair, rank_load_bars, routing_heatmap
+    from tessera_lab.dynamic.routing import ep_rank_load, token_counts
 
     c = token_counts("zipf:1", num_experts=32, tokens=256, top_k=4, microbatches=6)
     ax = routing_heatmap(c, ep=4)

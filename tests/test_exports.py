@@ -7,9 +7,9 @@ import json
 import pytest
 from hypothesis import given, strategies as st
 
-from tessera_lab.cli import main
+from tessera_lab.cli.main import main
 from tessera_lab.errors import PartitionError
-from tessera_lab.exports import (
+from tessera_lab.plan.exports import (
     deepspeed_parts, megatron_layout, parse_megatron_layout, plan_from_json, torch_split_points, write_plan,
 )
 
@@ -44,7 +44,7 @@ def test_bad_boundaries():
 
 
 def test_plan_json_round_trip(tmp_path, qwen3_next):
-    from tessera_lab.plan import make_plan
+    from tessera_lab.plan.make import make_plan
 
     d = make_plan(qwen3_next, baselines=()).as_dict()
     path = write_plan(d, tmp_path / "plan.json")

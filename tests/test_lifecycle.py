@@ -8,7 +8,7 @@ import math
 import pytest
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.lifecycle import (
+from tessera_lab.report.lifecycle import (
     COMMUNICATOR_REBUILD_S,
     LifecyclePolicy,
     ProfileLifecycle,
@@ -140,9 +140,9 @@ def test_records_round_trip_and_bad_input(tmp_path):
 
 
 def test_plan_hooks_use_the_partitioner(qwen3_next):
-    from tessera_lab.hardware import ParallelConfig
-    from tessera_lab.lifecycle import plan_hooks, plan_predictions
-    from tessera_lab.plan import make_plan
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.report.lifecycle import plan_hooks, plan_predictions
+    from tessera_lab.plan.make import make_plan
 
     model = qwen3_next.with_changes(num_layers=12)
     plan = make_plan(model, ParallelConfig(pp=4, microbatches=8, seq_len=1024), method="dp", baselines=())

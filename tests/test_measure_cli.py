@@ -10,8 +10,8 @@ import warnings
 
 import pytest
 
-from tessera_lab import profiles as pr
-from tessera_lab.cli import main
+from tessera_lab.overlap import profiles as pr
+from tessera_lab.cli.main import main
 
 CLI = [sys.executable, "-m", "tessera_lab"]
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tessera_lab.hardware import ParallelConfig
-from tessera_lab.memory import bytes_per_param, in_flight, layer_memory
-from tessera_lab.schedules import build_schedule
-from tessera_lab.simulate import simulate, uniform_durations
-from tessera_lab.tasks import decompose
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.cost.memory import bytes_per_param, in_flight, layer_memory
+from tessera_lab.pipeline.schedules import build_schedule
+from tessera_lab.pipeline.simulate import simulate, uniform_durations
+from tessera_lab.model.tasks import decompose
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "overlapped", "zb-h1", "zb-h2"])

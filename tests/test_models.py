@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.models import ModelSpec, load_model, matches_published, published_params, shipped_models
+from tessera_lab.model.spec import ModelSpec, load_model, matches_published, published_params, shipped_models
 
 
 def raw(name: str) -> dict:

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tessera_lab.costs import Contention, two_lane_makespan
+from tessera_lab.cost.analytic import Contention, two_lane_makespan
 from tessera_lab.errors import ConfigError
-from tessera_lab.hardware import ParallelConfig
-from tessera_lab.models import load_model
-from tessera_lab import overlap as ov
-from tessera_lab.tasks import Collective, Task
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.model.spec import load_model
+from tessera_lab.overlap import core as ov
+from tessera_lab.model.tasks import Collective, Task
 
 COMM_COLL = Collective("all_to_all", 1.0, "ep", 8)
 
@@ -247,7 +247,7 @@ def test_lane_timeline_and_hidden_fraction_falls_as_expert_gemms_get_short():
 
 
 def test_planning_modules_do_not_import_torch():
-    code = ("import sys, tessera_lab.overlap, tessera_lab.profiles, tessera_lab.measure_cli; "
+    code = ("import sys, tessera_lab.overlap.core, tessera_lab.overlap.profiles, tessera_lab.cli.measure; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -255,7 +255,7 @@ def test_planning_modules_do_not_import_torch():
 # ---------------------------------------------------------------------- measuring backends
 def test_delta_rule_chunked_matches_the_sequential_recurrence():
     torch = pytest.importorskip("torch")
-    from tessera_lab.overlap_backends import _delta_rule_chunked
+    from tessera_lab.overlap.backends import _delta_rule_chunked
 
     g = torch.Generator().manual_seed(0)
     H, T, dk, dv = 2, 150, 8, 6  # T not a multiple of the chunk
@@ -274,7 +274,7 @@ def test_delta_rule_chunked_matches_the_sequential_recurrence():
 
 def test_kernels_of_every_task_run_in_process_with_the_copy_proxy():
     torch = pytest.importorskip("torch")
-    from tessera_lab import overlap_backends as ob
+    from tessera_lab.overlap import backends as ob
 
     torch.set_num_threads(1)
     ctx = ob.KernelContext(torch.device("cpu"), torch.float32, 1, "copy")
@@ -294,7 +294,7 @@ def test_kernels_of_every_task_run_in_process_with_the_copy_proxy():
 
 def test_expert_counts_sum_to_received_tokens():
     pytest.importorskip("numpy")
-    from tessera_lab.overlap_backends import expert_counts
+    from tessera_lab.overlap.backends import expert_counts
 
     c = expert_counts(5120, 64, seed=3)
     assert len(c) == 64 and sum(c) == 5120 and c == expert_counts(5120, 64, seed=3)
@@ -363,7 +363,7 @@ def test_overlap_heatmap_colour_scale_starts_at_zero():
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from tessera_lab.plots import overlap_heatmap
+    from tessera_lab.ui.plots import overlap_heatmap
 
     kinds = ("a", "b")
     table = pd.DataFrame([{"kind_f": f, "kind_b": b, "efficiency": e, "gain": g, "backend": "analytic"}

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from tessera_lab.errors import InfeasiblePlanError, PartitionError
-from tessera_lab.partition import (
+from tessera_lab.plan.partition import (
     PartitionProblem, additive_problem, partition_costs, solve, solve_dp, solve_ilp, uniform_boundaries,
 )
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tessera_lab.hardware import Cluster, ParallelConfig
-from tessera_lab.models import load_model, shipped_models
-from tessera_lab.partition import solve_dp, solve_ilp
-from tessera_lab.plan import make_plan
+from tessera_lab.model.hardware import Cluster, ParallelConfig
+from tessera_lab.model.spec import load_model, shipped_models
+from tessera_lab.plan.partition import solve_dp, solve_ilp
+from tessera_lab.plan.make import make_plan
 
 
 def test_default_plan_covers_all_48_layers(qwen3_next):
@@ -42,8 +42,8 @@ def test_plan_metrics_are_consistent(qwen3_next):
 @pytest.mark.parametrize("name", sorted(shipped_models()))
 def test_ilp_equals_dp_on_shipped_models(name, schedule):
     """The ILP and the exact DP reach the same optimum on the planner's own problem, memory limits included."""
-    from tessera_lab.hardware import cluster_for
-    from tessera_lab.plan import planning_problem
+    from tessera_lab.model.hardware import cluster_for
+    from tessera_lab.plan.make import planning_problem
 
     model = load_model(name)
     pp = 16 if model.num_layers >= 60 else 8
@@ -101,9 +101,9 @@ def test_overlap_aware_plan_not_slower_than_uniform_on_variants(qwen3_next, chan
 
 def test_stage_cost_after_overlap_is_sum_of_pairs(qwen3_next):
     """Stage cost after overlap = sum over k of pair(F of layer i+k, B+W of layer j-1-k) (DESIGN section 3)."""
-    from tessera_lab.costs import CostModel
-    from tessera_lab.hardware import cluster_for
-    from tessera_lab.plan import layer_pair_costs
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.hardware import cluster_for
+    from tessera_lab.plan.make import layer_pair_costs
 
     plan = make_plan(qwen3_next)
     pairs = layer_pair_costs(qwen3_next, plan.parallel, CostModel(cluster_for(plan.parallel), plan.parallel))

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tessera_lab import overlap as ov
-from tessera_lab import profiles as pr
+from tessera_lab.overlap import core as ov
+from tessera_lab.overlap import profiles as pr
 from tessera_lab.errors import ProfileError
-from tessera_lab.hardware import ParallelConfig
-from tessera_lab.models import load_model
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.model.spec import load_model
 
 QWEN = load_model("qwen3-next-80b-a3b")
 P = ParallelConfig(pp=1, dp=1)
@@ -141,7 +141,7 @@ def test_a_write_killed_midway_leaves_the_previous_profile_intact(tmp_path):
     pr.save_profile(old, path)
     before = path.read_bytes()
     writer = textwrap.dedent(f"""
-        from tessera_lab import profiles as pr
+        from tessera_lab.overlap import profiles as pr
         prof = pr.new_profile("analytic", "new-model", environment={{"device": "x"}})
         prof.data["padding"] = ["0.123456789012345678"] * 6_000_000   # about 140 MB of JSON
         pr.save_profile(prof, {str(path)!r})

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.hardware import ParallelConfig
-from tessera_lab.plan import make_plan
-from tessera_lab.report import (
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.plan.make import make_plan
+from tessera_lab.report.capacity import (
     ActionBreakdown,
     CATEGORIES,
     apply_changes,
@@ -23,8 +23,8 @@ from tessera_lab.report import (
     parse_changes,
     plan_from_json,
 )
-from tessera_lab.schedules import build_schedule
-from tessera_lab.simulate import override_durations, simulate, stage_durations
+from tessera_lab.pipeline.schedules import build_schedule
+from tessera_lab.pipeline.simulate import override_durations, simulate, stage_durations
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def test_observed_event_list_with_memory_wait():
 def test_observed_run_against_plan_predictions(plan):
     """An observed run in the simulator's event format, 10% slower than predicted on every action plus one
     slow micro-batch: the systematic part is runtime overhead, the spike routing variance."""
-    from tessera_lab.report import capacity_from_observed, evaluation_recipes
+    from tessera_lab.report.capacity import capacity_from_observed, evaluation_recipes
 
     ev = plan.chosen
     p = plan.parallel
@@ -155,7 +155,7 @@ def test_observed_run_against_plan_predictions(plan):
 
 
 def test_runner_job_step():
-    from tessera_lab.report import capacity_from_runner
+    from tessera_lab.report.capacity import capacity_from_runner
 
     def ev(step, rank, lane, typ, stage, start, end):
         return {"step": step, "rank": rank, "lane": lane, "type": typ, "stage": stage, "microbatch": 0,
@@ -273,7 +273,7 @@ def test_report_figure_names_the_configuration_and_shows_both_diff_variants(plan
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tessera_lab.report import plan_caption, report_figure
+    from tessera_lab.report.capacity import plan_caption, report_figure
 
     fig = report_figure(plan, report)
     (ax,) = fig.axes
@@ -312,7 +312,7 @@ def test_plan_json_round_trip(plan, tmp_path):
 
 # ------------------------------------------------------------------ CLI
 def test_cli_report_json_and_plot(tmp_path, capsys):
-    from tessera_lab.cli import main
+    from tessera_lab.cli.main import main
 
     out = tmp_path / "r.json"
     png = tmp_path / "w.png"
@@ -335,7 +335,7 @@ def test_cli_report_json_and_plot(tmp_path, capsys):
     (["report", "--model", "no-such-model"], "no-such-model"),
 ])
 def test_cli_report_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, needle):
-    from tessera_lab.cli import main
+    from tessera_lab.cli.main import main
 
     bad_json = tmp_path / "bad.json"
     bad_json.write_text("not json")

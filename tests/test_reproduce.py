@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tessera_lab.cli import main
+from tessera_lab.cli.main import main
 
 
 @pytest.mark.slow

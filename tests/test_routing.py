@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.routing import (
+from tessera_lab.dynamic.routing import (
     RoutingSpec,
     apply_capacity,
     capacity_for,

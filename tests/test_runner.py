@@ -37,7 +37,7 @@ from tessera_lab.runner.model import (  # noqa: E402
     reference_run,
 )
 from tessera_lab.runner.moe import route  # noqa: E402
-from tessera_lab.schedules import ActionType, build_schedule  # noqa: E402
+from tessera_lab.pipeline.schedules import ActionType, build_schedule  # noqa: E402
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "overlapped", "dualpipev"]
 EXTRA = {
@@ -301,7 +301,7 @@ def test_timing_trace_and_profile_store(main_run, tmp_path):
     df = main_run.timing_table("1f1b")
     assert "observed_busy (ms)" in df.columns
     # the lifecycle reads the runner's per-step records as they are
-    from tessera_lab.lifecycle import load_records
+    from tessera_lab.report.lifecycle import load_records
 
     recs = load_records(job["lifecycle"])
     assert len(recs) == 2 and set(recs[0]["observed"]) == {"stage:0", "stage:1", "bubble", "iteration"}
@@ -348,7 +348,7 @@ def test_injected_fault_makes_every_rank_exit_nonzero(tmp_path):
 
 @pytest.mark.slow
 def test_cli_run_with_data_parallel_plan_and_outputs(tmp_path, capsys):
-    from tessera_lab.cli import main
+    from tessera_lab.cli.main import main
 
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"boundaries": [0, 3, 4]}))

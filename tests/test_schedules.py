@@ -1,4 +1,4 @@
-"""Tests for tessera_lab.schedules: notation, CSV, generators, validation, torch parity."""
+"""Tests for tessera_lab.pipeline.schedules: notation, CSV, generators, validation, torch parity."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera_lab.errors import ScheduleError
-from tessera_lab.schedules import (
+from tessera_lab.pipeline.schedules import (
     SCHEDULE_NAMES,
     Action,
     ActionType,

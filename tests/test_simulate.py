@@ -1,4 +1,4 @@
-"""Tests for tessera_lab.simulate (and trace.py, plots.gantt): values worked by hand or taken
+"""Tests for tessera_lab.pipeline.simulate (and trace.py, plots.gantt): values worked by hand or taken
 from the published closed forms, not from the code's own output."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
-from tessera_lab.schedules import (
+from tessera_lab.pipeline.schedules import (
     ActionType,
     build_schedule,
     dualpipev,
@@ -22,7 +22,7 @@ from tessera_lab.schedules import (
     zb_h1,
     zb_h2,
 )
-from tessera_lab.simulate import (
+from tessera_lab.pipeline.simulate import (
     Timeline,
     closed_form,
     compare_with_closed_form,
@@ -384,7 +384,7 @@ def test_gantt_draws(style):
     mpl.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tessera_lab.plots import gantt
+    from tessera_lab.ui.plots import gantt
 
     with plt.style.context(style):
         for sched in (one_f_one_b(3, 4), dualpipev(2, 4), interleaved_1f1b(2, 2, 4)):
@@ -400,7 +400,7 @@ def test_gantt_writes_two_digit_labels_where_they_fit():
     mpl.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tessera_lab.plots import gantt
+    from tessera_lab.ui.plots import gantt
 
     tl = simulate(one_f_one_b(4, 16), uniform_durations(1.0, 2.0))
     ax = gantt(tl)

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.study import (
+from tessera_lab.report.study import (
     describe_paper_points,
     expert_width_study,
     paper_point_widths,

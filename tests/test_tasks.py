@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tessera_lab.hardware import ParallelConfig
-from tessera_lab.models import load_model
-from tessera_lab.tasks import decompose, layer_tasks, model_flops_per_iteration
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.model.spec import load_model
+from tessera_lab.model.tasks import decompose, layer_tasks, model_flops_per_iteration
 
 
 def test_dense_model_flops_closed_form():

@@ -1,4 +1,4 @@
-"""Teaching helpers (tessera_lab.teaching): collectives on real gloo processes, cost formulas, TP vs PP volumes,
+"""Teaching helpers (tessera_lab.teach.core): collectives on real gloo processes, cost formulas, TP vs PP volumes,
 MoE all-to-all volumes and per-rank load, and the notebook panels. Expected values are worked out by hand."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tessera_lab.errors import ConfigError, TesseraError
-from tessera_lab.teaching import (
+from tessera_lab.teach.core import (
     COLLECTIVES,
     a2a_volume_vs_topk,
     all_to_all_volumes,
@@ -67,7 +67,7 @@ def test_expected_collective_rejects_bad_input():
 
 @pytest.fixture(scope="module")
 def gloo_runs():
-    from tessera_lab.teaching import run_collectives
+    from tessera_lab.teach.core import run_collectives
 
     return run_collectives(4, timeout_s=120)
 
@@ -95,7 +95,7 @@ def test_run_collectives_on_gloo_matches_hand_values(gloo_runs):
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="fork server timing is Linux-specific here")
 def test_run_collectives_timeout_stops_every_process():
-    from tessera_lab.teaching import run_collectives
+    from tessera_lab.teach.core import run_collectives
 
     with pytest.raises(TesseraError, match="timeout_s"):
         run_collectives(4, kinds=["all_reduce"], timeout_s=0.01)
@@ -103,7 +103,7 @@ def test_run_collectives_timeout_stops_every_process():
 
 
 def test_run_collectives_validates_before_spawning():
-    from tessera_lab.teaching import run_collectives
+    from tessera_lab.teach.core import run_collectives
 
     with pytest.raises(ConfigError, match="world_size"):
         run_collectives(1)
@@ -260,7 +260,7 @@ def test_a2a_volume_formula():
 # --------------------------------------------------------------------------- panels: widgets call the pure functions
 def test_collective_cost_panel_recomputes():
     pytest.importorskip("ipywidgets")
-    from tessera_lab.teaching import collective_cost_panel
+    from tessera_lab.teach.core import collective_cost_panel
 
     panel, controls, state = collective_cost_panel(n=8, gpu="H100", message_mib=64)
     assert state["table"].equals(collective_cost_table(64 * 2**20, 8, "H100"))
@@ -271,7 +271,7 @@ def test_collective_cost_panel_recomputes():
 
 def test_tp_pp_panel_recomputes():
     pytest.importorskip("ipywidgets")
-    from tessera_lab.teaching import tp_pp_panel
+    from tessera_lab.teach.core import tp_pp_panel
 
     panel, controls, state = tp_pp_panel("qwen3-8b", tp=8, pp=4)
     assert state["result"] == tp_vs_pp_volumes("qwen3-8b", 8, 4)
@@ -282,7 +282,7 @@ def test_tp_pp_panel_recomputes():
 
 def test_moe_panel_recomputes():
     pytest.importorskip("ipywidgets")
-    from tessera_lab.teaching import moe_panel
+    from tessera_lab.teach.core import moe_panel
 
     panel, controls, state = moe_panel("qwen3-30b-a3b", ep=8, skew=0.5, tokens_per_rank=1024)
     assert state["result"] == moe_all_to_all("qwen3-30b-a3b", ep=8, skew=0.5, tokens_per_rank=1024)
@@ -295,7 +295,7 @@ def test_moe_panel_recomputes():
 
 def test_panel_labels_are_not_cut_off():
     pytest.importorskip("ipywidgets")
-    from tessera_lab.teaching import collective_cost_panel, moe_panel, tp_pp_panel
+    from tessera_lab.teach.core import collective_cost_panel, moe_panel, tp_pp_panel
 
     for make in (lambda: collective_cost_panel(show_figure=False), lambda: tp_pp_panel("qwen3-8b", show_figure=False),
                  lambda: moe_panel("qwen3-30b-a3b", tokens_per_rank=1024, show_figure=False)):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tessera_lab.costs import CostModel
+from tessera_lab.cost.analytic import CostModel
 from tessera_lab.errors import ConfigError
-from tessera_lab.hardware import Cluster, ParallelConfig
-from tessera_lab.tasks import Collective
-from tessera_lab.topology import (
+from tessera_lab.model.hardware import Cluster, ParallelConfig
+from tessera_lab.model.tasks import Collective
+from tessera_lab.report.topology import (
     Allocation,
     admission,
     group_link,

@@ -8,7 +8,7 @@ pytest.importorskip("ipywidgets")
 
 
 def test_quickstart_panel_replans_on_widget_change():
-    from tessera_lab.widgets import plan_summary, quickstart_panel, replan
+    from tessera_lab.ui.widgets import plan_summary, quickstart_panel, replan
 
     panel, controls, state = quickstart_panel(pp=8, microbatches=8)
     before = state["summary"]
@@ -25,7 +25,7 @@ def test_quickstart_panel_replans_on_widget_change():
 
 
 def test_partition_panel_matches_pure_function():
-    from tessera_lab.widgets import compare_partitions, partition_panel
+    from tessera_lab.ui.widgets import compare_partitions, partition_panel
 
     panel, controls, state = partition_panel(pp=4, microbatches=8)
     controls["attention_ratio"].value = 1

@@ -7,7 +7,7 @@ Modules:
                shared expert), deterministic data, W-deferrable GEMMs, the single-process reference
 ``moe``        routing with capacity, expert parallelism (count exchange + uneven ``all_to_all_single``,
                autograd-correct)
-``pipeline``   stage modules from a plan, the executor of :mod:`tessera_lab.schedules` action lists (GPipe,
+``pipeline``   stage modules from a plan, the executor of :mod:`tessera_lab.pipeline.schedules` action lists (GPipe,
                1F1B, interleaved, ZB-H1/H2, DualPipeV, overlapped 1F1B), gradient sync
 ``launch``     job specs, ``torchrun`` entry and local spawner, results (losses, timing, Chrome trace,
                predicted vs observed, profile store)

@@ -42,7 +42,7 @@ from typing import Any, Sequence
 
 from tessera_lab.argtypes import positive_int
 from tessera_lab.errors import ConfigError, TesseraError
-from tessera_lab.schedules import Action, ActionType, Schedule, build_schedule, canonical_name
+from tessera_lab.pipeline.schedules import Action, ActionType, Schedule, build_schedule, canonical_name
 
 __all__ = [
     "WorldSpec",
@@ -439,7 +439,7 @@ def timing_report(events: list[dict], schedule: Schedule, steps: int, boundaries
 
     Returns ``{"stages": [...], "ranks": [...], "iteration": {...}, "durations": {...}}``.
     """
-    from tessera_lab.simulate import simulate, stage_durations
+    from tessera_lab.pipeline.simulate import simulate, stage_durations
 
     S = schedule.num_stages
     obs = set(_observed_steps(steps))
@@ -520,7 +520,7 @@ def timing_report(events: list[dict], schedule: Schedule, steps: int, boundaries
 
 def lifecycle_records(events: list[dict], timing: dict, steps: int, microbatches: int, num_pp: int,
                       step_times: Sequence[float]) -> dict[str, Any]:
-    """Per-step predicted vs observed records in :func:`tessera_lab.lifecycle.load_records` format.
+    """Per-step predicted vs observed records in :func:`tessera_lab.report.lifecycle.load_records` format.
 
     Keys: ``stage:<s>`` (a stage's compute time per micro-batch, seconds: its actions' summed durations / m;
     an overlapped pair counts for its backward's stage), ``bubble`` (idle rank-time of the step, summed over
@@ -610,13 +610,13 @@ def _compare_reference(result: dict, spec: RunSpec, world: WorldSpec) -> dict[st
 
 
 def observed_timeline(job: dict, step: int | None = None):
-    """The observed run as a :class:`tessera_lab.simulate.Timeline` (one timeline rank per global rank).
+    """The observed run as a :class:`tessera_lab.pipeline.simulate.Timeline` (one timeline rank per global rank).
 
     ``step=None``: all steps laid end to end (each starts where the previous one's last event ended);
     otherwise that step only. Compute events are the actions (pairs as one ``OVERLAP_F_B`` event); the comm
     lane holds receive waits (``RECV_F``/``RECV_B``) and EP all-to-alls (``ep_a2a``). Times in seconds.
     """
-    from tessera_lab.simulate import Event, Timeline
+    from tessera_lab.pipeline.simulate import Event, Timeline
 
     steps = sorted({e["step"] for e in job["events"]}) if step is None else [step]
     world = job["world"]["pp"] * job["world"]["ep"] * job["world"]["dp"]
@@ -639,8 +639,8 @@ def observed_timeline(job: dict, step: int | None = None):
 
 
 def write_trace(job: dict, path: str | os.PathLike, step: int | None = None) -> Path:
-    """Chrome trace (Perfetto) of the observed actions, via :mod:`tessera_lab.trace`; returns the path."""
-    from tessera_lab.trace import write_chrome_trace
+    """Chrome trace (Perfetto) of the observed actions, via :mod:`tessera_lab.pipeline.trace`; returns the path."""
+    from tessera_lab.pipeline.trace import write_chrome_trace
 
     return write_chrome_trace(observed_timeline(job, step), path)
 
@@ -655,7 +655,7 @@ def record_profile(path: str | os.PathLike, result: "RunResult") -> Path:
     Layout: ``{"schema_version": 1, "kind": "runner_observations", "runs": [{"date", "environment", "world",
     "job", "schedule", "model", "boundaries", "microbatches", "micro_batch_size", "stage_times_s",
     "timing", "tokens_per_s", "lifecycle"}, ...]}`` (``lifecycle``: :func:`lifecycle_records`, readable by
-    :func:`tessera_lab.lifecycle.load_records`); ``environment`` is :func:`tessera_lab.profiles.current_environment`
+    :func:`tessera_lab.report.lifecycle.load_records`); ``environment`` is :func:`tessera_lab.overlap.profiles.current_environment`
     (device, torch and CUDA versions), so the lifecycle can tell stale observations apart.
 
     Raises:
@@ -663,7 +663,7 @@ def record_profile(path: str | os.PathLike, result: "RunResult") -> Path:
     """
     from tessera_lab.errors import ProfileError
     from tessera_lab.io import atomic_write_text, dumps
-    from tessera_lab.profiles import current_environment
+    from tessera_lab.overlap.profiles import current_environment
 
     path = Path(path)
     if path.exists():
@@ -718,7 +718,7 @@ class RunResult:
         return list(self.job(name)["losses"])
 
     def timeline(self, name: str | int = 0, step: int | None = None):
-        """Observed :class:`~tessera_lab.simulate.Timeline` (see :func:`observed_timeline`)."""
+        """Observed :class:`~tessera_lab.pipeline.simulate.Timeline` (see :func:`observed_timeline`)."""
         return observed_timeline(self.job(name), step)
 
     def timing_table(self, name: str | int = 0):

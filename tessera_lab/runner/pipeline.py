@@ -1,4 +1,4 @@
-"""Pipeline stages and the executor that walks :mod:`tessera_lab.schedules` action lists on torch.distributed.
+"""Pipeline stages and the executor that walks :mod:`tessera_lab.pipeline.schedules` action lists on torch.distributed.
 
 Rank layout (world size ``pp * dp * ep``)::
 
@@ -55,8 +55,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.partition import uniform_boundaries
-from tessera_lab.schedules import Action, ActionType, Schedule
+from tessera_lab.plan.partition import uniform_boundaries
+from tessera_lab.pipeline.schedules import Action, ActionType, Schedule
 
 from .launch import RunSpec, WorldSpec
 from .model import (
@@ -246,7 +246,7 @@ class PipelineExecutor:
 
     Args:
         topo: this rank's :class:`Topology`.
-        schedule: the :class:`~tessera_lab.schedules.Schedule` (compute-only or lowered with SEND/RECV).
+        schedule: the :class:`~tessera_lab.pipeline.schedules.Schedule` (compute-only or lowered with SEND/RECV).
         stages: ``{stage: StageModule}`` held by this rank (``schedule.rank_stages(pp_rank)``).
         act_shape: ``(micro_batch_size, seq_len, hidden)`` of the tensors crossing stage boundaries.
         num_tokens: global tokens per step ``N`` (the loss divisor).

@@ -1,0 +1,7 @@
+"""python -m tessera_lab.cli"""
+
+import sys
+
+from tessera_lab.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,139 @@
+"""Helpers shared by the ``tessera-lab`` subcommands: the argparse class with one-line errors, output
+(``--json``, tables), the plan options and their readers, and the up-front output-path checks.
+
+Every subcommand module under :mod:`tessera_lab.cli` has ``add_parser(sub)``; nothing outside ``cli/`` imports
+this package.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tessera_lab.argtypes import positive_int
+from tessera_lab.model.spec import layer_summary
+
+GIB = 2**30
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit status 2."""
+
+    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH ('-' for stdout)")
+
+
+def table(rows: list[dict[str, Any]], floatfmt: str = ".4g") -> str:
+    from tabulate import tabulate
+
+    return tabulate(rows, headers="keys", floatfmt=floatfmt, tablefmt="simple")
+
+
+def emit(args: argparse.Namespace, result: Any, text: str) -> None:
+    from tessera_lab.io import write_json
+
+    if getattr(args, "json", None) == "-":
+        write_json("-", result)
+        return
+    print(text)
+    if getattr(args, "json", None):
+        write_json(args.json, result)
+
+
+def model_from_args(args: argparse.Namespace):
+    from tessera_lab.model.spec import load_model
+
+    m = load_model(args.model)
+    changes = {k: v for k, v in {
+        "attention_ratio": args.attention_ratio, "moe_intermediate_size": args.expert_width,
+        "num_experts_per_tok": args.top_k, "num_experts": args.num_experts, "num_layers": args.layers,
+    }.items() if v is not None}
+    return m.with_changes(**changes) if changes else m
+
+
+def parallel_from_args(args: argparse.Namespace):
+    from tessera_lab.model.hardware import ParallelConfig
+
+    return ParallelConfig(
+        pp=args.pp, vpp=args.vpp, tp=args.tp, ep=args.ep, dp=args.dp, microbatches=args.microbatches,
+        micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, schedule=args.schedule,
+        distributed_optimizer=not args.no_distributed_optimizer,
+    )
+
+
+def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu: str) -> None:
+    """The model, hardware, parallel and partition options that build a plan (``plan`` and ``report``; read
+    by :func:`model_from_args`, :func:`parallel_from_args` and ``Cluster.dgx(gpu, nodes)``)."""
+    p.add_argument("--model", default=default_model, help=f"shipped model or config.json (default {default_model})")
+    p.add_argument("--gpu", default=default_gpu, help=f"H100, H200 or B200 (default {default_gpu})")
+    p.add_argument("--nodes", type=positive_int("nodes"), default=None,
+                   help="nodes of 8 GPUs (default: the fewest that hold pp*dp*ep*tp)")
+    p.add_argument("--pp", type=positive_int("pp"), default=8)
+    p.add_argument("--vpp", type=positive_int("vpp"), default=1)
+    p.add_argument("--ep", type=positive_int("ep"), default=8)
+    p.add_argument("--tp", type=positive_int("tp"), default=1)
+    p.add_argument("--dp", type=positive_int("dp"), default=1)
+    p.add_argument("--microbatches", "-m", type=positive_int("microbatches"), default=32)
+    p.add_argument("--micro-batch-size", type=positive_int("micro_batch_size"), default=1)
+    p.add_argument("--seq-len", type=positive_int("seq_len"), default=4096)
+    p.add_argument("--schedule", default="overlapped",
+                   help="overlapped (default: F of one micro-batch with B of another), 1f1b, gpipe, zb-h1 or zb-h2")
+    p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
+    p.add_argument("--no-distributed-optimizer", action="store_true")
+    p.add_argument("--attention-ratio", type=int, default=None, help="linear-attention layers per full-attention layer")
+    p.add_argument("--expert-width", type=int, default=None, help="routed expert intermediate size")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--num-experts", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None)
+
+
+#: options that name an output file, and the commands whose ``--out`` is a folder
+_FILE_OUTPUTS = ("json", "plot", "export", "trace", "profile_store")
+_DIR_OUT_COMMANDS = ("reproduce", "run")
+_PLOT_SUFFIXES = ("", ".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """Refuse unusable output paths before any work is done (a folder where a file goes, a file where a
+    folder goes, an unknown figure format), so that a long measurement never ends in a failed write.
+
+    Raises:
+        ConfigError: naming the option and what is allowed.
+    """
+    from pathlib import Path
+
+    from tessera_lab.errors import ConfigError
+
+    def blocked_by_file(path: Path) -> Path | None:
+        for parent in path.parents:
+            if parent.exists():
+                return None if parent.is_dir() else parent
+        return None
+
+    outputs = [(name, getattr(args, name, None)) for name in _FILE_OUTPUTS]
+    out = getattr(args, "out", None)
+    if out is not None and args.command not in _DIR_OUT_COMMANDS:
+        outputs.append(("out", out))
+    for name, value in outputs:
+        if value is None or value == "-":
+            continue
+        path, opt = Path(value), "--" + name.replace("_", "-")
+        if path.is_dir():
+            raise ConfigError(f"option {opt} = '{value}' is a folder; allowed: a file path")
+        bad = blocked_by_file(path)
+        if bad is not None:
+            raise ConfigError(f"option {opt} = '{value}': '{bad}' is a file, not a folder")
+        if name == "plot" and path.suffix.lower() not in _PLOT_SUFFIXES:
+            raise ConfigError(f"option --plot = '{value}' has an unknown figure format '{path.suffix}'; "
+                              f"allowed: .png, .pdf, .svg, .jpg")
+    if out is not None and args.command in _DIR_OUT_COMMANDS:
+        path = Path(out)
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"option --out = '{out}' is a file; allowed: a folder")
+        bad = blocked_by_file(path)
+        if bad is not None:
+            raise ConfigError(f"option --out = '{out}': '{bad}' is a file, not a folder")

@@ -1,0 +1,133 @@
+"""``tessera-lab measure``: measure the overlap table of a model's layer pairs and write a profile.
+
+Usage::
+
+    tessera-lab measure --backend cpu|cuda|analytic --model M [--out data/profiles/NAME.json]
+                        [--repeats N] [--warmup N] [--size-factor F] [--timeout S] [--json PATH|-]
+
+Prints the overlap table (milliseconds), the spread between the best and worst combination, and writes
+the profile (merging repeated measurements of the same keys when device and versions match).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tessera_lab.argtypes import int_at_least
+from tessera_lab.cli.common import add_json, emit, table
+from tessera_lab.overlap.core import BACKENDS, DEFAULT_SIZE_FACTOR
+
+
+def _size_factor(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size_factor = {text!r} is not a number; allowed: a number in (0, 1]") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"size_factor = {text} is out of range; allowed: a number in (0, 1]")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"timeout = {text!r} is not a number; allowed: seconds > 0") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"timeout = {text} is out of range; allowed: seconds > 0")
+    return v
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``tessera-lab measure`` (``--json`` is added by the caller)."""
+    from tessera_lab.plan.make import DEFAULT_GPU, DEFAULT_MODEL
+
+    p.add_argument("--backend", required=True, choices=list(BACKENDS), help="measuring backend")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"shipped model or config.json (default {DEFAULT_MODEL})")
+    p.add_argument("--out", metavar="PATH", default=None,
+                   help="profile to write (default data/profiles/<backend>-<model>.json); merged if it exists")
+    p.add_argument("--repeats", type=int_at_least("repeats", 1), default=5, help="timed repetitions (default 5)")
+    p.add_argument("--warmup", type=int_at_least("warmup", 0), default=1, help="untimed repetitions (default 1)")
+    p.add_argument("--size-factor", type=_size_factor, default=None,
+                   help="multiply widths and sequence length (default: cpu 0.125, cuda and analytic 1.0)")
+    p.add_argument("--ep", type=int_at_least("ep", 1), default=8)
+    p.add_argument("--tp", type=int_at_least("tp", 1), default=1)
+    p.add_argument("--seq-len", type=int_at_least("seq_len", 1), default=4096)
+    p.add_argument("--micro-batch-size", type=int_at_least("micro_batch_size", 1), default=1)
+    p.add_argument("--gpu", default=DEFAULT_GPU, help="GPU of the analytic model (default H200)")
+    p.add_argument("--world-size", type=int_at_least("world_size", 2), default=None,
+                   help="processes of the local group (cpu: 2; cuda: visible GPUs, at most 8)")
+    p.add_argument("--timeout", type=_seconds, default=600.0, help="kill the measuring processes after S seconds")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    """``tessera-lab measure``: the overlap table of a model's layer kinds, written to a profile."""
+    from tqdm import tqdm
+
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.hardware import ParallelConfig, cluster_for
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.overlap.core import overlap_spread, overlap_table
+    from tessera_lab.paths import data_dir
+    from tessera_lab.overlap.profiles import update_profile
+
+    model = load_model(args.model)
+    parallel = ParallelConfig(ep=args.ep, tp=args.tp, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size,
+                              pp=1, dp=1)
+    f = args.size_factor if args.size_factor is not None else DEFAULT_SIZE_FACTOR[args.backend]
+    kwargs: dict[str, Any] = {}
+    if args.backend == "analytic":
+        kwargs["cost_model"] = CostModel(cluster_for(parallel, args.gpu), parallel)
+        f = 1.0
+    else:
+        kwargs.update(repeats=args.repeats, warmup=args.warmup, size_factor=f, timeout_s=args.timeout,
+                      world_size=args.world_size)
+    if args.backend != "analytic":
+        from tessera_lab.overlap.backends import preflight
+
+        preflight(args.backend)
+    bar = tqdm(total=len({l.kind for l in model.layers}) ** 2, desc=f"measure {args.backend}", unit="pair",
+               file=sys.stderr, disable=args.no_progress, leave=False)
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    try:
+        overlap = overlap_table(model, parallel, args.backend, progress=progress, **kwargs)
+    finally:
+        bar.close()
+    results = overlap.attrs["results"]
+    out = args.out or str(data_dir() / "profiles" / f"{args.backend}-{model.name}.json")
+    gpu = args.gpu if args.backend == "analytic" else None
+    prof = update_profile(out, results, backend=args.backend, model=model.name, parallel=parallel, size_factor=f, gpu=gpu)
+    spread = overlap_spread(overlap)
+    rows = [{
+        "F kind": r.kind_f, "BW kind": r.kind_b, "t_f (ms)": r.t_f * 1e3, "t_b (ms)": r.t_b * 1e3,
+        "sum (ms)": r.t_sum * 1e3, "pair (ms)": r.t_pair * 1e3,
+        "IQR (ms)": f"{r.t_pair_q1 * 1e3:.3g}-{r.t_pair_q3 * 1e3:.3g}", "gain (ms)": r.gain * 1e3,
+        "efficiency": r.efficiency, "hidden comm": r.comm_hidden_fraction,
+    } for r in overlap.itertuples()]
+    env = prof.environment
+    text = (f"{model.name}: overlap of F (micro-batch i+1) with B+W (micro-batch i), backend {args.backend}, "
+            f"device {env.get('device')}, size factor {f:g}, repeats {args.repeats if args.backend != 'analytic' else 1}\n"
+            + table(rows, ".4g")
+            + f"\noverlap spread (best gain / worst gain): {spread:.3g}\nprofile: {prof.path}")
+    result = {
+        "model": model.name, "backend": args.backend, "size_factor": f, "profile": str(prof.path),
+        "overlap_spread": spread, "environment": env,
+        "table": overlap.to_dict(orient="records"),
+    }
+    emit(args, result, text)
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("measure", help="measure the overlap of layer pairs (F with B+W) and write a profile")
+    add_arguments(p)
+    add_json(p)
+    p.set_defaults(func=cmd_measure)

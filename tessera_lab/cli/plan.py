@@ -1,0 +1,105 @@
+"""``tessera-lab plan``: the main job (partition, simulate and report a pipeline plan)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tessera_lab.argtypes import nonneg_float
+from tessera_lab.cli.common import GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args, table
+from tessera_lab.model.spec import layer_summary
+
+
+def _evaluation_rows(ev) -> list[dict[str, Any]]:
+    return [{
+        "stage": st.index, "layers": layer_summary(st.layers, st.kinds), "n": len(st.layers),
+        "time/mb (ms)": st.time_s * 1e3, "standalone F+B+W (ms)": st.standalone_s * 1e3,
+        "memory (GiB)": st.memory_bytes / GIB,
+    } for st in ev.stages]
+
+
+def format_plan(plan) -> str:
+    """Readable text of a plan: per-stage tables for the chosen method and each baseline, then a summary."""
+    p, m = plan.parallel, plan.model
+    lines = [
+        f"model {m.name}: {m.num_layers} layers, pattern {m.layer_pattern()}  (L linear attention, A full attention; lower case: dense FFN)",
+        f"cluster {plan.cluster.num_nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}; "
+        f"pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp} ({p.world_size} GPUs), schedule {p.schedule}, "
+        f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "
+        f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU",
+        "",
+    ]
+    summary = []
+    if p.schedule == "overlapped":
+        lines.append("time/mb: per micro-batch after overlap (forward of one micro-batch paired with the backward of "
+                     "another, best issue order); standalone: the same work run one task after the other")
+        lines.append("")
+    for label, ev in [(f"{plan.chosen.method} (chosen)", plan.chosen)] + list(plan.baselines.items()):
+        lines.append(f"[{label}] boundaries {ev.partition.boundaries}"
+                     + ("" if ev.fits_memory else "  ** exceeds GPU memory **")
+                     + (f"; solver {ev.partition.solver} {ev.partition.status} in {ev.partition.solve_time_s:.3f} s"
+                        if ev.partition.solver else ""))
+        lines.append(table(_evaluation_rows(ev), ".3f"))
+        lines.append("")
+        summary.append({
+            "method": ev.method, "iteration (s)": ev.iteration_time_s, "tokens/s": ev.tokens_per_s,
+            "MFU": ev.mfu, "bubble_fraction": ev.bubble_fraction,
+            "slowest stage (ms)": max(st.time_s for st in ev.stages) * 1e3,
+        })
+    lines.append(table(summary, ".4g"))
+    lines.append("MFU: Megatron-LM model FLOPs (3 x forward GEMM + attention FLOPs, causal at half) / "
+                 f"(iteration time x {p.world_size} GPUs x {plan.cluster.gpu.peak_flops / 1e12:.0f} TFLOP/s dense bf16)")
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from tessera_lab.model.hardware import Cluster
+    from tessera_lab.plan.make import make_plan
+
+    model = model_from_args(args)
+    parallel = parallel_from_args(args)
+    cluster = Cluster.dgx(args.gpu, args.nodes) if args.nodes else None
+    profile = None
+    if args.profile:
+        from tessera_lab.overlap.profiles import load_profile
+
+        profile = load_profile(args.profile)
+    plan = make_plan(model, parallel, cluster, method=args.method, objective=args.objective,
+                     time_limit_s=args.time_limit, gpu=args.gpu, profile=profile)
+    emit(args, plan.as_dict(), format_plan(plan))
+    if args.export:
+        from tessera_lab.plan.exports import write_plan
+
+        write_plan(plan.as_dict(), args.export)
+        print(f"plan written to {args.export} (schema-versioned JSON with Megatron-LM, DeepSpeed and "
+              "torch.distributed.pipelining exports)", file=sys.stderr)
+    if args.plot:
+        from tessera_lab.ui.plots import save_plan_figures
+
+        paths = save_plan_figures(plan, args.plot)
+        print("figures: " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
+
+def add_parser(sub) -> None:
+    from tessera_lab.plan.make import DEFAULT_GPU, DEFAULT_MODEL
+
+    p = sub.add_parser("plan", help="the main job: partition, simulate and report a pipeline plan")
+    add_plan_options(p, DEFAULT_MODEL, DEFAULT_GPU)
+    p.add_argument("--objective", default="auto", choices=["auto", "bottleneck", "schedule"],
+                   help="auto (default): solve the bottleneck and the schedule objective, keep the faster in simulation")
+    p.add_argument("--time-limit", type=nonneg_float("time_limit"), default=10.0, help="ILP time limit, seconds")
+    p.add_argument("--plot", metavar="PATH",
+                   help="save figures: PATH.png gives PATH-stages.png (stage costs) and PATH-timeline.png (Gantt)")
+    p.add_argument("--profile", metavar="PATH",
+                   help="measured overlap profile (tessera-lab measure); layer-pair costs come from it")
+    p.add_argument("--export", metavar="PATH",
+                   help="write the plan as schema-versioned JSON with Megatron-LM layout, DeepSpeed parts and "
+                        "torch.distributed.pipelining split points")
+    add_json(p)
+    p.set_defaults(func=cmd_plan)
+

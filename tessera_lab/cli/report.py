@@ -1,0 +1,68 @@
+"""``tessera-lab report``: capacity report (where the lost MFU goes) of a plan, and a model-change diff."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tessera_lab.cli.common import add_json, add_plan_options, emit, model_from_args, parallel_from_args
+from tessera_lab.model.hardware import Cluster
+from tessera_lab.report.capacity import (capacity_report, model_diff, model_from_name, parse_changes,
+                                         plan_from_json, save_report_figure)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``tessera-lab report``: capacity report of a plan (from ``--plan PLAN.json`` or plan options), an
+    optional ``--diff OTHER`` (a plan JSON, a model name or ``KEY=VALUE,...`` changes), ``--plot PATH``
+    (:func:`save_report_figure`: the waterfall, or with ``--diff`` both waterfalls side by side) and
+    ``--json``."""
+    from tessera_lab.plan.make import make_plan
+
+    diff_changes = None
+    if args.diff and "=" in args.diff and "[" not in args.diff and not args.diff.endswith(".json"):
+        diff_changes = parse_changes(args.diff)  # bad changes fail before any planning
+    if args.plan:
+        plan = plan_from_json(args.plan)
+    else:
+        model = model_from_args(args)
+        parallel = parallel_from_args(args)
+        cluster = Cluster.dgx(args.gpu, args.nodes) if args.nodes else None
+        plan = make_plan(model, parallel, cluster, method=args.method, baselines=(), gpu=args.gpu)
+    rep = capacity_report(plan)
+    result: dict[str, Any] = {"capacity": rep.as_dict(), "plan": plan.as_dict()}
+    text = rep.format()
+    if args.diff:
+        other = args.diff
+        if other.endswith(".json"):
+            diff = model_diff(plan.model, plan.model, plan.parallel, plans=(plan, plan_from_json(other)))
+        elif diff_changes is not None:
+            diff = model_diff(plan.model, diff_changes, plan.parallel, None if not args.nodes else plan.cluster,
+                              method=getattr(args, "method", "ilp"), gpu=plan.cluster.gpu.name)
+        else:
+            om = model_from_name(other)
+            diff = model_diff(plan.model, om, plan.parallel, None if not args.nodes else plan.cluster,
+                              method=getattr(args, "method", "ilp"), gpu=plan.cluster.gpu.name)
+        result["diff"] = diff.as_dict()
+        text += "\n\n" + diff.format()
+    emit(args, result, text)
+    if args.plot:
+        save_report_figure(args.plot, plan, rep, diff if args.diff else None)
+        print(f"figure: {args.plot}", file=sys.stderr)
+    return 0
+
+
+
+def add_parser(sub) -> None:
+    from tessera_lab.plan.make import DEFAULT_GPU, DEFAULT_MODEL
+
+    p = sub.add_parser("report", help="capacity report (where the lost MFU goes) of a plan, and a model-change diff")
+    p.add_argument("--plan", metavar="PLAN.json", help="a plan from 'tessera-lab plan --json' (else the plan options)")
+    add_plan_options(p, DEFAULT_MODEL, DEFAULT_GPU)
+    p.add_argument("--diff", metavar="OTHER",
+                   help="compare with OTHER: a plan JSON, a model name, or changes like "
+                        "'expert_width=256,top_k=4,seq_len=8192,dtype=fp8'")
+    p.add_argument("--plot", metavar="PATH", help="save the waterfall of the capacity report")
+    add_json(p)
+    p.set_defaults(func=cmd_report)
+

@@ -1,0 +1,287 @@
+"""Analytic cost model: roofline time for compute tasks, alpha-beta time for collectives, and a
+two-lane (compute stream + communication stream) executor with a contention term.
+
+Formulas:
+
+* compute task: ``t = launch + max(flops / (peak * eff_op), bytes / (hbm_bw * eff_hbm))`` (roofline,
+  Williams et al., CACM 2009); ``eff_op`` is the GEMM, attention or linear-attention efficiency of
+  ``data/hardware/cost_model.json``.
+* collective: ``t = alpha + S * factor(n) / (B * eff_bus)`` with nccl-tests' bus-bandwidth factors
+  (``all_reduce`` 2(n-1)/n, ``all_to_all``/``all_gather``/``reduce_scatter`` (n-1)/n, ``p2p`` 1;
+  NVIDIA nccl-tests ``doc/PERFORMANCE.md``). For an all-to-all whose group spans nodes, the bytes that
+  stay in the node go over NVLink and the rest over the inter-node link; the slower part sets the time.
+* contention: while both lanes are busy, compute runs ``1 + kappa_compute`` times slower and
+  communication ``1 + kappa_comm`` times slower (rates, integrated exactly between events).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions
+from tessera_lab.model.spec import ModelSpec
+from tessera_lab.model.tasks import Collective, LayerTasks, Task, decompose, p2p_activation_bytes
+
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2.0 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "p2p": lambda n: 1.0,
+}
+
+
+@dataclass(frozen=True)
+class Contention:
+    """Relative slowdowns while compute and communication run together (0 = no interference)."""
+
+    compute: float = 0.0
+    comm: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.compute < 0 or self.comm < 0:
+            raise ConfigError("field 'contention' must be >= 0 for compute and comm")
+
+
+@dataclass(frozen=True)
+class LaneResult:
+    """Result of :func:`two_lane_makespan`: makespan (s) and each task's (start, end) by key."""
+
+    makespan: float
+    spans: dict[str, tuple[float, float]]
+    lanes: dict[str, str]
+
+    def comm_hidden_fraction(self) -> float:
+        """Share of communication time during which the compute lane was busy (0 if no communication)."""
+        comm = [(s, e) for k, (s, e) in self.spans.items() if self.lanes[k] == "comm" and e > s]
+        comp = sorted((s, e) for k, (s, e) in self.spans.items() if self.lanes[k] == "compute" and e > s)
+        total = sum(e - s for s, e in comm)
+        if total <= 0:
+            return 0.0
+        hidden = 0.0
+        for cs, ce in comm:
+            for s, e in comp:
+                hidden += max(0.0, min(ce, e) - max(cs, s))
+        return hidden / total
+
+
+def two_lane_makespan(
+    order: Sequence[str],
+    durations: Mapping[str, float],
+    lanes: Mapping[str, str],
+    deps: Mapping[str, Sequence[str]],
+    contention: Contention = Contention(),
+) -> LaneResult:
+    """Execute tasks on two in-order lanes (``compute`` and ``comm``) and return the makespan.
+
+    Each lane issues its tasks in the order they appear in ``order``; a task starts when its lane is
+    free and all its ``deps`` have finished. While both lanes are busy each progresses at reduced rate
+    ``1 / (1 + contention.<lane>)``; progress is integrated exactly between events.
+
+    Args:
+        order: task keys in issue order (every key once).
+        durations: standalone duration of each task, seconds (>= 0).
+        lanes: ``"compute"`` or ``"comm"`` per task.
+        deps: keys each task waits for (keys not in ``order`` are ignored: already done).
+
+    Raises:
+        ConfigError: a negative duration, an unknown lane, or an order that cannot complete (a task
+            waits on a task queued behind it on the same lane).
+    """
+    known = set(order)
+    queues: dict[str, list[str]] = {"compute": [], "comm": []}
+    for k in order:
+        lane = lanes[k]
+        if lane not in queues:
+            raise ConfigError(f"task {k!r} has lane {lane!r}; allowed: compute, comm")
+        if durations[k] < 0:
+            raise ConfigError(f"task {k!r} has duration {durations[k]}; allowed: >= 0")
+        queues[lane].append(k)
+    pos = {"compute": 0, "comm": 0}
+    running: dict[str, tuple[str, float]] = {}  # lane -> (key, remaining standalone seconds)
+    done: dict[str, float] = {}
+    spans: dict[str, tuple[float, float]] = {}
+    t = 0.0
+    n = len(order)
+    while len(done) < n:
+        progressed = True
+        while progressed:  # start everything that can start now (zero-length tasks finish at once)
+            progressed = False
+            for lane, q in queues.items():
+                if lane in running or pos[lane] >= len(q):
+                    continue
+                k = q[pos[lane]]
+                if all(d in done or d not in known for d in deps.get(k, ())):
+                    pos[lane] += 1
+                    if durations[k] <= 0:
+                        done[k] = t
+                        spans[k] = (t, t)
+                    else:
+                        running[lane] = (k, float(durations[k]))
+                        spans[k] = (t, math.nan)
+                    progressed = True
+        if len(done) == n:
+            break
+        if not running:
+            waiting = [q[pos[lane]] for lane, q in queues.items() if pos[lane] < len(q)]
+            raise ConfigError(f"issue order cannot complete: {', '.join(waiting)} wait on tasks queued behind them")
+        both = len(running) == 2
+        rate = {
+            "compute": 1.0 / (1.0 + contention.compute) if both else 1.0,
+            "comm": 1.0 / (1.0 + contention.comm) if both else 1.0,
+        }
+        step = min(rem / rate[lane] for lane, (_, rem) in running.items())
+        t += step
+        for lane in list(running):
+            k, rem = running[lane]
+            rem -= step * rate[lane]
+            if rem <= 1e-15 * max(1.0, t):
+                del running[lane]
+                done[k] = t
+                spans[k] = (spans[k][0], t)
+            else:
+                running[lane] = (k, rem)
+    return LaneResult(max(done.values(), default=0.0), spans, dict(lanes))
+
+
+@dataclass(frozen=True)
+class PhaseCost:
+    """Standalone cost of one layer's F, B or W bundle on one rank, seconds.
+
+    ``time``: makespan of the bundle in program order on two lanes; ``compute``: sum of compute task
+    times; ``comm``: sum of communication times; ``exposed_comm``: communication time not overlapped by
+    the bundle's own compute; ``comm_by_collective``: communication seconds per ``<kind>:<group>``.
+    """
+
+    time: float
+    compute: float
+    comm: float
+    exposed_comm: float
+    comm_by_collective: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """F, B and W costs of one layer (or the embedding / LM head), seconds per micro-batch."""
+
+    layer: int
+    kind: str
+    F: PhaseCost
+    B: PhaseCost
+    W: PhaseCost
+
+    @property
+    def total(self) -> float:
+        return self.F.time + self.B.time + self.W.time
+
+
+class CostModel:
+    """Analytic times of tasks and collectives on a cluster.
+
+    Args:
+        cluster: nodes, GPU type and links.
+        parallel: parallel sizes and rank placement (which link each group uses).
+        assumptions: overrides of ``data/hardware/cost_model.json`` values (same keys).
+        contention: slowdowns while compute and communication overlap (default from the assumptions file).
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        parallel: ParallelConfig,
+        assumptions: Mapping[str, float] | None = None,
+        contention: Contention | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.parallel = parallel
+        a = dict(cost_assumptions())
+        if assumptions:
+            unknown = set(assumptions) - set(a)
+            if unknown:
+                raise ConfigError(f"unknown cost assumption(s) {sorted(unknown)}; allowed: {sorted(a)}")
+            a.update(assumptions)
+        self.a = a
+        self.contention = contention or Contention(a["contention_compute_slowdown"], a["contention_comm_slowdown"])
+
+    # ------------------------------------------------------------------ single tasks
+    def compute_time(self, task: Task) -> float:
+        """Roofline time of a compute task, seconds."""
+        gpu = self.cluster.gpu
+        eff = {
+            "attention": self.a["attention_efficiency"],
+            "linear_attention": self.a["linear_attention_efficiency"],
+        }.get(task.op, self.a["gemm_efficiency"])
+        t_flops = task.flops / (gpu.peak_flops * eff)
+        t_bytes = task.bytes / (gpu.hbm_bytes_per_s * self.a["hbm_efficiency"])
+        return self.a["kernel_launch_s"] + max(t_flops, t_bytes)
+
+    def group_link_ranks(self, group: str) -> list[int]:
+        """Ranks of the first group of this kind (groups of one kind are placed alike)."""
+        return self.parallel.group_ranks(group)
+
+    def collective_time(self, coll: Collective, link: Link | None = None) -> float:
+        """Alpha-beta time of a collective, seconds (0 for a group of one or zero bytes)."""
+        n = coll.group_size
+        if n <= 1 or coll.bytes <= 0:
+            return 0.0
+        if coll.kind not in BUS_FACTOR:
+            raise ConfigError(f"collective kind {coll.kind!r} is unknown; allowed: {', '.join(BUS_FACTOR)}")
+        eff = self.a["nccl_bus_efficiency"]
+        if link is not None:
+            return link.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (link.bytes_per_s * eff)
+        if coll.group == "pp":
+            raise ConfigError("a pp collective needs an explicit link (see p2p_time)")
+        ranks = self.group_link_ranks(coll.group)
+        intra, inter = self.cluster.intra_link(), self.cluster.inter_link()
+        per_node: dict[int, int] = {}
+        for r in ranks:
+            per_node[self.cluster.node_of(r)] = per_node.get(self.cluster.node_of(r), 0) + 1
+        if len(per_node) == 1:
+            return intra.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (intra.bytes_per_s * eff)
+        if coll.kind == "all_to_all":
+            g = min(per_node.values())
+            t_intra = coll.bytes * (g - 1) / n / (intra.bytes_per_s * eff)
+            t_inter = coll.bytes * (n - g) / n / (inter.bytes_per_s * eff)
+            return inter.latency_s + max(t_intra, t_inter)
+        return inter.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (inter.bytes_per_s * eff)
+
+    def task_time(self, task: Task) -> float:
+        """Standalone time of any task, seconds."""
+        return self.collective_time(task.collective) if task.is_comm else self.compute_time(task)
+
+    def p2p_time(self, model: ModelSpec, stage: int) -> float:
+        """Time to send one micro-batch's activations (or gradients) from ``stage`` to ``stage + 1``."""
+        p = self.parallel
+        src, dst = p.rank(stage), p.rank(min(stage + 1, p.pp - 1))
+        link = self.cluster.link_for([src, dst])
+        coll = Collective("p2p", p2p_activation_bytes(model, p), "pp", 2)
+        return self.collective_time(coll, link)
+
+    # ------------------------------------------------------------------ bundles
+    def phase_cost(self, tasks: Sequence[Task], contention: Contention | None = None) -> PhaseCost:
+        """Standalone cost of a bundle run in program order on two lanes."""
+        if not tasks:
+            return PhaseCost(0.0, 0.0, 0.0, 0.0, {})
+        durations = {t.name: self.task_time(t) for t in tasks}
+        lanes = {t.name: "comm" if t.is_comm else "compute" for t in tasks}
+        deps = {t.name: t.deps for t in tasks}
+        res = two_lane_makespan([t.name for t in tasks], durations, lanes, deps, contention or self.contention)
+        comm = sum(d for k, d in durations.items() if lanes[k] == "comm")
+        compute = sum(d for k, d in durations.items() if lanes[k] == "compute")
+        by_coll: dict[str, float] = {}
+        for t in tasks:
+            if t.is_comm:
+                key = f"{t.collective.kind}:{t.collective.group}"
+                by_coll[key] = by_coll.get(key, 0.0) + durations[t.name]
+        exposed = comm * (1.0 - res.comm_hidden_fraction())
+        return PhaseCost(res.makespan, compute, comm, exposed, by_coll)
+
+    def layer_cost(self, lt: LayerTasks) -> LayerCost:
+        return LayerCost(lt.layer, lt.kind, self.phase_cost(lt.F), self.phase_cost(lt.B), self.phase_cost(lt.W))
+
+    def model_costs(self, model: ModelSpec, *, expert_load: float = 1.0) -> list[LayerCost]:
+        """Costs of the embedding, every decoder layer and the LM head, in order (len = layers + 2)."""
+        return [self.layer_cost(lt) for lt in decompose(model, self.parallel, expert_load=expert_load)]

@@ -1,0 +1,107 @@
+"""Memory per pipeline stage: parameters, gradients and optimizer state plus activations in flight.
+
+Bytes per parameter (DESIGN section 3; Megatron-LM mixed precision with Adam): bf16 weights (2) +
+fp32 gradient accumulation buffer (4) + fp32 master weights, Adam m and v (12) = 18; with a distributed
+optimizer the 12 bytes of optimizer state are sharded over the data-parallel ranks: ``6 + 12 / dp``
+(Rajbhandari et al., ZeRO stage 1). Expert parameters are data-parallel over ``dp`` ranks; the rest of a
+stage over ``ep * dp`` ranks (see :mod:`tessera_lab.model.hardware`).
+
+Activations: the ``saved_bytes`` of every forward task of the stage's layers (:mod:`tessera_lab.model.tasks`)
+per micro-batch, times the micro-batches in flight on that stage at its peak for the schedule (a micro-batch
+is in flight from the start of its F to the end of its B, or of its W when the backward is split). These
+closed forms equal the peaks of :mod:`tessera_lab.pipeline.schedules`' action lists in the simulator (tested):
+GPipe ``m``; 1F1B ``min(p - s, m)`` on stage ``s`` of ``p``; overlapped 1F1B ``min(2 (p - s), m)`` (its warm-up
+runs ``2 (p - 1 - s) + 1`` forwards so that each pair's inputs are ready); ZB-H1 ``min(p, m)`` on every stage
+(W is deferred, Qi et al., ICLR 2024); our ZB-H2 ``min(3p - 2 - s, m)``; interleaved 1F1B with v chunks
+``min(2 (p - s - 1) + (v - 1) p + 1, v m)`` chunk-micro-batches of ``1/v`` of the stage's layers each
+(Megatron-LM's interleaved warm-up count plus the micro-batch in its first backward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.model.hardware import Cluster, ParallelConfig, cost_assumptions
+from tessera_lab.model.spec import ModelSpec
+from tessera_lab.model.tasks import LayerTasks
+
+GIB = 2**30
+
+
+def bytes_per_param(parallel: ParallelConfig, dp_degree: int) -> float:
+    """Training-state bytes per parameter: 18, or ``6 + 12/dp_degree`` with a distributed optimizer."""
+    if parallel.distributed_optimizer:
+        return 6.0 + 12.0 / dp_degree
+    return 18.0
+
+
+def in_flight(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> float:
+    """Micro-batches whose activations stage ``stage`` of ``pp`` holds at its peak, in units of the whole
+    stage's activations per micro-batch (formulas in the module docstring).
+
+    Raises:
+        ConfigError: a schedule without a stage-per-rank memory formula (DualPipeV holds two stages per rank).
+    """
+    p, s = pp, stage
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "1f1b":
+        return float(min(p - s, m))
+    if schedule == "overlapped":
+        return float(min(2 * (p - s), m))
+    if schedule == "zb-h1":
+        return float(min(p, m))
+    if schedule == "zb-h2":
+        return float(min(3 * p - 2 - s, m))
+    if schedule == "interleaved":
+        return min(2 * (p - s - 1) + (vpp - 1) * p + 1, vpp * m) / vpp
+    raise ConfigError(f"schedule {schedule!r} has no memory model; allowed: gpipe, 1f1b, overlapped, zb-h1, zb-h2, interleaved")
+
+
+@dataclass(frozen=True)
+class LayerMemory:
+    """Per-layer memory inputs: parameter bytes on one GPU and activation bytes per micro-batch."""
+
+    param_bytes: float
+    activation_bytes: float
+
+
+def gpu_params(model: ModelSpec, parallel: ParallelConfig, layer: int) -> tuple[float, float]:
+    """Parameters one GPU holds for one entry of ``decompose`` order, split ``(dense, expert)``.
+
+    ``layer`` is a decoder layer index, ``-1`` for the input embedding or ``num_layers`` for the final norm and
+    LM head. Dense parameters (mixer, shared expert, dense MLP, embedding, head) are split over ``tp``; norms and
+    the router are replicated; routed experts are split over ``ep``.
+    """
+    p = parallel
+    if layer < 0:
+        return model.vocab_size * model.hidden_size / p.tp, 0.0
+    if layer >= model.num_layers:
+        head = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
+        return head / p.tp + model.hidden_size, 0.0
+    comp = model.layer_params(model.layers[layer])
+    dense = (comp["mixer"] + comp["shared"] + comp["dense_mlp"]) / p.tp + comp["norms"] + comp["router"]
+    return dense, comp["experts"] / p.ep
+
+
+def layer_memory(model: ModelSpec, parallel: ParallelConfig, tasks: Sequence[LayerTasks]) -> list[LayerMemory]:
+    """Memory of the embedding, every decoder layer and the LM head (same order as ``decompose``).
+
+    Parameter bytes on one GPU (:func:`gpu_params`) times the bytes per parameter of each part's data-parallel
+    degree (``ep * dp`` for dense parameters, ``dp`` for experts).
+    """
+    p = parallel
+    dense_bpp = bytes_per_param(p, p.ep * p.dp)
+    expert_bpp = bytes_per_param(p, p.dp)
+    out = []
+    for lt in tasks:
+        dense, expert = gpu_params(model, p, lt.layer)
+        out.append(LayerMemory(dense * dense_bpp + expert * expert_bpp, sum(t.saved_bytes for t in lt.F)))
+    return out
+
+
+def memory_capacity(cluster: Cluster) -> float:
+    """Bytes usable per GPU: HBM minus the reserve of ``data/hardware/cost_model.json``."""
+    return cluster.gpu.memory_bytes - cost_assumptions()["memory_reserve_gib"] * GIB

@@ -1,0 +1,251 @@
+"""GPUs, clusters, parallel settings and rank placement.
+
+Figures come from ``data/hardware/hardware.json`` (NVIDIA datasheets, DGX BasePOD reference architecture,
+nccl-tests ``doc/PERFORMANCE.md``) and the cost-model assumptions from ``data/hardware/cost_model.json``.
+Bandwidths here are **per GPU, per direction, in bytes/s** (NVLink datasheet figures are bidirectional
+totals and are halved on load).
+
+Rank placement (Megatron-style, TP innermost): ``rank = ((pp_i * dp + dp_i) * ep + ep_i) * tp + tp_i``.
+World size is ``pp * dp * ep * tp``. Experts are sharded over the ``ep`` ranks of a stage; the non-expert
+part of a stage is data-parallel over ``ep * dp`` ranks, each of which runs its own micro-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.paths import data_dir
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+
+
+@lru_cache(maxsize=None)
+def hardware_data() -> dict[str, Any]:
+    """``data/hardware/hardware.json`` parsed."""
+    return json.loads((data_dir() / "hardware" / "hardware.json").read_text())
+
+
+@lru_cache(maxsize=None)
+def cost_assumptions() -> dict[str, float]:
+    """Values of ``data/hardware/cost_model.json`` (each documented with its source there)."""
+    raw = json.loads((data_dir() / "hardware" / "cost_model.json").read_text())
+    return {k: float(v["value"]) for k, v in raw.items() if not k.startswith("_")}
+
+
+_GPU_ALIASES = {"H100": "H100-SXM", "H100-SXM": "H100-SXM", "H200": "H200", "B200": "B200"}
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU type.
+
+    Attributes:
+        name: e.g. ``"H200"``.
+        peak_flops: dense bf16 peak, FLOP/s.
+        memory_bytes: HBM capacity, bytes (datasheet GB = 1e9 bytes).
+        hbm_bytes_per_s: HBM bandwidth, bytes/s.
+        nvlink_bytes_per_s: NVLink bandwidth per GPU per direction, bytes/s (half the bidirectional figure).
+        sms: streaming multiprocessors.
+        source: datasheet reference.
+    """
+
+    name: str
+    peak_flops: float
+    memory_bytes: float
+    hbm_bytes_per_s: float
+    nvlink_bytes_per_s: float
+    sms: int
+    source: str
+
+    @classmethod
+    def named(cls, name: str) -> "GPUSpec":
+        """A GPU from ``data/hardware/hardware.json`` (``H100``/``H100-SXM``, ``H200``, ``B200``).
+
+        Raises:
+            ConfigError: unknown name (lists the known ones).
+        """
+        key = _GPU_ALIASES.get(str(name).upper().replace("_", "-"), None)
+        gpus = hardware_data()["gpus"]
+        if key is None or key not in gpus:
+            raise ConfigError(f"field 'gpu' = {name!r} is unknown; allowed: {', '.join(sorted(_GPU_ALIASES))}")
+        g = gpus[key]
+        return cls(
+            name=key,
+            peak_flops=g["bf16_dense_tflops"] * 1e12,
+            memory_bytes=g["hbm_gb"] * 1e9,
+            hbm_bytes_per_s=g["hbm_tb_per_s"] * 1e12,
+            nvlink_bytes_per_s=g["nvlink_gb_per_s_bidir"] * 1e9 / 2,
+            sms=int(g["sms"]),
+            source=g["source"],
+        )
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link a collective runs over: per-GPU bandwidth per direction (bytes/s) and base latency (s)."""
+
+    name: str
+    bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Nodes of identical GPUs: NVLink inside a node, one InfiniBand NIC per GPU across nodes.
+
+    Attributes:
+        gpu: the GPU type.
+        num_nodes: nodes (>= 1).
+        gpus_per_node: GPUs per node (DGX: 8).
+        inter_node_bytes_per_s: per-GPU inter-node bandwidth per direction, bytes/s (NDR: 50e9).
+        weak_link_factor: multiplies the inter-node bandwidth (1.0 = healthy; 0.5 = a link at half speed).
+    """
+
+    gpu: GPUSpec
+    num_nodes: int
+    gpus_per_node: int = 8
+    inter_node_bytes_per_s: float = 50e9
+    weak_link_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1:
+            raise ConfigError(f"field 'num_nodes' = {self.num_nodes} is out of range; allowed: >= 1")
+        if self.gpus_per_node < 1:
+            raise ConfigError(f"field 'gpus_per_node' = {self.gpus_per_node} is out of range; allowed: >= 1")
+        if not 0 < self.weak_link_factor <= 1:
+            raise ConfigError(f"field 'weak_link_factor' = {self.weak_link_factor} is out of range; allowed: (0, 1]")
+
+    @classmethod
+    def dgx(cls, gpu: str | GPUSpec = "H200", num_nodes: int = 1) -> "Cluster":
+        """DGX-style nodes of 8 GPUs with one 400 Gb/s NDR NIC per GPU (``hardware.json`` ``node``)."""
+        node = hardware_data()["node"]
+        spec = gpu if isinstance(gpu, GPUSpec) else GPUSpec.named(gpu)
+        return cls(
+            gpu=spec,
+            num_nodes=num_nodes,
+            gpus_per_node=int(node["gpus_per_node"]),
+            inter_node_bytes_per_s=float(node["inter_node"]["gb_per_s_per_direction"]) * 1e9,
+        )
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def intra_link(self) -> Link:
+        a = cost_assumptions()
+        return Link("NVLink", self.gpu.nvlink_bytes_per_s, a["alpha_intra_node_s"])
+
+    def inter_link(self) -> Link:
+        a = cost_assumptions()
+        return Link("InfiniBand", self.inter_node_bytes_per_s * self.weak_link_factor, a["alpha_inter_node_s"])
+
+    def link_for(self, ranks: list[int] | tuple[int, ...]) -> Link:
+        """The bottleneck link of a group: NVLink if all ranks share a node, else the inter-node link."""
+        nodes = {self.node_of(r) for r in ranks}
+        return self.intra_link() if len(nodes) <= 1 else self.inter_link()
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Parallel sizes and the training batch shape.
+
+    Attributes:
+        pp: pipeline stages (ranks in the pipeline).
+        vpp: virtual stages (model chunks) per pipeline rank; 1 = none.
+        tp: tensor-parallel size (mixer and shared expert are split; two all-reduces per layer).
+        ep: expert-parallel size (experts of a stage are sharded over ``ep`` ranks).
+        dp: data-parallel replicas beyond EP (the non-expert part is data-parallel over ``ep * dp``).
+        microbatches: micro-batches per iteration per pipeline (m).
+        micro_batch_size: sequences per micro-batch.
+        seq_len: tokens per sequence.
+        dtype: ``bf16`` (default), ``fp16``, ``fp8`` or ``fp32`` for activations and communication.
+        distributed_optimizer: shard optimizer state over the data-parallel ranks (6 + 12/dp bytes per
+            parameter instead of 18; DESIGN section 3).
+        schedule: pipeline schedule the planner simulates; default ``overlapped`` (1F1B whose steady state runs
+            the forward of one micro-batch together with the backward of another, as Tessera's plans assume).
+    """
+
+    pp: int = 8
+    vpp: int = 1
+    tp: int = 1
+    ep: int = 8
+    dp: int = 1
+    microbatches: int = 32
+    micro_batch_size: int = 1
+    seq_len: int = 4096
+    dtype: str = "bf16"
+    distributed_optimizer: bool = True
+    schedule: str = "overlapped"
+
+    def __post_init__(self) -> None:
+        for name in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"field '{name}' = {value!r} is out of range; allowed: an integer >= 1")
+        if self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"field 'dtype' = {self.dtype!r} is unknown; allowed: {', '.join(DTYPE_BYTES)}")
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.ep * self.tp
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def tokens_per_microbatch(self) -> int:
+        """Tokens one rank processes per micro-batch (``micro_batch_size * seq_len``)."""
+        return self.micro_batch_size * self.seq_len
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        """Global batch in tokens: every one of the ``ep * dp`` data-parallel pipelines runs ``m`` micro-batches."""
+        return self.microbatches * self.tokens_per_microbatch * self.ep * self.dp
+
+    def replace(self, **changes: Any) -> "ParallelConfig":
+        return dataclasses.replace(self, **changes)
+
+    # ---------------------------------------------------------------- placement
+    def rank(self, pp_i: int, dp_i: int = 0, ep_i: int = 0, tp_i: int = 0) -> int:
+        """Global rank of a coordinate (TP innermost, then EP, then DP, then PP)."""
+        return ((pp_i * self.dp + dp_i) * self.ep + ep_i) * self.tp + tp_i
+
+    def group_ranks(self, kind: str, pp_i: int = 0, dp_i: int = 0, ep_i: int = 0, tp_i: int = 0) -> list[int]:
+        """Ranks of the ``tp``, ``ep``, ``dp`` (expert data-parallel) or ``edp`` (non-expert data-parallel:
+        ep x dp) group containing the given coordinate."""
+        if kind == "tp":
+            return [self.rank(pp_i, dp_i, ep_i, t) for t in range(self.tp)]
+        if kind == "ep":
+            return [self.rank(pp_i, dp_i, e, tp_i) for e in range(self.ep)]
+        if kind == "dp":
+            return [self.rank(pp_i, d, ep_i, tp_i) for d in range(self.dp)]
+        if kind == "edp":
+            return [self.rank(pp_i, d, e, tp_i) for d in range(self.dp) for e in range(self.ep)]
+        if kind == "pp":
+            return [self.rank(p, dp_i, ep_i, tp_i) for p in range(self.pp)]
+        raise ConfigError(f"group kind {kind!r} is unknown; allowed: tp, ep, dp, edp, pp")
+
+
+def cluster_for(parallel: ParallelConfig, gpu: str | GPUSpec = "H200") -> Cluster:
+    """The smallest DGX-style cluster (8 GPUs a node) that holds ``parallel.world_size`` ranks."""
+    per_node = int(hardware_data()["node"]["gpus_per_node"])
+    nodes = max(1, -(-parallel.world_size // per_node))
+    return Cluster.dgx(gpu, nodes)
+
+
+def check_fits(parallel: ParallelConfig, cluster: Cluster) -> None:
+    """Raise ConfigError if the parallel sizes need more GPUs than the cluster has."""
+    if parallel.world_size > cluster.num_gpus:
+        raise ConfigError(
+            f"field 'world_size' = pp*dp*ep*tp = {parallel.world_size} exceeds the cluster's {cluster.num_gpus} GPUs; "
+            f"allowed: at most {cluster.num_gpus}"
+        )

@@ -1,0 +1,371 @@
+"""Layer-task decomposition: every layer becomes F, B and W task graphs.
+
+For one micro-batch on one rank (``T = micro_batch_size * seq_len`` tokens), each decoder layer is split
+into the tasks of DESIGN section 3: the mixer (norm, projections, core), the router, permute, the
+**dispatch all-to-all** over the EP group, the grouped expert GEMMs, the **combine all-to-all**, unpermute,
+the shared expert (independent of the all-to-all) and the residual; a dense layer has an MLP instead.
+Backward is the reverse graph: B (input gradient) for every task and W (weight gradient) for every
+task that owns weights. W tasks are ``deferrable``.
+
+FLOP conventions (per micro-batch, per rank):
+
+* GEMM ``y = x A`` with ``x`` of shape (m, k) and ``A`` (k, n): F, B and W each cost ``2 m k n``.
+* Causal softmax attention core: ``4 b s^2 H d`` counted at half (causal), B = 2 x F, no W.
+* Gated DeltaNet core (recurrent form of Yang et al., "Gated Delta Networks", ICLR 2025): per token and
+  value head, ``S^T k``, the rank-1 state update and ``S^T q`` cost ``6 d_k d_v``; the chunked kernel adds
+  the intra-chunk products ``2 C (d_k + d_v)`` with chunk size ``C = 64`` (flash-linear-attention's
+  default). B = 2 x F, no W.
+* Routed experts: tokens received by the rank times top-k copies, three GEMMs of width ``moe_intermediate_size``.
+
+Byte counts (``bytes``) are HBM traffic for the roofline; ``saved_bytes`` is what a forward task keeps
+for backward (activation memory). Collective sizes follow nccl-tests' definition of ``S``.
+
+This module never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Iterable
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.model.spec import MOE, LayerSpec, ModelSpec
+
+PHASES = ("F", "B", "W")
+LINEAR_ATTENTION_CHUNK = 64
+
+#: ops whose FLOPs count as model FLOPs (Megatron-LM convention: GEMMs and the attention core).
+MODEL_FLOP_OPS = frozenset({"gemm", "grouped_gemm", "attention", "linear_attention"})
+COMM_OPS = frozenset({"all_to_all", "all_reduce", "reduce_scatter", "all_gather", "p2p"})
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A communication operation.
+
+    Attributes:
+        kind: ``all_to_all``, ``all_reduce``, ``reduce_scatter``, ``all_gather`` or ``p2p``.
+        bytes: message size S per rank in bytes, as nccl-tests defines it for the collective.
+        group: ``ep``, ``tp``, ``pp`` or ``edp`` (the non-expert data-parallel group).
+        group_size: ranks in the group; a group of 1 is a no-op.
+    """
+
+    kind: str
+    bytes: float
+    group: str
+    group_size: int
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of a layer for one micro-batch on one rank.
+
+    Attributes:
+        name: unique within the layer and phase, e.g. ``"dispatch"``.
+        layer: decoder layer index; ``-1`` for the embedding, ``num_layers`` for LM head and loss.
+        phase: ``F`` (forward), ``B`` (input gradient) or ``W`` (weight gradient).
+        op: ``gemm``, ``grouped_gemm``, ``attention``, ``linear_attention``, ``elementwise``, ``router``,
+            ``embedding``, ``loss`` or a collective kind.
+        flops: floating-point operations.
+        bytes: HBM bytes read and written (roofline).
+        collective: the collective for communication tasks, else ``None``.
+        deps: names of tasks of the same bundle this task waits for.
+        deferrable: W tasks and gradient reduce-scatter may move later in the schedule.
+        saved_bytes: activation bytes kept from forward to backward (F tasks only).
+    """
+
+    name: str
+    layer: int
+    phase: str
+    op: str
+    flops: float = 0.0
+    bytes: float = 0.0
+    collective: Collective | None = None
+    deps: tuple[str, ...] = ()
+    deferrable: bool = False
+    saved_bytes: float = 0.0
+
+    @property
+    def is_comm(self) -> bool:
+        return self.collective is not None
+
+    @property
+    def key(self) -> str:
+        """Globally unique label ``L<layer>.<phase>.<name>``."""
+        return f"L{self.layer}.{self.phase}.{self.name}"
+
+
+@dataclass(frozen=True)
+class LayerTasks:
+    """F, B and W task lists of one layer (each in program order; ``deps`` name tasks of the same list)."""
+
+    layer: int
+    kind: str
+    F: tuple[Task, ...]
+    B: tuple[Task, ...]
+    W: tuple[Task, ...]
+
+    def phase(self, name: str) -> tuple[Task, ...]:
+        if name not in PHASES:
+            raise ConfigError(f"phase {name!r} is unknown; allowed: F, B, W")
+        return getattr(self, name)
+
+    def all(self) -> tuple[Task, ...]:
+        return self.F + self.B + self.W
+
+
+# ---------------------------------------------------------------------- builders of forward graphs
+@dataclass
+class _Fwd:
+    """Forward graph under construction: tasks plus which ones own weights (get a W) and the
+    B cost multiplier of each."""
+
+    layer: int
+    dt: int
+    tasks: list[Task] = field(default_factory=list)
+    weighted: dict[str, Task] = field(default_factory=dict)  # name -> W task template (phase set later)
+    b_scale: dict[str, float] = field(default_factory=dict)
+
+    def add(self, task: Task, *, w: Task | None = None, b_scale: float = 1.0) -> str:
+        self.tasks.append(task)
+        if w is not None:
+            self.weighted[task.name] = w
+        self.b_scale[task.name] = b_scale
+        return task.name
+
+    def gemm(self, name: str, m: float, k: float, n: float, deps: Iterable[str], *, saved: bool = True) -> str:
+        """A dense GEMM (m, k) x (k, n); F, B and W each 2mkn FLOPs."""
+        flops = 2.0 * m * k * n
+        nbytes = self.dt * (m * k + k * n + m * n)
+        t = Task(name, self.layer, "F", "gemm", flops, nbytes, deps=tuple(deps),
+                 saved_bytes=self.dt * m * k if saved else 0.0)
+        return self.add(t, w=replace(t, saved_bytes=0.0))
+
+    def elementwise(self, name: str, nbytes: float, deps: Iterable[str], *, saved: float = 0.0, flops: float = 0.0) -> str:
+        return self.add(Task(name, self.layer, "F", "elementwise", flops, nbytes, deps=tuple(deps), saved_bytes=saved))
+
+    def comm(self, name: str, kind: str, nbytes: float, group: str, size: int, deps: Iterable[str]) -> str:
+        coll = Collective(kind, nbytes if size > 1 else 0.0, group, size)
+        return self.add(Task(name, self.layer, "F", kind, 0.0, 0.0, coll, tuple(deps)))
+
+
+def _mixer_gated_deltanet(g: _Fwd, m: ModelSpec, T: int, tp: int, after: str) -> str:
+    h, dt = m.hidden_size, g.dt
+    nvh = m.linear_num_value_heads / tp
+    kd = m.linear_num_key_heads * m.linear_key_head_dim / tp
+    vd = m.linear_num_value_heads * m.linear_value_head_dim / tp
+    dk, dv = m.linear_key_head_dim, m.linear_value_head_dim
+    conv_dim = 2 * kd + vd
+    proj = g.gemm("in_proj", T, h, 2 * kd + 2 * vd + 2 * nvh, [after])
+    conv = g.elementwise("conv1d", dt * T * conv_dim * 2, [proj], saved=dt * T * conv_dim,
+                         flops=2.0 * T * conv_dim * m.linear_conv_kernel_dim)
+    C = LINEAR_ATTENTION_CHUNK
+    chunks = -(-T // C)
+    state_bytes = chunks * nvh * dk * dv * 4  # fp32 chunk states
+    core_flops = T * nvh * (6.0 * dk * dv + 2.0 * C * (dk + dv))
+    core = g.add(
+        Task("core", g.layer, "F", "linear_attention", core_flops,
+             dt * T * (2 * kd + 2 * vd + 2 * nvh) + 2 * state_bytes, deps=(conv,),
+             saved_bytes=dt * T * (2 * kd + vd + 2 * nvh) + state_bytes),
+        b_scale=2.0,
+    )
+    norm = g.elementwise("gated_norm", dt * T * vd * 3, [core], saved=dt * T * vd * 2)
+    return g.gemm("out_proj", T, vd, h, [norm])
+
+
+def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, tp: int, after: str) -> str:
+    h, dt = m.hidden_size, g.dt
+    nh, nkv, hd = m.num_attention_heads / tp, max(m.num_key_value_heads / tp, 1), m.head_dim
+    gated = layer.attention == "gated_gqa"
+    qkv = g.gemm("qkv_proj", T, h, nh * hd * (2 if gated else 1) + 2 * nkv * hd, [after])
+    rope = g.elementwise("qk_norm_rope", dt * T * (nh + nkv) * hd * 2, [qkv], saved=dt * T * (nh + nkv) * hd)
+    flops = 0.5 * 4.0 * b * s * s * nh * hd  # causal: half of QK^T and AV
+    io = dt * T * (2 * nh * hd + 2 * nkv * hd)
+    core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=(rope,),
+                      saved_bytes=io + 4.0 * T * nh), b_scale=2.0)
+    last = core
+    if gated:
+        last = g.elementwise("output_gate", dt * T * nh * hd * 3, [core], saved=dt * T * nh * hd * 2)
+    return g.gemm("o_proj", T, nh * hd, h, [last])
+
+
+def _mixer_mla(g: _Fwd, m: ModelSpec, T: int, b: int, s: int, tp: int, after: str) -> str:
+    h, dt = m.hidden_size, g.dt
+    nh = m.num_attention_heads / tp
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    if m.q_lora_rank:
+        qa = g.gemm("q_a_proj", T, h, m.q_lora_rank, [after])
+        qn = g.elementwise("q_a_norm", dt * T * m.q_lora_rank * 2, [qa], saved=dt * T * m.q_lora_rank)
+        q = g.gemm("q_b_proj", T, m.q_lora_rank, nh * qk, [qn])
+    else:
+        q = g.gemm("q_proj", T, h, nh * qk, [after])
+    kva = g.gemm("kv_a_proj", T, h, m.kv_lora_rank + m.qk_rope_head_dim, [after])
+    kvn = g.elementwise("kv_a_norm", dt * T * m.kv_lora_rank * 2, [kva], saved=dt * T * m.kv_lora_rank)
+    kvb = g.gemm("kv_b_proj", T, m.kv_lora_rank, nh * (m.qk_nope_head_dim + m.v_head_dim), [kvn])
+    flops = 0.5 * 2.0 * b * s * s * nh * (qk + m.v_head_dim)
+    io = dt * T * nh * (2 * qk + 2 * m.v_head_dim)
+    core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=(q, kvb),
+                      saved_bytes=io + 4.0 * T * nh), b_scale=2.0)
+    return g.gemm("o_proj", T, nh * m.v_head_dim, h, [core])
+
+
+def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load: float) -> list[str]:
+    h, dt, k, E = m.hidden_size, g.dt, m.num_experts_per_tok, m.num_experts
+    if E % p.ep:
+        raise ConfigError(f"field 'ep' = {p.ep} must divide num_experts = {E}")
+    routed = T * k  # token copies this rank sends out (and, on average, receives)
+    received = routed * load
+    router = g.add(Task("router", g.layer, "F", "router", 2.0 * T * h * E, dt * (T * h + h * E) + 4.0 * T * E * 2,
+                        deps=(after,), saved_bytes=4.0 * T * E),
+                   w=Task("router", g.layer, "W", "gemm", 2.0 * T * h * E, dt * (T * h + h * E + T * E)))
+    permute = g.elementwise("permute", dt * routed * h * 2, [router])
+    dispatch = g.comm("dispatch", "all_to_all", dt * routed * h, "ep", p.ep, [permute])
+    width = m.moe_intermediate_size
+    local_experts = E // p.ep
+    eflops = 2.0 * received * h * width * 3
+    ebytes = dt * (3 * h * width * local_experts + received * (2 * h + 3 * width))
+    experts = g.add(
+        Task("experts", g.layer, "F", "grouped_gemm", eflops, ebytes, deps=(dispatch,),
+             saved_bytes=dt * received * (h + 3 * width)),
+        w=Task("experts", g.layer, "W", "grouped_gemm", eflops, ebytes),
+    )
+    combine = g.comm("combine", "all_to_all", dt * routed * h, "ep", p.ep, [experts])
+    unpermute = g.elementwise("unpermute", dt * (routed * h + T * h), [combine], saved=dt * routed * h)
+    outs = [unpermute]
+    if m.shared_expert_intermediate_size:
+        Is = m.shared_expert_intermediate_size / p.tp
+        sflops = 2.0 * T * h * Is * 3 + (2.0 * T * h if m.shared_expert_gate else 0.0)
+        sbytes = dt * (3 * h * Is + T * (2 * h + 3 * Is))
+        shared = g.add(
+            Task("shared_expert", g.layer, "F", "gemm", sflops, sbytes, deps=(after,), saved_bytes=dt * T * (h + 3 * Is)),
+            w=Task("shared_expert", g.layer, "W", "gemm", sflops, sbytes),
+        )
+        if p.tp > 1:
+            shared = g.comm("shared_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [shared])
+        outs.append(shared)
+    return outs
+
+
+def _ffn_dense(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str) -> list[str]:
+    h, dt = m.hidden_size, g.dt
+    inter = m.intermediate_size / p.tp
+    up = g.gemm("gate_up_proj", T, h, 2 * inter, [after])
+    act = g.elementwise("silu_mul", dt * T * inter * 3, [up], saved=dt * T * inter * 2)
+    down = g.gemm("down_proj", T, inter, h, [act])
+    if p.tp > 1:
+        down = g.comm("mlp_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [down])
+    return [down]
+
+
+def _backward(fwd: _Fwd) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
+    """Reverse the forward graph: B of a task waits for the B of every consumer; W of a task waits for
+    the same input gradient (its consumers' B)."""
+    consumers: dict[str, list[str]] = {t.name: [] for t in fwd.tasks}
+    for t in fwd.tasks:
+        for d in t.deps:
+            consumers[d].append(t.name)
+    b_tasks, w_tasks = [], []
+    for t in reversed(fwd.tasks):
+        deps = tuple(consumers[t.name])
+        scale = fwd.b_scale.get(t.name, 1.0)
+        b_tasks.append(replace(t, phase="B", flops=t.flops * scale, bytes=t.bytes * (2.0 if t.op == "elementwise" else 1.0),
+                               deps=deps, saved_bytes=0.0))
+        if t.name in fwd.weighted:
+            w_tasks.append(replace(fwd.weighted[t.name], phase="W", deps=(), deferrable=True, saved_bytes=0.0))
+    return tuple(b_tasks), tuple(w_tasks)
+
+
+def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConfig, *, expert_load: float = 1.0) -> LayerTasks:
+    """F, B and W tasks of one decoder layer for one micro-batch on one rank.
+
+    Args:
+        model: the model.
+        layer: a layer of ``model`` (or its index).
+        parallel: parallel sizes and batch shape (tokens per micro-batch, tp, ep, dtype).
+        expert_load: tokens this rank's experts receive relative to the uniform share (1.0 = uniform
+            routing; 2.0 = twice the tokens, as under skewed routing).
+
+    Returns:
+        LayerTasks whose F list is in forward program order and B list in backward program order.
+        W tasks carry no dependencies inside their list: each may run any time after the B task of the
+        same name (a scheduler enforces that across bundles).
+
+    Raises:
+        ConfigError: a layer index out of range, ``ep`` not dividing the experts, ``expert_load`` < 0.
+    """
+    if isinstance(layer, int):
+        if not 0 <= layer < model.num_layers:
+            raise ConfigError(f"field 'layer' = {layer} is out of range; allowed: 0 to {model.num_layers - 1}")
+        layer = model.layers[layer]
+    if expert_load < 0:
+        raise ConfigError(f"field 'expert_load' = {expert_load} is out of range; allowed: >= 0")
+    p = parallel
+    T, b, s = p.tokens_per_microbatch, p.micro_batch_size, p.seq_len
+    h, dt = model.hidden_size, p.dtype_bytes
+    g = _Fwd(layer.index, dt)
+    n1 = g.elementwise("input_norm", dt * T * h * 2, [], saved=dt * T * h)
+    if layer.attention == "gated_deltanet":
+        mix = _mixer_gated_deltanet(g, model, T, p.tp, n1)
+    elif layer.attention == "mla":
+        mix = _mixer_mla(g, model, T, b, s, p.tp, n1)
+    else:
+        mix = _mixer_gqa(g, model, layer, T, b, s, p.tp, n1)
+    if p.tp > 1:
+        mix = g.comm("attn_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [mix])
+    n2 = g.elementwise("post_attn_norm", dt * T * h * 3, [mix], saved=dt * T * h)
+    outs = _ffn_moe(g, model, T, p, n2, expert_load) if layer.ffn == MOE else _ffn_dense(g, model, T, p, n2)
+    g.elementwise("residual", dt * T * h * 3, outs)
+    B, W = _backward(g)
+    return LayerTasks(layer.index, layer.kind, tuple(g.tasks), B, W)
+
+
+def embedding_tasks(model: ModelSpec, parallel: ParallelConfig) -> LayerTasks:
+    """Input embedding of the first stage (layer index -1): a gather forward, a scatter-add W."""
+    p, h, dt = parallel, model.hidden_size, parallel.dtype_bytes
+    T = p.tokens_per_microbatch
+    f = Task("embedding", -1, "F", "embedding", 0.0, dt * T * h * 2 + 8.0 * T)
+    w = Task("embedding", -1, "W", "embedding", float(T * h), dt * T * h * 3, deferrable=True)
+    return LayerTasks(-1, "embedding", (f,), (), (w,))
+
+
+def head_tasks(model: ModelSpec, parallel: ParallelConfig) -> LayerTasks:
+    """Final norm, LM head GEMM and cross-entropy loss of the last stage (layer index ``num_layers``)."""
+    p, h, dt, V = parallel, model.hidden_size, parallel.dtype_bytes, model.vocab_size
+    T = p.tokens_per_microbatch
+    g = _Fwd(model.num_layers, dt)
+    n = g.elementwise("final_norm", dt * T * h * 2, [], saved=dt * T * h)
+    head = g.gemm("lm_head", T, h, V / p.tp, [n])
+    g.add(Task("loss", model.num_layers, "F", "loss", 5.0 * T * V / p.tp, 4.0 * T * V * 2 / p.tp,
+               deps=(head,), saved_bytes=4.0 * T * V / p.tp))
+    B, W = _backward(g)
+    return LayerTasks(model.num_layers, "lm_head", tuple(g.tasks), B, W)
+
+
+def decompose(model: ModelSpec, parallel: ParallelConfig, *, expert_load: float = 1.0) -> list[LayerTasks]:
+    """Tasks of every layer: the embedding, each decoder layer in order, then the LM head and loss."""
+    return [embedding_tasks(model, parallel)] + [
+        layer_tasks(model, layer, parallel, expert_load=expert_load) for layer in model.layers
+    ] + [head_tasks(model, parallel)]
+
+
+def p2p_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:
+    """Bytes sent between consecutive pipeline stages per micro-batch (hidden states, or their gradient)."""
+    return float(parallel.tokens_per_microbatch * model.hidden_size * parallel.dtype_bytes / parallel.tp)
+
+
+def model_flops_per_iteration(model: ModelSpec, parallel: ParallelConfig) -> float:
+    """Model FLOPs of one training iteration of the whole job (all pipelines, all micro-batches).
+
+    Megatron-LM convention (``num_floating_point_operations`` in ``megatron/training/training.py``):
+    3 x the forward FLOPs of the GEMMs and the attention core (F + B + W), causal attention counted at
+    half, MoE through top-k x expert width plus the shared expert, no recomputation. The router GEMM,
+    norms, convolutions and element-wise work are not model FLOPs. Computed on an unsharded
+    (tp = ep = 1) decomposition of one micro-batch and scaled to the global batch.
+    """
+    ref = parallel.replace(tp=1, ep=1, dp=1, pp=1, vpp=1)
+    per_mb = 0.0
+    for lt in decompose(model, ref):
+        per_mb += sum(t.flops for t in lt.F if t.op in MODEL_FLOP_OPS)
+    sequences_factor = parallel.tokens_per_iteration / ref.tokens_per_microbatch
+    return 3.0 * per_mb * sequences_factor

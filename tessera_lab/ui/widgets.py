@@ -1,0 +1,254 @@
+"""ipywidgets dashboards. Each callback is a thin shell over a pure function that tests call directly.
+
+:func:`panel` is the one builder behind every panel here and in :mod:`tessera_lab.teach.core`: controls, an
+output area, the callback wiring and the ``state`` dict the tests read.
+
+ipywidgets, matplotlib and IPython are imported inside the panel builders, so importing this module
+costs nothing where they are absent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.model.spec import load_model
+from tessera_lab.plan.make import Plan, make_plan
+
+#: ``style`` of every control: the label takes the width it needs ("initial"), so JupyterLab does not cut
+#: descriptions such as "expert width" or "micro-batches" to "expert wi…" at its default 80 px.
+LABEL_STYLE = {"description_width": "initial"}
+
+
+def panel(
+    controls: dict[str, Any],
+    compute: Callable[[dict[str, Any]], Any],
+    render: Callable[[Any], None],
+    rows: list[list[str]] | None = None,
+    *,
+    state_key: str | None = "result",
+    error_prefix: str = "cannot compute",
+):
+    """Wire ipywidgets controls to a pure function: the one builder behind every panel of this package.
+
+    Every change of a control's ``value`` (and the call itself, once) clears the output and ``state``, calls
+    ``compute`` with the current values and, inside the output area, ``render`` with its result. The callback
+    stays thin: all the work is in ``compute``, which tests call directly.
+
+    Args:
+        controls: the widgets by name; ``compute`` receives ``{name: widget.value}`` in this order.
+        compute: the pure function; a :class:`~tessera_lab.errors.TesseraError` it raises is reported,
+            not raised: ``state["error"]`` holds its text and the output one line ``"{error_prefix}: {exc}"``.
+        render: draws a result (tables, figures) into the output area.
+        rows: control names per row of the layout (default: one row of all controls, in order).
+        state_key: ``state[state_key]`` holds the latest result; ``None``: ``compute`` returns a dict of state
+            entries (e.g. ``{"summary": ..., "plan": ...}``) that are all kept.
+        error_prefix: the first words of the error line (e.g. ``"cannot plan"``).
+
+    Returns:
+        ``(panel, controls, state)``: the ``ipywidgets.VBox`` to display (the rows of controls above the
+        output), the controls as a dict (set their ``.value`` to recompute) and the live ``state`` dict.
+    """
+    import ipywidgets as w
+
+    from tessera_lab.errors import TesseraError
+
+    output = w.Output()
+    state: dict[str, Any] = {}
+
+    def update(_change=None) -> None:
+        output.clear_output(wait=True)
+        state.clear()
+        with output:
+            try:
+                result = compute({name: c.value for name, c in controls.items()})
+            except TesseraError as exc:
+                state["error"] = str(exc)
+                print(f"{error_prefix}: {exc}")
+                return
+            if state_key is None:
+                state.update(result)
+            else:
+                state[state_key] = result
+            render(result)
+
+    for c in controls.values():
+        style = getattr(c, "style", None)
+        if style is not None and hasattr(style, "description_width") and not style.description_width:
+            style.description_width = LABEL_STYLE["description_width"]  # labels never cut off
+        c.observe(update, names="value")
+    update()
+    layout = [w.HBox([controls[name] for name in row]) for row in (rows if rows is not None else [list(controls)])]
+    return w.VBox([*layout, output]), controls, state
+
+
+def replan(
+    model: str = "qwen3-next-80b-a3b",
+    *,
+    attention_ratio: int | None = None,
+    expert_width: int | None = None,
+    top_k: int | None = None,
+    pp: int = 8,
+    ep: int = 8,
+    microbatches: int = 32,
+    seq_len: int = 4096,
+    gpu: str = "H200",
+    method: str = "ilp",
+) -> Plan:
+    """Plan a variant of a shipped model (pure function behind the quick-start panel).
+
+    Args:
+        model: shipped model name.
+        attention_ratio: linear-attention layers per full-attention layer (hybrid models only).
+        expert_width: routed expert intermediate size.
+        top_k: routed experts per token.
+        pp, ep, microbatches, seq_len: parallel sizes and batch shape.
+
+    Raises:
+        ConfigError / PartitionError: as :func:`tessera_lab.plan.make.make_plan`.
+    """
+    spec = load_model(model)
+    current = {"attention_ratio": spec.attention_ratio, "moe_intermediate_size": spec.moe_intermediate_size,
+               "num_experts_per_tok": spec.num_experts_per_tok}
+    changes = {k: v for k, v in {"attention_ratio": attention_ratio, "moe_intermediate_size": expert_width,
+                                 "num_experts_per_tok": top_k}.items() if v is not None and v != current[k]}
+    if changes:
+        spec = spec.with_changes(**changes)
+    parallel = ParallelConfig(pp=pp, ep=ep, microbatches=microbatches, seq_len=seq_len)
+    return make_plan(spec, parallel, method=method, gpu=gpu)
+
+
+def plan_summary(plan: Plan) -> dict[str, Any]:
+    """Headline numbers of a plan: per partition, iteration time (s), tokens/s, MFU, bubble fraction and
+    the slowest stage (ms)."""
+    out = {}
+    for ev in [plan.chosen, *plan.baselines.values()]:
+        out[ev.method] = {
+            "iteration_time_s": ev.iteration_time_s,
+            "tokens_per_s": ev.tokens_per_s,
+            "mfu": ev.mfu,
+            "bubble_fraction": ev.bubble_fraction,
+            "slowest_stage_ms": max(st.time_s for st in ev.stages) * 1e3,
+            "layers_per_stage": [len(st.layers) for st in ev.stages],
+        }
+    return out
+
+
+def quickstart_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
+    """A small re-planning panel: attention ratio, expert width, pp and micro-batches.
+
+    Returns:
+        ``(panel, controls, state)``: the ``ipywidgets.VBox`` to display, a dict of the controls (set
+        their ``.value`` to re-plan, as the tests do) and a dict holding the latest ``summary``
+        (:func:`plan_summary`) and ``plan``, or the ``error`` text (built by :func:`panel`).
+    """
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from IPython.display import display
+
+    from tessera_lab.ui.plots import stage_cost_bars
+
+    spec = load_model(model)
+    controls = {
+        "attention_ratio": w.IntSlider(value=defaults.get("attention_ratio", spec.attention_ratio or 3), min=0, max=11,
+                                       description="attn ratio", style=LABEL_STYLE, continuous_update=False,
+                                       disabled=spec.attention_ratio is None),
+        "expert_width": w.Dropdown(options=[128, 256, 512, 1024, 2048],
+                                   value=defaults.get("expert_width", spec.moe_intermediate_size or 512),
+                                   description="expert width", style=LABEL_STYLE),
+        "pp": w.Dropdown(options=[2, 4, 8, 12, 16], value=defaults.get("pp", 8), description="pp", style=LABEL_STYLE),
+        "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
+                                    description="micro-batches", style=LABEL_STYLE, continuous_update=False),
+    }
+
+    def compute(v: dict[str, Any]) -> dict[str, Any]:
+        plan = replan(model, attention_ratio=v["attention_ratio"] if spec.attention_ratio is not None else None,
+                      expert_width=v["expert_width"], pp=v["pp"], microbatches=v["microbatches"])
+        return {"summary": plan_summary(plan), "plan": plan}
+
+    def render(res: dict[str, Any]) -> None:
+        display(pd.DataFrame(res["summary"]).T.drop(columns="layers_per_stage"))
+        ax = stage_cost_bars(res["plan"])
+        plt.show()
+        plt.close(ax.figure)
+
+    return panel(controls, compute, render, rows=[["attention_ratio", "expert_width"], ["pp", "microbatches"]],
+                 state_key=None, error_prefix="cannot plan")
+
+
+def compare_partitions(
+    model: str = "qwen3-next-80b-a3b",
+    *,
+    attention_ratio: int | None = None,
+    expert_width: int | None = None,
+    top_k: int | None = None,
+    pp: int = 8,
+    microbatches: int = 32,
+):
+    """The overlap-aware plan beside the uniform, standalone-balanced and parameter-balanced partitions, all
+    simulated with overlapped 1F1B (pure function behind notebook 06's panel).
+
+    Returns:
+        ``(plan, table)``: the :class:`~tessera_lab.plan.make.Plan` and a pandas DataFrame with one row per
+        partition: layers per stage, slowest stage after overlap (ms), iteration time (s), tokens/s, MFU, and
+        the speed-up of the overlap-aware plan over it.
+    """
+    import pandas as pd
+
+    plan = replan(model, attention_ratio=attention_ratio, expert_width=expert_width, top_k=top_k, pp=pp,
+                  microbatches=microbatches)
+    rows = []
+    for ev in [plan.chosen, *plan.baselines.values()]:
+        rows.append({
+            "partition": "overlap-aware (ilp)" if ev is plan.chosen else ev.method,
+            "layers per stage": [len(st.layers) for st in ev.stages],
+            "slowest stage (ms)": max(st.time_s for st in ev.stages) * 1e3,
+            "iteration (s)": ev.iteration_time_s,
+            "tokens/s": ev.tokens_per_s,
+            "MFU": ev.mfu,
+            "overlap-aware speed-up": ev.iteration_time_s / plan.chosen.iteration_time_s,
+            "fits memory": ev.fits_memory,
+        })
+    return plan, pd.DataFrame(rows).set_index("partition")
+
+
+def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
+    """Notebook 06's panel: attention ratio, expert width, top-k, stages and micro-batches.
+
+    Returns:
+        ``(panel, controls, state)`` like :func:`quickstart_panel`; ``state["table"]`` and ``state["plan"]``
+        hold the latest :func:`compare_partitions` result or ``state["error"]`` the reason it could not plan.
+    """
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    from tessera_lab.ui.plots import standalone_vs_overlap_bars
+
+    spec = load_model(model)
+    controls = {
+        "attention_ratio": w.IntSlider(value=defaults.get("attention_ratio", spec.attention_ratio or 3), min=0, max=11,
+                                       description="attn ratio", style=LABEL_STYLE, continuous_update=False),
+        "expert_width": w.Dropdown(options=[128, 256, 512, 1024, 2048],
+                                   value=defaults.get("expert_width", spec.moe_intermediate_size),
+                                   description="expert width", style=LABEL_STYLE),
+        "top_k": w.IntSlider(value=defaults.get("top_k", spec.num_experts_per_tok), min=1, max=32,
+                             description="top-k", style=LABEL_STYLE, continuous_update=False),
+        "pp": w.Dropdown(options=[2, 4, 8, 12, 16], value=defaults.get("pp", 8), description="stages", style=LABEL_STYLE),
+        "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
+                                    description="micro-batches", style=LABEL_STYLE, continuous_update=False),
+    }
+
+    def compute(v: dict[str, Any]) -> dict[str, Any]:
+        plan, table = compare_partitions(model, **v)
+        return {"table": table, "plan": plan}
+
+    def render(res: dict[str, Any]) -> None:
+        display(res["table"])
+        ax = standalone_vs_overlap_bars(res["plan"])
+        plt.show()
+        plt.close(ax.figure)
+
+    names = list(controls)
+    return panel(controls, compute, render, rows=[names[:3], names[3:]], state_key=None, error_prefix="cannot plan")
