@@ -23,7 +23,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tessera_lab.errors import ConfigError, ScheduleError  # noqa: E402
-from tessera_lab.runner import RunnerError, RunSpec, WorldSpec, defer_weight_grads, spawn, write_trace  # noqa: E402
+from tessera_lab.pipeline.passes import split_backward  # noqa: E402
+from tessera_lab.runner import RunnerError, RunSpec, WorldSpec, spawn, write_trace  # noqa: E402
 from tessera_lab.runner.launch import _alive, record_profile  # noqa: E402
 from tessera_lab.runner.model import (  # noqa: E402
     WEIGHT_GRAD_STORE,
@@ -153,14 +154,14 @@ def test_defer_weight_grads_transform():
     for name in SCHEDULES:
         sched = build_schedule(name, 2, 4, 2 if name in ("interleaved", "dualpipev") else 1)
         for lag in (None, 0, 1):
-            d = defer_weight_grads(sched, lag)  # validates
+            d = split_backward(sched, lag)  # validates
             for r, acts in d.actions.items():
                 leaves = [x for a in acts for x in a.leaves()]
                 assert not any(x.type is ActionType.B for x in leaves)
                 ws = [(x.stage, x.microbatch) for x in leaves if x.type is ActionType.W]
                 for s in d.rank_stages(r):
                     assert [i for st, i in ws if st == s] == list(range(4)), "W in micro-batch order"
-    pairs = [a for a in defer_weight_grads(build_schedule("overlapped", 2, 4)).actions[1] if a.sub_actions]
+    pairs = [a for a in split_backward(build_schedule("overlapped", 2, 4), None).actions[1] if a.sub_actions]
     assert pairs and all(str(a).startswith("(1F") and ";1I" in str(a) for a in pairs)
 
 

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera_lab.errors import ScheduleError
+from tessera_lab.pipeline.passes import with_comms
 from tessera_lab.pipeline.schedules import (
     SCHEDULE_NAMES,
     Action,
@@ -256,7 +257,7 @@ def test_csv_round_trip(tmp_path, name, pp, m, vpp):
 
 
 def test_csv_with_comms_round_trip():
-    s = one_f_one_b(3, 4).with_comms()
+    s = with_comms(one_f_one_b(3, 4))
     assert any(a.type is T.SEND_F for a in s.actions[0])
     back = Schedule.from_csv_text(s.to_csv_text())
     assert back.actions == s.actions
@@ -275,7 +276,7 @@ def test_csv_import_skips_idle_cells_and_ignored_types():
 
 def test_our_csv_cells_parse_with_torch():
     torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
-    s = dualpipev(2, 5).with_comms()
+    s = with_comms(dualpipev(2, 5))
     for row in csv.reader(io.StringIO(s.to_csv_text())):
         for cell in row:
             assert str(torch_schedules._Action.from_str(cell)) == cell

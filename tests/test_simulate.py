@@ -10,6 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
+from tessera_lab.pipeline.passes import with_comms
 from tessera_lab.pipeline.schedules import (
     ActionType,
     build_schedule,
@@ -230,7 +231,7 @@ def test_explicit_comms_match_implicit_ones():
     s = one_f_one_b(3, 5)
     d = uniform_durations(1.0, 2.0)
     a = simulate(s, d, p2p_latency=0.3)
-    b = simulate(s.with_comms(), d, p2p_latency=0.3)
+    b = simulate(with_comms(s), d, p2p_latency=0.3)
     assert b.iteration_time == approx(a.iteration_time)
 
 

@@ -70,6 +70,7 @@ from tessera_lab.dynamic.routing import (
     token_counts,
     DEFAULT_JITTER,
 )
+from tessera_lab.pipeline import passes
 from tessera_lab.pipeline.schedules import Action, ActionType, Schedule, build_schedule, canonical_name
 from tessera_lab.pipeline.simulate import Timeline, overlap_length, simulate
 
@@ -464,30 +465,21 @@ def predict_gaps(schedule: Schedule, durations, *, min_length: float = 0.0, **si
 
 # ================================================================================ (c) filling
 def split_backward(schedule: Schedule) -> Schedule:
-    """The same schedule with every full backward ``B`` split into ``I`` then ``W`` (W right after its I).
-
-    Schedules that are already split (ZB-H1, ZB-H2) come back unchanged (a copy).
+    """:func:`tessera_lab.pipeline.passes.split_backward` with ``W`` right after its ``I``, for the filler.
 
     Raises:
         ScheduleError: the schedule runs backwards inside overlapped F&B pairs (``overlapped``, DualPipeV),
-            which the filler cannot split.
+            which the filler cannot split yet.
     """
-    lists: dict[int, list[Action]] = {}
-    for r, acts in schedule.actions.items():
-        out: list[Action] = []
+    for acts in schedule.actions.values():
         for a in acts:
             if a.type is _OV:
                 raise ScheduleError(
                     f"dynamic filling needs separate I and W actions; schedule {schedule.name!r} runs backwards inside "
                     f"overlapped F&B pairs ({a}); allowed schedules: zb-h1, zb-h2, 1f1b, gpipe, interleaved")
-            if a.type is _B:
-                out.append(Action(a.stage, _I, a.microbatch))
-                out.append(Action(a.stage, _W, a.microbatch))
-            else:
-                out.append(a)
-        lists[r] = out
-    return Schedule(schedule.name, schedule.num_ranks, schedule.num_stages, schedule.num_microbatches, lists,
-                    dict(schedule.stage_to_rank), dict(schedule.meta))
+    out = passes.split_backward(schedule, w_lag=0)
+    return Schedule(schedule.name, out.num_ranks, out.num_stages, out.num_microbatches, out.actions,
+                    dict(out.stage_to_rank), dict(schedule.meta))
 
 
 class _Live:

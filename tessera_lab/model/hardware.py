@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import Any
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.model.layout import RankGrid
 from tessera_lab.paths import data_dir
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
@@ -215,24 +216,19 @@ class ParallelConfig:
         return dataclasses.replace(self, **changes)
 
     # ---------------------------------------------------------------- placement
+    @property
+    def grid(self) -> RankGrid:
+        """The rank layout (:class:`~tessera_lab.model.layout.RankGrid`: TP innermost, then EP, DP, PP)."""
+        return RankGrid(pp=self.pp, dp=self.dp, ep=self.ep, tp=self.tp)
+
     def rank(self, pp_i: int, dp_i: int = 0, ep_i: int = 0, tp_i: int = 0) -> int:
-        """Global rank of a coordinate (TP innermost, then EP, then DP, then PP)."""
-        return ((pp_i * self.dp + dp_i) * self.ep + ep_i) * self.tp + tp_i
+        """Global rank of a coordinate (see :class:`~tessera_lab.model.layout.RankGrid`)."""
+        return self.grid.rank(pp_i, dp_i, ep_i, tp_i)
 
     def group_ranks(self, kind: str, pp_i: int = 0, dp_i: int = 0, ep_i: int = 0, tp_i: int = 0) -> list[int]:
-        """Ranks of the ``tp``, ``ep``, ``dp`` (expert data-parallel) or ``edp`` (non-expert data-parallel:
-        ep x dp) group containing the given coordinate."""
-        if kind == "tp":
-            return [self.rank(pp_i, dp_i, ep_i, t) for t in range(self.tp)]
-        if kind == "ep":
-            return [self.rank(pp_i, dp_i, e, tp_i) for e in range(self.ep)]
-        if kind == "dp":
-            return [self.rank(pp_i, d, ep_i, tp_i) for d in range(self.dp)]
-        if kind == "edp":
-            return [self.rank(pp_i, d, e, tp_i) for d in range(self.dp) for e in range(self.ep)]
-        if kind == "pp":
-            return [self.rank(p, dp_i, ep_i, tp_i) for p in range(self.pp)]
-        raise ConfigError(f"group kind {kind!r} is unknown; allowed: tp, ep, dp, edp, pp")
+        """Ranks of the ``tp``, ``ep``, ``dp``, ``edp`` or ``pp`` group containing the coordinate
+        (:meth:`~tessera_lab.model.layout.RankGrid.group_ranks`)."""
+        return self.grid.group_ranks(kind, pp_i, dp_i, ep_i, tp_i)
 
 
 def cluster_for(parallel: ParallelConfig, gpu: str | GPUSpec = "H200") -> Cluster:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from tessera_lab.errors import ScheduleError
+from tessera_lab.io import atomic_write_text
 
 __all__ = [
     "ActionType",
@@ -379,7 +380,7 @@ class Schedule:
 
     def to_csv(self, path: str | os.PathLike) -> Path:
         """Write :meth:`to_csv_text` to ``path`` atomically (temp file + ``os.replace``)."""
-        return _atomic_write_text(Path(path), self.to_csv_text())
+        return Path(atomic_write_text(path, self.to_csv_text()))
 
     @classmethod
     def from_csv_text(
@@ -443,56 +444,6 @@ class Schedule:
         """Read a torch.distributed.pipelining CSV file; see :meth:`from_csv_text`."""
         return cls.from_csv_text(Path(path).read_text(), **kwargs)
 
-    # -- lowering ----------------------------------------------------------------------------
-    def with_comms(self) -> "Schedule":
-        """A copy with explicit SEND/RECV actions, placed the way torch's ``_add_send_recv`` does:
-        each cross-rank send right after its producing compute action, and the matching receive
-        appended to the receiving rank's list at that moment of a rank-by-rank sweep.
-
-        Raises:
-            ScheduleError: the compute orders cannot be lowered (they are not jointly executable).
-        """
-        S = self.num_stages
-        s2r = self.stage_to_rank
-        pending = {r: list(self.compute_actions(r)) for r in range(self.num_ranks)}
-        out: dict[int, list[Action]] = {r: [] for r in range(self.num_ranks)}
-        done: set[tuple[str, int, int]] = set()  # ('F'|'G', stage, mb) visible on the consumer rank
-        F, B, I = ActionType.F, ActionType.B, ActionType.I
-
-        def ready(x: Action) -> bool:
-            if x.type is F and x.stage > 0:
-                return ("F", x.stage - 1, x.microbatch) in done
-            if x.type in (B, I) and x.stage < S - 1:
-                return ("G", x.stage + 1, x.microbatch) in done
-            return True
-
-        while any(pending.values()):
-            progress = False
-            for r in range(self.num_ranks):
-                if not pending[r]:
-                    continue
-                a = pending[r][0]
-                if not all(ready(x) for x in a.leaves()):
-                    continue
-                out[r].append(a)
-                for x in a.leaves():
-                    if x.type is F:
-                        done.add(("F", x.stage, x.microbatch))
-                        if x.stage < S - 1 and s2r[x.stage + 1] != r:
-                            out[r].append(Action(x.stage, ActionType.SEND_F, x.microbatch))
-                            out[s2r[x.stage + 1]].append(Action(x.stage + 1, ActionType.RECV_F, x.microbatch))
-                    elif x.type in (B, I):
-                        done.add(("G", x.stage, x.microbatch))
-                        if x.stage > 0 and s2r[x.stage - 1] != r:
-                            out[r].append(Action(x.stage, ActionType.SEND_B, x.microbatch))
-                            out[s2r[x.stage - 1]].append(Action(x.stage - 1, ActionType.RECV_B, x.microbatch))
-                pending[r].pop(0)
-                progress = True
-            if not progress:
-                stuck = {r: str(v[0]) for r, v in pending.items() if v}
-                raise ScheduleError(f"schedule {self.name!r} cannot be lowered with comms; stuck: {stuck}")
-        return Schedule(self.name, self.num_ranks, S, self.num_microbatches, out, dict(s2r), dict(self.meta))
-
 
 def dump_csv(schedule: Schedule, path: str | os.PathLike) -> Path:
     """Write ``schedule`` as torch.distributed.pipelining CSV (see :meth:`Schedule.to_csv`)."""
@@ -502,22 +453,6 @@ def dump_csv(schedule: Schedule, path: str | os.PathLike) -> Path:
 def load_csv(path: str | os.PathLike, **kwargs) -> Schedule:
     """Read torch.distributed.pipelining CSV (see :meth:`Schedule.from_csv_text`)."""
     return Schedule.from_csv(path, **kwargs)
-
-
-def _atomic_write_text(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
 
 
 # ----------------------------------------------------------------------------------------------

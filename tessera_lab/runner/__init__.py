@@ -57,11 +57,10 @@ from .launch import (
     RunSpec,
     TinyConfig,
     WorldSpec,
-    defer_weight_grads,
     observed_timeline,
     spawn,
     write_trace,
 )
 
-__all__ = ["RunnerError", "RunResult", "RunSpec", "TinyConfig", "WorldSpec", "defer_weight_grads",
+__all__ = ["RunnerError", "RunResult", "RunSpec", "TinyConfig", "WorldSpec", 
            "observed_timeline", "spawn", "write_trace"]

@@ -42,6 +42,7 @@ from typing import Any, Sequence
 
 from tessera_lab.argtypes import positive_int
 from tessera_lab.errors import ConfigError, TesseraError
+from tessera_lab.pipeline.passes import split_backward
 from tessera_lab.pipeline.schedules import Action, ActionType, Schedule, build_schedule, canonical_name
 
 __all__ = [
@@ -49,7 +50,6 @@ __all__ = [
     "RunSpec",
     "RunnerError",
     "RunResult",
-    "defer_weight_grads",
     "spawn",
     "worker_main",
     "main",
@@ -241,7 +241,7 @@ class RunSpec:
         steps: optimizer steps; lr: AdamW learning rate; data_seed: seed of :func:`~tessera_lab.runner.model.
             make_batch`.
         boundaries: stage boundaries (a plan's ``boundaries``); None: uniform.
-        defer_w: split every backward into I now and W later (:func:`defer_weight_grads`); w_lag: see there.
+        defer_w: split every backward into I now and W later (:func:`tessera_lab.pipeline.passes.split_backward`); w_lag: see there.
         deterministic: one intra-op thread and deterministic algorithms (bitwise reproducible on CPU).
         grad_sync: ``"ordered"`` (deterministic replica sum) or ``"allreduce"``.
         overlap: ``"thread"`` (OVERLAP_F_B pairs run concurrently) or ``"serial"``.
@@ -282,7 +282,7 @@ class RunSpec:
     def build_schedule(self, pp: int) -> Schedule:
         """The schedule for ``pp`` ranks (with W deferral if ``defer_w``)."""
         sched = build_schedule(self.schedule, pp, self.microbatches, self.vpp)
-        return defer_weight_grads(sched, self.w_lag) if self.defer_w else sched
+        return split_backward(sched, self.w_lag) if self.defer_w else sched
 
     def validate(self, world: WorldSpec) -> Schedule:
         """Check the job against the world without torch; returns its schedule.
@@ -330,62 +330,6 @@ class RunSpec:
         if unknown:
             raise ConfigError(f"unknown job field(s) {sorted(unknown)}; allowed: {[f.name for f in fields(cls)]}")
         return cls(**d)
-
-
-def defer_weight_grads(schedule: Schedule, lag: int | None = None) -> Schedule:
-    """Split every full backward ``B`` into ``I`` (input gradient, where ``B`` was) and a deferred ``W``.
-
-    ``W(s, i)`` goes right after the action holding ``I(s, i + lag)`` on the same stage; without such an
-    action (``i + lag >= m``), or with ``lag=None``, it goes to the end of the rank's list; in schedules that
-    already split some backwards (ZB, DualPipeV) it moves up to just before the first existing ``W(s, j)``
-    with ``j > i``. So W passes stay in micro-batch order per stage and gradients accumulate in the same
-    order as with ``B``. Overlapped pairs ``(F;B)`` become ``(F;I)``. Actions already split (I/W) are kept.
-
-    Raises:
-        ScheduleError: the result fails :meth:`Schedule.validate`.
-    """
-    m = schedule.num_microbatches
-    new_actions: dict[int, list[Action]] = {}
-    for r, acts in schedule.actions.items():
-        out: list[Action] = []
-        slots: dict[tuple[int, int], int] = {}  # (stage, mb) of an I made from a B -> index in out
-        converted: list[tuple[int, int]] = []
-        existing_w: dict[int, list[tuple[int, int]]] = {}  # stage -> [(mb, index)] of W already in the list
-        for a in acts:
-            if a.type is ActionType.OVERLAP_F_B:
-                subs = tuple(Action(x.stage, ActionType.I, x.microbatch) if x.type is ActionType.B else x
-                             for x in a.sub_actions)
-                out.append(Action(a.stage, a.type, a.microbatch, subs))
-                for x in a.sub_actions:
-                    if x.type is ActionType.B:
-                        slots[(x.stage, x.microbatch)] = len(out) - 1
-                        converted.append((x.stage, x.microbatch))
-            elif a.type is ActionType.B:
-                out.append(Action(a.stage, ActionType.I, a.microbatch))
-                slots[(a.stage, a.microbatch)] = len(out) - 1
-                converted.append((a.stage, a.microbatch))
-            else:
-                if a.type is ActionType.W:
-                    existing_w.setdefault(a.stage, []).append((a.microbatch, len(out)))
-                out.append(a)
-        before: dict[int, list[tuple[int, int, Action]]] = {}  # insert before index (len(out) = at the end)
-        for s, i in converted:
-            at = len(out)
-            if lag is not None and i + lag < m and (s, i + lag) in slots:
-                at = slots[(s, i + lag)] + 1
-            later = [q for j, q in existing_w.get(s, []) if j > i]  # keep W in micro-batch order per stage
-            if later:
-                at = min(at, min(later))
-            before.setdefault(at, []).append((i, s, Action(s, ActionType.W, i)))
-        merged: list[Action] = []
-        for k in range(len(out) + 1):
-            merged.extend(w for _, _, w in sorted(before.get(k, []), key=lambda x: (x[0], x[1])))
-            if k < len(out):
-                merged.append(out[k])
-        new_actions[r] = merged
-    sched = Schedule(schedule.name + "+defer-w", schedule.num_ranks, schedule.num_stages, m, new_actions,
-                     dict(schedule.stage_to_rank), dict(schedule.meta, defer_w=True, w_lag=lag))
-    return sched.validate()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.model.layout import RankGrid
 from tessera_lab.plan.partition import uniform_boundaries
 from tessera_lab.pipeline.schedules import Action, ActionType, Schedule
 
@@ -92,8 +93,8 @@ _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 
 
 def rank_coords(rank: int, pp: int, ep: int, dp: int) -> tuple[int, int, int]:
-    """``(pp_rank, dp_rank, ep_rank)`` of a global rank (see the module docstring)."""
-    return rank // (dp * ep), (rank // ep) % dp, rank % ep
+    """``(pp_rank, dp_rank, ep_rank)`` of a global rank (:class:`~tessera_lab.model.layout.RankGrid` with tp=1)."""
+    return RankGrid(pp=pp, dp=dp, ep=ep).coords(rank)[:3]
 
 
 @dataclass
