@@ -15,6 +15,9 @@ from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline.schedules import Action, ActionType, Schedule
 
 from .layers import WEIGHT_GRAD_STORE, TinyMoEModel, forward_key
+from .nodes import StageProgram
+from .orders import resolve_order
+from .pairs import get_pair_handler
 from .topology import StageModule, Topology
 
 __all__ = ["StepRecord", "PipelineExecutor"]
@@ -46,13 +49,17 @@ class PipelineExecutor:
         stages: ``{stage: StageModule}`` held by this rank (``schedule.rank_stages(pp_rank)``).
         act_shape: ``(micro_batch_size, seq_len, hidden)`` of the tensors crossing stage boundaries.
         num_tokens: global tokens per step ``N`` (the loss divisor).
-        overlap: ``"thread"`` (overlapped pairs run concurrently) or ``"serial"``.
+        overlap: ``"thread"`` or ``"serial"`` (turn-1 names of the ``threads`` / ``serial`` pair handlers).
+        pair_exec: a pair handler of :mod:`tessera_lab.runner.pairs` (default: from ``overlap``); a node-level
+            one runs every forward and backward as nodes (:mod:`tessera_lab.runner.nodes`).
+        pair_order: issue order of the ``scheduled`` handler (:func:`tessera_lab.runner.orders.resolve_order`).
         fault: ``{"rank", "step", "action"}``: raise before that action (tests).
         prefetch: post the next action's receives before running the current one (compute-only lists).
     """
 
     def __init__(self, topo: Topology, schedule: Schedule, stages: dict[int, StageModule], act_shape: tuple,
-                 num_tokens: int, *, overlap: str = "thread", fault: dict | None = None, prefetch: bool = True):
+                 num_tokens: int, *, overlap: str = "thread", fault: dict | None = None, prefetch: bool = True,
+                 pair_exec: str | None = None, pair_order=None):
         self.topo = topo
         self.sched = schedule
         self.stages = stages
@@ -67,6 +74,10 @@ class PipelineExecutor:
         if overlap not in ("thread", "serial"):
             raise ConfigError(f"field 'overlap' = {overlap!r} is unknown; allowed: thread, serial")
         self.overlap = overlap
+        self.handler = get_pair_handler(pair_exec or {"thread": "threads", "serial": "serial"}[overlap])
+        self.node_level = self.handler.node_level
+        self.pair_order_label, self.pair_template = resolve_order(pair_order, topo.ep)
+        self._comm = next((st.comm for st in stages.values()), None)
         self.fault = fault
         self.prefetch = prefetch
         init = (lambda: torch.cuda.set_device(topo.device)) if topo.device.type == "cuda" else None
@@ -176,10 +187,33 @@ class PipelineExecutor:
         return t.detach().requires_grad_(True) if forward else t
 
     # -- compute ----------------------------------------------------------------------------------
+    def _program(self, x: Action, inp: torch.Tensor) -> StageProgram:
+        """A node-level program for forward leaf ``x`` with its input set."""
+        s, i = x.stage, x.microbatch
+
+        def record(lane, typ, label, start, end):
+            self._event(lane, typ, s, i, start, end, label)
+
+        def sink(v: float) -> None:
+            self._loss_sums[i] = v
+
+        prog = StageProgram(self.stages[s], i, self.stages[s].comm, record, self._now,
+                            targets=self._targets.get(i) if s == self.S - 1 else None, num_tokens=self.N,
+                            loss_sink=sink)
+        prog.begin(inp)
+        return prog
+
     def _forward(self, x: Action, inp: torch.Tensor, record: bool = True) -> torch.Tensor:
         s, i = x.stage, x.microbatch
         self._tls.action = (s, i)
         t = self._now()
+        if self.node_level:
+            prog = self._program(x, inp)
+            for k in prog.fwd_keys:
+                prog.forward(k)
+            self._event("compute" if record else "sub", "F", s, i, t, self._now(), f"{s}F{i}")
+            self._saved[(s, i)] = (inp, prog)
+            return prog.output
         with forward_key((s, i)):
             out = self.stages[s](inp)
             if s == self.S - 1:
@@ -197,6 +231,12 @@ class PipelineExecutor:
         inp, out = self._saved.pop((s, i))
         if x.type is _I:
             WEIGHT_GRAD_STORE.defer((s, i))
+        if self.node_level:
+            out.begin_backward(grad)
+            for k in out.bwd_keys:
+                out.backward(k)
+            self._event("compute" if record else "sub", x.type.value, s, i, t, self._now(), f"{s}{x.type.value}{i}")
+            return out.input_grad
         if grad is None:
             torch.autograd.backward(out)
         else:
@@ -256,17 +296,7 @@ class PipelineExecutor:
         hf, hb = self._need_input(f), self._need_input(b)
         inp, grad = self._get_input(hf, True), self._get_input(hb, False)
         t = self._now()
-        if self.overlap == "thread":
-            if self._side_stream is not None:
-                self._side_stream.wait_stream(torch.cuda.current_stream(self.topo.device))
-            fut = self._side.submit(self._forward_side, f, inp)
-            try:
-                gx = self._backward(b, grad, record=False)
-            finally:
-                out = fut.result()  # re-raises a forward failure
-        else:
-            gx = self._backward(b, grad, record=False)
-            out = self._forward(f, inp, record=False)
+        out, gx = self.handler.run(self, f, b, inp, grad)
         self._event("compute", "OVERLAP_F_B", b.stage, b.microbatch, t, self._now(), str(a))
         sends: list = []
         self._finish(b, gx, sends)

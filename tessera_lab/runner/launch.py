@@ -75,7 +75,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacity-factor", type=float, default=None)
     p.add_argument("--seed", type=int, default=None, help="model init seed")
     p.add_argument("--defer-w", action="store_true", help="split backwards into I now and W later")
-    p.add_argument("--overlap", choices=["thread", "serial"], default="thread")
+    p.add_argument("--overlap", choices=["thread", "serial"], default="thread",
+                   help="turn-1 name of --pair-exec threads|serial (used when --pair-exec is not given)")
+    p.add_argument("--pair-exec", default=None, metavar="NAME",
+                   help="overlapped-pair handler: serial | threads | scheduled (node level, async all-to-alls)")
+    p.add_argument("--pair-order", default=None, metavar="ORDER",
+                   help="issue order for --pair-exec scheduled: searched (default) | program | megatron | "
+                        "comm-first | ten comma-separated template keys (f.pre,...,b.pre)")
     p.add_argument("--grad-sync", choices=["ordered", "allreduce"], default="ordered")
     p.add_argument("--no-deterministic", action="store_true", help="use all threads, no deterministic algorithms")
     p.add_argument("--check", action="store_true", help="compare losses with the single-process reference")
@@ -88,6 +94,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--fault-step", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH ('-' for stdout)")
+
+
+def _pair_order_arg(value: str | None):
+    """``--pair-order``: a name, or comma-separated template keys (a list)."""
+    if value is None or "," not in value:
+        return value
+    return [x.strip() for x in value.split(",") if x.strip()]
 
 
 def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
@@ -111,7 +124,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
     job = RunSpec(name="run", model=model, schedule=args.schedule, vpp=args.vpp, microbatches=args.microbatches,
                   micro_batch_size=args.micro_batch_size, steps=args.steps, lr=args.lr, boundaries=boundaries,
                   defer_w=args.defer_w, deterministic=not args.no_deterministic, grad_sync=args.grad_sync,
-                  overlap=args.overlap, check_reference=args.check, fault=fault)
+                  overlap=args.overlap, check_reference=args.check, fault=fault, pair_exec=args.pair_exec,
+                  pair_order=_pair_order_arg(args.pair_order))
     return world, job
 
 
@@ -125,6 +139,10 @@ def format_result(result: RunResult) -> str:
         lines.append(f"job {job['name']}: schedule {job['schedule']}, pp={w['pp']} ep={w['ep']} dp={w['dp']} "
                      f"({result.backend}), boundaries {job['boundaries']}, {job['tokens_per_step']} tokens/step, "
                      f"{job['tokens_per_s']:.0f} tokens/s")
+        if job.get("pair_exec"):
+            pe = job["pair_exec"]
+            lines.append(f"overlapped pairs: {pe['handler']}" + (f", order {pe['order_label']}: "
+                                                                 f"{' '.join(pe['template'])}" if pe["node_level"] else ""))
         ref = job.get("reference")
         rows = []
         for s, loss in enumerate(job["losses"]):

@@ -216,7 +216,7 @@ def summarize_job(raw: dict, spec: RunSpec, world: WorldSpec) -> dict[str, Any]:
         "actions": {str(r): [str(a) for a in acts] for r, acts in sched.actions.items()},
         "boundaries": list(raw["boundaries"]), "tokens_per_step": N, "losses": losses, "loss_sums": loss_sums,
         "step_times_s": step_times, "tokens_per_s": N / t_step if t_step > 0 else math.nan,
-        "routing": routing, "events": events,
+        "routing": routing, "events": events, "pair_exec": raw.get("pair_exec"),
         "clocks": "shared (one host)" if all(len({p.get("host") for p in ps}) == 1 for ps in records)
                   else "per rank, aligned by a barrier",
         "timing": timing_report(events, sched, len(records), raw["boundaries"], pp_of_rank,

@@ -15,6 +15,9 @@ from tessera_lab.errors import ConfigError, TesseraError
 from tessera_lab.pipeline.passes import split_backward
 from tessera_lab.pipeline.schedules import Schedule, build_schedule, canonical_name
 
+from .orders import resolve_order
+from .pairs import get_pair_handler
+
 __all__ = ["TinyConfig", "WorldSpec", "RunSpec", "RunnerError"]
 
 _MAX_WORLD = 64
@@ -201,7 +204,13 @@ class RunSpec:
         defer_w: split every backward into I now and W later (:func:`tessera_lab.pipeline.passes.split_backward`); w_lag: see there.
         deterministic: one intra-op thread and deterministic algorithms (bitwise reproducible on CPU).
         grad_sync: ``"ordered"`` (deterministic replica sum) or ``"allreduce"``.
-        overlap: ``"thread"`` (OVERLAP_F_B pairs run concurrently) or ``"serial"``.
+        overlap: ``"thread"`` (OVERLAP_F_B pairs run concurrently) or ``"serial"`` (turn-1 names; used when
+            ``pair_exec`` is None).
+        pair_exec: pair handler (:mod:`tessera_lab.runner.pairs`: ``serial``, ``threads``, ``scheduled``, or one
+            registered later); None: from ``overlap``.
+        pair_order: issue order of the ``scheduled`` handler: ``"searched"`` / None, a name of
+            :data:`tessera_lab.runner.orders.NAMED_ORDERS` (``program``, ``megatron``, ``comm-first``) or a list
+            of the ten template keys.
         save_grads: write each rank's step-0 gradients (tests).
         check_reference: rank 0 also runs the single-process reference and reports the comparison.
         fault: ``{"rank": r, "step": s, "action": k}`` raises on rank r before its k-th action of step s.
@@ -222,6 +231,8 @@ class RunSpec:
     deterministic: bool = True
     grad_sync: str = "ordered"
     overlap: str = "thread"
+    pair_exec: str | None = None
+    pair_order: Any = None
     save_grads: bool = False
     check_reference: bool = False
     fault: dict | None = None
@@ -258,6 +269,9 @@ class RunSpec:
             raise ConfigError(f"{w} field 'overlap' = {self.overlap!r} is unknown; allowed: thread, serial")
         if self.w_lag is not None:
             _int_field(w, "w_lag", self.w_lag, 0)
+        if self.pair_exec is not None:
+            get_pair_handler(self.pair_exec)
+        resolve_order(self.pair_order, world.ep)
         sched = self.build_schedule(world.pp)
         cfg = self.model_config
         layers, experts = cfg.num_layers, cfg.num_experts

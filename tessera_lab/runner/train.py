@@ -108,7 +108,8 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
     model.to(topo.device)
     opt = make_optimizer([p for _, p in named], spec.lr)
     N = m * R * mbs * T
-    ex = PipelineExecutor(topo, sched, stages, (mbs, T, cfg.hidden_size), N, overlap=spec.overlap, fault=spec.fault)
+    ex = PipelineExecutor(topo, sched, stages, (mbs, T, cfg.hidden_size), N, overlap=spec.overlap, fault=spec.fault,
+                          pair_exec=spec.pair_exec, pair_order=spec.pair_order)
     route_log: list = []
     for s in my_stages:
         for layer in stages[s].layers:
@@ -149,4 +150,6 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
                 layer.moe.route_log = None
     if topo.rank != 0:
         return None
-    return {"schedule": sched, "boundaries": boundaries, "records": records, "num_tokens": N}
+    pair = {"handler": ex.handler.name, "node_level": ex.node_level, "order_label": ex.pair_order_label,
+            "template": list(ex.pair_template)}
+    return {"schedule": sched, "boundaries": boundaries, "records": records, "num_tokens": N, "pair_exec": pair}
