@@ -187,6 +187,10 @@ class PipelineExecutor:
         return t.detach().requires_grad_(True) if forward else t
 
     # -- compute ----------------------------------------------------------------------------------
+    def defer_weight_grads(self, x: Action) -> None:
+        """Defer the GEMM weight gradients of backward leaf ``x`` (an I) to its later W action."""
+        WEIGHT_GRAD_STORE.defer((x.stage, x.microbatch))
+
     def _program(self, x: Action, inp: torch.Tensor) -> StageProgram:
         """A node-level program for forward leaf ``x`` with its input set."""
         s, i = x.stage, x.microbatch

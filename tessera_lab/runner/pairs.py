@@ -110,12 +110,10 @@ def _threads(ex, f, b, inp, grad):
 
 
 def _scheduled(ex, f, b, inp, grad):
-    from .layers import WEIGHT_GRAD_STORE
-
     pf = ex._program(f, inp)
     _, pb = ex._saved.pop((b.stage, b.microbatch))
     if b.type is ActionType.I:
-        WEIGHT_GRAD_STORE.defer((b.stage, b.microbatch))
+        ex.defer_weight_grads(b)
     pb.begin_backward(grad)
     for side, key in interleave(pf.fwd_keys, pf.order, pb.bwd_keys, pb.order, ex.pair_template):
         if side == "f":
