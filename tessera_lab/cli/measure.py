@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch-size", type=int_at_least("micro_batch_size", 1), default=1)
     p.add_argument("--gpu", default=DEFAULT_GPU, help="GPU of the analytic model (default H200)")
     p.add_argument("--world-size", type=int_at_least("world_size", 2), default=None,
-                   help="processes of the local group (cpu: 2; cuda: visible GPUs, at most 8)")
+                   help="processes of the local group (cpu: the EP size --ep, 2..8; cuda: visible GPUs, at most 8)")
     p.add_argument("--timeout", type=_seconds, default=600.0, help="kill the measuring processes after S seconds")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -54,12 +54,16 @@ from tessera_lab.overlap.environment import current_environment
 from tessera_lab.overlap.results import (
     OverlapResult, assemble_measured, bundle_shapes, default_contention, spread_stats,
 )
+from tessera_lab.overlap.fit import fit_contention_samples
 from tessera_lab.overlap.search import _schedule
 
 from tessera_lab.overlap.kernels import (  # noqa: F401  (re-exported)
     CHUNK, KernelContext, _delta_rule_chunked, build_kernels, expert_counts, scale_model, scale_parallel,
     scaled_bundle,
 )
+
+#: grid step of the contention fits made while measuring (coarse grid, then a 10x finer one around its best)
+FIT_STEP = 0.1
 
 
 # ---------------------------------------------------------------------- runners
@@ -167,6 +171,7 @@ class Settings:
     keep: int
     seed: int
     timeout_s: float
+    fit: bool = True
 
 
 def _measure_jobs(rank: int, world: int, jobs, settings: Settings, runner, ctx: KernelContext,
@@ -174,6 +179,7 @@ def _measure_jobs(rank: int, world: int, jobs, settings: Settings, runner, ctx: 
                   comm_label: str | None) -> None:
     env = current_environment(settings.backend) if rank == 0 else {}
     load_before = _loadavg()
+    fit_samples: list[dict] = []
     for ji, (a, b, given) in enumerate(jobs):
         ctx.notes = {}
         sa, sb = scaled_bundle(a, settings.size_factor), scaled_bundle(b, settings.size_factor)
@@ -191,30 +197,62 @@ def _measure_jobs(rank: int, world: int, jobs, settings: Settings, runner, ctx: 
                 spans = runner.run(order, kernels, graph.lanes, graph.deps)
                 if r >= settings.warmup:
                     runs[tag].append(spans)
-        # rank 0 proposes candidate orders from the measured standalone task times
+        # 1. the program order together: the first pair measurement, from which contention is fitted
+        prog = graph.program_order
+        runs["cand0"] = []
+        for r in range(rounds):
+            barrier()
+            spans = runner.run(prog, kernels, graph.lanes, graph.deps)
+            if r >= settings.warmup:
+                runs["cand0"].append(spans)
+        # 2. rank 0: fit contention on every pair measured so far, re-search with the fitted model
         payload = None
         if rank == 0:
             dur: dict[str, float] = {}
             for k in graph.keys:
                 dur[k] = spread_stats([sp[k][1] - sp[k][0] for sp in runs[graph.owner[k]]])["median"]
-            sched = _schedule(graph, dur, settings.contention, budget=settings.budget, keep=max(settings.keep, 1))
-            cands = [graph.program_order]
-            seen = {graph.projection(graph.program_order)}
+            t_prog = spread_stats([max(e for _, e in sp.values()) for sp in runs["cand0"]])["median"]
+            fit_samples.append({"order": list(prog), "durations": dur, "lanes": dict(graph.lanes),
+                                "deps": {k: list(v) for k, v in graph.deps.items()}, "t_ab": t_prog})
+            fit = fit_contention_samples(fit_samples, step=FIT_STEP) if settings.fit else None
+            cont = fit.contention if fit is not None else settings.contention
+            n_cand = max(settings.keep, 1)
+            sched = _schedule(graph, dur, cont, budget=settings.budget, keep=max(n_cand, 8))
+            cands = [prog]
+            seen = {graph.projection(prog)}
             extra = [tuple(given)] if given is not None else [o for _, o in sched.candidates]
             for o in extra:
-                if graph.projection(o) not in seen and len(cands) < max(settings.keep, 2 if given is not None else 1):
+                if graph.projection(o) not in seen and len(cands) < max(n_cand, 2 if given is not None else 1):
                     cands.append(tuple(o))
                     seen.add(graph.projection(o))
-            payload = (cands, sched)
-        cands, sched = broadcast(payload)
-        for i in range(len(cands)):
+            payload = (cands, sched, fit)
+        cands, sched, fit = broadcast(payload)
+        for i in range(1, len(cands)):
             runs[f"cand{i}"] = []
-        for r in range(rounds):
-            for i, order in enumerate(cands):
-                barrier()
-                spans = runner.run(order, kernels, graph.lanes, graph.deps)
-                if r >= settings.warmup:
-                    runs[f"cand{i}"].append(spans)
+        # 3. successive halving: every candidate `repeats` times, keep the better half (program order always),
+        #    double the repeats, until two remain
+        alive = list(range(len(cands)))
+        n_rep, first, halving = settings.repeats, True, []
+        while True:
+            for r in range(n_rep + (settings.warmup if first else 0)):
+                for i in alive:
+                    barrier()
+                    spans = runner.run(cands[i], kernels, graph.lanes, graph.deps)
+                    if not first or r >= settings.warmup:
+                        runs[f"cand{i}"].append(spans)
+            first = False
+            if len(alive) <= 2:
+                break
+            nxt = None
+            if rank == 0:
+                med = {i: spread_stats([max(e for _, e in sp.values()) for sp in runs[f"cand{i}"]])["median"]
+                       for i in alive}
+                ranked = sorted(alive, key=lambda i: (med[i], i))
+                nxt = sorted(set(ranked[:max(2, (len(alive) + 1) // 2)]) | {0})
+                halving.append({"repeats": n_rep, "alive": list(alive), "medians": [med[i] for i in alive],
+                                "kept": nxt})
+            alive = broadcast(nxt)
+            n_rep *= 2
         if rank == 0:
             meta = dict(env)
             meta.update({
@@ -228,7 +266,10 @@ def _measure_jobs(rank: int, world: int, jobs, settings: Settings, runner, ctx: 
                 "kernels": dict(ctx.notes),
                 "load_average_1m": {"before": load_before, "after": _loadavg()},
             })
-            res = assemble_measured(a, b, settings.backend, runs, cands, meta, sched)
+            meta["search"] = {"orders_measured": len(cands), "halving": halving,
+                              "fit": fit.as_dict() if fit is not None else None,
+                              "search_contention": {"compute": cont.compute, "comm": cont.comm}}
+            res = assemble_measured(a, b, settings.backend, runs, cands, meta, sched, decide=True)
             emit(("result", ji, res))
         del kernels, ka, kb
 
@@ -393,7 +434,8 @@ def measure(pairs: Sequence[tuple[Bundle, Bundle]], backend: str, *, orders, rep
     if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2):
         raise ConfigError(f"field 'world_size' = {world_size!r} is out of range; allowed: an integer >= 2")
     if backend == "cpu":
-        return _spawn(jobs, settings, world_size or 2, progress)
+        ep = jobs[0][0].parallel.ep if jobs and jobs[0][0].parallel is not None else 2
+        return _spawn(jobs, settings, world_size or max(2, min(8, ep)), progress)
     n = torch.cuda.device_count()
     if n >= 2:
         return _spawn(jobs, settings, min(n, world_size or 8), progress)

@@ -53,8 +53,9 @@ from .results import (  # noqa: F401
     overlap_efficiency, hidden_fraction, spread_stats, OverlapResult, _now, bundle_shapes, default_contention,
     assemble_measured,
 )
+from .fit import ContentionFit, fit_contention, fit_contention_samples, fit_sample  # noqa: F401
 from .measure import (  # noqa: F401
-    schedule_pair, _analytic_result, _validate_order, measure_pair, measure_pairs, ContentionFit, fit_contention,
+    schedule_pair, _analytic_result, _validate_order, measure_pair, measure_pairs,
 )
 from .table import (  # noqa: F401
     layer_kind_examples, table_pairs, TABLE_COLUMNS, results_table, overlap_table, overlap_spread,

@@ -3,8 +3,6 @@ fit. Torch is imported only by the measuring backends (:mod:`tessera_lab.overlap
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from tessera_lab.cost.analytic import Contention, CostModel, two_lane_makespan
@@ -16,6 +14,7 @@ from .bundles import (
 )
 from .environment import current_environment
 from .results import OverlapResult, _now, bundle_shapes, default_contention, overlap_efficiency, spread_stats
+from .fit import ContentionFit, fit_contention, fit_contention_samples, fit_sample  # noqa: F401 (re-exported)
 from .search import ScheduleResult, _schedule
 
 
@@ -125,7 +124,7 @@ def _validate_order(graph: PairGraph, order: Sequence[str]) -> tuple[str, ...]:
 def measure_pair(a: Bundle, b: Bundle, backend: str = "analytic", *, order: Sequence[str] | None = None,
                  repeats: int = 5, warmup: int = 1, size_factor: float | None = None,
                  contention: Contention | None = None, cost_model: CostModel | None = None,
-                 budget: int = 4000, keep: int = 2, world_size: int | None = None, timeout_s: float = 600.0,
+                 budget: int = 4000, keep: int = 4, world_size: int | None = None, timeout_s: float = 600.0,
                  seed: int = 0, progress: Callable[[int, int], None] | None = None) -> OverlapResult:
     """Run two bundles alone and together and report ``t_a``, ``t_b``, ``t_ab``, inflation, hidden fraction
     of communication and overlap efficiency.
@@ -140,7 +139,8 @@ def measure_pair(a: Bundle, b: Bundle, backend: str = "analytic", *, order: Sequ
             default; ``cuda``: 1.0); GEMM FLOPs scale by ``f**3``, all-to-all bytes by ``f**2``.
         contention: analytic contention (default from ``data/hardware/cost_model.json``).
         cost_model: task times for the analytic backend.
-        budget: scheduler evaluations; keep: orders measured by the measuring backends.
+        budget: scheduler evaluations; keep: orders measured by the measuring backends (program order included;
+            successive halving narrows them to two, see :mod:`tessera_lab.overlap.backends`).
         world_size: processes of the local group (``cpu``: default 2; ``cuda``: default the visible GPUs, at
             most 8; >= 2).
         timeout_s: the measuring processes are killed after this many seconds.
@@ -161,7 +161,7 @@ def measure_pair(a: Bundle, b: Bundle, backend: str = "analytic", *, order: Sequ
 def measure_pairs(pairs: Sequence[tuple[Bundle, Bundle]], backend: str = "analytic", *,
                   orders: Sequence[Sequence[str] | None] | None = None, repeats: int = 5, warmup: int = 1,
                   size_factor: float | None = None, contention: Contention | None = None,
-                  cost_model: CostModel | None = None, budget: int = 4000, keep: int = 2, world_size: int | None = None,
+                  cost_model: CostModel | None = None, budget: int = 4000, keep: int = 4, world_size: int | None = None,
                   timeout_s: float = 600.0, seed: int = 0,
                   progress: Callable[[int, int], None] | None = None) -> list[OverlapResult]:
     """:func:`measure_pair` for several pairs; the measuring backends start their processes once.
@@ -202,62 +202,5 @@ def measure_pairs(pairs: Sequence[tuple[Bundle, Bundle]], backend: str = "analyt
     return overlap_backends.measure(pairs, backend, orders=orders, repeats=repeats, warmup=warmup,
                                     size_factor=float(f), contention=contention, budget=budget, keep=keep,
                                     world_size=world_size, timeout_s=timeout_s, seed=seed, progress=progress)
-
-
-# ---------------------------------------------------------------------- contention fit
-@dataclass(frozen=True)
-class ContentionFit:
-    """Result of :func:`fit_contention`: the fitted slowdowns, the RMS relative error of ``t_ab`` and the
-    number of pairs used."""
-
-    contention: Contention
-    rms_relative_error: float
-    pairs: int
-
-
-def fit_contention(measurements: Sequence[OverlapResult], *, max_slowdown: float = 3.0, step: float = 0.05) -> ContentionFit:
-    """Fit the analytic contention (compute and comm slowdowns) to measured pairs.
-
-    For each measurement, the two-lane executor replays its ``order`` with its standalone per-task
-    ``durations``; the fit minimises the sum of squared relative errors of the predicted ``t_ab`` against
-    the measured ``t_ab`` (least squares) by a grid search over ``[0, max_slowdown]`` in steps of ``step``
-    for both parameters, refined by a finer grid (step / 10) around the best point.
-
-    Raises:
-        ConfigError: no measurements, or a measurement without durations and order.
-    """
-    ms = list(measurements)
-    if not ms:
-        raise ConfigError("field 'measurements' is empty; allowed: at least one OverlapResult")
-    for m in ms:
-        if not m.durations or not m.order or m.t_ab <= 0:
-            raise ConfigError(f"measurement {m.a}+{m.b} lacks durations, order or a positive t_ab")
-    if not (max_slowdown > 0 and 0 < step <= max_slowdown):
-        raise ConfigError("fields 'max_slowdown' and 'step' must satisfy 0 < step <= max_slowdown")
-
-    def loss(c: float, k: float) -> float:
-        cont = Contention(c, k)
-        err = 0.0
-        for m in ms:
-            pred = two_lane_makespan(m.order, m.durations, m.lanes, m.deps, cont).makespan
-            err += ((pred - m.t_ab) / m.t_ab) ** 2
-        return err
-
-    def grid(lo_c, hi_c, lo_k, hi_k, st):
-        best = None
-        nc = int(round((hi_c - lo_c) / st)) + 1
-        nk = int(round((hi_k - lo_k) / st)) + 1
-        for i in range(nc):
-            for j in range(nk):
-                c, k = lo_c + i * st, lo_k + j * st
-                v = loss(c, k)
-                if best is None or v < best[0] - 1e-15:
-                    best = (v, c, k)
-        return best
-
-    v, c, k = grid(0.0, max_slowdown, 0.0, max_slowdown, step)
-    fine = step / 10
-    v, c, k = grid(max(0.0, c - step), min(max_slowdown, c + step), max(0.0, k - step), min(max_slowdown, k + step), fine)
-    return ContentionFit(Contention(round(c, 10), round(k, 10)), math.sqrt(v / len(ms)), len(ms))
 
 

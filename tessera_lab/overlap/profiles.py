@@ -150,7 +150,33 @@ def entry_from_result(result: Any) -> tuple[str, dict[str, Any]]:
         "comm_hidden_fraction": result.comm_hidden_fraction, "inflation": dict(result.inflation),
         "order": list(result.order), "metadata": meta,
     }
+    if result.durations:
+        from tessera_lab.overlap.fit import fit_sample
+
+        entry["tasks"] = {k: {"duration_s": result.durations[k], "lane": result.lanes.get(k),
+                              "deps": list(result.deps.get(k, ()))} for k in result.durations}
+        entry["fit_sample"] = fit_sample(result)
     return key, entry
+
+
+#: grid step of the contention fit stored in a profile (``profile.data["fit"]``)
+PROFILE_FIT_STEP = 0.1
+
+
+def refit(profile: "Profile"):
+    """Redo the contention fit from the profile's stored per-task data (``fit_sample`` of each entry):
+    a :class:`tessera_lab.overlap.fit.ContentionFit` equal to the one stored in ``profile.data["fit"]``.
+
+    Raises:
+        ConfigError: the profile holds no entry with per-task data.
+    """
+    from tessera_lab.overlap.fit import fit_contention_samples
+
+    samples = [e["fit_sample"] for _, e in sorted(profile.entries.items()) if e.get("fit_sample")]
+    if not samples:
+        raise ConfigError(f"profile '{profile.path}' has no entries with per-task data (field 'fit_sample')")
+    step = float((profile.data.get("fit") or {}).get("grid_step", PROFILE_FIT_STEP))
+    return fit_contention_samples(samples, step=step)
 
 
 def _comparable(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -192,6 +218,10 @@ def add_results(profile: Profile, results: Iterable[Any]) -> Profile:
         old = profile.entries.get(key)
         profile.entries[key] = merge_entries(old, entry) if old is not None else entry
     profile.data["updated"] = _now()
+    if profile.backend != "analytic" and any(e.get("fit_sample") for e in profile.entries.values()):
+        profile.data.pop("fit", None)
+        profile.data["fit"] = {**refit(profile).as_dict(), "grid_step": PROFILE_FIT_STEP,
+                               "method": "least squares of relative t_ab error, grid over [0, 3]^2, then 10x finer"}
     return profile
 
 
