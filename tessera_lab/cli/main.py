@@ -10,12 +10,12 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from tessera_lab.cli import measure, models, partition, plan, report, reproduce, run, simulate
+from tessera_lab.cli import calibrate, measure, models, partition, plan, report, reproduce, run, simulate, validate
 from tessera_lab.cli.common import Parser, check_output_paths
 from tessera_lab.errors import TesseraError
 
 #: subcommand modules in the order ``tessera-lab --help`` lists them
-COMMANDS = (models, plan, partition, reproduce, simulate, measure, report, run)
+COMMANDS = (models, plan, partition, reproduce, simulate, measure, report, run, calibrate, validate)
 
 
 def build_parser() -> Parser:

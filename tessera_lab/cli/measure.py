@@ -117,10 +117,23 @@ def cmd_measure(args: argparse.Namespace) -> int:
             f"device {env.get('device')}, size factor {f:g}, repeats {args.repeats if args.backend != 'analytic' else 1}\n"
             + table(rows, ".4g")
             + f"\noverlap spread (best gain / worst gain): {spread:.3g}\nprofile: {prof.path}")
+    decisions = []
+    for r in results:
+        s = r.metadata.get("search") or {}
+        d = s.get("decision")
+        if d:
+            decisions.append({"pair": f"{r.kind_a} + {r.kind_b}", "orders_measured": s.get("orders_measured"),
+                              "decision": d["verdict"], "chosen": d["chosen"]})
+            text += (f"\n{r.kind_a} F + {r.kind_b} BW: {s.get('orders_measured')} orders measured (successive "
+                     f"halving), decision: {d['verdict']} (candidate {d['chosen']}; rule {d['rule']})")
+    fit = prof.data.get("fit")
+    if fit:
+        text += (f"\ncontention fit over {fit['pairs']} pairs (measured): compute +{fit['compute']:.3g}, comm "
+                 f"+{fit['comm']:.3g}, rms relative error {fit['rms_relative_error']:.3g}")
     result = {
         "model": model.name, "backend": args.backend, "size_factor": f, "profile": str(prof.path),
         "overlap_spread": spread, "environment": env,
-        "table": overlap.to_dict(orient="records"),
+        "table": overlap.to_dict(orient="records"), "decisions": decisions, "fit": fit,
     }
     emit(args, result, text)
     return 0

@@ -117,6 +117,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
             raise ConfigError(f"plan '{args.plan}' is not valid JSON ({exc.msg} at line {exc.lineno})") from None
         if not isinstance(plan, dict) or "boundaries" not in plan:
             raise ConfigError(f"plan '{args.plan}' has no field 'boundaries' (use tessera-lab partition/plan --json)")
+        if plan.get("kind") == "runner_plan":
+            return specs_from_runner_plan(plan, args)
         boundaries = [int(x) for x in plan["boundaries"]]
         model.setdefault("num_layers", boundaries[-1])
     world = WorldSpec(pp=args.pp, ep=args.ep, dp=args.dp, backend=args.backend, timeout_s=args.collective_timeout)
@@ -126,6 +128,34 @@ def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
                   defer_w=args.defer_w, deterministic=not args.no_deterministic, grad_sync=args.grad_sync,
                   overlap=args.overlap, check_reference=args.check, fault=fault, pair_exec=args.pair_exec,
                   pair_order=_pair_order_arg(args.pair_order))
+    return world, job
+
+
+def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
+    """World and job that execute a runner plan (:func:`tessera_lab.runner.predict.device_plan`) exactly:
+    its model, sizes, schedule, micro-batches, boundaries, pair handler and pair order. The plan's prediction
+    travels with the job (``RunSpec.plan_prediction``) and is reported against the observation."""
+    from .predict import RUNNER_PLAN_SCHEMA
+
+    if plan.get("schema_version") != RUNNER_PLAN_SCHEMA:
+        raise ConfigError(f"runner plan field 'schema_version' = {plan.get('schema_version')!r}; allowed: "
+                          f"{RUNNER_PLAN_SCHEMA}")
+    try:
+        par = plan["parallel"]
+        world = WorldSpec(pp=par["pp"], ep=par["ep"], dp=par["dp"], backend=args.backend,
+                          timeout_s=args.collective_timeout)
+        job = RunSpec(name="run", model=dict(plan["model_config"]), schedule=par["schedule"], vpp=par.get("vpp"),
+                      microbatches=par["microbatches"], micro_batch_size=par["micro_batch_size"], steps=args.steps,
+                      lr=args.lr, boundaries=[int(x) for x in plan["boundaries"]],
+                      deterministic=not args.no_deterministic, grad_sync=args.grad_sync,
+                      check_reference=args.check, pair_exec=plan.get("pair_exec"),
+                      pair_order=list(plan["pair_order"]["template"]) if plan.get("pair_order") else None,
+                      plan_prediction={"predicted_s": plan["prediction"]["iteration_s"],
+                                       "stage_f_s": plan["prediction"]["stage_f_s"],
+                                       "stage_b_s": plan["prediction"]["stage_b_s"],
+                                       "costs": plan["costs"]["source"], "predicted_at": plan.get("predicted_at")})
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"runner plan lacks field {exc}") from None
     return world, job
 
 
@@ -160,6 +190,12 @@ def format_result(result: RunResult) -> str:
                           for k, v in r.items()})
         lines.append("predicted (simulate) vs observed, per stage:")
         lines.append(tabulate(srows, headers="keys", floatfmt=".3f"))
+        pv = job.get("plan_vs_observed")
+        if pv:
+            lines.append(f"plan ({pv['costs']}, predicted {pv['predicted_at']}, before the run): iteration "
+                         f"{pv['predicted_s'] * 1e3:.3f} ms; observed {pv['observed_s'] * 1e3:.3f} ms (median of steps "
+                         f"{pv['steps']}, spread {pv['observed_q1_s'] * 1e3:.3f}-{pv['observed_q3_s'] * 1e3:.3f} ms); "
+                         f"error {pv['error'] * 100:+.1f}%")
         it = t["iteration"]
         lines.append(f"iteration: predicted {it['predicted_s'] * 1e3:.3f} ms, observed {it['observed_s'] * 1e3:.3f} ms "
                      f"(error {it['relative_error'] * 100:+.1f}%); bubble fraction predicted "

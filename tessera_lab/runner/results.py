@@ -223,7 +223,45 @@ def summarize_job(raw: dict, spec: RunSpec, world: WorldSpec) -> dict[str, Any]:
                                 p2p_latency=estimate_p2p_latency(events, len(records))),
     }
     result["lifecycle"] = lifecycle_records(events, result["timing"], len(records), m, sched.num_ranks, step_times)
+    if spec.plan_prediction:
+        result["plan_vs_observed"] = plan_vs_observed(spec.plan_prediction, events, len(records))
+        result["lifecycle_plan"] = plan_lifecycle(spec.plan_prediction, result["lifecycle"])
     return result
+
+
+def observed_iterations(events: list[dict], steps: int) -> list[float]:
+    """Observed iteration time of each observed step (the latest compute end, seconds)."""
+    out = []
+    for st in _observed_steps(steps):
+        ends = [e["end"] for e in events if e["lane"] == "compute" and e["step"] == st]
+        if ends:
+            out.append(max(ends))
+    return out
+
+
+def plan_vs_observed(pred: dict, events: list[dict], steps: int) -> dict[str, Any]:
+    """The plan's iteration prediction (made before the run) against the observed median over the observed
+    steps, with the quartiles of the observation and ``error = (predicted - observed) / observed``."""
+    from statistics import quantiles
+
+    obs = observed_iterations(events, steps)
+    med = _median(obs)
+    q = quantiles(obs, n=4) if len(obs) >= 2 else [med, med, med]
+    return {"predicted_s": pred["predicted_s"], "observed_s": med, "observed_q1_s": q[0], "observed_q3_s": q[2],
+            "observed_samples_s": obs, "steps": _observed_steps(steps),
+            "error": (pred["predicted_s"] - med) / med if med > 0 else math.nan, "costs": pred.get("costs"),
+            "predicted_at": pred.get("predicted_at")}
+
+
+def plan_lifecycle(pred: dict, lifecycle: dict) -> dict[str, Any]:
+    """:func:`lifecycle_records` with the predictions replaced by the plan's (made before the run): per stage
+    ``(F + B)`` per micro-batch and the iteration; the lifecycle store compares these out-of-sample."""
+    steps = []
+    for rec in lifecycle["steps"]:
+        p = {f"stage:{s}": f + b for s, (f, b) in enumerate(zip(pred["stage_f_s"], pred["stage_b_s"]))}
+        p["iteration"] = pred["predicted_s"]
+        steps.append({**rec, "predicted": {k: v for k, v in p.items() if k in rec["observed"]}})
+    return {"steps": steps, "predictions": "plan (before the run)"}
 
 
 def compare_reference(result: dict, spec: RunSpec, world: WorldSpec) -> dict[str, Any]:
@@ -282,7 +320,8 @@ def record_profile(path: str | os.PathLike, result: "RunResult") -> Path:
 
     Layout: ``{"schema_version": 1, "kind": "runner_observations", "runs": [{"date", "environment", "world",
     "job", "schedule", "model", "boundaries", "microbatches", "micro_batch_size", "stage_times_s",
-    "timing", "tokens_per_s", "lifecycle"}, ...]}`` (``lifecycle``: :func:`lifecycle_records`, readable by
+    "timing", "tokens_per_s", "lifecycle", "predictions", "plan_vs_observed"}, ...]}`` (``lifecycle``: the
+    plan's predictions (:func:`plan_lifecycle`) when the run executed a runner plan, else :func:`lifecycle_records`, readable by
     :func:`tessera_lab.report.lifecycle.load_records`); ``environment`` is :func:`tessera_lab.overlap.profiles.current_environment`
     (device, torch and CUDA versions), so the lifecycle can tell stale observations apart.
 
@@ -314,7 +353,9 @@ def record_profile(path: str | os.PathLike, result: "RunResult") -> Path:
             "schedule": job["schedule"], "model": job["spec"]["model"], "boundaries": job["boundaries"],
             "microbatches": job["spec"]["microbatches"], "micro_batch_size": job["spec"]["micro_batch_size"],
             "stage_times_s": job["timing"]["durations"], "timing": {k: job["timing"][k] for k in ("stages", "ranks", "iteration")},
-            "tokens_per_s": job["tokens_per_s"], "lifecycle": job["lifecycle"],
+            "tokens_per_s": job["tokens_per_s"], "lifecycle": job.get("lifecycle_plan") or job["lifecycle"],
+            "predictions": "plan (before the run)" if job.get("lifecycle_plan") else "in-sample (this run's medians)",
+            "plan_vs_observed": job.get("plan_vs_observed"), "pair_exec": job.get("pair_exec"),
         })
     return atomic_write_text(path, dumps(data))
 

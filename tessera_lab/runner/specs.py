@@ -136,6 +136,57 @@ class TinyConfig:
             d["router_bias"] = list(d["router_bias"])
         return d
 
+    def to_hf_config(self, name: str = "tiny-runner") -> dict[str, Any]:
+        """This config as a Qwen3-Next ``config.json`` dict that :class:`~tessera_lab.model.spec.ModelSpec`
+        loads (the planner plans what the runner runs). Runner-only fields (sequence length, chunk, seed,
+        capacity factor, router bias) go under ``"tessera_runner"``. The runner has no short convolution, so
+        ``linear_conv_kernel_dim`` is 1, and one head count serves q/k and v of linear attention."""
+        return {
+            "_source": f"tessera-lab runner model {name} (runner/specs.py TinyConfig.to_hf_config)",
+            "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
+            "full_attention_interval": self.attention_ratio + 1, "layer_types": self.layer_kinds(),
+            "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim, "attention_bias": False,
+            "linear_num_key_heads": self.num_heads, "linear_num_value_heads": self.num_heads,
+            "linear_key_head_dim": self.head_dim, "linear_value_head_dim": self.head_dim,
+            "linear_conv_kernel_dim": 1, "intermediate_size": 0, "moe_intermediate_size": self.expert_width,
+            "shared_expert_intermediate_size": self.shared_expert_width, "num_experts": self.num_experts,
+            "num_experts_per_tok": self.top_k, "norm_topk_prob": True, "decoder_sparse_step": 1,
+            "mlp_only_layers": [], "hidden_act": "silu", "rms_norm_eps": 1e-06, "tie_word_embeddings": False,
+            "max_position_embeddings": self.seq_len,
+            "tessera_runner": {"seq_len": self.seq_len, "linear_chunk": self.linear_chunk, "seed": self.seed,
+                               "capacity_factor": self.capacity_factor,
+                               "router_bias": list(self.router_bias) if self.router_bias is not None else None},
+        }
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any]) -> "TinyConfig":
+        """Inverse of :meth:`to_hf_config` (a ``config.json`` dict with a ``"tessera_runner"`` block).
+
+        Raises:
+            ConfigError: the dict is not a runner model (no ``tessera_runner`` block, or q/k and v head
+                counts or sizes that the runner cannot build).
+        """
+        extra = cfg.get("tessera_runner")
+        if not isinstance(extra, dict):
+            raise ConfigError("model config has no field 'tessera_runner'; the runner runs only its tiny models "
+                              "(data/models/tiny-*.json)")
+        if (cfg.get("linear_num_key_heads") != cfg.get("num_attention_heads")
+                or cfg.get("linear_num_value_heads") != cfg.get("num_attention_heads")
+                or cfg.get("linear_key_head_dim") != cfg.get("head_dim")
+                or cfg.get("linear_value_head_dim") != cfg.get("head_dim")):
+            raise ConfigError("runner model: linear-attention head counts and sizes must equal the full-attention "
+                              "ones (fields 'linear_num_key_heads', 'linear_key_head_dim', ...)")
+        d = {"vocab_size": cfg["vocab_size"], "hidden_size": cfg["hidden_size"], "num_layers": cfg["num_hidden_layers"],
+             "attention_ratio": int(cfg.get("full_attention_interval", 4)) - 1, "num_heads": cfg["num_attention_heads"],
+             "head_dim": cfg["head_dim"], "num_kv_heads": cfg["num_key_value_heads"], "num_experts": cfg["num_experts"],
+             "top_k": cfg["num_experts_per_tok"], "expert_width": cfg["moe_intermediate_size"],
+             "shared_expert_width": cfg.get("shared_expert_intermediate_size", 0)}
+        d.update({k: v for k, v in extra.items() if k in ("seq_len", "linear_chunk", "seed", "capacity_factor",
+                                                          "router_bias")})
+        return cls.from_dict(d)
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TinyConfig":
         d = dict(d)
@@ -214,6 +265,8 @@ class RunSpec:
         save_grads: write each rank's step-0 gradients (tests).
         check_reference: rank 0 also runs the single-process reference and reports the comparison.
         fault: ``{"rank": r, "step": s, "action": k}`` raises on rank r before its k-th action of step s.
+        plan_prediction: the runner plan's prediction (``predicted_s``, ``stage_f_s``, ``stage_b_s``, ``costs``),
+            made before the run; the result then reports it against the observation (``plan_vs_observed``).
     """
 
     name: str = "job"
@@ -233,6 +286,7 @@ class RunSpec:
     overlap: str = "thread"
     pair_exec: str | None = None
     pair_order: Any = None
+    plan_prediction: dict | None = None
     save_grads: bool = False
     check_reference: bool = False
     fault: dict | None = None
