@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from tessera_lab.cli.common import add_json
+from tessera_lab.cli.common import add_json, emit
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Run the validation matrix and print predicted vs observed per case (or ``--json``)."""
     from tessera_lab.runner.validate import validate_from_args
 
-    return validate_from_args(args)
+    result, text = validate_from_args(args)
+    emit(args, result, text)
+    return 0
 
 
 def add_parser(sub) -> None:

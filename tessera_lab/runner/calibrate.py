@@ -1,7 +1,7 @@
 """``tessera-lab calibrate``: measure this machine at the runner's shapes and write ``data/devices/NAME.json``
 (the format and how it is used: :mod:`tessera_lab.cost.device`).
 
-Measured (lower quartiles of ``repeats`` timings after one warm-up; one thread, deterministic mode, as the runner runs):
+Measured (medians of ``repeats`` timings after one warm-up; one thread, deterministic mode, as the runner runs):
 
 * per layer kind, the forward and the backward (B = I + W) of one runner layer at two model widths (the
   given one and twice it), with the analytic FLOPs of each, and the weight-gradient share ``W / (I + W)``;
@@ -38,15 +38,14 @@ def widened(cfg: TinyConfig, factor: int) -> TinyConfig:
 
 
 def _median_time(fn, repeats: int) -> float:
-    """Lower quartile of ``repeats`` timings after one warm-up (on a shared machine the upper tail is other
-    processes' time slices; the oversubscription of the runner's own processes is priced separately)."""
+    """Median of ``repeats`` timings after one warm-up (the statistic the runner's observations use)."""
     fn()
     ts = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return statistics.quantiles(ts, n=4)[0] if len(ts) >= 2 else ts[0]
+    return statistics.median(ts)
 
 
 def _fit(points: Sequence[tuple[float, float]]) -> dict[str, float]:
@@ -95,8 +94,8 @@ def _layer_points(cfg: TinyConfig, mbs: int, repeats: int) -> tuple[dict, dict]:
 
             iw()
             parts = [iw() for _ in range(repeats)]
-            t_i = statistics.quantiles([p[0] for p in parts], n=4)[0]
-            t_w = statistics.quantiles([p[1] for p in parts], n=4)[0]
+            t_i = statistics.median(p[0] for p in parts)
+            t_w = statistics.median(p[1] for p in parts)
             x = layer_flops(d, kind, tokens)
             layers[kind]["F"].append([x, t_f])
             layers[kind]["B"].append([x, max(0.0, t_fb - t_f)])

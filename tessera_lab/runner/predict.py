@@ -137,10 +137,12 @@ def runner_model_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
 
 def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: int = 1, schedule: str = "1f1b",
                 microbatches: int = 4, micro_batch_size: int = 2, vpp: int | None = None,
-                partition: str = "balanced", pair_exec: str = "scheduled", pair_order: Any = None) -> dict[str, Any]:
+                partition: str = "balanced", pair_exec: str = "scheduled", pair_order: Any = None,
+                config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A runner plan predicted from a calibrated device: the partition (``balanced`` on the calibrated layer
     costs, or ``uniform``), the schedule, micro-batches, pair handler and order, and the prediction made now,
-    before any run. ``tessera-lab run --plan`` executes exactly this plan.
+    before any run. ``tessera-lab run --plan`` executes exactly this plan. ``config``: TinyConfig fields
+    (then ``model`` is only the label).
 
     Raises:
         ConfigError: not a runner model, bad sizes, or a partition name other than balanced / uniform.
@@ -149,7 +151,10 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
 
     from .orders import resolve_order
 
-    name, cfg = runner_model_config(model)
+    if config is not None:
+        name, cfg = model, dict(config)
+    else:
+        name, cfg = runner_model_config(model)
     sched = build_schedule(canonical_name(schedule), pp, microbatches,
                            vpp if vpp is not None else (2 if canonical_name(schedule) in ("interleaved", "dualpipev") else 1))
     S = sched.num_stages
