@@ -7,7 +7,7 @@ and keeps the shortest). Each rank, in order of the time it becomes free, runs t
 
 1. the oldest input gradient (I) whose inputs have arrived (the I chain is the critical path);
 2. a forward (F) whose input has arrived, if the rank's activations stay within the memory budget (a
-   micro-batch entering a rank's first stage reserves room for its later stages on that rank; and,
+   micro-batch entering a rank's first stage reserves room for its later-stage forwards on that rank; and,
    with ``stagger``, fewer than ``2 (p - r) - 1`` micro-batches await their I on rank ``r``), unless
    ``f_first`` is off and a weight gradient is pending;
 3. the oldest pending weight gradient (W), which fills idle time and frees memory; with ``fit`` only when it
@@ -43,10 +43,13 @@ class Policy:
     f_first: bool = True  # F before a pending W when both can run (ZB-H2-like); False: W first (ZB-H1-like)
     stagger: bool = True  # at most 2(p - r) - 1 micro-batches awaiting I on rank r (single-chunk placement)
     fit: bool = False  # W fills an idle gap only if it ends before the next known F/I start
+    reserve_all: bool = True  # ranks with several stages: a started micro-batch reserves room for all its later
+    # stages on the rank (False: room for one later-stage forward per stage)
 
 
 POLICIES: tuple[Policy, ...] = tuple(
-    Policy(f_first=a, stagger=b, fit=c) for a in (True, False) for b in (True, False) for c in (False, True)
+    Policy(f_first=a, stagger=b, fit=c, reserve_all=d)
+    for d in (True, False) for a in (True, False) for b in (True, False) for c in (False, True)
 )
 
 
@@ -98,8 +101,11 @@ def greedy_order(
 
     first = [x[0] for x in stages]
 
-    def reserved(r: int) -> float:
-        return sum(unit[s] * (nf[first[r]] - nf[s]) for s in stages[r][1:])
+    def reserved(r: int, extra: int) -> float:  # room held for later-stage forwards of started micro-batches
+        n0 = nf[first[r]] + extra
+        if policy.reserve_all:
+            return sum(unit[s] * (n0 - nf[s]) for s in stages[r][1:])
+        return sum(unit[s] * min(1, n0 - nf[s]) for s in stages[r][1:])
 
     def hop(a: int, b: int) -> float:
         return p2p if stage_to_rank[a] != stage_to_rank[b] else 0.0
@@ -154,9 +160,9 @@ def greedy_order(
                 if rd is not None and (best_i is None or (rd, s) < best_i[:2]):
                     best_i = (rd, s, s)
             k = nf[s]
-            # a micro-batch entering the rank's first stage reserves room for its later stages on this rank
-            need = unit[s] * len(stages[r]) if s == first[r] else 0.0
-            if k < m and live[r] + reserved(r) + need <= cap and awaiting < f_lim[r]:
+            # a micro-batch entering the rank's first stage must leave room for later-stage forwards
+            fits = live[r] + unit[s] + (reserved(r, 1) if s == first[r] else 0.0) <= cap
+            if k < m and fits and awaiting < f_lim[r]:
                 if s == 0:
                     rd = 0.0
                 else:
@@ -306,11 +312,14 @@ def zb_auto(
     ones = [1.0] * S
     for times, label in (((f, i, w, p2p), "times"), ((ones, ones, ones, 0.0), "unit times")):
         for pol in POLICIES:
+            if vpp == 1 and not pol.reserve_all:
+                continue  # the switch only matters with several stages per rank
             lists = greedy_order(s2r, m, *times[:3], p2p=times[3], memory_budget=K, policy=pol)
             key = None if lists is None else tuple(tuple(map(str, lists[r])) for r in sorted(lists))
             if key is not None and key not in seen:
                 seen.add(key)
-                cands.append((f"greedy(f_first={pol.f_first}, stagger={pol.stagger}, fit={pol.fit}; {label})",
+                cands.append((f"greedy(f_first={pol.f_first}, stagger={pol.stagger}, fit={pol.fit}, "
+                              f"reserve_all={pol.reserve_all}; {label})",
                               _schedule("zb-auto", s2r, m, lists)))
     if vpp == 1:
         cands.append(("zb-h1", zb_h1(pp, m)))
