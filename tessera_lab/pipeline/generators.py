@@ -144,7 +144,8 @@ def interleaved_1f1b(pp: int, vpp: int, m: int) -> Schedule:
     return Schedule("interleaved", pp, S, m, lists, {s: s % pp for s in range(S)}, {"vpp": vpp})
 
 
-def zb_h1(pp: int, m: int, *, extra_warmup: int | Sequence[int] = 0) -> Schedule:
+def zb_h1(pp: int, m: int, *, extra_warmup: int | Sequence[int] = 0, extra_deferred: int | Sequence[int] = 0
+          ) -> Schedule:
     """ZB-H1 (Zero Bubble, Qi et al., ICLR 2024, section 2.1; torch's ZB1P with one stage per rank).
 
     The backward is split into I (input gradient) and W (weight gradient). Rank ``r`` keeps
@@ -153,19 +154,23 @@ def zb_h1(pp: int, m: int, *, extra_warmup: int | Sequence[int] = 0) -> Schedule
     bubble per rank ``(p - 1)(F + I - W)`` in the paper's notation (I = input-gradient time =
     ``b - w``). Any ``m >= 1`` (as torch; ``m < p`` gives the same order as torch's ZB1P).
     ``extra_warmup`` ``e`` (one number, or one per rank, non-increasing so that the orders stay
-    executable) adds ``e_r`` warm-up forwards on rank ``r`` (peak ``min(p + e_r, m)``): the family
+    executable) adds ``e_r`` warm-up forwards on rank ``r``, and ``extra_deferred`` ``d`` (one number or
+    one per rank) defers ``d_r`` more weight gradients (rank ``r`` then holds back its first ``r + d_r``
+    W passes); peak ``min(p + e_r + d_r, m)``. This is the family
     :func:`tessera_lab.pipeline.zerobubble.zb_auto` searches between ZB-H1 and ZB-H2 memory.
 
     Raises:
-        ScheduleError: ``pp < 1``, ``m < 1``, or ``extra_warmup`` negative, of the wrong length or increasing.
+        ScheduleError: ``pp < 1``, ``m < 1``, ``extra_warmup`` or ``extra_deferred`` negative or of the wrong
+            length, or ``extra_warmup`` increasing.
     """
     pp = _check_int("pp", pp, 1, schedule="zb-h1")
     m = _check_int("microbatches", m, 1, schedule="zb-h1")
-    raw = [extra_warmup] * pp if isinstance(extra_warmup, int) else list(extra_warmup)
-    extra = [_check_int("extra_warmup", x, 0, schedule="zb-h1") for x in raw]
-    if len(extra) != pp or any(a < b for a, b in zip(extra, extra[1:])):
+    extra, defer = ([_check_int(name, x, 0, schedule="zb-h1") for x in ([v] * pp if isinstance(v, int) else list(v))]
+                    for name, v in (("extra_warmup", extra_warmup), ("extra_deferred", extra_deferred)))
+    if len(extra) != pp or len(defer) != pp or any(a < b for a, b in zip(extra, extra[1:])):
         raise ScheduleError(
-            f"zb-h1: extra_warmup={extra_warmup!r} is not allowed; give one number or {pp} non-increasing numbers >= 0"
+            f"zb-h1: extra_warmup={extra_warmup!r}, extra_deferred={extra_deferred!r} are not allowed; give one "
+            f"number or {pp} numbers >= 0 each (extra_warmup non-increasing)"
         )
     F, I, W = ActionType.F, ActionType.I, ActionType.W
     lists: dict[int, list[Action]] = {}
@@ -180,14 +185,14 @@ def zb_h1(pp: int, m: int, *, extra_warmup: int | Sequence[int] = 0) -> Schedule
             nf += 1
             acts.append(Action(r, I, nb))
             nb += 1
-            if step >= r:
+            if step >= r + defer[r]:
                 acts.append(Action(r, W, nw))
                 nw += 1
         # cool-down: I then (if past the first r backward steps) a W
         for step in range(m - warmup, m):
             acts.append(Action(r, I, nb))
             nb += 1
-            if step >= r:
+            if step >= r + defer[r]:
                 acts.append(Action(r, W, nw))
                 nw += 1
         acts.extend(Action(r, W, j) for j in range(nw, m))

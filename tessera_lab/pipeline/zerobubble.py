@@ -215,7 +215,8 @@ def zb_h2(pp: int, m: int) -> Schedule:
     order is then fixed: simulate it with any durations. With ``m >= 2p - 1`` and ``W <= min(F, I)`` the
     simulated makespan is ``m (F + B) + (p - 1) max(F, F + I - 2W)``: the paper's bubble ``(p - 1)(F + I - 2W)``,
     floored at the start-up skew ``(p - 1) F`` one iteration cannot hide (the paper removes it across iterations
-    with optimizer post-validation). Peak live activations ``min(2p - 1, m)`` on every rank... at most.
+    with optimizer post-validation). Peak live activations ``min(2p - 1, m)`` on every rank (tested;
+    :func:`tessera_lab.cost.memory.in_flight` charges the same).
 
     Raises:
         ScheduleError: ``m < pp``.
@@ -266,7 +267,9 @@ def zb_auto(
     """The shortest zero-bubble schedule the greedy search finds for these times within ``memory_budget``.
 
     Runs :func:`greedy_order` under every :data:`POLICIES` switch setting, with the given times and at unit
-    times, adds ZB-H1, ZB-H1 with ``1 .. K - p`` extra warm-up forwards on the first ``j`` ranks and ZB-H2 as candidates (single-chunk
+    times, adds ZB-H1, ZB-H1 with ``1 .. K - p`` extra warm-up forwards on the first ``j`` ranks or extra deferred
+    W passes on the last ``j`` ranks (every ``j`` up to ``pp = 6``, six spread values above; and both, on
+    either half) and ZB-H2 as candidates (single-chunk
     placement, when they apply), simulates each with the given times
     (:func:`~tessera_lab.pipeline.engine.simulate`, ``p2p`` per cross-rank transfer) and keeps the shortest
     whose per-rank peak activations (:func:`peak_memory`) fit the budget. Hence never slower than ZB-H1 when
@@ -323,10 +326,15 @@ def zb_auto(
                               _schedule("zb-auto", s2r, m, lists)))
     if vpp == 1:
         cands.append(("zb-h1", zb_h1(pp, m)))
+        spans = range(1, pp + 1) if pp <= 6 else sorted({1, 2, pp // 4, pp // 2, (3 * pp) // 4, pp} - {0})
         for extra in range(1, min(int(K) - pp, m) + 1):
-            for j in range(1, pp + 1):  # e extra warm-up forwards on the first j ranks
+            for j in spans:  # `extra` more warm-up forwards on the first j ranks, or deferred W on the last j
                 e = [extra] * j + [0] * (pp - j)
                 cands.append((f"zb-h1(extra_warmup={e})", zb_h1(pp, m, extra_warmup=e)))
+                cands.append((f"zb-h1(extra_deferred={e[::-1]})", zb_h1(pp, m, extra_deferred=e[::-1])))
+            half = [extra] * (pp // 2) + [0] * (pp - pp // 2)
+            cands.append((f"zb-h1(extra_warmup={half}, extra_deferred={half[::-1]})",
+                          zb_h1(pp, m, extra_warmup=half, extra_deferred=half[::-1])))
         if m >= pp:
             cands.append(("zb-h2", zb_h2(pp, m)))
     table: dict[str, float | None] = {}
