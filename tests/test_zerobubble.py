@@ -58,7 +58,7 @@ def test_zb_h1_accepts_fewer_microbatches_than_stages(p, m):
 
 
 
-stage_times = st.lists(st.floats(0.2, 3.0), min_size=8, max_size=8)
+stage_times = st.lists(st.floats(0.2, 3.0), min_size=10, max_size=10)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -168,3 +168,17 @@ def test_cli_simulate_zb_auto_never_slower(tmp_path, capsys):
     assert "memory_budget" in capsys.readouterr().err
     assert main(["simulate", "--schedule", "1f1b", "--memory-budget", "3", "--stages", "4", "--microbatches", "8",
                  "--f", "1", "--b", "2"]) == 2
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(p=st.integers(2, 5), extra=st.integers(0, 5), f=stage_times, i=stage_times, w=stage_times,
+       p2p=st.sampled_from([0.0, 0.03, 0.4]), vpp=st.sampled_from([1, 2]))
+def test_candidate_replay_equals_the_simulator(p, extra, f, i, w, p2p, vpp):
+    from tessera_lab.pipeline.zerobubble import _replay
+
+    m, S = p + extra, p * vpp
+    f, i, w = f[:S], i[:S], w[:S]
+    d = stage_durations(f, [a + b for a, b in zip(i, w)], w)
+    scheds = [zb_auto(p, m, f, i, w, p2p=p2p, vpp=vpp)] + ([zb_h1(p, m), zb_h2(p, m)] if vpp == 1 and m >= p else [])
+    for sched in scheds:
+        assert _replay(sched, d, p2p, 10**9) == simulate(sched, d, p2p_time=p2p).iteration_time
