@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tessera_lab.errors import ScheduleError
 from tessera_lab.pipeline.passes import with_comms
 from tessera_lab.pipeline.schedules import (
-    SCHEDULE_NAMES,
+    ALL_SCHEDULE_NAMES,
     Action,
     ActionType,
     Schedule,
@@ -98,7 +98,7 @@ def _grid():
             yield pp, m
 
 
-@pytest.mark.parametrize("name", SCHEDULE_NAMES)
+@pytest.mark.parametrize("name", ALL_SCHEDULE_NAMES)
 def test_every_accepted_setting_validates(name):
     accepted = 0
     for pp, m in _grid():

@@ -375,10 +375,13 @@ def zb_auto(
     cands: list[tuple[str, Schedule]] = []
     seen: set[tuple] = set()
     ones = [1.0] * S
-    for times, label in (((f, i, w, p2p), "times"), ((ones, ones, ones, 0.0), "unit times")):
+    passes = [((f, i, w, p2p), "times")]
+    if (f, i, w, p2p) != (ones, ones, ones, 0.0):
+        passes.append(((ones, ones, ones, 0.0), "unit times"))
+    for times, label in passes:
         for pol in POLICIES:
-            if vpp == 1 and not pol.reserve_all:
-                continue  # the switch only matters with several stages per rank
+            if (vpp == 1 and not pol.reserve_all) or (vpp == 2 and not pol.stagger):
+                continue  # reserve_all only matters with several stages per rank, stagger only with one
             lists = greedy_order(s2r, m, *times[:3], p2p=times[3], memory_budget=K, policy=pol)
             key = None if lists is None else tuple(tuple(map(str, lists[r])) for r in sorted(lists))
             if key is not None and key not in seen:
