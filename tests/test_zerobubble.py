@@ -182,3 +182,16 @@ def test_candidate_replay_equals_the_simulator(p, extra, f, i, w, p2p, vpp):
     scheds = [zb_auto(p, m, f, i, w, p2p=p2p, vpp=vpp)] + ([zb_h1(p, m), zb_h2(p, m)] if vpp == 1 and m >= p else [])
     for sched in scheds:
         assert _replay(sched, d, p2p, 10**9) == simulate(sched, d, p2p_time=p2p).iteration_time
+
+
+@settings(max_examples=max(4, EXAMPLES // 2), deadline=None)
+@given(p=st.integers(2, 4), extra=st.integers(0, 4), f=stage_times, i=stage_times, w=stage_times,
+       p2p=st.sampled_from([0.0, 0.05, 0.3]))
+def test_zb_auto_v_placement_never_slower_than_zb_v(p, extra, f, i, w, p2p):
+    m, S = p + extra, 2 * p
+    f, i, w = f[:S], i[:S], w[:S]
+    d = stage_durations(f, [a + b for a, b in zip(i, w)], w)
+    sched = zb_auto(p, m, f, i, w, p2p=p2p, memory_budget=p, vpp=2)
+    tl = simulate(sched, d, p2p_time=p2p)
+    assert max(peak_memory(sched, tl)) <= p + 1e-9
+    assert tl.iteration_time <= simulate(zb_v(p, m), d, p2p_time=p2p).iteration_time * (1 + 1e-12)
