@@ -20,6 +20,7 @@ rank's activations. Times in seconds (any consistent unit). Never imports torch.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -116,7 +117,8 @@ def greedy_order(
     live = [0.0] * R
     t = [0.0] * R
     left = [3 * m * len(stages[r]) for r in range(R)]
-    blocked = [False] * R
+    blocked: set[int] = set()
+    heap = [(0.0, r) for r in range(R)]  # (time the rank is free, rank); stale entries are skipped
     lists: dict[int, list[Action]] = {r: [] for r in range(R)}
 
     def run(r: int, kind: ActionType, s: int, ready: float) -> None:
@@ -139,15 +141,18 @@ def greedy_order(
             t[r] = start + w[s]
         lists[r].append(Action(s, kind, k))
         left[r] -= 1
-        for x in range(R):
-            blocked[x] = False
+        if left[r]:
+            heapq.heappush(heap, (t[r], r))
+        for x in blocked:
+            heapq.heappush(heap, (t[x], x))
+        blocked.clear()
 
     while True:
-        active = [x for x in range(R) if left[x] and not blocked[x]]
-        if not active:
+        if not heap:
             return lists if not any(left) else None
-        r = min(active, key=lambda x: (t[x], x))
-        T = t[r]
+        T, r = heapq.heappop(heap)
+        if T != t[r] or not left[r] or r in blocked:
+            continue  # stale entry
         best_i = best_f = None  # (ready time, tie-break, stage)
         awaiting = sum(nf[s] - ni[s] for s in stages[r])
         for s in stages[r]:
@@ -189,9 +194,10 @@ def greedy_order(
         later = [t[x] for x in range(R) if x != r and left[x] and t[x] > T + tol]
         nxt = min(known + later, default=None)
         if nxt is None:
-            blocked[r] = True
+            blocked.add(r)
         else:
             t[r] = nxt
+            heapq.heappush(heap, (nxt, r))
 
 
 def _replay(sched: Schedule, durations, p2p: float, budget: float) -> float | None:
@@ -328,7 +334,7 @@ def zb_auto(
     """The shortest zero-bubble schedule the greedy search finds for these times within ``memory_budget``.
 
     Runs :func:`greedy_order` under every :data:`POLICIES` switch setting, with the given times and at unit
-    times, adds ZB-H1, ZB-H1 with ``1 .. K - p`` extra warm-up forwards on the first ``j`` ranks or extra deferred
+    times, adds ZB-H1, ZB-H1 with ``1 .. K - p`` (five spread values above 4) extra warm-up forwards on the first ``j`` ranks or extra deferred
     W passes on the last ``j`` ranks (every ``j`` up to ``pp = 6``, six spread values above; and both, on
     either half) and ZB-H2 as candidates (single-chunk
     placement, when they apply), simulates each with the given times
@@ -392,7 +398,8 @@ def zb_auto(
     if vpp == 1:
         cands.append(("zb-h1", zb_h1(pp, m)))
         spans = range(1, pp + 1) if pp <= 6 else sorted({1, 2, pp // 4, pp // 2, (3 * pp) // 4, pp} - {0})
-        for extra in range(1, min(int(K) - pp, m) + 1):
+        E = min(int(K) - pp, m)
+        for extra in (range(1, E + 1) if E <= 4 else sorted({1, 2, E // 2, (3 * E) // 4, E})):
             for j in spans:  # `extra` more warm-up forwards on the first j ranks, or deferred W on the last j
                 e = [extra] * j + [0] * (pp - j)
                 cands.append((f"zb-h1(extra_warmup={e})", zb_h1(pp, m, extra_warmup=e)))
