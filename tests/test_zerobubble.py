@@ -195,3 +195,14 @@ def test_zb_auto_v_placement_never_slower_than_zb_v(p, extra, f, i, w, p2p):
     tl = simulate(sched, d, p2p_time=p2p)
     assert max(peak_memory(sched, tl)) <= p + 1e-9
     assert tl.iteration_time <= simulate(zb_v(p, m), d, p2p_time=p2p).iteration_time * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("name, p, m, v", [("gpipe", 3, 5, 1), ("1f1b", 4, 8, 1), ("interleaved", 4, 8, 2),
+                                           ("zb-h1", 4, 3, 1), ("zb-h2", 4, 9, 1), ("dualpipev", 3, 6, 2),
+                                           ("overlapped", 4, 8, 1), ("zb-v", 3, 6, 2), ("zb-auto", 4, 8, 1)])
+def test_order_peak_equals_simulated_peak(name, p, m, v):
+    from tessera_lab.pipeline.zerobubble import order_peak
+
+    sched = build_schedule(name, p, m, vpp=v)
+    for d in (uniform_durations(1.0, 2.0, 1.0, 2.5), uniform_durations(0.3, 2.0, 0.1, 1.0)):
+        assert order_peak(sched) == simulate(sched, d).peak_activations

@@ -32,7 +32,7 @@ from tessera_lab.pipeline.engine import simulate
 from tessera_lab.pipeline.generators import _check_int, zb_h1
 from tessera_lab.pipeline.ir import Schedule
 
-__all__ = ["Policy", "POLICIES", "greedy_order", "zb_h2", "zb_v", "zb_auto", "peak_memory"]
+__all__ = ["Policy", "POLICIES", "greedy_order", "zb_h2", "zb_v", "zb_auto", "peak_memory", "order_peak"]
 
 _F, _I, _W = ActionType.F, ActionType.I, ActionType.W
 
@@ -208,14 +208,8 @@ def _replay(sched: Schedule, durations, p2p: float, budget: float) -> float | No
     f, i, w = ([durations(s, 0, kind) for s in range(S)] for kind in (_F, _I, _W))
     R = sched.num_ranks
     lists = [sched.actions.get(r, []) for r in range(R)]
-    for r in range(R):  # the peak depends on the order only
-        unit = 1.0 / max(1, len(sched.rank_stages(r)))
-        live = peak = 0.0
-        for a in lists[r]:
-            live += unit if a.type is _F else (-unit if a.type is _W else 0.0)
-            peak = max(peak, live)
-        if peak > budget + 1e-9:
-            return None
+    if any(n / max(1, len(sched.rank_stages(r))) > budget + 1e-9 for r, n in enumerate(order_peak(sched))):
+        return None
     f_end: dict[tuple[int, int], float] = {}
     i_end: dict[tuple[int, int], float] = {}
     pos, t = [0] * R, [0.0] * R
@@ -264,6 +258,23 @@ def _replay(sched: Schedule, durations, p2p: float, budget: float) -> float | No
 def _schedule(name: str, stage_to_rank: dict[int, int], m: int, lists, **meta) -> Schedule:
     R = max(stage_to_rank.values()) + 1
     return Schedule(name, R, len(stage_to_rank), m, lists, dict(stage_to_rank), dict(meta))
+
+
+def order_peak(schedule: Schedule) -> list[int]:
+    """Per-rank peak live stage-activations from the action order alone (no durations needed): a rank runs its
+    list in order, so the simulator's ``peak_activations`` (F start to B or W end) is the running maximum of
+    ``+1`` per forward and ``-1`` per B or W; an ``OVERLAP_F_B`` pair holds its forward's activation while it runs.
+    Equal to :attr:`Timeline.peak_activations` for every schedule (tested)."""
+    out = []
+    for r in range(schedule.num_ranks):
+        live = peak = 0
+        for a in schedule.actions.get(r, []):
+            leaves = a.leaves()
+            live += sum(1 for x in leaves if x.type is _F)
+            peak = max(peak, live)
+            live -= sum(1 for x in leaves if x.type is ActionType.B or x.type is _W)
+        out.append(peak)
+    return out
 
 
 def peak_memory(schedule: Schedule, timeline) -> list[float]:
