@@ -206,3 +206,26 @@ def test_order_peak_equals_simulated_peak(name, p, m, v):
     sched = build_schedule(name, p, m, vpp=v)
     for d in (uniform_durations(1.0, 2.0, 1.0, 2.5), uniform_durations(0.3, 2.0, 0.1, 1.0)):
         assert order_peak(sched) == simulate(sched, d).peak_activations
+
+
+@settings(max_examples=max(4, EXAMPLES // 2), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(p=st.integers(2, 5), extra=st.integers(0, 6), f=st.floats(0.1, 3.0), b=st.floats(0.2, 6.0),
+       wfrac=st.floats(0.0, 1.0), lat=st.sampled_from([0.0, 0.02, 0.3]), kfrac=st.floats(0.0, 1.0))
+def test_cli_zb_auto_never_slower_random(tmp_path, p, extra, f, b, wfrac, lat, kfrac):
+    """``simulate --schedule zb-auto --memory-budget K`` against ``--schedule zb-h1`` / ``zb-h2`` runs."""
+    from tessera_lab.cli.main import main
+    import json
+
+    def run(*args):
+        out = tmp_path / "o.json"
+        assert main(["simulate", "--stages", str(p), "--microbatches", str(p + extra), "--f", repr(f), "--b", repr(b),
+                     "--w", repr(b * wfrac), "--p2p-latency", repr(lat), "--json", str(out), *args]) == 0
+        return json.loads(out.read_text())
+
+    h1, h2 = run("--schedule", "zb-h1")["makespan"], run("--schedule", "zb-h2")["makespan"]
+    for K in (p, 2 * p - 1, p + kfrac * (p - 1)):
+        res = run("--schedule", "zb-auto", "--memory-budget", repr(K))
+        assert max(res["peak_activations"]) <= K + 1e-9
+        assert res["makespan"] <= h1 * (1 + 1e-12)
+        if K >= 2 * p - 1:
+            assert res["makespan"] <= h2 * (1 + 1e-12)
