@@ -78,6 +78,9 @@ class PipelineExecutor:
         self.node_level = self.handler.node_level
         self.pair_order_label, self.pair_template = resolve_order(pair_order, topo.ep)
         self._comm = next((st.comm for st in stages.values()), None)
+        #: node-level runs call ``dispatch_hook(key, layer, recv_counts, send_counts)`` after every count
+        #: exchange (the seam for a per-EP-group dynamic controller); None: no hook
+        self.dispatch_hook = None
         self.fault = fault
         self.prefetch = prefetch
         init = (lambda: torch.cuda.set_device(topo.device)) if topo.device.type == "cuda" else None
@@ -203,7 +206,7 @@ class PipelineExecutor:
 
         prog = StageProgram(self.stages[s], i, self.stages[s].comm, record, self._now,
                             targets=self._targets.get(i) if s == self.S - 1 else None, num_tokens=self.N,
-                            loss_sink=sink)
+                            loss_sink=sink, on_counts=self.dispatch_hook)
         prog.begin(inp)
         return prog
 

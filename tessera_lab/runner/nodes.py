@@ -92,6 +92,9 @@ class StageProgram:
         record: ``record(lane, type, label, start_s, end_s)`` for events; clock: seconds since the step start.
         targets, num_tokens, loss_sink: on the last stage, the ``[b, T]`` targets, the loss divisor ``N`` and
             a callable receiving the loss sum (float, nats).
+        on_counts: ``on_counts(key, layer, recv_counts, send_counts)`` right after each dispatch's count
+            exchange (``recv_counts[peer][local expert]``, ``send_counts[expert]``): the routing metadata the
+            EP group's dynamic controller decides from (identical on every rank of the group).
 
     Use: :meth:`begin` with the stage input, :meth:`forward` for each key of :attr:`fwd_keys` in order (any
     interleaving with other programs), then :meth:`begin_backward` and :meth:`backward` for each key of
@@ -100,8 +103,10 @@ class StageProgram:
     """
 
     def __init__(self, stage, mb: int, comm, record: Callable, clock: Callable[[], float], *, targets=None,
-                 num_tokens: int = 1, loss_sink: Callable[[float], None] | None = None):
+                 num_tokens: int = 1, loss_sink: Callable[[float], None] | None = None,
+                 on_counts: Callable[[tuple, int, list, list], None] | None = None):
         self.stage, self.mb, self.comm = stage, mb, comm
+        self.on_counts = on_counts
         self.key = (stage.stage, mb)
         self.record, self.clock = record, clock
         self.targets, self.N, self.loss_sink = targets, num_tokens, loss_sink
@@ -202,6 +207,8 @@ class StageProgram:
             t = self.clock()
             recv_counts = c.exchange_counts(st.plan.send_counts)  # blocking: it sizes the dispatch
             self.record("wait", "a2a_wait", f"L{i}.counts[{self.key[0]},{self.mb}]", t, self.clock())
+            if self.on_counts is not None:
+                self.on_counts(self.key, i, recv_counts, sc)
             st.splits = (in_splits, [sum(r) for r in recv_counts], recv_counts)
             self._a2a(name, xp, st.splits[1], in_splits, c.group_fwd)
             return
