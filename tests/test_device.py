@@ -158,3 +158,13 @@ def test_run_plan_executes_the_plan_and_reports_the_prediction(tmp_path, capsys)
     assert rc == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["source"].startswith("runner job") and rep["processes"] == 4 and 0 < rep["mfu"] < 1
+
+
+def test_oversubscription_by_hand():
+    from tessera_lab.runner.predict import oversubscription
+
+    dev = synthetic_device(cores=2)
+    dev["metadata"]["load_average_1m"] = {"before": 10.0}
+    assert oversubscription(dev, 4) == 2.0  # quiet machine: 4 processes on 2 cores
+    assert oversubscription(dev, 4, machine_load=10.0) == pytest.approx(14 / 10)  # busy: share of 14 vs 10
+    assert oversubscription(dev, 1, machine_load=0.0) == pytest.approx(2 / 10)  # quieter than at calibration

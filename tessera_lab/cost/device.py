@@ -9,8 +9,9 @@ runner's group sizes. The file records the date, torch version, CPU, core count 
 Prediction (:func:`tessera_lab.runner.predict.predict_runner`, no torch): per stage, forward = the sum of its layers' fitted forward
 times + the embedding / LM head + per MoE layer a count exchange and two all-to-alls (alpha + bytes /
 beta at the EP size) when ``ep > 1``; backward likewise (B = I + W; W is the fitted weight-gradient share);
-times are multiplied by the oversubscription ``max(1, processes / cores)`` (the runner runs ``pp * ep * dp``
-processes with one thread each); then :func:`tessera_lab.pipeline.simulate.simulate` of the schedule with the
+times are multiplied by the oversubscription (the runner runs ``pp * ep * dp`` one-thread processes; with
+the machine load known when predicting, each process's share of the cores against the calibration's:
+:func:`tessera_lab.runner.predict.oversubscription`); then :func:`tessera_lab.pipeline.simulate.simulate` of the schedule with the
 stage-to-stage transfer time ``alpha + bytes / beta``. Overlapped pairs are priced as forward + backward
 (no hiding assumed). Provenance of every number: *measured* (the device file), *analytic* (FLOP counts of
 the tiny model), *predicted* (the simulation).

@@ -13,13 +13,13 @@ from tessera_lab.pipeline.schedules import build_schedule, canonical_name
 from tessera_lab.pipeline.simulate import simulate, stage_durations
 from tessera_lab.plan.partition import uniform_boundaries
 
-__all__ = ["predict_runner", "balanced_boundaries"]
+__all__ = ["predict_runner", "balanced_boundaries", "oversubscription", "device_plan"]
 
 
 def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int, ep: int, dp: int = 1,
                    schedule: str = "1f1b", microbatches: int = 4, micro_batch_size: int = 2,
                    boundaries: Sequence[int] | None = None, vpp: int | None = None,
-                   defer_w: bool = False) -> dict[str, Any]:
+                   defer_w: bool = False, machine_load: float | None = None) -> dict[str, Any]:
     """Predicted iteration time of a runner job (seconds) and its parts (module docstring).
 
     Returns ``{"iteration_s", "bubble_fraction", "stage_f_s", "stage_b_s", "stage_w_s", "p2p_s",
@@ -44,8 +44,7 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     tokens = micro_batch_size * cfg["seq_len"]
     H = cfg["hidden_size"]
     world = pp * ep * dp
-    cores = int(device["metadata"].get("cores") or 1)
-    over = max(1.0, world / cores)
+    over = oversubscription(device, world, machine_load)
     per_kind = {k: layer_times(device, cfg, k, tokens) for k in set(kinds)}
     ex = device["extras"]
     a2a = 0.0
@@ -78,6 +77,21 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
             "stage_b_s": b, "stage_w_s": w if split else None, "p2p_s": p2p, "oversubscription": over,
             "layer_s": {k: v for k, v in per_kind.items()}, "schedule": sched.name,
             "boundaries": list(boundaries), "source": cost_source(device)["source"]}
+
+
+def oversubscription(device: Mapping[str, Any], world: int, machine_load: float | None = None) -> float:
+    """Slowdown of the runner's ``world`` one-thread processes against the single-process calibration.
+
+    A process gets ``cores / max(cores, runnable)`` of a core. At calibration ``runnable = L_cal`` (the
+    1-minute load average then, which counts the calibrating process itself); at run time ``runnable =
+    machine_load + world`` (the load when the prediction is made, before the run starts). Without
+    ``machine_load`` the machine is taken as quiet: ``max(1, world / cores)``.
+    """
+    cores = int(device["metadata"].get("cores") or 1)
+    if machine_load is None:
+        return max(1.0, world / cores)
+    load_cal = float((device["metadata"].get("load_average_1m") or {}).get("before") or 1.0)
+    return max(cores, machine_load + world) / max(cores, max(load_cal, 1.0))
 
 
 def balanced_boundaries(device: Mapping[str, Any], cfg: Mapping[str, Any], stages: int, tokens: int) -> list[int]:
@@ -138,11 +152,12 @@ def runner_model_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
 def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: int = 1, schedule: str = "1f1b",
                 microbatches: int = 4, micro_batch_size: int = 2, vpp: int | None = None,
                 partition: str = "balanced", pair_exec: str = "scheduled", pair_order: Any = None,
-                config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                config: Mapping[str, Any] | None = None, machine_load: float | None = None) -> dict[str, Any]:
     """A runner plan predicted from a calibrated device: the partition (``balanced`` on the calibrated layer
     costs, or ``uniform``), the schedule, micro-batches, pair handler and order, and the prediction made now,
     before any run. ``tessera-lab run --plan`` executes exactly this plan. ``config``: TinyConfig fields
-    (then ``model`` is only the label).
+    (then ``model`` is only the label). ``machine_load``: the 1-minute load average when predicting (see
+    :func:`oversubscription`); None: a quiet machine.
 
     Raises:
         ConfigError: not a runner model, bad sizes, or a partition name other than balanced / uniform.
@@ -165,7 +180,8 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
     else:
         raise ConfigError(f"field 'partition' = {partition!r} is unknown; allowed: balanced, uniform")
     pred = predict_runner(device, cfg, pp=pp, ep=ep, dp=dp, schedule=schedule, microbatches=microbatches,
-                          micro_batch_size=micro_batch_size, boundaries=bounds, vpp=vpp)
+                          micro_batch_size=micro_batch_size, boundaries=bounds, vpp=vpp, machine_load=machine_load)
+    pred["machine_load_at_prediction"] = machine_load
     label, template = resolve_order(pair_order, ep)
     return {
         "kind": "runner_plan", "schema_version": RUNNER_PLAN_SCHEMA, "model": name, "model_config": cfg,
@@ -197,6 +213,7 @@ def format_device_plan(plan: Mapping[str, Any]) -> str:
 
 def cmd_plan_device(args) -> int:
     """``tessera-lab plan --model tiny-... --device FILE``: the runner plan (``--json`` / ``--export``)."""
+    import os
     import sys
 
     from tessera_lab.cost.device import load_device
@@ -206,7 +223,8 @@ def cmd_plan_device(args) -> int:
     plan = device_plan(dev, args.model, pp=args.pp, ep=args.ep, dp=args.dp, schedule=args.schedule,
                        microbatches=args.microbatches, micro_batch_size=args.micro_batch_size,
                        vpp=args.vpp if args.vpp != 1 else None,
-                       partition="uniform" if args.method == "uniform" else "balanced")
+                       partition="uniform" if args.method == "uniform" else "balanced",
+                       machine_load=os.getloadavg()[0])
     text = format_device_plan(plan)
     if getattr(args, "json", None) == "-":
         write_json("-", plan)

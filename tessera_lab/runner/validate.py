@@ -63,7 +63,8 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
         cfg = widened(base, c["width"]).as_dict()
         plans[_name(c)] = device_plan(device, f"tiny-runner x{c['width']}", pp=c["pp"], ep=c["ep"],
                                       schedule=c["schedule"], microbatches=microbatches,
-                                      micro_batch_size=micro_batch_size, partition=c["partition"], config=cfg)
+                                      micro_batch_size=micro_batch_size, partition=c["partition"], config=cfg,
+                                      machine_load=load0[0])
     out_cases = []
     by_world: dict[tuple[int, int], list[dict]] = {}
     for c in matrix:
