@@ -248,7 +248,11 @@ def _measure_jobs(rank: int, world: int, jobs, settings: Settings, runner, ctx: 
                 med = {i: spread_stats([max(e for _, e in sp.values()) for sp in runs[f"cand{i}"]])["median"]
                        for i in alive}
                 ranked = sorted(alive, key=lambda i: (med[i], i))
-                nxt = sorted(set(ranked[:max(2, (len(alive) + 1) // 2)]) | {0})
+                keep_n = max(2, (len(alive) + 1) // 2)  # < len(alive) for 3 or more: the loop ends
+                kept = ranked[:keep_n]
+                if 0 not in kept:  # program order always survives, in place of the worst kept
+                    kept = kept[:-1] + [0]
+                nxt = sorted(kept)
                 halving.append({"repeats": n_rep, "alive": list(alive), "medians": [med[i] for i in alive],
                                 "kept": nxt})
             alive = broadcast(nxt)
