@@ -408,3 +408,17 @@ def test_overlap_heatmap_colour_scale_starts_at_zero():
     norm = ax.collections[0].norm
     assert norm.vmin == pytest.approx(-norm.vmax) and norm.vmax == pytest.approx(2.0)
     plt.close(ax.figure)
+
+
+@given(st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=2, max_size=9))
+def test_successive_halving_round_keeps_program_order_and_shrinks(meds):
+    from tessera_lab.overlap.backends import halve
+
+    alive = list(range(len(meds)))
+    kept = halve(alive, dict(enumerate(meds)))
+    assert 0 in kept and set(kept) <= set(alive) and len(kept) == max(2, (len(meds) + 1) // 2)
+    if len(meds) >= 3:
+        assert len(kept) < len(meds)
+    others = [i for i in kept if i != 0]
+    dropped = [i for i in alive if i not in kept and i != 0]
+    assert all(meds[k] <= meds[d] for k in others for d in dropped)  # the kept challengers are the fastest

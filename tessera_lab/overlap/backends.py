@@ -66,6 +66,17 @@ from tessera_lab.overlap.kernels import (  # noqa: F401  (re-exported)
 FIT_STEP = 0.1
 
 
+def halve(alive: Sequence[int], medians: Mapping[int, float]) -> list[int]:
+    """One successive-halving round: the ``max(2, ceil(n / 2))`` candidates with the lowest medians (ties to
+    the lower index), program order (candidate 0) always among them in place of the worst kept; fewer than
+    ``n`` whenever ``n >= 3``, so halving ends."""
+    ranked = sorted(alive, key=lambda i: (medians[i], i))
+    kept = ranked[:max(2, (len(ranked) + 1) // 2)]
+    if 0 in alive and 0 not in kept:
+        kept = kept[:-1] + [0]
+    return sorted(kept)
+
+
 # ---------------------------------------------------------------------- runners
 class ThreadRunner:
     """CPU: compute tasks in the calling thread, communication tasks in a second thread."""
@@ -247,12 +258,7 @@ def _measure_jobs(rank: int, world: int, jobs, settings: Settings, runner, ctx: 
             if rank == 0:
                 med = {i: spread_stats([max(e for _, e in sp.values()) for sp in runs[f"cand{i}"]])["median"]
                        for i in alive}
-                ranked = sorted(alive, key=lambda i: (med[i], i))
-                keep_n = max(2, (len(alive) + 1) // 2)  # < len(alive) for 3 or more: the loop ends
-                kept = ranked[:keep_n]
-                if 0 not in kept:  # program order always survives, in place of the worst kept
-                    kept = kept[:-1] + [0]
-                nxt = sorted(kept)
+                nxt = halve(alive, med)
                 halving.append({"repeats": n_rep, "alive": list(alive), "medians": [med[i] for i in alive],
                                 "kept": nxt})
             alive = broadcast(nxt)
