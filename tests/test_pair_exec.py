@@ -174,3 +174,26 @@ def test_every_handler_and_schedule_bitwise(tmp_path):
     res = spawn(WorldSpec(pp=2, ep=2, timeout_s=60), jobs, out_dir=tmp_path, timeout_s=600)
     for n in MATRIX:
         _check_bitwise(res, n, torch)
+
+
+def test_order_from_measured_node_times(tmp_path):
+    import json
+
+    ev = [
+        {"lane": "node", "type": "F", "label": "0F0:L0.pre", "start": 0.0, "end": 3.0},
+        {"lane": "node", "type": "F", "label": "0F1:L0.pre", "start": 0.0, "end": 5.0},
+        {"lane": "node", "type": "B", "label": "0B0:L1.post", "start": 0.0, "end": 2.0},
+        {"lane": "node", "type": "F", "label": "0F0:embed", "start": 0.0, "end": 9.0},  # not a template key
+        {"lane": "comm", "type": "ep_a2a", "label": "L0.dispatch[0,0]", "start": 1.0, "end": 2.5},
+        {"lane": "comm", "type": "ep_a2a", "label": "L1.combine.bwd[0,0]", "start": 0.0, "end": 0.5},
+        {"lane": "wait", "type": "a2a_wait", "label": "L0.dispatch[0,0]", "start": 2.0, "end": 2.5},
+    ]
+    d = od.durations_from_events(ev)
+    assert d["f.pre"] == 4.0 and d["b.post"] == 2.0 and d["f.dispatch"] == 1.5 and d["b.combine"] == 0.5
+    assert d["f.experts"] == 0.0 and set(d) == set(od.TEMPLATE_KEYS)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"jobs": [{"events": ev}]}))
+    label, tpl = od.resolve_order(f"measured:{path}", 2)
+    assert "measured" in label and od.host_issue_makespan(tpl, d) == od.search_template(d, keep=1)[0][0]
+    with pytest.raises(ConfigError, match="readable run"):
+        od.resolve_order(f"measured:{tmp_path / 'none.json'}", 2)

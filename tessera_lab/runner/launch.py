@@ -80,7 +80,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair-exec", default=None, metavar="NAME",
                    help="overlapped-pair handler: serial | threads | scheduled (node level, async all-to-alls)")
     p.add_argument("--pair-order", default=None, metavar="ORDER",
-                   help="issue order for --pair-exec scheduled: searched (default) | program | megatron | "
+                   help="issue order for --pair-exec scheduled: searched (default) | measured:RUN.json | program | megatron | "
                         "comm-first | ten comma-separated template keys (f.pre,...,b.pre)")
     p.add_argument("--grad-sync", choices=["ordered", "allreduce"], default="ordered")
     p.add_argument("--no-deterministic", action="store_true", help="use all threads, no deterministic algorithms")

@@ -36,7 +36,8 @@ from tessera_lab.errors import ConfigError
 from tessera_lab.overlap.bundles import COMM, COMPUTE, PairGraph
 
 __all__ = ["F_NODES", "B_NODES", "TEMPLATE_KEYS", "NAMED_ORDERS", "template_graph", "check_template",
-           "resolve_order", "host_issue_makespan", "search_template", "all_templates", "nominal_durations"]
+           "resolve_order", "host_issue_makespan", "search_template", "all_templates", "nominal_durations",
+           "durations_from_events"]
 
 F_NODES = ("pre", "dispatch", "experts", "combine", "post")
 B_NODES = ("post", "combine", "experts", "dispatch", "pre")
@@ -148,19 +149,61 @@ def search_template(durations: Mapping[str, float], *, issue_overhead: float = 0
     return scored[:keep]
 
 
+def durations_from_events(events: Sequence[Mapping]) -> dict[str, float]:
+    """Median measured seconds per template key from a node-level run's events (``run --json``): compute nodes
+    from lane ``node``, all-to-alls from lane ``comm`` (issue to the end of the wait, so take them from a run
+    that waits at once, such as plain 1F1B with ``--pair-exec scheduled``). Keys without samples get 0."""
+    import statistics
+
+    got: dict[str, list[float]] = {k: [] for k in TEMPLATE_KEYS}
+    for e in events:
+        key = None
+        if e.get("lane") == "node" and ":" in e.get("label", ""):
+            name = e["label"].split(":", 1)[1]
+            if name.startswith("L") and "." in name:
+                key = ("f." if e["type"] == "F" else "b.") + name.split(".")[1]
+        elif e.get("lane") == "comm" and e.get("type") == "ep_a2a" and str(e.get("label", "")).startswith("L"):
+            parts = e["label"].split("[")[0].split(".")
+            if len(parts) >= 2 and parts[1] in COMM_NODES:
+                key = ("b." if len(parts) > 2 else "f.") + parts[1]
+        if key in got:
+            got[key].append(float(e["end"]) - float(e["start"]))
+    return {k: (statistics.median(v) if v else 0.0) for k, v in got.items()}
+
+
+def _measured_order(path: str) -> tuple[str, tuple[str, ...]]:
+    import json
+    from pathlib import Path
+
+    try:
+        data = json.loads(Path(path).read_text())
+        events = data["jobs"][0]["events"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        raise ConfigError(f"field 'pair_order' = 'measured:{path}': not a readable run result with events "
+                          "(write one with tessera-lab run --pair-exec scheduled --json PATH)") from None
+    d = durations_from_events(events)
+    if not any(d.values()):
+        raise ConfigError(f"run '{path}' has no node-level events; run it with --pair-exec scheduled")
+    return f"searched (node times measured in {path})", tuple(search_template(d, keep=1)[0][1])
+
+
 def resolve_order(spec: str | Sequence[str] | None, ep: int) -> tuple[str, tuple[str, ...]]:
     """``(label, template)`` for a ``pair_order`` setting: a name of :data:`NAMED_ORDERS`, ``"searched"`` /
-    None (the best order of :func:`search_template` over :func:`nominal_durations`), or an explicit list.
+    None (the best order of :func:`search_template` over :func:`nominal_durations`), ``"measured:RUN.json"``
+    (the best order over the node times measured in that run, :func:`durations_from_events`), or an
+    explicit list.
 
     Raises:
-        ConfigError: unknown name or an invalid list.
+        ConfigError: unknown name, an unreadable run, or an invalid list.
     """
     if spec is None or spec == "searched":
         best = search_template(nominal_durations(ep), keep=1)[0][1]
         return "searched (nominal node times)", tuple(best)
+    if isinstance(spec, str) and spec.startswith("measured:"):
+        return _measured_order(spec[len("measured:"):])
     if isinstance(spec, str):
         if spec not in NAMED_ORDERS:
-            raise ConfigError(f"field 'pair_order' = {spec!r} is unknown; allowed: searched, "
+            raise ConfigError(f"field 'pair_order' = {spec!r} is unknown; allowed: searched, measured:RUN.json, "
                               f"{', '.join(NAMED_ORDERS)} or a list of the ten template keys")
         return spec, NAMED_ORDERS[spec]
     return "given", check_template(spec)
