@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from tessera_lab.argtypes import nonneg_float
+from tessera_lab.argtypes import positive_float
 from tessera_lab.cli.common import GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args, table
 from tessera_lab.model.spec import layer_summary
 
@@ -92,7 +92,7 @@ def add_parser(sub) -> None:
     add_plan_options(p, DEFAULT_MODEL, DEFAULT_GPU)
     p.add_argument("--objective", default="auto", choices=["auto", "bottleneck", "schedule"],
                    help="auto (default): solve the bottleneck and the schedule objective, keep the faster in simulation")
-    p.add_argument("--time-limit", type=nonneg_float("time_limit"), default=10.0, help="ILP time limit, seconds")
+    p.add_argument("--time-limit", type=positive_float("time_limit"), default=10.0, help="ILP time limit, seconds")
     p.add_argument("--plot", metavar="PATH",
                    help="save figures: PATH.png gives PATH-stages.png (stage costs) and PATH-timeline.png (Gantt)")
     p.add_argument("--profile", metavar="PATH",

@@ -1143,6 +1143,8 @@ def save_report_figure(path: str | Path, plan: Any, report: CapacityReport | Non
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig = report_figure(plan, report, diff)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    from tessera_lab.io import save_figure
+
+    save_figure(fig, path)
     plt.close(fig)
     return path
