@@ -119,7 +119,8 @@ def _shown(value: Any) -> str:
 
 
 def check_int(value: Any, field: str, *, low: int | None = 1, high: int | None = None, where: str = "",
-              limit: str | None = None, error: type[Exception] = ConfigError, allowed: str | None = None) -> int:
+              limit: str | None = None, error: type[Exception] = ConfigError, allowed: str | None = None,
+              noun: str = "field") -> int:
     """``value`` as an int if it is an integer (an integral float such as ``1024.0`` counts) in ``[low, high]``.
 
     Args:
@@ -127,29 +128,30 @@ def check_int(value: Any, field: str, *, low: int | None = 1, high: int | None =
         where: the file, shown first (``"config file 'm.json'"``).
         limit: a :data:`WORK_LIMITS` name also applied as an upper bound (with its own message).
         allowed: text of the allowed range (default from ``low`` and ``high``).
+        noun: the word before the field name (``"config field"``, ``"option"``).
 
     Raises:
         ``error``: not a number, not an integer (NaN, inf, 2.5, "abc", true), or out of range.
     """
     text = allowed or allowed_range(low, high, True)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise error(f"{_where(where)}field '{field}' = {_shown(value)} is not an integer; allowed: {text}")
+        raise error(f"{_where(where)}{noun} '{field}' = {_shown(value)} is not an integer; allowed: {text}")
     if isinstance(value, float):
         if not math.isfinite(value) or value != int(value):
-            raise error(f"{_where(where)}field '{field}' = {_shown(value)} is not an integer; allowed: {text}")
+            raise error(f"{_where(where)}{noun} '{field}' = {_shown(value)} is not an integer; allowed: {text}")
         if abs(value) > 2**62:
-            raise error(f"{_where(where)}field '{field}' = {_shown(value)} is out of range; allowed: {text}")
+            raise error(f"{_where(where)}{noun} '{field}' = {_shown(value)} is out of range; allowed: {text}")
         value = int(value)
     if (low is not None and value < low) or (high is not None and value > high):
-        raise error(f"{_where(where)}field '{field}' = {_shown(value)} is out of range; allowed: {text}")
+        raise error(f"{_where(where)}{noun} '{field}' = {_shown(value)} is out of range; allowed: {text}")
     if limit is not None:
-        check_work(limit, value, field=f"field '{field}'", where=where, error=error)
+        check_work(limit, value, field=f"{noun} '{field}'", where=where, error=error)
     return value
 
 
 def check_float(value: Any, field: str, *, low: float | None = 0.0, high: float | None = None,
                 low_open: bool = False, where: str = "", error: type[Exception] = ConfigError,
-                allowed: str | None = None) -> float:
+                allowed: str | None = None, noun: str = "field") -> float:
     """``value`` as a float if it is a finite number in the range (``low_open``: strictly above ``low``).
 
     Raises:
@@ -157,20 +159,20 @@ def check_float(value: Any, field: str, *, low: float | None = 0.0, high: float 
     """
     text = allowed or allowed_range(low, high, False, low_open=low_open)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise error(f"{_where(where)}field '{field}' = {_shown(value)} is not a number; allowed: {text}")
+        raise error(f"{_where(where)}{noun} '{field}' = {_shown(value)} is not a number; allowed: {text}")
     try:
         v = float(value)
     except OverflowError:
-        raise error(f"{_where(where)}field '{field}' = {_shown(value)} is out of range; allowed: {text}") from None
+        raise error(f"{_where(where)}{noun} '{field}' = {_shown(value)} is out of range; allowed: {text}") from None
     if not math.isfinite(v):
-        raise error(f"{_where(where)}field '{field}' = {_shown(value)} is not a finite number; allowed: {text}")
+        raise error(f"{_where(where)}{noun} '{field}' = {_shown(value)} is not a finite number; allowed: {text}")
     if (low is not None and (v <= low if low_open else v < low)) or (high is not None and v > high):
-        raise error(f"{_where(where)}field '{field}' = {_shown(value)} is out of range; allowed: {text}")
+        raise error(f"{_where(where)}{noun} '{field}' = {_shown(value)} is out of range; allowed: {text}")
     return v
 
 
 def check_time(value: Any, field: str, *, where: str = "", positive: bool = False,
-               error: type[Exception] = ConfigError) -> float:
+               error: type[Exception] = ConfigError, noun: str = "field") -> float:
     """A time in seconds: finite, ``>= 0`` (``> 0`` when ``positive``) and at most :data:`MAX_TIME_S`."""
-    return check_float(value, field, low=0.0, high=MAX_TIME_S, low_open=positive, where=where, error=error,
+    return check_float(value, field, low=0.0, high=MAX_TIME_S, low_open=positive, where=where, error=error, noun=noun,
                        allowed=f"seconds {'>' if positive else '>='} 0 and <= {MAX_TIME_S:g}")

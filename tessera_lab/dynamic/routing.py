@@ -596,10 +596,11 @@ def load_routing_log(source: str | os.PathLike | Mapping | Sequence, *, top_k: i
     obj: Any = source
     if isinstance(source, (str, os.PathLike)):
         src_name = str(source)
-        try:
-            obj = json.loads(Path(source).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"routing log {src_name}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        from tessera_lab.io import read_json
+
+        if not Path(source).exists():
+            raise FileNotFoundError(2, "routing log does not exist", src_name)
+        obj = read_json(source, "routing log")
     meta: Mapping = {}
     if isinstance(obj, Mapping):
         meta = obj

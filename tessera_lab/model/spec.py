@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from tessera_lab.checks import MAX_CONFIG_INT, check_int
 from tessera_lab.errors import ConfigError
+from tessera_lab.io import read_json
 from tessera_lab.paths import data_dir
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "deepseek_v3", "mixtral")
@@ -77,15 +79,14 @@ class ParamCounts:
         return dataclasses.asdict(self)
 
 
-def _req(cfg: Mapping[str, Any], key: str, *, minimum: int = 1, allowed: str = "an integer >= 1") -> int:
+def _req(cfg: Mapping[str, Any], key: str, *, minimum: int = 1, allowed: str | None = None) -> int:
+    """An integer config field in ``[minimum, MAX_CONFIG_INT]`` (layer counts: the ``layers`` work limit); NaN,
+    inf, strings and fractions are refused with one line (tessera_lab.checks)."""
     if key not in cfg or cfg[key] is None:
-        raise ConfigError(f"config field '{key}' is missing; allowed: {allowed}")
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise ConfigError(f"config field '{key}' = {value!r} is not an integer; allowed: {allowed}")
-    if value < minimum:
-        raise ConfigError(f"config field '{key}' = {value!r} is out of range; allowed: {allowed}")
-    return int(value)
+        raise ConfigError(f"config field '{key}' is missing; allowed: {allowed or f'an integer >= {minimum}'}")
+    layers = key in ("num_hidden_layers", "num_layers")
+    return check_int(cfg[key], key, low=minimum, high=None if layers else MAX_CONFIG_INT, allowed=allowed,
+                     limit="layers" if layers else None, noun="config field")
 
 
 def _opt(cfg: Mapping[str, Any], key: str, default: int, *, minimum: int = 1) -> int:
@@ -156,12 +157,7 @@ class ModelSpec:
         """
         if isinstance(path_or_dict, (str, Path)):
             path = Path(path_or_dict)
-            try:
-                cfg = json.loads(path.read_text())
-            except FileNotFoundError:
-                raise ConfigError(f"config file '{path}' does not exist") from None
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"config file '{path}' is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+            cfg = read_json(path, "config file")
             if not isinstance(cfg, dict):
                 raise ConfigError(f"config file '{path}' holds a JSON {type(cfg).__name__}; allowed: a JSON object "
                                   "(a Hugging Face config.json)")
@@ -182,18 +178,23 @@ class ModelSpec:
             "deepseek_v3": _from_deepseek_v3,
             "mixtral": _from_mixtral,
         }[model_type]
-        kwargs = builder(cfg)
-        kwargs.update(
-            name=name or str(model_type),
-            model_type=model_type,
-            hidden_size=_req(cfg, "hidden_size"),
-            vocab_size=_req(cfg, "vocab_size"),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            source=str(cfg.get("_source", "")),
-            raw=cfg,
-        )
-        spec = cls(**kwargs)
-        spec.validate()
+        try:
+            kwargs = builder(cfg)
+            kwargs.update(
+                name=name or str(model_type),
+                model_type=model_type,
+                hidden_size=_req(cfg, "hidden_size"),
+                vocab_size=_req(cfg, "vocab_size"),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                source=str(cfg.get("_source", "")),
+                raw=cfg,
+            )
+            spec = cls(**kwargs)
+            spec.validate()
+        except ConfigError as exc:
+            if isinstance(path_or_dict, (str, Path)):
+                raise ConfigError(f"config file '{path_or_dict}': {exc}") from None
+            raise
         return spec
 
     def validate(self) -> None:

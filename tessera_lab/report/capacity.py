@@ -83,7 +83,6 @@ This module never imports torch; pandas is imported only by the table methods.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import defaultdict
@@ -859,16 +858,16 @@ def plan_from_json(data: Mapping[str, Any] | str | Path) -> Any:
     from tessera_lab.cost.memory import memory_capacity
     from tessera_lab.model.tasks import model_flops_per_iteration
 
+    where = "plan"
     if not isinstance(data, Mapping):
         path = Path(data)
+        where = f"plan '{path}'"
         if not path.is_file():
             raise ConfigError(f"field 'plan' = {str(path)!r} is not a file; allowed: a JSON file from "
                               "'tessera-lab plan --json'")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"field 'plan' = {str(path)!r} is not JSON ({exc.msg} at line {exc.lineno}); "
-                              "allowed: the output of 'tessera-lab plan --json'") from None
+        from tessera_lab.io import read_json
+
+        data = read_json(path, "plan")
     if not isinstance(data, Mapping):
         raise ConfigError("field 'plan' must be a JSON object from 'tessera-lab plan --json'")
     for key in ("model", "parallel", "boundaries"):
@@ -881,9 +880,18 @@ def plan_from_json(data: Mapping[str, Any] | str | Path) -> Any:
     unknown = set(par) - set(PARALLEL_KEYS)
     if unknown:
         raise ConfigError(f"field 'plan.parallel' has unknown keys {sorted(unknown)}; allowed: {', '.join(PARALLEL_KEYS)}")
+    from tessera_lab.checks import WORK_LIMITS, check_int, check_work
+
+    for key in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len"):
+        if key in par:  # type, range and work limits before any planning work
+            check_int(par[key], f"parallel.{key}", where=where, limit=key if key in WORK_LIMITS else None)
     parallel = ParallelConfig(**par)
+    check_work("world_size", parallel.world_size, field="field 'parallel' world size pp x dp x ep x tp", where=where)
+    check_work("actions", parallel.pp * parallel.vpp * parallel.microbatches,
+               field="field 'parallel' pp x vpp x microbatches", where=where)
     gpu = data.get("gpu", "H200")
-    cluster = Cluster.dgx(gpu, int(data["nodes"])) if data.get("nodes") else cluster_for(parallel, gpu)
+    nodes = check_int(data["nodes"], "nodes", where=where, limit="nodes") if data.get("nodes") is not None else None
+    cluster = Cluster.dgx(gpu, nodes) if nodes else cluster_for(parallel, gpu)
     b = data["boundaries"]
     L = model.num_layers
     if (not isinstance(b, list) or len(b) != parallel.pp + 1 or not all(isinstance(x, int) for x in b)
