@@ -19,7 +19,7 @@ from typing import Callable
 
 from tessera_lab.checks import MAX_TIME_S, env_name, work_limit
 
-__all__ = ["int_at_least", "int_in", "positive_int", "nonneg_float", "positive_float", "float_in"]
+__all__ = ["integer", "int_at_least", "int_in", "positive_int", "nonneg_float", "positive_float", "float_in"]
 
 
 def _parse_int(name: str, text: str, allowed: str) -> int:
@@ -31,8 +31,10 @@ def _parse_int(name: str, text: str, allowed: str) -> int:
         f = float(text)
     except ValueError:
         f = math.nan
-    if math.isfinite(f) and f == int(f) and abs(f) < 2**62:
-        return int(f)
+    if math.isfinite(f) and f == int(f):
+        if abs(f) < 2**62:
+            return int(f)
+        raise argparse.ArgumentTypeError(f"{name} = {text!r} is out of range; allowed: {allowed}") from None
     raise argparse.ArgumentTypeError(f"{name} = {text!r} is not an integer; allowed: {allowed}") from None
 
 
@@ -48,6 +50,23 @@ def int_in(name: str, low: int, high: int | None = None) -> Callable[[str], int]
         if v < low or (high is not None and v > high):
             raise argparse.ArgumentTypeError(f"{name} = {v} is out of range; allowed: {allowed}")
         if high is None and limit is not None and v > limit:
+            raise argparse.ArgumentTypeError(
+                f"{name} = {v} is over the work limit {limit} of this kind of machine; allowed: {allowed} "
+                f"(raise it with {env_name(name)}=N)")
+        return v
+
+    return parse
+
+
+def integer(name: str) -> Callable[[str], int]:
+    """Parser of any integer (``1e3`` counts) for the option ``name``, bounded above by its work limit if it has
+    one; the range below is checked where the value is used. ``tessera-lab`` puts it in place of a bare ``int``."""
+
+    def parse(text: str) -> int:
+        limit = work_limit(name)
+        allowed = "an integer" if limit is None else f"an integer <= {limit}"
+        v = _parse_int(name, text, allowed)
+        if limit is not None and v > limit:
             raise argparse.ArgumentTypeError(
                 f"{name} = {v} is over the work limit {limit} of this kind of machine; allowed: {allowed} "
                 f"(raise it with {env_name(name)}=N)")

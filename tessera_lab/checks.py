@@ -20,7 +20,7 @@ from typing import Any
 from tessera_lab.errors import ConfigError
 
 __all__ = ["WORK_LIMITS", "work_limit", "check_work", "check_int", "check_float", "check_time", "allowed_range",
-           "MAX_TIME_S", "MAX_CONFIG_INT"]
+           "MAX_TIME_S", "MAX_CONFIG_INT", "profile_mismatches"]
 
 #: name -> (default limit, what it counts). ``TESSERA_LAB_MAX_<NAME>`` (upper case) overrides the default.
 WORK_LIMITS: dict[str, tuple[int, str]] = {
@@ -176,3 +176,24 @@ def check_time(value: Any, field: str, *, where: str = "", positive: bool = Fals
     """A time in seconds: finite, ``>= 0`` (``> 0`` when ``positive``) and at most :data:`MAX_TIME_S`."""
     return check_float(value, field, low=0.0, high=MAX_TIME_S, low_open=positive, where=where, error=error, noun=noun,
                        allowed=f"seconds {'>' if positive else '>='} 0 and <= {MAX_TIME_S:g}")
+
+
+def profile_mismatches(profile: Any, model_name: str, gpu: str | None = None) -> list[str]:
+    """Why a measured profile does not fit a plan (empty when it does): a different model, an analytic or CUDA
+    profile of another GPU, or a stale environment (``profile.stale_reasons``: device or versions changed).
+
+    ``profile`` is a :class:`tessera_lab.overlap.profiles.Profile` (read through ``model``, ``backend``,
+    ``environment`` and ``stale_reasons``). A CPU profile is meant to be transferred onto a GPU plan (its
+    overlap efficiencies are used), so its device is compared with this machine only, not with ``gpu``.
+    """
+    reasons: list[str] = []
+    if getattr(profile, "model", None) != model_name:
+        reasons.append(f"measured for model {getattr(profile, 'model', None)!r}, not {model_name!r}")
+    device = str((getattr(profile, "environment", None) or {}).get("device", ""))
+    backend = getattr(profile, "backend", None)
+    if gpu and backend in ("analytic", "cuda") and device and gpu.lower() not in device.lower():
+        reasons.append(f"measured on {device!r}, not on a {gpu}")
+    stale = list(getattr(profile, "stale_reasons", None) or [])
+    if stale:
+        reasons.append(f"stale: {stale[0]}" + (f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""))
+    return reasons

@@ -13,8 +13,10 @@ import argparse
 import os
 import re
 import sys
+import warnings
 from typing import Sequence
 
+from tessera_lab.argtypes import integer
 from tessera_lab.checks import check_work
 from tessera_lab.cli import measure, models, partition, plan, report, reproduce, run, simulate
 from tessera_lab.cli.common import Parser, check_output_paths
@@ -75,6 +77,8 @@ def build_parser() -> Parser:
         p.formatter_class = HelpFormatter
         p._negative_number_matcher = _NEGATIVE_NUMBER  # so "--f -inf" or "--seed -1e3" reach the type check
         for action in p._actions:
+            if action.type is int:  # a bare int: accept 1e3, bound by the work limit, one clear line
+                action.type = integer(action.dest)
             if action.help is None and action.option_strings:
                 action.help = next((OPTION_HELP[o] for o in action.option_strings if o in OPTION_HELP), None)
     return parser
@@ -118,12 +122,22 @@ def _silence_stdout() -> None:
         pass
 
 
+def _one_line_warning(command: str):
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ARG001 - warnings API
+        text = " ".join(str(message).split())
+        print(f"tessera-lab {command}: warning: {text}", file=file or sys.stderr)
+
+    return show
+
+
 def _run(args: argparse.Namespace) -> int:
     if sys.stdout is None and getattr(args, "json", None) in (None, "-"):
         raise ConfigError("standard output is closed; allowed: an open stdout, or --json PATH for the result")
     check_output_paths(args)
     check_work_limits(args)
-    return int(args.func(args) or 0)
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning(args.command)  # one line per warning, no source line
+        return int(args.func(args) or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
