@@ -19,7 +19,7 @@ from typing import Callable
 
 from tessera_lab.checks import MAX_TIME_S, env_name, work_limit
 
-__all__ = ["integer", "int_at_least", "int_in", "positive_int", "nonneg_float", "positive_float", "float_in"]
+__all__ = ["integer", "finite_float", "int_at_least", "int_in", "positive_int", "nonneg_float", "positive_float", "float_in"]
 
 
 def _parse_int(name: str, text: str, allowed: str) -> int:
@@ -99,6 +99,12 @@ def float_in(name: str, low: float = 0.0, high: float = MAX_TIME_S, *, low_open:
         return v
 
     return parse
+
+
+def finite_float(name: str, bound: float = 1e12) -> Callable[[str], float]:
+    """Parser of a finite number in ``[-bound, bound]`` (any sign); ``tessera-lab`` puts it in place of a bare
+    ``float`` so that ``nan`` and ``inf`` never pass."""
+    return float_in(name, -bound, bound)
 
 
 def nonneg_float(name: str, high: float = MAX_TIME_S) -> Callable[[str], float]:

@@ -16,7 +16,7 @@ import sys
 import warnings
 from typing import Sequence
 
-from tessera_lab.argtypes import integer
+from tessera_lab.argtypes import finite_float, integer
 from tessera_lab.checks import check_work
 from tessera_lab.cli import measure, models, partition, plan, report, reproduce, run, simulate
 from tessera_lab.cli.common import Parser, check_output_paths
@@ -42,6 +42,13 @@ OPTION_HELP = {
     "--layers": "number of decoder layers (the family's layer pattern is re-derived)",
     "--p2p-latency": "latency of one point-to-point send between stages, same unit as --f",
     "--time-limit": "ILP solver time limit, seconds (> 0)",
+    "--steps": "training steps",
+    "--lr": "learning rate (SGD)",
+    "--expert-width": "routed expert intermediate size",
+    "--capacity-factor": "drop expert assignments above ceil(cf x tokens x top_k / experts) per expert",
+    "--overlap": "how the two halves of an overlapped pair run: thread (concurrently) or serial",
+    "--grad-sync": "data-parallel gradient sum: ordered (all-gather, summed in replica order: deterministic) or allreduce",
+    "--backend": "torch.distributed backend: auto (NCCL with GPUs, else gloo), gloo or nccl",
 }
 
 _NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*([eE][-+]?\d+)?|\.\d+([eE][-+]?\d+)?|inf|infinity|nan)$", re.IGNORECASE)
@@ -79,6 +86,8 @@ def build_parser() -> Parser:
         for action in p._actions:
             if action.type is int:  # a bare int: accept 1e3, bound by the work limit, one clear line
                 action.type = integer(action.dest)
+            elif action.type is float:  # a bare float: finite only
+                action.type = finite_float(action.dest)
             if action.help is None and action.option_strings:
                 action.help = next((OPTION_HELP[o] for o in action.option_strings if o in OPTION_HELP), None)
     return parser
