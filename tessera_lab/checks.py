@@ -36,7 +36,7 @@ WORK_LIMITS: dict[str, tuple[int, str]] = {
     "ep": (4096, "expert-parallel ranks"),
     "tp": (1024, "tensor-parallel ranks"),
     "nodes": (131_072, "nodes"),
-    "costs": (100_000, "per-layer costs"),
+    "costs": (4096, "per-layer costs"),
     "experts": (65_536, "routed experts"),
     "num_experts": (65_536, "routed experts"),
     "top_k": (65_536, "experts per token"),

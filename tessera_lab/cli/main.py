@@ -16,7 +16,7 @@ import sys
 import warnings
 from typing import Sequence
 
-from tessera_lab.argtypes import finite_float, integer
+from tessera_lab.argtypes import finite_float, integer, positive_float
 from tessera_lab.checks import check_work
 from tessera_lab.cli import measure, models, partition, plan, report, reproduce, run, simulate
 from tessera_lab.cli.common import Parser, check_output_paths
@@ -86,8 +86,9 @@ def build_parser() -> Parser:
         for action in p._actions:
             if action.type is int:  # a bare int: accept 1e3, bound by the work limit, one clear line
                 action.type = integer(action.dest)
-            elif action.type is float:  # a bare float: finite only
-                action.type = finite_float(action.dest)
+            elif action.type is float:  # a bare float: finite only; timeouts and limits > 0
+                timed = "timeout" in action.dest or "time_limit" in action.dest
+                action.type = positive_float(action.dest) if timed else finite_float(action.dest)
             if action.help is None and action.option_strings:
                 action.help = next((OPTION_HELP[o] for o in action.option_strings if o in OPTION_HELP), None)
     return parser
