@@ -88,6 +88,7 @@ def build_corpus(root: Path) -> Corpus:
     from tessera_lab.cli.main import main
 
     root = Path(root)
+    (root / "cwd").mkdir(parents=True, exist_ok=True)
     c = Corpus(root)
     cfg = json.loads((ROOT / "data" / "models" / "qwen3-next-80b-a3b.json").read_text())
     inp = root / "in"
@@ -332,6 +333,8 @@ def fuzz(examples: int, seed: int = 0, bound_s: float = 60.0, root: Path | None 
 
     tmp = tempfile.TemporaryDirectory(prefix="fuzz_cli_") if root is None else None
     corpus = build_corpus(Path(tmp.name) if tmp else Path(root))
+    cwd = os.getcwd()
+    os.chdir(corpus.root / "cwd")  # a stray relative output lands in the corpus, not in the checkout
     counts: Counter = Counter()
     breaks: list[Outcome] = []
 
@@ -352,6 +355,7 @@ def fuzz(examples: int, seed: int = 0, bound_s: float = 60.0, root: Path | None 
     try:
         one()
     finally:
+        os.chdir(cwd)
         if tmp is not None:
             tmp.cleanup()
     return counts, breaks

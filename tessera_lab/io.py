@@ -5,8 +5,8 @@ Writes (:func:`atomic_write_bytes`, :func:`atomic_write_text`, :func:`write_json
 - a regular file (or a path that does not exist yet) is replaced atomically: a short-named temporary file in the
   same folder, fsync, ``os.replace``; a reader sees the old file or the new one, never a partial write;
 - a symlink is resolved and its target is written (the link stays a link);
-- anything else that exists (a character device such as ``/dev/null``, a FIFO, a socket, ``/dev/stdout``) and any
-  path under ``/dev/`` or ``/proc/`` is written in place, never replaced;
+- anything else that exists (a character device such as ``/dev/null``, a FIFO, a socket), ``/dev/stdout``,
+  ``/dev/stderr``, ``/dev/fd/N`` and paths under ``/proc/`` are written in place, never replaced;
 - temporary files left by an interrupted write of the same file (a killed process) are removed by the next write;
 - new files get the permissions a plain ``open()`` gives (``0o666`` minus the umask); a replaced file keeps its mode;
 - errors raise :class:`~tessera_lab.errors.OutputError` naming the user's path, never the temporary file.
@@ -45,7 +45,9 @@ MAX_JSON_DEPTH = 64
 _STALE_TMP_S = 3600.0
 #: characters of the target's name kept in the temporary name (so a 250-character name stays valid)
 _NAME_KEEP = 32
-_IN_PLACE_ROOTS = ("/dev/", "/proc/")
+#: paths always written in place: the process's own file descriptors and /proc (never a temp file beside them)
+_IN_PLACE_ROOTS = ("/proc/", "/dev/fd/")
+_IN_PLACE_PATHS = ("/dev/stdout", "/dev/stderr", "/dev/tty")
 
 
 # ---------------------------------------------------------------------------------------------- writes
@@ -132,7 +134,7 @@ def _destination(path: Path) -> tuple[str, bool]:
     """``(where to write, in place?)`` for the user's ``path``."""
     text = os.fspath(path)
     absolute = os.path.abspath(text)
-    if absolute.startswith(_IN_PLACE_ROOTS):
+    if absolute.startswith(_IN_PLACE_ROOTS) or absolute in _IN_PLACE_PATHS:
         return text, True
     try:
         st = os.stat(text)  # follows symlinks

@@ -26,7 +26,8 @@ def corpus(tmp_path_factory):
     return fuzz_cli.build_corpus(tmp_path_factory.mktemp("fuzz"))
 
 
-def test_cli_contract_under_fuzzing(corpus):
+def test_cli_contract_under_fuzzing(corpus, monkeypatch):
+    monkeypatch.chdir(corpus.root / "cwd")  # relative outputs stay in the corpus
     seen = []
 
     @settings(max_examples=80, deadline=None, database=None, derandomize=True,
@@ -39,6 +40,7 @@ def test_cli_contract_under_fuzzing(corpus):
 
     check()
     assert "ok" in seen and "error" in seen  # the generator reaches both sides of the contract
+    assert sorted(p.name for p in (corpus.root / "cwd").iterdir()) == []  # nothing written to the working folder
 
 
 @pytest.mark.parametrize("argv", [

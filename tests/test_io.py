@@ -264,3 +264,15 @@ def test_read_json_size_limit_and_bom(tmp_path, monkeypatch):
         read_json(tmp_path / "missing.json")
     with pytest.raises(ConfigError, match="is a folder"):
         read_json(tmp_path)
+
+
+def test_regular_files_under_dev_shm_are_still_created(tmp_path):
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    p = shm / f"tessera-io-test-{os.getpid()}.json"
+    try:
+        atomic_write_text(p, "{}")
+        assert p.read_text() == "{}" and stat.S_ISREG(p.stat().st_mode)
+    finally:
+        p.unlink(missing_ok=True)

@@ -238,3 +238,13 @@ def test_every_option_has_help_and_shows_its_default():
             elif a.default not in (None, False, argparse.SUPPRESS) and "default" not in (a.help or "").lower():
                 assert f"(default: {a.default})" in " ".join(text.split()), (name, a.option_strings)
     assert missing == []
+
+
+@pytest.mark.parametrize("argv", [["plan", "--plot", "-"], ["plan", "--export", "-"],
+                                  ["simulate", "--stages", "2", "--microbatches", "2", "--f", "1", "--b", "1",
+                                   "--trace", "-"]])
+def test_only_json_goes_to_stdout(argv, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert "standard output takes only --json" in one_error_line(capsys)
+    assert list(tmp_path.iterdir()) == []

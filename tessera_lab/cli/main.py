@@ -143,6 +143,10 @@ def _one_line_warning(command: str):
 def _run(args: argparse.Namespace) -> int:
     if sys.stdout is None and getattr(args, "json", None) in (None, "-"):
         raise ConfigError("standard output is closed; allowed: an open stdout, or --json PATH for the result")
+    for name in ("plot", "export", "trace", "profile_store", "out"):
+        if getattr(args, name, None) == "-":  # only --json may go to stdout; never a file literally named '-'
+            raise ConfigError(f"option --{name.replace('_', '-')} = '-': standard output takes only --json; "
+                              "allowed: a file path")
     check_output_paths(args)
     check_work_limits(args)
     with warnings.catch_warnings():
