@@ -168,8 +168,10 @@ class ModelSpec:
             raise ConfigError(f"config must be a path or a dict, got {type(path_or_dict).__name__}")
         model_type = cfg.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
+            where = f"config file '{path_or_dict}': " if isinstance(path_or_dict, (str, Path)) else ""
             raise ConfigError(
-                f"config field 'model_type' = {model_type!r} is not supported; allowed: {', '.join(SUPPORTED_MODEL_TYPES)}"
+                f"{where}config field 'model_type' = {model_type!r} is not supported; allowed: "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         builder = {
             "qwen3": _from_qwen3,
