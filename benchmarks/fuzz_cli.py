@@ -135,6 +135,13 @@ def build_corpus(root: Path) -> Corpus:
     c.inputs["profile_nan"] = _write(inp / "profile_nan.json",
                                      (inp / "profile.json").read_text().replace('"median": 0', '"median": NaN', 1))
     c.inputs["routing_log"] = _write(inp / "routing.json", json.dumps({"format": "nope"}))
+    recs = [{"layer": l, "microbatch": mb, "routed": [3, 1, 2, 2, 0, 4, 1, 3]} for l in range(4) for mb in range(4)]
+    log = {"format": "tessera-lab/routing-log", "version": 1, "top_k": 2, "num_experts": 8, "records": recs}
+    c.inputs["routing_good"] = _write(inp / "routing_good.json", json.dumps(log))
+    for name, rec in {"string": {"layer": 0, "routed": ["abc"] * 8}, "huge_step": {"layer": 0, "step": 10**9,
+                      "routed": [1] * 8}, "float": {"layer": 0.5, "routed": [1] * 8},
+                      "negative": {"layer": 0, "routed": [-1] * 8}}.items():
+        c.inputs[f"routing_{name}"] = _write(inp / f"routing_{name}.json", json.dumps({**log, "records": [rec]}))
     # outputs
     out = root / "out"
     out.mkdir(parents=True, exist_ok=True)
@@ -179,8 +186,9 @@ def _values_for(dest: str, corpus: Corpus) -> st.SearchStrategy[str]:
         "schedule": _mix(SCHEDULES[:7], SCHEDULES), "gpu": _mix(GPUS[:3], GPUS),
         "costs": _costs(),
         "routing": st.sampled_from(("uniform", "zipf:1.2", "zipf:nan", "zipf:-1", "drift:0.5", "drift:0.5:2", "bogus",
-                                    "zipf:", f"replay:{corpus.inputs['routing_log']}",
-                                    f"replay:{corpus.inputs['binary']}", "replay:/no/such")),
+                                    "zipf:", "replay:/no/such")
+                             + tuple(f"replay:{v}" for k, v in sorted(corpus.inputs.items())
+                                     if k.startswith("routing") or k in ("binary", "deep", "folder"))),
         "memory_cap": st.sampled_from(("max", "rank", "4", "0", "-1", "nan", "lots")),
         "diff": st.one_of(st.sampled_from(("expert_width=256", "top_k=4,seq_len=8192", "top_k=nan", "dtype=fp8",
                                            "bogus=1", "expert_width=", "qwen3-8b", "nope")), files),

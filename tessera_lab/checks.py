@@ -49,6 +49,7 @@ WORK_LIMITS: dict[str, tuple[int, str]] = {
     "warmup": (100_000, "repetitions"),
     "steps": (1_000_000, "training steps"),
     "expert_width": (1 << 22, "expert intermediate size"),
+    "routing_cells": (50_000_000, "token counts held from a routing log (8 bytes each)"),
     "attention_ratio": (4096, "linear-attention layers per full-attention layer"),
 }
 
