@@ -181,6 +181,17 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     fd = -1
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)  # umask applies
+    except OSError as exc:
+        # a folder we may not create files in, holding a file we may write: write it in place (not atomic), as
+        # a plain open() would
+        if exc.errno in (_errno.EACCES, _errno.EPERM, _errno.EROFS) and old is not None and os.access(dest, os.W_OK):
+            try:
+                _write_in_place(str(dest), data)
+            except OSError as exc2:
+                raise _error(exc2, user) from None
+            return user
+        raise _error(exc, user) from None
+    try:
         if old is not None:  # a replaced file keeps its mode (and owner, when we may set it)
             os.fchmod(fd, stat.S_IMODE(old.st_mode))
             try:

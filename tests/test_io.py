@@ -276,3 +276,25 @@ def test_regular_files_under_dev_shm_are_still_created(tmp_path):
         assert p.read_text() == "{}" and stat.S_ISREG(p.stat().st_mode)
     finally:
         p.unlink(missing_ok=True)
+
+
+def test_folder_without_create_permission_falls_back_to_writing_the_file(tmp_path, monkeypatch):
+    import errno
+
+    from tessera_lab import io as tio
+
+    target = tmp_path / "out.json"
+    target.write_text("old")
+    real_open = os.open
+
+    def no_temp(path, flags, mode=0o777, **kw):
+        if str(path).endswith(".tmp"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(tio.os, "open", no_temp)
+    atomic_write_text(target, "new")
+    assert target.read_text() == "new"
+    with pytest.raises(OutputError) as exc:  # a new file in such a folder cannot be made: the error names it
+        atomic_write_text(tmp_path / "fresh.json", "x")
+    assert "fresh.json" in str(exc.value) and ".tmp" not in str(exc.value)
