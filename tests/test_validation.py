@@ -248,3 +248,20 @@ def test_only_json_goes_to_stdout(argv, capsys, tmp_path, monkeypatch):
     assert main(argv) == 2
     assert "standard output takes only --json" in one_error_line(capsys)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_plan_json_must_be_consistent(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--pp", "4", "-m", "8", "--json", str(plan)]) == 0
+    capsys.readouterr()
+    good = json.loads(plan.read_text())
+    for change, words in (({"gpus": 7}, "'gpus' = 7"),
+                          ({"stages": good["stages"][:1] + good["stages"][2:]}, "must list 4 stages")):
+        plan.write_text(json.dumps({**good, **change}))
+        assert main(["report", "--plan", str(plan)]) == 2
+        assert words in one_error_line(capsys)
+    bad = json.loads(json.dumps(good))
+    bad["stages"][1]["layers"] = bad["stages"][1]["layers"][1:]
+    plan.write_text(json.dumps(bad))
+    assert main(["report", "--plan", str(plan)]) == 2
+    assert "exactly one stage" in one_error_line(capsys)

@@ -845,6 +845,24 @@ PARALLEL_KEYS = ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_siz
                  "distributed_optimizer", "schedule")
 
 
+def _check_plan_consistency(data: Mapping[str, Any], parallel: Any, b: list[int], where: str) -> None:
+    """The plan's recorded sizes agree with its parallel settings and boundaries: ``gpus`` is pp x dp x ep x tp and
+    each recorded stage holds exactly the layers its boundaries give (every layer once)."""
+    gpus = data.get("gpus")
+    if gpus is not None and gpus != parallel.world_size:
+        raise ConfigError(f"{where}: field 'gpus' = {gpus!r} disagrees with pp x dp x ep x tp = {parallel.world_size}")
+    stages = data.get("stages")
+    if stages is None:
+        return
+    if not isinstance(stages, list) or len(stages) != len(b) - 1:
+        raise ConfigError(f"{where}: field 'stages' must list {len(b) - 1} stages (one per pipeline stage)")
+    for s, st in enumerate(stages):
+        layers = st.get("layers") if isinstance(st, Mapping) else None
+        if layers is not None and layers != list(range(b[s], b[s + 1])):
+            raise ConfigError(f"{where}: field 'stages[{s}].layers' disagrees with 'boundaries' "
+                              f"(layers {b[s]} to {b[s + 1] - 1}); every layer belongs to exactly one stage")
+
+
 def plan_from_json(data: Mapping[str, Any] | str | Path) -> Any:
     """Rebuild a :class:`~tessera_lab.plan.make.Plan` from ``tessera-lab plan --json`` output (keys ``model``,
     ``parallel``, ``boundaries``, ``gpu``, ``nodes``): the recorded partition is re-evaluated with the
@@ -898,6 +916,7 @@ def plan_from_json(data: Mapping[str, Any] | str | Path) -> Any:
             or b[0] != 0 or b[-1] != L or any(y < x for x, y in zip(b, b[1:]))):
         raise ConfigError(f"field 'plan.boundaries' = {b!r} is invalid; allowed: {parallel.pp + 1} non-decreasing "
                           f"integers from 0 to {L}")
+    _check_plan_consistency(data, parallel, b, where)
     cost_model, sm = build_stage_model(model, parallel, cluster)
     costs = [sm.cost(s, b[s], b[s + 1]) for s in range(parallel.pp)]
     part = Partition(list(b), costs, max(costs), max(costs), str(data.get("method", "from-json")),
