@@ -128,7 +128,6 @@ def test_config_that_is_not_an_object(tmp_path, capsys):
 
 
 def test_ctrl_c_stops_cleanly_with_one_line():
-    import os
     import signal
 
     proc = subprocess.Popen([sys.executable, "-m", "tessera_lab", "simulate", "--stages", "64", "--microbatches",
