@@ -13,7 +13,7 @@ Not driven: ``run`` (spawns workers), ``measure --backend cpu|cuda`` (real measu
 
 Usage::
 
-    python benchmarks/fuzz_cli.py --examples 200 [--seed 0] [--bound 60]
+    python benchmarks/fuzz_cli.py --examples 200 [--seed 0] [--bound 60] [--bad-rate 2] [--verbose]
 
 prints how many inputs it tried and the outcome counts (ok, error, and any contract breaks with their argv).
 ``tests/test_fuzz_cli.py`` runs the same generator with a bounded number of examples in CI.
@@ -165,8 +165,13 @@ def build_corpus(root: Path) -> Corpus:
 
 
 # ---------------------------------------------------------------------------------------------- strategies
-def _mix(good, bad, bad_in_10: int = 2) -> st.SearchStrategy[str]:
+#: how often (in ten) a flag value is drawn from the bad corpus instead of the good one (``--bad-rate``)
+BAD_IN_10 = 2
+
+
+def _mix(good, bad, bad_in_10: int | None = None) -> st.SearchStrategy[str]:
     """Mostly ``good`` values, ``bad_in_10`` times in ten a ``bad`` one (so generated runs get past the first flag)."""
+    bad_in_10 = BAD_IN_10 if bad_in_10 is None else min(bad_in_10, 2 * BAD_IN_10)
     good = st.sampled_from(good) if isinstance(good, tuple) else good
     bad = st.sampled_from(bad) if isinstance(bad, tuple) else bad
     return st.integers(0, 9).flatmap(lambda i: bad if i < bad_in_10 else good)
@@ -376,7 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="hypothesis seed")
     ap.add_argument("--bound", type=float, default=60.0, help="time bound per input, seconds")
     ap.add_argument("--verbose", action="store_true", help="one line per input")
+    ap.add_argument("--bad-rate", type=int, default=BAD_IN_10, choices=range(0, 11), metavar="0-10",
+                    help="flag values drawn from the bad corpus, in ten (0: valid values only, deep paths)")
     a = ap.parse_args(argv)
+    globals()["BAD_IN_10"] = a.bad_rate
     t0 = time.perf_counter()
     counts, breaks = fuzz(a.examples, a.seed, a.bound, verbose=a.verbose)
     elapsed = time.perf_counter() - t0
