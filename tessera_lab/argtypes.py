@@ -22,6 +22,13 @@ from tessera_lab.checks import MAX_TIME_S, env_name, work_limit
 __all__ = ["integer", "finite_float", "int_at_least", "int_in", "positive_int", "nonneg_float", "positive_float", "float_in"]
 
 
+def _limit(name: str) -> int | None:
+    try:
+        return work_limit(name)
+    except ValueError as exc:  # a malformed TESSERA_LAB_MAX_<NAME>: say so (argparse would print "invalid value")
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _parse_int(name: str, text: str, allowed: str) -> int:
     try:
         return int(text)
@@ -43,7 +50,7 @@ def int_in(name: str, low: int, high: int | None = None) -> Callable[[str], int]
     ``name`` (:func:`tessera_lab.checks.work_limit`), if it has one."""
 
     def parse(text: str) -> int:
-        limit = work_limit(name)
+        limit = _limit(name)
         top = high if high is not None else limit
         allowed = f"an integer >= {low}" if top is None else f"an integer {low} to {top}"
         v = _parse_int(name, text, allowed)
@@ -63,7 +70,7 @@ def integer(name: str) -> Callable[[str], int]:
     one; the range below is checked where the value is used. ``tessera-lab`` puts it in place of a bare ``int``."""
 
     def parse(text: str) -> int:
-        limit = work_limit(name)
+        limit = _limit(name)
         allowed = "an integer" if limit is None else f"an integer <= {limit}"
         v = _parse_int(name, text, allowed)
         if limit is not None and v > limit:

@@ -65,18 +65,23 @@ def env_name(name: str) -> str:
 
 
 def work_limit(name: str) -> int | None:
-    """The work limit of ``name`` (``$TESSERA_LAB_MAX_<NAME>`` when set to a positive integer), or None when
-    ``name`` has no limit."""
+    """The work limit of ``name`` (``$TESSERA_LAB_MAX_<NAME>`` when set), or None when ``name`` has no limit.
+
+    Raises:
+        ConfigError: the environment variable is set to something other than an integer >= 1.
+    """
     if name not in WORK_LIMITS:
         return None
-    env = os.environ.get(env_name(name))
+    env = os.environ.get(env_name(name), "").strip()
     if env:
         try:
             v = int(env)
-            if v >= 1:
-                return v
         except ValueError:
-            pass
+            v = 0
+        if v < 1:
+            raise ConfigError(f"environment variable {env_name(name)} = {env!r} is not a limit; allowed: an integer "
+                              ">= 1")
+        return v
     return WORK_LIMITS[name][0]
 
 

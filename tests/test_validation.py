@@ -265,3 +265,9 @@ def test_plan_json_must_be_consistent(tmp_path, capsys):
     plan.write_text(json.dumps(bad))
     assert main(["report", "--plan", str(plan)]) == 2
     assert "exactly one stage" in one_error_line(capsys)
+
+
+def test_a_malformed_limit_variable_is_named(monkeypatch, capsys):
+    monkeypatch.setenv("TESSERA_LAB_MAX_STAGES", "lots")
+    assert main(["simulate", "--stages", "2", "--microbatches", "4", "--f", "1", "--b", "1"]) == 2
+    assert "TESSERA_LAB_MAX_STAGES = 'lots'" in one_error_line(capsys)
