@@ -31,6 +31,7 @@ WORK_LIMITS: dict[str, tuple[int, str]] = {
     "virtual_stages": (4096, "stages x vpp"),
     "microbatches": (100_000, "micro-batches"),
     "actions": (500_000, "stages x vpp x micro-batches to simulate"),
+    "search_actions": (4096, "stages x vpp x micro-batches searched by zb-auto (about 10 s at the limit)"),
     "world_size": (1_048_576, "GPUs (pp x dp x ep x tp)"),
     "dp": (1_048_576, "data-parallel replicas"),
     "ep": (4096, "expert-parallel ranks"),

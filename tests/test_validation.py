@@ -111,6 +111,8 @@ def test_bad_numeric_flags_one_line(argv, field, capsys):
     (["simulate", "--stages", "1000000000", "--microbatches", "8", "--f", "1", "--b", "2"], "TESSERA_LAB_MAX_STAGES"),
     (["simulate", "--stages", "1000", "--microbatches", "10000", "--f", "1", "--b", "2"], "TESSERA_LAB_MAX_ACTIONS"),
     (["plan", "--dp", "1e12"], "TESSERA_LAB_MAX_DP"),
+    (["simulate", "--schedule", "zb-auto", "--stages", "64", "--microbatches", "2000", "--f", "1", "--b", "2", "--w",
+      "1"], "TESSERA_LAB_MAX_SEARCH_ACTIONS"),
     (["plan", "--dp", "100000", "--pp", "64"], "TESSERA_LAB_MAX_WORLD_SIZE"),
     (["plan", "--vpp", "1000000"], "TESSERA_LAB_MAX_VPP"),
     (["partition", "--costs", ",".join(["1"] * 4097), "--stages", "64"], "TESSERA_LAB_MAX_COSTS"),

@@ -117,6 +117,9 @@ def check_work_limits(args: argparse.Namespace) -> None:
         m = getattr(args, "microbatches", None)
         if isinstance(m, int):
             check_work("actions", stages * vpp * m, field=f"stage-micro-batches {stages} x {vpp} x {m}")
+            if getattr(args, "schedule", None) in ("zb-auto", "auto"):  # a search: far more work per action
+                check_work("search_actions", stages * vpp * m,
+                           field=f"--schedule {args.schedule} over stages x vpp x micro-batches {stages} x {vpp} x {m}")
     costs = getattr(args, "costs", None)
     if isinstance(costs, list):
         check_work("costs", len(costs), field="--costs (number of layers)")
