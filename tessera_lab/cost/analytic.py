@@ -4,14 +4,16 @@ two-lane (compute stream + communication stream) executor with a contention term
 Formulas:
 
 * compute task: ``t = launch + max(flops / (peak * eff_op), bytes / (hbm_bw * eff_hbm))`` (roofline,
-  Williams et al., CACM 2009); ``eff_op`` is the GEMM, attention or linear-attention efficiency of
-  ``data/hardware/cost_model.json``.
+  Williams et al., CACM 2009); for GEMM tasks ``eff_op`` is the shape-aware efficiency of
+  :mod:`tessera_lab.cost.gemm` (tokens per expert, K, N, grouped-GEMM implementation, bf16 or FP8 peak),
+  for the attention and linear-attention cores the efficiencies of ``data/hardware/cost_model.json``.
 * collective: ``t = alpha + S * factor(n) / (B * eff_bus)`` with nccl-tests' bus-bandwidth factors
   (``all_reduce`` 2(n-1)/n, ``all_to_all``/``all_gather``/``reduce_scatter`` (n-1)/n, ``p2p`` 1;
   NVIDIA nccl-tests ``doc/PERFORMANCE.md``). For an all-to-all whose group spans nodes, the bytes that
   stay in the node go over NVLink and the rest over the inter-node link; the slower part sets the time.
-* contention: while both lanes are busy, compute runs ``1 + kappa_compute`` times slower and
-  communication ``1 + kappa_comm`` times slower (rates, integrated exactly between events).
+* contention by kernel class (:mod:`tessera_lab.cost.contention`): while both lanes are busy, a compute-bound
+  kernel runs at the SM share communication leaves it, a memory-bound kernel and the communication share HBM
+  bandwidth (rates, integrated exactly between events).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from tessera_lab.cost.contention import COMPUTE, Contention, comm_sms_for, kernel_class, kernel_contention
+from tessera_lab.cost.gemm import gemms_efficiency
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions
 from tessera_lab.model.spec import ModelSpec
@@ -32,18 +36,6 @@ BUS_FACTOR = {
     "all_to_all": lambda n: (n - 1) / n,
     "p2p": lambda n: 1.0,
 }
-
-
-@dataclass(frozen=True)
-class Contention:
-    """Relative slowdowns while compute and communication run together (0 = no interference)."""
-
-    compute: float = 0.0
-    comm: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.compute < 0 or self.comm < 0:
-            raise ConfigError("field 'contention' must be >= 0 for compute and comm")
 
 
 @dataclass(frozen=True)
@@ -74,12 +66,16 @@ def two_lane_makespan(
     lanes: Mapping[str, str],
     deps: Mapping[str, Sequence[str]],
     contention: Contention = Contention(),
+    classes: Mapping[str, str] | None = None,
 ) -> LaneResult:
     """Execute tasks on two in-order lanes (``compute`` and ``comm``) and return the makespan.
 
     Each lane issues its tasks in the order they appear in ``order``; a task starts when its lane is
-    free and all its ``deps`` have finished. While both lanes are busy each progresses at reduced rate
-    ``1 / (1 + contention.<lane>)``; progress is integrated exactly between events.
+    free and all its ``deps`` have finished. While both lanes are busy each progresses at a reduced rate:
+    the compute-lane task at ``1 / (1 + contention.slowdown(class))`` and the communication at
+    ``1 / (1 + contention.comm_slowdown(class of the compute-lane task))``; progress is integrated exactly
+    between events. ``classes`` gives each key's kernel class (``compute`` / ``memory`` / ``comm``); keys
+    without one count as ``compute``.
 
     Args:
         order: task keys in issue order (every key once).
@@ -129,9 +125,10 @@ def two_lane_makespan(
             waiting = [q[pos[lane]] for lane, q in queues.items() if pos[lane] < len(q)]
             raise ConfigError(f"issue order cannot complete: {', '.join(waiting)} wait on tasks queued behind them")
         both = len(running) == 2
+        cls = (classes or {}).get(running["compute"][0], COMPUTE) if both else COMPUTE
         rate = {
-            "compute": 1.0 / (1.0 + contention.compute) if both else 1.0,
-            "comm": 1.0 / (1.0 + contention.comm) if both else 1.0,
+            "compute": 1.0 / (1.0 + contention.slowdown(cls)) if both else 1.0,
+            "comm": 1.0 / (1.0 + contention.comm_slowdown(cls)) if both else 1.0,
         }
         step = min(rem / rate[lane] for lane, (_, rem) in running.items())
         t += step
@@ -185,7 +182,8 @@ class CostModel:
         cluster: nodes, GPU type and links.
         parallel: parallel sizes and rank placement (which link each group uses).
         assumptions: overrides of ``data/hardware/cost_model.json`` values (same keys).
-        contention: slowdowns while compute and communication overlap (default from the assumptions file).
+        contention: slowdowns while compute and communication overlap (default: by kernel class, from the EP
+            dispatcher's SMs and the link's HBM share, :meth:`class_contention`).
     """
 
     def __init__(
@@ -204,19 +202,47 @@ class CostModel:
                 raise ConfigError(f"unknown cost assumption(s) {sorted(unknown)}; allowed: {sorted(a)}")
             a.update(assumptions)
         self.a = a
-        self.contention = contention or Contention(a["contention_compute_slowdown"], a["contention_comm_slowdown"])
+        self.contention = contention or self.class_contention()
+
+    def class_contention(self) -> Contention:
+        """Kernel-class contention of this cluster and plan: the EP communication kernel's SMs (NCCL inside a
+        node or across nodes, or DeepEP's) and the HBM share of traffic at the EP group's effective link rate
+        (:func:`tessera_lab.cost.contention.kernel_contention`)."""
+        p, gpu = self.parallel, self.cluster.gpu
+        ranks = p.group_ranks("ep") if p.ep > 1 else [0]
+        spans = len({self.cluster.node_of(r) for r in ranks}) > 1
+        link = self.cluster.inter_link() if spans else self.cluster.intra_link()
+        return kernel_contention(
+            sms=gpu.sms, comm_sms=comm_sms_for(p.dispatcher, spans, self.a),
+            link_bytes_per_s=link.bytes_per_s * self.a["nccl_bus_efficiency"],
+            hbm_bytes_per_s=gpu.hbm_bytes_per_s * self.a["hbm_efficiency"], params=self.a)
+
+    def gemm_efficiency(self, task: Task) -> float:
+        """Shape-aware efficiency of a GEMM task in its phase (:func:`tessera_lab.cost.gemm.gemms_efficiency`)."""
+        p = self.parallel
+        return gemms_efficiency(task.gemms, task.phase, groups=task.groups, sms=self.cluster.gpu.sms,
+                                precision=p.precision, impl=p.grouped_gemm, params=self.a)
 
     # ------------------------------------------------------------------ single tasks
     def compute_time(self, task: Task) -> float:
-        """Roofline time of a compute task, seconds."""
+        """Roofline time of a compute task, seconds: GEMMs at their shape-aware efficiency of the ``precision``
+        peak (``sequential`` expert GEMMs add one launch per expert and GEMM), attention cores at bf16."""
         gpu = self.cluster.gpu
-        eff = {
-            "attention": self.a["attention_efficiency"],
-            "linear_attention": self.a["linear_attention_efficiency"],
-        }.get(task.op, self.a["gemm_efficiency"])
-        t_flops = task.flops / (gpu.peak_flops * eff)
+        launches = 1
+        if task.gemms:
+            eff = self.gemm_efficiency(task)
+            peak = gpu.peak_for(self.parallel.precision)
+            if self.parallel.grouped_gemm == "sequential" and task.groups > 1:
+                launches = task.groups * len(task.gemms)
+        else:
+            eff = {
+                "attention": self.a["attention_efficiency"],
+                "linear_attention": self.a["linear_attention_efficiency"],
+            }.get(task.op, self.a["gemm_efficiency"])
+            peak = gpu.peak_flops
+        t_flops = task.flops / (peak * eff)
         t_bytes = task.bytes / (gpu.hbm_bytes_per_s * self.a["hbm_efficiency"])
-        return self.a["kernel_launch_s"] + max(t_flops, t_bytes)
+        return self.a["kernel_launch_s"] * launches + max(t_flops, t_bytes)
 
     def group_link_ranks(self, group: str) -> list[int]:
         """Ranks of the first group of this kind (groups of one kind are placed alike)."""
@@ -268,7 +294,9 @@ class CostModel:
         durations = {t.name: self.task_time(t) for t in tasks}
         lanes = {t.name: "comm" if t.is_comm else "compute" for t in tasks}
         deps = {t.name: t.deps for t in tasks}
-        res = two_lane_makespan([t.name for t in tasks], durations, lanes, deps, contention or self.contention)
+        classes = {t.name: kernel_class(t.op, t.is_comm) for t in tasks}
+        res = two_lane_makespan([t.name for t in tasks], durations, lanes, deps, contention or self.contention,
+                                classes)
         comm = sum(d for k, d in durations.items() if lanes[k] == "comm")
         compute = sum(d for k, d in durations.items() if lanes[k] == "compute")
         by_coll: dict[str, float] = {}
