@@ -25,6 +25,7 @@ from typing import Mapping, Sequence
 from tessera_lab.cost.contention import COMPUTE, Contention, comm_sms_for, kernel_class, kernel_contention
 from tessera_lab.cost.gemm import gemms_efficiency
 from tessera_lab.errors import ConfigError
+from tessera_lab.model.ep_traffic import expected_destinations
 from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import Collective, LayerTasks, Task, decompose, p2p_activation_bytes
@@ -36,6 +37,25 @@ BUS_FACTOR = {
     "all_to_all": lambda n: (n - 1) / n,
     "p2p": lambda n: 1.0,
 }
+
+
+def deepep_link_shares(routing: tuple[float, int, int, str], ranks: int, nodes: int) -> tuple[float, float]:
+    """Inter-node and intra-node bytes of a DeepEP dispatch across ``nodes`` nodes, as shares of its
+    ``Collective.bytes`` (one copy per token and destination rank, ``D_rank`` copies a token).
+
+    DeepEP's internode kernels send one copy per token and destination *node* over RDMA and forward it to the
+    node's ranks over NVLink (DeepEP README: "forwarding data from NVLink domain to RDMA domain"). With
+    ``D_node`` the expected distinct nodes of a token's experts (:func:`expected_destinations` over ``nodes``),
+    the remote ones are ``D_node (nodes - 1) / nodes`` copies over the inter-node link; the NVLink carries the
+    forwarded copies ``D_rank (g - 1) / g`` (``g`` ranks a node). Example: E = 256, k = 8, 32 ranks on 4 nodes:
+    D_rank = 7.15, D_node = 3.60; inter share 2.70 / 7.15 = 0.378 (an ``alltoall`` dispatcher sends 24/32 = 0.75
+    of its 8 copies across nodes).
+    """
+    _, experts, top_k, _ = routing
+    d_rank = expected_destinations(experts, top_k, ranks)
+    d_node = expected_destinations(experts, top_k, nodes) if experts % nodes == 0 else d_rank
+    g = ranks / nodes
+    return d_node * (nodes - 1) / nodes / d_rank, (g - 1) / g
 
 
 @dataclass(frozen=True)
@@ -241,8 +261,24 @@ class CostModel:
             }.get(task.op, self.a["gemm_efficiency"])
             peak = gpu.peak_flops
         t_flops = task.flops / (peak * eff)
-        t_bytes = task.bytes / (gpu.hbm_bytes_per_s * self.a["hbm_efficiency"])
-        return self.a["kernel_launch_s"] * launches + max(t_flops, t_bytes)
+        hbm = gpu.hbm_bytes_per_s * self.a["hbm_efficiency"]
+        t_bytes = task.bytes / hbm
+        t_cast = self.fp8_cast_bytes(task) / hbm
+        return self.a["kernel_launch_s"] * launches + max(t_flops, t_bytes) + t_cast
+
+    def fp8_cast_bytes(self, task: Task) -> float:
+        """HBM bytes of the FP8 quantization kernels a GEMM task needs (0 in bf16): ``fp8_cast_bytes_per_element``
+        per element of the forward input and weight (F), of the output gradient (B); W reuses them."""
+        if self.parallel.precision != "fp8" or not task.gemms:
+            return 0.0
+        per = self.a["fp8_cast_bytes_per_element"]
+        total = 0.0
+        for m, k, n in task.gemms:
+            if task.phase == "F":
+                total += (m * k + k * n) * task.groups
+            elif task.phase == "B":
+                total += m * n * task.groups
+        return per * total
 
     def group_link_ranks(self, group: str) -> list[int]:
         """Ranks of the first group of this kind (groups of one kind are placed alike)."""
@@ -269,8 +305,11 @@ class CostModel:
             return intra.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (intra.bytes_per_s * eff)
         if coll.kind == "all_to_all":
             g = min(per_node.values())
-            t_intra = coll.bytes * (g - 1) / n / (intra.bytes_per_s * eff)
-            t_inter = coll.bytes * (n - g) / n / (inter.bytes_per_s * eff)
+            inter_share, intra_share = (n - g) / n, (g - 1) / n
+            if coll.routing is not None and coll.routing[3] == "deepep":
+                inter_share, intra_share = deepep_link_shares(coll.routing, n, len(per_node))
+            t_intra = coll.bytes * intra_share / (intra.bytes_per_s * eff)
+            t_inter = coll.bytes * inter_share / (inter.bytes_per_s * eff)
             return inter.latency_s + max(t_intra, t_inter)
         return inter.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (inter.bytes_per_s * eff)
 

@@ -199,7 +199,7 @@ class ParallelConfig:
             the forward of one micro-batch together with the backward of another, as Tessera's plans assume).
         dispatcher: ``alltoall`` (one copy per token and expert, Megatron's) or ``deepep`` (one copy per token and
             destination rank; DeepEP's kernels hold 24 SMs) (:mod:`tessera_lab.cost.ep_traffic`).
-        recompute: ``none``, ``selective`` (attention core, expert activation; Gated DeltaNet chunk states are
+        recompute: ``none``, ``selective`` (attention core, routed-expert activations; Gated DeltaNet chunk states are
             always recomputed, as flash-linear-attention does) or ``full`` (each layer keeps only its input and
             re-runs its forward in the backward), as Megatron-LM's ``--recompute-granularity`` names them.
         precision: GEMM input precision, ``bf16`` or ``fp8`` (FP8 current scaling: linear layers and expert GEMMs

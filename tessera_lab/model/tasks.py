@@ -15,7 +15,9 @@ FLOP conventions (per micro-batch, per rank):
   value head, ``S^T k``, the rank-1 state update and ``S^T q`` cost ``6 d_k d_v``; the chunked kernel adds
   the intra-chunk products ``2 C (d_k + d_v)`` with chunk size ``C = 64`` (flash-linear-attention's
   default). B = 2 x F, no W.
-* Routed experts: tokens received by the rank times top-k copies, three GEMMs of width ``moe_intermediate_size``.
+* Routed experts: tokens received by the rank times top-k copies, three GEMMs of width ``moe_intermediate_size``;
+  with ``tp > 1`` each TP rank routes ``T / tp`` tokens (sequence parallel, expert tensor parallel 1, as
+  Megatron-Core does), so expert work and all-to-all bytes are not repeated on every TP rank.
 
 Byte counts (``bytes``) are HBM traffic for the roofline; ``saved_bytes`` is what a forward task keeps
 for backward (activation memory). Collective sizes follow nccl-tests' definition of ``S``.
@@ -50,12 +52,16 @@ class Collective:
         bytes: message size S per rank in bytes, as nccl-tests defines it for the collective.
         group: ``ep``, ``tp``, ``pp`` or ``edp`` (the non-expert data-parallel group).
         group_size: ranks in the group; a group of 1 is a no-op.
+        routing: for MoE dispatch/combine, ``(tokens, num_experts, top_k, dispatcher)`` so the cost model can
+            split the bytes by link when the EP group spans nodes (DeepEP forwards one copy per destination node
+            over the inter-node link, :func:`tessera_lab.model.ep_traffic.expected_destinations`).
     """
 
     kind: str
     bytes: float
     group: str
     group_size: int
+    routing: tuple[float, int, int, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -159,8 +165,9 @@ class _Fwd:
     def elementwise(self, name: str, nbytes: float, deps: Iterable[str], *, saved: float = 0.0, flops: float = 0.0) -> str:
         return self.add(Task(name, self.layer, "F", "elementwise", flops, nbytes, deps=tuple(deps), saved_bytes=saved))
 
-    def comm(self, name: str, kind: str, nbytes: float, group: str, size: int, deps: Iterable[str]) -> str:
-        coll = Collective(kind, nbytes if size > 1 else 0.0, group, size)
+    def comm(self, name: str, kind: str, nbytes: float, group: str, size: int, deps: Iterable[str],
+             routing: tuple[float, int, int, str] | None = None) -> str:
+        coll = Collective(kind, nbytes if size > 1 else 0.0, group, size, routing)
         return self.add(Task(name, self.layer, "F", kind, 0.0, 0.0, coll, tuple(deps)))
 
 
@@ -230,6 +237,8 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     h, dt, k, E = m.hidden_size, g.dt, m.num_experts_per_tok, m.num_experts
     if E % p.ep:
         raise ConfigError(f"field 'ep' = {p.ep} must divide num_experts = {E}")
+    T_all = T
+    T = T / p.tp  # sequence parallel: each TP rank routes its slice of the tokens (Megatron, expert TP = 1)
     routed = T * k  # token copies the experts of this rank's tokens need (and, on average, this rank's experts get)
     received = routed * load
     # the dispatcher moves one copy per (token, expert) (alltoall) or per (token, destination rank) (deepep)
@@ -239,7 +248,8 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
                    w=Task("router", g.layer, "W", "gemm", 2.0 * T * h * E, dt * (T * h + h * E + T * E),
                           gemms=((T, h, E),)))
     permute = g.elementwise("permute", dt * sent * h * 2, [router])
-    dispatch = g.comm("dispatch", "all_to_all", dt * sent * h, "ep", p.ep, [permute])
+    route = (T, E, k, p.dispatcher)
+    dispatch = g.comm("dispatch", "all_to_all", dt * sent * h, "ep", p.ep, [permute], route)
     width = m.moe_intermediate_size
     local_experts = E // p.ep
     per_expert = received / local_experts
@@ -250,13 +260,14 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
         Task("experts", g.layer, "F", "grouped_gemm", eflops, ebytes, deps=(dispatch,),
              saved_bytes=dt * received * (h + 3 * width), gemms=shapes, groups=local_experts),
         w=Task("experts", g.layer, "W", "grouped_gemm", eflops, ebytes, gemms=shapes, groups=local_experts),
-        selective=dt * received * (h + 2 * width),  # Megatron's moe_act: the activation output is recomputed
+        selective=dt * received * h,  # expert activations recomputed (Megatron's 'mlp'/'moe' modules): keep the input
     )
-    combine = g.comm("combine", "all_to_all", dt * sent * h, "ep", p.ep, [experts])
+    combine = g.comm("combine", "all_to_all", dt * sent * h, "ep", p.ep, [experts], route)
     unpermute = g.elementwise("unpermute", dt * (sent * h + T * h), [combine], saved=dt * sent * h)
     outs = [unpermute]
     if m.shared_expert_intermediate_size:
         Is = m.shared_expert_intermediate_size / p.tp
+        T = T_all  # the shared expert is tensor-parallel (width split), on all tokens
         sflops = 2.0 * T * h * Is * 3 + (2.0 * T * h if m.shared_expert_gate else 0.0)
         sbytes = dt * (3 * h * Is + T * (2 * h + 3 * Is))
         sshapes = ((T, h, 2.0 * Is), (T, Is, h))
