@@ -301,3 +301,16 @@ def test_bad_choices_are_one_clear_error():
                        ("grad_reduce_dtype", "fp16"), ("grouped_gemm", "loop")):
         with pytest.raises(ConfigError, match=field):
             ParallelConfig(**{field: bad})
+
+
+def test_fit_gemm_curve_recovers_known_parameters():
+    # samples generated from E = 0.8, K0 = 500 must give back exactly those (a measured profile's path)
+    truth = {"gemm_peak_efficiency_bf16": 0.8, "gemm_k_half_bf16": 500.0}
+    shapes = [(4096, 512, 4096, 1), (4096, 2048, 1024, 1), (640, 2048, 1024, 64), (8192, 8192, 8192, 1)]
+    samples = [(m, k, n, g, gemm_efficiency(m, k, n, groups=g, params=truth)) for m, k, n, g in shapes]
+    from tessera_lab.cost.gemm import fit_gemm_curve
+
+    fit = fit_gemm_curve(samples)
+    assert fit["gemm_k_half_bf16"] == 500.0 and fit["gemm_peak_efficiency_bf16"] == pytest.approx(0.8, rel=1e-9)
+    with pytest.raises(ConfigError):
+        fit_gemm_curve([])

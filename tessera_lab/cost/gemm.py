@@ -24,7 +24,8 @@ K is ``m``, the tokens).
 
 Implementations: ``grouped`` (one grouped kernel: TE/CUTLASS grouped GEMM, DeepGEMM) and ``sequential`` (one GEMM
 launch per expert, Megatron's SequentialMLP): the same per-shape efficiency, waves counted per expert, and one
-kernel launch per expert and GEMM. A measured device profile (``cost/device.py``) replaces these values.
+kernel launch per expert and GEMM. Measured GEMMs replace the cited values through :func:`fit_gemm_curve`
+(its result is a ``CostModel(assumptions=...)`` override; ``cost/device.py`` calibrations can call it).
 """
 
 from __future__ import annotations
@@ -106,3 +107,39 @@ def gemms_efficiency(shapes: Sequence[Sequence[float]], phase: str, *, groups: i
     if total <= 0:
         raise ConfigError("a GEMM task needs at least one shape")
     return total / time_units
+
+
+def fit_gemm_curve(samples: Sequence[tuple[float, float, float, int, float]], *, precision: str = "bf16",
+                   sms: int = 132) -> dict[str, float]:
+    """Fit ``E`` and ``K0`` of the shape model to measured GEMMs (a device profile replaces the cited values).
+
+    Args:
+        samples: ``(m, k, n, groups, efficiency)`` per measured GEMM, efficiency = achieved FLOP/s / peak, in (0, 1].
+        precision: which entries the result overrides (``bf16`` or ``fp8``).
+        sms: the measured GPU's SMs.
+
+    Returns:
+        ``{"gemm_peak_efficiency_<p>": E, "gemm_k_half_<p>": K0}``, ready for ``CostModel(assumptions=...)``:
+        ``K0`` minimises the squared log error over a grid of 1..4096 elements, ``E`` is then the geometric-mean
+        ratio (the least-squares optimum in log space).
+
+    Raises:
+        ConfigError: no samples, or an efficiency outside (0, 1].
+    """
+    if not samples:
+        raise ConfigError("fit_gemm_curve needs at least one measured GEMM")
+    for s in samples:
+        if not 0 < s[4] <= 1:
+            raise ConfigError(f"measured efficiency {s[4]} is out of range; allowed: (0, 1]")
+    unit = {f"gemm_peak_efficiency_{precision}": 1.0}
+    best: tuple[float, float, float] | None = None
+    for K0 in range(1, 4097):
+        params = {**unit, f"gemm_k_half_{precision}": float(K0)}
+        logs = [math.log(eff / gemm_efficiency(m, k, n, groups=int(g), sms=sms, precision=precision, params=params))
+                for m, k, n, g, eff in samples]
+        log_e = sum(logs) / len(logs)
+        err = sum((x - log_e) ** 2 for x in logs)
+        if best is None or err < best[0] - 1e-15:
+            best = (err, float(K0), math.exp(log_e))
+    assert best is not None
+    return {f"gemm_peak_efficiency_{precision}": best[2], f"gemm_k_half_{precision}": best[1]}
