@@ -314,3 +314,14 @@ def test_fit_gemm_curve_recovers_known_parameters():
     assert fit["gemm_k_half_bf16"] == 500.0 and fit["gemm_peak_efficiency_bf16"] == pytest.approx(0.8, rel=1e-9)
     with pytest.raises(ConfigError):
         fit_gemm_curve([])
+
+
+def test_model_flops_convention_matches_the_published_pages():
+    # Megatron-Bridge reports Model TFLOP/s and tokens/s per GPU: their ratio is model FLOPs per token.
+    # Qwen3-30B-A3B (26.06, H100): 203e12 / 8826 = 23.00 GFLOP per token; Qwen3-235B-A22B: 253e12 / 1712 = 147.8
+    from tessera_lab.model.tasks import model_flops_per_iteration
+
+    for name, tflops, tokens in (("qwen3-30b-a3b", 203, 8826), ("qwen3-235b-a22b", 253, 1712)):
+        p = ParallelConfig(pp=1, ep=1, microbatches=1)
+        per_token = model_flops_per_iteration(load_model(name), p) / p.tokens_per_iteration
+        assert per_token == pytest.approx(tflops * 1e12 / tokens, rel=5e-3)

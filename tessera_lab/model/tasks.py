@@ -324,6 +324,14 @@ def _full_recompute(g: _Fwd, keep: str) -> None:
     g.tasks = [t if t.name == keep else replace(t, saved_bytes=0.0) for t in g.tasks]
 
 
+def routing_load_note(model: ModelSpec, parallel: ParallelConfig) -> str:
+    """One line stating the busiest-rank load the plan assumes and where it comes from."""
+    load = rank_expert_load(model, parallel)
+    how = ("given (--expert-load)" if parallel.expert_load is not None else
+           "expected busiest of ep ranks under a balanced random router (binomial, Blom); skewed routing raises it")
+    return f"expert load: the busiest EP rank gets {load:.4f} x the mean tokens, {how}; dispatcher {parallel.dispatcher}"
+
+
 def rank_expert_load(model: ModelSpec, parallel: ParallelConfig) -> float:
     """The busiest EP rank's load factor the plan assumes: ``parallel.expert_load`` when set, else the expected
     busiest rank of a balanced random router (:func:`tessera_lab.model.ep_traffic.busiest_rank_load`; 1.0 for

@@ -23,7 +23,7 @@ from tessera_lab.model.spec import ModelSpec
 from tessera_lab.plan.partition import Partition, PartitionProblem, solve, uniform_boundaries
 from tessera_lab.pipeline.schedules import build_schedule
 from tessera_lab.pipeline.simulate import Timeline, simulate, stage_durations
-from tessera_lab.model.tasks import Collective, decompose, model_flops_per_iteration
+from tessera_lab.model.tasks import Collective, decompose, model_flops_per_iteration, routing_load_note
 
 DEFAULT_MODEL = "qwen3-next-80b-a3b"
 DEFAULT_GPU = "H200"
@@ -451,6 +451,8 @@ def make_plan(
         raise ConfigError(f"field 'objective' = {objective!r} is unknown; allowed: {', '.join(OBJECTIVES)}")
     flops = model_flops_per_iteration(model, parallel)
     notes = []
+    if model.has_moe and parallel.ep > 1:
+        notes.append(routing_load_note(model, parallel))
     if profile is not None:
         env = profile.environment
         notes.append(f"layer-pair costs from profile {profile.path or '(in memory)'}: backend {profile.backend}, "
