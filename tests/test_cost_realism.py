@@ -325,3 +325,18 @@ def test_model_flops_convention_matches_the_published_pages():
         p = ParallelConfig(pp=1, ep=1, microbatches=1)
         per_token = model_flops_per_iteration(load_model(name), p) / p.tokens_per_iteration
         assert per_token == pytest.approx(tflops * 1e12 / tokens, rel=5e-3)
+
+
+def test_group_limited_routing_limits_destinations():
+    from tessera_lab.model.ep_traffic import limited_destinations
+
+    # DeepSeek-V3: 256 experts in 8 groups, top-8 from 4 groups; on 64 ranks a token's experts lie in 128
+    # experts on 32 ranks: expected_destinations(128, 8, 32) = 32 (1 - C(124, 8)/C(128, 8))
+    d = limited_destinations(256, 8, 64, 8, 4)
+    assert d == pytest.approx(32 * (1 - math.prod((124 - i) / (128 - i) for i in range(8))))
+    # nodes = groups: at most 4 of 8 nodes, 4 (1 - C(96, 8)/C(128, 8)) = 3.62
+    assert limited_destinations(256, 8, 8, 8, 4) == pytest.approx(4 * (1 - math.prod((96 - i) / (128 - i) for i in range(8))))
+    # no limit when the groups do not fall on whole ranks, or none is configured
+    assert limited_destinations(256, 8, 4, 8, 4) == expected_destinations(256, 8, 4)
+    assert limited_destinations(256, 8, 64) == expected_destinations(256, 8, 64)
+    assert load_model("deepseek-v3").n_group == 8 and load_model("deepseek-v3").topk_group == 4

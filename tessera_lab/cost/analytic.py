@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 from tessera_lab.cost.contention import COMPUTE, Contention, comm_sms_for, kernel_class, kernel_contention
 from tessera_lab.cost.gemm import gemms_efficiency
 from tessera_lab.errors import ConfigError
-from tessera_lab.model.ep_traffic import expected_destinations
+from tessera_lab.model.ep_traffic import limited_destinations
 from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import Collective, LayerTasks, Task, decompose, p2p_activation_bytes
@@ -39,7 +39,7 @@ BUS_FACTOR = {
 }
 
 
-def deepep_link_shares(routing: tuple[float, int, int, str], ranks: int, nodes: int) -> tuple[float, float]:
+def deepep_link_shares(routing: tuple, ranks: int, nodes: int) -> tuple[float, float]:
     """Inter-node and intra-node bytes of a DeepEP dispatch across ``nodes`` nodes, as shares of its
     ``Collective.bytes`` (one copy per token and destination rank, ``D_rank`` copies a token).
 
@@ -49,11 +49,13 @@ def deepep_link_shares(routing: tuple[float, int, int, str], ranks: int, nodes: 
     the remote ones are ``D_node (nodes - 1) / nodes`` copies over the inter-node link; the NVLink carries the
     forwarded copies ``D_rank (g - 1) / g`` (``g`` ranks a node). Example: E = 256, k = 8, 32 ranks on 4 nodes:
     D_rank = 7.15, D_node = 3.60; inter share 2.70 / 7.15 = 0.378 (an ``alltoall`` dispatcher sends 24/32 = 0.75
-    of its 8 copies across nodes).
+    of its 8 copies across nodes). Group-limited routing (``routing[4:6] = (n_group, topk_group)``, DeepSeek-V3's
+    "at most 4 nodes" per token) limits both counts (:func:`tessera_lab.model.ep_traffic.limited_destinations`).
     """
-    _, experts, top_k, _ = routing
-    d_rank = expected_destinations(experts, top_k, ranks)
-    d_node = expected_destinations(experts, top_k, nodes) if experts % nodes == 0 else d_rank
+    experts, top_k = routing[1], routing[2]
+    n_group, topk_group = (routing[4], routing[5]) if len(routing) > 5 else (1, 1)
+    d_rank = limited_destinations(experts, top_k, ranks, n_group, topk_group)
+    d_node = limited_destinations(experts, top_k, nodes, n_group, topk_group) if experts % nodes == 0 else d_rank
     g = ranks / nodes
     return d_node * (nodes - 1) / nodes / d_rank, (g - 1) / g
 

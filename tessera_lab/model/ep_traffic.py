@@ -46,12 +46,26 @@ def expected_destinations(num_experts: int, top_k: int, ep: int) -> float:
     return ep * (1.0 - miss)
 
 
-def copies_per_token(dispatcher: str, num_experts: int, top_k: int, ep: int) -> float:
-    """Token copies the dispatcher sends per token: ``top_k`` (alltoall) or the expected destinations (deepep)."""
+def limited_destinations(num_experts: int, top_k: int, ranks: int, n_group: int = 1, topk_group: int = 1) -> float:
+    """Expected distinct ranks (of ``ranks`` holding the experts in order) a token's experts live on, under
+    group-limited routing (DeepSeek-V3: ``n_group`` contiguous expert groups, the token's ``top_k`` experts drawn
+    from ``topk_group`` of them): when the groups fall on whole ranks (``ranks % n_group == 0``) the experts are
+    drawn from ``topk_group / n_group`` of the experts on as many of the ranks; otherwise no limit is applied."""
+    if n_group > 1 and topk_group < n_group and ranks % n_group == 0 and num_experts % n_group == 0:
+        experts = num_experts * topk_group // n_group
+        if top_k <= experts:
+            return expected_destinations(experts, top_k, ranks * topk_group // n_group)
+    return expected_destinations(num_experts, top_k, ranks)
+
+
+def copies_per_token(dispatcher: str, num_experts: int, top_k: int, ep: int, n_group: int = 1,
+                     topk_group: int = 1) -> float:
+    """Token copies the dispatcher sends per token: ``top_k`` (alltoall) or the expected destination ranks
+    (deepep; group-limited routing as :func:`limited_destinations`)."""
     if dispatcher == "alltoall":
         return float(top_k)
     if dispatcher == "deepep":
-        return expected_destinations(num_experts, top_k, ep)
+        return limited_destinations(num_experts, top_k, ep, n_group, topk_group)
     raise ConfigError(f"field 'dispatcher' = {dispatcher!r} is unknown; allowed: alltoall, deepep")
 
 

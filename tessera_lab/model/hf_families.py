@@ -183,6 +183,8 @@ def _from_deepseek_v3(cfg: Mapping[str, Any]) -> dict[str, Any]:
         moe_intermediate_size=width,
         shared_expert_intermediate_size=n_shared * width,
         router_bias=cfg.get("topk_method") == "noaux_tc",
+        n_group=opt_int(cfg, "n_group", 1),
+        topk_group=opt_int(cfg, "topk_group", 1),
         layers=_layers([FULL_ATTENTION] * n, ["mla"] * n, ffns),
         **moe,
     )

@@ -91,6 +91,9 @@ class ModelSpec:
     shared_expert_intermediate_size: int = 0
     shared_expert_gate: bool = False
     router_bias: bool = False
+    # group-limited routing (DeepSeek-V3: experts in n_group groups, a token picks experts in topk_group of them)
+    n_group: int = 1
+    topk_group: int = 1
     source: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
 

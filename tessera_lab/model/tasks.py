@@ -52,7 +52,8 @@ class Collective:
         bytes: message size S per rank in bytes, as nccl-tests defines it for the collective.
         group: ``ep``, ``tp``, ``pp`` or ``edp`` (the non-expert data-parallel group).
         group_size: ranks in the group; a group of 1 is a no-op.
-        routing: for MoE dispatch/combine, ``(tokens, num_experts, top_k, dispatcher)`` so the cost model can
+        routing: for MoE dispatch/combine, ``(tokens, num_experts, top_k, dispatcher, n_group, topk_group)`` so
+            the cost model can
             split the bytes by link when the EP group spans nodes (DeepEP forwards one copy per destination node
             over the inter-node link, :func:`tessera_lab.model.ep_traffic.expected_destinations`).
     """
@@ -61,7 +62,7 @@ class Collective:
     bytes: float
     group: str
     group_size: int
-    routing: tuple[float, int, int, str] | None = None
+    routing: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class _Fwd:
         return self.add(Task(name, self.layer, "F", "elementwise", flops, nbytes, deps=tuple(deps), saved_bytes=saved))
 
     def comm(self, name: str, kind: str, nbytes: float, group: str, size: int, deps: Iterable[str],
-             routing: tuple[float, int, int, str] | None = None) -> str:
+             routing: tuple | None = None) -> str:
         coll = Collective(kind, nbytes if size > 1 else 0.0, group, size, routing)
         return self.add(Task(name, self.layer, "F", kind, 0.0, 0.0, coll, tuple(deps)))
 
@@ -242,13 +243,13 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     routed = T * k  # token copies the experts of this rank's tokens need (and, on average, this rank's experts get)
     received = routed * load
     # the dispatcher moves one copy per (token, expert) (alltoall) or per (token, destination rank) (deepep)
-    sent = T * copies_per_token(p.dispatcher, E, k, p.ep) * load
+    sent = T * copies_per_token(p.dispatcher, E, k, p.ep, m.n_group, m.topk_group) * load
     router = g.add(Task("router", g.layer, "F", "router", 2.0 * T * h * E, dt * (T * h + h * E) + 4.0 * T * E * 2,
                         deps=(after,), saved_bytes=4.0 * T * E, gemms=((T, h, E),)),
                    w=Task("router", g.layer, "W", "gemm", 2.0 * T * h * E, dt * (T * h + h * E + T * E),
                           gemms=((T, h, E),)))
     permute = g.elementwise("permute", dt * sent * h * 2, [router])
-    route = (T, E, k, p.dispatcher)
+    route = (T, E, k, p.dispatcher, m.n_group, m.topk_group)
     dispatch = g.comm("dispatch", "all_to_all", dt * sent * h, "ep", p.ep, [permute], route)
     width = m.moe_intermediate_size
     local_experts = E // p.ep
