@@ -167,7 +167,8 @@ class Plan:
             "memory_capacity_bytes": self.memory_capacity_bytes,
             "parallel": {k: getattr(self.parallel, k) for k in (
                 "pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
-                "distributed_optimizer", "schedule")},
+                "distributed_optimizer", "schedule", "dispatcher", "recompute", "precision", "grad_reduce_dtype",
+                "expert_load", "grouped_gemm")},
             "notes": self.notes,
         }
         return d
