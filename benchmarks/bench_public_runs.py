@@ -50,7 +50,8 @@ def parallel_for(run: dict):
     par = ParallelConfig(pp=pp, vpp=1, tp=tp, ep=ep, dp=dp, microbatches=m,
                          micro_batch_size=run["mbs"], seq_len=run["seq_len"], schedule=schedule,
                          precision=run["precision"], dispatcher=run["dispatcher"], recompute=run["recompute"],
-                         grad_reduce_dtype=run.get("grad_reduce_dtype", "fp32"), expert_load=1.0)
+                         grad_reduce_dtype=run.get("grad_reduce_dtype", "fp32"), expert_load=1.0,
+                         fused_cross_entropy=True)  # _benchmark_common: cross_entropy_fusion_impl = "te"
     return par, notes
 
 

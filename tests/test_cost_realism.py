@@ -340,3 +340,13 @@ def test_group_limited_routing_limits_destinations():
     assert limited_destinations(256, 8, 4, 8, 4) == expected_destinations(256, 8, 4)
     assert limited_destinations(256, 8, 64) == expected_destinations(256, 8, 64)
     assert load_model("deepseek-v3").n_group == 8 and load_model("deepseek-v3").topk_group == 4
+
+
+def test_fused_cross_entropy_keeps_bf16_logits():
+    from tessera_lab.model.tasks import head_tasks
+
+    m = load_model("qwen3-30b-a3b")
+    p = ParallelConfig(pp=1, ep=8)
+    unfused = {t.name: t for t in head_tasks(m, p).F}["loss"].saved_bytes
+    fused = {t.name: t for t in head_tasks(m, p.replace(fused_cross_entropy=True)).F}["loss"].saved_bytes
+    assert unfused == 4.0 * 4096 * 151936 and fused == 2.0 * 4096 * 151936   # fp32 log-softmax vs bf16 logits

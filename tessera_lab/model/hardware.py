@@ -210,6 +210,8 @@ class ParallelConfig:
             rank of a balanced random router (:func:`tessera_lab.cost.ep_traffic.busiest_rank_load`).
         grouped_gemm: expert GEMM implementation, ``grouped`` (one grouped kernel) or ``sequential`` (one launch
             per expert) (:mod:`tessera_lab.cost.gemm`).
+        fused_cross_entropy: the loss keeps only the bf16 logits (gradient written in place, Megatron's
+            cross-entropy fusion) instead of the fp32 log-softmax.
     """
 
     pp: int = 8
@@ -229,6 +231,7 @@ class ParallelConfig:
     grad_reduce_dtype: str = "fp32"
     expert_load: float | None = None
     grouped_gemm: str = "grouped"
+    fused_cross_entropy: bool = False
 
     def __post_init__(self) -> None:
         for name in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len"):

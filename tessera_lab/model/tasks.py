@@ -407,8 +407,11 @@ def head_tasks(model: ModelSpec, parallel: ParallelConfig) -> LayerTasks:
     g = _Fwd(model.num_layers, dt)
     n = g.elementwise("final_norm", dt * T * h * 2, [], saved=dt * T * h)
     head = g.gemm("lm_head", T, h, V / p.tp, [n])
+    # unfused: fp32 log-softmax saved for the backward; fused (TE/Megatron cross-entropy fusion): the gradient is
+    # written in place into the bf16 logits during the forward, so only those are kept
+    loss_saved = (dt if p.fused_cross_entropy else 4.0) * T * V / p.tp
     g.add(Task("loss", model.num_layers, "F", "loss", 5.0 * T * V / p.tp, 4.0 * T * V * 2 / p.tp,
-               deps=(head,), saved_bytes=4.0 * T * V / p.tp))
+               deps=(head,), saved_bytes=loss_saved))
     B, W = _backward(g)
     return LayerTasks(model.num_layers, "lm_head", tuple(g.tasks), B, W)
 

@@ -168,7 +168,7 @@ class Plan:
             "parallel": {k: getattr(self.parallel, k) for k in (
                 "pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
                 "distributed_optimizer", "schedule", "dispatcher", "recompute", "precision", "grad_reduce_dtype",
-                "expert_load", "grouped_gemm")},
+                "expert_load", "grouped_gemm", "fused_cross_entropy")},
             "notes": self.notes,
         }
         return d

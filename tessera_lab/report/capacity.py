@@ -846,7 +846,7 @@ def model_from_name(name: str) -> ModelSpec:
 
 PARALLEL_KEYS = ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
                  "distributed_optimizer", "schedule", "dispatcher", "recompute", "precision", "grad_reduce_dtype",
-                 "expert_load", "grouped_gemm")
+                 "expert_load", "grouped_gemm", "fused_cross_entropy")
 
 
 def plan_from_json(data: Mapping[str, Any] | str | Path) -> Any:
