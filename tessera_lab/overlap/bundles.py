@@ -5,10 +5,11 @@ See :mod:`tessera_lab.overlap.core` for the quantities; torch-free."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from tessera_lab.cost.analytic import CostModel
+from tessera_lab.cost.contention import kernel_class
 from tessera_lab.errors import ConfigError, TesseraError
 from tessera_lab.model.hardware import ParallelConfig, cluster_for
 from tessera_lab.model.spec import ModelSpec
@@ -164,12 +165,14 @@ class PairGraph:
         lanes: ``compute`` or ``comm`` per key.
         deps: key -> keys it waits for (inside its own bundle only).
         owner: key -> ``"a"`` or ``"b"``.
+        classes: key -> kernel class (``compute`` / ``memory`` / ``comm``, :mod:`tessera_lab.cost.contention`).
     """
 
     keys: tuple[str, ...]
     lanes: Mapping[str, str]
     deps: Mapping[str, tuple[str, ...]]
     owner: Mapping[str, str]
+    classes: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def program_order(self) -> tuple[str, ...]:
@@ -189,7 +192,7 @@ def pair_graph(a: Bundle, b: Bundle | None = None) -> PairGraph:
     bundles = [("a", a)] + ([("b", b)] if b is not None else [])
     if b is not None and a.name == b.name:
         raise ConfigError(f"bundles a and b are both named {a.name!r}; give one another name (Bundle.renamed)")
-    keys, lanes, deps, owner = [], {}, {}, {}
+    keys, lanes, deps, owner, classes = [], {}, {}, {}, {}
     for tag, bd in bundles:
         for t in bd.tasks:
             k = f"{bd.name}/{Bundle.task_id(t)}"
@@ -197,7 +200,8 @@ def pair_graph(a: Bundle, b: Bundle | None = None) -> PairGraph:
             lanes[k] = COMM if t.is_comm else COMPUTE
             deps[k] = tuple(f"{bd.name}/{d}" for d in bd.deps[Bundle.task_id(t)])
             owner[k] = tag
-    return PairGraph(tuple(keys), lanes, deps, owner)
+            classes[k] = kernel_class(t.op, t.is_comm)
+    return PairGraph(tuple(keys), lanes, deps, owner, classes)
 
 
 def analytic_durations(bd: Bundle, cost_model: CostModel | None = None) -> dict[str, float]:

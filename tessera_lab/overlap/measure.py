@@ -81,9 +81,9 @@ def _analytic_result(a: Bundle, b: Bundle, *, order: Sequence[str] | None, conte
         chosen = tuple(order)
     else:
         chosen = sched.order
-    together = two_lane_makespan(chosen, durations, graph.lanes, graph.deps, cont)
-    alone_a = two_lane_makespan(graph.of("a"), durations, graph.lanes, graph.deps, cont)
-    alone_b = two_lane_makespan(graph.of("b"), durations, graph.lanes, graph.deps, cont)
+    together = two_lane_makespan(chosen, durations, graph.lanes, graph.deps, cont, graph.classes)
+    alone_a = two_lane_makespan(graph.of("a"), durations, graph.lanes, graph.deps, cont, graph.classes)
+    alone_b = two_lane_makespan(graph.of("b"), durations, graph.lanes, graph.deps, cont, graph.classes)
     alone = {**alone_a.spans, **alone_b.spans}
     inflation = {}
     for k in graph.keys:
@@ -95,7 +95,8 @@ def _analytic_result(a: Bundle, b: Bundle, *, order: Sequence[str] | None, conte
     meta.update({
         "backend": "analytic", "date": _now(),
         "device": f"analytic model of {cm.cluster.gpu.name}" if cm is not None else "analytic model (given durations)",
-        "contention": {"compute": cont.compute, "comm": cont.comm},
+        "contention": {"compute": cont.compute, "comm": cont.comm, "memory": cont.memory,
+                       "comm_beside_memory": cont.comm_beside_memory},
         "cost_assumptions": dict(cm.a) if cm is not None else None,
         "dtype": (a.parallel.dtype if a.parallel else None), "shapes": {"a": bundle_shapes(a), "b": bundle_shapes(b)},
         "repeats": 1, "spread": "none (deterministic model)", "size_factor": 1.0, "comm_proxy": None,

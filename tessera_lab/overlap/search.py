@@ -293,7 +293,7 @@ def _merge_projection(graph: PairGraph, order: Sequence[str]) -> tuple[str, ...]
 
 
 def _analytic_fn(graph: PairGraph, durations: Mapping[str, float], contention: Contention) -> Callable[[Sequence[str]], float]:
-    return lambda order: two_lane_makespan(order, durations, graph.lanes, graph.deps, contention).makespan
+    return lambda order: two_lane_makespan(order, durations, graph.lanes, graph.deps, contention, graph.classes).makespan
 
 
 def _schedule(graph: PairGraph, durations: Mapping[str, float], contention: Contention, *, budget: int = 4000,
