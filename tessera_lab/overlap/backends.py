@@ -224,7 +224,8 @@ def _measure_jobs(rank: int, world: int, jobs, settings: Settings, runner, ctx: 
                 dur[k] = spread_stats([sp[k][1] - sp[k][0] for sp in runs[graph.owner[k]]])["median"]
             t_prog = spread_stats([max(e for _, e in sp.values()) for sp in runs["cand0"]])["median"]
             fit_samples.append({"order": list(prog), "durations": dur, "lanes": dict(graph.lanes),
-                                "deps": {k: list(v) for k, v in graph.deps.items()}, "t_ab": t_prog})
+                                "deps": {k: list(v) for k, v in graph.deps.items()}, "t_ab": t_prog,
+                                "classes": dict(graph.classes)})
             fit = fit_contention_samples(fit_samples, step=FIT_STEP) if settings.fit else None
             cont = fit.contention if fit is not None else settings.contention
             n_cand = max(settings.keep, 1)

@@ -59,7 +59,8 @@ def fit_contention_samples(samples: Sequence[Mapping[str, Any]], *, max_slowdown
     """Fit the analytic contention to measured pairs given as :func:`fit_sample` dicts (e.g. read back from a
     profile, so the fit can be redone from the file).
 
-    For each sample, the two-lane executor replays its ``order`` with its standalone per-task ``durations``;
+    For each sample, the two-lane executor replays its ``order`` with its standalone per-task ``durations``
+    (and kernel ``classes`` when the sample has them, as the scheduler's search does);
     the fit minimises the sum of squared relative errors of the predicted ``t_ab`` against the measured
     ``t_ab`` (least squares) by a grid search over ``[0, max_slowdown]`` in steps of ``step`` for both
     parameters, refined by a finer grid (step / 10) around the best point.
@@ -81,7 +82,8 @@ def fit_contention_samples(samples: Sequence[Mapping[str, Any]], *, max_slowdown
         cont = Contention(c, k)
         err = 0.0
         for m in ms:
-            pred = two_lane_makespan(m["order"], m["durations"], m["lanes"], m["deps"], cont).makespan
+            pred = two_lane_makespan(m["order"], m["durations"], m["lanes"], m["deps"], cont,
+                                     m.get("classes")).makespan
             err += ((pred - m["t_ab"]) / m["t_ab"]) ** 2
         return err
 
