@@ -8,7 +8,8 @@ of each and the ratio ours / torch.
 
 Part 2 (``pp * ep`` processes, at the given ep and again at ep = 1): our executor with plain ``1f1b``
 (monolithic autograd, and node level), and ``overlapped`` 1F1B with the ``scheduled`` pair handler (node level,
-asynchronous all-to-alls; the searched order and Megatron's combined-1F1B order) and with the turn-1
+asynchronous all-to-alls; the order searched over nominal node times, the order searched over node times the
+runner measured in a plain node-level 1F1B step, and Megatron's combined-1F1B order) and with the turn-1
 ``threads`` handler. Prints tokens/s, ratios, and the **hidden fraction of the all-to-all** measured from the
 runner's own events: exposed all-to-all time = the time the host was blocked in all-to-all waits (lane
 ``wait``); with plain node-level 1F1B every all-to-all is waited for right after it is issued, so its exposed
@@ -123,7 +124,20 @@ def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> No
             results.setdefault("torch Schedule1F1B", []).append(theirs())
         ex.close()
     else:
+        # node times measured by the runner itself (plain node-level 1F1B waits for every all-to-all at once),
+        # searched on rank 0 and broadcast, so that every rank issues the same order
+        from tessera_lab.runner.orders import durations_from_events, search_template
+
+        probe = executor("1f1b", pair_exec="scheduled")
+        ours(*probe)
+        rec = probe[0].run_step(0, inputs, targets, time.perf_counter())
+        evs = [{"lane": e[0], "type": e[1], "start": e[4], "end": e[5], "label": e[6]} for e in rec.events]
+        box = [list(search_template(durations_from_events(evs), keep=1)[0][1])]
+        dist.broadcast_object_list(box, src=0)
+        probe[0].close()
+        measured_order = box[0]
         runs = {"1f1b": executor("1f1b"), "1f1b (nodes)": executor("1f1b", pair_exec="scheduled"),
+                "overlapped measured order": executor("overlapped", pair_exec="scheduled", pair_order=measured_order),
                 "overlapped scheduled": executor("overlapped", pair_exec="scheduled"),
                 "overlapped megatron": executor("overlapped", pair_exec="scheduled", pair_order="megatron"),
                 "overlapped threads": executor("overlapped", pair_exec="threads")}
@@ -202,11 +216,12 @@ def _part2(args, ep: int) -> None:
     for k, v in r.items():
         x = f"  exposed all-to-all {exposed[k] * 1e3:7.2f} ms/step/rank" if k in exposed and ep > 1 else ""
         print(f"    {k:<24} {v * 1e3:8.2f} ms/step  {tok / v:10.0f} tokens/s{x}")
-    for k in ("overlapped scheduled", "overlapped megatron", "overlapped threads", "1f1b (nodes)"):
+    for k in ("overlapped scheduled", "overlapped measured order", "overlapped megatron", "overlapped threads",
+              "1f1b (nodes)"):
         print(f"    ratio {k} / 1f1b (tokens/s): {r['1f1b'] / r[k]:.3f}")
     if ep > 1 and exposed.get("1f1b (nodes)", 0) > 0:
         base = exposed["1f1b (nodes)"]
-        for k in ("overlapped scheduled", "overlapped megatron"):
+        for k in ("overlapped scheduled", "overlapped measured order", "overlapped megatron"):
             print(f"    hidden fraction of all-to-all, {k}: {1 - exposed[k] / base:.2f} "
                   f"(runner events: exposed {exposed[k] * 1e3:.2f} of {base * 1e3:.2f} ms/step/rank)")
 
