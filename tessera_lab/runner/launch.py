@@ -126,7 +126,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
     job = RunSpec(name="run", model=model, schedule=args.schedule, vpp=args.vpp, microbatches=args.microbatches,
                   micro_batch_size=args.micro_batch_size, steps=args.steps, lr=args.lr, boundaries=boundaries,
                   defer_w=args.defer_w, deterministic=not args.no_deterministic, grad_sync=args.grad_sync,
-                  overlap=args.overlap, check_reference=args.check, fault=fault, pair_exec=args.pair_exec,
+                  overlap=args.overlap, check_reference=args.check, save_grads=args.check, fault=fault,
+                  pair_exec=args.pair_exec,
                   pair_order=_pair_order_arg(args.pair_order))
     return world, job
 
@@ -148,7 +149,7 @@ def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldS
                       microbatches=par["microbatches"], micro_batch_size=par["micro_batch_size"], steps=args.steps,
                       lr=args.lr, boundaries=[int(x) for x in plan["boundaries"]],
                       deterministic=not args.no_deterministic, grad_sync=args.grad_sync,
-                      check_reference=args.check, pair_exec=plan.get("pair_exec"),
+                      check_reference=args.check, save_grads=args.check, pair_exec=plan.get("pair_exec"),
                       pair_order=list(plan["pair_order"]["template"]) if plan.get("pair_order") else None,
                       plan_prediction={"predicted_s": plan["prediction"]["iteration_s"],
                                        "stage_f_s": plan["prediction"]["stage_f_s"],
@@ -183,6 +184,10 @@ def format_result(result: RunResult) -> str:
             rows.append(row)
         lines.append(tabulate([{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
                               headers="keys", disable_numparse=True))
+        if ref and "grads_bitwise_equal" in ref:
+            lines.append(f"gradients of step 0 against the reference ({ref['grads_compared']} parameters): "
+                         + ("bitwise equal" if ref["grads_bitwise_equal"]
+                            else f"differ, max |diff| {ref['grads_max_abs_diff']:.2e}"))
         t = job["timing"]
         srows = []
         for r in t["stages"]:

@@ -264,15 +264,35 @@ def plan_lifecycle(pred: dict, lifecycle: dict) -> dict[str, Any]:
     return {"steps": steps, "predictions": "plan (before the run)"}
 
 
-def compare_reference(result: dict, spec: RunSpec, world: WorldSpec) -> dict[str, Any]:
+def compare_reference(result: dict, spec: RunSpec, world: WorldSpec, out_dir: str | None = None) -> dict[str, Any]:
+    """Losses (and, when the ranks saved their step-0 gradients into ``out_dir``, the gradients) against the
+    single-process reference with the same seed and data (:func:`~tessera_lab.runner.reference.reference_run`,
+    ``matched=True``). Returns ``reference_losses``, ``bitwise_equal``, ``max_abs_diff`` and, with gradients,
+    ``grads_bitwise_equal``, ``grads_max_abs_diff``, ``grads_compared`` (parameter count)."""
+    import glob
+
     from .reference import reference_run
 
+    with_grads = bool(spec.save_grads and out_dir)
     ref = reference_run(spec.model_config, ep=world.ep, dp=world.dp, microbatches=spec.microbatches,
                         micro_batch_size=spec.micro_batch_size, steps=spec.steps, lr=spec.lr,
-                        data_seed=spec.data_seed, matched=True, record_grads=())
+                        data_seed=spec.data_seed, matched=True, record_grads=(0,) if with_grads else ())
     diffs = [abs(a - b) for a, b in zip(result["losses"], ref.losses)]
-    return {"reference_losses": ref.losses, "bitwise_equal": result["losses"] == ref.losses,
-            "max_abs_diff": max(diffs) if diffs else 0.0}
+    out = {"reference_losses": ref.losses, "bitwise_equal": result["losses"] == ref.losses,
+           "max_abs_diff": max(diffs) if diffs else 0.0}
+    if with_grads:
+        import torch
+
+        merged: dict = {}
+        for f in sorted(glob.glob(os.path.join(out_dir, f"grads_{spec.name or 'job'}_rank*.pt"))):
+            merged.update(torch.load(f))
+        names = sorted(set(merged) & set(ref.grads[0]))
+        equal = bool(names) and set(merged) == set(ref.grads[0]) and all(
+            torch.equal(merged[n], ref.grads[0][n]) for n in names)
+        out.update({"grads_bitwise_equal": equal, "grads_compared": len(names),
+                    "grads_max_abs_diff": max((float((merged[n] - ref.grads[0][n]).abs().max()) for n in names
+                                               if merged[n].numel()), default=0.0)})
+    return out
 
 
 def observed_timeline(job: dict, step: int | None = None):
