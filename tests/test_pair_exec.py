@@ -197,3 +197,21 @@ def test_order_from_measured_node_times(tmp_path):
     assert "measured" in label and od.host_issue_makespan(tpl, d) == od.search_template(d, keep=1)[0][0]
     with pytest.raises(ConfigError, match="readable run"):
         od.resolve_order(f"measured:{tmp_path / 'none.json'}", 2)
+
+
+@pytest.mark.slow
+def test_measure_with_the_runner_itself():
+    """measure --backend runner: the runner's own node-level executor on an EP group of 2 processes."""
+    pytest.importorskip("torch")
+    from tessera_lab.runner.measure import measure_runner_pair
+
+    r = measure_runner_pair(ep=2, repeats=2)
+    assert len(r["candidates"]) >= 4 and r["candidates"][0]["order"] == list(od.TEMPLATE_KEYS)
+    assert all(len(c["samples"]) >= 2 for c in r["candidates"])
+    assert r["halving"] and 0 in r["halving"][0]["kept"] and len(r["halving"][0]["kept"]) == 2
+    d = r["decision"]
+    assert d["verdict"] in ("significant", "not significant", "program order is fastest")
+    assert r["chosen_order"] == r["candidates"][d["chosen"]]["order"]
+    od.check_template(r["chosen_order"])
+    assert set(r["node_durations_s"]) == set(od.TEMPLATE_KEYS) and r["node_durations_s"]["f.dispatch"] > 0
+    assert r["t_f"] > 0 and r["t_b"] > 0 and r["t_ab"] > 0
