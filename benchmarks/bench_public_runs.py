@@ -8,7 +8,10 @@ convention, the pages' metric), each with its source, then the median |error|. T
 Layout mapping (stated per run): Megatron's data-parallel size ``DP = GPUs / (TP * PP)``; our non-expert
 data-parallel group is ``ep * dp``, so ``ep = EP`` and ``dp = DP / EP``; where Megatron spreads EP over TP x DP
 ranks (EP > DP), our layout keeps experts inside DP, so TP is folded into EP (``tp = 1``, same GPUs, same expert
-sharding and per-GPU work, no TP all-reduces; the run says so). Micro-batches per pipeline ``m = GBS / (MBS * DP)``; schedule ``1f1b`` (the planner plans one stage per
+sharding and per-GPU work, no TP all-reduces; the run says so; but twice the tokens per micro-batch, so twice the
+activation memory of each micro-batch in flight, which can force an uneven partition). The EP group sits on ``ep``
+consecutive ranks (``ep_placement = contiguous``: Megatron-Core's ``expert_decoder_rank_generator``, expert TP 1,
+order ``tp-cp-ep-dp-pp``), so with TP 2 an EP 64 group spans 8 nodes, not 16. Micro-batches per pipeline ``m = GBS / (MBS * DP)``; schedule ``1f1b`` (the planner plans one stage per
 rank; the page's VP would shrink the bubble ``(p-1)/m`` by 1/VP, small at these ``m``; each run says so), or
 ``overlapped`` where the recipe overlaps EP communication with another micro-batch
 (``overlap_moe_expert_parallel_comm``). Rows marked ``reference_only`` are printed but left out of the median. Tokens are balanced (``expert_load = 1``) as the pages state.
@@ -51,7 +54,11 @@ def parallel_for(run: dict):
                          micro_batch_size=run["mbs"], seq_len=run["seq_len"], schedule=schedule,
                          precision=run["precision"], dispatcher=run["dispatcher"], recompute=run["recompute"],
                          grad_reduce_dtype=run.get("grad_reduce_dtype", "fp32"), expert_load=1.0,
-                         fused_cross_entropy=True)  # _benchmark_common: cross_entropy_fusion_impl = "te"
+                         fused_cross_entropy=True,  # _benchmark_common: cross_entropy_fusion_impl = "te"
+                         ep_placement="contiguous")  # Megatron-Core's expert grid: EP on consecutive ranks (ETP 1)
+    if tp > 1 and ep > 1:
+        notes.append(f"EP {ep} on {ep} consecutive ranks (Megatron-Core's expert rank generator, expert TP 1): "
+                     f"{-(-ep // 8)} nodes, not the {-(-ep * tp // 8)} a TP-strided EP group would span")
     return par, notes
 
 

@@ -218,6 +218,32 @@ def test_deepep_dispatch_bytes_and_link_shares():
     assert inter < 0.75  # less than the alltoall dispatcher's share crossing nodes
 
 
+def test_contiguous_ep_placement_spans_fewer_nodes_by_hand():
+    # DeepSeek-V3 on H100 as Megatron places it: TP 2, EP 64, DeepEP. Our grid strides EP by tp (ranks 0, 2, ..,
+    # 126: 16 nodes, 4 a node); Megatron-Core's expert grid (ETP 1) puts EP on ranks 0..63 (8 nodes, 8 a node).
+    grid = ParallelConfig(pp=1, tp=2, ep=64, dp=1, dispatcher="deepep")
+    contig = grid.replace(ep_placement="contiguous")
+    assert grid.ep_link_ranks() == list(range(0, 128, 2)) and contig.ep_link_ranks() == list(range(64))
+    cl = Cluster.dgx("H100", 16)
+    routing = (2048, 256, 8, "deepep", 8, 4)  # 8 groups, 4 of them a token (at most 4 nodes)
+    coll = Collective("all_to_all", 1e8, "ep", 64, routing)
+    # group-limited: experts of 4 of 8 groups = 128 experts on 32 ranks (D_rank), on 4 of the 8 nodes (D_node)
+    d_rank = 32 * (1 - math.comb(124, 8) / math.comb(128, 8))
+    d_node8 = 4 * (1 - math.comb(96, 8) / math.comb(128, 8))
+    d_node16 = 8 * (1 - math.comb(112, 8) / math.comb(128, 8))
+    eff = A["nccl_bus_efficiency"]
+    inter, intra = cl.inter_link(), cl.intra_link()
+    want_c = inter.latency_s + max(1e8 * d_node8 * 7 / 8 / d_rank / (inter.bytes_per_s * eff),
+                                   1e8 * 7 / 8 / (intra.bytes_per_s * eff))
+    want_g = inter.latency_s + max(1e8 * d_node16 * 15 / 16 / d_rank / (inter.bytes_per_s * eff),
+                                   1e8 * 3 / 4 / (intra.bytes_per_s * eff))
+    assert CostModel(cl, contig).collective_time(coll) == pytest.approx(want_c, rel=1e-12)
+    assert CostModel(cl, grid).collective_time(coll) == pytest.approx(want_g, rel=1e-12)
+    assert want_c < want_g
+    with pytest.raises(ConfigError):
+        ParallelConfig(ep_placement="strided")
+
+
 def test_busiest_rank_load_formula_and_simulation():
     # N/ep = 40960, sigma = sqrt(327680 * 1/8 * 7/8) = 189.31, z(8) = Phi^-1(7.625/8.25)
     from statistics import NormalDist
