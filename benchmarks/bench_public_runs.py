@@ -16,6 +16,9 @@ Micro-batches per pipeline ``m = GBS / (MBS * DP)``; schedule ``1f1b`` (the plan
 page's VP would shrink the bubble ``(p-1)/m`` by 1/VP, small at these ``m``; each run says so), or ``overlapped``
 where the recipe overlaps EP communication with another micro-batch (``overlap_moe_expert_parallel_comm``).
 
+Expert GEMMs: ``grouped_gemm = multistream`` (the recipes' ``moe_grouped_gemm`` with Transformer Engine runs
+TEGroupedMLP, whose GroupedLinear launches one cuBLAS GEMM per expert on 4 streams; :mod:`tessera_lab.cost.gemm`).
+
 Partition: the recipe's own, Megatron's even split of the layers over the stages (``method = uniform``), not the
 planner's choice: a memory-driven uneven split (stage 0 holding ``p`` micro-batches in flight gets fewer layers)
 makes the last stages the bottleneck of a layout the recipe does not use. Where our memory model does not fit that
@@ -62,7 +65,8 @@ def parallel_for(run: dict):
                          precision=run["precision"], dispatcher=run["dispatcher"], recompute=run["recompute"],
                          grad_reduce_dtype=run.get("grad_reduce_dtype", "fp32"), expert_load=1.0,
                          fused_cross_entropy=True,  # _benchmark_common: cross_entropy_fusion_impl = "te"
-                         ep_placement="contiguous")  # Megatron-Core's expert grid: EP on consecutive ranks (ETP 1)
+                         ep_placement="contiguous",  # Megatron-Core's expert grid: EP on consecutive ranks (ETP 1)
+                         grouped_gemm="multistream")  # TEGroupedMLP -> TE GroupedLinear: per-expert cuBLAS, 4 streams
     if tp > 1 and ep > 1:
         notes.append(f"EP {ep} on {ep} consecutive ranks (Megatron-Core's expert rank generator, expert TP 1): "
                      f"{-(-ep // 8)} nodes, not the {-(-ep * tp // 8)} a TP-strided EP group would span")

@@ -100,6 +100,29 @@ def test_sequential_expert_gemms_pay_one_launch_per_expert():
     assert experts.groups == 64 and experts.gemms[0] == (640.0, 2048, 1024.0)  # 4096*10/64 tokens per expert
 
 
+def test_multistream_counts_waves_over_four_experts_at_once():
+    # (256, 2048, 1024) per expert, 8 experts, 132 SMs: 2 x 8 = 16 output tiles an expert; K factor and tile
+    # quantization (exact 128 multiples) are common, so only the wave factor differs:
+    # grouped 128 tiles -> 128/132; multistream 4 experts at once, 64 tiles -> 64/132; sequential 16 -> 16/132
+    eff = {impl: gemm_efficiency(256, 2048, 1024, groups=8, impl=impl, params=A)
+           for impl in ("grouped", "multistream", "sequential")}
+    base = A["gemm_peak_efficiency_bf16"] * 2048 / (2048 + A["gemm_k_half_bf16"])
+    assert eff["grouped"] == pytest.approx(base * 128 / 132, rel=1e-12)
+    assert eff["multistream"] == pytest.approx(base * 64 / 132, rel=1e-12)
+    assert eff["sequential"] == pytest.approx(base * 16 / 132, rel=1e-12)
+    # two experts fit the four streams: same waves as one grouped kernel
+    assert gemm_efficiency(256, 2048, 1024, groups=2, impl="multistream", params=A) == pytest.approx(
+        gemm_efficiency(256, 2048, 1024, groups=2, impl="grouped", params=A), rel=1e-12)
+    # one launch per expert and GEMM, as sequential: 64 experts x 2 GEMMs x kernel_launch_s more than grouped
+    p = ParallelConfig(pp=1, ep=8, expert_load=1.0)
+    experts = next(t for t in layer_tasks(load_model("qwen3-next-80b-a3b"), 0, p).F if t.name == "experts")
+    ms = p.replace(grouped_gemm="multistream")
+    cm = CostModel(cluster_for(ms), ms)
+    t_flops = experts.flops / (cm.cluster.gpu.peak_flops * cm.gemm_efficiency(experts))
+    t_bytes = experts.bytes / (cm.cluster.gpu.hbm_bytes_per_s * A["hbm_efficiency"])
+    assert cm.compute_time(experts) == pytest.approx(A["kernel_launch_s"] * 128 + max(t_flops, t_bytes), rel=1e-12)
+
+
 # ---------------------------------------------------------------------- contention by kernel class
 def test_sm_and_hbm_shares_by_hand():
     assert sm_slowdown(24, 132) == pytest.approx(132 / 108 - 1)       # DeepEP: 0.2222

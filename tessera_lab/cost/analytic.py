@@ -248,13 +248,14 @@ class CostModel:
     # ------------------------------------------------------------------ single tasks
     def compute_time(self, task: Task) -> float:
         """Roofline time of a compute task, seconds: GEMMs at their shape-aware efficiency of the ``precision``
-        peak (``sequential`` expert GEMMs add one launch per expert and GEMM), attention cores at bf16."""
+        peak (``sequential`` and ``multistream`` expert GEMMs add one launch per expert and GEMM), attention cores at
+        bf16."""
         gpu = self.cluster.gpu
         launches = 1
         if task.gemms:
             eff = self.gemm_efficiency(task)
             peak = gpu.peak_for(self.parallel.precision)
-            if self.parallel.grouped_gemm == "sequential" and task.groups > 1:
+            if self.parallel.grouped_gemm in ("sequential", "multistream") and task.groups > 1:
                 launches = task.groups * len(task.gemms)
         else:
             eff = {

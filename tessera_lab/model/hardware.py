@@ -31,7 +31,7 @@ DISPATCHERS = ("alltoall", "deepep")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp8")
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
-GROUPED_GEMMS = ("grouped", "sequential")
+GROUPED_GEMMS = ("grouped", "sequential", "multistream")
 #: how the EP group sits on the ranks: ``grid`` (this project's RankGrid, TP innermost, so an EP group strides by tp)
 #: or ``contiguous`` (Megatron-Core's expert rank generator with expert TP 1: EP innermost, ep consecutive ranks)
 EP_PLACEMENTS = ("grid", "contiguous")
@@ -212,7 +212,8 @@ class ParallelConfig:
             ``bf16``; sets the gradient buffer bytes in memory and the reduce-scatter bytes of gradient sync.
         expert_load: tokens the busiest EP rank receives relative to the mean; ``None`` = the expected busiest
             rank of a balanced random router (:func:`tessera_lab.cost.ep_traffic.busiest_rank_load`).
-        grouped_gemm: expert GEMM implementation, ``grouped`` (one grouped kernel) or ``sequential`` (one launch
+        grouped_gemm: expert GEMM implementation, ``grouped`` (one grouped kernel), ``multistream`` (Transformer
+            Engine's GroupedLinear: one cuBLAS GEMM per expert on 4 streams) or ``sequential`` (one launch
             per expert) (:mod:`tessera_lab.cost.gemm`).
         fused_cross_entropy: the loss keeps only the bf16 logits (gradient written in place, Megatron's
             cross-entropy fusion) instead of the fp32 log-softmax.
