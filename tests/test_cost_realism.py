@@ -123,6 +123,18 @@ def test_multistream_counts_waves_over_four_experts_at_once():
     assert cm.compute_time(experts) == pytest.approx(A["kernel_launch_s"] * 128 + max(t_flops, t_bytes), rel=1e-12)
 
 
+def test_expert_swiglu_is_its_own_memory_bound_kernel():
+    # Qwen3-Next, ep 8, balanced: 4096 tokens x top-10 = 40960 copies; SwiGLU reads 2 x 512 and writes 512 bf16
+    # values per copy: 2 * 40960 * 512 * 3 bytes; the shared expert's (width 512) on the 4096 tokens; combine waits
+    m = load_model("qwen3-next-80b-a3b")
+    p = ParallelConfig(ep=8, expert_load=1.0)
+    f = {t.name: t for t in layer_tasks(m, 0, p).F}
+    assert f["expert_act"].op == "elementwise" and f["expert_act"].bytes == 2 * 40960 * m.moe_intermediate_size * 3
+    assert f["shared_act"].bytes == 2 * 4096 * m.shared_expert_intermediate_size * 3
+    assert f["combine"].deps == ("expert_act",) and f["expert_act"].saved_bytes == 0
+    assert kernel_class(f["expert_act"].op) == MEMORY
+
+
 # ---------------------------------------------------------------------- contention by kernel class
 def test_sm_and_hbm_shares_by_hand():
     assert sm_slowdown(24, 132) == pytest.approx(132 / 108 - 1)       # DeepEP: 0.2222
