@@ -246,7 +246,8 @@ def test_bad_input_is_named():
 def test_given_order_is_used_and_bw_bundle_links_w_to_its_gradient():
     p = ParallelConfig()
     a, b = ov.bundle(QWEN, 0, "F", p), ov.bundle(QWEN, 0, "BW", p)
-    assert b.deps["W.experts"] == b.deps["B.experts"] == ("B.combine",)
+    # backward: combine (reverse all-to-all) -> the SwiGLU kernel -> expert GEMMs; W waits for the same gradient as B
+    assert b.deps["W.experts"] == b.deps["B.experts"] == ("B.expert_act",) and b.deps["B.expert_act"] == ("B.combine",)
     g = ov.pair_graph(a, b)
     r = ov.measure_pair(a, b, order=g.program_order)
     assert r.t_ab == pytest.approx(r.t_program)
