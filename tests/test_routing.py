@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.dynamic.routing_log import load_routing_log, write_routing_log
 from tessera_lab.dynamic.routing import (
     RoutingSpec,
     apply_capacity,
@@ -17,7 +18,6 @@ from tessera_lab.dynamic.routing import (
     ep_rank_load,
     expert_shares,
     load_imbalance,
-    load_routing_log,
     parse_routing,
     relative_rank_load,
     routing_summary,
@@ -25,7 +25,6 @@ from tessera_lab.dynamic.routing import (
     switch_aux_loss,
     token_counts,
     topk_assignment,
-    write_routing_log,
     zipf_shares,
 )
 

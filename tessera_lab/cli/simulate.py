@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from tessera_lab.argtypes import nonneg_float, positive_int
+
 from tessera_lab.cli.common import add_json, emit, table
+from tessera_lab.errors import ConfigError
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -39,9 +42,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def _simulate_routed(args: argparse.Namespace) -> int:
     """``simulate --routing ... [--dynamic]``: routing-dependent durations; static vs dynamic filling."""
-    from tessera_lab.dynamic.core import simulate_cli
-
-    result, text, timelines = simulate_cli(
+    result, text, timelines = routed_simulation(
         schedule=args.schedule, stages=args.stages, microbatches=args.microbatches, f=args.f, b=args.b, w=args.w,
         routing=args.routing, dynamic=args.dynamic, vpp=args.vpp, ep=args.ep, experts=args.experts, top_k=args.top_k,
         tokens=args.tokens, layers_per_stage=args.layers_per_stage, expert_fraction=args.expert_fraction,
@@ -59,6 +60,106 @@ def _simulate_routed(args: argparse.Namespace) -> int:
     return 0
 
 
+def routed_simulation(
+    *,
+    schedule: str,
+    stages: int,
+    microbatches: int,
+    f: float,
+    b: float,
+    w: float | None,
+    routing: str | None = None,
+    dynamic: bool = False,
+    vpp: int = 1,
+    ep: int = 8,
+    experts: int = 64,
+    top_k: int = 8,
+    tokens: int = 4096,
+    layers_per_stage: int = 4,
+    expert_fraction: float = 0.5,
+    groups: int = 1,
+    seed: int = 0,
+    capacity_factor: float | None = None,
+    grad_sync: float = 0.0,
+    p2p_latency: float = 0.0,
+    memory_cap: int | str | None = "max",
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """What ``tessera-lab simulate --routing ... [--dynamic]`` runs: returns ``(result, text, timelines)``.
+
+    ``f``, ``b``, ``w`` are per stage (chunk) at uniform routing; ``tokens`` per EP rank and micro-batch (the
+    EP group routes ``ep * tokens``). Without ``dynamic`` the static order is simulated under the routing;
+    with it, static and dynamic are compared. ``memory_cap``: ``max``, ``rank`` or a count (text is
+    accepted).
+
+    Raises:
+        ConfigError: ``dynamic`` without ``w`` (nothing deferrable), bad sizes, routing or memory cap.
+        ScheduleError: a schedule the filler cannot use.
+    """
+    from tessera_lab.dynamic.durations import RoutedDurations, StageCosts, slowest_loads
+    from tessera_lab.dynamic.evaluate import routing_counts, run_dynamic, stages_per_rank
+    from tessera_lab.dynamic.routing import DEFAULT_JITTER, parse_routing
+    from tessera_lab.pipeline.schedules import build_schedule, canonical_name
+    from tessera_lab.pipeline.simulate import simulate
+
+    spec = parse_routing(routing or "uniform")
+    if isinstance(memory_cap, str) and memory_cap not in ("max", "rank"):
+        try:
+            memory_cap = int(memory_cap)
+        except ValueError:
+            raise ConfigError(f"field 'memory_cap' = {memory_cap!r} is unknown; allowed: max, rank or an integer >= 1"
+                              ) from None
+    if dynamic and not w:
+        raise ConfigError("field 'w' is required with --dynamic and must be > 0: the weight-gradient part of b is "
+                          "the deferrable work that fills bubbles")
+    name = canonical_name(schedule)
+    per_rank = stages_per_rank(name, vpp)
+    costs = StageCosts.synthetic(stages * per_rank, f, b, w or 0.0, expert_fraction=expert_fraction,
+                                 layers_per_stage=layers_per_stage, ep=ep, num_experts=experts, top_k=top_k,
+                                 tokens=tokens * ep, grad_sync=grad_sync)
+    if not dynamic:
+        sched = build_schedule(name, stages, microbatches, vpp=vpp)
+        if sched.num_stages != costs.num_stages:  # pragma: no cover - guarded by per_rank above
+            raise ConfigError("stage count mismatch")
+        cnt = routing_counts(spec, costs, microbatches, seed=seed, group=0, step=1, jitter=DEFAULT_JITTER, log_cache={})
+        kw = {} if capacity_factor is None else dict(tokens=tokens * ep, top_k=top_k, capacity_factor=capacity_factor)
+        x = slowest_loads(cnt, ep, **kw)
+        tl = simulate(sched, RoutedDurations(costs, x), p2p_latency=p2p_latency)
+        result = {"schedule": sched.name, "stages": stages, "microbatches": microbatches, "vpp": vpp,
+                  "routing": str(spec), "busiest_rank_load_mean": float(x.mean()),
+                  "busiest_rank_load_max": float(x.max()), "makespan": tl.iteration_time,
+                  "bubble_fraction": tl.bubble_fraction, "bubble_overhead": tl.bubble_overhead,
+                  "per_rank_idle": tl.per_rank_idle, "per_rank_busy": tl.per_rank_busy,
+                  "peak_activations": tl.peak_activations}
+        rows = [{"rank": r, "busy (s)": tl.per_rank_busy[r], "idle (s)": tl.per_rank_idle[r],
+                 "peak activations (micro-batches)": tl.peak_activations[r]} for r in range(len(tl.per_rank_busy))]
+        text = (table(rows) +
+                f"\nrouting {spec}: busiest EP rank carries {x.mean():.3f}x its share on average (max {x.max():.3f}x; "
+                f"ep={ep}, {experts} experts, top-{top_k})\nmakespan {tl.iteration_time:.6g} s  "
+                f"bubble_fraction {tl.bubble_fraction:.4f} (idle share of rank-time)  "
+                f"bubble_overhead {tl.bubble_overhead:.4f} (idle / busy)")
+        return result, text, {"static": tl}
+    res = run_dynamic(costs, spec, schedule=name, microbatches=microbatches, vpp=vpp, groups=groups, seed=seed,
+                      capacity_factor=capacity_factor, p2p_latency=p2p_latency, memory_cap=memory_cap)
+    s = res.summary()
+    result = {"schedule": res.schedule, "stages": stages, "microbatches": microbatches, "vpp": vpp,
+              "routing": str(spec), "dynamic": True, **{k: v for k, v in s.items() if k not in ("schedule", "routing")},
+              "groups_detail": res.rows()}
+    rows = [
+        {"plan": "static", "iteration (s)": res.iteration_static_s, "idle per rank (s)": res.idle_static_s,
+         "bubble (% of iteration)": 100 * res.idle_static_s / res.iteration_static_s if res.iteration_static_s else 0.0},
+        {"plan": "dynamic", "iteration (s)": res.iteration_dynamic_s, "idle per rank (s)": res.idle_dynamic_s,
+         "bubble (% of iteration)": 100 * res.idle_dynamic_s / res.iteration_dynamic_s if res.iteration_dynamic_s else 0.0},
+    ]
+    text = (table(rows) +
+            f"\nrouting {spec}: busiest EP rank carries {s['busiest_rank_load_mean']:.3f}x its share on average "
+            f"(max {s['busiest_rank_load_max']:.3f}x; ep={ep}, {experts} experts, top-{top_k}, {groups} EP group(s))"
+            f"\ndynamic: idle time removed {s['idle_removed_s']:.5g} s per rank ({100 * s['idle_removed_share']:.1f}% "
+            f"of the static idle time), iteration {s['iteration_static_s']:.5g} s -> {s['iteration_dynamic_s']:.5g} s, "
+            f"throughput {100 * s['throughput_gain']:+.2f}%; choice per group: {', '.join(s['choices'])}"
+            "\n(times in seconds if --f, --b and --w are seconds)")
+    return result, text, {"static": res.groups[0].static, "dynamic": res.groups[0].dynamic}
+
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("simulate", help="simulate a uniform pipeline")
@@ -74,7 +175,7 @@ def add_parser(sub) -> None:
     p.add_argument("--p2p-latency", type=nonneg_float("p2p_latency"), default=0.0)
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace JSON (opens in Perfetto)")
     p.add_argument("--plot", metavar="PATH", help="save a Gantt chart")
-    g = p.add_argument_group("routing skew and dynamic bubble filling (tessera_lab.dynamic.core)")
+    g = p.add_argument_group("routing skew and dynamic bubble filling (tessera_lab.dynamic)")
     g.add_argument("--routing", default=None, metavar="SPEC",
                    help="uniform|zipf:S|drift:S[:R]|replay:PATH: tokens per expert vary per micro-batch and the "
                         "busiest EP rank sets each stage's time")
