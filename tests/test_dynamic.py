@@ -309,10 +309,12 @@ def test_cli_dynamic_json(capsys):
     assert main(SIM + ["--w", "1", "--routing", "zipf:1.0", "--dynamic", "--json", "-"]) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("iteration_static_s", "iteration_dynamic_s", "idle_removed_s", "throughput_gain", "routing",
-                "busiest_rank_load_mean", "choices"):
+                "busiest_rank_load_mean", "predictor", "prediction_lag_steps", "gap_mae_s", "gain_static_part",
+                "gain_dynamic_part", "never_slower", "slower_steps", "per_step"):
         assert key in out
     assert out["routing"] == "zipf:1" and out["iteration_dynamic_s"] <= out["iteration_static_s"]
     assert out["throughput_gain"] > 0
+    assert out["gain_static_part"] + out["gain_dynamic_part"] == pytest.approx(out["throughput_gain"])
 
 
 def test_cli_routing_table_and_plot(capsys, tmp_path):

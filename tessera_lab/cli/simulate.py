@@ -47,7 +47,8 @@ def _simulate_routed(args: argparse.Namespace) -> int:
         routing=args.routing, dynamic=args.dynamic, vpp=args.vpp, ep=args.ep, experts=args.experts, top_k=args.top_k,
         tokens=args.tokens, layers_per_stage=args.layers_per_stage, expert_fraction=args.expert_fraction,
         groups=args.groups, seed=args.seed, capacity_factor=args.capacity_factor, grad_sync=args.grad_sync,
-        p2p_latency=args.p2p_latency, memory_cap=args.memory_cap)
+        p2p_latency=args.p2p_latency, memory_cap=args.memory_cap, fb=args.fb, predictor=args.predictor,
+        margin=args.margin, steps=args.steps)
     emit(args, result, text)
     tl = timelines.get("dynamic", timelines["static"])
     if args.trace:
@@ -83,12 +84,18 @@ def routed_simulation(
     grad_sync: float = 0.0,
     p2p_latency: float = 0.0,
     memory_cap: int | str | None = "max",
+    fb: float | None = None,
+    predictor: str = "last-step",
+    margin: float = 0.5,
+    steps: int = 4,
 ) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """What ``tessera-lab simulate --routing ... [--dynamic]`` runs: returns ``(result, text, timelines)``.
 
     ``f``, ``b``, ``w`` are per stage (chunk) at uniform routing; ``tokens`` per EP rank and micro-batch (the
     EP group routes ``ep * tokens``). Without ``dynamic`` the static order is simulated under the routing;
-    with it, static and dynamic are compared. ``memory_cap``: ``max``, ``rank`` or a count (text is
+    with it, ``steps`` consecutive steps run static and with the per-EP-group controller
+    (:func:`tessera_lab.dynamic.online.run_online`), and the gain is split into its static part (the same run
+    under uniform routing) and its dynamic part. ``memory_cap``: ``max``, ``max+K``, ``rank`` or a count (text is
     accepted).
 
     Raises:
@@ -96,17 +103,17 @@ def routed_simulation(
         ScheduleError: a schedule the filler cannot use.
     """
     from tessera_lab.dynamic.durations import RoutedDurations, StageCosts, slowest_loads
-    from tessera_lab.dynamic.evaluate import routing_counts, run_dynamic, stages_per_rank
+    from tessera_lab.dynamic.evaluate import routing_counts, stages_per_rank
     from tessera_lab.dynamic.routing import DEFAULT_JITTER, parse_routing
     from tessera_lab.pipeline.schedules import build_schedule, canonical_name
     from tessera_lab.pipeline.simulate import simulate
 
     spec = parse_routing(routing or "uniform")
-    if isinstance(memory_cap, str) and memory_cap not in ("max", "rank"):
+    if isinstance(memory_cap, str) and memory_cap not in ("max", "rank") and not memory_cap.startswith("max+"):
         try:
             memory_cap = int(memory_cap)
         except ValueError:
-            raise ConfigError(f"field 'memory_cap' = {memory_cap!r} is unknown; allowed: max, rank or an integer >= 1"
+            raise ConfigError(f"field 'memory_cap' = {memory_cap!r} is unknown; allowed: max, max+K, rank or an integer >= 1"
                               ) from None
     if dynamic and not w:
         raise ConfigError("field 'w' is required with --dynamic and must be > 0: the weight-gradient part of b is "
@@ -115,7 +122,7 @@ def routed_simulation(
     per_rank = stages_per_rank(name, vpp)
     costs = StageCosts.synthetic(stages * per_rank, f, b, w or 0.0, expert_fraction=expert_fraction,
                                  layers_per_stage=layers_per_stage, ep=ep, num_experts=experts, top_k=top_k,
-                                 tokens=tokens * ep, grad_sync=grad_sync)
+                                 tokens=tokens * ep, grad_sync=grad_sync, fb=fb)
     if not dynamic:
         sched = build_schedule(name, stages, microbatches, vpp=vpp)
         if sched.num_stages != costs.num_stages:  # pragma: no cover - guarded by per_rank above
@@ -138,27 +145,42 @@ def routed_simulation(
                 f"bubble_fraction {tl.bubble_fraction:.4f} (idle share of rank-time)  "
                 f"bubble_overhead {tl.bubble_overhead:.4f} (idle / busy)")
         return result, text, {"static": tl}
-    res = run_dynamic(costs, spec, schedule=name, microbatches=microbatches, vpp=vpp, groups=groups, seed=seed,
-                      capacity_factor=capacity_factor, p2p_latency=p2p_latency, memory_cap=memory_cap)
+    from tessera_lab.dynamic.online import run_online
+
+    kw = dict(schedule=name, microbatches=microbatches, vpp=vpp, groups=groups, seed=seed, steps=steps,
+              predictor=predictor, margin=margin, capacity_factor=capacity_factor, p2p_latency=p2p_latency,
+              memory_cap=memory_cap)
+    res = run_online(costs, spec, **kw)
+    uni = res if spec.kind == "uniform" else run_online(costs, "uniform", **kw)
     s = res.summary()
+    static_part = uni.throughput_gain
     result = {"schedule": res.schedule, "stages": stages, "microbatches": microbatches, "vpp": vpp,
-              "routing": str(spec), "dynamic": True, **{k: v for k, v in s.items() if k not in ("schedule", "routing")},
-              "groups_detail": res.rows()}
+              "routing": str(spec), "dynamic": True, "costs": "analytic (synthetic --f/--b/--w per stage)",
+              **{k: v for k, v in s.items() if k not in ("schedule", "routing")},
+              "gain_static_part": static_part, "gain_dynamic_part": res.throughput_gain - static_part,
+              "idle_removed_uniform_s": uni.idle_static_s - uni.idle_dynamic_s}
     rows = [
         {"plan": "static", "iteration (s)": res.iteration_static_s, "idle per rank (s)": res.idle_static_s,
          "bubble (% of iteration)": 100 * res.idle_static_s / res.iteration_static_s if res.iteration_static_s else 0.0},
         {"plan": "dynamic", "iteration (s)": res.iteration_dynamic_s, "idle per rank (s)": res.idle_dynamic_s,
          "bubble (% of iteration)": 100 * res.idle_dynamic_s / res.iteration_dynamic_s if res.iteration_dynamic_s else 0.0},
     ]
-    text = (table(rows) +
-            f"\nrouting {spec}: busiest EP rank carries {s['busiest_rank_load_mean']:.3f}x its share on average "
-            f"(max {s['busiest_rank_load_max']:.3f}x; ep={ep}, {experts} experts, top-{top_k}, {groups} EP group(s))"
-            f"\ndynamic: idle time removed {s['idle_removed_s']:.5g} s per rank ({100 * s['idle_removed_share']:.1f}% "
-            f"of the static idle time), iteration {s['iteration_static_s']:.5g} s -> {s['iteration_dynamic_s']:.5g} s, "
-            f"throughput {100 * s['throughput_gain']:+.2f}%; choice per group: {', '.join(s['choices'])}"
+    slower = ", ".join(str(x) for x in s["slower_steps"]) or "none"
+    text = (table(rows, ".5g") +
+            f"\nrouting {spec}; {name}, {stages} ranks, {microbatches} micro-batches; simulated, means over steps "
+            f"{s['warmup_steps']}..{s['steps'] - 1} (step 0 has no history); ep={ep}, {experts} experts, top-{top_k}, "
+            f"{groups} EP group(s)"
+            f"\ncontroller: predictor {s['predictor']} (waits of earlier steps, lag 1 step), margin {margin:g}, "
+            f"W in {s['w_chunks']} parts, memory cap {s['memory_cap']} micro-batches per rank; W seconds from counts "
+            "already routed"
+            f"\ndynamic: idle time removed {s['idle_removed_s']:.5g} s per rank, iteration {s['iteration_static_s']:.5g} s "
+            f"-> {s['iteration_dynamic_s']:.5g} s, throughput {100 * s['throughput_gain']:+.2f}% = static part "
+            f"{100 * static_part:+.2f}% (same controller, uniform routing) + dynamic part "
+            f"{100 * (res.throughput_gain - static_part):+.2f}% (the extra under this routing)"
+            f"\npredicted waits: mean |error| {s['gap_mae_s']:.4g} s ({100 * s['gap_rel_error']:.0f}% of realised wait); "
+            f"steps slower than static on the realised routing: {slower}"
             "\n(times in seconds if --f, --b and --w are seconds)")
-    return result, text, {"static": res.groups[0].static, "dynamic": res.groups[0].dynamic}
-
+    return result, text, {"static": res.timelines["static"], "dynamic": res.timelines["dynamic"]}
 
 
 def add_parser(sub) -> None:
@@ -180,7 +202,8 @@ def add_parser(sub) -> None:
                    help="uniform|zipf:S|drift:S[:R]|replay:PATH: tokens per expert vary per micro-batch and the "
                         "busiest EP rank sets each stage's time")
     g.add_argument("--dynamic", action="store_true",
-                   help="compare the static order with W deferred into predicted bubbles (needs --w)")
+                   help="compare the static order with the per-EP-group controller that defers W into predicted "
+                        "waits (needs --w)")
     g.add_argument("--ep", type=positive_int("ep"), default=8, help="EP ranks per stage (default 8)")
     g.add_argument("--experts", type=positive_int("experts"), default=64, help="routed experts (default 64)")
     g.add_argument("--top-k", type=positive_int("top_k"), default=8, help="experts per token (default 8)")
@@ -197,7 +220,13 @@ def add_parser(sub) -> None:
     g.add_argument("--grad-sync", type=nonneg_float("grad_sync"), default=0.0,
                    help="gradient reduce-scatter seconds per stage (comm lane)")
     g.add_argument("--memory-cap", default="max",
-                   help="live micro-batches per rank: max (default: the static plan's worst rank), rank, or N")
+                   help="live micro-batches per rank: max (default: the static plan's worst rank), max+K, rank, or N")
+    g.add_argument("--predictor", default="last-step",
+                   help="how waits of earlier steps predict this step's: last-step (default), moving-average:K, minimum:K")
+    g.add_argument("--margin", type=nonneg_float("margin"), default=0.5,
+                   help="share of a predicted wait left unfilled, 0 <= margin < 1 (default 0.5)")
+    g.add_argument("--steps", type=positive_int("steps"), default=4,
+                   help="consecutive training steps simulated with --dynamic (default 4; step 0 has no history)")
     add_json(p)
     p.set_defaults(func=cmd_simulate)
 

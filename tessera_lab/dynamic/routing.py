@@ -11,7 +11,7 @@ Array shapes (int64 token counts, last axis = experts):
 * ``[layers, microbatches, experts]``, ``[steps, microbatches, experts]`` or
   ``[steps, layers, microbatches, experts]`` when :func:`token_counts` is asked for layers and/or steps.
 
-Routing kinds (:func:`parse_routing`, written ``uniform | zipf:S | drift:S[:R] | replay:PATH``):
+Routing kinds (:func:`parse_routing`, written ``uniform | zipf:S | drift:S[:R] | walk:S[:R] | replay:PATH``):
 
 ``uniform``
     every expert receives exactly ``tokens * top_k / E`` assignments (the remainder, if any, one extra token
@@ -27,6 +27,14 @@ Routing kinds (:func:`parse_routing`, written ``uniform | zipf:S | drift:S[:R] |
     ``zipf:S`` whose hot experts move: at step ``t`` the popularity pattern is translated by ``t * R``
     expert indices (cyclically), so the hottest expert walks across EP ranks (experts are placed on EP
     ranks contiguously). ``R`` defaults to ``max(1, E // 32)``.
+``walk:S[:R]``
+    per-layer popularity that drifts across micro-batches *and* steps, so the slow stage and the busiest EP
+    rank move during a step: layer ``l`` at global micro-batch ``g = step * microbatches + j`` has Zipf skew
+    ``S * exp(WALK_SIGMA * z_l(g))`` (``z_l`` an AR(1) walk with correlation ``WALK_RHO`` per micro-batch and
+    unit variance) over its seeded permutation shifted by ``round(o_l(g))`` experts (``o_l`` a Gaussian random
+    walk of ``R`` experts per micro-batch; ``R`` defaults to ``max(1, E // 64)``). Walks are seeded per layer
+    (a property of the model and data stream, shared by all EP groups); the per-micro-batch jitter and the
+    multinomial draw come on top. A modelling choice, not a measured process.
 ``replay:PATH``
     counts read from a routing log (:func:`tessera_lab.dynamic.routing_log.load_routing_log`).
 
@@ -75,6 +83,7 @@ __all__ = [
     "zipf_shares",
     "expert_shares",
     "token_counts",
+    "walk_shares",
     "topk_assignment",
     "capacity_for",
     "CapacityResult",
@@ -87,13 +96,16 @@ __all__ = [
     "routing_summary",
 ]
 
-ROUTING_FORMS = "uniform | zipf:S | drift:S[:R] | replay:PATH (S a number >= 0, R an integer >= 0)"
+ROUTING_FORMS = "uniform | zipf:S | drift:S[:R] | walk:S[:R] | replay:PATH (S a number >= 0, R an integer >= 0)"
 #: standard deviation of the log-normal per-micro-batch factor on each expert's share (0: micro-batches draw
 #: from the same shares). Different sequences prefer different experts; this is a modelling choice, not a
 #: measured value. With 512 experts on 8 EP ranks, sigma = 0.5 makes the busiest rank carry about 1.1x its
 #: uniform share at zero skew.
 DEFAULT_JITTER = 0.5
-_KINDS = ("uniform", "zipf", "drift", "replay")
+_KINDS = ("uniform", "zipf", "drift", "walk", "replay")
+#: ``walk``: spread of the log skew multiplier and its correlation from one micro-batch to the next
+WALK_SIGMA = 0.5
+WALK_RHO = 0.9
 
 
 # ---------------------------------------------------------------------------------------- spec
@@ -102,9 +114,10 @@ class RoutingSpec:
     """A parsed routing description (see :func:`parse_routing`).
 
     Attributes:
-        kind: ``uniform``, ``zipf``, ``drift`` or ``replay``.
+        kind: ``uniform``, ``zipf``, ``drift``, ``walk`` or ``replay``.
         skew: Zipf exponent ``S`` (0 for uniform and replay).
-        drift_rate: expert indices the popularity moves per step (``drift``; ``None`` = default
+        drift_rate: expert indices the popularity moves per step (``drift``) or per micro-batch (``walk``);
+            ``None`` = default
             ``max(1, E // 32)``).
         path: routing log path (``replay``).
     """
@@ -120,7 +133,7 @@ class RoutingSpec:
         if self.kind == "replay":
             return f"replay:{self.path}"
         s = f"{self.kind}:{self.skew:g}"
-        if self.kind == "drift" and self.drift_rate is not None:
+        if self.kind in ("drift", "walk") and self.drift_rate is not None:
             s += f":{self.drift_rate}"
         return s
 
@@ -167,7 +180,7 @@ def parse_routing(text: str | RoutingSpec, *, field_name: str = "routing") -> Ro
     if kind == "zipf" and len(parts) > 1:
         raise _bad(text, "'zipf' takes one parameter (the skew S)")
     if len(parts) > 2:
-        raise _bad(text, "'drift' takes at most two parameters (skew S and rate R)")
+        raise _bad(text, f"{kind!r} takes at most two parameters (skew S and rate R)")
     try:
         skew = float(parts[0])
     except ValueError:
@@ -179,9 +192,9 @@ def parse_routing(text: str | RoutingSpec, *, field_name: str = "routing") -> Ro
         try:
             rate = int(parts[1])
         except ValueError:
-            raise _bad(text, f"drift rate R = {parts[1]!r} is not an integer") from None
+            raise _bad(text, f"rate R = {parts[1]!r} is not an integer") from None
         if rate < 0:
-            raise _bad(text, f"drift rate R = {rate} is out of range (an integer >= 0)")
+            raise _bad(text, f"rate R = {rate} is out of range (an integer >= 0)")
     return RoutingSpec(kind, skew, rate)
 
 
@@ -239,6 +252,8 @@ def expert_shares(
         return out
     if spec.kind == "replay":
         raise ConfigError("field 'routing' = 'replay:...' has no model shares; load the log with load_routing_log")
+    if spec.kind == "walk":
+        raise ConfigError("field 'routing' = 'walk:...' has shares per micro-batch; use walk_shares")
     for t in range(T):
         out[t] = _shares_at(spec, E, L, t, seed)
     return out
@@ -251,6 +266,37 @@ def _shares_at(spec: RoutingSpec, E: int, L: int, step: int, seed: int) -> np.nd
     for l in range(L):
         base = zipf_shares(E, spec.skew, ranking=_base_ranking(E, seed, l))
         out[l] = np.roll(base, (step * R) % E) if R else base
+    return out
+
+
+def walk_shares(spec: str | RoutingSpec, num_experts: int, layers: int, microbatches: int, step: int,
+                seed: int = 0) -> np.ndarray:
+    """Expected shares ``[layers, microbatches, E]`` of a ``walk:S[:R]`` spec at one step (rows sum to 1).
+
+    Raises:
+        ConfigError: a spec that is not ``walk``.
+    """
+    spec = parse_routing(spec)
+    if spec.kind != "walk":
+        raise ConfigError(f"field 'routing' = {str(spec)!r}: walk_shares needs walk:S[:R]")
+    E, L, m = num_experts, layers, microbatches
+    R = spec.drift_rate if spec.drift_rate is not None else max(1, E // 64)
+    g0, G = step * m, (step + 1) * m
+    out = np.empty((L, m, E))
+    c = math.sqrt(1.0 - WALK_RHO ** 2)
+    for l in range(L):
+        rng = np.random.default_rng([int(seed), 0x3A1C, int(l)])
+        eps = rng.standard_normal((2, G))
+        z = np.empty(G)
+        z[0] = eps[0, 0]
+        for g in range(1, G):
+            z[g] = WALK_RHO * z[g - 1] + c * eps[0, g]
+        offset = np.cumsum(R * eps[1])
+        rank = _base_ranking(E, seed, l) + 1.0
+        for j in range(m):
+            g = g0 + j
+            w = rank ** (-spec.skew * math.exp(WALK_SIGMA * z[g]))
+            out[l, j] = np.roll(w / w.sum(), int(round(offset[g])) % E)
     return out
 
 
@@ -344,9 +390,11 @@ def token_counts(
     else:
         for t in range(T):
             step = first_step + t
-            shares = _shares_at(spec, E, L, step, seed)  # [L, E]
             rng = np.random.default_rng([int(seed), int(group), int(step), 0xC0DE])
-            q = np.broadcast_to(shares[:, None, :], (L, m, E))
+            if spec.kind == "walk":
+                q = walk_shares(spec, E, L, m, step, seed)
+            else:
+                q = np.broadcast_to(_shares_at(spec, E, L, step, seed)[:, None, :], (L, m, E))
             if jitter > 0:
                 q = q * np.exp(jitter * rng.standard_normal(q.shape))
                 q = q / q.sum(axis=-1, keepdims=True)

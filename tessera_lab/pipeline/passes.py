@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tessera_lab.errors import ConfigError, ScheduleError
-from tessera_lab.pipeline.schedules import Action, ActionType, Schedule
+from tessera_lab.pipeline.schedules import Action, ActionType, Schedule, parse_action
 from tessera_lab.pipeline.simulate import Timeline, _transfer_fn, simulate
 
 __all__ = ["with_comms", "split_backward", "chunk_weight_gradients", "defer_weight_gradients", "memory_caps",
@@ -257,7 +257,7 @@ def memory_caps(schedule: Schedule, memory_cap: int | Sequence[int] | str | None
             needs more activation memory than in the static plan; ``"max"`` (default): the most activation
             memory the static plan needs on any rank, in bytes, allowed on every rank (GPUs are provisioned
             for the worst rank; 1F1B's later ranks have that headroom): ``floor(max_r' peak_r' a_r' / a_r)``;
-            an int (the same count on every rank) or one int per rank.
+            ``"max+K"``: that plus ``K`` micro-batches on every rank (memory bought for deferral); an int (the same count on every rank) or one int per rank.
         activation_bytes: activation bytes per micro-batch of each stage (default: equal); a rank holding
             several stages uses their mean.
         chunks: W parts per micro-batch in ``schedule``.
@@ -268,6 +268,15 @@ def memory_caps(schedule: Schedule, memory_cap: int | Sequence[int] | str | None
     R = schedule.num_ranks
     if memory_cap is None or memory_cap == "rank":
         return [max(1, order_peak(schedule.actions.get(r, []), chunks)) for r in range(R)]
+    if isinstance(memory_cap, str) and memory_cap.startswith("max+"):
+        try:
+            extra = int(memory_cap[4:])
+        except ValueError:
+            extra = -1
+        if extra < 0:
+            raise ConfigError(f"field 'memory_cap' = {memory_cap!r} is unknown; allowed: 'max', 'max+K' (K >= 0), "
+                              "'rank', an integer >= 1 or one integer per rank")
+        return [c + extra for c in memory_caps(schedule, "max", activation_bytes=activation_bytes, chunks=chunks)]
     if memory_cap == "max":
         peaks = [order_peak(schedule.actions.get(r, []), chunks) for r in range(R)]
         if activation_bytes is None:
@@ -284,8 +293,8 @@ def memory_caps(schedule: Schedule, memory_cap: int | Sequence[int] | str | None
         return [max(peaks[r], int(math.floor(budget / act[r] * (1 + 1e-9)))) if act[r] > 0 else peaks[r]
                 for r in range(R)]
     if isinstance(memory_cap, str):
-        raise ConfigError(f"field 'memory_cap' = {memory_cap!r} is unknown; allowed: 'max', 'rank', an integer >= 1 "
-                          "or one integer per rank")
+        raise ConfigError(f"field 'memory_cap' = {memory_cap!r} is unknown; allowed: 'max', 'max+K', 'rank', an "
+                          "integer >= 1 or one integer per rank")
     if isinstance(memory_cap, (int, np.integer)) and not isinstance(memory_cap, bool):
         caps = [int(memory_cap)] * R
     else:
@@ -347,7 +356,7 @@ def action_slack(timeline: Timeline, schedule: Schedule, *, p2p_latency: float =
     """Slack of every compute event (seconds): how much later it could start without making the iteration
     longer, with the ranks' orders fixed (critical-path method over the timeline's events).
 
-    Edges: consecutive actions of a rank; ``F(s, i) -> F(s+1, i)`` and ``I|B(s+1, i) -> I|B(s, i)`` with the
+    Edges (an overlapped pair counts as its forward and its backward): consecutive actions of a rank; ``F(s, i) -> F(s+1, i)`` and ``I|B(s+1, i) -> I|B(s, i)`` with the
     transfer time between ranks; ``F(s, i) -> I|B(s, i)``; ``I(s, i) -> W(s, i)``; a gradient reduce-scatter
     after its W. Returns ``{event index: slack}`` (0 on the critical path).
     """
@@ -359,14 +368,20 @@ def action_slack(timeline: Timeline, schedule: Schedule, *, p2p_latency: float =
     ws: dict[tuple[int, int], list[int]] = {}
     last_w: dict[int, int] = {}
     by_rank: dict[int, list[int]] = {}
+    leaves: dict[int, list[tuple[str, int, int]]] = {}  # event -> (type, stage, mb) of the actions it runs
     for n, e in enumerate(ev):
         if e.lane != "compute":
             continue
         by_rank.setdefault(e.rank, []).append(n)
-        if e.type == "F":
-            prod[("F", e.stage, e.microbatch)] = n
-        elif e.type in ("I", "B"):
-            prod[("G", e.stage, e.microbatch)] = n
+        if e.type == _OV.value:  # an overlapped pair runs a forward and a backward
+            leaves[n] = [(str(x.type), x.stage, x.microbatch) for x in parse_action(e.label).leaves()]
+        else:
+            leaves[n] = [(e.type, e.stage, e.microbatch)]
+        for typ, st, mb in leaves[n]:
+            if typ == "F":
+                prod[("F", st, mb)] = n
+            elif typ in ("I", "B"):
+                prod[("G", st, mb)] = n
         if e.type == "W":
             ws.setdefault((e.stage, e.microbatch), []).append(n)
         if e.type in ("W", "B"):
@@ -374,7 +389,7 @@ def action_slack(timeline: Timeline, schedule: Schedule, *, p2p_latency: float =
     succ: dict[int, list[tuple[int, float]]] = {}
 
     def edge(u: int | None, v: int, lag: float) -> None:
-        if u is not None:
+        if u is not None and u != v:
             succ.setdefault(u, []).append((v, lag))
 
     for r, idx in by_rank.items():
@@ -387,15 +402,15 @@ def action_slack(timeline: Timeline, schedule: Schedule, *, p2p_latency: float =
             if e.type == GRAD_RS and e.stage in last_w:
                 edge(last_w[e.stage], n, 0.0)
             continue
-        s, i = e.stage, e.microbatch
-        if e.type == "F" and s > 0:
-            edge(prod.get(("F", s - 1, i)), n, xfer(s - 1, s) if s2r[s - 1] != s2r[s] else 0.0)
-        elif e.type in ("I", "B"):
-            edge(prod.get(("F", s, i)), n, 0.0)
-            if s < S - 1:
-                edge(prod.get(("G", s + 1, i)), n, xfer(s + 1, s) if s2r[s + 1] != s2r[s] else 0.0)
-        elif e.type == "W":
-            edge(prod.get(("G", s, i)), n, 0.0)
+        for typ, s, i in leaves[n]:
+            if typ == "F" and s > 0:
+                edge(prod.get(("F", s - 1, i)), n, xfer(s - 1, s) if s2r[s - 1] != s2r[s] else 0.0)
+            elif typ in ("I", "B"):
+                edge(prod.get(("F", s, i)), n, 0.0)
+                if s < S - 1:
+                    edge(prod.get(("G", s + 1, i)), n, xfer(s + 1, s) if s2r[s + 1] != s2r[s] else 0.0)
+            elif typ == "W":
+                edge(prod.get(("G", s, i)), n, 0.0)
     lf = [T] * len(ev)
     for n in range(len(ev) - 1, -1, -1):  # events are appended in a topological order
         for v, lag in succ.get(n, ()):
