@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from tessera_lab.dynamic.durations import ChunkedDurations, PairDurations
 from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline import passes
-from tessera_lab.pipeline.schedules import ActionType, Schedule
+from tessera_lab.pipeline.schedules import ActionType, Schedule, parse_action
 from tessera_lab.pipeline.simulate import Timeline, simulate
 
 __all__ = ["predict_gaps", "peak_live_activations", "grad_sync_tasks", "DynamicPlan", "plan_dynamic",
@@ -222,7 +222,7 @@ def plan_dynamic(
 def check_dependencies(timeline: Timeline, tol: float = 1e-12) -> list[str]:
     """Dependency violations in a timeline (empty list = none).
 
-    Checks: every W starts after its I (same stage and micro-batch) has ended; every gradient
+    Checks: every W starts after its I (same stage and micro-batch; also inside an overlapped pair) has ended; every gradient
     reduce-scatter of a stage starts after that stage's last W (or B) has ended.
     """
     i_end: dict[tuple[int, int], float] = {}
@@ -230,6 +230,10 @@ def check_dependencies(timeline: Timeline, tol: float = 1e-12) -> list[str]:
     for e in timeline.events:
         if e.lane != "compute":
             continue
+        if e.type == "OVERLAP_F_B":  # a pair runs the I (or B) of its backward
+            for x in parse_action(e.label).leaves():
+                if x.type in (ActionType.I, ActionType.B):
+                    i_end[(x.stage, x.microbatch)] = e.end
         if e.type in ("I", "B"):
             i_end[(e.stage, e.microbatch)] = e.end
         if e.type in ("W", "B"):
