@@ -173,3 +173,24 @@ def test_cli_acceptance_command(capsys, schedule):
     assert out["gain_static_part"] + out["gain_dynamic_part"] == pytest.approx(out["throughput_gain"])
     assert isinstance(out["slower_steps"], list) and out["never_slower"] == (not out["slower_steps"])
     assert out["predictor"] == "last-step" and out["gap_mae_s"] >= 0
+
+
+def test_group_decisions_come_from_the_count_exchange():
+    """Each EP rank appends its observed waits to its count row; after the exchange every rank holds the same
+    rows, hence the same group waits and the same picks (no extra collective, no central controller)."""
+    from tessera_lab.dynamic.controller import pack_waits, pick_in_wait, unpack_waits
+
+    slots = [0, 3, 4]
+    rows = [pack_waits([5, 3], {3: 0.002, 4: 0.001}, slots), pack_waits([2, 6], {3: 0.001, 4: 0.004}, slots)]
+    assert rows[0] == [5, 3, 0, 2000, 1000]
+    counts, waits = unpack_waits(rows, 2, slots)
+    assert counts == [[5, 3], [2, 6]] and waits == {0: 0.0, 3: 0.002, 4: 0.004}
+    picks = []
+    for _rank in range(2):
+        ctl = GapController("last-step", margin=0.5)
+        ctl.end_step(unpack_waits(rows, 2, slots)[1], tail=0.0)
+        ctl.begin_step(slots)
+        picks.append(pick_in_wait(ctl, 4, 0.0, [("W(1,0)", 0.0008), ("W(1,1)", 0.0008), ("RS(1)", 0.001)]))
+    assert picks[0] == picks[1] == ["W(1,0)", "W(1,1)"]  # 1.6 ms fits in half of 4 ms; the RS chunk does not
+    with pytest.raises(ConfigError, match="rows"):
+        unpack_waits([[1, 2]], 2, slots)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from tessera_lab.errors import ConfigError
 
-__all__ = ["PREDICTORS", "WaitPredictor", "parse_predictor", "GapController"]
+__all__ = ["PREDICTORS", "WaitPredictor", "parse_predictor", "GapController", "pack_waits", "unpack_waits", "pick_in_wait"]
 
 PREDICTORS = "last-step | moving-average:K | minimum:K (K an integer >= 1)"
 
@@ -170,3 +170,39 @@ class GapController:
     def forced(self) -> None:
         """Count a chunk the memory cap forced."""
         self.decisions["forced"] = self.decisions.get("forced", 0) + 1
+
+
+# -------------------------------------------------------------------- the runner's side of the count exchange
+def pack_waits(counts: list[int], waits: dict[int, float], slots: list[int]) -> list[int]:
+    """One rank's count-exchange row: its tokens per expert, then its observed wait at each of ``slots`` in
+    integer microseconds (the same message the dispatch sends anyway, a few ints longer)."""
+    return [int(c) for c in counts] + [max(0, int(round(1e6 * waits.get(k, 0.0)))) for k in slots]
+
+
+def unpack_waits(rows: list[list[int]], num_experts: int, slots: list[int]) -> tuple[list[list[int]], dict[int, float]]:
+    """Split the rows every rank of an EP group received into counts per rank and the group's waits (the
+    maximum over its ranks, seconds). Every rank gets the same rows, so every rank gets the same waits and takes
+    the same decisions.
+
+    Raises:
+        ConfigError: a row of the wrong length.
+    """
+    n = num_experts + len(slots)
+    if any(len(r) != n for r in rows):
+        raise ConfigError(f"field 'rows': every row needs {num_experts} counts + {len(slots)} waits = {n} ints")
+    counts = [list(r[:num_experts]) for r in rows]
+    waits = {k: max(r[num_experts + j] for r in rows) / 1e6 for j, k in enumerate(slots)} if rows else {}
+    return counts, waits
+
+
+def pick_in_wait(ctl: GapController, slot: int, elapsed: float, pending: list[tuple[str, float]]) -> list[str]:
+    """Which pending items (``(name, seconds)`` in the order they must run: deferred W parts oldest first, then a
+    stage's DP reduce-scatter chunks once its W parts are done) to start now, at ``elapsed`` seconds into the wait
+    at ``slot``: the longest prefix that fits the predicted rest of the wait (see :meth:`GapController.fits`)."""
+    out, used = [], 0.0
+    for name, sec in pending:
+        if not ctl.fits(slot, elapsed + used, sec):
+            break
+        out.append(name)
+        used += sec
+    return out
