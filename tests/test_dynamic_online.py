@@ -194,3 +194,16 @@ def test_group_decisions_come_from_the_count_exchange():
     assert picks[0] == picks[1] == ["W(1,0)", "W(1,1)"]  # 1.6 ms fits in half of 4 ms; the RS chunk does not
     with pytest.raises(ConfigError, match="rows"):
         unpack_waits([[1, 2]], 2, slots)
+
+
+def test_replay_of_a_recorded_routing_log(tmp_path):
+    """Replayed counts (tokens per expert per layer per micro-batch, several steps) drive the online run."""
+    from tessera_lab.dynamic.routing import token_counts
+    from tessera_lab.dynamic.routing_log import write_routing_log
+
+    counts = token_counts("walk:1.5", num_experts=64, tokens=1024, top_k=8, microbatches=8, layers=8, steps=3)
+    path = write_routing_log(tmp_path / "routing.json", counts, top_k=8, tokens=1024)
+    c = StageCosts.synthetic(4, 1.0, 2.0, 1.0, layers_per_stage=2, tokens=1024)
+    r = run_online(c, f"replay:{path}", schedule="1f1b", microbatches=8, steps=3)
+    assert r.routing == f"replay:{path}" and r.busiest_rank_load_mean > 1.0
+    assert len({s["static_s"] for s in r.steps}) == 3  # each step replays its own recorded routing
