@@ -290,7 +290,7 @@ def test_replay_routing_from_a_log(tmp_path):
 
     c = token_counts("zipf:1.5", num_experts=64, tokens=1024, top_k=8, microbatches=3, layers=2, steps=1)
     path = write_routing_log(tmp_path / "log.json", c, top_k=8, tokens=1024)
-    res = run_dynamic(small_costs(), f"replay:{path}", microbatches=6, step=0)
+    res = run_dynamic(small_costs(), f"replay:{path}", microbatches=6, step=1)
     assert res.groups[0].counts.shape == (8, 6, 64)  # 8 layers and 6 micro-batches cycled from 2 and 3
     assert res.mean_imbalance > 1.0 and res.summary()["never_slower"]
 

@@ -114,7 +114,7 @@ class DynamicResult:
             "routing": self.routing, "schedule": self.schedule, "groups": len(self.groups),
             "stages": self.costs.num_stages, "microbatches": self.microbatches, "ep": self.costs.ep,
             "gpus": (self.groups[0].plan.static.num_ranks * self.costs.ep * len(self.groups)) if self.groups else 0,
-            "seed": self.seed, "step": self.step, "prediction_lag": self.lag,
+            "seed": self.seed, "step": self.step, "prediction_lag": self.lag, "oracle": self.lag == 0,
             "capacity_factor": self.capacity_factor,
             "busiest_rank_load_mean": self.mean_imbalance,
             "busiest_rank_load_max": float(max(g.loads.max() for g in self.groups)),
@@ -195,7 +195,7 @@ def run_dynamic(
     groups: int = 1,
     seed: int = 0,
     step: int = 1,
-    lag: int = 0,
+    lag: int = 1,
     capacity_factor: float | None = None,
     memory_cap: int | Sequence[int] | str | None = "max",
     p2p_latency: float = 0.0,
@@ -206,7 +206,8 @@ def run_dynamic(
     """Simulate one step of a job with ``groups`` EP groups, static vs dynamic.
 
     Each group routes its own data (``token_counts(..., group=g)``), predicts with the metadata of step
-    ``step - lag`` (``lag = 0``: exact metadata of this step), decides with :func:`plan_dynamic` and is
+    ``step - lag`` (default 1: the previous step's; ``lag = 0``: exact metadata of this step, an oracle, reported
+    as ``"oracle": true``), decides with :func:`plan_dynamic` and is
     realised with the routing of step ``step``.
 
     Args:
