@@ -141,6 +141,9 @@ assert not planner.check_dependencies(g0.dynamic), "every W after its I"
     new_markdown_cell(
         """## 3 · Uniform, moderate and heavy skew, against two static plans
 
+Each group plans its order before the step on the previous step's routing (`lag = 1`; `lag = 0` would be the
+step's own routing, an oracle) and runs it on the routing that happens.
+
 * against **1F1B** (W right after its I) the optimizer recovers both the warm-up/cool-down bubble that a
   Zero-Bubble schedule would remove statically and the gaps the routing leaves;
 * against **ZB-H1** (Qi et al., ICLR 2024: W already placed in the cool-down) only routing-induced gaps are
@@ -349,11 +352,13 @@ else:
   share a rank are slower in every micro-batch), which moving deferrable work cannot remove; it needs a
   routing-aware partition (notebook 06).
 * What filling recovers is the part that varies between micro-batches, and the warm-up/cool-down bubble of a
-  plan that runs W right after I. Against ZB-H1, which already places W in the cool-down, nothing is left
-  here: its gain is exactly 0 at every skew level in section 3.
-* The guard keeps every group at or below its static time **on the prediction**. With stale metadata the
-  realised step can be **slower than static**, not just gain less: under `drift` the gaps move between the
-  step the plan was made for and the step that runs (section 5).
+  plan that runs W right after I. Against ZB-H1, which already places W in the cool-down, little is left: its
+  static part is 0 (section 7) and its dynamic part needs memory for deferred W and routing whose slow stage
+  moves (`walk`).
+* A plan made before the step keeps every group at or below its static time **on the prediction** only. With
+  stale metadata the realised step can be **slower than static** (section 5). The controller of section 7
+  decides during the step instead, from the W lengths its own counts give and the waits it saw in earlier steps;
+  its table counts the steps that still ended slower than static on the realised routing.
 * Set `USE_MODEL = True` for Qwen3-Next-80B-A3B stage costs from the analytic cost model (slower)."""
     ),
 ]
