@@ -304,25 +304,21 @@ def _cap_and_refill(counts: np.ndarray, cap: int, shares: np.ndarray, rng: np.ra
     """Cap every row of ``counts`` ([n, E]) at ``cap``; re-draw the overflow on experts with room (in
     proportion to ``shares``) until no entry exceeds the cap. Row totals are preserved."""
     counts = counts.copy()
-    for row in np.nonzero((counts > cap).any(axis=1))[0]:
-        c = counts[row]
-        p = shares[row].astype(float)
-        for _ in range(10 * c.size):
-            over = c > cap
-            if not over.any():
-                break
-            excess = int((c[over] - cap).sum())
-            c[over] = cap
-            room = cap - c
-            w = np.where(room > 0, p, 0.0)
-            if w.sum() <= 0:
-                w = (room > 0).astype(float)
-            draw = rng.multinomial(excess, w / w.sum())
-            c += draw
-        else:  # pragma: no cover - the loop always terminates: each pass moves the excess to experts with room
-            raise RuntimeError("capacity refill did not converge")
-        counts[row] = c
-    return counts
+    rows = np.nonzero((counts > cap).any(axis=1))[0]
+    for _ in range(10 * counts.shape[1]):  # all capped rows at once: one multinomial draw per pass
+        if rows.size == 0:
+            return counts
+        c = counts[rows]
+        excess = np.maximum(c - cap, 0).sum(axis=1)
+        c = np.minimum(c, cap)
+        room = c < cap
+        w = np.where(room, shares[rows].astype(float), 0.0)
+        tot = w.sum(axis=1, keepdims=True)
+        w = np.where(tot > 0, w / np.where(tot > 0, tot, 1.0), room / np.maximum(room.sum(axis=1, keepdims=True), 1))
+        c = c + rng.multinomial(excess, w)
+        counts[rows] = c
+        rows = rows[(c > cap).any(axis=1)]
+    raise RuntimeError("capacity refill did not converge")  # pragma: no cover - each pass moves the excess on
 
 
 def token_counts(
