@@ -152,7 +152,7 @@ def test_walk_skew_gives_a_dynamic_part_over_zb_h1():
 
 def test_run_online_rejects_bad_input():
     c = StageCosts.synthetic(2, 1.0, 2.0, 1.0)
-    with pytest.raises(ConfigError, match="warmup"):
+    with pytest.raises(ConfigError, match="steps"):
         run_online(c, "uniform", schedule="1f1b", microbatches=4, steps=1, warmup=1)
     with pytest.raises(ConfigError, match="predictor"):
         run_online(c, "uniform", schedule="1f1b", microbatches=4, predictor="oracle")
@@ -207,3 +207,17 @@ def test_replay_of_a_recorded_routing_log(tmp_path):
     r = run_online(c, f"replay:{path}", schedule="1f1b", microbatches=8, steps=3)
     assert r.routing == f"replay:{path}" and r.busiest_rank_load_mean > 1.0
     assert len({s["static_s"] for s in r.steps}) == 3  # each step replays its own recorded routing
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--predictor", "oracle"], "predictor"),
+    (["--margin", "1.5"], "margin"),
+    (["--steps", "1"], "steps"),
+    (["--memory-cap", "max+x"], "memory_cap"),
+])
+def test_cli_dynamic_bad_input_exits_2(capsys, extra, needle):
+    argv = ["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4", "--f", "1", "--b", "2",
+            "--w", "1", "--routing", "zipf:1", "--dynamic"] + extra
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1

@@ -444,7 +444,8 @@ def run_online(
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"field '{name}' = {v!r} is out of range; allowed: an integer >= {lo}")
     if warmup >= steps:
-        raise ConfigError(f"field 'warmup' = {warmup} is out of range; allowed: below steps = {steps}")
+        raise ConfigError(f"field 'steps' = {steps} is out of range; allowed: more than the {warmup} warm-up step(s) "
+                          "left out of the means (step 0 has no history)")
     sched = schedule_for(costs, schedule, microbatches, vpp)
     m = sched.num_microbatches
     base = passes.split_backward(sched, 0)
