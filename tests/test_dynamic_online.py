@@ -75,6 +75,15 @@ def test_controller_decisions_by_hand():
     assert c.may_defer(2, 1.5) and not c.may_defer(2, 1.6)  # position 2: slot 5's 1.0 + tail 2.0
     assert c.may_defer(3, 1.0) and not c.may_defer(3, 1.1)  # only the tail left
     assert c.decisions["fill"] == 2 and c.decisions["defer"] == 3
+    # the policy as the executors call it
+    assert c.at_w_place(0, 1.0, 1.0, next_ready=True, live=3, cap=4)
+    assert not c.at_w_place(0, 1.0, 1.0, next_ready=False, live=3, cap=4)  # a wait is coming: run W now
+    assert not c.at_w_place(0, 1.0, 1.0, next_ready=True, live=4, cap=4)  # no memory left to hold it
+    assert not c.at_w_place(0, 3.0, 1.0, next_ready=True, live=3, cap=4)  # 4 s displaced > 3.5 s budget
+    assert c.in_wait(2, 0.0, ("W(0,1)", 9.0), ("W(1,0)", 1.0)) == "W(0,1)"  # displaced work first, always
+    assert c.in_wait(2, 0.0, None, ("W(1,0)", 1.0)) == "W(1,0)"
+    assert c.in_wait(2, 0.0, None, ("W(1,0)", 3.0)) is None
+    assert c.must_free(4, 1, 4) and not c.must_free(3, 1, 4)
 
 
 def test_gap_errors_by_hand():

@@ -163,6 +163,35 @@ class GapController:
             self.decisions["defer"] = self.decisions.get("defer", 0) + 1
         return ok
 
+    # ---------------------------------------------------------------- the policy, as the executors call it
+    def at_w_place(self, position: int, displaced_s: float, seconds: float, *, next_ready: bool, live: int,
+                   cap: float) -> bool:
+        """At a W part's place in the static order: ``True`` lets it wait (defer), ``False`` runs it there.
+
+        Deferring pays only when the rank's next action has its inputs now (``next_ready``), needs room under
+        the memory cap (``live`` micro-batches held, the deferred one included, below ``cap``) and the budget of
+        :meth:`may_defer` for the ``displaced_s + seconds`` of work past its static place."""
+        return bool(live < cap and next_ready and self.may_defer(position, displaced_s + seconds))
+
+    def in_wait(self, slot: int, elapsed: float, displaced: tuple | None, oldest: tuple | None):
+        """While the rank waits at ``slot``: what to run now, given its oldest displaced part and its oldest
+        pending part (each ``(name, seconds)`` or ``None``). Displaced work is repaid in the first wait (it costs
+        time later anyway); other pending work only into a wait predicted to fit it. Returns a name or ``None``
+        (stay idle until the input arrives)."""
+        if displaced is not None:
+            self.repaid()
+            return displaced[0]
+        if oldest is not None and self.fits(slot, elapsed, oldest[1]):
+            return oldest[0]
+        return None
+
+    def must_free(self, live: int, need: int, cap: float) -> bool:
+        """Before a forward of ``need`` micro-batches: whether pending W must run first to stay under ``cap``."""
+        over = live + need > cap
+        if over:
+            self.forced()
+        return over
+
     def repaid(self) -> None:
         """Count a deferred chunk run in the first wait after its static place (it would cost time later)."""
         self.decisions["repaid"] = self.decisions.get("repaid", 0) + 1

@@ -231,7 +231,7 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
                     run_chunk(r, s)
                 elif w_run[r].get(s, 0) < w_seen[r][s]:  # not covered by a part run earlier
                     d = chunk_s(s, pending[r][s][w_seen[r][s] - 1 - w_run[r].get(s, 0)])
-                    if live[r] < caps[r] and ready_next(r) and ctl.may_defer(pos[r], displaced_s[r] + d):
+                    if ctl.at_w_place(pos[r], displaced_s[r], d, next_ready=ready_next(r), live=live[r], cap=caps[r]):
                         displaced_s[r] += d
                     else:
                         run_chunk(r, s)  # runs where the static order has it
@@ -240,11 +240,10 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
             # a non-W action: memory cap first
             if ctl is not None and any(x.type is _F for x in a.leaves()):
                 need = sum(1 for x in a.leaves() if x.type is _F)
-                while live[r] + need > caps[r]:
+                while ctl.must_free(live[r], need, caps[r]):
                     s = oldest_stage(r)
                     if s is None:
                         break
-                    ctl.forced()
                     run_chunk(r, s)
             needs = [(k, st, i, dst) for k, st, i, dst in _needs(a, S, s2r, r)]
             missing = [key for key in needs if key not in arrival]
@@ -254,13 +253,10 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
                 if wait_from[r] is None:
                     wait_from[r] = now
                 if ctl is not None:
-                    s = displaced_stage(r)  # work deferred past its static place is repaid in the first wait
-                    if s is not None:
-                        ctl.repaid()
-                    else:
-                        s = oldest_stage(r)
-                        if s is not None and not ctl.fits(pc[r], now - wait_from[r], chunk_s(s, pending[r][s][0])):
-                            s = None
+                    sd, so = displaced_stage(r), oldest_stage(r)
+                    s = ctl.in_wait(pc[r], now - wait_from[r],
+                                    None if sd is None else (sd, chunk_s(sd, pending[r][sd][0])),
+                                    None if so is None else (so, chunk_s(so, pending[r][so][0])))
                     if s is not None:
                         run_chunk(r, s)
                         heapq.heappush(heap, (t_rank[r], r))
