@@ -310,7 +310,8 @@ def test_cli_dynamic_json(capsys):
     out = json.loads(capsys.readouterr().out)
     for key in ("iteration_static_s", "iteration_dynamic_s", "idle_removed_s", "throughput_gain", "routing",
                 "busiest_rank_load_mean", "predictor", "prediction_lag_steps", "gap_mae_s", "gain_static_part",
-                "gain_dynamic_part", "never_slower", "slower_steps", "per_step"):
+                "gain_dynamic_part", "never_slower", "slower_steps", "per_step", "routing_variance_s",
+                "bubble_after_dynamic_s"):
         assert key in out
     assert out["routing"] == "zipf:1" and out["iteration_dynamic_s"] <= out["iteration_static_s"]
     assert out["throughput_gain"] > 0

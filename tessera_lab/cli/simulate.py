@@ -158,7 +158,11 @@ def routed_simulation(
               "routing": str(spec), "dynamic": True, "costs": "analytic (synthetic --f/--b/--w per stage)",
               **{k: v for k, v in s.items() if k not in ("schedule", "routing")},
               "gain_static_part": static_part, "gain_dynamic_part": res.throughput_gain - static_part,
-              "idle_removed_uniform_s": uni.idle_static_s - uni.idle_dynamic_s}
+              "idle_removed_uniform_s": uni.idle_static_s - uni.idle_dynamic_s,
+              # capacity-report terms from this run: what the routing costs the static plan, and the idle time per
+              # rank left after dynamic correction
+              "routing_variance_s": res.iteration_static_s - uni.iteration_static_s,
+              "bubble_after_dynamic_s": res.idle_dynamic_s}
     rows = [
         {"plan": "static", "iteration (s)": res.iteration_static_s, "idle per rank (s)": res.idle_static_s,
          "bubble (% of iteration)": 100 * res.idle_static_s / res.iteration_static_s if res.iteration_static_s else 0.0},
