@@ -230,3 +230,24 @@ def test_cli_dynamic_bad_input_exits_2(capsys, extra, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(SCHEDULES[:6]), st.sampled_from(["uniform", "zipf:1.5", "walk:1.5", "drift:1"]),
+       st.sampled_from(["last-step", "moving-average:2", "minimum:2"]), st.floats(0.0, 0.9), st.integers(0, 50),
+       st.sampled_from(["max", "rank", "max+1"]))
+def test_dynamic_runs_keep_dependencies_order_and_memory(sched, routing, pred, margin, seed, cap):
+    name, vpp = sched
+    S = 3 * (2 if name in ("dualpipev", "interleaved") else 1)
+    c = StageCosts.synthetic(S, 1.0, 2.0, 1.0, layers_per_stage=2)
+    r = run_online(c, routing, schedule=name, microbatches=6, vpp=vpp, steps=3, seed=seed, predictor=pred,
+                   margin=margin, memory_cap=cap)
+    tl = r.timelines["dynamic"]
+    assert check_dependencies(tl) == []
+    order: dict[int, list[int]] = {}
+    for e in sorted((e for e in tl.events if e.type == "W"), key=lambda e: e.start):
+        order.setdefault(e.stage, []).append(e.microbatch)
+    assert all(v == sorted(v) and len(v) == 2 * 6 for v in order.values())
+    assert all(pk <= cp for pk, cp in zip(tl.peak_activations, r.memory_cap))
+    busy_static = sum(r.timelines["static"].per_rank_busy)
+    assert sum(tl.per_rank_busy) == pytest.approx(busy_static)  # the same work, only moved
