@@ -292,3 +292,15 @@ def test_walk_counts_are_top_k_routings_and_move_the_busiest_rank():
     assert len(set(busiest[0].tolist())) > 1  # the busiest EP rank changes during the step
     load = slowest_rank_load(c, 8).mean(-1)
     assert load.max() - load.min() > 0.05  # layers differ: the slow stage depends on the layer
+
+
+def test_router_bias_reproduces_the_shares():
+    from tessera_lab.dynamic.routing import router_bias
+
+    b = router_bias("zipf:1.2", 16, 3, seed=4)
+    p = np.exp(b) / np.exp(b).sum(-1, keepdims=True)
+    assert np.allclose(p, expert_shares("zipf:1.2", 16, layers=3, seed=4)[0])
+    assert not np.allclose(b[0], b[1])  # each layer its own hot experts
+    assert np.allclose(router_bias("uniform", 8, 2), 0.0)
+    with pytest.raises(ConfigError, match="router bias"):
+        router_bias("walk:1", 8, 2)

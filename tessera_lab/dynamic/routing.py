@@ -84,6 +84,7 @@ __all__ = [
     "expert_shares",
     "token_counts",
     "walk_shares",
+    "router_bias",
     "topk_assignment",
     "capacity_for",
     "CapacityResult",
@@ -570,3 +571,22 @@ def routing_summary(counts: np.ndarray, ep: int, *, tokens: int | None = None, t
         res = apply_capacity(c, tokens, top_k, capacity_factor)
         out.update(capacity=res.capacity, drop_fraction=res.drop_fraction)
     return out
+
+
+def router_bias(spec: str | RoutingSpec, num_experts: int, layers: int, *, seed: int = 0, step: int = 0) -> np.ndarray:
+    """Per-layer router logit offsets ``[layers, E]`` that skew a router on purpose (the runner's skew knob).
+
+    ``bias[l] = log(shares[l])`` minus its mean, so a router whose own logits are equal picks expert ``e`` of layer
+    ``l`` with probability ``softmax(bias[l])[e] = shares[l][e]`` (the :func:`expert_shares` of ``zipf`` and
+    ``drift`` at ``step``; ``uniform`` gives zeros). Each layer has its own popularity permutation, so the busiest
+    EP rank differs between layers.
+
+    Raises:
+        ConfigError: ``walk`` or ``replay`` (their shares vary per micro-batch or come from a log).
+    """
+    spec = parse_routing(spec)
+    if spec.kind in ("walk", "replay"):
+        raise ConfigError(f"field 'routing' = {str(spec)!r}: a fixed router bias needs uniform, zipf:S or drift:S[:R]")
+    shares = expert_shares(spec, num_experts, layers=layers, steps=step + 1, seed=seed)[step]
+    logb = np.log(shares)
+    return logb - logb.mean(axis=-1, keepdims=True)
