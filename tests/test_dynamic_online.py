@@ -83,6 +83,9 @@ def test_controller_decisions_by_hand():
     assert c.in_wait(2, 0.0, ("W(0,1)", 9.0), ("W(1,0)", 1.0)) == "W(0,1)"  # displaced work first, always
     assert c.in_wait(2, 0.0, None, ("W(1,0)", 1.0)) == "W(1,0)"
     assert c.in_wait(2, 0.0, None, ("W(1,0)", 3.0)) is None
+    assert c.in_wait(2, 0.0, None, ("W(1,0)", 1.0), later_slot=0) == "W(1,0)"  # its own place is busy: pull
+    assert c.in_wait(2, 0.0, None, ("W(1,0)", 1.0), later_slot=5) is None  # a wait follows its place anyway
+    assert c.in_wait(2, 0.0, None, ("W(1,0)", 1.0), later_slot=-1) is None  # it sits in the predicted tail
     assert c.must_free(4, 1, 4) and not c.must_free(3, 1, 4)
 
 

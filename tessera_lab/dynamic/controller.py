@@ -173,15 +173,25 @@ class GapController:
         :meth:`may_defer` for the ``displaced_s + seconds`` of work past its static place."""
         return bool(live < cap and next_ready and self.may_defer(position, displaced_s + seconds))
 
-    def in_wait(self, slot: int, elapsed: float, displaced: tuple | None, oldest: tuple | None):
+    def in_wait(self, slot: int, elapsed: float, displaced: tuple | None, oldest: tuple | None, *,
+                later_slot: int | None = None):
         """While the rank waits at ``slot``: what to run now, given its oldest displaced part and its oldest
         pending part (each ``(name, seconds)`` or ``None``). Displaced work is repaid in the first wait (it costs
-        time later anyway); other pending work only into a wait predicted to fit it. Returns a name or ``None``
-        (stay idle until the input arrives)."""
+        time later anyway). Other pending work is pulled earlier only into a wait predicted to fit it, and only
+        when its own static place is busy: ``later_slot`` is the slot right after that place (``-1``: the end);
+        if a wait is predicted there too (or the tail, at the end), the part already runs in idle time where it
+        is and pulling it earlier would only risk delaying this slot. Returns a name or ``None`` (stay idle until
+        the input arrives)."""
         if displaced is not None:
             self.repaid()
             return displaced[0]
-        if oldest is not None and self.fits(slot, elapsed, oldest[1]):
+        if oldest is None:
+            return None
+        if later_slot is not None:
+            idle_there = self.predicted_tail if later_slot < 0 else self.predicted.get(later_slot, 0.0)
+            if idle_there > 0.0:
+                return None
+        if self.fits(slot, elapsed, oldest[1]):
             return oldest[0]
         return None
 

@@ -101,6 +101,19 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
     pair_d = PairDurations(durations, schedule)
     lists = [list(schedule.actions.get(r, [])) for r in range(R)]
     slots = [[k for k, a in enumerate(acts) if a.type is not _W] for acts in lists]
+    # per rank and stage, the list index of each static W place, and the first non-W slot after each index
+    w_places = [dict() for _ in range(R)]
+    next_slot: list[list[int]] = []
+    for r, acts in enumerate(lists):
+        for k, a in enumerate(acts):
+            if a.type is _W:
+                w_places[r].setdefault(a.stage, []).append(k)
+        nxt, out = -1, [0] * len(acts)
+        for k in range(len(acts) - 1, -1, -1):
+            out[k] = nxt
+            if acts[k].type is not _W:
+                nxt = k
+        next_slot.append(out)
     records = [StepRecord() for _ in range(R)]
     if controllers is not None:
         for r in range(R):
@@ -254,9 +267,14 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
                     wait_from[r] = now
                 if ctl is not None:
                     sd, so = displaced_stage(r), oldest_stage(r)
+                    later = None
+                    if so is not None:  # the slot after the oldest pending part's own static place
+                        n_run = w_run[r].get(so, 0)
+                        places = w_places[r].get(so, [])
+                        later = next_slot[r][places[n_run]] if n_run < len(places) else -1
                     s = ctl.in_wait(pc[r], now - wait_from[r],
                                     None if sd is None else (sd, chunk_s(sd, pending[r][sd][0])),
-                                    None if so is None else (so, chunk_s(so, pending[r][so][0])))
+                                    None if so is None else (so, chunk_s(so, pending[r][so][0])), later_slot=later)
                     if s is not None:
                         run_chunk(r, s)
                         heapq.heappush(heap, (t_rank[r], r))
