@@ -137,7 +137,6 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
     live = [0] * R
     peak = [0] * R
     last_w_end: dict[int, float] = {}
-    deltas: list[list[tuple[float, int]]] = [[] for _ in range(R)]
     heap = [(0.0, r) for r in range(R)]
     heapq.heapify(heap)
 
@@ -162,7 +161,6 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
         left[r][(s, i)] = n
         if n == 0:
             live[r] -= 1
-            deltas[r].append((t0 + d, -1))
 
     def oldest_stage(r: int) -> int | None:
         best = None
@@ -185,7 +183,6 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
         for x in a.leaves():
             if x.type is _F:
                 live[r] += 1
-                deltas[r].append((start, 1))
                 peak[r] = max(peak[r], live[r])
                 _produce(("F", x.stage, x.microbatch, x.stage), end)  # the stage's own I needs it
                 if x.stage < S - 1:
@@ -197,7 +194,6 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
                              if s2r[x.stage - 1] != r else 0.0))
                 if x.type is _B:
                     live[r] -= 1
-                    deltas[r].append((end, -1))
                     last_w_end[x.stage] = end
                 else:
                     pending[r].setdefault(x.stage, []).extend([x.microbatch] * w_chunks)
