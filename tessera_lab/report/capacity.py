@@ -92,6 +92,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tessera_lab.cost.analytic import Contention, CostModel, two_lane_makespan
+from tessera_lab.cost.contention import kernel_class
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import Cluster, ParallelConfig, cluster_for
 from tessera_lab.model.spec import ModelSpec, layer_summary, load_model
@@ -229,7 +230,8 @@ def lane_breakdown(
         deps: key -> keys it waits for; tasks: key -> :class:`~tessera_lab.model.tasks.Task` (op, FLOPs, collective).
         contention: the cost model's contention; peak_flops: FLOP/s; launch_s: seconds per compute kernel.
     """
-    res = two_lane_makespan(tuple(order), durations, lanes, deps, contention)
+    classes = {k: kernel_class(t.op, t.is_comm) for k, t in tasks.items()}  # as the cost model runs them
+    res = two_lane_makespan(tuple(order), durations, lanes, deps, contention, classes)
     parts: dict[str, float] = defaultdict(float)
     comm_total: dict[str, float] = defaultdict(float)
     comp_iv = []
@@ -843,7 +845,8 @@ def model_from_name(name: str) -> ModelSpec:
 
 
 PARALLEL_KEYS = ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
-                 "distributed_optimizer", "schedule")
+                 "distributed_optimizer", "schedule", "dispatcher", "recompute", "precision", "grad_reduce_dtype",
+                 "expert_load", "grouped_gemm", "fused_cross_entropy")
 
 
 def plan_from_json(data: Mapping[str, Any] | str | Path) -> Any:
