@@ -12,7 +12,7 @@ gap prediction error, for the memory caps ``max`` (ZB-H1's own peak on every ran
 
 Everything printed is simulated (analytic durations, no measurement). Nothing is asserted. Prints the machine load.
 
-Run: ``python benchmarks/bench_dynamic.py [--seeds 200] [--model-seeds 5]``
+Run: ``python benchmarks/bench_dynamic.py [--seeds 200] [--model-seeds 5] [--part 1|2|both]``
 """
 
 from __future__ import annotations
@@ -75,10 +75,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=200)
     ap.add_argument("--model-seeds", type=int, default=5)
+    ap.add_argument("--part", choices=("1", "2", "both"), default="both")
     args = ap.parse_args()
     print(f"machine load (1, 5, 15 min): {os.getloadavg()}")
-    part1(args.seeds)
-    part2(args.model_seeds)
+    if args.part in ("1", "both"):
+        part1(args.seeds)
+    if args.part in ("2", "both"):
+        part2(args.model_seeds)
     print(f"machine load (1, 5, 15 min): {os.getloadavg()}")
 
 

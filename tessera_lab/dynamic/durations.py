@@ -175,8 +175,11 @@ class StageCosts:
         from tessera_lab.model.tasks import layer_tasks
 
         parallel = parallel or ParallelConfig(schedule="zb-h1")
-        if parallel.schedule in ("overlapped", "dualpipev", "interleaved"):
+        if parallel.schedule in ("overlapped", "dualpipev", "interleaved"):  # one chunk per rank: pp stage costs
             parallel = parallel.replace(schedule="zb-h1", vpp=1)
+        # loads x here are relative to the mean rank (the routing sets the busiest rank), so the plan's own
+        # busiest-rank assumption is replaced by the mean: cost(1) = uniform routing, cost(x) = busiest at x
+        parallel = parallel.replace(expert_load=1.0)
         cluster = cluster or cluster_for(parallel)
         if not (0 < load_resolution <= 1):
             raise ConfigError(f"field 'load_resolution' = {load_resolution} is out of range; allowed: (0, 1]")
