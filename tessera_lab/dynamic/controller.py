@@ -18,13 +18,16 @@ same history and takes the same decisions (needed because the DP reduce-scatter 
 collectives). The simulator models one EP group per pipeline rank (busiest-rank pace), so there the group
 maximum is the rank's own observation.
 
-Decisions (:class:`GapController`):
+Decisions (:class:`GapController`; the executors only call :meth:`~GapController.at_w_place`,
+:meth:`~GapController.in_wait` and :meth:`~GapController.must_free`):
 
-* ``fits(slot, elapsed, seconds)``: while the rank waits at ``slot``, run a pending chunk of ``seconds`` only if
-  it fits in the predicted remaining wait with a safety margin: ``seconds <= (1 - margin) * pred - elapsed``;
-* ``may_defer(position, pending_s)``: a W may be run later than the static order puts it only while all
-  W seconds already past their static place fit in the predicted idle time still ahead (remaining predicted
-  waits plus the predicted tail), with the same margin; deferred work is repaid in the first wait; otherwise it runs where the static order has it.
+* at a W part's static place: let it wait (defer) only when the rank's next action has its inputs now, the rank
+  is under its memory cap and all W seconds past their static place fit in the predicted idle time still ahead
+  (remaining predicted waits plus the predicted tail) with a safety margin (:meth:`~GapController.may_defer`);
+* in a wait: repay deferred work first (it costs time later anyway); otherwise pull a pending part earlier only if
+  it fits the predicted rest of the wait, ``seconds <= (1 - margin) * pred - elapsed``
+  (:meth:`~GapController.fits`), and its own static place is busy (no wait or tail predicted right after it);
+* before a forward that would exceed the memory cap: run pending parts.
 
 Until a slot has history its predicted wait is 0: the first step runs the static order. Times are float seconds.
 """
@@ -36,7 +39,8 @@ from dataclasses import dataclass, field
 
 from tessera_lab.errors import ConfigError
 
-__all__ = ["PREDICTORS", "WaitPredictor", "parse_predictor", "GapController", "pack_waits", "unpack_waits", "pick_in_wait"]
+__all__ = ["PREDICTORS", "WaitPredictor", "parse_predictor", "GapController", "pack_waits", "unpack_waits",
+           "pick_in_wait"]
 
 PREDICTORS = "last-step | moving-average:K | minimum:K (K an integer >= 1)"
 

@@ -6,14 +6,14 @@ forward (plus the p2p time between ranks), an I or B its own forward and the nex
 I; an overlapped pair needs both halves' inputs. Without a controller it runs the list exactly as given (the
 static plan: it agrees with :func:`tessera_lab.pipeline.simulate.simulate`, which the tests check). With one:
 
-* a W chunk whose I has run is *pending*; at a static W place it runs (oldest pending chunk of that stage first,
-  so W passes stay in micro-batch order per stage and gradients accumulate in the same order), unless the
-  controller lets it wait (:meth:`~tessera_lab.dynamic.controller.GapController.may_defer`);
-* when the next action's input has not arrived, the controller may run pending chunks in the wait
-  (:meth:`~tessera_lab.dynamic.controller.GapController.fits`); it learns that the input arrived only at a chunk
-  boundary (no pre-emption), so a wrong prediction can delay the action;
-* before a forward that would exceed the rank's memory cap (live micro-batch activations), pending chunks run;
-  the rest run after the rank's last action.
+* a W part whose I has run is *pending*; at a static W place the oldest pending part of that stage runs (so W
+  passes stay in micro-batch order per stage and gradients accumulate in the same order), unless the controller
+  defers it (:meth:`~tessera_lab.dynamic.controller.GapController.at_w_place`);
+* when the next action's input has not arrived, the controller may run a pending part in the wait
+  (:meth:`~tessera_lab.dynamic.controller.GapController.in_wait`); the rank learns that the input arrived only at
+  a part's end (no pre-emption), so a wrong prediction can delay the action;
+* before a forward that would exceed the rank's memory cap (live micro-batch activations), pending parts run
+  (:meth:`~tessera_lab.dynamic.controller.GapController.must_free`); the rest run after the rank's last action.
 
 Each stage's gradient reduce-scatter (``grad_sync`` seconds) runs on the rank's communication lane after the
 stage's last W part (dynamic) or after the rank's last action (static). :func:`run_online` runs ``steps``
