@@ -134,6 +134,10 @@ def routed_simulation(
                           "the deferrable work that fills bubbles")
     name = canonical_name(schedule)
     per_rank = stages_per_rank(name, vpp)
+    from tessera_lab.checks import check_work
+
+    check_work("routing_cells", stages * per_rank * layers_per_stage * microbatches * experts * groups,
+               field="routed counts layers x micro-batches x experts x groups")
     costs = StageCosts.synthetic(stages * per_rank, f, b, w or 0.0, expert_fraction=expert_fraction,
                                  layers_per_stage=layers_per_stage, ep=ep, num_experts=experts, top_k=top_k,
                                  tokens=tokens * ep, grad_sync=grad_sync, fb=fb)
