@@ -75,6 +75,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacity-factor", type=float, default=None)
     p.add_argument("--seed", type=int, default=None, help="model init seed")
     p.add_argument("--defer-w", action="store_true", help="split backwards into I now and W later")
+    p.add_argument("--routing", default=None, metavar="SPEC",
+                   help="skew the router on purpose: uniform | zipf:S | drift:S[:R] (per-layer logit offsets, "
+                        "tessera_lab.dynamic.routing.router_bias; also applied in the --check reference)")
     p.add_argument("--overlap", choices=["thread", "serial"], default="thread",
                    help="turn-1 name of --pair-exec threads|serial (used when --pair-exec is not given)")
     p.add_argument("--pair-exec", default=None, metavar="NAME",
@@ -103,6 +106,20 @@ def _pair_order_arg(value: str | None):
     return [x.strip() for x in value.split(",") if x.strip()]
 
 
+def routing_bias(spec: str, model: dict) -> list[list[float]]:
+    """``--routing``: per-layer router logit offsets ``[layers][E]`` for the tiny model ``model`` (a dict of
+    :class:`TinyConfig` fields; defaults for the rest), seeded by the model seed, so every rank and the
+    single-process reference build the same router.
+
+    Raises:
+        ConfigError: a spec other than uniform, zipf:S or drift:S[:R] (``walk`` varies per micro-batch).
+    """
+    from tessera_lab.dynamic.routing import router_bias
+
+    cfg = TinyConfig.from_dict(model)
+    return router_bias(spec, cfg.num_experts, cfg.num_layers, seed=cfg.seed).tolist()
+
+
 def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
     """World and job from parsed ``run`` options (reads ``--plan``)."""
     model = {k: v for k, v in {
@@ -121,6 +138,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
             return specs_from_runner_plan(plan, args)
         boundaries = [int(x) for x in plan["boundaries"]]
         model.setdefault("num_layers", boundaries[-1])
+    if getattr(args, "routing", None):
+        model["router_bias"] = routing_bias(args.routing, model)
     world = WorldSpec(pp=args.pp, ep=args.ep, dp=args.dp, backend=args.backend, timeout_s=args.collective_timeout)
     fault = {"rank": args.fault_rank, "step": args.fault_step, "action": 1} if args.fault_rank is not None else None
     job = RunSpec(name="run", model=model, schedule=args.schedule, vpp=args.vpp, microbatches=args.microbatches,
@@ -145,7 +164,10 @@ def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldS
         par = plan["parallel"]
         world = WorldSpec(pp=par["pp"], ep=par["ep"], dp=par["dp"], backend=args.backend,
                           timeout_s=args.collective_timeout)
-        job = RunSpec(name="run", model=dict(plan["model_config"]), schedule=par["schedule"], vpp=par.get("vpp"),
+        pmodel = dict(plan["model_config"])
+        if getattr(args, "routing", None):
+            pmodel["router_bias"] = routing_bias(args.routing, pmodel)
+        job = RunSpec(name="run", model=pmodel, schedule=par["schedule"], vpp=par.get("vpp"),
                       microbatches=par["microbatches"], micro_batch_size=par["micro_batch_size"], steps=args.steps,
                       lr=args.lr, boundaries=[int(x) for x in plan["boundaries"]],
                       deterministic=not args.no_deterministic, grad_sync=args.grad_sync,

@@ -370,7 +370,10 @@ class MoEBlock(nn.Module):
         self.experts = nn.ModuleDict({str(e): Expert(cfg.hidden_size, cfg.expert_width) for e in range(cfg.num_experts)})
         self.shared = Expert(cfg.hidden_size, cfg.shared_expert_width) if cfg.shared_expert_width else None
         self.shared_gate = DeferrableLinear(cfg.hidden_size, 1) if cfg.shared_expert_width else None
-        bias = torch.tensor(cfg.router_bias, dtype=torch.float32) if cfg.router_bias is not None else None
+        rb = cfg.router_bias
+        if rb is not None and rb and isinstance(rb[0], tuple):  # per layer
+            rb = rb[layer_index]
+        bias = torch.tensor(rb, dtype=torch.float32) if rb is not None else None
         self.register_buffer("router_bias", bias, persistent=False)
         self.route_log: list | None = None
 

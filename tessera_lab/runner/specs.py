@@ -68,8 +68,8 @@ class TinyConfig:
         seq_len: tokens per sequence T.
         linear_chunk: chunk length of the chunked delta rule.
         capacity_factor: per-expert capacity factor (None: no drops).
-        router_bias: optional fixed ``[E]`` logit offsets (not trained), e.g. to force skewed routing or
-            leave an EP rank without tokens in tests.
+        router_bias: optional fixed logit offsets (not trained): ``[E]`` for every layer or ``[layers][E]``
+            per layer (``run --routing``), e.g. to force skewed routing or leave an EP rank without tokens.
         seed: initialisation seed.
     """
 
@@ -110,11 +110,15 @@ class TinyConfig:
             raise ConfigError(
                 f"model field 'capacity_factor' = {self.capacity_factor} is out of range; allowed: > 0 or None")
         if self.router_bias is not None:
-            if len(self.router_bias) != self.num_experts:
+            rb = self.router_bias
+            per_layer = len(rb) > 0 and isinstance(rb[0], (list, tuple))
+            rows = rb if per_layer else [rb]
+            if (per_layer and len(rb) != self.num_layers) or any(len(r) != self.num_experts for r in rows):
                 raise ConfigError(
-                    f"model field 'router_bias' has {len(self.router_bias)} entries; allowed: exactly num_experts "
-                    f"({self.num_experts})")
-            object.__setattr__(self, "router_bias", tuple(float(x) for x in self.router_bias))
+                    f"model field 'router_bias' has shape {[len(r) for r in rows]}; allowed: num_experts "
+                    f"({self.num_experts}) floats, or num_layers ({self.num_layers}) rows of num_experts floats")
+            norm = tuple(tuple(float(x) for x in r) for r in rb) if per_layer else tuple(float(x) for x in rb)
+            object.__setattr__(self, "router_bias", norm)
 
     def layer_kinds(self) -> list[str]:
         """Mixer of each layer: ``"linear_attention"`` or ``"full_attention"``."""
@@ -133,7 +137,7 @@ class TinyConfig:
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         if d["router_bias"] is not None:
-            d["router_bias"] = list(d["router_bias"])
+            d["router_bias"] = _bias_lists(d["router_bias"])
         return d
 
     def to_hf_config(self, name: str = "tiny-runner") -> dict[str, Any]:
@@ -157,7 +161,7 @@ class TinyConfig:
             "max_position_embeddings": self.seq_len,
             "tessera_runner": {"seq_len": self.seq_len, "linear_chunk": self.linear_chunk, "seed": self.seed,
                                "capacity_factor": self.capacity_factor,
-                               "router_bias": list(self.router_bias) if self.router_bias is not None else None},
+                               "router_bias": _bias_lists(self.router_bias) if self.router_bias is not None else None},
         }
 
     @classmethod
@@ -196,6 +200,11 @@ class TinyConfig:
         if d.get("router_bias") is not None:
             d["router_bias"] = tuple(d["router_bias"])
         return cls(**d)
+
+
+def _bias_lists(rb) -> list:
+    """``router_bias`` as (nested) lists for JSON."""
+    return [list(r) if isinstance(r, (list, tuple)) else r for r in rb]
 
 
 @dataclass
