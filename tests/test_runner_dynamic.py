@@ -48,3 +48,84 @@ def test_routing_knob_reaches_the_job_and_skews_the_router():
         routing_bias("walk:0.5", {})
     with pytest.raises(ConfigError, match="router_bias"):
         TinyConfig(num_layers=2, router_bias=((0.0,) * 4,))
+
+
+# ---------------------------------------------------------------------------------------------- gap filling
+from tessera_lab.pipeline.schedules import Action, ActionType  # noqa: E402
+from tessera_lab.runner.gaps import GapFiller  # noqa: E402
+from tessera_lab.runner.layers import WEIGHT_GRAD_STORE  # noqa: E402
+
+
+class _Work:
+    """A receive that completes after ``polls`` calls of is_completed."""
+
+    def __init__(self, polls: int):
+        self.polls = polls
+
+    def is_completed(self) -> bool:
+        self.polls -= 1
+        return self.polls < 0
+
+    def wait(self) -> None:
+        self.polls = -1
+
+
+def _filler(cap=9):
+    F, I, W = ActionType.F, ActionType.I, ActionType.W
+    acts = [Action(0, F, 0), Action(0, F, 1), Action(0, I, 0), Action(0, F, 2), Action(0, I, 1), Action(0, I, 2),
+            Action(0, W, 0), Action(0, W, 1), Action(0, W, 2)]
+    ran = []
+    clock = iter(range(1000))
+    g = GapFiller(acts, cap, lambda a, how: (ran.append((a.microbatch, how)), WEIGHT_GRAD_STORE.flush((0, a.microbatch)),
+                                             g.ran_w(a, 1.0)), lambda: float(next(clock)))
+    return g, acts, ran
+
+
+def test_gap_filler_needs_history_keeps_order_and_honours_the_cap():
+    WEIGHT_GRAD_STORE.clear()
+    g, acts, ran = _filler()
+    g.begin_step()
+    WEIGHT_GRAD_STORE.defer((0, 0))
+    g.at(3)
+    g.wait(_Work(5))
+    assert ran == []  # step 0: no observed W seconds, no predicted wait
+    g.ran_w(acts[6], 1.0)
+    WEIGHT_GRAD_STORE.flush((0, 0))
+    g.waits[3] = 10.0  # observed: 10 s at slot 3 (the clock ticks 1 s per read)
+    g.end_step()
+    g.begin_step()
+    assert g.ctl.predicted[3] == 10.0
+    WEIGHT_GRAD_STORE.defer((0, 1))
+    WEIGHT_GRAD_STORE.defer((0, 0))
+    g.at(3)
+    g.wait(_Work(5))
+    # W(0) is the oldest: 1 s fits (1 - 0.5) * 10 - elapsed; W(1) follows in order while it still fits
+    assert [mb for mb, _ in ran] == [0, 1] and all(h == "fill" for _, h in ran)
+    assert g.skip_w(acts[6]) and g.skip_w(acts[7]) and not g.skip_w(acts[8])
+    WEIGHT_GRAD_STORE.clear()
+    g, acts, ran = _filler(cap=2)
+    g.begin_step()
+    WEIGHT_GRAD_STORE.defer((0, 1))
+    WEIGHT_GRAD_STORE.defer((0, 0))
+    g.before_forward()  # 2 deferred >= cap 2: the oldest runs, then 1 < 2
+    assert ran == [(0, "forced")]
+    WEIGHT_GRAD_STORE.clear()
+
+
+@pytest.mark.slow
+def test_dynamic_run_is_bitwise_equal_to_static(tmp_path):
+    from tessera_lab.runner import RunSpec, WorldSpec, spawn
+
+    rb = routing_bias("zipf:1.5", {})
+    common = dict(schedule="overlapped", defer_w=True, steps=3, model={"router_bias": rb}, save_grads=True)
+    res = spawn(WorldSpec(pp=2, ep=2, timeout_s=60),
+                [RunSpec(name="static", w_lag=0, gaps="observe", **common), RunSpec(name="dynamic", gaps="fill", **common)],
+                out_dir=tmp_path, timeout_s=300)
+    s, d = res.job("static"), res.job("dynamic")
+    assert s["losses"] == d["losses"] and s["loss_sums"] == d["loss_sums"]
+    for r in range(4):
+        gs = torch.load(tmp_path / f"grads_static_rank{r}.pt")
+        gd = torch.load(tmp_path / f"grads_dynamic_rank{r}.pt")
+        assert gs.keys() == gd.keys() and all(torch.equal(gs[k], gd[k]) for k in gs)
+    assert all(v["cap"] is None for v in s["gap_steps"][0].values())
+    assert sum(v["decisions"]["fill"] for st in s["gap_steps"] for v in st.values()) == 0

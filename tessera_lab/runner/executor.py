@@ -38,6 +38,7 @@ class StepRecord:
     loss_sums: dict[int, float] | None
     events: list[tuple]
     routing: list[dict] = field(default_factory=list)
+    dynamic: dict | None = None
 
 
 class PipelineExecutor:
@@ -55,11 +56,14 @@ class PipelineExecutor:
         pair_order: issue order of the ``scheduled`` handler (:func:`tessera_lab.runner.orders.resolve_order`).
         fault: ``{"rank", "step", "action"}``: raise before that action (tests).
         prefetch: post the next action's receives before running the current one (compute-only lists).
+        w_cap: with an int, fill receive waits with deferred W (:class:`tessera_lab.runner.gaps.GapFiller`, the
+            rank's controller) and hold at most ``w_cap`` deferred micro-batches before a forward; None: static.
+        fill: with ``w_cap``, False only records the waits (the static side of ``run --dynamic``).
     """
 
     def __init__(self, topo: Topology, schedule: Schedule, stages: dict[int, StageModule], act_shape: tuple,
                  num_tokens: int, *, overlap: str = "thread", fault: dict | None = None, prefetch: bool = True,
-                 pair_exec: str | None = None, pair_order=None):
+                 pair_exec: str | None = None, pair_order=None, w_cap: int | None = None, fill: bool = True):
         self.topo = topo
         self.sched = schedule
         self.stages = stages
@@ -91,6 +95,11 @@ class PipelineExecutor:
         for st in stages.values():
             if st.comm is not None:
                 st.comm.hook = self._comm_hook
+        self.gaps = None
+        if w_cap is not None:
+            from .gaps import GapFiller
+
+            self.gaps = GapFiller(self.actions, w_cap, self._run_w, self._now, fill=fill)
 
     def close(self) -> None:
         self._side.shutdown(wait=True)
@@ -130,7 +139,10 @@ class PipelineExecutor:
 
     def _wait_recv(self, key: tuple) -> torch.Tensor:
         w, buf, t = self._recvs.pop(key)
-        w.wait()
+        if self.gaps is not None:
+            self.gaps.wait(w)
+        else:
+            w.wait()
         kind, stage, mb = key
         typ = "RECV_F" if kind == "F" else "RECV_B"
         dst = stage + 1 if kind == "F" else stage - 1
@@ -281,15 +293,25 @@ class PipelineExecutor:
         else:
             sends.append((key, t, dst))
 
+    def _run_w(self, x: Action, how: str = "static") -> None:
+        """Run W leaf ``x`` now (``how``: static place, ``fill`` of a wait, ``forced`` by the memory cap)."""
+        t = self._now()
+        WEIGHT_GRAD_STORE.flush((x.stage, x.microbatch))
+        end = self._now()
+        self._event("compute", "W", x.stage, x.microbatch, t, end, str(x) if how == "static" else f"{x}:{how}")
+        if self.gaps is not None:
+            self.gaps.ran_w(x, end - t)
+
     def _run_leaf(self, x: Action) -> None:
         if x.type is _W:
-            t = self._now()
-            WEIGHT_GRAD_STORE.flush((x.stage, x.microbatch))
-            self._event("compute", "W", x.stage, x.microbatch, t, self._now(), str(x))
+            if self.gaps is None or not self.gaps.skip_w(x):
+                self._run_w(x)
             return
         h = self._need_input(x)
         sends: list = []
         if x.type is _F:
+            if self.gaps is not None:
+                self.gaps.before_forward()
             out = self._forward(x, self._get_input(h, True))
             self._finish(x, out, sends)
         else:
@@ -300,6 +322,8 @@ class PipelineExecutor:
     def _run_pair(self, a: Action) -> None:
         f = next(x for x in a.sub_actions if x.type is _F)
         b = next(x for x in a.sub_actions if x.type is not _F)
+        if self.gaps is not None:
+            self.gaps.before_forward()
         hf, hb = self._need_input(f), self._need_input(b)
         inp, grad = self._get_input(hf, True), self._get_input(hb, False)
         t = self._now()
@@ -339,7 +363,11 @@ class PipelineExecutor:
         self._loss_sums: dict[int, float] = {}
         fault = self.fault
         n = len(self.actions)
+        if self.gaps is not None:
+            self.gaps.begin_step()
         for k, a in enumerate(self.actions):
+            if self.gaps is not None:
+                self.gaps.at(k)
             if fault and fault.get("rank") == self.topo.rank and fault.get("step", 0) == step and fault.get("action", 0) == k:
                 raise RuntimeError(f"injected fault on rank {self.topo.rank} at step {step} before action {k} ({a})")
             if self.prefetch and k + 1 < n and not self.explicit:
@@ -358,6 +386,7 @@ class PipelineExecutor:
                 f"rank {self.me}: step ended with unfinished work: activations {sorted(self._saved)}, "
                 f"receives {sorted(self._recvs)}, deferred W {leftovers}")
         holds_last = (self.S - 1) in self.stages
-        return StepRecord(dict(self._loss_sums) if holds_last else None, list(self._events))
+        dyn = self.gaps.end_step() if self.gaps is not None else None
+        return StepRecord(dict(self._loss_sums) if holds_last else None, list(self._events), dynamic=dyn)
 
 

@@ -222,6 +222,8 @@ def summarize_job(raw: dict, spec: RunSpec, world: WorldSpec) -> dict[str, Any]:
         "timing": timing_report(events, sched, len(records), raw["boundaries"], pp_of_rank,
                                 p2p_latency=estimate_p2p_latency(events, len(records))),
     }
+    if any(p.get("dynamic") for ps in records for p in ps):
+        result["gap_steps"] = [{str(p["rank"]): p.get("dynamic") for p in ps} for ps in records]
     result["lifecycle"] = lifecycle_records(events, result["timing"], len(records), m, sched.num_ranks, step_times)
     if spec.plan_prediction:
         result["plan_vs_observed"] = plan_vs_observed(spec.plan_prediction, events, len(records))

@@ -274,6 +274,10 @@ class RunSpec:
         save_grads: write each rank's step-0 gradients (tests).
         check_reference: rank 0 also runs the single-process reference and reports the comparison.
         fault: ``{"rank": r, "step": s, "action": k}`` raises on rank r before its k-th action of step s.
+        gaps: ``"fill"``: dynamic W filling (:mod:`tessera_lab.runner.gaps`; W deferred to the end of each rank's
+            list and pulled into receive waits by the rank's controller; needs ``defer_w``); ``"observe"``: only
+            record the waits and predictions (the static side of ``run --dynamic``); None: neither.
+        w_cap: with ``gaps="fill"``, deferred micro-batches a rank may hold before a forward (None: ``pp``).
         plan_prediction: the runner plan's prediction (``predicted_s``, ``stage_f_s``, ``stage_b_s``, ``costs``),
             made before the run; the result then reports it against the observation (``plan_vs_observed``).
     """
@@ -295,6 +299,8 @@ class RunSpec:
     overlap: str = "thread"
     pair_exec: str | None = None
     pair_order: Any = None
+    gaps: str | None = None
+    w_cap: int | None = None
     plan_prediction: dict | None = None
     save_grads: bool = False
     check_reference: bool = False
@@ -332,6 +338,12 @@ class RunSpec:
             raise ConfigError(f"{w} field 'overlap' = {self.overlap!r} is unknown; allowed: thread, serial")
         if self.w_lag is not None:
             _int_field(w, "w_lag", self.w_lag, 0)
+        if self.gaps not in (None, "fill", "observe"):
+            raise ConfigError(f"{w} field 'gaps' = {self.gaps!r} is unknown; allowed: fill, observe, None")
+        if self.gaps == "fill" and not self.defer_w:
+            raise ConfigError(f"{w} field 'gaps' = 'fill' needs defer_w (W split from the backward)")
+        if self.w_cap is not None:
+            _int_field(w, "w_cap", self.w_cap, 1)
         if self.pair_exec is not None:
             get_pair_handler(self.pair_exec)
         resolve_order(self.pair_order, world.ep)

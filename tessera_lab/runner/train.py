@@ -109,7 +109,8 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
     opt = make_optimizer([p for _, p in named], spec.lr)
     N = m * R * mbs * T
     ex = PipelineExecutor(topo, sched, stages, (mbs, T, cfg.hidden_size), N, overlap=spec.overlap, fault=spec.fault,
-                          pair_exec=spec.pair_exec, pair_order=spec.pair_order)
+                          pair_exec=spec.pair_exec, pair_order=spec.pair_order,
+                          w_cap=(spec.w_cap or world.pp) if spec.gaps else None, fill=spec.gaps == "fill")
     route_log: list = []
     for s in my_stages:
         for layer in stages[s].layers:
@@ -139,7 +140,7 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
             payload = {"rank": topo.rank, "pp_rank": topo.pp_rank, "replica": topo.replica, "t0": t0,
                        "host": socket.gethostname(),
                        "loss_sums": rec.loss_sums, "events": rec.events, "routing": list(route_log),
-                       "step_time": t_end - t0}
+                       "step_time": t_end - t0, "dynamic": rec.dynamic}
             gathered: list = [None] * topo.world_size
             dist.all_gather_object(gathered, payload)
             records.append(gathered)
