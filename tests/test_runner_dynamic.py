@@ -129,3 +129,45 @@ def test_dynamic_run_is_bitwise_equal_to_static(tmp_path):
         assert gs.keys() == gd.keys() and all(torch.equal(gs[k], gd[k]) for k in gs)
     assert all(v["cap"] is None for v in s["gap_steps"][0].values())
     assert sum(v["decisions"]["fill"] for st in s["gap_steps"] for v in st.values()) == 0
+
+
+def test_dynamic_report_statistics_by_hand():
+    from tessera_lab.runner.dynamic_report import dynamic_report
+
+    def job(name, times, idle, pred, obs):
+        rec = {"0": {"idle": {"3": idle}, "predicted": {"3": pred}, "observed": {"3": obs},
+                     "decisions": {"fill": 1 if name.startswith("dyn") else 0, "forced": 0}}}
+        return {"name": name, "schedule": "overlapped", "losses": [1.0, 0.5, 0.25], "step_times_s": times,
+                "gap_steps": [rec, rec, rec]}
+
+    jobs = [job("static-0", [9.0, 2.0, 2.2], 0.5, 0.0, 0.4), job("dynamic-0", [9.0, 1.0, 1.2], 0.1, 0.3, 0.1)]
+    rep = dynamic_report(jobs, 1, "zipf:1.5")
+    assert rep["steps_compared"] == [1, 2]  # step 0 left out
+    assert rep["static"]["step_time"]["median_s"] == pytest.approx(2.1)
+    assert rep["dynamic"]["step_time"]["median_s"] == pytest.approx(1.1)
+    assert rep["gain"] == pytest.approx(1.0 / 2.1)
+    assert rep["gain_verdict"] == "significant"  # [1.05, 1.15] vs [2.05, 2.15]
+    assert rep["idle_removed_s"] == pytest.approx(0.4)
+    assert rep["dynamic"]["gap_prediction"]["mean_abs_error_s"] == pytest.approx(0.2)
+    assert rep["losses_bitwise_equal_to_static"]
+    jobs[1]["step_times_s"] = [9.0, 2.0, 2.3]
+    assert dynamic_report(jobs, 1, None)["gain_verdict"] == "not significant"
+
+
+@pytest.mark.slow
+def test_cli_run_dynamic_json(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "tessera_lab", "run", "--pp", "2", "--ep", "2", "--schedule",
+                          "overlapped", "--routing", "zipf:1.5", "--dynamic", "--steps", "3", "--trials", "1",
+                          "--json", "-"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["kind"] == "runner_dynamic" and rep["provenance"] == "observed"
+    assert rep["losses_bitwise_equal_to_static"] and rep["interleaved"] == ["static-0", "dynamic-0"]
+    assert rep["gain_verdict"] in ("significant", "not significant")
+    bad = subprocess.run([sys.executable, "-m", "tessera_lab", "run", "--routing", "walk:0.5"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "routing" in bad.stderr

@@ -78,6 +78,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing", default=None, metavar="SPEC",
                    help="skew the router on purpose: uniform | zipf:S | drift:S[:R] (per-layer logit offsets, "
                         "tessera_lab.dynamic.routing.router_bias; also applied in the --check reference)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="compare static and dynamic W placement: --trials interleaved pairs of jobs, the dynamic one "
+                        "filling p2p receive waits with deferred W (tessera_lab.runner.gaps)")
+    p.add_argument("--trials", type=positive_int("trials"), default=3, help="with --dynamic: static/dynamic pairs")
     p.add_argument("--overlap", choices=["thread", "serial"], default="thread",
                    help="turn-1 name of --pair-exec threads|serial (used when --pair-exec is not given)")
     p.add_argument("--pair-exec", default=None, metavar="NAME",
@@ -252,12 +256,46 @@ def emit_outputs(result: RunResult, args: argparse.Namespace) -> None:
 def run_from_args(args: argparse.Namespace) -> int:
     """``tessera-lab run``: spawn locally, print, write outputs. Returns the exit status (1 if a rank failed)."""
     world, job = specs_from_args(args)
+    if getattr(args, "dynamic", False):
+        return _run_dynamic(world, job, args)
     try:
         result = spawn(world, [job], out_dir=args.out, timeout_s=args.timeout)
     except RunnerError as exc:
         print(f"tessera-lab run: error: {exc}", file=sys.stderr)
         return 1
     emit_outputs(result, args)
+    return 0
+
+
+def _run_dynamic(world: WorldSpec, job: RunSpec, args: argparse.Namespace) -> int:
+    """``run --dynamic``: interleaved static/dynamic trials in one launch (:mod:`.dynamic_report`)."""
+    from tessera_lab.io import write_json
+
+    from .dynamic_report import dynamic_jobs, dynamic_report, format_dynamic
+
+    if args.trace or args.profile_store:
+        raise ConfigError("--trace and --profile-store are not available with --dynamic; run without --dynamic")
+    jobs = dynamic_jobs(job, args.trials)
+    for j in jobs:
+        j.validate(world)
+    try:
+        result = spawn(world, jobs, out_dir=args.out, timeout_s=args.timeout)
+    except RunnerError as exc:
+        print(f"tessera-lab run: error: {exc}", file=sys.stderr)
+        return 1
+    rep = dynamic_report(result.jobs, args.trials, args.routing)
+    for name in ("static-0", "dynamic-0"):
+        ref = result.job(name).get("reference")
+        if ref:
+            rep.setdefault("reference", {})[name] = {
+                "losses_bitwise_equal": result.job(name)["losses"] == ref["reference_losses"],
+                "grads_bitwise_equal": ref.get("grads_bitwise_equal")}
+    if args.json == "-":
+        write_json("-", rep)
+    else:
+        print(format_dynamic(rep))
+        if args.json:
+            write_json(args.json, rep)
     return 0
 
 

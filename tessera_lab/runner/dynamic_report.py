@@ -1,0 +1,132 @@
+"""``run --dynamic``: static and dynamic trials of one job, interleaved in one launch, and their comparison.
+
+Jobs (same model, seeds, data and routing): ``static-t`` runs the schedule with each W right after its I (the
+order of a full backward, ``split_backward(schedule, 0)``) and only records its waits (``gaps="observe"``);
+``dynamic-t`` defers W to the end of each rank's list and lets the rank's controller pull them into receive waits
+(``gaps="fill"``, :mod:`tessera_lab.runner.gaps`). Trials alternate static, dynamic, static, ... so slow
+drifts of the shared machine hit both alike.
+
+Everything reported is observed on this machine (provenance ``observed``): step times (wall seconds of the step on
+its slowest rank, incl. gradient sync and optimizer), host idle (seconds a rank was blocked in a p2p receive
+wait, summed over ranks), and the error of the controller's predicted waits against the waits then observed.
+Step 0 of every job is left out of the statistics (warm-up; the controller has no history there). A
+difference of medians counts as significant only when the interquartile ranges of the two sides do not overlap;
+otherwise it is reported as ``not significant``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .specs import RunSpec
+
+__all__ = ["dynamic_jobs", "dynamic_report", "format_dynamic"]
+
+
+def dynamic_jobs(base: RunSpec, trials: int) -> list[RunSpec]:
+    """``2 * trials`` jobs from ``base``: static-0, dynamic-0, static-1, ... (``--check`` on trial 0 only)."""
+    from dataclasses import replace
+
+    jobs = []
+    for t in range(trials):
+        common = dict(defer_w=True, check_reference=base.check_reference and t == 0,
+                      save_grads=base.save_grads and t == 0)
+        jobs.append(replace(base, name=f"static-{t}", w_lag=0, gaps="observe", **common))
+        jobs.append(replace(base, name=f"dynamic-{t}", w_lag=None, gaps="fill", **common))
+    return jobs
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    a = np.asarray(xs, dtype=float)
+    q1, med, q3 = (float(v) for v in np.percentile(a, [25, 50, 75]))
+    return {"median_s": med, "q1_s": q1, "q3_s": q3, "samples": int(a.size)}
+
+
+def _gap_numbers(job: dict, steps: list[int]) -> tuple[list[float], list[float]]:
+    """Per step: host idle summed over ranks; and the |predicted - observed| wait of every slot that had one."""
+    idle, errs = [], []
+    for st in steps:
+        recs = job["gap_steps"][st]
+        idle.append(sum(sum(r["idle"].values()) for r in recs.values() if r))
+        for r in recs.values():
+            if not r:
+                continue
+            for k, obs in r["observed"].items():
+                errs.append(abs(r["predicted"].get(k, 0.0) - obs))
+    return idle, errs
+
+
+def dynamic_report(jobs: list[dict], trials: int, routing: str | None) -> dict[str, Any]:
+    """The comparison of :func:`dynamic_jobs`' results (job dicts of :class:`~tessera_lab.runner.results.
+    RunResult`)."""
+    by = {j["name"]: j for j in jobs}
+    steps = len(by["static-0"]["losses"])
+    obs = list(range(1, steps)) if steps > 1 else [0]
+    side: dict[str, dict] = {}
+    for kind in ("static", "dynamic"):
+        times, idle, errs, fills, forced, observed = [], [], [], 0, 0, []
+        for t in range(trials):
+            j = by[f"{kind}-{t}"]
+            times += [j["step_times_s"][s] for s in obs]
+            i, e = _gap_numbers(j, obs)
+            idle += i
+            errs += e
+            for st in obs:
+                for r in j["gap_steps"][st].values():
+                    if r:
+                        fills += r["decisions"].get("fill", 0)
+                        forced += r["decisions"].get("forced", 0)
+                        observed += list(r["observed"].values())
+        side[kind] = {"step_time": _stats(times), "host_idle_per_step": _stats(idle),
+                      "gap_prediction": {"mean_abs_error_s": float(np.mean(errs)) if errs else 0.0,
+                                         "mean_observed_wait_s": float(np.mean(observed)) if observed else 0.0,
+                                         "slots": len(errs), "predictor": "last-step"},
+                      "w_filled": fills, "w_forced_by_cap": forced}
+    s, d = side["static"]["step_time"], side["dynamic"]["step_time"]
+    gain = (s["median_s"] - d["median_s"]) / s["median_s"] if s["median_s"] > 0 else 0.0
+    significant = d["q3_s"] < s["q1_s"] or s["q3_s"] < d["q1_s"]
+    ref = by["static-0"]["losses"]
+    bitwise = all(by[f"{k}-{t}"]["losses"] == ref for k in ("static", "dynamic") for t in range(trials))
+    return {
+        "kind": "runner_dynamic", "provenance": "observed", "schedule": by["static-0"]["schedule"],
+        "routing": routing or "model router (no skew)", "trials": trials, "steps": steps,
+        "steps_compared": obs, "interleaved": [j["name"] for j in jobs],
+        "static": side["static"], "dynamic": side["dynamic"],
+        "gain": gain, "gain_verdict": "significant" if significant else "not significant",
+        "significance_rule": "interquartile ranges of the step times do not overlap",
+        "idle_removed_s": side["static"]["host_idle_per_step"]["median_s"]
+        - side["dynamic"]["host_idle_per_step"]["median_s"],
+        "losses": ref, "losses_bitwise_equal_to_static": bitwise,
+        "machine_load_1m": os.getloadavg()[0],
+        "not_done": "W only fills p2p receive waits (not combine waits inside node programs); waits are not folded "
+                    "into the EP count exchange, so ranks of a group may decide differently (W has no collective)",
+    }
+
+
+def format_dynamic(rep: dict[str, Any]) -> str:
+    """Readable summary of :func:`dynamic_report`."""
+    def ms(x: dict) -> str:
+        return f"{x['median_s'] * 1e3:.1f} ms ({x['q1_s'] * 1e3:.1f}-{x['q3_s'] * 1e3:.1f}, n={x['samples']})"
+
+    s, d = rep["static"], rep["dynamic"]
+    lines = [f"run --dynamic: schedule {rep['schedule']}, routing {rep['routing']}, {rep['trials']} trials x "
+             f"{rep['steps']} steps, interleaved static/dynamic (observed; load {rep['machine_load_1m']:.2f})",
+             f"step time  static  {ms(s['step_time'])}", f"step time  dynamic {ms(d['step_time'])}",
+             f"gain {rep['gain'] * 100:+.2f}% ({rep['gain_verdict']}; significant only when the "
+             "interquartile ranges of the step times do not overlap)",
+             f"host idle per step: static {ms(s['host_idle_per_step'])}, dynamic {ms(d['host_idle_per_step'])}; "
+             f"removed {rep['idle_removed_s'] * 1e3:.1f} ms",
+             f"gap prediction ({d['gap_prediction']['predictor']}): mean |error| "
+             f"{d['gap_prediction']['mean_abs_error_s'] * 1e3:.2f} ms vs mean observed wait "
+             f"{d['gap_prediction']['mean_observed_wait_s'] * 1e3:.2f} ms over {d['gap_prediction']['slots']} slots; "
+             f"W filled {d['w_filled']}, forced by the cap {d['w_forced_by_cap']}",
+             "losses " + ("bitwise equal to the static run" if rep["losses_bitwise_equal_to_static"]
+                          else "DIFFER from the static run")]
+    for name, r in rep.get("reference", {}).items():
+        lines.append(f"--check {name}: losses {'bitwise equal' if r['losses_bitwise_equal'] else 'DIFFER'} to the "
+                     f"single-process reference; gradients of step 0 "
+                     f"{'bitwise equal' if r['grads_bitwise_equal'] else 'differ'}")
+    return "\n".join(lines)
