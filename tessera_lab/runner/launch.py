@@ -87,7 +87,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-deterministic", action="store_true", help="use all threads, no deterministic algorithms")
     p.add_argument("--check", action="store_true", help="compare losses with the single-process reference")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
-    p.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of the whole run, seconds")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="wall-clock limit of the whole run, seconds (finite, > 0)")
     p.add_argument("--collective-timeout", type=float, default=60.0, help="per-operation timeout, seconds")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace of the observed actions")
     p.add_argument("--profile-store", metavar="PATH", help="append per-stage observations to this JSON store")

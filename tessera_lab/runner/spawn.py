@@ -27,7 +27,7 @@ from tessera_lab.errors import ConfigError, TesseraError
 
 from tessera_lab.io import atomic_write_text, read_json
 
-from . import supervise
+from .supervise import STARTUP_S, Cause, describe, heartbeat_timeout, root_cause
 from .results import RunResult
 from .specs import RunnerError, RunSpec, WorldSpec
 
@@ -66,7 +66,7 @@ def _silent_for(hb: Path, since_start: float) -> float | None:
     try:
         return max(0.0, time.time() - hb.stat().st_mtime)
     except OSError:
-        return since_start if since_start > supervise.STARTUP_S else None
+        return since_start if since_start > STARTUP_S else None
 
 
 def _state(pid: int) -> str:
@@ -110,7 +110,7 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
     if world.backend == "nccl" and not _has_gpu():
         raise ConfigError("run --backend nccl needs an NVIDIA GPU and none was found (no /dev/nvidia*); "
                           "use --backend gloo or auto")
-    hb_timeout = supervise.heartbeat_timeout()
+    hb_timeout = heartbeat_timeout()
     if not jobs:
         raise ConfigError("run: no jobs given")
     names = [j.name for j in jobs]
@@ -149,7 +149,7 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
                 stdout=fh, stderr=subprocess.STDOUT, env=e, start_new_session=True))
         start = time.monotonic()
         deadline = start + timeout_s
-        causes: list[supervise.Cause] = []
+        causes: list[Cause] = []
         fail_time, detected_at = 0.0, 0.0
         timed_out = False
         while True:
@@ -159,11 +159,11 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
                     codes[r] = p.returncode
                     if p.returncode != 0:
                         kind = "signal" if p.returncode < 0 else "exit"
-                        causes.append(supervise.Cause(r, kind, time.time(), code=p.returncode))
+                        causes.append(Cause(r, kind, time.time(), code=p.returncode))
                 elif codes[r] is None and not any(c.rank == r for c in causes):
                     silent = _silent_for(out / f"hb-{r}", now - start)
                     if silent is not None and silent > hb_timeout:
-                        causes.append(supervise.Cause(r, "heartbeat", time.time() - silent, silent_s=silent))
+                        causes.append(Cause(r, "heartbeat", time.time() - silent, silent_s=silent))
             if causes and not fail_time:
                 fail_time, detected_at = now, time.time()
             if all(c is not None for c in codes.values()):
@@ -184,16 +184,16 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
                           f"logs in {out}", codes, logs, pids)
     if causes or any(c != 0 for c in codes.values()):
         if not causes:  # pragma: no cover - every non-zero exit before the kill phase is a cause
-            causes = [supervise.Cause(r, "exit", time.time(), code=c) for r, c in codes.items() if c != 0]
+            causes = [Cause(r, "exit", time.time(), code=c) for r, c in codes.items() if c != 0]
         recorded = {}
         for r in codes:
             try:
                 recorded[r] = float(read_json(out / f"failure-{r}.json", "failure record")["time"])
             except (TesseraError, OSError, ValueError, KeyError, TypeError):
                 pass
-        bad = supervise.root_cause(causes, recorded)
+        bad = root_cause(causes, recorded)
         err = RunnerError(
-            f"{supervise.describe(bad, n)}; exit codes {codes}; logs in {out}; log tail of rank {bad.rank}:\n"
+            f"{describe(bad, n)}; exit codes {codes}; logs in {out}; log tail of rank {bad.rank}:\n"
             + _tail(logs[bad.rank]), codes, logs, pids)
         err.peer_failed, err.failed_rank, err.cause, err.detected_at = True, bad.rank, bad.how(), detected_at
         raise err

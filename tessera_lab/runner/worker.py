@@ -14,7 +14,7 @@ from typing import Sequence
 
 from tessera_lab.errors import ConfigError, TesseraError
 
-from . import supervise
+from .supervise import arm_fault, start_heartbeat
 from .results import RunResult, compare_reference, summarize_job
 from .specs import RunSpec, WorldSpec
 
@@ -76,7 +76,7 @@ def run_worker(world: WorldSpec, jobs: Sequence[RunSpec], out_dir: str | None) -
     kwargs = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=world.timeout_s), **kwargs)
-    supervise.arm_fault(rank, out_dir)  # $TESSERA_LAB_FAULT (tests and benchmarks/runner_faults.py)
+    arm_fault(rank, out_dir)  # $TESSERA_LAB_FAULT (tests and benchmarks/runner_faults.py)
     topo = build_topology(world, rank, device)
     results = []
     for j in jobs:
@@ -111,7 +111,7 @@ def worker_main(spec_path: str, out_dir: str | None) -> int:
     """Entry of a spawned worker: read the spec, run, rank 0 writes ``{out_dir}/result.json``."""
     _watch_parent()
     try:
-        supervise.start_heartbeat(out_dir, int(os.environ.get("RANK", "-1")))
+        start_heartbeat(out_dir, int(os.environ.get("RANK", "-1")))
     except ValueError:
         pass
     try:
