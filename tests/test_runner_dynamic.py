@@ -117,7 +117,7 @@ def test_dynamic_run_is_bitwise_equal_to_static(tmp_path):
     from tessera_lab.runner import RunSpec, WorldSpec, spawn
 
     rb = routing_bias("zipf:1.5", {})
-    common = dict(schedule="overlapped", defer_w=True, steps=3, model={"router_bias": rb}, save_grads=True)
+    common = dict(schedule="overlapped", defer_w=True, steps=5, model={"router_bias": rb}, save_grads=True)
     res = spawn(WorldSpec(pp=2, ep=2, timeout_s=60),
                 [RunSpec(name="static", w_lag=0, gaps="observe", **common), RunSpec(name="dynamic", gaps="fill", **common)],
                 out_dir=tmp_path, timeout_s=300)
@@ -128,6 +128,15 @@ def test_dynamic_run_is_bitwise_equal_to_static(tmp_path):
         gd = torch.load(tmp_path / f"grads_dynamic_rank{r}.pt")
         assert gs.keys() == gd.keys() and all(torch.equal(gs[k], gd[k]) for k in gs)
     assert all(v["cap"] is None for v in s["gap_steps"][0].values())
+    # one controller per EP group: both EP ranks of a pipeline rank take the same decisions in every step
+    pp_of = {e["rank"]: e["pp_rank"] for e in d["events"]}
+    for st in d["gap_steps"]:
+        for pr in set(pp_of.values()):
+            recs = [st[str(r)] for r in pp_of if pp_of[r] == pr]
+            assert len(recs) == 2 and recs[0]["filled"] == recs[1]["filled"]
+            assert recs[0]["predicted"].keys() == recs[1]["predicted"].keys()
+            assert all(recs[0]["predicted"][k] == recs[1]["predicted"][k] for k in recs[0]["predicted"])
+    assert sum(len(v["filled"]) for st in d["gap_steps"] for v in st.values()) > 0
     assert sum(v["decisions"]["fill"] for st in s["gap_steps"] for v in st.values()) == 0
 
 

@@ -99,7 +99,7 @@ class PipelineExecutor:
         if w_cap is not None:
             from .gaps import GapFiller
 
-            self.gaps = GapFiller(self.actions, w_cap, self._run_w, self._now, fill=fill)
+            self.gaps = GapFiller(self.actions, w_cap, self._run_w, self._now, fill=fill, comm=self._comm)
 
     def close(self) -> None:
         self._side.shutdown(wait=True)

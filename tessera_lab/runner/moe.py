@@ -227,6 +227,10 @@ class ExpertParallelComm:
         self.num_experts = num_experts
         self.experts_per_rank = num_experts // ep_size
         self.hook = hook
+        #: optional ``piggyback() -> list[int] | None``: extra ints sent to every peer with the next count
+        #: exchange (the same K on every rank of the group), delivered as ``on_piggyback(rows [P][K])``
+        self.piggyback = None
+        self.on_piggyback = None
 
     @property
     def local_experts(self) -> list[int]:
@@ -237,12 +241,21 @@ class ExpertParallelComm:
     def exchange_counts(self, send_counts: torch.Tensor) -> list[list[int]]:
         """Count exchange: ``send_counts`` ``[E]`` -> rows received ``[P][E/P]`` (peer, local expert)."""
         P, El = self.ep_size, self.experts_per_rank
-        recv = torch.empty(P * El, dtype=torch.int64, device=send_counts.device)
+        extra = self.piggyback() if self.piggyback is not None else None
+        K = len(extra) if extra else 0
+        msg = send_counts.to(torch.int64).reshape(P, El)
+        if K:
+            ext = torch.tensor(extra, dtype=torch.int64, device=send_counts.device).reshape(1, K).expand(P, K)
+            msg = torch.cat([msg, ext], dim=1)
+        recv = torch.empty(P * (El + K), dtype=torch.int64, device=send_counts.device)
         t0 = time.perf_counter()
-        dist.all_to_all_single(recv, send_counts.to(torch.int64).contiguous(), group=self.group_fwd)
+        dist.all_to_all_single(recv, msg.contiguous().reshape(-1), group=self.group_fwd)
         if self.hook is not None:
-            self.hook("ep_counts", t0, time.perf_counter(), int(send_counts.numel() * 8))
-        return recv.view(P, El).tolist()
+            self.hook("ep_counts", t0, time.perf_counter(), int(msg.numel() * 8))
+        rows = recv.view(P, El + K)
+        if K and self.on_piggyback is not None:
+            self.on_piggyback(rows[:, El:].tolist())
+        return rows[:, :El].tolist()
 
     def dispatch(self, x_perm: torch.Tensor, send_counts: torch.Tensor) -> tuple[list[torch.Tensor], _Dispatch]:
         """Send expert-sorted rows ``[A, H]`` to the experts' owners; returns one ``[M_e, H]`` per local expert."""
