@@ -46,17 +46,23 @@ def _stats(xs: list[float]) -> dict[str, float]:
 
 
 def _gap_numbers(job: dict, steps: list[int]) -> tuple[list[float], list[float]]:
-    """Per step: host idle summed over ranks; and the |predicted - observed| wait of every slot that had one."""
+    """Per step: host idle summed over ranks; and the |predicted - observed| wait of every slot that had one
+    (steps from the controller's lag on: before that it has no history)."""
     idle, errs = [], []
     for st in steps:
         recs = job["gap_steps"][st]
         idle.append(sum(sum(r["idle"].values()) for r in recs.values() if r))
         for r in recs.values():
-            if not r:
+            if not r or st < r.get("group_lag_steps", 1):  # no history yet: nothing was predicted
                 continue
             for k, obs in r["observed"].items():
                 errs.append(abs(r["predicted"].get(k, 0.0) - obs))
     return idle, errs
+
+
+def _lag(job: dict) -> int:
+    """Steps between an observation and the prediction it feeds (2 with an EP group, else 1)."""
+    return max((r.get("group_lag_steps", 1) for st in job["gap_steps"] for r in st.values() if r), default=1)
 
 
 def dynamic_report(jobs: list[dict], trials: int, routing: str | None) -> dict[str, Any]:
@@ -83,7 +89,8 @@ def dynamic_report(jobs: list[dict], trials: int, routing: str | None) -> dict[s
         side[kind] = {"step_time": _stats(times), "host_idle_per_step": _stats(idle),
                       "gap_prediction": {"mean_abs_error_s": float(np.mean(errs)) if errs else 0.0,
                                          "mean_observed_wait_s": float(np.mean(observed)) if observed else 0.0,
-                                         "slots": len(errs), "predictor": "last-step"},
+                                         "slots": len(errs), "predictor": "last-step",
+                                         "lag_steps": _lag(by[f"{kind}-0"])},
                       "w_filled": fills, "w_forced_by_cap": forced}
     s, d = side["static"]["step_time"], side["dynamic"]["step_time"]
     gain = (s["median_s"] - d["median_s"]) / s["median_s"] if s["median_s"] > 0 else 0.0
@@ -119,7 +126,8 @@ def format_dynamic(rep: dict[str, Any]) -> str:
              "interquartile ranges of the step times do not overlap)",
              f"host idle per step: static {ms(s['host_idle_per_step'])}, dynamic {ms(d['host_idle_per_step'])}; "
              f"removed {rep['idle_removed_s'] * 1e3:.1f} ms",
-             f"gap prediction ({d['gap_prediction']['predictor']}): mean |error| "
+             f"gap prediction ({d['gap_prediction']['predictor']}, group maximum, lag "
+             f"{d['gap_prediction']['lag_steps']} steps): mean |error| "
              f"{d['gap_prediction']['mean_abs_error_s'] * 1e3:.2f} ms vs mean observed wait "
              f"{d['gap_prediction']['mean_observed_wait_s'] * 1e3:.2f} ms over {d['gap_prediction']['slots']} slots; "
              f"W filled {d['w_filled']}, forced by the cap {d['w_forced_by_cap']}",
