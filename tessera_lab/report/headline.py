@@ -1,0 +1,137 @@
+"""One source per headline number, and how to read it (validity notes).
+
+Every number the CLI, the reports, ``reproduce`` and the notebooks state as a headline comes from one function
+here. Where two numbers answer different questions they have different names:
+
+* :func:`ep_hidden_share_iteration`: share of the EP all-to-all time issued in a whole simulated iteration
+  that is hidden under compute, ``1 - exposed / issued`` (capacity report; the paper's 73% / 26% claims are of
+  this kind).
+* :func:`ep_hidden_share_pair`: share of one F/BW layer pair's communication hidden under that pair's compute
+  (the overlap scheduler's best order, analytic; notebook 05). One pair, not an iteration: it ignores the
+  warm-up/cool-down, where nothing is paired.
+* :func:`width_at_hidden_share`: the routed-expert width at which a hidden-share curve crosses a target, by
+  linear interpolation in log2(width) between the sweep points around the crossing.
+
+Validity notes (:func:`efficiency_note`, :func:`spread_note`, :func:`gain_note`, :func:`mfu_note`) return
+``None`` for a value inside its meaningful range, else one line saying why it should not be read as is.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+#: best BF16 MFU of a published large-scale run: Llama 3 405B pre-training on 8,192-16,384 H100s reached 38-43%
+#: (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4). MoE runs publish lower MFU than dense ones, so the
+#: dense figure is a generous ceiling for both classes; a planned MFU above it is flagged, not hidden.
+PUBLISHED_MFU_CEILING = {"dense": 0.43, "moe": 0.43}
+PUBLISHED_MFU_SOURCE = "Llama 3 405B on 16K H100: 38-43% BF16 MFU (Dubey et al. 2024, Table 4)"
+
+
+# ----------------------------------------------------------------------------------------------- headline numbers
+def ep_hidden_share_iteration(plan_or_report: Any) -> float:
+    """Share (0..1) of the EP all-to-all time issued in one simulated iteration that is hidden under compute.
+
+    Args:
+        plan_or_report: a :class:`~tessera_lab.plan.make.Plan` (its chosen partition's capacity report is used)
+            or a :class:`~tessera_lab.report.capacity.CapacityReport`.
+    Returns:
+        ``1 - exposed / issued`` (0 without EP traffic).
+    """
+    report = plan_or_report
+    if not hasattr(report, "ep_hidden_fraction"):
+        from tessera_lab.report.capacity import capacity_report
+
+        report = capacity_report(plan_or_report)
+    return float(report.ep_hidden_fraction)
+
+
+def ep_hidden_share_pair(model: Any, parallel: Any = None, *, expert_width: int | None = None,
+                         top_k: int | None = None, budget: int = 1500) -> float:
+    """Share (0..1) of one F/BW layer pair's communication hidden under the pair's compute (analytic best order;
+    :func:`tessera_lab.overlap.core.overlap_point`)."""
+    from tessera_lab.overlap.core import overlap_point
+
+    return float(overlap_point(model, parallel, expert_width=expert_width, top_k=top_k,
+                               budget=budget)["comm_hidden_fraction"])
+
+
+def width_at_hidden_share(widths: Sequence[float], shares: Sequence[float], target: float) -> float | None:
+    """Expert width at which ``shares`` (over increasing ``widths``) first crosses ``target``.
+
+    Linear interpolation in log2(width) between the two sweep points around the first crossing; ``None`` when
+    the curve never reaches the target. NaN points (widths that could not be planned) are skipped.
+    """
+    pts = [(float(w), float(s)) for w, s in zip(widths, shares) if not math.isnan(float(s))]
+    for (w0, s0), (w1, s1) in zip(pts, pts[1:]):
+        if (s0 - target) * (s1 - target) <= 0 and s0 != s1:
+            t = (target - s0) / (s1 - s0)
+            return 2 ** (math.log2(w0) + t * (math.log2(w1) - math.log2(w0)))
+        if s0 == target:
+            return w0
+    if pts and pts[-1][1] == target:
+        return pts[-1][0]
+    return None
+
+
+def dynamic_gain(static_s: float, dynamic_s: float) -> float:
+    """Throughput gain of dynamic bubble filling over the static plan: ``static / dynamic - 1`` (0.034 = +3.4%)."""
+    if not (static_s > 0 and dynamic_s > 0):
+        raise ValueError(f"iteration times must be positive, got static {static_s}, dynamic {dynamic_s}")
+    return static_s / dynamic_s - 1.0
+
+
+# ----------------------------------------------------------------------------------------------- validity notes
+def efficiency_note(e: float) -> str | None:
+    """Overlap efficiency ``e = (t_A + t_B - t_AB) / min(t_A, t_B)`` is at most 1 (the shorter bundle fully
+    hidden); above 1 the pair ran faster than its longer half alone, which is a measurement artefact."""
+    if e is None or (isinstance(e, float) and math.isnan(e)):
+        return "overlap efficiency n/a: no time measured for one bundle"
+    if e > 1 + 1e-9:
+        return (f"overlap efficiency {e:.3f} > 1 is not physical (the pair would be faster than its longer half "
+                "alone): n/a, re-measure with more repeats")
+    return None
+
+
+def spread_note(spread: float) -> str | None:
+    """A spread (relative range of repeats) that is infinite or NaN means a repeat measured zero time."""
+    if spread is None or math.isinf(spread) or math.isnan(spread):
+        return "spread n/a: a repeat measured zero time (timer resolution); re-measure with larger shapes"
+    return None
+
+
+def gain_note(gain: float, spread: float) -> str | None:
+    """A gain whose magnitude is within the measurement spread could have either sign: not significant."""
+    if spread_note(spread):
+        return "gain not significant: " + spread_note(spread)
+    if abs(gain) <= abs(spread):
+        return f"gain {gain:+.1%} not significant: within the measurement spread ±{abs(spread):.1%}"
+    return None
+
+
+def mfu_note(mfu: float, *, moe: bool = True) -> str | None:
+    """Flag a planned MFU above the best published run (:data:`PUBLISHED_MFU_CEILING`)."""
+    ceiling = PUBLISHED_MFU_CEILING["moe" if moe else "dense"]
+    if mfu > ceiling:
+        return (f"planned MFU {mfu:.1%} is above any published run of this model class ({ceiling:.0%}: "
+                f"{PUBLISHED_MFU_SOURCE}); the analytic cost model is optimistic here")
+    return None
+
+
+def memory_note(method: str, evaluation: Any, capacity_bytes: float | None = None) -> str | None:
+    """Name an evaluation (partition) that does not fit in GPU memory, with its worst stage and, given the GPU's
+    ``capacity_bytes``, the shortfall in GiB."""
+    if getattr(evaluation, "fits_memory", True):
+        return None
+    worst = None
+    for st in getattr(evaluation, "stages", []):
+        mem = getattr(st, "memory_bytes", None)
+        if mem is not None and (worst is None or mem > worst.memory_bytes):
+            worst = st
+    where = ""
+    if worst is not None:
+        where = f" (stage {worst.index} needs {worst.memory_bytes / 2**30:.1f} GiB"
+        if capacity_bytes:
+            where += f", {(worst.memory_bytes - capacity_bytes) / 2**30:.1f} GiB over the GPU's {capacity_bytes / 2**30:.0f}"
+        where += ")"
+    return f"{method}: does not fit in GPU memory{where}; its times are not achievable"
