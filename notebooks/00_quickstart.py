@@ -87,7 +87,7 @@ plt.show()
 # Move the sliders: the attention ratio (linear-attention layers per full-attention layer), the routed expert
 # width, the number of stages and of micro-batches. Each change re-runs the same `make_plan` and redraws.
 
-# %%
+# %% tags=["panel"]
 from tessera_lab.ui.widgets import quickstart_panel
 panel, controls, state = quickstart_panel(MODEL, pp=PP, microbatches=MICROBATCHES)
 panel

@@ -139,7 +139,7 @@ sweep.pivot_table(index="bytes", columns=["collective", "link"], values="time (u
 # Move the message size (a log slider from 1 KiB to 4 GiB), the group size and the GPU. The callback only calls
 # `collective_cost_table` and draws it.
 
-# %%
+# %% tags=["panel"]
 from tessera_lab.teach.core import collective_cost_panel
 panel, controls, state = collective_cost_panel(n=GROUP, gpu=GPU, message_mib=MESSAGE_MIB)
 panel

@@ -116,7 +116,7 @@ tp_pp_layouts(model, GPUS, seq_len=SEQ_LEN, micro_batch_size=MICRO_BATCH_SIZE, g
 #
 # Change *tp*, *pp*, the sequence length and the GPU. The callback only calls `tp_vs_pp_volumes`.
 
-# %%
+# %% tags=["panel"]
 from tessera_lab.teach.core import tp_pp_panel
 panel, controls, state = tp_pp_panel(MODEL, tp=TP, pp=PP, seq_len=SEQ_LEN, gpu=GPU)
 panel

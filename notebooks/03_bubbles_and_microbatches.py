@@ -152,7 +152,7 @@ plt.show()
 # `compare_with_closed_form` and `gantt`; settings a schedule cannot run (1F1B with fewer micro-batches than
 # stages, for instance) show the library's error instead of a plot.
 
-# %%
+# %% tags=["panel"]
 from tessera_lab.teach.panels import bubble_panel
 
 panel, controls, state = bubble_panel(SCHEDULE, PP, MICROBATCHES, VPP, F, B, W, FB, P2P_LATENCY)

@@ -92,7 +92,7 @@ volumes.pivot_table(index="top-k", columns="ep", values="dispatch per rank (MiB)
 
 # %%
 uniform = moe_all_to_all(model, ep=EP, top_k=k, skew=0.0, tokens_per_rank=TOKENS_PER_RANK, seed=SEED, gpu=GPU)
-skewed = moe_all_to_all(model, ep=EP, top_k=k, skew=SKEW, tokens_per_rank=TOKENS_PER_RANK, seed=SEED,
+skewed = moe_all_to_all(model, ep=EP, top_k=TOP_K, skew=SKEW, tokens_per_rank=TOKENS_PER_RANK, seed=SEED,
                         jitter=JITTER, gpu=GPU)
 pd.DataFrame({"uniform routing": uniform.summary(), f"skew {SKEW}": skewed.summary()})
 
@@ -123,9 +123,9 @@ sweep
 #
 # Change top-k, the EP size and the skew. The callback only calls `moe_all_to_all` and draws the result.
 
-# %%
+# %% tags=["panel"]
 from tessera_lab.teach.core import moe_panel
-panel, controls, state = moe_panel(MODEL, ep=EP, top_k=k, skew=SKEW, tokens_per_rank=TOKENS_PER_RANK, seed=SEED,
+panel, controls, state = moe_panel(MODEL, ep=EP, top_k=TOP_K, skew=SKEW, tokens_per_rank=TOKENS_PER_RANK, seed=SEED,
                                    jitter=JITTER)
 panel
 

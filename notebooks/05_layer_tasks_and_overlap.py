@@ -260,7 +260,7 @@ ax.set(xscale="log", xlabel="routed expert width (intermediate size)", ylabel="h
 plt.show()
 sweep[["expert_width", "top_k", "expert_gemm_s", "comm_s", "comm_hidden_fraction", "efficiency"]]
 
-# %%
+# %% tags=["panel"]
 from tessera_lab.teach.panels import overlap_panel
 
 panel, controls, state = overlap_panel(MODEL, ep=EP_CROSS_NODE, budget=SCHED_BUDGET)

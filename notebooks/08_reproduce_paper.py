@@ -69,18 +69,31 @@ R.plot_ablation(rep); plt.show()
 # run together with the backward of another, in the analytic model and as measured on this CPU.
 
 # %%
-display(overlap[["kind_f", "kind_b", "t_sum", "t_pair", "gain", "efficiency", "source"]])
-print({k: round(v, 3) for k, v in overlap.attrs["spreads"].items()})
+import math
+from tessera_lab.report import headline
+shown = overlap[["kind_f", "kind_b", "t_sum", "t_pair", "gain", "efficiency", "source"]].copy()
+shown[["t_sum", "t_pair", "gain"]] *= 1e3
+shown = shown.rename(columns={"t_sum": "F + B alone (ms)", "t_pair": "pair together (ms)", "gain": "gain (ms)",
+                              "efficiency": "efficiency e"})
+shown["validity"] = [headline.efficiency_note(e) or "" for e in shown["efficiency e"]]  # e > 1 is not physical
+display(shown)
+print("overlap-gain spread between layer combinations (max / min gain):",
+      {k: (round(v, 3) if math.isfinite(v) else "n/a (a gain of zero: the ratio is undefined)")
+       for k, v in overlap.attrs["spreads"].items()})
 R.plot_overlap(rep); plt.show()
 
 # %% [markdown]
 # ## 4. Hidden vs exposed EP communication as expert GEMMs grow
 #
 # Reported: large expert GEMMs hid 73% of EP communication (8.3% of the step exposed), short ones 26% (38.9%).
-# Simulated: Qwen3-Next at 8,192 GPUs with the EP group of 32 spanning 4 nodes, expert width swept.
+# Simulated: Qwen3-Next at 8,192 GPUs with the EP group of 32 spanning 4 nodes, expert width swept. Both are
+# shares of a **whole iteration's** EP all-to-all time (`headline.ep_hidden_share_iteration`), not of one layer
+# pair (notebook 05). With `QUICK` the sweep has three widths, so the width where a share is reached is
+# interpolated over fewer points (coarser) than `tessera-lab reproduce` without `--quick`.
 
 # %%
-display(width[["width", "hidden_fraction", "exposed_share", "source"]])
+display(width[["width", "hidden_fraction", "exposed_share", "source"]].rename(
+    columns={"hidden_fraction": "EP comm hidden (share of iteration's)", "exposed_share": "EP exposed (share of step)"}))
 R.plot_width(rep); plt.show()
 
 # %% [markdown]

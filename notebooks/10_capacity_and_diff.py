@@ -162,7 +162,7 @@ from tessera_lab.report.topology import Allocation, admission, allocation_from_p
 display(links_table(parallel))
 display(links_table(parallel.replace(ep=16)))
 slow = factor_plan(plan, [1.0, 1.0, 1.0, DRIFT_FACTOR] + [1.0] * (PP - 4) if PP > 4 else [DRIFT_FACTOR] + [1.0] * (PP - 1))
-print(f"stage {DRIFT_KEY} {DRIFT_FACTOR}x slower: unaware {slow.iteration_unaware_s:.4f} s, "
+print(f"stage {DRIFT_KEY.split(':')[-1]} {DRIFT_FACTOR}x slower: unaware {slow.iteration_unaware_s:.4f} s, "
       f"re-partitioned {slow.iteration_aware_s:.4f} s, migration {slow.migration_bytes / 2**30:.2f} GiB per GPU at most")
 slow.table()
 

@@ -10,7 +10,13 @@ here. Where two numbers answer different questions they have different names:
   (the overlap scheduler's best order, analytic; notebook 05). One pair, not an iteration: it ignores the
   warm-up/cool-down, where nothing is paired.
 * :func:`width_at_hidden_share`: the routed-expert width at which a hidden-share curve crosses a target, by
-  linear interpolation in log2(width) between the sweep points around the crossing.
+  linear interpolation in log2(width) between the sweep points around the crossing. The curve is
+  :func:`tessera_lab.report.study.expert_width_study` (iteration shares, EP over 4 nodes); a sweep over fewer widths (``reproduce --quick``,
+  notebook 08's ``QUICK``) interpolates over fewer points and gives a coarser width: it says so.
+* :func:`dynamic_headline` / :func:`dynamic_gain`: the throughput gain of dynamic bubble filling,
+  ``T_static / T_dynamic - 1``, on the reproduce setup (Qwen3-Next-80B-A3B stage costs, ``zipf:0.5`` routing,
+  1F1B static plan, 16 micro-batches). Notebook 07's sliders use a synthetic teaching pipeline instead; its
+  numbers are labelled "toy pipeline" and are not this headline.
 
 Validity notes (:func:`efficiency_note`, :func:`spread_note`, :func:`gain_note`, :func:`mfu_note`) return
 ``None`` for a value inside its meaningful range, else one line saying why it should not be read as is.
@@ -64,7 +70,7 @@ def width_at_hidden_share(widths: Sequence[float], shares: Sequence[float], targ
     """
     pts = [(float(w), float(s)) for w, s in zip(widths, shares) if not math.isnan(float(s))]
     for (w0, s0), (w1, s1) in zip(pts, pts[1:]):
-        if (s0 - target) * (s1 - target) <= 0 and s0 != s1:
+        if min(s0, s1) <= target <= max(s0, s1) and s0 != s1:
             t = (target - s0) / (s1 - s0)
             return 2 ** (math.log2(w0) + t * (math.log2(w1) - math.log2(w0)))
         if s0 == target:
@@ -74,11 +80,31 @@ def width_at_hidden_share(widths: Sequence[float], shares: Sequence[float], targ
     return None
 
 
-def dynamic_gain(static_s: float, dynamic_s: float) -> float:
-    """Throughput gain of dynamic bubble filling over the static plan: ``static / dynamic - 1`` (0.034 = +3.4%)."""
+def dynamic_gain(result: Any) -> float:
+    """Throughput gain of dynamic bubble filling over the static plan, ``T_static / T_dynamic - 1`` (0.034 = +3.4%),
+    of a :class:`~tessera_lab.dynamic.core.DynamicResult` (tokens per iteration unchanged)."""
+    static_s, dynamic_s = result.iteration_static_s, result.iteration_dynamic_s
     if not (static_s > 0 and dynamic_s > 0):
         raise ValueError(f"iteration times must be positive, got static {static_s}, dynamic {dynamic_s}")
     return static_s / dynamic_s - 1.0
+
+
+#: the setup of the dynamic-gain headline (``reproduce``'s ablation, notebook 07's comparison with the paper)
+DYNAMIC_HEADLINE = {"model": "qwen3-next-80b-a3b", "routing": "zipf:0.5", "schedule": "1f1b", "microbatches": 16}
+
+
+def dynamic_headline(model: str = DYNAMIC_HEADLINE["model"], parallel: Any = None, *,
+                     routing: str = DYNAMIC_HEADLINE["routing"], schedule: str = DYNAMIC_HEADLINE["schedule"],
+                     microbatches: int = DYNAMIC_HEADLINE["microbatches"], groups: int = 1, seed: int = 0):
+    """Static vs dynamic on a shipped model's analytic stage costs (:class:`~tessera_lab.dynamic.core.StageCosts`
+    ``.from_model``); the :class:`~tessera_lab.dynamic.core.DynamicResult`. Its :func:`dynamic_gain` is the headline."""
+    from tessera_lab.dynamic.core import StageCosts, run_dynamic
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.spec import load_model
+
+    parallel = parallel or ParallelConfig()
+    return run_dynamic(StageCosts.from_model(load_model(model), parallel), routing, schedule=schedule,
+                       microbatches=microbatches, groups=groups, seed=seed)
 
 
 # ----------------------------------------------------------------------------------------------- validity notes

@@ -159,16 +159,23 @@ def plot_a2a_vs_topk(table, *, title: str | None = None):
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    df = table.assign(**{"EP size": table["ep"].astype(str)})
     with _style():
         fig, ax = plt.subplots(figsize=(8, 3.6), facecolor="white", layout="constrained")
-        sns.lineplot(data=df, x="top-k", y="dispatch + combine (us)", hue="EP size", style="link",
-                     palette="colorblind", marker="o", ax=ax)
+        eps = sorted(table["ep"].unique())
+        colours = sns.color_palette("colorblind", len(eps))
+        markers = "osD^vP*X"
+        for i, ep in enumerate(eps):  # one legend entry per line: EP size and the link it runs on
+            d = table[table["ep"] == ep].sort_values("top-k")
+            link = "/".join(dict.fromkeys(d["link"]))
+            ax.plot(d["top-k"], d["dispatch + combine (us)"], color=colours[i], marker=markers[i % len(markers)],
+                    linestyle="--" if "InfiniBand" in link else "-", markersize=5, label=f"EP {ep} ({link})")
         ax.set_yscale("log")
+        ax.set_xlabel("top-k (experts per token)")
         ax.set_ylabel("dispatch + combine per layer (us)")
         if title:
             ax.set_title(title, fontsize=10)
-        sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False,
+                  title="EP size (link); dashed: InfiniBand", title_fontsize=8)
     return fig
 
 

@@ -17,11 +17,10 @@ from tessera_lab.ui.panel import LABEL_STYLE, View, panel
 def dynamic_summary(r: Any) -> dict[str, Any]:
     """Headline numbers of a :class:`~tessera_lab.dynamic.core.DynamicResult` (times in ms)."""
     g = r.groups[0]
-    static_s = max(x.static.iteration_time for x in r.groups)
-    dynamic_s = max(x.dynamic.iteration_time for x in r.groups)
+    static_s, dynamic_s = r.iteration_static_s, r.iteration_dynamic_s
     return {"static iteration (ms)": static_s * 1e3, "dynamic iteration (ms)": dynamic_s * 1e3,
             "idle removed per rank (ms)": r.idle_removed_s * 1e3, "idle removed (share)": r.idle_removed_share,
-            "throughput gain": dynamic_gain(static_s, dynamic_s), "choice (group 0)": str(g.plan.choice)}
+            "throughput gain": dynamic_gain(r), "choice (group 0)": str(g.plan.choice)}
 
 
 def dynamic_panel(costs: Any, *, ep: int, microbatches: int, skew: float = 1.0, schedule: str = "1f1b",
