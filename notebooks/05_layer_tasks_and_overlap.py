@@ -178,7 +178,9 @@ fig, axes = plt.subplots(1, 2, figsize=(12, 3.4), layout="constrained")
 overlap_heatmap(table, ax=axes[0], value="gain")
 overlap_heatmap(table, ax=axes[1], value="efficiency")
 plt.show()
-print(f"overlap spread (best gain / worst gain): {ov.overlap_spread(table):.3g}")
+from tessera_lab.report import headline
+spread = ov.overlap_spread(table)
+print(f"overlap spread (best gain / worst gain): {headline.ratio_note(spread) or format(spread, '.3g')}")
 
 # %% [markdown]
 # With EP inside one NVLink node the all-to-alls are short enough to hide completely in every combination, so
@@ -208,7 +210,8 @@ if RUN_CPU:
     cpu = ov.measure_pair(f0, b3, "cpu", size_factor=CPU_SIZE_FACTOR, repeats=CPU_REPEATS, warmup=1, timeout_s=240)
     display(pd.DataFrame({q: {k: v * 1e3 for k, v in cpu.spread[q].items() if k in ("median", "q1", "q3", "min", "max")}
                           for q in ("t_a", "t_b", "t_ab", "t_program")}).T.rename(columns=lambda c: c + " (ms)"))
-    print(f"efficiency {cpu.overlap_efficiency:.3f}, hidden fraction {cpu.comm_hidden_fraction:.2f}, "
+    print(headline.efficiency_note(cpu.overlap_efficiency) or f"efficiency {cpu.overlap_efficiency:.3f}",
+          f"hidden fraction {cpu.comm_hidden_fraction:.2f}, "
           f"device {cpu.metadata['device']}, torch {cpu.metadata['torch']}, size factor {cpu.metadata['size_factor']}")
 
 # %% [markdown]
@@ -224,13 +227,18 @@ if path.exists():
         prof = pr.load_profile(path)
     print("stale here:" if prof.stale_reasons else "current on this machine", *prof.stale_reasons[:2], sep="\n  ")
     ptable = prof.table()
-    display(ptable[["kind_f", "kind_b", "t_f", "t_b", "t_sum", "t_pair", "t_pair_q1", "t_pair_q3", "gain", "efficiency"]])
+    shown = ptable[["kind_f", "kind_b", "t_f", "t_b", "t_sum", "t_pair", "t_pair_q1", "t_pair_q3", "gain", "efficiency"]].copy()
+    shown["validity"] = headline.overlap_validity(ptable)  # efficiency > 1 and gains within the noise are flagged
+    cols = ["t_f", "t_b", "t_sum", "t_pair", "t_pair_q1", "t_pair_q3", "gain"]
+    shown[cols] *= 1e3
+    display(shown.rename(columns={c: f"{c} (ms)" for c in cols}))
     overlap_heatmap(ptable, value="gain", title="measured gain on this CPU (ms)")
     plt.show()
     measured_after = ov.stage_pair_cost(kinds, ov.pair_costs_from_table(ptable))
     measured_sum = ov.stage_pair_cost(kinds, ov.pair_costs_from_table(ptable, "t_sum"))
     print(f"CPU profile, stage of layers 0-5: standalone sum {measured_sum * 1e3:.1f} ms, "
-          f"after overlap {measured_after * 1e3:.1f} ms; spread of gains {ov.overlap_spread(ptable):.3g}")
+          f"after overlap {measured_after * 1e3:.1f} ms; spread of gains (best / worst): "
+          f"{headline.ratio_note(ov.overlap_spread(ptable), 'spread') or format(ov.overlap_spread(ptable), '.3g')}")
     planner = pr.profile_stage_pair_costs(prof, model, parallel, cost_model)
     display(pd.DataFrame([{"forward of": kf, "backward of": kb, "planner pair cost (ms)": t * 1e3}
                           for (kf, kb), t in planner.items()]))

@@ -75,7 +75,7 @@ shown = overlap[["kind_f", "kind_b", "t_sum", "t_pair", "gain", "efficiency", "s
 shown[["t_sum", "t_pair", "gain"]] *= 1e3
 shown = shown.rename(columns={"t_sum": "F + B alone (ms)", "t_pair": "pair together (ms)", "gain": "gain (ms)",
                               "efficiency": "efficiency e"})
-shown["validity"] = [headline.efficiency_note(e) or "" for e in shown["efficiency e"]]  # e > 1 is not physical
+shown["validity"] = headline.overlap_validity(overlap)  # e > 1 is not physical
 display(shown)
 print("overlap-gain spread between layer combinations (max / min gain):",
       {k: (round(v, 3) if math.isfinite(v) else "n/a (a gain of zero: the ratio is undefined)")

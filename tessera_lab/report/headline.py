@@ -161,3 +161,26 @@ def memory_note(method: str, evaluation: Any, capacity_bytes: float | None = Non
             where += f", {(worst.memory_bytes - capacity_bytes) / 2**30:.1f} GiB over the GPU's {capacity_bytes / 2**30:.0f}"
         where += ")"
     return f"{method}: does not fit in GPU memory{where}; its times are not achievable"
+
+
+def overlap_validity(table: Any) -> list[str]:
+    """One validity note per row of an overlap table (columns ``gain``, ``efficiency`` and, when measured,
+    ``t_pair_q1``/``t_pair_q3``): "" when the row reads as is, else why not (efficiency > 1; a gain within the
+    interquartile range of the pair's repeats is "not significant": its sign could flip between runs)."""
+    notes = []
+    for _, row in table.iterrows():
+        note = efficiency_note(float(row["efficiency"])) if "efficiency" in row else None
+        if note is None and "t_pair_q1" in row and "t_pair_q3" in row and not math.isnan(float(row["t_pair_q1"])):
+            iqr = float(row["t_pair_q3"]) - float(row["t_pair_q1"])
+            if abs(float(row["gain"])) <= iqr:
+                note = (f"gain {float(row['gain']) * 1e3:+.3g} ms not significant: within the repeats' "
+                        f"interquartile range {iqr * 1e3:.3g} ms")
+        notes.append(note or "")
+    return notes
+
+
+def ratio_note(value: float, what: str = "spread") -> str | None:
+    """An infinite or NaN ratio (a zero or negative denominator) is "n/a", with the reason."""
+    if value is None or math.isinf(value) or math.isnan(value):
+        return f"{what} n/a: the smallest value is zero or negative, so the ratio is undefined"
+    return None
