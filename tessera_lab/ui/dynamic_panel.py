@@ -15,11 +15,11 @@ from tessera_lab.ui.panel import LABEL_STYLE, View, panel
 
 
 def dynamic_summary(r: Any) -> dict[str, Any]:
-    """Headline numbers of a :class:`~tessera_lab.dynamic.core.DynamicResult` (times in ms)."""
+    """Headline numbers of a :class:`~tessera_lab.dynamic.core.DynamicResult` (times in the stage costs' seconds)."""
     g = r.groups[0]
     static_s, dynamic_s = r.iteration_static_s, r.iteration_dynamic_s
-    return {"static iteration (ms)": static_s * 1e3, "dynamic iteration (ms)": dynamic_s * 1e3,
-            "idle removed per rank (ms)": r.idle_removed_s * 1e3, "idle removed (share)": r.idle_removed_share,
+    return {"static iteration (s)": static_s, "dynamic iteration (s)": dynamic_s,
+            "idle removed per rank (s)": r.idle_removed_s, "idle removed (share)": r.idle_removed_share,
             "throughput gain": dynamic_gain(r), "choice (group 0)": str(g.plan.choice)}
 
 

@@ -58,10 +58,17 @@ def figure_png(fig: Any, *, caption: str | None = None, dpi: int = PANEL_DPI) ->
 
     fig = _figure_of(fig)
     FigureCanvasAgg(fig)  # attaches a fresh Agg canvas: no GUI or inline backend involved
+    managed = fig.get_layout_engine() is not None  # constrained/tight layout already fits every label
     if caption:
-        fig.text(0.005, -0.01, caption, fontsize=7, color="dimgray", ha="left", va="top")  # below the axes
+        if managed and getattr(fig, "_supxlabel", None) is None:  # the layout engine makes room for it
+            fig.supxlabel(caption, x=0.005, ha="left", fontsize=7, color="dimgray")
+        else:
+            fig.text(0.005, -0.01, caption, fontsize=7, color="dimgray", ha="left", va="top")  # below the axes
+            managed = False
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, facecolor="white", bbox_inches="tight", pad_inches=0.08)
+    # a tight bounding box costs a second draw; only figures without a layout engine need it
+    fig.savefig(buf, format="png", dpi=dpi, facecolor="white", bbox_inches=None if managed else "tight",
+                pad_inches=0.08)
     plt.close(fig)
     return buf.getvalue()
 
@@ -89,20 +96,26 @@ def message_figure(text: str, *, width: float = 7.0):
 
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, 1.2), facecolor="white")
-    fig.text(0.02, 0.5, "\n".join(textwrap.wrap(text, 110)), fontsize=9, va="center", ha="left", color="firebrick")
+    lines = textwrap.wrap(text, int(width * 13))  # about 13 characters of 8-point text per inch
+    fig = Figure(figsize=(width, 0.45 + 0.17 * len(lines)), facecolor="white", layout="constrained")
+    fig.text(0.01, 0.6, "\n".join(lines), fontsize=8, va="center", ha="left", color="firebrick")
     return fig
 
 
-def table_html(table: Any, *, caption: str | None = None, float_format: str = "{:,.4g}") -> str:
-    """HTML for a DataFrame / Series (numbers to 4 significant digits, missing values "n/a") or escaped plain
+def _number(x: float) -> str:
+    """4 significant digits; thousands separators instead of an exponent from 10,000 up."""
+    return f"{x:,.0f}" if abs(x) >= 1e4 and x == x and abs(x) != float("inf") else f"{x:.4g}"
+
+
+def table_html(table: Any, *, caption: str | None = None, float_format: Callable[[float], str] = _number) -> str:
+    """HTML for a DataFrame / Series (numbers by ``float_format``, missing values "n/a") or escaped plain
     text; ``caption`` (the settings that produced it) goes under the table, so a stale table can be told apart."""
     if table is None:
         return ""
     if hasattr(table, "to_frame") and not hasattr(table, "columns"):
         table = table.to_frame()
     if hasattr(table, "to_html"):
-        out = table.to_html(float_format=float_format.format, na_rep="n/a", border=0)
+        out = table.to_html(float_format=float_format, na_rep="n/a", border=0)
         if caption:
             head, sep, rest = out.partition(">")
             out = (f"{head}{sep}<caption style='caption-side: bottom; font-size: 0.8em; color: dimgray'>"
