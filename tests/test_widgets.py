@@ -88,15 +88,15 @@ def test_quickstart_table_marks_partitions_that_do_not_fit():
 
 
 def test_dynamic_panel_uses_the_headline_gain():
-    from tessera_lab.dynamic import core as dyn
-    from tessera_lab.report.headline import dynamic_gain
+    from tessera_lab.report.headline import dynamic_api, dynamic_gain
     from tessera_lab.ui.dynamic_panel import dynamic_panel
 
-    costs = dyn.StageCosts.synthetic(4, 1.0, 2.0, 1.0, expert_fraction=0.5, layers_per_stage=2, ep=4,
+    StageCosts, run_dynamic = dynamic_api()
+    costs = StageCosts.synthetic(4, 1.0, 2.0, 1.0, expert_fraction=0.5, layers_per_stage=2, ep=4,
                                      num_experts=16, top_k=2, tokens=4 * 256)
     _, controls, state = dynamic_panel(costs, ep=4, microbatches=8, skew=1.0)
     r = state["result"]
     assert dynamic_gain(r) == pytest.approx(r.throughput_gain)
     controls["skew"].value = 0.0
-    assert state["result"].throughput_gain == dyn.run_dynamic(costs, "zipf:0.0", schedule="1f1b", microbatches=8,
+    assert state["result"].throughput_gain == run_dynamic(costs, "zipf:0.0", schedule="1f1b", microbatches=8,
                                                                 seed=0).throughput_gain

@@ -89,6 +89,17 @@ def dynamic_gain(result: Any) -> float:
     return static_s / dynamic_s - 1.0
 
 
+def dynamic_api():
+    """``(StageCosts, run_dynamic)`` of :mod:`tessera_lab.dynamic` (``durations`` / ``evaluate``; ``core`` in the
+    layout before issue 14 split it)."""
+    try:
+        from tessera_lab.dynamic.durations import StageCosts
+        from tessera_lab.dynamic.evaluate import run_dynamic
+    except ImportError:
+        from tessera_lab.dynamic.core import StageCosts, run_dynamic
+    return StageCosts, run_dynamic
+
+
 #: the setup of the dynamic-gain headline (``reproduce``'s ablation, notebook 07's comparison with the paper)
 DYNAMIC_HEADLINE = {"model": "qwen3-next-80b-a3b", "routing": "zipf:0.5", "schedule": "1f1b", "microbatches": 16}
 
@@ -98,10 +109,10 @@ def dynamic_headline(model: str = DYNAMIC_HEADLINE["model"], parallel: Any = Non
                      microbatches: int = DYNAMIC_HEADLINE["microbatches"], groups: int = 1, seed: int = 0):
     """Static vs dynamic on a shipped model's analytic stage costs (:class:`~tessera_lab.dynamic.core.StageCosts`
     ``.from_model``); the :class:`~tessera_lab.dynamic.core.DynamicResult`. Its :func:`dynamic_gain` is the headline."""
-    from tessera_lab.dynamic.core import StageCosts, run_dynamic
     from tessera_lab.model.hardware import ParallelConfig
     from tessera_lab.model.spec import load_model
 
+    StageCosts, run_dynamic = dynamic_api()
     parallel = parallel or ParallelConfig()
     return run_dynamic(StageCosts.from_model(load_model(model), parallel), routing, schedule=schedule,
                        microbatches=microbatches, groups=groups, seed=seed)

@@ -1,6 +1,6 @@
 """Notebook 07's panel: routing skew, static plan and seed -> static vs dynamic (W moved into predicted bubbles).
 
-:func:`dynamic_panel` is :func:`tessera_lab.ui.panel.panel` over :func:`tessera_lab.dynamic.core.run_dynamic`;
+:func:`dynamic_panel` is :func:`tessera_lab.ui.panel.panel` over ``run_dynamic`` of :mod:`tessera_lab.dynamic`;
 the table gives iteration times (ms), idle time removed and the throughput gain
 (:func:`tessera_lab.report.headline.dynamic_gain`), the figure the routing of layer 0, the per-EP-rank load and
 both Gantt charts.
@@ -38,8 +38,8 @@ def dynamic_panel(costs: Any, *, ep: int, microbatches: int, skew: float = 1.0, 
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from tessera_lab.dynamic import core as dyn
     from tessera_lab.dynamic import routing as rt
+    from tessera_lab.report.headline import dynamic_api
     from tessera_lab.ui.plots import gantt_pair, rank_load_bars, routing_heatmap
 
     controls = {
@@ -50,8 +50,10 @@ def dynamic_panel(costs: Any, *, ep: int, microbatches: int, skew: float = 1.0, 
         "seed": w.IntSlider(value=seed, min=0, max=9, description="seed", style=LABEL_STYLE, continuous_update=False),
     }
 
+    run_dynamic = dynamic_api()[1]
+
     def compute(v: dict[str, Any]):
-        return dyn.run_dynamic(costs, f"zipf:{v['skew']:.1f}", schedule=v["schedule"], microbatches=microbatches,
+        return run_dynamic(costs, f"zipf:{v['skew']:.1f}", schedule=v["schedule"], microbatches=microbatches,
                                seed=v["seed"])
 
     def render(r: Any) -> View:
