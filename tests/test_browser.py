@@ -286,11 +286,11 @@ if (fig && fig.complete && fig.naturalWidth > 0) {
   ctx.drawImage(fig, 0, 0);
   const d = ctx.getImageData(0, 0, c.width, c.height).data;
   let ink = 0, h = 2166136261;
-  for (let k = 0; k < d.length; k += 8) {  // every other pixel: enough to tell ink from blank
+  for (let k = 0; k < d.length; k += 4) {  // every pixel: a changed caption digit changes the hash
     if (d[k] < 235 || d[k + 1] < 235 || d[k + 2] < 235) { ink += 1; }
-    if (k % 40 === 0) { h = Math.imul(h ^ (d[k] + 3 * d[k + 1] + 7 * d[k + 2]), 16777619) >>> 0; }
+    h = Math.imul(h ^ (d[k] + 3 * d[k + 1] + 7 * d[k + 2] + 11 * (k & 255)), 16777619) >>> 0;
   }
-  stats = {w: c.width, h: c.height, ink: 2 * ink / (c.width * c.height), hash: String(h) + ':' + c.width + 'x' + c.height,
+  stats = {w: c.width, h: c.height, ink: ink / (c.width * c.height), hash: String(h) + ':' + c.width + 'x' + c.height,
            src: fig.src.slice(0, 80)};
 }
 const tables = Array.from(panel.querySelectorAll('table')).map(t => t.innerText).join('\\n');
@@ -370,15 +370,27 @@ def _redraw(driver, index: int, before: dict, timeout: float) -> dict:
         kernel = driver.execute_script(_KERNEL_JS)
         if kernel == "idle":
             idle_since = idle_since or time.monotonic()
-            if driver.execute_script(_SRC_JS, index) != src:  # a new picture arrived
-                time.sleep(0.3)
-                return driver.execute_script(_PANEL_JS, index)
+            if driver.execute_script(_SRC_JS, index) != src:  # a new picture arrived: wait until all settles
+                return _settled(driver, index, deadline)
             if time.monotonic() - idle_since > SETTLE_S:
                 return driver.execute_script(_PANEL_JS, index)
         else:
             idle_since = None
         time.sleep(0.2)
     return driver.execute_script(_PANEL_JS, index)
+
+
+def _settled(driver, index: int, deadline: float) -> dict:
+    """The panel's state once the kernel is idle and two reads 0.4 s apart agree (a slider moved by several
+    key presses sends several changes; the table, status and figure of the last one arrive in turn)."""
+    last = driver.execute_script(_PANEL_JS, index)
+    while time.monotonic() < deadline:
+        time.sleep(0.4)
+        now = driver.execute_script(_PANEL_JS, index)
+        if now == last and driver.execute_script(_KERNEL_JS) == "idle":
+            return now
+        last = now
+    return last
 
 
 def _judge(before: dict, after: dict) -> str | None:
