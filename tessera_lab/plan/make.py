@@ -23,7 +23,7 @@ from tessera_lab.model.spec import ModelSpec
 from tessera_lab.plan.partition import Partition, PartitionProblem, solve, uniform_boundaries
 from tessera_lab.pipeline.schedules import build_schedule
 from tessera_lab.pipeline.simulate import Timeline, simulate, stage_durations
-from tessera_lab.model.tasks import Collective, decompose, model_flops_per_iteration
+from tessera_lab.model.tasks import Collective, decompose, model_flops_per_iteration, routing_load_note
 
 DEFAULT_MODEL = "qwen3-next-80b-a3b"
 DEFAULT_GPU = "H200"
@@ -167,7 +167,8 @@ class Plan:
             "memory_capacity_bytes": self.memory_capacity_bytes,
             "parallel": {k: getattr(self.parallel, k) for k in (
                 "pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
-                "distributed_optimizer", "schedule")},
+                "distributed_optimizer", "schedule", "dispatcher", "recompute", "precision", "grad_reduce_dtype",
+                "expert_load", "grouped_gemm", "fused_cross_entropy")},
             "notes": self.notes,
         }
         return d
@@ -280,7 +281,7 @@ def dp_grad_sync_time(model: ModelSpec, cost_model: CostModel, stage: StagePlan)
     t = 0.0
     for params, group, size in ((dense, "edp", p.ep * p.dp), (expert, "dp", p.dp)):
         if size > 1 and params > 0:
-            t += cost_model.collective_time(Collective("all_reduce", params * p.dtype_bytes, group, size))
+            t += cost_model.collective_time(Collective("all_reduce", params * p.grad_sync_bytes_per_param, group, size))
     return t
 
 
@@ -451,6 +452,8 @@ def make_plan(
         raise ConfigError(f"field 'objective' = {objective!r} is unknown; allowed: {', '.join(OBJECTIVES)}")
     flops = model_flops_per_iteration(model, parallel)
     notes = []
+    if model.has_moe and parallel.ep > 1:
+        notes.append(routing_load_note(model, parallel))
     if profile is not None:
         env = profile.environment
         notes.append(f"layer-pair costs from profile {profile.path or '(in memory)'}: backend {profile.backend}, "

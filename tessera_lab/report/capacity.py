@@ -83,7 +83,6 @@ This module never imports torch; pandas is imported only by the table methods.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import defaultdict
@@ -92,6 +91,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tessera_lab.cost.analytic import Contention, CostModel, two_lane_makespan
+from tessera_lab.cost.contention import kernel_class
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import Cluster, ParallelConfig, cluster_for
 from tessera_lab.model.spec import ModelSpec, layer_summary, load_model
@@ -229,7 +229,8 @@ def lane_breakdown(
         deps: key -> keys it waits for; tasks: key -> :class:`~tessera_lab.model.tasks.Task` (op, FLOPs, collective).
         contention: the cost model's contention; peak_flops: FLOP/s; launch_s: seconds per compute kernel.
     """
-    res = two_lane_makespan(tuple(order), durations, lanes, deps, contention)
+    classes = {k: kernel_class(t.op, t.is_comm) for k, t in tasks.items()}  # as the cost model runs them
+    res = two_lane_makespan(tuple(order), durations, lanes, deps, contention, classes)
     parts: dict[str, float] = defaultdict(float)
     comm_total: dict[str, float] = defaultdict(float)
     comp_iv = []
@@ -843,7 +844,26 @@ def model_from_name(name: str) -> ModelSpec:
 
 
 PARALLEL_KEYS = ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
-                 "distributed_optimizer", "schedule")
+                 "distributed_optimizer", "schedule", "dispatcher", "recompute", "precision", "grad_reduce_dtype",
+                 "expert_load", "grouped_gemm", "fused_cross_entropy")
+
+
+def _check_plan_consistency(data: Mapping[str, Any], parallel: Any, b: list[int], where: str) -> None:
+    """The plan's recorded sizes agree with its parallel settings and boundaries: ``gpus`` is pp x dp x ep x tp and
+    each recorded stage holds exactly the layers its boundaries give (every layer once)."""
+    gpus = data.get("gpus")
+    if gpus is not None and gpus != parallel.world_size:
+        raise ConfigError(f"{where}: field 'gpus' = {gpus!r} disagrees with pp x dp x ep x tp = {parallel.world_size}")
+    stages = data.get("stages")
+    if stages is None:
+        return
+    if not isinstance(stages, list) or len(stages) != len(b) - 1:
+        raise ConfigError(f"{where}: field 'stages' must list {len(b) - 1} stages (one per pipeline stage)")
+    for s, st in enumerate(stages):
+        layers = st.get("layers") if isinstance(st, Mapping) else None
+        if layers is not None and layers != list(range(b[s], b[s + 1])):
+            raise ConfigError(f"{where}: field 'stages[{s}].layers' disagrees with 'boundaries' "
+                              f"(layers {b[s]} to {b[s + 1] - 1}); every layer belongs to exactly one stage")
 
 
 def plan_from_json(data: Mapping[str, Any] | str | Path) -> Any:
@@ -859,16 +879,16 @@ def plan_from_json(data: Mapping[str, Any] | str | Path) -> Any:
     from tessera_lab.cost.memory import memory_capacity
     from tessera_lab.model.tasks import model_flops_per_iteration
 
+    where = "plan"
     if not isinstance(data, Mapping):
         path = Path(data)
+        where = f"plan '{path}'"
         if not path.is_file():
             raise ConfigError(f"field 'plan' = {str(path)!r} is not a file; allowed: a JSON file from "
                               "'tessera-lab plan --json'")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"field 'plan' = {str(path)!r} is not JSON ({exc.msg} at line {exc.lineno}); "
-                              "allowed: the output of 'tessera-lab plan --json'") from None
+        from tessera_lab.io import read_json
+
+        data = read_json(path, "plan")
     if not isinstance(data, Mapping):
         raise ConfigError("field 'plan' must be a JSON object from 'tessera-lab plan --json'")
     for key in ("model", "parallel", "boundaries"):
@@ -881,15 +901,25 @@ def plan_from_json(data: Mapping[str, Any] | str | Path) -> Any:
     unknown = set(par) - set(PARALLEL_KEYS)
     if unknown:
         raise ConfigError(f"field 'plan.parallel' has unknown keys {sorted(unknown)}; allowed: {', '.join(PARALLEL_KEYS)}")
+    from tessera_lab.checks import WORK_LIMITS, check_int, check_work
+
+    for key in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len"):
+        if key in par:  # type, range and work limits before any planning work
+            check_int(par[key], f"parallel.{key}", where=where, limit=key if key in WORK_LIMITS else None)
     parallel = ParallelConfig(**par)
+    check_work("world_size", parallel.world_size, field="field 'parallel' world size pp x dp x ep x tp", where=where)
+    check_work("actions", parallel.pp * parallel.vpp * parallel.microbatches,
+               field="field 'parallel' pp x vpp x microbatches", where=where)
     gpu = data.get("gpu", "H200")
-    cluster = Cluster.dgx(gpu, int(data["nodes"])) if data.get("nodes") else cluster_for(parallel, gpu)
+    nodes = check_int(data["nodes"], "nodes", where=where, limit="nodes") if data.get("nodes") is not None else None
+    cluster = Cluster.dgx(gpu, nodes) if nodes else cluster_for(parallel, gpu)
     b = data["boundaries"]
     L = model.num_layers
     if (not isinstance(b, list) or len(b) != parallel.pp + 1 or not all(isinstance(x, int) for x in b)
             or b[0] != 0 or b[-1] != L or any(y < x for x, y in zip(b, b[1:]))):
         raise ConfigError(f"field 'plan.boundaries' = {b!r} is invalid; allowed: {parallel.pp + 1} non-decreasing "
                           f"integers from 0 to {L}")
+    _check_plan_consistency(data, parallel, b, where)
     cost_model, sm = build_stage_model(model, parallel, cluster)
     costs = [sm.cost(s, b[s], b[s + 1]) for s in range(parallel.pp)]
     part = Partition(list(b), costs, max(costs), max(costs), str(data.get("method", "from-json")),
@@ -1143,6 +1173,8 @@ def save_report_figure(path: str | Path, plan: Any, report: CapacityReport | Non
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig = report_figure(plan, report, diff)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    from tessera_lab.io import save_figure
+
+    save_figure(fig, path)
     plt.close(fig)
     return path
