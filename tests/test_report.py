@@ -12,17 +12,10 @@ from hypothesis import strategies as st
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.plan.make import make_plan
-from tessera_lab.report.capacity import (
-    ActionBreakdown,
-    CATEGORIES,
-    apply_changes,
-    capacity_breakdown,
-    capacity_report,
-    diff_contributions,
-    model_diff,
-    parse_changes,
-    plan_from_json,
-)
+from tessera_lab.plan.load import load_plan
+from tessera_lab.report.capacity import capacity_breakdown, capacity_report
+from tessera_lab.report.categories import CATEGORIES, ActionBreakdown
+from tessera_lab.report.diff import apply_changes, diff_contributions, model_diff, parse_changes
 from tessera_lab.pipeline.schedules import build_schedule
 from tessera_lab.pipeline.simulate import override_durations, simulate, stage_durations
 
@@ -133,7 +126,8 @@ def test_observed_event_list_with_memory_wait():
 def test_observed_run_against_plan_predictions(plan):
     """An observed run in the simulator's event format, 10% slower than predicted on every action plus one
     slow micro-batch: the systematic part is runtime overhead, the spike routing variance."""
-    from tessera_lab.report.capacity import capacity_from_observed, evaluation_recipes
+    from tessera_lab.report.capacity import capacity_from_observed
+    from tessera_lab.report.categories import evaluation_recipes
 
     ev = plan.chosen
     p = plan.parallel
@@ -273,7 +267,7 @@ def test_report_figure_names_the_configuration_and_shows_both_diff_variants(plan
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tessera_lab.report.capacity import plan_caption, report_figure
+    from tessera_lab.report.diff import plan_caption, report_figure
 
     fig = report_figure(plan, report)
     (ax,) = fig.axes
@@ -303,11 +297,11 @@ def test_changes_parse_and_apply(qwen3_next):
 def test_plan_json_round_trip(plan, tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan.as_dict()))
-    again = plan_from_json(path)
+    again = load_plan(path)
     assert again.chosen.iteration_time_s == pytest.approx(plan.chosen.iteration_time_s, rel=1e-12)
     bad = dict(plan.as_dict(), boundaries=[0, 5, 3, 48])
     with pytest.raises(ConfigError, match="boundaries"):
-        plan_from_json(bad)
+        load_plan(bad)
 
 
 # ------------------------------------------------------------------ CLI

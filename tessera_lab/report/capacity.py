@@ -69,290 +69,21 @@ Categories (GPU-seconds per iteration):
 ``residual``
     Lost time minus the sum of the rows above.
 
-Model-change diff
-=================
-
-:func:`model_diff` plans two variants at the same (or a changed) parallel configuration and puts the
-partition, per-stage cost, exposed communication per collective, memory headroom and MFU side by side. The
-iteration-time difference per GPU splits exactly into the change of model work at peak plus the change of
-every lost-time category (``T = (model FLOPs / peak + sum of categories) / GPUs``); the headline names the
-largest term.
-
-This module never imports torch; pandas is imported only by the table methods.
+The model-change diff built on it is in :mod:`tessera_lab.report.diff`. This module never imports torch; pandas is
+imported only by the table methods.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from tessera_lab.cost.analytic import Contention, CostModel, two_lane_makespan
 from tessera_lab.errors import ConfigError
-from tessera_lab.model.hardware import Cluster, ParallelConfig, cluster_for
-from tessera_lab.model.spec import ModelSpec, layer_summary, load_model
 from tessera_lab.pipeline.simulate import interval_gaps, merge_intervals, overlap_length
-from tessera_lab.model.tasks import MODEL_FLOP_OPS, Task, decompose
-
-GIB = 2**30
-
-#: rows of the capacity table, in display order (``exposed_<other>`` rows for other collectives are added
-#: after ``exposed_dp_grad_sync`` when a timeline has them)
-CATEGORIES = (
-    "stage_imbalance",
-    "exposed_ep_all_to_all",
-    "exposed_pp_p2p",
-    "exposed_tp",
-    "exposed_dp_grad_sync",
-    "bubble",
-    "routing_variance",
-    "memory_wait",
-    "runtime_overhead",
-    "non_model_work",
-    "kernel_efficiency",
-    "overlap_contention",
-    "residual",
-)
-
-LABELS = {
-    "stage_imbalance": "stage imbalance",
-    "exposed_ep_all_to_all": "exposed EP all-to-all",
-    "exposed_pp_p2p": "exposed PP p2p",
-    "exposed_tp": "exposed TP all-reduce",
-    "exposed_dp_grad_sync": "exposed DP gradient sync",
-    "bubble": "warm-up/cool-down bubble",
-    "routing_variance": "routing variance",
-    "memory_wait": "memory wait",
-    "runtime_overhead": "runtime overhead",
-    "non_model_work": "non-model work",
-    "kernel_efficiency": "kernel efficiency",
-    "overlap_contention": "overlap contention",
-    "residual": "residual",
-    "compute_unsplit": "compute beyond model FLOPs at peak (unsplit)",
-}
-
-DEFINITIONS = {
-    "stage_imbalance": "idle while the busiest rank does more work: sum_r min(idle left, busy0_max - busy0_r)",
-    "exposed_ep_all_to_all": "EP dispatch/combine all-to-all time with no compute kernel running",
-    "exposed_pp_p2p": "idle compute lane covered by a stage-to-stage transfer into the rank",
-    "exposed_tp": "TP all-reduce time with no compute kernel running",
-    "exposed_dp_grad_sync": "idle compute lane covered by the end-of-iteration gradient sync",
-    "bubble": "rest of the idle time: pipeline fill/drain and schedule dependency waits",
-    "routing_variance": "actions beyond their nominal (uniform-routing) time, plus idle beyond the nominal idle",
-    "memory_wait": "compute-lane memory_wait events (none in simulation)",
-    "runtime_overhead": "kernel launch/tail per compute task; observed beyond predicted time for runs",
-    "non_model_work": "router, norms, element-wise, permute, embedding, loss, recompute: not model FLOPs",
-    "kernel_efficiency": "model-FLOP kernels below peak: their time minus their FLOPs at peak",
-    "overlap_contention": "compute slowed down beside communication kernels (contention)",
-    "residual": "lost time minus the sum of the rows above",
-    "compute_unsplit": "compute time minus model FLOPs at peak, without a per-task prediction to split it",
-}
-
-_COLLECTIVE_CATEGORY = {
-    "all_to_all:ep": "exposed_ep_all_to_all",
-    "all_reduce:tp": "exposed_tp",
-    "pp_p2p": "exposed_pp_p2p",
-    "RECV_F": "exposed_pp_p2p",
-    "RECV_B": "exposed_pp_p2p",
-    "dp_grad_sync": "exposed_dp_grad_sync",
-    "ep_a2a": "exposed_ep_all_to_all",  # the runner's comm-lane name
-}
-
-MEMORY_WAIT_TYPES = frozenset({"memory_wait", "MEMORY_WAIT"})
-
-
-def collective_category(name: str) -> str:
-    """The capacity row of a collective name (``all_to_all:ep`` -> ``exposed_ep_all_to_all``; unknown names
-    become ``exposed_<name>`` with non-alphanumerics replaced by ``_``)."""
-    if name in _COLLECTIVE_CATEGORY:
-        return _COLLECTIVE_CATEGORY[name]
-    if name.endswith(":tp"):
-        return "exposed_tp"
-    return "exposed_" + re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_").lower()
-
-
-# ---------------------------------------------------------------------- action recipes
-@dataclass
-class ActionBreakdown:
-    """Predicted time of one action (or bundle) split into capacity categories, seconds on one rank.
-
-    Attributes:
-        parts: category -> seconds; ``model_at_peak`` is the model-op FLOPs at peak (the useful part), the
-            other keys are :data:`CATEGORIES` names. ``sum(parts) == total``.
-        comm: collective (``all_to_all:ep``, ``all_reduce:tp``) -> standalone communication seconds issued
-            by the action, hidden or not (for hidden fractions; not part of ``total``).
-        total: the action's predicted time, seconds.
-    """
-
-    parts: dict[str, float] = field(default_factory=dict)
-    comm: dict[str, float] = field(default_factory=dict)
-    total: float = 0.0
-
-    def add(self, other: "ActionBreakdown", sign: float = 1.0) -> "ActionBreakdown":
-        for k, v in other.parts.items():
-            self.parts[k] = self.parts.get(k, 0.0) + sign * v
-        for k, v in other.comm.items():
-            self.comm[k] = self.comm.get(k, 0.0) + sign * v
-        self.total += sign * other.total
-        return self
-
-    def copy(self) -> "ActionBreakdown":
-        return ActionBreakdown(dict(self.parts), dict(self.comm), self.total)
-
-
-def lane_breakdown(
-    order: Sequence[str],
-    durations: Mapping[str, float],
-    lanes: Mapping[str, str],
-    deps: Mapping[str, Sequence[str]],
-    tasks: Mapping[str, Task],
-    *,
-    contention: Contention,
-    peak_flops: float,
-    launch_s: float,
-) -> ActionBreakdown:
-    """Split the makespan of tasks run on the two lanes into capacity categories (seconds, one rank).
-
-    Runs :func:`tessera_lab.cost.analytic.two_lane_makespan` and attributes: per compute task its launch time
-    (``min(launch_s, duration)``) to ``runtime_overhead``; the rest to ``model_at_peak`` (FLOPs / peak) and
-    ``kernel_efficiency`` for model-FLOP ops (:data:`tessera_lab.model.tasks.MODEL_FLOP_OPS`), else to
-    ``non_model_work``; its span beyond its duration to ``overlap_contention``; per communication task the
-    part of its span with no compute running to the collective's exposed row. The compute lane runs one task
-    at a time and at every instant one lane is busy, so the parts sum to the makespan.
-
-    Args:
-        order: issue order (keys); durations: standalone seconds per key; lanes: ``compute``/``comm``;
-        deps: key -> keys it waits for; tasks: key -> :class:`~tessera_lab.model.tasks.Task` (op, FLOPs, collective).
-        contention: the cost model's contention; peak_flops: FLOP/s; launch_s: seconds per compute kernel.
-    """
-    res = two_lane_makespan(tuple(order), durations, lanes, deps, contention)
-    parts: dict[str, float] = defaultdict(float)
-    comm_total: dict[str, float] = defaultdict(float)
-    comp_iv = []
-    comm_spans = []
-    for k in order:
-        s, e = res.spans[k]
-        d = float(durations[k])
-        t = tasks[k]
-        if lanes[k] == "compute":
-            comp_iv.append((s, e))
-            parts["overlap_contention"] += (e - s) - d
-            launch = min(launch_s, d)
-            parts["runtime_overhead"] += launch
-            rest = d - launch
-            if t.op in MODEL_FLOP_OPS:
-                at_peak = min(t.flops / peak_flops, rest)
-                parts["model_at_peak"] += at_peak
-                parts["kernel_efficiency"] += rest - at_peak
-            else:
-                parts["non_model_work"] += rest
-        else:
-            key = f"{t.collective.kind}:{t.collective.group}" if t.collective else t.op
-            comm_total[key] += d
-            comm_spans.append((key, s, e))
-    merged = merge_intervals(comp_iv)
-    for key, s, e in comm_spans:
-        if e > s:
-            parts[collective_category(key)] += (e - s) - overlap_length([(s, e)], merged)
-    return ActionBreakdown(dict(parts), dict(comm_total), res.makespan)
-
-
-class _RecipeBuilder:
-    """Per-layer phase and pair breakdowns of a plan's model, memoised."""
-
-    def __init__(self, model: ModelSpec, parallel: ParallelConfig, cluster: Cluster):
-        from tessera_lab.plan.make import PAIR_SEARCH_BUDGET
-
-        self.model, self.parallel, self.cluster = model, parallel, cluster
-        self.cm = CostModel(cluster, parallel)
-        self.peak = cluster.gpu.peak_flops
-        self.launch = self.cm.a["kernel_launch_s"]
-        self.layer_tasks = decompose(model, parallel)  # embedding, layers..., head
-        self.budget = PAIR_SEARCH_BUDGET
-        self._phase: dict[tuple[int, str], ActionBreakdown] = {}
-        self._pair: dict[tuple[str, str], ActionBreakdown] = {}
-
-    def _run(self, order, durations, lanes, deps, tasks) -> ActionBreakdown:
-        return lane_breakdown(order, durations, lanes, deps, tasks, contention=self.cm.contention,
-                              peak_flops=self.peak, launch_s=self.launch)
-
-    def phase(self, entry: int, phase: str) -> ActionBreakdown:
-        """Breakdown of a standalone F/B/W bundle in program order; ``entry`` indexes ``decompose`` (0 =
-        embedding, ``l + 1`` = decoder layer l, last = LM head). Same execution as
-        :meth:`tessera_lab.cost.analytic.CostModel.phase_cost`."""
-        key = (entry, phase)
-        if key not in self._phase:
-            tasks = getattr(self.layer_tasks[entry], phase)
-            names = [t.name for t in tasks]
-            known = set(names)
-            self._phase[key] = self._run(
-                names, {t.name: self.cm.task_time(t) for t in tasks},
-                {t.name: "comm" if t.is_comm else "compute" for t in tasks},
-                {t.name: tuple(d for d in t.deps if d in known) for t in tasks},
-                {t.name: t for t in tasks})
-        return self._phase[key]
-
-    def pair(self, kind_f: str, kind_b: str) -> ActionBreakdown:
-        """Breakdown of the forward of a ``kind_f`` layer run with the full backward of a ``kind_b`` layer in
-        the overlap scheduler's best order (as :func:`tessera_lab.plan.make.layer_pair_costs`)."""
-        key = (kind_f, kind_b)
-        if key not in self._pair:
-            from tessera_lab.overlap.core import Bundle, bundle, layer_kind_examples, pair_graph, schedule_pair
-
-            ex = layer_kind_examples(self.model)
-            a = bundle(self.model, ex[kind_f], "F", self.parallel, name="F")
-            b = bundle(self.model, ex[kind_b], "BW", self.parallel, name="BW")
-            res = schedule_pair(a, b, cost_model=self.cm, budget=self.budget)
-            graph = pair_graph(a, b)
-            tasks, durations = {}, {}
-            for bd in (a, b):
-                for t in bd.tasks:
-                    k = f"{bd.name}/{Bundle.task_id(t)}"
-                    tasks[k] = t
-                    durations[k] = self.cm.task_time(t)
-            self._pair[key] = self._run(res.order, durations, graph.lanes, graph.deps, tasks)
-        return self._pair[key]
-
-    def stage(self, s: int, layers: Sequence[int], overlapped: bool) -> dict[str, ActionBreakdown]:
-        """Recipes of stage ``s`` owning ``layers``: ``F``, ``B`` (full backward), ``W``, ``I`` (= B - W) and,
-        when ``overlapped``, ``OVERLAP_F_B``."""
-        p = self.parallel
-        last = len(self.layer_tasks) - 1
-        extras = ([0] if s == 0 else []) + ([last] if s == p.pp - 1 else [])
-        F, B, W = ActionBreakdown(), ActionBreakdown(), ActionBreakdown()
-        for e in [l + 1 for l in layers] + extras:
-            F.add(self.phase(e, "F"))
-            B.add(self.phase(e, "B")).add(self.phase(e, "W"))
-            W.add(self.phase(e, "W"))
-        out = {"F": F, "B": B, "W": W, "I": B.copy().add(W, -1.0)}
-        if overlapped:
-            kinds = [self.model.layers[l].kind for l in layers]
-            n = len(kinds)
-            ov = ActionBreakdown()
-            for k in range(n):
-                ov.add(self.pair(kinds[k], kinds[n - 1 - k]))
-            for e in extras:
-                ov.add(self.phase(e, "F")).add(self.phase(e, "B")).add(self.phase(e, "W"))
-            out["OVERLAP_F_B"] = ov
-        return out
-
-
-def evaluation_recipes(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, evaluation: Any,
-                       *, builder: _RecipeBuilder | None = None) -> dict[tuple[int, str], ActionBreakdown]:
-    """Recipes ``{(stage, action type): ActionBreakdown}`` of an evaluated plan
-    (:class:`tessera_lab.plan.make.Evaluation`), one per stage and F / B / I / W / OVERLAP_F_B."""
-    builder = builder or _RecipeBuilder(model, parallel, cluster)
-    overlapped = any(st.overlap_s is not None for st in evaluation.stages)
-    out = {}
-    for st in evaluation.stages:
-        for typ, bd in builder.stage(st.index, st.layers, overlapped).items():
-            out[(st.index, typ)] = bd
-    return out
-
+from tessera_lab.report.categories import (CATEGORIES, DEFINITIONS, LABELS, MEMORY_WAIT_TYPES, ActionBreakdown,
+                                           collective_category, evaluation_recipes)
 
 # ---------------------------------------------------------------------- the report
 @dataclass
@@ -371,6 +102,8 @@ class CapacityReport:
         comm_gpu_s: the same for every in-action collective (``all_to_all:ep``, ``all_reduce:tp``).
         per_rank: per pipeline rank: busy, idle and the idle split, seconds (one GPU of that rank).
         notes: assumptions and caveats.
+        costs: the cost source of the predictions (:meth:`tessera_lab.cost.source.CostSource.as_dict`), or
+            ``None`` for a bare timeline.
     """
 
     source: str
@@ -383,6 +116,7 @@ class CapacityReport:
     comm_gpu_s: dict[str, float] = field(default_factory=dict)
     per_rank: list[dict[str, float]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    costs: dict[str, Any] | None = None
 
     @property
     def gpu_time_s(self) -> float:
@@ -451,7 +185,7 @@ class CapacityReport:
             "parts_gpu_s": dict(self.parts), "ep_comm_gpu_s": self.ep_comm_gpu_s,
             "ep_hidden_fraction": self.ep_hidden_fraction, "ep_exposed_share": self.ep_exposed_share,
             "comm_gpu_s": dict(self.comm_gpu_s), "per_rank": self.per_rank, "notes": self.notes,
-            "mfu_convention": MFU_CONVENTION,
+            "mfu_convention": MFU_CONVENTION, "costs": self.costs,
         }
 
     def format(self) -> str:
@@ -470,7 +204,8 @@ class CapacityReport:
         rows.append({"category": "sum", "GPU-s": total, "ms/GPU": total / self.gpus * 1e3 if self.gpus else 0.0,
                      "of lost": f"{total / self.lost_gpu_s:.1%}" if self.lost_gpu_s else "-",
                      "of GPU time": f"{total / self.gpu_time_s:.1%}" if self.gpu_time_s else "-"})
-        lines = [head, tabulate(rows, headers="keys", floatfmt=".4g", tablefmt="simple")]
+        lines = [head] + ([f"costs: {self.costs['description']}"] if self.costs else []) + [
+            tabulate(rows, headers="keys", floatfmt=".4g", tablefmt="simple")]
         if self.ep_comm_gpu_s > 0:
             lines.append(f"EP all-to-all: {self.ep_hidden_fraction:.1%} hidden under compute; exposed part "
                          f"{self.ep_exposed_share:.1%} of the iteration's GPU time")
@@ -772,6 +507,7 @@ def capacity_from_runner(job: Mapping[str, Any], *, model_flops: float, peak_flo
                               notes=["predicted = the runner's median action times (no cost-model split)"])
 
 
+
 def capacity_report(plan: Any, evaluation: Any | str | None = None, *, timeline: Any = None,
                     nominal_iteration_s: float | None = None) -> CapacityReport:
     """Capacity report of a :class:`~tessera_lab.plan.make.Plan`'s chosen evaluation (or a baseline by name).
@@ -803,346 +539,17 @@ def capacity_report(plan: Any, evaluation: Any | str | None = None, *, timeline:
             worst = max(worst, abs(recipes[(st.index, typ)].total - want) / max(want, 1e-30))
     if worst > 1e-9:
         notes.append(f"recipes differ from the simulated stage times by up to {worst:.2e} (relative); the "
-                     "difference shows in the residual")
+                     "difference shows in the residual"
+                     + ("" if plan.costs.kind == "analytic" else
+                        f" (recipes split the analytic model's times; the plan's costs are {plan.costs.describe()})"))
     p = plan.parallel
     src = (f"simulated plan: {plan.model.name}, {ev.method} partition, {p.schedule}, pp={p.pp} ep={p.ep} "
            f"tp={p.tp} dp={p.dp}, m={p.microbatches}" if timeline is None else
            f"timeline of {plan.model.name}, {ev.method} partition")
-    return capacity_breakdown(tl, recipes, gpus=p.world_size, model_flops=plan.model_flops,
-                              peak_flops=plan.cluster.gpu.peak_flops, nominal_iteration_s=nominal_iteration_s,
-                              source=src, notes=notes)
+    rep = capacity_breakdown(tl, recipes, gpus=p.world_size, model_flops=plan.model_flops,
+                             peak_flops=plan.cluster.gpu.peak_flops, nominal_iteration_s=nominal_iteration_s,
+                             source=src, notes=notes)
+    rep.costs = plan.costs.as_dict()
+    return rep
 
 
-# ---------------------------------------------------------------------- plans from JSON and from options
-_VARIANT = re.compile(r"^(?P<base>[^\[]+)\[(?P<changes>[^\]]*)\]$")
-_VARIANT_KEYS = {"ratio": "attention_ratio", "expert": "moe_intermediate_size", "topk": "num_experts_per_tok",
-                 "experts": "num_experts", "shared": "shared_expert_intermediate_size", "layers": "num_layers"}
-
-
-def model_from_name(name: str) -> ModelSpec:
-    """A shipped model or config path, or a variant name as :meth:`ModelSpec.with_changes` writes it
-    (``qwen3-next-80b-a3b[expert=256,topk=4]``).
-
-    Raises:
-        ConfigError: unknown model or change key.
-    """
-    m = _VARIANT.match(name.strip())
-    if not m:
-        return load_model(name)
-    base = load_model(m.group("base"))
-    changes = {}
-    for item in filter(None, m.group("changes").split(",")):
-        k, _, v = item.partition("=")
-        if k not in _VARIANT_KEYS:
-            raise ConfigError(f"field 'model' = {name!r}: change {k!r} is unknown; allowed: {', '.join(_VARIANT_KEYS)}")
-        try:
-            changes[_VARIANT_KEYS[k]] = int(v)
-        except ValueError:
-            raise ConfigError(f"field 'model' = {name!r}: {k}={v!r} is not an integer") from None
-    return base.with_changes(**changes, name=name)
-
-
-PARALLEL_KEYS = ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
-                 "distributed_optimizer", "schedule")
-
-
-def plan_from_json(data: Mapping[str, Any] | str | Path) -> Any:
-    """Rebuild a :class:`~tessera_lab.plan.make.Plan` from ``tessera-lab plan --json`` output (keys ``model``,
-    ``parallel``, ``boundaries``, ``gpu``, ``nodes``): the recorded partition is re-evaluated with the
-    current cost model and simulator (baselines are not rebuilt).
-
-    Raises:
-        ConfigError: missing keys, a malformed file, or boundaries that do not partition the model's layers.
-    """
-    from tessera_lab.plan.partition import Partition
-    from tessera_lab.plan.make import Plan, build_stage_model, evaluate
-    from tessera_lab.cost.memory import memory_capacity
-    from tessera_lab.model.tasks import model_flops_per_iteration
-
-    if not isinstance(data, Mapping):
-        path = Path(data)
-        if not path.is_file():
-            raise ConfigError(f"field 'plan' = {str(path)!r} is not a file; allowed: a JSON file from "
-                              "'tessera-lab plan --json'")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"field 'plan' = {str(path)!r} is not JSON ({exc.msg} at line {exc.lineno}); "
-                              "allowed: the output of 'tessera-lab plan --json'") from None
-    if not isinstance(data, Mapping):
-        raise ConfigError("field 'plan' must be a JSON object from 'tessera-lab plan --json'")
-    for key in ("model", "parallel", "boundaries"):
-        if key not in data:
-            raise ConfigError(f"field 'plan.{key}' is missing; allowed: the output of 'tessera-lab plan --json'")
-    model = model_from_name(str(data["model"]))
-    par = data["parallel"]
-    if not isinstance(par, Mapping):
-        raise ConfigError("field 'plan.parallel' must be an object with pp, ep, tp, dp, ...")
-    unknown = set(par) - set(PARALLEL_KEYS)
-    if unknown:
-        raise ConfigError(f"field 'plan.parallel' has unknown keys {sorted(unknown)}; allowed: {', '.join(PARALLEL_KEYS)}")
-    parallel = ParallelConfig(**par)
-    gpu = data.get("gpu", "H200")
-    cluster = Cluster.dgx(gpu, int(data["nodes"])) if data.get("nodes") else cluster_for(parallel, gpu)
-    b = data["boundaries"]
-    L = model.num_layers
-    if (not isinstance(b, list) or len(b) != parallel.pp + 1 or not all(isinstance(x, int) for x in b)
-            or b[0] != 0 or b[-1] != L or any(y < x for x, y in zip(b, b[1:]))):
-        raise ConfigError(f"field 'plan.boundaries' = {b!r} is invalid; allowed: {parallel.pp + 1} non-decreasing "
-                          f"integers from 0 to {L}")
-    cost_model, sm = build_stage_model(model, parallel, cluster)
-    costs = [sm.cost(s, b[s], b[s + 1]) for s in range(parallel.pp)]
-    part = Partition(list(b), costs, max(costs), max(costs), str(data.get("method", "from-json")),
-                     stage_memory=[sm.memory_bytes(s, b[s], b[s + 1]) for s in range(parallel.pp)])
-    flops = model_flops_per_iteration(model, parallel)
-    ev = evaluate(model, parallel, cost_model, sm, part, part.method, flops)
-    return Plan(model, parallel, cluster, ev, {}, sm.costs, flops, memory_capacity(cluster),
-                notes=["re-evaluated from plan JSON"])
-
-
-# ---------------------------------------------------------------------- model-change diff
-PARALLEL_CHANGES = {"seq_len": "seq_len", "context_length": "seq_len", "dtype": "dtype", "precision": "dtype",
-                    "micro_batch_size": "micro_batch_size", "microbatches": "microbatches"}
-MODEL_CHANGES = {"attention_ratio": "attention_ratio", "expert_width": "moe_intermediate_size",
-                 "moe_intermediate_size": "moe_intermediate_size", "top_k": "num_experts_per_tok",
-                 "num_experts_per_tok": "num_experts_per_tok", "num_experts": "num_experts",
-                 "shared_expert_intermediate_size": "shared_expert_intermediate_size", "layers": "num_layers",
-                 "num_layers": "num_layers"}
-
-
-def parse_changes(text: str) -> dict[str, Any]:
-    """``"expert_width=256,top_k=4,seq_len=8192,dtype=fp8"`` -> dict (integers where they parse).
-
-    Raises:
-        ConfigError: an item without ``=`` or an unknown key.
-    """
-    out: dict[str, Any] = {}
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        k, sep, v = item.partition("=")
-        k = k.strip().replace("-", "_")
-        if not sep or k not in {**PARALLEL_CHANGES, **MODEL_CHANGES}:
-            raise ConfigError(f"change {item!r} is invalid; allowed: KEY=VALUE with KEY in "
-                              f"{', '.join(sorted({**PARALLEL_CHANGES, **MODEL_CHANGES}))}")
-        v = v.strip()
-        try:
-            out[k] = int(v)
-        except ValueError:
-            out[k] = v
-    return out
-
-
-def apply_changes(model: ModelSpec, parallel: ParallelConfig, changes: Mapping[str, Any]) -> tuple[ModelSpec, ParallelConfig]:
-    """Apply model knobs (attention ratio, expert width, top-k, experts, layers) and run knobs (context
-    length ``seq_len``, precision ``dtype``, micro-batch size, micro-batches) to a model and its parallel
-    config. Precision changes activation and communication bytes; compute is still timed at the bf16 peak.
-
-    Raises:
-        ConfigError: unknown key or a value out of range (from the model / parallel validation).
-    """
-    mk, pk = {}, {}
-    for k, v in changes.items():
-        if k in MODEL_CHANGES:
-            mk[MODEL_CHANGES[k]] = v
-        elif k in PARALLEL_CHANGES:
-            pk[PARALLEL_CHANGES[k]] = v
-        else:
-            raise ConfigError(f"change {k!r} is unknown; allowed: {', '.join(sorted({**PARALLEL_CHANGES, **MODEL_CHANGES}))}")
-    return (model.with_changes(**mk) if mk else model), (parallel.replace(**pk) if pk else parallel)
-
-
-@dataclass
-class DiffReport:
-    """Two variants side by side (see :func:`model_diff`). ``plans`` and ``capacity`` are (a, b) pairs."""
-
-    labels: tuple[str, str]
-    plans: tuple[Any, Any]
-    capacity: tuple[CapacityReport, CapacityReport]
-    headline: str
-    contributions_ms_per_gpu: dict[str, float]
-
-    def summary_rows(self) -> list[dict[str, Any]]:
-        """Metric rows: iteration time, tokens/s, MFU, bubble, slowest stage, memory headroom, exposed
-        communication per collective (ms per GPU per iteration)."""
-        rows = []
-
-        def row(metric, a, b, unit=""):
-            rows.append({"metric": metric, self.labels[0]: a, self.labels[1]: b,
-                         "change": (b - a) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None,
-                         "unit": unit})
-
-        (pa, pb), (ca, cb) = self.plans, self.capacity
-        row("iteration time", pa.chosen.iteration_time_s, pb.chosen.iteration_time_s, "s")
-        row("tokens per second", pa.chosen.tokens_per_s, pb.chosen.tokens_per_s, "tokens/s")
-        row("MFU", ca.mfu, cb.mfu, "")
-        row("bubble fraction", pa.chosen.bubble_fraction, pb.chosen.bubble_fraction, "")
-        row("slowest stage per micro-batch", max(s.time_s for s in pa.chosen.stages) * 1e3,
-            max(s.time_s for s in pb.chosen.stages) * 1e3, "ms")
-        row("memory headroom (tightest stage)", memory_headroom(pa) / GIB, memory_headroom(pb) / GIB, "GiB")
-        for k in dict.fromkeys(list(ca.exposed_comm_gpu_s) + list(cb.exposed_comm_gpu_s)):
-            row(LABELS.get(k, k), ca.parts.get(k, 0.0) / ca.gpus * 1e3, cb.parts.get(k, 0.0) / cb.gpus * 1e3,
-                "ms/GPU")
-        row("EP comm hidden", ca.ep_hidden_fraction, cb.ep_hidden_fraction, "")
-        return rows
-
-    def summary(self):
-        import pandas as pd
-
-        return pd.DataFrame(self.summary_rows())
-
-    def stage_rows(self) -> list[dict[str, Any]]:
-        """Per stage: layers, time per micro-batch (ms) and memory (GiB) of both variants."""
-        a, b = self.plans[0].chosen.stages, self.plans[1].chosen.stages
-        rows = []
-        for s in range(max(len(a), len(b))):
-            r: dict[str, Any] = {"stage": s}
-            for lab, st in (("a", a[s] if s < len(a) else None), ("b", b[s] if s < len(b) else None)):
-                r[f"layers {lab}"] = layer_summary(st.layers, st.kinds) if st else "-"
-                r[f"ms/mb {lab}"] = st.time_s * 1e3 if st else None
-                r[f"GiB {lab}"] = st.memory_bytes / GIB if st else None
-            rows.append(r)
-        return rows
-
-    def stages(self):
-        import pandas as pd
-
-        return pd.DataFrame(self.stage_rows())
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"labels": list(self.labels), "headline": self.headline,
-                "contributions_ms_per_gpu": self.contributions_ms_per_gpu,
-                "summary": self.summary_rows(), "stages": self.stage_rows(),
-                "plans": [p.as_dict() for p in self.plans], "capacity": [c.as_dict() for c in self.capacity]}
-
-    def format(self) -> str:
-        from tabulate import tabulate
-
-        rows = [{k: v for k, v in r.items()} for r in self.summary_rows()]
-        return "\n".join([
-            f"model-change diff: {self.labels[0]}  vs  {self.labels[1]}",
-            tabulate(rows, headers="keys", floatfmt=".4g", tablefmt="simple"), "",
-            f"per stage (a = {self.labels[0]}, b = {self.labels[1]}; ms/mb: time per micro-batch as the schedule "
-            "sees it)",
-            tabulate(self.stage_rows(), headers="keys", floatfmt=".3f", tablefmt="simple"), "",
-            self.headline])
-
-
-def memory_headroom(plan: Any) -> float:
-    """Bytes left on the tightest stage: memory capacity per GPU minus the largest stage memory."""
-    return plan.memory_capacity_bytes - max(st.memory_bytes for st in plan.chosen.stages)
-
-
-def diff_contributions(a: CapacityReport, b: CapacityReport) -> dict[str, float]:
-    """Change of iteration time per GPU, seconds, split exactly into ``model work at peak`` and every
-    capacity category: ``T = (model FLOPs / peak + sum(parts)) / GPUs`` for each variant."""
-    out = {"model work at peak": b.useful_gpu_s / b.gpus - a.useful_gpu_s / a.gpus}
-    for k in dict.fromkeys(list(a.parts) + list(b.parts)):
-        out[LABELS.get(k, k)] = b.parts.get(k, 0.0) / b.gpus - a.parts.get(k, 0.0) / a.gpus
-    return out
-
-
-def model_diff(
-    base: ModelSpec,
-    variant: ModelSpec | Mapping[str, Any],
-    parallel: ParallelConfig | None = None,
-    cluster: Cluster | None = None,
-    *,
-    variant_parallel: ParallelConfig | None = None,
-    labels: tuple[str, str] | None = None,
-    method: str = "ilp",
-    gpu: str = "H200",
-    plans: tuple[Any, Any] | None = None,
-) -> DiffReport:
-    """Plan a baseline and a changed model at a target scale and compare them.
-
-    Args:
-        base: the baseline model.
-        variant: the changed model, or a dict of changes for :func:`apply_changes` (``attention_ratio``,
-            ``expert_width``, ``top_k``, ``num_experts``, ``seq_len``/``context_length``, ``dtype``/``precision``).
-        parallel: parallel configuration of the baseline (default :class:`ParallelConfig()`).
-        cluster: the cluster (default: the smallest that fits each configuration).
-        variant_parallel: parallel configuration of the variant (default: ``parallel`` with the run changes).
-        labels: names of the two columns (default the model names, plus run changes).
-        method: partition method for both plans (``ilp``, ``dp``, ``uniform``).
-        plans: already made plans (a, b) to compare instead of planning.
-
-    Raises:
-        ConfigError / PartitionError: as :func:`tessera_lab.plan.make.make_plan`.
-    """
-    from tessera_lab.plan.make import make_plan
-
-    parallel = parallel or ParallelConfig()
-    if plans is None:
-        if isinstance(variant, Mapping):
-            changes = dict(variant)
-            vm, vp = apply_changes(base, parallel, changes)
-            if labels is None:
-                run = [f"{k}={v}" for k, v in changes.items() if k in PARALLEL_CHANGES]
-                labels = (base.name, vm.name + (f" ({', '.join(run)})" if run else ""))
-        else:
-            vm, vp = variant, parallel
-        vp = variant_parallel or vp
-        pa = make_plan(base, parallel, cluster, method=method, baselines=(), gpu=gpu)
-        pb = make_plan(vm, vp, cluster, method=method, baselines=(), gpu=gpu)
-    else:
-        pa, pb = plans
-    labels = labels or (pa.model.name, pb.model.name if pb.model.name != pa.model.name else pb.model.name + " (b)")
-    if labels[0] == labels[1]:
-        labels = (labels[0] + " (a)", labels[1] + " (b)")
-    ca, cb = capacity_report(pa), capacity_report(pb)
-    contrib = diff_contributions(ca, cb)
-    dT = cb.iteration_time_s - ca.iteration_time_s
-    top = max(contrib, key=lambda k: abs(contrib[k]))
-    share = contrib[top] / dT if dT else float("nan")
-    direction = "longer" if dT > 0 else ("shorter" if dT < 0 else "unchanged")
-    headline = (
-        f"{labels[1]} vs {labels[0]}: iteration {ca.iteration_time_s:.4f} -> {cb.iteration_time_s:.4f} s "
-        f"({dT / ca.iteration_time_s:+.1%}, {direction}), MFU {ca.mfu:.1%} -> {cb.mfu:.1%}; the difference is dominated "
-        f"by {top} ({contrib[top] * 1e3:+.2f} ms of {dT * 1e3:+.2f} ms per GPU"
-        + (f", {share:.0%}" if math.isfinite(share) else "") + ")")
-    if pa.parallel.tokens_per_iteration != pb.parallel.tokens_per_iteration:
-        headline += (f"; tokens per iteration differ ({pa.parallel.tokens_per_iteration} vs "
-                     f"{pb.parallel.tokens_per_iteration}): compare tokens/s")
-    if pa.parallel.dtype != pb.parallel.dtype:
-        headline += "; precision changes bytes moved, compute is timed at the bf16 peak"
-    return DiffReport((labels[0], labels[1]), (pa, pb), (ca, cb), headline, {k: v * 1e3 for k, v in contrib.items()})
-
-
-# ---------------------------------------------------------------------- CLI entry
-def plan_caption(plan: Any, evaluation: Any = None, *, name: str | None = None, sep: str = ": ") -> str:
-    """Name a plan's model and configuration for figure titles: ``"<model> on <GPUs> x <GPU><sep><partition>,
-    <schedule>, pp= ep= tp= dp=, m=, seq, dtype"`` (``name`` replaces the model name; ``sep="\\n"`` gives two
-    lines)."""
-    ev = plan.chosen if evaluation is None else evaluation
-    p = plan.parallel
-    return (f"{name or plan.model.name} on {p.world_size} x {plan.cluster.gpu.name}{sep}{ev.method} partition, "
-            f"{p.schedule}, pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}" + (f" vpp={p.vpp}" if p.vpp > 1 else "")
-            + f", m={p.microbatches}, seq {p.seq_len}, {p.dtype}")
-
-
-def report_figure(plan: Any, report: CapacityReport | None = None, diff: DiffReport | None = None) -> Any:
-    """The ``report --plot`` figure: the waterfall of ``plan`` titled with its model and configuration; with
-    a ``diff``, both variants' waterfalls side by side on one y scale under the diff's headline. Returns the
-    matplotlib ``Figure``."""
-    from tessera_lab.ui.plots import waterfall, waterfall_pair
-
-    if diff is None:
-        rep = report or capacity_report(plan)
-        ax = waterfall(rep, title=f"{plan_caption(plan)}\nwhere the iteration goes: MFU {rep.mfu:.1%}, "
-                                  f"lost {1 - rep.mfu:.1%}")
-        return ax.figure
-    titles = [f"{plan_caption(pl, name=label, sep=chr(10))}\nMFU {cap.mfu:.1%}, iteration {cap.iteration_time_s:.4f} s"
-              for label, pl, cap in zip(diff.labels, diff.plans, diff.capacity)]
-    return waterfall_pair(diff.capacity, titles=titles, suptitle=diff.headline)
-
-
-def save_report_figure(path: str | Path, plan: Any, report: CapacityReport | None = None,
-                       diff: DiffReport | None = None) -> Path:
-    """Write :func:`report_figure` to ``path`` (PNG, 120 dpi); returns the path."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig = report_figure(plan, report, diff)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path

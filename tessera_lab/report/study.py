@@ -11,7 +11,7 @@ Two questions, on public configurations (the paper's internal model sizes are no
    ``uniform, 1F1B`` (layer counts as even as possible, plain 1F1B, no dynamic filling: a Megatron-style
    default), ``uniform, overlapped`` (the same partition under the overlapped schedule) and ``full loop``
    (the overlap-aware partition under the overlapped schedule), all at uniform routing; when
-   ``tessera_lab.dynamic.core`` is present (:func:`dynamic_available`), the full-loop partition also runs under
+   ``dynamic_routing`` is given, the full-loop partition also runs under
    skewed routing on ZB-H1 without and with dynamic bubble filling (:func:`scale_study`).
 2. **Hidden fraction of EP communication and its exposed share of the iteration as expert width grows**
    (:func:`expert_width_study`), and at which widths our model reaches the paper's two reported points
@@ -24,7 +24,6 @@ time issued in the iteration, and the part of it during which no compute kernel 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from typing import Any, Sequence
@@ -48,12 +47,7 @@ def paper_reported() -> dict[str, Any]:
     return json.loads((data_dir() / "paper" / "tessera_paper_reported.json").read_text())
 
 
-def dynamic_available() -> bool:
-    """Whether ``tessera_lab.dynamic.core`` (dynamic bubble filling) is importable in this checkout."""
-    return importlib.util.find_spec("tessera_lab.dynamic.core") is not None
-
-
-def scale_parallel(gpus: int, *, pp: int = 8, ep: int = 8, tp: int = 1, microbatches: int = 32,
+def parallel_for_gpus(gpus: int, *, pp: int = 8, ep: int = 8, tp: int = 1, microbatches: int = 32,
                    seq_len: int = 4096) -> ParallelConfig:
     """Parallel sizes for ``gpus`` GPUs: ``dp = gpus / (pp x ep x tp)``.
 
@@ -73,8 +67,8 @@ def scale_study(gpu_counts: Sequence[int] = GPU_COUNTS, families: dict[str, str]
                 dynamic_routing: str | None = "zipf:0.5", dynamic_groups: int = 1, seed: int = 0):
     """MFU of each family at each GPU count for the setups of the module docstring.
 
-    With ``dynamic_routing`` (a routing spec of :mod:`tessera_lab.dynamic.routing`, default ``zipf:0.5``) and
-    ``tessera_lab.dynamic.core`` present, two more rows per point run the full-loop partition under skewed
+    With ``dynamic_routing`` (a routing spec of :mod:`tessera_lab.dynamic.routing`, default ``zipf:0.5``), two more
+    rows per point run the full-loop partition under skewed
     routing with :func:`tessera_lab.dynamic.core.run_dynamic`: ``zb-h1 static`` and ``zb-h1 + dynamic filling``
     (filling needs split weight gradients, so it runs on ZB-H1, not on the overlapped schedule; the library
     does not combine the two). Their MFU uses the simulated iteration of the slowest of ``dynamic_groups`` EP
@@ -90,11 +84,10 @@ def scale_study(gpu_counts: Sequence[int] = GPU_COUNTS, families: dict[str, str]
 
     families = families or FAMILIES
     rows = []
-    dyn = dynamic_available()
     for family, name in families.items():
         model = load_model(name)
         for gpus in gpu_counts:
-            par = scale_parallel(gpus, pp=pp, ep=ep, microbatches=microbatches)
+            par = parallel_for_gpus(gpus, pp=pp, ep=ep, microbatches=microbatches)
             base = make_plan(model, par.replace(schedule="1f1b"), method="uniform", baselines=())
             full = make_plan(model, par, method=method, baselines=("uniform",))
             setups = [("uniform, 1F1B", base.chosen, base.notes), ("uniform, overlapped", full.baselines["uniform"], []),
@@ -102,15 +95,13 @@ def scale_study(gpu_counts: Sequence[int] = GPU_COUNTS, families: dict[str, str]
             t0 = base.chosen.iteration_time_s
             for setup, ev, notes in setups:
                 note = "; ".join(n for n in notes if "exceeds memory" in n)
-                if setup == "full loop" and not (dyn and dynamic_routing):
-                    note = (note + "; " if note else "") + (
-                        "dynamic filling not run (dynamic_routing=None)" if dyn else
-                        "dynamic filling not included (tessera_lab.dynamic.core absent)")
+                if setup == "full loop" and not dynamic_routing:
+                    note = (note + "; " if note else "") + "dynamic filling not run (dynamic_routing=None)"
                 rows.append({"family": family, "model": name, "gpus": gpus, "dp": par.dp, "setup": setup,
                              "routing": "uniform", "iteration_s": ev.iteration_time_s,
                              "tokens_per_s": ev.tokens_per_s, "mfu": ev.mfu,
                              "gain_vs_uniform_1f1b": t0 / ev.iteration_time_s - 1.0, "note": note})
-            if dyn and dynamic_routing:
+            if dynamic_routing:
                 from tessera_lab.dynamic.core import StageCosts, run_dynamic
 
                 zb = par.replace(schedule="zb-h1")

@@ -1,0 +1,269 @@
+"""Model-change diff (DESIGN section 9) and the ``report --plot`` figures.
+
+:func:`model_diff` plans two variants at the same (or a changed) parallel configuration and puts the
+partition, per-stage cost, exposed communication per collective, memory headroom and MFU side by side. The
+iteration-time difference per GPU splits exactly into the change of model work at peak plus the change of
+every lost-time category (``T = (model FLOPs / peak + sum of categories) / GPUs``); the headline names the
+largest term. Each plan keeps its cost source; the diff names both (``costs`` row). Never imports torch; pandas
+is imported only by the table methods.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.model.hardware import Cluster, ParallelConfig
+from tessera_lab.model.knobs import MODEL_KNOBS
+from tessera_lab.model.spec import ModelSpec, layer_summary
+from tessera_lab.report.capacity import CapacityReport, capacity_report
+from tessera_lab.report.categories import GIB, LABELS
+
+# ---------------------------------------------------------------------- model-change diff
+PARALLEL_CHANGES = {"seq_len": "seq_len", "context_length": "seq_len", "dtype": "dtype", "precision": "dtype",
+                    "micro_batch_size": "micro_batch_size", "microbatches": "microbatches"}
+#: model knobs a change may set: :data:`tessera_lab.model.knobs.MODEL_KNOBS` (the one mapping)
+MODEL_CHANGES = MODEL_KNOBS
+
+
+def parse_changes(text: str) -> dict[str, Any]:
+    """``"expert_width=256,top_k=4,seq_len=8192,dtype=fp8"`` -> dict (integers where they parse).
+
+    Raises:
+        ConfigError: an item without ``=`` or an unknown key.
+    """
+    out: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        k, sep, v = item.partition("=")
+        k = k.strip().replace("-", "_")
+        if not sep or k not in {**PARALLEL_CHANGES, **MODEL_CHANGES}:
+            raise ConfigError(f"change {item!r} is invalid; allowed: KEY=VALUE with KEY in "
+                              f"{', '.join(sorted({**PARALLEL_CHANGES, **MODEL_CHANGES}))}")
+        v = v.strip()
+        try:
+            out[k] = int(v)
+        except ValueError:
+            out[k] = v
+    return out
+
+
+def apply_changes(model: ModelSpec, parallel: ParallelConfig, changes: Mapping[str, Any]) -> tuple[ModelSpec, ParallelConfig]:
+    """Apply model knobs (attention ratio, expert width, top-k, experts, layers) and run knobs (context
+    length ``seq_len``, precision ``dtype``, micro-batch size, micro-batches) to a model and its parallel
+    config. Precision changes activation and communication bytes; compute is still timed at the bf16 peak.
+
+    Raises:
+        ConfigError: unknown key or a value out of range (from the model / parallel validation).
+    """
+    mk, pk = {}, {}
+    for k, v in changes.items():
+        if k in MODEL_CHANGES:
+            mk[MODEL_CHANGES[k]] = v
+        elif k in PARALLEL_CHANGES:
+            pk[PARALLEL_CHANGES[k]] = v
+        else:
+            raise ConfigError(f"change {k!r} is unknown; allowed: {', '.join(sorted({**PARALLEL_CHANGES, **MODEL_CHANGES}))}")
+    return (model.with_changes(**mk) if mk else model), (parallel.replace(**pk) if pk else parallel)
+
+
+@dataclass
+class DiffReport:
+    """Two variants side by side (see :func:`model_diff`). ``plans`` and ``capacity`` are (a, b) pairs."""
+
+    labels: tuple[str, str]
+    plans: tuple[Any, Any]
+    capacity: tuple[CapacityReport, CapacityReport]
+    headline: str
+    contributions_ms_per_gpu: dict[str, float]
+
+    def summary_rows(self) -> list[dict[str, Any]]:
+        """Metric rows: iteration time, tokens/s, MFU, bubble, slowest stage, memory headroom, exposed
+        communication per collective (ms per GPU per iteration)."""
+        rows = []
+
+        def row(metric, a, b, unit=""):
+            rows.append({"metric": metric, self.labels[0]: a, self.labels[1]: b,
+                         "change": (b - a) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None,
+                         "unit": unit})
+
+        (pa, pb), (ca, cb) = self.plans, self.capacity
+        row("iteration time", pa.chosen.iteration_time_s, pb.chosen.iteration_time_s, "s")
+        row("tokens per second", pa.chosen.tokens_per_s, pb.chosen.tokens_per_s, "tokens/s")
+        row("MFU", ca.mfu, cb.mfu, "")
+        row("bubble fraction", pa.chosen.bubble_fraction, pb.chosen.bubble_fraction, "")
+        row("slowest stage per micro-batch", max(s.time_s for s in pa.chosen.stages) * 1e3,
+            max(s.time_s for s in pb.chosen.stages) * 1e3, "ms")
+        row("memory headroom (tightest stage)", memory_headroom(pa) / GIB, memory_headroom(pb) / GIB, "GiB")
+        for k in dict.fromkeys(list(ca.exposed_comm_gpu_s) + list(cb.exposed_comm_gpu_s)):
+            row(LABELS.get(k, k), ca.parts.get(k, 0.0) / ca.gpus * 1e3, cb.parts.get(k, 0.0) / cb.gpus * 1e3,
+                "ms/GPU")
+        row("EP comm hidden", ca.ep_hidden_fraction, cb.ep_hidden_fraction, "")
+        row("costs", pa.costs.describe(), pb.costs.describe(), "")
+        return rows
+
+    def summary(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.summary_rows())
+
+    def stage_rows(self) -> list[dict[str, Any]]:
+        """Per stage: layers, time per micro-batch (ms) and memory (GiB) of both variants."""
+        a, b = self.plans[0].chosen.stages, self.plans[1].chosen.stages
+        rows = []
+        for s in range(max(len(a), len(b))):
+            r: dict[str, Any] = {"stage": s}
+            for lab, st in (("a", a[s] if s < len(a) else None), ("b", b[s] if s < len(b) else None)):
+                r[f"layers {lab}"] = layer_summary(st.layers, st.kinds) if st else "-"
+                r[f"ms/mb {lab}"] = st.time_s * 1e3 if st else None
+                r[f"GiB {lab}"] = st.memory_bytes / GIB if st else None
+            rows.append(r)
+        return rows
+
+    def stages(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.stage_rows())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"labels": list(self.labels), "headline": self.headline,
+                "contributions_ms_per_gpu": self.contributions_ms_per_gpu,
+                "summary": self.summary_rows(), "stages": self.stage_rows(),
+                "plans": [p.as_dict() for p in self.plans], "capacity": [c.as_dict() for c in self.capacity]}
+
+    def format(self) -> str:
+        from tabulate import tabulate
+
+        rows = [{k: v for k, v in r.items()} for r in self.summary_rows()]
+        return "\n".join([
+            f"model-change diff: {self.labels[0]}  vs  {self.labels[1]}",
+            tabulate(rows, headers="keys", floatfmt=".4g", tablefmt="simple"), "",
+            f"per stage (a = {self.labels[0]}, b = {self.labels[1]}; ms/mb: time per micro-batch as the schedule "
+            "sees it)",
+            tabulate(self.stage_rows(), headers="keys", floatfmt=".3f", tablefmt="simple"), "",
+            self.headline])
+
+
+def memory_headroom(plan: Any) -> float:
+    """Bytes left on the tightest stage: memory capacity per GPU minus the largest stage memory."""
+    return plan.memory_capacity_bytes - max(st.memory_bytes for st in plan.chosen.stages)
+
+
+def diff_contributions(a: CapacityReport, b: CapacityReport) -> dict[str, float]:
+    """Change of iteration time per GPU, seconds, split exactly into ``model work at peak`` and every
+    capacity category: ``T = (model FLOPs / peak + sum(parts)) / GPUs`` for each variant."""
+    out = {"model work at peak": b.useful_gpu_s / b.gpus - a.useful_gpu_s / a.gpus}
+    for k in dict.fromkeys(list(a.parts) + list(b.parts)):
+        out[LABELS.get(k, k)] = b.parts.get(k, 0.0) / b.gpus - a.parts.get(k, 0.0) / a.gpus
+    return out
+
+
+def model_diff(
+    base: ModelSpec,
+    variant: ModelSpec | Mapping[str, Any],
+    parallel: ParallelConfig | None = None,
+    cluster: Cluster | None = None,
+    *,
+    variant_parallel: ParallelConfig | None = None,
+    labels: tuple[str, str] | None = None,
+    method: str = "ilp",
+    gpu: str = "H200",
+    plans: tuple[Any, Any] | None = None,
+) -> DiffReport:
+    """Plan a baseline and a changed model at a target scale and compare them.
+
+    Args:
+        base: the baseline model.
+        variant: the changed model, or a dict of changes for :func:`apply_changes` (``attention_ratio``,
+            ``expert_width``, ``top_k``, ``num_experts``, ``seq_len``/``context_length``, ``dtype``/``precision``).
+        parallel: parallel configuration of the baseline (default :class:`ParallelConfig()`).
+        cluster: the cluster (default: the smallest that fits each configuration).
+        variant_parallel: parallel configuration of the variant (default: ``parallel`` with the run changes).
+        labels: names of the two columns (default the model names, plus run changes).
+        method: partition method for both plans (``ilp``, ``dp``, ``uniform``).
+        plans: already made plans (a, b) to compare instead of planning.
+
+    Raises:
+        ConfigError / PartitionError: as :func:`tessera_lab.plan.make.make_plan`.
+    """
+    from tessera_lab.plan.make import make_plan
+
+    parallel = parallel or ParallelConfig()
+    if plans is None:
+        if isinstance(variant, Mapping):
+            changes = dict(variant)
+            vm, vp = apply_changes(base, parallel, changes)
+            if labels is None:
+                run = [f"{k}={v}" for k, v in changes.items() if k in PARALLEL_CHANGES]
+                labels = (base.name, vm.name + (f" ({', '.join(run)})" if run else ""))
+        else:
+            vm, vp = variant, parallel
+        vp = variant_parallel or vp
+        pa = make_plan(base, parallel, cluster, method=method, baselines=(), gpu=gpu)
+        pb = make_plan(vm, vp, cluster, method=method, baselines=(), gpu=gpu)
+    else:
+        pa, pb = plans
+    labels = labels or (pa.model.name, pb.model.name if pb.model.name != pa.model.name else pb.model.name + " (b)")
+    if labels[0] == labels[1]:
+        labels = (labels[0] + " (a)", labels[1] + " (b)")
+    ca, cb = capacity_report(pa), capacity_report(pb)
+    contrib = diff_contributions(ca, cb)
+    dT = cb.iteration_time_s - ca.iteration_time_s
+    top = max(contrib, key=lambda k: abs(contrib[k]))
+    share = contrib[top] / dT if dT else float("nan")
+    direction = "longer" if dT > 0 else ("shorter" if dT < 0 else "unchanged")
+    headline = (
+        f"{labels[1]} vs {labels[0]}: iteration {ca.iteration_time_s:.4f} -> {cb.iteration_time_s:.4f} s "
+        f"({dT / ca.iteration_time_s:+.1%}, {direction}), MFU {ca.mfu:.1%} -> {cb.mfu:.1%}; the difference is dominated "
+        f"by {top} ({contrib[top] * 1e3:+.2f} ms of {dT * 1e3:+.2f} ms per GPU"
+        + (f", {share:.0%}" if math.isfinite(share) else "") + ")")
+    if pa.parallel.tokens_per_iteration != pb.parallel.tokens_per_iteration:
+        headline += (f"; tokens per iteration differ ({pa.parallel.tokens_per_iteration} vs "
+                     f"{pb.parallel.tokens_per_iteration}): compare tokens/s")
+    if pa.parallel.dtype != pb.parallel.dtype:
+        headline += "; precision changes bytes moved, compute is timed at the bf16 peak"
+    return DiffReport((labels[0], labels[1]), (pa, pb), (ca, cb), headline, {k: v * 1e3 for k, v in contrib.items()})
+
+
+# ---------------------------------------------------------------------- CLI entry
+def plan_caption(plan: Any, evaluation: Any = None, *, name: str | None = None, sep: str = ": ") -> str:
+    """Name a plan's model and configuration for figure titles: ``"<model> on <GPUs> x <GPU><sep><partition>,
+    <schedule>, pp= ep= tp= dp=, m=, seq, dtype"`` (``name`` replaces the model name; ``sep="\\n"`` gives two
+    lines)."""
+    ev = plan.chosen if evaluation is None else evaluation
+    p = plan.parallel
+    return (f"{name or plan.model.name} on {p.world_size} x {plan.cluster.gpu.name}{sep}{ev.method} partition, "
+            f"{p.schedule}, pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}" + (f" vpp={p.vpp}" if p.vpp > 1 else "")
+            + f", m={p.microbatches}, seq {p.seq_len}, {p.dtype}")
+
+
+def report_figure(plan: Any, report: CapacityReport | None = None, diff: DiffReport | None = None) -> Any:
+    """The ``report --plot`` figure: the waterfall of ``plan`` titled with its model and configuration; with
+    a ``diff``, both variants' waterfalls side by side on one y scale under the diff's headline. Returns the
+    matplotlib ``Figure``."""
+    from tessera_lab.ui.plots import waterfall, waterfall_pair
+
+    if diff is None:
+        rep = report or capacity_report(plan)
+        ax = waterfall(rep, title=f"{plan_caption(plan)}\nwhere the iteration goes: MFU {rep.mfu:.1%}, "
+                                  f"lost {1 - rep.mfu:.1%}")
+        return ax.figure
+    titles = [f"{plan_caption(pl, name=label, sep=chr(10))}\nMFU {cap.mfu:.1%}, iteration {cap.iteration_time_s:.4f} s"
+              for label, pl, cap in zip(diff.labels, diff.plans, diff.capacity)]
+    return waterfall_pair(diff.capacity, titles=titles, suptitle=diff.headline)
+
+
+def save_report_figure(path: str | Path, plan: Any, report: CapacityReport | None = None,
+                       diff: DiffReport | None = None) -> Path:
+    """Write :func:`report_figure` to ``path`` (PNG, 120 dpi); returns the path."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = report_figure(plan, report, diff)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
