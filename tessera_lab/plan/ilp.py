@@ -13,8 +13,10 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 
-from tessera_lab.errors import PartitionError
+from tessera_lab.errors import PartitionError, TesseraError
+from tessera_lab.plan.dp import solve_dp
 from tessera_lab.plan.problem import Partition, PartitionProblem, infeasible_error, score_boundaries, uniform_boundaries
 
 @contextlib.contextmanager
@@ -123,13 +125,19 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0, solver: 
     :func:`greedy_upper_bound` (or the uniform plan, whichever is better) are left out. The second pass
     keeps only segments no costlier than the optimal bottleneck.
 
+    Time: both passes share ``time_limit_s`` (the second gets what the first left). When the limit stops the
+    first pass, the better of its incumbent and the best heuristic plan (greedy, uniform, or for ``vpp > 1`` the
+    exact DP over virtual stages scored per rank) is returned, with ``status`` saying so.
+
     Raises:
         InfeasiblePlanError: the ILP is infeasible (memory / layer-count constraints).
-        PartitionError: no solver available (use ``solve_dp``) or the time limit hit with no solution.
+        PartitionError: no solver available (use ``solve_dp``), or the time limit hit with no solution and no
+            feasible heuristic plan.
     """
     import pulp
 
     t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
     slv = available_solver(time_limit_s, solver)
     if slv is None:
         raise PartitionError("no ILP solver available (install highspy, or use method 'dp')")
@@ -137,12 +145,13 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0, solver: 
     all_seg = {(s, i, j): problem.cost(s, i, j) for s in range(S) for i, j in problem.segments(s)}
     if not all_seg:
         raise infeasible_error(problem)
-    ub = math.inf
-    heuristic = greedy_upper_bound(problem, all_seg) if problem.vpp == 1 else None
-    for b in (heuristic, uniform_boundaries(L, S)):
+    ub, best_heuristic = math.inf, None
+    for b in (greedy_upper_bound(problem, all_seg) if problem.vpp == 1 else _virtual_dp(problem),
+              uniform_boundaries(L, S)):
         if b is not None and all((s, b[s], b[s + 1]) in all_seg for s in range(S)):
-            keys = [(s, b[s], b[s + 1]) for s in range(S)]
-            ub = min(ub, problem.objective_value([all_seg[k] for k in keys]))
+            h = score_boundaries(problem, b, "ilp")
+            if all(problem.memory_ok_rank(x) for x in h.rank_memory) and h.objective < ub:
+                ub, best_heuristic = h.objective, h
     # exact pruning: the objective of any plan using segment k is at least lower_bound(k)
     fwd, bwd = _path_bounds(problem, all_seg)
 
@@ -153,7 +162,7 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0, solver: 
             return c if before < math.inf and after < math.inf else math.inf
         return before + c + after + (m - 1) * c
 
-    def model(seg: dict[tuple[int, int, int], float], phase2_bound: float | None):
+    def model(seg: dict[tuple[int, int, int], float], phase2_bound: float | None, seconds: float):
         by_stage: dict[int, list] = {s: [] for s in range(S)}
         ending: dict[tuple[int, int], list] = {}
         starting: dict[tuple[int, int], list] = {}
@@ -165,7 +174,7 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0, solver: 
         new_var = getattr(prob, "add_variable", None) or (  # PuLP >= 3.3 owns variables per model
             lambda name, lowBound=None, upBound=None, cat="Continuous": pulp.LpVariable(name, lowBound, upBound, cat))
         u = {k: new_var(f"u_{k[0]}_{k[1]}_{k[2]}", 0, 1, cat="Binary") for k in seg}
-        T = new_var("T", 0, None)
+        T = new_var("T", 0, ub * (1 + 1e-9) + 1e-15 if problem.objective == "bottleneck" and ub < math.inf else None)
         stage_cost = {s: pulp.LpAffineExpression([(u[k], seg[k]) for k in by_stage[s]]) for s in range(S)}
         if problem.objective == "bottleneck":
             objective_expr = pulp.LpAffineExpression([(T, 1.0)])
@@ -192,27 +201,52 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0, solver: 
             prob += objective_expr <= phase2_bound, "objective_fixed"
             prob += pulp.LpAffineExpression([(u[k], c * c) for k, c in seg.items()])
         with _native_stdout_silenced():
-            prob.solve(slv)
-        return pulp.LpStatus[prob.status], prob, u
+            prob.solve(available_solver(max(seconds, 0.01), solver))
+        # PuLP reports a time-limited HiGHS run as status "Optimal"; the solution status tells them apart
+        if prob.sol_status == pulp.LpSolutionOptimal:
+            st = "Optimal"
+        elif prob.sol_status == pulp.LpSolutionIntegerFeasible:
+            st = "TimeLimit (feasible, not proven optimal)"
+        else:
+            st = pulp.LpStatus[prob.status] if prob.status != pulp.LpStatusOptimal else "NotSolved"
+        return st, prob, u
 
     seg = {k: c for k, c in all_seg.items() if lower_bound(k, c) <= ub * (1 + 1e-9) + 1e-15}
-    status, prob, u = model(seg, None)
-    if status == "Infeasible":
+    status, prob, u = model(seg, None, deadline - time.perf_counter())
+    if status == "Infeasible" and best_heuristic is None:
         raise infeasible_error(problem)
-    if status != "Optimal" and not any((v.value() or 0) > 0.5 for v in u.values()):
-        raise PartitionError(f"ILP stopped with status {status} and no solution within {time_limit_s} s")
-    first_obj = pulp.value(prob.objective)
-    boundaries = _read_boundaries(u, S)
-    # second pass: smallest spread among optimal plans (only segments no costlier than the optimum)
-    bound = first_obj * (1 + 1e-9) + 1e-15
-    seg2 = {k: c for k, c in seg.items() if lower_bound(k, c) <= bound}
-    status2, _, u2 = model(seg2, bound)
-    if status2 == "Optimal":
-        boundaries = _read_boundaries(u2, S)
+    found = status == "Optimal" or any((v.value() or 0) > 0.5 for v in u.values())
+    boundaries = _read_boundaries(u, S) if found else None
+    if boundaries is not None:
+        cand = score_boundaries(problem, boundaries, "ilp")
+        if status != "Optimal" and best_heuristic is not None and best_heuristic.objective < cand.objective:
+            boundaries, status = None, status + " (heuristic plan kept: better than the incumbent)"
+    if boundaries is None:
+        if best_heuristic is None:
+            raise PartitionError(f"ILP stopped with status {status} and no solution within {time_limit_s} s")
+        boundaries = best_heuristic.boundaries
+        if "heuristic" not in status:
+            status += " (time limit: best heuristic plan)"
+    elif status == "Optimal" and deadline - time.perf_counter() > 0.05 * time_limit_s:
+        # second pass: smallest spread among optimal plans (only segments no costlier than the optimum)
+        bound = pulp.value(prob.objective) * (1 + 1e-9) + 1e-15
+        seg2 = {k: c for k, c in seg.items() if lower_bound(k, c) <= bound}
+        status2, _, u2 = model(seg2, bound, deadline - time.perf_counter())
+        if status2 == "Optimal":
+            boundaries = _read_boundaries(u2, S)
     part = score_boundaries(problem, boundaries, "ilp", solver=type(slv).__name__, status=status,
-                     gap=0.0 if status == "Optimal" else None, num_variables=len(seg) + 1)
+                            gap=0.0 if status == "Optimal" else None, num_variables=len(seg) + 1)
     part.solve_time_s = time.perf_counter() - t0
     return part
+
+
+def _virtual_dp(problem: PartitionProblem) -> list[int] | None:
+    """A feasible plan for ``vpp > 1`` (a bound for pruning): the exact bottleneck DP over the virtual stages as
+    if each were a rank; ``None`` when it finds none."""
+    try:
+        return solve_dp(replace(problem, vpp=1, objective="bottleneck")).boundaries
+    except TesseraError:
+        return None
 
 
 def _read_boundaries(u: dict, S: int) -> list[int]:

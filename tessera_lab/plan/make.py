@@ -205,8 +205,8 @@ def make_plan(
         return evaluate(model, parallel, cost_model, sm, part, label, flops)
 
     objectives = ("schedule", "bottleneck") if objective == "auto" else (objective,)
-    if method == "uniform":
-        objectives = ("bottleneck",)
+    if method == "uniform" or parallel.vpp > 1:
+        objectives = ("bottleneck",)  # the same problem either way (the path cost needs one stage per rank)
     candidates = []
     for obj in objectives:
         part = solve(_problem(model, parallel, cost_model, sm, obj), method, time_limit_s=time_limit_s)
@@ -227,7 +227,8 @@ def make_plan(
             cost = sm.standalone if name == "standalone" else sm.params
             part = solve(_problem(model, parallel, cost_model, sm, "bottleneck", cost=cost),
                          "dp" if parallel.vpp == 1 else "ilp", time_limit_s=time_limit_s)
-            part = score_boundaries(steady, part.boundaries, name)
+            part = score_boundaries(steady, part.boundaries, name, solver=part.solver, status=part.status,
+                                    solve_time_s=part.solve_time_s)
         out[name] = run(part, name)
     if len(candidates) > 1:
         notes.append("objective auto: " + ", ".join(
