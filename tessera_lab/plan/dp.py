@@ -20,11 +20,15 @@ def solve_dp(problem: PartitionProblem) -> Partition:
     stages <= B, and take the best ``sum + (m-1) B``. Then a second pass minimises ``sum cost^2`` among
     plans within 1e-12 (relative) of the optimum.
 
+    Large monotone bottleneck problems (:func:`fast_path`) go to :func:`solve_monotone` instead.
+
     Raises:
         InfeasiblePlanError: no partition satisfies memory and layer-count constraints.
     """
     if problem.vpp > 1:
         raise PartitionError("method 'dp' needs vpp = 1 (a rank's cost sums non-adjacent chunks); use method 'ilp'")
+    if fast_path(problem):
+        return solve_monotone(problem)
     t0 = time.perf_counter()
     S, L = problem.num_stages, problem.num_layers
     seg = [problem.segments(s) for s in range(S)]
@@ -89,3 +93,69 @@ def solve_dp(problem: PartitionProblem) -> Partition:
     return part
 
 
+
+
+#: segment evaluations (``S x L^2``) above which a monotone bottleneck problem takes :func:`solve_monotone`
+FAST_DP_MIN = 2_000_000
+
+
+def fast_path(problem: PartitionProblem) -> bool:
+    """Whether :func:`solve_dp` hands ``problem`` to :func:`solve_monotone`: monotone costs, the bottleneck
+    objective, no pinned or maximum layer counts, one stage per rank, and more than :data:`FAST_DP_MIN` segments."""
+    return (problem.monotone and problem.objective == "bottleneck" and problem.vpp == 1
+            and problem.first_stage_layers is None and problem.last_stage_layers is None
+            and problem.max_layers is None and problem.num_stages * problem.num_layers ** 2 > FAST_DP_MIN)
+
+
+def solve_monotone(problem: PartitionProblem) -> Partition:
+    """Exact bottleneck DP for monotone costs and memory in O(S L log L) segment evaluations and O(S L) memory.
+
+    ``best[s][j] = min_i max(best[s-1][i], cost(s, i, j))``: ``best[s-1][i]`` never decreases with ``i`` and
+    ``cost(s, i, j)`` never increases, so the minimum sits where they cross (binary search); memory feasibility
+    holds for ``i`` at or above a threshold (binary search). No spread tie-break (the status says so).
+
+    Raises:
+        InfeasiblePlanError: nothing satisfies the memory and layer-count constraints.
+    """
+    t0 = time.perf_counter()
+    S, L, k = problem.num_stages, problem.num_layers, problem.min_layers
+    INF = math.inf
+    prev = [INF] * (L + 1)
+    prev[0] = 0.0
+    back: list[list[int]] = []
+    for s in range(S):
+        cur = [INF] * (L + 1)
+        arg = [-1] * (L + 1)
+        j_lo, j_hi = ((L, L) if s == S - 1 else ((s + 1) * k, L - (S - 1 - s) * k))
+        for j in range(j_lo, j_hi + 1):
+            i_lo, i_hi = (0, 0) if s == 0 else (s * k, j - k)
+            if i_lo > i_hi or not problem.memory_ok(s, i_hi, j):
+                continue
+            lo, hi = i_lo, i_hi  # smallest i with memory_ok(s, i, j)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if problem.memory_ok(s, mid, j):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            a, b = lo, i_hi  # smallest i in [a, b] with prev[i] >= cost(s, i, j)
+            while a < b:
+                mid = (a + b) // 2
+                if prev[mid] >= problem.cost(s, mid, j):
+                    b = mid
+                else:
+                    a = mid + 1
+            for i in {a, a - 1} if a - 1 >= lo else {a}:
+                v = max(prev[i], problem.cost(s, i, j))
+                if v < cur[j]:
+                    cur[j], arg[j] = v, i
+        back.append(arg)
+        prev = cur
+    if prev[L] is INF:
+        raise infeasible_error(problem)
+    b = [L]
+    for s in range(S - 1, -1, -1):
+        b.append(back[s][b[-1]])
+    part = score_boundaries(problem, b[::-1], "dp", solver="dp", status="Optimal (monotone fast path, no spread tie-break)")
+    part.solve_time_s = time.perf_counter() - t0
+    return part

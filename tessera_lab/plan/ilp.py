@@ -96,17 +96,20 @@ def _path_bounds(problem: PartitionProblem, costs: dict[tuple[int, int, int], fl
     """Least sum of stage costs before each (stage, start layer) and after each (stage, end layer):
     forward and backward min-sum DPs over the feasible segments (infinite where unreachable)."""
     S, L = problem.num_stages, problem.num_layers
+    by_stage: list[list[tuple[int, int, float]]] = [[] for _ in range(S)]
+    for (s, i, j), c in costs.items():
+        by_stage[s].append((i, j, c))
     fwd = [dict() for _ in range(S + 1)]
     fwd[0][0] = 0.0
     for s in range(S):
-        for (s_, i, j), c in costs.items():
-            if s_ == s and i in fwd[s] and fwd[s][i] + c < fwd[s + 1].get(j, math.inf):
+        for i, j, c in by_stage[s]:
+            if i in fwd[s] and fwd[s][i] + c < fwd[s + 1].get(j, math.inf):
                 fwd[s + 1][j] = fwd[s][i] + c
     bwd = [dict() for _ in range(S + 1)]
     bwd[S][L] = 0.0
     for s in range(S - 1, -1, -1):
-        for (s_, i, j), c in costs.items():
-            if s_ == s and j in bwd[s + 1] and bwd[s + 1][j] + c < bwd[s].get(i, math.inf):
+        for i, j, c in by_stage[s]:
+            if j in bwd[s + 1] and bwd[s + 1][j] + c < bwd[s].get(i, math.inf):
                 bwd[s][i] = bwd[s + 1][j] + c
     return fwd, bwd
 
@@ -162,7 +165,7 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0, solver: 
             return c if before < math.inf and after < math.inf else math.inf
         return before + c + after + (m - 1) * c
 
-    def model(seg: dict[tuple[int, int, int], float], phase2_bound: float | None, seconds: float):
+    def model(seg: dict[tuple[int, int, int], float], phase2_bound: float | None):
         by_stage: dict[int, list] = {s: [] for s in range(S)}
         ending: dict[tuple[int, int], list] = {}
         starting: dict[tuple[int, int], list] = {}
@@ -200,8 +203,11 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0, solver: 
         else:
             prob += objective_expr <= phase2_bound, "objective_fixed"
             prob += pulp.LpAffineExpression([(u[k], c * c) for k, c in seg.items()])
+        seconds = deadline - time.perf_counter()  # what is left once the model is built
+        if seconds <= 0.01:
+            return "NotSolved", prob, u
         with _native_stdout_silenced():
-            prob.solve(available_solver(max(seconds, 0.01), solver))
+            prob.solve(available_solver(seconds, solver))
         # PuLP reports a time-limited HiGHS run as status "Optimal"; the solution status tells them apart
         if prob.sol_status == pulp.LpSolutionOptimal:
             st = "Optimal"
@@ -212,7 +218,7 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0, solver: 
         return st, prob, u
 
     seg = {k: c for k, c in all_seg.items() if lower_bound(k, c) <= ub * (1 + 1e-9) + 1e-15}
-    status, prob, u = model(seg, None, deadline - time.perf_counter())
+    status, prob, u = model(seg, None)
     if status == "Infeasible" and best_heuristic is None:
         raise infeasible_error(problem)
     found = status == "Optimal" or any((v.value() or 0) > 0.5 for v in u.values())
@@ -231,7 +237,7 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0, solver: 
         # second pass: smallest spread among optimal plans (only segments no costlier than the optimum)
         bound = pulp.value(prob.objective) * (1 + 1e-9) + 1e-15
         seg2 = {k: c for k, c in seg.items() if lower_bound(k, c) <= bound}
-        status2, _, u2 = model(seg2, bound, deadline - time.perf_counter())
+        status2, _, u2 = model(seg2, bound)
         if status2 == "Optimal":
             boundaries = _read_boundaries(u2, S)
     part = score_boundaries(problem, boundaries, "ilp", solver=type(slv).__name__, status=status,

@@ -38,9 +38,21 @@ __all__ = ["GIB", "METHODS", "Partition", "PartitionProblem", "SegmentFn", "addi
 METHODS = ("uniform", "dp", "ilp")
 
 
+#: (stage, segment) pairs above which ``ilp`` with one stage per rank returns the exact DP's answer instead (the
+#: model alone would take longer than a time limit allows; the ILP's extra is virtual stages)
+ILP_MAX_SEGMENTS = 60_000
+
+
+def ilp_size(problem: PartitionProblem) -> int:
+    """An upper bound of the ILP's segment variables: ``S x (L - S + 1) (L - S + 2) / 2``."""
+    free = problem.num_layers - problem.num_stages + 1
+    return problem.num_stages * free * (free + 1) // 2
+
+
 def solve(problem: PartitionProblem, method: str = "ilp", *, time_limit_s: float = 10.0) -> Partition:
     """Partition with ``uniform``, ``dp`` or ``ilp``; ``ilp`` falls back to ``dp`` (and says so in
-    ``solver``) when no ILP solver is installed.
+    ``solver``) when no ILP solver is installed, or, with one stage per rank, when the ILP would have more than
+    :data:`ILP_MAX_SEGMENTS` segment variables (the DP is exact there and bounded in time and memory).
 
     Raises:
         PartitionError: unknown method; InfeasiblePlanError: nothing fits.
@@ -52,9 +64,12 @@ def solve(problem: PartitionProblem, method: str = "ilp", *, time_limit_s: float
     if method == "dp":
         return solve_dp(problem)
     if method == "ilp":
-        if available_solver(time_limit_s) is None:
+        reason = ("no ILP solver installed" if available_solver(time_limit_s) is None else
+                  f"ILP too large: {ilp_size(problem)} > {ILP_MAX_SEGMENTS} segments"
+                  if problem.vpp == 1 and ilp_size(problem) > ILP_MAX_SEGMENTS else None)
+        if reason:
             part = solve_dp(problem)
-            part.method, part.solver = "ilp", "dp (no ILP solver installed)"
+            part.method, part.solver = "ilp", f"dp ({reason})"
             return part
         return solve_ilp(problem, time_limit_s=time_limit_s)
     raise PartitionError(f"field 'method' = {method!r} is unknown; allowed: {', '.join(METHODS)}")
@@ -75,6 +90,7 @@ def additive_problem(costs: Sequence[float], num_stages: int, **kwargs) -> Parti
     prefix = [0.0]
     for c in costs:
         prefix.append(prefix[-1] + c)
+    kwargs.setdefault("monotone", True)  # sums of non-negative costs never shrink when a segment grows
     return PartitionProblem(len(costs), num_stages, lambda s, i, j: prefix[j] - prefix[i], **kwargs)
 
 

@@ -34,6 +34,8 @@ class PartitionProblem:
         vpp: virtual stages per pipeline rank. ``num_stages`` then counts virtual stages (``p * vpp``);
             virtual stage ``s`` runs on rank ``s % p`` (Megatron-LM's interleaved placement), a rank's
             cost and memory are the sums over its virtual stages, and the objective is taken over ranks.
+        monotone: the caller guarantees cost and memory never decrease when a segment grows (true for sums of
+            non-negative per-layer values); large bottleneck problems then take the O(S L log L) DP.
     """
 
     num_layers: int
@@ -48,6 +50,7 @@ class PartitionProblem:
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
     vpp: int = 1
+    monotone: bool = False
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
