@@ -153,13 +153,21 @@ def test_profile_plan_round_trips_and_a_change_of_source_is_asked_for(tmp_path, 
     """Issue 12 acceptance: ``plan --profile P --export X`` then ``report --plan X --json -`` gives the same
     iteration time and a ``costs`` field naming the profile; ``--costs analytic`` re-evaluates and says so; a
     missing profile refuses (exit 2) instead of silently re-costing analytically."""
+    from tessera_lab.overlap.profiles import STALE_FIELDS, current_environment
+
+    prof = json.loads(PROFILE.read_text())  # the shipped CPU profile, re-dated to this machine (not stale here)
+    env = current_environment("cpu")
+    for meta in [prof["environment"]] + [e["metadata"] for e in prof["entries"].values()]:
+        meta.update({f: env[f] for f in STALE_FIELDS if f in env and f in meta})
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(prof))
     x = tmp_path / "x.json"
-    assert main(["plan", "--profile", str(PROFILE), "--export", str(x)]) == 0
-    assert f"costs: measured profile {PROFILE}" in capsys.readouterr().out
+    assert main(["plan", "--profile", str(profile), "--export", str(x)]) == 0
+    assert f"costs: measured profile {profile}" in capsys.readouterr().out
     planned = json.loads(x.read_text())
     assert main(["report", "--plan", str(x), "--json", "-"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["costs"]["kind"] == "profile" and rep["costs"]["path"] == str(PROFILE)
+    assert rep["costs"]["kind"] == "profile" and rep["costs"]["path"] == str(profile)
     assert rep["plan"]["iteration_time_s"] == planned["iteration_time_s"]
     assert rep["capacity"]["iteration_time_s"] == planned["iteration_time_s"]
     assert main(["report", "--plan", str(x), "--costs", "analytic"]) == 0
@@ -170,3 +178,29 @@ def test_profile_plan_round_trips_and_a_change_of_source_is_asked_for(tmp_path, 
     y.write_text(json.dumps(moved))
     assert main(["report", "--plan", str(y)]) == 2
     assert "--costs analytic" in capsys.readouterr().err
+    profile.write_text(json.dumps(dict(prof, updated="2026-12-01T00:00:00+00:00")))  # the file changed since
+    assert main(["report", "--plan", str(x)]) == 2
+    assert "would change the plan's cost source" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pp, vpp, m", [(4, 2, 8), (8, 2, 32), (4, 3, 12), (2, 2, 4)])
+def test_interleaved_overlapped_matches_interleaved_without_overlap_and_its_memory_model(pp, vpp, m):
+    """With pair time F + B the overlapped interleaved schedule takes exactly interleaved 1F1B's makespan; with real
+    overlap it is shorter; its peak live activations per rank equal the planner's memory model (one chunk-micro-batch
+    more than interleaved; m a multiple of pp, Megatron's case)."""
+    from tessera_lab.plan.vschedules import interleaved_overlapped, plan_in_flight
+
+    s = interleaved_overlapped(pp, vpp, m)
+    s.validate()
+    base = simulate(build_schedule("interleaved", pp, m, vpp), uniform_durations(1.0, 2.0)).iteration_time
+    assert simulate(s, uniform_durations(1.0, 2.0, fb=3.0)).iteration_time == pytest.approx(base)
+    tl = simulate(s, uniform_durations(1.0, 2.0, fb=2.2))
+    assert tl.iteration_time < base
+    assert tl.peak_activations == [plan_in_flight("interleaved-overlapped", pp, r, m, vpp) * vpp for r in range(pp)]
+
+
+def test_vpp2_interleaved_overlapped_plan(capsys):
+    assert main(["plan", "--pp", "4", "--vpp", "2", "--schedule", "interleaved-overlapped", "-m", "8",
+                 "--seq-len", "1024", "--layers", "16", "--time-limit", "5", "--json", "-"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert len(d["boundaries"]) == 9 and all(s["overlap_s"] is not None for s in d["stages"])

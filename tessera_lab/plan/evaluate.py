@@ -19,10 +19,10 @@ from tessera_lab.cost.memory import gpu_params, memory_capacity
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import Collective
-from tessera_lab.pipeline.schedules import build_schedule
 from tessera_lab.pipeline.simulate import Timeline, simulate, stage_durations
 from tessera_lab.plan.partition import Partition
 from tessera_lab.plan.stages import StageCostModel
+from tessera_lab.plan.vschedules import plan_schedule
 
 
 @dataclass
@@ -150,7 +150,7 @@ def evaluate(
     per = list(per_stage) if per_stage is not None else [(cost_model, stage_model)] * S
     b = partition.boundaries
     stages = stage_plans(model, [sm for _, sm in per], b, speed)
-    schedule = build_schedule(p.schedule, p.pp, p.microbatches, p.vpp)
+    schedule = plan_schedule(p.schedule, p.pp, p.microbatches, p.vpp)
     overlapped = all(st.overlap_s is not None for st in stages)
     durations = stage_durations([st.f_s for st in stages], [st.b_s for st in stages], [st.w_s for st in stages],
                                 fb=[st.overlap_s for st in stages] if overlapped else None)

@@ -41,8 +41,10 @@ DEFAULT_GPU = "H200"
 #: planner without overlap measurement picks), ``parameters`` (balanced on parameter bytes, DeepSpeed's default).
 BASELINES = ("uniform", "standalone", "parameters")
 OBJECTIVES = ("auto", "bottleneck", "schedule")
-#: schedules the planner simulates: one stage per pipeline rank, or ``interleaved`` with ``vpp >= 2``
-PLAN_SCHEDULES = ("overlapped", "1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved")
+#: schedules the planner simulates: one stage per pipeline rank, or ``interleaved`` / ``interleaved-overlapped``
+#: (:mod:`tessera_lab.plan.vschedules`) with ``vpp >= 2``
+PLAN_SCHEDULES = ("overlapped", "1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved", "interleaved-overlapped")
+VIRTUAL_SCHEDULES = ("interleaved-overlapped", "interleaved")
 #: what ``schedule="auto"`` tries (one stage per rank; with vpp >= 2 only interleaved)
 AUTO_SCHEDULES = ("overlapped", "1f1b", "zb-h1", "zb-h2", "gpipe")
 
@@ -59,9 +61,9 @@ def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster
     if parallel.schedule not in PLAN_SCHEDULES + ("auto",):
         raise ConfigError(f"field 'schedule' = {parallel.schedule!r} cannot be planned; allowed: "
                           f"{', '.join(PLAN_SCHEDULES)}, auto")
-    if (parallel.vpp > 1) != (parallel.schedule == "interleaved") and parallel.schedule != "auto":
+    if (parallel.vpp > 1) != (parallel.schedule in VIRTUAL_SCHEDULES) and parallel.schedule != "auto":
         raise ConfigError(f"field 'vpp' = {parallel.vpp} does not fit schedule {parallel.schedule!r}; allowed: vpp >= 2 "
-                          "with 'interleaved', vpp = 1 with the others")
+                          f"with {' or '.join(VIRTUAL_SCHEDULES)}, vpp = 1 with the others")
     heads = {"num_attention_heads": model.num_attention_heads, "num_key_value_heads": model.num_key_value_heads}
     if model.linear_num_key_heads:
         heads["linear_num_key_heads"] = model.linear_num_key_heads
@@ -156,7 +158,7 @@ def make_plan(
     Args:
         model: the model.
         parallel: parallel sizes (default :class:`ParallelConfig()`: pp=8, ep=8, m=32, seq 4096, mbs 1); its
-            ``schedule`` may be ``auto`` (try :data:`AUTO_SCHEDULES`, or ``interleaved`` when ``vpp >= 2``).
+            ``schedule`` may be ``auto`` (try :data:`AUTO_SCHEDULES`, or :data:`VIRTUAL_SCHEDULES` when ``vpp >= 2``).
         cluster: the cluster; default the smallest DGX cluster of ``gpu`` holding the world size.
         method: ``ilp`` (default), ``dp`` or ``uniform``.
         baselines: other partitions to evaluate with the same schedule (:data:`BASELINES`).
@@ -222,7 +224,7 @@ def make_plan(
             if over:
                 notes.append(f"uniform baseline exceeds memory on stage(s) {over}")
         else:
-            if name == "standalone" and parallel.schedule != "overlapped":
+            if name == "standalone" and sm.pair_costs is None:
                 continue  # identical to the bottleneck optimum: the schedule sees standalone costs
             cost = sm.standalone if name == "standalone" else sm.params
             part = solve(_problem(model, parallel, cost_model, sm, "bottleneck", cost=cost),
@@ -275,9 +277,9 @@ def _refine(model, parallel, cost_model, sm, steady: PartitionProblem, candidate
 
 
 def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
-    """``schedule="auto"``: plan every schedule of :data:`AUTO_SCHEDULES` (``interleaved`` with vpp >= 2), keep
+    """``schedule="auto"``: plan every schedule of :data:`AUTO_SCHEDULES` (:data:`VIRTUAL_SCHEDULES` with vpp >= 2), keep
     the fastest that fits memory; each trial is recorded in ``Plan.schedule_trials``."""
-    names = ("interleaved",) if parallel.vpp > 1 else AUTO_SCHEDULES
+    names = VIRTUAL_SCHEDULES if parallel.vpp > 1 else AUTO_SCHEDULES
     trials, plans = [], []
     for name in names:
         try:

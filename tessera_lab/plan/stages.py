@@ -14,17 +14,18 @@ from functools import lru_cache
 from typing import Sequence
 
 from tessera_lab.cost.analytic import CostModel, LayerCost
-from tessera_lab.cost.memory import LayerMemory, in_flight, layer_memory
+from tessera_lab.cost.memory import LayerMemory, layer_memory
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import decompose
 from tessera_lab.overlap.core import bundle, layer_kind_examples, schedule_pair, stage_pair_cost
+from tessera_lab.plan.vschedules import plan_in_flight
 
 #: candidate orders the overlap scheduler evaluates per layer-kind pair while planning
 PAIR_SEARCH_BUDGET = 300
 #: schedules whose steady state runs (F;B) pairs, so a stage costs its pair makespans
-OVERLAPPED_SCHEDULES = ("overlapped",)
+OVERLAPPED_SCHEDULES = ("overlapped", "interleaved-overlapped")
 
 
 def _prefix(values: Sequence[float]) -> list[float]:
@@ -116,7 +117,7 @@ class StageCostModel:
         """Parameters and training state plus activations times micro-batches in flight (bytes); for virtual
         stages the rank's memory is the sum over its chunks."""
         p = self.parallel
-        return self.params(s, i, j) + self.activations(s, i, j) * in_flight(
+        return self.params(s, i, j) + self.activations(s, i, j) * plan_in_flight(
             p.schedule, p.pp, s % p.pp, p.microbatches, p.vpp)
 
 
