@@ -107,7 +107,7 @@ The same target scale, two models. The iteration-time difference per GPU splits 
 model work at peak plus the change of every lost-time category; the headline names the largest term."""
     ),
     new_code_cell(
-        """from tessera_lab.report.diff import model_diff
+        """from tessera_lab.report.capacity import model_diff
 
 diff = model_diff(model, VARIANT, parallel)
 print(diff.headline)

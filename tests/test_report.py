@@ -13,9 +13,16 @@ from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.plan.make import make_plan
 from tessera_lab.plan.load import load_plan
-from tessera_lab.report.capacity import capacity_breakdown, capacity_report
-from tessera_lab.report.categories import CATEGORIES, ActionBreakdown
-from tessera_lab.report.diff import apply_changes, diff_contributions, model_diff, parse_changes
+from tessera_lab.report.capacity import (
+    CATEGORIES,
+    ActionBreakdown,
+    apply_changes,
+    capacity_breakdown,
+    capacity_report,
+    diff_contributions,
+    model_diff,
+    parse_changes,
+)
 from tessera_lab.pipeline.schedules import build_schedule
 from tessera_lab.pipeline.simulate import override_durations, simulate, stage_durations
 
@@ -126,8 +133,7 @@ def test_observed_event_list_with_memory_wait():
 def test_observed_run_against_plan_predictions(plan):
     """An observed run in the simulator's event format, 10% slower than predicted on every action plus one
     slow micro-batch: the systematic part is runtime overhead, the spike routing variance."""
-    from tessera_lab.report.capacity import capacity_from_observed
-    from tessera_lab.report.categories import evaluation_recipes
+    from tessera_lab.report.capacity import capacity_from_observed, evaluation_recipes
 
     ev = plan.chosen
     p = plan.parallel
@@ -267,7 +273,7 @@ def test_report_figure_names_the_configuration_and_shows_both_diff_variants(plan
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tessera_lab.report.diff import plan_caption, report_figure
+    from tessera_lab.report.capacity import plan_caption, report_figure
 
     fig = report_figure(plan, report)
     (ax,) = fig.axes

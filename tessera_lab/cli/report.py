@@ -9,8 +9,7 @@ from typing import Any
 from tessera_lab.cli.common import add_json, add_plan_options, emit, model_from_args, parallel_from_args
 from tessera_lab.model.hardware import Cluster
 from tessera_lab.plan.load import load_plan, model_from_name
-from tessera_lab.report.capacity import capacity_report
-from tessera_lab.report.diff import model_diff, parse_changes, save_report_figure
+from tessera_lab.report.capacity import capacity_report, model_diff, parse_changes, save_report_figure
 
 
 def cmd_report(args: argparse.Namespace) -> int:
