@@ -150,13 +150,14 @@ def evaluate(
     per = list(per_stage) if per_stage is not None else [(cost_model, stage_model)] * S
     b = partition.boundaries
     stages = stage_plans(model, [sm for _, sm in per], b, speed)
-    schedule = plan_schedule(p.schedule, p.pp, p.microbatches, p.vpp)
-    overlapped = all(st.overlap_s is not None for st in stages)
-    durations = stage_durations([st.f_s for st in stages], [st.b_s for st in stages], [st.w_s for st in stages],
-                                fb=[st.overlap_s for st in stages] if overlapped else None)
     # a transfer between virtual stages s and s+1 runs on the slower of the two ends' links
     p2p = [max(per[s][0].p2p_time(model, s % p.pp), per[min(s + 1, S - 1)][0].p2p_time(model, s % p.pp))
            for s in range(S)]
+    schedule = plan_schedule(p.schedule, p.pp, p.microbatches, p.vpp, f=[st.f_s for st in stages],
+                             i=[st.b_s - st.w_s for st in stages], w=[st.w_s for st in stages], p2p=max(p2p))
+    overlapped = all(st.overlap_s is not None for st in stages)
+    durations = stage_durations([st.f_s for st in stages], [st.b_s for st in stages], [st.w_s for st in stages],
+                                fb=[st.overlap_s for st in stages] if overlapped else None)
     sync_by_rank: dict[int, float] = {}
     for s, st in enumerate(stages):
         rank = schedule.stage_to_rank[s]

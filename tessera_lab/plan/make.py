@@ -29,6 +29,7 @@ from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, 
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
 from tessera_lab.plan.partition import Partition, PartitionProblem, score_boundaries, solve, uniform_boundaries
 from tessera_lab.plan.stages import PAIR_SEARCH_BUDGET, StageCostModel, build_stage_model, layer_pair_costs
+from tessera_lab.plan.vschedules import HAS_ZB_AUTO
 
 __all__ = ["BASELINES", "DEFAULT_GPU", "DEFAULT_MODEL", "Evaluation", "OBJECTIVES", "PAIR_SEARCH_BUDGET",
            "PLAN_SCHEDULES", "Plan", "StageCostModel", "StagePlan", "build_stage_model", "dp_grad_sync_time",
@@ -43,10 +44,13 @@ BASELINES = ("uniform", "standalone", "parameters")
 OBJECTIVES = ("auto", "bottleneck", "schedule")
 #: schedules the planner simulates: one stage per pipeline rank, or ``interleaved`` / ``interleaved-overlapped``
 #: (:mod:`tessera_lab.plan.vschedules`) with ``vpp >= 2``
-PLAN_SCHEDULES = ("overlapped", "1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved", "interleaved-overlapped")
+PLAN_SCHEDULES = ("overlapped", "1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved", "interleaved-overlapped") + (
+    ("zb-auto",) if HAS_ZB_AUTO else ())
 VIRTUAL_SCHEDULES = ("interleaved-overlapped", "interleaved")
-#: what ``schedule="auto"`` tries (one stage per rank; with vpp >= 2 only interleaved)
-AUTO_SCHEDULES = ("overlapped", "1f1b", "zb-h1", "zb-h2", "gpipe")
+#: what ``schedule="auto"`` tries with one stage per rank (``zb-auto`` where the pipeline package has it)
+AUTO_SCHEDULES = ("overlapped", "1f1b", "zb-h1", "zb-h2", "gpipe") + (("zb-auto",) if HAS_ZB_AUTO else ())
+#: simulations the refinement spends on ``zb-auto`` (each runs the schedule search again)
+ZB_AUTO_REFINE_BUDGET = 8
 
 
 def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -> None:
@@ -238,7 +242,7 @@ def make_plan(
     chosen, chosen_label = min(candidates, key=lambda c: c[0].iteration_time_s)
     if objective == "auto" and method != "uniform":
         chosen = _refine(model, parallel, cost_model, sm, steady, candidates, out, method, flops, notes,
-                         refine_budget)
+                         min(refine_budget, ZB_AUTO_REFINE_BUDGET) if parallel.schedule == "zb-auto" else refine_budget)
     return Plan(model, parallel, cluster, chosen, out, sm.costs, flops, capacity, notes, costs=source)
 
 

@@ -9,17 +9,30 @@ chunks; the simulator times a pair by its backward's stage (``fb[stage of B]``).
 one chunk-micro-batch more than interleaved 1F1B (checked against the simulator in the tests for ``m`` a multiple
 of ``pp``, Megatron's case; otherwise the interleaved memory model's own error carries over).
 
+``zb-auto`` (when :mod:`tessera_lab.pipeline` provides it): the zero-bubble schedule search run on the plan's own
+per-stage F, I, W and p2p times, with a memory budget of ``2 p - 1`` micro-batches of activations per rank
+(ZB-H2's), which is what the planner's memory model charges on every rank.
+
 Raises (all functions): :class:`~tessera_lab.errors.ScheduleError` or ``ConfigError`` as the underlying builders.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from tessera_lab.cost.memory import in_flight
-from tessera_lab.pipeline.schedules import ActionType, Schedule, build_schedule, overlap
+from tessera_lab.pipeline.schedules import SCHEDULE_NAMES, ActionType, Schedule, build_schedule, overlap
 
 INTERLEAVED_OVERLAPPED = "interleaved-overlapped"
 #: schedule names the planner builds here (the rest go to ``build_schedule``)
 PLANNER_SCHEDULES = (INTERLEAVED_OVERLAPPED,)
+#: whether the pipeline package has the zero-bubble schedule search
+HAS_ZB_AUTO = "zb-auto" in SCHEDULE_NAMES
+
+
+def zb_auto_budget(pp: int, m: int) -> int:
+    """Micro-batches of activations per rank the planner lets ``zb-auto`` hold: ``min(2 p - 1, m)`` (ZB-H2's)."""
+    return min(2 * pp - 1, m)
 
 
 def interleaved_overlapped(pp: int, vpp: int, m: int) -> Schedule:
@@ -46,10 +59,15 @@ def interleaved_overlapped(pp: int, vpp: int, m: int) -> Schedule:
     return Schedule(INTERLEAVED_OVERLAPPED, pp, base.num_stages, m, lists, dict(base.stage_to_rank), {"vpp": vpp})
 
 
-def plan_schedule(name: str, pp: int, m: int, vpp: int = 1) -> Schedule:
-    """The schedule ``name`` for the planner: :func:`interleaved_overlapped` or ``build_schedule``."""
+def plan_schedule(name: str, pp: int, m: int, vpp: int = 1, *, f: Sequence[float] | None = None,
+                  i: Sequence[float] | None = None, w: Sequence[float] | None = None, p2p: float = 0.0) -> Schedule:
+    """The schedule ``name`` for the planner: :func:`interleaved_overlapped`, ``zb-auto`` searched on the per-stage
+    times ``f``, ``i``, ``w`` and ``p2p`` (seconds) within :func:`zb_auto_budget`, or ``build_schedule``."""
     if name == INTERLEAVED_OVERLAPPED:
         return interleaved_overlapped(pp, vpp, m)
+    if name == "zb-auto":
+        return build_schedule(name, pp, m, vpp, memory_budget=zb_auto_budget(pp, m), f=list(f), i=list(i), w=list(w),
+                              p2p=p2p)
     return build_schedule(name, pp, m, vpp)
 
 
@@ -59,4 +77,6 @@ def plan_in_flight(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> 
     interleaved)."""
     if schedule == INTERLEAVED_OVERLAPPED:
         return min(in_flight("interleaved", pp, stage, m, vpp) * vpp + 1, vpp * m) / vpp
+    if schedule == "zb-auto":
+        return float(zb_auto_budget(pp, m))
     return in_flight(schedule, pp, stage, m, vpp)
