@@ -21,13 +21,24 @@ from __future__ import annotations
 from typing import Sequence
 
 from tessera_lab.cost.memory import in_flight
-from tessera_lab.pipeline.schedules import SCHEDULE_NAMES, ActionType, Schedule, build_schedule, overlap
+from tessera_lab.errors import ScheduleError
+from tessera_lab.pipeline.schedules import ActionType, Schedule, build_schedule, canonical_name, overlap
 
 INTERLEAVED_OVERLAPPED = "interleaved-overlapped"
 #: schedule names the planner builds here (the rest go to ``build_schedule``)
 PLANNER_SCHEDULES = (INTERLEAVED_OVERLAPPED,)
+
+
+def _known(name: str) -> bool:
+    try:
+        canonical_name(name)
+    except ScheduleError:
+        return False
+    return True
+
+
 #: whether the pipeline package has the zero-bubble schedule search
-HAS_ZB_AUTO = "zb-auto" in SCHEDULE_NAMES
+HAS_ZB_AUTO = _known("zb-auto")
 
 
 def zb_auto_budget(pp: int, m: int) -> int:
