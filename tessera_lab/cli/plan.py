@@ -55,7 +55,7 @@ def format_plan(plan) -> str:
         lines.append("")
         lines.append("schedules tried (--schedule auto):")
         lines.append(table([{"schedule": t["schedule"], "iteration (s)": t.get("iteration_time_s"),
-                             "fits memory": t.get("fits_memory"), "refused": t.get("error", "")}
+                             "fits memory": t.get("fits_memory"), "refused": t.get("error", "")[:90]}
                             for t in plan.schedule_trials], ".4g"))
     lines.append("MFU: Megatron-LM model FLOPs (3 x forward GEMM + attention FLOPs, causal at half) / "
                  f"(iteration time x {p.world_size} GPUs x {plan.cluster.gpu.peak_flops / 1e12:.0f} TFLOP/s dense bf16)")
