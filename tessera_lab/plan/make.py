@@ -15,7 +15,7 @@ in Megatron-LM's convention (:func:`tessera_lab.model.tasks.model_flops_per_iter
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from tessera_lab.cost.analytic import LayerCost
@@ -231,8 +231,8 @@ def make_plan(
             if name == "standalone" and sm.pair_costs is None:
                 continue  # identical to the bottleneck optimum: the schedule sees standalone costs
             cost = sm.standalone if name == "standalone" else sm.params
-            part = solve(_problem(model, parallel, cost_model, sm, "bottleneck", cost=cost),
-                         "dp" if parallel.vpp == 1 else "ilp", time_limit_s=time_limit_s)
+            # a planner without rank sums balances every (virtual) stage on its own: the DP over virtual stages
+            part = solve(replace(_problem(model, parallel, cost_model, sm, "bottleneck", cost=cost), vpp=1), "dp")
             part = score_boundaries(steady, part.boundaries, name, solver=part.solver, status=part.status,
                                     solve_time_s=part.solve_time_s)
         out[name] = run(part, name)
