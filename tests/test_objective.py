@@ -207,3 +207,10 @@ def test_vpp2_interleaved_overlapped_plan(capsys):
                  "--seq-len", "1024", "--layers", "16", "--time-limit", "5", "--json", "-"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert len(d["boundaries"]) == 9 and all(s["overlap_s"] is not None for s in d["stages"])
+
+
+def test_refinement_is_recorded_and_baselines_keep_their_labels(qwen3_next):
+    plan = make_plan(qwen3_next, ParallelConfig(seq_len=8192), gpu="B200")
+    d = plan.as_dict()
+    assert d["refinement"]["start"] == "baseline standalone" and d["refinement"]["simulations"] >= 1
+    assert d["method"] == "ilp" and d["baselines"]["standalone"]["method"] == "standalone"

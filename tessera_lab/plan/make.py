@@ -99,6 +99,9 @@ class Plan:
     schedule_trials: list[dict[str, Any]] = field(default_factory=list)
     #: set by :func:`tessera_lab.plan.load.load_plan`: how the plan was re-evaluated (and any change of source)
     reevaluation: list[str] = field(default_factory=list)
+    #: objective ``auto``: where the simulator refinement started (``start``, ``start_boundaries``,
+    #: ``start_iteration_time_s``), how many partitions it simulated and the gain in seconds
+    refinement: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the keys of the CLI contract (``model``, ``method``, ``stages``, ``costs``, ...)."""
@@ -122,6 +125,8 @@ class Plan:
             d["schedule_trials"] = self.schedule_trials
         if self.reevaluation:
             d["reevaluation"] = self.reevaluation
+        if self.refinement:
+            d["refinement"] = self.refinement
         return d
 
 
@@ -239,15 +244,18 @@ def make_plan(
     if len(candidates) > 1:
         notes.append("objective auto: " + ", ".join(
             f"{label} simulates to {ev.iteration_time_s:.4f} s" for ev, label in candidates))
-    chosen, chosen_label = min(candidates, key=lambda c: c[0].iteration_time_s)
+    chosen = min(candidates, key=lambda c: c[0].iteration_time_s)[0]
+    refinement: dict[str, Any] = {}
     if objective == "auto" and method != "uniform":
-        chosen = _refine(model, parallel, cost_model, sm, steady, candidates, out, method, flops, notes,
-                         min(refine_budget, ZB_AUTO_REFINE_BUDGET) if parallel.schedule == "zb-auto" else refine_budget)
-    return Plan(model, parallel, cluster, chosen, out, sm.costs, flops, capacity, notes, costs=source)
+        chosen, refinement = _refine(model, parallel, cost_model, sm, steady, candidates, out, method, flops, notes,
+                                     min(refine_budget, ZB_AUTO_REFINE_BUDGET) if parallel.schedule == "zb-auto"
+                                     else refine_budget)
+    return Plan(model, parallel, cluster, chosen, out, sm.costs, flops, capacity, notes, costs=source,
+                refinement=refinement)
 
 
 def _refine(model, parallel, cost_model, sm, steady: PartitionProblem, candidates, baselines, method: str,
-            flops: float, notes: list[str], budget: int) -> Evaluation:
+            flops: float, notes: list[str], budget: int) -> tuple[Evaluation, dict[str, Any]]:
     """Start from the fastest simulated candidate or fitting baseline, refine it by simulation, explain."""
     starts = list(candidates) + [(ev, f"baseline {name}") for name, ev in baselines.items() if ev.fits_memory]
     start_ev, start_label = min(starts, key=lambda c: c[0].iteration_time_s)
@@ -269,15 +277,16 @@ def _refine(model, parallel, cost_model, sm, steady: PartitionProblem, candidate
     cache[tuple(start_ev.partition.boundaries)] = start_ev
     b, t, spent = refine(start_ev.partition.boundaries, lambda bb: cache[tuple(bb)].iteration_time_s
                          if tuple(bb) in cache else sim(bb), budget=budget)
-    ev = cache[tuple(b)]
-    ev.method = method
     ref = best_solver.partition
-    ev.partition.solver, ev.partition.status, ev.partition.solve_time_s = ref.solver, ref.status, ref.solve_time_s
+    found = cache[tuple(b)]  # may be a baseline's own evaluation: copy, never relabel it
+    ev = replace(found, method=method, partition=replace(found.partition, method=method, solver=ref.solver,
+                                                         status=ref.status, solve_time_s=ref.solve_time_s))
     gain = start_ev.iteration_time_s - t
     notes.append(f"simulator refinement from the {start_label}: {spent} partitions simulated, "
                  + (f"boundaries {start_ev.partition.boundaries} -> {b}, {gain * 1e3:.2f} ms faster ({t:.4f} s)"
                     if gain > 0 else "no neighbour simulates faster"))
-    return ev
+    return ev, {"start": start_label, "start_boundaries": list(start_ev.partition.boundaries),
+                "start_iteration_time_s": start_ev.iteration_time_s, "simulations": spent, "gain_s": gain}
 
 
 def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
