@@ -9,12 +9,18 @@ from tessera_lab.cli.common import add_json, emit, table
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from tessera_lab.pipeline.schedules import build_schedule
+    from tessera_lab.errors import ScheduleError
+    from tessera_lab.pipeline.schedules import build_schedule, canonical_name
     from tessera_lab.pipeline.simulate import simulate, uniform_durations
 
     if getattr(args, "routing", None) is not None or getattr(args, "dynamic", False):
         return _simulate_routed(args)
-    sched = build_schedule(args.schedule, args.stages, args.microbatches, args.vpp)
+    budget = getattr(args, "memory_budget", None)
+    if budget is not None and canonical_name(args.schedule) != "zb-auto":
+        raise ScheduleError(f"--memory-budget is used only with --schedule zb-auto, not {args.schedule!r}")
+    w = args.w or 0.0
+    sched = build_schedule(args.schedule, args.stages, args.microbatches, args.vpp, memory_budget=budget,
+                           f=args.f, i=max(0.0, args.b - w), w=w, p2p=args.p2p_latency)
     tl = simulate(sched, uniform_durations(args.f, args.b, args.w, args.fb), p2p_latency=args.p2p_latency)
     result = {
         "schedule": sched.name, "stages": args.stages, "microbatches": args.microbatches, "vpp": args.vpp,
@@ -22,6 +28,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "bubble_overhead": tl.bubble_overhead, "per_rank_idle": tl.per_rank_idle,
         "per_rank_busy": tl.per_rank_busy, "peak_activations": tl.peak_activations,
     }
+    if "choice" in sched.meta:  # zb-auto: the budget and the candidate the search kept
+        result.update(memory_budget=sched.meta["memory_budget"], search_choice=sched.meta["choice"])
     rows = [{"rank": r, "busy": tl.per_rank_busy[r], "idle": tl.per_rank_idle[r],
              "peak activations": tl.peak_activations[r]} for r in range(len(tl.per_rank_busy))]
     text = (table(rows) + f"\nmakespan {tl.iteration_time:.6g}  bubble_fraction {tl.bubble_fraction:.4f}  "
@@ -62,7 +70,7 @@ def _simulate_routed(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("simulate", help="simulate a uniform pipeline")
-    p.add_argument("--schedule", default="1f1b", help="gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped (default 1f1b)")
+    p.add_argument("--schedule", default="1f1b", help="gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped|zb-v|zb-auto (default 1f1b)")
     p.add_argument("--stages", type=positive_int("stages"), required=True, help="pipeline ranks (pp)")
     p.add_argument("--microbatches", type=positive_int("microbatches"), required=True)
     p.add_argument("--vpp", type=positive_int("vpp"), default=1, help="chunks per rank (interleaved)")
@@ -72,6 +80,8 @@ def add_parser(sub) -> None:
     p.add_argument("--w", type=nonneg_float("w"), default=None, help="weight-gradient part of --b (zero-bubble schedules split B into I = b - w and W = w)")
     p.add_argument("--fb", type=nonneg_float("fb"), default=None, help="time of an overlapped F+B pair (default f + b: no overlap gain)")
     p.add_argument("--p2p-latency", type=nonneg_float("p2p_latency"), default=0.0)
+    p.add_argument("--memory-budget", type=nonneg_float("memory_budget"), default=None, metavar="K",
+                   help="zb-auto only: activations a rank may hold, in micro-batches (default 2p-1; p with --vpp 2)")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace JSON (opens in Perfetto)")
     p.add_argument("--plot", metavar="PATH", help="save a Gantt chart")
     g = p.add_argument_group("routing skew and dynamic bubble filling (tessera_lab.dynamic.core)")

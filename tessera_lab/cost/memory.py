@@ -12,7 +12,7 @@ is in flight from the start of its F to the end of its B, or of its W when the b
 closed forms equal the peaks of :mod:`tessera_lab.pipeline.schedules`' action lists in the simulator (tested):
 GPipe ``m``; 1F1B ``min(p - s, m)`` on stage ``s`` of ``p``; overlapped 1F1B ``min(2 (p - s), m)`` (its warm-up
 runs ``2 (p - 1 - s) + 1`` forwards so that each pair's inputs are ready); ZB-H1 ``min(p, m)`` on every stage
-(W is deferred, Qi et al., ICLR 2024); our ZB-H2 ``min(3p - 2 - s, m)``; interleaved 1F1B with v chunks
+(W is deferred, Qi et al., ICLR 2024); ZB-H2 ``min(2p - 1, m)`` on every stage (the paper's ``2p - 1``); interleaved 1F1B with v chunks
 ``min(2 (p - s - 1) + (v - 1) p + 1, v m)`` chunk-micro-batches of ``1/v`` of the stage's layers each
 (Megatron-LM's interleaved warm-up count plus the micro-batch in its first backward).
 """
@@ -54,7 +54,7 @@ def in_flight(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> float
     if schedule == "zb-h1":
         return float(min(p, m))
     if schedule == "zb-h2":
-        return float(min(3 * p - 2 - s, m))
+        return float(min(2 * p - 1, m))
     if schedule == "interleaved":
         return min(2 * (p - s - 1) + (vpp - 1) * p + 1, vpp * m) / vpp
     raise ConfigError(f"schedule {schedule!r} has no memory model; allowed: gpipe, 1f1b, overlapped, zb-h1, zb-h2, interleaved")

@@ -1,0 +1,412 @@
+"""Discrete-event simulation of pipeline schedules (:func:`simulate`), producing a
+:class:`~tessera_lab.pipeline.timeline.Timeline`.
+
+Model (times in float seconds):
+
+* Each rank has a **compute lane** that runs its action list strictly in order, and a
+  **communication lane** (point-to-point transfers into the rank, and optional extra collectives).
+  A rank blocks until the next action's inputs have arrived.
+* Dependencies: ``F`` of micro-batch ``i`` on stage ``s`` needs ``F(s-1, i)``; a backward (``B`` or
+  ``I``) of ``i`` on ``s`` needs ``F(s, i)`` and the backward of ``i`` on ``s+1`` (the last stage
+  only its own ``F``); ``W`` needs ``I`` of the same stage and micro-batch. An ``OVERLAP_F_B`` pair
+  needs the inputs of both its sub-actions, runs for the pair makespan and delivers both outputs
+  when it ends.
+* Transfers between stages on different ranks take ``p2p_latency + p2p_time(src, dst)``;
+  transfers between stages on the same rank are free. A zero-time transfer is a no-op (no event,
+  no exposed time; with blocking sends it still synchronises sender and receiver).
+  Without explicit SEND/RECV actions a transfer starts when its producer ends (batched
+  ``isend``/``irecv``, as Megatron and torch do). Explicit ``SEND_*`` actions post the send when the
+  rank reaches them; with ``blocking_sends=True`` a send is a rendezvous: it completes (and the
+  sender continues) only after the receiver has posted the matching receive (explicit
+  ``RECV_*``, or implicitly when it reaches the consuming compute action) and the data moved;
+  explicit receives then block until the data arrives. Orders that can never complete raise
+  :class:`~tessera_lab.errors.DeadlockError` naming each stuck rank and its next action.
+
+Durations come from a callable ``durations(stage, microbatch, type) -> seconds`` (the
+:class:`Durations` protocol). For an ``OVERLAP_F_B`` pair it is called with the *backward*
+sub-action's stage and micro-batch and ``ActionType.OVERLAP_F_B``.
+
+
+This module never imports torch, nor the schedule IR (it reads a schedule's ``num_stages``, ``num_ranks``,
+``stage_to_rank``, ``actions`` and ``name``), so the IR's validation can call it.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from typing import Callable, Iterable, Mapping
+
+from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
+from tessera_lab.pipeline.actions import ActionType, parse_action
+from tessera_lab.pipeline.durations import Durations, _nonneg
+from tessera_lab.pipeline.timeline import Event, Timeline, _build_timeline
+
+__all__ = ["simulate"]
+
+_F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
+_OV = ActionType.OVERLAP_F_B
+_SEND_F, _RECV_F, _SEND_B, _RECV_B = ActionType.SEND_F, ActionType.RECV_F, ActionType.SEND_B, ActionType.RECV_B
+
+# compiled op kinds
+_OP_COMPUTE, _OP_SEND, _OP_RECV = 0, 1, 2
+_COMM_OPS = frozenset({_SEND_F, _SEND_B, _RECV_F, _RECV_B})
+_TYPE_STR = {t: t.value for t in ActionType}
+
+
+def _transfer_fn(p2p_latency: float, p2p_time) -> Callable[[int, int], float]:
+    lat = _nonneg("p2p_latency", p2p_latency)
+    if p2p_time is None:
+        return lambda src, dst: lat
+    if callable(p2p_time):
+        def fn(src: int, dst: int) -> float:
+            v = p2p_time(src, dst)
+            if not 0.0 <= v < math.inf:
+                raise ConfigError(f"p2p_time({src}, {dst}) returned {v!r}; allowed finite seconds >= 0")
+            return lat + v
+
+        return fn
+    t = lat + _nonneg("p2p_time", p2p_time)
+    return lambda src, dst: t
+
+
+def simulate(
+    schedule,
+    durations: Durations,
+    *,
+    p2p_latency: float = 0.0,
+    p2p_time: float | Callable[[int, int], float] | None = None,
+    blocking_sends: bool = False,
+    comm: Iterable | None = None,
+) -> Timeline:
+    """Simulate one iteration of ``schedule``.
+
+    Args:
+        schedule: per-rank action lists (compute only, or with explicit SEND/RECV actions).
+        durations: ``durations(stage, microbatch, type) -> seconds`` (see :class:`Durations`).
+        p2p_latency: seconds added to every cross-rank stage-to-stage transfer.
+        p2p_time: transfer seconds, a constant or ``p2p_time(src_stage, dst_stage)``; added to the
+            latency. Same-rank transfers are free.
+        blocking_sends: explicit ``SEND_*`` actions are rendezvous (see module docstring).
+        comm: extra communication tasks on the comm lane, each ``(rank, collective_name, seconds,
+            after_action)`` (tuple or dict with those keys); ``after_action`` is an
+            :class:`Action`, its string (``"3W7"``), or ``None`` (start of the iteration). A rank's
+            tasks run one after another, each starting when its action has ended and the lane is
+            free; they do not block compute but count as exposed while the compute lane is idle,
+            and can extend the iteration. Zero-second tasks are no-ops.
+
+    Returns:
+        :class:`Timeline`.
+
+    Raises:
+        DeadlockError: no rank can progress; ``stuck`` maps rank -> its next action.
+        ScheduleError: an action names a stage without a rank, or a negative duration is returned.
+        ConfigError: negative latency/transfer time or malformed ``comm`` tasks.
+    """
+    # The simulator allocates many small tuples and no cycles: pausing the cyclic garbage
+    # collector halves its run time on long schedules.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm) -> Timeline:
+    xfer = _transfer_fn(p2p_latency, p2p_time)
+    S = schedule.num_stages
+    s2r = schedule.stage_to_rank
+    R = schedule.num_ranks
+    ranks = range(R)
+
+    # ---- compile --------------------------------------------------------------------------
+    # Per op: needs = ((cross_rank, key), ...) where key = ('F'|'G', stage, mb): 'F' = forward
+    # output of that stage, 'G' = input gradient of that stage (from B or I). Local needs read
+    # ``done``; cross-rank needs read ``arrival`` (same key = the producing stage).
+    explicit_send: set[tuple] = set()
+    explicit_recv: set[tuple] = set()
+    programs: list[list[tuple]] = []
+    for r in ranks:
+        prog = []
+        for a in schedule.actions.get(r, []):
+            t = a.type
+            if t in _COMM_OPS:
+                if t is _SEND_F:
+                    key, src, dst = ("F", a.stage, a.microbatch), a.stage, a.stage + 1
+                elif t is _SEND_B:
+                    key, src, dst = ("G", a.stage, a.microbatch), a.stage, a.stage - 1
+                elif t is _RECV_F:
+                    key, src, dst = ("F", a.stage - 1, a.microbatch), a.stage - 1, a.stage
+                else:
+                    key, src, dst = ("G", a.stage + 1, a.microbatch), a.stage + 1, a.stage
+                if src not in s2r or dst not in s2r:
+                    raise ScheduleError(f"{a} on rank {r}: stages {src} -> {dst} are not both in the schedule")
+                if t is _SEND_F or t is _SEND_B:
+                    explicit_send.add(key)
+                    prog.append((_OP_SEND, a, key, src, dst))
+                else:
+                    explicit_recv.add(key)
+                    prog.append((_OP_RECV, a, key, src, dst))
+                continue
+            leaves = a.sub_actions if a.sub_actions else (a,)
+            needs = []
+            produces = []
+            plus = minus = 0
+            for x in leaves:
+                s, i, k = x.stage, x.microbatch, x.type
+                if s not in s2r:
+                    raise ScheduleError(f"{x} on rank {r}: stage {s} has no rank in stage_to_rank")
+                if k is _F:
+                    if s > 0:
+                        needs.append((s2r[s - 1] != r, ("F", s - 1, i)))
+                    produces.append((("F", s, i), s + 1 if s + 1 < S and s2r[s + 1] != r else -1))
+                    plus += 1
+                elif k is _B or k is _I:
+                    needs.append((False, ("F", s, i)))
+                    if s < S - 1:
+                        needs.append((s2r[s + 1] != r, ("G", s + 1, i)))
+                    produces.append((("G", s, i), s - 1 if s > 0 and s2r[s - 1] != r else -1))
+                    if k is _B:
+                        minus += 1
+                elif k is _W:
+                    needs.append((False, ("G", s, i)))
+                    minus += 1
+                else:
+                    raise ScheduleError(f"{x} on rank {r}: cannot simulate action type {k.value} inside a pair")
+            if a.sub_actions:
+                bwd = next((x for x in leaves if x.type is not _F), leaves[-1])
+                dur_key = (bwd.stage, bwd.microbatch, _OV)
+                ev_stage, ev_mb, label = bwd.stage, bwd.microbatch, str(a)
+            else:
+                dur_key = (a.stage, a.microbatch, t)
+                ev_stage, ev_mb = a.stage, a.microbatch
+                label = f"{a.stage}{_TYPE_STR[t]}{'' if a.microbatch is None else a.microbatch}"
+            prog.append(
+                (_OP_COMPUTE, a, tuple(needs), tuple(produces), dur_key, ev_stage, ev_mb, _TYPE_STR[t], label, plus, minus)
+            )
+        programs.append(prog)
+
+    # ---- state ----------------------------------------------------------------------------
+    done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action
+    done_ev: dict[tuple, int] = {}  # -> its event index
+    arrival: dict[tuple, float] = {}  # ('F'|'G', src_stage, mb) -> time the data is at the consumer
+    arrival_ev: dict[tuple, int] = {}  # -> transfer event index (producer's if zero-time)
+    send_post: dict[tuple, float] = {}
+    recv_post: dict[tuple, float] = {}
+    w_done: dict[tuple, list[int]] = {}  # waiters per key
+    w_arr: dict[tuple, list[int]] = {}
+    w_post: dict[tuple, list[int]] = {}
+    post_implicit = blocking_sends and bool(explicit_send)
+    events: list[Event] = []
+    preds: list[int] = []  # event index -> event that set its start (-1 none)
+    busy = [0.0] * R
+    act_deltas: list[list[tuple[float, int]]] = [[] for _ in ranks]
+    pc = [0] * R
+    t_rank = [0.0] * R
+    last_ev = [-1] * R
+    reached = [-1] * R
+    ready = list(ranks)
+    in_ready = [True] * R
+    inf = math.inf
+
+    def wake(wdict: dict, key: tuple) -> None:
+        for q in wdict.pop(key):
+            if not in_ready[q]:
+                in_ready[q] = True
+                ready.append(q)
+
+    def add_transfer(key: tuple, start: float, src: int, dst: int, pred: int) -> None:
+        dt = xfer(src, dst)
+        end = start + dt
+        if dt > 0:
+            kind = "RECV_F" if key[0] == "F" else "RECV_B"
+            events.append(Event(s2r[dst], dst, key[2], kind, start, end, "comm", f"{dst}{kind}{key[2]}"))
+            preds.append(pred)
+            arrival_ev[key] = len(events) - 1
+        else:
+            arrival_ev[key] = pred
+        arrival[key] = end
+        if key in w_arr:
+            wake(w_arr, key)
+
+    arrival_get = arrival.get
+    done_get = done.get
+    ev_append = events.append
+    pred_append = preds.append
+    while ready:
+        r = ready.pop()
+        in_ready[r] = False
+        prog = programs[r]
+        n = len(prog)
+        k = pc[r]
+        t = t_rank[r]
+        last = last_ev[r]
+        acts_r = act_deltas[r]
+        while k < n:
+            op = prog[k]
+            kind = op[0]
+            if kind == _OP_COMPUTE:
+                _, a, needs, produces, dur_key, ev_stage, ev_mb, typ, label, plus, minus = op
+                if post_implicit and reached[r] != k:
+                    reached[r] = k
+                    for cross, key in needs:  # implicit receives are posted on reaching the consumer
+                        if cross and key not in explicit_recv and key not in recv_post:
+                            recv_post[key] = t
+                            if key in w_post:
+                                wake(w_post, key)
+                start, pred = t, last
+                blocked = None
+                for cross, key in needs:
+                    if cross:
+                        v = arrival_get(key)
+                        if v is None:
+                            blocked = w_arr
+                            break
+                        if v > start or (v == start and pred == last):
+                            start, pred = v, arrival_ev[key]
+                    else:
+                        v = done_get(key)
+                        if v is None:
+                            blocked = w_done
+                            break
+                        if v > start:
+                            start, pred = v, done_ev[key]
+                if blocked is not None:
+                    blocked.setdefault(key, []).append(r)
+                    break
+                d = durations(*dur_key)
+                if not 0.0 <= d < inf:
+                    raise ScheduleError(f"durations{dur_key} returned {d!r}; allowed finite seconds >= 0")
+                end = start + d
+                ev_append(Event(r, ev_stage, ev_mb, typ, start, end, "compute", label))
+                pred_append(pred)
+                last = len(events) - 1
+                t = end
+                busy[r] += d
+                if plus:
+                    acts_r.append((start, plus))
+                if minus:
+                    acts_r.append((end, -minus))
+                for key, dst in produces:
+                    done[key] = end
+                    done_ev[key] = last
+                    if key in w_done:
+                        wake(w_done, key)
+                    if dst >= 0 and key not in explicit_send:
+                        add_transfer(key, end, key[1], dst, last)
+                k += 1
+            elif kind == _OP_SEND:
+                _, a, key, src, dst = op
+                v = done_get(key)
+                if v is None:
+                    w_done.setdefault(key, []).append(r)
+                    break
+                post = t if t > v else v
+                send_post.setdefault(key, post)
+                if s2r[dst] == r:  # same-rank "send": nothing moves
+                    k += 1
+                    continue
+                if blocking_sends:
+                    rp = recv_post.get(key)
+                    if rp is None:
+                        w_post.setdefault(key, []).append(r)
+                        break
+                    if key not in arrival:
+                        add_transfer(key, max(post, rp), src, dst, done_ev[key])
+                    if arrival[key] > post:
+                        t = arrival[key]
+                        if arrival_ev[key] >= 0:
+                            last = arrival_ev[key]
+                    else:
+                        t = post
+                else:
+                    if key not in arrival:
+                        add_transfer(key, post, src, dst, done_ev[key])
+                    t = post
+                k += 1
+            else:  # _OP_RECV
+                _, a, key, src, dst = op
+                if key not in recv_post:
+                    recv_post[key] = t
+                    if key in w_post:
+                        wake(w_post, key)
+                if s2r[src] == r or not blocking_sends:
+                    k += 1  # non-blocking receive: the consumer waits for the data
+                    continue
+                v = arrival_get(key)
+                if v is None:
+                    w_arr.setdefault(key, []).append(r)
+                    break
+                if v > t:
+                    t = v
+                    last = arrival_ev[key]
+                k += 1
+        pc[r] = k
+        t_rank[r] = t
+        last_ev[r] = last
+
+    if any(pc[r] < len(programs[r]) for r in ranks):
+        stuck = {r: str(programs[r][pc[r]][1]) for r in ranks if pc[r] < len(programs[r])}
+        detail = "; ".join(f"rank {r} waits at {a}" for r, a in sorted(stuck.items()))
+        raise DeadlockError(
+            f"deadlock in schedule {schedule.name!r}"
+            + (" with blocking sends" if blocking_sends else "")
+            + f": ranks {sorted(stuck)} cannot progress ({detail})",
+            stuck,
+        )
+
+    # ---- extra collectives on the comm lane ------------------------------------------------
+    if comm:
+        _add_comm_tasks(comm, events, preds, R)
+
+    return _build_timeline(schedule, events, preds, R, busy, act_deltas)
+
+
+def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: int) -> None:
+    by_label: dict[tuple[int, str], int] = {}
+    for idx, e in enumerate(events):
+        if e.lane != "compute":
+            continue
+        by_label[(e.rank, e.label)] = idx
+        if e.type == _OV.value:
+            for x in parse_action(e.label).sub_actions:
+                by_label[(e.rank, str(x))] = idx
+    tasks = []
+    for n, task in enumerate(comm):
+        if isinstance(task, Mapping):
+            try:
+                rank, name, seconds, after = task["rank"], task["collective"], task["seconds"], task.get("after")
+            except KeyError as exc:
+                raise ConfigError(f"comm task {n}: missing key {exc.args[0]!r}; keys: rank, collective, seconds, after") from None
+        else:
+            try:
+                rank, name, seconds, after = task
+            except (TypeError, ValueError):
+                raise ConfigError(
+                    f"comm task {n}: expected (rank, collective_name, seconds, after_action), got {task!r}"
+                ) from None
+        if not isinstance(rank, int) or not 0 <= rank < R:
+            raise ConfigError(f"comm task {n}: rank={rank!r} is out of range; allowed 0..{R - 1}")
+        seconds = _nonneg(f"comm task {n} seconds", seconds)
+        if seconds == 0:
+            continue  # zero-size collective: a no-op
+        if after is None:
+            ready_t, pred, stage, mb = 0.0, -1, -1, None
+        else:
+            label = str(after)
+            idx = by_label.get((rank, label))
+            if idx is None:
+                raise ConfigError(f"comm task {n}: action {label!r} does not run on rank {rank}")
+            ev = events[idx]
+            ready_t, pred, stage, mb = ev.end, idx, ev.stage, ev.microbatch
+        tasks.append((ready_t, n, rank, str(name), seconds, pred, stage, mb))
+    tasks.sort()
+    lane_free = [0.0] * R
+    for ready_t, n, rank, name, seconds, pred, stage, mb in tasks:
+        start = max(ready_t, lane_free[rank])
+        end = start + seconds
+        lane_free[rank] = end
+        events.append(Event(rank, stage, mb, name, start, end, "comm", name))
+        preds.append(pred)

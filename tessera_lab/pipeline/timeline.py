@@ -1,0 +1,235 @@
+"""The simulator's output: :class:`Event`, :class:`Timeline` (per-action intervals, makespan, busy/idle,
+bubble metrics, exposed communication, critical path, peak activations) and the interval helpers
+(:func:`merge_intervals`, :func:`overlap_length`, :func:`interval_gaps`). Times in seconds. pandas is
+imported only by :meth:`Timeline.to_dataframe`. Never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+__all__ = ["Event", "Timeline", "merge_intervals", "overlap_length", "interval_gaps", "P2P_COLLECTIVE"]
+
+P2P_COLLECTIVE = "pp_p2p"
+
+
+@dataclass(slots=True)
+class Event:
+    """One interval on a rank's lane.
+
+    Attributes:
+        rank: pipeline rank.
+        stage: stage of the action (for a pair: the backward's stage; ``-1`` for an extra collective).
+        microbatch: micro-batch (for a pair: the backward's; ``None`` for an extra collective).
+        type: ``"F"``, ``"B"``, ``"I"``, ``"W"``, ``"OVERLAP_F_B"`` on the compute lane;
+            ``"RECV_F"``/``"RECV_B"`` (a p2p transfer into this rank) or the collective's name on
+            the comm lane.
+        start, end: seconds from the start of the iteration.
+        lane: ``"compute"`` or ``"comm"``.
+        label: the action in torch notation (``"0F7"``, ``"(0F7;7B3)OVERLAP_F_B"``, ``"1RECV_F4"``).
+    """
+
+    rank: int
+    stage: int
+    microbatch: int | None
+    type: str
+    start: float
+    end: float
+    lane: str
+    label: str
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Timeline:
+    """Result of :func:`simulate`. All times in seconds.
+
+    Attributes:
+        events: compute and comm events, in simulation order.
+        iteration_time: makespan (latest event end).
+        per_rank_busy: compute-lane busy time per rank.
+        per_rank_idle: ``iteration_time - busy`` per rank (compute lane).
+        bubble_fraction: ``sum(idle) / (iteration_time * ranks)``.
+        bubble_overhead: ``sum(idle) / sum(busy)`` (Megatron's bubble / ideal work).
+        exposed_comm: collective -> seconds (summed over ranks) during which that rank's compute
+            lane was idle while the collective ran (``"pp_p2p"`` for stage-to-stage transfers).
+        critical_path: the chain of events, first to last, that set the makespan.
+        peak_activations: per rank, the most micro-batch activations alive at once (F started,
+            its B, or W when the backward is split, not yet finished; counted per stage).
+    """
+
+    events: list[Event]
+    iteration_time: float
+    per_rank_busy: list[float]
+    per_rank_idle: list[float]
+    bubble_fraction: float
+    bubble_overhead: float
+    exposed_comm: dict[str, float]
+    critical_path: list[Event]
+    peak_activations: list[int]
+    schedule_name: str = ""
+    num_ranks: int = 0
+
+    @property
+    def makespan(self) -> float:
+        """Alias of ``iteration_time``."""
+        return self.iteration_time
+
+    @property
+    def num_compute_events(self) -> int:
+        return sum(1 for e in self.events if e.lane == "compute")
+
+    def summary(self) -> dict[str, Any]:
+        """Plain-data summary (for JSON output)."""
+        return {
+            "schedule": self.schedule_name,
+            "makespan": self.iteration_time,
+            "bubble_fraction": self.bubble_fraction,
+            "bubble_overhead": self.bubble_overhead,
+            "per_rank_busy": list(self.per_rank_busy),
+            "per_rank_idle": list(self.per_rank_idle),
+            "peak_activations": list(self.peak_activations),
+            "exposed_comm": dict(self.exposed_comm),
+        }
+
+    def to_dataframe(self):
+        """Events as a pandas DataFrame (columns rank, stage, microbatch, type, start, end,
+        duration, lane, label)."""
+        import pandas as pd
+
+        return pd.DataFrame(
+            {
+                "rank": [e.rank for e in self.events],
+                "stage": [e.stage for e in self.events],
+                "microbatch": [e.microbatch for e in self.events],
+                "type": [e.type for e in self.events],
+                "start": [e.start for e in self.events],
+                "end": [e.end for e in self.events],
+                "duration": [e.end - e.start for e in self.events],
+                "lane": [e.lane for e in self.events],
+                "label": [e.label for e in self.events],
+            }
+        )
+
+    def to_chrome_trace(self, path):
+        """Write Chrome trace JSON (opens in Perfetto / chrome://tracing); returns the path."""
+        from tessera_lab.pipeline.trace import write_chrome_trace
+
+        return write_chrome_trace(self, path)
+
+
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of ``(start, end)`` intervals as sorted, disjoint intervals (touching ones join; empty ones,
+    ``end <= start``, are dropped). The input is not changed."""
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1][1] = e
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def overlap_length(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> float:
+    """Total length of the intersection of two merged interval lists (as :func:`merge_intervals` returns)."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        s = max(a[i][0], b[j][0])
+        e = min(a[i][1], b[j][1])
+        if e > s:
+            total += e - s
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def interval_gaps(merged: Sequence[tuple[float, float]], end: float) -> list[tuple[float, float]]:
+    """The parts of ``[0, end]`` that merged intervals ``merged`` leave uncovered (e.g. a rank's idle time
+    from its merged compute intervals and the iteration time), in order."""
+    gaps, cur = [], 0.0
+    for s, e in merged:
+        if s > cur:
+            gaps.append((cur, s))
+        cur = max(cur, e)
+    if end > cur:
+        gaps.append((cur, end))
+    return gaps
+
+
+def _build_timeline(
+    schedule,
+    events: list[Event],
+    preds: list[int],
+    R: int,
+    busy: list[float],
+    act_deltas: list[list[tuple[float, int]]],
+) -> Timeline:
+    T = max((e.end for e in events), default=0.0)
+    compute_iv: list[list[tuple[float, float]]] = [[] for _ in range(R)]
+    comm_iv: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for e in events:
+        if e.lane != "compute":
+            coll = P2P_COLLECTIVE if e.type in ("RECV_F", "RECV_B") else e.type
+            comm_iv.setdefault((e.rank, coll), []).append((e.start, e.end))
+    if comm_iv:
+        for e in events:
+            if e.lane == "compute":
+                compute_iv[e.rank].append((e.start, e.end))
+    idle = [max(0.0, T - b) for b in busy]
+    total_busy = sum(busy)
+    total_idle = sum(idle)
+    bubble_fraction = total_idle / (T * R) if T > 0 and R > 0 else 0.0
+    bubble_overhead = total_idle / total_busy if total_busy > 0 else 0.0
+
+    exposed: dict[str, float] = {}
+    if comm_iv:
+        idle_iv = [interval_gaps(merge_intervals(compute_iv[r]), T) for r in range(R)]
+        for (r, coll), ivs in comm_iv.items():
+            exposed[coll] = exposed.get(coll, 0.0) + overlap_length(merge_intervals(ivs), idle_iv[r])
+
+    peaks = []
+    for r in range(R):
+        deltas = sorted(act_deltas[r])  # (time, -1) sorts before (time, +1): frees first at ties
+        live = peak = 0
+        for _, d in deltas:
+            live += d
+            peak = max(peak, live)
+        peaks.append(peak)
+
+    path: list[Event] = []
+    if events:
+        idx = -1  # the last-ending event (a compute event on ties)
+        for k in range(len(events) - 1, -1, -1):
+            e = events[k]
+            if e.end == T and (idx < 0 or (e.lane == "compute" and events[idx].lane != "compute")):
+                idx = k
+        seen = set()
+        while idx >= 0 and idx not in seen:
+            seen.add(idx)
+            path.append(events[idx])
+            idx = preds[idx]
+        path.reverse()
+
+    return Timeline(
+        events=events,
+        iteration_time=T,
+        per_rank_busy=busy,
+        per_rank_idle=idle,
+        bubble_fraction=bubble_fraction,
+        bubble_overhead=bubble_overhead,
+        exposed_comm=exposed,
+        critical_path=path,
+        peak_activations=peaks,
+        schedule_name=schedule.name,
+        num_ranks=R,
+    )

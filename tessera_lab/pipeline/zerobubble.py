@@ -1,0 +1,440 @@
+"""Zero-bubble schedules built by greedy list scheduling: ZB-H2 within ``2p - 1`` micro-batches, ZB-V, and
+the ``zb-auto`` search from per-stage F, I, W times, p2p time and a memory budget.
+
+The engine (:func:`greedy_order`) is a list scheduler in the spirit of the Zero Bubble paper's heuristic
+(Qi et al., ICLR 2024, section 3; sail-sg's ``zb.py`` runs several greedy orderings with a few policy switches
+and keeps the shortest). Each rank, in order of the time it becomes free, runs the first of:
+
+1. the oldest input gradient (I) whose inputs have arrived (the I chain is the critical path);
+2. a forward (F) whose input has arrived, if the rank's activations stay within the memory budget (a
+   micro-batch entering a rank's first stage reserves room for its later-stage forwards on that rank; and,
+   with ``stagger``, fewer than ``2 (p - r) - 1`` micro-batches await their I on rank ``r``), unless
+   ``f_first`` is off and a weight gradient is pending;
+3. the oldest pending weight gradient (W), which fills idle time and frees memory; with ``fit`` only when it
+   ends before the next known F/I can start (otherwise the rank waits for that one);
+
+and otherwise waits for the next arrival. Memory counts a micro-batch from the start of its F to the end of its W
+(the simulator's ``peak_activations``); a stage of a rank holding ``c`` stages weighs ``1/c`` micro-batch of the
+rank's activations. Times in seconds (any consistent unit). Never imports torch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from tessera_lab.errors import ScheduleError
+from tessera_lab.pipeline.actions import Action, ActionType
+from tessera_lab.pipeline.durations import stage_durations
+from tessera_lab.pipeline.engine import simulate
+from tessera_lab.pipeline.generators import _check_int, zb_h1
+from tessera_lab.pipeline.ir import Schedule
+
+__all__ = ["Policy", "POLICIES", "greedy_order", "zb_h2", "zb_v", "zb_auto", "peak_memory", "order_peak"]
+
+_F, _I, _W = ActionType.F, ActionType.I, ActionType.W
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Switches of the greedy list scheduler (see the module docstring)."""
+
+    f_first: bool = True  # F before a pending W when both can run (ZB-H2-like); False: W first (ZB-H1-like)
+    stagger: bool = True  # at most 2(p - r) - 1 micro-batches awaiting I on rank r (single-chunk placement)
+    fit: bool = False  # W fills an idle gap only if it ends before the next known F/I start
+    reserve_all: bool = True  # ranks with several stages: a started micro-batch reserves room for all its later
+    # stages on the rank (False: room for one later-stage forward per stage)
+
+
+POLICIES: tuple[Policy, ...] = tuple(
+    Policy(f_first=a, stagger=b, fit=c, reserve_all=d)
+    for d in (True, False) for a in (True, False) for b in (True, False) for c in (False, True)
+)
+
+
+def _per_stage(name: str, value, n: int) -> list[float]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        vals = [float(value)] * n
+    else:
+        try:
+            vals = [float(x) for x in value]
+        except (TypeError, ValueError):
+            raise ScheduleError(f"zb-auto: {name} must be seconds (a number or one per stage), got {value!r}") from None
+    if len(vals) != n:
+        raise ScheduleError(f"zb-auto: {name} has {len(vals)} entries; expected one per stage ({n})")
+    if any(not (0.0 <= x < math.inf) for x in vals):
+        raise ScheduleError(f"zb-auto: {name}={vals} is out of range; allowed finite seconds >= 0")
+    return vals
+
+
+def greedy_order(
+    stage_to_rank: dict[int, int],
+    m: int,
+    f: Sequence[float],
+    i: Sequence[float],
+    w: Sequence[float],
+    *,
+    p2p: float = 0.0,
+    memory_budget: float,
+    policy: Policy = Policy(),
+) -> dict[int, list[Action]] | None:
+    """Per-rank F/I/W orders from the greedy list scheduler, or ``None`` if it gets stuck (budget too small).
+
+    Args:
+        stage_to_rank: global stage -> rank (stage ``s`` feeds stage ``s + 1``).
+        m: micro-batches.
+        f, i, w: per-stage forward, input-gradient and weight-gradient seconds (index = global stage).
+        p2p: seconds per transfer between stages on different ranks.
+        memory_budget: activations a rank may hold, in micro-batches of its whole activations.
+        policy: the :class:`Policy` switches.
+    """
+    S = len(stage_to_rank)
+    R = max(stage_to_rank.values()) + 1
+    stages = [sorted(s for s in range(S) if stage_to_rank[s] == r) for r in range(R)]
+    unit = [1.0 / len(stages[stage_to_rank[s]]) for s in range(S)]
+    single = all(len(x) == 1 for x in stages)
+    f_lim = [2 * (R - r) - 1 if (policy.stagger and single) else math.inf for r in range(R)]
+    scale = max([1.0] + list(f) + list(i) + list(w))
+    tol = 1e-9 * scale
+    cap = memory_budget + 1e-9
+
+    first = [x[0] for x in stages]
+
+    def reserved(r: int, extra: int) -> float:  # room held for later-stage forwards of started micro-batches
+        n0 = nf[first[r]] + extra
+        if policy.reserve_all:
+            return sum(unit[s] * (n0 - nf[s]) for s in stages[r][1:])
+        return sum(unit[s] * min(1, n0 - nf[s]) for s in stages[r][1:])
+
+    def hop(a: int, b: int) -> float:
+        return p2p if stage_to_rank[a] != stage_to_rank[b] else 0.0
+
+    f_end = [[None] * m for _ in range(S)]
+    i_end = [[None] * m for _ in range(S)]
+    nf, ni, nw = [0] * S, [0] * S, [0] * S
+    live = [0.0] * R
+    t = [0.0] * R
+    left = [3 * m * len(stages[r]) for r in range(R)]
+    blocked: set[int] = set()
+    heap = [(0.0, r) for r in range(R)]  # (time the rank is free, rank); stale entries are skipped
+    lists: dict[int, list[Action]] = {r: [] for r in range(R)}
+
+    def run(r: int, kind: ActionType, s: int, ready: float) -> None:
+        start = max(t[r], ready)
+        if kind is _F:
+            k = nf[s]
+            f_end[s][k] = start + f[s]
+            nf[s] += 1
+            live[r] += unit[s]
+            t[r] = start + f[s]
+        elif kind is _I:
+            k = ni[s]
+            i_end[s][k] = start + i[s]
+            ni[s] += 1
+            t[r] = start + i[s]
+        else:
+            k = nw[s]
+            nw[s] += 1
+            live[r] -= unit[s]
+            t[r] = start + w[s]
+        lists[r].append(Action(s, kind, k))
+        left[r] -= 1
+        if left[r]:
+            heapq.heappush(heap, (t[r], r))
+        for x in blocked:
+            heapq.heappush(heap, (t[x], x))
+        blocked.clear()
+
+    while True:
+        if not heap:
+            return lists if not any(left) else None
+        T, r = heapq.heappop(heap)
+        if T != t[r] or not left[r] or r in blocked:
+            continue  # stale entry
+        best_i = best_f = None  # (ready time, tie-break, stage)
+        awaiting = sum(nf[s] - ni[s] for s in stages[r])
+        for s in stages[r]:
+            k = ni[s]
+            if k < nf[s]:
+                rd = f_end[s][k]
+                if s < S - 1:
+                    e = i_end[s + 1][k]
+                    rd = None if e is None else max(rd, e + hop(s + 1, s))
+                if rd is not None and (best_i is None or (rd, s) < best_i[:2]):
+                    best_i = (rd, s, s)
+            k = nf[s]
+            # a micro-batch entering the rank's first stage must leave room for later-stage forwards
+            fits = live[r] + unit[s] + (reserved(r, 1) if s == first[r] else 0.0) <= cap
+            if k < m and fits and awaiting < f_lim[r]:
+                if s == 0:
+                    rd = 0.0
+                else:
+                    e = f_end[s - 1][k]
+                    rd = None if e is None else e + hop(s - 1, s)
+                if rd is not None and (best_f is None or (rd, -s) < best_f[:2]):
+                    best_f = (rd, -s, s)
+        pend = [s for s in stages[r] if nw[s] < ni[s]]
+        w_stage = min(pend, key=lambda s: (i_end[s][nw[s]], s)) if pend else None
+        i_now = best_i is not None and best_i[0] <= T + tol
+        f_now = best_f is not None and best_f[0] <= T + tol
+        if i_now:
+            run(r, _I, best_i[2], best_i[0])
+            continue
+        if f_now and (policy.f_first or w_stage is None):
+            run(r, _F, best_f[2], best_f[0])
+            continue
+        known = [c[0] for c in (best_i, best_f) if c is not None]
+        if w_stage is not None:
+            nxt = min(known, default=math.inf)
+            if f_now or not policy.fit or nxt == math.inf or T + w[w_stage] <= nxt + tol:
+                run(r, _W, w_stage, T)
+                continue
+        later = [t[x] for x in range(R) if x != r and left[x] and t[x] > T + tol]
+        nxt = min(known + later, default=None)
+        if nxt is None:
+            blocked.add(r)
+        else:
+            t[r] = nxt
+            heapq.heappush(heap, (nxt, r))
+
+
+def _replay(sched: Schedule, durations, p2p: float, budget: float) -> float | None:
+    """Makespan of an F/I/W-only order under per-stage ``durations`` (the simulator's rules with non-blocking
+    sends and the same float operations, so the same number), or ``None`` if a rank's peak activations exceed
+    ``budget`` or the order cannot run."""
+    s2r, S = sched.stage_to_rank, sched.num_stages
+    f, i, w = ([durations(s, 0, kind) for s in range(S)] for kind in (_F, _I, _W))
+    R = sched.num_ranks
+    lists = [sched.actions.get(r, []) for r in range(R)]
+    if any(n / max(1, len(sched.rank_stages(r))) > budget + 1e-9 for r, n in enumerate(order_peak(sched))):
+        return None
+    f_end: dict[tuple[int, int], float] = {}
+    i_end: dict[tuple[int, int], float] = {}
+    pos, t = [0] * R, [0.0] * R
+    progress = True
+    while progress:
+        progress = False
+        for r in range(R):
+            acts = lists[r]
+            while pos[r] < len(acts):
+                a = acts[pos[r]]
+                s, k = a.stage, a.microbatch
+                start = t[r]
+                if a.type is _F:
+                    if s > 0:
+                        e = f_end.get((s - 1, k))
+                        if e is None:
+                            break
+                        e = e + p2p if s2r[s - 1] != r else e
+                        start = e if e > start else start
+                    t[r] = f_end[(s, k)] = start + f[s]
+                elif a.type is _I:
+                    e = f_end.get((s, k))
+                    if e is None:
+                        break
+                    start = e if e > start else start
+                    if s < S - 1:
+                        e = i_end.get((s + 1, k))
+                        if e is None:
+                            break
+                        e = e + p2p if s2r[s + 1] != r else e
+                        start = e if e > start else start
+                    t[r] = i_end[(s, k)] = start + i[s]
+                else:
+                    e = i_end.get((s, k))
+                    if e is None:
+                        break
+                    start = e if e > start else start
+                    t[r] = start + w[s]
+                pos[r] += 1
+                progress = True
+    if any(pos[r] < len(lists[r]) for r in range(R)):
+        return None
+    return max(t)
+
+
+def _schedule(name: str, stage_to_rank: dict[int, int], m: int, lists, **meta) -> Schedule:
+    R = max(stage_to_rank.values()) + 1
+    return Schedule(name, R, len(stage_to_rank), m, lists, dict(stage_to_rank), dict(meta))
+
+
+def order_peak(schedule: Schedule) -> list[int]:
+    """Per-rank peak live stage-activations from the action order alone (no durations needed): a rank runs its
+    list in order, so the simulator's ``peak_activations`` (F start to B or W end) is the running maximum of
+    ``+1`` per forward and ``-1`` per B or W; an ``OVERLAP_F_B`` pair holds its forward's activation while it runs.
+    Equal to :attr:`Timeline.peak_activations` for every schedule (tested)."""
+    out = []
+    for r in range(schedule.num_ranks):
+        live = peak = 0
+        for a in schedule.actions.get(r, []):
+            leaves = a.leaves()
+            live += sum(1 for x in leaves if x.type is _F)
+            peak = max(peak, live)
+            live -= sum(1 for x in leaves if x.type is ActionType.B or x.type is _W)
+        out.append(peak)
+    return out
+
+
+def peak_memory(schedule: Schedule, timeline) -> list[float]:
+    """Per-rank peak activations in micro-batches of the rank's whole activations: the timeline's
+    ``peak_activations`` (stage-activations) divided by the stages per rank."""
+    return [timeline.peak_activations[r] / max(1, len(schedule.rank_stages(r))) for r in range(schedule.num_ranks)]
+
+
+def zb_h2(pp: int, m: int) -> Schedule:
+    """ZB-H2 (Zero Bubble, Qi et al., ICLR 2024, section 2.2) within ``2p - 1`` micro-batches of activations.
+
+    The greedy order (module docstring) at unit times (T_F = T_I = T_W, no communication), the setting in which
+    the paper hand-crafts it, with a budget of ``2p - 1`` micro-batches per rank and ``stagger`` (rank ``r``
+    holds up to ``2 (p - r) - 1`` micro-batches awaiting their I, so the first rank runs ``2p - 1`` warm-up
+    forwards); W passes fill the idle slots and the tail, turning 1F1B's trapezoid into a parallelogram. The
+    order is then fixed: simulate it with any durations. With ``m >= 2p - 1`` and ``W <= min(F, I)`` the
+    simulated makespan is ``m (F + B) + (p - 1) max(F, F + I - 2W)``: the paper's bubble ``(p - 1)(F + I - 2W)``,
+    floored at the start-up skew ``(p - 1) F`` one iteration cannot hide (the paper removes it across iterations
+    with optimizer post-validation). Peak live activations ``min(2p - 1, m)`` on every rank (tested;
+    :func:`tessera_lab.cost.memory.in_flight` charges the same).
+
+    Raises:
+        ScheduleError: ``m < pp``.
+    """
+    pp = _check_int("pp", pp, 1, schedule="zb-h2")
+    m = _check_int("microbatches", m, 1, schedule="zb-h2")
+    if m < pp:
+        raise ScheduleError(f"zb-h2: microbatches={m} is out of range; allowed microbatches >= {pp} (pp={pp})")
+    s2r = {s: s for s in range(pp)}
+    ones = [1.0] * pp
+    lists = greedy_order(s2r, m, ones, ones, ones, memory_budget=2 * pp - 1, policy=Policy(True, True, False))
+    return _schedule("zb-h2", s2r, m, lists)
+
+
+def _v_placement(pp: int) -> dict[int, int]:
+    S = 2 * pp
+    return {s: (s if s < pp else S - 1 - s) for s in range(S)}
+
+
+
+def zb_v(pp: int, m: int) -> Schedule:
+    """ZB-V (Zero Bubble, Qi et al., ICLR 2024, section 6): two chunks per rank in V placement (rank ``r`` holds
+    stages ``r`` and ``2 pp - 1 - r``), split backward, within 1F1B's peak memory (``pp`` micro-batches of the
+    rank's activations, i.e. ``2 pp`` chunk-activations).
+
+    :func:`zb_auto` at unit times (T_F = T_I = T_W per chunk, no communication) with ``vpp=2`` and
+    ``memory_budget=pp``; the order is then fixed (simulate it with any durations). Any ``m >= 1``.
+
+    Raises:
+        ScheduleError: ``pp < 1`` or ``m < 1``.
+    """
+    sched = zb_auto(pp, m, vpp=2, memory_budget=pp)
+    sched.name = "zb-v"
+    return sched
+
+
+def zb_auto(
+    pp: int,
+    m: int,
+    f: float | Sequence[float] = 1.0,
+    i: float | Sequence[float] = 1.0,
+    w: float | Sequence[float] = 1.0,
+    *,
+    p2p: float = 0.0,
+    memory_budget: float | None = None,
+    vpp: int = 1,
+) -> Schedule:
+    """The shortest zero-bubble schedule the greedy search finds for these times within ``memory_budget``.
+
+    Runs :func:`greedy_order` under every :data:`POLICIES` switch setting, with the given times and at unit
+    times, adds ZB-H1, ZB-H1 with ``1 .. K - p`` (five spread values above 4) extra warm-up forwards on the first ``j`` ranks or extra deferred
+    W passes on the last ``j`` ranks (every ``j`` up to ``pp = 6``, six spread values above; and both, on
+    either half) and ZB-H2 as candidates (single-chunk
+    placement, when they apply), simulates each with the given times
+    (:func:`~tessera_lab.pipeline.engine.simulate`, ``p2p`` per cross-rank transfer) and keeps the shortest
+    whose per-rank peak activations (:func:`peak_memory`) fit the budget (candidates are timed by a lean replay
+    of the simulator's rules; the winner by :func:`~tessera_lab.pipeline.engine.simulate`). Hence never slower than ZB-H1 when
+    ``memory_budget >= pp`` nor than ZB-H2 when ``memory_budget >= 2 pp - 1`` (same times).
+
+    Args:
+        pp: pipeline ranks.
+        m: micro-batches (>= 1).
+        f, i, w: forward, input-gradient and weight-gradient seconds per micro-batch, one number for every
+            stage or a sequence with one per global stage (``pp * vpp`` stages; the full backward is ``i + w``).
+        p2p: seconds per activation/gradient transfer between stages on different ranks.
+        memory_budget: micro-batches of a rank's activations it may hold at once (``K``); default ``2 pp - 1``
+            for ``vpp=1`` (ZB-H2's), ``pp`` for ``vpp=2`` (1F1B's, as ZB-V).
+        vpp: 1 (stage ``r`` on rank ``r``) or 2 (V placement: rank ``r`` holds stages ``r`` and ``2 pp - 1 - r``).
+
+    Returns:
+        a validated :class:`Schedule` named ``"zb-auto"`` with ``meta``: ``memory_budget``, ``choice`` (the
+        winning candidate: a policy or ``"zb-h1"``/``"zb-h2"``), ``makespan`` (simulated seconds), ``peak``
+        (per-rank peak, micro-batches) and ``candidates`` (name -> makespan, or ``None`` if over budget).
+
+    Raises:
+        ScheduleError: bad sizes or times, ``vpp`` not 1 or 2, a budget below 1, or no candidate fits.
+    """
+    pp = _check_int("pp", pp, 1, schedule="zb-auto")
+    m = _check_int("microbatches", m, 1, schedule="zb-auto")
+    if vpp not in (1, 2):
+        raise ScheduleError(f"zb-auto: vpp={vpp!r} is out of range; allowed 1 (one stage per rank) or 2 (V placement)")
+    S = pp * vpp
+    f, i, w = _per_stage("f", f, S), _per_stage("i", i, S), _per_stage("w", w, S)
+    try:
+        p2p = float(p2p)
+    except (TypeError, ValueError):
+        raise ScheduleError(f"zb-auto: p2p must be seconds >= 0, got {p2p!r}") from None
+    if not 0.0 <= p2p < math.inf:
+        raise ScheduleError(f"zb-auto: p2p={p2p!r} is out of range; allowed finite seconds >= 0")
+    K = float(2 * pp - 1 if vpp == 1 else pp) if memory_budget is None else memory_budget
+    if isinstance(K, bool) or not isinstance(K, (int, float)) or not 1 <= K < math.inf:
+        raise ScheduleError(f"zb-auto: memory_budget={memory_budget!r} is out of range; allowed >= 1 micro-batch")
+    s2r = {s: s for s in range(S)} if vpp == 1 else _v_placement(pp)
+    durations = stage_durations(f, [a + b for a, b in zip(i, w)], w)
+    cands: list[tuple[str, Schedule]] = []
+    seen: set[tuple] = set()
+    ones = [1.0] * S
+    passes = [((f, i, w, p2p), "times")]
+    if (f, i, w, p2p) != (ones, ones, ones, 0.0):
+        passes.append(((ones, ones, ones, 0.0), "unit times"))
+    for times, label in passes:
+        for pol in POLICIES:
+            if (vpp == 1 and not pol.reserve_all) or (vpp == 2 and not pol.stagger):
+                continue  # reserve_all only matters with several stages per rank, stagger only with one
+            lists = greedy_order(s2r, m, *times[:3], p2p=times[3], memory_budget=K, policy=pol)
+            key = None if lists is None else tuple(tuple(map(str, lists[r])) for r in sorted(lists))
+            if key is not None and key not in seen:
+                seen.add(key)
+                cands.append((f"greedy(f_first={pol.f_first}, stagger={pol.stagger}, fit={pol.fit}, "
+                              f"reserve_all={pol.reserve_all}; {label})",
+                              _schedule("zb-auto", s2r, m, lists)))
+    if vpp == 1:
+        cands.append(("zb-h1", zb_h1(pp, m)))
+        spans = range(1, pp + 1) if pp <= 6 else sorted({1, 2, pp // 4, pp // 2, (3 * pp) // 4, pp} - {0})
+        E = min(int(K) - pp, m)
+        for extra in (range(1, E + 1) if E <= 4 else sorted({1, 2, E // 2, (3 * E) // 4, E})):
+            for j in spans:  # `extra` more warm-up forwards on the first j ranks, or deferred W on the last j
+                e = [extra] * j + [0] * (pp - j)
+                cands.append((f"zb-h1(extra_warmup={e})", zb_h1(pp, m, extra_warmup=e)))
+                cands.append((f"zb-h1(extra_deferred={e[::-1]})", zb_h1(pp, m, extra_deferred=e[::-1])))
+            half = [extra] * (pp // 2) + [0] * (pp - pp // 2)
+            cands.append((f"zb-h1(extra_warmup={half}, extra_deferred={half[::-1]})",
+                          zb_h1(pp, m, extra_warmup=half, extra_deferred=half[::-1])))
+        if m >= pp:
+            cands.append(("zb-h2", zb_h2(pp, m)))
+    table: dict[str, float | None] = {}
+    best = None
+    for name, sched in cands:
+        T = _replay(sched, durations, p2p, K)
+        table[name] = T
+        if T is not None and (best is None or T < best[0] - 1e-12 * max(1.0, best[0])):
+            best = (T, name, sched)
+    if best is None:
+        raise ScheduleError(
+            f"zb-auto: no schedule fits memory_budget={K:g} micro-batches per rank (pp={pp}, m={m}, vpp={vpp}); "
+            "allowed budgets >= 1; raise it"
+        )
+    _, name, sched = best
+    tl = simulate(sched, durations, p2p_time=p2p)  # the winner, through the simulator itself
+    T, peak = tl.iteration_time, peak_memory(sched, tl)
+    out = Schedule("zb-auto", sched.num_ranks, sched.num_stages, m, sched.actions, dict(sched.stage_to_rank),
+                   {"vpp": vpp, "memory_budget": K, "choice": name, "makespan": T, "peak": peak, "candidates": table})
+    return out.validate()
