@@ -214,3 +214,22 @@ def test_refinement_is_recorded_and_baselines_keep_their_labels(qwen3_next):
     d = plan.as_dict()
     assert d["refinement"]["start"] == "baseline standalone" and d["refinement"]["simulations"] >= 1
     assert d["method"] == "ilp" and d["baselines"]["standalone"]["method"] == "standalone"
+
+
+def test_zb_auto_plan_is_searched_on_the_partitions_own_times(qwen3_next):
+    """``plan --schedule zb-auto``: the schedule search runs on each partition's F, I, W and p2p times within
+    2p - 1 micro-batches, so on the ZB-H2 plan's own partition it simulates no slower than ZB-H2."""
+    from tessera_lab.plan.vschedules import HAS_ZB_AUTO, plan_in_flight
+
+    if not HAS_ZB_AUTO:
+        pytest.skip("the pipeline package has no zb-auto")
+    model = qwen3_next.with_changes(num_layers=16)
+    par = ParallelConfig(pp=4, microbatches=8, seq_len=1024, schedule="zb-h2")
+    h2 = make_plan(model, par, baselines=(), objective="schedule")
+    auto_par = par.replace(schedule="zb-auto")
+    cm, sm = build_stage_model(model, auto_par, h2.cluster)
+    steady = _problem(model, auto_par, cm, sm, "bottleneck")
+    ev = evaluate(model, auto_par, cm, sm, score_boundaries(steady, h2.chosen.partition.boundaries, "x"), "x",
+                  h2.model_flops)
+    assert ev.iteration_time_s <= h2.chosen.iteration_time_s * (1 + 1e-9)
+    assert [plan_in_flight("zb-auto", 4, r, 8) for r in range(4)] == [7.0] * 4

@@ -80,7 +80,7 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     p.add_argument("--micro-batch-size", type=positive_int("micro_batch_size"), default=1)
     p.add_argument("--seq-len", type=positive_int("seq_len"), default=4096)
     p.add_argument("--schedule", default="overlapped",
-                   help="overlapped (default: F of one micro-batch with B of another), 1f1b, gpipe, zb-h1, zb-h2, "
+                   help="overlapped (default: F of one micro-batch with B of another), 1f1b, gpipe, zb-h1, zb-h2, zb-auto, "
                         "interleaved or interleaved-overlapped (with --vpp >= 2), or auto (try each that fits memory, "
                         "keep the fastest)")
     p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
