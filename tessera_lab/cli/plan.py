@@ -34,7 +34,7 @@ def format_plan(plan) -> str:
         "",
     ]
     summary = []
-    if p.schedule == "overlapped":
+    if plan.chosen.stages[0].overlap_s is not None:
         lines.append("time/mb: per micro-batch after overlap (forward of one micro-batch paired with the backward of "
                      "another, best issue order); standalone: the same work run one task after the other")
         lines.append("")
