@@ -22,7 +22,7 @@ OVERSIZE_ALLOWED: set[str] = {
     "tessera_lab.dynamic.core", "tessera_lab.teach.core", "tessera_lab.overlap.core",
     "tessera_lab.runner.launch",
     "tessera_lab.runner.model", "tessera_lab.overlap.backends", "tessera_lab.dynamic.routing",
-    "tessera_lab.runner.pipeline", "tessera_lab.model.spec",
+    "tessera_lab.runner.pipeline",
 }
 
 

@@ -60,6 +60,8 @@ def parallel_from_args(args: argparse.Namespace):
         pp=args.pp, vpp=args.vpp, tp=args.tp, ep=args.ep, dp=args.dp, microbatches=args.microbatches,
         micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, schedule=args.schedule,
         distributed_optimizer=not args.no_distributed_optimizer,
+        **{k: getattr(args, k) for k in ("dispatcher", "recompute", "precision", "grad_reduce_dtype", "expert_load")
+           if getattr(args, k, None) is not None},
     )
 
 
@@ -85,6 +87,18 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                         "keep the fastest)")
     p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
     p.add_argument("--no-distributed-optimizer", action="store_true")
+    p.add_argument("--dispatcher", choices=["alltoall", "deepep"], default=None,
+                   help="EP token dispatcher: alltoall (one copy per token and expert; default) or deepep "
+                        "(one copy per token and destination rank, 24 SMs)")
+    p.add_argument("--recompute", choices=["none", "selective", "full"], default=None,
+                   help="activation recomputation, Megatron's granularities (default none)")
+    p.add_argument("--precision", choices=["bf16", "fp8"], default=None,
+                   help="GEMM precision (fp8: FP8 current scaling for linear and expert GEMMs; default bf16)")
+    p.add_argument("--grad-reduce-dtype", choices=["fp32", "bf16"], default=None,
+                   help="gradient buffer and reduction dtype (default fp32, Megatron-LM's for bf16)")
+    p.add_argument("--expert-load", type=float, default=None, metavar="X",
+                   help="busiest EP rank's tokens over the mean (>= 1; default: expected busiest rank of a "
+                        "balanced random router)")
     p.add_argument("--attention-ratio", type=int, default=None, help="linear-attention layers per full-attention layer")
     p.add_argument("--expert-width", type=int, default=None, help="routed expert intermediate size")
     p.add_argument("--top-k", type=int, default=None)

@@ -4,14 +4,16 @@ two-lane (compute stream + communication stream) executor with a contention term
 Formulas:
 
 * compute task: ``t = launch + max(flops / (peak * eff_op), bytes / (hbm_bw * eff_hbm))`` (roofline,
-  Williams et al., CACM 2009); ``eff_op`` is the GEMM, attention or linear-attention efficiency of
-  ``data/hardware/cost_model.json``.
+  Williams et al., CACM 2009); for GEMM tasks ``eff_op`` is the shape-aware efficiency of
+  :mod:`tessera_lab.cost.gemm` (tokens per expert, K, N, grouped-GEMM implementation, bf16 or FP8 peak),
+  for the attention and linear-attention cores the efficiencies of ``data/hardware/cost_model.json``.
 * collective: ``t = alpha + S * factor(n) / (B * eff_bus)`` with nccl-tests' bus-bandwidth factors
   (``all_reduce`` 2(n-1)/n, ``all_to_all``/``all_gather``/``reduce_scatter`` (n-1)/n, ``p2p`` 1;
   NVIDIA nccl-tests ``doc/PERFORMANCE.md``). For an all-to-all whose group spans nodes, the bytes that
   stay in the node go over NVLink and the rest over the inter-node link; the slower part sets the time.
-* contention: while both lanes are busy, compute runs ``1 + kappa_compute`` times slower and
-  communication ``1 + kappa_comm`` times slower (rates, integrated exactly between events).
+* contention by kernel class (:mod:`tessera_lab.cost.contention`): while both lanes are busy, a compute-bound
+  kernel runs at the SM share communication leaves it, a memory-bound kernel and the communication share HBM
+  bandwidth (rates, integrated exactly between events).
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from tessera_lab.cost.contention import COMPUTE, Contention, comm_sms_for, kernel_class, kernel_contention
+from tessera_lab.cost.gemm import gemms_efficiency
 from tessera_lab.errors import ConfigError
+from tessera_lab.model.ep_traffic import limited_destinations
 from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import Collective, LayerTasks, Task, decompose, p2p_activation_bytes
@@ -34,16 +39,25 @@ BUS_FACTOR = {
 }
 
 
-@dataclass(frozen=True)
-class Contention:
-    """Relative slowdowns while compute and communication run together (0 = no interference)."""
+def deepep_link_shares(routing: tuple, ranks: int, nodes: int) -> tuple[float, float]:
+    """Inter-node and intra-node bytes of a DeepEP dispatch across ``nodes`` nodes, as shares of its
+    ``Collective.bytes`` (one copy per token and destination rank, ``D_rank`` copies a token).
 
-    compute: float = 0.0
-    comm: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.compute < 0 or self.comm < 0:
-            raise ConfigError("field 'contention' must be >= 0 for compute and comm")
+    DeepEP's internode kernels send one copy per token and destination *node* over RDMA and forward it to the
+    node's ranks over NVLink (DeepEP README: "forwarding data from NVLink domain to RDMA domain"). With
+    ``D_node`` the expected distinct nodes of a token's experts (:func:`expected_destinations` over ``nodes``),
+    the remote ones are ``D_node (nodes - 1) / nodes`` copies over the inter-node link; the NVLink carries the
+    forwarded copies ``D_rank (g - 1) / g`` (``g`` ranks a node). Example: E = 256, k = 8, 32 ranks on 4 nodes:
+    D_rank = 7.15, D_node = 3.60; inter share 2.70 / 7.15 = 0.378 (an ``alltoall`` dispatcher sends 24/32 = 0.75
+    of its 8 copies across nodes). Group-limited routing (``routing[4:6] = (n_group, topk_group)``, DeepSeek-V3's
+    "at most 4 nodes" per token) limits both counts (:func:`tessera_lab.model.ep_traffic.limited_destinations`).
+    """
+    experts, top_k = routing[1], routing[2]
+    n_group, topk_group = (routing[4], routing[5]) if len(routing) > 5 else (1, 1)
+    d_rank = limited_destinations(experts, top_k, ranks, n_group, topk_group)
+    d_node = limited_destinations(experts, top_k, nodes, n_group, topk_group) if experts % nodes == 0 else d_rank
+    g = ranks / nodes
+    return d_node * (nodes - 1) / nodes / d_rank, (g - 1) / g
 
 
 @dataclass(frozen=True)
@@ -74,12 +88,16 @@ def two_lane_makespan(
     lanes: Mapping[str, str],
     deps: Mapping[str, Sequence[str]],
     contention: Contention = Contention(),
+    classes: Mapping[str, str] | None = None,
 ) -> LaneResult:
     """Execute tasks on two in-order lanes (``compute`` and ``comm``) and return the makespan.
 
     Each lane issues its tasks in the order they appear in ``order``; a task starts when its lane is
-    free and all its ``deps`` have finished. While both lanes are busy each progresses at reduced rate
-    ``1 / (1 + contention.<lane>)``; progress is integrated exactly between events.
+    free and all its ``deps`` have finished. While both lanes are busy each progresses at a reduced rate:
+    the compute-lane task at ``1 / (1 + contention.slowdown(class))`` and the communication at
+    ``1 / (1 + contention.comm_slowdown(class of the compute-lane task))``; progress is integrated exactly
+    between events. ``classes`` gives each key's kernel class (``compute`` / ``memory`` / ``comm``); keys
+    without one count as ``compute``.
 
     Args:
         order: task keys in issue order (every key once).
@@ -129,9 +147,10 @@ def two_lane_makespan(
             waiting = [q[pos[lane]] for lane, q in queues.items() if pos[lane] < len(q)]
             raise ConfigError(f"issue order cannot complete: {', '.join(waiting)} wait on tasks queued behind them")
         both = len(running) == 2
+        cls = (classes or {}).get(running["compute"][0], COMPUTE) if both else COMPUTE
         rate = {
-            "compute": 1.0 / (1.0 + contention.compute) if both else 1.0,
-            "comm": 1.0 / (1.0 + contention.comm) if both else 1.0,
+            "compute": 1.0 / (1.0 + contention.slowdown(cls)) if both else 1.0,
+            "comm": 1.0 / (1.0 + contention.comm_slowdown(cls)) if both else 1.0,
         }
         step = min(rem / rate[lane] for lane, (_, rem) in running.items())
         t += step
@@ -185,7 +204,8 @@ class CostModel:
         cluster: nodes, GPU type and links.
         parallel: parallel sizes and rank placement (which link each group uses).
         assumptions: overrides of ``data/hardware/cost_model.json`` values (same keys).
-        contention: slowdowns while compute and communication overlap (default from the assumptions file).
+        contention: slowdowns while compute and communication overlap (default: by kernel class, from the EP
+            dispatcher's SMs and the link's HBM share, :meth:`class_contention`).
     """
 
     def __init__(
@@ -204,19 +224,63 @@ class CostModel:
                 raise ConfigError(f"unknown cost assumption(s) {sorted(unknown)}; allowed: {sorted(a)}")
             a.update(assumptions)
         self.a = a
-        self.contention = contention or Contention(a["contention_compute_slowdown"], a["contention_comm_slowdown"])
+        self.contention = contention or self.class_contention()
+
+    def class_contention(self) -> Contention:
+        """Kernel-class contention of this cluster and plan: the EP communication kernel's SMs (NCCL inside a
+        node or across nodes, or DeepEP's) and the HBM share of traffic at the EP group's effective link rate
+        (:func:`tessera_lab.cost.contention.kernel_contention`)."""
+        p, gpu = self.parallel, self.cluster.gpu
+        ranks = p.group_ranks("ep") if p.ep > 1 else [0]
+        spans = len({self.cluster.node_of(r) for r in ranks}) > 1
+        link = self.cluster.inter_link() if spans else self.cluster.intra_link()
+        return kernel_contention(
+            sms=gpu.sms, comm_sms=comm_sms_for(p.dispatcher, spans, self.a),
+            link_bytes_per_s=link.bytes_per_s * self.a["nccl_bus_efficiency"],
+            hbm_bytes_per_s=gpu.hbm_bytes_per_s * self.a["hbm_efficiency"], params=self.a)
+
+    def gemm_efficiency(self, task: Task) -> float:
+        """Shape-aware efficiency of a GEMM task in its phase (:func:`tessera_lab.cost.gemm.gemms_efficiency`)."""
+        p = self.parallel
+        return gemms_efficiency(task.gemms, task.phase, groups=task.groups, sms=self.cluster.gpu.sms,
+                                precision=p.precision, impl=p.grouped_gemm, params=self.a)
 
     # ------------------------------------------------------------------ single tasks
     def compute_time(self, task: Task) -> float:
-        """Roofline time of a compute task, seconds."""
+        """Roofline time of a compute task, seconds: GEMMs at their shape-aware efficiency of the ``precision``
+        peak (``sequential`` expert GEMMs add one launch per expert and GEMM), attention cores at bf16."""
         gpu = self.cluster.gpu
-        eff = {
-            "attention": self.a["attention_efficiency"],
-            "linear_attention": self.a["linear_attention_efficiency"],
-        }.get(task.op, self.a["gemm_efficiency"])
-        t_flops = task.flops / (gpu.peak_flops * eff)
-        t_bytes = task.bytes / (gpu.hbm_bytes_per_s * self.a["hbm_efficiency"])
-        return self.a["kernel_launch_s"] + max(t_flops, t_bytes)
+        launches = 1
+        if task.gemms:
+            eff = self.gemm_efficiency(task)
+            peak = gpu.peak_for(self.parallel.precision)
+            if self.parallel.grouped_gemm == "sequential" and task.groups > 1:
+                launches = task.groups * len(task.gemms)
+        else:
+            eff = {
+                "attention": self.a["attention_efficiency"],
+                "linear_attention": self.a["linear_attention_efficiency"],
+            }.get(task.op, self.a["gemm_efficiency"])
+            peak = gpu.peak_flops
+        t_flops = task.flops / (peak * eff)
+        hbm = gpu.hbm_bytes_per_s * self.a["hbm_efficiency"]
+        t_bytes = task.bytes / hbm
+        t_cast = self.fp8_cast_bytes(task) / hbm
+        return self.a["kernel_launch_s"] * launches + max(t_flops, t_bytes) + t_cast
+
+    def fp8_cast_bytes(self, task: Task) -> float:
+        """HBM bytes of the FP8 quantization kernels a GEMM task needs (0 in bf16): ``fp8_cast_bytes_per_element``
+        per element of the forward input and weight (F), of the output gradient (B); W reuses them."""
+        if self.parallel.precision != "fp8" or not task.gemms:
+            return 0.0
+        per = self.a["fp8_cast_bytes_per_element"]
+        total = 0.0
+        for m, k, n in task.gemms:
+            if task.phase == "F":
+                total += (m * k + k * n) * task.groups
+            elif task.phase == "B":
+                total += m * n * task.groups
+        return per * total
 
     def group_link_ranks(self, group: str) -> list[int]:
         """Ranks of the first group of this kind (groups of one kind are placed alike)."""
@@ -243,8 +307,11 @@ class CostModel:
             return intra.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (intra.bytes_per_s * eff)
         if coll.kind == "all_to_all":
             g = min(per_node.values())
-            t_intra = coll.bytes * (g - 1) / n / (intra.bytes_per_s * eff)
-            t_inter = coll.bytes * (n - g) / n / (inter.bytes_per_s * eff)
+            inter_share, intra_share = (n - g) / n, (g - 1) / n
+            if coll.routing is not None and coll.routing[3] == "deepep":
+                inter_share, intra_share = deepep_link_shares(coll.routing, n, len(per_node))
+            t_intra = coll.bytes * intra_share / (intra.bytes_per_s * eff)
+            t_inter = coll.bytes * inter_share / (inter.bytes_per_s * eff)
             return inter.latency_s + max(t_intra, t_inter)
         return inter.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (inter.bytes_per_s * eff)
 
@@ -268,7 +335,9 @@ class CostModel:
         durations = {t.name: self.task_time(t) for t in tasks}
         lanes = {t.name: "comm" if t.is_comm else "compute" for t in tasks}
         deps = {t.name: t.deps for t in tasks}
-        res = two_lane_makespan([t.name for t in tasks], durations, lanes, deps, contention or self.contention)
+        classes = {t.name: kernel_class(t.op, t.is_comm) for t in tasks}
+        res = two_lane_makespan([t.name for t in tasks], durations, lanes, deps, contention or self.contention,
+                                classes)
         comm = sum(d for k, d in durations.items() if lanes[k] == "comm")
         compute = sum(d for k, d in durations.items() if lanes[k] == "compute")
         by_coll: dict[str, float] = {}

@@ -1,9 +1,18 @@
 """Memory per pipeline stage: parameters, gradients and optimizer state plus activations in flight.
 
 Bytes per parameter (DESIGN section 3; Megatron-LM mixed precision with Adam): bf16 weights (2) +
-fp32 gradient accumulation buffer (4) + fp32 master weights, Adam m and v (12) = 18; with a distributed
-optimizer the 12 bytes of optimizer state are sharded over the data-parallel ranks: ``6 + 12 / dp``
-(Rajbhandari et al., ZeRO stage 1). Expert parameters are data-parallel over ``dp`` ranks; the rest of a
+gradient buffer (4 in fp32, Megatron-LM's default for bf16, or 2 with ``grad_reduce_dtype = bf16``; the
+gradient sync moves the same dtype, :attr:`ParallelConfig.grad_sync_bytes_per_param`) + fp32 master weights,
+Adam m and v (12) = 18 (16); with a distributed optimizer the 12 bytes of optimizer state are sharded over the
+data-parallel ranks: ``6 + 12 / dp`` (``4 + 12 / dp``) (Rajbhandari et al., ZeRO stage 1).
+
+Capacity: what the device reports (nvidia-smi ``memory.total`` in MiB, ``data/hardware/hardware.json``) minus
+the reserve of ``data/hardware/cost_model.json`` (CUDA context, NCCL buffers, fragmentation).
+
+Recomputation (``ParallelConfig.recompute``) changes the saved bytes of the forward tasks
+(:mod:`tessera_lab.model.tasks`): ``selective`` keeps the attention core's inputs instead of its outputs and
+the routed experts' input instead of their intermediate activations (re-running the expert GEMMs in the
+backward); ``full`` keeps only each layer's input. Expert parameters are data-parallel over ``dp`` ranks; the rest of a
 stage over ``ep * dp`` ranks (see :mod:`tessera_lab.model.hardware`).
 
 Activations: the ``saved_bytes`` of every forward task of the stage's layers (:mod:`tessera_lab.model.tasks`)
@@ -31,10 +40,12 @@ GIB = 2**30
 
 
 def bytes_per_param(parallel: ParallelConfig, dp_degree: int) -> float:
-    """Training-state bytes per parameter: 18, or ``6 + 12/dp_degree`` with a distributed optimizer."""
+    """Training-state bytes per parameter: ``2 + g + 12`` (18 with fp32 gradients, 16 with bf16), or
+    ``2 + g + 12/dp_degree`` with a distributed optimizer (``g`` = :attr:`ParallelConfig.grad_bytes`)."""
+    base = 2.0 + parallel.grad_bytes
     if parallel.distributed_optimizer:
-        return 6.0 + 12.0 / dp_degree
-    return 18.0
+        return base + 12.0 / dp_degree
+    return base + 12.0
 
 
 def in_flight(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> float:

@@ -23,6 +23,14 @@ from tessera_lab.model.layout import RankGrid
 from tessera_lab.paths import data_dir
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
+MIB = 2**20
+#: token dispatchers (:mod:`tessera_lab.cost.ep_traffic`), Megatron's recompute granularities, GEMM input
+#: precisions and gradient-reduction dtypes a plan may choose
+DISPATCHERS = ("alltoall", "deepep")
+RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("bf16", "fp8")
+GRAD_REDUCE_DTYPES = ("fp32", "bf16")
+GROUPED_GEMMS = ("grouped", "sequential")
 
 
 @lru_cache(maxsize=None)
@@ -48,11 +56,13 @@ class GPUSpec:
     Attributes:
         name: e.g. ``"H200"``.
         peak_flops: dense bf16 peak, FLOP/s.
-        memory_bytes: HBM capacity, bytes (datasheet GB = 1e9 bytes).
+        memory_bytes: HBM capacity as the device reports it (nvidia-smi ``memory.total``, MiB x 2**20), bytes;
+            the datasheet "141 GB" of an H200 is 143771 MiB = 140.4 GiB.
         hbm_bytes_per_s: HBM bandwidth, bytes/s.
         nvlink_bytes_per_s: NVLink bandwidth per GPU per direction, bytes/s (half the bidirectional figure).
         sms: streaming multiprocessors.
         source: datasheet reference.
+        peak_fp8_flops: dense FP8 peak, FLOP/s (0 when the GPU has none listed).
     """
 
     name: str
@@ -62,6 +72,20 @@ class GPUSpec:
     nvlink_bytes_per_s: float
     sms: int
     source: str
+    peak_fp8_flops: float = 0.0
+
+    def peak_for(self, precision: str) -> float:
+        """Dense peak FLOP/s for GEMM inputs of ``precision`` (``bf16`` or ``fp8``).
+
+        Raises:
+            ConfigError: FP8 on a GPU without an FP8 figure, or an unknown precision.
+        """
+        if precision == "bf16":
+            return self.peak_flops
+        if precision == "fp8" and self.peak_fp8_flops > 0:
+            return self.peak_fp8_flops
+        raise ConfigError(f"field 'precision' = {precision!r} is not available on {self.name}; allowed: "
+                          f"{'bf16, fp8' if self.peak_fp8_flops else 'bf16'}")
 
     @classmethod
     def named(cls, name: str) -> "GPUSpec":
@@ -78,11 +102,12 @@ class GPUSpec:
         return cls(
             name=key,
             peak_flops=g["bf16_dense_tflops"] * 1e12,
-            memory_bytes=g["hbm_gb"] * 1e9,
+            memory_bytes=float(g["hbm_mib_reported"]) * MIB if "hbm_mib_reported" in g else g["hbm_gb"] * 1e9,
             hbm_bytes_per_s=g["hbm_tb_per_s"] * 1e12,
             nvlink_bytes_per_s=g["nvlink_gb_per_s_bidir"] * 1e9 / 2,
             sms=int(g["sms"]),
             source=g["source"],
+            peak_fp8_flops=float(g.get("fp8_dense_tflops", 0.0)) * 1e12,
         )
 
 
@@ -172,6 +197,21 @@ class ParallelConfig:
             parameter instead of 18; DESIGN section 3).
         schedule: pipeline schedule the planner simulates; default ``overlapped`` (1F1B whose steady state runs
             the forward of one micro-batch together with the backward of another, as Tessera's plans assume).
+        dispatcher: ``alltoall`` (one copy per token and expert, Megatron's) or ``deepep`` (one copy per token and
+            destination rank; DeepEP's kernels hold 24 SMs) (:mod:`tessera_lab.cost.ep_traffic`).
+        recompute: ``none``, ``selective`` (attention core, routed-expert activations; Gated DeltaNet chunk states are
+            always recomputed, as flash-linear-attention does) or ``full`` (each layer keeps only its input and
+            re-runs its forward in the backward), as Megatron-LM's ``--recompute-granularity`` names them.
+        precision: GEMM input precision, ``bf16`` or ``fp8`` (FP8 current scaling: linear layers and expert GEMMs
+            in FP8 at the FP8 peak, attention, activations and communication in bf16).
+        grad_reduce_dtype: ``fp32`` (Megatron-LM's default for bf16: fp32 gradient buffer and reduction) or
+            ``bf16``; sets the gradient buffer bytes in memory and the reduce-scatter bytes of gradient sync.
+        expert_load: tokens the busiest EP rank receives relative to the mean; ``None`` = the expected busiest
+            rank of a balanced random router (:func:`tessera_lab.cost.ep_traffic.busiest_rank_load`).
+        grouped_gemm: expert GEMM implementation, ``grouped`` (one grouped kernel) or ``sequential`` (one launch
+            per expert) (:mod:`tessera_lab.cost.gemm`).
+        fused_cross_entropy: the loss keeps only the bf16 logits (gradient written in place, Megatron's
+            cross-entropy fusion) instead of the fp32 log-softmax.
     """
 
     pp: int = 8
@@ -185,6 +225,13 @@ class ParallelConfig:
     dtype: str = "bf16"
     distributed_optimizer: bool = True
     schedule: str = "overlapped"
+    dispatcher: str = "alltoall"
+    recompute: str = "none"
+    precision: str = "bf16"
+    grad_reduce_dtype: str = "fp32"
+    expert_load: float | None = None
+    grouped_gemm: str = "grouped"
+    fused_cross_entropy: bool = False
 
     def __post_init__(self) -> None:
         for name in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len"):
@@ -193,6 +240,13 @@ class ParallelConfig:
                 raise ConfigError(f"field '{name}' = {value!r} is out of range; allowed: an integer >= 1")
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError(f"field 'dtype' = {self.dtype!r} is unknown; allowed: {', '.join(DTYPE_BYTES)}")
+        for name, allowed in (("dispatcher", DISPATCHERS), ("recompute", RECOMPUTE), ("precision", PRECISIONS),
+                              ("grad_reduce_dtype", GRAD_REDUCE_DTYPES), ("grouped_gemm", GROUPED_GEMMS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"field '{name}' = {getattr(self, name)!r} is unknown; allowed: {', '.join(allowed)}")
+        if self.expert_load is not None and (isinstance(self.expert_load, bool) or not self.expert_load >= 1.0):
+            raise ConfigError(f"field 'expert_load' = {self.expert_load!r} is out of range; allowed: a number >= 1 "
+                              "(busiest EP rank over the mean)")
 
     @property
     def world_size(self) -> int:
@@ -201,6 +255,20 @@ class ParallelConfig:
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes of one gradient element in the gradient buffer and its reduction (``grad_reduce_dtype``)."""
+        return DTYPE_BYTES[self.grad_reduce_dtype]
+
+    @property
+    def grad_sync_bytes_per_param(self) -> float:
+        """All-reduce-equivalent bytes per parameter of the end-of-iteration gradient sync: with a distributed
+        optimizer a reduce-scatter of gradients plus an all-gather of bf16 parameters, ``(grad + 2) / 2`` (each
+        half the bus volume of an all-reduce); else an all-reduce of the gradients, ``grad`` bytes."""
+        if self.distributed_optimizer:
+            return (self.grad_bytes + 2) / 2
+        return float(self.grad_bytes)
 
     @property
     def tokens_per_microbatch(self) -> int:

@@ -22,39 +22,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.model.hf_families import (  # noqa: F401  (re-exported: the public names of model kinds)
+    BUILDERS, DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MOE, SUPPORTED_MODEL_TYPES, LayerSpec, opt_int, req_int,
+)
 from tessera_lab.paths import data_dir
-
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "deepseek_v3", "mixtral")
-
-#: Mixer kinds (DESIGN section 3).
-LINEAR_ATTENTION = "linear_attention"
-FULL_ATTENTION = "full_attention"
-#: FFN kinds.
-MOE = "moe"
-DENSE = "dense"
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """One decoder layer.
-
-    Attributes:
-        index: 0-based layer index.
-        mixer: ``"linear_attention"`` or ``"full_attention"``.
-        attention: the mixer's implementation: ``"gated_deltanet"``, ``"gated_gqa"`` (Qwen3-Next
-            full attention with an output gate), ``"gqa"`` (Qwen3, Mixtral) or ``"mla"`` (DeepSeek-V3).
-        ffn: ``"moe"`` or ``"dense"``.
-    """
-
-    index: int
-    mixer: str
-    attention: str
-    ffn: str
-
-    @property
-    def kind(self) -> str:
-        """Short label such as ``"linear_attention+moe"``."""
-        return f"{self.mixer}+{self.ffn}"
 
 
 @dataclass(frozen=True)
@@ -75,23 +46,6 @@ class ParamCounts:
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
-
-
-def _req(cfg: Mapping[str, Any], key: str, *, minimum: int = 1, allowed: str = "an integer >= 1") -> int:
-    if key not in cfg or cfg[key] is None:
-        raise ConfigError(f"config field '{key}' is missing; allowed: {allowed}")
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise ConfigError(f"config field '{key}' = {value!r} is not an integer; allowed: {allowed}")
-    if value < minimum:
-        raise ConfigError(f"config field '{key}' = {value!r} is out of range; allowed: {allowed}")
-    return int(value)
-
-
-def _opt(cfg: Mapping[str, Any], key: str, default: int, *, minimum: int = 1) -> int:
-    if cfg.get(key) is None:
-        return default
-    return _req(cfg, key, minimum=minimum, allowed=f"an integer >= {minimum}")
 
 
 @dataclass(frozen=True)
@@ -137,6 +91,9 @@ class ModelSpec:
     shared_expert_intermediate_size: int = 0
     shared_expert_gate: bool = False
     router_bias: bool = False
+    # group-limited routing (DeepSeek-V3: experts in n_group groups, a token picks experts in topk_group of them)
+    n_group: int = 1
+    topk_group: int = 1
     source: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
 
@@ -175,19 +132,13 @@ class ModelSpec:
             raise ConfigError(
                 f"config field 'model_type' = {model_type!r} is not supported; allowed: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        builder = {
-            "qwen3": _from_qwen3,
-            "qwen3_moe": _from_qwen3_moe,
-            "qwen3_next": _from_qwen3_next,
-            "deepseek_v3": _from_deepseek_v3,
-            "mixtral": _from_mixtral,
-        }[model_type]
+        builder = BUILDERS[model_type]
         kwargs = builder(cfg)
         kwargs.update(
             name=name or str(model_type),
             model_type=model_type,
-            hidden_size=_req(cfg, "hidden_size"),
-            vocab_size=_req(cfg, "vocab_size"),
+            hidden_size=req_int(cfg, "hidden_size"),
+            vocab_size=req_int(cfg, "vocab_size"),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             source=str(cfg.get("_source", "")),
             raw=cfg,
@@ -266,7 +217,7 @@ class ModelSpec:
                     f"knob 'attention_ratio'/'full_attention_interval' needs a hybrid model (qwen3_next); "
                     f"{self.name} is {self.model_type}"
                 )
-            cfg["full_attention_interval"] = _req(
+            cfg["full_attention_interval"] = req_int(
                 {"full_attention_interval": full_attention_interval}, "full_attention_interval"
             )
             cfg.pop("layer_types", None)
@@ -278,20 +229,20 @@ class ModelSpec:
             if value is not None:
                 if not self.has_moe:
                     raise ConfigError(f"knob '{key}' needs a MoE model; {self.name} is dense")
-                cfg[key] = _req({key: value}, key)
+                cfg[key] = req_int({key: value}, key)
                 changes.append(f"{label}={value}")
         if num_experts is not None:
             if not self.has_moe:
                 raise ConfigError(f"knob 'num_experts' needs a MoE model; {self.name} is dense")
             key = {"deepseek_v3": "n_routed_experts", "mixtral": "num_local_experts"}.get(self.model_type, "num_experts")
-            cfg[key] = _req({"num_experts": num_experts}, "num_experts")
+            cfg[key] = req_int({"num_experts": num_experts}, "num_experts")
             changes.append(f"experts={num_experts}")
         if shared_expert_intermediate_size is not None:
             if self.model_type != "qwen3_next":
                 raise ConfigError(
                     f"knob 'shared_expert_intermediate_size' applies to qwen3_next; {self.name} is {self.model_type}"
                 )
-            cfg["shared_expert_intermediate_size"] = _req(
+            cfg["shared_expert_intermediate_size"] = req_int(
                 {"shared_expert_intermediate_size": shared_expert_intermediate_size},
                 "shared_expert_intermediate_size",
                 minimum=0,
@@ -299,7 +250,7 @@ class ModelSpec:
             )
             changes.append(f"shared={shared_expert_intermediate_size}")
         if num_layers is not None:
-            cfg["num_hidden_layers"] = _req({"num_layers": num_layers}, "num_layers")
+            cfg["num_hidden_layers"] = req_int({"num_layers": num_layers}, "num_layers")
             cfg.pop("layer_types", None)
             changes.append(f"layers={num_layers}")
         new_name = name or (f"{self.name}[{','.join(changes)}]" if changes else self.name)
@@ -430,144 +381,6 @@ class ModelSpec:
             "shared_expert_width": self.shared_expert_intermediate_size,
             "attention_ratio": self.attention_ratio,
         }
-
-
-# ---------------------------------------------------------------------- family builders
-def _moe_rule_qwen(cfg: Mapping[str, Any], n_layers: int, num_experts: int) -> list[str]:
-    """transformers Qwen3-MoE / Qwen3-Next rule: a layer is MoE when it is not in ``mlp_only_layers``,
-    there are experts, and ``(i + 1) % decoder_sparse_step == 0``."""
-    step = _opt(cfg, "decoder_sparse_step", 1)
-    mlp_only = cfg.get("mlp_only_layers") or []
-    if not isinstance(mlp_only, (list, tuple)) or any(not isinstance(i, int) or not 0 <= i < n_layers for i in mlp_only):
-        raise ConfigError(f"config field 'mlp_only_layers' must list layer indices in 0..{n_layers - 1}")
-    return [MOE if (i not in mlp_only and num_experts > 0 and (i + 1) % step == 0) else DENSE for i in range(n_layers)]
-
-
-def _gqa_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    nh = _req(cfg, "num_attention_heads")
-    nkv = _opt(cfg, "num_key_value_heads", nh)
-    h = _req(cfg, "hidden_size")
-    head_dim = _opt(cfg, "head_dim", h // nh if h % nh == 0 else 0)
-    if head_dim < 1:
-        raise ConfigError("config field 'head_dim' is missing and hidden_size is not a multiple of num_attention_heads")
-    return {"num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": head_dim}
-
-
-def _layers(mixers: list[str], attentions: list[str], ffns: list[str]) -> tuple[LayerSpec, ...]:
-    return tuple(LayerSpec(i, m, a, f) for i, (m, a, f) in enumerate(zip(mixers, attentions, ffns)))
-
-
-def _from_qwen3(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    n = _req(cfg, "num_hidden_layers")
-    return dict(
-        **_gqa_fields(cfg),
-        qk_norm=True,
-        intermediate_size=_req(cfg, "intermediate_size"),
-        layers=_layers([FULL_ATTENTION] * n, ["gqa"] * n, [DENSE] * n),
-    )
-
-
-def _moe_common(cfg: Mapping[str, Any], experts_key: str) -> dict[str, Any]:
-    num_experts = _req(cfg, experts_key)
-    topk = _req(cfg, "num_experts_per_tok", allowed=f"1 to {experts_key} = {num_experts}")
-    if topk > num_experts:
-        raise ConfigError(
-            f"config field 'num_experts_per_tok' = {topk} is out of range; allowed: 1 to {experts_key} = {num_experts}"
-        )
-    return {"num_experts": num_experts, "num_experts_per_tok": topk}
-
-
-def _from_qwen3_moe(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    n = _req(cfg, "num_hidden_layers")
-    moe = _moe_common(cfg, "num_experts")
-    ffns = _moe_rule_qwen(cfg, n, moe["num_experts"])
-    return dict(
-        **_gqa_fields(cfg),
-        **moe,
-        qk_norm=True,
-        moe_intermediate_size=_req(cfg, "moe_intermediate_size"),
-        intermediate_size=_opt(cfg, "intermediate_size", 0, minimum=0),
-        layers=_layers([FULL_ATTENTION] * n, ["gqa"] * n, ffns),
-    )
-
-
-def _from_qwen3_next(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    n = _req(cfg, "num_hidden_layers")
-    interval = _opt(cfg, "full_attention_interval", 4)
-    layer_types = cfg.get("layer_types")
-    if layer_types is None:
-        # transformers Qwen3NextConfig rule
-        layer_types = [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(n)]
-    if not isinstance(layer_types, (list, tuple)) or len(layer_types) != n:
-        got = len(layer_types) if isinstance(layer_types, (list, tuple)) else type(layer_types).__name__
-        raise ConfigError(f"config field 'layer_types' has {got} entries; allowed: exactly num_hidden_layers = {n}")
-    bad = [t for t in layer_types if t not in (FULL_ATTENTION, LINEAR_ATTENTION)]
-    if bad:
-        raise ConfigError(
-            f"config field 'layer_types' has unknown entry {bad[0]!r}; allowed: 'linear_attention', 'full_attention'"
-        )
-    moe = _moe_common(cfg, "num_experts")
-    ffns = _moe_rule_qwen(cfg, n, moe["num_experts"])
-    shared = _opt(cfg, "shared_expert_intermediate_size", 0, minimum=0)
-    return dict(
-        **_gqa_fields(cfg),
-        **moe,
-        qk_norm=True,
-        linear_num_key_heads=_req(cfg, "linear_num_key_heads"),
-        linear_num_value_heads=_req(cfg, "linear_num_value_heads"),
-        linear_key_head_dim=_req(cfg, "linear_key_head_dim"),
-        linear_value_head_dim=_req(cfg, "linear_value_head_dim"),
-        linear_conv_kernel_dim=_req(cfg, "linear_conv_kernel_dim"),
-        full_attention_interval=interval,
-        moe_intermediate_size=_req(cfg, "moe_intermediate_size"),
-        intermediate_size=_opt(cfg, "intermediate_size", 0, minimum=0),
-        shared_expert_intermediate_size=shared,
-        shared_expert_gate=shared > 0,
-        layers=_layers(
-            list(layer_types),
-            ["gated_gqa" if t == FULL_ATTENTION else "gated_deltanet" for t in layer_types],
-            ffns,
-        ),
-    )
-
-
-def _from_deepseek_v3(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    n = _req(cfg, "num_hidden_layers")
-    moe = _moe_common(cfg, "n_routed_experts")
-    first_dense = _opt(cfg, "first_k_dense_replace", 0, minimum=0)
-    freq = _opt(cfg, "moe_layer_freq", 1)
-    ffns = [MOE if (i >= first_dense and i % freq == 0) else DENSE for i in range(n)]
-    width = _req(cfg, "moe_intermediate_size")
-    n_shared = _opt(cfg, "n_shared_experts", 0, minimum=0)
-    return dict(
-        num_attention_heads=_req(cfg, "num_attention_heads"),
-        num_key_value_heads=_opt(cfg, "num_key_value_heads", 1),
-        head_dim=_req(cfg, "qk_nope_head_dim") + _req(cfg, "qk_rope_head_dim"),
-        q_lora_rank=cfg.get("q_lora_rank") or None,
-        kv_lora_rank=_req(cfg, "kv_lora_rank"),
-        qk_nope_head_dim=_req(cfg, "qk_nope_head_dim"),
-        qk_rope_head_dim=_req(cfg, "qk_rope_head_dim"),
-        v_head_dim=_req(cfg, "v_head_dim"),
-        intermediate_size=_req(cfg, "intermediate_size"),
-        moe_intermediate_size=width,
-        shared_expert_intermediate_size=n_shared * width,
-        router_bias=cfg.get("topk_method") == "noaux_tc",
-        layers=_layers([FULL_ATTENTION] * n, ["mla"] * n, ffns),
-        **moe,
-    )
-
-
-def _from_mixtral(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    n = _req(cfg, "num_hidden_layers")
-    moe = _moe_common(cfg, "num_local_experts")
-    width = _req(cfg, "intermediate_size")
-    return dict(
-        **_gqa_fields(cfg),
-        **moe,
-        moe_intermediate_size=width,
-        intermediate_size=width,
-        layers=_layers([FULL_ATTENTION] * n, ["gqa"] * n, [MOE] * n),
-    )
 
 
 # ---------------------------------------------------------------------- shipped models

@@ -15,7 +15,9 @@ FLOP conventions (per micro-batch, per rank):
   value head, ``S^T k``, the rank-1 state update and ``S^T q`` cost ``6 d_k d_v``; the chunked kernel adds
   the intra-chunk products ``2 C (d_k + d_v)`` with chunk size ``C = 64`` (flash-linear-attention's
   default). B = 2 x F, no W.
-* Routed experts: tokens received by the rank times top-k copies, three GEMMs of width ``moe_intermediate_size``.
+* Routed experts: tokens received by the rank times top-k copies, three GEMMs of width ``moe_intermediate_size``;
+  with ``tp > 1`` each TP rank routes ``T / tp`` tokens (sequence parallel, expert tensor parallel 1, as
+  Megatron-Core does), so expert work and all-to-all bytes are not repeated on every TP rank.
 
 Byte counts (``bytes``) are HBM traffic for the roofline; ``saved_bytes`` is what a forward task keeps
 for backward (activation memory). Collective sizes follow nccl-tests' definition of ``S``.
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.model.ep_traffic import busiest_rank_load, copies_per_token
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import MOE, LayerSpec, ModelSpec
 
@@ -49,12 +52,17 @@ class Collective:
         bytes: message size S per rank in bytes, as nccl-tests defines it for the collective.
         group: ``ep``, ``tp``, ``pp`` or ``edp`` (the non-expert data-parallel group).
         group_size: ranks in the group; a group of 1 is a no-op.
+        routing: for MoE dispatch/combine, ``(tokens, num_experts, top_k, dispatcher, n_group, topk_group)`` so
+            the cost model can
+            split the bytes by link when the EP group spans nodes (DeepEP forwards one copy per destination node
+            over the inter-node link, :func:`tessera_lab.model.ep_traffic.expected_destinations`).
     """
 
     kind: str
     bytes: float
     group: str
     group_size: int
+    routing: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,9 @@ class Task:
         deps: names of tasks of the same bundle this task waits for.
         deferrable: W tasks and gradient reduce-scatter may move later in the schedule.
         saved_bytes: activation bytes kept from forward to backward (F tasks only).
+        gemms: forward GEMM shapes ``(m, k, n)`` of one group for GEMM tasks (the cost model's shape-aware
+            efficiency, :mod:`tessera_lab.cost.gemm`); empty for other ops.
+        groups: GEMMs of each shape in one launch (local experts of a grouped expert GEMM; 1 otherwise).
     """
 
     name: str
@@ -85,6 +96,8 @@ class Task:
     deps: tuple[str, ...] = ()
     deferrable: bool = False
     saved_bytes: float = 0.0
+    gemms: tuple[tuple[float, float, float], ...] = ()
+    groups: int = 1
 
     @property
     def is_comm(self) -> bool:
@@ -126,8 +139,16 @@ class _Fwd:
     tasks: list[Task] = field(default_factory=list)
     weighted: dict[str, Task] = field(default_factory=dict)  # name -> W task template (phase set later)
     b_scale: dict[str, float] = field(default_factory=dict)
+    recompute: str = "none"
+    #: task names whose forward re-runs in the backward (selective recompute)
+    recomputed: set[str] = field(default_factory=set)
 
-    def add(self, task: Task, *, w: Task | None = None, b_scale: float = 1.0) -> str:
+    def add(self, task: Task, *, w: Task | None = None, b_scale: float = 1.0, selective: float | None = None) -> str:
+        """Add a forward task; ``selective``: its saved bytes under selective recompute (it is then re-run in the
+        backward); with full recompute every task but the layer input re-runs and saves nothing."""
+        if self.recompute == "selective" and selective is not None:
+            task = replace(task, saved_bytes=selective)
+            self.recomputed.add(task.name)
         self.tasks.append(task)
         if w is not None:
             self.weighted[task.name] = w
@@ -139,14 +160,15 @@ class _Fwd:
         flops = 2.0 * m * k * n
         nbytes = self.dt * (m * k + k * n + m * n)
         t = Task(name, self.layer, "F", "gemm", flops, nbytes, deps=tuple(deps),
-                 saved_bytes=self.dt * m * k if saved else 0.0)
+                 saved_bytes=self.dt * m * k if saved else 0.0, gemms=((m, k, n),))
         return self.add(t, w=replace(t, saved_bytes=0.0))
 
     def elementwise(self, name: str, nbytes: float, deps: Iterable[str], *, saved: float = 0.0, flops: float = 0.0) -> str:
         return self.add(Task(name, self.layer, "F", "elementwise", flops, nbytes, deps=tuple(deps), saved_bytes=saved))
 
-    def comm(self, name: str, kind: str, nbytes: float, group: str, size: int, deps: Iterable[str]) -> str:
-        coll = Collective(kind, nbytes if size > 1 else 0.0, group, size)
+    def comm(self, name: str, kind: str, nbytes: float, group: str, size: int, deps: Iterable[str],
+             routing: tuple | None = None) -> str:
+        coll = Collective(kind, nbytes if size > 1 else 0.0, group, size, routing)
         return self.add(Task(name, self.layer, "F", kind, 0.0, 0.0, coll, tuple(deps)))
 
 
@@ -164,10 +186,12 @@ def _mixer_gated_deltanet(g: _Fwd, m: ModelSpec, T: int, tp: int, after: str) ->
     chunks = -(-T // C)
     state_bytes = chunks * nvh * dk * dv * 4  # fp32 chunk states
     core_flops = T * nvh * (6.0 * dk * dv + 2.0 * C * (dk + dv))
+    # flash-linear-attention's chunk_gated_delta_rule saves its inputs (q, k, v, gate, beta) and the fp32
+    # intra-chunk WY matrix (C per token and value head) and recomputes the chunk states in the backward
     core = g.add(
         Task("core", g.layer, "F", "linear_attention", core_flops,
              dt * T * (2 * kd + 2 * vd + 2 * nvh) + 2 * state_bytes, deps=(conv,),
-             saved_bytes=dt * T * (2 * kd + vd + 2 * nvh) + state_bytes),
+             saved_bytes=dt * T * (2 * kd + vd + 2 * nvh) + 4.0 * T * nvh * C),
         b_scale=2.0,
     )
     norm = g.elementwise("gated_norm", dt * T * vd * 3, [core], saved=dt * T * vd * 2)
@@ -183,7 +207,7 @@ def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
     flops = 0.5 * 4.0 * b * s * s * nh * hd  # causal: half of QK^T and AV
     io = dt * T * (2 * nh * hd + 2 * nkv * hd)
     core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=(rope,),
-                      saved_bytes=io + 4.0 * T * nh), b_scale=2.0)
+                      saved_bytes=io + 4.0 * T * nh), b_scale=2.0, selective=dt * T * (nh + 2 * nkv) * hd)
     last = core
     if gated:
         last = g.elementwise("output_gate", dt * T * nh * hd * 3, [core], saved=dt * T * nh * hd * 2)
@@ -206,7 +230,7 @@ def _mixer_mla(g: _Fwd, m: ModelSpec, T: int, b: int, s: int, tp: int, after: st
     flops = 0.5 * 2.0 * b * s * s * nh * (qk + m.v_head_dim)
     io = dt * T * nh * (2 * qk + 2 * m.v_head_dim)
     core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=(q, kvb),
-                      saved_bytes=io + 4.0 * T * nh), b_scale=2.0)
+                      saved_bytes=io + 4.0 * T * nh), b_scale=2.0, selective=dt * T * nh * (2 * qk + m.v_head_dim))
     return g.gemm("o_proj", T, nh * m.v_head_dim, h, [core])
 
 
@@ -214,32 +238,44 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     h, dt, k, E = m.hidden_size, g.dt, m.num_experts_per_tok, m.num_experts
     if E % p.ep:
         raise ConfigError(f"field 'ep' = {p.ep} must divide num_experts = {E}")
-    routed = T * k  # token copies this rank sends out (and, on average, receives)
+    T_all = T
+    T = T / p.tp  # sequence parallel: each TP rank routes its slice of the tokens (Megatron, expert TP = 1)
+    routed = T * k  # token copies the experts of this rank's tokens need (and, on average, this rank's experts get)
     received = routed * load
+    # the dispatcher moves one copy per (token, expert) (alltoall) or per (token, destination rank) (deepep)
+    sent = T * copies_per_token(p.dispatcher, E, k, p.ep, m.n_group, m.topk_group) * load
     router = g.add(Task("router", g.layer, "F", "router", 2.0 * T * h * E, dt * (T * h + h * E) + 4.0 * T * E * 2,
-                        deps=(after,), saved_bytes=4.0 * T * E),
-                   w=Task("router", g.layer, "W", "gemm", 2.0 * T * h * E, dt * (T * h + h * E + T * E)))
-    permute = g.elementwise("permute", dt * routed * h * 2, [router])
-    dispatch = g.comm("dispatch", "all_to_all", dt * routed * h, "ep", p.ep, [permute])
+                        deps=(after,), saved_bytes=4.0 * T * E, gemms=((T, h, E),)),
+                   w=Task("router", g.layer, "W", "gemm", 2.0 * T * h * E, dt * (T * h + h * E + T * E),
+                          gemms=((T, h, E),)))
+    permute = g.elementwise("permute", dt * sent * h * 2, [router])
+    route = (T, E, k, p.dispatcher, m.n_group, m.topk_group)
+    dispatch = g.comm("dispatch", "all_to_all", dt * sent * h, "ep", p.ep, [permute], route)
     width = m.moe_intermediate_size
     local_experts = E // p.ep
+    per_expert = received / local_experts
+    shapes = ((per_expert, h, 2.0 * width), (per_expert, width, h))  # gate+up, down (one expert)
     eflops = 2.0 * received * h * width * 3
     ebytes = dt * (3 * h * width * local_experts + received * (2 * h + 3 * width))
     experts = g.add(
         Task("experts", g.layer, "F", "grouped_gemm", eflops, ebytes, deps=(dispatch,),
-             saved_bytes=dt * received * (h + 3 * width)),
-        w=Task("experts", g.layer, "W", "grouped_gemm", eflops, ebytes),
+             saved_bytes=dt * received * (h + 3 * width), gemms=shapes, groups=local_experts),
+        w=Task("experts", g.layer, "W", "grouped_gemm", eflops, ebytes, gemms=shapes, groups=local_experts),
+        selective=dt * received * h,  # expert activations recomputed (Megatron's 'mlp'/'moe' modules): keep the input
     )
-    combine = g.comm("combine", "all_to_all", dt * routed * h, "ep", p.ep, [experts])
-    unpermute = g.elementwise("unpermute", dt * (routed * h + T * h), [combine], saved=dt * routed * h)
+    combine = g.comm("combine", "all_to_all", dt * sent * h, "ep", p.ep, [experts], route)
+    unpermute = g.elementwise("unpermute", dt * (sent * h + T * h), [combine], saved=dt * sent * h)
     outs = [unpermute]
     if m.shared_expert_intermediate_size:
         Is = m.shared_expert_intermediate_size / p.tp
+        T = T_all  # the shared expert is tensor-parallel (width split), on all tokens
         sflops = 2.0 * T * h * Is * 3 + (2.0 * T * h if m.shared_expert_gate else 0.0)
         sbytes = dt * (3 * h * Is + T * (2 * h + 3 * Is))
+        sshapes = ((T, h, 2.0 * Is), (T, Is, h))
         shared = g.add(
-            Task("shared_expert", g.layer, "F", "gemm", sflops, sbytes, deps=(after,), saved_bytes=dt * T * (h + 3 * Is)),
-            w=Task("shared_expert", g.layer, "W", "gemm", sflops, sbytes),
+            Task("shared_expert", g.layer, "F", "gemm", sflops, sbytes, deps=(after,), saved_bytes=dt * T * (h + 3 * Is),
+                 gemms=sshapes),
+            w=Task("shared_expert", g.layer, "W", "gemm", sflops, sbytes, gemms=sshapes),
         )
         if p.tp > 1:
             shared = g.comm("shared_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [shared])
@@ -260,7 +296,8 @@ def _ffn_dense(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str) -> 
 
 def _backward(fwd: _Fwd) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
     """Reverse the forward graph: B of a task waits for the B of every consumer; W of a task waits for
-    the same input gradient (its consumers' B)."""
+    the same input gradient (its consumers' B). A recomputed task's B also re-runs its forward (FLOPs and
+    bytes; a recomputed collective moves its bytes again)."""
     consumers: dict[str, list[str]] = {t.name: [] for t in fwd.tasks}
     for t in fwd.tasks:
         for d in t.deps:
@@ -269,11 +306,42 @@ def _backward(fwd: _Fwd) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
     for t in reversed(fwd.tasks):
         deps = tuple(consumers[t.name])
         scale = fwd.b_scale.get(t.name, 1.0)
-        b_tasks.append(replace(t, phase="B", flops=t.flops * scale, bytes=t.bytes * (2.0 if t.op == "elementwise" else 1.0),
-                               deps=deps, saved_bytes=0.0))
+        again = 1.0 if t.name in fwd.recomputed else 0.0
+        coll = t.collective
+        if coll is not None and again:
+            coll = replace(coll, bytes=coll.bytes * 2.0)
+        b_tasks.append(replace(t, phase="B", flops=t.flops * (scale + again),
+                               bytes=t.bytes * ((2.0 if t.op == "elementwise" else 1.0) + again),
+                               collective=coll, deps=deps, saved_bytes=0.0))
         if t.name in fwd.weighted:
             w_tasks.append(replace(fwd.weighted[t.name], phase="W", deps=(), deferrable=True, saved_bytes=0.0))
     return tuple(b_tasks), tuple(w_tasks)
+
+
+def _full_recompute(g: _Fwd, keep: str) -> None:
+    """Full recompute: every forward task re-runs in the backward and saves nothing but the layer input
+    (kept by ``keep``)."""
+    g.recomputed = {t.name for t in g.tasks}
+    g.tasks = [t if t.name == keep else replace(t, saved_bytes=0.0) for t in g.tasks]
+
+
+def routing_load_note(model: ModelSpec, parallel: ParallelConfig) -> str:
+    """One line stating the busiest-rank load the plan assumes and where it comes from."""
+    load = rank_expert_load(model, parallel)
+    how = ("given (--expert-load)" if parallel.expert_load is not None else
+           "expected busiest of ep ranks under a balanced random router (binomial, Blom); skewed routing raises it")
+    return f"expert load: the busiest EP rank gets {load:.4f} x the mean tokens, {how}; dispatcher {parallel.dispatcher}"
+
+
+def rank_expert_load(model: ModelSpec, parallel: ParallelConfig) -> float:
+    """The busiest EP rank's load factor the plan assumes: ``parallel.expert_load`` when set, else the expected
+    busiest rank of a balanced random router (:func:`tessera_lab.model.ep_traffic.busiest_rank_load`; 1.0 for
+    dense models and ep = 1)."""
+    if parallel.expert_load is not None:
+        return float(parallel.expert_load)
+    if not model.has_moe or parallel.ep == 1:
+        return 1.0
+    return busiest_rank_load(parallel.tokens_per_microbatch, model.num_experts_per_tok, parallel.ep)
 
 
 def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConfig, *, expert_load: float = 1.0) -> LayerTasks:
@@ -283,8 +351,8 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
         model: the model.
         layer: a layer of ``model`` (or its index).
         parallel: parallel sizes and batch shape (tokens per micro-batch, tp, ep, dtype).
-        expert_load: tokens this rank's experts receive relative to the uniform share (1.0 = uniform
-            routing; 2.0 = twice the tokens, as under skewed routing).
+        expert_load: tokens this rank's experts receive relative to the plan's busiest-rank share
+            (:func:`rank_expert_load`; 1.0 = as planned; 2.0 = twice the tokens, as under skewed routing).
 
     Returns:
         LayerTasks whose F list is in forward program order and B list in backward program order.
@@ -303,7 +371,7 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
     p = parallel
     T, b, s = p.tokens_per_microbatch, p.micro_batch_size, p.seq_len
     h, dt = model.hidden_size, p.dtype_bytes
-    g = _Fwd(layer.index, dt)
+    g = _Fwd(layer.index, dt, recompute=p.recompute)
     n1 = g.elementwise("input_norm", dt * T * h * 2, [], saved=dt * T * h)
     if layer.attention == "gated_deltanet":
         mix = _mixer_gated_deltanet(g, model, T, p.tp, n1)
@@ -314,8 +382,11 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
     if p.tp > 1:
         mix = g.comm("attn_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [mix])
     n2 = g.elementwise("post_attn_norm", dt * T * h * 3, [mix], saved=dt * T * h)
-    outs = _ffn_moe(g, model, T, p, n2, expert_load) if layer.ffn == MOE else _ffn_dense(g, model, T, p, n2)
+    load = expert_load * rank_expert_load(model, p)
+    outs = _ffn_moe(g, model, T, p, n2, load) if layer.ffn == MOE else _ffn_dense(g, model, T, p, n2)
     g.elementwise("residual", dt * T * h * 3, outs)
+    if p.recompute == "full":
+        _full_recompute(g, n1)
     B, W = _backward(g)
     return LayerTasks(layer.index, layer.kind, tuple(g.tasks), B, W)
 
@@ -336,8 +407,11 @@ def head_tasks(model: ModelSpec, parallel: ParallelConfig) -> LayerTasks:
     g = _Fwd(model.num_layers, dt)
     n = g.elementwise("final_norm", dt * T * h * 2, [], saved=dt * T * h)
     head = g.gemm("lm_head", T, h, V / p.tp, [n])
+    # unfused: fp32 log-softmax saved for the backward; fused (TE/Megatron cross-entropy fusion): the gradient is
+    # written in place into the bf16 logits during the forward, so only those are kept
+    loss_saved = (dt if p.fused_cross_entropy else 4.0) * T * V / p.tp
     g.add(Task("loss", model.num_layers, "F", "loss", 5.0 * T * V / p.tp, 4.0 * T * V * 2 / p.tp,
-               deps=(head,), saved_bytes=4.0 * T * V / p.tp))
+               deps=(head,), saved_bytes=loss_saved))
     B, W = _backward(g)
     return LayerTasks(model.num_layers, "lm_head", tuple(g.tasks), B, W)
 
@@ -363,7 +437,7 @@ def model_flops_per_iteration(model: ModelSpec, parallel: ParallelConfig) -> flo
     norms, convolutions and element-wise work are not model FLOPs. Computed on an unsharded
     (tp = ep = 1) decomposition of one micro-batch and scaled to the global batch.
     """
-    ref = parallel.replace(tp=1, ep=1, dp=1, pp=1, vpp=1)
+    ref = parallel.replace(tp=1, ep=1, dp=1, pp=1, vpp=1, expert_load=None, recompute="none", dispatcher="alltoall")
     per_mb = 0.0
     for lt in decompose(model, ref):
         per_mb += sum(t.flops for t in lt.F if t.op in MODEL_FLOP_OPS)

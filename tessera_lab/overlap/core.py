@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tessera_lab.cost.analytic import Contention, CostModel, two_lane_makespan
+from tessera_lab.cost.contention import kernel_class
 from tessera_lab.errors import ConfigError, TesseraError
 from tessera_lab.model.hardware import ParallelConfig, cluster_for
 from tessera_lab.model.spec import ModelSpec
@@ -199,12 +200,14 @@ class PairGraph:
         lanes: ``compute`` or ``comm`` per key.
         deps: key -> keys it waits for (inside its own bundle only).
         owner: key -> ``"a"`` or ``"b"``.
+        classes: key -> kernel class (``compute`` / ``memory`` / ``comm``, :mod:`tessera_lab.cost.contention`).
     """
 
     keys: tuple[str, ...]
     lanes: Mapping[str, str]
     deps: Mapping[str, tuple[str, ...]]
     owner: Mapping[str, str]
+    classes: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def program_order(self) -> tuple[str, ...]:
@@ -224,7 +227,7 @@ def pair_graph(a: Bundle, b: Bundle | None = None) -> PairGraph:
     bundles = [("a", a)] + ([("b", b)] if b is not None else [])
     if b is not None and a.name == b.name:
         raise ConfigError(f"bundles a and b are both named {a.name!r}; give one another name (Bundle.renamed)")
-    keys, lanes, deps, owner = [], {}, {}, {}
+    keys, lanes, deps, owner, classes = [], {}, {}, {}, {}
     for tag, bd in bundles:
         for t in bd.tasks:
             k = f"{bd.name}/{Bundle.task_id(t)}"
@@ -232,7 +235,8 @@ def pair_graph(a: Bundle, b: Bundle | None = None) -> PairGraph:
             lanes[k] = COMM if t.is_comm else COMPUTE
             deps[k] = tuple(f"{bd.name}/{d}" for d in bd.deps[Bundle.task_id(t)])
             owner[k] = tag
-    return PairGraph(tuple(keys), lanes, deps, owner)
+            classes[k] = kernel_class(t.op, t.is_comm)
+    return PairGraph(tuple(keys), lanes, deps, owner, classes)
 
 
 def analytic_durations(bd: Bundle, cost_model: CostModel | None = None) -> dict[str, float]:
@@ -543,7 +547,7 @@ def _merge_projection(graph: PairGraph, order: Sequence[str]) -> tuple[str, ...]
 
 
 def _analytic_fn(graph: PairGraph, durations: Mapping[str, float], contention: Contention) -> Callable[[Sequence[str]], float]:
-    return lambda order: two_lane_makespan(order, durations, graph.lanes, graph.deps, contention).makespan
+    return lambda order: two_lane_makespan(order, durations, graph.lanes, graph.deps, contention, graph.classes).makespan
 
 
 def schedule_pair(a: Bundle, b: Bundle, backend: str = "analytic", *, budget: int = 4000,
@@ -756,9 +760,9 @@ def _analytic_result(a: Bundle, b: Bundle, *, order: Sequence[str] | None, conte
         chosen = tuple(order)
     else:
         chosen = sched.order
-    together = two_lane_makespan(chosen, durations, graph.lanes, graph.deps, cont)
-    alone_a = two_lane_makespan(graph.of("a"), durations, graph.lanes, graph.deps, cont)
-    alone_b = two_lane_makespan(graph.of("b"), durations, graph.lanes, graph.deps, cont)
+    together = two_lane_makespan(chosen, durations, graph.lanes, graph.deps, cont, graph.classes)
+    alone_a = two_lane_makespan(graph.of("a"), durations, graph.lanes, graph.deps, cont, graph.classes)
+    alone_b = two_lane_makespan(graph.of("b"), durations, graph.lanes, graph.deps, cont, graph.classes)
     alone = {**alone_a.spans, **alone_b.spans}
     inflation = {}
     for k in graph.keys:
@@ -772,7 +776,8 @@ def _analytic_result(a: Bundle, b: Bundle, *, order: Sequence[str] | None, conte
     meta.update({
         "backend": "analytic", "date": _now(),
         "device": f"analytic model of {cm.cluster.gpu.name}" if cm is not None else "analytic model (given durations)",
-        "contention": {"compute": cont.compute, "comm": cont.comm},
+        "contention": {"compute": cont.compute, "comm": cont.comm, "memory": cont.memory,
+                       "comm_beside_memory": cont.comm_beside_memory},
         "cost_assumptions": dict(cm.a) if cm is not None else None,
         "dtype": (a.parallel.dtype if a.parallel else None), "shapes": {"a": bundle_shapes(a), "b": bundle_shapes(b)},
         "repeats": 1, "spread": "none (deterministic model)", "size_factor": 1.0, "comm_proxy": None,

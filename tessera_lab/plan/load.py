@@ -32,7 +32,8 @@ from tessera_lab.plan.stages import build_stage_model
 
 _VARIANT = re.compile(r"^(?P<base>[^\[]+)\[(?P<changes>[^\]]*)\]$")
 PARALLEL_KEYS = ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
-                 "distributed_optimizer", "schedule")
+                 "distributed_optimizer", "schedule", "dispatcher", "recompute", "precision", "grad_reduce_dtype",
+                 "expert_load", "grouped_gemm", "fused_cross_entropy")
 
 
 def model_from_name(name: str) -> ModelSpec:

@@ -24,7 +24,7 @@ from tessera_lab.cost.source import CostSource, analytic_source, profile_source
 from tessera_lab.errors import ConfigError, PartitionError, TesseraError
 from tessera_lab.model.hardware import Cluster, ParallelConfig, check_fits, cluster_for
 from tessera_lab.model.spec import ModelSpec
-from tessera_lab.model.tasks import model_flops_per_iteration
+from tessera_lab.model.tasks import model_flops_per_iteration, routing_load_note
 from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, evaluate
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
 from tessera_lab.plan.partition import Partition, PartitionProblem, score_boundaries, solve, uniform_boundaries
@@ -118,7 +118,8 @@ class Plan:
             "memory_capacity_bytes": self.memory_capacity_bytes,
             "parallel": {k: getattr(self.parallel, k) for k in (
                 "pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
-                "distributed_optimizer", "schedule")},
+                "distributed_optimizer", "schedule", "dispatcher", "recompute", "precision", "grad_reduce_dtype",
+                "expert_load", "grouped_gemm", "fused_cross_entropy")},
             "notes": self.notes,
         }
         if self.schedule_trials:
@@ -204,6 +205,8 @@ def make_plan(
     flops = model_flops_per_iteration(model, parallel)
     source = profile_source(profile) if profile is not None else analytic_source()
     notes = []
+    if model.has_moe and parallel.ep > 1:
+        notes.append(routing_load_note(model, parallel))
     if profile is not None:
         notes.append(f"layer-pair costs from profile {profile.path or '(in memory)'}: backend {profile.backend}, "
                      f"device {profile.environment.get('device', '?')}, size factor {profile.size_factor:g}; its "

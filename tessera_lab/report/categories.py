@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tessera_lab.cost.analytic import Contention, CostModel, two_lane_makespan
+from tessera_lab.cost.contention import kernel_class
 from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import MODEL_FLOP_OPS, Task, decompose
@@ -153,7 +154,8 @@ def lane_breakdown(
         deps: key -> keys it waits for; tasks: key -> :class:`~tessera_lab.model.tasks.Task` (op, FLOPs, collective).
         contention: the cost model's contention; peak_flops: FLOP/s; launch_s: seconds per compute kernel.
     """
-    res = two_lane_makespan(tuple(order), durations, lanes, deps, contention)
+    classes = {k: kernel_class(t.op, t.is_comm) for k, t in tasks.items()}  # as the cost model runs them
+    res = two_lane_makespan(tuple(order), durations, lanes, deps, contention, classes)
     parts: dict[str, float] = defaultdict(float)
     comm_total: dict[str, float] = defaultdict(float)
     comp_iv = []

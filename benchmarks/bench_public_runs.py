@@ -1,0 +1,123 @@
+"""Predicted vs published training throughput for public runs (the cost model checked against the field).
+
+Plans every run of ``data/published/megatron_bridge.json`` (NVIDIA Megatron-Bridge performance summary pages:
+model, GPU count, parallel sizes, precision, dispatcher and recompute as the page and its recipe state) with the
+analytic cost model, and prints predicted vs published Model TFLOP/s per GPU (Megatron-LM model-FLOPs
+convention, the pages' metric), each with its source, then the median |error|. Target: <= 25% on the median.
+
+Layout mapping (stated per run): Megatron's data-parallel size ``DP = GPUs / (TP * PP)``; our non-expert
+data-parallel group is ``ep * dp``, so ``ep = EP`` and ``dp = DP / EP``; where Megatron spreads EP over TP x DP
+ranks (EP > DP), our layout keeps experts inside DP, so TP is folded into EP (``tp = 1``, same GPUs, same expert
+sharding and per-GPU work, no TP all-reduces; the run says so). Micro-batches per pipeline ``m = GBS / (MBS * DP)``; schedule ``1f1b`` (the planner plans one stage per
+rank; the page's VP would shrink the bubble ``(p-1)/m`` by 1/VP, small at these ``m``; each run says so), or
+``overlapped`` where the recipe overlaps EP communication with another micro-batch
+(``overlap_moe_expert_parallel_comm``). Rows marked ``reference_only`` are printed but left out of the median. Tokens are balanced (``expert_load = 1``) as the pages state.
+
+Run: python benchmarks/bench_public_runs.py [--json PATH]   (analytic: no GPU needed; a few seconds per run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def parallel_for(run: dict):
+    """The ParallelConfig and the mapping notes of a published run (mapping in the module docstring)."""
+    from tessera_lab.model.hardware import ParallelConfig
+
+    tp, pp, vp = run["tp"], run["pp"], run["vp"] or 1
+    dp_megatron = run["gpus"] // (tp * pp)
+    notes = []
+    if run["ep"] > dp_megatron:  # Megatron spreads EP over TP x DP; our EP lives inside DP: fold TP into it
+        notes.append(f"EP {run['ep']} spans TP {tp} x DP {dp_megatron} in Megatron; planned as tp=1, ep={run['ep']} "
+                     "(same GPUs, expert sharding and per-GPU work; no TP all-reduces)")
+        tp = 1
+        dp_megatron = run["gpus"] // pp
+    ep = run["ep"]
+    dp = dp_megatron // ep
+    m = run["gbs"] // (run["mbs"] * dp_megatron)
+    if vp > 1:  # the planner plans one stage per rank; interleaving only shrinks the bubble (p-1)/m by 1/VP
+        notes.append(f"VP {vp} planned as 1f1b (bubble (p-1)/m = {(pp - 1) / m:.3f} instead of {(pp - 1) / (vp * m):.3f})")
+    schedule = "overlapped" if run.get("ep_overlap") else "1f1b"
+    par = ParallelConfig(pp=pp, vpp=1, tp=tp, ep=ep, dp=dp, microbatches=m,
+                         micro_batch_size=run["mbs"], seq_len=run["seq_len"], schedule=schedule,
+                         precision=run["precision"], dispatcher=run["dispatcher"], recompute=run["recompute"],
+                         grad_reduce_dtype=run.get("grad_reduce_dtype", "fp32"), expert_load=1.0,
+                         fused_cross_entropy=True)  # _benchmark_common: cross_entropy_fusion_impl = "te"
+    return par, notes
+
+
+def predict(run: dict) -> dict:
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.make import make_plan
+
+    from tessera_lab.errors import InfeasiblePlanError
+
+    par, notes = parallel_for(run)
+    model = load_model(run["model"])
+    t0 = time.perf_counter()
+    try:
+        plan = make_plan(model, par, gpu=run["gpu"], baselines=(), time_limit_s=5.0)
+    except InfeasiblePlanError as exc:
+        if par.schedule != "overlapped":
+            raise
+        # our overlapped 1F1B warms up 2 (p - s) micro-batches (Megatron's combined 1F1B about p - s + 1)
+        notes.append(f"overlapped schedule does not fit ({exc}); planned as 1f1b (EP communication not overlapped "
+                     "with another micro-batch: a lower bound)")
+        par = par.replace(schedule="1f1b")
+        plan = make_plan(model, par, gpu=run["gpu"], baselines=(), time_limit_s=5.0)
+    ev = plan.chosen
+    tflops = plan.model_flops / (ev.iteration_time_s * par.world_size) / 1e12
+    return {
+        "id": run["id"], "published_tflops_per_gpu": run["model_tflops_per_gpu"],
+        "predicted_tflops_per_gpu": tflops, "error": tflops / run["model_tflops_per_gpu"] - 1.0,
+        "predicted_mfu_bf16_peak": ev.mfu, "iteration_time_s": ev.iteration_time_s, "fits_memory": ev.fits_memory,
+        "peak_memory_gib": max(st.memory_bytes for st in ev.stages) / 2**30,
+        "capacity_gib": plan.memory_capacity_bytes / 2**30,
+        "parallel": {k: getattr(par, k) for k in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "schedule",
+                                                  "precision", "dispatcher", "recompute")},
+        "mapping_notes": notes, "reference_only": bool(run.get("reference_only")), "source": f"Megatron-Bridge {run['container']}: {run['source']}",
+        "plan_s": time.perf_counter() - t0,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", metavar="PATH", help="write the rows and the median |error| as JSON")
+    args = ap.parse_args()
+    data = json.loads((ROOT / "data" / "published" / "megatron_bridge.json").read_text())
+    rows = []
+    for run in data["runs"]:
+        try:
+            rows.append(predict(run))
+        except Exception as exc:  # noqa: BLE001 - a benchmark prints what failed and goes on
+            print(f"{run['id']}: not planned: {exc}")
+    print("costs: analytic (cost model of data/hardware/cost_model.json; no measured profile)")
+    print(f"{'run':48s} {'published':>9s} {'predicted':>9s} {'error':>7s} {'mem GiB':>13s}  source")
+    for r in rows:
+        mem = f"{r['peak_memory_gib']:.1f}/{r['capacity_gib']:.1f}" + ("" if r["fits_memory"] else "!")
+        tag = " (reference only)" if r["reference_only"] else ""
+        print(f"{r['id'] + tag:48s} {r['published_tflops_per_gpu']:9.0f} {r['predicted_tflops_per_gpu']:9.1f} "
+              f"{r['error']:+7.1%} {mem:>13s}  {r['source']}")
+        for n in r["mapping_notes"]:
+            print(f"{'':48s}   note: {n}")
+    counted = [r for r in rows if not r["reference_only"]]
+    med = statistics.median(abs(r["error"]) for r in counted) if counted else float("nan")
+    print(f"median |error| over {len(counted)} published runs (latest container per model and GPU): {med:.1%} "
+          f"(target <= 25%); reference-only rows: {', '.join(r['id'] for r in rows if r['reference_only']) or 'none'}")
+    if args.json:
+        from tessera_lab.io import write_json
+
+        write_json(args.json, {"rows": rows, "median_abs_error": med, "source_pages": data["source_pages"]})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Hugging Face ``config.json`` families: layer kinds, :class:`LayerSpec`, and one builder per ``model_type``
+that turns a parsed config into the keyword arguments of :class:`~tessera_lab.model.spec.ModelSpec`.
+
+Each builder follows the layer rules of ``transformers/models/<type>/configuration_<type>.py`` and raises
+:class:`~tessera_lab.errors.ConfigError` naming the config field and its allowed range. This module never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from tessera_lab.errors import ConfigError
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "deepseek_v3", "mixtral")
+
+#: Mixer kinds (DESIGN section 3).
+LINEAR_ATTENTION = "linear_attention"
+FULL_ATTENTION = "full_attention"
+#: FFN kinds.
+MOE = "moe"
+DENSE = "dense"
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One decoder layer.
+
+    Attributes:
+        index: 0-based layer index.
+        mixer: ``"linear_attention"`` or ``"full_attention"``.
+        attention: the mixer's implementation: ``"gated_deltanet"``, ``"gated_gqa"`` (Qwen3-Next
+            full attention with an output gate), ``"gqa"`` (Qwen3, Mixtral) or ``"mla"`` (DeepSeek-V3).
+        ffn: ``"moe"`` or ``"dense"``.
+    """
+
+    index: int
+    mixer: str
+    attention: str
+    ffn: str
+
+    @property
+    def kind(self) -> str:
+        """Short label such as ``"linear_attention+moe"``."""
+        return f"{self.mixer}+{self.ffn}"
+
+
+def req_int(cfg: Mapping[str, Any], key: str, *, minimum: int = 1, allowed: str = "an integer >= 1") -> int:
+    """An integer config field >= ``minimum``; ConfigError naming the field when missing or out of range."""
+    if key not in cfg or cfg[key] is None:
+        raise ConfigError(f"config field '{key}' is missing; allowed: {allowed}")
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        raise ConfigError(f"config field '{key}' = {value!r} is not an integer; allowed: {allowed}")
+    if value < minimum:
+        raise ConfigError(f"config field '{key}' = {value!r} is out of range; allowed: {allowed}")
+    return int(value)
+
+
+def opt_int(cfg: Mapping[str, Any], key: str, default: int, *, minimum: int = 1) -> int:
+    """An optional integer config field (``default`` when absent or null), checked like :func:`req_int`."""
+    if cfg.get(key) is None:
+        return default
+    return req_int(cfg, key, minimum=minimum, allowed=f"an integer >= {minimum}")
+
+
+def _moe_rule_qwen(cfg: Mapping[str, Any], n_layers: int, num_experts: int) -> list[str]:
+    """transformers Qwen3-MoE / Qwen3-Next rule: a layer is MoE when it is not in ``mlp_only_layers``,
+    there are experts, and ``(i + 1) % decoder_sparse_step == 0``."""
+    step = opt_int(cfg, "decoder_sparse_step", 1)
+    mlp_only = cfg.get("mlp_only_layers") or []
+    if not isinstance(mlp_only, (list, tuple)) or any(not isinstance(i, int) or not 0 <= i < n_layers for i in mlp_only):
+        raise ConfigError(f"config field 'mlp_only_layers' must list layer indices in 0..{n_layers - 1}")
+    return [MOE if (i not in mlp_only and num_experts > 0 and (i + 1) % step == 0) else DENSE for i in range(n_layers)]
+
+
+def _gqa_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    nh = req_int(cfg, "num_attention_heads")
+    nkv = opt_int(cfg, "num_key_value_heads", nh)
+    h = req_int(cfg, "hidden_size")
+    head_dim = opt_int(cfg, "head_dim", h // nh if h % nh == 0 else 0)
+    if head_dim < 1:
+        raise ConfigError("config field 'head_dim' is missing and hidden_size is not a multiple of num_attention_heads")
+    return {"num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": head_dim}
+
+
+def _layers(mixers: list[str], attentions: list[str], ffns: list[str]) -> tuple[LayerSpec, ...]:
+    return tuple(LayerSpec(i, m, a, f) for i, (m, a, f) in enumerate(zip(mixers, attentions, ffns)))
+
+
+def _from_qwen3(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    n = req_int(cfg, "num_hidden_layers")
+    return dict(
+        **_gqa_fields(cfg),
+        qk_norm=True,
+        intermediate_size=req_int(cfg, "intermediate_size"),
+        layers=_layers([FULL_ATTENTION] * n, ["gqa"] * n, [DENSE] * n),
+    )
+
+
+def _moe_common(cfg: Mapping[str, Any], experts_key: str) -> dict[str, Any]:
+    num_experts = req_int(cfg, experts_key)
+    topk = req_int(cfg, "num_experts_per_tok", allowed=f"1 to {experts_key} = {num_experts}")
+    if topk > num_experts:
+        raise ConfigError(
+            f"config field 'num_experts_per_tok' = {topk} is out of range; allowed: 1 to {experts_key} = {num_experts}"
+        )
+    return {"num_experts": num_experts, "num_experts_per_tok": topk}
+
+
+def _from_qwen3_moe(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    n = req_int(cfg, "num_hidden_layers")
+    moe = _moe_common(cfg, "num_experts")
+    ffns = _moe_rule_qwen(cfg, n, moe["num_experts"])
+    return dict(
+        **_gqa_fields(cfg),
+        **moe,
+        qk_norm=True,
+        moe_intermediate_size=req_int(cfg, "moe_intermediate_size"),
+        intermediate_size=opt_int(cfg, "intermediate_size", 0, minimum=0),
+        layers=_layers([FULL_ATTENTION] * n, ["gqa"] * n, ffns),
+    )
+
+
+def _from_qwen3_next(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    n = req_int(cfg, "num_hidden_layers")
+    interval = opt_int(cfg, "full_attention_interval", 4)
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        # transformers Qwen3NextConfig rule
+        layer_types = [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(n)]
+    if not isinstance(layer_types, (list, tuple)) or len(layer_types) != n:
+        got = len(layer_types) if isinstance(layer_types, (list, tuple)) else type(layer_types).__name__
+        raise ConfigError(f"config field 'layer_types' has {got} entries; allowed: exactly num_hidden_layers = {n}")
+    bad = [t for t in layer_types if t not in (FULL_ATTENTION, LINEAR_ATTENTION)]
+    if bad:
+        raise ConfigError(
+            f"config field 'layer_types' has unknown entry {bad[0]!r}; allowed: 'linear_attention', 'full_attention'"
+        )
+    moe = _moe_common(cfg, "num_experts")
+    ffns = _moe_rule_qwen(cfg, n, moe["num_experts"])
+    shared = opt_int(cfg, "shared_expert_intermediate_size", 0, minimum=0)
+    return dict(
+        **_gqa_fields(cfg),
+        **moe,
+        qk_norm=True,
+        linear_num_key_heads=req_int(cfg, "linear_num_key_heads"),
+        linear_num_value_heads=req_int(cfg, "linear_num_value_heads"),
+        linear_key_head_dim=req_int(cfg, "linear_key_head_dim"),
+        linear_value_head_dim=req_int(cfg, "linear_value_head_dim"),
+        linear_conv_kernel_dim=req_int(cfg, "linear_conv_kernel_dim"),
+        full_attention_interval=interval,
+        moe_intermediate_size=req_int(cfg, "moe_intermediate_size"),
+        intermediate_size=opt_int(cfg, "intermediate_size", 0, minimum=0),
+        shared_expert_intermediate_size=shared,
+        shared_expert_gate=shared > 0,
+        layers=_layers(
+            list(layer_types),
+            ["gated_gqa" if t == FULL_ATTENTION else "gated_deltanet" for t in layer_types],
+            ffns,
+        ),
+    )
+
+
+def _from_deepseek_v3(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    n = req_int(cfg, "num_hidden_layers")
+    moe = _moe_common(cfg, "n_routed_experts")
+    first_dense = opt_int(cfg, "first_k_dense_replace", 0, minimum=0)
+    freq = opt_int(cfg, "moe_layer_freq", 1)
+    ffns = [MOE if (i >= first_dense and i % freq == 0) else DENSE for i in range(n)]
+    width = req_int(cfg, "moe_intermediate_size")
+    n_shared = opt_int(cfg, "n_shared_experts", 0, minimum=0)
+    return dict(
+        num_attention_heads=req_int(cfg, "num_attention_heads"),
+        num_key_value_heads=opt_int(cfg, "num_key_value_heads", 1),
+        head_dim=req_int(cfg, "qk_nope_head_dim") + req_int(cfg, "qk_rope_head_dim"),
+        q_lora_rank=cfg.get("q_lora_rank") or None,
+        kv_lora_rank=req_int(cfg, "kv_lora_rank"),
+        qk_nope_head_dim=req_int(cfg, "qk_nope_head_dim"),
+        qk_rope_head_dim=req_int(cfg, "qk_rope_head_dim"),
+        v_head_dim=req_int(cfg, "v_head_dim"),
+        intermediate_size=req_int(cfg, "intermediate_size"),
+        moe_intermediate_size=width,
+        shared_expert_intermediate_size=n_shared * width,
+        router_bias=cfg.get("topk_method") == "noaux_tc",
+        n_group=opt_int(cfg, "n_group", 1),
+        topk_group=opt_int(cfg, "topk_group", 1),
+        layers=_layers([FULL_ATTENTION] * n, ["mla"] * n, ffns),
+        **moe,
+    )
+
+
+def _from_mixtral(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    n = req_int(cfg, "num_hidden_layers")
+    moe = _moe_common(cfg, "num_local_experts")
+    width = req_int(cfg, "intermediate_size")
+    return dict(
+        **_gqa_fields(cfg),
+        **moe,
+        moe_intermediate_size=width,
+        intermediate_size=width,
+        layers=_layers([FULL_ATTENTION] * n, ["gqa"] * n, [MOE] * n),
+    )
+
+#: ``model_type`` -> builder of ModelSpec keyword arguments
+BUILDERS = {
+    "qwen3": _from_qwen3,
+    "qwen3_moe": _from_qwen3_moe,
+    "qwen3_next": _from_qwen3_next,
+    "deepseek_v3": _from_deepseek_v3,
+    "mixtral": _from_mixtral,
+}

@@ -1,0 +1,46 @@
+"""The published runs of benchmarks/bench_public_runs.py: every run has its source, and the layout mapping
+gives the hand-worked parallel sizes (planning them is the benchmark's job, not a test's)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_public_runs", ROOT / "benchmarks" / "bench_public_runs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _runs() -> dict:
+    data = json.loads((ROOT / "data" / "published" / "megatron_bridge.json").read_text())
+    return {r["id"]: r for r in data["runs"]}
+
+
+def test_every_run_has_a_source_and_four_count():
+    runs = _runs()
+    counted = [r for r in runs.values() if not r.get("reference_only")]
+    assert len(counted) >= 4
+    for r in runs.values():
+        assert r["source"] and r["recipe"] and r["container"] and r["model_tflops_per_gpu"] > 0
+
+
+def test_layout_mapping_by_hand():
+    bench, runs = _bench(), _runs()
+    # Qwen3-235B-A22B on 256 H100, TP 2 PP 8 EP 32: Megatron DP = 256/16 = 16 < EP, so TP folds into EP:
+    # tp 1, ep 32, dp 1, m = 8192 / (1 * 32) = 256
+    par, notes = bench.parallel_for(runs["qwen3-235b-a22b/256xH100/fp8/tp2-pp8-vp4-ep32"])
+    assert (par.tp, par.ep, par.dp, par.pp, par.microbatches) == (1, 32, 1, 8, 256) and par.world_size == 256
+    assert par.schedule == "overlapped" and any("tp=1" in n for n in notes)
+    # DeepSeek-V3 on 1024 H100, TP 2 PP 8 EP 64: DP = 1024/16 = 64 = EP: tp 2, ep 64, dp 1, m = 8192/64 = 128
+    par, _ = bench.parallel_for(runs["deepseek-v3/1024xH100/fp8/tp2-pp8-vp4-ep64"])
+    assert (par.tp, par.ep, par.dp, par.pp, par.microbatches) == (2, 64, 1, 8, 128) and par.world_size == 1024
+    assert (par.precision, par.dispatcher, par.recompute, par.grad_reduce_dtype) == ("fp8", "deepep", "selective", "bf16")
+    # Qwen3-30B-A3B on 16 H100, EP 16, one stage: m = 1024 / 16 = 64, balanced tokens as the pages state
+    par, _ = bench.parallel_for(runs["qwen3-30b-a3b/16xH100/fp8/ep16"])
+    assert (par.pp, par.ep, par.microbatches, par.expert_load) == (1, 16, 64, 1.0)
