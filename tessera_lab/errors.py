@@ -45,3 +45,16 @@ class DeadlockError(TesseraError, RuntimeError):
 
 class ProfileError(TesseraError, ValueError):
     """A profile file is unreadable, of an unknown schema version, or stale."""
+
+
+class OutputError(TesseraError, OSError):
+    """An output cannot be written. The message names the user's path (never a temporary file) and the reason,
+    e.g. ``cannot write 'out/plan.json': Permission denied``; ``filename`` is the user's path."""
+
+    def __init__(self, errno: int | None, message: str, filename: str | None = None):
+        super().__init__(errno, message)
+        self.message = message
+        self.filename = filename
+
+    def __str__(self) -> str:
+        return self.message

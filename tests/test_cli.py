@@ -125,3 +125,28 @@ def test_config_that_is_not_an_object(tmp_path, capsys):
     cfg.write_text("[1, 2, 3]")
     assert main(["params", str(cfg)]) == 2
     assert "JSON object" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_cleanly_with_one_line():
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "tessera_lab", "simulate", "--stages", "64", "--microbatches",
+                             "7000", "--f", "1", "--b", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines() == ["tessera-lab simulate: interrupted"]
+
+
+def test_help_lists_defaults(capsys):
+    assert main(["plan", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--pp PP pipeline-parallel stages" in out and "(default: 8)" in out and "(default: 32)" in out
+
+
+def test_written_files_are_named_on_stderr(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["partition", "--costs", "1,2,3", "--stages", "2", "--json", str(out)]) == 0
+    assert f"result: {out}" in capsys.readouterr().err

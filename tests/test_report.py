@@ -328,7 +328,7 @@ def test_cli_report_json_and_plot(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, needle", [
     (["report", "--plan", "{missing}"], "plan"),
-    (["report", "--plan", "{bad_json}"], "not JSON"),
+    (["report", "--plan", "{bad_json}"], "not valid JSON"),
     (["report", "--plan", "{no_parallel}"], "plan.parallel"),
     (["report", "--diff", "colour=blue"], "colour=blue"),
     (["report", "--pp", "0"], "pp"),

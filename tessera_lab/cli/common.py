@@ -40,7 +40,9 @@ def emit(args: argparse.Namespace, result: Any, text: str) -> None:
         return
     print(text)
     if getattr(args, "json", None):
-        write_json(args.json, result)
+        import sys
+
+        print(f"result: {write_json(args.json, result)}", file=sys.stderr)
 
 
 def model_from_args(args: argparse.Namespace):

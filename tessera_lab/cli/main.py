@@ -1,46 +1,188 @@
 """The ``tessera-lab`` command line (DESIGN section 10): one module per subcommand under :mod:`tessera_lab.cli`.
 
 Every subcommand prints a readable table and accepts ``--json PATH`` (``--json -`` for stdout, which
-then replaces the table) to write its result. Bad input exits with status 2 and one line naming the
-field and the allowed range.
+then replaces the table) to write its result; the paths of written files are printed on stderr. Bad input
+exits with status 2 and one line naming the field and the allowed range; sizes over the work limits of
+:mod:`tessera_lab.checks` are refused up front (raise them with ``TESSERA_LAB_MAX_<NAME>``); Ctrl-C exits
+with status 130 and one line; a closed or broken stdout never prints a traceback.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import re
 import sys
+import warnings
 from typing import Sequence
 
+from tessera_lab.argtypes import finite_float, integer, positive_float
+from tessera_lab.checks import check_work
 from tessera_lab.cli import measure, models, partition, plan, report, reproduce, run, simulate
 from tessera_lab.cli.common import Parser, check_output_paths
-from tessera_lab.errors import TesseraError
+from tessera_lab.errors import ConfigError, TesseraError
 
 #: subcommand modules in the order ``tessera-lab --help`` lists them
 COMMANDS = (models, plan, partition, reproduce, simulate, measure, report, run)
 
+#: help of options whose subcommand module gives none (``--help`` shows help and the default of every option)
+OPTION_HELP = {
+    "--pp": "pipeline-parallel stages (ranks in one pipeline)",
+    "--vpp": "virtual stages (model chunks) per pipeline rank; > 1 needs an interleaved schedule",
+    "--ep": "expert-parallel ranks (the all-to-all group of each MoE layer)",
+    "--tp": "tensor-parallel ranks (must divide the attention heads)",
+    "--dp": "data-parallel replicas",
+    "--microbatches": "micro-batches per iteration (m)",
+    "--micro-batch-size": "sequences per micro-batch",
+    "--seq-len": "tokens per sequence",
+    "--method": "partition method: ilp (PuLP, exact DP fallback), dp (exact dynamic program) or uniform",
+    "--no-distributed-optimizer": "replicate optimizer state on every data-parallel rank (no ZeRO-1 sharding)",
+    "--top-k": "experts per token (num_experts_per_tok)",
+    "--num-experts": "routed experts per MoE layer",
+    "--layers": "number of decoder layers (the family's layer pattern is re-derived)",
+    "--p2p-latency": "latency of one point-to-point send between stages, same unit as --f",
+    "--time-limit": "ILP solver time limit, seconds (> 0)",
+    "--steps": "training steps",
+    "--lr": "learning rate (SGD)",
+    "--expert-width": "routed expert intermediate size",
+    "--capacity-factor": "drop expert assignments above ceil(cf x tokens x top_k / experts) per expert",
+    "--overlap": "how the two halves of an overlapped pair run: thread (concurrently) or serial",
+    "--grad-sync": "data-parallel gradient sum: ordered (all-gather, summed in replica order: deterministic) or allreduce",
+    "--backend": "torch.distributed backend: auto (NCCL with GPUs, else gloo), gloo or nccl",
+}
+
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*([eE][-+]?\d+)?|\.\d+([eE][-+]?\d+)?|inf|infinity|nan)$", re.IGNORECASE)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help with the default of every option that has one (unless its help already states it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (action.option_strings and default not in (None, False, argparse.SUPPRESS)
+                and "default" not in text.lower() and not isinstance(action, argparse._HelpAction)):
+            text += f" (default: {default})".replace("%", "%%")
+        return text
+
+
+def _walk_parsers(parser: argparse.ArgumentParser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                yield from _walk_parsers(child)
+
 
 def build_parser() -> Parser:
-    parser = Parser(prog="tessera-lab", description="Pipeline-parallel planning for hybrid MoE models.")
+    parser = Parser(prog="tessera-lab", description="Pipeline-parallel planning for hybrid MoE models.",
+                    formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
         command.add_parser(sub)
+    for p in _walk_parsers(parser):
+        p.formatter_class = HelpFormatter
+        p._negative_number_matcher = _NEGATIVE_NUMBER  # so "--f -inf" or "--seed -1e3" reach the type check
+        for action in p._actions:
+            if action.type is int:  # a bare int: accept 1e3, bound by the work limit, one clear line
+                action.type = integer(action.dest)
+            elif action.type is float:  # a bare float: finite only; timeouts and limits > 0
+                timed = "timeout" in action.dest or "time_limit" in action.dest
+                action.type = positive_float(action.dest) if timed else finite_float(action.dest)
+            if action.help is None and action.option_strings:
+                action.help = next((OPTION_HELP[o] for o in action.option_strings if o in OPTION_HELP), None)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``tessera-lab``; returns the exit status (0 ok, 2 bad input)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def check_work_limits(args: argparse.Namespace) -> None:
+    """Refuse, before any work, sizes over the work limits of :mod:`tessera_lab.checks`: every integer option
+    named in ``WORK_LIMITS``, the world size pp x dp x ep x tp, stages x vpp, and the length of ``--costs``.
+
+    Raises:
+        ConfigError: naming the option, the limit and the variable that raises it.
+    """
+    from tessera_lab.checks import WORK_LIMITS
+
+    for name, value in vars(args).items():
+        if name in WORK_LIMITS and isinstance(value, int) and not isinstance(value, bool):
+            check_work(name, value, field="--" + name.replace("_", "-"))
+    sizes = [getattr(args, k, None) for k in ("pp", "dp", "ep", "tp")]
+    if all(isinstance(v, int) for v in sizes):
+        world = sizes[0] * sizes[1] * sizes[2] * sizes[3]
+        check_work("world_size", world, field=f"world size pp x dp x ep x tp = {' x '.join(map(str, sizes))}")
+    stages = getattr(args, "stages", None) or getattr(args, "pp", None)
+    vpp = getattr(args, "vpp", None)
+    if isinstance(stages, int) and isinstance(vpp, int):
+        check_work("virtual_stages", stages * vpp, field=f"virtual stages {stages} x {vpp}")
+        m = getattr(args, "microbatches", None)
+        if isinstance(m, int):
+            check_work("actions", stages * vpp * m, field=f"stage-micro-batches {stages} x {vpp} x {m}")
+            if getattr(args, "schedule", None) in ("zb-auto", "auto"):  # a search: far more work per action
+                check_work("search_actions", stages * vpp * m,
+                           field=f"--schedule {args.schedule} over stages x vpp x micro-batches {stages} x {vpp} x {m}")
+    costs = getattr(args, "costs", None)
+    if isinstance(costs, list):
+        check_work("costs", len(costs), field="--costs (number of layers)")
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so the interpreter's final flush cannot fail."""
     try:
-        check_output_paths(args)
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, AttributeError, ValueError):
+        pass
+
+
+def _one_line_warning(command: str):
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ARG001 - warnings API
+        text = " ".join(str(message).split())
+        print(f"tessera-lab {command}: warning: {text}", file=file or sys.stderr)
+
+    return show
+
+
+def _run(args: argparse.Namespace) -> int:
+    if sys.stdout is None and getattr(args, "json", None) in (None, "-"):
+        raise ConfigError("standard output is closed; allowed: an open stdout, or --json PATH for the result")
+    for name in ("plot", "export", "trace", "profile_store", "out"):
+        if getattr(args, name, None) == "-":  # only --json may go to stdout; never a file literally named '-'
+            raise ConfigError(f"option --{name.replace('_', '-')} = '-': standard output takes only --json; "
+                              "allowed: a file path")
+    check_output_paths(args)
+    check_work_limits(args)
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning(args.command)  # one line per warning, no source line
         return int(args.func(args) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``tessera-lab``; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, already printed as one line)
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    prefix = f"tessera-lab {args.command}: error:"
+    try:
+        return _run(args)
     except TesseraError as exc:
-        print(f"tessera-lab {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prefix} {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # pragma: no cover - e.g. piping into head
+    except BrokenPipeError:  # the reader went away (e.g. piping into head): not an error of ours
+        _silence_stdout()
         return 0
+    except KeyboardInterrupt:
+        print(f"tessera-lab {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print(f"{prefix} out of memory; use smaller sizes (see the work limits in tessera_lab.checks)",
+              file=sys.stderr)
+        return 2
     except OSError as exc:  # unreadable input or unwritable output named by the user
         where = f" '{exc.filename}'" if getattr(exc, "filename", None) else ""
-        print(f"tessera-lab {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        print(f"{prefix} {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
 
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from tessera_lab.argtypes import nonneg_float, positive_int
+from tessera_lab.argtypes import positive_float, positive_int
+from tessera_lab.checks import env_name, work_limit
 from tessera_lab.cli.common import add_json, emit, table
+
+#: the largest per-layer cost accepted (any unit); larger values lose precision in the solver's sums
+MAX_COST = 1e12
 
 
 def _cost_list(text: str) -> list[float]:
@@ -16,9 +20,13 @@ def _cost_list(text: str) -> list[float]:
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"costs[{idx}] = {part!r} is not a number; allowed: comma-separated numbers >= 0") from None
-        if not v >= 0 or v == float("inf"):
-            raise argparse.ArgumentTypeError(f"costs[{idx}] = {part} is out of range; allowed: a finite number >= 0")
+        if not 0 <= v <= MAX_COST:
+            raise argparse.ArgumentTypeError(
+                f"costs[{idx}] = {part} is out of range; allowed: a finite number 0 to {MAX_COST:g}")
         out.append(v)
+        if len(out) > (limit := work_limit("costs")):
+            raise argparse.ArgumentTypeError(f"costs has more than {limit} entries, the work limit of this kind of "
+                                             f"machine (raise it with {env_name('costs')}=N)")
     return out
 
 
@@ -58,7 +66,7 @@ def add_parser(sub) -> None:
     p.add_argument("--vpp", type=positive_int("vpp"), default=1,
                    help="virtual stages per rank (stage s runs on rank s %% stages; needs --method ilp)")
     p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
-    p.add_argument("--time-limit", type=nonneg_float("time_limit"), default=10.0)
+    p.add_argument("--time-limit", type=positive_float("time_limit"), default=10.0)
     add_json(p)
     p.set_defaults(func=cmd_partition)
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from tessera_lab.argtypes import nonneg_float
+from tessera_lab.argtypes import positive_float
 from tessera_lab.cli.common import GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args, table
 from tessera_lab.model.spec import layer_summary
 
@@ -73,9 +73,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cluster = Cluster.dgx(args.gpu, args.nodes) if args.nodes else None
     profile = None
     if args.profile:
-        from tessera_lab.overlap.profiles import load_profile
+        import warnings
 
-        profile = load_profile(args.profile)
+        from tessera_lab.checks import profile_mismatches
+        from tessera_lab.errors import ProfileError
+        from tessera_lab.overlap.profiles import StaleProfileWarning, load_profile
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", StaleProfileWarning)  # reported below, once
+            profile = load_profile(args.profile)
+        wrong = profile_mismatches(profile, model.name, args.gpu)
+        if wrong and not args.allow_stale_profile:
+            raise ProfileError(f"profile '{args.profile}' does not match this plan ({'; '.join(wrong)}); re-measure "
+                               f"it (tessera-lab measure --backend {profile.backend} --model {model.name}) or pass "
+                               "--allow-stale-profile to use it anyway")
+        if wrong:
+            warnings.warn(f"using profile '{args.profile}' although it does not match ({'; '.join(wrong)})",
+                          StaleProfileWarning, stacklevel=1)
     plan = make_plan(model, parallel, cluster, method=args.method, objective=args.objective,
                      time_limit_s=args.time_limit, gpu=args.gpu, profile=profile)
     emit(args, plan.as_dict(), format_plan(plan))
@@ -102,11 +116,14 @@ def add_parser(sub) -> None:
     p.add_argument("--objective", default="auto", choices=["auto", "bottleneck", "schedule"],
                    help="auto (default): solve the schedule-aware and the bottleneck objective, start from the "
                         "fastest in simulation (baselines included) and refine by simulation")
-    p.add_argument("--time-limit", type=nonneg_float("time_limit"), default=10.0, help="ILP time limit, seconds")
+    p.add_argument("--time-limit", type=positive_float("time_limit"), default=10.0, help="ILP time limit, seconds")
     p.add_argument("--plot", metavar="PATH",
                    help="save figures: PATH.png gives PATH-stages.png (stage costs) and PATH-timeline.png (Gantt)")
     p.add_argument("--profile", metavar="PATH",
                    help="measured overlap profile (tessera-lab measure); layer-pair costs come from it")
+    p.add_argument("--allow-stale-profile", action="store_true",
+                   help="use a --profile of another model or device, or a stale one, with a warning instead of "
+                        "refusing it")
     p.add_argument("--export", metavar="PATH",
                    help="write the plan as schema-versioned JSON with Megatron-LM layout, DeepSpeed parts and "
                         "torch.distributed.pipelining split points")

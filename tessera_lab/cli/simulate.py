@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from tessera_lab.argtypes import nonneg_float, positive_int
+from tessera_lab.argtypes import nonneg_float, positive_float, positive_int
 from tessera_lab.cli.common import add_json, emit, table
 
 
@@ -37,11 +38,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     emit(args, result, text)
     if args.trace:
         tl.to_chrome_trace(args.trace)
+        print(f"trace: {args.trace}", file=sys.stderr)
     if args.plot:
         from tessera_lab.ui.plots import gantt
 
         ax = gantt(tl, title=f"{sched.name}: p={args.stages}, m={args.microbatches}")
-        ax.figure.savefig(args.plot, dpi=120, bbox_inches="tight")
+        from tessera_lab.io import save_figure
+
+        print(f"figure: {save_figure(ax.figure, args.plot)}", file=sys.stderr)
     return 0
 
 
@@ -59,11 +63,14 @@ def _simulate_routed(args: argparse.Namespace) -> int:
     tl = timelines.get("dynamic", timelines["static"])
     if args.trace:
         tl.to_chrome_trace(args.trace)
+        print(f"trace: {args.trace}", file=sys.stderr)
     if args.plot:
         from tessera_lab.ui.plots import gantt_pair
 
         fig = gantt_pair(timelines.get("static"), timelines.get("dynamic"))
-        fig.savefig(args.plot, dpi=120, bbox_inches="tight")
+        from tessera_lab.io import save_figure
+
+        print(f"figure: {save_figure(fig, args.plot)}", file=sys.stderr)
     return 0
 
 
@@ -78,7 +85,7 @@ def add_parser(sub) -> None:
                         "v times the work), any time unit (seconds if you want units)")
     p.add_argument("--b", type=nonneg_float("b"), required=True, help="full backward time (input + weight gradient) of one stage or chunk, same unit as --f")
     p.add_argument("--w", type=nonneg_float("w"), default=None, help="weight-gradient part of --b (zero-bubble schedules split B into I = b - w and W = w)")
-    p.add_argument("--fb", type=nonneg_float("fb"), default=None, help="time of an overlapped F+B pair (default f + b: no overlap gain)")
+    p.add_argument("--fb", type=positive_float("fb"), default=None, help="time of an overlapped F+B pair (default f + b: no overlap gain)")
     p.add_argument("--p2p-latency", type=nonneg_float("p2p_latency"), default=0.0)
     p.add_argument("--memory-budget", type=nonneg_float("memory_budget"), default=None, metavar="K",
                    help="zb-auto only: activations a rank may hold, in micro-batches (default 2p-1; p with --vpp 2)")

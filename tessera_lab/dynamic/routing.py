@@ -79,6 +79,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from tessera_lab.checks import check_int, check_work
 from tessera_lab.errors import ConfigError
 
 __all__ = [
@@ -596,10 +597,11 @@ def load_routing_log(source: str | os.PathLike | Mapping | Sequence, *, top_k: i
     obj: Any = source
     if isinstance(source, (str, os.PathLike)):
         src_name = str(source)
-        try:
-            obj = json.loads(Path(source).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"routing log {src_name}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        from tessera_lab.io import read_json
+
+        if not Path(source).exists():
+            raise FileNotFoundError(2, "routing log does not exist", src_name)
+        obj = read_json(source, "routing log")
     meta: Mapping = {}
     if isinstance(obj, Mapping):
         meta = obj
@@ -624,25 +626,32 @@ def load_routing_log(source: str | os.PathLike | Mapping | Sequence, *, top_k: i
     for n, rec in enumerate(records):
         if not isinstance(rec, Mapping) or "layer" not in rec or "routed" not in rec:
             raise ConfigError(f"routing log {src_name}: record {n} needs fields 'layer' and 'routed'")
-        routed = [int(x) for x in rec["routed"]]
-        if any(x < 0 for x in routed):
-            raise ConfigError(f"routing log {src_name}: record {n} field 'routed' has negative counts")
+        where = f"routing log {src_name}: record {n}"
+        if not isinstance(rec["routed"], (list, tuple)):
+            raise ConfigError(f"{where} field 'routed' must be a list of token counts per expert")
+        check_work("experts", len(rec["routed"]), field="field 'routed' (experts)", where=where)
+        routed = [check_int(x, f"routed[{i}]", low=0, high=1 << 40, where=where) for i, x in enumerate(rec["routed"])]
         if E is None:
             E = len(routed)
         if len(routed) != E:
             raise ConfigError(f"routing log {src_name}: record {n} has {len(routed)} experts; allowed: {E}")
-        step, layer, grp = int(rec.get("step", 0)), int(rec["layer"]), int(rec.get("group", 0))
+        step = check_int(rec.get("step", 0), "step", low=0, where=where, limit="steps")
+        layer = check_int(rec["layer"], "layer", low=0, where=where, limit="layers")
+        grp = check_int(rec.get("group", 0), "group", low=0, where=where, limit="groups")
         key = (grp, step, layer)
         mb = rec.get("microbatch")
-        mb = next_mb.get(key, 0) if mb is None else int(mb)
+        mb = next_mb.get(key, 0) if mb is None else check_int(mb, "microbatch", low=0, where=where,
+                                                                 limit="microbatches")
         next_mb[key] = max(next_mb.get(key, 0), mb + 1)
         rows.append((grp, step, layer, mb, routed))
         if rec.get("tokens") is not None:
-            token_fields.append(int(rec["tokens"]))
+            token_fields.append(check_int(rec["tokens"], "tokens", low=0, where=where, limit="tokens"))
     layer_ids = sorted({r[2] for r in rows})
     lpos = {l: i for i, l in enumerate(layer_ids)}
     steps = 1 + max(r[1] for r in rows)
     mbs = 1 + max(r[3] for r in rows)
+    check_work("routing_cells", steps * len(layer_ids) * mbs * E * len({r[0] for r in rows}),
+               field="steps x layers x micro-batches x experts x groups", where=f"routing log {src_name}")
     counts: dict[int, np.ndarray] = {}
     for grp, step, layer, mb, routed in rows:
         arr = counts.setdefault(grp, np.zeros((steps, len(layer_ids), mbs, E), dtype=np.int64))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from tessera_lab.checks import check_work
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.layout import RankGrid
 from tessera_lab.paths import data_dir
@@ -238,6 +239,8 @@ class ParallelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"field '{name}' = {value!r} is out of range; allowed: an integer >= 1")
+            check_work(name, value, field=f"field '{name}'")  # work limits of tessera_lab.checks
+        check_work("world_size", self.pp * self.dp * self.ep * self.tp, field="field 'pp x dp x ep x tp'")
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError(f"field 'dtype' = {self.dtype!r} is unknown; allowed: {', '.join(DTYPE_BYTES)}")
         for name, allowed in (("dispatcher", DISPATCHERS), ("recompute", RECOMPUTE), ("precision", PRECISIONS),

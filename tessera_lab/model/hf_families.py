@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from tessera_lab.checks import MAX_CONFIG_INT, check_int
 from tessera_lab.errors import ConfigError
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "deepseek_v3", "mixtral")
@@ -45,23 +46,22 @@ class LayerSpec:
         return f"{self.mixer}+{self.ffn}"
 
 
-def req_int(cfg: Mapping[str, Any], key: str, *, minimum: int = 1, allowed: str = "an integer >= 1") -> int:
-    """An integer config field >= ``minimum``; ConfigError naming the field when missing or out of range."""
+def req_int(cfg: Mapping[str, Any], key: str, *, minimum: int = 1, allowed: str | None = None) -> int:
+    """An integer config field in ``[minimum, MAX_CONFIG_INT]`` (layer counts: the ``layers`` work limit of
+    :mod:`tessera_lab.checks`); ConfigError naming the field when missing, not an integer (NaN, inf, a string, a
+    fraction) or out of range."""
     if key not in cfg or cfg[key] is None:
-        raise ConfigError(f"config field '{key}' is missing; allowed: {allowed}")
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise ConfigError(f"config field '{key}' = {value!r} is not an integer; allowed: {allowed}")
-    if value < minimum:
-        raise ConfigError(f"config field '{key}' = {value!r} is out of range; allowed: {allowed}")
-    return int(value)
+        raise ConfigError(f"config field '{key}' is missing; allowed: {allowed or f'an integer >= {minimum}'}")
+    layers = key in ("num_hidden_layers", "num_layers")
+    return check_int(cfg[key], key, low=minimum, high=None if layers else MAX_CONFIG_INT, allowed=allowed,
+                     limit="layers" if layers else None, noun="config field")
 
 
 def opt_int(cfg: Mapping[str, Any], key: str, default: int, *, minimum: int = 1) -> int:
     """An optional integer config field (``default`` when absent or null), checked like :func:`req_int`."""
     if cfg.get(key) is None:
         return default
-    return req_int(cfg, key, minimum=minimum, allowed=f"an integer >= {minimum}")
+    return req_int(cfg, key, minimum=minimum)
 
 
 def _moe_rule_qwen(cfg: Mapping[str, Any], n_layers: int, num_experts: int) -> list[str]:

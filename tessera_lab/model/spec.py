@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.io import read_json
 from tessera_lab.model.hf_families import (  # noqa: F401  (re-exported: the public names of model kinds)
     BUILDERS, DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MOE, SUPPORTED_MODEL_TYPES, LayerSpec, opt_int, req_int,
 )
@@ -113,12 +114,7 @@ class ModelSpec:
         """
         if isinstance(path_or_dict, (str, Path)):
             path = Path(path_or_dict)
-            try:
-                cfg = json.loads(path.read_text())
-            except FileNotFoundError:
-                raise ConfigError(f"config file '{path}' does not exist") from None
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"config file '{path}' is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+            cfg = read_json(path, "config file")
             if not isinstance(cfg, dict):
                 raise ConfigError(f"config file '{path}' holds a JSON {type(cfg).__name__}; allowed: a JSON object "
                                   "(a Hugging Face config.json)")
@@ -129,22 +125,29 @@ class ModelSpec:
             raise ConfigError(f"config must be a path or a dict, got {type(path_or_dict).__name__}")
         model_type = cfg.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
+            where = f"config file '{path_or_dict}': " if isinstance(path_or_dict, (str, Path)) else ""
             raise ConfigError(
-                f"config field 'model_type' = {model_type!r} is not supported; allowed: {', '.join(SUPPORTED_MODEL_TYPES)}"
+                f"{where}config field 'model_type' = {model_type!r} is not supported; allowed: "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         builder = BUILDERS[model_type]
-        kwargs = builder(cfg)
-        kwargs.update(
-            name=name or str(model_type),
-            model_type=model_type,
-            hidden_size=req_int(cfg, "hidden_size"),
-            vocab_size=req_int(cfg, "vocab_size"),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            source=str(cfg.get("_source", "")),
-            raw=cfg,
-        )
-        spec = cls(**kwargs)
-        spec.validate()
+        try:
+            kwargs = builder(cfg)
+            kwargs.update(
+                name=name or str(model_type),
+                model_type=model_type,
+                hidden_size=req_int(cfg, "hidden_size"),
+                vocab_size=req_int(cfg, "vocab_size"),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                source=str(cfg.get("_source", "")),
+                raw=cfg,
+            )
+            spec = cls(**kwargs)
+            spec.validate()
+        except ConfigError as exc:
+            if isinstance(path_or_dict, (str, Path)):
+                raise ConfigError(f"config file '{path_or_dict}': {exc}") from None
+            raise
         return spec
 
     def validate(self) -> None:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import importlib.metadata
-import json
 import math
 import platform
 import shutil
@@ -47,7 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from tessera_lab.checks import check_time
 from tessera_lab.errors import ConfigError, ProfileError
+from tessera_lab.io import read_json
 
 SCHEMA_VERSION = 1
 #: environment fields compared for staleness (a change in any makes a profile stale).
@@ -299,12 +300,21 @@ def validate_profile_data(data: Any, source: str = "profile") -> None:
     if not isinstance(entries, dict):
         raise ProfileError(f"{source}: field 'entries' must be an object")
     for key, e in entries.items():
+        if not isinstance(e, dict):
+            raise ProfileError(f"{source}: field 'entries[{key}]' must be an object")
         for name in ("kind_f", "kind_b") + _STAT_FIELDS + ("metadata",):
             if name not in e:
                 raise ProfileError(f"{source}: field 'entries[{key}].{name}' is missing")
         for name in _STAT_FIELDS:
             if not isinstance(e[name], dict) or "median" not in e[name] or "samples" not in e[name]:
                 raise ProfileError(f"{source}: field 'entries[{key}].{name}' needs 'median' and 'samples'")
+            # times are seconds: finite and >= 0 (tessera_lab.checks); a negative or NaN time is refused
+            check_time(e[name]["median"], f"entries[{key}].{name}.median", where=source, error=ProfileError)
+            samples = e[name]["samples"]
+            if not isinstance(samples, list):
+                raise ProfileError(f"{source}: field 'entries[{key}].{name}.samples' must be a list of seconds")
+            for i, v in enumerate(samples):
+                check_time(v, f"entries[{key}].{name}.samples[{i}]", where=source, error=ProfileError)
 
 
 def stale_reasons(profile: Profile, environment: Mapping[str, Any] | None = None) -> list[str]:
@@ -345,16 +355,7 @@ def load_profile(path: str | Path, *, check_stale: bool = True, environment: Map
             entry (naming the field).
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProfileError(f"profile '{path}' does not exist") from None
-    except OSError as exc:
-        raise ProfileError(f"profile '{path}' cannot be read: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"profile '{path}' is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(path, "profile", error=ProfileError)  # UTF-8, size, depth, finiteness
     validate_profile_data(data, f"profile '{path}'")
     prof = Profile(data, path)
     if check_stale:

@@ -5,17 +5,18 @@ pipeline rank, with a ``compute`` thread and a ``comm`` thread; each action is a
 (``"ph": "X"``) event with its stage, micro-batch and type in ``args``. Times are written in
 microseconds, as the format requires (the timeline itself is in seconds).
 
-The file is written atomically (temporary file in the same folder, then ``os.replace``), so a
-reader never sees half a trace.
+The file is written with :func:`tessera_lab.io.atomic_write_text` (atomic for regular files, so a reader never
+sees half a trace; devices and symlinks are written, not replaced).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from tessera_lab.io import atomic_write_text
 
 __all__ = ["chrome_trace_dict", "write_chrome_trace"]
 
@@ -62,15 +63,5 @@ def write_chrome_trace(timeline, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = chrome_trace_dict(timeline)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write_text(path, json.dumps(data))
     return path

@@ -95,7 +95,12 @@ def parse_plan_json(text: str) -> dict[str, Any]:
     Raises:
         PartitionError: a missing or unknown ``schema_version``, or exports that disagree with ``boundaries``.
     """
-    d = json.loads(text)
+    try:
+        d = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise PartitionError(f"plan is not valid JSON ({str(exc).splitlines()[0][:120]})") from None
+    if not isinstance(d, dict):
+        raise PartitionError(f"plan holds a JSON {type(d).__name__}; allowed: a JSON object")
     version = d.get("schema_version")
     if version != PLAN_SCHEMA_VERSION:
         raise PartitionError(f"plan field 'schema_version' = {version!r} is not supported; allowed: {PLAN_SCHEMA_VERSION}")

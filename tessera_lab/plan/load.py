@@ -11,16 +11,17 @@ Raises (all functions): :class:`~tessera_lab.errors.ConfigError` naming the fiel
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
+from tessera_lab.checks import WORK_LIMITS, check_int, check_work
 from tessera_lab.cost.memory import memory_capacity
 from tessera_lab.cost.source import CostSource, analytic_source, check_same_source, profile_source
 from tessera_lab.errors import ConfigError, ProfileError
+from tessera_lab.io import read_json
 from tessera_lab.model.hardware import Cluster, ParallelConfig, cluster_for
 from tessera_lab.model.knobs import VARIANT_KEYS
 from tessera_lab.model.spec import ModelSpec, load_model
@@ -59,21 +60,38 @@ def model_from_name(name: str) -> ModelSpec:
     return base.with_changes(**changes, name=name)
 
 
-def read_plan_json(data: Mapping[str, Any] | str | Path) -> dict[str, Any]:
-    """The plan dict of a file path or an already parsed dict (checked to be a JSON object)."""
+def read_plan_json(data: Mapping[str, Any] | str | Path) -> tuple[dict[str, Any], str]:
+    """``(plan dict, where)`` of a file path (UTF-8 JSON with size and depth limits, :func:`tessera_lab.io.read_json`)
+    or an already parsed dict (checked to be a JSON object); ``where`` names the file for error messages."""
+    where = "plan"
     if not isinstance(data, Mapping):
         path = Path(data)
+        where = f"plan '{path}'"
         if not path.is_file():
             raise ConfigError(f"field 'plan' = {str(path)!r} is not a file; allowed: a JSON file from "
                               "'tessera-lab plan --json'")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"field 'plan' = {str(path)!r} is not JSON ({exc.msg} at line {exc.lineno}); "
-                              "allowed: the output of 'tessera-lab plan --json'") from None
+        data = read_json(path, "plan")
     if not isinstance(data, Mapping):
         raise ConfigError("field 'plan' must be a JSON object from 'tessera-lab plan --json'")
-    return dict(data)
+    return dict(data), where
+
+
+def _check_plan_consistency(data: Mapping[str, Any], parallel: Any, b: list[int], where: str) -> None:
+    """The plan's recorded sizes agree with its parallel settings and boundaries: ``gpus`` is pp x dp x ep x tp and
+    each recorded stage holds exactly the layers its boundaries give (every layer once)."""
+    gpus = data.get("gpus")
+    if gpus is not None and gpus != parallel.world_size:
+        raise ConfigError(f"{where}: field 'gpus' = {gpus!r} disagrees with pp x dp x ep x tp = {parallel.world_size}")
+    stages = data.get("stages")
+    if stages is None:
+        return
+    if not isinstance(stages, list) or len(stages) != len(b) - 1:
+        raise ConfigError(f"{where}: field 'stages' must list {len(b) - 1} stages (one per pipeline stage)")
+    for s, st in enumerate(stages):
+        layers = st.get("layers") if isinstance(st, Mapping) else None
+        if layers is not None and layers != list(range(b[s], b[s + 1])):
+            raise ConfigError(f"{where}: field 'stages[{s}].layers' disagrees with 'boundaries' "
+                              f"(layers {b[s]} to {b[s + 1] - 1}); every layer belongs to exactly one stage")
 
 
 def _load_profile_for(path: str, why: str):
@@ -101,7 +119,7 @@ def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None)
             re-evaluation that would change the cost source without ``costs`` (e.g. the recorded profile is
             missing or its file changed).
     """
-    data = read_plan_json(data)
+    data, where = read_plan_json(data)
     for key in ("model", "parallel", "boundaries"):
         if key not in data:
             raise ConfigError(f"field 'plan.{key}' is missing; allowed: the output of 'tessera-lab plan --json'")
@@ -112,15 +130,23 @@ def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None)
     unknown = set(par) - set(PARALLEL_KEYS)
     if unknown:
         raise ConfigError(f"field 'plan.parallel' has unknown keys {sorted(unknown)}; allowed: {', '.join(PARALLEL_KEYS)}")
+    for key in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len"):
+        if key in par:  # type, range and work limits before any planning work
+            check_int(par[key], f"parallel.{key}", where=where, limit=key if key in WORK_LIMITS else None)
     parallel = ParallelConfig(**par)
+    check_work("world_size", parallel.world_size, field="field 'parallel' world size pp x dp x ep x tp", where=where)
+    check_work("actions", parallel.pp * parallel.vpp * parallel.microbatches,
+               field="field 'parallel' pp x vpp x microbatches", where=where)
     gpu = data.get("gpu", "H200")
-    cluster = Cluster.dgx(gpu, int(data["nodes"])) if data.get("nodes") else cluster_for(parallel, gpu)
+    nodes = check_int(data["nodes"], "nodes", where=where, limit="nodes") if data.get("nodes") is not None else None
+    cluster = Cluster.dgx(gpu, nodes) if nodes else cluster_for(parallel, gpu)
     b = data["boundaries"]
     L, S = model.num_layers, parallel.pp * parallel.vpp
     if (not isinstance(b, list) or len(b) != S + 1 or not all(isinstance(x, int) for x in b)
             or b[0] != 0 or b[-1] != L or any(y < x for x, y in zip(b, b[1:]))):
         raise ConfigError(f"field 'plan.boundaries' = {b!r} is invalid; allowed: {S + 1} non-decreasing "
                           f"integers from 0 to {L}")
+    _check_plan_consistency(data, parallel, b, where)
     recorded = CostSource.from_dict(data.get("costs"))
     profile = None
     if costs is None:

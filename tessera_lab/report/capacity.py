@@ -91,6 +91,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.io import save_figure
 from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.knobs import MODEL_KNOBS
 from tessera_lab.model.spec import ModelSpec, layer_summary
@@ -392,6 +393,6 @@ def save_report_figure(path: str | Path, plan: Any, report: CapacityReport | Non
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig = report_figure(plan, report, diff)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    save_figure(fig, path)
     plt.close(fig)
     return path

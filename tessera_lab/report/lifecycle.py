@@ -30,7 +30,6 @@ bound ``microbatches x (max_s t_s - mean_s t_s)`` over the ``stage:<s>`` keys, a
 
 from __future__ import annotations
 
-import json
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -358,10 +357,9 @@ def load_records(source: str | Path | Mapping[str, Any] | Sequence[Mapping[str, 
     """
     data: Any = source
     if isinstance(source, (str, Path)):
-        try:
-            data = json.loads(Path(source).read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"field 'records' = {str(source)!r} is not JSON ({exc.msg})") from None
+        from tessera_lab.io import read_json
+
+        data = read_json(source, "records file")
     if isinstance(data, Mapping):
         data = data.get("steps")
     if not isinstance(data, list) or not data:

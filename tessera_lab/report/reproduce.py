@@ -370,7 +370,7 @@ def write(rep: Reproduction, out: str | Path) -> list[Path]:
     """Write the four figures (PNG), the tables (JSON) and the notes (Markdown) to ``out``; returns the paths."""
     import matplotlib.pyplot as plt
 
-    from tessera_lab.io import atomic_write_text, dumps
+    from tessera_lab.io import atomic_write_text, dumps, save_figure
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -378,7 +378,7 @@ def write(rep: Reproduction, out: str | Path) -> list[Path]:
     for name, fn in (("mfu", plot_mfu), ("ablation", plot_ablation), ("overlap", plot_overlap), ("width", plot_width)):
         ax = fn(rep)
         p = out / f"{name}.png"
-        ax.figure.savefig(p, dpi=120, bbox_inches="tight")
+        save_figure(ax.figure, p)
         plt.close(ax.figure)
         paths.append(p)
     paths.append(atomic_write_text(out / "reproduction.json", dumps(rep.as_dict())))

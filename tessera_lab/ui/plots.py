@@ -257,18 +257,20 @@ def save_plan_figures(plan, path) -> list:
 
     import matplotlib.pyplot as plt
 
+    from tessera_lab.io import save_figure
+
     base = Path(path)
     base.parent.mkdir(parents=True, exist_ok=True)
     stem, suffix = base.stem, base.suffix or ".png"
     out = []
     ax = stage_cost_bars(plan)
     p1 = base.with_name(f"{stem}-stages{suffix}")
-    ax.figure.savefig(p1, dpi=120, bbox_inches="tight")
+    save_figure(ax.figure, p1)
     plt.close(ax.figure)
     ax = gantt(plan.chosen.timeline, title=f"{plan.model.name}: {plan.parallel.schedule}, "
                f"p={plan.parallel.pp}, m={plan.parallel.microbatches} ({plan.chosen.method} partition)")
     p2 = base.with_name(f"{stem}-timeline{suffix}")
-    ax.figure.savefig(p2, dpi=120, bbox_inches="tight")
+    save_figure(ax.figure, p2)
     plt.close(ax.figure)
     out += [p1, p2]
     return out

@@ -1,0 +1,401 @@
+"""Fuzz the command-line contract (issue 18): every subcommand, generated flags and files.
+
+The contract: exit status 0 or 2; no traceback; on exit 2 at most two lines on stderr (on exit 0 at most two lines
+besides the "result: / figure: / trace: / plan written to" notices of written files); every run within a time
+bound. The CLI runs in-process (``tessera_lab.cli.main.main``), under a per-example alarm.
+
+Generated: each subcommand's options (introspected from the parser) with values drawn from corpora of numbers
+(0, negatives, nan, inf, 1e308, 10**7, "abc", "1e12", ...), strings, model names, schedule names, routing specs and
+files (valid and broken configs, profiles and plans: binary, non-UTF-8, deeply nested, NaN fields, strings where
+numbers belong, empty, folders, missing paths, symlinks, a private character device, a 250-character name).
+Not driven: ``run`` (spawns workers), ``measure --backend cpu|cuda`` (real measurements) and ``reproduce`` without
+``--quick`` (minutes); ``reproduce`` is kept to cheap cases.
+
+Usage::
+
+    python benchmarks/fuzz_cli.py --examples 200 [--seed 0] [--bound 60] [--bad-rate 2] [--verbose]
+
+prints how many inputs it tried and the outcome counts (ok, error, and any contract breaks with their argv).
+``tests/test_fuzz_cli.py`` runs the same generator with a bounded number of examples in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import signal
+import stat
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from hypothesis import strategies as st  # noqa: E402
+
+#: commands the fuzzer drives, and how often (cheap ones more often)
+COMMANDS = ("models", "params", "plan", "partition", "simulate", "measure", "report", "reproduce")
+NOTICE_PREFIXES = ("result:", "figure:", "figures:", "trace:", "plan written to", "profile:")
+NUMBERS = ("0", "1", "2", "3", "4", "8", "16", "64", "-1", "-5", "2.5", "1e12", "10000000", "1e308", "-1e308", "nan",
+           "inf", "-inf", "abc", "", "0x10", "1_000", "  3")
+SMALL_INTS = ("1", "2", "3", "4", "8")
+FLOATS = ("0", "0.5", "1", "2", "3.5", "1e-9", "-1", "nan", "inf", "-inf", "1e308", "1e9", "fast", "")
+MODELS = ("qwen3-8b", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "deepseek-v3", "nope", "")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "zb-h2", "dualpipev", "overlapped", "zb-v", "zb-auto", "bogus",
+             "")
+GPUS = ("H100", "H200", "B200", "A100", "")
+
+
+class FuzzTimeout(BaseException):
+    """Raised by the alarm when one example runs past its time bound."""
+
+
+@dataclass
+class Outcome:
+    kind: str  # ok | error | traceback | exit_code | stderr_lines | slow
+    argv: list[str]
+    rc: int | None = None
+    seconds: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class Corpus:
+    """Files the generated arguments point at (all inside ``root``)."""
+
+    root: Path
+    inputs: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+def _write(path: Path, data: bytes | str) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return str(path)
+
+
+def build_corpus(root: Path) -> Corpus:
+    """Write the input files (good and broken configs, profiles, plans) and prepare output paths under ``root``."""
+    from tessera_lab.cli.main import main
+
+    root = Path(root)
+    (root / "cwd").mkdir(parents=True, exist_ok=True)
+    c = Corpus(root)
+    cfg = json.loads((ROOT / "data" / "models" / "qwen3-next-80b-a3b.json").read_text())
+    inp = root / "in"
+    c.inputs["config"] = _write(inp / "config.json", json.dumps(cfg))
+    for name, change in {"nan": float("nan"), "huge": 1e300, "string": "abc", "negative": -4, "float": 2.5,
+                         "hugeint": 10**40}.items():
+        c.inputs[f"config_{name}"] = _write(inp / f"config_{name}.json", json.dumps({**cfg, "hidden_size": change}))
+    c.inputs["config_layers"] = _write(inp / "config_layers.json", json.dumps({**cfg, "num_hidden_layers": 10**6}))
+    c.inputs["config_type"] = _write(inp / "config_type.json", json.dumps({**cfg, "model_type": "gpt2"}))
+    c.inputs["binary"] = _write(inp / "binary.json", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    c.inputs["latin1"] = _write(inp / "latin1.json", '{"model_type": "qwen3_next", "x": "caf\xe9"}'.encode("latin-1"))
+    c.inputs["deep"] = _write(inp / "deep.json", "[" * 50_000 + "]" * 50_000)
+    c.inputs["list"] = _write(inp / "list.json", "[1, 2, 3]")
+    c.inputs["empty"] = _write(inp / "empty.json", "")
+    c.inputs["truncated"] = _write(inp / "truncated.json", json.dumps(cfg)[:100])
+    c.inputs["folder"] = str(inp)
+    c.inputs["missing"] = str(inp / "missing.json")
+    c.inputs["devnull"] = "/dev/null"
+    link = inp / "link.json"
+    link.symlink_to("config.json")
+    c.inputs["link"] = str(link)
+    # a real plan and a real (analytic) profile, then broken copies of each
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        main(["plan", "--pp", "4", "-m", "8", "--json", str(inp / "plan.json")])
+        main(["measure", "--backend", "analytic", "--model", "qwen3-8b", "--no-progress", "--out",
+              str(inp / "profile.json")])
+    c.inputs["plan"] = str(inp / "plan.json")
+    c.inputs["profile"] = str(inp / "profile.json")
+    plan = json.loads((inp / "plan.json").read_text())
+    for name, par in {"pp_string": {"pp": "abc"}, "pp_huge": {"pp": 10**9}, "m_nan": {"microbatches": 1.5}}.items():
+        bad = {**plan, "parallel": {**plan["parallel"], **par}}
+        c.inputs[f"plan_{name}"] = _write(inp / f"plan_{name}.json", json.dumps(bad))
+    c.inputs["plan_boundaries"] = _write(inp / "plan_boundaries.json", json.dumps({**plan, "boundaries": [0, 99]}))
+    prof = json.loads((inp / "profile.json").read_text())
+    entries = prof.get("entries", {})
+    if entries:
+        key = next(iter(entries))
+        for name, value in {"negative": -1.0, "string": "fast"}.items():
+            e = json.loads(json.dumps(entries[key]))
+            e["t_ab"]["median"] = value
+            c.inputs[f"profile_{name}"] = _write(inp / f"profile_{name}.json",
+                                                 json.dumps({**prof, "entries": {**entries, key: e}}))
+    c.inputs["profile_nan"] = _write(inp / "profile_nan.json",
+                                     (inp / "profile.json").read_text().replace('"median": 0', '"median": NaN', 1))
+    c.inputs["routing_log"] = _write(inp / "routing.json", json.dumps({"format": "nope"}))
+    recs = [{"layer": l, "microbatch": mb, "routed": [3, 1, 2, 2, 0, 4, 1, 3]} for l in range(4) for mb in range(4)]
+    log = {"format": "tessera-lab/routing-log", "version": 1, "top_k": 2, "num_experts": 8, "records": recs}
+    c.inputs["routing_good"] = _write(inp / "routing_good.json", json.dumps(log))
+    for name, rec in {"string": {"layer": 0, "routed": ["abc"] * 8}, "huge_step": {"layer": 0, "step": 10**9,
+                      "routed": [1] * 8}, "float": {"layer": 0.5, "routed": [1] * 8},
+                      "negative": {"layer": 0, "routed": [-1] * 8}}.items():
+        c.inputs[f"routing_{name}"] = _write(inp / f"routing_{name}.json", json.dumps({**log, "records": [rec]}))
+    # outputs
+    out = root / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    blocker = out / "a_file"
+    blocker.write_text("x")
+    c.outputs.update({
+        "json": str(out / "r.json"), "png": str(out / "fig.png"), "svg": str(out / "fig.svg"),
+        "badsuffix": str(out / "fig.xyz"), "folder": str(out), "under_file": str(blocker / "x.json"),
+        "long": str(out / ("n" * 245 + ".json")), "stdout": "-", "devnull": "/dev/null",
+        "nested": str(out / "new" / "deeper" / "r.json"),
+    })
+    target = out / "target.json"
+    target.write_text("{}")
+    (out / "link.json").symlink_to("target.json")
+    c.outputs["link"] = str(out / "link.json")
+    if os.geteuid() == 0:
+        node = out / "null"
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        c.outputs["device"] = str(node)
+    return c
+
+
+# ---------------------------------------------------------------------------------------------- strategies
+#: how often (in ten) a flag value is drawn from the bad corpus instead of the good one (``--bad-rate``)
+BAD_IN_10 = 2
+
+
+def _mix(good, bad, bad_in_10: int | None = None) -> st.SearchStrategy[str]:
+    """Mostly ``good`` values, ``bad_in_10`` times in ten a ``bad`` one (so generated runs get past the first flag)."""
+    bad_in_10 = BAD_IN_10 if bad_in_10 is None else min(bad_in_10, 2 * BAD_IN_10)
+    good = st.sampled_from(good) if isinstance(good, tuple) else good
+    bad = st.sampled_from(bad) if isinstance(bad, tuple) else bad
+    return st.integers(0, 9).flatmap(lambda i: bad if i < bad_in_10 else good)
+
+
+GOOD_FLOATS = ("0.5", "1", "2", "3.5", "0")
+
+
+def _values_for(dest: str, corpus: Corpus) -> st.SearchStrategy[str]:
+    files = st.sampled_from(sorted(corpus.inputs.values()))
+    outs = st.sampled_from(sorted(corpus.outputs.values()))
+    times = _mix(GOOD_FLOATS, FLOATS)
+    table = {
+        "model": _mix(MODELS[:3] + (corpus.inputs["config"],), st.one_of(st.sampled_from(MODELS), files), 4),
+        "profile": _mix((corpus.inputs["profile"],), files, 6), "plan": _mix((corpus.inputs["plan"],), files, 6),
+        "json": outs, "plot": outs, "trace": outs, "export": outs,
+        "schedule": _mix(SCHEDULES[:7], SCHEDULES), "gpu": _mix(GPUS[:3], GPUS),
+        "costs": _costs(),
+        "routing": st.sampled_from(("uniform", "zipf:1.2", "zipf:nan", "zipf:-1", "drift:0.5", "drift:0.5:2", "bogus",
+                                    "zipf:", "replay:/no/such")
+                             + tuple(f"replay:{v}" for k, v in sorted(corpus.inputs.items())
+                                     if k.startswith("routing") or k in ("binary", "deep", "folder"))),
+        "memory_cap": st.sampled_from(("max", "rank", "4", "0", "-1", "nan", "lots")),
+        "diff": st.one_of(st.sampled_from(("expert_width=256", "top_k=4,seq_len=8192", "top_k=nan", "dtype=fp8",
+                                           "bogus=1", "expert_width=", "qwen3-8b", "nope")), files),
+        "f": times, "b": times, "w": times, "fb": times, "p2p_latency": times, "expert_fraction": times,
+        "capacity_factor": times, "grad_sync": times,
+        "time_limit": _mix(("0.5", "2"), ("0", "nan", "-1", "inf", "1e12")),
+        "timeout": _mix(("30",), ("0", "nan", "-1", "inf")),
+        "size_factor": _mix(("0.125", "1"), ("0", "2", "nan", "x")),
+        "seq_len": _mix(("1", "64", "4096"), NUMBERS), "micro_batch_size": _mix(SMALL_INTS, NUMBERS),
+        "tokens": _mix(("1", "64", "4096"), NUMBERS),
+    }
+    if dest in table:
+        return table[dest]
+    return _mix(SMALL_INTS, NUMBERS)
+
+
+def _costs() -> st.SearchStrategy[str]:
+    good = st.lists(st.integers(0, 50).map(str), min_size=1, max_size=70).map(",".join)
+    return _mix(good, st.one_of(_wild_costs(), st.sampled_from(("", ",", "1,,2", " 1, 2"))), 3)
+
+
+def _wild_costs() -> st.SearchStrategy[str]:
+    wild = st.lists(st.sampled_from(("1", "2", "0", "-1", "nan", "inf", "1e308", "x", "", "3.5")), min_size=0,
+                    max_size=12).map(",".join)
+    return wild
+
+
+def _option_strategy(action: argparse.Action, corpus: Corpus) -> st.SearchStrategy[list[str]]:
+    opt = action.option_strings[0] if action.option_strings else None
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        return st.just([opt])
+    if action.choices is not None:
+        values = _mix(tuple(action.choices), ("bogus", ""), 1)
+    else:
+        values = _values_for(action.dest, corpus)
+    if opt is None:
+        return values.map(lambda v: [v])
+    return values.map(lambda v: [opt, v])
+
+
+def _command_parsers():
+    from tessera_lab.cli.main import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {name: sub.choices[name] for name in COMMANDS}
+
+
+@st.composite
+def argv_for(draw, command: str, corpus: Corpus) -> list[str]:
+    """A generated argv for ``command``: required options usually present (with generated values), a few
+    optional ones, sometimes a missing required one or an unknown flag."""
+    parser = _command_parsers()[command]
+    actions = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+    argv = [command]
+    for a in actions:
+        required = a.required or not a.option_strings
+        if command == "measure" and a.dest == "backend":
+            argv += ["--backend", draw(st.sampled_from(("analytic", "analytic", "bogus")))]
+            continue
+        if command == "measure" and a.dest == "out":
+            argv += ["--out", draw(st.sampled_from((str(corpus.root / "out" / "prof.json"), corpus.outputs["folder"],
+                                                    corpus.outputs["under_file"])))]
+            continue
+        if command == "measure" and a.dest == "model":  # one of the cheap configs
+            argv += ["--model", draw(st.sampled_from(("qwen3-8b", "nope", corpus.inputs["binary"],
+                                                      corpus.inputs["config_nan"])))]
+            continue
+        if command == "reproduce" and a.dest == "out":  # cheap cases only: outputs that are refused up front
+            argv += ["--out", draw(st.sampled_from((corpus.outputs["under_file"], str(corpus.root / "out" / "a_file"))))]
+            continue
+        if command == "reproduce" and a.dest == "quick":
+            argv.append("--quick")
+            continue
+        if required:
+            if draw(st.integers(0, 29)) == 0:  # sometimes leave a required one out
+                continue
+            argv += draw(_option_strategy(a, corpus))
+        elif draw(st.integers(0, 19)) < 3:
+            argv += draw(_option_strategy(a, corpus))
+    if draw(st.integers(0, 49)) == 0:
+        argv.append(draw(st.sampled_from(("--bogus", "-x", "extra", "--json"))))
+    return argv
+
+
+def argv_strategy(corpus: Corpus) -> st.SearchStrategy[list[str]]:
+    """Any command: cheap ones weighted up (plan, report and measure cost about a second each)."""
+    weights = {"models": 1, "params": 2, "partition": 4, "simulate": 5, "plan": 3, "report": 2, "measure": 1,
+               "reproduce": 1}
+    pool = [c for c, w in weights.items() for _ in range(w)]
+    return st.sampled_from(pool).flatmap(lambda c: argv_for(c, corpus))
+
+
+# ---------------------------------------------------------------------------------------------- running
+def _alarm(signum, frame):  # pragma: no cover - only on a hang
+    raise FuzzTimeout()
+
+
+def run_one(argv: list[str], bound_s: float = 60.0) -> Outcome:
+    """Run the CLI in-process on ``argv`` and classify the result against the contract."""
+    import traceback
+
+    from tessera_lab.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, bound_s)
+    t0 = time.perf_counter()
+    rc: int | None = None
+    crash = ""
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("default")
+            rc = main(argv)
+    except FuzzTimeout:
+        return Outcome("slow", argv, None, time.perf_counter() - t0, f"over {bound_s} s")
+    except SystemExit as exc:  # main should return, not exit; still a status
+        rc = exc.code if isinstance(exc.code, int) else 2
+    except BaseException:  # noqa: BLE001 - any escape is a traceback for the user
+        crash = traceback.format_exc(limit=-3)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        try:
+            import matplotlib.pyplot as plt
+
+            plt.close("all")
+        except Exception:  # noqa: BLE001
+            pass
+    seconds = time.perf_counter() - t0
+    text = err.getvalue()
+    if crash or "Traceback" in text:
+        return Outcome("traceback", argv, rc, seconds, (crash or text).strip().splitlines()[-1][:300])
+    if rc not in (0, 2):
+        return Outcome("exit_code", argv, rc, seconds, text[-300:])
+    lines = [l for l in text.splitlines() if l.strip()]
+    if rc == 0:
+        lines = [l for l in lines if not l.startswith(NOTICE_PREFIXES)]
+    if len(lines) > 2:
+        return Outcome("stderr_lines", argv, rc, seconds, " | ".join(lines[:4])[:400])
+    if seconds > bound_s:
+        return Outcome("slow", argv, rc, seconds, f"{seconds:.1f} s")
+    return Outcome("ok" if rc == 0 else "error", argv, rc, seconds, lines[0][:200] if lines else "")
+
+
+def fuzz(examples: int, seed: int = 0, bound_s: float = 60.0, root: Path | None = None,
+         verbose: bool = False) -> tuple[Counter, list[Outcome]]:
+    """Run ``examples`` generated inputs; returns the outcome counts and the contract breaks."""
+    from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
+
+    tmp = tempfile.TemporaryDirectory(prefix="fuzz_cli_") if root is None else None
+    corpus = build_corpus(Path(tmp.name) if tmp else Path(root))
+    cwd = os.getcwd()
+    os.chdir(corpus.root / "cwd")  # a stray relative output lands in the corpus, not in the checkout
+    counts: Counter = Counter()
+    breaks: list[Outcome] = []
+
+    @hseed(seed)
+    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(argv_strategy(corpus))
+    def one(argv):
+        o = run_one(argv, bound_s)
+        counts[o.kind] += 1
+        counts["tried"] += 1
+        counts[f"cmd:{argv[0]}"] += 1
+        if o.kind not in ("ok", "error"):
+            breaks.append(o)
+        if verbose:
+            print(f"{o.kind:12s} {o.seconds:6.2f}s {' '.join(argv)[:160]}  {o.detail[:120]}", file=sys.__stderr__)
+
+    try:
+        one()
+    finally:
+        os.chdir(cwd)
+        if tmp is not None:
+            tmp.cleanup()
+    return counts, breaks
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--examples", type=int, default=200, help="generated inputs to try")
+    ap.add_argument("--seed", type=int, default=0, help="hypothesis seed")
+    ap.add_argument("--bound", type=float, default=60.0, help="time bound per input, seconds")
+    ap.add_argument("--verbose", action="store_true", help="one line per input")
+    ap.add_argument("--bad-rate", type=int, default=BAD_IN_10, choices=range(0, 11), metavar="0-10",
+                    help="flag values drawn from the bad corpus, in ten (0: valid values only, deep paths)")
+    a = ap.parse_args(argv)
+    globals()["BAD_IN_10"] = a.bad_rate
+    t0 = time.perf_counter()
+    counts, breaks = fuzz(a.examples, a.seed, a.bound, verbose=a.verbose)
+    elapsed = time.perf_counter() - t0
+    kinds = ("ok", "error", "traceback", "exit_code", "stderr_lines", "slow")
+    print(f"tried {counts['tried']} inputs in {elapsed:.1f} s (load {os.getloadavg()[0]:.2f}): "
+          + ", ".join(f"{k} {counts[k]}" for k in kinds))
+    print("per command: " + ", ".join(f"{k[4:]} {v}" for k, v in sorted(counts.items()) if k.startswith("cmd:")))
+    for o in breaks[:30]:
+        print(f"  {o.kind}: tessera-lab {' '.join(o.argv)}\n      {o.detail}")
+    return 0 if not breaks else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
