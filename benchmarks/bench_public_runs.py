@@ -8,10 +8,23 @@ convention, the pages' metric), each with its source, then the median |error|. T
 Layout mapping (stated per run): Megatron's data-parallel size ``DP = GPUs / (TP * PP)``; our non-expert
 data-parallel group is ``ep * dp``, so ``ep = EP`` and ``dp = DP / EP``; where Megatron spreads EP over TP x DP
 ranks (EP > DP), our layout keeps experts inside DP, so TP is folded into EP (``tp = 1``, same GPUs, same expert
-sharding and per-GPU work, no TP all-reduces; the run says so). Micro-batches per pipeline ``m = GBS / (MBS * DP)``; schedule ``1f1b`` (the planner plans one stage per
-rank; the page's VP would shrink the bubble ``(p-1)/m`` by 1/VP, small at these ``m``; each run says so), or
-``overlapped`` where the recipe overlaps EP communication with another micro-batch
-(``overlap_moe_expert_parallel_comm``). Rows marked ``reference_only`` are printed but left out of the median. Tokens are balanced (``expert_load = 1``) as the pages state.
+sharding and per-GPU work, no TP all-reduces; the run says so; but twice the tokens per micro-batch, so twice the
+activation memory of each micro-batch in flight). The EP group sits on ``ep`` consecutive ranks
+(``ep_placement = contiguous``: Megatron-Core's ``expert_decoder_rank_generator``, expert TP 1, order
+``tp-cp-ep-dp-pp``, ``megatron/core/parallel_state.py``), so with TP 2 an EP 64 group spans 8 nodes, not 16.
+Micro-batches per pipeline ``m = GBS / (MBS * DP)``; schedule ``1f1b`` (the planner plans one stage per rank; the
+page's VP would shrink the bubble ``(p-1)/m`` by 1/VP, small at these ``m``; each run says so), or ``overlapped``
+where the recipe overlaps EP communication with another micro-batch (``overlap_moe_expert_parallel_comm``).
+
+Expert GEMMs: ``grouped_gemm = multistream`` (the recipes' ``moe_grouped_gemm`` with Transformer Engine runs
+TEGroupedMLP, whose GroupedLinear launches one cuBLAS GEMM per expert on 4 streams; :mod:`tessera_lab.cost.gemm`).
+
+Partition: the recipe's own, Megatron's even split of the layers over the stages (``method = uniform``), not the
+planner's choice: a memory-driven uneven split (stage 0 holding ``p`` micro-batches in flight gets fewer layers)
+makes the last stages the bottleneck of a layout the recipe does not use. Where our memory model does not fit that
+split, the time is priced without the memory limit (the run exists) and the row prints its memory with ``!``.
+Rows marked ``reference_only`` are printed but left out of the median. Tokens are balanced (``expert_load = 1``) as
+the pages state.
 
 Run: python benchmarks/bench_public_runs.py [--json PATH]   (analytic: no GPU needed; a few seconds per run)
 """
@@ -51,37 +64,47 @@ def parallel_for(run: dict):
                          micro_batch_size=run["mbs"], seq_len=run["seq_len"], schedule=schedule,
                          precision=run["precision"], dispatcher=run["dispatcher"], recompute=run["recompute"],
                          grad_reduce_dtype=run.get("grad_reduce_dtype", "fp32"), expert_load=1.0,
-                         fused_cross_entropy=True)  # _benchmark_common: cross_entropy_fusion_impl = "te"
+                         fused_cross_entropy=True,  # _benchmark_common: cross_entropy_fusion_impl = "te"
+                         ep_placement="contiguous",  # Megatron-Core's expert grid: EP on consecutive ranks (ETP 1)
+                         grouped_gemm="multistream")  # TEGroupedMLP -> TE GroupedLinear: per-expert cuBLAS, 4 streams
+    if tp > 1 and ep > 1:
+        notes.append(f"EP {ep} on {ep} consecutive ranks (Megatron-Core's expert rank generator, expert TP 1): "
+                     f"{-(-ep // 8)} nodes, not the {-(-ep * tp // 8)} a TP-strided EP group would span")
     return par, notes
 
 
 def predict(run: dict) -> dict:
+    import dataclasses
+
+    from tessera_lab.cost.memory import memory_capacity
+    from tessera_lab.errors import InfeasiblePlanError
+    from tessera_lab.model.hardware import Cluster, GPUSpec, cluster_for
     from tessera_lab.model.spec import load_model
     from tessera_lab.plan.make import make_plan
 
-    from tessera_lab.errors import InfeasiblePlanError
-
     par, notes = parallel_for(run)
     model = load_model(run["model"])
+    cluster = cluster_for(par, run["gpu"])
+    capacity = memory_capacity(cluster)
     t0 = time.perf_counter()
-    try:
-        plan = make_plan(model, par, gpu=run["gpu"], baselines=(), time_limit_s=5.0)
+    try:  # the recipe's layer split: Megatron divides the layers evenly over the (virtual) pipeline stages
+        plan = make_plan(model, par, cluster=cluster, method="uniform", baselines=(), time_limit_s=5.0)
     except InfeasiblePlanError as exc:
-        if par.schedule != "overlapped":
-            raise
-        # our overlapped 1F1B warms up 2 (p - s) micro-batches (Megatron's combined 1F1B about p - s + 1)
-        notes.append(f"overlapped schedule does not fit ({exc}); planned as 1f1b (EP communication not overlapped "
-                     "with another micro-batch: a lower bound)")
-        par = par.replace(schedule="1f1b")
-        plan = make_plan(model, par, gpu=run["gpu"], baselines=(), time_limit_s=5.0)
+        # the run exists, so price its time at its own layout; the memory gap is the memory model's, printed with "!"
+        notes.append(f"our memory model does not fit the recipe's even split ({exc}); time priced without the "
+                     "memory limit")
+        roomy = dataclasses.replace(GPUSpec.named(run["gpu"]), memory_bytes=float(2**50))
+        plan = make_plan(model, par, cluster=Cluster.dgx(roomy, cluster.num_nodes), method="uniform",
+                         baselines=(), time_limit_s=5.0)
     ev = plan.chosen
     tflops = plan.model_flops / (ev.iteration_time_s * par.world_size) / 1e12
     return {
         "id": run["id"], "published_tflops_per_gpu": run["model_tflops_per_gpu"],
         "predicted_tflops_per_gpu": tflops, "error": tflops / run["model_tflops_per_gpu"] - 1.0,
-        "predicted_mfu_bf16_peak": ev.mfu, "iteration_time_s": ev.iteration_time_s, "fits_memory": ev.fits_memory,
+        "predicted_mfu_bf16_peak": ev.mfu, "iteration_time_s": ev.iteration_time_s,
+        "fits_memory": max(st.memory_bytes for st in ev.stages) <= capacity,
         "peak_memory_gib": max(st.memory_bytes for st in ev.stages) / 2**30,
-        "capacity_gib": plan.memory_capacity_bytes / 2**30,
+        "capacity_gib": capacity / 2**30,
         "parallel": {k: getattr(par, k) for k in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "schedule",
                                                   "precision", "dispatcher", "recompute")},
         "mapping_notes": notes, "reference_only": bool(run.get("reference_only")), "source": f"Megatron-Bridge {run['container']}: {run['source']}",

@@ -100,6 +100,41 @@ def test_sequential_expert_gemms_pay_one_launch_per_expert():
     assert experts.groups == 64 and experts.gemms[0] == (640.0, 2048, 1024.0)  # 4096*10/64 tokens per expert
 
 
+def test_multistream_counts_waves_over_four_experts_at_once():
+    # (256, 2048, 1024) per expert, 8 experts, 132 SMs: 2 x 8 = 16 output tiles an expert; K factor and tile
+    # quantization (exact 128 multiples) are common, so only the wave factor differs:
+    # grouped 128 tiles -> 128/132; multistream 4 experts at once, 64 tiles -> 64/132; sequential 16 -> 16/132
+    eff = {impl: gemm_efficiency(256, 2048, 1024, groups=8, impl=impl, params=A)
+           for impl in ("grouped", "multistream", "sequential")}
+    base = A["gemm_peak_efficiency_bf16"] * 2048 / (2048 + A["gemm_k_half_bf16"])
+    assert eff["grouped"] == pytest.approx(base * 128 / 132, rel=1e-12)
+    assert eff["multistream"] == pytest.approx(base * 64 / 132, rel=1e-12)
+    assert eff["sequential"] == pytest.approx(base * 16 / 132, rel=1e-12)
+    # two experts fit the four streams: same waves as one grouped kernel
+    assert gemm_efficiency(256, 2048, 1024, groups=2, impl="multistream", params=A) == pytest.approx(
+        gemm_efficiency(256, 2048, 1024, groups=2, impl="grouped", params=A), rel=1e-12)
+    # one launch per expert and GEMM, as sequential: 64 experts x 2 GEMMs x kernel_launch_s more than grouped
+    p = ParallelConfig(pp=1, ep=8, expert_load=1.0)
+    experts = next(t for t in layer_tasks(load_model("qwen3-next-80b-a3b"), 0, p).F if t.name == "experts")
+    ms = p.replace(grouped_gemm="multistream")
+    cm = CostModel(cluster_for(ms), ms)
+    t_flops = experts.flops / (cm.cluster.gpu.peak_flops * cm.gemm_efficiency(experts))
+    t_bytes = experts.bytes / (cm.cluster.gpu.hbm_bytes_per_s * A["hbm_efficiency"])
+    assert cm.compute_time(experts) == pytest.approx(A["kernel_launch_s"] * 128 + max(t_flops, t_bytes), rel=1e-12)
+
+
+def test_expert_swiglu_is_its_own_memory_bound_kernel():
+    # Qwen3-Next, ep 8, balanced: 4096 tokens x top-10 = 40960 copies; SwiGLU reads 2 x 512 and writes 512 bf16
+    # values per copy: 2 * 40960 * 512 * 3 bytes; the shared expert's (width 512) on the 4096 tokens; combine waits
+    m = load_model("qwen3-next-80b-a3b")
+    p = ParallelConfig(ep=8, expert_load=1.0)
+    f = {t.name: t for t in layer_tasks(m, 0, p).F}
+    assert f["expert_act"].op == "elementwise" and f["expert_act"].bytes == 2 * 40960 * m.moe_intermediate_size * 3
+    assert f["shared_act"].bytes == 2 * 4096 * m.shared_expert_intermediate_size * 3
+    assert f["combine"].deps == ("expert_act",) and f["expert_act"].saved_bytes == 0
+    assert kernel_class(f["expert_act"].op) == MEMORY
+
+
 # ---------------------------------------------------------------------- contention by kernel class
 def test_sm_and_hbm_shares_by_hand():
     assert sm_slowdown(24, 132) == pytest.approx(132 / 108 - 1)       # DeepEP: 0.2222
@@ -216,6 +251,32 @@ def test_deepep_dispatch_bytes_and_link_shares():
     d_node = 4 * (1 - math.prod((192 - i) / (256 - i) for i in range(8)))
     assert inter == pytest.approx(d_node * 0.75 / d_rank) and intra == pytest.approx(7 / 8)
     assert inter < 0.75  # less than the alltoall dispatcher's share crossing nodes
+
+
+def test_contiguous_ep_placement_spans_fewer_nodes_by_hand():
+    # DeepSeek-V3 on H100 as Megatron places it: TP 2, EP 64, DeepEP. Our grid strides EP by tp (ranks 0, 2, ..,
+    # 126: 16 nodes, 4 a node); Megatron-Core's expert grid (ETP 1) puts EP on ranks 0..63 (8 nodes, 8 a node).
+    grid = ParallelConfig(pp=1, tp=2, ep=64, dp=1, dispatcher="deepep")
+    contig = grid.replace(ep_placement="contiguous")
+    assert grid.ep_link_ranks() == list(range(0, 128, 2)) and contig.ep_link_ranks() == list(range(64))
+    cl = Cluster.dgx("H100", 16)
+    routing = (2048, 256, 8, "deepep", 8, 4)  # 8 groups, 4 of them a token (at most 4 nodes)
+    coll = Collective("all_to_all", 1e8, "ep", 64, routing)
+    # group-limited: experts of 4 of 8 groups = 128 experts on 32 ranks (D_rank), on 4 of the 8 nodes (D_node)
+    d_rank = 32 * (1 - math.comb(124, 8) / math.comb(128, 8))
+    d_node8 = 4 * (1 - math.comb(96, 8) / math.comb(128, 8))
+    d_node16 = 8 * (1 - math.comb(112, 8) / math.comb(128, 8))
+    eff = A["nccl_bus_efficiency"]
+    inter, intra = cl.inter_link(), cl.intra_link()
+    want_c = inter.latency_s + max(1e8 * d_node8 * 7 / 8 / d_rank / (inter.bytes_per_s * eff),
+                                   1e8 * 7 / 8 / (intra.bytes_per_s * eff))
+    want_g = inter.latency_s + max(1e8 * d_node16 * 15 / 16 / d_rank / (inter.bytes_per_s * eff),
+                                   1e8 * 3 / 4 / (intra.bytes_per_s * eff))
+    assert CostModel(cl, contig).collective_time(coll) == pytest.approx(want_c, rel=1e-12)
+    assert CostModel(cl, grid).collective_time(coll) == pytest.approx(want_g, rel=1e-12)
+    assert want_c < want_g
+    with pytest.raises(ConfigError):
+        ParallelConfig(ep_placement="strided")
 
 
 def test_busiest_rank_load_formula_and_simulation():

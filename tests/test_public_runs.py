@@ -41,6 +41,8 @@ def test_layout_mapping_by_hand():
     par, _ = bench.parallel_for(runs["deepseek-v3/1024xH100/fp8/tp2-pp8-vp4-ep64"])
     assert (par.tp, par.ep, par.dp, par.pp, par.microbatches) == (2, 64, 1, 8, 128) and par.world_size == 1024
     assert (par.precision, par.dispatcher, par.recompute, par.grad_reduce_dtype) == ("fp8", "deepep", "selective", "bf16")
+    # Megatron's expert grid (ETP 1): EP 64 on ranks 0..63, i.e. 8 nodes of 8 (a TP-strided group: 16 nodes of 4)
+    assert par.ep_placement == "contiguous" and par.ep_link_ranks() == list(range(64))
     # Qwen3-30B-A3B on 16 H100, EP 16, one stage: m = 1024 / 16 = 64, balanced tokens as the pages state
     par, _ = bench.parallel_for(runs["qwen3-30b-a3b/16xH100/fp8/ep16"])
     assert (par.pp, par.ep, par.microbatches, par.expert_load) == (1, 16, 64, 1.0)

@@ -43,7 +43,8 @@ def test_moe_layer_tasks_structure(qwen3_next):
     assert f["dispatch"].collective.kind == "all_to_all"
     assert f["dispatch"].collective.bytes == 4096 * 10 * 2048 * 2
     assert f["dispatch"].collective.group_size == 8
-    assert f["experts"].deps == ("dispatch",) and f["combine"].deps == ("experts",)
+    assert f["experts"].deps == ("dispatch",) and f["expert_act"].deps == ("experts",)
+    assert f["combine"].deps == ("expert_act",)  # the SwiGLU kernel sits between the expert GEMMs and the combine
     # the shared expert does not depend on the all-to-all: a natural overlap partner
     assert "dispatch" not in f["shared_expert"].deps
     # expert GEMM FLOPs: 3 GEMMs over T*k routed tokens

@@ -231,7 +231,7 @@ class CostModel:
         node or across nodes, or DeepEP's) and the HBM share of traffic at the EP group's effective link rate
         (:func:`tessera_lab.cost.contention.kernel_contention`)."""
         p, gpu = self.parallel, self.cluster.gpu
-        ranks = p.group_ranks("ep") if p.ep > 1 else [0]
+        ranks = p.ep_link_ranks() if p.ep > 1 else [0]
         spans = len({self.cluster.node_of(r) for r in ranks}) > 1
         link = self.cluster.inter_link() if spans else self.cluster.intra_link()
         return kernel_contention(
@@ -248,13 +248,14 @@ class CostModel:
     # ------------------------------------------------------------------ single tasks
     def compute_time(self, task: Task) -> float:
         """Roofline time of a compute task, seconds: GEMMs at their shape-aware efficiency of the ``precision``
-        peak (``sequential`` expert GEMMs add one launch per expert and GEMM), attention cores at bf16."""
+        peak (``sequential`` and ``multistream`` expert GEMMs add one launch per expert and GEMM), attention cores at
+        bf16."""
         gpu = self.cluster.gpu
         launches = 1
         if task.gemms:
             eff = self.gemm_efficiency(task)
             peak = gpu.peak_for(self.parallel.precision)
-            if self.parallel.grouped_gemm == "sequential" and task.groups > 1:
+            if self.parallel.grouped_gemm in ("sequential", "multistream") and task.groups > 1:
                 launches = task.groups * len(task.gemms)
         else:
             eff = {
@@ -283,7 +284,10 @@ class CostModel:
         return per * total
 
     def group_link_ranks(self, group: str) -> list[int]:
-        """Ranks of the first group of this kind (groups of one kind are placed alike)."""
+        """Ranks of the first group of this kind (groups of one kind are placed alike; the EP group as
+        ``parallel.ep_placement`` puts it, :meth:`~tessera_lab.model.hardware.ParallelConfig.ep_link_ranks`)."""
+        if group == "ep":
+            return self.parallel.ep_link_ranks()
         return self.parallel.group_ranks(group)
 
     def collective_time(self, coll: Collective, link: Link | None = None) -> float:

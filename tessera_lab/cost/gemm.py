@@ -22,9 +22,13 @@ memory-bound; the roofline of :mod:`tessera_lab.cost.analytic` takes care of the
 Phases: for forward ``(m, k, n)`` the input gradient is ``(m, n, k)`` and the weight gradient ``(k, m, n)`` (its
 K is ``m``, the tokens).
 
-Implementations: ``grouped`` (one grouped kernel: TE/CUTLASS grouped GEMM, DeepGEMM) and ``sequential`` (one GEMM
+Implementations: ``grouped`` (one grouped kernel: CUTLASS grouped GEMM, DeepGEMM), ``sequential`` (one GEMM
 launch per expert, Megatron's SequentialMLP): the same per-shape efficiency, waves counted per expert, and one
-kernel launch per expert and GEMM. Measured GEMMs replace the cited values through :func:`fit_gemm_curve`
+kernel launch per expert and GEMM; ``multistream`` (Transformer Engine's ``GroupedLinear``, Megatron's TEGroupedMLP:
+``te_general_grouped_gemm`` launches one cuBLAS GEMM per expert round-robin on ``te_gemm_streams`` = 4 compute
+streams, "For now, we only have multi-stream cublas backend", ``transformer_engine/pytorch/csrc/extensions/gemm.cpp``;
+``get_num_compute_streams()`` in ``transformer_engine/common/util/multi_stream.cpp``): one launch per expert and
+GEMM, waves counted over the tiles of ``min(groups, streams)`` experts running at once. Measured GEMMs replace the cited values through :func:`fit_gemm_curve`
 (its result is a ``CostModel(assumptions=...)`` override; ``cost/device.py`` calibrations can call it).
 """
 
@@ -36,7 +40,7 @@ from typing import Mapping, Sequence
 from tessera_lab.errors import ConfigError
 
 TILE = 128
-GROUPED_IMPLS = ("grouped", "sequential")
+GROUPED_IMPLS = ("grouped", "sequential", "multistream")
 PRECISIONS = ("bf16", "fp8")
 
 
@@ -73,8 +77,10 @@ def gemm_efficiency(m: float, k: float, n: float, *, groups: int = 1, sms: int =
         groups: GEMMs of this shape in one launch (local experts); >= 1.
         sms: streaming multiprocessors of the GPU.
         precision: ``bf16`` or ``fp8`` (the GEMM's input type).
-        impl: ``grouped`` or ``sequential`` (``sequential`` counts waves per expert).
-        params: ``gemm_peak_efficiency_<p>`` and ``gemm_k_half_<p>`` of ``data/hardware/cost_model.json``.
+        impl: ``grouped``, ``sequential`` (waves per expert) or ``multistream`` (waves over ``min(groups,
+            te_gemm_streams)`` experts at once).
+        params: ``gemm_peak_efficiency_<p>``, ``gemm_k_half_<p>`` (and ``te_gemm_streams`` for ``multistream``) of
+            ``data/hardware/cost_model.json``.
 
     Raises:
         ConfigError: an unknown precision or implementation, a non-positive size.
@@ -87,7 +93,9 @@ def gemm_efficiency(m: float, k: float, n: float, *, groups: int = 1, sms: int =
         raise ConfigError(f"GEMM shape ({m}, {k}, {n}) x {groups} groups is out of range; allowed: sizes > 0")
     E = params[f"gemm_peak_efficiency_{precision}"]
     K0 = params[f"gemm_k_half_{precision}"]
-    tiles = math.ceil(m / TILE - 1e-9) * math.ceil(n / TILE - 1e-9) * (groups if impl == "grouped" else 1)
+    at_once = {"grouped": groups, "sequential": 1,
+               "multistream": min(groups, int(params.get("te_gemm_streams", 4)))}[impl]
+    tiles = math.ceil(m / TILE - 1e-9) * math.ceil(n / TILE - 1e-9) * at_once
     wave = tiles / (sms * math.ceil(tiles / sms))
     return E * k / (k + K0) * _quant(m) * _quant(n) * wave
 

@@ -31,7 +31,10 @@ DISPATCHERS = ("alltoall", "deepep")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp8")
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
-GROUPED_GEMMS = ("grouped", "sequential")
+GROUPED_GEMMS = ("grouped", "sequential", "multistream")
+#: how the EP group sits on the ranks: ``grid`` (this project's RankGrid, TP innermost, so an EP group strides by tp)
+#: or ``contiguous`` (Megatron-Core's expert rank generator with expert TP 1: EP innermost, ep consecutive ranks)
+EP_PLACEMENTS = ("grid", "contiguous")
 
 
 @lru_cache(maxsize=None)
@@ -209,10 +212,15 @@ class ParallelConfig:
             ``bf16``; sets the gradient buffer bytes in memory and the reduce-scatter bytes of gradient sync.
         expert_load: tokens the busiest EP rank receives relative to the mean; ``None`` = the expected busiest
             rank of a balanced random router (:func:`tessera_lab.cost.ep_traffic.busiest_rank_load`).
-        grouped_gemm: expert GEMM implementation, ``grouped`` (one grouped kernel) or ``sequential`` (one launch
+        grouped_gemm: expert GEMM implementation, ``grouped`` (one grouped kernel), ``multistream`` (Transformer
+            Engine's GroupedLinear: one cuBLAS GEMM per expert on 4 streams) or ``sequential`` (one launch
             per expert) (:mod:`tessera_lab.cost.gemm`).
         fused_cross_entropy: the loss keeps only the bf16 logits (gradient written in place, Megatron's
             cross-entropy fusion) instead of the fp32 log-softmax.
+        ep_placement: ``grid`` (default: the EP group as :class:`~tessera_lab.model.layout.RankGrid` places it, strided
+            by ``tp``) or ``contiguous`` (``ep`` consecutive ranks, as Megatron-Core's ``expert_decoder_rank_generator``
+            builds expert groups with expert TP 1, order ``tp-cp-ep-dp-pp``, ``megatron/core/parallel_state.py``);
+            only the links the EP all-to-all crosses depend on it.
     """
 
     pp: int = 8
@@ -233,6 +241,7 @@ class ParallelConfig:
     expert_load: float | None = None
     grouped_gemm: str = "grouped"
     fused_cross_entropy: bool = False
+    ep_placement: str = "grid"
 
     def __post_init__(self) -> None:
         for name in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len"):
@@ -244,7 +253,8 @@ class ParallelConfig:
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError(f"field 'dtype' = {self.dtype!r} is unknown; allowed: {', '.join(DTYPE_BYTES)}")
         for name, allowed in (("dispatcher", DISPATCHERS), ("recompute", RECOMPUTE), ("precision", PRECISIONS),
-                              ("grad_reduce_dtype", GRAD_REDUCE_DTYPES), ("grouped_gemm", GROUPED_GEMMS)):
+                              ("grad_reduce_dtype", GRAD_REDUCE_DTYPES), ("grouped_gemm", GROUPED_GEMMS),
+                              ("ep_placement", EP_PLACEMENTS)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"field '{name}' = {getattr(self, name)!r} is unknown; allowed: {', '.join(allowed)}")
         if self.expert_load is not None and (isinstance(self.expert_load, bool) or not self.expert_load >= 1.0):
@@ -300,6 +310,13 @@ class ParallelConfig:
         """Ranks of the ``tp``, ``ep``, ``dp``, ``edp`` or ``pp`` group containing the coordinate
         (:meth:`~tessera_lab.model.layout.RankGrid.group_ranks`)."""
         return self.grid.group_ranks(kind, pp_i, dp_i, ep_i, tp_i)
+
+    def ep_link_ranks(self) -> list[int]:
+        """Ranks of the first EP group as the links see them: :meth:`group_ranks` (``ep_placement = grid``) or the
+        ``ep`` consecutive ranks ``0 .. ep-1`` (``contiguous``, Megatron-Core's expert grid with expert TP 1)."""
+        if self.ep_placement == "contiguous":
+            return list(range(self.ep))
+        return self.group_ranks("ep")
 
 
 def cluster_for(parallel: ParallelConfig, gpu: str | GPUSpec = "H200") -> Cluster:

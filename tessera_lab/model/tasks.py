@@ -263,7 +263,11 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
         w=Task("experts", g.layer, "W", "grouped_gemm", eflops, ebytes, gemms=shapes, groups=local_experts),
         selective=dt * received * h,  # expert activations recomputed (Megatron's 'mlp'/'moe' modules): keep the input
     )
-    combine = g.comm("combine", "all_to_all", dt * sent * h, "ep", p.ep, [experts], route)
+    # SwiGLU between the two expert GEMMs is its own memory-bound kernel (Megatron's TEGroupedMLP applies the fused
+    # bias-SwiGLU with the routing probabilities between fc1 and fc2, megatron/core/fusions/fused_bias_swiglu.py), as
+    # the dense MLP's silu_mul: reads the 2 x width fc1 output, writes width; its input is in the experts' saved bytes
+    act = g.elementwise("expert_act", dt * received * width * 3, [experts])
+    combine = g.comm("combine", "all_to_all", dt * sent * h, "ep", p.ep, [act], route)
     unpermute = g.elementwise("unpermute", dt * (sent * h + T * h), [combine], saved=dt * sent * h)
     outs = [unpermute]
     if m.shared_expert_intermediate_size:
@@ -277,6 +281,7 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
                  gemms=sshapes),
             w=Task("shared_expert", g.layer, "W", "gemm", sflops, sbytes, gemms=sshapes),
         )
+        shared = g.elementwise("shared_act", dt * T * Is * 3, [shared])  # its SwiGLU, as the routed experts'
         if p.tp > 1:
             shared = g.comm("shared_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [shared])
         outs.append(shared)
