@@ -233,9 +233,11 @@ def test_ilp_time_limit_bounds_both_passes():
     best plan found (an incumbent or the heuristic) and a status that says it was not proven optimal."""
     import time
 
-    costs = [1.0 + ((l * 37) % 11) / 7 for l in range(64)]
-    prob = additive_problem(costs, 16, vpp=2)
+    costs = [1.0 + ((l * 37) % 11) / 7 for l in range(96)]
+    prob = additive_problem(costs, 32, vpp=4)  # 8 ranks x 4 chunks: about 22,000 binaries
+    solve_ilp(additive_problem([1.0, 2.0], 1), time_limit_s=1.0)  # import PuLP and HiGHS outside the timing
     t = time.perf_counter()
-    part = solve_ilp(prob, time_limit_s=1.0)
-    assert time.perf_counter() - t < 1.5 * 1.0 + 1.0  # building the model is outside the solver's limit
-    assert len(part.boundaries) == 17 and part.bottleneck > 0
+    part = solve_ilp(prob, time_limit_s=2.0)
+    assert time.perf_counter() - t < 1.5 * 2.0 + 0.5  # model building counts against the limit
+    assert len(part.boundaries) == 33 and part.bottleneck > 0
+    assert part.status == "Optimal" or "not proven optimal" in part.status or "heuristic" in part.status

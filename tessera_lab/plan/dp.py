@@ -99,12 +99,18 @@ def solve_dp(problem: PartitionProblem) -> Partition:
 FAST_DP_MIN = 2_000_000
 
 
-def fast_path(problem: PartitionProblem) -> bool:
-    """Whether :func:`solve_dp` hands ``problem`` to :func:`solve_monotone`: monotone costs, the bottleneck
-    objective, no pinned or maximum layer counts, one stage per rank, and more than :data:`FAST_DP_MIN` segments."""
+def fast_path_ok(problem: PartitionProblem) -> bool:
+    """Whether :func:`solve_monotone` is exact for ``problem``: monotone costs, the bottleneck objective, no pinned
+    or maximum layer counts, one stage per rank."""
     return (problem.monotone and problem.objective == "bottleneck" and problem.vpp == 1
             and problem.first_stage_layers is None and problem.last_stage_layers is None
-            and problem.max_layers is None and problem.num_stages * problem.num_layers ** 2 > FAST_DP_MIN)
+            and problem.max_layers is None)
+
+
+def fast_path(problem: PartitionProblem) -> bool:
+    """Whether :func:`solve_dp` hands ``problem`` to :func:`solve_monotone`: :func:`fast_path_ok` and more than
+    :data:`FAST_DP_MIN` segments (smaller problems keep the general DP's spread tie-break)."""
+    return fast_path_ok(problem) and problem.num_stages * problem.num_layers ** 2 > FAST_DP_MIN
 
 
 def solve_monotone(problem: PartitionProblem) -> Partition:
