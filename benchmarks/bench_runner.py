@@ -6,9 +6,15 @@ PipelineExecutor` walking the ``1f1b`` action list and by ``torch.distributed.pi
 ``Schedule1F1B``; each trial is forward + backward of one step (no optimizer), after a barrier. Prints tokens/s
 of each and the ratio ours / torch.
 
-Part 2 (``pp * ep`` processes): our executor with ``1f1b`` and with ``overlapped`` 1F1B (pairs run with the
-forward on a side thread while the backward computes, each with its own EP all-to-all group), and the same
-overlapped list run serially. Prints tokens/s and ratios.
+Part 2 (``pp * ep`` processes, at the given ep and again at ep = 1): our executor with plain ``1f1b``
+(monolithic autograd, and node level), and ``overlapped`` 1F1B with the ``scheduled`` pair handler (node level,
+asynchronous all-to-alls; the order searched over nominal node times, the order searched over node times the
+runner measured in a plain node-level 1F1B step, and Megatron's combined-1F1B order) and with the turn-1
+``threads`` handler. Prints tokens/s, ratios, and the **hidden fraction of the all-to-all** measured from the
+runner's own events: exposed all-to-all time = the time the host was blocked in all-to-all waits (lane
+``wait``); with plain node-level 1F1B every all-to-all is waited for right after it is issued, so its exposed
+time is the all-to-all time; hidden fraction = 1 - exposed(scheduled) / exposed(plain node-level 1F1B).
+At ep = 1 there is no all-to-all, so a speed-up there is thread parallelism or noise, not hidden communication.
 
 Prints, never asserts: timings on a shared 2-core CI machine are noisy. Run:
 
@@ -31,7 +37,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> None:
+def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> None:  # noqa: C901
     import torch
     import torch.distributed as dist
 
@@ -44,7 +50,7 @@ def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> No
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    ep = 1 if part == "torch" else args.ep
+    ep = 1 if part == "torch" else int(part.split(":")[1])
     world = WorldSpec(pp=args.pp, ep=ep, dp=1)
     topo = build_topology(world, rank, torch.device("cpu"))
     model_cfg = {"hidden_size": args.hidden, "num_layers": args.layers, "expert_width": args.hidden,
@@ -58,7 +64,7 @@ def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> No
     inputs = {i: r[:, :-1] for i, r in rows.items()}
     targets = {i: r[:, 1:] for i, r in rows.items()}
 
-    def executor(schedule: str, overlap: str = "thread"):
+    def executor(schedule: str, overlap: str = "thread", pair_exec=None, pair_order=None):
         spec = RunSpec(schedule=schedule, microbatches=m, micro_batch_size=mbs, model=model_cfg, overlap=overlap)
         sched = spec.build_schedule(args.pp)
         comm = (ExpertParallelComm(topo.ep_fwd, topo.ep_bwd, topo.ep, topo.ep_rank, cfg.num_experts)
@@ -68,17 +74,23 @@ def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> No
                                  comm.local_experts if comm else None)
         for st in stages.values():
             st.comm = comm
-        ex = PipelineExecutor(topo, sched, stages, (mbs, cfg.seq_len, cfg.hidden_size), N, overlap=overlap)
+        ex = PipelineExecutor(topo, sched, stages, (mbs, cfg.seq_len, cfg.hidden_size), N, overlap=overlap,
+                              pair_exec=pair_exec, pair_order=pair_order)
         return ex, stages
 
-    def ours(ex, stages):
+    exposed: dict[str, list[float]] = {}
+
+    def ours(ex, stages, name=None):
         for st in stages.values():
             st.zero_grad(set_to_none=True)
         dist.barrier()
         t0 = time.perf_counter()
-        ex.run_step(0, inputs, targets, t0)
+        rec = ex.run_step(0, inputs, targets, t0)
         dist.barrier()
-        return time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        if name is not None:
+            exposed.setdefault(name, []).append(sum(e[5] - e[4] for e in rec.events if e[0] == "wait"))
+        return dt
 
     results: dict[str, list[float]] = {}
     if part == "torch":
@@ -112,18 +124,40 @@ def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> No
             results.setdefault("torch Schedule1F1B", []).append(theirs())
         ex.close()
     else:
-        runs = {"1f1b": executor("1f1b"), "overlapped (side thread)": executor("overlapped", "thread"),
-                "overlapped (serial)": executor("overlapped", "serial")}
+        # node times measured by the runner itself (plain node-level 1F1B waits for every all-to-all at once),
+        # searched on rank 0 and broadcast, so that every rank issues the same order
+        from tessera_lab.runner.orders import durations_from_events, search_template
+
+        probe = executor("1f1b", pair_exec="scheduled")
+        ours(*probe)
+        rec = probe[0].run_step(0, inputs, targets, time.perf_counter())
+        evs = [{"lane": e[0], "type": e[1], "start": e[4], "end": e[5], "label": e[6]} for e in rec.events]
+        box = [list(search_template(durations_from_events(evs), keep=1)[0][1])]
+        dist.broadcast_object_list(box, src=0)
+        probe[0].close()
+        measured_order = box[0]
+        runs = {"1f1b": executor("1f1b"), "1f1b (nodes)": executor("1f1b", pair_exec="scheduled"),
+                "overlapped measured order": executor("overlapped", pair_exec="scheduled", pair_order=measured_order),
+                "overlapped scheduled": executor("overlapped", pair_exec="scheduled"),
+                "overlapped megatron": executor("overlapped", pair_exec="scheduled", pair_order="megatron"),
+                "overlapped threads": executor("overlapped", pair_exec="threads")}
         for _ in range(2):
             for ex, st in runs.values():
                 ours(ex, st)
         for _ in range(args.trials):
             for name, (ex, st) in runs.items():
-                results.setdefault(name, []).append(ours(ex, st))
+                results.setdefault(name, []).append(ours(ex, st, name))
         for ex, _ in runs.values():
             ex.close()
+    out = {k: statistics.median(v) for k, v in results.items()} | {"tokens": N}
+    # exposed all-to-all time summed over the ranks of pipeline rank 0's EP group... gathered from every rank
+    mine = {k: statistics.median(v) for k, v in exposed.items()}
+    allx: list = [None] * world_size
+    dist.all_gather_object(allx, mine)
     if rank == 0:
-        queue.put({k: statistics.median(v) for k, v in results.items()} | {"tokens": N})
+        if any(allx):
+            out["exposed"] = {k: sum(x[k] for x in allx) / world_size for k in mine}
+        queue.put(out)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -155,7 +189,12 @@ def main(argv=None) -> int:
     if args.part != "overlap":
         _part1(args)
     if args.part != "torch":
-        _part2(args)
+        import os as _os
+
+        print(f"machine load (1, 5, 15 min): {', '.join(f'{x:.2f}' for x in _os.getloadavg())}, "
+              f"{_os.cpu_count()} cores")
+        for ep in dict.fromkeys([args.ep, 1]):
+            _part2(args, ep)
     return 0
 
 
@@ -169,15 +208,22 @@ def _part1(args) -> None:
     print(f"    ratio ours / torch.distributed.pipelining (tokens/s): {ratio:.3f}")
 
 
-def _part2(args) -> None:
-    r = _run("ours", args.pp * args.ep, args)
+def _part2(args, ep: int) -> None:
+    r = _run(f"ours:{ep}", args.pp * ep, args)
     tok = r.pop("tokens")
-    print(f"[2] pp={args.pp}, ep={args.ep}, m={args.microbatches}, {tok} tokens/step, median of {args.trials} steps")
+    exposed = r.pop("exposed", {})
+    print(f"[2] pp={args.pp}, ep={ep}, m={args.microbatches}, {tok} tokens/step, median of {args.trials} steps")
     for k, v in r.items():
-        print(f"    {k:<24} {v * 1e3:8.2f} ms/step  {tok / v:10.0f} tokens/s")
-    print(f"    ratio overlapped (side thread) / 1f1b (tokens/s): {r['1f1b'] / r['overlapped (side thread)']:.3f}")
-    print(f"    ratio overlapped (side thread) / overlapped serial: "
-          f"{r['overlapped (serial)'] / r['overlapped (side thread)']:.3f}")
+        x = f"  exposed all-to-all {exposed[k] * 1e3:7.2f} ms/step/rank" if k in exposed and ep > 1 else ""
+        print(f"    {k:<24} {v * 1e3:8.2f} ms/step  {tok / v:10.0f} tokens/s{x}")
+    for k in ("overlapped scheduled", "overlapped measured order", "overlapped megatron", "overlapped threads",
+              "1f1b (nodes)"):
+        print(f"    ratio {k} / 1f1b (tokens/s): {r['1f1b'] / r[k]:.3f}")
+    if ep > 1 and exposed.get("1f1b (nodes)", 0) > 0:
+        base = exposed["1f1b (nodes)"]
+        for k in ("overlapped scheduled", "overlapped measured order", "overlapped megatron"):
+            print(f"    hidden fraction of all-to-all, {k}: {1 - exposed[k] / base:.2f} "
+                  f"(runner events: exposed {exposed[k] * 1e3:.2f} of {base * 1e3:.2f} ms/step/rank)")
 
 
 if __name__ == "__main__":

@@ -61,3 +61,18 @@ profile="$outdir/cuda-qwen3-next-80b-a3b-${gpu}.json"
   --out "$outdir/analytic-qwen3-next-80b-a3b.json" --json "$outdir/analytic-qwen3-next-80b-a3b-table.json" >/dev/null
 
 echo "profile: $profile"
+
+# 4) the runner on this GPU machine (issue 13; never run yet: no GPU machine was available when it was written).
+#    With >= 2 GPUs: NCCL, node-level pairs with async all-to-alls; the calibration and validation matrix.
+ngpu=$("$py" -c "import torch; print(torch.cuda.device_count())")
+if [ "$ngpu" -ge 2 ]; then
+  "${cli[@]}" run --pp 2 --ep 1 --schedule overlapped --pair-exec scheduled --steps 3 \
+    --json "$outdir/runner-overlapped-scheduled-${gpu}.json" || echo "runner check failed" >&2
+  if [ "$ngpu" -ge 4 ]; then
+    "${cli[@]}" run --pp 2 --ep 2 --schedule overlapped --pair-exec scheduled --steps 3 \
+      --json "$outdir/runner-overlapped-scheduled-ep2-${gpu}.json" || echo "runner ep=2 check failed" >&2
+  fi
+  "${cli[@]}" calibrate --out "$outdir/device-${gpu}.json" || echo "calibrate failed" >&2
+  "${cli[@]}" validate --quick --device "$outdir/device-${gpu}.json" --json "$outdir/validate-${gpu}.json" \
+    || echo "validate failed" >&2
+fi

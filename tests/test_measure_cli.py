@@ -64,9 +64,9 @@ def test_cuda_without_a_gpu_exits_2_with_one_line(tmp_path):
 def test_measure_cpu_writes_a_profile_with_spread(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "cpu.json"
-    proc = subprocess.run(CLI + ["measure", "--backend", "cpu", "--size-factor", "0.03125", "--repeats", "3",
-                                 "--warmup", "1", "--timeout", "120", "--out", str(out), "--json", str(tmp_path / "r.json")],
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(CLI + ["measure", "--backend", "cpu", "--ep", "2", "--size-factor", "0.03125", "--repeats", "2",
+                                 "--warmup", "0", "--timeout", "400", "--out", str(out), "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr
     assert "linear_attention+moe" in proc.stdout
     with warnings.catch_warnings():
@@ -76,10 +76,16 @@ def test_measure_cpu_writes_a_profile_with_spread(tmp_path):
     for e in prof.entries.values():
         for name in ("t_a", "t_b", "t_ab", "t_program"):
             s = e[name]
-            assert s["n"] == 3 and len(s["samples"]) == 3
+            assert s["n"] >= 2 and len(s["samples"]) == s["n"]
             assert 0 < s["min"] <= s["q1"] <= s["median"] <= s["q3"] <= s["max"]
         meta = e["metadata"]
-        assert meta["backend"] == "cpu" and meta["repeats"] == 3 and meta["world_size"] == 2
+        assert meta["backend"] == "cpu" and meta["repeats"] == 2 and meta["world_size"] == 2
         assert meta["device"] and meta["torch"] and meta["date"] and meta["shapes"]["a"]["hidden"] == 64
+        assert e["tasks"] and all(v["lane"] in ("compute", "comm") for v in e["tasks"].values())
+        assert len(meta["candidates"]) >= 4 and meta["search"]["decision"]["verdict"]
+    # the fit is stored, and refitting from the file's per-task data reproduces it exactly
+    assert prof.data["fit"]["pairs"] == 4
+    refit = pr.refit(pr.load_profile(out)).as_dict()
+    assert refit == {k: v for k, v in prof.data["fit"].items() if k in refit}
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["profile"] == str(out)

@@ -39,7 +39,7 @@ def test_plan_metrics_are_consistent(qwen3_next):
 
 
 @pytest.mark.parametrize("schedule", ["overlapped", "1f1b"])
-@pytest.mark.parametrize("name", sorted(shipped_models()))
+@pytest.mark.parametrize("name", sorted(n for n in shipped_models() if not n.startswith("tiny")))  # tiny: the runner's 4-layer model
 def test_ilp_equals_dp_on_shipped_models(name, schedule):
     """The ILP and the exact DP reach the same optimum on the planner's own problem, memory limits included."""
     from tessera_lab.model.hardware import cluster_for

@@ -18,7 +18,7 @@ import pytest
 
 from tessera_lab.overlap import core as ov
 from tessera_lab.overlap import profiles as pr
-from tessera_lab.errors import ProfileError
+from tessera_lab.errors import ConfigError, ProfileError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import load_model
 
@@ -218,3 +218,24 @@ def test_shipped_cpu_profile_loads_and_has_spread():
         assert e["metadata"]["repeats"] >= 3
         assert e["t_ab"]["q1"] <= e["t_ab"]["median"] <= e["t_ab"]["q3"]
         assert len(e["t_ab"]["samples"]) == e["metadata"]["repeats"]
+
+
+def test_refit_from_the_file_reproduces_the_fit(tmp_path, analytic_table):
+    """Per-task durations, lanes, deps and the measured t_ab are stored, so the fit can be redone from the file."""
+    results = []
+    for i, r in enumerate(analytic_table.attrs["results"][:2]):
+        t = r.t_ab * (1.0 + 0.1 * i)  # measured together: slower than the model says, by pair
+        results.append(fake_measured(r, {"t_a": [r.t_a], "t_b": [r.t_b], "t_ab": [t], "t_program": [t]}, CPU_ENV))
+    prof = pr.new_profile("cpu", QWEN.name, P, size_factor=0.125, environment=CPU_ENV)
+    pr.add_results(prof, results)
+    path = pr.save_profile(prof, tmp_path / "cpu.json")
+    back = pr.load_profile(path, check_stale=False)
+    stored = back.data["fit"]
+    assert stored["pairs"] == 2
+    assert {**pr.refit(back).as_dict(), "grid_step": 0.1} == {k: v for k, v in stored.items() if k != "method"}
+    # and equals fitting the results directly
+    assert ov.fit_contention(results, step=0.1).as_dict() == pr.refit(back).as_dict()
+    e = next(iter(back.entries.values()))
+    assert set(e["tasks"]) == set(e["fit_sample"]["durations"]) and e["fit_sample"]["order"] == e["order"]
+    with pytest.raises(ConfigError, match="per-task"):
+        pr.refit(pr.new_profile("cpu", QWEN.name, P, size_factor=0.125, environment=CPU_ENV))

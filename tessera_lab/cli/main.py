@@ -18,12 +18,12 @@ from typing import Sequence
 
 from tessera_lab.argtypes import finite_float, integer, positive_float
 from tessera_lab.checks import check_work
-from tessera_lab.cli import measure, models, partition, plan, report, reproduce, run, simulate
+from tessera_lab.cli import calibrate, measure, models, partition, plan, report, reproduce, run, simulate, validate
 from tessera_lab.cli.common import Parser, check_output_paths
 from tessera_lab.errors import ConfigError, TesseraError
 
 #: subcommand modules in the order ``tessera-lab --help`` lists them
-COMMANDS = (models, plan, partition, reproduce, simulate, measure, report, run)
+COMMANDS = (models, plan, partition, reproduce, simulate, measure, report, run, calibrate, validate)
 
 #: help of options whose subcommand module gives none (``--help`` shows help and the default of every option)
 OPTION_HELP = {

@@ -44,7 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``tessera-lab measure`` (``--json`` is added by the caller)."""
     from tessera_lab.plan.make import DEFAULT_GPU, DEFAULT_MODEL
 
-    p.add_argument("--backend", required=True, choices=list(BACKENDS), help="measuring backend")
+    p.add_argument("--backend", required=True, choices=list(BACKENDS) + ["runner"],
+                   help="measuring backend; runner: the runner's own node-level pair executor on an EP group of "
+                        "--ep gloo processes (the tiny runner model)")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"shipped model or config.json (default {DEFAULT_MODEL})")
     p.add_argument("--out", metavar="PATH", default=None,
                    help="profile to write (default data/profiles/<backend>-<model>.json); merged if it exists")
@@ -58,13 +60,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch-size", type=int_at_least("micro_batch_size", 1), default=1)
     p.add_argument("--gpu", default=DEFAULT_GPU, help="GPU of the analytic model (default H200)")
     p.add_argument("--world-size", type=int_at_least("world_size", 2), default=None,
-                   help="processes of the local group (cpu: 2; cuda: visible GPUs, at most 8)")
+                   help="processes of the local group (cpu: the EP size --ep, 2..8; cuda: visible GPUs, at most 8)")
     p.add_argument("--timeout", type=_seconds, default=600.0, help="kill the measuring processes after S seconds")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _measure_runner(args: argparse.Namespace) -> int:
+    """``measure --backend runner``: pair orders of the runner measured by the runner (:mod:`tessera_lab.runner.measure`)."""
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.io import write_json
+    from tessera_lab.paths import data_dir
+    from tessera_lab.runner.measure import measure_runner_pair
+
+    if not 1 <= args.ep <= 8:
+        raise ConfigError(f"--ep = {args.ep} is out of range for the runner backend; allowed: 1..8 processes")
+    r = measure_runner_pair(ep=args.ep, repeats=args.repeats)
+    out = args.out or str(data_dir() / "profiles" / f"runner-tiny-runner-ep{args.ep}.json")
+    write_json(out, {"kind": "runner_pair_profile", "schema_version": 1, "backend": "runner", **r})
+    d = r["decision"]
+    lines = [f"runner pair (tiny-runner, one stage, F of micro-batch 1 with B of micro-batch 0), ep={args.ep} gloo "
+             f"processes: F alone {r['t_f'] * 1e3:.2f} ms, B alone {r['t_b'] * 1e3:.2f} ms, together (program order) "
+             f"{r['t_program'] * 1e3:.2f} ms, chosen {r['t_ab'] * 1e3:.2f} ms (measured medians)",
+             f"{len(r['candidates'])} orders measured (successive halving), decision: {d['verdict']} "
+             f"(candidate {d['chosen']}; rule {d['rule']})",
+             "chosen order: " + " ".join(r["chosen_order"]), f"profile: {out}"]
+    emit(args, {"profile": out, **r}, "\n".join(lines))
+    return 0
+
+
 def cmd_measure(args: argparse.Namespace) -> int:
     """``tessera-lab measure``: the overlap table of a model's layer kinds, written to a profile."""
+    if args.backend == "runner":
+        return _measure_runner(args)
     from tqdm import tqdm
 
     from tessera_lab.cost.analytic import CostModel
@@ -117,10 +144,23 @@ def cmd_measure(args: argparse.Namespace) -> int:
             f"device {env.get('device')}, size factor {f:g}, repeats {args.repeats if args.backend != 'analytic' else 1}\n"
             + table(rows, ".4g")
             + f"\noverlap spread (best gain / worst gain): {spread:.3g}\nprofile: {prof.path}")
+    decisions = []
+    for r in results:
+        s = r.metadata.get("search") or {}
+        d = s.get("decision")
+        if d:
+            decisions.append({"pair": f"{r.kind_a} + {r.kind_b}", "orders_measured": s.get("orders_measured"),
+                              "decision": d["verdict"], "chosen": d["chosen"]})
+            text += (f"\n{r.kind_a} F + {r.kind_b} BW: {s.get('orders_measured')} orders measured (successive "
+                     f"halving), decision: {d['verdict']} (candidate {d['chosen']}; rule {d['rule']})")
+    fit = prof.data.get("fit")
+    if fit:
+        text += (f"\ncontention fit over {fit['pairs']} pairs (measured): compute +{fit['compute']:.3g}, comm "
+                 f"+{fit['comm']:.3g}, rms relative error {fit['rms_relative_error']:.3g}")
     result = {
         "model": model.name, "backend": args.backend, "size_factor": f, "profile": str(prof.path),
         "overlap_spread": spread, "environment": env,
-        "table": overlap.to_dict(orient="records"),
+        "table": overlap.to_dict(orient="records"), "decisions": decisions, "fit": fit,
     }
     emit(args, result, text)
     return 0

@@ -65,6 +65,10 @@ def format_plan(plan) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if getattr(args, "device", None):  # the runner on a calibrated device (issue 13)
+        from tessera_lab.runner.predict import cmd_plan_device
+
+        return cmd_plan_device(args)
     from tessera_lab.model.hardware import Cluster
     from tessera_lab.plan.make import make_plan
 
@@ -127,6 +131,9 @@ def add_parser(sub) -> None:
     p.add_argument("--export", metavar="PATH",
                    help="write the plan as schema-versioned JSON with Megatron-LM layout, DeepSpeed parts and "
                         "torch.distributed.pipelining split points")
+    p.add_argument("--device", metavar="FILE", default=None,
+                   help="calibrated device (tessera-lab calibrate); with a runner model (tiny-runner) the plan "
+                        "predicts the runner on that device (costs: 'calibrated device NAME')")
     add_json(p)
     p.set_defaults(func=cmd_plan)
 

@@ -17,6 +17,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     own cost source unless ``--costs`` asks for another, or from plan options), an optional ``--diff OTHER`` (a
     plan JSON, a model name or ``KEY=VALUE,...`` changes), ``--plot PATH`` (:func:`save_report_figure`: the
     waterfall, or with ``--diff`` both waterfalls side by side) and ``--json``."""
+    if getattr(args, "observed", None):  # the capacity report of an actual run (issue 13)
+        from tessera_lab.runner.capacity import observed_report
+
+        data, text = observed_report(args.observed, getattr(args, "device", None))
+        emit(args, data, text)
+        return 0
     from tessera_lab.plan.make import make_plan
 
     diff_changes = None
@@ -64,6 +70,9 @@ def add_parser(sub) -> None:
     p.add_argument("--costs", metavar="SOURCE", default=None,
                    help="with --plan: re-evaluate under another cost source, 'analytic' or a profile JSON (default: "
                         "the plan's own; a report that would change it refuses unless asked)")
+    p.add_argument("--observed", metavar="RUN.json", help="capacity report of an actual run (tessera-lab run --json)")
+    p.add_argument("--device", metavar="FILE", default=None,
+                   help="with --observed: calibrated device whose GEMM rate is the peak (default data/devices/*.json)")
     add_plan_options(p, DEFAULT_MODEL, DEFAULT_GPU)
     p.add_argument("--diff", metavar="OTHER",
                    help="compare with OTHER: a plan JSON, a model name, or changes like "

@@ -10,6 +10,8 @@ Three kinds:
   CUDA / driver versions, date and a hash of the file, so a later re-evaluation can tell whether it still reads
   the same measurements.
 * ``observed``: runs of the runner (per-action times), with the path of the run record.
+* ``calibrated_device``: a calibrated device file (``tessera-lab calibrate``; :func:`tessera_lab.cost.device.cost_source`
+  writes this kind into the runner's plans).
 
 Re-evaluating a plan under another source happens only when asked, and says so
 (:func:`check_same_source`).
@@ -24,7 +26,7 @@ from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
 
-KINDS = ("analytic", "profile", "observed")
+KINDS = ("analytic", "profile", "observed", "calibrated_device")
 
 
 def file_digest(path: str | Path) -> str | None:
@@ -65,13 +67,14 @@ class CostSource:
         """One line for output: ``analytic`` or ``measured profile P on DEVICE, DATE`` (``observed runs ...``)."""
         if self.kind == "analytic":
             return "analytic" + (f" (cost model {self.digest})" if self.digest else "")
-        what = "measured profile" if self.kind == "profile" else "observed runs"
+        what = {"profile": "measured profile", "observed": "observed runs",
+                "calibrated_device": "calibrated device"}[self.kind]
         return f"{what} {self.path or '(in memory)'} on {self.device or 'unknown device'}, {self.date or 'undated'}"
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": self.path, "device": self.device, "date": self.date,
                 "backend": self.backend, "versions": dict(self.versions), "digest": self.digest,
-                "description": self.describe()}
+                "description": self.describe(), "source": self.describe()}
 
     @classmethod
     def from_dict(cls, data: Any) -> "CostSource":
@@ -85,9 +88,11 @@ class CostSource:
         if not isinstance(data, Mapping):
             raise ConfigError(f"field 'costs' = {data!r} is invalid; allowed: an object with 'kind' "
                               f"({', '.join(KINDS)})")
+        versions = dict(data.get("versions") or {})
+        if data.get("torch") and "torch" not in versions:  # the runner's calibrated-device form
+            versions["torch"] = data["torch"]
         return cls(kind=str(data.get("kind", "analytic")), path=data.get("path"), device=data.get("device"),
-                   date=data.get("date"), backend=data.get("backend"), versions=dict(data.get("versions") or {}),
-                   digest=data.get("digest"))
+                   date=data.get("date"), backend=data.get("backend"), versions=versions, digest=data.get("digest"))
 
     def same_as(self, other: "CostSource") -> bool:
         """Same kind and the same measurements: path and file hash (for analytic, the cost-model hash); a

@@ -36,7 +36,6 @@ drift affects all alike); the first ``warmup`` rounds are dropped; medians and q
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import os
 import queue as _queue
@@ -50,299 +49,32 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tessera_lab.cost.analytic import Contention
 from tessera_lab.errors import ConfigError
-from tessera_lab.model.hardware import ParallelConfig
-from tessera_lab.model.spec import ModelSpec
-from tessera_lab.overlap.core import (
-    COMM, COMPUTE, Bundle, MeasurementError, OverlapResult, _schedule, assemble_measured, bundle, bundle_shapes,
-    default_contention, pair_graph, spread_stats,
+from tessera_lab.overlap.bundles import COMM, COMPUTE, Bundle, MeasurementError, pair_graph
+from tessera_lab.overlap.environment import current_environment
+from tessera_lab.overlap.results import (
+    OverlapResult, assemble_measured, bundle_shapes, default_contention, spread_stats,
+)
+from tessera_lab.overlap.fit import fit_contention_samples
+from tessera_lab.overlap.search import _schedule
+
+from tessera_lab.overlap.kernels import (  # noqa: F401  (re-exported)
+    CHUNK, KernelContext, _delta_rule_chunked, build_kernels, expert_counts, scale_model, scale_parallel,
+    scaled_bundle,
 )
 
-CHUNK = 64
+#: grid step of the contention fits made while measuring (coarse grid, then a 10x finer one around its best)
+FIT_STEP = 0.1
 
 
-# ---------------------------------------------------------------------- scaling
-def _s(x: int | None, f: float) -> int | None:
-    if x is None:
-        return None
-    return max(1, int(round(x * f))) if x > 0 else x
-
-
-def scale_model(model: ModelSpec, f: float) -> ModelSpec:
-    """The model with every width multiplied by ``f`` (head and expert counts kept)."""
-    if f == 1.0:
-        return model
-    fields = ("hidden_size", "head_dim", "linear_key_head_dim", "linear_value_head_dim", "intermediate_size",
-              "moe_intermediate_size", "shared_expert_intermediate_size", "kv_lora_rank", "qk_nope_head_dim",
-              "qk_rope_head_dim", "v_head_dim", "q_lora_rank")
-    changes = {k: _s(getattr(model, k), f) for k in fields}
-    return dataclasses.replace(model, name=f"{model.name}[x{f:g}]", **changes)
-
-
-def scale_parallel(parallel: ParallelConfig, f: float) -> ParallelConfig:
-    """The parallel config with the sequence length multiplied by ``f``."""
-    return parallel if f == 1.0 else parallel.replace(seq_len=max(1, int(round(parallel.seq_len * f))))
-
-
-def scaled_bundle(bd: Bundle, f: float) -> Bundle:
-    """The bundle rebuilt at size factor ``f`` (same name and task ids)."""
-    return bundle(scale_model(bd.model, f), bd.layer, bd.phase, scale_parallel(bd.parallel, f),
-                  expert_load=bd.expert_load, name=bd.name)
-
-
-def expert_counts(received: int, local_experts: int, seed: int) -> list[int]:
-    """Token copies per local expert: ``received`` copies routed uniformly at random (multinomial)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return [int(c) for c in rng.multinomial(max(0, int(received)), [1.0 / local_experts] * local_experts)]
-
-
-# ---------------------------------------------------------------------- kernels
-@dataclass
-class KernelContext:
-    """Where and how kernels run: device, compute dtype, the communication function and group size."""
-
-    device: Any
-    dtype: Any
-    world: int
-    comm: str  # "gloo", "nccl" or "copy"
-    seed: int = 0
-    notes: dict = dataclasses.field(default_factory=dict)  # implementation choices, copied into the metadata
-
-
-def _delta_rule_chunked(q, k, v, beta, chunk: int = CHUNK):
-    """Chunked delta rule (WY form). q, k: (H, T, dk); v: (H, T, dv); beta: (H, T). Returns (H, T, dv)."""
-    import torch
-
-    H, T, dk = k.shape
-    dv = v.shape[-1]
-    S = torch.zeros(H, dk, dv, dtype=q.dtype, device=q.device)
-    eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    outs = []
-    for s0 in range(0, T, chunk):
-        qc, kc, vc, bc = q[:, s0:s0 + chunk], k[:, s0:s0 + chunk], v[:, s0:s0 + chunk], beta[:, s0:s0 + chunk]
-        c = kc.shape[1]
-        kb = kc * bc.unsqueeze(-1)
-        A = torch.tril(kb @ kc.transpose(1, 2), -1)
-        I = eye[:c, :c].expand(H, c, c)
-        if q.dtype in (torch.float32, torch.float64):
-            Tinv = torch.linalg.solve_triangular(I + A, I, upper=False)
-        else:  # bf16 / fp16: the triangular solve runs in fp32 (as flash-linear-attention's kernels do)
-            Tinv = torch.linalg.solve_triangular((I + A).float(), I.float(), upper=False).to(q.dtype)
-        W = Tinv @ kb
-        U = Tinv @ (vc * bc.unsqueeze(-1))
-        Uc = U - W @ S
-        outs.append(qc @ S + torch.tril(qc @ kc.transpose(1, 2)) @ Uc)
-        S = S + kc.transpose(1, 2) @ Uc
-    return torch.cat(outs, dim=1)
-
-
-def build_kernels(bd: Bundle, ctx: KernelContext, *, layer_seed: int = 0) -> dict[str, Callable[[], Any]]:
-    """One callable per task id of a (scaled) bundle. Tensors are allocated here, on ``ctx.device``."""
-    import torch
-    import torch.nn.functional as F_
-
-    m, p = bd.model, bd.parallel
-    dev, dt = ctx.device, ctx.dtype
-    T, h = p.tokens_per_microbatch, m.hidden_size
-    elsize = torch.empty((), dtype=dt).element_size()
-    model_dt = p.dtype_bytes
-    gen = torch.Generator(device="cpu").manual_seed(1000 * ctx.seed + layer_seed)
-
-    def rnd(*shape, scale: float = 0.05, grad: bool = False):
-        t = (torch.randn(*shape, generator=gen) * scale).to(device=dev, dtype=dt)
-        return t.requires_grad_(grad)
-
-    out: dict[str, Callable[[], Any]] = {}
-    for task in bd.tasks:
-        tid = Bundle.task_id(task)
-        ph = task.phase
-        op = task.op
-        if task.is_comm:
-            nbytes = task.collective.bytes if task.collective.group_size > 1 else 0.0
-            numel = int(nbytes // elsize)
-            if numel <= 0:
-                out[tid] = lambda: None
-                continue
-            numel = -(-numel // ctx.world) * ctx.world
-            src, dst = rnd(numel), torch.empty(numel, dtype=dt, device=dev)
-            out[tid] = _comm_kernel(task.collective.kind, src, dst, ctx)
-        elif op == "gemm" or (op == "router" and ph != "F"):
-            n = max(1, int(round(task.flops / (2.0 * T * h))))
-            out[tid] = _gemm_kernel(ph, T, h, n, rnd, torch)
-        elif op == "router":
-            x, w = rnd(T, h), rnd(h, m.num_experts)
-            logits = torch.empty(T, m.num_experts, dtype=dt, device=dev)
-            k = m.num_experts_per_tok
-            out[tid] = lambda x=x, w=w, logits=logits, k=k: torch.topk(torch.matmul(x, w, out=logits), k, dim=-1)
-        elif op == "grouped_gemm":
-            out[tid] = _experts_kernel(ph, bd, T, h, rnd, torch, F_, layer_seed + ctx.seed * 7919, ctx)
-        elif op == "attention":
-            out[tid] = _attention_kernel(ph, m, p, rnd, torch, F_, ctx)
-        elif op == "linear_attention":
-            out[tid] = _linear_attention_kernel(ph, m, p, rnd, torch)
-        else:  # element-wise and the rest: move the task's bytes (2 reads, 1 write)
-            n = max(1, int(task.bytes / (3 * model_dt)))
-            a_, b_, c_ = rnd(n), rnd(n), torch.empty(n, dtype=dt, device=dev)
-            out[tid] = lambda a_=a_, b_=b_, c_=c_: torch.mul(a_, b_, out=c_)
-    return out
-
-
-def _comm_kernel(kind: str, src, dst, ctx: KernelContext):
-    if ctx.comm == "copy":
-        return lambda: dst.copy_(src, non_blocking=True)
-    import torch.distributed as dist
-
-    if kind == "all_to_all":
-        return lambda: dist.all_to_all_single(dst, src)
-    if kind == "all_reduce":
-        return lambda: dist.all_reduce(src)
-    if kind == "all_gather":
-        n = src.numel() // ctx.world
-        return lambda: dist.all_gather_into_tensor(dst, src[:n])
-    if kind == "reduce_scatter":
-        n = src.numel() // ctx.world
-        return lambda: dist.reduce_scatter_tensor(dst[:n], src)
-    return lambda: dist.all_to_all_single(dst, src)
-
-
-def _gemm_kernel(phase: str, T: int, k: int, n: int, rnd, torch):
-    if phase == "F":
-        x, w, y = rnd(T, k), rnd(k, n), rnd(T, n)
-        return lambda: torch.matmul(x, w, out=y)
-    if phase == "B":
-        dy, w, dx = rnd(T, n), rnd(k, n), rnd(T, k)
-        wt = w.t()
-        return lambda: torch.matmul(dy, wt, out=dx)
-    x, dy, dw = rnd(T, k), rnd(T, n), rnd(k, n)
-    xt = x.t()
-    return lambda: torch.matmul(xt, dy, out=dw)
-
-
-def _experts_kernel(phase: str, bd: Bundle, T: int, h: int, rnd, torch, F_, seed: int, ctx: KernelContext):
-    m, p = bd.model, bd.parallel
-    w = m.moe_intermediate_size
-    local = max(1, m.num_experts // p.ep)
-    received = int(round(T * m.num_experts_per_tok * bd.expert_load))
-    counts = expert_counts(received, local, seed)
-    N = max(1, sum(counts))
-    offs = [0]
-    for c in counts:
-        offs.append(offs[-1] + c)
-    W1, W2 = rnd(local, h, 2 * w), rnd(local, w, h)
-    X, H1, A, Y = rnd(N, h), rnd(N, 2 * w), rnd(N, w), rnd(N, h)
-    dY, dA, dH1, dX = rnd(N, h), rnd(N, w), rnd(N, 2 * w), rnd(N, h)
-    dW1, dW2 = rnd(local, h, 2 * w), rnd(local, w, h)
-    segs = [(e, offs[e], offs[e + 1]) for e in range(local) if counts[e] > 0]
-    fused = _grouped_mm_kernel(phase, torch, F_, offs, W1, W2, X, A, dY, dH1, w) if ctx.device.type == "cuda" else None
-    if fused is not None:
-        ctx.notes["grouped_gemm"] = "torch._grouped_mm"
-        return fused
-    ctx.notes.setdefault("grouped_gemm", "a loop of per-expert matmuls")
-
-    if phase == "F":
-        def run():
-            for e, s, t in segs:
-                torch.matmul(X[s:t], W1[e], out=H1[s:t])
-                g, u = H1[s:t, :w], H1[s:t, w:]
-                torch.mul(F_.silu(g), u, out=A[s:t])
-                torch.matmul(A[s:t], W2[e], out=Y[s:t])
-    elif phase == "B":
-        def run():
-            for e, s, t in segs:
-                torch.matmul(dY[s:t], W2[e].t(), out=dA[s:t])
-                torch.mul(dA[s:t], A[s:t], out=dH1[s:t, :w])
-                torch.mul(dA[s:t], A[s:t], out=dH1[s:t, w:])
-                torch.matmul(dH1[s:t], W1[e].t(), out=dX[s:t])
-    else:
-        def run():
-            for e, s, t in segs:
-                torch.matmul(A[s:t].t(), dY[s:t], out=dW2[e])
-                torch.matmul(X[s:t].t(), dH1[s:t], out=dW1[e])
-    return run
-
-
-def _grouped_mm_kernel(phase, torch, F_, offs, W1, W2, X, A, dY, dH1, w):
-    """One grouped-GEMM launch per product with ``torch._grouped_mm`` (CUDA, bf16, Hopper or newer), or None
-    when this torch / device does not support it (then the per-expert loop is used)."""
-    gmm = getattr(torch, "_grouped_mm", None)
-    if gmm is None or X.dtype != torch.bfloat16:
-        return None
-    ends = torch.tensor(offs[1:], dtype=torch.int32, device=X.device)
-    W1t, W2t = W1.transpose(1, 2), W2.transpose(1, 2)
-
-    if phase == "F":
-        def run():
-            H1 = gmm(X, W1, offs=ends)
-            return gmm(F_.silu(H1[:, :w]) * H1[:, w:], W2, offs=ends)
-    elif phase == "B":
-        def run():
-            dA = gmm(dY, W2t, offs=ends)
-            return gmm(torch.cat([dA * A, dA * A], dim=1), W1t, offs=ends)
-    else:
-        def run():
-            return gmm(A.t(), dY, offs=ends), gmm(X.t(), dH1, offs=ends)
-    try:
-        run()
-        torch.cuda.synchronize(X.device)
-    except Exception:  # noqa: BLE001 - unsupported shapes, dtype or device: fall back to the loop
-        return None
-    return run
-
-
-def _attention_kernel(phase: str, m: ModelSpec, p: ParallelConfig, rnd, torch, F_, ctx: KernelContext):
-    b, s = p.micro_batch_size, p.seq_len
-    hq = max(1, m.num_attention_heads // p.tp)
-    if m.kv_lora_rank:  # MLA: q/k carry nope + rope dims, v its own; kv heads = q heads
-        dqk, dv, hkv = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim, hq
-    else:
-        dqk = dv = m.head_dim
-        hkv = max(1, m.num_key_value_heads // p.tp)
-    grad = phase != "F"
-    q = rnd(b, hq, s, dqk, scale=1.0, grad=grad)
-    k = rnd(b, hkv, s, dqk, scale=1.0, grad=grad)
-    v = rnd(b, hkv, s, dv, scale=1.0, grad=grad)
-    if hkv != hq:
-        rep = hq // hkv
-        fwd = lambda: F_.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
-        try:
-            with torch.no_grad():
-                fwd()
-            ctx.notes.setdefault("attention", "scaled_dot_product_attention(is_causal=True, enable_gqa=True)")
-        except (TypeError, RuntimeError):  # older torch or a backend without GQA: expand the kv heads
-            fwd = lambda: F_.scaled_dot_product_attention(  # noqa: E731
-                q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)
-            ctx.notes.setdefault("attention", "scaled_dot_product_attention(is_causal=True), kv heads repeated")
-    else:
-        fwd = lambda: F_.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
-    if phase == "F":
-        def run():
-            with torch.no_grad():
-                return fwd()
-        return run
-    o = fwd()
-    go = torch.ones_like(o) * 0.01
-    return lambda: torch.autograd.grad(o, (q, k, v), go, retain_graph=True)
-
-
-def _linear_attention_kernel(phase: str, m: ModelSpec, p: ParallelConfig, rnd, torch):
-    H = max(1, m.linear_num_value_heads // p.tp)
-    dk, dv = m.linear_key_head_dim, m.linear_value_head_dim
-    T = p.tokens_per_microbatch
-    grad = phase != "F"
-    q = rnd(H, T, dk, scale=1.0, grad=grad)
-    kraw = rnd(H, T, dk, scale=1.0)
-    k = (kraw / kraw.norm(dim=-1, keepdim=True).clamp_min(1e-3)).detach().requires_grad_(grad)
-    v = rnd(H, T, dv, scale=1.0, grad=grad)
-    beta = torch.sigmoid(rnd(H, T, scale=1.0)).detach().requires_grad_(grad)
-    if phase == "F":
-        def run():
-            with torch.no_grad():
-                return _delta_rule_chunked(q, k, v, beta)
-        return run
-    o = _delta_rule_chunked(q, k, v, beta)
-    go = torch.ones_like(o) * 0.01
-    return lambda: torch.autograd.grad(o, (q, k, v, beta), go, retain_graph=True)
+def halve(alive: Sequence[int], medians: Mapping[int, float]) -> list[int]:
+    """One successive-halving round: the ``max(2, ceil(n / 2))`` candidates with the lowest medians (ties to
+    the lower index), program order (candidate 0) always among them in place of the worst kept; fewer than
+    ``n`` whenever ``n >= 3``, so halving ends."""
+    ranked = sorted(alive, key=lambda i: (medians[i], i))
+    kept = ranked[:max(2, (len(ranked) + 1) // 2)]
+    if 0 in alive and 0 not in kept:
+        kept = kept[:-1] + [0]
+    return sorted(kept)
 
 
 # ---------------------------------------------------------------------- runners
@@ -450,15 +182,15 @@ class Settings:
     keep: int
     seed: int
     timeout_s: float
+    fit: bool = True
 
 
 def _measure_jobs(rank: int, world: int, jobs, settings: Settings, runner, ctx: KernelContext,
                   emit: Callable[[tuple], None], broadcast: Callable[[Any], Any], barrier: Callable[[], None],
                   comm_label: str | None) -> None:
-    from tessera_lab.overlap.profiles import current_environment
-
     env = current_environment(settings.backend) if rank == 0 else {}
     load_before = _loadavg()
+    fit_samples: list[dict] = []
     for ji, (a, b, given) in enumerate(jobs):
         ctx.notes = {}
         sa, sb = scaled_bundle(a, settings.size_factor), scaled_bundle(b, settings.size_factor)
@@ -476,30 +208,62 @@ def _measure_jobs(rank: int, world: int, jobs, settings: Settings, runner, ctx: 
                 spans = runner.run(order, kernels, graph.lanes, graph.deps)
                 if r >= settings.warmup:
                     runs[tag].append(spans)
-        # rank 0 proposes candidate orders from the measured standalone task times
+        # 1. the program order together: the first pair measurement, from which contention is fitted
+        prog = graph.program_order
+        runs["cand0"] = []
+        for r in range(rounds):
+            barrier()
+            spans = runner.run(prog, kernels, graph.lanes, graph.deps)
+            if r >= settings.warmup:
+                runs["cand0"].append(spans)
+        # 2. rank 0: fit contention on every pair measured so far, re-search with the fitted model
         payload = None
         if rank == 0:
             dur: dict[str, float] = {}
             for k in graph.keys:
                 dur[k] = spread_stats([sp[k][1] - sp[k][0] for sp in runs[graph.owner[k]]])["median"]
-            sched = _schedule(graph, dur, settings.contention, budget=settings.budget, keep=max(settings.keep, 1))
-            cands = [graph.program_order]
-            seen = {graph.projection(graph.program_order)}
+            t_prog = spread_stats([max(e for _, e in sp.values()) for sp in runs["cand0"]])["median"]
+            fit_samples.append({"order": list(prog), "durations": dur, "lanes": dict(graph.lanes),
+                                "deps": {k: list(v) for k, v in graph.deps.items()}, "t_ab": t_prog,
+                                "classes": dict(graph.classes)})
+            fit = fit_contention_samples(fit_samples, step=FIT_STEP) if settings.fit else None
+            cont = fit.contention if fit is not None else settings.contention
+            n_cand = max(settings.keep, 1)
+            sched = _schedule(graph, dur, cont, budget=settings.budget, keep=max(n_cand, 8))
+            cands = [prog]
+            seen = {graph.projection(prog)}
             extra = [tuple(given)] if given is not None else [o for _, o in sched.candidates]
             for o in extra:
-                if graph.projection(o) not in seen and len(cands) < max(settings.keep, 2 if given is not None else 1):
+                if graph.projection(o) not in seen and len(cands) < max(n_cand, 2 if given is not None else 1):
                     cands.append(tuple(o))
                     seen.add(graph.projection(o))
-            payload = (cands, sched)
-        cands, sched = broadcast(payload)
-        for i in range(len(cands)):
+            payload = (cands, sched, fit)
+        cands, sched, fit = broadcast(payload)
+        for i in range(1, len(cands)):
             runs[f"cand{i}"] = []
-        for r in range(rounds):
-            for i, order in enumerate(cands):
-                barrier()
-                spans = runner.run(order, kernels, graph.lanes, graph.deps)
-                if r >= settings.warmup:
-                    runs[f"cand{i}"].append(spans)
+        # 3. successive halving: every candidate `repeats` times, keep the better half (program order always),
+        #    double the repeats, until two remain
+        alive = list(range(len(cands)))
+        n_rep, first, halving = settings.repeats, True, []
+        while True:
+            for r in range(n_rep + (settings.warmup if first else 0)):
+                for i in alive:
+                    barrier()
+                    spans = runner.run(cands[i], kernels, graph.lanes, graph.deps)
+                    if not first or r >= settings.warmup:
+                        runs[f"cand{i}"].append(spans)
+            first = False
+            if len(alive) <= 2:
+                break
+            nxt = None
+            if rank == 0:
+                med = {i: spread_stats([max(e for _, e in sp.values()) for sp in runs[f"cand{i}"]])["median"]
+                       for i in alive}
+                nxt = halve(alive, med)
+                halving.append({"repeats": n_rep, "alive": list(alive), "medians": [med[i] for i in alive],
+                                "kept": nxt})
+            alive = broadcast(nxt)
+            n_rep *= 2
         if rank == 0:
             meta = dict(env)
             meta.update({
@@ -513,7 +277,10 @@ def _measure_jobs(rank: int, world: int, jobs, settings: Settings, runner, ctx: 
                 "kernels": dict(ctx.notes),
                 "load_average_1m": {"before": load_before, "after": _loadavg()},
             })
-            res = assemble_measured(a, b, settings.backend, runs, cands, meta, sched)
+            meta["search"] = {"orders_measured": len(cands), "halving": halving,
+                              "fit": fit.as_dict() if fit is not None else None,
+                              "search_contention": {"compute": cont.compute, "comm": cont.comm}}
+            res = assemble_measured(a, b, settings.backend, runs, cands, meta, sched, decide=True)
             emit(("result", ji, res))
         del kernels, ka, kb
 
@@ -678,7 +445,8 @@ def measure(pairs: Sequence[tuple[Bundle, Bundle]], backend: str, *, orders, rep
     if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2):
         raise ConfigError(f"field 'world_size' = {world_size!r} is out of range; allowed: an integer >= 2")
     if backend == "cpu":
-        return _spawn(jobs, settings, world_size or 2, progress)
+        ep = jobs[0][0].parallel.ep if jobs and jobs[0][0].parallel is not None else 2
+        return _spawn(jobs, settings, world_size or max(2, min(8, ep)), progress)
     n = torch.cuda.device_count()
     if n >= 2:
         return _spawn(jobs, settings, min(n, world_size or 8), progress)

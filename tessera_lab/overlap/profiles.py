@@ -35,12 +35,7 @@ This module never imports torch (versions come from package metadata).
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
-import importlib.metadata
 import math
-import platform
-import shutil
-import subprocess
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,79 +62,7 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-# ---------------------------------------------------------------------- environment
-def _torch_version() -> str | None:
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _nvidia_smi() -> tuple[str | None, str | None]:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None, None
-    try:
-        out = subprocess.run([exe, "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10).stdout.strip().splitlines()
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    if not out:
-        return None, None
-    name, _, driver = out[0].partition(",")
-    return name.strip() or None, driver.strip() or None
-
-
-def cost_model_digest() -> str:
-    """Short hash of ``data/hardware/cost_model.json`` (an analytic profile goes stale when it changes)."""
-    from tessera_lab.paths import data_dir
-
-    return hashlib.sha256((data_dir() / "hardware" / "cost_model.json").read_bytes()).hexdigest()[:12]
-
-
-def current_environment(backend: str, gpu: str | None = None) -> dict[str, Any]:
-    """Device and versions of this machine as a profile records them.
-
-    ``cpu``: the CPU model and core count; ``cuda``: the GPU name and driver from ``nvidia-smi`` (or torch);
-    ``analytic``: ``"analytic model of <gpu>"`` and the cost-model digest. torch's version comes from package
-    metadata, its CUDA version from the version suffix or ``torch.version.cuda`` if torch is already loaded.
-    """
-    import os
-    import sys
-
-    tv = _torch_version()
-    env: dict[str, Any] = {"torch": tv, "cuda": None, "driver": None, "python": platform.python_version(),
-                           "platform": platform.platform(terse=True)}
-    if backend == "cpu":
-        env["device"] = f"{_cpu_name()} ({os.cpu_count()} cores)"
-    elif backend == "cuda":
-        name, driver = _nvidia_smi()
-        torch = sys.modules.get("torch")
-        if name is None and torch is not None and torch.cuda.is_available():
-            name = torch.cuda.get_device_name()
-        env["device"], env["driver"] = name or "unknown CUDA device", driver
-        if torch is not None:
-            env["cuda"] = torch.version.cuda
-        elif tv and "+cu" in tv:
-            suffix = tv.split("+cu", 1)[1]
-            env["cuda"] = f"{suffix[:-1]}.{suffix[-1]}" if suffix.isdigit() and len(suffix) >= 3 else suffix
-    elif backend == "analytic":
-        env["device"] = f"analytic model of {gpu or 'H200'}"
-        env["torch"] = None  # the analytic model does not use torch
-        env["cost_model"] = cost_model_digest()
-    else:
-        raise ConfigError(f"field 'backend' = {backend!r} is unknown; allowed: analytic, cpu, cuda")
-    return env
+from .environment import _cpu_name, _nvidia_smi, _torch_version, cost_model_digest, current_environment  # noqa: F401
 
 
 # ---------------------------------------------------------------------- the profile object
@@ -209,7 +132,7 @@ def new_profile(backend: str, model: str, parallel: Any = None, *, size_factor: 
 
 
 def _stats(samples: Sequence[float]) -> dict[str, Any]:
-    from tessera_lab.overlap.core import spread_stats
+    from tessera_lab.overlap.results import spread_stats
 
     return spread_stats(samples)
 
@@ -228,7 +151,33 @@ def entry_from_result(result: Any) -> tuple[str, dict[str, Any]]:
         "comm_hidden_fraction": result.comm_hidden_fraction, "inflation": dict(result.inflation),
         "order": list(result.order), "metadata": meta,
     }
+    if result.durations:
+        from tessera_lab.overlap.fit import fit_sample
+
+        entry["tasks"] = {k: {"duration_s": result.durations[k], "lane": result.lanes.get(k),
+                              "deps": list(result.deps.get(k, ()))} for k in result.durations}
+        entry["fit_sample"] = fit_sample(result)
     return key, entry
+
+
+#: grid step of the contention fit stored in a profile (``profile.data["fit"]``)
+PROFILE_FIT_STEP = 0.1
+
+
+def refit(profile: "Profile"):
+    """Redo the contention fit from the profile's stored per-task data (``fit_sample`` of each entry):
+    a :class:`tessera_lab.overlap.fit.ContentionFit` equal to the one stored in ``profile.data["fit"]``.
+
+    Raises:
+        ConfigError: the profile holds no entry with per-task data.
+    """
+    from tessera_lab.overlap.fit import fit_contention_samples
+
+    samples = [e["fit_sample"] for _, e in sorted(profile.entries.items()) if e.get("fit_sample")]
+    if not samples:
+        raise ConfigError(f"profile '{profile.path}' has no entries with per-task data (field 'fit_sample')")
+    step = float((profile.data.get("fit") or {}).get("grid_step", PROFILE_FIT_STEP))
+    return fit_contention_samples(samples, step=step)
 
 
 def _comparable(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -270,6 +219,10 @@ def add_results(profile: Profile, results: Iterable[Any]) -> Profile:
         old = profile.entries.get(key)
         profile.entries[key] = merge_entries(old, entry) if old is not None else entry
     profile.data["updated"] = _now()
+    if profile.backend != "analytic" and any(e.get("fit_sample") for e in profile.entries.values()):
+        profile.data.pop("fit", None)
+        profile.data["fit"] = {**refit(profile).as_dict(), "grid_step": PROFILE_FIT_STEP,
+                               "method": "least squares of relative t_ab error, grid over [0, 3]^2, then 10x finer"}
     return profile
 
 
@@ -427,7 +380,9 @@ def profile_stage_pair_costs(profile: Profile, model: Any, parallel: Any, cost_m
     """
     from tessera_lab.cost.analytic import CostModel
     from tessera_lab.model.hardware import cluster_for
-    from tessera_lab.overlap.core import analytic_durations, bundle, layer_kind_examples, measure_pair
+    from tessera_lab.overlap.bundles import analytic_durations, bundle
+    from tessera_lab.overlap.measure import measure_pair
+    from tessera_lab.overlap.table import layer_kind_examples
 
     cm = cost_model or CostModel(cluster_for(parallel), parallel)
     par = {k: getattr(parallel, k) for k in ("ep", "tp", "seq_len", "micro_batch_size", "dtype")}
@@ -436,7 +391,7 @@ def profile_stage_pair_costs(profile: Profile, model: Any, parallel: Any, cost_m
     out: dict[tuple[str, str], float] = {}
     standalone: dict[tuple[str, str], float] = {}
     from tessera_lab.cost.analytic import two_lane_makespan
-    from tessera_lab.overlap.core import pair_graph
+    from tessera_lab.overlap.bundles import pair_graph
 
     def alone(layer: int, phase: str) -> float:
         if (str(layer), phase) not in standalone:

@@ -150,9 +150,10 @@ def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None)
     recorded = CostSource.from_dict(data.get("costs"))
     profile = None
     if costs is None:
-        if recorded.kind == "observed":
-            raise ConfigError("the plan's costs are observed runs, which this re-evaluation cannot rebuild; ask for "
-                              "another source with --costs analytic or --costs PROFILE.json")
+        if recorded.kind in ("observed", "calibrated_device"):
+            raise ConfigError(f"the plan's costs are {recorded.describe()}, which this re-evaluation cannot rebuild "
+                              "(runner plans: tessera-lab run --plan / validate); ask for another source with "
+                              "--costs analytic or --costs PROFILE.json")
         if recorded.kind == "profile":
             profile = _load_profile_for(recorded.path, f"the plan's costs name profile {recorded.path!r}")
         current = profile_source(profile) if profile is not None else analytic_source()

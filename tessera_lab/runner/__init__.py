@@ -3,14 +3,21 @@
 Modules:
 
 =============  ===============================================================================================
-``model``      the tiny model (gated delta-rule linear attention, gated full attention, top-k MoE with a
-               shared expert), deterministic data, W-deferrable GEMMs, the single-process reference
-``moe``        routing with capacity, expert parallelism (count exchange + uneven ``all_to_all_single``,
-               autograd-correct)
-``pipeline``   stage modules from a plan, the executor of :mod:`tessera_lab.pipeline.schedules` action lists (GPipe,
-               1F1B, interleaved, ZB-H1/H2, DualPipeV, overlapped 1F1B), gradient sync
-``launch``     job specs, ``torchrun`` entry and local spawner, results (losses, timing, Chrome trace,
-               predicted vs observed, profile store)
+``specs``      ``TinyConfig`` (also as a ``config.json``: ``data/models/tiny-runner.json``), ``WorldSpec``,
+               ``RunSpec`` (torch-free)
+``layers``     the tiny model (gated delta-rule linear attention, gated full attention, top-k MoE with a
+               shared expert), W-deferrable GEMMs; ``reference``: data, optimizer, the single-process reference;
+               ``model`` re-exports both
+``moe``        routing with capacity, expert parallelism (count exchange + uneven ``all_to_all_single``)
+``nodes``      a stage's forward/backward as nodes (pre, dispatch, experts, combine, post) with async
+               all-to-all work handles; ``orders``: issue-order templates, named candidates, search;
+               ``pairs``: the pair-handler registry (serial, threads, scheduled)
+``topology``   rank grid, process groups, stage modules; ``executor``: the action-list executor;
+               ``train``: one job (gradient sync, optimizer); ``pipeline`` re-exports them
+``spawn``      the local spawner; ``worker``: the worker entry; ``results``: losses, timing, traces, the
+               profile store, plan vs observed; ``launch``: the command line
+``calibrate``  measure this machine (``tessera-lab calibrate``); ``predict``: runner plans from a calibrated
+               device; ``validate``: predicted vs observed matrix; ``capacity``: capacity report of a run
 =============  ===============================================================================================
 
 Quick use (spawns 4 local processes on CPU with gloo)::

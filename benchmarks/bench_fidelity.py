@@ -1,0 +1,42 @@
+"""Fidelity of the planner's prediction of the runner on this machine (issue 13): ``tessera-lab validate``'s
+matrix, printed with the targets. Prints, never asserts (timings on a shared 2-core machine are noisy).
+
+    python benchmarks/bench_fidelity.py [--quick] [--device data/devices/NAME.json] [--json PATH]
+
+Calibration runs (microbenchmarks, separate processes) are disjoint from the validated runs; every prediction
+is made before its run. Targets: median |error| <= 10 % on a busy 2-core machine, <= 5 % on a quiet one; rank
+agreement >= 90 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--device", default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    from tessera_lab.io import write_json
+    from tessera_lab.runner.validate import TARGETS, validate_from_args
+
+    result, text = validate_from_args(args)
+    print(text)
+    print(f"targets: median |error| <= {TARGETS['median_abs_error_busy']:.0%} (busy 2-core machine), "
+          f"<= {TARGETS['median_abs_error_quiet']:.0%} (quiet); rank agreement >= {TARGETS['rank_agreement']:.0%}")
+    ok_err = result["median_abs_error"] <= TARGETS["median_abs_error_busy"]
+    ok_rank = result["rank_agreement"] >= TARGETS["rank_agreement"]
+    print(f"median |error| {'meets' if ok_err else 'misses'} the busy-machine target; rank agreement "
+          f"{'meets' if ok_rank else 'misses'} its target (load {result['machine']['load_before'][0]} on "
+          f"{result['machine']['cores']} cores)")
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""``tessera-lab calibrate``: measure this machine at the runner's shapes and write a calibrated device file."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from tessera_lab.argtypes import positive_int
+from tessera_lab.cli.common import add_json, emit, table
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Run the calibration (:mod:`tessera_lab.runner.calibrate`), write ``--out`` atomically, print a summary."""
+    from pathlib import Path
+
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.io import write_json
+    from tessera_lab.runner.calibrate import calibrate
+    from tessera_lab.runner.specs import TinyConfig
+
+    name = args.name or Path(args.out).stem
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise ConfigError(f"device name {name!r} is not allowed; allowed: letters, digits, '.', '_', '-'")
+    cfg = TinyConfig()
+    if args.model:
+        from tessera_lab.model.spec import load_model, shipped_models
+
+        import json
+
+        path = shipped_models().get(args.model) or Path(args.model)
+        load_model(args.model)  # validates
+        cfg = TinyConfig.from_hf_config(json.loads(Path(path).read_text()))
+    groups = sorted({int(g) for g in args.group_sizes.split(",")})
+    if any(g < 2 or g > 8 for g in groups):
+        raise ConfigError(f"--group-sizes = {args.group_sizes!r} is out of range; allowed: integers 2..8")
+    dev = calibrate(cfg, name=name, micro_batch_size=args.micro_batch_size, group_sizes=groups,
+                    repeats=args.repeats)
+    write_json(args.out, dev)
+    rows = []
+    for kind, e in dev["layers"].items():
+        for ph in ("F", "B"):
+            for flops, t in e[ph]:
+                rows.append({"layer kind": kind, "phase": ph, "GFLOP (analytic)": flops / 1e9, "time (ms, measured)": t * 1e3})
+    meta = dev["metadata"]
+    lines = [f"calibrated device {name}: {meta.get('device')}, torch {meta['torch']}, {meta['cores']} cores, "
+             f"load {meta['load_average_1m']['before']} -> {meta['load_average_1m']['after']}, {meta['seconds']} s",
+             table(rows, ".4g"),
+             f"GEMM {dev['throughput']['gemm_flop_per_s'] / 1e9:.2f} GFLOP/s at {dev['throughput']['gemm_shape']}, "
+             f"memory {dev['throughput']['memory_bytes_per_s'] / 1e9:.2f} GB/s (measured)",
+             f"gloo p2p: alpha {dev['p2p']['alpha_s'] * 1e6:.1f} us, {dev['p2p']['bytes_per_s'] / 1e6:.1f} MB/s"]
+    for g, e in dev["all_to_all"].items():
+        lines.append(f"gloo all-to-all, group {g}: alpha {e['alpha_s'] * 1e6:.1f} us, {e['bytes_per_s'] / 1e6:.1f} MB/s")
+    lines.append(f"device file: {args.out}")
+    emit(args, dev, "\n".join(lines))
+    return 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure this machine at the runner's shapes (data/devices/NAME.json)")
+    p.add_argument("--out", required=True, metavar="PATH", help="device file to write, e.g. data/devices/cpu.json")
+    p.add_argument("--name", default=None, help="device name (default: the file's stem)")
+    p.add_argument("--model", default=None, help="runner model (default tiny-runner)")
+    p.add_argument("--micro-batch-size", type=positive_int("micro_batch_size"), default=2)
+    p.add_argument("--group-sizes", default="2,4", help="EP / world sizes for gloo all-to-all (default 2,4)")
+    p.add_argument("--repeats", type=positive_int("repeats"), default=7)
+    add_json(p)
+    p.set_defaults(func=cmd_calibrate)

@@ -1,0 +1,130 @@
+"""A calibrated device (``data/devices/NAME.json``) and the prediction of the runner's iteration time from it.
+
+``tessera-lab calibrate`` (:mod:`tessera_lab.runner.calibrate`) measures on this machine, at the runner's
+shapes: per layer kind, forward and backward times at two model widths (fitted as ``t = overhead + flops /
+rate``, so the intercept is the per-action overhead: Python dispatch, small kernels), the embedding and LM
+head, GEMM and memory throughput, and gloo point-to-point and all-to-all latency and bandwidth at the
+runner's group sizes. The file records the date, torch version, CPU, core count and machine load.
+
+Prediction (:func:`tessera_lab.runner.predict.predict_runner`, no torch): per stage, forward = the sum of its layers' fitted forward
+times + the embedding / LM head + per MoE layer a count exchange and two all-to-alls (alpha + bytes /
+beta at the EP size) when ``ep > 1``; backward likewise (B = I + W; W is the fitted weight-gradient share);
+times are multiplied by the oversubscription (the runner runs ``pp * ep * dp`` one-thread processes; with
+the machine load known when predicting, each process's share of the cores against the calibration's:
+:func:`tessera_lab.runner.predict.oversubscription`); then :func:`tessera_lab.pipeline.simulate.simulate` of the schedule with the
+stage-to-stage transfer time ``alpha + bytes / beta``. Overlapped pairs are priced as forward + backward
+(no hiding assumed). Provenance of every number: *measured* (the device file), *analytic* (FLOP counts of
+the tiny model), *predicted* (the simulation).
+
+Errors: a device file that is missing, unreadable or of another schema raises
+:class:`~tessera_lab.errors.ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from tessera_lab.errors import ConfigError
+
+__all__ = ["DEVICE_SCHEMA", "load_device", "layer_flops", "layer_times", "alpha_beta", "a2a_entry", "cost_source"]
+
+DEVICE_SCHEMA = 1
+KINDS = ("linear_attention", "full_attention")
+
+
+def load_device(path: str | Path) -> dict[str, Any]:
+    """Read and check a calibrated device file.
+
+    Raises:
+        ConfigError: missing file, invalid JSON, wrong ``kind`` / ``schema_version``, missing fields.
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"device file '{p}' cannot be read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"device file '{p}' is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or data.get("kind") != "calibrated_device" or data.get("schema_version") != DEVICE_SCHEMA:
+        raise ConfigError(f"'{p}' is not a calibrated device: field 'kind' must be 'calibrated_device' and "
+                          f"'schema_version' {DEVICE_SCHEMA} (write one with tessera-lab calibrate --out {p})")
+    for k in ("layers", "extras", "p2p", "all_to_all", "metadata"):
+        if k not in data:
+            raise ConfigError(f"device file '{p}' lacks field '{k}'")
+    data["_path"] = str(p)
+    return data
+
+
+def cost_source(device: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan's cost provenance for a calibrated device: ``"calibrated device NAME"`` with path and date."""
+    meta = device["metadata"]
+    return {"source": f"calibrated device {device.get('name', '?')}", "kind": "calibrated_device",
+            "path": device.get("_path"), "device": meta.get("device"), "date": meta.get("date"),
+            "torch": meta.get("torch")}
+
+
+# ---------------------------------------------------------------------------------------------- FLOPs
+def layer_flops(cfg: Mapping[str, Any], kind: str, tokens: int) -> float:
+    """Forward FLOPs of one runner layer (GEMMs, attention core, delta rule) for ``tokens`` tokens (analytic).
+
+    ``cfg``: :class:`tessera_lab.runner.specs.TinyConfig` fields as a dict; ``kind``: ``linear_attention`` or
+    ``full_attention``. GEMM ``(T, k) @ (k, n)``: ``2 T k n``; full attention core (causal): ``2 T S h d``
+    (half of QK^T and PV); the chunked delta rule: ``~ 2 T h d (3 d + 2 C)`` with chunk ``C``.
+    """
+    H, h, d, kv = cfg["hidden_size"], cfg["num_heads"], cfg["head_dim"], cfg["num_kv_heads"]
+    E, k, w, ws = cfg["num_experts"], cfg["top_k"], cfg["expert_width"], cfg["shared_expert_width"]
+    T, C = cfg["seq_len"], cfg["linear_chunk"]
+    if kind == "linear_attention":
+        mixer = H * (4 * h * d + 2 * h) + h * d * H
+        core = 2 * tokens * h * d * (3 * d + 2 * C)
+    elif kind == "full_attention":
+        mixer = H * (2 * h * d + 2 * kv * d) + h * d * H
+        core = 2 * tokens * T * h * d
+    else:
+        raise ConfigError(f"layer kind {kind!r} is unknown; allowed: {', '.join(KINDS)}")
+    moe = H * E + k * (H * 2 * w + w * H) + ((H * 2 * ws + ws * H + H) if ws else 0)
+    return 2.0 * tokens * (mixer + moe) + core
+
+
+def _fit_line(points: Sequence[Sequence[float]]) -> tuple[float, float]:
+    """Least-squares ``t = a + b x`` through ``(x, t)`` points (``b >= 0``, ``a >= 0``); one point: ``a = 0``."""
+    pts = [(float(x), float(t)) for x, t in points]
+    if len(pts) == 1 or len({x for x, _ in pts}) == 1:
+        x, t = pts[0]
+        return 0.0, (t / x if x > 0 else 0.0)
+    n = len(pts)
+    mx, mt = sum(x for x, _ in pts) / n, sum(t for _, t in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    b = max(0.0, sum((x - mx) * (t - mt) for x, t in pts) / sxx)
+    a = mt - b * mx
+    if a < 0:
+        b, a = sum(x * t for x, t in pts) / sum(x * x for x, _ in pts), 0.0
+    return a, b
+
+
+def layer_times(device: Mapping[str, Any], cfg: Mapping[str, Any], kind: str, tokens: int) -> dict[str, float]:
+    """Fitted single-process ``{"F", "B", "W"}`` seconds of one layer (``B`` includes ``W``), ep = 1."""
+    entry = device["layers"].get(kind)
+    if entry is None:
+        raise ConfigError(f"device '{device.get('name')}' has no calibration for layer kind {kind!r}")
+    x = layer_flops(cfg, kind, tokens)
+    out = {}
+    for ph in ("F", "B"):
+        a, b = _fit_line(entry[ph])
+        out[ph] = a + b * x
+    out["W"] = out["B"] * float(entry.get("w_share", 0.33))
+    return out
+
+
+def alpha_beta(entry: Mapping[str, Any], nbytes: float) -> float:
+    return float(entry["alpha_s"]) + (nbytes / float(entry["bytes_per_s"]) if entry["bytes_per_s"] > 0 else 0.0)
+
+
+def a2a_entry(device: Mapping[str, Any], ep: int) -> Mapping[str, Any]:
+    table = device["all_to_all"]
+    if str(ep) in table:
+        return table[str(ep)]
+    sizes = sorted(int(s) for s in table)
+    return table[str(min(sizes, key=lambda s: abs(s - ep)))]

@@ -1,0 +1,207 @@
+"""Measuring a pair (analytic, cpu, cuda), the overlap scheduler entry :func:`schedule_pair`, and the contention
+fit. Torch is imported only by the measuring backends (:mod:`tessera_lab.overlap.backends`)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+from tessera_lab.cost.analytic import Contention, CostModel, two_lane_makespan
+from tessera_lab.errors import ConfigError
+from tessera_lab.model.hardware import ParallelConfig
+
+from .bundles import (
+    BACKENDS, DEFAULT_SIZE_FACTOR, Bundle, PairGraph, _default_cost_model, _keyed_durations, analytic_durations, pair_graph,
+)
+from .environment import current_environment
+from .results import OverlapResult, _now, bundle_shapes, default_contention, overlap_efficiency, spread_stats
+from .fit import ContentionFit, fit_contention, fit_contention_samples, fit_sample  # noqa: F401 (re-exported)
+from .search import ScheduleResult, _schedule
+
+
+def schedule_pair(a: Bundle, b: Bundle, backend: str = "analytic", *, budget: int = 4000,
+                  contention: Contention | None = None, cost_model: CostModel | None = None,
+                  durations: Mapping[str, float] | None = None, beam: int = 3, keep: int = 3,
+                  **measure_kwargs: Any) -> ScheduleResult:
+    """Find a good issue order for two bundles run together (the overlap scheduler).
+
+    The search space is the set of dependency-respecting issue orders; each task's lane is fixed (comm
+    tasks on the comm lane), and the makespan depends only on each lane's sequence, so candidates are
+    pairs (compute sequence, comm sequence) and evaluations are cached by that pair.
+
+    * **Exhaustive** when the number of such pairs (linear extensions of each lane's induced precedence,
+      multiplied) is at most ``budget``: every pair is evaluated; pairs whose lanes wait on each other
+      (deadlock) are skipped. This is exactly the minimum over all topological orders.
+    * **Heuristic** otherwise: seeds are program order (a then b), b then a, two greedy list schedules
+      (earliest start on its lane; ties to comm tasks or to the longest remaining path) and two priority
+      orders ("comm first", "critical path first"); from the ``beam`` best distinct seeds a first-improvement
+      local search moves one task at a time inside its lane (within a window of 12 positions, keeping
+      precedence) until no move improves or ``budget`` evaluations are spent.
+
+    The program order is always evaluated and wins ties, so the result is never slower than program order.
+
+    Args:
+        a, b: the bundles (distinct names).
+        backend: ``analytic`` evaluates candidates with the two-lane executor and the contention term.
+            ``cpu`` or ``cuda`` measure the pair (:func:`measure_pair`): standalone runs give per-task times,
+            the analytic search over those times proposes ``keep`` orders (program order included), each is
+            measured, and the fastest measured one wins; the returned makespans are then measured medians.
+        budget: maximum distinct candidates evaluated (>= 1).
+        contention: analytic contention (default: the cost model's).
+        cost_model: cost model for task times (default: H200 cluster fitting the bundles' parallel sizes).
+        durations: standalone durations per pair key (overrides the cost model).
+
+    Raises:
+        ConfigError: unknown backend, budget < 1, bundles with the same name.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"field 'backend' = {backend!r} is unknown; allowed: {', '.join(BACKENDS)}")
+    if not isinstance(budget, int) or budget < 1:
+        raise ConfigError(f"field 'budget' = {budget!r} is out of range; allowed: an integer >= 1")
+    if backend != "analytic":
+        res = measure_pair(a, b, backend, budget=budget, keep=keep, **measure_kwargs)
+        return res.schedule
+    graph = pair_graph(a, b)
+    if durations is None:
+        cm = cost_model
+        durations = _keyed_durations(a, b, analytic_durations(a, cm), analytic_durations(b, cm))
+    if contention is None:
+        contention = (cost_model or _default_cost_model(a.parallel or ParallelConfig())).contention
+    return _schedule(graph, durations, contention, budget=budget, beam=beam, keep=keep)
+
+
+def _analytic_result(a: Bundle, b: Bundle, *, order: Sequence[str] | None, contention: Contention | None,
+                     cost_model: CostModel | None, budget: int, keep: int) -> OverlapResult:
+    graph = pair_graph(a, b)
+    cm = cost_model or (_default_cost_model(a.parallel or ParallelConfig()) if a.durations is None or b.durations is None else None)
+    durations = _keyed_durations(a, b, analytic_durations(a, cm), analytic_durations(b, cm))
+    cont = contention or (cm.contention if cm is not None else default_contention())
+    sched = _schedule(graph, durations, cont, budget=budget, keep=keep)
+    if order is not None:
+        order = _validate_order(graph, order)
+        chosen = tuple(order)
+    else:
+        chosen = sched.order
+    together = two_lane_makespan(chosen, durations, graph.lanes, graph.deps, cont, graph.classes)
+    alone_a = two_lane_makespan(graph.of("a"), durations, graph.lanes, graph.deps, cont, graph.classes)
+    alone_b = two_lane_makespan(graph.of("b"), durations, graph.lanes, graph.deps, cont, graph.classes)
+    alone = {**alone_a.spans, **alone_b.spans}
+    inflation = {}
+    for k in graph.keys:
+        d0 = alone[k][1] - alone[k][0]
+        d1 = together.spans[k][1] - together.spans[k][0]
+        inflation[k] = d1 / d0 if d0 > 0 else 1.0
+    t_a, t_b, t_ab = alone_a.makespan, alone_b.makespan, together.makespan
+    meta = current_environment("analytic", cm.cluster.gpu.name if cm is not None else None)
+    meta.update({
+        "backend": "analytic", "date": _now(),
+        "device": f"analytic model of {cm.cluster.gpu.name}" if cm is not None else "analytic model (given durations)",
+        "contention": {"compute": cont.compute, "comm": cont.comm, "memory": cont.memory,
+                       "comm_beside_memory": cont.comm_beside_memory},
+        "cost_assumptions": dict(cm.a) if cm is not None else None,
+        "dtype": (a.parallel.dtype if a.parallel else None), "shapes": {"a": bundle_shapes(a), "b": bundle_shapes(b)},
+        "repeats": 1, "spread": "none (deterministic model)", "size_factor": 1.0, "comm_proxy": None,
+        "search": {"method": sched.method, "evaluated": sched.evaluated, "space": sched.space},
+    })
+    spread = {name: spread_stats([v]) for name, v in (("t_a", t_a), ("t_b", t_b), ("t_ab", t_ab),
+                                                      ("t_program", sched.program_makespan))}
+    return OverlapResult(a.name, b.name, a.kind, b.kind, a.phase, b.phase, t_a, t_b, t_ab, sched.program_makespan,
+                         inflation, together.comm_hidden_fraction(), overlap_efficiency(t_a, t_b, t_ab), "analytic",
+                         chosen, spread, durations, dict(graph.lanes), dict(graph.deps), meta, sched)
+
+
+def _validate_order(graph: PairGraph, order: Sequence[str]) -> tuple[str, ...]:
+    order = tuple(order)
+    if sorted(order) != sorted(graph.keys):
+        missing = sorted(set(graph.keys) - set(order))
+        extra = sorted(set(order) - set(graph.keys))
+        raise ConfigError(f"field 'order' must list every task key once; missing {missing[:5]}, unknown {extra[:5]}")
+    try:
+        two_lane_makespan(order, {k: 1.0 for k in order}, graph.lanes, graph.deps)
+    except ConfigError as exc:
+        raise ConfigError(f"field 'order' is not dependency-respecting: {exc}") from None
+    return order
+
+
+def measure_pair(a: Bundle, b: Bundle, backend: str = "analytic", *, order: Sequence[str] | None = None,
+                 repeats: int = 5, warmup: int = 1, size_factor: float | None = None,
+                 contention: Contention | None = None, cost_model: CostModel | None = None,
+                 budget: int = 4000, keep: int = 4, world_size: int | None = None, timeout_s: float = 600.0,
+                 seed: int = 0, progress: Callable[[int, int], None] | None = None) -> OverlapResult:
+    """Run two bundles alone and together and report ``t_a``, ``t_b``, ``t_ab``, inflation, hidden fraction
+    of communication and overlap efficiency.
+
+    Args:
+        a, b: bundles with distinct names (e.g. ``bundle(m, 0, "F")`` and ``bundle(m, 3, "BW")``).
+        backend: ``analytic`` (cost model + contention), ``cpu`` (torch kernels + gloo in spawned processes)
+            or ``cuda`` (two CUDA streams; NCCL with >= 2 GPUs, else a copy proxy).
+        order: issue order for ``t_ab`` (keys ``"<bundle>/<phase>.<task>"``); default: the overlap scheduler's.
+        repeats, warmup: timed and untimed repetitions (measuring backends; >= 1 and >= 0).
+        size_factor: multiplies every width and the sequence length of the kernels (``cpu``: 0.125 by
+            default; ``cuda``: 1.0); GEMM FLOPs scale by ``f**3``, all-to-all bytes by ``f**2``.
+        contention: analytic contention (default from ``data/hardware/cost_model.json``).
+        cost_model: task times for the analytic backend.
+        budget: scheduler evaluations; keep: orders measured by the measuring backends (program order included;
+            successive halving narrows them to two, see :mod:`tessera_lab.overlap.backends`).
+        world_size: processes of the local group (``cpu``: default 2; ``cuda``: default the visible GPUs, at
+            most 8; >= 2).
+        timeout_s: the measuring processes are killed after this many seconds.
+
+    Raises:
+        ConfigError: bad arguments (named with the allowed range).
+        MeasurementError: a measuring backend failed or timed out; torch or CUDA missing.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"field 'backend' = {backend!r} is unknown; allowed: {', '.join(BACKENDS)}")
+    if backend == "analytic":
+        return _analytic_result(a, b, order=order, contention=contention, cost_model=cost_model, budget=budget, keep=keep)
+    return measure_pairs([(a, b)], backend, orders=[order] if order is not None else None, repeats=repeats,
+                         warmup=warmup, size_factor=size_factor, contention=contention, budget=budget, keep=keep,
+                         world_size=world_size, timeout_s=timeout_s, seed=seed, progress=progress)[0]
+
+
+def measure_pairs(pairs: Sequence[tuple[Bundle, Bundle]], backend: str = "analytic", *,
+                  orders: Sequence[Sequence[str] | None] | None = None, repeats: int = 5, warmup: int = 1,
+                  size_factor: float | None = None, contention: Contention | None = None,
+                  cost_model: CostModel | None = None, budget: int = 4000, keep: int = 4, world_size: int | None = None,
+                  timeout_s: float = 600.0, seed: int = 0,
+                  progress: Callable[[int, int], None] | None = None) -> list[OverlapResult]:
+    """:func:`measure_pair` for several pairs; the measuring backends start their processes once.
+
+    ``progress(done, total)`` is called after each pair.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"field 'backend' = {backend!r} is unknown; allowed: {', '.join(BACKENDS)}")
+    orders = list(orders) if orders is not None else [None] * len(pairs)
+    if len(orders) != len(pairs):
+        raise ConfigError(f"field 'orders' has {len(orders)} entries; allowed: one per pair ({len(pairs)})")
+    if backend == "analytic":
+        out = []
+        for i, ((a, b), o) in enumerate(zip(pairs, orders)):
+            out.append(_analytic_result(a, b, order=o, contention=contention, cost_model=cost_model, budget=budget, keep=keep))
+            if progress:
+                progress(i + 1, len(pairs))
+        return out
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"field 'repeats' = {repeats!r} is out of range; allowed: an integer >= 1")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ConfigError(f"field 'warmup' = {warmup!r} is out of range; allowed: an integer >= 0")
+    f = DEFAULT_SIZE_FACTOR[backend] if size_factor is None else size_factor
+    if not (isinstance(f, (int, float)) and 0 < f <= 1):
+        raise ConfigError(f"field 'size_factor' = {size_factor!r} is out of range; allowed: a number in (0, 1]")
+    if not (isinstance(keep, int) and keep >= 1):
+        raise ConfigError(f"field 'keep' = {keep!r} is out of range; allowed: an integer >= 1")
+    for a, b in pairs:
+        for bd in (a, b):
+            if bd.model is None or bd.parallel is None:
+                raise ConfigError(f"bundle {bd.name!r} has no model; the {backend} backend needs bundles made by bundle()")
+        pair_graph(a, b)  # names differ
+    for (a, b), o in zip(pairs, orders):
+        if o is not None:
+            _validate_order(pair_graph(a, b), o)
+    from tessera_lab.overlap import backends as overlap_backends  # imports torch
+
+    return overlap_backends.measure(pairs, backend, orders=orders, repeats=repeats, warmup=warmup,
+                                    size_factor=float(f), contention=contention, budget=budget, keep=keep,
+                                    world_size=world_size, timeout_s=timeout_s, seed=seed, progress=progress)
+
+

@@ -1,0 +1,211 @@
+"""Overlap results: efficiency, hidden fraction, spread statistics, :class:`OverlapResult` and assembling
+measured spans into one (torch-free)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from tessera_lab.cost.analytic import Contention
+from tessera_lab.errors import ConfigError
+
+from .bundles import COMM, COMPUTE, Bundle, pair_graph
+from .search import ScheduleResult
+
+
+# ---------------------------------------------------------------------- results
+def overlap_efficiency(t_a: float, t_b: float, t_ab: float) -> float:
+    """``(t_a + t_b - t_ab) / min(t_a, t_b)`` (DESIGN section 3); NaN when ``min(t_a, t_b) == 0``.
+    Negative when running together is slower than one after the other."""
+    m = min(t_a, t_b)
+    return (t_a + t_b - t_ab) / m if m > 0 else math.nan
+
+
+def hidden_fraction(spans: Mapping[str, tuple[float, float]], lanes: Mapping[str, str]) -> float:
+    """Share of communication time during which the compute lane was busy (0 without communication)."""
+    comm = [(s, e) for k, (s, e) in spans.items() if lanes[k] == COMM and e > s]
+    comp = [(s, e) for k, (s, e) in spans.items() if lanes[k] == COMPUTE and e > s]
+    total = sum(e - s for s, e in comm)
+    if total <= 0:
+        return 0.0
+    hidden = sum(max(0.0, min(ce, e) - max(cs, s)) for cs, ce in comm for s, e in comp)
+    return min(1.0, hidden / total)
+
+
+def spread_stats(samples: Sequence[float]) -> dict[str, Any]:
+    """Median, quartiles (IQR), min, max and the samples of repeated timings (seconds)."""
+    xs = sorted(float(x) for x in samples)
+    if not xs:
+        raise ConfigError("field 'samples' is empty; allowed: at least one measurement")
+
+    def q(p: float) -> float:  # linear interpolation (numpy's default)
+        pos = p * (len(xs) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    return {"median": q(0.5), "q1": q(0.25), "q3": q(0.75), "min": xs[0], "max": xs[-1], "n": len(xs),
+            "samples": list(samples)}
+
+
+@dataclass
+class OverlapResult:
+    """Two bundles alone and together (DESIGN section 3). Times in seconds (medians when measured).
+
+    Attributes:
+        a, b: bundle names; kind_a, kind_b: layer kinds; phase_a, phase_b: bundle phases.
+        t_a, t_b: each bundle alone (program order); t_ab: together, in ``order``.
+        t_program: together in program order (a then b on each lane).
+        inflation: pair key -> time together / time alone (1.0 = unaffected).
+        comm_hidden_fraction: share of the pair's communication time overlapped by compute.
+        overlap_efficiency: ``(t_a + t_b - t_ab) / min(t_a, t_b)``; may be negative.
+        backend: ``analytic``, ``cpu`` or ``cuda``.
+        order: the issue order of ``t_ab``.
+        spread: per quantity (``t_a``, ``t_b``, ``t_ab``, ``t_program``) the median, q1, q3, min, max, n
+            and samples (one sample for the analytic backend).
+        durations, lanes, deps: the pair graph with standalone per-task times (for :func:`fit_contention`).
+        metadata: device, versions, dtype, shapes, repeats, spread kind, date, size factor, comm proxy.
+        schedule: the scheduler's result that chose ``order``.
+    """
+
+    a: str
+    b: str
+    kind_a: str | None
+    kind_b: str | None
+    phase_a: str | None
+    phase_b: str | None
+    t_a: float
+    t_b: float
+    t_ab: float
+    t_program: float
+    inflation: dict[str, float]
+    comm_hidden_fraction: float
+    overlap_efficiency: float
+    backend: str
+    order: tuple[str, ...]
+    spread: dict[str, dict[str, Any]] = field(default_factory=dict)
+    durations: dict[str, float] = field(default_factory=dict)
+    lanes: dict[str, str] = field(default_factory=dict)
+    deps: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    schedule: ScheduleResult | None = None
+
+    @property
+    def gain(self) -> float:
+        """``t_a + t_b - t_ab``, seconds (negative: together is slower than one after the other)."""
+        return self.t_a + self.t_b - self.t_ab
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (without the scheduler object)."""
+        return {
+            "a": self.a, "b": self.b, "kind_a": self.kind_a, "kind_b": self.kind_b,
+            "phase_a": self.phase_a, "phase_b": self.phase_b,
+            "t_a": self.t_a, "t_b": self.t_b, "t_ab": self.t_ab, "t_program": self.t_program, "gain": self.gain,
+            "overlap_efficiency": self.overlap_efficiency, "comm_hidden_fraction": self.comm_hidden_fraction,
+            "inflation": self.inflation, "backend": self.backend, "order": list(self.order), "spread": self.spread,
+            "durations": self.durations, "lanes": self.lanes, "deps": {k: list(v) for k, v in self.deps.items()},
+            "metadata": self.metadata,
+        }
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def bundle_shapes(bd: Bundle) -> dict[str, Any]:
+    """The shape parameters that define a bundle's kernels (tokens, widths, heads, experts, EP size)."""
+    m, p = bd.model, bd.parallel
+    if m is None or p is None:
+        return {"synthetic": True, "tasks": len(bd.tasks)}
+    return {
+        "layer": bd.layer, "phase": bd.phase, "kind": bd.kind, "tokens": p.tokens_per_microbatch,
+        "micro_batch_size": p.micro_batch_size, "seq_len": p.seq_len, "hidden": m.hidden_size,
+        "heads": m.num_attention_heads, "kv_heads": m.num_key_value_heads, "head_dim": m.head_dim,
+        "linear_heads": [m.linear_num_key_heads, m.linear_num_value_heads],
+        "linear_head_dims": [m.linear_key_head_dim, m.linear_value_head_dim],
+        "experts": m.num_experts, "top_k": m.num_experts_per_tok, "expert_width": m.moe_intermediate_size,
+        "shared_width": m.shared_expert_intermediate_size, "ep": p.ep, "tp": p.tp, "dtype": p.dtype,
+        "expert_load": bd.expert_load,
+    }
+
+
+def default_contention() -> Contention:
+    """The contention of ``data/hardware/cost_model.json`` (compute 0.25, comm 0.1 unless changed there)."""
+    from tessera_lab.model.hardware import cost_assumptions
+
+    a = cost_assumptions()
+    return Contention(a["contention_compute_slowdown"], a["contention_comm_slowdown"])
+
+
+def assemble_measured(a: Bundle, b: Bundle, backend: str, runs: Mapping[str, list[dict[str, tuple[float, float]]]],
+                      candidates: Sequence[tuple[str, ...]], metadata: Mapping[str, Any],
+                      sched: ScheduleResult | None, *, decide: bool = False) -> OverlapResult:
+    """Build an :class:`OverlapResult` from measured spans (used by the measuring backends).
+
+    ``runs`` maps ``"a"``, ``"b"`` and ``"cand0"``, ``"cand1"``, ... to lists of per-run spans (key ->
+    (start, end) seconds from the run's start). ``candidates[0]`` is the program order.
+
+    ``decide=False``: the candidate with the lowest median wins. ``decide=True`` (after successive halving):
+    among the finalists (the candidates with the most samples) the lowest median is the challenger; it wins
+    only when it beats program order beyond the noise, i.e. its upper quartile is below program order's lower
+    quartile; otherwise the decision is "not significant" and program order is kept. The decision is in
+    ``metadata["search"]["decision"]``; every candidate's order and samples in ``metadata["candidates"]``.
+    """
+    graph = pair_graph(a, b)
+
+    def makespans(rs):
+        return [max((e for _, e in r.values()), default=0.0) for r in rs]
+
+    def median_run(rs):
+        ms = makespans(rs)
+        i = sorted(range(len(ms)), key=lambda j: ms[j])[len(ms) // 2]
+        return rs[i]
+
+    ta, tb = spread_stats(makespans(runs["a"])), spread_stats(makespans(runs["b"]))
+    cstats = [spread_stats(makespans(runs[f"cand{i}"])) for i in range(len(candidates))]
+    best = min(range(len(candidates)), key=lambda i: (cstats[i]["median"], i))
+    decision = None
+    if decide:
+        most = max(c["n"] for c in cstats)
+        finalists = [i for i in range(len(candidates)) if cstats[i]["n"] == most]
+        challenger = min(finalists, key=lambda i: (cstats[i]["median"], i))
+        p0, c0 = cstats[0], cstats[challenger]
+        if challenger != 0 and c0["q3"] < p0["q1"]:
+            best, verdict = challenger, "significant"
+        else:
+            best, verdict = 0, "not significant" if challenger != 0 else "program order is fastest"
+        decision = {"verdict": verdict, "chosen": best, "challenger": challenger,
+                    "program": {"median": p0["median"], "q1": p0["q1"], "q3": p0["q3"], "n": p0["n"]},
+                    "challenger_stats": {"median": c0["median"], "q1": c0["q1"], "q3": c0["q3"], "n": c0["n"]},
+                    "rule": "challenger q3 < program q1 (quartiles separated)"}
+    alone: dict[str, list[float]] = {k: [] for k in graph.keys}
+    for r in runs["a"] + runs["b"]:
+        for k, (s, e) in r.items():
+            alone[k].append(e - s)
+    together: dict[str, list[float]] = {k: [] for k in graph.keys}
+    for r in runs[f"cand{best}"]:
+        for k, (s, e) in r.items():
+            together[k].append(e - s)
+    dur = {k: spread_stats(v)["median"] for k, v in alone.items()}
+    inflation = {k: (spread_stats(together[k])["median"] / dur[k] if dur[k] > 0 else 1.0) for k in graph.keys}
+    hf = hidden_fraction(median_run(runs[f"cand{best}"]), graph.lanes)
+    t_a, t_b, t_ab = ta["median"], tb["median"], cstats[best]["median"]
+    meta = dict(metadata)
+    meta.update({"candidates_measured": len(candidates), "best_candidate": best,
+                 "candidate_medians": [c["median"] for c in cstats],
+                 "candidates": [{"order": list(o), "samples": list(c["samples"])} for o, c in zip(candidates, cstats)]})
+    if decision is not None:
+        meta.setdefault("search", {})["decision"] = decision
+    spread = {"t_a": ta, "t_b": tb, "t_ab": cstats[best], "t_program": cstats[0]}
+    measured = ScheduleResult(
+        tuple(candidates[best]), t_ab, tuple(candidates[0]), cstats[0]["median"], t_a + t_b, sum(dur.values()), t_a, t_b,
+        f"{sched.method} search on measured task times, {len(candidates)} orders measured" if sched else "measured",
+        sched.evaluated if sched else len(candidates), sched.space if sched else None,
+        sorted(((c["median"], tuple(o)) for c, o in zip(cstats, candidates)), key=lambda x: x[0]), backend)
+    return OverlapResult(a.name, b.name, a.kind, b.kind, a.phase, b.phase, t_a, t_b, t_ab, cstats[0]["median"],
+                         inflation, hf, overlap_efficiency(t_a, t_b, t_ab), backend, tuple(candidates[best]), spread,
+                         dur, dict(graph.lanes), dict(graph.deps), meta, measured)
+
+

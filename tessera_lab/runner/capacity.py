@@ -1,0 +1,73 @@
+"""The capacity report of an actual runner run (``tessera-lab report --observed RUN.json``, and ``run --plan``
+with a calibrated device): :func:`tessera_lab.report.capacity.capacity_from_runner` with the tiny model's
+model FLOPs (analytic, Megatron-LM convention: 3 x forward GEMM FLOPs, causal attention at half) and the
+calibrated device's GEMM throughput per process as its "peak" (measured)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from tessera_lab.cost.device import layer_flops, load_device
+from tessera_lab.errors import ConfigError
+
+__all__ = ["run_model_flops", "runner_capacity", "observed_report"]
+
+
+def run_model_flops(job: Mapping[str, Any]) -> float:
+    """Model FLOPs of one step of a runner job: ``3 x`` (forward FLOPs of every layer + LM head GEMM) over the
+    step's tokens (analytic)."""
+    from .specs import TinyConfig
+
+    cfg = TinyConfig.from_dict(job["spec"]["model"]).as_dict()
+    tokens = int(job["tokens_per_step"])
+    kinds = TinyConfig.from_dict(job["spec"]["model"]).layer_kinds()
+    fwd = sum(layer_flops(cfg, k, tokens) for k in kinds) + 2.0 * tokens * cfg["hidden_size"] * cfg["vocab_size"]
+    return 3.0 * fwd
+
+
+def runner_capacity(job: Mapping[str, Any], device: Mapping[str, Any], step: int | None = None):
+    """:class:`~tessera_lab.report.capacity.CapacityReport` of a job on a calibrated device."""
+    from tessera_lab.report.capacity import capacity_from_runner
+
+    peak = float(device["throughput"]["gemm_flop_per_s"])
+    return capacity_from_runner(job, model_flops=run_model_flops(job), peak_flops=peak, step=step)
+
+
+def observed_report(run_path: str, device_path: str | None) -> tuple[dict[str, Any], str]:
+    """``(JSON dict, text)`` of ``report --observed RUN.json``: the capacity report of the run's first job.
+
+    Raises:
+        ConfigError: unreadable run file, not a runner result, or no device file.
+    """
+    try:
+        data = json.loads(Path(run_path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"run file '{run_path}' cannot be read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"run file '{run_path}' is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or not data.get("jobs"):
+        raise ConfigError(f"'{run_path}' is not a runner result (field 'jobs'); write one with tessera-lab run --json")
+    job = data["jobs"][0]
+    if device_path is None:
+        from tessera_lab.paths import data_dir
+
+        found = sorted((data_dir() / "devices").glob("*.json"))
+        if not found:
+            raise ConfigError("report --observed needs --device FILE (a calibrated device: tessera-lab calibrate)")
+        device_path = str(found[0])
+    dev = load_device(device_path)
+    rep = runner_capacity(job, dev)
+    parts = {k: v for k, v in rep.parts.items()}
+    text = [f"capacity report of an observed run ({run_path}): schedule {job['schedule']}, "
+            f"{rep.gpus} processes, iteration {rep.iteration_time_s * 1e3:.2f} ms (observed), "
+            f"MFU {rep.mfu:.3f} against the calibrated GEMM rate of {dev.get('name')} "
+            f"({dev['throughput']['gemm_flop_per_s'] / 1e9:.2f} GFLOP/s per process, measured)"]
+    total = sum(parts.values()) or 1.0
+    for k, v in parts.items():
+        text.append(f"  {k:<28} {v * 1e3:9.2f} ms x process  ({v / total:6.1%} of lost time)")
+    out = {"source": rep.source, "iteration_s": rep.iteration_time_s, "processes": rep.gpus, "mfu": rep.mfu,
+           "model_flops": rep.model_flops, "peak_flops": rep.peak_flops, "parts_s": parts,
+           "device": dev.get("name"), "notes": list(rep.notes)}
+    return out, "\n".join(text)

@@ -1,0 +1,363 @@
+"""The executor that walks one rank's :mod:`tessera_lab.pipeline.schedules` action list (see
+:mod:`tessera_lab.runner.pipeline` for what each action does)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.pipeline.schedules import Action, ActionType, Schedule
+
+from .layers import WEIGHT_GRAD_STORE, TinyMoEModel, forward_key
+from .nodes import StageProgram
+from .orders import resolve_order
+from .pairs import get_pair_handler
+from .topology import StageModule, Topology
+
+__all__ = ["StepRecord", "PipelineExecutor"]
+
+_F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
+
+
+# ----------------------------------------------------------------------------------------------
+# executor
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StepRecord:
+    """What one rank did in one step: ``loss_sums[mb]`` (last-stage holder, else None), ``events``
+    ``(lane, type, stage, microbatch, start_s, end_s, label)`` and ``routing`` (per-call routing logs)."""
+
+    loss_sums: dict[int, float] | None
+    events: list[tuple]
+    routing: list[dict] = field(default_factory=list)
+
+
+class PipelineExecutor:
+    """Runs one rank's action list per step (see the module docstring).
+
+    Args:
+        topo: this rank's :class:`Topology`.
+        schedule: the :class:`~tessera_lab.pipeline.schedules.Schedule` (compute-only or lowered with SEND/RECV).
+        stages: ``{stage: StageModule}`` held by this rank (``schedule.rank_stages(pp_rank)``).
+        act_shape: ``(micro_batch_size, seq_len, hidden)`` of the tensors crossing stage boundaries.
+        num_tokens: global tokens per step ``N`` (the loss divisor).
+        overlap: ``"thread"`` or ``"serial"`` (turn-1 names of the ``threads`` / ``serial`` pair handlers).
+        pair_exec: a pair handler of :mod:`tessera_lab.runner.pairs` (default: from ``overlap``); a node-level
+            one runs every forward and backward as nodes (:mod:`tessera_lab.runner.nodes`).
+        pair_order: issue order of the ``scheduled`` handler (:func:`tessera_lab.runner.orders.resolve_order`).
+        fault: ``{"rank", "step", "action"}``: raise before that action (tests).
+        prefetch: post the next action's receives before running the current one (compute-only lists).
+    """
+
+    def __init__(self, topo: Topology, schedule: Schedule, stages: dict[int, StageModule], act_shape: tuple,
+                 num_tokens: int, *, overlap: str = "thread", fault: dict | None = None, prefetch: bool = True,
+                 pair_exec: str | None = None, pair_order=None):
+        self.topo = topo
+        self.sched = schedule
+        self.stages = stages
+        self.S = schedule.num_stages
+        self.m = schedule.num_microbatches
+        self.s2r = schedule.stage_to_rank
+        self.me = topo.pp_rank
+        self.actions = list(schedule.actions.get(self.me, []))
+        self.explicit = any(a.is_comm for a in self.actions)
+        self.act_shape = tuple(act_shape)
+        self.N = num_tokens
+        if overlap not in ("thread", "serial"):
+            raise ConfigError(f"field 'overlap' = {overlap!r} is unknown; allowed: thread, serial")
+        self.overlap = overlap
+        self.handler = get_pair_handler(pair_exec or {"thread": "threads", "serial": "serial"}[overlap])
+        self.node_level = self.handler.node_level
+        self.pair_order_label, self.pair_template = resolve_order(pair_order, topo.ep)
+        self._comm = next((st.comm for st in stages.values()), None)
+        #: node-level runs call ``dispatch_hook(key, layer, recv_counts, send_counts)`` after every count
+        #: exchange (the seam for a per-EP-group dynamic controller); None: no hook
+        self.dispatch_hook = None
+        self.fault = fault
+        self.prefetch = prefetch
+        init = (lambda: torch.cuda.set_device(topo.device)) if topo.device.type == "cuda" else None
+        self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-side", initializer=init)
+        self._side_stream = torch.cuda.Stream(topo.device) if topo.device.type == "cuda" else None
+        self._lock = threading.Lock()
+        self._tls = threading.local()
+        for st in stages.values():
+            if st.comm is not None:
+                st.comm.hook = self._comm_hook
+
+    def close(self) -> None:
+        self._side.shutdown(wait=True)
+
+    # -- recording ------------------------------------------------------------------------------
+    def _now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def _event(self, lane: str, typ: str, stage: int, mb, start: float, end: float, label: str) -> None:
+        with self._lock:
+            self._events.append((lane, typ, stage, mb, start, end, label))
+
+    def _comm_hook(self, name: str, start: float, end: float, nbytes: int) -> None:
+        cur = getattr(self._tls, "action", (-1, None))
+        self._event("comm", "ep_a2a", cur[0], cur[1], start - self._t0, end - self._t0, f"{name}[{cur[0]},{cur[1]}]")
+
+    # -- p2p --------------------------------------------------------------------------------------
+    def _tag(self, key: tuple) -> int:
+        kind, stage, mb = key
+        return ((0 if kind == "F" else 1) * self.S + stage) * self.m + mb + 1
+
+    def _post_recvs(self, items: list[tuple[tuple, int]]) -> None:
+        """Post receives for ``(key, src_pp_rank)`` pairs not yet posted (one ``batch_isend_irecv``)."""
+        ops, keys = [], []
+        for key, src in items:
+            if key in self._recvs:
+                continue
+            buf = torch.empty(self.act_shape, dtype=torch.float32, device=self.topo.device)
+            ops.append(dist.P2POp(dist.irecv, buf, self.topo.global_rank(src), tag=self._tag(key)))
+            keys.append((key, buf))
+        if not ops:
+            return
+        t = self._now()
+        works = dist.batch_isend_irecv(ops)
+        for (key, buf), w in zip(keys, works):
+            self._recvs[key] = (w, buf, t)
+
+    def _wait_recv(self, key: tuple) -> torch.Tensor:
+        w, buf, t = self._recvs.pop(key)
+        w.wait()
+        kind, stage, mb = key
+        typ = "RECV_F" if kind == "F" else "RECV_B"
+        dst = stage + 1 if kind == "F" else stage - 1
+        self._event("comm", typ, dst, mb, t, self._now(), f"{dst}{typ}{mb}")
+        return buf
+
+    def _send(self, items: list[tuple[tuple, torch.Tensor, int]]) -> None:
+        """Issue non-blocking sends of ``(key, tensor, dst_pp_rank)`` (one ``batch_isend_irecv``)."""
+        if not items:
+            return
+        ops = [dist.P2POp(dist.isend, t.contiguous(), self.topo.global_rank(dst), tag=self._tag(key))
+               for key, t, dst in items]
+        now = self._now()
+        for key, _, _ in items:
+            typ = "SEND_F" if key[0] == "F" else "SEND_B"
+            self._event("send", typ, key[1], key[2], now, now, f"{key[1]}{typ}{key[2]}")
+        works = dist.batch_isend_irecv(ops)
+        self._pending_sends.extend(zip(works, ops))
+
+    # -- inputs -----------------------------------------------------------------------------------
+    def _need_input(self, x: Action) -> tuple:
+        """Make sure the input of leaf action ``x`` is on its way; returns a handle for :meth:`_get_input`."""
+        s, i = x.stage, x.microbatch
+        if x.type is _F:
+            if s == 0:
+                return ("tokens", i)
+            key, src = ("F", s - 1, i), self.s2r[s - 1]
+        elif x.type in (_B, _I):
+            if s == self.S - 1:
+                return ("none", None)
+            key, src = ("G", s + 1, i), self.s2r[s + 1]
+        else:
+            return ("none", None)
+        if src == self.me:
+            return ("local", key)
+        self._post_recvs([(key, src)])
+        return ("recv", key)
+
+    def _prefetch(self, a: Action) -> None:
+        """Post the receives of the next action early, so its data can land while this action computes."""
+        items = []
+        for x in a.leaves():
+            s, i = x.stage, x.microbatch
+            if x.type is _F and s > 0 and self.s2r[s - 1] != self.me:
+                items.append((("F", s - 1, i), self.s2r[s - 1]))
+            elif x.type in (_B, _I) and s < self.S - 1 and self.s2r[s + 1] != self.me:
+                items.append((("G", s + 1, i), self.s2r[s + 1]))
+        self._post_recvs(items)
+
+    def _get_input(self, handle: tuple, forward: bool):
+        kind, key = handle
+        if kind == "tokens":
+            return self._inputs[key]
+        if kind == "none":
+            return None
+        t = self._local.pop(key) if kind == "local" else self._wait_recv(key)
+        return t.detach().requires_grad_(True) if forward else t
+
+    # -- compute ----------------------------------------------------------------------------------
+    def defer_weight_grads(self, x: Action) -> None:
+        """Defer the GEMM weight gradients of backward leaf ``x`` (an I) to its later W action."""
+        WEIGHT_GRAD_STORE.defer((x.stage, x.microbatch))
+
+    def _program(self, x: Action, inp: torch.Tensor) -> StageProgram:
+        """A node-level program for forward leaf ``x`` with its input set."""
+        s, i = x.stage, x.microbatch
+
+        def record(lane, typ, label, start, end):
+            self._event(lane, typ, s, i, start, end, label)
+
+        def sink(v: float) -> None:
+            self._loss_sums[i] = v
+
+        prog = StageProgram(self.stages[s], i, self.stages[s].comm, record, self._now,
+                            targets=self._targets.get(i) if s == self.S - 1 else None, num_tokens=self.N,
+                            loss_sink=sink, on_counts=self.dispatch_hook)
+        prog.begin(inp)
+        return prog
+
+    def _forward(self, x: Action, inp: torch.Tensor, record: bool = True) -> torch.Tensor:
+        s, i = x.stage, x.microbatch
+        self._tls.action = (s, i)
+        t = self._now()
+        if self.node_level:
+            prog = self._program(x, inp)
+            for k in prog.fwd_keys:
+                prog.forward(k)
+            self._event("compute" if record else "sub", "F", s, i, t, self._now(), f"{s}F{i}")
+            self._saved[(s, i)] = (inp, prog)
+            return prog.output
+        with forward_key((s, i)):
+            out = self.stages[s](inp)
+            if s == self.S - 1:
+                loss = TinyMoEModel.loss_sum(out, self._targets[i])
+                self._loss_sums[i] = float(loss.detach().item())
+                out = loss / self.N
+        self._event("compute" if record else "sub", "F", s, i, t, self._now(), f"{s}F{i}")
+        self._saved[(s, i)] = (inp, out)
+        return out
+
+    def _backward(self, x: Action, grad, record: bool = True):
+        s, i = x.stage, x.microbatch
+        self._tls.action = (s, i)
+        t = self._now()
+        inp, out = self._saved.pop((s, i))
+        if x.type is _I:
+            WEIGHT_GRAD_STORE.defer((s, i))
+        if self.node_level:
+            out.begin_backward(grad)
+            for k in out.bwd_keys:
+                out.backward(k)
+            self._event("compute" if record else "sub", x.type.value, s, i, t, self._now(), f"{s}{x.type.value}{i}")
+            return out.input_grad
+        if grad is None:
+            torch.autograd.backward(out)
+        else:
+            torch.autograd.backward(out, grad_tensors=grad)
+        gx = inp.grad if s > 0 else None
+        self._event("compute" if record else "sub", x.type.value, s, i, t, self._now(), f"{s}{x.type.value}{i}")
+        return gx
+
+    def _forward_side(self, x: Action, inp: torch.Tensor) -> torch.Tensor:
+        """The forward of an overlapped pair, on the side thread (and, on GPU, the side stream: forward kernels
+        go to the current stream, while autograd runs backward kernels on the streams of their forward ops,
+        so it is the forward that has to move)."""
+        if self._side_stream is None:
+            return self._forward(x, inp, record=False)
+        with torch.cuda.stream(self._side_stream):
+            out = self._forward(x, inp, record=False)
+        self._side_stream.synchronize()
+        return out
+
+    def _finish(self, x: Action, result, sends: list) -> None:
+        """Route the output of leaf ``x`` (activation after F, input gradient after B/I)."""
+        s, i = x.stage, x.microbatch
+        if x.type is _F:
+            if s == self.S - 1:
+                return
+            key, dst, t = ("F", s, i), self.s2r[s + 1], result.detach()
+        else:
+            if s == 0:
+                return
+            key, dst, t = ("G", s, i), self.s2r[s - 1], result
+        if dst == self.me:
+            self._local[key] = t
+        elif self.explicit:
+            self._outbox[key] = (t, dst)
+        else:
+            sends.append((key, t, dst))
+
+    def _run_leaf(self, x: Action) -> None:
+        if x.type is _W:
+            t = self._now()
+            WEIGHT_GRAD_STORE.flush((x.stage, x.microbatch))
+            self._event("compute", "W", x.stage, x.microbatch, t, self._now(), str(x))
+            return
+        h = self._need_input(x)
+        sends: list = []
+        if x.type is _F:
+            out = self._forward(x, self._get_input(h, True))
+            self._finish(x, out, sends)
+        else:
+            gx = self._backward(x, self._get_input(h, False))
+            self._finish(x, gx, sends)
+        self._send(sends)
+
+    def _run_pair(self, a: Action) -> None:
+        f = next(x for x in a.sub_actions if x.type is _F)
+        b = next(x for x in a.sub_actions if x.type is not _F)
+        hf, hb = self._need_input(f), self._need_input(b)
+        inp, grad = self._get_input(hf, True), self._get_input(hb, False)
+        t = self._now()
+        out, gx = self.handler.run(self, f, b, inp, grad)
+        self._event("compute", "OVERLAP_F_B", b.stage, b.microbatch, t, self._now(), str(a))
+        sends: list = []
+        self._finish(b, gx, sends)
+        self._finish(f, out, sends)
+        self._send(sends)
+
+    def _run_comm(self, a: Action) -> None:
+        s, i = a.stage, a.microbatch
+        if a.type in (ActionType.SEND_F, ActionType.SEND_B):
+            key = ("F", s, i) if a.type is ActionType.SEND_F else ("G", s, i)
+            if key not in self._outbox:
+                raise ConfigError(f"rank {self.me}: {a} comes before the action producing its data")
+            t, dst = self._outbox.pop(key)
+            self._send([(key, t, dst)])
+        else:
+            key, src = (("F", s - 1, i), self.s2r[s - 1]) if a.type is ActionType.RECV_F else (("G", s + 1, i), self.s2r[s + 1])
+            if src != self.me:
+                self._post_recvs([(key, src)])
+
+    # -- step -------------------------------------------------------------------------------------
+    def run_step(self, step: int, inputs: dict[int, torch.Tensor], targets: dict[int, torch.Tensor],
+                 t0: float) -> StepRecord:
+        """Run the action list once. ``inputs`` / ``targets``: micro-batch -> ``[b, T]`` token ids (only needed
+        on the first / last stage's rank). ``t0``: ``time.perf_counter()`` at the step's start."""
+        self._t0 = t0
+        self._events: list[tuple] = []
+        self._inputs, self._targets = inputs, targets
+        self._saved: dict = {}
+        self._local: dict = {}
+        self._recvs: dict = {}
+        self._outbox: dict = {}
+        self._pending_sends: list = []
+        self._loss_sums: dict[int, float] = {}
+        fault = self.fault
+        n = len(self.actions)
+        for k, a in enumerate(self.actions):
+            if fault and fault.get("rank") == self.topo.rank and fault.get("step", 0) == step and fault.get("action", 0) == k:
+                raise RuntimeError(f"injected fault on rank {self.topo.rank} at step {step} before action {k} ({a})")
+            if self.prefetch and k + 1 < n and not self.explicit:
+                self._prefetch(self.actions[k + 1])
+            if a.type is ActionType.OVERLAP_F_B:
+                self._run_pair(a)
+            elif a.is_comm:
+                self._run_comm(a)
+            else:
+                self._run_leaf(a)
+        for w, _ in self._pending_sends:
+            w.wait()
+        leftovers = [k for k in WEIGHT_GRAD_STORE.pending() if k[0] in self.stages]
+        if self._saved or self._recvs or leftovers:
+            raise RuntimeError(
+                f"rank {self.me}: step ended with unfinished work: activations {sorted(self._saved)}, "
+                f"receives {sorted(self._recvs)}, deferred W {leftovers}")
+        holds_last = (self.S - 1) in self.stages
+        return StepRecord(dict(self._loss_sums) if holds_last else None, list(self._events))
+
+

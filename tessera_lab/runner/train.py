@@ -1,0 +1,155 @@
+"""One training job on this rank: build the stages, run the steps, sum gradients over replicas, step the optimizer."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.plan.partition import uniform_boundaries
+
+from .executor import PipelineExecutor
+from .layers import WEIGHT_GRAD_STORE, is_expert_param
+from .moe import ExpertParallelComm
+from .reference import deterministic, make_batch, make_optimizer, shard_rows
+from .specs import RunSpec, WorldSpec
+from .topology import Topology, build_stages, check_boundaries
+
+__all__ = ["sync_grads", "run_job"]
+
+
+# ----------------------------------------------------------------------------------------------
+# gradients
+# ----------------------------------------------------------------------------------------------
+
+
+def _reduce_flat(params: list[torch.Tensor], group, size: int, mode: str) -> None:
+    if not params:
+        return
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    if mode == "ordered":
+        parts = [torch.empty_like(flat) for _ in range(size)]
+        dist.all_gather(parts, flat, group=group)
+        acc = parts[0].clone()
+        for q in parts[1:]:
+            acc = acc + q
+    else:
+        dist.all_reduce(flat, group=group)
+        acc = flat
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.grad = acc[off:off + n].view_as(p).clone()
+        off += n
+
+
+def sync_grads(named_params: list[tuple[str, torch.Tensor]], topo: Topology, mode: str = "ordered") -> None:
+    """Sum gradients over replicas: non-expert parameters over the replica group (``dp * ep`` ranks of the
+    stage), routed-expert parameters over the DP group. ``mode``: ``"ordered"`` (all_gather, then a sum in
+    replica order: deterministic, bitwise equal to the reference) or ``"allreduce"``."""
+    if mode not in ("ordered", "allreduce"):
+        raise ConfigError(f"field 'grad_sync' = {mode!r} is unknown; allowed: ordered, allreduce")
+    dense = [p for n, p in named_params if not is_expert_param(n)]
+    experts = [p for n, p in named_params if is_expert_param(n)]
+    if topo.replica_group is not None:
+        _reduce_flat(dense, topo.replica_group, topo.replicas, mode)
+    if topo.dp_group is not None:
+        _reduce_flat(experts, topo.dp_group, topo.dp, mode)
+
+
+# ----------------------------------------------------------------------------------------------
+# one job
+# ----------------------------------------------------------------------------------------------
+
+
+def run_job(world: WorldSpec, topo: Topology, spec: RunSpec, out_dir: str | None = None) -> dict | None:
+    """Train ``spec`` on this rank; returns the job's raw per-step records gathered on rank 0 (None elsewhere).
+
+    With ``spec.save_grads`` every rank writes ``{out_dir}/grads_{spec.name}_rank{rank}.pt`` holding the
+    gradients of step 0 (after the replica sum, before the update) by parameter name.
+    """
+    sched = spec.validate(world)
+    cfg = spec.model_config
+    S = sched.num_stages
+    boundaries = check_boundaries(spec.boundaries or uniform_boundaries(cfg.num_layers, S), cfg.num_layers, S)
+    # deterministic mode is a CPU mode (on CUDA it would need CUBLAS_WORKSPACE_CONFIG and still not be bitwise
+    # equal to the CPU reference)
+    ctx = deterministic(1) if spec.deterministic and topo.device.type == "cpu" else contextlib.nullcontext()
+    with ctx:
+        return _run_job(world, topo, spec, sched, boundaries, out_dir)
+
+
+def _run_job(world, topo, spec, sched, boundaries, out_dir):
+    cfg = spec.model_config
+    S, m, mbs, T = sched.num_stages, spec.microbatches, spec.micro_batch_size, cfg.seq_len
+    R = topo.replicas
+    comm = None
+    local = None
+    if topo.ep > 1:
+        comm = ExpertParallelComm(topo.ep_fwd, topo.ep_bwd, topo.ep, topo.ep_rank, cfg.num_experts)
+        local = comm.local_experts
+    my_stages = sched.rank_stages(topo.pp_rank)
+    model, stages = build_stages(cfg, boundaries, my_stages, S, local)
+    for st in stages.values():
+        st.comm = comm
+    names = {id(p): n for n, p in model.named_parameters()}
+    seen: set[int] = set()
+    named = []
+    for s in my_stages:
+        for p in stages[s].parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                named.append((names[id(p)], p))
+    model.to(topo.device)
+    opt = make_optimizer([p for _, p in named], spec.lr)
+    N = m * R * mbs * T
+    ex = PipelineExecutor(topo, sched, stages, (mbs, T, cfg.hidden_size), N, overlap=spec.overlap, fault=spec.fault,
+                          pair_exec=spec.pair_exec, pair_order=spec.pair_order)
+    route_log: list = []
+    for s in my_stages:
+        for layer in stages[s].layers:
+            layer.moe.route_log = route_log
+    records = []
+    try:
+        for step in range(spec.steps):
+            batch = make_batch(cfg, step, m * R * mbs, spec.data_seed).to(topo.device)
+            rows = {i: batch[shard_rows(i, topo.replica, R, mbs)] for i in range(m)}
+            inputs = {i: r[:, :-1] for i, r in rows.items()}
+            targets = {i: r[:, 1:] for i, r in rows.items()}
+            for _, p in named:
+                p.grad = None
+            route_log.clear()
+            WEIGHT_GRAD_STORE.clear()
+            dist.barrier()
+            t0 = time.perf_counter()
+            rec = ex.run_step(step, inputs, targets, t0)
+            t_sync = time.perf_counter()
+            sync_grads(named, topo, spec.grad_sync)
+            if spec.save_grads and step == 0 and out_dir:
+                torch.save({n: p.grad.detach().cpu().clone() for n, p in named},
+                           Path(out_dir) / f"grads_{spec.name or 'job'}_rank{topo.rank}.pt")
+            opt.step()
+            t_end = time.perf_counter()
+            rec.events.append(("step", "grad_sync+optimizer", -1, None, t_sync - t0, t_end - t0, "sync+opt"))
+            payload = {"rank": topo.rank, "pp_rank": topo.pp_rank, "replica": topo.replica, "t0": t0,
+                       "host": socket.gethostname(),
+                       "loss_sums": rec.loss_sums, "events": rec.events, "routing": list(route_log),
+                       "step_time": t_end - t0}
+            gathered: list = [None] * topo.world_size
+            dist.all_gather_object(gathered, payload)
+            records.append(gathered)
+    finally:
+        ex.close()
+        for s in my_stages:
+            for layer in stages[s].layers:
+                layer.moe.route_log = None
+    if topo.rank != 0:
+        return None
+    pair = {"handler": ex.handler.name, "node_level": ex.node_level, "order_label": ex.pair_order_label,
+            "template": list(ex.pair_template)}
+    return {"schedule": sched, "boundaries": boundaries, "records": records, "num_tokens": N, "pair_exec": pair}

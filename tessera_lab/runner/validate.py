@@ -1,0 +1,154 @@
+"""``tessera-lab validate``: does the plan predict the runner? A fixed matrix of runner jobs, each predicted
+from a calibrated device *before* it runs, then run and observed; the calibration runs (microbenchmarks of
+:mod:`tessera_lab.runner.calibrate`) are separate processes and never one of the validated runs.
+
+Matrix: schedules gpipe, 1f1b, zb-h1, overlapped (node-level ``scheduled`` pairs) x pp 2, 4 x ep 1, 2 x two
+model widths (tiny-runner and twice as wide) x two partitions (uniform, balanced on the calibrated costs).
+``--quick``: pp 2, ep 1 and 2, the base width, the uniform partition, plus two balanced / wide cases.
+
+Per case: ``predicted_s`` (the plan's iteration time), ``observed_s`` (median over the steps after the first,
+with quartiles) and ``error = (predicted - observed) / observed``. Summary: ``median_abs_error``,
+``rank_agreement`` (the share of case pairs that prediction and observation order the same way) and the
+machine load (1-minute load average before and after: identical runs differ by 5-12 % on a busy 2-core machine).
+Targets (printed, not asserted): median |error| <= 10 % busy / <= 5 % quiet, rank agreement >= 90 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+__all__ = ["TARGETS", "cases", "validate", "validate_from_args"]
+
+TARGETS = {"median_abs_error_busy": 0.10, "median_abs_error_quiet": 0.05, "rank_agreement": 0.90}
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "overlapped")
+
+
+def cases(quick: bool) -> list[dict[str, Any]]:
+    """The validation matrix (module docstring), as dicts with schedule, pp, ep, width, partition."""
+    if quick:
+        out = [dict(schedule=s, pp=2, ep=ep, width=1, partition="uniform") for ep in (1, 2) for s in SCHEDULES]
+        out += [dict(schedule="1f1b", pp=2, ep=2, width=2, partition="balanced"),
+                dict(schedule="overlapped", pp=2, ep=1, width=2, partition="balanced")]
+        return out
+    return [dict(schedule=s, pp=pp, ep=ep, width=w, partition=part)
+            for pp, ep, w, part, s in itertools.product((2, 4), (1, 2), (1, 2), ("uniform", "balanced"), SCHEDULES)]
+
+
+def _name(c: dict) -> str:
+    return f"{c['schedule']}-pp{c['pp']}-ep{c['ep']}-w{c['width']}-{c['partition']}"
+
+
+def validate(device: dict, *, quick: bool = False, steps: int | None = None, microbatches: int = 4,
+             micro_batch_size: int = 2, progress=None) -> dict[str, Any]:
+    """Predict, run and compare every case; returns the JSON-ready result (module docstring)."""
+    from .calibrate import widened
+    from .predict import device_plan
+    from .spawn import spawn
+    from .specs import RunSpec, TinyConfig, WorldSpec
+
+    steps = steps or (3 if quick else 4)
+    base = TinyConfig()
+    load0 = os.getloadavg()
+    t0 = time.time()
+    matrix = cases(quick)
+    plans = {}
+    for c in matrix:  # every prediction is made before any validated run starts
+        cfg = widened(base, c["width"]).as_dict()
+        plans[_name(c)] = device_plan(device, f"tiny-runner x{c['width']}", pp=c["pp"], ep=c["ep"],
+                                      schedule=c["schedule"], microbatches=microbatches,
+                                      micro_batch_size=micro_batch_size, partition=c["partition"], config=cfg,
+                                      machine_load=load0[0])
+    out_cases = []
+    by_world: dict[tuple[int, int], list[dict]] = {}
+    for c in matrix:
+        by_world.setdefault((c["pp"], c["ep"]), []).append(c)
+    for (pp, ep), cs in by_world.items():
+        jobs = []
+        for c in cs:
+            pl = plans[_name(c)]
+            jobs.append(RunSpec(name=_name(c), model=pl["model_config"], schedule=c["schedule"],
+                                microbatches=microbatches, micro_batch_size=micro_batch_size, steps=steps,
+                                boundaries=pl["boundaries"], pair_exec=pl["pair_exec"],
+                                pair_order=pl["pair_order"]["template"],
+                                plan_prediction={"predicted_s": pl["prediction"]["iteration_s"],
+                                                 "stage_f_s": pl["prediction"]["stage_f_s"],
+                                                 "stage_b_s": pl["prediction"]["stage_b_s"],
+                                                 "costs": pl["costs"]["source"], "predicted_at": pl["predicted_at"]}))
+        res = spawn(WorldSpec(pp=pp, ep=ep, timeout_s=120), jobs, timeout_s=900)
+        for c in cs:
+            pv = res.job(_name(c))["plan_vs_observed"]
+            out_cases.append({"name": _name(c), **c, "boundaries": plans[_name(c)]["boundaries"],
+                              "predicted_s": pv["predicted_s"], "observed_s": pv["observed_s"],
+                              "observed_q1_s": pv["observed_q1_s"], "observed_q3_s": pv["observed_q3_s"],
+                              "error": pv["error"]})
+        if progress:
+            progress(len(out_cases), len(matrix))
+    errs = [abs(c["error"]) for c in out_cases if math.isfinite(c["error"])]
+    agree = total = 0
+    for a, b in itertools.combinations(out_cases, 2):
+        dp, do = a["predicted_s"] - b["predicted_s"], a["observed_s"] - b["observed_s"]
+        if dp == 0 or do == 0:
+            continue
+        total += 1
+        agree += (dp > 0) == (do > 0)
+    meta = device["metadata"]
+    return {
+        "cases": out_cases, "median_abs_error": statistics.median(errs) if errs else math.nan,
+        "rank_agreement": agree / total if total else math.nan, "rank_pairs": total,
+        "calibration": {"device": device.get("name"), "path": device.get("_path"), "date": meta.get("date"),
+                        "runs": [f"layer microbenchmarks ({', '.join(device['layers'])}) x widths 1, 2",
+                                 "embedding and LM head microbenchmarks", "GEMM and memory throughput",
+                                 f"gloo p2p ping-pong and all-to-all (groups {', '.join(device['all_to_all'])}) "
+                                 f"in {meta.get('comm_world')} processes"],
+                        "disjoint_from_validated_runs": True, "load_average_1m": meta.get("load_average_1m")},
+        "machine": {"cores": os.cpu_count(), "load_before": [round(x, 2) for x in load0],
+                    "load_after": [round(x, 2) for x in os.getloadavg()], "seconds": round(time.time() - t0, 1)},
+        "targets": TARGETS, "steps": steps, "quick": quick,
+    }
+
+
+def format_validation(r: dict[str, Any]) -> str:
+    from tabulate import tabulate
+
+    rows = [{"case": c["name"], "predicted (ms)": c["predicted_s"] * 1e3, "observed (ms)": c["observed_s"] * 1e3,
+             "observed IQR (ms)": f"{c['observed_q1_s'] * 1e3:.1f}-{c['observed_q3_s'] * 1e3:.1f}",
+             "error": f"{c['error'] * 100:+.1f}%"} for c in r["cases"]]
+    m, t = r["machine"], r["targets"]
+    return "\n".join([
+        tabulate(rows, headers="keys", floatfmt=".1f"),
+        f"median |error| {r['median_abs_error'] * 100:.1f}% (target <= {t['median_abs_error_busy'] * 100:.0f}% busy, "
+        f"<= {t['median_abs_error_quiet'] * 100:.0f}% quiet); rank agreement {r['rank_agreement'] * 100:.0f}% over "
+        f"{r['rank_pairs']} pairs (target >= {t['rank_agreement'] * 100:.0f}%)",
+        f"calibration: device {r['calibration']['device']} ({r['calibration']['date']}), separate microbenchmark "
+        f"runs, disjoint from the validated runs",
+        f"machine: {m['cores']} cores, load {m['load_before']} before, {m['load_after']} after; {m['seconds']} s",
+    ])
+
+
+def validate_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """``tessera-lab validate``: calibrate (or load ``--device``), then :func:`validate`; returns
+    ``(result, text)``."""
+    from tessera_lab.cost.device import load_device
+
+    if args.steps is not None and args.steps < 2:
+        from tessera_lab.errors import ConfigError
+
+        raise ConfigError(f"--steps = {args.steps} is out of range; allowed: >= 2 (the first step is a warm-up)")
+    if args.device:
+        device = load_device(args.device)
+    else:
+        from .calibrate import calibrate
+
+        print("calibrating (separate microbenchmark runs) ...", file=sys.stderr)
+        device = calibrate(name="validate-calibration", repeats=5 if args.quick else 9)
+        device["_path"] = None
+    r = validate(device, quick=args.quick, steps=args.steps,
+                 progress=lambda d, n: print(f"validate: {d}/{n} cases", file=sys.stderr))
+    return r, format_validation(r)

@@ -1,0 +1,170 @@
+"""The planner plans what the runner runs (issue 13, items 3-5): the tiny runner model as a ModelSpec, calibrated
+device files, predictions checked by hand, ``plan --device``, ``run --plan`` (prediction before the run vs
+observation), ``report --observed`` and the validation matrix. Torch-free except the one launch (a few seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tessera_lab.cli.main import main as cli
+from tessera_lab.cost.device import layer_flops, layer_times, load_device
+from tessera_lab.errors import ConfigError
+from tessera_lab.model.spec import load_model
+from tessera_lab.runner.predict import balanced_boundaries, device_plan, predict_runner
+from tessera_lab.runner.specs import TinyConfig
+from tessera_lab.runner.validate import cases
+
+RATE = 1e-9  # seconds per FLOP in the synthetic device
+
+
+def synthetic_device(cores: int = 64, a2a_alpha: float = 0.0, head: float = 0.0) -> dict:
+    """A device whose layers cost exactly flops * RATE (F) and 2 flops * RATE (B), no overheads."""
+    pts = lambda r: [[1e6, 1e6 * r], [2e6, 2e6 * r]]  # noqa: E731
+    return {"kind": "calibrated_device", "schema_version": 1, "name": "synthetic",
+            "layers": {k: {"F": pts(RATE), "B": pts(2 * RATE), "w_share": 0.5}
+                       for k in ("linear_attention", "full_attention")},
+            "extras": {"embed_F_s": 0.0, "embed_B_s": 0.0, "head_F_s": head, "head_B_s": head, "head_tokens": 32},
+            "throughput": {"gemm_flop_per_s": 1 / RATE}, "p2p": {"alpha_s": 0.0, "bytes_per_s": 0.0},
+            "all_to_all": {"2": {"alpha_s": a2a_alpha, "bytes_per_s": 0.0}},
+            "metadata": {"cores": cores, "date": "2026-12-01", "device": "synthetic"}}
+
+
+def test_tiny_runner_is_a_shipped_model_and_round_trips():
+    spec = load_model("tiny-runner")
+    cfg = TinyConfig()
+    assert spec.hidden_size == cfg.hidden_size and len(spec.layers) == cfg.num_layers
+    assert [l.kind.split("+")[0] for l in spec.layers] == cfg.layer_kinds()
+    assert spec.num_experts == cfg.num_experts and spec.num_experts_per_tok == cfg.top_k
+    assert TinyConfig.from_hf_config(cfg.to_hf_config()) == cfg
+    with pytest.raises(ConfigError, match="tessera_runner"):
+        TinyConfig.from_hf_config({"hidden_size": 8})
+
+
+def test_layer_flops_by_hand():
+    d = TinyConfig().as_dict()  # H 32, h 2, d 16, kv 1, E 4, k 2, w 16, ws 32, T 16, C 8
+    # full attention, 32 tokens: mixer GEMMs 32*(2*32+2*16) + 32*32 = 4096; MoE 32*4 + 2*(32*32 + 16*32)
+    # + 32*64 + 32*32 + 32 = 128 + 3072 + 3104 = 6304; 2 * 32 * (4096 + 6304) + core 2*32*16*2*16
+    assert layer_flops(d, "full_attention", 32) == 2 * 32 * (4096 + 6304) + 2 * 32 * 16 * 2 * 16
+    with pytest.raises(ConfigError, match="layer kind"):
+        layer_flops(d, "mamba", 32)
+
+
+def test_prediction_by_hand():
+    dev = synthetic_device()
+    cfg = TinyConfig().as_dict()
+    tokens = 2 * cfg["seq_len"]
+    lt = layer_times(dev, cfg, "linear_attention", tokens)
+    x = layer_flops(cfg, "linear_attention", tokens)
+    assert lt["F"] == pytest.approx(x * RATE) and lt["B"] == pytest.approx(2 * x * RATE)
+    assert lt["W"] == pytest.approx(lt["B"] / 2)
+    kinds = TinyConfig().layer_kinds()
+    per_layer = [layer_flops(cfg, k, tokens) * RATE for k in kinds]
+    # one stage (pp = 1), GPipe: every micro-batch's F then B, nothing overlaps: m * 3 * sum(F)
+    p = predict_runner(dev, cfg, pp=1, ep=1, schedule="gpipe", microbatches=4, micro_batch_size=2)
+    assert p["iteration_s"] == pytest.approx(4 * 3 * sum(per_layer))
+    # two stages, 1F1B with p = 2, m = 4: (m + p - 1) (F + B) for equal stages; boundaries [0, 2, 4]
+    p2 = predict_runner(dev, cfg, pp=2, ep=1, schedule="1f1b", microbatches=4, micro_batch_size=2)
+    s0, s1 = sum(per_layer[:2]), sum(per_layer[2:])
+    assert p2["stage_f_s"] == pytest.approx([s0, s1]) and p2["stage_b_s"] == pytest.approx([2 * s0, 2 * s1])
+    assert p2["iteration_s"] >= 4 * 3 * max(s0, s1)
+    # ep = 2 adds, per MoE layer and direction, a count exchange and two all-to-alls (alpha each here)
+    p3 = predict_runner(synthetic_device(a2a_alpha=1e-3), cfg, pp=1, ep=2, schedule="gpipe", microbatches=4,
+                        micro_batch_size=2)
+    assert p3["iteration_s"] - p["iteration_s"] == pytest.approx(4 * 2 * 4 * 3e-3)
+    # oversubscription: 4 processes on 2 cores double every time
+    p4 = predict_runner(synthetic_device(cores=2), cfg, pp=2, ep=2, schedule="1f1b", microbatches=4,
+                        micro_batch_size=2)
+    assert p4["oversubscription"] == 2.0 and p4["stage_f_s"][0] == pytest.approx(2 * s0)
+
+
+def test_balanced_boundaries_brute_force():
+    dev = synthetic_device(head=5e-5)
+    cfg = TinyConfig(num_layers=6).as_dict()
+    b = balanced_boundaries(dev, cfg, 3, 32)
+    kinds = TinyConfig(num_layers=6).layer_kinds()
+    cost = [3 * layer_flops(cfg, k, 32) * RATE for k in kinds]
+
+    def worst(bd):
+        return max(sum(cost[bd[s]:bd[s + 1]]) + (1e-4 if s == 2 else 0.0) for s in range(3))
+
+    import itertools
+
+    best = min(([0, i, j, 6] for i, j in itertools.combinations(range(1, 6), 2)), key=worst)
+    assert worst(b) == pytest.approx(worst(best))
+
+
+def test_device_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_device(tmp_path / "none.json")
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(ConfigError, match="calibrated_device"):
+        load_device(tmp_path / "x.json")
+
+
+def test_plan_device_cli_and_plan_json(tmp_path, capsys):
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps(synthetic_device(cores=2)))
+    out = tmp_path / "plan.json"
+    rc = cli(["plan", "--model", "tiny-runner", "--device", str(path), "--pp", "2", "--ep", "2",
+              "--microbatches", "4", "--micro-batch-size", "2", "--schedule", "overlapped", "--export", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "costs: calibrated device synthetic" in text and "predicted iteration" in text
+    plan = json.loads(out.read_text())
+    assert plan["kind"] == "runner_plan" and plan["costs"]["source"] == "calibrated device synthetic"
+    assert plan["boundaries"][0] == 0 and plan["boundaries"][-1] == 4 and plan["pair_exec"] == "scheduled"
+    assert len(plan["pair_order"]["template"]) == 10 and plan["prediction"]["iteration_s"] > 0
+    # not a runner model: one clear line, exit 2
+    assert cli(["plan", "--model", "qwen3-8b", "--device", str(path)]) == 2
+    assert "tessera_runner" in capsys.readouterr().err
+
+
+def test_validation_matrix_shape():
+    full = cases(False)
+    assert len(full) == 4 * 2 * 2 * 2 * 2
+    assert {c["schedule"] for c in full} == {"gpipe", "1f1b", "zb-h1", "overlapped"}
+    quick = cases(True)
+    assert len(quick) == 10 and {c["pp"] for c in quick} == {2} and {c["ep"] for c in quick} == {1, 2}
+
+
+def test_run_plan_executes_the_plan_and_reports_the_prediction(tmp_path, capsys):
+    pytest.importorskip("torch")
+    dev_path = tmp_path / "dev.json"
+    dev_path.write_text(json.dumps(synthetic_device(cores=2)))
+    plan = device_plan(load_device(dev_path), "tiny-runner", pp=2, ep=2, schedule="overlapped", microbatches=4,
+                       micro_batch_size=2, partition="uniform", pair_order="megatron")
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    rc = cli(["run", "--plan", str(tmp_path / "plan.json"), "--steps", "3", "--check", "--json",
+              str(tmp_path / "run.json"), "--profile-store", str(tmp_path / "store.json")])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "before the run" in text and "bitwise" in text
+    job = json.loads((tmp_path / "run.json").read_text())["jobs"][0]
+    assert job["schedule"] == "overlapped" and job["boundaries"] == plan["boundaries"]
+    assert job["pair_exec"]["handler"] == "scheduled" and job["pair_exec"]["template"] == plan["pair_order"]["template"]
+    pv = job["plan_vs_observed"]
+    assert pv["predicted_s"] == plan["prediction"]["iteration_s"]  # made before the run, carried unchanged
+    assert pv["observed_s"] > 0 and math.isclose(pv["error"], (pv["predicted_s"] - pv["observed_s"]) / pv["observed_s"])
+    store = json.loads((tmp_path / "store.json").read_text())
+    assert store["runs"][0]["predictions"] == "plan (before the run)"
+    rec = store["runs"][0]["lifecycle"]["steps"][0]
+    assert rec["predicted"]["iteration"] == plan["prediction"]["iteration_s"]
+    # the capacity report of the actual run
+    rc = cli(["report", "--observed", str(tmp_path / "run.json"), "--device", str(dev_path), "--json", "-"])
+    assert rc == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["source"].startswith("runner job") and rep["processes"] == 4 and 0 < rep["mfu"] < 1
+
+
+def test_oversubscription_by_hand():
+    from tessera_lab.runner.predict import oversubscription
+
+    dev = synthetic_device(cores=2)
+    dev["metadata"]["load_average_1m"] = {"before": 10.0}
+    assert oversubscription(dev, 4) == 2.0  # quiet machine: 4 processes on 2 cores
+    assert oversubscription(dev, 4, machine_load=10.0) == pytest.approx(14 / 10)  # busy: share of 14 vs 10
+    assert oversubscription(dev, 1, machine_load=0.0) == pytest.approx(2 / 10)  # quieter than at calibration
