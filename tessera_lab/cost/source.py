@@ -74,7 +74,7 @@ class CostSource:
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": self.path, "device": self.device, "date": self.date,
                 "backend": self.backend, "versions": dict(self.versions), "digest": self.digest,
-                "description": self.describe(), "source": self.describe()}
+                "description": self.describe()}
 
     @classmethod
     def from_dict(cls, data: Any) -> "CostSource":
