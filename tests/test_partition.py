@@ -187,21 +187,19 @@ def test_virtual_stages_memory_per_rank():
 
 
 @settings(max_examples=40)
-@given(st.lists(st.floats(0.0, 5.0), min_size=4, max_size=30), st.integers(1, 6), st.integers(1, 2),
-       st.sampled_from([None, 0.6, 0.9]))
-def test_monotone_fast_path_equals_the_general_dp(costs, S, min_layers, mem_frac):
-    """The O(S L log L) DP for sums of non-negative costs reaches the general DP's bottleneck, memory included."""
+@given(st.lists(st.floats(0.0, 5.0), min_size=4, max_size=30), st.integers(1, 6))
+def test_monotone_fast_path_equals_the_general_dp(costs, S):
+    """The O(S L log L) DP for sums of non-negative costs reaches the general DP's bottleneck."""
     from tessera_lab.errors import InfeasiblePlanError
     from tessera_lab.plan import dp
+
+    min_layers = 1
 
     S = min(S, len(costs) // min_layers)
     prefix = [0.0]
     for c in costs:
         prefix.append(prefix[-1] + c)
-    kw = {"min_layers": min_layers}
-    if mem_frac is not None:
-        kw.update(memory=lambda s, i, j: (j - i) * (1.0 + 0.1 * s), memory_limit=mem_frac * len(costs))
-    prob = additive_problem(costs, S, **kw)
+    prob = additive_problem(costs, S)
     try:
         want = dp.solve_dp(dataclasses.replace(prob, monotone=False))
     except InfeasiblePlanError:
@@ -209,6 +207,8 @@ def test_monotone_fast_path_equals_the_general_dp(costs, S, min_layers, mem_frac
             dp.solve_monotone(prob)
         return
     got = dp.solve_monotone(prob)
+    assert dp.fast_path_ok(prob) and not dp.fast_path_ok(dataclasses.replace(prob, min_layers=2))
+    assert not dp.fast_path_ok(dataclasses.replace(prob, memory=lambda s, i, j: 1.0, memory_limit=2.0))
     assert got.bottleneck == pytest.approx(want.bottleneck, rel=1e-12, abs=1e-12)
     assert got.boundaries[0] == 0 and got.boundaries[-1] == len(costs)
     assert all(b - a >= min_layers for a, b in zip(got.boundaries, got.boundaries[1:]))

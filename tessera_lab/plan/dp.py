@@ -100,10 +100,12 @@ FAST_DP_MIN = 2_000_000
 
 
 def fast_path_ok(problem: PartitionProblem) -> bool:
-    """Whether :func:`solve_monotone` is exact for ``problem``: monotone costs, the bottleneck objective, no pinned
-    or maximum layer counts, one stage per rank."""
-    return (problem.monotone and problem.objective == "bottleneck" and problem.vpp == 1
-            and problem.first_stage_layers is None and problem.last_stage_layers is None
+    """Whether :func:`solve_monotone` is exact for ``problem``: monotone costs, the bottleneck objective, one stage
+    per rank, at least one layer per stage, no other layer-count rule and no memory limit (with ``min_layers > 1``,
+    or a memory model that depends on the stage index, the best bottleneck of a prefix can fall as the prefix
+    grows, e.g. costs 0, 0, 1, 1, 0 with two layers per stage)."""
+    return (problem.monotone and problem.objective == "bottleneck" and problem.vpp == 1 and problem.min_layers == 1
+            and problem.memory is None and problem.first_stage_layers is None and problem.last_stage_layers is None
             and problem.max_layers is None)
 
 
