@@ -29,7 +29,7 @@ the simulator and **moves deferrable work** (weight-gradient passes W, gradient 
 every EP group on its own, never making the step slower than the static plan. The paper reports 641 ms less
 idle time and 3.4 % more throughput on a 6,144-GPU job.
 
-This notebook rebuilds that loop in simulation with `tessera_lab.dynamic.routing` and `tessera_lab.dynamic.core`:
+This notebook rebuilds that loop in simulation with `tessera_lab.dynamic.routing` and `tessera_lab.dynamic` (durations, planner, evaluate, online):
 
 1. a routing model (uniform, Zipf-skewed, drifting) and what it does to per-rank load;
 2. variable stage times that follow the busiest EP rank;
@@ -68,7 +68,8 @@ import pandas as pd
 import seaborn as sns
 from IPython.display import display
 
-from tessera_lab.dynamic import core as dyn
+from tessera_lab.dynamic import durations, evaluate, planner, studies
+from tessera_lab.pipeline import passes
 from tessera_lab.dynamic import routing as rt
 from tessera_lab.ui.plots import gantt_pair, rank_load_bars, routing_heatmap
 
@@ -79,11 +80,11 @@ if USE_MODEL:
     from tessera_lab.model.spec import load_model
 
     PP, MICROBATCHES = 8, 32
-    costs = dyn.StageCosts.from_model(load_model("qwen3-next-80b-a3b"),
+    costs = durations.StageCosts.from_model(load_model("qwen3-next-80b-a3b"),
                                       ParallelConfig(pp=PP, ep=8, microbatches=MICROBATCHES, schedule="zb-h1"))
     EXPERTS, TOP_K, EP = costs.num_experts, costs.top_k, costs.ep
 else:
-    costs = dyn.StageCosts.synthetic(PP, F, B, W, expert_fraction=EXPERT_FRACTION, layers_per_stage=LAYERS_PER_STAGE,
+    costs = durations.StageCosts.synthetic(PP, F, B, W, expert_fraction=EXPERT_FRACTION, layers_per_stage=LAYERS_PER_STAGE,
                                      ep=EP, num_experts=EXPERTS, top_k=TOP_K, tokens=EP * TOKENS)
 print(costs.description)"""
     ),
@@ -123,22 +124,25 @@ gaps, defers W parts (one per layer) as far as the memory cap allows and pulls t
 gaps; it keeps whichever candidate simulates fastest, and the static order when nothing is faster."""
     ),
     new_code_cell(
-        """res = dyn.run_dynamic(costs, spec, schedule="1f1b", microbatches=MICROBATCHES, groups=GROUPS, seed=SEEDS[0])
+        """res = evaluate.run_dynamic(costs, spec, schedule="1f1b", microbatches=MICROBATCHES, groups=GROUPS, seed=SEEDS[0])
 g0 = res.groups[0]
 display(pd.DataFrame(res.rows()).set_index("group").round(4))
 s = res.summary()
 print(f"job of {GROUPS} EP group(s): iteration {s['iteration_static_s']:.4g} s -> {s['iteration_dynamic_s']:.4g} s; "
       f"idle removed {s['idle_removed_s']:.4g} s per rank ({s['idle_removed_share']:.1%} of the idle time), "
       f"throughput {s['throughput_gain']:+.2%}; memory cap {s['memory_cap']} live micro-batches per rank")
-gaps = dyn.idle_gaps(g0.plan.predicted_static)
+gaps = passes.idle_gaps(g0.plan.predicted_static)
 display(pd.DataFrame([g.as_dict() for gs in gaps.values() for g in gs]).head(12).round(4))
 gantt_pair(g0.static, g0.dynamic)
 plt.show()
-assert not dyn.check_dependencies(g0.dynamic), "every W after its I"
+assert not planner.check_dependencies(g0.dynamic), "every W after its I"
 """
     ),
     new_markdown_cell(
         """## 3 · Uniform, moderate and heavy skew, against two static plans
+
+Each group plans its order before the step on the previous step's routing (`lag = 1`; `lag = 0` would be the
+step's own routing, an oracle) and runs it on the routing that happens.
 
 * against **1F1B** (W right after its I) the optimizer recovers both the warm-up/cool-down bubble that a
   Zero-Bubble schedule would remove statically and the gaps the routing leaves;
@@ -149,8 +153,8 @@ assert not dyn.check_dependencies(g0.dynamic), "every W after its I"
     new_code_cell(
         """rows = []
 for sched in ("1f1b", "zb-h1"):
-    for label, sp in dyn.SKEW_LEVELS.items():
-        runs = [dyn.run_dynamic(costs, sp, schedule=sched, microbatches=MICROBATCHES, seed=sd)
+    for label, sp in studies.SKEW_LEVELS.items():
+        runs = [evaluate.run_dynamic(costs, sp, schedule=sched, microbatches=MICROBATCHES, seed=sd)
                 for sd in (SEEDS if sp != "uniform" else SEEDS[:1])]
         rows.append({"static plan": sched, "routing": f"{label} ({sp})",
                      "busiest EP rank load": np.mean([r.mean_imbalance for r in runs]),
@@ -175,10 +179,10 @@ Each EP group routes its own data, predicts and fills on its own; the job's step
 ends."""
     ),
     new_code_cell(
-        """sweep = pd.DataFrame(dyn.skew_sweep(costs, SWEEP_SKEWS, seeds=SEEDS, schedule="1f1b", microbatches=MICROBATCHES,
+        """sweep = pd.DataFrame(studies.skew_sweep(costs, SWEEP_SKEWS, seeds=SEEDS, schedule="1f1b", microbatches=MICROBATCHES,
                                      include_uniform=False))
 sweep["skew"] = list(SWEEP_SKEWS)
-grp = pd.DataFrame(dyn.group_sweep(costs, SWEEP_GROUPS, spec, seeds=SEEDS, schedule="1f1b",
+grp = pd.DataFrame(studies.group_sweep(costs, SWEEP_GROUPS, spec, seeds=SEEDS, schedule="1f1b",
                                    microbatches=MICROBATCHES))
 fig, axes = plt.subplots(1, 2, figsize=(12, 3.6), layout="constrained")
 ax = axes[0]
@@ -215,7 +219,7 @@ there."""
     new_code_cell(
         """pred = []
 for sp in (f"zipf:{SKEW}", f"drift:{SKEW}"):
-    for row in dyn.prediction_study(costs, sp, steps=(1, 2), lag=1, schedule="1f1b", microbatches=MICROBATCHES):
+    for row in studies.prediction_study(costs, sp, steps=(1, 2), lag=1, schedule="1f1b", microbatches=MICROBATCHES):
         pred.append(row)
 pred = pd.DataFrame(pred)
 cols = ["routing", "step", "load_mae", "gap_mae_s", "idle_mae_s", "makespan_error", "recall", "precision",
@@ -242,11 +246,11 @@ else:
     from tessera_lab.model.hardware import ParallelConfig
     from tessera_lab.model.spec import load_model
 
-    model_costs = dyn.StageCosts.from_model(load_model("qwen3-next-80b-a3b"),
+    model_costs = durations.StageCosts.from_model(load_model("qwen3-next-80b-a3b"),
                                             ParallelConfig(pp=PP, ep=8, microbatches=MICROBATCHES, schedule="zb-h1"))
-    model_res = dyn.run_dynamic(model_costs, spec, schedule="1f1b", microbatches=MICROBATCHES, groups=GROUPS,
+    model_res = evaluate.run_dynamic(model_costs, spec, schedule="1f1b", microbatches=MICROBATCHES, groups=GROUPS,
                                 seed=SEEDS[0])
-cmp = pd.DataFrame(dyn.paper_comparison(model_res))
+cmp = pd.DataFrame(studies.paper_comparison(model_res))
 cmp["simulated (tessera-lab)"] = cmp["simulated (tessera-lab)"].astype(float)
 ms = model_res.summary()
 cmp = pd.concat([cmp, pd.DataFrame([{"metric": "static iteration (ms)", "reported (paper)": None,
@@ -259,6 +263,52 @@ print("reported: Tessera paper, dynamic-only ablation (data/paper/tessera_paper_
       "static plan 1F1B")"""
     ),
     new_markdown_cell(
+        """## 7 · Deciding during the step, on every schedule, without an oracle
+
+Sections 3-6 plan each group's order *before* the step on a prediction of its routing (with exact routing that
+is an oracle, an upper bound). In a running pipeline the decision is taken while the step runs: each EP group's
+controller (`tessera_lab.dynamic.controller`) knows the exact length of a pending W part (its micro-batch was
+routed in the forward, and the backward reuses that routing) and predicts each wait from the waits it observed at
+the same place in earlier steps (predictor `last-step`, lag 1 step). It defers a W past its static place only when
+the next action is ready, the rank is under its memory cap and the deferred work fits half of the idle time it
+predicts ahead, repays deferred work in the first wait, and pulls a W earlier only into a wait predicted to fit.
+`tessera_lab.dynamic.online.run_online` runs a few consecutive steps this way, static and dynamic on the same
+realised routing, for every schedule (overlapped pairs and DualPipeV are split into (F;I) plus a deferrable W by
+`tessera_lab.pipeline.passes.split_backward`).
+
+The gain splits into a **static part** (the same controller under uniform routing: what a better static W
+placement would also give) and a **dynamic part** (the extra under skew). `walk` is per-layer popularity that
+drifts across micro-batches and steps, so the slow stage moves during the step. All numbers here are simulated;
+`slower steps` lists every step that ended slower than static on the realised routing."""
+    ),
+    new_code_cell(
+        """from tessera_lab.dynamic import online
+
+rows = []
+for sched in ("overlapped", "dualpipev", "1f1b", "zb-h1"):
+    per = 2 if sched == "dualpipev" else 1
+    c = durations.StageCosts.synthetic(PP * per, F, B, W, expert_fraction=EXPERT_FRACTION,
+                                       layers_per_stage=LAYERS_PER_STAGE, ep=EP, num_experts=EXPERTS, top_k=TOP_K,
+                                       tokens=EP * TOKENS)
+    kw = dict(schedule=sched, microbatches=2 * MICROBATCHES if sched == "dualpipev" else MICROBATCHES, steps=4)
+    uni = online.run_online(c, "uniform", **kw)
+    for sp in (f"zipf:{SKEW}", f"walk:{SKEW}"):
+        rs = [online.run_online(c, sp, seed=sd, **kw) for sd in SEEDS]
+        gain = float(np.mean([r.throughput_gain for r in rs]))
+        rows.append({"schedule": sched, "routing": sp, "static part": uni.throughput_gain, "total gain": gain,
+                     "dynamic part": gain - uni.throughput_gain,
+                     "idle removed / rank (s)": float(np.mean([r.idle_static_s - r.idle_dynamic_s for r in rs])),
+                     "gap error (share of wait)": float(np.mean([r.summary()["gap_rel_error"] for r in rs])),
+                     "slower steps": sum(len(r.summary()["slower_steps"]) for r in rs)})
+display(pd.DataFrame(rows).set_index(["schedule", "routing"]).round(4))
+print(f"simulated; predictor {rs[0].predictor}, margin {rs[0].margin}, steps 1..3 of 4 (step 0 has no history), "
+      f"seeds {SEEDS}")"""
+    ),
+    new_markdown_cell(
+        """The runner side (`tessera-lab run --dynamic`, measured on this machine) needs the runner's node-level executor
+and is not wired in yet, so no measured row stands beside these simulated ones here."""
+    ),
+    new_markdown_cell(
         """## Try it: the skew slider
 
 The callback only calls `run_dynamic` (a pure, tested function) and the plotting helpers."""
@@ -268,8 +318,8 @@ The callback only calls `run_dynamic` (a pure, tested function) and the plotting
 
 
 def show(skew, schedule, seed):
-    \"\"\"Thin view over tessera_lab.dynamic.core.run_dynamic.\"\"\"
-    r = dyn.run_dynamic(costs, f"zipf:{skew}", schedule=schedule, microbatches=MICROBATCHES, seed=seed)
+    \"\"\"Thin view over tessera_lab.dynamic.evaluate.run_dynamic.\"\"\"
+    r = evaluate.run_dynamic(costs, f"zipf:{skew}", schedule=schedule, microbatches=MICROBATCHES, seed=seed)
     g = r.groups[0]
     fig, axes = plt.subplots(1, 2, figsize=(13, 3.0), layout="constrained", gridspec_kw={"width_ratios": [3, 1.2]})
     routing_heatmap(g.counts[0], ax=axes[0], ep=EP, title=f"layer 0, zipf:{skew}")
@@ -302,11 +352,13 @@ else:
   share a rank are slower in every micro-batch), which moving deferrable work cannot remove; it needs a
   routing-aware partition (notebook 06).
 * What filling recovers is the part that varies between micro-batches, and the warm-up/cool-down bubble of a
-  plan that runs W right after I. Against ZB-H1, which already places W in the cool-down, nothing is left
-  here: its gain is exactly 0 at every skew level in section 3.
-* The guard keeps every group at or below its static time **on the prediction**. With stale metadata the
-  realised step can be **slower than static**, not just gain less: under `drift` the gaps move between the
-  step the plan was made for and the step that runs (section 5).
+  plan that runs W right after I. Against ZB-H1, which already places W in the cool-down, little is left: its
+  static part is 0 (section 7) and its dynamic part needs memory for deferred W and routing whose slow stage
+  moves (`walk`).
+* A plan made before the step keeps every group at or below its static time **on the prediction** only. With
+  stale metadata the realised step can be **slower than static** (section 5). The controller of section 7
+  decides during the step instead, from the W lengths its own counts give and the waits it saw in earlier steps;
+  its table counts the steps that still ended slower than static on the realised routing.
 * Set `USE_MODEL = True` for Qwen3-Next-80B-A3B stage costs from the analytic cost model (slower)."""
     ),
 ]

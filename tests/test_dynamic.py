@@ -12,28 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera_lab.cli.main import main
-from tessera_lab.dynamic.core import (
-    SKEW_LEVELS,
-    ChunkedDurations,
-    RoutedDurations,
-    StageCosts,
+from tessera_lab.dynamic.durations import ChunkedDurations, RoutedDurations, StageCosts, slowest_loads
+from tessera_lab.dynamic.evaluate import run_dynamic
+from tessera_lab.dynamic.planner import check_dependencies, grad_sync_tasks, peak_live_activations, plan_dynamic, predict_gaps
+from tessera_lab.dynamic.studies import SKEW_LEVELS, group_sweep, paper_comparison, prediction_study, skew_sweep
+from tessera_lab.pipeline.passes import (
     action_slack,
-    check_dependencies,
     chunk_weight_gradients,
     defer_weight_gradients,
     fill_gaps,
-    grad_sync_tasks,
-    group_sweep,
     idle_gaps,
     memory_caps,
-    paper_comparison,
-    peak_live_activations,
-    plan_dynamic,
-    predict_gaps,
-    prediction_study,
-    run_dynamic,
-    skew_sweep,
-    slowest_loads,
     split_backward,
 )
 from tessera_lab.errors import ConfigError, ScheduleError
@@ -113,13 +102,13 @@ def test_idle_gaps_add_up_to_the_idle_time():
 
 # ------------------------------------------------------------------------------------------- (c) filling
 def test_split_and_chunk():
-    s = split_backward(build_schedule("1f1b", 2, 3))
+    s = split_backward(build_schedule("1f1b", 2, 3), 0)
     assert s.compute_order(0)[:4] == ["0F0", "0F1", "0I0", "0W0"]
     s.validate()
     c = chunk_weight_gradients(s, 3)
     assert c.compute_order(1).count("1W0") == 3
-    with pytest.raises(ScheduleError, match="overlapped"):
-        split_backward(build_schedule("overlapped", 2, 4))
+    ov = split_backward(build_schedule("overlapped", 2, 4), 0)  # (F;B) pairs become (F;I) plus a W
+    assert not any(x.type is B for acts in ov.actions.values() for a in acts for x in a.leaves())
     with pytest.raises(ConfigError, match="w_chunks"):
         chunk_weight_gradients(s, 0)
 
@@ -296,11 +285,12 @@ def test_sweeps_and_prediction_study():
 
 
 def test_replay_routing_from_a_log(tmp_path):
-    from tessera_lab.dynamic.routing import token_counts, write_routing_log
+    from tessera_lab.dynamic.routing import token_counts
+    from tessera_lab.dynamic.routing_log import write_routing_log
 
     c = token_counts("zipf:1.5", num_experts=64, tokens=1024, top_k=8, microbatches=3, layers=2, steps=1)
     path = write_routing_log(tmp_path / "log.json", c, top_k=8, tokens=1024)
-    res = run_dynamic(small_costs(), f"replay:{path}", microbatches=6, step=0)
+    res = run_dynamic(small_costs(), f"replay:{path}", microbatches=6, step=1)
     assert res.groups[0].counts.shape == (8, 6, 64)  # 8 layers and 6 micro-batches cycled from 2 and 3
     assert res.mean_imbalance > 1.0 and res.summary()["never_slower"]
 
@@ -319,10 +309,13 @@ def test_cli_dynamic_json(capsys):
     assert main(SIM + ["--w", "1", "--routing", "zipf:1.0", "--dynamic", "--json", "-"]) == 0
     out = json.loads(capsys.readouterr().out)
     for key in ("iteration_static_s", "iteration_dynamic_s", "idle_removed_s", "throughput_gain", "routing",
-                "busiest_rank_load_mean", "choices"):
+                "busiest_rank_load_mean", "predictor", "prediction_lag_steps", "gap_mae_s", "gain_static_part",
+                "gain_dynamic_part", "never_slower", "slower_steps", "per_step", "routing_variance_s",
+                "bubble_after_dynamic_s"):
         assert key in out
     assert out["routing"] == "zipf:1" and out["iteration_dynamic_s"] <= out["iteration_static_s"]
     assert out["throughput_gain"] > 0
+    assert out["gain_static_part"] + out["gain_dynamic_part"] == pytest.approx(out["throughput_gain"])
 
 
 def test_cli_routing_table_and_plot(capsys, tmp_path):
@@ -359,11 +352,13 @@ def test_cli_bad_input_exits_2(capsys, extra, needle):
     assert needle in err and len(err.strip().splitlines()) == 1
 
 
-def test_cli_overlapped_dynamic_is_refused(capsys):
-    argv = ["simulate", "--schedule", "overlapped", "--stages", "2", "--microbatches", "4", "--f", "1", "--b", "2",
-            "--w", "1", "--dynamic"]
-    assert main(argv) == 2
-    assert "I and W" in capsys.readouterr().err
+@pytest.mark.parametrize("schedule", ["overlapped", "dualpipev"])
+def test_cli_dynamic_on_paired_schedules(capsys, schedule):
+    argv = ["simulate", "--schedule", schedule, "--stages", "2", "--microbatches", "4", "--f", "1", "--b", "2",
+            "--w", "1", "--routing", "zipf:1.0", "--dynamic", "--json", "-"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["never_slower"] and out["iteration_dynamic_s"] <= out["iteration_static_s"] * (1 + 1e-12)
 
 
 # ------------------------------------------------------------------------------------------- plots

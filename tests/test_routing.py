@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.dynamic.routing_log import load_routing_log, write_routing_log
 from tessera_lab.dynamic.routing import (
     RoutingSpec,
     apply_capacity,
@@ -17,7 +18,6 @@ from tessera_lab.dynamic.routing import (
     ep_rank_load,
     expert_shares,
     load_imbalance,
-    load_routing_log,
     parse_routing,
     relative_rank_load,
     routing_summary,
@@ -25,7 +25,6 @@ from tessera_lab.dynamic.routing import (
     switch_aux_loss,
     token_counts,
     topk_assignment,
-    write_routing_log,
     zipf_shares,
 )
 
@@ -254,3 +253,54 @@ def test_bad_json_file(tmp_path):
     p.write_text("{nope")
     with pytest.raises(ConfigError, match="not valid JSON"):
         load_routing_log(p)
+
+
+# ---------------------------------------------------------------------------------------- walk
+def test_walk_parse_and_shares():
+    from tessera_lab.dynamic.routing import walk_shares
+
+    assert str(parse_routing("walk:1.2")) == "walk:1.2" and str(parse_routing("walk:1:3")) == "walk:1:3"
+    with pytest.raises(ConfigError, match="routing"):
+        parse_routing("walk:1:2:3")
+    q = walk_shares("walk:1.0", 64, 3, 8, step=2, seed=5)
+    assert q.shape == (3, 8, 64) and np.allclose(q.sum(-1), 1.0)
+    assert np.array_equal(q, walk_shares("walk:1.0", 64, 3, 8, step=2, seed=5))  # deterministic
+    assert not np.allclose(q[:, 0], q[:, 7])  # popularity moves within a step
+    assert not np.allclose(q[0], q[1])  # each layer walks on its own
+    with pytest.raises(ConfigError, match="walk"):
+        walk_shares("zipf:1", 64, 1, 1, step=0)
+    with pytest.raises(ConfigError, match="walk"):
+        expert_shares("walk:1", 64)
+
+
+def test_walk_is_continuous_across_steps():
+    """Step t's micro-batch 0 continues step t-1's last one (one walk over global micro-batches)."""
+    from tessera_lab.dynamic.routing import walk_shares
+
+    a = walk_shares("walk:1.0:0", 32, 1, 4, step=0, seed=1)  # rate 0: only the skew walks
+    b = walk_shares("walk:1.0:0", 32, 1, 8, step=0, seed=1)
+    assert np.allclose(a[0], b[0, :4])
+    c = walk_shares("walk:1.0:0", 32, 1, 4, step=1, seed=1)
+    assert np.allclose(c[0], b[0, 4:])
+
+
+def test_walk_counts_are_top_k_routings_and_move_the_busiest_rank():
+    c = token_counts("walk:1.5", num_experts=64, tokens=512, top_k=4, microbatches=32, layers=4, seed=0)
+    assert c.shape == (4, 32, 64)
+    assert (c.sum(-1) == 512 * 4).all() and c.max() <= 512
+    busiest = ep_rank_load(c, 8).argmax(-1)  # [layers, microbatches]
+    assert len(set(busiest[0].tolist())) > 1  # the busiest EP rank changes during the step
+    load = slowest_rank_load(c, 8).mean(-1)
+    assert load.max() - load.min() > 0.05  # layers differ: the slow stage depends on the layer
+
+
+def test_router_bias_reproduces_the_shares():
+    from tessera_lab.dynamic.routing import router_bias
+
+    b = router_bias("zipf:1.2", 16, 3, seed=4)
+    p = np.exp(b) / np.exp(b).sum(-1, keepdims=True)
+    assert np.allclose(p, expert_shares("zipf:1.2", 16, layers=3, seed=4)[0])
+    assert not np.allclose(b[0], b[1])  # each layer its own hot experts
+    assert np.allclose(router_bias("uniform", 8, 2), 0.0)
+    with pytest.raises(ConfigError, match="router bias"):
+        router_bias("walk:1", 8, 2)

@@ -62,6 +62,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, help="runner model (default tiny-runner)")
     p.add_argument("--micro-batch-size", type=positive_int("micro_batch_size"), default=2)
     p.add_argument("--group-sizes", default="2,4", help="EP / world sizes for gloo all-to-all (default 2,4)")
-    p.add_argument("--repeats", type=positive_int("repeats"), default=7)
+    p.add_argument("--repeats", type=positive_int("repeats"), default=7,
+                   help="timed repeats of each calibration measurement (median kept)")
     add_json(p)
     p.set_defaults(func=cmd_calibrate)

@@ -11,7 +11,7 @@ Array shapes (int64 token counts, last axis = experts):
 * ``[layers, microbatches, experts]``, ``[steps, microbatches, experts]`` or
   ``[steps, layers, microbatches, experts]`` when :func:`token_counts` is asked for layers and/or steps.
 
-Routing kinds (:func:`parse_routing`, written ``uniform | zipf:S | drift:S[:R] | replay:PATH``):
+Routing kinds (:func:`parse_routing`, written ``uniform | zipf:S | drift:S[:R] | walk:S[:R] | replay:PATH``):
 
 ``uniform``
     every expert receives exactly ``tokens * top_k / E`` assignments (the remainder, if any, one extra token
@@ -27,8 +27,16 @@ Routing kinds (:func:`parse_routing`, written ``uniform | zipf:S | drift:S[:R] |
     ``zipf:S`` whose hot experts move: at step ``t`` the popularity pattern is translated by ``t * R``
     expert indices (cyclically), so the hottest expert walks across EP ranks (experts are placed on EP
     ranks contiguously). ``R`` defaults to ``max(1, E // 32)``.
+``walk:S[:R]``
+    per-layer popularity that drifts across micro-batches *and* steps, so the slow stage and the busiest EP
+    rank move during a step: layer ``l`` at global micro-batch ``g = step * microbatches + j`` has Zipf skew
+    ``S * exp(WALK_SIGMA * z_l(g))`` (``z_l`` an AR(1) walk with correlation ``WALK_RHO`` per micro-batch and
+    unit variance) over its seeded permutation shifted by ``round(o_l(g))`` experts (``o_l`` a Gaussian random
+    walk of ``R`` experts per micro-batch; ``R`` defaults to ``max(1, E // 64)``). Walks are seeded per layer
+    (a property of the model and data stream, shared by all EP groups); the per-micro-batch jitter and the
+    multinomial draw come on top. A modelling choice, not a measured process.
 ``replay:PATH``
-    counts read from a routing log (:func:`load_routing_log`; format below).
+    counts read from a routing log (:func:`tessera_lab.dynamic.routing_log.load_routing_log`).
 
 **Top-k cap.** A sampled count vector is capped at ``tokens`` per expert and the overflow is re-drawn on the
 experts with room left, in proportion to their shares, until none exceeds the cap. Any vector with total
@@ -52,34 +60,19 @@ probabilities match its dispatch), giving ``E * sum_e f_e**2``.
 (E / ep)``, as in the runner and Megatron-LM); a rank's load is the sum of its experts' counts, its
 *relative* load that sum over the mean (1.0 = its uniform share), and the imbalance is ``max / mean``.
 
-**Routing log format** (JSON, written by :func:`write_routing_log`, read by :func:`load_routing_log`)::
-
-    {"format": "tessera-lab/routing-log", "version": 1,
-     "num_experts": 8, "top_k": 2,
-     "records": [
-        {"step": 0, "layer": 0, "microbatch": 0, "group": 0, "tokens": 512, "routed": [130, 120, ...]},
-        ...]}
-
-``routed`` holds ``num_experts`` ints (assignments per expert before capacity). ``step``, ``microbatch``
-and ``group`` (EP group) default to 0, 0 and 0; a record without ``microbatch`` is the next micro-batch of
-its (step, layer, group), so the runner's ``route_log`` list (dicts with ``layer``, ``tokens``, ``routed``,
-``kept``, ``dropped``, ``capacity``) loads as is. A bare list of records is accepted too.
+Routing logs (replay) are read and written by :mod:`tessera_lab.dynamic.routing_log`.
 
 numpy only; never imports torch.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
-from tessera_lab.checks import check_int, check_work
 from tessera_lab.errors import ConfigError
 
 __all__ = [
@@ -90,6 +83,8 @@ __all__ = [
     "zipf_shares",
     "expert_shares",
     "token_counts",
+    "walk_shares",
+    "router_bias",
     "topk_assignment",
     "capacity_for",
     "CapacityResult",
@@ -99,21 +94,19 @@ __all__ = [
     "relative_rank_load",
     "load_imbalance",
     "slowest_rank_load",
-    "RoutingLog",
-    "load_routing_log",
-    "write_routing_log",
     "routing_summary",
 ]
 
-ROUTING_FORMS = "uniform | zipf:S | drift:S[:R] | replay:PATH (S a number >= 0, R an integer >= 0)"
+ROUTING_FORMS = "uniform | zipf:S | drift:S[:R] | walk:S[:R] | replay:PATH (S a number >= 0, R an integer >= 0)"
 #: standard deviation of the log-normal per-micro-batch factor on each expert's share (0: micro-batches draw
 #: from the same shares). Different sequences prefer different experts; this is a modelling choice, not a
 #: measured value. With 512 experts on 8 EP ranks, sigma = 0.5 makes the busiest rank carry about 1.1x its
 #: uniform share at zero skew.
 DEFAULT_JITTER = 0.5
-LOG_FORMAT = "tessera-lab/routing-log"
-LOG_VERSION = 1
-_KINDS = ("uniform", "zipf", "drift", "replay")
+_KINDS = ("uniform", "zipf", "drift", "walk", "replay")
+#: ``walk``: spread of the log skew multiplier and its correlation from one micro-batch to the next
+WALK_SIGMA = 0.5
+WALK_RHO = 0.9
 
 
 # ---------------------------------------------------------------------------------------- spec
@@ -122,9 +115,10 @@ class RoutingSpec:
     """A parsed routing description (see :func:`parse_routing`).
 
     Attributes:
-        kind: ``uniform``, ``zipf``, ``drift`` or ``replay``.
+        kind: ``uniform``, ``zipf``, ``drift``, ``walk`` or ``replay``.
         skew: Zipf exponent ``S`` (0 for uniform and replay).
-        drift_rate: expert indices the popularity moves per step (``drift``; ``None`` = default
+        drift_rate: expert indices the popularity moves per step (``drift``) or per micro-batch (``walk``);
+            ``None`` = default
             ``max(1, E // 32)``).
         path: routing log path (``replay``).
     """
@@ -140,7 +134,7 @@ class RoutingSpec:
         if self.kind == "replay":
             return f"replay:{self.path}"
         s = f"{self.kind}:{self.skew:g}"
-        if self.kind == "drift" and self.drift_rate is not None:
+        if self.kind in ("drift", "walk") and self.drift_rate is not None:
             s += f":{self.drift_rate}"
         return s
 
@@ -187,7 +181,7 @@ def parse_routing(text: str | RoutingSpec, *, field_name: str = "routing") -> Ro
     if kind == "zipf" and len(parts) > 1:
         raise _bad(text, "'zipf' takes one parameter (the skew S)")
     if len(parts) > 2:
-        raise _bad(text, "'drift' takes at most two parameters (skew S and rate R)")
+        raise _bad(text, f"{kind!r} takes at most two parameters (skew S and rate R)")
     try:
         skew = float(parts[0])
     except ValueError:
@@ -199,9 +193,9 @@ def parse_routing(text: str | RoutingSpec, *, field_name: str = "routing") -> Ro
         try:
             rate = int(parts[1])
         except ValueError:
-            raise _bad(text, f"drift rate R = {parts[1]!r} is not an integer") from None
+            raise _bad(text, f"rate R = {parts[1]!r} is not an integer") from None
         if rate < 0:
-            raise _bad(text, f"drift rate R = {rate} is out of range (an integer >= 0)")
+            raise _bad(text, f"rate R = {rate} is out of range (an integer >= 0)")
     return RoutingSpec(kind, skew, rate)
 
 
@@ -259,6 +253,8 @@ def expert_shares(
         return out
     if spec.kind == "replay":
         raise ConfigError("field 'routing' = 'replay:...' has no model shares; load the log with load_routing_log")
+    if spec.kind == "walk":
+        raise ConfigError("field 'routing' = 'walk:...' has shares per micro-batch; use walk_shares")
     for t in range(T):
         out[t] = _shares_at(spec, E, L, t, seed)
     return out
@@ -274,29 +270,56 @@ def _shares_at(spec: RoutingSpec, E: int, L: int, step: int, seed: int) -> np.nd
     return out
 
 
+def walk_shares(spec: str | RoutingSpec, num_experts: int, layers: int, microbatches: int, step: int,
+                seed: int = 0) -> np.ndarray:
+    """Expected shares ``[layers, microbatches, E]`` of a ``walk:S[:R]`` spec at one step (rows sum to 1).
+
+    Raises:
+        ConfigError: a spec that is not ``walk``.
+    """
+    spec = parse_routing(spec)
+    if spec.kind != "walk":
+        raise ConfigError(f"field 'routing' = {str(spec)!r}: walk_shares needs walk:S[:R]")
+    E, L, m = num_experts, layers, microbatches
+    R = spec.drift_rate if spec.drift_rate is not None else max(1, E // 64)
+    g0, G = step * m, (step + 1) * m
+    out = np.empty((L, m, E))
+    c = math.sqrt(1.0 - WALK_RHO ** 2)
+    for l in range(L):
+        rng = np.random.default_rng([int(seed), 0x3A1C, int(l)])
+        eps = rng.standard_normal((2, G))
+        z = np.empty(G)
+        z[0] = eps[0, 0]
+        for g in range(1, G):
+            z[g] = WALK_RHO * z[g - 1] + c * eps[0, g]
+        offset = np.cumsum(R * eps[1])
+        rank = _base_ranking(E, seed, l) + 1.0
+        for j in range(m):
+            g = g0 + j
+            w = rank ** (-spec.skew * math.exp(WALK_SIGMA * z[g]))
+            out[l, j] = np.roll(w / w.sum(), int(round(offset[g])) % E)
+    return out
+
+
 def _cap_and_refill(counts: np.ndarray, cap: int, shares: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Cap every row of ``counts`` ([n, E]) at ``cap``; re-draw the overflow on experts with room (in
     proportion to ``shares``) until no entry exceeds the cap. Row totals are preserved."""
     counts = counts.copy()
-    for row in np.nonzero((counts > cap).any(axis=1))[0]:
-        c = counts[row]
-        p = shares[row].astype(float)
-        for _ in range(10 * c.size):
-            over = c > cap
-            if not over.any():
-                break
-            excess = int((c[over] - cap).sum())
-            c[over] = cap
-            room = cap - c
-            w = np.where(room > 0, p, 0.0)
-            if w.sum() <= 0:
-                w = (room > 0).astype(float)
-            draw = rng.multinomial(excess, w / w.sum())
-            c += draw
-        else:  # pragma: no cover - the loop always terminates: each pass moves the excess to experts with room
-            raise RuntimeError("capacity refill did not converge")
-        counts[row] = c
-    return counts
+    rows = np.nonzero((counts > cap).any(axis=1))[0]
+    for _ in range(10 * counts.shape[1]):  # all capped rows at once: one multinomial draw per pass
+        if rows.size == 0:
+            return counts
+        c = counts[rows]
+        excess = np.maximum(c - cap, 0).sum(axis=1)
+        c = np.minimum(c, cap)
+        room = c < cap
+        w = np.where(room, shares[rows].astype(float), 0.0)
+        tot = w.sum(axis=1, keepdims=True)
+        w = np.where(tot > 0, w / np.where(tot > 0, tot, 1.0), room / np.maximum(room.sum(axis=1, keepdims=True), 1))
+        c = c + rng.multinomial(excess, w)
+        counts[rows] = c
+        rows = rows[(c > cap).any(axis=1)]
+    raise RuntimeError("capacity refill did not converge")  # pragma: no cover - each pass moves the excess on
 
 
 def token_counts(
@@ -317,7 +340,7 @@ def token_counts(
 
     Args:
         spec: ``uniform``, ``zipf:S`` or ``drift:S[:R]`` (a string or :class:`RoutingSpec`); for replay use
-            :func:`load_routing_log`.
+            :func:`tessera_lab.dynamic.routing_log.load_routing_log`.
         num_experts: E.
         tokens: tokens routed per micro-batch by the group (``ep * micro_batch_size * seq_len``).
         top_k: distinct experts per token (1 <= top_k <= E).
@@ -364,9 +387,11 @@ def token_counts(
     else:
         for t in range(T):
             step = first_step + t
-            shares = _shares_at(spec, E, L, step, seed)  # [L, E]
             rng = np.random.default_rng([int(seed), int(group), int(step), 0xC0DE])
-            q = np.broadcast_to(shares[:, None, :], (L, m, E))
+            if spec.kind == "walk":
+                q = walk_shares(spec, E, L, m, step, seed)
+            else:
+                q = np.broadcast_to(_shares_at(spec, E, L, step, seed)[:, None, :], (L, m, E))
             if jitter > 0:
                 q = q * np.exp(jitter * rng.standard_normal(q.shape))
                 q = q / q.sum(axis=-1, keepdims=True)
@@ -548,138 +573,20 @@ def routing_summary(counts: np.ndarray, ep: int, *, tokens: int | None = None, t
     return out
 
 
-# ---------------------------------------------------------------------------------------- logs
-@dataclass
-class RoutingLog:
-    """Counts replayed from a routing log.
+def router_bias(spec: str | RoutingSpec, num_experts: int, layers: int, *, seed: int = 0, step: int = 0) -> np.ndarray:
+    """Per-layer router logit offsets ``[layers, E]`` that skew a router on purpose (the runner's skew knob).
 
-    Attributes:
-        counts: group -> int64 array ``[steps, layers, microbatches, E]`` (zeros where the log has no record).
-        num_experts: E.
-        top_k: experts per token (``None`` if the log does not say).
-        tokens: tokens per routing group and micro-batch (the most common ``tokens`` field, or
-            ``sum(routed) / top_k``).
-        layers: the log's layer ids, in the order of the layer axis.
-        source: where the log came from.
-    """
-
-    counts: dict[int, np.ndarray]
-    num_experts: int
-    top_k: int | None
-    tokens: int | None
-    layers: list[int] = field(default_factory=list)
-    source: str = ""
-
-    @property
-    def groups(self) -> list[int]:
-        return sorted(self.counts)
-
-    def group_counts(self, group: int = 0) -> np.ndarray:
-        """``[steps, layers, microbatches, E]`` of one EP group.
-
-        Raises:
-            ConfigError: the group is not in the log.
-        """
-        if group not in self.counts:
-            raise ConfigError(f"field 'group' = {group} is not in the routing log; allowed: {self.groups}")
-        return self.counts[group]
-
-
-def load_routing_log(source: str | os.PathLike | Mapping | Sequence, *, top_k: int | None = None) -> RoutingLog:
-    """Read a routing log (path, parsed JSON dict, or a list of records; format in the module docstring).
+    ``bias[l] = log(shares[l])`` minus its mean, so a router whose own logits are equal picks expert ``e`` of layer
+    ``l`` with probability ``softmax(bias[l])[e] = shares[l][e]`` (the :func:`expert_shares` of ``zipf`` and
+    ``drift`` at ``step``; ``uniform`` gives zeros). Each layer has its own popularity permutation, so the busiest
+    EP rank differs between layers.
 
     Raises:
-        ConfigError: unreadable JSON, an unknown format or version, records of different expert counts, or
-            a record without ``layer`` / ``routed``.
-        FileNotFoundError: the path does not exist.
+        ConfigError: ``walk`` or ``replay`` (their shares vary per micro-batch or come from a log).
     """
-    src_name = "<object>"
-    obj: Any = source
-    if isinstance(source, (str, os.PathLike)):
-        src_name = str(source)
-        from tessera_lab.io import read_json
-
-        if not Path(source).exists():
-            raise FileNotFoundError(2, "routing log does not exist", src_name)
-        obj = read_json(source, "routing log")
-    meta: Mapping = {}
-    if isinstance(obj, Mapping):
-        meta = obj
-        fmt = obj.get("format", LOG_FORMAT)
-        if fmt != LOG_FORMAT:
-            raise ConfigError(f"routing log {src_name}: field 'format' = {fmt!r}; allowed: {LOG_FORMAT!r}")
-        ver = obj.get("version", LOG_VERSION)
-        if ver != LOG_VERSION:
-            raise ConfigError(f"routing log {src_name}: field 'version' = {ver!r}; allowed: {LOG_VERSION}")
-        records = obj.get("records")
-        if records is None:
-            raise ConfigError(f"routing log {src_name}: missing field 'records' (a list of per-micro-batch records)")
-    else:
-        records = obj
-    if not isinstance(records, (list, tuple)) or not records:
-        raise ConfigError(f"routing log {src_name}: field 'records' must be a non-empty list")
-    k = top_k if top_k is not None else meta.get("top_k")
-    E = meta.get("num_experts")
-    next_mb: dict[tuple[int, int, int], int] = {}
-    rows: list[tuple[int, int, int, int, list[int]]] = []
-    token_fields: list[int] = []
-    for n, rec in enumerate(records):
-        if not isinstance(rec, Mapping) or "layer" not in rec or "routed" not in rec:
-            raise ConfigError(f"routing log {src_name}: record {n} needs fields 'layer' and 'routed'")
-        where = f"routing log {src_name}: record {n}"
-        if not isinstance(rec["routed"], (list, tuple)):
-            raise ConfigError(f"{where} field 'routed' must be a list of token counts per expert")
-        check_work("experts", len(rec["routed"]), field="field 'routed' (experts)", where=where)
-        routed = [check_int(x, f"routed[{i}]", low=0, high=1 << 40, where=where) for i, x in enumerate(rec["routed"])]
-        if E is None:
-            E = len(routed)
-        if len(routed) != E:
-            raise ConfigError(f"routing log {src_name}: record {n} has {len(routed)} experts; allowed: {E}")
-        step = check_int(rec.get("step", 0), "step", low=0, where=where, limit="steps")
-        layer = check_int(rec["layer"], "layer", low=0, where=where, limit="layers")
-        grp = check_int(rec.get("group", 0), "group", low=0, where=where, limit="groups")
-        key = (grp, step, layer)
-        mb = rec.get("microbatch")
-        mb = next_mb.get(key, 0) if mb is None else check_int(mb, "microbatch", low=0, where=where,
-                                                                 limit="microbatches")
-        next_mb[key] = max(next_mb.get(key, 0), mb + 1)
-        rows.append((grp, step, layer, mb, routed))
-        if rec.get("tokens") is not None:
-            token_fields.append(check_int(rec["tokens"], "tokens", low=0, where=where, limit="tokens"))
-    layer_ids = sorted({r[2] for r in rows})
-    lpos = {l: i for i, l in enumerate(layer_ids)}
-    steps = 1 + max(r[1] for r in rows)
-    mbs = 1 + max(r[3] for r in rows)
-    check_work("routing_cells", steps * len(layer_ids) * mbs * E * len({r[0] for r in rows}),
-               field="steps x layers x micro-batches x experts x groups", where=f"routing log {src_name}")
-    counts: dict[int, np.ndarray] = {}
-    for grp, step, layer, mb, routed in rows:
-        arr = counts.setdefault(grp, np.zeros((steps, len(layer_ids), mbs, E), dtype=np.int64))
-        arr[step, lpos[layer], mb] += routed
-    tokens = None
-    if token_fields:
-        vals, freq = np.unique(token_fields, return_counts=True)
-        tokens = int(vals[freq.argmax()])
-    elif k:
-        tokens = int(round(sum(rows[0][4]) / int(k)))
-    return RoutingLog(counts, int(E), None if k is None else int(k), tokens, layer_ids, src_name)
-
-
-def write_routing_log(path: str | os.PathLike, counts: np.ndarray, *, top_k: int, tokens: int,
-                      layers: Sequence[int] | None = None, group: int = 0) -> Path:
-    """Write counts ``[steps, layers, microbatches, E]`` (or ``[layers, mb, E]`` / ``[mb, E]``) as a routing
-    log (atomically); returns the path."""
-    from tessera_lab.io import atomic_write_text
-
-    c = np.asarray(counts, dtype=np.int64)
-    while c.ndim < 4:
-        c = c[None]
-    S, L, M, E = c.shape
-    layer_ids = list(range(L)) if layers is None else list(layers)
-    if len(layer_ids) != L:
-        raise ConfigError(f"field 'layers' has {len(layer_ids)} entries; allowed: {L} (the layer axis)")
-    records = [{"step": s, "layer": layer_ids[l], "microbatch": j, "group": group, "tokens": int(tokens),
-                "routed": c[s, l, j].tolist()} for s in range(S) for l in range(L) for j in range(M)]
-    doc = {"format": LOG_FORMAT, "version": LOG_VERSION, "num_experts": E, "top_k": int(top_k), "records": records}
-    return atomic_write_text(path, json.dumps(doc) + "\n")
-
+    spec = parse_routing(spec)
+    if spec.kind in ("walk", "replay"):
+        raise ConfigError(f"field 'routing' = {str(spec)!r}: a fixed router bias needs uniform, zipf:S or drift:S[:R]")
+    shares = expert_shares(spec, num_experts, layers=layers, steps=step + 1, seed=seed)[step]
+    logb = np.log(shares)
+    return logb - logb.mean(axis=-1, keepdims=True)

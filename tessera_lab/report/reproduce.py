@@ -85,11 +85,12 @@ def ablation_table(model: str = "qwen3-next-80b-a3b", parallel: ParallelConfig |
     ``T0`` uniform partition, plain 1F1B; ``T1`` uniform partition, overlapped 1F1B; ``T2`` overlap-aware
     partition, overlapped 1F1B. Static gain ``T0/T2 - 1``; of which overlap scheduling ``T0/T1 - 1`` and
     stage balance ``T0/T2 - T0/T1`` (points of the same baseline, so the two add up to the total). Dynamic:
-    :func:`tessera_lab.dynamic.core.run_dynamic` on ``dynamic_schedule`` under ``dynamic_routing``.
+    :func:`tessera_lab.dynamic.evaluate.run_dynamic` on ``dynamic_schedule`` under ``dynamic_routing``.
     """
     import pandas as pd
 
-    from tessera_lab.dynamic.core import StageCosts, run_dynamic
+    from tessera_lab.dynamic.durations import StageCosts
+    from tessera_lab.dynamic.evaluate import run_dynamic
     from tessera_lab.plan.make import make_plan
 
     parallel = parallel or ParallelConfig()

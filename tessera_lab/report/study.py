@@ -10,8 +10,8 @@ Two questions, on public configurations (the paper's internal model sizes are no
    GPU count is the evaluation scale, not the variable that explains the gain. Three setups per point:
    ``uniform, 1F1B`` (layer counts as even as possible, plain 1F1B, no dynamic filling: a Megatron-style
    default), ``uniform, overlapped`` (the same partition under the overlapped schedule) and ``full loop``
-   (the overlap-aware partition under the overlapped schedule), all at uniform routing; when
-   ``dynamic_routing`` is given, the full-loop partition also runs under
+   (the overlap-aware partition under the overlapped schedule), all at uniform routing; with a
+   ``dynamic_routing``, the full-loop partition also runs under
    skewed routing on ZB-H1 without and with dynamic bubble filling (:func:`scale_study`).
 2. **Hidden fraction of EP communication and its exposed share of the iteration as expert width grows**
    (:func:`expert_width_study`), and at which widths our model reaches the paper's two reported points
@@ -67,9 +67,9 @@ def scale_study(gpu_counts: Sequence[int] = GPU_COUNTS, families: dict[str, str]
                 dynamic_routing: str | None = "zipf:0.5", dynamic_groups: int = 1, seed: int = 0):
     """MFU of each family at each GPU count for the setups of the module docstring.
 
-    With ``dynamic_routing`` (a routing spec of :mod:`tessera_lab.dynamic.routing`, default ``zipf:0.5``), two more
-    rows per point run the full-loop partition under skewed
-    routing with :func:`tessera_lab.dynamic.core.run_dynamic`: ``zb-h1 static`` and ``zb-h1 + dynamic filling``
+    With ``dynamic_routing`` (a routing spec of :mod:`tessera_lab.dynamic.routing`, default ``zipf:0.5``), two
+    more rows per point run the full-loop partition under skewed
+    routing with :func:`tessera_lab.dynamic.evaluate.run_dynamic`: ``zb-h1 static`` and ``zb-h1 + dynamic filling``
     (filling needs split weight gradients, so it runs on ZB-H1, not on the overlapped schedule; the library
     does not combine the two). Their MFU uses the simulated iteration of the slowest of ``dynamic_groups`` EP
     groups. ``dynamic_routing=None`` skips them.
@@ -102,7 +102,8 @@ def scale_study(gpu_counts: Sequence[int] = GPU_COUNTS, families: dict[str, str]
                              "tokens_per_s": ev.tokens_per_s, "mfu": ev.mfu,
                              "gain_vs_uniform_1f1b": t0 / ev.iteration_time_s - 1.0, "note": note})
             if dynamic_routing:
-                from tessera_lab.dynamic.core import StageCosts, run_dynamic
+                from tessera_lab.dynamic.durations import StageCosts
+                from tessera_lab.dynamic.evaluate import run_dynamic
 
                 zb = par.replace(schedule="zb-h1")
                 costs = StageCosts.from_model(model, zb, boundaries=full.chosen.partition.boundaries)

@@ -1,0 +1,379 @@
+"""Routing-dependent durations: stage times and how MoE layers slow down with the busiest EP rank's load.
+
+The EP ranks of a stage exchange tokens by all-to-all, so each layer's expert GEMMs and all-to-alls finish when
+the *busiest* rank of the group does: a rank receiving ``x`` times its uniform share of assignments does ``x``
+times the expert GEMM work and receives ``x`` times the bytes. Per MoE layer and micro-batch the slowest rank's
+relative load ``x = max_rank load / uniform share`` (:func:`slowest_loads`, from counts of
+:mod:`tessera_lab.dynamic.routing`, after capacity drops) sets the layer's time; a stage sums its layers.
+
+* :class:`StageCosts`: per-stage F/I/W at uniform routing plus ``layer_delta(layer, x)``, either from the
+  analytic cost model (:meth:`StageCosts.from_model`) or a synthetic split (:meth:`StageCosts.synthetic`).
+* :class:`RoutedDurations`: ``durations(stage, microbatch, type) -> seconds`` for the simulator from stage
+  costs and loads ``[layers, microbatches]``; overlapped pairs use the pair's own forward and backward.
+* :class:`ChunkedDurations`: W divided into equal parts (one per chunk of a chunked W).
+
+Times are float seconds; loads are dimensionless (1.0 = the uniform share). numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tessera_lab.dynamic.routing import apply_capacity, ep_rank_load
+from tessera_lab.errors import ConfigError, ScheduleError
+from tessera_lab.pipeline.schedules import ActionType, Schedule
+
+__all__ = ["StageCosts", "slowest_loads", "RoutedDurations", "routed_durations", "ChunkedDurations", "PairDurations"]
+
+_F, _B, _I, _W, _OV = ActionType.F, ActionType.B, ActionType.I, ActionType.W, ActionType.OVERLAP_F_B
+
+
+@dataclass
+class StageCosts:
+    """Per-stage times at uniform routing and how MoE layers slow down with the busiest EP rank's load.
+
+    Attributes:
+        f, i, w: forward, input-gradient and weight-gradient seconds per micro-batch of each global stage at
+            uniform routing (load 1.0 on every layer).
+        stage_layers: per stage, the routing-layer indices (rows of the loads array) of its MoE layers.
+        layer_delta: ``layer_delta(layer, x) -> (dF, dI, dW)``: extra seconds of that MoE layer when its
+            busiest EP rank carries ``x`` times its uniform share (``(0, 0, 0)`` at ``x = 1``).
+        grad_sync: seconds of each stage's data-parallel gradient reduce-scatter (0: none).
+        ep: EP ranks per stage.
+        description: where the numbers come from.
+        num_experts, top_k, tokens: the routing group (``tokens`` per micro-batch per EP group).
+        activation_bytes: activation bytes kept per micro-batch by each stage (``None``: equal), for the
+            memory cap.
+        pair_overlap: makespan of an overlapped F+B pair over ``F + B`` (1.0: no overlap gain); applied to
+            the pair's own parts by :class:`PairDurations`.
+    """
+
+    f: list[float]
+    i: list[float]
+    w: list[float]
+    stage_layers: list[list[int]]
+    layer_delta: Callable[[int, float], tuple[float, float, float]]
+    grad_sync: list[float]
+    ep: int
+    description: str = ""
+    num_experts: int = 64
+    top_k: int = 8
+    tokens: int = 4096 * 8
+    activation_bytes: list[float] | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    pair_overlap: float = 1.0
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.f)
+
+    @property
+    def num_layers(self) -> int:
+        """Routing layers the loads array must provide (max index + 1)."""
+        return 1 + max((l for ls in self.stage_layers for l in ls), default=-1)
+
+    @classmethod
+    def synthetic(
+        cls,
+        stages: int,
+        f: float,
+        b: float,
+        w: float,
+        *,
+        expert_fraction: float = 0.5,
+        layers_per_stage: int = 4,
+        ep: int = 8,
+        num_experts: int = 64,
+        top_k: int = 8,
+        tokens: int = 4096 * 8,
+        grad_sync: float = 0.0,
+        fb: float | None = None,
+    ) -> "StageCosts":
+        """Uniform stages of ``layers_per_stage`` MoE layers; a fraction ``expert_fraction`` of every layer's
+        F, I and W (expert GEMMs and EP all-to-alls) scales with the layer's busiest-rank load.
+
+        Args:
+            stages: global stages.
+            f, b, w: seconds per stage and micro-batch at uniform routing: forward, full backward (I + W)
+                and its weight-gradient part (``I = b - w``).
+            expert_fraction: in [0, 1].
+            layers_per_stage: MoE layers per stage (each with its own routing).
+            ep, num_experts, top_k, tokens: routing-group shape (``tokens`` per micro-batch per EP group).
+            grad_sync: seconds of each stage's gradient reduce-scatter.
+            fb: makespan of an overlapped F+B pair at uniform routing (``None``: ``f + b``, no overlap gain).
+
+        Raises:
+            ConfigError: out-of-range values (``w > b``, fraction outside [0, 1], ...).
+        """
+        for name, v in (("f", f), ("b", b), ("w", w), ("grad_sync", grad_sync)):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ConfigError(f"field '{name}' = {v!r} is out of range; allowed: finite seconds >= 0")
+        if w > b:
+            raise ConfigError(f"field 'w' = {w} is out of range; allowed: <= b = {b} (b is the full backward)")
+        if not (0.0 <= expert_fraction <= 1.0):
+            raise ConfigError(f"field 'expert_fraction' = {expert_fraction} is out of range; allowed: 0 to 1")
+        for name, v in (("stages", stages), ("layers_per_stage", layers_per_stage), ("ep", ep),
+                        ("num_experts", num_experts), ("top_k", top_k), ("tokens", tokens)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"field '{name}' = {v!r} is out of range; allowed: an integer >= 1")
+        if num_experts % ep:
+            raise ConfigError(f"field 'ep' = {ep} must divide num_experts = {num_experts}")
+        i = b - w
+        L = layers_per_stage
+        per = (expert_fraction * f / L, expert_fraction * i / L, expert_fraction * w / L)
+
+        def delta(layer: int, x: float) -> tuple[float, float, float]:
+            return ((x - 1.0) * per[0], (x - 1.0) * per[1], (x - 1.0) * per[2])
+
+        return cls(
+            [float(f)] * stages, [float(i)] * stages, [float(w)] * stages,
+            [list(range(s * L, (s + 1) * L)) for s in range(stages)], delta, [float(grad_sync)] * stages, ep,
+            f"synthetic: {stages} stages x {L} MoE layers, F={f:g} I={i:g} W={w:g} s, "
+            f"{expert_fraction:.0%} of each scales with the busiest EP rank's load",
+            num_experts, top_k, tokens,
+            pair_overlap=1.0 if fb is None or f + b <= 0 else float(fb) / (f + b),
+        )
+
+    @classmethod
+    def from_model(
+        cls,
+        model,
+        parallel=None,
+        cluster=None,
+        *,
+        plan=None,
+        boundaries: Sequence[int] | None = None,
+        load_resolution: float = 1.0 / 64,
+    ) -> "StageCosts":
+        """Stage times of a real model from the analytic cost model (DESIGN sections 3 and 5).
+
+        Stage F/I/W at uniform routing are the planner's (embedding on the first stage, LM head and loss on
+        the last); the extra time of a MoE layer at busiest-rank load ``x`` is ``cost(x) - cost(1)`` of
+        :func:`~tessera_lab.model.tasks.layer_tasks` with ``expert_load = x`` and its EP all-to-all bytes times
+        ``x`` (the busiest rank receives ``x`` times its share), costed by
+        :class:`~tessera_lab.cost.analytic.CostModel` and cached per layer kind and ``x`` rounded to
+        ``load_resolution``. Gradient reduce-scatter per stage: :func:`tessera_lab.plan.make.dp_grad_sync_time`.
+
+        Args:
+            model: a :class:`~tessera_lab.model.spec.ModelSpec`.
+            parallel: a :class:`~tessera_lab.model.hardware.ParallelConfig` (default: pp=8, ep=8, m=32 with the
+                ``zb-h1`` schedule; an ``overlapped`` schedule is replaced by ``zb-h1``: filling needs W tasks).
+            cluster: default :func:`~tessera_lab.model.hardware.cluster_for`.
+            plan: a :class:`~tessera_lab.plan.make.Plan` whose boundaries to use.
+            boundaries: stage boundaries (``pp + 1`` ints); default: the DP partition that minimises the
+                slowest stage.
+
+        Raises:
+            ConfigError: bad sizes or boundaries.
+        """
+        from tessera_lab.model.hardware import ParallelConfig, cluster_for
+        from tessera_lab.plan.make import StagePlan, build_stage_model, dp_grad_sync_time, make_plan
+        from tessera_lab.model.tasks import layer_tasks
+
+        parallel = parallel or ParallelConfig(schedule="zb-h1")
+        if parallel.schedule in ("overlapped", "dualpipev", "interleaved"):  # one chunk per rank: pp stage costs
+            parallel = parallel.replace(schedule="zb-h1", vpp=1)
+        # loads x here are relative to the mean rank (the routing sets the busiest rank), so the plan's own
+        # busiest-rank assumption is replaced by the mean: cost(1) = uniform routing, cost(x) = busiest at x
+        parallel = parallel.replace(expert_load=1.0)
+        cluster = cluster or cluster_for(parallel)
+        if not (0 < load_resolution <= 1):
+            raise ConfigError(f"field 'load_resolution' = {load_resolution} is out of range; allowed: (0, 1]")
+        if plan is not None:
+            boundaries = plan.chosen.partition.boundaries
+        if boundaries is None:
+            boundaries = make_plan(model, parallel, cluster, method="dp", baselines=(), objective="bottleneck"
+                                   ).chosen.partition.boundaries
+        b = list(boundaries)
+        if len(b) != parallel.pp + 1 or b[0] != 0 or b[-1] != model.num_layers or any(
+                b[s] > b[s + 1] for s in range(parallel.pp)):
+            raise ConfigError(f"field 'boundaries' = {b} is out of range; allowed: pp + 1 = {parallel.pp + 1} "
+                              f"non-decreasing ints from 0 to {model.num_layers}")
+        cost_model, sm = build_stage_model(model, parallel, cluster)
+        f, i, w, sync = [], [], [], []
+        # stage extras (embedding, head) are in sm.f/b/w; activations per micro-batch for the memory cap
+        for s in range(parallel.pp):
+            fs, bs, ws = sm.f(s, b[s], b[s + 1]), sm.b(s, b[s], b[s + 1]), sm.w(s, b[s], b[s + 1])
+            f.append(fs)
+            i.append(bs - ws)
+            w.append(ws)
+            st = StagePlan(s, list(range(b[s], b[s + 1])), [], fs, bs, ws, 0.0, 0.0, 0.0)
+            sync.append(dp_grad_sync_time(model, cost_model, st))
+        moe_layers = [l.index for l in model.layers if l.ffn == "moe"]
+        ordinal = {idx: n for n, idx in enumerate(moe_layers)}
+        stage_layers = [[ordinal[l] for l in range(b[s], b[s + 1]) if l in ordinal] for s in range(parallel.pp)]
+        cache: dict[tuple, tuple[float, float, float]] = {}
+
+        def scaled_cost(idx: int, q: int) -> tuple[float, float, float]:
+            layer = model.layers[idx]
+            key = (layer.mixer, layer.attention, layer.ffn, q)
+            if key not in cache:
+                x = q * load_resolution
+                lt = layer_tasks(model, layer, parallel, expert_load=x)
+                scale = max(1.0, x)
+
+                def fix(tasks):
+                    return tuple(replace(t, collective=replace(t.collective, bytes=t.collective.bytes * scale))
+                                 if t.collective is not None and t.collective.kind == "all_to_all"
+                                 and t.collective.group == "ep" else t for t in tasks)
+
+                lt = replace(lt, F=fix(lt.F), B=fix(lt.B), W=fix(lt.W))
+                c = cost_model.layer_cost(lt)
+                cache[key] = (c.F.time, c.B.time, c.W.time)
+            return cache[key]
+
+        one = int(round(1.0 / load_resolution))
+
+        def delta(layer: int, x: float) -> tuple[float, float, float]:
+            idx = moe_layers[layer % len(moe_layers)]
+            q = max(0, int(round(x / load_resolution)))
+            a, base = scaled_cost(idx, q), scaled_cost(idx, one)
+            return (a[0] - base[0], a[1] - base[1], a[2] - base[2])
+
+        E, k = model.num_experts, model.num_experts_per_tok
+        return cls(
+            f, i, w, stage_layers, delta, sync, parallel.ep,
+            f"{model.name}: analytic costs on {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}, "
+            f"pp={parallel.pp} ep={parallel.ep}, boundaries {b}",
+            E, k, parallel.tokens_per_microbatch * parallel.ep,
+            [sm.activations(s, b[s], b[s + 1]) for s in range(parallel.pp)],
+            {"boundaries": b, "model": model.name, "microbatches": parallel.microbatches,
+             "tokens_per_iteration": parallel.tokens_per_iteration},
+        )
+
+
+def slowest_loads(counts: np.ndarray, ep: int, *, tokens: int | None = None, top_k: int | None = None,
+                  capacity_factor: float | None = None) -> np.ndarray:
+    """Relative load of the busiest EP rank per (layer, micro-batch): shape ``counts.shape[:-1]``.
+
+    ``x = max_rank(kept assignments) / (all assignments / ep)``: the uniform share is taken before capacity
+    drops, so dropping tokens lowers ``x`` (and never below the busiest rank's kept work).
+
+    Args:
+        counts: assignments ``[..., E]`` (e.g. ``[layers, microbatches, E]``).
+        ep: EP ranks (divides E).
+        tokens, top_k, capacity_factor: apply capacity first (all three needed for dropping).
+
+    Raises:
+        ConfigError: ``ep`` not dividing E, or bad capacity arguments.
+    """
+    c = np.asarray(counts, dtype=np.int64)
+    kept = c
+    if capacity_factor is not None:
+        if tokens is None or top_k is None:
+            raise ConfigError("field 'capacity_factor' needs 'tokens' and 'top_k' to compute the capacity")
+        kept = apply_capacity(c, tokens, top_k, capacity_factor).kept
+    share = c.sum(axis=-1) / ep
+    rank = ep_rank_load(kept, ep).max(axis=-1)
+    return np.divide(rank, share, out=np.ones(share.shape), where=share > 0)
+
+
+class RoutedDurations:
+    """``durations(stage, microbatch, type) -> seconds`` for the simulator, from stage costs and loads.
+
+    ``F[s][j] = f[s] + sum over the stage's MoE layers l of dF(l, x[l, j])`` and likewise for I and W;
+    ``B = I + W``; ``OVERLAP_F_B`` = ``F + B`` of the backward's stage and micro-batch (no overlap credit).
+    Micro-batches beyond the loads' micro-batch axis and layers beyond its layer axis are taken cyclically
+    (a short replay log on a longer pipeline).
+
+    Attributes:
+        F, I, W: arrays ``[stages, microbatches]`` in seconds (``microbatches`` = the loads' axis).
+        loads: ``[layers, microbatches]`` busiest-rank loads used.
+    """
+
+    def __init__(self, costs: StageCosts, loads: np.ndarray):
+        x = np.asarray(loads, dtype=float)
+        if x.ndim != 2 or x.shape[0] < 1 or x.shape[1] < 1:
+            raise ConfigError(f"field 'loads' has shape {x.shape}; allowed: [layers, microbatches]")
+        if not np.isfinite(x).all() or (x < 0).any():
+            raise ConfigError("field 'loads' must be finite and >= 0")
+        S, M = costs.num_stages, x.shape[1]
+        L = x.shape[0]
+        self.loads = x
+        self.F = np.empty((S, M))
+        self.I = np.empty((S, M))
+        self.W = np.empty((S, M))
+        memo: dict[tuple[int, float], tuple[float, float, float]] = {}
+        for s in range(S):
+            for j in range(M):
+                df = di = dw = 0.0
+                for l in costs.stage_layers[s]:
+                    key = (l, float(x[l % L, j]))
+                    d = memo.get(key)
+                    if d is None:
+                        d = memo[key] = costs.layer_delta(*key)
+                    df, di, dw = df + d[0], di + d[1], dw + d[2]
+                self.F[s, j] = max(0.0, costs.f[s] + df)
+                self.I[s, j] = max(0.0, costs.i[s] + di)
+                self.W[s, j] = max(0.0, costs.w[s] + dw)
+        self._M = M
+        self.pair_overlap = float(costs.pair_overlap)
+
+    def __call__(self, stage: int, microbatch: int, type: ActionType) -> float:
+        j = microbatch % self._M
+        if type is _F:
+            return float(self.F[stage, j])
+        if type is _I:
+            return float(self.I[stage, j])
+        if type is _W:
+            return float(self.W[stage, j])
+        if type is _B:
+            return float(self.I[stage, j] + self.W[stage, j])
+        if type is _OV:
+            return float(self.F[stage, j] + self.I[stage, j] + self.W[stage, j])
+        raise ScheduleError(f"RoutedDurations: no time for action type {type}")
+
+
+def routed_durations(costs: StageCosts, loads: np.ndarray) -> RoutedDurations:
+    """Shorthand for :class:`RoutedDurations`."""
+    return RoutedDurations(costs, loads)
+
+class ChunkedDurations:
+    """``base`` durations with every W divided by ``chunks`` (one part of a chunked W)."""
+
+    def __init__(self, base, chunks: int):
+        self.base, self.chunks = base, chunks
+
+    def __call__(self, stage: int, microbatch: int, type: ActionType) -> float:
+        d = self.base(stage, microbatch, type)
+        return d / self.chunks if type is _W else d
+
+
+class PairDurations:
+    """``base`` durations with every overlapped pair priced from its own sub-actions.
+
+    The simulator asks for an ``OVERLAP_F_B`` pair with its backward's (stage, micro-batch) only; a pair
+    ``(F(s', i');B|I(s, i))`` then takes ``overlap * (base(s', i', F) + base(s, i, B|I))``, where ``overlap`` is the
+    pair makespan over the sum of its parts (``StageCosts.pair_overlap``-style factor, 1.0 = no overlap gain).
+    So a pair whose backward was split into I no longer carries its W. Other actions pass through.
+
+    Raises:
+        ScheduleError: a pair asked for that is not in ``schedule``.
+    """
+
+    def __init__(self, base, schedule: Schedule, overlap: float | None = None):
+        if isinstance(base, PairDurations):
+            base, overlap = base.base, base.overlap if overlap is None else overlap
+        self.base = base
+        self.overlap = float(getattr(base, "pair_overlap", 1.0) if overlap is None else overlap)
+        self.pairs: dict[tuple[int, int], tuple] = {}
+        for acts in schedule.actions.values():
+            for a in acts:
+                if a.sub_actions:
+                    fwd = next((x for x in a.sub_actions if x.type is _F), None)
+                    bwd = next((x for x in a.sub_actions if x.type is not _F), None)
+                    if fwd is not None and bwd is not None:
+                        self.pairs[(bwd.stage, bwd.microbatch)] = (fwd, bwd)
+
+    def __call__(self, stage: int, microbatch: int, type: ActionType) -> float:
+        if type is not _OV:
+            return self.base(stage, microbatch, type)
+        pair = self.pairs.get((stage, microbatch))
+        if pair is None:
+            return self.base(stage, microbatch, type)
+        f, b = pair
+        return self.overlap * (self.base(f.stage, f.microbatch, _F) + self.base(b.stage, b.microbatch, b.type))

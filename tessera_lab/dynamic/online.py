@@ -1,0 +1,510 @@
+"""The pipeline executed step by step with a :class:`~tessera_lab.dynamic.controller.GapController` per EP group.
+
+:func:`execute` is a discrete-event executor of one step of a split schedule (I and W actions; every W cut into
+``w_chunks`` parts): ranks run their non-W actions in the schedule's order; a forward needs the previous stage's
+forward (plus the p2p time between ranks), an I or B its own forward and the next stage's input gradient, a W its
+I; an overlapped pair needs both halves' inputs. Without a controller it runs the list exactly as given (the
+static plan: it agrees with :func:`tessera_lab.pipeline.simulate.simulate`, which the tests check). With one:
+
+* a W part whose I has run is *pending*; at a static W place the oldest pending part of that stage runs (so W
+  passes stay in micro-batch order per stage and gradients accumulate in the same order), unless the controller
+  defers it (:meth:`~tessera_lab.dynamic.controller.GapController.at_w_place`);
+* when the next action's input has not arrived, the controller may run a pending part in the wait
+  (:meth:`~tessera_lab.dynamic.controller.GapController.in_wait`); the rank learns that the input arrived only at
+  a part's end (no pre-emption), so a wrong prediction can delay the action;
+* before a forward that would exceed the rank's memory cap (live micro-batch activations), pending parts run
+  (:meth:`~tessera_lab.dynamic.controller.GapController.must_free`); the rest run after the rank's last action.
+
+Each stage's gradient reduce-scatter (``grad_sync`` seconds) runs on the rank's communication lane after the
+stage's last W part (dynamic) or after the rank's last action (static). :func:`run_online` runs ``steps``
+consecutive steps of routing (each step's waits feed the next step's prediction) for static and dynamic and
+splits the gain into a *static part* (the same run under uniform routing) and a *dynamic part* (the extra under
+the routing given). Times are float seconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from tessera_lab.dynamic.controller import GapController, parse_predictor
+from tessera_lab.dynamic.durations import PairDurations, RoutedDurations, StageCosts, slowest_loads
+from tessera_lab.dynamic.evaluate import routing_counts, schedule_for
+from tessera_lab.dynamic.planner import grad_sync_tasks
+from tessera_lab.dynamic.routing import DEFAULT_JITTER, parse_routing
+from tessera_lab.errors import ConfigError, DeadlockError
+from tessera_lab.pipeline import passes
+from tessera_lab.pipeline.schedules import Action, ActionType, Schedule
+from tessera_lab.pipeline.simulate import Event, Timeline, _transfer_fn, simulate
+
+__all__ = ["StepRecord", "execute", "OnlineResult", "run_online"]
+
+_F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
+
+
+@dataclass
+class StepRecord:
+    """What one rank saw in one step: the wait at each slot (non-W action index), its tail, and predictions."""
+
+    waits: dict[int, float] = field(default_factory=dict)
+    predicted: dict[int, float] = field(default_factory=dict)
+    tail: float = 0.0
+    last_compute_end: float = 0.0
+
+
+def _needs(a: Action, S: int, s2r: dict[int, int], r: int) -> list[tuple[str, int, int, int]]:
+    """Inputs of a compute action: (kind, producing stage, micro-batch, consumer stage)."""
+    out = []
+    for x in a.leaves():
+        s, i = x.stage, x.microbatch
+        if x.type is _F and s > 0:
+            out.append(("F", s - 1, i, s))
+        elif x.type in (_B, _I):
+            out.append(("F", s, i, s))
+            if s < S - 1:
+                out.append(("G", s + 1, i, s))
+    return out
+
+
+def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Sequence[GapController] | None = None,
+            memory_cap: Sequence[int] | None = None, grad_sync: Sequence[float] | None = None,
+            p2p_latency: float = 0.0) -> tuple[Timeline, list[StepRecord]]:
+    """Execute one step of ``schedule`` (split: no B inside pairs needed, W repeated ``w_chunks`` times).
+
+    Args:
+        schedule: per-rank action lists (compute only).
+        durations: ``durations(stage, microbatch, type) -> seconds`` (the durations that happen); a W part
+            takes ``W / w_chunks``.
+        w_chunks: parts per W in ``schedule``.
+        controllers: one per rank, or ``None`` for the static plan (the list as given).
+        memory_cap: live micro-batches per rank (with controllers).
+        grad_sync: reduce-scatter seconds per stage (``None``: none).
+        p2p_latency: seconds per cross-rank transfer.
+
+    Returns:
+        ``(timeline, records)``: the timeline (no critical path) and one :class:`StepRecord` per rank.
+
+    Raises:
+        ConfigError: a wrong number of controllers or caps; ScheduleError: the schedule deadlocks.
+    """
+    R, S, s2r = schedule.num_ranks, schedule.num_stages, schedule.stage_to_rank
+    if controllers is not None and len(controllers) != R:
+        raise ConfigError(f"field 'controllers' has {len(controllers)} entries; allowed: one per rank ({R})")
+    caps = list(memory_cap) if memory_cap is not None else [math.inf] * R
+    if len(caps) != R:
+        raise ConfigError(f"field 'memory_cap' has {len(caps)} entries; allowed: one per rank ({R})")
+    xfer = _transfer_fn(p2p_latency, None)
+    pair_d = PairDurations(durations, schedule)
+    lists = [list(schedule.actions.get(r, [])) for r in range(R)]
+    slots = [[k for k, a in enumerate(acts) if a.type is not _W] for acts in lists]
+    # per rank and stage, the list index of each static W place, and the first non-W slot after each index
+    w_places = [dict() for _ in range(R)]
+    next_slot: list[list[int]] = []
+    for r, acts in enumerate(lists):
+        for k, a in enumerate(acts):
+            if a.type is _W:
+                w_places[r].setdefault(a.stage, []).append(k)
+        nxt, out = -1, [0] * len(acts)
+        for k in range(len(acts) - 1, -1, -1):
+            out[k] = nxt
+            if acts[k].type is not _W:
+                nxt = k
+        next_slot.append(out)
+    records = [StepRecord() for _ in range(R)]
+    if controllers is not None:
+        for r in range(R):
+            controllers[r].begin_step(slots[r])
+            records[r].predicted = dict(controllers[r].predicted)
+    arrival: dict[tuple[str, int, int, int], float] = {}  # (kind, src stage, mb, dst stage) -> time at consumer
+    parked: dict[tuple, list[int]] = {}
+    events: list[Event] = []
+    busy = [0.0] * R
+    pc = [0] * R
+    pos = [0] * R  # non-W actions run so far
+    t_rank = [0.0] * R
+    wait_from: list[float | None] = [None] * R
+    pending: list[dict[int, list[int]]] = [dict() for _ in range(R)]  # stage -> [mb per pending chunk]
+    pend_s = [0.0] * R  # seconds of pending W parts
+    displaced_s = [0.0] * R  # of which past their static place (deferred)
+    tail_static = [0.0] * R  # W seconds the static order itself puts after the last non-W action
+    w_run: list[dict[int, int]] = [dict() for _ in range(R)]  # stage -> W parts run
+    w_seen: list[dict[int, int]] = [dict() for _ in range(R)]  # stage -> static W places passed
+    left: list[dict[tuple[int, int], int]] = [dict() for _ in range(R)]
+    live = [0] * R
+    peak = [0] * R
+    last_w_end: dict[int, float] = {}
+    heap = [(0.0, r) for r in range(R)]
+    heapq.heapify(heap)
+
+    def chunk_s(s: int, i: int) -> float:
+        return durations(s, i, _W) / w_chunks
+
+    def run_chunk(r: int, s: int) -> None:
+        i = pending[r][s].pop(0)
+        d = chunk_s(s, i)
+        if w_run[r].get(s, 0) < w_seen[r].get(s, 0):
+            displaced_s[r] = max(0.0, displaced_s[r] - d)
+        elif pos[r] == len(slots[r]):
+            tail_static[r] += d  # placed after the rank's last non-W action by the static order
+        t0 = t_rank[r]
+        events.append(Event(r, s, i, "W", t0, t0 + d, "compute", f"{s}W{i}"))
+        t_rank[r] = t0 + d
+        busy[r] += d
+        pend_s[r] -= d
+        w_run[r][s] = w_run[r].get(s, 0) + 1
+        last_w_end[s] = t0 + d
+        n = left[r].get((s, i), w_chunks) - 1
+        left[r][(s, i)] = n
+        if n == 0:
+            live[r] -= 1
+
+    def oldest_stage(r: int) -> int | None:
+        best = None
+        for s, q in pending[r].items():
+            if q and (best is None or q[0] < pending[r][best][0]):
+                best = s
+        return best
+
+    def run_action(r: int, a: Action, start: float) -> None:
+        if a.sub_actions:
+            bwd = next((x for x in a.sub_actions if x.type is not _F), a.sub_actions[-1])
+            d, st, mb, typ = pair_d(bwd.stage, bwd.microbatch, a.type), bwd.stage, bwd.microbatch, a.type.value
+        else:
+            d, st, mb, typ = durations(a.stage, a.microbatch, a.type), a.stage, a.microbatch, a.type.value
+        end = start + d
+        label = str(a) if a.sub_actions else f"{a.stage}{typ}{a.microbatch}"
+        events.append(Event(r, st, mb, typ, start, end, "compute", label))
+        busy[r] += d
+        t_rank[r] = end
+        for x in a.leaves():
+            if x.type is _F:
+                live[r] += 1
+                peak[r] = max(peak[r], live[r])
+                _produce(("F", x.stage, x.microbatch, x.stage), end)  # the stage's own I needs it
+                if x.stage < S - 1:
+                    _produce(("F", x.stage, x.microbatch, x.stage + 1), end + (xfer(x.stage, x.stage + 1)
+                             if s2r[x.stage + 1] != r else 0.0))
+            elif x.type in (_B, _I):
+                if x.stage > 0:
+                    _produce(("G", x.stage, x.microbatch, x.stage - 1), end + (xfer(x.stage, x.stage - 1)
+                             if s2r[x.stage - 1] != r else 0.0))
+                if x.type is _B:
+                    live[r] -= 1
+                    last_w_end[x.stage] = end
+                else:
+                    pending[r].setdefault(x.stage, []).extend([x.microbatch] * w_chunks)
+                    pend_s[r] += chunk_s(x.stage, x.microbatch) * w_chunks
+        peak[r] = max(peak[r], live[r])
+
+    def _produce(key: tuple, when: float) -> None:
+        arrival[key] = when
+        for q in parked.pop(key, ()):
+            heapq.heappush(heap, (t_rank[q], q))
+
+    def displaced_stage(r: int) -> int | None:
+        best = None
+        for s, q in pending[r].items():
+            if q and w_run[r].get(s, 0) < w_seen[r].get(s, 0) and (best is None or q[0] < pending[r][best][0]):
+                best = s
+        return best
+
+    def ready_next(r: int) -> bool:
+        """Whether the rank's next non-W action has all its inputs now (deferring W only pays then)."""
+        acts = lists[r]
+        k = pc[r] + 1
+        while k < len(acts) and acts[k].type is _W:
+            k += 1
+        if k >= len(acts):
+            return False
+        now = t_rank[r]
+        return all(key in arrival and arrival[key] <= now for key in _needs(acts[k], S, s2r, r))
+
+    while heap:
+        t, r = heapq.heappop(heap)
+        if t < t_rank[r]:
+            t = t_rank[r]
+        t_rank[r] = max(t_rank[r], t)
+        acts = lists[r]
+        ctl = controllers[r] if controllers is not None else None
+        while pc[r] < len(acts):
+            a = acts[pc[r]]
+            if a.type is _W:
+                s = a.stage
+                w_seen[r][s] = w_seen[r].get(s, 0) + 1
+                if ctl is None:
+                    pending[r].setdefault(s, [])
+                    run_chunk(r, s)
+                elif w_run[r].get(s, 0) < w_seen[r][s]:  # not covered by a part run earlier
+                    d = chunk_s(s, pending[r][s][w_seen[r][s] - 1 - w_run[r].get(s, 0)])
+                    if ctl.at_w_place(pos[r], displaced_s[r], d, next_ready=ready_next(r), live=live[r], cap=caps[r]):
+                        displaced_s[r] += d
+                    else:
+                        run_chunk(r, s)  # runs where the static order has it
+                pc[r] += 1
+                continue
+            # a non-W action: memory cap first
+            if ctl is not None and any(x.type is _F for x in a.leaves()):
+                need = sum(1 for x in a.leaves() if x.type is _F)
+                while ctl.must_free(live[r], need, caps[r]):
+                    s = oldest_stage(r)
+                    if s is None:
+                        break
+                    run_chunk(r, s)
+            needs = [(k, st, i, dst) for k, st, i, dst in _needs(a, S, s2r, r)]
+            missing = [key for key in needs if key not in arrival]
+            now = t_rank[r]
+            arrive = max((arrival[key] for key in needs if key in arrival), default=0.0)
+            if missing or arrive > now:
+                if wait_from[r] is None:
+                    wait_from[r] = now
+                if ctl is not None:
+                    sd, so = displaced_stage(r), oldest_stage(r)
+                    later = None
+                    if so is not None:  # the slot after the oldest pending part's own static place
+                        n_run = w_run[r].get(so, 0)
+                        places = w_places[r].get(so, [])
+                        later = next_slot[r][places[n_run]] if n_run < len(places) else -1
+                    s = ctl.in_wait(pc[r], now - wait_from[r],
+                                    None if sd is None else (sd, chunk_s(sd, pending[r][sd][0])),
+                                    None if so is None else (so, chunk_s(so, pending[r][so][0])), later_slot=later)
+                    if s is not None:
+                        run_chunk(r, s)
+                        heapq.heappush(heap, (t_rank[r], r))
+                        break
+                if missing:
+                    parked.setdefault(missing[0], []).append(r)
+                    break
+                t_rank[r] = arrive
+                now = arrive
+            start = now
+            if wait_from[r] is not None:
+                records[r].waits[pc[r]] = start - wait_from[r]
+                wait_from[r] = None
+            else:
+                records[r].waits[pc[r]] = 0.0
+            run_action(r, a, start)
+            records[r].last_compute_end = t_rank[r]
+            pos[r] += 1
+            pc[r] += 1
+            # yield to keep global time order: others may act before this rank's next decision
+            heapq.heappush(heap, (t_rank[r], r))
+            break
+        else:
+            while True:  # after the last action: what is still pending
+                s = oldest_stage(r)
+                if s is None:
+                    break
+                run_chunk(r, s)
+    stuck = {r: str(lists[r][pc[r]]) for r in range(R) if pc[r] < len(lists[r])}
+    if stuck:
+        raise DeadlockError(f"deadlock in schedule {schedule.name!r}: ranks {sorted(stuck)} cannot progress", stuck)
+    # gradient reduce-scatter on the comm lane
+    comm_free = [0.0] * R
+    if grad_sync:
+        rank_end = [max((e.end for e in events if e.rank == r and e.lane == "compute"), default=0.0) for r in range(R)]
+        for s in range(S):
+            sec = float(grad_sync[s])
+            if sec <= 0:
+                continue
+            r = s2r[s]
+            after = rank_end[r] if controllers is None else last_w_end.get(s, rank_end[r])
+            st = max(comm_free[r], after)
+            events.append(Event(r, s, None, passes.GRAD_RS, st, st + sec, "comm", f"{passes.GRAD_RS}[{s}]"))
+            comm_free[r] = st + sec
+    T = max((e.end for e in events), default=0.0)
+    for r in range(R):  # idle after the last non-W action that the static order does not already fill
+        records[r].tail = T - records[r].last_compute_end - tail_static[r]
+    idle = [T - b for b in busy]
+    tot_busy = sum(busy)
+    tl = Timeline(events, T, busy, idle, sum(idle) / (T * R) if T > 0 else 0.0,
+                  sum(idle) / tot_busy if tot_busy > 0 else 0.0, {}, [], peak, schedule.name, R)
+    return tl, records
+
+
+@dataclass
+class OnlineResult:
+    """Static vs dynamic over consecutive steps of one routing (times in seconds).
+
+    Attributes:
+        routing, schedule, predictor, margin: what ran and how the controller predicted.
+        steps: per step, ``{"step", "static_s", "dynamic_s", "gain", "gap_mae_s", "gap_rel_error"}``
+            (iteration = slowest EP group; gap errors over the slots of every rank of every group).
+        warmup: leading steps left out of the means (the controller has no history in step 0).
+        idle_static_s, idle_dynamic_s: mean idle seconds per rank over the evaluated steps.
+        decisions: W parts filled into waits, deferred and forced by the memory cap, summed.
+        memory_cap: live micro-batches allowed per rank.
+        timelines: the last step's ``{"static": Timeline, "dynamic": Timeline}`` of group 0.
+        busiest_rank_load_mean: mean busiest-EP-rank load over layers, micro-batches, steps and groups.
+    """
+
+    routing: str
+    schedule: str
+    predictor: str
+    margin: float
+    steps: list[dict[str, Any]]
+    warmup: int
+    idle_static_s: float
+    idle_dynamic_s: float
+    decisions: dict[str, int]
+    memory_cap: list[int]
+    w_chunks: int
+    groups: int
+    timelines: dict[str, Timeline] = field(default_factory=dict)
+    busiest_rank_load_mean: float = 1.0
+
+    @property
+    def evaluated(self) -> list[dict[str, Any]]:
+        return self.steps[self.warmup:]
+
+    @property
+    def iteration_static_s(self) -> float:
+        return float(np.mean([s["static_s"] for s in self.evaluated]))
+
+    @property
+    def iteration_dynamic_s(self) -> float:
+        return float(np.mean([s["dynamic_s"] for s in self.evaluated]))
+
+    @property
+    def throughput_gain(self) -> float:
+        """``sum(static) / sum(dynamic) - 1`` over the evaluated steps (tokens per step unchanged)."""
+        return self.iteration_static_s / self.iteration_dynamic_s - 1.0 if self.iteration_dynamic_s > 0 else 0.0
+
+    @property
+    def never_slower(self) -> bool:
+        """Every evaluated step at or below its static time on the realised routing."""
+        return all(s["dynamic_s"] <= s["static_s"] * (1 + 1e-12) for s in self.evaluated)
+
+    def summary(self) -> dict[str, Any]:
+        ev = self.evaluated
+        return {
+            "routing": self.routing, "schedule": self.schedule, "predictor": self.predictor,
+            "prediction_lag_steps": 1, "margin": self.margin, "steps": len(self.steps), "warmup_steps": self.warmup,
+            "groups": self.groups, "w_chunks": self.w_chunks, "memory_cap": self.memory_cap,
+            "busiest_rank_load_mean": self.busiest_rank_load_mean,
+            "iteration_static_s": self.iteration_static_s, "iteration_dynamic_s": self.iteration_dynamic_s,
+            "throughput_gain": self.throughput_gain,
+            "idle_static_s": self.idle_static_s, "idle_dynamic_s": self.idle_dynamic_s,
+            "idle_removed_s": self.idle_static_s - self.idle_dynamic_s,
+            "never_slower": self.never_slower,
+            "slower_steps": [s["step"] for s in ev if s["dynamic_s"] > s["static_s"] * (1 + 1e-12)],
+            "gap_mae_s": float(np.mean([s["gap_mae_s"] for s in ev])) if ev else 0.0,
+            "gap_rel_error": float(np.mean([s["gap_rel_error"] for s in ev])) if ev else 0.0,
+            "decisions": dict(self.decisions),
+            "per_step": [dict(s) for s in self.steps],
+        }
+
+
+def _gap_errors(records: list[StepRecord]) -> tuple[float, float]:
+    """Mean absolute error of predicted waits (seconds, over slots where either side is > 0) and the sum of
+    absolute errors over the sum of realised waits."""
+    err, tot, n = 0.0, 0.0, 0
+    for rec in records:
+        for k, w in rec.waits.items():
+            p = rec.predicted.get(k, 0.0)
+            if w > 0 or p > 0:
+                err += abs(p - w)
+                tot += w
+                n += 1
+    return (err / n if n else 0.0), (err / tot if tot > 0 else 0.0)
+
+
+def run_online(
+    costs: StageCosts,
+    routing: str = "zipf:1.0",
+    *,
+    schedule: str | Schedule = "zb-h1",
+    microbatches: int = 16,
+    vpp: int = 1,
+    groups: int = 1,
+    seed: int = 0,
+    steps: int = 4,
+    first_step: int = 0,
+    warmup: int = 1,
+    predictor: str = "last-step",
+    margin: float = 0.5,
+    memory_cap: int | Sequence[int] | str | None = "max",
+    capacity_factor: float | None = None,
+    p2p_latency: float = 0.0,
+    jitter: float = DEFAULT_JITTER,
+    w_chunks: int | None = None,
+) -> OnlineResult:
+    """Run ``steps`` consecutive steps static and dynamic; the controllers carry their history across steps.
+
+    Args:
+        costs: stage times; routing: ``uniform | zipf:S | drift:S[:R] | walk:S[:R] | replay:PATH``.
+        schedule: any schedule name (or a :class:`Schedule`); backwards are split into I and W by
+            :func:`tessera_lab.pipeline.passes.split_backward` (also inside overlapped pairs and DualPipeV).
+        microbatches, vpp, groups, seed: as :func:`tessera_lab.dynamic.evaluate.run_dynamic`.
+        steps, first_step, warmup: steps run, index of the first (drift and walk move with it), leading steps
+            left out of the means.
+        predictor, margin: :class:`~tessera_lab.dynamic.controller.GapController` settings.
+        memory_cap: :func:`tessera_lab.pipeline.passes.memory_caps` policy on the static order.
+        w_chunks: parts per W (default: the stage's MoE layers).
+
+    Raises:
+        ConfigError: bad sizes, routing, predictor or margin.
+    """
+    spec = parse_routing(routing)
+    pred = parse_predictor(predictor)
+    for name, v, lo in (("steps", steps, 1), ("groups", groups, 1), ("warmup", warmup, 0), ("first_step", first_step, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ConfigError(f"field '{name}' = {v!r} is out of range; allowed: an integer >= {lo}")
+    if warmup >= steps:
+        raise ConfigError(f"field 'steps' = {steps} is out of range; allowed: more than the {warmup} warm-up step(s) "
+                          "left out of the means (step 0 has no history)")
+    sched = schedule_for(costs, schedule, microbatches, vpp)
+    m = sched.num_microbatches
+    base = passes.split_backward(sched, 0)
+    chunks = w_chunks if w_chunks is not None else max(1, max(len(ls) for ls in costs.stage_layers))
+    chunked = passes.chunk_weight_gradients(base, chunks)
+    caps = passes.memory_caps(base, memory_cap, activation_bytes=costs.activation_bytes)
+    sync = costs.grad_sync if any(costs.grad_sync) else None
+    static_comm = None
+    ctls = [[GapController(pred, margin) for _ in range(sched.num_ranks)] for _ in range(groups)]
+    cache: dict = {}
+    rows, idle_s, idle_d = [], [], []
+    decisions = {"fill": 0, "defer": 0, "forced": 0}
+    last: dict[str, Timeline] = {}
+    loads: list[float] = []
+    for t in range(steps):
+        step = first_step + t
+        st_T, dy_T, recs, st_idle, dy_idle = [], [], [], [], []
+        for g in range(groups):
+            real = routing_counts(spec, costs, m, seed=seed, group=g, step=step, jitter=jitter, log_cache=cache)
+            kw: dict[str, Any] = {}
+            if capacity_factor is not None:
+                kw = dict(tokens=max(1, int(real.sum(-1).max() // costs.top_k)), top_k=costs.top_k,
+                          capacity_factor=capacity_factor)
+            x = slowest_loads(real, costs.ep, **kw)
+            loads.append(float(x.mean()))
+            d = RoutedDurations(costs, x)
+            if static_comm is None:
+                static_comm = grad_sync_tasks(base, sync, placement="static")
+            st = simulate(base, PairDurations(d, base), comm=static_comm, p2p_latency=p2p_latency)
+            dy, rec = execute(chunked, d, w_chunks=chunks, controllers=ctls[g], memory_cap=caps, grad_sync=sync,
+                              p2p_latency=p2p_latency)
+            for r, c in enumerate(ctls[g]):
+                c.end_step(rec[r].waits, rec[r].tail)
+                if t >= warmup:
+                    for k, v in c.decisions.items():
+                        decisions[k] = decisions.get(k, 0) + v
+            st_T.append(st.iteration_time)
+            dy_T.append(dy.iteration_time)
+            st_idle.append(st.per_rank_busy)
+            dy_idle.append(dy.per_rank_busy)
+            recs.extend(rec)
+            if g == 0:
+                last = {"static": st, "dynamic": dy}
+        Ts, Td = max(st_T), max(dy_T)
+        mae, rel = _gap_errors(recs)
+        rows.append({"step": step, "static_s": Ts, "dynamic_s": Td, "gain": Ts / Td - 1.0 if Td > 0 else 0.0,
+                     "gap_mae_s": mae, "gap_rel_error": rel})
+        if t >= warmup:
+            idle_s.append(float(np.mean([Ts - b for busy in st_idle for b in busy])))
+            idle_d.append(float(np.mean([Td - b for busy in dy_idle for b in busy])))
+    return OnlineResult(str(spec), sched.name, str(pred), float(margin), rows, warmup, float(np.mean(idle_s)),
+                        float(np.mean(idle_d)), decisions, caps, chunks, groups, last, float(np.mean(loads)))
