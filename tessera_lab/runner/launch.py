@@ -36,6 +36,7 @@ from typing import Sequence
 
 from tessera_lab.argtypes import positive_int
 from tessera_lab.errors import ConfigError, TesseraError
+from tessera_lab.io import read_json
 
 from .results import RunResult, observed_timeline, record_profile, timing_report, write_trace
 from .spawn import _alive, _free_port, spawn
@@ -86,7 +87,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-deterministic", action="store_true", help="use all threads, no deterministic algorithms")
     p.add_argument("--check", action="store_true", help="compare losses with the single-process reference")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
-    p.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of the whole run, seconds")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="wall-clock limit of the whole run, seconds (finite, > 0)")
     p.add_argument("--collective-timeout", type=float, default=60.0, help="per-operation timeout, seconds")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace of the observed actions")
     p.add_argument("--profile-store", metavar="PATH", help="append per-stage observations to this JSON store")
@@ -112,8 +114,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
     boundaries = None
     if args.plan:
         try:
-            plan = json.loads(Path(args.plan).read_text())
-        except json.JSONDecodeError as exc:
+            plan = read_json(args.plan, "plan")
+        except json.JSONDecodeError as exc:  # pragma: no cover - read_json raises ConfigError
             raise ConfigError(f"plan '{args.plan}' is not valid JSON ({exc.msg} at line {exc.lineno})") from None
         if not isinstance(plan, dict) or "boundaries" not in plan:
             raise ConfigError(f"plan '{args.plan}' has no field 'boundaries' (use tessera-lab partition/plan --json)")
@@ -228,13 +230,17 @@ def emit_outputs(result: RunResult, args: argparse.Namespace) -> None:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """``tessera-lab run``: spawn locally, print, write outputs. Returns the exit status (1 if a rank failed)."""
+    """``tessera-lab run``: spawn locally, print, write outputs. Returns the exit status: 0, 2 bad input,
+    3 (:data:`~tessera_lab.runner.supervise.EXIT_PEER_FAILED`) a rank failed and its peers were stopped,
+    1 the launch timed out."""
+    from .supervise import EXIT_PEER_FAILED
+
     world, job = specs_from_args(args)
     try:
         result = spawn(world, [job], out_dir=args.out, timeout_s=args.timeout)
     except RunnerError as exc:
         print(f"tessera-lab run: error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_PEER_FAILED if getattr(exc, "peer_failed", False) else 1
     emit_outputs(result, args)
     return 0
 

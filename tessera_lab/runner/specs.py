@@ -30,7 +30,14 @@ class RunnerError(TesseraError, RuntimeError):
         exit_codes: global rank -> exit status (negative: killed by that signal; None: never started).
         logs: global rank -> path of that rank's log file.
         pids: global rank -> process id (all reaped when the error is raised).
+        peer_failed / failed_rank / cause / detected_at: set by the spawner when a rank failed and its peers
+            were stopped (the root-cause rank, how it failed, wall-clock time of detection).
     """
+
+    peer_failed: bool = False
+    failed_rank: int | None = None
+    cause: str | None = None
+    detected_at: float | None = None
 
     def __init__(self, message: str, exit_codes: dict[int, int | None] | None = None,
                  logs: dict[int, str] | None = None, pids: dict[int, int] | None = None):

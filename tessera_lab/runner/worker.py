@@ -14,6 +14,7 @@ from typing import Sequence
 
 from tessera_lab.errors import ConfigError, TesseraError
 
+from .supervise import arm_fault, start_heartbeat
 from .results import RunResult, compare_reference, summarize_job
 from .specs import RunSpec, WorldSpec
 
@@ -63,6 +64,8 @@ def run_worker(world: WorldSpec, jobs: Sequence[RunSpec], out_dir: str | None) -
 
     torch.set_num_threads(1)
     cuda = torch.cuda.is_available() and world.backend != "gloo"
+    if world.backend == "nccl" and not cuda:
+        raise ConfigError("run --backend nccl needs a CUDA GPU and torch sees none; use --backend gloo or auto")
     backend = world.backend if world.backend != "auto" else ("nccl" if cuda else "gloo")
     if cuda:
         local = int(os.environ.get("LOCAL_RANK", rank))
@@ -73,6 +76,7 @@ def run_worker(world: WorldSpec, jobs: Sequence[RunSpec], out_dir: str | None) -
     kwargs = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=world.timeout_s), **kwargs)
+    arm_fault(rank, out_dir)  # $TESSERA_LAB_FAULT (tests and benchmarks/runner_faults.py)
     topo = build_topology(world, rank, device)
     results = []
     for j in jobs:
@@ -96,14 +100,20 @@ def _record_failure(out_dir: str | None) -> None:
         return
     try:
         rank = int(os.environ.get("RANK", "-1"))
-        (Path(out_dir) / f"failure-{rank}.json").write_text(json.dumps({"rank": rank, "time": time.time()}))
-    except OSError:  # pragma: no cover - best effort while exiting
+        from tessera_lab.io import atomic_write_text
+
+        atomic_write_text(Path(out_dir) / f"failure-{rank}.json", json.dumps({"rank": rank, "time": time.time()}))
+    except (OSError, TesseraError):  # pragma: no cover - best effort while exiting
         pass
 
 
 def worker_main(spec_path: str, out_dir: str | None) -> int:
     """Entry of a spawned worker: read the spec, run, rank 0 writes ``{out_dir}/result.json``."""
     _watch_parent()
+    try:
+        start_heartbeat(out_dir, int(os.environ.get("RANK", "-1")))
+    except ValueError:
+        pass
     try:
         data = json.loads(Path(spec_path).read_text())
         world = WorldSpec(**data["world"])
