@@ -1,18 +1,22 @@
-"""A real-browser check of the notebook experience.
+"""A real-browser check of the notebook panels: every control touched, every redraw judged.
 
 Starts JupyterLab on 127.0.0.1 (a free port, a random token, headless, isolated config/runtime/settings folders)
-in a temporary copy of ``notebooks/``, opens ``00_quickstart.ipynb`` in headless Chromium driven by selenium,
-runs all cells through JupyterLab's own ``notebook:run-all-cells`` command, waits until the kernel is idle and
-every code cell has run, and asserts that
+in a temporary folder holding ``panels.ipynb``, built from the notebooks' own cells (each notebook's
+``parameters`` cell, the cells tagged ``panel-setup`` and the cell tagged ``panel``), opens it in headless
+Chromium driven by selenium and runs it through JupyterLab's ``notebook:run-all-cells``. Then, for each panel
+(notebooks 00 to 07), it changes every control once and then ``RANDOM_CHANGES`` (10) random ones the way a user
+does (another option of a dropdown; arrow keys on a focused slider handle), and after each change requires
 
-* no cell raised,
-* the ipywidgets panel rendered (a visible ``.widget-slider`` inside ``.jupyter-widgets``),
-* a plot image (``img`` in an output area) is shown.
+* the panel's figure (its largest ``<img>``) to be a non-blank image (at least 1% of its pixels drawn),
+* that differs from the previous figure (pixel hash),
+* and the table to have changed (or, for settings the library refuses, a status line that says why).
 
-It saves ``artifacts/browser/quickstart.png`` (the widget panel and its plot) and
-``artifacts/browser/quickstart_top.png`` (the top of the notebook). Needs the Debian packages ``chromium`` and
-``chromium-driver`` (``/usr/bin/chromium``, ``/usr/bin/chromedriver``); the test skips when they are missing.
-JupyterLab, its kernel, chromedriver and Chromium are stopped in every case, each step has its own timeout.
+It saves ``artifacts/browser/NN_name_panel.png`` per panel and ``artifacts/browser/panels.json`` (timings).
+``test_check_catches_blank_figures_of_an_output_capture_panel`` runs the same check on
+``tests/data/browser/output_capture_panel.ipynb`` (the Output + ``plt.show()`` pattern the panels used before
+issue 17) and requires it to find blank redraws. Needs the Debian packages ``chromium`` and ``chromium-driver``
+(``/usr/bin/chromium``, ``/usr/bin/chromedriver``); the tests skip when they are missing. JupyterLab, its
+kernels, chromedriver and Chromium are stopped in every case; each step has its own timeout.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,17 +36,35 @@ from pathlib import Path
 
 import pytest
 
-from tessera_lab.runner.launch import _alive, _free_port  # process helpers shared with the runner
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 ARTIFACTS = ROOT / "artifacts" / "browser"
-NOTEBOOK = "00_quickstart.ipynb"
 
 CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--disable-dev-shm-usage", "--disable-breakpad", "--disable-crash-reporter",
-                "--window-size=1400,1050", "--hide-scrollbars"]
+                "--window-size=1400,1600", "--hide-scrollbars"]
 
 SERVER_START_S = 90
 PAGE_READY_S = 120
@@ -236,92 +259,357 @@ def _wait(driver, what: str, timeout: float, predicate, poll: float = 0.5):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}; last notebook state: {last}")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_quickstart_renders_widgets_and_plots_in_chromium(tmp_path):
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip("chromium is not installed (need /usr/bin/chromium and /usr/bin/chromedriver: "
-                    "apt-get install -y chromium chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
+# ----------------------------------------------------------------------------------------------- panel checks
+#: the notebooks whose panels are checked (each panel is a ``.tessera-panel`` VBox in a cell tagged ``panel``)
+PANEL_NOTEBOOKS = ["00_quickstart.ipynb", "01_collectives.ipynb", "02_tensor_vs_pipeline.ipynb",
+                   "03_bubbles_and_microbatches.ipynb", "04_moe_all_to_all.ipynb",
+                   "05_layer_tasks_and_overlap.ipynb", "06_overlap_aware_partitioning.ipynb",
+                   "07_dynamic_bubbles.ipynb"]
+PANELS_NOTEBOOK = "panels.ipynb"  # built by panels_notebook() from the notebooks' tagged cells
+RANDOM_CHANGES = int(os.environ.get("TESSERA_BROWSER_RANDOM_CHANGES", "10"))
+CHANGE_S = 90          # one recompute (a re-plan is about a second; notebook 07's panel simulates two timelines)
+SETTLE_S = 2.0         # after the kernel is idle again, how long a redraw may still take to arrive
+MIN_INK = 0.01         # a figure is blank when fewer than 1% of its pixels differ from white
+
+# JS: the panel's figure (largest visible <img>) as pixel statistics, and its table / status text.
+_PANEL_JS = """
+const panel = document.querySelectorAll('.tessera-panel')[arguments[0]];
+if (!panel) { return {found: false}; }
+const imgs = Array.from(panel.querySelectorAll('img')).filter(i => i.offsetParent !== null);
+let fig = null;
+for (const i of imgs) { if (!fig || i.naturalWidth * i.naturalHeight > fig.naturalWidth * fig.naturalHeight) { fig = i; } }
+let stats = {w: 0, h: 0, ink: 0, hash: '', src: ''};
+if (fig && fig.complete && fig.naturalWidth > 0) {
+  const c = document.createElement('canvas');
+  c.width = fig.naturalWidth; c.height = fig.naturalHeight;
+  const ctx = c.getContext('2d');
+  ctx.drawImage(fig, 0, 0);
+  const d = ctx.getImageData(0, 0, c.width, c.height).data;
+  let ink = 0, h = 2166136261;
+  for (let k = 0; k < d.length; k += 4) {  // every pixel: a changed caption digit changes the hash
+    if (d[k] < 235 || d[k + 1] < 235 || d[k + 2] < 235) { ink += 1; }
+    h = Math.imul(h ^ (d[k] + 3 * d[k + 1] + 7 * d[k + 2] + 11 * (k & 255)), 16777619) >>> 0;
+  }
+  stats = {w: c.width, h: c.height, ink: ink / (c.width * c.height), hash: String(h) + ':' + c.width + 'x' + c.height,
+           src: fig.src.slice(0, 80)};
+}
+const tables = Array.from(panel.querySelectorAll('table')).map(t => t.innerText).join('\\n');
+const status = Array.from(panel.querySelectorAll('.widget-html')).map(e => e.innerText).join('\\n');
+const out = Array.from(panel.querySelectorAll('.jp-OutputArea-output')).map(e => e.innerText).join('\\n');
+return {found: true, figure: stats, table: tables, status: status, output: out};
+"""
+
+
+def _controls(driver, index: int):
+    """The panel's controls in layout order: (kind, element) with kind 'dropdown' or 'slider'."""
     from selenium.webdriver.common.by import By
 
-    os.environ.setdefault("SE_AVOID_STATS", "true")  # selenium: never phone home
-    work = tmp_path / "notebooks"
-    shutil.copytree(NOTEBOOKS, work, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    panel = driver.find_elements(By.CSS_SELECTOR, ".tessera-panel")[index]
+    out = []
+    for el in panel.find_elements(By.CSS_SELECTOR, ".widget-dropdown, .widget-hslider"):
+        out.append(("dropdown" if "widget-dropdown" in el.get_attribute("class") else "slider", el))
+    return out
+
+
+def _value(kind: str, el) -> str:
+    from selenium.webdriver.common.by import By
+
+    if kind == "dropdown":
+        return el.find_element(By.CSS_SELECTOR, "select").get_attribute("value")
+    return el.find_element(By.CSS_SELECTOR, ".widget-readout").text
+
+
+def _change(driver, kind: str, el, rng) -> tuple[str, str]:
+    """Change one control the way a user does (pick another option; focus the slider handle and press arrow
+    keys). Returns (before, after) of its shown value."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select
+
+    before = _value(kind, el)
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
+    if kind == "dropdown":
+        sel = Select(el.find_element(By.CSS_SELECTOR, "select"))
+        options = [o.get_attribute("value") for o in sel.options]
+        choices = [i for i, o in enumerate(options) if o != before]
+        sel.select_by_index(rng.choice(choices))
+        return before, _value(kind, el)
+    handle = el.find_element(By.CSS_SELECTOR, ".noUi-handle")
+    presses = rng.randint(1, 3)
+    for key in ([Keys.ARROW_RIGHT, Keys.ARROW_LEFT] if rng.random() < 0.5 else [Keys.ARROW_LEFT, Keys.ARROW_RIGHT]):
+        handle.click()
+        handle.send_keys(*([key] * presses))
+        time.sleep(0.1)
+        after = _value(kind, el)
+        if after != before:  # at the end of its range: the other direction
+            return before, after
+    return before, _value(kind, el)
+
+
+_KERNEL_JS = """
+const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+return k ? k.status : null;
+"""
+
+
+_SRC_JS = """
+const panel = document.querySelectorAll('.tessera-panel')[arguments[0]];
+const imgs = panel ? Array.from(panel.querySelectorAll('img')).filter(i => i.offsetParent !== null) : [];
+return imgs.map(i => i.src.length + ':' + i.src.slice(-48)).join('|');
+"""
+
+
+def _redraw(driver, index: int, before: dict, timeout: float) -> dict:
+    """Wait until the panel's figure is replaced and the kernel is idle (or, for a figure that never comes, the
+    kernel has been idle for SETTLE_S); return the panel's new state."""
+    deadline = time.monotonic() + timeout
+    idle_since = None
+    src = driver.execute_script(_SRC_JS, index)
+    while time.monotonic() < deadline:
+        kernel = driver.execute_script(_KERNEL_JS)
+        if kernel == "idle":
+            idle_since = idle_since or time.monotonic()
+            if driver.execute_script(_SRC_JS, index) != src:  # a new picture arrived: wait until all settles
+                return _settled(driver, index, deadline)
+            if time.monotonic() - idle_since > SETTLE_S:
+                return driver.execute_script(_PANEL_JS, index)
+        else:
+            idle_since = None
+        time.sleep(0.2)
+    return driver.execute_script(_PANEL_JS, index)
+
+
+def _settled(driver, index: int, deadline: float) -> dict:
+    """The panel's state once the kernel is idle and two reads 0.4 s apart agree (a slider moved by several
+    key presses sends several changes; the table, status and figure of the last one arrive in turn)."""
+    last = driver.execute_script(_PANEL_JS, index)
+    while time.monotonic() < deadline:
+        time.sleep(0.4)
+        now = driver.execute_script(_PANEL_JS, index)
+        if now == last and driver.execute_script(_KERNEL_JS) == "idle":
+            return now
+        last = now
+    return last
+
+
+def _judge(before: dict, after: dict) -> str | None:
+    """Why this redraw fails the check, or None: the figure is a non-blank image that differs from the last one
+    and the table changed (or, for settings the library refuses, the status line says why)."""
+    fig = after["figure"]
+    if not fig["w"]:
+        return "no figure"
+    if fig["ink"] < MIN_INK:
+        return f"blank figure ({fig['ink']:.2%} of pixels drawn)"
+    if fig["hash"] == before["figure"]["hash"]:
+        return "figure did not change"
+    text = after["table"] or after["output"]
+    if not text.strip():
+        if not after["status"].strip():
+            return "no table and no reason given"
+    elif text == (before["table"] or before["output"]):
+        return "table did not change"
+    return None
+
+
+def exercise_panels(driver, owners: list[str], rng, *, random_changes: int = RANDOM_CHANGES) -> dict:
+    """Change every control of every panel once, then ``random_changes`` random controls; judge each redraw and
+    save a screenshot per panel (``owners[i]`` names the notebook of panel ``i``). Returns ``{"panels",
+    "changes", "failures": [...], "seconds", "per_panel": {notebook: seconds}}``."""
+    from selenium.webdriver.common.by import By
+
     t0 = time.monotonic()
-    lab = JupyterLab(tmp_path, work)
-    driver = None
-    service = None
-    browser_pids: set[int] = set()
-    try:
-        lab.start()
-        t_server = time.monotonic() - t0
+    panels = driver.find_elements(By.CSS_SELECTOR, ".tessera-panel")
+    failures, changes, per_panel = [], 0, {}
+    for index in range(len(panels)):
+        t_panel = time.monotonic()
+        notebook = owners[index] if index < len(owners) else f"panel{index}"
+        controls = _controls(driver, index)
+        plan = [c for c in range(len(controls))] + [rng.randrange(len(controls)) for _ in range(random_changes)]
+        state = driver.execute_script(_PANEL_JS, index)
+        if (why := _judge({"figure": {"hash": None}, "table": "", "output": ""}, state)) is not None:
+            failures.append(f"{notebook} panel {index}, as first shown: {why}")
+        for c in plan:
+            kind, el = _controls(driver, index)[c]
+            label = el.text.split("\n")[0]
+            old, new = _change(driver, kind, el, rng)
+            if old == new:
+                continue  # the control could not move (e.g. a one-option dropdown): nothing to judge
+            changes += 1
+            after = _redraw(driver, index, state, CHANGE_S)
+            if (why := _judge(state, after)) is not None:
+                failures.append(f"{notebook} panel {index}, {label} {old} -> {new}: {why}")
+            state = after
+        panel = driver.find_elements(By.CSS_SELECTOR, ".tessera-panel")[index]
+        driver.execute_script("arguments[0].scrollIntoView({block: 'start'});", panel)
+        time.sleep(0.3)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        panel.screenshot(str(ARTIFACTS / f"{Path(notebook).stem}_panel.png"))
+        per_panel[notebook] = round(time.monotonic() - t_panel, 1)
+    return {"panels": len(panels), "changes": changes, "failures": failures,
+            "seconds": round(time.monotonic() - t0, 1), "per_panel": per_panel}
+
+
+def panels_notebook(src: Path, out: Path, notebooks: list[str]) -> list[str]:
+    """Write one notebook holding every panel: for each notebook (in order) its ``parameters`` cell, the cells
+    tagged ``panel-setup`` and the ``panel`` cell, exactly as they are in the notebook. Returns the notebook of
+    each panel, in order."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    owners = []
+    for name in notebooks:
+        cells = nbformat.read(src / name, as_version=4).cells
+        picked = [c for c in cells if c.cell_type == "code"
+                  and {"parameters", "panel-setup", "panel"} & set(c.get("metadata", {}).get("tags", []))]
+        panels = [c for c in picked if "panel" in c.metadata.get("tags", [])]
+        assert panels, f"{name}: no code cell tagged 'panel'"
+        nb.cells.append(nbformat.v4.new_markdown_cell(f"## {name}"))
+        for c in picked:
+            nb.cells.append(nbformat.v4.new_code_cell(c.source, metadata={"tags": c.metadata.get("tags", [])}))
+        owners += [name] * len(panels)
+    nbformat.write(nb, out)
+    return owners
+
+
+# ----------------------------------------------------------------------------------------------- the session
+class Browser:
+    """JupyterLab plus headless Chromium, opened once for a test module; every process is ours and is stopped."""
+
+    def __init__(self, tmp: Path, root_dir: Path):
+        self.tmp, self.root_dir = tmp, root_dir
+        self.lab = JupyterLab(tmp, root_dir)
+        self.driver = None
+        self.service = None
+        self.pids: set[int] = set()
+
+    def start(self) -> None:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.options import Options
+        from selenium.webdriver.chrome.service import Service
+
+        os.environ.setdefault("SE_AVOID_STATS", "true")  # selenium: never phone home
+        self.lab.start()
         opts = Options()
         opts.binary_location = CHROMIUM
         for flag in CHROME_FLAGS:
             opts.add_argument(flag)
-        opts.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
-        service = Service(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
-        driver = webdriver.Chrome(service=service, options=opts)
-        browser_pids.add(service.process.pid)
-        driver.set_page_load_timeout(PAGE_READY_S)
-        driver.set_script_timeout(30)
-        driver.get(f"{lab.base}/lab/tree/{NOTEBOOK}?token={lab.token}")
-        browser_pids.update(_descendants(service.process.pid))
+        opts.add_argument(f"--user-data-dir={self.tmp / 'chromium-profile'}")
+        self.service = Service(executable_path=CHROMEDRIVER, log_output=str(self.tmp / "chromedriver.log"))
+        self.driver = webdriver.Chrome(service=self.service, options=opts)
+        self.pids.add(self.service.process.pid)
+        self.driver.set_page_load_timeout(PAGE_READY_S)
+        self.driver.set_script_timeout(60)
 
-        _wait(driver, "the notebook to open with an idle kernel", PAGE_READY_S,
-              lambda s: s and s.get("ready") and s.get("path", "").endswith(NOTEBOOK) and s.get("kernel") == "idle")
-        lab.remember_children()
-        driver.execute_script("window.jupyterapp.shell.collapseLeft();")
+    def run_notebook(self, notebook: str) -> dict:
+        """Open ``notebook``, clear its stored outputs, run every cell, wait for an idle kernel; the final state."""
+        d = self.driver
+        d.get(f"{self.lab.base}/lab/tree/{notebook}?token={self.lab.token}")
+        self.pids.update(_descendants(self.service.process.pid))
+        _wait(d, f"{notebook} to open with an idle kernel", PAGE_READY_S,
+              lambda s: s and s.get("ready") and s.get("path", "").endswith(notebook) and s.get("kernel") == "idle")
+        self.lab.remember_children()
+        d.execute_script("window.jupyterapp.shell.collapseLeft();")
         # fire and forget: the command's promise settles only when every cell has run
-        t_run = time.monotonic()
-        driver.execute_script("window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')"
-                              ".then(() => window.jupyterapp.commands.execute('notebook:run-all-cells')); return true;")
-        state = _wait(driver, "every cell to run and the kernel to go idle", RUN_ALL_S,
+        d.execute_script("window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')"
+                         ".then(() => window.jupyterapp.commands.execute('notebook:run-all-cells')); return true;")
+        state = _wait(d, f"every cell of {notebook} to run", RUN_ALL_S,
                       lambda s: s.get("ready") and (s["errors"] or (s["notRun"] == 0 and s["kernel"] == "idle"
                                                                    and s["busyPrompts"] == 0)))
-        run_s = time.monotonic() - t_run
-        assert not state["errors"], f"cells raised: {state['errors']}"
-        assert state["code"] > 0
+        assert not state["errors"], f"{notebook}: cells raised: {state['errors']}"
+        return state
 
-        # the ipywidgets panel: controls rendered by the widget manager, not a text repr
-        sliders = [e for e in driver.find_elements(By.CSS_SELECTOR, ".jupyter-widgets .widget-slider, "
-                                                                    ".jupyter-widgets.widget-slider")
-                   if e.is_displayed()]
-        assert sliders, "no rendered ipywidgets slider (is jupyterlab_widgets installed?)"
-        panel = driver.find_element(By.CSS_SELECTOR, ".widget-vbox")
-        driver.execute_script("arguments[0].scrollIntoView({block: 'start'});", panel)
-        time.sleep(1.0)
-        panel_imgs = [i for i in panel.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output img") if i.is_displayed()]
-        imgs = [i for i in driver.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output img")
-                if i.is_displayed() and driver.execute_script("return arguments[0].naturalWidth", i) > 0]
-        assert imgs, "no plot image in any output area"
-        assert panel_imgs, "the widget panel shows no plot"
-        driver.save_screenshot(str(ARTIFACTS / "quickstart.png"))
-        first = driver.find_element(By.CSS_SELECTOR, ".jp-NotebookPanel .jp-Cell")
-        driver.execute_script("arguments[0].scrollIntoView({block: 'start'});", first)
-        time.sleep(0.5)
-        driver.save_screenshot(str(ARTIFACTS / "quickstart_top.png"))
-        (ARTIFACTS / "quickstart.json").write_text(json.dumps({
-            "server_start_s": round(t_server, 1), "run_all_s": round(run_s, 1),
-            "total_s": round(time.monotonic() - t0, 1), "code_cells": state["code"], "sliders": len(sliders),
-            "plot_images": len(imgs), "kernel": state["kernelName"]}, indent=1))
-    except Exception:
-        if driver is not None:
+    def close_notebook(self) -> None:
+        """Shut the notebook's kernel down (so kernels do not pile up) and close its tab without saving."""
+        with contextlib.suppress(Exception):
+            for k in _get_json(f"{self.lab.base}/api/kernels?token={self.lab.token}"):
+                req = urllib.request.Request(f"{self.lab.base}/api/kernels/{k['id']}?token={self.lab.token}",
+                                             method="DELETE")
+                urllib.request.urlopen(req, timeout=10).close()  # noqa: S310 - loopback only
+        with contextlib.suppress(Exception):
+            self.driver.execute_script("window.onbeforeunload = null; return true;")
+
+    def stop(self) -> tuple[list[int], list[int]]:
+        if self.service is not None and self.service.process is not None:
+            self.pids.update(_descendants(self.service.process.pid))
+        if self.driver is not None:
             with contextlib.suppress(Exception):
-                driver.save_screenshot(str(ARTIFACTS / "quickstart_failure.png"))
-        print("---- JupyterLab log ----\n" + lab.log_tail())
+                self.driver.quit()
+        return _kill_pids(sorted(self.pids)), self.lab.stop()
+
+
+def _skip_without_chromium() -> None:
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("chromium is not installed (need /usr/bin/chromium and /usr/bin/chromedriver: "
+                    "apt-get install -y chromium chromium-driver)")
+    pytest.importorskip("selenium")
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    _skip_without_chromium()
+    tmp = tmp_path_factory.mktemp("browser")
+    work = tmp / "notebooks"
+    work.mkdir()
+    b_owners = panels_notebook(NOTEBOOKS, work / PANELS_NOTEBOOK, PANEL_NOTEBOOKS)
+    shutil.copy(FIXTURE, work / FIXTURE.name)
+    b = Browser(tmp, work)
+    b.owners = b_owners
+    try:
+        b.start()
+        yield b
+    finally:
+        browser_left, server_left = b.stop()
+        assert not browser_left, f"browser processes survived: {browser_left}"
+        assert not server_left, f"JupyterLab/kernel processes survived: {server_left}"
+
+
+#: a panel built the old way (ipywidgets.Output + display + plt.show()), kept to prove the check catches it
+FIXTURE = ROOT / "tests" / "data" / "browser" / "output_capture_panel.ipynb"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_every_panel_redraws_on_every_change_in_chromium(browser):
+    """For each panel of the notebooks: every control once, then 10 random changes; after each the figure is a
+    non-blank image that differs from the last and the table changed. Screenshots: artifacts/browser/."""
+    import random
+
+    t0 = time.monotonic()
+    try:
+        state = browser.run_notebook(PANELS_NOTEBOOK)
+        t_run = time.monotonic() - t0
+        res = exercise_panels(browser.driver, browser.owners, random.Random(17))
+    except Exception:
+        with contextlib.suppress(Exception):
+            browser.driver.save_screenshot(str(ARTIFACTS / "panels_failure.png"))
+        print("---- JupyterLab log ----\n" + browser.lab.log_tail())
         raise
     finally:
-        if service is not None and service.process is not None:
-            browser_pids.update(_descendants(service.process.pid))
-        if driver is not None:
-            with contextlib.suppress(Exception):
-                driver.quit()
-        browser_left = _kill_pids(sorted(browser_pids))
-        server_left = lab.stop()
-    assert not browser_left, f"browser processes survived: {browser_left}"
-    assert not server_left, f"JupyterLab/kernel processes survived: {server_left}"
+        browser.close_notebook()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "panels.json").write_text(json.dumps(
+        {"total_s": round(time.monotonic() - t0, 1), "run_all_s": round(t_run, 1), "code_cells": state["code"],
+         "random_changes": RANDOM_CHANGES, **res}, indent=1))
+    assert res["panels"] == len(browser.owners), (f"{res['panels']} panels rendered, {len(browser.owners)} expected "
+                                                 "(is jupyterlab_widgets installed?)")
+    assert not res["failures"], "panels failed the redraw check:\n" + "\n".join(res["failures"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_check_catches_blank_figures_of_an_output_capture_panel(browser):
+    """The same check on the old pattern (an Output widget, display() and plt.show() in the callback) finds
+    redraws without a figure: the check can see what issue 17 saw."""
+    import random
+
+    browser.run_notebook(FIXTURE.name)
+    try:
+        res = exercise_panels(browser.driver, [FIXTURE.name], random.Random(17))
+    finally:
+        browser.close_notebook()
+    (ARTIFACTS / "output_capture_panel.json").write_text(json.dumps(res, indent=1))
+    assert res["changes"] >= 5
+    blank = [f for f in res["failures"] if f.endswith(("no figure", "blank figure")) or "blank figure" in f]
+    assert blank, f"the redraw check found no blank redraw of the Output-capture panel: {res['failures']}"

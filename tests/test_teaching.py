@@ -301,3 +301,35 @@ def test_panel_labels_are_not_cut_off():
                  lambda: moe_panel("qwen3-30b-a3b", tokens_per_rank=1024, show_figure=False)):
         _, controls, _ = make()
         assert all(c.style.description_width == "initial" for c in controls.values())
+
+
+# --------------------------------------------------------------------------- what moves the needle
+def test_attention_core_grows_with_the_square_of_the_sequence():
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.teach.sensitivity import layer_time_split
+
+    short = layer_time_split(parallel=ParallelConfig(seq_len=4096))
+    long = layer_time_split(parallel=ParallelConfig(seq_len=32768))
+    # 8x the tokens: the causal full-attention core ~ s^2 (64x), the linear-attention core ~ s (8x)
+    assert 48 <= long.loc["full_attention+moe", "attention core (ms)"] / short.loc["full_attention+moe",
+                                                                                  "attention core (ms)"] <= 66
+    assert 6 <= long.loc["linear_attention+moe", "attention core (ms)"] / short.loc["linear_attention+moe",
+                                                                                    "attention core (ms)"] <= 8.5
+    # at 4K tokens the core is a small part of a full-attention layer; at 32K it is the larger part
+    assert short.loc["full_attention+moe", "attention core share"] < 0.25
+    assert long.loc["full_attention+moe", "attention core share"] > 0.5
+    parts = short[["attention core (ms)", "other compute (ms)", "communication (ms)"]].sum(axis=1)
+    assert parts.to_numpy() == pytest.approx(short["layer (ms)"].to_numpy())
+
+
+def test_attention_ratio_matters_at_long_sequences_only():
+    from tessera_lab.teach.sensitivity import attention_ratio_sweep
+
+    settings = {"4K": {"pp": 8, "ep": 8, "seq_len": 4096}, "32K": {"pp": 8, "ep": 8, "seq_len": 32768}}
+    table, spread = attention_ratio_sweep(ratios=(1, 7), settings=settings)
+    assert spread.loc["4K", "spread of layers time"] < 0.05
+    assert spread.loc["32K", "spread of layers time"] > 5 * spread.loc["4K", "spread of layers time"]
+    # more full-attention layers (ratio 1) cost more than fewer (ratio 7)
+    t = table.set_index(["setting", "attention ratio"])["layers (ms)"]
+    assert t["32K", 1] > t["32K", 7]
+    assert (table[table["setting"] == "4K"]["iteration (s)"].notna()).all()

@@ -9,6 +9,7 @@ from typing import Any
 from tessera_lab.argtypes import positive_float
 from tessera_lab.cli.common import GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args, table
 from tessera_lab.model.spec import layer_summary
+from tessera_lab.report.headline import mfu_note
 
 
 def _evaluation_rows(ev, pp: int | None = None) -> list[dict[str, Any]]:
@@ -49,6 +50,7 @@ def format_plan(plan) -> str:
             "method": ev.method, "iteration (s)": ev.iteration_time_s, "tokens/s": ev.tokens_per_s,
             "MFU": ev.mfu, "bubble_fraction": ev.bubble_fraction,
             "slowest stage (ms)": max(st.time_s for st in ev.stages) * 1e3,
+            "fits memory": "yes" if ev.fits_memory else "NO",
         })
     lines.append(table(summary, ".4g"))
     if plan.schedule_trials:
@@ -57,6 +59,9 @@ def format_plan(plan) -> str:
         lines.append(table([{"schedule": t["schedule"], "iteration (s)": t.get("iteration_time_s"),
                              "fits memory": t.get("fits_memory"), "refused": t.get("error", "")[:90]}
                             for t in plan.schedule_trials], ".4g"))
+    flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0)  # validity flag (issue 17)
+    if flag:
+        lines.append(f"warning: {flag}")
     lines.append("MFU: Megatron-LM model FLOPs (3 x forward GEMM + attention FLOPs, causal at half) / "
                  f"(iteration time x {p.world_size} GPUs x {plan.cluster.gpu.peak_flops / 1e12:.0f} TFLOP/s dense bf16)")
     for note in plan.notes:

@@ -89,9 +89,8 @@ def ablation_table(model: str = "qwen3-next-80b-a3b", parallel: ParallelConfig |
     """
     import pandas as pd
 
-    from tessera_lab.dynamic.durations import StageCosts
-    from tessera_lab.dynamic.evaluate import run_dynamic
     from tessera_lab.plan.make import make_plan
+    from tessera_lab.report.headline import dynamic_gain, dynamic_headline
 
     parallel = parallel or ParallelConfig()
     spec = load_model(model)
@@ -99,8 +98,8 @@ def ablation_table(model: str = "qwen3-next-80b-a3b", parallel: ParallelConfig |
     t0 = base.iteration_time_s
     t1 = make_plan(spec, parallel, method="uniform", baselines=()).chosen.iteration_time_s
     t2 = make_plan(spec, parallel, baselines=()).chosen.iteration_time_s
-    dyn = run_dynamic(StageCosts.from_model(spec, parallel), dynamic_routing, schedule=dynamic_schedule,
-                      microbatches=microbatches)
+    dyn = dynamic_headline(model, parallel, routing=dynamic_routing, schedule=dynamic_schedule,
+                           microbatches=microbatches)
     rep = reported()["ablation"]
     rows = [
         {"step": "static plan (total)", "gain": rep["static_plan_throughput_gain"], "source": REPORTED},
@@ -110,7 +109,7 @@ def ablation_table(model: str = "qwen3-next-80b-a3b", parallel: ParallelConfig |
         {"step": "static plan (total)", "gain": t0 / t2 - 1, "source": SIMULATED},
         {"step": "of which stage balance", "gain": t0 / t2 - t0 / t1, "source": SIMULATED},
         {"step": "of which overlap scheduling", "gain": t0 / t1 - 1, "source": SIMULATED},
-        {"step": "dynamic filling", "gain": dyn.throughput_gain, "source": SIMULATED,
+        {"step": "dynamic filling", "gain": dynamic_gain(dyn), "source": SIMULATED,
          "idle_removed_ms": 1e3 * dyn.idle_removed_s},
     ]
     out = pd.DataFrame(rows)

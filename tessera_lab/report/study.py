@@ -160,15 +160,10 @@ def expert_width_study(model_name: str = "qwen3-next-80b-a3b", parallel: Paralle
 
 
 def _crossing(widths: Sequence[float], values: Sequence[float], target: float) -> float | None:
-    """Width (interpolated linearly in log2 width) where ``values`` first crosses ``target``; None if never."""
-    pts = [(w, v) for w, v in zip(widths, values) if v == v]
-    for (w1, v1), (w2, v2) in zip(pts, pts[1:]):
-        if (v1 - target) * (v2 - target) <= 0 and v1 != v2:
-            x1, x2 = math.log2(w1), math.log2(w2)
-            return 2 ** (x1 + (target - v1) / (v2 - v1) * (x2 - x1))
-        if v1 == target:
-            return float(w1)
-    return None
+    """Width where ``values`` first crosses ``target`` (:func:`tessera_lab.report.headline.width_at_hidden_share`)."""
+    from tessera_lab.report.headline import width_at_hidden_share
+
+    return width_at_hidden_share(widths, values, target)
 
 
 def paper_point_widths(width_df, reported: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -1,86 +1,23 @@
-"""ipywidgets dashboards. Each callback is a thin shell over a pure function that tests call directly.
+"""The planning panels (notebooks 00 and 06) and the pure functions behind them.
 
-:func:`panel` is the one builder behind every panel here and in :mod:`tessera_lab.teach.core`: controls, an
-output area, the callback wiring and the ``state`` dict the tests read.
-
-ipywidgets, matplotlib and IPython are imported inside the panel builders, so importing this module
-costs nothing where they are absent.
+Each panel is :func:`tessera_lab.ui.panel.panel` over one pure function that tests call directly
+(:func:`replan` / :func:`plan_summary`, :func:`compare_partitions`). Tables name every partition that does not
+fit in GPU memory and flag a planned MFU above any published run. ipywidgets and matplotlib are imported inside
+the panel builders, so importing this module costs nothing where they are absent.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import load_model
 from tessera_lab.plan.make import Plan, make_plan
+from tessera_lab.report.headline import memory_note, mfu_note
+from tessera_lab.ui.panel import LABEL_STYLE, View, panel
 
-#: ``style`` of every control: the label takes the width it needs ("initial"), so JupyterLab does not cut
-#: descriptions such as "expert width" or "micro-batches" to "expert wi…" at its default 80 px.
-LABEL_STYLE = {"description_width": "initial"}
-
-
-def panel(
-    controls: dict[str, Any],
-    compute: Callable[[dict[str, Any]], Any],
-    render: Callable[[Any], None],
-    rows: list[list[str]] | None = None,
-    *,
-    state_key: str | None = "result",
-    error_prefix: str = "cannot compute",
-):
-    """Wire ipywidgets controls to a pure function: the one builder behind every panel of this package.
-
-    Every change of a control's ``value`` (and the call itself, once) clears the output and ``state``, calls
-    ``compute`` with the current values and, inside the output area, ``render`` with its result. The callback
-    stays thin: all the work is in ``compute``, which tests call directly.
-
-    Args:
-        controls: the widgets by name; ``compute`` receives ``{name: widget.value}`` in this order.
-        compute: the pure function; a :class:`~tessera_lab.errors.TesseraError` it raises is reported,
-            not raised: ``state["error"]`` holds its text and the output one line ``"{error_prefix}: {exc}"``.
-        render: draws a result (tables, figures) into the output area.
-        rows: control names per row of the layout (default: one row of all controls, in order).
-        state_key: ``state[state_key]`` holds the latest result; ``None``: ``compute`` returns a dict of state
-            entries (e.g. ``{"summary": ..., "plan": ...}``) that are all kept.
-        error_prefix: the first words of the error line (e.g. ``"cannot plan"``).
-
-    Returns:
-        ``(panel, controls, state)``: the ``ipywidgets.VBox`` to display (the rows of controls above the
-        output), the controls as a dict (set their ``.value`` to recompute) and the live ``state`` dict.
-    """
-    import ipywidgets as w
-
-    from tessera_lab.errors import TesseraError
-
-    output = w.Output()
-    state: dict[str, Any] = {}
-
-    def update(_change=None) -> None:
-        output.clear_output(wait=True)
-        state.clear()
-        with output:
-            try:
-                result = compute({name: c.value for name, c in controls.items()})
-            except TesseraError as exc:
-                state["error"] = str(exc)
-                print(f"{error_prefix}: {exc}")
-                return
-            if state_key is None:
-                state.update(result)
-            else:
-                state[state_key] = result
-            render(result)
-
-    for c in controls.values():
-        style = getattr(c, "style", None)
-        if style is not None and hasattr(style, "description_width") and not style.description_width:
-            style.description_width = LABEL_STYLE["description_width"]  # labels never cut off
-        c.observe(update, names="value")
-    update()
-    layout = [w.HBox([controls[name] for name in row]) for row in (rows if rows is not None else [list(controls)])]
-    return w.VBox([*layout, output]), controls, state
-
+__all__ = ["LABEL_STYLE", "panel", "replan", "plan_summary", "summary_table", "plan_notes", "quickstart_panel",
+           "compare_partitions", "partition_panel"]
 
 def replan(
     model: str = "qwen3-next-80b-a3b",
@@ -134,6 +71,34 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     return out
 
 
+def plan_notes(plan: Plan) -> list[str]:
+    """Validity notes of a plan: partitions that do not fit in memory, MFU above any published run."""
+    notes = []
+    for ev in [plan.chosen, *plan.baselines.values()]:
+        name = "overlap-aware (ilp)" if ev is plan.chosen else ev.method
+        for note in (memory_note(name, ev, plan.memory_capacity_bytes),
+                     mfu_note(ev.mfu, moe=plan.model.num_experts > 0) if ev is plan.chosen else None):
+            if note:
+                notes.append(note)
+    return notes
+
+
+def summary_table(plan: Plan):
+    """:func:`plan_summary` as a table for people: one row per partition, units in the column names and a
+    ``fits memory`` column (``"NO"`` where a stage exceeds the GPU's memory)."""
+    import pandas as pd
+
+    rows = []
+    for name, s in plan_summary(plan).items():
+        ev = plan.chosen if name == plan.chosen.method else plan.baselines[name]
+        rows.append({"partition": "overlap-aware (ilp)" if ev is plan.chosen else name,
+                     "iteration (s)": s["iteration_time_s"], "tokens/s (M)": s["tokens_per_s"] / 1e6,
+                     "MFU": s["mfu"], "bubble fraction": s["bubble_fraction"],
+                     "slowest stage (ms)": s["slowest_stage_ms"], "layers per stage": s["layers_per_stage"],
+                     "fits memory": "yes" if ev.fits_memory else "NO"})
+    return pd.DataFrame(rows).set_index("partition")
+
+
 def quickstart_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     """A small re-planning panel: attention ratio, expert width, pp and micro-batches.
 
@@ -143,9 +108,6 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
         (:func:`plan_summary`) and ``plan``, or the ``error`` text (built by :func:`panel`).
     """
     import ipywidgets as w
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    from IPython.display import display
 
     from tessera_lab.ui.plots import stage_cost_bars
 
@@ -167,11 +129,8 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
                       expert_width=v["expert_width"], pp=v["pp"], microbatches=v["microbatches"])
         return {"summary": plan_summary(plan), "plan": plan}
 
-    def render(res: dict[str, Any]) -> None:
-        display(pd.DataFrame(res["summary"]).T.drop(columns="layers_per_stage"))
-        ax = stage_cost_bars(res["plan"])
-        plt.show()
-        plt.close(ax.figure)
+    def render(res: dict[str, Any]) -> View:
+        return View(summary_table(res["plan"]), stage_cost_bars(res["plan"]), plan_notes(res["plan"]))
 
     return panel(controls, compute, render, rows=[["attention_ratio", "expert_width"], ["pp", "microbatches"]],
                  state_key=None, error_prefix="cannot plan")
@@ -221,8 +180,6 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
         hold the latest :func:`compare_partitions` result or ``state["error"]`` the reason it could not plan.
     """
     import ipywidgets as w
-    import matplotlib.pyplot as plt
-    from IPython.display import display
 
     from tessera_lab.ui.plots import standalone_vs_overlap_bars
 
@@ -244,11 +201,9 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
         plan, table = compare_partitions(model, **v)
         return {"table": table, "plan": plan}
 
-    def render(res: dict[str, Any]) -> None:
-        display(res["table"])
-        ax = standalone_vs_overlap_bars(res["plan"])
-        plt.show()
-        plt.close(ax.figure)
+    def render(res: dict[str, Any]) -> View:
+        table = res["table"].assign(**{"fits memory": res["table"]["fits memory"].map({True: "yes", False: "NO"})})
+        return View(table, standalone_vs_overlap_bars(res["plan"]), plan_notes(res["plan"]))
 
     names = list(controls)
     return panel(controls, compute, render, rows=[names[:3], names[3:]], state_key=None, error_prefix="cannot plan")

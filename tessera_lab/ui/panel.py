@@ -1,0 +1,216 @@
+"""The one builder behind every interactive panel: controls -> a pure function -> a table and a figure drawn
+deterministically.
+
+A panel never prints into an ``ipywidgets.Output`` and never calls ``plt.show()`` (that Output-capture pattern
+loses figures: issue 17 saw 3 of 4 redraws blank in JupyterLab). Instead, on every change of a control:
+
+* ``compute`` (a pure, tested function) runs with the controls' values;
+* ``render`` turns its result into a :class:`View`: a table (DataFrame, Series or text), one figure or several
+  (matplotlib Figure or Axes) and validity notes;
+* the table goes into an ``ipywidgets.HTML`` and the figure is drawn with matplotlib's Agg renderer into PNG bytes
+  shown by an ``ipywidgets.Image``; both are set in place, so the front end only ever swaps a finished picture.
+
+Each figure carries a one-line caption with the settings that produced it, so a screenshot is self-describing.
+A :class:`~tessera_lab.errors.TesseraError` from ``compute`` is shown, not raised: the status line and a figure
+state it. ipywidgets and matplotlib are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+#: ``style`` of every control: labels take the width they need, so JupyterLab does not cut "expert width" short.
+LABEL_STYLE = {"description_width": "initial"}
+#: resolution of panel figures (dots per inch of the PNG)
+PANEL_DPI = 96
+
+
+@dataclass
+class View:
+    """What a panel shows for one result.
+
+    Attributes:
+        table: a pandas DataFrame or Series, a plain string, or ``None``.
+        figures: matplotlib Figures or Axes (stacked top to bottom), or ``None``/empty for none.
+        notes: validity flags, one line each (e.g. "ilp: does not fit in memory (stage 0 needs 161.2 GiB)").
+    """
+
+    table: Any = None
+    figures: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _figure_of(obj: Any):
+    return obj.figure if hasattr(obj, "figure") and not hasattr(obj, "savefig") else obj
+
+
+def figure_png(fig: Any, *, caption: str | None = None, dpi: int = PANEL_DPI) -> bytes:
+    """Draw a matplotlib Figure (or an Axes' figure) with the Agg renderer into PNG bytes and close it.
+
+    Independent of the notebook's matplotlib backend (inline, ipympl or none): the figure gets its own Agg
+    canvas. ``caption`` is written as a small grey line under the figure.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = _figure_of(fig)
+    FigureCanvasAgg(fig)  # attaches a fresh Agg canvas: no GUI or inline backend involved
+    managed = fig.get_layout_engine() is not None  # constrained/tight layout already fits every label
+    if caption:
+        if managed and getattr(fig, "_supxlabel", None) is None:  # the layout engine makes room for it
+            fig.supxlabel(caption, x=0.005, ha="left", fontsize=7, color="dimgray")
+        else:
+            fig.text(0.005, -0.01, caption, fontsize=7, color="dimgray", ha="left", va="top")  # below the axes
+            managed = False
+    buf = io.BytesIO()
+    # a tight bounding box costs a second draw; only figures without a layout engine need it
+    fig.savefig(buf, format="png", dpi=dpi, facecolor="white", bbox_inches=None if managed else "tight",
+                pad_inches=0.08)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def stack_png(images: list[bytes]) -> bytes:
+    """Stack PNG images top to bottom on white (left-aligned); one image is returned unchanged."""
+    if len(images) == 1:
+        return images[0]
+    from PIL import Image
+
+    pics = [Image.open(io.BytesIO(b)).convert("RGB") for b in images]
+    out = Image.new("RGB", (max(p.width for p in pics), sum(p.height for p in pics)), "white")
+    y = 0
+    for p in pics:
+        out.paste(p, (0, y))
+        y += p.height
+    buf = io.BytesIO()
+    out.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def message_figure(text: str, *, width: float = 7.0):
+    """A figure that states ``text`` (why there is no plot), so a panel never shows an empty picture."""
+    import textwrap
+
+    from matplotlib.figure import Figure
+
+    lines = textwrap.wrap(text, int(width * 13))  # about 13 characters of 8-point text per inch
+    fig = Figure(figsize=(width, 0.45 + 0.17 * len(lines)), facecolor="white", layout="constrained")
+    fig.text(0.01, 0.6, "\n".join(lines), fontsize=8, va="center", ha="left", color="firebrick")
+    return fig
+
+
+def _number(x: float) -> str:
+    """4 significant digits; thousands separators instead of an exponent from 10,000 up."""
+    return f"{x:,.0f}" if abs(x) >= 1e4 and x == x and abs(x) != float("inf") else f"{x:.4g}"
+
+
+def table_html(table: Any, *, caption: str | None = None, float_format: Callable[[float], str] = _number) -> str:
+    """HTML for a DataFrame / Series (numbers by ``float_format``, missing values "n/a") or escaped plain
+    text; ``caption`` (the settings that produced it) goes under the table, so a stale table can be told apart."""
+    if table is None:
+        return ""
+    if hasattr(table, "to_frame") and not hasattr(table, "columns"):
+        table = table.to_frame()
+    if hasattr(table, "to_html"):
+        out = table.to_html(float_format=float_format, na_rep="n/a", border=0)
+        if caption:
+            head, sep, rest = out.partition(">")
+            out = (f"{head}{sep}<caption style='caption-side: bottom; font-size: 0.8em; color: dimgray'>"
+                   f"{html.escape(caption)}</caption>{rest}")
+        return out
+    text = f"<pre>{html.escape(str(table))}</pre>"
+    return text + (f"<div style='font-size: 0.8em; color: dimgray'>{html.escape(caption)}</div>" if caption else "")
+
+
+def _caption(controls: dict[str, Any]) -> str:
+    parts = []
+    for name, c in controls.items():
+        label = getattr(c, "description", "") or name
+        value = c.value
+        parts.append(f"{label} {value:.4g}" if isinstance(value, float) else f"{label} {value}")
+    return "settings: " + " · ".join(parts)
+
+
+def panel(
+    controls: dict[str, Any],
+    compute: Callable[[dict[str, Any]], Any],
+    render: Callable[[Any], View],
+    rows: list[list[str]] | None = None,
+    *,
+    state_key: str | None = "result",
+    error_prefix: str = "cannot compute",
+):
+    """Wire ipywidgets controls to a pure function; draw its table and figure deterministically.
+
+    Every change of a control's ``value`` (and the call itself, once) clears ``state``, calls ``compute`` with
+    the current values and ``render`` with its result, then replaces the HTML table and the PNG image in place.
+
+    Args:
+        controls: the widgets by name; ``compute`` receives ``{name: widget.value}`` in this order.
+        compute: the pure function; a :class:`~tessera_lab.errors.TesseraError` it raises is reported, not raised:
+            ``state["error"]`` holds its text, the status line and the figure say ``"{error_prefix}: {exc}"``.
+        render: result -> :class:`View` (table, figures, validity notes).
+        rows: control names per row of the layout (default: one row of all controls).
+        state_key: ``state[state_key]`` holds the latest result; ``None``: ``compute`` returns a dict of state
+            entries that are all kept.
+        error_prefix: the first words of the error line (e.g. ``"cannot plan"``).
+
+    Returns:
+        ``(panel, controls, state)``: the ``ipywidgets.VBox`` (rows of controls, status line, table, image),
+        the controls (set ``.value`` to recompute) and the live ``state`` dict, which also holds ``"png"`` (the
+        figure's PNG bytes), ``"table_html"`` and ``"notes"``.
+    """
+    import ipywidgets as w
+
+    from tessera_lab.errors import TesseraError
+
+    status = w.HTML(layout=w.Layout(min_height="1.2em"))
+    table = w.HTML()
+    table.add_class("jp-RenderedHTMLCommon")
+    image = w.Image(format="png", layout=w.Layout(max_width="100%"))
+    image.add_class("tessera-panel-figure")
+    state: dict[str, Any] = {}
+
+    def update(_change=None) -> None:
+        state.clear()
+        caption = _caption(controls)
+        try:
+            result = compute({name: c.value for name, c in controls.items()})
+        except TesseraError as exc:
+            state["error"] = str(exc)
+            state["notes"] = []
+            state["table_html"] = ""
+            state["png"] = figure_png(message_figure(f"{error_prefix}: {exc}"), caption=caption)
+            status.value = f"<b style='color:firebrick'>{html.escape(error_prefix)}</b>: {html.escape(str(exc))}"
+            table.value = ""
+            image.value = state["png"]
+            return
+        if state_key is None:
+            state.update(result)
+        else:
+            state[state_key] = result
+        view = render(result)
+        figs = view.figures if isinstance(view.figures, (list, tuple)) else [view.figures]
+        figs = [f for f in figs if f is not None] or [message_figure("no figure for these settings")]
+        state["notes"] = list(view.notes)
+        state["table_html"] = table_html(view.table, caption=caption)
+        state["png"] = stack_png([figure_png(f, caption=caption if i == len(figs) - 1 else None)
+                                  for i, f in enumerate(figs)])
+        status.value = "<br>".join(f"<span style='color:#b35900'>&#9888; {html.escape(n)}</span>"
+                                   for n in view.notes)
+        table.value = state["table_html"]
+        image.value = state["png"]
+
+    for c in controls.values():
+        style = getattr(c, "style", None)
+        if style is not None and hasattr(style, "description_width") and not style.description_width:
+            style.description_width = LABEL_STYLE["description_width"]  # labels never cut off
+        c.observe(update, names="value")
+    update()
+    layout = [w.HBox([controls[name] for name in row]) for row in (rows if rows is not None else [list(controls)])]
+    box = w.VBox([*layout, status, table, image])
+    box.add_class("tessera-panel")
+    return box, controls, state

@@ -1,0 +1,106 @@
+"""One source per headline number (tessera_lab.report.headline): hand-worked values, invariants, and the same
+number in the CLI, the report, reproduce and the notebooks."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tessera_lab.report import headline as H
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------------------------- formulas
+def test_width_at_hidden_share_hand_example():
+    # 0.2 at 128, 0.4 at 512: 0.3 is half way in log2(width): 2**8 = 256
+    assert H.width_at_hidden_share([128, 512], [0.2, 0.4], 0.3) == pytest.approx(256.0)
+    # a quarter of the way: 2**(7 + 0.5) = 181.02
+    assert H.width_at_hidden_share([128, 512], [0.2, 0.4], 0.25) == pytest.approx(2 ** 7.5)
+    assert H.width_at_hidden_share([128, 512], [0.2, 0.4], 0.5) is None
+    # NaN points (widths that could not be planned) are skipped
+    assert H.width_at_hidden_share([64, 128, 512], [math.nan, 0.2, 0.4], 0.3) == pytest.approx(256.0)
+    assert H.width_at_hidden_share([128, 512], [0.2, 0.4], 0.4) == 512.0
+
+
+@given(st.lists(st.floats(0.0, 1.0), min_size=2, max_size=8, unique=True), st.floats(0.0, 1.0))
+def test_width_at_hidden_share_lands_on_the_target(shares, target):
+    shares = sorted(shares)
+    widths = [64 * 2**i for i in range(len(shares))]
+    w = H.width_at_hidden_share(widths, shares, target)
+    if not shares[0] <= target <= shares[-1]:
+        assert w is None
+        return
+    assert widths[0] <= w <= widths[-1]
+    # interpolating the curve at the returned width gives back the target
+    x = math.log2(w)
+    i = max(k for k in range(len(widths) - 1) if math.log2(widths[k]) <= x + 1e-12) if x < math.log2(widths[-1]) else len(widths) - 2
+    x0, x1 = math.log2(widths[i]), math.log2(widths[i + 1])
+    assert shares[i] + (x - x0) / (x1 - x0) * (shares[i + 1] - shares[i]) == pytest.approx(target, abs=1e-9)
+
+
+def test_validity_notes():
+    assert H.efficiency_note(0.8) is None
+    assert "not physical" in H.efficiency_note(2.074)
+    assert H.spread_note(0.05) is None and "n/a" in H.spread_note(math.inf)
+    assert "not significant" in H.gain_note(0.01, 0.03)
+    assert H.gain_note(0.10, 0.03) is None
+    assert "above any published run" in H.mfu_note(0.657)
+    assert H.mfu_note(0.30) is None
+
+
+# ----------------------------------------------------------------------------------------------- one number, everywhere
+@pytest.fixture(scope="module")
+def default_plan():
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.make import make_plan
+
+    return make_plan(load_model("qwen3-next-80b-a3b"), ParallelConfig(), gpu="H200")
+
+
+def test_ep_hidden_share_same_in_cli_report_and_library(default_plan):
+    out = subprocess.run([sys.executable, "-m", "tessera_lab", "report", "--json", "-"], capture_output=True,
+                         text=True, check=True, cwd=ROOT, timeout=120)
+    cli = json.loads(out.stdout)["capacity"]["ep_hidden_fraction"]
+    assert cli == pytest.approx(H.ep_hidden_share_iteration(default_plan), rel=1e-12)
+    from tessera_lab.report.capacity import capacity_report
+
+    assert H.ep_hidden_share_iteration(capacity_report(default_plan)) == H.ep_hidden_share_iteration(default_plan)
+
+
+def test_dynamic_gain_same_in_reproduce_library_and_notebook():
+    from tessera_lab.report.reproduce import ablation_table
+
+    res = H.dynamic_headline()
+    gain = H.dynamic_gain(res)
+    assert gain == pytest.approx(res.throughput_gain, rel=1e-12)
+    table = ablation_table()
+    row = table[(table["step"] == "dynamic filling") & (table["source"] != "reported")]
+    assert float(row["gain"].iloc[0]) == pytest.approx(gain, rel=1e-12)
+    # notebook 07 prints the same headline (its stored output, from python notebooks/regenerate.py)
+    nb = json.loads((ROOT / "notebooks" / "07_dynamic_bubbles.ipynb").read_text())
+    text = "".join("".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code"
+                   for o in c.get("outputs", []))
+    found = re.search(r"dynamic gain \(headline\): ([+-][0-9.]+)%", text)
+    assert found, "notebook 07 does not print the dynamic-gain headline (regenerate it)"
+    assert float(found.group(1)) == pytest.approx(100 * gain, abs=0.006)
+
+
+def test_width_headline_is_the_reproduce_crossing():
+    from tessera_lab.report.study import expert_width_study, paper_point_widths
+
+    df = expert_width_study(widths=(128, 512, 2048))
+    points = paper_point_widths(df)
+    ok = df[df["feasible"]].sort_values("width")
+    for p in points:
+        want = H.width_at_hidden_share(list(ok["width"]), list(ok["hidden_fraction"]), p["paper_hidden"])
+        assert p["width_reaching_hidden"] == want
