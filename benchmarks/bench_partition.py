@@ -6,6 +6,9 @@
 (b) Simulated iteration time (overlapped 1F1B) of the overlap-aware plan against the uniform and the
     standalone-balanced plans, for Qwen3-Next and variants (attention ratio 1, 3, 7; expert width 256, 512,
     2048), printed as ratios (> 1 means the overlap-aware plan is faster). Timings are printed, never asserted.
+(c) Solver limits (issue 18): 1,000 and 3,000 layers on 64 stages (``partition --costs`` sizes) with the exact DP:
+    time and peak Python memory (tracemalloc; the bar is under 1 GiB), and the ILP's wall time against its
+    ``time_limit_s`` on a virtual-stage problem it cannot close quickly.
 
 Run: python benchmarks/bench_partition.py
 """
@@ -73,6 +76,34 @@ def main() -> None:
         flag = lambda ev: "" if ev.fits_memory else ", EXCEEDS GPU MEMORY"  # noqa: E731
         print(f"  {label:40s} overlap-aware {t:.4f} s | uniform {u:.4f} s ({u / t:.3f}x{flag(ub)}) | "
               f"standalone {s:.4f} s ({s / t:.3f}x{flag(sb)})")
+    print("(c) solver limits")
+    solver_limits()
+
+
+def solver_limits() -> None:
+    """(c): time and peak memory of the large DP, and the ILP's wall time against its limit."""
+    import random
+    import tracemalloc
+
+    from tessera_lab.plan.partition import additive_problem, partition_costs, solve_ilp
+
+    rng = random.Random(0)
+    for L in (1000, 3000):
+        costs = [rng.uniform(1.0, 3.0) for _ in range(L)]
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        part = partition_costs(costs, 64, "ilp", time_limit_s=10.0)
+        dt = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(f"  {L} layers on 64 stages: {dt:.2f} s (under tracemalloc), peak {peak / 2**20:.1f} MiB, "
+              f"{part.solver}, bottleneck {part.bottleneck:.4g} (mean {sum(costs) / 64:.4g})")
+    prob = additive_problem([rng.uniform(1.0, 3.0) for _ in range(96)], 32, vpp=4)
+    for limit in (1.0, 3.0):
+        t0 = time.perf_counter()
+        part = solve_ilp(prob, time_limit_s=limit)
+        print(f"  ILP 96 layers, 8 ranks x vpp 4, time limit {limit:g} s: returned after "
+              f"{time.perf_counter() - t0:.2f} s ({part.status})")
 
 
 if __name__ == "__main__":

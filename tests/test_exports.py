@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 from tessera_lab.cli.main import main
 from tessera_lab.errors import PartitionError
 from tessera_lab.plan.exports import (
-    deepspeed_parts, megatron_layout, parse_megatron_layout, plan_from_json, torch_split_points, write_plan,
+    deepspeed_parts, megatron_layout, parse_megatron_layout, parse_plan_json, torch_split_points, write_plan,
 )
 
 
@@ -48,19 +48,19 @@ def test_plan_json_round_trip(tmp_path, qwen3_next):
 
     d = make_plan(qwen3_next, baselines=()).as_dict()
     path = write_plan(d, tmp_path / "plan.json")
-    back = plan_from_json(path.read_text())
+    back = parse_plan_json(path.read_text())
     assert back["boundaries"] == d["boundaries"]
     assert back["schema_version"] == 1
     assert parse_megatron_layout(back["exports"]["megatron_pipeline_model_parallel_layout"]) == d["boundaries"]
     back["schema_version"] = 99
     with pytest.raises(PartitionError, match="schema_version"):
-        plan_from_json(json.dumps(back))
+        parse_plan_json(json.dumps(back))
 
 
 def test_cli_export(tmp_path, capsys):
     out = tmp_path / "p.json"
     assert main(["plan", "--pp", "4", "-m", "8", "--export", str(out)]) == 0
-    d = plan_from_json(out.read_text())
+    d = parse_plan_json(out.read_text())
     assert d["exports"]["torch_pipelining_split_points"] == [f"layers.{b}" for b in d["boundaries"][1:-1]]
 
 

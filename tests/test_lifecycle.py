@@ -154,3 +154,4 @@ def test_plan_hooks_use_the_partitioner(qwen3_next):
     assert len(replans) == 1 and replans[0].step == 5
     pb = replans[0].payback
     assert pb.gain_per_step_s > 0 and pb.migration_s > 0
+    assert lc.as_dict()["costs"]["kind"] == "analytic"  # the plan's cost source travels with its lifecycle

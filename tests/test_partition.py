@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from tessera_lab.errors import InfeasiblePlanError, PartitionError
 from tessera_lab.plan.partition import (
@@ -183,3 +184,60 @@ def test_virtual_stages_memory_per_rank():
     assert part.bottleneck == brute_force_vpp(costs, 2, 2, mem, 4.0) == 4.0
     with pytest.raises(PartitionError, match="vpp"):
         solve_dp(prob)
+
+
+@settings(max_examples=40)
+@given(st.lists(st.floats(0.0, 5.0), min_size=4, max_size=30), st.integers(1, 6))
+def test_monotone_fast_path_equals_the_general_dp(costs, S):
+    """The O(S L log L) DP for sums of non-negative costs reaches the general DP's bottleneck."""
+    from tessera_lab.errors import InfeasiblePlanError
+    from tessera_lab.plan import dp
+
+    min_layers = 1
+
+    S = min(S, len(costs) // min_layers)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    prob = additive_problem(costs, S)
+    try:
+        want = dp.solve_dp(dataclasses.replace(prob, monotone=False))
+    except InfeasiblePlanError:
+        with pytest.raises(InfeasiblePlanError):
+            dp.solve_monotone(prob)
+        return
+    got = dp.solve_monotone(prob)
+    assert dp.fast_path_ok(prob) and not dp.fast_path_ok(dataclasses.replace(prob, min_layers=2))
+    assert not dp.fast_path_ok(dataclasses.replace(prob, memory=lambda s, i, j: 1.0, memory_limit=2.0))
+    assert got.bottleneck == pytest.approx(want.bottleneck, rel=1e-12, abs=1e-12)
+    assert got.boundaries[0] == 0 and got.boundaries[-1] == len(costs)
+    assert all(b - a >= min_layers for a, b in zip(got.boundaries, got.boundaries[1:]))
+
+
+def test_large_partition_takes_the_bounded_dp():
+    """1,000 layers on 64 stages: the ILP would have 28 million segment variables; the answer is the exact
+    monotone DP's (bottleneck >= the mean and >= the largest layer), without building the model."""
+    from tessera_lab.plan.partition import ILP_MAX_SEGMENTS, ilp_size
+
+    costs = [1.0 + (l * 7919 % 13) / 13 for l in range(1000)]
+    prob = additive_problem(costs, 64)
+    assert ilp_size(prob) > ILP_MAX_SEGMENTS
+    part = partition_costs(costs, 64, "ilp", time_limit_s=1.0)
+    assert part.solver.startswith("dp (ILP too large") and "monotone" in part.status
+    assert part.bottleneck >= max(sum(costs) / 64, max(costs))
+    assert part.solve_time_s < 10
+
+
+def test_ilp_time_limit_bounds_both_passes():
+    """A virtual-stage ILP the solver cannot close quickly returns within about 1.5 x the time limit, with the
+    best plan found (an incumbent or the heuristic) and a status that says it was not proven optimal."""
+    import time
+
+    costs = [1.0 + ((l * 37) % 11) / 7 for l in range(96)]
+    prob = additive_problem(costs, 32, vpp=4)  # 8 ranks x 4 chunks: about 22,000 binaries
+    solve_ilp(additive_problem([1.0, 2.0], 1), time_limit_s=1.0)  # import PuLP and HiGHS outside the timing
+    t = time.perf_counter()
+    part = solve_ilp(prob, time_limit_s=2.0)
+    assert time.perf_counter() - t < 1.5 * 2.0 + 1.0  # model building counts against the limit (slack: load)
+    assert len(part.boundaries) == 33 and part.bottleneck > 0
+    assert part.status == "Optimal" or "not proven optimal" in part.status or "heuristic" in part.status

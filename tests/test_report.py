@@ -12,16 +12,16 @@ from hypothesis import strategies as st
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.plan.make import make_plan
+from tessera_lab.plan.load import load_plan
 from tessera_lab.report.capacity import (
-    ActionBreakdown,
     CATEGORIES,
+    ActionBreakdown,
     apply_changes,
     capacity_breakdown,
     capacity_report,
     diff_contributions,
     model_diff,
     parse_changes,
-    plan_from_json,
 )
 from tessera_lab.pipeline.schedules import build_schedule
 from tessera_lab.pipeline.simulate import override_durations, simulate, stage_durations
@@ -303,11 +303,11 @@ def test_changes_parse_and_apply(qwen3_next):
 def test_plan_json_round_trip(plan, tmp_path):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan.as_dict()))
-    again = plan_from_json(path)
+    again = load_plan(path)
     assert again.chosen.iteration_time_s == pytest.approx(plan.chosen.iteration_time_s, rel=1e-12)
     bad = dict(plan.as_dict(), boundaries=[0, 5, 3, 48])
     with pytest.raises(ConfigError, match="boundaries"):
-        plan_from_json(bad)
+        load_plan(bad)
 
 
 # ------------------------------------------------------------------ CLI

@@ -13,7 +13,7 @@ from tessera_lab.report.study import (
     expert_width_study,
     paper_point_widths,
     paper_reported,
-    scale_parallel,
+    parallel_for_gpus,
     scale_study,
 )
 
@@ -51,10 +51,10 @@ def test_paper_point_interpolation_by_hand():
 
 
 def test_scale_rows_and_parallel():
-    p = scale_parallel(4096)
+    p = parallel_for_gpus(4096)
     assert p.world_size == 4096 and p.dp == 64
     with pytest.raises(ConfigError):
-        scale_parallel(1000)
+        parallel_for_gpus(1000)
     df = scale_study((4096,), {"qwen3_next": "qwen3-next-80b-a3b"}, dynamic_routing=None)
     assert list(df["setup"]) == ["uniform, 1F1B", "uniform, overlapped", "full loop"]
     mfu = dict(zip(df["setup"], df["mfu"]))

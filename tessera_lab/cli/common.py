@@ -11,7 +11,6 @@ import argparse
 from typing import Any
 
 from tessera_lab.argtypes import positive_int
-from tessera_lab.model.spec import layer_summary
 
 GIB = 2**30
 
@@ -47,13 +46,12 @@ def emit(args: argparse.Namespace, result: Any, text: str) -> None:
 
 
 def model_from_args(args: argparse.Namespace):
+    from tessera_lab.model.knobs import model_changes
     from tessera_lab.model.spec import load_model
 
     m = load_model(args.model)
-    changes = {k: v for k, v in {
-        "attention_ratio": args.attention_ratio, "moe_intermediate_size": args.expert_width,
-        "num_experts_per_tok": args.top_k, "num_experts": args.num_experts, "num_layers": args.layers,
-    }.items() if v is not None}
+    changes = model_changes({k: getattr(args, k) for k in ("attention_ratio", "expert_width", "top_k", "num_experts",
+                                                           "layers")})
     return m.with_changes(**changes) if changes else m
 
 
@@ -77,7 +75,8 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     p.add_argument("--nodes", type=positive_int("nodes"), default=None,
                    help="nodes of 8 GPUs (default: the fewest that hold pp*dp*ep*tp)")
     p.add_argument("--pp", type=positive_int("pp"), default=8)
-    p.add_argument("--vpp", type=positive_int("vpp"), default=1)
+    p.add_argument("--vpp", type=positive_int("vpp"), default=1,
+                   help="virtual stages (model chunks) per pipeline rank; >= 2 needs --schedule interleaved or auto")
     p.add_argument("--ep", type=positive_int("ep"), default=8)
     p.add_argument("--tp", type=positive_int("tp"), default=1)
     p.add_argument("--dp", type=positive_int("dp"), default=1)
@@ -85,7 +84,9 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     p.add_argument("--micro-batch-size", type=positive_int("micro_batch_size"), default=1)
     p.add_argument("--seq-len", type=positive_int("seq_len"), default=4096)
     p.add_argument("--schedule", default="overlapped",
-                   help="overlapped (default: F of one micro-batch with B of another), 1f1b, gpipe, zb-h1 or zb-h2")
+                   help="overlapped (default: F of one micro-batch with B of another), 1f1b, gpipe, zb-h1, zb-h2, zb-auto, "
+                        "interleaved or interleaved-overlapped (with --vpp >= 2), or auto (try each that fits memory, "
+                        "keep the fastest)")
     p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
     p.add_argument("--no-distributed-optimizer", action="store_true")
     p.add_argument("--dispatcher", choices=["alltoall", "deepep"], default=None,

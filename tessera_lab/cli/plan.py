@@ -12,9 +12,10 @@ from tessera_lab.model.spec import layer_summary
 from tessera_lab.report.headline import mfu_note
 
 
-def _evaluation_rows(ev) -> list[dict[str, Any]]:
+def _evaluation_rows(ev, pp: int | None = None) -> list[dict[str, Any]]:
+    """Per-stage rows; with ``pp`` (virtual stages) each row names the rank it runs on."""
     return [{
-        "stage": st.index, "layers": layer_summary(st.layers, st.kinds), "n": len(st.layers),
+        "stage": st.index, **({"rank": st.index % pp} if pp else {}), "layers": layer_summary(st.layers, st.kinds), "n": len(st.layers),
         "time/mb (ms)": st.time_s * 1e3, "standalone F+B+W (ms)": st.standalone_s * 1e3,
         "memory (GiB)": st.memory_bytes / GIB,
     } for st in ev.stages]
@@ -26,13 +27,15 @@ def format_plan(plan) -> str:
     lines = [
         f"model {m.name}: {m.num_layers} layers, pattern {m.layer_pattern()}  (L linear attention, A full attention; lower case: dense FFN)",
         f"cluster {plan.cluster.num_nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}; "
-        f"pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp} ({p.world_size} GPUs), schedule {p.schedule}, "
+        f"pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}" + (f" vpp={p.vpp}" if p.vpp > 1 else "")
+        + f" ({p.world_size} GPUs), schedule {p.schedule}, "
         f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "
         f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU",
+        f"costs: {plan.costs.describe()}",
         "",
     ]
     summary = []
-    if p.schedule == "overlapped":
+    if plan.chosen.stages[0].overlap_s is not None:
         lines.append("time/mb: per micro-batch after overlap (forward of one micro-batch paired with the backward of "
                      "another, best issue order); standalone: the same work run one task after the other")
         lines.append("")
@@ -41,7 +44,7 @@ def format_plan(plan) -> str:
                      + ("" if ev.fits_memory else "  ** exceeds GPU memory **")
                      + (f"; solver {ev.partition.solver} {ev.partition.status} in {ev.partition.solve_time_s:.3f} s"
                         if ev.partition.solver else ""))
-        lines.append(table(_evaluation_rows(ev), ".3f"))
+        lines.append(table(_evaluation_rows(ev, p.pp if p.vpp > 1 else None), ".3f"))
         lines.append("")
         summary.append({
             "method": ev.method, "iteration (s)": ev.iteration_time_s, "tokens/s": ev.tokens_per_s,
@@ -50,6 +53,12 @@ def format_plan(plan) -> str:
             "fits memory": "yes" if ev.fits_memory else "NO",
         })
     lines.append(table(summary, ".4g"))
+    if plan.schedule_trials:
+        lines.append("")
+        lines.append("schedules tried (--schedule auto):")
+        lines.append(table([{"schedule": t["schedule"], "iteration (s)": t.get("iteration_time_s"),
+                             "fits memory": t.get("fits_memory"), "refused": t.get("error", "")[:90]}
+                            for t in plan.schedule_trials], ".4g"))
     flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0)  # validity flag (issue 17)
     if flag:
         lines.append(f"warning: {flag}")
@@ -114,7 +123,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="the main job: partition, simulate and report a pipeline plan")
     add_plan_options(p, DEFAULT_MODEL, DEFAULT_GPU)
     p.add_argument("--objective", default="auto", choices=["auto", "bottleneck", "schedule"],
-                   help="auto (default): solve the bottleneck and the schedule objective, keep the faster in simulation")
+                   help="auto (default): solve the schedule-aware and the bottleneck objective, start from the "
+                        "fastest in simulation (baselines included) and refine by simulation")
     p.add_argument("--time-limit", type=positive_float("time_limit"), default=10.0, help="ILP time limit, seconds")
     p.add_argument("--plot", metavar="PATH",
                    help="save figures: PATH.png gives PATH-stages.png (stage costs) and PATH-timeline.png (Gantt)")

@@ -8,15 +8,15 @@ from typing import Any
 
 from tessera_lab.cli.common import add_json, add_plan_options, emit, model_from_args, parallel_from_args
 from tessera_lab.model.hardware import Cluster
-from tessera_lab.report.capacity import (capacity_report, model_diff, model_from_name, parse_changes,
-                                         plan_from_json, save_report_figure)
+from tessera_lab.plan.load import load_plan, model_from_name
+from tessera_lab.report.capacity import capacity_report, model_diff, parse_changes, save_report_figure
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """``tessera-lab report``: capacity report of a plan (from ``--plan PLAN.json`` or plan options), an
-    optional ``--diff OTHER`` (a plan JSON, a model name or ``KEY=VALUE,...`` changes), ``--plot PATH``
-    (:func:`save_report_figure`: the waterfall, or with ``--diff`` both waterfalls side by side) and
-    ``--json``."""
+    """``tessera-lab report``: capacity report of a plan (from ``--plan PLAN.json``, re-evaluated under the plan's
+    own cost source unless ``--costs`` asks for another, or from plan options), an optional ``--diff OTHER`` (a
+    plan JSON, a model name or ``KEY=VALUE,...`` changes), ``--plot PATH`` (:func:`save_report_figure`: the
+    waterfall, or with ``--diff`` both waterfalls side by side) and ``--json``."""
     if getattr(args, "observed", None):  # the capacity report of an actual run (issue 13)
         from tessera_lab.runner.capacity import observed_report
 
@@ -29,19 +29,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.diff and "=" in args.diff and "[" not in args.diff and not args.diff.endswith(".json"):
         diff_changes = parse_changes(args.diff)  # bad changes fail before any planning
     if args.plan:
-        plan = plan_from_json(args.plan)
+        plan = load_plan(args.plan, costs=args.costs)
     else:
+        if args.costs:
+            from tessera_lab.errors import ConfigError
+
+            raise ConfigError("option --costs re-evaluates a saved plan; allowed: with --plan PLAN.json")
         model = model_from_args(args)
         parallel = parallel_from_args(args)
         cluster = Cluster.dgx(args.gpu, args.nodes) if args.nodes else None
         plan = make_plan(model, parallel, cluster, method=args.method, baselines=(), gpu=args.gpu)
     rep = capacity_report(plan)
-    result: dict[str, Any] = {"capacity": rep.as_dict(), "plan": plan.as_dict()}
-    text = rep.format()
+    result: dict[str, Any] = {"costs": plan.costs.as_dict(), "capacity": rep.as_dict(), "plan": plan.as_dict()}
+    text = "".join(f"plan: {line}\n" for line in plan.reevaluation) + rep.format()
     if args.diff:
         other = args.diff
         if other.endswith(".json"):
-            diff = model_diff(plan.model, plan.model, plan.parallel, plans=(plan, plan_from_json(other)))
+            diff = model_diff(plan.model, plan.model, plan.parallel, plans=(plan, load_plan(other, costs=args.costs)))
         elif diff_changes is not None:
             diff = model_diff(plan.model, diff_changes, plan.parallel, None if not args.nodes else plan.cluster,
                               method=getattr(args, "method", "ilp"), gpu=plan.cluster.gpu.name)
@@ -58,12 +62,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def add_parser(sub) -> None:
     from tessera_lab.plan.make import DEFAULT_GPU, DEFAULT_MODEL
 
     p = sub.add_parser("report", help="capacity report (where the lost MFU goes) of a plan, and a model-change diff")
     p.add_argument("--plan", metavar="PLAN.json", help="a plan from 'tessera-lab plan --json' (else the plan options)")
+    p.add_argument("--costs", metavar="SOURCE", default=None,
+                   help="with --plan: re-evaluate under another cost source, 'analytic' or a profile JSON (default: "
+                        "the plan's own; a report that would change it refuses unless asked)")
     p.add_argument("--observed", metavar="RUN.json", help="capacity report of an actual run (tessera-lab run --json)")
     p.add_argument("--device", metavar="FILE", default=None,
                    help="with --observed: calibrated device whose GEMM rate is the peak (default data/devices/*.json)")
@@ -74,4 +80,3 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", metavar="PATH", help="save the waterfall of the capacity report")
     add_json(p)
     p.set_defaults(func=cmd_report)
-

@@ -8,7 +8,7 @@
   the embedding as the first entry of that list, decoder layer ``l`` is entry ``l + 1`` and the head the last.
 * ``torch.distributed.pipelining`` split points: the names of the decoder layers that begin a stage
   (``layers.6`` means ``SplitPoint.BEGINNING`` at ``model.layers[6]``); the module prefix is configurable.
-* The plan itself: schema-versioned JSON that round-trips (:func:`plan_to_json` / :func:`plan_from_json`).
+* The plan itself: schema-versioned JSON that round-trips (:func:`plan_to_json` / :func:`parse_plan_json`; :func:`tessera_lab.plan.load.load_plan` re-evaluates one).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def plan_to_json(plan_dict: dict[str, Any]) -> str:
     return dumps(d)
 
 
-def plan_from_json(text: str) -> dict[str, Any]:
+def parse_plan_json(text: str) -> dict[str, Any]:
     """Parse a plan written by :func:`plan_to_json`.
 
     Raises:

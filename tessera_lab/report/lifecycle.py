@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from tessera_lab.cost.source import analytic_source
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import cost_assumptions
 
@@ -194,6 +195,8 @@ class ProfileLifecycle:
             during the re-partition (default 0 bytes, stated in the log).
         replan_fn: ``replan_fn(observed_means, predicted) -> new predictions`` after a re-plan (default: the
             observed means).
+        costs: where the predictions came from (a :class:`~tessera_lab.cost.source.CostSource`, e.g. ``plan.costs``);
+            kept in :meth:`as_dict` (default analytic).
 
     Raises:
         ConfigError: empty or non-positive predictions, ``total_steps`` < 1.
@@ -201,7 +204,8 @@ class ProfileLifecycle:
 
     def __init__(self, predicted: Mapping[str, float], total_steps: int, policy: LifecyclePolicy | None = None, *,
                  gain_fn: GainFn | None = None, migration_fn: MigrationFn | None = None,
-                 replan_fn: ReplanFn | None = None):
+                 replan_fn: ReplanFn | None = None, costs: Any = None):
+        self.costs = costs or analytic_source()
         self.policy = policy or LifecyclePolicy()
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
             raise ConfigError(f"field 'total_steps' = {total_steps!r} is out of range; allowed: an integer >= 1")
@@ -331,7 +335,7 @@ class ProfileLifecycle:
     def as_dict(self) -> dict[str, Any]:
         return {"policy": self.policy.__dict__, "total_steps": self.total_steps, "replans": self.replans,
                 "charged_s": self.charged_s, "decisions": [d.as_dict() for d in self.log],
-                "history": self.history, "predicted": self.predicted}
+                "history": self.history, "predicted": self.predicted, "costs": self.costs.as_dict()}
 
 
 def balance_bound_gain(means: Mapping[str, float], microbatches: int) -> float:
@@ -405,7 +409,7 @@ def plan_predictions(plan: Any, *, collectives: bool = True) -> dict[str, float]
 
 
 def plan_hooks(plan: Any) -> dict[str, Any]:
-    """``gain_fn`` and ``migration_fn`` for a plan: the observed/predicted ratio of each ``stage:<s>`` key is
+    """``gain_fn``, ``migration_fn`` and ``costs`` (the plan's cost source) for a plan: the observed/predicted ratio of each ``stage:<s>`` key is
     taken as that stage's speed factor; the gain is the predicted iteration time of the current partition
     under those factors minus that of the partition re-solved with them
     (:func:`tessera_lab.report.topology.partition_with_factors`); migration bytes are the training state (weights,
@@ -430,7 +434,7 @@ def plan_hooks(plan: Any) -> dict[str, Any]:
     def migration_fn(means, pred):
         return result(means, pred).migration_bytes
 
-    return {"gain_fn": gain_fn, "migration_fn": migration_fn}
+    return {"gain_fn": gain_fn, "migration_fn": migration_fn, "costs": plan.costs}
 
 
 def synthetic_drift(predicted: Mapping[str, float], steps: int, *, drift_key: str, drift_factor: float,

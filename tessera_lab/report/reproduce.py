@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from tessera_lab.cost.source import CostSource, analytic_source
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import load_model
 from tessera_lab.paths import data_dir
@@ -51,10 +52,12 @@ class Reproduction:
     overlap: Any
     width: Any
     notes: list[str] = field(default_factory=list)
+    #: cost source of the simulated rows (every plan here is made with the analytic model)
+    costs: CostSource = field(default_factory=analytic_source)
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name).to_dict(orient="records") for name in ("mfu", "ablation", "overlap", "width")} | {
-            "notes": self.notes}
+            "notes": self.notes, "costs": self.costs.as_dict()}
 
 
 def mfu_table(gpus: int = 4096, models: Sequence[str] = ("qwen3-next-80b-a3b", "qwen3-30b-a3b")):

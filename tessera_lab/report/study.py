@@ -47,7 +47,7 @@ def paper_reported() -> dict[str, Any]:
     return json.loads((data_dir() / "paper" / "tessera_paper_reported.json").read_text())
 
 
-def scale_parallel(gpus: int, *, pp: int = 8, ep: int = 8, tp: int = 1, microbatches: int = 32,
+def parallel_for_gpus(gpus: int, *, pp: int = 8, ep: int = 8, tp: int = 1, microbatches: int = 32,
                    seq_len: int = 4096) -> ParallelConfig:
     """Parallel sizes for ``gpus`` GPUs: ``dp = gpus / (pp x ep x tp)``.
 
@@ -87,7 +87,7 @@ def scale_study(gpu_counts: Sequence[int] = GPU_COUNTS, families: dict[str, str]
     for family, name in families.items():
         model = load_model(name)
         for gpus in gpu_counts:
-            par = scale_parallel(gpus, pp=pp, ep=ep, microbatches=microbatches)
+            par = parallel_for_gpus(gpus, pp=pp, ep=ep, microbatches=microbatches)
             base = make_plan(model, par.replace(schedule="1f1b"), method="uniform", baselines=())
             full = make_plan(model, par, method=method, baselines=("uniform",))
             setups = [("uniform, 1F1B", base.chosen, base.notes), ("uniform, overlapped", full.baselines["uniform"], []),

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from tessera_lab.cost.source import CostSource, analytic_source
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import Cluster, GPUSpec, ParallelConfig, cluster_for
 
@@ -138,6 +139,7 @@ class FactorPlan:
     mfu_unaware: float
     migration_bytes: float
     notes: list[str] = field(default_factory=list)
+    costs: CostSource = field(default_factory=analytic_source)
 
     @property
     def speedup(self) -> float:
@@ -163,7 +165,7 @@ class FactorPlan:
         return {k: getattr(self, k) for k in (
             "stage_gpus", "link_factors", "speed_factors", "boundaries_aware", "boundaries_unaware",
             "stage_times_aware", "stage_times_unaware", "iteration_aware_s", "iteration_unaware_s", "mfu_aware",
-            "mfu_unaware", "migration_bytes", "notes")} | {"speedup": self.speedup}
+            "mfu_unaware", "migration_bytes", "notes")} | {"speedup": self.speedup, "costs": self.costs.as_dict()}
 
 
 class _StageModels:
@@ -209,38 +211,17 @@ def _check_per_stage(name: str, values: Sequence[Any] | None, pp: int, default: 
 
 def _simulate(model, parallel: ParallelConfig, models: _StageModels, boundaries: Sequence[int],
               speed: Sequence[float]) -> tuple[float, list[float], float]:
-    """Iteration time, stage times per micro-batch and the summed peak FLOP/s of a partition on per-stage
-    devices (same schedule, p2p and gradient sync as :func:`tessera_lab.plan.make.evaluate`)."""
-    from tessera_lab.plan.make import StagePlan, dp_grad_sync_time
-    from tessera_lab.pipeline.schedules import build_schedule
-    from tessera_lab.pipeline.simulate import simulate, stage_durations
+    """Iteration time, stage times per micro-batch and MFU of a partition on per-stage devices (the one
+    evaluation path, :func:`tessera_lab.plan.evaluate.evaluate`, with per-stage cost models and speed factors)."""
+    from tessera_lab.model.tasks import model_flops_per_iteration
+    from tessera_lab.plan.evaluate import evaluate
+    from tessera_lab.plan.partition import Partition
 
-    p = parallel
-    f, b, w, fb, stages = [], [], [], [], []
-    overlapped = p.schedule == "overlapped"
-    for s in range(p.pp):
-        i, j = boundaries[s], boundaries[s + 1]
-        sm, k = models.sm(s), speed[s]
-        f.append(sm.f(s, i, j) * k)
-        b.append(sm.b(s, i, j) * k)
-        w.append(sm.w(s, i, j) * k)
-        if overlapped:
-            fb.append(sm.fb(s, i, j) * k)
-        stages.append(StagePlan(s, list(range(i, j)), [model.layers[l].kind for l in range(i, j)], f[-1], b[-1], w[-1],
-                                0.0, 0.0, 0.0))
-    schedule = build_schedule(p.schedule, p.pp, p.microbatches, p.vpp)
-    durations = stage_durations(f, b, w, fb=fb if overlapped else None)
-    p2p = [max(models.cm(s).p2p_time(model, s), models.cm(min(s + 1, p.pp - 1)).p2p_time(model, s)) for s in range(p.pp)]
-    comm = []
-    for s, st in enumerate(stages):
-        sync = dp_grad_sync_time(model, models.cm(s), st)
-        if sync > 0:
-            comm.append((schedule.stage_to_rank[s], "dp_grad_sync", sync, schedule.actions[schedule.stage_to_rank[s]][-1]))
-    tl = simulate(schedule, durations, p2p_time=lambda src, dst: p2p[min(src, dst)], comm=comm)
-    per_stage_gpus = p.world_size / p.pp
-    peak = sum(models.cluster(s).gpu.peak_flops * per_stage_gpus for s in range(p.pp))
-    times = [fb[s] if overlapped else f[s] + b[s] for s in range(p.pp)]
-    return tl.iteration_time, times, peak
+    per = [(models.cm(s), models.sm(s)) for s in range(parallel.pp)]
+    part = Partition(list(boundaries), [0.0] * parallel.pp, 0.0, 0.0, "topology")
+    ev = evaluate(model, parallel, per[0][0], per[0][1], part, "topology", model_flops_per_iteration(model, parallel),
+                  per_stage=per, speed=speed)
+    return ev.iteration_time_s, [st.time_s for st in ev.stages], ev.mfu
 
 
 def migration_bytes(stage_model: Any, old: Sequence[int], new: Sequence[int]) -> float:
@@ -272,7 +253,8 @@ def partition_with_factors(model, parallel: ParallelConfig | None = None, cluste
                            stage_gpus: Sequence[str] | None = None, link_factors: Sequence[float] | None = None,
                            speed_factors: Sequence[float] | None = None, method: str = "ilp",
                            objective: str = "bottleneck", time_limit_s: float = 10.0,
-                           unaware_boundaries: Sequence[int] | None = None, _base: Any = None) -> FactorPlan:
+                           unaware_boundaries: Sequence[int] | None = None, _base: Any = None,
+                           costs: CostSource | None = None) -> FactorPlan:
     """Partition with per-stage devices and compare with the topology-unaware partition.
 
     Args:
@@ -284,6 +266,7 @@ def partition_with_factors(model, parallel: ParallelConfig | None = None, cluste
         method, objective, time_limit_s: as :func:`tessera_lab.plan.partition.solve`.
         unaware_boundaries: the partition the topology-unaware planner would run (default: solved on the
             reference cluster with no factors).
+        costs: the cost source to report (default analytic: per-stage devices are costed analytically).
 
     Raises:
         ConfigError: lists of the wrong length, unknown GPU names, factors out of range.
@@ -291,7 +274,6 @@ def partition_with_factors(model, parallel: ParallelConfig | None = None, cluste
     """
     from tessera_lab.cost.memory import memory_capacity
     from tessera_lab.plan.partition import PartitionProblem, solve
-    from tessera_lab.model.tasks import model_flops_per_iteration
 
     parallel = parallel or ParallelConfig()
     cluster = cluster or cluster_for(parallel)
@@ -315,9 +297,8 @@ def partition_with_factors(model, parallel: ParallelConfig | None = None, cluste
     def mem(s, i, j):
         return models.sm(s).memory_bytes(s, i, j) * ref_cap / caps[s]
 
-    sum_cost = (lambda s, i, j: models.sm(s).standalone(s, i, j) * speed[s]) if p.schedule == "overlapped" else None
     problem = PartitionProblem(model.num_layers, p.pp, cost, memory=mem, memory_limit=ref_cap, objective=objective,
-                               microbatches=p.microbatches, sum_cost=sum_cost)
+                               microbatches=p.microbatches)
     aware = solve(problem, method, time_limit_s=time_limit_s).boundaries
     notes = []
     if unaware_boundaries is None:
@@ -328,20 +309,18 @@ def partition_with_factors(model, parallel: ParallelConfig | None = None, cluste
 
             ref_sm = build_stage_model(model, p, cluster)[1]
         ref_problem = PartitionProblem(model.num_layers, p.pp, ref_sm.cost, memory=ref_sm.memory_bytes,
-                                       memory_limit=ref_cap, objective=objective, microbatches=p.microbatches,
-                                       sum_cost=ref_sm.standalone if p.schedule == "overlapped" else None)
+                                       memory_limit=ref_cap, objective=objective, microbatches=p.microbatches)
         unaware = solve(ref_problem, method, time_limit_s=time_limit_s).boundaries
     else:
         unaware = list(unaware_boundaries)
     over = [s for s in range(p.pp) if models.sm(s).memory_bytes(s, unaware[s], unaware[s + 1]) > caps[s]]
     if over:
         notes.append(f"the topology-unaware partition exceeds memory on stage(s) {over} of their devices")
-    t_a, times_a, peak = _simulate(model, p, models, aware, speed)
-    t_u, times_u, _ = _simulate(model, p, models, unaware, speed)
-    flops = model_flops_per_iteration(model, p)
+    t_a, times_a, mfu_a = _simulate(model, p, models, aware, speed)
+    t_u, times_u, mfu_u = _simulate(model, p, models, unaware, speed)
     mig = migration_bytes(models.sm(0), unaware, aware)
-    return FactorPlan(gpus, links, speed, list(aware), list(unaware), times_a, times_u, t_a, t_u,
-                      flops / (t_a * peak), flops / (t_u * peak), mig, notes)
+    return FactorPlan(gpus, links, speed, list(aware), list(unaware), times_a, times_u, t_a, t_u, mfu_a, mfu_u, mig,
+                      notes, costs=costs or analytic_source())
 
 
 def factor_plan(plan: Any, speed_factors: Sequence[float], **kwargs: Any) -> FactorPlan:
@@ -350,8 +329,12 @@ def factor_plan(plan: Any, speed_factors: Sequence[float], **kwargs: Any) -> Fac
     from tessera_lab.plan.make import build_stage_model
 
     base = kwargs.pop("_base", None) or build_stage_model(plan.model, plan.parallel, plan.cluster)
-    return partition_with_factors(plan.model, plan.parallel, plan.cluster, speed_factors=speed_factors,
-                                  unaware_boundaries=plan.chosen.partition.boundaries, _base=base, **kwargs)
+    out = partition_with_factors(plan.model, plan.parallel, plan.cluster, speed_factors=speed_factors,
+                                 unaware_boundaries=plan.chosen.partition.boundaries, _base=base, **kwargs)
+    if plan.costs.kind != "analytic":
+        out.notes.append(f"the plan's costs are {plan.costs.describe()}; topology re-costs every stage's devices "
+                         "with the analytic model")
+    return out
 
 
 # ---------------------------------------------------------------------- admission

@@ -44,11 +44,11 @@ def replan(
     Raises:
         ConfigError / PartitionError: as :func:`tessera_lab.plan.make.make_plan`.
     """
+    from tessera_lab.model.knobs import model_changes
+
     spec = load_model(model)
-    current = {"attention_ratio": spec.attention_ratio, "moe_intermediate_size": spec.moe_intermediate_size,
-               "num_experts_per_tok": spec.num_experts_per_tok}
-    changes = {k: v for k, v in {"attention_ratio": attention_ratio, "moe_intermediate_size": expert_width,
-                                 "num_experts_per_tok": top_k}.items() if v is not None and v != current[k]}
+    asked = model_changes({"attention_ratio": attention_ratio, "expert_width": expert_width, "top_k": top_k})
+    changes = {k: v for k, v in asked.items() if v != getattr(spec, k)}
     if changes:
         spec = spec.with_changes(**changes)
     parallel = ParallelConfig(pp=pp, ep=ep, microbatches=microbatches, seq_len=seq_len)

@@ -1,0 +1,190 @@
+"""The one evaluation path: a partition under its cost source -> schedule, durations, p2p, gradient sync ->
+simulated timeline and metrics.
+
+:func:`evaluate` is what the planner (:func:`tessera_lab.plan.make.make_plan`), the plan loader
+(:func:`tessera_lab.plan.load.load_plan`), topology (per-stage devices and speed factors) and the widgets use.
+Inputs: the model, parallel sizes, one ``(CostModel, StageCostModel)`` per (virtual) stage (or one for all),
+the partition (``pp * vpp + 1`` boundaries in virtual-stage order), optional per-stage speed factors. Output: an
+:class:`Evaluation` (seconds, bytes per GPU, tokens/s, MFU). MFU = model FLOPs / (iteration time x GPUs x peak
+dense bf16 FLOP/s), with the peak of each stage's GPU when stages differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from tessera_lab.cost.analytic import CostModel
+from tessera_lab.cost.memory import gpu_params, memory_capacity
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.model.spec import ModelSpec
+from tessera_lab.model.tasks import Collective
+from tessera_lab.pipeline.simulate import Timeline, simulate, stage_durations
+from tessera_lab.plan.partition import Partition
+from tessera_lab.plan.stages import StageCostModel
+from tessera_lab.plan.vschedules import plan_schedule
+
+
+@dataclass
+class StagePlan:
+    """One pipeline stage: its layers, per-micro-batch times (seconds) and memory (bytes per GPU)."""
+
+    index: int
+    layers: list[int]
+    kinds: list[str]
+    f_s: float
+    b_s: float
+    w_s: float
+    memory_bytes: float
+    param_bytes: float
+    activation_bytes: float
+    overlap_s: float | None = None
+
+    @property
+    def standalone_s(self) -> float:
+        """Forward + full backward (input and weight gradient) per micro-batch run one after the other, seconds."""
+        return self.f_s + self.b_s
+
+    @property
+    def time_s(self) -> float:
+        """Time per micro-batch as the schedule sees it: after overlap (overlapped 1F1B) or standalone."""
+        return self.overlap_s if self.overlap_s is not None else self.standalone_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "layers": self.layers, "kinds": self.kinds, "time_s": self.time_s,
+                "standalone_s": self.standalone_s, "overlap_s": self.overlap_s, "f_s": self.f_s, "b_s": self.b_s,
+                "w_s": self.w_s, "memory_bytes": self.memory_bytes, "param_bytes": self.param_bytes,
+                "activation_bytes": self.activation_bytes}
+
+
+@dataclass
+class Evaluation:
+    """A partition evaluated by the simulator."""
+
+    method: str
+    partition: Partition
+    stages: list[StagePlan]
+    timeline: Timeline
+    iteration_time_s: float
+    tokens_per_s: float
+    mfu: float
+    bubble_fraction: float
+    exposed_comm_s: dict[str, float]
+    fits_memory: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method, "boundaries": self.partition.boundaries,
+            "stages": [s.as_dict() for s in self.stages], "iteration_time_s": self.iteration_time_s,
+            "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "bubble_fraction": self.bubble_fraction,
+            "bubble_overhead": self.timeline.bubble_overhead, "exposed_comm_s": self.exposed_comm_s,
+            "fits_memory": self.fits_memory, "solver": self.partition.solver,
+            "solver_status": self.partition.status, "solve_time_s": self.partition.solve_time_s,
+        }
+
+
+def dp_grad_sync_time(model: ModelSpec, cost_model: CostModel, stage: StagePlan, *,
+                      num_stages: int | None = None) -> float:
+    """Gradient synchronisation at the end of the iteration on one stage, seconds.
+
+    Non-expert gradients are reduced over the ``ep * dp`` data-parallel ranks, expert gradients over
+    ``dp``: a reduce-scatter plus all-gather of the bf16 parameters with a distributed optimizer
+    (together the bus volume of one all-reduce), else an all-reduce of the gradients. ``num_stages``
+    (default ``pp``) tells which stage holds the LM head.
+    """
+    p = cost_model.parallel
+    last = (num_stages or p.pp) - 1
+    entries = list(stage.layers) + ([-1] if stage.index == 0 else []) + ([model.num_layers] if stage.index == last else [])
+    dense = expert = 0.0
+    for idx in entries:
+        d, e = gpu_params(model, p, idx)
+        dense, expert = dense + d, expert + e
+    t = 0.0
+    for params, group, size in ((dense, "edp", p.ep * p.dp), (expert, "dp", p.dp)):
+        if size > 1 and params > 0:
+            t += cost_model.collective_time(Collective("all_reduce", params * p.grad_sync_bytes_per_param, group, size))
+    return t
+
+
+def stage_plans(model: ModelSpec, stage_models: Sequence[StageCostModel], boundaries: Sequence[int],
+                speed: Sequence[float] | None = None) -> list[StagePlan]:
+    """Per-(virtual-)stage times and memory of a partition (``stage_models[s]`` costs stage ``s``; times are
+    multiplied by ``speed[s]``)."""
+    out = []
+    for s, sm in enumerate(stage_models):
+        i, j = boundaries[s], boundaries[s + 1]
+        k = 1.0 if speed is None else float(speed[s])
+        out.append(StagePlan(
+            index=s, layers=list(range(i, j)), kinds=[model.layers[l].kind for l in range(i, j)],
+            f_s=sm.f(s, i, j) * k, b_s=sm.b(s, i, j) * k, w_s=sm.w(s, i, j) * k,
+            memory_bytes=sm.memory_bytes(s, i, j), param_bytes=sm.params(s, i, j),
+            activation_bytes=sm.activations(s, i, j),
+            overlap_s=sm.fb(s, i, j) * k if sm.pair_costs is not None else None))
+    return out
+
+
+def evaluate(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    cost_model: CostModel,
+    stage_model: StageCostModel,
+    partition: Partition,
+    method: str,
+    model_flops: float,
+    *,
+    per_stage: Sequence[tuple[CostModel, StageCostModel]] | None = None,
+    speed: Sequence[float] | None = None,
+) -> Evaluation:
+    """Simulate a partition with the parallel config's schedule and compute the metrics.
+
+    Args:
+        model, parallel: the model and its parallel sizes (``parallel.schedule`` is simulated, ``vpp`` chunks).
+        cost_model, stage_model: costs of every stage (ignored where ``per_stage`` is given).
+        partition: ``pp * vpp + 1`` boundaries in virtual-stage order.
+        method: label of the evaluation; model_flops: model FLOPs per iteration (Megatron-LM convention).
+        per_stage: one ``(CostModel, StageCostModel)`` per virtual stage (devices, links that differ by stage).
+        speed: per-stage time multipliers (> 0), e.g. observed / predicted.
+    """
+    p = parallel
+    S = p.pp * p.vpp
+    per = list(per_stage) if per_stage is not None else [(cost_model, stage_model)] * S
+    b = partition.boundaries
+    stages = stage_plans(model, [sm for _, sm in per], b, speed)
+    # a transfer between virtual stages s and s+1 runs on the slower of the two ends' links
+    p2p = [max(per[s][0].p2p_time(model, s % p.pp), per[min(s + 1, S - 1)][0].p2p_time(model, s % p.pp))
+           for s in range(S)]
+    schedule = plan_schedule(p.schedule, p.pp, p.microbatches, p.vpp, f=[st.f_s for st in stages],
+                             i=[st.b_s - st.w_s for st in stages], w=[st.w_s for st in stages], p2p=max(p2p))
+    overlapped = all(st.overlap_s is not None for st in stages)
+    durations = stage_durations([st.f_s for st in stages], [st.b_s for st in stages], [st.w_s for st in stages],
+                                fb=[st.overlap_s for st in stages] if overlapped else None)
+    sync_by_rank: dict[int, float] = {}
+    for s, st in enumerate(stages):
+        rank = schedule.stage_to_rank[s]
+        sync_by_rank[rank] = sync_by_rank.get(rank, 0.0) + dp_grad_sync_time(model, per[s][0], st, num_stages=S)
+    comm = [(r, "dp_grad_sync", t, schedule.actions[r][-1]) for r, t in sorted(sync_by_rank.items()) if t > 0]
+    timeline = simulate(schedule, durations, p2p_time=lambda src, dst: p2p[min(src, dst)], comm=comm)
+    T = timeline.iteration_time
+    exposed = dict(timeline.exposed_comm)
+    # EP all-to-all and TP all-reduce not hidden inside the stage's own bundles (per rank, summed over ranks)
+    for st, (_, sm) in zip(stages, per):
+        for l in st.layers:
+            c = sm.costs[l + 1]
+            for ph in (c.F, c.B):
+                share = ph.exposed_comm / ph.comm if ph.comm > 0 else 0.0
+                for key, sec in ph.comm_by_collective.items():
+                    exposed[key] = exposed.get(key, 0.0) + sec * share * p.microbatches
+    gpus_per_stage = p.world_size / p.pp / p.vpp
+    peak = sum(cm.cluster.gpu.peak_flops * gpus_per_stage for cm, _ in per)
+    rank_mem: dict[int, float] = {}
+    rank_cap: dict[int, float] = {}
+    for s, st in enumerate(stages):
+        r = schedule.stage_to_rank[s]
+        rank_mem[r] = rank_mem.get(r, 0.0) + st.memory_bytes
+        rank_cap[r] = memory_capacity(per[s][0].cluster)
+    return Evaluation(
+        method=method, partition=partition, stages=stages, timeline=timeline, iteration_time_s=T,
+        tokens_per_s=p.tokens_per_iteration / T, mfu=model_flops / (T * peak),
+        bubble_fraction=timeline.bubble_fraction, exposed_comm_s=exposed,
+        fits_memory=all(rank_mem[r] <= rank_cap[r] * (1 + 1e-12) for r in rank_mem),
+    )

@@ -1,0 +1,181 @@
+"""Plans back from JSON (``tessera-lab plan --json`` / ``--export``), re-evaluated under their cost source.
+
+:func:`load_plan` reads the recorded model, parallel sizes, cluster and boundaries, and evaluates the partition
+with :func:`tessera_lab.plan.evaluate.evaluate` under the plan's recorded :class:`~tessera_lab.cost.source.CostSource`
+(its ``costs`` field: the analytic model, or the measured profile it names), so the iteration time round-trips.
+Re-evaluating under another source happens only when asked (``costs="analytic"`` or a profile path) and the
+plan's notes say so; a recorded profile that is missing or changed refuses unless asked.
+
+Raises (all functions): :class:`~tessera_lab.errors.ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+from tessera_lab.checks import WORK_LIMITS, check_int, check_work
+from tessera_lab.cost.memory import memory_capacity
+from tessera_lab.cost.source import CostSource, analytic_source, check_same_source, profile_source
+from tessera_lab.errors import ConfigError, ProfileError
+from tessera_lab.io import read_json
+from tessera_lab.model.hardware import Cluster, ParallelConfig, cluster_for
+from tessera_lab.model.knobs import VARIANT_KEYS
+from tessera_lab.model.spec import ModelSpec, load_model
+from tessera_lab.model.tasks import model_flops_per_iteration
+from tessera_lab.plan.evaluate import evaluate
+from tessera_lab.plan.make import Plan
+from tessera_lab.plan.partition import Partition
+from tessera_lab.plan.stages import build_stage_model
+
+_VARIANT = re.compile(r"^(?P<base>[^\[]+)\[(?P<changes>[^\]]*)\]$")
+PARALLEL_KEYS = ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
+                 "distributed_optimizer", "schedule", "dispatcher", "recompute", "precision", "grad_reduce_dtype",
+                 "expert_load", "grouped_gemm", "fused_cross_entropy")
+
+
+def model_from_name(name: str) -> ModelSpec:
+    """A shipped model or config path, or a variant name as :meth:`ModelSpec.with_changes` writes it
+    (``qwen3-next-80b-a3b[expert=256,topk=4]``; keys of :data:`tessera_lab.model.knobs.VARIANT_KEYS`).
+
+    Raises:
+        ConfigError: unknown model or change key.
+    """
+    m = _VARIANT.match(name.strip())
+    if not m:
+        return load_model(name)
+    base = load_model(m.group("base"))
+    changes = {}
+    for item in filter(None, m.group("changes").split(",")):
+        k, _, v = item.partition("=")
+        if k not in VARIANT_KEYS:
+            raise ConfigError(f"field 'model' = {name!r}: change {k!r} is unknown; allowed: {', '.join(VARIANT_KEYS)}")
+        try:
+            changes[VARIANT_KEYS[k]] = int(v)
+        except ValueError:
+            raise ConfigError(f"field 'model' = {name!r}: {k}={v!r} is not an integer") from None
+    return base.with_changes(**changes, name=name)
+
+
+def read_plan_json(data: Mapping[str, Any] | str | Path) -> tuple[dict[str, Any], str]:
+    """``(plan dict, where)`` of a file path (UTF-8 JSON with size and depth limits, :func:`tessera_lab.io.read_json`)
+    or an already parsed dict (checked to be a JSON object); ``where`` names the file for error messages."""
+    where = "plan"
+    if not isinstance(data, Mapping):
+        path = Path(data)
+        where = f"plan '{path}'"
+        if not path.is_file():
+            raise ConfigError(f"field 'plan' = {str(path)!r} is not a file; allowed: a JSON file from "
+                              "'tessera-lab plan --json'")
+        data = read_json(path, "plan")
+    if not isinstance(data, Mapping):
+        raise ConfigError("field 'plan' must be a JSON object from 'tessera-lab plan --json'")
+    return dict(data), where
+
+
+def _check_plan_consistency(data: Mapping[str, Any], parallel: Any, b: list[int], where: str) -> None:
+    """The plan's recorded sizes agree with its parallel settings and boundaries: ``gpus`` is pp x dp x ep x tp and
+    each recorded stage holds exactly the layers its boundaries give (every layer once)."""
+    gpus = data.get("gpus")
+    if gpus is not None and gpus != parallel.world_size:
+        raise ConfigError(f"{where}: field 'gpus' = {gpus!r} disagrees with pp x dp x ep x tp = {parallel.world_size}")
+    stages = data.get("stages")
+    if stages is None:
+        return
+    if not isinstance(stages, list) or len(stages) != len(b) - 1:
+        raise ConfigError(f"{where}: field 'stages' must list {len(b) - 1} stages (one per pipeline stage)")
+    for s, st in enumerate(stages):
+        layers = st.get("layers") if isinstance(st, Mapping) else None
+        if layers is not None and layers != list(range(b[s], b[s + 1])):
+            raise ConfigError(f"{where}: field 'stages[{s}].layers' disagrees with 'boundaries' "
+                              f"(layers {b[s]} to {b[s + 1] - 1}); every layer belongs to exactly one stage")
+
+
+def _load_profile_for(path: str, why: str):
+    from tessera_lab.overlap.profiles import StaleProfileWarning, load_profile
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", StaleProfileWarning)
+            return load_profile(path)
+    except ProfileError as exc:
+        raise ConfigError(f"{why}: {exc}; re-evaluate under the analytic model with --costs analytic") from None
+
+
+def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None) -> Plan:
+    """Rebuild a :class:`~tessera_lab.plan.make.Plan` from plan JSON (keys ``model``, ``parallel``,
+    ``boundaries``, ``gpu``, ``nodes``, ``costs``) and re-evaluate its partition (baselines are not rebuilt).
+
+    Args:
+        data: a path or a parsed dict.
+        costs: ``None`` (default): under the recorded cost source; ``"analytic"`` or a profile path: under that
+            source, with a note when it differs from the recorded one.
+
+    Raises:
+        ConfigError: missing keys, a malformed file, boundaries that do not partition the model's layers, or a
+            re-evaluation that would change the cost source without ``costs`` (e.g. the recorded profile is
+            missing or its file changed).
+    """
+    data, where = read_plan_json(data)
+    for key in ("model", "parallel", "boundaries"):
+        if key not in data:
+            raise ConfigError(f"field 'plan.{key}' is missing; allowed: the output of 'tessera-lab plan --json'")
+    model = model_from_name(str(data["model"]))
+    par = data["parallel"]
+    if not isinstance(par, Mapping):
+        raise ConfigError("field 'plan.parallel' must be an object with pp, ep, tp, dp, ...")
+    unknown = set(par) - set(PARALLEL_KEYS)
+    if unknown:
+        raise ConfigError(f"field 'plan.parallel' has unknown keys {sorted(unknown)}; allowed: {', '.join(PARALLEL_KEYS)}")
+    for key in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len"):
+        if key in par:  # type, range and work limits before any planning work
+            check_int(par[key], f"parallel.{key}", where=where, limit=key if key in WORK_LIMITS else None)
+    parallel = ParallelConfig(**par)
+    check_work("world_size", parallel.world_size, field="field 'parallel' world size pp x dp x ep x tp", where=where)
+    check_work("actions", parallel.pp * parallel.vpp * parallel.microbatches,
+               field="field 'parallel' pp x vpp x microbatches", where=where)
+    gpu = data.get("gpu", "H200")
+    nodes = check_int(data["nodes"], "nodes", where=where, limit="nodes") if data.get("nodes") is not None else None
+    cluster = Cluster.dgx(gpu, nodes) if nodes else cluster_for(parallel, gpu)
+    b = data["boundaries"]
+    L, S = model.num_layers, parallel.pp * parallel.vpp
+    if (not isinstance(b, list) or len(b) != S + 1 or not all(isinstance(x, int) for x in b)
+            or b[0] != 0 or b[-1] != L or any(y < x for x, y in zip(b, b[1:]))):
+        raise ConfigError(f"field 'plan.boundaries' = {b!r} is invalid; allowed: {S + 1} non-decreasing "
+                          f"integers from 0 to {L}")
+    _check_plan_consistency(data, parallel, b, where)
+    recorded = CostSource.from_dict(data.get("costs"))
+    profile = None
+    if costs is None:
+        if recorded.kind in ("observed", "calibrated_device"):
+            raise ConfigError(f"the plan's costs are {recorded.describe()}, which this re-evaluation cannot rebuild "
+                              "(runner plans: tessera-lab run --plan / validate); ask for another source with "
+                              "--costs analytic or --costs PROFILE.json")
+        if recorded.kind == "profile":
+            profile = _load_profile_for(recorded.path, f"the plan's costs name profile {recorded.path!r}")
+        current = profile_source(profile) if profile is not None else analytic_source()
+        check_same_source(recorded, current, allowed=False)
+    else:
+        if costs != "analytic":
+            profile = _load_profile_for(costs, f"--costs {costs}")
+        current = profile_source(profile) if profile is not None else analytic_source()
+    changed = check_same_source(recorded, current, allowed=True)
+    cost_model, sm = build_stage_model(model, parallel, cluster, profile)
+    part = Partition(list(b), [sm.cost(s, b[s], b[s + 1]) for s in range(S)], 0.0, 0.0,
+                     str(data.get("method", "from-json")), solver=str(data.get("solver") or ""),
+                     status=str(data.get("solver_status") or ""),
+                     stage_memory=[sm.memory_bytes(s, b[s], b[s + 1]) for s in range(S)])
+    part.bottleneck = part.objective = max(part.stage_costs)
+    flops = model_flops_per_iteration(model, parallel)
+    ev = evaluate(model, parallel, cost_model, sm, part, part.method, flops)
+    notes = [str(n) for n in data.get("notes", [])]
+    how = [f"re-evaluated from plan JSON under {current.describe()}"] + ([changed] if changed else [])
+    was = data.get("iteration_time_s")
+    if isinstance(was, (int, float)) and not math.isclose(was, ev.iteration_time_s, rel_tol=1e-9):
+        how.append(f"the recorded iteration time {was:.4f} s differs from the re-evaluated "
+                     f"{ev.iteration_time_s:.4f} s" + ("" if changed else " (the cost model or simulator changed)"))
+    return Plan(model, parallel, cluster, ev, {}, sm.costs, flops, memory_capacity(cluster), notes, costs=current,
+                reevaluation=how)

@@ -1,0 +1,253 @@
+"""The contiguous partition problem and its result (shared by the DP and the ILP; see
+:mod:`tessera_lab.plan.partition` for the objectives and methods).
+
+Segment functions take ``(s, i, j)``: (virtual) stage ``s`` owning layers ``i .. j-1``; costs in seconds per
+micro-batch, memory in bytes per GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+from tessera_lab.errors import InfeasiblePlanError, PartitionError
+
+SegmentFn = Callable[[int, int, int], float]
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class PartitionProblem:
+    """A contiguous partition problem.
+
+    Attributes:
+        num_layers: L (>= 1).
+        num_stages: S (1 <= S <= L).
+        cost: ``cost(s, i, j)`` seconds per micro-batch of stage s owning layers i..j-1.
+        memory: ``memory(s, i, j)`` bytes on stage s, or None (no memory constraint).
+        memory_limit: bytes available per GPU (required with ``memory``).
+        objective: ``"bottleneck"`` or ``"schedule"``.
+        microbatches: m, used by the ``schedule`` objective.
+        min_layers / max_layers: per-stage layer-count bounds.
+        first_stage_layers / last_stage_layers: pinned layer counts of the first / last stage.
+        vpp: virtual stages per pipeline rank. ``num_stages`` then counts virtual stages (``p * vpp``);
+            virtual stage ``s`` runs on rank ``s % p`` (Megatron-LM's interleaved placement), a rank's
+            cost and memory are the sums over its virtual stages, and the objective is taken over ranks.
+        monotone: the caller guarantees cost and memory never decrease when a segment grows (true for sums of
+            non-negative per-layer values); large bottleneck problems then take the O(S L log L) DP.
+    """
+
+    num_layers: int
+    num_stages: int
+    cost: SegmentFn
+    memory: SegmentFn | None = None
+    memory_limit: float | None = None
+    objective: str = "bottleneck"
+    microbatches: int = 1
+    min_layers: int = 1
+    max_layers: int | None = None
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    vpp: int = 1
+    monotone: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 1:
+            raise PartitionError(f"field 'layers' = {self.num_layers} is out of range; allowed: >= 1")
+        if not 1 <= self.num_stages <= self.num_layers:
+            raise PartitionError(
+                f"field 'stages' = {self.num_stages} is out of range; allowed: 1 to the number of layers ({self.num_layers})"
+            )
+        if self.objective not in ("bottleneck", "schedule"):
+            raise PartitionError(f"field 'objective' = {self.objective!r} is unknown; allowed: bottleneck, schedule")
+        if self.memory is not None and self.memory_limit is None:
+            raise PartitionError("field 'memory_limit' is required when a memory function is given")
+        if self.min_layers < 1:
+            raise PartitionError(f"field 'min_layers' = {self.min_layers} is out of range; allowed: >= 1")
+        if self.max_layers is not None and self.max_layers < self.min_layers:
+            raise PartitionError(f"field 'max_layers' = {self.max_layers} is out of range; allowed: >= min_layers")
+        if self.vpp < 1 or self.num_stages % self.vpp:
+            raise PartitionError(
+                f"field 'vpp' = {self.vpp} is out of range; allowed: a divisor of the virtual stage count {self.num_stages}"
+            )
+        if self.microbatches < 1:
+            raise PartitionError(f"field 'microbatches' = {self.microbatches} is out of range; allowed: >= 1")
+
+    # ---------------------------------------------------------------- feasibility of one segment
+    def length_ok(self, s: int, i: int, j: int) -> bool:
+        n = j - i
+        if n < self.min_layers or (self.max_layers is not None and n > self.max_layers):
+            return False
+        if s == 0 and self.first_stage_layers is not None and n != self.first_stage_layers:
+            return False
+        if s == self.num_stages - 1 and self.last_stage_layers is not None and n != self.last_stage_layers:
+            return False
+        # room for the other stages: each needs at least min_layers
+        if i < s * self.min_layers or self.num_layers - j < (self.num_stages - 1 - s) * self.min_layers:
+            return False
+        return True
+
+    def memory_ok(self, s: int, i: int, j: int) -> bool:
+        return self.memory is None or self.memory(s, i, j) <= self.memory_limit * (1 + 1e-12)
+
+    def memory_ok_rank(self, rank_bytes: float) -> bool:
+        """Whether a rank's summed memory (bytes) fits the limit."""
+        return self.memory is None or rank_bytes <= self.memory_limit * (1 + 1e-12)
+
+    def segments(self, s: int) -> list[tuple[int, int]]:
+        """Feasible (i, j) of stage s (length bounds, pins, memory)."""
+        L, S = self.num_layers, self.num_stages
+        lo_i = 0 if s == 0 else s * self.min_layers
+        hi_i = 0 if s == 0 else L - (S - s) * self.min_layers
+        out = []
+        for i in range(lo_i, hi_i + 1):
+            j_end = L if s == S - 1 else L - (S - 1 - s) * self.min_layers
+            j_start = L if s == S - 1 else i + self.min_layers
+            for j in range(j_start, j_end + 1):
+                if self.length_ok(s, i, j) and self.memory_ok(s, i, j):
+                    out.append((i, j))
+        return out
+
+    @property
+    def num_ranks(self) -> int:
+        """Pipeline ranks (``num_stages / vpp``)."""
+        return self.num_stages // self.vpp
+
+    def rank_values(self, per_stage: Sequence[float]) -> list[float]:
+        """Per-rank sums of per-virtual-stage values (identity when vpp = 1)."""
+        out = [0.0] * self.num_ranks
+        for s, v in enumerate(per_stage):
+            out[s % self.num_ranks] += v
+        return out
+
+    def objective_value(self, stage_costs: Sequence[float]) -> float:
+        """Objective of per-(virtual-)stage costs, taken over ranks."""
+        ranks = self.rank_values(stage_costs)
+        if self.objective == "bottleneck":
+            return max(ranks)
+        return sum(ranks) + (self.microbatches - 1) * max(ranks)
+
+
+@dataclass
+class Partition:
+    """A partition of layers into stages.
+
+    Attributes:
+        boundaries: S + 1 increasing layer indices; stage s owns layers ``boundaries[s] .. boundaries[s+1]-1``.
+        stage_costs: seconds per micro-batch of each stage.
+        bottleneck: the slowest stage, seconds.
+        objective: value of the problem's objective, seconds.
+        method: ``uniform``, ``dp``, ``ilp`` (or a baseline name).
+        solver / status / gap / solve_time_s / num_variables: ILP bookkeeping (``dp`` reports its own time).
+        stage_memory: bytes per stage when a memory model was given.
+    """
+
+    boundaries: list[int]
+    stage_costs: list[float]
+    bottleneck: float
+    objective: float
+    method: str
+    solver: str = ""
+    status: str = ""
+    gap: float | None = None
+    solve_time_s: float = 0.0
+    num_variables: int = 0
+    stage_memory: list[float] = field(default_factory=list)
+    rank_costs: list[float] = field(default_factory=list)
+    rank_memory: list[float] = field(default_factory=list)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.boundaries) - 1
+
+    def stage_layers(self) -> list[list[int]]:
+        return [list(range(self.boundaries[s], self.boundaries[s + 1])) for s in range(self.num_stages)]
+
+    def layer_counts(self) -> list[int]:
+        return [self.boundaries[s + 1] - self.boundaries[s] for s in range(self.num_stages)]
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["layer_counts"] = self.layer_counts()
+        return d
+
+
+def score_boundaries(problem: PartitionProblem, boundaries: Sequence[int], method: str, **extra) -> Partition:
+    """The :class:`Partition` of given boundaries under a problem's costs, memory and objective (no solving)."""
+    S = problem.num_stages
+    costs = [problem.cost(s, boundaries[s], boundaries[s + 1]) for s in range(S)]
+    mem = [problem.memory(s, boundaries[s], boundaries[s + 1]) for s in range(S)] if problem.memory else []
+    ranks = problem.rank_values(costs)
+    return Partition(list(boundaries), costs, max(ranks), problem.objective_value(costs), method, stage_memory=mem,
+                     rank_costs=ranks, rank_memory=problem.rank_values(mem) if mem else [], **extra)
+
+
+def uniform_boundaries(num_layers: int, num_stages: int) -> list[int]:
+    """Layer counts as even as possible; the earlier stages take the remainder (``[13, 13, 12, 12]``)."""
+    if not 1 <= num_stages <= num_layers:
+        raise PartitionError(
+            f"field 'stages' = {num_stages} is out of range; allowed: 1 to the number of layers ({num_layers})"
+        )
+    q, r = divmod(num_layers, num_stages)
+    b = [0]
+    for s in range(num_stages):
+        b.append(b[-1] + q + (1 if s < r else 0))
+    return b
+
+
+def check_memory(problem: PartitionProblem, part: Partition) -> None:
+    """Raise InfeasiblePlanError naming the first stage over the memory limit and the shortfall in GiB."""
+    if problem.memory is None:
+        return
+    for r, mem in enumerate(part.rank_memory):
+        if mem > problem.memory_limit * (1 + 1e-12):
+            where = (f"stage {r} (layers {part.boundaries[r]}-{part.boundaries[r + 1] - 1})" if problem.vpp == 1
+                     else f"rank {r} (virtual stages {list(range(r, problem.num_stages, problem.num_ranks))})")
+            raise InfeasiblePlanError(
+                f"{where} needs {mem / GIB:.2f} GiB, "
+                f"{(mem - problem.memory_limit) / GIB:.2f} GiB more than the {problem.memory_limit / GIB:.2f} GiB available"
+            )
+
+
+def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
+    """The error for a problem with no feasible partition: among partitions that satisfy the
+    layer-count rules, the one whose worst memory excess is smallest names its worst stage and the
+    shortfall in GiB (a min-max DP over memory excess)."""
+    if problem.memory is None:
+        return InfeasiblePlanError("no partition satisfies the layer-count constraints")
+    if problem.vpp > 1:
+        return InfeasiblePlanError(
+            f"no partition into {problem.num_stages} virtual stages fits {problem.memory_limit / GIB:.2f} GiB on every "
+            f"rank; add pipeline ranks, shard further (ep, dp) or shorten the sequence"
+        )
+    S, L, limit = problem.num_stages, problem.num_layers, problem.memory_limit
+    best: dict[int, tuple[float, tuple[int, ...]]] = {0: (-math.inf, (0,))}
+    for s in range(S):
+        nxt: dict[int, tuple[float, tuple[int, ...]]] = {}
+        for i, (worst, path) in best.items():
+            for j in range(i + 1, L + 1):
+                if not problem.length_ok(s, i, j):
+                    continue
+                v = max(worst, problem.memory(s, i, j) - limit)
+                if j not in nxt or v < nxt[j][0]:
+                    nxt[j] = (v, path + (j,))
+        best = nxt
+    if L not in best:
+        return InfeasiblePlanError("no partition satisfies the layer-count constraints")
+    b = list(best[L][1])
+    excess = [problem.memory(s, b[s], b[s + 1]) - limit for s in range(S)]
+    s = max(range(S), key=lambda k: excess[k])
+    need = excess[s] + limit
+    return InfeasiblePlanError(
+        f"no partition fits in memory: even the closest one puts stage {s} (layers {b[s]}-{b[s + 1] - 1}) at "
+        f"{need / GIB:.2f} GiB, {excess[s] / GIB:.2f} GiB more than the {limit / GIB:.2f} GiB available; "
+        f"add pipeline stages, shard further (ep, dp with a distributed optimizer) or shorten the sequence"
+    )
+
+
+def uniform(problem: PartitionProblem) -> Partition:
+    """The uniform baseline (layer counts as even as possible), evaluated on the problem's costs."""
+    return score_boundaries(problem, uniform_boundaries(problem.num_layers, problem.num_stages), "uniform")
+
+

@@ -1,0 +1,167 @@
+"""Per-segment stage costs and memory for the partitioner and the evaluator (seconds, bytes per GPU).
+
+:class:`StageCostModel` turns per-layer times (:class:`~tessera_lab.cost.analytic.LayerCost`), per-layer memory
+and, for the overlapped schedule, layer-pair makespans after overlap into segment functions
+``f/b/w/fb/cost/memory_bytes(s, i, j)`` of (virtual) stage ``s`` owning decoder layers ``i .. j-1``.
+:func:`build_stage_model` builds one under a cost source: the analytic overlap scheduler, or a measured profile.
+:func:`layer_pair_costs` is the one place analytic layer-pair makespans come from (the capacity report's recipes
+use :func:`analytic_pair` too, so both see the same issue order).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Sequence
+
+from tessera_lab.cost.analytic import CostModel, LayerCost
+from tessera_lab.cost.memory import LayerMemory, layer_memory
+from tessera_lab.errors import ConfigError
+from tessera_lab.model.hardware import Cluster, ParallelConfig
+from tessera_lab.model.spec import ModelSpec
+from tessera_lab.model.tasks import decompose
+from tessera_lab.overlap.core import bundle, layer_kind_examples, schedule_pair, stage_pair_cost
+from tessera_lab.plan.vschedules import plan_in_flight
+
+#: candidate orders the overlap scheduler evaluates per layer-kind pair while planning
+PAIR_SEARCH_BUDGET = 300
+#: schedules whose steady state runs (F;B) pairs, so a stage costs its pair makespans
+OVERLAPPED_SCHEDULES = ("overlapped", "interleaved-overlapped")
+
+
+def _prefix(values: Sequence[float]) -> list[float]:
+    out = [0.0]
+    for v in values:
+        out.append(out[-1] + v)
+    return out
+
+
+class StageCostModel:
+    """Per-layer times and memory turned into segment functions for the partitioner.
+
+    Index convention: decoder layer ``l`` is entry ``l + 1`` of ``layer_costs`` / ``memory`` (entry 0 is the
+    embedding, the last entry the LM head and loss); the embedding counts toward (virtual) stage 0 and the head
+    toward the last one (``pp * vpp - 1``).
+    """
+
+    def __init__(self, layer_costs: Sequence[LayerCost], memory: Sequence[LayerMemory], parallel: ParallelConfig,
+                 pair_costs: dict[tuple[str, str], float] | None = None):
+        self.costs = list(layer_costs)
+        self.memory = list(memory)
+        self.parallel = parallel
+        self.pair_costs = pair_costs
+        self.num_layers = len(self.costs) - 2
+        self.num_stages = parallel.pp * parallel.vpp
+        self.kinds = [c.kind for c in self.costs[1:-1]]
+        self._fb_cache: dict[tuple[int, int], float] = {}
+        body = self.costs[1:-1]
+        self._pf = _prefix([c.F.time for c in body])
+        self._pb = _prefix([c.B.time + c.W.time for c in body])
+        self._pw = _prefix([c.W.time for c in body])
+        self._pparam = _prefix([mm.param_bytes for mm in self.memory[1:-1]])
+        self._pact = _prefix([mm.activation_bytes for mm in self.memory[1:-1]])
+
+    def _ends(self, s: int) -> list[int]:
+        """Entries (0 = embedding, -1 = head) that stage ``s`` owns besides its decoder layers."""
+        return ([0] if s == 0 else []) + ([-1] if s == self.num_stages - 1 else [])
+
+    def _extra(self, s: int, attr: str) -> float:
+        total = 0.0
+        for e in self._ends(s):
+            c = self.costs[e]
+            total += {"f": c.F.time, "b": c.B.time + c.W.time, "w": c.W.time}[attr]
+        return total
+
+    def f(self, s: int, i: int, j: int) -> float:
+        """Forward of the segment, seconds per micro-batch."""
+        return self._pf[j] - self._pf[i] + self._extra(s, "f")
+
+    def b(self, s: int, i: int, j: int) -> float:
+        """Full backward (B + W) of the segment, seconds per micro-batch."""
+        return self._pb[j] - self._pb[i] + self._extra(s, "b")
+
+    def w(self, s: int, i: int, j: int) -> float:
+        """Weight-gradient part of the backward, seconds per micro-batch."""
+        return self._pw[j] - self._pw[i] + self._extra(s, "w")
+
+    def standalone(self, s: int, i: int, j: int) -> float:
+        """Standalone time per micro-batch (F + B + W) of stage s owning layers i..j-1."""
+        return self.f(s, i, j) + self.b(s, i, j)
+
+    def fb(self, s: int, i: int, j: int) -> float:
+        """Time per micro-batch after overlap (DESIGN section 3): the steady state of overlapped 1F1B pairs
+        layer ``i+k``'s forward with layer ``j-1-k``'s full backward (B then W); the stage costs the sum of the
+        pair makespans plus its extras (embedding on the first stage, LM head and loss on the last), which
+        run standalone. Requires ``pair_costs``."""
+        if self.pair_costs is None:
+            raise ConfigError("overlap-aware stage costs need pair costs (plan with schedule 'overlapped')")
+        core = self._fb_cache.get((i, j))
+        if core is None:
+            core = self._fb_cache[(i, j)] = stage_pair_cost(self.kinds[i:j], self.pair_costs)
+        return core + self._extra(s, "f") + self._extra(s, "b")
+
+    def cost(self, s: int, i: int, j: int) -> float:
+        """The stage cost the schedule's steady state sees: after overlap for ``overlapped``, else standalone."""
+        if self.pair_costs is not None and self.parallel.schedule in OVERLAPPED_SCHEDULES:
+            return self.fb(s, i, j)
+        return self.standalone(s, i, j)
+
+    def params(self, s: int, i: int, j: int) -> float:
+        """Parameter and training-state bytes per GPU of the segment."""
+        return self._pparam[j] - self._pparam[i] + sum(self.memory[e].param_bytes for e in self._ends(s))
+
+    def activations(self, s: int, i: int, j: int) -> float:
+        """Activation bytes per micro-batch of the segment."""
+        return self._pact[j] - self._pact[i] + sum(self.memory[e].activation_bytes for e in self._ends(s))
+
+    def memory_bytes(self, s: int, i: int, j: int) -> float:
+        """Parameters and training state plus activations times micro-batches in flight (bytes); for virtual
+        stages the rank's memory is the sum over its chunks."""
+        p = self.parallel
+        return self.params(s, i, j) + self.activations(s, i, j) * plan_in_flight(
+            p.schedule, p.pp, s % p.pp, p.microbatches, p.vpp)
+
+
+@lru_cache(maxsize=256)
+def _pair_result(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, kind_f: str, kind_b: str, budget: int):
+    cm = CostModel(cluster, parallel)
+    ex = layer_kind_examples(model)
+    a = bundle(model, ex[kind_f], "F", parallel, name="F")
+    b = bundle(model, ex[kind_b], "BW", parallel, name="BW")
+    return a, b, schedule_pair(a, b, cost_model=cm, budget=budget)
+
+
+def analytic_pair(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, kind_f: str, kind_b: str,
+                  budget: int = PAIR_SEARCH_BUDGET):
+    """``(bundle F, bundle BW, PairSchedule)``: the forward of a ``kind_f`` layer with the full backward (B then
+    W) of a ``kind_b`` layer in the best issue order the overlap scheduler finds under the analytic cost model
+    (memoised; the makespan is in seconds)."""
+    return _pair_result(model, parallel, cluster, kind_f, kind_b, budget)
+
+
+def layer_pair_costs(model: ModelSpec, parallel: ParallelConfig, cost_model: CostModel,
+                     budget: int = PAIR_SEARCH_BUDGET) -> dict[tuple[str, str], float]:
+    """Analytic makespan (seconds) of every (forward kind, backward kind) pair of the model's layer kinds
+    (:func:`analytic_pair`)."""
+    kinds = list(layer_kind_examples(model))
+    return {(kf, kb): analytic_pair(model, parallel, cost_model.cluster, kf, kb, budget)[2].makespan
+            for kf in kinds for kb in kinds}
+
+
+def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, profile=None
+                      ) -> tuple[CostModel, StageCostModel]:
+    """Cost model and per-segment stage costs/memory for a model on a cluster (pair costs after overlap
+    included when the schedule is overlapped: from a measured ``profile`` (a
+    :class:`tessera_lab.overlap.profiles.Profile`) when given, else from the analytic overlap scheduler)."""
+    cost_model = CostModel(cluster, parallel)
+    tasks = decompose(model, parallel)
+    layer_costs = [cost_model.layer_cost(lt) for lt in tasks]
+    mem = layer_memory(model, parallel, tasks)
+    pairs = None
+    if parallel.schedule in OVERLAPPED_SCHEDULES:
+        if profile is not None:
+            from tessera_lab.overlap.profiles import profile_stage_pair_costs
+
+            pairs = profile_stage_pair_costs(profile, model, parallel, cost_model, budget=PAIR_SEARCH_BUDGET)
+        else:
+            pairs = layer_pair_costs(model, parallel, cost_model)
+    return cost_model, StageCostModel(layer_costs, mem, parallel, pairs)

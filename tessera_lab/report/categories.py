@@ -1,0 +1,275 @@
+"""Capacity categories and per-action recipes: what one action's predicted time is made of.
+
+The category names, labels and definitions of the capacity report (:mod:`tessera_lab.report.capacity`, DESIGN
+section 3), :func:`lane_breakdown` (a bundle's two-lane makespan split into categories) and the recipes of an
+evaluated plan (:func:`evaluation_recipes`: per stage and action type, built from the same per-layer tasks and
+the same analytic pair orders the planner used, :func:`tessera_lab.plan.stages.analytic_pair`). Seconds on one
+rank. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from tessera_lab.cost.analytic import Contention, CostModel, two_lane_makespan
+from tessera_lab.cost.contention import kernel_class
+from tessera_lab.model.hardware import Cluster, ParallelConfig
+from tessera_lab.model.spec import ModelSpec
+from tessera_lab.model.tasks import MODEL_FLOP_OPS, Task, decompose
+from tessera_lab.overlap.core import Bundle, pair_graph
+from tessera_lab.pipeline.simulate import merge_intervals, overlap_length
+from tessera_lab.plan.stages import PAIR_SEARCH_BUDGET, analytic_pair
+
+GIB = 2**30
+
+#: rows of the capacity table, in display order (``exposed_<other>`` rows for other collectives are added
+#: after ``exposed_dp_grad_sync`` when a timeline has them)
+CATEGORIES = (
+    "stage_imbalance",
+    "exposed_ep_all_to_all",
+    "exposed_pp_p2p",
+    "exposed_tp",
+    "exposed_dp_grad_sync",
+    "bubble",
+    "routing_variance",
+    "memory_wait",
+    "runtime_overhead",
+    "non_model_work",
+    "kernel_efficiency",
+    "overlap_contention",
+    "residual",
+)
+
+LABELS = {
+    "stage_imbalance": "stage imbalance",
+    "exposed_ep_all_to_all": "exposed EP all-to-all",
+    "exposed_pp_p2p": "exposed PP p2p",
+    "exposed_tp": "exposed TP all-reduce",
+    "exposed_dp_grad_sync": "exposed DP gradient sync",
+    "bubble": "warm-up/cool-down bubble",
+    "routing_variance": "routing variance",
+    "memory_wait": "memory wait",
+    "runtime_overhead": "runtime overhead",
+    "non_model_work": "non-model work",
+    "kernel_efficiency": "kernel efficiency",
+    "overlap_contention": "overlap contention",
+    "residual": "residual",
+    "compute_unsplit": "compute beyond model FLOPs at peak (unsplit)",
+}
+
+DEFINITIONS = {
+    "stage_imbalance": "idle while the busiest rank does more work: sum_r min(idle left, busy0_max - busy0_r)",
+    "exposed_ep_all_to_all": "EP dispatch/combine all-to-all time with no compute kernel running",
+    "exposed_pp_p2p": "idle compute lane covered by a stage-to-stage transfer into the rank",
+    "exposed_tp": "TP all-reduce time with no compute kernel running",
+    "exposed_dp_grad_sync": "idle compute lane covered by the end-of-iteration gradient sync",
+    "bubble": "rest of the idle time: pipeline fill/drain and schedule dependency waits",
+    "routing_variance": "actions beyond their nominal (uniform-routing) time, plus idle beyond the nominal idle",
+    "memory_wait": "compute-lane memory_wait events (none in simulation)",
+    "runtime_overhead": "kernel launch/tail per compute task; observed beyond predicted time for runs",
+    "non_model_work": "router, norms, element-wise, permute, embedding, loss, recompute: not model FLOPs",
+    "kernel_efficiency": "model-FLOP kernels below peak: their time minus their FLOPs at peak",
+    "overlap_contention": "compute slowed down beside communication kernels (contention)",
+    "residual": "lost time minus the sum of the rows above",
+    "compute_unsplit": "compute time minus model FLOPs at peak, without a per-task prediction to split it",
+}
+
+_COLLECTIVE_CATEGORY = {
+    "all_to_all:ep": "exposed_ep_all_to_all",
+    "all_reduce:tp": "exposed_tp",
+    "pp_p2p": "exposed_pp_p2p",
+    "RECV_F": "exposed_pp_p2p",
+    "RECV_B": "exposed_pp_p2p",
+    "dp_grad_sync": "exposed_dp_grad_sync",
+    "ep_a2a": "exposed_ep_all_to_all",  # the runner's comm-lane name
+}
+
+MEMORY_WAIT_TYPES = frozenset({"memory_wait", "MEMORY_WAIT"})
+
+
+def collective_category(name: str) -> str:
+    """The capacity row of a collective name (``all_to_all:ep`` -> ``exposed_ep_all_to_all``; unknown names
+    become ``exposed_<name>`` with non-alphanumerics replaced by ``_``)."""
+    if name in _COLLECTIVE_CATEGORY:
+        return _COLLECTIVE_CATEGORY[name]
+    if name.endswith(":tp"):
+        return "exposed_tp"
+    return "exposed_" + re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_").lower()
+
+
+# ---------------------------------------------------------------------- action recipes
+@dataclass
+class ActionBreakdown:
+    """Predicted time of one action (or bundle) split into capacity categories, seconds on one rank.
+
+    Attributes:
+        parts: category -> seconds; ``model_at_peak`` is the model-op FLOPs at peak (the useful part), the
+            other keys are :data:`CATEGORIES` names. ``sum(parts) == total``.
+        comm: collective (``all_to_all:ep``, ``all_reduce:tp``) -> standalone communication seconds issued
+            by the action, hidden or not (for hidden fractions; not part of ``total``).
+        total: the action's predicted time, seconds.
+    """
+
+    parts: dict[str, float] = field(default_factory=dict)
+    comm: dict[str, float] = field(default_factory=dict)
+    total: float = 0.0
+
+    def add(self, other: "ActionBreakdown", sign: float = 1.0) -> "ActionBreakdown":
+        for k, v in other.parts.items():
+            self.parts[k] = self.parts.get(k, 0.0) + sign * v
+        for k, v in other.comm.items():
+            self.comm[k] = self.comm.get(k, 0.0) + sign * v
+        self.total += sign * other.total
+        return self
+
+    def copy(self) -> "ActionBreakdown":
+        return ActionBreakdown(dict(self.parts), dict(self.comm), self.total)
+
+
+def lane_breakdown(
+    order: Sequence[str],
+    durations: Mapping[str, float],
+    lanes: Mapping[str, str],
+    deps: Mapping[str, Sequence[str]],
+    tasks: Mapping[str, Task],
+    *,
+    contention: Contention,
+    peak_flops: float,
+    launch_s: float,
+) -> ActionBreakdown:
+    """Split the makespan of tasks run on the two lanes into capacity categories (seconds, one rank).
+
+    Runs :func:`tessera_lab.cost.analytic.two_lane_makespan` and attributes: per compute task its launch time
+    (``min(launch_s, duration)``) to ``runtime_overhead``; the rest to ``model_at_peak`` (FLOPs / peak) and
+    ``kernel_efficiency`` for model-FLOP ops (:data:`tessera_lab.model.tasks.MODEL_FLOP_OPS`), else to
+    ``non_model_work``; its span beyond its duration to ``overlap_contention``; per communication task the
+    part of its span with no compute running to the collective's exposed row. The compute lane runs one task
+    at a time and at every instant one lane is busy, so the parts sum to the makespan.
+
+    Args:
+        order: issue order (keys); durations: standalone seconds per key; lanes: ``compute``/``comm``;
+        deps: key -> keys it waits for; tasks: key -> :class:`~tessera_lab.model.tasks.Task` (op, FLOPs, collective).
+        contention: the cost model's contention; peak_flops: FLOP/s; launch_s: seconds per compute kernel.
+    """
+    classes = {k: kernel_class(t.op, t.is_comm) for k, t in tasks.items()}  # as the cost model runs them
+    res = two_lane_makespan(tuple(order), durations, lanes, deps, contention, classes)
+    parts: dict[str, float] = defaultdict(float)
+    comm_total: dict[str, float] = defaultdict(float)
+    comp_iv = []
+    comm_spans = []
+    for k in order:
+        s, e = res.spans[k]
+        d = float(durations[k])
+        t = tasks[k]
+        if lanes[k] == "compute":
+            comp_iv.append((s, e))
+            parts["overlap_contention"] += (e - s) - d
+            launch = min(launch_s, d)
+            parts["runtime_overhead"] += launch
+            rest = d - launch
+            if t.op in MODEL_FLOP_OPS:
+                at_peak = min(t.flops / peak_flops, rest)
+                parts["model_at_peak"] += at_peak
+                parts["kernel_efficiency"] += rest - at_peak
+            else:
+                parts["non_model_work"] += rest
+        else:
+            key = f"{t.collective.kind}:{t.collective.group}" if t.collective else t.op
+            comm_total[key] += d
+            comm_spans.append((key, s, e))
+    merged = merge_intervals(comp_iv)
+    for key, s, e in comm_spans:
+        if e > s:
+            parts[collective_category(key)] += (e - s) - overlap_length([(s, e)], merged)
+    return ActionBreakdown(dict(parts), dict(comm_total), res.makespan)
+
+
+class _RecipeBuilder:
+    """Per-layer phase and pair breakdowns of a plan's model, memoised."""
+
+    def __init__(self, model: ModelSpec, parallel: ParallelConfig, cluster: Cluster):
+        self.model, self.parallel, self.cluster = model, parallel, cluster
+        self.cm = CostModel(cluster, parallel)
+        self.peak = cluster.gpu.peak_flops
+        self.launch = self.cm.a["kernel_launch_s"]
+        self.layer_tasks = decompose(model, parallel)  # embedding, layers..., head
+        self.budget = PAIR_SEARCH_BUDGET
+        self._phase: dict[tuple[int, str], ActionBreakdown] = {}
+        self._pair: dict[tuple[str, str], ActionBreakdown] = {}
+
+    def _run(self, order, durations, lanes, deps, tasks) -> ActionBreakdown:
+        return lane_breakdown(order, durations, lanes, deps, tasks, contention=self.cm.contention,
+                              peak_flops=self.peak, launch_s=self.launch)
+
+    def phase(self, entry: int, phase: str) -> ActionBreakdown:
+        """Breakdown of a standalone F/B/W bundle in program order; ``entry`` indexes ``decompose`` (0 =
+        embedding, ``l + 1`` = decoder layer l, last = LM head). Same execution as
+        :meth:`tessera_lab.cost.analytic.CostModel.phase_cost`."""
+        key = (entry, phase)
+        if key not in self._phase:
+            tasks = getattr(self.layer_tasks[entry], phase)
+            names = [t.name for t in tasks]
+            known = set(names)
+            self._phase[key] = self._run(
+                names, {t.name: self.cm.task_time(t) for t in tasks},
+                {t.name: "comm" if t.is_comm else "compute" for t in tasks},
+                {t.name: tuple(d for d in t.deps if d in known) for t in tasks},
+                {t.name: t for t in tasks})
+        return self._phase[key]
+
+    def pair(self, kind_f: str, kind_b: str) -> ActionBreakdown:
+        """Breakdown of the forward of a ``kind_f`` layer run with the full backward of a ``kind_b`` layer in
+        the overlap scheduler's best order (the planner's :func:`tessera_lab.plan.stages.analytic_pair`)."""
+        key = (kind_f, kind_b)
+        if key not in self._pair:
+            a, b, res = analytic_pair(self.model, self.parallel, self.cluster, kind_f, kind_b, self.budget)
+            graph = pair_graph(a, b)
+            tasks, durations = {}, {}
+            for bd in (a, b):
+                for t in bd.tasks:
+                    k = f"{bd.name}/{Bundle.task_id(t)}"
+                    tasks[k] = t
+                    durations[k] = self.cm.task_time(t)
+            self._pair[key] = self._run(res.order, durations, graph.lanes, graph.deps, tasks)
+        return self._pair[key]
+
+    def stage(self, s: int, layers: Sequence[int], overlapped: bool) -> dict[str, ActionBreakdown]:
+        """Recipes of stage ``s`` owning ``layers``: ``F``, ``B`` (full backward), ``W``, ``I`` (= B - W) and,
+        when ``overlapped``, ``OVERLAP_F_B``."""
+        p = self.parallel
+        last = len(self.layer_tasks) - 1
+        extras = ([0] if s == 0 else []) + ([last] if s == p.pp * p.vpp - 1 else [])
+        F, B, W = ActionBreakdown(), ActionBreakdown(), ActionBreakdown()
+        for e in [l + 1 for l in layers] + extras:
+            F.add(self.phase(e, "F"))
+            B.add(self.phase(e, "B")).add(self.phase(e, "W"))
+            W.add(self.phase(e, "W"))
+        out = {"F": F, "B": B, "W": W, "I": B.copy().add(W, -1.0)}
+        if overlapped:
+            kinds = [self.model.layers[l].kind for l in layers]
+            n = len(kinds)
+            ov = ActionBreakdown()
+            for k in range(n):
+                ov.add(self.pair(kinds[k], kinds[n - 1 - k]))
+            for e in extras:
+                ov.add(self.phase(e, "F")).add(self.phase(e, "B")).add(self.phase(e, "W"))
+            out["OVERLAP_F_B"] = ov
+        return out
+
+
+def evaluation_recipes(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, evaluation: Any,
+                       *, builder: _RecipeBuilder | None = None) -> dict[tuple[int, str], ActionBreakdown]:
+    """Recipes ``{(stage, action type): ActionBreakdown}`` of an evaluated plan
+    (:class:`tessera_lab.plan.make.Evaluation`), one per stage and F / B / I / W / OVERLAP_F_B."""
+    builder = builder or _RecipeBuilder(model, parallel, cluster)
+    overlapped = any(st.overlap_s is not None for st in evaluation.stages)
+    out = {}
+    for st in evaluation.stages:
+        for typ, bd in builder.stage(st.index, st.layers, overlapped).items():
+            out[(st.index, typ)] = bd
+    return out
+
+
