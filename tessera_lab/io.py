@@ -374,7 +374,8 @@ def read_json(path: str | os.PathLike, what: str = "file", *, error: type[Except
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise err(f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+        where = "" if exc.msg.endswith(" at") else " at"  # json's "Unterminated string starting at"
+        raise err(f"is not valid JSON ({exc.msg}{where} line {exc.lineno} column {exc.colno})") from None
     except RecursionError:
         raise err(f"is nested deeper than {max_depth} levels; allowed: at most {max_depth}") from None
     except ValueError as exc:  # e.g. an integer literal over Python's 4300-digit limit

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 from tessera_lab.argtypes import positive_int
 from tessera_lab.cli.common import add_json, emit, table
+
+
+def _rate(fit: dict) -> str:
+    """``"N MB/s"`` of an alpha-beta fit, or the reason it has no byte term."""
+    if fit.get("bytes_per_s", 0) > 0:
+        return f"{fit['bytes_per_s'] / 1e6:.1f} MB/s"
+    return "bandwidth n/a: " + fit.get("fit_note", "no byte term")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -47,10 +55,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
              table(rows, ".4g"),
              f"GEMM {dev['throughput']['gemm_flop_per_s'] / 1e9:.2f} GFLOP/s at {dev['throughput']['gemm_shape']}, "
              f"memory {dev['throughput']['memory_bytes_per_s'] / 1e9:.2f} GB/s (measured)",
-             f"gloo p2p: alpha {dev['p2p']['alpha_s'] * 1e6:.1f} us, {dev['p2p']['bytes_per_s'] / 1e6:.1f} MB/s"]
+             f"gloo p2p: alpha {dev['p2p']['alpha_s'] * 1e6:.1f} us, {_rate(dev['p2p'])}"]
     for g, e in dev["all_to_all"].items():
-        lines.append(f"gloo all-to-all, group {g}: alpha {e['alpha_s'] * 1e6:.1f} us, {e['bytes_per_s'] / 1e6:.1f} MB/s")
-    lines.append(f"device file: {args.out}")
+        lines.append(f"gloo all-to-all, group {g}: alpha {e['alpha_s'] * 1e6:.1f} us, {_rate(e)}")
+    print(f"device file: {args.out}", file=sys.stderr)
     emit(args, dev, "\n".join(lines))
     return 0
 

@@ -83,8 +83,9 @@ def _measure_runner(args: argparse.Namespace) -> int:
              f"{r['t_program'] * 1e3:.2f} ms, chosen {r['t_ab'] * 1e3:.2f} ms (measured medians)",
              f"{len(r['candidates'])} orders measured (successive halving), decision: {d['verdict']} "
              f"(candidate {d['chosen']}; rule {d['rule']})",
-             "chosen order: " + " ".join(r["chosen_order"]), f"profile: {out}"]
+             "chosen order: " + " ".join(r["chosen_order"])]
     emit(args, {"profile": out, **r}, "\n".join(lines))
+    print(f"profile: {out}", file=sys.stderr)
     return 0
 
 
@@ -143,7 +144,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     text = (f"{model.name}: overlap of F (micro-batch i+1) with B+W (micro-batch i), backend {args.backend}, "
             f"device {env.get('device')}, size factor {f:g}, repeats {args.repeats if args.backend != 'analytic' else 1}\n"
             + table(rows, ".4g")
-            + f"\noverlap spread (best gain / worst gain): {spread:.3g}\nprofile: {prof.path}")
+            + f"\noverlap spread (best gain / worst gain): {spread:.3g}")
     decisions = []
     for r in results:
         s = r.metadata.get("search") or {}
@@ -163,6 +164,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
         "table": overlap.to_dict(orient="records"), "decisions": decisions, "fit": fit,
     }
     emit(args, result, text)
+    print(f"profile: {prof.path}", file=sys.stderr)
     return 0
 
 

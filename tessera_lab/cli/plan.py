@@ -21,8 +21,31 @@ def _evaluation_rows(ev, pp: int | None = None) -> list[dict[str, Any]]:
     } for st in ev.stages]
 
 
+def _bottleneck_line(ev) -> str:
+    """``bottleneck: stage S (layers ..., T ms per micro-batch): CAUSE`` for the slowest stage of an evaluation."""
+    stages = ev.stages
+    s = max(range(len(stages)), key=lambda i: stages[i].time_s)
+    st = stages[s]
+    others = [x.time_s for i, x in enumerate(stages) if i != s]
+    causes = []
+    if s == len(stages) - 1:
+        causes.append("it holds the LM head and loss")
+    if s == 0:
+        causes.append("it holds the embedding")
+    n_full = sum(1 for k in st.kinds if k.startswith("full_attention"))
+    if n_full:
+        causes.append(f"{n_full} full-attention layer{'s' if n_full > 1 else ''}")
+    mean_layers = sum(len(x.layers) for x in stages) / len(stages)
+    if len(st.layers) > mean_layers:
+        causes.append(f"{len(st.layers)} layers against {mean_layers:.1f} on average")
+    gap = (st.time_s / (sum(others) / len(others)) - 1) if others else 0.0
+    return (f"bottleneck: stage {s} ({layer_summary(st.layers, st.kinds)}, {st.time_s * 1e3:.2f} ms per micro-batch, "
+            f"{gap:+.1%} against the other stages' mean)" + (": " + "; ".join(causes) if causes else ""))
+
+
 def format_plan(plan) -> str:
-    """Readable text of a plan: per-stage tables for the chosen method and each baseline, then a summary."""
+    """Readable text of a plan: the header and the summary of every method first (infeasible ones marked), the
+    bottleneck stage and its cause, then per-stage tables for the chosen method and each baseline, notes last."""
     p, m = plan.parallel, plan.model
     lines = [
         f"model {m.name}: {m.num_layers} layers, pattern {m.layer_pattern()}  (L linear attention, A full attention; lower case: dense FFN)",
@@ -30,29 +53,35 @@ def format_plan(plan) -> str:
         f"pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}" + (f" vpp={p.vpp}" if p.vpp > 1 else "")
         + f" ({p.world_size} GPUs), schedule {p.schedule}, "
         f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "
-        f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU",
+        f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU; recompute {getattr(p, 'recompute', 'none')}, "
+        f"dispatcher {getattr(p, 'dispatcher', 'alltoall')}, precision {getattr(p, 'precision', p.dtype)}",
         f"costs: {plan.costs.describe()}",
         "",
     ]
-    summary = []
-    if plan.chosen.stages[0].overlap_s is not None:
-        lines.append("time/mb: per micro-batch after overlap (forward of one micro-batch paired with the backward of "
-                     "another, best issue order); standalone: the same work run one task after the other")
-        lines.append("")
+    summary, details = [], []
     for label, ev in [(f"{plan.chosen.method} (chosen)", plan.chosen)] + list(plan.baselines.items()):
-        lines.append(f"[{label}] boundaries {ev.partition.boundaries}"
-                     + ("" if ev.fits_memory else "  ** exceeds GPU memory **")
-                     + (f"; solver {ev.partition.solver} {ev.partition.status} in {ev.partition.solve_time_s:.3f} s"
-                        if ev.partition.solver else ""))
-        lines.append(table(_evaluation_rows(ev, p.pp if p.vpp > 1 else None), ".3f"))
-        lines.append("")
+        details.append(f"[{label}] boundaries {ev.partition.boundaries}"
+                       + ("" if ev.fits_memory else "  ** exceeds GPU memory **")
+                       + (f"; solver {ev.partition.solver} {ev.partition.status} in {ev.partition.solve_time_s:.3f} s"
+                          if ev.partition.solver else ""))
+        details.append(table(_evaluation_rows(ev, p.pp if p.vpp > 1 else None), ".3f"))
+        details.append("")
         summary.append({
-            "method": ev.method, "iteration (s)": ev.iteration_time_s, "tokens/s": ev.tokens_per_s,
-            "MFU": ev.mfu, "bubble_fraction": ev.bubble_fraction,
+            "method": ev.method + ("" if ev.fits_memory else " (!)"), "iteration (s)": ev.iteration_time_s,
+            "tokens/s": ev.tokens_per_s, "MFU": ev.mfu, "bubble_fraction": ev.bubble_fraction,
             "slowest stage (ms)": max(st.time_s for st in ev.stages) * 1e3,
             "fits memory": "yes" if ev.fits_memory else "NO",
         })
     lines.append(table(summary, ".4g"))
+    if any(not ev.fits_memory for ev in [plan.chosen, *plan.baselines.values()]):
+        lines.append("(!) does not fit in GPU memory: its times are shown for comparison only")
+    lines.append(_bottleneck_line(plan.chosen))
+    lines.append("")
+    if plan.chosen.stages[0].overlap_s is not None:
+        lines.append("time/mb: per micro-batch after overlap (forward of one micro-batch paired with the backward of "
+                     "another, best issue order); standalone: the same work run one task after the other")
+        lines.append("")
+    lines.extend(details)
     if plan.schedule_trials:
         lines.append("")
         lines.append("schedules tried (--schedule auto):")

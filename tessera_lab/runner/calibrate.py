@@ -54,7 +54,10 @@ def _fit(points: Sequence[tuple[float, float]]) -> dict[str, float]:
     from tessera_lab.cost.device import _fit_line
 
     a, b = _fit_line(points)
-    return {"alpha_s": a, "bytes_per_s": (1.0 / b) if b > 0 else 0.0}
+    out = {"alpha_s": a, "bytes_per_s": (1.0 / b) if b > 0 else 0.0}
+    if b <= 0:  # time did not grow with bytes (noise): the byte term is left out, and the file says so
+        out["fit_note"] = "time did not grow with message size; byte term left out (re-run on a quieter machine)"
+    return out
 
 
 def _layer_points(cfg: TinyConfig, mbs: int, repeats: int) -> tuple[dict, dict]:

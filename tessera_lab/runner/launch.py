@@ -205,7 +205,7 @@ def format_result(result: RunResult) -> str:
         ref = job.get("reference")
         rows = []
         for s, loss in enumerate(job["losses"]):
-            row = {"step": s, "loss": f"{loss:.9f}", "step time (ms)": job["step_times_s"][s] * 1e3}
+            row = {"step": s, "loss": f"{loss:.9f}", "step wall (ms)": job["step_times_s"][s] * 1e3}
             if ref:
                 row["reference"] = f"{ref['reference_losses'][s]:.9f}"
                 row["equal"] = "bitwise" if loss == ref["reference_losses"][s] else f"{abs(loss - ref['reference_losses'][s]):.2e}"
@@ -221,16 +221,20 @@ def format_result(result: RunResult) -> str:
         for r in t["stages"]:
             srows.append({k.replace("_s", " (ms)") if k.endswith("_s") else k: (v * 1e3 if k.endswith("_s") else v)
                           for k, v in r.items()})
-        lines.append("predicted (simulate) vs observed, per stage:")
+        lines.append("step wall: the slowest rank's whole step (pipeline, gradient sync, optimizer); pipeline time: "
+                     "the last compute action's end in the step")
+        lines.append("in-sample check, per stage: this run's own median action times (observed) replayed by the "
+                     "simulator (not a prediction: the plan's prediction, when there is one, is the line after):")
         lines.append(tabulate(srows, headers="keys", floatfmt=".3f"))
         pv = job.get("plan_vs_observed")
         if pv:
             lines.append(f"plan ({pv['costs']}, predicted {pv['predicted_at']}, before the run): iteration "
-                         f"{pv['predicted_s'] * 1e3:.3f} ms; observed {pv['observed_s'] * 1e3:.3f} ms (median of steps "
+                         f"{pv['predicted_s'] * 1e3:.3f} ms; observed pipeline time {pv['observed_s'] * 1e3:.3f} ms (median of steps "
                          f"{pv['steps']}, spread {pv['observed_q1_s'] * 1e3:.3f}-{pv['observed_q3_s'] * 1e3:.3f} ms); "
                          f"error {pv['error'] * 100:+.1f}%")
         it = t["iteration"]
-        lines.append(f"iteration: predicted {it['predicted_s'] * 1e3:.3f} ms, observed {it['observed_s'] * 1e3:.3f} ms "
+        lines.append(f"in-sample replay of the iteration: simulated {it['predicted_s'] * 1e3:.3f} ms from this run's own "
+                     f"action times, observed {it['observed_s'] * 1e3:.3f} ms "
                      f"(error {it['relative_error'] * 100:+.1f}%); bubble fraction predicted "
                      f"{it['predicted_bubble_fraction']:.3f}, observed {it['observed_bubble_fraction']:.3f}")
         lines.append("")

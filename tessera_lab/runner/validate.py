@@ -111,7 +111,16 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
         "machine": {"cores": os.cpu_count(), "load_before": [round(x, 2) for x in load0],
                     "load_after": [round(x, 2) for x in os.getloadavg()], "seconds": round(time.time() - t0, 1)},
         "targets": TARGETS, "steps": steps, "quick": quick,
+        "targets_met": _targets_met(statistics.median(errs) if errs else math.nan,
+                                    agree / total if total else math.nan),
     }
+
+
+def _targets_met(median_abs_error: float, rank_agreement: float) -> dict[str, bool]:
+    """Which of :data:`TARGETS` a result meets (NaN meets none)."""
+    return {"median_abs_error_busy": bool(median_abs_error <= TARGETS["median_abs_error_busy"]),
+            "median_abs_error_quiet": bool(median_abs_error <= TARGETS["median_abs_error_quiet"]),
+            "rank_agreement": bool(rank_agreement >= TARGETS["rank_agreement"])}
 
 
 def format_validation(r: dict[str, Any]) -> str:
@@ -126,6 +135,8 @@ def format_validation(r: dict[str, Any]) -> str:
         f"median |error| {r['median_abs_error'] * 100:.1f}% (target <= {t['median_abs_error_busy'] * 100:.0f}% busy, "
         f"<= {t['median_abs_error_quiet'] * 100:.0f}% quiet); rank agreement {r['rank_agreement'] * 100:.0f}% over "
         f"{r['rank_pairs']} pairs (target >= {t['rank_agreement'] * 100:.0f}%)",
+        "targets: " + ", ".join(f"{k.replace('_', ' ')} {'met' if v else 'NOT met'}"
+                                for k, v in r.get("targets_met", {}).items()),
         f"calibration: device {r['calibration']['device']} ({r['calibration']['date']}), separate microbenchmark "
         f"runs, disjoint from the validated runs",
         f"machine: {m['cores']} cores, load {m['load_before']} before, {m['load_after']} after; {m['seconds']} s",
