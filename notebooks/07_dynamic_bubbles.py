@@ -176,7 +176,7 @@ for sched, sub in levels.groupby("static plan", sort=False):
 # ends.
 
 # %%
-sweep = pd.DataFrame(studies.skew_sweep(costs, SWEEP_SKEWS, seeds=SEEDS, schedule="1f1b", microbatches=MICROBATCHES,
+sweep = pd.DataFrame(studies.dynamic_gain_vs_skew(costs, SWEEP_SKEWS, seeds=SEEDS, schedule="1f1b", microbatches=MICROBATCHES,
                                      include_uniform=False))
 sweep["skew"] = list(SWEEP_SKEWS)
 grp = pd.DataFrame(studies.group_sweep(costs, SWEEP_GROUPS, spec, seeds=SEEDS, schedule="1f1b",

@@ -15,7 +15,7 @@ from tessera_lab.cli.main import main
 from tessera_lab.dynamic.durations import ChunkedDurations, RoutedDurations, StageCosts, slowest_loads
 from tessera_lab.dynamic.evaluate import run_dynamic
 from tessera_lab.dynamic.planner import check_dependencies, grad_sync_tasks, peak_live_activations, plan_dynamic, predict_gaps
-from tessera_lab.dynamic.studies import SKEW_LEVELS, group_sweep, paper_comparison, prediction_study, skew_sweep
+from tessera_lab.dynamic.studies import SKEW_LEVELS, group_sweep, paper_comparison, prediction_study, dynamic_gain_vs_skew
 from tessera_lab.pipeline.passes import (
     action_slack,
     chunk_weight_gradients,
@@ -268,7 +268,7 @@ def test_skewed_routing_removes_a_measurable_share_of_idle_time(capsys):
 
 
 def test_sweeps_and_prediction_study():
-    rows = skew_sweep(small_costs(), (0.0, 1.0), seeds=(0,), microbatches=6)
+    rows = dynamic_gain_vs_skew(small_costs(), (0.0, 1.0), seeds=(0,), microbatches=6)
     assert [r["routing"] for r in rows] == ["uniform", "zipf:0", "zipf:1"]
     assert all(r["never_slower"] for r in rows)
     g = group_sweep(small_costs(), (1, 3), "zipf:1.0", seeds=(0,), microbatches=6)

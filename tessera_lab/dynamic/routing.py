@@ -73,6 +73,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tessera_lab.checks import check_int
 from tessera_lab.errors import ConfigError
 
 __all__ = [
@@ -201,9 +202,7 @@ def parse_routing(text: str | RoutingSpec, *, field_name: str = "routing") -> Ro
 
 # ---------------------------------------------------------------------------------------- shares
 def _check_int(name: str, value: Any, lo: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise ConfigError(f"field '{name}' = {value!r} is out of range; allowed: an integer >= {lo}")
-    return int(value)
+    return check_int(int(value) if isinstance(value, np.integer) else value, name, low=lo)
 
 
 def zipf_shares(num_experts: int, skew: float, *, ranking: Sequence[int] | np.ndarray | None = None) -> np.ndarray:

@@ -14,14 +14,14 @@ from tessera_lab.dynamic.durations import StageCosts
 from tessera_lab.dynamic.evaluate import DynamicResult, gap_error, run_dynamic
 from tessera_lab.dynamic.routing import parse_routing
 
-__all__ = ["SKEW_LEVELS", "skew_sweep", "group_sweep", "prediction_study", "paper_comparison"]
+__all__ = ["SKEW_LEVELS", "dynamic_gain_vs_skew", "group_sweep", "prediction_study", "paper_comparison"]
 
 #: the three routing regimes of the evaluation (Zipf exponents on 512 experts over 8 EP ranks give a busiest
 #: rank of about 1.0x, 1.25x and 1.75x its uniform share)
 SKEW_LEVELS = {"uniform": "uniform", "moderate": "zipf:0.5", "heavy": "zipf:1.0"}
 
 
-def skew_sweep(costs: StageCosts, skews: Iterable[float] = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25), *,
+def dynamic_gain_vs_skew(costs: StageCosts, skews: Iterable[float] = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25), *,
                seeds: Iterable[int] = (0, 1, 2), include_uniform: bool = True, **kw: Any) -> list[dict[str, Any]]:
     """Idle removed and throughput gain vs Zipf skew (means over ``seeds``); one row per skew.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from tessera_lab.checks import check_int
 from tessera_lab.errors import ScheduleError
 from tessera_lab.pipeline.actions import Action, ActionType, overlap
 from tessera_lab.pipeline.ir import Schedule
@@ -18,16 +19,10 @@ __all__ = ["gpipe", "one_f_one_b", "interleaved_1f1b", "zb_h1", "dualpipev", "ov
 
 
 def _check_int(name: str, value, low: int, *, schedule: str, hint: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            if float(value) != int(value):
-                raise ValueError
-            value = int(value)
-        except (TypeError, ValueError):
-            raise ScheduleError(f"{schedule}: {name} must be an integer >= {low}, got {value!r}") from None
-    if value < low:
-        raise ScheduleError(f"{schedule}: {name}={value} is out of range; allowed: {name} >= {low}{hint}")
-    return value
+    """:func:`tessera_lab.checks.check_int` as a :class:`ScheduleError` naming the schedule (``hint``: what to use
+    instead)."""
+    return check_int(value, name, low=low, where=schedule, error=ScheduleError,
+                     allowed=f"an integer >= {low}{hint}")
 
 
 def _single_chunk(name: str, pp: int, m: int, lists: dict[int, list[Action]], **meta) -> Schedule:

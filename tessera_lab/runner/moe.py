@@ -41,12 +41,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from tessera_lab.dynamic.routing import capacity_for
 from tessera_lab.errors import ConfigError
 
 __all__ = [
     "RoutingPlan",
     "route",
     "capacity_for",
+    "expert_major",
     "permute",
     "unpermute",
     "ExpertParallelComm",
@@ -55,17 +57,23 @@ __all__ = [
 ]
 
 
-def capacity_for(num_tokens: int, top_k: int, num_experts: int, capacity_factor: float | None) -> int | None:
-    """Per-expert capacity of one routing group: ``min(n, ceil(cf * n * k / E))``; ``None`` = unlimited.
-
-    Raises:
-        ConfigError: ``capacity_factor <= 0``.
-    """
-    if capacity_factor is None:
-        return None
-    if not capacity_factor > 0:
-        raise ConfigError(f"capacity_factor = {capacity_factor} is out of range; allowed: > 0 (or None for no limit)")
-    return int(min(num_tokens, math.ceil(capacity_factor * num_tokens * top_k / num_experts)))
+def expert_major(recv_counts, P: int, El: int, device):
+    """Gather index from peer-major received rows to expert-major rows, its inverse, and rows per local expert
+    (source-rank-major ``[p][e]`` -> expert-major ``[e][p]``; used by :meth:`ExpertParallelComm.dispatch` and the
+    node-level executor)."""
+    offsets, off = [], 0
+    for q in range(P):
+        row = []
+        for e in range(El):
+            row.append(off)
+            off += recv_counts[q][e]
+        offsets.append(row)
+    idx = [torch.arange(offsets[q][e], offsets[q][e] + recv_counts[q][e]) for e in range(El) for q in range(P)]
+    gather = (torch.cat(idx) if idx else torch.zeros(0, dtype=torch.int64)).to(device)
+    inverse = torch.empty_like(gather)
+    inverse[gather] = torch.arange(gather.numel(), device=gather.device)
+    per_expert = [sum(recv_counts[q][e] for q in range(P)) for e in range(El)]
+    return gather, inverse, per_expert
 
 
 @dataclass
@@ -265,21 +273,7 @@ class ExpertParallelComm:
         recv_counts = self.exchange_counts(send_counts)
         out_splits = [sum(r) for r in recv_counts]
         recv = all_to_all(x_perm, out_splits, in_splits, self.group_fwd, self.group_bwd, self.hook, "ep_dispatch")
-        # src-major [p][e] -> expert-major [e][p]
-        offsets = []
-        off = 0
-        for p in range(P):
-            row = []
-            for e in range(El):
-                row.append(off)
-                off += recv_counts[p][e]
-            offsets.append(row)
-        idx = [torch.arange(offsets[p][e], offsets[p][e] + recv_counts[p][e]) for e in range(El) for p in range(P)]
-        gather = torch.cat(idx) if idx else torch.zeros(0, dtype=torch.int64)
-        gather = gather.to(x_perm.device)
-        inverse = torch.empty_like(gather)
-        inverse[gather] = torch.arange(gather.numel(), device=gather.device)
-        per_expert = [sum(recv_counts[p][e] for p in range(P)) for e in range(El)]
+        gather, inverse, per_expert = expert_major(recv_counts, P, El, x_perm.device)
         xs = list(recv.index_select(0, gather).split(per_expert, dim=0))
         return xs, _Dispatch(recv_counts, in_splits, out_splits, gather, inverse, per_expert)
 

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .layers import TinyMoEModel, forward_key
-from .moe import permute
+from .moe import expert_major, permute
 
 __all__ = ["StageProgram", "node_names"]
 
@@ -52,24 +52,6 @@ def _unpermute(y_perm: torch.Tensor, plan, weight: torch.Tensor) -> torch.Tensor
     H = y_perm.shape[-1]
     slots = y_perm.new_zeros(n * k, H).index_copy(0, plan.order, y_perm)
     return (slots.view(n, k, H) * weight.to(y_perm.dtype).unsqueeze(-1)).sum(dim=1)
-
-
-def _expert_major(recv_counts, P: int, El: int, device):
-    """Gather index from peer-major received rows to expert-major rows, its inverse, and rows per local expert
-    (the reorder of :meth:`~tessera_lab.runner.moe.ExpertParallelComm.dispatch`)."""
-    offsets, off = [], 0
-    for q in range(P):
-        row = []
-        for e in range(El):
-            row.append(off)
-            off += recv_counts[q][e]
-        offsets.append(row)
-    idx = [torch.arange(offsets[q][e], offsets[q][e] + recv_counts[q][e]) for e in range(El) for q in range(P)]
-    gather = (torch.cat(idx) if idx else torch.zeros(0, dtype=torch.int64)).to(device)
-    inverse = torch.empty_like(gather)
-    inverse[gather] = torch.arange(gather.numel(), device=gather.device)
-    per_expert = [sum(recv_counts[q][e] for q in range(P)) for e in range(El)]
-    return gather, inverse, per_expert
 
 
 class _Layer:
@@ -220,7 +202,7 @@ class StageProgram:
                     st.y = torch.cat([moe.experts[str(e)](xs[e]) for e in range(moe.num_experts)], dim=0)
                     return
                 st.recv = _leaf(self._wait(f"L{i}.dispatch"))
-                gather, inverse, per_expert = _expert_major(st.splits[2], c.ep_size, c.experts_per_rank,
+                gather, inverse, per_expert = expert_major(st.splits[2], c.ep_size, c.experts_per_rank,
                                                             st.recv.device)
                 xs = list(st.recv.index_select(0, gather).split(per_expert, dim=0))
                 ys = [moe.experts[str(e)](xe) for e, xe in zip(c.local_experts, xs)]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from tessera_lab.checks import check_int
 from tessera_lab.cost.analytic import BUS_FACTOR, CostModel
 from tessera_lab.errors import ConfigError, TesseraError
 from tessera_lab.model.hardware import Cluster, GPUSpec, ParallelConfig, cost_assumptions, hardware_data
@@ -52,10 +53,7 @@ _FACTOR_TEXT = {"all_reduce": "2(n-1)/n", "all_gather": "(n-1)/n", "reduce_scatt
 
 
 def _check_int(name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum is not None and value > maximum):
-        allowed = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
-        raise ConfigError(f"field '{name}' = {value!r} is out of range; allowed: {allowed}")
-    return value
+    return check_int(value, name, low=minimum, high=maximum)
 
 
 def _check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
