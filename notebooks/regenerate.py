@@ -73,7 +73,7 @@ def build(script: Path, *, execute: bool = True, timeout_s: int = 600) -> float:
 
     t0 = time.perf_counter()
     nb = jupytext.read(script)
-    nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"})
+    nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"})
     nb.metadata["jupytext"] = {"formats": "ipynb,py:percent"}
     if execute:
         from nbclient import NotebookClient
