@@ -12,6 +12,10 @@ import pytest
 
 from tessera_lab.overlap import profiles as pr
 from tessera_lab.cli.main import main
+from tessera_lab.errors import ConfigError
+from tessera_lab.model.spec import load_model
+from tessera_lab.runner.orders import NAMED_ORDERS, TEMPLATE_KEYS
+from tessera_lab.runner.overlap_measure import runner_config_for
 
 CLI = [sys.executable, "-m", "tessera_lab"]
 
@@ -83,9 +87,24 @@ def test_measure_cpu_writes_a_profile_with_spread(tmp_path):
         assert meta["device"] and meta["torch"] and meta["date"] and meta["shapes"]["a"]["hidden"] == 64
         assert e["tasks"] and all(v["lane"] in ("compute", "comm") for v in e["tasks"].values())
         assert len(meta["candidates"]) >= 4 and meta["search"]["decision"]["verdict"]
+        # measuring is running: the runner's node-level executor, its ten template keys, Megatron's order
+        assert meta["executor"].startswith("runner node-level")
+        assert set(e["tasks"]) == set(TEMPLATE_KEYS)
+        assert list(NAMED_ORDERS["megatron"]) in [c["order"] for c in meta["candidates"]]
     # the fit is stored, and refitting from the file's per-task data reproduces it exactly
     assert prof.data["fit"]["pairs"] == 4
     refit = pr.refit(pr.load_profile(out)).as_dict()
     assert refit == {k: v for k, v in prof.data["fit"].items() if k in refit}
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["profile"] == str(out)
+
+
+def test_runner_config_scales_widths_and_keeps_counts():
+    """Qwen3-Next-80B at size factor 1/32 (hand-computed): hidden 2048 -> 64, head_dim 256 -> 8, expert width
+    512 -> 16, shared 512 -> 16, sequence 4096 -> 128; 16 q heads, 2 kv heads, 512 experts, top-10 kept."""
+    cfg = runner_config_for(load_model("qwen3-next-80b-a3b"), 1 / 32, 4096)
+    assert (cfg["hidden_size"], cfg["head_dim"], cfg["expert_width"], cfg["shared_expert_width"],
+            cfg["seq_len"]) == (64, 8, 16, 16, 128)
+    assert (cfg["num_heads"], cfg["num_kv_heads"], cfg["num_experts"], cfg["top_k"]) == (16, 2, 512, 10)
+    with pytest.raises(ConfigError, match="dense FFN"):
+        runner_config_for(load_model("qwen3-8b"), 1 / 32, 4096)

@@ -6,7 +6,9 @@ Usage::
                         [--repeats N] [--warmup N] [--size-factor F] [--timeout S] [--json PATH|-]
 
 Prints the overlap table (milliseconds), the spread between the best and worst combination, and writes
-the profile (merging repeated measurements of the same keys when device and versions match).
+the profile (merging repeated measurements of the same keys when device and versions match). ``cpu`` and
+``cuda`` measure with the runner's node-level pair executor on an EP group of ``--ep`` processes
+(:mod:`tessera_lab.runner.overlap_measure`); ``analytic`` evaluates the cost model.
 """
 
 from __future__ import annotations
@@ -54,13 +56,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int_at_least("warmup", 0), default=1, help="untimed repetitions (default 1)")
     p.add_argument("--size-factor", type=_size_factor, default=None,
                    help="multiply widths and sequence length (default: cpu 0.125, cuda and analytic 1.0)")
-    p.add_argument("--ep", type=int_at_least("ep", 1), default=8)
+    p.add_argument("--ep", type=int_at_least("ep", 1), default=8,
+                   help="EP group size (cpu/cuda: that many processes measure, 1..8; default 8)")
     p.add_argument("--tp", type=int_at_least("tp", 1), default=1)
     p.add_argument("--seq-len", type=int_at_least("seq_len", 1), default=4096)
     p.add_argument("--micro-batch-size", type=int_at_least("micro_batch_size", 1), default=1)
     p.add_argument("--gpu", default=DEFAULT_GPU, help="GPU of the analytic model (default H200)")
     p.add_argument("--world-size", type=int_at_least("world_size", 2), default=None,
-                   help="processes of the local group (cpu: the EP size --ep, 2..8; cuda: visible GPUs, at most 8)")
+                   help="processes of the local group; must equal --ep for cpu/cuda (kept for old scripts)")
     p.add_argument("--timeout", type=_seconds, default=600.0, help="kill the measuring processes after S seconds")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -117,6 +120,11 @@ def cmd_measure(args: argparse.Namespace) -> int:
         from tessera_lab.overlap.backends import preflight
 
         preflight(args.backend)
+        if args.world_size is not None and args.world_size != args.ep:
+            from tessera_lab.errors import ConfigError
+
+            raise ConfigError(f"--world-size = {args.world_size} differs from --ep = {args.ep}; the {args.backend} "
+                              f"backend runs one process per EP rank (leave --world-size out)")
     bar = tqdm(total=len({l.kind for l in model.layers}) ** 2, desc=f"measure {args.backend}", unit="pair",
                file=sys.stderr, disable=args.no_progress, leave=False)
 
@@ -126,10 +134,18 @@ def cmd_measure(args: argparse.Namespace) -> int:
         bar.refresh()
 
     try:
-        overlap = overlap_table(model, parallel, args.backend, progress=progress, **kwargs)
+        if args.backend == "analytic":
+            overlap = overlap_table(model, parallel, args.backend, progress=progress, **kwargs)
+            results = overlap.attrs["results"]
+        else:  # measuring is running: the runner's node-level executor on an EP group of --ep processes
+            from tessera_lab.overlap.table import results_table
+            from tessera_lab.runner.overlap_measure import measure_layer_pairs
+
+            results = measure_layer_pairs(model, parallel, args.backend, size_factor=f, repeats=args.repeats,
+                                          warmup=args.warmup, timeout_s=args.timeout, progress=progress)
+            overlap = results_table(results)
     finally:
         bar.close()
-    results = overlap.attrs["results"]
     out = args.out or str(data_dir() / "profiles" / f"{args.backend}-{model.name}.json")
     gpu = args.gpu if args.backend == "analytic" else None
     prof = update_profile(out, results, backend=args.backend, model=model.name, parallel=parallel, size_factor=f, gpu=gpu)
