@@ -155,3 +155,62 @@ def test_plan_hooks_use_the_partitioner(qwen3_next):
     pb = replans[0].payback
     assert pb.gain_per_step_s > 0 and pb.migration_s > 0
     assert lc.as_dict()["costs"]["kind"] == "analytic"  # the plan's cost source travels with its lifecycle
+
+
+# ---------------------------------------------------------------------- the runner's observation store
+from tessera_lab.report import lifecycle as lc  # noqa: E402
+def _store(observed_stage1, *, step_time=0.1, in_sample_run=False):
+    """A hand-made store: one run from a plan predicting stage:0 = stage:1 = 10 ms per micro-batch,
+    iteration 100 ms, m = 4; stage:1 observed as given per step, everything else on the prediction."""
+    pred = {"stage:0": 0.010, "stage:1": 0.010, "iteration": 0.100}
+    steps = [{"step": i, "predicted": dict(pred), "step_time_s": step_time,
+              "observed": {"stage:0": 0.010, "stage:1": s1, "iteration": 0.100}}
+             for i, s1 in enumerate(observed_stage1)]
+    runs = [{"date": "d1", "microbatches": 4, "predictions": "plan (before the run)", "lifecycle": {"steps": steps}}]
+    if in_sample_run:
+        runs.insert(0, {"date": "d0", "microbatches": 4, "predictions": "in-sample (this run's medians)",
+                        "lifecycle": {"steps": steps}})
+    return {"schema_version": 1, "kind": "runner_observations", "runs": runs}
+
+
+def test_store_persistent_error_replans_when_payback_fits(tmp_path):
+    """stage:1 runs 15 ms instead of 10 ms for 3 steps (+50% > 10%, persistence 3). Hand-worked payback:
+    gain = m x (max - mean) = 4 x (0.015 - 0.0125) = 0.010 s/step; 1000 steps left -> 10 s; cost = profiling
+    2 steps x 0.1 s + rebuild 30 s = 30.2 s > 10 s -> no payback: re-measure (hold). With 5000 steps left:
+    50 s > 30.2 s -> re-plan."""
+    from tessera_lab.io import write_json
+
+    path = tmp_path / "store.json"
+    write_json(path, _store([0.015] * 3, in_sample_run=True))
+    res = lc.store_lifecycle(path, 1000)
+    assert res["action"] == "hold" and res["verdict"] == "re-measure"
+    assert res["info"] == {"runs": 1, "skipped_in_sample": 1, "microbatches": 4,
+                           "keys": ["iteration", "stage:0", "stage:1"]}
+    d = res["decisions"][0]
+    assert d["step"] == 2 and d["gain_per_step_s"] == pytest.approx(0.010)
+    assert d["cost_s"] == pytest.approx(2 * 0.1 + 30.0) and d["remaining_steps"] == 1000
+    res = lc.store_lifecycle(path, 5000)
+    assert res["verdict"] == "re-plan" and res["decisions"][0]["expected_gain_s"] == pytest.approx(50.0)
+    assert res["decisions"][0]["payback_steps"] == pytest.approx(30.2 / 0.010)
+    assert res["mean_abs_error"]["stage:1"] == pytest.approx(0.5)
+
+
+def test_store_transient_error_holds():
+    """One step at +50% then on the prediction: streak 1 < 3, nothing triggered: hold."""
+    res = lc.store_lifecycle(_store([0.010, 0.015, 0.010, 0.010]), 5000)
+    assert res["verdict"] == "hold" and res["decisions"] == []
+    assert [d["action"] for d in res["lifecycle"]["decisions"]] == ["ok", "watch", "ok", "ok"]
+
+
+def test_store_cli_prints_the_decision_and_bad_store_exits_2(tmp_path, capsys):
+    from tessera_lab.cli.main import main
+    from tessera_lab.io import write_json
+
+    path = tmp_path / "store.json"
+    write_json(path, _store([0.015] * 3))
+    assert main(["report", "--lifecycle", str(path), "--remaining-steps", "5000"]) == 0
+    out = capsys.readouterr().out
+    assert "decision: re-plan" in out and "stage:1 50.0%" in out
+    write_json(path, {"kind": "runner_observations", "runs": [{"predictions": "in-sample (this run's medians)"}]})
+    assert main(["report", "--lifecycle", str(path)]) == 2
+    assert "no run executed from a plan" in capsys.readouterr().err

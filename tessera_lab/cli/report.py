@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from tessera_lab.argtypes import int_at_least
 from tessera_lab.cli.common import add_json, add_plan_options, emit, model_from_args, parallel_from_args
 from tessera_lab.model.hardware import Cluster
 from tessera_lab.plan.load import load_plan, model_from_name
@@ -17,6 +18,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     own cost source unless ``--costs`` asks for another, or from plan options), an optional ``--diff OTHER`` (a
     plan JSON, a model name or ``KEY=VALUE,...`` changes), ``--plot PATH`` (:func:`save_report_figure`: the
     waterfall, or with ``--diff`` both waterfalls side by side) and ``--json``."""
+    if getattr(args, "lifecycle", None):  # the lifecycle decision from the runner's stored observations
+        from tessera_lab.report.lifecycle import format_store_lifecycle, store_lifecycle
+
+        res = store_lifecycle(args.lifecycle, args.remaining_steps)
+        emit(args, {k: v for k, v in res.items() if k != "lifecycle"} | {"history": res["lifecycle"]["history"]},
+             format_store_lifecycle(res))
+        return 0
     if getattr(args, "observed", None):  # the capacity report of an actual run (issue 13)
         from tessera_lab.runner.capacity import observed_report
 
@@ -71,6 +79,11 @@ def add_parser(sub) -> None:
                    help="with --plan: re-evaluate under another cost source, 'analytic' or a profile JSON (default: "
                         "the plan's own; a report that would change it refuses unless asked)")
     p.add_argument("--observed", metavar="RUN.json", help="capacity report of an actual run (tessera-lab run --json)")
+    p.add_argument("--lifecycle", metavar="STORE",
+                   help="decide hold / re-measure / re-plan (with payback) from the observations that "
+                        "tessera-lab run --plan PLAN.json --profile-store STORE appended")
+    p.add_argument("--remaining-steps", type=int_at_least("remaining_steps", 0), default=1000,
+                   help="with --lifecycle: training steps left after the stored ones (default 1000)")
     p.add_argument("--device", metavar="FILE", default=None,
                    help="with --observed: calibrated device whose GEMM rate is the peak (default data/devices/*.json)")
     add_plan_options(p, DEFAULT_MODEL, DEFAULT_GPU)

@@ -461,3 +461,97 @@ def synthetic_drift(predicted: Mapping[str, float], steps: int, *, drift_key: st
         out.append({"step": step, "observed": obs, "predicted": dict(predicted) if step == 0 else None,
                     "step_time_s": st})
     return out
+
+
+# ---------------------------------------------------------------------- the runner's observation store
+VERDICTS = {
+    "replan": "re-plan: the error persists and re-partitioning pays back within the remaining steps",
+    "hold": "re-measure: the error persists but a re-partition does not pay back; partition kept, the stored "
+            "observations replace the predictions",
+    None: "hold: no persistent error (misses, if any, were transient)",
+}
+
+
+def store_records(store: str | Path | Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Step records (:func:`load_records` format) from the runner's observation store (``tessera-lab run --plan
+    PLAN.json --profile-store STORE``), in the order the runs were appended, steps renumbered 0, 1, ...
+
+    Only runs whose predictions were made by a plan before the run (``"predictions": "plan (before the
+    run)"``) count; in-sample runs are skipped and counted. A run's predictions are passed on only when they
+    differ from the previous run's (a new plan), so observations adopted by a ``hold`` stay in force.
+
+    Returns ``(records, info)`` with ``info = {"runs", "skipped_in_sample", "microbatches", "keys"}``.
+
+    Raises:
+        ConfigError: unreadable store, not a runner store, or no run executed from a plan.
+    """
+    data: Any = store
+    if isinstance(store, (str, Path)):
+        from tessera_lab.io import read_json
+
+        data = read_json(store, "runner observation store")
+    if not isinstance(data, Mapping) or data.get("kind") != "runner_observations" or not isinstance(data.get("runs"), list):
+        raise ConfigError("field 'kind' must be 'runner_observations' with a list 'runs' (a store written by "
+                          "tessera-lab run --profile-store)")
+    records: list[dict[str, Any]] = []
+    skipped, used, mbs, keys = 0, 0, None, set()
+    last_pred = None
+    for run in data["runs"]:
+        if run.get("predictions") != "plan (before the run)":
+            skipped += 1
+            continue
+        used += 1
+        mbs = run.get("microbatches", mbs)
+        for rec in (run.get("lifecycle") or {}).get("steps", []):
+            pred = {k: float(v) for k, v in (rec.get("predicted") or {}).items()}
+            keys |= set(pred)
+            records.append({"step": len(records), "observed": rec["observed"],
+                            "predicted": pred if pred != last_pred else None, "step_time_s": rec.get("step_time_s"),
+                            "run": run.get("date")})
+            last_pred = pred
+    if not records:
+        raise ConfigError(f"the store has no run executed from a plan ({skipped} in-sample run(s) skipped); "
+                          "allowed: runs of tessera-lab run --plan PLAN.json --profile-store STORE")
+    return records, {"runs": used, "skipped_in_sample": skipped, "microbatches": mbs, "keys": sorted(keys)}
+
+
+def store_lifecycle(store: str | Path | Mapping[str, Any], remaining_steps: int,
+                    policy: LifecyclePolicy | None = None) -> dict[str, Any]:
+    """Run the lifecycle over a runner observation store (:func:`store_records`) as if the job had
+    ``remaining_steps`` steps left after the stored ones; default policy with the runs' micro-batches.
+
+    Returns ``{"verdict", "why", "action", "decisions" (the persistent-error decisions: replan / hold),
+    "mean_abs_error" (per key, over the stored steps), "steps", "info", "lifecycle"}``.
+
+    Raises:
+        ConfigError: as :func:`store_records`; ``remaining_steps`` < 0.
+    """
+    if isinstance(remaining_steps, bool) or not isinstance(remaining_steps, int) or remaining_steps < 0:
+        raise ConfigError(f"field 'remaining_steps' = {remaining_steps!r} is out of range; allowed: an integer >= 0")
+    records, info = store_records(store)
+    if policy is None:
+        policy = LifecyclePolicy(microbatches=int(info["microbatches"] or 32))
+    lc = run_lifecycle(records, len(records) + remaining_steps, policy)
+    triggered = [d for d in lc.log if d.action in ("replan", "hold")]
+    last = triggered[-1] if triggered else None
+    errs: dict[str, list[float]] = {}
+    for h in lc.history:
+        errs.setdefault(h["key"], []).append(abs(h["error"]))
+    return {"verdict": VERDICTS[last.action if last else None].split(":")[0],
+            "why": last.reason if last else VERDICTS[None],
+            "action": last.action if last else "hold", "decisions": [d.as_dict() for d in triggered],
+            "mean_abs_error": {k: sum(v) / len(v) for k, v in sorted(errs.items())}, "steps": len(records),
+            "info": info, "lifecycle": lc.as_dict()}
+
+
+def format_store_lifecycle(res: Mapping[str, Any]) -> str:
+    """Readable summary of :func:`store_lifecycle`."""
+    info = res["info"]
+    lines = [f"lifecycle over {res['steps']} stored steps from {info['runs']} run(s) executed from a plan "
+             f"({info['skipped_in_sample']} in-sample run(s) skipped); predictions: plan (before each run), "
+             "observations: the runner's own events (observed)",
+             "mean |error| per key: " + ", ".join(f"{k} {v:.1%}" for k, v in res["mean_abs_error"].items())]
+    for d in res["decisions"]:
+        lines.append(f"step {d['step']}: {d['action']}: {d['reason']}")
+    lines.append(f"decision: {res['verdict']} ({res['why']})")
+    return "\n".join(lines)

@@ -182,6 +182,8 @@ def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldS
                       plan_prediction={"predicted_s": plan["prediction"]["iteration_s"],
                                        "stage_f_s": plan["prediction"]["stage_f_s"],
                                        "stage_b_s": plan["prediction"]["stage_b_s"],
+                                       "bubble_s": plan["prediction"].get("bubble_s"),
+                                       "ep_a2a_s": plan["prediction"].get("ep_a2a_s"),
                                        "costs": plan["costs"]["source"], "predicted_at": plan.get("predicted_at")})
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"runner plan lacks field {exc}") from None

@@ -22,8 +22,10 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
                    defer_w: bool = False, machine_load: float | None = None) -> dict[str, Any]:
     """Predicted iteration time of a runner job (seconds) and its parts (module docstring).
 
-    Returns ``{"iteration_s", "bubble_fraction", "stage_f_s", "stage_b_s", "stage_w_s", "p2p_s",
-    "oversubscription", "layer_s", "source"}``.
+    Returns ``{"iteration_s", "bubble_fraction", "bubble_s", "ep_a2a_s", "stage_f_s", "stage_b_s",
+    "stage_w_s", "p2p_s", "oversubscription", "layer_s", "source"}``: ``bubble_s`` is the idle rank-time of a
+    step summed over pipeline ranks, ``ep_a2a_s`` the EP all-to-all time of a step summed over the pipeline
+    ranks of one replica (micro-batches x layers x F and B x (count exchange + dispatch + combine)).
 
     Raises:
         ConfigError / ScheduleError: bad schedule or boundaries.
@@ -73,7 +75,10 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     split = defer_w or name in ("zb-h1", "zb-h2")
     durs = stage_durations(f, b, w if split else None, [x + y for x, y in zip(f, b)])
     tl = simulate(sched, durs, p2p_latency=p2p)
-    return {"iteration_s": tl.iteration_time, "bubble_fraction": tl.bubble_fraction, "stage_f_s": f,
+    n_layers = boundaries[-1] - boundaries[0]
+    return {"iteration_s": tl.iteration_time, "bubble_fraction": tl.bubble_fraction,
+            "bubble_s": float(sum(tl.per_rank_idle)),
+            "ep_a2a_s": microbatches * n_layers * 2 * a2a * over, "stage_f_s": f,
             "stage_b_s": b, "stage_w_s": w if split else None, "p2p_s": p2p, "oversubscription": over,
             "layer_s": {k: v for k, v in per_kind.items()}, "schedule": sched.name,
             "boundaries": list(boundaries), "source": cost_source(device)["source"]}

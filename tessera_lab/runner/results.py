@@ -152,8 +152,9 @@ def lifecycle_records(events: list[dict], timing: dict, steps: int, microbatches
 
     Keys: ``stage:<s>`` (a stage's compute time per micro-batch, seconds: its actions' summed durations / m;
     an overlapped pair counts for its backward's stage), ``bubble`` (idle rank-time of the step, summed over
-    pipeline ranks, replica 0) and ``iteration``. Predictions come from :func:`timing_report` (the same for
-    every step); observations from each step.
+    pipeline ranks, replica 0), ``iteration`` and, with EP, ``collective:ep_all_to_all`` (observed only: the
+    step's all-to-all spans of replica 0, issue to end of wait, summed over its pipeline ranks). Predictions
+    come from :func:`timing_report` (the same for every step); observations from each step.
     """
     S = len(timing["stages"])
     pred = {f"stage:{s}": timing["predicted_stage_time_s"][s] for s in range(S)}
@@ -169,6 +170,10 @@ def lifecycle_records(events: list[dict], timing: dict, steps: int, microbatches
                for s in range(S)}
         obs["bubble"] = num_pp * T - sum(e["end"] - e["start"] for e in comp)
         obs["iteration"] = T
+        a2a = [e for e in events if e["lane"] == "comm" and e["type"] == "ep_a2a" and e["step"] == st
+               and e["replica"] == 0]
+        if a2a:
+            obs["collective:ep_all_to_all"] = sum(e["end"] - e["start"] for e in a2a)
         out.append({"step": st, "predicted": dict(pred), "observed": obs, "step_time_s": step_times[st]})
     return {"steps": out}
 
@@ -257,11 +262,16 @@ def plan_vs_observed(pred: dict, events: list[dict], steps: int) -> dict[str, An
 
 def plan_lifecycle(pred: dict, lifecycle: dict) -> dict[str, Any]:
     """:func:`lifecycle_records` with the predictions replaced by the plan's (made before the run): per stage
-    ``(F + B)`` per micro-batch and the iteration; the lifecycle store compares these out-of-sample."""
+    ``(F + B)`` per micro-batch, the iteration, the bubble (idle rank-seconds per step) and the EP all-to-all
+    time per step when the plan predicted them; the lifecycle store compares these out-of-sample."""
     steps = []
     for rec in lifecycle["steps"]:
         p = {f"stage:{s}": f + b for s, (f, b) in enumerate(zip(pred["stage_f_s"], pred["stage_b_s"]))}
         p["iteration"] = pred["predicted_s"]
+        if pred.get("bubble_s"):
+            p["bubble"] = pred["bubble_s"]
+        if pred.get("ep_a2a_s"):
+            p["collective:ep_all_to_all"] = pred["ep_a2a_s"]
         steps.append({**rec, "predicted": {k: v for k, v in p.items() if k in rec["observed"]}})
     return {"steps": steps, "predictions": "plan (before the run)"}
 

@@ -80,6 +80,8 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
                                 plan_prediction={"predicted_s": pl["prediction"]["iteration_s"],
                                                  "stage_f_s": pl["prediction"]["stage_f_s"],
                                                  "stage_b_s": pl["prediction"]["stage_b_s"],
+                                                 "bubble_s": pl["prediction"].get("bubble_s"),
+                                                 "ep_a2a_s": pl["prediction"].get("ep_a2a_s"),
                                                  "costs": pl["costs"]["source"], "predicted_at": pl["predicted_at"]}))
         res = spawn(WorldSpec(pp=pp, ep=ep, timeout_s=120), jobs, timeout_s=900)
         for c in cs:
