@@ -75,10 +75,12 @@ def test_prediction_by_hand():
     p3 = predict_runner(synthetic_device(a2a_alpha=1e-3), cfg, pp=1, ep=2, schedule="gpipe", microbatches=4,
                         micro_batch_size=2)
     assert p3["iteration_s"] - p["iteration_s"] == pytest.approx(4 * 2 * 4 * 3e-3)
-    # oversubscription: 4 processes on 2 cores double every time
+    # oversubscription, mean field: 4 processes on 2 cores, but each computes only m / (m + p - 1) = 4/5 of
+    # the iteration (equal stages, no p2p time): 2 replicas x 2 ranks x 4/5 = 3.2 busy -> 3.2 / 2 = 1.6
     p4 = predict_runner(synthetic_device(cores=2), cfg, pp=2, ep=2, schedule="1f1b", microbatches=4,
                         micro_batch_size=2)
-    assert p4["oversubscription"] == 2.0 and p4["stage_f_s"][0] == pytest.approx(2 * s0)
+    assert p4["busy_processes"] == pytest.approx(3.2) and p4["oversubscription"] == pytest.approx(1.6)
+    assert p4["stage_f_s"][0] == pytest.approx(1.6 * s0)
 
 
 def test_balanced_boundaries_brute_force():
@@ -168,3 +170,9 @@ def test_oversubscription_by_hand():
     assert oversubscription(dev, 4) == 2.0  # quiet machine: 4 processes on 2 cores
     assert oversubscription(dev, 4, machine_load=10.0) == pytest.approx(14 / 10)  # busy: share of 14 vs 10
     assert oversubscription(dev, 1, machine_load=0.0) == pytest.approx(2 / 10)  # quieter than at calibration
+    # a CPU probe measured now: 4 processes ran the loop 3x slower than 1 did at calibration (load 10), so
+    # others + 4 = 3 x max(2, 10) = 30 runnable, others = 26; with 3 of the 4 busy: (26 + 3) / 10
+    dev["metadata"]["cpu_probe_s"] = 0.01
+    assert oversubscription(dev, 3, 1.0, probe_s=0.03, world_size=4) == pytest.approx(29 / 10)
+    # the probe wins over the load average; a probe as fast as at calibration with few others: cores bound
+    assert oversubscription(dev, 2, 50.0, probe_s=0.001, world_size=4) == pytest.approx(2 / 10)

@@ -221,9 +221,12 @@ def calibrate(cfg: TinyConfig | None = None, *, name: str = "cpu", micro_batch_s
 
     from .reference import deterministic
 
+    from .probe import cpu_probe
+
     cfg = cfg or TinyConfig()
     load0 = os.getloadavg()[0]
     t0 = time.time()
+    probe = cpu_probe(1)  # the share of a core the microbenchmarks below get (runner.predict.oversubscription)
     with deterministic(1):
         layers, extras = _layer_points(cfg, micro_batch_size, repeats)
         thr = _throughput(cfg, micro_batch_size, repeats)
@@ -237,5 +240,6 @@ def calibrate(cfg: TinyConfig | None = None, *, name: str = "cpu", micro_batch_s
                      "model": cfg.as_dict(), "micro_batch_size": micro_batch_size, "repeats": repeats,
                      "group_sizes": list(group_sizes), "comm_world": comm["comm_world"],
                      "load_average_1m": {"before": round(load0, 2), "after": round(os.getloadavg()[0], 2)},
+                     "cpu_probe_s": probe,
                      "seconds": round(time.time() - t0, 1), "provenance": "measured (tessera-lab calibrate)"},
     }

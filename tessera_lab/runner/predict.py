@@ -19,7 +19,8 @@ __all__ = ["predict_runner", "balanced_boundaries", "oversubscription", "device_
 def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int, ep: int, dp: int = 1,
                    schedule: str = "1f1b", microbatches: int = 4, micro_batch_size: int = 2,
                    boundaries: Sequence[int] | None = None, vpp: int | None = None,
-                   defer_w: bool = False, machine_load: float | None = None) -> dict[str, Any]:
+                   defer_w: bool = False, machine_load: float | None = None,
+                   cpu_probe_s: float | None = None) -> dict[str, Any]:
     """Predicted iteration time of a runner job (seconds) and its parts (module docstring).
 
     Returns ``{"iteration_s", "bubble_fraction", "bubble_s", "ep_a2a_s", "stage_f_s", "stage_b_s",
@@ -46,7 +47,6 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     tokens = micro_batch_size * cfg["seq_len"]
     H = cfg["hidden_size"]
     world = pp * ep * dp
-    over = oversubscription(device, world, machine_load)
     per_kind = {k: layer_times(device, cfg, k, tokens) for k in set(kinds)}
     ex = device["extras"]
     a2a = 0.0
@@ -68,35 +68,56 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
             bs += ex["head_B_s"] * tokens / ex.get("head_tokens", tokens)
         fs += ex.get("action_overhead_s", 0.0)
         bs += ex.get("action_overhead_s", 0.0)
-        f.append(fs * over)
-        b.append(bs * over)
-        w.append(ws * over)
+        f.append(fs)
+        b.append(bs)
+        w.append(ws)
     p2p = alpha_beta(device["p2p"], tokens * H * 4)
     split = defer_w or name in ("zb-h1", "zb-h2")
-    durs = stage_durations(f, b, w if split else None, [x + y for x, y in zip(f, b)])
-    tl = simulate(sched, durs, p2p_latency=p2p)
+    f0, b0, w0 = f, b, w
+    # processor sharing, mean field: the slowdown depends on how many of the job's processes compute at once
+    # (busy rank-time / iteration x replicas), which depends on the slowdown; a few fixed-point rounds
+    n_busy = float(world)
+    for _ in range(4):
+        over = oversubscription(device, n_busy, machine_load, probe_s=cpu_probe_s, world_size=world)
+        f, b, w = [x * over for x in f0], [x * over for x in b0], [x * over for x in w0]
+        durs = stage_durations(f, b, w if split else None, [x + y for x, y in zip(f, b)])
+        tl = simulate(sched, durs, p2p_latency=p2p)
+        n_busy = max(1.0, ep * dp * sum(tl.per_rank_busy) / tl.iteration_time) if tl.iteration_time > 0 else 1.0
     n_layers = boundaries[-1] - boundaries[0]
     return {"iteration_s": tl.iteration_time, "bubble_fraction": tl.bubble_fraction,
             "bubble_s": float(sum(tl.per_rank_idle)),
             "ep_a2a_s": microbatches * n_layers * 2 * a2a * over, "stage_f_s": f,
             "stage_b_s": b, "stage_w_s": w if split else None, "p2p_s": p2p, "oversubscription": over,
+            "busy_processes": n_busy, "cpu_probe_s": cpu_probe_s,
             "layer_s": {k: v for k, v in per_kind.items()}, "schedule": sched.name,
             "boundaries": list(boundaries), "source": cost_source(device)["source"]}
 
 
-def oversubscription(device: Mapping[str, Any], world: int, machine_load: float | None = None) -> float:
-    """Slowdown of the runner's ``world`` one-thread processes against the single-process calibration.
+def oversubscription(device: Mapping[str, Any], world: float, machine_load: float | None = None, *,
+                     probe_s: float | None = None, world_size: int | None = None) -> float:
+    """Slowdown of the runner's one-thread processes against the single-process calibration, when ``world``
+    of them (a float: the mean number computing at once) run.
 
     A process gets ``cores / max(cores, runnable)`` of a core. At calibration ``runnable = L_cal`` (the
-    1-minute load average then, which counts the calibrating process itself); at run time ``runnable =
-    machine_load + world`` (the load when the prediction is made, before the run starts). Without
-    ``machine_load`` the machine is taken as quiet: ``max(1, world / cores)``.
+    1-minute load average then, which counts the calibrating process itself). At run time ``runnable = L +
+    world`` with ``L`` the other tenants' load:
+
+    * with ``probe_s`` (:func:`tessera_lab.runner.probe.cpu_probe` of the job's ``world_size`` processes,
+      measured now, before the run) and a calibration probe ``metadata.cpu_probe_s`` (one process, at
+      ``L_cal``): ``L + world_size = (probe_s / cpu_probe_s) x max(cores, L_cal)``, the share measured at the
+      moment of the prediction;
+    * else ``L = machine_load`` (the 1-minute load average when the prediction is made);
+    * without either, a quiet machine: ``max(1, world / cores)``.
     """
     cores = int(device["metadata"].get("cores") or 1)
+    cal = max(cores, max(float((device["metadata"].get("load_average_1m") or {}).get("before") or 1.0), 1.0))
+    probe_cal = device["metadata"].get("cpu_probe_s")
+    if probe_s is not None and probe_cal and world_size:
+        other = max(0.0, float(probe_s) / float(probe_cal) * cal - world_size)
+        return max(cores, other + world) / cal
     if machine_load is None:
         return max(1.0, world / cores)
-    load_cal = float((device["metadata"].get("load_average_1m") or {}).get("before") or 1.0)
-    return max(cores, machine_load + world) / max(cores, max(load_cal, 1.0))
+    return max(cores, machine_load + world) / cal
 
 
 def balanced_boundaries(device: Mapping[str, Any], cfg: Mapping[str, Any], stages: int, tokens: int) -> list[int]:
@@ -157,12 +178,15 @@ def runner_model_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
 def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: int = 1, schedule: str = "1f1b",
                 microbatches: int = 4, micro_batch_size: int = 2, vpp: int | None = None,
                 partition: str = "balanced", pair_exec: str = "scheduled", pair_order: Any = None,
-                config: Mapping[str, Any] | None = None, machine_load: float | None = None) -> dict[str, Any]:
+                config: Mapping[str, Any] | None = None, machine_load: float | None = None,
+                cpu_probe_s: float | None = None) -> dict[str, Any]:
     """A runner plan predicted from a calibrated device: the partition (``balanced`` on the calibrated layer
     costs, or ``uniform``), the schedule, micro-batches, pair handler and order, and the prediction made now,
     before any run. ``tessera-lab run --plan`` executes exactly this plan. ``config``: TinyConfig fields
     (then ``model`` is only the label). ``machine_load``: the 1-minute load average when predicting (see
-    :func:`oversubscription`); None: a quiet machine.
+    :func:`oversubscription`); None: a quiet machine. ``cpu_probe_s``: :func:`tessera_lab.runner.probe.cpu_probe`
+    of the job's processes measured now (used instead of the load average when the device has a calibration
+    probe).
 
     Raises:
         ConfigError: not a runner model, bad sizes, or a partition name other than balanced / uniform.
@@ -185,7 +209,8 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
     else:
         raise ConfigError(f"field 'partition' = {partition!r} is unknown; allowed: balanced, uniform")
     pred = predict_runner(device, cfg, pp=pp, ep=ep, dp=dp, schedule=schedule, microbatches=microbatches,
-                          micro_batch_size=micro_batch_size, boundaries=bounds, vpp=vpp, machine_load=machine_load)
+                          micro_batch_size=micro_batch_size, boundaries=bounds, vpp=vpp, machine_load=machine_load,
+                          cpu_probe_s=cpu_probe_s)
     pred["machine_load_at_prediction"] = machine_load
     label, template = resolve_order(pair_order, ep)
     return {
@@ -225,11 +250,16 @@ def cmd_plan_device(args) -> int:
     from tessera_lab.io import write_json
 
     dev = load_device(args.device)
+    probe = None
+    if dev["metadata"].get("cpu_probe_s"):
+        from .probe import cpu_probe
+
+        probe = cpu_probe(args.pp * args.ep * args.dp)
     plan = device_plan(dev, args.model, pp=args.pp, ep=args.ep, dp=args.dp, schedule=args.schedule,
                        microbatches=args.microbatches, micro_batch_size=args.micro_batch_size,
                        vpp=args.vpp if args.vpp != 1 else None,
                        partition="uniform" if args.method == "uniform" else "balanced",
-                       machine_load=os.getloadavg()[0])
+                       machine_load=os.getloadavg()[0], cpu_probe_s=probe)
     text = format_device_plan(plan)
     if getattr(args, "json", None) == "-":
         write_json("-", plan)

@@ -10,6 +10,10 @@ Per case: ``predicted_s`` (the plan's iteration time), ``observed_s`` (median ov
 with quartiles) and ``error = (predicted - observed) / observed``. Summary: ``median_abs_error``,
 ``rank_agreement`` (the share of case pairs that prediction and observation order the same way) and the
 machine load (1-minute load average before and after: identical runs differ by 5-12 % on a busy 2-core machine).
+The slowdown of the runner's processes (:func:`tessera_lab.runner.predict.oversubscription`, mean-field processor
+sharing) comes from a CPU-share probe (:mod:`tessera_lab.runner.probe`) run in processes of its own right before
+each (pp, ep) group's runs when the device has a calibration probe, else from the load average at the start;
+``prediction_inputs`` keeps the probes and the median |error| the load average alone would have given.
 Targets (printed, not asserted): median |error| <= 10 % busy / <= 5 % quiet, rank agreement >= 90 %.
 """
 
@@ -53,7 +57,7 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
     from .spawn import spawn
     from .specs import RunSpec, TinyConfig, WorldSpec
 
-    steps = steps or (3 if quick else 4)
+    steps = steps or (5 if quick else 4)
     base = TinyConfig()
     load0 = os.getloadavg()
     t0 = time.time()
@@ -69,10 +73,24 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
     by_world: dict[tuple[int, int], list[dict]] = {}
     for c in matrix:
         by_world.setdefault((c["pp"], c["ep"]), []).append(c)
+    probes: dict[str, float] = {}
     for (pp, ep), cs in by_world.items():
         jobs = []
+        group_plans = plans
+        if device["metadata"].get("cpu_probe_s"):
+            # the share of the cores the group's processes get now, measured before its runs in processes of
+            # its own (runner.probe); the plans made at the start from the load average stay for comparison
+            from .probe import cpu_probe
+
+            probe = probes[f"pp{pp}-ep{ep}"] = cpu_probe(pp * ep)
+            group_plans = {}
+            for c in cs:
+                group_plans[_name(c)] = device_plan(
+                    device, f"tiny-runner x{c['width']}", pp=pp, ep=ep, schedule=c["schedule"],
+                    microbatches=microbatches, micro_batch_size=micro_batch_size, partition=c["partition"],
+                    config=widened(base, c["width"]).as_dict(), machine_load=os.getloadavg()[0], cpu_probe_s=probe)
         for c in cs:
-            pl = plans[_name(c)]
+            pl = group_plans[_name(c)]
             jobs.append(RunSpec(name=_name(c), model=pl["model_config"], schedule=c["schedule"],
                                 microbatches=microbatches, micro_batch_size=micro_batch_size, steps=steps,
                                 boundaries=pl["boundaries"], pair_exec=pl["pair_exec"],
@@ -86,8 +104,9 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
         res = spawn(WorldSpec(pp=pp, ep=ep, timeout_s=120), jobs, timeout_s=900)
         for c in cs:
             pv = res.job(_name(c))["plan_vs_observed"]
-            out_cases.append({"name": _name(c), **c, "boundaries": plans[_name(c)]["boundaries"],
+            out_cases.append({"name": _name(c), **c, "boundaries": group_plans[_name(c)]["boundaries"],
                               "predicted_s": pv["predicted_s"], "observed_s": pv["observed_s"],
+                              "predicted_loadavg_s": plans[_name(c)]["prediction"]["iteration_s"],
                               "observed_q1_s": pv["observed_q1_s"], "observed_q3_s": pv["observed_q3_s"],
                               "error": pv["error"]})
         if progress:
@@ -101,7 +120,12 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
         total += 1
         agree += (dp > 0) == (do > 0)
     meta = device["metadata"]
+    errs_la = [abs(c["predicted_loadavg_s"] - c["observed_s"]) / c["observed_s"] for c in out_cases
+               if c["observed_s"] > 0]
     return {
+        "prediction_inputs": {"cpu_probe_s": probes, "calibration_cpu_probe_s": meta.get("cpu_probe_s"),
+                              "load_average_at_start": load0[0],
+                              "median_abs_error_from_load_average": statistics.median(errs_la) if errs_la else None},
         "cases": out_cases, "median_abs_error": statistics.median(errs) if errs else math.nan,
         "rank_agreement": agree / total if total else math.nan, "rank_pairs": total,
         "calibration": {"device": device.get("name"), "path": device.get("_path"), "date": meta.get("date"),
@@ -125,6 +149,17 @@ def _targets_met(median_abs_error: float, rank_agreement: float) -> dict[str, bo
             "rank_agreement": bool(rank_agreement >= TARGETS["rank_agreement"])}
 
 
+def _inputs_line(r: dict[str, Any]) -> str:
+    pi = r.get("prediction_inputs") or {}
+    la = pi.get("median_abs_error_from_load_average")
+    if pi.get("cpu_probe_s"):
+        probes = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in pi["cpu_probe_s"].items())
+        return (f"slowdown from a CPU-share probe before each group (own processes; calibration probe "
+                f"{pi['calibration_cpu_probe_s'] * 1e3:.1f} ms; {probes}); from the load average alone the median "
+                f"|error| would be {la * 100:.1f}%")
+    return "slowdown from the 1-minute load average (the device has no calibration CPU probe: recalibrate)"
+
+
 def format_validation(r: dict[str, Any]) -> str:
     from tabulate import tabulate
 
@@ -141,6 +176,7 @@ def format_validation(r: dict[str, Any]) -> str:
                                 for k, v in r.get("targets_met", {}).items()),
         f"calibration: device {r['calibration']['device']} ({r['calibration']['date']}), separate microbenchmark "
         f"runs, disjoint from the validated runs",
+        _inputs_line(r),
         f"machine: {m['cores']} cores, load {m['load_before']} before, {m['load_after']} after; {m['seconds']} s",
     ])
 
