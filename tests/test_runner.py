@@ -305,7 +305,8 @@ def test_timing_trace_and_profile_store(main_run, tmp_path):
     from tessera_lab.report.lifecycle import load_records
 
     recs = load_records(job["lifecycle"])
-    assert len(recs) == 2 and set(recs[0]["observed"]) == {"stage:0", "stage:1", "bubble", "iteration"}
+    keys = {"stage:0", "stage:1", "bubble", "iteration"} | ({"collective:ep_all_to_all"} if job["world"]["ep"] > 1 else set())
+    assert len(recs) == 2 and set(recs[0]["observed"]) == keys
     assert all(v > 0 for v in recs[0]["predicted"].values())
 
 
