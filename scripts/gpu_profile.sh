@@ -51,9 +51,11 @@ print(f"quick check: t_a {r.t_a*1e3:.3f} ms, t_b {r.t_b*1e3:.3f} ms, t_ab {r.t_a
       f"e {r.overlap_efficiency:.3f}, comm {r.metadata['comm']}, proxy {r.metadata['comm_proxy']}")
 PY
 
-# 2) the table at full size
+# 2) the table at full size, measured with the runner's node-level executor on an EP group of one process per
+#    GPU (the largest power of two <= the visible GPUs, at most 8; never run yet on a GPU)
+ngpu_ep=$("$py" -c "import torch; n=min(8, torch.cuda.device_count()); print(1 << (n.bit_length() - 1) if n else 1)")
 profile="$outdir/cuda-qwen3-next-80b-a3b-${gpu}.json"
-"${cli[@]}" measure --backend cuda --model qwen3-next-80b-a3b --size-factor 1.0 --repeats 20 --warmup 3 \
+"${cli[@]}" measure --backend cuda --model qwen3-next-80b-a3b --ep "$ngpu_ep" --size-factor 1.0 --repeats 20 --warmup 3 \
   --timeout 540 --out "$profile" --json "$outdir/cuda-qwen3-next-80b-a3b-${gpu}-table.json"
 
 # 3) the analytic table beside it, for comparison

@@ -31,6 +31,11 @@ Backends (``backend=``):
   NCCL ``all_to_all_single`` when two or more GPUs are visible, else a device-to-device copy of the same
   bytes on the side stream (the result records ``comm_proxy: "copy"``).
 
+``tessera-lab measure --backend cpu|cuda`` does not use these kernels: it measures the overlap table with the
+runner's own node-level pair executor on an EP group (:mod:`tessera_lab.runner.overlap_measure`), so what is
+measured is what runs. The kernel path here measures arbitrary task bundles (any layer kind, dense FFNs too) for
+notebooks and for the scheduler's tests.
+
 The overlap scheduler (:func:`schedule_pair`) is documented on the function. This module never imports
 torch; the measuring backends import it inside :mod:`tessera_lab.overlap.backends`.
 
