@@ -102,10 +102,11 @@ def oversubscription(device: Mapping[str, Any], world: float, machine_load: floa
     1-minute load average then, which counts the calibrating process itself). At run time ``runnable = L +
     world`` with ``L`` the other tenants' load:
 
-    * with ``probe_s`` (:func:`tessera_lab.runner.probe.cpu_probe` of the job's ``world_size`` processes,
-      measured now, before the run) and a calibration probe ``metadata.cpu_probe_s`` (one process, at
-      ``L_cal``): ``L + world_size = (probe_s / cpu_probe_s) x max(cores, L_cal)``, the share measured at the
-      moment of the prediction;
+    * with ``probe_s`` (:func:`tessera_lab.runner.probe.cpu_probe` of the job's ``world_size`` = ``w``
+      processes, measured now, before the run) and a calibration probe ``metadata.cpu_probe_s`` (one process,
+      taken as uncontended): the probe's slowdown ``R = probe_s / cpu_probe_s`` is the slowdown with all ``w``
+      busy; ``L = max(0, cores x R - w)`` and the slowdown with ``world`` busy is
+      ``R x max(cores, L + world) / max(cores, L + w)`` (the share measured at the moment of the prediction);
     * else ``L = machine_load`` (the 1-minute load average when the prediction is made);
     * without either, a quiet machine: ``max(1, world / cores)``.
     """
@@ -113,8 +114,9 @@ def oversubscription(device: Mapping[str, Any], world: float, machine_load: floa
     cal = max(cores, max(float((device["metadata"].get("load_average_1m") or {}).get("before") or 1.0), 1.0))
     probe_cal = device["metadata"].get("cpu_probe_s")
     if probe_s is not None and probe_cal and world_size:
-        other = max(0.0, float(probe_s) / float(probe_cal) * cal - world_size)
-        return max(cores, other + world) / cal
+        ratio = float(probe_s) / float(probe_cal)
+        other = max(0.0, cores * ratio - world_size)
+        return ratio * max(cores, other + world) / max(cores, other + world_size)
     if machine_load is None:
         return max(1.0, world / cores)
     return max(cores, machine_load + world) / cal
