@@ -185,6 +185,47 @@ def _comm_worker(rank: int, world: int, store: str, sizes: list[int], groups: li
             if rank == 0:
                 out["a2a"][str(g)] = pts
         dist.barrier()
+    # in situ: every rank of the world at once, in EP groups of g, runs a runner-like compute segment then an
+    # all-to-all, without a barrier in between: the all-to-all then also pays the skew between the peers'
+    # arrivals and the wake-ups, as in a run (the barrier-synchronised timings above exclude both)
+    out["in_situ"] = {}
+    a = torch.randn(32, 64)
+    b = torch.randn(64, 64)
+
+    def segment():
+        y = a
+        for _ in range(20):
+            y = torch.tanh(y @ b * 0.1)
+        return y
+
+    for g in groups:
+        if world % g:
+            continue
+        grp = None
+        for lo in range(0, world, g):
+            gg = dist.new_group(list(range(lo, lo + g)))
+            if lo <= rank < lo + g:
+                grp = gg
+        per = max(1, sizes[1] // 4 // g)
+        x, y = torch.zeros(per * g), torch.zeros(per * g)
+        segment()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            segment()
+        alone = (time.perf_counter() - t0) / repeats
+        dist.barrier()
+        n = 4 * repeats
+        t0 = time.perf_counter()
+        for _ in range(n):
+            segment()
+            dist.all_to_all_single(y, x, group=grp)
+        total = (time.perf_counter() - t0) / n
+        box = [None] * world
+        dist.all_gather_object(box, max(0.0, total - alone))
+        if rank == 0:
+            out["in_situ"][str(g)] = {"per_all_to_all_s": statistics.median(box), "compute_segment_s": alone,
+                                      "bytes": per * (g - 1) * 4, "processes": world}
+        dist.barrier()
     if rank == 0:
         q.put(out)
     dist.barrier()
@@ -209,6 +250,8 @@ def _comm(cfg: TinyConfig, mbs: int, groups: Sequence[int], repeats: int) -> dic
     for g, pts in raw["a2a"].items():
         a2a[g] = _fit([(x, t) for x, t in pts])
         a2a[g]["samples"] = pts
+        if g in raw.get("in_situ", {}):
+            a2a[g]["in_situ"] = raw["in_situ"][g]
     return {"p2p": p2p, "all_to_all": a2a, "comm_world": world}
 
 
@@ -228,10 +271,14 @@ def calibrate(cfg: TinyConfig | None = None, *, name: str = "cpu", micro_batch_s
     load0 = os.getloadavg()[0]
     t0 = time.time()
     probe = cpu_probe(1)  # the share of a core the microbenchmarks below get (runner.predict.oversubscription)
+    probe_world = {str(n): cpu_probe(n) for n in sorted({max(2, *group_sizes)})}  # as many as the comm runs
     with deterministic(1):
         layers, extras = _layer_points(cfg, micro_batch_size, repeats)
         thr = _throughput(cfg, micro_batch_size, repeats)
     comm = _comm(cfg, micro_batch_size, [g for g in group_sizes if g >= 2], repeats)
+    # the share of a core over the whole calibration: the probes before and after, averaged
+    probe = (probe + cpu_probe(1)) / 2
+    probe_world = {k: (v + cpu_probe(int(k))) / 2 for k, v in probe_world.items()}
     env = current_environment("cpu")
     return {
         "kind": "calibrated_device", "schema_version": DEVICE_SCHEMA, "name": name,
@@ -241,6 +288,6 @@ def calibrate(cfg: TinyConfig | None = None, *, name: str = "cpu", micro_batch_s
                      "model": cfg.as_dict(), "micro_batch_size": micro_batch_size, "repeats": repeats,
                      "group_sizes": list(group_sizes), "comm_world": comm["comm_world"],
                      "load_average_1m": {"before": round(load0, 2), "after": round(os.getloadavg()[0], 2)},
-                     "cpu_probe_s": probe,
+                     "cpu_probe_s": probe, "cpu_probe_world_s": probe_world,
                      "seconds": round(time.time() - t0, 1), "provenance": "measured (tessera-lab calibrate)"},
     }

@@ -54,6 +54,16 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
         e = a2a_entry(device, ep)
         rows = tokens * cfg["top_k"] * (ep - 1) / ep
         a2a = float(e["alpha_s"]) + 2 * alpha_beta(e, rows * H * 4)  # count exchange + dispatch + combine
+        situ = e.get("in_situ")
+        if situ and situ.get("per_all_to_all_s"):
+            # measured in situ (peers' skew and wake-ups included) under the calibration's contention of
+            # `processes` busy processes: relative to the calibration's one-process share, that contention
+            # was probe(processes) / probe(1); the mean-field slowdown below is applied on top, so divide it out
+            pw = (device["metadata"].get("cpu_probe_world_s") or {}).get(str(situ.get("processes")))
+            p1 = device["metadata"].get("cpu_probe_s")
+            cal_over = (float(pw) / float(p1)) if pw and p1 else 1.0
+            a2a = max(a2a, 3 * float(situ["per_all_to_all_s"]) / max(cal_over, 1e-9)
+                      + 2 * max(0.0, alpha_beta(e, rows * H * 4) - alpha_beta(e, situ.get("bytes", 0))))
     f, b, w = [], [], []
     for s in range(S):
         lo, hi = boundaries[s], boundaries[s + 1]

@@ -35,7 +35,7 @@ def _spin(iterations: int, repeats: int, q) -> None:
     q.put(out)
 
 
-def cpu_probe(processes: int, *, repeats: int = 5, iterations: int = ITERATIONS) -> float:
+def cpu_probe(processes: int, *, repeats: int = 10, iterations: int = ITERATIONS) -> float:
     """Median seconds of one repetition of the fixed loop with ``processes`` running at once (>= 1).
 
     Raises:
