@@ -239,7 +239,7 @@ class ParallelConfig:
     precision: str = "bf16"
     grad_reduce_dtype: str = "fp32"
     expert_load: float | None = None
-    grouped_gemm: str = "grouped"
+    grouped_gemm: str = "multistream"
     fused_cross_entropy: bool = False
     ep_placement: str = "grid"
 
