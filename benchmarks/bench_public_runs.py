@@ -26,7 +26,7 @@ split, the time is priced without the memory limit (the run exists) and the row 
 Rows marked ``reference_only`` are printed but left out of the median. Tokens are balanced (``expert_load = 1``) as
 the pages state.
 
-Run: python benchmarks/bench_public_runs.py [--json PATH]   (analytic: no GPU needed; a few seconds per run)
+Run: python benchmarks/bench_public_runs.py [--json PATH] [--breakdown]   (analytic: no GPU needed; a few seconds per run)
 """
 
 from __future__ import annotations
@@ -102,6 +102,8 @@ def predict(run: dict) -> dict:
         "id": run["id"], "published_tflops_per_gpu": run["model_tflops_per_gpu"],
         "predicted_tflops_per_gpu": tflops, "error": tflops / run["model_tflops_per_gpu"] - 1.0,
         "predicted_mfu_bf16_peak": ev.mfu, "iteration_time_s": ev.iteration_time_s,
+        "published_tokens_per_s_per_gpu": run["tokens_per_s_per_gpu"],
+        "predicted_tokens_per_s_per_gpu": ev.tokens_per_s / par.world_size,
         "fits_memory": max(st.memory_bytes for st in ev.stages) <= capacity,
         "peak_memory_gib": max(st.memory_bytes for st in ev.stages) / 2**30,
         "capacity_gib": capacity / 2**30,
@@ -112,9 +114,55 @@ def predict(run: dict) -> dict:
     }
 
 
+def breakdown(run: dict) -> dict:
+    """Where the predicted time of one MoE decoder layer goes (one micro-batch, one rank, F + B + W standalone):
+    per task, GPU seconds (roofline and collectives) and the host-bound excess (eager kernel issue beyond the GPU
+    time, :mod:`tessera_lab.cost.host`), with the published budget per layer for comparison: the published
+    tokens/s per GPU turned into seconds per micro-batch and layer, ``tokens per micro-batch / (tokens/s per GPU *
+    tp * layers)`` (a pipeline of ``tp * pp`` GPUs runs ``tokens/s per GPU * tp * pp`` tokens/s; each of its
+    stages runs every micro-batch through ``layers / pp`` layers)."""
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.hardware import cluster_for
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.model.tasks import layer_tasks
+
+    par, _ = parallel_for(run)
+    model = load_model(run["model"])
+    cm = CostModel(cluster_for(par, run["gpu"]), par)
+    layer = next((ly.index for ly in model.layers if ly.ffn == "moe"), 0)
+    lt = layer_tasks(model, layer, par)
+    tasks: dict[str, dict[str, float]] = {}
+    for ph in "FBW":
+        for t in lt.phase(ph):
+            row = tasks.setdefault(t.name, {"gpu_s": 0.0, "host_excess_s": 0.0, "kernels": 0.0})
+            row["gpu_s"] += cm.task_time(t) if t.is_comm else cm.gpu_time(t)
+            row["host_excess_s"] += cm.host_excess(t)
+            if not t.is_comm:
+                from tessera_lab.cost.host import task_kernels
+
+                row["kernels"] += task_kernels(t, precision=par.precision, grouped_impl=par.grouped_gemm, params=cm.a)
+    phases = {ph: cm.phase_cost(lt.phase(ph)).time for ph in "FBW"}
+    budget = par.tokens_per_microbatch / (run["tokens_per_s_per_gpu"] * par.tp * model.num_layers)
+    return {"id": run["id"], "layer": layer, "tasks": tasks, "phase_s": phases, "published_layer_budget_s": budget}
+
+
+def print_breakdown(b: dict) -> None:
+    tot = sum(b["phase_s"].values())
+    ph = b["phase_s"]
+    print(f"{b['id']}: MoE layer {b['layer']}, one micro-batch: predicted F {ph['F'] * 1e3:.2f} + B {ph['B'] * 1e3:.2f}"
+          f" + W {ph['W'] * 1e3:.2f} = {tot * 1e3:.2f} ms; published budget per layer "
+          f"{b['published_layer_budget_s'] * 1e3:.2f} ms (incl. bubble, optimizer, exposed DP)")
+    rows = sorted(b["tasks"].items(), key=lambda kv: -(kv[1]["gpu_s"] + kv[1]["host_excess_s"]))
+    for name, r in rows[:8]:
+        print(f"    {name:20s} gpu {r['gpu_s'] * 1e3:7.3f} ms  host-bound +{r['host_excess_s'] * 1e3:6.3f} ms  "
+              f"kernels {r['kernels']:5.0f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", metavar="PATH", help="write the rows and the median |error| as JSON")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also print where the predicted time of one MoE layer goes, per run (GPU and host-bound)")
     args = ap.parse_args()
     data = json.loads((ROOT / "data" / "published" / "megatron_bridge.json").read_text())
     rows = []
@@ -124,16 +172,23 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - a benchmark prints what failed and goes on
             print(f"{run['id']}: not planned: {exc}")
     print("costs: analytic (cost model of data/hardware/cost_model.json; no measured profile)")
-    print(f"{'run':48s} {'published':>9s} {'predicted':>9s} {'error':>7s} {'mem GiB':>13s}  source")
+    print(f"{'run':48s} {'published':>9s} {'predicted':>9s} {'error':>7s} {'tok/s/GPU pub/pred':>19s} {'mem GiB':>13s}"
+          "  source")
     for r in rows:
         mem = f"{r['peak_memory_gib']:.1f}/{r['capacity_gib']:.1f}" + ("" if r["fits_memory"] else "!")
         tag = " (reference only)" if r["reference_only"] else ""
         print(f"{r['id'] + tag:48s} {r['published_tflops_per_gpu']:9.0f} {r['predicted_tflops_per_gpu']:9.1f} "
-              f"{r['error']:+7.1%} {mem:>13s}  {r['source']}")
+              f"{r['error']:+7.1%} {r['published_tokens_per_s_per_gpu']:>9.0f}/{r['predicted_tokens_per_s_per_gpu']:<9.0f} "
+              f"{mem:>13s}  {r['source']}")
         for n in r["mapping_notes"]:
             print(f"{'':48s}   note: {n}")
     counted = [r for r in rows if not r["reference_only"]]
     med = statistics.median(abs(r["error"]) for r in counted) if counted else float("nan")
+    if args.breakdown:
+        print("\nwhere the time goes (analytic; per task summed over F, B, W; host-bound = eager kernel issue beyond "
+              "the GPU time, tessera_lab/cost/host.py)")
+        for run in data["runs"]:
+            print_breakdown(breakdown(run))
     print(f"median |error| over {len(counted)} published runs (latest container per model and GPU): {med:.1%} "
           f"(target <= 25%); reference-only rows: {', '.join(r['id'] for r in rows if r['reference_only']) or 'none'}")
     if args.json:
