@@ -62,7 +62,8 @@ def parallel_from_args(args: argparse.Namespace):
         pp=args.pp, vpp=args.vpp, tp=args.tp, ep=args.ep, dp=args.dp, microbatches=args.microbatches,
         micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, schedule=args.schedule,
         distributed_optimizer=not args.no_distributed_optimizer,
-        **{k: getattr(args, k) for k in ("dispatcher", "recompute", "precision", "grad_reduce_dtype", "expert_load")
+        **{k: getattr(args, k) for k in ("dispatcher", "recompute", "precision", "grad_reduce_dtype", "expert_load",
+                                             "grouped_gemm")
            if getattr(args, k, None) is not None},
     )
 
@@ -96,6 +97,9 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                    help="activation recomputation, Megatron's granularities (default none)")
     p.add_argument("--precision", choices=["bf16", "fp8"], default=None,
                    help="GEMM precision (fp8: FP8 current scaling for linear and expert GEMMs; default bf16)")
+    p.add_argument("--grouped-gemm", choices=["multistream", "grouped", "sequential"], default=None,
+                   help="expert GEMMs: multistream (default: Transformer Engine's GroupedLinear, one cuBLAS GEMM per "
+                        "expert on 4 streams, each launched by the host), grouped (one grouped kernel) or sequential")
     p.add_argument("--grad-reduce-dtype", choices=["fp32", "bf16"], default=None,
                    help="gradient buffer and reduction dtype (default fp32, Megatron-LM's for bf16)")
     p.add_argument("--expert-load", type=float, default=None, metavar="X",

@@ -212,8 +212,9 @@ class ParallelConfig:
             ``bf16``; sets the gradient buffer bytes in memory and the reduce-scatter bytes of gradient sync.
         expert_load: tokens the busiest EP rank receives relative to the mean; ``None`` = the expected busiest
             rank of a balanced random router (:func:`tessera_lab.cost.ep_traffic.busiest_rank_load`).
-        grouped_gemm: expert GEMM implementation, ``grouped`` (one grouped kernel), ``multistream`` (Transformer
-            Engine's GroupedLinear: one cuBLAS GEMM per expert on 4 streams) or ``sequential`` (one launch
+        grouped_gemm: expert GEMM implementation, ``grouped`` (one grouped kernel), ``multistream`` (default:
+            Transformer Engine's GroupedLinear as Megatron's TEGroupedMLP runs it, one cuBLAS GEMM per expert on 4
+            streams, each launched by the host) or ``sequential`` (one launch
             per expert) (:mod:`tessera_lab.cost.gemm`).
         fused_cross_entropy: the loss keeps only the bf16 logits (gradient written in place, Megatron's
             cross-entropy fusion) instead of the fp32 log-softmax.
