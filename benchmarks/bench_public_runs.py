@@ -102,8 +102,6 @@ def predict(run: dict) -> dict:
         "id": run["id"], "published_tflops_per_gpu": run["model_tflops_per_gpu"],
         "predicted_tflops_per_gpu": tflops, "error": tflops / run["model_tflops_per_gpu"] - 1.0,
         "predicted_mfu_bf16_peak": ev.mfu, "iteration_time_s": ev.iteration_time_s,
-        "published_tokens_per_s_per_gpu": run["tokens_per_s_per_gpu"],
-        "predicted_tokens_per_s_per_gpu": ev.tokens_per_s / par.world_size,
         "fits_memory": max(st.memory_bytes for st in ev.stages) <= capacity,
         "peak_memory_gib": max(st.memory_bytes for st in ev.stages) / 2**30,
         "capacity_gib": capacity / 2**30,
@@ -111,6 +109,8 @@ def predict(run: dict) -> dict:
                                                   "precision", "dispatcher", "recompute")},
         "mapping_notes": notes, "reference_only": bool(run.get("reference_only")), "source": f"Megatron-Bridge {run['container']}: {run['source']}",
         "plan_s": time.perf_counter() - t0,
+        "published_tokens_per_s_per_gpu": run["tokens_per_s_per_gpu"],
+        "predicted_tokens_per_s_per_gpu": ev.tokens_per_s / par.world_size,
     }
 
 

@@ -60,10 +60,10 @@ def parallel_from_args(args: argparse.Namespace):
 
     return ParallelConfig(
         pp=args.pp, vpp=args.vpp, tp=args.tp, ep=args.ep, dp=args.dp, microbatches=args.microbatches,
+        **({"grouped_gemm": args.grouped_gemm} if getattr(args, "grouped_gemm", None) else {}),
         micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, schedule=args.schedule,
         distributed_optimizer=not args.no_distributed_optimizer,
-        **{k: getattr(args, k) for k in ("dispatcher", "recompute", "precision", "grad_reduce_dtype", "expert_load",
-                                             "grouped_gemm")
+        **{k: getattr(args, k) for k in ("dispatcher", "recompute", "precision", "grad_reduce_dtype", "expert_load")
            if getattr(args, k, None) is not None},
     )
 
