@@ -49,27 +49,36 @@ def parallel_for(run: dict):
     tp, pp, vp = run["tp"], run["pp"], run["vp"] or 1
     dp_megatron = run["gpus"] // (tp * pp)
     notes = []
-    if run["ep"] > dp_megatron:  # Megatron spreads EP over TP x DP; our EP lives inside DP: fold TP into it
-        notes.append(f"EP {run['ep']} spans TP {tp} x DP {dp_megatron} in Megatron; planned as tp=1, ep={run['ep']} "
-                     "(same GPUs, expert sharding and per-GPU work; no TP all-reduces)")
-        tp = 1
-        dp_megatron = run["gpus"] // pp
+    spans = run["ep"] > dp_megatron  # Megatron spreads EP over TP x DP (expert TP 1)
     ep = run["ep"]
-    dp = dp_megatron // ep
+    if spans:
+        if (tp * dp_megatron) % ep:
+            raise ValueError(f"EP {ep} does not divide TP {tp} x DP {dp_megatron}")
+        dp = tp * dp_megatron // ep  # expert data-parallel replicas
+        notes.append(f"EP {ep} spans TP {tp} x DP {dp_megatron} (Megatron-Core's expert grid, expert TP 1): planned "
+                     f"with ep_spans_tp (dense TP {tp} with sequence parallelism, DP {dp_megatron}; experts EP {ep})")
+    else:
+        dp = dp_megatron // ep
     m = run["gbs"] // (run["mbs"] * dp_megatron)
-    if vp > 1:  # the planner plans one stage per rank; interleaving only shrinks the bubble (p-1)/m by 1/VP
-        notes.append(f"VP {vp} planned as 1f1b (bubble (p-1)/m = {(pp - 1) / m:.3f} instead of {(pp - 1) / (vp * m):.3f})")
-    schedule = "overlapped" if run.get("ep_overlap") else "1f1b"
-    par = ParallelConfig(pp=pp, vpp=1, tp=tp, ep=ep, dp=dp, microbatches=m,
+    if vp > 1:  # Megatron's interleaved 1F1B; with the EP overlap its combined-1F1B variant (one more warm-up)
+        schedule = "interleaved-overlapped" if run.get("ep_overlap") else "interleaved"
+    else:  # Megatron refuses the EP overlap with PP > 1 and no VP (transformer_config.py)
+        schedule = "overlapped" if run.get("ep_overlap") else "1f1b"
+    par = ParallelConfig(pp=pp, vpp=vp, tp=tp, ep=ep, dp=dp, microbatches=m, ep_spans_tp=spans,
                          micro_batch_size=run["mbs"], seq_len=run["seq_len"], schedule=schedule,
                          precision=run["precision"], dispatcher=run["dispatcher"], recompute=run["recompute"],
+                         recompute_modules=tuple(run.get("recompute_modules", ())),
+                         adam_moment_dtype=run.get("adam_moment_dtype", "fp32"),
+                         sequence_parallel=tp > 1,  # the recipes set sequence_parallel = True with TP > 1
                          grad_reduce_dtype=run.get("grad_reduce_dtype", "fp32"), expert_load=1.0,
                          fused_cross_entropy=True,  # _benchmark_common: cross_entropy_fusion_impl = "te"
                          ep_placement="contiguous",  # Megatron-Core's expert grid: EP on consecutive ranks (ETP 1)
                          grouped_gemm="multistream")  # TEGroupedMLP -> TE GroupedLinear: per-expert cuBLAS, 4 streams
-    if tp > 1 and ep > 1:
+    if tp > 1 and ep > 1 and not spans:
         notes.append(f"EP {ep} on {ep} consecutive ranks (Megatron-Core's expert rank generator, expert TP 1): "
                      f"{-(-ep // 8)} nodes, not the {-(-ep * tp // 8)} a TP-strided EP group would span")
+    if vp > 1:
+        notes.append(f"VP {vp}: {schedule}, the recipe's even split of the layers over {pp * vp} virtual stages")
     return par, notes
 
 
@@ -97,16 +106,19 @@ def predict(run: dict) -> dict:
         plan = make_plan(model, par, cluster=Cluster.dgx(roomy, cluster.num_nodes), method="uniform",
                          baselines=(), time_limit_s=5.0)
     ev = plan.chosen
+    # per GPU: a rank holds every chunk of its virtual stages (the partition's rank memory), else one stage each
+    rank_mem = list(ev.partition.rank_memory) or [st.memory_bytes for st in ev.stages]
     tflops = plan.model_flops / (ev.iteration_time_s * par.world_size) / 1e12
     return {
         "id": run["id"], "published_tflops_per_gpu": run["model_tflops_per_gpu"],
         "predicted_tflops_per_gpu": tflops, "error": tflops / run["model_tflops_per_gpu"] - 1.0,
         "predicted_mfu_bf16_peak": ev.mfu, "iteration_time_s": ev.iteration_time_s,
-        "fits_memory": max(st.memory_bytes for st in ev.stages) <= capacity,
-        "peak_memory_gib": max(st.memory_bytes for st in ev.stages) / 2**30,
+        "fits_memory": max(rank_mem) <= capacity,
+        "peak_memory_gib": max(rank_mem) / 2**30,
         "capacity_gib": capacity / 2**30,
         "parallel": {k: getattr(par, k) for k in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "schedule",
-                                                  "precision", "dispatcher", "recompute")},
+                                                  "precision", "dispatcher", "recompute", "ep_spans_tp",
+                                                  "recompute_modules", "adam_moment_dtype")},
         "mapping_notes": notes, "reference_only": bool(run.get("reference_only")), "source": f"Megatron-Bridge {run['container']}: {run['source']}",
         "plan_s": time.perf_counter() - t0,
     }

@@ -12,8 +12,14 @@ the reserve of ``data/hardware/cost_model.json`` (CUDA context, NCCL buffers, fr
 Recomputation (``ParallelConfig.recompute``) changes the saved bytes of the forward tasks
 (:mod:`tessera_lab.model.tasks`): ``selective`` keeps the attention core's inputs instead of its outputs and
 the routed experts' input instead of their intermediate activations (re-running the expert GEMMs in the
-backward); ``full`` keeps only each layer's input. Expert parameters are data-parallel over ``dp`` ranks; the rest of a
-stage over ``ep * dp`` ranks (see :mod:`tessera_lab.model.hardware`).
+backward); ``full`` keeps only each layer's input; ``selective`` with ``recompute_modules`` follows Megatron-LM's
+module names (:mod:`tessera_lab.model.tasks`). Expert parameters are data-parallel over ``ParallelConfig.expert_dp``
+ranks (``tp * dp``: with expert TP 1 each TP rank sits in its own EP group, or ``dp`` when the EP group spans the
+TP ranks); the rest of a
+stage over ``ParallelConfig.dense_dp`` ranks (``ep * dp``, or ``ep / tp * dp`` when the EP group spans the TP
+ranks; see :mod:`tessera_lab.model.hardware`). With a distributed optimizer the optimizer state
+(``ParallelConfig.optimizer_state_bytes``: fp32 master weights and Adam's moments, 12 bytes, or 8 with bf16
+moments as Megatron-Core's precision-aware optimizer keeps them) is sharded over those ranks.
 
 Activations: the ``saved_bytes`` of every forward task of the stage's layers (:mod:`tessera_lab.model.tasks`)
 per micro-batch, times the micro-batches in flight on that stage at its peak for the schedule (a micro-batch
@@ -40,12 +46,14 @@ GIB = 2**30
 
 
 def bytes_per_param(parallel: ParallelConfig, dp_degree: int) -> float:
-    """Training-state bytes per parameter: ``2 + g + 12`` (18 with fp32 gradients, 16 with bf16), or
-    ``2 + g + 12/dp_degree`` with a distributed optimizer (``g`` = :attr:`ParallelConfig.grad_bytes`)."""
+    """Training-state bytes per parameter: ``2 + g + o`` (18 with fp32 gradients, 16 with bf16), or
+    ``2 + g + o/dp_degree`` with a distributed optimizer (``g`` = :attr:`ParallelConfig.grad_bytes`, ``o`` =
+    :attr:`ParallelConfig.optimizer_state_bytes`: 12, or 8 with bf16 Adam moments)."""
     base = 2.0 + parallel.grad_bytes
+    state = parallel.optimizer_state_bytes
     if parallel.distributed_optimizer:
-        return base + 12.0 / dp_degree
-    return base + 12.0
+        return base + state / dp_degree
+    return base + state
 
 
 def in_flight(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> float:
@@ -101,11 +109,11 @@ def layer_memory(model: ModelSpec, parallel: ParallelConfig, tasks: Sequence[Lay
     """Memory of the embedding, every decoder layer and the LM head (same order as ``decompose``).
 
     Parameter bytes on one GPU (:func:`gpu_params`) times the bytes per parameter of each part's data-parallel
-    degree (``ep * dp`` for dense parameters, ``dp`` for experts).
+    degree (:attr:`ParallelConfig.dense_dp` for dense parameters, :attr:`ParallelConfig.expert_dp` for experts).
     """
     p = parallel
-    dense_bpp = bytes_per_param(p, p.ep * p.dp)
-    expert_bpp = bytes_per_param(p, p.dp)
+    dense_bpp = bytes_per_param(p, p.dense_dp)
+    expert_bpp = bytes_per_param(p, p.expert_dp)
     out = []
     for lt in tasks:
         dense, expert = gpu_params(model, p, lt.layer)
