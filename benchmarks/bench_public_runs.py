@@ -6,15 +6,25 @@ analytic cost model, and prints predicted vs published Model TFLOP/s per GPU (Me
 convention, the pages' metric), each with its source, then the median |error|. Target: <= 25% on the median.
 
 Layout mapping (stated per run): Megatron's data-parallel size ``DP = GPUs / (TP * PP)``; our non-expert
-data-parallel group is ``ep * dp``, so ``ep = EP`` and ``dp = DP / EP``; where Megatron spreads EP over TP x DP
-ranks (EP > DP), our layout keeps experts inside DP, so TP is folded into EP (``tp = 1``, same GPUs, same expert
-sharding and per-GPU work, no TP all-reduces; the run says so; but twice the tokens per micro-batch, so twice the
-activation memory of each micro-batch in flight). The EP group sits on ``ep`` consecutive ranks
-(``ep_placement = contiguous``: Megatron-Core's ``expert_decoder_rank_generator``, expert TP 1, order
-``tp-cp-ep-dp-pp``, ``megatron/core/parallel_state.py``), so with TP 2 an EP 64 group spans 8 nodes, not 16.
-Micro-batches per pipeline ``m = GBS / (MBS * DP)``; schedule ``1f1b`` (the planner plans one stage per rank; the
-page's VP would shrink the bubble ``(p-1)/m`` by 1/VP, small at these ``m``; each run says so), or ``overlapped``
-where the recipe overlaps EP communication with another micro-batch (``overlap_moe_expert_parallel_comm``).
+data-parallel group is ``ParallelConfig.dense_dp``. Where ``EP <= DP``: ``ep = EP``, ``dp = DP / EP`` (EP inside
+DP). Where Megatron spreads EP over TP x DP ranks (``EP > DP``, Megatron-Core's expert grid with expert TP 1,
+``EP * EDP = TP * DP``, ``megatron/core/parallel_state.py``): ``ep_spans_tp`` with ``tp = TP``, ``ep = EP`` and
+``dp = TP * DP / EP`` expert replicas, so the dense part keeps its TP (sequence parallel) and its DP, and each TP
+rank routes ``T / TP`` tokens. The EP group sits on ``ep`` consecutive ranks (``ep_placement = contiguous``:
+Megatron-Core's ``expert_decoder_rank_generator``, order ``tp-cp-ep-dp-pp``), so with TP 2 an EP 64 group spans
+8 nodes, not 16. Micro-batches per pipeline ``m = GBS / (MBS * DP)``. Schedule: ``1f1b``; with VP, Megatron's
+interleaved 1F1B (``--vpp VP``); with the recipe's EP overlap (``overlap_moe_expert_parallel_comm``) the combined
+1F1B, ``overlapped`` without VP and ``interleaved-overlapped`` with it (Megatron requires VP for the EP overlap
+when PP > 1, ``megatron/core/transformer/transformer_config.py``; one more warm-up micro-batch,
+``get_pp_rank_microbatches`` in ``megatron/core/pipeline_parallel/schedules.py``). Sequence parallelism on with
+TP > 1, as the recipes set it; per-run recipe fields from ``data/published``: ``recompute_modules`` (Megatron's
+names), ``adam_moment_dtype`` (DeepSeek-V3's precision-aware optimizer keeps bf16 moments).
+
+Not modelled (stated, each an over- or under-estimate of memory): DeepSeek-V3's MTP layer (on the last
+pipeline stage, which holds the fewest micro-batches in flight) and the recipes' explicit pipeline layouts
+(``Et|(tt|)*30mL``: the first chunk holds the embedding and one layer, the last the MTP layer and the loss; we
+split the 61 layers evenly over the virtual stages instead); FP8 primary weights (``fp8_param_gather``: 1 byte
+per weight instead of 2 on Hopper) and Transformer Engine's FP8 weight caches.
 
 Expert GEMMs: ``grouped_gemm = multistream`` (the recipes' ``moe_grouped_gemm`` with Transformer Engine runs
 TEGroupedMLP, whose GroupedLinear launches one cuBLAS GEMM per expert on 4 streams; :mod:`tessera_lab.cost.gemm`).

@@ -52,3 +52,13 @@ def test_layout_mapping_by_hand():
     # Qwen3-30B-A3B on 16 H100, EP 16, one stage: m = 1024 / 16 = 64, balanced tokens as the pages state
     par, _ = bench.parallel_for(runs["qwen3-30b-a3b/16xH100/fp8/ep16"])
     assert (par.pp, par.ep, par.microbatches, par.expert_load) == (1, 16, 64, 1.0)
+
+
+def test_published_recipes_fit_memory():
+    # the acceptance point: every published recipe is feasible in the memory model at its own layout (even split,
+    # VP, the recomputation it uses); the bench prices the time of a row that does not fit and marks it with "!"
+    bench, runs = _bench(), _runs()
+    for run in runs.values():
+        row = bench.predict(run)
+        assert row["fits_memory"], (run["id"], row["peak_memory_gib"], row["capacity_gib"])
+        assert not any("does not fit" in n for n in row["mapping_notes"])
