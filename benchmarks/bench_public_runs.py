@@ -20,11 +20,14 @@ when PP > 1, ``megatron/core/transformer/transformer_config.py``; one more warm-
 TP > 1, as the recipes set it; per-run recipe fields from ``data/published``: ``recompute_modules`` (Megatron's
 names), ``adam_moment_dtype`` (DeepSeek-V3's precision-aware optimizer keeps bf16 moments).
 
-Not modelled (stated, each an over- or under-estimate of memory): DeepSeek-V3's MTP layer (on the last
-pipeline stage, which holds the fewest micro-batches in flight) and the recipes' explicit pipeline layouts
-(``Et|(tt|)*30mL``: the first chunk holds the embedding and one layer, the last the MTP layer and the loss; we
-split the 61 layers evenly over the virtual stages instead); FP8 primary weights (``fp8_param_gather``: 1 byte
-per weight instead of 2 on Hopper) and Transformer Engine's FP8 weight caches.
+Pipeline split: the recipe's (``pipeline_split`` in ``data/published``, :func:`split_for`): Megatron's even
+split, ``account_for_embedding/loss_in_pipeline_split`` (Qwen3-235B-A22B) or DeepSeek-V3's explicit layouts
+(``Et|(tt|)*30mL``), passed to the planner as ``boundaries``.
+
+Not modelled (stated): DeepSeek-V3's MTP layer is not in the model; :func:`mtp_estimate` prints what it would add
+to the last rank (which holds the fewest micro-batches in flight) and the row says whether that still fits; FP8
+primary weights (``fp8_param_gather``: 1 byte per weight instead of 2 on Hopper, an over-estimate here) and
+Transformer Engine's FP8 weight caches (an under-estimate).
 
 Expert GEMMs: ``grouped_gemm = multistream`` (the recipes' ``moe_grouped_gemm`` with Transformer Engine runs
 TEGroupedMLP, whose GroupedLinear launches one cuBLAS GEMM per expert on 4 streams; :mod:`tessera_lab.cost.gemm`).
@@ -88,8 +91,55 @@ def parallel_for(run: dict):
         notes.append(f"EP {ep} on {ep} consecutive ranks (Megatron-Core's expert rank generator, expert TP 1): "
                      f"{-(-ep // 8)} nodes, not the {-(-ep * tp // 8)} a TP-strided EP group would span")
     if vp > 1:
-        notes.append(f"VP {vp}: {schedule}, the recipe's even split of the layers over {pp * vp} virtual stages")
+        notes.append(f"VP {vp}: {schedule} over {pp * vp} virtual stages")
     return par, notes
+
+
+def split_for(run: dict, num_layers: int) -> list[int] | None:
+    """Layer boundaries of the recipe's pipeline split over its ``pp * vp`` virtual stages, or ``None`` for
+    Megatron's even split. ``account_for_embedding_and_loss``: Megatron-Core's ``get_num_layers_to_build``
+    (``transformer_block.py``) gives every virtual stage ``(L + 2) / (pp * vp)`` slots, the embedding taking one on
+    the first and the loss one on the last; a list: decoder layers per virtual stage (an explicit layout)."""
+    split = run.get("pipeline_split")
+    if split is None:
+        return None
+    stages = run["pp"] * (run["vp"] or 1)
+    if split == "account_for_embedding_and_loss":
+        slots, rest = divmod(num_layers + 2, stages)
+        if rest:
+            raise ValueError(f"{num_layers} layers + embedding + loss do not divide over {stages} virtual stages")
+        counts = [slots - (s == 0) - (s == stages - 1) for s in range(stages)]
+    else:
+        counts = list(split)
+    if len(counts) != stages or sum(counts) != num_layers:
+        raise ValueError(f"pipeline_split {split} does not place {num_layers} layers on {stages} virtual stages")
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + c)
+    return bounds
+
+
+def mtp_estimate(model, par, plan, run: dict) -> tuple[int, float] | None:
+    """``(rank, bytes)``: what DeepSeek-V3's MTP module would add to the last pipeline rank, which the plan leaves
+    out (the model has no MTP layer): one more MoE decoder layer (parameters and activations), the input
+    embedding the last stage then holds, and a second loss's saved logits, times that rank's micro-batches in
+    flight (``mtp_num_layers`` of the recipe; Megatron's MTP block re-embeds the shifted tokens and shares the
+    output layer)."""
+    n = int(run.get("mtp_num_layers") or 0)
+    if not n:
+        return None
+    from tessera_lab.cost.memory import layer_memory
+    from tessera_lab.model.tasks import decompose
+    from tessera_lab.plan.vschedules import plan_in_flight
+
+    mem = layer_memory(model, par, decompose(model, par))
+    moe = mem[model.num_layers]  # the last decoder layer (a MoE layer), as the MTP layer is built
+    emb, head = mem[0], mem[-1]
+    rank = par.pp - 1
+    flight = plan_in_flight(par.schedule, par.pp, rank, par.microbatches, par.vpp) * par.vpp  # chunk-micro-batches
+    # the last chunk's micro-batches in flight: the rank's count is over its vpp chunks, one of which holds the MTP
+    extra = n * (moe.param_bytes + emb.param_bytes) + n * (moe.activation_bytes + head.activation_bytes) * flight / par.vpp
+    return rank, extra
 
 
 def predict(run: dict) -> dict:
@@ -106,26 +156,39 @@ def predict(run: dict) -> dict:
     cluster = cluster_for(par, run["gpu"])
     capacity = memory_capacity(cluster)
     t0 = time.perf_counter()
-    try:  # the recipe's layer split: Megatron divides the layers evenly over the (virtual) pipeline stages
-        plan = make_plan(model, par, cluster=cluster, method="uniform", baselines=(), time_limit_s=5.0)
+    bounds = split_for(run, model.num_layers)
+    if bounds is not None:
+        notes.append(f"the recipe's split: {run['pipeline_split'] if isinstance(run['pipeline_split'], str) else 'layout'} "
+                     f"-> decoder layers per virtual stage {[b - a for a, b in zip(bounds, bounds[1:])]}")
+    try:  # the recipe's layer split (Megatron's even split unless the recipe sets one)
+        plan = make_plan(model, par, cluster=cluster, method="uniform", baselines=(), time_limit_s=5.0,
+                         boundaries=bounds)
     except InfeasiblePlanError as exc:
         # the run exists, so price its time at its own layout; the memory gap is the memory model's, printed with "!"
         notes.append(f"our memory model does not fit the recipe's even split ({exc}); time priced without the "
                      "memory limit")
         roomy = dataclasses.replace(GPUSpec.named(run["gpu"]), memory_bytes=float(2**50))
         plan = make_plan(model, par, cluster=Cluster.dgx(roomy, cluster.num_nodes), method="uniform",
-                         baselines=(), time_limit_s=5.0)
+                         baselines=(), time_limit_s=5.0, boundaries=bounds)
     ev = plan.chosen
     # per GPU: a rank holds every chunk of its virtual stages (the partition's rank memory), else one stage each
     rank_mem = list(ev.partition.rank_memory) or [st.memory_bytes for st in ev.stages]
     tflops = plan.model_flops / (ev.iteration_time_s * par.world_size) / 1e12
+    mtp = mtp_estimate(model, par, plan, run)
+    mtp_fits = None
+    if mtp is not None:
+        r, extra = mtp
+        with_mtp = rank_mem[r] + extra
+        mtp_fits = with_mtp <= capacity
+        notes.append(f"MTP ({run['mtp_num_layers']} layer) is not in the plan: it would add about {extra / 2**30:.1f} GiB "
+                     f"on rank {r} ({with_mtp / 2**30:.1f} of {capacity / 2**30:.1f} GiB; estimate of mtp_estimate)")
     return {
         "id": run["id"], "published_tflops_per_gpu": run["model_tflops_per_gpu"],
         "predicted_tflops_per_gpu": tflops, "error": tflops / run["model_tflops_per_gpu"] - 1.0,
         "predicted_mfu_bf16_peak": ev.mfu, "iteration_time_s": ev.iteration_time_s,
         "fits_memory": max(rank_mem) <= capacity,
         "peak_memory_gib": max(rank_mem) / 2**30,
-        "capacity_gib": capacity / 2**30,
+        "capacity_gib": capacity / 2**30, "fits_memory_with_mtp_estimate": mtp_fits,
         "parallel": {k: getattr(par, k) for k in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "schedule",
                                                   "precision", "dispatcher", "recompute", "ep_spans_tp",
                                                   "recompute_modules", "adam_moment_dtype")},

@@ -166,3 +166,17 @@ def test_more_microbatches_never_decrease_in_flight(schedule, p, v, m, more):
         assert a <= b
         if s + 1 < p:  # an earlier stage never holds fewer than a later one
             assert plan_in_flight(schedule, p, s + 1, m, v) <= a
+
+
+def test_make_plan_takes_a_given_split():
+    from tessera_lab.plan.make import make_plan
+
+    m = load_model("qwen3-30b-a3b")
+    par = ParallelConfig(pp=2, ep=8, microbatches=4, schedule="1f1b", expert_load=1.0)
+    plan = make_plan(m, par, method="uniform", baselines=(), boundaries=[0, 20, 48])
+    assert plan.chosen.partition.boundaries == [0, 20, 48] and [len(s.layers) for s in plan.chosen.stages] == [20, 28]
+    for bad in ([0, 20], [0, 30, 20], [0, 20, 47]):
+        with pytest.raises(ConfigError, match="boundaries"):
+            make_plan(m, par, method="uniform", baselines=(), boundaries=bad)
+    with pytest.raises(ConfigError, match="boundaries"):
+        make_plan(m, par, method="ilp", baselines=(), boundaries=[0, 20, 48])

@@ -62,3 +62,19 @@ def test_published_recipes_fit_memory():
         row = bench.predict(run)
         assert row["fits_memory"], (run["id"], row["peak_memory_gib"], row["capacity_gib"])
         assert not any("does not fit" in n for n in row["mapping_notes"])
+        assert row["fits_memory_with_mtp_estimate"] in (None, True)  # DeepSeek-V3's MTP (not in the model) too
+
+
+def test_recipe_pipeline_splits_by_hand():
+    bench, runs = _bench(), _runs()
+    # Qwen3-235B-A22B, PP 8 VP 4, account_for_embedding/loss: (94 + 2) / 32 = 3 slots a virtual stage; the first
+    # gives one to the embedding, the last one to the loss: [2, 3 x 30, 2]
+    b = bench.split_for(runs["qwen3-235b-a22b/256xH100/fp8/tp2-pp8-vp4-ep32"], 94)
+    assert [y - x for x, y in zip(b, b[1:])] == [2] + [3] * 30 + [2] and b[-1] == 94
+    # PP 8, no VP: (94 + 2) / 8 = 12: [11, 12 x 6, 11]
+    b = bench.split_for(runs["qwen3-235b-a22b/256xB200/fp8/pp8-ep8"], 94)
+    assert [y - x for x, y in zip(b, b[1:])] == [11] + [12] * 6 + [11]
+    # DeepSeek-V3 'Et|(tt|)*30mL': 1 + 2 x 30 + 0 = 61 decoder layers over 32 virtual stages
+    b = bench.split_for(runs["deepseek-v3/1024xH100/fp8/tp2-pp8-vp4-ep64"], 61)
+    assert b[:3] == [0, 1, 3] and b[-2:] == [61, 61] and len(b) == 33
+    assert bench.split_for(runs["qwen3-30b-a3b/16xH100/fp8/ep16"], 48) is None  # Megatron's even split
