@@ -35,8 +35,9 @@ def test_sequence_parallel_and_fp8_saved_bytes_by_hand():
     # o_proj's input is already split by heads (16 of 32 per rank): 4096 * 16 * 128 = 8,388,608 elements
     assert sp["o_proj"] == 2 * 8_388_608 == nosp["o_proj"] and fp8["o_proj"] == 8_388_608
     # the attention core is bf16 either way: q, o (16 heads) and k, v (2 kv heads) plus the fp32 lse:
-    # 2 * 4096 * (2*16*128 + 2*2*128) + 4 * 4096 * 16 = 37,748,736 + 262,144 = 38,010,880
-    assert sp["core"] == fp8["core"] == 38_010_880
+    # 2 * 4096 * (2*16*128 + 2*2*128) + 4 * 4096 * 16 = 37,748,736 + 262,144 = 38,010,880; in bf16 its output o
+    # (2 * 4096 * 16 * 128 = 16,777,216) is o_proj's saved input, one storage counted there: 21,233,664
+    assert sp["core"] == 21_233_664 and fp8["core"] == 38_010_880
     # routed experts: each TP rank routes 2048 tokens x top-8 = 16,384 copies; per copy fc1's input (2048), the
     # SwiGLU input (2 x 768, bf16) and fc2's input (768): bf16 2*(2048 + 1536 + 768) = 8704 B, FP8 2048 + 3072 + 768
     # = 5888 B -> 142,606,336 and 96,468,992
@@ -54,11 +55,14 @@ def test_megatron_recompute_modules_by_hand():
     f0 = {t.name: t for t in layer_tasks(m, 0, none).F}
     r = layer_tasks(m, 0, rec)
     rf, rb = {t.name: t for t in r.F}, {t.name: t for t in r.B}
-    # core without recompute: q, k (128 heads x 192), v, o (x 128) bf16 plus the fp32 lse:
-    # 2 * 4096 * 128 * (2*192 + 2*128) + 4 * 4096 * 128 = 671,088,640 + 2,097,152 = 673,185,792
-    assert f0["core"].saved_bytes == 673_185_792
-    # mla_up_proj frees q, k, v (2 * 4096 * 128 * (384 + 128) = 536,870,912): o and the lse remain, 136,314,880
-    assert rf["core"].saved_bytes == 136_314_880
+    # core without recompute: q, k (128 heads x 192), v (x 128) bf16 plus the fp32 lse; o (2 * 4096 * 128 * 128 =
+    # 134,217,728) is o_proj's input, counted there: 536,870,912 + 2,097,152 = 538,968,064
+    assert f0["core"].saved_bytes == 538_968_064
+    # mla_up_proj frees q, k, v (2 * 4096 * 128 * (384 + 128) = 536,870,912): the lse remains, 2,097,152
+    assert rf["core"].saved_bytes == 2_097_152
+    # under FP8 o_proj keeps an FP8 copy, so the core's bf16 o counts: 134,217,728 + 2,097,152
+    fp8 = layer_tasks(m, 0, rec.replace(precision="fp8")).F
+    assert {t.name: t.saved_bytes for t in fp8}["core"] == 136_314_880
     # the up projections keep their inputs (2 * 4096 * 1536 = 12,582,912) and re-run their forward in the backward
     assert rf["q_b_proj"].saved_bytes == 12_582_912
     assert rb["q_b_proj"].flops == 2 * rf["q_b_proj"].flops and rb["kv_b_proj"].flops == 2 * rf["kv_b_proj"].flops
@@ -180,3 +184,21 @@ def test_make_plan_takes_a_given_split():
             make_plan(m, par, method="uniform", baselines=(), boundaries=bad)
     with pytest.raises(ConfigError, match="boundaries"):
         make_plan(m, par, method="ilp", baselines=(), boundaries=[0, 20, 48])
+
+
+def test_plan_json_keeps_the_layout_and_memory_fields():
+    import json
+
+    from tessera_lab.plan.load import load_plan
+    from tessera_lab.plan.make import make_plan
+
+    m = load_model("qwen3-30b-a3b")
+    par = ParallelConfig(pp=2, tp=2, ep=8, dp=1, ep_spans_tp=True, microbatches=4, schedule="1f1b", expert_load=1.0,
+                         recompute="selective", recompute_modules=("moe_act",), adam_moment_dtype="bf16")
+    d = json.loads(json.dumps(make_plan(m, par, method="uniform", baselines=()).as_dict()))
+    assert d["parallel"]["ep_spans_tp"] is True and d["parallel"]["recompute_modules"] == ["moe_act"]
+    assert d["gpus"] == 16
+    assert load_plan(d).parallel == par
+    # defaults are not written (plans without these fields read as before)
+    plain = make_plan(m, ParallelConfig(pp=2, ep=8, microbatches=4, schedule="1f1b"), method="uniform", baselines=())
+    assert "ep_spans_tp" not in plain.as_dict()["parallel"]

@@ -35,6 +35,8 @@ Saved bytes (activation memory), three mechanisms beyond the tensors' shapes:
   (``transformer_engine/pytorch/module/linear.py``, ``grouped_linear.py``: ``save_for_backward`` of the quantized
   ``inputmat``). So every GEMM's saved input is 1 byte an element; the attention core (bf16 dot-product
   attention), the SwiGLU input, norms and router probabilities stay in their own dtype.
+* One storage, counted once: the attention core's output is the tensor its consumer (output gate, or o_proj in
+  bf16) keeps, so it is counted with the consumer (PyTorch's saved tensors share storage with the graph's).
 * Recomputation (``ParallelConfig.recompute``; ``recompute_modules`` as Megatron-LM names them, see
   :data:`tessera_lab.model.hardware.RECOMPUTE_MODULES`): a recomputed task saves only what its checkpoint keeps
   and re-runs its forward in the backward.
@@ -235,8 +237,12 @@ def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
     rope = g.elementwise("qk_norm_rope", dt * T * (nh + nkv) * hd * 2, [qkv], saved=dt * T * (nh + nkv) * hd)
     flops = 0.5 * 4.0 * b * s * s * nh * hd  # causal: half of QK^T and AV
     io = dt * T * (2 * nh * hd + 2 * nkv * hd)
+    # the core keeps q, k, v, its output o and the fp32 lse; o is the very tensor its consumer keeps (the output
+    # gate, or o_proj's input in bf16), one storage, so it is counted there (an FP8 o_proj keeps its own FP8 copy)
+    o = dt * T * nh * hd
+    shared = o if (gated or g.gemm_in == dt) else 0.0
     core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=(rope,),
-                      saved_bytes=io + 4.0 * T * nh), b_scale=2.0, selective=dt * T * (nh + 2 * nkv) * hd,
+                      saved_bytes=io + 4.0 * T * nh - shared), b_scale=2.0, selective=dt * T * (nh + 2 * nkv) * hd,
                  module="core_attn")
     last = core
     if gated:
@@ -266,7 +272,9 @@ def _mixer_mla(g: _Fwd, m: ModelSpec, T: int, b: int, s: int, tp: int, after: st
     flops = 0.5 * 2.0 * b * s * s * nh * (qk + m.v_head_dim)
     io = dt * T * nh * (2 * qk + 2 * m.v_head_dim)
     qkv_in = dt * T * nh * (2 * qk + m.v_head_dim)  # q, k, v; the rest of io is the output o
-    saved = io + 4.0 * T * nh - (qkv_in if up else 0.0)
+    # o is o_proj's input, one storage with it in bf16 (counted there); an FP8 o_proj keeps its own copy
+    shared = dt * T * nh * m.v_head_dim if g.gemm_in == dt else 0.0
+    saved = io + 4.0 * T * nh - shared - (qkv_in if up else 0.0)
     core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=(q, kvb), saved_bytes=saved), b_scale=2.0,
                  selective=0.0 if up else qkv_in, module="core_attn")
     return g.gemm("o_proj", T, nh * m.v_head_dim, h, [core])

@@ -123,6 +123,12 @@ class Plan:
                 "expert_load", "grouped_gemm", "fused_cross_entropy")},
             "notes": self.notes,
         }
+        # layout and memory fields, written only when set (plans without them read as before)
+        defaults = ParallelConfig()
+        for k in ("ep_placement", "ep_spans_tp", "sequence_parallel", "adam_moment_dtype", "recompute_modules"):
+            v = getattr(self.parallel, k)
+            if v != getattr(defaults, k):
+                d["parallel"][k] = list(v) if isinstance(v, tuple) else v
         if self.schedule_trials:
             d["schedule_trials"] = self.schedule_trials
         if self.reevaluation:
