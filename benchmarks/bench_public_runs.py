@@ -25,9 +25,10 @@ split, ``account_for_embedding/loss_in_pipeline_split`` (Qwen3-235B-A22B) or Dee
 (``Et|(tt|)*30mL``), passed to the planner as ``boundaries``.
 
 Not modelled (stated): DeepSeek-V3's MTP layer is not in the model; :func:`mtp_estimate` prints what it would add
-to the last rank (which holds the fewest micro-batches in flight) and the row says whether that still fits; FP8
-primary weights (``fp8_param_gather``: 1 byte per weight instead of 2 on Hopper, an over-estimate here) and
-Transformer Engine's FP8 weight caches (an under-estimate).
+to the last rank (which holds the fewest micro-batches in flight) and the row says whether that still fits.
+Weights stay at 2 bytes under FP8 (assumption: the recipes' ``fp8_param_gather`` keeps FP8 primary weights, whose
+row-wise and column-wise (transposed) FP8 copies take the 2 bytes of the bf16 weight; not checked line by line
+against Transformer Engine).
 
 Expert GEMMs: ``grouped_gemm = multistream`` (the recipes' ``moe_grouped_gemm`` with Transformer Engine runs
 TEGroupedMLP, whose GroupedLinear launches one cuBLAS GEMM per expert on 4 streams; :mod:`tessera_lab.cost.gemm`).

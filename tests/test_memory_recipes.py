@@ -202,3 +202,21 @@ def test_plan_json_keeps_the_layout_and_memory_fields():
     # defaults are not written (plans without these fields read as before)
     plain = make_plan(m, ParallelConfig(pp=2, ep=8, microbatches=4, schedule="1f1b"), method="uniform", baselines=())
     assert "ep_spans_tp" not in plain.as_dict()["parallel"]
+
+
+def test_cli_options_reach_the_plan(tmp_path, capsys):
+    import json
+
+    from tessera_lab.cli.main import main
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "qwen3-30b-a3b", "--gpu", "H100", "--pp", "2", "--tp", "2", "--ep", "8",
+                 "--ep-spans-tp", "--microbatches", "4", "--schedule", "1f1b", "--method", "uniform",
+                 "--recompute", "selective", "--recompute-modules", "moe_act,core_attn", "--adam-moment-dtype", "bf16",
+                 "--json", str(out)]) == 0
+    par = json.loads(out.read_text())["parallel"]
+    assert (par["ep_spans_tp"], par["recompute_modules"], par["adam_moment_dtype"]) == (True, ["moe_act", "core_attn"],
+                                                                                       "bf16")
+    capsys.readouterr()
+    assert main(["plan", "--tp", "3", "--ep", "8", "--ep-spans-tp"]) == 2  # one clear line, exit 2
+    assert "ep_spans_tp" in capsys.readouterr().err
