@@ -130,6 +130,9 @@ def test_interleaved_overlapped_in_flight_is_megatrons_count():
     assert plan_in_flight("interleaved-overlapped", 8, 0, 512, 4) == 10.0
     assert plan_in_flight("interleaved-overlapped", 8, 7, 512, 4) == 6.5
     assert in_flight("interleaved", 8, 0, 512, 4) * 4 == 39 and in_flight("interleaved", 8, 7, 512, 4) * 4 == 25
+    # the memory model's own formula agrees with the planner's (vschedules: interleaved + one chunk)
+    for p, v, m, s in ((8, 4, 512, 0), (8, 4, 512, 7), (4, 2, 8, 1), (4, 3, 2, 0)):
+        assert in_flight("interleaved-overlapped", p, s, m, v) == plan_in_flight("interleaved-overlapped", p, s, m, v)
     # against the overlapped 1F1B the bench used before: 2 (p - s) = 16 micro-batches on rank 0
     assert in_flight("overlapped", 8, 0, 512) == 16.0
 

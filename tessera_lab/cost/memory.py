@@ -29,7 +29,10 @@ GPipe ``m``; 1F1B ``min(p - s, m)`` on stage ``s`` of ``p``; overlapped 1F1B ``m
 runs ``2 (p - 1 - s) + 1`` forwards so that each pair's inputs are ready); ZB-H1 ``min(p, m)`` on every stage
 (W is deferred, Qi et al., ICLR 2024); ZB-H2 ``min(2p - 1, m)`` on every stage (the paper's ``2p - 1``); interleaved 1F1B with v chunks
 ``min(2 (p - s - 1) + (v - 1) p + 1, v m)`` chunk-micro-batches of ``1/v`` of the stage's layers each
-(Megatron-LM's interleaved warm-up count plus the micro-batch in its first backward).
+(Megatron-LM's interleaved warm-up count plus the micro-batch in its first backward); interleaved with the EP
+overlap (Megatron's combined 1F1B, ``interleaved-overlapped``) one chunk-micro-batch more, its extra warm-up
+micro-batch (``get_pp_rank_microbatches`` with ``overlap_moe_expert_parallel_comm``,
+``megatron/core/pipeline_parallel/schedules.py``).
 """
 
 from __future__ import annotations
@@ -76,7 +79,12 @@ def in_flight(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> float
         return float(min(2 * p - 1, m))
     if schedule == "interleaved":
         return min(2 * (p - s - 1) + (vpp - 1) * p + 1, vpp * m) / vpp
-    raise ConfigError(f"schedule {schedule!r} has no memory model; allowed: gpipe, 1f1b, overlapped, zb-h1, zb-h2, interleaved")
+    if schedule == "interleaved-overlapped":
+        # Megatron's combined 1F1B with VP: one more warm-up micro-batch (get_pp_rank_microbatches,
+        # megatron/core/pipeline_parallel/schedules.py, overlap_moe_expert_parallel_comm), so one chunk more
+        return min(2 * (p - s - 1) + (vpp - 1) * p + 2, vpp * m) / vpp
+    raise ConfigError(f"schedule {schedule!r} has no memory model; allowed: gpipe, 1f1b, overlapped, zb-h1, zb-h2, "
+                      "interleaved, interleaved-overlapped")
 
 
 @dataclass(frozen=True)
