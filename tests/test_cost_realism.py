@@ -337,9 +337,10 @@ def test_recompute_saved_bytes_by_hand():
     sel = {t.name: t for t in layer_tasks(m, 0, base.replace(recompute="selective")).F}
     full = layer_tasks(m, 0, base.replace(recompute="full"))
     T, dt = 4096, 2
-    # attention core keeps q, k, v: 2 * 4096 * (32 + 2 * 4) * 128 instead of q, k, v, o and the fp32 lse
+    # attention core keeps q, k, v: 2 * 4096 * (32 + 2 * 4) * 128 instead of q, k, v and the fp32 lse (its output o
+    # is o_proj's saved input, one storage, counted with o_proj)
     assert sel["core"].saved_bytes == dt * T * 40 * 128
-    assert none["core"].saved_bytes == dt * T * (2 * 32 * 128 + 2 * 4 * 128) + 4 * T * 32
+    assert none["core"].saved_bytes == dt * T * (32 * 128 + 2 * 4 * 128) + 4 * T * 32
     # routed experts keep their input only: 2 * (4096 * 8) * 2048
     assert sel["experts"].saved_bytes == dt * T * 8 * 2048
     assert none["experts"].saved_bytes == dt * T * 8 * (2048 + 3 * 768)
