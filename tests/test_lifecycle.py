@@ -214,3 +214,19 @@ def test_store_cli_prints_the_decision_and_bad_store_exits_2(tmp_path, capsys):
     write_json(path, {"kind": "runner_observations", "runs": [{"predictions": "in-sample (this run's medians)"}]})
     assert main(["report", "--lifecycle", str(path)]) == 2
     assert "no run executed from a plan" in capsys.readouterr().err
+
+
+def test_plan_lifecycle_carries_bubble_and_all_to_all_predictions():
+    """The plan's stage F + B, bubble and EP all-to-all predictions replace the in-sample ones, for the keys
+    the run observed (an ep = 1 run observes no all-to-all, so none is compared)."""
+    from tessera_lab.runner.results import plan_lifecycle
+
+    pred = {"predicted_s": 0.1, "stage_f_s": [0.01, 0.02], "stage_b_s": [0.02, 0.03], "bubble_s": 0.05,
+            "ep_a2a_s": 0.04}
+    obs = {"stage:0": 0.03, "stage:1": 0.05, "bubble": 0.06, "iteration": 0.11, "collective:ep_all_to_all": 0.05}
+    out = plan_lifecycle(pred, {"steps": [{"step": 0, "observed": obs, "predicted": {}, "step_time_s": 0.11}]})
+    assert out["steps"][0]["predicted"] == pytest.approx({"stage:0": 0.03, "stage:1": 0.05, "iteration": 0.1,
+                                                          "bubble": 0.05, "collective:ep_all_to_all": 0.04})
+    no_a2a = {k: v for k, v in obs.items() if not k.startswith("collective")}
+    out = plan_lifecycle(pred, {"steps": [{"step": 0, "observed": no_a2a, "predicted": {}}]})
+    assert "collective:ep_all_to_all" not in out["steps"][0]["predicted"]
