@@ -26,7 +26,8 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     Returns ``{"iteration_s", "bubble_fraction", "bubble_s", "ep_a2a_s", "stage_f_s", "stage_b_s",
     "stage_w_s", "p2p_s", "oversubscription", "layer_s", "source"}``: ``bubble_s`` is the idle rank-time of a
     step summed over pipeline ranks, ``ep_a2a_s`` the EP all-to-all time of a step summed over the pipeline
-    ranks of one replica (micro-batches x layers x F and B x (count exchange + dispatch + combine)).
+    ranks of one replica (micro-batches x layers x F and B x (dispatch + combine); the runner's ``ep_a2a`` events
+    time those two, the blocking count exchange is a wait of its own).
 
     Raises:
         ConfigError / ScheduleError: bad schedule or boundaries.
@@ -49,7 +50,7 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     world = pp * ep * dp
     per_kind = {k: layer_times(device, cfg, k, tokens) for k in set(kinds)}
     ex = device["extras"]
-    a2a = 0.0
+    a2a = a2a_dc = 0.0  # per layer and direction: all three all-to-alls, and dispatch + combine only
     if ep > 1:
         e = a2a_entry(device, ep)
         rows = tokens * cfg["top_k"] * (ep - 1) / ep
@@ -64,6 +65,7 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
             cal_over = (float(pw) / float(p1)) if pw and p1 else 1.0
             a2a = max(a2a, 3 * float(situ["per_all_to_all_s"]) / max(cal_over, 1e-9)
                       + 2 * max(0.0, alpha_beta(e, rows * H * 4) - alpha_beta(e, situ.get("bytes", 0))))
+        a2a_dc = a2a * (2 / 3) if situ and situ.get("per_all_to_all_s") else a2a - float(e["alpha_s"])
     f, b, w = [], [], []
     for s in range(S):
         lo, hi = boundaries[s], boundaries[s + 1]
@@ -96,7 +98,7 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     n_layers = boundaries[-1] - boundaries[0]
     return {"iteration_s": tl.iteration_time, "bubble_fraction": tl.bubble_fraction,
             "bubble_s": float(sum(tl.per_rank_idle)),
-            "ep_a2a_s": microbatches * n_layers * 2 * a2a * over, "stage_f_s": f,
+            "ep_a2a_s": microbatches * n_layers * 2 * a2a_dc * over, "stage_f_s": f,
             "stage_b_s": b, "stage_w_s": w if split else None, "p2p_s": p2p, "oversubscription": over,
             "busy_processes": n_busy, "cpu_probe_s": cpu_probe_s,
             "layer_s": {k: v for k, v in per_kind.items()}, "schedule": sched.name,
