@@ -63,7 +63,7 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
     t0 = time.time()
     matrix = cases(quick)
     plans = {}
-    for c in matrix:  # every prediction is made before any validated run starts
+    for c in matrix:  # load-average predictions, all made before any validated run starts
         cfg = widened(base, c["width"]).as_dict()
         plans[_name(c)] = device_plan(device, f"tiny-runner x{c['width']}", pp=c["pp"], ep=c["ep"],
                                       schedule=c["schedule"], microbatches=microbatches,
