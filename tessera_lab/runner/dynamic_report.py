@@ -65,9 +65,10 @@ def _lag(job: dict) -> int:
     return max((r.get("group_lag_steps", 1) for st in job["gap_steps"] for r in st.values() if r), default=1)
 
 
-def dynamic_report(jobs: list[dict], trials: int, routing: str | None) -> dict[str, Any]:
+def dynamic_report(jobs: list[dict], trials: int, routing: str | None, world: Any = None) -> dict[str, Any]:
     """The comparison of :func:`dynamic_jobs`' results (job dicts of :class:`~tessera_lab.runner.results.
-    RunResult`)."""
+    RunResult`); ``world`` (a :class:`~tessera_lab.runner.specs.WorldSpec`) adds ``world`` (pp, ep, dp, ranks) so
+    readers can turn idle summed over ranks into idle per rank (``report --dynamic``)."""
     by = {j["name"]: j for j in jobs}
     steps = len(by["static-0"]["losses"])
     obs = list(range(1, steps)) if steps > 1 else [0]
@@ -108,6 +109,8 @@ def dynamic_report(jobs: list[dict], trials: int, routing: str | None) -> dict[s
         - side["dynamic"]["host_idle_per_step"]["median_s"],
         "losses": ref, "losses_bitwise_equal_to_static": bitwise,
         "machine_load_1m": os.getloadavg()[0],
+        **({} if world is None else {"world": {"pp": world.pp, "ep": world.ep, "dp": world.dp,
+                                               "ranks": world.pp * world.ep * world.dp}}),
         "not_done": "W only fills p2p receive waits (not combine waits inside node programs); waits are not folded "
                     "into the EP count exchange, so ranks of a group may decide differently (W has no collective)",
     }
