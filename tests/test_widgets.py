@@ -100,3 +100,23 @@ def test_dynamic_panel_uses_the_headline_gain():
     controls["skew"].value = 0.0
     assert state["result"].throughput_gain == run_dynamic(costs, "zipf:0.0", schedule="1f1b", microbatches=8,
                                                                 seed=0).throughput_gain
+
+
+def test_panel_says_computing_while_compute_runs_and_clears_it_after():
+    """The status line reads "computing" (with the new settings) during ``compute`` and no longer after it."""
+    import ipywidgets as w
+
+    from tessera_lab.ui.panel import View, panel
+
+    seen = []
+    controls = {"x": w.IntSlider(value=1, min=0, max=5, description="x")}
+
+    def compute(v):
+        seen.append(box.children[1].value if seen else None)  # the status line (row 0 holds the controls)
+        return v["x"]
+
+    box = None
+    box, controls, state = panel(controls, compute, lambda r: View(f"x = {r}"))
+    controls["x"].value = 3
+    assert "computing" in seen[-1] and "x 3" in seen[-1]
+    assert "computing" not in box.children[1].value and state["result"] == 3

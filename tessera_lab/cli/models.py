@@ -19,8 +19,18 @@ def cmd_models(args: argparse.Namespace) -> int:
             "experts": m.num_experts, "top_k": m.num_experts_per_tok, "attention_ratio": m.attention_ratio,
             "total_B": c.total / 1e9, "active_B": c.active / 1e9,
         })
-    emit(args, {"models": rows}, table(rows, ".2f"))
+    text_rows = [{**{k: v for k, v in r.items() if k not in ("total_B", "active_B")},
+                  "total": _count(r["total_B"] * 1e9), "active": _count(r["active_B"] * 1e9)} for r in rows]
+    emit(args, {"models": rows}, table(text_rows, ".2f") + "\nparameters: computed from each config (B = 1e9, M = 1e6, k = 1e3)")
     return 0
+
+
+def _count(n: float) -> str:
+    """A parameter count with a decimal prefix: ``79.67 B``, ``36.86 k`` (the tiny runner model is not 0.00 B)."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n:.0f}"
 
 
 def cmd_params(args: argparse.Namespace) -> int:
@@ -31,7 +41,6 @@ def cmd_params(args: argparse.Namespace) -> int:
     rows = [{"count": k, "parameters": v, "billions": v / 1e9} for k, v in c.items()]
     emit(args, {"model": m.name, **c}, f"{m.name} ({m.model_type}, {m.num_layers} layers)\n" + table(rows, ".3f"))
     return 0
-
 
 
 def add_parser(sub) -> None:

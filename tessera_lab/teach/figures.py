@@ -135,8 +135,10 @@ def plot_moe(volumes: AllToAllVolumes, *, title: str | None = None):
     with _style():
         fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8), facecolor="white", layout="constrained",
                                    width_ratios=[1, 1.3])
+        every = max(1, volumes.ep // 16)  # at most 16 rank labels per axis (EP 64 labels every 4th rank)
         sns.heatmap(send, ax=a, cmap="viridis", annot=volumes.ep <= 8, fmt="d", cbar_kws={"label": "token copies"},
-                    annot_kws={"fontsize": 7})
+                    annot_kws={"fontsize": 7}, xticklabels=every, yticklabels=every)
+        a.tick_params(labelsize=7)
         a.set_xlabel("to rank (dispatch)")
         a.set_ylabel("from rank")
         a.set_title("dispatch all-to-all (combine = transpose)", fontsize=10)
@@ -144,6 +146,7 @@ def plot_moe(volumes: AllToAllVolumes, *, title: str | None = None):
         load = np.asarray(volumes.expert_tokens)
         b.bar(range(volumes.ep), load, color=[palette[3] if v == load.max() else palette[0] for v in load])
         b.axhline(load.mean(), color=palette[1], linestyle="--", label="mean")
+        b.set_xticks(range(0, volumes.ep, max(1, volumes.ep // 8)))
         b.set_xlabel("EP rank")
         b.set_ylabel("token copies for its experts")
         b.set_title(f"per-rank load: max / mean = {volumes.load_imbalance:.2f}", fontsize=10)

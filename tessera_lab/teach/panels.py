@@ -110,6 +110,12 @@ def moe_panel(model: str = "qwen3-30b-a3b", ep: int = 8, top_k: int | None = Non
     return panel(controls, compute, render)
 
 
+#: notebook 03's metric names with their units (the stage-time sliders are in seconds)
+_BUBBLE_METRICS = {"makespan": "makespan (s)", "bubble_per_rank": "bubble per rank (s)",
+                   "bubble_fraction": "bubble fraction (share of the makespan)",
+                   "bubble_overhead": "bubble overhead (bubble / useful work)"}
+
+
 def bubble_panel(schedule: str = "1f1b", pp: int = 4, microbatches: int = 8, vpp: int = 2, f: float = 1.0,
                  b: float = 2.0, w: float = 1.0, fb: float = 2.6, p2p_latency: float = 0.0):
     """Notebook 03's panel: schedule, ranks, micro-batches, chunks, stage times (s) and p2p latency (s); the
@@ -147,12 +153,16 @@ def bubble_panel(schedule: str = "1f1b", pp: int = 4, microbatches: int = 8, vpp
 
     def render(r: dict[str, Any]) -> View:
         notes = []
-        if controls["schedule"].value != "interleaved":
-            notes.append(f"chunks v applies to the interleaved schedule only ({controls['schedule'].value} runs one "
-                         "chunk per rank)")
+        sched = controls["schedule"].value
+        if sched == "dualpipev":
+            notes.append("chunks v applies to the interleaved schedule only (DualPipeV always runs two chunks per "
+                         "rank, folded into a V)")
+        elif sched != "interleaved":
+            notes.append(f"chunks v applies to the interleaved schedule only ({sched} runs one chunk per rank)")
         if controls["w"].value > controls["b"].value:
             notes.append(f"W is capped at B = {controls['b'].value:.1f} s (W is part of the backward)")
-        table = pd.DataFrame(r["rows"]).set_index("metric").rename(columns={"closed_form": "closed form"})
+        table = (pd.DataFrame(r["rows"]).set_index("metric").rename(index=_BUBBLE_METRICS)
+                 .rename(columns={"closed_form": "closed form"}))
         return View(table, gantt(r["timeline"]), notes)
 
     names = list(controls)

@@ -147,6 +147,7 @@ def panel(
 
     Every change of a control's ``value`` (and the call itself, once) clears ``state``, calls ``compute`` with
     the current values and ``render`` with its result, then replaces the HTML table and the PNG image in place.
+    While ``compute`` runs, the status line says "computing" (with the new settings).
 
     Args:
         controls: the widgets by name; ``compute`` receives ``{name: widget.value}`` in this order.
@@ -177,6 +178,9 @@ def panel(
     def update(_change=None) -> None:
         state.clear()
         caption = _caption(controls)
+        # a busy marker while ``compute`` runs (a re-plan can take seconds): the old table and figure stay, but
+        # the status line says they are being replaced (the front end gets this message before the result)
+        status.value = f"<span style='color:dimgray'>&#8987; computing ({html.escape(caption)})&hellip;</span>"
         try:
             result = compute({name: c.value for name, c in controls.items()})
         except TesseraError as exc:
