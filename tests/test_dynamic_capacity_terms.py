@@ -50,8 +50,10 @@ def test_run_terms_with_control_hand_worked():
     assert t.bubble_after_dynamic_s == pytest.approx(0.15)  # 0.6 summed over 4 ranks
     assert t.idle_removed_s == pytest.approx(0.05)  # (0.8 - 0.6) / 4
     assert not any("not significant" in n for n in t.notes)  # IQRs 0.29-0.31 vs 0.24-0.26
-    close = _run("uniform", static=0.295, dynamic=0.29, idle_static=0.5, idle_dynamic=0.5)
-    assert any("not significant" in n for n in routing_terms(run, close).notes)
+    assert t.routing_variance_significant is True and "(not significant)" not in t.format(1.0)
+    close = routing_terms(run, _run("uniform", static=0.295, dynamic=0.29, idle_static=0.5, idle_dynamic=0.5))
+    assert any("not significant" in n for n in close.notes) and close.routing_variance_significant is False
+    assert "routing variance: 0.005 s (1.69% of the uniform static iteration) (not significant)" in close.format()
 
 
 def test_run_without_control_leaves_routing_variance_not_measured():
@@ -125,3 +127,13 @@ def test_uniform_simulation_measures_zero_routing_variance(tmp_path):
     t = load_routing_terms([str(sim)])
     assert t.measured and t.routing_variance_s == 0.0  # measured 0, not "not measured"
     assert f"routing variance: {NOT_MEASURED}" not in t.format()
+
+
+def test_shipped_runner_measurements_give_observed_terms():
+    from tessera_lab.paths import data_dir
+
+    runs = data_dir() / "runs"
+    t = load_routing_terms([str(runs / "runner_dynamic_overlapped_zipf1.5.json"),
+                            str(runs / "runner_dynamic_overlapped_uniform.json")])
+    assert t.provenance == "observed" and t.routing == "zipf:1.5" and t.routing_variance_s is not None
+    assert t.routing_variance_significant is not None and t.bubble_after_dynamic_s > 0

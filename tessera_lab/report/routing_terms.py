@@ -53,6 +53,8 @@ class RoutingTerms:
             last two) or ``None``.
         units: what the seconds are (``s``, or ``units of --f/--b/--w`` for a synthetic simulation).
         notes: caveats (significance of an observed difference, missing rank counts).
+        routing_variance_significant: for observed runs, whether the interquartile ranges of the static step
+            times under the routing and under the control are apart (``None``: simulated or not measured).
     """
 
     provenance: str | None = None
@@ -66,6 +68,7 @@ class RoutingTerms:
     idle_removed_s: float | None = None
     units: str = "s"
     notes: list[str] = field(default_factory=list)
+    routing_variance_significant: bool | None = None
 
     @property
     def measured(self) -> bool:
@@ -113,8 +116,10 @@ class RoutingTerms:
         head = (f"routing and dynamic correction ({self.provenance}: {self.source})" if self.provenance
                 else f"routing and dynamic correction: {NOT_MEASURED} ({self.source}; pass report --dynamic FILE "
                      "from 'simulate --routing SPEC --dynamic --json' or 'run --dynamic --json')")
+        ns = " (not significant)" if self.routing_variance_significant is False else ""
         lines = [head,
-                 f"  routing variance: {val(self.routing_variance_s, self.routing_variance_share, 'uniform static')}",
+                 f"  routing variance: {val(self.routing_variance_s, self.routing_variance_share, 'uniform static')}"
+                 + ns,
                  f"  bubble after dynamic correction (idle per rank): "
                  f"{val(self.bubble_after_dynamic_s, self.bubble_after_dynamic_share, 'dynamic')}",
                  f"  idle removed per rank: {val(self.idle_removed_s, None, '')}"]
@@ -125,7 +130,7 @@ class RoutingTerms:
             sc = self.scaled(plan_iteration_s)
             f = lambda x: NOT_MEASURED if x is None else f"{x * 1e3:.4g} ms"  # noqa: E731
             lines.append(f"  scaled to this plan's iteration ({plan_iteration_s:.4g} s; estimate: same shares as the "
-                         f"source): routing variance {f(sc['routing_variance_s'])}, bubble after dynamic "
+                         f"source): routing variance {f(sc['routing_variance_s'])}{ns}, bubble after dynamic "
                          f"{f(sc['bubble_after_dynamic_s'])} per rank")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -203,7 +208,8 @@ def _from_runs(d: Mapping[str, Any], control: Mapping[str, Any] | None, what: st
     terms.iteration_uniform_s = cst["median_s"]
     terms.routing_variance_s = st["median_s"] - cst["median_s"]
     terms.source += f"; control: routing {control.get('routing')}, static median"
-    if not (st["q3_s"] < cst["q1_s"] or cst["q3_s"] < st["q1_s"]):
+    terms.routing_variance_significant = bool(st["q3_s"] < cst["q1_s"] or cst["q3_s"] < st["q1_s"])
+    if not terms.routing_variance_significant:
         notes.append("routing variance not significant: the interquartile ranges of the static step times under "
                      "the routing and under the control overlap")
     return terms
