@@ -10,7 +10,7 @@ side also sums gradients in per-stage chunks that its controller may launch in r
 
 Everything reported is observed on this machine (provenance ``observed``): step times (wall seconds of the step on
 its slowest rank, incl. gradient sync and optimizer), host idle (seconds a rank was blocked in a p2p receive
-wait, summed over ranks), and the error of the controller's predicted waits against the waits then observed.
+wait, or with the node-level pair handler ``scheduled`` also in an EP combine wait, summed over ranks), and the error of the controller's predicted waits against the waits then observed.
 Step 0 of every job is left out of the statistics (warm-up; the controller has no history there). A
 difference of medians counts as significant only when the interquartile ranges of the two sides do not overlap;
 otherwise it is reported as ``not significant``.
@@ -114,8 +114,8 @@ def dynamic_report(jobs: list[dict], trials: int, routing: str | None, world: An
         "machine_load_1m": os.getloadavg()[0],
         **({} if world is None else {"world": {"pp": world.pp, "ep": world.ep, "dp": world.dp,
                                                "ranks": world.pp * world.ep * world.dp}}),
-        "not_done": "W and gradient-sync chunks only fill p2p receive waits (not combine waits inside node "
-                    "programs); a gradient-sync chunk can launch in a wait only on ranks holding several stages "
+        "not_done": "EP combine waits are filled (with W only) only under --pair-exec scheduled (node-level "
+                    "pairs); a gradient-sync chunk can launch in a wait only on ranks holding several stages "
                     "(interleaved, DualPipeV)",
     }
 

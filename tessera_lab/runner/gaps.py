@@ -17,7 +17,14 @@ group maximum to its controller at the end of that step. Decisions use only thos
 and readiness (the same on every rank of the group), never a local clock, so every rank of a group decides
 identically. No oracle: predictions lag two steps (step t uses the group's waits of step t - 2); steps 0 and 1
 have no history and run the static placement (plus the cap). Without EP (ep = 1) a rank is its own group and the
-lag is one step. Not done: filling combine waits inside node-level programs.
+lag is one step.
+
+Combine waits (node-level pair handler ``scheduled``, :mod:`tessera_lab.runner.nodes`): a program's wait for an EP
+combine all-to-all calls :meth:`GapFiller.wait_node`. Such waits get slots of their own, numbered in the order they
+occur in a step (``NODE_SLOT_BASE + n``; the same on every rank of a group, which runs the same node order); they
+are learnt in step 0 and join the group's numbers from then on. In them only W whose I finished before the
+current action may run (the action in progress may have deferred part of its own W already); no gradient-sync
+chunk launches there. A W run in such a wait is recorded inside the node that waits.
 
 Gradient-sync chunks (:class:`GradBuckets`, ``grad_sync="ordered"`` with replicas, ``dp * ep > 1``): the
 replica gradient sum is cut into buckets, one per (stage of this rank, dense | expert) in the order of the
@@ -44,7 +51,10 @@ from tessera_lab.pipeline.schedules import Action, ActionType
 
 from .layers import WEIGHT_GRAD_STORE
 
-__all__ = ["GapFiller", "GradBuckets"]
+__all__ = ["GapFiller", "GradBuckets", "NODE_SLOT_BASE"]
+
+#: slot ids of combine waits inside node programs start here (above any action index)
+NODE_SLOT_BASE = 1_000_000
 
 
 class GradBuckets:
@@ -194,6 +204,14 @@ class GapFiller:
         self._incoming: list[list[int]] | None = None
         self._sent = True
         self.buckets: GradBuckets | None = None  # gradient-sync chunks (set by the job when replicas sync)
+        # I / B keys finished before each action (what a wait inside action k may flush)
+        self.i_before: list[frozenset] = []
+        done_i: set = set()
+        for a in actions:
+            self.i_before.append(frozenset(done_i))
+            done_i |= {(x.stage, x.microbatch) for x in (a.sub_actions or (a,))
+                       if x.type in (ActionType.I, ActionType.B)}
+        self._node_slots_learnt = False
 
     # -- step boundaries ------------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -205,6 +223,7 @@ class GapFiller:
         self._w_obs: dict[int, list[float]] = {}
         self.filled: list[str] = []
         self._sent, self._incoming = False, None
+        self._node_n = 0
         if self.buckets is not None:
             self.buckets.begin_step()
 
@@ -235,6 +254,9 @@ class GapFiller:
             rec["grad_buckets"] = {"count": len(self.buckets.buckets), "launched_in_waits": len(self.buckets.in_gap),
                                    "cap_bytes": self.buckets.cap_bytes}
         own_w = {s: sum(xs) / len(xs) for s, xs in self._w_obs.items()}
+        if not self._node_slots_learnt:  # step 0: the combine waits of a step become slots of their own
+            self._node_slots_learnt = True
+            self.slots = self.slots + [NODE_SLOT_BASE + n for n in range(self._node_n)]
         if self.comm is None:
             self._fold(self.waits, own_w)
         else:
@@ -261,11 +283,13 @@ class GapFiller:
         self.done.add((x.stage, x.microbatch))
         self._w_obs.setdefault(x.stage, []).append(seconds)
 
-    def _oldest_ready(self):
+    def _oldest_ready(self, complete: frozenset | None = None):
         """The first W of the list not run yet whose I has run (None if that W is not ready: order is kept).
         With gradient buckets, the W of the next bucket's stage come first once all its backwards have run (so
         its bucket can launch in this wait); W of one stage still run in micro-batch order."""
         pending = set(WEIGHT_GRAD_STORE.pending())
+        if complete is not None:  # inside an action: only W whose I finished before it
+            pending &= complete
         b = self.buckets.next_stage() if self.buckets is not None else None
         if b is not None and self.buckets.last.get(b, -1) < self.slot:
             for k, a in self.w_list:
@@ -287,28 +311,43 @@ class GapFiller:
             self.ctl.forced()
             self.run_w(nxt[1], "forced")
 
+    def wait_node(self, work, node: str) -> None:
+        """A node program's wait for all-to-all ``work`` (``node``: its name): combine waits are filled like
+        receive waits, in a slot of their own; other waits just wait."""
+        if "combine" not in node:
+            work.wait()
+            return
+        sid = NODE_SLOT_BASE + self._node_n
+        self._node_n += 1
+        k = self.slot if 0 <= self.slot < len(self.i_before) else 0
+        self._fill_wait(work, sid, self.i_before[k], f"c{sid - NODE_SLOT_BASE}")
+
     def wait(self, work) -> None:
         """Wait for receive ``work``, running W in the gap when the controller says they fit."""
+        self._fill_wait(work, self.slot, None, str(self.slot))
+
+    def _fill_wait(self, work, slot: int, complete: frozenset | None, tag: str) -> None:
         t0 = self.clock()
         used = 0.0  # planned W seconds so far in this wait (not a local clock: the group decides alike)
         while self.fill:
-            nxt = self._oldest_ready()
+            nxt = self._oldest_ready(complete)
             if nxt is None:
                 break
             k, a = nxt
             sec = self.w_seconds.get(a.stage)
             if sec is None:  # never observed: no estimate, no fill
                 break
-            name = self.ctl.in_wait(self.slot, used, None, (str(a), sec), later_slot=self.after[k])
+            name = self.ctl.in_wait(slot, used, None, (str(a), sec), later_slot=self.after[k])
             if name is None:
                 break
             used += sec
-            self.filled.append(f"{self.slot}:{a}")
+            self.filled.append(f"{tag}:{a}")
             self.run_w(a, "fill")
-        if self.fill and self.buckets is not None and self.ctl.predicted.get(self.slot, 0.0) > 0:
-            self.buckets.fill(self.slot, self.done)
+        if (complete is None and self.fill and self.buckets is not None
+                and self.ctl.predicted.get(slot, 0.0) > 0):
+            self.buckets.fill(slot, self.done)
         tb = time.perf_counter()
         work.wait()
         blocked = time.perf_counter() - tb
-        self.waits[self.slot] = self.waits.get(self.slot, 0.0) + (self.clock() - t0)
-        self.idle[self.slot] = self.idle.get(self.slot, 0.0) + blocked
+        self.waits[slot] = self.waits.get(slot, 0.0) + (self.clock() - t0)
+        self.idle[slot] = self.idle.get(slot, 0.0) + blocked

@@ -1,5 +1,6 @@
-"""Gradient-sync chunks in receive waits (issue 14, item 4): bucket order, finality, the memory cap, and a run with
-replicas whose losses and gradients stay bitwise equal to the static run."""
+"""The runner's gap filler (issue 14): gradient-sync chunks launched in receive waits (bucket order, finality, the
+memory cap, a run with replicas) and W in EP combine waits inside node-level pairs (their own slots, never the
+action in progress, a run); losses and gradients stay bitwise equal to the static run."""
 
 from __future__ import annotations
 
@@ -69,3 +70,61 @@ def test_replica_run_with_chunks_in_waits_is_bitwise_equal(tmp_path):
     assert all(v["grad_buckets"]["count"] == 4 for v in recs)  # 2 stages x (dense, expert)
     assert all("grad_buckets" not in v for st in s["gap_steps"] for v in st.values() if v)
     assert sum(v["grad_buckets"]["launched_in_waits"] for v in recs) > 0
+
+
+class _Done:
+    def wait(self) -> None:
+        pass
+
+
+def test_combine_waits_get_their_own_slots_and_skip_the_action_in_progress():
+    from tessera_lab.runner.gaps import NODE_SLOT_BASE, GapFiller
+    from tessera_lab.runner.layers import WEIGHT_GRAD_STORE
+
+    acts = [Action(0, F, 0), Action(0, I, 0), Action(0, F, 1), Action(0, I, 1), Action(0, W, 0), Action(0, W, 1)]
+    ran = []
+    clock = iter(range(1000))
+    g = GapFiller(acts, 9, lambda a, how: (ran.append((a.microbatch, how)), WEIGHT_GRAD_STORE.flush((0, a.microbatch)),
+                                           g.ran_w(a, 1.0)), lambda: float(next(clock)))
+    WEIGHT_GRAD_STORE.clear()
+    g.begin_step()
+    g.at(3)
+    g.wait_node(_Done(), "L0.dispatch.bwd")  # not a combine: no slot
+    g.wait_node(_Done(), "L0.combine.bwd")  # step 0: learnt as slot NODE_SLOT_BASE + 0, nothing predicted
+    assert ran == [] and NODE_SLOT_BASE in g.waits
+    g.ran_w(acts[4], 1.0)
+    g.waits[NODE_SLOT_BASE] = 10.0
+    g.end_step()
+    assert g.slots[-1] == NODE_SLOT_BASE and len(g.slots) == 5  # 4 non-W actions + 1 combine wait
+    g.begin_step()
+    assert g.ctl.predicted[NODE_SLOT_BASE] == 10.0
+    WEIGHT_GRAD_STORE.defer((0, 0))
+    WEIGHT_GRAD_STORE.defer((0, 1))  # I1 is the action in progress: part of its W is deferred already
+    g.at(3)
+    g.wait_node(_Done(), "L0.combine.bwd")
+    assert ran == [(0, "fill")] and g.filled == ["c0:0W0"]  # W1 waits: its I (action 3) has not finished
+    WEIGHT_GRAD_STORE.clear()
+
+
+@pytest.mark.slow
+def test_node_level_pairs_fill_combine_waits_bitwise_equal(tmp_path):
+    from tessera_lab.runner import RunSpec, WorldSpec, spawn
+    from tessera_lab.runner.launch import routing_bias
+
+    common = dict(schedule="overlapped", defer_w=True, steps=5, model={"router_bias": routing_bias("zipf:1.5", {})},
+                  save_grads=True, pair_exec="scheduled")
+    res = spawn(WorldSpec(pp=2, ep=2, timeout_s=60),
+                [RunSpec(name="static", w_lag=0, gaps="observe", **common),
+                 RunSpec(name="dynamic", gaps="fill", **common)], out_dir=tmp_path, timeout_s=300)
+    s, d = res.job("static"), res.job("dynamic")
+    assert s["losses"] == d["losses"]
+    for r in range(4):
+        gs = torch.load(tmp_path / f"grads_static_rank{r}.pt")
+        gd = torch.load(tmp_path / f"grads_dynamic_rank{r}.pt")
+        assert gs.keys() == gd.keys() and all(torch.equal(gs[k], gd[k]) for k in gs)
+    pp_of = {e["rank"]: e["pp_rank"] for e in d["events"]}
+    for st in d["gap_steps"]:  # EP ranks of a pipeline rank decide alike, in combine waits too
+        for pr in set(pp_of.values()):
+            recs = [st[str(r)] for r in pp_of if pp_of[r] == pr]
+            assert recs[0]["filled"] == recs[1]["filled"]
+    assert any(f.startswith("c") for st in d["gap_steps"] for v in st.values() for f in v["filled"])
