@@ -6,15 +6,29 @@ analytic cost model, and prints predicted vs published Model TFLOP/s per GPU (Me
 convention, the pages' metric), each with its source, then the median |error|. Target: <= 25% on the median.
 
 Layout mapping (stated per run): Megatron's data-parallel size ``DP = GPUs / (TP * PP)``; our non-expert
-data-parallel group is ``ep * dp``, so ``ep = EP`` and ``dp = DP / EP``; where Megatron spreads EP over TP x DP
-ranks (EP > DP), our layout keeps experts inside DP, so TP is folded into EP (``tp = 1``, same GPUs, same expert
-sharding and per-GPU work, no TP all-reduces; the run says so; but twice the tokens per micro-batch, so twice the
-activation memory of each micro-batch in flight). The EP group sits on ``ep`` consecutive ranks
-(``ep_placement = contiguous``: Megatron-Core's ``expert_decoder_rank_generator``, expert TP 1, order
-``tp-cp-ep-dp-pp``, ``megatron/core/parallel_state.py``), so with TP 2 an EP 64 group spans 8 nodes, not 16.
-Micro-batches per pipeline ``m = GBS / (MBS * DP)``; schedule ``1f1b`` (the planner plans one stage per rank; the
-page's VP would shrink the bubble ``(p-1)/m`` by 1/VP, small at these ``m``; each run says so), or ``overlapped``
-where the recipe overlaps EP communication with another micro-batch (``overlap_moe_expert_parallel_comm``).
+data-parallel group is ``ParallelConfig.dense_dp``. Where ``EP <= DP``: ``ep = EP``, ``dp = DP / EP`` (EP inside
+DP). Where Megatron spreads EP over TP x DP ranks (``EP > DP``, Megatron-Core's expert grid with expert TP 1,
+``EP * EDP = TP * DP``, ``megatron/core/parallel_state.py``): ``ep_spans_tp`` with ``tp = TP``, ``ep = EP`` and
+``dp = TP * DP / EP`` expert replicas, so the dense part keeps its TP (sequence parallel) and its DP, and each TP
+rank routes ``T / TP`` tokens. The EP group sits on ``ep`` consecutive ranks (``ep_placement = contiguous``:
+Megatron-Core's ``expert_decoder_rank_generator``, order ``tp-cp-ep-dp-pp``), so with TP 2 an EP 64 group spans
+8 nodes, not 16. Micro-batches per pipeline ``m = GBS / (MBS * DP)``. Schedule: ``1f1b``; with VP, Megatron's
+interleaved 1F1B (``--vpp VP``); with the recipe's EP overlap (``overlap_moe_expert_parallel_comm``) the combined
+1F1B, ``overlapped`` without VP and ``interleaved-overlapped`` with it (Megatron requires VP for the EP overlap
+when PP > 1, ``megatron/core/transformer/transformer_config.py``; one more warm-up micro-batch,
+``get_pp_rank_microbatches`` in ``megatron/core/pipeline_parallel/schedules.py``). Sequence parallelism on with
+TP > 1, as the recipes set it; per-run recipe fields from ``data/published``: ``recompute_modules`` (Megatron's
+names), ``adam_moment_dtype`` (DeepSeek-V3's precision-aware optimizer keeps bf16 moments).
+
+Pipeline split: the recipe's (``pipeline_split`` in ``data/published``, :func:`split_for`): Megatron's even
+split, ``account_for_embedding/loss_in_pipeline_split`` (Qwen3-235B-A22B) or DeepSeek-V3's explicit layouts
+(``Et|(tt|)*30mL``), passed to the planner as ``boundaries``.
+
+Not modelled (stated): DeepSeek-V3's MTP layer is not in the model; :func:`mtp_estimate` prints what it would add
+to the last rank (which holds the fewest micro-batches in flight) and the row says whether that still fits.
+Weights stay at 2 bytes under FP8 (assumption: the recipes' ``fp8_param_gather`` keeps FP8 primary weights, whose
+row-wise and column-wise (transposed) FP8 copies take the 2 bytes of the bf16 weight; not checked line by line
+against Transformer Engine).
 
 Expert GEMMs: ``grouped_gemm = multistream`` (the recipes' ``moe_grouped_gemm`` with Transformer Engine runs
 TEGroupedMLP, whose GroupedLinear launches one cuBLAS GEMM per expert on 4 streams; :mod:`tessera_lab.cost.gemm`).
@@ -26,7 +40,7 @@ split, the time is priced without the memory limit (the run exists) and the row 
 Rows marked ``reference_only`` are printed but left out of the median. Tokens are balanced (``expert_load = 1``) as
 the pages state.
 
-Run: python benchmarks/bench_public_runs.py [--json PATH]   (analytic: no GPU needed; a few seconds per run)
+Run: python benchmarks/bench_public_runs.py [--json PATH] [--breakdown]   (analytic: no GPU needed; a few seconds per run)
 """
 
 from __future__ import annotations
@@ -49,28 +63,84 @@ def parallel_for(run: dict):
     tp, pp, vp = run["tp"], run["pp"], run["vp"] or 1
     dp_megatron = run["gpus"] // (tp * pp)
     notes = []
-    if run["ep"] > dp_megatron:  # Megatron spreads EP over TP x DP; our EP lives inside DP: fold TP into it
-        notes.append(f"EP {run['ep']} spans TP {tp} x DP {dp_megatron} in Megatron; planned as tp=1, ep={run['ep']} "
-                     "(same GPUs, expert sharding and per-GPU work; no TP all-reduces)")
-        tp = 1
-        dp_megatron = run["gpus"] // pp
+    spans = run["ep"] > dp_megatron  # Megatron spreads EP over TP x DP (expert TP 1)
     ep = run["ep"]
-    dp = dp_megatron // ep
+    if spans:
+        if (tp * dp_megatron) % ep:
+            raise ValueError(f"EP {ep} does not divide TP {tp} x DP {dp_megatron}")
+        dp = tp * dp_megatron // ep  # expert data-parallel replicas
+        notes.append(f"EP {ep} spans TP {tp} x DP {dp_megatron} (Megatron-Core's expert grid, expert TP 1): planned "
+                     f"with ep_spans_tp (dense TP {tp} with sequence parallelism, DP {dp_megatron}; experts EP {ep})")
+    else:
+        dp = dp_megatron // ep
     m = run["gbs"] // (run["mbs"] * dp_megatron)
-    if vp > 1:  # the planner plans one stage per rank; interleaving only shrinks the bubble (p-1)/m by 1/VP
-        notes.append(f"VP {vp} planned as 1f1b (bubble (p-1)/m = {(pp - 1) / m:.3f} instead of {(pp - 1) / (vp * m):.3f})")
-    schedule = "overlapped" if run.get("ep_overlap") else "1f1b"
-    par = ParallelConfig(pp=pp, vpp=1, tp=tp, ep=ep, dp=dp, microbatches=m,
+    if vp > 1:  # Megatron's interleaved 1F1B; with the EP overlap its combined-1F1B variant (one more warm-up)
+        schedule = "interleaved-overlapped" if run.get("ep_overlap") else "interleaved"
+    else:  # Megatron refuses the EP overlap with PP > 1 and no VP (transformer_config.py)
+        schedule = "overlapped" if run.get("ep_overlap") else "1f1b"
+    par = ParallelConfig(pp=pp, vpp=vp, tp=tp, ep=ep, dp=dp, microbatches=m, ep_spans_tp=spans,
                          micro_batch_size=run["mbs"], seq_len=run["seq_len"], schedule=schedule,
                          precision=run["precision"], dispatcher=run["dispatcher"], recompute=run["recompute"],
+                         recompute_modules=tuple(run.get("recompute_modules", ())),
+                         adam_moment_dtype=run.get("adam_moment_dtype", "fp32"),
+                         sequence_parallel=tp > 1,  # the recipes set sequence_parallel = True with TP > 1
                          grad_reduce_dtype=run.get("grad_reduce_dtype", "fp32"), expert_load=1.0,
                          fused_cross_entropy=True,  # _benchmark_common: cross_entropy_fusion_impl = "te"
                          ep_placement="contiguous",  # Megatron-Core's expert grid: EP on consecutive ranks (ETP 1)
                          grouped_gemm="multistream")  # TEGroupedMLP -> TE GroupedLinear: per-expert cuBLAS, 4 streams
-    if tp > 1 and ep > 1:
+    if tp > 1 and ep > 1 and not spans:
         notes.append(f"EP {ep} on {ep} consecutive ranks (Megatron-Core's expert rank generator, expert TP 1): "
                      f"{-(-ep // 8)} nodes, not the {-(-ep * tp // 8)} a TP-strided EP group would span")
+    if vp > 1:
+        notes.append(f"VP {vp}: {schedule} over {pp * vp} virtual stages")
     return par, notes
+
+
+def split_for(run: dict, num_layers: int) -> list[int] | None:
+    """Layer boundaries of the recipe's pipeline split over its ``pp * vp`` virtual stages, or ``None`` for
+    Megatron's even split. ``account_for_embedding_and_loss``: Megatron-Core's ``get_num_layers_to_build``
+    (``transformer_block.py``) gives every virtual stage ``(L + 2) / (pp * vp)`` slots, the embedding taking one on
+    the first and the loss one on the last; a list: decoder layers per virtual stage (an explicit layout)."""
+    split = run.get("pipeline_split")
+    if split is None:
+        return None
+    stages = run["pp"] * (run["vp"] or 1)
+    if split == "account_for_embedding_and_loss":
+        slots, rest = divmod(num_layers + 2, stages)
+        if rest:
+            raise ValueError(f"{num_layers} layers + embedding + loss do not divide over {stages} virtual stages")
+        counts = [slots - (s == 0) - (s == stages - 1) for s in range(stages)]
+    else:
+        counts = list(split)
+    if len(counts) != stages or sum(counts) != num_layers:
+        raise ValueError(f"pipeline_split {split} does not place {num_layers} layers on {stages} virtual stages")
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + c)
+    return bounds
+
+
+def mtp_estimate(model, par, plan, run: dict) -> tuple[int, float] | None:
+    """``(rank, bytes)``: what DeepSeek-V3's MTP module would add to the last pipeline rank, which the plan leaves
+    out (the model has no MTP layer): one more MoE decoder layer (parameters and activations), the input
+    embedding the last stage then holds, and a second loss's saved logits, times that rank's micro-batches in
+    flight (``mtp_num_layers`` of the recipe; Megatron's MTP block re-embeds the shifted tokens and shares the
+    output layer)."""
+    n = int(run.get("mtp_num_layers") or 0)
+    if not n:
+        return None
+    from tessera_lab.cost.memory import layer_memory
+    from tessera_lab.model.tasks import decompose
+    from tessera_lab.plan.vschedules import plan_in_flight
+
+    mem = layer_memory(model, par, decompose(model, par))
+    moe = mem[model.num_layers]  # the last decoder layer (a MoE layer), as the MTP layer is built
+    emb, head = mem[0], mem[-1]
+    rank = par.pp - 1
+    flight = plan_in_flight(par.schedule, par.pp, rank, par.microbatches, par.vpp) * par.vpp  # chunk-micro-batches
+    # the last chunk's micro-batches in flight: the rank's count is over its vpp chunks, one of which holds the MTP
+    extra = n * (moe.param_bytes + emb.param_bytes) + n * (moe.activation_bytes + head.activation_bytes) * flight / par.vpp
+    return rank, extra
 
 
 def predict(run: dict) -> dict:
@@ -87,34 +157,98 @@ def predict(run: dict) -> dict:
     cluster = cluster_for(par, run["gpu"])
     capacity = memory_capacity(cluster)
     t0 = time.perf_counter()
-    try:  # the recipe's layer split: Megatron divides the layers evenly over the (virtual) pipeline stages
-        plan = make_plan(model, par, cluster=cluster, method="uniform", baselines=(), time_limit_s=5.0)
+    bounds = split_for(run, model.num_layers)
+    if bounds is not None:
+        notes.append(f"the recipe's split: {run['pipeline_split'] if isinstance(run['pipeline_split'], str) else 'layout'} "
+                     f"-> decoder layers per virtual stage {[b - a for a, b in zip(bounds, bounds[1:])]}")
+    try:  # the recipe's layer split (Megatron's even split unless the recipe sets one)
+        plan = make_plan(model, par, cluster=cluster, method="uniform", baselines=(), time_limit_s=5.0,
+                         boundaries=bounds)
     except InfeasiblePlanError as exc:
         # the run exists, so price its time at its own layout; the memory gap is the memory model's, printed with "!"
         notes.append(f"our memory model does not fit the recipe's even split ({exc}); time priced without the "
                      "memory limit")
         roomy = dataclasses.replace(GPUSpec.named(run["gpu"]), memory_bytes=float(2**50))
         plan = make_plan(model, par, cluster=Cluster.dgx(roomy, cluster.num_nodes), method="uniform",
-                         baselines=(), time_limit_s=5.0)
+                         baselines=(), time_limit_s=5.0, boundaries=bounds)
     ev = plan.chosen
+    # per GPU: a rank holds every chunk of its virtual stages (the partition's rank memory), else one stage each
+    rank_mem = list(ev.partition.rank_memory) or [st.memory_bytes for st in ev.stages]
     tflops = plan.model_flops / (ev.iteration_time_s * par.world_size) / 1e12
+    mtp = mtp_estimate(model, par, plan, run)
+    mtp_fits = None
+    if mtp is not None:
+        r, extra = mtp
+        with_mtp = rank_mem[r] + extra
+        mtp_fits = with_mtp <= capacity
+        notes.append(f"MTP ({run['mtp_num_layers']} layer) is not in the plan: it would add about {extra / 2**30:.1f} GiB "
+                     f"on rank {r} ({with_mtp / 2**30:.1f} of {capacity / 2**30:.1f} GiB; estimate of mtp_estimate)")
     return {
         "id": run["id"], "published_tflops_per_gpu": run["model_tflops_per_gpu"],
         "predicted_tflops_per_gpu": tflops, "error": tflops / run["model_tflops_per_gpu"] - 1.0,
         "predicted_mfu_bf16_peak": ev.mfu, "iteration_time_s": ev.iteration_time_s,
-        "fits_memory": max(st.memory_bytes for st in ev.stages) <= capacity,
-        "peak_memory_gib": max(st.memory_bytes for st in ev.stages) / 2**30,
-        "capacity_gib": capacity / 2**30,
+        "fits_memory": max(rank_mem) <= capacity,
+        "peak_memory_gib": max(rank_mem) / 2**30,
+        "capacity_gib": capacity / 2**30, "fits_memory_with_mtp_estimate": mtp_fits,
         "parallel": {k: getattr(par, k) for k in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "schedule",
-                                                  "precision", "dispatcher", "recompute")},
+                                                  "precision", "dispatcher", "recompute", "ep_spans_tp",
+                                                  "recompute_modules", "adam_moment_dtype")},
         "mapping_notes": notes, "reference_only": bool(run.get("reference_only")), "source": f"Megatron-Bridge {run['container']}: {run['source']}",
         "plan_s": time.perf_counter() - t0,
+        "published_tokens_per_s_per_gpu": run["tokens_per_s_per_gpu"],
+        "predicted_tokens_per_s_per_gpu": ev.tokens_per_s / par.world_size,
     }
+
+
+def breakdown(run: dict) -> dict:
+    """Where the predicted time of one MoE decoder layer goes (one micro-batch, one rank, F + B + W standalone):
+    per task, GPU seconds (roofline and collectives) and the host-bound excess (eager kernel issue beyond the GPU
+    time, :mod:`tessera_lab.cost.host`), with the published budget per layer for comparison: the published
+    tokens/s per GPU turned into seconds per micro-batch and layer, ``tokens per micro-batch / (tokens/s per GPU *
+    tp * layers)`` (a pipeline of ``tp * pp`` GPUs runs ``tokens/s per GPU * tp * pp`` tokens/s; each of its
+    stages runs every micro-batch through ``layers / pp`` layers)."""
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.hardware import cluster_for
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.model.tasks import layer_tasks
+
+    par, _ = parallel_for(run)
+    model = load_model(run["model"])
+    cm = CostModel(cluster_for(par, run["gpu"]), par)
+    layer = next((ly.index for ly in model.layers if ly.ffn == "moe"), 0)
+    lt = layer_tasks(model, layer, par)
+    tasks: dict[str, dict[str, float]] = {}
+    for ph in "FBW":
+        for t in lt.phase(ph):
+            row = tasks.setdefault(t.name, {"gpu_s": 0.0, "host_excess_s": 0.0, "kernels": 0.0})
+            row["gpu_s"] += cm.task_time(t) if t.is_comm else cm.gpu_time(t)
+            row["host_excess_s"] += cm.host_excess(t)
+            if not t.is_comm:
+                from tessera_lab.cost.host import task_kernels
+
+                row["kernels"] += task_kernels(t, precision=par.precision, grouped_impl=par.grouped_gemm, params=cm.a)
+    phases = {ph: cm.phase_cost(lt.phase(ph)).time for ph in "FBW"}
+    budget = par.tokens_per_microbatch / (run["tokens_per_s_per_gpu"] * par.tp * model.num_layers)
+    return {"id": run["id"], "layer": layer, "tasks": tasks, "phase_s": phases, "published_layer_budget_s": budget}
+
+
+def print_breakdown(b: dict) -> None:
+    tot = sum(b["phase_s"].values())
+    ph = b["phase_s"]
+    print(f"{b['id']}: MoE layer {b['layer']}, one micro-batch: predicted F {ph['F'] * 1e3:.2f} + B {ph['B'] * 1e3:.2f}"
+          f" + W {ph['W'] * 1e3:.2f} = {tot * 1e3:.2f} ms; published budget per layer "
+          f"{b['published_layer_budget_s'] * 1e3:.2f} ms (incl. bubble, optimizer, exposed DP)")
+    rows = sorted(b["tasks"].items(), key=lambda kv: -(kv[1]["gpu_s"] + kv[1]["host_excess_s"]))
+    for name, r in rows[:8]:
+        print(f"    {name:20s} gpu {r['gpu_s'] * 1e3:7.3f} ms  host-bound +{r['host_excess_s'] * 1e3:6.3f} ms  "
+              f"kernels {r['kernels']:5.0f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", metavar="PATH", help="write the rows and the median |error| as JSON")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also print where the predicted time of one MoE layer goes, per run (GPU and host-bound)")
     args = ap.parse_args()
     data = json.loads((ROOT / "data" / "published" / "megatron_bridge.json").read_text())
     rows = []
@@ -124,16 +258,23 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - a benchmark prints what failed and goes on
             print(f"{run['id']}: not planned: {exc}")
     print("costs: analytic (cost model of data/hardware/cost_model.json; no measured profile)")
-    print(f"{'run':48s} {'published':>9s} {'predicted':>9s} {'error':>7s} {'mem GiB':>13s}  source")
+    print(f"{'run':48s} {'published':>9s} {'predicted':>9s} {'error':>7s} {'tok/s/GPU pub/pred':>19s} {'mem GiB':>13s}"
+          "  source")
     for r in rows:
         mem = f"{r['peak_memory_gib']:.1f}/{r['capacity_gib']:.1f}" + ("" if r["fits_memory"] else "!")
         tag = " (reference only)" if r["reference_only"] else ""
         print(f"{r['id'] + tag:48s} {r['published_tflops_per_gpu']:9.0f} {r['predicted_tflops_per_gpu']:9.1f} "
-              f"{r['error']:+7.1%} {mem:>13s}  {r['source']}")
+              f"{r['error']:+7.1%} {r['published_tokens_per_s_per_gpu']:>9.0f}/{r['predicted_tokens_per_s_per_gpu']:<9.0f} "
+              f"{mem:>13s}  {r['source']}")
         for n in r["mapping_notes"]:
             print(f"{'':48s}   note: {n}")
     counted = [r for r in rows if not r["reference_only"]]
     med = statistics.median(abs(r["error"]) for r in counted) if counted else float("nan")
+    if args.breakdown:
+        print("\nwhere the time goes (analytic; per task summed over F, B, W; host-bound = eager kernel issue beyond "
+              "the GPU time, tessera_lab/cost/host.py)")
+        for run in data["runs"]:
+            print_breakdown(breakdown(run))
     print(f"median |error| over {len(counted)} published runs (latest container per model and GPU): {med:.1%} "
           f"(target <= 25%); reference-only rows: {', '.join(r['id'] for r in rows if r['reference_only']) or 'none'}")
     if args.json:

@@ -130,7 +130,7 @@ def _weak_solver(monkeypatch):
 
 def test_a_faster_baseline_becomes_the_choice_and_the_notes_say_why(qwen3_next, monkeypatch):
     _weak_solver(monkeypatch)
-    plan = make_plan(qwen3_next.with_changes(num_layers=16), ParallelConfig(pp=4, microbatches=8, seq_len=1024))
+    plan = make_plan(qwen3_next.with_changes(num_layers=16), ParallelConfig(pp=4, microbatches=8, seq_len=1024, grouped_gemm="grouped"))
     assert plan.chosen.iteration_time_s <= min(ev.iteration_time_s for ev in plan.baselines.values())
     assert plan.refinement["start"].startswith("baseline ")
     assert any("simulates faster" in n and "starts from the baseline" in n for n in plan.notes)
@@ -225,7 +225,7 @@ def test_vpp2_interleaved_overlapped_plan(capsys):
 
 def test_refinement_is_recorded_and_baselines_keep_their_labels(qwen3_next, monkeypatch):
     _weak_solver(monkeypatch)
-    plan = make_plan(qwen3_next.with_changes(num_layers=16), ParallelConfig(pp=4, microbatches=8, seq_len=1024))
+    plan = make_plan(qwen3_next.with_changes(num_layers=16), ParallelConfig(pp=4, microbatches=8, seq_len=1024, grouped_gemm="grouped"))
     d = plan.as_dict()
     start = d["refinement"]["start"].split()[-1]
     assert d["refinement"]["simulations"] >= 1 and start in d["baselines"]

@@ -146,7 +146,7 @@ def test_negative_efficiency_under_heavy_contention_worked_by_hand():
 
 
 def test_negative_efficiency_on_a_real_layer_pair_under_heavy_contention():
-    p = ParallelConfig(ep=8, pp=1)
+    p = ParallelConfig(ep=8, pp=1, grouped_gemm="grouped")
     a, b = ov.bundle(QWEN, 0, "F", p), ov.bundle(QWEN, 0, "BW", p)
     light = ov.measure_pair(a, b, contention=Contention(0.25, 0.1), budget=300)
     assert light.overlap_efficiency > 0.5 and light.comm_hidden_fraction > 0.9

@@ -32,17 +32,49 @@ def test_every_run_has_a_source_and_four_count():
 
 def test_layout_mapping_by_hand():
     bench, runs = _bench(), _runs()
-    # Qwen3-235B-A22B on 256 H100, TP 2 PP 8 EP 32: Megatron DP = 256/16 = 16 < EP, so TP folds into EP:
-    # tp 1, ep 32, dp 1, m = 8192 / (1 * 32) = 256
+    # Qwen3-235B-A22B on 256 H100, TP 2 PP 8 VP 4 EP 32: Megatron DP = 256/16 = 16 < EP, so the EP group spans
+    # TP x DP (expert TP 1): tp 2, ep 32, expert dp = 2 * 16 / 32 = 1, dense DP 32 / 2 * 1 = 16, world 8 * 1 * 32
+    # = 256, m = 8192 / (1 * 16) = 512; VP 4 with the EP overlap: interleaved-overlapped
     par, notes = bench.parallel_for(runs["qwen3-235b-a22b/256xH100/fp8/tp2-pp8-vp4-ep32"])
-    assert (par.tp, par.ep, par.dp, par.pp, par.microbatches) == (1, 32, 1, 8, 256) and par.world_size == 256
-    assert par.schedule == "overlapped" and any("tp=1" in n for n in notes)
+    assert (par.tp, par.ep, par.dp, par.pp, par.vpp, par.microbatches) == (2, 32, 1, 8, 4, 512)
+    assert par.ep_spans_tp and par.dense_dp == 16 and par.expert_dp == 1 and par.world_size == 256
+    assert par.schedule == "interleaved-overlapped" and par.sequence_parallel and any("ep_spans_tp" in n for n in notes)
+    assert par.ep_link_ranks() == list(range(32)) == par.group_ranks("ep")
     # DeepSeek-V3 on 1024 H100, TP 2 PP 8 EP 64: DP = 1024/16 = 64 = EP: tp 2, ep 64, dp 1, m = 8192/64 = 128
     par, _ = bench.parallel_for(runs["deepseek-v3/1024xH100/fp8/tp2-pp8-vp4-ep64"])
     assert (par.tp, par.ep, par.dp, par.pp, par.microbatches) == (2, 64, 1, 8, 128) and par.world_size == 1024
     assert (par.precision, par.dispatcher, par.recompute, par.grad_reduce_dtype) == ("fp8", "deepep", "selective", "bf16")
+    # the recipe's modules and DeepSeek-V3's precision-aware optimizer (bf16 moments); VP 4 without EP overlap
+    assert par.recompute_modules == ("mla_up_proj", "mlp") and par.adam_moment_dtype == "bf16"
+    assert (par.vpp, par.schedule, par.ep_spans_tp, par.expert_dp) == (4, "interleaved", False, 2)
     # Megatron's expert grid (ETP 1): EP 64 on ranks 0..63, i.e. 8 nodes of 8 (a TP-strided group: 16 nodes of 4)
     assert par.ep_placement == "contiguous" and par.ep_link_ranks() == list(range(64))
     # Qwen3-30B-A3B on 16 H100, EP 16, one stage: m = 1024 / 16 = 64, balanced tokens as the pages state
     par, _ = bench.parallel_for(runs["qwen3-30b-a3b/16xH100/fp8/ep16"])
     assert (par.pp, par.ep, par.microbatches, par.expert_load) == (1, 16, 64, 1.0)
+
+
+def test_published_recipes_fit_memory():
+    # the acceptance point: every published recipe is feasible in the memory model at its own layout (even split,
+    # VP, the recomputation it uses); the bench prices the time of a row that does not fit and marks it with "!"
+    bench, runs = _bench(), _runs()
+    for run in runs.values():
+        row = bench.predict(run)
+        assert row["fits_memory"], (run["id"], row["peak_memory_gib"], row["capacity_gib"])
+        assert not any("does not fit" in n for n in row["mapping_notes"])
+        assert row["fits_memory_with_mtp_estimate"] in (None, True)  # DeepSeek-V3's MTP (not in the model) too
+
+
+def test_recipe_pipeline_splits_by_hand():
+    bench, runs = _bench(), _runs()
+    # Qwen3-235B-A22B, PP 8 VP 4, account_for_embedding/loss: (94 + 2) / 32 = 3 slots a virtual stage; the first
+    # gives one to the embedding, the last one to the loss: [2, 3 x 30, 2]
+    b = bench.split_for(runs["qwen3-235b-a22b/256xH100/fp8/tp2-pp8-vp4-ep32"], 94)
+    assert [y - x for x, y in zip(b, b[1:])] == [2] + [3] * 30 + [2] and b[-1] == 94
+    # PP 8, no VP: (94 + 2) / 8 = 12: [11, 12 x 6, 11]
+    b = bench.split_for(runs["qwen3-235b-a22b/256xB200/fp8/pp8-ep8"], 94)
+    assert [y - x for x, y in zip(b, b[1:])] == [11] + [12] * 6 + [11]
+    # DeepSeek-V3 'Et|(tt|)*30mL': 1 + 2 x 30 + 0 = 61 decoder layers over 32 virtual stages
+    b = bench.split_for(runs["deepseek-v3/1024xH100/fp8/tp2-pp8-vp4-ep64"], 61)
+    assert b[:3] == [0, 1, 3] and b[-2:] == [61, 61] and len(b) == 33
+    assert bench.split_for(runs["qwen3-30b-a3b/16xH100/fp8/ep16"], 48) is None  # Megatron's even split

@@ -75,7 +75,7 @@ def test_slow_stage_gets_fewer_layers(small):
 
 
 def test_mixed_gpus_and_weak_link_feed_the_cost_model(small):
-    par = ParallelConfig(pp=2, ep=16, microbatches=4, seq_len=1024)
+    par = ParallelConfig(pp=2, ep=16, microbatches=4, seq_len=1024, grouped_gemm="grouped")
     base = partition_with_factors(small, par, method="dp")
     assert base.iteration_aware_s == pytest.approx(base.iteration_unaware_s)
     weak = partition_with_factors(small, par, link_factors=[1.0, 0.25], method="dp")

@@ -60,10 +60,14 @@ def parallel_from_args(args: argparse.Namespace):
 
     return ParallelConfig(
         pp=args.pp, vpp=args.vpp, tp=args.tp, ep=args.ep, dp=args.dp, microbatches=args.microbatches,
+        **({"grouped_gemm": args.grouped_gemm} if getattr(args, "grouped_gemm", None) else {}),
         micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, schedule=args.schedule,
         distributed_optimizer=not args.no_distributed_optimizer,
-        **{k: getattr(args, k) for k in ("dispatcher", "recompute", "precision", "grad_reduce_dtype", "expert_load")
-           if getattr(args, k, None) is not None},
+        **{k: getattr(args, k) for k in ("dispatcher", "recompute", "precision", "grad_reduce_dtype", "expert_load",
+                                         "adam_moment_dtype") if getattr(args, k, None) is not None},
+        **({"ep_spans_tp": True} if getattr(args, "ep_spans_tp", False) else {}),
+        **({"recompute_modules": tuple(x for x in args.recompute_modules.split(",") if x)}
+           if getattr(args, "recompute_modules", None) else {}),
     )
 
 
@@ -94,8 +98,19 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                         "(one copy per token and destination rank, 24 SMs)")
     p.add_argument("--recompute", choices=["none", "selective", "full"], default=None,
                    help="activation recomputation, Megatron's granularities (default none)")
+    p.add_argument("--recompute-modules", default=None, metavar="LIST",
+                   help="with --recompute selective: Megatron's module names, comma-separated (core_attn, mla_up_proj, "
+                        "mlp, moe_act, moe)")
+    p.add_argument("--ep-spans-tp", action="store_true",
+                   help="the EP group spans the TP ranks too (Megatron's expert grid with expert TP 1, as recipes with "
+                        "EP > DP run); world pp*dp*ep")
+    p.add_argument("--adam-moment-dtype", choices=["fp32", "bf16"], default=None,
+                   help="dtype of Adam's moments (bf16: Megatron's precision-aware optimizer; default fp32)")
     p.add_argument("--precision", choices=["bf16", "fp8"], default=None,
                    help="GEMM precision (fp8: FP8 current scaling for linear and expert GEMMs; default bf16)")
+    p.add_argument("--grouped-gemm", choices=["multistream", "grouped", "sequential"], default=None,
+                   help="expert GEMMs: multistream (default: Transformer Engine's GroupedLinear, one cuBLAS GEMM per "
+                        "expert on 4 streams, each launched by the host), grouped (one grouped kernel) or sequential")
     p.add_argument("--grad-reduce-dtype", choices=["fp32", "bf16"], default=None,
                    help="gradient buffer and reduction dtype (default fp32, Megatron-LM's for bf16)")
     p.add_argument("--expert-load", type=float, default=None, metavar="X",

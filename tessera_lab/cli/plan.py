@@ -54,7 +54,8 @@ def format_plan(plan) -> str:
         + f" ({p.world_size} GPUs), schedule {p.schedule}, "
         f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "
         f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU; recompute {getattr(p, 'recompute', 'none')}, "
-        f"dispatcher {getattr(p, 'dispatcher', 'alltoall')}, precision {getattr(p, 'precision', p.dtype)}",
+        f"dispatcher {getattr(p, 'dispatcher', 'alltoall')}, precision {getattr(p, 'precision', p.dtype)}, "
+        f"expert GEMMs {getattr(p, 'grouped_gemm', 'grouped')}",
         f"costs: {plan.costs.describe()}",
         "",
     ]

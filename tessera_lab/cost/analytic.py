@@ -3,8 +3,8 @@ two-lane (compute stream + communication stream) executor with a contention term
 
 Formulas:
 
-* compute task: ``t = launch + max(flops / (peak * eff_op), bytes / (hbm_bw * eff_hbm))`` (roofline,
-  Williams et al., CACM 2009); for GEMM tasks ``eff_op`` is the shape-aware efficiency of
+* compute task: ``t = max(launch + max(flops / (peak * eff_op), bytes / (hbm_bw * eff_hbm)), t_host)`` (roofline,
+  Williams et al., CACM 2009; ``t_host`` the eager host issue time of its kernels, :mod:`tessera_lab.cost.host`); for GEMM tasks ``eff_op`` is the shape-aware efficiency of
   :mod:`tessera_lab.cost.gemm` (tokens per expert, K, N, grouped-GEMM implementation, bf16 or FP8 peak),
   for the attention and linear-attention cores the efficiencies of ``data/hardware/cost_model.json``.
 * collective: ``t = alpha + S * factor(n) / (B * eff_bus)`` with nccl-tests' bus-bandwidth factors
@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 
 from tessera_lab.cost.contention import COMPUTE, Contention, comm_sms_for, kernel_class, kernel_contention
 from tessera_lab.cost.gemm import gemms_efficiency
+from tessera_lab.cost.host import host_issue_time
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.ep_traffic import limited_destinations
 from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions
@@ -247,9 +248,14 @@ class CostModel:
 
     # ------------------------------------------------------------------ single tasks
     def compute_time(self, task: Task) -> float:
-        """Roofline time of a compute task, seconds: GEMMs at their shape-aware efficiency of the ``precision``
-        peak (``sequential`` and ``multistream`` expert GEMMs add one launch per expert and GEMM), attention cores at
-        bf16."""
+        """Time of a compute task, seconds: its GPU time (:meth:`gpu_time`) or, when longer, the host's eager
+        issue time of its kernels (:meth:`host_time`)."""
+        return max(self.gpu_time(task), self.host_time(task))
+
+    def gpu_time(self, task: Task) -> float:
+        """Roofline time of a compute task on the GPU, seconds: GEMMs at their shape-aware efficiency of the
+        ``precision`` peak (``sequential`` and ``multistream`` expert GEMMs add one launch per expert and GEMM),
+        attention cores at bf16."""
         gpu = self.cluster.gpu
         launches = 1
         if task.gemms:
@@ -268,6 +274,18 @@ class CostModel:
         t_bytes = task.bytes / hbm
         t_cast = self.fp8_cast_bytes(task) / hbm
         return self.a["kernel_launch_s"] * launches + max(t_flops, t_bytes) + t_cast
+
+    def host_time(self, task: Task) -> float:
+        """Host seconds to issue a task's kernels in eager mode (:func:`tessera_lab.cost.host.host_issue_time`);
+        a compute task takes at least this long."""
+        p = self.parallel
+        return host_issue_time(task, precision=p.precision, grouped_impl=p.grouped_gemm, params=self.a)
+
+    def host_excess(self, task: Task) -> float:
+        """Seconds a compute task waits on the host beyond its GPU time (0 when the GPU is the bound)."""
+        if task.is_comm:
+            return 0.0
+        return max(0.0, self.host_time(task) - self.gpu_time(task))
 
     def fp8_cast_bytes(self, task: Task) -> float:
         """HBM bytes of the FP8 quantization kernels a GEMM task needs (0 in bf16): ``fp8_cast_bytes_per_element``

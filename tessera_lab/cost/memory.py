@@ -12,8 +12,14 @@ the reserve of ``data/hardware/cost_model.json`` (CUDA context, NCCL buffers, fr
 Recomputation (``ParallelConfig.recompute``) changes the saved bytes of the forward tasks
 (:mod:`tessera_lab.model.tasks`): ``selective`` keeps the attention core's inputs instead of its outputs and
 the routed experts' input instead of their intermediate activations (re-running the expert GEMMs in the
-backward); ``full`` keeps only each layer's input. Expert parameters are data-parallel over ``dp`` ranks; the rest of a
-stage over ``ep * dp`` ranks (see :mod:`tessera_lab.model.hardware`).
+backward); ``full`` keeps only each layer's input; ``selective`` with ``recompute_modules`` follows Megatron-LM's
+module names (:mod:`tessera_lab.model.tasks`). Expert parameters are data-parallel over ``ParallelConfig.expert_dp``
+ranks (``tp * dp``: with expert TP 1 each TP rank sits in its own EP group, or ``dp`` when the EP group spans the
+TP ranks); the rest of a
+stage over ``ParallelConfig.dense_dp`` ranks (``ep * dp``, or ``ep / tp * dp`` when the EP group spans the TP
+ranks; see :mod:`tessera_lab.model.hardware`). With a distributed optimizer the optimizer state
+(``ParallelConfig.optimizer_state_bytes``: fp32 master weights and Adam's moments, 12 bytes, or 8 with bf16
+moments as Megatron-Core's precision-aware optimizer keeps them) is sharded over those ranks.
 
 Activations: the ``saved_bytes`` of every forward task of the stage's layers (:mod:`tessera_lab.model.tasks`)
 per micro-batch, times the micro-batches in flight on that stage at its peak for the schedule (a micro-batch
@@ -23,7 +29,10 @@ GPipe ``m``; 1F1B ``min(p - s, m)`` on stage ``s`` of ``p``; overlapped 1F1B ``m
 runs ``2 (p - 1 - s) + 1`` forwards so that each pair's inputs are ready); ZB-H1 ``min(p, m)`` on every stage
 (W is deferred, Qi et al., ICLR 2024); ZB-H2 ``min(2p - 1, m)`` on every stage (the paper's ``2p - 1``); interleaved 1F1B with v chunks
 ``min(2 (p - s - 1) + (v - 1) p + 1, v m)`` chunk-micro-batches of ``1/v`` of the stage's layers each
-(Megatron-LM's interleaved warm-up count plus the micro-batch in its first backward).
+(Megatron-LM's interleaved warm-up count plus the micro-batch in its first backward); interleaved with the EP
+overlap (Megatron's combined 1F1B, ``interleaved-overlapped``) one chunk-micro-batch more, its extra warm-up
+micro-batch (``get_pp_rank_microbatches`` with ``overlap_moe_expert_parallel_comm``,
+``megatron/core/pipeline_parallel/schedules.py``).
 """
 
 from __future__ import annotations
@@ -40,12 +49,14 @@ GIB = 2**30
 
 
 def bytes_per_param(parallel: ParallelConfig, dp_degree: int) -> float:
-    """Training-state bytes per parameter: ``2 + g + 12`` (18 with fp32 gradients, 16 with bf16), or
-    ``2 + g + 12/dp_degree`` with a distributed optimizer (``g`` = :attr:`ParallelConfig.grad_bytes`)."""
+    """Training-state bytes per parameter: ``2 + g + o`` (18 with fp32 gradients, 16 with bf16), or
+    ``2 + g + o/dp_degree`` with a distributed optimizer (``g`` = :attr:`ParallelConfig.grad_bytes`, ``o`` =
+    :attr:`ParallelConfig.optimizer_state_bytes`: 12, or 8 with bf16 Adam moments)."""
     base = 2.0 + parallel.grad_bytes
+    state = parallel.optimizer_state_bytes
     if parallel.distributed_optimizer:
-        return base + 12.0 / dp_degree
-    return base + 12.0
+        return base + state / dp_degree
+    return base + state
 
 
 def in_flight(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> float:
@@ -68,7 +79,12 @@ def in_flight(schedule: str, pp: int, stage: int, m: int, vpp: int = 1) -> float
         return float(min(2 * p - 1, m))
     if schedule == "interleaved":
         return min(2 * (p - s - 1) + (vpp - 1) * p + 1, vpp * m) / vpp
-    raise ConfigError(f"schedule {schedule!r} has no memory model; allowed: gpipe, 1f1b, overlapped, zb-h1, zb-h2, interleaved")
+    if schedule == "interleaved-overlapped":
+        # Megatron's combined 1F1B with VP: one more warm-up micro-batch (get_pp_rank_microbatches,
+        # megatron/core/pipeline_parallel/schedules.py, overlap_moe_expert_parallel_comm), so one chunk more
+        return min(2 * (p - s - 1) + (vpp - 1) * p + 2, vpp * m) / vpp
+    raise ConfigError(f"schedule {schedule!r} has no memory model; allowed: gpipe, 1f1b, overlapped, zb-h1, zb-h2, "
+                      "interleaved, interleaved-overlapped")
 
 
 @dataclass(frozen=True)
@@ -101,11 +117,11 @@ def layer_memory(model: ModelSpec, parallel: ParallelConfig, tasks: Sequence[Lay
     """Memory of the embedding, every decoder layer and the LM head (same order as ``decompose``).
 
     Parameter bytes on one GPU (:func:`gpu_params`) times the bytes per parameter of each part's data-parallel
-    degree (``ep * dp`` for dense parameters, ``dp`` for experts).
+    degree (:attr:`ParallelConfig.dense_dp` for dense parameters, :attr:`ParallelConfig.expert_dp` for experts).
     """
     p = parallel
-    dense_bpp = bytes_per_param(p, p.ep * p.dp)
-    expert_bpp = bytes_per_param(p, p.dp)
+    dense_bpp = bytes_per_param(p, p.dense_dp)
+    expert_bpp = bytes_per_param(p, p.expert_dp)
     out = []
     for lt in tasks:
         dense, expert = gpu_params(model, p, lt.layer)

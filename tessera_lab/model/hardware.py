@@ -32,6 +32,15 @@ RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp8")
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 GROUPED_GEMMS = ("grouped", "sequential", "multistream")
+#: Adam moment dtypes (``exp_avg``/``exp_avg_sq``): ``fp32`` (Megatron-LM's default) or ``bf16`` (Megatron-Core's
+#: precision-aware optimizer, ``use_precision_aware_optimizer`` with ``exp_avg_dtype = exp_avg_sq_dtype = bf16``)
+ADAM_MOMENT_DTYPES = ("fp32", "bf16")
+#: Megatron-LM ``--recompute-modules`` this model knows (``recompute = selective`` with ``recompute_modules``):
+#: ``core_attn`` (attention core), ``mla_up_proj`` (MLA up projections and RoPE, output-discarding), ``mlp`` (the
+#: dense MLP of a dense layer), ``moe_act`` (the routed experts' SwiGLU, output-discarding), ``moe`` (the whole
+#: MoE block) (``megatron/core/transformer/transformer_config.py``, ``recompute_modules``; Megatron's
+#: ``layernorm``, ``shared_experts`` and the GDN/GDP modules are not modelled and are refused)
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act", "moe")
 #: how the EP group sits on the ranks: ``grid`` (this project's RankGrid, TP innermost, so an EP group strides by tp)
 #: or ``contiguous`` (Megatron-Core's expert rank generator with expert TP 1: EP innermost, ep consecutive ranks)
 EP_PLACEMENTS = ("grid", "contiguous")
@@ -212,8 +221,9 @@ class ParallelConfig:
             ``bf16``; sets the gradient buffer bytes in memory and the reduce-scatter bytes of gradient sync.
         expert_load: tokens the busiest EP rank receives relative to the mean; ``None`` = the expected busiest
             rank of a balanced random router (:func:`tessera_lab.cost.ep_traffic.busiest_rank_load`).
-        grouped_gemm: expert GEMM implementation, ``grouped`` (one grouped kernel), ``multistream`` (Transformer
-            Engine's GroupedLinear: one cuBLAS GEMM per expert on 4 streams) or ``sequential`` (one launch
+        grouped_gemm: expert GEMM implementation, ``grouped`` (one grouped kernel), ``multistream`` (default:
+            Transformer Engine's GroupedLinear as Megatron's TEGroupedMLP runs it, one cuBLAS GEMM per expert on 4
+            streams, each launched by the host) or ``sequential`` (one launch
             per expert) (:mod:`tessera_lab.cost.gemm`).
         fused_cross_entropy: the loss keeps only the bf16 logits (gradient written in place, Megatron's
             cross-entropy fusion) instead of the fp32 log-softmax.
@@ -221,6 +231,22 @@ class ParallelConfig:
             by ``tp``) or ``contiguous`` (``ep`` consecutive ranks, as Megatron-Core's ``expert_decoder_rank_generator``
             builds expert groups with expert TP 1, order ``tp-cp-ep-dp-pp``, ``megatron/core/parallel_state.py``);
             only the links the EP all-to-all crosses depend on it.
+        ep_spans_tp: the EP group spans the TP ranks as well as data-parallel ones (Megatron-Core's expert grid
+            with expert TP 1: ``EP * EDP = TP * DP``, ``megatron/core/parallel_state.py``; what a recipe with EP
+            larger than its DP runs, e.g. TP 2 x DP 16 = EP 32). Then ``ep`` counts all the EP ranks, ``tp``
+            must divide it, the world is ``pp * dp * ep`` (``dp`` = expert data-parallel replicas), the dense
+            part is data-parallel over ``ep / tp * dp`` ranks (:attr:`dense_dp`) and tensor-parallel over ``tp``
+            with sequence parallelism (each TP rank routes ``T / tp`` tokens to the experts; Megatron requires
+            sequence parallelism with TP and EP together, ``megatron/training/arguments.py``).
+        sequence_parallel: with ``tp > 1``, activations outside the tensor-parallel regions are split over the
+            TP ranks (Megatron-LM's ``--sequence-parallel``, on in the Megatron-Bridge recipes with TP > 1 and
+            required for MoE with TP, ``megatron/core/transformer/moe/moe_layer.py``); only saved activation bytes
+            depend on it (the RS + AG it uses move the bytes of the all-reduce priced).
+        adam_moment_dtype: dtype of Adam's two moments (:data:`ADAM_MOMENT_DTYPES`); the fp32 master weights
+            stay fp32, so optimizer state is ``4 + 2 x moment`` bytes per parameter (12 or 8).
+        recompute_modules: with ``recompute = selective``, Megatron-LM's module names to recompute
+            (:data:`RECOMPUTE_MODULES`); empty = this project's ``selective`` (attention core and routed-expert
+            activations).
     """
 
     pp: int = 8
@@ -239,9 +265,13 @@ class ParallelConfig:
     precision: str = "bf16"
     grad_reduce_dtype: str = "fp32"
     expert_load: float | None = None
-    grouped_gemm: str = "grouped"
+    grouped_gemm: str = "multistream"
     fused_cross_entropy: bool = False
     ep_placement: str = "grid"
+    ep_spans_tp: bool = False
+    sequence_parallel: bool = True
+    adam_moment_dtype: str = "fp32"
+    recompute_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len"):
@@ -249,7 +279,10 @@ class ParallelConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"field '{name}' = {value!r} is out of range; allowed: an integer >= 1")
             check_work(name, value, field=f"field '{name}'")  # work limits of tessera_lab.checks
-        check_work("world_size", self.pp * self.dp * self.ep * self.tp, field="field 'pp x dp x ep x tp'")
+        if self.ep_spans_tp and (self.tp < 2 or self.ep % self.tp):
+            raise ConfigError(f"field 'ep_spans_tp' needs tp >= 2 dividing ep; got tp = {self.tp}, ep = {self.ep}; "
+                              "allowed: ep a multiple of tp (the EP group spans the TP ranks)")
+        check_work("world_size", self.world_size, field="field 'pp x dp x ep x tp'")
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError(f"field 'dtype' = {self.dtype!r} is unknown; allowed: {', '.join(DTYPE_BYTES)}")
         for name, allowed in (("dispatcher", DISPATCHERS), ("recompute", RECOMPUTE), ("precision", PRECISIONS),
@@ -260,10 +293,40 @@ class ParallelConfig:
         if self.expert_load is not None and (isinstance(self.expert_load, bool) or not self.expert_load >= 1.0):
             raise ConfigError(f"field 'expert_load' = {self.expert_load!r} is out of range; allowed: a number >= 1 "
                               "(busiest EP rank over the mean)")
+        if self.adam_moment_dtype not in ADAM_MOMENT_DTYPES:
+            raise ConfigError(f"field 'adam_moment_dtype' = {self.adam_moment_dtype!r} is unknown; allowed: "
+                              f"{', '.join(ADAM_MOMENT_DTYPES)}")
+        if isinstance(self.recompute_modules, (str, bytes)) or not all(
+                m in RECOMPUTE_MODULES for m in self.recompute_modules):
+            raise ConfigError(f"field 'recompute_modules' = {self.recompute_modules!r} is unknown; allowed: a list of "
+                              f"{', '.join(RECOMPUTE_MODULES)}")
+        object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        if self.recompute_modules and self.recompute != "selective":
+            raise ConfigError(f"field 'recompute_modules' needs recompute = 'selective'; got {self.recompute!r}")
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.ep * self.tp
+        """GPUs: ``pp * dp * ep * tp``, or ``pp * dp * ep`` when the EP group spans the TP ranks."""
+        return self.pp * self.dp * self.ep * (1 if self.ep_spans_tp else self.tp)
+
+    @property
+    def dense_dp(self) -> int:
+        """Data-parallel degree of the non-expert parameters (the pipelines that run their own micro-batches):
+        ``ep * dp``, or ``ep / tp * dp`` when the EP group spans the TP ranks."""
+        return self.ep * self.dp // (self.tp if self.ep_spans_tp else 1)
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel degree of the routed experts (the ranks holding the same experts, over which a
+        distributed optimizer shards their state): ``tp * dp`` (each TP rank is in its own EP group, expert TP 1,
+        Megatron-Core's ``EP * EDP = TP * DP``), or ``dp`` when the EP group spans the TP ranks."""
+        return self.dp * (1 if self.ep_spans_tp else self.tp)
+
+    @property
+    def optimizer_state_bytes(self) -> float:
+        """Optimizer-state bytes per parameter: fp32 master weights plus Adam's two moments, ``4 + 2 x moment``
+        (12 with fp32 moments, 8 with bf16)."""
+        return 4.0 + 2.0 * DTYPE_BYTES[self.adam_moment_dtype]
 
     @property
     def dtype_bytes(self) -> int:
@@ -290,8 +353,9 @@ class ParallelConfig:
 
     @property
     def tokens_per_iteration(self) -> int:
-        """Global batch in tokens: every one of the ``ep * dp`` data-parallel pipelines runs ``m`` micro-batches."""
-        return self.microbatches * self.tokens_per_microbatch * self.ep * self.dp
+        """Global batch in tokens: every one of the :attr:`dense_dp` data-parallel pipelines runs ``m``
+        micro-batches."""
+        return self.microbatches * self.tokens_per_microbatch * self.dense_dp
 
     def replace(self, **changes: Any) -> "ParallelConfig":
         return dataclasses.replace(self, **changes)
@@ -299,8 +363,10 @@ class ParallelConfig:
     # ---------------------------------------------------------------- placement
     @property
     def grid(self) -> RankGrid:
-        """The rank layout (:class:`~tessera_lab.model.layout.RankGrid`: TP innermost, then EP, DP, PP)."""
-        return RankGrid(pp=self.pp, dp=self.dp, ep=self.ep, tp=self.tp)
+        """The rank layout (:class:`~tessera_lab.model.layout.RankGrid`: TP innermost, then EP, DP, PP); when the EP
+        group spans the TP ranks the grid's ep axis holds ``ep / tp`` (the EP group is then a whole ep x tp block,
+        :meth:`group_ranks`)."""
+        return RankGrid(pp=self.pp, dp=self.dp, ep=self.ep // (self.tp if self.ep_spans_tp else 1), tp=self.tp)
 
     def rank(self, pp_i: int, dp_i: int = 0, ep_i: int = 0, tp_i: int = 0) -> int:
         """Global rank of a coordinate (see :class:`~tessera_lab.model.layout.RankGrid`)."""
@@ -308,13 +374,17 @@ class ParallelConfig:
 
     def group_ranks(self, kind: str, pp_i: int = 0, dp_i: int = 0, ep_i: int = 0, tp_i: int = 0) -> list[int]:
         """Ranks of the ``tp``, ``ep``, ``dp``, ``edp`` or ``pp`` group containing the coordinate
-        (:meth:`~tessera_lab.model.layout.RankGrid.group_ranks`)."""
+        (:meth:`~tessera_lab.model.layout.RankGrid.group_ranks`); with ``ep_spans_tp`` the ``ep`` group is the
+        ``ep / tp`` x ``tp`` block of consecutive ranks (expert TP 1) and ``edp`` the dense data-parallel group."""
+        if kind == "ep" and self.ep_spans_tp:
+            g = self.grid
+            return sorted(r for t in range(g.tp) for r in g.group_ranks("ep", pp_i, dp_i, ep_i, t))
         return self.grid.group_ranks(kind, pp_i, dp_i, ep_i, tp_i)
 
     def ep_link_ranks(self) -> list[int]:
         """Ranks of the first EP group as the links see them: :meth:`group_ranks` (``ep_placement = grid``) or the
         ``ep`` consecutive ranks ``0 .. ep-1`` (``contiguous``, Megatron-Core's expert grid with expert TP 1)."""
-        if self.ep_placement == "contiguous":
+        if self.ep_placement == "contiguous" or self.ep_spans_tp:
             return list(range(self.ep))
         return self.group_ranks("ep")
 
@@ -330,6 +400,6 @@ def check_fits(parallel: ParallelConfig, cluster: Cluster) -> None:
     """Raise ConfigError if the parallel sizes need more GPUs than the cluster has."""
     if parallel.world_size > cluster.num_gpus:
         raise ConfigError(
-            f"field 'world_size' = pp*dp*ep*tp = {parallel.world_size} exceeds the cluster's {cluster.num_gpus} GPUs; "
+            f"field 'world_size' = {'pp*dp*ep' if parallel.ep_spans_tp else 'pp*dp*ep*tp'} = {parallel.world_size} exceeds the cluster's {cluster.num_gpus} GPUs; "
             f"allowed: at most {cluster.num_gpus}"
         )

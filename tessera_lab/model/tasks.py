@@ -22,6 +22,25 @@ FLOP conventions (per micro-batch, per rank):
 Byte counts (``bytes``) are HBM traffic for the roofline; ``saved_bytes`` is what a forward task keeps
 for backward (activation memory). Collective sizes follow nccl-tests' definition of ``S``.
 
+Saved bytes (activation memory), three mechanisms beyond the tensors' shapes:
+
+* Sequence parallelism (``ParallelConfig.sequence_parallel``, with ``tp > 1``): tensors outside the
+  tensor-parallel regions (the layer input, norms, the inputs of column-parallel GEMMs, which Transformer
+  Engine saves un-gathered and all-gathers again in the backward) are split over the TP ranks, so every saved
+  activation of a layer is divided by ``tp`` (Korthikanti et al., "Reducing Activation Recomputation in Large
+  Transformer Models", MLSys 2023, section 4.2.2). Megatron-Core refuses MoE training with TP and without it
+  (``MoELayer.forward`` in ``megatron/core/transformer/moe/moe_layer.py``).
+* FP8 (``precision = fp8``): Transformer Engine's ``Linear``, ``LayerNormLinear`` and ``GroupedLinear`` cast a
+  GEMM's input to FP8 in the forward and save that FP8 copy (1 byte an element) for the weight-gradient GEMM
+  (``transformer_engine/pytorch/module/linear.py``, ``grouped_linear.py``: ``save_for_backward`` of the quantized
+  ``inputmat``). So every GEMM's saved input is 1 byte an element; the attention core (bf16 dot-product
+  attention), the SwiGLU input, norms and router probabilities stay in their own dtype.
+* One storage, counted once: the attention core's output is the tensor its consumer (output gate, or o_proj in
+  bf16) keeps, so it is counted with the consumer (PyTorch's saved tensors share storage with the graph's).
+* Recomputation (``ParallelConfig.recompute``; ``recompute_modules`` as Megatron-LM names them, see
+  :data:`tessera_lab.model.hardware.RECOMPUTE_MODULES`): a recomputed task saves only what its checkpoint keeps
+  and re-runs its forward in the backward.
+
 This module never imports torch.
 """
 
@@ -142,11 +161,18 @@ class _Fwd:
     recompute: str = "none"
     #: task names whose forward re-runs in the backward (selective recompute)
     recomputed: set[str] = field(default_factory=set)
+    #: recomputed modules (Megatron-LM names, plus ``_experts``: this project's selective routed experts)
+    modules: frozenset = frozenset()
+    #: bytes of one saved GEMM input element (1 under FP8: Transformer Engine saves the FP8 copy)
+    gemm_in: float = 2.0
+    #: sequence-parallel split of the saved activations (``tp`` with sequence parallelism, else 1)
+    sp: int = 1
 
-    def add(self, task: Task, *, w: Task | None = None, b_scale: float = 1.0, selective: float | None = None) -> str:
-        """Add a forward task; ``selective``: its saved bytes under selective recompute (it is then re-run in the
-        backward); with full recompute every task but the layer input re-runs and saves nothing."""
-        if self.recompute == "selective" and selective is not None:
+    def add(self, task: Task, *, w: Task | None = None, b_scale: float = 1.0, selective: float | None = None,
+            module: str | None = None) -> str:
+        """Add a forward task; ``selective``: its saved bytes when ``module`` is recomputed (it is then re-run in
+        the backward); with full recompute every task but the layer input re-runs and saves nothing."""
+        if module is not None and module in self.modules and selective is not None:
             task = replace(task, saved_bytes=selective)
             self.recomputed.add(task.name)
         self.tasks.append(task)
@@ -155,16 +181,21 @@ class _Fwd:
         self.b_scale[task.name] = b_scale
         return task.name
 
-    def gemm(self, name: str, m: float, k: float, n: float, deps: Iterable[str], *, saved: bool = True) -> str:
-        """A dense GEMM (m, k) x (k, n); F, B and W each 2mkn FLOPs."""
+    def gemm(self, name: str, m: float, k: float, n: float, deps: Iterable[str], *, saved: bool = True,
+             seq: bool = False, module: str | None = None) -> str:
+        """A dense GEMM (m, k) x (k, n); F, B and W each 2mkn FLOPs; saves its input (``gemm_in`` bytes an
+        element; divided by ``sp`` when the input is in the sequence-parallel region, ``seq``; nothing when
+        ``module`` is recomputed)."""
         flops = 2.0 * m * k * n
         nbytes = self.dt * (m * k + k * n + m * n)
-        t = Task(name, self.layer, "F", "gemm", flops, nbytes, deps=tuple(deps),
-                 saved_bytes=self.dt * m * k if saved else 0.0, gemms=((m, k, n),))
-        return self.add(t, w=replace(t, saved_bytes=0.0))
+        kept = self.gemm_in * m * k / (self.sp if seq else 1) if saved else 0.0
+        t = Task(name, self.layer, "F", "gemm", flops, nbytes, deps=tuple(deps), saved_bytes=kept, gemms=((m, k, n),))
+        return self.add(t, w=replace(t, saved_bytes=0.0), module=module, selective=0.0)
 
-    def elementwise(self, name: str, nbytes: float, deps: Iterable[str], *, saved: float = 0.0, flops: float = 0.0) -> str:
-        return self.add(Task(name, self.layer, "F", "elementwise", flops, nbytes, deps=tuple(deps), saved_bytes=saved))
+    def elementwise(self, name: str, nbytes: float, deps: Iterable[str], *, saved: float = 0.0, flops: float = 0.0,
+                    module: str | None = None) -> str:
+        return self.add(Task(name, self.layer, "F", "elementwise", flops, nbytes, deps=tuple(deps), saved_bytes=saved),
+                        module=module, selective=0.0)
 
     def comm(self, name: str, kind: str, nbytes: float, group: str, size: int, deps: Iterable[str],
              routing: tuple | None = None) -> str:
@@ -179,7 +210,7 @@ def _mixer_gated_deltanet(g: _Fwd, m: ModelSpec, T: int, tp: int, after: str) ->
     vd = m.linear_num_value_heads * m.linear_value_head_dim / tp
     dk, dv = m.linear_key_head_dim, m.linear_value_head_dim
     conv_dim = 2 * kd + vd
-    proj = g.gemm("in_proj", T, h, 2 * kd + 2 * vd + 2 * nvh, [after])
+    proj = g.gemm("in_proj", T, h, 2 * kd + 2 * vd + 2 * nvh, [after], seq=True)
     conv = g.elementwise("conv1d", dt * T * conv_dim * 2, [proj], saved=dt * T * conv_dim,
                          flops=2.0 * T * conv_dim * m.linear_conv_kernel_dim)
     C = LINEAR_ATTENTION_CHUNK
@@ -202,12 +233,17 @@ def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
     h, dt = m.hidden_size, g.dt
     nh, nkv, hd = m.num_attention_heads / tp, max(m.num_key_value_heads / tp, 1), m.head_dim
     gated = layer.attention == "gated_gqa"
-    qkv = g.gemm("qkv_proj", T, h, nh * hd * (2 if gated else 1) + 2 * nkv * hd, [after])
+    qkv = g.gemm("qkv_proj", T, h, nh * hd * (2 if gated else 1) + 2 * nkv * hd, [after], seq=True)
     rope = g.elementwise("qk_norm_rope", dt * T * (nh + nkv) * hd * 2, [qkv], saved=dt * T * (nh + nkv) * hd)
     flops = 0.5 * 4.0 * b * s * s * nh * hd  # causal: half of QK^T and AV
     io = dt * T * (2 * nh * hd + 2 * nkv * hd)
+    # the core keeps q, k, v, its output o and the fp32 lse; o is the very tensor its consumer keeps (the output
+    # gate, or o_proj's input in bf16), one storage, so it is counted there (an FP8 o_proj keeps its own FP8 copy)
+    o = dt * T * nh * hd
+    shared = o if (gated or g.gemm_in == dt) else 0.0
     core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=(rope,),
-                      saved_bytes=io + 4.0 * T * nh), b_scale=2.0, selective=dt * T * (nh + 2 * nkv) * hd)
+                      saved_bytes=io + 4.0 * T * nh - shared), b_scale=2.0, selective=dt * T * (nh + 2 * nkv) * hd,
+                 module="core_attn")
     last = core
     if gated:
         last = g.elementwise("output_gate", dt * T * nh * hd * 3, [core], saved=dt * T * nh * hd * 2)
@@ -218,19 +254,29 @@ def _mixer_mla(g: _Fwd, m: ModelSpec, T: int, b: int, s: int, tp: int, after: st
     h, dt = m.hidden_size, g.dt
     nh = m.num_attention_heads / tp
     qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    sp = g.sp  # the compressed q and kv (and their norms) are in the sequence-parallel region
     if m.q_lora_rank:
-        qa = g.gemm("q_a_proj", T, h, m.q_lora_rank, [after])
-        qn = g.elementwise("q_a_norm", dt * T * m.q_lora_rank * 2, [qa], saved=dt * T * m.q_lora_rank)
-        q = g.gemm("q_b_proj", T, m.q_lora_rank, nh * qk, [qn])
+        qa = g.gemm("q_a_proj", T, h, m.q_lora_rank, [after], seq=True)
+        qn = g.elementwise("q_a_norm", dt * T * m.q_lora_rank * 2, [qa], saved=dt * T * m.q_lora_rank / sp)
+        q = g.gemm("q_b_proj", T, m.q_lora_rank, nh * qk, [qn], seq=True)
     else:
-        q = g.gemm("q_proj", T, h, nh * qk, [after])
-    kva = g.gemm("kv_a_proj", T, h, m.kv_lora_rank + m.qk_rope_head_dim, [after])
-    kvn = g.elementwise("kv_a_norm", dt * T * m.kv_lora_rank * 2, [kva], saved=dt * T * m.kv_lora_rank)
-    kvb = g.gemm("kv_b_proj", T, m.kv_lora_rank, nh * (m.qk_nope_head_dim + m.v_head_dim), [kvn])
+        q = g.gemm("q_proj", T, h, nh * qk, [after], seq=True)
+    kva = g.gemm("kv_a_proj", T, h, m.kv_lora_rank + m.qk_rope_head_dim, [after], seq=True)
+    kvn = g.elementwise("kv_a_norm", dt * T * m.kv_lora_rank * 2, [kva], saved=dt * T * m.kv_lora_rank / sp)
+    kvb = g.gemm("kv_b_proj", T, m.kv_lora_rank, nh * (m.qk_nope_head_dim + m.v_head_dim), [kvn], seq=True)
+    up = "mla_up_proj" in g.modules
+    if up:
+        # Megatron's 'mla_up_proj' (output-discarding checkpoint of the up projections and RoPE): their inputs stay
+        # saved, their outputs (the core's q, k, v) are freed after the forward and rebuilt in the backward
+        g.recomputed.update({q, kvb})
     flops = 0.5 * 2.0 * b * s * s * nh * (qk + m.v_head_dim)
     io = dt * T * nh * (2 * qk + 2 * m.v_head_dim)
-    core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=(q, kvb),
-                      saved_bytes=io + 4.0 * T * nh), b_scale=2.0, selective=dt * T * nh * (2 * qk + m.v_head_dim))
+    qkv_in = dt * T * nh * (2 * qk + m.v_head_dim)  # q, k, v; the rest of io is the output o
+    # o is o_proj's input, one storage with it in bf16 (counted there); an FP8 o_proj keeps its own copy
+    shared = dt * T * nh * m.v_head_dim if g.gemm_in == dt else 0.0
+    saved = io + 4.0 * T * nh - shared - (qkv_in if up else 0.0)
+    core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=(q, kvb), saved_bytes=saved), b_scale=2.0,
+                 selective=0.0 if up else qkv_in, module="core_attn")
     return g.gemm("o_proj", T, nh * m.v_head_dim, h, [core])
 
 
@@ -257,16 +303,22 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     shapes = ((per_expert, h, 2.0 * width), (per_expert, width, h))  # gate+up, down (one expert)
     eflops = 2.0 * received * h * width * 3
     ebytes = dt * (3 * h * width * local_experts + received * (2 * h + 3 * width))
+    # saved per token copy: fc1's input (h, as a GEMM input: FP8 under fp8), the SwiGLU input (2 x width, bf16)
+    # and fc2's input (width, a GEMM input); Megatron's 'moe_act' frees fc2's input and recomputes the SwiGLU
+    fc2_in = g.gemm_in * received * width
+    exp_saved = g.gemm_in * received * h + dt * received * 2 * width + fc2_in
     experts = g.add(
         Task("experts", g.layer, "F", "grouped_gemm", eflops, ebytes, deps=(dispatch,),
-             saved_bytes=dt * received * (h + 3 * width), gemms=shapes, groups=local_experts),
+             saved_bytes=exp_saved - (fc2_in if "moe_act" in g.modules else 0.0), gemms=shapes, groups=local_experts),
         w=Task("experts", g.layer, "W", "grouped_gemm", eflops, ebytes, gemms=shapes, groups=local_experts),
-        selective=dt * received * h,  # expert activations recomputed (Megatron's 'mlp'/'moe' modules): keep the input
+        selective=dt * received * h, module="_experts",  # this project's selective: keep the input, re-run all
     )
     # SwiGLU between the two expert GEMMs is its own memory-bound kernel (Megatron's TEGroupedMLP applies the fused
     # bias-SwiGLU with the routing probabilities between fc1 and fc2, megatron/core/fusions/fused_bias_swiglu.py), as
     # the dense MLP's silu_mul: reads the 2 x width fc1 output, writes width; its input is in the experts' saved bytes
     act = g.elementwise("expert_act", dt * received * width * 3, [experts])
+    if "moe_act" in g.modules:
+        g.recomputed.add(act)
     combine = g.comm("combine", "all_to_all", dt * sent * h, "ep", p.ep, [act], route)
     unpermute = g.elementwise("unpermute", dt * (sent * h + T * h), [combine], saved=dt * sent * h)
     outs = [unpermute]
@@ -276,8 +328,10 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
         sflops = 2.0 * T * h * Is * 3 + (2.0 * T * h if m.shared_expert_gate else 0.0)
         sbytes = dt * (3 * h * Is + T * (2 * h + 3 * Is))
         sshapes = ((T, h, 2.0 * Is), (T, Is, h))
+        # saved: fc1's input (h, sequence-parallel, a GEMM input), the SwiGLU input (2 Is) and fc2's input (Is)
+        s_saved = T * (g.gemm_in * h / g.sp + dt * 2 * Is + g.gemm_in * Is)
         shared = g.add(
-            Task("shared_expert", g.layer, "F", "gemm", sflops, sbytes, deps=(after,), saved_bytes=dt * T * (h + 3 * Is),
+            Task("shared_expert", g.layer, "F", "gemm", sflops, sbytes, deps=(after,), saved_bytes=s_saved,
                  gemms=sshapes),
             w=Task("shared_expert", g.layer, "W", "gemm", sflops, sbytes, gemms=sshapes),
         )
@@ -285,15 +339,27 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
         if p.tp > 1:
             shared = g.comm("shared_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [shared])
         outs.append(shared)
+    if "moe" in g.modules:
+        _checkpoint(g, first=router, keep=dt * T_all * h / g.sp)  # Megatron's 'moe': the block keeps its input
     return outs
+
+
+def _checkpoint(g: _Fwd, first: str, keep: float) -> None:
+    """Normal checkpointing of the tasks from ``first`` to the end of the graph so far: they save nothing but
+    the block's input (``keep`` bytes, charged to ``first``) and re-run their forward in the backward."""
+    names = [t.name for t in g.tasks]
+    block = set(names[names.index(first):])
+    g.recomputed |= block
+    g.tasks = [replace(t, saved_bytes=(keep if t.name == first else 0.0)) if t.name in block else t for t in g.tasks]
 
 
 def _ffn_dense(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str) -> list[str]:
     h, dt = m.hidden_size, g.dt
     inter = m.intermediate_size / p.tp
-    up = g.gemm("gate_up_proj", T, h, 2 * inter, [after])
-    act = g.elementwise("silu_mul", dt * T * inter * 3, [up], saved=dt * T * inter * 2)
-    down = g.gemm("down_proj", T, inter, h, [act])
+    # Megatron's 'mlp' recomputes the dense MLP from its input (post_attn_norm's saved input)
+    up = g.gemm("gate_up_proj", T, h, 2 * inter, [after], seq=True, module="mlp")
+    act = g.elementwise("silu_mul", dt * T * inter * 3, [up], saved=dt * T * inter * 2, module="mlp")
+    down = g.gemm("down_proj", T, inter, h, [act], module="mlp")
     if p.tp > 1:
         down = g.comm("mlp_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [down])
     return [down]
@@ -328,6 +394,17 @@ def _full_recompute(g: _Fwd, keep: str) -> None:
     (kept by ``keep``)."""
     g.recomputed = {t.name for t in g.tasks}
     g.tasks = [t if t.name == keep else replace(t, saved_bytes=0.0) for t in g.tasks]
+
+
+def _new_fwd(layer: int, p: ParallelConfig, *, recompute: bool = True) -> _Fwd:
+    """An empty forward graph with the parallel config's recompute modules, saved GEMM-input bytes (1 under
+    FP8) and sequence-parallel split (module docstring)."""
+    modules: frozenset = frozenset()
+    if recompute and p.recompute == "selective":
+        modules = frozenset(p.recompute_modules) if p.recompute_modules else frozenset({"core_attn", "_experts"})
+    return _Fwd(layer, p.dtype_bytes, recompute=p.recompute if recompute else "none", modules=modules,
+                gemm_in=1.0 if p.precision == "fp8" else float(p.dtype_bytes),
+                sp=p.tp if p.sequence_parallel and p.tp > 1 else 1)
 
 
 def routing_load_note(model: ModelSpec, parallel: ParallelConfig) -> str:
@@ -376,8 +453,8 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
     p = parallel
     T, b, s = p.tokens_per_microbatch, p.micro_batch_size, p.seq_len
     h, dt = model.hidden_size, p.dtype_bytes
-    g = _Fwd(layer.index, dt, recompute=p.recompute)
-    n1 = g.elementwise("input_norm", dt * T * h * 2, [], saved=dt * T * h)
+    g = _new_fwd(layer.index, p)
+    n1 = g.elementwise("input_norm", dt * T * h * 2, [], saved=dt * T * h / g.sp)
     if layer.attention == "gated_deltanet":
         mix = _mixer_gated_deltanet(g, model, T, p.tp, n1)
     elif layer.attention == "mla":
@@ -386,7 +463,7 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
         mix = _mixer_gqa(g, model, layer, T, b, s, p.tp, n1)
     if p.tp > 1:
         mix = g.comm("attn_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [mix])
-    n2 = g.elementwise("post_attn_norm", dt * T * h * 3, [mix], saved=dt * T * h)
+    n2 = g.elementwise("post_attn_norm", dt * T * h * 3, [mix], saved=dt * T * h / g.sp)
     load = expert_load * rank_expert_load(model, p)
     outs = _ffn_moe(g, model, T, p, n2, load) if layer.ffn == MOE else _ffn_dense(g, model, T, p, n2)
     g.elementwise("residual", dt * T * h * 3, outs)
@@ -409,9 +486,9 @@ def head_tasks(model: ModelSpec, parallel: ParallelConfig) -> LayerTasks:
     """Final norm, LM head GEMM and cross-entropy loss of the last stage (layer index ``num_layers``)."""
     p, h, dt, V = parallel, model.hidden_size, parallel.dtype_bytes, model.vocab_size
     T = p.tokens_per_microbatch
-    g = _Fwd(model.num_layers, dt)
-    n = g.elementwise("final_norm", dt * T * h * 2, [], saved=dt * T * h)
-    head = g.gemm("lm_head", T, h, V / p.tp, [n])
+    g = _new_fwd(model.num_layers, p, recompute=False)
+    n = g.elementwise("final_norm", dt * T * h * 2, [], saved=dt * T * h / g.sp)
+    head = g.gemm("lm_head", T, h, V / p.tp, [n], seq=True)
     # unfused: fp32 log-softmax saved for the backward; fused (TE/Megatron cross-entropy fusion): the gradient is
     # written in place into the bf16 logits during the forward, so only those are kept
     loss_saved = (dt if p.fused_cross_entropy else 4.0) * T * V / p.tp
@@ -442,7 +519,8 @@ def model_flops_per_iteration(model: ModelSpec, parallel: ParallelConfig) -> flo
     norms, convolutions and element-wise work are not model FLOPs. Computed on an unsharded
     (tp = ep = 1) decomposition of one micro-batch and scaled to the global batch.
     """
-    ref = parallel.replace(tp=1, ep=1, dp=1, pp=1, vpp=1, expert_load=None, recompute="none", dispatcher="alltoall")
+    ref = parallel.replace(tp=1, ep=1, dp=1, pp=1, vpp=1, expert_load=None, recompute="none", recompute_modules=(),
+                           dispatcher="alltoall", ep_spans_tp=False)
     per_mb = 0.0
     for lt in decompose(model, ref):
         per_mb += sum(t.flops for t in lt.F if t.op in MODEL_FLOP_OPS)

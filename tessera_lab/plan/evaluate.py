@@ -100,7 +100,7 @@ def dp_grad_sync_time(model: ModelSpec, cost_model: CostModel, stage: StagePlan,
         d, e = gpu_params(model, p, idx)
         dense, expert = dense + d, expert + e
     t = 0.0
-    for params, group, size in ((dense, "edp", p.ep * p.dp), (expert, "dp", p.dp)):
+    for params, group, size in ((dense, "edp", p.dense_dp), (expert, "dp", p.expert_dp)):
         if size > 1 and params > 0:
             t += cost_model.collective_time(Collective("all_reduce", params * p.grad_sync_bytes_per_param, group, size))
     return t

@@ -27,7 +27,8 @@ from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import model_flops_per_iteration, routing_load_note
 from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, evaluate
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
-from tessera_lab.plan.partition import Partition, PartitionProblem, score_boundaries, solve, uniform_boundaries
+from tessera_lab.plan.partition import (Partition, PartitionProblem, check_memory, score_boundaries, solve,
+                                       uniform_boundaries)
 from tessera_lab.plan.stages import PAIR_SEARCH_BUDGET, StageCostModel, build_stage_model, layer_pair_costs
 from tessera_lab.plan.vschedules import HAS_ZB_AUTO
 
@@ -122,6 +123,12 @@ class Plan:
                 "expert_load", "grouped_gemm", "fused_cross_entropy")},
             "notes": self.notes,
         }
+        # layout and memory fields, written only when set (plans without them read as before)
+        defaults = ParallelConfig()
+        for k in ("ep_placement", "ep_spans_tp", "sequence_parallel", "adam_moment_dtype", "recompute_modules"):
+            v = getattr(self.parallel, k)
+            if v != getattr(defaults, k):
+                d["parallel"][k] = list(v) if isinstance(v, tuple) else v
         if self.schedule_trials:
             d["schedule_trials"] = self.schedule_trials
         if self.reevaluation:
@@ -162,6 +169,7 @@ def make_plan(
     gpu: str = DEFAULT_GPU,
     profile=None,
     refine_budget: int = REFINE_BUDGET,
+    boundaries: Sequence[int] | None = None,
 ) -> Plan:
     """Plan a pipeline for ``model``.
 
@@ -179,6 +187,8 @@ def make_plan(
             simulation among them and the baselines that fit memory, and refine by simulation
             (``refine_budget`` simulations); the result is never slower than those starts, and the notes say
             where it started and why.
+        boundaries: with ``method = "uniform"``, a given split instead of the even one (``pp * vpp + 1`` layer
+            indices from 0 to ``num_layers``, e.g. a recipe's Megatron layout); checked against memory the same way.
         profile: a measured overlap profile (:func:`tessera_lab.overlap.profiles.load_profile`); layer-pair costs then
             come from it (measured efficiency transferred onto this model's scale) and the plan's ``costs`` name it.
 
@@ -223,7 +233,16 @@ def make_plan(
         objectives = ("bottleneck",)  # the same problem either way (the path cost needs one stage per rank)
     candidates = []
     for obj in objectives:
-        part = solve(_problem(model, parallel, cost_model, sm, obj), method, time_limit_s=time_limit_s)
+        if boundaries is not None:  # a given (recipe) split, scored and memory-checked as the even one is
+            if method != "uniform" or len(boundaries) != S + 1 or list(boundaries) != sorted(boundaries) or \
+                    boundaries[0] != 0 or boundaries[-1] != model.num_layers:
+                raise ConfigError(f"field 'boundaries' = {list(boundaries)} is out of range; allowed: with method "
+                                  f"'uniform', {S + 1} non-decreasing layer indices from 0 to {model.num_layers}")
+            problem = _problem(model, parallel, cost_model, sm, obj)
+            part = score_boundaries(problem, boundaries, method)
+            check_memory(problem, part)
+        else:
+            part = solve(_problem(model, parallel, cost_model, sm, obj), method, time_limit_s=time_limit_s)
         candidates.append((run(part, method), f"{method} optimum ({obj} objective)"))
     out: dict[str, Evaluation] = {}
     steady = _problem(model, parallel, cost_model, sm, "bottleneck")

@@ -51,8 +51,9 @@ Categories (GPU-seconds per iteration):
     Compute-lane events typed ``memory_wait`` (an observed run may record allocator / offload waits). The
     simulator models none: 0 for simulated plans.
 ``runtime_overhead``
-    Kernel launch and tail time (``kernel_launch_s`` of ``data/hardware/cost_model.json`` per compute task)
-    plus, for observed runs, the nominal observed time of each action beyond its predicted time
+    Kernel launch and tail time (``kernel_launch_s`` of ``data/hardware/cost_model.json`` per compute task),
+    the time a compute task waits on the host's eager kernel issue beyond its GPU time
+    (:mod:`tessera_lab.cost.host`), plus, for observed runs, the nominal observed time of each action beyond its predicted time
     (framework, Python, allocator), minus any time compute events overlap each other.
 ``non_model_work``
     Compute that is not model FLOPs: router, norms, element-wise ops, permute/unpermute, convolution,

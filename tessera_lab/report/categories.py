@@ -139,6 +139,7 @@ def lane_breakdown(
     contention: Contention,
     peak_flops: float,
     launch_s: float,
+    host_excess: Mapping[str, float] | None = None,
 ) -> ActionBreakdown:
     """Split the makespan of tasks run on the two lanes into capacity categories (seconds, one rank).
 
@@ -153,6 +154,8 @@ def lane_breakdown(
         order: issue order (keys); durations: standalone seconds per key; lanes: ``compute``/``comm``;
         deps: key -> keys it waits for; tasks: key -> :class:`~tessera_lab.model.tasks.Task` (op, FLOPs, collective).
         contention: the cost model's contention; peak_flops: FLOP/s; launch_s: seconds per compute kernel.
+        host_excess: key -> seconds a compute task waits on the host's eager kernel issue beyond its GPU time
+            (:meth:`tessera_lab.cost.analytic.CostModel.host_excess`), also ``runtime_overhead``.
     """
     classes = {k: kernel_class(t.op, t.is_comm) for k, t in tasks.items()}  # as the cost model runs them
     res = two_lane_makespan(tuple(order), durations, lanes, deps, contention, classes)
@@ -167,7 +170,7 @@ def lane_breakdown(
         if lanes[k] == "compute":
             comp_iv.append((s, e))
             parts["overlap_contention"] += (e - s) - d
-            launch = min(launch_s, d)
+            launch = min(launch_s + (host_excess or {}).get(k, 0.0), d)
             parts["runtime_overhead"] += launch
             rest = d - launch
             if t.op in MODEL_FLOP_OPS:
@@ -202,7 +205,8 @@ class _RecipeBuilder:
 
     def _run(self, order, durations, lanes, deps, tasks) -> ActionBreakdown:
         return lane_breakdown(order, durations, lanes, deps, tasks, contention=self.cm.contention,
-                              peak_flops=self.peak, launch_s=self.launch)
+                              peak_flops=self.peak, launch_s=self.launch,
+                              host_excess={k: self.cm.host_excess(t) for k, t in tasks.items()})
 
     def phase(self, entry: int, phase: str) -> ActionBreakdown:
         """Breakdown of a standalone F/B/W bundle in program order; ``entry`` indexes ``decompose`` (0 =

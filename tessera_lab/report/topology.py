@@ -102,7 +102,7 @@ def placement(parallel: ParallelConfig, cluster: Cluster | None = None):
     rows = []
     for pp_i in range(p.pp):
         for dp_i in range(p.dp):
-            for ep_i in range(p.ep):
+            for ep_i in range(p.grid.ep):  # ep / tp grid positions when the EP group spans the TP ranks
                 for tp_i in range(p.tp):
                     r = p.rank(pp_i, dp_i, ep_i, tp_i)
                     rows.append({"rank": r, "node": cluster.node_of(r), "local_gpu": r % cluster.gpus_per_node,
