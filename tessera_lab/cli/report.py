@@ -11,6 +11,7 @@ from tessera_lab.cli.common import add_json, add_plan_options, emit, model_from_
 from tessera_lab.model.hardware import Cluster
 from tessera_lab.plan.load import load_plan, model_from_name
 from tessera_lab.report.capacity import capacity_report, model_diff, parse_changes, save_report_figure
+from tessera_lab.report.routing_terms import load_routing_terms
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -29,10 +30,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         from tessera_lab.runner.capacity import observed_report
 
         data, text = observed_report(args.observed, getattr(args, "device", None))
-        emit(args, data, text)
+        terms = load_routing_terms(getattr(args, "dynamic", None))
+        data["routing_dynamic"] = terms.as_dict()
+        emit(args, data, text + "\n" + terms.format())
         return 0
     from tessera_lab.plan.make import make_plan
 
+    terms = load_routing_terms(getattr(args, "dynamic", None))  # bad files fail before any planning
     diff_changes = None
     if args.diff and "=" in args.diff and "[" not in args.diff and not args.diff.endswith(".json"):
         diff_changes = parse_changes(args.diff)  # bad changes fail before any planning
@@ -49,7 +53,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         plan = make_plan(model, parallel, cluster, method=args.method, baselines=(), gpu=args.gpu)
     rep = capacity_report(plan)
     result: dict[str, Any] = {"costs": plan.costs.as_dict(), "capacity": rep.as_dict(), "plan": plan.as_dict()}
-    text = "".join(f"plan: {line}\n" for line in plan.reevaluation) + rep.format()
+    result["routing_dynamic"] = terms.as_dict()
+    text = ("".join(f"plan: {line}\n" for line in plan.reevaluation) + rep.format() + "\n"
+            + terms.format(rep.iteration_time_s))
     if args.diff:
         other = args.diff
         if other.endswith(".json"):
@@ -86,6 +92,10 @@ def add_parser(sub) -> None:
                    help="with --lifecycle: training steps left after the stored ones (default 1000)")
     p.add_argument("--device", metavar="FILE", default=None,
                    help="with --observed: calibrated device whose GEMM rate is the peak (default data/devices/*.json)")
+    p.add_argument("--dynamic", metavar="FILE", action="append", default=None,
+                   help="routing variance and bubble after dynamic correction from 'simulate --routing SPEC --dynamic "
+                        "--json FILE' or 'run --dynamic --json FILE' (give twice: a run and its uniform-routing "
+                        "control); without it they print as 'not measured'")
     add_plan_options(p, DEFAULT_MODEL, DEFAULT_GPU)
     p.add_argument("--diff", metavar="OTHER",
                    help="compare with OTHER: a plan JSON, a model name, or changes like "

@@ -181,6 +181,12 @@ def routed_simulation(
               # rank left after dynamic correction
               "routing_variance_s": res.iteration_static_s - uni.iteration_static_s,
               "bubble_after_dynamic_s": res.idle_dynamic_s}
+    if grad_sync > 0:
+        result["grad_sync"] = {
+            "seconds_per_stage": grad_sync,
+            "placement_static": "after the rank's last action", "placement_dynamic": "after the stage's last W part",
+            "exposed_tail_static_s": sync_tail(res.timelines["static"]),
+            "exposed_tail_dynamic_s": sync_tail(res.timelines["dynamic"]), "timeline": "last simulated step"}
     rows = [
         {"plan": "static", "iteration (s)": res.iteration_static_s, "idle per rank (s)": res.idle_static_s,
          "bubble (% of iteration)": 100 * res.idle_static_s / res.iteration_static_s if res.iteration_static_s else 0.0},
@@ -201,8 +207,26 @@ def routed_simulation(
             f"{100 * (res.throughput_gain - static_part):+.2f}% (the extra under this routing)"
             f"\npredicted waits: mean |error| {s['gap_mae_s']:.4g} s ({100 * s['gap_rel_error']:.0f}% of realised wait); "
             f"steps slower than static on the realised routing: {slower}"
-            "\n(times in seconds if --f, --b and --w are seconds)")
+            + ("" if grad_sync <= 0 else
+               f"\nDP gradient reduce-scatter {grad_sync:g} per stage on the comm lane: static after the rank's last "
+               f"action, dynamic after the stage's last W part; exposed tail per rank (last step) "
+               f"{result['grad_sync']['exposed_tail_static_s']:.5g} -> {result['grad_sync']['exposed_tail_dynamic_s']:.5g}")
+            + "\n(times in seconds if --f, --b and --w are seconds)")
     return result, text, {"static": res.timelines["static"], "dynamic": res.timelines["dynamic"]}
+
+
+def sync_tail(timeline) -> float:
+    """Mean over ranks of the gradient reduce-scatter time after the rank's last compute (seconds; 0 for a rank
+    whose reduce-scatter ends before its compute does)."""
+    from tessera_lab.pipeline.passes import GRAD_RS
+
+    R = timeline.num_ranks or 1
+    tails = []
+    for r in range(R):
+        comp = max((e.end for e in timeline.events if e.rank == r and e.lane == "compute"), default=0.0)
+        rs = max((e.end for e in timeline.events if e.rank == r and e.type == GRAD_RS), default=comp)
+        tails.append(max(0.0, rs - comp))
+    return sum(tails) / R
 
 
 def add_parser(sub) -> None:

@@ -306,12 +306,13 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
     comm_free = [0.0] * R
     if grad_sync:
         rank_end = [max((e.end for e in events if e.rank == r and e.lane == "compute"), default=0.0) for r in range(R)]
+        ready = []  # (ready time, stage): each rank's comm lane takes its stages in the order they become final
         for s in range(S):
-            sec = float(grad_sync[s])
-            if sec <= 0:
-                continue
-            r = s2r[s]
-            after = rank_end[r] if controllers is None else last_w_end.get(s, rank_end[r])
+            if float(grad_sync[s]) > 0:
+                r = s2r[s]
+                ready.append((rank_end[r] if controllers is None else last_w_end.get(s, rank_end[r]), s))
+        for after, s in sorted(ready):
+            sec, r = float(grad_sync[s]), s2r[s]
             st = max(comm_free[r], after)
             events.append(Event(r, s, None, passes.GRAD_RS, st, st + sec, "comm", f"{passes.GRAD_RS}[{s}]"))
             comm_free[r] = st + sec

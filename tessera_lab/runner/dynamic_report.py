@@ -4,11 +4,13 @@ Jobs (same model, seeds, data and routing): ``static-t`` runs the schedule with 
 order of a full backward, ``split_backward(schedule, 0)``) and only records its waits (``gaps="observe"``);
 ``dynamic-t`` defers W to the end of each rank's list and lets the rank's controller pull them into receive waits
 (``gaps="fill"``, :mod:`tessera_lab.runner.gaps`). Trials alternate static, dynamic, static, ... so slow
-drifts of the shared machine hit both alike.
+drifts of the shared machine hit both alike. With replicas (``dp * ep > 1``, ``grad_sync="ordered"``) the dynamic
+side also sums gradients in per-stage chunks that its controller may launch in receive waits
+(:class:`~tessera_lab.runner.gaps.GradBuckets`); the static side keeps one end-of-step sum.
 
 Everything reported is observed on this machine (provenance ``observed``): step times (wall seconds of the step on
 its slowest rank, incl. gradient sync and optimizer), host idle (seconds a rank was blocked in a p2p receive
-wait, summed over ranks), and the error of the controller's predicted waits against the waits then observed.
+wait, or with the node-level pair handler ``scheduled`` also in an EP combine wait, summed over ranks), and the error of the controller's predicted waits against the waits then observed.
 Step 0 of every job is left out of the statistics (warm-up; the controller has no history there). A
 difference of medians counts as significant only when the interquartile ranges of the two sides do not overlap;
 otherwise it is reported as ``not significant``.
@@ -65,15 +67,16 @@ def _lag(job: dict) -> int:
     return max((r.get("group_lag_steps", 1) for st in job["gap_steps"] for r in st.values() if r), default=1)
 
 
-def dynamic_report(jobs: list[dict], trials: int, routing: str | None) -> dict[str, Any]:
+def dynamic_report(jobs: list[dict], trials: int, routing: str | None, world: Any = None) -> dict[str, Any]:
     """The comparison of :func:`dynamic_jobs`' results (job dicts of :class:`~tessera_lab.runner.results.
-    RunResult`)."""
+    RunResult`); ``world`` (a :class:`~tessera_lab.runner.specs.WorldSpec`) adds ``world`` (pp, ep, dp, ranks) so
+    readers can turn idle summed over ranks into idle per rank (``report --dynamic``)."""
     by = {j["name"]: j for j in jobs}
     steps = len(by["static-0"]["losses"])
     obs = list(range(1, steps)) if steps > 1 else [0]
     side: dict[str, dict] = {}
     for kind in ("static", "dynamic"):
-        times, idle, errs, fills, forced, observed = [], [], [], 0, 0, []
+        times, idle, errs, fills, forced, observed, chunks = [], [], [], 0, 0, [], 0
         for t in range(trials):
             j = by[f"{kind}-{t}"]
             times += [j["step_times_s"][s] for s in obs]
@@ -85,13 +88,14 @@ def dynamic_report(jobs: list[dict], trials: int, routing: str | None) -> dict[s
                     if r:
                         fills += r["decisions"].get("fill", 0)
                         forced += r["decisions"].get("forced", 0)
+                        chunks += (r.get("grad_buckets") or {}).get("launched_in_waits", 0)
                         observed += list(r["observed"].values())
         side[kind] = {"step_time": _stats(times), "host_idle_per_step": _stats(idle),
                       "gap_prediction": {"mean_abs_error_s": float(np.mean(errs)) if errs else 0.0,
                                          "mean_observed_wait_s": float(np.mean(observed)) if observed else 0.0,
                                          "slots": len(errs), "predictor": "last-step",
                                          "lag_steps": _lag(by[f"{kind}-0"])},
-                      "w_filled": fills, "w_forced_by_cap": forced}
+                      "w_filled": fills, "w_forced_by_cap": forced, "grad_sync_chunks_in_waits": chunks}
     s, d = side["static"]["step_time"], side["dynamic"]["step_time"]
     gain = (s["median_s"] - d["median_s"]) / s["median_s"] if s["median_s"] > 0 else 0.0
     significant = d["q3_s"] < s["q1_s"] or s["q3_s"] < d["q1_s"]
@@ -108,8 +112,11 @@ def dynamic_report(jobs: list[dict], trials: int, routing: str | None) -> dict[s
         - side["dynamic"]["host_idle_per_step"]["median_s"],
         "losses": ref, "losses_bitwise_equal_to_static": bitwise,
         "machine_load_1m": os.getloadavg()[0],
-        "not_done": "W only fills p2p receive waits (not combine waits inside node programs); waits are not folded "
-                    "into the EP count exchange, so ranks of a group may decide differently (W has no collective)",
+        **({} if world is None else {"world": {"pp": world.pp, "ep": world.ep, "dp": world.dp,
+                                               "ranks": world.pp * world.ep * world.dp}}),
+        "not_done": "EP combine waits are filled (with W only) only under --pair-exec scheduled (node-level "
+                    "pairs); a gradient-sync chunk can launch in a wait only on ranks holding several stages "
+                    "(interleaved, DualPipeV)",
     }
 
 
@@ -130,7 +137,8 @@ def format_dynamic(rep: dict[str, Any]) -> str:
              f"{d['gap_prediction']['lag_steps']} steps): mean |error| "
              f"{d['gap_prediction']['mean_abs_error_s'] * 1e3:.2f} ms vs mean observed wait "
              f"{d['gap_prediction']['mean_observed_wait_s'] * 1e3:.2f} ms over {d['gap_prediction']['slots']} slots; "
-             f"W filled {d['w_filled']}, forced by the cap {d['w_forced_by_cap']}",
+             f"W filled {d['w_filled']}, forced by the cap {d['w_forced_by_cap']}; gradient-sync chunks launched "
+             f"in waits {d.get('grad_sync_chunks_in_waits', 0)}",
              "losses " + ("bitwise equal to the static run" if rep["losses_bitwise_equal_to_static"]
                           else "DIFFER from the static run")]
     for name, r in rep.get("reference", {}).items():

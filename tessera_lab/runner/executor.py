@@ -219,6 +219,8 @@ class PipelineExecutor:
         prog = StageProgram(self.stages[s], i, self.stages[s].comm, record, self._now,
                             targets=self._targets.get(i) if s == self.S - 1 else None, num_tokens=self.N,
                             loss_sink=sink, on_counts=self.dispatch_hook)
+        if self.gaps is not None:
+            prog.wait_hook = self.gaps.wait_node
         prog.begin(inp)
         return prog
 

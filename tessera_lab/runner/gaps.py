@@ -17,7 +17,27 @@ group maximum to its controller at the end of that step. Decisions use only thos
 and readiness (the same on every rank of the group), never a local clock, so every rank of a group decides
 identically. No oracle: predictions lag two steps (step t uses the group's waits of step t - 2); steps 0 and 1
 have no history and run the static placement (plus the cap). Without EP (ep = 1) a rank is its own group and the
-lag is one step. Not done: filling combine waits inside node-level programs, DP reduce-scatter chunks.
+lag is one step.
+
+Combine waits (node-level pair handler ``scheduled``, :mod:`tessera_lab.runner.nodes`): a program's wait for an EP
+combine all-to-all calls :meth:`GapFiller.wait_node`. Such waits get slots of their own, numbered in the order they
+occur in a step (``NODE_SLOT_BASE + n``; the same on every rank of a group, which runs the same node order); they
+are learnt in step 0 and join the group's numbers from then on. In them only W whose I finished before the
+current action may run (the action in progress may have deferred part of its own W already); no gradient-sync
+chunk launches there. A W run in such a wait is recorded inside the node that waits.
+
+Gradient-sync chunks (:class:`GradBuckets`, ``grad_sync="ordered"`` with replicas, ``dp * ep > 1``): the
+replica gradient sum is cut into buckets, one per (stage of this rank, dense | expert) in the order of the
+stages' last backward in the list. A bucket is final once every backward (B / I, alone or in a pair) and
+every W of its stage has run. In a receive wait with a predicted wait > 0 (the group's numbers, as for W), after
+the W fills, the filler launches the next buckets in order whose stage is final, as asynchronous collectives
+(``all_gather`` of the flat gradients; the wait itself hides them), while the gather buffers in flight stay
+within the memory cap ``cap_bytes`` (default: what the static end-of-step sync allocates at once, so the dynamic
+run never holds more). :meth:`GradBuckets.finish` (end of step) launches the rest in the same order, waits, and
+sums each bucket in replica order: element for element the sum of the static sync, so gradients stay bitwise
+equal. Every rank issues the buckets of a group in the same order, so the collectives match whichever slot each
+rank launched them in. Only ranks holding several stages (interleaved, DualPipeV) have waits after a stage's
+gradients are final; with one stage per rank all buckets launch at the end of the step.
 Times are float seconds.
 """
 
@@ -31,7 +51,122 @@ from tessera_lab.pipeline.schedules import Action, ActionType
 
 from .layers import WEIGHT_GRAD_STORE
 
-__all__ = ["GapFiller"]
+__all__ = ["GapFiller", "GradBuckets", "NODE_SLOT_BASE"]
+
+#: slot ids of combine waits inside node programs start here (above any action index)
+NODE_SLOT_BASE = 1_000_000
+
+
+class GradBuckets:
+    """Replica gradient sum in buckets launched in gaps (module docstring).
+
+    Args:
+        actions: the rank's top-level action list (as for :class:`GapFiller`).
+        stage_params: stage -> that stage's ``(name, parameter)`` list on this rank (a parameter listed under
+            several stages belongs to the one whose gradients become final last).
+        groups: ``(dense group, dense size, expert group, expert size)``; a group of None or size 1 is not
+            reduced (the static :func:`~tessera_lab.runner.train.sync_grads` rule).
+        is_expert: ``is_expert(name)``: the parameter is reduced over the expert (DP) group.
+        microbatches: m (W per stage).
+        cap_bytes: most gather-buffer bytes in flight (None: the static sync's, all buckets at once).
+    """
+
+    def __init__(self, actions, stage_params, groups, is_expert, microbatches: int, cap_bytes: int | None = None):
+        import torch
+
+        self._torch = torch
+        last: dict[int, int] = {}  # stage -> index of its last backward (B / I, alone or in a pair)
+        last_any: dict[int, int] = {}  # ... or W (tie-break of the bucket order)
+        for k, a in enumerate(actions):
+            for x in (a.sub_actions or (a,)):
+                if x.stage in stage_params and x.type in (ActionType.B, ActionType.I, ActionType.W):
+                    last_any[x.stage] = k
+                    if x.type is not ActionType.W:
+                        last[x.stage] = k
+        order = sorted(stage_params, key=lambda s: (last.get(s, len(actions)), last_any.get(s, len(actions)), s))
+        owner: dict[int, int] = {}
+        for s in order:
+            for _, p in stage_params[s]:
+                owner[id(p)] = s
+        dg, dn, eg, en = groups
+        self.buckets = []  # (stage, group, size, params)
+        for s in order:
+            seen: set[int] = set()
+            dense, expert = [], []
+            for n, p in stage_params[s]:
+                if owner[id(p)] != s or id(p) in seen:
+                    continue
+                seen.add(id(p))
+                (expert if is_expert(n) else dense).append(p)
+            for grp, size, ps in ((dg, dn, dense), (eg, en, expert)):
+                if ps and grp is not None and size > 1:
+                    self.buckets.append((s, grp, size, ps))
+        self.m = microbatches
+        self.w_static = {s: {x.microbatch for k, a in enumerate(actions) for x in (a.sub_actions or (a,))
+                             if x.type is ActionType.W and x.stage == s} for s in stage_params}
+        self.last = last
+        self.bytes = [size * sum(p.numel() for p in ps) * 4 for _, _, size, ps in self.buckets]
+        self.cap_bytes = sum(self.bytes) if cap_bytes is None else int(cap_bytes)
+        self.begin_step()
+
+    def begin_step(self) -> None:
+        self.launched: list[tuple] = []  # (bucket index, flat, parts, work)
+        self.in_gap: list[int] = []  # buckets launched in a wait, by slot
+        self._next = 0
+
+    def _final(self, s: int, slot: int, w_done: set) -> bool:
+        """Every backward of stage ``s`` sits before ``slot`` and every W of it has run."""
+        return self.last.get(s, -1) < slot and all((s, mb) in w_done for mb in self.w_static.get(s, ()))
+
+    def _launch(self) -> None:
+        torch = self._torch
+        import torch.distributed as dist
+
+        b = self._next
+        _, grp, size, ps = self.buckets[b]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in ps])
+        parts = [torch.empty_like(flat) for _ in range(size)]
+        work = dist.all_gather(parts, flat, group=grp, async_op=True)
+        self.launched.append((b, flat, parts, work))
+        self._next += 1
+
+    def next_stage(self) -> int | None:
+        """Stage of the next bucket to launch (None: all launched)."""
+        return self.buckets[self._next][0] if self._next < len(self.buckets) else None
+
+    def in_flight_bytes(self) -> int:
+        return sum(self.bytes[b] for b, *_ in self.launched)
+
+    def fill(self, slot: int, w_done: set) -> int:
+        """Launch, in order, the buckets whose stage is final before action ``slot`` while within the cap;
+        returns how many were launched."""
+        n = 0
+        while self._next < len(self.buckets):
+            s = self.buckets[self._next][0]
+            if not self._final(s, slot, w_done):
+                break
+            if self.in_flight_bytes() + self.bytes[self._next] > self.cap_bytes:
+                break
+            self.in_gap.append(self._next)
+            self._launch()
+            n += 1
+        return n
+
+    def finish(self) -> None:
+        """End of step: launch the remaining buckets in order, wait, sum each in replica order into ``.grad``."""
+        while self._next < len(self.buckets):
+            self._launch()
+        for b, flat, parts, work in self.launched:
+            work.wait()
+            acc = parts[0].clone()
+            for q in parts[1:]:
+                acc = acc + q
+            off = 0
+            for p in self.buckets[b][3]:
+                n = p.numel()
+                p.grad = acc[off:off + n].view_as(p).clone()
+                off += n
+        self.launched = []
 
 
 class GapFiller:
@@ -68,6 +203,15 @@ class GapFiller:
         self._outgoing: list[int] | None = None
         self._incoming: list[list[int]] | None = None
         self._sent = True
+        self.buckets: GradBuckets | None = None  # gradient-sync chunks (set by the job when replicas sync)
+        # I / B keys finished before each action (what a wait inside action k may flush)
+        self.i_before: list[frozenset] = []
+        done_i: set = set()
+        for a in actions:
+            self.i_before.append(frozenset(done_i))
+            done_i |= {(x.stage, x.microbatch) for x in (a.sub_actions or (a,))
+                       if x.type in (ActionType.I, ActionType.B)}
+        self._node_slots_learnt = False
 
     # -- step boundaries ------------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -79,6 +223,9 @@ class GapFiller:
         self._w_obs: dict[int, list[float]] = {}
         self.filled: list[str] = []
         self._sent, self._incoming = False, None
+        self._node_n = 0
+        if self.buckets is not None:
+            self.buckets.begin_step()
 
     # -- the count-exchange piggyback -------------------------------------------------------------
     def _piggyback(self) -> list[int] | None:
@@ -103,7 +250,13 @@ class GapFiller:
                "idle": {str(k): v for k, v in self.idle.items()},
                "decisions": dict(self.ctl.decisions), "cap": self.cap if self.fill else None,
                "filled": list(self.filled), "group_lag_steps": 2 if self.comm is not None else 1}
+        if self.buckets is not None:
+            rec["grad_buckets"] = {"count": len(self.buckets.buckets), "launched_in_waits": len(self.buckets.in_gap),
+                                   "cap_bytes": self.buckets.cap_bytes}
         own_w = {s: sum(xs) / len(xs) for s, xs in self._w_obs.items()}
+        if not self._node_slots_learnt:  # step 0: the combine waits of a step become slots of their own
+            self._node_slots_learnt = True
+            self.slots = self.slots + [NODE_SLOT_BASE + n for n in range(self._node_n)]
         if self.comm is None:
             self._fold(self.waits, own_w)
         else:
@@ -130,9 +283,18 @@ class GapFiller:
         self.done.add((x.stage, x.microbatch))
         self._w_obs.setdefault(x.stage, []).append(seconds)
 
-    def _oldest_ready(self):
-        """The first W of the list not run yet whose I has run (None if that W is not ready: order is kept)."""
+    def _oldest_ready(self, complete: frozenset | None = None):
+        """The first W of the list not run yet whose I has run (None if that W is not ready: order is kept).
+        With gradient buckets, the W of the next bucket's stage come first once all its backwards have run (so
+        its bucket can launch in this wait); W of one stage still run in micro-batch order."""
         pending = set(WEIGHT_GRAD_STORE.pending())
+        if complete is not None:  # inside an action: only W whose I finished before it
+            pending &= complete
+        b = self.buckets.next_stage() if self.buckets is not None else None
+        if b is not None and self.buckets.last.get(b, -1) < self.slot:
+            for k, a in self.w_list:
+                if a.stage == b and (a.stage, a.microbatch) not in self.done:
+                    return (k, a) if (a.stage, a.microbatch) in pending else None
         for k, a in self.w_list:
             key = (a.stage, a.microbatch)
             if key in self.done:
@@ -149,26 +311,43 @@ class GapFiller:
             self.ctl.forced()
             self.run_w(nxt[1], "forced")
 
+    def wait_node(self, work, node: str) -> None:
+        """A node program's wait for all-to-all ``work`` (``node``: its name): combine waits are filled like
+        receive waits, in a slot of their own; other waits just wait."""
+        if "combine" not in node:
+            work.wait()
+            return
+        sid = NODE_SLOT_BASE + self._node_n
+        self._node_n += 1
+        k = self.slot if 0 <= self.slot < len(self.i_before) else 0
+        self._fill_wait(work, sid, self.i_before[k], f"c{sid - NODE_SLOT_BASE}")
+
     def wait(self, work) -> None:
         """Wait for receive ``work``, running W in the gap when the controller says they fit."""
+        self._fill_wait(work, self.slot, None, str(self.slot))
+
+    def _fill_wait(self, work, slot: int, complete: frozenset | None, tag: str) -> None:
         t0 = self.clock()
         used = 0.0  # planned W seconds so far in this wait (not a local clock: the group decides alike)
         while self.fill:
-            nxt = self._oldest_ready()
+            nxt = self._oldest_ready(complete)
             if nxt is None:
                 break
             k, a = nxt
             sec = self.w_seconds.get(a.stage)
             if sec is None:  # never observed: no estimate, no fill
                 break
-            name = self.ctl.in_wait(self.slot, used, None, (str(a), sec), later_slot=self.after[k])
+            name = self.ctl.in_wait(slot, used, None, (str(a), sec), later_slot=self.after[k])
             if name is None:
                 break
             used += sec
-            self.filled.append(f"{self.slot}:{a}")
+            self.filled.append(f"{tag}:{a}")
             self.run_w(a, "fill")
+        if (complete is None and self.fill and self.buckets is not None
+                and self.ctl.predicted.get(slot, 0.0) > 0):
+            self.buckets.fill(slot, self.done)
         tb = time.perf_counter()
         work.wait()
         blocked = time.perf_counter() - tb
-        self.waits[self.slot] = self.waits.get(self.slot, 0.0) + (self.clock() - t0)
-        self.idle[self.slot] = self.idle.get(self.slot, 0.0) + blocked
+        self.waits[slot] = self.waits.get(slot, 0.0) + (self.clock() - t0)
+        self.idle[slot] = self.idle.get(slot, 0.0) + blocked

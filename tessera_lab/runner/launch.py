@@ -295,7 +295,7 @@ def _run_dynamic(world: WorldSpec, job: RunSpec, args: argparse.Namespace) -> in
     except RunnerError as exc:
         print(f"tessera-lab run: error: {exc}", file=sys.stderr)
         return 1
-    rep = dynamic_report(result.jobs, args.trials, args.routing)
+    rep = dynamic_report(result.jobs, args.trials, args.routing, world)
     for name in ("static-0", "dynamic-0"):
         ref = result.job(name).get("reference")
         if ref:

@@ -102,6 +102,8 @@ class StageProgram:
         self.input_grad: torch.Tensor | None = None
         self._embed_out = self._head_in = None
         self._g: dict[str, Any] = {}
+        #: ``wait_hook(work, node)`` replaces ``work.wait()`` in all-to-all waits (run --dynamic fills them)
+        self.wait_hook: Callable[[Any, str], None] | None = None
 
     # -- helpers ----------------------------------------------------------------------------------
     def _a2a(self, node: str, x: torch.Tensor, out_splits, in_splits, group) -> None:
@@ -114,7 +116,10 @@ class StageProgram:
     def _wait(self, node: str) -> torch.Tensor:
         work, out, issued, label = self.pending.pop(node)
         t = self.clock()
-        work.wait()
+        if self.wait_hook is not None:
+            self.wait_hook(work, node)
+        else:
+            work.wait()
         end = self.clock()
         self.record("wait", "a2a_wait", label, t, end)
         self.record("comm", "ep_a2a", label, issued, end)

@@ -111,6 +111,13 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
     ex = PipelineExecutor(topo, sched, stages, (mbs, T, cfg.hidden_size), N, overlap=spec.overlap, fault=spec.fault,
                           pair_exec=spec.pair_exec, pair_order=spec.pair_order,
                           w_cap=(spec.w_cap or world.pp) if spec.gaps else None, fill=spec.gaps == "fill")
+    buckets = None  # run --dynamic: the replica gradient sum in chunks launched in receive waits (runner/gaps.py)
+    if ex.gaps is not None and ex.gaps.fill and spec.grad_sync == "ordered" and topo.replicas > 1:
+        from .gaps import GradBuckets
+
+        buckets = ex.gaps.buckets = GradBuckets(
+            ex.gaps.actions, {s: [(names[id(p)], p) for p in stages[s].parameters()] for s in my_stages},
+            (topo.replica_group, topo.replicas, topo.dp_group, topo.dp), is_expert_param, m)
     route_log: list = []
     for s in my_stages:
         for layer in stages[s].layers:
@@ -130,7 +137,10 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
             t0 = time.perf_counter()
             rec = ex.run_step(step, inputs, targets, t0)
             t_sync = time.perf_counter()
-            sync_grads(named, topo, spec.grad_sync)
+            if buckets is not None:
+                buckets.finish()
+            else:
+                sync_grads(named, topo, spec.grad_sync)
             if spec.save_grads and step == 0 and out_dir:
                 torch.save({n: p.grad.detach().cpu().clone() for n, p in named},
                            Path(out_dir) / f"grads_{spec.name or 'job'}_rank{topo.rank}.pt")
