@@ -55,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int_at_least("repeats", 1), default=5, help="timed repetitions (default 5)")
     p.add_argument("--warmup", type=int_at_least("warmup", 0), default=1, help="untimed repetitions (default 1)")
     p.add_argument("--size-factor", type=_size_factor, default=None,
-                   help="multiply widths and sequence length (default: cpu 0.125, cuda and analytic 1.0)")
+                   help="multiply widths and sequence length (default: cpu 0.125, cuda and analytic 1.0; a runner "
+                        "model tiny-* is measured at its own shapes and sequence length, factor 1.0)")
     p.add_argument("--ep", type=int_at_least("ep", 1), default=8,
                    help="EP group size (cpu/cuda: that many processes measure, 1..8; default 8)")
     p.add_argument("--tp", type=int_at_least("tp", 1), default=1)
@@ -106,9 +107,18 @@ def cmd_measure(args: argparse.Namespace) -> int:
     from tessera_lab.overlap.profiles import update_profile
 
     model = load_model(args.model)
-    parallel = ParallelConfig(ep=args.ep, tp=args.tp, seq_len=args.seq_len, micro_batch_size=args.micro_batch_size,
+    seq_len, default_f = args.seq_len, DEFAULT_SIZE_FACTOR[args.backend]
+    if args.backend != "analytic":
+        from tessera_lab.errors import ConfigError as _CE
+        from tessera_lab.runner.predict import runner_model_config
+
+        try:  # a runner model (data/models/tiny-*.json) is measured at its own shapes
+            seq_len, default_f = runner_model_config(args.model)[1]["seq_len"], 1.0
+        except _CE:
+            pass
+    parallel = ParallelConfig(ep=args.ep, tp=args.tp, seq_len=seq_len, micro_batch_size=args.micro_batch_size,
                               pp=1, dp=1)
-    f = args.size_factor if args.size_factor is not None else DEFAULT_SIZE_FACTOR[args.backend]
+    f = args.size_factor if args.size_factor is not None else default_f
     kwargs: dict[str, Any] = {}
     if args.backend == "analytic":
         kwargs["cost_model"] = CostModel(cluster_for(parallel, args.gpu), parallel)
