@@ -557,7 +557,8 @@ def fit_title(ax, text: str, fontsize: float = 10) -> None:
 
     width_in = ax.get_position().width * ax.figure.get_figwidth()
     chars = max(12, int(width_in * 105 / fontsize))
-    lines = [wrapped for line in text.split("\n") for wrapped in (textwrap.wrap(line, chars) or [""])]
+    lines = [wrapped for line in text.split("\n")
+             for wrapped in (textwrap.wrap(line, chars, break_on_hyphens=False) or [""])]
     ax.set_title("\n".join(lines), fontsize=fontsize)
 
 
