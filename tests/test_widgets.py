@@ -80,7 +80,7 @@ def test_quickstart_table_marks_partitions_that_do_not_fit():
 
     plan = replan(expert_width=2048, pp=12, microbatches=34)
     table = summary_table(plan)
-    assert list(table.columns) == ["iteration (s)", "tokens/s (M)", "MFU", "bubble fraction", "slowest stage (ms)",
+    assert list(table.columns) == ["iteration (s)", "tokens/s (M)", "MFU (%)", "bubble fraction", "slowest stage (ms)",
                                    "layers per stage", "fits memory"]
     for name, ev in [("overlap-aware (ilp)", plan.chosen), *plan.baselines.items()]:
         assert table.loc[name, "fits memory"] == ("yes" if ev.fits_memory else "NO")
