@@ -355,7 +355,7 @@ def main() -> None:
             print(f"{run['id']}: not planned: {exc}")
     print("costs: analytic (cost model of data/hardware/cost_model.json; no measured profile)")
     print("Model TFLOP/s per GPU: Megatron-LM's model-FLOPs convention (the pages' metric); error = predicted / "
-          "published - 1; fits: peak <= capacity")
+          "published - 1; fits: peak <= capacity (MTP: n/a where the recipe has no MTP layer)")
     print(tabulate_mod.tabulate(table_rows(rows), headers=HEADERS, tablefmt="simple", disable_numparse=True,
                                 colalign=("left",) * 3 + ("right",) * 7 + ("left",) * 2))
     print("\nper run: source and how it was planned")
