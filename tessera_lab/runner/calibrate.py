@@ -8,9 +8,12 @@ Measured (lower quartiles of ``repeats`` timings after one warm-up; one thread, 
 * the embedding and the final norm + LM head + loss;
 * GEMM throughput (``torch.mm`` at ``(tokens, H) x (H, 4H)``) and memory throughput (a copy of 32 MiB);
 * gloo in ``max(group_sizes)`` spawned processes: point-to-point one-way time (half a ping-pong) at three
-  sizes, and ``all_to_all_single`` at each group size at three sizes; each fitted as ``alpha + bytes / beta``.
+  sizes, with the CPU time of one send or receive (``cpu_per_op_s``) and the CPU share of a blocked receive
+  (``wait_cpu_share``: measured ~0.01 here, gloo's waits sleep), and ``all_to_all_single`` at each group size at three sizes; each fitted as ``alpha + bytes / beta``.
 
-These calibration runs are microbenchmarks, disjoint from any runner job a prediction is checked against.
+* the runner's own CPU work per step (:func:`_runner_cpu`: one-stage runner jobs at EP 1 and 2).
+
+These calibration runs are microbenchmarks and one-stage jobs, disjoint from any runner job a prediction is checked against.
 """
 
 from __future__ import annotations
@@ -151,12 +154,14 @@ def _comm_worker(rank: int, world: int, store: str, sizes: list[int], groups: li
                             timeout=_dt.timedelta(seconds=120))
     out: dict[str, Any] = {"p2p": [], "a2a": {}}
     warm = 3  # untimed rounds per size: the first messages of a gloo pair pay connection set-up
+    cpu_ops = []  # CPU seconds of one send or receive on this rank (process_time: every thread)
     for n in sizes:  # ping-pong 0 <-> 1
         buf = torch.zeros(max(1, n // 4))
         ts = []
         for r in range(repeats + warm):
             dist.barrier()
             t0 = time.perf_counter()
+            c0 = time.process_time()
             if rank == 0:
                 dist.send(buf, 1)
                 dist.recv(buf, 1)
@@ -165,8 +170,27 @@ def _comm_worker(rank: int, world: int, store: str, sizes: list[int], groups: li
                 dist.send(buf, 0)
             if r >= warm:
                 ts.append((time.perf_counter() - t0) / 2)
+                if rank < 2:
+                    cpu_ops.append((time.process_time() - c0) / 2)
         if rank == 0:
             out["p2p"].append([buf.numel() * 4, statistics.median(ts)])
+    # does a blocked receive consume CPU (spinning) or sleep? rank 1 waits while rank 0 sleeps, then sends
+    buf = torch.zeros(64)
+    shares = []
+    for _ in range(5):
+        dist.barrier()
+        if rank == 0:
+            time.sleep(0.02)
+            dist.send(buf, 1)
+        elif rank == 1:
+            w0, c0 = time.perf_counter(), time.process_time()
+            dist.recv(buf, 0)
+            shares.append((time.process_time() - c0) / max(time.perf_counter() - w0, 1e-9))
+    box = [None] * world
+    dist.all_gather_object(box, statistics.median(shares) if shares else None)
+    out["p2p_wait_cpu_share"] = box[1]
+    dist.all_gather_object(box, statistics.median(cpu_ops) if cpu_ops else None)
+    out["p2p_cpu_per_op_s"] = statistics.median([x for x in box[:2] if x is not None] or [0.0])
     for g in groups:
         grp = dist.new_group(list(range(g)))
         if rank < g:
@@ -246,6 +270,10 @@ def _comm(cfg: TinyConfig, mbs: int, groups: Sequence[int], repeats: int) -> dic
     raw = q.get()
     p2p = _fit([(x, t) for x, t in raw["p2p"]])
     p2p["samples"] = raw["p2p"]
+    if raw.get("p2p_wait_cpu_share") is not None:
+        p2p["wait_cpu_share"] = min(1.0, max(0.0, float(raw["p2p_wait_cpu_share"])))
+    if raw.get("p2p_cpu_per_op_s") is not None:
+        p2p["cpu_per_op_s"] = float(raw["p2p_cpu_per_op_s"])
     a2a = {}
     for g, pts in raw["a2a"].items():
         a2a[g] = _fit([(x, t) for x, t in pts])
@@ -253,6 +281,67 @@ def _comm(cfg: TinyConfig, mbs: int, groups: Sequence[int], repeats: int) -> dic
         if g in raw.get("in_situ", {}):
             a2a[g]["in_situ"] = raw["in_situ"][g]
     return {"p2p": p2p, "all_to_all": a2a, "comm_world": world}
+
+
+def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, microbatches: int = 4,
+                steps: int = 8) -> dict[str, Any]:
+    """CPU work of the runner's own execution (node-level actions, p2p posting, gloo threads) per process and
+    step, against the layer microbenchmarks: calibration jobs of one pipeline stage (``pp = 1``, all layers on
+    one rank, 1F1B) at each EP size, run twice (2 and ``2 + steps`` steps) so that the difference of the
+    workers' CPU time (``getrusage`` of the children: every thread, not inflated by waiting for a core) is the
+    CPU-seconds of ``steps`` steps. ``factor = (cpu - optimizer) / microbenchmark work``; ``blocked_s``: the
+    iteration minus its CPU work at the processor-sharing speed ``min(1, available cores / processes)``
+    (CPU work in CPU-seconds at the reference core speed ``speed_ref``, :func:`tessera_lab.runner.probe.
+    cpu_speed` before the first job: the speed of a virtual core varies with its host's load)
+    (:func:`tessera_lab.runner.probe.available_cores`, measured before): time blocked on all-to-all peers,
+    per layer and F or B action. These jobs
+    (pp = 1) are never among the validated ones (pp >= 2)."""
+    import resource
+
+    from tessera_lab.cost.device import layer_times
+
+    from .probe import available_cores, cpu_speed
+    from .spawn import spawn
+    from .specs import RunSpec, WorldSpec
+
+    d = cfg.as_dict()
+    tokens = mbs * cfg.seq_len
+    ex = device["extras"]
+    mono = microbatches * (sum(sum(layer_times(device, d, k, tokens)[ph] for ph in ("F", "B"))
+                               for k in cfg.layer_kinds())
+                           + ex["embed_F_s"] + ex["embed_B_s"] + ex["head_F_s"] + ex["head_B_s"])
+    out: dict[str, Any] = {}
+    speed_ref = None
+    for ep in eps:
+        cpu, jobs = [], []
+        probe = available_cores(os.cpu_count() or 1)
+        avail = probe["cores_available"]
+        speed = cpu_speed()
+        if speed_ref is None:
+            speed_ref = speed
+        for n in (2, 2 + steps):
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            res = spawn(WorldSpec(pp=1, ep=ep, timeout_s=120),
+                        [RunSpec(name="cal", model=d, schedule="1f1b", microbatches=microbatches,
+                                 micro_batch_size=mbs, steps=n, pair_exec="scheduled")], timeout_s=600)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu.append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
+            jobs.append(res.job("cal"))
+        per = max(0.0, cpu[1] - cpu[0]) / steps / ep
+        ev = [e for e in jobs[1]["events"] if e["step"] >= 1]
+        opt = statistics.median([e["end"] - e["start"] for e in ev if e["lane"] == "step"] or [0.0])
+        its = [max(e["end"] for e in ev if e["step"] == st and e["lane"] == "compute")
+               for st in sorted({e["step"] for e in ev})]
+        it = statistics.median(its)
+        work = max(1e-9, per - opt) * speed / speed_ref  # in CPU-seconds at the reference speed
+        rate = min(1.0, avail / ep)  # processor sharing of the cores available to the calibration job
+        out[str(ep)] = {"cpu_per_step_s": per, "optimizer_s": opt, "iteration_s": it,
+                        "microbenchmark_work_s": mono, "factor": work / mono, "cores_available": avail,
+                        "cpu_speed": speed,
+                        "blocked_s": max(0.0, it - work / rate) / (microbatches * 2 * cfg.num_layers),
+                        "steps": steps, "microbatches": microbatches, "processes": ep}
+    out["speed_ref"] = speed_ref
+    return out
 
 
 def calibrate(cfg: TinyConfig | None = None, *, name: str = "cpu", micro_batch_size: int = 2,
@@ -276,6 +365,8 @@ def calibrate(cfg: TinyConfig | None = None, *, name: str = "cpu", micro_batch_s
         layers, extras = _layer_points(cfg, micro_batch_size, repeats)
         thr = _throughput(cfg, micro_batch_size, repeats)
     comm = _comm(cfg, micro_batch_size, [g for g in group_sizes if g >= 2], repeats)
+    runner_cpu = _runner_cpu({"layers": layers, "extras": extras}, cfg, micro_batch_size,
+                             sorted({1, *[g for g in group_sizes if 2 <= g <= 2]}))
     # the share of a core over the whole calibration: the probes before and after, averaged
     probe = (probe + cpu_probe(1)) / 2
     probe_world = {k: (v + cpu_probe(int(k))) / 2 for k, v in probe_world.items()}
@@ -283,6 +374,7 @@ def calibrate(cfg: TinyConfig | None = None, *, name: str = "cpu", micro_batch_s
     return {
         "kind": "calibrated_device", "schema_version": DEVICE_SCHEMA, "name": name,
         "layers": layers, "extras": extras, "throughput": thr, "p2p": comm["p2p"], "all_to_all": comm["all_to_all"],
+        "runner_cpu": runner_cpu,
         "metadata": {**env, "torch": torch.__version__, "cores": os.cpu_count(),
                      "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                      "model": cfg.as_dict(), "micro_batch_size": micro_batch_size, "repeats": repeats,

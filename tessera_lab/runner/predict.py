@@ -10,28 +10,43 @@ from tessera_lab.cost.device import a2a_entry, alpha_beta, cost_source, layer_ti
 from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline.passes import split_backward
 from tessera_lab.pipeline.schedules import build_schedule, canonical_name
-from tessera_lab.pipeline.simulate import simulate, stage_durations
+from tessera_lab.pipeline.simulate import stage_durations
 from tessera_lab.plan.partition import uniform_boundaries
 
-__all__ = ["predict_runner", "balanced_boundaries", "oversubscription", "device_plan"]
+__all__ = ["predict_runner", "balanced_boundaries", "oversubscription", "device_plan", "available_cores",
+           "runner_cpu_entry"]
 
 
 def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int, ep: int, dp: int = 1,
                    schedule: str = "1f1b", microbatches: int = 4, micro_batch_size: int = 2,
                    boundaries: Sequence[int] | None = None, vpp: int | None = None,
                    defer_w: bool = False, machine_load: float | None = None,
-                   cpu_probe_s: float | None = None) -> dict[str, Any]:
-    """Predicted iteration time of a runner job (seconds) and its parts (module docstring).
+                   cpu_probe_s: float | None = None, cores_available: float | None = None) -> dict[str, Any]:
+    """Predicted iteration time of a runner job (seconds) and its parts.
+
+    Per stage, the CPU work of F / B / W (the calibrated layer times, embedding and LM head, times the
+    device's ``runner_cpu`` factor at this EP size: the runner's own execution measured in calibration jobs;
+    plus the CPU of each stage-to-stage send or receive, ``p2p.cpu_per_op_s``)
+    and the time blocked on all-to-all peers per action; then processor sharing over the schedule's timeline
+    (:func:`tessera_lab.runner.sharing.simulate_shared`): the job's computing processes (``ep * dp`` per busy
+    pipeline rank) share the cores available to this job, ``C``: ``cores_available`` (measured just before
+    the run by :func:`tessera_lab.runner.probe.available_cores`: on a shared machine the kernel shares cores
+    between the tenants' groups, so ``C`` does not grow with the job's process count), else from
+    ``cpu_probe_s`` (the older median probe of ``world`` processes: ``world x calibration probe / probe``),
+    else ``machine_load`` (the 1-minute load average: ``cores x cores / max(cores, load + world)``... as a
+    per-process share), else all the cores (a quiet machine).
 
     Returns ``{"iteration_s", "bubble_fraction", "bubble_s", "ep_a2a_s", "stage_f_s", "stage_b_s",
-    "stage_w_s", "p2p_s", "oversubscription", "layer_s", "source"}``: ``bubble_s`` is the idle rank-time of a
-    step summed over pipeline ranks, ``ep_a2a_s`` the EP all-to-all time of a step summed over the pipeline
-    ranks of one replica (micro-batches x layers x F and B x (dispatch + combine); the runner's ``ep_a2a`` events
-    time those two, the blocking count exchange is a wait of its own).
+    "stage_w_s", "p2p_s", "oversubscription", "cores_available", "layer_s", "source", ...}``: stage times are
+    the CPU work at the simulated mean speed; ``bubble_s`` the idle rank-time of a step summed over pipeline
+    ranks; ``ep_a2a_s`` the blocked all-to-all time of a step summed over the pipeline ranks of one replica;
+    ``oversubscription`` = 1 / the mean speed of a computing process.
 
     Raises:
         ConfigError / ScheduleError: bad schedule or boundaries.
     """
+    from .sharing import simulate_shared
+
     name = canonical_name(schedule)
     v = vpp if vpp is not None else (2 if name in ("interleaved", "dualpipev") else 1)
     sched = build_schedule(name, pp, microbatches, v)
@@ -50,27 +65,22 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     world = pp * ep * dp
     per_kind = {k: layer_times(device, cfg, k, tokens) for k in set(kinds)}
     ex = device["extras"]
-    a2a = a2a_dc = 0.0  # per layer and direction: all three all-to-alls, and dispatch + combine only
+    rc = runner_cpu_entry(device, ep)
+    factor = float(rc["factor"]) if rc else 1.0
+    a2a_block = 0.0  # seconds blocked on all-to-all peers per layer and F or B action
     if ep > 1:
-        e = a2a_entry(device, ep)
-        rows = tokens * cfg["top_k"] * (ep - 1) / ep
-        a2a = float(e["alpha_s"]) + 2 * alpha_beta(e, rows * H * 4)  # count exchange + dispatch + combine
-        situ = e.get("in_situ")
-        if situ and situ.get("per_all_to_all_s"):
-            # measured in situ (peers' skew and wake-ups included) under the calibration's contention of
-            # `processes` busy processes: relative to the calibration's one-process share, that contention
-            # was probe(processes) / probe(1); the mean-field slowdown below is applied on top, so divide it out
-            pw = (device["metadata"].get("cpu_probe_world_s") or {}).get(str(situ.get("processes")))
-            p1 = device["metadata"].get("cpu_probe_s")
-            cal_over = (float(pw) / float(p1)) if pw and p1 else 1.0
-            a2a = max(a2a, 3 * float(situ["per_all_to_all_s"]) / max(cal_over, 1e-9)
-                      + 2 * max(0.0, alpha_beta(e, rows * H * 4) - alpha_beta(e, situ.get("bytes", 0))))
-        a2a_dc = a2a * (2 / 3) if situ and situ.get("per_all_to_all_s") else a2a - float(e["alpha_s"])
-    f, b, w = [], [], []
+        if rc:
+            a2a_block = float(rc["blocked_s"])
+        else:  # no in-situ calibration: the all-to-all microbenchmark, as blocked time
+            e = a2a_entry(device, ep)
+            rows = tokens * cfg["top_k"] * (ep - 1) / ep
+            a2a_block = float(e["alpha_s"]) + 2 * alpha_beta(e, rows * H * 4)
+    p2p_cpu = float(device["p2p"].get("cpu_per_op_s", 0.0))
+    f, b, w, blk = [], [], [], []
     for s in range(S):
         lo, hi = boundaries[s], boundaries[s + 1]
-        fs = sum(per_kind[kinds[i]]["F"] for i in range(lo, hi)) + (hi - lo) * a2a
-        bs = sum(per_kind[kinds[i]]["B"] for i in range(lo, hi)) + (hi - lo) * a2a
+        fs = sum(per_kind[kinds[i]]["F"] for i in range(lo, hi))
+        bs = sum(per_kind[kinds[i]]["B"] for i in range(lo, hi))
         ws = sum(per_kind[kinds[i]]["W"] for i in range(lo, hi))
         if s == 0:
             fs += ex["embed_F_s"]
@@ -80,29 +90,61 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
             bs += ex["head_B_s"] * tokens / ex.get("head_tokens", tokens)
         fs += ex.get("action_overhead_s", 0.0)
         bs += ex.get("action_overhead_s", 0.0)
-        f.append(fs)
-        b.append(bs)
-        w.append(ws)
+        # CPU of posting / completing the stage-to-stage transfers: F receives from s-1 and sends to s+1,
+        # B the reverse (calibrated send or receive CPU, ping-pong)
+        hops = (s > 0) + (s < S - 1)
+        f.append(fs * factor + hops * p2p_cpu)
+        b.append(bs * factor + hops * p2p_cpu)
+        w.append(ws * factor)
+        blk.append((hi - lo) * a2a_block)
     p2p = alpha_beta(device["p2p"], tokens * H * 4)
     split = defer_w or name in ("zb-h1", "zb-h2")
-    f0, b0, w0 = f, b, w
-    # processor sharing, mean field: the slowdown depends on how many of the job's processes compute at once
-    # (busy rank-time / iteration x replicas), which depends on the slowdown; a few fixed-point rounds
-    n_busy = float(world)
-    for _ in range(4):
-        over = oversubscription(device, n_busy, machine_load, probe_s=cpu_probe_s, world_size=world)
-        f, b, w = [x * over for x in f0], [x * over for x in b0], [x * over for x in w0]
-        durs = stage_durations(f, b, w if split else None, [x + y for x, y in zip(f, b)])
-        tl = simulate(sched, durs, p2p_latency=p2p)
-        n_busy = max(1.0, ep * dp * sum(tl.per_rank_busy) / tl.iteration_time) if tl.iteration_time > 0 else 1.0
+    cores = int(device["metadata"].get("cores") or 1)
+    avail = available_cores(device, world, cores_available=cores_available, cpu_probe_s=cpu_probe_s,
+                            machine_load=machine_load)
+    work = stage_durations(f, b, w if split else None, [x + y for x, y in zip(f, b)])
+    zero = [0.0] * S
+    block = stage_durations(blk, blk, zero if split else None, [2 * x for x in blk])
+    sim = simulate_shared(sched, work, cores=avail, procs_per_rank=ep * dp, p2p=p2p,
+                          latency=block, wait_cpu=float(device["p2p"].get("wait_cpu_share", 0.0)))
+    over = 1.0 / sim["mean_rate"] if sim["mean_rate"] > 0 else 1.0
+    T = sim["iteration_s"]
+    busy = sim["per_rank_busy_s"]
     n_layers = boundaries[-1] - boundaries[0]
-    return {"iteration_s": tl.iteration_time, "bubble_fraction": tl.bubble_fraction,
-            "bubble_s": float(sum(tl.per_rank_idle)),
-            "ep_a2a_s": microbatches * n_layers * 2 * a2a_dc * over, "stage_f_s": f,
-            "stage_b_s": b, "stage_w_s": w if split else None, "p2p_s": p2p, "oversubscription": over,
-            "busy_processes": n_busy, "cpu_probe_s": cpu_probe_s,
+    return {"iteration_s": T, "bubble_fraction": (sum(max(0.0, T - x) for x in busy) / (T * len(busy))) if T else 0.0,
+            "bubble_s": float(sum(max(0.0, T - x) for x in busy)),
+            "ep_a2a_s": microbatches * n_layers * 2 * a2a_block, "stage_f_s": [x * over for x in f],
+            "stage_b_s": [x * over for x in b], "stage_w_s": [x * over for x in w] if split else None,
+            "stage_work_f_s": f, "stage_work_b_s": b, "p2p_s": p2p, "oversubscription": over,
+            "busy_processes": sim["busy_processes"], "cores_available": avail, "cores": cores,
+            "runner_cpu_factor": factor, "cpu_probe_s": cpu_probe_s,
             "layer_s": {k: v for k, v in per_kind.items()}, "schedule": sched.name,
             "boundaries": list(boundaries), "source": cost_source(device)["source"]}
+
+
+def runner_cpu_entry(device: Mapping[str, Any], ep: int) -> Mapping[str, Any] | None:
+    """The device's in-situ runner CPU calibration (``runner_cpu``) at EP size ``ep`` (the nearest size
+    calibrated), or None for a device calibrated before it existed."""
+    table = {k: v for k, v in (device.get("runner_cpu") or {}).items() if k.isdigit()}
+    if not table:
+        return None
+    if str(ep) in table:
+        return table[str(ep)]
+    return table[str(min((int(k) for k in table), key=lambda k: (abs(k - ep), -k)))]
+
+
+def available_cores(device: Mapping[str, Any], world: int, *, cores_available: float | None = None,
+                    cpu_probe_s: float | None = None, machine_load: float | None = None) -> float:
+    """Cores available to the job for :func:`predict_runner` (see there), in ``(0, cores]``."""
+    cores = float(device["metadata"].get("cores") or 1)
+    if cores_available is not None:
+        return min(cores, max(1e-3, float(cores_available)))
+    probe_cal = device["metadata"].get("cpu_probe_s")
+    if cpu_probe_s is not None and probe_cal:
+        return min(cores, max(1e-3, world * float(probe_cal) / float(cpu_probe_s)))
+    if machine_load is not None:
+        return min(cores, cores * world / max(cores, float(machine_load) + world))
+    return cores
 
 
 def oversubscription(device: Mapping[str, Any], world: float, machine_load: float | None = None, *,
@@ -193,7 +235,7 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
                 microbatches: int = 4, micro_batch_size: int = 2, vpp: int | None = None,
                 partition: str = "balanced", pair_exec: str = "scheduled", pair_order: Any = None,
                 config: Mapping[str, Any] | None = None, machine_load: float | None = None,
-                cpu_probe_s: float | None = None) -> dict[str, Any]:
+                cpu_probe_s: float | None = None, cores_available: float | None = None) -> dict[str, Any]:
     """A runner plan predicted from a calibrated device: the partition (``balanced`` on the calibrated layer
     costs, or ``uniform``), the schedule, micro-batches, pair handler and order, and the prediction made now,
     before any run. ``tessera-lab run --plan`` executes exactly this plan. ``config``: TinyConfig fields
@@ -224,7 +266,7 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
         raise ConfigError(f"field 'partition' = {partition!r} is unknown; allowed: balanced, uniform")
     pred = predict_runner(device, cfg, pp=pp, ep=ep, dp=dp, schedule=schedule, microbatches=microbatches,
                           micro_batch_size=micro_batch_size, boundaries=bounds, vpp=vpp, machine_load=machine_load,
-                          cpu_probe_s=cpu_probe_s)
+                          cpu_probe_s=cpu_probe_s, cores_available=cores_available)
     pred["machine_load_at_prediction"] = machine_load
     label, template = resolve_order(pair_order, ep)
     return {
@@ -250,7 +292,8 @@ def format_device_plan(plan: Mapping[str, Any]) -> str:
              "per stage (ms, predicted): F " + ", ".join(f"{x * 1e3:.2f}" for x in pr["stage_f_s"])
              + "; B " + ", ".join(f"{x * 1e3:.2f}" for x in pr["stage_b_s"]),
              f"predicted iteration {pr['iteration_s'] * 1e3:.2f} ms, bubble fraction {pr['bubble_fraction']:.3f}, "
-             f"oversubscription x{pr['oversubscription']:.2f}",
+             f"oversubscription x{pr['oversubscription']:.2f} (processor sharing of "
+             f"{pr.get('cores_available', 0.0):.2f} available cores, measured before predicting)",
              f"overlapped pairs: {plan['pair_exec']}, order {plan['pair_order']['label']}"]
     return "\n".join(lines)
 
@@ -264,16 +307,15 @@ def cmd_plan_device(args) -> int:
     from tessera_lab.io import write_json
 
     dev = load_device(args.device)
-    probe = None
-    if dev["metadata"].get("cpu_probe_s"):
-        from .probe import cpu_probe
+    from .probe import available_cores
 
-        probe = cpu_probe(args.pp * args.ep * args.dp)
+    avail = available_cores(int(dev["metadata"].get("cores") or os.cpu_count() or 1),
+                            speed_ref=(dev.get("runner_cpu") or {}).get("speed_ref"))
     plan = device_plan(dev, args.model, pp=args.pp, ep=args.ep, dp=args.dp, schedule=args.schedule,
                        microbatches=args.microbatches, micro_batch_size=args.micro_batch_size,
                        vpp=args.vpp if args.vpp != 1 else None,
                        partition="uniform" if args.method == "uniform" else "balanced",
-                       machine_load=os.getloadavg()[0], cpu_probe_s=probe)
+                       machine_load=os.getloadavg()[0], cores_available=avail["cores_available"])
     text = format_device_plan(plan)
     if getattr(args, "json", None) == "-":
         write_json("-", plan)

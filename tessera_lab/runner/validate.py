@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["TARGETS", "cases", "validate", "validate_from_args"]
+__all__ = ["TARGETS", "cases", "validate", "validate_from_args", "repredict", "summarize"]
 
 TARGETS = {"median_abs_error_busy": 0.10, "median_abs_error_quiet": 0.05, "rank_agreement": 0.90}
 SCHEDULES = ("gpipe", "1f1b", "zb-h1", "overlapped")
@@ -74,21 +74,22 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
     for c in matrix:
         by_world.setdefault((c["pp"], c["ep"]), []).append(c)
     probes: dict[str, float] = {}
+    avail: dict[str, dict[str, float]] = {}
     for (pp, ep), cs in by_world.items():
         jobs = []
-        group_plans = plans
-        if device["metadata"].get("cpu_probe_s"):
-            # the share of the cores the group's processes get now, measured before its runs in processes of
-            # its own (runner.probe); the plans made at the start from the load average stay for comparison
-            from .probe import cpu_probe
+        # the cores this job gets now, measured right before the group's runs in processes of its own
+        # (runner.probe.available_cores); the plans made at the start from the load average stay for comparison
+        from .probe import available_cores
 
-            probe = probes[f"pp{pp}-ep{ep}"] = cpu_probe(pp * ep)
-            group_plans = {}
-            for c in cs:
-                group_plans[_name(c)] = device_plan(
-                    device, f"tiny-runner x{c['width']}", pp=pp, ep=ep, schedule=c["schedule"],
-                    microbatches=microbatches, micro_batch_size=micro_batch_size, partition=c["partition"],
-                    config=widened(base, c["width"]).as_dict(), machine_load=os.getloadavg()[0], cpu_probe_s=probe)
+        a = avail[f"pp{pp}-ep{ep}"] = available_cores(int(device["metadata"].get("cores") or os.cpu_count() or 1),
+                                                      speed_ref=(device.get("runner_cpu") or {}).get("speed_ref"))
+        group_plans = {}
+        for c in cs:
+            group_plans[_name(c)] = device_plan(
+                device, f"tiny-runner x{c['width']}", pp=pp, ep=ep, schedule=c["schedule"],
+                microbatches=microbatches, micro_batch_size=micro_batch_size, partition=c["partition"],
+                config=widened(base, c["width"]).as_dict(), machine_load=os.getloadavg()[0],
+                cores_available=a["cores_available"])
         for c in cs:
             pl = group_plans[_name(c)]
             jobs.append(RunSpec(name=_name(c), model=pl["model_config"], schedule=c["schedule"],
@@ -123,7 +124,9 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
     errs_la = [abs(c["predicted_loadavg_s"] - c["observed_s"]) / c["observed_s"] for c in out_cases
                if c["observed_s"] > 0]
     return {
-        "prediction_inputs": {"cpu_probe_s": probes, "calibration_cpu_probe_s": meta.get("cpu_probe_s"),
+        "prediction_inputs": {"cores_available": avail, "cpu_probe_s": probes,
+                              "calibration_cpu_probe_s": meta.get("cpu_probe_s"),
+                              "runner_cpu": device.get("runner_cpu"),
                               "load_average_at_start": load0[0],
                               "median_abs_error_from_load_average": statistics.median(errs_la) if errs_la else None},
         "cases": out_cases, "median_abs_error": statistics.median(errs) if errs else math.nan,
@@ -152,12 +155,62 @@ def _targets_met(median_abs_error: float, rank_agreement: float) -> dict[str, bo
 def _inputs_line(r: dict[str, Any]) -> str:
     pi = r.get("prediction_inputs") or {}
     la = pi.get("median_abs_error_from_load_average")
+    if pi.get("cores_available"):
+        av = ", ".join(f"{k} {v['cores_available']:.2f}" for k, v in pi["cores_available"].items())
+        return (f"processor sharing of the cores available to the job, measured before each group (own "
+                f"processes; {av} cores); from the load average alone the median |error| would be {la * 100:.1f}%")
     if pi.get("cpu_probe_s"):
         probes = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in pi["cpu_probe_s"].items())
         return (f"slowdown from a CPU-share probe before each group (own processes; calibration probe "
                 f"{pi['calibration_cpu_probe_s'] * 1e3:.1f} ms; {probes}); from the load average alone the median "
                 f"|error| would be {la * 100:.1f}%")
-    return "slowdown from the 1-minute load average (the device has no calibration CPU probe: recalibrate)"
+    return "slowdown from the 1-minute load average"
+
+
+def summarize(out_cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """``median_abs_error``, ``rank_agreement`` (share of case pairs ordered the same way by prediction and
+    observation; ties skipped), ``rank_pairs`` and ``targets_met`` of cases with ``predicted_s`` and
+    ``observed_s``."""
+    errs = [abs(c["predicted_s"] - c["observed_s"]) / c["observed_s"] for c in out_cases if c["observed_s"] > 0]
+    agree = total = 0
+    for a, b in itertools.combinations(out_cases, 2):
+        dp, do = a["predicted_s"] - b["predicted_s"], a["observed_s"] - b["observed_s"]
+        if dp == 0 or do == 0:
+            continue
+        total += 1
+        agree += (dp > 0) == (do > 0)
+    med = statistics.median(errs) if errs else math.nan
+    ra = agree / total if total else math.nan
+    return {"median_abs_error": med, "rank_agreement": ra, "rank_pairs": total,
+            "targets_met": _targets_met(med, ra)}
+
+
+def repredict(result: dict[str, Any], device: dict, *, microbatches: int = 4,
+              micro_batch_size: int = 2) -> dict[str, Any]:
+    """Offline re-prediction of a stored validation result with ``device`` (the current model): each case's
+    boundaries and the group's measured availability (``prediction_inputs.cores_available``, else the stored
+    median probes ``cpu_probe_s``) as inputs, the stored observations unchanged. Returns ``{"cases":
+    [{name, predicted_s, observed_s, error}], **summarize(...)}``."""
+    from .calibrate import widened
+    from .predict import predict_runner
+    from .specs import TinyConfig
+
+    pi = result.get("prediction_inputs") or {}
+    out = []
+    for c in result["cases"]:
+        g = f"pp{c['pp']}-ep{c['ep']}"
+        av = (pi.get("cores_available") or {}).get(g)
+        probe = (pi.get("cpu_probe_s") or {}).get(g)
+        dev = device
+        if av is None and probe is not None and pi.get("calibration_cpu_probe_s"):
+            dev = {**device, "metadata": {**device["metadata"], "cpu_probe_s": pi["calibration_cpu_probe_s"]}}
+        p = predict_runner(dev, widened(TinyConfig(), c["width"]).as_dict(), pp=c["pp"], ep=c["ep"],
+                           schedule=c["schedule"], microbatches=microbatches, micro_batch_size=micro_batch_size,
+                           boundaries=c["boundaries"], cores_available=av["cores_available"] if av else None,
+                           cpu_probe_s=probe if av is None else None)
+        out.append({"name": c["name"], "predicted_s": p["iteration_s"], "observed_s": c["observed_s"],
+                    "error": (p["iteration_s"] - c["observed_s"]) / c["observed_s"]})
+    return {"cases": out, **summarize(out)}
 
 
 def format_validation(r: dict[str, Any]) -> str:

@@ -1,0 +1,161 @@
+"""Processor sharing over a simulated pipeline timeline (torch-free): the runner's iteration time on a CPU
+whose cores are shared by the job's busy processes and by other tenants.
+
+Model (times in seconds, work in CPU-seconds of one uncontended core):
+
+* every pipeline rank of the schedule stands for ``procs_per_rank`` processes (its EP x DP replicas, which
+  run the same actions in lockstep); its actions run in order, each once its inputs have arrived
+  (the dependencies of :mod:`tessera_lab.pipeline.engine`: ``F(s, i)`` needs ``F(s-1, i)``, a backward needs
+  ``F(s, i)`` and the backward of ``s+1``, ``W`` needs ``I``; an ``OVERLAP_F_B`` pair needs both inputs);
+* an action is ``work`` CPU-seconds followed by ``latency`` seconds blocked (waiting on all-to-all peers),
+  and a cross-rank transfer arrives ``p2p`` seconds after its producer ends;
+* at each moment the runnable processes are this job's computing ones, ``wait_cpu`` of a process for each
+  blocked (waiting) one (0: blocking waits; 1: spinning waits), and ``external`` other tenants; each
+  computing process runs at ``rate = min(1, cores / runnable)`` (Linux CFS shares a core equally among
+  runnable processes). E.g. 8 computing processes on 2 cores with no external load run at 1/4 speed.
+
+So with the cores oversubscribed the step tends to ``total work / cores`` (the same model split over more
+stages does the same total work), and with them idle to the critical path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.pipeline.actions import ActionType
+
+__all__ = ["share_rate", "simulate_shared"]
+
+_F, _B, _I, _W, _OV = ActionType.F, ActionType.B, ActionType.I, ActionType.W, ActionType.OVERLAP_F_B
+
+
+def share_rate(computing: float, cores: float, external: float = 0.0, waiting_cpu: float = 0.0) -> float:
+    """Speed of one computing process (1 = a whole core): ``min(1, cores / (computing + waiting_cpu +
+    external))``; ``computing`` processes, ``waiting_cpu`` runnable-equivalents from waiting ones.
+
+    Raises:
+        ConfigError: ``cores`` <= 0 or a negative count.
+    """
+    if not cores > 0 or computing < 0 or external < 0 or waiting_cpu < 0:
+        raise ConfigError(f"share_rate: cores = {cores!r} must be > 0 and counts >= 0 "
+                          f"(computing {computing!r}, external {external!r}, waiting {waiting_cpu!r})")
+    n = computing + waiting_cpu + external
+    return 1.0 if n <= cores else cores / n
+
+
+def _leaves(a):
+    return a.sub_actions if a.sub_actions else (a,)
+
+
+def simulate_shared(schedule, work: Callable[[int, int | None, ActionType], float], *, cores: float,
+                    external: float = 0.0, procs_per_rank: int = 1, p2p: float = 0.0,
+                    latency: Callable[[int, int | None, ActionType], float] | None = None,
+                    wait_cpu: float = 0.0) -> dict:
+    """Processor-sharing simulation of one iteration of ``schedule`` (module docstring).
+
+    ``work(stage, microbatch, type)`` / ``latency(...)``: CPU-seconds and blocked seconds of an action
+    (called like :class:`tessera_lab.pipeline.durations.Durations`, an ``OVERLAP_F_B`` pair with its
+    backward's stage and micro-batch). Returns ``{"iteration_s", "per_rank_busy_s", "mean_rate",
+    "busy_processes"}``: the end of the last action, each rank's computing + blocked time, the mean speed
+    of a computing process, and the time-mean of computing processes.
+
+    Raises:
+        ConfigError: bad cores / counts; a schedule that cannot complete (a dependency never met).
+    """
+    S, s2r = schedule.num_stages, schedule.stage_to_rank
+    R = schedule.num_ranks
+    lat = latency or (lambda s, i, t: 0.0)
+    progs = []
+    for r in range(R):
+        prog = []
+        for a in schedule.actions.get(r, []):
+            if not a.is_compute:
+                continue
+            needs, prods = [], []
+            for x in _leaves(a):
+                s, i, k = x.stage, x.microbatch, x.type
+                if k is _F:
+                    if s > 0:
+                        needs.append(("F", s - 1, i, s2r[s - 1] != r))
+                    prods.append(("F", s, i))
+                elif k in (_B, _I):
+                    needs.append(("F", s, i, False))
+                    if s < S - 1:
+                        needs.append(("G", s + 1, i, s2r[s + 1] != r))
+                    prods.append(("G", s, i))
+                elif k is _W:
+                    needs.append(("G", s, i, False))
+            key = next(((x.stage, x.microbatch) for x in _leaves(a) if x.type is not _F),
+                        (a.stage, a.microbatch)) if a.sub_actions else (a.stage, a.microbatch)
+            typ = _OV if a.sub_actions else a.type
+            w, d = float(work(key[0], key[1], typ)), float(lat(key[0], key[1], typ))
+            if not (w >= 0 and d >= 0 and math.isfinite(w) and math.isfinite(d)):
+                raise ConfigError(f"simulate_shared: action {a} on rank {r} has work {w!r}, latency {d!r}")
+            prog.append((needs, prods, w, d))
+        progs.append(prog)
+    done: dict[tuple, float] = {}  # product -> time it is available on its own rank
+    pos = [0] * R
+    state = ["idle"] * R  # idle (waiting for inputs) | cpu | block
+    left = [0.0] * R  # remaining work (cpu) or blocked seconds (block)
+    busy = [0.0] * R
+    t = 0.0
+    rate_area = n_area = cpu_time = 0.0
+
+    def ready(r: int) -> float | None:
+        needs = progs[r][pos[r]][0]
+        at = 0.0
+        for kind, s, i, cross in needs:
+            if (kind, s, i) not in done:
+                return None
+            at = max(at, done[(kind, s, i)] + (p2p if cross else 0.0))
+        return at
+
+    while True:
+        pending = []
+        for r in range(R):
+            if state[r] == "idle" and pos[r] < len(progs[r]):
+                at = ready(r)
+                if at is not None and at <= t + 1e-15:
+                    state[r], left[r] = "cpu", progs[r][pos[r]][2]
+                elif at is not None:
+                    pending.append(at)
+        if all(pos[r] >= len(progs[r]) for r in range(R)):
+            break
+        n_cpu = sum(1 for r in range(R) if state[r] == "cpu") * procs_per_rank
+        n_wait = sum(1 for r in range(R) if state[r] != "cpu" and pos[r] < len(progs[r])) * procs_per_rank
+        rate = share_rate(n_cpu, cores, external, wait_cpu * n_wait)
+        dts = [left[r] / rate for r in range(R) if state[r] == "cpu"]
+        dts += [left[r] for r in range(R) if state[r] == "block"]
+        dts += [a - t for a in pending]
+        if not dts:
+            stuck = {r: pos[r] for r in range(R) if pos[r] < len(progs[r])}
+            raise ConfigError(f"simulate_shared: no rank can progress (rank -> next action index: {stuck})")
+        dt = max(0.0, min(dts))
+        if n_cpu:
+            rate_area += rate * dt
+            cpu_time += dt
+            n_area += n_cpu * dt
+        for r in range(R):
+            if state[r] == "cpu":
+                left[r] -= rate * dt
+                busy[r] += dt
+            elif state[r] == "block":
+                left[r] -= dt
+                busy[r] += dt
+        t += dt
+        for r in range(R):
+            if state[r] == "cpu" and left[r] <= 1e-12:
+                d = progs[r][pos[r]][3]
+                state[r], left[r] = ("block", d) if d > 0 else ("end", 0.0)
+            if state[r] == "block" and left[r] <= 1e-12:
+                state[r] = "end"
+            if state[r] == "end":
+                for p in progs[r][pos[r]][1]:
+                    done[p] = t
+                pos[r] += 1
+                state[r] = "idle"
+    return {"iteration_s": t, "per_rank_busy_s": busy,
+            "mean_rate": rate_area / cpu_time if cpu_time > 0 else 1.0,
+            "busy_processes": n_area / t if t > 0 else 0.0}
