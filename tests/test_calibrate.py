@@ -1,4 +1,5 @@
-"""Calibration records what the prediction reads: the CPU-share probes and the in-situ all-to-all cost."""
+"""Calibration records what the prediction reads: the CPU probes (share, speed, available cores), the runner's
+own CPU work per step, the in-situ all-to-all cost and the CPU of gloo sends, receives and waits."""
 
 from __future__ import annotations
 
@@ -14,6 +15,29 @@ def test_cpu_probe_times_a_fixed_loop_and_rejects_bad_counts():
         cpu_probe(0)
 
 
+def test_cpu_share_and_speed_measure_a_window():
+    from tessera_lab.runner.probe import cpu_share, cpu_speed
+
+    assert 0 < cpu_share(1, window_s=0.05) <= 1.0
+    assert cpu_speed(window_s=0.05) > 1e5  # loop iterations per CPU-second (~2.7e7 on this Xeon)
+    with pytest.raises(ValueError, match="processes"):
+        cpu_share(0)
+
+
+def test_available_cores_by_hand(monkeypatch):
+    from tessera_lab.runner import probe
+
+    # two spinners, each ran 50 iterations in 1 s of wall, 0.5 s of CPU (half a core each)
+    monkeypatch.setattr(probe, "_spinners", lambda n, w: [(50, 0.5, 1.0)] * n)
+    a = probe.available_cores(2)
+    assert a["share"] == 0.5 and a["cores_available"] == 1.0 and a["speed"] == 100.0
+    # at calibration a core ran 200 iterations per CPU-second: the cores are now half as fast, too
+    assert probe.available_cores(2, speed_ref=200.0)["cores_available"] == pytest.approx(0.5)
+    # never more than the machine's cores
+    monkeypatch.setattr(probe, "_spinners", lambda n, w: [(100, 1.0, 1.0)] * n)
+    assert probe.available_cores(2, speed_ref=10.0)["cores_available"] == 2.0
+
+
 @pytest.mark.slow
 def test_calibrate_records_probes_and_in_situ_all_to_all():
     pytest.importorskip("torch")
@@ -26,5 +50,10 @@ def test_calibrate_records_probes_and_in_situ_all_to_all():
     for g in ("2", "4"):
         situ = dev["all_to_all"][g]["in_situ"]
         assert situ["per_all_to_all_s"] >= 0 and situ["processes"] == 4 and situ["bytes"] > 0
-    p = predict_runner(dev, dev["metadata"]["model"], pp=2, ep=2, microbatches=4, cpu_probe_s=meta["cpu_probe_world_s"]["4"])
-    assert p["iteration_s"] > 0 and p["busy_processes"] <= 4
+    for ep in ("1", "2"):
+        rc = dev["runner_cpu"][ep]
+        assert rc["factor"] > 0 and rc["cpu_per_step_s"] > 0 and rc["blocked_s"] >= 0 and rc["processes"] == int(ep)
+    assert dev["runner_cpu"]["speed_ref"] > 0
+    assert 0 <= dev["p2p"]["wait_cpu_share"] <= 1 and dev["p2p"]["cpu_per_op_s"] >= 0
+    p = predict_runner(dev, dev["metadata"]["model"], pp=2, ep=2, microbatches=4, cores_available=1.0)
+    assert p["iteration_s"] > 0 and p["cores_available"] == 1.0

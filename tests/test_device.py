@@ -75,12 +75,19 @@ def test_prediction_by_hand():
     p3 = predict_runner(synthetic_device(a2a_alpha=1e-3), cfg, pp=1, ep=2, schedule="gpipe", microbatches=4,
                         micro_batch_size=2)
     assert p3["iteration_s"] - p["iteration_s"] == pytest.approx(4 * 2 * 4 * 3e-3)
-    # oversubscription, mean field: 4 processes on 2 cores, but each computes only m / (m + p - 1) = 4/5 of
-    # the iteration (equal stages, no p2p time): 2 replicas x 2 ranks x 4/5 = 3.2 busy -> 3.2 / 2 = 1.6
+    # processor sharing: 2 replicas x 2 ranks = 4 processes on 2 cores; equal stages (F = s0, B = 2 s0),
+    # 1F1B p = 2, m = 4, by hand: both ranks computing -> each at 1/2, one alone -> full speed:
+    # 0-1 r0 F0 | 1-3 r0 F1, r1 F0 | 3-5 r1 B0 | 5-7 r1 F1 (r0 B0 half done) | 7-9 r0 B0 (r1 B1 half)
+    # 9-11 r0 F2, r1 B1 | 11-13 r1 F2 | 13-15 r0 B1 | 15-17 r0 F3, r1 B2 | 17-19 r1 F3 | 19-21 r0 B2
+    # 21-22 r1 B3 alone | 22-24 r0 B3 alone: 24 s0 = total work (2 x 2 x 4 x 3 s0) / 2 cores
     p4 = predict_runner(synthetic_device(cores=2), cfg, pp=2, ep=2, schedule="1f1b", microbatches=4,
                         micro_batch_size=2)
-    assert p4["busy_processes"] == pytest.approx(3.2) and p4["oversubscription"] == pytest.approx(1.6)
-    assert p4["stage_f_s"][0] == pytest.approx(1.6 * s0)
+    assert s0 == pytest.approx(s1) and p4["iteration_s"] == pytest.approx(24 * s0)
+    assert p4["cores_available"] == 2.0 and p4["oversubscription"] > 1.0
+    # half a core available (measured before the run): every step of the timeline 4x slower
+    p5 = predict_runner(synthetic_device(cores=2), cfg, pp=2, ep=2, schedule="1f1b", microbatches=4,
+                        micro_batch_size=2, cores_available=0.5)
+    assert p5["iteration_s"] == pytest.approx(4 * 24 * s0)
 
 
 def test_balanced_boundaries_brute_force():
@@ -177,3 +184,48 @@ def test_oversubscription_by_hand():
     assert oversubscription(dev, 3, 1.0, probe_s=0.03, world_size=4) == pytest.approx(2.5)
     # the probe wins over the load average; 10x faster than at calibration, no others: 0.1 x 2 / 4
     assert oversubscription(dev, 2, 50.0, probe_s=0.001, world_size=4) == pytest.approx(0.05)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(pp=st.integers(1, 4), m=st.integers(4, 8), procs=st.integers(1, 4),
+       cores=st.floats(0.25, 8.0), sched=st.sampled_from(["gpipe", "1f1b", "zb-h1", "overlapped"]))
+def test_processor_sharing_bounds(pp, m, procs, cores, sched):
+    """Processor sharing lies between the work bound (total CPU work / cores) and the critical path at the
+    slowest speed, and more cores never make it slower."""
+    from tessera_lab.pipeline.schedules import build_schedule
+    from tessera_lab.runner.sharing import simulate_shared
+
+    s = build_schedule(sched, pp, m, 1)
+    work = lambda st_, i, t: 1.0 + 0.25 * st_  # noqa: E731
+    # a pair's work is asked once, with its backward's stage (the work function depends on the stage only)
+    total = sum(work(a.sub_actions[-1].stage if a.sub_actions else a.stage, None, a.type)
+                for acts in s.actions.values() for a in acts if a.is_compute) * procs
+    free = simulate_shared(s, work, cores=1e9, procs_per_rank=procs)["iteration_s"]
+    t = simulate_shared(s, work, cores=cores, procs_per_rank=procs)["iteration_s"]
+    slow = min(1.0, cores / (procs * pp))
+    assert t >= max(free, total / min(cores, procs * pp)) - 1e-9
+    assert t <= free / slow + 1e-9
+    assert simulate_shared(s, work, cores=cores * 2, procs_per_rank=procs)["iteration_s"] <= t + 1e-9
+
+
+def test_validation_summary_and_offline_reprediction_by_hand():
+    from tessera_lab.runner.validate import repredict, summarize
+
+    cs = [{"predicted_s": 1.08, "observed_s": 1.0}, {"predicted_s": 1.9, "observed_s": 2.0},
+          {"predicted_s": 3.0, "observed_s": 2.5}]
+    r = summarize(cs)  # errors +8 %, -5 %, +20 %; all 3 pairs ordered alike
+    assert r["median_abs_error"] == pytest.approx(0.08) and r["rank_agreement"] == 1.0 and r["rank_pairs"] == 3
+    assert r["targets_met"] == {"median_abs_error_busy": True, "median_abs_error_quiet": False,
+                                "rank_agreement": True}
+    dev = synthetic_device(cores=2)
+    cfg = TinyConfig().as_dict()
+    want = predict_runner(dev, cfg, pp=2, ep=2, schedule="1f1b", boundaries=[0, 2, 4], cores_available=1.0)
+    stored = {"prediction_inputs": {"cores_available": {"pp2-ep2": {"cores_available": 1.0}}},
+              "cases": [{"name": "x", "schedule": "1f1b", "pp": 2, "ep": 2, "width": 1, "boundaries": [0, 2, 4],
+                         "observed_s": want["iteration_s"] * 2}]}
+    out = repredict(stored, dev)
+    assert out["cases"][0]["predicted_s"] == pytest.approx(want["iteration_s"])
+    assert out["cases"][0]["error"] == pytest.approx(-0.5)
