@@ -59,6 +59,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for g, e in dev["all_to_all"].items():
         lines.append(f"gloo all-to-all, group {g}: alpha {e['alpha_s'] * 1e6:.1f} us, {_rate(e)}")
     print(f"device file: {args.out}", file=sys.stderr)
+    if "wait_cpu_share" in dev["p2p"]:
+        lines.append(f"gloo blocked receive: {dev['p2p']['wait_cpu_share'] * 100:.1f}% of a core (waits sleep, not "
+                     f"spin); one send or receive {dev['p2p'].get('cpu_per_op_s', 0.0) * 1e6:.0f} us of CPU (measured)")
+    for ep, rc in sorted((k, v) for k, v in (dev.get("runner_cpu") or {}).items() if k.isdigit()):
+        lines.append(f"runner CPU, one-stage job at ep={ep}: {rc['cpu_per_step_s'] * 1e3:.1f} ms per process and step "
+                     f"= x{rc['factor']:.2f} the layer microbenchmarks; blocked {rc['blocked_s'] * 1e3:.2f} ms per "
+                     f"layer action (measured, {rc['cores_available']:.2f} cores available)")
     emit(args, dev, "\n".join(lines))
     return 0
 

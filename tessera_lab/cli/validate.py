@@ -10,10 +10,40 @@ from tessera_lab.cli.common import add_json, emit
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Run the validation matrix and print predicted vs observed per case (or ``--json``)."""
+    if getattr(args, "repredict", None):
+        return _repredict(args)
     from tessera_lab.runner.validate import validate_from_args
 
     result, text = validate_from_args(args)
     emit(args, result, text)
+    return 0
+
+
+def _repredict(args: argparse.Namespace) -> int:
+    """``validate --repredict RESULT.json --device FILE``: the stored observations against today's model's
+    predictions from the stored inputs (boundaries, measured availability), no run."""
+    from tessera_lab.cost.device import load_device
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.io import read_json
+    from tessera_lab.runner.validate import repredict
+
+    if not args.device:
+        raise ConfigError("validate --repredict needs --device FILE (the calibration to predict with)")
+    stored = read_json(args.repredict)
+    if not isinstance(stored, dict) or not isinstance(stored.get("cases"), list):
+        raise ConfigError(f"'{args.repredict}' is not a validation result: field 'cases' is missing")
+    r = repredict(stored, load_device(args.device))
+    m = stored.get("machine", {})
+    lines = [f"{c['name']:36s} predicted {c['predicted_s'] * 1e3:8.1f} ms  observed {c['observed_s'] * 1e3:8.1f} ms"
+             f"  {c['error'] * 100:+6.1f}%" for c in r["cases"]]
+    lines.append(f"re-predicted (offline, {args.device}): median |error| {r['median_abs_error'] * 100:.1f}% "
+                 f"(stored {stored.get('median_abs_error', float('nan')) * 100:.1f}%), rank agreement "
+                 f"{r['rank_agreement'] * 100:.0f}% over {r['rank_pairs']} pairs (stored "
+                 f"{stored.get('rank_agreement', float('nan')) * 100:.0f}%); observed at load {m.get('load_before')}"
+                 f" -> {m.get('load_after')} on {m.get('cores')} cores")
+    lines.append("targets: " + ", ".join(f"{k.replace('_', ' ')} {'met' if v else 'NOT met'}"
+                                        for k, v in r["targets_met"].items()))
+    emit(args, r, "\n".join(lines))
     return 0
 
 
@@ -23,5 +53,7 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default=None, metavar="FILE",
                    help="calibrated device to predict with (default: calibrate now, in separate runs)")
     p.add_argument("--steps", type=int, default=None, help="steps per case (default 4; --quick 3)")
+    p.add_argument("--repredict", default=None, metavar="RESULT.json",
+                   help="re-predict a stored validation result with --device (offline: no run)")
     add_json(p)
     p.set_defaults(func=cmd_validate)

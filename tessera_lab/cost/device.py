@@ -6,15 +6,16 @@ rate``, so the intercept is the per-action overhead: Python dispatch, small kern
 head, GEMM and memory throughput, and gloo point-to-point and all-to-all latency and bandwidth at the
 runner's group sizes. The file records the date, torch version, CPU, core count and machine load.
 
-Prediction (:func:`tessera_lab.runner.predict.predict_runner`, no torch): per stage, forward = the sum of its layers' fitted forward
-times + the embedding / LM head + per MoE layer a count exchange and two all-to-alls (alpha + bytes /
-beta at the EP size) when ``ep > 1``; backward likewise (B = I + W; W is the fitted weight-gradient share);
-times are multiplied by the oversubscription (the runner runs ``pp * ep * dp`` one-thread processes; with
-the machine load known when predicting, each process's share of the cores against the calibration's:
-:func:`tessera_lab.runner.predict.oversubscription`); then :func:`tessera_lab.pipeline.simulate.simulate` of the schedule with the
-stage-to-stage transfer time ``alpha + bytes / beta``. Overlapped pairs are priced as forward + backward
-(no hiding assumed). Provenance of every number: *measured* (the device file), *analytic* (FLOP counts of
-the tiny model), *predicted* (the simulation).
+Prediction (:func:`tessera_lab.runner.predict.predict_runner`, no torch): per stage, the CPU work of forward /
+backward = the sum of its layers' fitted times + the embedding / LM head, times ``runner_cpu[ep].factor`` (the
+runner's own CPU per step in one-stage calibration jobs against these microbenchmarks: node-level execution,
+EP replicas each paying Python dispatch, all-to-all CPU), plus the CPU of its sends and receives
+(``p2p.cpu_per_op_s``); with ``ep > 1`` each layer action is also blocked ``runner_cpu[ep].blocked_s`` on its
+all-to-all peers (no CPU: gloo's waits sleep, ``p2p.wait_cpu_share`` ~0.01 measured). Then processor
+sharing over the schedule's timeline (:mod:`tessera_lab.runner.sharing`): the computing processes share the
+cores available to the job, measured before the run; stage-to-stage transfers take ``alpha + bytes / beta``.
+Overlapped pairs are priced as forward + backward work (no hiding assumed). Provenance of every number:
+*measured* (the device file), *analytic* (FLOP counts of the tiny model), *predicted* (the simulation).
 
 Errors: a device file that is missing, unreadable or of another schema raises
 :class:`~tessera_lab.errors.ConfigError` naming the field.

@@ -284,7 +284,7 @@ def _comm(cfg: TinyConfig, mbs: int, groups: Sequence[int], repeats: int) -> dic
 
 
 def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, microbatches: int = 4,
-                steps: int = 8) -> dict[str, Any]:
+                steps: int = 12) -> dict[str, Any]:
     """CPU work of the runner's own execution (node-level actions, p2p posting, gloo threads) per process and
     step, against the layer microbenchmarks: calibration jobs of one pipeline stage (``pp = 1``, all layers on
     one rank, 1F1B) at each EP size, run twice (2 and ``2 + steps`` steps) so that the difference of the
@@ -327,6 +327,7 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
             r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu.append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
             jobs.append(res.job("cal"))
+        speed = (speed + cpu_speed()) / 2  # the core speed over the jobs: before and after
         per = max(0.0, cpu[1] - cpu[0]) / steps / ep
         ev = [e for e in jobs[1]["events"] if e["step"] >= 1]
         opt = statistics.median([e["end"] - e["start"] for e in ev if e["lane"] == "step"] or [0.0])
@@ -340,6 +341,27 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
                         "cpu_speed": speed,
                         "blocked_s": max(0.0, it - work / rate) / (microbatches * 2 * cfg.num_layers),
                         "steps": steps, "microbatches": microbatches, "processes": ep}
+    # the CPU of a stage-to-stage transfer inside the runner (both ends: posting, completing, waking up to a
+    # cold cache): a two-stage GPipe job with 6 micro-batches (never a validated case: those run 4), its CPU
+    # per step minus the one-stage work and the optimizer steps, over its 2 x 6 transfers per step
+    if factor1 := (out.get("1") or {}).get("factor"):
+        m2 = 6
+        cpu = []
+        speed2 = cpu_speed()
+        for n in (2, 2 + steps):
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            res = spawn(WorldSpec(pp=2, ep=1, timeout_s=120),
+                        [RunSpec(name="cal-p2p", model=d, schedule="gpipe", microbatches=m2,
+                                 micro_batch_size=mbs, steps=n, pair_exec="scheduled")], timeout_s=600)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu.append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
+        ev = [e for e in res.job("cal-p2p")["events"] if e["step"] >= 1 and e["lane"] == "step"]
+        opt = 2 * statistics.median([e["end"] - e["start"] for e in ev] or [0.0])
+        per = max(0.0, cpu[1] - cpu[0]) / steps * (speed2 + cpu_speed()) / 2 / speed_ref
+        work = factor1 * mono * m2 / microbatches
+        out["transfer_cpu_s"] = max(0.0, per - opt - work) / (2 * m2)
+        out["transfer_job"] = {"pp": 2, "ep": 1, "schedule": "gpipe", "microbatches": m2,
+                               "cpu_per_step_s": per, "steps": steps}
     out["speed_ref"] = speed_ref
     return out
 

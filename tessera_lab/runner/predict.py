@@ -26,7 +26,8 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
 
     Per stage, the CPU work of F / B / W (the calibrated layer times, embedding and LM head, times the
     device's ``runner_cpu`` factor at this EP size: the runner's own execution measured in calibration jobs;
-    plus the CPU of each stage-to-stage send or receive, ``p2p.cpu_per_op_s``)
+    plus the CPU of each stage-to-stage send or receive: half of ``runner_cpu.transfer_cpu_s``, measured in a
+    two-stage calibration job, else ``p2p.cpu_per_op_s`` from the ping-pong)
     and the time blocked on all-to-all peers per action; then processor sharing over the schedule's timeline
     (:func:`tessera_lab.runner.sharing.simulate_shared`): the job's computing processes (``ep * dp`` per busy
     pipeline rank) share the cores available to this job, ``C``: ``cores_available`` (measured just before
@@ -75,7 +76,8 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
             e = a2a_entry(device, ep)
             rows = tokens * cfg["top_k"] * (ep - 1) / ep
             a2a_block = float(e["alpha_s"]) + 2 * alpha_beta(e, rows * H * 4)
-    p2p_cpu = float(device["p2p"].get("cpu_per_op_s", 0.0))
+    tx = (device.get("runner_cpu") or {}).get("transfer_cpu_s")  # in situ, both ends of one transfer
+    p2p_cpu = float(tx) / 2 if tx is not None else float(device["p2p"].get("cpu_per_op_s", 0.0))
     f, b, w, blk = [], [], [], []
     for s in range(S):
         lo, hi = boundaries[s], boundaries[s + 1]

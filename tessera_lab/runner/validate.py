@@ -10,10 +10,12 @@ Per case: ``predicted_s`` (the plan's iteration time), ``observed_s`` (median ov
 with quartiles) and ``error = (predicted - observed) / observed``. Summary: ``median_abs_error``,
 ``rank_agreement`` (the share of case pairs that prediction and observation order the same way) and the
 machine load (1-minute load average before and after: identical runs differ by 5-12 % on a busy 2-core machine).
-The slowdown of the runner's processes (:func:`tessera_lab.runner.predict.oversubscription`, mean-field processor
-sharing) comes from a CPU-share probe (:mod:`tessera_lab.runner.probe`) run in processes of its own right before
-each (pp, ep) group's runs when the device has a calibration probe, else from the load average at the start;
-``prediction_inputs`` keeps the probes and the median |error| the load average alone would have given.
+The prediction (:func:`tessera_lab.runner.predict.predict_runner`) is processor sharing over the simulated
+timeline (:mod:`tessera_lab.runner.sharing`): the job's computing processes share the cores *available to
+the job*, measured right before each (pp, ep) group's runs in processes of its own
+(:func:`tessera_lab.runner.probe.available_cores`: spinners' CPU share times the core speed against the
+calibration's); ``prediction_inputs`` keeps them and the median |error| the load average alone would have
+given. :func:`repredict` re-predicts a stored result offline (``validate --repredict RESULT --device FILE``).
 Targets (printed, not asserted): median |error| <= 10 % busy / <= 5 % quiet, rank agreement >= 90 %.
 """
 
