@@ -226,7 +226,8 @@ def breakdown(run: dict) -> dict:
             if not t.is_comm:
                 from tessera_lab.cost.host import task_kernels
 
-                row["kernels"] += task_kernels(t, precision=par.precision, grouped_impl=par.grouped_gemm, params=cm.a)
+                row["kernels"] += task_kernels(t, precision=par.precision, grouped_impl=par.grouped_gemm, params=cm.a,
+                                              microbatches=par.microbatches)
     phases = {ph: cm.phase_cost(lt.phase(ph)).time for ph in "FBW"}
     budget = par.tokens_per_microbatch / (run["tokens_per_s_per_gpu"] * par.tp * model.num_layers)
     return {"id": run["id"], "layer": layer, "tasks": tasks, "phase_s": phases, "published_layer_budget_s": budget}

@@ -9,7 +9,7 @@ from typing import Any
 from tessera_lab.argtypes import positive_float
 from tessera_lab.cli.common import GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args, table
 from tessera_lab.model.spec import layer_summary
-from tessera_lab.report.headline import mfu_note
+from tessera_lab.report.headline import mfu_note, mfu_text
 
 
 def _evaluation_rows(ev, pp: int | None = None) -> list[dict[str, Any]]:
@@ -69,7 +69,7 @@ def format_plan(plan) -> str:
         details.append("")
         summary.append({
             "method": ev.method + ("" if ev.fits_memory else " (!)"), "iteration (s)": ev.iteration_time_s,
-            "tokens/s": ev.tokens_per_s, "MFU": ev.mfu, "bubble_fraction": ev.bubble_fraction,
+            "tokens/s": ev.tokens_per_s, "MFU": f"{ev.mfu:.1%}", "bubble_fraction": ev.bubble_fraction,
             "slowest stage (ms)": max(st.time_s for st in ev.stages) * 1e3,
             "fits memory": "yes" if ev.fits_memory else "NO",
         })
@@ -89,6 +89,7 @@ def format_plan(plan) -> str:
         lines.append(table([{"schedule": t["schedule"], "iteration (s)": t.get("iteration_time_s"),
                              "fits memory": t.get("fits_memory"), "refused": t.get("error", "")[:90]}
                             for t in plan.schedule_trials], ".4g"))
+    lines.append(f"MFU of the chosen plan: {mfu_text(plan.chosen.mfu, moe=m.num_experts > 0)}")
     flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0)  # validity flag (issue 17)
     if flag:
         lines.append(f"warning: {flag}")

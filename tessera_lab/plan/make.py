@@ -217,6 +217,10 @@ def make_plan(
     notes = []
     if model.has_moe and parallel.ep > 1:
         notes.append(routing_load_note(model, parallel))
+    if parallel.precision == "fp8":
+        from tessera_lab.plan.precision import precision_note
+
+        notes.append(precision_note(model, parallel, cluster))
     if profile is not None:
         notes.append(f"layer-pair costs from profile {profile.path or '(in memory)'}: backend {profile.backend}, "
                      f"device {profile.environment.get('device', '?')}, size factor {profile.size_factor:g}; its "
