@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from tessera_lab.argtypes import nonneg_float, positive_float, positive_int
+from tessera_lab.argtypes import fraction_below_one, nonneg_float, positive_float, positive_int, predictor_spec
 from tessera_lab.cli.common import add_json, emit, table
 from tessera_lab.errors import ConfigError
 
@@ -269,9 +269,9 @@ def add_parser(sub) -> None:
                    help="gradient reduce-scatter seconds per stage (comm lane)")
     g.add_argument("--memory-cap", default="max",
                    help="live micro-batches per rank: max (default: the static plan's worst rank), max+K, rank, or N")
-    g.add_argument("--predictor", default="last-step",
+    g.add_argument("--predictor", default="last-step", type=predictor_spec("predictor"),
                    help="how waits of earlier steps predict this step's: last-step (default), moving-average:K, minimum:K")
-    g.add_argument("--margin", type=nonneg_float("margin"), default=0.5,
+    g.add_argument("--margin", type=fraction_below_one("margin"), default=0.5,
                    help="share of a predicted wait left unfilled, 0 <= margin < 1 (default 0.5)")
     g.add_argument("--steps", type=positive_int("steps"), default=4,
                    help="consecutive training steps simulated with --dynamic (default 4; step 0 has no history)")

@@ -22,8 +22,9 @@ from tessera_lab.cost.analytic import LayerCost
 from tessera_lab.cost.memory import memory_capacity
 from tessera_lab.cost.source import CostSource, analytic_source, profile_source
 from tessera_lab.errors import ConfigError, PartitionError, TesseraError
-from tessera_lab.model.hardware import Cluster, ParallelConfig, check_fits, cluster_for
-from tessera_lab.model.spec import ModelSpec
+from tessera_lab.checks import divisors_text
+from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfig, check_fits, cluster_for
+from tessera_lab.model.spec import LINEAR_ATTENTION, MOE, ModelSpec
 from tessera_lab.model.tasks import model_flops_per_iteration, routing_load_note
 from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, evaluate
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
@@ -79,7 +80,31 @@ def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster
         raise ConfigError(f"field 'tp' = {tp} must divide the {cluster.gpus_per_node} GPUs of a node "
                           f"(tensor parallelism stays on NVLink)")
     if model.has_moe and model.num_experts % parallel.ep:
-        raise ConfigError(f"field 'ep' = {parallel.ep} must divide num_experts = {model.num_experts}")
+        raise ConfigError(f"field 'ep' = {parallel.ep} must divide num_experts = {model.num_experts}; allowed: "
+                          f"{divisors_text(model.num_experts)}")
+    missing = [mod for mod in parallel.recompute_modules if not _model_has_module(model, mod)]
+    if missing:
+        have = [mod for mod in RECOMPUTE_MODULES if _model_has_module(model, mod)]
+        raise ConfigError(f"field 'recompute_modules' names {', '.join(missing)}, which {model.name} does not have "
+                          f"({'; '.join(_MODULE_NEEDS[mod] for mod in missing)}): recomputing it would do nothing; "
+                          f"allowed for this model: {', '.join(have) or 'none'}")
+
+
+#: what each Megatron recompute module needs in the model (``recompute_modules`` check)
+_MODULE_NEEDS = {"core_attn": "needs a full-attention layer", "mla_up_proj": "needs MLA attention",
+                 "mlp": "needs a dense-FFN layer", "moe_act": "needs an MoE layer", "moe": "needs an MoE layer"}
+
+
+def _model_has_module(model: ModelSpec, module: str) -> bool:
+    """Whether a Megatron ``--recompute-modules`` name has anything to recompute in ``model``."""
+    layers = model.layers
+    if module == "core_attn":
+        return any(layer.mixer != LINEAR_ATTENTION for layer in layers)
+    if module == "mla_up_proj":
+        return any(layer.attention == "mla" for layer in layers)
+    if module == "mlp":
+        return any(layer.ffn != MOE for layer in layers)
+    return model.has_moe
 
 
 @dataclass
