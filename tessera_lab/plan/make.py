@@ -272,7 +272,7 @@ def make_plan(
             check_memory(problem, part)
         else:
             part = solve(_problem(model, parallel, cost_model, sm, obj), method, time_limit_s=time_limit_s)
-        candidates.append((run(part, method), f"{method} optimum ({obj} objective)"))
+        candidates.append((run(part, method), f"{_result_word(part, method)} ({obj} objective)"))
     out: dict[str, Evaluation] = {}
     steady = _problem(model, parallel, cost_model, sm, "bottleneck")
     for name in baselines:
@@ -301,8 +301,45 @@ def make_plan(
         chosen, refinement = _refine(model, parallel, cost_model, sm, steady, candidates, out, method, flops, notes,
                                      min(refine_budget, ZB_AUTO_REFINE_BUDGET) if parallel.schedule == "zb-auto"
                                      else refine_budget)
+    elif method != "uniform":
+        chosen = _never_slower_than_baselines(chosen, out, method, notes)
     return Plan(model, parallel, cluster, chosen, out, sm.costs, flops, capacity, notes, costs=source,
                 refinement=refinement)
+
+
+def _never_slower_than_baselines(chosen: Evaluation, baselines: dict[str, Evaluation], method: str,
+                                 notes: list[str]) -> Evaluation:
+    """The planner's rule: never return a plan slower in simulation than a baseline it computed that fits memory.
+    A faster fitting baseline's partition is kept (copied under ``method``, its solver bookkeeping from the
+    solver's result), with a note naming both times."""
+    fitting = [(name, ev) for name, ev in baselines.items() if ev.fits_memory]
+    if not fitting:
+        return chosen
+    name, best = min(fitting, key=lambda c: c[1].iteration_time_s)
+    if best.iteration_time_s >= chosen.iteration_time_s:
+        return chosen
+    ref = chosen.partition
+    notes.append(f"baseline {name} simulates faster ({best.iteration_time_s:.4f} s) than the "
+                 f"{_result_word(ref, method)} ({chosen.iteration_time_s:.4f} s): the solver's objective misses part "
+                 f"of what the simulated schedule pays, so the plan keeps the baseline's partition (objective auto "
+                 f"also refines it by simulation)")
+    return replace(best, method=method, partition=replace(best.partition, method=method, solver=ref.solver,
+                                                          status=ref.status, solve_time_s=ref.solve_time_s))
+
+
+def _proven(part: Partition) -> bool:
+    """Whether a partition is a proven optimum of its objective (exact DP, or an ILP solved to optimality)."""
+    return (part.status or "Optimal") == "Optimal"
+
+
+def _result_word(part: Partition, method: str) -> str:
+    """``ilp optimum`` for a proven optimum, else what the solver returned: ``ilp best feasible plan (HiGHS stopped
+    at its time limit, not proven optimal)`` or the heuristic plan kept at the limit."""
+    if _proven(part):
+        return f"{method} optimum"
+    if "heuristic" in (part.status or ""):
+        return f"{method} time-limit fallback (a heuristic plan; {part.solver or 'the solver'} stopped at its limit)"
+    return f"{method} best feasible plan ({part.solver or 'solver'} stopped at its time limit, not proven optimal)"
 
 
 def _refine(model, parallel, cost_model, sm, steady: PartitionProblem, candidates, baselines, method: str,
@@ -312,7 +349,9 @@ def _refine(model, parallel, cost_model, sm, steady: PartitionProblem, candidate
     start_ev, start_label = min(starts, key=lambda c: c[0].iteration_time_s)
     best_solver = min(candidates, key=lambda c: c[0].iteration_time_s)[0]
     if start_label.startswith("baseline"):
-        notes.append(f"{start_label} simulates faster ({start_ev.iteration_time_s:.4f} s) than the solver optimum "
+        what = "solver optimum" if _proven(best_solver.partition) else (
+            f"solver's best plan ({_result_word(best_solver.partition, method)})")
+        notes.append(f"{start_label} simulates faster ({start_ev.iteration_time_s:.4f} s) than the {what} "
                      f"({best_solver.iteration_time_s:.4f} s): the solver's objective misses part of what the "
                      "simulated schedule pays, so the plan starts from the baseline")
     cache = {}
