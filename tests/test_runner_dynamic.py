@@ -170,7 +170,8 @@ def _hand_jobs(static_times, dynamic_times, idle_static=0.5, idle_dynamic=0.1):
         return {"name": name, "schedule": "overlapped", "losses": [1.0, 0.5, 0.25], "step_times_s": times,
                 "gap_steps": [rec, rec, rec]}
 
-    return [job("static-0", static_times, idle_static, 0.0, 0.4), job("dynamic-0", dynamic_times, idle_dynamic, 0.3, 0.1)]
+    return [job("static-0", static_times, idle_static, 0.0, 0.4),
+            job("dynamic-0", dynamic_times, idle_dynamic, 0.3, 0.1)]
 
 
 def test_format_dynamic_labels_iqr_verdicts_and_a_predictor_worse_than_zero():

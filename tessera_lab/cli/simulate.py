@@ -178,7 +178,8 @@ def routed_simulation(
         cnt = routing_counts(spec, costs, microbatches, seed=seed, group=0, step=1, jitter=DEFAULT_JITTER, log_cache={})
         kw = {} if capacity_factor is None else dict(tokens=tokens * ep, top_k=top_k, capacity_factor=capacity_factor)
         x = slowest_loads(cnt, ep, **kw)
-        tl = simulate(sched, RoutedDurations(costs, x), p2p_latency=p2p_latency, comm=static_grad_sync(sched, grad_sync))
+        tl = simulate(sched, RoutedDurations(costs, x), p2p_latency=p2p_latency,
+                      comm=static_grad_sync(sched, grad_sync))
         result = {"schedule": sched.name, "stages": stages, "microbatches": microbatches, "vpp": vpp,
                   "routing": str(spec), "busiest_rank_load_mean": float(x.mean()),
                   "busiest_rank_load_max": float(x.max()), "makespan": tl.iteration_time,
@@ -222,9 +223,11 @@ def routed_simulation(
             "exposed_tail_static_s": sync_tail(res.timelines["static"]),
             "exposed_tail_dynamic_s": sync_tail(res.timelines["dynamic"]), "timeline": "last simulated step"}
     rows = [
-        {"plan": "static", f"iteration ({UNIT})": res.iteration_static_s, f"idle per rank ({UNIT})": res.idle_static_s,
+        {"plan": "static", f"iteration ({UNIT})": res.iteration_static_s,
+         f"idle per rank ({UNIT})": res.idle_static_s,
          "bubble (% of iteration)": 100 * res.idle_static_s / res.iteration_static_s if res.iteration_static_s else 0.0},
-        {"plan": "dynamic", f"iteration ({UNIT})": res.iteration_dynamic_s, f"idle per rank ({UNIT})": res.idle_dynamic_s,
+        {"plan": "dynamic", f"iteration ({UNIT})": res.iteration_dynamic_s,
+         f"idle per rank ({UNIT})": res.idle_dynamic_s,
          "bubble (% of iteration)": 100 * res.idle_dynamic_s / res.iteration_dynamic_s if res.iteration_dynamic_s else 0.0},
     ]
     slower = ", ".join(str(x) for x in s["slower_steps"]) or "none"

@@ -147,7 +147,8 @@ class RoutingTerms:
                          "the step times do not overlap)")
         if plan_iteration_s is not None:
             what = {"observed": "the lines above are the measured (observed) terms",
-                    "simulated": "the lines above are simulated terms (a simulation, not an observation)"}.get(self.provenance)
+                    "simulated": "the lines above are simulated terms (a simulation, not an observation)"
+                    }.get(self.provenance or "")
             lines.append("  (the table's routing variance row is the plan's own simulation under uniform routing: 0 by "
                          "construction" + (f"; {what})" if what else ")"))
         if plan_iteration_s is not None and self.measured and self.synthetic:
