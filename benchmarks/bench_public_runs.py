@@ -36,9 +36,15 @@ TEGroupedMLP, whose GroupedLinear launches one cuBLAS GEMM per expert on 4 strea
 Partition: the recipe's own, Megatron's even split of the layers over the stages (``method = uniform``), not the
 planner's choice: a memory-driven uneven split (stage 0 holding ``p`` micro-batches in flight gets fewer layers)
 makes the last stages the bottleneck of a layout the recipe does not use. Where our memory model does not fit that
-split, the time is priced without the memory limit (the run exists) and the row prints its memory with ``!``.
+split, the time is priced without the memory limit (the run exists) and the row's ``fits`` column says ``NO``.
 Rows marked ``reference_only`` are printed but left out of the median. Tokens are balanced (``expert_load = 1``) as
 the pages state.
+
+Table: one row per run (units in the headers: Model TFLOP/s per GPU, tokens/s per GPU, GiB per GPU), precision as
+the source states it (the B200 rows' MXFP8, ``source_precision``, is planned as FP8: ``mxfp8 (planned as fp8)``),
+peak and capacity GiB with a ``fits`` column; sources and mapping notes below it. ``--breakdown``: one MoE layer's
+standalone F + B + W (before overlap) beside the plan's per-layer time (after overlap) and the published per-layer
+budget, and the gap budget - standalone sum the README quotes (:func:`breakdown`).
 
 Run: python benchmarks/bench_public_runs.py [--json PATH] [--breakdown]   (analytic: no GPU needed; a few seconds per run)
 """
@@ -165,7 +171,7 @@ def predict(run: dict) -> dict:
         plan = make_plan(model, par, cluster=cluster, method="uniform", baselines=(), time_limit_s=5.0,
                          boundaries=bounds)
     except InfeasiblePlanError as exc:
-        # the run exists, so price its time at its own layout; the memory gap is the memory model's, printed with "!"
+        # the run exists, so price its time at its own layout; the memory gap is the memory model's, its "fits" column says NO
         notes.append(f"our memory model does not fit the recipe's even split ({exc}); time priced without the "
                      "memory limit")
         roomy = dataclasses.replace(GPUSpec.named(run["gpu"]), memory_bytes=float(2**50))
@@ -181,10 +187,12 @@ def predict(run: dict) -> dict:
         r, extra = mtp
         with_mtp = rank_mem[r] + extra
         mtp_fits = with_mtp <= capacity
-        notes.append(f"MTP ({run['mtp_num_layers']} layer) is not in the plan: it would add about {extra / 2**30:.1f} GiB "
-                     f"on rank {r} ({with_mtp / 2**30:.1f} of {capacity / 2**30:.1f} GiB; estimate of mtp_estimate)")
+        notes.append(f"MTP ({run['mtp_num_layers']} layer) is not in the model: it would add about "
+                     f"{extra / 2**30:.1f} GiB on rank {r}, {with_mtp / 2**30:.1f} of {capacity / 2**30:.1f} GiB: "
+                     f"{'fits' if mtp_fits else 'would NOT fit'} (hand estimate: one more MoE layer, the embedding "
+                     "and a second loss's logits; mtp_estimate in this file)")
     return {
-        "id": run["id"], "published_tflops_per_gpu": run["model_tflops_per_gpu"],
+        "id": run["id"], "precision_label": precision_label(run), "published_tflops_per_gpu": run["model_tflops_per_gpu"],
         "predicted_tflops_per_gpu": tflops, "error": tflops / run["model_tflops_per_gpu"] - 1.0,
         "predicted_mfu_bf16_peak": ev.mfu, "iteration_time_s": ev.iteration_time_s,
         "fits_memory": max(rank_mem) <= capacity,
@@ -200,14 +208,29 @@ def predict(run: dict) -> dict:
     }
 
 
-def breakdown(run: dict) -> dict:
-    """Where the predicted time of one MoE decoder layer goes (one micro-batch, one rank, F + B + W standalone):
-    per task, GPU seconds (roofline and collectives) and the host-bound excess (eager kernel issue beyond the GPU
-    time, :mod:`tessera_lab.cost.host`), with the published budget per layer for comparison: the published
-    tokens/s per GPU turned into seconds per micro-batch and layer, ``tokens per micro-batch / (tokens/s per GPU *
-    tp * layers)`` (a pipeline of ``tp * pp`` GPUs runs ``tokens/s per GPU * tp * pp`` tokens/s; each of its
-    stages runs every micro-batch through ``layers / pp`` layers)."""
+def precision_label(run: dict) -> str:
+    """The run's precision as its source states it, and what the plan uses where that differs: ``"fp8"`` or
+    ``"mxfp8 (planned as fp8)"`` (``source_precision`` in ``data/published``: the B200 rows' MXFP8 recipes are
+    priced with the FP8 cost model, the recipe field says under which assumption)."""
+    src = run.get("source_precision") or run["precision"]
+    return src if src == run["precision"] else f"{src} (planned as {run['precision']})"
+
+
+def breakdown(run: dict, predicted_tokens_per_s_per_gpu: float | None = None) -> dict:
+    """Where the predicted time of one MoE decoder layer goes (one micro-batch, one rank), in seconds.
+
+    ``phase_s`` / ``standalone_layer_s``: F, B and W of the layer's tasks each priced alone and summed, *before*
+    overlap (the plan hides part of dispatch/combine behind compute; bubble, optimizer and DP sync are not in it).
+    ``tasks``: per task, GPU (or link) seconds, the host-bound excess (eager kernel issue beyond the GPU time,
+    :mod:`tessera_lab.cost.host`) and the kernels it issues (``None`` for communication tasks).
+    ``published_layer_budget_s``: the published tokens/s per GPU turned into seconds per micro-batch and layer,
+    ``tokens per micro-batch / (tokens/s per GPU * tp * layers)`` (= iteration time ``* pp / (micro-batches *
+    layers)``: a stage runs every micro-batch through ``layers / pp`` layers), bubble, optimizer and exposed DP
+    included. ``plan_layer_time_s`` (with ``predicted_tokens_per_s_per_gpu``): the same formula on the plan's
+    predicted tokens/s, i.e. the plan's per-layer time after overlap. ``gap_vs_standalone_s`` = budget -
+    standalone sum (the README's "missing per layer and micro-batch"); ``gap_vs_plan_s`` = budget - plan."""
     from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.cost.host import task_kernels
     from tessera_lab.model.hardware import cluster_for
     from tessera_lab.model.spec import load_model
     from tessera_lab.model.tasks import layer_tasks
@@ -217,32 +240,101 @@ def breakdown(run: dict) -> dict:
     cm = CostModel(cluster_for(par, run["gpu"]), par)
     layer = next((ly.index for ly in model.layers if ly.ffn == "moe"), 0)
     lt = layer_tasks(model, layer, par)
-    tasks: dict[str, dict[str, float]] = {}
+    tasks: dict[str, dict] = {}
     for ph in "FBW":
         for t in lt.phase(ph):
-            row = tasks.setdefault(t.name, {"gpu_s": 0.0, "host_excess_s": 0.0, "kernels": 0.0})
+            row = tasks.setdefault(t.name, {"gpu_s": 0.0, "host_excess_s": 0.0,
+                                            "kernels": None if t.is_comm else 0.0, "is_comm": t.is_comm})
             row["gpu_s"] += cm.task_time(t) if t.is_comm else cm.gpu_time(t)
             row["host_excess_s"] += cm.host_excess(t)
             if not t.is_comm:
-                from tessera_lab.cost.host import task_kernels
-
                 row["kernels"] += task_kernels(t, precision=par.precision, grouped_impl=par.grouped_gemm, params=cm.a,
                                               microbatches=par.microbatches)
     phases = {ph: cm.phase_cost(lt.phase(ph)).time for ph in "FBW"}
-    budget = par.tokens_per_microbatch / (run["tokens_per_s_per_gpu"] * par.tp * model.num_layers)
-    return {"id": run["id"], "layer": layer, "tasks": tasks, "phase_s": phases, "published_layer_budget_s": budget}
+
+    def per_layer(tokens_per_s_per_gpu: float) -> float:
+        return par.tokens_per_microbatch / (tokens_per_s_per_gpu * par.tp * model.num_layers)
+
+    standalone = sum(phases.values())
+    budget = per_layer(run["tokens_per_s_per_gpu"])
+    out = {"id": run["id"], "layer": layer, "tasks": tasks, "phase_s": phases, "published_layer_budget_s": budget,
+           "standalone_layer_s": standalone, "gap_vs_standalone_s": budget - standalone,
+           "published_tokens_per_s_per_gpu": run["tokens_per_s_per_gpu"],
+           "experts_host_bound": tasks.get("experts", {}).get("host_excess_s", 0.0) > 0,
+           "reference_only": bool(run.get("reference_only"))}
+    if predicted_tokens_per_s_per_gpu:
+        plan_layer = per_layer(predicted_tokens_per_s_per_gpu)
+        out.update(plan_layer_time_s=plan_layer, gap_vs_plan_s=budget - plan_layer,
+                   predicted_tokens_per_s_per_gpu=predicted_tokens_per_s_per_gpu)
+    return out
+
+
+BREAKDOWN_HEAD = """\
+where the time goes: one MoE decoder layer, one micro-batch, one rank (analytic; ms)
+  standalone sum    F + B + W of the layer's tasks, each priced alone: BEFORE overlap (the plan hides part of
+                    dispatch/combine behind compute); no bubble, optimizer or DP sync
+  plan per layer    the plan's time per layer and micro-batch AFTER overlap, bubble etc. included:
+                    tokens per micro-batch / (predicted tokens/s per GPU x tp x layers)
+  published budget  the same formula on the published tokens/s per GPU (= published iteration time x pp /
+                    (micro-batches x layers))
+  gap               published budget - standalone sum (the README's "missing per layer and micro-batch");
+                    budget - plan beside it
+  per task: GPU (link for communication) ms summed over F, B, W; host-bound = eager kernel issue beyond the GPU
+  time (tessera_lab/cost/host.py); kernels issued (communication tasks: n/a)"""
 
 
 def print_breakdown(b: dict) -> None:
-    tot = sum(b["phase_s"].values())
-    ph = b["phase_s"]
-    print(f"{b['id']}: MoE layer {b['layer']}, one micro-batch: predicted F {ph['F'] * 1e3:.2f} + B {ph['B'] * 1e3:.2f}"
-          f" + W {ph['W'] * 1e3:.2f} = {tot * 1e3:.2f} ms; published budget per layer "
-          f"{b['published_layer_budget_s'] * 1e3:.2f} ms (incl. bubble, optimizer, exposed DP)")
+    ph, ms = b["phase_s"], 1e3
+    tag = " (reference only)" if b.get("reference_only") else ""
+    print(f"{b['id']}{tag}: MoE layer {b['layer']}")
+    print(f"  standalone sum (before overlap) {b['standalone_layer_s'] * ms:8.2f} ms  = F {ph['F'] * ms:.2f} + "
+          f"B {ph['B'] * ms:.2f} + W {ph['W'] * ms:.2f}")
+    if "plan_layer_time_s" in b:
+        print(f"  plan per layer (after overlap)  {b['plan_layer_time_s'] * ms:8.2f} ms  (predicted "
+              f"{b['predicted_tokens_per_s_per_gpu']:.0f} tokens/s per GPU)")
+    print(f"  published budget per layer      {b['published_layer_budget_s'] * ms:8.2f} ms  (published "
+          f"{b['published_tokens_per_s_per_gpu']:.0f} tokens/s per GPU)")
+    plan_gap = f"  (budget - plan {b['gap_vs_plan_s'] * ms:+.2f} ms)" if "gap_vs_plan_s" in b else ""
+    print(f"  gap: budget - standalone sum    {b['gap_vs_standalone_s'] * ms:+8.2f} ms{plan_gap}")
+    print(f"    {'task':20s} {'GPU/link ms':>11s} {'host-bound ms':>14s}  kernels")
     rows = sorted(b["tasks"].items(), key=lambda kv: -(kv[1]["gpu_s"] + kv[1]["host_excess_s"]))
     for name, r in rows[:8]:
-        print(f"    {name:20s} gpu {r['gpu_s'] * 1e3:7.3f} ms  host-bound +{r['host_excess_s'] * 1e3:6.3f} ms  "
-              f"kernels {r['kernels']:5.0f}")
+        kern = "n/a (communication)" if r["kernels"] is None else f"{r['kernels']:.0f}"
+        print(f"    {name:20s} {r['gpu_s'] * ms:11.3f} {'+' + format(r['host_excess_s'] * ms, '.3f'):>14s}  {kern}")
+
+
+def gap_summary(breakdowns: list[dict]) -> str:
+    """The line the README quotes: budget - standalone sum on the counted rows whose expert task is host-bound
+    (the small-expert rows: the host's kernel issue, not the GPU, sets the expert time; the coarse-expert rows'
+    GEMMs hide it)."""
+    hb = [b for b in breakdowns if b["experts_host_bound"] and not b["reference_only"]]
+    if not hb:
+        return "gap (budget - standalone sum): none of the counted rows has a host-bound expert task"
+    gaps = [b["gap_vs_standalone_s"] * 1e3 for b in hb]
+    lo, hi = min(gaps), max(gaps)
+    span = f"{lo:.1f}-{hi:.1f}" if lo >= 0 else f"{lo:.1f} to {hi:.1f}"
+    each = "; ".join(f"{b['id']} {g:.2f}" for b, g in zip(hb, gaps))
+    return (f"gap per layer and micro-batch (published budget - standalone sum) on the counted rows whose expert "
+            f"task is host-bound (the small-expert rows): {span} ms\n  ({each})")
+
+
+def table_rows(rows: list[dict]) -> list[list]:
+    """The main table's cells, one list per run (headers: :data:`HEADERS`)."""
+    out = []
+    for r in rows:
+        mtp = r["fits_memory_with_mtp_estimate"]
+        out.append([r["id"], "no (ref. only)" if r["reference_only"] else "yes", r["precision_label"],
+                    round(r["published_tflops_per_gpu"]), round(r["predicted_tflops_per_gpu"], 1),
+                    f"{r['error']:+.1%}", round(r["published_tokens_per_s_per_gpu"]),
+                    round(r["predicted_tokens_per_s_per_gpu"]), f"{r['peak_memory_gib']:.1f}",
+                    f"{r['capacity_gib']:.1f}", "yes" if r["fits_memory"] else "NO",
+                    "n/a" if mtp is None else ("yes" if mtp else "NO")])
+    return out
+
+
+HEADERS = ["run", "in\nmedian", "precision\n(per source)", "Model\nTFLOP/s/GPU\npublished",
+           "Model\nTFLOP/s/GPU\npredicted", "\n\nerror", "\ntokens/s/GPU\npublished", "\ntokens/s/GPU\npredicted",
+           "memory\npeak\nGiB/GPU", "memory\ncapacity\nGiB/GPU", "\n\nfits", "fits\nwith MTP\nestimate"]
 
 
 def main() -> None:
@@ -251,6 +343,10 @@ def main() -> None:
     ap.add_argument("--breakdown", action="store_true",
                     help="also print where the predicted time of one MoE layer goes, per run (GPU and host-bound)")
     args = ap.parse_args()
+    import tabulate as tabulate_mod
+
+    tabulate_mod.MIN_PADDING = 0  # columns as wide as their widest cell or header line
+
     data = json.loads((ROOT / "data" / "published" / "megatron_bridge.json").read_text())
     rows = []
     for run in data["runs"]:
@@ -259,29 +355,33 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - a benchmark prints what failed and goes on
             print(f"{run['id']}: not planned: {exc}")
     print("costs: analytic (cost model of data/hardware/cost_model.json; no measured profile)")
-    print(f"{'run':48s} {'published':>9s} {'predicted':>9s} {'error':>7s} {'tok/s/GPU pub/pred':>19s} {'mem GiB':>13s}"
-          "  source")
+    print("Model TFLOP/s per GPU: Megatron-LM's model-FLOPs convention (the pages' metric); error = predicted / "
+          "published - 1; fits: peak <= capacity (MTP: n/a where the recipe has no MTP layer)")
+    print(tabulate_mod.tabulate(table_rows(rows), headers=HEADERS, tablefmt="simple", disable_numparse=True,
+                                colalign=("left",) * 3 + ("right",) * 7 + ("left",) * 2))
+    print("\nper run: source and how it was planned")
     for r in rows:
-        mem = f"{r['peak_memory_gib']:.1f}/{r['capacity_gib']:.1f}" + ("" if r["fits_memory"] else "!")
-        tag = " (reference only)" if r["reference_only"] else ""
-        print(f"{r['id'] + tag:48s} {r['published_tflops_per_gpu']:9.0f} {r['predicted_tflops_per_gpu']:9.1f} "
-              f"{r['error']:+7.1%} {r['published_tokens_per_s_per_gpu']:>9.0f}/{r['predicted_tokens_per_s_per_gpu']:<9.0f} "
-              f"{mem:>13s}  {r['source']}")
+        print(f"  {r['id']}: {r['source']}")
         for n in r["mapping_notes"]:
-            print(f"{'':48s}   note: {n}")
+            print(f"      note: {n}")
     counted = [r for r in rows if not r["reference_only"]]
     med = statistics.median(abs(r["error"]) for r in counted) if counted else float("nan")
+    result = {"rows": rows, "median_abs_error": med, "source_pages": data["source_pages"]}
     if args.breakdown:
-        print("\nwhere the time goes (analytic; per task summed over F, B, W; host-bound = eager kernel issue beyond "
-              "the GPU time, tessera_lab/cost/host.py)")
-        for run in data["runs"]:
-            print_breakdown(breakdown(run))
+        print()
+        print(BREAKDOWN_HEAD)
+        pred = {r["id"]: r["predicted_tokens_per_s_per_gpu"] for r in rows}
+        bds = [breakdown(run, pred.get(run["id"])) for run in data["runs"]]
+        for b in bds:
+            print_breakdown(b)
+        print(gap_summary(bds))
+        result["breakdown"] = bds
     print(f"median |error| over {len(counted)} published runs (latest container per model and GPU): {med:.1%} "
           f"(target <= 25%); reference-only rows: {', '.join(r['id'] for r in rows if r['reference_only']) or 'none'}")
     if args.json:
         from tessera_lab.io import write_json
 
-        write_json(args.json, {"rows": rows, "median_abs_error": med, "source_pages": data["source_pages"]})
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ from tessera_lab.errors import ScheduleError
 from tessera_lab.ui.plots import gantt
 from tessera_lab.pipeline.schedules import SCHEDULE_NAMES
 from tessera_lab.pipeline.simulate import compare_with_closed_form
+from tessera_lab.teach.panels import bubble_table
 
 sns.set_theme(context="notebook", style="whitegrid")
 
@@ -84,7 +85,7 @@ def vpp_for(name, vpp=VPP):
 
 
 res = compare_with_closed_form(SCHEDULE, PP, MICROBATCHES, F, B, W, FB, vpp=vpp_for(SCHEDULE), p2p_latency=P2P_LATENCY)
-display(pd.DataFrame(res["rows"]).set_index("metric").round(4))
+display(bubble_table(res).round(4))  # labelled rows with units; float round-off shown as 0
 print("closed form:", res["formula"])
 print("source:     ", res["source"])
 print("exact here: ", res["exact"], "-", res["note"] or "simulator and formula agree")

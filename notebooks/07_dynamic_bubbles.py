@@ -318,7 +318,7 @@ runs = data_dir() / "runs"
 load = lambda name: json.loads((runs / f"runner_dynamic_overlapped_{name}.json").read_text())  # noqa: E731
 pairs = {"threads (receive waits)": (load("zipf1.5"), load("uniform")),  # (run, its uniform-routing control)
          "scheduled (receive + combine waits)": (load("scheduled_zipf1.5"), load("scheduled_uniform"))}
-display(pd.DataFrame([{"source": "measured (runner, tiny model)", "pairs": how, "routing": r["routing"],
+display(pd.DataFrame([{"source": "observed (runner, tiny model)", "pairs": how, "routing": r["routing"],
                        "static step (ms)": 1e3 * r["static"]["step_time"]["median_s"],
                        "dynamic step (ms)": 1e3 * r["dynamic"]["step_time"]["median_s"],
                        "gain": r["gain"], "verdict": r["gain_verdict"],

@@ -56,7 +56,7 @@ def test_layout_mapping_by_hand():
 
 def test_published_recipes_fit_memory():
     # the acceptance point: every published recipe is feasible in the memory model at its own layout (even split,
-    # VP, the recomputation it uses); the bench prices the time of a row that does not fit and marks it with "!"
+    # VP, the recomputation it uses); the bench prices the time of a row that does not fit and says "fits: NO"
     bench, runs = _bench(), _runs()
     for run in runs.values():
         row = bench.predict(run)
@@ -78,3 +78,80 @@ def test_recipe_pipeline_splits_by_hand():
     b = bench.split_for(runs["deepseek-v3/1024xH100/fp8/tp2-pp8-vp4-ep64"], 61)
     assert b[:3] == [0, 1, 3] and b[-2:] == [61, 61] and len(b) == 33
     assert bench.split_for(runs["qwen3-30b-a3b/16xH100/fp8/ep16"], 48) is None  # Megatron's even split
+
+
+def test_precision_as_the_source_says():
+    bench, runs = _bench(), _runs()
+    for run in runs.values():
+        # the source's row label names MXFP8 exactly where the data says so; the plan prices FP8 either way
+        assert ("(MXFP8)" in run["source"]) == (run.get("source_precision") == "mxfp8")
+        label = bench.precision_label(run)
+        assert label == ("mxfp8 (planned as fp8)" if run["gpu"] == "B200" else "fp8"), (run["id"], label)
+
+
+def test_breakdown_labels_and_per_layer_budget_by_hand():
+    bench, runs = _bench(), _runs()
+    run = runs["qwen3-30b-a3b/16xH100/fp8/ep16"]
+    # published budget per layer and micro-batch: MBS 1 x 4096 tokens / (8826 tokens/s per GPU x TP 1 x 48 layers)
+    # = 9.668 ms; the plan's per-layer time: the same formula on the predicted tokens/s
+    b = bench.breakdown(run, predicted_tokens_per_s_per_gpu=10000.0)
+    assert abs(b["published_layer_budget_s"] - 4096 / (8826 * 1 * 48)) < 1e-12
+    assert abs(b["plan_layer_time_s"] - 4096 / (10000 * 48)) < 1e-12
+    assert abs(b["standalone_layer_s"] - sum(b["phase_s"].values())) < 1e-15
+    assert abs(b["gap_vs_standalone_s"] - (b["published_layer_budget_s"] - b["standalone_layer_s"])) < 1e-15
+    assert abs(b["gap_vs_plan_s"] - (b["published_layer_budget_s"] - b["plan_layer_time_s"])) < 1e-15
+    # communication tasks issue no kernels the host model counts: n/a, not 0
+    assert b["tasks"]["dispatch"]["kernels"] is None and b["tasks"]["combine"]["kernels"] is None
+    assert b["tasks"]["experts"]["kernels"] > 0
+
+
+def test_plan_per_layer_is_iteration_time_times_pp_over_m_layers():
+    # the formula's identity (tokens/s per GPU = m * tokens per micro-batch / (T * tp * pp)): per-layer time
+    # = T * pp / (m * layers), on a run with TP 2 spanning EP and PP 8 VP 4
+    bench, runs = _bench(), _runs()
+    run = runs["qwen3-235b-a22b/256xH100/fp8/tp2-pp8-vp4-ep32"]
+    row = bench.predict(run)
+    b = bench.breakdown(run, row["predicted_tokens_per_s_per_gpu"])
+    expect = row["iteration_time_s"] * 8 / (512 * 94)
+    assert abs(b["plan_layer_time_s"] / expect - 1) < 1e-9
+
+
+def test_printed_table_and_breakdown(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_public_runs.py"), "--breakdown",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    lines = text.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("run "))
+    rule = next(i for i in range(head, len(lines)) if lines[i].startswith("----"))
+    end = next(i for i in range(rule, len(lines)) if not lines[i].strip())
+    block = lines[head:end]
+    # every table line, the reference-only row included, has the rule's column starts
+    starts = [i for i, ch in enumerate(lines[rule]) if ch == "-" and (i == 0 or lines[rule][i - 1] == " ")]
+    for ln in lines[rule + 1:end]:
+        assert all(ln[s - 1] == " " for s in starts[1:]), ln
+        assert len(ln) <= len(lines[rule])
+    header = "\n".join(block[: rule - head])
+    for unit in ("TFLOP/s/GPU", "published", "predicted", "tokens/s/GPU", "GiB/GPU", "fits"):
+        assert unit in header
+    assert sum("mxfp8 (planned as fp8)" in ln for ln in block) == 3
+    assert any("no (ref. only)" in ln for ln in block)
+    assert "estimate of mtp_estimate" not in text and "kernels     0" not in text
+    assert "n/a (communication)" in text and "standalone sum (before overlap)" in text
+    assert "plan per layer (after overlap)" in text and "published budget per layer" in text
+    summary = next(ln for ln in lines if ln.startswith("gap per layer and micro-batch"))
+    data = json.loads(out.read_text())
+    # the summary's rows: the counted ones whose expert task is host-bound (the README's small-expert rows)
+    small = [b for b in data["breakdown"] if b["experts_host_bound"] and not b["reference_only"]]
+    assert small and all(b["id"] in text for b in small)
+    gaps = [b["gap_vs_standalone_s"] * 1e3 for b in small]
+    assert f"{min(gaps):.1f}" in summary and f"{max(gaps):.1f}" in summary
+    # the JSON keeps its keys
+    assert {"rows", "median_abs_error", "source_pages"} <= set(data)
+    assert {"id", "published_tflops_per_gpu", "predicted_tflops_per_gpu", "error", "fits_memory",
+            "peak_memory_gib", "capacity_gib", "mapping_notes", "source"} <= set(data["rows"][0])

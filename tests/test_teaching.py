@@ -333,3 +333,40 @@ def test_attention_ratio_matters_at_long_sequences_only():
     t = table.set_index(["setting", "attention ratio"])["layers (ms)"]
     assert t["32K", 1] > t["32K", 7]
     assert (table[table["setting"] == "4K"]["iteration (s)"].notna()).all()
+
+
+# --------------------------------------------------------------------------- the model-diff headline (notebook 10)
+def test_diff_headline_share_only_when_it_reads_as_one():
+    from tessera_lab.report.diff import diff_headline
+
+    labels = ("base", "variant")
+    # notebook 10's case: +121.70 ms runtime overhead, -75.04 ms model work, the rest -57.85 ms: net -11.19 ms
+    c = {"runtime overhead": 0.12170, "model work at peak": -0.07504, "kernel efficiency": -0.05785}
+    h = diff_headline(labels, 1.7944, 1.7944 + sum(c.values()), 0.21, 0.169, c)
+    assert "%)" not in h.split(";")[-1] and "-1087" not in h
+    assert "largest term is runtime overhead (+121.70 ms per GPU), offset by model work at peak (-75.04 ms)" in h
+    assert "net -11.19 ms per GPU" in h
+    # same sign, term <= net: a share, 30 of 40 ms = 75%
+    h = diff_headline(labels, 1.0, 1.04, 0.2, 0.19, {"a": 0.03, "b": 0.01})
+    assert "dominated by a (+30.00 ms of +40.00 ms per GPU, 75%)" in h and "+4.0%, longer" in h
+    # a net change inside 0.1% of the base: about unchanged, no share
+    h = diff_headline(labels, 1.0, 1.0 + 1e-5, 0.2, 0.2, {"a": 0.02, "b": -0.01999})
+    assert "about unchanged" in h and "%)" not in h.split(";")[-1]
+
+
+def test_diff_headline_never_prints_a_share_outside_0_100():
+    import re
+
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from tessera_lab.report.diff import diff_headline
+
+    @given(st.lists(st.floats(-1.0, 1.0, allow_nan=False), min_size=1, max_size=6))
+    def check(values):
+        c = {f"k{i}": v for i, v in enumerate(values)}
+        h = diff_headline(("a", "b"), 2.0, max(1e-3, 2.0 + sum(values)), 0.2, 0.2, c)
+        for share in re.findall(r"per GPU, (-?\d+)%\)", h):
+            assert 0 < int(share) <= 100
+
+    check()

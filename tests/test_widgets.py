@@ -80,7 +80,7 @@ def test_quickstart_table_marks_partitions_that_do_not_fit():
 
     plan = replan(expert_width=2048, pp=12, microbatches=34)
     table = summary_table(plan)
-    assert list(table.columns) == ["iteration (s)", "tokens/s (M)", "MFU", "bubble fraction", "slowest stage (ms)",
+    assert list(table.columns) == ["iteration (s)", "tokens/s (M)", "MFU (%)", "bubble fraction", "slowest stage (ms)",
                                    "layers per stage", "fits memory"]
     for name, ev in [("overlap-aware (ilp)", plan.chosen), *plan.baselines.items()]:
         assert table.loc[name, "fits memory"] == ("yes" if ev.fits_memory else "NO")
@@ -120,3 +120,86 @@ def test_panel_says_computing_while_compute_runs_and_clears_it_after():
     controls["x"].value = 3
     assert "computing" in seen[-1] and "x 3" in seen[-1]
     assert "computing" not in box.children[1].value and state["result"] == 3
+
+
+# --------------------------------------------------------------------------- a fresh user's findings 14-16, 4
+def test_bubble_table_rows_are_labelled_with_units_and_free_of_round_off():
+    """03's table: every row a label with its unit (DualPipeV's published-formula row too), no raw keys, and a
+    difference of two equal times reads 0 (interleaved at p = 1 simulates 1.9999999999999998 for 2.0 s)."""
+    from tessera_lab.pipeline.simulate import compare_with_closed_form
+    from tessera_lab.teach.panels import bubble_table
+
+    table = bubble_table(compare_with_closed_form("dualpipev", 4, 8, 1.0, 2.0, 1.0, 2.6))
+    assert "published_bubble" not in " ".join(table.index) and "_" not in " ".join(table.index)
+    assert all(("(s)" in label) or ("share" in label) or ("/" in label) for label in table.index)
+    # DualPipe README: bubble (PP/2 - 1)(F&B + B - 3W) = 3 (2.6 + 2 - 3) = 4.8 s with PP = 2p = 8
+    row = table.loc["bubble per rank vs DualPipe README (PP/2 - 1)(F&B + B - 3W) (s)"]
+    assert row["closed form"] == pytest.approx(4.8) and row["difference"] == 0.0
+    # interleaved, p = 1, m = 1, v = 2 chunks of F 0.3 + B 0.7 s: makespan v m (F + B) = 2 s, no bubble
+    raw = compare_with_closed_form("interleaved", 1, 1, 0.3, 0.7, 0.1, 2.6, vpp=2)
+    assert raw["rows"][0]["difference"] != 0.0  # the float round-off this table hides
+    table = bubble_table(raw)
+    assert table.loc["makespan (s)", "simulated"] == pytest.approx(2.0)
+    assert (table["difference"] == 0.0).all() and table.loc["bubble per rank (s)", "simulated"] == 0.0
+
+
+def test_panel_caption_items_never_break_inside():
+    from tessera_lab.ui.panel import caption_html
+
+    out = caption_html("settings: F (s) 1 · F&B (s) 2.6 · p2p (s) 0")
+    assert "<span style='white-space: nowrap'>F&amp;B (s) 2.6</span>" in out
+    assert out.count("white-space: nowrap") == 3
+
+
+def test_rank_load_title_fits_inside_the_figure():
+    """07's side plot (1.2 of 4.2 of a 13-inch figure): its title is wrapped, never cut by the figure edge."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tessera_lab.ui.plots import rank_load_bars
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 3.0), layout="constrained", gridspec_kw={"width_ratios": [3, 1.2]})
+    ax = rank_load_bars([[1, 2, 3, 10, 1, 1, 1, 1]], ax=axes[1])
+    fig.canvas.draw()
+    box, edge = ax.title.get_window_extent(fig.canvas.get_renderer()), fig.bbox
+    assert edge.x0 <= box.x0 and box.x1 <= edge.x1 and box.y1 <= edge.y1
+    assert "4.00" in ax.get_title() and "min-max" in ax.get_title()  # 10 / mean 2.5; words are never split
+    plt.close(fig)
+
+
+def test_moe_panel_names_no_link_at_ep_1():
+    from tessera_lab.teach.moe import moe_all_to_all
+    from tessera_lab.teach.panels import moe_panel
+
+    one = moe_all_to_all("qwen3-30b-a3b", ep=1, skew=1.0)
+    assert one.link == "none" and one.time_s == 0.0 and one.summary()["dispatch per rank, mean (MiB)"] == 0.0
+    assert moe_all_to_all("qwen3-30b-a3b", ep=8, skew=1.0).link == "NVLink"
+    _, controls, state = moe_panel(ep=8, show_figure=False)
+    controls["ep"].value = 1
+    assert "NVLink" not in state["table_html"] and ">none<" in state["table_html"]
+
+
+def test_memory_note_uses_the_planners_gib_figures():
+    from types import SimpleNamespace
+
+    from tessera_lab.report.headline import memory_note
+
+    ev = SimpleNamespace(fits_memory=False, stages=[SimpleNamespace(index=0, memory_bytes=162.6 * 2**30)])
+    note = memory_note("uniform", ev, 134.4013671875 * 2**30)
+    assert "stage 0 needs 162.60 GiB, 28.20 GiB more than the 134.40 GiB available" in note
+
+
+def test_plan_notes_carry_the_mfu_validity_note():
+    """The panels' MFU check is :func:`~tessera_lab.report.headline.mfu_note` of the chosen plan (one source), and
+    where the published MoE band is in, a plan at 31% MFU (one grouped expert GEMM kernel) is flagged."""
+    import tessera_lab.report.headline as H
+    from tessera_lab.ui.widgets import plan_notes, replan
+
+    plan = replan(pp=8, microbatches=8)
+    flag = H.mfu_note(plan.chosen.mfu, moe=True)
+    assert (flag in plan_notes(plan)) if flag else not any("MFU" in n for n in plan_notes(plan))
+    if not hasattr(H, "published_mfu_band"):
+        pytest.skip("the published MoE MFU band (report.headline.published_mfu_band) is not on this branch yet")
+    assert H.mfu_note(0.31, moe=True) and "published" in H.mfu_note(0.31, moe=True)

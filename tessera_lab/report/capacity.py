@@ -86,7 +86,6 @@ the ``report --plot`` figures. Never imports torch; pandas is imported only by t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -98,6 +97,7 @@ from tessera_lab.model.knobs import MODEL_KNOBS
 from tessera_lab.model.spec import ModelSpec, layer_summary
 from tessera_lab.report.breakdown import (MFU_CONVENTION, CapacityReport, capacity_breakdown, capacity_from_observed,
                                           capacity_from_runner, nominal_from_timeline)
+from tessera_lab.report.diff import diff_headline
 from tessera_lab.report.categories import (CATEGORIES, DEFINITIONS, GIB, LABELS, ActionBreakdown, collective_category,
                                            evaluation_recipes, lane_breakdown)
 
@@ -341,15 +341,7 @@ def model_diff(
         labels = (labels[0] + " (a)", labels[1] + " (b)")
     ca, cb = capacity_report(pa), capacity_report(pb)
     contrib = diff_contributions(ca, cb)
-    dT = cb.iteration_time_s - ca.iteration_time_s
-    top = max(contrib, key=lambda k: abs(contrib[k]))
-    share = contrib[top] / dT if dT else float("nan")
-    direction = "longer" if dT > 0 else ("shorter" if dT < 0 else "unchanged")
-    headline = (
-        f"{labels[1]} vs {labels[0]}: iteration {ca.iteration_time_s:.4f} -> {cb.iteration_time_s:.4f} s "
-        f"({dT / ca.iteration_time_s:+.1%}, {direction}), MFU {ca.mfu:.1%} -> {cb.mfu:.1%}; the difference is dominated "
-        f"by {top} ({contrib[top] * 1e3:+.2f} ms of {dT * 1e3:+.2f} ms per GPU"
-        + (f", {share:.0%}" if math.isfinite(share) else "") + ")")
+    headline = diff_headline(labels, ca.iteration_time_s, cb.iteration_time_s, ca.mfu, cb.mfu, contrib)
     if pa.parallel.tokens_per_iteration != pb.parallel.tokens_per_iteration:
         headline += (f"; tokens per iteration differ ({pa.parallel.tokens_per_iteration} vs "
                      f"{pb.parallel.tokens_per_iteration}): compare tokens/s")

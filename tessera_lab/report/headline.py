@@ -228,9 +228,10 @@ def memory_note(method: str, evaluation: Any, capacity_bytes: float | None = Non
             worst = st
     where = ""
     if worst is not None:
-        where = f" (stage {worst.index} needs {worst.memory_bytes / 2**30:.1f} GiB"
-        if capacity_bytes:
-            where += f", {(worst.memory_bytes - capacity_bytes) / 2**30:.1f} GiB over the GPU's {capacity_bytes / 2**30:.0f}"
+        where = f" (stage {worst.index} needs {worst.memory_bytes / 2**30:.2f} GiB"
+        if capacity_bytes:  # the same figures and wording as the planner's infeasibility message
+            where += (f", {(worst.memory_bytes - capacity_bytes) / 2**30:.2f} GiB more than the "
+                      f"{capacity_bytes / 2**30:.2f} GiB available")
         where += ")"
     return f"{method}: does not fit in GPU memory{where}; its times are not achievable"
 

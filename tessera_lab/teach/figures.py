@@ -141,7 +141,8 @@ def plot_moe(volumes: AllToAllVolumes, *, title: str | None = None):
         a.tick_params(labelsize=7)
         a.set_xlabel("to rank (dispatch)")
         a.set_ylabel("from rank")
-        a.set_title("dispatch all-to-all (combine = transpose)", fontsize=10)
+        a.set_title("dispatch all-to-all (combine = transpose)" if volumes.ep > 1
+                    else "ep = 1: no all-to-all, every token stays local", fontsize=10)
         palette = sns.color_palette("colorblind", 4)
         load = np.asarray(volumes.expert_tokens)
         b.bar(range(volumes.ep), load, color=[palette[3] if v == load.max() else palette[0] for v in load])

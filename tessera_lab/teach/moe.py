@@ -61,7 +61,8 @@ class AllToAllVolumes:
         dispatch_sent, dispatch_received: bytes each rank sends to / receives from other ranks in the
             dispatch; the combine swaps the two.
         expert_tokens: token copies each rank's experts process (its load).
-        link: the link of the EP group (NVLink while ``ep <= 8``).
+        link: the link of the EP group (NVLink while ``ep <= 8``); ``"none"`` at ``ep = 1``, where every token
+            stays on its rank and nothing crosses a link.
         time_s: time of one all-to-all: ``alpha + max over ranks of max(sent, received) / (B * eta)``; the
             slowest rank sets it. ``uniform_time_s``: the same with perfectly even routing
             (:meth:`CostModel.collective_time` of an all-to-all of the same total).
@@ -173,7 +174,7 @@ def all_to_all_volumes(counts, ep: int, hidden: int, *, dtype: str = "bf16", exp
     return AllToAllVolumes(
         ep=ep, experts_per_rank=per, send=tuple(tuple(int(v) for v in row) for row in send), token_bytes=tb,
         dispatch_sent=tuple(float(v) for v in sent), dispatch_received=tuple(float(v) for v in received),
-        expert_tokens=tuple(int(v) for v in load), link=link.name, time_s=time_s, uniform_time_s=uniform,
+        expert_tokens=tuple(int(v) for v in load), link=link.name if ep > 1 else "none", time_s=time_s, uniform_time_s=uniform,
         expert_time_s=tuple(expert_t),
     )
 

@@ -114,6 +114,32 @@ def moe_panel(model: str = "qwen3-30b-a3b", ep: int = 8, top_k: int | None = Non
 _BUBBLE_METRICS = {"makespan": "makespan (s)", "bubble_per_rank": "bubble per rank (s)",
                    "bubble_fraction": "bubble fraction (share of the makespan)",
                    "bubble_overhead": "bubble overhead (bubble / useful work)"}
+#: the row comparing the simulated bubble per rank with a published formula, by schedule
+_PUBLISHED_BUBBLE = {"dualpipev": "bubble per rank vs DualPipe README (PP/2 - 1)(F&B + B - 3W) (s)",
+                     "zb-h2": "bubble per rank vs ZB paper (p - 1)(F + I - 2W) (s)"}
+
+
+def _snap(x: float, scale: float, rel: float = 1e-9) -> float:
+    """``x`` with float round-off (``|x| <= rel * scale``) set to 0, so a difference of two equal times reads 0."""
+    return 0.0 if abs(x) <= rel * max(abs(scale), 1.0) else x
+
+
+def bubble_table(result: dict[str, Any]):
+    """Notebook 03's table of a :func:`~tessera_lab.pipeline.simulate.compare_with_closed_form` result: one
+    labelled row per metric with its unit (:data:`_BUBBLE_METRICS`), columns ``simulated``, ``closed form``,
+    ``difference``; values within float round-off of zero (e.g. ``-1.1e-13`` s) are 0."""
+    import pandas as pd
+
+    name = getattr(result.get("schedule"), "name", "")
+    labels = {**_BUBBLE_METRICS,
+              "published_bubble": _PUBLISHED_BUBBLE.get(name, "bubble per rank vs published formula (s)")}
+    rows = []
+    for row in result["rows"]:
+        scale = max(abs(row["simulated"]), abs(row["closed_form"]))
+        rows.append({"metric": labels.get(row["metric"], row["metric"]),
+                     "simulated": _snap(row["simulated"], scale), "closed form": _snap(row["closed_form"], scale),
+                     "difference": _snap(row["difference"], scale)})
+    return pd.DataFrame(rows).set_index("metric")
 
 
 def bubble_panel(schedule: str = "1f1b", pp: int = 4, microbatches: int = 8, vpp: int = 2, f: float = 1.0,
@@ -123,7 +149,6 @@ def bubble_panel(schedule: str = "1f1b", pp: int = 4, microbatches: int = 8, vpp
     and the Gantt chart. ``state["result"]`` holds that function's result; a schedule that cannot run with the
     settings (1F1B with fewer micro-batches than stages, ...) gives ``state["error"]``."""
     import ipywidgets as wd
-    import pandas as pd
 
     from tessera_lab.pipeline.schedules import SCHEDULE_NAMES
     from tessera_lab.pipeline.simulate import compare_with_closed_form
@@ -161,9 +186,7 @@ def bubble_panel(schedule: str = "1f1b", pp: int = 4, microbatches: int = 8, vpp
             notes.append(f"chunks v applies to the interleaved schedule only ({sched} runs one chunk per rank)")
         if controls["w"].value > controls["b"].value:
             notes.append(f"W is capped at B = {controls['b'].value:.1f} s (W is part of the backward)")
-        table = (pd.DataFrame(r["rows"]).set_index("metric").rename(index=_BUBBLE_METRICS)
-                 .rename(columns={"closed_form": "closed form"}))
-        return View(table, gantt(r["timeline"]), notes)
+        return View(bubble_table(r), gantt(r["timeline"]), notes)
 
     names = list(controls)
     return panel(controls, compute, render, rows=[names[:4], names[4:]], error_prefix="cannot run")

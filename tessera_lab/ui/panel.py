@@ -119,10 +119,21 @@ def table_html(table: Any, *, caption: str | None = None, float_format: Callable
         if caption:
             head, sep, rest = out.partition(">")
             out = (f"{head}{sep}<caption style='caption-side: bottom; font-size: 0.8em; color: dimgray'>"
-                   f"{html.escape(caption)}</caption>{rest}")
+                   f"{caption_html(caption)}</caption>{rest}")
         return out
     text = f"<pre>{html.escape(str(table))}</pre>"
-    return text + (f"<div style='font-size: 0.8em; color: dimgray'>{html.escape(caption)}</div>" if caption else "")
+    return text + (f"<div style='font-size: 0.8em; color: dimgray'>{caption_html(caption)}</div>" if caption else "")
+
+
+def caption_html(caption: str) -> str:
+    """Escaped ``caption`` whose `` · ``-separated items never break inside (each is a ``white-space: nowrap``
+    span): a narrow cell wraps between settings, never inside one ("F&B (s) 2.6" stays on one line)."""
+    items = caption.split(CAPTION_SEP)
+    return CAPTION_SEP.join(f"<span style='white-space: nowrap'>{html.escape(item)}</span>" for item in items)
+
+
+#: separator of the settings in a caption
+CAPTION_SEP = " · "
 
 
 def _caption(controls: dict[str, Any]) -> str:
@@ -131,7 +142,7 @@ def _caption(controls: dict[str, Any]) -> str:
         label = getattr(c, "description", "") or name
         value = c.value
         parts.append(f"{label} {value:.4g}" if isinstance(value, float) else f"{label} {value}")
-    return "settings: " + " · ".join(parts)
+    return "settings: " + CAPTION_SEP.join(parts)
 
 
 def panel(

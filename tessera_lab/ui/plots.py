@@ -542,9 +542,24 @@ def rank_load_bars(loads, ax=None, title: str | None = None, relative: bool = Tr
     ax.set_xlabel("EP rank")
     ax.set_ylabel("load / uniform share" if relative else "tokens")
     imb = float(np.mean(x.max(1) / x.mean(1))) if (x.mean(1) > 0).all() else 1.0
-    ax.set_title(title or f"per-EP-rank load (imbalance max/mean {imb:.2f}; bars: mean, whiskers: min-max)",
-                 fontsize=10)
+    fit_title(ax, title or f"per-EP-rank load, max/mean {imb:.2f}\nbars: mean, whiskers: min-max",
+              fontsize=10)
     return ax
+
+
+def fit_title(ax, text: str, fontsize: float = 10) -> None:
+    """Set ``text`` as the title of ``ax``, each line wrapped at word boundaries to the axes' width, so a
+    narrow axes (a panel's side plot) never has its title cut off by the figure edge.
+
+    The width in characters is estimated from the axes' width in inches (about 105 / fontsize characters of
+    DejaVu Sans per inch, kept on the safe side of its average glyph width)."""
+    import textwrap
+
+    width_in = ax.get_position().width * ax.figure.get_figwidth()
+    chars = max(12, int(width_in * 105 / fontsize))
+    lines = [wrapped for line in text.split("\n")
+             for wrapped in (textwrap.wrap(line, chars, break_on_hyphens=False) or [""])]
+    ax.set_title("\n".join(lines), fontsize=fontsize)
 
 
 def gantt_pair(static, dynamic=None, titles: tuple[str, str] | None = None) -> Any:
@@ -567,4 +582,4 @@ def gantt_pair(static, dynamic=None, titles: tuple[str, str] | None = None) -> A
     return fig
 
 
-__all__ += ["routing_heatmap", "rank_load_bars", "gantt_pair"]
+__all__ += ["routing_heatmap", "rank_load_bars", "gantt_pair", "fit_title"]

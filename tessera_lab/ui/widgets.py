@@ -93,7 +93,7 @@ def summary_table(plan: Plan):
         ev = plan.chosen if name == plan.chosen.method else plan.baselines[name]
         rows.append({"partition": "overlap-aware (ilp)" if ev is plan.chosen else name,
                      "iteration (s)": s["iteration_time_s"], "tokens/s (M)": s["tokens_per_s"] / 1e6,
-                     "MFU": s["mfu"], "bubble fraction": s["bubble_fraction"],
+                     "MFU (%)": 100 * s["mfu"], "bubble fraction": s["bubble_fraction"],
                      "slowest stage (ms)": s["slowest_stage_ms"], "layers per stage": s["layers_per_stage"],
                      "fits memory": "yes" if ev.fits_memory else "NO"})
     return pd.DataFrame(rows).set_index("partition")
@@ -165,7 +165,7 @@ def compare_partitions(
             "slowest stage (ms)": max(st.time_s for st in ev.stages) * 1e3,
             "iteration (s)": ev.iteration_time_s,
             "tokens/s": ev.tokens_per_s,
-            "MFU": ev.mfu,
+            "MFU (%)": 100 * ev.mfu,
             "overlap-aware speed-up": ev.iteration_time_s / plan.chosen.iteration_time_s,
             "fits memory": ev.fits_memory,
         })
