@@ -187,8 +187,10 @@ def test_observed_text_shows_verdicts_and_provenance_once():
     assert t.idle_removed_significant is False and "idle removed per rank: 0.05 s (not significant)" in text
     assert "+6.67% (gain_verdict: not significant" in text
     assert "the lines above are the measured (observed) terms" in text
-    # 0.05 / 0.25 = 20% of 2 s = 0.4 s; IQRs 0.29-0.31 vs 0.24-0.26 apart
-    assert "routing variance 400 ms (significant)" in text
+    # 0.05 / 0.25 = 20% of the uniform static iteration; IQRs 0.29-0.31 vs 0.24-0.26 apart; the tiny CPU model's
+    # share is not applied to the 2 s plan (would be 400 ms)
+    assert "routing variance: 0.05 s (20.00% of the uniform static iteration) (significant)" in text
+    assert "400 ms" not in text
 
 
 def test_zero_shares_print_without_a_minus_sign():
@@ -204,3 +206,13 @@ def test_report_table_zero_rows_print_0_percent(capsys):
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("routing variance "))
     assert "-0.0%" not in out and row.split()[-2:] == ["0.0%", "0.0%"]
+
+
+def test_observed_runner_shares_are_not_scaled_onto_another_models_plan():
+    """A run of the runner's tiny CPU model says what it lost of its own iteration; applying that share to a
+    64-GPU plan of another model would pass a CPU observation off as the plan's seconds (finding 12)."""
+    run = _run("zipf:1.5", static=0.30, dynamic=0.28, idle_static=0.8, idle_dynamic=0.6)
+    ctl = _run("model router (no skew)", static=0.25, dynamic=0.25, idle_static=0.5, idle_dynamic=0.5)
+    text = routing_terms(run, ctl).format(2.0)
+    assert "not scaled to this plan's iteration (2 s)" in text and "tiny model" in text
+    assert "400 ms" not in text  # 20% of 2 s: the number an estimate scaled onto the plan would have printed

@@ -79,6 +79,8 @@ class RoutingTerms:
     idle_removed_significant: bool | None = None
     gain: float | None = None
     gain_verdict: str | None = None
+    #: why these shares must not be applied to a plan's iteration (another workload), or ``None``
+    foreign_workload: str | None = None
 
     @property
     def synthetic(self) -> bool:
@@ -151,9 +153,10 @@ class RoutingTerms:
                     }.get(self.provenance or "")
             lines.append("  (the table's routing variance row is the plan's own simulation under uniform routing: 0 by "
                          "construction" + (f"; {what})" if what else ")"))
-        if plan_iteration_s is not None and self.measured and self.synthetic:
-            lines.append(f"  not scaled to this plan's iteration ({plan_iteration_s:.4g} s): the simulation's stage "
-                         f"times are {self.units} of a synthetic toy pipeline, not this plan's stages; its numbers "
+        why = (f"the simulation's stage times are {self.units} of a synthetic toy pipeline, not this plan's stages"
+               if self.synthetic else self.foreign_workload)
+        if plan_iteration_s is not None and self.measured and why:
+            lines.append(f"  not scaled to this plan's iteration ({plan_iteration_s:.4g} s): {why}; its numbers "
                          "count only as the shares of its own iteration shown above")
         elif plan_iteration_s is not None and self.measured:
             sc = self.scaled(plan_iteration_s)
@@ -284,7 +287,9 @@ def _from_runs(d: Mapping[str, Any], control: Mapping[str, Any] | None, what: st
                          idle_removed_s=(ist["median_s"] - idy["median_s"]) / div, notes=notes,
                          idle_removed_significant=apart(ist, idy), gain=gain,
                          gain_verdict=(d.get("gain_verdict") or ("significant" if apart(st, dy) else "not significant"))
-                         if gain is not None else None)
+                         if gain is not None else None,
+                         foreign_workload="the run is the runner's tiny model on this machine's CPU processes, not "
+                                          "this plan's model and cluster")
     if not terms.idle_removed_significant:
         notes.append("idle removed not significant: the interquartile ranges of the host idle per step, static and "
                      "dynamic, overlap")
