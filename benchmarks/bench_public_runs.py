@@ -248,7 +248,8 @@ def breakdown(run: dict, predicted_tokens_per_s_per_gpu: float | None = None) ->
             row["gpu_s"] += cm.task_time(t) if t.is_comm else cm.gpu_time(t)
             row["host_excess_s"] += cm.host_excess(t)
             if not t.is_comm:
-                row["kernels"] += task_kernels(t, precision=par.precision, grouped_impl=par.grouped_gemm, params=cm.a)
+                row["kernels"] += task_kernels(t, precision=par.precision, grouped_impl=par.grouped_gemm, params=cm.a,
+                                              microbatches=par.microbatches)
     phases = {ph: cm.phase_cost(lt.phase(ph)).time for ph in "FBW"}
 
     def per_layer(tokens_per_s_per_gpu: float) -> float:

@@ -19,7 +19,8 @@ from typing import Callable
 
 from tessera_lab.checks import MAX_TIME_S, env_name, work_limit
 
-__all__ = ["integer", "finite_float", "int_at_least", "int_in", "positive_int", "nonneg_float", "positive_float", "float_in"]
+__all__ = ["integer", "finite_float", "int_at_least", "int_in", "positive_int", "nonneg_float", "positive_float", "float_in",
+           "float_at_least", "fraction_below_one", "predictor_spec", "module_list", "Switch"]
 
 
 def _limit(name: str) -> int | None:
@@ -92,16 +93,18 @@ def positive_int(name: str) -> Callable[[str], int]:
     return int_in(name, 1)
 
 
-def float_in(name: str, low: float = 0.0, high: float = MAX_TIME_S, *, low_open: bool = False) -> Callable[[str], float]:
-    """Parser of a finite number in ``[low, high]`` (``(low, high]`` with ``low_open``); rejects nan and inf."""
-    allowed = f"a finite number {'>' if low_open else '>='} {low:g} and <= {high:g}"
+def float_in(name: str, low: float = 0.0, high: float = MAX_TIME_S, *, low_open: bool = False,
+             high_open: bool = False, allowed: str | None = None) -> Callable[[str], float]:
+    """Parser of a finite number in ``[low, high]`` (open ends with ``low_open`` / ``high_open``); rejects nan and
+    inf. ``allowed`` replaces the generated range text (the one line names the real rule)."""
+    allowed = allowed or f"a finite number {'>' if low_open else '>='} {low:g} and {'<' if high_open else '<='} {high:g}"
 
     def parse(text: str) -> float:
         try:
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} = {text!r} is not a number; allowed: {allowed}") from None
-        if not math.isfinite(v) or (v <= low if low_open else v < low) or v > high:
+        if not math.isfinite(v) or (v <= low if low_open else v < low) or (v >= high if high_open else v > high):
             raise argparse.ArgumentTypeError(f"{name} = {text} is out of range; allowed: {allowed}")
         return v
 
@@ -122,3 +125,80 @@ def nonneg_float(name: str, high: float = MAX_TIME_S) -> Callable[[str], float]:
 def positive_float(name: str, high: float = MAX_TIME_S) -> Callable[[str], float]:
     """Parser of a finite number ``> 0`` (and ``<= high``) for the option ``name`` (time limits, pair times)."""
     return float_in(name, 0.0, high, low_open=True)
+
+
+def float_at_least(name: str, low: float, *, what: str = "") -> Callable[[str], float]:
+    """Parser of a finite number ``>= low`` (``--expert-load``: ``>= 1``, the busiest rank over the mean); ``what``
+    says what the number is, after the rule."""
+    return float_in(name, low, 1e12, allowed=f"a finite number >= {low:g}" + (f" ({what})" if what else ""))
+
+
+def fraction_below_one(name: str) -> Callable[[str], float]:
+    """Parser of a share ``0 <= x < 1`` (``--margin``: the share of a predicted wait left unfilled)."""
+    return float_in(name, 0.0, 1.0, high_open=True, allowed=f"0 <= {name} < 1")
+
+
+#: the predictor forms of ``simulate`` / ``run --dynamic`` (as :mod:`tessera_lab.dynamic.controller` parses them)
+PREDICTOR_FORMS = "last-step, moving-average:K or minimum:K (K an integer >= 1)"
+
+
+def predictor_spec(name: str = "predictor") -> Callable[[str], str]:
+    """Parser of a wait predictor ``last-step``, ``moving-average:K`` or ``minimum:K``; a bad window K is named
+    as such (``K = 0 is out of range``), an unknown kind as unknown. Returns the text unchanged."""
+
+    def parse(text: str) -> str:
+        kind, sep, rest = text.strip().lower().partition(":")
+        if kind == "last-step" and not sep:
+            return text
+        if kind in ("moving-average", "minimum"):
+            if not sep:
+                return text
+            try:
+                k = int(rest)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{name} = {text!r}: window K = {rest!r} is not an integer; "
+                                                 f"allowed: {PREDICTOR_FORMS}") from None
+            if k < 1:
+                raise argparse.ArgumentTypeError(f"{name} = {text!r}: window K = {k} is out of range; allowed: "
+                                                 f"{PREDICTOR_FORMS}")
+            return text
+        raise argparse.ArgumentTypeError(f"{name} = {text!r} is unknown; allowed: {PREDICTOR_FORMS}")
+
+    return parse
+
+
+def module_list(name: str, allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    """Parser of a comma-separated list of names from ``allowed`` (``--recompute-modules``): an empty list, an empty
+    name (``core_attn,,moe``), an unknown or a repeated name is refused in one line."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = [x.strip() for x in text.split(",")]
+        rule = f"allowed: comma-separated names from {', '.join(allowed)}"
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{name} = {text!r} is empty; {rule}")
+        if any(not x for x in names):
+            raise argparse.ArgumentTypeError(f"{name} = {text!r} has an empty name (two commas or a comma at an "
+                                             f"end); {rule}")
+        bad = [x for x in names if x not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{name} = {text!r}: {', '.join(map(repr, bad))} unknown; {rule}")
+        if len(set(names)) < len(names):
+            raise argparse.ArgumentTypeError(f"{name} = {text!r} repeats a name; {rule}")
+        return tuple(names)
+
+    return parse
+
+
+class Switch(argparse.Action):
+    """An on/off switch (``store_true``) that names itself when given a value: ``--ep-spans-tp 0`` gives
+    ``argument --ep-spans-tp: is an on/off switch and takes no value (got '0'); ...`` from the subcommand's parser
+    instead of argparse's bare ``unrecognized arguments: 0``."""
+
+    def __init__(self, option_strings, dest, default=False, required=False, help=None):  # noqa: A002 - argparse API
+        super().__init__(option_strings, dest, nargs="?", const=True, default=default, required=required, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is not True:
+            parser.error(f"argument {option_string}: is an on/off switch and takes no value (got {values!r}); "
+                         f"allowed: {option_string} alone to turn it on, leave it out for off")
+        setattr(namespace, self.dest, True)

@@ -103,6 +103,15 @@ def allowed_range(low: float | None, high: float | None, integer: bool, *, low_o
     return f"{kind} {' and '.join(parts)}".rstrip()
 
 
+def divisors_text(n: int, *, limit: int = 24) -> str:
+    """``"a divisor of 512: 1, 2, 4, ..., 512"`` (all divisors when at most ``limit`` of them, else the first and
+    last few): the allowed values of a size that must divide ``n``."""
+    ds = [d for d in range(1, int(n) + 1) if n % d == 0] if n >= 1 else []
+    shown = ", ".join(map(str, ds)) if len(ds) <= limit else \
+        ", ".join(map(str, ds[:limit // 2])) + ", ..., " + ", ".join(map(str, ds[-3:]))
+    return f"a divisor of {n}: {shown}"
+
+
 def check_work(name: str, value: int, *, field: str | None = None, where: str = "",
                error: type[Exception] = ConfigError) -> int:
     """Refuse ``value`` over the work limit ``name`` (see :data:`WORK_LIMITS`); returns ``value``.

@@ -80,8 +80,9 @@ def test_compute_time_of_a_gemm_task_by_hand():
     eff = 0.855 * 2048 / 2413 * 256 / 264
     expect = 4e-6 + max(2.0 * m * k * n / (989e12 * eff), 2.0 * (m * k + k * n + m * n) / (4.8e12 * 0.896))
     assert cm.compute_time(t) == pytest.approx(expect, rel=1e-12)
-    # FP8: the FP8 peak and curve, plus 6 bytes per element of input and weight for the casts (F)
-    p8 = p.replace(precision="fp8")
+    # FP8: the FP8 peak and curve, plus 6 bytes per element of input and weight for the casts (F); one micro-batch
+    # (m = 1): the weight is cast in this micro-batch (TE caches it for the step's later micro-batches)
+    p8 = p.replace(precision="fp8", microbatches=1)
     cm8 = CostModel(cluster_for(p8, "H200"), p8)
     eff8 = 0.74 * 2048 / 2778 * 256 / 264
     expect8 = 4e-6 + max(2.0 * m * k * n / (1979e12 * eff8), 2.0 * (m * k + k * n + m * n) / (4.8e12 * 0.896)) \
@@ -90,6 +91,12 @@ def test_compute_time_of_a_gemm_task_by_hand():
     # eager host issue: 1 GEMM + 3 quantize kernels (amax, scale, cast) for each of input and weight = 7 kernels
     # x 10 us = 70 us > the 35 us GPU time: this FP8 GEMM is host-bound, the bf16 one (1 kernel, 10 us) is not
     assert cm8.host_time(t) == pytest.approx(7 * 10e-6, rel=1e-12)
+    # m = 32 micro-batches share one weight cast: 6 x k n / 32 cast bytes and 1 + 3 + 3/32 kernels per micro-batch
+    p32 = p.replace(precision="fp8", microbatches=32)
+    cm32 = CostModel(cluster_for(p32, "H200"), p32)
+    expect32 = expect8 - 6.0 * k * n * (1 - 1 / 32) / (4.8e12 * 0.896)
+    assert cm32.gpu_time(t) == pytest.approx(expect32, rel=1e-12)
+    assert cm32.host_time(t) == pytest.approx((1 + 3 + 3 / 32) * 10e-6, rel=1e-12)
     assert cm8.compute_time(t) == pytest.approx(max(expect8, 70e-6), rel=1e-12) == 70e-6
     assert cm.compute_time(t) == pytest.approx(max(expect, 10e-6), rel=1e-12) == pytest.approx(expect)
 

@@ -322,14 +322,15 @@ def test_cli_routing_table_and_plot(capsys, tmp_path):
     assert main(SIM + ["--routing", "drift:1", "--seed", "2"]) == 0
     text = capsys.readouterr().out
     assert "routing drift:1" in text and "makespan" in text
-    assert "busy (s)" in text and "idle (s)" in text
+    assert "busy (time units)" in text and "idle (time units)" in text and "unit of --f, --b, --w" in text
     png = tmp_path / "g.png"
     assert main(SIM + ["--w", "1", "--routing", "zipf:0.5", "--dynamic", "--plot", str(png)]) == 0
     text = capsys.readouterr().out
     assert "idle time removed" in text and png.stat().st_size > 0
     # every number carries its unit
-    assert re.search(r"idle time removed [0-9.e+-]+ s per rank", text)
-    assert "iteration (s)" in text and "idle per rank (s)" in text and "bubble (% of iteration)" in text
+    assert re.search(r"idle time removed [0-9.e+-]+ time units per rank", text)
+    assert "iteration (time units)" in text and "idle per rank (time units)" in text
+    assert "bubble (% of iteration)" in text and "(time units: the unit of --f, --b, --w and --grad-sync" in text
 
 
 def test_cli_without_new_flags_is_unchanged(capsys):

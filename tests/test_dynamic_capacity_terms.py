@@ -37,7 +37,13 @@ def test_simulation_terms_hand_worked():
     assert t.scaled(5.0) == pytest.approx({"routing_variance_s": 1.0, "bubble_after_dynamic_s": 0.5})
     text = t.format(5.0)
     assert "simulated" in text and "routing zipf:1.2" in text and "20.00% of the uniform static" in text
-    assert "1000 ms" in text and "500 ms" in text and NOT_MEASURED not in text
+    assert NOT_MEASURED not in text
+    # synthetic --f/--b/--w units of a toy pipeline are never scaled onto a plan's seconds (finding 12)
+    assert "1000 ms" not in text and "not scaled to this plan's iteration (5 s)" in text
+    assert "simulated terms (a simulation, not an observation)" in text and "measured (observed) terms" not in text
+    # a simulation in seconds (not synthetic) is scaled: 20% of 5 s = 1000 ms, 10% of 5 s = 500 ms
+    secs = routing_terms(dict(SIM, costs="profile data/profiles/x.json"))
+    assert not secs.synthetic and "1000 ms" in secs.format(5.0) and "500 ms" in secs.format(5.0)
 
 
 def test_run_terms_with_control_hand_worked():
@@ -137,3 +143,76 @@ def test_shipped_runner_measurements_give_observed_terms():
                             str(runs / "runner_dynamic_overlapped_uniform.json")])
     assert t.provenance == "observed" and t.routing == "zipf:1.5" and t.routing_variance_s is not None
     assert t.routing_variance_significant is not None and t.bubble_after_dynamic_s > 0
+
+
+def _job(**over):
+    job = {"pp": 2, "ep": 2, "dp": 1, "schedule": "overlapped", "vpp": 1, "microbatches": 4, "micro_batch_size": 2,
+           "steps": 8, "lr": 0.01, "pair_exec": "scheduled", "pair_order": None, "model": {"hidden_size": 32}}
+    return job | over
+
+
+def test_control_must_be_the_same_job_in_all_but_routing(tmp_path, capsys):
+    run = _run("zipf:1.5", 0.30, 0.28, 0.8, 0.6) | {"job": _job()}
+    ok = routing_terms(run, _run("uniform", 0.25, 0.25, 0.5, 0.5) | {"job": _job()})
+    assert ok.routing_variance_s == pytest.approx(0.05)
+    assert "pair handler scheduled" in ok.source and "control: routing uniform, pair handler scheduled" in ok.source
+    with pytest.raises(ConfigError, match=r"pair handler \(pair_exec\) = 'threads', the run's 'scheduled'"):
+        routing_terms(run, _run("uniform", 0.25, 0.25, 0.5, 0.5) | {"job": _job(pair_exec="threads")})
+    with pytest.raises(ConfigError, match=r"'model.hidden_size' = 64, the run's 32"):
+        routing_terms(run, _run("uniform", 0.25, 0.25, 0.5, 0.5) | {"job": _job(model={"hidden_size": 64})})
+    with pytest.raises(ConfigError, match=r"'trials' = 8, the run's 3"):
+        routing_terms(run, _run("uniform", 0.25, 0.25, 0.5, 0.5) | {"job": _job(), "trials": 8})
+    # a control without the job block: what cannot be compared is said, not silently passed
+    old = routing_terms(run, _run("uniform", 0.25, 0.25, 0.5, 0.5))
+    assert any("not checked" in n and "pair_exec" in n for n in old.notes) and "pair handler not recorded" in old.source
+    # the user's pairing: node-level scheduled pairs (5 trials) against the threads control (8 trials) -> exit 2
+    from tessera_lab.paths import data_dir
+
+    runs = data_dir() / "runs"
+    capsys.readouterr()
+    assert main(["report", "--dynamic", str(runs / "runner_dynamic_overlapped_scheduled_zipf1.5.json"),
+                 "--dynamic", str(runs / "runner_dynamic_overlapped_uniform.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pair handler (pair_exec) = 'threads', the run's 'scheduled'" in err[0]
+    assert "'trials' = 8, the run's 5" in err[0]
+
+
+def test_observed_text_shows_verdicts_and_provenance_once():
+    q = lambda m, h=0.01: {"median_s": m, "q1_s": m - h, "q3_s": m + h, "samples": 21}  # noqa: E731
+    run = _run("zipf:1.5", 0.30, 0.28, 0.8, 0.6) | {"gain": 0.0667, "gain_verdict": "not significant"}
+    run["static"]["host_idle_per_step"] = q(0.8, 0.3)  # IQR 0.5-1.1 overlaps the dynamic 0.59-0.61
+    t = routing_terms(run, _run("uniform", 0.25, 0.25, 0.5, 0.5))
+    text = t.format(2.0)
+    assert "provenance observed; source: run --dynamic" in text and "observed: observed" not in text
+    assert t.idle_removed_significant is False and "idle removed per rank: 0.05 s (not significant)" in text
+    assert "+6.67% (gain_verdict: not significant" in text
+    assert "the lines above are the measured (observed) terms" in text
+    # 0.05 / 0.25 = 20% of the uniform static iteration; IQRs 0.29-0.31 vs 0.24-0.26 apart; the tiny CPU model's
+    # share is not applied to the 2 s plan (would be 400 ms)
+    assert "routing variance: 0.05 s (20.00% of the uniform static iteration) (significant)" in text
+    assert "400 ms" not in text
+
+
+def test_zero_shares_print_without_a_minus_sign():
+    from tessera_lab.report.routing_terms import _pct
+
+    assert _pct(-1e-17) == "0.00%" and _pct(-0.0) == "0.00%" and _pct(-0.0004) == "-0.04%"
+    t = routing_terms(dict(SIM, routing_variance_s=-0.0, iteration_static_s=10.0))
+    assert "-0.0" not in t.format(1.0) and "routing variance: 0 units of --f/--b/--w (0.00% of" in t.format(1.0)
+
+
+def test_report_table_zero_rows_print_0_percent(capsys):
+    assert main(["report"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("routing variance "))
+    assert "-0.0%" not in out and row.split()[-2:] == ["0.0%", "0.0%"]
+
+
+def test_observed_runner_shares_are_not_scaled_onto_another_models_plan():
+    """A run of the runner's tiny CPU model says what it lost of its own iteration; applying that share to a
+    64-GPU plan of another model would pass a CPU observation off as the plan's seconds (finding 12)."""
+    run = _run("zipf:1.5", static=0.30, dynamic=0.28, idle_static=0.8, idle_dynamic=0.6)
+    ctl = _run("model router (no skew)", static=0.25, dynamic=0.25, idle_static=0.5, idle_dynamic=0.5)
+    text = routing_terms(run, ctl).format(2.0)
+    assert "not scaled to this plan's iteration (2 s)" in text and "tiny model" in text
+    assert "400 ms" not in text  # 20% of 2 s: the number an estimate scaled onto the plan would have printed

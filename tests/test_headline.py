@@ -53,8 +53,25 @@ def test_validity_notes():
     assert H.spread_note(0.05) is None and "n/a" in H.spread_note(math.inf)
     assert "not significant" in H.gain_note(0.01, 0.03)
     assert H.gain_note(0.10, 0.03) is None
-    assert "above any published run" in H.mfu_note(0.657)
-    assert H.mfu_note(0.30) is None
+    assert "above the published band" in H.mfu_note(0.657)
+    assert "above the published band" in H.mfu_note(0.312)  # --grouped-gemm grouped
+    assert H.mfu_note(0.2099) is None  # the default plan: inside the band
+    assert "above any published run" in H.mfu_note(0.50, moe=False)  # dense: Llama 3's 43% ceiling
+    assert H.mfu_note(0.40, moe=False) is None
+
+
+def test_published_mfu_band_by_hand():
+    band = H.published_mfu_band()
+    tessera, mb = band["bands"]
+    # Tessera paper, Qwen3-Next jobs: M 16.7% -> 20.0%, XL 15.9% -> 21.1% (4,096 and 12,288 GPUs)
+    assert (tessera["lo"], tessera["hi"]) == (0.159, 0.211) and "4,096-12,288 GPUs" in tessera["source"]
+    # Megatron-Bridge Qwen3-30B-A3B on H100: 118 and 203 model TFLOP/s per GPU over the 989 TFLOP/s bf16 peak
+    assert mb["lo"] == pytest.approx(118 / 989) and mb["hi"] == pytest.approx(203 / 989)
+    assert band["lo"] == pytest.approx(118 / 989) and band["hi"] == 0.211
+    assert H.mfu_text(0.2099).startswith("21.0%, inside the published band (15.9%-21.1% Tessera paper")
+    assert H.mfu_text(0.312).startswith("31.2%, ABOVE the published band")
+    assert H.mfu_text(0.10).startswith("10.0%, below")
+    assert H.mfu_text(0.3, moe=False) == "30.0%"
 
 
 # ----------------------------------------------------------------------------------------------- one number, everywhere

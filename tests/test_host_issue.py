@@ -13,8 +13,8 @@ from tessera_lab.model.tasks import Collective, Task, layer_tasks
 A = cost_assumptions()
 
 
-def _kernels(task, precision="bf16", impl="multistream"):
-    return task_kernels(task, precision=precision, grouped_impl=impl, params=A)
+def _kernels(task, precision="bf16", impl="multistream", m=1):
+    return task_kernels(task, precision=precision, grouped_impl=impl, params=A, microbatches=m)
 
 
 def test_cited_counts():
@@ -44,11 +44,50 @@ def test_expert_kernels_of_qwen3_30b_on_ep16_by_hand():
     # one grouped kernel per shape instead: 2 x 7, 2 x 4, 2
     assert [_kernels(ex[ph], "fp8", "grouped") for ph in "FBW"] == [14, 8, 2]
     assert host_issue_time(ex["F"], precision="fp8", grouped_impl="multistream", params=A) == pytest.approx(112e-5)
-    # the cost model takes max(GPU, host): the F expert task is host-bound here (1.12 ms of issue)
+    # with TE's FP8 weight cache (is_first_microbatch) over m = 32 micro-batches (the ParallelConfig default):
+    # per launch 1 GEMM + 3 input + 3/32 weight = 4.09375; 16 launches = 65.5 kernels = 0.655 ms of issue
+    assert p.microbatches == 32
+    host = 16 * (1 + 3 + 3 / 32) * 10e-6
+    assert host == pytest.approx(655e-6)
     cm = CostModel(cluster_for(p, "H100"), p)
-    assert cm.compute_time(ex["F"]) == pytest.approx(max(cm.gpu_time(ex["F"]), 112e-5), rel=1e-12)
-    assert cm.gpu_time(ex["F"]) < 112e-5
-    assert cm.host_excess(ex["F"]) == pytest.approx(112e-5 - cm.gpu_time(ex["F"]), rel=1e-12)
+    assert cm.host_time(ex["F"]) == pytest.approx(host, rel=1e-12)
+    # the cost model takes max(GPU, host): the F expert task is still host-bound here
+    assert cm.compute_time(ex["F"]) == pytest.approx(max(cm.gpu_time(ex["F"]), host), rel=1e-12)
+    assert cm.gpu_time(ex["F"]) < host
+    assert cm.host_excess(ex["F"]) == pytest.approx(host - cm.gpu_time(ex["F"]), rel=1e-12)
+    # B and W have no weight cast: the same counts whatever m
+    assert [_kernels(ex[ph], "fp8", m=32) for ph in "BW"] == [64, 16]
+
+
+def test_fp8_weight_quantize_counted_once_per_step_by_hand():
+    # one GEMM launch, m = 4 micro-batches: F = 1 + 3 (input) + 3/4 (weight, cast on the first micro-batch only,
+    # amortised) = 4.75 kernels per micro-batch; over the step 4 x 4.75 = 19 = 4 GEMMs + 4 input casts x 3 + 1 weight
+    # cast x 3 (= 4 + 12 + 3)
+    f = Task("g", 0, "F", "gemm", 1.0, 1.0, gemms=((64, 64, 64),))
+    assert _kernels(f, "fp8", m=4) == pytest.approx(4.75)
+    assert 4 * _kernels(f, "fp8", m=4) == pytest.approx(4 + 4 * 3 + 3)
+    assert _kernels(f, "fp8", m=1) == 7  # one micro-batch: nothing to reuse
+    # Qwen3-30B-A3B on EP 16, grouped expert GEMMs (2 launches): 2 x 4.75 = 9.5 at m = 4
+    m = load_model("qwen3-30b-a3b")
+    p = ParallelConfig(pp=1, ep=16, dp=1, precision="fp8", expert_load=1.0, grouped_gemm="grouped", microbatches=4)
+    ex = next(t for t in layer_tasks(m, 0, p).phase("F") if t.name == "experts")
+    assert _kernels(ex, "fp8", "grouped", m=4) == pytest.approx(9.5)
+    assert CostModel(cluster_for(p, "H100"), p).host_time(ex) == pytest.approx(9.5 * 10e-6, rel=1e-12)
+    # the weight's HBM cast bytes are amortised alike: F bytes = per x (m k + k n / 4) x groups
+    cm = CostModel(cluster_for(p, "H100"), p)
+    per = cm.a["fp8_cast_bytes_per_element"]
+    want = per * sum((a * b + b * c / 4) * ex.groups for a, b, c in ex.gemms)
+    assert cm.fp8_cast_bytes(ex) == pytest.approx(want, rel=1e-12)
+    with pytest.raises(Exception, match="microbatches"):
+        _kernels(f, "fp8", m=0)
+
+
+@settings(deadline=None, max_examples=40)
+@given(m=st.integers(1, 512), launches=st.integers(1, 16))
+def test_weight_cast_once_per_step_whatever_m(m, launches):
+    # summed over the step's m micro-batches: m x (1 GEMM + 3 input) + 3 (one weight cast) per launch
+    f = Task("g", 0, "F", "gemm", 1.0, 1.0, gemms=((64, 64, 64),) * launches)
+    assert m * _kernels(f, "fp8", m=m) == pytest.approx(launches * (4 * m + 3))
 
 
 def test_other_tasks_count_one_kernel_and_cores_their_cited_counts():

@@ -163,6 +163,44 @@ def test_dynamic_report_statistics_by_hand():
     assert dynamic_report(jobs, 1, None)["gain_verdict"] == "not significant"
 
 
+def _hand_jobs(static_times, dynamic_times, idle_static=0.5, idle_dynamic=0.1):
+    def job(name, times, idle, pred, obs):
+        rec = {"0": {"idle": {"3": idle}, "predicted": {"3": pred}, "observed": {"3": obs},
+                     "decisions": {"fill": 1 if name.startswith("dyn") else 0, "forced": 0}}}
+        return {"name": name, "schedule": "overlapped", "losses": [1.0, 0.5, 0.25], "step_times_s": times,
+                "gap_steps": [rec, rec, rec]}
+
+    return [job("static-0", static_times, idle_static, 0.0, 0.4),
+            job("dynamic-0", dynamic_times, idle_dynamic, 0.3, 0.1)]
+
+
+def test_format_dynamic_labels_iqr_verdicts_and_a_predictor_worse_than_zero():
+    from tessera_lab.runner.dynamic_report import dynamic_report, format_dynamic
+
+    rep = dynamic_report(_hand_jobs([9.0, 2.0, 2.2], [9.0, 1.0, 1.2]), 1, "zipf:1.5")
+    # dynamic slots: predicted 0.3, observed 0.1 -> |error| 0.2; predicting 0 -> |error| 0.1 (worse than zero)
+    gp = rep["dynamic"]["gap_prediction"]
+    assert gp["mean_abs_error_s"] == pytest.approx(0.2) and gp["zero_predictor_mean_abs_error_s"] == pytest.approx(0.1)
+    assert rep["idle_removed_verdict"] == "significant"  # idle per step [0.5, 0.5] vs [0.1, 0.1]
+    text = format_dynamic(rep)
+    # step times [2.0, 2.2]: median 2.1 s, quartiles 2.05 and 2.15 (numpy linear interpolation)
+    assert "step time  static  median 2100.0 ms (interquartile range q1-q3 2050.0-2150.0 ms, n=2)" in text
+    assert "gain +47.62% (significant)" in text  # (2.1 - 1.1) / 2.1
+    assert "removed 400.0 ms (significant)" in text
+    assert "predicting no wait: mean |error| 100.00 ms" in text
+    assert "the gap predictor does worse than predicting no gap" in text
+    # inside the noise: static idle per step [0.2, 0.05] (IQR 0.0875-0.1625, median 0.125) holds the dynamic
+    # 0.1; equal step times
+    jobs = _hand_jobs([9.0, 2.0, 2.3], [9.0, 2.0, 2.3], idle_static=0.2)
+    jobs[0]["gap_steps"][2] = {"0": dict(jobs[0]["gap_steps"][1]["0"], idle={"3": 0.05})}
+    noisy = dynamic_report(jobs, 1, None)
+    assert noisy["gain_verdict"] == noisy["idle_removed_verdict"] == "not significant"
+    assert noisy["idle_removed_s"] == pytest.approx(0.025)
+    t2 = format_dynamic(noisy)
+    assert "gain +0.00% (not significant: inside the noise" in t2
+    assert "removed 25.0 ms (not significant: inside the noise" in t2
+
+
 @pytest.mark.slow
 def test_cli_run_dynamic_json(tmp_path):
     import json
@@ -180,3 +218,22 @@ def test_cli_run_dynamic_json(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tessera_lab", "run", "--routing", "walk:0.5"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "routing" in bad.stderr
+
+
+def test_job_identity_names_the_pair_handler_and_drops_the_routing_bias():
+    from dataclasses import asdict
+
+    from tessera_lab.runner.dynamic_report import dynamic_report, job_identity
+    from tessera_lab.runner.specs import RunSpec, WorldSpec
+
+    world = asdict(WorldSpec(pp=2, ep=2))
+    a = job_identity(RunSpec(schedule="overlapped", model={"router_bias": [[0.0] * 4] * 4}).as_dict(), world)
+    b = job_identity(RunSpec(schedule="overlapped", overlap="serial").as_dict(), world)
+    c = job_identity(RunSpec(schedule="overlapped", pair_exec="scheduled").as_dict(), world)
+    assert a["pair_exec"] == "threads" and b["pair_exec"] == "serial" and c["pair_exec"] == "scheduled"
+    assert "router_bias" not in a["model"] and a["model"]["hidden_size"] == 32 and a["model"] == b["model"]
+    jobs = _hand_jobs([9.0, 2.0, 2.2], [9.0, 1.0, 1.2])
+    for j in jobs:
+        j.update(spec=RunSpec(schedule="overlapped", pair_exec="scheduled").as_dict(), world=world)
+    rep = dynamic_report(jobs, 1, "zipf:1.5")
+    assert rep["job"] == c and rep["job"]["microbatches"] == 4

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tessera_lab.argtypes import positive_int
+from tessera_lab.argtypes import Switch, float_at_least, module_list, positive_int
+from tessera_lab.model.hardware import RECOMPUTE_MODULES
 
 GIB = 2**30
 
@@ -66,8 +67,7 @@ def parallel_from_args(args: argparse.Namespace):
         **{k: getattr(args, k) for k in ("dispatcher", "recompute", "precision", "grad_reduce_dtype", "expert_load",
                                          "adam_moment_dtype") if getattr(args, k, None) is not None},
         **({"ep_spans_tp": True} if getattr(args, "ep_spans_tp", False) else {}),
-        **({"recompute_modules": tuple(x for x in args.recompute_modules.split(",") if x)}
-           if getattr(args, "recompute_modules", None) else {}),
+        **({"recompute_modules": tuple(args.recompute_modules)} if getattr(args, "recompute_modules", None) else {}),
     )
 
 
@@ -92,16 +92,17 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                         "interleaved or interleaved-overlapped (with --vpp >= 2), or auto (try each that fits memory, "
                         "keep the fastest)")
     p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
-    p.add_argument("--no-distributed-optimizer", action="store_true")
+    p.add_argument("--no-distributed-optimizer", action=Switch)
     p.add_argument("--dispatcher", choices=["alltoall", "deepep"], default=None,
                    help="EP token dispatcher: alltoall (one copy per token and expert; default) or deepep "
                         "(one copy per token and destination rank, 24 SMs)")
     p.add_argument("--recompute", choices=["none", "selective", "full"], default=None,
                    help="activation recomputation, Megatron's granularities (default none)")
     p.add_argument("--recompute-modules", default=None, metavar="LIST",
+                   type=module_list("recompute_modules", RECOMPUTE_MODULES),
                    help="with --recompute selective: Megatron's module names, comma-separated (core_attn, mla_up_proj, "
                         "mlp, moe_act, moe)")
-    p.add_argument("--ep-spans-tp", action="store_true",
+    p.add_argument("--ep-spans-tp", action=Switch,
                    help="the EP group spans the TP ranks too (Megatron's expert grid with expert TP 1, as recipes with "
                         "EP > DP run); world pp*dp*ep")
     p.add_argument("--adam-moment-dtype", choices=["fp32", "bf16"], default=None,
@@ -113,7 +114,8 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                         "expert on 4 streams, each launched by the host), grouped (one grouped kernel) or sequential")
     p.add_argument("--grad-reduce-dtype", choices=["fp32", "bf16"], default=None,
                    help="gradient buffer and reduction dtype (default fp32, Megatron-LM's for bf16)")
-    p.add_argument("--expert-load", type=float, default=None, metavar="X",
+    p.add_argument("--expert-load", type=float_at_least("expert_load", 1.0, what="busiest EP rank's tokens over the mean"),
+                   default=None, metavar="X",
                    help="busiest EP rank's tokens over the mean (>= 1; default: expected busiest rank of a "
                         "balanced random router)")
     p.add_argument("--attention-ratio", type=int, default=None, help="linear-attention layers per full-attention layer")

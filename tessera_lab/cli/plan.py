@@ -9,7 +9,7 @@ from typing import Any
 from tessera_lab.argtypes import positive_float
 from tessera_lab.cli.common import GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args, table
 from tessera_lab.model.spec import layer_summary
-from tessera_lab.report.headline import mfu_note
+from tessera_lab.report.headline import mfu_note, mfu_text
 
 
 def _evaluation_rows(ev, pp: int | None = None) -> list[dict[str, Any]]:
@@ -43,6 +43,27 @@ def _bottleneck_line(ev) -> str:
             f"{gap:+.1%} against the other stages' mean)" + (": " + "; ".join(causes) if causes else ""))
 
 
+def _layout_text(p) -> str:
+    """``pp=8 ep=8 tp=1 dp=1 (64 GPUs)``; with ``ep_spans_tp`` the world, the dense and the expert data-parallel
+    sizes spelled out, so that pp x dp x ep x tp is not read as the world size."""
+    vpp = f" vpp={p.vpp}" if p.vpp > 1 else ""
+    if not p.ep_spans_tp:
+        return f"pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}{vpp} ({p.world_size} GPUs)"
+    return (f"pp={p.pp}{vpp} x {p.ep} GPUs per stage = {p.world_size} GPUs; EP spans TP: each stage's EP group of "
+            f"{p.ep} = TP {p.tp} x dense DP {p.dense_dp} (expert TP 1, expert DP {p.expert_dp}); dense part TP {p.tp} "
+            f"with sequence parallelism x DP {p.dense_dp}, so {p.dense_dp} pipelines' micro-batches per iteration "
+            f"({p.tokens_per_iteration:,} tokens)")
+
+
+def _recompute_text(p) -> str:
+    """``none``, ``full``, ``selective (core_attn, moe_act)`` or ``selective (default: attention core, routed-expert
+    activations)``."""
+    if p.recompute != "selective":
+        return p.recompute
+    mods = ", ".join(p.recompute_modules) if p.recompute_modules else "default: attention core, routed-expert activations"
+    return f"selective ({mods})"
+
+
 def format_plan(plan) -> str:
     """Readable text of a plan: the header and the summary of every method first (infeasible ones marked), the
     bottleneck stage and its cause, then per-stage tables for the chosen method and each baseline, notes last."""
@@ -50,10 +71,9 @@ def format_plan(plan) -> str:
     lines = [
         f"model {m.name}: {m.num_layers} layers, pattern {m.layer_pattern()}  (L linear attention, A full attention; lower case: dense FFN)",
         f"cluster {plan.cluster.num_nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}; "
-        f"pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}" + (f" vpp={p.vpp}" if p.vpp > 1 else "")
-        + f" ({p.world_size} GPUs), schedule {p.schedule}, "
+        + _layout_text(p) + f", schedule {p.schedule}, "
         f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "
-        f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU; recompute {getattr(p, 'recompute', 'none')}, "
+        f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU; recompute {_recompute_text(p)}, "
         f"dispatcher {getattr(p, 'dispatcher', 'alltoall')}, precision {getattr(p, 'precision', p.dtype)}, "
         f"expert GEMMs {getattr(p, 'grouped_gemm', 'grouped')}",
         f"costs: {plan.costs.describe()}",
@@ -69,7 +89,7 @@ def format_plan(plan) -> str:
         details.append("")
         summary.append({
             "method": ev.method + ("" if ev.fits_memory else " (!)"), "iteration (s)": ev.iteration_time_s,
-            "tokens/s": ev.tokens_per_s, "MFU": ev.mfu, "bubble_fraction": ev.bubble_fraction,
+            "tokens/s": ev.tokens_per_s, "MFU": f"{ev.mfu:.1%}", "bubble_fraction": ev.bubble_fraction,
             "slowest stage (ms)": max(st.time_s for st in ev.stages) * 1e3,
             "fits memory": "yes" if ev.fits_memory else "NO",
         })
@@ -89,6 +109,7 @@ def format_plan(plan) -> str:
         lines.append(table([{"schedule": t["schedule"], "iteration (s)": t.get("iteration_time_s"),
                              "fits memory": t.get("fits_memory"), "refused": t.get("error", "")[:90]}
                             for t in plan.schedule_trials], ".4g"))
+    lines.append(f"MFU of the chosen plan: {mfu_text(plan.chosen.mfu, moe=m.num_experts > 0)}")
     flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0)  # validity flag (issue 17)
     if flag:
         lines.append(f"warning: {flag}")

@@ -54,7 +54,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     rep = capacity_report(plan)
     result: dict[str, Any] = {"costs": plan.costs.as_dict(), "capacity": rep.as_dict(), "plan": plan.as_dict()}
     result["routing_dynamic"] = terms.as_dict()
-    text = ("".join(f"plan: {line}\n" for line in plan.reevaluation) + rep.format() + "\n"
+    from tessera_lab.report.headline import mfu_note, mfu_text
+
+    moe = plan.model.num_experts > 0
+    band = f"MFU against published runs: {mfu_text(rep.mfu, moe=moe)}\n" + (
+        f"warning: {mfu_note(rep.mfu, moe=moe)}\n" if mfu_note(rep.mfu, moe=moe) else "")
+    text = ("".join(f"plan: {line}\n" for line in plan.reevaluation) + rep.format() + "\n" + band
             + terms.format(rep.iteration_time_s))
     if args.diff:
         other = args.diff

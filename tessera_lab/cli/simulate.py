@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from tessera_lab.argtypes import nonneg_float, positive_float, positive_int
+from tessera_lab.argtypes import fraction_below_one, nonneg_float, positive_float, positive_int, predictor_spec
 from tessera_lab.cli.common import add_json, emit, table
 from tessera_lab.errors import ConfigError
 
@@ -24,7 +24,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     w = args.w or 0.0
     sched = build_schedule(args.schedule, args.stages, args.microbatches, args.vpp, memory_budget=budget,
                            f=args.f, i=max(0.0, args.b - w), w=w, p2p=args.p2p_latency)
-    tl = simulate(sched, uniform_durations(args.f, args.b, args.w, args.fb), p2p_latency=args.p2p_latency)
+    gs = getattr(args, "grad_sync", 0.0) or 0.0
+    comm = static_grad_sync(sched, gs)
+    tl = simulate(sched, uniform_durations(args.f, args.b, args.w, args.fb), p2p_latency=args.p2p_latency, comm=comm)
     result = {
         "schedule": sched.name, "stages": args.stages, "microbatches": args.microbatches, "vpp": args.vpp,
         "makespan": tl.iteration_time, "bubble_fraction": tl.bubble_fraction,
@@ -33,10 +35,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     }
     if "choice" in sched.meta:  # zb-auto: the budget and the candidate the search kept
         result.update(memory_budget=sched.meta["memory_budget"], search_choice=sched.meta["choice"])
-    rows = [{"rank": r, "busy": tl.per_rank_busy[r], "idle": tl.per_rank_idle[r],
-             "peak activations": tl.peak_activations[r]} for r in range(len(tl.per_rank_busy))]
-    text = (table(rows) + f"\nmakespan {tl.iteration_time:.6g}  bubble_fraction {tl.bubble_fraction:.4f}  "
-            f"bubble_overhead {tl.bubble_overhead:.4f}")
+    if gs > 0:
+        result["grad_sync"] = {"seconds_per_stage": gs, "placement_static": "after the rank's last action",
+                               "exposed_tail_static_s": sync_tail(tl)}
+    rows = [{"rank": r, f"busy ({UNIT})": tl.per_rank_busy[r], f"idle ({UNIT})": tl.per_rank_idle[r],
+             "peak activations (micro-batches)": tl.peak_activations[r]} for r in range(len(tl.per_rank_busy))]
+    text = (table(rows) + f"\nmakespan {tl.iteration_time:.6g} {UNIT}  bubble_fraction {tl.bubble_fraction:.4f} "
+            f"(idle share of rank-time)  bubble_overhead {tl.bubble_overhead:.4f} (idle / busy)"
+            + ("" if gs <= 0 else f"\n{_sync_line(gs, sync_tail(tl))}") + f"\n({UNIT_NOTE})")
     emit(args, result, text)
     if args.trace:
         tl.to_chrome_trace(args.trace)
@@ -49,6 +55,30 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         print(f"figure: {save_figure(ax.figure, args.plot)}", file=sys.stderr)
     return 0
+
+
+#: the unit of every time ``simulate`` prints: the user's unit of --f/--b/--w (seconds if those are seconds)
+UNIT = "time units"
+UNIT_NOTE = "time units: the unit of --f, --b, --w and --grad-sync (seconds if those are seconds)"
+
+
+def static_grad_sync(schedule, seconds: float) -> list | None:
+    """``--grad-sync S`` for a static simulation: each stage's DP gradient reduce-scatter (``S``, the unit of
+    --f/--b/--w) on the comm lane after its rank's last action, as the static plan of ``--dynamic`` places it
+    (:func:`tessera_lab.dynamic.planner.grad_sync_tasks`); ``None`` when ``seconds`` is 0."""
+    if not seconds or seconds <= 0:
+        return None
+    from tessera_lab.dynamic.planner import grad_sync_tasks
+
+    return grad_sync_tasks(schedule, [float(seconds)] * schedule.num_stages, placement="static")
+
+
+def _sync_line(seconds: float, static_tail: float, dynamic_tail: float | None = None) -> str:
+    tail = f"{static_tail:.5g}" + ("" if dynamic_tail is None else f" -> {dynamic_tail:.5g}")
+    return (f"DP gradient reduce-scatter {seconds:g} {UNIT} per stage on the comm lane: static after the rank's last "
+            "action" + ("" if dynamic_tail is None else ", dynamic after the stage's last W part")
+            + f"; exposed tail per rank (last step{'' if dynamic_tail is None else ', static -> dynamic'}) "
+            f"{tail} {UNIT}")
 
 
 def _simulate_routed(args: argparse.Namespace) -> int:
@@ -148,20 +178,25 @@ def routed_simulation(
         cnt = routing_counts(spec, costs, microbatches, seed=seed, group=0, step=1, jitter=DEFAULT_JITTER, log_cache={})
         kw = {} if capacity_factor is None else dict(tokens=tokens * ep, top_k=top_k, capacity_factor=capacity_factor)
         x = slowest_loads(cnt, ep, **kw)
-        tl = simulate(sched, RoutedDurations(costs, x), p2p_latency=p2p_latency)
+        tl = simulate(sched, RoutedDurations(costs, x), p2p_latency=p2p_latency,
+                      comm=static_grad_sync(sched, grad_sync))
         result = {"schedule": sched.name, "stages": stages, "microbatches": microbatches, "vpp": vpp,
                   "routing": str(spec), "busiest_rank_load_mean": float(x.mean()),
                   "busiest_rank_load_max": float(x.max()), "makespan": tl.iteration_time,
                   "bubble_fraction": tl.bubble_fraction, "bubble_overhead": tl.bubble_overhead,
                   "per_rank_idle": tl.per_rank_idle, "per_rank_busy": tl.per_rank_busy,
                   "peak_activations": tl.peak_activations}
-        rows = [{"rank": r, "busy (s)": tl.per_rank_busy[r], "idle (s)": tl.per_rank_idle[r],
+        if grad_sync > 0:
+            result["grad_sync"] = {"seconds_per_stage": grad_sync, "placement_static": "after the rank's last action",
+                                   "exposed_tail_static_s": sync_tail(tl)}
+        rows = [{"rank": r, f"busy ({UNIT})": tl.per_rank_busy[r], f"idle ({UNIT})": tl.per_rank_idle[r],
                  "peak activations (micro-batches)": tl.peak_activations[r]} for r in range(len(tl.per_rank_busy))]
         text = (table(rows) +
                 f"\nrouting {spec}: busiest EP rank carries {x.mean():.3f}x its share on average (max {x.max():.3f}x; "
-                f"ep={ep}, {experts} experts, top-{top_k})\nmakespan {tl.iteration_time:.6g} s  "
+                f"ep={ep}, {experts} experts, top-{top_k})\nmakespan {tl.iteration_time:.6g} {UNIT}  "
                 f"bubble_fraction {tl.bubble_fraction:.4f} (idle share of rank-time)  "
-                f"bubble_overhead {tl.bubble_overhead:.4f} (idle / busy)")
+                f"bubble_overhead {tl.bubble_overhead:.4f} (idle / busy)"
+                + ("" if grad_sync <= 0 else f"\n{_sync_line(grad_sync, sync_tail(tl))}") + f"\n({UNIT_NOTE})")
         return result, text, {"static": tl}
     from tessera_lab.dynamic.online import run_online
 
@@ -188,9 +223,11 @@ def routed_simulation(
             "exposed_tail_static_s": sync_tail(res.timelines["static"]),
             "exposed_tail_dynamic_s": sync_tail(res.timelines["dynamic"]), "timeline": "last simulated step"}
     rows = [
-        {"plan": "static", "iteration (s)": res.iteration_static_s, "idle per rank (s)": res.idle_static_s,
+        {"plan": "static", f"iteration ({UNIT})": res.iteration_static_s,
+         f"idle per rank ({UNIT})": res.idle_static_s,
          "bubble (% of iteration)": 100 * res.idle_static_s / res.iteration_static_s if res.iteration_static_s else 0.0},
-        {"plan": "dynamic", "iteration (s)": res.iteration_dynamic_s, "idle per rank (s)": res.idle_dynamic_s,
+        {"plan": "dynamic", f"iteration ({UNIT})": res.iteration_dynamic_s,
+         f"idle per rank ({UNIT})": res.idle_dynamic_s,
          "bubble (% of iteration)": 100 * res.idle_dynamic_s / res.iteration_dynamic_s if res.iteration_dynamic_s else 0.0},
     ]
     slower = ", ".join(str(x) for x in s["slower_steps"]) or "none"
@@ -201,17 +238,16 @@ def routed_simulation(
             f"\ncontroller: predictor {s['predictor']} (waits of earlier steps, lag 1 step), margin {margin:g}, "
             f"W in {s['w_chunks']} parts, memory cap {s['memory_cap']} micro-batches per rank; W seconds from counts "
             "already routed"
-            f"\ndynamic: idle time removed {s['idle_removed_s']:.5g} s per rank, iteration {s['iteration_static_s']:.5g} s "
-            f"-> {s['iteration_dynamic_s']:.5g} s, throughput {100 * s['throughput_gain']:+.2f}% = static part "
+            f"\ndynamic: idle time removed {s['idle_removed_s']:.5g} {UNIT} per rank, iteration "
+            f"{s['iteration_static_s']:.5g} {UNIT} -> {s['iteration_dynamic_s']:.5g} {UNIT}, throughput "
+            f"{100 * s['throughput_gain']:+.2f}% = static part "
             f"{100 * static_part:+.2f}% (same controller, uniform routing) + dynamic part "
             f"{100 * (res.throughput_gain - static_part):+.2f}% (the extra under this routing)"
-            f"\npredicted waits: mean |error| {s['gap_mae_s']:.4g} s ({100 * s['gap_rel_error']:.0f}% of realised wait); "
+            f"\npredicted waits: mean |error| {s['gap_mae_s']:.4g} {UNIT} ({100 * s['gap_rel_error']:.0f}% of realised wait); "
             f"steps slower than static on the realised routing: {slower}"
-            + ("" if grad_sync <= 0 else
-               f"\nDP gradient reduce-scatter {grad_sync:g} per stage on the comm lane: static after the rank's last "
-               f"action, dynamic after the stage's last W part; exposed tail per rank (last step) "
-               f"{result['grad_sync']['exposed_tail_static_s']:.5g} -> {result['grad_sync']['exposed_tail_dynamic_s']:.5g}")
-            + "\n(times in seconds if --f, --b and --w are seconds)")
+            + ("" if grad_sync <= 0 else "\n" + _sync_line(grad_sync, result["grad_sync"]["exposed_tail_static_s"],
+                                                          result["grad_sync"]["exposed_tail_dynamic_s"]))
+            + f"\n({UNIT_NOTE})")
     return result, text, {"static": res.timelines["static"], "dynamic": res.timelines["dynamic"]}
 
 
@@ -236,11 +272,16 @@ def add_parser(sub) -> None:
     p.add_argument("--microbatches", type=positive_int("microbatches"), required=True)
     p.add_argument("--vpp", type=positive_int("vpp"), default=1, help="chunks per rank (interleaved)")
     p.add_argument("--f", type=nonneg_float("f"), required=True, help="forward time of one stage (one chunk for interleaved and DualPipeV, so a rank with v chunks does "
-                        "v times the work), any time unit (seconds if you want units)")
+                        "v times the work), any time unit: every time printed is in it (seconds if this is seconds)")
     p.add_argument("--b", type=nonneg_float("b"), required=True, help="full backward time (input + weight gradient) of one stage or chunk, same unit as --f")
     p.add_argument("--w", type=nonneg_float("w"), default=None, help="weight-gradient part of --b (zero-bubble schedules split B into I = b - w and W = w)")
     p.add_argument("--fb", type=positive_float("fb"), default=None, help="time of an overlapped F+B pair (default f + b: no overlap gain)")
-    p.add_argument("--p2p-latency", type=nonneg_float("p2p_latency"), default=0.0)
+    p.add_argument("--p2p-latency", type=nonneg_float("p2p_latency"), default=0.0,
+                   help="latency of each stage-to-stage send, same unit as --f (default 0)")
+    p.add_argument("--grad-sync", type=nonneg_float("grad_sync"), default=0.0, metavar="S",
+                   help="DP gradient reduce-scatter time per stage, same unit as --f (default 0: none); on the comm "
+                        "lane after the rank's last action, with or without --routing; with --dynamic the "
+                        "controller's plan starts it after the stage's last W part")
     p.add_argument("--memory-budget", type=nonneg_float("memory_budget"), default=None, metavar="K",
                    help="zb-auto only: activations a rank may hold, in micro-batches (default 2p-1; p with --vpp 2)")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome trace JSON (opens in Perfetto)")
@@ -265,13 +306,11 @@ def add_parser(sub) -> None:
     g.add_argument("--seed", type=int, default=0, help="routing seed")
     g.add_argument("--capacity-factor", type=nonneg_float("capacity_factor"), default=None,
                    help="drop assignments above ceil(cf * tokens * k / E) per expert")
-    g.add_argument("--grad-sync", type=nonneg_float("grad_sync"), default=0.0,
-                   help="gradient reduce-scatter seconds per stage (comm lane)")
     g.add_argument("--memory-cap", default="max",
                    help="live micro-batches per rank: max (default: the static plan's worst rank), max+K, rank, or N")
-    g.add_argument("--predictor", default="last-step",
+    g.add_argument("--predictor", default="last-step", type=predictor_spec("predictor"),
                    help="how waits of earlier steps predict this step's: last-step (default), moving-average:K, minimum:K")
-    g.add_argument("--margin", type=nonneg_float("margin"), default=0.5,
+    g.add_argument("--margin", type=fraction_below_one("margin"), default=0.5,
                    help="share of a predicted wait left unfilled, 0 <= margin < 1 (default 0.5)")
     g.add_argument("--steps", type=positive_int("steps"), default=4,
                    help="consecutive training steps simulated with --dynamic (default 4; step 0 has no history)")

@@ -279,7 +279,8 @@ class CostModel:
         """Host seconds to issue a task's kernels in eager mode (:func:`tessera_lab.cost.host.host_issue_time`);
         a compute task takes at least this long."""
         p = self.parallel
-        return host_issue_time(task, precision=p.precision, grouped_impl=p.grouped_gemm, params=self.a)
+        return host_issue_time(task, precision=p.precision, grouped_impl=p.grouped_gemm, params=self.a,
+                               microbatches=max(1, int(p.microbatches)))
 
     def host_excess(self, task: Task) -> float:
         """Seconds a compute task waits on the host beyond its GPU time (0 when the GPU is the bound)."""
@@ -289,14 +290,17 @@ class CostModel:
 
     def fp8_cast_bytes(self, task: Task) -> float:
         """HBM bytes of the FP8 quantization kernels a GEMM task needs (0 in bf16): ``fp8_cast_bytes_per_element``
-        per element of the forward input and weight (F), of the output gradient (B); W reuses them."""
+        per element of the forward input and weight (F), of the output gradient (B); W reuses them. The weight is
+        cast once per step and cached (TE ``is_first_microbatch``, :mod:`tessera_lab.cost.host`): its bytes are
+        amortised over the ``m`` micro-batches (``k n / m`` per micro-batch)."""
         if self.parallel.precision != "fp8" or not task.gemms:
             return 0.0
         per = self.a["fp8_cast_bytes_per_element"]
+        mb = max(1, int(self.parallel.microbatches))
         total = 0.0
         for m, k, n in task.gemms:
             if task.phase == "F":
-                total += (m * k + k * n) * task.groups
+                total += (m * k + k * n / mb) * task.groups
             elif task.phase == "B":
                 total += m * n * task.groups
         return per * total

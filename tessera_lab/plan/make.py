@@ -22,8 +22,9 @@ from tessera_lab.cost.analytic import LayerCost
 from tessera_lab.cost.memory import memory_capacity
 from tessera_lab.cost.source import CostSource, analytic_source, profile_source
 from tessera_lab.errors import ConfigError, PartitionError, TesseraError
-from tessera_lab.model.hardware import Cluster, ParallelConfig, check_fits, cluster_for
-from tessera_lab.model.spec import ModelSpec
+from tessera_lab.checks import divisors_text
+from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfig, check_fits, cluster_for
+from tessera_lab.model.spec import LINEAR_ATTENTION, MOE, ModelSpec
 from tessera_lab.model.tasks import model_flops_per_iteration, routing_load_note
 from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, evaluate
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
@@ -79,7 +80,31 @@ def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster
         raise ConfigError(f"field 'tp' = {tp} must divide the {cluster.gpus_per_node} GPUs of a node "
                           f"(tensor parallelism stays on NVLink)")
     if model.has_moe and model.num_experts % parallel.ep:
-        raise ConfigError(f"field 'ep' = {parallel.ep} must divide num_experts = {model.num_experts}")
+        raise ConfigError(f"field 'ep' = {parallel.ep} must divide num_experts = {model.num_experts}; allowed: "
+                          f"{divisors_text(model.num_experts)}")
+    missing = [mod for mod in parallel.recompute_modules if not _model_has_module(model, mod)]
+    if missing:
+        have = [mod for mod in RECOMPUTE_MODULES if _model_has_module(model, mod)]
+        raise ConfigError(f"field 'recompute_modules' names {', '.join(missing)}, which {model.name} does not have "
+                          f"({'; '.join(_MODULE_NEEDS[mod] for mod in missing)}): recomputing it would do nothing; "
+                          f"allowed for this model: {', '.join(have) or 'none'}")
+
+
+#: what each Megatron recompute module needs in the model (``recompute_modules`` check)
+_MODULE_NEEDS = {"core_attn": "needs a full-attention layer", "mla_up_proj": "needs MLA attention",
+                 "mlp": "needs a dense-FFN layer", "moe_act": "needs an MoE layer", "moe": "needs an MoE layer"}
+
+
+def _model_has_module(model: ModelSpec, module: str) -> bool:
+    """Whether a Megatron ``--recompute-modules`` name has anything to recompute in ``model``."""
+    layers = model.layers
+    if module == "core_attn":
+        return any(layer.mixer != LINEAR_ATTENTION for layer in layers)
+    if module == "mla_up_proj":
+        return any(layer.attention == "mla" for layer in layers)
+    if module == "mlp":
+        return any(layer.ffn != MOE for layer in layers)
+    return model.has_moe
 
 
 @dataclass
@@ -217,6 +242,10 @@ def make_plan(
     notes = []
     if model.has_moe and parallel.ep > 1:
         notes.append(routing_load_note(model, parallel))
+    if parallel.precision == "fp8":
+        from tessera_lab.plan.precision import precision_note
+
+        notes.append(precision_note(model, parallel, cluster))
     if profile is not None:
         notes.append(f"layer-pair costs from profile {profile.path or '(in memory)'}: backend {profile.backend}, "
                      f"device {profile.environment.get('device', '?')}, size factor {profile.size_factor:g}; its "
@@ -243,7 +272,7 @@ def make_plan(
             check_memory(problem, part)
         else:
             part = solve(_problem(model, parallel, cost_model, sm, obj), method, time_limit_s=time_limit_s)
-        candidates.append((run(part, method), f"{method} optimum ({obj} objective)"))
+        candidates.append((run(part, method), f"{_result_word(part, method)} ({obj} objective)"))
     out: dict[str, Evaluation] = {}
     steady = _problem(model, parallel, cost_model, sm, "bottleneck")
     for name in baselines:
@@ -272,8 +301,45 @@ def make_plan(
         chosen, refinement = _refine(model, parallel, cost_model, sm, steady, candidates, out, method, flops, notes,
                                      min(refine_budget, ZB_AUTO_REFINE_BUDGET) if parallel.schedule == "zb-auto"
                                      else refine_budget)
+    elif method != "uniform":
+        chosen = _never_slower_than_baselines(chosen, out, method, notes)
     return Plan(model, parallel, cluster, chosen, out, sm.costs, flops, capacity, notes, costs=source,
                 refinement=refinement)
+
+
+def _never_slower_than_baselines(chosen: Evaluation, baselines: dict[str, Evaluation], method: str,
+                                 notes: list[str]) -> Evaluation:
+    """The planner's rule: never return a plan slower in simulation than a baseline it computed that fits memory.
+    A faster fitting baseline's partition is kept (copied under ``method``, its solver bookkeeping from the
+    solver's result), with a note naming both times."""
+    fitting = [(name, ev) for name, ev in baselines.items() if ev.fits_memory]
+    if not fitting:
+        return chosen
+    name, best = min(fitting, key=lambda c: c[1].iteration_time_s)
+    if best.iteration_time_s >= chosen.iteration_time_s:
+        return chosen
+    ref = chosen.partition
+    notes.append(f"baseline {name} simulates faster ({best.iteration_time_s:.4f} s) than the "
+                 f"{_result_word(ref, method)} ({chosen.iteration_time_s:.4f} s): the solver's objective misses part "
+                 f"of what the simulated schedule pays, so the plan keeps the baseline's partition (objective auto "
+                 f"also refines it by simulation)")
+    return replace(best, method=method, partition=replace(best.partition, method=method, solver=ref.solver,
+                                                          status=ref.status, solve_time_s=ref.solve_time_s))
+
+
+def _proven(part: Partition) -> bool:
+    """Whether a partition is a proven optimum of its objective (exact DP, or an ILP solved to optimality)."""
+    return (part.status or "Optimal") == "Optimal"
+
+
+def _result_word(part: Partition, method: str) -> str:
+    """``ilp optimum`` for a proven optimum, else what the solver returned: ``ilp best feasible plan (HiGHS stopped
+    at its time limit, not proven optimal)`` or the heuristic plan kept at the limit."""
+    if _proven(part):
+        return f"{method} optimum"
+    if "heuristic" in (part.status or ""):
+        return f"{method} time-limit fallback (a heuristic plan; {part.solver or 'the solver'} stopped at its limit)"
+    return f"{method} best feasible plan ({part.solver or 'solver'} stopped at its time limit, not proven optimal)"
 
 
 def _refine(model, parallel, cost_model, sm, steady: PartitionProblem, candidates, baselines, method: str,
@@ -283,7 +349,9 @@ def _refine(model, parallel, cost_model, sm, steady: PartitionProblem, candidate
     start_ev, start_label = min(starts, key=lambda c: c[0].iteration_time_s)
     best_solver = min(candidates, key=lambda c: c[0].iteration_time_s)[0]
     if start_label.startswith("baseline"):
-        notes.append(f"{start_label} simulates faster ({start_ev.iteration_time_s:.4f} s) than the solver optimum "
+        what = "solver optimum" if _proven(best_solver.partition) else (
+            f"solver's best plan ({_result_word(best_solver.partition, method)})")
+        notes.append(f"{start_label} simulates faster ({start_ev.iteration_time_s:.4f} s) than the {what} "
                      f"({best_solver.iteration_time_s:.4f} s): the solver's objective misses part of what the "
                      "simulated schedule pays, so the plan starts from the baseline")
     cache = {}

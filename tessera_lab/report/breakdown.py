@@ -128,9 +128,10 @@ class CapacityReport:
                 f"{self.gpu_time_s:.4g} GPU-s; model FLOPs at peak {self.useful_gpu_s:.4g} GPU-s; "
                 f"MFU {self.mfu:.1%}; lost {self.lost_gpu_s:.4g} GPU-s")
         tiny = 1e-12 * max(1.0, self.gpu_time_s)  # float noise shows as 0 in the text (kept in the data)
+        pct = lambda x: f"{0.0 if abs(x) < 5e-4 else x:.1%}"  # noqa: E731 - what rounds to 0.0% prints 0.0%, never -0.0%
         rows = [{"category": r["label"], "GPU-s": 0.0 if abs(r["gpu_s"]) < tiny else r["gpu_s"],
                  "ms/GPU": 0.0 if abs(r["gpu_s"]) < tiny else r["ms_per_gpu"],
-                 "of lost": f"{r['share_of_lost']:.1%}", "of GPU time": f"{r['share_of_gpu_time']:.1%}"}
+                 "of lost": pct(r['share_of_lost']), "of GPU time": pct(r['share_of_gpu_time'])}
                 for r in self.rows()]
         total = sum(self.parts.values())
         rows.append({"category": "sum", "GPU-s": total, "ms/GPU": total / self.gpus * 1e3 if self.gpus else 0.0,

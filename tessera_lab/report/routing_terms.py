@@ -6,8 +6,9 @@ construction. The two numbers the dynamic bubble optimizer is about come from el
 - ``tessera-lab simulate ... --routing SPEC --dynamic --json F`` (provenance ``simulated``): the online controller's
   static and dynamic iterations under the routing, and the same controller under uniform routing;
 - ``tessera-lab run ... --dynamic --json F`` (provenance ``observed``): interleaved static and dynamic trials of the
-  runner; routing variance needs a second such run under uniform routing as its control (same schedule and
-  sizes), given as another file.
+  runner; routing variance needs a second such run under uniform routing as its control, given as another file:
+  the same job in everything but routing (sizes, schedule, pair handler, micro-batches, steps, trials, model),
+  else it is refused naming the field.
 
 Definitions (per iteration; seconds of the source's own clock, i.e. of ``--f/--b/--w`` for a synthetic simulation):
 
@@ -23,7 +24,9 @@ Definitions (per iteration; seconds of the source's own clock, i.e. of ``--f/--b
     idle per rank, static minus dynamic (same sources).
 
 Absent numbers are ``None`` and print as ``not measured``, never as 0. :meth:`RoutingTerms.scaled` applies the
-shares to another iteration time (a plan's) and says that it is an estimate scaled from the source.
+shares to another iteration time (a plan's) and says that it is an estimate scaled from the source; a synthetic
+simulation (``--f/--b/--w`` in arbitrary units, a toy routed model) is never scaled onto a plan's seconds: it is
+shown as shares of its own iteration only.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any, Mapping, Sequence
 
 from tessera_lab.errors import ConfigError
 
-__all__ = ["RoutingTerms", "routing_terms", "load_routing_terms", "NOT_MEASURED"]
+__all__ = ["RoutingTerms", "routing_terms", "load_routing_terms", "check_same_job", "NOT_MEASURED"]
 
 NOT_MEASURED = "not measured"
 _UNIFORM_RUN = ("uniform", "model router (no skew)")
@@ -55,6 +58,10 @@ class RoutingTerms:
         notes: caveats (significance of an observed difference, missing rank counts).
         routing_variance_significant: for observed runs, whether the interquartile ranges of the static step
             times under the routing and under the control are apart (``None``: simulated or not measured).
+        idle_removed_significant: for observed runs, whether the interquartile ranges of the host idle per step,
+            static and dynamic, are apart (same rule; ``None``: simulated or not measured).
+        gain, gain_verdict: for observed runs, the run's own step-time gain of dynamic over static (a fraction)
+            and its verdict (``significant`` / ``not significant``); ``None`` otherwise.
     """
 
     provenance: str | None = None
@@ -69,6 +76,16 @@ class RoutingTerms:
     units: str = "s"
     notes: list[str] = field(default_factory=list)
     routing_variance_significant: bool | None = None
+    idle_removed_significant: bool | None = None
+    gain: float | None = None
+    gain_verdict: str | None = None
+    #: why these shares must not be applied to a plan's iteration (another workload), or ``None``
+    foreign_workload: str | None = None
+
+    @property
+    def synthetic(self) -> bool:
+        """A simulation in synthetic units: its seconds are not a plan's seconds (never scaled onto one)."""
+        return self.units != "s"
 
     @property
     def measured(self) -> bool:
@@ -106,34 +123,62 @@ class RoutingTerms:
         return d
 
     def format(self, plan_iteration_s: float | None = None) -> str:
-        """Readable lines; ``plan_iteration_s`` adds the shares scaled to that iteration (labelled estimate)."""
+        """Readable lines; ``plan_iteration_s`` adds the shares scaled to that iteration (labelled estimate), except
+        for a synthetic simulation, whose shares of its own iteration are the only numbers shown against a plan."""
         def val(x: float | None, share: float | None, of: str) -> str:
             if x is None:
                 return NOT_MEASURED
-            u = "s" if self.units == "s" else self.units
-            return f"{x:.5g} {u}" + ("" if share is None else f" ({100 * share:.2f}% of the {of} iteration)")
+            return f"{_z(x):.5g} {self.units}" + ("" if share is None else f" ({_pct(share)} of the {of} iteration)")
 
-        head = (f"routing and dynamic correction ({self.provenance}: {self.source})" if self.provenance
-                else f"routing and dynamic correction: {NOT_MEASURED} ({self.source}; pass report --dynamic FILE "
-                     "from 'simulate --routing SPEC --dynamic --json' or 'run --dynamic --json')")
-        ns = " (not significant)" if self.routing_variance_significant is False else ""
+        def ns(flag: bool | None) -> str:
+            return {None: "", True: " (significant)", False: " (not significant)"}[flag]
+
+        head = (f"routing and dynamic correction (provenance {self.provenance}; source: {self.source})"
+                if self.provenance else
+                f"routing and dynamic correction: {NOT_MEASURED} ({self.source}; pass report --dynamic FILE "
+                "from 'simulate --routing SPEC --dynamic --json' or 'run --dynamic --json')")
         lines = [head,
                  f"  routing variance: {val(self.routing_variance_s, self.routing_variance_share, 'uniform static')}"
-                 + ns,
+                 + ns(self.routing_variance_significant),
                  f"  bubble after dynamic correction (idle per rank): "
                  f"{val(self.bubble_after_dynamic_s, self.bubble_after_dynamic_share, 'dynamic')}",
-                 f"  idle removed per rank: {val(self.idle_removed_s, None, '')}"]
+                 f"  idle removed per rank: {val(self.idle_removed_s, None, '')}" + ns(self.idle_removed_significant)]
+        if self.gain is not None:
+            lines.append(f"  the run's own step-time gain, dynamic over static: {_pct(self.gain, sign=True)} "
+                         f"(gain_verdict: {self.gain_verdict}; significant only when the interquartile ranges of "
+                         "the step times do not overlap)")
         if plan_iteration_s is not None:
+            what = {"observed": "the lines above are the measured (observed) terms",
+                    "simulated": "the lines above are simulated terms (a simulation, not an observation)"
+                    }.get(self.provenance or "")
             lines.append("  (the table's routing variance row is the plan's own simulation under uniform routing: 0 by "
-                         "construction; the lines above are the measured terms)")
-        if plan_iteration_s is not None and self.measured:
+                         "construction" + (f"; {what})" if what else ")"))
+        why = (f"the simulation's stage times are {self.units} of a synthetic toy pipeline, not this plan's stages"
+               if self.synthetic else self.foreign_workload)
+        if plan_iteration_s is not None and self.measured and why:
+            lines.append(f"  not scaled to this plan's iteration ({plan_iteration_s:.4g} s): {why}; its numbers "
+                         "count only as the shares of its own iteration shown above")
+        elif plan_iteration_s is not None and self.measured:
             sc = self.scaled(plan_iteration_s)
-            f = lambda x: NOT_MEASURED if x is None else f"{x * 1e3:.4g} ms"  # noqa: E731
+            f = lambda x: NOT_MEASURED if x is None else f"{_z(x) * 1e3:.4g} ms"  # noqa: E731
             lines.append(f"  scaled to this plan's iteration ({plan_iteration_s:.4g} s; estimate: same shares as the "
-                         f"source): routing variance {f(sc['routing_variance_s'])}{ns}, bubble after dynamic "
+                         f"source): routing variance {f(sc['routing_variance_s'])}"
+                         f"{ns(self.routing_variance_significant)}, bubble after dynamic "
                          f"{f(sc['bubble_after_dynamic_s'])} per rank")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _z(x: float) -> float:
+    """``x`` with a negative zero (and what prints as zero at 5 digits) turned into ``0.0``."""
+    return 0.0 if abs(x) < 1e-12 else x
+
+
+def _pct(x: float, sign: bool = False) -> str:
+    """``x`` (a fraction) as a percentage with 2 decimals; what rounds to zero prints ``0.00%``, never
+    ``-0.00%``."""
+    v = 0.0 if abs(100 * x) < 0.005 else 100 * x
+    return f"{v:+.2f}%" if sign else f"{v:.2f}%"
 
 
 def _num(d: Mapping[str, Any], key: str, what: str) -> float:
@@ -176,7 +221,52 @@ def _ranks(d: Mapping[str, Any]) -> int | None:
     return None
 
 
+def _pairs(d: Mapping[str, Any]) -> str | None:
+    """The run's pair handler (``job.pair_exec``), or ``None`` when the file does not record it."""
+    job = d.get("job")
+    return job.get("pair_exec") if isinstance(job, Mapping) else None
+
+
+def _identity(d: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a ``run --dynamic`` result that must match between a run and its control: the top-level
+    schedule, steps, trials and world sizes, plus every field of its ``job`` block (pair handler and order,
+    micro-batches, model config, ...; :func:`tessera_lab.runner.dynamic_report.job_identity`) when recorded."""
+    w = d.get("world") if isinstance(d.get("world"), Mapping) else {}
+    out: dict[str, Any] = {k: d.get(k) for k in ("schedule", "steps", "trials")}
+    out.update({k: w.get(k) for k in ("pp", "ep", "dp", "ranks")})
+    job = d.get("job")
+    if isinstance(job, Mapping):
+        for k, v in job.items():
+            if isinstance(v, Mapping):
+                out.update({f"{k}.{kk}": vv for kk, vv in v.items()})
+            else:
+                out.setdefault(k, v)
+    return out
+
+
+def check_same_job(run: Mapping[str, Any], control: Mapping[str, Any]) -> list[str]:
+    """Refuse a control that is not the run's job under uniform routing; returns notes on fields one file does
+    not record (they could not be checked).
+
+    Raises:
+        ConfigError: naming every field (sorted) whose values differ, with the control's and the run's values.
+    """
+    a, b = _identity(run), _identity(control)
+    diff = [k for k in sorted(set(a) & set(b)) if a[k] != b[k]]
+    if diff:
+        said = "; ".join(f"field {'pair handler (pair_exec)' if k == 'pair_exec' else repr(k)} = {b[k]!r}, the run's "
+                         f"{a[k]!r}" for k in diff)
+        raise ConfigError(f"control run differs from the run: {said}; allowed: the same job under uniform routing "
+                          "(only the routing may differ)")
+    missing = sorted(set(a) ^ set(b))
+    if missing:
+        return [f"fields recorded by only one of run and control, not checked: {', '.join(missing)}"]
+    return []
+
+
 def _from_runs(d: Mapping[str, Any], control: Mapping[str, Any] | None, what: str) -> RoutingTerms:
+    from tessera_lab.runner.dynamic_report import apart  # noqa: PLC0415 - the one significance rule
+
     st, dy = _side(d, "static", "step_time", what), _side(d, "dynamic", "step_time", what)
     ist, idy = _side(d, "static", "host_idle_per_step", what), _side(d, "dynamic", "host_idle_per_step", what)
     ranks = _ranks(d)
@@ -186,29 +276,34 @@ def _from_runs(d: Mapping[str, Any], control: Mapping[str, Any] | None, what: st
         notes.append("the run does not record its rank count: idle numbers are summed over ranks")
     w = d.get("world") if isinstance(d.get("world"), Mapping) else {}
     sizes = " ".join(f"{k}={w[k]}" for k in ("pp", "ep", "dp") if k in w)
-    src = (f"observed run --dynamic: {d.get('schedule', '?')}{' ' + sizes if sizes else ''}, routing "
-           f"{d.get('routing', '?')}, {d.get('trials', '?')} trials x {d.get('steps', '?')} steps interleaved, "
-           f"medians")
+    pairs = _pairs(d)
+    src = (f"run --dynamic: {d.get('schedule', '?')}{' ' + sizes if sizes else ''}, pair handler "
+           f"{pairs or 'not recorded'}, routing {d.get('routing', '?')}, {d.get('trials', '?')} trials x "
+           f"{d.get('steps', '?')} steps interleaved, medians")
+    gain = d.get("gain") if isinstance(d.get("gain"), (int, float)) and not isinstance(d.get("gain"), bool) else None
     terms = RoutingTerms(provenance="observed", source=src, routing=str(d.get("routing")),
                          iteration_static_s=st["median_s"], iteration_dynamic_s=dy["median_s"],
                          bubble_after_dynamic_s=idy["median_s"] / div,
-                         idle_removed_s=(ist["median_s"] - idy["median_s"]) / div, notes=notes)
+                         idle_removed_s=(ist["median_s"] - idy["median_s"]) / div, notes=notes,
+                         idle_removed_significant=apart(ist, idy), gain=gain,
+                         gain_verdict=(d.get("gain_verdict") or ("significant" if apart(st, dy) else "not significant"))
+                         if gain is not None else None,
+                         foreign_workload="the run is the runner's tiny model on this machine's CPU processes, not "
+                                          "this plan's model and cluster")
+    if not terms.idle_removed_significant:
+        notes.append("idle removed not significant: the interquartile ranges of the host idle per step, static and "
+                     "dynamic, overlap")
     if control is None:
-        notes.append("routing variance needs a control run under uniform routing (same schedule and sizes): pass a "
-                     "second --dynamic FILE")
+        notes.append("routing variance needs a control run under uniform routing (the same job in everything but "
+                     "routing): pass a second --dynamic FILE")
         return terms
     cst = _side(control, "static", "step_time", "control run")
-    for k in ("schedule", "steps"):
-        if control.get(k) != d.get(k):
-            raise ConfigError(f"control run: field {k!r} = {control.get(k)!r} differs from the run's {d.get(k)!r}; "
-                              "allowed: the same job under uniform routing")
-    if _ranks(control) != ranks:
-        raise ConfigError(f"control run: {_ranks(control)} ranks differ from the run's {ranks}; allowed: the same "
-                          "job under uniform routing")
+    notes += check_same_job(d, control)
     terms.iteration_uniform_s = cst["median_s"]
     terms.routing_variance_s = st["median_s"] - cst["median_s"]
-    terms.source += f"; control: routing {control.get('routing')}, static median"
-    terms.routing_variance_significant = bool(st["q3_s"] < cst["q1_s"] or cst["q3_s"] < st["q1_s"])
+    terms.source += f"; control: routing {control.get('routing')}, pair handler {_pairs(control) or 'not recorded'}"
+    terms.source += ", static median"
+    terms.routing_variance_significant = apart(st, cst)
     if not terms.routing_variance_significant:
         notes.append("routing variance not significant: the interquartile ranges of the static step times under "
                      "the routing and under the control overlap")

@@ -25,7 +25,7 @@ import numpy as np
 
 from .specs import RunSpec
 
-__all__ = ["dynamic_jobs", "dynamic_report", "format_dynamic"]
+__all__ = ["dynamic_jobs", "dynamic_report", "format_dynamic", "job_identity", "apart"]
 
 
 def dynamic_jobs(base: RunSpec, trials: int) -> list[RunSpec]:
@@ -47,10 +47,36 @@ def _stats(xs: list[float]) -> dict[str, float]:
     return {"median_s": med, "q1_s": q1, "q3_s": q3, "samples": int(a.size)}
 
 
-def _gap_numbers(job: dict, steps: list[int]) -> tuple[list[float], list[float]]:
-    """Per step: host idle summed over ranks; and the |predicted - observed| wait of every slot that had one
-    (steps from the controller's lag on: before that it has no history)."""
-    idle, errs = [], []
+def apart(a: dict[str, float], b: dict[str, float]) -> bool:
+    """The significance rule of ``run --dynamic``: the interquartile ranges (``q1_s``..``q3_s``) of two sides do
+    not overlap."""
+    return bool(a["q3_s"] < b["q1_s"] or b["q3_s"] < a["q1_s"])
+
+
+def job_identity(spec: dict, world: dict) -> dict[str, Any]:
+    """What makes two ``run --dynamic`` results the same job apart from routing (``report --dynamic RUN
+    --dynamic CONTROL`` compares these): sizes, schedule, micro-batches, steps, optimizer, data seed, gradient
+    sync, pair handler (``spec.pair_exec``, else from ``overlap`` as the executor picks it) and pair order, and
+    the resolved tiny-model config without its routing bias. ``spec``: a :class:`RunSpec` dict; ``world``: a
+    :class:`~tessera_lab.runner.specs.WorldSpec` dict."""
+    from .specs import TinyConfig
+
+    model = TinyConfig.from_dict({k: v for k, v in (spec.get("model") or {}).items() if k != "router_bias"})
+    cfg = {k: v for k, v in model.as_dict().items() if k != "router_bias"}
+    return {"pp": world["pp"], "ep": world["ep"], "dp": world["dp"], "schedule": spec["schedule"],
+            "vpp": spec.get("vpp"), "microbatches": spec["microbatches"],
+            "micro_batch_size": spec["micro_batch_size"], "steps": spec["steps"], "lr": spec["lr"],
+            "data_seed": spec.get("data_seed"), "boundaries": spec.get("boundaries"),
+            "deterministic": spec.get("deterministic"), "grad_sync": spec.get("grad_sync"),
+            "pair_exec": spec.get("pair_exec") or {"thread": "threads", "serial": "serial"}.get(spec.get("overlap")),
+            "pair_order": spec.get("pair_order"), "model": cfg}
+
+
+def _gap_numbers(job: dict, steps: list[int]) -> tuple[list[float], list[float], list[float]]:
+    """Per step: host idle summed over ranks; the |predicted - observed| wait of every slot that had one
+    (steps from the controller's lag on: before that it has no history); and those slots' observed waits (the
+    |error| of predicting no wait)."""
+    idle, errs, zero = [], [], []
     for st in steps:
         recs = job["gap_steps"][st]
         idle.append(sum(sum(r["idle"].values()) for r in recs.values() if r))
@@ -59,7 +85,8 @@ def _gap_numbers(job: dict, steps: list[int]) -> tuple[list[float], list[float]]
                 continue
             for k, obs in r["observed"].items():
                 errs.append(abs(r["predicted"].get(k, 0.0) - obs))
-    return idle, errs
+                zero.append(abs(obs))
+    return idle, errs, zero
 
 
 def _lag(job: dict) -> int:
@@ -76,13 +103,14 @@ def dynamic_report(jobs: list[dict], trials: int, routing: str | None, world: An
     obs = list(range(1, steps)) if steps > 1 else [0]
     side: dict[str, dict] = {}
     for kind in ("static", "dynamic"):
-        times, idle, errs, fills, forced, observed, chunks = [], [], [], 0, 0, [], 0
+        times, idle, errs, zero, fills, forced, observed, chunks = [], [], [], [], 0, 0, [], 0
         for t in range(trials):
             j = by[f"{kind}-{t}"]
             times += [j["step_times_s"][s] for s in obs]
-            i, e = _gap_numbers(j, obs)
+            i, e, z = _gap_numbers(j, obs)
             idle += i
             errs += e
+            zero += z
             for st in obs:
                 for r in j["gap_steps"][st].values():
                     if r:
@@ -93,12 +121,15 @@ def dynamic_report(jobs: list[dict], trials: int, routing: str | None, world: An
         side[kind] = {"step_time": _stats(times), "host_idle_per_step": _stats(idle),
                       "gap_prediction": {"mean_abs_error_s": float(np.mean(errs)) if errs else 0.0,
                                          "mean_observed_wait_s": float(np.mean(observed)) if observed else 0.0,
+                                         # the same slots predicted as 0: the baseline a predictor must beat
+                                         "zero_predictor_mean_abs_error_s": float(np.mean(zero)) if zero else 0.0,
                                          "slots": len(errs), "predictor": "last-step",
                                          "lag_steps": _lag(by[f"{kind}-0"])},
                       "w_filled": fills, "w_forced_by_cap": forced, "grad_sync_chunks_in_waits": chunks}
     s, d = side["static"]["step_time"], side["dynamic"]["step_time"]
     gain = (s["median_s"] - d["median_s"]) / s["median_s"] if s["median_s"] > 0 else 0.0
-    significant = d["q3_s"] < s["q1_s"] or s["q3_s"] < d["q1_s"]
+    significant = apart(s, d)
+    idle_apart = apart(side["static"]["host_idle_per_step"], side["dynamic"]["host_idle_per_step"])
     ref = by["static-0"]["losses"]
     bitwise = all(by[f"{k}-{t}"]["losses"] == ref for k in ("static", "dynamic") for t in range(trials))
     return {
@@ -110,10 +141,13 @@ def dynamic_report(jobs: list[dict], trials: int, routing: str | None, world: An
         "significance_rule": "interquartile ranges of the step times do not overlap",
         "idle_removed_s": side["static"]["host_idle_per_step"]["median_s"]
         - side["dynamic"]["host_idle_per_step"]["median_s"],
+        "idle_removed_verdict": "significant" if idle_apart else "not significant",
         "losses": ref, "losses_bitwise_equal_to_static": bitwise,
         "machine_load_1m": os.getloadavg()[0],
         **({} if world is None else {"world": {"pp": world.pp, "ep": world.ep, "dp": world.dp,
                                                "ranks": world.pp * world.ep * world.dp}}),
+        **({"job": job_identity(by["static-0"]["spec"], by["static-0"]["world"])}
+           if "spec" in by["static-0"] and "world" in by["static-0"] else {}),
         "not_done": "EP combine waits are filled (with W only) only under --pair-exec scheduled (node-level "
                     "pairs); a gradient-sync chunk can launch in a wait only on ranks holding several stages "
                     "(interleaved, DualPipeV)",
@@ -121,26 +155,40 @@ def dynamic_report(jobs: list[dict], trials: int, routing: str | None, world: An
 
 
 def format_dynamic(rep: dict[str, Any]) -> str:
-    """Readable summary of :func:`dynamic_report`."""
+    """Readable summary of :func:`dynamic_report`: medians with their interquartile range, each difference with
+    its verdict (the significance rule), and the gap predictor against predicting no wait."""
     def ms(x: dict) -> str:
-        return f"{x['median_s'] * 1e3:.1f} ms ({x['q1_s'] * 1e3:.1f}-{x['q3_s'] * 1e3:.1f}, n={x['samples']})"
+        return (f"median {x['median_s'] * 1e3:.1f} ms (interquartile range q1-q3 {x['q1_s'] * 1e3:.1f}-"
+                f"{x['q3_s'] * 1e3:.1f} ms, n={x['samples']})")
+
+    def verdict(v: str | None) -> str:
+        return "" if v is None else (" (significant)" if v == "significant" else
+                                     " (not significant: inside the noise, the interquartile ranges overlap)")
 
     s, d = rep["static"], rep["dynamic"]
-    lines = [f"run --dynamic: schedule {rep['schedule']}, routing {rep['routing']}, {rep['trials']} trials x "
+    gp = d["gap_prediction"]
+    zero = gp.get("zero_predictor_mean_abs_error_s")
+    job = rep.get("job") or {}
+    pairs = f", overlapped pairs {job['pair_exec']}" if job.get("pair_exec") else ""
+    lines = [f"run --dynamic: schedule {rep['schedule']}{pairs}, routing {rep['routing']}, {rep['trials']} trials x "
              f"{rep['steps']} steps, interleaved static/dynamic (observed; load {rep['machine_load_1m']:.2f})",
              f"step time  static  {ms(s['step_time'])}", f"step time  dynamic {ms(d['step_time'])}",
-             f"gain {rep['gain'] * 100:+.2f}% ({rep['gain_verdict']}; significant only when the "
-             "interquartile ranges of the step times do not overlap)",
-             f"host idle per step: static {ms(s['host_idle_per_step'])}, dynamic {ms(d['host_idle_per_step'])}; "
-             f"removed {rep['idle_removed_s'] * 1e3:.1f} ms",
-             f"gap prediction ({d['gap_prediction']['predictor']}, group maximum, lag "
-             f"{d['gap_prediction']['lag_steps']} steps): mean |error| "
-             f"{d['gap_prediction']['mean_abs_error_s'] * 1e3:.2f} ms vs mean observed wait "
-             f"{d['gap_prediction']['mean_observed_wait_s'] * 1e3:.2f} ms over {d['gap_prediction']['slots']} slots; "
-             f"W filled {d['w_filled']}, forced by the cap {d['w_forced_by_cap']}; gradient-sync chunks launched "
-             f"in waits {d.get('grad_sync_chunks_in_waits', 0)}",
-             "losses " + ("bitwise equal to the static run" if rep["losses_bitwise_equal_to_static"]
-                          else "DIFFER from the static run")]
+             f"gain {rep['gain'] * 100:+.2f}%{verdict(rep['gain_verdict'])}; rule: significant only when the "
+             "interquartile ranges of the step times do not overlap",
+             f"host idle per step (summed over ranks): static {ms(s['host_idle_per_step'])}, dynamic "
+             f"{ms(d['host_idle_per_step'])}; removed {rep['idle_removed_s'] * 1e3:.1f} ms"
+             + verdict(rep.get("idle_removed_verdict")),
+             f"gap prediction ({gp['predictor']}, group maximum, lag {gp['lag_steps']} steps): mean |error| "
+             f"{gp['mean_abs_error_s'] * 1e3:.2f} ms vs mean observed wait {gp['mean_observed_wait_s'] * 1e3:.2f} ms "
+             f"over {gp['slots']} slots"
+             + ("" if zero is None else f" (predicting no wait: mean |error| {zero * 1e3:.2f} ms)")
+             + f"; W filled {d['w_filled']}, forced by the cap {d['w_forced_by_cap']}; gradient-sync chunks "
+             f"launched in waits {d.get('grad_sync_chunks_in_waits', 0)}"]
+    if zero is not None and gp["slots"] and gp["mean_abs_error_s"] > zero:
+        lines.append("note: the gap predictor does worse than predicting no gap (its mean |error| exceeds that of "
+                     "predicting a wait of 0 on the same slots)")
+    lines.append("losses " + ("bitwise equal to the static run" if rep["losses_bitwise_equal_to_static"]
+                              else "DIFFER from the static run"))
     for name, r in rep.get("reference", {}).items():
         lines.append(f"--check {name}: losses {'bitwise equal' if r['losses_bitwise_equal'] else 'DIFFER'} to the "
                      f"single-process reference; gradients of step 0 "

@@ -1,0 +1,163 @@
+"""A fresh user's findings on the plan CLI (3, 4, 6, 7, 8, 13): one clear line naming the real rule, the plan
+header, the MFU band and the FP8 note. Values worked by hand in the comments."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from tessera_lab.argtypes import float_at_least, fraction_below_one, module_list, predictor_spec
+from tessera_lab.checks import divisors_text
+from tessera_lab.cli.main import main
+from tessera_lab.model.hardware import RECOMPUTE_MODULES, ParallelConfig
+
+
+def _error(capsys, argv):
+    try:
+        rc = main(argv)
+    except SystemExit as exc:
+        rc = exc.code
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+# ------------------------------------------------------------------ 13: errors name the real rule
+def test_expert_load_rule_is_at_least_one(capsys):
+    for bad in ("nan", "0.5", "inf"):
+        err = _error(capsys, ["plan", "--expert-load", bad])
+        assert "allowed: a finite number >= 1" in err and "1e+12" not in err
+    assert float_at_least("expert_load", 1.0)("1") == 1.0
+
+
+def test_margin_rule_is_zero_to_below_one(capsys):
+    for bad in ("-1", "1", "nan"):
+        err = _error(capsys, ["simulate", "--dynamic", "--margin", bad])
+        assert "allowed: 0 <= margin < 1" in err
+    parse = fraction_below_one("margin")
+    assert parse("0") == 0.0 and parse("0.999") == 0.999
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse("1.0")
+
+
+def test_predictor_window_zero_is_named(capsys):
+    err = _error(capsys, ["simulate", "--dynamic", "--predictor", "moving-average:0"])
+    assert "window K = 0 is out of range" in err and "unknown" not in err
+    assert "is unknown" in _error(capsys, ["simulate", "--dynamic", "--predictor", "median:3"])
+    parse = predictor_spec()
+    assert [parse(x) for x in ("last-step", "moving-average:1", "minimum:8", "minimum")] == \
+        ["last-step", "moving-average:1", "minimum:8", "minimum"]
+
+
+def test_switch_given_a_value_names_the_flag_and_subcommand(capsys):
+    err = _error(capsys, ["plan", "--ep-spans-tp", "0"])
+    assert err.startswith("tessera-lab plan: error: argument --ep-spans-tp: is an on/off switch")
+    assert "unrecognized" not in err
+    assert "--no-distributed-optimizer" in _error(capsys, ["plan", "--no-distributed-optimizer", "yes"])
+
+
+def test_ep_lists_the_divisors(capsys):
+    err = _error(capsys, ["plan", "--ep", "3"])
+    # 512 = 2^9: ten divisors 1, 2, ..., 512
+    assert "allowed: a divisor of 512: 1, 2, 4, 8, 16, 32, 64, 128, 256, 512" in err
+    assert divisors_text(12) == "a divisor of 12: 1, 2, 3, 4, 6, 12"
+
+
+# ------------------------------------------------------------------ 7: recompute modules
+def test_recompute_modules_empty_names_refused(capsys):
+    for bad in ("", "core_attn,,moe", "core_attn,", "moe,moe", "core_attn,foo"):
+        err = _error(capsys, ["plan", "--recompute", "selective", "--recompute-modules", bad])
+        assert "argument --recompute-modules" in err and "allowed: comma-separated names" in err
+    assert module_list("m", RECOMPUTE_MODULES)("core_attn,moe_act") == ("core_attn", "moe_act")
+
+
+def test_recompute_module_the_model_lacks_is_an_error(capsys):
+    # Qwen3-Next: Gated DeltaNet + gated attention (no MLA), every FFN an MoE: mla_up_proj and mlp have nothing
+    err = _error(capsys, ["plan", "--recompute", "selective", "--recompute-modules", "mla_up_proj"])
+    assert "mla_up_proj" in err and "needs MLA attention" in err and "allowed for this model: core_attn, moe_act, moe" in err
+
+
+def test_header_lists_recompute_modules(capsys):
+    assert main(["plan", "--pp", "4", "-m", "8", "--recompute", "selective", "--recompute-modules",
+                 "core_attn,moe_act"]) == 0
+    assert "recompute selective (core_attn, moe_act)" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ 6: EP spans TP header
+def test_ep_spans_tp_header_spells_the_layout(capsys):
+    assert main(["plan", "--pp", "4", "-m", "8", "--ep-spans-tp", "--tp", "2"]) == 0
+    head = capsys.readouterr().out.splitlines()[1]
+    # pp 4 x EP 8 = 32 GPUs; EP 8 = TP 2 x dense DP 4; expert DP = dp = 1; tokens 8 x 4096 x 4 = 131,072
+    p = ParallelConfig(pp=4, ep=8, tp=2, microbatches=8, ep_spans_tp=True)
+    assert (p.world_size, p.dense_dp, p.expert_dp) == (32, 4, 1)
+    assert "= 32 GPUs; EP spans TP" in head and "TP 2 x dense DP 4 (expert TP 1, expert DP 1)" in head
+    assert "(131,072 tokens)" in head
+
+
+# ------------------------------------------------------------------ 4: MFU against the band
+def test_plan_prints_mfu_as_percentage_with_band(capsys):
+    assert main(["plan", "--pp", "4", "-m", "8"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("MFU of the chosen plan:"))
+    assert "% " in line or "%," in line
+    assert "15.9%-21.1% Tessera paper" in line and "11.9%-20.5% Megatron-Bridge" in line
+
+
+def test_grouped_gemm_above_band_warns(capsys):
+    assert main(["plan", "--grouped-gemm", "grouped"]) == 0
+    out = capsys.readouterr().out
+    assert "ABOVE the published band" in out and "warning: planned MFU" in out
+
+
+# ------------------------------------------------------------------ 3: FP8 says why
+def test_fp8_plan_says_why_it_is_slower(capsys):
+    assert main(["plan", "--precision", "fp8", "--pp", "4", "-m", "8"]) == 0
+    out = capsys.readouterr().out
+    note = next(x for x in out.splitlines() if x.startswith("note: precision fp8 is"))
+    assert "than bf16" in note and "host-bound" in note and "weights cast once per step over m=8" in note
+
+
+def test_precision_terms_kernel_difference_by_hand():
+    # FP8 adds, per GEMM launch, 3 (input) + 3/m (weight) kernels in F and 3 in B: summed over the layers the
+    # difference fp8 - bf16 equals that count over the GEMM tasks' launches
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.hardware import cluster_for
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.model.tasks import layer_tasks
+    from tessera_lab.plan.precision import precision_terms
+
+    model = load_model("qwen3-30b-a3b").with_changes(num_layers=2)
+    p = ParallelConfig(pp=1, ep=16, dp=1, microbatches=4, expert_load=1.0)
+    cl = cluster_for(p, "H100")
+    t = precision_terms(model, p, cl)
+    extra = 0.0
+    for layer in range(2):
+        for ph, per in (("F", 3 + 3 / 4), ("B", 3.0)):
+            for task in layer_tasks(model, layer, p.replace(precision="fp8")).phase(ph):
+                if task.op in ("gemm", "grouped_gemm") and task.gemms:
+                    extra += per * len(task.gemms) * task.groups  # multistream: one launch per expert and shape
+    assert t["fp8"]["kernels"] - t["bf16"]["kernels"] == pytest.approx(extra, rel=1e-9)
+    assert CostModel(cl, p).a["host_s_per_kernel"] == 10e-6
+
+
+# ------------------------------------------------------------------ 8: solver wording and the baseline rule
+def test_time_limited_solver_is_not_called_optimum(capsys):
+    assert main(["plan", "--schedule", "interleaved-overlapped", "--vpp", "2", "--pp", "4", "-m", "8",
+                 "--time-limit", "0.01"]) == 0
+    out = capsys.readouterr().out
+    if "not proven optimal" in out or "time-limit fallback" in out:
+        assert "than the solver optimum" not in out
+
+
+def test_never_slower_than_a_fitting_baseline():
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.make import make_plan
+
+    m = load_model("qwen3-next-80b-a3b")
+    for objective in ("bottleneck", "auto"):
+        plan = make_plan(m, ParallelConfig(schedule="interleaved-overlapped", vpp=2), objective=objective)
+        for name, ev in plan.baselines.items():
+            if ev.fits_memory:
+                assert plan.chosen.iteration_time_s <= ev.iteration_time_s * (1 + 1e-9), (objective, name)
