@@ -169,23 +169,6 @@ def test_run_plan_executes_the_plan_and_reports_the_prediction(tmp_path, capsys)
     assert rep["source"].startswith("runner job") and rep["processes"] == 4 and 0 < rep["mfu"] < 1
 
 
-def test_oversubscription_by_hand():
-    from tessera_lab.runner.predict import oversubscription
-
-    dev = synthetic_device(cores=2)
-    dev["metadata"]["load_average_1m"] = {"before": 10.0}
-    assert oversubscription(dev, 4) == 2.0  # quiet machine: 4 processes on 2 cores
-    assert oversubscription(dev, 4, machine_load=10.0) == pytest.approx(14 / 10)  # busy: share of 14 vs 10
-    assert oversubscription(dev, 1, machine_load=0.0) == pytest.approx(2 / 10)  # quieter than at calibration
-    # a CPU probe measured now: 4 processes ran the loop R = 3x slower than 1 did at calibration, so on 2 cores
-    # others + 4 = 2 x 3 = 6 runnable, others = 2; with 3 of the 4 busy: 3 x max(2, 2 + 3) / max(2, 2 + 4) = 2.5
-    dev["metadata"]["cpu_probe_s"] = 0.01
-    assert oversubscription(dev, 4, 1.0, probe_s=0.03, world_size=4) == pytest.approx(3.0)  # all busy: R
-    assert oversubscription(dev, 3, 1.0, probe_s=0.03, world_size=4) == pytest.approx(2.5)
-    # the probe wins over the load average; 10x faster than at calibration, no others: 0.1 x 2 / 4
-    assert oversubscription(dev, 2, 50.0, probe_s=0.001, world_size=4) == pytest.approx(0.05)
-
-
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 

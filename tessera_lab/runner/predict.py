@@ -13,7 +13,7 @@ from tessera_lab.pipeline.schedules import build_schedule, canonical_name
 from tessera_lab.pipeline.simulate import stage_durations
 from tessera_lab.plan.partition import uniform_boundaries
 
-__all__ = ["predict_runner", "balanced_boundaries", "oversubscription", "device_plan", "available_cores",
+__all__ = ["predict_runner", "balanced_boundaries", "device_plan", "available_cores",
            "runner_cpu_entry"]
 
 
@@ -147,35 +147,6 @@ def available_cores(device: Mapping[str, Any], world: int, *, cores_available: f
     if machine_load is not None:
         return min(cores, cores * world / max(cores, float(machine_load) + world))
     return cores
-
-
-def oversubscription(device: Mapping[str, Any], world: float, machine_load: float | None = None, *,
-                     probe_s: float | None = None, world_size: int | None = None) -> float:
-    """Slowdown of the runner's one-thread processes against the single-process calibration, when ``world``
-    of them (a float: the mean number computing at once) run.
-
-    A process gets ``cores / max(cores, runnable)`` of a core. At calibration ``runnable = L_cal`` (the
-    1-minute load average then, which counts the calibrating process itself). At run time ``runnable = L +
-    world`` with ``L`` the other tenants' load:
-
-    * with ``probe_s`` (:func:`tessera_lab.runner.probe.cpu_probe` of the job's ``world_size`` = ``w``
-      processes, measured now, before the run) and a calibration probe ``metadata.cpu_probe_s`` (one process,
-      taken as uncontended): the probe's slowdown ``R = probe_s / cpu_probe_s`` is the slowdown with all ``w``
-      busy; ``L = max(0, cores x R - w)`` and the slowdown with ``world`` busy is
-      ``R x max(cores, L + world) / max(cores, L + w)`` (the share measured at the moment of the prediction);
-    * else ``L = machine_load`` (the 1-minute load average when the prediction is made);
-    * without either, a quiet machine: ``max(1, world / cores)``.
-    """
-    cores = int(device["metadata"].get("cores") or 1)
-    cal = max(cores, max(float((device["metadata"].get("load_average_1m") or {}).get("before") or 1.0), 1.0))
-    probe_cal = device["metadata"].get("cpu_probe_s")
-    if probe_s is not None and probe_cal and world_size:
-        ratio = float(probe_s) / float(probe_cal)
-        other = max(0.0, cores * ratio - world_size)
-        return ratio * max(cores, other + world) / max(cores, other + world_size)
-    if machine_load is None:
-        return max(1.0, world / cores)
-    return max(cores, machine_load + world) / cal
 
 
 def balanced_boundaries(device: Mapping[str, Any], cfg: Mapping[str, Any], stages: int, tokens: int) -> list[int]:
