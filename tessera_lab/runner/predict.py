@@ -212,8 +212,8 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
     """A runner plan predicted from a calibrated device: the partition (``balanced`` on the calibrated layer
     costs, or ``uniform``), the schedule, micro-batches, pair handler and order, and the prediction made now,
     before any run. ``tessera-lab run --plan`` executes exactly this plan. ``config``: TinyConfig fields
-    (then ``model`` is only the label). ``machine_load``: the 1-minute load average when predicting (see
-    :func:`oversubscription`); None: a quiet machine. ``cpu_probe_s``: :func:`tessera_lab.runner.probe.cpu_probe`
+    (then ``model`` is only the label). ``machine_load``: the 1-minute load average when predicting (gives
+    the cores available, :func:`available_cores`); None: a quiet machine. ``cpu_probe_s``: :func:`tessera_lab.runner.probe.cpu_probe`
     of the job's processes measured now (used instead of the load average when the device has a calibration
     probe).
 
