@@ -159,11 +159,36 @@ def test_schedule_auto_tries_each_and_keeps_the_fastest_that_fits(capsys):
     trials = d["schedule_trials"]
     from tessera_lab.plan.vschedules import HAS_ZB_AUTO
 
-    assert [t["schedule"] for t in trials] == ["overlapped", "1f1b", "zb-h1", "zb-h2", "gpipe"] + (
-        ["zb-auto"] if HAS_ZB_AUTO else [])
+    assert [(t["schedule"], t["vpp"]) for t in trials] == [
+        (s, 1) for s in ["overlapped", "1f1b", "zb-h1", "zb-h2", "gpipe"] + (["zb-auto"] if HAS_ZB_AUTO else [])
+    ] + [("interleaved-overlapped", 2), ("interleaved", 2)]  # 4 x 2 virtual stages fit in 16 layers
     fitting = [t["iteration_time_s"] for t in trials if t.get("fits_memory")]
     assert d["iteration_time_s"] == pytest.approx(min(fitting))
     assert d["parallel"]["schedule"] in {t["schedule"] for t in trials}
+    best = min((t for t in trials if t.get("fits_memory")), key=lambda t: t["iteration_time_s"])
+    assert (d["parallel"]["schedule"], d["parallel"]["vpp"]) == (best["schedule"], best["vpp"])
+
+
+def test_schedule_auto_prints_every_refusal_whole_and_tries_the_given_vpp():
+    """A refused schedule's reason is printed in full on its own line (never cut mid-word); with ``vpp >= 2`` auto
+    tries the two interleaved schedules at that vpp only."""
+    from tessera_lab.cli.plan import format_plan
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.make import auto_candidates, make_plan
+
+    m = load_model("qwen3-next-80b-a3b")
+    assert auto_candidates(m, ParallelConfig(pp=8, vpp=3, schedule="auto")) == [
+        ("interleaved-overlapped", 3), ("interleaved", 3)]
+    assert m.num_layers == 48
+    assert auto_candidates(m, ParallelConfig(pp=24))[-2:] == [("interleaved-overlapped", 2), ("interleaved", 2)]
+    assert all(v == 1 for _, v in auto_candidates(m, ParallelConfig(pp=32)))  # 32 x 2 > 48 layers
+    small = make_plan(m, ParallelConfig(pp=8), method="uniform", baselines=())
+    reason = "no partition fits in memory: " + "word " * 40 + "GiB available"
+    small.schedule_trials = [{"schedule": "gpipe", "vpp": 1, "error": reason},
+                             {"schedule": "interleaved", "vpp": 2, "iteration_time_s": 1.5, "fits_memory": True}]
+    text = format_plan(small)
+    assert f"refused gpipe: {reason}" in text.splitlines()
+    assert any(line.split()[:3] == ["interleaved", "2", "1.500"] for line in text.splitlines())
 
 
 def test_profile_plan_round_trips_and_a_change_of_source_is_asked_for(tmp_path, capsys):

@@ -106,9 +106,14 @@ def format_plan(plan) -> str:
     if plan.schedule_trials:
         lines.append("")
         lines.append("schedules tried (--schedule auto):")
-        lines.append(table([{"schedule": t["schedule"], "iteration (s)": t.get("iteration_time_s"),
-                             "fits memory": t.get("fits_memory"), "refused": t.get("error", "")[:90]}
-                            for t in plan.schedule_trials], ".4g"))
+        lines.append(table([{"schedule": t["schedule"], "vpp": t.get("vpp", 1),
+                             "iteration (s)": (f"{t['iteration_time_s']:.3f}" if "iteration_time_s" in t else "-"),
+                             "fits memory": ("-" if "error" in t else "yes" if t.get("fits_memory") else "NO")}
+                            for t in plan.schedule_trials]))
+        for t in plan.schedule_trials:  # full reasons, never cut
+            if "error" in t:
+                lines.append(f"refused {t['schedule']}" + (f" vpp {t['vpp']}" if t.get("vpp", 1) > 1 else "")
+                             + f": {t['error']}")
     lines.append(f"MFU of the chosen plan: {mfu_text(plan.chosen.mfu, moe=m.num_experts > 0)}")
     flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0)  # validity flag (issue 17)
     if flag:

@@ -201,7 +201,7 @@ def make_plan(
     Args:
         model: the model.
         parallel: parallel sizes (default :class:`ParallelConfig()`: pp=8, ep=8, m=32, seq 4096, mbs 1); its
-            ``schedule`` may be ``auto`` (try :data:`AUTO_SCHEDULES`, or :data:`VIRTUAL_SCHEDULES` when ``vpp >= 2``).
+            ``schedule`` may be ``auto`` (try every pair of :func:`auto_candidates`).
         cluster: the cluster; default the smallest DGX cluster of ``gpu`` holding the world size.
         method: ``ilp`` (default), ``dp`` or ``uniform``.
         baselines: other partitions to evaluate with the same schedule (:data:`BASELINES`).
@@ -379,27 +379,52 @@ def _refine(model, parallel, cost_model, sm, steady: PartitionProblem, candidate
                 "start_iteration_time_s": start_ev.iteration_time_s, "simulations": spent, "gain_s": gain}
 
 
+#: ILP time limit per schedule under ``schedule="auto"`` (it solves one ILP per schedule and objective)
+AUTO_TIME_LIMIT_S = 2.0
+#: virtual stages per rank ``schedule="auto"`` tries the interleaved schedules with when given ``vpp = 1``
+AUTO_VPP = 2
+
+
+def auto_candidates(model: ModelSpec, parallel: ParallelConfig) -> list[tuple[str, int]]:
+    """``(schedule, vpp)`` pairs ``schedule="auto"`` tries: with ``vpp = 1`` every one-chunk schedule of
+    :data:`AUTO_SCHEDULES`, then :data:`VIRTUAL_SCHEDULES` at ``vpp = AUTO_VPP`` (2) when ``pp x 2`` stages fit in
+    the layers; with ``vpp >= 2`` only :data:`VIRTUAL_SCHEDULES` at that ``vpp``."""
+    if parallel.vpp > 1:
+        return [(name, parallel.vpp) for name in VIRTUAL_SCHEDULES]
+    out = [(name, 1) for name in AUTO_SCHEDULES]
+    if parallel.pp > 1 and parallel.pp * AUTO_VPP <= model.num_layers:
+        out += [(name, AUTO_VPP) for name in VIRTUAL_SCHEDULES]
+    return out
+
+
 def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
-    """``schedule="auto"``: plan every schedule of :data:`AUTO_SCHEDULES` (:data:`VIRTUAL_SCHEDULES` with vpp >= 2), keep
-    the fastest that fits memory; each trial is recorded in ``Plan.schedule_trials``."""
-    names = VIRTUAL_SCHEDULES if parallel.vpp > 1 else AUTO_SCHEDULES
+    """``schedule="auto"``: plan every ``(schedule, vpp)`` of :func:`auto_candidates`, keep the fastest that fits
+    memory; each trial is recorded in ``Plan.schedule_trials`` (``schedule``, ``vpp``, ``iteration_time_s`` and
+    ``fits_memory``, or ``error``: the full first line of the refusal). Each trial's ILP gets
+    ``min(time_limit_s, AUTO_TIME_LIMIT_S)`` seconds."""
+    kwargs["time_limit_s"] = min(kwargs.get("time_limit_s", AUTO_TIME_LIMIT_S), AUTO_TIME_LIMIT_S)
     trials, plans = [], []
-    for name in names:
+    for name, vpp in auto_candidates(model, parallel):
         try:
-            pl = make_plan(model, parallel.replace(schedule=name), cluster, **kwargs)
+            pl = make_plan(model, parallel.replace(schedule=name, vpp=vpp), cluster, **kwargs)
         except TesseraError as exc:
-            trials.append({"schedule": name, "error": str(exc).splitlines()[0]})
+            trials.append({"schedule": name, "vpp": vpp, "error": str(exc).splitlines()[0]})
             continue
-        trials.append({"schedule": name, "iteration_time_s": pl.chosen.iteration_time_s,
+        trials.append({"schedule": name, "vpp": vpp, "iteration_time_s": pl.chosen.iteration_time_s,
                        "fits_memory": pl.chosen.fits_memory, "boundaries": pl.chosen.partition.boundaries})
         if pl.chosen.fits_memory:
             plans.append(pl)
+
+    def label(t):
+        return t["schedule"] + (f" vpp {t['vpp']}" if t["vpp"] > 1 else "")
+
     if not plans:
         raise PartitionError("schedule auto: no schedule fits; " + "; ".join(
-            f"{t['schedule']}: {t.get('error', 'exceeds memory')}" for t in trials))
+            f"{label(t)}: {t.get('error', 'exceeds memory')}" for t in trials))
     best = min(plans, key=lambda pl: pl.chosen.iteration_time_s)
     best.schedule_trials = trials
     best.notes.append("schedule auto: " + ", ".join(
-        f"{t['schedule']} {t['iteration_time_s']:.4f} s" if "iteration_time_s" in t else f"{t['schedule']} refused"
-        for t in trials) + f"; kept {best.parallel.schedule}")
+        f"{label(t)} {t['iteration_time_s']:.4f} s" if "iteration_time_s" in t else f"{label(t)} refused"
+        for t in trials) + f"; kept {label({'schedule': best.parallel.schedule, 'vpp': best.parallel.vpp})}"
+        f" (ILP limit {kwargs['time_limit_s']:g} s per schedule)")
     return best
