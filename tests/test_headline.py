@@ -55,6 +55,9 @@ def test_validity_notes():
     assert H.gain_note(0.10, 0.03) is None
     assert "above the published band" in H.mfu_note(0.657)
     assert "above the published band" in H.mfu_note(0.312)  # --grouped-gemm grouped
+    assert "grouped expert GEMM" in H.mfu_note(0.312, grouped_gemm="grouped")
+    for mode in ("multistream", None):  # the grouped-kernel cause only where the plan runs one
+        assert "grouped" not in H.mfu_note(0.216, grouped_gemm=mode) and "host work" in H.mfu_note(0.216, grouped_gemm=mode)
     assert H.mfu_note(0.2099) is None  # the default plan: inside the band
     assert "above any published run" in H.mfu_note(0.50, moe=False)  # dense: Llama 3's 43% ceiling
     assert H.mfu_note(0.40, moe=False) is None
@@ -68,9 +71,16 @@ def test_published_mfu_band_by_hand():
     # Megatron-Bridge Qwen3-30B-A3B on H100: 118 and 203 model TFLOP/s per GPU over the 989 TFLOP/s bf16 peak
     assert mb["lo"] == pytest.approx(118 / 989) and mb["hi"] == pytest.approx(203 / 989)
     assert band["lo"] == pytest.approx(118 / 989) and band["hi"] == 0.211
-    assert H.mfu_text(0.2099).startswith("21.0%, inside the published band (15.9%-21.1% Tessera paper")
+    # the default plan: inside the paper's band, above Megatron-Bridge's 20.5%
+    assert H.mfu_text(0.2099).startswith("21.0%: inside 15.9%-21.1% Tessera paper")
+    assert "; above 11.9%-20.5% Megatron-Bridge" in H.mfu_text(0.2099)
+    assert H.mfu_text(0.18).startswith("18.0%, inside the published band (15.9%-21.1% Tessera paper")
     assert H.mfu_text(0.312).startswith("31.2%, ABOVE the published band")
     assert H.mfu_text(0.10).startswith("10.0%, below")
+    # 13.1%: below the paper's 15.9-21.1%, inside Megatron-Bridge's 11.9-20.5%: each band named with its position
+    t = H.mfu_text(0.131)
+    assert t.startswith("13.1%: below 15.9%-21.1% Tessera paper") and "; inside 11.9%-20.5% Megatron-Bridge" in t
+    assert "published band" not in t
     assert H.mfu_text(0.3, moe=False) == "30.0%"
 
 

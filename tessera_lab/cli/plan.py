@@ -115,7 +115,8 @@ def format_plan(plan) -> str:
                 lines.append(f"refused {t['schedule']}" + (f" vpp {t['vpp']}" if t.get("vpp", 1) > 1 else "")
                              + f": {t['error']}")
     lines.append(f"MFU of the chosen plan: {mfu_text(plan.chosen.mfu, moe=m.num_experts > 0)}")
-    flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0)  # validity flag (issue 17)
+    flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0,
+                    grouped_gemm=getattr(p, "grouped_gemm", None))  # validity flag (issue 17)
     if flag:
         lines.append(f"warning: {flag}")
     lines.append("MFU: Megatron-LM model FLOPs (3 x forward GEMM + attention FLOPs, causal at half) / "
