@@ -161,3 +161,43 @@ def test_never_slower_than_a_fitting_baseline():
         for name, ev in plan.baselines.items():
             if ev.fits_memory:
                 assert plan.chosen.iteration_time_s <= ev.iteration_time_s * (1 + 1e-9), (objective, name)
+
+
+# ------------------------------------------------------------------ second pass 8: one line, the real rule
+def test_tp_lists_the_allowed_values(capsys):
+    # Qwen3-Next: 16 attention heads, 2 KV heads, 16 linear key heads, 8 GPUs a node: gcd 2 -> tp in {1, 2}
+    err = _error(capsys, ["plan", "--tp", "3"])
+    assert "must divide num_attention_heads = 16" in err and "allowed: 1, 2 (" in err
+
+
+def test_top_k_names_the_option_and_the_real_range(capsys):
+    for bad in ("0", "600"):  # the default model has 512 routed experts
+        err = _error(capsys, ["plan", "--top-k", bad])
+        assert f"--top-k = {bad} is out of range" in err and "1 to num_experts = 512" in err
+        assert "num_experts_per_tok" not in err
+
+
+def test_attention_ratio_states_the_lower_bound_and_meaning(capsys):
+    for bad in ("0.3", "-1"):
+        err = _error(capsys, ["plan", "--attention-ratio", bad])
+        assert "--attention-ratio" in err and "an integer 0 to" in err and "linear-attention layers per full" in err
+
+
+# ------------------------------------------------------------------ second pass 11: plan text
+def test_selective_recompute_header_names_the_default_modules(capsys):
+    from tessera_lab.cli.plan import _recompute_text
+
+    assert _recompute_text(ParallelConfig(recompute="selective")) == "selective (core_attn, moe_act)"
+    assert "default:" not in _recompute_text(ParallelConfig(recompute="selective"))
+
+
+def test_summary_columns_keep_their_decimals_and_parameters_is_explained(capsys):
+    assert main(["plan", "--pp", "4", "-m", "8"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    head = next(i for i, x in enumerate(out) if x.startswith("method"))
+    rows = out[head + 2:head + 6]
+    cols = [r.split() for r in rows]
+    for c in range(1, 2):  # iteration (s): always 3 decimals
+        assert all(len(r[c].split(".")[1]) == 3 for r in cols), rows
+    assert any(x.startswith("baselines (") and "parameters: balanced on parameter bytes" in x and "DeepSpeed" in x
+               for x in out)

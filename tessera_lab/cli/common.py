@@ -27,7 +27,7 @@ def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH ('-' for stdout)")
 
 
-def table(rows: list[dict[str, Any]], floatfmt: str = ".4g") -> str:
+def table(rows: list[dict[str, Any]], floatfmt: "str | tuple[str, ...]" = ".4g") -> str:
     from tabulate import tabulate
 
     return tabulate(rows, headers="keys", floatfmt=floatfmt, tablefmt="simple")
@@ -46,11 +46,30 @@ def emit(args: argparse.Namespace, result: Any, text: str) -> None:
         print(f"result: {write_json(args.json, result)}", file=sys.stderr)
 
 
+def _attention_ratio(text: str) -> int:
+    """``--attention-ratio``: an integer >= 0 (linear-attention layers per full-attention layer)."""
+    from tessera_lab.argtypes import int_in
+
+    try:
+        return int_in("attention_ratio", 0)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (linear-attention layers per full-attention layer; 0: every layer "
+                                         "full attention)") from None
+
+
 def model_from_args(args: argparse.Namespace):
     from tessera_lab.model.knobs import model_changes
     from tessera_lab.model.spec import load_model
 
     m = load_model(args.model)
+    top_k = getattr(args, "top_k", None)
+    if top_k is not None:  # checked here, against the experts of this model, to name the option
+        from tessera_lab.errors import ConfigError
+
+        ne = getattr(args, "num_experts", None) or m.num_experts
+        if not 1 <= top_k <= max(ne, 1):
+            raise ConfigError(f"--top-k = {top_k} is out of range; allowed: an integer 1 to num_experts = {ne} "
+                              "(routed experts per token)")
     changes = model_changes({k: getattr(args, k) for k in ("attention_ratio", "expert_width", "top_k", "num_experts",
                                                            "layers")})
     return m.with_changes(**changes) if changes else m
@@ -118,7 +137,9 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                    default=None, metavar="X",
                    help="busiest EP rank's tokens over the mean (>= 1; default: expected busiest rank of a "
                         "balanced random router)")
-    p.add_argument("--attention-ratio", type=int, default=None, help="linear-attention layers per full-attention layer")
+    p.add_argument("--attention-ratio", type=_attention_ratio, default=None, metavar="R",
+                   help="linear-attention layers per full-attention layer (an integer >= 0; 0: every layer full "
+                        "attention; Qwen3-Next: 3)")
     p.add_argument("--expert-width", type=int, default=None, help="routed expert intermediate size")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--num-experts", type=int, default=None)

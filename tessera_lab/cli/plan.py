@@ -56,12 +56,23 @@ def _layout_text(p) -> str:
 
 
 def _recompute_text(p) -> str:
-    """``none``, ``full``, ``selective (core_attn, moe_act)`` or ``selective (default: attention core, routed-expert
-    activations)``."""
+    """``none``, ``full`` or ``selective (core_attn, moe_act)``: the module names recomputed (the default set
+    :data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES` when none are given)."""
+    from tessera_lab.model.hardware import SELECTIVE_DEFAULT_MODULES
+
     if p.recompute != "selective":
         return p.recompute
-    mods = ", ".join(p.recompute_modules) if p.recompute_modules else "default: attention core, routed-expert activations"
-    return f"selective ({mods})"
+    return f"selective ({', '.join(p.recompute_modules or SELECTIVE_DEFAULT_MODULES)})"
+
+
+#: one line per baseline, printed under the summary table
+BASELINE_TEXT = {
+    "uniform": "even layer counts per stage",
+    "standalone": "balanced on standalone F+B+W sums (what a planner without overlap measurement picks)",
+    "parameters": "balanced on parameter bytes per stage (DeepSpeed's default partition_method='parameters')",
+}
+#: decimals per column of the summary table (fixed, so that 1.480 stands beside 1.794)
+SUMMARY_FLOATFMT = ("", ".3f", ",.0f", "", ".3f", ".2f", "")
 
 
 def format_plan(plan) -> str:
@@ -93,7 +104,9 @@ def format_plan(plan) -> str:
             "slowest stage (ms)": max(st.time_s for st in ev.stages) * 1e3,
             "fits memory": "yes" if ev.fits_memory else "NO",
         })
-    lines.append(table(summary, ".4g"))
+    lines.append(table(summary, SUMMARY_FLOATFMT))
+    lines.append("baselines (same schedule and simulator): " + "; ".join(
+        f"{name}: {BASELINE_TEXT.get(name, name)}" for name in plan.baselines))
     if any(not ev.fits_memory for ev in [plan.chosen, *plan.baselines.values()]):
         lines.append("(!) does not fit in GPU memory: its times are shown for comparison only")
     lines.append(_bottleneck_line(plan.chosen))

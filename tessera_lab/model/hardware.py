@@ -41,6 +41,9 @@ ADAM_MOMENT_DTYPES = ("fp32", "bf16")
 #: MoE block) (``megatron/core/transformer/transformer_config.py``, ``recompute_modules``; Megatron's
 #: ``layernorm``, ``shared_experts`` and the GDN/GDP modules are not modelled and are refused)
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act", "moe")
+#: what ``recompute = selective`` without ``recompute_modules`` recomputes: the attention core and the routed
+#: experts' SwiGLU (Gated DeltaNet chunk states are always recomputed)
+SELECTIVE_DEFAULT_MODULES = ("core_attn", "moe_act")
 #: how the EP group sits on the ranks: ``grid`` (this project's RankGrid, TP innermost, so an EP group strides by tp)
 #: or ``contiguous`` (Megatron-Core's expert rank generator with expert TP 1: EP innermost, ep consecutive ranks)
 EP_PLACEMENTS = ("grid", "contiguous")

@@ -73,12 +73,17 @@ def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster
     heads = {"num_attention_heads": model.num_attention_heads, "num_key_value_heads": model.num_key_value_heads}
     if model.linear_num_key_heads:
         heads["linear_num_key_heads"] = model.linear_num_key_heads
+    import math
+
+    common = math.gcd(cluster.gpus_per_node, *heads.values())
+    tp_allowed = (f"allowed: {divisors_text(common).split(': ', 1)[1]} (the divisors of every head count "
+                  f"({', '.join(f'{k} {v}' for k, v in heads.items())}) and of the {cluster.gpus_per_node} GPUs of a node)")
     for name, n in heads.items():
         if n % tp:
-            raise ConfigError(f"field 'tp' = {tp} must divide {name} = {n}")
+            raise ConfigError(f"field 'tp' = {tp} must divide {name} = {n}; {tp_allowed}")
     if cluster.gpus_per_node % tp:
         raise ConfigError(f"field 'tp' = {tp} must divide the {cluster.gpus_per_node} GPUs of a node "
-                          f"(tensor parallelism stays on NVLink)")
+                          f"(tensor parallelism stays on NVLink); {tp_allowed}")
     if model.has_moe and model.num_experts % parallel.ep:
         raise ConfigError(f"field 'ep' = {parallel.ep} must divide num_experts = {model.num_experts}; allowed: "
                           f"{divisors_text(model.num_experts)}")
