@@ -83,7 +83,7 @@ def test_simulate_json_1f1b(capsys):
         (["plan", "--gpu", "A100"], "gpu"),
         (["plan", "--ep", "3"], "ep"),
         (["plan", "--pp", "0"], "pp"),
-        (["plan", "--top-k", "999"], "num_experts_per_tok"),
+        (["plan", "--top-k", "999"], "--top-k"),
         (["params", "/no/such/config.json"], "config.json"),
     ],
 )
