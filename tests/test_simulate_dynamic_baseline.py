@@ -125,8 +125,8 @@ def test_observed_wait_and_zero_predictor_are_over_the_same_slots_by_hand():
     assert gp["zero_predictor_mean_abs_error_s"] == gp["mean_observed_wait_s"]
     assert gp["mean_abs_error_s"] == pytest.approx(0.001)  # |5 - 4|, |5 - 6| ms
     text = format_dynamic(rep)
-    assert "mean observed wait 5.00 ms over the same 2 slots" in text
-    assert "(= the mean |error| of predicting no wait, 5.00 ms)" in text
+    assert ("mean observed wait 5.00 ms (= the mean |error| of predicting no wait, 5.00 ms) over the same 2 "
+            "slots (steps from the lag on)") in text
 
 
 @settings(max_examples=30, deadline=None)

@@ -181,9 +181,9 @@ def format_dynamic(rep: dict[str, Any]) -> str:
              f"{ms(d['host_idle_per_step'])}; removed {rep['idle_removed_s'] * 1e3:.1f} ms"
              + verdict(rep.get("idle_removed_verdict")),
              f"gap prediction ({gp['predictor']}, group maximum, lag {gp['lag_steps']} steps): mean |error| "
-             f"{gp['mean_abs_error_s'] * 1e3:.2f} ms vs mean observed wait {gp['mean_observed_wait_s'] * 1e3:.2f} ms "
-             f"over the same {gp['slots']} slots (steps from the lag on)"
+             f"{gp['mean_abs_error_s'] * 1e3:.2f} ms vs mean observed wait {gp['mean_observed_wait_s'] * 1e3:.2f} ms"
              + ("" if zero is None else f" (= the mean |error| of predicting no wait, {zero * 1e3:.2f} ms)")
+             + f" over the same {gp['slots']} slots (steps from the lag on)"
              + f"; W filled {d['w_filled']}, forced by the cap {d['w_forced_by_cap']}; gradient-sync chunks "
              f"launched in waits {d.get('grad_sync_chunks_in_waits', 0)}"]
     if zero is not None and gp["slots"] and gp["mean_abs_error_s"] > zero:
