@@ -14,13 +14,15 @@ DECIMALS = {"%": 1, "tokens/s": 0, "s": 3, "ms": 2, "ms/GPU": 2, "GiB": 1}
 
 def format_value(v: Any, unit: str, *, signed: bool = False) -> str:
     """One cell: ``v`` with the digits of :data:`DECIMALS` for ``unit`` (3 otherwise) and thousands separators;
-    ``signed`` adds a ``+`` to positive changes. Non-numbers (a costs description) pass through; ``None`` is ``""``.
-    """
+    ``signed`` adds a ``+`` to positive changes (one that rounds to 0 reads 0). Non-numbers (a costs
+    description) pass through; ``None`` is ``""``."""
     if v is None:
         return ""
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         return str(v)
     d = DECIMALS.get(unit, 3)
+    if round(v, d) == 0:  # no "-0.0" and no "+0.0" for a change that rounds away
+        v, signed = 0.0, False
     return f"{v:{'+' if signed else ''},.{d}f}"
 
 
