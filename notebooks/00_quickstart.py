@@ -70,7 +70,9 @@ for ev in [plan.chosen, *plan.baselines.values()]:
     for st in ev.stages:
         rows.append({"partition": ev.method, "stage": st.index, "layers": f"{st.layers[0]}-{st.layers[-1]}",
                      "n": len(st.layers), "time/mb (ms)": st.time_s * 1e3, "memory (GiB)": st.memory_bytes / 2**30})
-pd.DataFrame(rows).pivot(index="stage", columns="partition", values=["n", "time/mb (ms)", "memory (GiB)"])
+by_stage = pd.DataFrame(rows).pivot(index="stage", columns="partition", values=["n", "time/mb (ms)", "memory (GiB)"])
+by_stage["n"] = by_stage["n"].astype(int)  # layer counts are whole numbers (pivot stores them as floats)
+by_stage
 
 # %%
 summary = pd.DataFrame([{"partition": ev.method, "iteration (s)": ev.iteration_time_s, "tokens/s": ev.tokens_per_s,

@@ -40,7 +40,7 @@
 # | interleaved 1F1B, `v` chunks | `v·m(F + B) + (p - 1)(F + B)`: overhead `(p - 1)/(v·m)` | Narayanan et al., SC21 |
 # | ZB-H1 | `m(F + B) + (p - 1)(F + I - W)`, `I = B - W` | Qi et al., ICLR 2024 |
 # | ZB-H2 | `m(F + B) + (p - 1)·max(F, F + I - 2W)` | Qi et al., ICLR 2024 |
-# | DualPipeV | bubble `(PP/2 - 1)(F&B + B - 3W)`, `PP = 2p` stages | DeepSeek DualPipe README |
+# | DualPipeV | bubble `(PP/2 - 1)(F&B + B - 3W)`, `PP = 2p` (PP counts DualPipe's ranks; DualPipeV is DualPipe on 2p ranks cut in half onto p) | DeepSeek DualPipe README |
 # | overlapped 1F1B | `p(F + B) + (m - 1)·F&B` | this library |
 #
 # `F&B` is the time of a forward and a backward of different micro-batches run *together* (overlapped).

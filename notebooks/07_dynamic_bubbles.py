@@ -130,7 +130,9 @@ print(f"job of {GROUPS} EP group(s): iteration {s['iteration_static_s']:.4g} s -
       f"throughput {s['throughput_gain']:+.2%}; memory cap {s['memory_cap']} live micro-batches per rank")
 gaps = passes.idle_gaps(g0.plan.predicted_static)
 display(pd.DataFrame([g.as_dict() for gs in gaps.values() for g in gs]).head(12).round(4))
-gantt_pair(g0.static, g0.dynamic)
+from tessera_lab.ui.dynamic_panel import dynamic_titles
+
+gantt_pair(g0.static, g0.dynamic, titles=dynamic_titles(str(g0.plan.choice)))
 plt.show()
 assert not planner.check_dependencies(g0.dynamic), "every W after its I"
 
@@ -230,8 +232,8 @@ for r in pred[pred["stale_slower_than_static"]].itertuples():
 # ## 6 · Beside the paper
 #
 # The paper's numbers come from a 6,144-GPU production job on an internal model. The synthetic stage times above
-# (F = 1 s) are not in any real unit, so milliseconds from them mean nothing beside the paper's 641 ms, and their
-# gains are those of a **toy pipeline**. The comparison with the paper is the library's one dynamic-gain headline,
+# (F = 1 s) are seconds chosen by hand, not derived from any model or GPU, so milliseconds from them mean nothing
+# beside the paper's 641 ms, and their gains are those of a **toy pipeline**. The comparison with the paper is the library's one dynamic-gain headline,
 # `tessera_lab.report.headline.dynamic_headline` (the same call `tessera-lab reproduce` makes): Qwen3-Next-80B-A3B
 # stage costs from the analytic cost model (H200, default parallel sizes), `zipf:0.5` routing, static plan 1F1B,
 # 16 micro-batches; gain `T_static / T_dynamic - 1` (`headline.dynamic_gain`). Compare the shape (a few percent,
@@ -268,7 +270,11 @@ print("reported: Tessera paper, dynamic-only ablation (data/paper/tessera_paper_
 # `tessera_lab.pipeline.passes.split_backward`).
 #
 # The gain splits into a **static part** (the same controller under uniform routing: what a better static W
-# placement would also give) and a **dynamic part** (the extra under skew). `walk` is per-layer popularity that
+# placement would also give) and a **dynamic part** (total gain − static part: what skew adds or takes away).
+# A **negative** dynamic part means the controller keeps less of the static gain under skew than under uniform
+# routing: the waits then move from step to step, the last-step prediction misses (the `gap error` column), and
+# deferred W that no predicted wait absorbs is repaid on the critical path. The lines under the table give the
+# sizes. `walk` is per-layer popularity that
 # drifts across micro-batches and steps, so the slow stage moves during the step. All numbers here are simulated;
 # `slower steps` lists every step that ended slower than static on the realised routing.
 
@@ -291,7 +297,16 @@ for sched in ("overlapped", "dualpipev", "1f1b", "zb-h1"):
                      "idle removed / rank (s)": float(np.mean([r.idle_static_s - r.idle_dynamic_s for r in rs])),
                      "gap error (share of wait)": float(np.mean([r.summary()["gap_rel_error"] for r in rs])),
                      "slower steps": sum(len(r.summary()["slower_steps"]) for r in rs)})
-display(pd.DataFrame(rows).set_index(["schedule", "routing"]).round(4))
+online_table = pd.DataFrame(rows).set_index(["schedule", "routing"])
+display(online_table.round(4))
+for (sched, sp), r in online_table.iterrows():
+    if r["dynamic part"] < 0:
+        print(f"{sched}, {sp}: dynamic part {r['dynamic part']:+.2%}: gain {r['total gain']:+.2%} under skew against "
+              f"{r['static part']:+.2%} under uniform routing, i.e. skew takes "
+              f"{-r['dynamic part'] / r['static part']:.0%} of the static gain back"
+              if r["static part"] > 0 else
+              f"{sched}, {sp}: dynamic part {r['dynamic part']:+.2%}: under skew the controller loses time",
+              f"(gap error {r['gap error (share of wait)']:.0%} of the wait, {r['slower steps']:.0f} slower step(s))")
 print(f"simulated; predictor {rs[0].predictor}, margin {rs[0].margin}, steps 1..3 of 4 (step 0 has no history), "
       f"seeds {SEEDS}")
 
@@ -339,7 +354,8 @@ for how, (m, ctl) in pairs.items():
 # %% tags=["panel"]
 from tessera_lab.ui.dynamic_panel import dynamic_panel
 
-panel, controls, state = dynamic_panel(costs, ep=EP, microbatches=MICROBATCHES, skew=SKEW, seed=SEEDS[0])
+panel, controls, state = dynamic_panel(costs, ep=EP, microbatches=MICROBATCHES, skew=SKEW, seed=SEEDS[0],
+                                       groups=GROUPS)
 panel
 
 # %% [markdown]

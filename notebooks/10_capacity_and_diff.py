@@ -77,6 +77,12 @@ parallel = ParallelConfig(pp=PP, ep=EP, microbatches=MICROBATCHES, seq_len=SEQ_L
 plan = make_plan(model, parallel, baselines=("uniform",))
 report = capacity_report(plan)
 print(report.format())
+# the line `tessera-lab report` prints under the report (report.headline.mfu_text / mfu_note: one source)
+from tessera_lab.report.headline import mfu_note, mfu_text
+
+print(f"MFU against published runs: {mfu_text(report.mfu, moe=model.num_experts > 0)}")
+if note := mfu_note(report.mfu, moe=model.num_experts > 0):
+    print(f"warning: {note}")
 
 # %% [markdown]
 # ## 1 · Where the lost MFU goes
@@ -95,8 +101,8 @@ table[["label", "gpu_s", "ms_per_gpu", "share_of_lost", "definition"]]
 ax = waterfall(report)
 plt.show()
 uniform = capacity_report(plan, "uniform")
-pd.DataFrame({"overlap-aware": pd.Series(report.parts), "uniform": pd.Series(uniform.parts)}).assign(
-    change=lambda d: d["overlap-aware"] - d["uniform"]).round(4)
+pd.DataFrame({"overlap-aware (GPU-s)": pd.Series(report.parts), "uniform (GPU-s)": pd.Series(uniform.parts)}).assign(
+    **{"change (GPU-s)": lambda d: d["overlap-aware (GPU-s)"] - d["uniform (GPU-s)"]}).round(4)
 
 # %% [markdown]
 # ## 2 · Model-change diff
@@ -108,8 +114,10 @@ pd.DataFrame({"overlap-aware": pd.Series(report.parts), "uniform": pd.Series(uni
 from tessera_lab.report.capacity import model_diff
 
 diff = model_diff(model, VARIANT, parallel)
+from tessera_lab.ui.tables import diff_summary_table
+
 print(diff.headline)
-diff.summary()
+diff_summary_table(diff)  # shares (MFU, bubble, EP hidden) in %, tokens/s whole
 
 # %%
 display(diff.stages())
@@ -198,7 +206,13 @@ plt.show()
 
 # %%
 scale = scale_study(GPU_COUNTS, dynamic_routing=DYNAMIC_ROUTING)
+# each MFU against the published band (report.headline.mfu_text / mfu_note, as `plan` and `report` print it)
+scale["MFU vs published band"] = [mfu_text(m, moe=load_model(n).num_experts > 0).split(" (")[0]
+                                  for m, n in zip(scale["mfu"], scale["model"])]
 display(scale)
+for r in scale.itertuples():
+    if note := mfu_note(r.mfu, moe=load_model(r.model).num_experts > 0):
+        print(f"warning: {r.model}, {r.setup}, {r.gpus} GPUs: {note}")
 if len(GPU_COUNTS) > 1:
     plot_scale_study(scale)
     plt.show()

@@ -194,6 +194,23 @@ def test_processor_sharing_bounds(pp, m, procs, cores, sched):
     assert simulate_shared(s, work, cores=cores * 2, procs_per_rank=procs)["iteration_s"] <= t + 1e-9
 
 
+def test_rank_agreement_over_pairs_apart_beyond_the_noise_by_hand():
+    """Three cases; observed IQRs: A 0.9-1.1, B 1.0-1.3 (overlaps A), C 2.0-2.2 (apart from both). Prediction
+    orders A > B (wrong against observed A < B), A < C and B < C (right): all pairs 2/3; the pairs apart, A-C and
+    B-C, 2/2; the A-B pair has no observed order beyond the noise."""
+    from tessera_lab.runner.validate import rank_agreement
+
+    q = lambda lo, m, hi: {"observed_q1_s": lo, "observed_s": m, "observed_q3_s": hi}  # noqa: E731
+    cs = [{"predicted_s": 1.2, **q(0.9, 1.0, 1.1)}, {"predicted_s": 1.1, **q(1.0, 1.15, 1.3)},
+          {"predicted_s": 2.0, **q(2.0, 2.1, 2.2)}]
+    r = rank_agreement(cs)
+    assert r["rank_pairs"] == 3 and r["rank_agreement"] == pytest.approx(2 / 3)
+    assert r["rank_pairs_apart"] == 2 and r["rank_agreement_apart"] == 1.0
+    # without quartiles no pair counts as apart
+    bare = rank_agreement([{k: c[k] for k in ("predicted_s", "observed_s")} for c in cs])
+    assert bare["rank_pairs_apart"] == 0 and bare["rank_agreement_apart"] != bare["rank_agreement_apart"]  # NaN
+
+
 def test_validation_summary_and_offline_reprediction_by_hand():
     from tessera_lab.runner.validate import repredict, summarize
 

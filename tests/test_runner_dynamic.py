@@ -187,7 +187,8 @@ def test_format_dynamic_labels_iqr_verdicts_and_a_predictor_worse_than_zero():
     assert "step time  static  median 2100.0 ms (interquartile range q1-q3 2050.0-2150.0 ms, n=2)" in text
     assert "gain +47.62% (significant)" in text  # (2.1 - 1.1) / 2.1
     assert "removed 400.0 ms (significant)" in text
-    assert "predicting no wait: mean |error| 100.00 ms" in text
+    assert ("mean observed wait 100.00 ms (= the mean |error| of predicting no wait, 100.00 ms) over the same 2 "
+            "slots") in text
     assert "the gap predictor does worse than predicting no gap" in text
     # inside the noise: static idle per step [0.2, 0.05] (IQR 0.0875-0.1625, median 0.125) holds the dynamic
     # 0.1; equal step times

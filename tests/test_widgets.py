@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("ipywidgets")
 
@@ -133,7 +135,7 @@ def test_bubble_table_rows_are_labelled_with_units_and_free_of_round_off():
     assert "published_bubble" not in " ".join(table.index) and "_" not in " ".join(table.index)
     assert all(("(s)" in label) or ("share" in label) or ("/" in label) for label in table.index)
     # DualPipe README: bubble (PP/2 - 1)(F&B + B - 3W) = 3 (2.6 + 2 - 3) = 4.8 s with PP = 2p = 8
-    row = table.loc["bubble per rank vs DualPipe README (PP/2 - 1)(F&B + B - 3W) (s)"]
+    row = table.loc["bubble per rank vs DualPipe README (PP/2 - 1)(F&B + B - 3W), PP = 2p (s)"]
     assert row["closed form"] == pytest.approx(4.8) and row["difference"] == 0.0
     # interleaved, p = 1, m = 1, v = 2 chunks of F 0.3 + B 0.7 s: makespan v m (F + B) = 2 s, no bubble
     raw = compare_with_closed_form("interleaved", 1, 1, 0.3, 0.7, 0.1, 2.6, vpp=2)
@@ -147,8 +149,87 @@ def test_panel_caption_items_never_break_inside():
     from tessera_lab.ui.panel import caption_html
 
     out = caption_html("settings: F (s) 1 · F&B (s) 2.6 · p2p (s) 0")
-    assert "<span style='white-space: nowrap'>F&amp;B (s) 2.6</span>" in out
-    assert out.count("white-space: nowrap") == 3
+    assert out == "<span style='white-space: nowrap'>settings: F (s) 1 · F&amp;B (s) 2.6 · p2p (s) 0</span>"
+
+
+def test_panel_caption_lines_are_balanced_and_never_leave_one_item_alone():
+    """03's caption (117 characters) in two lines of 58 and 66 characters, broken between items only: the
+    browser never wraps a line, so "p2p (s) 0" cannot end alone on a line."""
+    from tessera_lab.ui.panel import CAPTION_SEP, caption_html, caption_lines
+
+    text = ("settings: schedule dualpipev · ranks p 4 · micro-batches 8 · chunks v 2 · F (s) 1 · B (s) 2 · W (s) 1"
+            " · F&B (s) 2.6 · p2p (s) 0")
+    lines = [CAPTION_SEP.join(line) for line in caption_lines(text.split(CAPTION_SEP), 90)]
+    assert lines == ["settings: schedule dualpipev · ranks p 4 · micro-batches 8",
+                     "chunks v 2 · F (s) 1 · B (s) 2 · W (s) 1 · F&B (s) 2.6 · p2p (s) 0"]
+    assert caption_html(text).count("<br>") == 1 and caption_html(text).count("white-space: nowrap") == 2
+
+
+@given(st.lists(st.text(alphabet="abc ()", min_size=1, max_size=12), min_size=1, max_size=30),
+       st.integers(20, 120))
+def test_caption_lines_keep_every_item_in_order(items, width):
+    from tessera_lab.ui.panel import caption_lines
+
+    lines = caption_lines(items, width)
+    assert [i for line in lines for i in line] == items and all(lines)
+
+
+def test_panel_numbers_use_thousands_separators_from_1000_up():
+    """04's table mixed "26,892" with "3323": every number from 1,000 up now has separators."""
+    from tessera_lab.ui.panel import _number
+
+    assert [_number(x) for x in (26892.4, 3323.2, 999.5, 12.345, -1500.0)] == ["26,892", "3,323", "999.5", "12.35",
+                                                                               "-1,500"]
+
+
+def test_bubble_panel_notes_sliders_the_schedule_does_not_use():
+    """W matters only where the backward is split (ZB-H1: makespan 27 s at W = 1 s, 30 s at 0.5 s, p 4, m 8,
+    F 1, B 2), F&B only where F and B overlap (overlapped, DualPipeV); the panel says which sliders do nothing."""
+    from tessera_lab.pipeline.schedules import build_schedule
+    from tessera_lab.teach.panels import bubble_panel, uses_fb, uses_w
+
+    _, controls, state = bubble_panel("1f1b")
+    assert any("W (s) and F&B (s) do not affect 1f1b" in n for n in state["notes"])
+    controls["schedule"].value = "zb-h1"
+    assert any("F&B (s) does not affect zb-h1" in n for n in state["notes"])
+    assert not any("W (s)" in n and "not affect" in n for n in state["notes"])
+    controls["schedule"].value = "dualpipev"
+    assert not any("not affect" in n for n in state["notes"])
+    assert any("PP = 2p = 8" in n for n in state["notes"])
+    controls["schedule"].value = "overlapped"
+    assert any("W (s) does not affect overlapped" in n for n in state["notes"])
+    assert uses_w(build_schedule("zb-h2", 4, 8)) and not uses_fb(build_schedule("zb-h2", 4, 8))
+
+
+def test_dynamic_panel_table_is_the_jobs_and_titles_follow_the_choice():
+    """07: with 2 EP groups the table's iteration is the slowest group's (the cell above prints it) and says so;
+    the Gantt title never says "W moved" when the choice is static."""
+    from tessera_lab.report.headline import dynamic_api
+    from tessera_lab.ui.dynamic_panel import dynamic_panel, dynamic_summary, dynamic_titles
+
+    StageCosts, run_dynamic = dynamic_api()
+    costs = StageCosts.synthetic(4, 1.0, 2.0, 1.0, expert_fraction=0.5, layers_per_stage=2, ep=4,
+                                 num_experts=16, top_k=2, tokens=4 * 256)
+    _, _, state = dynamic_panel(costs, ep=4, microbatches=8, skew=1.0, groups=2)
+    r = state["result"]
+    ref = run_dynamic(costs, "zipf:1.0", schedule="1f1b", microbatches=8, seed=0, groups=2)
+    table = dynamic_summary(r)
+    assert table["static iteration (s), job of 2 EP groups"] == max(g.static.iteration_time for g in ref.groups)
+    assert {"choice (EP group 0)", "choice (EP group 1)"} <= set(table)
+    assert any("figures: EP group 0" in n for n in state["notes"])
+    assert "moved" not in dynamic_titles("static")[1] and "moved" in dynamic_titles("fill")[1]
+
+
+def test_diff_summary_table_shows_shares_in_percent_and_whole_tokens():
+    from tessera_lab.ui.tables import diff_summary_rows
+
+    rows = [{"metric": "MFU", "a": 0.2099, "b": 0.2, "change": 0.2 - 0.2099, "unit": ""},
+            {"metric": "tokens per second", "a": 500000.0, "b": 503667.3456, "change": 3667.3456, "unit": "tokens/s"},
+            {"metric": "costs", "a": "analytic", "b": "analytic", "change": None, "unit": ""}]
+    out = diff_summary_rows(rows, ("a", "b"))
+    assert out[0] == {"metric": "MFU", "a": "21.0", "b": "20.0", "change": "-1.0 pp", "unit": "%"}
+    assert out[1]["change"] == "+3,667" and out[1]["b"] == "503,667" and out[1]["unit"] == "tokens/s"
+    assert out[2]["a"] == "analytic" and out[2]["change"] == ""
 
 
 def test_rank_load_title_fits_inside_the_figure():

@@ -6,14 +6,14 @@ import argparse
 import sys
 from typing import Any
 
-from tessera_lab.argtypes import fraction_below_one, nonneg_float, positive_float, positive_int, predictor_spec
+from tessera_lab.argtypes import fraction_below_one, int_at_least, nonneg_float, positive_float, positive_int, predictor_spec
 from tessera_lab.cli.common import add_json, emit, table
 from tessera_lab.errors import ConfigError
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from tessera_lab.errors import ScheduleError
-    from tessera_lab.pipeline.schedules import build_schedule, canonical_name
+    from tessera_lab.pipeline.schedules import canonical_name
     from tessera_lab.pipeline.simulate import simulate, uniform_durations
 
     if getattr(args, "routing", None) is not None or getattr(args, "dynamic", False):
@@ -21,9 +21,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     budget = getattr(args, "memory_budget", None)
     if budget is not None and canonical_name(args.schedule) != "zb-auto":
         raise ScheduleError(f"--memory-budget is used only with --schedule zb-auto, not {args.schedule!r}")
-    w = args.w or 0.0
-    sched = build_schedule(args.schedule, args.stages, args.microbatches, args.vpp, memory_budget=budget,
-                           f=args.f, i=max(0.0, args.b - w), w=w, p2p=args.p2p_latency)
+    sched = built_schedule(args.schedule, args.stages, args.microbatches, args.vpp, f=args.f, b=args.b, w=args.w,
+                           p2p_latency=args.p2p_latency, memory_budget=budget)
     gs = getattr(args, "grad_sync", 0.0) or 0.0
     comm = static_grad_sync(sched, gs)
     tl = simulate(sched, uniform_durations(args.f, args.b, args.w, args.fb), p2p_latency=args.p2p_latency, comm=comm)
@@ -57,6 +56,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def built_schedule(schedule: str, stages: int, microbatches: int, vpp: int, *, f: float, b: float, w: float | None,
+                   p2p_latency: float = 0.0, memory_budget: float | None = None):
+    """The schedule ``simulate`` runs for these options (with and without ``--routing``/``--dynamic``, so both
+    simulate the same one): :func:`tessera_lab.pipeline.schedules.build_schedule` with the stage times
+    (``zb-auto`` searches with them: I = b - w, W = w).
+
+    Raises:
+        ScheduleError: an unknown name or settings the schedule refuses.
+    """
+    from tessera_lab.pipeline.schedules import build_schedule
+
+    w = w or 0.0
+    return build_schedule(schedule, stages, microbatches, vpp, memory_budget=memory_budget, f=f, i=max(0.0, b - w),
+                          w=w, p2p=p2p_latency)
+
+
 #: the unit of every time ``simulate`` prints: the user's unit of --f/--b/--w (seconds if those are seconds)
 UNIT = "time units"
 UNIT_NOTE = "time units: the unit of --f, --b, --w and --grad-sync (seconds if those are seconds)"
@@ -78,7 +93,7 @@ def _sync_line(seconds: float, static_tail: float, dynamic_tail: float | None = 
     return (f"DP gradient reduce-scatter {seconds:g} {UNIT} per stage on the comm lane: static after the rank's last "
             "action" + ("" if dynamic_tail is None else ", dynamic after the stage's last W part")
             + f"; exposed tail per rank (last step{'' if dynamic_tail is None else ', static -> dynamic'}) "
-            f"{tail} {UNIT}")
+            f"{tail} {UNIT}, counted in the {'makespan' if dynamic_tail is None else 'iterations'} above")
 
 
 def _simulate_routed(args: argparse.Namespace) -> int:
@@ -147,9 +162,9 @@ def routed_simulation(
         ScheduleError: a schedule the filler cannot use.
     """
     from tessera_lab.dynamic.durations import RoutedDurations, StageCosts, slowest_loads
-    from tessera_lab.dynamic.evaluate import routing_counts, stages_per_rank
+    from tessera_lab.dynamic.evaluate import routing_counts
     from tessera_lab.dynamic.routing import DEFAULT_JITTER, parse_routing
-    from tessera_lab.pipeline.schedules import build_schedule, canonical_name
+    from tessera_lab.pipeline.schedules import canonical_name
     from tessera_lab.pipeline.simulate import simulate
 
     spec = parse_routing(routing or "uniform")
@@ -163,18 +178,16 @@ def routed_simulation(
         raise ConfigError("field 'w' is required with --dynamic and must be > 0: the weight-gradient part of b is "
                           "the deferrable work that fills bubbles")
     name = canonical_name(schedule)
-    per_rank = stages_per_rank(name, vpp)
     from tessera_lab.checks import check_work
 
-    check_work("routing_cells", stages * per_rank * layers_per_stage * microbatches * experts * groups,
+    # the same schedule as without --routing/--dynamic (zb-auto searches with the --f/--b/--w times)
+    sched = built_schedule(name, stages, microbatches, vpp, f=f, b=b, w=w, p2p_latency=p2p_latency)
+    check_work("routing_cells", sched.num_stages * layers_per_stage * microbatches * experts * groups,
                field="routed counts layers x micro-batches x experts x groups")
-    costs = StageCosts.synthetic(stages * per_rank, f, b, w or 0.0, expert_fraction=expert_fraction,
+    costs = StageCosts.synthetic(sched.num_stages, f, b, w or 0.0, expert_fraction=expert_fraction,
                                  layers_per_stage=layers_per_stage, ep=ep, num_experts=experts, top_k=top_k,
                                  tokens=tokens * ep, grad_sync=grad_sync, fb=fb)
     if not dynamic:
-        sched = build_schedule(name, stages, microbatches, vpp=vpp)
-        if sched.num_stages != costs.num_stages:  # pragma: no cover - guarded by per_rank above
-            raise ConfigError("stage count mismatch")
         cnt = routing_counts(spec, costs, microbatches, seed=seed, group=0, step=1, jitter=DEFAULT_JITTER, log_cache={})
         kw = {} if capacity_factor is None else dict(tokens=tokens * ep, top_k=top_k, capacity_factor=capacity_factor)
         x = slowest_loads(cnt, ep, **kw)
@@ -200,7 +213,7 @@ def routed_simulation(
         return result, text, {"static": tl}
     from tessera_lab.dynamic.online import run_online
 
-    kw = dict(schedule=name, microbatches=microbatches, vpp=vpp, groups=groups, seed=seed, steps=steps,
+    kw = dict(schedule=sched, microbatches=microbatches, vpp=vpp, groups=groups, seed=seed, steps=steps,
               predictor=predictor, margin=margin, capacity_factor=capacity_factor, p2p_latency=p2p_latency,
               memory_cap=memory_cap)
     res = run_online(costs, spec, **kw)
@@ -222,22 +235,28 @@ def routed_simulation(
             "placement_static": "after the rank's last action", "placement_dynamic": "after the stage's last W part",
             "exposed_tail_static_s": sync_tail(res.timelines["static"]),
             "exposed_tail_dynamic_s": sync_tail(res.timelines["dynamic"]), "timeline": "last simulated step"}
-    rows = [
-        {"plan": "static", f"iteration ({UNIT})": res.iteration_static_s,
-         f"idle per rank ({UNIT})": res.idle_static_s,
-         "bubble (% of iteration)": 100 * res.idle_static_s / res.iteration_static_s if res.iteration_static_s else 0.0},
-        {"plan": "dynamic", f"iteration ({UNIT})": res.iteration_dynamic_s,
-         f"idle per rank ({UNIT})": res.idle_dynamic_s,
-         "bubble (% of iteration)": 100 * res.idle_dynamic_s / res.iteration_dynamic_s if res.iteration_dynamic_s else 0.0},
-    ]
+    built = res.iteration_as_built_s
+
+    def row(plan: str, it: float, idle: float) -> dict[str, Any]:
+        return {"plan": plan, f"iteration ({UNIT})": it, f"idle per rank ({UNIT})": idle,
+                "bubble (% of iteration)": 100 * idle / it if it else 0.0}
+
+    rows = ([] if built is None else [row(f"{name} as built (whole B)", built, res.idle_as_built_s)]) + [
+        row("static (as built: no whole B to split)" if built is None else "static (B split: I, W at once)", res.iteration_static_s,
+            res.idle_static_s),
+        row("dynamic (W moved into predicted waits)", res.iteration_dynamic_s, res.idle_dynamic_s)]
+    split_line = ("" if built is None else
+                  f"\nstatic plan: the {name} schedule with {res.STATIC_PLAN}; as built (whole B, the schedule "
+                  f"`simulate` runs without --dynamic) it takes {built:.5g} {UNIT}, so the split alone saves "
+                  f"{built - res.iteration_static_s:.5g} {UNIT}; gains below are against the split static plan")
     slower = ", ".join(str(x) for x in s["slower_steps"]) or "none"
-    text = (table(rows, ".5g") +
+    text = (table(rows, ".5g") + split_line +
             f"\nrouting {spec}; {name}, {stages} ranks, {microbatches} micro-batches; simulated, means over steps "
             f"{s['warmup_steps']}..{s['steps'] - 1} (step 0 has no history); ep={ep}, {experts} experts, top-{top_k}, "
             f"{groups} EP group(s)"
             f"\ncontroller: predictor {s['predictor']} (waits of earlier steps, lag 1 step), margin {margin:g}, "
-            f"W in {s['w_chunks']} parts, memory cap {s['memory_cap']} micro-batches per rank; W seconds from counts "
-            "already routed"
+            f"W in {s['w_chunks']} parts, memory cap {s['memory_cap']} micro-batches per rank; W durations "
+            f"({UNIT}) from the counts already routed"
             f"\ndynamic: idle time removed {s['idle_removed_s']:.5g} {UNIT} per rank, iteration "
             f"{s['iteration_static_s']:.5g} {UNIT} -> {s['iteration_dynamic_s']:.5g} {UNIT}, throughput "
             f"{100 * s['throughput_gain']:+.2f}% = static part "
@@ -312,8 +331,9 @@ def add_parser(sub) -> None:
                    help="how waits of earlier steps predict this step's: last-step (default), moving-average:K, minimum:K")
     g.add_argument("--margin", type=fraction_below_one("margin"), default=0.5,
                    help="share of a predicted wait left unfilled, 0 <= margin < 1 (default 0.5)")
-    g.add_argument("--steps", type=positive_int("steps"), default=4,
-                   help="consecutive training steps simulated with --dynamic (default 4; step 0 has no history)")
+    g.add_argument("--steps", type=int_at_least("steps", 2), default=4,
+                   help="consecutive training steps simulated with --dynamic, at least 2 (default 4; step 0 has no "
+                        "history and is left out of the means)")
     add_json(p)
     p.set_defaults(func=cmd_simulate)
 

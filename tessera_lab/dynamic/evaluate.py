@@ -159,9 +159,12 @@ def routing_counts(spec: RoutingSpec, costs: StageCosts, microbatches: int, *, s
 
 
 def stages_per_rank(name: str, vpp: int = 1) -> int:
-    """Model chunks (stages) each rank holds in schedule ``name``: ``vpp`` for interleaved, 2 for DualPipeV."""
+    """Model chunks (stages) each rank holds in schedule ``name``: ``vpp`` for interleaved and zb-auto (1, or 2 for
+    its V placement), 2 for DualPipeV and ZB-V, else 1."""
     name = canonical_name(name)
-    return vpp if name == "interleaved" else (2 if name == "dualpipev" else 1)
+    if name in ("interleaved", "zb-auto"):
+        return vpp
+    return 2 if name in ("dualpipev", "zb-v") else 1
 
 
 def schedule_for(costs: StageCosts, schedule: str | Schedule, microbatches: int, vpp: int = 1) -> Schedule:
@@ -178,7 +181,7 @@ def schedule_for(costs: StageCosts, schedule: str | Schedule, microbatches: int,
         per_rank = stages_per_rank(name, vpp)
         if costs.num_stages % per_rank:
             raise ConfigError(f"field 'vpp' = {vpp}: {costs.num_stages} stages cannot be split into {per_rank} per rank")
-        sched = build_schedule(name, costs.num_stages // per_rank, microbatches, vpp=vpp if name == "interleaved" else 1)
+        sched = build_schedule(name, costs.num_stages // per_rank, microbatches, vpp=vpp if name in ("interleaved", "zb-auto") else 1)
     if sched.num_stages != costs.num_stages:
         raise ConfigError(f"schedule {sched.name!r} has {sched.num_stages} stages but the stage costs cover "
                           f"{costs.num_stages}; allowed: equal counts")

@@ -41,7 +41,7 @@ from tessera_lab.pipeline import passes
 from tessera_lab.pipeline.schedules import Action, ActionType, Schedule
 from tessera_lab.pipeline.simulate import Event, Timeline, _transfer_fn, simulate
 
-__all__ = ["StepRecord", "execute", "OnlineResult", "run_online"]
+__all__ = ["StepRecord", "execute", "OnlineResult", "run_online", "has_whole_backward"]
 
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 
@@ -340,6 +340,13 @@ class OnlineResult:
         memory_cap: live micro-batches allowed per rank.
         timelines: the last step's ``{"static": Timeline, "dynamic": Timeline}`` of group 0.
         busiest_rank_load_mean: mean busiest-EP-rank load over layers, micro-batches, steps and groups.
+        idle_as_built_s: mean idle seconds per rank of the schedule as built (whole B), ``None`` when the static
+            plan is the schedule as built (no whole B to split); see :attr:`iteration_as_built_s`.
+
+    The static plan is the schedule with every whole B split into I then W at once
+    (:func:`tessera_lab.pipeline.passes.split_backward` with lag 0): the controller's base. For 1F1B that alone
+    shortens the iteration, the gradient going upstream after I instead of B: ``(m + p - 1)(F + B)`` as built,
+    ``m(F + B) + (p - 1)(F + I)`` split (uniform stages).
     """
 
     routing: str
@@ -356,6 +363,18 @@ class OnlineResult:
     groups: int
     timelines: dict[str, Timeline] = field(default_factory=dict)
     busiest_rank_load_mean: float = 1.0
+    idle_as_built_s: float | None = None
+
+    #: what the static plan is: the schedule with each whole B split into I and W, W at once after its I
+    STATIC_PLAN = "each whole B split into I (input gradient, sent upstream at once) then W right after it"
+
+    @property
+    def iteration_as_built_s(self) -> float | None:
+        """Mean iteration of the schedule as built (whole B, as ``simulate`` without ``--dynamic`` runs it) over
+        the evaluated steps, same routing and gradient sync; ``None`` when it has no whole B (then it is the
+        static plan itself)."""
+        vals = [s["as_built_s"] for s in self.evaluated if "as_built_s" in s]
+        return float(np.mean(vals)) if vals else None
 
     @property
     def evaluated(self) -> list[dict[str, Any]]:
@@ -386,6 +405,8 @@ class OnlineResult:
             "prediction_lag_steps": 1, "margin": self.margin, "steps": len(self.steps), "warmup_steps": self.warmup,
             "groups": self.groups, "w_chunks": self.w_chunks, "memory_cap": self.memory_cap,
             "busiest_rank_load_mean": self.busiest_rank_load_mean,
+            "static_plan": self.STATIC_PLAN, "iteration_as_built_s": self.iteration_as_built_s,
+            "idle_as_built_s": self.idle_as_built_s,
             "iteration_static_s": self.iteration_static_s, "iteration_dynamic_s": self.iteration_dynamic_s,
             "throughput_gain": self.throughput_gain,
             "idle_static_s": self.idle_static_s, "idle_dynamic_s": self.idle_dynamic_s,
@@ -451,29 +472,32 @@ def run_online(
     """
     spec = parse_routing(routing)
     pred = parse_predictor(predictor)
-    for name, v, lo in (("steps", steps, 1), ("groups", groups, 1), ("warmup", warmup, 0), ("first_step", first_step, 0)):
+    for name, v, lo in (("groups", groups, 1), ("warmup", warmup, 0), ("first_step", first_step, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"field '{name}' = {v!r} is out of range; allowed: an integer >= {lo}")
-    if warmup >= steps:
-        raise ConfigError(f"field 'steps' = {steps} is out of range; allowed: more than the {warmup} warm-up step(s) "
-                          "left out of the means (step 0 has no history)")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= warmup:
+        raise ConfigError(f"field 'steps' = {steps!r} is out of range; allowed: an integer >= {warmup + 1} (the "
+                          f"first {warmup} step(s) are warm-up, left out of the means: step 0 has no history)")
     sched = schedule_for(costs, schedule, microbatches, vpp)
     m = sched.num_microbatches
     base = passes.split_backward(sched, 0)
+    # the schedule as built, when its backwards are whole B (the static plan splits them): simulated beside it so
+    # the iteration ``simulate`` (without --dynamic) prints for the same schedule is shown too
+    as_built = sched if has_whole_backward(sched) else None
     chunks = w_chunks if w_chunks is not None else max(1, max(len(ls) for ls in costs.stage_layers))
     chunked = passes.chunk_weight_gradients(base, chunks)
     caps = passes.memory_caps(base, memory_cap, activation_bytes=costs.activation_bytes)
     sync = costs.grad_sync if any(costs.grad_sync) else None
-    static_comm = None
+    static_comm = built_comm = None
     ctls = [[GapController(pred, margin) for _ in range(sched.num_ranks)] for _ in range(groups)]
     cache: dict = {}
-    rows, idle_s, idle_d = [], [], []
+    rows, idle_s, idle_d, idle_b = [], [], [], []
     decisions = {"fill": 0, "defer": 0, "forced": 0}
     last: dict[str, Timeline] = {}
     loads: list[float] = []
     for t in range(steps):
         step = first_step + t
-        st_T, dy_T, recs, st_idle, dy_idle = [], [], [], [], []
+        st_T, dy_T, recs, st_idle, dy_idle, ab_T, ab_busy = [], [], [], [], [], [], []
         for g in range(groups):
             real = routing_counts(spec, costs, m, seed=seed, group=g, step=step, jitter=jitter, log_cache=cache)
             kw: dict[str, Any] = {}
@@ -486,6 +510,12 @@ def run_online(
             if static_comm is None:
                 static_comm = grad_sync_tasks(base, sync, placement="static")
             st = simulate(base, PairDurations(d, base), comm=static_comm, p2p_latency=p2p_latency)
+            if as_built is not None:
+                if built_comm is None:
+                    built_comm = grad_sync_tasks(as_built, sync, placement="static")
+                ab = simulate(as_built, PairDurations(d, as_built), comm=built_comm, p2p_latency=p2p_latency)
+                ab_T.append(ab.iteration_time)
+                ab_busy.append(ab.per_rank_busy)
             dy, rec = execute(chunked, d, w_chunks=chunks, controllers=ctls[g], memory_cap=caps, grad_sync=sync,
                               p2p_latency=p2p_latency)
             for r, c in enumerate(ctls[g]):
@@ -503,9 +533,19 @@ def run_online(
         Ts, Td = max(st_T), max(dy_T)
         mae, rel = _gap_errors(recs)
         rows.append({"step": step, "static_s": Ts, "dynamic_s": Td, "gain": Ts / Td - 1.0 if Td > 0 else 0.0,
-                     "gap_mae_s": mae, "gap_rel_error": rel})
+                     "gap_mae_s": mae, "gap_rel_error": rel, **({"as_built_s": max(ab_T)} if ab_T else {})})
         if t >= warmup:
             idle_s.append(float(np.mean([Ts - b for busy in st_idle for b in busy])))
             idle_d.append(float(np.mean([Td - b for busy in dy_idle for b in busy])))
+            if ab_T:
+                idle_b.append(float(np.mean([max(ab_T) - b for busy in ab_busy for b in busy])))
     return OnlineResult(str(spec), sched.name, str(pred), float(margin), rows, warmup, float(np.mean(idle_s)),
-                        float(np.mean(idle_d)), decisions, caps, chunks, groups, last, float(np.mean(loads)))
+                        float(np.mean(idle_d)), decisions, caps, chunks, groups, last, float(np.mean(loads)),
+                        float(np.mean(idle_b)) if idle_b else None)
+
+
+def has_whole_backward(schedule: Schedule) -> bool:
+    """Whether any action of ``schedule`` (or a sub-action of an overlapped pair) is a whole backward ``B``: then
+    :func:`tessera_lab.pipeline.passes.split_backward` changes it (the input gradient goes upstream after ``I``,
+    before ``W``), so the static plan of :func:`run_online` is not the schedule as built."""
+    return any(x.type is _B for acts in schedule.actions.values() for a in acts for x in a.leaves())

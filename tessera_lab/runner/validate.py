@@ -115,13 +115,8 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
         if progress:
             progress(len(out_cases), len(matrix))
     errs = [abs(c["error"]) for c in out_cases if math.isfinite(c["error"])]
-    agree = total = 0
-    for a, b in itertools.combinations(out_cases, 2):
-        dp, do = a["predicted_s"] - b["predicted_s"], a["observed_s"] - b["observed_s"]
-        if dp == 0 or do == 0:
-            continue
-        total += 1
-        agree += (dp > 0) == (do > 0)
+    ranks = rank_agreement(out_cases)
+    agree, total = ranks["agree"], ranks["rank_pairs"]
     meta = device["metadata"]
     errs_la = [abs(c["predicted_loadavg_s"] - c["observed_s"]) / c["observed_s"] for c in out_cases
                if c["observed_s"] > 0]
@@ -133,6 +128,7 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
                               "median_abs_error_from_load_average": statistics.median(errs_la) if errs_la else None},
         "cases": out_cases, "median_abs_error": statistics.median(errs) if errs else math.nan,
         "rank_agreement": agree / total if total else math.nan, "rank_pairs": total,
+        "rank_agreement_apart": ranks["rank_agreement_apart"], "rank_pairs_apart": ranks["rank_pairs_apart"],
         "calibration": {"device": device.get("name"), "path": device.get("_path"), "date": meta.get("date"),
                         "runs": [f"layer microbenchmarks ({', '.join(device['layers'])}) x widths 1, 2",
                                  "embedding and LM head microbenchmarks", "GEMM and memory throughput",
@@ -174,17 +170,37 @@ def summarize(out_cases: list[dict[str, Any]]) -> dict[str, Any]:
     observation; ties skipped), ``rank_pairs`` and ``targets_met`` of cases with ``predicted_s`` and
     ``observed_s``."""
     errs = [abs(c["predicted_s"] - c["observed_s"]) / c["observed_s"] for c in out_cases if c["observed_s"] > 0]
-    agree = total = 0
-    for a, b in itertools.combinations(out_cases, 2):
+    ranks = rank_agreement(out_cases)
+    med = statistics.median(errs) if errs else math.nan
+    ra = ranks["rank_agreement"]
+    return {"median_abs_error": med, "rank_agreement": ra, "rank_pairs": ranks["rank_pairs"],
+            "rank_agreement_apart": ranks["rank_agreement_apart"], "rank_pairs_apart": ranks["rank_pairs_apart"],
+            "targets_met": _targets_met(med, ra)}
+
+
+def rank_agreement(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pairs of cases ordered the same way by ``predicted_s`` and ``observed_s`` (ties skipped).
+
+    Returns ``rank_agreement`` (share over all pairs: the issue's target), ``rank_pairs``, ``agree``, and the same
+    share over the pairs whose observations are apart (interquartile ranges ``observed_q1_s``-``observed_q3_s``
+    not overlapping): ``rank_agreement_apart`` / ``rank_pairs_apart`` (NaN / 0 without quartiles). A pair whose
+    observed IQRs overlap has no observed order beyond the noise, so its agreement is a coin flip.
+    """
+    agree = total = agree_apart = total_apart = 0
+    for a, b in itertools.combinations(cases, 2):
         dp, do = a["predicted_s"] - b["predicted_s"], a["observed_s"] - b["observed_s"]
         if dp == 0 or do == 0:
             continue
+        same = (dp > 0) == (do > 0)
         total += 1
-        agree += (dp > 0) == (do > 0)
-    med = statistics.median(errs) if errs else math.nan
-    ra = agree / total if total else math.nan
-    return {"median_abs_error": med, "rank_agreement": ra, "rank_pairs": total,
-            "targets_met": _targets_met(med, ra)}
+        agree += same
+        if all(k in c for c in (a, b) for k in ("observed_q1_s", "observed_q3_s")) and (
+                a["observed_q3_s"] < b["observed_q1_s"] or b["observed_q3_s"] < a["observed_q1_s"]):
+            total_apart += 1
+            agree_apart += same
+    return {"rank_agreement": agree / total if total else math.nan, "rank_pairs": total, "agree": agree,
+            "rank_agreement_apart": agree_apart / total_apart if total_apart else math.nan,
+            "rank_pairs_apart": total_apart}
 
 
 def repredict(result: dict[str, Any], device: dict, *, microbatches: int = 4,
@@ -215,6 +231,14 @@ def repredict(result: dict[str, Any], device: dict, *, microbatches: int = 4,
     return {"cases": out, **summarize(out)}
 
 
+def _apart_text(r: dict[str, Any]) -> str:
+    n = r.get("rank_pairs_apart")
+    if not n:
+        return "; no pair of cases is apart beyond the noise (observed interquartile ranges all overlap)"
+    return (f"; over the {n} pairs whose observed interquartile ranges are apart (an order beyond the noise): "
+            f"{r['rank_agreement_apart'] * 100:.0f}%")
+
+
 def format_validation(r: dict[str, Any]) -> str:
     from tabulate import tabulate
 
@@ -226,7 +250,7 @@ def format_validation(r: dict[str, Any]) -> str:
         tabulate(rows, headers="keys", floatfmt=".1f"),
         f"median |error| {r['median_abs_error'] * 100:.1f}% (target <= {t['median_abs_error_busy'] * 100:.0f}% busy, "
         f"<= {t['median_abs_error_quiet'] * 100:.0f}% quiet); rank agreement {r['rank_agreement'] * 100:.0f}% over "
-        f"{r['rank_pairs']} pairs (target >= {t['rank_agreement'] * 100:.0f}%)",
+        f"{r['rank_pairs']} pairs (target >= {t['rank_agreement'] * 100:.0f}%)" + _apart_text(r),
         "targets: " + ", ".join(f"{k.replace('_', ' ')} {'met' if v else 'NOT met'}"
                                 for k, v in r.get("targets_met", {}).items()),
         f"calibration: device {r['calibration']['device']} ({r['calibration']['date']}), separate microbenchmark "

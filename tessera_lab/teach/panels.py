@@ -115,7 +115,9 @@ _BUBBLE_METRICS = {"makespan": "makespan (s)", "bubble_per_rank": "bubble per ra
                    "bubble_fraction": "bubble fraction (share of the makespan)",
                    "bubble_overhead": "bubble overhead (bubble / useful work)"}
 #: the row comparing the simulated bubble per rank with a published formula, by schedule
-_PUBLISHED_BUBBLE = {"dualpipev": "bubble per rank vs DualPipe README (PP/2 - 1)(F&B + B - 3W) (s)",
+#: (DualPipe README's PP is DualPipe's rank count; DualPipeV is DualPipe on 2p ranks cut in half onto p ranks,
+#: so PP = 2p here: (p - 1)(F&B + B - 3W), 4.5 s at p = 4 with F&B + B - 3W = 1.5 s)
+_PUBLISHED_BUBBLE = {"dualpipev": "bubble per rank vs DualPipe README (PP/2 - 1)(F&B + B - 3W), PP = 2p (s)",
                      "zb-h2": "bubble per rank vs ZB paper (p - 1)(F + I - 2W) (s)"}
 
 
@@ -140,6 +142,22 @@ def bubble_table(result: dict[str, Any]):
                      "simulated": _snap(row["simulated"], scale), "closed form": _snap(row["closed_form"], scale),
                      "difference": _snap(row["difference"], scale)})
     return pd.DataFrame(rows).set_index("metric")
+
+
+def uses_w(schedule: Any) -> bool:
+    """Whether a :class:`~tessera_lab.pipeline.ir.Schedule` runs a separate weight-gradient action W (so the W
+    time changes its timeline)."""
+    from tessera_lab.pipeline.actions import ActionType
+
+    return any(a.type is ActionType.W or any(x.type is ActionType.W for x in (a.sub_actions or ()))
+               for acts in schedule.actions.values() for a in acts)
+
+
+def uses_fb(schedule: Any) -> bool:
+    """Whether a schedule runs overlapped forward-backward pairs (so the F&B time changes its timeline)."""
+    from tessera_lab.pipeline.actions import ActionType
+
+    return any(a.type is ActionType.OVERLAP_F_B for acts in schedule.actions.values() for a in acts)
 
 
 def bubble_panel(schedule: str = "1f1b", pp: int = 4, microbatches: int = 8, vpp: int = 2, f: float = 1.0,
@@ -184,6 +202,16 @@ def bubble_panel(schedule: str = "1f1b", pp: int = 4, microbatches: int = 8, vpp
                          "rank, folded into a V)")
         elif sched != "interleaved":
             notes.append(f"chunks v applies to the interleaved schedule only ({sched} runs one chunk per rank)")
+        if sched == "dualpipev":
+            notes.append("PP in the DualPipe README formula counts DualPipe's ranks; DualPipeV is DualPipe on 2p "
+                         f"ranks cut in half onto p ranks, so PP = 2p = {2 * controls['pp'].value} here")
+        unused = [name for name, used in (("W (s)", uses_w(r["schedule"])), ("F&B (s)", uses_fb(r["schedule"])))
+                  if not used]
+        if unused:
+            notes.append(f"{' and '.join(unused)} do{'es' if len(unused) == 1 else ''} not affect {sched}: "
+                         + ("it runs the full backward B, no separate W" if "W (s)" in unused else "")
+                         + ("; " if len(unused) == 2 else "")
+                         + ("it overlaps no F with a B" if "F&B (s)" in unused else ""))
         if controls["w"].value > controls["b"].value:
             notes.append(f"W is capped at B = {controls['b'].value:.1f} s (W is part of the backward)")
         return View(bubble_table(r), gantt(r["timeline"]), notes)

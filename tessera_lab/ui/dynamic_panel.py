@@ -1,9 +1,9 @@
 """Notebook 07's panel: routing skew, static plan and seed -> static vs dynamic (W moved into predicted bubbles).
 
 :func:`dynamic_panel` is :func:`tessera_lab.ui.panel.panel` over ``run_dynamic`` of :mod:`tessera_lab.dynamic`;
-the table gives iteration times (ms), idle time removed and the throughput gain
-(:func:`tessera_lab.report.headline.dynamic_gain`), the figure the routing of layer 0, the per-EP-rank load and
-both Gantt charts.
+the table gives the job's iteration times (s, the stage costs' unit), idle time removed, the throughput gain
+(:func:`tessera_lab.report.headline.dynamic_gain`) and each EP group's choice; the figures show EP group 0: the
+routing of layer 0, the per-EP-rank load and both Gantt charts (titled by the choice, see :func:`dynamic_titles`).
 """
 
 from __future__ import annotations
@@ -15,22 +15,37 @@ from tessera_lab.ui.panel import LABEL_STYLE, View, panel
 
 
 def dynamic_summary(r: Any) -> dict[str, Any]:
-    """Headline numbers of a :class:`~tessera_lab.dynamic.evaluate.DynamicResult` (times in the stage costs' seconds)."""
-    g = r.groups[0]
-    static_s, dynamic_s = r.iteration_static_s, r.iteration_dynamic_s
-    return {"static iteration (s)": static_s, "dynamic iteration (s)": dynamic_s,
-            "idle removed per rank (s)": r.idle_removed_s, "idle removed (share)": r.idle_removed_share,
-            "throughput gain": dynamic_gain(r), "choice (group 0)": str(g.plan.choice)}
+    """Headline numbers of a :class:`~tessera_lab.dynamic.evaluate.DynamicResult` for the whole job (all its EP
+    groups: the iteration is the slowest group's; times in the stage costs' seconds), plus each group's choice."""
+    n = len(r.groups)
+    job = f"job of {n} EP group{'s' if n > 1 else ''}"
+    out = {f"static iteration (s), {job}": r.iteration_static_s,
+           f"dynamic iteration (s), {job}": r.iteration_dynamic_s,
+           "idle removed per rank (s)": r.idle_removed_s, "idle removed (share)": r.idle_removed_share,
+           "throughput gain": dynamic_gain(r)}
+    for i, g in enumerate(r.groups):
+        out[f"choice (EP group {i})"] = str(g.plan.choice)
+    return out
+
+
+def dynamic_titles(choice: str, group: int = 0) -> tuple[str, str]:
+    """Titles of the two Gantt charts of EP group ``group``: the lower one names what the optimizer chose
+    (``static`` keeps the static order: nothing was moved)."""
+    what = {"static": "static order kept (no candidate was faster)",
+            "fill": "dynamic (W moved into predicted bubbles)",
+            "defer+fill": "dynamic (W deferred, then moved into predicted bubbles)"}.get(choice, f"dynamic ({choice})")
+    return (f"EP group {group}, static", f"EP group {group}, {what}")
 
 
 def dynamic_panel(costs: Any, *, ep: int, microbatches: int, skew: float = 1.0, schedule: str = "1f1b",
-                  seed: int = 0):
+                  seed: int = 0, groups: int = 1):
     """Skew S (``zipf:S`` routing), static plan (1F1B, ZB-H1, ZB-H2) and routing seed.
 
     Args:
         costs: :class:`~tessera_lab.dynamic.durations.StageCosts` of the pipeline.
         ep: EP ranks (white lines in the routing heatmap).
         microbatches: micro-batches per step.
+        groups: EP groups in the job (the table is the job's, the figures are EP group 0's).
     Returns:
         ``(panel, controls, state)``; ``state["result"]`` holds the DynamicResult.
     """
@@ -54,19 +69,21 @@ def dynamic_panel(costs: Any, *, ep: int, microbatches: int, skew: float = 1.0, 
 
     def compute(v: dict[str, Any]):
         return run_dynamic(costs, f"zipf:{v['skew']:.1f}", schedule=v["schedule"], microbatches=microbatches,
-                               seed=v["seed"])
+                           seed=v["seed"], groups=groups)
 
     def render(r: Any) -> View:
         g = r.groups[0]
         fig, axes = plt.subplots(1, 2, figsize=(13, 3.0), layout="constrained",
                                  gridspec_kw={"width_ratios": [3, 1.2]})
-        routing_heatmap(g.counts[0], ax=axes[0], ep=ep, title=f"layer 0, zipf:{controls['skew'].value:.1f}")
-        rank_load_bars(rt.ep_rank_load(g.counts[0], ep), ax=axes[1])
+        routing_heatmap(g.counts[0], ax=axes[0], ep=ep,
+                        title=f"EP group 0, layer 0, zipf:{controls['skew'].value:.1f}")
+        rank_load_bars(rt.ep_rank_load(g.counts[0], ep), ax=axes[1], title="EP group 0, per-EP-rank load")
         table = pd.Series(dynamic_summary(r), name="simulated").to_frame()
-        notes = []
+        notes = [f"table: the whole job ({len(r.groups)} EP group(s), the slowest group sets the iteration); "
+                 "figures: EP group 0"] if len(r.groups) > 1 else []
         if r.throughput_gain < 0:
             notes.append("the realised step is slower than static (stale metadata): the guard only holds on the "
                          "prediction")
-        return View(table, [fig, gantt_pair(g.static, g.dynamic)], notes)
+        return View(table, [fig, gantt_pair(g.static, g.dynamic, titles=dynamic_titles(str(g.plan.choice)))], notes)
 
     return panel(controls, compute, render)

@@ -103,8 +103,9 @@ def message_figure(text: str, *, width: float = 7.0):
 
 
 def _number(x: float) -> str:
-    """4 significant digits; thousands separators instead of an exponent from 10,000 up."""
-    return f"{x:,.0f}" if abs(x) >= 1e4 and x == x and abs(x) != float("inf") else f"{x:.4g}"
+    """4 significant digits below 1,000; whole numbers with thousands separators from 1,000 up (so one table
+    never mixes "26,892" with "3323", and never shows an exponent)."""
+    return f"{x:,.0f}" if abs(x) >= 1e3 and x == x and abs(x) != float("inf") else f"{x:.4g}"
 
 
 def table_html(table: Any, *, caption: str | None = None, float_format: Callable[[float], str] = _number) -> str:
@@ -125,11 +126,34 @@ def table_html(table: Any, *, caption: str | None = None, float_format: Callable
     return text + (f"<div style='font-size: 0.8em; color: dimgray'>{caption_html(caption)}</div>" if caption else "")
 
 
-def caption_html(caption: str) -> str:
-    """Escaped ``caption`` whose `` · ``-separated items never break inside (each is a ``white-space: nowrap``
-    span): a narrow cell wraps between settings, never inside one ("F&B (s) 2.6" stays on one line)."""
+#: characters per caption line (at 0.8em this is about 620 px, inside a notebook's output width)
+CAPTION_LINE_CHARS = 90
+
+
+def caption_html(caption: str, *, line_chars: int = CAPTION_LINE_CHARS) -> str:
+    """Escaped ``caption`` laid out in balanced lines of at most about ``line_chars`` characters, broken only
+    between `` · ``-separated items (each line a ``white-space: nowrap`` span, lines joined by ``<br>``): the
+    browser never wraps it, so no item ("p2p (s) 0") ends alone on a line and none breaks inside."""
     items = caption.split(CAPTION_SEP)
-    return CAPTION_SEP.join(f"<span style='white-space: nowrap'>{html.escape(item)}</span>" for item in items)
+    return "<br>".join(f"<span style='white-space: nowrap'>{html.escape(CAPTION_SEP.join(line))}</span>"
+                       for line in caption_lines(items, line_chars))
+
+
+def caption_lines(items: list[str], line_chars: int = 0) -> list[list[str]]:
+    """``items`` split, in order, into the fewest lines of about equal length that keep each line within
+    ``line_chars`` characters where a single item allows it (``len(text) / n`` per line for ``n`` lines)."""
+    total = len(CAPTION_SEP.join(items))
+    n = max(1, min(len(items), -(-total // max(1, line_chars or CAPTION_LINE_CHARS))))
+    target = total / n
+    lines: list[list[str]] = [[]]
+    used = 0
+    for i, item in enumerate(items):
+        rest = len(items) - i
+        if lines[-1] and len(lines) < n and (used + len(item) / 2 > target * len(lines) or rest < n - len(lines) + 1):
+            lines.append([])
+        lines[-1].append(item)
+        used += len(item) + len(CAPTION_SEP)
+    return lines
 
 
 #: separator of the settings in a caption
