@@ -81,7 +81,7 @@ print(report.format())
 from tessera_lab.report.headline import mfu_note, mfu_text
 
 print(f"MFU against published runs: {mfu_text(report.mfu, moe=model.num_experts > 0)}")
-if note := mfu_note(report.mfu, moe=model.num_experts > 0):
+if note := mfu_note(report.mfu, moe=model.num_experts > 0, grouped_gemm=parallel.grouped_gemm):
     print(f"warning: {note}")
 
 # %% [markdown]
@@ -207,8 +207,16 @@ plt.show()
 # %%
 scale = scale_study(GPU_COUNTS, dynamic_routing=DYNAMIC_ROUTING)
 # each MFU against the published band (report.headline.mfu_text / mfu_note, as `plan` and `report` print it)
-scale["MFU vs published band"] = [mfu_text(m, moe=load_model(n).num_experts > 0).split(" (")[0]
-                                  for m, n in zip(scale["mfu"], scale["model"])]
+from tessera_lab.report.headline import published_mfu_band
+
+
+def band_verdict(mfu: float) -> str:
+    """Where ``mfu`` sits against each published band, short: 'inside 15.9%-21.1%, above 11.9%-20.5%'."""
+    return ", ".join(("inside" if b["lo"] <= mfu <= b["hi"] else "ABOVE" if mfu > b["hi"] else "below")
+                     + f" {b['lo']:.1%}-{b['hi']:.1%}" for b in published_mfu_band()["bands"])
+
+
+scale["MFU vs published bands"] = [band_verdict(m) for m in scale["mfu"]]
 display(scale)
 for r in scale.itertuples():
     if note := mfu_note(r.mfu, moe=load_model(r.model).num_experts > 0):
