@@ -69,13 +69,10 @@ def _worker(rank: int, ep: int, store: str, cfg_d: dict, mbs: int, repeats: int,
         return p
 
     def fwd_all(p):
-        for k in p.fwd_keys:
-            p.forward(k)
+        p.run_forward()
 
     def bwd_all(p):
-        p.begin_backward(None)
-        for k in p.bwd_keys:
-            p.backward(k)
+        p.run_backward(None)
 
     def timed(fn) -> float:
         dist.barrier()

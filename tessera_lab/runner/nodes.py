@@ -234,6 +234,17 @@ class StageProgram:
             return self._timed(name, run, "F")
         raise KeyError(name)  # pragma: no cover - names come from node_names()
 
+    def run_forward(self) -> None:
+        """Every forward node in program order (one bundle alone, as the pair measurements time it)."""
+        for k in self.fwd_keys:
+            self.forward(k)
+
+    def run_backward(self, grad: torch.Tensor | None) -> None:
+        """:meth:`begin_backward` with ``grad``, then every backward node in program order."""
+        self.begin_backward(grad)
+        for k in self.bwd_keys:
+            self.backward(k)
+
     # -- backward ---------------------------------------------------------------------------------
     def begin_backward(self, grad: torch.Tensor | None) -> None:
         """Gradient of the stage output (None on the last stage, where backward starts at the loss)."""

@@ -186,13 +186,10 @@ def _measure(rank, ep, jobs, cfg_d, mbs, repeats, warmup, keep, device, cuda) ->
         return time.perf_counter() - t0[0]
 
     def fwd(p):
-        for k in p.fwd_keys:
-            p.forward(k)
+        p.run_forward()
 
     def bwd(p):
-        p.begin_backward(g_out)
-        for k in p.bwd_keys:
-            p.backward(k)
+        p.run_backward(g_out)
 
     def broadcast(obj):
         box = [obj]
