@@ -18,15 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tessera_lab.overlap.results import spread_stats
+
 __all__ = ["measure_runner_pair"]
-
-
-def _q(xs, p):
-    xs = sorted(xs)
-    pos = p * (len(xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def _worker(rank: int, ep: int, store: str, cfg_d: dict, mbs: int, repeats: int, keep: int, q) -> None:
@@ -133,7 +127,8 @@ def _worker(rank: int, ep: int, store: str, cfg_d: dict, mbs: int, repeats: int,
         final = [i for i in range(len(cands)) if len(samples[i]) == max(len(v) for v in samples.values())]
         ch = min(final, key=lambda i: (statistics.median(samples[i]), i))
         p0 = samples[0]
-        sig = ch != 0 and _q(samples[ch], 0.75) < _q(p0, 0.25)
+        # the noise rule of the cpu/cuda backends (overlap_measure._result): quartiles from the one spread helper
+        sig = ch != 0 and spread_stats(samples[ch])["q3"] < spread_stats(p0)["q1"]
         out = {"ep": ep, "node_durations_s": dur, "t_f": statistics.median(alone_f), "t_b": statistics.median(alone_b),
                "candidates": [{"order": list(o), "samples": samples[i]} for i, o in enumerate(cands)],
                "halving": halving,

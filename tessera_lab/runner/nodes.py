@@ -234,6 +234,17 @@ class StageProgram:
             return self._timed(name, run, "F")
         raise KeyError(name)  # pragma: no cover - names come from node_names()
 
+    def _backward_a2a(self, name: str, st: Any, attr: str, local_key: str, splits: tuple[int, int]) -> None:
+        """Backward of an all-to-all node: the gradient of ``st.<attr>`` goes back with the forward's splits
+        swapped (``st.splits[splits[0]]`` out, ``st.splits[splits[1]]`` in), issued asynchronously; without an
+        EP group (no splits) it is kept under ``local_key``."""
+        g = getattr(st, attr).grad
+        setattr(st, attr, None)
+        if self.comm is None:
+            self._g[local_key] = g
+            return
+        self._a2a(name + ".bwd", g, st.splits[splits[0]], st.splits[splits[1]], self.comm.group_bwd)
+
     def run_forward(self) -> None:
         """Every forward node in program order (one bundle alone, as the pair measurements time it)."""
         for k in self.fwd_keys:
@@ -274,28 +285,16 @@ class StageProgram:
                 self._autograd([st.h_out], [g])
                 st.h_out = None
             return self._timed(name, run, "B")
-        if node == "combine":
-            g = st.yp.grad
-            st.yp = None
-            if c is None:
-                self._g[f"L{i}.y"] = g
-                return
-            self._a2a(name + ".bwd", g, st.splits[1], st.splits[0], c.group_bwd)
-            return
+        if node == "combine":  # the combine's backward is a dispatch of the output gradient
+            return self._backward_a2a(name, st, "yp", f"L{i}.y", (1, 0))
         if node == "experts":
             def run():
                 g = self._g.pop(f"L{i}.y") if c is None else self._wait(f"L{i}.combine.bwd")
                 self._autograd([st.y], [g])
                 st.y = None
             return self._timed(name, run, "B")
-        if node == "dispatch":
-            g = st.recv.grad
-            st.recv = None
-            if c is None:
-                self._g[f"L{i}.xp"] = g
-                return
-            self._a2a(name + ".bwd", g, st.splits[0], st.splits[1], c.group_bwd)
-            return
+        if node == "dispatch":  # and the dispatch's backward a combine of the expert-input gradient
+            return self._backward_a2a(name, st, "recv", f"L{i}.xp", (0, 1))
         if node == "pre":
             def run():
                 g_xp = self._g.pop(f"L{i}.xp") if c is None else self._wait(f"L{i}.dispatch.bwd")

@@ -73,14 +73,6 @@ def runner_config_for(model, size_factor: float, seq_len: int) -> dict[str, Any]
             "seq_len": seq, "linear_chunk": min(64, seq)}
 
 
-def _q(xs, p):
-    xs = sorted(xs)
-    pos = p * (len(xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def _candidates(dur: dict, fit, cuda: bool, keep: int) -> list[tuple[str, ...]]:
     """Program order, Megatron's order, then the searched templates, distinct, at least ``keep``."""
     from tessera_lab.cost.analytic import two_lane_makespan
