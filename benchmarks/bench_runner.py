@@ -150,6 +150,10 @@ def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> No
         for ex, _ in runs.values():
             ex.close()
     out = {k: statistics.median(v) for k, v in results.items()} | {"tokens": N}
+    if part == "torch":  # paired trials (ours and theirs back to back): the spread of the per-trial ratio
+        pr = sorted(t / o for o, t in zip(results["ours 1f1b"], results["torch Schedule1F1B"]))
+        q = statistics.quantiles(pr, n=4) if len(pr) >= 2 else [pr[0]] * 3
+        out["paired_ratio"] = {"q1": q[0], "median": statistics.median(pr), "q3": q[2], "trials": len(pr)}
     # exposed all-to-all time summed over the ranks of pipeline rank 0's EP group... gathered from every rank
     mine = {k: statistics.median(v) for k, v in exposed.items()}
     allx: list = [None] * world_size
@@ -204,8 +208,13 @@ def _part1(args) -> None:
     print(f"[1] pp={args.pp}, ep=1, m={args.microbatches}, {tok} tokens/step, median of {args.trials} steps (fwd+bwd)")
     for k, v in r.items():
         print(f"    {k:<24} {v * 1e3:8.2f} ms/step  {tok / v:10.0f} tokens/s")
+    pr = r.pop("paired_ratio")
     ratio = r["torch Schedule1F1B"] / r["ours 1f1b"]
     print(f"    ratio ours / torch.distributed.pipelining (tokens/s): {ratio:.3f}")
+    verdict = ("ours faster beyond the noise" if pr["q1"] > 1.0 else "ours slower beyond the noise"
+               if pr["q3"] < 1.0 else "within the noise (the quartiles straddle 1.0)")
+    print(f"    paired trials ({pr['trials']}): ratio quartiles {pr['q1']:.3f} / {pr['median']:.3f} / {pr['q3']:.3f}: "
+          f"{verdict}; target >= 1.0")
 
 
 def _part2(args, ep: int) -> None:

@@ -53,7 +53,10 @@ def test_calibrate_records_probes_and_in_situ_all_to_all():
     for ep in ("1", "2"):
         rc = dev["runner_cpu"][ep]
         assert rc["factor"] > 0 and rc["cpu_per_step_s"] > 0 and rc["blocked_s"] >= 0 and rc["processes"] == int(ep)
-    assert dev["runner_cpu"]["speed_ref"] > 0
+    rcx = dev["runner_cpu"]
+    assert rcx["work_probe"]["ref_s"] > 0 and all(rcx[ep]["work_probe_s"] > 0 for ep in ("1", "2"))
+    table = rcx["corun"]["table"]  # co-running slowdowns never below 1 and never shrinking with more processes
+    assert table["1"] == 1.0 and 1.0 <= table["2"] <= table["4"]
     assert 0 <= dev["p2p"]["wait_cpu_share"] <= 1 and dev["p2p"]["cpu_per_op_s"] >= 0
     p = predict_runner(dev, dev["metadata"]["model"], pp=2, ep=2, microbatches=4, cores_available=1.0)
     assert p["iteration_s"] > 0 and p["cores_available"] == 1.0

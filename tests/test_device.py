@@ -88,6 +88,21 @@ def test_prediction_by_hand():
     p5 = predict_runner(synthetic_device(cores=2), cfg, pp=2, ep=2, schedule="1f1b", microbatches=4,
                         micro_batch_size=2, cores_available=0.5)
     assert p5["iteration_s"] == pytest.approx(4 * 24 * s0)
+    # the same work taking 1.5x the CPU now (work probe 3 ms against the calibration's 2 ms): one stage,
+    # nothing shared, no latency -> 1.5x the step and the CPU; a device without a probe ignores it
+    dev6 = {**synthetic_device(), "runner_cpu": {"work_probe": {"ref_s": 2e-3}}}
+    p6 = predict_runner(dev6, cfg, pp=1, ep=1, schedule="gpipe", microbatches=4, micro_batch_size=2,
+                        work_probe_s=3e-3)
+    assert p6["work_scale"] == pytest.approx(1.5)
+    assert p6["iteration_s"] == pytest.approx(1.5 * p["iteration_s"])
+    assert p6["cpu_per_step_s"] == pytest.approx(1.5 * 4 * 3 * sum(per_layer))
+    assert predict_runner(dev, cfg, pp=1, ep=1, schedule="gpipe", microbatches=4, micro_batch_size=2,
+                          work_probe_s=3e-3)["iteration_s"] == pytest.approx(p["iteration_s"])
+    # the co-running table: two processes of one stage (ep = 2, no all-to-all cost) on 2 cores, slowed 1.2x
+    # each by the other: 1.2 x the one-process step
+    dev7 = {**synthetic_device(cores=2), "runner_cpu": {"corun": {"table": {"1": 1.0, "2": 1.2}}}}
+    p7 = predict_runner(dev7, cfg, pp=1, ep=2, schedule="gpipe", microbatches=4, micro_batch_size=2)
+    assert p7["iteration_s"] == pytest.approx(1.2 * p["iteration_s"])
 
 
 def test_balanced_boundaries_brute_force():

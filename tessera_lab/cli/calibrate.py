@@ -66,6 +66,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         lines.append(f"runner CPU, one-stage job at ep={ep}: {rc['cpu_per_step_s'] * 1e3:.1f} ms per process and step "
                      f"= x{rc['factor']:.2f} the layer microbenchmarks; blocked {rc['blocked_s'] * 1e3:.2f} ms per "
                      f"layer action (measured, {rc['cores_available']:.2f} cores available)")
+    rcx = dev.get("runner_cpu") or {}
+    if rcx.get("corun"):
+        lines.append("co-running slowdown of a layer's CPU time with n processes at once: "
+                     + ", ".join(f"n={n} x{v:.3f}" for n, v in rcx["corun"]["table"].items() if n != "1")
+                     + " (measured)")
+    if "transfer_cpu_s" in rcx:
+        lines.append(f"runner CPU of one stage-to-stage transfer (both ends): {rcx['transfer_cpu_s'] * 1e6:.0f} us "
+                     f"(measured, fitted on GPipe jobs at pp 2 and 4)")
     emit(args, dev, "\n".join(lines))
     return 0
 

@@ -11,7 +11,11 @@ Measured (lower quartiles of ``repeats`` timings after one warm-up; one thread, 
   sizes, with the CPU time of one send or receive (``cpu_per_op_s``) and the CPU share of a blocked receive
   (``wait_cpu_share``: measured ~0.01 here, gloo's waits sleep), and ``all_to_all_single`` at each group size at three sizes; each fitted as ``alpha + bytes / beta``.
 
-* the runner's own CPU work per step (:func:`_runner_cpu`: one-stage runner jobs at EP 1 and 2).
+* the co-running slowdown of a layer's CPU time with 2 and 4 processes computing at once (:func:`_corun`);
+* the runner's own CPU work per step (:func:`_runner_cpu`: one-stage runner jobs at EP 1 and 2, the workers'
+  process CPU time per step) and of a stage-to-stage transfer (a two-stage GPipe job), each taken to the
+  machine's state during the layer microbenchmarks with the work probe (:mod:`tessera_lab.runner.work_probe`)
+  measured around them.
 
 These calibration runs are microbenchmarks and one-stage jobs, disjoint from any runner job a prediction is checked against.
 """
@@ -130,6 +134,47 @@ def _layer_points(cfg: TinyConfig, mbs: int, repeats: int) -> tuple[dict, dict]:
         layers[kind]["w_share"] = statistics.median(ws) if ws else 0.33
     layers = {k: v for k, v in layers.items() if v["F"]}
     return layers, extras
+
+
+def _corun_worker(fn, n: int, q) -> None:
+    from .work_probe import cpu_median
+
+    q.put(cpu_median(fn, n))
+
+
+def _corun(cfg: TinyConfig, mbs: int, cores: int, repeats: int = 30, rounds: int = 4) -> dict[str, Any]:
+    """Co-running slowdown table: the CPU-time median of one linear-attention layer's forward + backward
+    with ``n`` forked copies running at once (``n`` = the core count and twice it), over the same alone
+    (shared caches and memory bandwidth; oversubscribed, context switches too): the runner's processes
+    compute side by side. ``rounds`` alternations of alone / together; ratios of the medians. Returns
+    ``{"table": {"1": 1.0, str(n): slowdown, ...}, "alone_s", "together_s": {n: s}, "source"}``
+    (:func:`tessera_lab.runner.sharing.corun_slowdown` reads the table)."""
+    import multiprocessing as mp
+
+    from .work_probe import cpu_median, layer_fb
+
+    fb = layer_fb(cfg, mbs)
+    ctx = mp.get_context("fork")
+    sizes = sorted({max(2, int(cores)), 2 * max(2, int(cores))})
+    alone: list[float] = []
+    together: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(rounds):
+        alone.append(cpu_median(fb, repeats))
+        for n in sizes:
+            q = ctx.SimpleQueue()
+            procs = [ctx.Process(target=_corun_worker, args=(fb, repeats, q), daemon=True) for _ in range(n)]
+            for p in procs:
+                p.start()
+            together[n] += [q.get() for _ in procs]
+            for p in procs:
+                p.join(timeout=30)
+    a = statistics.median(alone)
+    med = {n: statistics.median(v) for n, v in together.items()}
+    table = {"1": 1.0}
+    for n in sizes:  # a slowdown never shrinks with more processes (noise otherwise)
+        table[str(n)] = max(1.0, med[n] / a, *(table.values()))
+    return {"table": table, "alone_s": a, "together_s": {str(n): v for n, v in med.items()},
+            "source": "measured (layer F+B CPU time, alone and with n copies at once)"}
 
 
 def _throughput(cfg: TinyConfig, mbs: int, repeats: int) -> dict[str, float]:
@@ -284,26 +329,36 @@ def _comm(cfg: TinyConfig, mbs: int, groups: Sequence[int], repeats: int) -> dic
 
 
 def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, microbatches: int = 4,
-                steps: int = 12) -> dict[str, Any]:
+                steps: int = 12, work_ref: float | None = None, corun: dict | None = None,
+                p2p: dict | None = None) -> dict[str, Any]:
     """CPU work of the runner's own execution (node-level actions, p2p posting, gloo threads) per process and
     step, against the layer microbenchmarks: calibration jobs of one pipeline stage (``pp = 1``, all layers on
-    one rank, 1F1B) at each EP size, run twice (2 and ``2 + steps`` steps) so that the difference of the
-    workers' CPU time (``getrusage`` of the children: every thread, not inflated by waiting for a core) is the
-    CPU-seconds of ``steps`` steps. ``factor = (cpu - optimizer) / microbenchmark work``; ``blocked_s``: the
-    iteration minus its CPU work at the processor-sharing speed ``min(1, available cores / processes)``
-    (CPU work in CPU-seconds at the reference core speed ``speed_ref``, :func:`tessera_lab.runner.probe.
-    cpu_speed` before the first job: the speed of a virtual core varies with its host's load)
-    (:func:`tessera_lab.runner.probe.available_cores`, measured before): time blocked on all-to-all peers,
-    per layer and F or B action. These jobs
-    (pp = 1) are never among the validated ones (pp >= 2)."""
-    import resource
-
+    one rank, 1F1B) at each EP size. Each worker reports its CPU-seconds per step (``time.process_time``: every
+    thread, not inflated by waiting for a core; :func:`tessera_lab.runner.results.cpu_summary`); the median
+    over the steps after the first, per process, scaled to the machine's state during the layer
+    microbenchmarks (``work_ref``: :func:`tessera_lab.runner.work_probe.work_probe` around them, against the
+    same probe around each job: the CPU-seconds of the same work move by up to 1.5x over minutes here) is the
+    runner's work, and
+    ``factor = work / microbenchmark work``. ``blocked_s``: the iteration minus its CPU work at the
+    processor-sharing speed ``min(1, available cores / processes)`` (available cores measured before the job,
+    :func:`tessera_lab.runner.probe.available_cores`): time blocked on all-to-all peers, per layer and F or B
+    action. ``transfer_cpu_s``: the CPU of one stage-to-stage transfer, both ends, fitted on GPipe jobs at
+    pp = 2 and 4 through :func:`tessera_lab.runner.predict.predict_runner` (``p2p``: the ping-pong fit).
+    The work is stated as one process computing alone: a job of ``ep`` processes computing side by
+    side is divided by their co-running slowdown (``corun``, :func:`_corun`;
+    :func:`tessera_lab.runner.sharing.corun_slowdown` of ``ep`` processes). These jobs (pp = 1,
+    and one pp = 2 GPipe job of 6 micro-batches) are never among the validated ones (pp >= 2, 4
+    micro-batches)."""
     from tessera_lab.cost.device import layer_times
 
-    from .probe import available_cores, cpu_speed
+    from .probe import available_cores
+    from .sharing import corun_slowdown
+    from .work_probe import work_probe
     from .spawn import spawn
     from .specs import RunSpec, WorldSpec
 
+    cores = float(os.cpu_count() or 1)
+    c = (corun or {}).get("table") or 1.0
     d = cfg.as_dict()
     tokens = mbs * cfg.seq_len
     ex = device["extras"]
@@ -311,58 +366,64 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
                                for k in cfg.layer_kinds())
                            + ex["embed_F_s"] + ex["embed_B_s"] + ex["head_F_s"] + ex["head_B_s"])
     out: dict[str, Any] = {}
-    speed_ref = None
+    work_ref = work_ref or work_probe(cfg, mbs)
+
+    def run(world: WorldSpec, spec: RunSpec) -> tuple[dict, float]:
+        before = work_probe(cfg, mbs)
+        job = spawn(world, [spec], timeout_s=600).job(spec.name)
+        return job, (before + work_probe(cfg, mbs)) / 2  # the machine's state over the job: before and after
+
     for ep in eps:
-        cpu, jobs = [], []
-        probe = available_cores(os.cpu_count() or 1)
-        avail = probe["cores_available"]
-        speed = cpu_speed()
-        if speed_ref is None:
-            speed_ref = speed
-        for n in (2, 2 + steps):
-            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            res = spawn(WorldSpec(pp=1, ep=ep, timeout_s=120),
-                        [RunSpec(name="cal", model=d, schedule="1f1b", microbatches=microbatches,
-                                 micro_batch_size=mbs, steps=n, pair_exec="scheduled")], timeout_s=600)
-            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu.append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
-            jobs.append(res.job("cal"))
-        speed = (speed + cpu_speed()) / 2  # the core speed over the jobs: before and after
-        per = max(0.0, cpu[1] - cpu[0]) / steps / ep
-        ev = [e for e in jobs[1]["events"] if e["step"] >= 1]
-        opt = statistics.median([e["end"] - e["start"] for e in ev if e["lane"] == "step"] or [0.0])
+        avail = available_cores(os.cpu_count() or 1)["cores_available"]
+        job, probe = run(WorldSpec(pp=1, ep=ep, timeout_s=120),
+                         RunSpec(name="cal", model=d, schedule="1f1b", microbatches=microbatches,
+                                 micro_batch_size=mbs, steps=steps + 1, pair_exec="scheduled"))
+        per = job["cpu"]["actions_s"] / ep  # CPU-seconds per process and step, as this job ran
+        opt = job["cpu"]["sync_opt_s"] / ep
+        ev = [e for e in job["events"] if e["step"] >= 1]
         its = [max(e["end"] for e in ev if e["step"] == st and e["lane"] == "compute")
                for st in sorted({e["step"] for e in ev})]
         it = statistics.median(its)
-        work = max(1e-9, per - opt) * speed / speed_ref  # in CPU-seconds at the reference speed
+        # in CPU-seconds of one process alone, in the machine's state of the microbenchmarks
+        work = max(1e-9, per) * work_ref / probe / corun_slowdown(c, ep, cores)
         rate = min(1.0, avail / ep)  # processor sharing of the cores available to the calibration job
         out[str(ep)] = {"cpu_per_step_s": per, "optimizer_s": opt, "iteration_s": it,
                         "microbenchmark_work_s": mono, "factor": work / mono, "cores_available": avail,
-                        "cpu_speed": speed,
-                        "blocked_s": max(0.0, it - work / rate) / (microbatches * 2 * cfg.num_layers),
-                        "steps": steps, "microbatches": microbatches, "processes": ep}
+                        "work_probe_s": probe,
+                        "blocked_s": max(0.0, it - per / rate) / (microbatches * 2 * cfg.num_layers),
+                        "steps": steps, "microbatches": microbatches, "processes": ep,
+                        "source": "measured (worker process CPU time per step, median)"}
     # the CPU of a stage-to-stage transfer inside the runner (both ends: posting, completing, waking up to a
-    # cold cache): a two-stage GPipe job with 6 micro-batches (never a validated case: those run 4), its CPU
-    # per step minus the one-stage work and the optimizer steps, over its 2 x 6 transfers per step
-    if factor1 := (out.get("1") or {}).get("factor"):
+    # cold cache, and the context switches of more processes than cores): GPipe jobs of 6 micro-batches at
+    # pp = 2 and 4 (never a validated case: those run 4). Each job's CPU per step is predicted with the model
+    # the validation uses (runner.predict: processor sharing with the co-running table) without transfer CPU
+    # and with 1 ms of it; the transfer CPU is the least-squares slope through the observed excess.
+    if (out.get("1") or {}).get("factor") and p2p is not None:
+        from .predict import predict_runner
+
         m2 = 6
-        cpu = []
-        speed2 = cpu_speed()
-        for n in (2, 2 + steps):
-            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            res = spawn(WorldSpec(pp=2, ep=1, timeout_s=120),
-                        [RunSpec(name="cal-p2p", model=d, schedule="gpipe", microbatches=m2,
-                                 micro_batch_size=mbs, steps=n, pair_exec="scheduled")], timeout_s=600)
-            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu.append(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime)
-        ev = [e for e in res.job("cal-p2p")["events"] if e["step"] >= 1 and e["lane"] == "step"]
-        opt = 2 * statistics.median([e["end"] - e["start"] for e in ev] or [0.0])
-        per = max(0.0, cpu[1] - cpu[0]) / steps * (speed2 + cpu_speed()) / 2 / speed_ref
-        work = factor1 * mono * m2 / microbatches
-        out["transfer_cpu_s"] = max(0.0, per - opt - work) / (2 * m2)
-        out["transfer_job"] = {"pp": 2, "ep": 1, "schedule": "gpipe", "microbatches": m2,
-                               "cpu_per_step_s": per, "steps": steps}
-    out["speed_ref"] = speed_ref
+        rows, jobs_info = [], []
+        for pp in (2, 4):
+            avail = available_cores(os.cpu_count() or 1)["cores_available"]
+            job, probe2 = run(WorldSpec(pp=pp, ep=1, timeout_s=120),
+                              RunSpec(name="cal-p2p", model=d, schedule="gpipe", microbatches=m2,
+                                      micro_batch_size=mbs, steps=steps + 1, pair_exec="scheduled"))
+            per = job["cpu"]["actions_s"] * work_ref / probe2
+            pred = []
+            for tx in (0.0, 1e-3):
+                dev = {**device, "p2p": p2p, "metadata": {"cores": cores},
+                       "runner_cpu": {**out, "transfer_cpu_s": tx, **({"corun": corun} if corun else {})}}
+                pred.append(predict_runner(dev, d, pp=pp, ep=1, schedule="gpipe", microbatches=m2,
+                                           micro_batch_size=mbs, cores_available=avail)["cpu_per_step_s"])
+            rows.append((per - pred[0], (pred[1] - pred[0]) / 1e-3))
+            jobs_info.append({"pp": pp, "ep": 1, "schedule": "gpipe", "microbatches": m2, "cpu_per_step_s": per,
+                              "predicted_without_transfers_s": pred[0], "cores_available": avail,
+                              "work_probe_s": probe2})
+        out["transfer_cpu_s"] = max(0.0, sum(e * u for e, u in rows) / max(1e-12, sum(u * u for _, u in rows)))
+        out["transfer_jobs"] = jobs_info
+    out["work_probe"] = {"ref_s": work_ref, "source": "measured (work probe around the layer microbenchmarks)"}
+    if corun:
+        out["corun"] = corun
     return out
 
 
@@ -383,12 +444,18 @@ def calibrate(cfg: TinyConfig | None = None, *, name: str = "cpu", micro_batch_s
     t0 = time.time()
     probe = cpu_probe(1)  # the share of a core the microbenchmarks below get (runner.predict.oversubscription)
     probe_world = {str(n): cpu_probe(n) for n in sorted({max(2, *group_sizes)})}  # as many as the comm runs
+    from .work_probe import work_probe
+
+    probe0 = work_probe(cfg, micro_batch_size)
     with deterministic(1):
         layers, extras = _layer_points(cfg, micro_batch_size, repeats)
         thr = _throughput(cfg, micro_batch_size, repeats)
+        corun = _corun(cfg, micro_batch_size, os.cpu_count() or 1)
+    work_ref = (probe0 + work_probe(cfg, micro_batch_size)) / 2  # the machine's state during the microbenchmarks
     comm = _comm(cfg, micro_batch_size, [g for g in group_sizes if g >= 2], repeats)
     runner_cpu = _runner_cpu({"layers": layers, "extras": extras}, cfg, micro_batch_size,
-                             sorted({1, *[g for g in group_sizes if 2 <= g <= 2]}))
+                             sorted({1, *[g for g in group_sizes if 2 <= g <= 2]}), work_ref=work_ref,
+                             corun=corun, p2p=comm["p2p"])
     # the share of a core over the whole calibration: the probes before and after, averaged
     probe = (probe + cpu_probe(1)) / 2
     probe_world = {k: (v + cpu_probe(int(k))) / 2 for k, v in probe_world.items()}

@@ -13,7 +13,7 @@ from tessera_lab.pipeline.schedules import build_schedule, canonical_name
 from tessera_lab.pipeline.simulate import stage_durations
 from tessera_lab.plan.partition import uniform_boundaries
 
-__all__ = ["predict_runner", "balanced_boundaries", "device_plan", "available_cores",
+__all__ = ["predict_runner", "balanced_boundaries", "device_plan", "available_cores", "work_scale",
            "runner_cpu_entry"]
 
 
@@ -21,7 +21,8 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
                    schedule: str = "1f1b", microbatches: int = 4, micro_batch_size: int = 2,
                    boundaries: Sequence[int] | None = None, vpp: int | None = None,
                    defer_w: bool = False, machine_load: float | None = None,
-                   cpu_probe_s: float | None = None, cores_available: float | None = None) -> dict[str, Any]:
+                   cpu_probe_s: float | None = None, cores_available: float | None = None,
+                   work_probe_s: float | None = None) -> dict[str, Any]:
     """Predicted iteration time of a runner job (seconds) and its parts.
 
     Per stage, the CPU work of F / B / W (the calibrated layer times, embedding and LM head, times the
@@ -36,6 +37,9 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     ``cpu_probe_s`` (the older median probe of ``world`` processes: ``world x calibration probe / probe``),
     else ``machine_load`` (the 1-minute load average: ``cores x cores / max(cores, load + world)``... as a
     per-process share), else all the cores (a quiet machine).
+
+    ``work_probe_s``: :func:`tessera_lab.runner.work_probe.work_probe` measured just before the run; every
+    CPU work term is scaled by it over the calibration's (``runner_cpu.work_probe.ref_s``; :func:`work_scale`).
 
     Returns ``{"iteration_s", "bubble_fraction", "bubble_s", "ep_a2a_s", "stage_f_s", "stage_b_s",
     "stage_w_s", "p2p_s", "oversubscription", "cores_available", "layer_s", "source", ...}``: stage times are
@@ -76,8 +80,10 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
             e = a2a_entry(device, ep)
             rows = tokens * cfg["top_k"] * (ep - 1) / ep
             a2a_block = float(e["alpha_s"]) + 2 * alpha_beta(e, rows * H * 4)
+    factor *= work_scale(device, work_probe_s)  # the machine's state now against the calibration's
     tx = (device.get("runner_cpu") or {}).get("transfer_cpu_s")  # in situ, both ends of one transfer
-    p2p_cpu = float(tx) / 2 if tx is not None else float(device["p2p"].get("cpu_per_op_s", 0.0))
+    p2p_cpu = (float(tx) / 2 if tx is not None else float(device["p2p"].get("cpu_per_op_s", 0.0))) \
+        * work_scale(device, work_probe_s)
     f, b, w, blk = [], [], [], []
     for s in range(S):
         lo, hi = boundaries[s], boundaries[s + 1]
@@ -107,21 +113,48 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     work = stage_durations(f, b, w if split else None, [x + y for x, y in zip(f, b)])
     zero = [0.0] * S
     block = stage_durations(blk, blk, zero if split else None, [2 * x for x in blk])
+    corun = ((device.get("runner_cpu") or {}).get("corun") or {}).get("table") or 1.0
     sim = simulate_shared(sched, work, cores=avail, procs_per_rank=ep * dp, p2p=p2p,
-                          latency=block, wait_cpu=float(device["p2p"].get("wait_cpu_share", 0.0)))
+                          latency=block, wait_cpu=float(device["p2p"].get("wait_cpu_share", 0.0)),
+                          corun=corun, machine_cores=cores)
     over = 1.0 / sim["mean_rate"] if sim["mean_rate"] > 0 else 1.0
     T = sim["iteration_s"]
+    # CPU-seconds of one step summed over every process (reference core speed): each stage's work per
+    # micro-batch on the ep x dp processes of its pipeline rank, times the co-running slowdown it ran under
+    cpu_step = sim["cpu_s"]
     busy = sim["per_rank_busy_s"]
     n_layers = boundaries[-1] - boundaries[0]
     return {"iteration_s": T, "bubble_fraction": (sum(max(0.0, T - x) for x in busy) / (T * len(busy))) if T else 0.0,
             "bubble_s": float(sum(max(0.0, T - x) for x in busy)),
             "ep_a2a_s": microbatches * n_layers * 2 * a2a_block, "stage_f_s": [x * over for x in f],
             "stage_b_s": [x * over for x in b], "stage_w_s": [x * over for x in w] if split else None,
-            "stage_work_f_s": f, "stage_work_b_s": b, "p2p_s": p2p, "oversubscription": over,
+            "stage_work_f_s": f, "stage_work_b_s": b, "cpu_per_step_s": cpu_step, "p2p_s": p2p, "oversubscription": over,
             "busy_processes": sim["busy_processes"], "cores_available": avail, "cores": cores,
-            "runner_cpu_factor": factor, "cpu_probe_s": cpu_probe_s,
+            "runner_cpu_factor": factor, "corun": corun, "cpu_probe_s": cpu_probe_s,
+            "work_scale": work_scale(device, work_probe_s), "work_probe_s": work_probe_s,
             "layer_s": {k: v for k, v in per_kind.items()}, "schedule": sched.name,
             "boundaries": list(boundaries), "source": cost_source(device)["source"]}
+
+
+def work_scale(device: Mapping[str, Any], work_probe_s: float | None) -> float:
+    """``work_probe_s`` over the device's calibration probe (``runner_cpu.work_probe.ref_s``): how much more
+    CPU the same work takes now than during calibration; 1 without either."""
+    ref = ((device.get("runner_cpu") or {}).get("work_probe") or {}).get("ref_s")
+    if not work_probe_s or not ref:
+        return 1.0
+    return float(work_probe_s) / float(ref)
+
+
+def device_work_probe(device: Mapping[str, Any]) -> float | None:
+    """The work probe measured now on the device's calibration model and micro-batch size (None for a device
+    calibrated without one): the input of :func:`work_scale`. Needs torch."""
+    if not ((device.get("runner_cpu") or {}).get("work_probe") or {}).get("ref_s"):
+        return None
+    from .specs import TinyConfig
+    from .work_probe import work_probe
+
+    meta = device["metadata"]
+    return work_probe(TinyConfig.from_dict(meta["model"]), int(meta.get("micro_batch_size") or 2))
 
 
 def runner_cpu_entry(device: Mapping[str, Any], ep: int) -> Mapping[str, Any] | None:
@@ -208,7 +241,8 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
                 microbatches: int = 4, micro_batch_size: int = 2, vpp: int | None = None,
                 partition: str = "balanced", pair_exec: str = "scheduled", pair_order: Any = None,
                 config: Mapping[str, Any] | None = None, machine_load: float | None = None,
-                cpu_probe_s: float | None = None, cores_available: float | None = None) -> dict[str, Any]:
+                cpu_probe_s: float | None = None, cores_available: float | None = None,
+                work_probe_s: float | None = None) -> dict[str, Any]:
     """A runner plan predicted from a calibrated device: the partition (``balanced`` on the calibrated layer
     costs, or ``uniform``), the schedule, micro-batches, pair handler and order, and the prediction made now,
     before any run. ``tessera-lab run --plan`` executes exactly this plan. ``config``: TinyConfig fields
@@ -239,7 +273,7 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
         raise ConfigError(f"field 'partition' = {partition!r} is unknown; allowed: balanced, uniform")
     pred = predict_runner(device, cfg, pp=pp, ep=ep, dp=dp, schedule=schedule, microbatches=microbatches,
                           micro_batch_size=micro_batch_size, boundaries=bounds, vpp=vpp, machine_load=machine_load,
-                          cpu_probe_s=cpu_probe_s, cores_available=cores_available)
+                          cpu_probe_s=cpu_probe_s, cores_available=cores_available, work_probe_s=work_probe_s)
     pred["machine_load_at_prediction"] = machine_load
     label, template = resolve_order(pair_order, ep)
     return {
@@ -282,13 +316,13 @@ def cmd_plan_device(args) -> int:
     dev = load_device(args.device)
     from .probe import available_cores
 
-    avail = available_cores(int(dev["metadata"].get("cores") or os.cpu_count() or 1),
-                            speed_ref=(dev.get("runner_cpu") or {}).get("speed_ref"))
+    avail = available_cores(int(dev["metadata"].get("cores") or os.cpu_count() or 1))
     plan = device_plan(dev, args.model, pp=args.pp, ep=args.ep, dp=args.dp, schedule=args.schedule,
                        microbatches=args.microbatches, micro_batch_size=args.micro_batch_size,
                        vpp=args.vpp if args.vpp != 1 else None,
                        partition="uniform" if args.method == "uniform" else "balanced",
-                       machine_load=os.getloadavg()[0], cores_available=avail["cores_available"])
+                       machine_load=os.getloadavg()[0], cores_available=avail["cores_available"],
+                       work_probe_s=device_work_probe(dev))
     text = format_device_plan(plan)
     if getattr(args, "json", None) == "-":
         write_json("-", plan)

@@ -215,13 +215,14 @@ def summarize_job(raw: dict, spec: RunSpec, world: WorldSpec) -> dict[str, Any]:
                                "end": end + shift, "label": label})
     obs = _observed_steps(len(records))
     t_step = _median([step_times[s] for s in obs])
+    cpu = cpu_summary(records, obs)
     result = {
         "name": spec.name, "spec": spec.as_dict(), "world": asdict(world), "schedule": sched.name,
         "num_stages": S, "stage_to_rank": {str(k): v for k, v in sched.stage_to_rank.items()},
         "actions": {str(r): [str(a) for a in acts] for r, acts in sched.actions.items()},
         "boundaries": list(raw["boundaries"]), "tokens_per_step": N, "losses": losses, "loss_sums": loss_sums,
         "step_times_s": step_times, "tokens_per_s": N / t_step if t_step > 0 else math.nan,
-        "routing": routing, "events": events, "pair_exec": raw.get("pair_exec"),
+        "routing": routing, "events": events, "pair_exec": raw.get("pair_exec"), "cpu": cpu,
         "clocks": "shared (one host)" if all(len({p.get("host") for p in ps}) == 1 for ps in records)
                   else "per rank, aligned by a barrier",
         "timing": timing_report(events, sched, len(records), raw["boundaries"], pp_of_rank,
@@ -234,6 +235,21 @@ def summarize_job(raw: dict, spec: RunSpec, world: WorldSpec) -> dict[str, Any]:
         result["plan_vs_observed"] = plan_vs_observed(spec.plan_prediction, events, len(records))
         result["lifecycle_plan"] = plan_lifecycle(spec.plan_prediction, result["lifecycle"])
     return result
+
+
+def cpu_summary(records: list, observed: Sequence[int]) -> dict[str, Any] | None:
+    """Observed CPU work of a job: medians over the observed steps of each rank's CPU-seconds (``time.
+    process_time`` of the worker: all its threads, not inflated by waiting for a core) in the step's actions
+    and in the gradient sync + optimizer. Returns ``{"actions_s", "sync_opt_s", "per_rank_actions_s"}``
+    (sums over ranks, seconds per step), None for records without CPU times."""
+    if not records or any("cpu_s" not in p for ps in records for p in ps):
+        return None
+    ranks = sorted(p["rank"] for p in records[0])
+    by = {st: {p["rank"]: p["cpu_s"] for p in records[st]} for st in observed}
+    per_rank = [_median([by[st][r]["actions"] for st in observed]) for r in ranks]
+    return {"actions_s": _median([sum(c["actions"] for c in by[st].values()) for st in observed]),
+            "sync_opt_s": _median([sum(c["sync_opt"] for c in by[st].values()) for st in observed]),
+            "per_rank_actions_s": per_rank, "steps": list(observed), "source": "observed (process CPU time)"}
 
 
 def observed_iterations(events: list[dict], steps: int) -> list[float]:

@@ -12,7 +12,13 @@ Model (times in seconds, work in CPU-seconds of one uncontended core):
 * at each moment the runnable processes are this job's computing ones, ``wait_cpu`` of a process for each
   blocked (waiting) one (0: blocking waits; 1: spinning waits), and ``external`` other tenants; each
   computing process runs at ``rate = min(1, cores / runnable)`` (Linux CFS shares a core equally among
-  runnable processes). E.g. 8 computing processes on 2 cores with no external load run at 1/4 speed.
+  runnable processes). E.g. 8 computing processes on 2 cores with no external load run at 1/4 speed;
+* processes computing at once slow each other (shared caches and memory bandwidth; above the core count,
+  context switches): with ``n`` processes computing on the machine (this job's computing ones plus the cores
+  other tenants hold, ``machine_cores - cores``), a computing process's speed is divided by
+  :func:`corun_slowdown` of ``n``: the slowdown of a layer microbenchmark with ``n`` copies running at once
+  against it alone, calibrated at 2 and 4 processes (CPU-time medians on this 2-core VM: 1.06-1.19 with 2,
+  1.13-1.24 with 4).
 
 So with the cores oversubscribed the step tends to ``total work / cores`` (the same model split over more
 stages does the same total work), and with them idle to the critical path.
@@ -21,12 +27,12 @@ stages does the same total work), and with them idle to the critical path.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Mapping
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline.actions import ActionType
 
-__all__ = ["share_rate", "simulate_shared"]
+__all__ = ["share_rate", "corun_slowdown", "simulate_shared"]
 
 _F, _B, _I, _W, _OV = ActionType.F, ActionType.B, ActionType.I, ActionType.W, ActionType.OVERLAP_F_B
 
@@ -45,6 +51,30 @@ def share_rate(computing: float, cores: float, external: float = 0.0, waiting_cp
     return 1.0 if n <= cores else cores / n
 
 
+def corun_slowdown(corun: float | Mapping[str, float], runnable: float, machine_cores: float) -> float:
+    """Factor (>= 1) by which a computing process slows with ``runnable`` processes computing on the machine
+    (this job's and other tenants'): shared caches and memory bandwidth, and above ``machine_cores`` the
+    context switches. ``corun``: the calibrated table ``{processes: slowdown}`` (``"1"`` is 1), interpolated
+    linearly in the process count and held beyond its last entry; a number ``c`` stands for ``{1: 1,
+    machine_cores: c}``.
+
+    Raises:
+        ConfigError: a slowdown below 1.
+    """
+    if isinstance(corun, Mapping):
+        pts = sorted((float(k), float(v)) for k, v in corun.items())
+    else:
+        pts = [(1.0, 1.0), (max(1.0, float(machine_cores)), float(corun))]
+    if any(v < 1.0 for _, v in pts):
+        raise ConfigError(f"co-running slowdown table {corun!r}: every slowdown must be >= 1")
+    pts = [(1.0, 1.0)] + [p for p in pts if p[0] > 1.0]
+    x = max(1.0, float(runnable))
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return pts[-1][1]
+
+
 def _leaves(a):
     return a.sub_actions if a.sub_actions else (a,)
 
@@ -52,18 +82,26 @@ def _leaves(a):
 def simulate_shared(schedule, work: Callable[[int, int | None, ActionType], float], *, cores: float,
                     external: float = 0.0, procs_per_rank: int = 1, p2p: float = 0.0,
                     latency: Callable[[int, int | None, ActionType], float] | None = None,
-                    wait_cpu: float = 0.0) -> dict:
+                    wait_cpu: float = 0.0, corun: float | Mapping[str, float] = 1.0,
+                    machine_cores: float | None = None) -> dict:
     """Processor-sharing simulation of one iteration of ``schedule`` (module docstring).
 
     ``work(stage, microbatch, type)`` / ``latency(...)``: CPU-seconds and blocked seconds of an action
     (called like :class:`tessera_lab.pipeline.durations.Durations`, an ``OVERLAP_F_B`` pair with its
     backward's stage and micro-batch). Returns ``{"iteration_s", "per_rank_busy_s", "mean_rate",
     "busy_processes"}``: the end of the last action, each rank's computing + blocked time, the mean speed
-    of a computing process, and the time-mean of computing processes.
+    of a computing process, the time-mean of computing processes, and ``cpu_s``: the CPU-seconds the
+    computing processes used (their work times their co-running slowdowns).
+
+    ``corun`` / ``machine_cores``: the co-running slowdown (module docstring, :func:`corun_slowdown`;
+    ``machine_cores`` defaults to ``cores``).
 
     Raises:
-        ConfigError: bad cores / counts; a schedule that cannot complete (a dependency never met).
+        ConfigError: bad cores / counts, a slowdown < 1; a schedule that cannot complete (a dependency never met).
     """
+    corun_slowdown(corun, 1.0, 1.0)  # validates the table
+    mc = float(machine_cores if machine_cores is not None else cores)
+    others = max(0.0, mc - cores)
     S, s2r = schedule.num_stages, schedule.stage_to_rank
     R = schedule.num_ranks
     lat = latency or (lambda s, i, t: 0.0)
@@ -101,7 +139,7 @@ def simulate_shared(schedule, work: Callable[[int, int | None, ActionType], floa
     left = [0.0] * R  # remaining work (cpu) or blocked seconds (block)
     busy = [0.0] * R
     t = 0.0
-    rate_area = n_area = cpu_time = 0.0
+    rate_area = n_area = cpu_time = cpu_area = 0.0
 
     def ready(r: int) -> float | None:
         needs = progs[r][pos[r]][0]
@@ -125,7 +163,9 @@ def simulate_shared(schedule, work: Callable[[int, int | None, ActionType], floa
             break
         n_cpu = sum(1 for r in range(R) if state[r] == "cpu") * procs_per_rank
         n_wait = sum(1 for r in range(R) if state[r] != "cpu" and pos[r] < len(progs[r])) * procs_per_rank
-        rate = share_rate(n_cpu, cores, external, wait_cpu * n_wait)
+        share = rate = share_rate(n_cpu, cores, external, wait_cpu * n_wait)
+        if n_cpu:
+            rate /= corun_slowdown(corun, n_cpu + external + others, mc)
         dts = [left[r] / rate for r in range(R) if state[r] == "cpu"]
         dts += [left[r] for r in range(R) if state[r] == "block"]
         dts += [a - t for a in pending]
@@ -137,6 +177,7 @@ def simulate_shared(schedule, work: Callable[[int, int | None, ActionType], floa
             rate_area += rate * dt
             cpu_time += dt
             n_area += n_cpu * dt
+            cpu_area += n_cpu * share * dt
         for r in range(R):
             if state[r] == "cpu":
                 left[r] -= rate * dt
@@ -158,4 +199,4 @@ def simulate_shared(schedule, work: Callable[[int, int | None, ActionType], floa
                 state[r] = "idle"
     return {"iteration_s": t, "per_rank_busy_s": busy,
             "mean_rate": rate_area / cpu_time if cpu_time > 0 else 1.0,
-            "busy_processes": n_area / t if t > 0 else 0.0}
+            "busy_processes": n_area / t if t > 0 else 0.0, "cpu_s": cpu_area}

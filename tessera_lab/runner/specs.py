@@ -223,6 +223,8 @@ class WorldSpec:
         backend: ``"auto"`` (NCCL with CUDA, else gloo), ``"gloo"`` or ``"nccl"``.
         timeout_s: seconds a collective or p2p operation may wait before it fails.
         grace_s: after one rank fails, seconds the others get to exit on their own before being killed.
+        interleave: run the launch's jobs a step of each in turn (:func:`tessera_lab.runner.train.run_jobs`)
+            instead of one after the other.
     """
 
     pp: int = 2
@@ -231,6 +233,7 @@ class WorldSpec:
     backend: str = "auto"
     timeout_s: float = 60.0
     grace_s: float = 10.0
+    interleave: bool = False
 
     def __post_init__(self) -> None:
         for name in ("pp", "ep", "dp"):

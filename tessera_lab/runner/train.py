@@ -20,7 +20,7 @@ from .reference import deterministic, make_batch, make_optimizer, shard_rows
 from .specs import RunSpec, WorldSpec
 from .topology import Topology, build_stages, check_boundaries
 
-__all__ = ["sync_grads", "run_job"]
+__all__ = ["sync_grads", "run_job", "run_jobs"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -73,15 +73,43 @@ def run_job(world: WorldSpec, topo: Topology, spec: RunSpec, out_dir: str | None
     With ``spec.save_grads`` every rank writes ``{out_dir}/grads_{spec.name}_rank{rank}.pt`` holding the
     gradients of step 0 (after the replica sum, before the update) by parameter name.
     """
+    return run_jobs(world, topo, [spec], out_dir)[0]
+
+
+def run_jobs(world: WorldSpec, topo: Topology, specs: list[RunSpec], out_dir: str | None = None, *,
+             interleave: bool = False) -> list[dict | None]:
+    """Run ``specs`` on this rank, one after the other, or with ``interleave`` a step of each in turn
+    (round robin, every rank in the same order): drift of the machine's speed during the launch then falls
+    on every job alike, so their comparison is fair. Each job keeps its own model, optimizer and executor;
+    a step is whole (forward, backward, gradient sync, optimizer) before the next job's step starts, so the
+    results equal those of separate runs. Returns :func:`run_job`'s value per job."""
+    runs = [_job_steps(world, topo, spec, out_dir) for spec in specs]
+    out: list[dict | None] = [None] * len(specs)
+    alive = list(range(len(specs)))
+    while alive:
+        for k in list(alive) if interleave else alive[:1]:
+            with _job_context(specs[k], topo):
+                try:
+                    next(runs[k])
+                except StopIteration as stop:
+                    out[k] = stop.value
+                    alive.remove(k)
+    return out
+
+
+def _job_context(spec: RunSpec, topo: Topology):
+    # deterministic mode is a CPU mode (on CUDA it would need CUBLAS_WORKSPACE_CONFIG and still not be bitwise
+    # equal to the CPU reference)
+    return deterministic(1) if spec.deterministic and topo.device.type == "cpu" else contextlib.nullcontext()
+
+
+def _job_steps(world: WorldSpec, topo: Topology, spec: RunSpec, out_dir: str | None):
+    """Generator: builds the job on its first step, yields after each step, returns the raw records."""
     sched = spec.validate(world)
     cfg = spec.model_config
     S = sched.num_stages
     boundaries = check_boundaries(spec.boundaries or uniform_boundaries(cfg.num_layers, S), cfg.num_layers, S)
-    # deterministic mode is a CPU mode (on CUDA it would need CUBLAS_WORKSPACE_CONFIG and still not be bitwise
-    # equal to the CPU reference)
-    ctx = deterministic(1) if spec.deterministic and topo.device.type == "cpu" else contextlib.nullcontext()
-    with ctx:
-        return _run_job(world, topo, spec, sched, boundaries, out_dir)
+    return (yield from _run_job(world, topo, spec, sched, boundaries, out_dir))
 
 
 def _run_job(world, topo, spec, sched, boundaries, out_dir):
@@ -134,9 +162,9 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
             route_log.clear()
             WEIGHT_GRAD_STORE.clear()
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             rec = ex.run_step(step, inputs, targets, t0)
-            t_sync = time.perf_counter()
+            t_sync, c_sync = time.perf_counter(), time.process_time()
             if buckets is not None:
                 buckets.finish()
             else:
@@ -145,15 +173,19 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
                 torch.save({n: p.grad.detach().cpu().clone() for n, p in named},
                            Path(out_dir) / f"grads_{spec.name or 'job'}_rank{topo.rank}.pt")
             opt.step()
-            t_end = time.perf_counter()
+            t_end, c_end = time.perf_counter(), time.process_time()
             rec.events.append(("step", "grad_sync+optimizer", -1, None, t_sync - t0, t_end - t0, "sync+opt"))
             payload = {"rank": topo.rank, "pp_rank": topo.pp_rank, "replica": topo.replica, "t0": t0,
                        "host": socket.gethostname(),
                        "loss_sums": rec.loss_sums, "events": rec.events, "routing": list(route_log),
-                       "step_time": t_end - t0, "dynamic": rec.dynamic}
+                       "step_time": t_end - t0, "dynamic": rec.dynamic,
+                       # CPU-seconds of this process (every thread: gloo's included) in the step's actions and
+                       # in the gradient sync + optimizer; not inflated by waiting for a core
+                       "cpu_s": {"actions": c_sync - c0, "sync_opt": c_end - c_sync}}
             gathered: list = [None] * topo.world_size
             dist.all_gather_object(gathered, payload)
             records.append(gathered)
+            yield
     finally:
         ex.close()
         for s in my_stages:

@@ -7,14 +7,18 @@ model widths (tiny-runner and twice as wide) x two partitions (uniform, balanced
 ``--quick``: pp 2, ep 1 and 2, the base width, the uniform partition, plus two balanced / wide cases.
 
 Per case: ``predicted_s`` (the plan's iteration time), ``observed_s`` (median over the steps after the first,
-with quartiles) and ``error = (predicted - observed) / observed``. Summary: ``median_abs_error``,
+with quartiles) and ``error = (predicted - observed) / observed``; and, to tell the model's error from the
+machine's drift, ``predicted_cpu_s`` / ``observed_cpu_s`` (CPU-seconds of a step over every process: the
+workers' ``process_time``) and ``work_error``, the observed CPU taken back to the state measured before the
+group by the work probe after it (:mod:`tessera_lab.runner.work_probe`). The cases of a group run in one
+launch a step of each in turn (``WorldSpec.interleave``), so drift falls on all of them alike. Summary: ``median_abs_error``,
 ``rank_agreement`` (the share of case pairs that prediction and observation order the same way) and the
 machine load (1-minute load average before and after: identical runs differ by 5-12 % on a busy 2-core machine).
 The prediction (:func:`tessera_lab.runner.predict.predict_runner`) is processor sharing over the simulated
 timeline (:mod:`tessera_lab.runner.sharing`): the job's computing processes share the cores *available to
 the job*, measured right before each (pp, ep) group's runs in processes of its own
-(:func:`tessera_lab.runner.probe.available_cores`: spinners' CPU share times the core speed against the
-calibration's); ``prediction_inputs`` keeps them and the median |error| the load average alone would have
+(:func:`tessera_lab.runner.probe.available_cores`: spinners' CPU share), and the CPU work is scaled by the
+work probe measured then against the calibration's; ``prediction_inputs`` keeps them and the median |error| the load average alone would have
 given. :func:`repredict` re-predicts a stored result offline (``validate --repredict RESULT --device FILE``).
 Targets (printed, not asserted): median |error| <= 10 % busy / <= 5 % quiet, rank agreement >= 90 %.
 """
@@ -59,7 +63,7 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
     from .spawn import spawn
     from .specs import RunSpec, TinyConfig, WorldSpec
 
-    steps = steps or (5 if quick else 4)
+    steps = steps or (9 if quick else 5)
     base = TinyConfig()
     load0 = os.getloadavg()
     t0 = time.time()
@@ -75,6 +79,8 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
     by_world: dict[tuple[int, int], list[dict]] = {}
     for c in matrix:
         by_world.setdefault((c["pp"], c["ep"]), []).append(c)
+    from .predict import device_work_probe
+
     probes: dict[str, float] = {}
     avail: dict[str, dict[str, float]] = {}
     for (pp, ep), cs in by_world.items():
@@ -83,15 +89,16 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
         # (runner.probe.available_cores); the plans made at the start from the load average stay for comparison
         from .probe import available_cores
 
-        a = avail[f"pp{pp}-ep{ep}"] = available_cores(int(device["metadata"].get("cores") or os.cpu_count() or 1),
-                                                      speed_ref=(device.get("runner_cpu") or {}).get("speed_ref"))
+        a = avail[f"pp{pp}-ep{ep}"] = available_cores(int(device["metadata"].get("cores") or os.cpu_count() or 1))
+        # and the CPU the same work takes now (runner.work_probe), against the calibration's
+        a["work_probe_s"] = device_work_probe(device)
         group_plans = {}
         for c in cs:
             group_plans[_name(c)] = device_plan(
                 device, f"tiny-runner x{c['width']}", pp=pp, ep=ep, schedule=c["schedule"],
                 microbatches=microbatches, micro_batch_size=micro_batch_size, partition=c["partition"],
                 config=widened(base, c["width"]).as_dict(), machine_load=os.getloadavg()[0],
-                cores_available=a["cores_available"])
+                cores_available=a["cores_available"], work_probe_s=a["work_probe_s"])
         for c in cs:
             pl = group_plans[_name(c)]
             jobs.append(RunSpec(name=_name(c), model=pl["model_config"], schedule=c["schedule"],
@@ -104,14 +111,27 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
                                                  "bubble_s": pl["prediction"].get("bubble_s"),
                                                  "ep_a2a_s": pl["prediction"].get("ep_a2a_s"),
                                                  "costs": pl["costs"]["source"], "predicted_at": pl["predicted_at"]}))
-        res = spawn(WorldSpec(pp=pp, ep=ep, timeout_s=120), jobs, timeout_s=900)
+        # a step of each case in turn: drift of the machine during the group falls on every case alike
+        res = spawn(WorldSpec(pp=pp, ep=ep, timeout_s=120, interleave=True), jobs, timeout_s=900)
+        # the work probe after the group: with the one before, the machine's state the group ran in (a
+        # diagnostic of the observation, never an input of the prediction)
+        a["work_probe_after_s"] = device_work_probe(device)
+        drift = (a["work_probe_after_s"] / a["work_probe_s"]) if a["work_probe_s"] else None
         for c in cs:
-            pv = res.job(_name(c))["plan_vs_observed"]
+            job = res.job(_name(c))
+            pv = job["plan_vs_observed"]
+            pc = group_plans[_name(c)]["prediction"]["cpu_per_step_s"]
+            oc = (job.get("cpu") or {}).get("actions_s")
+            # the observed CPU in the state the prediction assumed (the probe before): the CPU work error apart
+            # from the machine's drift during the group
+            oc_ref = oc / ((1 + drift) / 2) if oc is not None and drift else oc
             out_cases.append({"name": _name(c), **c, "boundaries": group_plans[_name(c)]["boundaries"],
                               "predicted_s": pv["predicted_s"], "observed_s": pv["observed_s"],
                               "predicted_loadavg_s": plans[_name(c)]["prediction"]["iteration_s"],
                               "observed_q1_s": pv["observed_q1_s"], "observed_q3_s": pv["observed_q3_s"],
-                              "error": pv["error"]})
+                              "error": pv["error"], "predicted_cpu_s": pc, "observed_cpu_s": oc,
+                              "observed_cpu_ref_s": oc_ref,
+                              "work_error": (pc - oc_ref) / oc_ref if oc_ref else None})
         if progress:
             progress(len(out_cases), len(matrix))
     errs = [abs(c["error"]) for c in out_cases if math.isfinite(c["error"])]
@@ -122,6 +142,7 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
                if c["observed_s"] > 0]
     return {
         "prediction_inputs": {"cores_available": avail, "cpu_probe_s": probes,
+                              "work_probe_ref_s": ((device.get("runner_cpu") or {}).get("work_probe") or {}).get("ref_s"),
                               "calibration_cpu_probe_s": meta.get("cpu_probe_s"),
                               "runner_cpu": device.get("runner_cpu"),
                               "load_average_at_start": load0[0],
@@ -155,8 +176,17 @@ def _inputs_line(r: dict[str, Any]) -> str:
     la = pi.get("median_abs_error_from_load_average")
     if pi.get("cores_available"):
         av = ", ".join(f"{k} {v['cores_available']:.2f}" for k, v in pi["cores_available"].items())
-        return (f"processor sharing of the cores available to the job, measured before each group (own "
+        line = (f"processor sharing of the cores available to the job, measured before each group (own "
                 f"processes; {av} cores); from the load average alone the median |error| would be {la * 100:.1f}%")
+        drift = [(k, v["work_probe_s"], v.get("work_probe_after_s")) for k, v in pi["cores_available"].items()
+                 if v.get("work_probe_s") and v.get("work_probe_after_s")]
+        if drift:
+            line += ("\nwork probe (CPU of one layer F+B, calibration " + f"{pi.get('work_probe_ref_s', 0) * 1e3:.2f} ms)"
+                     + " before -> after each group: "
+                     + ", ".join(f"{k} {a * 1e3:.2f} -> {b * 1e3:.2f} ms" for k, a, b in drift)
+                     + "; 'CPU work error' compares the predicted CPU-seconds of a step with the observed ones "
+                       "taken back to the state before the group (observed, not an input of the prediction)")
+        return line
     if pi.get("cpu_probe_s"):
         probes = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in pi["cpu_probe_s"].items())
         return (f"slowdown from a CPU-share probe before each group (own processes; calibration probe "
@@ -225,7 +255,8 @@ def repredict(result: dict[str, Any], device: dict, *, microbatches: int = 4,
         p = predict_runner(dev, widened(TinyConfig(), c["width"]).as_dict(), pp=c["pp"], ep=c["ep"],
                            schedule=c["schedule"], microbatches=microbatches, micro_batch_size=micro_batch_size,
                            boundaries=c["boundaries"], cores_available=av["cores_available"] if av else None,
-                           cpu_probe_s=probe if av is None else None)
+                           cpu_probe_s=probe if av is None else None,
+                           work_probe_s=av.get("work_probe_s") if av else None)
         out.append({"name": c["name"], "predicted_s": p["iteration_s"], "observed_s": c["observed_s"],
                     "error": (p["iteration_s"] - c["observed_s"]) / c["observed_s"]})
     return {"cases": out, **summarize(out)}
@@ -244,7 +275,9 @@ def format_validation(r: dict[str, Any]) -> str:
 
     rows = [{"case": c["name"], "predicted (ms)": c["predicted_s"] * 1e3, "observed (ms)": c["observed_s"] * 1e3,
              "observed IQR (ms)": f"{c['observed_q1_s'] * 1e3:.1f}-{c['observed_q3_s'] * 1e3:.1f}",
-             "error": f"{c['error'] * 100:+.1f}%"} for c in r["cases"]]
+             "error": f"{c['error'] * 100:+.1f}%",
+             "CPU work error": f"{c['work_error'] * 100:+.1f}%" if c.get("work_error") is not None else "n/a"}
+            for c in r["cases"]]
     m, t = r["machine"], r["targets"]
     return "\n".join([
         tabulate(rows, headers="keys", floatfmt=".1f"),

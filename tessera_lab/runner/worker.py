@@ -60,7 +60,7 @@ def run_worker(world: WorldSpec, jobs: Sequence[RunSpec], out_dir: str | None) -
     import torch.distributed as dist
 
     from .topology import build_topology
-    from .train import run_job
+    from .train import run_jobs
 
     torch.set_num_threads(1)
     cuda = torch.cuda.is_available() and world.backend != "gloo"
@@ -79,8 +79,7 @@ def run_worker(world: WorldSpec, jobs: Sequence[RunSpec], out_dir: str | None) -
     arm_fault(rank, out_dir)  # $TESSERA_LAB_FAULT (tests and benchmarks/runner_faults.py)
     topo = build_topology(world, rank, device)
     results = []
-    for j in jobs:
-        raw = run_job(world, topo, j, out_dir)
+    for j, raw in zip(jobs, run_jobs(world, topo, list(jobs), out_dir, interleave=world.interleave)):
         if rank == 0:
             res = summarize_job(raw, j, world)
             if j.check_reference:
