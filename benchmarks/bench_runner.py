@@ -205,10 +205,10 @@ def main(argv=None) -> int:
 def _part1(args) -> None:
     r = _run("torch", args.pp, args)
     tok = r.pop("tokens")
+    pr = r.pop("paired_ratio")
     print(f"[1] pp={args.pp}, ep=1, m={args.microbatches}, {tok} tokens/step, median of {args.trials} steps (fwd+bwd)")
     for k, v in r.items():
         print(f"    {k:<24} {v * 1e3:8.2f} ms/step  {tok / v:10.0f} tokens/s")
-    pr = r.pop("paired_ratio")
     ratio = r["torch Schedule1F1B"] / r["ours 1f1b"]
     print(f"    ratio ours / torch.distributed.pipelining (tokens/s): {ratio:.3f}")
     verdict = ("ours faster beyond the noise" if pr["q1"] > 1.0 else "ours slower beyond the noise"

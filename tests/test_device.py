@@ -244,3 +244,25 @@ def test_validation_summary_and_offline_reprediction_by_hand():
     out = repredict(stored, dev)
     assert out["cases"][0]["predicted_s"] == pytest.approx(want["iteration_s"])
     assert out["cases"][0]["error"] == pytest.approx(-0.5)
+
+
+def test_repredict_cli_uses_the_calibration_stored_in_the_result(tmp_path, capsys):
+    """A result of `validate` without --device keeps its fresh calibration (`calibration.device_file`), so
+    `validate --repredict RESULT` needs no --device; a result without one is refused in one line, exit 2."""
+    dev = synthetic_device(cores=2)
+    cfg = TinyConfig().as_dict()
+    want = predict_runner(dev, cfg, pp=2, ep=2, schedule="1f1b", boundaries=[0, 2, 4], cores_available=1.0)
+    stored = {"prediction_inputs": {"cores_available": {"pp2-ep2": {"cores_available": 1.0}}},
+              "calibration": {"device_file": dev},
+              "cases": [{"name": "x", "schedule": "1f1b", "pp": 2, "ep": 2, "width": 1, "boundaries": [0, 2, 4],
+                         "observed_s": want["iteration_s"] * 2}]}
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps(stored))
+    assert cli(["validate", "--repredict", str(f), "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cases"][0]["error"] == pytest.approx(-0.5)
+    del stored["calibration"]
+    f.write_text(json.dumps(stored))
+    assert cli(["validate", "--repredict", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "--device" in err and len(err.strip().splitlines()) == 1

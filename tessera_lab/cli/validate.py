@@ -27,16 +27,20 @@ def _repredict(args: argparse.Namespace) -> int:
     from tessera_lab.io import read_json
     from tessera_lab.runner.validate import repredict
 
-    if not args.device:
-        raise ConfigError("validate --repredict needs --device FILE (the calibration to predict with)")
     stored = read_json(args.repredict)
     if not isinstance(stored, dict) or not isinstance(stored.get("cases"), list):
         raise ConfigError(f"'{args.repredict}' is not a validation result: field 'cases' is missing")
-    r = repredict(stored, load_device(args.device))
+    embedded = (stored.get("calibration") or {}).get("device_file")
+    if not args.device and not isinstance(embedded, dict):
+        raise ConfigError("validate --repredict needs --device FILE (the calibration to predict with); this result "
+                          "holds no calibration of its own")
+    device = load_device(args.device) if args.device else embedded
+    source = args.device or "the calibration stored in the result"
+    r = repredict(stored, device)
     m = stored.get("machine", {})
     lines = [f"{c['name']:36s} predicted {c['predicted_s'] * 1e3:8.1f} ms  observed {c['observed_s'] * 1e3:8.1f} ms"
              f"  {c['error'] * 100:+6.1f}%" for c in r["cases"]]
-    lines.append(f"re-predicted (offline, {args.device}): median |error| {r['median_abs_error'] * 100:.1f}% "
+    lines.append(f"re-predicted (offline, {source}): median |error| {r['median_abs_error'] * 100:.1f}% "
                  f"(stored {stored.get('median_abs_error', float('nan')) * 100:.1f}%), rank agreement "
                  f"{r['rank_agreement'] * 100:.0f}% over {r['rank_pairs']} pairs (stored "
                  f"{stored.get('rank_agreement', float('nan')) * 100:.0f}%); observed at load {m.get('load_before')}"
@@ -49,11 +53,14 @@ def _repredict(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("validate", help="run a fixed matrix of runner jobs and compare them with the plan's prediction")
-    p.add_argument("--quick", action="store_true", help="a small matrix (about 3 minutes on 2 cores)")
+    p.add_argument("--quick", action="store_true",
+                   help="a small matrix (about 70 s on 2 cores with its calibration, 30 s with --device)")
     p.add_argument("--device", default=None, metavar="FILE",
                    help="calibrated device to predict with (default: calibrate now, in separate runs)")
-    p.add_argument("--steps", type=int, default=None, help="steps per case (default 4; --quick 3)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps per case, the first a warm-up (default 5; --quick 9)")
     p.add_argument("--repredict", default=None, metavar="RESULT.json",
-                   help="re-predict a stored validation result with --device (offline: no run)")
+                   help="re-predict a stored validation result with --device, or with the calibration the result "
+                        "holds (offline: no run)")
     add_json(p)
     p.set_defaults(func=cmd_validate)

@@ -312,4 +312,6 @@ def validate_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         device["_path"] = None
     r = validate(device, quick=args.quick, steps=args.steps,
                  progress=lambda d, n: print(f"validate: {d}/{n} cases", file=sys.stderr))
+    if not args.device:  # a fresh calibration lives nowhere else: keep it with the result (validate --repredict)
+        r["calibration"]["device_file"] = {k: v for k, v in device.items() if not k.startswith("_")}
     return r, format_validation(r)
