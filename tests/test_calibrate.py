@@ -28,13 +28,13 @@ def test_available_cores_by_hand(monkeypatch):
     from tessera_lab.runner import probe
 
     # two spinners, each ran 50 iterations in 1 s of wall, 0.5 s of CPU (half a core each)
-    monkeypatch.setattr(probe, "_spinners", lambda n, w: [(50, 0.5, 1.0)] * n)
+    monkeypatch.setattr(probe, "_spinners", lambda n, w, *own: [(50, 0.5, 1.0)] * n)
     a = probe.available_cores(2)
     assert a["share"] == 0.5 and a["cores_available"] == 1.0 and a["speed"] == 100.0
     # at calibration a core ran 200 iterations per CPU-second: the cores are now half as fast, too
     assert probe.available_cores(2, speed_ref=200.0)["cores_available"] == pytest.approx(0.5)
     # never more than the machine's cores
-    monkeypatch.setattr(probe, "_spinners", lambda n, w: [(100, 1.0, 1.0)] * n)
+    monkeypatch.setattr(probe, "_spinners", lambda n, w, *own: [(100, 1.0, 1.0)] * n)
     assert probe.available_cores(2, speed_ref=10.0)["cores_available"] == 2.0
 
 

@@ -374,7 +374,7 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
         return job, (before + work_probe(cfg, mbs)) / 2  # the machine's state over the job: before and after
 
     for ep in eps:
-        avail = available_cores(os.cpu_count() or 1)["cores_available"]
+        avail = available_cores(os.cpu_count() or 1, processes=ep)["cores_available"]
         job, probe = run(WorldSpec(pp=1, ep=ep, timeout_s=120),
                          RunSpec(name="cal", model=d, schedule="1f1b", microbatches=microbatches,
                                  micro_batch_size=mbs, steps=steps + 1, pair_exec="scheduled"))
@@ -404,7 +404,7 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
         m2 = 6
         rows, jobs_info = [], []
         for pp in (2, 4):
-            avail = available_cores(os.cpu_count() or 1)["cores_available"]
+            avail = available_cores(os.cpu_count() or 1, processes=pp)["cores_available"]
             job, probe2 = run(WorldSpec(pp=pp, ep=1, timeout_s=120),
                               RunSpec(name="cal-p2p", model=d, schedule="gpipe", microbatches=m2,
                                       micro_batch_size=mbs, steps=steps + 1, pair_exec="scheduled"))

@@ -184,6 +184,7 @@ def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldS
                                        "stage_b_s": plan["prediction"]["stage_b_s"],
                                        "bubble_s": plan["prediction"].get("bubble_s"),
                                        "ep_a2a_s": plan["prediction"].get("ep_a2a_s"),
+                                       "cpu_per_step_s": plan["prediction"].get("cpu_per_step_s"),
                                        "costs": plan["costs"]["source"], "predicted_at": plan.get("predicted_at")})
     except (KeyError, TypeError) as exc:
         raise ConfigError(f"runner plan lacks field {exc}") from None
@@ -234,6 +235,13 @@ def format_result(result: RunResult) -> str:
                          f"{pv['predicted_s'] * 1e3:.3f} ms; observed pipeline time {pv['observed_s'] * 1e3:.3f} ms (median of steps "
                          f"{pv['steps']}, spread {pv['observed_q1_s'] * 1e3:.3f}-{pv['observed_q3_s'] * 1e3:.3f} ms); "
                          f"error {pv['error'] * 100:+.1f}%")
+        cpu = job.get("cpu")
+        if cpu:
+            pc = ((job.get("spec") or {}).get("plan_prediction") or {}).get("cpu_per_step_s")
+            lines.append("CPU of a step's actions over all processes: "
+                         + (f"predicted {pc * 1e3:.1f} ms (plan), " if pc else "")
+                         + f"observed {cpu['actions_s'] * 1e3:.1f} ms (workers' process CPU time, median of steps "
+                           f"{cpu['steps']}; gradient sync + optimizer {cpu['sync_opt_s'] * 1e3:.1f} ms more)")
         it = t["iteration"]
         lines.append(f"in-sample replay of the iteration: simulated {it['predicted_s'] * 1e3:.3f} ms from this run's own "
                      f"action times, observed {it['observed_s'] * 1e3:.3f} ms "

@@ -27,10 +27,11 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
 
     Per stage, the CPU work of F / B / W (the calibrated layer times, embedding and LM head, times the
     device's ``runner_cpu`` factor at this EP size: the runner's own execution measured in calibration jobs;
-    plus the CPU of each stage-to-stage send or receive: half of ``runner_cpu.transfer_cpu_s``, measured in a
-    two-stage calibration job, else ``p2p.cpu_per_op_s`` from the ping-pong)
+    plus the CPU of each stage-to-stage send or receive: half of ``runner_cpu.transfer_cpu_s``, fitted on
+    GPipe calibration jobs at pp 2 and 4, else ``p2p.cpu_per_op_s`` from the ping-pong)
     and the time blocked on all-to-all peers per action; then processor sharing over the schedule's timeline
-    (:func:`tessera_lab.runner.sharing.simulate_shared`): the job's computing processes (``ep * dp`` per busy
+    (:func:`tessera_lab.runner.sharing.simulate_shared`, with the co-running slowdown table
+    ``runner_cpu.corun.table`` of processes computing at once): the job's computing processes (``ep * dp`` per busy
     pipeline rank) share the cores available to this job, ``C``: ``cores_available`` (measured just before
     the run by :func:`tessera_lab.runner.probe.available_cores`: on a shared machine the kernel shares cores
     between the tenants' groups, so ``C`` does not grow with the job's process count), else from
@@ -45,7 +46,9 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     "stage_w_s", "p2p_s", "oversubscription", "cores_available", "layer_s", "source", ...}``: stage times are
     the CPU work at the simulated mean speed; ``bubble_s`` the idle rank-time of a step summed over pipeline
     ranks; ``ep_a2a_s`` the blocked all-to-all time of a step summed over the pipeline ranks of one replica;
-    ``oversubscription`` = 1 / the mean speed of a computing process.
+    ``oversubscription`` = 1 / the mean speed of a computing process; ``cpu_per_step_s`` the CPU-seconds of
+    a step over every process (work times its co-running slowdown), comparable with a run's observed
+    ``cpu.actions_s``; ``work_scale`` the factor applied from ``work_probe_s``.
 
     Raises:
         ConfigError / ScheduleError: bad schedule or boundaries.
@@ -316,7 +319,8 @@ def cmd_plan_device(args) -> int:
     dev = load_device(args.device)
     from .probe import available_cores
 
-    avail = available_cores(int(dev["metadata"].get("cores") or os.cpu_count() or 1))
+    avail = available_cores(int(dev["metadata"].get("cores") or os.cpu_count() or 1),
+                            processes=args.pp * args.ep * args.dp)
     plan = device_plan(dev, args.model, pp=args.pp, ep=args.ep, dp=args.dp, schedule=args.schedule,
                        microbatches=args.microbatches, micro_batch_size=args.micro_batch_size,
                        vpp=args.vpp if args.vpp != 1 else None,

@@ -15,6 +15,7 @@ into the slowdown of the run's processes.
 from __future__ import annotations
 
 import multiprocessing as _mp
+import os
 import statistics
 import time
 
@@ -59,7 +60,12 @@ def cpu_probe(processes: int, *, repeats: int = 10, iterations: int = ITERATIONS
     return statistics.median(times)
 
 
-def _share(window_s: float, q) -> None:
+def _share(window_s: float, q, own_session: bool = False) -> None:
+    if own_session:  # a scheduling group of its own, as each spawned runner worker is (start_new_session)
+        try:
+            os.setsid()
+        except OSError:  # pragma: no cover - already a session leader
+            pass
     w0, c0 = time.perf_counter(), time.process_time()
     x = n = 0
     while time.perf_counter() - w0 < window_s:
@@ -69,7 +75,7 @@ def _share(window_s: float, q) -> None:
     q.put((n, time.process_time() - c0, time.perf_counter() - w0))
 
 
-def _spinners(processes: int, window_s: float) -> list[tuple[int, float, float]]:
+def _spinners(processes: int, window_s: float, own_session: bool = False) -> list[tuple[int, float, float]]:
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1 or not window_s > 0:
         raise ValueError(f"processes = {processes!r}, window_s = {window_s!r}; allowed: an integer >= 1, "
                          f"seconds > 0")
@@ -78,7 +84,7 @@ def _spinners(processes: int, window_s: float) -> list[tuple[int, float, float]]
     except ValueError:  # pragma: no cover
         ctx = _mp.get_context("spawn")
     q = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_share, args=(window_s, q), daemon=True) for _ in range(processes)]
+    procs = [ctx.Process(target=_share, args=(window_s, q, own_session), daemon=True) for _ in range(processes)]
     for p in procs:
         p.start()
     out = [q.get() for _ in procs]
@@ -106,15 +112,19 @@ def cpu_speed(*, window_s: float = 0.2, repeats: int = 5) -> float:
     return statistics.median(n / max(c, 1e-9) for n, c, _ in (_spinners(1, window_s)[0] for _ in range(repeats)))
 
 
-def available_cores(cores: int, *, speed_ref: float | None = None, window_s: float = 0.5) -> dict[str, float]:
-    """Cores this session's processes get now, in cores of the reference speed: ``max(2, cores)`` spinning
-    processes, the loop iterations they ran per second divided by ``speed_ref`` (iterations per CPU-second
-    at calibration, :func:`cpu_speed`); without ``speed_ref`` the sum of their CPU shares. So a share of
-    the cores (on a machine shared between tenants' process groups the kernel shares the cores between the
-    groups: here 2, 3 and 4 spinners got 1.06, 1.01 and 1.03 cores in all while another tenant ran) and a
-    slower core both count. Returns ``{"cores_available", "share", "speed", "processes", "window_s"}``."""
-    n = max(2, int(cores))
-    res = _spinners(n, window_s)
+def available_cores(cores: int, *, processes: int | None = None, speed_ref: float | None = None,
+                    window_s: float = 0.5) -> dict[str, float]:
+    """Cores a job of ``processes`` processes gets now (default ``max(2, cores)``): as many spinning processes,
+    each in a session of its own as each spawned runner worker is (:func:`tessera_lab.runner.spawn.spawn`
+    starts them with ``start_new_session``; with the kernel's autogroup scheduling a session is a scheduling
+    group, so against busy other tenants a job's share grows with its process count: while the test-suite ran
+    here, 2, 4 and 6 such spinners got 1.07, 1.33 and 1.45 cores, and 1.08, 0.85 and 0.75 in one session);
+    the sum of their CPU shares, never more than ``cores``. With ``speed_ref`` (loop iterations per
+    CPU-second, :func:`cpu_speed`) the iterations they ran per second over it instead (a slower core counts
+    too; the runner's prediction no longer uses it: this VM's pure-Python loop speed did not follow its torch
+    work's). Returns ``{"cores_available", "share", "speed", "processes", "window_s"}``."""
+    n = int(processes) if processes else max(2, int(cores))
+    res = _spinners(n, window_s, True)
     share = min(1.0, statistics.fmean(c / max(w, 1e-9) for _, c, w in res))
     speed = sum(k for k, _, _ in res) / max(sum(c for _, c, _ in res), 1e-9)
     if speed_ref:

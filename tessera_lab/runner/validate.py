@@ -89,7 +89,8 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
         # (runner.probe.available_cores); the plans made at the start from the load average stay for comparison
         from .probe import available_cores
 
-        a = avail[f"pp{pp}-ep{ep}"] = available_cores(int(device["metadata"].get("cores") or os.cpu_count() or 1))
+        a = avail[f"pp{pp}-ep{ep}"] = available_cores(int(device["metadata"].get("cores") or os.cpu_count() or 1),
+                                                      processes=pp * ep)
         # and the CPU the same work takes now (runner.work_probe), against the calibration's
         a["work_probe_s"] = device_work_probe(device)
         group_plans = {}
