@@ -18,10 +18,11 @@ import sys
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--device", default=None)
-    p.add_argument("--steps", type=int, default=None)
+    p = argparse.ArgumentParser(description="Fidelity of the planner's prediction of the runner: tessera-lab "
+                                             "validate's matrix with the targets")
+    p.add_argument("--quick", action="store_true", help="the small matrix")
+    p.add_argument("--device", default=None, help="calibrated device file (default: calibrate now, per run)")
+    p.add_argument("--steps", type=int, default=None, help="steps per case, >= 2 (the first a warm-up)")
     p.add_argument("--json", default=None, help="the last run's result")
     p.add_argument("--repeat", type=int, default=1, help="runs (each with its own calibration unless --device)")
     args = p.parse_args(argv)
@@ -33,9 +34,15 @@ def main(argv=None) -> int:
     from tessera_lab.io import write_json
     from tessera_lab.runner.validate import TARGETS, validate_from_args
 
+    from tessera_lab.errors import TesseraError
+
     runs = []
     for k in range(args.repeat):
-        result, text = validate_from_args(args)
+        try:
+            result, text = validate_from_args(args)
+        except TesseraError as exc:
+            print(f"bench_fidelity: {exc}", file=sys.stderr)
+            return 2
         runs.append(result)
         print(f"--- run {k + 1} of {args.repeat}" if args.repeat > 1 else "", text, sep="\n")
     if args.repeat > 1:

@@ -50,7 +50,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             for flops, t in e[ph]:
                 rows.append({"layer kind": kind, "phase": ph, "GFLOP (analytic)": flops / 1e9, "time (ms, measured)": t * 1e3})
     meta = dev["metadata"]
-    lines = [f"calibrated device {name}: {meta.get('device')}, torch {meta['torch']}, {meta['cores']} cores, "
+    lines = [f"calibrated device {name}: {meta.get('device')}, torch {meta['torch']}, "
              f"load {meta['load_average_1m']['before']} -> {meta['load_average_1m']['after']}, {meta['seconds']} s",
              table(rows, ".4g"),
              f"GEMM {dev['throughput']['gemm_flop_per_s'] / 1e9:.2f} GFLOP/s at {dev['throughput']['gemm_shape']}, "
@@ -74,12 +74,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if "transfer_cpu_s" in rcx:
         lines.append(f"runner CPU of one stage-to-stage transfer (both ends): {rcx['transfer_cpu_s'] * 1e6:.0f} us "
                      f"(measured, fitted on GPipe jobs at pp 2 and 4)")
+    lines += [f"warning: {w}" for w in meta.get("warnings") or []]
     emit(args, dev, "\n".join(lines))
     return 0
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("calibrate", help="measure this machine at the runner's shapes (data/devices/NAME.json)")
+    p = sub.add_parser("calibrate", help="measure this machine at the runner's shapes (data/devices/NAME.json; "
+                                         "about 40 s on a quiet 2-core machine, 90 s on a busy one)")
     p.add_argument("--out", required=True, metavar="PATH", help="device file to write, e.g. data/devices/cpu.json")
     p.add_argument("--name", default=None, help="device name (default: the file's stem)")
     p.add_argument("--model", default=None, help="runner model (default tiny-runner)")

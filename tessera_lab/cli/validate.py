@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from tessera_lab.cli.common import add_json, emit
 
@@ -19,7 +20,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _repredict(args: argparse.Namespace) -> int:
+def _repredict(args: argparse.Namespace) -> int:  # noqa: C901
     """``validate --repredict RESULT.json --device FILE``: the stored observations against today's model's
     predictions from the stored inputs (boundaries, measured availability), no run."""
     from tessera_lab.cost.device import load_device
@@ -30,12 +31,18 @@ def _repredict(args: argparse.Namespace) -> int:
     stored = read_json(args.repredict)
     if not isinstance(stored, dict) or not isinstance(stored.get("cases"), list):
         raise ConfigError(f"'{args.repredict}' is not a validation result: field 'cases' is missing")
-    embedded = (stored.get("calibration") or {}).get("device_file")
-    if not args.device and not isinstance(embedded, dict):
+    cal = stored.get("calibration") or {}
+    embedded, named = cal.get("device_file"), cal.get("path")
+    if args.device:
+        device, source = load_device(args.device), args.device
+    elif isinstance(embedded, dict):
+        device, source = embedded, "the calibration stored in the result"
+    elif named and Path(named).exists():
+        device, source = load_device(named), f"{named}, the device file the result names"
+    else:
         raise ConfigError("validate --repredict needs --device FILE (the calibration to predict with); this result "
-                          "holds no calibration of its own")
-    device = load_device(args.device) if args.device else embedded
-    source = args.device or "the calibration stored in the result"
+                          "holds no calibration of its own" + (f" and its device file '{named}' is not here"
+                                                                if named else ""))
     r = repredict(stored, device)
     m = stored.get("machine", {})
     lines = [f"{c['name']:36s} predicted {c['predicted_s'] * 1e3:8.1f} ms  observed {c['observed_s'] * 1e3:8.1f} ms"

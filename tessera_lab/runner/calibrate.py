@@ -347,7 +347,7 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
     The work is stated as one process computing alone: a job of ``ep`` processes computing side by
     side is divided by their co-running slowdown (``corun``, :func:`_corun`;
     :func:`tessera_lab.runner.sharing.corun_slowdown` of ``ep`` processes). These jobs (pp = 1,
-    and one pp = 2 GPipe job of 6 micro-batches) are never among the validated ones (pp >= 2, 4
+    and GPipe jobs of 6 micro-batches at pp 2 and 4) are never among the validated ones (pp >= 2, 4
     micro-batches)."""
     from tessera_lab.cost.device import layer_times
 
@@ -427,6 +427,25 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
     return out
 
 
+def quality_warnings(layers: dict, runner_cpu: dict) -> list[str]:
+    """Signs that a calibration was measured under contention (each a line for the user): a layer timed faster
+    at twice the width (time must grow with FLOPs), or a runner calibration job that had less than 3/4 of a
+    core per process available."""
+    out = []
+    for kind, e in layers.items():
+        for ph in ("F", "B"):
+            pts = sorted(e.get(ph) or [])
+            if len(pts) >= 2 and pts[-1][1] < pts[0][1]:
+                out.append(f"{kind} {ph}: twice the width measured faster ({pts[0][1] * 1e3:.2f} -> "
+                           f"{pts[-1][1] * 1e3:.2f} ms): noise; predictions from this calibration are uncertain, "
+                           f"re-run calibrate on a quieter machine")
+    for ep, rc in sorted((k, v) for k, v in runner_cpu.items() if k.isdigit()):
+        if rc.get("cores_available", 1.0) < 0.75 * min(int(ep), os.cpu_count() or 1):
+            out.append(f"runner calibration job at ep={ep} had {rc['cores_available']:.2f} cores available for "
+                       f"{ep} process(es): other tenants were busy; re-run calibrate on a quieter machine")
+    return out
+
+
 def calibrate(cfg: TinyConfig | None = None, *, name: str = "cpu", micro_batch_size: int = 2,
               group_sizes: Sequence[int] = (2, 4), repeats: int = 7) -> dict[str, Any]:
     """Measure this machine (module docstring); returns the device dict (write it with
@@ -470,5 +489,6 @@ def calibrate(cfg: TinyConfig | None = None, *, name: str = "cpu", micro_batch_s
                      "group_sizes": list(group_sizes), "comm_world": comm["comm_world"],
                      "load_average_1m": {"before": round(load0, 2), "after": round(os.getloadavg()[0], 2)},
                      "cpu_probe_s": probe, "cpu_probe_world_s": probe_world,
-                     "seconds": round(time.time() - t0, 1), "provenance": "measured (tessera-lab calibrate)"},
+                     "seconds": round(time.time() - t0, 1), "provenance": "measured (tessera-lab calibrate)",
+                     "warnings": quality_warnings(layers, runner_cpu)},
     }

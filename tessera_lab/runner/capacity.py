@@ -62,12 +62,24 @@ def observed_report(run_path: str, device_path: str | None) -> tuple[dict[str, A
     parts = {k: v for k, v in rep.parts.items()}
     text = [f"capacity report of an observed run ({run_path}): schedule {job['schedule']}, "
             f"{rep.gpus} processes, iteration {rep.iteration_time_s * 1e3:.2f} ms (observed), "
-            f"MFU {rep.mfu:.3f} against the calibrated GEMM rate of {dev.get('name')} "
-            f"({dev['throughput']['gemm_flop_per_s'] / 1e9:.2f} GFLOP/s per process, measured)"]
+            f"MFU {rep.mfu:.2%} against the calibrated GEMM rate of {dev.get('name')} "
+            f"({dev['throughput']['gemm_flop_per_s'] / 1e9:.2f} GFLOP/s per process, measured; a CPU run: the "
+            f"share of that rate, not a GPU figure)"]
     total = sum(parts.values()) or 1.0
     for k, v in parts.items():
         text.append(f"  {k:<28} {v * 1e3:9.2f} ms x process  ({v / total:6.1%} of lost time)")
+    step = max(e["step"] for e in job["events"])
+    inside = sum(e["end"] - e["start"] for e in job["events"]
+                 if e["step"] == step and e["lane"] == "comm" and e["type"] == "ep_a2a")
+    text += ["  compute_unsplit: compute beyond the model FLOPs at the calibrated rate (the runner's median "
+             "action times are not split by cost-model term)",
+             "  routing_variance: this step's deviation from the median action times (negative: faster than "
+             "the medians); routing variance across routings is `report --dynamic`"]
+    if inside > 0:
+        text.append(f"  EP all-to-all issued in this step: {inside * 1e3:.2f} ms x process (events ep_a2a); "
+                    f"exposed_ep_all_to_all counts only the time a rank idles under one, and an all-to-all inside "
+                    f"a running F or B (monolithic autograd, or waited inside a pair) is in that action's compute")
     out = {"source": rep.source, "iteration_s": rep.iteration_time_s, "processes": rep.gpus, "mfu": rep.mfu,
            "model_flops": rep.model_flops, "peak_flops": rep.peak_flops, "parts_s": parts,
-           "device": dev.get("name"), "notes": list(rep.notes)}
+           "device": dev.get("name"), "notes": list(rep.notes), "ep_a2a_issued_s": inside}
     return out, "\n".join(text)

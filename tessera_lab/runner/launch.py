@@ -54,15 +54,24 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 
 
+#: defaults of the options a runner plan fixes (``run --plan`` refuses other values: the plan is run as made)
+PLAN_FIXED = {"pp": 2, "ep": 2, "dp": 1, "schedule": "1f1b", "microbatches": 4, "micro_batch_size": 2,
+              "pair_exec": None, "vpp": None}
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``tessera-lab run`` (also used by ``python -m tessera_lab.runner``)."""
-    p.add_argument("--pp", type=positive_int("pp"), default=2, help="pipeline stages (ranks)")
-    p.add_argument("--ep", type=positive_int("ep"), default=2, help="expert-parallel size")
-    p.add_argument("--dp", type=positive_int("dp"), default=1, help="data-parallel size")
-    p.add_argument("--schedule", default="1f1b", help="gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped")
-    p.add_argument("--vpp", type=positive_int("vpp"), default=None, help="chunks per rank (interleaved; default 2)")
-    p.add_argument("--microbatches", "-m", type=positive_int("microbatches"), default=4)
-    p.add_argument("--micro-batch-size", type=positive_int("micro_batch_size"), default=2, help="sequences per replica")
+    d = PLAN_FIXED
+    p.add_argument("--pp", type=positive_int("pp"), default=d["pp"], help="pipeline stages (ranks)")
+    p.add_argument("--ep", type=positive_int("ep"), default=d["ep"], help="expert-parallel size")
+    p.add_argument("--dp", type=positive_int("dp"), default=d["dp"], help="data-parallel size")
+    p.add_argument("--schedule", default=d["schedule"],
+                   help="gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped")
+    p.add_argument("--vpp", type=positive_int("vpp"), default=d["vpp"],
+                   help="chunks per rank (interleaved; default 2)")
+    p.add_argument("--microbatches", "-m", type=positive_int("microbatches"), default=d["microbatches"])
+    p.add_argument("--micro-batch-size", type=positive_int("micro_batch_size"), default=d["micro_batch_size"],
+                   help="sequences per replica")
     p.add_argument("--steps", type=positive_int("steps"), default=3)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--plan", metavar="PLAN.json", help="plan JSON with 'boundaries' (partition/plan --json)")
@@ -163,6 +172,14 @@ def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldS
     travels with the job (``RunSpec.plan_prediction``) and is reported against the observation."""
     from .predict import RUNNER_PLAN_SCHEMA
 
+    for name, default in PLAN_FIXED.items():  # an option set away from its default must agree with the plan
+        given = getattr(args, name, default)
+        planned = (plan.get("parallel") or {}).get(name, plan.get(name))
+        if given != default and given != planned:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"run: {flag} = {given} conflicts with the plan's {name} = {planned}; --plan runs the "
+                              f"plan as made (drop {flag}, or plan again with it)")
+
     if plan.get("schema_version") != RUNNER_PLAN_SCHEMA:
         raise ConfigError(f"runner plan field 'schema_version' = {plan.get('schema_version')!r}; allowed: "
                           f"{RUNNER_PLAN_SCHEMA}")
@@ -261,6 +278,7 @@ def emit_outputs(result: RunResult, args: argparse.Namespace) -> None:
         print(format_result(result))
         if getattr(args, "json", None):
             write_json(args.json, result.to_dict())
+            print(f"run result: {args.json}", file=sys.stderr)
     if getattr(args, "trace", None):
         write_trace(result.jobs[0], args.trace)
         print(f"trace: {args.trace}", file=sys.stderr)
@@ -278,6 +296,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     world, job = specs_from_args(args)
     if getattr(args, "dynamic", False):
         return _run_dynamic(world, job, args)
+    if getattr(args, "profile_store", None):  # refuse a bad store before the run, not after it
+        from .results import check_profile_store
+
+        check_profile_store(args.profile_store)
     try:
         result = spawn(world, [job], out_dir=args.out, timeout_s=args.timeout)
     except RunnerError as exc:

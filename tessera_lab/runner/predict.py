@@ -265,6 +265,10 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
         name, cfg = model, dict(config)
     else:
         name, cfg = runner_model_config(model)
+    ne = int(cfg.get("num_experts") or 0)
+    if ne and (ep < 1 or ne % ep):
+        raise ConfigError(f"plan field 'ep' = {ep} does not divide the runner model's num_experts = {ne}; allowed: "
+                          + ", ".join(str(k) for k in range(1, ne + 1) if ne % k == 0))
     sched = build_schedule(canonical_name(schedule), pp, microbatches,
                            vpp if vpp is not None else (2 if canonical_name(schedule) in ("interleaved", "dualpipev") else 1))
     S = sched.num_stages

@@ -362,6 +362,33 @@ def write_trace(job: dict, path: str | os.PathLike, step: int | None = None) -> 
 RUNNER_STORE_SCHEMA = 1
 
 
+def check_profile_store(path: str | os.PathLike) -> dict | None:
+    """The runner profile store at ``path`` (None when the file does not exist yet).
+
+    Raises:
+        tessera_lab.errors.ProfileError: the file exists but cannot be read or is not a runner store of this
+            schema version.
+    """
+    from tessera_lab.errors import ProfileError
+
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"runner profile store '{path}' cannot be read: {exc}") from None
+    if not isinstance(data, dict) or data.get("schema_version") != RUNNER_STORE_SCHEMA \
+            or data.get("kind") != "runner_observations":
+        if not isinstance(data, dict):
+            raise ProfileError(f"'{path}' is not a runner profile store: it holds a JSON {type(data).__name__}, "
+                               f"not an object with 'kind' = 'runner_observations'")
+        raise ProfileError(
+            f"'{path}' is not a runner profile store: field 'schema_version' = {data.get('schema_version')!r}, "
+            f"'kind' = {data.get('kind')!r}; allowed: {RUNNER_STORE_SCHEMA}, 'runner_observations'")
+    return data
+
+
 def record_profile(path: str | os.PathLike, result: "RunResult") -> Path:
     """Append the run's per-stage observed action times and predicted-vs-observed tables to the runner's
     profile store (JSON, atomic write).
@@ -376,22 +403,12 @@ def record_profile(path: str | os.PathLike, result: "RunResult") -> Path:
     Raises:
         tessera_lab.errors.ProfileError: the file exists but is not a runner store of this schema version.
     """
-    from tessera_lab.errors import ProfileError
     from tessera_lab.io import atomic_write_text, dumps
     from tessera_lab.overlap.profiles import current_environment
 
     path = Path(path)
-    if path.exists():
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ProfileError(f"runner profile store '{path}' cannot be read: {exc}") from None
-        if data.get("schema_version") != RUNNER_STORE_SCHEMA or data.get("kind") != "runner_observations":
-            raise ProfileError(
-                f"'{path}' is not a runner profile store: field 'schema_version' = {data.get('schema_version')!r}, "
-                f"'kind' = {data.get('kind')!r}; allowed: {RUNNER_STORE_SCHEMA}, 'runner_observations'")
-    else:
-        data = {"schema_version": RUNNER_STORE_SCHEMA, "kind": "runner_observations", "runs": []}
+    data = check_profile_store(path) or {"schema_version": RUNNER_STORE_SCHEMA, "kind": "runner_observations",
+                                         "runs": []}
     backend = "cuda" if result.backend == "nccl" else "cpu"
     env = current_environment(backend)
     date = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -156,7 +156,8 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
                                  "embedding and LM head microbenchmarks", "GEMM and memory throughput",
                                  f"gloo p2p ping-pong and all-to-all (groups {', '.join(device['all_to_all'])}) "
                                  f"in {meta.get('comm_world')} processes"],
-                        "disjoint_from_validated_runs": True, "load_average_1m": meta.get("load_average_1m")},
+                        "disjoint_from_validated_runs": True, "load_average_1m": meta.get("load_average_1m"),
+                        "warnings": list(meta.get("warnings") or [])},
         "machine": {"cores": os.cpu_count(), "load_before": [round(x, 2) for x in load0],
                     "load_after": [round(x, 2) for x in os.getloadavg()], "seconds": round(time.time() - t0, 1)},
         "targets": TARGETS, "steps": steps, "quick": quick,
@@ -290,8 +291,9 @@ def format_validation(r: dict[str, Any]) -> str:
         f"calibration: device {r['calibration']['device']} ({r['calibration']['date']}), separate microbenchmark "
         f"runs, disjoint from the validated runs",
         _inputs_line(r),
-        f"machine: {m['cores']} cores, load {m['load_before']} before, {m['load_after']} after; {m['seconds']} s",
-    ])
+        f"machine: {m['cores']} cores, load {m['load_before']} before, {m['load_after']} after; validated runs "
+        f"{m['seconds']} s (calibration not included)",
+    ] + [f"warning (calibration): {w}" for w in r["calibration"].get("warnings") or []])
 
 
 def validate_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
