@@ -266,3 +266,26 @@ def test_repredict_cli_uses_the_calibration_stored_in_the_result(tmp_path, capsy
     assert cli(["validate", "--repredict", str(f)]) == 2
     err = capsys.readouterr().err
     assert "--device" in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_and_run_plan_refuse_inconsistent_input_before_any_run(tmp_path, capsys):
+    """`plan --device --ep 3` (4 experts) is refused naming 'ep' and the divisors; `run --plan` refuses an option
+    set against the plan and an unreadable --profile-store before any worker starts (one line, exit 2)."""
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps(synthetic_device(cores=2)))
+    assert cli(["plan", "--model", "tiny-runner", "--device", str(path), "--pp", "2", "--ep", "3", "-m", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'ep' = 3" in err and "1, 2, 4" in err and len(err.splitlines()) == 1
+    plan = tmp_path / "plan.json"
+    assert cli(["plan", "--model", "tiny-runner", "--device", str(path), "--pp", "2", "--ep", "2", "-m", "4",
+                "--micro-batch-size", "2", "--export", str(plan)]) == 0
+    capsys.readouterr()
+    assert cli(["run", "--plan", str(plan), "--pp", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--pp = 4" in err and "pp = 2" in err and len(err.splitlines()) == 1
+    bad = tmp_path / "store.json"
+    bad.write_text("not json")
+    assert cli(["run", "--plan", str(plan), "--profile-store", str(bad)]) == 2
+    cap = capsys.readouterr()
+    assert "cannot be read" in cap.err and "loss" not in cap.out  # refused before the run
+    assert bad.read_text() == "not json"
