@@ -85,8 +85,7 @@ def _measure_runner(args: argparse.Namespace) -> int:
     lines = [f"runner pair (tiny-runner, one stage, F of micro-batch 1 with B of micro-batch 0), ep={args.ep} gloo "
              f"processes: F alone {r['t_f'] * 1e3:.2f} ms, B alone {r['t_b'] * 1e3:.2f} ms, together (program order) "
              f"{r['t_program'] * 1e3:.2f} ms, chosen {r['t_ab'] * 1e3:.2f} ms (measured medians)",
-             f"{len(r['candidates'])} orders measured (successive halving), decision: {d['verdict']} "
-             f"(candidate {d['chosen']}; rule {d['rule']})",
+             f"{len(r['candidates'])} orders measured (successive halving), decision: {_decision_text(d)}",
              "chosen order: " + " ".join(r["chosen_order"])]
     emit(args, {"profile": out, **r}, "\n".join(lines))
     print(f"profile: {out}", file=sys.stderr)
@@ -164,13 +163,13 @@ def cmd_measure(args: argparse.Namespace) -> int:
         "F kind": r.kind_f, "BW kind": r.kind_b, "t_f (ms)": r.t_f * 1e3, "t_b (ms)": r.t_b * 1e3,
         "sum (ms)": r.t_sum * 1e3, "pair (ms)": r.t_pair * 1e3,
         "IQR (ms)": f"{r.t_pair_q1 * 1e3:.3g}-{r.t_pair_q3 * 1e3:.3g}", "gain (ms)": r.gain * 1e3,
-        "efficiency": r.efficiency, "hidden comm": r.comm_hidden_fraction,
+        "efficiency": r.efficiency, "hidden comm (share)": r.comm_hidden_fraction,
     } for r in overlap.itertuples()]
     env = prof.environment
     text = (f"{model.name}: overlap of F (micro-batch i+1) with B+W (micro-batch i), backend {args.backend}, "
             f"device {env.get('device')}, size factor {f:g}, repeats {args.repeats if args.backend != 'analytic' else 1}\n"
             + table(rows, ".4g")
-            + f"\noverlap spread (best gain / worst gain): {spread:.3g}")
+            + "\noverlap spread (best gain / worst gain): " + _spread_text(spread, overlap))
     decisions = []
     for r in results:
         s = r.metadata.get("search") or {}
@@ -179,7 +178,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
             decisions.append({"pair": f"{r.kind_a} + {r.kind_b}", "orders_measured": s.get("orders_measured"),
                               "decision": d["verdict"], "chosen": d["chosen"]})
             text += (f"\n{r.kind_a} F + {r.kind_b} BW: {s.get('orders_measured')} orders measured (successive "
-                     f"halving), decision: {d['verdict']} (candidate {d['chosen']}; rule {d['rule']})")
+                     f"halving), decision: {_decision_text(d)}")
     fit = prof.data.get("fit")
     if fit:
         text += (f"\ncontention fit over {fit['pairs']} pairs (measured): compute +{fit['compute']:.3g}, comm "
@@ -199,3 +198,22 @@ def add_parser(sub) -> None:
     add_arguments(p)
     add_json(p)
     p.set_defaults(func=cmd_measure)
+
+
+def _decision_text(d: dict) -> str:
+    """A search decision in words: which candidate is kept and why (program order is candidate 0)."""
+    ch = d.get("challenger")
+    if d["chosen"] == 0 and ch not in (None, 0):
+        return (f"{d['verdict']}: keeps program order (candidate 0); best challenger candidate {ch} "
+                f"(rule {d['rule']})")
+    return f"{d['verdict']} (candidate {d['chosen']}; rule {d['rule']})"
+
+
+def _spread_text(spread: float, overlap) -> str:
+    import math
+
+    if math.isfinite(spread) and spread > 0:
+        return f"{spread:.3g}"
+    slower = int((overlap["gain"] <= 0).sum()) if "gain" in overlap else 0
+    return (f"n/a: {slower} of {len(overlap)} pairs ran no faster together than F + B apart (a ratio against "
+            f"a gain <= 0 is undefined)")

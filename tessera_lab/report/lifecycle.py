@@ -554,4 +554,8 @@ def format_store_lifecycle(res: Mapping[str, Any]) -> str:
     for d in res["decisions"]:
         lines.append(f"step {d['step']}: {d['action']}: {d['reason']}")
     lines.append(f"decision: {res['verdict']} ({res['why']})")
+    lines.append(f"signs: error = observed / predicted - 1 here (negative: faster than predicted; run and validate "
+                 f"print (predicted - observed) / observed); a re-plan's gain is the perfect-balance upper bound "
+                 f"over the stage keys; the communicator rebuild ({COMMUNICATOR_REBUILD_S:.0f} s) is an assumption "
+                 f"(data/hardware/cost_model.json), not measured")
     return "\n".join(lines)

@@ -218,7 +218,8 @@ def format_result(result: RunResult) -> str:
         lines.append(f"job {job['name']}: schedule {job['schedule']}, pp={w['pp']} ep={w['ep']} dp={w['dp']} "
                      f"({result.backend}), boundaries {job['boundaries']}, {job['tokens_per_step']} tokens/step, "
                      f"{job['tokens_per_s']:.0f} tokens/s")
-        if job.get("pair_exec"):
+        has_pairs = any("OVERLAP_F_B" in a for acts in (job.get("actions") or {}).values() for a in acts)
+        if job.get("pair_exec") and has_pairs:
             pe = job["pair_exec"]
             lines.append(f"overlapped pairs: {pe['handler']}" + (f", order {pe['order_label']}: "
                                                                  f"{' '.join(pe['template'])}" if pe["node_level"] else ""))
@@ -244,7 +245,9 @@ def format_result(result: RunResult) -> str:
         lines.append("step wall: the slowest rank's whole step (pipeline, gradient sync, optimizer); pipeline time: "
                      "the last compute action's end in the step")
         lines.append("in-sample check, per stage: this run's own median action times (observed) replayed by the "
-                     "simulator (not a prediction: the plan's prediction, when there is one, is the line after):")
+                     "simulator (not a prediction; its 'predicted_*' columns are that replay"
+                     + ("; the plan's prediction, made before the run, is the line after):" if job.get("plan_vs_observed")
+                        else "):"))
         lines.append(tabulate(srows, headers="keys", floatfmt=".3f"))
         pv = job.get("plan_vs_observed")
         if pv:

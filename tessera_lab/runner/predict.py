@@ -307,8 +307,10 @@ def format_device_plan(plan: Mapping[str, Any]) -> str:
              + "; B " + ", ".join(f"{x * 1e3:.2f}" for x in pr["stage_b_s"]),
              f"predicted iteration {pr['iteration_s'] * 1e3:.2f} ms, bubble fraction {pr['bubble_fraction']:.3f}, "
              f"oversubscription x{pr['oversubscription']:.2f} (processor sharing of "
-             f"{pr.get('cores_available', 0.0):.2f} available cores, measured before predicting)",
-             f"overlapped pairs: {plan['pair_exec']}, order {plan['pair_order']['label']}"]
+             f"{pr.get('cores_available', 0.0):.2f} available cores and CPU work x{pr.get('work_scale', 1.0):.2f} "
+             f"from the work probe, both measured now: a prediction for the machine as it is at planning time)"]
+    if p["schedule"] in ("overlapped", "interleaved-overlapped", "dualpipev"):
+        lines.append(f"overlapped pairs: {plan['pair_exec']}, order {plan['pair_order']['label']}")
     return "\n".join(lines)
 
 
