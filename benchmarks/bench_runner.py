@@ -239,8 +239,8 @@ def _part2(args, ep: int) -> None:
         print(f"    {k:<24} {v * 1e3:8.2f} ms/step  {tok / v:10.0f} tokens/s{x}")
     for k in ("overlapped scheduled", "overlapped measured order", "overlapped megatron", "overlapped threads",
               "1f1b (nodes)"):
-        print(f"    ratio {k} / 1f1b (tokens/s): {r['1f1b'] / r[k]:.3f} (medians; single runs of such ratios "
-              f"move 10-20 % on a shared 2-core machine)")
+        print(f"    ratio {k} / 1f1b (tokens/s): {r['1f1b'] / r[k]:.3f}")
+    print("    (ratios of medians; on a shared 2-core machine single runs of such ratios move 10-20 %)")
     if ep > 1 and exposed.get("1f1b (nodes)", 0) > 0:
         base = exposed["1f1b (nodes)"]
         for k in ("overlapped scheduled", "overlapped measured order", "overlapped megatron"):

@@ -15,11 +15,10 @@ def test_cpu_probe_times_a_fixed_loop_and_rejects_bad_counts():
         cpu_probe(0)
 
 
-def test_cpu_share_and_speed_measure_a_window():
-    from tessera_lab.runner.probe import cpu_share, cpu_speed
+def test_cpu_share_measures_a_window():
+    from tessera_lab.runner.probe import cpu_share
 
     assert 0 < cpu_share(1, window_s=0.05) <= 1.0
-    assert cpu_speed(window_s=0.05) > 1e5  # loop iterations per CPU-second (~2.7e7 on this Xeon)
     with pytest.raises(ValueError, match="processes"):
         cpu_share(0)
 
@@ -27,15 +26,18 @@ def test_cpu_share_and_speed_measure_a_window():
 def test_available_cores_by_hand(monkeypatch):
     from tessera_lab.runner import probe
 
-    # two spinners, each ran 50 iterations in 1 s of wall, 0.5 s of CPU (half a core each)
-    monkeypatch.setattr(probe, "_spinners", lambda n, w, *own: [(50, 0.5, 1.0)] * n)
+    # two spinners, each ran 1 s of wall with 0.5 s of CPU (half a core each): one core in all
+    seen = []
+    monkeypatch.setattr(probe, "_spinners", lambda n, w, *own: seen.append((n, own)) or [(50, 0.5, 1.0)] * n)
     a = probe.available_cores(2)
-    assert a["share"] == 0.5 and a["cores_available"] == 1.0 and a["speed"] == 100.0
-    # at calibration a core ran 200 iterations per CPU-second: the cores are now half as fast, too
-    assert probe.available_cores(2, speed_ref=200.0)["cores_available"] == pytest.approx(0.5)
+    assert a["share"] == 0.5 and a["cores_available"] == 1.0 and a["processes"] == 2
+    # as many spinners as the job has processes, each in a session of its own: 6 at a sixth of a core -> 1
+    monkeypatch.setattr(probe, "_spinners", lambda n, w, *own: seen.append((n, own)) or [(50, 1 / 6, 1.0)] * n)
+    assert probe.available_cores(2, processes=6)["cores_available"] == pytest.approx(1.0)
+    assert seen[-1] == (6, (True,))
     # never more than the machine's cores
     monkeypatch.setattr(probe, "_spinners", lambda n, w, *own: [(100, 1.0, 1.0)] * n)
-    assert probe.available_cores(2, speed_ref=10.0)["cores_available"] == 2.0
+    assert probe.available_cores(2, processes=4)["cores_available"] == 2.0
 
 
 @pytest.mark.slow

@@ -13,11 +13,12 @@ Measured (lower quartiles of ``repeats`` timings after one warm-up; one thread, 
 
 * the co-running slowdown of a layer's CPU time with 2 and 4 processes computing at once (:func:`_corun`);
 * the runner's own CPU work per step (:func:`_runner_cpu`: one-stage runner jobs at EP 1 and 2, the workers'
-  process CPU time per step) and of a stage-to-stage transfer (a two-stage GPipe job), each taken to the
+  process CPU time per step) and of a stage-to-stage transfer (GPipe jobs at pp 2 and 4), each taken to the
   machine's state during the layer microbenchmarks with the work probe (:mod:`tessera_lab.runner.work_probe`)
   measured around them.
 
-These calibration runs are microbenchmarks and one-stage jobs, disjoint from any runner job a prediction is checked against.
+These calibration runs are microbenchmarks, one-stage jobs and 6-micro-batch GPipe jobs, disjoint from any runner
+job a prediction is checked against (those run 4 micro-batches).
 """
 
 from __future__ import annotations
@@ -353,11 +354,11 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
 
     from .probe import available_cores
     from .sharing import corun_slowdown
-    from .work_probe import work_probe
     from .spawn import spawn
     from .specs import RunSpec, WorldSpec
+    from .work_probe import work_probe
 
-    cores = float(os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
     c = (corun or {}).get("table") or 1.0
     d = cfg.as_dict()
     tokens = mbs * cfg.seq_len
@@ -374,7 +375,7 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
         return job, (before + work_probe(cfg, mbs)) / 2  # the machine's state over the job: before and after
 
     for ep in eps:
-        avail = available_cores(os.cpu_count() or 1, processes=ep)["cores_available"]
+        avail = available_cores(cores, processes=ep)["cores_available"]
         job, probe = run(WorldSpec(pp=1, ep=ep, timeout_s=120),
                          RunSpec(name="cal", model=d, schedule="1f1b", microbatches=microbatches,
                                  micro_batch_size=mbs, steps=steps + 1, pair_exec="scheduled"))
@@ -404,7 +405,7 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
         m2 = 6
         rows, jobs_info = [], []
         for pp in (2, 4):
-            avail = available_cores(os.cpu_count() or 1, processes=pp)["cores_available"]
+            avail = available_cores(cores, processes=pp)["cores_available"]
             job, probe2 = run(WorldSpec(pp=pp, ep=1, timeout_s=120),
                               RunSpec(name="cal-p2p", model=d, schedule="gpipe", microbatches=m2,
                                       micro_batch_size=mbs, steps=steps + 1, pair_exec="scheduled"))

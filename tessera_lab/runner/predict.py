@@ -33,8 +33,8 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     (:func:`tessera_lab.runner.sharing.simulate_shared`, with the co-running slowdown table
     ``runner_cpu.corun.table`` of processes computing at once): the job's computing processes (``ep * dp`` per busy
     pipeline rank) share the cores available to this job, ``C``: ``cores_available`` (measured just before
-    the run by :func:`tessera_lab.runner.probe.available_cores`: on a shared machine the kernel shares cores
-    between the tenants' groups, so ``C`` does not grow with the job's process count), else from
+    the run by :func:`tessera_lab.runner.probe.available_cores` with as many processes as the job, each in a
+    session of its own as the spawned workers are), else from
     ``cpu_probe_s`` (the older median probe of ``world`` processes: ``world x calibration probe / probe``),
     else ``machine_load`` (the 1-minute load average: ``cores x cores / max(cores, load + world)``... as a
     per-process share), else all the cores (a quiet machine).
@@ -83,10 +83,10 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
             e = a2a_entry(device, ep)
             rows = tokens * cfg["top_k"] * (ep - 1) / ep
             a2a_block = float(e["alpha_s"]) + 2 * alpha_beta(e, rows * H * 4)
-    factor *= work_scale(device, work_probe_s)  # the machine's state now against the calibration's
+    scale = work_scale(device, work_probe_s)  # the machine's state now against the calibration's
+    factor *= scale
     tx = (device.get("runner_cpu") or {}).get("transfer_cpu_s")  # in situ, both ends of one transfer
-    p2p_cpu = (float(tx) / 2 if tx is not None else float(device["p2p"].get("cpu_per_op_s", 0.0))) \
-        * work_scale(device, work_probe_s)
+    p2p_cpu = scale * (float(tx) / 2 if tx is not None else float(device["p2p"].get("cpu_per_op_s", 0.0)))
     f, b, w, blk = [], [], [], []
     for s in range(S):
         lo, hi = boundaries[s], boundaries[s + 1]
@@ -122,19 +122,16 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
                           corun=corun, machine_cores=cores)
     over = 1.0 / sim["mean_rate"] if sim["mean_rate"] > 0 else 1.0
     T = sim["iteration_s"]
-    # CPU-seconds of one step summed over every process (reference core speed): each stage's work per
-    # micro-batch on the ep x dp processes of its pipeline rank, times the co-running slowdown it ran under
-    cpu_step = sim["cpu_s"]
     busy = sim["per_rank_busy_s"]
     n_layers = boundaries[-1] - boundaries[0]
     return {"iteration_s": T, "bubble_fraction": (sum(max(0.0, T - x) for x in busy) / (T * len(busy))) if T else 0.0,
             "bubble_s": float(sum(max(0.0, T - x) for x in busy)),
             "ep_a2a_s": microbatches * n_layers * 2 * a2a_block, "stage_f_s": [x * over for x in f],
             "stage_b_s": [x * over for x in b], "stage_w_s": [x * over for x in w] if split else None,
-            "stage_work_f_s": f, "stage_work_b_s": b, "cpu_per_step_s": cpu_step, "p2p_s": p2p, "oversubscription": over,
+            "stage_work_f_s": f, "stage_work_b_s": b, "cpu_per_step_s": sim["cpu_s"], "p2p_s": p2p, "oversubscription": over,
             "busy_processes": sim["busy_processes"], "cores_available": avail, "cores": cores,
             "runner_cpu_factor": factor, "corun": corun, "cpu_probe_s": cpu_probe_s,
-            "work_scale": work_scale(device, work_probe_s), "work_probe_s": work_probe_s,
+            "work_scale": scale, "work_probe_s": work_probe_s,
             "layer_s": {k: v for k, v in per_kind.items()}, "schedule": sched.name,
             "boundaries": list(boundaries), "source": cost_source(device)["source"]}
 

@@ -6,10 +6,10 @@ intercept), so the share of a core a process gets is what stretches it. The 1-mi
 other tenants of a shared machine by tens of seconds; this probe measures the share at the moment a
 prediction is made, before the run, in processes of its own (never one of the predicted runs).
 
-``cpu_probe(n)``: ``n`` forked processes each run :data:`ITERATIONS` loop iterations ``repeats`` times; the
-result is the median seconds of one repetition over every process and repetition. Calibration records
-``cpu_probe(1)`` with its load; :func:`tessera_lab.runner.predict.oversubscription` turns a probe at run time
-into the slowdown of the run's processes.
+``available_cores(cores, processes=n)`` (what the runner's prediction reads): ``n`` spinning processes, each
+in a session of its own, and the cores they got in all over a window. ``cpu_probe(n)``: ``n`` forked processes
+each run :data:`ITERATIONS` loop iterations ``repeats`` times, the median seconds of one repetition (recorded
+by calibration; read only to re-predict results stored before ``available_cores`` existed).
 """
 
 from __future__ import annotations
@@ -104,32 +104,15 @@ def cpu_share(processes: int, *, window_s: float = 0.5) -> float:
     return min(1.0, statistics.fmean(c / max(w, 1e-9) for _, c, w in _spinners(processes, window_s)))
 
 
-def cpu_speed(*, window_s: float = 0.2, repeats: int = 5) -> float:
-    """Loop iterations per CPU-second of one process now (the speed of a core while it runs us: on a
-    virtual machine a core's speed drops when its host siblings are busy, and CPU time then inflates): the
-    median over ``repeats`` windows of ``window_s`` seconds (one 0.5 s window on this machine read 14-27
-    million iterations per CPU-second within ten seconds)."""
-    return statistics.median(n / max(c, 1e-9) for n, c, _ in (_spinners(1, window_s)[0] for _ in range(repeats)))
-
-
-def available_cores(cores: int, *, processes: int | None = None, speed_ref: float | None = None,
-                    window_s: float = 0.5) -> dict[str, float]:
+def available_cores(cores: int, *, processes: int | None = None, window_s: float = 0.5) -> dict[str, float]:
     """Cores a job of ``processes`` processes gets now (default ``max(2, cores)``): as many spinning processes,
     each in a session of its own as each spawned runner worker is (:func:`tessera_lab.runner.spawn.spawn`
     starts them with ``start_new_session``; with the kernel's autogroup scheduling a session is a scheduling
     group, so against busy other tenants a job's share grows with its process count: while the test-suite ran
     here, 2, 4 and 6 such spinners got 1.07, 1.33 and 1.45 cores, and 1.08, 0.85 and 0.75 in one session);
-    the sum of their CPU shares, never more than ``cores``. With ``speed_ref`` (loop iterations per
-    CPU-second, :func:`cpu_speed`) the iterations they ran per second over it instead (a slower core counts
-    too; the runner's prediction no longer uses it: this VM's pure-Python loop speed did not follow its torch
-    work's). Returns ``{"cores_available", "share", "speed", "processes", "window_s"}``."""
+    the sum of their CPU shares, never more than ``cores``. (A core's speed is not measured here: this VM's
+    pure-Python loop speed did not follow its torch work's; :mod:`tessera_lab.runner.work_probe` measures that.)
+    Returns ``{"cores_available", "share", "processes", "window_s"}``."""
     n = int(processes) if processes else max(2, int(cores))
-    res = _spinners(n, window_s, True)
-    share = min(1.0, statistics.fmean(c / max(w, 1e-9) for _, c, w in res))
-    speed = sum(k for k, _, _ in res) / max(sum(c for _, c, _ in res), 1e-9)
-    if speed_ref:
-        avail = sum(k / max(w, 1e-9) for k, _, w in res) / float(speed_ref)
-    else:
-        avail = n * share
-    return {"cores_available": min(float(cores), avail), "share": share, "speed": speed, "processes": n,
-            "window_s": window_s}
+    share = min(1.0, statistics.fmean(c / max(w, 1e-9) for _, c, w in _spinners(n, window_s, True)))
+    return {"cores_available": min(float(cores), n * share), "share": share, "processes": n, "window_s": window_s}

@@ -240,8 +240,9 @@ def summarize_job(raw: dict, spec: RunSpec, world: WorldSpec) -> dict[str, Any]:
 def cpu_summary(records: list, observed: Sequence[int]) -> dict[str, Any] | None:
     """Observed CPU work of a job: medians over the observed steps of each rank's CPU-seconds (``time.
     process_time`` of the worker: all its threads, not inflated by waiting for a core) in the step's actions
-    and in the gradient sync + optimizer. Returns ``{"actions_s", "sync_opt_s", "per_rank_actions_s"}``
-    (sums over ranks, seconds per step), None for records without CPU times."""
+    and in the gradient sync + optimizer. Returns ``{"actions_s", "sync_opt_s"}`` (sums over ranks, seconds
+    per step), ``per_rank_actions_s`` (by rank), ``steps`` (the observed steps) and ``source``; None for
+    records without CPU times."""
     if not records or any("cpu_s" not in p for ps in records for p in ps):
         return None
     ranks = sorted(p["rank"] for p in records[0])
@@ -378,11 +379,10 @@ def check_profile_store(path: str | os.PathLike) -> dict | None:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProfileError(f"runner profile store '{path}' cannot be read: {exc}") from None
-    if not isinstance(data, dict) or data.get("schema_version") != RUNNER_STORE_SCHEMA \
-            or data.get("kind") != "runner_observations":
-        if not isinstance(data, dict):
-            raise ProfileError(f"'{path}' is not a runner profile store: it holds a JSON {type(data).__name__}, "
-                               f"not an object with 'kind' = 'runner_observations'")
+    if not isinstance(data, dict):
+        raise ProfileError(f"'{path}' is not a runner profile store: it holds a JSON {type(data).__name__}, "
+                           f"not an object with 'kind' = 'runner_observations'")
+    if data.get("schema_version") != RUNNER_STORE_SCHEMA or data.get("kind") != "runner_observations":
         raise ProfileError(
             f"'{path}' is not a runner profile store: field 'schema_version' = {data.get('schema_version')!r}, "
             f"'kind' = {data.get('kind')!r}; allowed: {RUNNER_STORE_SCHEMA}, 'runner_observations'")

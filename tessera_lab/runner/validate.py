@@ -59,7 +59,8 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
              micro_batch_size: int = 2, progress=None) -> dict[str, Any]:
     """Predict, run and compare every case; returns the JSON-ready result (module docstring)."""
     from .calibrate import widened
-    from .predict import device_plan
+    from .predict import device_plan, device_work_probe
+    from .probe import available_cores
     from .spawn import spawn
     from .specs import RunSpec, TinyConfig, WorldSpec
 
@@ -79,16 +80,11 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
     by_world: dict[tuple[int, int], list[dict]] = {}
     for c in matrix:
         by_world.setdefault((c["pp"], c["ep"]), []).append(c)
-    from .predict import device_work_probe
-
-    probes: dict[str, float] = {}
     avail: dict[str, dict[str, float]] = {}
     for (pp, ep), cs in by_world.items():
         jobs = []
         # the cores this job gets now, measured right before the group's runs in processes of its own
         # (runner.probe.available_cores); the plans made at the start from the load average stay for comparison
-        from .probe import available_cores
-
         a = avail[f"pp{pp}-ep{ep}"] = available_cores(int(device["metadata"].get("cores") or os.cpu_count() or 1),
                                                       processes=pp * ep)
         # and the CPU the same work takes now (runner.work_probe), against the calibration's
@@ -142,7 +138,7 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
     errs_la = [abs(c["predicted_loadavg_s"] - c["observed_s"]) / c["observed_s"] for c in out_cases
                if c["observed_s"] > 0]
     return {
-        "prediction_inputs": {"cores_available": avail, "cpu_probe_s": probes,
+        "prediction_inputs": {"cores_available": avail,
                               "work_probe_ref_s": ((device.get("runner_cpu") or {}).get("work_probe") or {}).get("ref_s"),
                               "calibration_cpu_probe_s": meta.get("cpu_probe_s"),
                               "runner_cpu": device.get("runner_cpu"),
@@ -189,11 +185,6 @@ def _inputs_line(r: dict[str, Any]) -> str:
                      + "; 'CPU work error' compares the predicted CPU-seconds of a step with the observed ones "
                        "taken back to the state before the group (observed, not an input of the prediction)")
         return line
-    if pi.get("cpu_probe_s"):
-        probes = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in pi["cpu_probe_s"].items())
-        return (f"slowdown from a CPU-share probe before each group (own processes; calibration probe "
-                f"{pi['calibration_cpu_probe_s'] * 1e3:.1f} ms; {probes}); from the load average alone the median "
-                f"|error| would be {la * 100:.1f}%")
     return "slowdown from the 1-minute load average"
 
 
