@@ -3,7 +3,8 @@
 Prints (1) the end-to-end time of ``tessera-lab plan`` with its defaults (Qwen3-Next-80B-A3B, pp=8, ep=8,
 m=32 on H200), measured in-process and as a fresh subprocess (what a user waits for), against the
 5 s target; (2) the ILP and DP solve times for Qwen3-235B-A22B (94 layers) on 16 stages with memory limits,
-as a ratio ILP/DP measured in this run. Timings are printed, never asserted.
+as a ratio ILP/DP measured in this run; (3) the plan time of each model family's shipped config (CPU seconds).
+Timings are printed, never asserted.
 
 Run: python benchmarks/bench_plan.py [--repeats N]
 """
@@ -40,5 +41,42 @@ def main() -> None:
     print(ilp_vs_dp("qwen3-235b-a22b", ParallelConfig(**PROBLEMS["qwen3-235b-a22b"]), args.repeats))
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Section: plan time of each model family (issue 23). Kept apart from main() above: CPU seconds (user + sys of this
+# process and its children, time.process_time and resource.RUSAGE_CHILDREN) and wall seconds of make_plan with the
+# default method, at a layout each model fits at (H200, 4,096-token sequences, m = 2 pp).
+FAMILY_LAYOUTS = {
+    "kimi-linear-48b-a3b": (4, 8, 1), "minimax-m1": (16, 32, 1), "jamba-1.5-mini": (4, 8, 1),
+    "nemotron-h-56b": (4, 1, 8), "qwen3.5-35b-a3b": (4, 8, 1), "glm-4.5-air": (4, 8, 1), "gpt-oss-20b": (4, 8, 1),
+    "llama-4-scout-17b-16e": (4, 8, 1), "deepseek-v3.2": (16, 64, 1), "kimi-k2-instruct": (16, 64, 1),
+    "olmoe-1b-7b": (4, 8, 1), "qwen3-vl-30b-a3b": (4, 8, 1),
+}
+
+
+def family_plan_times() -> None:
+    """Print the plan time of each new model family's shipped config (CPU and wall seconds, one run each)."""
+    import os
+    import resource
+
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.make import make_plan
+
+    def cpu() -> float:
+        ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + ch.ru_utime + ch.ru_stime
+
+    print(f"plan time per model family (load average {os.getloadavg()[0]:.2f}; CPU = user + sys, measured):")
+    for name, (pp, ep, tp) in FAMILY_LAYOUTS.items():
+        c0, w0 = cpu(), time.perf_counter()
+        model = load_model(name)
+        plan = make_plan(model, ParallelConfig(pp=pp, ep=ep, tp=tp, microbatches=2 * pp))
+        print(f"  {name:24s} pp={pp:<2d} ep={ep:<2d} tp={tp}  {model.mixer_kinds():32s} "
+              f"CPU {cpu() - c0:6.2f} s  wall {time.perf_counter() - w0:6.2f} s  "
+              f"(iteration {plan.chosen.iteration_time_s:.3f} s predicted)")
+# --------------------------------------------------------------------------------------------- end of section
+
+
 if __name__ == "__main__":
     main()
+    family_plan_times()

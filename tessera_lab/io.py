@@ -309,8 +309,8 @@ def _field_path(parts: list[Any]) -> str:
     return out or "(top level)"
 
 
-def _walk(data: Any, err, max_depth: int) -> None:
-    """Iterative check of depth and finiteness (no recursion, so no RecursionError)."""
+def _walk(data: Any, err, max_depth: int, finite: bool = True) -> None:
+    """Iterative check of depth and (with ``finite``) finiteness (no recursion, so no RecursionError)."""
     stack: list[tuple[Any, list[Any]]] = [(data, [])]
     while stack:
         obj, where = stack.pop()
@@ -318,7 +318,7 @@ def _walk(data: Any, err, max_depth: int) -> None:
             raise err(f"is nested deeper than {max_depth} levels (at '{_field_path(where[:6])}...'); "
                       f"allowed: at most {max_depth}")
         if isinstance(obj, float):
-            if not math.isfinite(obj):
+            if finite and not math.isfinite(obj):
                 raise err(f"field '{_field_path(where)}' = {obj} is not a finite number; allowed: finite numbers")
         elif isinstance(obj, dict):
             stack.extend((v, where + [k]) for k, v in obj.items())
@@ -327,7 +327,7 @@ def _walk(data: Any, err, max_depth: int) -> None:
 
 
 def read_json(path: str | os.PathLike, what: str = "file", *, error: type[Exception] = ConfigError,
-              max_bytes: int | None = None, max_depth: int = MAX_JSON_DEPTH) -> Any:
+              max_bytes: int | None = None, max_depth: int = MAX_JSON_DEPTH, finite: bool = True) -> Any:
     """Read a UTF-8 JSON file (a BOM is allowed) with one-line errors.
 
     Args:
@@ -336,6 +336,8 @@ def read_json(path: str | os.PathLike, what: str = "file", *, error: type[Except
         error: the exception class raised (``ConfigError``; ``ProfileError`` for profiles).
         max_bytes: size limit (default :data:`MAX_JSON_BYTES`, or ``$TESSERA_LAB_MAX_JSON_BYTES``).
         max_depth: nesting limit of arrays and objects.
+        finite: refuse ``NaN`` / ``Infinity`` anywhere (default); ``False`` leaves them to the reader of each
+            field (a model config's readers check only the fields they read).
 
     Returns:
         The parsed JSON value (any type; callers check the shape they need).
@@ -380,5 +382,5 @@ def read_json(path: str | os.PathLike, what: str = "file", *, error: type[Except
         raise err(f"is nested deeper than {max_depth} levels; allowed: at most {max_depth}") from None
     except ValueError as exc:  # e.g. an integer literal over Python's 4300-digit limit
         raise err(f"is not valid JSON ({str(exc).splitlines()[0]})") from None
-    _walk(data, err, max_depth)
+    _walk(data, err, max_depth, finite)
     return data

@@ -61,7 +61,8 @@ def model_from_args(args: argparse.Namespace):
     from tessera_lab.model.knobs import model_changes
     from tessera_lab.model.spec import load_model
 
-    m = load_model(args.model)
+    m = load_model(args.model, allow_unknown_fields=bool(getattr(args, "allow_unknown_fields", False)),
+                   plan_mtp=bool(getattr(args, "mtp", False)))
     top_k = getattr(args, "top_k", None)
     if top_k is not None:  # checked here, against the experts of this model, to name the option
         from tessera_lab.errors import ConfigError
@@ -70,8 +71,11 @@ def model_from_args(args: argparse.Namespace):
         if not 1 <= top_k <= max(ne, 1):
             raise ConfigError(f"--top-k = {top_k} is out of range; allowed: an integer 1 to num_experts = {ne} "
                               "(routed experts per token)")
-    changes = model_changes({k: getattr(args, k) for k in ("attention_ratio", "expert_width", "top_k", "num_experts",
-                                                           "layers")})
+    changes = model_changes({k: getattr(args, k, None) for k in ("attention_ratio", "expert_width", "top_k",
+                                                                 "num_experts", "layers", "shared_experts",
+                                                                 "moe_every", "window")})
+    if changes and getattr(args, "allow_no_full_attention", False):
+        changes["allow_no_full_attention"] = True
     return m.with_changes(**changes) if changes else m
 
 
@@ -137,13 +141,32 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                    default=None, metavar="X",
                    help="busiest EP rank's tokens over the mean (>= 1; default: expected busiest rank of a "
                         "balanced random router)")
+    add_model_knobs(p)
+
+
+def add_model_knobs(p: argparse.ArgumentParser) -> None:
+    """The model knobs (``plan``, ``report``, ``params``), applied by the family's rule
+    (:meth:`~tessera_lab.model.spec.ModelSpec.with_changes`), and how the config is read."""
     p.add_argument("--attention-ratio", type=_attention_ratio, default=None, metavar="R",
-                   help="linear-attention layers per full-attention layer (an integer >= 0; 0: every layer full "
-                        "attention; Qwen3-Next: 3)")
+                   help="linear-mixer layers per full-attention layer on any linear+full hybrid, placed by the "
+                        "family's rule (an integer >= 0; 0: every mixer full attention; Qwen3-Next: 3)")
+    p.add_argument("--allow-no-full-attention", action=Switch,
+                   help="accept an --attention-ratio that leaves no full-attention layer")
     p.add_argument("--expert-width", type=int, default=None, help="routed expert intermediate size")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--num-experts", type=int, default=None)
+    p.add_argument("--top-k", type=int, default=None, help="routed experts per token")
+    p.add_argument("--num-experts", "--experts", dest="num_experts", type=int, default=None,
+                   help="routed experts per MoE layer")
+    p.add_argument("--shared-experts", type=int, default=None, metavar="N",
+                   help="shared experts per MoE layer (each of the routed experts' width; 0 removes them)")
+    p.add_argument("--moe-every", type=int, default=None, metavar="N",
+                   help="MoE every N-th layer by the family's rule (decoder_sparse_step, moe_layer_freq, "
+                        "expert_layer_period, interleave_moe_layer_step)")
+    p.add_argument("--window", type=int, default=None, metavar="TOKENS",
+                   help="sliding window (gpt-oss, Mixtral) or attention chunk (Llama-4) in tokens")
     p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--mtp", action=Switch, help="plan the config's MTP layers after the last decoder layer (last stage)")
+    p.add_argument("--allow-unknown-fields", action=Switch,
+                   help="plan a config with fields its family reader does not understand (listed in the notes)")
 
 
 #: options that name an output file, and the commands whose ``--out`` is a folder

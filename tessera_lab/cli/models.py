@@ -1,13 +1,15 @@
-"""``tessera-lab models`` and ``tessera-lab params``: the shipped models and one model's parameter counts."""
+"""``tessera-lab models`` and ``tessera-lab params``: the shipped models, the supported families and one model's
+parameter counts."""
 
 from __future__ import annotations
 
 import argparse
 
-from tessera_lab.cli.common import add_json, emit, table
+from tessera_lab.cli.common import add_json, add_model_knobs, emit, model_from_args, table
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    from tessera_lab.model.families import READERS, family_name
     from tessera_lab.model.spec import load_model, shipped_models
 
     rows = []
@@ -17,11 +19,16 @@ def cmd_models(args: argparse.Namespace) -> int:
         rows.append({
             "model": name, "type": m.model_type, "layers": m.num_layers, "hidden": m.hidden_size,
             "experts": m.num_experts, "top_k": m.num_experts_per_tok, "attention_ratio": m.attention_ratio,
-            "total_B": c.total / 1e9, "active_B": c.active / 1e9,
+            "mixers": m.mixer_kinds(), "total_B": c.total / 1e9, "active_B": c.active / 1e9,
         })
+    fams = [{"family": family_name(r), "model_types": ", ".join(r.MODEL_TYPES), "example": r.EXAMPLE,
+             "knobs": ", ".join(sorted(getattr(r, "KNOBS", {}))), "source": r.SOURCE} for r in READERS]
     text_rows = [{**{k: v for k, v in r.items() if k not in ("total_B", "active_B")},
                   "total": _count(r["total_B"] * 1e9), "active": _count(r["active_B"] * 1e9)} for r in rows]
-    emit(args, {"models": rows}, table(text_rows, ".2f") + "\nparameters: computed from each config (B = 1e9, M = 1e6, k = 1e3)")
+    text = (table(text_rows, ".2f") + "\nparameters: computed from each config (B = 1e9, M = 1e6, k = 1e3; MTP "
+            "layers not included, see params)\n\nsupported families (tessera-lab plan --model NAME or a config.json):\n"
+            + table([{k: v for k, v in f.items() if k != "source"} for f in fams]))
+    emit(args, {"models": rows, "families": fams}, text)
     return 0
 
 
@@ -34,21 +41,26 @@ def _count(n: float) -> str:
 
 
 def cmd_params(args: argparse.Namespace) -> int:
-    from tessera_lab.model.spec import load_model
-
-    m = load_model(args.model)
+    m = model_from_args(args)
     c = m.param_counts().as_dict()
-    rows = [{"count": k, "parameters": v, "billions": v / 1e9} for k, v in c.items()]
-    emit(args, {"model": m.name, **c}, f"{m.name} ({m.model_type}, {m.num_layers} layers)\n" + table(rows, ".3f"))
+    labels = {"mtp": "mtp (apart: not in total)", "mtp_active": "mtp_active (apart)"}
+    rows = [{"count": labels.get(k, k), "parameters": v, "billions": v / 1e9} for k, v in c.items()
+            if m.mtp_layers or not k.startswith("mtp")]
+    head = (f"{m.name} ({m.model_type}, family {m.family}, {m.num_decoder_layers} layers: {m.mixer_kinds()}"
+            f"{f'; {len(m.mtp_layers)} MTP layer(s)' if m.mtp_layers else ''})")
+    notes = "".join(f"\nnote: {n}" for n in m.notes)
+    emit(args, {"model": m.name, "family": m.family, "mixers": m.mixer_kinds(), **c, "notes": list(m.notes)},
+         head + "\n" + table(rows, ".3f") + "\nparameters: computed from the config's module shapes" + notes)
     return 0
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("models", help="list the shipped models")
+    p = sub.add_parser("models", help="list the shipped models and the supported model families")
     add_json(p)
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("params", help="parameter counts of a model")
     p.add_argument("model", help="a shipped model name or a config.json path")
+    add_model_knobs(p)
     add_json(p)
     p.set_defaults(func=cmd_params)

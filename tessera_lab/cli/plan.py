@@ -12,10 +12,12 @@ from tessera_lab.model.spec import layer_summary
 from tessera_lab.report.headline import mfu_note, mfu_text
 
 
-def _evaluation_rows(ev, pp: int | None = None) -> list[dict[str, Any]]:
-    """Per-stage rows; with ``pp`` (virtual stages) each row names the rank it runs on."""
+def _evaluation_rows(ev, pp: int | None = None, model=None) -> list[dict[str, Any]]:
+    """Per-stage rows; with ``pp`` (virtual stages) each row names the rank it runs on; with ``model`` each row names
+    the stage's mixer kinds (``KDA x3 + MLA``; MTP layers as ``MTP``)."""
     return [{
-        "stage": st.index, **({"rank": st.index % pp} if pp else {}), "layers": layer_summary(st.layers, st.kinds), "n": len(st.layers),
+        "stage": st.index, **({"rank": st.index % pp} if pp else {}), "layers": layer_summary(st.layers, st.kinds),
+        **({"mixers": model.mixer_kinds(list(st.layers))} if model is not None else {}), "n": len(st.layers),
         "time/mb (ms)": st.time_s * 1e3, "standalone F+B+W (ms)": st.standalone_s * 1e3,
         "memory (GiB)": st.memory_bytes / GIB,
     } for st in ev.stages]
@@ -80,7 +82,9 @@ def format_plan(plan) -> str:
     bottleneck stage and its cause, then per-stage tables for the chosen method and each baseline, notes last."""
     p, m = plan.parallel, plan.model
     lines = [
-        f"model {m.name}: {m.num_layers} layers, pattern {m.layer_pattern()}  (L linear attention, A full attention; lower case: dense FFN)",
+        f"model {m.name} ({m.family}): {m.num_layers} layers ({m.mixer_kinds()}), pattern {m.layer_pattern()}  "
+        "(L linear mixer, A full attention, S sliding window, C chunked, T MTP; lower case: dense FFN; "
+        "- / E: MLP / MoE block without mixer)",
         f"cluster {plan.cluster.num_nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}; "
         + _layout_text(p) + f", schedule {p.schedule}, "
         f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "
@@ -96,7 +100,7 @@ def format_plan(plan) -> str:
                        + ("" if ev.fits_memory else "  ** exceeds GPU memory **")
                        + (f"; solver {ev.partition.solver} {ev.partition.status} in {ev.partition.solve_time_s:.3f} s"
                           if ev.partition.solver else ""))
-        details.append(table(_evaluation_rows(ev, p.pp if p.vpp > 1 else None), ".3f"))
+        details.append(table(_evaluation_rows(ev, p.pp if p.vpp > 1 else None, m), ".3f"))
         details.append("")
         summary.append({
             "method": ev.method + ("" if ev.fits_memory else " (!)"), "iteration (s)": ev.iteration_time_s,

@@ -109,7 +109,7 @@ def gpu_params(model: ModelSpec, parallel: ParallelConfig, layer: int) -> tuple[
         head = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
         return head / p.tp + model.hidden_size, 0.0
     comp = model.layer_params(model.layers[layer])
-    dense = (comp["mixer"] + comp["shared"] + comp["dense_mlp"]) / p.tp + comp["norms"] + comp["router"]
+    dense = (comp["mixer"] + comp["shared"] + comp["dense_mlp"] + comp["mtp"]) / p.tp + comp["norms"] + comp["router"]
     return dense, comp["experts"] / p.ep
 
 

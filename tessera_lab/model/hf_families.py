@@ -15,12 +15,20 @@ from tessera_lab.errors import ConfigError
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "deepseek_v3", "mixtral")
 
-#: Mixer kinds (DESIGN section 3).
+#: Mixer kinds (DESIGN section 3); ``none``: a block without a mixer (Nemotron-H's MLP-only blocks).
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
-#: FFN kinds.
+NO_MIXER = "none"
+#: FFN kinds; ``none``: a block without an FFN (Nemotron-H's Mamba-2 and attention blocks).
 MOE = "moe"
 DENSE = "dense"
+NO_FFN = "none"
+
+#: mixer implementations (``LayerSpec.attention``) -> short label used in plans (``KDA x3 + MLA``)
+MIXER_LABELS = {
+    "gated_deltanet": "GDN", "gated_gqa": "GatedAttn", "gqa": "GQA", "mla": "MLA", "mla_sparse": "DSA-MLA",
+    "kda": "KDA", "lightning": "Lightning", "mamba2": "Mamba2", "mamba": "Mamba", "none": "MLP-only",
+}
 
 
 @dataclass(frozen=True)
@@ -29,21 +37,50 @@ class LayerSpec:
 
     Attributes:
         index: 0-based layer index.
-        mixer: ``"linear_attention"`` or ``"full_attention"``.
-        attention: the mixer's implementation: ``"gated_deltanet"``, ``"gated_gqa"`` (Qwen3-Next
-            full attention with an output gate), ``"gqa"`` (Qwen3, Mixtral) or ``"mla"`` (DeepSeek-V3).
-        ffn: ``"moe"`` or ``"dense"``.
+        mixer: ``"linear_attention"``, ``"full_attention"`` or ``"none"``.
+        attention: the mixer's implementation (keys of :data:`MIXER_LABELS`): ``"gated_deltanet"``,
+            ``"gated_gqa"`` (full attention with an output gate), ``"gqa"`` (MHA/GQA/MQA), ``"mla"``,
+            ``"mla_sparse"`` (MLA with DeepSeek-V3.2's lightning indexer), ``"kda"`` (Kimi Delta Attention),
+            ``"lightning"`` (MiniMax lightning attention), ``"mamba2"``, ``"mamba"`` (Mamba-1) or ``"none"``.
+        ffn: ``"moe"``, ``"dense"`` or ``"none"``.
+        window: tokens a query attends: the sliding window (``local = "sliding"``) or the chunk size
+            (``local = "chunked"``); 0 for full causal attention.
+        local: ``""`` (full), ``"sliding"`` or ``"chunked"``.
+        rope: whether the layer applies RoPE (Llama-4's NoPE layers: ``False``; no effect on the counts).
+        dense_width: this layer's dense MLP width when it differs from the model's ``intermediate_size`` (0: that).
+        mtp: a multi-token-prediction layer (after the last decoder layer; not in the card's totals).
     """
 
     index: int
     mixer: str
     attention: str
     ffn: str
+    window: int = 0
+    local: str = ""
+    rope: bool = True
+    dense_width: int = 0
+    mtp: bool = False
 
     @property
     def kind(self) -> str:
-        """Short label such as ``"linear_attention+moe"``."""
-        return f"{self.mixer}+{self.ffn}"
+        """Cost class of the layer, such as ``"linear_attention+moe"``: layers of one kind cost the same (the overlap
+        table and the planner's pair costs use one layer per kind). Layers that differ beyond mixer and FFN carry a
+        detail after the mixer: ``full_attention/sliding128+moe``, ``full_attention/mtp+moe``, ``.../w16384+dense``."""
+        detail = "/mtp" if self.mtp else (f"/{self.local}{self.window}" if self.local else "")
+        if self.dense_width:
+            detail += f"/w{self.dense_width}"
+        return f"{self.mixer}{detail}+{self.ffn}"
+
+    @property
+    def label(self) -> str:
+        """Mixer label for plans: ``KDA``, ``MLA``, ``SWA`` (sliding), ``Chunked``, ``MTP`` ..."""
+        if self.mtp:
+            return "MTP"
+        if self.local == "sliding":
+            return "SWA"
+        if self.local == "chunked":
+            return "Chunked"
+        return MIXER_LABELS.get(self.attention, self.attention)
 
 
 def req_int(cfg: Mapping[str, Any], key: str, *, minimum: int = 1, allowed: str | None = None) -> int:

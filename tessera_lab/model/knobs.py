@@ -19,6 +19,9 @@ KNOBS: dict[str, tuple[str, tuple[str, ...]]] = {
     "num_experts": ("experts", ("num_experts",)),
     "shared_expert_intermediate_size": ("shared", ("shared_expert_intermediate_size",)),
     "num_layers": ("layers", ("layers", "num_layers")),
+    "shared_experts": ("nshared", ("shared_experts",)),
+    "moe_every": ("moe_every", ("moe_every",)),
+    "window": ("window", ("window",)),
 }
 #: variant-name key -> ``with_changes`` keyword (``expert`` -> ``moe_intermediate_size``)
 VARIANT_KEYS: dict[str, str] = {short: kw for kw, (short, _) in KNOBS.items()}

@@ -1,13 +1,13 @@
 """Model specifications read from Hugging Face ``config.json`` files, with parameter counts.
 
 A :class:`ModelSpec` is the architecture of one decoder-only model: the mixer of every layer
-(Gated DeltaNet linear attention, gated GQA, plain GQA or MLA), the FFN of every layer (MoE or dense
-MLP), and the sizes of each module. Supported Hugging Face ``model_type`` values: ``qwen3``,
-``qwen3_moe``, ``qwen3_next``, ``deepseek_v3`` and ``mixtral``.
+(full, sliding-window or chunked attention, gated GQA, MLA with or without DeepSeek-V3.2's indexer, Gated
+DeltaNet, KDA, lightning attention, Mamba-1/2), the FFN of every layer (MoE, dense MLP or none), the model's MTP
+layers and the sizes of each module. The config is read by the family's reader of the layer-kind registry
+(:mod:`tessera_lab.model.families`; ``tessera-lab models`` lists the families).
 
-Parameter counts are computed from the module shapes of the Hugging Face implementations
-(``transformers/models/<type>/modeling_<type>.py``); the counting conventions of the published
-figures are in ``data/models/_published_params.json``.
+Parameter counts are computed from the module shapes of the reference implementations (:mod:`tessera_lab.model.kinds`);
+the counting conventions of the published figures are in ``data/models/_published_params.json`` and docs/models.md.
 
 This module never imports torch.
 """
@@ -18,13 +18,16 @@ import dataclasses
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.io import read_json
+from tessera_lab.model import families, kinds
+from tessera_lab.model.families import SUPPORTED_MODEL_TYPES
 from tessera_lab.model.hf_families import (  # noqa: F401  (re-exported: the public names of model kinds)
-    BUILDERS, DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MOE, SUPPORTED_MODEL_TYPES, LayerSpec, opt_int, req_int,
+    DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MIXER_LABELS, MOE, NO_FFN, NO_MIXER, LayerSpec, opt_int, req_int,
 )
 from tessera_lab.paths import data_dir
 
@@ -35,7 +38,8 @@ class ParamCounts:
 
     ``active`` counts, per token: attention, router, top-k routed experts, shared expert and norms,
     plus the input embedding and the LM head; ``active_non_embedding`` leaves both out.
-    ``non_embedding`` is total minus the input embedding and the untied LM head.
+    ``non_embedding`` is total minus the input embedding and the untied LM head. None of these include the MTP
+    layers (``mtp``: their own parameters; they share the embedding and the head), as the model cards count.
     """
 
     total: int
@@ -44,6 +48,8 @@ class ParamCounts:
     non_embedding: int
     active: int
     active_non_embedding: int
+    mtp: int = 0
+    mtp_active: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -95,26 +101,70 @@ class ModelSpec:
     # group-limited routing (DeepSeek-V3: experts in n_group groups, a token picks experts in topk_group of them)
     n_group: int = 1
     topk_group: int = 1
+    # attention details (kinds.py): biases, sinks, q/k norm over the whole projection (OLMoE)
+    attention_bias: bool = False
+    o_bias: bool = False
+    attention_sinks: bool = False
+    qk_norm_full: bool = False
+    # DeepSeek-V3.2 lightning indexer (mla_sparse)
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
+    # Mamba-2 (mamba2) and Mamba-1 (mamba)
+    mamba_num_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_n_groups: int = 1
+    ssm_state_size: int = 0
+    mamba_conv_kernel: int = 0
+    mamba_chunk_size: int = 0
+    mamba_conv_bias: bool = False
+    mamba_proj_bias: bool = False
+    mamba_d_inner: int = 0
+    mamba_dt_rank: int = 0
+    mamba_bcdt_norms: bool = False
+    # FFN details: dense activation (swiglu, relu2, gelu), biases
+    ffn_act: str = "swiglu"
+    mlp_bias: bool = False
+    expert_bias: bool = False
+    router_linear_bias: bool = False
+    # MTP layers (counted apart; in ``layers`` after the decoder layers only when ``plan_mtp``)
+    mtp_layers: tuple[LayerSpec, ...] = ()
+    plan_mtp: bool = False
+    family: str = ""
     source: str = ""
+    notes: tuple[str, ...] = field(default=(), compare=False)
+    allow_unknown_fields: bool = field(default=False, compare=False)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any], name: str | None = None) -> "ModelSpec":
+    def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any], name: str | None = None, *,
+                       allow_unknown_fields: bool = False, plan_mtp: bool = False,
+                       notes: tuple[str, ...] = ()) -> "ModelSpec":
         """Build a spec from a Hugging Face ``config.json`` (a path or an already parsed dict).
+
+        The family's reader is found by ``model_type`` first (:func:`tessera_lab.model.families.resolve`:
+        ``text_config`` of a multimodal config, an alias named by ``architectures``); then fields no reader
+        understands refuse the config unless ``allow_unknown_fields`` (then listed in :attr:`notes`); then the reader
+        checks only the fields it reads.
 
         Args:
             path_or_dict: path to ``config.json`` or its parsed contents.
             name: display name; defaults to the file stem or ``model_type``.
+            allow_unknown_fields: plan without the fields the reader does not understand (listed in the notes).
+            plan_mtp: put the MTP layers in :attr:`layers` after the decoder layers (the last stage holds them).
+            notes: notes carried over from the spec this one derives from.
 
         Raises:
-            ConfigError: unknown ``model_type``; a missing, zero or negative size; ``num_experts_per_tok``
-                larger than the number of experts; ``layer_types`` of the wrong length or with an
-                unknown entry; an unreadable file.
+            ConfigError: unknown ``model_type``; a field the reader does not understand; a missing, zero or
+                negative size; ``num_experts_per_tok`` larger than the number of experts; a layer list of the
+                wrong length or with an unknown entry; an unreadable file.
         """
+        where = ""
         if isinstance(path_or_dict, (str, Path)):
             path = Path(path_or_dict)
-            cfg = read_json(path, "config file")
+            where = f"config file '{path}': "
+            cfg = read_json(path, "config file", finite=False)
             if not isinstance(cfg, dict):
                 raise ConfigError(f"config file '{path}' holds a JSON {type(cfg).__name__}; allowed: a JSON object "
                                   "(a Hugging Face config.json)")
@@ -123,30 +173,33 @@ class ModelSpec:
             cfg = dict(path_or_dict)
         else:
             raise ConfigError(f"config must be a path or a dict, got {type(path_or_dict).__name__}")
-        model_type = cfg.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            where = f"config file '{path_or_dict}': " if isinstance(path_or_dict, (str, Path)) else ""
-            raise ConfigError(
-                f"{where}config field 'model_type' = {model_type!r} is not supported; allowed: "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
-        builder = BUILDERS[model_type]
         try:
-            kwargs = builder(cfg)
+            reader, cfg, found = families.resolve(cfg)
+            all_notes = list(notes) + [n for n in found if n not in notes]
+            all_notes += [n for n in families.check_unknown(reader, cfg, allow=allow_unknown_fields)
+                          if n not in all_notes]
+            kwargs = reader.build(cfg)
+            mtp = tuple(kwargs.pop("mtp_layers", ()))
+            layers = tuple(kwargs.pop("layers"))
+            if plan_mtp:
+                layers += tuple(dataclasses.replace(l, index=len(layers) + j) for j, l in enumerate(mtp))
             kwargs.update(
-                name=name or str(model_type),
-                model_type=model_type,
+                name=name or str(cfg.get("model_type")),
+                model_type=str(cfg.get("model_type")),
+                family=families.family_name(reader),
                 hidden_size=req_int(cfg, "hidden_size"),
                 vocab_size=req_int(cfg, "vocab_size"),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 source=str(cfg.get("_source", "")),
+                layers=layers, mtp_layers=mtp, plan_mtp=plan_mtp,
+                notes=tuple(all_notes), allow_unknown_fields=allow_unknown_fields,
                 raw=cfg,
             )
             spec = cls(**kwargs)
             spec.validate()
         except ConfigError as exc:
-            if isinstance(path_or_dict, (str, Path)):
-                raise ConfigError(f"config file '{path_or_dict}': {exc}") from None
+            if where and not str(exc).startswith(where):
+                raise ConfigError(f"{where}{exc}") from None
             raise
         return spec
 
@@ -186,83 +239,116 @@ class ModelSpec:
         num_experts: int | None = None,
         num_experts_per_tok: int | None = None,
         shared_expert_intermediate_size: int | None = None,
+        shared_experts: int | None = None,
+        moe_every: int | None = None,
+        window: int | None = None,
         num_layers: int | None = None,
+        allow_no_full_attention: bool = False,
+        plan_mtp: bool | None = None,
         name: str | None = None,
     ) -> "ModelSpec":
-        """A copy of this spec with the research knobs changed.
+        """A copy of this spec with the research knobs changed, by the family's own rule
+        (``KNOBS`` of its reader in :mod:`tessera_lab.model.families`).
 
         Args:
-            attention_ratio: linear-attention layers per full-attention layer (Qwen3-Next: 3);
-                same as ``full_attention_interval = attention_ratio + 1``. Only for hybrid models
-                (``qwen3_next``). 0 makes every layer full attention.
-            full_attention_interval: every ``interval``-th layer is full attention.
+            attention_ratio: linear-mixer layers per full-attention layer (Qwen3-Next: 3), placed by the family's
+                rule (Qwen3-Next/3.5: every ``ratio + 1``-th layer full; Kimi-Linear: every ``ratio + 1``-th and
+                the last; MiniMax: every ``ratio + 1``-th; Jamba: period ``ratio + 1``; Nemotron-H: every
+                ``ratio + 1``-th mixer block). 0 makes every mixer full attention.
+            full_attention_interval: ``attention_ratio + 1``.
             moe_intermediate_size: routed expert width (elements).
             num_experts: routed experts per MoE layer.
             num_experts_per_tok: top-k.
             shared_expert_intermediate_size: shared expert width (0 removes the shared expert).
+            shared_experts: number of shared experts (each of the routed experts' width).
+            moe_every: MoE every N-th layer by the family's rule (the others dense).
+            window: sliding window (gpt-oss, Mixtral) or attention chunk (Llama-4), in tokens.
             num_layers: number of decoder layers (the layer pattern is re-derived by the family's rule).
+            allow_no_full_attention: accept a ratio that leaves no full-attention layer.
+            plan_mtp: put the MTP layers in the plan (default: as this spec).
             name: name of the variant (default: this name plus the changes).
 
         Raises:
-            ConfigError: a knob out of range (named), or a knob the family does not have.
+            ConfigError: a knob out of range (named), a knob the family does not have, or a ratio that leaves no
+                full-attention layer (unless ``allow_no_full_attention``).
         """
+        reader = families.reader_for(self.model_type) if self.model_type in SUPPORTED_MODEL_TYPES else \
+            families.resolve(self.raw)[0]
         cfg = dict(self.raw)
         changes: list[str] = []
         if attention_ratio is not None and full_attention_interval is not None:
             raise ConfigError("give either 'attention_ratio' or 'full_attention_interval', not both")
+        if full_attention_interval is not None:
+            attention_ratio = req_int({"full_attention_interval": full_attention_interval},
+                                      "full_attention_interval") - 1
         if attention_ratio is not None:
             if isinstance(attention_ratio, bool) or not isinstance(attention_ratio, int) or attention_ratio < 0:
                 raise ConfigError(f"knob 'attention_ratio' = {attention_ratio!r} is out of range; allowed: an integer >= 0")
-            full_attention_interval = attention_ratio + 1
-        if full_attention_interval is not None:
-            if self.model_type != "qwen3_next":
-                raise ConfigError(
-                    f"knob 'attention_ratio'/'full_attention_interval' needs a hybrid model (qwen3_next); "
-                    f"{self.name} is {self.model_type}"
-                )
-            cfg["full_attention_interval"] = req_int(
-                {"full_attention_interval": full_attention_interval}, "full_attention_interval"
-            )
-            cfg.pop("layer_types", None)
-            changes.append(f"ratio={full_attention_interval - 1}")
-        for key, value, label in (
-            ("moe_intermediate_size", moe_intermediate_size, "expert"),
-            ("num_experts_per_tok", num_experts_per_tok, "topk"),
-        ):
-            if value is not None:
-                if not self.has_moe:
-                    raise ConfigError(f"knob '{key}' needs a MoE model; {self.name} is dense")
-                cfg[key] = req_int({key: value}, key)
-                changes.append(f"{label}={value}")
-        if num_experts is not None:
-            if not self.has_moe:
-                raise ConfigError(f"knob 'num_experts' needs a MoE model; {self.name} is dense")
-            key = {"deepseek_v3": "n_routed_experts", "mixtral": "num_local_experts"}.get(self.model_type, "num_experts")
-            cfg[key] = req_int({"num_experts": num_experts}, "num_experts")
-            changes.append(f"experts={num_experts}")
-        if shared_expert_intermediate_size is not None:
-            if self.model_type != "qwen3_next":
-                raise ConfigError(
-                    f"knob 'shared_expert_intermediate_size' applies to qwen3_next; {self.name} is {self.model_type}"
-                )
-            cfg["shared_expert_intermediate_size"] = req_int(
-                {"shared_expert_intermediate_size": shared_expert_intermediate_size},
-                "shared_expert_intermediate_size",
-                minimum=0,
-                allowed="an integer >= 0",
-            )
-            changes.append(f"shared={shared_expert_intermediate_size}")
+            if "attention_ratio" not in getattr(reader, "KNOBS", {}):
+                raise ConfigError(f"knob 'attention_ratio'/'full_attention_interval' needs a hybrid model with a linear "
+                                  f"and a full-attention mixer; {self.name} is {self.model_type}")
+            families.apply_knob(reader, cfg, "attention_ratio", attention_ratio)
+            changes.append(f"ratio={attention_ratio}")
+        moe_knobs = (("moe_intermediate_size", moe_intermediate_size, "expert", 1),
+                     ("num_experts_per_tok", num_experts_per_tok, "topk", 1),
+                     ("num_experts", num_experts, "experts", 1),
+                     ("shared_expert_intermediate_size", shared_expert_intermediate_size, "shared", 0),
+                     ("shared_experts", shared_experts, "nshared", 0),
+                     ("moe_every", moe_every, "moe_every", 1))
+        for key, value, label, low in moe_knobs:
+            if value is None:
+                continue
+            if not self.has_moe and key != "moe_every":
+                raise ConfigError(f"knob '{key}' needs a MoE model; {self.name} is dense")
+            value = req_int({key: value}, key, minimum=low, allowed=f"an integer >= {low}")
+            families.apply_knob(reader, cfg, key, value)
+            changes.append(f"{label}={value}")
+        if window is not None:
+            families.apply_knob(reader, cfg, "window", req_int({"window": window}, "window"))
+            changes.append(f"window={window}")
         if num_layers is not None:
-            cfg["num_hidden_layers"] = req_int({"num_layers": num_layers}, "num_layers")
-            cfg.pop("layer_types", None)
+            n = req_int({"num_layers": num_layers}, "num_layers")
+            if "num_layers" in getattr(reader, "KNOBS", {}):
+                families.apply_knob(reader, cfg, "num_layers", n)
+            else:
+                cfg["num_hidden_layers"] = n
+                cfg.pop("layer_types", None)
             changes.append(f"layers={num_layers}")
         new_name = name or (f"{self.name}[{','.join(changes)}]" if changes else self.name)
-        return ModelSpec.from_hf_config(cfg, name=new_name)
+        spec = ModelSpec.from_hf_config(cfg, name=new_name, allow_unknown_fields=self.allow_unknown_fields,
+                                        plan_mtp=self.plan_mtp if plan_mtp is None else plan_mtp, notes=self.notes)
+        has_linear = any(l.mixer == LINEAR_ATTENTION for l in self.layers)
+        if attention_ratio is not None and has_linear and not allow_no_full_attention and \
+                not any(l.mixer == FULL_ATTENTION for l in spec.layers if not l.mtp):
+            raise ConfigError(f"knob 'attention_ratio' = {attention_ratio} leaves no full-attention layer in "
+                              f"{spec.num_decoder_layers} layers; allowed: at most {self._max_ratio(reader, cfg)} "
+                              "(or ask for it: --allow-no-full-attention)")
+        return spec
+
+    def _max_ratio(self, reader, cfg: Mapping[str, Any]) -> int:
+        """The largest attention ratio that keeps a full-attention layer (searched by the family's rule)."""
+        best = 0
+        for r in range(0, self.num_decoder_layers + 1):
+            c = dict(cfg)
+            families.apply_knob(reader, c, "attention_ratio", r)
+            try:
+                layers = reader.build(c)["layers"]
+            except ConfigError:
+                continue
+            if any(l.mixer == FULL_ATTENTION for l in layers):
+                best = r
+        return best
 
     # ------------------------------------------------------------------ derived
     @property
     def num_layers(self) -> int:
+        """Layers the plan places (the decoder layers, plus the MTP layers when ``plan_mtp``)."""
         return len(self.layers)
+
+    @property
+    def num_decoder_layers(self) -> int:
+        """Decoder layers (without MTP layers)."""
+        return sum(1 for l in self.layers if not l.mtp)
 
     @property
     def has_moe(self) -> bool:
@@ -270,57 +356,49 @@ class ModelSpec:
 
     @property
     def attention_ratio(self) -> int | None:
-        """Linear-attention layers per full-attention layer (``None`` for non-hybrid models)."""
-        if self.full_attention_interval is None:
+        """Linear-mixer layers per full-attention layer (``None`` for models without both kinds)."""
+        if self.full_attention_interval is not None:
+            return self.full_attention_interval - 1
+        mixers = [l.mixer for l in self.layers if not l.mtp]
+        lin, full = mixers.count(LINEAR_ATTENTION), mixers.count(FULL_ATTENTION)
+        if not lin or not full:
             return None
-        return self.full_attention_interval - 1
+        return lin // full
 
     def layer_pattern(self) -> str:
-        """One character per layer: ``L`` linear attention, ``A`` full attention; lower case for a dense FFN."""
+        """One character per layer: ``L`` linear mixer (GDN, KDA, lightning, Mamba), ``A`` full attention (``S``
+        sliding window, ``C`` chunked), ``T`` an MTP layer; lower case for a dense FFN (upper case also for a block
+        without FFN); a block without mixer: ``-`` (dense MLP) or ``E`` (MoE)."""
         out = []
         for layer in self.layers:
-            c = "L" if layer.mixer == LINEAR_ATTENTION else "A"
-            out.append(c if layer.ffn == MOE else c.lower())
+            if layer.mtp:
+                out.append("T")
+                continue
+            if layer.mixer == NO_MIXER:
+                out.append("-" if layer.ffn == DENSE else "E")
+                continue
+            c = "L" if layer.mixer == LINEAR_ATTENTION else {"sliding": "S", "chunked": "C"}.get(layer.local, "A")
+            out.append(c.lower() if layer.ffn == DENSE else c)
         return "".join(out)
 
-    # ------------------------------------------------------------------ parameters
+    def mixer_kinds(self, layers: "list[int] | None" = None) -> str:
+        """The mixer kinds of some layers (default all): ``KDA x3 + MLA``, in order of first appearance."""
+        chosen = self.layers if layers is None else [self.layers[i] for i in layers]
+        return mixer_kinds_text([l.label for l in chosen])
+
+    # ------------------------------------------------------------------ parameters (cached: a plan asks ~21,000 times)
+    @cached_property
+    def _layer_param_cache(self) -> dict[LayerSpec, dict[str, int]]:
+        return {}
+
     def mixer_params(self, layer: LayerSpec) -> int:
-        """Parameters of the layer's mixer (projections, norms inside the mixer, conv, gates)."""
-        h = self.hidden_size
-        if layer.attention == "gated_deltanet":
-            # transformers Qwen3NextGatedDeltaNet: in_proj_qkvz, in_proj_ba, depthwise conv1d (no bias),
-            # dt_bias and A_log per value head, gated RMSNorm over the value head dim, out_proj.
-            kd = self.linear_num_key_heads * self.linear_key_head_dim
-            vd = self.linear_num_value_heads * self.linear_value_head_dim
-            conv_dim = 2 * kd + vd
-            return (
-                h * (2 * kd + 2 * vd)
-                + h * 2 * self.linear_num_value_heads
-                + conv_dim * self.linear_conv_kernel_dim
-                + 2 * self.linear_num_value_heads
-                + self.linear_value_head_dim
-                + vd * h
-            )
-        if layer.attention == "mla":
-            nh = self.num_attention_heads
-            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
-            if self.q_lora_rank:
-                q = h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * nh * qk
-            else:
-                q = h * nh * qk
-            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
-            kv += self.kv_lora_rank * nh * (self.qk_nope_head_dim + self.v_head_dim)
-            return q + kv + nh * self.v_head_dim * h
-        nh, nkv, hd = self.num_attention_heads, self.num_key_value_heads, self.head_dim
-        q_out = nh * hd * (2 if layer.attention == "gated_gqa" else 1)
-        params = h * q_out + 2 * h * nkv * hd + nh * hd * h
-        if self.qk_norm:
-            params += 2 * hd
-        return params
+        """Parameters of the layer's mixer (projections, norms inside the mixer, conv, gates); see
+        :mod:`tessera_lab.model.kinds`."""
+        return kinds.mixer_params(self, layer)
 
     def routed_expert_params(self) -> int:
         """Parameters of one routed expert (gate, up and down projections)."""
-        return 3 * self.hidden_size * self.moe_intermediate_size
+        return kinds.routed_expert_params(self)
 
     def shared_expert_params(self) -> int:
         """Parameters of the shared expert(s) of one MoE layer, including a sigmoid gate if present."""
@@ -330,35 +408,32 @@ class ModelSpec:
         return p
 
     def router_params(self) -> int:
-        """Router (gate) weights, plus DeepSeek-V3's per-expert score-correction bias."""
-        return self.hidden_size * self.num_experts + (self.num_experts if self.router_bias else 0)
+        """Router (gate) weights, plus biases (see :func:`tessera_lab.model.kinds.router_params`)."""
+        return kinds.router_params(self)
 
     def layer_params(self, layer: LayerSpec) -> dict[str, int]:
         """Parameters of one layer by component: ``mixer``, ``norms``, ``router``, ``experts``
-        (all routed experts), ``shared`` and ``dense_mlp``."""
-        out = {"mixer": self.mixer_params(layer), "norms": 2 * self.hidden_size,
-               "router": 0, "experts": 0, "shared": 0, "dense_mlp": 0}
-        if layer.ffn == MOE:
-            out["router"] = self.router_params()
-            out["experts"] = self.num_experts * self.routed_expert_params()
-            out["shared"] = self.shared_expert_params()
-        else:
-            out["dense_mlp"] = 3 * self.hidden_size * self.intermediate_size
-        return out
+        (all routed experts), ``shared``, ``dense_mlp`` and ``mtp`` (cached per layer kind)."""
+        cache = self._layer_param_cache
+        key = dataclasses.replace(layer, index=0)
+        if key not in cache:
+            cache[key] = kinds.layer_params(self, layer)
+        return dict(cache[key])
 
     def layer_active_params(self, layer: LayerSpec) -> int:
         """Parameters one token touches in this layer (top-k routed experts only)."""
-        p = self.layer_params(layer)
-        routed = self.num_experts_per_tok * self.routed_expert_params() if layer.ffn == MOE else 0
-        return p["mixer"] + p["norms"] + p["router"] + routed + p["shared"] + p["dense_mlp"]
+        return kinds.layer_active_params(self, layer)
 
-    def param_counts(self) -> ParamCounts:
-        """Parameter counts from the module shapes (see :class:`ParamCounts` for the conventions)."""
+    @cached_property
+    def _param_counts(self) -> ParamCounts:
         embedding = self.vocab_size * self.hidden_size
         lm_head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
         final_norm = self.hidden_size
-        body = sum(sum(self.layer_params(layer).values()) for layer in self.layers) + final_norm
-        active_body = sum(self.layer_active_params(layer) for layer in self.layers) + final_norm
+        main = [l for l in self.layers if not l.mtp]
+        body = sum(sum(self.layer_params(layer).values()) for layer in main) + final_norm
+        active_body = sum(self.layer_active_params(layer) for layer in main) + final_norm
+        mtp = sum(sum(self.layer_params(l).values()) for l in self.mtp_layers)
+        mtp_active = sum(self.layer_active_params(l) for l in self.mtp_layers)
         # a tied head shares the embedding matrix: it still costs compute but adds no parameters
         head_active = self.vocab_size * self.hidden_size
         return ParamCounts(
@@ -368,16 +443,25 @@ class ModelSpec:
             non_embedding=body,
             active=active_body + embedding + (head_active if lm_head else 0),
             active_non_embedding=active_body,
+            mtp=mtp,
+            mtp_active=mtp_active,
         )
+
+    def param_counts(self) -> ParamCounts:
+        """Parameter counts from the module shapes (see :class:`ParamCounts` for the conventions); computed once."""
+        return self._param_counts
 
     def summary(self) -> dict[str, Any]:
         """Plain-dict summary used by the CLI and notebooks."""
         return {
             "name": self.name,
             "model_type": self.model_type,
+            "family": self.family,
             "layers": self.num_layers,
+            "mtp_layers": len(self.mtp_layers),
             "hidden_size": self.hidden_size,
             "pattern": self.layer_pattern(),
+            "mixers": self.mixer_kinds(),
             "num_experts": self.num_experts,
             "top_k": self.num_experts_per_tok,
             "expert_width": self.moe_intermediate_size,
@@ -386,25 +470,34 @@ class ModelSpec:
         }
 
 
+def mixer_kinds_text(labels: "list[str]") -> str:
+    """``KDA x3 + MLA`` from per-layer mixer labels (order of first appearance; ``x1`` left out)."""
+    counts = Counter(labels)
+    return " + ".join(f"{k} x{counts[k]}" if counts[k] > 1 else k for k in dict.fromkeys(labels)) or "-"
+
+
 # ---------------------------------------------------------------------- shipped models
 def shipped_models() -> dict[str, Path]:
     """Shipped configs: name (file stem, e.g. ``qwen3-next-80b-a3b``) -> path under ``data/models``."""
     return {p.stem: p for p in sorted((data_dir() / "models").glob("*.json")) if not p.stem.startswith("_")}
 
 
-def load_model(name_or_path: str | Path) -> ModelSpec:
+def load_model(name_or_path: str | Path, *, allow_unknown_fields: bool = False, plan_mtp: bool = False) -> ModelSpec:
     """A shipped model by name (``tessera-lab models`` lists them) or a ``config.json`` path.
+
+    ``allow_unknown_fields`` and ``plan_mtp``: see :meth:`ModelSpec.from_hf_config`.
 
     Raises:
         ConfigError: the name is neither a shipped model nor an existing file (lists the shipped names).
     """
     models = shipped_models()
     key = str(name_or_path)
+    kw = {"allow_unknown_fields": allow_unknown_fields, "plan_mtp": plan_mtp}
     if key in models:
-        return ModelSpec.from_hf_config(models[key], name=key)
+        return ModelSpec.from_hf_config(models[key], name=key, **kw)
     path = Path(key)
     if path.is_file():
-        return ModelSpec.from_hf_config(path)
+        return ModelSpec.from_hf_config(path, **kw)
     raise ConfigError(f"model '{key}' is neither a shipped model ({', '.join(models)}) nor a config.json path")
 
 
@@ -440,7 +533,8 @@ def layer_summary(layers: list[int], kinds: list[str]) -> str:
     ``d`` suffix for a dense FFN); ``"-"`` for no layers."""
     if not layers:
         return "-"
-    short = {"linear_attention": "L", "full_attention": "A"}
-    counts = Counter(short.get(k.split("+")[0], "?") + ("" if k.endswith("moe") else "d") for k in kinds)
+    short = {"linear_attention": "L", "full_attention": "A", "none": "-"}
+    counts = Counter(short.get(k.split("+")[0].split("/")[0], "?") + ("d" if k.endswith("+dense") else "")
+                     for k in kinds)
     parts = " ".join(f"{k}x{n}" for k, n in sorted(counts.items()))
     return f"{layers[0]}-{layers[-1]} ({parts})"

@@ -46,161 +46,19 @@ This module never imports torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Iterable
+from dataclasses import replace
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.model import mixers
 from tessera_lab.model.ep_traffic import busiest_rank_load, copies_per_token
+from tessera_lab.model.graph import PHASES, Collective, LayerTasks, Task, _Fwd  # noqa: F401  (re-exported)
 from tessera_lab.model.hardware import ParallelConfig
-from tessera_lab.model.spec import MOE, LayerSpec, ModelSpec
-
-PHASES = ("F", "B", "W")
-LINEAR_ATTENTION_CHUNK = 64
+from tessera_lab.model.mixers import LINEAR_ATTENTION_CHUNK
+from tessera_lab.model.spec import MOE, NO_FFN, NO_MIXER, LayerSpec, ModelSpec
 
 #: ops whose FLOPs count as model FLOPs (Megatron-LM convention: GEMMs and the attention core).
 MODEL_FLOP_OPS = frozenset({"gemm", "grouped_gemm", "attention", "linear_attention"})
 COMM_OPS = frozenset({"all_to_all", "all_reduce", "reduce_scatter", "all_gather", "p2p"})
-
-
-@dataclass(frozen=True)
-class Collective:
-    """A communication operation.
-
-    Attributes:
-        kind: ``all_to_all``, ``all_reduce``, ``reduce_scatter``, ``all_gather`` or ``p2p``.
-        bytes: message size S per rank in bytes, as nccl-tests defines it for the collective.
-        group: ``ep``, ``tp``, ``pp`` or ``edp`` (the non-expert data-parallel group).
-        group_size: ranks in the group; a group of 1 is a no-op.
-        routing: for MoE dispatch/combine, ``(tokens, num_experts, top_k, dispatcher, n_group, topk_group)`` so
-            the cost model can
-            split the bytes by link when the EP group spans nodes (DeepEP forwards one copy per destination node
-            over the inter-node link, :func:`tessera_lab.model.ep_traffic.expected_destinations`).
-    """
-
-    kind: str
-    bytes: float
-    group: str
-    group_size: int
-    routing: tuple | None = None
-
-
-@dataclass(frozen=True)
-class Task:
-    """One task of a layer for one micro-batch on one rank.
-
-    Attributes:
-        name: unique within the layer and phase, e.g. ``"dispatch"``.
-        layer: decoder layer index; ``-1`` for the embedding, ``num_layers`` for LM head and loss.
-        phase: ``F`` (forward), ``B`` (input gradient) or ``W`` (weight gradient).
-        op: ``gemm``, ``grouped_gemm``, ``attention``, ``linear_attention``, ``elementwise``, ``router``,
-            ``embedding``, ``loss`` or a collective kind.
-        flops: floating-point operations.
-        bytes: HBM bytes read and written (roofline).
-        collective: the collective for communication tasks, else ``None``.
-        deps: names of tasks of the same bundle this task waits for.
-        deferrable: W tasks and gradient reduce-scatter may move later in the schedule.
-        saved_bytes: activation bytes kept from forward to backward (F tasks only).
-        gemms: forward GEMM shapes ``(m, k, n)`` of one group for GEMM tasks (the cost model's shape-aware
-            efficiency, :mod:`tessera_lab.cost.gemm`); empty for other ops.
-        groups: GEMMs of each shape in one launch (local experts of a grouped expert GEMM; 1 otherwise).
-    """
-
-    name: str
-    layer: int
-    phase: str
-    op: str
-    flops: float = 0.0
-    bytes: float = 0.0
-    collective: Collective | None = None
-    deps: tuple[str, ...] = ()
-    deferrable: bool = False
-    saved_bytes: float = 0.0
-    gemms: tuple[tuple[float, float, float], ...] = ()
-    groups: int = 1
-
-    @property
-    def is_comm(self) -> bool:
-        return self.collective is not None
-
-    @property
-    def key(self) -> str:
-        """Globally unique label ``L<layer>.<phase>.<name>``."""
-        return f"L{self.layer}.{self.phase}.{self.name}"
-
-
-@dataclass(frozen=True)
-class LayerTasks:
-    """F, B and W task lists of one layer (each in program order; ``deps`` name tasks of the same list)."""
-
-    layer: int
-    kind: str
-    F: tuple[Task, ...]
-    B: tuple[Task, ...]
-    W: tuple[Task, ...]
-
-    def phase(self, name: str) -> tuple[Task, ...]:
-        if name not in PHASES:
-            raise ConfigError(f"phase {name!r} is unknown; allowed: F, B, W")
-        return getattr(self, name)
-
-    def all(self) -> tuple[Task, ...]:
-        return self.F + self.B + self.W
-
-
-# ---------------------------------------------------------------------- builders of forward graphs
-@dataclass
-class _Fwd:
-    """Forward graph under construction: tasks plus which ones own weights (get a W) and the
-    B cost multiplier of each."""
-
-    layer: int
-    dt: int
-    tasks: list[Task] = field(default_factory=list)
-    weighted: dict[str, Task] = field(default_factory=dict)  # name -> W task template (phase set later)
-    b_scale: dict[str, float] = field(default_factory=dict)
-    recompute: str = "none"
-    #: task names whose forward re-runs in the backward (selective recompute)
-    recomputed: set[str] = field(default_factory=set)
-    #: recomputed modules (Megatron-LM names, plus ``_experts``: this project's selective routed experts)
-    modules: frozenset = frozenset()
-    #: bytes of one saved GEMM input element (1 under FP8: Transformer Engine saves the FP8 copy)
-    gemm_in: float = 2.0
-    #: sequence-parallel split of the saved activations (``tp`` with sequence parallelism, else 1)
-    sp: int = 1
-
-    def add(self, task: Task, *, w: Task | None = None, b_scale: float = 1.0, selective: float | None = None,
-            module: str | None = None) -> str:
-        """Add a forward task; ``selective``: its saved bytes when ``module`` is recomputed (it is then re-run in
-        the backward); with full recompute every task but the layer input re-runs and saves nothing."""
-        if module is not None and module in self.modules and selective is not None:
-            task = replace(task, saved_bytes=selective)
-            self.recomputed.add(task.name)
-        self.tasks.append(task)
-        if w is not None:
-            self.weighted[task.name] = w
-        self.b_scale[task.name] = b_scale
-        return task.name
-
-    def gemm(self, name: str, m: float, k: float, n: float, deps: Iterable[str], *, saved: bool = True,
-             seq: bool = False, module: str | None = None) -> str:
-        """A dense GEMM (m, k) x (k, n); F, B and W each 2mkn FLOPs; saves its input (``gemm_in`` bytes an
-        element; divided by ``sp`` when the input is in the sequence-parallel region, ``seq``; nothing when
-        ``module`` is recomputed)."""
-        flops = 2.0 * m * k * n
-        nbytes = self.dt * (m * k + k * n + m * n)
-        kept = self.gemm_in * m * k / (self.sp if seq else 1) if saved else 0.0
-        t = Task(name, self.layer, "F", "gemm", flops, nbytes, deps=tuple(deps), saved_bytes=kept, gemms=((m, k, n),))
-        return self.add(t, w=replace(t, saved_bytes=0.0), module=module, selective=0.0)
-
-    def elementwise(self, name: str, nbytes: float, deps: Iterable[str], *, saved: float = 0.0, flops: float = 0.0,
-                    module: str | None = None) -> str:
-        return self.add(Task(name, self.layer, "F", "elementwise", flops, nbytes, deps=tuple(deps), saved_bytes=saved),
-                        module=module, selective=0.0)
-
-    def comm(self, name: str, kind: str, nbytes: float, group: str, size: int, deps: Iterable[str],
-             routing: tuple | None = None) -> str:
-        coll = Collective(kind, nbytes if size > 1 else 0.0, group, size, routing)
-        return self.add(Task(name, self.layer, "F", kind, 0.0, 0.0, coll, tuple(deps)))
 
 
 def _mixer_gated_deltanet(g: _Fwd, m: ModelSpec, T: int, tp: int, after: str) -> str:
@@ -235,7 +93,7 @@ def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
     gated = layer.attention == "gated_gqa"
     qkv = g.gemm("qkv_proj", T, h, nh * hd * (2 if gated else 1) + 2 * nkv * hd, [after], seq=True)
     rope = g.elementwise("qk_norm_rope", dt * T * (nh + nkv) * hd * 2, [qkv], saved=dt * T * (nh + nkv) * hd)
-    flops = 0.5 * 4.0 * b * s * s * nh * hd  # causal: half of QK^T and AV
+    flops = 4.0 * b * mixers.attention_pairs(s, layer.window, layer.local) * nh * hd  # causal: s^2/2 pairs
     io = dt * T * (2 * nh * hd + 2 * nkv * hd)
     # the core keeps q, k, v, its output o and the fp32 lse; o is the very tensor its consumer keeps (the output
     # gate, or o_proj's input in bf16), one storage, so it is counted there (an FP8 o_proj keeps its own FP8 copy)
@@ -250,7 +108,7 @@ def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
     return g.gemm("o_proj", T, nh * hd, h, [last])
 
 
-def _mixer_mla(g: _Fwd, m: ModelSpec, T: int, b: int, s: int, tp: int, after: str) -> str:
+def _mixer_mla(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, tp: int, after: str) -> str:
     h, dt = m.hidden_size, g.dt
     nh = m.num_attention_heads / tp
     qk = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -264,18 +122,22 @@ def _mixer_mla(g: _Fwd, m: ModelSpec, T: int, b: int, s: int, tp: int, after: st
     kva = g.gemm("kv_a_proj", T, h, m.kv_lora_rank + m.qk_rope_head_dim, [after], seq=True)
     kvn = g.elementwise("kv_a_norm", dt * T * m.kv_lora_rank * 2, [kva], saved=dt * T * m.kv_lora_rank / sp)
     kvb = g.gemm("kv_b_proj", T, m.kv_lora_rank, nh * (m.qk_nope_head_dim + m.v_head_dim), [kvn], seq=True)
+    core_deps, pairs = (q, kvb), mixers.attention_pairs(s)
+    if layer.attention == "mla_sparse":  # DeepSeek-V3.2: each query attends the index_topk keys its indexer picks
+        sel = mixers.indexer(g, m, T, b, s, qn if m.q_lora_rank else after, m.q_lora_rank or h, after)
+        core_deps, pairs = (q, kvb, sel), mixers.attention_pairs(s, m.index_topk, "sliding")
     up = "mla_up_proj" in g.modules
     if up:
         # Megatron's 'mla_up_proj' (output-discarding checkpoint of the up projections and RoPE): their inputs stay
         # saved, their outputs (the core's q, k, v) are freed after the forward and rebuilt in the backward
         g.recomputed.update({q, kvb})
-    flops = 0.5 * 2.0 * b * s * s * nh * (qk + m.v_head_dim)
+    flops = 2.0 * b * pairs * nh * (qk + m.v_head_dim)
     io = dt * T * nh * (2 * qk + 2 * m.v_head_dim)
     qkv_in = dt * T * nh * (2 * qk + m.v_head_dim)  # q, k, v; the rest of io is the output o
     # o is o_proj's input, one storage with it in bf16 (counted there); an FP8 o_proj keeps its own copy
     shared = dt * T * nh * m.v_head_dim if g.gemm_in == dt else 0.0
     saved = io + 4.0 * T * nh - shared - (qkv_in if up else 0.0)
-    core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=(q, kvb), saved_bytes=saved), b_scale=2.0,
+    core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=core_deps, saved_bytes=saved), b_scale=2.0,
                  selective=0.0 if up else qkv_in, module="core_attn")
     return g.gemm("o_proj", T, nh * m.v_head_dim, h, [core])
 
@@ -353,16 +215,24 @@ def _checkpoint(g: _Fwd, first: str, keep: float) -> None:
     g.tasks = [replace(t, saved_bytes=(keep if t.name == first else 0.0)) if t.name in block else t for t in g.tasks]
 
 
-def _ffn_dense(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str) -> list[str]:
+def _ffn_dense(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, p: ParallelConfig, after: str) -> list[str]:
     h, dt = m.hidden_size, g.dt
-    inter = m.intermediate_size / p.tp
+    inter = (layer.dense_width or m.intermediate_size) / p.tp
     # Megatron's 'mlp' recomputes the dense MLP from its input (post_attn_norm's saved input)
-    up = g.gemm("gate_up_proj", T, h, 2 * inter, [after], seq=True, module="mlp")
-    act = g.elementwise("silu_mul", dt * T * inter * 3, [up], saved=dt * T * inter * 2, module="mlp")
+    if m.ffn_act != "swiglu":  # squared ReLU (Nemotron-H) or GELU: one up projection, not gated
+        up = g.gemm("up_proj", T, h, inter, [after], seq=True, module="mlp")
+        act = g.elementwise("act", dt * T * inter * 2, [up], saved=dt * T * inter, module="mlp")
+    else:
+        up = g.gemm("gate_up_proj", T, h, 2 * inter, [after], seq=True, module="mlp")
+        act = g.elementwise("silu_mul", dt * T * inter * 3, [up], saved=dt * T * inter * 2, module="mlp")
     down = g.gemm("down_proj", T, inter, h, [act], module="mlp")
     if p.tp > 1:
         down = g.comm("mlp_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [down])
     return [down]
+
+
+#: linear mixers built in :mod:`tessera_lab.model.mixers` (attention name -> graph builder)
+_LINEAR_MIXERS = {"kda": mixers.kda, "lightning": mixers.lightning, "mamba2": mixers.mamba2, "mamba": mixers.mamba1}
 
 
 def _backward(fwd: _Fwd) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
@@ -454,21 +324,35 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
     T, b, s = p.tokens_per_microbatch, p.micro_batch_size, p.seq_len
     h, dt = model.hidden_size, p.dtype_bytes
     g = _new_fwd(layer.index, p)
-    n1 = g.elementwise("input_norm", dt * T * h * 2, [], saved=dt * T * h / g.sp)
-    if layer.attention == "gated_deltanet":
-        mix = _mixer_gated_deltanet(g, model, T, p.tp, n1)
-    elif layer.attention == "mla":
-        mix = _mixer_mla(g, model, T, b, s, p.tp, n1)
-    else:
-        mix = _mixer_gqa(g, model, layer, T, b, s, p.tp, n1)
-    if p.tp > 1:
-        mix = g.comm("attn_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [mix])
-    n2 = g.elementwise("post_attn_norm", dt * T * h * 3, [mix], saved=dt * T * h / g.sp)
-    load = expert_load * rank_expert_load(model, p)
-    outs = _ffn_moe(g, model, T, p, n2, load) if layer.ffn == MOE else _ffn_dense(g, model, T, p, n2)
-    g.elementwise("residual", dt * T * h * 3, outs)
+    first, outs = None, []
+    if layer.mtp:  # DeepSeek-V3 MTP module: enorm/hnorm of the embedding and the hidden state, eh_proj 2h -> h
+        first = g.elementwise("mtp_norms", dt * T * h * 4, [], saved=dt * T * 2 * h / g.sp)
+        outs = [g.gemm("eh_proj", T, 2 * h, h / p.tp, [first], seq=True)]
+    if layer.mixer != NO_MIXER:
+        n1 = g.elementwise("input_norm", dt * T * h * 2, outs, saved=dt * T * h / g.sp)
+        first = first or n1
+        a = layer.attention
+        if a == "gated_deltanet":
+            mix = _mixer_gated_deltanet(g, model, T, p.tp, n1)
+        elif a in ("mla", "mla_sparse"):
+            mix = _mixer_mla(g, model, layer, T, b, s, p.tp, n1)
+        elif a in _LINEAR_MIXERS:
+            mix = _LINEAR_MIXERS[a](g, model, T, p.tp, n1)
+        else:
+            mix = _mixer_gqa(g, model, layer, T, b, s, p.tp, n1)
+        if p.tp > 1:
+            mix = g.comm("attn_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [mix])
+        outs = [mix]
+    if layer.ffn != NO_FFN:
+        n2 = g.elementwise("post_attn_norm", dt * T * h * 3, outs, saved=dt * T * h / g.sp)
+        first = first or n2
+        load = expert_load * rank_expert_load(model, p)
+        outs = _ffn_moe(g, model, T, p, n2, load) if layer.ffn == MOE else _ffn_dense(g, model, layer, T, p, n2)
+    res = g.elementwise("residual", dt * T * h * 3, outs)
+    if layer.mtp:  # the shared head and a loss on the next-next token
+        _head(g, model, p, T, res, prefix="mtp_")
     if p.recompute == "full":
-        _full_recompute(g, n1)
+        _full_recompute(g, first)
     B, W = _backward(g)
     return LayerTasks(layer.index, layer.kind, tuple(g.tasks), B, W)
 
@@ -484,18 +368,24 @@ def embedding_tasks(model: ModelSpec, parallel: ParallelConfig) -> LayerTasks:
 
 def head_tasks(model: ModelSpec, parallel: ParallelConfig) -> LayerTasks:
     """Final norm, LM head GEMM and cross-entropy loss of the last stage (layer index ``num_layers``)."""
-    p, h, dt, V = parallel, model.hidden_size, parallel.dtype_bytes, model.vocab_size
+    p = parallel
     T = p.tokens_per_microbatch
     g = _new_fwd(model.num_layers, p, recompute=False)
-    n = g.elementwise("final_norm", dt * T * h * 2, [], saved=dt * T * h / g.sp)
-    head = g.gemm("lm_head", T, h, V / p.tp, [n], seq=True)
+    _head(g, model, p, T, None)
+    B, W = _backward(g)
+    return LayerTasks(model.num_layers, "lm_head", tuple(g.tasks), B, W)
+
+
+def _head(g: _Fwd, model: ModelSpec, p: ParallelConfig, T: int, after: str | None, prefix: str = "") -> None:
+    """Final norm, LM head GEMM and loss (also an MTP layer's, on its shared head)."""
+    h, dt, V = model.hidden_size, p.dtype_bytes, model.vocab_size
+    n = g.elementwise(prefix + "final_norm", dt * T * h * 2, [after] if after else [], saved=dt * T * h / g.sp)
+    head = g.gemm(prefix + "lm_head", T, h, V / p.tp, [n], seq=True)
     # unfused: fp32 log-softmax saved for the backward; fused (TE/Megatron cross-entropy fusion): the gradient is
     # written in place into the bf16 logits during the forward, so only those are kept
     loss_saved = (dt if p.fused_cross_entropy else 4.0) * T * V / p.tp
-    g.add(Task("loss", model.num_layers, "F", "loss", 5.0 * T * V / p.tp, 4.0 * T * V * 2 / p.tp,
+    g.add(Task(prefix + "loss", g.layer, "F", "loss", 5.0 * T * V / p.tp, 4.0 * T * V * 2 / p.tp,
                deps=(head,), saved_bytes=loss_saved))
-    B, W = _backward(g)
-    return LayerTasks(model.num_layers, "lm_head", tuple(g.tasks), B, W)
 
 
 def decompose(model: ModelSpec, parallel: ParallelConfig, *, expert_load: float = 1.0) -> list[LayerTasks]:

@@ -24,7 +24,7 @@ from tessera_lab.cost.source import CostSource, analytic_source, profile_source
 from tessera_lab.errors import ConfigError, PartitionError, TesseraError
 from tessera_lab.checks import divisors_text
 from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfig, check_fits, cluster_for
-from tessera_lab.model.spec import LINEAR_ATTENTION, MOE, ModelSpec
+from tessera_lab.model.spec import DENSE, FULL_ATTENTION, ModelSpec
 from tessera_lab.model.tasks import model_flops_per_iteration, routing_load_note
 from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, evaluate
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
@@ -104,11 +104,11 @@ def _model_has_module(model: ModelSpec, module: str) -> bool:
     """Whether a Megatron ``--recompute-modules`` name has anything to recompute in ``model``."""
     layers = model.layers
     if module == "core_attn":
-        return any(layer.mixer != LINEAR_ATTENTION for layer in layers)
+        return any(layer.mixer == FULL_ATTENTION for layer in layers)
     if module == "mla_up_proj":
-        return any(layer.attention == "mla" for layer in layers)
+        return any(layer.attention in ("mla", "mla_sparse") for layer in layers)
     if module == "mlp":
-        return any(layer.ffn != MOE for layer in layers)
+        return any(layer.ffn == DENSE for layer in layers)
     return model.has_moe
 
 
@@ -244,7 +244,14 @@ def make_plan(
     capacity = memory_capacity(cluster)
     flops = model_flops_per_iteration(model, parallel)
     source = profile_source(profile) if profile is not None else analytic_source()
-    notes = []
+    notes = list(model.notes)
+    if model.mtp_layers and not model.plan_mtp:
+        mtp = model.param_counts().mtp
+        notes.append(f"{len(model.mtp_layers)} MTP layer(s) ({mtp / 1e9:.2f} B parameters, computed) are not planned; "
+                     "--mtp plans them after the last decoder layer, on the last stage")
+    elif model.plan_mtp and model.mtp_layers:
+        notes.append(f"{len(model.mtp_layers)} MTP layer(s) planned after the last decoder layer (last stage); "
+                     "parameter counts report them apart")
     if model.has_moe and parallel.ep > 1:
         notes.append(routing_load_note(model, parallel))
     if parallel.precision == "fp8":

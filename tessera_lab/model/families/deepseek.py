@@ -1,0 +1,55 @@
+"""DeepSeek-V3 / R1, DeepSeek-V3.2 (MLA with the lightning indexer of DeepSeek Sparse Attention) and the models that
+name ``DeepseekV3ForCausalLM`` under another ``model_type`` (Kimi-K2's ``kimi_k2``).
+
+Rules (transformers ``src/transformers/models/deepseek_v3/modeling_deepseek_v3.py``, ``DeepseekV3DecoderLayer``):
+a layer is MoE when ``i >= first_k_dense_replace`` and ``i % moe_layer_freq == 0``, else a dense SwiGLU MLP of
+``intermediate_size``; MoE = ``n_routed_experts`` routed experts of ``moe_intermediate_size``, top
+``num_experts_per_tok`` in ``topk_group`` of ``n_group`` groups, ``n_shared_experts`` shared experts of the same
+width, a score-correction bias with ``topk_method = noaux_tc``. ``num_nextn_predict_layers`` MTP modules (DeepSeek-V3
+report section 2.2; the HF checkpoint's layer 61: ``eh_proj``, ``enorm``, ``hnorm``, one MoE decoder layer,
+``shared_head.norm``) are counted apart: the 671B of the card excludes them.
+DeepSeek-V3.2 (``deepseek_v32``; deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py``, ``Indexer``): every layer's
+MLA attends the ``index_topk`` keys its indexer (``index_n_heads`` heads of ``index_head_dim``) selects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.model.families.qwen3 import check_act
+from tessera_lab.model.hf_families import MOE, _from_deepseek_v3, opt_int, req_int
+
+MODEL_TYPES = ("deepseek_v3", "deepseek_v32")
+ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM")
+EXAMPLE = "deepseek-v3"
+SOURCE = "transformers src/transformers/models/deepseek_v3/modeling_deepseek_v3.py"
+READS = frozenset({"num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                   "qk_rope_head_dim", "v_head_dim", "intermediate_size", "moe_intermediate_size", "n_routed_experts",
+                   "num_experts_per_tok", "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "n_group",
+                   "topk_group", "topk_method", "num_nextn_predict_layers", "index_n_heads", "index_head_dim",
+                   "index_topk", "hidden_act", "attention_bias", "head_dim"})
+IGNORES = frozenset()
+KNOBS = {"moe_intermediate_size": "moe_intermediate_size", "num_experts_per_tok": "num_experts_per_tok",
+         "num_experts": "n_routed_experts", "shared_experts": "n_shared_experts", "moe_every": "moe_layer_freq"}
+
+
+def mtp_layers(n: int, count: int, like: Any) -> tuple:
+    """``count`` MTP layers after ``n`` decoder layers, each a copy of the decoder layer ``like`` (MoE)."""
+    return tuple(dataclasses.replace(like, index=n + j, ffn=MOE, mtp=True) for j in range(count))
+
+
+def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelSpec keyword arguments of a DeepSeek-V3 / V3.2 config (rules in the module docstring)."""
+    check_act(cfg)
+    if cfg.get("attention_bias"):
+        raise ConfigError("config field 'attention_bias' = true is not supported for deepseek_v3; allowed: false")
+    kw = _from_deepseek_v3(cfg)
+    if cfg.get("model_type") == "deepseek_v32" or "index_topk" in cfg:
+        kw.update(index_n_heads=req_int(cfg, "index_n_heads"), index_head_dim=req_int(cfg, "index_head_dim"),
+                  index_topk=req_int(cfg, "index_topk"))
+        kw["layers"] = tuple(dataclasses.replace(l, attention="mla_sparse") for l in kw["layers"])
+    n = len(kw["layers"])
+    kw["mtp_layers"] = mtp_layers(n, opt_int(cfg, "num_nextn_predict_layers", 0, minimum=0), kw["layers"][-1])
+    return kw

@@ -1,0 +1,78 @@
+"""MiniMax-Text-01 / MiniMax-M1: lightning attention (linear) with softmax GQA every few layers, MoE in every layer.
+
+Rules: the checkpoint's ``modeling_minimax_m1.py`` (``MiniMaxM1DecoderLayer``: ``attn_type_list[i] == 0`` is
+lightning attention, ``1`` softmax attention; ``MiniMaxM1SparseMoeBlock``: ``num_local_experts`` SwiGLU experts of
+``intermediate_size``, top ``num_experts_per_tok``, no shared expert), as vLLM
+``vllm/model_executor/models/minimax_text_01.py`` reads it; transformers ``src/transformers/models/minimax/`` uses
+``layer_types`` (``linear_attention`` / ``full_attention``) for the same thing. Lightning attention
+(``MiniMaxText01LightningAttention``): ``qkv_proj``, ``output_gate``, an RMSNorm and ``out_proj`` over
+``num_attention_heads x head_dim``. The ``layernorm_*_alpha/beta`` residual scalings and ``postnorm`` do not change
+shapes or FLOPs. Knob ``attention_ratio``: softmax attention at every ``ratio + 1``-th layer (M1: 7).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.model.families.qwen3 import check_act
+from tessera_lab.model.hf_families import FULL_ATTENTION, LINEAR_ATTENTION, MOE, _gqa_fields, _layers, _moe_common, req_int
+
+MODEL_TYPES = ("minimax_m1", "minimax_text_01", "minimax")
+ARCHITECTURES = ("MiniMaxM1ForCausalLM", "MiniMaxText01ForCausalLM", "MiniMaxForCausalLM")
+EXAMPLE = "minimax-m1"
+SOURCE = "vLLM vllm/model_executor/models/minimax_text_01.py; transformers src/transformers/models/minimax/"
+READS = frozenset({"num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "num_local_experts",
+                   "num_experts_per_tok", "attn_type_list", "layer_types", "hidden_act", "block_size"})
+IGNORES = frozenset({"layernorm_full_attention_alpha", "layernorm_full_attention_beta",
+                     "layernorm_linear_attention_alpha", "layernorm_linear_attention_beta", "layernorm_mlp_alpha",
+                     "layernorm_mlp_beta", "postnorm", "full_attn_alpha_factor", "full_attn_beta_factor",
+                     "linear_attn_alpha_factor", "linear_attn_beta_factor", "mlp_alpha_factor", "mlp_beta_factor",
+                     "sliding_window", "shared_intermediate_size", "shared_moe_mode"})
+
+
+def _ratio(cfg: dict[str, Any], ratio: int) -> None:
+    n = int(cfg["num_hidden_layers"])
+    types = [1 if (i + 1) % (ratio + 1) == 0 else 0 for i in range(n)]
+    if "layer_types" in cfg and "attn_type_list" not in cfg:
+        cfg["layer_types"] = [FULL_ATTENTION if t else LINEAR_ATTENTION for t in types]
+    else:
+        cfg["attn_type_list"] = types
+        cfg.pop("layer_types", None)
+
+
+def _layers_knob(cfg: dict[str, Any], n: int) -> None:
+    types = build(cfg)["layers"]
+    full = sum(1 for l in types if l.mixer == FULL_ATTENTION)
+    ratio = (len(types) - full) // max(full, 1)
+    cfg["num_hidden_layers"] = n
+    _ratio(cfg, ratio)
+
+
+KNOBS = {"attention_ratio": _ratio, "num_layers": _layers_knob, "moe_intermediate_size": "intermediate_size",
+         "num_experts_per_tok": "num_experts_per_tok", "num_experts": "num_local_experts"}
+
+
+def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelSpec keyword arguments of a MiniMax-M1 config (rules in the module docstring)."""
+    check_act(cfg)
+    if cfg.get("shared_intermediate_size"):
+        raise ConfigError("config field 'shared_intermediate_size' > 0 (a shared expert) is not supported for minimax; "
+                          "allowed: 0")
+    n = req_int(cfg, "num_hidden_layers")
+    if "attn_type_list" in cfg:
+        raw = cfg["attn_type_list"]
+        if not isinstance(raw, list) or len(raw) != n or any(t not in (0, 1) for t in raw):
+            raise ConfigError(f"config field 'attn_type_list' must list {n} entries of 0 (lightning) or 1 (softmax)")
+        mixers = [FULL_ATTENTION if t == 1 else LINEAR_ATTENTION for t in raw]
+    else:
+        raw = cfg.get("layer_types")
+        if not isinstance(raw, list) or len(raw) != n or any(t not in (FULL_ATTENTION, LINEAR_ATTENTION) for t in raw):
+            raise ConfigError(f"config field 'attn_type_list' (or 'layer_types') must list {n} layer kinds")
+        mixers = list(raw)
+    width = req_int(cfg, "intermediate_size")
+    return dict(
+        **_gqa_fields(cfg), **_moe_common(cfg, "num_local_experts"),
+        moe_intermediate_size=width, intermediate_size=width,
+        layers=_layers(mixers, ["gqa" if m == FULL_ATTENTION else "lightning" for m in mixers], [MOE] * n),
+    )

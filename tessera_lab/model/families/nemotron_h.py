@@ -1,0 +1,84 @@
+"""Nemotron-H: blocks of one kind each, spelled by ``hybrid_override_pattern``: ``M`` a Mamba-2 mixer, ``*`` GQA
+attention, ``-`` a dense MLP (squared ReLU, not gated), ``E`` a MoE FFN; each block has one RMSNorm and a residual.
+
+Rules: transformers ``src/transformers/models/nemotron_h/configuration_nemotron_h.py`` @cfeb552ef0cb
+(``layers_block_type`` from ``hybrid_override_pattern``: ``M`` mamba, ``*`` attention, ``-`` mlp, ``E`` moe) and
+``modeling_nemotron_h.py`` (``NemotronHMamba2Mixer``: ``mamba_num_heads`` heads of ``mamba_head_dim``, ``n_groups``,
+``ssm_state_size``, ``conv_kernel``, ``chunk_size``; ``NemotronHMLP``: up and down projections, ``mlp_hidden_act``
+``relu2``; attention heads of ``attention_head_dim``). A block is a layer here: a mixer block has no FFN
+(``ffn = none``), an MLP block no mixer (``mixer = none``). The ``time_step_*`` fields set the initialisation and
+the clamp of dt: no effect on shapes or FLOPs (``time_step_limit`` may hold ``Infinity``).
+Knob ``attention_ratio``: among the mixer blocks, every ``ratio + 1``-th is attention (the MLP blocks stay).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.model.hf_families import (
+    DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MOE, NO_FFN, NO_MIXER, LayerSpec, opt_int, req_int,
+)
+
+MODEL_TYPES = ("nemotron_h",)
+ARCHITECTURES = ("NemotronHForCausalLM",)
+EXAMPLE = "nemotron-h-56b"
+SOURCE = "transformers src/transformers/models/nemotron_h/configuration_nemotron_h.py @cfeb552ef0cb"
+READS = frozenset({"hybrid_override_pattern", "num_attention_heads", "num_key_value_heads", "attention_head_dim",
+                   "head_dim", "attention_bias", "intermediate_size", "mlp_bias", "mlp_hidden_act", "mamba_num_heads",
+                   "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size", "use_bias",
+                   "use_conv_bias", "mamba_hidden_act", "expand", "sliding_window", "n_routed_experts",
+                   "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
+                   "n_shared_experts"})
+IGNORES = frozenset({"time_step_floor", "time_step_limit", "time_step_max", "time_step_min", "time_step_rank",
+                     "hidden_dropout", "mamba_proj_bias"})
+_KINDS = {"M": (LINEAR_ATTENTION, "mamba2", NO_FFN), "*": (FULL_ATTENTION, "gqa", NO_FFN),
+          "-": (NO_MIXER, "none", DENSE), "E": (NO_MIXER, "none", MOE)}
+
+
+def _ratio(cfg: dict[str, Any], ratio: int) -> None:
+    out, j = [], 0
+    for c in str(cfg.get("hybrid_override_pattern", "")):
+        if c in "M*":
+            j += 1
+            c = "*" if j % (ratio + 1) == 0 else "M"
+        out.append(c)
+    cfg["hybrid_override_pattern"] = "".join(out)
+
+
+def _layers_knob(cfg: dict[str, Any], n: int) -> None:
+    pat = str(cfg.get("hybrid_override_pattern", ""))
+    cfg["hybrid_override_pattern"] = (pat * (n // max(len(pat), 1) + 1))[:n]
+    cfg["num_hidden_layers"] = n
+
+
+KNOBS = {"attention_ratio": _ratio, "num_layers": _layers_knob}
+
+
+def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelSpec keyword arguments of a Nemotron-H config (rules in the module docstring)."""
+    n = req_int(cfg, "num_hidden_layers")
+    pat = cfg.get("hybrid_override_pattern")
+    if not isinstance(pat, str) or len(pat) != n or any(c not in _KINDS for c in pat):
+        raise ConfigError(f"config field 'hybrid_override_pattern' must be {n} characters of M (Mamba-2), * (attention), "
+                          "- (MLP), E (MoE)")
+    if "E" in pat:
+        raise ConfigError("config field 'hybrid_override_pattern' has E (MoE) blocks: not supported for nemotron_h yet; "
+                          "allowed: M, *, -")
+    act = cfg.get("mlp_hidden_act", "relu2")
+    if act != "relu2":
+        raise ConfigError(f"config field 'mlp_hidden_act' = {act!r} is not supported; allowed: relu2")
+    layers = tuple(LayerSpec(i, *_KINDS[c]) for i, c in enumerate(pat))
+    nh = req_int(cfg, "num_attention_heads")
+    hd = opt_int(cfg, "attention_head_dim", 0) or opt_int(cfg, "head_dim", req_int(cfg, "hidden_size") // nh)
+    bias = bool(cfg.get("attention_bias", False))
+    return dict(
+        num_attention_heads=nh, num_key_value_heads=opt_int(cfg, "num_key_value_heads", nh), head_dim=hd,
+        attention_bias=bias, o_bias=bias,
+        intermediate_size=req_int(cfg, "intermediate_size"), ffn_act="relu2", mlp_bias=bool(cfg.get("mlp_bias", False)),
+        mamba_num_heads=req_int(cfg, "mamba_num_heads"), mamba_head_dim=req_int(cfg, "mamba_head_dim"),
+        mamba_n_groups=opt_int(cfg, "n_groups", 1), ssm_state_size=req_int(cfg, "ssm_state_size"),
+        mamba_conv_kernel=opt_int(cfg, "conv_kernel", 4), mamba_chunk_size=opt_int(cfg, "chunk_size", 128),
+        mamba_conv_bias=bool(cfg.get("use_conv_bias", True)), mamba_proj_bias=bool(cfg.get("use_bias", False)),
+        layers=layers,
+    )

@@ -1,0 +1,58 @@
+"""Qwen3-Next and Qwen3.5-MoE's language model: Gated DeltaNet linear attention with gated full attention.
+
+Rules (transformers ``src/transformers/models/qwen3_next/configuration_qwen3_next.py``, ``layer_types`` default:
+``full_attention`` if ``(i + 1) % full_attention_interval == 0`` else ``linear_attention``;
+``modeling_qwen3_next.py``: MoE by the Qwen3-MoE rule, a sigmoid-gated shared expert; Qwen3.5:
+``qwen3_5_moe/configuration_qwen3_5_moe.py`` the same rule, ``attn_output_gate``). MTP layers
+(``mtp_num_hidden_layers``, vLLM ``vllm/model_executor/models/qwen3_next_mtp.py``: ``fc`` ``2h x h``, two input
+norms, one full-attention MoE decoder layer, a final norm) are counted apart.
+Knob ``attention_ratio`` keeps the rule: every ``ratio + 1``-th layer is full attention.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from tessera_lab.model.families.qwen3 import check_act
+from tessera_lab.model.hf_families import FULL_ATTENTION, MOE, LayerSpec, _from_qwen3_next, opt_int
+
+MODEL_TYPES = ("qwen3_next", "qwen3_5_moe_text")
+ARCHITECTURES = ("Qwen3NextForCausalLM",)
+EXAMPLE = "qwen3-next-80b-a3b"
+SOURCE = "transformers src/transformers/models/qwen3_next/configuration_qwen3_next.py, modeling_qwen3_next.py"
+READS = frozenset({"layer_types", "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads",
+                   "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "num_attention_heads",
+                   "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size", "num_experts",
+                   "num_experts_per_tok", "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
+                   "attention_bias", "attn_output_gate", "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",
+                   "hidden_act"})
+IGNORES = frozenset()
+
+
+def _ratio(cfg: dict[str, Any], ratio: int) -> None:
+    cfg["full_attention_interval"] = ratio + 1
+    cfg.pop("layer_types", None)
+
+
+def _shared(cfg: dict[str, Any], n: int) -> None:
+    cfg["shared_expert_intermediate_size"] = n * int(cfg.get("moe_intermediate_size") or 0)
+
+
+KNOBS = {"attention_ratio": _ratio, "moe_intermediate_size": "moe_intermediate_size",
+         "num_experts_per_tok": "num_experts_per_tok", "num_experts": "num_experts",
+         "shared_expert_intermediate_size": "shared_expert_intermediate_size", "shared_experts": _shared,
+         "moe_every": "decoder_sparse_step"}
+
+
+def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelSpec keyword arguments of a Qwen3-Next / Qwen3.5-MoE text config."""
+    check_act(cfg)
+    kw = _from_qwen3_next(cfg)
+    if cfg.get("attn_output_gate") is False:
+        kw["layers"] = tuple(LayerSpec(l.index, l.mixer, "gqa" if l.attention == "gated_gqa" else l.attention, l.ffn)
+                             for l in kw["layers"])
+    kw["attention_bias"] = bool(cfg.get("attention_bias", False))
+    n, mtp = len(kw["layers"]), opt_int(cfg, "mtp_num_hidden_layers", 0, minimum=0)
+    kw["mtp_layers"] = tuple(LayerSpec(n + j, FULL_ATTENTION, "gated_gqa" if cfg.get("attn_output_gate", True)
+                                       else "gqa", MOE, mtp=True) for j in range(mtp))
+    return kw

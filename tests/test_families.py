@@ -1,0 +1,306 @@
+"""The layer-kind registry (issue 23): every turn3 config reads, counts and plans; layer patterns against each
+config's own rule; model FLOPs against hand derivations; nothing dropped silently; knobs by the family's rule.
+
+Card figures (total / active) are from each model's card as listed in shared/reference/models/turn3/README.md; the
+convention each card counts by is stated next to its expectation.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tessera_lab.cli.main import main
+from tessera_lab.errors import ConfigError
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.model.spec import ModelSpec, load_model, matches_published, shipped_models
+from tessera_lab.model.tasks import model_flops_per_iteration
+
+NEW = ["kimi-linear-48b-a3b", "minimax-m1", "jamba-1.5-mini", "nemotron-h-56b", "qwen3.5-35b-a3b", "glm-4.5-air",
+       "gpt-oss-20b", "llama-4-scout-17b-16e", "deepseek-v3.2", "kimi-k2-instruct", "olmoe-1b-7b", "qwen3-vl-30b-a3b"]
+
+
+def raw(name: str) -> dict:
+    return json.loads(shipped_models()[name].read_text())
+
+
+def near(value: float, card: float, tol: float = 0.01) -> bool:
+    return abs(value / card - 1) <= tol
+
+
+# ---------------------------------------------------------------------- parameter counts against the cards
+def test_card_counts():
+    c = {n: load_model(n).param_counts() for n in NEW}
+    # MiniMax-M1 456B / 45.9B: active without the embedding and the head
+    assert near(c["minimax-m1"].total, 456e9) and near(c["minimax-m1"].active_non_embedding, 45.9e9)
+    # Jamba-1.5-Mini 52B / 12B: both with embedding and head
+    assert near(c["jamba-1.5-mini"].total, 52e9) and near(c["jamba-1.5-mini"].active, 12e9)
+    # Nemotron-H-56B: dense, 56B total
+    assert near(c["nemotron-h-56b"].total, 56e9) and c["nemotron-h-56b"].active == c["nemotron-h-56b"].total
+    # Qwen3.5-35B-A3B: 35B total without the vision tower and the MTP layer (counted apart); "3B" active rounded
+    assert near(c["qwen3.5-35b-a3b"].total, 35e9) and c["qwen3.5-35b-a3b"].mtp > 0
+    assert matches_published(c["qwen3.5-35b-a3b"].active, 3e9)
+    # GLM-4.5-Air 106B / 12B: total without the MTP layer; active without embedding and head ("12B" rounded)
+    assert near(c["glm-4.5-air"].total, 106e9) and matches_published(c["glm-4.5-air"].active_non_embedding, 12e9)
+    assert near(c["glm-4.5-air"].total + c["glm-4.5-air"].mtp, 109.2e9, 0.01)  # with the MTP layer
+    # gpt-oss-20b 20.9B / 3.6B (OpenAI model card: active counts the unembedding, not the embedding)
+    g = c["gpt-oss-20b"]
+    assert near(g.total, 20.9e9) and near(g.active_non_embedding + g.lm_head, 3.6e9)
+    # Llama-4-Scout 109B / 17B: the card's total includes the vision encoder; the language model is 107.8B (1.1%
+    # under); active 17B with embedding and head
+    assert near(c["llama-4-scout-17b-16e"].total, 109e9, 0.012)
+    assert matches_published(c["llama-4-scout-17b-16e"].active, 17e9)  # "17B": 17.17B rounded
+    # DeepSeek-V3.2 671B / 37B: V3's card figures without the MTP layer; the indexer adds 0.85B
+    d = c["deepseek-v3.2"]
+    assert near(d.total, 671e9) and near(d.active_non_embedding, 37e9, 0.02) and d.mtp > 11e9
+    assert near(d.total - load_model("deepseek-v3").param_counts().total, 61 * (1536 * 64 * 128 + 7168 * 128 + 256
+                                                                              + 7168 * 64), 1e-9)
+    # OLMoE-1B-7B 6.9B / 1.3B with embedding and head
+    assert near(c["olmoe-1b-7b"].total, 6.9e9) and matches_published(c["olmoe-1b-7b"].active, 1.3e9)
+    # Kimi-K2 1.04T / 32B (README); the card's table says 1T: the module shapes give 1.026T (1.3% under 1.04T)
+    k2 = c["kimi-k2-instruct"]
+    assert near(k2.total, 1.04e12, 0.014) and matches_published(k2.active, 32e9)  # "32B": 32.86B truncated
+    # Kimi-Linear 48B / 3B: 48B is the count without embedding and head (48.37B); "3B" active rounded
+    kl = c["kimi-linear-48b-a3b"]
+    assert near(kl.non_embedding, 48e9) and matches_published(kl.active_non_embedding, 3e9)
+    # Qwen3-VL-30B-A3B: the language model is Qwen3-30B-A3B's (30.5B); the card's 30B is rounded
+    assert c["qwen3-vl-30b-a3b"] == load_model("qwen3-30b-a3b").param_counts()
+
+
+def test_kda_and_mla_layer_params_by_hand():
+    """Kimi-Linear: one KDA layer and one MLA layer, from the module shapes written out here."""
+    m = load_model("kimi-linear-48b-a3b")
+    h, H, d, K = 2304, 32, 128, 4
+    kda = (3 * h * H * d + 3 * H * d * K + H + h * d + d * H * d + H * d + h * H + h * d + d * H * d + d
+           + H * d * h)
+    mla = h * 32 * 192 + h * 576 + 512 + 512 * 32 * 256 + 32 * 128 * h
+    assert m.mixer_params(m.layers[0]) == kda
+    assert m.mixer_params(m.layers[3]) == mla
+
+
+# ---------------------------------------------------------------------- layer patterns against each config's rule
+def test_kimi_linear_pattern():
+    m, cfg = load_model("kimi-linear-48b-a3b"), raw("kimi-linear-48b-a3b")
+    kda = set(cfg["linear_attn_config"]["kda_layers"])  # 1-based layer numbers
+    assert [l.attention for l in m.layers] == ["kda" if i + 1 in kda else "mla" for i in range(27)]
+    assert [l.index + 1 for l in m.layers if l.attention == "mla"] == cfg["linear_attn_config"]["full_attn_layers"]
+    assert [l.ffn for l in m.layers] == ["dense"] + ["moe"] * 26  # first_k_dense_replace = 1
+    assert m.mixer_kinds([0, 1, 2, 3]) == "KDA x3 + MLA"
+
+
+def test_nemotron_h_pattern():
+    m, pat = load_model("nemotron-h-56b"), raw("nemotron-h-56b")["hybrid_override_pattern"]
+    kinds = {"M": ("mamba2", "none"), "*": ("gqa", "none"), "-": ("none", "dense")}
+    assert [(l.attention, l.ffn) for l in m.layers] == [kinds[c] for c in pat]
+    assert (pat.count("M"), pat.count("*"), pat.count("-")) == (54, 10, 54)
+
+
+def test_jamba_pattern():
+    m = load_model("jamba-1.5-mini")
+    assert [l.index for l in m.layers if l.attention == "gqa"] == [i for i in range(32) if i % 8 == 4]
+    assert [l.index for l in m.layers if l.ffn == "moe"] == [i for i in range(32) if i % 2 == 1]
+    assert all(l.attention == "mamba" for l in m.layers if l.index % 8 != 4)
+
+
+def test_gpt_oss_alternation():
+    m = load_model("gpt-oss-20b")
+    assert [(l.local, l.window) for l in m.layers] == [("sliding", 128) if i % 2 == 0 else ("", 0) for i in range(24)]
+    assert m.attention_sinks and m.layer_pattern() == "SA" * 12
+
+
+def test_llama4_chunked_nope_and_moe_interleave():
+    m = load_model("llama-4-scout-17b-16e")
+    nope = [i for i in range(48) if (i + 1) % 4 == 0]  # no_rope_layer_interval 4
+    assert [l.index for l in m.layers if not l.rope] == nope
+    assert [l.index for l in m.layers if l.local == "chunked"] == [i for i in range(48) if i not in nope]
+    assert all(l.window == 8192 for l in m.layers if l.local == "chunked")
+    assert all(l.ffn == "moe" for l in m.layers)  # interleave_moe_layer_step 1
+    two = m.with_changes(moe_every=2)
+    assert [l.index for l in two.layers if l.ffn == "moe"] == list(range(1, 48, 2))
+    assert all(l.dense_width == 16384 for l in two.layers if l.ffn == "dense")  # intermediate_size_mlp
+
+
+def test_deepseek_dense_first_layers_and_mtp():
+    for name, dense in (("deepseek-v3", 3), ("deepseek-v3.2", 3), ("kimi-k2-instruct", 1), ("glm-4.5-air", 1)):
+        m = load_model(name)
+        assert [l.ffn for l in m.layers[:dense + 1]] == ["dense"] * dense + ["moe"], name
+    m = load_model("deepseek-v3")
+    assert len(m.mtp_layers) == 1 and m.num_layers == 61
+    planned = load_model("deepseek-v3", plan_mtp=True)
+    assert planned.num_layers == 62 and planned.layers[-1].mtp and planned.layers[-1].ffn == "moe"
+    assert planned.param_counts() == m.param_counts()  # planning the MTP layer does not change the card counts
+    assert all(l.attention == "mla_sparse" for l in load_model("deepseek-v3.2").layers)
+
+
+def test_minimax_and_qwen35_patterns():
+    m, types = load_model("minimax-m1"), raw("minimax-m1")["attn_type_list"]
+    assert [l.attention for l in m.layers] == ["gqa" if t else "lightning" for t in types]
+    q = load_model("qwen3.5-35b-a3b")
+    assert [l.index for l in q.layers if l.mixer == "full_attention"] == list(range(3, 40, 4))
+    assert any("vision tower" in n for n in q.notes) and len(q.mtp_layers) == 1
+
+
+# ---------------------------------------------------------------------- model FLOPs per token by hand
+def flops_per_token(m: ModelSpec, seq: int) -> float:
+    p = ParallelConfig(pp=1, ep=1, microbatches=1, seq_len=seq)
+    return model_flops_per_iteration(m, p) / p.tokens_per_iteration
+
+
+def test_gpt_oss_flops_by_hand():
+    h, nh, nkv, hd, E_w, k, V, s, w = 2880, 64, 8, 64, 2880, 4, 201088, 4096, 128
+    gemm = 2 * (h * nh * hd + 2 * h * nkv * hd + nh * hd * h) + 2 * k * 3 * h * E_w
+    full, sliding = 4 * (s / 2) * nh * hd, 4 * ((s * w - w * w / 2) / s) * nh * hd
+    fwd = 24 * gemm + 12 * (full + sliding) + 2 * h * V
+    assert flops_per_token(load_model("gpt-oss-20b"), s) == pytest.approx(3 * fwd, rel=1e-12)
+
+
+def test_kimi_linear_flops_by_hand():
+    h, H, d, s, V = 2304, 32, 128, 4096, 163840
+    kda = 2 * (h * (3 * H * d + H + 2 * d) + d * 2 * H * d + H * d * h) + H * (6 * d * d + 2 * 64 * 2 * d)
+    mla = 2 * (h * 32 * 192 + h * 576 + 512 * 32 * 256 + 32 * 128 * h) + 2 * (s / 2) * 32 * (192 + 128)
+    moe = 2 * (8 * 3 * h * 1024 + 3 * h * 1024)  # top-8 routed + one shared expert
+    fwd = 20 * kda + 7 * mla + 2 * 3 * h * 9216 + 26 * moe + 2 * h * V
+    assert flops_per_token(load_model("kimi-linear-48b-a3b"), s) == pytest.approx(3 * fwd, rel=1e-12)
+
+
+def test_minimax_flops_by_hand():
+    h, nh, nkv, hd, w, s, V = 6144, 64, 8, 128, 9216, 4096, 200064
+    inner = nh * hd
+    lightning = 2 * (h * 4 * inner + inner * h) + nh * (4 * hd * hd + 2 * 64 * 2 * hd)
+    full = 2 * (h * inner + 2 * h * nkv * hd + inner * h) + 4 * (s / 2) * nh * hd
+    fwd = 70 * lightning + 10 * full + 80 * 2 * 2 * 3 * h * w + 2 * h * V
+    assert flops_per_token(load_model("minimax-m1"), s) == pytest.approx(3 * fwd, rel=1e-12)
+
+
+def test_nemotron_h_flops_by_hand():
+    h, H, P, G, N, s, V, ffn = 8192, 256, 64, 8, 256, 4096, 131072, 32768
+    inner = H * P
+    conv = inner + 2 * G * N
+    mamba = 2 * (h * (inner + conv + H) + inner * h) + H * (4 * N * P + 2 * 128 * (N + P))
+    attn = 2 * (h * 64 * 128 + 2 * h * 8 * 128 + 64 * 128 * h) + 4 * (s / 2) * 64 * 128
+    mlp = 2 * 2 * h * ffn  # squared ReLU: up and down
+    fwd = 54 * mamba + 10 * attn + 54 * mlp + 2 * h * V
+    assert flops_per_token(load_model("nemotron-h-56b"), s) == pytest.approx(3 * fwd, rel=1e-12)
+
+
+def test_llama4_chunked_flops_by_hand():
+    h, nh, nkv, hd, w, s, V, c = 5120, 40, 8, 128, 8192, 16384, 202048, 8192
+    proj = 2 * (h * nh * hd + 2 * h * nkv * hd + nh * hd * h) + 2 * (3 * h * w + 3 * h * w)  # 1 routed + shared
+    chunked = 4 * (2 * c * c / 2 / s) * nh * hd
+    full = 4 * (s / 2) * nh * hd
+    fwd = 48 * proj + 36 * chunked + 12 * full + 2 * h * V
+    assert flops_per_token(load_model("llama-4-scout-17b-16e"), s) == pytest.approx(3 * fwd, rel=1e-12)
+
+
+# ---------------------------------------------------------------------- nothing dropped silently
+def test_minimax_relabelled_mixtral_is_refused_naming_fields():
+    cfg = raw("minimax-m1")
+    cfg["model_type"] = "mixtral"
+    with pytest.raises(ConfigError, match=r"'attn_type_list'.*mixtral") as err:
+        ModelSpec.from_hf_config(cfg)
+    assert "postnorm" in str(err.value)
+    m = ModelSpec.from_hf_config(cfg, allow_unknown_fields=True)
+    assert any("attn_type_list" in n for n in m.notes) and all(l.attention == "gqa" for l in m.layers)
+
+
+def test_nemotron_h_infinity_is_not_the_error(tmp_path):
+    m = load_model("nemotron-h-56b")  # time_step_limit [0.0, Infinity] in the file
+    assert m.num_layers == 118
+    text = shipped_models()["nemotron-h-56b"].read_text().replace('"nemotron_h"', '"nemotron_x"')
+    path = tmp_path / "c.json"
+    path.write_text(text.replace('"NemotronHForCausalLM"', '"NemotronXForCausalLM"'))
+    with pytest.raises(ConfigError, match="model_type") as err:
+        load_model(str(path))
+    assert "time_step_limit" not in str(err.value)
+
+
+def test_alias_and_text_config_notes():
+    k2 = load_model("kimi-k2-instruct")
+    assert k2.family == "deepseek_v3" and any("DeepseekV3ForCausalLM" in n for n in k2.notes)
+    assert any("vision tower" in n for n in load_model("qwen3-vl-30b-a3b").notes)
+
+
+def test_cli_unknown_field_exit_2(tmp_path, capsys):
+    cfg = raw("minimax-m1")
+    cfg["model_type"] = "mixtral"
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["params", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "attn_type_list" in err and "mixtral" in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------- knobs
+def test_attention_ratio_kimi_linear_by_hand():
+    m = load_model("kimi-linear-48b-a3b")
+    r1 = m.with_changes(attention_ratio=1)
+    full = [i for i in range(1, 28) if i % 2 == 0 or i == 27]  # every 2nd layer and the last
+    assert [l.index + 1 for l in r1.layers if l.attention == "mla"] == full
+    kda, mla = m.mixer_params(m.layers[0]), m.mixer_params(m.layers[3])
+    assert r1.param_counts().total - m.param_counts().total == (len(full) - 7) * (mla - kda)
+    assert r1.param_counts().active - m.param_counts().active == (len(full) - 7) * (mla - kda)
+
+
+def test_attention_ratio_qwen35_by_hand():
+    m = load_model("qwen3.5-35b-a3b")
+    r1 = m.with_changes(attention_ratio=1)
+    assert [l.index for l in r1.layers if l.mixer == "full_attention"] == list(range(1, 40, 2))
+    h = 2048
+    gdn = h * (2 * 2048 + 2 * 4096) + h * 64 + 8192 * 4 + 64 + 128 + 4096 * h
+    attn = h * 16 * 256 * 2 + 2 * h * 2 * 256 + 16 * 256 * h + 2 * 256
+    assert r1.param_counts().total - m.param_counts().total == 10 * (attn - gdn)
+
+
+def test_ratio_without_full_attention_refused_unless_asked():
+    for name, ratio in (("qwen3.5-35b-a3b", 40), ("minimax-m1", 80), ("qwen3-next-80b-a3b", 100)):
+        with pytest.raises(ConfigError, match="no full-attention layer"):
+            load_model(name).with_changes(attention_ratio=ratio)
+        m = load_model(name).with_changes(attention_ratio=ratio, allow_no_full_attention=True)
+        assert not any(l.mixer == "full_attention" for l in m.layers)
+    with pytest.raises(ConfigError, match="needs a hybrid"):
+        load_model("gpt-oss-20b").with_changes(attention_ratio=1)
+
+
+def test_other_knobs():
+    g = load_model("glm-4.5-air").with_changes(shared_experts=2)
+    assert g.shared_expert_intermediate_size == 2 * 1408
+    w = load_model("gpt-oss-20b").with_changes(window=1024)
+    assert {l.window for l in w.layers} == {0, 1024}
+    j = load_model("jamba-1.5-mini").with_changes(moe_every=4)
+    assert [l.index for l in j.layers if l.ffn == "moe"] == [i for i in range(32) if i % 4 == 1]
+    n = load_model("nemotron-h-56b").with_changes(attention_ratio=3)
+    assert n.layer_pattern().count("A") == 16  # 64 mixer blocks, every 4th attention
+
+
+def test_params_cli_takes_knobs(capsys):
+    assert main(["params", "kimi-linear-48b-a3b", "--attention-ratio", "1", "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mixers"] == "KDA x13 + MLA x14" and out["model"].endswith("[ratio=1]")
+
+
+# ---------------------------------------------------------------------- plans
+#: a layout each model fits at (H200, 4096 tokens a sequence)
+LAYOUTS = {
+    "kimi-linear-48b-a3b": ["--pp", "4", "--ep", "8"], "minimax-m1": ["--pp", "16", "--ep", "32"],
+    "jamba-1.5-mini": ["--pp", "4", "--ep", "8"], "nemotron-h-56b": ["--pp", "4", "--ep", "1", "--tp", "8"],
+    "qwen3.5-35b-a3b": ["--pp", "4", "--ep", "8"], "glm-4.5-air": ["--pp", "4", "--ep", "8"],
+    "gpt-oss-20b": ["--pp", "4", "--ep", "8"], "llama-4-scout-17b-16e": ["--pp", "4", "--ep", "8"],
+    "deepseek-v3.2": ["--pp", "16", "--ep", "64"], "kimi-k2-instruct": ["--pp", "16", "--ep", "64"],
+    "olmoe-1b-7b": ["--pp", "4", "--ep", "8"], "qwen3-vl-30b-a3b": ["--pp", "4", "--ep", "8"],
+}
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_every_turn3_config_plans(name, capsys):
+    pp = LAYOUTS[name][1]
+    args = ["plan", "--model", name, *LAYOUTS[name], "--microbatches", str(2 * int(pp))]
+    assert main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "mixers" in out and load_model(name).mixer_kinds().split(" x")[0] in out
+
+
+def test_mtp_planned_on_last_stage(capsys):
+    assert main(["plan", "--model", "glm-4.5-air", "--pp", "8", "--ep", "8", "--microbatches", "16", "--mtp"]) == 0
+    out = capsys.readouterr().out
+    assert "MTP" in out and "MTP layer(s) planned" in out
