@@ -37,6 +37,23 @@ def test_partition_panel_matches_pure_function():
     assert (table["overlap-aware speed-up"] >= 1 - 1e-9).all()
 
 
+def test_partition_panel_model_choice():
+    """Notebook 06's model choice (issue 23): each hybrid re-plans at its own layout; a knob a model lacks is an
+    error line, not an exception."""
+    from tessera_lab.ui.widgets import MODEL_LAYOUTS, compare_partitions, partition_panel
+
+    assert {"qwen3-next-80b-a3b", "kimi-linear-48b-a3b", "minimax-m1", "nemotron-h-56b",
+            "jamba-1.5-mini"} <= set(MODEL_LAYOUTS)
+    panel, controls, state = partition_panel(microbatches=8)
+    controls["model"].value = "kimi-linear-48b-a3b"
+    plan, table = compare_partitions("kimi-linear-48b-a3b", microbatches=8)
+    assert state["table"].equals(table) and plan.parallel.pp == MODEL_LAYOUTS["kimi-linear-48b-a3b"][0]
+    controls["model"].value = "nemotron-h-56b"
+    assert state["plan"].model.family == "nemotron_h"
+    controls["expert_width"].value = 512  # Nemotron-H is dense
+    assert "MoE" in state["error"]
+
+
 def _ink(png: bytes) -> float:
     import io
 

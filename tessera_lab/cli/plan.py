@@ -82,7 +82,10 @@ def format_plan(plan) -> str:
     bottleneck stage and its cause, then per-stage tables for the chosen method and each baseline, notes last."""
     p, m = plan.parallel, plan.model
     lines = [
-        f"model {m.name} ({m.family}): {m.num_layers} layers ({m.mixer_kinds()}), pattern {m.layer_pattern()}  "
+        f"model {m.name} ({m.family}): {m.num_layers} layers ({m.mixer_kinds()})"
+        + (f"; MoE {m.num_experts} experts of width {m.moe_intermediate_size}, top-{m.num_experts_per_tok}, shared "
+           f"expert width {m.shared_expert_intermediate_size or 'none'}" if m.has_moe else "; dense")
+        + f", pattern {m.layer_pattern()}  "
         "(L linear mixer, A full attention, S sliding window, C chunked, T MTP; lower case: dense FFN; "
         "- / E: MLP / MoE block without mixer)",
         f"cluster {plan.cluster.num_nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}; "

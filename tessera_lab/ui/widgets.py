@@ -17,7 +17,7 @@ from tessera_lab.report.headline import memory_note, mfu_note
 from tessera_lab.ui.panel import LABEL_STYLE, View, panel
 
 __all__ = ["LABEL_STYLE", "panel", "replan", "plan_summary", "summary_table", "plan_notes", "quickstart_panel",
-           "compare_partitions", "partition_panel"]
+           "compare_partitions", "partition_panel", "MODEL_LAYOUTS"]
 
 def replan(
     model: str = "qwen3-next-80b-a3b",
@@ -31,6 +31,7 @@ def replan(
     seq_len: int = 4096,
     gpu: str = "H200",
     method: str = "ilp",
+    tp: int = 1,
 ) -> Plan:
     """Plan a variant of a shipped model (pure function behind the quick-start panel).
 
@@ -51,8 +52,15 @@ def replan(
     changes = {k: v for k, v in asked.items() if v != getattr(spec, k)}
     if changes:
         spec = spec.with_changes(**changes)
-    parallel = ParallelConfig(pp=pp, ep=ep, microbatches=microbatches, seq_len=seq_len)
+    parallel = ParallelConfig(pp=pp, ep=ep, tp=tp, microbatches=microbatches, seq_len=seq_len)
     return make_plan(spec, parallel, method=method, gpu=gpu)
+
+
+#: the model choice of notebooks 05 and 06 -> a layout it fits at on H200 with 4,096-token sequences (pp, ep, tp)
+MODEL_LAYOUTS: dict[str, tuple[int, int, int]] = {
+    "qwen3-next-80b-a3b": (8, 8, 1), "kimi-linear-48b-a3b": (4, 8, 1), "minimax-m1": (16, 32, 1),
+    "nemotron-h-56b": (4, 1, 8), "jamba-1.5-mini": (4, 8, 1), "qwen3.5-35b-a3b": (4, 8, 1),
+}
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:
@@ -143,11 +151,14 @@ def compare_partitions(
     attention_ratio: int | None = None,
     expert_width: int | None = None,
     top_k: int | None = None,
-    pp: int = 8,
+    pp: int | None = None,
     microbatches: int = 32,
+    ep: int | None = None,
+    tp: int | None = None,
 ):
     """The overlap-aware plan beside the uniform, standalone-balanced and parameter-balanced partitions, all
-    simulated with overlapped 1F1B (pure function behind notebook 06's panel).
+    simulated with overlapped 1F1B (pure function behind notebook 06's panel). ``pp``, ``ep``, ``tp`` left
+    ``None`` take the model's layout in :data:`MODEL_LAYOUTS` (default pp 8, ep 8, tp 1).
 
     Returns:
         ``(plan, table)``: the :class:`~tessera_lab.plan.make.Plan` and a pandas DataFrame with one row per
@@ -156,7 +167,9 @@ def compare_partitions(
     """
     import pandas as pd
 
-    plan = replan(model, attention_ratio=attention_ratio, expert_width=expert_width, top_k=top_k, pp=pp,
+    lay = MODEL_LAYOUTS.get(model, (8, 8, 1))
+    plan = replan(model, attention_ratio=attention_ratio, expert_width=expert_width, top_k=top_k,
+                  pp=lay[0] if pp is None else pp, ep=lay[1] if ep is None else ep, tp=lay[2] if tp is None else tp,
                   microbatches=microbatches)
     rows = []
     for ev in [plan.chosen, *plan.baselines.values()]:
@@ -174,7 +187,8 @@ def compare_partitions(
 
 
 def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
-    """Notebook 06's panel: attention ratio, expert width, top-k, stages and micro-batches.
+    """Notebook 06's panel: the model (the choices of :data:`MODEL_LAYOUTS`, each at its layout), attention ratio,
+    expert width, top-k (each "config" or a value), stages and micro-batches.
 
     Returns:
         ``(panel, controls, state)`` like :func:`quickstart_panel`; ``state["table"]`` and ``state["plan"]``
@@ -184,22 +198,25 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
 
     from tessera_lab.ui.plots import standalone_vs_overlap_bars
 
-    spec = load_model(model)
+    choices = list(MODEL_LAYOUTS) + ([model] if model not in MODEL_LAYOUTS else [])
+    config = [("config", None)]
     controls = {
-        "attention_ratio": w.IntSlider(value=defaults.get("attention_ratio", spec.attention_ratio or 3), min=0, max=11,
-                                       description="attn ratio", style=LABEL_STYLE, continuous_update=False),
-        "expert_width": w.Dropdown(options=[128, 256, 512, 1024, 2048],
-                                   value=defaults.get("expert_width", spec.moe_intermediate_size),
-                                   description="expert width", style=LABEL_STYLE),
-        "top_k": w.IntSlider(value=defaults.get("top_k", spec.num_experts_per_tok), min=1, max=32,
-                             description="top-k", style=LABEL_STYLE, continuous_update=False),
-        "pp": w.Dropdown(options=[2, 4, 8, 12, 16], value=defaults.get("pp", 8), description="stages", style=LABEL_STYLE),
+        "model": w.Dropdown(options=choices, value=model, description="model", style=LABEL_STYLE),
+        "attention_ratio": w.Dropdown(options=config + list(range(0, 12)), value=defaults.get("attention_ratio"),
+                                      description="attn ratio", style=LABEL_STYLE),
+        "expert_width": w.Dropdown(options=config + [128, 256, 512, 1024, 2048, 4096],
+                                   value=defaults.get("expert_width"), description="expert width", style=LABEL_STYLE),
+        "top_k": w.Dropdown(options=config + list(range(1, 17)), value=defaults.get("top_k"), description="top-k",
+                            style=LABEL_STYLE),
+        "pp": w.Dropdown(options=[("model's layout", None), 2, 4, 8, 12, 16], value=defaults.get("pp"),
+                         description="stages", style=LABEL_STYLE),
         "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
                                     description="micro-batches", style=LABEL_STYLE, continuous_update=False),
     }
 
     def compute(v: dict[str, Any]) -> dict[str, Any]:
-        plan, table = compare_partitions(model, **v)
+        v = dict(v)
+        plan, table = compare_partitions(v.pop("model"), **v)
         return {"table": table, "plan": plan}
 
     def render(res: dict[str, Any]) -> View:
