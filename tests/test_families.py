@@ -304,3 +304,23 @@ def test_mtp_planned_on_last_stage(capsys):
     assert main(["plan", "--model", "glm-4.5-air", "--pp", "8", "--ep", "8", "--microbatches", "16", "--mtp"]) == 0
     out = capsys.readouterr().out
     assert "MTP" in out and "MTP layer(s) planned" in out
+
+
+def test_a_config_not_given_llama4_maverick():
+    """Llama-4-Maverick (github:ai-dynamo/aiconfigurator@64c5ddb6 model_configs/meta-llama--Llama-4-Maverick-17B-128E-
+    Instruct_config.json, text_config as vendored): card 400B total / 17B active; MoE every 2nd layer (layers 1, 3, ...)
+    with dense MLPs of intermediate_size_mlp between."""
+    text = {"attention_bias": False, "attention_chunk_size": 8192, "attention_dropout": 0.0, "head_dim": 128,
+            "hidden_act": "silu", "hidden_size": 5120, "interleave_moe_layer_step": 2, "intermediate_size": 8192,
+            "intermediate_size_mlp": 16384, "max_position_embeddings": 1048576, "model_type": "llama4_text",
+            "num_attention_heads": 40, "num_experts_per_tok": 1, "num_hidden_layers": 48, "num_key_value_heads": 8,
+            "num_local_experts": 128, "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_scaling": None,
+            "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "torch_dtype": "bfloat16", "use_cache": True,
+            "use_qk_norm": False, "vocab_size": 202048}
+    cfg = {"architectures": ["Llama4ForConditionalGeneration"], "boi_token_index": 200080, "eoi_token_index": 200081,
+           "image_token_index": 200092, "model_type": "llama4", "text_config": text, "torch_dtype": "bfloat16",
+           "transformers_version": "4.51.0.dev0", "vision_config": {"hidden_size": 1408, "num_hidden_layers": 34}}
+    m = ModelSpec.from_hf_config(cfg)
+    assert [l.index for l in m.layers if l.ffn == "moe"] == list(range(1, 48, 2))
+    c = m.param_counts()
+    assert near(c.total, 400e9) and matches_published(c.active, 17e9)

@@ -47,7 +47,17 @@ COMMON_IGNORED = frozenset({
     "tie_word_embeddings", "num_hidden_layers", "ep_size", "mamba_ssm_dtype", "residual_in_fp32",
     "rescale_prenorm_residual", "use_mamba_kernels", "initial_context_length", "routed_scaling_factor",
     "norm_topk_prob", "scoring_func", "moe_router_activation_func", "moe_renormalize", "topk_method",
-    "use_grouped_topk", "swiglu_limit",
+    "use_grouped_topk", "swiglu_limit", "rope_interleave", "rope_type", "rotary_dim", "use_bfloat16",
+    # PretrainedConfig's own attributes, written out by some transformers versions (generation and task settings)
+    "sep_token_id", "decoder_start_token_id", "torchscript", "problem_type", "id2label", "label2id",
+    "finetuning_task", "tokenizer_class", "prefix", "task_specific_params", "chunk_size_feed_forward",
+    "add_cross_attention", "tie_encoder_decoder", "is_decoder", "cross_attention_hidden_size", "pruned_heads",
+    "begin_suppress_tokens", "suppress_tokens", "max_length", "min_length", "do_sample", "early_stopping",
+    "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
+    "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+    "bad_words_ids", "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "tf_legacy_loss",
+    "_attn_implementation_autoset", "_commit_hash", "model_max_length",
 })
 
 #: multimodal wrapper fields: the vision tower and its tokens (not planned; the note says so)

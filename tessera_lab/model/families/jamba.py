@@ -28,8 +28,8 @@ SOURCE = "transformers src/transformers/models/jamba/configuration_jamba.py @161
 READS = frozenset({"num_attention_heads", "num_key_value_heads", "intermediate_size", "num_experts",
                    "num_experts_per_tok", "attn_layer_period", "attn_layer_offset", "expert_layer_period",
                    "expert_layer_offset", "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_dt_rank",
-                   "mamba_conv_bias", "mamba_proj_bias", "sliding_window", "hidden_act"})
-IGNORES = frozenset()
+                   "mamba_conv_bias", "mamba_proj_bias", "mamba_inner_layernorms", "sliding_window", "hidden_act"})
+IGNORES = frozenset({"calc_logits_for_entire_prompt", "n_ctx"})
 
 
 def _ratio(cfg: dict[str, Any], ratio: int) -> None:
@@ -70,6 +70,6 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
         mamba_d_inner=opt_int(cfg, "mamba_expand", 2) * h, ssm_state_size=opt_int(cfg, "mamba_d_state", 16),
         mamba_conv_kernel=opt_int(cfg, "mamba_d_conv", 4), mamba_dt_rank=dt_rank,
         mamba_conv_bias=bool(cfg.get("mamba_conv_bias", True)), mamba_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
-        mamba_bcdt_norms=True,
+        mamba_bcdt_norms=bool(cfg.get("mamba_inner_layernorms", True)),  # Jamba v0.1 names them
         layers=_layers(mixers, ["gqa" if m == FULL_ATTENTION else "mamba" for m in mixers], ffns),
     )

@@ -28,7 +28,7 @@ IGNORES = frozenset({"layernorm_full_attention_alpha", "layernorm_full_attention
                      "layernorm_linear_attention_alpha", "layernorm_linear_attention_beta", "layernorm_mlp_alpha",
                      "layernorm_mlp_beta", "postnorm", "full_attn_alpha_factor", "full_attn_beta_factor",
                      "linear_attn_alpha_factor", "linear_attn_beta_factor", "mlp_alpha_factor", "mlp_beta_factor",
-                     "sliding_window", "shared_intermediate_size", "shared_moe_mode"})
+                     "sliding_window", "use_sliding_window", "shared_intermediate_size", "shared_moe_mode"})
 
 
 def _ratio(cfg: dict[str, Any], ratio: int) -> None:
