@@ -45,6 +45,9 @@ CPU_SIZE_FACTOR = 1 / 32     # widths and sequence length x this factor for the 
 CPU_REPEATS = 2
 SWEEP_WIDTHS = (64, 256, 1024, 2048)
 SWEEP_TOPK = (4, 10)
+# the model choice of section 6: other hybrids, the pair of their first linear-mixer layer's forward with their first
+# full-attention layer's backward (any shipped model: `tessera-lab models`)
+OTHER_MODELS = ("kimi-linear-48b-a3b", "minimax-m1", "nemotron-h-56b", "jamba-1.5-mini")
 
 # %%
 import warnings
@@ -273,6 +276,34 @@ from tessera_lab.teach.panels import overlap_panel
 
 panel, controls, state = overlap_panel(MODEL, ep=EP_CROSS_NODE, budget=SCHED_BUDGET)
 panel
+
+# %% [markdown]
+# ## 6 · Other hybrids: the model choice
+#
+# The same F/BW pair on the other hybrids (`OTHER_MODELS` in the parameters cell): the forward of the first
+# linear-mixer layer (KDA, lightning attention, Mamba-2, Mamba) against the backward of the first full-attention
+# layer (MLA, GQA), analytic, EP = 8. Nemotron-H has no MoE: its blocks hold a mixer or an MLP, so there is no
+# all-to-all to hide and the gain comes from compute meeting compute only. The tasks of each mixer kind are in
+# `tessera_lab/model/mixers.py`.
+
+# %%
+from tessera_lab.model.spec import load_model as _load
+
+def pair_row(name: str) -> dict:
+    m = _load(name)
+    pick = lambda mixer: next((l for l in m.layers if l.mixer == mixer and l.ffn == "moe"),  # noqa: E731
+                              next(l for l in m.layers if l.mixer == mixer))  # a MoE layer where there is one
+    lin, full = pick("linear_attention"), pick("full_attention")
+    cm = CostModel(cluster_for(parallel), parallel)
+    fa, bb = ov.bundle(m, lin.index, "F", parallel), ov.bundle(m, full.index, "BW", parallel)
+    r = ov.measure_pair(fa, bb, "analytic", cost_model=cm, budget=SCHED_BUDGET)
+    comm = sum(cm.task_time(t) for t in fa.tasks + bb.tasks if t.is_comm)
+    return {"model": name, "mixers": m.mixer_kinds(), "forward of": f"{lin.label} layer {lin.index}",
+            "backward of": f"{full.label} layer {full.index}", "F alone (ms)": r.t_a * 1e3,
+            "BW alone (ms)": r.t_b * 1e3, "together (ms)": r.t_ab * 1e3, "efficiency e": r.overlap_efficiency,
+            "EP communication (ms)": comm * 1e3}
+
+pd.DataFrame([pair_row(n) for n in (MODEL, *OTHER_MODELS)]).set_index("model")
 
 # %% [markdown]
 # ## What to take away

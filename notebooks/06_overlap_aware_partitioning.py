@@ -26,8 +26,10 @@
 
 # %% tags=["parameters"]
 # parameters (planning is fast: full size runs in seconds)
+# MODEL: any shipped model; the panel below offers qwen3-next-80b-a3b, kimi-linear-48b-a3b, minimax-m1,
+# nemotron-h-56b, jamba-1.5-mini and qwen3.5-35b-a3b, each at a layout it fits at (MODEL_LAYOUTS)
 MODEL = "qwen3-next-80b-a3b"
-PP = 8
+PP = None               # None: the model's layout (pp, ep, tp) from MODEL_LAYOUTS; or a number of stages
 MICROBATCHES = 32
 RATIOS = (1, 3, 7)      # attention ratios of the "what moves the needle" sweep
 
@@ -38,6 +40,19 @@ from IPython.display import display
 from tessera_lab.ui.widgets import compare_partitions, partition_panel
 from tessera_lab.ui.plots import standalone_vs_overlap_bars, gantt
 pd.set_option("display.precision", 4)
+
+# %% [markdown]
+# ## The model choice
+#
+# The hybrids the panel offers, read from their `config.json` by their family's reader (docs/models.md): the mixer
+# kinds of their layers, parameter counts (computed from the module shapes) and the layout each is planned at.
+
+# %%
+from tessera_lab.model.spec import load_model
+from tessera_lab.ui.widgets import MODEL_LAYOUTS
+pd.DataFrame([{"model": n, "family": (m := load_model(n)).family, "mixers": m.mixer_kinds(),
+               "total (B)": m.param_counts().total / 1e9, "active (B)": m.param_counts().active / 1e9,
+               "layout pp/ep/tp": "/".join(map(str, lay))} for n, lay in MODEL_LAYOUTS.items()]).set_index("model")
 
 # %% [markdown]
 # ## Layer-pair costs after overlap (analytic, best issue order)
@@ -78,7 +93,7 @@ plt.show()
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.teach.sensitivity import attention_ratio_sweep, layer_time_split
 
-split = pd.concat({f"{s // 1024}K tokens": layer_time_split(MODEL, ParallelConfig(pp=PP, ep=8, seq_len=s))
+split = pd.concat({f"{s // 1024}K tokens": layer_time_split(MODEL, plan.parallel.replace(seq_len=s))
                    for s in (4096, 32768)})
 split.round(3)
 
@@ -103,8 +118,10 @@ plt.show()
 # %% [markdown]
 # ## Change the model and the pipeline
 #
-# Attention ratio (linear-attention layers per full-attention layer), routed expert width, top-k, stages and
-# micro-batches. Each change re-plans with the same functions; a variant that cannot fit in GPU memory says so.
+# The model (Qwen3-Next, Kimi-Linear, MiniMax-M1, Nemotron-H, Jamba, Qwen3.5, each at its layout), attention ratio
+# (linear-mixer layers per full-attention layer, placed by the family's rule), routed expert width, top-k ("config":
+# the model's own), stages and micro-batches. Each change re-plans with the same functions; a knob a model does not
+# have (expert width on the dense Nemotron-H) or a variant that cannot fit in GPU memory says so.
 
 # %% tags=["panel"]
 from tessera_lab.ui.widgets import partition_panel
