@@ -108,6 +108,10 @@ def cmd_measure(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     seq_len, default_f = args.seq_len, DEFAULT_SIZE_FACTOR[args.backend]
     if args.backend != "analytic":
+        from tessera_lab.overlap.kernels import check_measurable
+
+        for layer in model.layers:  # before any work: every layer kind needs a measured kernel
+            check_measurable(model, layer.index)
         from tessera_lab.errors import ConfigError as _CE
         from tessera_lab.runner.predict import runner_model_config
 

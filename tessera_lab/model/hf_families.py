@@ -1,5 +1,6 @@
-"""Hugging Face ``config.json`` families: layer kinds, :class:`LayerSpec`, and one builder per ``model_type``
-that turns a parsed config into the keyword arguments of :class:`~tessera_lab.model.spec.ModelSpec`.
+"""Layer kinds, :class:`LayerSpec`, the config-field readers (:func:`req_int`, :func:`opt_int`) and the builders of
+the Qwen3, Qwen3-MoE, Qwen3-Next, DeepSeek-V3 and Mixtral layer lists, which the family readers of
+:mod:`tessera_lab.model.families` (the registry: one module per family) call.
 
 Each builder follows the layer rules of ``transformers/models/<type>/configuration_<type>.py`` and raises
 :class:`~tessera_lab.errors.ConfigError` naming the config field and its allowed range. This module never imports torch.
@@ -12,8 +13,6 @@ from typing import Any, Mapping
 
 from tessera_lab.checks import MAX_CONFIG_INT, check_int
 from tessera_lab.errors import ConfigError
-
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "deepseek_v3", "mixtral")
 
 #: Mixer kinds (DESIGN section 3); ``none``: a block without a mixer (Nemotron-H's MLP-only blocks).
 LINEAR_ATTENTION = "linear_attention"
@@ -238,12 +237,3 @@ def _from_mixtral(cfg: Mapping[str, Any]) -> dict[str, Any]:
         intermediate_size=width,
         layers=_layers([FULL_ATTENTION] * n, ["gqa"] * n, [MOE] * n),
     )
-
-#: ``model_type`` -> builder of ModelSpec keyword arguments
-BUILDERS = {
-    "qwen3": _from_qwen3,
-    "qwen3_moe": _from_qwen3_moe,
-    "qwen3_next": _from_qwen3_next,
-    "deepseek_v3": _from_deepseek_v3,
-    "mixtral": _from_mixtral,
-}

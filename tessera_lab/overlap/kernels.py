@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.overlap.bundles import Bundle, bundle
@@ -91,8 +92,28 @@ def _delta_rule_chunked(q, k, v, beta, chunk: int = CHUNK):
     return torch.cat(outs, dim=1)
 
 
+#: mixers the measured backends have kernels for (scaled_dot_product_attention, the chunked delta rule)
+MEASURED_MIXERS = ("gqa", "gated_gqa", "mla", "gated_deltanet", "none")
+
+
+def check_measurable(model: ModelSpec, layer: int | None) -> None:
+    """Refuse, naming the mixer, a layer the cpu/cuda backends cannot run (see :func:`build_kernels`)."""
+    if layer is None or not 0 <= layer < model.num_layers:
+        return
+    spec = model.layers[layer]
+    if spec.attention not in MEASURED_MIXERS or spec.local or spec.mtp:
+        raise ConfigError(f"layer {layer} of {model.name} ({spec.label}) has no measured kernel on the cpu/cuda "
+                          f"backends (they run {', '.join(MEASURED_MIXERS[:4])}); allowed: --backend analytic")
+
+
 def build_kernels(bd: Bundle, ctx: KernelContext, *, layer_seed: int = 0) -> dict[str, Callable[[], Any]]:
-    """One callable per task id of a (scaled) bundle. Tensors are allocated here, on ``ctx.device``."""
+    """One callable per task id of a (scaled) bundle. Tensors are allocated here, on ``ctx.device``.
+
+    Raises:
+        ConfigError: a layer whose mixer has no measured kernel here (KDA, lightning, Mamba, DeepSeek-V3.2's sparse
+            MLA, sliding-window or chunked attention): those are planned with the analytic model only.
+    """
+    check_measurable(bd.model, bd.layer)
     import torch
     import torch.nn.functional as F_
 
