@@ -1,7 +1,7 @@
 """DeepSeek-V3 / R1, DeepSeek-V3.2 (MLA with the lightning indexer of DeepSeek Sparse Attention) and the models that
 name ``DeepseekV3ForCausalLM`` under another ``model_type`` (Kimi-K2's ``kimi_k2``).
 
-Rules (transformers ``src/transformers/models/deepseek_v3/modeling_deepseek_v3.py``, ``DeepseekV3DecoderLayer``):
+Rules (transformers ``src/transformers/models/deepseek_v3/modeling_deepseek_v3.py`` @f5a9ec512fa9, ``DeepseekV3DecoderLayer``):
 a layer is MoE when ``i >= first_k_dense_replace`` and ``i % moe_layer_freq == 0``, else a dense SwiGLU MLP of
 ``intermediate_size``; MoE = ``n_routed_experts`` routed experts of ``moe_intermediate_size``, top
 ``num_experts_per_tok`` in ``topk_group`` of ``n_group`` groups, ``n_shared_experts`` shared experts of the same
@@ -24,7 +24,7 @@ from tessera_lab.model.hf_families import MOE, _from_deepseek_v3, opt_int, req_i
 MODEL_TYPES = ("deepseek_v3", "deepseek_v32")
 ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM")
 EXAMPLE = "deepseek-v3"
-SOURCE = "transformers src/transformers/models/deepseek_v3/modeling_deepseek_v3.py"
+SOURCE = "transformers src/transformers/models/deepseek_v3/modeling_deepseek_v3.py @f5a9ec512fa9"
 READS = frozenset({"num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                    "qk_rope_head_dim", "v_head_dim", "intermediate_size", "moe_intermediate_size", "n_routed_experts",
                    "num_experts_per_tok", "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "n_group",

@@ -2,7 +2,7 @@
 SwiGLU MLP in the first ``first_k_dense_replace`` layers, then DeepSeek-V3-style MoE (routed + shared experts,
 sigmoid scores with a correction bias, group-limited top-k); ``num_nextn_predict_layers`` MTP layers.
 
-Rules: transformers ``src/transformers/models/glm4_moe/modeling_glm4_moe.py`` (``Glm4MoeAttention``: q, k, v
+Rules: transformers ``src/transformers/models/glm4_moe/modeling_glm4_moe.py`` @a0699c971daf (``Glm4MoeAttention``: q, k, v
 ``bias=config.attention_bias``, o without bias, ``q_norm``/``k_norm`` when ``use_qk_norm``;
 ``Glm4MoeDecoderLayer``: ``Glm4MoeMoE`` if ``layer_idx >= config.first_k_dense_replace`` else ``Glm4MoeMLP``).
 The MTP layer (stored as layer ``num_hidden_layers``, as DeepSeek-V3's) is counted apart: the card's 106B excludes it.
@@ -21,7 +21,7 @@ from tessera_lab.model.hf_families import (
 MODEL_TYPES = ("glm4_moe",)
 ARCHITECTURES = ("Glm4MoeForCausalLM",)
 EXAMPLE = "glm-4.5-air"
-SOURCE = "transformers src/transformers/models/glm4_moe/modeling_glm4_moe.py"
+SOURCE = "transformers src/transformers/models/glm4_moe/modeling_glm4_moe.py @a0699c971daf"
 READS = frozenset({"num_attention_heads", "num_key_value_heads", "head_dim", "attention_bias", "use_qk_norm",
                    "intermediate_size", "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok",
                    "n_shared_experts", "first_k_dense_replace", "n_group", "topk_group", "num_nextn_predict_layers",

@@ -1,6 +1,6 @@
 """OLMoE: MHA/GQA attention with q/k RMSNorm over the whole projection, a MoE FFN in every layer (no shared expert).
 
-Rules: transformers ``src/transformers/models/olmoe/modeling_olmoe.py`` (``OlmoeAttention``: ``q_norm`` RMSNorm of
+Rules: transformers ``src/transformers/models/olmoe/modeling_olmoe.py`` @f321adbcdc61 (``OlmoeAttention``: ``q_norm`` RMSNorm of
 ``hidden_size``, ``k_norm`` of ``num_key_value_heads x head_dim``, biases when ``attention_bias``;
 ``OlmoeSparseMoeBlock``: ``num_experts`` SwiGLU experts of ``intermediate_size``, top ``num_experts_per_tok``).
 """
@@ -15,7 +15,7 @@ from tessera_lab.model.hf_families import FULL_ATTENTION, MOE, _gqa_fields, _lay
 MODEL_TYPES = ("olmoe",)
 ARCHITECTURES = ("OlmoeForCausalLM",)
 EXAMPLE = "olmoe-1b-7b"
-SOURCE = "transformers src/transformers/models/olmoe/modeling_olmoe.py"
+SOURCE = "transformers src/transformers/models/olmoe/modeling_olmoe.py @f321adbcdc61"
 READS = frozenset({"num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "num_experts",
                    "num_experts_per_tok", "attention_bias", "clip_qkv", "hidden_act"})
 IGNORES = frozenset()

@@ -1,6 +1,6 @@
 """Qwen3-Next and Qwen3.5-MoE's language model: Gated DeltaNet linear attention with gated full attention.
 
-Rules (transformers ``src/transformers/models/qwen3_next/configuration_qwen3_next.py``, ``layer_types`` default:
+Rules (transformers ``src/transformers/models/qwen3_next/configuration_qwen3_next.py`` @249ef8164cfb, ``layer_types`` default:
 ``full_attention`` if ``(i + 1) % full_attention_interval == 0`` else ``linear_attention``;
 ``modeling_qwen3_next.py``: MoE by the Qwen3-MoE rule, a sigmoid-gated shared expert; Qwen3.5:
 ``qwen3_5_moe/configuration_qwen3_5_moe.py`` the same rule, ``attn_output_gate``). MTP layers
@@ -19,7 +19,7 @@ from tessera_lab.model.hf_families import FULL_ATTENTION, MOE, LayerSpec, _from_
 MODEL_TYPES = ("qwen3_next", "qwen3_5_moe_text")
 ARCHITECTURES = ("Qwen3NextForCausalLM",)
 EXAMPLE = "qwen3-next-80b-a3b"
-SOURCE = "transformers src/transformers/models/qwen3_next/configuration_qwen3_next.py, modeling_qwen3_next.py"
+SOURCE = "transformers src/transformers/models/qwen3_next/configuration_qwen3_next.py @249ef8164cfb, modeling_qwen3_next.py @7515843b6175"
 READS = frozenset({"layer_types", "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads",
                    "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "num_attention_heads",
                    "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size", "num_experts",
