@@ -324,3 +324,37 @@ def test_a_config_not_given_llama4_maverick():
     assert [l.index for l in m.layers if l.ffn == "moe"] == list(range(1, 48, 2))
     c = m.param_counts()
     assert near(c.total, 400e9) and matches_published(c.active, 17e9)
+
+
+#: NVIDIA-Nemotron-3-Nano-30B-A3B config.json as quoted in a public GitHub test module of nemotron3_jax (JAX authors,
+#: NEMOTRON3_30B_JSON); card: 31.6B total, 3.6B active with embeddings
+NEMOTRON3_NANO = (
+    '{"architectures": ["NemotronHForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,'
+    '"bos_token_id": 1, "chunk_size": 128, "conv_kernel": 4, "eos_token_id": 2, "expand": 2,'
+    '"head_dim": 128, "hidden_dropout": 0.0, "hidden_size": 2688,'
+    '"hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",'
+    '"initializer_range": 0.02, "intermediate_size": 1856, "layer_norm_epsilon": 1e-05,'
+    '"mamba_head_dim": 64, "mamba_hidden_act": "silu", "mamba_num_heads": 64, "mamba_proj_bias": false,'
+    '"mamba_ssm_cache_dtype": "float32", "max_position_embeddings": 262144, "mlp_bias": false,'
+    '"mlp_hidden_act": "relu2", "model_type": "nemotron_h", "moe_intermediate_size": 1856,'
+    '"moe_shared_expert_intermediate_size": 3712, "n_group": 1, "n_groups": 8, "n_routed_experts": 128,'
+    '"n_shared_experts": 1, "norm_eps": 1e-05, "norm_topk_prob": true, "num_attention_heads": 32,'
+    '"num_experts_per_tok": 6, "num_hidden_layers": 52, "num_key_value_heads": 2, "num_logits_to_keep": 1,'
+    '"pad_token_id": 0, "partial_rotary_factor": 1.0, "rescale_prenorm_residual": true,'
+    '"residual_in_fp32": false, "rope_theta": 10000, "routed_scaling_factor": 2.5, "sliding_window": null,'
+    '"ssm_state_size": 128, "tie_word_embeddings": false, "time_step_floor": 0.0001, "time_step_max": 0.1,'
+    '"time_step_min": 0.001, "topk_group": 1, "torch_dtype": "bfloat16", "transformers_version": "4.55.4",'
+    '"use_bias": false, "use_cache": true, "use_conv_bias": true, "use_mamba_kernels": true,'
+    '"vocab_size": 131072}'
+)
+
+
+def test_a_config_not_given_nemotron3_nano_moe_blocks():
+    m = ModelSpec.from_hf_config(json.loads("".join(NEMOTRON3_NANO)))
+    pat = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+    kinds = {"M": ("mamba2", "none"), "*": ("gqa", "none"), "E": ("none", "moe")}
+    assert [(l.attention, l.ffn) for l in m.layers] == [kinds[c] for c in pat]
+    c = m.param_counts()
+    assert near(c.total, 31.6e9) and near(c.active, 3.6e9)
+    # ReLU^2 experts have no gate projection: 2 h w per routed expert
+    assert m.routed_expert_params() == 2 * 2688 * 1856 and m.shared_expert_params() == 2 * 2688 * 3712

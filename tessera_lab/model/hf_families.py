@@ -79,6 +79,8 @@ class LayerSpec:
             return "SWA"
         if self.local == "chunked":
             return "Chunked"
+        if self.attention == "none":  # a block without mixer: named by its FFN
+            return "MoE-only" if self.ffn == MOE else "MLP-only"
         return MIXER_LABELS.get(self.attention, self.attention)
 
 

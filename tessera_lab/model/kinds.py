@@ -27,7 +27,7 @@ Shapes (``h`` hidden size, all linear layers without bias unless the config says
   ``I K`` (+ ``I`` bias), ``x_proj`` ``I x (R + 2N)``, ``dt_proj`` ``R x I`` + bias ``I``, ``A_log`` ``I N``, ``D``
   ``I``, ``out_proj`` ``I x h``; Jamba's dt/B/C RMSNorms ``R + 2N``.
 * dense MLP: SwiGLU ``3 h w``; ReLU^2 or GELU (not gated) ``2 h w``; ``mlp_bias`` adds the biases.
-* routed expert: SwiGLU ``3 h w`` (gpt-oss adds biases ``2w + h``); router ``h x E`` (+ ``E`` with a linear
+* routed expert: SwiGLU ``3 h w`` (gpt-oss adds biases ``2w + h``), ReLU^2 ``2 h w`` (Nemotron-H); router ``h x E`` (+ ``E`` with a linear
   bias, gpt-oss; + ``E`` score-correction bias, DeepSeek-V3 ``noaux_tc``).
 
 This module never imports torch.
@@ -118,7 +118,8 @@ def dense_mlp_params(m: ModelSpec, layer: LayerSpec) -> int:
 def routed_expert_params(m: ModelSpec) -> int:
     """Parameters of one routed expert (gate, up and down projections; biases for gpt-oss)."""
     w, h = m.moe_intermediate_size, m.hidden_size
-    return 3 * h * w + ((2 * w + h) if m.expert_bias else 0)
+    mats = 3 if m.expert_act == "swiglu" else 2  # Nemotron-H's ReLU^2 experts: up and down only
+    return mats * h * w + ((2 * w + h) if m.expert_bias else 0)
 
 
 def router_params(m: ModelSpec) -> int:

@@ -122,8 +122,9 @@ class ModelSpec:
     mamba_d_inner: int = 0
     mamba_dt_rank: int = 0
     mamba_bcdt_norms: bool = False
-    # FFN details: dense activation (swiglu, relu2, gelu), biases
+    # FFN details: dense and expert activation (swiglu, relu2, gelu; not swiglu: no gate projection), biases
     ffn_act: str = "swiglu"
+    expert_act: str = "swiglu"
     mlp_bias: bool = False
     expert_bias: bool = False
     router_linear_bias: bool = False
@@ -402,7 +403,7 @@ class ModelSpec:
 
     def shared_expert_params(self) -> int:
         """Parameters of the shared expert(s) of one MoE layer, including a sigmoid gate if present."""
-        p = 3 * self.hidden_size * self.shared_expert_intermediate_size
+        p = (3 if self.expert_act == "swiglu" else 2) * self.hidden_size * self.shared_expert_intermediate_size
         if self.shared_expert_gate and self.shared_expert_intermediate_size:
             p += self.hidden_size
         return p

@@ -160,15 +160,16 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     route = (T, E, k, p.dispatcher, m.n_group, m.topk_group)
     dispatch = g.comm("dispatch", "all_to_all", dt * sent * h, "ep", p.ep, [permute], route)
     width = m.moe_intermediate_size
+    gm = 2 if m.expert_act == "swiglu" else 1  # gate+up (SwiGLU) or up only (ReLU^2, Nemotron-H)
     local_experts = E // p.ep
     per_expert = received / local_experts
-    shapes = ((per_expert, h, 2.0 * width), (per_expert, width, h))  # gate+up, down (one expert)
-    eflops = 2.0 * received * h * width * 3
-    ebytes = dt * (3 * h * width * local_experts + received * (2 * h + 3 * width))
+    shapes = ((per_expert, h, float(gm) * width), (per_expert, width, h))  # gate+up, down (one expert)
+    eflops = 2.0 * received * h * width * (gm + 1)
+    ebytes = dt * ((gm + 1) * h * width * local_experts + received * (2 * h + (gm + 1) * width))
     # saved per token copy: fc1's input (h, as a GEMM input: FP8 under fp8), the SwiGLU input (2 x width, bf16)
     # and fc2's input (width, a GEMM input); Megatron's 'moe_act' frees fc2's input and recomputes the SwiGLU
     fc2_in = g.gemm_in * received * width
-    exp_saved = g.gemm_in * received * h + dt * received * 2 * width + fc2_in
+    exp_saved = g.gemm_in * received * h + dt * received * gm * width + fc2_in
     experts = g.add(
         Task("experts", g.layer, "F", "grouped_gemm", eflops, ebytes, deps=(dispatch,),
              saved_bytes=exp_saved - (fc2_in if "moe_act" in g.modules else 0.0), gemms=shapes, groups=local_experts),
@@ -178,7 +179,7 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     # SwiGLU between the two expert GEMMs is its own memory-bound kernel (Megatron's TEGroupedMLP applies the fused
     # bias-SwiGLU with the routing probabilities between fc1 and fc2, megatron/core/fusions/fused_bias_swiglu.py), as
     # the dense MLP's silu_mul: reads the 2 x width fc1 output, writes width; its input is in the experts' saved bytes
-    act = g.elementwise("expert_act", dt * received * width * 3, [experts])
+    act = g.elementwise("expert_act", dt * received * width * (gm + 1), [experts])
     if "moe_act" in g.modules:
         g.recomputed.add(act)
     combine = g.comm("combine", "all_to_all", dt * sent * h, "ep", p.ep, [act], route)
@@ -187,17 +188,17 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     if m.shared_expert_intermediate_size:
         Is = m.shared_expert_intermediate_size / p.tp
         T = T_all  # the shared expert is tensor-parallel (width split), on all tokens
-        sflops = 2.0 * T * h * Is * 3 + (2.0 * T * h if m.shared_expert_gate else 0.0)
-        sbytes = dt * (3 * h * Is + T * (2 * h + 3 * Is))
-        sshapes = ((T, h, 2.0 * Is), (T, Is, h))
+        sflops = 2.0 * T * h * Is * (gm + 1) + (2.0 * T * h if m.shared_expert_gate else 0.0)
+        sbytes = dt * ((gm + 1) * h * Is + T * (2 * h + (gm + 1) * Is))
+        sshapes = ((T, h, float(gm) * Is), (T, Is, h))
         # saved: fc1's input (h, sequence-parallel, a GEMM input), the SwiGLU input (2 Is) and fc2's input (Is)
-        s_saved = T * (g.gemm_in * h / g.sp + dt * 2 * Is + g.gemm_in * Is)
+        s_saved = T * (g.gemm_in * h / g.sp + dt * gm * Is + g.gemm_in * Is)
         shared = g.add(
             Task("shared_expert", g.layer, "F", "gemm", sflops, sbytes, deps=(after,), saved_bytes=s_saved,
                  gemms=sshapes),
             w=Task("shared_expert", g.layer, "W", "gemm", sflops, sbytes, gemms=sshapes),
         )
-        shared = g.elementwise("shared_act", dt * T * Is * 3, [shared])  # its SwiGLU, as the routed experts'
+        shared = g.elementwise("shared_act", dt * T * Is * (gm + 1), [shared])  # its SwiGLU, as the routed experts'
         if p.tp > 1:
             shared = g.comm("shared_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [shared])
         outs.append(shared)

@@ -5,7 +5,9 @@ Rules: transformers ``src/transformers/models/nemotron_h/configuration_nemotron_
 (``layers_block_type`` from ``hybrid_override_pattern``: ``M`` mamba, ``*`` attention, ``-`` mlp, ``E`` moe) and
 ``modeling_nemotron_h.py`` (``NemotronHMamba2Mixer``: ``mamba_num_heads`` heads of ``mamba_head_dim``, ``n_groups``,
 ``ssm_state_size``, ``conv_kernel``, ``chunk_size``; ``NemotronHMLP``: up and down projections, ``mlp_hidden_act``
-``relu2``; attention heads of ``attention_head_dim``). A block is a layer here: a mixer block has no FFN
+``relu2``; attention heads of ``attention_head_dim``; ``NemotronHMoE`` (Nemotron 3): ``n_routed_experts`` ReLU^2
+experts of ``moe_intermediate_size``, top ``num_experts_per_tok``, a shared expert of
+``moe_shared_expert_intermediate_size``, a router with a score-correction bias). A block is a layer here: a mixer block has no FFN
 (``ffn = none``), an MLP block no mixer (``mixer = none``). The ``time_step_*`` fields set the initialisation and
 the clamp of dt: no effect on shapes or FLOPs (``time_step_limit`` may hold ``Infinity``).
 Knob ``attention_ratio``: among the mixer blocks, every ``ratio + 1``-th is attention (the MLP blocks stay).
@@ -29,9 +31,9 @@ READS = frozenset({"hybrid_override_pattern", "num_attention_heads", "num_key_va
                    "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel", "chunk_size", "use_bias",
                    "use_conv_bias", "mamba_hidden_act", "expand", "sliding_window", "n_routed_experts",
                    "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
-                   "n_shared_experts"})
+                   "n_shared_experts", "n_group", "topk_group"})
 IGNORES = frozenset({"time_step_floor", "time_step_limit", "time_step_max", "time_step_min", "time_step_rank",
-                     "hidden_dropout", "mamba_proj_bias"})
+                     "hidden_dropout", "mamba_proj_bias", "mamba_ssm_cache_dtype"})
 _KINDS = {"M": (LINEAR_ATTENTION, "mamba2", NO_FFN), "*": (FULL_ATTENTION, "gqa", NO_FFN),
           "-": (NO_MIXER, "none", DENSE), "E": (NO_MIXER, "none", MOE)}
 
@@ -52,7 +54,8 @@ def _layers_knob(cfg: dict[str, Any], n: int) -> None:
     cfg["num_hidden_layers"] = n
 
 
-KNOBS = {"attention_ratio": _ratio, "num_layers": _layers_knob}
+KNOBS = {"attention_ratio": _ratio, "num_layers": _layers_knob, "moe_intermediate_size": "moe_intermediate_size",
+         "num_experts_per_tok": "num_experts_per_tok", "num_experts": "n_routed_experts"}
 
 
 def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -62,9 +65,6 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(pat, str) or len(pat) != n or any(c not in _KINDS for c in pat):
         raise ConfigError(f"config field 'hybrid_override_pattern' must be {n} characters of M (Mamba-2), * (attention), "
                           "- (MLP), E (MoE)")
-    if "E" in pat:
-        raise ConfigError("config field 'hybrid_override_pattern' has E (MoE) blocks: not supported for nemotron_h yet; "
-                          "allowed: M, *, -")
     act = cfg.get("mlp_hidden_act", "relu2")
     if act != "relu2":
         raise ConfigError(f"config field 'mlp_hidden_act' = {act!r} is not supported; allowed: relu2")
@@ -72,7 +72,19 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     nh = req_int(cfg, "num_attention_heads")
     hd = opt_int(cfg, "attention_head_dim", 0) or opt_int(cfg, "head_dim", req_int(cfg, "hidden_size") // nh)
     bias = bool(cfg.get("attention_bias", False))
-    return dict(
+    moe: dict[str, Any] = {}
+    if "E" in pat:  # NemotronHMoE: ReLU^2 routed experts, shared expert(s), sigmoid router with a correction bias
+        E = req_int(cfg, "n_routed_experts")
+        k = req_int(cfg, "num_experts_per_tok", allowed=f"1 to n_routed_experts = {E}")
+        if k > E:
+            raise ConfigError(f"config field 'num_experts_per_tok' = {k} is out of range; allowed: 1 to "
+                              f"n_routed_experts = {E}")
+        moe = dict(num_experts=E, num_experts_per_tok=k, moe_intermediate_size=req_int(cfg, "moe_intermediate_size"),
+                   shared_expert_intermediate_size=opt_int(cfg, "moe_shared_expert_intermediate_size", 0, minimum=0)
+                   * opt_int(cfg, "n_shared_experts", 1, minimum=0),
+                   expert_act="relu2", router_bias=True, n_group=opt_int(cfg, "n_group", 1),
+                   topk_group=opt_int(cfg, "topk_group", 1))
+    return dict(**moe,
         num_attention_heads=nh, num_key_value_heads=opt_int(cfg, "num_key_value_heads", nh), head_dim=hd,
         attention_bias=bias, o_bias=bias,
         intermediate_size=req_int(cfg, "intermediate_size"), ffn_act="relu2", mlp_bias=bool(cfg.get("mlp_bias", False)),
