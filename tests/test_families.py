@@ -358,3 +358,41 @@ def test_a_config_not_given_nemotron3_nano_moe_blocks():
     assert near(c.total, 31.6e9) and near(c.active, 3.6e9)
     # ReLU^2 experts have no gate projection: 2 h w per routed expert
     assert m.routed_expert_params() == 2 * 2688 * 1856 and m.shared_expert_params() == 2 * 2688 * 3712
+
+
+def test_a_config_not_given_minimax_m2():
+    """MiniMax-M2 (config values as quoted by a public GitHub vLLM-hook test module, attn_type_list [1] * 62):
+    card 230B total / 10B active (without embedding and head); MTP modules counted apart."""
+    cfg = {'model_type': 'minimax_m2',
+           'architectures': ['MiniMaxM2ForCausalLM'],
+           'hidden_act': 'silu',
+           'hidden_size': 3072,
+           'intermediate_size': 1536,
+           'num_hidden_layers': 62,
+           'num_attention_heads': 48,
+           'num_key_value_heads': 8,
+           'head_dim': 128,
+           'rotary_dim': 64,
+           'num_local_experts': 256,
+           'num_experts_per_tok': 8,
+           'shared_intermediate_size': 0,
+           'scoring_func': 'sigmoid',
+           'use_routing_bias': True,
+           'output_router_logits': False,
+           'use_qk_norm': True,
+           'qk_norm_type': 'per_layer',
+           'max_position_embeddings': 204800,
+           'vocab_size': 200064,
+           'rms_norm_eps': 1e-06,
+           'attention_dropout': 0.0,
+           'router_jitter_noise': 0.0,
+           'num_mtp_modules': 3,
+           'mtp_transformer_layers': 1,
+           'use_mtp': True,
+           'attention_bias': False,
+           'tie_word_embeddings': False}
+    cfg["attn_type_list"] = [1] * 62
+    m = ModelSpec.from_hf_config(cfg)
+    assert all(l.attention == "gqa" for l in m.layers) and m.qk_norm_full and len(m.mtp_layers) == 3
+    c = m.param_counts()
+    assert near(c.total, 230e9) and matches_published(c.active_non_embedding, 10e9)
