@@ -396,3 +396,19 @@ def test_a_config_not_given_minimax_m2():
     assert all(l.attention == "gqa" for l in m.layers) and m.qk_norm_full and len(m.mtp_layers) == 3
     c = m.param_counts()
     assert near(c.total, 230e9) and matches_published(c.active_non_embedding, 10e9)
+
+
+def test_qwen35_dense_text_config_by_hand():
+    """A dense Qwen3.5 (text_config model_type qwen3_5_text, no experts): every layer a SwiGLU MLP; counted by hand."""
+    cfg = raw("qwen3.5-35b-a3b")
+    text = {k: v for k, v in cfg["text_config"].items() if k not in (
+        "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+        "mlp_only_layers")}
+    text.update(model_type="qwen3_5_text", intermediate_size=6144)
+    m = ModelSpec.from_hf_config({**cfg, "model_type": "qwen3_5", "text_config": text})
+    h, V = 2048, 248320
+    gdn = h * (2 * 2048 + 2 * 4096) + h * 64 + 8192 * 4 + 64 + 128 + 4096 * h
+    attn = h * 16 * 256 * 2 + 2 * h * 2 * 256 + 16 * 256 * h + 2 * 256
+    body = 30 * gdn + 10 * attn + 40 * (3 * h * 6144 + 2 * h) + h
+    assert not m.has_moe and m.param_counts().total == body + 2 * V * h
+    assert m.layer_pattern() == "llla" * 10

@@ -1,4 +1,5 @@
-"""Qwen3-Next and Qwen3.5-MoE's language model: Gated DeltaNet linear attention with gated full attention.
+"""Qwen3-Next and Qwen3.5's language model (MoE, or dense: ``qwen3_5_text`` without experts): Gated DeltaNet linear
+attention with gated full attention.
 
 Rules (transformers ``src/transformers/models/qwen3_next/configuration_qwen3_next.py`` @249ef8164cfb, ``layer_types`` default:
 ``full_attention`` if ``(i + 1) % full_attention_interval == 0`` else ``linear_attention``;
@@ -14,9 +15,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tessera_lab.model.families.qwen3 import check_act
-from tessera_lab.model.hf_families import FULL_ATTENTION, MOE, LayerSpec, _from_qwen3_next, opt_int
+from tessera_lab.model.hf_families import DENSE, FULL_ATTENTION, MOE, LayerSpec, _from_qwen3_next, opt_int
 
-MODEL_TYPES = ("qwen3_next", "qwen3_5_moe_text")
+MODEL_TYPES = ("qwen3_next", "qwen3_5_moe_text", "qwen3_5_text")
 ARCHITECTURES = ("Qwen3NextForCausalLM",)
 EXAMPLE = "qwen3-next-80b-a3b"
 SOURCE = "transformers src/transformers/models/qwen3_next/configuration_qwen3_next.py @249ef8164cfb, modeling_qwen3_next.py @7515843b6175"
@@ -47,12 +48,20 @@ KNOBS = {"attention_ratio": _ratio, "moe_intermediate_size": "moe_intermediate_s
 def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """ModelSpec keyword arguments of a Qwen3-Next / Qwen3.5-MoE text config."""
     check_act(cfg)
+    dense = not cfg.get("num_experts")  # Qwen3.5 dense (qwen3_5_text): every layer a SwiGLU MLP
+    if dense:
+        n = cfg.get("num_hidden_layers")
+        cfg = {**cfg, "num_experts": 1, "num_experts_per_tok": 1, "moe_intermediate_size": 1,
+               "shared_expert_intermediate_size": 0, "mlp_only_layers": list(range(n)) if isinstance(n, int) else []}
     kw = _from_qwen3_next(cfg)
+    if dense:
+        kw.update(num_experts=0, num_experts_per_tok=0, moe_intermediate_size=0, shared_expert_intermediate_size=0,
+                  shared_expert_gate=False)
     if cfg.get("attn_output_gate") is False:
         kw["layers"] = tuple(LayerSpec(l.index, l.mixer, "gqa" if l.attention == "gated_gqa" else l.attention, l.ffn)
                              for l in kw["layers"])
     kw["attention_bias"] = bool(cfg.get("attention_bias", False))
     n, mtp = len(kw["layers"]), opt_int(cfg, "mtp_num_hidden_layers", 0, minimum=0)
     kw["mtp_layers"] = tuple(LayerSpec(n + j, FULL_ATTENTION, "gated_gqa" if cfg.get("attn_output_gate", True)
-                                       else "gqa", MOE, mtp=True) for j in range(mtp))
+                                       else "gqa", DENSE if dense else MOE, mtp=True) for j in range(mtp))
     return kw
