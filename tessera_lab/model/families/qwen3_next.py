@@ -48,7 +48,7 @@ KNOBS = {"attention_ratio": _ratio, "moe_intermediate_size": "moe_intermediate_s
 def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """ModelSpec keyword arguments of a Qwen3-Next / Qwen3.5-MoE text config."""
     check_act(cfg)
-    dense = not cfg.get("num_experts")  # Qwen3.5 dense (qwen3_5_text): every layer a SwiGLU MLP
+    dense = cfg.get("model_type") == "qwen3_5_text" and not cfg.get("num_experts")  # Qwen3.5 dense: SwiGLU MLPs
     if dense:
         n = cfg.get("num_hidden_layers")
         cfg = {**cfg, "num_experts": 1, "num_experts_per_tok": 1, "moe_intermediate_size": 1,
