@@ -271,10 +271,14 @@ ax.set(xscale="log", xlabel="routed expert width (intermediate size)", ylabel="h
 plt.show()
 sweep[["expert_width", "top_k", "expert_gemm_s", "comm_s", "comm_hidden_fraction", "efficiency"]]
 
+# %% [markdown]
+# The panel: expert width and top-k of the first MoE layer's F/BW pair, and the model (Qwen3-Next or one of
+# `OTHER_MODELS`; the width and top-k you set apply to the chosen model; Nemotron-H is dense and says so).
+
 # %% tags=["panel"]
 from tessera_lab.teach.panels import overlap_panel
 
-panel, controls, state = overlap_panel(MODEL, ep=EP_CROSS_NODE, budget=SCHED_BUDGET)
+panel, controls, state = overlap_panel(MODEL, ep=EP_CROSS_NODE, budget=SCHED_BUDGET, models=OTHER_MODELS)
 panel
 
 # %% [markdown]

@@ -82,6 +82,22 @@ def test_panels_draw_a_png_figure_and_an_html_table():
         assert image.value == state["png"] != before
 
 
+def test_overlap_panel_model_choice():
+    """Notebook 05's model choice (issue 23): the pair of each hybrid's first MoE layer; a dense model says so."""
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.overlap.table import overlap_point
+    from tessera_lab.teach.panels import overlap_panel
+
+    _, controls, state = overlap_panel(ep=16, budget=50, models=("kimi-linear-48b-a3b", "nemotron-h-56b"))
+    controls["model"].value = "kimi-linear-48b-a3b"
+    want = overlap_point(load_model("kimi-linear-48b-a3b"), ParallelConfig(ep=16, pp=1), expert_width=512, top_k=10,
+                         budget=50)
+    assert state["result"] == want
+    controls["model"].value = "nemotron-h-56b"
+    assert "dense" in state["error"]
+
+
 def test_bubble_panel_reports_a_schedule_it_cannot_run():
     from tessera_lab.pipeline.simulate import compare_with_closed_form
     from tessera_lab.teach.panels import bubble_panel

@@ -161,7 +161,8 @@ def overlap_point(model: ModelSpec, parallel: ParallelConfig | None = None, *, e
     Returns seconds and fractions: ``t_f``, ``t_b``, ``t_pair``, ``gain``, ``efficiency``,
     ``comm_hidden_fraction`` (share of the pair's EP communication hidden under compute),
     ``expert_gemm_s`` (forward expert GEMM time) and ``comm_s`` (total communication time of the pair).
-    The default pair is the forward and backward of the first layer (linear attention + MoE in Qwen3-Next).
+    The default pair is the forward and backward of the first MoE layer (linear attention + MoE in Qwen3-Next; the
+    first layer when the model has no MoE).
 
     Raises:
         ConfigError: a knob out of range (from :meth:`ModelSpec.with_changes`) or an unknown kind.
@@ -170,7 +171,7 @@ def overlap_point(model: ModelSpec, parallel: ParallelConfig | None = None, *, e
     m = model.with_changes(moe_intermediate_size=expert_width, num_experts_per_tok=top_k) \
         if (expert_width is not None or top_k is not None) else model
     ex = layer_kind_examples(m)
-    kf = kind_f or next(iter(ex))
+    kf = kind_f or next((k for k in ex if k.endswith("+moe")), next(iter(ex)))  # the first MoE kind, if any
     kb = kind_b or kf
     for k in (kf, kb):
         if k not in ex:

@@ -8,7 +8,7 @@ are imported inside the builders.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from tessera_lab.teach.collectives import collective_cost_table
 from tessera_lab.teach.figures import _style, plot_cost_bars, plot_moe
@@ -221,11 +221,13 @@ def bubble_panel(schedule: str = "1f1b", pp: int = 4, microbatches: int = 8, vpp
 
 
 def overlap_panel(model: str = "qwen3-next-80b-a3b", ep: int = 16, expert_width: int = 512, top_k: int = 10, *,
-                  budget: int = 400):
+                  budget: int = 400, models: Sequence[str] | None = None):
     """Notebook 05's panel: routed expert width and top-k of one F/BW layer pair with EP over ``ep`` ranks; the
     pair's times and the hidden share of its EP communication (analytic,
-    :func:`~tessera_lab.overlap.core.overlap_point`). Efficiency above 1 or below 0 is flagged (outside the
-    range where it means "share of the shorter bundle hidden"). ``state["result"]`` holds the point."""
+    :func:`~tessera_lab.overlap.core.overlap_point`: the first MoE layer's forward with its backward). Efficiency
+    above 1 or below 0 is flagged (outside the range where it means "share of the shorter bundle hidden").
+    ``models``: a model choice (a dropdown, last control); a dense model says it has no expert knob.
+    ``state["result"]`` holds the point."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
     import pandas as pd
@@ -243,8 +245,15 @@ def overlap_panel(model: str = "qwen3-next-80b-a3b", ep: int = 16, expert_width:
                              continuous_update=False),
     }
 
+    if models:
+        controls["model"] = w.Dropdown(options=list(dict.fromkeys([model, *models])), value=model,
+                                       description="model", style=LABEL_STYLE)
+    chosen = {model: spec}
+
     def compute(v: dict[str, Any]) -> dict[str, float]:
-        return overlap_point(spec, parallel, expert_width=v["expert_width"], top_k=v["top_k"], budget=budget)
+        name = v.get("model", model)
+        m = chosen.setdefault(name, _as_model(name))
+        return overlap_point(m, parallel, expert_width=v["expert_width"], top_k=v["top_k"], budget=budget)
 
     def render(p: dict[str, float]) -> View:
         from tessera_lab.report.headline import efficiency_note
@@ -262,7 +271,8 @@ def overlap_panel(model: str = "qwen3-next-80b-a3b", ep: int = 16, expert_width:
         ax.barh(list(parts), [v * 1e3 for v in parts.values()], color=["#4c72b0", "#dd8452", "#999999", "#55a868"])
         ax.invert_yaxis()
         ax.set_xlabel("time (ms)")
-        ax.set_title(f"{spec.name}, EP={ep}: {p['comm_hidden_fraction']:.0%} of EP communication hidden", fontsize=10)
+        name = controls["model"].value if "model" in controls else spec.name
+        ax.set_title(f"{name}, EP={ep}: {p['comm_hidden_fraction']:.0%} of EP communication hidden", fontsize=10)
         return View(table, fig, notes)
 
     return panel(controls, compute, render)
