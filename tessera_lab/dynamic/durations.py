@@ -210,7 +210,7 @@ class StageCosts:
 
         def scaled_cost(idx: int, q: int) -> tuple[float, float, float]:
             layer = model.layers[idx]
-            key = (layer.mixer, layer.attention, layer.ffn, q)
+            key = (layer.kind, layer.attention, q)  # layer.kind carries window, chunk, MTP and dense width
             if key not in cache:
                 x = q * load_resolution
                 lt = layer_tasks(model, layer, parallel, expert_load=x)
