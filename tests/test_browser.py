@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.browser  # slow by kind (tests/conftest.py)
 
 from tessera_lab.runner.spawn import _alive, _free_port  # noqa: E402  (one copy of each)
 
