@@ -29,7 +29,8 @@
 # because planning is cheap (about a second; the plan cell below prints its own wall time).
 MODEL = "qwen3-next-80b-a3b"
 GPU = "H200"
-PP, EP = 8, 8
+PP = 8                  # pipeline stages
+EP = 8                  # expert-parallel ranks per stage (GPUs = PP x EP)
 MICROBATCHES = 32
 SEQ_LEN = 4096
 
