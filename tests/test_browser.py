@@ -408,13 +408,18 @@ def exercise_panels(driver, owners: list[str], rng, *, random_changes: int = RAN
     for index in range(len(panels)):
         t_panel = time.monotonic()
         notebook = owners[index] if index < len(owners) else f"panel{index}"
-        controls = _controls(driver, index)
-        plan = [c for c in range(len(controls))] + [rng.randrange(len(controls)) for _ in range(random_changes)]
+        # every control once (by label: a model change may hide knobs that do not apply), then random visible ones
+        plan = [el.text.split("\n")[0] for _, el in _controls(driver, index)] + [None] * random_changes
         state = driver.execute_script(_PANEL_JS, index)
         if (why := _judge({"figure": {"hash": None}, "table": "", "output": ""}, state)) is not None:
             failures.append(f"{notebook} panel {index}, as first shown: {why}")
-        for c in plan:
-            kind, el = _controls(driver, index)[c]
+        for want in plan:
+            visible = _controls(driver, index)
+            picked = ([c for c in visible if c[1].text.split("\n")[0] == want] if want is not None
+                      else [visible[rng.randrange(len(visible))]])
+            if not picked:
+                continue  # hidden now: it does not apply to the model chosen meanwhile
+            kind, el = picked[0]
             label = el.text.split("\n")[0]
             old, new = _change(driver, kind, el, rng)
             if old == new:

@@ -255,6 +255,29 @@ def test_bubble_panel_notes_sliders_the_schedule_does_not_use():
     assert uses_w(build_schedule("zb-h2", 4, 8)) and not uses_fb(build_schedule("zb-h2", 4, 8))
 
 
+def test_dynamic_panel_splits_the_gain_into_static_and_dynamic_parts():
+    """07: as `simulate --dynamic` does, the static part is the gain of the same job under uniform routing and the
+    dynamic part the rest; the two add up to the gain."""
+    from tessera_lab.report.headline import dynamic_api, dynamic_gain
+    from tessera_lab.ui.dynamic_panel import dynamic_panel
+
+    StageCosts, run_dynamic = dynamic_api()
+    costs = StageCosts.synthetic(4, 1.0, 2.0, 1.0, expert_fraction=0.5, layers_per_stage=2, ep=4,
+                                 num_experts=16, top_k=2, tokens=4 * 256)
+    _, controls, state = dynamic_panel(costs, ep=4, microbatches=8, skew=1.5)
+    uni = run_dynamic(costs, "uniform", schedule="1f1b", microbatches=8, seed=0)
+    html = state["table_html"]
+    assert "static part" in html and "dynamic part" in html
+    r = state["result"]
+    static_part = dynamic_gain(uni)
+    from tessera_lab.ui.dynamic_panel import dynamic_summary
+
+    t = dynamic_summary(r, uni)
+    assert t["gain, static part (the same without skew)"] == pytest.approx(static_part)
+    assert t["gain, static part (the same without skew)"] + t["gain, dynamic part (from reacting to the skew)"] == \
+        pytest.approx(t["throughput gain"])
+
+
 def test_dynamic_panel_table_is_the_jobs_and_titles_follow_the_choice():
     """07: with 2 EP groups the table's iteration is the slowest group's (the cell above prints it) and says so;
     the Gantt title never says "W moved" when the choice is static."""
