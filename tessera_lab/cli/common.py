@@ -140,7 +140,8 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     p.add_argument("--attention-ratio", type=_attention_ratio, default=None, metavar="R",
                    help="linear-attention layers per full-attention layer (an integer >= 0; 0: every layer full "
                         "attention; Qwen3-Next: 3)")
-    p.add_argument("--expert-width", type=int, default=None, help="routed expert intermediate size")
+    p.add_argument("--expert-width", type=positive_int("expert_width"), default=None, metavar="W",
+                   help="routed expert intermediate size (an integer >= 1)")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--num-experts", type=int, default=None)
     p.add_argument("--layers", type=int, default=None)

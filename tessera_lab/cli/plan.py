@@ -219,8 +219,8 @@ def add_parser(sub) -> None:
     p.add_argument("--profile", metavar="PATH",
                    help="measured overlap profile (tessera-lab measure); layer-pair costs come from it")
     p.add_argument("--allow-stale-profile", action="store_true",
-                   help="use a --profile of another model or device, or a stale one, with a warning instead of "
-                        "refusing it")
+                   help="use a --profile of another model or device (a CPU-measured profile for a GPU plan "
+                        "included), or a stale one, with a warning instead of refusing it")
     p.add_argument("--export", metavar="PATH",
                    help="write the plan as schema-versioned JSON with Megatron-LM layout, DeepSpeed parts and "
                         "torch.distributed.pipelining split points")

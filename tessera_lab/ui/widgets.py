@@ -266,9 +266,11 @@ def compare_partitions(
     top_k: int | None = None,
     pp: int = 8,
     microbatches: int = 32,
+    seq_len: int = 4096,
 ):
     """The overlap-aware plan beside the uniform, standalone-balanced and parameter-balanced partitions, all
-    simulated with overlapped 1F1B (pure function behind notebook 06's panel).
+    simulated with overlapped 1F1B (pure function behind notebook 06's panel); ``seq_len`` tokens per sequence
+    (the attention ratio matters at long sequences, where full attention's quadratic core grows).
 
     Returns:
         ``(plan, table)``: the :class:`~tessera_lab.plan.make.Plan` and a pandas DataFrame with one row per
@@ -278,7 +280,7 @@ def compare_partitions(
     import pandas as pd
 
     plan = replan(model, attention_ratio=attention_ratio, expert_width=expert_width, top_k=top_k, pp=pp,
-                  microbatches=microbatches)
+                  microbatches=microbatches, seq_len=seq_len)
     rows = []
     for ev in [plan.chosen, *plan.baselines.values()]:
         rows.append({
@@ -295,7 +297,7 @@ def compare_partitions(
 
 
 def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
-    """Notebook 06's panel: attention ratio, expert width, top-k, stages and micro-batches.
+    """Notebook 06's panel: attention ratio, expert width, top-k, stages, micro-batches and sequence length.
 
     Returns:
         ``(panel, controls, state)`` like :func:`quickstart_panel`; ``state["table"]`` and ``state["plan"]``
@@ -317,6 +319,8 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
         "pp": w.Dropdown(options=[2, 4, 8, 12, 16], value=defaults.get("pp", 8), description="stages", style=LABEL_STYLE),
         "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
                                     description="micro-batches", style=LABEL_STYLE, continuous_update=False),
+        "seq_len": w.Dropdown(options=_with(SEQ_CHOICES[:5], defaults.get("seq_len", 4096)),
+                              value=defaults.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
     }
 
     def compute(v: dict[str, Any]) -> dict[str, Any]:
