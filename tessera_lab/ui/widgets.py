@@ -331,5 +331,11 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
         table = res["table"].assign(**{"fits memory": res["table"]["fits memory"].map({True: "yes", False: "NO"})})
         return View(table, standalone_vs_overlap_bars(res["plan"]), plan_notes(res["plan"]))
 
+    def caption(res: dict[str, Any]) -> str:
+        from tessera_lab.ui.panel import CAPTION_SEP
+
+        return plan_caption(res["plan"]) + CAPTION_SEP + bottleneck_bounds(res["plan"])
+
     names = list(controls)
-    return panel(controls, compute, render, rows=[names[:3], names[3:]], state_key=None, error_prefix="cannot plan")
+    return panel(controls, compute, render, rows=[names[:3], names[3:]], state_key=None, error_prefix="cannot plan",
+                 caption=caption)
