@@ -57,3 +57,14 @@ def test_cheap_deterministic_claims_rerun_within_tolerance(registry):
     rerun_kinds = {registry[cid]["kind"] for cid in values}
     assert {"simulated", "derived"} <= rerun_kinds
     assert "default-plan.mfu" in values and "public.median-abs-error" in values
+
+
+def test_every_result_figure_in_the_readme_is_registered():
+    """README: a percentage or a time (s, ms, minutes) is a result, so it carries a claim marker (sizes such as
+    pp 8 or 4096 tokens are the inputs the text names, not results)."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    figure = re.compile(r"(?<![\w.\-])[+\-]?\d[\d,]*(?:\.\d+)?(?: ?(?:%|s|ms|minutes))(?![\w/])")
+    bare = [m.group(0) for m in figure.finditer(text) if not text[m.end():].lstrip().startswith("<!-- claim:")]
+    assert not bare, f"README figures without a claim marker: {bare}"
