@@ -29,7 +29,8 @@
 # because planning is cheap (about a second; the plan cell below prints its own wall time).
 MODEL = "qwen3-next-80b-a3b"
 GPU = "H200"
-PP, EP = 8, 8
+PP = 8                  # pipeline stages
+EP = 8                  # expert-parallel ranks per stage (GPUs = PP x EP)
 MICROBATCHES = 32
 SEQ_LEN = 4096
 
@@ -43,6 +44,7 @@ from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.plan.make import make_plan
 from tessera_lab.report.headline import mfu_note, mfu_text
 from tessera_lab.ui.plots import gantt, stage_cost_bars
+from tessera_lab.ui.widgets import bottleneck_bounds, plan_caption
 pd.set_option("display.precision", 3)
 
 # %% [markdown]
@@ -65,6 +67,8 @@ parallel = ParallelConfig(pp=PP, ep=EP, microbatches=MICROBATCHES, seq_len=SEQ_L
 t0 = time.perf_counter()
 plan = make_plan(model, parallel, gpu=GPU)
 print(f"planned in {time.perf_counter() - t0:.2f} s (wall clock, measured on this machine; ILP and baselines)")
+print(plan_caption(plan))
+print(bottleneck_bounds(plan))
 rows = []
 for ev in [plan.chosen, *plan.baselines.values()]:
     for st in ev.stages:
@@ -96,10 +100,17 @@ plt.show()
 # %% [markdown]
 # ## Re-plan interactively
 #
-# Move the sliders: the attention ratio (linear-attention layers per full-attention layer), the routed expert
-# width, the number of stages and of micro-batches. Each change re-runs the same `make_plan` and redraws.
+# The panel starts from this notebook's parameters (every one of them: `MODEL`, `GPU`, `PP`, `EP`, `MICROBATCHES`,
+# `SEQ_LEN`; `quickstart_panel` refuses a parameter it does not know). Pick another model (every shipped model,
+# the list `tessera-lab models` prints), GPU, pipeline stages, EP size, micro-batches or sequence length, and the
+# model knobs that apply to the chosen model: the attention ratio (linear-attention layers per full-attention
+# layer) only for hybrid models, expert width and top-k only for MoE models. Each change re-runs the same
+# `make_plan` and redraws. The caption says what was planned (model, GPU, GPU count, pp/ep/dp, sequence,
+# schedule), how long the re-plan took, and what bounds the bottleneck stage's main tasks: where the expert GEMMs
+# are *host issue* bound, a narrower expert barely moves the iteration; at long sequences (`sequence` 32768) the
+# attention ratio starts to matter.
 
 # %% tags=["panel"]
 from tessera_lab.ui.widgets import quickstart_panel
-panel, controls, state = quickstart_panel(MODEL, pp=PP, microbatches=MICROBATCHES)
+panel, controls, state = quickstart_panel(MODEL, gpu=GPU, pp=PP, ep=EP, microbatches=MICROBATCHES, seq_len=SEQ_LEN)
 panel

@@ -76,8 +76,12 @@ sns.set_theme(context="notebook", style="whitegrid")
 # ## One schedule: simulated beside the closed form
 #
 # `compare_with_closed_form` builds the schedule, simulates it with the same `F`, `B`, `W`, `F&B` on every
-# stage, and puts the textbook value beside the simulated one. `exact` says whether the closed form should
-# match the simulator for these inputs (for example ZB-H1's formula assumes `W ≤ min(F, I)`).
+# stage, and puts the textbook value beside the simulated one. Each closed form rests on assumptions: every
+# stage takes the same time, no p2p transfer time between stages, and per schedule more (interleaved: `m` a
+# multiple of `p`; ZB-H1: `W ≤ min(F, I)`; ZB-H2: also `m ≥ 2p - 1`; DualPipeV: `I = F`, `W ≤ F`; overlapped:
+# `F&B ≥ max(F, B)`). `assumptions` lists them with whether these inputs satisfy them; `exact` is all of them.
+# Outside them (interleaved with `m < p`, any schedule with `P2P_LATENCY > 0`) the closed form is only a guide and
+# may be far off: read the simulated column.
 
 # %%
 def vpp_for(name, vpp=VPP):
@@ -89,6 +93,8 @@ display(bubble_table(res).round(4))  # labelled rows with units; float round-off
 print("closed form:", res["formula"])
 print("source:     ", res["source"])
 print("exact here: ", res["exact"], "-", res["note"] or "simulator and formula agree")
+for a in res["assumptions"]:
+    print(("  holds:   " if a["holds"] else "  OUTSIDE: ") + a["assumption"])
 gantt(res["timeline"])
 plt.show()
 
@@ -116,6 +122,8 @@ for name in SCHEDULE_NAMES:
         "bubble_overhead": r["simulated"]["bubble_overhead"],
         "peak activations": r["simulated"]["peak_activations"],
         "exact": r["exact"],
+        "outside the assumptions": "; ".join(a["assumption"].split(" (")[0] for a in r["assumptions"]
+                                             if not a["holds"]) or "-",
     })
 table = pd.DataFrame(rows).set_index("schedule")
 display(table.round(3))

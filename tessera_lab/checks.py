@@ -199,8 +199,9 @@ def profile_mismatches(profile: Any, model_name: str, gpu: str | None = None) ->
     profile of another GPU, or a stale environment (``profile.stale_reasons``: device or versions changed).
 
     ``profile`` is a :class:`tessera_lab.overlap.profiles.Profile` (read through ``model``, ``backend``,
-    ``environment`` and ``stale_reasons``). A CPU profile is meant to be transferred onto a GPU plan (its
-    overlap efficiencies are used), so its device is compared with this machine only, not with ``gpu``.
+    ``environment`` and ``stale_reasons``). A profile measured with the ``cpu`` (or ``runner``) backend describes
+    that CPU, not a GPU: for a plan on ``gpu`` it is a mismatch too, so using it takes an explicit
+    ``--allow-stale-profile`` (its overlap efficiencies are then transferred onto the GPU plan, with a warning).
     """
     reasons: list[str] = []
     if getattr(profile, "model", None) != model_name:
@@ -209,6 +210,8 @@ def profile_mismatches(profile: Any, model_name: str, gpu: str | None = None) ->
     backend = getattr(profile, "backend", None)
     if gpu and backend in ("analytic", "cuda") and device and gpu.lower() not in device.lower():
         reasons.append(f"measured on {device!r}, not on a {gpu}")
+    elif gpu and backend not in ("analytic", "cuda"):
+        reasons.append(f"measured with the {backend} backend on {device or 'a CPU'!r}, not on a {gpu}")
     stale = list(getattr(profile, "stale_reasons", None) or [])
     if stale:
         reasons.append(f"stale: {stale[0]}" + (f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""))

@@ -19,6 +19,18 @@ except ImportError:  # pragma: no cover
     pass
 
 
+#: markers of test kinds that are slow by nature: a test carrying one of them is also ``slow``, so the default
+#: ``pytest -q`` (pyproject: ``-m 'not slow'``) leaves it out and ``pytest -m ""`` runs it
+SLOW_KINDS = ("browser", "notebook", "multiprocess")
+
+
+@pytest.hookimpl(tryfirst=True)  # before the -m selection of pytest's mark plugin
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(kind) for kind in SLOW_KINDS) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def qwen3_next():
     from tessera_lab.model.spec import load_model

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.browser  # slow by kind (tests/conftest.py)
 
 from tessera_lab.runner.spawn import _alive, _free_port  # noqa: E402  (one copy of each)
 
@@ -288,6 +289,8 @@ def _controls(driver, index: int):
     panel = driver.find_elements(By.CSS_SELECTOR, ".tessera-panel")[index]
     out = []
     for el in panel.find_elements(By.CSS_SELECTOR, ".widget-dropdown, .widget-hslider"):
+        if not el.is_displayed():
+            continue  # a knob that does not apply to the chosen model is hidden
         out.append(("dropdown" if "widget-dropdown" in el.get_attribute("class") else "slider", el))
     return out
 
@@ -405,13 +408,18 @@ def exercise_panels(driver, owners: list[str], rng, *, random_changes: int = RAN
     for index in range(len(panels)):
         t_panel = time.monotonic()
         notebook = owners[index] if index < len(owners) else f"panel{index}"
-        controls = _controls(driver, index)
-        plan = [c for c in range(len(controls))] + [rng.randrange(len(controls)) for _ in range(random_changes)]
+        # every control once (by label: a model change may hide knobs that do not apply), then random visible ones
+        plan = [el.text.split("\n")[0] for _, el in _controls(driver, index)] + [None] * random_changes
         state = driver.execute_script(_PANEL_JS, index)
         if (why := _judge({"figure": {"hash": None}, "table": "", "output": ""}, state)) is not None:
             failures.append(f"{notebook} panel {index}, as first shown: {why}")
-        for c in plan:
-            kind, el = _controls(driver, index)[c]
+        for want in plan:
+            visible = _controls(driver, index)
+            picked = ([c for c in visible if c[1].text.split("\n")[0] == want] if want is not None
+                      else [visible[rng.randrange(len(visible))]])
+            if not picked:
+                continue  # hidden now: it does not apply to the model chosen meanwhile
+            kind, el = picked[0]
             label = el.text.split("\n")[0]
             old, new = _change(driver, kind, el, rng)
             if old == new:
@@ -594,3 +602,91 @@ def test_check_catches_blank_figures_of_an_output_capture_panel(browser):
     assert res["changes"] >= 5
     blank = [f for f in res["failures"] if f.endswith(("no figure", "blank figure")) or "blank figure" in f]
     assert blank, f"the redraw check found no blank redraw of the Output-capture panel: {res['failures']}"
+
+
+# ------------------------------------------------------------------------ notebook 00: its parameters reach the panel
+#: notebook 00's parameters as the test sets them: H100 and sequence 8192 (ep 32: Qwen3-Next at sequence 8192 fits
+#: an 80 GB H100 only with its experts spread over 32 ranks)
+NB00_PARAMETERS = {"GPU": '"H100"', "SEQ_LEN": "8192", "EP": "32"}
+
+
+def quickstart_notebook(src: Path, out: Path, values: dict[str, str]) -> str:
+    """Notebook 00's import-free cells needed by its panel: its ``parameters`` cell with ``values`` assigned
+    (``NAME = value`` lines replaced; a missing name fails) and its ``panel`` cell. Returns the new parameters
+    cell's source."""
+    import re
+
+    import nbformat
+
+    cells = nbformat.read(src / "00_quickstart.ipynb", as_version=4).cells
+    params = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])][0]
+    panel_cell = [c for c in cells if "panel" in c.get("metadata", {}).get("tags", [])][0]
+    source = params.source
+    for name, value in values.items():
+        source, n = re.subn(rf"^{name} = .*$", f"{name} = {value}", source, flags=re.M)
+        assert n == 1, f"notebook 00's parameters cell has no line '{name} = ...'"
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(source, metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell(panel_cell.source, metadata={"tags": ["panel"]})]
+    nbformat.write(nb, out)
+    return source
+
+
+def _select(driver, label: str, value: str) -> None:
+    """Pick ``value`` in the panel's dropdown labelled ``label`` the way a user does."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    for kind, el in _controls(driver, 0):
+        if kind == "dropdown" and el.text.split("\n")[0].strip() == label:
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
+            Select(el.find_element(By.CSS_SELECTOR, "select")).select_by_visible_text(value)
+            return
+    raise AssertionError(f"no dropdown labelled {label!r} in the panel")
+
+
+@pytest.mark.timeout(900)
+def test_notebook_00_parameters_reach_the_panel_and_pp_shows_the_gpu_count(browser):
+    """GPU = "H100" and SEQ_LEN = 8192 in notebook 00's parameters cell: the panel's caption names them and its
+    numbers are those of that plan (tokens/s per GPU as the library plans it here); pp 16 shows 512 GPUs; the model
+    dropdown switches to Qwen3-30B-A3B and hides the attention-ratio knob (full attention only)."""
+    from tessera_lab.ui.panel import _number
+    from tessera_lab.ui.widgets import replan, summary_table
+
+    name = "nb00_parameters.ipynb"
+    quickstart_notebook(NOTEBOOKS, browser.root_dir / name, NB00_PARAMETERS)
+    d = browser.driver
+    try:
+        browser.run_notebook(name)
+        state = _settled(d, 0, time.monotonic() + CHANGE_S)
+        text = state["table"]
+        assert "H100" in text and "sequence 8192" in text and "256 H100" in text and "pp 8 x ep 32" in text, text
+        want = summary_table(replan("qwen3-next-80b-a3b", gpu="H100", pp=8, ep=32, microbatches=32, seq_len=8192))
+        per_gpu = _number(want.loc["overlap-aware (ilp)", "tokens/s per GPU"])
+        assert per_gpu in text, (per_gpu, text)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        panel = d.find_elements("css selector", ".tessera-panel")[0]
+        panel.screenshot(str(ARTIFACTS / "00_quickstart_h100_8192.png"))
+
+        _select(d, "pp", "16")
+        state = _redraw(d, 0, state, CHANGE_S)
+        assert "512 H100" in state["table"] and "pp 16 x ep 32" in state["table"], state["table"] or state["status"]
+        panel.screenshot(str(ARTIFACTS / "00_quickstart_pp16.png"))
+
+        labels = lambda: [el.text.split("\n")[0].strip() for _, el in _controls(d, 0)]  # noqa: E731
+        assert "attn ratio" in labels()
+        _select(d, "pp", "8")
+        state = _redraw(d, 0, state, CHANGE_S)
+        _select(d, "model", "qwen3-30b-a3b")
+        state = _redraw(d, 0, state, CHANGE_S)
+        shown = state["table"] or state["status"]
+        assert "qwen3-30b-a3b" in shown or "cannot plan" in shown, shown
+        assert "attn ratio" not in labels() and "expert width" in labels()
+        panel.screenshot(str(ARTIFACTS / "00_quickstart_model.png"))
+    except Exception:
+        with contextlib.suppress(Exception):
+            d.save_screenshot(str(ARTIFACTS / "nb00_failure.png"))
+        raise
+    finally:
+        browser.close_notebook()

@@ -155,6 +155,7 @@ def test_validation_matrix_shape():
     assert len(quick) == 10 and {c["pp"] for c in quick} == {2} and {c["ep"] for c in quick} == {1, 2}
 
 
+@pytest.mark.multiprocess
 def test_run_plan_executes_the_plan_and_reports_the_prediction(tmp_path, capsys):
     pytest.importorskip("torch")
     dev_path = tmp_path / "dev.json"

@@ -253,11 +253,11 @@ def test_skewed_routing_removes_a_measurable_share_of_idle_time(capsys):
         for label, spec in SKEW_LEVELS.items():
             r = run_dynamic(small_costs(), spec, schedule=sched, microbatches=8, seed=0)
             rows.append((sched, label, r))
-    with capsys.disabled():
-        print("\nstatic  routing    busiest-load  idle/rank static  removed  share   throughput")
-        for sched, label, r in rows:
-            print(f"{sched:7} {label:9} {r.mean_imbalance:12.3f} {r.idle_static_s:17.3f} {r.idle_removed_s:8.3f} "
-                  f"{r.idle_removed_share:6.1%} {r.throughput_gain:+9.2%}")
+    # the table goes to pytest's captured output (shown with -s or on failure), never into -q output
+    print("\nstatic  routing    busiest-load  idle/rank static  removed  share   throughput")
+    for sched, label, r in rows:
+        print(f"{sched:7} {label:9} {r.mean_imbalance:12.3f} {r.idle_static_s:17.3f} {r.idle_removed_s:8.3f} "
+              f"{r.idle_removed_share:6.1%} {r.throughput_gain:+9.2%}")
     by = {(s, l): r for s, l, r in rows}
     for label in SKEW_LEVELS:
         assert by[("1f1b", label)].idle_removed_share > 0.05  # measurable against the 1F1B plan

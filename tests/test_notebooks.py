@@ -4,7 +4,6 @@ jupytext source (``notebooks/NN_name.py``; regenerate with ``python notebooks/re
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -13,20 +12,18 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 ALL = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 
 
-@pytest.mark.slow
+@pytest.mark.notebook
 @pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
 def test_notebook_executes(path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(path, as_version=4)
     assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells), "a tagged parameters cell"
-    t0 = time.perf_counter()
     nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "at least one figure"
-    print(f"{path.name}: {time.perf_counter() - t0:.1f} s")
 
 
 def test_every_notebook_has_a_jupytext_source():

@@ -204,7 +204,9 @@ def test_profile_plan_round_trips_and_a_change_of_source_is_asked_for(tmp_path, 
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(prof))
     x = tmp_path / "x.json"
-    assert main(["plan", "--profile", str(profile), "--export", str(x)]) == 0
+    assert main(["plan", "--profile", str(profile)]) == 2  # a CPU profile for an H200 plan: refused unless allowed
+    assert "cpu backend" in capsys.readouterr().err
+    assert main(["plan", "--profile", str(profile), "--allow-stale-profile", "--export", str(x)]) == 0
     assert f"costs: measured profile {profile}" in capsys.readouterr().out
     planned = json.loads(x.read_text())
     assert main(["report", "--plan", str(x), "--json", "-"]) == 0

@@ -137,6 +137,7 @@ def _check_bitwise(res, name, torch):
     assert not bad, f"{name}: gradients differ from the reference in {bad[:4]}"
 
 
+@pytest.mark.multiprocess
 def test_scheduled_pairs_bitwise_quick(tmp_path):
     torch = pytest.importorskip("torch")
     from tessera_lab.runner import RunSpec, WorldSpec, spawn

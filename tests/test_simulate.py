@@ -448,3 +448,19 @@ def test_compare_with_closed_form_agrees_when_exact(name):
     # per-rank times: interleaved chunks take f / vpp
     res2 = compare_with_closed_form(name, 4, 8, 1.0, 2.0, w=1.0, fb=2.5, vpp=vpp, per_rank_times=True)
     assert res2["simulated"]["makespan"] == approx(res2["closed_form"]["makespan"])
+
+
+def test_closed_forms_state_their_assumptions_and_flag_inputs_outside_them():
+    """Interleaved with m < p and overlapped with p2p time: the closed form is off, and its assumptions say so."""
+    from tessera_lab.pipeline.simulate import compare_with_closed_form
+
+    r = compare_with_closed_form("interleaved", 4, 2, 1.0, 2.0, vpp=2)
+    outside = [a["assumption"] for a in r["assumptions"] if not a["holds"]]
+    assert not r["exact"] and len(outside) == 1 and outside[0].startswith("m is a multiple of p")
+    assert r["simulated"]["makespan"] > r["closed_form"]["makespan"]
+    r = compare_with_closed_form("overlapped", 4, 8, 1.0, 2.0, fb=2.5, p2p_latency=0.1)
+    outside = [a["assumption"] for a in r["assumptions"] if not a["holds"]]
+    assert not r["exact"] and len(outside) == 1 and outside[0].startswith("no p2p transfer time")
+    r = compare_with_closed_form("zb-h1", 4, 8, 1.0, 2.0, 1.0)
+    assert r["exact"] and all(a["holds"] for a in r["assumptions"])
+    assert r["simulated"]["makespan"] == pytest.approx(r["closed_form"]["makespan"])

@@ -83,3 +83,36 @@ def test_help_says_unit_and_scope():
         assert main(["simulate", "--help"]) == 0
     h = " ".join(buf.getvalue().split())
     assert "--grad-sync S" in h and "same unit as --f" in h and "with or without --routing" in h
+
+
+def test_simulate_plot_axis_reads_the_tables_time_units(tmp_path, monkeypatch):
+    """`simulate --plot`: the Gantt's time axis and titles use the table's unit ("time units"), not seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from tessera_lab.cli import simulate as sim_cli
+    from tessera_lab.cli.main import main
+    from tessera_lab.ui import plots
+
+    seen = []
+    real_gantt, real_pair = plots.gantt, plots.gantt_pair
+
+    def gantt(*a, **k):
+        ax = real_gantt(*a, **k)
+        seen.append(ax.get_xlabel())
+        return ax
+
+    def gantt_pair(*a, **k):
+        fig = real_pair(*a, **k)
+        seen.extend(ax.get_xlabel() for ax in fig.axes if ax.get_xlabel())
+        seen.extend(ax.get_title() for ax in fig.axes if ax.get_title())
+        return fig
+
+    monkeypatch.setattr(plots, "gantt", gantt)
+    monkeypatch.setattr(plots, "gantt_pair", gantt_pair)
+    assert main(["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4", "--f", "1", "--b", "2",
+                 "--plot", str(tmp_path / "a.png")]) == 0
+    assert main(["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4", "--f", "1", "--b", "2",
+                 "--w", "1", "--routing", "zipf:1.0", "--dynamic", "--steps", "2", "--plot", str(tmp_path / "b.png")]) == 0
+    assert seen and all(sim_cli.UNIT in s for s in seen if s.startswith("time")), seen
+    assert not [s for s in seen if s == "time (s)" or " s, bubble" in s], seen

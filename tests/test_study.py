@@ -18,6 +18,7 @@ from tessera_lab.report.study import (
 )
 
 
+@pytest.mark.slow
 def test_hidden_fraction_of_ep_comm_rises_with_expert_width():
     df = expert_width_study(widths=(256, 1024, 4096))
     assert df["feasible"].all()

@@ -26,6 +26,58 @@ def test_quickstart_panel_replans_on_widget_change():
     assert all(c.style.description_width == "initial" for c in controls.values())
 
 
+def test_quickstart_panel_takes_every_notebook_parameter_and_refuses_others():
+    """Notebook 00's panel gets GPU, EP and SEQ_LEN from the parameters cell: the plan it shows is the plan of those
+    settings, and its caption names model, GPU, GPU count, pp/ep/dp, sequence and schedule."""
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.ui.widgets import plan_summary, quickstart_panel, replan
+
+    _, controls, state = quickstart_panel("qwen3-next-80b-a3b", gpu="H100", pp=8, ep=32, microbatches=16,
+                                          seq_len=8192)
+    want = plan_summary(replan(gpu="H100", pp=8, ep=32, microbatches=16, seq_len=8192))
+    assert state["summary"] == want
+    cap = state["caption"]
+    for part in ("qwen3-next-80b-a3b", "256 H100", "pp 8 x ep 32 x dp 1", "sequence 8192", "schedule overlapped",
+                 "re-planned in"):
+        assert part in cap, (part, cap)
+    assert "256 H100" in state["table_html"] and "bound by" in state["table_html"]
+    controls["pp"].value = 16  # the GPU count follows pp
+    assert "512 H100" in state["caption"]
+    with pytest.raises(ConfigError, match="GPU unknown; allowed: gpu, pp, ep"):
+        quickstart_panel(GPU="H100")
+
+
+def test_notebook_00_passes_every_parameter_to_its_panel():
+    import re
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parents[1] / "notebooks" / "00_quickstart.py").read_text()
+    cells = src.split("# %%")
+    params = [c for c in cells if 'tags=["parameters"]' in c][0]
+    panel_cell = [c for c in cells if 'tags=["panel"]' in c][0]
+    names = [n for line in params.splitlines() if not line.startswith("#")
+             for n in re.findall(r"\b([A-Z][A-Z_]+)\b", line.split("=")[0])]
+    assert {"MODEL", "GPU", "PP", "EP", "MICROBATCHES", "SEQ_LEN"} <= set(names)
+    for n in names:
+        assert re.search(rf"\b{n}\b", panel_cell), f"parameter {n} does not reach the panel"
+
+
+def test_quickstart_model_dropdown_lists_the_shipped_models_and_shows_the_knobs_that_apply():
+    from tessera_lab.model.spec import shipped_models
+    from tessera_lab.ui.widgets import quickstart_panel
+
+    _, controls, state = quickstart_panel(pp=4, microbatches=4)
+    assert list(controls["model"].options) == sorted(shipped_models())
+    shown = lambda: {n for n, c in controls.items() if c.layout.display != "none"}  # noqa: E731
+    assert {"attention_ratio", "expert_width", "top_k"} <= shown()  # Qwen3-Next: hybrid and MoE
+    controls["model"].value = "qwen3-30b-a3b"  # MoE, full attention only
+    assert "attention_ratio" not in shown() and {"expert_width", "top_k"} <= shown()
+    assert controls["expert_width"].value == 768 and controls["top_k"].value == 8
+    assert "qwen3-30b-a3b" in state["caption"]
+    controls["model"].value = "qwen3-8b"  # dense: no expert knobs, ep 1
+    assert not {"attention_ratio", "expert_width", "top_k"} & shown() and controls["ep"].value == 1
+
+
 def test_partition_panel_matches_pure_function():
     from tessera_lab.ui.widgets import compare_partitions, partition_panel
 
@@ -115,8 +167,10 @@ def test_quickstart_table_marks_partitions_that_do_not_fit():
 
     plan = replan(expert_width=2048, pp=12, microbatches=34)
     table = summary_table(plan)
-    assert list(table.columns) == ["iteration (s)", "tokens/s (M)", "MFU (%)", "bubble fraction", "slowest stage (ms)",
-                                   "layers per stage", "fits memory"]
+    assert list(table.columns) == ["iteration (s)", "tokens/s (M)", "tokens/s per GPU", "MFU (%)", "bubble fraction",
+                                   "slowest stage (ms)", "layers per stage", "fits memory"]
+    row = table.loc["overlap-aware (ilp)"]
+    assert row["tokens/s per GPU"] == pytest.approx(row["tokens/s (M)"] * 1e6 / plan.parallel.world_size)
     for name, ev in [("overlap-aware (ilp)", plan.chosen), *plan.baselines.items()]:
         assert table.loc[name, "fits memory"] == ("yes" if ev.fits_memory else "NO")
         assert any(n.startswith(name + ": does not fit") for n in plan_notes(plan)) == (not ev.fits_memory)
@@ -232,6 +286,29 @@ def test_bubble_panel_notes_sliders_the_schedule_does_not_use():
     controls["schedule"].value = "overlapped"
     assert any("W (s) does not affect overlapped" in n for n in state["notes"])
     assert uses_w(build_schedule("zb-h2", 4, 8)) and not uses_fb(build_schedule("zb-h2", 4, 8))
+
+
+def test_dynamic_panel_splits_the_gain_into_static_and_dynamic_parts():
+    """07: as `simulate --dynamic` does, the static part is the gain of the same job under uniform routing and the
+    dynamic part the rest; the two add up to the gain."""
+    from tessera_lab.report.headline import dynamic_api, dynamic_gain
+    from tessera_lab.ui.dynamic_panel import dynamic_panel
+
+    StageCosts, run_dynamic = dynamic_api()
+    costs = StageCosts.synthetic(4, 1.0, 2.0, 1.0, expert_fraction=0.5, layers_per_stage=2, ep=4,
+                                 num_experts=16, top_k=2, tokens=4 * 256)
+    _, controls, state = dynamic_panel(costs, ep=4, microbatches=8, skew=1.5)
+    uni = run_dynamic(costs, "uniform", schedule="1f1b", microbatches=8, seed=0)
+    html = state["table_html"]
+    assert "static part" in html and "dynamic part" in html
+    r = state["result"]
+    static_part = dynamic_gain(uni)
+    from tessera_lab.ui.dynamic_panel import dynamic_summary
+
+    t = dynamic_summary(r, uni)
+    assert t["gain, static part (the same without skew)"] == pytest.approx(static_part)
+    assert t["gain, static part (the same without skew)"] + t["gain, dynamic part (from reacting to the skew)"] == \
+        pytest.approx(t["throughput gain"])
 
 
 def test_dynamic_panel_table_is_the_jobs_and_titles_follow_the_choice():

@@ -152,7 +152,8 @@ def add_model_knobs(p: argparse.ArgumentParser) -> None:
                         "family's rule (an integer >= 0; 0: every mixer full attention; Qwen3-Next: 3)")
     p.add_argument("--allow-no-full-attention", action=Switch,
                    help="accept an --attention-ratio that leaves no full-attention layer")
-    p.add_argument("--expert-width", type=int, default=None, help="routed expert intermediate size")
+    p.add_argument("--expert-width", type=positive_int("expert_width"), default=None, metavar="W",
+                   help="routed expert intermediate size (an integer >= 1)")
     p.add_argument("--top-k", type=int, default=None, help="routed experts per token")
     p.add_argument("--num-experts", "--experts", dest="num_experts", type=int, default=None,
                    help="routed experts per MoE layer")

@@ -65,6 +65,27 @@ class HelpFormatter(argparse.HelpFormatter):
             text += f" (default: {default})".replace("%", "%%")
         return text
 
+    # on/off switches (argtypes.Switch: nargs "?" only to name a stray value) show no metavar, as store_true does
+    def _format_args(self, action: argparse.Action, default_metavar: str) -> str:
+        from tessera_lab.argtypes import Switch
+
+        return "" if isinstance(action, Switch) else super()._format_args(action, default_metavar)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        from tessera_lab.argtypes import Switch
+
+        return ", ".join(action.option_strings) if isinstance(action, Switch) else \
+            super()._format_action_invocation(action)
+
+    def _format_usage(self, usage, actions, groups, prefix) -> str:
+        from tessera_lab.argtypes import Switch
+
+        text = super()._format_usage(usage, actions, groups, prefix)
+        for a in actions:
+            if isinstance(a, Switch):
+                text = text.replace(f"[{a.option_strings[0]} ]", f"[{a.option_strings[0]}]")
+        return text
+
 
 def _walk_parsers(parser: argparse.ArgumentParser):
     yield parser

@@ -45,6 +45,22 @@ def _bottleneck_line(ev) -> str:
             f"{gap:+.1%} against the other stages' mean)" + (": " + "; ".join(causes) if causes else ""))
 
 
+def _bound_lines(plan) -> list[str]:
+    """``bound: ...`` of the chosen plan's slowest stage per task kind (:mod:`tessera_lab.cost.bounds`), and why a
+    knob may not move it."""
+    from tessera_lab.cost.bounds import bound_text, knob_hint, layers_bounds
+
+    stages = plan.chosen.stages
+    s = max(range(len(stages)), key=lambda i: stages[i].time_s)
+    kinds = layers_bounds(plan.model, plan.parallel, plan.cluster, stages[s].layers, first=s == 0,
+                          last=s == len(stages) - 1)
+    lines = [f"bound: stage {s} per task kind (F+B+W per micro-batch before overlap, analytic terms): "
+             + "; ".join(bound_text(k) for k in kinds if k.time_s > 0.02 * stages[s].time_s)]
+    if hint := knob_hint(kinds):
+        lines.append(f"bound: {hint}")
+    return lines
+
+
 def _layout_text(p) -> str:
     """``pp=8 ep=8 tp=1 dp=1 (64 GPUs)``; with ``ep_spans_tp`` the world, the dense and the expert data-parallel
     sizes spelled out, so that pp x dp x ep x tp is not read as the world size."""
@@ -117,6 +133,8 @@ def format_plan(plan) -> str:
     if any(not ev.fits_memory for ev in [plan.chosen, *plan.baselines.values()]):
         lines.append("(!) does not fit in GPU memory: its times are shown for comparison only")
     lines.append(_bottleneck_line(plan.chosen))
+    if plan.costs.kind == "analytic":
+        lines.extend(_bound_lines(plan))
     lines.append("")
     if plan.chosen.stages[0].overlap_s is not None:
         lines.append("time/mb: per micro-batch after overlap (forward of one micro-batch paired with the backward of "
@@ -208,8 +226,8 @@ def add_parser(sub) -> None:
     p.add_argument("--profile", metavar="PATH",
                    help="measured overlap profile (tessera-lab measure); layer-pair costs come from it")
     p.add_argument("--allow-stale-profile", action="store_true",
-                   help="use a --profile of another model or device, or a stale one, with a warning instead of "
-                        "refusing it")
+                   help="use a --profile of another model or device (a CPU-measured profile for a GPU plan "
+                        "included), or a stale one, with a warning instead of refusing it")
     p.add_argument("--export", metavar="PATH",
                    help="write the plan as schema-versioned JSON with Megatron-LM layout, DeepSpeed parts and "
                         "torch.distributed.pipelining split points")

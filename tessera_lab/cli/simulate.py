@@ -49,7 +49,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.plot:
         from tessera_lab.ui.plots import gantt
 
-        ax = gantt(tl, title=f"{sched.name}: p={args.stages}, m={args.microbatches}")
+        ax = gantt(tl, title=f"{sched.name}: p={args.stages}, m={args.microbatches}", time_unit=UNIT)
         from tessera_lab.io import save_figure
 
         print(f"figure: {save_figure(ax.figure, args.plot)}", file=sys.stderr)
@@ -113,7 +113,7 @@ def _simulate_routed(args: argparse.Namespace) -> int:
     if args.plot:
         from tessera_lab.ui.plots import gantt_pair
 
-        fig = gantt_pair(timelines.get("static"), timelines.get("dynamic"))
+        fig = gantt_pair(timelines.get("static"), timelines.get("dynamic"), time_unit=UNIT)
         from tessera_lab.io import save_figure
 
         print(f"figure: {save_figure(fig, args.plot)}", file=sys.stderr)

@@ -256,6 +256,13 @@ class CostModel:
         """Roofline time of a compute task on the GPU, seconds: GEMMs at their shape-aware efficiency of the
         ``precision`` peak (``sequential`` and ``multistream`` expert GEMMs add one launch per expert and GEMM),
         attention cores at bf16."""
+        t = self.gpu_terms(task)
+        return t["launch"] + max(t["compute"], t["hbm"]) + t["cast"]
+
+    def gpu_terms(self, task: Task) -> dict[str, float]:
+        """The terms of :meth:`gpu_time`, seconds: ``launch`` (GPU launch overhead of its kernels), ``compute``
+        (FLOPs at the efficient peak), ``hbm`` (HBM bytes at the efficient bandwidth) and ``cast`` (FP8
+        quantization bytes); ``gpu_time = launch + max(compute, hbm) + cast``."""
         gpu = self.cluster.gpu
         launches = 1
         if task.gemms:
@@ -273,7 +280,7 @@ class CostModel:
         hbm = gpu.hbm_bytes_per_s * self.a["hbm_efficiency"]
         t_bytes = task.bytes / hbm
         t_cast = self.fp8_cast_bytes(task) / hbm
-        return self.a["kernel_launch_s"] * launches + max(t_flops, t_bytes) + t_cast
+        return {"launch": self.a["kernel_launch_s"] * launches, "compute": t_flops, "hbm": t_bytes, "cast": t_cast}
 
     def host_time(self, task: Task) -> float:
         """Host seconds to issue a task's kernels in eager mode (:func:`tessera_lab.cost.host.host_issue_time`);

@@ -63,7 +63,8 @@ def closed_form(
         dict with ``schedule``, ``pp``, ``m``, ``vpp``, ``makespan``, ``bubble_per_rank`` (idle
         time of the most idle rank), ``per_rank_busy``, ``bubble_fraction``, ``bubble_overhead``,
         ``formula``, ``source``, ``exact`` (whether :func:`simulate` reproduces the makespan for
-        these inputs) and ``note``; for zb-h2 also ``published_bubble``.
+        these inputs), ``note`` and ``assumptions`` (``[{"assumption", "holds"}]``: what the formula assumes and
+        whether these inputs satisfy it; ``exact`` is all of them); for zb-h2 also ``published_bubble``.
 
     Raises:
         ScheduleError: unknown schedule or settings the schedule refuses.
@@ -87,6 +88,7 @@ def closed_form(
         T = (m + p - 1) * (f + b)
         formula, source, exact = "(m + p - 1)(F + B)", "GPipe (Huang et al. 2019); 1F1B: Narayanan et al., SC21", True
         note = "bubble per rank (p - 1)(F + B); bubble_overhead (p - 1)/m"
+        assumptions = [("every stage takes the same F and B", True)]
     elif name == "interleaved":
         v = sched.stages_per_rank
         T = v * m * (f + b) + (p - 1) * (f + b)
@@ -94,12 +96,16 @@ def closed_form(
         source = "Megatron-LM interleaved 1F1B (Narayanan et al., SC21)"
         exact = m % p == 0
         note = "" if exact else "micro-batches not a multiple of pp: the closed form is only a guide"
+        assumptions = [("every chunk takes the same F and B", True),
+                       (f"m is a multiple of p (m = {m}, p = {p}): each rank's v chunks run in groups of p "
+                        "micro-batches; with m < p ranks wait for whole groups and the formula undercounts", exact)]
     elif name == "zb-h1":
         T = m * (f + b) + (p - 1) * (f + i - w_)
         formula = "m (F + B) + (p - 1)(F + I - W), I = B - W"
         source = "Zero Bubble (Qi et al., ICLR 2024), ZB-H1; their B is our I"
         exact = w_ <= min(f, i) + eps
         note = "" if exact else "exact only when W <= min(F, I)"
+        assumptions = [("every stage takes the same F, I and W", True), ("W <= min(F, I)", exact)]
     elif name == "zb-h2":
         published = (p - 1) * (f + i - 2 * w_)
         T = m * (f + b) + (p - 1) * max(f, f + i - 2 * w_)
@@ -111,6 +117,9 @@ def closed_form(
             "(optimizer post-validation)"
             + ("" if exact else "; exact only for m >= 2p - 1 and W <= min(F, I)")
         )
+        assumptions = [("every stage takes the same F, I and W", True), (f"m >= 2p - 1 (m = {m}, p = {p})",
+                                                                       m >= 2 * p - 1),
+                       ("W <= min(F, I)", w_ <= min(f, i) + eps)]
     elif name == "dualpipev":
         published = (p - 1) * (fbv + b - 3 * w_)
         T = min(busy) + published
@@ -118,12 +127,14 @@ def closed_form(
         source = "DeepSeek DualPipe README (DualPipeV row)"
         exact = abs(i - f) <= eps and w_ <= f + eps
         note = "" if exact else "exact only when I = F (input-gradient time equals forward time) and W <= F"
+        assumptions = [("I = F (input-gradient time equals forward time)", abs(i - f) <= eps), ("W <= F", w_ <= f + eps)]
     else:  # overlapped
         T = p * (f + b) + (m - 1) * fbv
         formula = "p (F + B) + (m - 1) F&B"
         source = "tessera-lab overlapped 1F1B (pairs F(j + k) with B(j)); reduces to 1F1B for F&B = F + B"
         exact = fbv >= max(f, b) - eps
         note = "" if exact else "exact only when F&B >= max(F, B)"
+        assumptions = [("every stage takes the same F, B and F&B", True), ("F&B >= max(F, B)", exact)]
     idle = [max(0.0, T - x) for x in busy]
     out = {
         "schedule": name,
@@ -139,6 +150,8 @@ def closed_form(
         "source": source,
         "exact": bool(exact),
         "note": note,
+        "assumptions": [{"assumption": a, "holds": bool(h)} for a, h in
+                        assumptions + [("no p2p transfer time between stages", True)]],
     }
     if published is not None:
         out["published_bubble"] = published
@@ -171,8 +184,8 @@ def compare_with_closed_form(
     Returns:
         dict with ``schedule`` (the :class:`Schedule`), ``timeline`` (:class:`Timeline`),
         ``simulated`` and ``closed_form`` (dicts with ``makespan``, ``bubble_per_rank``,
-        ``bubble_fraction``, ``bubble_overhead``), ``exact``, ``formula``, ``source``, ``note``
-        and ``rows``: a list of ``{"metric", "simulated", "closed_form", "difference"}`` dicts
+        ``bubble_fraction``, ``bubble_overhead``), ``exact``, ``assumptions`` (as :func:`closed_form`, the p2p
+        one with ``p2p_latency``), ``formula``, ``source``, ``note`` and ``rows``: a list of ``{"metric", "simulated", "closed_form", "difference"}`` dicts
         (``pandas.DataFrame(result["rows"])`` for a table).
 
     Raises:
@@ -208,6 +221,10 @@ def compare_with_closed_form(
         "simulated": sim,
         "closed_form": cfd,
         "exact": cf["exact"] and p2p_latency == 0,
+        "assumptions": [a if a["assumption"] != "no p2p transfer time between stages" else
+                        {"assumption": f"no p2p transfer time between stages (here {p2p_latency:g} s per hop: each "
+                                       "hop on the critical path adds to the simulated iteration)",
+                         "holds": p2p_latency == 0} for a in cf["assumptions"]],
         "formula": cf["formula"],
         "source": cf["source"],
         "note": cf["note"],

@@ -267,10 +267,13 @@ class DiffReport:
     def format(self) -> str:
         from tabulate import tabulate
 
-        rows = [{k: v for k, v in r.items()} for r in self.summary_rows()]
+        from tessera_lab.report.formatting import diff_summary_rows
+
+        rows = diff_summary_rows(self.summary_rows(), self.labels)  # shares in %, fitting digits per unit
         return "\n".join([
             f"model-change diff: {self.labels[0]}  vs  {self.labels[1]}",
-            tabulate(rows, headers="keys", floatfmt=".4g", tablefmt="simple"), "",
+            tabulate(rows, headers="keys", tablefmt="simple", disable_numparse=True,
+                     colalign=("left", "right", "right", "right", "left")), "",
             f"per stage (a = {self.labels[0]}, b = {self.labels[1]}; ms/mb: time per micro-batch as the schedule "
             "sees it)",
             tabulate(self.stage_rows(), headers="keys", floatfmt=".3f", tablefmt="simple"), "",

@@ -214,6 +214,9 @@ def bubble_panel(schedule: str = "1f1b", pp: int = 4, microbatches: int = 8, vpp
                          + ("it overlaps no F with a B" if "F&B (s)" in unused else ""))
         if controls["w"].value > controls["b"].value:
             notes.append(f"W is capped at B = {controls['b'].value:.1f} s (W is part of the backward)")
+        outside = [a["assumption"] for a in r.get("assumptions", []) if not a["holds"]]
+        if outside:
+            notes.append("outside the closed form's assumptions, so it is only a guide here: " + "; ".join(outside))
         return View(bubble_table(r), gantt(r["timeline"]), notes)
 
     names = list(controls)

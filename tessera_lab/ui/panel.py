@@ -59,7 +59,9 @@ def figure_png(fig: Any, *, caption: str | None = None, dpi: int = PANEL_DPI) ->
     fig = _figure_of(fig)
     FigureCanvasAgg(fig)  # attaches a fresh Agg canvas: no GUI or inline backend involved
     managed = fig.get_layout_engine() is not None  # constrained/tight layout already fits every label
-    if caption:
+    if caption:  # balanced lines of at most FIGURE_CAPTION_CHARS, broken between settings only
+        caption = "\n".join(CAPTION_SEP.join(line) for line in
+                             caption_lines(caption.split(CAPTION_SEP), FIGURE_CAPTION_CHARS))
         if managed and getattr(fig, "_supxlabel", None) is None:  # the layout engine makes room for it
             fig.supxlabel(caption, x=0.005, ha="left", fontsize=7, color="dimgray")
         else:
@@ -160,9 +162,15 @@ def caption_lines(items: list[str], line_chars: int = 0) -> list[list[str]]:
 CAPTION_SEP = " · "
 
 
+#: characters per line of a figure's caption (7 pt text across a panel figure)
+FIGURE_CAPTION_CHARS = 150
+
+
 def _caption(controls: dict[str, Any]) -> str:
     parts = []
     for name, c in controls.items():
+        if getattr(getattr(c, "layout", None), "display", None) == "none":
+            continue  # a hidden control does not apply to this setting
         label = getattr(c, "description", "") or name
         value = c.value
         parts.append(f"{label} {value:.4g}" if isinstance(value, float) else f"{label} {value}")
@@ -177,6 +185,8 @@ def panel(
     *,
     state_key: str | None = "result",
     error_prefix: str = "cannot compute",
+    caption: Callable[[Any], str] | None = None,
+    on_change: Callable[[str], None] | None = None,
 ):
     """Wire ipywidgets controls to a pure function; draw its table and figure deterministically.
 
@@ -193,6 +203,9 @@ def panel(
         state_key: ``state[state_key]`` holds the latest result; ``None``: ``compute`` returns a dict of state
             entries that are all kept.
         error_prefix: the first words of the error line (e.g. ``"cannot plan"``).
+        caption: result -> the caption of its table and figure (default: the controls' settings).
+        on_change: called with the name of the control that changed, before ``compute``; changes it makes to
+            other controls (options, values, visibility) do not recompute on their own.
 
     Returns:
         ``(panel, controls, state)``: the ``ipywidgets.VBox`` (rows of controls, status line, table, image),
@@ -203,19 +216,30 @@ def panel(
 
     from tessera_lab.errors import TesseraError
 
+    caption_of = caption
     status = w.HTML(layout=w.Layout(min_height="1.2em"))
     table = w.HTML()
     table.add_class("jp-RenderedHTMLCommon")
     image = w.Image(format="png", layout=w.Layout(max_width="100%"))
     image.add_class("tessera-panel-figure")
     state: dict[str, Any] = {}
+    syncing = [False]
+    names = {id(c): name for name, c in controls.items()}
 
-    def update(_change=None) -> None:
+    def update(change=None) -> None:
+        if syncing[0]:
+            return
+        if on_change is not None and change is not None:
+            syncing[0] = True
+            try:
+                on_change(names.get(id(change.get("owner") if isinstance(change, dict) else change.owner), ""))
+            finally:
+                syncing[0] = False
         state.clear()
-        caption = _caption(controls)
+        caption = settings = _caption(controls)
         # a busy marker while ``compute`` runs (a re-plan can take seconds): the old table and figure stay, but
         # the status line says they are being replaced (the front end gets this message before the result)
-        status.value = f"<span style='color:dimgray'>&#8987; computing ({html.escape(caption)})&hellip;</span>"
+        status.value = f"<span style='color:dimgray'>&#8987; computing ({html.escape(settings)})&hellip;</span>"
         try:
             result = compute({name: c.value for name, c in controls.items()})
         except TesseraError as exc:
@@ -232,6 +256,8 @@ def panel(
         else:
             state[state_key] = result
         view = render(result)
+        if caption_of is not None:
+            caption = caption_of(result)
         figs = view.figures if isinstance(view.figures, (list, tuple)) else [view.figures]
         figs = [f for f in figs if f is not None] or [message_figure("no figure for these settings")]
         state["notes"] = list(view.notes)

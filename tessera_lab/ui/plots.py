@@ -98,7 +98,7 @@ def _fit_text_class():
     return _FIT_TEXT[0]
 
 
-def gantt(timeline, ax=None, title: str | None = None) -> Any:
+def gantt(timeline, ax=None, title: str | None = None, time_unit: str | None = None) -> Any:
     """Gantt chart of a :class:`~tessera_lab.pipeline.simulate.Timeline`: one row per rank.
 
     Compute actions are bars coloured by type (F, B, I, W, overlapped F&B) with the micro-batch
@@ -134,7 +134,8 @@ def gantt(timeline, ax=None, title: str | None = None) -> Any:
         edge = "white"
 
     span = timeline.iteration_time
-    scale, unit = _time_unit(span)
+    # seconds shown in s, ms or µs; ``time_unit`` names another unit (e.g. simulate's "time units") and keeps the values
+    scale, unit = _time_unit(span) if time_unit is None else (1.0, time_unit)
     bar_h, comm_h = 0.72, 0.16
 
     # ranks holding several stages (interleaved, DualPipeV): later chunks in a lighter shade
@@ -562,9 +563,10 @@ def fit_title(ax, text: str, fontsize: float = 10) -> None:
     ax.set_title("\n".join(lines), fontsize=fontsize)
 
 
-def gantt_pair(static, dynamic=None, titles: tuple[str, str] | None = None) -> Any:
+def gantt_pair(static, dynamic=None, titles: tuple[str, str] | None = None, time_unit: str | None = None) -> Any:
     """Two Gantt charts on a shared time axis: the static timeline above, the filled (dynamic) one below
-    (only the first when ``dynamic`` is ``None``). Returns the matplotlib ``Figure``."""
+    (only the first when ``dynamic`` is ``None``); ``time_unit`` as :func:`gantt` (default: seconds). Returns the
+    matplotlib ``Figure``."""
     import matplotlib.pyplot as plt
 
     tls = [t for t in (static, dynamic) if t is not None]
@@ -574,7 +576,8 @@ def gantt_pair(static, dynamic=None, titles: tuple[str, str] | None = None) -> A
     names = titles or ("static", "dynamic (W moved into predicted bubbles)")
     lims = []
     for ax, tl, name in zip(axes[:, 0], tls, names):
-        gantt(tl, ax=ax, title=f"{name}: iteration {tl.iteration_time:.4g} s, bubble {tl.bubble_fraction:.1%}")
+        gantt(tl, ax=ax, title=f"{name}: iteration {tl.iteration_time:.4g} {time_unit or 's'}, bubble "
+                              f"{tl.bubble_fraction:.1%}", time_unit=time_unit)
         lims.append(ax.get_xlim())
     if len({ax.get_xlabel() for ax in axes[:, 0]}) == 1:  # same time unit: one time axis
         for ax in axes[:, 0]:

@@ -17,7 +17,8 @@ from tessera_lab.report.headline import memory_note, mfu_note
 from tessera_lab.ui.panel import LABEL_STYLE, View, panel
 
 __all__ = ["LABEL_STYLE", "panel", "replan", "plan_summary", "summary_table", "plan_notes", "quickstart_panel",
-           "compare_partitions", "partition_panel", "MODEL_LAYOUTS"]
+           "compare_partitions", "partition_panel", "MODEL_LAYOUTS", "QUICKSTART_PARAMETERS", "model_knobs",
+           "plan_caption", "bottleneck_bounds"]
 
 def replan(
     model: str = "qwen3-next-80b-a3b",
@@ -102,47 +103,167 @@ def summary_table(plan: Plan):
         ev = plan.chosen if name == plan.chosen.method else plan.baselines[name]
         rows.append({"partition": "overlap-aware (ilp)" if ev is plan.chosen else name,
                      "iteration (s)": s["iteration_time_s"], "tokens/s (M)": s["tokens_per_s"] / 1e6,
+                     "tokens/s per GPU": s["tokens_per_s"] / plan.parallel.world_size,
                      "MFU (%)": 100 * s["mfu"], "bubble fraction": s["bubble_fraction"],
                      "slowest stage (ms)": s["slowest_stage_ms"], "layers per stage": s["layers_per_stage"],
                      "fits memory": "yes" if ev.fits_memory else "NO"})
     return pd.DataFrame(rows).set_index("partition")
 
 
-def quickstart_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
-    """A small re-planning panel: attention ratio, expert width, pp and micro-batches.
+#: the parameters :func:`quickstart_panel` takes (notebook 00's parameters cell passes each); others are refused
+QUICKSTART_PARAMETERS = ("gpu", "pp", "ep", "microbatches", "seq_len", "attention_ratio", "expert_width", "top_k")
+GPU_CHOICES = ("H100", "H200", "B200")
+PP_CHOICES = (1, 2, 4, 8, 12, 16)
+EP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+SEQ_CHOICES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def model_knobs(spec) -> dict[str, bool]:
+    """Which model knobs apply to a model: ``attention_ratio`` where it has both linear (or other sub-quadratic)
+    and full-attention mixers and the ratio can be changed, ``expert_width``/``top_k`` where it has experts."""
+    mixers = {layer.mixer for layer in spec.layers}
+    return {"attention_ratio": spec.attention_ratio is not None and len(mixers) > 1,
+            "expert_width": bool(spec.has_moe), "top_k": bool(spec.has_moe)}
+
+
+def _with(options: tuple, value) -> list:
+    """``options`` with ``value`` added in order (a parameter outside the usual choices is kept, not replaced)."""
+    return sorted(set(options) | {value}) if value is not None else list(options)
+
+
+def _expert_widths(width: int) -> list[int]:
+    return sorted({max(32, width // 4), max(32, width // 2), width, width * 2})
+
+
+def plan_caption(plan: Plan, seconds: float | None = None) -> str:
+    """What a panel planned: model, GPU, GPU count, pp/ep/dp (tp, vpp when set), sequence, micro-batches,
+    schedule, and the time the re-plan took (wall clock, measured)."""
+    from tessera_lab.ui.panel import CAPTION_SEP
+
+    p, c = plan.parallel, plan.cluster
+    layout = f"pp {p.pp} x ep {p.ep} x dp {p.dp}" + (f" x tp {p.tp}" if p.tp > 1 else "") + (
+        f", vpp {p.vpp}" if p.vpp > 1 else "")
+    parts = [f"{plan.model.name} on {p.world_size} {c.gpu.name} GPUs ({c.num_nodes} x {c.gpus_per_node})", layout,
+             f"sequence {p.seq_len}", f"{p.microbatches} micro-batches of {p.micro_batch_size}",
+             f"schedule {p.schedule}"]
+    if seconds is not None:
+        parts.append(f"re-planned in {seconds:.2f} s (wall)")
+    return CAPTION_SEP.join(parts)
+
+
+def bottleneck_bounds(plan: Plan) -> str:
+    """The bound of the chosen plan's slowest stage per task kind, one line (:mod:`tessera_lab.cost.bounds`)."""
+    from tessera_lab.cost.bounds import layers_bounds
+
+    stages = plan.chosen.stages
+    s = max(range(len(stages)), key=lambda i: stages[i].time_s)
+    kinds = layers_bounds(plan.model, plan.parallel, plan.cluster, stages[s].layers, first=s == 0,
+                          last=s == len(stages) - 1)
+    big = [k for k in kinds if k.time_s > 0.05 * stages[s].time_s][:4]
+    return f"bottleneck stage {s} is bound by: " + ", ".join(f"{k.kind} {k.bound}" for k in big)
+
+
+def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
+    """Notebook 00's re-planning panel: model, GPU, pp, ep, micro-batches, sequence and the model knobs that apply.
+
+    Args:
+        model: the shipped model to start from; the dropdown lists every shipped model (``tessera-lab models``).
+        params: the notebook's parameters, each one of :data:`QUICKSTART_PARAMETERS` (``gpu``, ``pp``, ``ep``,
+            ``microbatches``, ``seq_len``, ``attention_ratio``, ``expert_width``, ``top_k``); they set the
+            controls' start values.
 
     Returns:
         ``(panel, controls, state)``: the ``ipywidgets.VBox`` to display, a dict of the controls (set
         their ``.value`` to re-plan, as the tests do) and a dict holding the latest ``summary``
-        (:func:`plan_summary`) and ``plan``, or the ``error`` text (built by :func:`panel`).
+        (:func:`plan_summary`), ``plan``, ``seconds`` (wall time of the re-plan) and ``caption``, or the
+        ``error`` text (built by :func:`panel`).
+
+    Raises:
+        ConfigError: a parameter that is not one of :data:`QUICKSTART_PARAMETERS` (before anything is built).
     """
+    import time
+
     import ipywidgets as w
 
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.model.spec import shipped_models
     from tessera_lab.ui.plots import stage_cost_bars
 
+    unknown = sorted(set(params) - set(QUICKSTART_PARAMETERS))
+    if unknown:
+        raise ConfigError(f"quickstart_panel: parameter(s) {', '.join(unknown)} unknown; allowed: "
+                          f"{', '.join(QUICKSTART_PARAMETERS)}")
     spec = load_model(model)
+    knobs = model_knobs(spec)
+    gpu = str(params.get("gpu", "H200"))
+    width = params.get("expert_width", spec.moe_intermediate_size or 512)
+    slider = dict(style=LABEL_STYLE, continuous_update=False)
     controls = {
-        "attention_ratio": w.IntSlider(value=defaults.get("attention_ratio", spec.attention_ratio or 3), min=0, max=11,
-                                       description="attn ratio", style=LABEL_STYLE, continuous_update=False,
-                                       disabled=spec.attention_ratio is None),
-        "expert_width": w.Dropdown(options=[128, 256, 512, 1024, 2048],
-                                   value=defaults.get("expert_width", spec.moe_intermediate_size or 512),
-                                   description="expert width", style=LABEL_STYLE),
-        "pp": w.Dropdown(options=[2, 4, 8, 12, 16], value=defaults.get("pp", 8), description="pp", style=LABEL_STYLE),
-        "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
-                                    description="micro-batches", style=LABEL_STYLE, continuous_update=False),
+        "model": w.Dropdown(options=_with(tuple(shipped_models()), model), value=model, description="model",
+                            style=LABEL_STYLE),
+        "gpu": w.Dropdown(options=_with(GPU_CHOICES, gpu), value=gpu, description="GPU", style=LABEL_STYLE),
+        "pp": w.Dropdown(options=_with(PP_CHOICES, params.get("pp", 8)), value=params.get("pp", 8), description="pp",
+                         style=LABEL_STYLE),
+        "ep": w.Dropdown(options=_with(EP_CHOICES, params.get("ep", 8)), value=params.get("ep", 8), description="ep",
+                         style=LABEL_STYLE),
+        "microbatches": w.IntSlider(value=params.get("microbatches", 32), min=1, max=128, description="micro-batches",
+                                    **slider),
+        "seq_len": w.Dropdown(options=_with(SEQ_CHOICES, params.get("seq_len", 4096)),
+                              value=params.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
+        "attention_ratio": w.IntSlider(value=params.get("attention_ratio", spec.attention_ratio or 3), min=0, max=11,
+                                       description="attn ratio", **slider),
+        "expert_width": w.Dropdown(options=_expert_widths(width), value=width, description="expert width",
+                                   style=LABEL_STYLE),
+        "top_k": w.IntSlider(value=params.get("top_k", spec.num_experts_per_tok or 1), min=1,
+                             max=max(1, spec.num_experts or 1), description="top-k", **slider),
     }
+    current = {"spec": spec, "knobs": knobs}
+
+    def show_knobs() -> None:
+        for name, on in current["knobs"].items():
+            controls[name].layout.display = None if on else "none"
+
+    def on_change(name: str) -> None:
+        """A new model: its own knob values and ranges, only the knobs that apply; ep 1 for a dense model."""
+        if name != "model":
+            return
+        new = load_model(controls["model"].value)
+        current.update(spec=new, knobs=model_knobs(new))
+        if new.attention_ratio is not None:
+            controls["attention_ratio"].value = new.attention_ratio
+        if new.has_moe:
+            controls["expert_width"].options = _expert_widths(new.moe_intermediate_size)
+            controls["expert_width"].value = new.moe_intermediate_size
+            controls["top_k"].max = max(1, new.num_experts)
+            controls["top_k"].value = new.num_experts_per_tok
+        elif controls["ep"].value != 1:
+            controls["ep"].value = 1
+        show_knobs()
 
     def compute(v: dict[str, Any]) -> dict[str, Any]:
-        plan = replan(model, attention_ratio=v["attention_ratio"] if spec.attention_ratio is not None else None,
-                      expert_width=v["expert_width"], pp=v["pp"], microbatches=v["microbatches"])
-        return {"summary": plan_summary(plan), "plan": plan}
+        k = current["knobs"]
+        t0 = time.perf_counter()
+        plan = replan(v["model"], attention_ratio=v["attention_ratio"] if k["attention_ratio"] else None,
+                      expert_width=v["expert_width"] if k["expert_width"] else None,
+                      top_k=v["top_k"] if k["top_k"] else None, pp=v["pp"], ep=v["ep"],
+                      microbatches=v["microbatches"], seq_len=v["seq_len"], gpu=v["gpu"])
+        seconds = time.perf_counter() - t0
+        return {"summary": plan_summary(plan), "plan": plan, "seconds": seconds,
+                "caption": plan_caption(plan, seconds), "bounds": bottleneck_bounds(plan)}
 
     def render(res: dict[str, Any]) -> View:
         return View(summary_table(res["plan"]), stage_cost_bars(res["plan"]), plan_notes(res["plan"]))
 
-    return panel(controls, compute, render, rows=[["attention_ratio", "expert_width"], ["pp", "microbatches"]],
-                 state_key=None, error_prefix="cannot plan")
+    def caption(res: dict[str, Any]) -> str:
+        from tessera_lab.ui.panel import CAPTION_SEP
+
+        return res["caption"] + CAPTION_SEP + res["bounds"]
+
+    show_knobs()
+    return panel(controls, compute, render,
+                 rows=[["model", "gpu", "pp", "ep"], ["microbatches", "seq_len"],
+                       ["attention_ratio", "expert_width", "top_k"]],
+                 state_key=None, error_prefix="cannot plan", caption=caption, on_change=on_change)
 
 
 def compare_partitions(
@@ -155,10 +276,12 @@ def compare_partitions(
     microbatches: int = 32,
     ep: int | None = None,
     tp: int | None = None,
+    seq_len: int = 4096,
 ):
     """The overlap-aware plan beside the uniform, standalone-balanced and parameter-balanced partitions, all
     simulated with overlapped 1F1B (pure function behind notebook 06's panel). ``pp``, ``ep``, ``tp`` left
-    ``None`` take the model's layout in :data:`MODEL_LAYOUTS` (default pp 8, ep 8, tp 1).
+    ``None`` take the model's layout in :data:`MODEL_LAYOUTS` (default pp 8, ep 8, tp 1); ``seq_len`` tokens per
+    sequence (the attention ratio matters at long sequences, where full attention's quadratic core grows).
 
     Returns:
         ``(plan, table)``: the :class:`~tessera_lab.plan.make.Plan` and a pandas DataFrame with one row per
@@ -170,7 +293,7 @@ def compare_partitions(
     lay = MODEL_LAYOUTS.get(model, (8, 8, 1))
     plan = replan(model, attention_ratio=attention_ratio, expert_width=expert_width, top_k=top_k,
                   pp=lay[0] if pp is None else pp, ep=lay[1] if ep is None else ep, tp=lay[2] if tp is None else tp,
-                  microbatches=microbatches)
+                  microbatches=microbatches, seq_len=seq_len)
     rows = []
     for ev in [plan.chosen, *plan.baselines.values()]:
         rows.append({
@@ -188,7 +311,7 @@ def compare_partitions(
 
 def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     """Notebook 06's panel: the model (the choices of :data:`MODEL_LAYOUTS`, each at its layout), attention ratio,
-    expert width, top-k (each "config" or a value), stages and micro-batches.
+    expert width, top-k (each "config" or a value), stages, micro-batches and sequence length.
 
     Returns:
         ``(panel, controls, state)`` like :func:`quickstart_panel`; ``state["table"]`` and ``state["plan"]``
@@ -212,6 +335,8 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
                          description="stages", style=LABEL_STYLE),
         "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
                                     description="micro-batches", style=LABEL_STYLE, continuous_update=False),
+        "seq_len": w.Dropdown(options=_with(SEQ_CHOICES[:5], defaults.get("seq_len", 4096)),
+                              value=defaults.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
     }
 
     def compute(v: dict[str, Any]) -> dict[str, Any]:
@@ -223,5 +348,11 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
         table = res["table"].assign(**{"fits memory": res["table"]["fits memory"].map({True: "yes", False: "NO"})})
         return View(table, standalone_vs_overlap_bars(res["plan"]), plan_notes(res["plan"]))
 
+    def caption(res: dict[str, Any]) -> str:
+        from tessera_lab.ui.panel import CAPTION_SEP
+
+        return plan_caption(res["plan"]) + CAPTION_SEP + bottleneck_bounds(res["plan"])
+
     names = list(controls)
-    return panel(controls, compute, render, rows=[names[:3], names[3:]], state_key=None, error_prefix="cannot plan")
+    return panel(controls, compute, render, rows=[names[:3], names[3:]], state_key=None, error_prefix="cannot plan",
+                 caption=caption)

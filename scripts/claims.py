@@ -1,0 +1,294 @@
+"""The registry of figures quoted in README.md and docs/ (``docs/claims.json``): check them, re-run them, rewrite them.
+
+A quoted figure carries a marker right after it, ``1.794 s<!-- claim:default-plan.iteration -->``; its registry
+entry holds the value, the format that turns the value into the quoted text, the command that produced it, the
+environment, date and machine load, its kind (``measured``, ``simulated``, ``derived``, ``by construction``,
+``cited``) and its tolerance. Entries with a ``probe`` are re-computed by this script: simulated and derived
+figures of the analytic planner, cheap and deterministic (a few seconds of CPU in all).
+
+Usage::
+
+    python scripts/claims.py check            # quoted text == registry text; probes re-run within tolerance
+    python scripts/claims.py check --no-rerun # only the quoted text against the registry
+    python scripts/claims.py regen            # re-run the probes, update their entries, rewrite the quoted text
+    python scripts/claims.py list             # every entry: id, kind, quoted text, date
+
+Exit status: 0 when everything agrees, 1 with one line per disagreement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+REGISTRY = ROOT / "docs" / "claims.json"
+KINDS = ("measured", "simulated", "derived", "by construction", "cited")
+REQUIRED = ("id", "value", "format", "kind", "command", "environment", "date", "load", "tolerance")
+
+#: a marker after a quoted figure; the figure is the text right before it (number, optional sign and unit)
+MARKER = re.compile(r"<!-- claim:(?P<id>[A-Za-z0-9_.\-]+) -->")
+FIGURE = re.compile(r"[+\-]?\d[\d,]*(?:\.\d+)?(?: ?(?:%|s|ms|minutes|min|GiB|x|tokens/s))?$")
+
+
+def doc_files(root: Path = ROOT) -> list[Path]:
+    """README.md, CHANGELOG excluded (history quotes old figures on purpose), and every Markdown file of docs/."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def load_registry(path: Path = REGISTRY) -> dict[str, dict[str, Any]]:
+    """The registry as ``{id: entry}``. Raises ValueError on a duplicate id."""
+    entries = json.loads(path.read_text())["claims"]
+    out: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        if e["id"] in out:
+            raise ValueError(f"claim id {e['id']!r} appears twice in {path}")
+        out[e["id"]] = e
+    return out
+
+
+def text_of(entry: dict[str, Any]) -> str:
+    """The quoted text of an entry: its ``format`` applied to its ``value``."""
+    return entry["format"].format(entry["value"])
+
+
+def quoted(text: str) -> list[tuple[str, str, int, int]]:
+    """``(id, figure, start, end)`` for every marker of ``text``; ``figure`` is the number (with sign and unit)
+    right before the marker, ``""`` when there is none; ``start:end`` its span."""
+    out = []
+    for m in MARKER.finditer(text):
+        head = text[:m.start()]
+        fig = FIGURE.search(head[-40:])
+        if fig is None:
+            out.append((m.group("id"), "", m.start(), m.start()))
+        else:
+            start = m.start() - (len(head[-40:]) - fig.start())
+            out.append((m.group("id"), fig.group(0), start, m.start()))
+    return out
+
+
+def check_entries(reg: dict[str, dict[str, Any]]) -> list[str]:
+    """Problems with the entries themselves: missing fields, unknown kinds."""
+    bad = []
+    for cid, e in reg.items():
+        missing = [k for k in REQUIRED if k not in e]
+        if missing:
+            bad.append(f"{cid}: missing field(s) {', '.join(missing)}")
+        if e.get("kind") not in KINDS:
+            bad.append(f"{cid}: kind {e.get('kind')!r}; allowed: {', '.join(KINDS)}")
+        tol = e.get("tolerance", {})
+        if not isinstance(tol, dict) or not set(tol) <= {"abs", "rel", "note"}:
+            bad.append(f"{cid}: tolerance {tol!r}; allowed: {{'abs': x}} and/or {{'rel': x}} (and a 'note')")
+    return bad
+
+
+def check_text(name: str, text: str, reg: dict[str, dict[str, Any]]) -> list[str]:
+    """Problems in one document: a marker without a figure, an unknown id, a figure that is not the entry's text."""
+    bad = []
+    for cid, fig, _, _ in quoted(text):
+        if cid not in reg:
+            bad.append(f"{name}: claim:{cid} is not in {REGISTRY.name}")
+        elif not fig:
+            bad.append(f"{name}: claim:{cid} has no figure right before its marker")
+        elif fig != text_of(reg[cid]):
+            bad.append(f"{name}: claim:{cid} quotes {fig!r}, the registry says {text_of(reg[cid])!r} "
+                       f"(python scripts/claims.py regen rewrites it)")
+    return bad
+
+
+def check_docs(reg: dict[str, dict[str, Any]], root: Path = ROOT) -> list[str]:
+    bad = check_entries(reg)
+    for path in doc_files(root):
+        if path.exists():
+            bad += check_text(str(path.relative_to(root)), path.read_text(), reg)
+    return bad
+
+
+# ------------------------------------------------------------------------------------------------- probes
+def _default_plan() -> dict[str, float]:
+    """The embedded default plan (``tessera-lab plan``) and the same with one grouped expert kernel."""
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.make import DEFAULT_MODEL, make_plan
+
+    model = load_model(DEFAULT_MODEL)
+    plan = make_plan(model)
+    grouped = make_plan(model, ParallelConfig(grouped_gemm="grouped"))
+    return {"iteration": plan.chosen.iteration_time_s, "tokens-per-s": plan.chosen.tokens_per_s,
+            "mfu": plan.chosen.mfu, "mfu-grouped": grouped.chosen.mfu, "gpus": plan.parallel.world_size}
+
+
+def _knobs() -> dict[str, float]:
+    """Relative change of the default plan's iteration time under two model knobs."""
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.make import DEFAULT_MODEL, make_plan
+
+    model = load_model(DEFAULT_MODEL)
+    base = make_plan(model).chosen.iteration_time_s
+    half = make_plan(model.with_changes(moe_intermediate_size=model.moe_intermediate_size // 2)).chosen
+    ratio1 = make_plan(model.with_changes(attention_ratio=1)).chosen
+    return {"expert-width-half": half.iteration_time_s / base - 1.0,
+            "attention-ratio-1": ratio1.iteration_time_s / base - 1.0}
+
+
+_PUBLIC_KEYS = {
+    "qwen3-30b-a3b/16xH100/fp8/ep16": "qwen3-30b-16xh100",
+    "qwen3-235b-a22b/256xH100/fp8/tp2-pp8-vp4-ep32": "qwen3-235b-256xh100",
+    "deepseek-v3/1024xH100/fp8/tp2-pp8-vp4-ep64": "deepseek-v3-1024xh100",
+    "qwen3-30b-a3b/8xB200/fp8/ep8": "qwen3-30b-8xb200",
+    "qwen3-235b-a22b/256xB200/fp8/pp8-ep8": "qwen3-235b-256xb200",
+    "deepseek-v3/256xB200/fp8/pp8-vp2-ep32": "deepseek-v3-256xb200",
+}
+
+
+def _public_runs() -> dict[str, float]:
+    """Predicted TFLOP/s per GPU and error of each published run (``benchmarks/bench_public_runs.py``)."""
+    import statistics
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_public_runs as bench
+    finally:
+        sys.path.pop(0)
+    data = json.loads((ROOT / "data" / "published" / "megatron_bridge.json").read_text())
+    out: dict[str, float] = {}
+    errors = []
+    for run in data["runs"]:
+        if run.get("reference_only"):
+            continue
+        row = bench.predict(run)
+        errors.append(abs(row["error"]))
+        key = _PUBLIC_KEYS.get(row["id"])
+        if key:
+            out[f"{key}.predicted"] = row["predicted_tflops_per_gpu"]
+            out[f"{key}.error"] = row["error"]
+    out["median-abs-error"] = statistics.median(errors)
+    return out
+
+
+#: validated runs quoted in docs/fidelity.md: claim key -> result file under data/devices/validation/
+_VALIDATION_FILES = {
+    "quick-1": "cpu-2core-quick-2026-12-01-cpu-1.json", "quick-2": "cpu-2core-quick-2026-12-01-cpu-2.json",
+    "quick-3": "cpu-2core-quick-2026-12-01-cpu-3.json",
+    "own-1": "cpu-2core-quick-2026-12-01-cpu-own-calibration-1.json",
+    "own-2": "cpu-2core-quick-2026-12-01-cpu-own-calibration-2.json",
+    "full": "cpu-2core-full-2026-12-01-cpu.json",
+}
+
+
+def _validation_results() -> dict[str, float]:
+    """Median |error|, rank agreement and agreement on pairs apart beyond the noise of the stored ``validate``
+    results (measured once; re-read here, so the quoted figures stay those of the files)."""
+    out = {}
+    for key, name in _VALIDATION_FILES.items():
+        d = json.loads((ROOT / "data" / "devices" / "validation" / name).read_text())
+        out[f"{key}.error"] = d["median_abs_error"]
+        out[f"{key}.rank"] = d["rank_agreement"]
+        out[f"{key}.apart"] = d["rank_agreement_apart"]
+    return out
+
+
+#: probe name -> function returning {key: value}; an entry names ``probe`` and ``key``
+PROBES: dict[str, Callable[[], dict[str, float]]] = {
+    "default-plan": _default_plan,
+    "knobs": _knobs,
+    "public-runs": _public_runs,
+    "validation-files": _validation_results,
+}
+
+
+def within(entry: dict[str, Any], value: float) -> bool:
+    """Whether a re-computed ``value`` agrees with the entry's within its tolerance (abs or rel, either passes)."""
+    tol = entry.get("tolerance", {})
+    diff = abs(value - entry["value"])
+    return diff <= tol.get("abs", 0.0) or diff <= tol.get("rel", 0.0) * abs(entry["value"]) or diff == 0.0
+
+
+def rerun(reg: dict[str, dict[str, Any]], probes: list[str] | None = None) -> tuple[dict[str, float], list[str]]:
+    """Re-run the probes (all, or those named) of the registry's entries: ``(new values by id, problems)``."""
+    wanted = sorted({e["probe"] for e in reg.values() if e.get("probe")} & set(probes or PROBES))
+    values: dict[str, float] = {}
+    bad = []
+    for name in wanted:
+        if name not in PROBES:
+            bad.append(f"probe {name!r} is unknown; known: {', '.join(PROBES)}")
+            continue
+        got = PROBES[name]()
+        for cid, e in reg.items():
+            if e.get("probe") != name:
+                continue
+            if e["key"] not in got:
+                bad.append(f"{cid}: probe {name} gives no {e['key']!r}")
+                continue
+            values[cid] = got[e["key"]]
+            if not within(e, got[e["key"]]):
+                bad.append(f"{cid}: re-run gives {e['format'].format(got[e['key']])} ({got[e['key']]!r}), the registry "
+                           f"says {text_of(e)} ({e['value']!r}); tolerance {e['tolerance']}")
+    return values, bad
+
+
+def rewrite(text: str, reg: dict[str, dict[str, Any]]) -> str:
+    """``text`` with every marked figure replaced by its entry's quoted text."""
+    out, last = [], 0
+    for cid, fig, start, end in quoted(text):
+        if cid in reg and fig:
+            out.append(text[last:start])
+            out.append(text_of(reg[cid]))
+            last = end
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _load_now() -> str:
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:  # pragma: no cover
+        return "n/a"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("action", choices=["check", "regen", "list"])
+    ap.add_argument("--no-rerun", action="store_true", help="check: only compare the quoted text with the registry")
+    ap.add_argument("--probe", action="append", choices=sorted(PROBES), help="re-run only this probe (repeatable)")
+    args = ap.parse_args(argv)
+    reg = load_registry()
+    if args.action == "list":
+        for cid, e in reg.items():
+            print(f"{cid:44} {e['kind']:15} {text_of(e):>14}  {e['date']}  load {e['load']}")
+        return 0
+    if args.action == "check":
+        bad = check_docs(reg)
+        if not args.no_rerun:
+            bad += rerun(reg, args.probe)[1]
+        for line in bad:
+            print(line)
+        print(f"{len(reg)} claims, {len(bad)} problem(s)", file=sys.stderr)
+        return 1 if bad else 0
+    # regen: re-run the probes, update their entries (value, date, load), rewrite every document
+    values, _ = rerun(reg, args.probe)
+    today = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    for cid, v in values.items():
+        if reg[cid]["value"] != v:
+            reg[cid].update(value=v, date=today, load=_load_now())
+    REGISTRY.write_text(json.dumps({"claims": list(reg.values())}, indent=1) + "\n")
+    changed = []
+    for path in doc_files():
+        if path.exists():
+            old = path.read_text()
+            new = rewrite(old, reg)
+            if new != old:
+                path.write_text(new)
+                changed.append(str(path.relative_to(ROOT)))
+    print(f"{len(values)} claims re-run; rewritten: {', '.join(changed) or 'nothing'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

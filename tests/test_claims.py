@@ -1,0 +1,70 @@
+"""Every figure quoted in README.md and docs/ is an entry of docs/claims.json (scripts/claims.py).
+
+The quoted text must equal the entry's value in the entry's format; the cheap deterministic entries (the analytic
+planner's simulated and derived figures, stored validation results) are re-computed and must agree within their
+tolerance. The check itself is shown to fail on a changed figure, an unknown id and a marker without a figure.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import claims  # noqa: E402
+
+sys.path.pop(0)
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return claims.load_registry()
+
+
+def test_every_entry_has_command_environment_date_load_kind_and_tolerance(registry):
+    assert registry
+    assert claims.check_entries(registry) == []
+
+
+def test_quoted_figures_in_readme_and_docs_match_the_registry(registry):
+    assert claims.check_docs(registry) == []
+
+
+def test_readme_quotes_the_default_plan_through_the_registry():
+    ids = {cid for cid, *_ in claims.quoted((ROOT / "README.md").read_text())}
+    assert {"default-plan.mfu", "default-plan.iteration", "fast-suite.cpu"} <= ids
+
+
+def test_the_check_fails_on_a_changed_figure_an_unknown_id_and_a_bare_marker(registry):
+    e = registry["default-plan.mfu"]
+    good = f"MFU {claims.text_of(e)}<!-- claim:default-plan.mfu -->"
+    assert claims.check_text("x.md", good, registry) == []
+    changed = good.replace(claims.text_of(e), "99.9%")
+    assert "quotes '99.9%'" in claims.check_text("x.md", changed, registry)[0]
+    assert "not in" in claims.check_text("x.md", "1.0 s<!-- claim:no-such-claim -->", registry)[0]
+    assert "no figure" in claims.check_text("x.md", "MFU<!-- claim:default-plan.mfu -->", registry)[0]
+    assert claims.rewrite(changed, registry) == good
+
+
+def test_cheap_deterministic_claims_rerun_within_tolerance(registry):
+    """Re-runs the default plan (and one grouped-GEMM variant), two knob variants, the six published-run
+    predictions and re-reads the stored validation results (a few seconds of CPU)."""
+    values, bad = claims.rerun(registry)
+    assert not bad, "\n".join(bad)
+    rerun_kinds = {registry[cid]["kind"] for cid in values}
+    assert {"simulated", "derived"} <= rerun_kinds
+    assert "default-plan.mfu" in values and "public.median-abs-error" in values
+
+
+def test_every_result_figure_in_the_readme_is_registered():
+    """README: a percentage or a time (s, ms, minutes) is a result, so it carries a claim marker (sizes such as
+    pp 8 or 4096 tokens are the inputs the text names, not results)."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    figure = re.compile(r"(?<![\w.\-])[+\-]?\d[\d,]*(?:\.\d+)?(?: ?(?:%|s|ms|minutes))(?![\w/])")
+    bare = [m.group(0) for m in figure.finditer(text) if not text[m.end():].lstrip().startswith("<!-- claim:")]
+    assert not bare, f"README figures without a claim marker: {bare}"
