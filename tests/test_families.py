@@ -412,3 +412,14 @@ def test_qwen35_dense_text_config_by_hand():
     body = 30 * gdn + 10 * attn + 40 * (3 * h * 6144 + 2 * h) + h
     assert not m.has_moe and m.param_counts().total == body + 2 * V * h
     assert m.layer_pattern() == "llla" * 10
+
+
+def test_attention_ratio_is_the_period_of_the_placement():
+    """Kimi-Linear places MLA at 1-based layers 4, 8, ..., 24 and 27 (its config's full_attn_layers): three KDA
+    layers per MLA layer, with one shorter run at the end; 20 KDA // 7 MLA would say 2."""
+    from tessera_lab.model.spec import load_model
+
+    kimi = load_model("kimi-linear-48b-a3b")
+    assert kimi.layer_pattern().upper().count("A") == 7
+    assert kimi.attention_ratio == 3
+    assert load_model("jamba-1.5-mini").attention_ratio == 7  # attn_layer_period 8

@@ -357,14 +357,22 @@ class ModelSpec:
 
     @property
     def attention_ratio(self) -> int | None:
-        """Linear-mixer layers per full-attention layer (``None`` for models without both kinds)."""
+        """Linear-mixer layers per full-attention layer (``None`` for models without both kinds): the most common
+        run of linear-mixer layers before a full-attention layer (Kimi-Linear's MLA at layers 4, 8, ..., 24 and
+        27 gives 3, its period, not 20 // 7)."""
         if self.full_attention_interval is not None:
             return self.full_attention_interval - 1
         mixers = [l.mixer for l in self.layers if not l.mtp]
-        lin, full = mixers.count(LINEAR_ATTENTION), mixers.count(FULL_ATTENTION)
-        if not lin or not full:
+        if LINEAR_ATTENTION not in mixers or FULL_ATTENTION not in mixers:
             return None
-        return lin // full
+        runs, run = Counter(), 0
+        for m in mixers:
+            if m == FULL_ATTENTION:
+                runs[run] += 1
+                run = 0
+            elif m == LINEAR_ATTENTION:
+                run += 1
+        return max(runs, key=lambda r: (runs[r], r))
 
     def layer_pattern(self) -> str:
         """One character per layer: ``L`` linear mixer (GDN, KDA, lightning, Mamba), ``A`` full attention (``S``
