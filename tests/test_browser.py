@@ -678,6 +678,12 @@ def test_notebook_00_parameters_reach_the_panel_and_pp_shows_the_gpu_count(brows
         assert "attn ratio" in labels()
         _select(d, "pp", "8")
         state = _redraw(d, 0, state, CHANGE_S)
+        _select(d, "model", "kimi-linear-48b-a3b")  # a KDA + MLA hybrid of the model zoo: the ratio knob stays
+        state = _redraw(d, 0, state, CHANGE_S)
+        shown = state["table"] or state["status"]
+        assert "kimi-linear-48b-a3b" in shown, shown
+        assert "attn ratio" in labels() and "expert width" in labels()
+        panel.screenshot(str(ARTIFACTS / "00_quickstart_kimi_linear.png"))
         _select(d, "model", "qwen3-30b-a3b")
         state = _redraw(d, 0, state, CHANGE_S)
         shown = state["table"] or state["status"]
