@@ -226,8 +226,7 @@ def batch_p2p(schedule):
     Raises:
         ScheduleError / DeadlockError: neither order passes :func:`check_nccl_order`.
     """
-    from tessera_lab.pipeline.schedules import Schedule
-
+    Schedule = type(schedule)  # the IR class (this module is below the IR: the simulator imports it)
     S, s2r = schedule.num_stages, schedule.stage_to_rank
     lists: dict[int, list[Action]] = {}
     for r, acts in schedule.actions.items():
