@@ -34,8 +34,8 @@ def test_host_issue_makespan_hand_example():
     # B: post 9-13, combine 13-14, experts 14-18, dispatch 18-19, pre 19-25 -> 25.
     d = od.nominal_durations(ep=2)
     assert od.host_issue_makespan(od.TEMPLATE_KEYS, d) == 25.0
-    # Megatron's order: f.pre 0-3, b.post 3-7, b.combine issued 7 (7-8), f.dispatch issued 7 (7-8),
-    # b.experts 8-12, f.experts 12-14, b.dispatch 14-15, f.combine 14-15, f.post 15-17, b.pre 17-23 -> 23.
+    # Megatron's order: b.post 0-4, b.combine issued 4 (4-5), f.pre 4-7, b.experts 7-11, f.dispatch and
+    # b.dispatch issued 11 (11-12), f.experts 12-14, f.combine 14-15, f.post 15-17, b.pre 17-23 -> 23.
     assert od.host_issue_makespan(od.NAMED_ORDERS["megatron"], d) == 23.0
     best = od.search_template(d, keep=3)
     assert best[0][0] == min(od.host_issue_makespan(o, d) for o in od.all_templates())  # brute force

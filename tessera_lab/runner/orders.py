@@ -21,11 +21,20 @@ is *issued* (asynchronously: gloo/NCCL work handles) when the host reaches it an
 (forward and backward use separate EP process groups). On a GPU the host also does not block on compute, so
 the two-lane model of :func:`tessera_lab.cost.analytic.two_lane_makespan` applies instead.
 
-Named candidates (:data:`NAMED_ORDERS`): ``program`` (forward layer, then backward layer), ``megatron``
-(Megatron-Core's combined 1F1B order, ``TransformerLayerSchedulePlan.run`` in
-``megatron/core/models/common/model_chunk_schedule_plan.py``: f.attn, b.combine, f.dispatch, b.mlp, f.mlp,
-b.dispatch, f.combine, b.attn; its ``combine`` backward includes our ``post``, its ``combine`` forward our
-``post``) and ``comm-first`` (issue every all-to-all as soon as its input exists).
+Named candidates (:data:`NAMED_ORDERS`; :data:`ORDER_SOURCES` says where each comes from): ``program`` (forward
+layer, then backward layer: what a runtime without overlap issues), ``megatron`` (Megatron-Core's combined 1F1B
+order, pinned: :data:`MEGATRON_SOURCE`) and ``comm-first`` (tessera-lab's own heuristic: issue every all-to-all
+as soon as its input exists).
+
+Megatron-Core's ``TransformerLayerSchedulePlan.run`` (:data:`MEGATRON_SOURCE`) issues, for a forward layer
+``f`` and a backward layer ``b``: ``b.mtp_post_process.backward``, ``b.moe_combine.backward``;
+``f.attn.forward``, ``f.post_attn.forward``; ``b.mlp.backward``; ``f.moe_dispatch.forward``;
+``b.mlp.backward_dw``, ``b.moe_dispatch.backward``; ``f.mlp.forward``; ``f.moe_combine.forward``,
+``f.mtp_post_process.forward``; ``b.post_attn.backward``, ``b.attn.backward`` (:data:`MEGATRON_UPSTREAM_CALLS`).
+Mapped onto the ten keys (:data:`MEGATRON_KEY_OF`): ``attn`` + ``post_attn`` = ``pre``; ``moe_dispatch`` =
+``dispatch``; ``mlp`` = ``experts``; ``moe_combine`` = ``combine`` followed (forward) or preceded (backward) by
+our ``post`` (unpermute, shared expert, residual), which Megatron's combine node holds; the MTP and
+weight-gradient (``backward_dw``) calls have no key of their own (W is a separate action here).
 """
 
 from __future__ import annotations
@@ -35,7 +44,8 @@ from typing import Mapping, Sequence
 from tessera_lab.errors import ConfigError
 from tessera_lab.overlap.bundles import COMM, COMPUTE, PairGraph
 
-__all__ = ["F_NODES", "B_NODES", "TEMPLATE_KEYS", "NAMED_ORDERS", "template_graph", "check_template",
+__all__ = ["F_NODES", "B_NODES", "TEMPLATE_KEYS", "NAMED_ORDERS", "ORDER_SOURCES", "MEGATRON_SOURCE",
+           "MEGATRON_UPSTREAM_CALLS", "megatron_order", "template_graph", "check_template",
            "resolve_order", "host_issue_makespan", "search_template", "all_templates", "nominal_durations",
            "durations_from_events"]
 
@@ -44,12 +54,46 @@ B_NODES = ("post", "combine", "experts", "dispatch", "pre")
 COMM_NODES = frozenset({"dispatch", "combine"})
 TEMPLATE_KEYS = tuple(f"f.{n}" for n in F_NODES) + tuple(f"b.{n}" for n in B_NODES)
 
+#: the pinned upstream file the ``megatron`` order is read from
+MEGATRON_SOURCE = {"repo": "NVIDIA/Megatron-LM", "commit": "d428de40c139dd091d3a91baf041e9128811a4d7",
+                   "file": "megatron/core/models/common/model_chunk_schedule_plan.py",
+                   "function": "TransformerLayerSchedulePlan.run"}
+#: the node calls of that function, in its order (``side.node.direction``)
+MEGATRON_UPSTREAM_CALLS = ("b.mtp_post_process.backward", "b.moe_combine.backward", "f.attn.forward",
+                           "f.post_attn.forward", "b.mlp.backward", "f.moe_dispatch.forward", "b.mlp.backward_dw",
+                           "b.moe_dispatch.backward", "f.mlp.forward", "f.moe_combine.forward",
+                           "f.mtp_post_process.forward", "b.post_attn.backward", "b.attn.backward")
+#: upstream node -> our keys, in issue order (empty: no key of its own; ``attn`` stands for ``attn`` + ``post_attn``)
+MEGATRON_KEY_OF = {"attn": ("pre",), "post_attn": (), "moe_dispatch": ("dispatch",), "mlp": ("experts",),
+                   "moe_combine": {"f": ("combine", "post"), "b": ("post", "combine")}, "mtp_post_process": ()}
+
+
+def megatron_order(calls: Sequence[str] = MEGATRON_UPSTREAM_CALLS) -> tuple[str, ...]:
+    """Our template from Megatron-Core's call sequence (see the module docstring for the mapping)."""
+    out: list[str] = []
+    for c in calls:
+        side, node, direction = c.split(".")
+        if direction == "backward_dw":
+            continue
+        keys = MEGATRON_KEY_OF[node]
+        keys = keys[side] if isinstance(keys, dict) else keys
+        out.extend(f"{side}.{k}" for k in keys if f"{side}.{k}" not in out)
+    return tuple(out)
+
+
 NAMED_ORDERS: dict[str, tuple[str, ...]] = {
     "program": TEMPLATE_KEYS,
-    "megatron": ("f.pre", "b.post", "b.combine", "f.dispatch", "b.experts", "f.experts", "b.dispatch",
+    "megatron": ("b.post", "b.combine", "f.pre", "b.experts", "f.dispatch", "b.dispatch", "f.experts",
                  "f.combine", "f.post", "b.pre"),
     "comm-first": ("b.post", "b.combine", "f.pre", "f.dispatch", "b.experts", "b.dispatch", "f.experts",
                    "f.combine", "b.pre", "f.post"),
+}
+#: where each named order comes from
+ORDER_SOURCES = {
+    "program": "program order: the forward layer, then the backward layer (a runtime without overlap)",
+    "megatron": (f"Megatron-Core {MEGATRON_SOURCE['repo']}@{MEGATRON_SOURCE['commit'][:12]} "
+                 f"{MEGATRON_SOURCE['file']} {MEGATRON_SOURCE['function']}"),
+    "comm-first": "tessera-lab heuristic: every all-to-all issued as soon as its input exists",
 }
 
 
