@@ -32,8 +32,9 @@ def test_bucket_order_sizes_and_default_cap():
     # stage 2 first (its last backward is earlier), then stage 0 dense, stage 0 experts
     assert [(s, size, [p.numel() for p in ps]) for s, _, size, ps in b.buckets] == [(2, 2, [5]), (0, 2, [3]),
                                                                                     (0, 3, [2])]
-    assert b.bytes == [2 * 5 * 4, 2 * 3 * 4, 3 * 2 * 4]  # replicas x elements x 4 bytes (fp32 gather buffers)
-    assert b.cap_bytes == 40 + 24 + 24  # the static sync's buffers, all at once
+    # reduce-scatter send + receive buffers: 2 x 4 bytes x the elements padded to a multiple of the replicas
+    assert b.bytes == [2 * 4 * 6, 2 * 4 * 4, 2 * 4 * 3]
+    assert b.cap_bytes == 48 + 32 + 24  # the static sync's buffers, all at once
 
 
 def test_fill_waits_for_final_stages_and_keeps_order():
@@ -46,10 +47,10 @@ def test_fill_waits_for_final_stages_and_keeps_order():
 
 
 def test_fill_honours_the_memory_cap():
-    b, launched = _buckets(cap_bytes=50)
-    assert b.fill(7, {(2, 0), (0, 0)}) == 1 and launched == [0]  # 40 in flight; 40 + 24 > 50
+    b, launched = _buckets(cap_bytes=60)
+    assert b.fill(7, {(2, 0), (0, 0)}) == 1 and launched == [0]  # 48 in flight; 48 + 32 > 60
     b.launched.clear()  # (finish would wait and free them)
-    assert b.fill(7, {(2, 0), (0, 0)}) == 2  # 24 + 24 <= 50
+    assert b.fill(7, {(2, 0), (0, 0)}) == 2  # 32 + 24 <= 60
 
 
 @pytest.mark.slow

@@ -1,5 +1,11 @@
-"""The executor that walks one rank's :mod:`tessera_lab.pipeline.schedules` action list (see
-:mod:`tessera_lab.runner.pipeline` for what each action does)."""
+"""The executor that walks one rank's lowered action list (see :mod:`tessera_lab.runner.pipeline` for what each
+action does).
+
+It executes only lowered lists (:func:`tessera_lab.pipeline.passes.lower`: ``with_comms`` inserts SEND/RECV,
+``batch_p2p`` places them): every maximal run of SEND/RECV actions is posted as one batch through a
+:mod:`~tessera_lab.runner.transport` (one ``batch_isend_irecv``, one NCCL group), compute actions wait for the
+receives of their inputs. Nothing is posted that the list does not say, so the order NCCL sees is the order the
+NCCL-rule check (:func:`tessera_lab.pipeline.p2p.check_nccl_order`) proved deadlock-free."""
 
 from __future__ import annotations
 
@@ -12,6 +18,8 @@ import torch
 import torch.distributed as dist
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.pipeline.p2p import comm_route, lowered_steps
+from tessera_lab.pipeline.passes import lower
 from tessera_lab.pipeline.schedules import Action, ActionType, Schedule
 
 from .layers import WEIGHT_GRAD_STORE, TinyMoEModel, forward_key
@@ -19,6 +27,7 @@ from .nodes import StageProgram
 from .orders import resolve_order
 from .pairs import get_pair_handler
 from .topology import StageModule, Topology
+from .transport import make_transport
 
 __all__ = ["StepRecord", "PipelineExecutor"]
 
@@ -46,7 +55,8 @@ class PipelineExecutor:
 
     Args:
         topo: this rank's :class:`Topology`.
-        schedule: the :class:`~tessera_lab.pipeline.schedules.Schedule` (compute-only or lowered with SEND/RECV).
+        schedule: the :class:`~tessera_lab.pipeline.schedules.Schedule`: compute-only (lowered here with
+            :func:`~tessera_lab.pipeline.passes.lower`) or already lowered (checked by the NCCL rule).
         stages: ``{stage: StageModule}`` held by this rank (``schedule.rank_stages(pp_rank)``).
         act_shape: ``(micro_batch_size, seq_len, hidden)`` of the tensors crossing stage boundaries.
         num_tokens: global tokens per step ``N`` (the loss divisor).
@@ -55,15 +65,18 @@ class PipelineExecutor:
             one runs every forward and backward as nodes (:mod:`tessera_lab.runner.nodes`).
         pair_order: issue order of the ``scheduled`` handler (:func:`tessera_lab.runner.orders.resolve_order`).
         fault: ``{"rank", "step", "action"}``: raise before that action (tests).
-        prefetch: post the next action's receives before running the current one (compute-only lists).
+        p2p: the transport mode (:data:`tessera_lab.runner.transport.P2P_MODES`; ``auto``: NCCL's semantics
+            emulated on gloo, ``batch_isend_irecv`` on NCCL); ``p2p_timeout_s``: seconds before the gloo
+            emulation declares a batch deadlocked.
         w_cap: with an int, fill receive waits with deferred W (:class:`tessera_lab.runner.gaps.GapFiller`, the
             rank's controller) and hold at most ``w_cap`` deferred micro-batches before a forward; None: static.
         fill: with ``w_cap``, False only records the waits (the static side of ``run --dynamic``).
     """
 
     def __init__(self, topo: Topology, schedule: Schedule, stages: dict[int, StageModule], act_shape: tuple,
-                 num_tokens: int, *, overlap: str = "thread", fault: dict | None = None, prefetch: bool = True,
-                 pair_exec: str | None = None, pair_order=None, w_cap: int | None = None, fill: bool = True):
+                 num_tokens: int, *, overlap: str = "thread", fault: dict | None = None,
+                 pair_exec: str | None = None, pair_order=None, w_cap: int | None = None, fill: bool = True,
+                 p2p: str = "auto", p2p_timeout_s: float = 60.0):
         self.topo = topo
         self.sched = schedule
         self.stages = stages
@@ -71,8 +84,10 @@ class PipelineExecutor:
         self.m = schedule.num_microbatches
         self.s2r = schedule.stage_to_rank
         self.me = topo.pp_rank
-        self.actions = list(schedule.actions.get(self.me, []))
-        self.explicit = any(a.is_comm for a in self.actions)
+        self.lowered = lower(schedule)
+        self.steps = list(lowered_steps(self.lowered.actions.get(self.me, [])))
+        #: this rank's compute actions in order (fault and gap-slot indices count these)
+        self.actions = [acts[0] for kind, _, acts in self.steps if kind == "compute"]
         self.act_shape = tuple(act_shape)
         self.N = num_tokens
         if overlap not in ("thread", "serial"):
@@ -86,7 +101,8 @@ class PipelineExecutor:
         #: exchange (the seam for a per-EP-group dynamic controller); None: no hook
         self.dispatch_hook = None
         self.fault = fault
-        self.prefetch = prefetch
+        backend = dist.get_backend() if dist.is_initialized() else "gloo"
+        self.transport = make_transport(p2p, backend, topo.rank, p2p_timeout_s)
         init = (lambda: torch.cuda.set_device(topo.device)) if topo.device.type == "cuda" else None
         self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-side", initializer=init)
         self._side_stream = torch.cuda.Stream(topo.device) if topo.device.type == "cuda" else None
@@ -103,6 +119,7 @@ class PipelineExecutor:
 
     def close(self) -> None:
         self._side.shutdown(wait=True)
+        self.transport.close()
 
     # -- recording ------------------------------------------------------------------------------
     def _now(self) -> float:
@@ -117,27 +134,35 @@ class PipelineExecutor:
         self._event("comm", "ep_a2a", cur[0], cur[1], start - self._t0, end - self._t0, f"{name}[{cur[0]},{cur[1]}]")
 
     # -- p2p --------------------------------------------------------------------------------------
-    def _tag(self, key: tuple) -> int:
-        kind, stage, mb = key
-        return ((0 if kind == "F" else 1) * self.S + stage) * self.m + mb + 1
-
-    def _post_recvs(self, items: list[tuple[tuple, int]]) -> None:
-        """Post receives for ``(key, src_pp_rank)`` pairs not yet posted (one ``batch_isend_irecv``)."""
-        ops, keys = [], []
-        for key, src in items:
-            if key in self._recvs:
-                continue
-            buf = torch.empty(self.act_shape, dtype=torch.float32, device=self.topo.device)
-            ops.append(dist.P2POp(dist.irecv, buf, self.topo.global_rank(src), tag=self._tag(key)))
-            keys.append((key, buf))
+    def _post_batch(self, acts: tuple[Action, ...]) -> None:
+        """Post one run of SEND/RECV actions as one batch (same-rank transfers move nothing)."""
+        ops, meta = [], []
+        for a in acts:
+            key, src, dst = comm_route(a)
+            if a.type in (ActionType.SEND_F, ActionType.SEND_B):
+                if self.s2r[dst] == self.me:
+                    continue
+                if key not in self._outbox:
+                    raise ConfigError(f"rank {self.me}: {a} comes before the action producing its data")
+                ops.append(("send", key, self._outbox.pop(key).contiguous(), self.topo.global_rank(self.s2r[dst])))
+            else:
+                if self.s2r[src] == self.me:
+                    continue
+                buf = torch.empty(self.act_shape, dtype=torch.float32, device=self.topo.device)
+                ops.append(("recv", key, buf, self.topo.global_rank(self.s2r[src])))
+            meta.append(a)
         if not ops:
             return
         t = self._now()
-        works = dist.batch_isend_irecv(ops)
-        for (key, buf), w in zip(keys, works):
-            self._recvs[key] = (w, buf, t)
+        for a, (op, key, buf, _), h in zip(meta, ops, self.transport.post(ops)):
+            if op == "recv":
+                self._recvs[key] = (h, buf, t)
+            else:
+                self._event("send", a.type.value, a.stage, a.microbatch, t, t, str(a))
 
     def _wait_recv(self, key: tuple) -> torch.Tensor:
+        if key not in self._recvs:
+            raise RuntimeError(f"rank {self.me}: input {key} is read before its receive was posted")
         w, buf, t = self._recvs.pop(key)
         if self.gaps is not None:
             self.gaps.wait(w)
@@ -148,19 +173,6 @@ class PipelineExecutor:
         dst = stage + 1 if kind == "F" else stage - 1
         self._event("comm", typ, dst, mb, t, self._now(), f"{dst}{typ}{mb}")
         return buf
-
-    def _send(self, items: list[tuple[tuple, torch.Tensor, int]]) -> None:
-        """Issue non-blocking sends of ``(key, tensor, dst_pp_rank)`` (one ``batch_isend_irecv``)."""
-        if not items:
-            return
-        ops = [dist.P2POp(dist.isend, t.contiguous(), self.topo.global_rank(dst), tag=self._tag(key))
-               for key, t, dst in items]
-        now = self._now()
-        for key, _, _ in items:
-            typ = "SEND_F" if key[0] == "F" else "SEND_B"
-            self._event("send", typ, key[1], key[2], now, now, f"{key[1]}{typ}{key[2]}")
-        works = dist.batch_isend_irecv(ops)
-        self._pending_sends.extend(zip(works, ops))
 
     # -- inputs -----------------------------------------------------------------------------------
     def _need_input(self, x: Action) -> tuple:
@@ -176,21 +188,7 @@ class PipelineExecutor:
             key, src = ("G", s + 1, i), self.s2r[s + 1]
         else:
             return ("none", None)
-        if src == self.me:
-            return ("local", key)
-        self._post_recvs([(key, src)])
-        return ("recv", key)
-
-    def _prefetch(self, a: Action) -> None:
-        """Post the receives of the next action early, so its data can land while this action computes."""
-        items = []
-        for x in a.leaves():
-            s, i = x.stage, x.microbatch
-            if x.type is _F and s > 0 and self.s2r[s - 1] != self.me:
-                items.append((("F", s - 1, i), self.s2r[s - 1]))
-            elif x.type in (_B, _I) and s < self.S - 1 and self.s2r[s + 1] != self.me:
-                items.append((("G", s + 1, i), self.s2r[s + 1]))
-        self._post_recvs(items)
+        return ("local", key) if src == self.me else ("recv", key)
 
     def _get_input(self, handle: tuple, forward: bool):
         kind, key = handle
@@ -277,7 +275,7 @@ class PipelineExecutor:
         self._side_stream.synchronize()
         return out
 
-    def _finish(self, x: Action, result, sends: list) -> None:
+    def _finish(self, x: Action, result) -> None:
         """Route the output of leaf ``x`` (activation after F, input gradient after B/I)."""
         s, i = x.stage, x.microbatch
         if x.type is _F:
@@ -290,10 +288,8 @@ class PipelineExecutor:
             key, dst, t = ("G", s, i), self.s2r[s - 1], result
         if dst == self.me:
             self._local[key] = t
-        elif self.explicit:
-            self._outbox[key] = (t, dst)
         else:
-            sends.append((key, t, dst))
+            self._outbox[key] = t  # sent by its SEND action
 
     def _run_w(self, x: Action, how: str = "static") -> None:
         """Run W leaf ``x`` now (``how``: static place, ``fill`` of a wait, ``forced`` by the memory cap)."""
@@ -310,16 +306,12 @@ class PipelineExecutor:
                 self._run_w(x)
             return
         h = self._need_input(x)
-        sends: list = []
         if x.type is _F:
             if self.gaps is not None:
                 self.gaps.before_forward()
-            out = self._forward(x, self._get_input(h, True))
-            self._finish(x, out, sends)
+            self._finish(x, self._forward(x, self._get_input(h, True)))
         else:
-            gx = self._backward(x, self._get_input(h, False))
-            self._finish(x, gx, sends)
-        self._send(sends)
+            self._finish(x, self._backward(x, self._get_input(h, False)))
 
     def _run_pair(self, a: Action) -> None:
         f = next(x for x in a.sub_actions if x.type is _F)
@@ -331,23 +323,8 @@ class PipelineExecutor:
         t = self._now()
         out, gx = self.handler.run(self, f, b, inp, grad)
         self._event("compute", "OVERLAP_F_B", b.stage, b.microbatch, t, self._now(), str(a))
-        sends: list = []
-        self._finish(b, gx, sends)
-        self._finish(f, out, sends)
-        self._send(sends)
-
-    def _run_comm(self, a: Action) -> None:
-        s, i = a.stage, a.microbatch
-        if a.type in (ActionType.SEND_F, ActionType.SEND_B):
-            key = ("F", s, i) if a.type is ActionType.SEND_F else ("G", s, i)
-            if key not in self._outbox:
-                raise ConfigError(f"rank {self.me}: {a} comes before the action producing its data")
-            t, dst = self._outbox.pop(key)
-            self._send([(key, t, dst)])
-        else:
-            key, src = (("F", s - 1, i), self.s2r[s - 1]) if a.type is ActionType.RECV_F else (("G", s + 1, i), self.s2r[s + 1])
-            if src != self.me:
-                self._post_recvs([(key, src)])
+        self._finish(b, gx)
+        self._finish(f, out)
 
     # -- step -------------------------------------------------------------------------------------
     def run_step(self, step: int, inputs: dict[int, torch.Tensor], targets: dict[int, torch.Tensor],
@@ -361,32 +338,31 @@ class PipelineExecutor:
         self._local: dict = {}
         self._recvs: dict = {}
         self._outbox: dict = {}
-        self._pending_sends: list = []
         self._loss_sums: dict[int, float] = {}
         fault = self.fault
-        n = len(self.actions)
         if self.gaps is not None:
             self.gaps.begin_step()
-        for k, a in enumerate(self.actions):
+        k = -1
+        for kind, _, acts in self.steps:
+            if kind == "batch":
+                self._post_batch(acts)
+                continue
+            k += 1
+            a = acts[0]
             if self.gaps is not None:
                 self.gaps.at(k)
             if fault and fault.get("rank") == self.topo.rank and fault.get("step", 0) == step and fault.get("action", 0) == k:
                 raise RuntimeError(f"injected fault on rank {self.topo.rank} at step {step} before action {k} ({a})")
-            if self.prefetch and k + 1 < n and not self.explicit:
-                self._prefetch(self.actions[k + 1])
             if a.type is ActionType.OVERLAP_F_B:
                 self._run_pair(a)
-            elif a.is_comm:
-                self._run_comm(a)
             else:
                 self._run_leaf(a)
-        for w, _ in self._pending_sends:
-            w.wait()
+        self.transport.finish()
         leftovers = [k for k in WEIGHT_GRAD_STORE.pending() if k[0] in self.stages]
-        if self._saved or self._recvs or leftovers:
+        if self._saved or self._recvs or self._outbox or leftovers:
             raise RuntimeError(
                 f"rank {self.me}: step ended with unfinished work: activations {sorted(self._saved)}, "
-                f"receives {sorted(self._recvs)}, deferred W {leftovers}")
+                f"receives {sorted(self._recvs)}, unsent {sorted(self._outbox)}, deferred W {leftovers}")
         holds_last = (self.S - 1) in self.stages
         dyn = self.gaps.end_step() if self.gaps is not None else None
         return StepRecord(dict(self._loss_sums) if holds_last else None, list(self._events), dynamic=dyn)

@@ -31,10 +31,11 @@ replica gradient sum is cut into buckets, one per (stage of this rank, dense | e
 stages' last backward in the list. A bucket is final once every backward (B / I, alone or in a pair) and
 every W of its stage has run. In a receive wait with a predicted wait > 0 (the group's numbers, as for W), after
 the W fills, the filler launches the next buckets in order whose stage is final, as asynchronous collectives
-(``all_gather`` of the flat gradients; the wait itself hides them), while the gather buffers in flight stay
+(the reduce-scatter of :class:`~tessera_lab.runner.gradsync.OrderedReduceScatter`; the wait itself hides
+it), while the buffers in flight stay
 within the memory cap ``cap_bytes`` (default: what the static end-of-step sync allocates at once, so the dynamic
-run never holds more). :meth:`GradBuckets.finish` (end of step) launches the rest in the same order, waits, and
-sums each bucket in replica order: element for element the sum of the static sync, so gradients stay bitwise
+run never holds more). :meth:`GradBuckets.finish` (end of step) launches the rest in the same order, waits, sums
+each shard in replica order and all-gathers the shards: element for element the sum of the static sync, so gradients stay bitwise
 equal. Every rank issues the buckets of a group in the same order, so the collectives match whichever slot each
 rank launched them in. Only ranks holding several stages (interleaved, DualPipeV) have waits after a stage's
 gradients are final; with one stage per rank all buckets launch at the end of the step.
@@ -105,12 +106,13 @@ class GradBuckets:
         self.w_static = {s: {x.microbatch for k, a in enumerate(actions) for x in (a.sub_actions or (a,))
                              if x.type is ActionType.W and x.stage == s} for s in stage_params}
         self.last = last
-        self.bytes = [size * sum(p.numel() for p in ps) * 4 for _, _, size, ps in self.buckets]
+        # send + receive buffers of each bucket's reduce-scatter (flat gradient padded to a multiple of size)
+        self.bytes = [2 * 4 * size * -(-sum(p.numel() for p in ps) // size) for _, _, size, ps in self.buckets]
         self.cap_bytes = sum(self.bytes) if cap_bytes is None else int(cap_bytes)
         self.begin_step()
 
     def begin_step(self) -> None:
-        self.launched: list[tuple] = []  # (bucket index, flat, parts, work)
+        self.launched: list[tuple] = []  # (bucket index, OrderedReduceScatter)
         self.in_gap: list[int] = []  # buckets launched in a wait, by slot
         self._next = 0
 
@@ -120,14 +122,12 @@ class GradBuckets:
 
     def _launch(self) -> None:
         torch = self._torch
-        import torch.distributed as dist
+        from .gradsync import OrderedReduceScatter
 
         b = self._next
         _, grp, size, ps = self.buckets[b]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in ps])
-        parts = [torch.empty_like(flat) for _ in range(size)]
-        work = dist.all_gather(parts, flat, group=grp, async_op=True)
-        self.launched.append((b, flat, parts, work))
+        self.launched.append((b, OrderedReduceScatter(flat, grp, size, async_op=True)))
         self._next += 1
 
     def next_stage(self) -> int | None:
@@ -156,11 +156,8 @@ class GradBuckets:
         """End of step: launch the remaining buckets in order, wait, sum each in replica order into ``.grad``."""
         while self._next < len(self.buckets):
             self._launch()
-        for b, flat, parts, work in self.launched:
-            work.wait()
-            acc = parts[0].clone()
-            for q in parts[1:]:
-                acc = acc + q
+        for b, rs in self.launched:
+            acc = rs.result()
             off = 0
             for p in self.buckets[b][3]:
                 n = p.numel()

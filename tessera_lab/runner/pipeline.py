@@ -10,8 +10,8 @@ boundaries talk, so PP may cross nodes). Every rank of a pipeline stage holds th
 (replicated over ``dp``); replica ``r`` trains on rows :func:`~tessera_lab.runner.model.shard_rows` of each
 micro-batch. After the last action of a step the gradients are summed: non-expert ones over the replica group,
 expert ones over the DP group, either with ``all_reduce`` or (``grad_sync="ordered"``, the deterministic
-mode) with ``all_gather`` and a sum in replica order, which is what makes multi-step runs bitwise equal to
-the reference.
+mode) with a reduce-scatter summing each shard in replica order and an all-gather of the shards
+(:mod:`~tessera_lab.runner.gradsync`), which is what makes multi-step runs bitwise equal to the reference.
 
 The executor runs each rank's action list in order:
 
@@ -31,11 +31,13 @@ The executor runs each rank's action list in order:
   kernels on the streams their forward ops used.) Caveat on GPUs: NCCL collectives on two communicators
   issued concurrently from two threads can deadlock if ranks launch them in different orders; each group here
   sees one order on all ranks, but this path is untested without two GPUs.
-* ``SEND_*`` / ``RECV_*`` (lowered schedules): the send is issued / the receive posted at that point.
+* ``SEND_*`` / ``RECV_*``: the executor runs lowered lists only (:func:`tessera_lab.pipeline.passes.lower`); each
+  maximal run of them is one batch (one ``batch_isend_irecv``, one NCCL group), posted where the list has it.
 
-Point-to-point transfers use ``batch_isend_irecv`` with tags ``(kind, producing stage, micro-batch)`` (gloo
-matches by tag; NCCL by order, which the schedules keep). Sends are non-blocking and waited for at the end of
-the step. Every action's start and end (``time.perf_counter``, seconds after a barrier at the start of the
+Point-to-point transfers go through :mod:`tessera_lab.runner.transport`: on NCCL ``batch_isend_irecv``; on gloo
+by default an emulation of NCCL's rule (batches in posting order, a rank pair's transfers matched in posting
+order, tags ignored), so an order NCCL would deadlock on fails on CPU too. Sends are non-blocking and waited for
+at the end of the step. Every action's start and end (``time.perf_counter``, seconds after a barrier at the start of the
 step) is recorded, with receive waits and EP all-to-alls on the communication lane.
 """
 from __future__ import annotations

@@ -225,6 +225,8 @@ class WorldSpec:
         grace_s: after one rank fails, seconds the others get to exit on their own before being killed.
         interleave: run the launch's jobs a step of each in turn (:func:`tessera_lab.runner.train.run_jobs`)
             instead of one after the other.
+        p2p: pipeline transfers (:mod:`tessera_lab.runner.transport`): ``auto`` (NCCL's semantics emulated
+            on gloo, ``batch_isend_irecv`` on NCCL), ``nccl-order`` (gloo only) or ``batch``.
     """
 
     pp: int = 2
@@ -234,8 +236,11 @@ class WorldSpec:
     timeout_s: float = 60.0
     grace_s: float = 10.0
     interleave: bool = False
+    p2p: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.p2p not in ("auto", "nccl-order", "batch"):
+            raise ConfigError(f"run field 'p2p' = {self.p2p!r} is unknown; allowed: auto, nccl-order, batch")
         for name in ("pp", "ep", "dp"):
             _int_field("run", name, getattr(self, name), 1)
         if self.world_size > _MAX_WORLD:

@@ -14,6 +14,7 @@ from tessera_lab.errors import ConfigError
 from tessera_lab.plan.partition import uniform_boundaries
 
 from .executor import PipelineExecutor
+from .gradsync import ordered_all_reduce
 from .layers import WEIGHT_GRAD_STORE, is_expert_param
 from .moe import ExpertParallelComm
 from .reference import deterministic, make_batch, make_optimizer, shard_rows
@@ -33,11 +34,7 @@ def _reduce_flat(params: list[torch.Tensor], group, size: int, mode: str) -> Non
         return
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
     if mode == "ordered":
-        parts = [torch.empty_like(flat) for _ in range(size)]
-        dist.all_gather(parts, flat, group=group)
-        acc = parts[0].clone()
-        for q in parts[1:]:
-            acc = acc + q
+        acc = ordered_all_reduce(flat, group, size)
     else:
         dist.all_reduce(flat, group=group)
         acc = flat
@@ -50,8 +47,9 @@ def _reduce_flat(params: list[torch.Tensor], group, size: int, mode: str) -> Non
 
 def sync_grads(named_params: list[tuple[str, torch.Tensor]], topo: Topology, mode: str = "ordered") -> None:
     """Sum gradients over replicas: non-expert parameters over the replica group (``dp * ep`` ranks of the
-    stage), routed-expert parameters over the DP group. ``mode``: ``"ordered"`` (all_gather, then a sum in
-    replica order: deterministic, bitwise equal to the reference) or ``"allreduce"``."""
+    stage), routed-expert parameters over the DP group. ``mode``: ``"ordered"`` (a reduce-scatter summing each
+    shard in replica order, then an all-gather of the shards, :mod:`tessera_lab.runner.gradsync`: deterministic,
+    bitwise equal to the reference) or ``"allreduce"`` (``dist.all_reduce``, the backend's order)."""
     if mode not in ("ordered", "allreduce"):
         raise ConfigError(f"field 'grad_sync' = {mode!r} is unknown; allowed: ordered, allreduce")
     dense = [p for n, p in named_params if not is_expert_param(n)]
@@ -138,7 +136,8 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
     N = m * R * mbs * T
     ex = PipelineExecutor(topo, sched, stages, (mbs, T, cfg.hidden_size), N, overlap=spec.overlap, fault=spec.fault,
                           pair_exec=spec.pair_exec, pair_order=spec.pair_order,
-                          w_cap=(spec.w_cap or world.pp) if spec.gaps else None, fill=spec.gaps == "fill")
+                          w_cap=(spec.w_cap or world.pp) if spec.gaps else None, fill=spec.gaps == "fill",
+                          p2p=getattr(world, "p2p", "auto"), p2p_timeout_s=world.timeout_s)
     buckets = None  # run --dynamic: the replica gradient sum in chunks launched in receive waits (runner/gaps.py)
     if ex.gaps is not None and ex.gaps.fill and spec.grad_sync == "ordered" and topo.replicas > 1:
         from .gaps import GradBuckets
