@@ -170,6 +170,9 @@ def cmd_measure(args: argparse.Namespace) -> int:
             f"device {env.get('device')}, size factor {f:g}, repeats {args.repeats if args.backend != 'analytic' else 1}\n"
             + table(rows, ".4g")
             + "\noverlap spread (best gain / worst gain): " + _spread_text(spread, overlap))
+    if args.backend != "analytic" and args.ep == 1:
+        text += ("\nno communication: EP 1 has no all-to-all, so this table measures two computations side by side "
+                 "(profile metadata 'communication': none)")
     decisions = []
     for r in results:
         s = r.metadata.get("search") or {}

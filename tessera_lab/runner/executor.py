@@ -9,8 +9,8 @@ NCCL-rule check (:func:`tessera_lab.pipeline.p2p.check_nccl_order`) proved deadl
 
 from __future__ import annotations
 
+import functools
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -22,6 +22,7 @@ from tessera_lab.pipeline.p2p import comm_route, lowered_steps
 from tessera_lab.pipeline.passes import lower
 from tessera_lab.pipeline.schedules import Action, ActionType, Schedule
 
+from .devtime import StepClock
 from .layers import WEIGHT_GRAD_STORE, TinyMoEModel, forward_key
 from .nodes import StageProgram
 from .orders import resolve_order
@@ -65,6 +66,8 @@ class PipelineExecutor:
             one runs every forward and backward as nodes (:mod:`tessera_lab.runner.nodes`).
         pair_order: issue order of the ``scheduled`` handler (:func:`tessera_lab.runner.orders.resolve_order`).
         fault: ``{"rank", "step", "action"}``: raise before that action (tests).
+        timing: time every EP all-to-all (lane ``comm``); None (default): on CPU yes, on CUDA no (opt-in:
+            CUDA events, no host sync either way).
         p2p: the transport mode (:data:`tessera_lab.runner.transport.P2P_MODES`; ``auto``: NCCL's semantics
             emulated on gloo, ``batch_isend_irecv`` on NCCL); ``p2p_timeout_s``: seconds before the gloo
             emulation declares a batch deadlocked.
@@ -76,7 +79,7 @@ class PipelineExecutor:
     def __init__(self, topo: Topology, schedule: Schedule, stages: dict[int, StageModule], act_shape: tuple,
                  num_tokens: int, *, overlap: str = "thread", fault: dict | None = None,
                  pair_exec: str | None = None, pair_order=None, w_cap: int | None = None, fill: bool = True,
-                 p2p: str = "auto", p2p_timeout_s: float = 60.0):
+                 p2p: str = "auto", p2p_timeout_s: float = 60.0, timing: bool | None = None):
         self.topo = topo
         self.sched = schedule
         self.stages = stages
@@ -106,24 +109,31 @@ class PipelineExecutor:
         init = (lambda: torch.cuda.set_device(topo.device)) if topo.device.type == "cuda" else None
         self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-side", initializer=init)
         self._side_stream = torch.cuda.Stream(topo.device) if topo.device.type == "cuda" else None
+        #: node-level all-to-alls are issued from this stream, which waits only for each producer's event
+        self._comm_stream = torch.cuda.Stream(topo.device) if topo.device.type == "cuda" else None
         self._lock = threading.Lock()
         self._tls = threading.local()
-        for st in stages.values():
-            if st.comm is not None:
-                st.comm.hook = self._comm_hook
+        self.clock = StepClock(topo.device)
+        if timing if timing is not None else topo.device.type != "cuda":
+            hook = functools.partial(self._comm_hook)
+            hook.clock = self.clock.now  # the all-to-all's stamps come from this rank's step clock
+            for st in stages.values():
+                if st.comm is not None:
+                    st.comm.hook = hook
         self.gaps = None
         if w_cap is not None:
             from .gaps import GapFiller
 
-            self.gaps = GapFiller(self.actions, w_cap, self._run_w, self._now, fill=fill, comm=self._comm)
+            self.gaps = GapFiller(self.actions, w_cap, self._run_w, self.clock.host, fill=fill, comm=self._comm)
 
     def close(self) -> None:
         self._side.shutdown(wait=True)
         self.transport.close()
 
     # -- recording ------------------------------------------------------------------------------
-    def _now(self) -> float:
-        return time.perf_counter() - self._t0
+    def _now(self):
+        """A stamp (:class:`~tessera_lab.runner.devtime.StepClock`: seconds on CPU, a CUDA event on a GPU)."""
+        return self.clock.now()
 
     def _event(self, lane: str, typ: str, stage: int, mb, start: float, end: float, label: str) -> None:
         with self._lock:
@@ -131,7 +141,7 @@ class PipelineExecutor:
 
     def _comm_hook(self, name: str, start: float, end: float, nbytes: int) -> None:
         cur = getattr(self._tls, "action", (-1, None))
-        self._event("comm", "ep_a2a", cur[0], cur[1], start - self._t0, end - self._t0, f"{name}[{cur[0]},{cur[1]}]")
+        self._event("comm", "ep_a2a", cur[0], cur[1], start, end, f"{name}[{cur[0]},{cur[1]}]")
 
     # -- p2p --------------------------------------------------------------------------------------
     def _post_batch(self, acts: tuple[Action, ...]) -> None:
@@ -219,6 +229,7 @@ class PipelineExecutor:
                             loss_sink=sink, on_counts=self.dispatch_hook)
         if self.gaps is not None:
             prog.wait_hook = self.gaps.wait_node
+        prog.comm_stream = self._comm_stream
         prog.begin(inp)
         return prog
 
@@ -237,7 +248,7 @@ class PipelineExecutor:
             out = self.stages[s](inp)
             if s == self.S - 1:
                 loss = TinyMoEModel.loss_sum(out, self._targets[i])
-                self._loss_sums[i] = float(loss.detach().item())
+                self._loss_sums[i] = loss.detach()  # read at the end of the step (no host sync here)
                 out = loss / self.N
         self._event("compute" if record else "sub", "F", s, i, t, self._now(), f"{s}F{i}")
         self._saved[(s, i)] = (inp, out)
@@ -272,7 +283,9 @@ class PipelineExecutor:
             return self._forward(x, inp, record=False)
         with torch.cuda.stream(self._side_stream):
             out = self._forward(x, inp, record=False)
-        self._side_stream.synchronize()
+            done = torch.cuda.Event()
+            done.record(self._side_stream)
+        self._side_done = done  # the pair's caller makes its stream wait on it (no host sync)
         return out
 
     def _finish(self, x: Action, result) -> None:
@@ -293,12 +306,11 @@ class PipelineExecutor:
 
     def _run_w(self, x: Action, how: str = "static") -> None:
         """Run W leaf ``x`` now (``how``: static place, ``fill`` of a wait, ``forced`` by the memory cap)."""
-        t = self._now()
+        t, h0 = self._now(), self.clock.host()
         WEIGHT_GRAD_STORE.flush((x.stage, x.microbatch))
-        end = self._now()
-        self._event("compute", "W", x.stage, x.microbatch, t, end, str(x) if how == "static" else f"{x}:{how}")
+        self._event("compute", "W", x.stage, x.microbatch, t, self._now(), str(x) if how == "static" else f"{x}:{how}")
         if self.gaps is not None:
-            self.gaps.ran_w(x, end - t)
+            self.gaps.ran_w(x, self.clock.host() - h0)  # host seconds (the gap controller's clock)
 
     def _run_leaf(self, x: Action) -> None:
         if x.type is _W:
@@ -332,6 +344,7 @@ class PipelineExecutor:
         """Run the action list once. ``inputs`` / ``targets``: micro-batch -> ``[b, T]`` token ids (only needed
         on the first / last stage's rank). ``t0``: ``time.perf_counter()`` at the step's start."""
         self._t0 = t0
+        self.clock.start(t0)
         self._events: list[tuple] = []
         self._inputs, self._targets = inputs, targets
         self._saved: dict = {}
@@ -365,6 +378,8 @@ class PipelineExecutor:
                 f"receives {sorted(self._recvs)}, unsent {sorted(self._outbox)}, deferred W {leftovers}")
         holds_last = (self.S - 1) in self.stages
         dyn = self.gaps.end_step() if self.gaps is not None else None
-        return StepRecord(dict(self._loss_sums) if holds_last else None, list(self._events), dynamic=dyn)
+        events = self.clock.resolve(list(self._events))
+        losses = {i: float(v) for i, v in self._loss_sums.items()}  # one host read per step, at its end
+        return StepRecord(losses if holds_last else None, events, dynamic=dyn)
 
 

@@ -179,14 +179,19 @@ class _AllToAll(torch.autograd.Function):
         return g, None, None, None, None, None, None
 
 
+def _stamp(hook):
+    """A time stamp from ``hook.clock`` (the executor's :class:`~tessera_lab.runner.devtime.StepClock`: CUDA
+    events on a GPU), else the host clock (CPU only)."""
+    clock = getattr(hook, "clock", None)
+    return clock() if clock is not None else time.perf_counter()
+
+
 def _exchange(x, out_splits, in_splits, group, hook, name) -> torch.Tensor:
-    t0 = time.perf_counter()
+    t0 = _stamp(hook) if hook is not None else None
     out = x.new_empty((int(sum(out_splits)),) + tuple(x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), list(out_splits), list(in_splits), group=group)
-    if hook is not None:
-        if out.is_cuda:
-            torch.cuda.current_stream(out.device).synchronize()
-        hook(name, t0, time.perf_counter(), int(x.numel() * x.element_size()))
+    if hook is not None:  # opt-in timing: stamps only (CUDA events on a GPU), never a stream synchronize
+        hook(name, t0, _stamp(hook), int(x.numel() * x.element_size()))
     return out
 
 
@@ -256,10 +261,10 @@ class ExpertParallelComm:
             ext = torch.tensor(extra, dtype=torch.int64, device=send_counts.device).reshape(1, K).expand(P, K)
             msg = torch.cat([msg, ext], dim=1)
         recv = torch.empty(P * (El + K), dtype=torch.int64, device=send_counts.device)
-        t0 = time.perf_counter()
+        t0 = _stamp(self.hook) if self.hook is not None else None
         dist.all_to_all_single(recv, msg.contiguous().reshape(-1), group=self.group_fwd)
         if self.hook is not None:
-            self.hook("ep_counts", t0, time.perf_counter(), int(msg.numel() * 8))
+            self.hook("ep_counts", t0, _stamp(self.hook), int(msg.numel() * 8))
         rows = recv.view(P, El + K)
         if K and self.on_piggyback is not None:
             self.on_piggyback(rows[:, El:].tolist())

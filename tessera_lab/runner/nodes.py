@@ -10,8 +10,10 @@ the same inputs and order as the monolithic autograd pass: losses and gradients 
 
 Communication nodes are issued asynchronously (``async_op=True``: gloo runs them on its own threads; NCCL on
 its internal stream, and ``work.wait()`` makes the current CUDA stream wait on an event, without blocking the
-host) and waited for by the compute node that consumes them. The count exchange before a dispatch is a small
-blocking all-to-all (its result sizes the dispatch). Forward collectives use the EP group ``group_fwd``, backward
+host) and waited for by the compute node that consumes them. On CUDA they are issued from a communication
+stream that waits only for the event of their producer, so an all-to-all does not wait for compute issued
+after it (Megatron-Core's ``ScheduleNode`` does the same with its stream and event). The count exchange before a
+dispatch is a small blocking all-to-all: its result sizes the dispatch, a host sync per layer on a GPU. Forward collectives use the EP group ``group_fwd``, backward
 ones ``group_bwd``, so a forward and a backward all-to-all can be in flight together. With ``ep == 1`` the
 communication nodes are no-ops.
 
@@ -104,13 +106,26 @@ class StageProgram:
         self._g: dict[str, Any] = {}
         #: ``wait_hook(work, node)`` replaces ``work.wait()`` in all-to-all waits (run --dynamic fills them)
         self.wait_hook: Callable[[Any, str], None] | None = None
+        #: on CUDA, the communication stream all-to-alls are issued from (None: the current stream)
+        self.comm_stream = None
 
     # -- helpers ----------------------------------------------------------------------------------
     def _a2a(self, node: str, x: torch.Tensor, out_splits, in_splits, group) -> None:
         out = x.new_empty((int(sum(out_splits)),) + tuple(x.shape[1:]))
+        x = x.contiguous()
         t = self.clock()
-        work = dist.all_to_all_single(out, x.contiguous(), list(out_splits), list(in_splits), group=group,
-                                      async_op=True)
+        if self.comm_stream is not None and x.is_cuda:
+            # a communication node: issued from the communication stream, which waits only for the event of
+            # its producer (this compute stream, now), not for compute issued later; the consumer's
+            # work.wait() makes its stream wait for the all-to-all (ProcessGroupNCCL keeps x and out alive)
+            produced = torch.cuda.Event()
+            produced.record()
+            with torch.cuda.stream(self.comm_stream):
+                self.comm_stream.wait_event(produced)
+                work = dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=group,
+                                              async_op=True)
+        else:
+            work = dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=group, async_op=True)
         self.pending[node] = (work, out, t, f"{node}[{self.key[0]},{self.mb}]")
 
     def _wait(self, node: str) -> torch.Tensor:
@@ -165,7 +180,7 @@ class StageProgram:
                 self._head_in = _leaf(self.state[self.order[-1]].h_out)
                 loss = TinyMoEModel.loss_sum(self.stage.lm_head(self.stage.norm(self._head_in)), self.targets)
                 if self.loss_sink is not None:
-                    self.loss_sink(float(loss.detach().item()))
+                    self.loss_sink(loss.detach())  # a tensor: read at the end of the step
                 self.output = loss / self.N
             return self._timed(name, run, "F")
         lid, node = name[1:].split(".")

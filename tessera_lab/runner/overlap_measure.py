@@ -130,6 +130,7 @@ def _measure(rank, ep, jobs, cfg_d, mbs, repeats, warmup, keep, device, cuda) ->
     from tessera_lab.overlap.backends import FIT_STEP, halve
     from tessera_lab.overlap.fit import fit_contention_samples
 
+    from .devtime import StepClock
     from .moe import ExpertParallelComm
     from .nodes import StageProgram
     from .orders import TEMPLATE_KEYS, durations_from_events, template_graph
@@ -150,32 +151,36 @@ def _measure(rank, ep, jobs, cfg_d, mbs, repeats, warmup, keep, device, cuda) ->
     shape = (mbs, cfg.seq_len, cfg.hidden_size)
     x_in = [torch.randn(shape, generator=gen).to(device) for _ in range(2)]
     g_out = torch.randn(shape, generator=gen).to(device) * 1e-2
+    raw: list[tuple] = []
     events: list[dict] = []
-    t0 = [0.0]
     graph = template_graph()
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize(device)
-
-    def clock():
-        return time.perf_counter() - t0[0]
+    # the runtime's clock: CUDA events on a GPU (the node stamps and the run's span), the host clock on CPU
+    step_clock = StepClock(device)
+    comm_stream = torch.cuda.Stream(device) if cuda else None
 
     def record(lane, typ, label, s, e):
-        events.append({"lane": lane, "type": typ, "label": label, "start": s, "end": e})
+        raw.append((lane, typ, 0, None, s, e, label))
 
     def prog(st, i):
-        p = StageProgram(st, i, comm, record, clock)
+        p = StageProgram(st, i, comm, record, step_clock.now)
+        p.comm_stream = comm_stream
         p.begin(x_in[i].detach().requires_grad_(True))
         return p
 
     def timed(fn) -> float:
-        sync()
+        """Seconds of ``fn``'s work: between two stamps of the runtime's clock; ``events`` gets its node events."""
+        if cuda:
+            torch.cuda.synchronize(device)
         dist.barrier()
-        t0[0] = time.perf_counter()
+        raw.clear()
+        step_clock.start(time.perf_counter())
         fn()
-        sync()
-        return time.perf_counter() - t0[0]
+        end = step_clock.now()
+        resolved = step_clock.resolve(raw + [("span", "", 0, None, end, end, "")])
+        events.clear()
+        events.extend({"lane": ln, "type": ty, "label": lb, "start": a, "end": b} for ln, ty, _, _, a, b, lb in resolved
+                      if ln != "span")
+        return resolved[-1][5]
 
     def fwd(p):
         p.run_forward()
@@ -193,22 +198,22 @@ def _measure(rank, ep, jobs, cfg_d, mbs, repeats, warmup, keep, device, cuda) ->
         sf, sb = stage_of[kind_f.split("+")[0]], stage_of[kind_b.split("+")[0]]
         alone_f, alone_b, dur_runs = [], [], []
         for r in range(warmup + repeats):
-            events.clear()
             pb = prog(sb, 0)
             fwd(pb)
             pf = prog(sf, 1)
-            events.clear()
             tf = timed(lambda: fwd(pf))
-            tb = timed(lambda: bwd(pb))
             d_evt = durations_from_events(events)
+            tb = timed(lambda: bwd(pb))
+            d_evt.update({k: v for k, v in durations_from_events(events).items() if k.startswith("b.")})
             bwd(pf)
             if r >= warmup:
                 alone_f.append(tf)
                 alone_b.append(tb)
                 dur_runs.append(d_evt)
         dur = {k: statistics.median(d[k] for d in dur_runs) for k in TEMPLATE_KEYS}
+        together: dict[int, list[dict]] = {}  # candidate -> per-run {key: seconds} and the a2a wait seconds
 
-        def pair_once(order) -> float:
+        def pair_once(order, cand: int | None = None) -> float:
             pb = prog(sb, 0)
             fwd(pb)
             pf = prog(sf, 1)
@@ -220,12 +225,17 @@ def _measure(rank, ep, jobs, cfg_d, mbs, repeats, warmup, keep, device, cuda) ->
                     (pf.forward if side == "f" else pb.backward)(key)
 
             t = timed(run)
+            if cand is not None:
+                d = durations_from_events(events)
+                d["a2a_wait"] = sum(e["end"] - e["start"] for e in events  # dispatch/combine waits (not counts)
+                                    if e["lane"] == "wait" and ".counts[" not in e["label"])
+                together.setdefault(cand, []).append(d)
             bwd(pf)
             return t
 
         prog_samples = []
         for r in range(warmup + repeats):
-            t = pair_once(TEMPLATE_KEYS)
+            t = pair_once(TEMPLATE_KEYS, 0 if r >= warmup else None)
             if r >= warmup:
                 prog_samples.append(t)
         payload = None
@@ -244,8 +254,9 @@ def _measure(rank, ep, jobs, cfg_d, mbs, repeats, warmup, keep, device, cuda) ->
                 for i in alive:
                     if i == 0 and first:
                         continue  # program order already has its first `repeats` samples
-                    t = pair_once(cands[i])
-                    if not first or r >= warmup:
+                    keep_it = not first or r >= warmup
+                    t = pair_once(cands[i], i if keep_it else None)
+                    if keep_it:
                         samples[i].append(t)
             first = False
             if len(alive) <= 2:
@@ -258,7 +269,10 @@ def _measure(rank, ep, jobs, cfg_d, mbs, repeats, warmup, keep, device, cuda) ->
                                 "kept": nxt})
             alive = broadcast(nxt)
             n_rep *= 2
+        tog = {i: {k: statistics.median(d[k] for d in runs) for k in list(TEMPLATE_KEYS) + ["a2a_wait"]}
+               for i, runs in together.items()}
         results.append({"kind_f": kind_f, "kind_b": kind_b, "durations": dur, "t_f": alone_f, "t_b": alone_b,
+                        "together": tog,
                         "candidates": [{"order": list(o), "samples": samples[i]} for i, o in enumerate(cands)],
                         "halving": halving, "fit": fit_d})
     return results
@@ -269,7 +283,7 @@ def _result(r: dict, backend: str, env: dict, meta_common: dict):
     from tessera_lab.overlap.results import OverlapResult, overlap_efficiency, spread_stats
     from tessera_lab.overlap.search import ScheduleResult
 
-    from .orders import host_issue_makespan, template_graph
+    from .orders import template_graph
 
     g = template_graph()
     stats = [spread_stats(c["samples"]) for c in r["candidates"]]
@@ -286,12 +300,21 @@ def _result(r: dict, backend: str, env: dict, meta_common: dict):
     ta, tb = spread_stats(r["t_f"]), spread_stats(r["t_b"])
     orders = [tuple(c["order"]) for c in r["candidates"]]
     dur = r["durations"]
-    # hidden fraction of communication under the executor's own semantics (host walks the order)
+    tog = {int(k): v for k, v in r.get("together", {}).items()}.get(best, {})
+    # measured: per-node time in the chosen order's runs over its time alone (nodes that take no time alone,
+    # e.g. all-to-alls with EP 1, have no ratio and are left out)
+    inflation = {k: tog[k] / v for k, v in dur.items() if v > 0 and k in tog}
+    # measured: the share of the all-to-all time (alone) the compute did not wait for in the chosen order's runs
     comm_t = sum(v for k, v in dur.items() if g.lanes[k] == "comm")
-    t_serial = host_issue_makespan(orders[0], dur, graph=g)
-    t_best = host_issue_makespan(orders[best], dur, graph=g)
-    hidden = max(0.0, min(1.0, (t_serial - t_best) / comm_t)) if comm_t > 0 else 0.0
+    hidden = max(0.0, min(1.0, 1.0 - tog.get("a2a_wait", comm_t) / comm_t)) if comm_t > 0 else 0.0
+    derived = {"gain": "t_f + t_b - t_pair (medians, seconds)",
+               "efficiency": "gain / min(t_f, t_b)",
+               "inflation": "median node time in the chosen order's pair runs / median node time alone (runner events)",
+               "comm_hidden_fraction": ("1 - median all-to-all wait of the compute in the chosen order's pair runs / "
+                                        "sum of the all-to-all times alone (runner events); 0 without communication")}
     meta = {**env, **meta_common, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "derived_fields": derived,
+            "communication": "EP all-to-all" if comm_t > 0 else "none (EP 1: no all-to-all in this pair)",
             "candidates_measured": len(orders), "best_candidate": best,
             "candidate_medians": [s["median"] for s in stats],
             "candidates": r["candidates"],
@@ -304,7 +327,7 @@ def _result(r: dict, backend: str, env: dict, meta_common: dict):
                            sorted(((s["median"], o) for s, o in zip(stats, orders)), key=lambda x: x[0]), backend)
     t_ab = stats[best]["median"]
     return OverlapResult(f"F[{r['kind_f']}]", f"BW[{r['kind_b']}]", r["kind_f"], r["kind_b"], "F", "BW",
-                         ta["median"], tb["median"], t_ab, stats[0]["median"], {k: 1.0 for k in dur}, hidden,
+                         ta["median"], tb["median"], t_ab, stats[0]["median"], inflation, hidden,
                          overlap_efficiency(ta["median"], tb["median"], t_ab), backend, orders[best],
                          {"t_a": ta, "t_b": tb, "t_ab": stats[best], "t_program": stats[0]}, dict(dur),
                          dict(g.lanes), {k: tuple(v) for k, v in g.deps.items()}, meta, sched)

@@ -106,6 +106,10 @@ def _threads(ex, f, b, inp, grad):
         gx = ex._backward(b, grad, record=False)
     finally:
         out = fut.result()  # re-raises a forward failure
+    if ex._side_stream is not None:  # the forward's kernels ran on the side stream: order, do not sync the host
+        import torch
+
+        torch.cuda.current_stream(ex.topo.device).wait_event(ex._side_done)
     return out, gx
 
 

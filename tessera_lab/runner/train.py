@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 from pathlib import Path
@@ -95,6 +96,20 @@ def run_jobs(world: WorldSpec, topo: Topology, specs: list[RunSpec], out_dir: st
     return out
 
 
+def _torch_profiler(topo: Topology):
+    """With ``$TESSERA_LAB_TORCH_PROFILE`` set (a directory): a started ``torch.profiler.profile`` recording CPU
+    and, on a GPU, CUDA activity (every stream: compute, the communication stream, NCCL's), exported as a Chrome
+    trace per rank and job at the end; else None."""
+    if not os.environ.get("TESSERA_LAB_TORCH_PROFILE"):
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if topo.device.type == "cuda" else [])
+    prof = profile(activities=acts, record_shapes=False)
+    prof.__enter__()
+    return prof
+
+
 def _job_context(spec: RunSpec, topo: Topology):
     # deterministic mode is a CPU mode (on CUDA it would need CUBLAS_WORKSPACE_CONFIG and still not be bitwise
     # equal to the CPU reference)
@@ -150,6 +165,7 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
         for layer in stages[s].layers:
             layer.moe.route_log = route_log
     records = []
+    prof = _torch_profiler(topo)
     try:
         for step in range(spec.steps):
             batch = make_batch(cfg, step, m * R * mbs, spec.data_seed).to(topo.device)
@@ -184,8 +200,15 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
             gathered: list = [None] * topo.world_size
             dist.all_gather_object(gathered, payload)
             records.append(gathered)
+            if prof is not None:
+                prof.step()
             yield
     finally:
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            out = Path(os.environ["TESSERA_LAB_TORCH_PROFILE"])
+            out.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(out / f"{spec.name or 'job'}-rank{topo.rank}.json"))
         ex.close()
         for s in my_stages:
             for layer in stages[s].layers:
