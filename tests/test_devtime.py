@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tessera_lab.runner import devtime  # noqa: E402
+from tessera_lab.runner.runtime import devtime  # noqa: E402
 
 
 class _GPU:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tessera_lab.pipeline.schedules import Action, ActionType
-from tessera_lab.runner.gaps import GradBuckets
+from tessera_lab.runner.runtime.gaps import GradBuckets
 
 F, I, W = ActionType.F, ActionType.I, ActionType.W
 
@@ -79,8 +79,8 @@ class _Done:
 
 
 def test_combine_waits_get_their_own_slots_and_skip_the_action_in_progress():
-    from tessera_lab.runner.gaps import NODE_SLOT_BASE, GapFiller
-    from tessera_lab.runner.layers import WEIGHT_GRAD_STORE
+    from tessera_lab.runner.runtime.gaps import NODE_SLOT_BASE, GapFiller
+    from tessera_lab.runner.runtime.layers import WEIGHT_GRAD_STORE
 
     acts = [Action(0, F, 0), Action(0, I, 0), Action(0, F, 1), Action(0, I, 1), Action(0, W, 0), Action(0, W, 1)]
     ran = []
@@ -110,7 +110,7 @@ def test_combine_waits_get_their_own_slots_and_skip_the_action_in_progress():
 @pytest.mark.slow
 def test_node_level_pairs_fill_combine_waits_bitwise_equal(tmp_path):
     from tessera_lab.runner import RunSpec, WorldSpec, spawn
-    from tessera_lab.runner.launch import routing_bias
+    from tessera_lab.runner.launch.launch import routing_bias
 
     common = dict(schedule="overlapped", defer_w=True, steps=5, model={"router_bias": routing_bias("zipf:1.5", {})},
                   save_grads=True, pair_exec="scheduled")

@@ -20,7 +20,7 @@ def _inputs(n: int, size: int) -> list:
 def _worker(rank: int, port: int, q) -> None:
     import torch.distributed as dist
 
-    from tessera_lab.runner.gradsync import OrderedReduceScatter, ordered_all_reduce
+    from tessera_lab.runner.runtime.gradsync import OrderedReduceScatter, ordered_all_reduce
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
     xs = _inputs(10, 3)

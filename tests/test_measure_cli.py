@@ -14,8 +14,8 @@ from tessera_lab.overlap import profiles as pr
 from tessera_lab.cli.main import main
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.spec import load_model
-from tessera_lab.runner.orders import NAMED_ORDERS, TEMPLATE_KEYS
-from tessera_lab.runner.overlap_measure import runner_config_for
+from tessera_lab.runner.runtime.orders import NAMED_ORDERS, TEMPLATE_KEYS
+from tessera_lab.runner.measure.overlap_measure import runner_config_for
 
 CLI = [sys.executable, "-m", "tessera_lab"]
 

@@ -222,7 +222,7 @@ def _key_tag_transport(group):
     """The former executor's transport: one ``batch_isend_irecv`` per batch, tag from the data's key."""
     import torch.distributed as dist
 
-    from tessera_lab.runner.transport import BatchP2P
+    from tessera_lab.runner.runtime.transport import BatchP2P
 
     class KeyTags(BatchP2P):
         def post(self, ops):
@@ -238,7 +238,7 @@ def _key_tag_transport(group):
 def _worker(rank: int, port: int, q) -> None:
     import torch.distributed as dist
 
-    from tessera_lab.runner.transport import NcclOrderP2P
+    from tessera_lab.runner.runtime.transport import NcclOrderP2P
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     sched = build_schedule("1f1b", 2, 4)

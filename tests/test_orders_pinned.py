@@ -6,7 +6,7 @@ combine before the forward attention, the backward MLP before the forward dispat
 the forward MLP, the forward combine before the backward attention.
 """
 
-from tessera_lab.runner import orders as od
+from tessera_lab.runner.runtime import orders as od
 
 
 def test_pinned_source():

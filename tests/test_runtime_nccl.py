@@ -1,6 +1,6 @@
 """Acceptance of the runtime under NCCL's p2p semantics on CPU: every schedule (gpipe, 1f1b, interleaved, zb-h1,
 zb-h2, zb-v, dualpipev, overlapped with each pair handler, the ``--dynamic`` pair) at pp 2 and 4, ep 1 and 2 runs
-on the NCCL-order transport (:class:`tessera_lab.runner.transport.NcclOrderP2P`: batches in posting order, a rank
+on the NCCL-order transport (:class:`tessera_lab.runner.runtime.transport.NcclOrderP2P`: batches in posting order, a rank
 pair's transfers matched in posting order, tags ignored) and gives losses bitwise equal to the single-process
 reference (``check_reference``), over two optimizer steps.
 

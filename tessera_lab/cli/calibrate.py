@@ -18,13 +18,13 @@ def _rate(fit: dict) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    """Run the calibration (:mod:`tessera_lab.runner.calibrate`), write ``--out`` atomically, print a summary."""
+    """Run the calibration (:mod:`tessera_lab.runner.testbed.calibrate`), write ``--out`` atomically, print a summary."""
     from pathlib import Path
 
     from tessera_lab.errors import ConfigError
     from tessera_lab.io import write_json
-    from tessera_lab.runner.calibrate import calibrate
-    from tessera_lab.runner.specs import TinyConfig
+    from tessera_lab.runner.testbed.calibrate import calibrate
+    from tessera_lab.runner.runtime.specs import TinyConfig
 
     name = args.name or Path(args.out).stem
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):

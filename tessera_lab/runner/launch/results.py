@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from tessera_lab.pipeline.schedules import Schedule
 
-from .specs import RunSpec, WorldSpec
+from ..runtime.specs import RunSpec, WorldSpec
 
 __all__ = ["timing_report", "lifecycle_records", "summarize_job", "observed_timeline", "write_trace",
            "record_profile", "RunResult", "estimate_p2p_latency"]
@@ -180,7 +180,7 @@ def lifecycle_records(events: list[dict], timing: dict, steps: int, microbatches
 
 def summarize_job(raw: dict, spec: RunSpec, world: WorldSpec) -> dict[str, Any]:
     """Turn rank 0's gathered per-step records into the job's result dict (JSON-ready)."""
-    from .reference import combine_losses
+    from ..runtime.reference import combine_losses
 
     sched: Schedule = raw["schedule"]
     records = raw["records"]
@@ -295,12 +295,12 @@ def plan_lifecycle(pred: dict, lifecycle: dict) -> dict[str, Any]:
 
 def compare_reference(result: dict, spec: RunSpec, world: WorldSpec, out_dir: str | None = None) -> dict[str, Any]:
     """Losses (and, when the ranks saved their step-0 gradients into ``out_dir``, the gradients) against the
-    single-process reference with the same seed and data (:func:`~tessera_lab.runner.reference.reference_run`,
+    single-process reference with the same seed and data (:func:`~tessera_lab.runner.runtime.reference.reference_run`,
     ``matched=True``). Returns ``reference_losses``, ``bitwise_equal``, ``max_abs_diff`` and, with gradients,
     ``grads_bitwise_equal``, ``grads_max_abs_diff``, ``grads_compared`` (parameter count)."""
     import glob
 
-    from .reference import reference_run
+    from ..runtime.reference import reference_run
 
     with_grads = bool(spec.save_grads and out_dir)
     ref = reference_run(spec.model_config, ep=world.ep, dp=world.dp, microbatches=spec.microbatches,

@@ -1,10 +1,10 @@
-"""A stage's forward and backward for one micro-batch as nodes (see :mod:`tessera_lab.runner.orders` for the
+"""A stage's forward and backward for one micro-batch as nodes (see :mod:`tessera_lab.runner.runtime.orders` for the
 node names), run one node at a time in any dependency-respecting order.
 
 Each compute node runs on detached inputs (leaves that require grad) and keeps its inputs and outputs; its
 backward is ``torch.autograd.backward(outputs, output_grads)`` and hands the inputs' ``.grad`` on. The node
 boundaries are cut where every tensor has exactly one consumer node, and the tensor ``x`` read by router,
-permute, shared expert and shared gate still fans out through :func:`~tessera_lab.runner.layers.fanout`
+permute, shared expert and shared gate still fans out through :func:`~tessera_lab.runner.runtime.layers.fanout`
 inside ``pre`` (its backward sums the four gradients in a fixed order), so every floating-point operation has
 the same inputs and order as the monolithic autograd pass: losses and gradients stay bitwise equal.
 
@@ -49,7 +49,7 @@ def _leaf(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _unpermute(y_perm: torch.Tensor, plan, weight: torch.Tensor) -> torch.Tensor:
-    """:func:`tessera_lab.runner.moe.unpermute` with the combine weights given as a tensor (a node input)."""
+    """:func:`tessera_lab.runner.runtime.moe.unpermute` with the combine weights given as a tensor (a node input)."""
     n, k = plan.num_tokens, plan.top_k
     H = y_perm.shape[-1]
     slots = y_perm.new_zeros(n * k, H).index_copy(0, plan.order, y_perm)
@@ -70,9 +70,9 @@ class StageProgram:
     """Stage ``stage``'s forward and backward of micro-batch ``mb`` as nodes.
 
     Args:
-        stage: the :class:`~tessera_lab.runner.topology.StageModule`.
+        stage: the :class:`~tessera_lab.runner.runtime.topology.StageModule`.
         mb: micro-batch index (the W-deferral key is ``(stage, mb)``).
-        comm: the :class:`~tessera_lab.runner.moe.ExpertParallelComm` (None: every expert is local).
+        comm: the :class:`~tessera_lab.runner.runtime.moe.ExpertParallelComm` (None: every expert is local).
         record: ``record(lane, type, label, start_s, end_s)`` for events; clock: seconds since the step start.
         targets, num_tokens, loss_sink: on the last stage, the ``[b, T]`` targets, the loss divisor ``N`` and
             a callable receiving the loss sum (float, nats).
@@ -279,7 +279,7 @@ class StageProgram:
     def backward(self, name: str) -> None:
         """Run (compute) or issue (communication) backward node ``name``. Weight gradients go to
         ``param.grad`` unless the pipeline deferred this key's W
-        (:meth:`~tessera_lab.runner.layers.WeightGradStore.defer`)."""
+        (:meth:`~tessera_lab.runner.runtime.layers.WeightGradStore.defer`)."""
         if name == "head":
             def run():
                 torch.autograd.backward(self.output)

@@ -4,7 +4,7 @@ forward + backward of the tiny runner model) on this machine *now*.
 On this shared VM the CPU-seconds the same torch work takes move by up to 1.5x over minutes (other tenants'
 cache and memory-bandwidth use; a pure-Python loop's speed does not follow them). Calibration records the
 probe while it measures (``runner_cpu.work_probe``); a prediction measures it again just before the run it
-predicts and scales the calibrated CPU work by the ratio (:func:`tessera_lab.runner.predict.predict_runner`,
+predicts and scales the calibrated CPU work by the ratio (:func:`tessera_lab.runner.testbed.predict.predict_runner`,
 ``work_scale``): a measurement made before the run, never one of the predicted runs.
 """
 
@@ -33,12 +33,12 @@ def cpu_median(fn: Callable[[], object], repeats: int) -> float:
 
 def layer_fb(cfg=None, mbs: int = 2) -> Callable[[], None]:
     """A closure running forward + backward of the first linear-attention layer of the runner model ``cfg``
-    (:class:`tessera_lab.runner.specs.TinyConfig`, default the tiny runner) on ``mbs`` sequences; built once
+    (:class:`tessera_lab.runner.runtime.specs.TinyConfig`, default the tiny runner) on ``mbs`` sequences; built once
     per process and configuration."""
     import torch
 
-    from .layers import TinyMoEModel
-    from .specs import TinyConfig
+    from ..runtime.layers import TinyMoEModel
+    from ..runtime.specs import TinyConfig
 
     cfg = cfg or TinyConfig()
     key = (tuple(sorted(cfg.as_dict().items())), mbs)

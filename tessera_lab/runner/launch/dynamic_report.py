@@ -3,10 +3,10 @@
 Jobs (same model, seeds, data and routing): ``static-t`` runs the schedule with each W right after its I (the
 order of a full backward, ``split_backward(schedule, 0)``) and only records its waits (``gaps="observe"``);
 ``dynamic-t`` defers W to the end of each rank's list and lets the rank's controller pull them into receive waits
-(``gaps="fill"``, :mod:`tessera_lab.runner.gaps`). Trials alternate static, dynamic, static, ... so slow
+(``gaps="fill"``, :mod:`tessera_lab.runner.runtime.gaps`). Trials alternate static, dynamic, static, ... so slow
 drifts of the shared machine hit both alike. With replicas (``dp * ep > 1``, ``grad_sync="ordered"``) the dynamic
 side also sums gradients in per-stage chunks that its controller may launch in receive waits
-(:class:`~tessera_lab.runner.gaps.GradBuckets`); the static side keeps one end-of-step sum.
+(:class:`~tessera_lab.runner.runtime.gaps.GradBuckets`); the static side keeps one end-of-step sum.
 
 Everything reported is observed on this machine (provenance ``observed``): step times (wall seconds of the step on
 its slowest rank, incl. gradient sync and optimizer), host idle (seconds a rank was blocked in a p2p receive
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .specs import RunSpec
+from ..runtime.specs import RunSpec
 
 __all__ = ["dynamic_jobs", "dynamic_report", "format_dynamic", "job_identity", "apart"]
 
@@ -58,8 +58,8 @@ def job_identity(spec: dict, world: dict) -> dict[str, Any]:
     --dynamic CONTROL`` compares these): sizes, schedule, micro-batches, steps, optimizer, data seed, gradient
     sync, pair handler (``spec.pair_exec``, else from ``overlap`` as the executor picks it) and pair order, and
     the resolved tiny-model config without its routing bias. ``spec``: a :class:`RunSpec` dict; ``world``: a
-    :class:`~tessera_lab.runner.specs.WorldSpec` dict."""
-    from .specs import TinyConfig
+    :class:`~tessera_lab.runner.runtime.specs.WorldSpec` dict."""
+    from ..runtime.specs import TinyConfig
 
     model = TinyConfig.from_dict({k: v for k, v in (spec.get("model") or {}).items() if k != "router_bias"})
     cfg = {k: v for k, v in model.as_dict().items() if k != "router_bias"}
@@ -95,8 +95,8 @@ def _lag(job: dict) -> int:
 
 
 def dynamic_report(jobs: list[dict], trials: int, routing: str | None, world: Any = None) -> dict[str, Any]:
-    """The comparison of :func:`dynamic_jobs`' results (job dicts of :class:`~tessera_lab.runner.results.
-    RunResult`); ``world`` (a :class:`~tessera_lab.runner.specs.WorldSpec`) adds ``world`` (pp, ep, dp, ranks) so
+    """The comparison of :func:`dynamic_jobs`' results (job dicts of :class:`~tessera_lab.runner.launch.results.
+    RunResult`); ``world`` (a :class:`~tessera_lab.runner.runtime.specs.WorldSpec`) adds ``world`` (pp, ep, dp, ranks) so
     readers can turn idle summed over ranks into idle per rank (``report --dynamic``)."""
     by = {j["name"]: j for j in jobs}
     steps = len(by["static-0"]["losses"])

@@ -19,7 +19,7 @@ identically. No oracle: predictions lag two steps (step t uses the group's waits
 have no history and run the static placement (plus the cap). Without EP (ep = 1) a rank is its own group and the
 lag is one step.
 
-Combine waits (node-level pair handler ``scheduled``, :mod:`tessera_lab.runner.nodes`): a program's wait for an EP
+Combine waits (node-level pair handler ``scheduled``, :mod:`tessera_lab.runner.runtime.nodes`): a program's wait for an EP
 combine all-to-all calls :meth:`GapFiller.wait_node`. Such waits get slots of their own, numbered in the order they
 occur in a step (``NODE_SLOT_BASE + n``; the same on every rank of a group, which runs the same node order); they
 are learnt in step 0 and join the group's numbers from then on. In them only W whose I finished before the
@@ -31,7 +31,7 @@ replica gradient sum is cut into buckets, one per (stage of this rank, dense | e
 stages' last backward in the list. A bucket is final once every backward (B / I, alone or in a pair) and
 every W of its stage has run. In a receive wait with a predicted wait > 0 (the group's numbers, as for W), after
 the W fills, the filler launches the next buckets in order whose stage is final, as asynchronous collectives
-(the reduce-scatter of :class:`~tessera_lab.runner.gradsync.OrderedReduceScatter`; the wait itself hides
+(the reduce-scatter of :class:`~tessera_lab.runner.runtime.gradsync.OrderedReduceScatter`; the wait itself hides
 it), while the buffers in flight stay
 within the memory cap ``cap_bytes`` (default: what the static end-of-step sync allocates at once, so the dynamic
 run never holds more). :meth:`GradBuckets.finish` (end of step) launches the rest in the same order, waits, sums
@@ -66,7 +66,7 @@ class GradBuckets:
         stage_params: stage -> that stage's ``(name, parameter)`` list on this rank (a parameter listed under
             several stages belongs to the one whose gradients become final last).
         groups: ``(dense group, dense size, expert group, expert size)``; a group of None or size 1 is not
-            reduced (the static :func:`~tessera_lab.runner.train.sync_grads` rule).
+            reduced (the static :func:`~tessera_lab.runner.runtime.train.sync_grads` rule).
         is_expert: ``is_expert(name)``: the parameter is reduced over the expert (DP) group.
         microbatches: m (W per stage).
         cap_bytes: most gather-buffer bytes in flight (None: the static sync's, all buckets at once).
@@ -175,7 +175,7 @@ class GapFiller:
         run_w: ``run_w(action, label)`` runs one W now and records it.
         clock: seconds since the step start.
         fill: False only observes the waits (the static run's record: same fields, no W moved).
-        comm: the rank's :class:`~tessera_lab.runner.moe.ExpertParallelComm` (its count exchange carries the
+        comm: the rank's :class:`~tessera_lab.runner.runtime.moe.ExpertParallelComm` (its count exchange carries the
             group's waits); None: no EP group, the rank's own observations (lag one step).
     """
 

@@ -1,5 +1,5 @@
 """Deterministic data, loss combination, optimizer, the deterministic CPU mode, and the single-process
-reference (see :mod:`tessera_lab.runner.model` for when results are bitwise equal)."""
+reference (see :mod:`tessera_lab.runner.runtime.model` for when results are bitwise equal)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ Model (:class:`TinyMoEModel`, config :class:`TinyConfig`), all float32:
   - gated full attention (:class:`GatedAttention`): fused q, k, v and output-gate projection, GQA with
     ``num_kv_heads``, q/k RMSNorm, causal ``scaled_dot_product_attention``, ``out * sigmoid(gate)``. No rotary
     embedding (the linear-attention layers carry position).
-  - MoE (:class:`MoEBlock`): router ``[E, H]``, top-k routing (:mod:`tessera_lab.runner.moe`), routed SwiGLU
+  - MoE (:class:`MoEBlock`): router ``[E, H]``, top-k routing (:mod:`tessera_lab.runner.runtime.moe`), routed SwiGLU
     experts of width ``expert_width``, and a shared SwiGLU expert of width ``shared_expert_width`` scaled by
     ``sigmoid(shared_gate(x))``.
 * final RMSNorm and LM head ``[V, H]``; the loss is the **sum** of token cross-entropies (nats) and callers

@@ -1,5 +1,5 @@
 """The ``cpu`` and ``cuda`` overlap backends of ``tessera-lab measure``: layer-kind pairs measured with the
-runner's own node-level pair executor (:mod:`tessera_lab.runner.nodes`, the ``scheduled`` handler's issue
+runner's own node-level pair executor (:mod:`tessera_lab.runner.runtime.nodes`, the ``scheduled`` handler's issue
 loop) on a real EP group of ``ep`` spawned processes (gloo on CPU, NCCL on GPUs), so what is measured is what
 runs.
 
@@ -11,11 +11,11 @@ and top-k kept; the runner's linear attention uses the full-attention head count
 convolution, which the metadata says). Steps per pair, on every rank of the EP group:
 
 1. each side alone, ``warmup + repeats`` times: per-node times from the runner's events (the ten template keys
-   of :mod:`tessera_lab.runner.orders`, lanes and dependencies of :func:`~tessera_lab.runner.orders.template_graph`);
+   of :mod:`tessera_lab.runner.runtime.orders`, lanes and dependencies of :func:`~tessera_lab.runner.runtime.orders.template_graph`);
 2. program order together ``warmup + repeats`` times; rank 0 fits the contention term over every pair measured
    so far (:func:`tessera_lab.overlap.fit.fit_contention_samples`), then picks the candidates: program order,
    Megatron-Core's combined-1F1B order, and the best templates of an exhaustive search (CPU: the host-issue
-   semantics :func:`~tessera_lab.runner.orders.host_issue_makespan`; CUDA: the two-lane model with the fitted
+   semantics :func:`~tessera_lab.runner.runtime.orders.host_issue_makespan`; CUDA: the two-lane model with the fitted
    contention), at least ``keep`` (>= 4) distinct orders;
 3. successive halving (:func:`tessera_lab.overlap.backends.halve`) until two remain; a challenger wins only when
    its upper quartile is below program order's lower quartile, else "not significant" keeps program order
@@ -49,7 +49,7 @@ def _scaled(x: int, f: float) -> int:
 
 
 def runner_config_for(model, size_factor: float, seq_len: int) -> dict[str, Any]:
-    """The :class:`~tessera_lab.runner.specs.TinyConfig` fields (a dict) of four runner layers ``[linear, full,
+    """The :class:`~tessera_lab.runner.runtime.specs.TinyConfig` fields (a dict) of four runner layers ``[linear, full,
     linear, full]`` at ``model``'s shapes times ``size_factor`` (hidden, head and expert widths, sequence
     length ``seq_len``; head counts, experts and top-k kept).
 
@@ -77,7 +77,7 @@ def _candidates(dur: dict, fit, cuda: bool, keep: int) -> list[tuple[str, ...]]:
     """Program order, Megatron's order, then the searched templates, distinct, at least ``keep``."""
     from tessera_lab.cost.analytic import two_lane_makespan
 
-    from .orders import NAMED_ORDERS, TEMPLATE_KEYS, all_templates, host_issue_makespan, template_graph
+    from ..runtime.orders import NAMED_ORDERS, TEMPLATE_KEYS, all_templates, host_issue_makespan, template_graph
 
     g = template_graph()
     if cuda and fit is not None:
@@ -130,13 +130,13 @@ def _measure(rank, ep, jobs, cfg_d, mbs, repeats, warmup, keep, device, cuda) ->
     from tessera_lab.overlap.backends import FIT_STEP, halve
     from tessera_lab.overlap.fit import fit_contention_samples
 
-    from .devtime import StepClock
-    from .moe import ExpertParallelComm
-    from .nodes import StageProgram
-    from .orders import TEMPLATE_KEYS, durations_from_events, template_graph
-    from .pairs import interleave
-    from .specs import TinyConfig, WorldSpec
-    from .topology import build_stages, build_topology
+    from ..runtime.devtime import StepClock
+    from ..runtime.moe import ExpertParallelComm
+    from ..runtime.nodes import StageProgram
+    from ..runtime.orders import TEMPLATE_KEYS, durations_from_events, template_graph
+    from ..runtime.pairs import interleave
+    from ..runtime.specs import TinyConfig, WorldSpec
+    from ..runtime.topology import build_stages, build_topology
 
     cfg = TinyConfig.from_dict(cfg_d)
     topo = build_topology(WorldSpec(pp=1, ep=ep), rank, device)
@@ -283,7 +283,7 @@ def _result(r: dict, backend: str, env: dict, meta_common: dict):
     from tessera_lab.overlap.results import OverlapResult, overlap_efficiency, spread_stats
     from tessera_lab.overlap.search import ScheduleResult
 
-    from .orders import template_graph
+    from ..runtime.orders import template_graph
 
     g = template_graph()
     stats = [spread_stats(c["samples"]) for c in r["candidates"]]
@@ -405,7 +405,7 @@ def measure_layer_pairs(model, parallel, backend: str = "cpu", *, size_factor: f
                 if p.is_alive():
                     p.kill()
                     p.join(timeout=5)
-    common = {"backend": backend, "executor": "runner node-level pair executor (runner/nodes.py)",
+    common = {"backend": backend, "executor": "runner node-level pair executor (runner/runtime/nodes.py)",
               "dtype": "float32", "model_dtype": parallel.dtype,
               "shapes": {"runner_config": cfg, "tokens_per_rank": parallel.micro_batch_size * cfg["seq_len"],
                          "a": {"hidden": cfg["hidden_size"]}, "b": {"hidden": cfg["hidden_size"]}, "ep": ep},

@@ -2,10 +2,10 @@
 
 Never imports torch. A failing worker makes the others exit within :attr:`WorldSpec.grace_s` (then they are
 killed); :class:`RunnerError` names the rank that failed first and carries every exit status and log.
-Each worker writes a heartbeat (:mod:`tessera_lab.runner.supervise`): a rank killed by a signal is named from
+Each worker writes a heartbeat (:mod:`tessera_lab.runner.launch.supervise`): a rank killed by a signal is named from
 its exit status, a hung (stopped) rank from its missing heartbeat, and both win over the failure records its
 peers write afterwards. ``RunnerError.peer_failed`` is True when a rank failed and the others were stopped
-(``tessera-lab run`` exits with :data:`~tessera_lab.runner.supervise.EXIT_PEER_FAILED`, 3).
+(``tessera-lab run`` exits with :data:`~tessera_lab.runner.launch.supervise.EXIT_PEER_FAILED`, 3).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tessera_lab.io import atomic_write_text, read_json
 
 from .supervise import STARTUP_S, Cause, describe, heartbeat_timeout, root_cause
 from .results import RunResult
-from .specs import RunnerError, RunSpec, WorldSpec
+from ..runtime.specs import RunnerError, RunSpec, WorldSpec
 
 __all__ = ["spawn"]
 

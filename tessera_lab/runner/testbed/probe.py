@@ -106,12 +106,12 @@ def cpu_share(processes: int, *, window_s: float = 0.5) -> float:
 
 def available_cores(cores: int, *, processes: int | None = None, window_s: float = 0.5) -> dict[str, float]:
     """Cores a job of ``processes`` processes gets now (default ``max(2, cores)``): as many spinning processes,
-    each in a session of its own as each spawned runner worker is (:func:`tessera_lab.runner.spawn.spawn`
+    each in a session of its own as each spawned runner worker is (:func:`tessera_lab.runner.launch.spawn.spawn`
     starts them with ``start_new_session``; with the kernel's autogroup scheduling a session is a scheduling
     group, so against busy other tenants a job's share grows with its process count: while the test-suite ran
     here, 2, 4 and 6 such spinners got 1.07, 1.33 and 1.45 cores, and 1.08, 0.85 and 0.75 in one session);
     the sum of their CPU shares, never more than ``cores``. (A core's speed is not measured here: this VM's
-    pure-Python loop speed did not follow its torch work's; :mod:`tessera_lab.runner.work_probe` measures that.)
+    pure-Python loop speed did not follow its torch work's; :mod:`tessera_lab.runner.testbed.work_probe` measures that.)
     Returns ``{"cores_available", "share", "processes", "window_s"}``."""
     n = int(processes) if processes else max(2, int(cores))
     share = min(1.0, statistics.fmean(c / max(w, 1e-9) for _, c, w in _spinners(n, window_s, True)))

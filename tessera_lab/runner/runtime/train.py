@@ -49,7 +49,7 @@ def _reduce_flat(params: list[torch.Tensor], group, size: int, mode: str) -> Non
 def sync_grads(named_params: list[tuple[str, torch.Tensor]], topo: Topology, mode: str = "ordered") -> None:
     """Sum gradients over replicas: non-expert parameters over the replica group (``dp * ep`` ranks of the
     stage), routed-expert parameters over the DP group. ``mode``: ``"ordered"`` (a reduce-scatter summing each
-    shard in replica order, then an all-gather of the shards, :mod:`tessera_lab.runner.gradsync`: deterministic,
+    shard in replica order, then an all-gather of the shards, :mod:`tessera_lab.runner.runtime.gradsync`: deterministic,
     bitwise equal to the reference) or ``"allreduce"`` (``dist.all_reduce``, the backend's order)."""
     if mode not in ("ordered", "allreduce"):
         raise ConfigError(f"field 'grad_sync' = {mode!r} is unknown; allowed: ordered, allreduce")
@@ -153,7 +153,7 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
                           pair_exec=spec.pair_exec, pair_order=spec.pair_order,
                           w_cap=(spec.w_cap or world.pp) if spec.gaps else None, fill=spec.gaps == "fill",
                           p2p=getattr(world, "p2p", "auto"), p2p_timeout_s=world.timeout_s)
-    buckets = None  # run --dynamic: the replica gradient sum in chunks launched in receive waits (runner/gaps.py)
+    buckets = None  # run --dynamic: the replica gradient sum in chunks launched in receive waits (runner/runtime/gaps.py)
     if ex.gaps is not None and ex.gaps.fill and spec.grad_sync == "ordered" and topo.replicas > 1:
         from .gaps import GradBuckets
 

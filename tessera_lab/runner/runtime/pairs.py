@@ -9,8 +9,8 @@ its output gradient ``grad``, None on the last stage). Built in:
 * ``threads``: the whole forward on a side thread (a side CUDA stream on GPUs) beside the whole backward on
   the calling thread (turn-1 behaviour; on CPU it measures thread parallelism as much as hidden
   communication);
-* ``scheduled``: node level (:mod:`tessera_lab.runner.nodes`): the nodes of F and B in a given issue order
-  (:mod:`tessera_lab.runner.orders`: a named candidate such as ``megatron``, the searched order, or an
+* ``scheduled``: node level (:mod:`tessera_lab.runner.runtime.nodes`): the nodes of F and B in a given issue order
+  (:mod:`tessera_lab.runner.runtime.orders`: a named candidate such as ``megatron``, the searched order, or an
   explicit template), compute on the calling thread, all-to-alls asynchronous with their waits where the
   consumers are.
 

@@ -153,7 +153,7 @@ class TinyConfig:
         capacity factor, router bias) go under ``"tessera_runner"``. The runner has no short convolution, so
         ``linear_conv_kernel_dim`` is 1, and one head count serves q/k and v of linear attention."""
         return {
-            "_source": f"tessera-lab runner model {name} (runner/specs.py TinyConfig.to_hf_config)",
+            "_source": f"tessera-lab runner model {name} (runner/runtime/specs.py TinyConfig.to_hf_config)",
             "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
             "full_attention_interval": self.attention_ratio + 1, "layer_types": self.layer_kinds(),
@@ -223,9 +223,9 @@ class WorldSpec:
         backend: ``"auto"`` (NCCL with CUDA, else gloo), ``"gloo"`` or ``"nccl"``.
         timeout_s: seconds a collective or p2p operation may wait before it fails.
         grace_s: after one rank fails, seconds the others get to exit on their own before being killed.
-        interleave: run the launch's jobs a step of each in turn (:func:`tessera_lab.runner.train.run_jobs`)
+        interleave: run the launch's jobs a step of each in turn (:func:`tessera_lab.runner.runtime.train.run_jobs`)
             instead of one after the other.
-        p2p: pipeline transfers (:mod:`tessera_lab.runner.transport`): ``auto`` (NCCL's semantics emulated
+        p2p: pipeline transfers (:mod:`tessera_lab.runner.runtime.transport`): ``auto`` (NCCL's semantics emulated
             on gloo, ``batch_isend_irecv`` on NCCL), ``nccl-order`` (gloo only) or ``batch``.
     """
 
@@ -273,7 +273,7 @@ class RunSpec:
         schedule: ``gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped``.
         vpp: chunks per rank (None: 2 for interleaved / DualPipeV, else 1).
         microbatches: m per step; micro_batch_size: sequences per micro-batch per replica.
-        steps: optimizer steps; lr: AdamW learning rate; data_seed: seed of :func:`~tessera_lab.runner.model.
+        steps: optimizer steps; lr: AdamW learning rate; data_seed: seed of :func:`~tessera_lab.runner.runtime.model.
             make_batch`.
         boundaries: stage boundaries (a plan's ``boundaries``); None: uniform.
         defer_w: split every backward into I now and W later (:func:`tessera_lab.pipeline.passes.split_backward`); w_lag: see there.
@@ -281,15 +281,15 @@ class RunSpec:
         grad_sync: ``"ordered"`` (deterministic replica sum) or ``"allreduce"``.
         overlap: ``"thread"`` (OVERLAP_F_B pairs run concurrently) or ``"serial"`` (turn-1 names; used when
             ``pair_exec`` is None).
-        pair_exec: pair handler (:mod:`tessera_lab.runner.pairs`: ``serial``, ``threads``, ``scheduled``, or one
+        pair_exec: pair handler (:mod:`tessera_lab.runner.runtime.pairs`: ``serial``, ``threads``, ``scheduled``, or one
             registered later); None: from ``overlap``.
         pair_order: issue order of the ``scheduled`` handler: ``"searched"`` / None, a name of
-            :data:`tessera_lab.runner.orders.NAMED_ORDERS` (``program``, ``megatron``, ``comm-first``) or a list
+            :data:`tessera_lab.runner.runtime.orders.NAMED_ORDERS` (``program``, ``megatron``, ``comm-first``) or a list
             of the ten template keys.
         save_grads: write each rank's step-0 gradients (tests).
         check_reference: rank 0 also runs the single-process reference and reports the comparison.
         fault: ``{"rank": r, "step": s, "action": k}`` raises on rank r before its k-th action of step s.
-        gaps: ``"fill"``: dynamic W filling (:mod:`tessera_lab.runner.gaps`; W deferred to the end of each rank's
+        gaps: ``"fill"``: dynamic W filling (:mod:`tessera_lab.runner.runtime.gaps`; W deferred to the end of each rank's
             list and pulled into receive waits by the rank's controller; needs ``defer_w``); ``"observe"``: only
             record the waits and predictions (the static side of ``run --dynamic``); None: neither.
         w_cap: with ``gaps="fill"``, deferred micro-batches a rank may hold before a forward (None: ``pp``).

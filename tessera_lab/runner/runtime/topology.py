@@ -1,5 +1,5 @@
 """This rank's place in the ``pp x dp x ep`` grid, its process groups, and the stage modules cut from the tiny
-model (see :mod:`tessera_lab.runner.pipeline` for the rank layout)."""
+model (see :mod:`tessera_lab.runner.runtime.pipeline` for the rank layout)."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ class StageModule(nn.Module):
 
     ``forward(x)``: stage 0 takes token ids ``[b, T]`` int64, the others hidden states ``[b, T, H]`` float32;
     the last stage returns logits ``[b, T, V]``, the others hidden states ``[b, T, H]``. Set ``comm`` to an
-    :class:`~tessera_lab.runner.moe.ExpertParallelComm` for expert parallelism (None: all experts local).
+    :class:`~tessera_lab.runner.runtime.moe.ExpertParallelComm` for expert parallelism (None: all experts local).
     """
 
     def __init__(self, model: TinyMoEModel, stage: int, num_stages: int, boundaries: list[int]):

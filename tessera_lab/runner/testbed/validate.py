@@ -1,6 +1,6 @@
 """``tessera-lab validate``: does the plan predict the runner? A fixed matrix of runner jobs, each predicted
 from a calibrated device *before* it runs, then run and observed; the calibration runs (microbenchmarks of
-:mod:`tessera_lab.runner.calibrate`) are separate processes and never one of the validated runs.
+:mod:`tessera_lab.runner.testbed.calibrate`) are separate processes and never one of the validated runs.
 
 Matrix: schedules gpipe, 1f1b, zb-h1, overlapped (node-level ``scheduled`` pairs) x pp 2, 4 x ep 1, 2 x two
 model widths (tiny-runner and twice as wide) x two partitions (uniform, balanced on the calibrated costs).
@@ -10,14 +10,14 @@ Per case: ``predicted_s`` (the plan's iteration time), ``observed_s`` (median ov
 with quartiles) and ``error = (predicted - observed) / observed``; and, to tell the model's error from the
 machine's drift, ``predicted_cpu_s`` / ``observed_cpu_s`` (CPU-seconds of a step over every process: the
 workers' ``process_time``) and ``work_error``, the observed CPU taken back to the state measured before the
-group by the work probe after it (:mod:`tessera_lab.runner.work_probe`). The cases of a group run in one
+group by the work probe after it (:mod:`tessera_lab.runner.testbed.work_probe`). The cases of a group run in one
 launch a step of each in turn (``WorldSpec.interleave``), so drift falls on all of them alike. Summary: ``median_abs_error``,
 ``rank_agreement`` (the share of case pairs that prediction and observation order the same way) and the
 machine load (1-minute load average before and after: identical runs differ by 5-12 % on a busy 2-core machine).
-The prediction (:func:`tessera_lab.runner.predict.predict_runner`) is processor sharing over the simulated
-timeline (:mod:`tessera_lab.runner.sharing`): the job's computing processes share the cores *available to
+The prediction (:func:`tessera_lab.runner.testbed.predict.predict_runner`) is processor sharing over the simulated
+timeline (:mod:`tessera_lab.runner.testbed.sharing`): the job's computing processes share the cores *available to
 the job*, measured right before each (pp, ep) group's runs in processes of its own
-(:func:`tessera_lab.runner.probe.available_cores`: spinners' CPU share), and the CPU work is scaled by the
+(:func:`tessera_lab.runner.testbed.probe.available_cores`: spinners' CPU share), and the CPU work is scaled by the
 work probe measured then against the calibration's; ``prediction_inputs`` keeps them and the median |error| the load average alone would have
 given. :func:`repredict` re-predicts a stored result offline (``validate --repredict RESULT --device FILE``).
 Targets (printed, not asserted): median |error| <= 10 % busy / <= 5 % quiet, rank agreement >= 90 %.
@@ -61,8 +61,8 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
     from .calibrate import widened
     from .predict import device_plan, device_work_probe
     from .probe import available_cores
-    from .spawn import spawn
-    from .specs import RunSpec, TinyConfig, WorldSpec
+    from ..launch.spawn import spawn
+    from ..runtime.specs import RunSpec, TinyConfig, WorldSpec
 
     steps = steps or (9 if quick else 5)
     base = TinyConfig()
@@ -234,7 +234,7 @@ def repredict(result: dict[str, Any], device: dict, *, microbatches: int = 4,
     [{name, predicted_s, observed_s, error}], **summarize(...)}``."""
     from .calibrate import widened
     from .predict import predict_runner
-    from .specs import TinyConfig
+    from ..runtime.specs import TinyConfig
 
     pi = result.get("prediction_inputs") or {}
     out = []

@@ -7,11 +7,11 @@ Rank layout (world size ``pp * dp * ep``)::
 EP is innermost (an EP group is ``ep`` consecutive ranks, i.e. inside a node), PP outermost (only stage
 boundaries talk, so PP may cross nodes). Every rank of a pipeline stage holds the same non-expert weights
 (replicated over the ``dp * ep`` replicas, like Megatron's expert-data-parallel layout) and ``E / ep`` experts
-(replicated over ``dp``); replica ``r`` trains on rows :func:`~tessera_lab.runner.model.shard_rows` of each
+(replicated over ``dp``); replica ``r`` trains on rows :func:`~tessera_lab.runner.runtime.model.shard_rows` of each
 micro-batch. After the last action of a step the gradients are summed: non-expert ones over the replica group,
 expert ones over the DP group, either with ``all_reduce`` or (``grad_sync="ordered"``, the deterministic
 mode) with a reduce-scatter summing each shard in replica order and an all-gather of the shards
-(:mod:`~tessera_lab.runner.gradsync`), which is what makes multi-step runs bitwise equal to the reference.
+(:mod:`~tessera_lab.runner.runtime.gradsync`), which is what makes multi-step runs bitwise equal to the reference.
 
 The executor runs each rank's action list in order:
 
@@ -21,7 +21,7 @@ The executor runs each rank's action list in order:
   token count ``N`` (so gradient accumulation over micro-batches and replicas sums to the batch mean).
 * ``B``: the output gradient arrives (on the last stage backward starts from the scaled loss), autograd runs
   the backward, the input gradient goes to the previous stage.
-* ``I`` / ``W``: as ``B`` but the GEMM weight gradients are deferred (:class:`~tessera_lab.runner.model.
+* ``I`` / ``W``: as ``B`` but the GEMM weight gradients are deferred (:class:`~tessera_lab.runner.runtime.model.
   WeightGradStore`); ``W`` computes them later with the same kernels, in the same accumulation order, so the
   gradients equal the undeferred ones bit for bit.
 * ``OVERLAP_F_B``: both inputs are received, then the forward runs on a side thread (CPU), on a side CUDA
@@ -34,7 +34,7 @@ The executor runs each rank's action list in order:
 * ``SEND_*`` / ``RECV_*``: the executor runs lowered lists only (:func:`tessera_lab.pipeline.passes.lower`); each
   maximal run of them is one batch (one ``batch_isend_irecv``, one NCCL group), posted where the list has it.
 
-Point-to-point transfers go through :mod:`tessera_lab.runner.transport`: on NCCL ``batch_isend_irecv``; on gloo
+Point-to-point transfers go through :mod:`tessera_lab.runner.runtime.transport`: on NCCL ``batch_isend_irecv``; on gloo
 by default an emulation of NCCL's rule (batches in posting order, a rank pair's transfers matched in posting
 order, tags ignored), so an order NCCL would deadlock on fails on CPU too. Sends are non-blocking and waited for
 at the end of the step. Every action's start and end (``time.perf_counter``, seconds after a barrier at the start of the

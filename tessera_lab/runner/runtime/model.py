@@ -1,7 +1,7 @@
 """The tiny Qwen3-Next-like model and its single-process reference, under one name (re-exports).
 
-The model itself is described in :mod:`tessera_lab.runner.layers`; the reference run in
-:mod:`tessera_lab.runner.reference`.
+The model itself is described in :mod:`tessera_lab.runner.runtime.layers`; the reference run in
+:mod:`tessera_lab.runner.runtime.reference`.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from tessera_lab.io import read_json
 
 from .results import RunResult, observed_timeline, record_profile, timing_report, write_trace
 from .spawn import _alive, _free_port, spawn
-from .specs import RunnerError, RunSpec, TinyConfig, WorldSpec
+from ..runtime.specs import RunnerError, RunSpec, TinyConfig, WorldSpec
 from .worker import _watch_parent, run_worker, worker_main
 
 __all__ = [
@@ -90,7 +90,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "tessera_lab.dynamic.routing.router_bias; also applied in the --check reference)")
     p.add_argument("--dynamic", action="store_true",
                    help="compare static and dynamic W placement: --trials interleaved pairs of jobs, the dynamic one "
-                        "filling p2p receive waits with deferred W (tessera_lab.runner.gaps)")
+                        "filling p2p receive waits with deferred W (tessera_lab.runner.runtime.gaps)")
     p.add_argument("--trials", type=positive_int("trials"), default=3, help="with --dynamic: static/dynamic pairs")
     p.add_argument("--overlap", choices=["thread", "serial"], default="thread",
                    help="turn-1 name of --pair-exec threads|serial (used when --pair-exec is not given)")
@@ -167,10 +167,10 @@ def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
 
 
 def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
-    """World and job that execute a runner plan (:func:`tessera_lab.runner.predict.device_plan`) exactly:
+    """World and job that execute a runner plan (:func:`tessera_lab.runner.testbed.predict.device_plan`) exactly:
     its model, sizes, schedule, micro-batches, boundaries, pair handler and pair order. The plan's prediction
     travels with the job (``RunSpec.plan_prediction``) and is reported against the observation."""
-    from .predict import RUNNER_PLAN_SCHEMA
+    from ..testbed.predict import RUNNER_PLAN_SCHEMA
 
     for name, default in PLAN_FIXED.items():  # an option set away from its default must agree with the plan
         given = getattr(args, name, default)
@@ -292,7 +292,7 @@ def emit_outputs(result: RunResult, args: argparse.Namespace) -> None:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """``tessera-lab run``: spawn locally, print, write outputs. Returns the exit status: 0, 2 bad input,
-    3 (:data:`~tessera_lab.runner.supervise.EXIT_PEER_FAILED`) a rank failed and its peers were stopped,
+    3 (:data:`~tessera_lab.runner.launch.supervise.EXIT_PEER_FAILED`) a rank failed and its peers were stopped,
     1 the launch timed out."""
     from .supervise import EXIT_PEER_FAILED
 

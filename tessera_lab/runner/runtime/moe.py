@@ -27,7 +27,7 @@ group.
 
 The single-process emulation :func:`group_exchange` produces, for every expert, exactly the row order an EP rank
 sees (peer-major inside each expert), so the expert GEMMs have identical inputs and shapes; this is what makes
-the single-process reference bitwise comparable (see :mod:`tessera_lab.runner.model`).
+the single-process reference bitwise comparable (see :mod:`tessera_lab.runner.runtime.model`).
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class _AllToAll(torch.autograd.Function):
 
 
 def _stamp(hook):
-    """A time stamp from ``hook.clock`` (the executor's :class:`~tessera_lab.runner.devtime.StepClock`: CUDA
+    """A time stamp from ``hook.clock`` (the executor's :class:`~tessera_lab.runner.runtime.devtime.StepClock`: CUDA
     events on a GPU), else the host clock (CPU only)."""
     clock = getattr(hook, "clock", None)
     return clock() if clock is not None else time.perf_counter()

@@ -14,7 +14,7 @@ Measured (lower quartiles of ``repeats`` timings after one warm-up; one thread, 
 * the co-running slowdown of a layer's CPU time with 2 and 4 processes computing at once (:func:`_corun`);
 * the runner's own CPU work per step (:func:`_runner_cpu`: one-stage runner jobs at EP 1 and 2, the workers'
   process CPU time per step) and of a stage-to-stage transfer (GPipe jobs at pp 2 and 4), each taken to the
-  machine's state during the layer microbenchmarks with the work probe (:mod:`tessera_lab.runner.work_probe`)
+  machine's state during the layer microbenchmarks with the work probe (:mod:`tessera_lab.runner.testbed.work_probe`)
   measured around them.
 
 These calibration runs are microbenchmarks, one-stage jobs and 6-micro-batch GPipe jobs, disjoint from any runner
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 from tessera_lab.cost.device import DEVICE_SCHEMA, KINDS, layer_flops
 
-from .specs import TinyConfig
+from ..runtime.specs import TinyConfig
 
 __all__ = ["calibrate", "widened"]
 
@@ -71,7 +71,7 @@ def _fit(points: Sequence[tuple[float, float]]) -> dict[str, float]:
 def _layer_points(cfg: TinyConfig, mbs: int, repeats: int) -> tuple[dict, dict]:
     import torch
 
-    from .layers import WEIGHT_GRAD_STORE, TinyMoEModel, forward_key
+    from ..runtime.layers import WEIGHT_GRAD_STORE, TinyMoEModel, forward_key
 
     tokens = mbs * cfg.seq_len
     layers: dict[str, dict[str, Any]] = {k: {"F": [], "B": [], "w_share": []} for k in KINDS}
@@ -149,7 +149,7 @@ def _corun(cfg: TinyConfig, mbs: int, cores: int, repeats: int = 30, rounds: int
     (shared caches and memory bandwidth; oversubscribed, context switches too): the runner's processes
     compute side by side. ``rounds`` alternations of alone / together; ratios of the medians. Returns
     ``{"table": {"1": 1.0, str(n): slowdown, ...}, "alone_s", "together_s": {n: s}, "source"}``
-    (:func:`tessera_lab.runner.sharing.corun_slowdown` reads the table)."""
+    (:func:`tessera_lab.runner.testbed.sharing.corun_slowdown` reads the table)."""
     import multiprocessing as mp
 
     from .work_probe import cpu_median, layer_fb
@@ -335,27 +335,27 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
     """CPU work of the runner's own execution (node-level actions, p2p posting, gloo threads) per process and
     step, against the layer microbenchmarks: calibration jobs of one pipeline stage (``pp = 1``, all layers on
     one rank, 1F1B) at each EP size. Each worker reports its CPU-seconds per step (``time.process_time``: every
-    thread, not inflated by waiting for a core; :func:`tessera_lab.runner.results.cpu_summary`); the median
+    thread, not inflated by waiting for a core; :func:`tessera_lab.runner.launch.results.cpu_summary`); the median
     over the steps after the first, per process, scaled to the machine's state during the layer
-    microbenchmarks (``work_ref``: :func:`tessera_lab.runner.work_probe.work_probe` around them, against the
+    microbenchmarks (``work_ref``: :func:`tessera_lab.runner.testbed.work_probe.work_probe` around them, against the
     same probe around each job: the CPU-seconds of the same work move by up to 1.5x over minutes here) is the
     runner's work, and
     ``factor = work / microbenchmark work``. ``blocked_s``: the iteration minus its CPU work at the
     processor-sharing speed ``min(1, available cores / processes)`` (available cores measured before the job,
-    :func:`tessera_lab.runner.probe.available_cores`): time blocked on all-to-all peers, per layer and F or B
+    :func:`tessera_lab.runner.testbed.probe.available_cores`): time blocked on all-to-all peers, per layer and F or B
     action. ``transfer_cpu_s``: the CPU of one stage-to-stage transfer, both ends, fitted on GPipe jobs at
-    pp = 2 and 4 through :func:`tessera_lab.runner.predict.predict_runner` (``p2p``: the ping-pong fit).
+    pp = 2 and 4 through :func:`tessera_lab.runner.testbed.predict.predict_runner` (``p2p``: the ping-pong fit).
     The work is stated as one process computing alone: a job of ``ep`` processes computing side by
     side is divided by their co-running slowdown (``corun``, :func:`_corun`;
-    :func:`tessera_lab.runner.sharing.corun_slowdown` of ``ep`` processes). These jobs (pp = 1,
+    :func:`tessera_lab.runner.testbed.sharing.corun_slowdown` of ``ep`` processes). These jobs (pp = 1,
     and GPipe jobs of 6 micro-batches at pp 2 and 4) are never among the validated ones (pp >= 2, 4
     micro-batches)."""
     from tessera_lab.cost.device import layer_times
 
     from .probe import available_cores
     from .sharing import corun_slowdown
-    from .spawn import spawn
-    from .specs import RunSpec, WorldSpec
+    from ..launch.spawn import spawn
+    from ..runtime.specs import RunSpec, WorldSpec
     from .work_probe import work_probe
 
     cores = os.cpu_count() or 1
@@ -455,7 +455,7 @@ def calibrate(cfg: TinyConfig | None = None, *, name: str = "cpu", micro_batch_s
 
     from tessera_lab.overlap.environment import current_environment
 
-    from .reference import deterministic
+    from ..runtime.reference import deterministic
 
     from .probe import cpu_probe
 

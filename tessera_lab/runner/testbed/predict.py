@@ -30,16 +30,16 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     plus the CPU of each stage-to-stage send or receive: half of ``runner_cpu.transfer_cpu_s``, fitted on
     GPipe calibration jobs at pp 2 and 4, else ``p2p.cpu_per_op_s`` from the ping-pong)
     and the time blocked on all-to-all peers per action; then processor sharing over the schedule's timeline
-    (:func:`tessera_lab.runner.sharing.simulate_shared`, with the co-running slowdown table
+    (:func:`tessera_lab.runner.testbed.sharing.simulate_shared`, with the co-running slowdown table
     ``runner_cpu.corun.table`` of processes computing at once): the job's computing processes (``ep * dp`` per busy
     pipeline rank) share the cores available to this job, ``C``: ``cores_available`` (measured just before
-    the run by :func:`tessera_lab.runner.probe.available_cores` with as many processes as the job, each in a
+    the run by :func:`tessera_lab.runner.testbed.probe.available_cores` with as many processes as the job, each in a
     session of its own as the spawned workers are), else from
     ``cpu_probe_s`` (the older median probe of ``world`` processes: ``world x calibration probe / probe``),
     else ``machine_load`` (the 1-minute load average: ``cores x cores / max(cores, load + world)``... as a
     per-process share), else all the cores (a quiet machine).
 
-    ``work_probe_s``: :func:`tessera_lab.runner.work_probe.work_probe` measured just before the run; every
+    ``work_probe_s``: :func:`tessera_lab.runner.testbed.work_probe.work_probe` measured just before the run; every
     CPU work term is scaled by it over the calibration's (``runner_cpu.work_probe.ref_s``; :func:`work_scale`).
 
     Returns ``{"iteration_s", "bubble_fraction", "bubble_s", "ep_a2a_s", "stage_f_s", "stage_b_s",
@@ -150,7 +150,7 @@ def device_work_probe(device: Mapping[str, Any]) -> float | None:
     calibrated without one): the input of :func:`work_scale`. Needs torch."""
     if not ((device.get("runner_cpu") or {}).get("work_probe") or {}).get("ref_s"):
         return None
-    from .specs import TinyConfig
+    from ..runtime.specs import TinyConfig
     from .work_probe import work_probe
 
     meta = device["metadata"]
@@ -230,7 +230,7 @@ def runner_model_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
 
     from tessera_lab.model.spec import load_model, shipped_models
 
-    from .specs import TinyConfig
+    from ..runtime.specs import TinyConfig
 
     spec = load_model(name_or_path)
     path = shipped_models().get(str(name_or_path)) or Path(name_or_path)
@@ -247,7 +247,7 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
     costs, or ``uniform``), the schedule, micro-batches, pair handler and order, and the prediction made now,
     before any run. ``tessera-lab run --plan`` executes exactly this plan. ``config``: TinyConfig fields
     (then ``model`` is only the label). ``machine_load``: the 1-minute load average when predicting (gives
-    the cores available, :func:`available_cores`); None: a quiet machine. ``cpu_probe_s``: :func:`tessera_lab.runner.probe.cpu_probe`
+    the cores available, :func:`available_cores`); None: a quiet machine. ``cpu_probe_s``: :func:`tessera_lab.runner.testbed.probe.cpu_probe`
     of the job's processes measured now (used instead of the load average when the device has a calibration
     probe).
 
@@ -256,7 +256,7 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
     """
     import datetime as _dt
 
-    from .orders import resolve_order
+    from ..runtime.orders import resolve_order
 
     if config is not None:
         name, cfg = model, dict(config)

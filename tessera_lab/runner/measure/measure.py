@@ -3,7 +3,7 @@ a real EP group (``ep`` spawned gloo processes, the size the shapes assume).
 
 For one stage holding every layer of the tiny model: the forward of micro-batch 1 and the backward of
 micro-batch 0 are measured alone (per-node times from the runner's events), the ten-key template orders are
-searched over those times (:func:`tessera_lab.runner.orders.search_template`, the CPU executor's semantics),
+searched over those times (:func:`tessera_lab.runner.runtime.orders.search_template`, the CPU executor's semantics),
 the best ``keep`` (>= 4, program order first) are measured together with successive halving
 (:func:`tessera_lab.overlap.backends.halve`), and a challenger wins only when its upper quartile is below
 program order's lower quartile, else "not significant" keeps program order (the rule of the ``cpu`` backend).
@@ -29,13 +29,13 @@ def _worker(rank: int, ep: int, store: str, cfg_d: dict, mbs: int, repeats: int,
 
     from tessera_lab.overlap.backends import halve
 
-    from .moe import ExpertParallelComm
-    from .nodes import StageProgram
-    from .orders import TEMPLATE_KEYS, durations_from_events, search_template
-    from .pairs import interleave
-    from .reference import deterministic, make_batch
-    from .specs import TinyConfig, WorldSpec
-    from .topology import build_stages, build_topology
+    from ..runtime.moe import ExpertParallelComm
+    from ..runtime.nodes import StageProgram
+    from ..runtime.orders import TEMPLATE_KEYS, durations_from_events, search_template
+    from ..runtime.pairs import interleave
+    from ..runtime.reference import deterministic, make_batch
+    from ..runtime.specs import TinyConfig, WorldSpec
+    from ..runtime.topology import build_stages, build_topology
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=ep,
@@ -150,7 +150,7 @@ def measure_runner_pair(cfg=None, *, ep: int = 2, micro_batch_size: int = 2, rep
     ``chosen_order``, ``t_ab``, ``t_program``, seconds)."""
     import torch.multiprocessing as mp
 
-    from .specs import TinyConfig
+    from ..runtime.specs import TinyConfig
 
     cfg = cfg or TinyConfig()
     ctx = mp.get_context("spawn")

@@ -16,7 +16,7 @@ from tessera_lab.errors import ConfigError, TesseraError
 
 from .supervise import arm_fault, start_heartbeat
 from .results import RunResult, compare_reference, summarize_job
-from .specs import RunSpec, WorldSpec
+from ..runtime.specs import RunSpec, WorldSpec
 
 __all__ = ["run_worker", "worker_main"]
 
@@ -59,8 +59,8 @@ def run_worker(world: WorldSpec, jobs: Sequence[RunSpec], out_dir: str | None) -
     import torch
     import torch.distributed as dist
 
-    from .topology import build_topology
-    from .train import run_jobs
+    from ..runtime.topology import build_topology
+    from ..runtime.train import run_jobs
 
     torch.set_num_threads(1)
     cuda = torch.cuda.is_available() and world.backend != "gloo"

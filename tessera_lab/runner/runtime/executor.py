@@ -1,9 +1,9 @@
-"""The executor that walks one rank's lowered action list (see :mod:`tessera_lab.runner.pipeline` for what each
+"""The executor that walks one rank's lowered action list (see :mod:`tessera_lab.runner.runtime.pipeline` for what each
 action does).
 
 It executes only lowered lists (:func:`tessera_lab.pipeline.passes.lower`: ``with_comms`` inserts SEND/RECV,
 ``batch_p2p`` places them): every maximal run of SEND/RECV actions is posted as one batch through a
-:mod:`~tessera_lab.runner.transport` (one ``batch_isend_irecv``, one NCCL group), compute actions wait for the
+:mod:`~tessera_lab.runner.runtime.transport` (one ``batch_isend_irecv``, one NCCL group), compute actions wait for the
 receives of their inputs. Nothing is posted that the list does not say, so the order NCCL sees is the order the
 NCCL-rule check (:func:`tessera_lab.pipeline.p2p.check_nccl_order`) proved deadlock-free."""
 
@@ -62,16 +62,16 @@ class PipelineExecutor:
         act_shape: ``(micro_batch_size, seq_len, hidden)`` of the tensors crossing stage boundaries.
         num_tokens: global tokens per step ``N`` (the loss divisor).
         overlap: ``"thread"`` or ``"serial"`` (turn-1 names of the ``threads`` / ``serial`` pair handlers).
-        pair_exec: a pair handler of :mod:`tessera_lab.runner.pairs` (default: from ``overlap``); a node-level
-            one runs every forward and backward as nodes (:mod:`tessera_lab.runner.nodes`).
-        pair_order: issue order of the ``scheduled`` handler (:func:`tessera_lab.runner.orders.resolve_order`).
+        pair_exec: a pair handler of :mod:`tessera_lab.runner.runtime.pairs` (default: from ``overlap``); a node-level
+            one runs every forward and backward as nodes (:mod:`tessera_lab.runner.runtime.nodes`).
+        pair_order: issue order of the ``scheduled`` handler (:func:`tessera_lab.runner.runtime.orders.resolve_order`).
         fault: ``{"rank", "step", "action"}``: raise before that action (tests).
         timing: time every EP all-to-all (lane ``comm``); None (default): on CPU yes, on CUDA no (opt-in:
             CUDA events, no host sync either way).
-        p2p: the transport mode (:data:`tessera_lab.runner.transport.P2P_MODES`; ``auto``: NCCL's semantics
+        p2p: the transport mode (:data:`tessera_lab.runner.runtime.transport.P2P_MODES`; ``auto``: NCCL's semantics
             emulated on gloo, ``batch_isend_irecv`` on NCCL); ``p2p_timeout_s``: seconds before the gloo
             emulation declares a batch deadlocked.
-        w_cap: with an int, fill receive waits with deferred W (:class:`tessera_lab.runner.gaps.GapFiller`, the
+        w_cap: with an int, fill receive waits with deferred W (:class:`tessera_lab.runner.runtime.gaps.GapFiller`, the
             rank's controller) and hold at most ``w_cap`` deferred micro-batches before a forward; None: static.
         fill: with ``w_cap``, False only records the waits (the static side of ``run --dynamic``).
     """
@@ -132,7 +132,7 @@ class PipelineExecutor:
 
     # -- recording ------------------------------------------------------------------------------
     def _now(self):
-        """A stamp (:class:`~tessera_lab.runner.devtime.StepClock`: seconds on CPU, a CUDA event on a GPU)."""
+        """A stamp (:class:`~tessera_lab.runner.runtime.devtime.StepClock`: seconds on CPU, a CUDA event on a GPU)."""
         return self.clock.now()
 
     def _event(self, lane: str, typ: str, stage: int, mb, start: float, end: float, label: str) -> None:
