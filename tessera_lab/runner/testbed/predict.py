@@ -296,7 +296,8 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
 def format_device_plan(plan: Mapping[str, Any]) -> str:
     """Readable summary of :func:`device_plan`."""
     p, pr = plan["parallel"], plan["prediction"]
-    lines = [f"runner plan: {plan['model']}, schedule {p['schedule']}, pp={p['pp']} ep={p['ep']} dp={p['dp']}, "
+    lines = ["CPU testbed (models CPU time sharing on this machine; does not transfer to GPUs)",
+             f"runner plan: {plan['model']}, schedule {p['schedule']}, pp={p['pp']} ep={p['ep']} dp={p['dp']}, "
              f"m={p['microbatches']} x {p['micro_batch_size']} sequences, {plan['partition']} boundaries "
              f"{plan['boundaries']}",
              f"costs: {plan['costs']['source']} ({plan['costs']['device']}, {plan['costs']['date']})",
@@ -339,5 +340,5 @@ def cmd_plan_device(args) -> int:
             write_json(args.json, plan)
     if getattr(args, "export", None):
         write_json(args.export, plan)
-        print(f"plan written to {args.export} (runner plan: tessera-lab run --plan {args.export})", file=sys.stderr)
+        print(f"CPU testbed: plan written to {args.export} (runner plan: tessera-lab run --plan {args.export})", file=sys.stderr)
     return 0

@@ -273,6 +273,7 @@ def format_validation(r: dict[str, Any]) -> str:
             for c in r["cases"]]
     m, t = r["machine"], r["targets"]
     return "\n".join([
+        "CPU testbed (models CPU time sharing on this machine; does not transfer to GPUs)",
         tabulate(rows, headers="keys", floatfmt=".1f"),
         f"median |error| {r['median_abs_error'] * 100:.1f}% (target <= {t['median_abs_error_busy'] * 100:.0f}% busy, "
         f"<= {t['median_abs_error_quiet'] * 100:.0f}% quiet); rank agreement {r['rank_agreement'] * 100:.0f}% over "
@@ -301,11 +302,11 @@ def validate_from_args(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     else:
         from .calibrate import calibrate
 
-        print("calibrating (separate microbenchmark runs) ...", file=sys.stderr)
+        print("CPU testbed: calibrating (separate microbenchmark runs) ...", file=sys.stderr)
         device = calibrate(name="validate-calibration", repeats=5 if args.quick else 9)
         device["_path"] = None
     r = validate(device, quick=args.quick, steps=args.steps,
-                 progress=lambda d, n: print(f"validate: {d}/{n} cases", file=sys.stderr))
+                 progress=lambda d, n: print(f"CPU testbed: validate {d}/{n} cases", file=sys.stderr))
     if not args.device:  # a fresh calibration lives nowhere else: keep it with the result (validate --repredict)
         r["calibration"]["device_file"] = {k: v for k, v in device.items() if not k.startswith("_")}
     return r, format_validation(r)
