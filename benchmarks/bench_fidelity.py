@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     import statistics
 
     from tessera_lab.io import write_json
-    from tessera_lab.runner.validate import TARGETS, validate_from_args
+    from tessera_lab.runner.testbed.validate import TARGETS, validate_from_args
 
     from tessera_lab.errors import TesseraError
 

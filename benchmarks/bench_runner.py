@@ -1,7 +1,7 @@
 """Runner throughput: our 1F1B executor vs torch.distributed.pipelining.Schedule1F1B, and overlapped vs plain 1F1B.
 
-Part 1 (``pp`` processes, ``ep = 1``): the same :class:`~tessera_lab.runner.pipeline.StageModule` objects (same
-model, same micro-batches, same data) are driven alternately by our :class:`~tessera_lab.runner.pipeline.
+Part 1 (``pp`` processes, ``ep = 1``): the same :class:`~tessera_lab.runner.runtime.pipeline.StageModule` objects (same
+model, same micro-batches, same data) are driven alternately by our :class:`~tessera_lab.runner.runtime.pipeline.
 PipelineExecutor` walking the ``1f1b`` action list and by ``torch.distributed.pipelining``'s ``PipelineStage`` +
 ``Schedule1F1B``; each trial is forward + backward of one step (no optimizer), after a barrier. Prints tokens/s
 of each and the ratio ours / torch.
@@ -42,10 +42,10 @@ def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> No
     import torch.distributed as dist
 
     from tessera_lab.plan.partition import uniform_boundaries
-    from tessera_lab.runner.launch import RunSpec, WorldSpec
-    from tessera_lab.runner.model import TinyMoEModel, make_batch, shard_rows
-    from tessera_lab.runner.moe import ExpertParallelComm
-    from tessera_lab.runner.pipeline import PipelineExecutor, build_stages, build_topology
+    from tessera_lab.runner.launch.launch import RunSpec, WorldSpec
+    from tessera_lab.runner.runtime.model import TinyMoEModel, make_batch, shard_rows
+    from tessera_lab.runner.runtime.moe import ExpertParallelComm
+    from tessera_lab.runner.runtime.pipeline import PipelineExecutor, build_stages, build_topology
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -126,7 +126,7 @@ def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> No
     else:
         # node times measured by the runner itself (plain node-level 1F1B waits for every all-to-all at once),
         # searched on rank 0 and broadcast, so that every rank issues the same order
-        from tessera_lab.runner.orders import durations_from_events, search_template
+        from tessera_lab.runner.runtime.orders import durations_from_events, search_template
 
         probe = executor("1f1b", pair_exec="scheduled")
         ours(*probe)

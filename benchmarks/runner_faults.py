@@ -5,7 +5,7 @@ Usage: ``PYTHONPATH=$PWD python benchmarks/runner_faults.py --trials 20 [--kinds
 
 Prints, per fault kind: trials, named correctly (count), detection time after the injection (median, max;
 measured: wall clock of the fault record written by the faulty rank just before the fault, to the spawner's
-detection) and the stated bound (analytic: :data:`tessera_lab.runner.supervise.DETECT_BOUND_S`). The faulty
+detection) and the stated bound (analytic: :data:`tessera_lab.runner.launch.supervise.DETECT_BOUND_S`). The faulty
 rank cycles over the world's ranks. Report ``uptime`` with the numbers (2 shared cores are noisy).
 """
 
@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tessera_lab.runner import supervise
-from tessera_lab.runner.spawn import _alive, spawn
-from tessera_lab.runner.specs import RunnerError, RunSpec, WorldSpec
+from tessera_lab.runner.launch import supervise
+from tessera_lab.runner.launch.spawn import _alive, spawn
+from tessera_lab.runner.runtime.specs import RunnerError, RunSpec, WorldSpec
 
 
 def trial(kind: str, rank: int, delay: float, out: Path) -> dict:

@@ -316,6 +316,6 @@ pd.DataFrame([pair_row(n) for n in (MODEL, *OTHER_MODELS)]).set_index("model")
 # * Overlap has a price: while compute and communication share the device both slow down, and the efficiency
 #   can fall below zero. A scheduler that chooses *which* tasks overlap avoids that: under heavy contention its
 #   best order overlaps nothing (e ≈ 0) instead of losing time.
-# * Measure on the device you will train on: `scripts/gpu_profile.sh` measures the same table on a CUDA machine
+# * Measure on the device you will train on: `scripts/gpu_check.sh` measures one pair at real shapes on CUDA GPUs
 #   (`tessera-lab measure --backend cuda`), and the planner can take its pair costs from the profile
 #   (`tessera_lab.overlap.profiles.profile_stage_pair_costs`).

@@ -311,7 +311,7 @@ print(f"simulated; predictor {rs[0].predictor}, margin {rs[0].margin}, steps 1..
       f"seeds {SEEDS}")
 
 # %% [markdown]
-# **Measured beside simulated.** The runner runs the same controller (`tessera_lab.runner.gaps`, one per EP group,
+# **Measured beside simulated.** The runner runs the same controller (`tessera_lab.runner.runtime.gaps`, one per EP group,
 # its waits riding the count exchange): `tessera-lab run --dynamic` trains the tiny model with static and dynamic W
 # placement in interleaved trials (same seeds and data) and reports observed step times, host idle removed, the gap
 # prediction error and whether the losses stayed bitwise equal. The rows below were recorded with the commands

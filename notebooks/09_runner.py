@@ -46,7 +46,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from tessera_lab.ui.plots import gantt
 from tessera_lab.runner import RunSpec, WorldSpec, spawn, write_trace
-from tessera_lab.runner.model import TinyConfig, reference_run
+from tessera_lab.runner.runtime.model import TinyConfig, reference_run
 from tessera_lab.pipeline.simulate import simulate, stage_durations
 pd.set_option("display.precision", 4)
 

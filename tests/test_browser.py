@@ -37,7 +37,7 @@ import pytest
 
 pytestmark = pytest.mark.browser  # slow by kind (tests/conftest.py)
 
-from tessera_lab.runner.spawn import _alive, _free_port  # noqa: E402  (one copy of each)
+from tessera_lab.runner.launch.spawn import _alive, _free_port  # noqa: E402  (one copy of each)
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"

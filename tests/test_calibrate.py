@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera_lab.runner.probe import cpu_probe
+from tessera_lab.runner.testbed.probe import cpu_probe
 
 
 def test_cpu_probe_times_a_fixed_loop_and_rejects_bad_counts():
@@ -16,7 +16,7 @@ def test_cpu_probe_times_a_fixed_loop_and_rejects_bad_counts():
 
 
 def test_cpu_share_measures_a_window():
-    from tessera_lab.runner.probe import cpu_share
+    from tessera_lab.runner.testbed.probe import cpu_share
 
     assert 0 < cpu_share(1, window_s=0.05) <= 1.0
     with pytest.raises(ValueError, match="processes"):
@@ -24,7 +24,7 @@ def test_cpu_share_measures_a_window():
 
 
 def test_available_cores_by_hand(monkeypatch):
-    from tessera_lab.runner import probe
+    from tessera_lab.runner.testbed import probe
 
     # two spinners, each ran 1 s of wall with 0.5 s of CPU (half a core each): one core in all
     seen = []
@@ -43,8 +43,8 @@ def test_available_cores_by_hand(monkeypatch):
 @pytest.mark.slow
 def test_calibrate_records_probes_and_in_situ_all_to_all():
     pytest.importorskip("torch")
-    from tessera_lab.runner.calibrate import calibrate
-    from tessera_lab.runner.predict import predict_runner
+    from tessera_lab.runner.testbed.calibrate import calibrate
+    from tessera_lab.runner.testbed.predict import predict_runner
 
     dev = calibrate(repeats=2)
     meta = dev["metadata"]

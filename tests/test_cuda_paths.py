@@ -96,7 +96,7 @@ def test_runner_cuda_backend_without_enough_gpus_is_one_clear_error():
     torch = pytest.importorskip("torch")
     from tessera_lab.model.hardware import ParallelConfig
     from tessera_lab.model.spec import load_model
-    from tessera_lab.runner.overlap_measure import measure_layer_pairs
+    from tessera_lab.runner.measure.overlap_measure import measure_layer_pairs
 
     n = torch.cuda.device_count()
     with pytest.raises(ConfigError, match=f"needs {n + 1} GPUs; this machine has {n}"):

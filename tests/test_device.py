@@ -14,9 +14,9 @@ from tessera_lab.cli.main import main as cli
 from tessera_lab.cost.device import layer_flops, layer_times, load_device
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.spec import load_model
-from tessera_lab.runner.predict import balanced_boundaries, device_plan, predict_runner
-from tessera_lab.runner.specs import TinyConfig
-from tessera_lab.runner.validate import cases
+from tessera_lab.runner.testbed.predict import balanced_boundaries, device_plan, predict_runner
+from tessera_lab.runner.runtime.specs import TinyConfig
+from tessera_lab.runner.testbed.validate import cases
 
 RATE = 1e-9  # seconds per FLOP in the synthetic device
 
@@ -195,7 +195,7 @@ def test_processor_sharing_bounds(pp, m, procs, cores, sched):
     """Processor sharing lies between the work bound (total CPU work / cores) and the critical path at the
     slowest speed, and more cores never make it slower."""
     from tessera_lab.pipeline.schedules import build_schedule
-    from tessera_lab.runner.sharing import simulate_shared
+    from tessera_lab.runner.testbed.sharing import simulate_shared
 
     s = build_schedule(sched, pp, m, 1)
     work = lambda st_, i, t: 1.0 + 0.25 * st_  # noqa: E731
@@ -214,7 +214,7 @@ def test_rank_agreement_over_pairs_apart_beyond_the_noise_by_hand():
     """Three cases; observed IQRs: A 0.9-1.1, B 1.0-1.3 (overlaps A), C 2.0-2.2 (apart from both). Prediction
     orders A > B (wrong against observed A < B), A < C and B < C (right): all pairs 2/3; the pairs apart, A-C and
     B-C, 2/2; the A-B pair has no observed order beyond the noise."""
-    from tessera_lab.runner.validate import rank_agreement
+    from tessera_lab.runner.testbed.validate import rank_agreement
 
     q = lambda lo, m, hi: {"observed_q1_s": lo, "observed_s": m, "observed_q3_s": hi}  # noqa: E731
     cs = [{"predicted_s": 1.2, **q(0.9, 1.0, 1.1)}, {"predicted_s": 1.1, **q(1.0, 1.15, 1.3)},
@@ -228,7 +228,7 @@ def test_rank_agreement_over_pairs_apart_beyond_the_noise_by_hand():
 
 
 def test_validation_summary_and_offline_reprediction_by_hand():
-    from tessera_lab.runner.validate import repredict, summarize
+    from tessera_lab.runner.testbed.validate import repredict, summarize
 
     cs = [{"predicted_s": 1.08, "observed_s": 1.0}, {"predicted_s": 1.9, "observed_s": 2.0},
           {"predicted_s": 3.0, "observed_s": 2.5}]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tessera_lab.pipeline.schedules import Action, ActionType
-from tessera_lab.runner.gaps import GradBuckets
+from tessera_lab.runner.runtime.gaps import GradBuckets
 
 F, I, W = ActionType.F, ActionType.I, ActionType.W
 
@@ -32,8 +32,9 @@ def test_bucket_order_sizes_and_default_cap():
     # stage 2 first (its last backward is earlier), then stage 0 dense, stage 0 experts
     assert [(s, size, [p.numel() for p in ps]) for s, _, size, ps in b.buckets] == [(2, 2, [5]), (0, 2, [3]),
                                                                                     (0, 3, [2])]
-    assert b.bytes == [2 * 5 * 4, 2 * 3 * 4, 3 * 2 * 4]  # replicas x elements x 4 bytes (fp32 gather buffers)
-    assert b.cap_bytes == 40 + 24 + 24  # the static sync's buffers, all at once
+    # reduce-scatter send + receive buffers: 2 x 4 bytes x the elements padded to a multiple of the replicas
+    assert b.bytes == [2 * 4 * 6, 2 * 4 * 4, 2 * 4 * 3]
+    assert b.cap_bytes == 48 + 32 + 24  # the static sync's buffers, all at once
 
 
 def test_fill_waits_for_final_stages_and_keeps_order():
@@ -46,10 +47,10 @@ def test_fill_waits_for_final_stages_and_keeps_order():
 
 
 def test_fill_honours_the_memory_cap():
-    b, launched = _buckets(cap_bytes=50)
-    assert b.fill(7, {(2, 0), (0, 0)}) == 1 and launched == [0]  # 40 in flight; 40 + 24 > 50
+    b, launched = _buckets(cap_bytes=60)
+    assert b.fill(7, {(2, 0), (0, 0)}) == 1 and launched == [0]  # 48 in flight; 48 + 32 > 60
     b.launched.clear()  # (finish would wait and free them)
-    assert b.fill(7, {(2, 0), (0, 0)}) == 2  # 24 + 24 <= 50
+    assert b.fill(7, {(2, 0), (0, 0)}) == 2  # 32 + 24 <= 60
 
 
 @pytest.mark.slow
@@ -78,8 +79,8 @@ class _Done:
 
 
 def test_combine_waits_get_their_own_slots_and_skip_the_action_in_progress():
-    from tessera_lab.runner.gaps import NODE_SLOT_BASE, GapFiller
-    from tessera_lab.runner.layers import WEIGHT_GRAD_STORE
+    from tessera_lab.runner.runtime.gaps import NODE_SLOT_BASE, GapFiller
+    from tessera_lab.runner.runtime.layers import WEIGHT_GRAD_STORE
 
     acts = [Action(0, F, 0), Action(0, I, 0), Action(0, F, 1), Action(0, I, 1), Action(0, W, 0), Action(0, W, 1)]
     ran = []
@@ -109,7 +110,7 @@ def test_combine_waits_get_their_own_slots_and_skip_the_action_in_progress():
 @pytest.mark.slow
 def test_node_level_pairs_fill_combine_waits_bitwise_equal(tmp_path):
     from tessera_lab.runner import RunSpec, WorldSpec, spawn
-    from tessera_lab.runner.launch import routing_bias
+    from tessera_lab.runner.launch.launch import routing_bias
 
     common = dict(schedule="overlapped", defer_w=True, steps=5, model={"router_bias": routing_bias("zipf:1.5", {})},
                   save_grads=True, pair_exec="scheduled")

@@ -219,7 +219,7 @@ def test_store_cli_prints_the_decision_and_bad_store_exits_2(tmp_path, capsys):
 def test_plan_lifecycle_carries_bubble_and_all_to_all_predictions():
     """The plan's stage F + B, bubble and EP all-to-all predictions replace the in-sample ones, for the keys
     the run observed (an ep = 1 run observes no all-to-all, so none is compared)."""
-    from tessera_lab.runner.results import plan_lifecycle
+    from tessera_lab.runner.launch.results import plan_lifecycle
 
     pred = {"predicted_s": 0.1, "stage_f_s": [0.01, 0.02], "stage_b_s": [0.02, 0.03], "bubble_s": 0.05,
             "ep_a2a_s": 0.04}

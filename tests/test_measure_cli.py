@@ -14,8 +14,8 @@ from tessera_lab.overlap import profiles as pr
 from tessera_lab.cli.main import main
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.spec import load_model
-from tessera_lab.runner.orders import NAMED_ORDERS, TEMPLATE_KEYS
-from tessera_lab.runner.overlap_measure import runner_config_for
+from tessera_lab.runner.runtime.orders import NAMED_ORDERS, TEMPLATE_KEYS
+from tessera_lab.runner.measure.overlap_measure import runner_config_for
 
 CLI = [sys.executable, "-m", "tessera_lab"]
 
@@ -91,6 +91,13 @@ def test_measure_cpu_writes_a_profile_with_spread(tmp_path):
         assert meta["executor"].startswith("runner node-level")
         assert set(e["tasks"]) == set(TEMPLATE_KEYS)
         assert list(NAMED_ORDERS["megatron"]) in [c["order"] for c in meta["candidates"]]
+        # measured fields only: per-node inflation from the pair runs (no 1.0 placeholders for every node), and
+        # every derived field names what it derives from
+        assert e["inflation"] and set(e["inflation"]) <= set(TEMPLATE_KEYS)
+        assert len(set(e["inflation"].values())) > 1
+        assert set(meta["derived_fields"]) == {"gain", "efficiency", "inflation", "comm_hidden_fraction"}
+        assert "all-to-all wait" in meta["derived_fields"]["comm_hidden_fraction"]
+        assert meta["communication"] == "EP all-to-all" and 0.0 <= e["comm_hidden_fraction"] <= 1.0
     # the fit is stored, and refitting from the file's per-task data reproduces it exactly
     assert prof.data["fit"]["pairs"] == 4
     refit = pr.refit(pr.load_profile(out)).as_dict()

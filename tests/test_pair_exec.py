@@ -14,8 +14,8 @@ import os
 import pytest
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.runner import orders as od
-from tessera_lab.runner.pairs import PAIR_HANDLERS, get_pair_handler, interleave, register_pair_handler
+from tessera_lab.runner.runtime import orders as od
+from tessera_lab.runner.runtime.pairs import PAIR_HANDLERS, get_pair_handler, interleave, register_pair_handler
 
 
 # ---------------------------------------------------------------------------------------------- orders
@@ -34,8 +34,8 @@ def test_host_issue_makespan_hand_example():
     # B: post 9-13, combine 13-14, experts 14-18, dispatch 18-19, pre 19-25 -> 25.
     d = od.nominal_durations(ep=2)
     assert od.host_issue_makespan(od.TEMPLATE_KEYS, d) == 25.0
-    # Megatron's order: f.pre 0-3, b.post 3-7, b.combine issued 7 (7-8), f.dispatch issued 7 (7-8),
-    # b.experts 8-12, f.experts 12-14, b.dispatch 14-15, f.combine 14-15, f.post 15-17, b.pre 17-23 -> 23.
+    # Megatron's order: b.post 0-4, b.combine issued 4 (4-5), f.pre 4-7, b.experts 7-11, f.dispatch and
+    # b.dispatch issued 11 (11-12), f.experts 12-14, f.combine 14-15, f.post 15-17, b.pre 17-23 -> 23.
     assert od.host_issue_makespan(od.NAMED_ORDERS["megatron"], d) == 23.0
     best = od.search_template(d, keep=3)
     assert best[0][0] == min(od.host_issue_makespan(o, d) for o in od.all_templates())  # brute force
@@ -78,9 +78,9 @@ def test_registry_and_interleave():
 # ---------------------------------------------------------------------------------------------- nodes, in process
 def test_node_program_equals_monolithic_autograd():
     torch = pytest.importorskip("torch")
-    from tessera_lab.runner.model import TinyConfig, deterministic, make_batch
-    from tessera_lab.runner.nodes import StageProgram
-    from tessera_lab.runner.topology import build_stages
+    from tessera_lab.runner.runtime.model import TinyConfig, deterministic, make_batch
+    from tessera_lab.runner.runtime.nodes import StageProgram
+    from tessera_lab.runner.runtime.topology import build_stages
 
     cfg = TinyConfig(num_layers=3, attention_ratio=1)
     batch = make_batch(cfg, 0, 2)
@@ -92,7 +92,7 @@ def test_node_program_equals_monolithic_autograd():
             model, stages = build_stages(cfg, [0, 3], [0], 1)
             st = stages[0]
             if mode == "monolithic":
-                from tessera_lab.runner.layers import TinyMoEModel
+                from tessera_lab.runner.runtime.layers import TinyMoEModel
 
                 loss = TinyMoEModel.loss_sum(st(tokens), targets)
                 (loss / 100).backward()
@@ -118,7 +118,7 @@ def test_node_program_equals_monolithic_autograd():
 
 # ---------------------------------------------------------------------------------------------- launches
 def _check_bitwise(res, name, torch):
-    from tessera_lab.runner.model import TinyConfig, reference_run
+    from tessera_lab.runner.runtime.model import TinyConfig, reference_run
 
     job = res.job(name)
     spec = job["spec"]
@@ -204,7 +204,7 @@ def test_order_from_measured_node_times(tmp_path):
 def test_measure_with_the_runner_itself():
     """measure --backend runner: the runner's own node-level executor on an EP group of 2 processes."""
     pytest.importorskip("torch")
-    from tessera_lab.runner.measure import measure_runner_pair
+    from tessera_lab.runner.measure.measure import measure_runner_pair
 
     r = measure_runner_pair(ep=2, repeats=2)
     assert len(r["candidates"]) >= 4 and r["candidates"][0]["order"] == list(od.TEMPLATE_KEYS)

@@ -25,8 +25,8 @@ torch = pytest.importorskip("torch")
 from tessera_lab.errors import ConfigError, ScheduleError  # noqa: E402
 from tessera_lab.pipeline.passes import split_backward  # noqa: E402
 from tessera_lab.runner import RunnerError, RunSpec, WorldSpec, spawn, write_trace  # noqa: E402
-from tessera_lab.runner.launch import _alive, record_profile  # noqa: E402
-from tessera_lab.runner.model import (  # noqa: E402
+from tessera_lab.runner.launch.launch import _alive, record_profile  # noqa: E402
+from tessera_lab.runner.runtime.model import (  # noqa: E402
     WEIGHT_GRAD_STORE,
     TinyConfig,
     TinyMoEModel,
@@ -37,7 +37,7 @@ from tessera_lab.runner.model import (  # noqa: E402
     recurrent_gated_delta_rule,
     reference_run,
 )
-from tessera_lab.runner.moe import route  # noqa: E402
+from tessera_lab.runner.runtime.moe import route  # noqa: E402
 from tessera_lab.pipeline.schedules import ActionType, build_schedule  # noqa: E402
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "overlapped", "dualpipev"]
@@ -369,7 +369,7 @@ def test_torchrun_entry(tmp_path):
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
     if not Path(torchrun).exists():
         pytest.skip("torchrun not installed")
-    from tessera_lab.runner.launch import _free_port
+    from tessera_lab.runner.launch.launch import _free_port
 
     out = tmp_path / "r.json"
     r = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(_free_port()), "-m", "tessera_lab.runner",

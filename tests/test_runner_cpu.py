@@ -14,7 +14,7 @@ def test_corun_slowdown_table_by_hand():
     """Table {1: 1, 2: 1.1, 4: 1.2}: 1.5 processes -> halfway to 2: 1.05; 3 -> halfway 2..4: 1.15; beyond the
     last entry it holds (8 -> 1.2); below one process, 1. A number c on a 2-core machine stands for {1: 1,
     2: c}."""
-    from tessera_lab.runner.sharing import corun_slowdown
+    from tessera_lab.runner.testbed.sharing import corun_slowdown
 
     t = {"1": 1.0, "2": 1.1, "4": 1.2}
     assert corun_slowdown(t, 1, 2) == 1.0
@@ -35,7 +35,7 @@ def test_shared_simulation_with_corun_by_hand():
     15 CPU-seconds. Alone (one process) there is nothing to share: 6 s."""
     from tessera_lab.pipeline.actions import ActionType
     from tessera_lab.pipeline.schedules import build_schedule
-    from tessera_lab.runner.sharing import simulate_shared
+    from tessera_lab.runner.testbed.sharing import simulate_shared
 
     s = build_schedule("gpipe", 1, 2, 1)
     work = lambda st_, i, t: 1.0 if t is ActionType.F else 2.0  # noqa: E731
@@ -56,7 +56,7 @@ def test_corun_only_slows_and_cpu_is_work_times_slowdown(pp, m, procs, cores, c2
     """A co-running slowdown never shortens the step, and never by more than its largest factor; the CPU
     used lies between the work and the work times that factor."""
     from tessera_lab.pipeline.schedules import build_schedule
-    from tessera_lab.runner.sharing import simulate_shared
+    from tessera_lab.runner.testbed.sharing import simulate_shared
 
     s = build_schedule(sched, pp, m, 1)
     work = lambda st_, i, t: 1.0 + 0.5 * st_  # noqa: E731
@@ -70,7 +70,7 @@ def test_cpu_summary_by_hand():
     """Two ranks, three steps (step 0 is the warm-up): rank CPU in actions 0.1 / 0.2, 0.3 / 0.5, 0.4 / 0.4:
     per step sums of the observed steps 0.8 and 0.8 -> 0.8; per rank medians (0.3 + 0.4) / 2 = 0.35 and
     (0.5 + 0.4) / 2 = 0.45; sync + optimizer 0.02 per rank -> 0.04."""
-    from tessera_lab.runner.results import cpu_summary
+    from tessera_lab.runner.launch.results import cpu_summary
 
     steps = [(0.1, 0.2), (0.3, 0.5), (0.4, 0.4)]
     records = [[{"rank": r, "cpu_s": {"actions": a[r], "sync_opt": 0.02}} for r in (0, 1)] for a in steps]
@@ -85,7 +85,7 @@ def test_run_jobs_interleaves_whole_steps(monkeypatch):
     """Jobs of 2 and 3 steps: one after the other A0 A1 B0 B1 B2; interleaved A0 B0 A1 B1 B2, each step whole
     before the next job's starts, and each job's value returned in order."""
     pytest.importorskip("torch")
-    from tessera_lab.runner import train
+    from tessera_lab.runner.runtime import train
 
     log: list[str] = []
 
@@ -114,8 +114,8 @@ def test_interleaved_launch_is_bitwise_the_reference_and_reports_cpu(tmp_path):
     are bitwise those of the single-process reference, and every rank's CPU time per step is reported
     (positive, and no more than its wall time times the process's threads: gloo's included, at most a few)."""
     pytest.importorskip("torch")
-    from tessera_lab.runner.spawn import spawn
-    from tessera_lab.runner.specs import RunSpec, WorldSpec
+    from tessera_lab.runner.launch.spawn import spawn
+    from tessera_lab.runner.runtime.specs import RunSpec, WorldSpec
 
     jobs = [RunSpec(name=s, schedule=s, steps=3, check_reference=True, save_grads=True) for s in ("1f1b", "gpipe")]
     res = spawn(WorldSpec(pp=2, ep=2, interleave=True), jobs, out_dir=str(tmp_path), timeout_s=300)

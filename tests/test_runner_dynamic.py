@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 
 from tessera_lab.errors import ConfigError  # noqa: E402
 from tessera_lab.dynamic.routing import expert_shares, parse_routing  # noqa: E402
-from tessera_lab.runner.launch import add_run_arguments, routing_bias, specs_from_args  # noqa: E402
-from tessera_lab.runner.reference import reference_run  # noqa: E402
-from tessera_lab.runner.specs import TinyConfig  # noqa: E402
+from tessera_lab.runner.launch.launch import add_run_arguments, routing_bias, specs_from_args  # noqa: E402
+from tessera_lab.runner.runtime.reference import reference_run  # noqa: E402
+from tessera_lab.runner.runtime.specs import TinyConfig  # noqa: E402
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -52,8 +52,8 @@ def test_routing_knob_reaches_the_job_and_skews_the_router():
 
 # ---------------------------------------------------------------------------------------------- gap filling
 from tessera_lab.pipeline.schedules import Action, ActionType  # noqa: E402
-from tessera_lab.runner.gaps import GapFiller  # noqa: E402
-from tessera_lab.runner.layers import WEIGHT_GRAD_STORE  # noqa: E402
+from tessera_lab.runner.runtime.gaps import GapFiller  # noqa: E402
+from tessera_lab.runner.runtime.layers import WEIGHT_GRAD_STORE  # noqa: E402
 
 
 class _Work:
@@ -141,7 +141,7 @@ def test_dynamic_run_is_bitwise_equal_to_static(tmp_path):
 
 
 def test_dynamic_report_statistics_by_hand():
-    from tessera_lab.runner.dynamic_report import dynamic_report
+    from tessera_lab.runner.launch.dynamic_report import dynamic_report
 
     def job(name, times, idle, pred, obs):
         rec = {"0": {"idle": {"3": idle}, "predicted": {"3": pred}, "observed": {"3": obs},
@@ -175,7 +175,7 @@ def _hand_jobs(static_times, dynamic_times, idle_static=0.5, idle_dynamic=0.1):
 
 
 def test_format_dynamic_labels_iqr_verdicts_and_a_predictor_worse_than_zero():
-    from tessera_lab.runner.dynamic_report import dynamic_report, format_dynamic
+    from tessera_lab.runner.launch.dynamic_report import dynamic_report, format_dynamic
 
     rep = dynamic_report(_hand_jobs([9.0, 2.0, 2.2], [9.0, 1.0, 1.2]), 1, "zipf:1.5")
     # dynamic slots: predicted 0.3, observed 0.1 -> |error| 0.2; predicting 0 -> |error| 0.1 (worse than zero)
@@ -224,8 +224,8 @@ def test_cli_run_dynamic_json(tmp_path):
 def test_job_identity_names_the_pair_handler_and_drops_the_routing_bias():
     from dataclasses import asdict
 
-    from tessera_lab.runner.dynamic_report import dynamic_report, job_identity
-    from tessera_lab.runner.specs import RunSpec, WorldSpec
+    from tessera_lab.runner.launch.dynamic_report import dynamic_report, job_identity
+    from tessera_lab.runner.runtime.specs import RunSpec, WorldSpec
 
     world = asdict(WorldSpec(pp=2, ep=2))
     a = job_identity(RunSpec(schedule="overlapped", model={"router_bias": [[0.0] * 4] * 4}).as_dict(), world)

@@ -1,6 +1,6 @@
 """Runner faults: a killed, hung or raising rank is named as the root cause within the stated time, every process
 exits, and ``tessera-lab run`` exits 3 ("peer failed"); bad ``run`` inputs fail with one line and exit 2 before any
-worker starts. Faults are injected with ``TESSERA_LAB_FAULT=RANK:KIND:DELAY`` (see tessera_lab.runner.supervise);
+worker starts. Faults are injected with ``TESSERA_LAB_FAULT=RANK:KIND:DELAY`` (see tessera_lab.runner.launch.supervise);
 ``benchmarks/runner_faults.py --trials 20`` gives the 20-trial figures."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import time
 import pytest
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.runner import supervise
-from tessera_lab.runner.spawn import _alive, _has_gpu, spawn
-from tessera_lab.runner.specs import RunnerError, RunSpec, WorldSpec
-from tessera_lab.runner.supervise import Cause, parse_fault, root_cause
+from tessera_lab.runner.launch import supervise
+from tessera_lab.runner.launch.spawn import _alive, _has_gpu, spawn
+from tessera_lab.runner.runtime.specs import RunnerError, RunSpec, WorldSpec
+from tessera_lab.runner.launch.supervise import Cause, parse_fault, root_cause
 
 
 # ----------------------------------------------------------------------------------------------

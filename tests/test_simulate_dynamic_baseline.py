@@ -114,7 +114,7 @@ def _jobs(observed_by_step, predicted, lag):
 
 
 def test_observed_wait_and_zero_predictor_are_over_the_same_slots_by_hand():
-    from tessera_lab.runner.dynamic_report import dynamic_report, format_dynamic
+    from tessera_lab.runner.launch.dynamic_report import dynamic_report, format_dynamic
 
     # steps 1..3 compared; lag 2 (an EP group): step 1 has no prediction, so slots of steps 2 and 3 only:
     # observed 0.004 and 0.006 -> mean 5 ms (the step-1 wait of 50 ms is in neither number)
@@ -132,7 +132,7 @@ def test_observed_wait_and_zero_predictor_are_over_the_same_slots_by_hand():
 @settings(max_examples=30, deadline=None)
 @given(st.lists(st.floats(0.0, 0.1), min_size=2, max_size=6), st.floats(0.0, 0.1), st.integers(1, 3))
 def test_zero_predictor_error_is_the_mean_observed_wait(observed, predicted, lag):
-    from tessera_lab.runner.dynamic_report import dynamic_report
+    from tessera_lab.runner.launch.dynamic_report import dynamic_report
 
     rep = dynamic_report(_jobs(observed, predicted, lag), 1, None)
     for side in ("static", "dynamic"):

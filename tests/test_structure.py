@@ -141,3 +141,45 @@ def test_every_module_has_a_docstring(mod):
     if path.name == "__main__.py":
         return
     assert ast.get_docstring(ast.parse(path.read_text())), f"{mod} has no module docstring"
+
+
+# ----------------------------------------------------------------------------------------------
+# the runner's jobs (issue 24): runtime, launch, measure and the CPU testbed behind a fence
+# ----------------------------------------------------------------------------------------------
+
+RUNNER_PACKAGES = ("runtime", "launch", "measure", "testbed")
+
+
+def test_runner_layout_shows_its_jobs():
+    runner = PKG / "runner"
+    loose = sorted(p.name for p in runner.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert loose == [], f"runner modules outside a job package: {loose}"
+    assert sorted(p.name for p in runner.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(RUNNER_PACKAGES)
+
+
+def test_no_runtime_module_imports_the_cpu_testbed():
+    """The fence: nothing the runtime runs imports the CPU testbed, directly or through another module."""
+    graph = _graph()
+    runtime = [n for n in graph if n.startswith("tessera_lab.runner.runtime")]
+    for start in runtime:
+        seen, todo = set(), [start]
+        while todo:
+            n = todo.pop()
+            for t in graph.get(n, ()):
+                assert not t.startswith("tessera_lab.runner.testbed"), f"{start} reaches {t} (via {n})"
+                if t not in seen and t.startswith("tessera_lab.runner.runtime"):
+                    seen.add(t)
+                    todo.append(t)
+
+
+def test_everything_the_cpu_testbed_prints_says_so():
+    """Every print of a testbed module with literal text, and every format_* text it builds, says CPU testbed."""
+    for path in sorted((PKG / "runner" / "testbed").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print" and node.args:
+                arg = node.args[0]
+                if isinstance(arg, (ast.Constant, ast.JoinedStr)):
+                    assert "CPU testbed" in ast.unparse(arg), f"{path.name}:{node.lineno} prints {ast.unparse(arg)}"
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("format_"):
+                assert "CPU testbed" in ast.unparse(node), f"{path.name}: {node.name} does not say CPU testbed"

@@ -18,13 +18,13 @@ def _rate(fit: dict) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    """Run the calibration (:mod:`tessera_lab.runner.calibrate`), write ``--out`` atomically, print a summary."""
+    """Run the calibration (:mod:`tessera_lab.runner.testbed.calibrate`), write ``--out`` atomically, print a summary."""
     from pathlib import Path
 
     from tessera_lab.errors import ConfigError
     from tessera_lab.io import write_json
-    from tessera_lab.runner.calibrate import calibrate
-    from tessera_lab.runner.specs import TinyConfig
+    from tessera_lab.runner.testbed.calibrate import calibrate
+    from tessera_lab.runner.runtime.specs import TinyConfig
 
     name = args.name or Path(args.out).stem
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
@@ -50,7 +50,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             for flops, t in e[ph]:
                 rows.append({"layer kind": kind, "phase": ph, "GFLOP (analytic)": flops / 1e9, "time (ms, measured)": t * 1e3})
     meta = dev["metadata"]
-    lines = [f"calibrated device {name}: {meta.get('device')}, torch {meta['torch']}, "
+    lines = ["CPU testbed (models CPU time sharing on this machine; does not transfer to GPUs)",
+             f"calibrated device {name}: {meta.get('device')}, torch {meta['torch']}, "
              f"load {meta['load_average_1m']['before']} -> {meta['load_average_1m']['after']}, {meta['seconds']} s",
              table(rows, ".4g"),
              f"GEMM {dev['throughput']['gemm_flop_per_s'] / 1e9:.2f} GFLOP/s at {dev['throughput']['gemm_shape']}, "

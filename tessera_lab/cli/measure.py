@@ -8,7 +8,7 @@ Usage::
 Prints the overlap table (milliseconds), the spread between the best and worst combination, and writes
 the profile (merging repeated measurements of the same keys when device and versions match). ``cpu`` and
 ``cuda`` measure with the runner's node-level pair executor on an EP group of ``--ep`` processes
-(:mod:`tessera_lab.runner.overlap_measure`); ``analytic`` evaluates the cost model.
+(:mod:`tessera_lab.runner.measure.overlap_measure`); ``analytic`` evaluates the cost model.
 """
 
 from __future__ import annotations
@@ -70,11 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _measure_runner(args: argparse.Namespace) -> int:
-    """``measure --backend runner``: pair orders of the runner measured by the runner (:mod:`tessera_lab.runner.measure`)."""
+    """``measure --backend runner``: pair orders of the runner measured by the runner (:mod:`tessera_lab.runner.measure.measure`)."""
     from tessera_lab.errors import ConfigError
     from tessera_lab.io import write_json
     from tessera_lab.paths import data_dir
-    from tessera_lab.runner.measure import measure_runner_pair
+    from tessera_lab.runner.measure.measure import measure_runner_pair
 
     if not 1 <= args.ep <= 8:
         raise ConfigError(f"--ep = {args.ep} is out of range for the runner backend; allowed: 1..8 processes")
@@ -113,7 +113,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
         for layer in model.layers:  # before any work: every layer kind needs a measured kernel
             check_measurable(model, layer.index)
         from tessera_lab.errors import ConfigError as _CE
-        from tessera_lab.runner.predict import runner_model_config
+        from tessera_lab.runner.testbed.predict import runner_model_config
 
         try:  # a runner model (data/models/tiny-*.json) is measured at its own shapes
             seq_len, default_f = runner_model_config(args.model)[1]["seq_len"], 1.0
@@ -152,7 +152,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
             results = overlap.attrs["results"]
         else:  # measuring is running: the runner's node-level executor on an EP group of --ep processes
             from tessera_lab.overlap.table import results_table
-            from tessera_lab.runner.overlap_measure import measure_layer_pairs
+            from tessera_lab.runner.measure.overlap_measure import measure_layer_pairs
 
             results = measure_layer_pairs(model, parallel, args.backend, size_factor=f, repeats=args.repeats,
                                           warmup=args.warmup, timeout_s=args.timeout, progress=progress)
@@ -174,6 +174,9 @@ def cmd_measure(args: argparse.Namespace) -> int:
             f"device {env.get('device')}, size factor {f:g}, repeats {args.repeats if args.backend != 'analytic' else 1}\n"
             + table(rows, ".4g")
             + "\noverlap spread (best gain / worst gain): " + _spread_text(spread, overlap))
+    if args.backend != "analytic" and args.ep == 1:
+        text += ("\nno communication: EP 1 has no all-to-all, so this table measures two computations side by side "
+                 "(profile metadata 'communication': none)")
     decisions = []
     for r in results:
         s = r.metadata.get("search") or {}

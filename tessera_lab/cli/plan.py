@@ -166,7 +166,7 @@ def format_plan(plan) -> str:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     if getattr(args, "device", None):  # the runner on a calibrated device (issue 13)
-        from tessera_lab.runner.predict import cmd_plan_device
+        from tessera_lab.runner.testbed.predict import cmd_plan_device
 
         return cmd_plan_device(args)
     from tessera_lab.model.hardware import Cluster

@@ -27,7 +27,7 @@ def cmd_report(args: argparse.Namespace) -> int:
              format_store_lifecycle(res))
         return 0
     if getattr(args, "observed", None):  # the capacity report of an actual run (issue 13)
-        from tessera_lab.runner.capacity import observed_report
+        from tessera_lab.runner.runtime.capacity import observed_report
 
         data, text = observed_report(args.observed, getattr(args, "device", None))
         terms = load_routing_terms(getattr(args, "dynamic", None))

@@ -6,8 +6,8 @@ import argparse
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Spawn pp x ep x dp local workers (gloo on CPU, NCCL with GPUs); see tessera_lab.runner.launch."""
-    from tessera_lab.runner.launch import run_from_args
+    """Spawn pp x ep x dp local workers (gloo on CPU, NCCL with GPUs); see tessera_lab.runner.launch.launch."""
+    from tessera_lab.runner.launch.launch import run_from_args
 
     return run_from_args(args)
 
@@ -15,7 +15,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="train the tiny MoE model with pipeline + expert parallelism (local processes)")
-    from tessera_lab.runner.launch import add_run_arguments
+    from tessera_lab.runner.launch.launch import add_run_arguments
 
     add_run_arguments(p)  # includes --json
     p.set_defaults(func=cmd_run)

@@ -1,5 +1,5 @@
 """``tessera-lab validate``: predicted vs observed runner iteration times, out of sample (see
-:mod:`tessera_lab.runner.validate`)."""
+:mod:`tessera_lab.runner.testbed.validate`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """Run the validation matrix and print predicted vs observed per case (or ``--json``)."""
     if getattr(args, "repredict", None):
         return _repredict(args)
-    from tessera_lab.runner.validate import validate_from_args
+    from tessera_lab.runner.testbed.validate import validate_from_args
 
     result, text = validate_from_args(args)
     emit(args, result, text)
@@ -26,7 +26,7 @@ def _repredict(args: argparse.Namespace) -> int:  # noqa: C901
     from tessera_lab.cost.device import load_device
     from tessera_lab.errors import ConfigError
     from tessera_lab.io import read_json
-    from tessera_lab.runner.validate import repredict
+    from tessera_lab.runner.testbed.validate import repredict
 
     stored = read_json(args.repredict)
     if not isinstance(stored, dict) or not isinstance(stored.get("cases"), list):

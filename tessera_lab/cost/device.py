@@ -1,18 +1,18 @@
 """A calibrated device (``data/devices/NAME.json``) and the prediction of the runner's iteration time from it.
 
-``tessera-lab calibrate`` (:mod:`tessera_lab.runner.calibrate`) measures on this machine, at the runner's
+``tessera-lab calibrate`` (:mod:`tessera_lab.runner.testbed.calibrate`) measures on this machine, at the runner's
 shapes: per layer kind, forward and backward times at two model widths (fitted as ``t = overhead + flops /
 rate``, so the intercept is the per-action overhead: Python dispatch, small kernels), the embedding and LM
 head, GEMM and memory throughput, and gloo point-to-point and all-to-all latency and bandwidth at the
 runner's group sizes. The file records the date, torch version, CPU, core count and machine load.
 
-Prediction (:func:`tessera_lab.runner.predict.predict_runner`, no torch): per stage, the CPU work of forward /
+Prediction (:func:`tessera_lab.runner.testbed.predict.predict_runner`, no torch): per stage, the CPU work of forward /
 backward = the sum of its layers' fitted times + the embedding / LM head, times ``runner_cpu[ep].factor`` (the
 runner's own CPU per step in one-stage calibration jobs against these microbenchmarks: node-level execution,
 EP replicas each paying Python dispatch, all-to-all CPU), plus the CPU of its sends and receives
 (``p2p.cpu_per_op_s``); with ``ep > 1`` each layer action is also blocked ``runner_cpu[ep].blocked_s`` on its
 all-to-all peers (no CPU: gloo's waits sleep, ``p2p.wait_cpu_share`` ~0.01 measured). Then processor
-sharing over the schedule's timeline (:mod:`tessera_lab.runner.sharing`): the computing processes share the
+sharing over the schedule's timeline (:mod:`tessera_lab.runner.testbed.sharing`): the computing processes share the
 cores available to the job, measured before the run; stage-to-stage transfers take ``alpha + bytes / beta``.
 Overlapped pairs are priced as forward + backward work (no hiding assumed). Provenance of every number:
 *measured* (the device file), *analytic* (FLOP counts of the tiny model), *predicted* (the simulation).
@@ -70,7 +70,7 @@ def cost_source(device: Mapping[str, Any]) -> dict[str, Any]:
 def layer_flops(cfg: Mapping[str, Any], kind: str, tokens: int) -> float:
     """Forward FLOPs of one runner layer (GEMMs, attention core, delta rule) for ``tokens`` tokens (analytic).
 
-    ``cfg``: :class:`tessera_lab.runner.specs.TinyConfig` fields as a dict; ``kind``: ``linear_attention`` or
+    ``cfg``: :class:`tessera_lab.runner.runtime.specs.TinyConfig` fields as a dict; ``kind``: ``linear_attention`` or
     ``full_attention``. GEMM ``(T, k) @ (k, n)``: ``2 T k n``; full attention core (causal): ``2 T S h d``
     (half of QK^T and PV); the chunked delta rule: ``~ 2 T h d (3 d + 2 C)`` with chunk ``C``.
     """

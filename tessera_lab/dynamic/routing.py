@@ -46,7 +46,7 @@ tokens round-robin), so these are exactly the count vectors top-k routing can pr
 
 **Capacity.** With a capacity factor ``cf`` each expert keeps at most ``C = min(tokens, ceil(cf * tokens *
 top_k / E))`` assignments (GShard / Switch Transformer token dropping; the same formula as the runner's
-:func:`tessera_lab.runner.moe.capacity_for`); ``kept = min(count, C)``, ``dropped = count - kept``.
+:func:`tessera_lab.runner.runtime.moe.capacity_for`); ``kept = min(count, C)``, ``dropped = count - kept``.
 
 **Auxiliary loss.** :func:`switch_aux_loss` is the load-balancing loss of Switch Transformer (Fedus, Zoph and
 Shazeer, "Switch Transformers", JMLR 2022, eq. 4) without its coefficient alpha: ``E * sum_e f_e * P_e``

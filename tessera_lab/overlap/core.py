@@ -32,7 +32,7 @@ Backends (``backend=``):
   bytes on the side stream (the result records ``comm_proxy: "copy"``).
 
 ``tessera-lab measure --backend cpu|cuda`` does not use these kernels: it measures the overlap table with the
-runner's own node-level pair executor on an EP group (:mod:`tessera_lab.runner.overlap_measure`), so what is
+runner's own node-level pair executor on an EP group (:mod:`tessera_lab.runner.measure.overlap_measure`), so what is
 measured is what runs. The kernel path here measures arbitrary task bundles (any layer kind, dense FFNs too) for
 notebooks and for the scheduler's tests.
 

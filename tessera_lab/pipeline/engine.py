@@ -21,6 +21,9 @@ Model (times in float seconds):
   ``RECV_*``, or implicitly when it reaches the consuming compute action) and the data moved;
   explicit receives then block until the data arrives. Orders that can never complete raise
   :class:`~tessera_lab.errors.DeadlockError` naming each stuck rank and its next action.
+* A lowered schedule (explicit SEND/RECV actions) is first played by the NCCL rule
+  (:func:`tessera_lab.pipeline.p2p.check_nccl_order`: a rank's batches run in posting order, a rank pair's
+  p2p match in posting order, tags ignored); an order NCCL would deadlock on or mismatch raises.
 
 Durations come from a callable ``durations(stage, microbatch, type) -> seconds`` (the
 :class:`Durations` protocol). For an ``OVERLAP_F_B`` pair it is called with the *backward*
@@ -40,6 +43,7 @@ from typing import Callable, Iterable, Mapping
 from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
 from tessera_lab.pipeline.actions import ActionType, parse_action
 from tessera_lab.pipeline.durations import Durations, _nonneg
+from tessera_lab.pipeline.p2p import check_nccl_order
 from tessera_lab.pipeline.timeline import Event, Timeline, _build_timeline
 
 __all__ = ["simulate"]
@@ -187,6 +191,8 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm) 
                 (_OP_COMPUTE, a, tuple(needs), tuple(produces), dur_key, ev_stage, ev_mb, _TYPE_STR[t], label, plus, minus)
             )
         programs.append(prog)
+    if explicit_send or explicit_recv:
+        check_nccl_order(schedule)
 
     # ---- state ----------------------------------------------------------------------------
     done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action

@@ -3,6 +3,8 @@ dynamic optimizer (modelled on torch.distributed.pipelining's lowering passes an
 ``scheduler/passes.py``).
 
 * :func:`with_comms`: explicit SEND/RECV actions, placed as torch's ``_add_send_recv`` places them.
+* :func:`lower`: the runtime's action lists: :func:`with_comms`, then the p2p batching pass
+  (:func:`tessera_lab.pipeline.p2p.batch_p2p`), checked by the NCCL rule.
 * :func:`split_backward`: every full backward ``B`` (also inside overlapped ``(F;B)`` pairs, as in ``overlapped``
   and DualPipeV) becomes ``I`` (input gradient, where ``B`` was) and a deferrable ``W`` placed ``w_lag``
   micro-batches later (``0``: right after its ``I``; ``None``: at the end of the rank's list).
@@ -27,9 +29,10 @@ import numpy as np
 
 from tessera_lab.errors import ConfigError, ScheduleError
 from tessera_lab.pipeline.schedules import Action, ActionType, Schedule, parse_action
+from tessera_lab.pipeline.p2p import batch_p2p, check_nccl_order
 from tessera_lab.pipeline.simulate import Timeline, _transfer_fn, simulate
 
-__all__ = ["with_comms", "split_backward", "chunk_weight_gradients", "defer_weight_gradients", "memory_caps",
+__all__ = ["with_comms", "lower", "split_backward", "chunk_weight_gradients", "defer_weight_gradients", "memory_caps",
            "order_peak", "LiveActivations", "Gap", "idle_gaps", "action_slack", "fill_gaps", "GRAD_RS"]
 
 _F, _B, _I, _W, _OV = ActionType.F, ActionType.B, ActionType.I, ActionType.W, ActionType.OVERLAP_F_B
@@ -85,6 +88,21 @@ def with_comms(schedule: Schedule) -> Schedule:
             stuck = {r: str(v[0]) for r, v in pending.items() if v}
             raise ScheduleError(f"schedule {schedule.name!r} cannot be lowered with comms; stuck: {stuck}")
     return Schedule(schedule.name, schedule.num_ranks, S, schedule.num_microbatches, out, dict(s2r), dict(schedule.meta))
+
+
+def lower(schedule: Schedule) -> Schedule:
+    """The action lists the runtime executes: compute-only ``schedule`` lowered by :func:`with_comms` and
+    batched by :func:`~tessera_lab.pipeline.p2p.batch_p2p` (each maximal run of SEND/RECV actions is one
+    ``batch_isend_irecv``); a schedule that already has SEND/RECV actions is only checked.
+
+    Raises:
+        ScheduleError / DeadlockError: the lists cannot run under the NCCL p2p rule
+            (:func:`~tessera_lab.pipeline.p2p.check_nccl_order`).
+    """
+    if any(a.is_comm for acts in schedule.actions.values() for a in acts):
+        check_nccl_order(schedule)
+        return schedule
+    return batch_p2p(with_comms(schedule))
 
 
 def split_backward(schedule: Schedule, w_lag: int | None = 0) -> Schedule:

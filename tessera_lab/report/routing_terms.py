@@ -230,7 +230,7 @@ def _pairs(d: Mapping[str, Any]) -> str | None:
 def _identity(d: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a ``run --dynamic`` result that must match between a run and its control: the top-level
     schedule, steps, trials and world sizes, plus every field of its ``job`` block (pair handler and order,
-    micro-batches, model config, ...; :func:`tessera_lab.runner.dynamic_report.job_identity`) when recorded."""
+    micro-batches, model config, ...; :func:`tessera_lab.runner.launch.dynamic_report.job_identity`) when recorded."""
     w = d.get("world") if isinstance(d.get("world"), Mapping) else {}
     out: dict[str, Any] = {k: d.get(k) for k in ("schedule", "steps", "trials")}
     out.update({k: w.get(k) for k in ("pp", "ep", "dp", "ranks")})
@@ -265,7 +265,7 @@ def check_same_job(run: Mapping[str, Any], control: Mapping[str, Any]) -> list[s
 
 
 def _from_runs(d: Mapping[str, Any], control: Mapping[str, Any] | None, what: str) -> RoutingTerms:
-    from tessera_lab.runner.dynamic_report import apart  # noqa: PLC0415 - the one significance rule
+    from tessera_lab.runner.launch.dynamic_report import apart  # noqa: PLC0415 - the one significance rule
 
     st, dy = _side(d, "static", "step_time", what), _side(d, "dynamic", "step_time", what)
     ist, idy = _side(d, "static", "host_idle_per_step", what), _side(d, "dynamic", "host_idle_per_step", what)

@@ -1,23 +1,20 @@
 """The runner: a tiny Qwen3-Next-like MoE model trained with pipeline and expert parallelism on torch.distributed.
 
-Modules:
+Packages, one per job:
 
 =============  ===============================================================================================
-``specs``      ``TinyConfig`` (also as a ``config.json``: ``data/models/tiny-runner.json``), ``WorldSpec``,
-               ``RunSpec`` (torch-free)
-``layers``     the tiny model (gated delta-rule linear attention, gated full attention, top-k MoE with a
-               shared expert), W-deferrable GEMMs; ``reference``: data, optimizer, the single-process reference;
-               ``model`` re-exports both
-``moe``        routing with capacity, expert parallelism (count exchange + uneven ``all_to_all_single``)
-``nodes``      a stage's forward/backward as nodes (pre, dispatch, experts, combine, post) with async
-               all-to-all work handles; ``orders``: issue-order templates, named candidates, search;
-               ``pairs``: the pair-handler registry (serial, threads, scheduled)
-``topology``   rank grid, process groups, stage modules; ``executor``: the action-list executor;
-               ``train``: one job (gradient sync, optimizer); ``pipeline`` re-exports them
-``spawn``      the local spawner; ``worker``: the worker entry; ``results``: losses, timing, traces, the
-               profile store, plan vs observed; ``launch``: the command line
-``calibrate``  measure this machine (``tessera-lab calibrate``); ``predict``: runner plans from a calibrated
-               device; ``validate``: predicted vs observed matrix; ``capacity``: capacity report of a run
+``runtime``    the training runtime: ``specs`` (``TinyConfig``, ``WorldSpec``, ``RunSpec``; torch-free),
+               ``layers`` / ``reference`` / ``model`` (the tiny model, the single-process reference), ``moe``
+               (routing, expert parallelism), ``nodes`` (a stage as nodes on compute and communication
+               streams), ``orders`` / ``pairs`` (issue orders, pair handlers), ``transport`` (p2p batches;
+               NCCL's semantics emulated on gloo), ``devtime`` (CUDA events / host clock), ``executor`` (lowered
+               action lists only), ``gradsync`` (ordered reduce-scatter), ``gaps`` (run --dynamic), ``topology``,
+               ``train``, ``pipeline``, ``capacity``
+``launch``     ``spawn`` (local spawner), ``supervise`` (heartbeats, faults), ``worker``, ``results``,
+               ``dynamic_report``, ``launch`` (the ``run`` command line)
+``measure``    layer pairs measured with the runtime (``measure``, ``overlap_measure``)
+``testbed``    the CPU testbed (``calibrate``, ``predict``, ``sharing``, ``probe``, ``work_probe``, ``validate``):
+               models CPU time sharing, does not transfer to GPUs; the runtime never imports it
 =============  ===============================================================================================
 
 Quick use (spawns 4 local processes on CPU with gloo)::
@@ -33,21 +30,21 @@ Command line: ``tessera-lab run --pp 2 --ep 2 [--dp 1] [--schedule 1f1b] [--micr
 When results are bitwise equal
 ------------------------------
 Per-step losses, step-0 gradients and the weights after every update equal the single-process reference
-(:func:`~tessera_lab.runner.model.reference_run` with ``matched=True``) bit for bit, for every schedule
+(:func:`~tessera_lab.runner.runtime.model.reference_run` with ``matched=True``) bit for bit, for every schedule
 (GPipe, 1F1B, interleaved, ZB-H1, ZB-H2, DualPipeV, overlapped 1F1B with or without W deferral, overlapped
 pairs concurrent or serial; tested with pp 1, 2, 4, ep 1, 2, dp 1, 2, with capacity drops and with an EP rank
 that receives no tokens), when all of these hold:
 
 * CPU, ``RunSpec.deterministic=True`` (the default): one intra-op thread and
   ``torch.use_deterministic_algorithms(True)`` on the ranks and in the reference;
-* ``grad_sync="ordered"`` (the default): replica gradients are all-gathered and summed in replica order, the
-  order the reference uses. With ``"allreduce"`` gloo's ring order differs; two replicas still agree (a + b =
+* ``grad_sync="ordered"`` (the default): replica gradients are reduce-scattered with each shard summed in replica
+  order (the order the reference uses), then the shards all-gathered. With ``"allreduce"`` gloo's ring order differs; two replicas still agree (a + b =
   b + a) but from three on the sums round differently (seen: 1.5e-8 on the step-3 loss with ``ep=2, dp=2``);
 * the reference uses the same decomposition (``matched=True``): per-shard GEMMs of the non-expert layers, one
   GEMM per expert over the rows of the EP group in rank order, per-replica gradient accumulators, loss sums
   added in (micro-batch, replica) order. Against the plain model on whole micro-batches (``matched=False``) the
   GEMM shapes differ, so agreement is to float tolerance (~1e-7 relative on the loss);
-* tensors read by more than two consumers fan out through :func:`~tessera_lab.runner.model.fanout`, so the
+* tensors read by more than two consumers fan out through :func:`~tessera_lab.runner.runtime.model.fanout`, so the
   gradient sum does not depend on the autograd engine's visiting order (already built into the model).
 
 Why the schedule does not matter: each micro-batch's forward and backward are the same operations whatever the
@@ -58,7 +55,7 @@ other kernels than the CPU reference, and no deterministic mode is set.
 Importing this package does not import torch; ``model``, ``moe`` and ``pipeline`` do.
 """
 
-from .launch import (
+from .launch.launch import (
     RunnerError,
     RunResult,
     RunSpec,

@@ -2,7 +2,7 @@
 
 import sys
 
-from tessera_lab.runner.launch import main
+from tessera_lab.runner.launch.launch import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,257 @@
+"""Point-to-point semantics of lowered schedules: batching (:func:`lowered_steps`, :func:`batch_p2p`) and the NCCL
+rule (:func:`check_nccl_order`), shared by the simulator and the runner.
+
+A *lowered* rank list holds compute actions and explicit ``SEND_*`` / ``RECV_*`` actions
+(:func:`tessera_lab.pipeline.passes.with_comms`). The runtime issues every maximal run of consecutive
+communication actions as **one batch** (one ``batch_isend_irecv``, i.e. one NCCL group), the way
+``torch.distributed.pipelining``'s ``_batch_p2p`` fires a 1F1B step's forward send and backward receive together
+and DualPipe commits its pending sends and receives before each compute.
+
+The NCCL rule (what NCCL does and gloo does not):
+
+* a rank's batches run one after another on its communication stream, in posting order; a batch completes when
+  all its operations have completed, and the next one starts only then;
+* the ``k``-th send from rank ``a`` to rank ``b`` is matched with the ``k``-th receive on ``b`` from ``a``
+  (posting order per rank pair and direction); tags are ignored, so a send meets a receive of other data
+  silently;
+* an operation completes when both it and its partner are in the running batch of their ranks;
+* a compute action waits for the batches holding its inputs' receives.
+
+:func:`check_nccl_order` plays a schedule by these rules without durations and raises
+:class:`~tessera_lab.errors.DeadlockError` (no rank can progress) or :class:`~tessera_lab.errors.ScheduleError` (a
+send would be matched with a receive of other data, a compute reads data no receive brings). Never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterator, Sequence
+
+from tessera_lab.errors import DeadlockError, ScheduleError
+from tessera_lab.pipeline.actions import Action, ActionType
+
+__all__ = ["comm_route", "lowered_steps", "check_nccl_order", "check_nccl_steps", "batch_p2p", "needs_cross_rank"]
+
+_F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
+_SEND = (ActionType.SEND_F, ActionType.SEND_B)
+
+
+def comm_route(a: Action) -> tuple[tuple[str, int, int], int, int]:
+    """``(key, src_stage, dst_stage)`` of a SEND/RECV action; ``key = ('F'|'G', producing stage, micro-batch)``
+    (``'F'``: a forward output, ``'G'``: an input gradient)."""
+    s, i, t = a.stage, a.microbatch, a.type
+    if t is ActionType.SEND_F:
+        return ("F", s, i), s, s + 1
+    if t is ActionType.SEND_B:
+        return ("G", s, i), s, s - 1
+    if t is ActionType.RECV_F:
+        return ("F", s - 1, i), s - 1, s
+    if t is ActionType.RECV_B:
+        return ("G", s + 1, i), s + 1, s
+    raise ScheduleError(f"{a} is not a SEND/RECV action")
+
+
+def needs_cross_rank(a: Action, s2r: dict[int, int], rank: int, num_stages: int) -> list[tuple[str, int, int]]:
+    """Keys of the inputs of compute action ``a`` (pair: both leaves) produced on another rank."""
+    out = []
+    for x in a.leaves():
+        s, i = x.stage, x.microbatch
+        if x.type is _F and s > 0 and s2r[s - 1] != rank:
+            out.append(("F", s - 1, i))
+        elif x.type in (_B, _I) and s < num_stages - 1 and s2r[s + 1] != rank:
+            out.append(("G", s + 1, i))
+    return out
+
+
+def lowered_steps(actions: Sequence[Action]) -> Iterator[tuple[str, int, tuple[Action, ...]]]:
+    """A rank list as runtime steps: ``("compute", index, (action,))`` or ``("batch", index, comm_actions)`` for
+    every maximal run of consecutive SEND/RECV actions (``index``: position of its first action)."""
+    run: list[Action] = []
+    start = 0
+    for k, a in enumerate(actions):
+        if a.is_comm:
+            if not run:
+                start = k
+            run.append(a)
+            continue
+        if run:
+            yield "batch", start, tuple(run)
+            run = []
+        yield "compute", k, (a,)
+    if run:
+        yield "batch", start, tuple(run)
+
+
+def check_nccl_order(schedule) -> None:
+    """Play a lowered ``schedule`` by the NCCL rule (module docstring); returns None when every rank finishes.
+
+    Reads ``num_ranks``, ``num_stages``, ``stage_to_rank``, ``actions`` and ``name``. A compute-only list on more
+    than one rank fails (its computes read data no receive brings): lower it first.
+
+    Raises:
+        DeadlockError: ranks cannot progress; ``stuck`` maps rank -> its next action (or running batch).
+        ScheduleError: a send would be matched with a receive of other data; a compute reads cross-rank data
+            without a receive posted before it; a SEND comes before its producer.
+    """
+    check_nccl_steps(schedule, {r: list(lowered_steps(schedule.actions.get(r, []))) for r in range(schedule.num_ranks)})
+
+
+def check_nccl_steps(schedule, steps: dict[int, list[tuple[str, int, tuple[Action, ...]]]]) -> None:
+    """:func:`check_nccl_order` on explicit runtime steps (``steps[rank]``: :func:`lowered_steps` items, where two
+    batches may follow each other, as a runtime that posts every transfer in a batch of its own does). Reads the
+    schedule's ``num_stages``, ``num_ranks``, ``stage_to_rank`` and ``name``; raises as :func:`check_nccl_order`."""
+    S, R, s2r = schedule.num_stages, schedule.num_ranks, schedule.stage_to_rank
+    pc = [0] * R
+    produced: list[set] = [set() for _ in range(R)]
+    posted: list[dict] = [{} for _ in range(R)]  # key -> batch id of its receive
+    complete: set[int] = set()
+    stream: list[deque] = [deque() for _ in range(R)]
+    batches: list[list[list]] = []  # batch id -> ops [direction, seq, key, done, action]
+    chan: dict[tuple[int, int], tuple[list, list]] = {}  # (src rank, dst rank) -> (sends, recvs): (batch, op)
+
+    def post(r: int, acts: tuple[Action, ...]) -> None:
+        bid = len(batches)
+        ops = []
+        for a in acts:
+            key, src, dst = comm_route(a)
+            if src not in s2r or dst not in s2r:
+                raise ScheduleError(f"{a} on rank {r}: stages {src} -> {dst} are not both in the schedule")
+            a_rank, b_rank = s2r[src], s2r[dst]
+            if a.type in _SEND:
+                if key not in produced[r]:
+                    raise ScheduleError(f"rank {r}: {a} comes before the action producing its data")
+                if b_rank == r:
+                    continue
+                sends = chan.setdefault((r, b_rank), ([], []))[0]
+                op = [(r, b_rank), len(sends), key, False, a]
+                sends.append((bid, op))
+            else:
+                if a_rank == r:
+                    continue
+                recvs = chan.setdefault((a_rank, r), ([], []))[1]
+                op = [(a_rank, r), len(recvs), key, False, a]
+                recvs.append((bid, op))
+                posted[r][key] = bid
+            ops.append(op)
+        batches.append(ops)
+        if ops:
+            stream[r].append(bid)
+        else:
+            complete.add(bid)
+
+    def host(r: int) -> bool:
+        moved = False
+        while pc[r] < len(steps[r]):
+            kind, _, acts = steps[r][pc[r]]
+            if kind == "batch":
+                post(r, acts)
+            else:
+                a = acts[0]
+                for key in needs_cross_rank(a, s2r, r, S):
+                    if key not in posted[r]:
+                        raise ScheduleError(f"rank {r}: {a} reads {key[0]}{key[1:]} but no receive of it is posted "
+                                            "before it (lower the schedule with with_comms)")
+                    if posted[r][key] not in complete:
+                        return moved
+                for x in a.leaves():
+                    if x.type is _F:
+                        produced[r].add(("F", x.stage, x.microbatch))
+                    elif x.type in (_B, _I):
+                        produced[r].add(("G", x.stage, x.microbatch))
+            pc[r] += 1
+            moved = True
+        return moved
+
+    def comm(r: int) -> bool:
+        moved = False
+        while stream[r]:
+            bid = stream[r][0]
+            for op in batches[bid]:
+                if op[3]:
+                    continue
+                direction, seq = op[0], op[1]
+                sends, recvs = chan[direction]
+                is_send = op[4].type in _SEND
+                other = recvs if is_send else sends
+                if seq >= len(other):
+                    continue
+                obid, oop = other[seq]
+                peer = direction[1] if is_send else direction[0]
+                if not stream[peer] or stream[peer][0] != obid:
+                    continue
+                if oop[2] != op[2]:
+                    snd, rcv = (op, oop) if is_send else (oop, op)
+                    raise ScheduleError(
+                        f"NCCL order mismatch in schedule {getattr(schedule, 'name', '?')!r}: send #{seq} from rank "
+                        f"{direction[0]} to rank {direction[1]} ({snd[4]}) would be matched with {rcv[4]} "
+                        "(NCCL matches a rank pair's p2p in posting order and ignores tags)")
+                op[3] = oop[3] = True
+                moved = True
+            if all(op[3] for op in batches[bid]):
+                stream[r].popleft()
+                complete.add(bid)
+                moved = True
+            else:
+                break
+        return moved
+
+    progress = True
+    while progress:
+        progress = False
+        for r in range(R):
+            progress |= host(r)
+            progress |= comm(r)
+    left = [r for r in range(R) if pc[r] < len(steps[r]) or stream[r]]
+    if left:
+        stuck = {}
+        for r in left:
+            if stream[r]:
+                stuck[r] = "[" + " ".join(str(op[4]) for op in batches[stream[r][0]] if not op[3]) + "]"
+            else:
+                stuck[r] = str(steps[r][pc[r]][2][0])
+        detail = "; ".join(f"rank {r} waits at {a}" for r, a in sorted(stuck.items()))
+        raise DeadlockError(f"deadlock in schedule {getattr(schedule, 'name', '?')!r} under the NCCL p2p rule "
+                            f"(batches in posting order, matching in posting order per rank pair): {detail}", stuck)
+
+
+def batch_p2p(schedule):
+    """The runtime lowering of a schedule lowered by ``with_comms``: every receive moved to the communication run
+    just before the first compute action that reads it, so a rank's sends after one compute and its receives for
+    the next form one batch (:func:`lowered_steps`), as in torch's Schedule1F1B and DualPipe. If that order would
+    deadlock under the NCCL rule, ``with_comms``' placement (a global sweep: every rank pair sees its transfers in
+    one order, so it is NCCL-safe) is kept. ``meta['p2p']`` says which (``"batched"`` or ``"sweep"``).
+
+    Returns a new :class:`~tessera_lab.pipeline.schedules.Schedule`.
+
+    Raises:
+        ScheduleError / DeadlockError: neither order passes :func:`check_nccl_order`.
+    """
+    Schedule = type(schedule)  # the IR class (this module is below the IR: the simulator imports it)
+    S, s2r = schedule.num_stages, schedule.stage_to_rank
+    lists: dict[int, list[Action]] = {}
+    for r, acts in schedule.actions.items():
+        recv_of = {comm_route(a)[0]: a for a in acts if a.type in (ActionType.RECV_F, ActionType.RECV_B)}
+        out: list[Action] = []
+        for a in acts:
+            if a.type in (ActionType.RECV_F, ActionType.RECV_B):
+                key, src, _ = comm_route(a)
+                if s2r.get(src) == r:
+                    out.append(a)  # a same-rank receive moves nothing: keep it where it is
+                continue
+            if not a.is_comm:
+                out.extend(recv_of.pop(k) for k in needs_cross_rank(a, s2r, r, S) if k in recv_of)
+            out.append(a)
+        out.extend(recv_of.values())
+        lists[r] = out
+    meta = dict(schedule.meta)
+    cand = Schedule(schedule.name, schedule.num_ranks, S, schedule.num_microbatches, lists, dict(s2r),
+                    {**meta, "p2p": "batched"})
+    try:
+        check_nccl_order(cand)
+        return cand
+    except (DeadlockError, ScheduleError):
+        pass
+    kept = Schedule(schedule.name, schedule.num_ranks, S, schedule.num_microbatches,
+                    {r: list(v) for r, v in schedule.actions.items()}, dict(s2r), {**meta, "p2p": "sweep"})
+    check_nccl_order(kept)
+    return kept

@@ -1,0 +1,379 @@
+"""Launching the runner: job specs, the local spawner, the worker entry, and what a run returns.
+
+Two ways to start ``pp * ep * dp`` processes:
+
+* ``torchrun --nproc-per-node N [--nnodes ...] -m tessera_lab.runner --pp 2 --ep 2 ...``: torchrun sets
+  ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; each process runs :func:`worker_main`; rank 0
+  prints the summary and writes ``--json`` / ``--trace`` / ``--profile-store``. Multi-node works unchanged.
+* ``tessera-lab run --pp 2 --ep 2 ...`` (or ``python -m tessera_lab.runner`` without torchrun's variables):
+  :func:`spawn` starts the workers locally (``127.0.0.1``, a free port), collects rank 0's result and writes
+  the outputs. The spawner itself never imports torch.
+
+Backend: NCCL when CUDA is available (one GPU per local rank), else gloo. A world size other than
+``pp * ep * dp`` is a :class:`~tessera_lab.errors.ConfigError` raised before any process group exists.
+
+Faults: every collective has a timeout (``init_process_group(timeout=...)``, :attr:`WorldSpec.timeout_s`); a
+rank that raises prints its traceback and exits with status 1 at once (``os._exit``, so no destructor can
+hang); its peers see the closed connections and fail too. The spawner watches all workers: when one exits
+non-zero it gives the others :attr:`WorldSpec.grace_s` seconds to exit, then terminates and kills them, and
+raises :class:`RunnerError` with every rank's exit status and the failing rank's log tail. Workers also
+exit by themselves when their parent process disappears, so nothing is left behind.
+
+This module never imports torch at import time (the worker imports it when it starts). Specs live in
+:mod:`.specs`, the spawner in :mod:`.spawn`, the worker in :mod:`.worker`, results in :mod:`.results`; this
+module holds the command line and re-exports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Sequence
+
+from tessera_lab.argtypes import positive_int
+from tessera_lab.errors import ConfigError, TesseraError
+from tessera_lab.io import read_json
+
+from .results import RunResult, observed_timeline, record_profile, timing_report, write_trace
+from .spawn import _alive, _free_port, spawn
+from ..runtime.specs import RunnerError, RunSpec, TinyConfig, WorldSpec
+from .worker import _watch_parent, run_worker, worker_main
+
+__all__ = [
+    "WorldSpec", "RunSpec", "RunnerError", "RunResult", "spawn", "worker_main", "main", "timing_report",
+    "observed_timeline", "write_trace", "record_profile", "TinyConfig", "_alive", "_free_port",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# command line (shared by ``tessera-lab run`` and ``python -m tessera_lab.runner``)
+# ----------------------------------------------------------------------------------------------
+
+
+#: defaults of the options a runner plan fixes (``run --plan`` refuses other values: the plan is run as made)
+PLAN_FIXED = {"pp": 2, "ep": 2, "dp": 1, "schedule": "1f1b", "microbatches": 4, "micro_batch_size": 2,
+              "pair_exec": None, "vpp": None}
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``tessera-lab run`` (also used by ``python -m tessera_lab.runner``)."""
+    d = PLAN_FIXED
+    p.add_argument("--pp", type=positive_int("pp"), default=d["pp"], help="pipeline stages (ranks)")
+    p.add_argument("--ep", type=positive_int("ep"), default=d["ep"], help="expert-parallel size")
+    p.add_argument("--dp", type=positive_int("dp"), default=d["dp"], help="data-parallel size")
+    p.add_argument("--schedule", default=d["schedule"],
+                   help="gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped")
+    p.add_argument("--vpp", type=positive_int("vpp"), default=d["vpp"],
+                   help="chunks per rank (interleaved; default 2)")
+    p.add_argument("--microbatches", "-m", type=positive_int("microbatches"), default=d["microbatches"])
+    p.add_argument("--micro-batch-size", type=positive_int("micro_batch_size"), default=d["micro_batch_size"],
+                   help="sequences per replica")
+    p.add_argument("--steps", type=positive_int("steps"), default=3)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--plan", metavar="PLAN.json", help="plan JSON with 'boundaries' (partition/plan --json)")
+    p.add_argument("--layers", type=positive_int("layers"), default=None, help="model layers (default 4)")
+    p.add_argument("--hidden", type=positive_int("hidden"), default=None, help="hidden size (default 32)")
+    p.add_argument("--experts", type=positive_int("experts"), default=None, help="routed experts (default 4)")
+    p.add_argument("--top-k", type=positive_int("top_k"), default=None)
+    p.add_argument("--expert-width", type=positive_int("expert_width"), default=None)
+    p.add_argument("--attention-ratio", type=int, default=None, help="linear-attention layers per full-attention layer")
+    p.add_argument("--seq-len", type=positive_int("seq_len"), default=None)
+    p.add_argument("--capacity-factor", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None, help="model init seed")
+    p.add_argument("--defer-w", action="store_true", help="split backwards into I now and W later")
+    p.add_argument("--routing", default=None, metavar="SPEC",
+                   help="skew the router on purpose: uniform | zipf:S | drift:S[:R] (per-layer logit offsets, "
+                        "tessera_lab.dynamic.routing.router_bias; also applied in the --check reference)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="compare static and dynamic W placement: --trials interleaved pairs of jobs, the dynamic one "
+                        "filling p2p receive waits with deferred W (tessera_lab.runner.runtime.gaps)")
+    p.add_argument("--trials", type=positive_int("trials"), default=3, help="with --dynamic: static/dynamic pairs")
+    p.add_argument("--overlap", choices=["thread", "serial"], default="thread",
+                   help="turn-1 name of --pair-exec threads|serial (used when --pair-exec is not given)")
+    p.add_argument("--pair-exec", default=None, metavar="NAME",
+                   help="overlapped-pair handler: serial | threads | scheduled (node level, async all-to-alls)")
+    p.add_argument("--pair-order", default=None, metavar="ORDER",
+                   help="issue order for --pair-exec scheduled: searched (default) | measured:RUN.json | program | megatron | "
+                        "comm-first | ten comma-separated template keys (f.pre,...,b.pre)")
+    p.add_argument("--grad-sync", choices=["ordered", "allreduce"], default="ordered")
+    p.add_argument("--no-deterministic", action="store_true", help="use all threads, no deterministic algorithms")
+    p.add_argument("--check", action="store_true", help="compare losses with the single-process reference")
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="wall-clock limit of the whole run, seconds (finite, > 0)")
+    p.add_argument("--collective-timeout", type=float, default=60.0, help="per-operation timeout, seconds")
+    p.add_argument("--trace", metavar="PATH", help="write a Chrome trace of the observed actions")
+    p.add_argument("--profile-store", metavar="PATH", help="append per-stage observations to this JSON store")
+    p.add_argument("--out", metavar="DIR", help="folder for logs and results (default: a temporary folder)")
+    p.add_argument("--fault-rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--fault-step", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH ('-' for stdout)")
+
+
+def _pair_order_arg(value: str | None):
+    """``--pair-order``: a name, or comma-separated template keys (a list)."""
+    if value is None or "," not in value:
+        return value
+    return [x.strip() for x in value.split(",") if x.strip()]
+
+
+def routing_bias(spec: str, model: dict) -> list[list[float]]:
+    """``--routing``: per-layer router logit offsets ``[layers][E]`` for the tiny model ``model`` (a dict of
+    :class:`TinyConfig` fields; defaults for the rest), seeded by the model seed, so every rank and the
+    single-process reference build the same router.
+
+    Raises:
+        ConfigError: a spec other than uniform, zipf:S or drift:S[:R] (``walk`` varies per micro-batch).
+    """
+    from tessera_lab.dynamic.routing import router_bias
+
+    cfg = TinyConfig.from_dict(model)
+    return router_bias(spec, cfg.num_experts, cfg.num_layers, seed=cfg.seed).tolist()
+
+
+def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
+    """World and job from parsed ``run`` options (reads ``--plan``)."""
+    model = {k: v for k, v in {
+        "num_layers": args.layers, "hidden_size": args.hidden, "num_experts": args.experts, "top_k": args.top_k,
+        "expert_width": args.expert_width, "attention_ratio": args.attention_ratio, "seq_len": args.seq_len,
+        "capacity_factor": args.capacity_factor, "seed": args.seed}.items() if v is not None}
+    boundaries = None
+    if args.plan:
+        try:
+            plan = read_json(args.plan, "plan")
+        except json.JSONDecodeError as exc:  # pragma: no cover - read_json raises ConfigError
+            raise ConfigError(f"plan '{args.plan}' is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(plan, dict) or "boundaries" not in plan:
+            raise ConfigError(f"plan '{args.plan}' has no field 'boundaries' (use tessera-lab partition/plan --json)")
+        if plan.get("kind") == "runner_plan":
+            return specs_from_runner_plan(plan, args)
+        boundaries = [int(x) for x in plan["boundaries"]]
+        model.setdefault("num_layers", boundaries[-1])
+    if getattr(args, "routing", None):
+        model["router_bias"] = routing_bias(args.routing, model)
+    world = WorldSpec(pp=args.pp, ep=args.ep, dp=args.dp, backend=args.backend, timeout_s=args.collective_timeout)
+    fault = {"rank": args.fault_rank, "step": args.fault_step, "action": 1} if args.fault_rank is not None else None
+    job = RunSpec(name="run", model=model, schedule=args.schedule, vpp=args.vpp, microbatches=args.microbatches,
+                  micro_batch_size=args.micro_batch_size, steps=args.steps, lr=args.lr, boundaries=boundaries,
+                  defer_w=args.defer_w, deterministic=not args.no_deterministic, grad_sync=args.grad_sync,
+                  overlap=args.overlap, check_reference=args.check, save_grads=args.check, fault=fault,
+                  pair_exec=args.pair_exec,
+                  pair_order=_pair_order_arg(args.pair_order))
+    return world, job
+
+
+def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
+    """World and job that execute a runner plan (:func:`tessera_lab.runner.testbed.predict.device_plan`) exactly:
+    its model, sizes, schedule, micro-batches, boundaries, pair handler and pair order. The plan's prediction
+    travels with the job (``RunSpec.plan_prediction``) and is reported against the observation."""
+    from ..testbed.predict import RUNNER_PLAN_SCHEMA
+
+    for name, default in PLAN_FIXED.items():  # an option set away from its default must agree with the plan
+        given = getattr(args, name, default)
+        planned = (plan.get("parallel") or {}).get(name, plan.get(name))
+        if given != default and given != planned:
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"run: {flag} = {given} conflicts with the plan's {name} = {planned}; --plan runs the "
+                              f"plan as made (drop {flag}, or plan again with it)")
+
+    if plan.get("schema_version") != RUNNER_PLAN_SCHEMA:
+        raise ConfigError(f"runner plan field 'schema_version' = {plan.get('schema_version')!r}; allowed: "
+                          f"{RUNNER_PLAN_SCHEMA}")
+    try:
+        par = plan["parallel"]
+        world = WorldSpec(pp=par["pp"], ep=par["ep"], dp=par["dp"], backend=args.backend,
+                          timeout_s=args.collective_timeout)
+        pmodel = dict(plan["model_config"])
+        if getattr(args, "routing", None):
+            pmodel["router_bias"] = routing_bias(args.routing, pmodel)
+        job = RunSpec(name="run", model=pmodel, schedule=par["schedule"], vpp=par.get("vpp"),
+                      microbatches=par["microbatches"], micro_batch_size=par["micro_batch_size"], steps=args.steps,
+                      lr=args.lr, boundaries=[int(x) for x in plan["boundaries"]],
+                      deterministic=not args.no_deterministic, grad_sync=args.grad_sync,
+                      check_reference=args.check, save_grads=args.check, pair_exec=plan.get("pair_exec"),
+                      pair_order=list(plan["pair_order"]["template"]) if plan.get("pair_order") else None,
+                      plan_prediction={"predicted_s": plan["prediction"]["iteration_s"],
+                                       "stage_f_s": plan["prediction"]["stage_f_s"],
+                                       "stage_b_s": plan["prediction"]["stage_b_s"],
+                                       "bubble_s": plan["prediction"].get("bubble_s"),
+                                       "ep_a2a_s": plan["prediction"].get("ep_a2a_s"),
+                                       "cpu_per_step_s": plan["prediction"].get("cpu_per_step_s"),
+                                       "costs": plan["costs"]["source"], "predicted_at": plan.get("predicted_at")})
+    except (KeyError, TypeError) as exc:
+        raise ConfigError(f"runner plan lacks field {exc}") from None
+    return world, job
+
+
+def format_result(result: RunResult) -> str:
+    """Readable summary: losses per step (and the reference), then predicted vs observed per stage."""
+    from tabulate import tabulate
+
+    lines = []
+    for job in result.jobs:
+        w = job["world"]
+        lines.append(f"job {job['name']}: schedule {job['schedule']}, pp={w['pp']} ep={w['ep']} dp={w['dp']} "
+                     f"({result.backend}), boundaries {job['boundaries']}, {job['tokens_per_step']} tokens/step, "
+                     f"{job['tokens_per_s']:.0f} tokens/s")
+        has_pairs = any("OVERLAP_F_B" in a for acts in (job.get("actions") or {}).values() for a in acts)
+        if job.get("pair_exec") and has_pairs:
+            pe = job["pair_exec"]
+            lines.append(f"overlapped pairs: {pe['handler']}" + (f", order {pe['order_label']}: "
+                                                                 f"{' '.join(pe['template'])}" if pe["node_level"] else ""))
+        ref = job.get("reference")
+        rows = []
+        for s, loss in enumerate(job["losses"]):
+            row = {"step": s, "loss": f"{loss:.9f}", "step wall (ms)": job["step_times_s"][s] * 1e3}
+            if ref:
+                row["reference"] = f"{ref['reference_losses'][s]:.9f}"
+                row["equal"] = "bitwise" if loss == ref["reference_losses"][s] else f"{abs(loss - ref['reference_losses'][s]):.2e}"
+            rows.append(row)
+        lines.append(tabulate([{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
+                              headers="keys", disable_numparse=True))
+        if ref and "grads_bitwise_equal" in ref:
+            lines.append(f"gradients of step 0 against the reference ({ref['grads_compared']} parameters): "
+                         + ("bitwise equal" if ref["grads_bitwise_equal"]
+                            else f"differ, max |diff| {ref['grads_max_abs_diff']:.2e}"))
+        t = job["timing"]
+        srows = []
+        for r in t["stages"]:
+            srows.append({k.replace("_s", " (ms)") if k.endswith("_s") else k: (v * 1e3 if k.endswith("_s") else v)
+                          for k, v in r.items()})
+        lines.append("step wall: the slowest rank's whole step (pipeline, gradient sync, optimizer); pipeline time: "
+                     "the last compute action's end in the step")
+        lines.append("in-sample check, per stage: this run's own median action times (observed) replayed by the "
+                     "simulator (not a prediction; its 'predicted_*' columns are that replay"
+                     + ("; the plan's prediction, made before the run, is the line after):" if job.get("plan_vs_observed")
+                        else "):"))
+        lines.append(tabulate(srows, headers="keys", floatfmt=".3f"))
+        pv = job.get("plan_vs_observed")
+        if pv:
+            lines.append(f"plan ({pv['costs']}, predicted {pv['predicted_at']}, before the run): iteration "
+                         f"{pv['predicted_s'] * 1e3:.3f} ms; observed pipeline time {pv['observed_s'] * 1e3:.3f} ms (median of steps "
+                         f"{pv['steps']}, spread {pv['observed_q1_s'] * 1e3:.3f}-{pv['observed_q3_s'] * 1e3:.3f} ms); "
+                         f"error {pv['error'] * 100:+.1f}%")
+        cpu = job.get("cpu")
+        if cpu:
+            pc = ((job.get("spec") or {}).get("plan_prediction") or {}).get("cpu_per_step_s")
+            lines.append("CPU of a step's actions over all processes: "
+                         + (f"predicted {pc * 1e3:.1f} ms (plan), " if pc else "")
+                         + f"observed {cpu['actions_s'] * 1e3:.1f} ms (workers' process CPU time, median of steps "
+                           f"{cpu['steps']}; gradient sync + optimizer {cpu['sync_opt_s'] * 1e3:.1f} ms more)")
+        it = t["iteration"]
+        lines.append(f"in-sample replay of the iteration: simulated {it['predicted_s'] * 1e3:.3f} ms from this run's own "
+                     f"action times, observed {it['observed_s'] * 1e3:.3f} ms "
+                     f"(error {it['relative_error'] * 100:+.1f}%); bubble fraction predicted "
+                     f"{it['predicted_bubble_fraction']:.3f}, observed {it['observed_bubble_fraction']:.3f}")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def emit_outputs(result: RunResult, args: argparse.Namespace) -> None:
+    """Print the summary / write ``--json``, ``--trace``, ``--profile-store``."""
+    from tessera_lab.io import write_json
+
+    if getattr(args, "json", None) == "-":
+        write_json("-", result.to_dict())
+    else:
+        print(format_result(result))
+        if getattr(args, "json", None):
+            write_json(args.json, result.to_dict())
+            print(f"run result: {args.json}", file=sys.stderr)
+    if getattr(args, "trace", None):
+        write_trace(result.jobs[0], args.trace)
+        print(f"trace: {args.trace}", file=sys.stderr)
+    if getattr(args, "profile_store", None):
+        record_profile(args.profile_store, result)
+        print(f"profile store: {args.profile_store}", file=sys.stderr)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """``tessera-lab run``: spawn locally, print, write outputs. Returns the exit status: 0, 2 bad input,
+    3 (:data:`~tessera_lab.runner.launch.supervise.EXIT_PEER_FAILED`) a rank failed and its peers were stopped,
+    1 the launch timed out."""
+    from .supervise import EXIT_PEER_FAILED
+
+    world, job = specs_from_args(args)
+    if getattr(args, "dynamic", False):
+        return _run_dynamic(world, job, args)
+    if getattr(args, "profile_store", None):  # refuse a bad store before the run, not after it
+        from .results import check_profile_store
+
+        check_profile_store(args.profile_store)
+    try:
+        result = spawn(world, [job], out_dir=args.out, timeout_s=args.timeout)
+    except RunnerError as exc:
+        print(f"tessera-lab run: error: {exc}", file=sys.stderr)
+        return EXIT_PEER_FAILED if getattr(exc, "peer_failed", False) else 1
+    emit_outputs(result, args)
+    return 0
+
+
+def _run_dynamic(world: WorldSpec, job: RunSpec, args: argparse.Namespace) -> int:
+    """``run --dynamic``: interleaved static/dynamic trials in one launch (:mod:`.dynamic_report`)."""
+    from tessera_lab.io import write_json
+
+    from .dynamic_report import dynamic_jobs, dynamic_report, format_dynamic
+
+    if args.trace or args.profile_store:
+        raise ConfigError("--trace and --profile-store are not available with --dynamic; run without --dynamic")
+    jobs = dynamic_jobs(job, args.trials)
+    for j in jobs:
+        j.validate(world)
+    try:
+        result = spawn(world, jobs, out_dir=args.out, timeout_s=args.timeout)
+    except RunnerError as exc:
+        print(f"tessera-lab run: error: {exc}", file=sys.stderr)
+        return 1
+    rep = dynamic_report(result.jobs, args.trials, args.routing, world)
+    for name in ("static-0", "dynamic-0"):
+        ref = result.job(name).get("reference")
+        if ref:
+            rep.setdefault("reference", {})[name] = {
+                "losses_bitwise_equal": result.job(name)["losses"] == ref["reference_losses"],
+                "grads_bitwise_equal": ref.get("grads_bitwise_equal")}
+    if args.json == "-":
+        write_json("-", rep)
+    else:
+        print(format_dynamic(rep))
+        if args.json:
+            write_json(args.json, rep)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tessera_lab.runner``: a worker under torchrun (``RANK`` set), else the local spawner."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--worker" in argv:
+        p = argparse.ArgumentParser(prog="tessera_lab.runner --worker")
+        p.add_argument("--worker", action="store_true")
+        p.add_argument("--spec", required=True)
+        p.add_argument("--out", default=None)
+        a = p.parse_args(argv)
+        return worker_main(a.spec, a.out)
+    p = argparse.ArgumentParser(prog="python -m tessera_lab.runner",
+                                description="Run the tiny MoE model with pipeline and expert parallelism.")
+    add_run_arguments(p)
+    args = p.parse_args(argv)
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    try:
+        if under_torchrun:
+            world, job = specs_from_args(args)
+            _watch_parent()
+            res = run_worker(world, [job], args.out)
+            if res is not None:
+                emit_outputs(res, args)
+            return 0
+        return run_from_args(args)
+    except TesseraError as exc:
+        print(f"tessera_lab.runner: error: {exc}", file=sys.stderr)
+        return 2
+    except BaseException:  # noqa: BLE001 - a failing rank must not linger in a collective or a destructor
+        if not under_torchrun:
+            raise
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)

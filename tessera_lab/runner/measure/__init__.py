@@ -1,0 +1,1 @@
+"""Measuring layer pairs with the runtime (``tessera-lab measure``: events on CUDA, wall clock on CPU)."""
