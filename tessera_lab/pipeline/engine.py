@@ -38,11 +38,11 @@ import math
 from typing import Callable, Iterable, Mapping
 
 from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
-from tessera_lab.pipeline.actions import ActionType, parse_action
+from tessera_lab.pipeline.actions import ActionType
 from tessera_lab.pipeline.durations import Durations, _nonneg
 from tessera_lab.pipeline.timeline import Event, Timeline, _build_timeline
 
-__all__ = ["simulate"]
+__all__ = ["compile_schedule", "simulate"]
 
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 _OV = ActionType.OVERLAP_F_B
@@ -78,6 +78,7 @@ def simulate(
     p2p_time: float | Callable[[int, int], float] | None = None,
     blocking_sends: bool = False,
     comm: Iterable | None = None,
+    compiled: tuple | None = None,
 ) -> Timeline:
     """Simulate one iteration of ``schedule``.
 
@@ -94,6 +95,7 @@ def simulate(
             tasks run one after another, each starting when its action has ended and the lane is
             free; they do not block compute but count as exposed while the compute lane is idle,
             and can extend the iteration. Zero-second tasks are no-ops.
+        compiled: :func:`compile_schedule` of this very schedule (unchanged since), to skip compiling it.
 
     Returns:
         :class:`Timeline`.
@@ -108,14 +110,16 @@ def simulate(
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm)
+        return _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, compiled)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm) -> Timeline:
-    xfer = _transfer_fn(p2p_latency, p2p_time)
+def compile_schedule(schedule) -> tuple:
+    """The schedule's per-rank programs as the event loop reads them (a pure function of the schedule's actions
+    and ``stage_to_rank``): pass it back as ``simulate(..., compiled=...)`` to simulate the same, unchanged
+    schedule again under other durations without compiling it again."""
     S = schedule.num_stages
     s2r = schedule.stage_to_rank
     R = schedule.num_ranks
@@ -187,6 +191,15 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm) 
                 (_OP_COMPUTE, a, tuple(needs), tuple(produces), dur_key, ev_stage, ev_mb, _TYPE_STR[t], label, plus, minus)
             )
         programs.append(prog)
+    return programs, explicit_send, explicit_recv
+
+
+def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, compiled=None) -> Timeline:
+    xfer = _transfer_fn(p2p_latency, p2p_time)
+    s2r = schedule.stage_to_rank
+    R = schedule.num_ranks
+    ranks = range(R)
+    programs, explicit_send, explicit_recv = compiled if compiled is not None else compile_schedule(schedule)
 
     # ---- state ----------------------------------------------------------------------------
     done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action
@@ -365,14 +378,22 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm) 
 
 
 def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: int) -> None:
-    by_label: dict[tuple[int, str], int] = {}
-    for idx, e in enumerate(events):
-        if e.lane != "compute":
-            continue
-        by_label[(e.rank, e.label)] = idx
-        if e.type == _OV.value:
-            for x in parse_action(e.label).sub_actions:
-                by_label[(e.rank, str(x))] = idx
+    by_label: dict[tuple[int, str], int] | None = None
+
+    def index_of(rank: int, label: str) -> int | None:
+        nonlocal by_label
+        if by_label is None:  # built once, on the first task that names an action
+            by_label = {}
+            ov = _OV.value
+            for idx, e in enumerate(events):
+                if e.lane != "compute":
+                    continue
+                by_label[(e.rank, e.label)] = idx
+                if e.type == ov:  # "(0F7;7B3)OVERLAP_F_B": each sub-action's label names the pair
+                    for x in e.label[1:e.label.index(")")].split(";"):
+                        by_label[(e.rank, x.strip())] = idx
+        return by_label.get((rank, label))
+
     tasks = []
     for n, task in enumerate(comm):
         if isinstance(task, Mapping):
@@ -396,7 +417,7 @@ def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: in
             ready_t, pred, stage, mb = 0.0, -1, -1, None
         else:
             label = str(after)
-            idx = by_label.get((rank, label))
+            idx = index_of(rank, label)
             if idx is None:
                 raise ConfigError(f"comm task {n}: action {label!r} does not run on rank {rank}")
             ev = events[idx]
