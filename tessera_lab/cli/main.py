@@ -18,12 +18,19 @@ from typing import Sequence
 
 from tessera_lab.argtypes import finite_float, integer, positive_float
 from tessera_lab.checks import check_work
-from tessera_lab.cli import calibrate, measure, models, partition, plan, report, reproduce, run, simulate, validate
 from tessera_lab.cli.common import Parser, check_output_paths
 from tessera_lab.errors import ConfigError, TesseraError
 
-#: subcommand modules in the order ``tessera-lab --help`` lists them
-COMMANDS = (models, plan, partition, reproduce, simulate, measure, report, run, calibrate, validate)
+#: subcommands in the order ``tessera-lab --help`` lists them; each is the module ``tessera_lab.cli.<name>``,
+#: imported only when its parser is needed (a run of one subcommand imports that one alone)
+COMMAND_NAMES = ("models", "plan", "partition", "reproduce", "simulate", "measure", "report", "run", "calibrate",
+                 "validate")
+
+
+def _command_module(name: str):
+    import importlib
+
+    return importlib.import_module(f"tessera_lab.cli.{name}")
 
 #: help of options whose subcommand module gives none (``--help`` shows help and the default of every option)
 OPTION_HELP = {
@@ -74,12 +81,17 @@ def _walk_parsers(parser: argparse.ArgumentParser):
                 yield from _walk_parsers(child)
 
 
-def build_parser() -> Parser:
+def build_parser(only: str | None = None) -> Parser:
+    """The full parser; with ``only`` (a subcommand name) that subcommand's parser in full and the others as bare
+    names (what parsing one command line needs: the other modules are not imported)."""
     parser = Parser(prog="tessera-lab", description="Pipeline-parallel planning for hybrid MoE models.",
                     formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in COMMANDS:
-        command.add_parser(sub)
+    for name in COMMAND_NAMES:
+        if only is None or name == only:
+            _command_module(name).add_parser(sub)
+        else:
+            sub.add_parser(name)
     for p in _walk_parsers(parser):
         p.formatter_class = HelpFormatter
         p._negative_number_matcher = _NEGATIVE_NUMBER  # so "--f -inf" or "--seed -1e3" reach the type check
@@ -159,7 +171,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``tessera-lab``; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=words[0] if words and words[0] in COMMAND_NAMES else None)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2, already printed as one line)

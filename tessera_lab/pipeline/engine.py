@@ -59,11 +59,17 @@ def _transfer_fn(p2p_latency: float, p2p_time) -> Callable[[int, int], float]:
     if p2p_time is None:
         return lambda src, dst: lat
     if callable(p2p_time):
+        memo: dict[tuple[int, int], float] = {}  # p2p_time is a function of (src, dst): asked once per pair
+
         def fn(src: int, dst: int) -> float:
+            got = memo.get((src, dst))
+            if got is not None:
+                return got
             v = p2p_time(src, dst)
             if not 0.0 <= v < math.inf:
                 raise ConfigError(f"p2p_time({src}, {dst}) returned {v!r}; allowed finite seconds >= 0")
-            return lat + v
+            got = memo[(src, dst)] = lat + v
+            return got
 
         return fn
     t = lat + _nonneg("p2p_time", p2p_time)
@@ -79,6 +85,7 @@ def simulate(
     blocking_sends: bool = False,
     comm: Iterable | None = None,
     compiled: tuple | None = None,
+    time_only: bool = False,
 ) -> Timeline:
     """Simulate one iteration of ``schedule``.
 
@@ -96,6 +103,8 @@ def simulate(
             free; they do not block compute but count as exposed while the compute lane is idle,
             and can extend the iteration. Zero-second tasks are no-ops.
         compiled: :func:`compile_schedule` of this very schedule (unchanged since), to skip compiling it.
+        time_only: return only the iteration time (float seconds, the latest event end) without building the
+            timeline's analyses (exposure, critical path, peaks): what a search over many candidates needs.
 
     Returns:
         :class:`Timeline`.
@@ -110,7 +119,7 @@ def simulate(
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, compiled)
+        return _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, compiled, time_only)
     finally:
         if was_enabled:
             gc.enable()
@@ -194,7 +203,7 @@ def compile_schedule(schedule) -> tuple:
     return programs, explicit_send, explicit_recv
 
 
-def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, compiled=None) -> Timeline:
+def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, compiled=None, time_only=False):
     xfer = _transfer_fn(p2p_latency, p2p_time)
     s2r = schedule.stage_to_rank
     R = schedule.num_ranks
@@ -373,56 +382,69 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, 
     # ---- extra collectives on the comm lane ------------------------------------------------
     if comm:
         _add_comm_tasks(comm, events, preds, R)
+    if time_only:
+        return max((e.end for e in events), default=0.0)
 
     return _build_timeline(schedule, events, preds, R, busy, act_deltas)
 
 
 def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: int) -> None:
-    by_label: dict[tuple[int, str], int] | None = None
-
-    def index_of(rank: int, label: str) -> int | None:
-        nonlocal by_label
-        if by_label is None:  # built once, on the first task that names an action
-            by_label = {}
-            ov = _OV.value
-            for idx, e in enumerate(events):
-                if e.lane != "compute":
-                    continue
-                by_label[(e.rank, e.label)] = idx
-                if e.type == ov:  # "(0F7;7B3)OVERLAP_F_B": each sub-action's label names the pair
-                    for x in e.label[1:e.label.index(")")].split(";"):
-                        by_label[(e.rank, x.strip())] = idx
-        return by_label.get((rank, label))
-
+    parsed = []  # (n, rank, name, seconds, label or None), in task order, up to the first malformed task
+    failure: ConfigError | None = None
+    try:
+        for n, task in enumerate(comm):
+            if isinstance(task, Mapping):
+                try:
+                    rank, name, seconds, after = task["rank"], task["collective"], task["seconds"], task.get("after")
+                except KeyError as exc:
+                    raise ConfigError(f"comm task {n}: missing key {exc.args[0]!r}; keys: rank, collective, seconds, after") from None
+            else:
+                try:
+                    rank, name, seconds, after = task
+                except (TypeError, ValueError):
+                    raise ConfigError(
+                        f"comm task {n}: expected (rank, collective_name, seconds, after_action), got {task!r}"
+                    ) from None
+            if not isinstance(rank, int) or not 0 <= rank < R:
+                raise ConfigError(f"comm task {n}: rank={rank!r} is out of range; allowed 0..{R - 1}")
+            seconds = _nonneg(f"comm task {n} seconds", seconds)
+            if seconds == 0:
+                continue  # zero-size collective: a no-op
+            parsed.append((n, rank, name, seconds, None if after is None else str(after)))
+    except ConfigError as exc:
+        failure = exc
+    # the event each named action ended with: the last compute event with that label on that rank (an
+    # OVERLAP_F_B event "(0F7;7B3)OVERLAP_F_B" also answers to each sub-action's label); found scanning backwards
+    needed = {(rank, label) for _, rank, _, _, label in parsed if label is not None}
+    found: dict[tuple[int, str], int] = {}
+    ov = _OV.value
+    for idx in range(len(events) - 1, -1, -1):
+        if len(found) == len(needed):
+            break
+        e = events[idx]
+        if e.lane != "compute":
+            continue
+        key = (e.rank, e.label)
+        if key in needed and key not in found:
+            found[key] = idx
+        if e.type == ov:
+            for x in e.label[1:e.label.index(")")].split(";"):
+                key = (e.rank, x.strip())
+                if key in needed and key not in found:
+                    found[key] = idx
     tasks = []
-    for n, task in enumerate(comm):
-        if isinstance(task, Mapping):
-            try:
-                rank, name, seconds, after = task["rank"], task["collective"], task["seconds"], task.get("after")
-            except KeyError as exc:
-                raise ConfigError(f"comm task {n}: missing key {exc.args[0]!r}; keys: rank, collective, seconds, after") from None
-        else:
-            try:
-                rank, name, seconds, after = task
-            except (TypeError, ValueError):
-                raise ConfigError(
-                    f"comm task {n}: expected (rank, collective_name, seconds, after_action), got {task!r}"
-                ) from None
-        if not isinstance(rank, int) or not 0 <= rank < R:
-            raise ConfigError(f"comm task {n}: rank={rank!r} is out of range; allowed 0..{R - 1}")
-        seconds = _nonneg(f"comm task {n} seconds", seconds)
-        if seconds == 0:
-            continue  # zero-size collective: a no-op
-        if after is None:
+    for n, rank, name, seconds, label in parsed:
+        if label is None:
             ready_t, pred, stage, mb = 0.0, -1, -1, None
         else:
-            label = str(after)
-            idx = index_of(rank, label)
+            idx = found.get((rank, label))
             if idx is None:
                 raise ConfigError(f"comm task {n}: action {label!r} does not run on rank {rank}")
             ev = events[idx]
             ready_t, pred, stage, mb = ev.end, idx, ev.stage, ev.microbatch
         tasks.append((ready_t, n, rank, str(name), seconds, pred, stage, mb))
+    if failure is not None:
+        raise failure
     tasks.sort()
     lane_free = [0.0] * R
     for ready_t, n, rank, name, seconds, pred, stage, mb in tasks:

@@ -177,7 +177,8 @@ def evaluate(
     *,
     per_stage: Sequence[tuple[CostModel, StageCostModel]] | None = None,
     speed: Sequence[float] | None = None,
-) -> Evaluation:
+    time_only: bool = False,
+) -> Evaluation | float:
     """Simulate a partition with the parallel config's schedule and compute the metrics.
 
     Args:
@@ -187,6 +188,8 @@ def evaluate(
         method: label of the evaluation; model_flops: model FLOPs per iteration (Megatron-LM convention).
         per_stage: one ``(CostModel, StageCostModel)`` per virtual stage (devices, links that differ by stage).
         speed: per-stage time multipliers (> 0), e.g. observed / predicted.
+        time_only: return only the simulated iteration time (float seconds; the same number as the
+            evaluation's ``iteration_time_s``), for searches over many partitions.
     """
     p = parallel
     S = p.pp * p.vpp
@@ -210,7 +213,10 @@ def evaluate(
         rank = schedule.stage_to_rank[s]
         sync_by_rank[rank] = sync_by_rank.get(rank, 0.0) + dp_grad_sync_time(model, per[s][0], st, num_stages=S)
     comm = [(r, "dp_grad_sync", t, schedule.actions[r][-1]) for r, t in sorted(sync_by_rank.items()) if t > 0]
-    timeline = simulate(schedule, durations, p2p_time=lambda src, dst: p2p[min(src, dst)], comm=comm, compiled=compiled)
+    timeline = simulate(schedule, durations, p2p_time=lambda src, dst: p2p[min(src, dst)], comm=comm, compiled=compiled,
+                        time_only=time_only)
+    if time_only:
+        return timeline
     T = timeline.iteration_time
     exposed = dict(timeline.exposed_comm)
     # EP all-to-all and TP all-reduce not hidden inside the stage's own bundles (per rank, summed over ranks)

@@ -101,11 +101,13 @@ class PartitionProblem:
         lo_i = 0 if s == 0 else s * self.min_layers
         hi_i = 0 if s == 0 else L - (S - s) * self.min_layers
         out = []
+        memory, limit = self.memory, (self.memory_limit or 0.0) * (1 + 1e-12)
+        length_ok = self.length_ok
         for i in range(lo_i, hi_i + 1):
             j_end = L if s == S - 1 else L - (S - 1 - s) * self.min_layers
             j_start = L if s == S - 1 else i + self.min_layers
-            for j in range(j_start, j_end + 1):
-                if self.length_ok(s, i, j) and self.memory_ok(s, i, j):
+            for j in range(j_start, j_end + 1):  # memory_ok, inlined
+                if length_ok(s, i, j) and (memory is None or memory(s, i, j) <= limit):
                     out.append((i, j))
         return out
 
