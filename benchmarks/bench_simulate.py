@@ -8,6 +8,10 @@ the same makespan; the speed-up printed is ours / naive in actions per second (o
 the full Timeline: events, comm events, exposure, critical path, peak activations).
 Timings are printed, never asserted.
 
+The targets section (:func:`targets`) measures the simulator of the baseline revision (:mod:`baseline`) and this
+tree in the same run, each in a fresh process, on 1F1B 16 x 1,024: actions per CPU second (target >= 500k and >= 10x
+the baseline's) with the wall time beside it.
+
 Run: ``python benchmarks/bench_simulate.py [--stages 16] [--microbatches 1024] [--repeat 3]``
 """
 
@@ -94,13 +98,56 @@ def best_of(fn, repeat: int) -> tuple[float, object]:
     return best, out
 
 
+RATE_CODE = """
+import json, time
+from tessera_lab.pipeline.schedules import build_schedule
+from tessera_lab.pipeline.simulate import simulate, uniform_durations
+d = uniform_durations(1e-3, 2e-3, w=1e-3, fb=2.4e-3)
+s = build_schedule("1f1b", {p}, {m})
+best_cpu = best_wall = float("inf")
+for _ in range({repeat}):
+    c0, w0 = time.process_time(), time.perf_counter()
+    tl = simulate(s, d, p2p_latency=20e-6)
+    best_cpu, best_wall = min(best_cpu, time.process_time() - c0), min(best_wall, time.perf_counter() - w0)
+print(json.dumps({{"actions": s.num_compute_actions, "cpu_s": best_cpu, "wall_s": best_wall,
+                  "makespan": tl.iteration_time}}))
+"""
+
+
+def targets(rev: str, p: int, m: int, repeat: int) -> None:
+    """The simulator's speed target: this tree against the baseline revision, measured side by side."""
+    from baseline import ROOT, TABLE_HEAD, baseline_tree, load, run_code, target_row
+
+    code = RATE_CODE.format(p=p, m=m, repeat=repeat)
+    got = {k: run_code(t, code)["out"] for k, t in (("baseline", baseline_tree(rev)), ("now", ROOT))}
+    b, n = got["baseline"], got["now"]
+    print(f"simulator speed target: baseline {rev} vs this tree (fresh processes, best of {repeat}, CPU seconds of "
+          f"simulate() incl. the full Timeline); load average {load()}")
+    print(TABLE_HEAD)
+    same = "same makespan" if b["makespan"] == n["makespan"] else f"MAKESPAN DIFFERS {b['makespan']} vs {n['makespan']}"
+    print(target_row(f"1F1B {p}x{m} actions per CPU second", ">= 500k, >= 10x", b["actions"] / b["cpu_s"],
+                     n["actions"] / n["cpu_s"], "actions/s", higher_is_better=True,
+                     extra=f"wall {b['wall_s']:.3f} -> {n['wall_s']:.3f} s; {same}"))
+    print()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stages", type=int, default=16)
     ap.add_argument("--microbatches", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--baseline", default=None, help="git revision to compare with (default benchmarks/baseline.py's)")
+    ap.add_argument("--no-targets", action="store_true", help="skip the targets section")
     args = ap.parse_args()
     p, m = args.stages, args.microbatches
+    if not args.no_targets:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from baseline import BASELINE_REV
+
+        targets(args.baseline or BASELINE_REV, p, m, args.repeat)
     d = uniform_durations(1e-3, 2e-3, w=1e-3, fb=2.4e-3)
     latency = 20e-6
     print(f"simulate: {p} ranks x {m} micro-batches, p2p latency {latency * 1e6:.0f} us, best of {args.repeat}")
