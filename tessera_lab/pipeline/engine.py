@@ -40,6 +40,7 @@ from typing import Callable, Iterable, Mapping
 from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
 from tessera_lab.pipeline.actions import ActionType
 from tessera_lab.pipeline.durations import Durations, _nonneg
+from tessera_lab.pipeline.linear import linear_plan, run_linear
 from tessera_lab.pipeline.timeline import Event, Timeline, _build_timeline
 
 __all__ = ["compile_schedule", "simulate"]
@@ -200,7 +201,27 @@ def compile_schedule(schedule) -> tuple:
                 (_OP_COMPUTE, a, tuple(needs), tuple(produces), dur_key, ev_stage, ev_mb, _TYPE_STR[t], label, plus, minus)
             )
         programs.append(prog)
-    return programs, explicit_send, explicit_recv
+    plan = None if explicit_send or explicit_recv else linear_plan(programs, s2r)
+    return programs, explicit_send, explicit_recv, plan
+
+
+#: compiled programs of recently simulated schedules, by identity and a fingerprint of every action list
+_COMPILED: dict[int, tuple] = {}
+
+
+def _compiled_for(schedule) -> tuple:
+    """:func:`compile_schedule` of ``schedule``, reused while its actions (each list's action objects, held alive by
+    the cache so their identities stay unique) and ``stage_to_rank`` are unchanged."""
+    fp = (schedule.num_stages, schedule.num_ranks, tuple(sorted(schedule.stage_to_rank.items())),
+          tuple(tuple(map(id, schedule.actions.get(r, []))) for r in range(schedule.num_ranks)))
+    held = _COMPILED.get(id(schedule))
+    if held is not None and held[0] is schedule and held[1] == fp:
+        return held[2]
+    compiled = compile_schedule(schedule)
+    if len(_COMPILED) >= 8:
+        _COMPILED.pop(next(iter(_COMPILED)))
+    _COMPILED[id(schedule)] = (schedule, fp, compiled)
+    return compiled
 
 
 def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, compiled=None, time_only=False):
@@ -208,7 +229,10 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, 
     s2r = schedule.stage_to_rank
     R = schedule.num_ranks
     ranks = range(R)
-    programs, explicit_send, explicit_recv = compiled if compiled is not None else compile_schedule(schedule)
+    programs, explicit_send, explicit_recv, plan = compiled if compiled is not None else _compiled_for(schedule)
+    if plan is not None and not blocking_sends:  # the order is fixed: one pass (pipeline.linear)
+        events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer)
+        return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
 
     # ---- state ----------------------------------------------------------------------------
     done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action
@@ -379,12 +403,15 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, 
             stuck,
         )
 
-    # ---- extra collectives on the comm lane ------------------------------------------------
+    return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
+
+
+def _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only):
+    """Extra collectives on the comm lane, then the iteration time or the timeline."""
     if comm:
         _add_comm_tasks(comm, events, preds, R)
     if time_only:
         return max((e.end for e in events), default=0.0)
-
     return _build_timeline(schedule, events, preds, R, busy, act_deltas)
 
 
