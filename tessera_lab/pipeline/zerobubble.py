@@ -266,13 +266,28 @@ def order_peak(schedule: Schedule) -> list[int]:
     ``+1`` per forward and ``-1`` per B or W; an ``OVERLAP_F_B`` pair holds its forward's activation while it runs.
     Equal to :attr:`Timeline.peak_activations` for every schedule (tested)."""
     out = []
+    B = ActionType.B
     for r in range(schedule.num_ranks):
         live = peak = 0
         for a in schedule.actions.get(r, []):
-            leaves = a.leaves()
-            live += sum(1 for x in leaves if x.type is _F)
-            peak = max(peak, live)
-            live -= sum(1 for x in leaves if x.type is ActionType.B or x.type is _W)
+            subs = a.sub_actions
+            if not subs:  # a single action: +1 at a forward, -1 at a B or W
+                t = a.type
+                if t is _F:
+                    live += 1
+                    if live > peak:
+                        peak = live
+                elif t is B or t is _W:
+                    live -= 1
+                continue
+            for x in subs:
+                if x.type is _F:
+                    live += 1
+            if live > peak:
+                peak = live
+            for x in subs:
+                if x.type is B or x.type is _W:
+                    live -= 1
         out.append(peak)
     return out
 
