@@ -20,10 +20,11 @@ _OP_COMPUTE = 0
 
 def linear_plan(programs: list[list[tuple]], s2r) -> list[tuple] | None:
     """The execution order of ``programs`` (compute ops only) as the event loop would run them, each entry
-    ``(order, number of slots)``, each entry of ``order``
+    ``(order, number of slots, transfer pairs)``, each entry of ``order``
     ``(rank, needs, produces, dur_key, stage, mb, type, label, plus, minus)`` with ``needs`` as ``(cross, slot)``
     and ``produces`` as ``(slot, dst_stage, transfer)`` where ``transfer`` is ``None`` (no cross-rank transfer)
-    or ``(src_stage, dst_rank, kind, label, microbatch)``; ``None`` when the programs cannot all run (a deadlock: the event
+    or ``(pair index, dst_rank, kind, label, microbatch)`` (``pair index`` into the
+    ``(src stage, dst stage)`` list); ``None`` when the programs cannot all run (a deadlock: the event
     loop then reports it) or hold a non-compute op."""
     R = len(programs)
     slots: dict[tuple, int] = {}
@@ -34,6 +35,7 @@ def linear_plan(programs: list[list[tuple]], s2r) -> list[tuple] | None:
             got = slots[key] = len(slots)
         return got
 
+    pairs: dict[tuple[int, int], int] = {}  # (src stage, dst stage) of each cross-rank transfer -> index
     done: set[tuple] = set()
     arrived: set[tuple] = set()
     w_done: dict[tuple, list[int]] = {}
@@ -75,7 +77,10 @@ def linear_plan(programs: list[list[tuple]], s2r) -> list[tuple] | None:
                 transfer = None
                 if dst >= 0:
                     kind = "RECV_F" if key[0] == "F" else "RECV_B"
-                    transfer = (key[1], s2r[dst], kind, f"{dst}{kind}{key[2]}", key[2])
+                    pair = (key[1], dst)
+                    if pair not in pairs:
+                        pairs[pair] = len(pairs)
+                    transfer = (pairs[pair], s2r[dst], kind, f"{dst}{kind}{key[2]}", key[2])
                     arrived.add(key)
                     if key in w_arr:
                         wake(w_arr, key)
@@ -86,17 +91,18 @@ def linear_plan(programs: list[list[tuple]], s2r) -> list[tuple] | None:
         pc[r] = k
     if any(pc[r] < len(programs[r]) for r in range(R)):
         return None
-    return order, len(slots)
+    return order, len(slots), list(pairs)
 
 
-def run_linear(plan: tuple[list[tuple], int], R: int, durations, xfer):
-    """One pass over a :func:`linear_plan` ``(order, slots)``: ``(events, preds, busy, act_deltas)`` as the event
-    loop builds them.
+def run_linear(plan: tuple[list[tuple], int, list], R: int, durations, xfer):
+    """One pass over a :func:`linear_plan`: ``(events, preds, busy, act_deltas)`` as the event loop builds them
+    (``xfer(src, dst)`` asked once per stage pair, before the pass).
 
     Raises:
         ScheduleError: a duration that is negative or not finite.
     """
-    plan, n_slots = plan
+    plan, n_slots, pairs = plan
+    pair_time = [xfer(a, b) for a, b in pairs]
     done = [0.0] * n_slots
     done_ev = [-1] * n_slots
     arrival = [0.0] * n_slots
@@ -142,7 +148,7 @@ def run_linear(plan: tuple[list[tuple], int], R: int, durations, xfer):
             done_ev[s] = idx
             if transfer is None:
                 continue
-            dt = xfer(transfer[0], dst)
+            dt = pair_time[transfer[0]]
             if dt > 0:
                 ev_append(Event(transfer[1], dst, transfer[4], transfer[2], end, end + dt, "comm", transfer[3]))
                 pred_append(idx)

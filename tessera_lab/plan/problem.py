@@ -17,6 +17,10 @@ SegmentFn = Callable[[int, int, int], float]
 GIB = 2**30
 
 
+#: feasible segments per (memory function, limit, sizes, bounds, stage): see :meth:`PartitionProblem.segments`
+_SEGMENTS: dict[tuple, tuple[tuple[int, int], ...]] = {}
+
+
 @dataclass(frozen=True)
 class PartitionProblem:
     """A contiguous partition problem.
@@ -96,7 +100,19 @@ class PartitionProblem:
         return self.memory is None or rank_bytes <= self.memory_limit * (1 + 1e-12)
 
     def segments(self, s: int) -> list[tuple[int, int]]:
-        """Feasible (i, j) of stage s (length bounds, pins, memory)."""
+        """Feasible (i, j) of stage s (length bounds, pins, memory); memoised by everything they depend on (the
+        memory function by identity: it is a function of ``(s, i, j)``), so problems that differ only in their cost
+        or objective share them."""
+        key = (self.memory, self.memory_limit, self.num_layers, self.num_stages, self.min_layers, self.max_layers,
+               self.first_stage_layers, self.last_stage_layers, s)
+        got = _SEGMENTS.get(key)
+        if got is None:
+            if len(_SEGMENTS) >= 4096:
+                _SEGMENTS.clear()
+            got = _SEGMENTS[key] = tuple(self._segments(s))
+        return list(got)
+
+    def _segments(self, s: int) -> list[tuple[int, int]]:
         L, S = self.num_layers, self.num_stages
         lo_i = 0 if s == 0 else s * self.min_layers
         hi_i = 0 if s == 0 else L - (S - s) * self.min_layers
