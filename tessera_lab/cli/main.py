@@ -27,6 +27,24 @@ COMMAND_NAMES = ("models", "plan", "partition", "reproduce", "simulate", "measur
                  "validate")
 
 
+#: each subcommand's one-line help, for ``tessera-lab --help`` (which lists them without importing the modules; each
+#: module's ``add_parser`` states the same line, tests/test_cli_startup.py checks that they agree)
+COMMAND_HELP = {
+    "models": "list the shipped models",
+    "params": "parameter counts of a model",
+    "plan": "the main job: partition, simulate and report a pipeline plan",
+    "partition": "partition a plain per-layer cost list",
+    "reproduce": "the paper's reported figures beside ours (PNG, JSON, Markdown)",
+    "simulate": "simulate a uniform pipeline",
+    "measure": "measure the overlap of layer pairs (F with B+W) and write a profile",
+    "report": "capacity report (where the lost MFU goes) of a plan, and a model-change diff",
+    "run": "train the tiny MoE model with pipeline + expert parallelism (local processes)",
+    "calibrate": "measure this machine at the runner's shapes (data/devices/NAME.json; about 40 s on a quiet 2-core "
+                 "machine, 90 s on a busy one)",
+    "validate": "run a fixed matrix of runner jobs and compare them with the plan's prediction",
+}
+
+
 def _command_module(name: str):
     import importlib
 
@@ -81,12 +99,17 @@ def _walk_parsers(parser: argparse.ArgumentParser):
                 yield from _walk_parsers(child)
 
 
-def build_parser(only: str | None = None) -> Parser:
+def build_parser(only: str | None = None, *, listing: bool = False) -> Parser:
     """The full parser; with ``only`` (a subcommand name) that subcommand's parser in full and the others as bare
-    names (what parsing one command line needs: the other modules are not imported)."""
+    names (what parsing one command line needs: the other modules are not imported); with ``listing`` every
+    subcommand as a bare name with its :data:`COMMAND_HELP` line (what ``tessera-lab --help`` prints)."""
     parser = Parser(prog="tessera-lab", description="Pipeline-parallel planning for hybrid MoE models.",
                     formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    if listing:
+        for name, text in COMMAND_HELP.items():
+            sub.add_parser(name, help=text)
+        return parser
     for name in COMMAND_NAMES:
         if only is None or name == only:
             _command_module(name).add_parser(sub)
@@ -172,7 +195,8 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``tessera-lab``; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(only=words[0] if words and words[0] in COMMAND_NAMES else None)
+    parser = build_parser(only=words[0] if words and words[0] in COMMAND_NAMES else None,
+                          listing=words in (["-h"], ["--help"]))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2, already printed as one line)
