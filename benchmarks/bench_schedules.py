@@ -82,6 +82,44 @@ def targets(rev: str, pps, rounds, p2ps, seed: int) -> None:
     print()
 
 
+#: the cases compared with sail-sg's heuristic: (p, rounds, profile), p2p 0.05, budget 2p - 1 (ZB-H2's)
+SAIL_CASES = ((4, 2, "uniform"), (4, 4, "jitter"), (4, 4, "head"), (4, 2, "light-w"), (8, 2, "uniform"),
+              (8, 4, "jitter"), (8, 4, "head"), (8, 4, "light-w"), (8, 2, "jitter"))
+
+
+def sail_sg_section(repo: str, seed: int) -> None:
+    """zb-auto beside sail-sg's heuristic (:mod:`sailsg`) on :data:`SAIL_CASES`: search CPU seconds (measured,
+    this process) and makespans of both orders simulated by this package's simulator."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import sailsg
+    from baseline import load
+    from tessera_lab.pipeline.ir import Schedule
+
+    graph_mod, zb_mod = sailsg.load(repo)
+    print(f"zb-auto vs sail-sg's heuristic (commit {sailsg.PINNED[:12]}), p2p 0.05, budget 2p - 1; CPU seconds "
+          f"measured here, makespans simulated here; load average {load()}")
+    head = f"{'p':>2} {'m':>3} {'profile':<8} {'sail-sg s':>9} {'zb-auto s':>9} {'time ratio':>10} {'sail-sg T':>10} {'zb-auto T':>10}"
+    print(head)
+    tot = [0.0, 0.0]
+    for p, rounds, prof in SAIL_CASES:
+        m, K, c = rounds * p, 2 * p - 1, 0.05
+        f, i, w = profiles(p, seed)[prof]
+        d = stage_durations(f, [a + b for a, b in zip(i, w)], w)
+        t_s, lists = sailsg.run(graph_mod, zb_mod, p, m, f, i, w, c, K)
+        T_s = simulate(Schedule("sail-sg", p, p, m, lists, {s: s for s in range(p)}), d, p2p_time=c).iteration_time
+        t0 = time.process_time()
+        T_z = zb_auto(p, m, f, i, w, p2p=c, memory_budget=K).meta["makespan"]
+        t_z = time.process_time() - t0
+        tot[0] += t_s
+        tot[1] += t_z
+        print(f"{p:>2} {m:>3} {prof:<8} {t_s:>9.4f} {t_z:>9.4f} {t_z / t_s:>9.1f}x {T_s:>10.4f} {T_z:>10.4f}")
+    print(f"total search CPU: sail-sg {tot[0]:.3f} s, zb-auto {tot[1]:.3f} s ({tot[1] / tot[0]:.1f}x); target: "
+          f"zb-auto <= sail-sg with makespans equal or better\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pp", type=int, nargs="+", default=[4, 8])
@@ -90,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline", default=None, help="git revision to compare with (default benchmarks/baseline.py's)")
     ap.add_argument("--no-targets", action="store_true", help="skip the targets section")
+    ap.add_argument("--sail-sg", metavar="REPO", default=None,
+                    help="a git checkout of sail-sg/zero-bubble-pipeline-parallelism: compare with its heuristic")
     args = ap.parse_args(argv)
+    if args.sail_sg:
+        sail_sg_section(args.sail_sg, args.seed)
     if not args.no_targets:
         import sys
         from pathlib import Path
