@@ -132,6 +132,10 @@ class Plan:
     #: objective ``auto``: where the simulator refinement started (``start``, ``start_boundaries``,
     #: ``start_iteration_time_s``), how many partitions it simulated and the gain in seconds
     refinement: dict[str, Any] = field(default_factory=dict)
+    #: how long :func:`make_plan` took (measured): ``wall_s``, ``cpu_s`` (this process's CPU seconds), and what its
+    #: caches spared: ``pair_searches`` run and ``pair_searches_cached``, ``stage_model`` ``"cached"`` or ``"built"``
+    #: (not part of :meth:`as_dict`: it describes this run, not the plan)
+    timing: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the keys of the CLI contract (``model``, ``method``, ``stages``, ``costs``, ...)."""
@@ -225,6 +229,25 @@ def make_plan(
         ConfigError: bad parallel sizes, schedule or objective, or a world size larger than the cluster.
         PartitionError / InfeasiblePlanError: more stages than layers, or nothing fits in memory.
     """
+    import time
+
+    from tessera_lab.overlap.search import search_cache_info
+    from tessera_lab.plan.stages import COST_CACHE_STATS
+
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    searches, cached, built = (search_cache_info()["searches"], search_cache_info()["hits"],
+                               COST_CACHE_STATS["builds"])
+    pl = _make_plan(model, parallel, cluster, method=method, baselines=baselines, time_limit_s=time_limit_s,
+                    objective=objective, gpu=gpu, profile=profile, refine_budget=refine_budget, boundaries=boundaries)
+    info = search_cache_info()
+    pl.timing = {"wall_s": time.perf_counter() - t_wall, "cpu_s": time.process_time() - t_cpu,
+                 "pair_searches": info["searches"] - searches, "pair_searches_cached": info["hits"] - cached,
+                 "stage_model": "built" if COST_CACHE_STATS["builds"] > built else "cached"}
+    return pl
+
+
+def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, objective, gpu, profile, refine_budget,
+               boundaries) -> Plan:
     parallel = parallel or ParallelConfig()
     cluster = cluster or cluster_for(parallel, gpu)
     check_fits(parallel, cluster)
