@@ -187,11 +187,17 @@ def _build_timeline(
     compute_iv: list[list[tuple[float, float]]] = [[] for _ in range(R)]
     comm_iv: dict[tuple[int, str], list[tuple[float, float]]] = {}
     p2p_types = ("RECV_F", "RECV_B")
-    for e in events:
+    last_any = last_compute = -1  # the last event ending at T, and the last compute event ending at T
+    for k, e in enumerate(events):
         end = e.end
+        is_compute = e.lane == "compute"
         if end > T:
-            T = end
-        if e.lane == "compute":
+            T, last_any, last_compute = end, k, (k if is_compute else -1)
+        elif end == T:
+            last_any = k
+            if is_compute:
+                last_compute = k
+        if is_compute:
             compute_iv[e.rank].append((e.start, end))
         else:
             coll = P2P_COLLECTIVE if e.type in p2p_types else e.type
@@ -224,11 +230,7 @@ def _build_timeline(
 
     path: list[Event] = []
     if events:
-        idx = -1  # the last-ending event (a compute event on ties)
-        for k in range(len(events) - 1, -1, -1):
-            e = events[k]
-            if e.end == T and (idx < 0 or (e.lane == "compute" and events[idx].lane != "compute")):
-                idx = k
+        idx = last_compute if last_compute >= 0 else last_any  # the last-ending event (a compute one on ties)
         seen = set()
         while idx >= 0 and idx not in seen:
             seen.add(idx)
