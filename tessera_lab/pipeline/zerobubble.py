@@ -103,7 +103,11 @@ def greedy_order(
 
     first = [x[0] for x in stages]
 
+    later_stages = [x[1:] for x in stages]
+
     def reserved(r: int, extra: int) -> float:  # room held for later-stage forwards of started micro-batches
+        if not later_stages[r]:
+            return 0.0
         n0 = nf[first[r]] + extra
         if policy.reserve_all:
             return sum(unit[s] * (n0 - nf[s]) for s in stages[r][1:])
@@ -155,7 +159,8 @@ def greedy_order(
         if T != t[r] or not left[r] or r in blocked:
             continue  # stale entry
         best_i = best_f = None  # (ready time, tie-break, stage)
-        awaiting = sum(nf[s] - ni[s] for s in stages[r])
+        own = stages[r]
+        awaiting = nf[own[0]] - ni[own[0]] if single else sum(nf[s] - ni[s] for s in own)
         for s in stages[r]:
             k = ni[s]
             if k < nf[s]:
@@ -176,8 +181,11 @@ def greedy_order(
                     rd = None if e is None else e + hop(s - 1, s)
                 if rd is not None and (best_f is None or (rd, -s) < best_f[:2]):
                     best_f = (rd, -s, s)
-        pend = [s for s in stages[r] if nw[s] < ni[s]]
-        w_stage = min(pend, key=lambda s: (i_end[s][nw[s]], s)) if pend else None
+        if single:
+            w_stage = own[0] if nw[own[0]] < ni[own[0]] else None
+        else:
+            pend = [s for s in own if nw[s] < ni[s]]
+            w_stage = min(pend, key=lambda s: (i_end[s][nw[s]], s)) if pend else None
         i_now = best_i is not None and best_i[0] <= T + tol
         f_now = best_f is not None and best_f[0] <= T + tol
         if i_now:
@@ -433,11 +441,12 @@ def zb_auto(
             "allowed budgets >= 1; raise it"
         )
     _, name, sched = best
-    tl = simulate(sched, durations, p2p_time=p2p)  # the winner, through the simulator itself
-    T, peak = tl.iteration_time, peak_memory(sched, tl)
     actions = {r: list(a) for r, a in sched.actions.items()}  # memoised candidates stay unchanged
-    out = Schedule("zb-auto", sched.num_ranks, sched.num_stages, m, actions, dict(sched.stage_to_rank),
-                   {"vpp": vpp, "memory_budget": K, "choice": name, "makespan": T, "peak": peak, "candidates": table})
+    out = Schedule("zb-auto", sched.num_ranks, sched.num_stages, m, actions, dict(sched.stage_to_rank), {})
+    tl = simulate(out, durations, p2p_time=p2p)  # the winner, through the simulator itself (compiled once for
+    T, peak = tl.iteration_time, peak_memory(out, tl)  # this, validate() and the caller's simulations)
+    out.meta.update({"vpp": vpp, "memory_budget": K, "choice": name, "makespan": T, "peak": peak,
+                     "candidates": table})
     return out.validate()
 
 
