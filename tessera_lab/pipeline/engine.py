@@ -94,8 +94,8 @@ def simulate(
         schedule: per-rank action lists (compute only, or with explicit SEND/RECV actions).
         durations: ``durations(stage, microbatch, type) -> seconds`` (see :class:`Durations`).
         p2p_latency: seconds added to every cross-rank stage-to-stage transfer.
-        p2p_time: transfer seconds, a constant or ``p2p_time(src_stage, dst_stage)``; added to the
-            latency. Same-rank transfers are free.
+        p2p_time: transfer seconds, a constant or ``p2p_time(src_stage, dst_stage)`` (a function of the stage
+            pair: asked once per pair); added to the latency. Same-rank transfers are free.
         blocking_sends: explicit ``SEND_*`` actions are rendezvous (see module docstring).
         comm: extra communication tasks on the comm lane, each ``(rank, collective_name, seconds,
             after_action)`` (tuple or dict with those keys); ``after_action`` is an

@@ -107,7 +107,7 @@ class PartitionProblem:
                self.first_stage_layers, self.last_stage_layers, s)
         got = _SEGMENTS.get(key)
         if got is None:
-            if len(_SEGMENTS) >= 4096:
+            if len(_SEGMENTS) >= 1024:
                 _SEGMENTS.clear()
             got = _SEGMENTS[key] = tuple(self._segments(s))
         return list(got)
