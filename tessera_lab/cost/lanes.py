@@ -70,6 +70,11 @@ class StreamPair:
         is_comm = self.is_comm
         return self.run([i for i in ids if not is_comm[i]], [i for i in ids if is_comm[i]])
 
+    def projection_makespan(self, comp: Sequence[str], comm: Sequence[str]) -> float:
+        """Makespan (s) of the compute-lane key sequence ``comp`` and comm-lane key sequence ``comm``."""
+        idx = self.index
+        return self.run([idx[k] for k in comp], [idx[k] for k in comm])
+
     def run(self, comp: Sequence[int], comm: Sequence[int]) -> float:
         """Makespan (s) of the compute-lane sequence ``comp`` and comm-lane sequence ``comm`` (task indices)."""
         dur, deps, rate_c, rate_m = self.dur, self.deps, self.rate_c, self.rate_m

@@ -53,23 +53,34 @@ class ScheduleResult:
 
 
 class _Evaluator:
-    """Makespan of an issue order, cached by its lane projection; deadlocked projections score ``inf``."""
+    """Makespan of an issue order, cached by its lane projection; deadlocked projections score ``inf``. When ``fn``
+    is a :class:`~tessera_lab.cost.lanes.StreamPair`'s ``makespan``, projections are scored by its
+    ``projection_makespan`` directly (the same number, without splitting the order again)."""
 
     def __init__(self, graph: PairGraph, fn: Callable[[Sequence[str]], float]):
         self.graph, self.fn = graph, fn
+        owner = getattr(fn, "__self__", None)
+        self._lanes_fn = owner.projection_makespan if isinstance(owner, StreamPair) else None
         self.cache: dict[tuple[tuple[str, ...], tuple[str, ...]], float] = {}
 
     def __call__(self, order: Sequence[str]) -> float:
-        key = self.graph.projection(order)
-        if key not in self.cache:
-            try:
-                self.cache[key] = float(self.fn(key[0] + key[1]))
-            except ConfigError:  # the lanes wait on each other: not a valid order
-                self.cache[key] = math.inf
-        return self.cache[key]
+        return self._score(self.graph.projection(order))
+
+    def _score(self, key: tuple[tuple[str, ...], tuple[str, ...]]) -> float:
+        got = self.cache.get(key)
+        if got is None:
+            if self._lanes_fn is not None:
+                got = self._lanes_fn(key[0], key[1])
+            else:
+                try:
+                    got = float(self.fn(key[0] + key[1]))
+                except ConfigError:  # the lanes wait on each other: not a valid order
+                    got = math.inf
+            self.cache[key] = got
+        return got
 
     def score_projection(self, comp: tuple[str, ...], comm: tuple[str, ...]) -> float:
-        return self((*comp, *comm))
+        return self._score((tuple(comp), tuple(comm)))
 
 
 def _ancestors(graph: PairGraph) -> dict[str, frozenset[str]]:
