@@ -9,7 +9,12 @@ peak exceeds K), the search's wall time (measured on this machine, noisy) and th
 Profiles (seconds per micro-batch and stage): ``uniform`` F = I = W = 1; ``jitter`` every F, I, W drawn from
 1 +- 25 % (seeded); ``head`` uniform except a last stage 1.5x (an LM head); ``light-w`` W = 0.4.
 
-Run: ``python benchmarks/bench_schedules.py [--pp 4 8] [--rounds 2 4] [--seed 0]``
+The targets section (:func:`targets`) runs the same grid's zb-auto searches on the baseline revision
+(:mod:`baseline`) and on this tree, each in a fresh process in this run: total search CPU seconds (target: no more
+than the baseline's, and no more than sail-sg's heuristic, see docs/performance.md) and how many makespans are
+equal, better or worse (target: none worse).
+
+Run: ``python benchmarks/bench_schedules.py [--pp 4 8] [--rounds 2 4] [--seed 0] [--no-targets]``
 """
 
 from __future__ import annotations
@@ -35,13 +40,107 @@ def profiles(p: int, seed: int) -> dict[str, tuple[list[float], list[float], lis
     }
 
 
+GRID_CODE = """
+import json, random, time
+from tessera_lab.pipeline.schedules import zb_auto
+{profiles_src}
+out = []
+for p in {pps!r}:
+    for rounds in {rounds!r}:
+        m = rounds * p
+        for prof, (f, i, w) in profiles(p, {seed!r}).items():
+            for c in {p2ps!r}:
+                for K in sorted({{p, p + 1, (3 * p - 1) // 2, 2 * p - 2, 2 * p - 1}}):
+                    t0 = time.process_time()
+                    T = zb_auto(p, m, f, i, w, p2p=c, memory_budget=K).meta["makespan"]
+                    out.append([p, m, prof, c, K, T, time.process_time() - t0])
+print(json.dumps(out))
+"""
+
+
+def targets(rev: str, pps, rounds, p2ps, seed: int) -> None:
+    """zb-auto search time and makespans of this tree against the baseline revision, over the same grid."""
+    import inspect
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from baseline import ROOT, TABLE_HEAD, baseline_tree, load, run_code, target_row
+
+    code = GRID_CODE.format(profiles_src=inspect.getsource(profiles), pps=list(pps), rounds=list(rounds),
+                            p2ps=list(p2ps), seed=seed)
+    got = {k: run_code(t, code)["out"] for k, t in (("baseline", baseline_tree(rev)), ("now", ROOT))}
+    b, n = got["baseline"], got["now"]
+    worse = sum(y[5] > x[5] * (1 + 1e-12) for x, y in zip(b, n))
+    better = sum(y[5] < x[5] * (1 - 1e-12) for x, y in zip(b, n))
+    print(f"zb-auto search target: baseline {rev} vs this tree, {len(n)} searches (fresh processes, CPU seconds of "
+          f"zb_auto() summed); load average {load()}")
+    print(TABLE_HEAD)
+    print(target_row("zb-auto search, all grid cases (CPU s)", "<= baseline", sum(x[6] for x in b),
+                     sum(x[6] for x in n), "CPU s",
+                     extra=f"makespans: {len(n) - worse - better} equal, {better} better, {worse} worse"))
+    print()
+
+
+#: the cases compared with sail-sg's heuristic: (p, rounds, profile), p2p 0.05, budget 2p - 1 (ZB-H2's)
+SAIL_CASES = ((4, 2, "uniform"), (4, 4, "jitter"), (4, 4, "head"), (4, 2, "light-w"), (8, 2, "uniform"),
+              (8, 4, "jitter"), (8, 4, "head"), (8, 4, "light-w"), (8, 2, "jitter"))
+
+
+def sail_sg_section(repo: str, seed: int) -> None:
+    """zb-auto beside sail-sg's heuristic (:mod:`sailsg`) on :data:`SAIL_CASES`: search CPU seconds (measured,
+    this process) and makespans of both orders simulated by this package's simulator."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import sailsg
+    from baseline import load
+    from tessera_lab.pipeline.ir import Schedule
+
+    graph_mod, zb_mod = sailsg.load(repo)
+    print(f"zb-auto vs sail-sg's heuristic (commit {sailsg.PINNED[:12]}), p2p 0.05, budget 2p - 1; CPU seconds "
+          f"measured here, makespans simulated here; load average {load()}")
+    head = f"{'p':>2} {'m':>3} {'profile':<8} {'sail-sg s':>9} {'zb-auto s':>9} {'time ratio':>10} {'sail-sg T':>10} {'zb-auto T':>10}"
+    print(head)
+    tot = [0.0, 0.0]
+    for p, rounds, prof in SAIL_CASES:
+        m, K, c = rounds * p, 2 * p - 1, 0.05
+        f, i, w = profiles(p, seed)[prof]
+        d = stage_durations(f, [a + b for a, b in zip(i, w)], w)
+        t_s, lists = sailsg.run(graph_mod, zb_mod, p, m, f, i, w, c, K)
+        T_s = simulate(Schedule("sail-sg", p, p, m, lists, {s: s for s in range(p)}), d, p2p_time=c).iteration_time
+        t0 = time.process_time()
+        T_z = zb_auto(p, m, f, i, w, p2p=c, memory_budget=K).meta["makespan"]
+        t_z = time.process_time() - t0
+        tot[0] += t_s
+        tot[1] += t_z
+        print(f"{p:>2} {m:>3} {prof:<8} {t_s:>9.4f} {t_z:>9.4f} {t_z / t_s:>9.1f}x {T_s:>10.4f} {T_z:>10.4f}")
+    print(f"total search CPU: sail-sg {tot[0]:.3f} s, zb-auto {tot[1]:.3f} s ({tot[1] / tot[0]:.1f}x); target: "
+          f"zb-auto <= sail-sg with makespans equal or better\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pp", type=int, nargs="+", default=[4, 8])
     ap.add_argument("--rounds", type=int, nargs="+", default=[2, 4], help="micro-batches = rounds x pp")
     ap.add_argument("--p2p", type=float, nargs="+", default=[0.0, 0.05])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline", default=None, help="git revision to compare with (default benchmarks/baseline.py's)")
+    ap.add_argument("--no-targets", action="store_true", help="skip the targets section")
+    ap.add_argument("--sail-sg", metavar="REPO", default=None,
+                    help="a git checkout of sail-sg/zero-bubble-pipeline-parallelism: compare with its heuristic")
     args = ap.parse_args(argv)
+    if args.sail_sg:
+        sail_sg_section(args.sail_sg, args.seed)
+    if not args.no_targets:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from baseline import BASELINE_REV
+
+        targets(args.baseline or BASELINE_REV, args.pp, args.rounds, args.p2p, args.seed)
     print(f"load average before: {os.getloadavg()[0]:.2f} (2-core machine shared by several agents)")
     head = (f"{'p':>2} {'m':>3} {'profile':<8} {'p2p':>5} {'K':>3} {'ZB-H1':>8} {'ZB-H2':>8} {'zb-auto':>8} "
             f"{'/H1':>6} {'/H2':>12} {'search s':>8}  choice")

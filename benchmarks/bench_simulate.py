@@ -8,6 +8,10 @@ the same makespan; the speed-up printed is ours / naive in actions per second (o
 the full Timeline: events, comm events, exposure, critical path, peak activations).
 Timings are printed, never asserted.
 
+The targets section (:func:`targets`) measures the simulator of the baseline revision (:mod:`baseline`) and this
+tree in the same run, each in a fresh process, on 1F1B 16 x 1,024: actions per CPU second (target >= 500k and >= 10x
+the baseline's) with the wall time beside it.
+
 Run: ``python benchmarks/bench_simulate.py [--stages 16] [--microbatches 1024] [--repeat 3]``
 """
 
@@ -86,12 +90,47 @@ def naive_simulate(schedule: Schedule, durations, p2p_latency: float = 0.0) -> f
 
 
 def best_of(fn, repeat: int) -> tuple[float, object]:
-    best, out = float("inf"), None
+    """``(best wall seconds, result)``; the best CPU seconds of the same runs go to ``best_of.cpu``."""
+    best, out, cpu = float("inf"), None, float("inf")
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        best = min(best, time.perf_counter() - t0)
+        best, cpu = min(best, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
+    best_of.cpu = cpu
     return best, out
+
+
+RATE_CODE = """
+import json, time
+from tessera_lab.pipeline.schedules import build_schedule
+from tessera_lab.pipeline.simulate import simulate, uniform_durations
+d = uniform_durations(1e-3, 2e-3, w=1e-3, fb=2.4e-3)
+s = build_schedule("1f1b", {p}, {m})
+best_cpu = best_wall = float("inf")
+for _ in range({repeat}):
+    c0, w0 = time.process_time(), time.perf_counter()
+    tl = simulate(s, d, p2p_latency=20e-6)
+    best_cpu, best_wall = min(best_cpu, time.process_time() - c0), min(best_wall, time.perf_counter() - w0)
+print(json.dumps({{"actions": s.num_compute_actions, "cpu_s": best_cpu, "wall_s": best_wall,
+                  "makespan": tl.iteration_time}}))
+"""
+
+
+def targets(rev: str, p: int, m: int, repeat: int) -> None:
+    """The simulator's speed target: this tree against the baseline revision, measured side by side."""
+    from baseline import ROOT, TABLE_HEAD, baseline_tree, load, run_code, target_row
+
+    code = RATE_CODE.format(p=p, m=m, repeat=repeat)
+    got = {k: run_code(t, code)["out"] for k, t in (("baseline", baseline_tree(rev)), ("now", ROOT))}
+    b, n = got["baseline"], got["now"]
+    print(f"simulator speed target: baseline {rev} vs this tree (fresh processes, best of {repeat}, CPU seconds of "
+          f"simulate() incl. the full Timeline); load average {load()}")
+    print(TABLE_HEAD)
+    same = "same makespan" if b["makespan"] == n["makespan"] else f"MAKESPAN DIFFERS {b['makespan']} vs {n['makespan']}"
+    print(target_row(f"1F1B {p}x{m} actions per CPU second", ">= 500k, >= 10x", b["actions"] / b["cpu_s"],
+                     n["actions"] / n["cpu_s"], "actions/s", higher_is_better=True,
+                     extra=f"wall {b['wall_s']:.3f} -> {n['wall_s']:.3f} s; {same}"))
+    print()
 
 
 def main() -> None:
@@ -99,24 +138,36 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=16)
     ap.add_argument("--microbatches", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--baseline", default=None, help="git revision to compare with (default benchmarks/baseline.py's)")
+    ap.add_argument("--no-targets", action="store_true", help="skip the targets section")
     args = ap.parse_args()
     p, m = args.stages, args.microbatches
+    if not args.no_targets:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from baseline import BASELINE_REV
+
+        targets(args.baseline or BASELINE_REV, p, m, args.repeat)
     d = uniform_durations(1e-3, 2e-3, w=1e-3, fb=2.4e-3)
     latency = 20e-6
     print(f"simulate: {p} ranks x {m} micro-batches, p2p latency {latency * 1e6:.0f} us, best of {args.repeat}")
-    print(f"{'schedule':<16}{'actions':>9}{'build s':>10}{'ours s':>10}{'ours act/s':>13}"
-          f"{'naive s':>10}{'naive act/s':>13}{'speed-up':>10}")
+    print(f"{'schedule':<16}{'actions':>9}{'build s':>10}{'ours s':>10}{'ours CPU s':>11}{'ours act/s':>13}"
+          f"{'naive s':>10}{'naive CPU s':>12}{'naive act/s':>13}{'speed-up':>10}")
     one_f_one_b_time = None
     for name, vpp in [("gpipe", 1), ("1f1b", 1), ("overlapped", 1), ("interleaved", 2)]:
         t_build, sched = best_of(lambda: build_schedule(name, p, m, vpp=vpp), args.repeat)
         n = sched.num_compute_actions
         t_ours, tl = best_of(lambda: simulate(sched, d, p2p_latency=latency), args.repeat)
+        c_ours = best_of.cpu
         t_naive, ref = best_of(lambda: naive_simulate(sched, d, latency), 1)
+        c_naive = best_of.cpu
         if abs(ref - tl.iteration_time) > 1e-9 * max(1.0, ref):
             raise SystemExit(f"{name}: naive makespan {ref} != simulator {tl.iteration_time}")
         label = f"{name}" + (f" v={vpp}" if vpp > 1 else "")
-        print(f"{label:<16}{n:>9}{t_build:>10.3f}{t_ours:>10.3f}{n / t_ours:>13,.0f}"
-              f"{t_naive:>10.3f}{n / t_naive:>13,.0f}{t_naive / t_ours:>9.1f}x")
+        print(f"{label:<16}{n:>9}{t_build:>10.3f}{t_ours:>10.3f}{c_ours:>11.3f}{n / t_ours:>13,.0f}"
+              f"{t_naive:>10.3f}{c_naive:>12.3f}{n / t_naive:>13,.0f}{t_naive / t_ours:>9.1f}x")
         if name == "1f1b":
             one_f_one_b_time = t_ours
     ok = "yes" if one_f_one_b_time < 1.0 else "NO"

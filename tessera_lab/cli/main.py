@@ -18,12 +18,37 @@ from typing import Sequence
 
 from tessera_lab.argtypes import finite_float, integer, positive_float
 from tessera_lab.checks import check_work
-from tessera_lab.cli import calibrate, measure, models, partition, plan, report, reproduce, run, simulate, validate
 from tessera_lab.cli.common import Parser, check_output_paths
 from tessera_lab.errors import ConfigError, TesseraError
 
-#: subcommand modules in the order ``tessera-lab --help`` lists them
-COMMANDS = (models, plan, partition, reproduce, simulate, measure, report, run, calibrate, validate)
+#: subcommands in the order ``tessera-lab --help`` lists them; each is the module ``tessera_lab.cli.<name>``,
+#: imported only when its parser is needed (a run of one subcommand imports that one alone)
+COMMAND_NAMES = ("models", "plan", "partition", "reproduce", "simulate", "measure", "report", "run", "calibrate",
+                 "validate")
+
+
+#: each subcommand's one-line help, for ``tessera-lab --help`` (which lists them without importing the modules; each
+#: module's ``add_parser`` states the same line, tests/test_cli_startup.py checks that they agree)
+COMMAND_HELP = {
+    "models": "list the shipped models",
+    "params": "parameter counts of a model",
+    "plan": "the main job: partition, simulate and report a pipeline plan",
+    "partition": "partition a plain per-layer cost list",
+    "reproduce": "the paper's reported figures beside ours (PNG, JSON, Markdown)",
+    "simulate": "simulate a uniform pipeline",
+    "measure": "measure the overlap of layer pairs (F with B+W) and write a profile",
+    "report": "capacity report (where the lost MFU goes) of a plan, and a model-change diff",
+    "run": "train the tiny MoE model with pipeline + expert parallelism (local processes)",
+    "calibrate": "measure this machine at the runner's shapes (data/devices/NAME.json; about 40 s on a quiet 2-core "
+                 "machine, 90 s on a busy one)",
+    "validate": "run a fixed matrix of runner jobs and compare them with the plan's prediction",
+}
+
+
+def _command_module(name: str):
+    import importlib
+
+    return importlib.import_module(f"tessera_lab.cli.{name}")
 
 #: help of options whose subcommand module gives none (``--help`` shows help and the default of every option)
 OPTION_HELP = {
@@ -95,12 +120,22 @@ def _walk_parsers(parser: argparse.ArgumentParser):
                 yield from _walk_parsers(child)
 
 
-def build_parser() -> Parser:
+def build_parser(only: str | None = None, *, listing: bool = False) -> Parser:
+    """The full parser; with ``only`` (a subcommand name) that subcommand's parser in full and the others as bare
+    names (what parsing one command line needs: the other modules are not imported); with ``listing`` every
+    subcommand as a bare name with its :data:`COMMAND_HELP` line (what ``tessera-lab --help`` prints)."""
     parser = Parser(prog="tessera-lab", description="Pipeline-parallel planning for hybrid MoE models.",
                     formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in COMMANDS:
-        command.add_parser(sub)
+    if listing:
+        for name, text in COMMAND_HELP.items():
+            sub.add_parser(name, help=text)
+        return parser
+    for name in COMMAND_NAMES:
+        if only is None or name == only:
+            _command_module(name).add_parser(sub)
+        else:
+            sub.add_parser(name)
     for p in _walk_parsers(parser):
         p.formatter_class = HelpFormatter
         p._negative_number_matcher = _NEGATIVE_NUMBER  # so "--f -inf" or "--seed -1e3" reach the type check
@@ -180,7 +215,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``tessera-lab``; returns the exit status (0 ok, 2 bad input, 130 interrupted)."""
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=words[0] if words and words[0] in COMMAND_NAMES else None,
+                          listing=words in (["-h"], ["--help"]))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2, already printed as one line)

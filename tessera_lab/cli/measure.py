@@ -19,7 +19,6 @@ from typing import Any
 
 from tessera_lab.argtypes import int_at_least
 from tessera_lab.cli.common import add_json, emit, table
-from tessera_lab.overlap.core import BACKENDS, DEFAULT_SIZE_FACTOR
 
 
 def _size_factor(text: str) -> float:
@@ -44,7 +43,8 @@ def _seconds(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``tessera-lab measure`` (``--json`` is added by the caller)."""
-    from tessera_lab.plan.make import DEFAULT_GPU, DEFAULT_MODEL
+    from tessera_lab.overlap.bundles import BACKENDS
+    from tessera_lab.defaults import DEFAULT_GPU, DEFAULT_MODEL
 
     p.add_argument("--backend", required=True, choices=list(BACKENDS) + ["runner"],
                    help="measuring backend; runner: the runner's own node-level pair executor on an EP group of "
@@ -101,6 +101,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     from tessera_lab.cost.analytic import CostModel
     from tessera_lab.model.hardware import ParallelConfig, cluster_for
     from tessera_lab.model.spec import load_model
+    from tessera_lab.overlap.bundles import DEFAULT_SIZE_FACTOR
     from tessera_lab.overlap.core import overlap_spread, overlap_table
     from tessera_lab.paths import data_dir
     from tessera_lab.overlap.profiles import update_profile

@@ -213,7 +213,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    from tessera_lab.plan.make import DEFAULT_GPU, DEFAULT_MODEL
+    from tessera_lab.defaults import DEFAULT_GPU, DEFAULT_MODEL
 
     p = sub.add_parser("plan", help="the main job: partition, simulate and report a pipeline plan")
     add_plan_options(p, DEFAULT_MODEL, DEFAULT_GPU)

@@ -8,10 +8,6 @@ from typing import Any
 
 from tessera_lab.argtypes import int_at_least
 from tessera_lab.cli.common import add_json, add_plan_options, emit, model_from_args, parallel_from_args
-from tessera_lab.model.hardware import Cluster
-from tessera_lab.plan.load import load_plan, model_from_name
-from tessera_lab.report.capacity import capacity_report, model_diff, parse_changes, save_report_figure
-from tessera_lab.report.routing_terms import load_routing_terms
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -19,6 +15,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     own cost source unless ``--costs`` asks for another, or from plan options), an optional ``--diff OTHER`` (a
     plan JSON, a model name or ``KEY=VALUE,...`` changes), ``--plot PATH`` (:func:`save_report_figure`: the
     waterfall, or with ``--diff`` both waterfalls side by side) and ``--json``."""
+    from tessera_lab.model.hardware import Cluster
+    from tessera_lab.plan.load import load_plan, model_from_name
+    from tessera_lab.report.capacity import capacity_report, model_diff, parse_changes, save_report_figure
+    from tessera_lab.report.routing_terms import load_routing_terms
+
     if getattr(args, "lifecycle", None):  # the lifecycle decision from the runner's stored observations
         from tessera_lab.report.lifecycle import format_store_lifecycle, store_lifecycle
 
@@ -82,7 +83,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
-    from tessera_lab.plan.make import DEFAULT_GPU, DEFAULT_MODEL
+    from tessera_lab.defaults import DEFAULT_GPU, DEFAULT_MODEL
 
     p = sub.add_parser("report", help="capacity report (where the lost MFU goes) of a plan, and a model-change diff")
     p.add_argument("--plan", metavar="PLAN.json", help="a plan from 'tessera-lab plan --json' (else the plan options)")

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import platform
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +15,8 @@ __all__ = ["current_environment", "cost_model_digest"]
 # ---------------------------------------------------------------------- environment
 def _torch_version() -> str | None:
     try:
+        import importlib.metadata  # imported where needed: planning never asks for the environment
+
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return None
@@ -34,6 +33,9 @@ def _cpu_name() -> str:
 
 
 def _nvidia_smi() -> tuple[str | None, str | None]:
+    import shutil
+    import subprocess
+
     exe = shutil.which("nvidia-smi")
     if not exe:
         return None, None

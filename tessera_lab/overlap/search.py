@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from tessera_lab.cost.analytic import Contention, two_lane_makespan
+from tessera_lab.cost.analytic import Contention
+from tessera_lab.cost.lanes import StreamPair
 from tessera_lab.errors import ConfigError
 
 from .bundles import COMM, COMPUTE, PairGraph
@@ -52,23 +53,34 @@ class ScheduleResult:
 
 
 class _Evaluator:
-    """Makespan of an issue order, cached by its lane projection; deadlocked projections score ``inf``."""
+    """Makespan of an issue order, cached by its lane projection; deadlocked projections score ``inf``. When ``fn``
+    is a :class:`~tessera_lab.cost.lanes.StreamPair`'s ``makespan``, projections are scored by its
+    ``projection_makespan`` directly (the same number, without splitting the order again)."""
 
     def __init__(self, graph: PairGraph, fn: Callable[[Sequence[str]], float]):
         self.graph, self.fn = graph, fn
+        owner = getattr(fn, "__self__", None)
+        self._lanes_fn = owner.projection_makespan if isinstance(owner, StreamPair) else None
         self.cache: dict[tuple[tuple[str, ...], tuple[str, ...]], float] = {}
 
     def __call__(self, order: Sequence[str]) -> float:
-        key = self.graph.projection(order)
-        if key not in self.cache:
-            try:
-                self.cache[key] = float(self.fn(key[0] + key[1]))
-            except ConfigError:  # the lanes wait on each other: not a valid order
-                self.cache[key] = math.inf
-        return self.cache[key]
+        return self._score(self.graph.projection(order))
+
+    def _score(self, key: tuple[tuple[str, ...], tuple[str, ...]]) -> float:
+        got = self.cache.get(key)
+        if got is None:
+            if self._lanes_fn is not None:
+                got = self._lanes_fn(key[0], key[1])
+            else:
+                try:
+                    got = float(self.fn(key[0] + key[1]))
+                except ConfigError:  # the lanes wait on each other: not a valid order
+                    got = math.inf
+            self.cache[key] = got
+        return got
 
     def score_projection(self, comp: tuple[str, ...], comm: tuple[str, ...]) -> float:
-        return self((*comp, *comm))
+        return self._score((tuple(comp), tuple(comm)))
 
 
 def _ancestors(graph: PairGraph) -> dict[str, frozenset[str]]:
@@ -293,11 +305,47 @@ def _merge_projection(graph: PairGraph, order: Sequence[str]) -> tuple[str, ...]
 
 
 def _analytic_fn(graph: PairGraph, durations: Mapping[str, float], contention: Contention) -> Callable[[Sequence[str]], float]:
-    return lambda order: two_lane_makespan(order, durations, graph.lanes, graph.deps, contention, graph.classes).makespan
+    """Makespan of an issue order under the ``streams`` semantics (:class:`tessera_lab.cost.lanes.StreamPair`,
+    equal to :func:`~tessera_lab.cost.analytic.two_lane_makespan`; ``inf`` for an order that cannot complete)."""
+    return StreamPair(graph.keys, durations, graph.lanes, graph.deps, contention, graph.classes).makespan
+
+
+#: searched pairs by shape: (graph structure, durations, contention, search options) -> ScheduleResult. A re-plan
+#: that changes nothing a pair sees (micro-batches, pp, dp, schedule) finds its orders here without a search.
+_SEARCHED: dict[tuple, ScheduleResult] = {}
+_SEARCHED_MAX = 512
+
+
+def search_cache_info() -> dict[str, int]:
+    """``{"entries": n, "hits": h, "searches": s}`` of the pair-search cache of :func:`_schedule`."""
+    return {"entries": len(_SEARCHED), **_SEARCH_STATS}
+
+
+_SEARCH_STATS = {"hits": 0, "searches": 0}
 
 
 def _schedule(graph: PairGraph, durations: Mapping[str, float], contention: Contention, *, budget: int = 4000,
               beam: int = 3, keep: int = 3) -> ScheduleResult:
+    """The analytic search of :func:`~tessera_lab.overlap.measure.schedule_pair`, cached by shape: the graph's keys,
+    lanes, dependencies and kernel classes, every task's duration, the contention and the search options."""
+    keys = graph.keys
+    key = (keys, tuple(graph.lanes[k] for k in keys), tuple(tuple(graph.deps[k]) for k in keys),
+           tuple(graph.owner[k] for k in keys), tuple(graph.classes.get(k) for k in keys),
+           tuple(durations.items()), contention, budget, beam, keep)
+    hit = _SEARCHED.get(key)
+    if hit is not None:
+        _SEARCH_STATS["hits"] += 1
+        return replace(hit, candidates=list(hit.candidates))
+    _SEARCH_STATS["searches"] += 1
+    res = _search(graph, durations, contention, budget=budget, beam=beam, keep=keep)
+    if len(_SEARCHED) >= _SEARCHED_MAX:
+        _SEARCHED.clear()
+    _SEARCHED[key] = replace(res, candidates=list(res.candidates))
+    return res
+
+
+def _search(graph: PairGraph, durations: Mapping[str, float], contention: Contention, *, budget: int = 4000,
+            beam: int = 3, keep: int = 3) -> ScheduleResult:
     fn = _analytic_fn(graph, durations, contention)
     method, cands, evaluated, space = search_orders(graph, fn, durations, budget=budget, beam=beam, keep=keep)
     program = graph.program_order

@@ -41,12 +41,13 @@ import math
 from typing import Callable, Iterable, Mapping
 
 from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
-from tessera_lab.pipeline.actions import ActionType, parse_action
+from tessera_lab.pipeline.actions import ActionType
 from tessera_lab.pipeline.durations import Durations, _nonneg
+from tessera_lab.pipeline.linear import linear_plan, run_linear
 from tessera_lab.pipeline.p2p import check_nccl_order
 from tessera_lab.pipeline.timeline import Event, Timeline, _build_timeline
 
-__all__ = ["simulate"]
+__all__ = ["compile_schedule", "simulate"]
 
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 _OV = ActionType.OVERLAP_F_B
@@ -63,11 +64,17 @@ def _transfer_fn(p2p_latency: float, p2p_time) -> Callable[[int, int], float]:
     if p2p_time is None:
         return lambda src, dst: lat
     if callable(p2p_time):
+        memo: dict[tuple[int, int], float] = {}  # p2p_time is a function of (src, dst): asked once per pair
+
         def fn(src: int, dst: int) -> float:
+            got = memo.get((src, dst))
+            if got is not None:
+                return got
             v = p2p_time(src, dst)
             if not 0.0 <= v < math.inf:
                 raise ConfigError(f"p2p_time({src}, {dst}) returned {v!r}; allowed finite seconds >= 0")
-            return lat + v
+            got = memo[(src, dst)] = lat + v
+            return got
 
         return fn
     t = lat + _nonneg("p2p_time", p2p_time)
@@ -82,6 +89,8 @@ def simulate(
     p2p_time: float | Callable[[int, int], float] | None = None,
     blocking_sends: bool = False,
     comm: Iterable | None = None,
+    compiled: tuple | None = None,
+    time_only: bool = False,
 ) -> Timeline:
     """Simulate one iteration of ``schedule``.
 
@@ -89,8 +98,8 @@ def simulate(
         schedule: per-rank action lists (compute only, or with explicit SEND/RECV actions).
         durations: ``durations(stage, microbatch, type) -> seconds`` (see :class:`Durations`).
         p2p_latency: seconds added to every cross-rank stage-to-stage transfer.
-        p2p_time: transfer seconds, a constant or ``p2p_time(src_stage, dst_stage)``; added to the
-            latency. Same-rank transfers are free.
+        p2p_time: transfer seconds, a constant or ``p2p_time(src_stage, dst_stage)`` (a function of the stage
+            pair: asked once per pair); added to the latency. Same-rank transfers are free.
         blocking_sends: explicit ``SEND_*`` actions are rendezvous (see module docstring).
         comm: extra communication tasks on the comm lane, each ``(rank, collective_name, seconds,
             after_action)`` (tuple or dict with those keys); ``after_action`` is an
@@ -98,6 +107,9 @@ def simulate(
             tasks run one after another, each starting when its action has ended and the lane is
             free; they do not block compute but count as exposed while the compute lane is idle,
             and can extend the iteration. Zero-second tasks are no-ops.
+        compiled: :func:`compile_schedule` of this very schedule (unchanged since), to skip compiling it.
+        time_only: return only the iteration time (float seconds, the latest event end) without building the
+            timeline's analyses (exposure, critical path, peaks): what a search over many candidates needs.
 
     Returns:
         :class:`Timeline`.
@@ -112,14 +124,16 @@ def simulate(
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm)
+        return _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, compiled, time_only)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm) -> Timeline:
-    xfer = _transfer_fn(p2p_latency, p2p_time)
+def compile_schedule(schedule) -> tuple:
+    """The schedule's per-rank programs as the event loop reads them (a pure function of the schedule's actions
+    and ``stage_to_rank``): pass it back as ``simulate(..., compiled=...)`` to simulate the same, unchanged
+    schedule again under other durations without compiling it again."""
     S = schedule.num_stages
     s2r = schedule.stage_to_rank
     R = schedule.num_ranks
@@ -193,6 +207,38 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm) 
         programs.append(prog)
     if explicit_send or explicit_recv:
         check_nccl_order(schedule)
+    plan = None if explicit_send or explicit_recv else linear_plan(programs, s2r)
+    return programs, explicit_send, explicit_recv, plan
+
+
+#: compiled programs of recently simulated schedules, by identity and a fingerprint of every action list
+_COMPILED: dict[int, tuple] = {}
+
+
+def _compiled_for(schedule) -> tuple:
+    """:func:`compile_schedule` of ``schedule``, reused while its actions (each list's action objects, held alive by
+    the cache so their identities stay unique) and ``stage_to_rank`` are unchanged."""
+    fp = (schedule.num_stages, schedule.num_ranks, tuple(sorted(schedule.stage_to_rank.items())),
+          tuple(tuple(map(id, schedule.actions.get(r, []))) for r in range(schedule.num_ranks)))
+    held = _COMPILED.get(id(schedule))
+    if held is not None and held[0] is schedule and held[1] == fp:
+        return held[2]
+    compiled = compile_schedule(schedule)
+    if len(_COMPILED) >= 8:
+        _COMPILED.pop(next(iter(_COMPILED)))
+    _COMPILED[id(schedule)] = (schedule, fp, compiled)
+    return compiled
+
+
+def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, compiled=None, time_only=False):
+    xfer = _transfer_fn(p2p_latency, p2p_time)
+    s2r = schedule.stage_to_rank
+    R = schedule.num_ranks
+    ranks = range(R)
+    programs, explicit_send, explicit_recv, plan = compiled if compiled is not None else _compiled_for(schedule)
+    if plan is not None and not blocking_sends:  # the order is fixed: one pass (pipeline.linear)
+        events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer)
+        return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
 
     # ---- state ----------------------------------------------------------------------------
     done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action
@@ -363,51 +409,75 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm) 
             stuck,
         )
 
-    # ---- extra collectives on the comm lane ------------------------------------------------
+    return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
+
+
+def _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only):
+    """Extra collectives on the comm lane, then the iteration time or the timeline."""
     if comm:
         _add_comm_tasks(comm, events, preds, R)
-
+    if time_only:
+        return max((e.end for e in events), default=0.0)
     return _build_timeline(schedule, events, preds, R, busy, act_deltas)
 
 
 def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: int) -> None:
-    by_label: dict[tuple[int, str], int] = {}
-    for idx, e in enumerate(events):
+    parsed = []  # (n, rank, name, seconds, label or None), in task order, up to the first malformed task
+    failure: ConfigError | None = None
+    try:
+        for n, task in enumerate(comm):
+            if isinstance(task, Mapping):
+                try:
+                    rank, name, seconds, after = task["rank"], task["collective"], task["seconds"], task.get("after")
+                except KeyError as exc:
+                    raise ConfigError(f"comm task {n}: missing key {exc.args[0]!r}; keys: rank, collective, seconds, after") from None
+            else:
+                try:
+                    rank, name, seconds, after = task
+                except (TypeError, ValueError):
+                    raise ConfigError(
+                        f"comm task {n}: expected (rank, collective_name, seconds, after_action), got {task!r}"
+                    ) from None
+            if not isinstance(rank, int) or not 0 <= rank < R:
+                raise ConfigError(f"comm task {n}: rank={rank!r} is out of range; allowed 0..{R - 1}")
+            seconds = _nonneg(f"comm task {n} seconds", seconds)
+            if seconds == 0:
+                continue  # zero-size collective: a no-op
+            parsed.append((n, rank, name, seconds, None if after is None else str(after)))
+    except ConfigError as exc:
+        failure = exc
+    # the event each named action ended with: the last compute event with that label on that rank (an
+    # OVERLAP_F_B event "(0F7;7B3)OVERLAP_F_B" also answers to each sub-action's label); found scanning backwards
+    needed = {(rank, label) for _, rank, _, _, label in parsed if label is not None}
+    found: dict[tuple[int, str], int] = {}
+    ov = _OV.value
+    for idx in range(len(events) - 1, -1, -1):
+        if len(found) == len(needed):
+            break
+        e = events[idx]
         if e.lane != "compute":
             continue
-        by_label[(e.rank, e.label)] = idx
-        if e.type == _OV.value:
-            for x in parse_action(e.label).sub_actions:
-                by_label[(e.rank, str(x))] = idx
+        key = (e.rank, e.label)
+        if key in needed and key not in found:
+            found[key] = idx
+        if e.type == ov:
+            for x in e.label[1:e.label.index(")")].split(";"):
+                key = (e.rank, x.strip())
+                if key in needed and key not in found:
+                    found[key] = idx
     tasks = []
-    for n, task in enumerate(comm):
-        if isinstance(task, Mapping):
-            try:
-                rank, name, seconds, after = task["rank"], task["collective"], task["seconds"], task.get("after")
-            except KeyError as exc:
-                raise ConfigError(f"comm task {n}: missing key {exc.args[0]!r}; keys: rank, collective, seconds, after") from None
-        else:
-            try:
-                rank, name, seconds, after = task
-            except (TypeError, ValueError):
-                raise ConfigError(
-                    f"comm task {n}: expected (rank, collective_name, seconds, after_action), got {task!r}"
-                ) from None
-        if not isinstance(rank, int) or not 0 <= rank < R:
-            raise ConfigError(f"comm task {n}: rank={rank!r} is out of range; allowed 0..{R - 1}")
-        seconds = _nonneg(f"comm task {n} seconds", seconds)
-        if seconds == 0:
-            continue  # zero-size collective: a no-op
-        if after is None:
+    for n, rank, name, seconds, label in parsed:
+        if label is None:
             ready_t, pred, stage, mb = 0.0, -1, -1, None
         else:
-            label = str(after)
-            idx = by_label.get((rank, label))
+            idx = found.get((rank, label))
             if idx is None:
                 raise ConfigError(f"comm task {n}: action {label!r} does not run on rank {rank}")
             ev = events[idx]
             ready_t, pred, stage, mb = ev.end, idx, ev.stage, ev.microbatch
         tasks.append((ready_t, n, rank, str(name), seconds, pred, stage, mb))
+    if failure is not None:
+        raise failure
     tasks.sort()
     lane_free = [0.0] * R
     for ready_t, n, rank, name, seconds, pred, stage, mb in tasks:

@@ -125,28 +125,37 @@ class Timeline:
 def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     """The union of ``(start, end)`` intervals as sorted, disjoint intervals (touching ones join; empty ones,
     ``end <= start``, are dropped). The input is not changed."""
-    out: list[list[float]] = []
+    out: list[tuple[float, float]] = []
+    append = out.append
+    cur_s = cur_e = None
     for s, e in sorted(intervals):
         if e <= s:
             continue
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1][1] = e
+        if cur_e is not None and s <= cur_e:
+            if e > cur_e:
+                cur_e = e
         else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
+            if cur_e is not None:
+                append((cur_s, cur_e))
+            cur_s, cur_e = s, e
+    if cur_e is not None:
+        append((cur_s, cur_e))
+    return out
 
 
 def overlap_length(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> float:
     """Total length of the intersection of two merged interval lists (as :func:`merge_intervals` returns)."""
     i = j = 0
+    na, nb = len(a), len(b)
     total = 0.0
-    while i < len(a) and j < len(b):
-        s = max(a[i][0], b[j][0])
-        e = min(a[i][1], b[j][1])
+    while i < na and j < nb:
+        a_s, a_e = a[i]
+        b_s, b_e = b[j]
+        s = a_s if a_s >= b_s else b_s
+        e = a_e if a_e <= b_e else b_e
         if e > s:
             total += e - s
-        if a[i][1] < b[j][1]:
+        if a_e < b_e:
             i += 1
         else:
             j += 1
@@ -174,17 +183,30 @@ def _build_timeline(
     busy: list[float],
     act_deltas: list[list[tuple[float, int]]],
 ) -> Timeline:
-    T = max((e.end for e in events), default=0.0)
+    T = 0.0
     compute_iv: list[list[tuple[float, float]]] = [[] for _ in range(R)]
     comm_iv: dict[tuple[int, str], list[tuple[float, float]]] = {}
-    for e in events:
-        if e.lane != "compute":
-            coll = P2P_COLLECTIVE if e.type in ("RECV_F", "RECV_B") else e.type
-            comm_iv.setdefault((e.rank, coll), []).append((e.start, e.end))
-    if comm_iv:
-        for e in events:
-            if e.lane == "compute":
-                compute_iv[e.rank].append((e.start, e.end))
+    p2p_types = ("RECV_F", "RECV_B")
+    last_any = last_compute = -1  # the last event ending at T, and the last compute event ending at T
+    for k, e in enumerate(events):
+        end = e.end
+        is_compute = e.lane == "compute"
+        if end > T:
+            T, last_any, last_compute = end, k, (k if is_compute else -1)
+        elif end == T:
+            last_any = k
+            if is_compute:
+                last_compute = k
+        if is_compute:
+            compute_iv[e.rank].append((e.start, end))
+        else:
+            coll = P2P_COLLECTIVE if e.type in p2p_types else e.type
+            key = (e.rank, coll)
+            got = comm_iv.get(key)
+            if got is None:
+                comm_iv[key] = [(e.start, end)]
+            else:
+                got.append((e.start, end))
     idle = [max(0.0, T - b) for b in busy]
     total_busy = sum(busy)
     total_idle = sum(idle)
@@ -208,11 +230,7 @@ def _build_timeline(
 
     path: list[Event] = []
     if events:
-        idx = -1  # the last-ending event (a compute event on ties)
-        for k in range(len(events) - 1, -1, -1):
-            e = events[k]
-            if e.end == T and (idx < 0 or (e.lane == "compute" and events[idx].lane != "compute")):
-                idx = k
+        idx = last_compute if last_compute >= 0 else last_any  # the last-ending event (a compute one on ties)
         seen = set()
         while idx >= 0 and idx not in seen:
             seen.add(idx)

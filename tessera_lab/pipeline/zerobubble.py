@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 from tessera_lab.errors import ScheduleError
@@ -102,7 +103,11 @@ def greedy_order(
 
     first = [x[0] for x in stages]
 
+    later_stages = [x[1:] for x in stages]
+
     def reserved(r: int, extra: int) -> float:  # room held for later-stage forwards of started micro-batches
+        if not later_stages[r]:
+            return 0.0
         n0 = nf[first[r]] + extra
         if policy.reserve_all:
             return sum(unit[s] * (n0 - nf[s]) for s in stages[r][1:])
@@ -154,7 +159,8 @@ def greedy_order(
         if T != t[r] or not left[r] or r in blocked:
             continue  # stale entry
         best_i = best_f = None  # (ready time, tie-break, stage)
-        awaiting = sum(nf[s] - ni[s] for s in stages[r])
+        own = stages[r]
+        awaiting = nf[own[0]] - ni[own[0]] if single else sum(nf[s] - ni[s] for s in own)
         for s in stages[r]:
             k = ni[s]
             if k < nf[s]:
@@ -175,8 +181,11 @@ def greedy_order(
                     rd = None if e is None else e + hop(s - 1, s)
                 if rd is not None and (best_f is None or (rd, -s) < best_f[:2]):
                     best_f = (rd, -s, s)
-        pend = [s for s in stages[r] if nw[s] < ni[s]]
-        w_stage = min(pend, key=lambda s: (i_end[s][nw[s]], s)) if pend else None
+        if single:
+            w_stage = own[0] if nw[own[0]] < ni[own[0]] else None
+        else:
+            pend = [s for s in own if nw[s] < ni[s]]
+            w_stage = min(pend, key=lambda s: (i_end[s][nw[s]], s)) if pend else None
         i_now = best_i is not None and best_i[0] <= T + tol
         f_now = best_f is not None and best_f[0] <= T + tol
         if i_now:
@@ -266,13 +275,28 @@ def order_peak(schedule: Schedule) -> list[int]:
     ``+1`` per forward and ``-1`` per B or W; an ``OVERLAP_F_B`` pair holds its forward's activation while it runs.
     Equal to :attr:`Timeline.peak_activations` for every schedule (tested)."""
     out = []
+    B = ActionType.B
     for r in range(schedule.num_ranks):
         live = peak = 0
         for a in schedule.actions.get(r, []):
-            leaves = a.leaves()
-            live += sum(1 for x in leaves if x.type is _F)
-            peak = max(peak, live)
-            live -= sum(1 for x in leaves if x.type is ActionType.B or x.type is _W)
+            subs = a.sub_actions
+            if not subs:  # a single action: +1 at a forward, -1 at a B or W
+                t = a.type
+                if t is _F:
+                    live += 1
+                    if live > peak:
+                        peak = live
+                elif t is B or t is _W:
+                    live -= 1
+                continue
+            for x in subs:
+                if x.type is _F:
+                    live += 1
+            if live > peak:
+                peak = live
+            for x in subs:
+                if x.type is B or x.type is _W:
+                    live -= 1
         out.append(peak)
     return out
 
@@ -392,34 +416,18 @@ def zb_auto(
     cands: list[tuple[str, Schedule]] = []
     seen: set[tuple] = set()
     ones = [1.0] * S
-    passes = [((f, i, w, p2p), "times")]
-    if (f, i, w, p2p) != (ones, ones, ones, 0.0):
-        passes.append(((ones, ones, ones, 0.0), "unit times"))
-    for times, label in passes:
-        for pol in POLICIES:
-            if (vpp == 1 and not pol.reserve_all) or (vpp == 2 and not pol.stagger):
-                continue  # reserve_all only matters with several stages per rank, stagger only with one
-            lists = greedy_order(s2r, m, *times[:3], p2p=times[3], memory_budget=K, policy=pol)
-            key = None if lists is None else tuple(tuple(map(str, lists[r])) for r in sorted(lists))
+
+    def add_greedy(found: list[tuple[str, tuple | None, dict | None]], label: str) -> None:
+        for pol_name, key, lists in found:
             if key is not None and key not in seen:
                 seen.add(key)
-                cands.append((f"greedy(f_first={pol.f_first}, stagger={pol.stagger}, fit={pol.fit}, "
-                              f"reserve_all={pol.reserve_all}; {label})",
-                              _schedule("zb-auto", s2r, m, lists)))
+                cands.append((f"{pol_name}; {label})", _schedule("zb-auto", s2r, m, lists)))
+
+    add_greedy(_greedy_candidates(s2r, m, f, i, w, p2p, K, vpp), "times")
+    if (f, i, w, p2p) != (ones, ones, ones, 0.0):  # the unit-time orders depend on (pp, m, K, vpp) only: memoised
+        add_greedy(_unit_greedy_candidates(pp, m, K, vpp), "unit times")
     if vpp == 1:
-        cands.append(("zb-h1", zb_h1(pp, m)))
-        spans = range(1, pp + 1) if pp <= 6 else sorted({1, 2, pp // 4, pp // 2, (3 * pp) // 4, pp} - {0})
-        E = min(int(K) - pp, m)
-        for extra in (range(1, E + 1) if E <= 4 else sorted({1, 2, E // 2, (3 * E) // 4, E})):
-            for j in spans:  # `extra` more warm-up forwards on the first j ranks, or deferred W on the last j
-                e = [extra] * j + [0] * (pp - j)
-                cands.append((f"zb-h1(extra_warmup={e})", zb_h1(pp, m, extra_warmup=e)))
-                cands.append((f"zb-h1(extra_deferred={e[::-1]})", zb_h1(pp, m, extra_deferred=e[::-1])))
-            half = [extra] * (pp // 2) + [0] * (pp - pp // 2)
-            cands.append((f"zb-h1(extra_warmup={half}, extra_deferred={half[::-1]})",
-                          zb_h1(pp, m, extra_warmup=half, extra_deferred=half[::-1])))
-        if m >= pp:
-            cands.append(("zb-h2", zb_h2(pp, m)))
+        cands.extend(_h1_candidates(pp, m, K))
     table: dict[str, float | None] = {}
     best = None
     for name, sched in cands:
@@ -433,8 +441,54 @@ def zb_auto(
             "allowed budgets >= 1; raise it"
         )
     _, name, sched = best
-    tl = simulate(sched, durations, p2p_time=p2p)  # the winner, through the simulator itself
-    T, peak = tl.iteration_time, peak_memory(sched, tl)
-    out = Schedule("zb-auto", sched.num_ranks, sched.num_stages, m, sched.actions, dict(sched.stage_to_rank),
-                   {"vpp": vpp, "memory_budget": K, "choice": name, "makespan": T, "peak": peak, "candidates": table})
+    actions = {r: list(a) for r, a in sched.actions.items()}  # memoised candidates stay unchanged
+    out = Schedule("zb-auto", sched.num_ranks, sched.num_stages, m, actions, dict(sched.stage_to_rank), {})
+    tl = simulate(out, durations, p2p_time=p2p)  # the winner, through the simulator itself (compiled once for
+    T, peak = tl.iteration_time, peak_memory(out, tl)  # this, validate() and the caller's simulations)
+    out.meta.update({"vpp": vpp, "memory_budget": K, "choice": name, "makespan": T, "peak": peak,
+                     "candidates": table})
     return out.validate()
+
+
+def _greedy_candidates(s2r: dict[int, int], m: int, f, i, w, p2p: float, K: float, vpp: int
+                       ) -> list[tuple[str, tuple | None, dict | None]]:
+    """:func:`greedy_order` under every :data:`POLICIES` setting that applies: ``(policy label, order key or
+    None, lists or None)`` in :data:`POLICIES` order."""
+    out = []
+    for pol in POLICIES:
+        if (vpp == 1 and not pol.reserve_all) or (vpp == 2 and not pol.stagger):
+            continue  # reserve_all only matters with several stages per rank, stagger only with one
+        lists = greedy_order(s2r, m, f, i, w, p2p=p2p, memory_budget=K, policy=pol)
+        key = None if lists is None else tuple(tuple(map(str, lists[r])) for r in sorted(lists))
+        out.append((f"greedy(f_first={pol.f_first}, stagger={pol.stagger}, fit={pol.fit}, "
+                    f"reserve_all={pol.reserve_all}", key, lists))
+    return out
+
+
+@lru_cache(maxsize=32)
+def _unit_greedy_candidates(pp: int, m: int, K: float, vpp: int) -> list[tuple[str, tuple | None, dict | None]]:
+    """:func:`_greedy_candidates` at unit times without communication (independent of the stage times)."""
+    S = pp * vpp
+    s2r = {s: s for s in range(S)} if vpp == 1 else _v_placement(pp)
+    ones = [1.0] * S
+    return _greedy_candidates(s2r, m, ones, ones, ones, 0.0, K, vpp)
+
+
+@lru_cache(maxsize=32)
+def _h1_candidates(pp: int, m: int, K: float) -> list[tuple[str, Schedule]]:
+    """ZB-H1, its variants with extra warm-up forwards / deferred W passes within ``K``, and ZB-H2 (one stage per
+    rank; independent of the stage times)."""
+    cands = [("zb-h1", zb_h1(pp, m))]
+    spans = range(1, pp + 1) if pp <= 6 else sorted({1, 2, pp // 4, pp // 2, (3 * pp) // 4, pp} - {0})
+    E = min(int(K) - pp, m)
+    for extra in (range(1, E + 1) if E <= 4 else sorted({1, 2, E // 2, (3 * E) // 4, E})):
+        for j in spans:  # `extra` more warm-up forwards on the first j ranks, or deferred W on the last j
+            e = [extra] * j + [0] * (pp - j)
+            cands.append((f"zb-h1(extra_warmup={e})", zb_h1(pp, m, extra_warmup=e)))
+            cands.append((f"zb-h1(extra_deferred={e[::-1]})", zb_h1(pp, m, extra_deferred=e[::-1])))
+        half = [extra] * (pp // 2) + [0] * (pp - pp // 2)
+        cands.append((f"zb-h1(extra_warmup={half}, extra_deferred={half[::-1]})",
+                      zb_h1(pp, m, extra_warmup=half, extra_deferred=half[::-1])))
+    if m >= pp:
+        cands.append(("zb-h2", zb_h2(pp, m)))
+    return cands

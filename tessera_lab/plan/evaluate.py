@@ -12,6 +12,7 @@ dense bf16 FLOP/s), with the peak of each stage's GPU when stages differ.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Sequence
 
 from tessera_lab.cost.analytic import CostModel
@@ -19,6 +20,7 @@ from tessera_lab.cost.memory import gpu_params, memory_capacity
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import Collective
+from tessera_lab.pipeline.engine import compile_schedule
 from tessera_lab.pipeline.simulate import Timeline, simulate, stage_durations
 from tessera_lab.plan.partition import Partition
 from tessera_lab.plan.stages import StageCostModel
@@ -92,18 +94,59 @@ def dp_grad_sync_time(model: ModelSpec, cost_model: CostModel, stage: StagePlan,
     (together the bus volume of one all-reduce), else an all-reduce of the gradients. ``num_stages``
     (default ``pp``) tells which stage holds the LM head.
     """
-    p = cost_model.parallel
-    last = (num_stages or p.pp) - 1
-    entries = list(stage.layers) + ([-1] if stage.index == 0 else []) + ([model.num_layers] if stage.index == last else [])
-    dense = expert = 0.0
-    for idx in entries:
-        d, e = gpu_params(model, p, idx)
-        dense, expert = dense + d, expert + e
-    t = 0.0
-    for params, group, size in ((dense, "edp", p.dense_dp), (expert, "dp", p.expert_dp)):
-        if size > 1 and params > 0:
-            t += cost_model.collective_time(Collective("all_reduce", params * p.grad_sync_bytes_per_param, group, size))
-    return t
+    return grad_sync(model, cost_model).time(stage.index, stage.layers, num_stages)
+
+
+class GradSync:
+    """:func:`dp_grad_sync_time` with the per-entry parameter counts (:func:`gpu_params`) looked up once and
+    collective times memoised by ``(bytes, group, size)``; one per ``(model, cost model)`` (:func:`grad_sync`)."""
+
+    def __init__(self, model: ModelSpec, cost_model: CostModel):
+        self.model, self.cost_model = model, cost_model
+        p = cost_model.parallel
+        self._params = {idx: gpu_params(model, p, idx) for idx in range(-1, model.num_layers + 1)}
+        self._coll: dict[tuple[float, str, int], float] = {}
+
+    def time(self, index: int, layers, num_stages: int | None = None) -> float:
+        """Seconds of the gradient sync of (virtual) stage ``index`` owning decoder ``layers``."""
+        model, p = self.model, self.cost_model.parallel
+        last = (num_stages or p.pp) - 1
+        entries = list(layers) + ([-1] if index == 0 else []) + ([model.num_layers] if index == last else [])
+        dense = expert = 0.0
+        params = self._params
+        for idx in entries:
+            d, e = params[idx] if idx in params else gpu_params(model, p, idx)
+            dense, expert = dense + d, expert + e
+        t = 0.0
+        for n_params, group, size in ((dense, "edp", p.dense_dp), (expert, "dp", p.expert_dp)):
+            if size > 1 and n_params > 0:
+                nbytes = n_params * p.grad_sync_bytes_per_param
+                key = (nbytes, group, size)
+                c = self._coll.get(key)
+                if c is None:
+                    c = self._coll[key] = self.cost_model.collective_time(Collective("all_reduce", nbytes, group, size))
+                t += c
+        return t
+
+
+def grad_sync(model: ModelSpec, cost_model: CostModel) -> GradSync:
+    """The :class:`GradSync` of ``(model, cost_model)``, kept on the cost model (built once per pair)."""
+    held = cost_model.__dict__.get("_grad_sync")
+    if held is None or held.model is not model:
+        held = cost_model.__dict__["_grad_sync"] = GradSync(model, cost_model)
+    return held
+
+
+#: schedules the planner searches on the stage times (built per evaluation; the others depend on (pp, m, vpp) only)
+DURATION_DEPENDENT_SCHEDULES = ("zb-auto",)
+
+
+@lru_cache(maxsize=64)
+def _fixed_schedule(name: str, pp: int, m: int, vpp: int):
+    """``(schedule, compiled program)`` of a schedule that depends on ``(name, pp, m, vpp)`` only, built and
+    compiled once (private to :func:`evaluate`, which never changes it)."""
+    schedule = plan_schedule(name, pp, m, vpp)
+    return schedule, compile_schedule(schedule)
 
 
 def stage_plans(model: ModelSpec, stage_models: Sequence[StageCostModel], boundaries: Sequence[int],
@@ -134,7 +177,8 @@ def evaluate(
     *,
     per_stage: Sequence[tuple[CostModel, StageCostModel]] | None = None,
     speed: Sequence[float] | None = None,
-) -> Evaluation:
+    time_only: bool = False,
+) -> Evaluation | float:
     """Simulate a partition with the parallel config's schedule and compute the metrics.
 
     Args:
@@ -144,6 +188,8 @@ def evaluate(
         method: label of the evaluation; model_flops: model FLOPs per iteration (Megatron-LM convention).
         per_stage: one ``(CostModel, StageCostModel)`` per virtual stage (devices, links that differ by stage).
         speed: per-stage time multipliers (> 0), e.g. observed / predicted.
+        time_only: return only the simulated iteration time (float seconds; the same number as the
+            evaluation's ``iteration_time_s``), for searches over many partitions.
     """
     p = parallel
     S = p.pp * p.vpp
@@ -153,8 +199,12 @@ def evaluate(
     # a transfer between virtual stages s and s+1 runs on the slower of the two ends' links
     p2p = [max(per[s][0].p2p_time(model, s % p.pp), per[min(s + 1, S - 1)][0].p2p_time(model, s % p.pp))
            for s in range(S)]
-    schedule = plan_schedule(p.schedule, p.pp, p.microbatches, p.vpp, f=[st.f_s for st in stages],
-                             i=[st.b_s - st.w_s for st in stages], w=[st.w_s for st in stages], p2p=max(p2p))
+    compiled = None
+    if p.schedule in DURATION_DEPENDENT_SCHEDULES:
+        schedule = plan_schedule(p.schedule, p.pp, p.microbatches, p.vpp, f=[st.f_s for st in stages],
+                                 i=[st.b_s - st.w_s for st in stages], w=[st.w_s for st in stages], p2p=max(p2p))
+    else:
+        schedule, compiled = _fixed_schedule(p.schedule, p.pp, p.microbatches, p.vpp)
     overlapped = all(st.overlap_s is not None for st in stages)
     durations = stage_durations([st.f_s for st in stages], [st.b_s for st in stages], [st.w_s for st in stages],
                                 fb=[st.overlap_s for st in stages] if overlapped else None)
@@ -163,7 +213,10 @@ def evaluate(
         rank = schedule.stage_to_rank[s]
         sync_by_rank[rank] = sync_by_rank.get(rank, 0.0) + dp_grad_sync_time(model, per[s][0], st, num_stages=S)
     comm = [(r, "dp_grad_sync", t, schedule.actions[r][-1]) for r, t in sorted(sync_by_rank.items()) if t > 0]
-    timeline = simulate(schedule, durations, p2p_time=lambda src, dst: p2p[min(src, dst)], comm=comm)
+    timeline = simulate(schedule, durations, p2p_time=lambda src, dst: p2p[min(src, dst)], comm=comm, compiled=compiled,
+                        time_only=time_only)
+    if time_only:
+        return timeline
     T = timeline.iteration_time
     exposed = dict(timeline.exposed_comm)
     # EP all-to-all and TP all-reduce not hidden inside the stage's own bundles (per rank, summed over ranks)

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from tessera_lab.cost.analytic import LayerCost
 from tessera_lab.cost.memory import memory_capacity
 from tessera_lab.cost.source import CostSource, analytic_source, profile_source
+from tessera_lab.defaults import DEFAULT_GPU, DEFAULT_MODEL
 from tessera_lab.errors import ConfigError, PartitionError, TesseraError
 from tessera_lab.checks import divisors_text
 from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfig, check_fits, cluster_for
@@ -37,8 +38,6 @@ __all__ = ["BASELINES", "DEFAULT_GPU", "DEFAULT_MODEL", "Evaluation", "OBJECTIVE
            "PLAN_SCHEDULES", "Plan", "StageCostModel", "StagePlan", "build_stage_model", "dp_grad_sync_time",
            "evaluate", "layer_pair_costs", "make_plan", "planning_problem"]
 
-DEFAULT_MODEL = "qwen3-next-80b-a3b"
-DEFAULT_GPU = "H200"
 #: baselines evaluated beside the chosen plan, all with the same schedule and simulator:
 #: ``uniform`` (layer counts as even as possible), ``standalone`` (balanced on standalone F+B+W sums: what a
 #: planner without overlap measurement picks), ``parameters`` (balanced on parameter bytes, DeepSpeed's default).
@@ -133,6 +132,10 @@ class Plan:
     #: objective ``auto``: where the simulator refinement started (``start``, ``start_boundaries``,
     #: ``start_iteration_time_s``), how many partitions it simulated and the gain in seconds
     refinement: dict[str, Any] = field(default_factory=dict)
+    #: how long :func:`make_plan` took (measured): ``wall_s``, ``cpu_s`` (this process's CPU seconds), and what its
+    #: caches spared: ``pair_searches`` run and ``pair_searches_cached``, ``stage_model`` ``"cached"`` or ``"built"``
+    #: (not part of :meth:`as_dict`: it describes this run, not the plan)
+    timing: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the keys of the CLI contract (``model``, ``method``, ``stages``, ``costs``, ...)."""
@@ -226,6 +229,25 @@ def make_plan(
         ConfigError: bad parallel sizes, schedule or objective, or a world size larger than the cluster.
         PartitionError / InfeasiblePlanError: more stages than layers, or nothing fits in memory.
     """
+    import time
+
+    from tessera_lab.overlap.search import search_cache_info
+    from tessera_lab.plan.stages import COST_CACHE_STATS
+
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    searches, cached, built = (search_cache_info()["searches"], search_cache_info()["hits"],
+                               COST_CACHE_STATS["builds"])
+    pl = _make_plan(model, parallel, cluster, method=method, baselines=baselines, time_limit_s=time_limit_s,
+                    objective=objective, gpu=gpu, profile=profile, refine_budget=refine_budget, boundaries=boundaries)
+    info = search_cache_info()
+    pl.timing = {"wall_s": time.perf_counter() - t_wall, "cpu_s": time.process_time() - t_cpu,
+                 "pair_searches": info["searches"] - searches, "pair_searches_cached": info["hits"] - cached,
+                 "stage_model": "built" if COST_CACHE_STATS["builds"] > built else "cached"}
+    return pl
+
+
+def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, objective, gpu, profile, refine_budget,
+               boundaries) -> Plan:
     parallel = parallel or ParallelConfig()
     cluster = cluster or cluster_for(parallel, gpu)
     check_fits(parallel, cluster)
@@ -367,20 +389,23 @@ def _refine(model, parallel, cost_model, sm, steady: PartitionProblem, candidate
                      f"({best_solver.iteration_time_s:.4f} s): the solver's objective misses part of what the "
                      "simulated schedule pays, so the plan starts from the baseline")
     cache = {}
+    known = {tuple(ev.partition.boundaries): ev for ev, _ in starts if ev.fits_memory}
 
     def sim(b: list[int]) -> float | None:
+        if tuple(b) in known:
+            return known[tuple(b)].iteration_time_s
         part = score_boundaries(steady, b, method)
         if not all(steady.memory_ok_rank(m) for m in part.rank_memory):
             return None
-        ev = evaluate(model, parallel, cost_model, sm, part, method, flops)
-        cache[tuple(b)] = ev
-        return ev.iteration_time_s
+        cache[tuple(b)] = part  # the full evaluation is built for the partition kept only
+        return evaluate(model, parallel, cost_model, sm, part, method, flops, time_only=True)
 
-    cache[tuple(start_ev.partition.boundaries)] = start_ev
-    b, t, spent = refine(start_ev.partition.boundaries, lambda bb: cache[tuple(bb)].iteration_time_s
-                         if tuple(bb) in cache else sim(bb), budget=budget)
+    known[tuple(start_ev.partition.boundaries)] = start_ev
+    b, t, spent = refine(start_ev.partition.boundaries, sim, budget=budget)
     ref = best_solver.partition
-    found = cache[tuple(b)]  # may be a baseline's own evaluation: copy, never relabel it
+    found = known.get(tuple(b))  # may be a baseline's own evaluation: copy, never relabel it
+    if found is None:
+        found = evaluate(model, parallel, cost_model, sm, cache[tuple(b)], method, flops)
     ev = replace(found, method=method, partition=replace(found.partition, method=method, solver=ref.solver,
                                                          status=ref.status, solve_time_s=ref.solve_time_s))
     gain = start_ev.iteration_time_s - t

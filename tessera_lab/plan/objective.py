@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 from tessera_lab.cost.analytic import CostModel
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import ModelSpec
-from tessera_lab.plan.evaluate import StagePlan, dp_grad_sync_time
+from tessera_lab.plan.evaluate import grad_sync
 from tessera_lab.plan.stages import OVERLAPPED_SCHEDULES, StageCostModel
 
 SegmentFn = Callable[[int, int, int], float]
@@ -56,12 +56,12 @@ def schedule_path_cost(model: ModelSpec, parallel: ParallelConfig, cost_model: C
     for h in hop:
         hops.append(hops[-1] + h)
     sync_cache: dict[tuple[int, int, int], float] = {}
+    gs = grad_sync(model, cost_model)
 
     def sync(s: int, i: int, j: int) -> float:
         key = (s, i, j)
         if key not in sync_cache:
-            st = StagePlan(s, list(range(i, j)), [], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-            sync_cache[key] = dp_grad_sync_time(model, cost_model, st)
+            sync_cache[key] = gs.time(s, range(i, j))
         return sync_cache[key]
 
     def cost(s: int, i: int, j: int) -> float:

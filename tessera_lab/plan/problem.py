@@ -17,6 +17,10 @@ SegmentFn = Callable[[int, int, int], float]
 GIB = 2**30
 
 
+#: feasible segments per (memory function, limit, sizes, bounds, stage): see :meth:`PartitionProblem.segments`
+_SEGMENTS: dict[tuple, tuple[tuple[int, int], ...]] = {}
+
+
 @dataclass(frozen=True)
 class PartitionProblem:
     """A contiguous partition problem.
@@ -96,16 +100,30 @@ class PartitionProblem:
         return self.memory is None or rank_bytes <= self.memory_limit * (1 + 1e-12)
 
     def segments(self, s: int) -> list[tuple[int, int]]:
-        """Feasible (i, j) of stage s (length bounds, pins, memory)."""
+        """Feasible (i, j) of stage s (length bounds, pins, memory); memoised by everything they depend on (the
+        memory function by identity: it is a function of ``(s, i, j)``), so problems that differ only in their cost
+        or objective share them."""
+        key = (self.memory, self.memory_limit, self.num_layers, self.num_stages, self.min_layers, self.max_layers,
+               self.first_stage_layers, self.last_stage_layers, s)
+        got = _SEGMENTS.get(key)
+        if got is None:
+            if len(_SEGMENTS) >= 1024:
+                _SEGMENTS.clear()
+            got = _SEGMENTS[key] = tuple(self._segments(s))
+        return list(got)
+
+    def _segments(self, s: int) -> list[tuple[int, int]]:
         L, S = self.num_layers, self.num_stages
         lo_i = 0 if s == 0 else s * self.min_layers
         hi_i = 0 if s == 0 else L - (S - s) * self.min_layers
         out = []
+        memory, limit = self.memory, (self.memory_limit or 0.0) * (1 + 1e-12)
+        length_ok = self.length_ok
         for i in range(lo_i, hi_i + 1):
             j_end = L if s == S - 1 else L - (S - 1 - s) * self.min_layers
             j_start = L if s == S - 1 else i + self.min_layers
-            for j in range(j_start, j_end + 1):
-                if self.length_ok(s, i, j) and self.memory_ok(s, i, j):
+            for j in range(j_start, j_end + 1):  # memory_ok, inlined
+                if length_ok(s, i, j) and (memory is None or memory(s, i, j) <= limit):
                     out.append((i, j))
         return out
 

@@ -59,12 +59,22 @@ class StageCostModel:
         self._pw = _prefix([c.W.time for c in body])
         self._pparam = _prefix([mm.param_bytes for mm in self.memory[1:-1]])
         self._pact = _prefix([mm.activation_bytes for mm in self.memory[1:-1]])
+        # per-stage constants (the embedding / head a stage owns, micro-batches in flight), computed once
+        S = self.num_stages
+        self._extras = [{a: self._extra_sum(s, a) for a in ("f", "b", "w")} for s in range(S)]
+        self._end_param = [sum(self.memory[e].param_bytes for e in self._ends(s)) for s in range(S)]
+        self._end_act = [sum(self.memory[e].activation_bytes for e in self._ends(s)) for s in range(S)]
+        p = parallel
+        self._in_flight = [plan_in_flight(p.schedule, p.pp, s % p.pp, p.microbatches, p.vpp) for s in range(S)]
 
     def _ends(self, s: int) -> list[int]:
         """Entries (0 = embedding, -1 = head) that stage ``s`` owns besides its decoder layers."""
         return ([0] if s == 0 else []) + ([-1] if s == self.num_stages - 1 else [])
 
     def _extra(self, s: int, attr: str) -> float:
+        return self._extras[s][attr]
+
+    def _extra_sum(self, s: int, attr: str) -> float:
         total = 0.0
         for e in self._ends(s):
             c = self.costs[e]
@@ -107,18 +117,16 @@ class StageCostModel:
 
     def params(self, s: int, i: int, j: int) -> float:
         """Parameter and training-state bytes per GPU of the segment."""
-        return self._pparam[j] - self._pparam[i] + sum(self.memory[e].param_bytes for e in self._ends(s))
+        return self._pparam[j] - self._pparam[i] + self._end_param[s]
 
     def activations(self, s: int, i: int, j: int) -> float:
         """Activation bytes per micro-batch of the segment."""
-        return self._pact[j] - self._pact[i] + sum(self.memory[e].activation_bytes for e in self._ends(s))
+        return self._pact[j] - self._pact[i] + self._end_act[s]
 
     def memory_bytes(self, s: int, i: int, j: int) -> float:
         """Parameters and training state plus activations times micro-batches in flight (bytes); for virtual
         stages the rank's memory is the sum over its chunks."""
-        p = self.parallel
-        return self.params(s, i, j) + self.activations(s, i, j) * plan_in_flight(
-            p.schedule, p.pp, s % p.pp, p.microbatches, p.vpp)
+        return self.params(s, i, j) + self.activations(s, i, j) * self._in_flight[s]
 
 
 @lru_cache(maxsize=256)
@@ -147,12 +155,36 @@ def layer_pair_costs(model: ModelSpec, parallel: ParallelConfig, cost_model: Cos
             for kf in kinds for kb in kinds}
 
 
+#: layer costs, memory and pair costs by ``(model, cost-relevant parallel sizes, cluster)``: a re-plan that changes
+#: only what the costs do not see (micro-batches in bf16) builds its stage model from here (no pair search)
+_COSTS: dict[tuple, tuple] = {}
+_COSTS_MAX = 64
+COST_CACHE_STATS = {"hits": 0, "builds": 0}
+
+
+def cost_key_parallel(parallel: ParallelConfig) -> ParallelConfig:
+    """The parallel sizes as the per-layer costs see them: micro-batches enter only FP8 weight-cast amortisation
+    (:meth:`~tessera_lab.cost.analytic.CostModel.fp8_cast_bytes`, :func:`tessera_lab.cost.host.task_kernels`), so
+    outside FP8 they are normalised to 1."""
+    return parallel if parallel.precision == "fp8" else parallel.replace(microbatches=1)
+
+
 def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, profile=None
                       ) -> tuple[CostModel, StageCostModel]:
     """Cost model and per-segment stage costs/memory for a model on a cluster (pair costs after overlap
     included when the schedule is overlapped: from a measured ``profile`` (a
-    :class:`tessera_lab.overlap.profiles.Profile`) when given, else from the analytic overlap scheduler)."""
+    :class:`tessera_lab.overlap.profiles.Profile`) when given, else from the analytic overlap scheduler).
+
+    Without a profile the layer costs, memory and pair costs are memoised by ``(model, parallel sizes the costs
+    see, cluster)`` (:func:`cost_key_parallel`; counts in ``COST_CACHE_STATS``)."""
     cost_model = CostModel(cluster, parallel)
+    key = (model, cost_key_parallel(parallel), cluster) if profile is None else None
+    held = _COSTS.get(key) if key is not None else None
+    if held is not None:
+        COST_CACHE_STATS["hits"] += 1
+        layer_costs, mem, pairs = held
+        return cost_model, StageCostModel(layer_costs, mem, parallel, pairs)
+    COST_CACHE_STATS["builds"] += 1
     tasks = decompose(model, parallel)
     layer_costs = [cost_model.layer_cost(lt) for lt in tasks]
     mem = layer_memory(model, parallel, tasks)
@@ -164,4 +196,8 @@ def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Clust
             pairs = profile_stage_pair_costs(profile, model, parallel, cost_model, budget=PAIR_SEARCH_BUDGET)
         else:
             pairs = layer_pair_costs(model, parallel, cost_model)
+    if key is not None:
+        if len(_COSTS) >= _COSTS_MAX:
+            _COSTS.clear()
+        _COSTS[key] = (layer_costs, mem, pairs)
     return cost_model, StageCostModel(layer_costs, mem, parallel, pairs)

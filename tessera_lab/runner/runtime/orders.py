@@ -141,28 +141,17 @@ def nominal_durations(ep: int) -> dict[str, float]:
 
 def host_issue_makespan(order: Sequence[str], durations: Mapping[str, float], *, issue_overhead: float = 0.0,
                         graph: PairGraph | None = None) -> float:
-    """Makespan of ``order`` under the CPU executor's semantics (module docstring).
+    """Makespan of ``order`` under the CPU executor's semantics (module docstring): the ``host_issue`` semantics of
+    the one pair-makespan function :func:`tessera_lab.cost.lanes.pair_makespan`.
 
     ``durations``: seconds (or any unit) per key; communication keys run on their side's lane (``f`` and
     ``b`` have separate lanes, as they use separate process groups); ``issue_overhead``: host time to issue
     one communication.
     """
+    from tessera_lab.cost.lanes import host_issue
+
     g = graph or template_graph()
-    host = 0.0
-    done: dict[str, float] = {}
-    lane_free = {"f": 0.0, "b": 0.0}
-    for k in order:
-        dep_end = max((done[d] for d in g.deps.get(k, ())), default=0.0)
-        d = float(durations.get(k, 0.0))
-        if g.lanes[k] == COMPUTE:
-            start = max(host, dep_end)
-            host = done[k] = start + d
-        else:
-            side = k.split(".")[0]
-            start = max(host, dep_end, lane_free[side])
-            lane_free[side] = done[k] = start + d
-            host += issue_overhead
-    return max([host] + list(done.values()))
+    return host_issue(order, durations, g.lanes, g.deps, issue_overhead)
 
 
 def all_templates() -> list[tuple[str, ...]]:

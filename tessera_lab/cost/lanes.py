@@ -1,0 +1,194 @@
+"""One pair-makespan function for an issue order of tasks on lanes, with an explicit execution semantics.
+
+:func:`pair_makespan` is the makespan every part of the package uses for a forward/backward pair (or any small
+task graph issued in one order):
+
+* ``semantics="streams"`` (a GPU: CUDA work is asynchronous, the host never blocks): a compute stream and a
+  communication stream, each running its tasks in issue order; a task starts when its stream is free and its
+  dependencies are done; while both streams are busy each progresses at the contention rate of
+  :class:`~tessera_lab.cost.contention.Contention` (integrated exactly between events). This is
+  :func:`tessera_lab.cost.analytic.two_lane_makespan`'s model (which also returns every task's span).
+* ``semantics="host_issue"`` (the CPU testbed): one host thread walks the order; a compute task runs on the host
+  when it reaches it and its inputs are there; a communication task is *issued* asynchronously and runs on the
+  lane of its side (the key's prefix before the first ``.``, e.g. ``f`` / ``b``: separate process groups);
+  ``issue_overhead`` seconds of host time per issued communication.
+
+:class:`StreamPair` compiles one task graph once (integer indices, per-task rates) and evaluates many issue
+orders of it with the ``streams`` semantics, bit-for-bit equal to :func:`two_lane_makespan`; the overlap
+scheduler's order search (:mod:`tessera_lab.overlap.search`) evaluates thousands of orders through it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+from tessera_lab.cost.contention import COMPUTE, Contention
+from tessera_lab.errors import ConfigError
+
+SEMANTICS = ("streams", "host_issue")
+
+
+class StreamPair:
+    """A task graph compiled for repeated ``streams`` evaluations (seconds).
+
+    Args:
+        keys: every task key.
+        durations: standalone seconds per key (>= 0).
+        lanes: ``compute`` or ``comm`` per key.
+        deps: keys each task waits for.
+        contention: slowdowns while both lanes are busy; classes: kernel class per key (default ``compute``).
+
+    Raises:
+        ConfigError: an unknown lane or a negative duration.
+    """
+
+    def __init__(self, keys: Sequence[str], durations: Mapping[str, float], lanes: Mapping[str, str],
+                 deps: Mapping[str, Sequence[str]], contention: Contention = Contention(),
+                 classes: Mapping[str, str] | None = None):
+        self.keys = tuple(keys)
+        self.index = {k: i for i, k in enumerate(self.keys)}
+        for k in self.keys:
+            if lanes[k] not in ("compute", "comm"):
+                raise ConfigError(f"task {k!r} has lane {lanes[k]!r}; allowed: compute, comm")
+            if durations[k] < 0:
+                raise ConfigError(f"task {k!r} has duration {durations[k]}; allowed: >= 0")
+        self.dur = [float(durations[k]) for k in self.keys]
+        self.is_comm = [lanes[k] == "comm" for k in self.keys]
+        idx = self.index
+        self.deps = [tuple(idx[d] for d in deps.get(k, ()) if d in idx) for k in self.keys]
+        classes = classes or {}
+        # rates while both lanes are busy, by the compute-lane task: its own rate and the communication's
+        self.rate_c = [1.0 / (1.0 + contention.slowdown(classes.get(k, COMPUTE))) for k in self.keys]
+        self.rate_m = [1.0 / (1.0 + contention.comm_slowdown(classes.get(k, COMPUTE))) for k in self.keys]
+
+    def makespan(self, order: Sequence[str]) -> float:
+        """Makespan (s) of an issue order (keys, each once; keys left out count as done); ``inf`` when the order
+        cannot complete (a task waits on one queued behind it on its lane)."""
+        idx = self.index
+        ids = [idx[k] for k in order]
+        is_comm = self.is_comm
+        return self.run([i for i in ids if not is_comm[i]], [i for i in ids if is_comm[i]])
+
+    def projection_makespan(self, comp: Sequence[str], comm: Sequence[str]) -> float:
+        """Makespan (s) of the compute-lane key sequence ``comp`` and comm-lane key sequence ``comm``."""
+        idx = self.index
+        return self.run([idx[k] for k in comp], [idx[k] for k in comm])
+
+    def run(self, comp: Sequence[int], comm: Sequence[int]) -> float:
+        """Makespan (s) of the compute-lane sequence ``comp`` and comm-lane sequence ``comm`` (task indices)."""
+        dur, deps, rate_c, rate_m = self.dur, self.deps, self.rate_c, self.rate_m
+        n = len(comp) + len(comm)
+        done = [True] * len(dur)
+        for i in comp:
+            done[i] = False
+        for i in comm:
+            done[i] = False
+        lc, lm = len(comp), len(comm)
+        ic = im = ndone = 0
+        ck = mk = -1
+        crem = mrem = 0.0
+        t = 0.0
+        while ndone < n:
+            progressed = True
+            while progressed:  # start everything that can start now (zero-length tasks finish at once)
+                progressed = False
+                if ck < 0 and ic < lc:
+                    k = comp[ic]
+                    for d in deps[k]:
+                        if not done[d]:
+                            break
+                    else:
+                        ic += 1
+                        if dur[k] <= 0:
+                            done[k] = True
+                            ndone += 1
+                        else:
+                            ck, crem = k, dur[k]
+                        progressed = True
+                if mk < 0 and im < lm:
+                    k = comm[im]
+                    for d in deps[k]:
+                        if not done[d]:
+                            break
+                    else:
+                        im += 1
+                        if dur[k] <= 0:
+                            done[k] = True
+                            ndone += 1
+                        else:
+                            mk, mrem = k, dur[k]
+                        progressed = True
+            if ndone == n:
+                break
+            if ck >= 0 and mk >= 0:
+                rc, rm = rate_c[ck], rate_m[ck]
+                a, b = crem / rc, mrem / rm
+                step = a if a < b else b
+                t += step
+                crem -= step * rc
+                mrem -= step * rm
+                thr = 1e-15 * (t if t > 1.0 else 1.0)
+                if crem <= thr:
+                    done[ck] = True
+                    ndone += 1
+                    ck = -1
+                if mrem <= thr:
+                    done[mk] = True
+                    ndone += 1
+                    mk = -1
+            elif ck >= 0:
+                t += crem
+                done[ck] = True
+                ndone += 1
+                ck = -1
+            elif mk >= 0:
+                t += mrem
+                done[mk] = True
+                ndone += 1
+                mk = -1
+            else:
+                return math.inf
+        return t if n else 0.0
+
+
+def host_issue(order: Sequence[str], durations: Mapping[str, float], lanes: Mapping[str, str],
+               deps: Mapping[str, Sequence[str]], issue_overhead: float = 0.0) -> float:
+    """Makespan of ``order`` under the ``host_issue`` semantics (module docstring); durations default to 0."""
+    host = 0.0
+    done: dict[str, float] = {}
+    lane_free: dict[str, float] = {}
+    for k in order:
+        dep_end = max((done[d] for d in deps.get(k, ())), default=0.0)
+        d = float(durations.get(k, 0.0))
+        if lanes[k] == COMPUTE:
+            start = max(host, dep_end)
+            host = done[k] = start + d
+        else:
+            side = k.split(".")[0]
+            start = max(host, dep_end, lane_free.get(side, 0.0))
+            lane_free[side] = done[k] = start + d
+            host += issue_overhead
+    return max([host] + list(done.values()))
+
+
+def pair_makespan(order: Sequence[str], durations: Mapping[str, float], lanes: Mapping[str, str],
+                  deps: Mapping[str, Sequence[str]], *, semantics: str = "streams",
+                  contention: Contention = Contention(), classes: Mapping[str, str] | None = None,
+                  issue_overhead: float = 0.0) -> float:
+    """Makespan (s) of tasks issued in ``order`` under ``semantics`` (``streams`` or ``host_issue``, module
+    docstring). ``streams`` raises :class:`ConfigError` for an order that cannot complete (as
+    :func:`~tessera_lab.cost.analytic.two_lane_makespan` does); ``contention``/``classes`` apply to ``streams``,
+    ``issue_overhead`` to ``host_issue``.
+
+    Raises:
+        ConfigError: unknown semantics, unknown lane, negative duration, or (streams) a deadlocked order.
+    """
+    if semantics == "host_issue":
+        return host_issue(order, durations, lanes, deps, issue_overhead)
+    if semantics != "streams":
+        raise ConfigError(f"field 'semantics' = {semantics!r} is unknown; allowed: {', '.join(SEMANTICS)}")
+    t = StreamPair(order, durations, lanes, deps, contention, classes).makespan(order)
+    if t == math.inf:
+        raise ConfigError("issue order cannot complete: tasks wait on tasks queued behind them")
+    return t
