@@ -30,7 +30,7 @@ COMMAND_NAMES = ("models", "plan", "partition", "reproduce", "simulate", "measur
 #: each subcommand's one-line help, for ``tessera-lab --help`` (which lists them without importing the modules; each
 #: module's ``add_parser`` states the same line, tests/test_cli_startup.py checks that they agree)
 COMMAND_HELP = {
-    "models": "list the shipped models",
+    "models": "list the shipped models and the supported model families",
     "params": "parameter counts of a model",
     "plan": "the main job: partition, simulate and report a pipeline plan",
     "partition": "partition a plain per-layer cost list",
