@@ -127,8 +127,8 @@ def format_plan(plan) -> str:
             if "error" in t:
                 lines.append(f"refused {t['schedule']}" + (f" vpp {t['vpp']}" if t.get("vpp", 1) > 1 else "")
                              + f": {t['error']}")
-    lines.append(f"MFU of the chosen plan: {mfu_text(plan.chosen.mfu, moe=m.num_experts > 0)}")
-    flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0,
+    lines.append(f"MFU of the chosen plan: {mfu_text(plan.chosen.mfu, moe=m.num_experts > 0, model=m)}")
+    flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0, model=m,
                     grouped_gemm=getattr(p, "grouped_gemm", None))  # validity flag (issue 17)
     if flag:
         lines.append(f"warning: {flag}")
