@@ -75,6 +75,26 @@ BASELINE_TEXT = {
 SUMMARY_FLOATFMT = ("", ".3f", ",.0f", "", ".3f", ".2f", "")
 
 
+def solve_line(plan) -> str:
+    """One line saying whether the chosen partition is proven optimal: ``proven optimal`` when the solver (exact DP, or
+    HiGHS with solution status optimal) finished, else that its time limit decided (``Partition.status``); a given
+    or even split has no solver. Simulator refinement, when it moved the boundaries, is named after it."""
+    ev = plan.chosen
+    part = ev.partition
+    if not part.solver and ev.method == "uniform":
+        return "chosen partition: a given or even split (no solver, nothing to prove)"
+    status = part.status or "Optimal"
+    t = f" in {part.solve_time_s:.2f} s" if part.solve_time_s else ""
+    moved = (plan.refinement or {}).get("gain_s", 0.0) > 0
+    after = ("; then moved by simulator refinement, which searches neighbours and proves nothing"
+             if moved else "")
+    if status == "Optimal":
+        return (f"chosen partition: proven optimal for the solver's objective ({part.solver or ev.method}, status "
+                f"Optimal{t}){after}")
+    return (f"chosen partition: NOT proven optimal: the solver's time limit decided ({part.solver or ev.method}, "
+            f"status {status}{t}){after}")
+
+
 def format_plan(plan) -> str:
     """Readable text of a plan: the header and the summary of every method first (infeasible ones marked), the
     bottleneck stage and its cause, then per-stage tables for the chosen method and each baseline, notes last."""
@@ -105,6 +125,7 @@ def format_plan(plan) -> str:
             "fits memory": "yes" if ev.fits_memory else "NO",
         })
     lines.append(table(summary, SUMMARY_FLOATFMT))
+    lines.append(solve_line(plan))
     lines.append("baselines (same schedule and simulator): " + "; ".join(
         f"{name}: {BASELINE_TEXT.get(name, name)}" for name in plan.baselines))
     if any(not ev.fits_memory for ev in [plan.chosen, *plan.baselines.values()]):
