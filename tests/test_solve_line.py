@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
-from tessera_lab.cli.plan import solve_line
+from tessera_lab.plan.proof import solve_line
 
 
 def _plan(status, solver="HiGHS", method="ilp", gain=0.0):

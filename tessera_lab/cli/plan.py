@@ -9,6 +9,7 @@ from typing import Any
 from tessera_lab.argtypes import positive_float
 from tessera_lab.cli.common import GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args, table
 from tessera_lab.model.spec import layer_summary
+from tessera_lab.plan.proof import solve_line
 from tessera_lab.report.headline import mfu_note, mfu_text
 
 
@@ -73,26 +74,6 @@ BASELINE_TEXT = {
 }
 #: decimals per column of the summary table (fixed, so that 1.480 stands beside 1.794)
 SUMMARY_FLOATFMT = ("", ".3f", ",.0f", "", ".3f", ".2f", "")
-
-
-def solve_line(plan) -> str:
-    """One line saying whether the chosen partition is proven optimal: ``proven optimal`` when the solver (exact DP, or
-    HiGHS with solution status optimal) finished, else that its time limit decided (``Partition.status``); a given
-    or even split has no solver. Simulator refinement, when it moved the boundaries, is named after it."""
-    ev = plan.chosen
-    part = ev.partition
-    if not part.solver and ev.method == "uniform":
-        return "chosen partition: a given or even split (no solver, nothing to prove)"
-    status = part.status or "Optimal"
-    t = f" in {part.solve_time_s:.2f} s" if part.solve_time_s else ""
-    moved = (plan.refinement or {}).get("gain_s", 0.0) > 0
-    after = ("; then moved by simulator refinement, which searches neighbours and proves nothing"
-             if moved else "")
-    if status == "Optimal":
-        return (f"chosen partition: proven optimal for the solver's objective ({part.solver or ev.method}, status "
-                f"Optimal{t}){after}")
-    return (f"chosen partition: NOT proven optimal: the solver's time limit decided ({part.solver or ev.method}, "
-            f"status {status}{t}){after}")
 
 
 def format_plan(plan) -> str:
