@@ -23,7 +23,9 @@ def claims_text(rep) -> str:
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from tessera_lab.report.reproduce import reproduce, write
+    from tessera_lab.report.scenarios import load_scenarios
 
+    load_scenarios(args.scenario)  # an unknown id: one line, exit 2, before any planning
     rep = reproduce(quick=args.quick, scenarios=args.scenario)
     paths = write(rep, args.out)
     rows = [{"file": p.name, "path": str(p)} for p in paths]

@@ -122,48 +122,6 @@ def ablation_table(model: str = "qwen3-next-80b-a3b", parallel: ParallelConfig |
     return out
 
 
-def ablation_notes(ablation) -> list[str]:
-    """What differs between the reported and the simulated ablation, and why (numbers from ``ablation``, a
-    :func:`ablation_table` result; its ``attrs["context"]`` holds the baseline's stage times and the dynamic
-    run)."""
-    rep = reported()["ablation"]
-    sim = {r["step"]: r for r in ablation.to_dict(orient="records") if r["source"] == SIMULATED}
-    ctx = ablation.attrs.get("context", {})
-    total, balance = sim["static plan (total)"]["gain"], sim["of which stage balance"]["gain"]
-    overlap = sim["of which overlap scheduling"]["gain"]
-    notes = []
-    stage_ms = ctx.get("uniform_1f1b_stage_ms") or []
-    if len(stage_ms) > 1:
-        others = sum(stage_ms[:-1]) / (len(stage_ms) - 1)
-        layers = ctx["uniform_layers_per_stage"]
-        count = f"{min(layers)}" if min(layers) == max(layers) else f"{min(layers)}-{max(layers)}"
-        head = (f"the uniform partition gives every stage {count} layers, so the last stage also "
-                f"carries the LM head and loss and takes {stage_ms[-1]:.1f} ms per micro-batch against "
-                f"{others:.1f} ms for the others ({stage_ms[-1] / others - 1:+.0%}), and the whole pipeline waits "
-                "for it")
-    else:
-        head = "the uniform partition puts the LM head and loss on a full last stage"
-    notes.append(
-        f"Static plan: ours gains {total:.1%} ({100 * balance:.1f} points from stage balance, {100 * overlap:.1f} "
-        f"from overlap scheduling) where the paper reports {rep['static_plan_throughput_gain']:.0%} "
-        f"({100 * rep['of_which_stage_balance']:.0f} points from stage balance). The gap is mostly our baseline: "
-        f"{head}; and plain 1F1B overlaps no communication with compute at all, so overlap scheduling alone is "
-        f"worth {100 * overlap:.1f} points. The paper's baseline was an already-tuned production plan, with far "
-        "less left to gain. Compare the split (stage balance the larger part in both), not the size.")
-    d = ctx.get("dynamic")
-    if d:
-        notes.append(
-            f"Dynamic filling: we remove {1e3 * d['idle_removed_s']:.0f} ms of idle time per rank on a "
-            f"{d['iteration_static_s']:.2f} s simulated step at {d['gpus']} GPUs ({ctx['model']}, pp={ctx['pp']}, "
-            f"ep={ctx['ep']}, {d['microbatches']} micro-batches, {d['routing']} routing, static plan "
-            f"{d['schedule']}: {d['idle_removed_share']:.0%} of its idle time); the paper removes "
-            f"{rep['dynamic_only_idle_reduction_ms']:.0f} ms at {rep['dynamic_only_job_gpus']:,} GPUs on a production "
-            "step whose length is not given. Milliseconds of idle time grow with the step length and the pipeline "
-            f"depth, so compare the throughput gain (ours {d['throughput_gain']:+.1%}, reported "
-            f"{rep['dynamic_only_throughput_gain']:+.1%}), not the milliseconds.")
-    return notes
-
-
 def overlap_tables(model: str = "qwen3-next-80b-a3b", parallel: ParallelConfig | None = None,
                    profiles: Sequence[Path] | None = None):
     """Gain of running F and B+W of two layer kinds together, per combination: ours (simulated, and every
