@@ -221,6 +221,7 @@ def scenario_tables(results: list[dict[str, Any]]):
                "proven_optimal": r["after"]["proven_optimal"]}
         for key, b in r["baselines"].items():
             row[f"gain_vs_{key}"] = b["gain"]
+        row["gain_vs_megatron_core_with_sync"] = r["baselines"]["megatron_core"].get("gain_with_sync", math.nan)
         row["megatron_core_setup"] = r["baselines"]["megatron_core"]["setup"]
         row["source"] = SIMULATED
         base.append(row)
