@@ -166,9 +166,9 @@ def accounted_split(num_layers: int, stages: int) -> list[int] | None:
     return bounds
 
 
-def megatron_core_best(model, par: ParallelConfig) -> dict[str, Any]:
+def megatron_core_best(model, par: ParallelConfig, *, _recomputing: bool = False) -> dict[str, Any]:
     """The fastest of Megatron-Core's public pipeline options that fits memory (module docstring), with every
-    option tried in ``tried``."""
+    option tried in ``tried``; when none fits, the same options with selective recomputation."""
     tried = []
     for vpp, schedule in ((1, "1f1b"), (2, "interleaved-overlapped")):
         if par.pp * vpp > model.num_layers or (vpp > 1 and par.pp < 2):
@@ -184,6 +184,13 @@ def megatron_core_best(model, par: ParallelConfig) -> dict[str, Any]:
             tried.append({"setup": f"{split} split, {schedule}" + (f" vpp {vpp} (combined-1F1B EP overlap)"
                                                                    if vpp > 1 else ""), **r})
     fit = [t for t in tried if t["fits"]]
+    if not fit and par.recompute == "none" and not _recomputing:
+        # what a Megatron-Core user does next: selective recomputation (--recompute-granularity selective)
+        more = megatron_core_best(model, par.replace(recompute="selective"), _recomputing=True)
+        for t in more["tried"]:
+            t["setup"] += ", selective recomputation"
+        tried += more["tried"]
+        fit = [t for t in tried if t["fits"]]
     best = min(fit, key=lambda t: t["iteration_s"]) if fit else {"setup": "none fits memory", "fits": False,
                                                                  "mfu": math.nan, "iteration_s": math.nan}
     return {**best, "tried": tried}
