@@ -8,7 +8,8 @@ use (EP across nodes where EP > 8), every field not from the paper labelled in `
 :func:`run_scenario` plans a scenario (simulated: analytic cost model and simulator) and returns:
 
 * ``after``: the overlap-aware plan (ILP + simulator refinement), the faster of the overlapped schedule and its
-  interleaved form at VP 2 (the planner's two schedules that overlap EP communication), and its capacity figures
+  interleaved form at VP 2 (the planner's two schedules that overlap EP communication), each also with selective
+  recomputation when the Megatron-Core baseline needed it to fit, and its capacity figures
   (EP hidden share, exposed EP share and pipeline idle share of the iteration; :mod:`tessera_lab.report.capacity`);
 * ``baselines``, each with its gain ``T_baseline / T_after - 1`` (shown separately, never merged):
   ``even_1f1b`` (even layer split, plain 1F1B: the usual "before"), ``even`` (even split, same overlapped
@@ -216,15 +217,20 @@ def run_scenario(sc: Scenario, *, knobs: bool = True, time_limit_s: float = TIME
 
     model = sc.model()
     par0 = sc.parallel()
+    mc_best = megatron_core_best(model, par0)
+    # the plan may use what the Megatron-Core baseline needed to fit: selective recomputation, when it did
+    recomputes = ("none", "selective") if "recomputation" in mc_best["setup"] else ("none",)
     plans = []
-    for vpp, schedule in ((1, "overlapped"), (2, "interleaved-overlapped")):
-        if vpp > 1 and (par0.pp < 2 or par0.pp * vpp > model.num_layers):
-            continue
-        try:
-            plans.append(make_plan(model, par0.replace(schedule=schedule, vpp=vpp), baselines=("uniform", "standalone"),
-                                   time_limit_s=time_limit_s, refine_budget=REFINE_BUDGET))
-        except TesseraError:
-            continue
+    for recompute in recomputes:
+        for vpp, schedule in ((1, "overlapped"), (2, "interleaved-overlapped")):
+            if vpp > 1 and (par0.pp < 2 or par0.pp * vpp > model.num_layers):
+                continue
+            try:
+                plans.append(make_plan(model, par0.replace(schedule=schedule, vpp=vpp, recompute=recompute),
+                                       baselines=("uniform", "standalone"), time_limit_s=time_limit_s,
+                                       refine_budget=REFINE_BUDGET))
+            except TesseraError:
+                continue
     if not plans:
         raise ConfigError(f"scenario {sc.id}: no overlap-aware plan fits memory at its layout")
     fitting = [p for p in plans if p.chosen.fits_memory] or plans
@@ -233,7 +239,9 @@ def run_scenario(sc: Scenario, *, knobs: bool = True, time_limit_s: float = TIME
     ev = plan.chosen
     t2 = ev.iteration_time_s
     after = {"mfu": ev.mfu, "iteration_s": t2, "fits": bool(ev.fits_memory), "schedule": par.schedule, "vpp": par.vpp,
-             "candidates": [{"schedule": p.parallel.schedule, "vpp": p.parallel.vpp, "mfu": p.chosen.mfu,
+             "recompute": par.recompute,
+             "candidates": [{"schedule": p.parallel.schedule, "vpp": p.parallel.vpp, "recompute": p.parallel.recompute,
+                             "mfu": p.chosen.mfu,
                              "fits": bool(p.chosen.fits_memory), "boundaries": list(p.chosen.partition.boundaries)}
                             for p in plans],
              "boundaries": list(ev.partition.boundaries), "solve": solve_line(plan),
@@ -252,7 +260,7 @@ def run_scenario(sc: Scenario, *, knobs: bool = True, time_limit_s: float = TIME
         key = "even" if name == "uniform" else name
         base[key] = {"setup": label, "fits": bool(b.fits_memory), "mfu": b.mfu, "iteration_s": b.iteration_time_s,
                      "note": "" if b.fits_memory else "exceeds GPU memory: its time is not achievable"}
-    base["megatron_core"] = megatron_core_best(model, par0)
+    base["megatron_core"] = mc_best
     base["even_1f1b"]["schedule"] = "1f1b"
     base["even"]["schedule"] = base["standalone"]["schedule"] = par.schedule
     mc = base["megatron_core"]
