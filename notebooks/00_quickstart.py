@@ -84,8 +84,8 @@ summary = pd.DataFrame([{"partition": ev.method, "iteration (s)": ev.iteration_t
                         for ev in [plan.chosen, *plan.baselines.values()]]).set_index("partition")
 # MFU against the published band of this model class, and the validity note when it is above it
 # (report.headline.mfu_text / mfu_note: one source with the CLI)
-print("MFU of the chosen plan:", mfu_text(plan.chosen.mfu, moe=model.num_experts > 0))
-if note := mfu_note(plan.chosen.mfu, moe=model.num_experts > 0, grouped_gemm=plan.parallel.grouped_gemm):
+print("MFU of the chosen plan:", mfu_text(plan.chosen.mfu, moe=model.num_experts > 0, model=model))
+if note := mfu_note(plan.chosen.mfu, moe=model.num_experts > 0, grouped_gemm=plan.parallel.grouped_gemm, model=model):
     print(note)
 summary
 

@@ -80,8 +80,8 @@ print(report.format())
 # the line `tessera-lab report` prints under the report (report.headline.mfu_text / mfu_note: one source)
 from tessera_lab.report.headline import mfu_note, mfu_text
 
-print(f"MFU against published runs: {mfu_text(report.mfu, moe=model.num_experts > 0)}")
-if note := mfu_note(report.mfu, moe=model.num_experts > 0, grouped_gemm=parallel.grouped_gemm):
+print(f"MFU against published runs: {mfu_text(report.mfu, moe=model.num_experts > 0, model=model)}")
+if note := mfu_note(report.mfu, moe=model.num_experts > 0, grouped_gemm=parallel.grouped_gemm, model=model):
     print(f"warning: {note}")
 
 # %% [markdown]
@@ -207,19 +207,20 @@ plt.show()
 # %%
 scale = scale_study(GPU_COUNTS, dynamic_routing=DYNAMIC_ROUTING)
 # each MFU against the published band (report.headline.mfu_text / mfu_note, as `plan` and `report` print it)
-from tessera_lab.report.headline import published_mfu_band
+from tessera_lab.report.headline import position, published_mfu_band
 
 
-def band_verdict(mfu: float) -> str:
-    """Where ``mfu`` sits against each published band, short: 'inside 15.9%-21.1%, above 11.9%-20.5%'."""
-    return ", ".join(("inside" if b["lo"] <= mfu <= b["hi"] else "ABOVE" if mfu > b["hi"] else "below")
-                     + f" {b['lo']:.1%}-{b['hi']:.1%}" for b in published_mfu_band()["bands"])
+def band_verdict(mfu: float, model: str) -> str:
+    """Where ``mfu`` sits against each published band of ``model``'s family, short: 'inside 15.9%-21.1%, above
+    11.9%-20.5%'."""
+    return ", ".join(position(mfu, b["lo"], b["hi"]) + f" {b['lo']:.1%}-{b['hi']:.1%}"
+                     for b in published_mfu_band(model)["bands"]) or "no published band"
 
 
-scale["MFU vs published bands"] = [band_verdict(m) for m in scale["mfu"]]
+scale["MFU vs published bands"] = [band_verdict(m, name) for m, name in zip(scale["mfu"], scale["model"])]
 display(scale)
 for r in scale.itertuples():
-    if note := mfu_note(r.mfu, moe=load_model(r.model).num_experts > 0):
+    if note := mfu_note(r.mfu, moe=load_model(r.model).num_experts > 0, model=r.model):
         print(f"warning: {r.model}, {r.setup}, {r.gpus} GPUs: {note}")
 if len(GPU_COUNTS) > 1:
     plot_scale_study(scale)

@@ -84,6 +84,25 @@ def test_published_mfu_band_by_hand():
     assert H.mfu_text(0.3, moe=False) == "30.0%"
 
 
+def test_band_per_family_and_model():
+    # Qwen3-235B-A22B (qwen3_moe): the paper's Qwen3 jobs, L 29.7% -> 36.3% and XL 32.0% -> 39.0%, and its own
+    # Megatron-Bridge run on H100, 253 / 989 = 25.6%; 35.4% (its plan) is inside the first, above the second
+    band = H.published_mfu_band("qwen3-235b-a22b")
+    tessera, mb = band["bands"]
+    assert (tessera["lo"], tessera["hi"]) == (0.297, 0.390) and "Qwen3 MoE" in tessera["source"]
+    assert mb["lo"] == mb["hi"] == pytest.approx(253 / 989) and "qwen3-235b-a22b on H100" in mb["source"]
+    t = H.mfu_text(0.354, model="qwen3-235b-a22b")
+    assert t.startswith("35.4%: inside 29.7%-39.0% Tessera paper, Qwen3 MoE") and "; above 25.6% Megatron" in t
+    assert H.mfu_note(0.354, model="qwen3-235b-a22b") is None
+    assert "ABOVE" not in t and "1.05x" in H.mfu_note(0.41, model="qwen3-235b-a22b")  # 0.41 / 0.39
+    # Qwen3-Next: the default band (its stand-in named); DeepSeek-V3: its own run only, 338 / 989
+    assert H.published_mfu_band("qwen3-next-80b-a3b") == H.published_mfu_band()
+    assert "stand-in for qwen3-next-80b-a3b" in H.published_mfu_band()["bands"][1]["source"]
+    ds = H.published_mfu_band("deepseek-v3")
+    assert [b["name"] for b in ds["bands"]] == ["megatron_bridge"] and ds["hi"] == pytest.approx(338 / 989)
+    assert H.position(0.2, 0.1, 0.3) == "inside" and H.position(0.4, 0.1, 0.3) == "above"
+
+
 # ----------------------------------------------------------------------------------------------- one number, everywhere
 @pytest.fixture(scope="module")
 def default_plan():

@@ -9,6 +9,7 @@ from typing import Any
 from tessera_lab.argtypes import positive_float
 from tessera_lab.cli.common import GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args, table
 from tessera_lab.model.spec import layer_summary
+from tessera_lab.plan.proof import solve_line
 from tessera_lab.report.headline import mfu_note, mfu_text
 
 
@@ -128,6 +129,7 @@ def format_plan(plan) -> str:
             "fits memory": "yes" if ev.fits_memory else "NO",
         })
     lines.append(table(summary, SUMMARY_FLOATFMT))
+    lines.append(solve_line(plan))
     lines.append("baselines (same schedule and simulator): " + "; ".join(
         f"{name}: {BASELINE_TEXT.get(name, name)}" for name in plan.baselines))
     if any(not ev.fits_memory for ev in [plan.chosen, *plan.baselines.values()]):
@@ -152,8 +154,8 @@ def format_plan(plan) -> str:
             if "error" in t:
                 lines.append(f"refused {t['schedule']}" + (f" vpp {t['vpp']}" if t.get("vpp", 1) > 1 else "")
                              + f": {t['error']}")
-    lines.append(f"MFU of the chosen plan: {mfu_text(plan.chosen.mfu, moe=m.num_experts > 0)}")
-    flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0,
+    lines.append(f"MFU of the chosen plan: {mfu_text(plan.chosen.mfu, moe=m.num_experts > 0, model=m)}")
+    flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0, model=m,
                     grouped_gemm=getattr(p, "grouped_gemm", None))  # validity flag (issue 17)
     if flag:
         lines.append(f"warning: {flag}")

@@ -18,6 +18,11 @@ here. Where two numbers answer different questions they have different names:
   1F1B static plan, 16 micro-batches). Notebook 07's sliders use a synthetic teaching pipeline instead; its
   numbers are labelled "toy pipeline" and are not this headline.
 
+Published bands (:func:`published_mfu_band`, :func:`mfu_text`, :func:`mfu_note`) are chosen per model family
+and model: the Tessera paper's jobs of the same family (Qwen3 MoE 29.7-39.0%, Qwen3-Next 15.9-21.1%) and
+Megatron-Bridge's runs of the same model (or a named stand-in); every comparative word comes from
+:func:`position` on the values it describes.
+
 Validity notes (:func:`efficiency_note`, :func:`spread_note`, :func:`gain_note`, :func:`mfu_note`) return
 ``None`` for a value inside its meaningful range, else one line saying why it should not be read as is.
 """
@@ -35,61 +40,115 @@ from typing import Any, Sequence
 PUBLISHED_MFU_CEILING = {"dense": 0.43}
 PUBLISHED_MFU_SOURCE = "Llama 3 405B on 16K H100: 38-43% BF16 MFU (Dubey et al. 2024, Table 4)"
 
-#: the Megatron-Bridge runs of the published MoE band: Qwen3-30B-A3B (128 experts, top-8, 3B active: the published
-#: model closest to Qwen3-Next-80B-A3B's fine-grained 512 experts, top-10) on H100 (the bf16 peak of the default H200)
-MB_BAND_MODEL, MB_BAND_GPU = "qwen3-30b-a3b", "H100"
+#: the Tessera paper's job family (``family`` in ``data/paper/tessera_paper_reported.json``) per Hugging Face
+#: ``model_type``: Qwen3 MoE jobs (Qwen3-L/XL, 29.7-39.0%) and Qwen3-Next jobs (Qwen3-Next-M/XL, 15.9-21.1%)
+PAPER_FAMILY = {"qwen3_moe": "qwen3", "qwen3_next": "qwen3_next"}
+#: Megatron-Bridge stand-in for a family with no published run of its own: Qwen3-30B-A3B (128 experts, top-8, 3B
+#: active) is the published model closest to Qwen3-Next-80B-A3B's fine-grained 512 experts, top-10
+MB_PROXY = {"qwen3_next": "qwen3-30b-a3b"}
+#: the GPU of the Megatron-Bridge band: H100 (its bf16 peak is the default H200's)
+MB_BAND_GPU = "H100"
+#: the model whose band a call without ``model`` uses (the default plan's model)
+DEFAULT_BAND_MODEL = ("qwen3-next-80b-a3b", "qwen3_next")
+# kept for callers that name the default band's Megatron-Bridge model
+MB_BAND_MODEL = MB_PROXY["qwen3_next"]
 
 
-@functools.lru_cache(maxsize=1)
-def published_mfu_band() -> dict[str, Any]:
-    """The published MFU band of fine-grained MoE training, the one source for ``plan``, ``report`` and notebooks.
+def _model_key(model: Any) -> tuple[str, str]:
+    """``(name, model_type)`` of a :class:`~tessera_lab.model.spec.ModelSpec`, a shipped model's name, or ``None``
+    (the default plan's model)."""
+    if model is None:
+        return DEFAULT_BAND_MODEL
+    if isinstance(model, str):
+        from tessera_lab.model.spec import load_model
 
-    Two bands, each computed from a shipped data file, and their union:
+        spec = load_model(model)
+        return spec.name, spec.model_type
+    return str(model.name), str(model.model_type)
 
-    * ``tessera``: the Tessera paper's Qwen3-Next jobs (``data/paper/tessera_paper_reported.json``,
-      ``production_jobs`` of family ``qwen3_next``, 4,096-12,288 GPUs), lowest to highest of their MFU before and
-      after Tessera (15.9-21.1%);
-    * ``megatron_bridge``: Megatron-Bridge's :data:`MB_BAND_MODEL` runs on :data:`MB_BAND_GPU`
-      (``data/published/megatron_bridge.json``), model TFLOP/s per GPU / the GPU's dense bf16 peak (this project's
-      MFU convention; the runs are FP8): 118 / 989 = 11.9% to 203 / 989 = 20.5%.
 
+def published_mfu_band(model: Any = None) -> dict[str, Any]:
+    """The published MFU band of ``model``'s family, the one source for ``plan``, ``report``, ``reproduce`` and
+    the notebooks.
+
+    Chosen per model family and model (each band computed from a shipped data file):
+
+    * ``tessera``: the Tessera paper's production jobs of the model's family (:data:`PAPER_FAMILY`:
+      ``qwen3_moe`` -> the Qwen3 jobs, ``qwen3_next`` -> the Qwen3-Next jobs; ``data/paper``), lowest to highest
+      of their MFU before and after Tessera;
+    * ``megatron_bridge``: Megatron-Bridge's runs of this very model on :data:`MB_BAND_GPU`
+      (``data/published/megatron_bridge.json``), model TFLOP/s per GPU / the GPU's dense bf16 peak (this
+      project's MFU convention; the runs are FP8); for a family without a published run, its stand-in
+      :data:`MB_PROXY` (named as such in ``source``).
+
+    Args:
+        model: a ModelSpec, a shipped model's name, or ``None`` (Qwen3-Next-80B-A3B, the default plan's model).
     Returns:
-        ``{"lo": float, "hi": float, "bands": [{"name", "lo", "hi", "source"}, ...]}``, shares (0.211 = 21.1%).
+        ``{"lo", "hi", "bands": [{"name", "lo", "hi", "source"}, ...], "family"}``, shares (0.211 = 21.1%);
+        ``lo``/``hi`` are ``None`` and ``bands`` empty when neither the family nor the model has a published run.
     """
+    return _band(*_model_key(model))
+
+
+@functools.lru_cache(maxsize=32)
+def _band(name: str, model_type: str) -> dict[str, Any]:
     from tessera_lab.model.hardware import hardware_data
     from tessera_lab.paths import data_dir
 
-    jobs = [j for j in json.loads((data_dir() / "paper" / "tessera_paper_reported.json").read_text())["production_jobs"]
-            if j["family"] == "qwen3_next"]
-    paper = [j[k] for j in jobs for k in ("mfu_before", "mfu_after") if j.get(k) is not None]
-    gpus = sorted({j["gpus"] for j in jobs})
-    runs = [r for r in json.loads((data_dir() / "published" / "megatron_bridge.json").read_text())["runs"]
-            if r["model"] == MB_BAND_MODEL and r["gpu"] == MB_BAND_GPU]
-    gpu_data = hardware_data()["gpus"]
-    peak = next(v["bf16_dense_tflops"] for k, v in gpu_data.items() if k.split("-")[0] == MB_BAND_GPU)
-    mb = [r["model_tflops_per_gpu"] / peak for r in runs]
-    bands = [
-        {"name": "tessera", "lo": min(paper), "hi": max(paper),
-         "source": f"Tessera paper, Qwen3-Next at {gpus[0]:,}-{gpus[-1]:,} GPUs"},
-        {"name": "megatron_bridge", "lo": min(mb), "hi": max(mb),
-         "source": f"Megatron-Bridge {MB_BAND_MODEL} on {MB_BAND_GPU} (FP8 runs, model TFLOP/s / {peak:.0f} bf16)"},
-    ]
-    return {"lo": min(b["lo"] for b in bands), "hi": max(b["hi"] for b in bands), "bands": bands}
+    family = PAPER_FAMILY.get(model_type)
+    bands = []
+    if family:
+        jobs = [j for j in json.loads((data_dir() / "paper" / "tessera_paper_reported.json").read_text())[
+            "production_jobs"] if j["family"] == family]
+        paper = [j[k] for j in jobs for k in ("mfu_before", "mfu_after") if j.get(k) is not None]
+        gpus = sorted({j["gpus"] for j in jobs})
+        label = {"qwen3": "Qwen3 MoE", "qwen3_next": "Qwen3-Next"}.get(family, family)
+        span = f"{gpus[0]:,}" if len(gpus) == 1 else f"{gpus[0]:,}-{gpus[-1]:,}"
+        bands.append({"name": "tessera", "lo": min(paper), "hi": max(paper),
+                      "source": f"Tessera paper, {label} at {span} GPUs"})
+    all_runs = json.loads((data_dir() / "published" / "megatron_bridge.json").read_text())["runs"]
+    mb_model = name if any(r["model"] == name for r in all_runs) else MB_PROXY.get(model_type)
+    runs = [r for r in all_runs if r["model"] == mb_model and r["gpu"] == MB_BAND_GPU]
+    if runs:
+        peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items()
+                    if k.split("-")[0] == MB_BAND_GPU)
+        mb = [r["model_tflops_per_gpu"] / peak for r in runs]
+        stand_in = "" if mb_model == name else f" (stand-in for {name})"
+        bands.append({"name": "megatron_bridge", "lo": min(mb), "hi": max(mb),
+                      "source": f"Megatron-Bridge {mb_model}{stand_in} on {MB_BAND_GPU} (FP8 runs, model TFLOP/s / "
+                                f"{peak:.0f} bf16)"})
+    if not bands:
+        return {"lo": None, "hi": None, "bands": [], "family": model_type}
+    return {"lo": min(b["lo"] for b in bands), "hi": max(b["hi"] for b in bands), "bands": bands,
+            "family": model_type}
 
 
-def mfu_text(mfu: float, *, moe: bool = True) -> str:
-    """``"21.0% (published band: 15.9-21.1% Tessera paper, ...; 11.9-20.5% Megatron-Bridge ...)"``; dense models get
-    the bare percentage (no published band here)."""
+def _span(b: dict) -> str:
+    return f"{b['lo']:.1%}" if b["lo"] == b["hi"] else f"{b['lo']:.1%}-{b['hi']:.1%}"
+
+
+def position(value: float, lo: float, hi: float) -> str:
+    """``"inside"``, ``"above"`` or ``"below"`` the closed range ``[lo, hi]`` (the one comparison every band
+    sentence is built from)."""
+    return "inside" if lo <= value <= hi else ("above" if value > hi else "below")
+
+
+def mfu_text(mfu: float, *, moe: bool = True, model: Any = None) -> str:
+    """``"21.0%: inside 15.9%-21.1% Tessera paper, ...; above 11.9%-20.5% Megatron-Bridge ..."``: the MFU against
+    the published band of ``model``'s family (:func:`published_mfu_band`); dense models get the bare percentage
+    (no published band here)."""
     if not moe:
         return f"{mfu:.1%}"
-    band = published_mfu_band()
-    where = "inside" if band["lo"] <= mfu <= band["hi"] else ("ABOVE" if mfu > band["hi"] else "below")
-    each = ["inside" if b["lo"] <= mfu <= b["hi"] else ("above" if mfu > b["hi"] else "below") for b in band["bands"]]
+    band = published_mfu_band(model)
+    if not band["bands"]:
+        return f"{mfu:.1%} (no published run of this model or its family in data/paper or data/published)"
+    where = position(mfu, band["lo"], band["hi"])
+    each = [position(mfu, b["lo"], b["hi"]) for b in band["bands"]]
     if len(set(each)) > 1:  # inside one band only: say which
-        return f"{mfu:.1%}: " + "; ".join(f"{w} {b['lo']:.1%}-{b['hi']:.1%} {b['source']}"
-                                          for w, b in zip(each, band["bands"]))
+        return f"{mfu:.1%}: " + "; ".join(f"{w} {_span(b)} {b['source']}" for w, b in zip(each, band["bands"]))
+    where = where.upper() if where == "above" else where
     return f"{mfu:.1%}, {where} the published band (" + "; ".join(
-        f"{b['lo']:.1%}-{b['hi']:.1%} {b['source']}" for b in band["bands"]) + ")"
+        f"{_span(b)} {b['source']}" for b in band["bands"]) + ")"
 
 
 # ----------------------------------------------------------------------------------------------- headline numbers
@@ -202,17 +261,18 @@ def gain_note(gain: float, spread: float) -> str | None:
     return None
 
 
-def mfu_note(mfu: float, *, moe: bool = True, grouped_gemm: str | None = None) -> str | None:
-    """Flag a planned MFU above the published band: for MoE models :func:`published_mfu_band`, for dense ones the
-    best published run (:data:`PUBLISHED_MFU_CEILING`). ``grouped_gemm`` (the plan's expert-GEMM mode) picks the
-    likely cause named: ``grouped`` (one grouped kernel, which the recipes do not run), else the per-layer host
-    work the cost model does not count."""
+def mfu_note(mfu: float, *, moe: bool = True, grouped_gemm: str | None = None, model: Any = None) -> str | None:
+    """Flag a planned MFU above the published band: for MoE models :func:`published_mfu_band` of ``model``'s family
+    (``None``: the default plan's model), for dense ones the best published run (:data:`PUBLISHED_MFU_CEILING`).
+    ``grouped_gemm`` (the plan's expert-GEMM mode) picks the likely cause named: ``grouped`` (one grouped kernel,
+    which the recipes do not run), else the per-layer host work the cost model may undercount."""
     if moe:
-        band = published_mfu_band()
-        if mfu > band["hi"]:  # short: the MFU line beside it already names the bands and their sources
-            return (f"MFU {mfu:.1%} is above the published band (max {band['hi']:.1%}): an optimistic bound; likely "
-                    + ("one grouped expert GEMM kernel, which the published recipes do not run"
-                       if grouped_gemm == "grouped" else "per-layer host work the model does not count"))
+        band = published_mfu_band(model)
+        if band["bands"] and mfu > band["hi"]:  # short: the MFU line beside it already names the bands and sources
+            return (f"MFU {mfu:.1%} is above this family's published band (max {band['hi']:.1%}): an optimistic "
+                    "bound; likely " + ("one grouped expert GEMM kernel, which the published recipes do not run"
+                                        if grouped_gemm == "grouped" else
+                                        "per-layer host work the model does not count"))
         return None
     ceiling = PUBLISHED_MFU_CEILING["dense"]
     if mfu > ceiling:

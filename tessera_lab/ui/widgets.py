@@ -86,7 +86,7 @@ def plan_notes(plan: Plan) -> list[str]:
     for ev in [plan.chosen, *plan.baselines.values()]:
         name = "overlap-aware (ilp)" if ev is plan.chosen else ev.method
         for note in (memory_note(name, ev, plan.memory_capacity_bytes),
-                     mfu_note(ev.mfu, moe=plan.model.num_experts > 0,
+                     mfu_note(ev.mfu, moe=plan.model.num_experts > 0, model=plan.model,
                               grouped_gemm=getattr(plan.parallel, "grouped_gemm", None)) if ev is plan.chosen else None):
             if note:
                 notes.append(note)

@@ -1,0 +1,25 @@
+"""Whether a plan's partition is proven optimal: the one sentence ``plan``, ``reproduce`` and the scenarios print."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def solve_line(plan: Any) -> str:
+    """One line saying whether the chosen partition is proven optimal: ``proven optimal`` when the solver (exact DP, or
+    HiGHS with solution status optimal) finished, else that its time limit decided (``Partition.status``); a given
+    or even split has no solver. Simulator refinement, when it moved the boundaries, is named after it."""
+    ev = plan.chosen
+    part = ev.partition
+    if not part.solver and ev.method == "uniform":
+        return "chosen partition: a given or even split (no solver, nothing to prove)"
+    status = part.status or "Optimal"
+    t = f" in {part.solve_time_s:.2f} s" if part.solve_time_s else ""
+    moved = (plan.refinement or {}).get("gain_s", 0.0) > 0
+    after = ("; then moved by simulator refinement, which searches neighbours and proves nothing"
+             if moved else "")
+    if status == "Optimal":
+        return (f"chosen partition: proven optimal for the solver's objective ({part.solver or ev.method}, status "
+                f"Optimal{t}){after}")
+    return (f"chosen partition: NOT proven optimal: the solver's time limit decided ({part.solver or ev.method}, "
+            f"status {status}{t}){after}")

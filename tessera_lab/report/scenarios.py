@@ -1,0 +1,370 @@
+"""The Tessera paper's jobs as scenarios: public stand-in models at the paper's GPU counts (docs/reproduce.md).
+
+Each file under ``data/paper/scenarios/`` names a paper job (a production job, the dynamic-only job, the two
+overlap jobs or the 256-GPU Megatron-Core comparison), a public stand-in model (a shipped config, optionally
+changed with :meth:`~tessera_lab.model.spec.ModelSpec.with_changes`), the job's GPUs and a layout such a job would
+use (EP across nodes where EP > 8), every field not from the paper labelled in ``assume``.
+
+:func:`run_scenario` plans a scenario (simulated: analytic cost model and simulator) and returns:
+
+* ``after``: the overlap-aware plan (ILP + simulator refinement), the faster of the overlapped schedule and its
+  interleaved form at VP 2 (the planner's two schedules that overlap EP communication), each also with selective
+  recomputation when the Megatron-Core baseline needed it to fit, and its capacity figures
+  (EP hidden share, exposed EP share and pipeline idle share of the iteration; :mod:`tessera_lab.report.capacity`);
+* ``baselines``, each with its gain ``T_baseline / T_after - 1`` (shown separately, never merged):
+  ``even_1f1b`` (even layer split, plain 1F1B: the usual "before"), ``even`` (even split, same overlapped
+  schedule), ``standalone`` (split balanced on standalone task times: a planner without overlap measurement) and
+  each also as ``gain_with_sync``: the baseline priced with the per-MoE-layer host/sync term fitted on published runs
+  (:mod:`tessera_lab.cost.sync`; paid only without the combined-1F1B EP overlap, so the plan's own schedules do not
+  pay it) -- a second reading, never merged with the first;
+  ``megatron_core`` (the fastest of Megatron-Core's public layout options that fits memory: even or
+  embedding/loss-accounted split, ``account_for_embedding/loss_in_pipeline_split``; plain 1F1B, or interleaved
+  VP 2 with the combined-1F1B EP overlap, ``overlap_moe_expert_parallel_comm``, which needs VP when PP > 1);
+* ``ablation``: static gain over ``even_1f1b`` split into overlap scheduling ``T0/T1 - 1`` and stage balance
+  ``T0/T2 - T0/T1`` (``T1`` = ``even``, ``T2`` = after);
+* ``band``: the uncertain knobs one at a time on the chosen partition (EP across nodes vs EP 8 in a node with the
+  same GPUs, alltoall vs DeepEP dispatcher, per-expert vs one grouped GEMM, sequence length 2048 / 4096 / 8192,
+  8192 with selective recomputation as a job of that length would run), plus
+  every knob at its more favourable value together; ``mfu_band`` etc. are lowest-highest over the variants that
+  fit memory.
+
+This module imports the planner, not torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from tessera_lab.cost.sync import FITTED_PER_LAYER_S, iteration_sync_s, sync_exposed_per_layer_s
+from tessera_lab.errors import ConfigError, TesseraError
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.paths import data_dir
+
+#: ILP time limit per scenario plan (s); ``Plan``'s status says when it decided
+TIME_LIMIT_S = 5.0
+#: simulator refinement budget per scenario plan (the planner's default is larger; reproduce keeps to a minute)
+REFINE_BUDGET = 30
+KNOB_VALUES = {"ep_placement": ("across_nodes", "in_node"), "dispatcher": ("alltoall", "deepep"),
+               "grouped_gemm": ("multistream", "grouped"), "seq_len": (2048, 4096, 8192)}
+LAYOUT_FIELDS = ("pp", "ep", "dp", "tp", "microbatches", "seq_len", "dispatcher", "grouped_gemm", "precision",
+                 "recompute", "ep_placement")
+
+
+def scenario_dir() -> Path:
+    return data_dir() / "paper" / "scenarios"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One paper job on a public stand-in (a ``data/paper/scenarios`` file)."""
+
+    id: str
+    paper: dict
+    gpus: int
+    model_name: str
+    changes: dict
+    model_why: str
+    layout: dict
+    assume: dict
+    knobs: dict
+
+    def model(self):
+        from tessera_lab.model.spec import load_model
+
+        spec = load_model(self.model_name)
+        if self.changes:
+            spec = spec.with_changes(**self.changes, name=f"{self.model_name} ({self.changes_text()})")
+        return spec
+
+    def changes_text(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in self.changes.items())
+
+    def parallel(self, **changes: Any) -> ParallelConfig:
+        return ParallelConfig(**{k: self.layout[k] for k in LAYOUT_FIELDS if k in self.layout}).replace(**changes)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """A scenario file, checked: the layout's ``pp x ep x dp x tp`` equals ``gpus``.
+
+    Raises:
+        ConfigError: a missing field or a layout that does not place ``gpus`` GPUs (names the field and value).
+    """
+    path = Path(path)
+    d = json.loads(path.read_text())
+    for key in ("id", "paper", "gpus", "model", "layout", "assume"):
+        if key not in d:
+            raise ConfigError(f"{path.name}: field '{key}' is missing; allowed: a scenario with id, paper, gpus, "
+                              "model, layout and assume")
+    lay = d["layout"]
+    world = lay["pp"] * lay["ep"] * lay["dp"] * lay.get("tp", 1)
+    if world != d["gpus"]:
+        raise ConfigError(f"{path.name}: field 'gpus' = {d['gpus']} differs from pp x ep x dp x tp = {world}; "
+                          "allowed: the layout's GPU count")
+    return Scenario(d["id"], d["paper"], int(d["gpus"]), d["model"]["name"], dict(d["model"].get("changes", {})),
+                    d["model"].get("why", ""), dict(lay), dict(d["assume"]), dict(d.get("knobs", KNOB_VALUES)))
+
+
+def load_scenarios(ids: Sequence[str] | None = None) -> list[Scenario]:
+    """Every scenario under :func:`scenario_dir` (or those named), in file-name order.
+
+    Raises:
+        ConfigError: an id that names no scenario (lists the known ones).
+    """
+    all_ = [load_scenario(p) for p in sorted(scenario_dir().glob("*.json"))]
+    if ids is None:
+        return all_
+    known = {s.id: s for s in all_}
+    bad = [i for i in ids if i not in known]
+    if bad:
+        raise ConfigError(f"field 'scenario' = {bad[0]!r} is unknown; allowed: {', '.join(known)}")
+    return [known[i] for i in ids]
+
+
+# ----------------------------------------------------------------------------------------------- evaluation
+def _capacity(plan, evaluation=None) -> dict[str, float]:
+    """EP hidden share, exposed EP share and pipeline idle share (bubble + stage imbalance) of the iteration."""
+    from tessera_lab.report.capacity import capacity_report
+
+    rep = capacity_report(plan, evaluation)
+    gpu_s = rep.gpu_time_s
+    idle = rep.parts.get("bubble", 0.0) + rep.parts.get("stage_imbalance", 0.0)
+    return {"ep_hidden": rep.ep_hidden_fraction, "ep_exposed_share": rep.ep_exposed_share,
+            "pipeline_idle_share": idle / gpu_s if gpu_s > 0 else 0.0}
+
+
+def _even(model, par, *, boundaries=None, capacity: bool = False) -> dict[str, Any]:
+    """A given (or even) split under ``par``: MFU, iteration time, fits; ``fits = False`` with the reason when no
+    memory fit (the time is then not reported)."""
+    from tessera_lab.plan.make import make_plan
+
+    try:
+        plan = make_plan(model, par, method="uniform", baselines=(), boundaries=boundaries)
+    except TesseraError as exc:
+        return {"fits": False, "mfu": math.nan, "iteration_s": math.nan, "note": str(exc).splitlines()[0]}
+    ev = plan.chosen
+    out = {"fits": bool(ev.fits_memory), "mfu": ev.mfu, "iteration_s": ev.iteration_time_s, "note": ""}
+    if capacity:
+        out.update(_capacity(plan))
+    return out
+
+
+def accounted_split(num_layers: int, stages: int) -> list[int] | None:
+    """Megatron-Core's ``account_for_embedding_in_pipeline_split`` + ``account_for_loss_in_pipeline_split``
+    (``get_num_layers_to_build``, ``megatron/core/transformer/transformer_block.py``): every virtual stage gets
+    ``(L + 2) / stages`` slots, the embedding taking one on the first and the loss one on the last. Boundaries, or
+    ``None`` when ``L + 2`` does not divide (Megatron refuses that layout)."""
+    slots, rest = divmod(num_layers + 2, stages)
+    if rest or slots < 2:
+        return None
+    counts = [slots - (s == 0) - (s == stages - 1) for s in range(stages)]
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + c)
+    return bounds
+
+
+def megatron_core_best(model, par: ParallelConfig, *, _recomputing: bool = False) -> dict[str, Any]:
+    """The fastest of Megatron-Core's public pipeline options that fits memory (module docstring), with every
+    option tried in ``tried``; when none fits, the same options with selective recomputation."""
+    tried = []
+    for vpp, schedule in ((1, "1f1b"), (2, "interleaved-overlapped")):
+        if par.pp * vpp > model.num_layers or (vpp > 1 and par.pp < 2):
+            continue
+        for split in ("even", "embedding/loss-accounted"):
+            bounds = None if split == "even" else accounted_split(model.num_layers, par.pp * vpp)
+            if split != "even" and bounds is None:
+                tried.append({"setup": f"{split} split, {schedule} vpp {vpp}", "fits": False, "mfu": math.nan,
+                              "iteration_s": math.nan, "note": f"{model.num_layers} + 2 does not divide over "
+                                                               f"{par.pp * vpp} virtual stages"})
+                continue
+            r = _even(model, par.replace(schedule=schedule, vpp=vpp), boundaries=bounds)
+            tried.append({"setup": f"{split} split, {schedule}" + (f" vpp {vpp} (combined-1F1B EP overlap)"
+                                                                   if vpp > 1 else ""), **r})
+    fit = [t for t in tried if t["fits"]]
+    if not fit and par.recompute == "none" and not _recomputing:
+        # what a Megatron-Core user does next: selective recomputation (--recompute-granularity selective)
+        more = megatron_core_best(model, par.replace(recompute="selective"), _recomputing=True)
+        for t in more["tried"]:
+            t["setup"] += ", selective recomputation"
+        tried += more["tried"]
+        fit = [t for t in tried if t["fits"]]
+    best = min(fit, key=lambda t: t["iteration_s"]) if fit else {"setup": "none fits memory", "fits": False,
+                                                                 "mfu": math.nan, "iteration_s": math.nan}
+    return {**best, "tried": tried}
+
+
+def _knob_parallel(par: ParallelConfig, knob: str, value) -> ParallelConfig | None:
+    if knob == "ep_placement":
+        if value == "across_nodes":
+            return par
+        if par.ep <= 8:
+            return None  # already in a node
+        return par.replace(ep=8, dp=par.dp * par.ep // 8)
+    if knob == "seq_len" and value > par.seq_len and par.recompute == "none":
+        return par.replace(seq_len=value, recompute="selective")  # how a longer-context job fits its activations
+    return par.replace(**{knob: value})
+
+
+def run_scenario(sc: Scenario, *, knobs: bool = True, time_limit_s: float = TIME_LIMIT_S) -> dict[str, Any]:
+    """Plan one scenario: ``after``, ``baselines``, ``ablation``, ``band`` (module docstring). Every number is
+    simulated (analytic cost model); ``after["solve"]`` says whether the partition is proven optimal."""
+    from tessera_lab.plan.proof import solve_line
+    from tessera_lab.plan.make import make_plan
+
+    model = sc.model()
+    par0 = sc.parallel()
+    mc_best = megatron_core_best(model, par0)
+    # the plan may use what the Megatron-Core baseline needed to fit: selective recomputation, when it did
+    recomputes = ("none", "selective") if "recomputation" in mc_best["setup"] else ("none",)
+    plans = []
+    for recompute in recomputes:
+        for vpp, schedule in ((1, "overlapped"), (2, "interleaved-overlapped")):
+            if vpp > 1 and (par0.pp < 2 or par0.pp * vpp > model.num_layers):
+                continue
+            try:
+                plans.append(make_plan(model, par0.replace(schedule=schedule, vpp=vpp, recompute=recompute),
+                                       baselines=("uniform", "standalone"), time_limit_s=time_limit_s,
+                                       refine_budget=REFINE_BUDGET))
+            except TesseraError:
+                continue
+    if not plans:
+        raise ConfigError(f"scenario {sc.id}: no overlap-aware plan fits memory at its layout")
+    fitting = [p for p in plans if p.chosen.fits_memory] or plans
+    plan = min(fitting, key=lambda p: p.chosen.iteration_time_s)
+    par = plan.parallel
+    ev = plan.chosen
+    t2 = ev.iteration_time_s
+    after = {"mfu": ev.mfu, "iteration_s": t2, "fits": bool(ev.fits_memory), "schedule": par.schedule, "vpp": par.vpp,
+             "recompute": par.recompute,
+             "candidates": [{"schedule": p.parallel.schedule, "vpp": p.parallel.vpp, "recompute": p.parallel.recompute,
+                             "mfu": p.chosen.mfu,
+                             "fits": bool(p.chosen.fits_memory), "boundaries": list(p.chosen.partition.boundaries)}
+                            for p in plans],
+             "boundaries": list(ev.partition.boundaries), "solve": solve_line(plan),
+             "proven_optimal": (ev.partition.status or "Optimal") == "Optimal", **_capacity(plan)}
+
+    def gain(t: float) -> float:
+        return t / t2 - 1.0 if t == t == t and t > 0 else math.nan
+
+    base = {}
+    e1 = _even(model, par0.replace(schedule="1f1b", vpp=1))
+    base["even_1f1b"] = {"setup": "even split, plain 1F1B", **e1}
+    sched = par.schedule + (f" vpp {par.vpp}" if par.vpp > 1 else "")
+    for name, label in (("uniform", f"even split, {sched} (the plan's schedule)"),
+                        ("standalone", f"balanced on standalone F+B+W, {sched}")):
+        b = plan.baselines[name]
+        key = "even" if name == "uniform" else name
+        base[key] = {"setup": label, "fits": bool(b.fits_memory), "mfu": b.mfu, "iteration_s": b.iteration_time_s,
+                     "note": "" if b.fits_memory else "exceeds GPU memory: its time is not achievable"}
+    base["megatron_core"] = mc_best
+    base["even_1f1b"]["schedule"] = "1f1b"
+    base["even"]["schedule"] = base["standalone"]["schedule"] = par.schedule
+    mc = base["megatron_core"]
+    mc["schedule"] = "interleaved-overlapped" if "interleaved-overlapped" in mc["setup"] else "1f1b"
+    moe = sum(1 for ly in model.layers if ly.ffn == "moe")
+    for b in base.values():
+        b["gain"] = gain(b["iteration_s"]) if b["fits"] else math.nan
+        # with the host/sync term of published runs (cost/sync.py): a baseline without the combined-1F1B EP overlap
+        # pays it on its busiest rank's MoE layers (even split: ceil(MoE layers / pp)); the plan's schedules hide it
+        extra = iteration_sync_s([-(-moe // par0.pp)], par0.microbatches, par0.pp, 1,
+                                 sync_exposed_per_layer_s(b.get("schedule", "1f1b"), FITTED_PER_LAYER_S))
+        b["sync_s"] = extra
+        b["gain_with_sync"] = gain(b["iteration_s"] + extra) if b["fits"] else math.nan
+    # Megatron-Core's best with the term: the fastest of its options once each pays what its schedule exposes
+    priced = [(t["iteration_s"] + iteration_sync_s(
+        [-(-moe // par0.pp)], par0.microbatches, par0.pp, 1, sync_exposed_per_layer_s(
+            "interleaved-overlapped" if "interleaved-overlapped" in t["setup"] else "1f1b", FITTED_PER_LAYER_S)), t)
+        for t in mc["tried"] if t["fits"]]
+    if priced:
+        t_best, best = min(priced, key=lambda x: x[0])
+        mc.update(gain_with_sync=gain(t_best), sync_setup=best["setup"], sync_s=t_best - best["iteration_s"])
+    t0, t1 = base["even_1f1b"]["iteration_s"], base["even"]["iteration_s"]
+    ablation = {"total": t0 / t2 - 1, "overlap": t0 / t1 - 1, "balance": t0 / t2 - t0 / t1,
+                "fits": base["even_1f1b"]["fits"] and base["even"]["fits"]}
+    band = [{"knob": "central", "value": "as in the scenario", "fits": after["fits"], "mfu": after["mfu"],
+             **{k: after[k] for k in ("ep_hidden", "ep_exposed_share", "pipeline_idle_share")}, "note": ""}]
+    if knobs:
+        bounds = after["boundaries"]
+        better = {}
+        for knob, values in KNOB_VALUES.items():
+            for value in values:
+                if value == _central(sc, knob):
+                    continue
+                kp = _knob_parallel(par, knob, value)
+                if kp is None:
+                    continue
+                r = _even(model, kp, boundaries=bounds, capacity=True)
+                band.append({"knob": knob, "value": value, **r})
+                if r["fits"] and r["mfu"] > after["mfu"]:
+                    better[knob] = value
+        if better:
+            kp = par
+            for knob, value in better.items():
+                kp = _knob_parallel(kp, knob, value)
+            if len(better) > 1:
+                r = _even(model, kp, boundaries=bounds, capacity=True)
+                band.append({"knob": "favourable together", "value": ", ".join(f"{k} {v}" for k, v in better.items()),
+                             **r})
+    fit = [b for b in band if b["fits"]]
+    out = {"id": sc.id, "paper": sc.paper, "gpus": sc.gpus, "model": model.name, "model_why": sc.model_why,
+           "layout": sc.layout, "assume": sc.assume, "after": after, "baselines": base, "ablation": ablation,
+           "band": band}
+    for key in ("mfu", "ep_hidden", "ep_exposed_share", "pipeline_idle_share"):
+        vals = [b[key] for b in fit if key in b and b[key] == b[key]]
+        out[f"{key}_band"] = [min(vals), max(vals)] if vals else [math.nan, math.nan]
+    idle = [b["ep_exposed_share"] + b["pipeline_idle_share"] for b in fit if "pipeline_idle_share" in b]
+    out["exposed_plus_idle_band"] = [min(idle), max(idle)] if idle else [math.nan, math.nan]
+    return out
+
+
+def _central(sc: Scenario, knob: str):
+    if knob == "ep_placement":
+        return "across_nodes" if sc.layout["ep"] > 8 else "in_node"
+    return sc.layout.get(knob, ParallelConfig().__getattribute__(knob))
+
+
+def run_scenarios(ids: Sequence[str] | None = None, *, knobs: bool = True) -> list[dict[str, Any]]:
+    """:func:`run_scenario` for every scenario (or those named)."""
+    return [run_scenario(sc, knobs=knobs) for sc in load_scenarios(ids)]
+
+
+# ----------------------------------------------------------------------------------------------- dynamic at scale
+#: routing of the dynamic scenario (assumption, docs/reproduce.md): Zipf 0.2 whose hot experts move every step;
+#: at EP 32 the busiest EP rank carries about 1.35x the mean (p50 over layers and micro-batches)
+DYNAMIC_ROUTING = "drift:0.2"
+
+
+def dynamic_at_scale(results: list[dict[str, Any]], *, routing: str = DYNAMIC_ROUTING, schedule: str = "zb-h1",
+                     paper: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The dynamic-only job's scenario (``paper.kind = ablation_dynamic``): the static plan is the scenario's
+    one-chunk overlap-aware partition under ``schedule`` (ZB-H1: W already placed in the cool-down, as a tuned
+    static plan would), routing ``routing``; :func:`tessera_lab.dynamic.mechanisms.mechanism_split` gives the
+    gain per mechanism and the predictor's error, :func:`~tessera_lab.dynamic.mechanisms.required_for` what the
+    paper's 641 ms / +3.4% would need. ``None`` without such a scenario."""
+    from tessera_lab.dynamic.durations import StageCosts
+    from tessera_lab.dynamic.mechanisms import mechanism_split, required_for
+
+    r = next((x for x in results if x["paper"].get("kind") == "ablation_dynamic"), None)
+    if r is None:
+        return None
+    sc = load_scenarios([r["id"]])[0]
+    one = next((c for c in r["after"]["candidates"] if c["vpp"] == 1), None)
+    par = sc.parallel(schedule=schedule)
+    costs = StageCosts.from_model(sc.model(), par, boundaries=one["boundaries"] if one else None)
+    res = mechanism_split(costs, routing, schedule=schedule, microbatches=par.microbatches)
+    ab = paper or {"dynamic_only_idle_reduction_ms": 641, "dynamic_only_throughput_gain": 0.034}
+    need = required_for(ab["dynamic_only_idle_reduction_ms"], ab["dynamic_only_throughput_gain"], res)
+    g = res["gain"]
+    needs = (f"the paper's {ab['dynamic_only_idle_reduction_ms']:.0f} ms at {ab['dynamic_only_throughput_gain']:+.1%} "
+             f"imply a {need['paper_step_s']:.1f} s step; ours is {res['iteration_static_s']:.2f} s and would need "
+             f"{need['needed_idle_removed_ms']:.0f} ms removed per rank, while the W work a rank could move is "
+             f"{need['our_w_per_rank_ms']:.0f} ms (of {need['our_idle_static_ms']:.0f} ms idle): "
+             + ("W alone cannot supply it" if need["our_w_per_rank_ms"] < need["needed_idle_removed_ms"] else
+                "W could supply it if the gaps were predictable")
+             + f"; split: W {g['w_only']:+.2%}, reduce-scatter chunks {g['rs_only']:+.2%}, both {g['total']:+.2%}, "
+               f"with exact routing (oracle) {g['oracle_total']:+.2%}")
+    return {**res, "total_gain": g["total"], "scenario": r["id"], "needs": needs, "required": need}
