@@ -269,9 +269,9 @@ def mfu_note(mfu: float, *, moe: bool = True, grouped_gemm: str | None = None, m
     if moe:
         band = published_mfu_band(model)
         if band["bands"] and mfu > band["hi"]:  # short: the MFU line beside it already names the bands and sources
-            return (f"MFU {mfu:.1%} is above the published band of this family (max {band['hi']:.1%}, "
-                    f"{mfu / band['hi']:.2f}x): an optimistic bound; likely "
-                    + ("one grouped expert GEMM kernel, which the published recipes do not run"
+            return (f"MFU {mfu:.1%} is above the published band (max {band['hi']:.1%}, {mfu / band['hi']:.2f}x): "
+                    "an optimistic bound; likely "
+                    + ("one grouped expert GEMM kernel, which recipes do not run"
                        if grouped_gemm == "grouped" else "per-layer host work the model does not count"))
         return None
     ceiling = PUBLISHED_MFU_CEILING["dense"]
