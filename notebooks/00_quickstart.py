@@ -40,6 +40,7 @@ import time
 import pandas as pd
 import matplotlib.pyplot as plt
 from tessera_lab.model.spec import load_model
+from tessera_lab.errors import TesseraError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.plan.make import make_plan
 from tessera_lab.report.headline import mfu_note, mfu_text
@@ -52,7 +53,8 @@ pd.set_option("display.precision", 3)
 
 # %%
 model = load_model(MODEL)
-print(model.layer_pattern(), " (L = Gated DeltaNet linear attention, A = gated full attention)")
+print(model.layer_pattern(), " (L linear mixer: Gated DeltaNet, KDA, lightning or Mamba; A full attention, S sliding "
+      "window, C chunked, T MTP; lower case: dense FFN, upper case: MoE)")
 pd.DataFrame([{"layer": l.index, "mixer": l.mixer, "attention": l.attention, "ffn": l.ffn} for l in model.layers[:8]])
 
 # %%
@@ -65,37 +67,52 @@ pd.DataFrame({"parameters (B)": {k: v / 1e9 for k, v in counts.items()}})
 # %%
 parallel = ParallelConfig(pp=PP, ep=EP, microbatches=MICROBATCHES, seq_len=SEQ_LEN)
 t0 = time.perf_counter()
-plan = make_plan(model, parallel, gpu=GPU)
-print(f"planned in {time.perf_counter() - t0:.2f} s (wall clock, measured on this machine; ILP and baselines)")
-print(plan_caption(plan))
-print(bottleneck_bounds(plan))
-rows = []
-for ev in [plan.chosen, *plan.baselines.values()]:
-    for st in ev.stages:
-        rows.append({"partition": ev.method, "stage": st.index, "layers": f"{st.layers[0]}-{st.layers[-1]}",
-                     "n": len(st.layers), "time/mb (ms)": st.time_s * 1e3, "memory (GiB)": st.memory_bytes / 2**30})
-by_stage = pd.DataFrame(rows).pivot(index="stage", columns="partition", values=["n", "time/mb (ms)", "memory (GiB)"])
-by_stage["n"] = by_stage["n"].astype(int)  # layer counts are whole numbers (pivot stores them as floats)
+try:
+    plan = make_plan(model, parallel, gpu=GPU)
+except TesseraError as exc:  # e.g. GPU = "H100" with SEQ_LEN = 8192 at pp 8 x ep 8: no partition fits in memory
+    plan = None
+    print(f"cannot plan these parameters: {exc}\nThe cells below skip; the panel at the end starts from them, so "
+          "change pp, ep or the sequence there (or PP, EP, SEQ_LEN above).")
+by_stage = None
+if plan is not None:
+    print(f"planned in {time.perf_counter() - t0:.2f} s (wall clock, measured on this machine; ILP and baselines)")
+    print(plan_caption(plan))
+    print(bottleneck_bounds(plan))
+    rows = []
+    for ev in [plan.chosen, *plan.baselines.values()]:
+        for st in ev.stages:
+            rows.append({"partition": ev.method, "stage": st.index, "layers": f"{st.layers[0]}-{st.layers[-1]}",
+                         "n": len(st.layers), "time/mb (ms)": st.time_s * 1e3,
+                         "memory (GiB)": st.memory_bytes / 2**30})
+    by_stage = pd.DataFrame(rows).pivot(index="stage", columns="partition",
+                                        values=["n", "time/mb (ms)", "memory (GiB)"])
+    by_stage["n"] = by_stage["n"].astype(int)  # layer counts are whole numbers (pivot stores them as floats)
 by_stage
 
 # %%
-summary = pd.DataFrame([{"partition": ev.method, "iteration (s)": ev.iteration_time_s, "tokens/s": ev.tokens_per_s,
-                         "MFU (%)": 100 * ev.mfu, "bubble fraction": ev.bubble_fraction}
-                        for ev in [plan.chosen, *plan.baselines.values()]]).set_index("partition")
-# MFU against the published band of this model class, and the validity note when it is above it
-# (report.headline.mfu_text / mfu_note: one source with the CLI)
-print("MFU of the chosen plan:", mfu_text(plan.chosen.mfu, moe=model.num_experts > 0, model=model))
-if note := mfu_note(plan.chosen.mfu, moe=model.num_experts > 0, grouped_gemm=plan.parallel.grouped_gemm, model=model):
-    print(note)
+summary = None
+if plan is not None:  # simulated iteration, tokens/s, MFU and bubble of each partition
+    summary = pd.DataFrame([{"partition": ev.method, "iteration (s)": ev.iteration_time_s,
+                             "tokens/s": ev.tokens_per_s, "MFU (%)": 100 * ev.mfu,
+                             "bubble fraction": ev.bubble_fraction}
+                            for ev in [plan.chosen, *plan.baselines.values()]]).set_index("partition")
+    # MFU against the published band of this model class, and the validity note when it is above it
+    # (report.headline.mfu_text / mfu_note: one source with the CLI)
+    print("MFU of the chosen plan:", mfu_text(plan.chosen.mfu, moe=model.num_experts > 0, model=model))
+    if note := mfu_note(plan.chosen.mfu, moe=model.num_experts > 0, grouped_gemm=plan.parallel.grouped_gemm,
+                        model=model):
+        print(note)
 summary
 
 # %%
-ax = stage_cost_bars(plan)
-plt.show()
+if plan is not None:
+    ax = stage_cost_bars(plan)
+    plt.show()
 
 # %%
-ax = gantt(plan.chosen.timeline)
-plt.show()
+if plan is not None:
+    ax = gantt(plan.chosen.timeline)
+    plt.show()
 
 # %% [markdown]
 # ## Re-plan interactively

@@ -394,3 +394,26 @@ def test_plan_notes_carry_the_mfu_validity_note():
     if not hasattr(H, "published_mfu_band"):
         pytest.skip("the published MoE MFU band (report.headline.published_mfu_band) is not on this branch yet")
     assert H.mfu_note(0.31, moe=True) and "published" in H.mfu_note(0.31, moe=True)
+
+
+def test_partition_panel_dropdowns_show_a_selection():
+    """ipywidgets shows a None-valued option as an empty dropdown: every control of notebook 06's panel starts on a
+    visible option ("config" / "model's layout" for the model's own values) and the plan is the model's own."""
+    from tessera_lab.ui.widgets import MODEL_LAYOUTS, partition_panel
+
+    panel, controls, state = partition_panel(microbatches=8)
+    for name, c in controls.items():
+        if hasattr(c, "options"):
+            assert c.index is not None and c.index >= 0, name
+    assert state["plan"].parallel.pp == MODEL_LAYOUTS["qwen3-next-80b-a3b"][0]
+    assert state["plan"].model.moe_intermediate_size == 512  # Qwen3-Next's own expert width ("config")
+
+
+def test_quickstart_panel_restores_ep_after_a_dense_model():
+    from tessera_lab.ui.widgets import quickstart_panel
+
+    panel, controls, state = quickstart_panel("qwen3-next-80b-a3b", ep=8, microbatches=8)
+    controls["model"].value = "qwen3-8b"  # dense: ep 1
+    assert controls["ep"].value == 1
+    controls["model"].value = "jamba-1.5-mini"  # MoE again: the EP it started with
+    assert controls["ep"].value == 8

@@ -218,6 +218,7 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
                              max=max(1, spec.num_experts or 1), description="top-k", **slider),
     }
     current = {"spec": spec, "knobs": knobs}
+    start_ep = controls["ep"].value if spec.has_moe else 8
 
     def show_knobs() -> None:
         for name, on in current["knobs"].items():
@@ -238,6 +239,8 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
             controls["top_k"].value = new.num_experts_per_tok
         elif controls["ep"].value != 1:
             controls["ep"].value = 1
+        if new.has_moe and controls["ep"].value == 1 and start_ep != 1:  # back from a dense model: the EP it had
+            controls["ep"].value = start_ep
         show_knobs()
 
     def compute(v: dict[str, Any]) -> dict[str, Any]:
@@ -309,6 +312,12 @@ def compare_partitions(
     return plan, pd.DataFrame(rows).set_index("partition")
 
 
+def _given(defaults: dict[str, Any], name: str, sentinel: str) -> Any:
+    """A panel default, or ``sentinel`` (the model's own value) where it is not given."""
+    value = defaults.get(name)
+    return sentinel if value is None else value
+
+
 def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     """Notebook 06's panel: the model (the choices of :data:`MODEL_LAYOUTS`, each at its layout), attention ratio,
     expert width, top-k (each "config" or a value), stages, micro-batches and sequence length.
@@ -322,17 +331,20 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     from tessera_lab.ui.plots import standalone_vs_overlap_bars
 
     choices = list(MODEL_LAYOUTS) + ([model] if model not in MODEL_LAYOUTS else [])
-    config = [("config", None)]
+    # ipywidgets shows a None-valued option as no selection: "config" / "layout" stand for "the model's own value"
+    config = ["config"]
     controls = {
         "model": w.Dropdown(options=choices, value=model, description="model", style=LABEL_STYLE),
-        "attention_ratio": w.Dropdown(options=config + list(range(0, 12)), value=defaults.get("attention_ratio"),
-                                      description="attn ratio", style=LABEL_STYLE),
+        "attention_ratio": w.Dropdown(options=config + list(range(0, 12)),
+                                      value=_given(defaults, "attention_ratio", "config"), description="attn ratio",
+                                      style=LABEL_STYLE),
         "expert_width": w.Dropdown(options=config + [128, 256, 512, 1024, 2048, 4096],
-                                   value=defaults.get("expert_width"), description="expert width", style=LABEL_STYLE),
-        "top_k": w.Dropdown(options=config + list(range(1, 17)), value=defaults.get("top_k"), description="top-k",
-                            style=LABEL_STYLE),
-        "pp": w.Dropdown(options=[("model's layout", None), 2, 4, 8, 12, 16], value=defaults.get("pp"),
-                         description="stages", style=LABEL_STYLE),
+                                   value=_given(defaults, "expert_width", "config"), description="expert width",
+                                   style=LABEL_STYLE),
+        "top_k": w.Dropdown(options=config + list(range(1, 17)), value=_given(defaults, "top_k", "config"),
+                            description="top-k", style=LABEL_STYLE),
+        "pp": w.Dropdown(options=[("model's layout", "layout")] + [(str(n), n) for n in (2, 4, 8, 12, 16)],
+                         value=_given(defaults, "pp", "layout"), description="stages", style=LABEL_STYLE),
         "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
                                     description="micro-batches", style=LABEL_STYLE, continuous_update=False),
         "seq_len": w.Dropdown(options=_with(SEQ_CHOICES[:5], defaults.get("seq_len", 4096)),
@@ -340,7 +352,7 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     }
 
     def compute(v: dict[str, Any]) -> dict[str, Any]:
-        v = dict(v)
+        v = {k: None if x in ("config", "layout") else x for k, x in v.items()}
         plan, table = compare_partitions(v.pop("model"), **v)
         return {"table": table, "plan": plan}
 
