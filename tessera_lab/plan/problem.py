@@ -237,7 +237,8 @@ def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
     if problem.vpp > 1:
         return InfeasiblePlanError(
             f"no partition into {problem.num_stages} virtual stages fits {problem.memory_limit / GIB:.2f} GiB on every "
-            f"rank; add pipeline ranks, shard further (ep, dp) or shorten the sequence"
+            f"rank; add pipeline ranks, recompute activations (--recompute selective|full), shard further (ep, dp) "
+            "or shorten the sequence"
         )
     S, L, limit = problem.num_stages, problem.num_layers, problem.memory_limit
     best: dict[int, tuple[float, tuple[int, ...]]] = {0: (-math.inf, (0,))}
@@ -260,7 +261,8 @@ def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
     return InfeasiblePlanError(
         f"no partition fits in memory: even the closest one puts stage {s} (layers {b[s]}-{b[s + 1] - 1}) at "
         f"{need / GIB:.2f} GiB, {excess[s] / GIB:.2f} GiB more than the {limit / GIB:.2f} GiB available; "
-        f"add pipeline stages, shard further (ep, dp with a distributed optimizer) or shorten the sequence"
+        f"add pipeline stages, recompute activations (--recompute selective|full), shard further (ep for experts, dp "
+        "with a distributed optimizer) or shorten the sequence"
     )
 
 
