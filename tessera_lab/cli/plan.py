@@ -8,7 +8,7 @@ from typing import Any
 
 from tessera_lab.argtypes import positive_float
 from tessera_lab.cli.common import GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args, table
-from tessera_lab.model.spec import layer_summary
+from tessera_lab.model.spec import kind_letter, layer_summary
 from tessera_lab.plan.proof import solve_line
 from tessera_lab.report.headline import mfu_note, mfu_text
 
@@ -35,7 +35,7 @@ def _bottleneck_line(ev) -> str:
         causes.append("it holds the LM head and loss")
     if s == 0:
         causes.append("it holds the embedding")
-    n_full = sum(1 for k in st.kinds if k.startswith("full_attention"))
+    n_full = sum(1 for k in st.kinds if kind_letter(k) == "A")  # global attention: not sliding, chunked or MTP
     if n_full:
         causes.append(f"{n_full} full-attention layer{'s' if n_full > 1 else ''}")
     mean_layers = sum(len(x.layers) for x in stages) / len(stages)
@@ -104,7 +104,8 @@ def format_plan(plan) -> str:
            f"expert width {m.shared_expert_intermediate_size or 'none'}" if m.has_moe else "; dense")
         + f", pattern {m.layer_pattern()}  "
         "(L linear mixer, A full attention, S sliding window, C chunked, T MTP; lower case: dense FFN; "
-        "- / E: MLP / MoE block without mixer)",
+        "- / E: MLP / MoE block without mixer; stage tables count them, Ax2 Ldx1: two A layers, one L layer with a "
+        "dense FFN)",
         f"cluster {plan.cluster.num_nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}; "
         + _layout_text(p) + f", schedule {p.schedule}, "
         f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "

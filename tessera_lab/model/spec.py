@@ -532,18 +532,28 @@ def matches_published(value: float, published: float) -> bool:
 
 
 __all__ = [
-    "ConfigError", "LayerSpec", "ModelSpec", "ParamCounts", "load_model", "shipped_models",
+    "ConfigError", "LayerSpec", "ModelSpec", "ParamCounts", "load_model", "shipped_models", "kind_letter",
     "published_params", "matches_published", "SUPPORTED_MODEL_TYPES",
 ]
 
 
+def kind_letter(kind: str) -> str:
+    """The :meth:`ModelSpec.layer_pattern` letter of a :attr:`LayerSpec.kind`: L linear mixer, A full (global)
+    attention, S sliding window, C chunked, T MTP, - no mixer."""
+    mixer, _, detail = kind.split("+")[0].partition("/")
+    if detail.startswith("mtp"):
+        return "T"
+    if mixer == FULL_ATTENTION and detail.startswith(("sliding", "chunked")):
+        return "S" if detail.startswith("sliding") else "C"
+    return {LINEAR_ATTENTION: "L", FULL_ATTENTION: "A", "none": "-"}.get(mixer, "?")
+
+
 def layer_summary(layers: list[int], kinds: list[str]) -> str:
-    """Short text of a stage's layers: ``"first-last (Ax1 Lx3)"`` (L linear attention, A full attention, a
-    ``d`` suffix for a dense FFN); ``"-"`` for no layers."""
+    """Short text of a stage's layers: ``"first-last (Ax1 Lx3)"``, the letters of :meth:`ModelSpec.layer_pattern`
+    (L linear mixer, A full attention, S sliding window, C chunked, T MTP, - no mixer) with a ``d`` suffix for a
+    dense FFN; ``"-"`` for no layers."""
     if not layers:
         return "-"
-    short = {"linear_attention": "L", "full_attention": "A", "none": "-"}
-    counts = Counter(short.get(k.split("+")[0].split("/")[0], "?") + ("d" if k.endswith("+dense") else "")
-                     for k in kinds)
+    counts = Counter(kind_letter(k) + ("d" if k.endswith("+dense") else "") for k in kinds)
     parts = " ".join(f"{k}x{n}" for k, n in sorted(counts.items()))
     return f"{layers[0]}-{layers[-1]} ({parts})"
