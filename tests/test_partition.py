@@ -249,8 +249,10 @@ def test_ilp_time_limit_bounds_both_passes():
     costs = [1.0 + ((l * 37) % 11) / 7 for l in range(96)]
     prob = additive_problem(costs, 32, vpp=4)  # 8 ranks x 4 chunks: about 22,000 binaries
     solve_ilp(additive_problem([1.0, 2.0], 1), time_limit_s=1.0)  # import PuLP and HiGHS outside the timing
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     part = solve_ilp(prob, time_limit_s=2.0)
-    assert time.perf_counter() - t < 1.5 * 2.0 + 1.0  # model building counts against the limit (slack: load)
+    # model building counts against the limit; on a busy machine the wall clock stretches while the process CPU
+    # does not (and a threaded solver's CPU may exceed its wall time): the smaller of the two is bounded
+    assert min(time.perf_counter() - t, time.process_time() - c) < 1.5 * 2.0 + 1.0
     assert len(part.boundaries) == 33 and part.bottleneck > 0
     assert part.status == "Optimal" or "not proven optimal" in part.status or "heuristic" in part.status
