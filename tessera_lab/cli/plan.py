@@ -130,6 +130,8 @@ def format_plan(plan) -> str:
             "fits memory": "yes" if ev.fits_memory else "NO",
         })
     lines.append(table(summary, SUMMARY_FLOATFMT))
+    lines.append("iteration, tokens/s, MFU, bubble and stage times: simulated (the schedule on the costs above); "
+                 "memory: computed (memory model) against the GPU's capacity less its reserve (data/hardware)")
     lines.append(solve_line(plan))
     lines.append("baselines (same schedule and simulator): " + "; ".join(
         f"{name}: {BASELINE_TEXT.get(name, name)}" for name in plan.baselines))
