@@ -88,7 +88,7 @@ def test_header_lists_recompute_modules(capsys):
 # ------------------------------------------------------------------ 6: EP spans TP header
 def test_ep_spans_tp_header_spells_the_layout(capsys):
     assert main(["plan", "--pp", "4", "-m", "8", "--ep-spans-tp", "--tp", "2"]) == 0
-    head = capsys.readouterr().out.splitlines()[1]
+    head = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("cluster "))
     # pp 4 x EP 8 = 32 GPUs; EP 8 = TP 2 x dense DP 4; expert DP = dp = 1; tokens 8 x 4096 x 4 = 131,072
     p = ParallelConfig(pp=4, ep=8, tp=2, microbatches=8, ep_spans_tp=True)
     assert (p.world_size, p.dense_dp, p.expert_dp) == (32, 4, 1)

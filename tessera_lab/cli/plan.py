@@ -102,10 +102,10 @@ def format_plan(plan) -> str:
         f"model {m.name} ({m.family}): {m.num_layers} layers ({m.mixer_kinds()})"
         + (f"; MoE {m.num_experts} experts of width {m.moe_intermediate_size}, top-{m.num_experts_per_tok}, shared "
            f"expert width {m.shared_expert_intermediate_size or 'none'}" if m.has_moe else "; dense")
-        + f", pattern {m.layer_pattern()}  "
-        "(L linear mixer, A full attention, S sliding window, C chunked, T MTP; lower case: dense FFN; "
-        "- / E: MLP / MoE block without mixer; stage tables count them, Ax2 Ldx1: two A layers, one L layer with a "
-        "dense FFN)",
+        + f", pattern {m.layer_pattern()}",
+        "  (pattern: L linear mixer, A full attention, S sliding window, C chunked, T MTP; lower case: dense FFN; "
+        "- / E: MLP / MoE block without mixer; stage tables count them: Ax2 Ldx1 = two A layers, one L with a dense "
+        "FFN)",
         f"cluster {plan.cluster.num_nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}; "
         + _layout_text(p) + f", schedule {p.schedule}, "
         f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "
