@@ -371,7 +371,7 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
 
     def run(world: WorldSpec, spec: RunSpec) -> tuple[dict, float]:
         before = work_probe(cfg, mbs)
-        job = spawn(world, [spec], timeout_s=600).job(spec.name)
+        job = spawn(world, [spec], timeout_s=600, keep=False).job(spec.name)
         return job, (before + work_probe(cfg, mbs)) / 2  # the machine's state over the job: before and after
 
     for ep in eps:

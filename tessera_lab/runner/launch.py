@@ -16,8 +16,10 @@ Faults: every collective has a timeout (``init_process_group(timeout=...)``, :at
 rank that raises prints its traceback and exits with status 1 at once (``os._exit``, so no destructor can
 hang); its peers see the closed connections and fail too. The spawner watches all workers: when one exits
 non-zero it gives the others :attr:`WorldSpec.grace_s` seconds to exit, then terminates and kills them, and
-raises :class:`RunnerError` with every rank's exit status and the failing rank's log tail. Workers also
-exit by themselves when their parent process disappears, so nothing is left behind.
+raises :class:`RunnerError` with every rank's exit status and the failing rank's log tail (``run`` exits 3,
+with ``--dynamic`` too). Workers also exit by themselves when their parent process disappears, so nothing is
+left behind. Without ``--out`` a run's temporary folder is removed after success and kept (its path printed)
+after a failure; see docs/robustness.md.
 
 This module never imports torch at import time (the worker imports it when it starts). Specs live in
 :mod:`.specs`, the spawner in :mod:`.spawn`, the worker in :mod:`.worker`, results in :mod:`.results`; this
@@ -304,7 +306,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
         check_profile_store(args.profile_store)
     try:
-        result = spawn(world, [job], out_dir=args.out, timeout_s=args.timeout)
+        result = spawn(world, [job], out_dir=args.out, timeout_s=args.timeout, keep=False)
     except RunnerError as exc:
         print(f"tessera-lab run: error: {exc}", file=sys.stderr)
         return EXIT_PEER_FAILED if getattr(exc, "peer_failed", False) else 1
@@ -317,6 +319,7 @@ def _run_dynamic(world: WorldSpec, job: RunSpec, args: argparse.Namespace) -> in
     from tessera_lab.io import write_json
 
     from .dynamic_report import dynamic_jobs, dynamic_report, format_dynamic
+    from .supervise import EXIT_PEER_FAILED
 
     if args.trace or args.profile_store:
         raise ConfigError("--trace and --profile-store are not available with --dynamic; run without --dynamic")
@@ -324,10 +327,10 @@ def _run_dynamic(world: WorldSpec, job: RunSpec, args: argparse.Namespace) -> in
     for j in jobs:
         j.validate(world)
     try:
-        result = spawn(world, jobs, out_dir=args.out, timeout_s=args.timeout)
+        result = spawn(world, jobs, out_dir=args.out, timeout_s=args.timeout, keep=False)
     except RunnerError as exc:
         print(f"tessera-lab run: error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_PEER_FAILED if getattr(exc, "peer_failed", False) else 1
     rep = dynamic_report(result.jobs, args.trials, args.routing, world)
     for name in ("static-0", "dynamic-0"):
         ref = result.job(name).get("reference")

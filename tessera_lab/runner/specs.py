@@ -232,7 +232,7 @@ class WorldSpec:
     dp: int = 1
     backend: str = "auto"
     timeout_s: float = 60.0
-    grace_s: float = 10.0
+    grace_s: float = 1.0
     interleave: bool = False
 
     def __post_init__(self) -> None:
