@@ -52,6 +52,10 @@ WORK_LIMITS: dict[str, tuple[int, str]] = {
     "expert_width": (1 << 22, "expert intermediate size"),
     "routing_cells": (50_000_000, "token counts held from a routing log (8 bytes each)"),
     "attention_ratio": (4096, "linear-attention layers per full-attention layer"),
+    "runner_params": (50_000_000, "parameters of the CPU runner's model"),
+    "runner_tokens": (50_000_000, "activation elements per layer and micro-batch of the runner"),
+    "runner_actions": (20_000, "stage-micro-batches per step of the runner"),
+    "runner_events": (5_000_000, "events in a run result"),
 }
 
 #: the largest time accepted in seconds (about 31.7 years): larger values overflow sums and mean a typo

@@ -287,5 +287,5 @@ def test_plan_and_run_plan_refuse_inconsistent_input_before_any_run(tmp_path, ca
     bad.write_text("not json")
     assert cli(["run", "--plan", str(plan), "--profile-store", str(bad)]) == 2
     cap = capsys.readouterr()
-    assert "cannot be read" in cap.err and "loss" not in cap.out  # refused before the run
+    assert "runner profile store" in cap.err and "not valid JSON" in cap.err and "loss" not in cap.out  # refused before the run
     assert bad.read_text() == "not json"

@@ -109,14 +109,14 @@ def _cpu_ticks(pid: int) -> int:
 
 def _dump_stack(pid: int, path: Path, stopped: bool) -> str:
     """Ask a hung worker for its Python stack (SIGUSR1, :func:`~tessera_lab.runner.supervise.install_stack_dump`;
-    a stopped one is continued so the handler runs), kill it, and return the dump (at most ~1.5 s)."""
+    a stopped one is continued so the handler runs), kill it, and return the dump (waits at most 1 s)."""
     try:
         os.kill(pid, signal.SIGUSR1)
         if stopped:
             os.kill(pid, signal.SIGCONT)
     except ProcessLookupError:
         return ""
-    end = time.monotonic() + 1.5
+    end = time.monotonic() + 1.0
     text, last = "", -1
     while time.monotonic() < end:
         try:
@@ -333,11 +333,12 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
 
 
 def _kill_all(procs: list, codes: dict) -> None:
-    """Terminate (then kill) every still-running worker and reap it; record signals as negative codes."""
+    """Kill every still-running worker (SIGKILL: a worker keeps nothing that needs a clean exit; its outputs are
+    written atomically) and reap it; record signals as negative codes."""
     live = [(r, p) for r, p in enumerate(procs) if p.poll() is None]
     for _, p in live:
-        try:  # a stopped (hung) process cannot act on SIGTERM: kill it at once
-            p.send_signal(signal.SIGKILL if _state(p.pid) == "T" else signal.SIGTERM)
+        try:
+            p.send_signal(signal.SIGKILL)
         except ProcessLookupError:
             pass
     end = time.monotonic() + 2.0

@@ -45,7 +45,7 @@ __all__ = ["HEARTBEAT_S", "HEARTBEAT_TIMEOUT_S", "DETECT_BOUND_S", "EXIT_PEER_FA
 #: seconds between two heartbeats of a worker
 HEARTBEAT_S = 0.5
 #: missed beats before a ready rank is declared hung
-MISSED_BEATS = 12
+MISSED_BEATS = 10
 #: a ready rank whose last heartbeat is older than this (seconds) is declared hung (MISSED_BEATS * HEARTBEAT_S)
 HEARTBEAT_TIMEOUT_S = MISSED_BEATS * HEARTBEAT_S
 #: a silent rank that still uses CPU is declared hung only after BUSY_FACTOR times the timeout
