@@ -270,7 +270,7 @@ def plan_vs_observed(pred: dict, events: list[dict], steps: int) -> dict[str, An
 
     obs = observed_iterations(events, steps)
     med = _median(obs)
-    q = quantiles(obs, n=4) if len(obs) >= 2 else [med, med, med]
+    q = quantiles(obs, n=4, method="inclusive") if len(obs) >= 2 else [med, med, med]
     return {"predicted_s": pred["predicted_s"], "observed_s": med, "observed_q1_s": q[0], "observed_q3_s": q[2],
             "observed_samples_s": obs, "steps": _observed_steps(steps),
             "error": (pred["predicted_s"] - med) / med if med > 0 else math.nan, "costs": pred.get("costs"),

@@ -13,7 +13,8 @@ from tessera_lab.checks import MAX_CONFIG_INT, check_work
 from tessera_lab.errors import ConfigError
 from tessera_lab.schema import F, positive_seconds, seconds, validate
 
-__all__ = ["RUNNER_PLAN", "RUNNER_STORE", "RUN_RESULT", "TINY_MODEL", "check_runner_plan", "check_runner_store",
+__all__ = ["RUNNER_PLAN", "RUNNER_STORE", "RUN_RESULT", "TINY_MODEL", "VALIDATION_RESULT", "check_runner_plan",
+           "check_runner_store", "check_validation_result",
            "check_run_result", "check_runner_work", "runner_params"]
 
 _SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipev", "overlapped")
@@ -177,3 +178,38 @@ def check_runner_work(cfg: Any, pp: int, vpp: int, microbatches: int, micro_batc
     check_work("runner_actions", pp * vpp * microbatches,
                field=f"stage-micro-batches per step pp x vpp x microbatches = {pp} x {vpp} x {microbatches}",
                where=where)
+
+
+#: a validation result (``tessera-lab validate --json``) as ``validate --repredict`` reads it
+VALIDATION_RESULT = F("dict", fields={
+    "cases": F("list", low=1, limit="costs", items=F("dict", fields={
+        "name": F("str"), "schedule": F("str", choices=_SCHEDULES),
+        "pp": F("int", low=1, limit="pp"), "ep": F("int", low=1, limit="ep"),
+        "width": F("int", low=1, high=1024), "boundaries": F("list", low=2, limit="layers",
+                                                            items=F("int", low=0, limit="layers")),
+        "observed_s": positive_seconds()})),
+    "prediction_inputs": F("dict", null=True, required=False, fields={
+        "cores_available": F("map", null=True, required=False, values=F("dict", fields={
+            "cores_available": F("num", low=0.0, low_open=True, high=1 << 20),
+            "work_probe_s": positive_seconds(null=True, required=False)})),
+        "cpu_probe_s": F("map", null=True, required=False, values=positive_seconds()),
+        "calibration_cpu_probe_s": positive_seconds(null=True, required=False)}),
+    "calibration": F("dict", null=True, required=False, fields={
+        "device_file": F("dict", null=True, required=False), "path": F("str", null=True, required=False)}),
+    "machine": F("dict", required=False),
+})
+
+
+def check_validation_result(data: Any, where: str) -> dict:
+    """A validation result checked against :data:`VALIDATION_RESULT`; an embedded calibration
+    (``calibration.device_file``) against the device schema."""
+    validate(data, VALIDATION_RESULT, where)
+    dev = (data.get("calibration") or {}).get("device_file")
+    if dev is not None:
+        from tessera_lab.cost.device import DEVICE_FILE
+
+        if dev.get("kind") != "calibrated_device":
+            raise ConfigError(f"{where}: field 'calibration.device_file.kind' = {dev.get('kind')!r}; allowed: "
+                              "'calibrated_device'")
+        validate(dev, DEVICE_FILE, f"{where}, field 'calibration.device_file'")
+    return data
