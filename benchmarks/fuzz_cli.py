@@ -8,8 +8,13 @@ Generated: each subcommand's options (introspected from the parser) with values 
 (0, negatives, nan, inf, 1e308, 10**7, "abc", "1e12", ...), strings, model names, schedule names, routing specs and
 files (valid and broken configs, profiles and plans: binary, non-UTF-8, deeply nested, NaN fields, strings where
 numbers belong, empty, folders, missing paths, symlinks, a private character device, a 250-character name).
-Not driven: ``run`` (spawns workers), ``measure --backend cpu|cuda`` (real measurements) and ``reproduce`` without
-``--quick`` (minutes); ``reproduce`` is kept to cheap cases.
+The runner's commands (``run``, ``calibrate``, ``validate``, ``measure --backend runner``) are driven with their
+files (runner plans, observation stores, run results, device files, validation results: good ones and tampered
+copies) and ``TESSERA_LAB_*`` variables; the step that would start workers or measure is replaced by a stub that
+runs every check a launch makes first (:func:`tessera_lab.runner.launch.spawn.check_launch`) and then stops: an input
+that gets there was accepted (``accepted``). An input known to be bad by construction (a tampered file where the
+command reads it, a malformed variable) that is accepted or exits 0 is a contract break (``silent``).
+Not driven: ``measure --backend cpu|cuda`` (real measurements) and ``reproduce`` without ``--quick`` (minutes).
 
 Usage::
 
@@ -43,7 +48,17 @@ if str(ROOT) not in sys.path:
 from hypothesis import strategies as st  # noqa: E402
 
 #: commands the fuzzer drives, and how often (cheap ones more often)
-COMMANDS = ("models", "params", "plan", "partition", "simulate", "measure", "report", "reproduce")
+COMMANDS = ("models", "params", "plan", "partition", "simulate", "measure", "report", "reproduce", "run",
+            "calibrate", "validate")
+#: options whose file is read by the command whenever given (a bad file there must be refused)
+READ_ALWAYS = {("run", "--plan"), ("run", "--profile-store"), ("report", "--observed"), ("report", "--lifecycle"),
+               ("validate", "--repredict"), ("plan", "--device")}
+#: TESSERA_LAB_* values: good ones, and malformed ones (always refused)
+ENV_GOOD = {"TESSERA_LAB_MAX_LAYERS": "4096", "TESSERA_LAB_FAULT": "1:kill:5", "TESSERA_LAB_HEARTBEAT_TIMEOUT": "8",
+            "TESSERA_LAB_MAX_JSON_BYTES": "100000000"}
+ENV_BAD = {"TESSERA_LAB_MAX_JSON_BYTES": ("-5", "abc", "0"), "TESSERA_LAB_FAULT": ("x:kill", "1:boom", "1:kill:-1", "1"),
+           "TESSERA_LAB_HEARTBEAT_TIMEOUT": ("0", "nan", "x"), "TESSERA_LAB_MAX_LAYERS": ("0", "-3", "many"),
+           "TESSERA_LAB_MAX_LAYRES": ("5",)}
 NOTICE_PREFIXES = ("result:", "figure:", "figures:", "trace:", "plan written to", "profile:")
 NUMBERS = ("0", "1", "2", "3", "4", "8", "16", "64", "-1", "-5", "2.5", "1e12", "10000000", "1e308", "-1e308", "nan",
            "inf", "-inf", "abc", "", "0x10", "1_000", "  3")
@@ -142,6 +157,7 @@ def build_corpus(root: Path) -> Corpus:
                       "routed": [1] * 8}, "float": {"layer": 0.5, "routed": [1] * 8},
                       "negative": {"layer": 0, "routed": [-1] * 8}}.items():
         c.inputs[f"routing_{name}"] = _write(inp / f"routing_{name}.json", json.dumps({**log, "records": [rec]}))
+    _runner_corpus(c, inp)
     # outputs
     out = root / "out"
     out.mkdir(parents=True, exist_ok=True)
@@ -162,6 +178,73 @@ def build_corpus(root: Path) -> Corpus:
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
         c.outputs["device"] = str(node)
     return c
+
+
+def _runner_corpus(c: Corpus, inp: Path) -> None:
+    """Runner files: a device file, a runner plan, a store, a run result and a validation result, each good and in
+    tampered copies (keys ``bad_*``: refused by construction wherever the command reads them)."""
+    import copy
+
+    dev = json.loads((ROOT / "data" / "devices" / "cpu-2core.json").read_text())
+    c.inputs["device"] = _write(inp / "device.json", json.dumps(dev))
+    for name, change in {"gemm_string": lambda d: d["throughput"].update(gemm_flop_per_s="fast"),
+                         "p2p_negative": lambda d: d["p2p"].update(alpha_s=-1),
+                         "layers_list": lambda d: d.update(layers=[1]),
+                         "kind": lambda d: d.update(kind="device")}.items():
+        d = copy.deepcopy(dev)
+        change(d)
+        c.inputs[f"bad_device_{name}"] = _write(inp / f"bad_device_{name}.json", json.dumps(d))
+    c.inputs["bad_device_latin1"] = _write(inp / "bad_device_latin1.json", b'{"kind": "calibrated_device", "x": "\xe9"}')
+    plan = {"kind": "runner_plan", "schema_version": 1, "model": "tiny-runner",
+            "model_config": {"num_layers": 4, "num_experts": 4, "top_k": 2, "seed": 0},
+            "parallel": {"pp": 2, "ep": 2, "dp": 1, "microbatches": 4, "micro_batch_size": 1, "schedule": "1f1b",
+                         "vpp": None},
+            "boundaries": [0, 2, 4], "pair_exec": None, "pair_order": None, "costs": {"source": "fuzz"},
+            "prediction": {"iteration_s": 0.3, "stage_f_s": [0.01, 0.01], "stage_b_s": [0.02, 0.02]}}
+    c.inputs["runner_plan"] = _write(inp / "runner_plan.json", json.dumps(plan))
+    tampers = {"mb_huge": lambda d: d["parallel"].update(microbatches=1e9),
+               "hidden_huge": lambda d: d["model_config"].update(hidden_size=10**7),
+               "pred_string": lambda d: d["prediction"].update(iteration_s="1"),
+               "pred_zero": lambda d: d["prediction"].update(iteration_s=0),
+               "pred_negative": lambda d: d["prediction"]["stage_f_s"].__setitem__(0, -1),
+               "bound_frac": lambda d: d.update(boundaries=[0, 1.5, 4]),
+               "bound_list": lambda d: d.update(boundaries=[0, [2], 4]),
+               "parallel_string": lambda d: d.update(parallel="pp2"),
+               "model_list": lambda d: d.update(model_config=[4]),
+               "kind": lambda d: d.update(kind="partition"),
+               "no_kind": lambda d: d.pop("kind"),
+               "experts_string": lambda d: d["model_config"].update(num_experts="4")}
+    for name, change in tampers.items():
+        d = copy.deepcopy(plan)
+        change(d)
+        c.inputs[f"bad_plan_{name}"] = _write(inp / f"bad_plan_{name}.json", json.dumps(d))
+    step = {"step": 0, "predicted": {"iteration": 0.1}, "observed": {"iteration": 0.1}, "step_time_s": 0.1}
+    store = {"schema_version": 1, "kind": "runner_observations",
+             "runs": [{"date": "d", "microbatches": 4, "predictions": "plan (before the run)",
+                       "lifecycle": {"steps": [step, {**step, "step": 1}]}}]}
+    c.inputs["store"] = _write(inp / "store.json", json.dumps(store))
+    for name, d in {"runs_string": {**store, "runs": "x"}, "runs_missing": {k: v for k, v in store.items() if k != "runs"},
+                    "garbage": {**store, "runs": [1, "x", None]},
+                    "observed_string": {**store, "runs": [{**store["runs"][0], "lifecycle": {"steps": [
+                        {**step, "observed": {"iteration": "slow"}}]}}]},
+                    "version": {**store, "schema_version": 7}}.items():
+        c.inputs[f"bad_store_{name}"] = _write(inp / f"bad_store_{name}.json", json.dumps(d))
+    ev = [{"step": 0, "rank": r, "lane": "compute", "type": "F", "stage": r, "start": 0.0, "end": 0.01} for r in range(2)]
+    job = {"name": "run", "schedule": "1f1b", "tokens_per_step": 64, "spec": {"model": {"num_layers": 4}},
+           "timing": {"durations": {"f": [0.01, 0.01], "b": [0.02, 0.02]}}, "events": ev}
+    c.inputs["run_result"] = _write(inp / "run_result.json", json.dumps({"backend": "gloo", "jobs": [job]}))
+    for name, d in {"jobs_string": {"jobs": "x"}, "job_int": {"jobs": [1]},
+                    "events_bad": {"jobs": [{**job, "events": [{"step": "a"}]}]},
+                    "durations_negative": {"jobs": [{**job, "timing": {"durations": {"f": [-1], "b": [1]}}}]}}.items():
+        c.inputs[f"bad_run_{name}"] = _write(inp / f"bad_run_{name}.json", json.dumps(d))
+    case = {"name": "c", "schedule": "1f1b", "pp": 2, "ep": 1, "width": 1, "boundaries": [0, 2, 4], "observed_s": 0.1}
+    val = {"cases": [case], "calibration": {"device_file": dev}}
+    c.inputs["validation"] = _write(inp / "validation.json", json.dumps(val))
+    for name, d in {"calibration_string": {**val, "calibration": "x"},
+                    "calibration_bad": {**val, "calibration": {"device_file": {**dev, "p2p": "fast"}}},
+                    "case_string": {**val, "cases": [{**case, "pp": "2"}]},
+                    "observed_zero": {**val, "cases": [{**case, "observed_s": 0}]}}.items():
+        c.inputs[f"bad_validation_{name}"] = _write(inp / f"bad_validation_{name}.json", json.dumps(d))
 
 
 # ---------------------------------------------------------------------------------------------- strategies
@@ -187,6 +270,14 @@ def _values_for(dest: str, corpus: Corpus) -> st.SearchStrategy[str]:
     table = {
         "model": _mix(MODELS[:3] + (corpus.inputs["config"],), st.one_of(st.sampled_from(MODELS), files), 4),
         "profile": _mix((corpus.inputs["profile"],), files, 6), "plan": _mix((corpus.inputs["plan"],), files, 6),
+        "device": _mix((corpus.inputs["device"],), _bad(corpus, "bad_device", files), 6),
+        "profile_store": _mix((corpus.inputs["store"], str(corpus.root / "out" / "new_store.json")),
+                              _bad(corpus, "bad_store", files), 6),
+        "lifecycle": _mix((corpus.inputs["store"],), _bad(corpus, "bad_store", files), 6),
+        "observed": _mix((corpus.inputs["run_result"],), _bad(corpus, "bad_run", files), 6),
+        "repredict": _mix((corpus.inputs["validation"],), _bad(corpus, "bad_validation", files), 6),
+        "group_sizes": st.sampled_from(("2,4", "2", "3,x", "", "9", "2,,4", "1e3")),
+        "out": outs,
         "json": outs, "plot": outs, "trace": outs, "export": outs,
         "schedule": _mix(SCHEDULES[:7], SCHEDULES), "gpu": _mix(GPUS[:3], GPUS),
         "costs": _costs(),
@@ -208,6 +299,12 @@ def _values_for(dest: str, corpus: Corpus) -> st.SearchStrategy[str]:
     if dest in table:
         return table[dest]
     return _mix(SMALL_INTS, NUMBERS)
+
+
+def _bad(corpus: Corpus, prefix: str, files) -> st.SearchStrategy[str]:
+    """The tampered files of one kind (most of the time) or any corpus file."""
+    mine = sorted(v for k, v in corpus.inputs.items() if k.startswith(prefix))
+    return st.one_of(st.sampled_from(mine), st.sampled_from(mine), files)
 
 
 def _costs() -> st.SearchStrategy[str]:
@@ -252,7 +349,7 @@ def argv_for(draw, command: str, corpus: Corpus) -> list[str]:
     for a in actions:
         required = a.required or not a.option_strings
         if command == "measure" and a.dest == "backend":
-            argv += ["--backend", draw(st.sampled_from(("analytic", "analytic", "bogus")))]
+            argv += ["--backend", draw(st.sampled_from(("analytic", "analytic", "runner", "bogus")))]
             continue
         if command == "measure" and a.dest == "out":
             argv += ["--out", draw(st.sampled_from((str(corpus.root / "out" / "prof.json"), corpus.outputs["folder"],
@@ -260,13 +357,23 @@ def argv_for(draw, command: str, corpus: Corpus) -> list[str]:
             continue
         if command == "measure" and a.dest == "model":  # one of the cheap configs
             argv += ["--model", draw(st.sampled_from(("qwen3-8b", "nope", corpus.inputs["binary"],
-                                                      corpus.inputs["config_nan"])))]
+                                                      corpus.inputs["config_nan"], "tiny-runner")))]
             continue
         if command == "reproduce" and a.dest == "out":  # cheap cases only: outputs that are refused up front
             argv += ["--out", draw(st.sampled_from((corpus.outputs["under_file"], str(corpus.root / "out" / "a_file"))))]
             continue
         if command == "reproduce" and a.dest == "quick":
             argv.append("--quick")
+            continue
+        if command == "run" and a.dest == "plan" and draw(st.integers(0, 2)) == 0:  # runner plans, good or tampered
+            argv += ["--plan", draw(_mix((corpus.inputs["runner_plan"],), _bad(corpus, "bad_plan", st.nothing()), 6))]
+            continue
+        if command == "plan" and a.dest == "device" and draw(st.integers(0, 3)) == 0:
+            argv += ["--model", "tiny-runner", "--pp", "2", "--ep", "2", "--device",
+                     draw(_mix((corpus.inputs["device"],), _bad(corpus, "bad_device", st.nothing()), 5))]
+            continue
+        if command == "calibrate" and a.dest == "out":
+            argv += ["--out", str(corpus.root / "out" / "device.json")]
             continue
         if required:
             if draw(st.integers(0, 29)) == 0:  # sometimes leave a required one out
@@ -279,10 +386,34 @@ def argv_for(draw, command: str, corpus: Corpus) -> list[str]:
     return argv
 
 
+def env_strategy() -> st.SearchStrategy[dict[str, str]]:
+    """Mostly no TESSERA_LAB_* variable; sometimes a good one, sometimes a malformed one."""
+    good = st.sampled_from(sorted(ENV_GOOD.items())).map(lambda kv: {kv[0]: kv[1]})
+    bad = st.sampled_from(sorted((k, v) for k, vs in ENV_BAD.items() for v in vs)).map(lambda kv: {kv[0]: kv[1]})
+    return st.integers(0, 9).flatmap(lambda i: bad if i == 0 else (good if i == 1 else st.just({})))
+
+
+def case_strategy(corpus: Corpus) -> st.SearchStrategy[tuple[list[str], dict[str, str]]]:
+    """(argv, environment) pairs."""
+    return st.tuples(argv_strategy(corpus), env_strategy())
+
+
+def known_bad(argv: list[str], env: dict[str, str], corpus: Corpus) -> str:
+    """Why this input must be refused by construction ("" when it need not be)."""
+    for k in env:
+        if env[k] in ENV_BAD.get(k, ()):
+            return f"{k}={env[k]}"
+    bad_files = {v for k, v in corpus.inputs.items() if k.startswith("bad_")}
+    for i in range(1, len(argv) - 1):
+        if (argv[0], argv[i]) in READ_ALWAYS and argv[i + 1] in bad_files and argv.count(argv[i]) == 1:
+            return f"{argv[i]} {Path(argv[i + 1]).name}"
+    return ""
+
+
 def argv_strategy(corpus: Corpus) -> st.SearchStrategy[list[str]]:
     """Any command: cheap ones weighted up (plan, report and measure cost about a second each)."""
-    weights = {"models": 1, "params": 2, "partition": 4, "simulate": 5, "plan": 3, "report": 2, "measure": 1,
-               "reproduce": 1}
+    weights = {"models": 1, "params": 2, "partition": 4, "simulate": 5, "plan": 3, "report": 3, "measure": 1,
+               "reproduce": 1, "run": 4, "calibrate": 1, "validate": 2}
     pool = [c for c, w in weights.items() for _ in range(w)]
     return st.sampled_from(pool).flatmap(lambda c: argv_for(c, corpus))
 
@@ -292,8 +423,49 @@ def _alarm(signum, frame):  # pragma: no cover - only on a hang
     raise FuzzTimeout()
 
 
-def run_one(argv: list[str], bound_s: float = 60.0) -> Outcome:
-    """Run the CLI in-process on ``argv`` and classify the result against the contract."""
+class WouldStart(BaseException):
+    """Raised by the stubs in place of starting workers or a measurement: the input was accepted."""
+
+
+@contextlib.contextmanager
+def _stubs(env: dict[str, str]):
+    """Replace the steps that start workers or measurements by stubs (after the launch's own checks), set ``env``."""
+    import importlib
+
+    launch = importlib.import_module("tessera_lab.runner.launch.launch")
+    spawn_mod = importlib.import_module("tessera_lab.runner.launch.spawn")
+    cal = importlib.import_module("tessera_lab.runner.testbed.calibrate")
+    val = importlib.import_module("tessera_lab.runner.testbed.validate")
+    meas = importlib.import_module("tessera_lab.runner.measure")
+
+    def fake_spawn(world, jobs, **kw):
+        spawn_mod.check_launch(world, list(jobs), timeout_s=kw.get("timeout_s", 600.0), env=kw.get("env"))
+        raise WouldStart()
+
+    def stop(*a, **k):
+        raise WouldStart()
+
+    saved = [(launch, "spawn", launch.spawn), (cal, "calibrate", cal.calibrate),
+             (val, "validate_from_args", val.validate_from_args), (meas, "measure_runner_pair", meas.measure_runner_pair)]
+    old_env = {k: os.environ.get(k) for k in env}
+    launch.spawn, cal.calibrate, val.validate_from_args, meas.measure_runner_pair = fake_spawn, stop, stop, stop
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_one(argv: list[str], bound_s: float = 60.0, env: dict[str, str] | None = None,
+            must_refuse: str = "") -> Outcome:
+    """Run the CLI in-process on ``argv`` (with ``env`` set and the worker-starting steps stubbed) and classify the
+    result against the contract; ``must_refuse``: why the input is bad by construction (then exit 2 is required)."""
     import traceback
 
     from tessera_lab.cli.main import main
@@ -304,10 +476,14 @@ def run_one(argv: list[str], bound_s: float = 60.0) -> Outcome:
     t0 = time.perf_counter()
     rc: int | None = None
     crash = ""
+    accepted = False
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+        with _stubs(env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                warnings.catch_warnings():
             warnings.simplefilter("default")
             rc = main(argv)
+    except WouldStart:
+        accepted, rc = True, 0
     except FuzzTimeout:
         return Outcome("slow", argv, None, time.perf_counter() - t0, f"over {bound_s} s")
     except SystemExit as exc:  # main should return, not exit; still a status
@@ -327,6 +503,8 @@ def run_one(argv: list[str], bound_s: float = 60.0) -> Outcome:
     text = err.getvalue()
     if crash or "Traceback" in text:
         return Outcome("traceback", argv, rc, seconds, (crash or text).strip().splitlines()[-1][:300])
+    if must_refuse and rc != 2:
+        return Outcome("silent", argv, rc, seconds, f"accepted a bad input ({must_refuse})")
     if rc not in (0, 2):
         return Outcome("exit_code", argv, rc, seconds, text[-300:])
     lines = [l for l in text.splitlines() if l.strip()]
@@ -336,6 +514,8 @@ def run_one(argv: list[str], bound_s: float = 60.0) -> Outcome:
         return Outcome("stderr_lines", argv, rc, seconds, " | ".join(lines[:4])[:400])
     if seconds > bound_s:
         return Outcome("slow", argv, rc, seconds, f"{seconds:.1f} s")
+    if accepted:
+        return Outcome("accepted", argv, rc, seconds, "")
     return Outcome("ok" if rc == 0 else "error", argv, rc, seconds, lines[0][:200] if lines else "")
 
 
@@ -354,13 +534,18 @@ def fuzz(examples: int, seed: int = 0, bound_s: float = 60.0, root: Path | None 
     @hseed(seed)
     @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(argv_strategy(corpus))
-    def one(argv):
-        o = run_one(argv, bound_s)
+    @given(case_strategy(corpus))
+    def one(case):
+        argv, env = case
+        bad = known_bad(argv, env, corpus)
+        o = run_one(argv, bound_s, env, bad)
         counts[o.kind] += 1
         counts["tried"] += 1
+        counts["known bad"] += bool(bad)
+        counts["env set"] += bool(env)
         counts[f"cmd:{argv[0]}"] += 1
-        if o.kind not in ("ok", "error"):
+        if o.kind not in ("ok", "error", "accepted"):
+            o.detail = (f"[{' '.join(f'{k}={v}' for k, v in env.items())}] " if env else "") + o.detail
             breaks.append(o)
         if verbose:
             print(f"{o.kind:12s} {o.seconds:6.2f}s {' '.join(argv)[:160]}  {o.detail[:120]}", file=sys.__stderr__)
@@ -388,8 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     counts, breaks = fuzz(a.examples, a.seed, a.bound, verbose=a.verbose)
     elapsed = time.perf_counter() - t0
-    kinds = ("ok", "error", "traceback", "exit_code", "stderr_lines", "slow")
-    print(f"tried {counts['tried']} inputs in {elapsed:.1f} s (load {os.getloadavg()[0]:.2f}): "
+    kinds = ("ok", "accepted", "error", "traceback", "exit_code", "stderr_lines", "slow", "silent")
+    print(f"seed {a.seed}: tried {counts['tried']} inputs ({counts['known bad']} bad by construction, "
+          f"{counts['env set']} with a TESSERA_LAB_* variable) in {elapsed:.1f} s (load {os.getloadavg()[0]:.2f}): "
           + ", ".join(f"{k} {counts[k]}" for k in kinds))
     print("per command: " + ", ".join(f"{k[4:]} {v}" for k, v in sorted(counts.items()) if k.startswith("cmd:")))
     for o in breaks[:30]:

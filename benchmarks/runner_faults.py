@@ -1,12 +1,20 @@
-"""Runner fault detection: inject a killed / hung / raising rank into ``pp=2, ep=2`` launches and measure how
-fast the spawner detects it and whether it names the right rank.
+"""Runner fault detection under load: inject a killed / hung / raising rank into ``tessera-lab run --pp 2 --ep 2``
+launches (one CLI process per trial, as a user runs it) and count how often the right rank is named, with exit
+status 3, within the stated bound; then run clean launches and count false failures.
 
-Usage: ``PYTHONPATH=$PWD python benchmarks/runner_faults.py --trials 20 [--kinds kill,hang,raise]``
+Usage::
 
-Prints, per fault kind: trials, named correctly (count), detection time after the injection (median, max;
-measured: wall clock of the fault record written by the faulty rank just before the fault, to the spawner's
-detection) and the stated bound (analytic: :data:`tessera_lab.runner.launch.supervise.DETECT_BOUND_S`). The faulty
-rank cycles over the world's ranks. Report ``uptime`` with the numbers (2 shared cores are noisy).
+    PYTHONPATH=$PWD python benchmarks/runner_faults.py --trials 20 --clean 10 --load 8 \
+        [--kinds kill,raise,hang] [--schedules 1f1b,overlapped,zb-h1,dualpipev,dynamic]
+
+``--load N`` starts N busy processes (``while True: pass``) for the whole benchmark and stops them at the end.
+Per schedule and fault kind it prints: trials, named correctly, exit status 3, ended within the bound, and the
+end time after the fault (median, max). *End time* is measured: the wall-clock time written by the faulty rank
+just before its fault (``fault-<rank>.json``) to the moment the ``run`` process has exited (every worker reaped).
+The bound is :data:`tessera_lab.runner.launch.supervise.DETECT_BOUND_S` (stated). The faulty rank cycles over the
+ranks. Clean runs are ``run --pp 2 --ep 2 --steps 3 --check`` with default settings: it prints passed (exit 0,
+every loss bitwise equal to the reference) and declared hung. Every line of counts starts with
+``COUNT``. The load average and the CPU seconds of the benchmark's children are printed at the end.
 """
 
 from __future__ import annotations
@@ -14,62 +22,122 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tessera_lab.runner.launch import supervise
-from tessera_lab.runner.launch.spawn import _alive, spawn
-from tessera_lab.runner.runtime.specs import RunnerError, RunSpec, WorldSpec
+from tessera_lab.runner import supervise
+
+SCHEDULES = {
+    "1f1b": ["--schedule", "1f1b"],
+    "overlapped": ["--schedule", "overlapped", "--pair-exec", "scheduled"],
+    "zb-h1": ["--schedule", "zb-h1"],
+    "dualpipev": ["--schedule", "dualpipev"],
+    "dynamic": ["--schedule", "zb-h1", "--dynamic", "--trials", "1"],
+}
 
 
-def trial(kind: str, rank: int, delay: float, out: Path) -> dict:
-    """One launch with ``TESSERA_LAB_FAULT=rank:kind:delay``: named rank, detection seconds, orphans."""
-    t0 = time.monotonic()
+def _cli(args: list[str], env: dict, timeout: float) -> tuple[int, str, float, str]:
     try:
-        spawn(WorldSpec(pp=2, ep=2, timeout_s=60, grace_s=10), [RunSpec(name="fault", steps=10_000)],
-              out_dir=out, timeout_s=300, env={"TESSERA_LAB_FAULT": f"{rank}:{kind}:{delay}"})
-    except RunnerError as err:
+        p = subprocess.run([sys.executable, "-m", "tessera_lab", "run", *args], env=env, capture_output=True,
+                           text=True, timeout=timeout)
+        return p.returncode, p.stderr, time.time(), p.stdout
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        return 124, err, time.time(), ""
+
+
+def fault_trial(schedule: str, kind: str, rank: int, delay: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="tessera-fault-") as d:
+        env = dict(os.environ, TESSERA_LAB_FAULT=f"{rank}:{kind}:{delay}")
+        rc, err, ended, _ = _cli(["--pp", "2", "--ep", "2", "--steps", "10000", "--out", d, *SCHEDULES[schedule]],
+                              env, 300)
         try:
-            injected = json.loads((out / f"fault-{rank}.json").read_text())["time"]
+            injected = json.loads((Path(d) / f"fault-{rank}.json").read_text())["time"]
         except (OSError, ValueError, KeyError):
             injected = None
-        det = (err.detected_at - injected) if (injected is not None and err.detected_at) else None
-        return {"named": err.failed_rank, "ok": err.failed_rank == rank, "detect_s": det, "cause": err.cause,
-                "orphans": sum(_alive(p) for p in err.pids.values()), "total_s": time.monotonic() - t0}
-    return {"named": None, "ok": False, "detect_s": None, "cause": "no failure", "orphans": 0,
-            "total_s": time.monotonic() - t0}
+    first = err.strip().splitlines()[0] if err.strip() else ""
+    m = re.search(r"error: rank (\d+) ", first)
+    named = int(m.group(1)) if m else None
+    end_s = ended - injected if injected is not None else None
+    return {"named": named, "ok": named == rank, "rc": rc, "end_s": end_s, "first": first[:160]}
+
+
+def clean_trial() -> dict:
+    """``run --pp 2 --ep 2 --steps 3 --check`` with default settings: passed = exit 0 and every loss bitwise equal
+    to the single-process reference (the ``equal`` column)."""
+    t0 = time.time()
+    rc, err, ended, out = _cli(["--pp", "2", "--ep", "2", "--steps", "3", "--check"], dict(os.environ), 900)
+    rows = [line for line in out.splitlines() if line.strip()[:1].isdigit() and "." in line]
+    bitwise = rc == 0 and len(rows) >= 3 and all("bitwise" in r for r in rows[:3])
+    return {"rc": rc, "ok": bitwise, "hung": "no heartbeat" in err, "wall_s": ended - t0,
+            "first": (err.strip().splitlines() or [""])[0][:160]}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trials", type=int, default=20, help="trials per fault kind")
-    p.add_argument("--kinds", default="kill,hang", help="comma-separated: kill,hang,raise")
-    p.add_argument("--delay", type=float, default=1.0, help="seconds after joining the group before the fault")
+    p.add_argument("--trials", type=int, default=20, help="fault trials per schedule and kind")
+    p.add_argument("--kinds", default="kill,raise,hang", help="comma-separated: kill,raise,hang")
+    p.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated: " + ",".join(SCHEDULES))
+    p.add_argument("--clean", type=int, default=10, help="clean runs (no fault)")
+    p.add_argument("--load", type=int, default=0, help="busy processes to start for the benchmark")
+    p.add_argument("--delay", type=float, default=1.0, help="seconds after a rank is ready before the fault")
     args = p.parse_args(argv)
     kinds = args.kinds.split(",")
-    if args.trials < 1 or any(k not in supervise.FAULT_KINDS for k in kinds):
-        print("runner_faults: error: --trials >= 1 and --kinds from kill,hang,raise", file=sys.stderr)
+    scheds = args.schedules.split(",")
+    if (args.trials < 0 or args.clean < 0 or args.load < 0 or any(k not in supervise.FAULT_KINDS for k in kinds)
+            or any(s not in SCHEDULES for s in scheds)):
+        print("runner_faults: error: --trials/--clean/--load >= 0, --kinds from kill,raise,hang, --schedules from "
+              + ",".join(SCHEDULES), file=sys.stderr)
         return 2
-    print(f"load: {os.getloadavg()[0]:.2f} (1-min average); heartbeat every {supervise.HEARTBEAT_S} s, hung after "
-          f"{supervise.heartbeat_timeout()} s; stated detection bound {supervise.DETECT_BOUND_S} s (analytic)")
-    for kind in kinds:
-        rows = []
-        for i in range(args.trials):
-            with tempfile.TemporaryDirectory(prefix="tessera-fault-") as d:
-                rows.append(trial(kind, i % 4, args.delay, Path(d)))
-            r = rows[-1]
-            print(f"  {kind} #{i + 1}: rank {i % 4} -> named {r['named']} ({r['cause']}); detected "
-                  f"{r['detect_s'] if r['detect_s'] is None else round(r['detect_s'], 2)} s; orphans {r['orphans']}",
-                  flush=True)
-        ds = [r["detect_s"] for r in rows if r["detect_s"] is not None]
-        ok = sum(r["ok"] for r in rows)
-        within = sum(d <= supervise.DETECT_BOUND_S for d in ds)
-        print(f"{kind}: named correctly {ok}/{len(rows)}; detected within {supervise.DETECT_BOUND_S:.0f} s "
-              f"{within}/{len(rows)}; detection (measured) median {statistics.median(ds) if ds else float('nan'):.2f} s, "
-              f"max {max(ds) if ds else float('nan'):.2f} s; orphans {sum(r['orphans'] for r in rows)}")
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
+    t0, wall0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
+    try:
+        print(f"busy processes started: {args.load}; cores {os.cpu_count()}; heartbeat every {supervise.HEARTBEAT_S} s, "
+              f"hung after {supervise.heartbeat_timeout()} s ({supervise.MISSED_BEATS} beats); stated bound "
+              f"{supervise.DETECT_BOUND_S} s", flush=True)
+        bound = supervise.DETECT_BOUND_S
+        for sched in scheds:
+            for kind in kinds:
+                rows = []
+                for i in range(args.trials):
+                    rows.append(fault_trial(sched, kind, i % 4, args.delay))
+                    r = rows[-1]
+                    end = "n/a" if r["end_s"] is None else f"{r['end_s']:.2f}"
+                    print(f"  {sched} {kind} #{i + 1}: rank {i % 4} -> named {r['named']}, exit {r['rc']}, ended "
+                          f"{end} s after the fault"
+                          + ("" if r["ok"] else f" [{r['first']}]"), flush=True)
+                if not rows:
+                    continue
+                ends = [r["end_s"] for r in rows if r["end_s"] is not None]
+                print(f"COUNT {sched} {kind}: named correctly {sum(r['ok'] for r in rows)}/{len(rows)}; exit 3 "
+                      f"{sum(r['rc'] == 3 for r in rows)}/{len(rows)}; ended within {bound:.0f} s "
+                      f"{sum(e <= bound for e in ends)}/{len(rows)}; end after fault (measured) median "
+                      f"{statistics.median(ends) if ends else float('nan'):.2f} s, max "
+                      f"{max(ends) if ends else float('nan'):.2f} s; load {os.getloadavg()[0]:.1f}", flush=True)
+        cl = []
+        for i in range(args.clean):
+            cl.append(clean_trial())
+            c = cl[-1]
+            print(f"  clean #{i + 1}: exit {c['rc']}, losses bitwise equal to the reference: {c['ok']}, "
+                  f"{c['wall_s']:.1f} s" + ("" if c["rc"] == 0 else f" [{c['first']}]"), flush=True)
+        if cl:
+            print(f"COUNT clean (run --pp 2 --ep 2 --steps 3 --check, default settings): passed "
+                  f"{sum(c['ok'] for c in cl)}/{len(cl)}; declared hung {sum(c['hung'] for c in cl)}/{len(cl)}; "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+    finally:
+        for q in load:
+            q.kill()
+            q.wait()
+    t1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(f"benchmark: {time.time() - wall0:.0f} s wall; children CPU {t1.ru_utime - t0.ru_utime:.0f} s user + "
+          f"{t1.ru_stime - t0.ru_stime:.0f} s sys (busy processes included); 1-min load at the end "
+          f"{os.getloadavg()[0]:.1f}")
     return 0
 
 

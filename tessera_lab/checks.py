@@ -19,7 +19,7 @@ from typing import Any
 
 from tessera_lab.errors import ConfigError
 
-__all__ = ["WORK_LIMITS", "work_limit", "check_work", "check_int", "check_float", "check_time", "allowed_range",
+__all__ = ["WORK_LIMITS", "work_limit", "check_environment", "check_work", "check_int", "check_float", "check_time", "allowed_range",
            "MAX_TIME_S", "MAX_CONFIG_INT", "profile_mismatches"]
 
 #: name -> (default limit, what it counts). ``TESSERA_LAB_MAX_<NAME>`` (upper case) overrides the default.
@@ -52,12 +52,38 @@ WORK_LIMITS: dict[str, tuple[int, str]] = {
     "expert_width": (1 << 22, "expert intermediate size"),
     "routing_cells": (50_000_000, "token counts held from a routing log (8 bytes each)"),
     "attention_ratio": (4096, "linear-attention layers per full-attention layer"),
+    "runner_params": (50_000_000, "parameters of the CPU runner's model"),
+    "runner_tokens": (50_000_000, "activation elements per layer and micro-batch of the runner"),
+    "runner_actions": (20_000, "stage-micro-batches per step of the runner"),
+    "runner_events": (5_000_000, "events in a run result"),
 }
 
 #: the largest time accepted in seconds (about 31.7 years): larger values overflow sums and mean a typo
 MAX_TIME_S = 1e9
 #: the largest size accepted in a model config (hidden size, vocabulary, widths, heads)
 MAX_CONFIG_INT = 1 << 24
+
+
+def check_environment() -> None:
+    """Parse every ``TESSERA_LAB_MAX_*`` variable that is set (the work limits and ``TESSERA_LAB_MAX_JSON_BYTES``)
+    before any work: a malformed value, or a ``TESSERA_LAB_MAX_`` name that is no limit (a typo), is one line.
+
+    Raises:
+        ConfigError: naming the variable, its value and what is allowed.
+    """
+    known = {env_name(n) for n in WORK_LIMITS} | {"TESSERA_LAB_MAX_JSON_BYTES"}
+    for var in sorted(os.environ):
+        if not var.startswith("TESSERA_LAB_MAX_"):
+            continue
+        if var not in known:
+            raise ConfigError(f"environment variable {var} is not a work limit; allowed: TESSERA_LAB_MAX_<NAME> with "
+                              f"NAME one of {', '.join(sorted(n.upper() for n in WORK_LIMITS))}, JSON_BYTES")
+        if var == "TESSERA_LAB_MAX_JSON_BYTES":
+            from tessera_lab.io import _max_json_bytes
+
+            _max_json_bytes()
+        else:
+            work_limit(var[len("TESSERA_LAB_MAX_"):].lower())
 
 
 def env_name(name: str) -> str:

@@ -295,11 +295,22 @@ def save_figure(fig: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
 
 # ---------------------------------------------------------------------------------------------- reads
 def _max_json_bytes() -> int:
-    env = os.environ.get("TESSERA_LAB_MAX_JSON_BYTES")
-    try:
-        return int(env) if env else MAX_JSON_BYTES
-    except ValueError:
+    """:data:`MAX_JSON_BYTES`, or ``$TESSERA_LAB_MAX_JSON_BYTES`` (an integer >= 1).
+
+    Raises:
+        ConfigError: the variable is set to anything else.
+    """
+    env = os.environ.get("TESSERA_LAB_MAX_JSON_BYTES", "").strip()
+    if not env:
         return MAX_JSON_BYTES
+    try:
+        v = int(env)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise ConfigError(f"environment variable TESSERA_LAB_MAX_JSON_BYTES = {env!r} is out of range; allowed: an "
+                          "integer >= 1 (bytes)")
+    return v
 
 
 def _field_path(parts: list[Any]) -> str:

@@ -6,6 +6,7 @@ observation), ``report --observed`` and the validation matrix. Torch-free except
 from __future__ import annotations
 
 import json
+import re
 import math
 
 import pytest
@@ -122,11 +123,24 @@ def test_balanced_boundaries_brute_force():
 
 
 def test_device_file_errors(tmp_path):
-    with pytest.raises(ConfigError, match="cannot be read"):
+    with pytest.raises(ConfigError, match="does not exist"):
         load_device(tmp_path / "none.json")
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(ConfigError, match="calibrated_device"):
         load_device(tmp_path / "x.json")
+    (tmp_path / "u.json").write_bytes(b'\xff\xfe{"kind": "calibrated_device"}')
+    with pytest.raises(ConfigError, match=r"^device file '.*u.json' is not UTF-8 text \(byte 0xff at offset 0\)"):
+        load_device(tmp_path / "u.json")
+    good = synthetic_device(cores=2)
+    for change, field in [(lambda d: d["throughput"].update(gemm_flop_per_s="fast"), "throughput.gemm_flop_per_s"),
+                          (lambda d: d["p2p"].update(alpha_s=-1.0), "p2p.alpha_s"),
+                          (lambda d: d.update(layers=[]), "layers"),
+                          (lambda d: d["metadata"].update(cores=0), "metadata.cores")]:
+        bad = json.loads(json.dumps(good))
+        change(bad)
+        (tmp_path / "b.json").write_text(json.dumps(bad))
+        with pytest.raises(ConfigError, match=rf"^device file '.*b.json': field '{re.escape(field)}' = "):
+            load_device(tmp_path / "b.json")
 
 
 def test_plan_device_cli_and_plan_json(tmp_path, capsys):
@@ -288,5 +302,5 @@ def test_plan_and_run_plan_refuse_inconsistent_input_before_any_run(tmp_path, ca
     bad.write_text("not json")
     assert cli(["run", "--plan", str(plan), "--profile-store", str(bad)]) == 2
     cap = capsys.readouterr()
-    assert "cannot be read" in cap.err and "loss" not in cap.out  # refused before the run
+    assert "runner profile store" in cap.err and "not valid JSON" in cap.err and "loss" not in cap.out  # refused before the run
     assert bad.read_text() == "not json"

@@ -32,11 +32,12 @@ def test_cli_contract_under_fuzzing(corpus, monkeypatch):
 
     @settings(max_examples=80, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
-    @given(fuzz_cli.argv_strategy(corpus))
-    def check(argv):
-        o = fuzz_cli.run_one(argv, BOUND_S)
+    @given(fuzz_cli.case_strategy(corpus))
+    def check(case):
+        argv, env = case
+        o = fuzz_cli.run_one(argv, BOUND_S, env, fuzz_cli.known_bad(argv, env, corpus))
         seen.append(o.kind)
-        assert o.kind in ("ok", "error"), f"{o.kind}: tessera-lab {' '.join(argv)}: {o.detail}"
+        assert o.kind in ("ok", "error", "accepted"), f"{o.kind}: {env} tessera-lab {' '.join(argv)}: {o.detail}"
 
     check()
     assert "ok" in seen and "error" in seen  # the generator reaches both sides of the contract
@@ -50,3 +51,28 @@ def test_cli_contract_under_fuzzing(corpus, monkeypatch):
 def test_cheap_cases_of_the_excluded_commands(argv):
     o = fuzz_cli.run_one(argv, BOUND_S)
     assert o.kind == "error", o
+
+
+def test_every_runner_file_kind_and_variable_is_refused(corpus, monkeypatch):
+    """Each tampered runner file where its command reads it, and each malformed TESSERA_LAB_* value: exit 2, one
+    line (the fuzzer's 'bad by construction' inputs, all of them, deterministically)."""
+    monkeypatch.chdir(corpus.root / "cwd")
+    where = {"bad_plan": ["run", "--plan"], "bad_store": ["run", "--profile-store"], "bad_run": ["report", "--observed"],
+             "bad_validation": ["validate", "--repredict"],
+             "bad_device": ["plan", "--model", "tiny-runner", "--pp", "2", "--ep", "2", "--device"]}
+    n = 0
+    for key, path in sorted(corpus.inputs.items()):
+        prefix = "_".join(key.split("_")[:2])
+        if prefix in where:
+            argv = where[prefix] + [path]
+            o = fuzz_cli.run_one(argv, BOUND_S, {}, key)
+            assert o.kind == "error", (key, o)
+            n += 1
+    for var, values in fuzz_cli.ENV_BAD.items():
+        for v in values:
+            o = fuzz_cli.run_one(["run"], BOUND_S, {var: v}, var)
+            assert o.kind == "error", (var, v, o)
+            n += 1
+    assert n >= 40
+    o = fuzz_cli.run_one(["run", "--plan", corpus.inputs["runner_plan"]], BOUND_S)
+    assert o.kind == "accepted", o  # the good runner plan gets to the launch

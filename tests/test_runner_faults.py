@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.runner.launch import supervise
+from tessera_lab.runner.launch.launch import supervise
 from tessera_lab.runner.launch.spawn import _alive, _has_gpu, spawn
 from tessera_lab.runner.runtime.specs import RunnerError, RunSpec, WorldSpec
 from tessera_lab.runner.launch.supervise import Cause, parse_fault, root_cause
@@ -90,7 +90,7 @@ def test_run_nccl_without_gpu_is_one_line(tmp_path, capsys):
 
 def _launch(kind: str, rank: int, out) -> RunnerError:
     with pytest.raises(RunnerError) as info:
-        spawn(WorldSpec(pp=2, ep=2, timeout_s=60, grace_s=10), [RunSpec(name="fault", steps=10_000)], out_dir=out,
+        spawn(WorldSpec(pp=2, ep=2, timeout_s=60), [RunSpec(name="fault", steps=10_000)], out_dir=out,
               timeout_s=200, env={"TESSERA_LAB_FAULT": f"{rank}:{kind}:0.5"})
     return info.value
 
@@ -123,3 +123,110 @@ def test_cli_peer_failure_exit_code_3(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert rc == supervise.EXIT_PEER_FAILED == 3
     assert "rank 3 was killed by signal 9 (SIGKILL)" in err.splitlines()[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# supervision for busy machines: checks before start, GPUs per rank, dynamic exit 3, temp folders
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["x:kill", "1:boom", "9:kill", "1:kill:-1", "1:kill:nan"])
+def test_malformed_fault_env_fails_before_workers(value, tmp_path, capsys, monkeypatch):
+    from tessera_lab.cli.main import main
+
+    monkeypatch.setenv("TESSERA_LAB_FAULT", value)
+    t0 = time.monotonic()
+    rc = main(["run", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "TESSERA_LAB_FAULT" in err[0], err
+    assert not list(tmp_path.glob("rank*.log"))
+    assert time.monotonic() - t0 < 10
+
+
+def test_nccl_more_ranks_than_gpus_is_one_line(tmp_path, capsys, monkeypatch):
+    from tessera_lab.cli.main import main
+    import importlib
+
+    spawn_mod = importlib.import_module("tessera_lab.runner.launch.spawn")
+
+    monkeypatch.setattr(spawn_mod, "gpu_count", lambda: 2)  # a fake machine with 2 GPUs
+    rc = main(["run", "--backend", "nccl", "--pp", "2", "--ep", "2", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "4 ranks" in err[0] and "2 visible GPUs" in err[0], err
+    assert not list(tmp_path.glob("rank*.log"))
+
+
+def test_gpu_count_honours_cuda_visible_devices(monkeypatch, tmp_path):
+    import importlib
+
+    spawn_mod = importlib.import_module("tessera_lab.runner.launch.spawn")
+
+    class FakeDev:
+        def __init__(self, names):
+            self.names = names
+
+        def glob(self, pattern):
+            return [tmp_path / n for n in self.names]
+
+    monkeypatch.setattr(spawn_mod, "Path", lambda p: FakeDev(["nvidia0", "nvidia1", "nvidia2", "nvidiactl",
+                                                             "nvidia-uvm"]) if p == "/dev" else tmp_path)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert spawn_mod.gpu_count() == 3  # nvidiactl / nvidia-uvm are not devices
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
+    assert spawn_mod.gpu_count() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert spawn_mod.gpu_count() == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,-1,0")  # CUDA stops at the first invalid entry
+    assert spawn_mod.gpu_count() == 1
+
+
+def test_busy_hint():
+    assert supervise.busy_hint(cores=2, load=1.5) == ""
+    hint = supervise.busy_hint(cores=2, load=9.0)
+    assert "busy" in hint and "9.0 on 2 cores" in hint and "TESSERA_LAB_HEARTBEAT_TIMEOUT" in hint
+
+
+@pytest.mark.slow
+def test_dynamic_peer_failure_exit_3_and_temp_folder_policy(tmp_path, capsys, monkeypatch):
+    """--dynamic exits 3 on a failed rank (the folder is kept and named); a successful run leaves no temp folder."""
+    import tempfile
+
+    from tessera_lab.cli.main import main
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TESSERA_LAB_FAULT", "1:raise:0.2")
+    rc = main(["run", "--pp", "2", "--ep", "1", "--steps", "10000", "--dynamic", "--trials", "1",
+               "--schedule", "zb-h1"])
+    err = capsys.readouterr().err
+    assert rc == 3 and err.splitlines()[0].startswith("tessera-lab run: error: rank 1 failed with exit status 1"), err
+    kept = list(tmp_path.glob("tessera-run-*"))
+    assert len(kept) == 1 and str(kept[0]) in err
+    monkeypatch.delenv("TESSERA_LAB_FAULT")
+    rc = main(["run", "--pp", "2", "--ep", "1", "--steps", "1"])
+    assert rc == 0
+    assert list(tmp_path.glob("tessera-run-*")) == kept  # the successful run's folder is gone
+
+
+@pytest.mark.slow
+def test_raise_fault_with_sigint_ignored(tmp_path):
+    """The raise fault does not depend on SIGINT's disposition (background jobs from a shell ignore it)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TESSERA_LAB_FAULT="0:raise:0.2")
+    p = subprocess.run([sys.executable, "-m", "tessera_lab", "run", "--pp", "2", "--ep", "1", "--steps", "10000",
+                        "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert p.returncode == 3, p.stderr
+    assert "rank 0 failed with exit status 1" in p.stderr.splitlines()[0]
+    assert "FaultInjected" in (tmp_path / "rank0.log").read_text()
+
+
+@pytest.mark.slow
+def test_hang_error_carries_the_python_stack(tmp_path):
+    err = _launch("hang", 1, tmp_path)
+    text = str(err)
+    assert err.failed_rank == 1 and "(stopped)" in text.splitlines()[0]
+    assert "Python stack of rank 1 when it was declared hung" in text and 'File "' in text

@@ -17,6 +17,26 @@ def _rate(fit: dict) -> str:
     return "bandwidth n/a: " + fit.get("fit_note", "no byte term")
 
 
+def parse_group_sizes(text: str) -> list[int]:
+    """``--group-sizes "2,4"`` -> ``[2, 4]`` (sorted, unique).
+
+    Raises:
+        ConfigError: an empty list, an entry that is not an integer, or one outside 2..8.
+    """
+    from tessera_lab.errors import ConfigError
+
+    allowed = "comma-separated integers 2 to 8, e.g. 2,4"
+    items = [x.strip() for x in str(text).split(",")]
+    if not any(items):
+        raise ConfigError(f"option --group-sizes = {text!r} is empty; allowed: {allowed}")
+    out = set()
+    for x in items:
+        if not re.fullmatch(r"[0-9]{1,3}", x) or not 2 <= int(x) <= 8:
+            raise ConfigError(f"option --group-sizes = {text!r}: entry {x!r} is not allowed; allowed: {allowed}")
+        out.add(int(x))
+    return sorted(out)
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Run the calibration (:mod:`tessera_lab.runner.testbed.calibrate`), write ``--out`` atomically, print a summary."""
     from pathlib import Path
@@ -26,6 +46,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from tessera_lab.runner.testbed.calibrate import calibrate
     from tessera_lab.runner.runtime.specs import TinyConfig
 
+    groups = parse_group_sizes(args.group_sizes)  # every option before any work
     name = args.name or Path(args.out).stem
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
         raise ConfigError(f"device name {name!r} is not allowed; allowed: letters, digits, '.', '_', '-'")
@@ -38,9 +59,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         path = shipped_models().get(args.model) or Path(args.model)
         load_model(args.model)  # validates
         cfg = TinyConfig.from_hf_config(json.loads(Path(path).read_text()))
-    groups = sorted({int(g) for g in args.group_sizes.split(",")})
-    if any(g < 2 or g > 8 for g in groups):
-        raise ConfigError(f"--group-sizes = {args.group_sizes!r} is out of range; allowed: integers 2..8")
     dev = calibrate(cfg, name=name, micro_batch_size=args.micro_batch_size, group_sizes=groups,
                     repeats=args.repeats)
     write_json(args.out, dev)

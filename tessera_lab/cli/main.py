@@ -150,6 +150,18 @@ def build_parser(only: str | None = None, *, listing: bool = False) -> Parser:
     return parser
 
 
+def check_environment() -> None:
+    """Every ``TESSERA_LAB_*`` variable parsed before any work (one line, exit 2 when malformed): the work limits
+    (:func:`tessera_lab.checks.check_environment`), ``TESSERA_LAB_FAULT`` and ``TESSERA_LAB_HEARTBEAT_TIMEOUT``
+    (:mod:`tessera_lab.runner.launch.supervise`; torch-free)."""
+    from tessera_lab.checks import check_environment as check_limits
+    from tessera_lab.runner.launch.supervise import heartbeat_timeout, parse_fault
+
+    check_limits()
+    parse_fault(os.environ.get("TESSERA_LAB_FAULT"))
+    heartbeat_timeout()
+
+
 def check_work_limits(args: argparse.Namespace) -> None:
     """Refuse, before any work, sizes over the work limits of :mod:`tessera_lab.checks`: every integer option
     named in ``WORK_LIMITS``, the world size pp x dp x ep x tp, stages x vpp, and the length of ``--costs``.
@@ -206,6 +218,7 @@ def _run(args: argparse.Namespace) -> int:
         if getattr(args, name, None) == "-":  # only --json may go to stdout; never a file literally named '-'
             raise ConfigError(f"option --{name.replace('_', '-')} = '-': standard output takes only --json; "
                               "allowed: a file path")
+    check_environment()
     check_output_paths(args)
     check_work_limits(args)
     with warnings.catch_warnings():

@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", required=True, choices=list(BACKENDS) + ["runner"],
                    help="measuring backend; runner: the runner's own node-level pair executor on an EP group of "
                         "--ep gloo processes (the tiny runner model)")
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"shipped model or config.json (default {DEFAULT_MODEL})")
+    p.add_argument("--model", default=None,
+                   help=f"shipped model or config.json (default {DEFAULT_MODEL}; with --backend runner: tiny-runner)")
     p.add_argument("--out", metavar="PATH", default=None,
                    help="profile to write (default data/profiles/<backend>-<model>.json); merged if it exists")
     p.add_argument("--repeats", type=int_at_least("repeats", 1), default=5, help="timed repetitions (default 5)")
@@ -76,13 +77,25 @@ def _measure_runner(args: argparse.Namespace) -> int:
     from tessera_lab.paths import data_dir
     from tessera_lab.runner.measure.measure import measure_runner_pair
 
+    from tessera_lab.checks import divisors_text
+    from tessera_lab.runner.testbed.predict import runner_model_config
+    from tessera_lab.runner.runtime.schemas import check_runner_work
+    from tessera_lab.runner.runtime.specs import TinyConfig
+
+    name = args.model or "tiny-runner"
+    name, cfg_d = runner_model_config(name)  # refuses a model that is not a runner model
+    cfg = TinyConfig.from_dict(cfg_d)
     if not 1 <= args.ep <= 8:
-        raise ConfigError(f"--ep = {args.ep} is out of range for the runner backend; allowed: 1..8 processes")
-    r = measure_runner_pair(ep=args.ep, repeats=args.repeats)
-    out = args.out or str(data_dir() / "profiles" / f"runner-tiny-runner-ep{args.ep}.json")
+        raise ConfigError(f"option --ep = {args.ep} is out of range for the runner backend; allowed: 1..8 processes")
+    if cfg.num_experts % args.ep:
+        raise ConfigError(f"option --ep = {args.ep} does not divide {name}'s num_experts = {cfg.num_experts}; "
+                          f"allowed: {divisors_text(cfg.num_experts)}")
+    check_runner_work(cfg, 1, 1, 2, 2, where=f"measure --backend runner --model {name}")
+    r = measure_runner_pair(cfg, ep=args.ep, repeats=args.repeats, timeout_s=args.timeout)
+    out = args.out or str(data_dir() / "profiles" / f"runner-{name}-ep{args.ep}.json")
     write_json(out, {"kind": "runner_pair_profile", "schema_version": 1, "backend": "runner", **r})
     d = r["decision"]
-    lines = [f"runner pair (tiny-runner, one stage, F of micro-batch 1 with B of micro-batch 0), ep={args.ep} gloo "
+    lines = [f"runner pair ({name}, one stage, F of micro-batch 1 with B of micro-batch 0), ep={args.ep} gloo "
              f"processes: F alone {r['t_f'] * 1e3:.2f} ms, B alone {r['t_b'] * 1e3:.2f} ms, together (program order) "
              f"{r['t_program'] * 1e3:.2f} ms, chosen {r['t_ab'] * 1e3:.2f} ms (measured medians)",
              f"{len(r['candidates'])} orders measured (successive halving), decision: {_decision_text(d)}",
@@ -96,6 +109,10 @@ def cmd_measure(args: argparse.Namespace) -> int:
     """``tessera-lab measure``: the overlap table of a model's layer kinds, written to a profile."""
     if args.backend == "runner":
         return _measure_runner(args)
+    if args.model is None:
+        from tessera_lab.plan.make import DEFAULT_MODEL
+
+        args.model = DEFAULT_MODEL
     from tqdm import tqdm
 
     from tessera_lab.cost.analytic import CostModel

@@ -169,10 +169,37 @@ def format_plan(plan) -> str:
     return "\n".join(lines)
 
 
+#: the options a runner plan (``plan --model tiny-* --device FILE``) uses; any other set away from its default is
+#: refused, never silently ignored
+DEVICE_PLAN_OPTIONS = {"model", "pp", "vpp", "ep", "dp", "microbatches", "micro_batch_size", "schedule", "method",
+                       "json", "export", "device"}
+
+
+def check_device_plan_options(args: argparse.Namespace) -> None:
+    """Refuse options ``plan --device`` does not use (``--tp``, ``--gpu``, ``--profile``, ``--seq-len``, ...).
+
+    Raises:
+        ConfigError: naming the first such option and its value.
+    """
+    from tessera_lab.errors import ConfigError
+
+    defaults = getattr(args, "_plan_defaults", {}) or {}
+    for dest, default in defaults.items():
+        if dest in DEVICE_PLAN_OPTIONS:
+            continue
+        given = getattr(args, dest, default)
+        if given != default:
+            flag = "--" + dest.replace("_", "-")
+            raise ConfigError(f"plan --device: option {flag} = {given!r} is not used by a runner plan (the runner "
+                              f"plans its tiny model on the calibrated device); allowed: leave {flag} out, or plan "
+                              "without --device")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     if getattr(args, "device", None):  # the runner on a calibrated device (issue 13)
         from tessera_lab.runner.testbed.predict import cmd_plan_device
 
+        check_device_plan_options(args)
         return cmd_plan_device(args)
     from tessera_lab.model.hardware import Cluster
     from tessera_lab.plan.make import make_plan
@@ -240,5 +267,6 @@ def add_parser(sub) -> None:
                    help="calibrated device (tessera-lab calibrate); with a runner model (tiny-runner) the plan "
                         "predicts the runner on that device (costs: 'calibrated device NAME')")
     add_json(p)
-    p.set_defaults(func=cmd_plan)
+    p.set_defaults(func=cmd_plan, _plan_defaults={a.dest: a.default for a in p._actions
+                                                  if a.option_strings and a.dest != "help"})
 

@@ -21,17 +21,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     from tessera_lab.report.routing_terms import load_routing_terms
 
     if getattr(args, "lifecycle", None):  # the lifecycle decision from the runner's stored observations
+        from tessera_lab.io import read_json
         from tessera_lab.report.lifecycle import format_store_lifecycle, store_lifecycle
+        from tessera_lab.runner.runtime.schemas import check_runner_store
 
-        res = store_lifecycle(args.lifecycle, args.remaining_steps)
+        store = check_runner_store(read_json(args.lifecycle, "runner observation store"),
+                                   f"runner observation store '{args.lifecycle}'")
+        res = store_lifecycle(store, args.remaining_steps)
         emit(args, {k: v for k, v in res.items() if k != "lifecycle"} | {"history": res["lifecycle"]["history"]},
              format_store_lifecycle(res))
         return 0
     if getattr(args, "observed", None):  # the capacity report of an actual run (issue 13)
         from tessera_lab.runner.runtime.capacity import observed_report
 
+        terms = load_routing_terms(getattr(args, "dynamic", None))  # every input checked before the report
         data, text = observed_report(args.observed, getattr(args, "device", None))
-        terms = load_routing_terms(getattr(args, "dynamic", None))
         data["routing_dynamic"] = terms.as_dict()
         emit(args, data, text + "\n" + terms.format())
         return 0

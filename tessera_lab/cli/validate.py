@@ -28,9 +28,13 @@ def _repredict(args: argparse.Namespace) -> int:  # noqa: C901
     from tessera_lab.io import read_json
     from tessera_lab.runner.testbed.validate import repredict
 
-    stored = read_json(args.repredict)
-    if not isinstance(stored, dict) or not isinstance(stored.get("cases"), list):
-        raise ConfigError(f"'{args.repredict}' is not a validation result: field 'cases' is missing")
+    from tessera_lab.runner.runtime.schemas import check_validation_result
+
+    stored = read_json(args.repredict, "validation result")
+    if not isinstance(stored, dict) or "cases" not in stored:
+        raise ConfigError(f"validation result '{args.repredict}' has no field 'cases'; allowed: a tessera-lab "
+                          "validate --json result")
+    check_validation_result(stored, f"validation result '{args.repredict}'")
     cal = stored.get("calibration") or {}
     embedded, named = cal.get("device_file"), cal.get("path")
     if args.device:

@@ -23,7 +23,6 @@ Errors: a device file that is missing, unreadable or of another schema raises
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -35,25 +34,45 @@ DEVICE_SCHEMA = 1
 KINDS = ("linear_attention", "full_attention")
 
 
+def _device_schema():
+    from tessera_lab.checks import MAX_TIME_S
+    from tessera_lab.schema import F, seconds
+
+    points = F("list", low=1, limit="costs", items=F("list", low=2, high=2, items=F("num", low=0.0, high=1e30)))
+    layer = F("dict", fields={"F": points, "B": points, "w_share": F("num", low=0.0, high=1.0, required=False)})
+    fit = F("dict", fields={"alpha_s": seconds(), "bytes_per_s": F("num", low=0.0, high=1e30)})
+    return F("dict", fields={
+        "name": F("str", required=False),
+        "layers": F("map", low=1, limit="costs", values=layer),
+        "extras": F("map", values=F("num", low=0.0, high=MAX_TIME_S)),
+        "throughput": F("dict", required=False, fields={
+            "gemm_flop_per_s": F("num", low=0.0, low_open=True, high=1e30),
+            "memory_bytes_per_s": F("num", low=0.0, low_open=True, high=1e30, required=False)}),
+        "p2p": fit,
+        "all_to_all": F("map", limit="ep", values=fit),
+        "metadata": F("dict", fields={"cores": F("int", low=1, high=1 << 20, null=True, required=False)}),
+        "runner_cpu": F("dict", required=False),
+    })
+
+
+DEVICE_FILE = _device_schema()
+
+
 def load_device(path: str | Path) -> dict[str, Any]:
     """Read and check a calibrated device file.
 
     Raises:
         ConfigError: missing file, invalid JSON, wrong ``kind`` / ``schema_version``, missing fields.
     """
+    from tessera_lab.io import read_json
+    from tessera_lab.schema import validate
+
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"device file '{p}' cannot be read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"device file '{p}' is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(p, "device file")  # missing, unreadable, not UTF-8, too large, invalid JSON: one line
     if not isinstance(data, dict) or data.get("kind") != "calibrated_device" or data.get("schema_version") != DEVICE_SCHEMA:
         raise ConfigError(f"'{p}' is not a calibrated device: field 'kind' must be 'calibrated_device' and "
                           f"'schema_version' {DEVICE_SCHEMA} (write one with tessera-lab calibrate --out {p})")
-    for k in ("layers", "extras", "p2p", "all_to_all", "metadata"):
-        if k not in data:
-            raise ConfigError(f"device file '{p}' lacks field '{k}'")
+    validate(data, DEVICE_FILE, f"device file '{p}'")
     data["_path"] = str(p)
     return data
 

@@ -16,8 +16,10 @@ Faults: every collective has a timeout (``init_process_group(timeout=...)``, :at
 rank that raises prints its traceback and exits with status 1 at once (``os._exit``, so no destructor can
 hang); its peers see the closed connections and fail too. The spawner watches all workers: when one exits
 non-zero it gives the others :attr:`WorldSpec.grace_s` seconds to exit, then terminates and kills them, and
-raises :class:`RunnerError` with every rank's exit status and the failing rank's log tail. Workers also
-exit by themselves when their parent process disappears, so nothing is left behind.
+raises :class:`RunnerError` with every rank's exit status and the failing rank's log tail (``run`` exits 3,
+with ``--dynamic`` too). Workers also exit by themselves when their parent process disappears, so nothing is
+left behind. Without ``--out`` a run's temporary folder is removed after success and kept (its path printed)
+after a failure; see docs/robustness.md.
 
 This module never imports torch at import time (the worker imports it when it starts). Specs live in
 :mod:`.specs`, the spawner in :mod:`.spawn`, the worker in :mod:`.worker`, results in :mod:`.results`; this
@@ -27,11 +29,9 @@ module holds the command line and re-exports them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import traceback
-from pathlib import Path
 from typing import Sequence
 
 from tessera_lab.argtypes import positive_int
@@ -143,15 +143,28 @@ def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
         "capacity_factor": args.capacity_factor, "seed": args.seed}.items() if v is not None}
     boundaries = None
     if args.plan:
-        try:
-            plan = read_json(args.plan, "plan")
-        except json.JSONDecodeError as exc:  # pragma: no cover - read_json raises ConfigError
-            raise ConfigError(f"plan '{args.plan}' is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        if not isinstance(plan, dict) or "boundaries" not in plan:
-            raise ConfigError(f"plan '{args.plan}' has no field 'boundaries' (use tessera-lab partition/plan --json)")
-        if plan.get("kind") == "runner_plan":
+        plan = read_json(args.plan, "plan")
+        where = f"plan '{args.plan}'"
+        if not isinstance(plan, dict):
+            raise ConfigError(f"{where} holds a JSON {type(plan).__name__}; allowed: an object with 'boundaries' "
+                              "(tessera-lab partition/plan --json)")
+        kind = plan.get("kind")
+        if kind == "runner_plan" or (kind is None and "model_config" in plan):
+            if kind is None:
+                raise ConfigError(f"{where}: field 'kind' is missing but the file has 'model_config' (a runner plan); "
+                                  "allowed: 'runner_plan' (write it with tessera-lab plan --model tiny-runner --device)")
             return specs_from_runner_plan(plan, args)
+        if kind is not None:
+            raise ConfigError(f"{where}: field 'kind' = {kind!r} is not allowed; allowed: 'runner_plan' or no 'kind' "
+                              "(a partition/plan --json)")
+        from tessera_lab.schema import F, validate
+
+        validate(plan, F("dict", fields={"boundaries": F("list", low=2, limit="layers",
+                                                         items=F("int", low=0, limit="layers"))}), where)
         boundaries = [int(x) for x in plan["boundaries"]]
+        if model.get("num_layers", boundaries[-1]) != boundaries[-1]:
+            raise ConfigError(f"run: --layers = {model['num_layers']} conflicts with {where}: its boundaries end at "
+                              f"layer {boundaries[-1]}; allowed: --layers {boundaries[-1]} (or drop --layers)")
         model.setdefault("num_layers", boundaries[-1])
     if getattr(args, "routing", None):
         model["router_bias"] = routing_bias(args.routing, model)
@@ -171,7 +184,13 @@ def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldS
     its model, sizes, schedule, micro-batches, boundaries, pair handler and pair order. The plan's prediction
     travels with the job (``RunSpec.plan_prediction``) and is reported against the observation."""
     from ..testbed.predict import RUNNER_PLAN_SCHEMA
+    from ..runtime.schemas import check_runner_plan
 
+    where = f"runner plan '{args.plan}'"
+    if plan.get("schema_version") != RUNNER_PLAN_SCHEMA:
+        raise ConfigError(f"{where}: field 'schema_version' = {plan.get('schema_version')!r}; allowed: "
+                          f"{RUNNER_PLAN_SCHEMA}")
+    check_runner_plan(plan, where, TinyConfig.from_dict)
     for name, default in PLAN_FIXED.items():  # an option set away from its default must agree with the plan
         given = getattr(args, name, default)
         planned = (plan.get("parallel") or {}).get(name, plan.get(name))
@@ -179,10 +198,17 @@ def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldS
             flag = "--" + name.replace("_", "-")
             raise ConfigError(f"run: {flag} = {given} conflicts with the plan's {name} = {planned}; --plan runs the "
                               f"plan as made (drop {flag}, or plan again with it)")
+    model_opts = {"layers": "num_layers", "hidden": "hidden_size", "experts": "num_experts", "top_k": "top_k",
+                  "expert_width": "expert_width", "attention_ratio": "attention_ratio", "seq_len": "seq_len",
+                  "capacity_factor": "capacity_factor", "seed": "seed"}
+    for opt, fieldname in model_opts.items():
+        given = getattr(args, opt, None)
+        planned = plan["model_config"].get(fieldname)
+        if given is not None and given != planned:
+            flag = "--" + opt.replace("_", "-")
+            raise ConfigError(f"run: {flag} = {given} conflicts with the plan's model_config.{fieldname} = "
+                              f"{planned}; --plan runs the plan's model (drop {flag}, or plan again)")
 
-    if plan.get("schema_version") != RUNNER_PLAN_SCHEMA:
-        raise ConfigError(f"runner plan field 'schema_version' = {plan.get('schema_version')!r}; allowed: "
-                          f"{RUNNER_PLAN_SCHEMA}")
     try:
         par = plan["parallel"]
         world = WorldSpec(pp=par["pp"], ep=par["ep"], dp=par["dp"], backend=args.backend,
@@ -304,7 +330,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
         check_profile_store(args.profile_store)
     try:
-        result = spawn(world, [job], out_dir=args.out, timeout_s=args.timeout)
+        result = spawn(world, [job], out_dir=args.out, timeout_s=args.timeout, keep=False)
     except RunnerError as exc:
         print(f"tessera-lab run: error: {exc}", file=sys.stderr)
         return EXIT_PEER_FAILED if getattr(exc, "peer_failed", False) else 1
@@ -317,6 +343,7 @@ def _run_dynamic(world: WorldSpec, job: RunSpec, args: argparse.Namespace) -> in
     from tessera_lab.io import write_json
 
     from .dynamic_report import dynamic_jobs, dynamic_report, format_dynamic
+    from .supervise import EXIT_PEER_FAILED
 
     if args.trace or args.profile_store:
         raise ConfigError("--trace and --profile-store are not available with --dynamic; run without --dynamic")
@@ -324,10 +351,10 @@ def _run_dynamic(world: WorldSpec, job: RunSpec, args: argparse.Namespace) -> in
     for j in jobs:
         j.validate(world)
     try:
-        result = spawn(world, jobs, out_dir=args.out, timeout_s=args.timeout)
+        result = spawn(world, jobs, out_dir=args.out, timeout_s=args.timeout, keep=False)
     except RunnerError as exc:
         print(f"tessera-lab run: error: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_PEER_FAILED if getattr(exc, "peer_failed", False) else 1
     rep = dynamic_report(result.jobs, args.trials, args.routing, world)
     for name in ("static-0", "dynamic-0"):
         ref = result.job(name).get("reference")

@@ -270,7 +270,7 @@ def plan_vs_observed(pred: dict, events: list[dict], steps: int) -> dict[str, An
 
     obs = observed_iterations(events, steps)
     med = _median(obs)
-    q = quantiles(obs, n=4) if len(obs) >= 2 else [med, med, med]
+    q = quantiles(obs, n=4, method="inclusive") if len(obs) >= 2 else [med, med, med]
     return {"predicted_s": pred["predicted_s"], "observed_s": med, "observed_q1_s": q[0], "observed_q3_s": q[2],
             "observed_samples_s": obs, "steps": _observed_steps(steps),
             "error": (pred["predicted_s"] - med) / med if med > 0 else math.nan, "costs": pred.get("costs"),
@@ -364,34 +364,37 @@ RUNNER_STORE_SCHEMA = 1
 
 
 def check_profile_store(path: str | os.PathLike) -> dict | None:
-    """The runner profile store at ``path`` (None when the file does not exist yet).
+    """The runner profile store at ``path`` (None when the file does not exist yet), every entry checked against
+    :data:`tessera_lab.runner.runtime.schemas.RUNNER_STORE` (so a damaged store is refused before a run, not after it).
 
     Raises:
-        tessera_lab.errors.ProfileError: the file exists but cannot be read or is not a runner store of this
-            schema version.
+        tessera_lab.errors.ProfileError: the file exists but cannot be read, is not a runner store of this schema
+            version, or holds a malformed entry (naming the field).
     """
     from tessera_lab.errors import ProfileError
+    from tessera_lab.io import read_json
+    from tessera_lab.schema import validate
+
+    from ..runtime.schemas import RUNNER_STORE
 
     path = Path(path)
     if not path.exists():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"runner profile store '{path}' cannot be read: {exc}") from None
-    if not isinstance(data, dict):
-        raise ProfileError(f"'{path}' is not a runner profile store: it holds a JSON {type(data).__name__}, "
-                           f"not an object with 'kind' = 'runner_observations'")
-    if data.get("schema_version") != RUNNER_STORE_SCHEMA or data.get("kind") != "runner_observations":
-        raise ProfileError(
-            f"'{path}' is not a runner profile store: field 'schema_version' = {data.get('schema_version')!r}, "
-            f"'kind' = {data.get('kind')!r}; allowed: {RUNNER_STORE_SCHEMA}, 'runner_observations'")
-    return data
+    data = read_json(path, "runner profile store", error=ProfileError)
+    return validate(data, RUNNER_STORE, f"runner profile store '{path}'", error=ProfileError)
+
+
+def store_lock(path: str | os.PathLike):
+    """The inter-process lock of a store file (:class:`filelock.FileLock` on ``PATH.lock``, 120 s timeout)."""
+    from filelock import FileLock
+
+    return FileLock(str(path) + ".lock", timeout=120)
 
 
 def record_profile(path: str | os.PathLike, result: "RunResult") -> Path:
     """Append the run's per-stage observed action times and predicted-vs-observed tables to the runner's
-    profile store (JSON, atomic write).
+    profile store (JSON): read, append and atomic replace under the store's file lock (:func:`store_lock`), so
+    concurrent runs appending to one store never lose an entry.
 
     Layout: ``{"schema_version": 1, "kind": "runner_observations", "runs": [{"date", "environment", "world",
     "job", "schedule", "model", "boundaries", "microbatches", "micro_batch_size", "stage_times_s",
@@ -401,19 +404,21 @@ def record_profile(path: str | os.PathLike, result: "RunResult") -> Path:
     (device, torch and CUDA versions), so the lifecycle can tell stale observations apart.
 
     Raises:
-        tessera_lab.errors.ProfileError: the file exists but is not a runner store of this schema version.
+        tessera_lab.errors.ProfileError: the file exists but is not a valid runner store of this schema version.
     """
+    from filelock import Timeout
+
+    from tessera_lab.errors import OutputError
     from tessera_lab.io import atomic_write_text, dumps
     from tessera_lab.overlap.profiles import current_environment
 
     path = Path(path)
-    data = check_profile_store(path) or {"schema_version": RUNNER_STORE_SCHEMA, "kind": "runner_observations",
-                                         "runs": []}
     backend = "cuda" if result.backend == "nccl" else "cpu"
     env = current_environment(backend)
     date = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    entries = []
     for job in result.jobs:
-        data["runs"].append({
+        entries.append({
             "date": date, "environment": env, "world": job["world"], "job": job["name"],
             "schedule": job["schedule"], "model": job["spec"]["model"], "boundaries": job["boundaries"],
             "microbatches": job["spec"]["microbatches"], "micro_batch_size": job["spec"]["micro_batch_size"],
@@ -422,7 +427,15 @@ def record_profile(path: str | os.PathLike, result: "RunResult") -> Path:
             "predictions": "plan (before the run)" if job.get("lifecycle_plan") else "in-sample (this run's medians)",
             "plan_vs_observed": job.get("plan_vs_observed"), "pair_exec": job.get("pair_exec"),
         })
-    return atomic_write_text(path, dumps(data))
+    try:
+        with store_lock(path):
+            data = check_profile_store(path) or {"schema_version": RUNNER_STORE_SCHEMA, "kind": "runner_observations",
+                                                 "runs": []}
+            data["runs"].extend(entries)
+            return atomic_write_text(path, dumps(data))
+    except Timeout:
+        raise OutputError(f"runner profile store '{path}' is locked by another process ({path}.lock) for more "
+                          "than 120 s; allowed: a store no other run holds") from None
 
 
 @dataclass

@@ -1,20 +1,32 @@
-"""Rank supervision: per-rank heartbeats, fault injection, and naming the root cause of a failed launch.
+"""Rank supervision: readiness, per-rank heartbeats, fault injection, and naming the root cause of a failed launch.
 
 Never imports torch (both the spawner and the worker import it).
 
+Readiness: a worker writes ``{out}/ready-<rank>`` once it has imported torch and joined the process group
+(:func:`mark_ready`). Before that no heartbeat deadline applies (importing torch on a loaded machine takes many
+seconds, during which a process may not be scheduled at all); only the launch's ``--timeout`` bounds start-up.
+
 Heartbeat: every worker runs a daemon thread that rewrites ``{out}/hb-<rank>`` every :data:`HEARTBEAT_S`
-seconds (its content is the wall-clock time). A stopped (SIGSTOP) or wedged process stops writing; the spawner
-declares a rank whose heartbeat is older than :data:`HEARTBEAT_TIMEOUT_S` (``$TESSERA_LAB_HEARTBEAT_TIMEOUT``)
-hung. So a hung rank is detected within ``HEARTBEAT_TIMEOUT_S + poll`` seconds of its last beat (stated bound:
-:data:`DETECT_BOUND_S`); a killed rank is detected as soon as its exit status is polled (50 ms).
+seconds. A stopped (SIGSTOP) or wedged process stops writing. The spawner declares a *ready* rank hung when its
+heartbeat is older than :data:`HEARTBEAT_TIMEOUT_S` (:data:`MISSED_BEATS` missed beats;
+``$TESSERA_LAB_HEARTBEAT_TIMEOUT``) and the process is stopped or used no CPU while silent; a silent rank that
+still uses CPU (starved or in a long C call holding the GIL) is given up to :data:`BUSY_FACTOR` times the
+timeout. A stopped rank is thus detected within ``HEARTBEAT_TIMEOUT_S + HEARTBEAT_S + poll`` seconds of its fault
+(stated bound :data:`DETECT_BOUND_S`); a killed or failing rank as soon as its exit status is polled (50 ms).
+The hung rank's Python stack (all threads, :mod:`faulthandler` on ``SIGUSR1``, :func:`install_stack_dump`) is
+written to ``{out}/stack-<rank>.txt`` and quoted in the error, with a hint when the machine is busy
+(:func:`busy_hint`).
 
 Root cause: a rank that died by a signal or lost its heartbeat writes no failure record, while its peers then
 fail on closed connections and *do* record failures; so signal deaths and lost heartbeats win over recorded
 failures, the earliest first (:func:`root_cause`).
 
 Fault injection (tests, ``benchmarks/runner_faults.py``): ``TESSERA_LAB_FAULT=RANK:KIND[:DELAY_S]`` with KIND
-``raise`` (an exception in the main thread), ``kill`` (SIGKILL to itself) or ``hang`` (SIGSTOP to itself),
-DELAY_S seconds (default 1) after the rank joined the process group.
+``raise`` (an exception raised asynchronously in the main thread, :func:`ctypes.pythonapi.PyThreadState_SetAsyncExc`;
+if the main thread stays inside a C call, the fault thread ends the rank as an uncaught exception would, exit
+status 1, after :data:`RAISE_FALLBACK_S`), ``kill`` (SIGKILL to itself) or ``hang`` (SIGSTOP to itself),
+DELAY_S seconds (default 1) after the rank reported ready. None of them depends on signal dispositions (a job
+started in the background from a shell ignores SIGINT). The spawner parses the variable before any worker starts.
 """
 
 from __future__ import annotations
@@ -26,19 +38,24 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["HEARTBEAT_S", "HEARTBEAT_TIMEOUT_S", "DETECT_BOUND_S", "EXIT_PEER_FAILED", "start_heartbeat",
-           "arm_fault", "parse_fault", "heartbeat_timeout", "Cause", "root_cause", "describe"]
+__all__ = ["HEARTBEAT_S", "HEARTBEAT_TIMEOUT_S", "DETECT_BOUND_S", "EXIT_PEER_FAILED", "MISSED_BEATS",
+           "start_heartbeat", "mark_ready", "install_stack_dump", "arm_fault", "parse_fault", "heartbeat_timeout",
+           "busy_hint", "FaultInjected", "Cause", "root_cause", "describe"]
 
 #: seconds between two heartbeats of a worker
 HEARTBEAT_S = 0.5
-#: a live rank whose last heartbeat is older than this (seconds) is declared hung
-HEARTBEAT_TIMEOUT_S = 5.0
-#: the stated detection bound of a hung rank (seconds after it stopped): timeout + one beat + polling slack
+#: missed beats before a ready rank is declared hung
+MISSED_BEATS = 10
+#: a ready rank whose last heartbeat is older than this (seconds) is declared hung (MISSED_BEATS * HEARTBEAT_S)
+HEARTBEAT_TIMEOUT_S = MISSED_BEATS * HEARTBEAT_S
+#: a silent rank that still uses CPU is declared hung only after BUSY_FACTOR times the timeout
+BUSY_FACTOR = 3.0
+#: the stated detection bound of a stopped rank (seconds after it stopped): timeout + one beat + polling slack
 DETECT_BOUND_S = 10.0
 #: ``tessera-lab run`` exit status when a rank failed and its peers were stopped (bad input stays 2)
 EXIT_PEER_FAILED = 3
-#: seconds a worker may take to write its first heartbeat (interpreter start-up on a loaded machine)
-STARTUP_S = 120.0
+#: seconds the ``raise`` fault waits for the main thread to raise before it ends the rank itself
+RAISE_FALLBACK_S = 2.0
 
 FAULT_KINDS = ("raise", "kill", "hang")
 
@@ -77,6 +94,74 @@ def start_heartbeat(out_dir: str | None, rank: int) -> None:
     threading.Thread(target=loop, name="tessera-heartbeat", daemon=True).start()
 
 
+def mark_ready(out_dir: str | None, rank: int) -> None:
+    """Write ``{out_dir}/ready-<rank>`` (torch imported, process group joined): heartbeat deadlines apply from now."""
+    if out_dir:
+        try:
+            (Path(out_dir) / f"ready-{rank}").write_text(f"{time.time():.3f}\n")
+        except OSError:  # pragma: no cover - the spawner then keeps waiting (bounded by --timeout)
+            pass
+
+
+_STACK_FILE = None
+
+
+def install_stack_dump(out_dir: str | None, rank: int) -> None:
+    """On ``SIGUSR1`` dump every thread's Python stack to ``{out_dir}/stack-<rank>.txt`` (:mod:`faulthandler`;
+    works while the main thread is blocked in C). No-op without ``out_dir``."""
+    global _STACK_FILE
+    if not out_dir or not hasattr(signal, "SIGUSR1"):
+        return
+    import faulthandler
+
+    try:
+        _STACK_FILE = open(Path(out_dir) / f"stack-{rank}.txt", "w")  # noqa: SIM115 - kept open for the handler
+        faulthandler.register(signal.SIGUSR1, file=_STACK_FILE, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):  # pragma: no cover - best effort
+        pass
+
+
+def busy_hint(cores: int | None = None, load: float | None = None) -> str:
+    """A hint when the machine is busy (1-minute load average above the core count), else ``""``."""
+    try:
+        load = os.getloadavg()[0] if load is None else load
+    except OSError:  # pragma: no cover
+        return ""
+    cores = cores or os.cpu_count() or 1
+    if load <= cores:
+        return ""
+    return (f"the machine is busy (load average {load:.1f} on {cores} cores): if this rank was only slow, set "
+            f"TESSERA_LAB_HEARTBEAT_TIMEOUT above {heartbeat_timeout():.0f} s")
+
+
+class FaultInjected(RuntimeError):
+    """The exception of an injected ``raise`` fault."""
+
+
+def _raise_in_main(rank: int, out_dir: str | None) -> None:
+    """Raise :class:`FaultInjected` in the main thread; end the rank as an uncaught exception would if the main
+    thread has not ended it within :data:`RAISE_FALLBACK_S` (it may sit in a C call that never returns)."""
+    import ctypes
+
+    main_id = threading.main_thread().ident
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main_id), ctypes.py_object(FaultInjected))
+    time.sleep(RAISE_FALLBACK_S)
+    import sys
+
+    if out_dir:
+        from tessera_lab.io import atomic_write_text
+
+        import json
+
+        try:
+            atomic_write_text(Path(out_dir) / f"failure-{rank}.json", json.dumps({"rank": rank, "time": time.time()}))
+        except Exception:  # noqa: BLE001 - best effort while exiting  # pragma: no cover
+            pass
+    print(f"tessera_lab.runner.launch.supervise.FaultInjected: injected 'raise' fault on rank {rank} (the main thread "
+          f"did not return to Python within {RAISE_FALLBACK_S} s)", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
 def parse_fault(text: str | None) -> tuple[int, str, float] | None:
     """``"RANK:KIND[:DELAY_S]"`` -> ``(rank, kind, delay_s)``; None for None/empty. Raises ConfigError."""
     from tessera_lab.errors import ConfigError
@@ -97,7 +182,8 @@ def parse_fault(text: str | None) -> tuple[int, str, float] | None:
 
 def arm_fault(rank: int, out_dir: str | None = None) -> None:
     """If ``$TESSERA_LAB_FAULT`` names this rank, inject its fault after the delay (from a daemon thread); the
-    wall-clock time of the injection goes to ``{out_dir}/fault-<rank>.json`` (for detection-time benchmarks)."""
+    wall-clock time of the injection goes to ``{out_dir}/fault-<rank>.json`` (for detection-time benchmarks).
+    Call after :func:`mark_ready`."""
     f = parse_fault(os.environ.get("TESSERA_LAB_FAULT"))
     if f is None or f[0] != rank:
         return
@@ -117,9 +203,7 @@ def arm_fault(rank: int, out_dir: str | None = None) -> None:
         elif kind == "hang":
             os.kill(os.getpid(), signal.SIGSTOP)
         else:
-            import _thread
-
-            _thread.interrupt_main()  # KeyboardInterrupt in the main thread: recorded like any exception
+            _raise_in_main(rank, out_dir)  # an exception in the main thread: recorded like any exception
 
     threading.Thread(target=fire, name="tessera-fault", daemon=True).start()
 
@@ -130,8 +214,10 @@ class Cause:
 
     PRIORITY = {"signal": 0, "heartbeat": 0, "exit": 1}
 
-    def __init__(self, rank: int, kind: str, time_s: float, *, code: int | None = None, silent_s: float = 0.0):
+    def __init__(self, rank: int, kind: str, time_s: float, *, code: int | None = None, silent_s: float = 0.0,
+                 state: str = "?"):
         self.rank, self.kind, self.time, self.code, self.silent_s = rank, kind, time_s, code, silent_s
+        self.state = state  # process state letter when a heartbeat was lost ("T": stopped)
 
     def how(self) -> str:
         if self.kind == "signal":
@@ -141,7 +227,8 @@ class Cause:
                 name = "?"
             return f"was killed by signal {-self.code} ({name})"  # type: ignore[operator]
         if self.kind == "heartbeat":
-            return f"sent no heartbeat for {self.silent_s:.1f} s (hung or stopped)"
+            what = "stopped" if self.state in ("T", "t") else "hung"
+            return f"sent no heartbeat for {self.silent_s:.1f} s ({what})"
         return f"failed with exit status {self.code}"
 
     def __repr__(self) -> str:  # pragma: no cover - debugging

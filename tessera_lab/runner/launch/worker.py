@@ -14,7 +14,7 @@ from typing import Sequence
 
 from tessera_lab.errors import ConfigError, TesseraError
 
-from .supervise import arm_fault, start_heartbeat
+from .supervise import arm_fault, install_stack_dump, mark_ready, start_heartbeat
 from .results import RunResult, compare_reference, summarize_job
 from ..runtime.specs import RunSpec, WorldSpec
 
@@ -69,15 +69,19 @@ def run_worker(world: WorldSpec, jobs: Sequence[RunSpec], out_dir: str | None) -
     backend = world.backend if world.backend != "auto" else ("nccl" if cuda else "gloo")
     if cuda:
         local = int(os.environ.get("LOCAL_RANK", rank))
-        torch.cuda.set_device(local % torch.cuda.device_count())
+        if local >= torch.cuda.device_count():  # never two ranks on one GPU
+            raise ConfigError(f"local rank {local} has no GPU of its own: {torch.cuda.device_count()} visible; "
+                              "allowed: one rank per GPU (fewer processes per node, or --backend gloo)")
+        torch.cuda.set_device(local)
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device("cpu")
     kwargs = {"device_id": device} if backend == "nccl" else {}
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=world.timeout_s), **kwargs)
-    arm_fault(rank, out_dir)  # $TESSERA_LAB_FAULT (tests and benchmarks/runner_faults.py)
     topo = build_topology(world, rank, device)
+    mark_ready(out_dir, rank)  # heartbeat deadlines apply from here on
+    arm_fault(rank, out_dir)  # $TESSERA_LAB_FAULT (tests and benchmarks/runner_faults.py)
     results = []
     for j, raw in zip(jobs, run_jobs(world, topo, list(jobs), out_dir, interleave=world.interleave)):
         if rank == 0:
@@ -110,7 +114,9 @@ def worker_main(spec_path: str, out_dir: str | None) -> int:
     """Entry of a spawned worker: read the spec, run, rank 0 writes ``{out_dir}/result.json``."""
     _watch_parent()
     try:
-        start_heartbeat(out_dir, int(os.environ.get("RANK", "-1")))
+        rank = int(os.environ.get("RANK", "-1"))
+        install_stack_dump(out_dir, rank)
+        start_heartbeat(out_dir, rank)
     except ValueError:
         pass
     try:

@@ -144,18 +144,37 @@ def _worker(rank: int, ep: int, store: str, cfg_d: dict, mbs: int, repeats: int,
 
 
 def measure_runner_pair(cfg=None, *, ep: int = 2, micro_batch_size: int = 2, repeats: int = 3,
-                        keep: int = 4) -> dict[str, Any]:
+                        keep: int = 4, timeout_s: float = 600.0) -> dict[str, Any]:
     """Measure the runner's pair orders (module docstring) in ``ep`` spawned processes; returns a JSON-ready
     dict (``node_durations_s``, ``t_f``, ``t_b``, ``candidates`` with samples, ``halving``, ``decision``,
-    ``chosen_order``, ``t_ab``, ``t_program``, seconds)."""
+    ``chosen_order``, ``t_ab``, ``t_program``, seconds).
+
+    Raises:
+        MeasurementError: a process failed, or the measurement ran past ``timeout_s`` (every process killed).
+    """
     import torch.multiprocessing as mp
+
+    from tessera_lab.overlap.bundles import MeasurementError
 
     from ..runtime.specs import TinyConfig
 
     cfg = cfg or TinyConfig()
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
+    deadline = time.monotonic() + timeout_s
     with tempfile.TemporaryDirectory(prefix="tessera-runner-measure-") as tmp:
-        mp.start_processes(_worker, args=(ep, str(Path(tmp) / "store"), cfg.as_dict(), micro_batch_size, repeats,
-                                          keep, q), nprocs=ep, start_method="spawn", join=True)
+        pc = mp.start_processes(_worker, args=(ep, str(Path(tmp) / "store"), cfg.as_dict(), micro_batch_size, repeats,
+                                               keep, q), nprocs=ep, start_method="spawn", join=False)
+        try:
+            while not pc.join(timeout=0.5):
+                if time.monotonic() > deadline:
+                    raise MeasurementError(f"runner measurement did not finish within --timeout {timeout_s:g} s; "
+                                           "the measuring processes were killed (lower --repeats, or raise --timeout)")
+        except mp.ProcessRaisedException as exc:
+            raise MeasurementError(f"a measuring process failed: {str(exc).strip().splitlines()[-1]}") from None
+        finally:
+            for proc in pc.processes:
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(5)
     return q.get()

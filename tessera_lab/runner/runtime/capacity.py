@@ -5,8 +5,6 @@ calibrated device's GEMM throughput per process as its "peak" (measured)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, Mapping
 
 from tessera_lab.cost.device import layer_flops, load_device
@@ -41,14 +39,15 @@ def observed_report(run_path: str, device_path: str | None) -> tuple[dict[str, A
     Raises:
         ConfigError: unreadable run file, not a runner result, or no device file.
     """
-    try:
-        data = json.loads(Path(run_path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"run file '{run_path}' cannot be read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"run file '{run_path}' is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(data, dict) or not data.get("jobs"):
-        raise ConfigError(f"'{run_path}' is not a runner result (field 'jobs'); write one with tessera-lab run --json")
+    from tessera_lab.io import read_json
+
+    from .schemas import check_run_result
+
+    data = read_json(run_path, "run file")
+    if not isinstance(data, dict) or "jobs" not in data:
+        raise ConfigError(f"run file '{run_path}' is not a runner result (no field 'jobs'); write one with "
+                          "tessera-lab run --json")
+    check_run_result(data, f"run file '{run_path}'")
     job = data["jobs"][0]
     if device_path is None:
         from tessera_lab.paths import data_dir

@@ -234,7 +234,7 @@ class WorldSpec:
     dp: int = 1
     backend: str = "auto"
     timeout_s: float = 60.0
-    grace_s: float = 10.0
+    grace_s: float = 1.0
     interleave: bool = False
     p2p: str = "auto"
 
@@ -362,6 +362,10 @@ class RunSpec:
         if self.pair_exec is not None:
             get_pair_handler(self.pair_exec)
         resolve_order(self.pair_order, world.ep)
+        from .schemas import check_runner_work
+
+        check_runner_work(self.model_config, world.pp, self.vpp or 1, self.microbatches, self.micro_batch_size,
+                          where=w)  # before the schedule is built: its size grows with pp x vpp x microbatches
         sched = self.build_schedule(world.pp)
         cfg = self.model_config
         layers, experts = cfg.num_layers, cfg.num_experts

@@ -55,7 +55,15 @@ def _median_time(fn, repeats: int) -> float:
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return statistics.quantiles(ts, n=4)[0] if len(ts) >= 2 else ts[0]
+    return lower_quartile(ts)
+
+
+def lower_quartile(xs: Sequence[float]) -> float:
+    """The lower quartile of ``xs`` within the data (``statistics.quantiles(method="inclusive")``; the default
+    exclusive method extrapolates below the smallest sample for few samples, e.g. below 0 s for two timings);
+    one sample: itself."""
+    xs = list(xs)
+    return statistics.quantiles(xs, n=4, method="inclusive")[0] if len(xs) >= 2 else xs[0]
 
 
 def _fit(points: Sequence[tuple[float, float]]) -> dict[str, float]:
@@ -107,8 +115,8 @@ def _layer_points(cfg: TinyConfig, mbs: int, repeats: int) -> tuple[dict, dict]:
 
             iw()
             parts = [iw() for _ in range(repeats)]
-            t_i = statistics.quantiles([p[0] for p in parts], n=4)[0]
-            t_w = statistics.quantiles([p[1] for p in parts], n=4)[0]
+            t_i = lower_quartile([p[0] for p in parts])
+            t_w = lower_quartile([p[1] for p in parts])
             x = layer_flops(d, kind, tokens)
             layers[kind]["F"].append([x, t_f])
             layers[kind]["B"].append([x, max(0.0, t_fb - t_f)])
@@ -371,7 +379,7 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
 
     def run(world: WorldSpec, spec: RunSpec) -> tuple[dict, float]:
         before = work_probe(cfg, mbs)
-        job = spawn(world, [spec], timeout_s=600).job(spec.name)
+        job = spawn(world, [spec], timeout_s=600, keep=False).job(spec.name)
         return job, (before + work_probe(cfg, mbs)) / 2  # the machine's state over the job: before and after
 
     for ep in eps:

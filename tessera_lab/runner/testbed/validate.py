@@ -109,7 +109,7 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
                                                  "ep_a2a_s": pl["prediction"].get("ep_a2a_s"),
                                                  "costs": pl["costs"]["source"], "predicted_at": pl["predicted_at"]}))
         # a step of each case in turn: drift of the machine during the group falls on every case alike
-        res = spawn(WorldSpec(pp=pp, ep=ep, timeout_s=120, interleave=True), jobs, timeout_s=900)
+        res = spawn(WorldSpec(pp=pp, ep=ep, timeout_s=120, interleave=True), jobs, timeout_s=900, keep=False)
         # the work probe after the group: with the one before, the machine's state the group ran in (a
         # diagnostic of the observation, never an input of the prediction)
         a["work_probe_after_s"] = device_work_probe(device)
