@@ -436,7 +436,7 @@ def _stubs(env: dict[str, str]):
     spawn_mod = importlib.import_module("tessera_lab.runner.launch.spawn")
     cal = importlib.import_module("tessera_lab.runner.testbed.calibrate")
     val = importlib.import_module("tessera_lab.runner.testbed.validate")
-    meas = importlib.import_module("tessera_lab.runner.measure")
+    meas = importlib.import_module("tessera_lab.runner.measure.measure")
 
     def fake_spawn(world, jobs, **kw):
         spawn_mod.check_launch(world, list(jobs), timeout_s=kw.get("timeout_s", 600.0), env=kw.get("env"))

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tessera_lab.runner import supervise
+from tessera_lab.runner.launch import supervise
 
 SCHEDULES = {
     "1f1b": ["--schedule", "1f1b"],

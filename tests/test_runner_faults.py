@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.runner.launch.launch import supervise
+from tessera_lab.runner.launch import supervise
 from tessera_lab.runner.launch.spawn import _alive, _has_gpu, spawn
 from tessera_lab.runner.runtime.specs import RunnerError, RunSpec, WorldSpec
 from tessera_lab.runner.launch.supervise import Cause, parse_fault, root_cause
