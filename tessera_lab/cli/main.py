@@ -34,7 +34,7 @@ COMMAND_HELP = {
     "params": "parameter counts of a model",
     "plan": "the main job: partition, simulate and report a pipeline plan",
     "partition": "partition a plain per-layer cost list",
-    "reproduce": "the paper's reported figures beside ours (PNG, JSON, Markdown)",
+    "reproduce": "the paper's claims on its jobs as scenarios, with computed verdicts (PNG, JSON, Markdown)",
     "simulate": "simulate a uniform pipeline",
     "measure": "measure the overlap of layer pairs (F with B+W) and write a profile",
     "report": "capacity report (where the lost MFU goes) of a plan, and a model-change diff",
