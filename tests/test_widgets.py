@@ -417,3 +417,17 @@ def test_quickstart_panel_restores_ep_after_a_dense_model():
     assert controls["ep"].value == 1
     controls["model"].value = "jamba-1.5-mini"  # MoE again: the EP it started with
     assert controls["ep"].value == 8
+
+
+def test_partition_panel_knob_options_follow_the_model():
+    """Notebook 06: "config (V)" names the model's own value V, and V is not offered again (choosing it would
+    re-plan the same model); a value kept across a model change stays selected."""
+    from tessera_lab.ui.widgets import partition_panel
+
+    panel, controls, state = partition_panel(microbatches=8)
+    assert controls["expert_width"].options[0] == ("config (512)", "config")  # Qwen3-Next's experts
+    controls["model"].value = "kimi-linear-48b-a3b"
+    opts = controls["expert_width"].options
+    assert opts[0] == ("config (1024)", "config") and 1024 not in [v for _, v in opts[1:]] and 512 in dict(opts).values()
+    controls["expert_width"].value = 2048
+    assert state["plan"].model.moe_intermediate_size == 2048

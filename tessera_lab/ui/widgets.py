@@ -331,18 +331,29 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     from tessera_lab.ui.plots import standalone_vs_overlap_bars
 
     choices = list(MODEL_LAYOUTS) + ([model] if model not in MODEL_LAYOUTS else [])
-    # ipywidgets shows a None-valued option as no selection: "config" / "layout" stand for "the model's own value"
-    config = ["config"]
+    candidates = {"attention_ratio": list(range(0, 12)), "expert_width": [128, 256, 512, 1024, 2048, 4096],
+                  "top_k": list(range(1, 17))}
+
+    def knob_options(spec, name: str, keep: Any = None) -> list:
+        """``("config (V)", "config")`` first -- ipywidgets shows a None-valued option as no selection, so "config"
+        stands for the model's own value V -- then the other values (V itself would be the same plan twice)."""
+        own = {"attention_ratio": spec.attention_ratio, "expert_width": spec.moe_intermediate_size or None,
+               "top_k": spec.num_experts_per_tok or None}[name]
+        label = "config" if own is None else f"config ({own})"
+        return [(label, "config")] + [(str(v), v) for v in sorted(set(candidates[name]) | ({keep} - {None, "config"}))
+                                      if v != own]
+
+    spec = load_model(model)
     controls = {
         "model": w.Dropdown(options=choices, value=model, description="model", style=LABEL_STYLE),
-        "attention_ratio": w.Dropdown(options=config + list(range(0, 12)),
+        "attention_ratio": w.Dropdown(options=knob_options(spec, "attention_ratio", defaults.get("attention_ratio")),
                                       value=_given(defaults, "attention_ratio", "config"), description="attn ratio",
                                       style=LABEL_STYLE),
-        "expert_width": w.Dropdown(options=config + [128, 256, 512, 1024, 2048, 4096],
+        "expert_width": w.Dropdown(options=knob_options(spec, "expert_width", defaults.get("expert_width")),
                                    value=_given(defaults, "expert_width", "config"), description="expert width",
                                    style=LABEL_STYLE),
-        "top_k": w.Dropdown(options=config + list(range(1, 17)), value=_given(defaults, "top_k", "config"),
-                            description="top-k", style=LABEL_STYLE),
+        "top_k": w.Dropdown(options=knob_options(spec, "top_k", defaults.get("top_k")),
+                            value=_given(defaults, "top_k", "config"), description="top-k", style=LABEL_STYLE),
         "pp": w.Dropdown(options=[("model's layout", "layout")] + [(str(n), n) for n in (2, 4, 8, 12, 16)],
                          value=_given(defaults, "pp", "layout"), description="stages", style=LABEL_STYLE),
         "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
@@ -365,6 +376,16 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
 
         return plan_caption(res["plan"]) + CAPTION_SEP + bottleneck_bounds(res["plan"])
 
+    def on_change(name: str) -> None:
+        """A new model: its own knob values as "config (V)", the other values after it."""
+        if name != "model":
+            return
+        new = load_model(controls["model"].value)
+        for knob in candidates:
+            value = controls[knob].value
+            controls[knob].options = knob_options(new, knob)
+            controls[knob].value = value if value in [v for _, v in controls[knob].options] else "config"
+
     names = list(controls)
     return panel(controls, compute, render, rows=[names[:3], names[3:]], state_key=None, error_prefix="cannot plan",
-                 caption=caption)
+                 caption=caption, on_change=on_change)
