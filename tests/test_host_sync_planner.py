@@ -99,3 +99,12 @@ def test_cli_plan_states_what_the_term_adds(capsys):
     assert "host/sync term: 2.00 ms per MoE layer" in out and f"adds {4 * 8 * C:.4f} s" in out
     assert main(args + ["--host-sync-ms", "0"]) == 0
     assert "host/sync term" not in capsys.readouterr().out
+
+
+def test_saved_plan_reloads_with_its_term(small):
+    from tessera_lab.plan.load import load_plan
+
+    on = _plan(small, host_sync_s=C)
+    again = load_plan(on.as_dict())
+    assert again.parallel.host_sync_s == C
+    assert again.chosen.iteration_time_s == pytest.approx(on.chosen.iteration_time_s, rel=1e-12)
