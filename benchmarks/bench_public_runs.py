@@ -8,9 +8,12 @@ no run beyond 35%.
 
 Host/synchronisation term (:mod:`tessera_lab.cost.sync`, basis cited there: the dropless dispatcher's
 ``torch.cuda.current_stream().synchronize()`` before the EP all-to-all in every MoE layer): ``c`` seconds per MoE
-layer and micro-batch, 0 under the combined-1F1B EP overlap, added to the predicted iteration as the busiest
-rank's MoE layers x ``c`` x ``(m + (pp - 1) / vpp)``. ``c`` is fitted on every other counted run in id order
-(:func:`fit_half`) and the other half is reported as held out; the error without the term is printed beside.
+layer forward and micro-batch, which the planner itself applies (0 under the combined-1F1B EP overlap). The fit
+plans every run with the planner's term off (``host_sync_s = 0``) and takes ``c`` as the mean, over every other
+counted run in id order (:func:`fit_half`) without EP overlap, of the per-layer seconds that close its gap
+(published - planned iteration over the busiest rank's MoE layers x ``(m + (pp - 1) / vpp)``); then every run is
+planned again by the planner with ``host_sync_s = c`` (:func:`apply_sync_term`; the bench adds nothing itself). The
+other half is reported as held out; the error with the term off is printed beside.
 
 Layout mapping (stated per run): Megatron's data-parallel size ``DP = GPUs / (TP * PP)``; our non-expert
 data-parallel group is ``ParallelConfig.dense_dp``. Where ``EP <= DP``: ``ep = EP``, ``dp = DP / EP`` (EP inside
@@ -69,8 +72,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def parallel_for(run: dict):
-    """The ParallelConfig and the mapping notes of a published run (mapping in the module docstring)."""
+def parallel_for(run: dict, host_sync_s: float | None = 0.0):
+    """The ParallelConfig and the mapping notes of a published run (mapping in the module docstring);
+    ``host_sync_s``: the planner's host/sync seconds per MoE layer (:mod:`tessera_lab.cost.sync`; 0 = off, the
+    fit's setting; ``None`` = the shipped fitted value)."""
     from tessera_lab.model.hardware import ParallelConfig
 
     tp, pp, vp = run["tp"], run["pp"], run["vp"] or 1
@@ -100,6 +105,7 @@ def parallel_for(run: dict):
                          grad_reduce_dtype=run.get("grad_reduce_dtype", "fp32"), expert_load=1.0,
                          fused_cross_entropy=True,  # _benchmark_common: cross_entropy_fusion_impl = "te"
                          ep_placement="contiguous",  # Megatron-Core's expert grid: EP on consecutive ranks (ETP 1)
+                         host_sync_s=host_sync_s,
                          grouped_gemm="multistream")  # TEGroupedMLP -> TE GroupedLinear: per-expert cuBLAS, 4 streams
     if tp > 1 and ep > 1 and not spans:
         notes.append(f"EP {ep} on {ep} consecutive ranks (Megatron-Core's expert rank generator, expert TP 1): "
@@ -156,7 +162,9 @@ def mtp_estimate(model, par, plan, run: dict) -> tuple[int, float] | None:
     return rank, extra
 
 
-def predict(run: dict) -> dict:
+def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
+    """Plan a published run with the planner (its recipe's split, ``method = uniform``) and compare with the
+    page: one row. ``host_sync_s``: the planner's host/sync term per MoE layer (0: off, as the fit plans)."""
     import dataclasses
 
     from tessera_lab.cost.memory import memory_capacity
@@ -165,7 +173,7 @@ def predict(run: dict) -> dict:
     from tessera_lab.model.spec import load_model
     from tessera_lab.plan.make import make_plan
 
-    par, notes = parallel_for(run)
+    par, notes = parallel_for(run, host_sync_s)
     model = load_model(run["model"])
     cluster = cluster_for(par, run["gpu"])
     capacity = memory_capacity(cluster)
@@ -203,9 +211,10 @@ def predict(run: dict) -> dict:
     for v in range(len(b) - 1):  # Megatron's interleaving: virtual stage v on rank v % pp
         moe_per_rank[v % par.pp] += sum(1 for i in range(b[v], b[v + 1]) if model.layers[i].ffn == "moe")
     published_s = plan.model_flops / (run["model_tflops_per_gpu"] * 1e12 * par.world_size)
-    from tessera_lab.cost.sync import per_layer_needed_s
+    from tessera_lab.cost.sync import per_layer_needed_s, planner_per_layer_s
 
     return {
+        "host_sync_per_layer_s": planner_per_layer_s(par),
         "moe_layers_per_rank": moe_per_rank, "iteration_published_s": published_s,
         "sync_needed_per_layer_s": per_layer_needed_s(published_s, ev.iteration_time_s, moe_per_rank,
                                                       par.microbatches, par.pp, par.vpp),
@@ -232,30 +241,41 @@ def fit_half(rows: list[dict]) -> tuple[list[str], list[str]]:
     return ids[0::2], ids[1::2]
 
 
-def apply_sync_term(rows: list[dict]) -> dict:
+def apply_sync_term(rows: list[dict], runs: dict[str, dict] | None = None) -> dict:
     """Fit the per-MoE-layer host/sync seconds ``c`` (:mod:`tessera_lab.cost.sync`) on the fit half's runs without
-    EP overlap, add :func:`~tessera_lab.cost.sync.iteration_sync_s` to every run's predicted iteration and
-    recompute its error; the rows keep the error without the term as ``error_without_sync``. Returns the fit."""
-    from tessera_lab.cost.sync import BASIS, fit_per_layer_s, iteration_sync_s, sync_exposed_per_layer_s
+    EP overlap, from ``rows`` planned with the planner's term off (``predict(run, 0)``: the fit never sees its own
+    term), then re-plan every run whose layout the planner's rule gives a non-zero term
+    (:func:`~tessera_lab.cost.sync.planner_per_layer_s`) through the planner with ``c``
+    (``ParallelConfig.host_sync_s``); a run it gives 0 is the same plan either way and keeps its row. Rows are
+    updated in place and keep the error without the term as ``error_without_sync``; ``sync_s_per_iteration`` is
+    the planner's simulated iteration with the term minus without. ``runs``: id -> published run (default: the
+    data file's). Returns the fit.
 
+    Raises:
+        ValueError: a row planned with the term on (the fit would be circular).
+    """
+    from tessera_lab.cost.sync import BASIS, fit_per_layer_s, planner_per_layer_s
+
+    if any(r.get("host_sync_per_layer_s", 0.0) for r in rows):
+        raise ValueError("apply_sync_term fits on rows planned with the host/sync term off (predict(run, 0.0))")
+    if runs is None:
+        data = json.loads((ROOT / "data" / "published" / "megatron_bridge.json").read_text())
+        runs = {r["id"]: r for r in data["runs"]}
     fit_ids, held_ids = fit_half(rows)
     by = {r["id"]: r for r in rows}
     used = [by[i] for i in fit_ids if by[i]["parallel"]["schedule"] not in ("overlapped", "interleaved-overlapped")]
     c = fit_per_layer_s([r["sync_needed_per_layer_s"] for r in used])
     for r in rows:
-        p = r["parallel"]
-        per_layer = sync_exposed_per_layer_s(p["schedule"], c)
-        add = iteration_sync_s(r["moe_layers_per_rank"], p["microbatches"], p["pp"], p["vpp"], per_layer)
-        t = r["iteration_time_s"] + add
-        scale = r["iteration_time_s"] / t
-        r["error_without_sync"] = r["error"]
-        r["sync_s_per_iteration"] = add
-        r["predicted_tflops_per_gpu"] *= scale
-        r["predicted_tokens_per_s_per_gpu"] *= scale
-        r["predicted_mfu_bf16_peak"] *= scale
-        r["iteration_time_s"] = t
-        r["error"] = r["predicted_tflops_per_gpu"] / r["published_tflops_per_gpu"] - 1.0
-        r["sync_fit_role"] = "fit" if r["id"] in fit_ids else ("held-out" if r["id"] in held_ids else "reference")
+        off = {"error_without_sync": r["error"], "iteration_without_sync_s": r["iteration_time_s"],
+               "sync_needed_per_layer_s": r["sync_needed_per_layer_s"],
+               "sync_fit_role": "fit" if r["id"] in fit_ids else ("held-out" if r["id"] in held_ids else "reference")}
+        run = runs[r["id"]]
+        if planner_per_layer_s(parallel_for(run, c)[0]) > 0:
+            plan_s = r["plan_s"]
+            r.update(predict(run, c))  # the planner's own term: no addition here
+            r["plan_s"] += plan_s
+        r.update(off)
+        r["sync_s_per_iteration"] = r["iteration_time_s"] - r["iteration_without_sync_s"]
     return {"per_layer_s": c, "fit_ids": fit_ids, "held_out_ids": held_ids, "fit_runs_used": [r["id"] for r in used],
             "basis": BASIS}
 
@@ -405,14 +425,15 @@ def main() -> None:
     rows = []
     for run in data["runs"]:
         try:
-            rows.append(predict(run))
+            rows.append(predict(run, 0.0))  # the planner's host/sync term off: what the fit sees
         except Exception as exc:  # noqa: BLE001 - a benchmark prints what failed and goes on
             print(f"{run['id']}: not planned: {exc}")
-    sync = apply_sync_term(rows)
-    print("costs: analytic (cost model of data/hardware/cost_model.json; no measured profile) + the per-MoE-layer "
-          "host/sync term of tessera_lab/cost/sync.py")
-    print(f"host/sync term: {sync['per_layer_s'] * 1e3:.2f} ms per MoE layer and micro-batch (fitted: mean of what "
-          f"closes each run's gap, over the fit half's runs without EP overlap: {', '.join(sync['fit_runs_used'])}; "
+    sync = apply_sync_term(rows, {r["id"]: r for r in data["runs"]})
+    print("costs: analytic (cost model of data/hardware/cost_model.json; no measured profile), the planner's "
+          "per-MoE-layer host/sync term (tessera_lab/cost/sync.py) included")
+    print(f"host/sync term: {sync['per_layer_s'] * 1e3:.2f} ms per MoE layer and micro-batch (fitted, with the "
+          f"planner's term off: mean of what closes each run's gap, over the fit half's runs without EP overlap: "
+          f"{', '.join(sync['fit_runs_used'])}), then every run planned by the planner with it (--host-sync-ms; "
           f"0 under the combined-1F1B EP overlap); basis: {sync['basis']}")
     print("Model TFLOP/s per GPU: Megatron-LM's model-FLOPs convention (the pages' metric); error = predicted / "
           "published - 1; fits: peak <= capacity (MTP: n/a where the recipe has no MTP layer)")

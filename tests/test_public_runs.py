@@ -161,9 +161,24 @@ def test_sync_term_fit_is_the_shipped_constant():
     # the fitted host/sync seconds per MoE layer that reproduce's scenarios use is what the bench fits now
     from tessera_lab.cost.sync import FITTED_PER_LAYER_S
 
+    import pytest
+
     bench, runs = _bench(), _runs()
-    rows = [bench.predict(run) for run in runs.values()]
-    fit = bench.apply_sync_term(rows)
-    assert abs(fit["per_layer_s"] - FITTED_PER_LAYER_S) < 0.01e-3, fit["per_layer_s"]
+    rows = [bench.predict(run, 0.0) for run in runs.values()]  # the fit sees the planner with its term off
+    assert all(r["host_sync_per_layer_s"] == 0.0 for r in rows)
+    fit = bench.apply_sync_term(rows, runs)
+    c = fit["per_layer_s"]
+    assert abs(c - FITTED_PER_LAYER_S) < 0.01e-3, c
     held = [r for r in rows if r["sync_fit_role"] == "held-out"]
     assert len(held) == 3 and all(abs(r["error"]) < 0.35 for r in rows if not r["reference_only"])
+    # the predictions come from the planner with c (EP > 1 in every run): c on the runs without EP overlap, 0 under it
+    for r in rows:
+        overlap = r["parallel"]["schedule"] in ("overlapped", "interleaved-overlapped")
+        assert r["host_sync_per_layer_s"] == (0.0 if overlap else c), r["id"]
+        assert (r["sync_s_per_iteration"] == 0.0) == overlap, r["id"]
+    # one-stage Qwen3-30B-A3B on 16 H100 (48 MoE layers, m 64): the planner adds 64 x 48 x c to the iteration
+    q = next(r for r in rows if r["id"] == "qwen3-30b-a3b/16xH100/fp8/ep16")
+    assert q["sync_s_per_iteration"] == pytest.approx(64 * 48 * c, rel=1e-9)
+    # a fit on rows planned with the term on would be circular: refused
+    with pytest.raises(ValueError, match="term off"):
+        bench.apply_sync_term([bench.predict(runs[q["id"]], c)], runs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tessera_lab.argtypes import Switch, float_at_least, module_list, positive_int
+from tessera_lab.argtypes import Switch, float_at_least, float_in, module_list, positive_int
 from tessera_lab.model.hardware import RECOMPUTE_MODULES
 
 GIB = 2**30
@@ -91,6 +91,7 @@ def parallel_from_args(args: argparse.Namespace):
                                          "adam_moment_dtype") if getattr(args, k, None) is not None},
         **({"ep_spans_tp": True} if getattr(args, "ep_spans_tp", False) else {}),
         **({"recompute_modules": tuple(args.recompute_modules)} if getattr(args, "recompute_modules", None) else {}),
+        **({"host_sync_s": args.host_sync_ms / 1e3} if getattr(args, "host_sync_ms", None) is not None else {}),
     )
 
 
@@ -141,6 +142,13 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                    default=None, metavar="X",
                    help="busiest EP rank's tokens over the mean (>= 1; default: expected busiest rank of a "
                         "balanced random router)")
+    from tessera_lab.cost.sync import FITTED_PER_LAYER_S, FITTED_PROVENANCE
+
+    p.add_argument("--host-sync-ms", type=float_in("host_sync_ms", 0.0, 1e5, allowed="milliseconds, 0 to 100000"),
+                   default=None, metavar="MS",
+                   help="host/device sync exposed per MoE layer forward and micro-batch, in ms, where the dropless EP "
+                        "dispatch waits on the host (EP > 1, schedules without EP overlap, analytic costs; "
+                        f"default {FITTED_PER_LAYER_S * 1e3:.2f}, {FITTED_PROVENANCE}; 0 turns it off)")
     add_model_knobs(p)
 
 

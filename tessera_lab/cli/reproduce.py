@@ -22,8 +22,9 @@ def claims_text(rep) -> str:
                         if s["baselines"]["megatron_core"]["fits"] else "no fit")} for s in rep.scenarios])
     return ("paper claims (verdict computed from the numbers; docs/reproduce.md)\n" + claims + "\n\nwhy\n" + reasons
             + "\n\nscenarios (simulated; band over EP placement, dispatcher, grouped GEMM, sequence length; gains: "
-              "T_baseline / T_plan - 1; host/sync term: Megatron-Core priced with cost/sync.py's fitted per-layer "
-              "seconds where its schedule has no EP overlap)\n" + bands)
+              "T_baseline / T_plan - 1, setups planned with the host/sync term off; host/sync term: Megatron-Core "
+              "re-planned with the planner's term (cost/sync.py's fitted per-layer seconds where its schedule has "
+              "no EP overlap))\n" + bands)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:

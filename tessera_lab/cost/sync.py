@@ -25,6 +25,14 @@ Under Megatron-Core's combined-1F1B EP overlap (``overlap_moe_expert_parallel_co
 another, whose kernels are already queued when the host waits: the exposure is taken as hidden (assumption; the
 two published runs with the overlap are its check).
 
+The planner applies it (:func:`planner_per_layer_s`): :func:`tessera_lab.plan.stages.build_stage_model` adds the
+exposed seconds to the forward of every MoE layer (per micro-batch), so the simulator propagates it through the
+schedule, when EP > 1, the schedule is not an EP-overlap one, the dispatcher is ``alltoall`` or ``deepep`` (both
+wait on host counts: DeepEP's normal-mode dispatch busy-waits on the host for the received-token counter; an
+assumption for DeepEP, which the DeepSeek-V3 run, planned with ``deepep``, checks) and the costs are analytic (a
+measured profile already holds what the device does). ``ParallelConfig.host_sync_s`` (``--host-sync-ms``) sets
+``c``; ``None`` is :data:`FITTED_PER_LAYER_S`, 0 turns the term off.
+
 The per-layer seconds ``c`` is one number: ``benchmarks/bench_public_runs.py`` fits it on half of the published
 runs (the mean per-layer gap, published budget - plan, of that half's runs without EP overlap) and reports the
 other half. This module never imports torch.
@@ -42,6 +50,11 @@ from tessera_lab.errors import ConfigError
 FITTED_PER_LAYER_S = 3.33e-3
 #: schedules that run Megatron-Core's combined-1F1B EP overlap (the sync's exposure is hidden)
 EP_OVERLAP_SCHEDULES = ("overlapped", "interleaved-overlapped")
+#: provenance of the default ``c`` as the CLI and the plan's notes state it
+FITTED_PROVENANCE = "fitted on half of the published runs, benchmarks/bench_public_runs.py"
+#: dispatchers whose dispatch waits on host copies of the token counts (Megatron-Core's dropless all-to-all; DeepEP
+#: normal mode, assumed: its dispatch waits on the host for the received-token counts)
+SYNC_DISPATCHERS = ("alltoall", "deepep")
 #: where the sync sits in the code the basis cites (repository, commit, path, the lines' content)
 BASIS = ("NVIDIA/Megatron-LM@bed33f89945f41ae792d7b36a0d770b00f61ed42 "
          "megatron/core/transformer/moe/token_dispatcher.py: MoEAlltoAllTokenDispatcher.preprocess sets "
@@ -58,6 +71,24 @@ def sync_exposed_per_layer_s(schedule: str, c_s: float) -> float:
     if not c_s >= 0:
         raise ConfigError(f"field 'c_s' = {c_s!r} is out of range; allowed: seconds >= 0")
     return 0.0 if schedule in EP_OVERLAP_SCHEDULES else float(c_s)
+
+
+def planner_per_layer_s(parallel, *, analytic: bool = True) -> float:
+    """Seconds the planner adds to each MoE layer's forward per micro-batch: ``parallel.host_sync_s`` (``None``:
+    :data:`FITTED_PER_LAYER_S`) when ``parallel.ep > 1``, the schedule is not in :data:`EP_OVERLAP_SCHEDULES`,
+    the dispatcher is in :data:`SYNC_DISPATCHERS` and the costs are ``analytic``; else 0.
+
+    Args:
+        parallel: a :class:`~tessera_lab.model.hardware.ParallelConfig` (``ep``, ``schedule``, ``dispatcher``,
+            ``host_sync_s`` read). analytic: False for costs from a measured profile.
+    Raises:
+        ConfigError: ``host_sync_s`` negative.
+    """
+    c = getattr(parallel, "host_sync_s", None)
+    c = FITTED_PER_LAYER_S if c is None else c
+    if not analytic or parallel.ep <= 1 or parallel.dispatcher not in SYNC_DISPATCHERS:
+        return 0.0
+    return sync_exposed_per_layer_s(parallel.schedule, c)
 
 
 def iteration_sync_s(moe_layers_per_rank: Sequence[int], microbatches: int, pp: int, vpp: int,

@@ -161,7 +161,10 @@ class StageCosts:
         Args:
             model: a :class:`~tessera_lab.model.spec.ModelSpec`.
             parallel: a :class:`~tessera_lab.model.hardware.ParallelConfig` (default: pp=8, ep=8, m=32 with the
-                ``zb-h1`` schedule; an ``overlapped`` schedule is replaced by ``zb-h1``: filling needs W tasks).
+                ``zb-h1`` schedule; an ``overlapped`` schedule is replaced by ``zb-h1``: filling needs W tasks). Its
+                ``host_sync_s`` (:mod:`tessera_lab.cost.sync`) is 0 unless set: these stage times describe the
+                dynamic runtime, not the eager dispatcher's host sync the planner adds to schedules without EP
+                overlap by default.
             cluster: default :func:`~tessera_lab.model.hardware.cluster_for`.
             plan: a :class:`~tessera_lab.plan.make.Plan` whose boundaries to use.
             boundaries: stage boundaries (``pp + 1`` ints); default: the DP partition that minimises the
@@ -180,6 +183,8 @@ class StageCosts:
         # loads x here are relative to the mean rank (the routing sets the busiest rank), so the plan's own
         # busiest-rank assumption is replaced by the mean: cost(1) = uniform routing, cost(x) = busiest at x
         parallel = parallel.replace(expert_load=1.0)
+        if parallel.host_sync_s is None:  # the planner's host/sync term only when asked for (see Args)
+            parallel = parallel.replace(host_sync_s=0.0)
         cluster = cluster or cluster_for(parallel)
         if not (0 < load_resolution <= 1):
             raise ConfigError(f"field 'load_resolution' = {load_resolution} is out of range; allowed: (0, 1]")

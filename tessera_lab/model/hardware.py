@@ -250,6 +250,9 @@ class ParallelConfig:
         recompute_modules: with ``recompute = selective``, Megatron-LM's module names to recompute
             (:data:`RECOMPUTE_MODULES`); empty = this project's ``selective`` (attention core and routed-expert
             activations).
+        host_sync_s: seconds per MoE layer and micro-batch the host/device synchronisation of the dropless EP
+            dispatch exposes (:mod:`tessera_lab.cost.sync`, applied only where that module's rule says);
+            ``None`` = the value fitted on published runs (``FITTED_PER_LAYER_S``), 0 = off.
     """
 
     pp: int = 8
@@ -275,6 +278,7 @@ class ParallelConfig:
     sequence_parallel: bool = True
     adam_moment_dtype: str = "fp32"
     recompute_modules: tuple[str, ...] = ()
+    host_sync_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len"):
@@ -296,6 +300,10 @@ class ParallelConfig:
         if self.expert_load is not None and (isinstance(self.expert_load, bool) or not self.expert_load >= 1.0):
             raise ConfigError(f"field 'expert_load' = {self.expert_load!r} is out of range; allowed: a number >= 1 "
                               "(busiest EP rank over the mean)")
+        if self.host_sync_s is not None and (isinstance(self.host_sync_s, bool) or not isinstance(
+                self.host_sync_s, (int, float)) or not 0.0 <= self.host_sync_s < 1e3):
+            raise ConfigError(f"field 'host_sync_s' = {self.host_sync_s!r} is out of range; allowed: seconds >= 0 "
+                              "(per MoE layer and micro-batch), or null for the fitted value")
         if self.adam_moment_dtype not in ADAM_MOMENT_DTYPES:
             raise ConfigError(f"field 'adam_moment_dtype' = {self.adam_moment_dtype!r} is unknown; allowed: "
                               f"{', '.join(ADAM_MOMENT_DTYPES)}")

@@ -29,7 +29,8 @@ from tessera_lab.plan.vschedules import plan_schedule
 
 @dataclass
 class StagePlan:
-    """One pipeline stage: its layers, per-micro-batch times (seconds) and memory (bytes per GPU)."""
+    """One pipeline stage: its layers, per-micro-batch times (seconds) and memory (bytes per GPU); ``host_sync_s``:
+    the host/sync seconds (:mod:`tessera_lab.cost.sync`) included in ``f_s``."""
 
     index: int
     layers: list[int]
@@ -41,6 +42,7 @@ class StagePlan:
     param_bytes: float
     activation_bytes: float
     overlap_s: float | None = None
+    host_sync_s: float = 0.0
 
     @property
     def standalone_s(self) -> float:
@@ -56,7 +58,8 @@ class StagePlan:
         return {"index": self.index, "layers": self.layers, "kinds": self.kinds, "time_s": self.time_s,
                 "standalone_s": self.standalone_s, "overlap_s": self.overlap_s, "f_s": self.f_s, "b_s": self.b_s,
                 "w_s": self.w_s, "memory_bytes": self.memory_bytes, "param_bytes": self.param_bytes,
-                "activation_bytes": self.activation_bytes}
+                "activation_bytes": self.activation_bytes,
+                **({"host_sync_s": self.host_sync_s} if self.host_sync_s else {})}
 
 
 @dataclass
@@ -162,7 +165,8 @@ def stage_plans(model: ModelSpec, stage_models: Sequence[StageCostModel], bounda
             f_s=sm.f(s, i, j) * k, b_s=sm.b(s, i, j) * k, w_s=sm.w(s, i, j) * k,
             memory_bytes=sm.memory_bytes(s, i, j), param_bytes=sm.params(s, i, j),
             activation_bytes=sm.activations(s, i, j),
-            overlap_s=sm.fb(s, i, j) * k if sm.pair_costs is not None else None))
+            overlap_s=sm.fb(s, i, j) * k if sm.pair_costs is not None else None,
+            host_sync_s=sm.sync(s, i, j) * k))
     return out
 
 

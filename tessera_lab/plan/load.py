@@ -35,7 +35,7 @@ _VARIANT = re.compile(r"^(?P<base>[^\[]+)\[(?P<changes>[^\]]*)\]$")
 PARALLEL_KEYS = ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
                  "distributed_optimizer", "schedule", "dispatcher", "recompute", "precision", "grad_reduce_dtype",
                  "expert_load", "grouped_gemm", "fused_cross_entropy", "ep_placement", "ep_spans_tp",
-                 "sequence_parallel", "adam_moment_dtype", "recompute_modules")
+                 "sequence_parallel", "adam_moment_dtype", "recompute_modules", "host_sync_s")
 
 
 def model_from_name(name: str) -> ModelSpec:

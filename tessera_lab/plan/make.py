@@ -158,7 +158,8 @@ class Plan:
         }
         # layout and memory fields, written only when set (plans without them read as before)
         defaults = ParallelConfig()
-        for k in ("ep_placement", "ep_spans_tp", "sequence_parallel", "adam_moment_dtype", "recompute_modules"):
+        for k in ("ep_placement", "ep_spans_tp", "sequence_parallel", "adam_moment_dtype", "recompute_modules",
+                  "host_sync_s"):
             v = getattr(self.parallel, k)
             if v != getattr(defaults, k):
                 d["parallel"][k] = list(v) if isinstance(v, tuple) else v
@@ -337,8 +338,28 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
                                      else refine_budget)
     elif method != "uniform":
         chosen = _never_slower_than_baselines(chosen, out, method, notes)
+    if sm.host_sync is not None:
+        notes.append(sync_note(model, parallel, cost_model, sm, chosen, flops))
     return Plan(model, parallel, cluster, chosen, out, sm.costs, flops, capacity, notes, costs=source,
                 refinement=refinement)
+
+
+def sync_note(model: ModelSpec, parallel: ParallelConfig, cost_model, sm: StageCostModel, chosen: Evaluation,
+              flops: float) -> str:
+    """What the host/sync term (:mod:`tessera_lab.cost.sync`) adds to the chosen plan: its per-layer seconds and
+    provenance, and the iteration simulated with and without it (same partition)."""
+    from tessera_lab.cost.sync import FITTED_PROVENANCE
+
+    c = max(sm.host_sync)
+    t0 = evaluate(model, parallel, cost_model, sm.without_sync(), chosen.partition, chosen.method, flops,
+                  time_only=True)
+    t = chosen.iteration_time_s
+    given = parallel.host_sync_s is None
+    return (f"host/sync term: {c * 1e3:.2f} ms per MoE layer forward and micro-batch "
+            f"({FITTED_PROVENANCE if given else 'set by --host-sync-ms'}; the dropless EP dispatch "
+            f"({parallel.dispatcher}) waits on the host's token counts before its all-to-all; hidden only under the "
+            f"EP-overlap schedules; tessera_lab/cost/sync.py) adds {t - t0:.4f} s to the iteration (simulated: {t:.4f} s with, "
+            f"{t0:.4f} s without, +{t / t0 - 1:.1%}); --host-sync-ms 0 turns it off")
 
 
 def _never_slower_than_baselines(chosen: Evaluation, baselines: dict[str, Evaluation], method: str,

@@ -15,6 +15,7 @@ from typing import Sequence
 
 from tessera_lab.cost.analytic import CostModel, LayerCost
 from tessera_lab.cost.memory import LayerMemory, layer_memory
+from tessera_lab.cost.sync import planner_per_layer_s
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.spec import ModelSpec
@@ -41,11 +42,16 @@ class StageCostModel:
     Index convention: decoder layer ``l`` is entry ``l + 1`` of ``layer_costs`` / ``memory`` (entry 0 is the
     embedding, the last entry the LM head and loss); the embedding counts toward (virtual) stage 0 and the head
     toward the last one (``pp * vpp - 1``).
+
+    ``host_sync``: seconds per micro-batch added to decoder layer ``l``'s forward (entry ``l``; the host/device
+    synchronisation of :mod:`tessera_lab.cost.sync` on MoE layers), included in :meth:`f`, :meth:`standalone`
+    and :meth:`cost` and reported by :meth:`sync`; ``None`` = none.
     """
 
     def __init__(self, layer_costs: Sequence[LayerCost], memory: Sequence[LayerMemory], parallel: ParallelConfig,
-                 pair_costs: dict[tuple[str, str], float] | None = None):
+                 pair_costs: dict[tuple[str, str], float] | None = None, host_sync: Sequence[float] | None = None):
         self.costs = list(layer_costs)
+        self.host_sync = list(host_sync) if host_sync is not None and any(host_sync) else None
         self.memory = list(memory)
         self.parallel = parallel
         self.pair_costs = pair_costs
@@ -54,7 +60,8 @@ class StageCostModel:
         self.kinds = [c.kind for c in self.costs[1:-1]]
         self._fb_cache: dict[tuple[int, int], float] = {}
         body = self.costs[1:-1]
-        self._pf = _prefix([c.F.time for c in body])
+        self._psync = _prefix(self.host_sync or [0.0] * len(body))
+        self._pf = _prefix([c.F.time + x for c, x in zip(body, self.host_sync or [0.0] * len(body))])
         self._pb = _prefix([c.B.time + c.W.time for c in body])
         self._pw = _prefix([c.W.time for c in body])
         self._pparam = _prefix([mm.param_bytes for mm in self.memory[1:-1]])
@@ -84,6 +91,14 @@ class StageCostModel:
     def f(self, s: int, i: int, j: int) -> float:
         """Forward of the segment, seconds per micro-batch."""
         return self._pf[j] - self._pf[i] + self._extra(s, "f")
+
+    def sync(self, s: int, i: int, j: int) -> float:
+        """Host/sync seconds per micro-batch in the segment's forward (part of :meth:`f`; 0 without the term)."""
+        return self._psync[j] - self._psync[i]
+
+    def without_sync(self) -> "StageCostModel":
+        """The same stage costs with no host/sync term (to state what the term adds)."""
+        return StageCostModel(self.costs, self.memory, self.parallel, self.pair_costs)
 
     def b(self, s: int, i: int, j: int) -> float:
         """Full backward (B + W) of the segment, seconds per micro-batch."""
@@ -176,14 +191,17 @@ def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Clust
     :class:`tessera_lab.overlap.profiles.Profile`) when given, else from the analytic overlap scheduler).
 
     Without a profile the layer costs, memory and pair costs are memoised by ``(model, parallel sizes the costs
-    see, cluster)`` (:func:`cost_key_parallel`; counts in ``COST_CACHE_STATS``)."""
+    see, cluster)`` (:func:`cost_key_parallel`; counts in ``COST_CACHE_STATS``). Without a profile every MoE
+    layer's forward also carries :func:`tessera_lab.cost.sync.planner_per_layer_s` (0 where its rule says)."""
     cost_model = CostModel(cluster, parallel)
+    c = planner_per_layer_s(parallel, analytic=profile is None)
+    host_sync = [c if ly.ffn == "moe" else 0.0 for ly in model.layers] if c > 0 else None
     key = (model, cost_key_parallel(parallel), cluster) if profile is None else None
     held = _COSTS.get(key) if key is not None else None
     if held is not None:
         COST_CACHE_STATS["hits"] += 1
         layer_costs, mem, pairs = held
-        return cost_model, StageCostModel(layer_costs, mem, parallel, pairs)
+        return cost_model, StageCostModel(layer_costs, mem, parallel, pairs, host_sync)
     COST_CACHE_STATS["builds"] += 1
     tasks = decompose(model, parallel)
     layer_costs = [cost_model.layer_cost(lt) for lt in tasks]
@@ -200,4 +218,4 @@ def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Clust
         if len(_COSTS) >= _COSTS_MAX:
             _COSTS.clear()
         _COSTS[key] = (layer_costs, mem, pairs)
-    return cost_model, StageCostModel(layer_costs, mem, parallel, pairs)
+    return cost_model, StageCostModel(layer_costs, mem, parallel, pairs, host_sync)

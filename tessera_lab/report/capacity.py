@@ -53,7 +53,8 @@ Categories (GPU-seconds per iteration):
 ``runtime_overhead``
     Kernel launch and tail time (``kernel_launch_s`` of ``data/hardware/cost_model.json`` per compute task),
     the time a compute task waits on the host's eager kernel issue beyond its GPU time
-    (:mod:`tessera_lab.cost.host`), plus, for observed runs, the nominal observed time of each action beyond its predicted time
+    (:mod:`tessera_lab.cost.host`), the host/device synchronisation of each MoE layer's forward in schedules
+    without the EP overlap (:mod:`tessera_lab.cost.sync`), plus, for observed runs, the nominal observed time of each action beyond its predicted time
     (framework, Python, allocator), minus any time compute events overlap each other.
 ``non_model_work``
     Compute that is not model FLOPs: router, norms, element-wise ops, permute/unpermute, convolution,

@@ -69,7 +69,8 @@ DEFINITIONS = {
     "bubble": "rest of the idle time: pipeline fill/drain and schedule dependency waits",
     "routing_variance": "actions beyond their nominal (uniform-routing) time, plus idle beyond the nominal idle",
     "memory_wait": "compute-lane memory_wait events (none in simulation)",
-    "runtime_overhead": "kernel launch/tail per compute task; observed beyond predicted time for runs",
+    "runtime_overhead": ("kernel launch/tail per compute task, host/sync per MoE layer without EP overlap; observed "
+                         "beyond predicted time for runs"),
     "non_model_work": "router, norms, element-wise, permute, embedding, loss, recompute: not model FLOPs",
     "kernel_efficiency": "model-FLOP kernels below peak: their time minus their FLOPs at peak",
     "overlap_contention": "compute slowed down beside communication kernels (contention)",
@@ -267,13 +268,18 @@ class _RecipeBuilder:
 def evaluation_recipes(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, evaluation: Any,
                        *, builder: _RecipeBuilder | None = None) -> dict[tuple[int, str], ActionBreakdown]:
     """Recipes ``{(stage, action type): ActionBreakdown}`` of an evaluated plan
-    (:class:`tessera_lab.plan.make.Evaluation`), one per stage and F / B / I / W / OVERLAP_F_B."""
+    (:class:`tessera_lab.plan.make.Evaluation`), one per stage and F / B / I / W / OVERLAP_F_B; a stage's
+    host/sync seconds (``StagePlan.host_sync_s``, :mod:`tessera_lab.cost.sync`) go to the F recipe's
+    ``runtime_overhead``."""
     builder = builder or _RecipeBuilder(model, parallel, cluster)
     overlapped = any(st.overlap_s is not None for st in evaluation.stages)
     out = {}
     for st in evaluation.stages:
         for typ, bd in builder.stage(st.index, st.layers, overlapped).items():
             out[(st.index, typ)] = bd
+        sync = getattr(st, "host_sync_s", 0.0)
+        if sync:  # the host/sync term in the stage's forward (cost/sync.py): the host, not the GPU, sets that time
+            out[(st.index, "F")].add(ActionBreakdown({"runtime_overhead": sync}, {}, sync))
     return out
 
 
