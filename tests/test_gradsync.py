@@ -5,7 +5,6 @@ with a length that 3 does not divide, and its traffic against gathering whole gr
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
@@ -32,19 +31,9 @@ def _worker(rank: int, port: int, q) -> None:
 
 
 def test_ordered_reduce_scatter_is_the_replica_ordered_sum():
-    import multiprocessing as mp
+    from _procs import run_ranks
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, port, q)) for r in range(3)]
-    for p in procs:
-        p.start()
-    got = dict((r, (a, b, nb)) for r, a, b, nb in (q.get(timeout=120) for _ in procs))
-    for p in procs:
-        p.join(timeout=30)
+    got = dict((r, (a, b, nb)) for r, a, b, nb in run_ranks(_worker, 3))
     xs = _inputs(10, 3)
     expected = ((xs[0] + xs[1]) + xs[2]).tolist()  # the reference's order: replica 0, then 1, then 2
     for r in range(3):

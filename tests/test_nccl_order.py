@@ -12,7 +12,6 @@ deadlock-free under the rule for pp 2..8.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 import pytest
@@ -263,19 +262,9 @@ def _worker(rank: int, port: int, q) -> None:
 
 
 def test_nccl_order_transport_catches_the_former_order_that_gloo_tags_hid():
-    import multiprocessing as mp
+    from _procs import run_ranks
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    res = dict(q.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
+    res = dict(run_ranks(_worker, 2))
     for r in (0, 1):
         assert res[r]["lowered"] == "completed", res
         assert res[r]["legacy-gloo-tags"] == "completed", res  # gloo matches by tag: the bug stays hidden
