@@ -19,6 +19,11 @@ Expert parallelism over an EP group of ``P`` ranks holding ``E / P`` experts eac
   expert-major (for each local expert, the rows of peer 0, then peer 1, ...) and runs one GEMM per expert;
 * **combine**: the inverse reorder and the reverse ``all_to_all_single``.
 
+**Capacity dispatch** (``ep_dispatch="capacity"``, :class:`CapacityDispatch`): fixed per-destination blocks of
+``Cd`` rows and per-expert blocks of ``P * Ce`` rows (:func:`capacity_sizes`), indices built on the device, the
+counts sent as an asynchronous all-to-all beside the rows, equal splits: no host read anywhere on the dispatch
+path (the count exchange above is the ``uneven`` mode).
+
 Both all-to-alls are a custom autograd :class:`torch.autograd.Function` whose backward is the reverse
 all-to-all (splits swapped). Ranks that send or receive zero rows take part with empty tensors. Forward
 collectives run on ``group_fwd`` and backward ones on ``group_bwd`` (two process groups over the same ranks),
