@@ -246,3 +246,18 @@ def test_capacity_dispatch_with_dynamic_gaps_bitwise(tmp_path):
     for layer, counts in routing.items():
         assert counts == {k: ref.routing[int(layer)][k] for k in ("routed", "kept", "dropped")}, layer
     assert sum(sum(c["dropped"]) for c in routing.values()) > 0
+
+
+def test_auto_mode_by_device_and_padding():
+    from tessera_lab.runner.runtime.moe import dispatch_mode, padding_factor
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    # the tiny runner model: 32 tokens per group, E 4, top 2: padding E / k = 2 (computed)
+    assert padding_factor(32, 2, 4, None) == 2.0
+    assert dispatch_mode("auto", cpu, 32, 2, 4) == "uneven" and dispatch_mode("auto", cuda, 32, 2, 4) == "capacity"
+    # Qwen3-Next-80B (E 512, top 10), 4096 tokens: 512 / 10 = 51.2x without a factor -> uneven; cf 1.0 ->
+    # Ce = ceil(4096 * 10 / 512) = 80, 512 * 80 / 40960 = 1.0 -> capacity
+    assert padding_factor(4096, 10, 512, None) == pytest.approx(51.2)
+    assert dispatch_mode("auto", cuda, 4096, 10, 512) == "uneven"
+    assert padding_factor(4096, 10, 512, 1.0) == 1.0 and dispatch_mode("auto", cuda, 4096, 10, 512, 1.0) == "capacity"
+    assert dispatch_mode("capacity", cpu) == "capacity" and dispatch_mode("uneven", cuda) == "uneven"

@@ -407,9 +407,10 @@ class MoEBlock(nn.Module):
             })
         return plan
 
-    def capacity_mode(self, device: torch.device) -> bool:
-        """Whether this block dispatches with fixed capacities on ``device`` (``cfg.ep_dispatch``)."""
-        return dispatch_mode(self.ep_dispatch, device) == "capacity"
+    def capacity_mode(self, device: torch.device, n: int) -> bool:
+        """Whether this block dispatches ``n`` tokens with fixed capacities on ``device`` (``cfg.ep_dispatch``)."""
+        return dispatch_mode(self.ep_dispatch, device, n, self.top_k, self.num_experts,
+                             self.capacity_factor) == "capacity"
 
     def capacity(self, n: int, ep: int) -> tuple[int, int]:
         """``(Ce, Cd)`` of a capacity dispatch of ``n`` tokens over ``ep`` ranks
@@ -426,7 +427,7 @@ class MoEBlock(nn.Module):
     def forward(self, x: torch.Tensor, comm: ExpertParallelComm | None = None) -> torch.Tensor:
         """``x`` ``[n, H]`` (this rank's tokens) -> ``[n, H]``. ``comm=None``: all experts are local."""
         x_router, x_perm_in, x_shared, x_gate = self._inputs(x)
-        fixed = self.capacity_mode(x.device)
+        fixed = self.capacity_mode(x.device, x.shape[0])
         plan = self._route(x_router, fixed)
         xp = permute(x_perm_in, plan)
         if fixed:
@@ -461,7 +462,7 @@ class MoEBlock(nn.Module):
         ``moes[g]``'s router and mixed with its shared expert; routed experts (those of ``moes[0]``, all ``E``)
         run one GEMM each over the rows of all groups in group order, as an EP rank does (in capacity mode
         padded with zero rows to ``G * Ce``, as :class:`~tessera_lab.runner.runtime.moe.CapacityDispatch`)."""
-        fixed = moes[0].capacity_mode(xs[0].device)
+        fixed = moes[0].capacity_mode(xs[0].device, xs[0].shape[0])
         ins = [m._inputs(x) for m, x in zip(moes, xs)]
         plans = [m._route(i[0], fixed) for m, i in zip(moes, ins)]
         xps = [permute(i[1], p) for i, p in zip(ins, plans)]

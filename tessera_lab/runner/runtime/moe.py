@@ -61,6 +61,8 @@ __all__ = [
     "all_to_all",
     "DISPATCH_MODES",
     "dispatch_mode",
+    "padding_factor",
+    "AUTO_MAX_PADDING",
     "capacity_sizes",
     "send_index",
     "recv_index",
@@ -182,12 +184,29 @@ def unpermute(y_perm: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
 DISPATCH_MODES = ("auto", "uneven", "capacity")
 
 
-def dispatch_mode(mode: str, device: torch.device) -> str:
-    """``"uneven"`` or ``"capacity"`` for ``mode`` (``auto``: capacity on CUDA, where a host read of the counts
-    stalls the host behind the device queue; uneven on CPU, where there is no queue to wait for and padding only
-    adds compute)."""
+#: ``auto`` picks the capacity dispatch on CUDA only while its expert rows are at most this many times the routed
+#: rows (:func:`padding_factor`): a chosen bound on the memory and FLOPs padding may cost to save a host read
+AUTO_MAX_PADDING = 4.0
+
+
+def padding_factor(n: int, top_k: int, num_experts: int, capacity_factor: float | None) -> float:
+    """Expert rows a capacity dispatch processes per rank over the routed rows it receives on average:
+    ``E * Ce / (n * k)`` (each rank runs ``E/P`` experts of ``P * Ce`` rows and receives ``n * k`` routed rows
+    on average); ``E / k`` without a capacity factor, about ``cf`` with one."""
+    ce = capacity_for(n, top_k, num_experts, capacity_factor)
+    return num_experts * (n if ce is None else ce) / (n * top_k)
+
+
+def dispatch_mode(mode: str, device: torch.device, n: int = 1, top_k: int = 1, num_experts: int = 1,
+                  capacity_factor: float | None = None) -> str:
+    """``"uneven"`` or ``"capacity"`` for ``mode``. ``auto``: capacity on CUDA, where a host read of the counts
+    stalls the host behind the device queue, while :func:`padding_factor` of ``n`` tokens is at most
+    :data:`AUTO_MAX_PADDING`; uneven on CPU (no device queue to wait for; padding only adds compute) and where
+    padding would cost more (e.g. 512 experts, top 10, no capacity factor: 51x)."""
     if mode == "auto":
-        return "capacity" if device.type == "cuda" else "uneven"
+        if device.type != "cuda":
+            return "uneven"
+        return "capacity" if padding_factor(n, top_k, num_experts, capacity_factor) <= AUTO_MAX_PADDING else "uneven"
     return mode
 
 

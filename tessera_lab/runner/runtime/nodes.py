@@ -211,7 +211,7 @@ class StageProgram:
                 h_mid = layer.mix(h)
                 x = layer.post_norm(h_mid).reshape(-1, h_mid.shape[-1])
                 x_router, x_perm, x_shared, x_gate = moe._inputs(x)
-                fixed = moe.capacity_mode(x.device)
+                fixed = moe.capacity_mode(x.device, x.shape[0])
                 st.plan = moe._route(x_router, fixed)
                 xp = permute(x_perm, st.plan)
                 if fixed:  # capacity dispatch: rows packed per destination here, indices built on the device

@@ -78,7 +78,8 @@ class TinyConfig:
         ep_dispatch: how EP dispatch sizes its all-to-alls (:mod:`tessera_lab.runner.runtime.moe`):
             ``"uneven"`` (exact splits from a count exchange read on the host), ``"capacity"`` (fixed
             per-destination capacity, indices built on the device, counts sent with the data: no host read) or
-            ``"auto"`` (capacity on CUDA, uneven on CPU). The single-process reference pads its expert GEMMs as a
+            ``"auto"`` (capacity on CUDA while padding costs at most 4x the routed expert rows, else uneven;
+            uneven on CPU). The single-process reference pads its expert GEMMs as a
             capacity dispatch does, so both modes stay bitwise comparable.
         router_bias: optional fixed logit offsets (not trained): ``[E]`` for every layer or ``[layers][E]``
             per layer (``run --routing``), e.g. to force skewed routing or leave an EP rank without tokens.
