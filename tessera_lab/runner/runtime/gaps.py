@@ -392,8 +392,8 @@ class GapFiller:
         """Turn this step's CUDA-event waits into seconds (one synchronize per step, at its end)."""
         if not self._device_waits:
             return
-        self._device_waits[-1][3].synchronize()
         for slot, e0, e1, e2 in self._device_waits:
+            e2.synchronize()  # each: a pair's waits may sit on another stream than the last one
             self.waits[slot] = self.waits.get(slot, 0.0) + e0.elapsed_time(e2) / 1e3
             self.idle[slot] = self.idle.get(slot, 0.0) + e1.elapsed_time(e2) / 1e3
         self._device_waits = []
