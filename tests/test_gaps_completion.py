@@ -98,3 +98,51 @@ def test_real_handles_answer_the_query():
     from tessera_lab.runner.runtime.transport import _Handle
 
     assert hasattr(_Handle, "is_completed") and hasattr(dist.Work, "is_completed")
+
+
+def test_cuda_waits_come_from_events_read_at_the_step_end(monkeypatch):
+    """On a GPU the filler times a wait with CUDA events (fake here: each records a device clock that a W
+    advances by 0.125 s and the stream wait by 0.05 s), read only in ``end_step``: wait = 2 x 0.125 + 0.05 =
+    0.3 s from its start, idle = 0.05 s after the fill (hand-computed)."""
+    import torch
+
+    now = [0.0]
+    synced = []
+
+    class Ev:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self, stream=None):
+            self.t = now[0]
+
+        def synchronize(self):
+            synced.append(self)
+
+        def elapsed_time(self, end):
+            assert self in synced or end in synced  # read only after a synchronize
+            return (end.t - self.t) * 1e3
+
+    monkeypatch.setattr(torch.cuda, "Event", Ev)
+    filler, log = _filler(1.0)
+    filler.cuda = True
+    orig_run = filler.run_w
+
+    def run_w(a, how):
+        orig_run(a, how)
+        now[0] += 0.125
+
+    filler.run_w = run_w
+
+    class DevWork(FakeWork):
+        def wait(self):
+            now[0] += 0.05
+            return super().wait()
+
+    try:
+        filler.wait(DevWork(2, log))
+        assert filler.waits == {} and not synced  # nothing read during the step
+        rec = filler.end_step()
+        assert rec["observed"]["7"] == pytest.approx(0.3) and rec["idle"]["7"] == pytest.approx(0.05)
+    finally:
+        WEIGHT_GRAD_STORE.clear()
