@@ -124,7 +124,8 @@ class PipelineExecutor:
         if w_cap is not None:
             from .gaps import GapFiller
 
-            self.gaps = GapFiller(self.actions, w_cap, self._run_w, self.clock.host, fill=fill, comm=self._comm)
+            self.gaps = GapFiller(self.actions, w_cap, self._run_w, self.clock.host, fill=fill, comm=self._comm,
+                                  cuda=topo.device.type == "cuda")
 
     def close(self) -> None:
         self._side.shutdown(wait=True)

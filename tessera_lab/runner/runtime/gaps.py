@@ -5,7 +5,10 @@ deferred weight-gradient pass (W) in the gap.
 The job's list is split with W deferred to the end of the rank's list (``split_backward(schedule, None)``). At the
 start of a receive wait the filler offers the controller the ready W (their I has run) in the rank's list order;
 the controller runs the longest prefix whose W seconds fit the wait predicted for this slot
-(:func:`~tessera_lab.dynamic.controller.pick_in_wait` rule, ``last-step`` predictor, margin 0.5). Before a
+(:func:`~tessera_lab.dynamic.controller.pick_in_wait` rule, ``last-step`` predictor, margin 0.5), and a completion
+query of the awaited transfer before each W (``work.is_completed()``: c10d's query of its CUDA event on NCCL, no
+wait) ends the fill once the input has arrived: nothing in the fill blocks, and the one ``work.wait()`` after it is,
+on NCCL, a stream wait. Waits are measured with host clocks on CPU and CUDA events on a GPU. Before a
 forward, pending W run while the rank holds ``cap`` or more deferred micro-batches (the memory cap). A W already
 run is skipped at its static place. W of one stage therefore always run in micro-batch order, so gradients
 accumulate in the same order as the static run and losses and gradients stay bitwise equal on CPU.
@@ -13,9 +16,10 @@ accumulate in the same order as the static run and losses and gradients stay bit
 One controller per EP group, no extra collective: each rank sends its observed waits (per slot) and W seconds (per
 stage) of the previous step, in integer microseconds, with the first count exchange of a step
 (``ExpertParallelComm.piggyback``, the :func:`~tessera_lab.dynamic.controller.pack_waits` idea), and feeds the
-group maximum to its controller at the end of that step. Decisions use only those group numbers, the list order
-and readiness (the same on every rank of the group), never a local clock, so every rank of a group decides
-identically. No oracle: predictions lag two steps (step t uses the group's waits of step t - 2); steps 0 and 1
+group maximum to its controller at the end of that step. The plan (which W, how many seconds fit) uses only those
+group numbers, the list order and readiness (the same on every rank of the group), never a local clock; the
+completion query can end a rank's fill earlier than a peer's, which moves only where its W run (W of one stage
+stay in micro-batch order, so results do not change). No oracle: predictions lag two steps (step t uses the group's waits of step t - 2); steps 0 and 1
 have no history and run the static placement (plus the cap). Without EP (ep = 1) a rank is its own group and the
 lag is one step.
 
@@ -177,11 +181,15 @@ class GapFiller:
         fill: False only observes the waits (the static run's record: same fields, no W moved).
         comm: the rank's :class:`~tessera_lab.runner.runtime.moe.ExpertParallelComm` (its count exchange carries the
             group's waits); None: no EP group, the rank's own observations (lag one step).
+        cuda: the rank runs on a GPU: waits are measured with CUDA events on the compute stream (host clocks do
+            not time a GPU), read once at the end of the step.
     """
 
     def __init__(self, actions: list[Action], cap: int, run_w: Callable[[Action, str], None],
-                 clock: Callable[[], float], fill: bool = True, comm=None):
+                 clock: Callable[[], float], fill: bool = True, comm=None, cuda: bool = False):
         self.fill = fill
+        self.cuda = cuda
+        self._device_waits: list[tuple] = []
         self.comm = comm
         if comm is not None:
             comm.piggyback = self._piggyback
@@ -221,6 +229,7 @@ class GapFiller:
         self.filled: list[str] = []
         self._sent, self._incoming = False, None
         self._node_n = 0
+        self._device_waits = []
         if self.buckets is not None:
             self.buckets.begin_step()
 
@@ -241,7 +250,8 @@ class GapFiller:
 
     def end_step(self) -> dict:
         """Feed the observed waits to the controller; returns this step's record (predicted and observed wait per
-        slot, host idle per slot, decisions)."""
+        slot, idle per slot, decisions)."""
+        self._resolve_device_waits()
         rec = {"predicted": {str(k): v for k, v in self.ctl.predicted.items() if k in self.waits or v > 0},
                "observed": {str(k): v for k, v in self.waits.items()},
                "idle": {str(k): v for k, v in self.idle.items()},
@@ -323,10 +333,25 @@ class GapFiller:
         """Wait for receive ``work``, running W in the gap when the controller says they fit."""
         self._fill_wait(work, self.slot, None, str(self.slot))
 
+    @staticmethod
+    def completed(work) -> bool:
+        """Completion query, never a wait: ``work.is_completed()`` (c10d ``Work``: on NCCL a query of its CUDA
+        event; the NCCL-order transport's handle likewise); a handle without it counts as not completed (the
+        prediction alone bounds the fill)."""
+        query = getattr(work, "is_completed", None)
+        return bool(query()) if query is not None else False
+
     def _fill_wait(self, work, slot: int, complete: frozenset | None, tag: str) -> None:
+        """Fill the wait for ``work``: before each W, a completion query (:meth:`completed`) ends the fill as soon
+        as the input is there (no gap left); the controller bounds the W seconds by the group's predicted wait.
+        Nothing in the loop blocks; ``work.wait()`` comes once, after it (on NCCL a stream wait, not a host
+        wait). Measured: the wait from its start to the input's arrival (``waits``) and the time blocked in
+        ``wait()`` (``idle``): host seconds on CPU, CUDA events on a GPU (the compute stream's view, read at
+        the step's end, :meth:`end_step`)."""
         t0 = self.clock()
+        ev0 = self._event()
         used = 0.0  # planned W seconds so far in this wait (not a local clock: the group decides alike)
-        while self.fill:
+        while self.fill and not self.completed(work):
             nxt = self._oldest_ready(complete)
             if nxt is None:
                 break
@@ -343,8 +368,32 @@ class GapFiller:
         if (complete is None and self.fill and self.buckets is not None
                 and self.ctl.predicted.get(slot, 0.0) > 0):
             self.buckets.fill(slot, self.done)
+        ev1 = self._event()
         tb = time.perf_counter()
         work.wait()
         blocked = time.perf_counter() - tb
+        if ev0 is not None:  # on a GPU: device times, resolved at the end of the step
+            self._device_waits.append((slot, ev0, ev1, self._event()))
+            return
         self.waits[slot] = self.waits.get(slot, 0.0) + (self.clock() - t0)
         self.idle[slot] = self.idle.get(slot, 0.0) + blocked
+
+    def _event(self):
+        """A CUDA event recorded on the current stream (None on CPU)."""
+        if not self.cuda:
+            return None
+        import torch
+
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _resolve_device_waits(self) -> None:
+        """Turn this step's CUDA-event waits into seconds (one synchronize per step, at its end)."""
+        if not self._device_waits:
+            return
+        for slot, e0, e1, e2 in self._device_waits:
+            e2.synchronize()  # each: a pair's waits may sit on another stream than the last one
+            self.waits[slot] = self.waits.get(slot, 0.0) + e0.elapsed_time(e2) / 1e3
+            self.idle[slot] = self.idle.get(slot, 0.0) + e1.elapsed_time(e2) / 1e3
+        self._device_waits = []

@@ -52,7 +52,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .specs import TinyConfig  # the config is torch-free so that the spawner can validate it
-from .moe import ExpertParallelComm, group_exchange, permute, route, unpermute
+from .moe import (CapacityDispatch, ExpertParallelComm, capacity_sizes, dispatch_mode, group_exchange,
+                  group_exchange_capacity, permute, route, unpermute)
 
 __all__ = [
     "TinyConfig",
@@ -70,6 +71,7 @@ __all__ = [
     "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
     "is_expert_param",
+    "read_route_log",
 ]
 
 
@@ -358,7 +360,14 @@ class MoEBlock(nn.Module):
     ``experts`` is a :class:`torch.nn.ModuleDict` keyed by the global expert id, so parameter names
     (``layers.3.moe.experts.5.down.weight``) are the same on every rank and in the reference.
     Set ``route_log`` to a list to record per-call routing counts (dicts with ``layer``, ``tokens``,
-    ``capacity``, ``routed``, ``kept``, ``dropped``: lists of ``E`` ints for this routing group).
+    ``capacity``, ``routed``, ``kept``, ``dropped``: lists of ``E`` ints for this routing group). The counts stay
+    on the device until :func:`read_route_log` reads the whole log at once (once per step: no host sync per
+    layer).
+
+    Dispatch (``cfg.ep_dispatch``, resolved per call by :func:`~tessera_lab.runner.runtime.moe.dispatch_mode`):
+    ``uneven`` sizes each expert's GEMM by the routed rows (host-read counts); ``capacity`` gives every local
+    expert a block of ``P * Ce`` rows (its rows, peer-major, then zeros) with device-built indices
+    (:class:`~tessera_lab.runner.runtime.moe.CapacityDispatch`), with or without an EP group.
     """
 
     def __init__(self, cfg: TinyConfig, layer_index: int):
@@ -366,6 +375,7 @@ class MoEBlock(nn.Module):
         self.layer_index = layer_index
         self.num_experts, self.top_k = cfg.num_experts, cfg.top_k
         self.capacity_factor = cfg.capacity_factor
+        self.ep_dispatch = cfg.ep_dispatch
         self.router = DeferrableLinear(cfg.hidden_size, cfg.num_experts)
         self.experts = nn.ModuleDict({str(e): Expert(cfg.hidden_size, cfg.expert_width) for e in range(cfg.num_experts)})
         self.shared = Expert(cfg.hidden_size, cfg.shared_expert_width) if cfg.shared_expert_width else None
@@ -385,18 +395,27 @@ class MoEBlock(nn.Module):
                 del self.experts[name]
 
     # -- pieces ---------------------------------------------------------------------------------
-    def _route(self, x: torch.Tensor):
+    def _route(self, x: torch.Tensor, fixed: bool = False):
         logits = self.router(x)
         if self.router_bias is not None:
             logits = logits + self.router_bias
-        plan = route(logits, self.top_k, self.capacity_factor)
-        if self.route_log is not None:
+        plan = route(logits, self.top_k, self.capacity_factor, fixed=fixed)
+        if self.route_log is not None:  # counts stay on the device: read_route_log reads the log once
             self.route_log.append({
                 "layer": self.layer_index, "tokens": plan.num_tokens, "capacity": plan.capacity,
-                "routed": plan.routed_counts.tolist(), "kept": plan.send_counts.tolist(),
-                "dropped": plan.dropped_counts.tolist(),
+                "_counts": torch.stack([plan.routed_counts, plan.send_counts, plan.dropped_counts]).detach(),
             })
         return plan
+
+    def capacity_mode(self, device: torch.device, n: int) -> bool:
+        """Whether this block dispatches ``n`` tokens with fixed capacities on ``device`` (``cfg.ep_dispatch``)."""
+        return dispatch_mode(self.ep_dispatch, device, n, self.top_k, self.num_experts,
+                             self.capacity_factor) == "capacity"
+
+    def capacity(self, n: int, ep: int) -> tuple[int, int]:
+        """``(Ce, Cd)`` of a capacity dispatch of ``n`` tokens over ``ep`` ranks
+        (:func:`~tessera_lab.runner.runtime.moe.capacity_sizes`)."""
+        return capacity_sizes(n, self.top_k, self.num_experts, ep, self.capacity_factor)
 
     def _shared(self, x: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
         return self.shared(x) * torch.sigmoid(self.shared_gate(x2))
@@ -408,9 +427,22 @@ class MoEBlock(nn.Module):
     def forward(self, x: torch.Tensor, comm: ExpertParallelComm | None = None) -> torch.Tensor:
         """``x`` ``[n, H]`` (this rank's tokens) -> ``[n, H]``. ``comm=None``: all experts are local."""
         x_router, x_perm_in, x_shared, x_gate = self._inputs(x)
-        plan = self._route(x_router)
+        fixed = self.capacity_mode(x.device, x.shape[0])
+        plan = self._route(x_router, fixed)
         xp = permute(x_perm_in, plan)
-        if comm is None:
+        if fixed:
+            P = 1 if comm is None else comm.ep_size
+            ce, cd = self.capacity(plan.num_tokens, P)
+            if comm is None:  # one "rank": the same fixed blocks, no exchange
+                cap = CapacityDispatch(1, self.num_experts, ce, cd)
+                xs = cap.expert_inputs(cap.send(xp, plan.send_counts), plan.send_counts)
+                ys = [self.experts[str(e)](xs[e]) for e in range(self.num_experts)]
+                yp = cap.receive(cap.expert_outputs(ys))
+            else:
+                xs, cap = comm.dispatch_capacity(xp, plan.send_counts, ce, cd)
+                ys = [self.experts[str(e)](xe) for e, xe in zip(comm.local_experts, xs)]
+                yp = comm.combine_capacity(ys, cap)
+        elif comm is None:
             counts = plan.send_counts.tolist()
             xs = xp.split(counts, dim=0)
             ys = [self.experts[str(e)](xs[e]) for e in range(self.num_experts)]
@@ -428,12 +460,18 @@ class MoEBlock(nn.Module):
     def forward_group(moes: Sequence["MoEBlock"], xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Single-process EP emulation: routing group ``g`` (tokens ``xs[g]`` ``[n_g, H]``) is routed by
         ``moes[g]``'s router and mixed with its shared expert; routed experts (those of ``moes[0]``, all ``E``)
-        run one GEMM each over the rows of all groups in group order, as an EP rank does."""
+        run one GEMM each over the rows of all groups in group order, as an EP rank does (in capacity mode
+        padded with zero rows to ``G * Ce``, as :class:`~tessera_lab.runner.runtime.moe.CapacityDispatch`)."""
+        fixed = moes[0].capacity_mode(xs[0].device, xs[0].shape[0])
         ins = [m._inputs(x) for m, x in zip(moes, xs)]
-        plans = [m._route(i[0]) for m, i in zip(moes, ins)]
+        plans = [m._route(i[0], fixed) for m, i in zip(moes, ins)]
         xps = [permute(i[1], p) for i, p in zip(ins, plans)]
         E = moes[0].num_experts
-        ex_in, split = group_exchange(xps, [p.send_counts for p in plans], E)
+        counts = [p.send_counts for p in plans]
+        if fixed:
+            ex_in, split = group_exchange_capacity(xps, counts, E, moes[0].capacity(plans[0].num_tokens, len(xs))[0])
+        else:
+            ex_in, split = group_exchange(xps, counts, E)
         experts = moes[0].experts
         ys = [experts[str(e)](ex_in[e]) for e in range(E)]
         outs = []
@@ -475,6 +513,17 @@ class DecoderLayer(nn.Module):
         xs = [l.post_norm(h).reshape(-1, h.shape[-1]) for l, h in zip(layers, hs)]
         ys = MoEBlock.forward_group([l.moe for l in layers], xs)
         return [h + y.view_as(h) for h, y in zip(hs, ys)]
+
+
+def read_route_log(log: list) -> list:
+    """Turn the device-held counts of ``log``'s new records into ``routed`` / ``kept`` / ``dropped`` lists of
+    ints, with one host read for all of them (one ``torch.stack(...).tolist()``); returns ``log``."""
+    pending = [r for r in log if "_counts" in r]
+    if pending:
+        values = torch.stack([r.pop("_counts") for r in pending]).tolist()
+        for r, (routed, kept, dropped) in zip(pending, values):
+            r["routed"], r["kept"], r["dropped"] = routed, kept, dropped
+    return log
 
 
 def is_expert_param(name: str) -> bool:

@@ -19,6 +19,11 @@ Expert parallelism over an EP group of ``P`` ranks holding ``E / P`` experts eac
   expert-major (for each local expert, the rows of peer 0, then peer 1, ...) and runs one GEMM per expert;
 * **combine**: the inverse reorder and the reverse ``all_to_all_single``.
 
+**Capacity dispatch** (``ep_dispatch="capacity"``, :class:`CapacityDispatch`): fixed per-destination blocks of
+``Cd`` rows and per-expert blocks of ``P * Ce`` rows (:func:`capacity_sizes`), indices built on the device, the
+counts sent as an asynchronous all-to-all beside the rows, equal splits: no host read anywhere on the dispatch
+path (the count exchange above is the ``uneven`` mode).
+
 Both all-to-alls are a custom autograd :class:`torch.autograd.Function` whose backward is the reverse
 all-to-all (splits swapped). Ranks that send or receive zero rows take part with empty tensors. Forward
 collectives run on ``group_fwd`` and backward ones on ``group_bwd`` (two process groups over the same ranks),
@@ -54,6 +59,15 @@ __all__ = [
     "ExpertParallelComm",
     "group_exchange",
     "all_to_all",
+    "DISPATCH_MODES",
+    "dispatch_mode",
+    "padding_factor",
+    "AUTO_MAX_PADDING",
+    "capacity_sizes",
+    "send_index",
+    "recv_index",
+    "CapacityDispatch",
+    "group_exchange_capacity",
 ]
 
 
@@ -110,8 +124,15 @@ class RoutingPlan:
         return int(self.topk_idx.shape[1])
 
 
-def route(logits: torch.Tensor, top_k: int, capacity_factor: float | None = None) -> RoutingPlan:
+def route(logits: torch.Tensor, top_k: int, capacity_factor: float | None = None, *,
+          fixed: bool = False) -> RoutingPlan:
     """Route ``n`` tokens given router logits ``[n, E]`` (see the module docstring for the rules).
+
+    Every step is a device op (no ``nonzero``, ``bincount`` or host read: counts are sums of comparisons), so
+    routing itself never waits for the device. ``fixed=True`` keeps ``order`` at its full length ``n * k``
+    (kept assignments expert-sorted first, then the dropped ones): the shape is known without reading a count
+    (capacity dispatch, :class:`CapacityDispatch`). ``fixed=False`` cuts ``order`` to the ``A`` kept
+    assignments, which with a capacity factor reads ``A`` on the host (the uneven path's sizes are host values).
 
     Raises:
         ConfigError: ``top_k`` outside ``1..E``.
@@ -123,18 +144,20 @@ def route(logits: torch.Tensor, top_k: int, capacity_factor: float | None = None
     w, idx = torch.topk(probs, top_k, dim=-1)
     w = w / w.sum(dim=-1, keepdim=True)
     flat = idx.reshape(-1)
-    routed = torch.bincount(flat, minlength=E)
+    onehot = (flat.unsqueeze(1) == torch.arange(E, device=flat.device).unsqueeze(0)).to(torch.int64)  # [n*k, E]
+    routed = onehot.sum(dim=0)
     cap = capacity_for(n, top_k, E, capacity_factor)
     if cap is None:
         keep_flat = torch.ones_like(flat, dtype=torch.bool)
+        send = routed
     else:
-        onehot = F.one_hot(flat, E)
         pos = (torch.cumsum(onehot, dim=0) * onehot).sum(dim=1) - 1  # arrival position inside its expert
         keep_flat = pos < cap
-    kept_idx = torch.nonzero(keep_flat, as_tuple=False).reshape(-1)
-    sort = torch.sort(flat[kept_idx], stable=True).indices
-    order = kept_idx[sort]
-    send = torch.bincount(flat[kept_idx], minlength=E)
+        send = (onehot * keep_flat.unsqueeze(1)).sum(dim=0)
+    # stable sort by expert, dropped assignments (key E) last: kept ones in (expert, token, slot) order
+    order = torch.sort(torch.where(keep_flat, flat, torch.full_like(flat, E)), stable=True).indices
+    if not fixed and cap is not None:
+        order = order[:int(send.sum())]  # host read: the uneven path sizes its tensors on the host anyway
     return RoutingPlan(idx, w, keep_flat.view(n, top_k), order, send, routed, routed - send, cap)
 
 
@@ -152,6 +175,151 @@ def unpermute(y_perm: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
     H = y_perm.shape[-1]
     slots = y_perm.new_zeros(n * k, H).index_copy(0, plan.order, y_perm)
     return (slots.view(n, k, H) * plan.topk_weight.to(y_perm.dtype).unsqueeze(-1)).sum(dim=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# capacity-bounded dispatch: fixed shapes, indices built on the device, no host read
+# ----------------------------------------------------------------------------------------------
+
+DISPATCH_MODES = ("auto", "uneven", "capacity")
+
+
+#: ``auto`` picks the capacity dispatch on CUDA only while its expert rows are at most this many times the routed
+#: rows (:func:`padding_factor`): a chosen bound on the memory and FLOPs padding may cost to save a host read
+AUTO_MAX_PADDING = 4.0
+
+
+def padding_factor(n: int, top_k: int, num_experts: int, capacity_factor: float | None) -> float:
+    """Expert rows a capacity dispatch processes per rank over the routed rows it receives on average:
+    ``E * Ce / (n * k)`` (each rank runs ``E/P`` experts of ``P * Ce`` rows and receives ``n * k`` routed rows
+    on average); ``E / k`` without a capacity factor, about ``cf`` with one."""
+    ce = capacity_for(n, top_k, num_experts, capacity_factor)
+    return num_experts * (n if ce is None else ce) / (n * top_k)
+
+
+def dispatch_mode(mode: str, device: torch.device, n: int = 1, top_k: int = 1, num_experts: int = 1,
+                  capacity_factor: float | None = None) -> str:
+    """``"uneven"`` or ``"capacity"`` for ``mode``. ``auto``: capacity on CUDA, where a host read of the counts
+    stalls the host behind the device queue, while :func:`padding_factor` of ``n`` tokens is at most
+    :data:`AUTO_MAX_PADDING`; uneven on CPU (no device queue to wait for; padding only adds compute) and where
+    padding would cost more (e.g. 512 experts, top 10, no capacity factor: 51x)."""
+    if mode == "auto":
+        if device.type != "cuda":
+            return "uneven"
+        return "capacity" if padding_factor(n, top_k, num_experts, capacity_factor) <= AUTO_MAX_PADDING else "uneven"
+    return mode
+
+
+def capacity_sizes(n: int, top_k: int, num_experts: int, ep: int, capacity_factor: float | None) -> tuple[int, int]:
+    """``(Ce, Cd)``: rows one routing group of ``n`` tokens may send to one expert, and to one EP rank.
+
+    ``Ce = capacity_for(n, k, E, cf)`` (the model's per-expert capacity, ``ceil(cf * n * k / E)`` capped at n,
+    as Megatron-Core's and DeepSpeed's capacity factor), or ``n`` without a factor (a token picks an expert at
+    most once). ``Cd = min(n * min(k, E/P), E/P * Ce)``: a token reaches at most ``min(k, E/P)`` experts of one
+    rank, and each of them keeps at most ``Ce``. Every kept assignment therefore fits: a capacity dispatch drops
+    nothing beyond the model's own capacity rule (the no-drop bound when ``cf`` is None)."""
+    el = num_experts // ep
+    ce = capacity_for(n, top_k, num_experts, capacity_factor)
+    ce = n if ce is None else ce
+    return ce, min(n * min(top_k, el), el * ce)
+
+
+def _pad_select(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``cat([x, one zero row]).index_select(0, index)``: index ``len(x)`` reads zeros (padding)."""
+    return torch.cat([x, x.new_zeros((1,) + tuple(x.shape[1:]))], 0).index_select(0, index)
+
+
+def send_index(send_counts: torch.Tensor, P: int, El: int, cd: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sender side of a capacity dispatch, built on the device.
+
+    Args:
+        send_counts: ``[E]`` int64 kept assignments per expert (the rows of ``x_perm`` in expert order).
+        rows: ``n * k`` rows of ``x_perm`` (kept first, expert-sorted, then dropped ones).
+
+    Returns:
+        ``gather`` ``[P * cd]``: row of ``x_perm`` for slot ``j`` of destination ``d`` (``d * cd + j``), ``rows``
+        (the zero row) past that destination's count; ``back`` ``[rows]``: slot of each row of ``x_perm`` in the
+        returned ``[P * cd]`` buffer, ``P * cd`` (the zero row) for dropped rows.
+    """
+    dev = send_counts.device
+    per_dest = send_counts.reshape(P, El).sum(1)
+    end = torch.cumsum(per_dest, 0)
+    start = end - per_dest
+    j = torch.arange(cd, device=dev)
+    gather = torch.where(j.unsqueeze(0) < per_dest.unsqueeze(1), start.unsqueeze(1) + j.unsqueeze(0),
+                         torch.full((P, cd), rows, device=dev, dtype=torch.int64)).reshape(-1)
+    a = torch.arange(rows, device=dev)
+    d = torch.searchsorted(end, a, right=True)  # destination of row a; P for rows past the kept ones
+    dc = d.clamp(max=P - 1)
+    back = torch.where(d < P, dc * cd + a - start[dc], torch.full_like(a, P * cd))
+    return gather, back
+
+
+def recv_index(recv_counts: torch.Tensor, P: int, El: int, cd: int, ce: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Receiver side of a capacity dispatch, built on the device.
+
+    Args:
+        recv_counts: ``[P, El]`` int64 rows received from peer ``q`` for local expert ``e`` (peer ``q``'s block
+            of ``cd`` rows holds them expert-sorted, then padding).
+
+    Returns:
+        ``gather`` ``[El * P * ce]``: for expert ``e``'s block of ``P * ce`` rows, the received row of each slot
+        (peer-major: the rows of peer 0, then peer 1, ..., then padding ``P * cd``: the zero row), the order an
+        uneven dispatch builds; ``back`` ``[P * cd]``: slot in the experts' output ``[El * P * ce]`` of each
+        received row, ``El * P * ce`` (the zero row) for padding.
+    """
+    dev = recv_counts.device
+    rc = recv_counts.reshape(P, El)
+    cum_e = torch.cumsum(rc, 1)
+    start_e = cum_e - rc  # first row of (peer, expert) inside the peer's block
+    pc = torch.cumsum(rc, 0)
+    poff = pc - rc  # first slot of (peer, expert) inside the expert's block
+    s = torch.arange(P * ce, device=dev)
+    q = torch.searchsorted(pc.t().contiguous(), s.expand(El, P * ce).contiguous(), right=True)  # [El, P*ce]
+    qc = q.clamp(max=P - 1)
+    e_idx = torch.arange(El, device=dev).unsqueeze(1).expand(El, P * ce)
+    src = qc * cd + start_e[qc, e_idx] + s.unsqueeze(0) - poff[qc, e_idx]
+    gather = torch.where(q < P, src, torch.full_like(src, P * cd)).reshape(-1)
+    t = torch.arange(cd, device=dev)
+    e = torch.searchsorted(cum_e, t.expand(P, cd).contiguous(), right=True)  # [P, cd]
+    ec = e.clamp(max=El - 1)
+    qq = torch.arange(P, device=dev).unsqueeze(1).expand(P, cd)
+    slot = ec * (P * ce) + poff[qq, ec] + t.unsqueeze(0) - start_e[qq, ec]
+    back = torch.where(e < El, slot, torch.full_like(slot, El * P * ce)).reshape(-1)
+    return gather, back
+
+
+class CapacityDispatch:
+    """One capacity-bounded dispatch and its combine (``P`` ranks, ``El`` experts each, capacities
+    :func:`capacity_sizes`): every shape is fixed by the config, every index is built on the device, so nothing
+    is read on the host and the all-to-alls have equal splits known in advance.
+
+    Flow: :meth:`send` (``x_perm [n*k, H]`` -> ``[P*cd, H]`` rows per destination, zero-padded) ->
+    all-to-all of that buffer and of ``send_counts`` ``[E]`` (the counts travel with the data) ->
+    :meth:`expert_inputs` (``[P*cd, H]`` + counts ``[P*El]`` -> one ``[P*ce, H]`` block per local expert:
+    the rows of peer 0, 1, ..., then zero padding) -> experts -> :meth:`expert_outputs` (-> ``[P*cd, H]``) ->
+    the reverse all-to-all -> :meth:`receive` (-> ``[n*k, H]``, zero rows for dropped assignments).
+    Padding rows are zeros; an expert maps zeros to zeros (no biases) and padding outputs are never read back,
+    so their gradients are zero. Costs: ``P*cd*H`` per buffer and ``El*P*ce`` expert rows instead of the
+    routed ones (:func:`capacity_sizes`)."""
+
+    def __init__(self, P: int, El: int, ce: int, cd: int):
+        self.P, self.El, self.ce, self.cd = P, El, ce, cd
+        self._back_send = self._back_recv = None
+
+    def send(self, x_perm: torch.Tensor, send_counts: torch.Tensor) -> torch.Tensor:
+        gather, self._back_send = send_index(send_counts, self.P, self.El, self.cd, x_perm.shape[0])
+        return _pad_select(x_perm, gather)
+
+    def expert_inputs(self, recv: torch.Tensor, recv_counts: torch.Tensor) -> list[torch.Tensor]:
+        gather, self._back_recv = recv_index(recv_counts, self.P, self.El, self.cd, self.ce)
+        return list(_pad_select(recv, gather).split(self.P * self.ce, dim=0))
+
+    def expert_outputs(self, ys: Sequence[torch.Tensor]) -> torch.Tensor:
+        return _pad_select(torch.cat(list(ys), dim=0), self._back_recv)
+
+    def receive(self, ret: torch.Tensor) -> torch.Tensor:
+        return _pad_select(ret, self._back_send)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,6 +438,40 @@ class ExpertParallelComm:
             self.on_piggyback(rows[:, El:].tolist())
         return rows[:, :El].tolist()
 
+    def send_counts_async(self, send_counts: torch.Tensor, async_op: bool = False, out: torch.Tensor | None = None):
+        """Counts that travel with a capacity dispatch: ``send_counts`` ``[E]`` -> ``(recv [P*E/P] int64 on the
+        device, work or None)``, no host read. A pending piggyback (``run --dynamic``, once per step) goes first
+        as its own small exchange, read on the host: the one host read of such a step."""
+        extra = self.piggyback() if self.piggyback is not None else None
+        if extra:
+            P, K = self.ep_size, len(extra)
+            msg = torch.tensor(extra, dtype=torch.int64, device=send_counts.device).repeat(P)
+            rows = torch.empty(P * K, dtype=torch.int64, device=send_counts.device)
+            dist.all_to_all_single(rows, msg, group=self.group_fwd)
+            if self.on_piggyback is not None:
+                self.on_piggyback(rows.view(P, K).tolist())
+        recv = torch.empty(send_counts.numel(), dtype=torch.int64, device=send_counts.device) if out is None else out
+        work = dist.all_to_all_single(recv, send_counts.to(torch.int64).contiguous(), group=self.group_fwd,
+                                      async_op=async_op)
+        return recv, work
+
+    def dispatch_capacity(self, x_perm: torch.Tensor, send_counts: torch.Tensor, ce: int, cd: int):
+        """Capacity dispatch (:class:`CapacityDispatch`): ``x_perm`` ``[n*k, H]`` -> one ``[P*ce, H]`` block per
+        local expert, and the handle for :meth:`combine_capacity`. No host read; equal splits ``cd``."""
+        P = self.ep_size
+        cap = CapacityDispatch(P, self.experts_per_rank, ce, cd)
+        buf = cap.send(x_perm, send_counts)
+        rc, _ = self.send_counts_async(send_counts)
+        recv = all_to_all(buf, [cd] * P, [cd] * P, self.group_fwd, self.group_bwd, self.hook, "ep_dispatch")
+        return cap.expert_inputs(recv, rc), cap
+
+    def combine_capacity(self, ys: Sequence[torch.Tensor], cap: CapacityDispatch) -> torch.Tensor:
+        """Inverse of :meth:`dispatch_capacity`: per-expert ``[P*ce, H]`` outputs -> ``[n*k, H]``."""
+        P, cd = self.ep_size, cap.cd
+        ret = all_to_all(cap.expert_outputs(ys), [cd] * P, [cd] * P, self.group_fwd, self.group_bwd, self.hook,
+                         "ep_combine")
+        return cap.receive(ret)
+
     def dispatch(self, x_perm: torch.Tensor, send_counts: torch.Tensor) -> tuple[list[torch.Tensor], _Dispatch]:
         """Send expert-sorted rows ``[A, H]`` to the experts' owners; returns one ``[M_e, H]`` per local expert."""
         P, El = self.ep_size, self.experts_per_rank
@@ -305,3 +507,24 @@ def group_exchange(x_perms: Sequence[torch.Tensor], send_counts: Sequence[torch.
         return [torch.cat([per[e][g] for e in range(num_experts)], dim=0) for g in range(G)]
 
     return xs, split
+
+
+def group_exchange_capacity(x_perms: Sequence[torch.Tensor], send_counts: Sequence[torch.Tensor], num_experts: int,
+                            ce: int):
+    """:func:`group_exchange` with the shapes of a capacity dispatch (single process, host counts): ``xs[e]`` is
+    ``[G * ce, H]``, the rows of group 0, 1, ... then zero rows; ``split(ys)`` gives each group ``[n_g * k, H]``
+    (its kept rows in expert order, then zero rows for dropped assignments). The expert GEMMs then have the
+    inputs and shapes an EP rank's :class:`CapacityDispatch` gives them."""
+    G = len(x_perms)
+    counts = [c.tolist() for c in send_counts]
+    kept = [x[:sum(c)] for x, c in zip(x_perms, counts)]
+    xs, split = group_exchange(kept, send_counts, num_experts)
+    H = x_perms[0].shape[-1]
+    padded = [torch.cat([x, x.new_zeros(G * ce - x.shape[0], H)], 0) for x in xs]
+
+    def split_pad(ys: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        used = [y[:x.shape[0]] for y, x in zip(ys, xs)]
+        outs = split(used)
+        return [torch.cat([o, o.new_zeros(xp.shape[0] - o.shape[0], H)], 0) for o, xp in zip(outs, x_perms)]
+
+    return padded, split_pad

@@ -12,8 +12,12 @@ Communication nodes are issued asynchronously (``async_op=True``: gloo runs them
 its internal stream, and ``work.wait()`` makes the current CUDA stream wait on an event, without blocking the
 host) and waited for by the compute node that consumes them. On CUDA they are issued from a communication
 stream that waits only for the event of their producer, so an all-to-all does not wait for compute issued
-after it (Megatron-Core's ``ScheduleNode`` does the same with its stream and event). The count exchange before a
-dispatch is a small blocking all-to-all: its result sizes the dispatch, a host sync per layer on a GPU. Forward collectives use the EP group ``group_fwd``, backward
+after it (Megatron-Core's ``ScheduleNode`` does the same with its stream and event). Dispatch sizes
+(``cfg.ep_dispatch``): in ``uneven`` mode a small blocking count exchange before each dispatch sizes it (a host
+read per layer); in ``capacity`` mode (:class:`~tessera_lab.runner.runtime.moe.CapacityDispatch`) ``pre`` packs the
+rows into fixed per-destination blocks with device-built indices, the dispatch node issues the counts and the rows
+as two asynchronous all-to-alls with equal splits, and ``experts`` builds its blocks from the received counts on the
+device: no host read on the dispatch path. Forward collectives use the EP group ``group_fwd``, backward
 ones ``group_bwd``, so a forward and a backward all-to-all can be in flight together. With ``ep == 1`` the
 communication nodes are no-ops.
 
@@ -30,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from .layers import TinyMoEModel, forward_key
-from .moe import expert_major, permute
+from .moe import CapacityDispatch, expert_major, permute
 
 __all__ = ["StageProgram", "node_names"]
 
@@ -59,7 +63,7 @@ def _unpermute(y_perm: torch.Tensor, plan, weight: torch.Tensor) -> torch.Tensor
 class _Layer:
     """Forward state of one layer between its nodes."""
 
-    __slots__ = ("h_in", "outs", "leaves", "plan", "splits", "recv", "y", "yp", "h_out")
+    __slots__ = ("h_in", "outs", "leaves", "plan", "splits", "recv", "y", "yp", "h_out", "cap")
 
     def __init__(self) -> None:
         for s in self.__slots__:
@@ -77,7 +81,8 @@ class StageProgram:
         targets, num_tokens, loss_sink: on the last stage, the ``[b, T]`` targets, the loss divisor ``N`` and
             a callable receiving the loss sum (float, nats).
         on_counts: ``on_counts(key, layer, recv_counts, send_counts)`` right after each dispatch's count
-            exchange (``recv_counts[peer][local expert]``, ``send_counts[expert]``): the routing metadata the
+            exchange of an uneven dispatch (``recv_counts[peer][local expert]``, ``send_counts[expert]``; a
+            capacity dispatch reads no counts on the host and calls no hook): the routing metadata the
             EP group's dynamic controller decides from (identical on every rank of the group).
 
     Use: :meth:`begin` with the stage input, :meth:`forward` for each key of :attr:`fwd_keys` in order (any
@@ -110,10 +115,21 @@ class StageProgram:
         self.comm_stream = None
 
     # -- helpers ----------------------------------------------------------------------------------
-    def _a2a(self, node: str, x: torch.Tensor, out_splits, in_splits, group) -> None:
+    def _a2a(self, node: str, x: torch.Tensor, out_splits, in_splits, group, counts: torch.Tensor | None = None) -> None:
+        """Issue all-to-all ``node`` asynchronously; with ``counts`` (a capacity dispatch) the ``[E]`` counts go
+        first, as their own asynchronous all-to-all (pending under ``node + ".counts"``)."""
         out = x.new_empty((int(sum(out_splits)),) + tuple(x.shape[1:]))
+        cout = torch.empty(counts.numel(), dtype=torch.int64, device=counts.device) if counts is not None else None
         x = x.contiguous()
         t = self.clock()
+        label = f"{node}[{self.key[0]},{self.mb}]"
+
+        def issue():
+            if counts is not None:
+                _, cwork = self.comm.send_counts_async(counts, async_op=True, out=cout)
+                self.pending[node + ".counts"] = (cwork, cout, t, None)
+            return dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=group, async_op=True)
+
         if self.comm_stream is not None and x.is_cuda:
             # a communication node: issued from the communication stream, which waits only for the event of
             # its producer (this compute stream, now), not for compute issued later; the consumer's
@@ -122,14 +138,16 @@ class StageProgram:
             produced.record()
             with torch.cuda.stream(self.comm_stream):
                 self.comm_stream.wait_event(produced)
-                work = dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=group,
-                                              async_op=True)
+                work = issue()
         else:
-            work = dist.all_to_all_single(out, x, list(out_splits), list(in_splits), group=group, async_op=True)
-        self.pending[node] = (work, out, t, f"{node}[{self.key[0]},{self.mb}]")
+            work = issue()
+        self.pending[node] = (work, out, t, label)
 
     def _wait(self, node: str) -> torch.Tensor:
         work, out, issued, label = self.pending.pop(node)
+        if label is None:  # the counts of a capacity dispatch: waited with its rows, not an event of its own
+            work.wait()
+            return out
         t = self.clock()
         if self.wait_hook is not None:
             self.wait_hook(work, node)
@@ -193,8 +211,13 @@ class StageProgram:
                 h_mid = layer.mix(h)
                 x = layer.post_norm(h_mid).reshape(-1, h_mid.shape[-1])
                 x_router, x_perm, x_shared, x_gate = moe._inputs(x)
-                st.plan = moe._route(x_router)
+                fixed = moe.capacity_mode(x.device, x.shape[0])
+                st.plan = moe._route(x_router, fixed)
                 xp = permute(x_perm, st.plan)
+                if fixed:  # capacity dispatch: rows packed per destination here, indices built on the device
+                    P = 1 if c is None else c.ep_size
+                    st.cap = CapacityDispatch(P, moe.num_experts // P, *moe.capacity(st.plan.num_tokens, P))
+                    xp = st.cap.send(xp, st.plan.send_counts)
                 st.outs = [h_mid, xp, x_shared, x_gate, st.plan.topk_weight]
                 st.leaves = [_leaf(o) for o in st.outs]
             return self._timed(name, run, "F")
@@ -204,6 +227,11 @@ class StageProgram:
                 st.recv = xp
                 return
             P, El = c.ep_size, c.experts_per_rank
+            if st.cap is not None:  # equal splits known in advance, counts sent with the rows: no host read
+                cd = [st.cap.cd] * P
+                st.splits = (cd, cd, None)
+                self._a2a(name, xp, cd, cd, c.group_fwd, counts=st.plan.send_counts)
+                return
             sc = st.plan.send_counts.tolist()
             in_splits = [sum(sc[q * El:(q + 1) * El]) for q in range(P)]
             t = self.clock()
@@ -216,6 +244,16 @@ class StageProgram:
             return
         if node == "experts":
             def run():
+                if st.cap is not None:
+                    if c is None:
+                        st.recv, counts = _leaf(st.recv), st.plan.send_counts
+                    else:
+                        st.recv = _leaf(self._wait(f"L{i}.dispatch"))
+                        counts = self._wait(f"L{i}.dispatch.counts")
+                    xs = st.cap.expert_inputs(st.recv, counts)
+                    ids = range(moe.num_experts) if c is None else c.local_experts
+                    st.y = st.cap.expert_outputs([moe.experts[str(e)](xe) for e, xe in zip(ids, xs)])
+                    return
                 if c is None:
                     st.recv = _leaf(st.recv)
                     xs = st.recv.split(st.plan.send_counts.tolist(), dim=0)
@@ -240,7 +278,7 @@ class StageProgram:
                     st.yp = self._wait(f"L{i}.combine")
                 st.yp = _leaf(st.yp)
                 h_mid, _, xs, xg, w = st.leaves
-                out = _unpermute(st.yp, st.plan, w)
+                out = _unpermute(st.yp if st.cap is None else st.cap.receive(st.yp), st.plan, w)
                 if moe.shared is not None:
                     out = out + moe._shared(xs, xg)
                 st.h_out = h_mid + out.view_as(h_mid)
@@ -316,7 +354,7 @@ class StageProgram:
                 grads = [x.grad if x is not None else None for x in st.leaves]
                 grads[1] = g_xp
                 self._autograd(st.outs, grads)
-                st.outs = st.leaves = st.plan = None
+                st.outs = st.leaves = st.plan = st.cap = None
                 if i == self.order[0]:
                     if self.stage.is_first:
                         self._g["h"] = st.h_in.grad

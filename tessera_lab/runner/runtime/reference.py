@@ -12,7 +12,7 @@ import torch
 
 from tessera_lab.errors import ConfigError
 
-from .layers import DecoderLayer, TinyMoEModel, is_expert_param
+from .layers import DecoderLayer, TinyMoEModel, is_expert_param, read_route_log
 from .specs import TinyConfig
 
 __all__ = ["make_batch", "shard_rows", "combine_losses", "make_optimizer", "deterministic", "reference_run",
@@ -200,7 +200,7 @@ def _reference(cfg, ep, dp, m, mbs, steps, lr, data_seed, matched, record) -> Re
                 for name, p in base.named_parameters():
                     for r in range(R):
                         rep_params[r][name].copy_(p)
-        _add_routing(routing, log)
+        _add_routing(routing, read_route_log(log))
         result.loss_sums.append(sums)
         result.losses.append(combine_losses(sums, N))
     result.routing = routing

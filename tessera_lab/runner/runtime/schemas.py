@@ -35,6 +35,7 @@ TINY_MODEL = F("dict", fields={
     "seq_len": F("int", low=1, limit="seq_len", required=False),
     "linear_chunk": F("int", low=1, high=MAX_CONFIG_INT, required=False),
     "capacity_factor": F("num", low=0.0, low_open=True, high=1e6, null=True, required=False),
+    "ep_dispatch": F("str", choices=("auto", "uneven", "capacity"), required=False),
     "router_bias": F("list", null=True, required=False, limit="experts", items=F("any")),
     "seed": F("int", low=-(2**63), high=2**63 - 1, required=False),
 })

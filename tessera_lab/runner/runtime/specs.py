@@ -75,6 +75,12 @@ class TinyConfig:
         seq_len: tokens per sequence T.
         linear_chunk: chunk length of the chunked delta rule.
         capacity_factor: per-expert capacity factor (None: no drops).
+        ep_dispatch: how EP dispatch sizes its all-to-alls (:mod:`tessera_lab.runner.runtime.moe`):
+            ``"uneven"`` (exact splits from a count exchange read on the host), ``"capacity"`` (fixed
+            per-destination capacity, indices built on the device, counts sent with the data: no host read) or
+            ``"auto"`` (capacity on CUDA while padding costs at most 4x the routed expert rows, else uneven;
+            uneven on CPU). The single-process reference pads its expert GEMMs as a
+            capacity dispatch does, so both modes stay bitwise comparable.
         router_bias: optional fixed logit offsets (not trained): ``[E]`` for every layer or ``[layers][E]``
             per layer (``run --routing``), e.g. to force skewed routing or leave an EP rank without tokens.
         seed: initialisation seed.
@@ -94,6 +100,7 @@ class TinyConfig:
     seq_len: int = 16
     linear_chunk: int = 8
     capacity_factor: float | None = None
+    ep_dispatch: str = "auto"
     router_bias: tuple[float, ...] | None = None
     seed: int = 0
 
@@ -113,9 +120,14 @@ class TinyConfig:
         if self.top_k > self.num_experts:
             raise ConfigError(
                 f"model field 'top_k' = {self.top_k} is out of range; allowed: 1..num_experts ({self.num_experts})")
-        if self.capacity_factor is not None and not self.capacity_factor > 0:
+        cf = self.capacity_factor
+        if cf is not None and (isinstance(cf, bool) or not isinstance(cf, (int, float)) or not math.isfinite(cf)
+                               or not cf > 0):
             raise ConfigError(
-                f"model field 'capacity_factor' = {self.capacity_factor} is out of range; allowed: > 0 or None")
+                f"model field 'capacity_factor' = {cf} is out of range; allowed: a finite number > 0, or None")
+        if self.ep_dispatch not in ("auto", "uneven", "capacity"):
+            raise ConfigError(f"model field 'ep_dispatch' = {self.ep_dispatch!r} is unknown; allowed: auto, uneven, "
+                              "capacity")
         if self.router_bias is not None:
             rb = self.router_bias
             per_layer = len(rb) > 0 and isinstance(rb[0], (list, tuple))
@@ -143,6 +155,8 @@ class TinyConfig:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        if d["ep_dispatch"] == "auto":  # the default is omitted: stored configs without the field read the same
+            del d["ep_dispatch"]
         if d["router_bias"] is not None:
             d["router_bias"] = _bias_lists(d["router_bias"])
         return d

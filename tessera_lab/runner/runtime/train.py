@@ -16,7 +16,7 @@ from tessera_lab.plan.partition import uniform_boundaries
 
 from .executor import PipelineExecutor
 from .gradsync import ordered_all_reduce
-from .layers import WEIGHT_GRAD_STORE, is_expert_param
+from .layers import WEIGHT_GRAD_STORE, is_expert_param, read_route_log
 from .moe import ExpertParallelComm
 from .reference import deterministic, make_batch, make_optimizer, shard_rows
 from .specs import RunSpec, WorldSpec
@@ -192,7 +192,7 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
             rec.events.append(("step", "grad_sync+optimizer", -1, None, t_sync - t0, t_end - t0, "sync+opt"))
             payload = {"rank": topo.rank, "pp_rank": topo.pp_rank, "replica": topo.replica, "t0": t0,
                        "host": socket.gethostname(),
-                       "loss_sums": rec.loss_sums, "events": rec.events, "routing": list(route_log),
+                       "loss_sums": rec.loss_sums, "events": rec.events, "routing": list(read_route_log(route_log)),  # one host read per step
                        "step_time": t_end - t0, "dynamic": rec.dynamic,
                        # CPU-seconds of this process (every thread: gloo's included) in the step's actions and
                        # in the gradient sync + optimizer; not inflated by waiting for a core
