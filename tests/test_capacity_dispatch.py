@@ -264,3 +264,22 @@ def test_auto_mode_by_device_and_padding():
     assert dispatch_mode("auto", cuda, 4096, 10, 512) == "uneven"
     assert padding_factor(4096, 10, 512, 1.0) == 1.0 and dispatch_mode("auto", cuda, 4096, 10, 512, 1.0) == "capacity"
     assert dispatch_mode("capacity", cpu) == "capacity" and dispatch_mode("uneven", cuda) == "uneven"
+
+
+def test_run_option_ep_dispatch_reaches_the_model():
+    """``run --ep-dispatch capacity`` sets the model field; an unknown mode is refused by argparse (exit 2)."""
+    import argparse
+
+    import pytest
+
+    from tessera_lab.runner.launch.launch import add_run_arguments, specs_from_args
+
+    p = argparse.ArgumentParser()
+    add_run_arguments(p)
+    _, job = specs_from_args(p.parse_args(["--pp", "2", "--ep", "2", "--ep-dispatch", "capacity"]))
+    assert job.model["ep_dispatch"] == "capacity"
+    _, job = specs_from_args(p.parse_args(["--pp", "2", "--ep", "2"]))
+    assert "ep_dispatch" not in job.model
+    with pytest.raises(SystemExit) as e:
+        p.parse_args(["--ep-dispatch", "fixed"])
+    assert e.value.code == 2

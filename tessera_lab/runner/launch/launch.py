@@ -83,6 +83,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention-ratio", type=int, default=None, help="linear-attention layers per full-attention layer")
     p.add_argument("--seq-len", type=positive_int("seq_len"), default=None)
     p.add_argument("--capacity-factor", type=float, default=None)
+    p.add_argument("--ep-dispatch", choices=["auto", "uneven", "capacity"], default=None,
+                   help="EP dispatch: uneven (count exchange, host-read splits) | capacity (fixed blocks, no host "
+                        "read; memory: docs/gpu.md) | auto (capacity on CUDA while padding <= 4x, else uneven)")
     p.add_argument("--seed", type=int, default=None, help="model init seed")
     p.add_argument("--defer-w", action="store_true", help="split backwards into I now and W later")
     p.add_argument("--routing", default=None, metavar="SPEC",
@@ -140,7 +143,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
     model = {k: v for k, v in {
         "num_layers": args.layers, "hidden_size": args.hidden, "num_experts": args.experts, "top_k": args.top_k,
         "expert_width": args.expert_width, "attention_ratio": args.attention_ratio, "seq_len": args.seq_len,
-        "capacity_factor": args.capacity_factor, "seed": args.seed}.items() if v is not None}
+        "capacity_factor": args.capacity_factor, "seed": args.seed,
+        "ep_dispatch": getattr(args, "ep_dispatch", None)}.items() if v is not None}
     boundaries = None
     if args.plan:
         plan = read_json(args.plan, "plan")
@@ -200,10 +204,10 @@ def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldS
                               f"plan as made (drop {flag}, or plan again with it)")
     model_opts = {"layers": "num_layers", "hidden": "hidden_size", "experts": "num_experts", "top_k": "top_k",
                   "expert_width": "expert_width", "attention_ratio": "attention_ratio", "seq_len": "seq_len",
-                  "capacity_factor": "capacity_factor", "seed": "seed"}
+                  "capacity_factor": "capacity_factor", "seed": "seed", "ep_dispatch": "ep_dispatch"}
     for opt, fieldname in model_opts.items():
         given = getattr(args, opt, None)
-        planned = plan["model_config"].get(fieldname)
+        planned = plan["model_config"].get(fieldname, "auto" if fieldname == "ep_dispatch" else None)
         if given is not None and given != planned:
             flag = "--" + opt.replace("_", "-")
             raise ConfigError(f"run: {flag} = {given} conflicts with the plan's model_config.{fieldname} = "
