@@ -44,6 +44,7 @@ from tessera_lab.model.spec import load_model
 from tessera_lab.errors import TesseraError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.plan.make import make_plan
+from tessera_lab.report.formatting import display_frame  # one format per column, by the unit its label states
 from tessera_lab.report.headline import mfu_note, mfu_text
 from tessera_lab.ui.plots import gantt, stage_cost_bars
 from tessera_lab.ui.widgets import bottleneck_bounds, plan_caption
@@ -88,7 +89,7 @@ if plan is not None:
     by_stage = pd.DataFrame(rows).pivot(index="stage", columns="partition",
                                         values=["n", "time/mb (ms)", "memory (GiB)"])
     by_stage["n"] = by_stage["n"].astype(int)  # layer counts are whole numbers (pivot stores them as floats)
-by_stage
+display_frame(by_stage) if by_stage is not None else None
 
 # %%
 summary = None
@@ -103,7 +104,7 @@ if plan is not None:  # simulated iteration, tokens/s, MFU and bubble of each pa
     if note := mfu_note(plan.chosen.mfu, moe=model.num_experts > 0, grouped_gemm=plan.parallel.grouped_gemm,
                         model=model):
         print(note)
-summary
+display_frame(summary) if summary is not None else None
 
 # %%
 if plan is not None:

@@ -651,7 +651,7 @@ def test_notebook_00_parameters_reach_the_panel_and_pp_shows_the_gpu_count(brows
     """GPU = "H100" and SEQ_LEN = 8192 in notebook 00's parameters cell: the panel's caption names them and its
     numbers are those of that plan (tokens/s per GPU as the library plans it here); pp 16 shows 512 GPUs; the model
     dropdown switches to Qwen3-30B-A3B and hides the attention-ratio knob (full attention only)."""
-    from tessera_lab.ui.panel import _number
+    from tessera_lab.report.formatting import label_unit, unit_formatter
     from tessera_lab.ui.widgets import replan, summary_table
 
     name = "nb00_parameters.ipynb"
@@ -663,7 +663,7 @@ def test_notebook_00_parameters_reach_the_panel_and_pp_shows_the_gpu_count(brows
         text = state["table"]
         assert "H100" in text and "sequence 8192" in text and "256 H100" in text and "pp 8 x ep 32" in text, text
         want = summary_table(replan("qwen3-next-80b-a3b", gpu="H100", pp=8, ep=32, microbatches=32, seq_len=8192))
-        per_gpu = _number(want.loc["overlap-aware (ilp)", "tokens/s per GPU"])
+        per_gpu = unit_formatter(label_unit("tokens/s per GPU"), [])(want.loc["overlap-aware (ilp)", "tokens/s per GPU"])
         assert per_gpu in text, (per_gpu, text)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         panel = d.find_elements("css selector", ".tessera-panel")[0]

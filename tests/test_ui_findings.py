@@ -168,3 +168,107 @@ def test_ablation_bars_are_the_quoted_scenarios_numbers(quoted, want):
     assert f"static steps: {quoted or 'c'}" in ax.get_title()
     assert f"{want[0]:+.1f}%" in [t.get_text() for t in ax.texts]
     plt.close(ax.figure)
+
+
+# ------------------------------------------------------------------ one format per column
+@pytest.mark.parametrize("label, unit", [
+    ("time/mb (ms)", "ms"), ("MFU (%)", "%"), ("static iteration (s), job of 2 EP groups", "s"),
+    ("tokens/s (M)", "M"), ("tokens/s per GPU", "tokens/s"), ("NVLink (us)", "us"), ("memory (GiB)", "GiB"),
+    ("bubble fraction", "share"), ("idle removed (share)", "share"), ("throughput gain", "share"),
+    ("IB / NVLink", "ratio"), ("overlap-aware speed-up", "ratio"), ("load imbalance (max / mean)", "ratio"),
+    ("tp=8, pp=4 on 4 node(s)", None), ("EP ranks", None), ("bytes per all-reduce", None)])
+def test_label_unit(label, unit):
+    from tessera_lab.report.formatting import label_unit
+
+    assert label_unit(label) == unit
+
+
+def test_display_frame_one_format_per_column_and_per_metric_row():
+    import pandas as pd
+
+    from tessera_lab.report.formatting import display_frame
+
+    cols = pd.DataFrame({"iteration (s)": [0.69794, 1.2], "MFU (%)": [13.4912, 9.8], "bubble fraction": [0.4541, 0.5],
+                         "slowest stage (ms)": [46.6213, 112.0], "tokens/s per GPU": [5869.4, 26892.4],
+                         "factor": [1.75, 0.875], "n": [5, 12], "fits memory": ["yes", "NO"]})
+    got = display_frame(cols)
+    assert list(got.iloc[0]) == ["0.698", "13.5", "45.4%", "46.62", "5,869", "1.750", "5", "yes"]
+    assert list(got.iloc[1]) == ["1.200", "9.8", "50.0%", "112.00", "26,892", "0.875", "12", "NO"]
+    # a table of metrics (no unit in the column labels): each row by its own label; -0.0001 s reads 0.000
+    rows = pd.DataFrame({"simulated": [33.0, 0.27272, 0.375, 2], "difference": [-1e-4, 0.0, 0.0, 0]},
+                        index=["makespan (s)", "bubble fraction (share of the makespan)",
+                               "bubble overhead (bubble / useful work)", "boundaries crossing nodes"])
+    got = display_frame(rows)
+    assert got.loc["makespan (s)"].tolist() == ["33.000", "0.000"]
+    assert got.loc["bubble fraction (share of the makespan)"].tolist() == ["27.3%", "0.0%"]
+    assert got.loc["bubble overhead (bubble / useful work)"].tolist() == ["0.375", "0.000"]
+    assert got.loc["boundaries crossing nodes"].tolist() == ["2", "0"]
+    # no unit and not whole: every cell the digits that give the column's largest value 4 significant figures
+    assert display_frame(pd.DataFrame({"x": [123.456, 0.5, float("nan")]}))["x"].tolist() == ["123.5", "0.5", "n/a"]
+
+
+def _cells_by_column(html: str) -> list[list[str]]:
+    import re
+
+    body = html.split("<tbody>")[1]
+    rows = [re.findall(r"<td>(.*?)</td>", tr, flags=re.S) for tr in re.findall(r"<tr>(.*?)</tr>", body, flags=re.S)]
+    return [list(col) for col in zip(*rows)]
+
+
+def test_quickstart_panel_table_keeps_one_precision_per_column():
+    """Every numeric column of notebook 00's panel table has the same digits after the point in every row (the
+    four partitions), whatever the values."""
+    pytest.importorskip("ipywidgets")
+    import re
+
+    from tessera_lab.ui.widgets import quickstart_panel
+
+    _, _, state = quickstart_panel(pp=8, microbatches=8)
+    for col in _cells_by_column(state["table_html"]):
+        nums = [c for c in col if re.fullmatch(r"-?[\d,]+(\.\d+)?%?", c)]
+        if nums:
+            assert len(nums) == len(col) == 4
+            assert len({len(c.rstrip("%").partition(".")[2]) for c in nums}) == 1, col
+
+
+# ------------------------------------------------------------------ notebook 07: model, GPU and cost source
+def _synthetic():
+    from tessera_lab.dynamic.durations import StageCosts
+
+    return StageCosts.synthetic(4, 1.0, 2.0, 1.0, expert_fraction=0.5, layers_per_stage=2, ep=4, num_experts=16,
+                                top_k=2, tokens=4 * 256)
+
+
+def test_dynamic_panel_caption_names_model_gpu_and_cost_source():
+    """Synthetic stage times name no model and no GPU (hand-chosen seconds) and say they are synthetic; the caption
+    under the panel's table and figure carries that before the settings."""
+    pytest.importorskip("ipywidgets")
+    from tessera_lab.ui.dynamic_panel import costs_caption, dynamic_panel
+
+    costs = _synthetic()
+    cap = costs_caption(costs)
+    assert cap.startswith("model none (synthetic stage times, seconds chosen by hand) · GPU none · costs synthetic")
+    _, _, state = dynamic_panel(costs, ep=4, microbatches=8)
+    assert "model none" in state["table_html"] and "GPU none" in state["table_html"]
+    assert "settings: skew S" in state["table_html"]
+
+
+def test_model_costs_caption_names_the_gpu_they_were_priced_on():
+    from tessera_lab.cost.source import analytic_source
+    from tessera_lab.dynamic.durations import StageCosts
+    from tessera_lab.model.hardware import ParallelConfig, cluster_for
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.ui.dynamic_panel import costs_caption
+
+    par = ParallelConfig(pp=8, ep=8, microbatches=8, schedule="zb-h1")
+    costs = StageCosts.from_model(load_model("qwen3-next-80b-a3b"), par, cluster_for(par, "B200"))
+    cap = costs_caption(costs)  # the GPU read from the costs themselves
+    assert cap.startswith("model qwen3-next-80b-a3b · GPU B200 · costs analytic (cost model ")
+    assert analytic_source().describe() in cap and costs_caption(costs, "B200") == cap
+
+
+def test_notebook_07_passes_its_gpu_to_the_caption():
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parents[1] / "notebooks" / "07_dynamic_bubbles.py").read_text()
+    assert "cluster_for(par, GPU)" in src and "gpu=GPU if USE_MODEL else None" in src
