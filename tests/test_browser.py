@@ -247,6 +247,9 @@ PANEL_NOTEBOOKS = ["00_quickstart.ipynb", "01_collectives.ipynb", "02_tensor_vs_
                    "03_bubbles_and_microbatches.ipynb", "04_moe_all_to_all.ipynb",
                    "05_layer_tasks_and_overlap.ipynb", "06_overlap_aware_partitioning.ipynb",
                    "07_dynamic_bubbles.ipynb"]
+#: ``TESSERA_BROWSER_NOTEBOOKS=00,07`` checks only those notebooks' panels (by number; default: every one above)
+_ONLY = {n.strip() for n in os.environ.get("TESSERA_BROWSER_NOTEBOOKS", "").split(",") if n.strip()}
+PANEL_NOTEBOOKS = [n for n in PANEL_NOTEBOOKS if not _ONLY or n[:2] in _ONLY]
 PANELS_NOTEBOOK = "panels.ipynb"  # built by panels_notebook() from the notebooks' tagged cells
 RANDOM_CHANGES = int(os.environ.get("TESSERA_BROWSER_RANDOM_CHANGES", "10"))
 CHANGE_S = 90          # one recompute (a re-plan is about a second; notebook 07's panel simulates two timelines)
