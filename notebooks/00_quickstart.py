@@ -33,6 +33,7 @@ PP = 8                  # pipeline stages
 EP = 8                  # expert-parallel ranks per stage (GPUs = PP x EP)
 MICROBATCHES = 32
 SEQ_LEN = 4096
+RECOMPUTE = "none"      # activation recomputation: "none", "selective" or "full" (the CLI's --recompute)
 
 # %%
 import time
@@ -43,6 +44,7 @@ from tessera_lab.model.spec import load_model
 from tessera_lab.errors import TesseraError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.plan.make import make_plan
+from tessera_lab.report.formatting import display_frame  # one format per column, by the unit its label states
 from tessera_lab.report.headline import mfu_note, mfu_text
 from tessera_lab.ui.plots import gantt, stage_cost_bars
 from tessera_lab.ui.widgets import bottleneck_bounds, plan_caption
@@ -65,14 +67,14 @@ pd.DataFrame({"parameters (B)": {k: v / 1e9 for k, v in counts.items()}})
 # ## Plan: layer pairs after overlap, ILP partition, overlapped 1F1B simulation
 
 # %%
-parallel = ParallelConfig(pp=PP, ep=EP, microbatches=MICROBATCHES, seq_len=SEQ_LEN)
+parallel = ParallelConfig(pp=PP, ep=EP, microbatches=MICROBATCHES, seq_len=SEQ_LEN, recompute=RECOMPUTE)
 t0 = time.perf_counter()
 try:
     plan = make_plan(model, parallel, gpu=GPU)
 except TesseraError as exc:  # e.g. GPU = "H100" with SEQ_LEN = 8192 at pp 8 x ep 8: no partition fits in memory
     plan = None
     print(f"cannot plan these parameters: {exc}\nThe cells below skip; the panel at the end starts from them, so "
-          "change pp, ep or the sequence there (or PP, EP, SEQ_LEN above).")
+          "change pp, ep, the sequence or recompute there (or PP, EP, SEQ_LEN, RECOMPUTE above).")
 by_stage = None
 if plan is not None:
     print(f"planned in {time.perf_counter() - t0:.2f} s (wall clock, measured on this machine; ILP and baselines)")
@@ -87,7 +89,7 @@ if plan is not None:
     by_stage = pd.DataFrame(rows).pivot(index="stage", columns="partition",
                                         values=["n", "time/mb (ms)", "memory (GiB)"])
     by_stage["n"] = by_stage["n"].astype(int)  # layer counts are whole numbers (pivot stores them as floats)
-by_stage
+display_frame(by_stage) if by_stage is not None else None
 
 # %%
 summary = None
@@ -102,7 +104,7 @@ if plan is not None:  # simulated iteration, tokens/s, MFU and bubble of each pa
     if note := mfu_note(plan.chosen.mfu, moe=model.num_experts > 0, grouped_gemm=plan.parallel.grouped_gemm,
                         model=model):
         print(note)
-summary
+display_frame(summary) if summary is not None else None
 
 # %%
 if plan is not None:
@@ -118,16 +120,20 @@ if plan is not None:
 # ## Re-plan interactively
 #
 # The panel starts from this notebook's parameters (every one of them: `MODEL`, `GPU`, `PP`, `EP`, `MICROBATCHES`,
-# `SEQ_LEN`; `quickstart_panel` refuses a parameter it does not know). Pick another model (every shipped model,
-# the list `tessera-lab models` prints), GPU, pipeline stages, EP size, micro-batches or sequence length, and the
+# `SEQ_LEN`, `RECOMPUTE`; `quickstart_panel` refuses a parameter it does not know). Pick another model (every
+# shipped model, the list `tessera-lab models` prints), GPU, pipeline stages, EP size, micro-batches, sequence
+# length or activation recomputation (`none`, `selective`: attention core and routed experts' SwiGLU, `full`: each
+# layer keeps only its input and re-runs its forward in the backward; the CLI's `--recompute`), and the
 # model knobs that apply to the chosen model: the attention ratio (linear-attention layers per full-attention
 # layer) only for hybrid models, expert width and top-k only for MoE models. Each change re-runs the same
 # `make_plan` and redraws. The caption says what was planned (model, GPU, GPU count, pp/ep/dp, sequence,
-# schedule), how long the re-plan took, and what bounds the bottleneck stage's main tasks: where the expert GEMMs
+# schedule, recompute), how long the re-plan took, and what bounds the bottleneck stage's main tasks: where the expert GEMMs
 # are *host issue* bound, a narrower expert barely moves the iteration; at long sequences (`sequence` 32768) the
-# attention ratio starts to matter.
+# attention ratio starts to matter. A model that does not fit in memory (Nemotron-H 56B on 8 stages, say) may fit
+# with `recompute` set to `full`, at the cost of a longer iteration.
 
 # %% tags=["panel"]
 from tessera_lab.ui.widgets import quickstart_panel
-panel, controls, state = quickstart_panel(MODEL, gpu=GPU, pp=PP, ep=EP, microbatches=MICROBATCHES, seq_len=SEQ_LEN)
+panel, controls, state = quickstart_panel(MODEL, gpu=GPU, pp=PP, ep=EP, microbatches=MICROBATCHES, seq_len=SEQ_LEN,
+                                          recompute=RECOMPUTE)
 panel

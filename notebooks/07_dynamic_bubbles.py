@@ -56,6 +56,7 @@ SEEDS = (0, 1)            # routing seeds averaged in the sweeps
 SWEEP_SKEWS = (0.0, 0.5, 1.0, 1.5)
 SWEEP_GROUPS = (1, 2, 4)
 USE_MODEL = False         # True: Qwen3-Next-80B-A3B stage costs from the analytic cost model (pp=8, ep=8, m=32)
+GPU = "H200"              # with USE_MODEL: the GPU the cost model prices (H100, H200, B200)
 
 # %% tags=["panel-setup"]
 # %matplotlib inline
@@ -68,22 +69,25 @@ from IPython.display import display
 from tessera_lab.dynamic import durations, evaluate, planner, studies
 from tessera_lab.pipeline import passes
 from tessera_lab.dynamic import routing as rt
+from tessera_lab.report.formatting import display_frame  # one format per column, by the unit its label states
 from tessera_lab.ui.plots import gantt_pair, rank_load_bars, routing_heatmap
 
 sns.set_theme(context="notebook", style="whitegrid")
 
 if USE_MODEL:
-    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.hardware import ParallelConfig, cluster_for
     from tessera_lab.model.spec import load_model
 
     PP, MICROBATCHES = 8, 32
-    costs = durations.StageCosts.from_model(load_model("qwen3-next-80b-a3b"),
-                                      ParallelConfig(pp=PP, ep=8, microbatches=MICROBATCHES, schedule="zb-h1"))
+    par = ParallelConfig(pp=PP, ep=8, microbatches=MICROBATCHES, schedule="zb-h1")
+    costs = durations.StageCosts.from_model(load_model("qwen3-next-80b-a3b"), par, cluster_for(par, GPU))
     EXPERTS, TOP_K, EP = costs.num_experts, costs.top_k, costs.ep
 else:
     costs = durations.StageCosts.synthetic(PP, F, B, W, expert_fraction=EXPERT_FRACTION, layers_per_stage=LAYERS_PER_STAGE,
                                      ep=EP, num_experts=EXPERTS, top_k=TOP_K, tokens=EP * TOKENS)
-print(costs.description)
+from tessera_lab.ui.dynamic_panel import costs_caption
+
+print(costs_caption(costs, GPU if USE_MODEL else None))  # model, GPU and cost source (also the panel's caption)
 
 # %% [markdown]
 # ## 1 · The routing model
@@ -109,7 +113,7 @@ display(pd.DataFrame({
                "Switch aux loss (1.0 = uniform)", f"capacity per expert at cf={cf}", "dropped share at that cf"],
     spec: [int(counts.sum(-1)[0]), float(rt.slowest_rank_load(counts, EP).mean()),
            float(np.mean(rt.switch_aux_loss(counts))), cap.capacity, cap.drop_fraction],
-}).set_index("metric"))
+}).set_index("metric").pipe(display_frame))
 
 # %% [markdown]
 # ## 2 · One step, static vs dynamic
@@ -123,13 +127,13 @@ display(pd.DataFrame({
 # %%
 res = evaluate.run_dynamic(costs, spec, schedule="1f1b", microbatches=MICROBATCHES, groups=GROUPS, seed=SEEDS[0])
 g0 = res.groups[0]
-display(pd.DataFrame(res.rows()).set_index("group").round(4))
+display(display_frame(pd.DataFrame(res.rows()).set_index("group")))
 s = res.summary()
 print(f"job of {GROUPS} EP group(s): iteration {s['iteration_static_s']:.4g} s -> {s['iteration_dynamic_s']:.4g} s; "
       f"idle removed {s['idle_removed_s']:.4g} s per rank ({s['idle_removed_share']:.1%} of the idle time), "
       f"throughput {s['throughput_gain']:+.2%}; memory cap {s['memory_cap']} live micro-batches per rank")
 gaps = passes.idle_gaps(g0.plan.predicted_static)
-display(pd.DataFrame([g.as_dict() for gs in gaps.values() for g in gs]).head(12).round(4))
+display(display_frame(pd.DataFrame([g.as_dict() for gs in gaps.values() for g in gs]).head(12)))
 from tessera_lab.ui.dynamic_panel import dynamic_titles
 
 gantt_pair(g0.static, g0.dynamic, titles=dynamic_titles(str(g0.plan.choice)))
@@ -163,7 +167,7 @@ for sched in ("1f1b", "zb-h1"):
                      "share of idle removed": np.mean([r.idle_removed_share for r in runs]),
                      "throughput gain": np.mean([r.throughput_gain for r in runs])})
 levels = pd.DataFrame(rows)
-display(levels.set_index(["static plan", "routing"]).round(4))
+display(display_frame(levels.set_index(["static plan", "routing"])))
 for sched, sub in levels.groupby("static plan", sort=False):
     if (sub["throughput gain"] == 0).all():
         print(f"{sched}: no gain at any skew level (exactly 0): the optimizer keeps the static order")
@@ -198,8 +202,8 @@ ax.set_xlabel("EP groups")
 ax.set_title(f"gain vs EP groups ({spec})")
 ax.legend()
 plt.show()
-display(sweep.set_index("routing").round(4))
-display(grp.set_index("groups").round(4))
+display(display_frame(sweep.set_index("routing")))
+display(display_frame(grp.set_index("groups")))
 
 # %% [markdown]
 # ## 5 · Predicted vs realised gaps
@@ -223,7 +227,7 @@ for sp in (f"zipf:{SKEW}", f"drift:{SKEW}"):
 pred = pd.DataFrame(pred)
 cols = ["routing", "step", "load_mae", "gap_mae_s", "idle_mae_s", "makespan_error", "recall", "precision",
         "gain_stale", "gain_exact", "stale_slower_than_static"]
-display(pred[cols].round(4))
+display(display_frame(pred[cols]))
 for r in pred[pred["stale_slower_than_static"]].itertuples():
     print(f"{r.routing} step {r.step}: planned on stale routing, throughput is {-r.gain_stale:.1%} BELOW the static "
           f"plan's (planned on the step's own routing it would be {r.gain_exact:.1%} above)")
@@ -298,7 +302,7 @@ for sched in ("overlapped", "dualpipev", "1f1b", "zb-h1"):
                      "gap error (share of wait)": float(np.mean([r.summary()["gap_rel_error"] for r in rs])),
                      "slower steps": sum(len(r.summary()["slower_steps"]) for r in rs)})
 online_table = pd.DataFrame(rows).set_index(["schedule", "routing"])
-display(online_table.round(4))
+display(display_frame(online_table))
 for (sched, sp), r in online_table.iterrows():
     if r["dynamic part"] < 0:
         print(f"{sched}, {sp}: dynamic part {r['dynamic part']:+.2%}: gain {r['total gain']:+.2%} under skew against "
@@ -354,13 +358,14 @@ for how, (m, ctl) in pairs.items():
 # uniform routing (splitting every B into I and W and moving W into the schedule's own bubbles: a better static
 # plan, no skew needed), the **dynamic part** is the rest, what reacting to this step's skew adds or costs. A larger
 # gain without skew than with it is therefore no contradiction: the skew slows the static plan more than the
-# controller wins back.
+# controller wins back. The caption under the table and the figures names the model, the GPU and the cost source
+# (with the default `USE_MODEL = False`: no model and no GPU, hand-chosen seconds), then the settings.
 
 # %% tags=["panel"]
 from tessera_lab.ui.dynamic_panel import dynamic_panel
 
 panel, controls, state = dynamic_panel(costs, ep=EP, microbatches=MICROBATCHES, skew=SKEW, seed=SEEDS[0],
-                                       groups=GROUPS)
+                                       groups=GROUPS, gpu=GPU if USE_MODEL else None)
 panel
 
 # %% [markdown]

@@ -62,10 +62,15 @@ def _bound_lines(plan) -> list[str]:
     return lines
 
 
-def _layout_text(p) -> str:
+def _layout_text(p, moe: bool = True) -> str:
     """``pp=8 ep=8 tp=1 dp=1 (64 GPUs)``; with ``ep_spans_tp`` the world, the dense and the expert data-parallel
-    sizes spelled out, so that pp x dp x ep x tp is not read as the world size."""
+    sizes spelled out, so that pp x dp x ep x tp is not read as the world size. A model without routed experts
+    (``moe`` false) has no EP group: ``pp=8 tp=1 dp=8 (64 GPUs; no MoE, ep 8 counts as data-parallel replicas)``,
+    dp being the dense data-parallel size (:attr:`~tessera_lab.model.hardware.ParallelConfig.dense_dp`)."""
     vpp = f" vpp={p.vpp}" if p.vpp > 1 else ""
+    if not moe:
+        as_dp = f", ep {p.ep} counts as data-parallel replicas" if p.ep > 1 else ""
+        return f"pp={p.pp} tp={p.tp} dp={p.dense_dp}{vpp} ({p.world_size} GPUs; no MoE{as_dp})"
     if not p.ep_spans_tp:
         return f"pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}{vpp} ({p.world_size} GPUs)"
     return (f"pp={p.pp}{vpp} x {p.ep} GPUs per stage = {p.world_size} GPUs; EP spans TP: each stage's EP group of "
@@ -107,11 +112,12 @@ def format_plan(plan) -> str:
         "- / E: MLP / MoE block without mixer; stage tables count them: Ax2 Ldx1 = two A layers, one L with a dense "
         "FFN)",
         f"cluster {plan.cluster.num_nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}; "
-        + _layout_text(p) + f", schedule {p.schedule}, "
+        + _layout_text(p, m.has_moe) + f", schedule {p.schedule}, "
         f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "
         f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU; recompute {_recompute_text(p)}, "
-        f"dispatcher {getattr(p, 'dispatcher', 'alltoall')}, precision {getattr(p, 'precision', p.dtype)}, "
-        f"expert GEMMs {getattr(p, 'grouped_gemm', 'grouped')}",
+        + (f"dispatcher {getattr(p, 'dispatcher', 'alltoall')}, " if m.has_moe else "")
+        + f"precision {getattr(p, 'precision', p.dtype)}"
+        + (f", expert GEMMs {getattr(p, 'grouped_gemm', 'grouped')}" if m.has_moe else ""),
         f"costs: {plan.costs.describe()}",
         "",
     ]

@@ -339,42 +339,118 @@ def _colour(source: str):
     return pal["measured"] if source.startswith("measured") else pal[source]
 
 
+#: characters per line of a job's x label in the MFU figure (7-point text under a group of bars)
+MFU_LABEL_CHARS = 24
+
+
+def _paper_job(job: str) -> str:
+    """The paper job a row of the ``mfu`` table belongs to: ``"Qwen3-L stand-in: qwen3-235b-a22b"`` -> ``"Qwen3-L"``."""
+    return job.split(" stand-in: ")[0]
+
+
 def plot_mfu(rep: Reproduction, ax=None):
-    """MFU before (light) and after (solid) per job; reported and simulated side by side."""
+    """MFU before (light) and after (solid) per paper job: one group of bars per job, the reported pair beside its
+    simulated stand-in's (colour: source), the band over the uncertain knobs as an error bar, each "after" value
+    written above its bar. The x label of a group names the job and its GPU count, then the stand-in model wrapped
+    at :data:`MFU_LABEL_CHARS` characters, so that neighbouring labels never overlap."""
+    import textwrap
+
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     df = rep.mfu
+    jobs = list(dict.fromkeys(_paper_job(j) for j in df["job"]))
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 3.6), layout="constrained")
-    x = range(len(df))
-    for k, row in enumerate(df.itertuples()):
-        c = _colour(row.source)
-        ax.bar(k - 0.2, row.before, 0.38, color=c, alpha=0.4)
-        ax.bar(k + 0.2, row.after, 0.38, color=c)
-        lo, hi = getattr(row, "after_lo", math.nan), getattr(row, "after_hi", math.nan)
-        if lo == lo and hi == hi:  # the band over the uncertain knobs
-            ax.errorbar(k + 0.2, row.after, yerr=[[row.after - lo], [hi - row.after]], color="black", capsize=3,
-                        linewidth=1)
-        ax.text(k + 0.2, row.after, f"{row.after:.1%}", ha="left", va="bottom", fontsize=8)
-    ax.set_xticks(list(x), [f"{r.job}\n{r.gpus} GPUs\n({r.source})" for r in df.itertuples()], fontsize=6)
-    ax.set_ylabel("MFU (light: before, solid: after)")
-    ax.set_title("MFU before (Megatron-Core's best) and after; bars: band over EP placement, dispatcher, grouped "
-                 "GEMM, sequence length", fontsize=9)
+        _, ax = plt.subplots(figsize=(max(7.0, 2.3 * len(jobs) + 2.5), 3.8), layout="constrained")
+    labels, top = [], 0.0
+    for g, job in enumerate(jobs):
+        rows = [r for r in df.itertuples() if _paper_job(r.job) == job]
+        w = 0.8 / (2 * len(rows))  # a before and an after bar per row, the group 0.8 wide
+        for i, row in enumerate(rows):
+            c = _colour(row.source)
+            x0 = g - 0.4 + 2 * i * w + w / 2
+            ax.bar(x0, row.before, w * 0.95, color=c, alpha=0.4)
+            ax.bar(x0 + w, row.after, w * 0.95, color=c)
+            lo, hi = getattr(row, "after_lo", math.nan), getattr(row, "after_hi", math.nan)
+            peak = row.after
+            if lo == lo and hi == hi:  # the band over the uncertain knobs
+                ax.errorbar(x0 + w, row.after, yerr=[[row.after - lo], [hi - row.after]], color="black", capsize=3,
+                            linewidth=1)
+                peak = max(peak, hi)
+            ax.annotate(f"{row.after:.1%}", (x0 + w, peak), xytext=(0, 2), textcoords="offset points", ha="center",
+                        va="bottom", fontsize=7)
+            top = max(top, peak)
+        stand_ins = [r.job.split(" stand-in: ")[1] for r in rows if " stand-in: " in r.job]
+        gpus = sorted({int(r.gpus) for r in rows})
+        head = f"{job}, {'/'.join(f'{n:,}' for n in gpus)} GPUs"
+        labels.append("\n".join([head] + (textwrap.wrap(f"stand-in {', '.join(stand_ins)}", MFU_LABEL_CHARS)
+                                           if stand_ins else [])))
+    ax.set_xticks(range(len(jobs)), labels, fontsize=7)
+    ax.set_xlim(-0.6, len(jobs) - 0.4)
+    ax.set_ylim(0, 1.15 * top if top > 0 else 1)  # room for the values above the bars
+    ax.set_ylabel("MFU")
+    sources = list(dict.fromkeys(df["source"]))
+    ax.legend(handles=[Patch(color=_colour(s), alpha=a, label=f"{s}, {when}") for s in sources
+                       for a, when in ((0.4, "before"), (1.0, "after"))],
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title("MFU before (Megatron-Core's best) and after; error bars: band over EP placement, dispatcher, "
+                 "grouped GEMM, sequence length", fontsize=9)
     return ax
 
 
+def ablation_scenario(rep: Reproduction) -> str:
+    """The production scenario whose static ablation the claims table quotes (its ``scenario`` column on the
+    "static plan" row); without a claims table the lower median of the simulated static totals, the rule
+    :func:`tessera_lab.report.claims.claim_rows` uses. ``""`` when no scenario has a static ablation."""
+    claims = rep.claims
+    if claims is not None and len(claims):
+        row = claims[claims["claim"].str.startswith("static plan")]
+        if len(row) and row["scenario"].iloc[0]:
+            return str(row["scenario"].iloc[0])
+    tot = rep.ablation[(rep.ablation["source"] == SIMULATED) & (rep.ablation["step"] == "static plan (total)")]
+    if not len(tot):
+        return ""
+    ranked = tot.sort_values("gain", kind="stable")
+    return str(ranked["scenario"].iloc[(len(ranked) - 1) // 2])
+
+
 def plot_ablation(rep: Reproduction, ax=None):
-    """Throughput gain by step, reported vs simulated."""
+    """Throughput gain by step, reported beside simulated, one number per bar (never a mean over scenarios): the
+    static steps of the scenario the claims quote (:func:`ablation_scenario`) and the dynamic rows of the dynamic
+    scenario; the title names both and each bar carries its value."""
     import matplotlib.pyplot as plt
-    import seaborn as sns
+    import numpy as np
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 3.4), layout="constrained")
-    df = rep.ablation.assign(gain_pct=lambda d: 100 * d["gain"])
-    sns.barplot(data=df, y="step", x="gain_pct", hue="source", ax=ax, palette=[_colour(s) for s in df["source"].unique()])
+        _, ax = plt.subplots(figsize=(8.5, 3.6), layout="constrained")
+    df = rep.ablation
+    quoted = ablation_scenario(rep)
+    dynamic_steps = {s for s in df["step"] if str(s).startswith("dynamic")}
+    sim = df[df["source"] == SIMULATED]
+    sim = sim[(sim["scenario"] == quoted) | sim["step"].isin(dynamic_steps)]
+    shown = [df[df["source"] == REPORTED], sim]
+    steps = list(dict.fromkeys(s for part in shown for s in part["step"]))
+    steps = [s for s in steps if s not in dynamic_steps] + [s for s in steps if s in dynamic_steps]  # static first
+    h = 0.38
+    for k, (part, src) in enumerate(zip(shown, (REPORTED, SIMULATED))):
+        gains = dict(zip(part["step"], 100 * part["gain"]))
+        y = [i + (k - 0.5) * h for i, s in enumerate(steps) if s in gains]
+        v = [gains[s] for s in steps if s in gains]
+        ax.barh(y, v, h * 0.95, color=_colour(src), label=src)
+        for yy, vv in zip(y, v):
+            ax.annotate(f"{vv:+.1f}%", (max(vv, 0.0), yy), xytext=(3, 0), textcoords="offset points", va="center",
+                        fontsize=7)
+    ax.set_yticks(np.arange(len(steps)), steps)
+    ax.invert_yaxis()
+    ax.set_xlim(right=ax.get_xlim()[1] * 1.12)  # room for the values
+    ax.axvline(0, color="grey", linewidth=0.8)
     ax.set_xlabel("throughput gain (%)")
-    ax.set_ylabel("")
-    ax.set_title("Ablation: static plan and dynamic filling")
+    ax.legend(fontsize=8, loc="lower right", frameon=False)
+    dyn = sim[sim["step"].isin(dynamic_steps)]["scenario"]
+    where = [f"static steps: {quoted} (the scenario the claims quote)" if quoted else "static steps: no scenario fits"]
+    if len(dyn):
+        where.append(f"dynamic: {dyn.iloc[0]}")
+    ax.set_title("Ablation, reported vs simulated; " + "; ".join(where), fontsize=9)
     return ax
 
 

@@ -37,6 +37,31 @@ def dynamic_summary(r: Any, uniform: Any = None) -> dict[str, Any]:
     return out
 
 
+def costs_caption(costs: Any, gpu: str | None = None) -> str:
+    """Where a panel's stage times come from, as caption items: the model, the GPU and the cost source.
+
+    Synthetic :class:`~tessera_lab.dynamic.durations.StageCosts` (no ``model`` in ``costs.extras``) name no model
+    and no GPU: their seconds are chosen by hand. Costs from
+    :meth:`~tessera_lab.dynamic.durations.StageCosts.from_model` name the model, the GPU (``gpu``, else the one
+    their description names: ``... analytic costs on N x G GPU, ...``) and the analytic cost model's version
+    (the hash of ``data/hardware/cost_model.json``)."""
+    import re
+
+    from tessera_lab.ui.panel import CAPTION_SEP
+
+    model = costs.extras.get("model")
+    if model is None:
+        return CAPTION_SEP.join(["model none (synthetic stage times, seconds chosen by hand)", "GPU none",
+                                 f"costs {costs.description}"])
+    from tessera_lab.cost.source import analytic_source
+
+    if gpu is None:
+        found = re.search(r" on \d+ x \d+ (\S+),", costs.description)
+        gpu = found.group(1) if found else "unknown"
+    return CAPTION_SEP.join([f"model {model}", f"GPU {gpu}",
+                             f"costs {analytic_source().describe()}: {costs.description}"])
+
+
 def dynamic_titles(choice: str, group: int = 0) -> tuple[str, str]:
     """Titles of the two Gantt charts of EP group ``group``: the lower one names what the optimizer chose
     (``static`` keeps the static order: nothing was moved)."""
@@ -47,7 +72,7 @@ def dynamic_titles(choice: str, group: int = 0) -> tuple[str, str]:
 
 
 def dynamic_panel(costs: Any, *, ep: int, microbatches: int, skew: float = 1.0, schedule: str = "1f1b",
-                  seed: int = 0, groups: int = 1):
+                  seed: int = 0, groups: int = 1, gpu: str | None = None):
     """Skew S (``zipf:S`` routing), static plan (1F1B, ZB-H1, ZB-H2) and routing seed.
 
     Args:
@@ -55,6 +80,11 @@ def dynamic_panel(costs: Any, *, ep: int, microbatches: int, skew: float = 1.0, 
         ep: EP ranks (white lines in the routing heatmap).
         microbatches: micro-batches per step.
         groups: EP groups in the job (the table is the job's, the figures are EP group 0's).
+        gpu: the GPU the costs were computed for (:func:`costs_caption`; default: the one their description names).
+
+    The caption under the table and the figures names the model, the GPU and the cost source
+    (:func:`costs_caption`), then the controls' settings.
+
     Returns:
         ``(panel, controls, state)``; ``state["result"]`` holds the DynamicResult.
     """
@@ -108,4 +138,7 @@ def dynamic_panel(costs: Any, *, ep: int, microbatches: int, skew: float = 1.0, 
                          "prediction")
         return View(table, [fig, gantt_pair(g.static, g.dynamic, titles=dynamic_titles(str(g.plan.choice)))], notes)
 
-    return panel(controls, compute, render)
+    from tessera_lab.ui.panel import CAPTION_SEP, settings_caption
+
+    source = costs_caption(costs, gpu)
+    return panel(controls, compute, render, caption=lambda r: source + CAPTION_SEP + settings_caption(controls))

@@ -110,15 +110,21 @@ def _number(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 1e3 and x == x and abs(x) != float("inf") else f"{x:.4g}"
 
 
-def table_html(table: Any, *, caption: str | None = None, float_format: Callable[[float], str] = _number) -> str:
-    """HTML for a DataFrame / Series (numbers by ``float_format``, missing values "n/a") or escaped plain
-    text; ``caption`` (the settings that produced it) goes under the table, so a stale table can be told apart."""
+def table_html(table: Any, *, caption: str | None = None) -> str:
+    """HTML for a DataFrame / Series or escaped plain text; ``caption`` (the settings that produced it) goes under
+    the table, so a stale table can be told apart.
+
+    Numbers take one format per column, set by the unit its label states, or per row in a table of metrics
+    (:func:`tessera_lab.report.formatting.display_frame`: ms with 2 digits, s with 3, shares as % with 1, tokens/s
+    whole, thousands separators); missing values read "n/a"."""
+    from tessera_lab.report.formatting import display_frame
+
     if table is None:
         return ""
     if hasattr(table, "to_frame") and not hasattr(table, "columns"):
         table = table.to_frame()
     if hasattr(table, "to_html"):
-        out = table.to_html(float_format=float_format, na_rep="n/a", border=0)
+        out = display_frame(table).to_html(na_rep="n/a", border=0)
         if caption:
             head, sep, rest = out.partition(">")
             out = (f"{head}{sep}<caption style='caption-side: bottom; font-size: 0.8em; color: dimgray'>"
@@ -166,7 +172,9 @@ CAPTION_SEP = " · "
 FIGURE_CAPTION_CHARS = 150
 
 
-def _caption(controls: dict[str, Any]) -> str:
+def settings_caption(controls: dict[str, Any]) -> str:
+    """``settings: label value · label value ...`` of the visible controls (floats to 4 significant digits): the
+    default caption of a panel's table and figure."""
     parts = []
     for name, c in controls.items():
         if getattr(getattr(c, "layout", None), "display", None) == "none":
@@ -236,7 +244,7 @@ def panel(
             finally:
                 syncing[0] = False
         state.clear()
-        caption = settings = _caption(controls)
+        caption = settings = settings_caption(controls)
         # a busy marker while ``compute`` runs (a re-plan can take seconds): the old table and figure stay, but
         # the status line says they are being replaced (the front end gets this message before the result)
         status.value = f"<span style='color:dimgray'>&#8987; computing ({html.escape(settings)})&hellip;</span>"

@@ -33,6 +33,7 @@ def replan(
     gpu: str = "H200",
     method: str = "ilp",
     tp: int = 1,
+    recompute: str = "none",
 ) -> Plan:
     """Plan a variant of a shipped model (pure function behind the quick-start panel).
 
@@ -42,6 +43,8 @@ def replan(
         expert_width: routed expert intermediate size.
         top_k: routed experts per token.
         pp, ep, microbatches, seq_len: parallel sizes and batch shape.
+        recompute: activation recomputation, ``none``, ``selective`` (attention core and routed experts' SwiGLU) or
+            ``full`` (Megatron-LM's ``--recompute-granularity``; the CLI's ``--recompute``).
 
     Raises:
         ConfigError / PartitionError: as :func:`tessera_lab.plan.make.make_plan`.
@@ -53,7 +56,7 @@ def replan(
     changes = {k: v for k, v in asked.items() if v != getattr(spec, k)}
     if changes:
         spec = spec.with_changes(**changes)
-    parallel = ParallelConfig(pp=pp, ep=ep, tp=tp, microbatches=microbatches, seq_len=seq_len)
+    parallel = ParallelConfig(pp=pp, ep=ep, tp=tp, microbatches=microbatches, seq_len=seq_len, recompute=recompute)
     return make_plan(spec, parallel, method=method, gpu=gpu)
 
 
@@ -111,7 +114,8 @@ def summary_table(plan: Plan):
 
 
 #: the parameters :func:`quickstart_panel` takes (notebook 00's parameters cell passes each); others are refused
-QUICKSTART_PARAMETERS = ("gpu", "pp", "ep", "microbatches", "seq_len", "attention_ratio", "expert_width", "top_k")
+QUICKSTART_PARAMETERS = ("gpu", "pp", "ep", "microbatches", "seq_len", "recompute", "attention_ratio",
+                         "expert_width", "top_k")
 GPU_CHOICES = ("H100", "H200", "B200")
 PP_CHOICES = (1, 2, 4, 8, 12, 16)
 EP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
@@ -136,16 +140,18 @@ def _expert_widths(width: int) -> list[int]:
 
 
 def plan_caption(plan: Plan, seconds: float | None = None) -> str:
-    """What a panel planned: model, GPU, GPU count, pp/ep/dp (tp, vpp when set), sequence, micro-batches,
-    schedule, and the time the re-plan took (wall clock, measured)."""
+    """What a panel planned: model, GPU, GPU count, pp/ep/dp (tp, vpp when set; a model without routed experts has
+    no EP group: pp/dp with its ep ranks counted as data-parallel replicas), sequence, micro-batches, schedule,
+    recomputation, and the time the re-plan took (wall clock, measured)."""
     from tessera_lab.ui.panel import CAPTION_SEP
 
     p, c = plan.parallel, plan.cluster
-    layout = f"pp {p.pp} x ep {p.ep} x dp {p.dp}" + (f" x tp {p.tp}" if p.tp > 1 else "") + (
-        f", vpp {p.vpp}" if p.vpp > 1 else "")
+    tp = f" x tp {p.tp}" if p.tp > 1 else ""
+    layout = (f"pp {p.pp} x ep {p.ep} x dp {p.dp}{tp}" if plan.model.has_moe  # no EP group without routed experts
+              else f"pp {p.pp} x dp {p.dense_dp}{tp} (no MoE)") + (f", vpp {p.vpp}" if p.vpp > 1 else "")
     parts = [f"{plan.model.name} on {p.world_size} {c.gpu.name} GPUs ({c.num_nodes} x {c.gpus_per_node})", layout,
              f"sequence {p.seq_len}", f"{p.microbatches} micro-batches of {p.micro_batch_size}",
-             f"schedule {p.schedule}"]
+             f"schedule {p.schedule}", f"recompute {p.recompute}"]
     if seconds is not None:
         parts.append(f"re-planned in {seconds:.2f} s (wall)")
     return CAPTION_SEP.join(parts)
@@ -164,13 +170,14 @@ def bottleneck_bounds(plan: Plan) -> str:
 
 
 def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
-    """Notebook 00's re-planning panel: model, GPU, pp, ep, micro-batches, sequence and the model knobs that apply.
+    """Notebook 00's re-planning panel: model, GPU, pp, ep, micro-batches, sequence, activation recomputation and
+    the model knobs that apply.
 
     Args:
         model: the shipped model to start from; the dropdown lists every shipped model (``tessera-lab models``).
         params: the notebook's parameters, each one of :data:`QUICKSTART_PARAMETERS` (``gpu``, ``pp``, ``ep``,
-            ``microbatches``, ``seq_len``, ``attention_ratio``, ``expert_width``, ``top_k``); they set the
-            controls' start values.
+            ``microbatches``, ``seq_len``, ``recompute``, ``attention_ratio``, ``expert_width``, ``top_k``); they
+            set the controls' start values.
 
     Returns:
         ``(panel, controls, state)``: the ``ipywidgets.VBox`` to display, a dict of the controls (set
@@ -186,6 +193,7 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
     import ipywidgets as w
 
     from tessera_lab.errors import ConfigError
+    from tessera_lab.model.hardware import RECOMPUTE
     from tessera_lab.model.spec import shipped_models
     from tessera_lab.ui.plots import stage_cost_bars
 
@@ -193,6 +201,9 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
     if unknown:
         raise ConfigError(f"quickstart_panel: parameter(s) {', '.join(unknown)} unknown; allowed: "
                           f"{', '.join(QUICKSTART_PARAMETERS)}")
+    if params.get("recompute", "none") not in RECOMPUTE:
+        raise ConfigError(f"quickstart_panel: recompute = {params['recompute']!r} is unknown; allowed: "
+                          f"{', '.join(RECOMPUTE)}")
     spec = load_model(model)
     knobs = model_knobs(spec)
     gpu = str(params.get("gpu", "H200"))
@@ -210,6 +221,8 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
                                     **slider),
         "seq_len": w.Dropdown(options=_with(SEQ_CHOICES, params.get("seq_len", 4096)),
                               value=params.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
+        "recompute": w.Dropdown(options=list(RECOMPUTE), value=params.get("recompute", "none"),
+                                description="recompute", style=LABEL_STYLE),
         "attention_ratio": w.IntSlider(value=params.get("attention_ratio", spec.attention_ratio or 3), min=0, max=11,
                                        description="attn ratio", **slider),
         "expert_width": w.Dropdown(options=_expert_widths(width), value=width, description="expert width",
@@ -249,7 +262,7 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
         plan = replan(v["model"], attention_ratio=v["attention_ratio"] if k["attention_ratio"] else None,
                       expert_width=v["expert_width"] if k["expert_width"] else None,
                       top_k=v["top_k"] if k["top_k"] else None, pp=v["pp"], ep=v["ep"],
-                      microbatches=v["microbatches"], seq_len=v["seq_len"], gpu=v["gpu"])
+                      microbatches=v["microbatches"], seq_len=v["seq_len"], gpu=v["gpu"], recompute=v["recompute"])
         seconds = time.perf_counter() - t0
         return {"summary": plan_summary(plan), "plan": plan, "seconds": seconds,
                 "caption": plan_caption(plan, seconds), "bounds": bottleneck_bounds(plan)}
@@ -264,7 +277,7 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
 
     show_knobs()
     return panel(controls, compute, render,
-                 rows=[["model", "gpu", "pp", "ep"], ["microbatches", "seq_len"],
+                 rows=[["model", "gpu", "pp", "ep"], ["microbatches", "seq_len", "recompute"],
                        ["attention_ratio", "expert_width", "top_k"]],
                  state_key=None, error_prefix="cannot plan", caption=caption, on_change=on_change)
 
