@@ -7,11 +7,15 @@ imported only by :meth:`Timeline.to_dataframe`. Never imports torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.pipeline.durations import _nonneg
 
 __all__ = ["Event", "Timeline", "merge_intervals", "overlap_length", "interval_gaps", "P2P_COLLECTIVE"]
 
 P2P_COLLECTIVE = "pp_p2p"
+_OVERLAP = "OVERLAP_F_B"
 
 
 @dataclass(slots=True)
@@ -251,3 +255,70 @@ def _build_timeline(
         schedule_name=schedule.name,
         num_ranks=R,
     )
+
+
+def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: int) -> None:
+    parsed = []  # (n, rank, name, seconds, label or None), in task order, up to the first malformed task
+    failure: ConfigError | None = None
+    try:
+        for n, task in enumerate(comm):
+            if isinstance(task, Mapping):
+                try:
+                    rank, name, seconds, after = task["rank"], task["collective"], task["seconds"], task.get("after")
+                except KeyError as exc:
+                    raise ConfigError(f"comm task {n}: missing key {exc.args[0]!r}; keys: rank, collective, seconds, after") from None
+            else:
+                try:
+                    rank, name, seconds, after = task
+                except (TypeError, ValueError):
+                    raise ConfigError(
+                        f"comm task {n}: expected (rank, collective_name, seconds, after_action), got {task!r}"
+                    ) from None
+            if not isinstance(rank, int) or not 0 <= rank < R:
+                raise ConfigError(f"comm task {n}: rank={rank!r} is out of range; allowed 0..{R - 1}")
+            seconds = _nonneg(f"comm task {n} seconds", seconds)
+            if seconds == 0:
+                continue  # zero-size collective: a no-op
+            parsed.append((n, rank, name, seconds, None if after is None else str(after)))
+    except ConfigError as exc:
+        failure = exc
+    # the event each named action ended with: the last compute event with that label on that rank (an
+    # OVERLAP_F_B event "(0F7;7B3)OVERLAP_F_B" also answers to each sub-action's label); found scanning backwards
+    needed = {(rank, label) for _, rank, _, _, label in parsed if label is not None}
+    found: dict[tuple[int, str], int] = {}
+    ov = _OVERLAP
+    for idx in range(len(events) - 1, -1, -1):
+        if len(found) == len(needed):
+            break
+        e = events[idx]
+        if e.lane != "compute":
+            continue
+        key = (e.rank, e.label)
+        if key in needed and key not in found:
+            found[key] = idx
+        if e.type == ov:
+            for x in e.label[1:e.label.index(")")].split(";"):
+                key = (e.rank, x.strip())
+                if key in needed and key not in found:
+                    found[key] = idx
+    tasks = []
+    for n, rank, name, seconds, label in parsed:
+        if label is None:
+            ready_t, pred, stage, mb = 0.0, -1, -1, None
+        else:
+            idx = found.get((rank, label))
+            if idx is None:
+                raise ConfigError(f"comm task {n}: action {label!r} does not run on rank {rank}")
+            ev = events[idx]
+            ready_t, pred, stage, mb = ev.end, idx, ev.stage, ev.microbatch
+        tasks.append((ready_t, n, rank, str(name), seconds, pred, stage, mb))
+    if failure is not None:
+        raise failure
+    tasks.sort()
+    lane_free = [0.0] * R
+    for ready_t, n, rank, name, seconds, pred, stage, mb in tasks:
+        start = max(ready_t, lane_free[rank])
+        end = start + seconds
+        lane_free[rank] = end
+        events.append(Event(rank, stage, mb, name, start, end, "comm", name))
+        preds.append(pred)
