@@ -44,9 +44,9 @@ from typing import Callable, Iterable
 from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
 from tessera_lab.pipeline.actions import ActionType
 from tessera_lab.pipeline.durations import Durations, _nonneg
-from tessera_lab.pipeline.linear import linear_plan, run_linear
+from tessera_lab.pipeline.linear import Packed, linear_plan, run_linear
 from tessera_lab.pipeline.p2p import check_nccl_order
-from tessera_lab.pipeline.timeline import Event, Timeline, _add_comm_tasks, _build_timeline
+from tessera_lab.pipeline.timeline import Event, Timeline, _add_comm_tasks, _build_timeline, _linear_timeline
 
 __all__ = ["compile_schedule", "simulate", "Walk", "action_inputs"]
 
@@ -209,6 +209,7 @@ def compile_schedule(schedule) -> tuple:
     if explicit_send or explicit_recv:
         check_nccl_order(schedule)
     plan = None if explicit_send or explicit_recv else linear_plan(programs, s2r)
+    plan = None if plan is None else Packed(plan)
     return programs, explicit_send, explicit_recv, plan
 
 
@@ -238,8 +239,11 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, 
     ranks = range(R)
     programs, explicit_send, explicit_recv, plan = compiled if compiled is not None else _compiled_for(schedule)
     if plan is not None and not blocking_sends:  # the order is fixed: one pass (pipeline.linear)
-        events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer)
-        return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
+        run = run_linear(plan, R, durations, xfer)
+        if not comm:
+            return _linear_timeline(schedule, run, R, time_only)
+        events, preds = run.events()
+        return _finish(schedule, events, preds, R, run.busy, run.act_deltas(R), comm, time_only)
 
     # ---- state ----------------------------------------------------------------------------
     done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action

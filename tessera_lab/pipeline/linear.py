@@ -94,15 +94,94 @@ def linear_plan(programs: list[list[tuple]], s2r) -> list[tuple] | None:
     return order, len(slots), list(pairs)
 
 
-def run_linear(plan: tuple[list[tuple], int, list], R: int, durations, xfer):
-    """One pass over a :func:`linear_plan`: ``(events, preds, busy, act_deltas)`` as the event loop builds them
-    (``xfer(src, dst)`` asked once per stage pair, before the pass).
+class LinearRun:
+    """What one :func:`run_linear` pass computed, in the plan's order (entry ``j`` = its ``j``-th compute action):
+    ``start[j]``, ``end[j]`` (seconds), ``pred[j]`` (event index that set its start, -1 none), ``busy`` per rank,
+    ``pair_time`` (seconds per transfer pair). :meth:`events` lays out the events as the event loop lists them
+    (each compute event followed by its transfers that take time) with their predecessors."""
+
+    __slots__ = ("packed", "start", "end", "pred", "busy", "pair_time")
+
+    def __init__(self, packed, start, end, pred, busy, pair_time):
+        self.packed, self.start, self.end, self.pred, self.busy, self.pair_time = packed, start, end, pred, busy, pair_time
+
+    def events(self) -> tuple[list[Event], list[int]]:
+        """``(events, preds)`` as the event loop builds them."""
+        events: list[Event] = []
+        preds: list[int] = []
+        ev_append, pred_append = events.append, preds.append
+        pt, start, end, pred = self.pair_time, self.start, self.end, self.pred
+        for j, (r, stage, mb, typ, label, transfers) in enumerate(self.packed.meta):
+            e = end[j]
+            idx = len(events)
+            ev_append(Event(r, stage, mb, typ, start[j], e, "compute", label))
+            pred_append(pred[j])
+            for pair, dst_rank, dst, kind, tlabel, tmb in transfers:
+                dt = pt[pair]
+                if dt > 0:
+                    ev_append(Event(dst_rank, dst, tmb, kind, e, e + dt, "comm", tlabel))
+                    pred_append(idx)
+        return events, preds
+
+    def act_deltas(self, R: int) -> list[list[tuple[float, int]]]:
+        """Per rank, ``(time, +activations taken)`` at each start and ``(time, -activations freed)`` at each end."""
+        out: list[list[tuple[float, int]]] = [[] for _ in range(R)]
+        for j, r in enumerate(self.packed.rank.tolist()):
+            plus, minus = int(self.packed.plus[j]), int(self.packed.minus[j])
+            if plus:
+                out[r].append((self.start[j], plus))
+            if minus:
+                out[r].append((self.end[j], -minus))
+        return out
+
+
+class Packed:
+    """A :func:`linear_plan` in the form the pass reads: ``entries`` ``(rank, needs, produces, *dur_key)`` with
+    ``needs`` ``(cross, slot)`` and ``produces`` ``(slot, pair)`` (pair -1: no cross-rank transfer); ``meta`` per
+    entry ``(rank, stage, mb, type, label, transfers)``; numpy arrays per entry (``rank``, ``plus``, ``minus``:
+    activations taken at the start and freed at the end) and per transfer (``tr_entry``, ``tr_pair``,
+    ``tr_rank``: producing entry, stage pair, receiving rank), in event order."""
+
+    __slots__ = ("entries", "meta", "n_slots", "pairs", "rank", "plus", "minus", "tr_entry", "tr_pair", "tr_rank")
+
+    def __init__(self, plan: tuple[list[tuple], int, list]):
+        import numpy as np
+
+        order, self.n_slots, self.pairs = plan
+        self.entries, self.meta = [], []
+        tr_entry, tr_pair, tr_rank = [], [], []
+        for j, (r, needs, produces, dur_key, ev_stage, ev_mb, typ, label, plus, minus) in enumerate(order):
+            prods, transfers = [], []
+            for slot, dst, transfer in produces:
+                if transfer is None:
+                    prods.append((slot, -1))
+                    continue
+                pair, dst_rank, kind, tlabel, tmb = transfer
+                prods.append((slot, pair))
+                transfers.append((pair, dst_rank, dst, kind, tlabel, tmb))
+                tr_entry.append(j)
+                tr_pair.append(pair)
+                tr_rank.append(dst_rank)
+            self.entries.append((r, needs, tuple(prods), *dur_key))
+            self.meta.append((r, ev_stage, ev_mb, typ, label, tuple(transfers)))
+        self.rank = np.array([x[0] for x in order], dtype=np.int64)
+        self.plus = np.array([x[8] for x in order], dtype=np.int64)
+        self.minus = np.array([x[9] for x in order], dtype=np.int64)
+        self.tr_entry = np.array(tr_entry, dtype=np.int64)
+        self.tr_pair = np.array(tr_pair, dtype=np.int64)
+        self.tr_rank = np.array(tr_rank, dtype=np.int64)
+
+
+def run_linear(packed: Packed, R: int, durations, xfer) -> LinearRun:
+    """One pass over a :class:`Packed` :func:`linear_plan`: every start and end with the event loop's arithmetic
+    and tie rules (``xfer(src, dst)`` asked once per stage pair, before the pass; ``durations`` once per action).
+    No event objects are made here (:meth:`LinearRun.events` makes them when asked).
 
     Raises:
         ScheduleError: a duration that is negative or not finite.
     """
-    plan, n_slots, pairs = plan
-    pair_time = [xfer(a, b) for a, b in pairs]
+    pair_time = [xfer(a, b) for a, b in packed.pairs]
+    n_slots = packed.n_slots
     done = [0.0] * n_slots
     done_ev = [-1] * n_slots
     arrival = [0.0] * n_slots
@@ -110,13 +189,13 @@ def run_linear(plan: tuple[list[tuple], int, list], R: int, durations, xfer):
     t_rank = [0.0] * R
     last_ev = [-1] * R
     busy = [0.0] * R
-    act_deltas: list[list[tuple[float, int]]] = [[] for _ in range(R)]
-    events: list[Event] = []
-    preds: list[int] = []
-    ev_append, pred_append = events.append, preds.append
+    start_of: list[float] = []
+    end_of: list[float] = []
+    pred_of: list[int] = []
+    start_append, end_append, pred_append = start_of.append, end_of.append, pred_of.append
     inf = math.inf
     n_ev = 0
-    for r, needs, produces, dur_key, ev_stage, ev_mb, typ, label, plus, minus in plan:
+    for r, needs, produces, ds, dm, dk in packed.entries:
         last = last_ev[r]
         start, pred = t_rank[r], last
         for cross, s in needs:
@@ -128,33 +207,28 @@ def run_linear(plan: tuple[list[tuple], int, list], R: int, durations, xfer):
                 v = done[s]
                 if v > start:
                     start, pred = v, done_ev[s]
-        d = durations(*dur_key)
+        d = durations(ds, dm, dk)
         if not 0.0 <= d < inf:
-            raise ScheduleError(f"durations{dur_key} returned {d!r}; allowed finite seconds >= 0")
+            raise ScheduleError(f"durations{(ds, dm, dk)} returned {d!r}; allowed finite seconds >= 0")
         end = start + d
         idx = n_ev
-        ev_append(Event(r, ev_stage, ev_mb, typ, start, end, "compute", label))
-        pred_append(pred)
         n_ev += 1
+        start_append(start)
+        end_append(end)
+        pred_append(pred)
         t_rank[r] = end
         last_ev[r] = idx
         busy[r] += d
-        if plus:
-            act_deltas[r].append((start, plus))
-        if minus:
-            act_deltas[r].append((end, -minus))
-        for s, dst, transfer in produces:
+        for s, pair in produces:
             done[s] = end
             done_ev[s] = idx
-            if transfer is None:
+            if pair < 0:
                 continue
-            dt = pair_time[transfer[0]]
+            dt = pair_time[pair]
             if dt > 0:
-                ev_append(Event(transfer[1], dst, transfer[4], transfer[2], end, end + dt, "comm", transfer[3]))
-                pred_append(idx)
                 arrival_ev[s] = n_ev
                 n_ev += 1
             else:
                 arrival_ev[s] = idx
             arrival[s] = end + dt
-    return events, preds, busy, act_deltas
+    return LinearRun(packed, start_of, end_of, pred_of, busy, pair_time)

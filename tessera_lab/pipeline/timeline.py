@@ -322,3 +322,157 @@ def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: in
         lane_free[rank] = end
         events.append(Event(rank, stage, mb, name, start, end, "comm", name))
         preds.append(pred)
+
+
+# ---- the linear pass's timeline: analyses on arrays, events made when first read ---------------------------------
+
+
+class _Lazy:
+    """A value a :class:`Timeline` computes when the attribute is first read: ``make(timeline)``."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make):
+        self.make = make
+
+
+def _lazy_attribute(name: str) -> property:
+    slot = "_" + name
+
+    def get(self):
+        v = self.__dict__[slot]
+        if isinstance(v, _Lazy):
+            v = self.__dict__[slot] = v.make(self)
+        return v
+
+    def set(self, v):
+        self.__dict__[slot] = v
+
+    return property(get, set, doc=f"``{name}`` (made when first read)")
+
+
+Timeline.events = _lazy_attribute("events")
+Timeline.critical_path = _lazy_attribute("critical_path")
+
+
+def _exposed_on_rank(np, cs, ce, T: float, qs, qe) -> float | None:
+    """:func:`overlap_length` of the merged comm intervals ``(qs, qe)`` with the idle gaps that the rank's compute
+    intervals ``(cs, ce)`` (in lane order) leave in ``[0, T]``, on arrays; the overlaps are summed in the same
+    order as :func:`overlap_length` (so the float is the same). ``None`` when the compute intervals are not in lane
+    order (the caller then uses the interval helpers)."""
+    keep = ce > cs
+    cs, ce = cs[keep], ce[keep]
+    if len(cs) > 1 and bool((cs[1:] < ce[:-1]).any()):
+        return None
+    gs, ge = np.concatenate(([0.0], ce)), np.concatenate((cs, [T]))
+    g = ge > gs
+    gs, ge = gs[g], ge[g]
+    o = np.lexsort((qe, qs))
+    s, e = qs[o], qe[o]
+    k = e > s
+    s, e = s[k], e[k]
+    if not len(s) or not len(gs):
+        return 0.0
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > np.maximum.accumulate(e)[:-1]
+    first = np.flatnonzero(new)
+    a, b = s[first], np.maximum.reduceat(e, first)
+    lo = np.searchsorted(ge, a, "right")
+    counts = np.maximum(np.searchsorted(gs, b, "left") - lo, 0)
+    total = int(counts.sum())
+    if not total:
+        return 0.0
+    gi = np.repeat(np.arange(len(a)), counts)
+    h = np.arange(total) - np.repeat(np.cumsum(counts) - counts - lo, counts)
+    lengths = np.minimum(b[gi], ge[h]) - np.maximum(a[gi], gs[h])
+    return float(np.cumsum(lengths)[-1])
+
+
+def _linear_timeline(schedule, run, R: int, time_only: bool = False):
+    """The :class:`Timeline` of a :func:`tessera_lab.pipeline.linear.run_linear` pass, the same as
+    :func:`_build_timeline` of its events, computed on arrays (events and critical path made when first read); with
+    ``time_only`` only the iteration time."""
+    import numpy as np
+
+    pk = run.packed
+    cs, ce = np.array(run.start, dtype=float), np.array(run.end, dtype=float)
+    n = len(ce)
+    if len(pk.tr_pair):
+        dts = np.array(run.pair_time, dtype=float)[pk.tr_pair]
+        mask = dts > 0
+        tr_e = pk.tr_entry[mask]
+        qs = ce[tr_e]
+        qe = qs + dts[mask]
+        qr = pk.tr_rank[mask]
+    else:
+        tr_e = np.zeros(0, dtype=np.int64)
+        qs = qe = np.zeros(0)
+        qr = tr_e
+    nq = len(qe)
+    T = max(0.0, float(ce.max()) if n else 0.0, float(qe.max()) if nq else 0.0)
+    if time_only:
+        return T
+    # global event indices: each compute event followed by its transfers
+    gc = np.arange(n) + np.searchsorted(tr_e, np.arange(n), "left")
+    gq = tr_e + np.arange(nq) + 1
+    path: list[int] = []
+    if n + nq:
+        jc = np.flatnonzero(ce == T)
+        kq = np.flatnonzero(qe == T)
+        last_compute = int(gc[jc[-1]]) if len(jc) else -1
+        last_any = max(last_compute, int(gq[kq[-1]]) if len(kq) else -1)
+        idx = last_compute if last_compute >= 0 else last_any
+        preds = np.empty(n + nq, dtype=np.int64)
+        preds[gc] = run.pred
+        preds[gq] = gc[tr_e]
+        seen = set()
+        while idx >= 0 and idx not in seen:
+            seen.add(idx)
+            path.append(idx)
+            idx = int(preds[idx])
+        path.reverse()
+    busy = run.busy
+    idle = [max(0.0, T - b) for b in busy]
+    total_busy, total_idle = sum(busy), sum(idle)
+    exposed: dict[str, float] = {}
+    if nq:
+        by_rank = np.argsort(pk.rank, kind="stable")
+        c_lo = np.searchsorted(pk.rank[by_rank], np.arange(R + 1), "left")
+        q_order = np.argsort(qr, kind="stable")
+        q_lo = np.searchsorted(qr[q_order], np.arange(R + 1), "left")
+        ranks, first = np.unique(qr, return_index=True)
+        for r in ranks[np.argsort(first, kind="stable")].tolist():
+            ci, qi = by_rank[c_lo[r]:c_lo[r + 1]], q_order[q_lo[r]:q_lo[r + 1]]
+            x = _exposed_on_rank(np, cs[ci], ce[ci], T, qs[qi], qe[qi])
+            if x is None:  # pragma: no cover - the linear pass runs each rank's lane in order
+                x = overlap_length(merge_intervals(zip(qs[qi].tolist(), qe[qi].tolist())),
+                                   interval_gaps(merge_intervals(zip(cs[ci].tolist(), ce[ci].tolist())), T))
+            exposed[P2P_COLLECTIVE] = exposed.get(P2P_COLLECTIVE, 0.0) + x
+    peaks = [0] * R
+    pm, mm = pk.plus > 0, pk.minus > 0
+    if pm.any() or mm.any():
+        t = np.concatenate((cs[pm], ce[mm]))
+        d = np.concatenate((pk.plus[pm], -pk.minus[mm]))
+        rr = np.concatenate((pk.rank[pm], pk.rank[mm]))
+        o = np.lexsort((d, t, rr))
+        cum, rr = np.cumsum(d[o]), rr[o]
+        lo = np.searchsorted(rr, np.arange(R + 1), "left")
+        for r in range(R):
+            if lo[r + 1] > lo[r]:
+                base = int(cum[lo[r] - 1]) if lo[r] > 0 else 0
+                peaks[r] = max(0, int(cum[lo[r]:lo[r + 1]].max()) - base)
+    tl = Timeline(
+        events=_Lazy(lambda tl: run.events()[0]),
+        iteration_time=T,
+        per_rank_busy=busy,
+        per_rank_idle=idle,
+        bubble_fraction=total_idle / (T * R) if T > 0 and R > 0 else 0.0,
+        bubble_overhead=total_idle / total_busy if total_busy > 0 else 0.0,
+        exposed_comm=exposed,
+        critical_path=_Lazy(lambda tl: [tl.events[i] for i in path]),
+        peak_activations=peaks,
+        schedule_name=schedule.name,
+        num_ranks=R,
+    )
+    return tl
