@@ -44,7 +44,7 @@ from typing import Callable, Iterable
 from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
 from tessera_lab.pipeline.actions import ActionType
 from tessera_lab.pipeline.durations import Durations, _nonneg
-from tessera_lab.pipeline.linear import Packed, linear_plan, run_linear
+from tessera_lab.pipeline.linear import linear_plan, run_linear
 from tessera_lab.pipeline.p2p import check_nccl_order
 from tessera_lab.pipeline.timeline import Event, Timeline, _add_comm_tasks, _build_timeline, _linear_timeline
 
@@ -209,7 +209,6 @@ def compile_schedule(schedule) -> tuple:
     if explicit_send or explicit_recv:
         check_nccl_order(schedule)
     plan = None if explicit_send or explicit_recv else linear_plan(programs, s2r)
-    plan = None if plan is None else Packed(plan)
     return programs, explicit_send, explicit_recv, plan
 
 

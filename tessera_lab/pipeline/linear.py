@@ -18,32 +18,27 @@ from tessera_lab.pipeline.timeline import Event
 _OP_COMPUTE = 0
 
 
-def linear_plan(programs: list[list[tuple]], s2r) -> list[tuple] | None:
-    """The execution order of ``programs`` (compute ops only) as the event loop would run them, each entry
-    ``(order, number of slots, transfer pairs)``, each entry of ``order``
-    ``(rank, needs, produces, dur_key, stage, mb, type, label, plus, minus)`` with ``needs`` as ``(cross, slot)``
-    and ``produces`` as ``(slot, dst_stage, transfer)`` where ``transfer`` is ``None`` (no cross-rank transfer)
-    or ``(pair index, dst_rank, kind, label, microbatch)`` (``pair index`` into the
-    ``(src stage, dst stage)`` list); ``None`` when the programs cannot all run (a deadlock: the event
-    loop then reports it) or hold a non-compute op."""
+def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
+    """The execution order of ``programs`` (compute ops only) as the event loop would run them, as a
+    :class:`Packed` plan (dependencies as integer slots, transfers as stage-pair indices); ``None`` when the
+    programs cannot all run (a deadlock: the event loop then reports it) or hold a non-compute op."""
     R = len(programs)
-    slots: dict[tuple, int] = {}
-
-    def slot(key: tuple) -> int:
-        got = slots.get(key)
-        if got is None:
-            got = slots[key] = len(slots)
-        return got
-
+    slots: dict[tuple, int] = {}  # the outputs produced so far, each with its slot
     pairs: dict[tuple[int, int], int] = {}  # (src stage, dst stage) of each cross-rank transfer -> index
-    done: set[tuple] = set()
     arrived: set[tuple] = set()
     w_done: dict[tuple, list[int]] = {}
     w_arr: dict[tuple, list[int]] = {}
     pc = [0] * R
     ready = list(range(R))
     in_ready = [True] * R
-    order: list[tuple] = []
+    entries: list[tuple] = []
+    meta: list[tuple] = []
+    ranks: list[int] = []
+    pluses: list[int] = []
+    minuses: list[int] = []
+    tr_entry: list[int] = []
+    tr_pair: list[int] = []
+    tr_rank: list[int] = []
 
     def wake(wdict: dict, key: tuple) -> None:
         for q in wdict.pop(key):
@@ -63,35 +58,45 @@ def linear_plan(programs: list[list[tuple]], s2r) -> list[tuple] | None:
             _, a, needs, produces, dur_key, ev_stage, ev_mb, typ, label, plus, minus = op
             missing = None
             for cross, key in needs:
-                if key not in (arrived if cross else done):
+                if key not in (arrived if cross else slots):
                     missing = (w_arr if cross else w_done, key)
                     break
             if missing is not None:
                 missing[0].setdefault(missing[1], []).append(r)
                 break
-            outs = []
+            j = len(entries)
+            prods, transfers = [], []
             for key, dst in produces:
-                done.add(key)
+                got = slots.get(key)
+                if got is None:
+                    got = slots[key] = len(slots)
                 if key in w_done:
                     wake(w_done, key)
-                transfer = None
-                if dst >= 0:
-                    kind = "RECV_F" if key[0] == "F" else "RECV_B"
-                    pair = (key[1], dst)
-                    if pair not in pairs:
-                        pairs[pair] = len(pairs)
-                    transfer = (pairs[pair], s2r[dst], kind, f"{dst}{kind}{key[2]}", key[2])
-                    arrived.add(key)
-                    if key in w_arr:
-                        wake(w_arr, key)
-                outs.append((slot(key), dst, transfer))
-            order.append((r, tuple((cross, slot(key)) for cross, key in needs), tuple(outs), dur_key, ev_stage,
-                          ev_mb, typ, label, plus, minus))
+                if dst < 0:
+                    prods.append((got, -1))
+                    continue
+                pair = pairs.get((key[1], dst))
+                if pair is None:
+                    pair = pairs[(key[1], dst)] = len(pairs)
+                dst_rank = s2r[dst]
+                prods.append((got, pair))
+                transfers.append((pair, dst_rank, dst, "RECV_F" if key[0] == "F" else "RECV_B", key[2]))
+                tr_entry.append(j)
+                tr_pair.append(pair)
+                tr_rank.append(dst_rank)
+                arrived.add(key)
+                if key in w_arr:
+                    wake(w_arr, key)
+            entries.append((r, tuple((cross, slots[key]) for cross, key in needs), tuple(prods), *dur_key))
+            meta.append((r, ev_stage, ev_mb, typ, label, tuple(transfers)))
+            ranks.append(r)
+            pluses.append(plus)
+            minuses.append(minus)
             k += 1
         pc[r] = k
     if any(pc[r] < len(programs[r]) for r in range(R)):
         return None
-    return order, len(slots), list(pairs)
+    return Packed(entries, meta, len(slots), list(pairs), ranks, pluses, minuses, tr_entry, tr_pair, tr_rank)
 
 
 class LinearRun:
@@ -116,10 +121,10 @@ class LinearRun:
             idx = len(events)
             ev_append(Event(r, stage, mb, typ, start[j], e, "compute", label))
             pred_append(pred[j])
-            for pair, dst_rank, dst, kind, tlabel, tmb in transfers:
+            for pair, dst_rank, dst, kind, tmb in transfers:
                 dt = pt[pair]
                 if dt > 0:
-                    ev_append(Event(dst_rank, dst, tmb, kind, e, e + dt, "comm", tlabel))
+                    ev_append(Event(dst_rank, dst, tmb, kind, e, e + dt, "comm", f"{dst}{kind}{tmb}"))
                     pred_append(idx)
         return events, preds
 
@@ -137,39 +142,20 @@ class LinearRun:
 
 class Packed:
     """A :func:`linear_plan` in the form the pass reads: ``entries`` ``(rank, needs, produces, *dur_key)`` with
-    ``needs`` ``(cross, slot)`` and ``produces`` ``(slot, pair)`` (pair -1: no cross-rank transfer); ``meta`` per
-    entry ``(rank, stage, mb, type, label, transfers)``; numpy arrays per entry (``rank``, ``plus``, ``minus``:
-    activations taken at the start and freed at the end) and per transfer (``tr_entry``, ``tr_pair``,
-    ``tr_rank``: producing entry, stage pair, receiving rank), in event order."""
+    ``needs`` ``(cross, slot)`` and ``produces`` ``(slot, pair)`` (pair -1: no cross-rank transfer, else an index
+    into ``pairs``, the ``(src stage, dst stage)`` list); ``meta`` per entry ``(rank, stage, mb, type, label,
+    transfers)`` with transfers ``(pair, dst rank, dst stage, kind, mb)``; numpy arrays per entry (``rank``,
+    ``plus``, ``minus``: activations taken at the start and freed at the end) and per transfer (``tr_entry``,
+    ``tr_pair``, ``tr_rank``: producing entry, stage pair, receiving rank), in event order."""
 
     __slots__ = ("entries", "meta", "n_slots", "pairs", "rank", "plus", "minus", "tr_entry", "tr_pair", "tr_rank")
 
-    def __init__(self, plan: tuple[list[tuple], int, list]):
+    def __init__(self, entries, meta, n_slots, pairs, ranks, plus, minus, tr_entry, tr_pair, tr_rank):
         import numpy as np
 
-        order, self.n_slots, self.pairs = plan
-        self.entries, self.meta = [], []
-        tr_entry, tr_pair, tr_rank = [], [], []
-        for j, (r, needs, produces, dur_key, ev_stage, ev_mb, typ, label, plus, minus) in enumerate(order):
-            prods, transfers = [], []
-            for slot, dst, transfer in produces:
-                if transfer is None:
-                    prods.append((slot, -1))
-                    continue
-                pair, dst_rank, kind, tlabel, tmb = transfer
-                prods.append((slot, pair))
-                transfers.append((pair, dst_rank, dst, kind, tlabel, tmb))
-                tr_entry.append(j)
-                tr_pair.append(pair)
-                tr_rank.append(dst_rank)
-            self.entries.append((r, needs, tuple(prods), *dur_key))
-            self.meta.append((r, ev_stage, ev_mb, typ, label, tuple(transfers)))
-        self.rank = np.array([x[0] for x in order], dtype=np.int64)
-        self.plus = np.array([x[8] for x in order], dtype=np.int64)
-        self.minus = np.array([x[9] for x in order], dtype=np.int64)
-        self.tr_entry = np.array(tr_entry, dtype=np.int64)
-        self.tr_pair = np.array(tr_pair, dtype=np.int64)
-        self.tr_rank = np.array(tr_rank, dtype=np.int64)
+        self.entries, self.meta, self.n_slots, self.pairs = entries, meta, n_slots, pairs
+        self.rank, self.plus, self.minus = (np.array(x, dtype=np.int64) for x in (ranks, plus, minus))
+        self.tr_entry, self.tr_pair, self.tr_rank = (np.array(x, dtype=np.int64) for x in (tr_entry, tr_pair, tr_rank))
 
 
 def run_linear(packed: Packed, R: int, durations, xfer) -> LinearRun:
