@@ -351,8 +351,14 @@ def _lazy_attribute(name: str) -> property:
     return property(get, set, doc=f"``{name}`` (made when first read)")
 
 
+def _timeline_state(self) -> dict:
+    """Pickle/copy state with every lazily made attribute made."""
+    return {k: (v.make(self) if isinstance(v, _Lazy) else v) for k, v in self.__dict__.items()}
+
+
 Timeline.events = _lazy_attribute("events")
 Timeline.critical_path = _lazy_attribute("critical_path")
+Timeline.__getstate__ = _timeline_state
 
 
 def _exposed_on_rank(np, cs, ce, T: float, qs, qe) -> float | None:
