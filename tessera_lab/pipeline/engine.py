@@ -212,6 +212,10 @@ def compile_schedule(schedule) -> tuple:
     return programs, explicit_send, explicit_recv, plan
 
 
+#: from this many actions up the linear pass's timeline is analysed on numpy arrays (below, numpy's per-call cost
+#: exceeds the work: the event list is made and analysed in Python); both give the same timeline
+ARRAY_TIMELINE_MIN_ACTIONS = 1024
+
 #: compiled programs of recently simulated schedules, by identity and a fingerprint of every action list
 _COMPILED: dict[int, tuple] = {}
 
@@ -238,11 +242,12 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, 
     ranks = range(R)
     programs, explicit_send, explicit_recv, plan = compiled if compiled is not None else _compiled_for(schedule)
     if plan is not None and not blocking_sends:  # the order is fixed: one pass (pipeline.linear)
-        run = run_linear(plan, R, durations, xfer)
-        if not comm:
-            return _linear_timeline(schedule, run, R, time_only)
-        events, preds = run.events()
-        return _finish(schedule, events, preds, R, run.busy, run.act_deltas(R), comm, time_only)
+        if time_only and not comm:
+            return run_linear(plan, R, durations, xfer).iteration_time()
+        if comm or len(plan.entries) < ARRAY_TIMELINE_MIN_ACTIONS:
+            events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer, make_events=True)
+            return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
+        return _linear_timeline(schedule, run_linear(plan, R, durations, xfer), R)
 
     # ---- state ----------------------------------------------------------------------------
     done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action

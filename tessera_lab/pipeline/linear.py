@@ -32,6 +32,7 @@ def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
     ready = list(range(R))
     in_ready = [True] * R
     entries: list[tuple] = []
+    ev_entries: list[tuple] = []
     meta: list[tuple] = []
     ranks: list[int] = []
     pluses: list[int] = []
@@ -65,7 +66,7 @@ def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
                 missing[0].setdefault(missing[1], []).append(r)
                 break
             j = len(entries)
-            prods, transfers = [], []
+            prods, transfers, full = [], [], []
             for key, dst in produces:
                 got = slots.get(key)
                 if got is None:
@@ -74,21 +75,26 @@ def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
                     wake(w_done, key)
                 if dst < 0:
                     prods.append((got, -1))
+                    full.append((got, None))
                     continue
                 pair = pairs.get((key[1], dst))
                 if pair is None:
                     pair = pairs[(key[1], dst)] = len(pairs)
                 dst_rank = s2r[dst]
                 prods.append((got, pair))
-                transfers.append((pair, dst_rank, dst, "RECV_F" if key[0] == "F" else "RECV_B", key[2]))
+                kind = "RECV_F" if key[0] == "F" else "RECV_B"
+                transfers.append((pair, dst_rank, dst, kind, key[2], f"{dst}{kind}{key[2]}"))
+                full.append((got, transfers[-1]))
                 tr_entry.append(j)
                 tr_pair.append(pair)
                 tr_rank.append(dst_rank)
                 arrived.add(key)
                 if key in w_arr:
                     wake(w_arr, key)
-            entries.append((r, tuple((cross, slots[key]) for cross, key in needs), tuple(prods), *dur_key))
-            meta.append((r, ev_stage, ev_mb, typ, label, tuple(transfers)))
+            meta.append((r, ev_stage, ev_mb, typ, label, tuple(transfers), (plus, minus) if plus or minus else None))
+            slot_needs = tuple((cross, slots[key]) for cross, key in needs)
+            entries.append((r, slot_needs, tuple(prods), *dur_key))
+            ev_entries.append((r, slot_needs, tuple(full), *dur_key, ev_stage, ev_mb, typ, label, plus, minus))
             ranks.append(r)
             pluses.append(plus)
             minuses.append(minus)
@@ -96,72 +102,79 @@ def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
         pc[r] = k
     if any(pc[r] < len(programs[r]) for r in range(R)):
         return None
-    return Packed(entries, meta, len(slots), list(pairs), ranks, pluses, minuses, tr_entry, tr_pair, tr_rank)
+    return Packed(entries, ev_entries, meta, len(slots), list(pairs), ranks, pluses, minuses, tr_entry, tr_pair,
+                  tr_rank)
 
 
 class LinearRun:
     """What one :func:`run_linear` pass computed, in the plan's order (entry ``j`` = its ``j``-th compute action):
     ``start[j]``, ``end[j]`` (seconds), ``pred[j]`` (event index that set its start, -1 none), ``busy`` per rank,
-    ``pair_time`` (seconds per transfer pair). :meth:`events` lays out the events as the event loop lists them
+    ``pair_time`` (seconds per transfer pair), ``arrival_max``. :meth:`events` lays out the events as the event loop lists them
     (each compute event followed by its transfers that take time) with their predecessors."""
 
-    __slots__ = ("packed", "start", "end", "pred", "busy", "pair_time")
+    __slots__ = ("packed", "start", "end", "pred", "busy", "pair_time", "arrival_max")
 
-    def __init__(self, packed, start, end, pred, busy, pair_time):
+    def __init__(self, packed, start, end, pred, busy, pair_time, arrival_max=0.0):
         self.packed, self.start, self.end, self.pred, self.busy, self.pair_time = packed, start, end, pred, busy, pair_time
+        self.arrival_max = arrival_max  # the latest input arrival: the latest transfer end (an end + 0 otherwise)
 
-    def events(self) -> tuple[list[Event], list[int]]:
-        """``(events, preds)`` as the event loop builds them."""
+    def iteration_time(self) -> float:
+        """The latest event end (seconds; 0 without events)."""
+        return max(0.0, max(self.end, default=0.0), self.arrival_max)
+
+    def events(self, R: int) -> tuple[list[Event], list[int], list[list[tuple[float, int]]]]:
+        """``(events, preds, act_deltas)`` as the event loop builds them (``act_deltas``: per rank, ``(time,
+        +activations taken)`` at each start and ``(time, -activations freed)`` at each end)."""
         events: list[Event] = []
         preds: list[int] = []
+        act_deltas: list[list[tuple[float, int]]] = [[] for _ in range(R)]
         ev_append, pred_append = events.append, preds.append
         pt, start, end, pred = self.pair_time, self.start, self.end, self.pred
-        for j, (r, stage, mb, typ, label, transfers) in enumerate(self.packed.meta):
+        for j, (r, stage, mb, typ, label, transfers, pm) in enumerate(self.packed.meta):
             e = end[j]
             idx = len(events)
             ev_append(Event(r, stage, mb, typ, start[j], e, "compute", label))
             pred_append(pred[j])
-            for pair, dst_rank, dst, kind, tmb in transfers:
+            if pm is not None:
+                if pm[0]:
+                    act_deltas[r].append((start[j], pm[0]))
+                if pm[1]:
+                    act_deltas[r].append((e, -pm[1]))
+            for pair, dst_rank, dst, kind, tmb, tlabel in transfers:
                 dt = pt[pair]
                 if dt > 0:
-                    ev_append(Event(dst_rank, dst, tmb, kind, e, e + dt, "comm", f"{dst}{kind}{tmb}"))
+                    ev_append(Event(dst_rank, dst, tmb, kind, e, e + dt, "comm", tlabel))
                     pred_append(idx)
-        return events, preds
-
-    def act_deltas(self, R: int) -> list[list[tuple[float, int]]]:
-        """Per rank, ``(time, +activations taken)`` at each start and ``(time, -activations freed)`` at each end."""
-        out: list[list[tuple[float, int]]] = [[] for _ in range(R)]
-        for j, r in enumerate(self.packed.rank.tolist()):
-            plus, minus = int(self.packed.plus[j]), int(self.packed.minus[j])
-            if plus:
-                out[r].append((self.start[j], plus))
-            if minus:
-                out[r].append((self.end[j], -minus))
-        return out
+        return events, preds, act_deltas
 
 
 class Packed:
     """A :func:`linear_plan` in the form the pass reads: ``entries`` ``(rank, needs, produces, *dur_key)`` with
     ``needs`` ``(cross, slot)`` and ``produces`` ``(slot, pair)`` (pair -1: no cross-rank transfer, else an index
     into ``pairs``, the ``(src stage, dst stage)`` list); ``meta`` per entry ``(rank, stage, mb, type, label,
-    transfers)`` with transfers ``(pair, dst rank, dst stage, kind, mb)``; numpy arrays per entry (``rank``,
+    transfers, deltas)`` with transfers ``(pair, dst rank, dst stage, kind, mb, label)`` and deltas ``(plus,
+    minus)`` or ``None``; ``ev_entries``, the same with the event fields, for the pass that makes events; numpy arrays per entry (``rank``,
     ``plus``, ``minus``: activations taken at the start and freed at the end) and per transfer (``tr_entry``,
     ``tr_pair``, ``tr_rank``: producing entry, stage pair, receiving rank), in event order."""
 
-    __slots__ = ("entries", "meta", "n_slots", "pairs", "rank", "plus", "minus", "tr_entry", "tr_pair", "tr_rank")
+    __slots__ = ("entries", "ev_entries", "meta", "n_slots", "pairs", "rank", "plus", "minus", "tr_entry", "tr_pair",
+                 "tr_rank")
 
-    def __init__(self, entries, meta, n_slots, pairs, ranks, plus, minus, tr_entry, tr_pair, tr_rank):
+    def __init__(self, entries, ev_entries, meta, n_slots, pairs, ranks, plus, minus, tr_entry, tr_pair, tr_rank):
         import numpy as np
 
-        self.entries, self.meta, self.n_slots, self.pairs = entries, meta, n_slots, pairs
+        self.entries, self.ev_entries, self.meta, self.n_slots, self.pairs = entries, ev_entries, meta, n_slots, pairs
         self.rank, self.plus, self.minus = (np.array(x, dtype=np.int64) for x in (ranks, plus, minus))
         self.tr_entry, self.tr_pair, self.tr_rank = (np.array(x, dtype=np.int64) for x in (tr_entry, tr_pair, tr_rank))
 
 
-def run_linear(packed: Packed, R: int, durations, xfer) -> LinearRun:
+def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = False):
     """One pass over a :class:`Packed` :func:`linear_plan`: every start and end with the event loop's arithmetic
     and tie rules (``xfer(src, dst)`` asked once per stage pair, before the pass; ``durations`` once per action).
-    No event objects are made here (:meth:`LinearRun.events` makes them when asked).
+
+    Returns a :class:`LinearRun` (no event objects made: :meth:`LinearRun.events` makes them when asked), or with
+    ``make_events`` ``(events, preds, busy, act_deltas)`` as the event loop builds them (one pass: the cheaper way
+    for short schedules whose timeline is analysed from its events).
 
     Raises:
         ScheduleError: a duration that is negative or not finite.
@@ -179,8 +192,55 @@ def run_linear(packed: Packed, R: int, durations, xfer) -> LinearRun:
     end_of: list[float] = []
     pred_of: list[int] = []
     start_append, end_append, pred_append = start_of.append, end_of.append, pred_of.append
+    events: list[Event] = []
+    ev_append = events.append
+    act_deltas: list[list[tuple[float, int]]] = [[] for _ in range(R)]
     inf = math.inf
     n_ev = 0
+    if make_events:
+        for r, needs, produces, ds, dm, dk, ev_stage, ev_mb, typ, label, plus, minus in packed.ev_entries:
+            last = last_ev[r]
+            start, pred = t_rank[r], last
+            for cross, s in needs:
+                if cross:
+                    v = arrival[s]
+                    if v > start or (v == start and pred == last):
+                        start, pred = v, arrival_ev[s]
+                else:
+                    v = done[s]
+                    if v > start:
+                        start, pred = v, done_ev[s]
+            d = durations(ds, dm, dk)
+            if not 0.0 <= d < inf:
+                raise ScheduleError(f"durations{(ds, dm, dk)} returned {d!r}; allowed finite seconds >= 0")
+            end = start + d
+            idx = n_ev
+            ev_append(Event(r, ev_stage, ev_mb, typ, start, end, "compute", label))
+            pred_append(pred)
+            n_ev += 1
+            t_rank[r] = end
+            last_ev[r] = idx
+            busy[r] += d
+            if plus:
+                act_deltas[r].append((start, plus))
+            if minus:
+                act_deltas[r].append((end, -minus))
+            for s, transfer in produces:
+                done[s] = end
+                done_ev[s] = idx
+                if transfer is None:
+                    continue
+                dt = pair_time[transfer[0]]
+                if dt > 0:
+                    ev_append(Event(transfer[1], transfer[2], transfer[4], transfer[3], end, end + dt, "comm",
+                                    transfer[5]))
+                    pred_append(idx)
+                    arrival_ev[s] = n_ev
+                    n_ev += 1
+                else:
+                    arrival_ev[s] = idx
+                arrival[s] = end + dt
+        return events, pred_of, busy, act_deltas
     for r, needs, produces, ds, dm, dk in packed.entries:
         last = last_ev[r]
         start, pred = t_rank[r], last
@@ -217,4 +277,4 @@ def run_linear(packed: Packed, R: int, durations, xfer) -> LinearRun:
             else:
                 arrival_ev[s] = idx
             arrival[s] = end + dt
-    return LinearRun(packed, start_of, end_of, pred_of, busy, pair_time)
+    return LinearRun(packed, start_of, end_of, pred_of, busy, pair_time, max(arrival, default=0.0))

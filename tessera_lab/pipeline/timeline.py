@@ -395,10 +395,9 @@ def _exposed_on_rank(np, cs, ce, T: float, qs, qe) -> float | None:
     return float(np.cumsum(lengths)[-1])
 
 
-def _linear_timeline(schedule, run, R: int, time_only: bool = False):
+def _linear_timeline(schedule, run, R: int):
     """The :class:`Timeline` of a :func:`tessera_lab.pipeline.linear.run_linear` pass, the same as
-    :func:`_build_timeline` of its events, computed on arrays (events and critical path made when first read); with
-    ``time_only`` only the iteration time."""
+    :func:`_build_timeline` of its events, computed on arrays (events and critical path made when first read)."""
     import numpy as np
 
     pk = run.packed
@@ -417,8 +416,6 @@ def _linear_timeline(schedule, run, R: int, time_only: bool = False):
         qr = tr_e
     nq = len(qe)
     T = max(0.0, float(ce.max()) if n else 0.0, float(qe.max()) if nq else 0.0)
-    if time_only:
-        return T
     # global event indices: each compute event followed by its transfers
     gc = np.arange(n) + np.searchsorted(tr_e, np.arange(n), "left")
     gq = tr_e + np.arange(nq) + 1
@@ -469,7 +466,7 @@ def _linear_timeline(schedule, run, R: int, time_only: bool = False):
                 base = int(cum[lo[r] - 1]) if lo[r] > 0 else 0
                 peaks[r] = max(0, int(cum[lo[r]:lo[r + 1]].max()) - base)
     tl = Timeline(
-        events=_Lazy(lambda tl: run.events()[0]),
+        events=_Lazy(lambda tl: run.events(R)[0]),
         iteration_time=T,
         per_rank_busy=busy,
         per_rank_idle=idle,
