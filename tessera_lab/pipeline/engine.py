@@ -1,5 +1,13 @@
-"""Discrete-event simulation of pipeline schedules (:func:`simulate`), producing a
-:class:`~tessera_lab.pipeline.timeline.Timeline`.
+"""The event engine: every walk over per-rank action lists runs here.
+
+* :func:`simulate`: discrete-event simulation of pipeline schedules, producing a
+  :class:`~tessera_lab.pipeline.timeline.Timeline` (model below). Schedules whose order of execution does not depend
+  on the times (no explicit SEND/RECV, no blocking sends) take the linear pass of :mod:`tessera_lab.pipeline.linear`
+  (the same timeline, bit for bit); the rest the event loop below.
+* :class:`Walk`: the engine for walks whose steps a caller decides, with the same dependency rule
+  (:func:`action_inputs`): an agenda of ranks by clock with a policy hook (the dynamic controller's step-by-step
+  execution, :func:`tessera_lab.dynamic.online.execute`), and a processor-sharing driver with a resource model (the
+  CPU testbed, :func:`tessera_lab.runner.testbed.sharing.simulate_shared`).
 
 Model (times in float seconds):
 

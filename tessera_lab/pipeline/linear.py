@@ -3,9 +3,12 @@
 In that case the order in which :func:`tessera_lab.pipeline.engine.simulate`'s event loop runs the actions (a
 stack of ready ranks, each running until an input is missing, woken when it arrives) depends on which inputs
 exist, never on the durations. :func:`linear_plan` replays that loop once without times and records the order
-(with the dependencies as integer slots); :func:`run_linear` then computes every start and end in one pass over it:
-the same events, in the same order, with the same arithmetic and tie rules as the event loop (so the timelines are
-identical), without wait lists or tuple-keyed dictionaries.
+(with the dependencies as integer slots, transfers as stage-pair indices: a :class:`Packed` plan);
+:func:`run_linear` then computes every start and end in one pass over it: the same events, in the same order, with
+the same arithmetic and tie rules as the event loop (so the timelines are identical), without wait lists or
+tuple-keyed dictionaries, and for long schedules without event objects (:class:`LinearRun`: starts, ends and
+predecessors in lists, analysed on arrays by :func:`tessera_lab.pipeline.timeline._linear_timeline`; the events are
+made when first read).
 """
 
 from __future__ import annotations
