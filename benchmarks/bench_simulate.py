@@ -104,6 +104,9 @@ def best_of(fn, repeat: int) -> tuple[float, object]:
 
 RATE_CODE = """
 import gc, json, time
+c0 = time.process_time()
+import numpy  # imported by the planner and the CLI anyway; timed apart from the first run
+numpy_cpu = time.process_time() - c0
 from tessera_lab.pipeline.schedules import build_schedule
 from tessera_lab.pipeline.simulate import simulate, uniform_durations
 d = uniform_durations(1e-3, 2e-3, w=1e-3, fb=2.4e-3)
@@ -118,6 +121,7 @@ for _ in range({repeat}):
     tl = simulate(s, d, p2p_latency=20e-6)
     best_cpu, best_wall = min(best_cpu, time.process_time() - c0), min(best_wall, time.perf_counter() - w0)
 print(json.dumps({{"actions": s.num_compute_actions, "cpu_s": best_cpu, "wall_s": best_wall, "first_cpu_s": first_cpu,
+                  "numpy_import_cpu_s": numpy_cpu,
                   "makespan": tl.iteration_time, "events": len(tl.events)}}))
 """
 
@@ -148,8 +152,8 @@ def targets(rev: str, p: int, m: int, repeat: int) -> None:
     print(TABLE_HEAD)
     same = "same makespan" if b["makespan"] == n["makespan"] else f"MAKESPAN DIFFERS {b['makespan']} vs {n['makespan']}"
     print(target_row(f"1F1B {p}x{m} actions per CPU second", ">= 500k", base, ours, "actions/s", higher_is_better=True,
-                     extra=f"CPU {b['cpu_s']:.3f} -> {n['cpu_s']:.3f} s (first run {b['first_cpu_s']:.3f} -> "
-                           f"{n['first_cpu_s']:.3f} s); wall {b['wall_s']:.3f} -> {n['wall_s']:.3f} s; {same}"))
+                     extra=f"CPU {b['cpu_s']:.3f} -> {n['cpu_s']:.3f} s (first run, compiling, numpy imported before: "
+                           f"{b['first_cpu_s']:.3f} -> {n['first_cpu_s']:.3f} s); wall {b['wall_s']:.3f} -> {n['wall_s']:.3f} s; {same}"))
     print(target_row("  vs the naive reference loop (actions/CPU s)", ">= 10x", naive, ours, "actions/s",
                      higher_is_better=True, extra=f"naive CPU {naive_cpu:.3f} s, same makespan"))
     met = ours >= RATE_TARGET and ours >= NAIVE_TARGET * naive
