@@ -120,7 +120,14 @@ for _ in range({repeat}):
     c0, w0 = time.process_time(), time.perf_counter()
     tl = simulate(s, d, p2p_latency=20e-6)
     best_cpu, best_wall = min(best_cpu, time.process_time() - c0), min(best_wall, time.perf_counter() - w0)
-print(json.dumps({{"actions": s.num_compute_actions, "cpu_s": best_cpu, "wall_s": best_wall, "first_cpu_s": first_cpu,
+read_cpu = float("inf")  # the same with every event and the critical path read (made on first read where lazy)
+for _ in range({repeat}):
+    gc.collect()
+    c0 = time.process_time()
+    tl = simulate(s, d, p2p_latency=20e-6)
+    len(tl.events), len(tl.critical_path)
+    read_cpu = min(read_cpu, time.process_time() - c0)
+print(json.dumps({{"read_cpu_s": read_cpu, "actions": s.num_compute_actions, "cpu_s": best_cpu, "wall_s": best_wall, "first_cpu_s": first_cpu,
                   "numpy_import_cpu_s": numpy_cpu,
                   "makespan": tl.iteration_time, "events": len(tl.events)}}))
 """
@@ -156,6 +163,9 @@ def targets(rev: str, p: int, m: int, repeat: int) -> None:
                            f"{b['first_cpu_s']:.3f} -> {n['first_cpu_s']:.3f} s); wall {b['wall_s']:.3f} -> {n['wall_s']:.3f} s; {same}"))
     print(target_row("  vs the naive reference loop (actions/CPU s)", ">= 10x", naive, ours, "actions/s",
                      higher_is_better=True, extra=f"naive CPU {naive_cpu:.3f} s, same makespan"))
+    print(target_row("  with every event and the critical path read", "(shown)", b["actions"] / b["read_cpu_s"],
+                     n["actions"] / n["read_cpu_s"], "actions/s", higher_is_better=True,
+                     extra=f"CPU {b['read_cpu_s']:.3f} -> {n['read_cpu_s']:.3f} s (events made on first read)"))
     met = ours >= RATE_TARGET and ours >= NAIVE_TARGET * naive
     print(f"target {'met' if met else 'NOT met'}: {ours:,.0f} actions/CPU s (target >= {RATE_TARGET:,.0f}; today "
           f"{base:,.0f}, {ours / base:.1f}x); {ours / naive:.1f}x the naive loop (target >= {NAIVE_TARGET:.0f}x)")

@@ -161,7 +161,7 @@ class Packed:
     ``tr_pair``, ``tr_rank``: producing entry, stage pair, receiving rank), in event order."""
 
     __slots__ = ("entries", "ev_entries", "meta", "n_slots", "pairs", "rank", "plus", "minus", "tr_entry", "tr_pair",
-                 "tr_rank")
+                 "tr_rank", "_by_rank")
 
     def __init__(self, entries, ev_entries, meta, n_slots, pairs, ranks, plus, minus, tr_entry, tr_pair, tr_rank):
         import numpy as np
@@ -169,6 +169,16 @@ class Packed:
         self.entries, self.ev_entries, self.meta, self.n_slots, self.pairs = entries, ev_entries, meta, n_slots, pairs
         self.rank, self.plus, self.minus = (np.array(x, dtype=np.int64) for x in (ranks, plus, minus))
         self.tr_entry, self.tr_pair, self.tr_rank = (np.array(x, dtype=np.int64) for x in (tr_entry, tr_pair, tr_rank))
+        self._by_rank = None
+
+    def by_rank(self, R: int):
+        """``(order, lo)``: the entries grouped by rank (stable), rank ``r``'s at ``order[lo[r]:lo[r + 1]]``."""
+        if self._by_rank is None:
+            import numpy as np
+
+            order = np.argsort(self.rank, kind="stable")
+            self._by_rank = (order, np.searchsorted(self.rank[order], np.arange(R + 1), "left"))
+        return self._by_rank
 
 
 def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = False):

@@ -6,6 +6,7 @@ imported only by :meth:`Timeline.to_dataframe`. Never imports torch.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -342,7 +343,13 @@ def _lazy_attribute(name: str) -> property:
     def get(self):
         v = self.__dict__[slot]
         if isinstance(v, _Lazy):
-            v = self.__dict__[slot] = v.make(self)
+            was_enabled = gc.isenabled()
+            gc.disable()  # many small objects and no cycles, as in the simulator itself
+            try:
+                v = self.__dict__[slot] = v.make(self)
+            finally:
+                if was_enabled:
+                    gc.enable()
         return v
 
     def set(self, v):
@@ -416,11 +423,14 @@ def _linear_timeline(schedule, run, R: int):
         qr = tr_e
     nq = len(qe)
     T = max(0.0, float(ce.max()) if n else 0.0, float(qe.max()) if nq else 0.0)
-    # global event indices: each compute event followed by its transfers
-    gc = np.arange(n) + np.searchsorted(tr_e, np.arange(n), "left")
-    gq = tr_e + np.arange(nq) + 1
-    path: list[int] = []
-    if n + nq:
+
+    def critical_path(tl) -> list[Event]:
+        """From the last-ending event (a compute one on ties) back along the predecessors (global event indices:
+        each compute event followed by its transfers)."""
+        if not n + nq:
+            return []
+        gc = np.arange(n) + np.searchsorted(tr_e, np.arange(n), "left")
+        gq = tr_e + np.arange(nq) + 1
         jc = np.flatnonzero(ce == T)
         kq = np.flatnonzero(qe == T)
         last_compute = int(gc[jc[-1]]) if len(jc) else -1
@@ -429,19 +439,20 @@ def _linear_timeline(schedule, run, R: int):
         preds = np.empty(n + nq, dtype=np.int64)
         preds[gc] = run.pred
         preds[gq] = gc[tr_e]
-        seen = set()
+        preds = preds.tolist()
+        path, seen = [], set()
         while idx >= 0 and idx not in seen:
             seen.add(idx)
             path.append(idx)
-            idx = int(preds[idx])
-        path.reverse()
+            idx = preds[idx]
+        events = tl.events
+        return [events[i] for i in reversed(path)]
     busy = run.busy
     idle = [max(0.0, T - b) for b in busy]
     total_busy, total_idle = sum(busy), sum(idle)
     exposed: dict[str, float] = {}
     if nq:
-        by_rank = np.argsort(pk.rank, kind="stable")
-        c_lo = np.searchsorted(pk.rank[by_rank], np.arange(R + 1), "left")
+        by_rank, c_lo = pk.by_rank(R)
         q_order = np.argsort(qr, kind="stable")
         q_lo = np.searchsorted(qr[q_order], np.arange(R + 1), "left")
         ranks, first = np.unique(qr, return_index=True)
@@ -473,7 +484,7 @@ def _linear_timeline(schedule, run, R: int):
         bubble_fraction=total_idle / (T * R) if T > 0 and R > 0 else 0.0,
         bubble_overhead=total_idle / total_busy if total_busy > 0 else 0.0,
         exposed_comm=exposed,
-        critical_path=_Lazy(lambda tl: [tl.events[i] for i in path]),
+        critical_path=_Lazy(critical_path),
         peak_activations=peaks,
         schedule_name=schedule.name,
         num_ranks=R,
