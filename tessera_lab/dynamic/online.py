@@ -24,7 +24,6 @@ the routing given). Times are float seconds.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -36,8 +35,9 @@ from tessera_lab.dynamic.durations import PairDurations, RoutedDurations, StageC
 from tessera_lab.dynamic.evaluate import routing_counts, schedule_for
 from tessera_lab.dynamic.planner import grad_sync_tasks
 from tessera_lab.dynamic.routing import DEFAULT_JITTER, parse_routing
-from tessera_lab.errors import ConfigError, DeadlockError
+from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline import passes
+from tessera_lab.pipeline.engine import Walk, action_inputs
 from tessera_lab.pipeline.schedules import Action, ActionType, Schedule
 from tessera_lab.pipeline.simulate import Event, Timeline, _transfer_fn, simulate
 
@@ -56,18 +56,10 @@ class StepRecord:
     last_compute_end: float = 0.0
 
 
-def _needs(a: Action, S: int, s2r: dict[int, int], r: int) -> list[tuple[str, int, int, int]]:
-    """Inputs of a compute action: (kind, producing stage, micro-batch, consumer stage)."""
-    out = []
-    for x in a.leaves():
-        s, i = x.stage, x.microbatch
-        if x.type is _F and s > 0:
-            out.append(("F", s - 1, i, s))
-        elif x.type in (_B, _I):
-            out.append(("F", s, i, s))
-            if s < S - 1:
-                out.append(("G", s + 1, i, s))
-    return out
+def _needs(a: Action, S: int) -> list[tuple[str, int, int, int]]:
+    """Inputs of a compute action's non-W leaves (the engine's rule): (kind, producing stage, micro-batch,
+    consumer stage)."""
+    return action_inputs(a, S, weight=False)
 
 
 def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Sequence[GapController] | None = None,
@@ -119,13 +111,12 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
         for r in range(R):
             controllers[r].begin_step(slots[r])
             records[r].predicted = dict(controllers[r].predicted)
-    arrival: dict[tuple[str, int, int, int], float] = {}  # (kind, src stage, mb, dst stage) -> time at consumer
-    parked: dict[tuple, list[int]] = {}
+    walk = Walk(R)  # the engine: rank clocks, inputs produced (key -> time at the consumer), parked ranks, agenda
+    arrival, t_rank = walk.arrival, walk.clock  # arrival keys: (kind, src stage, mb, dst stage)
     events: list[Event] = []
     busy = [0.0] * R
     pc = [0] * R
     pos = [0] * R  # non-W actions run so far
-    t_rank = [0.0] * R
     wait_from: list[float | None] = [None] * R
     pending: list[dict[int, list[int]]] = [dict() for _ in range(R)]  # stage -> [mb per pending chunk]
     pend_s = [0.0] * R  # seconds of pending W parts
@@ -137,8 +128,6 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
     live = [0] * R
     peak = [0] * R
     last_w_end: dict[int, float] = {}
-    heap = [(0.0, r) for r in range(R)]
-    heapq.heapify(heap)
 
     def chunk_s(s: int, i: int) -> float:
         return durations(s, i, _W) / w_chunks
@@ -200,10 +189,7 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
                     pend_s[r] += chunk_s(x.stage, x.microbatch) * w_chunks
         peak[r] = max(peak[r], live[r])
 
-    def _produce(key: tuple, when: float) -> None:
-        arrival[key] = when
-        for q in parked.pop(key, ()):
-            heapq.heappush(heap, (t_rank[q], q))
+    _produce = walk.produce
 
     def displaced_stage(r: int) -> int | None:
         best = None
@@ -221,16 +207,14 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
         if k >= len(acts):
             return False
         now = t_rank[r]
-        return all(key in arrival and arrival[key] <= now for key in _needs(acts[k], S, s2r, r))
+        return all(key in arrival and arrival[key] <= now for key in _needs(acts[k], S))
 
-    while heap:
-        t, r = heapq.heappop(heap)
-        if t < t_rank[r]:
-            t = t_rank[r]
-        t_rank[r] = max(t_rank[r], t)
+    def step(r: int) -> bool:
+        """The policy hook, called by the engine (:meth:`Walk.run`) while rank ``r`` is due: decide its next action
+        at its clock; ``True``: the rank goes on at once (a static W place was passed)."""
         acts = lists[r]
         ctl = controllers[r] if controllers is not None else None
-        while pc[r] < len(acts):
+        if pc[r] < len(acts):
             a = acts[pc[r]]
             if a.type is _W:
                 s = a.stage
@@ -245,7 +229,7 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
                     else:
                         run_chunk(r, s)  # runs where the static order has it
                 pc[r] += 1
-                continue
+                return True
             # a non-W action: memory cap first
             if ctl is not None and any(x.type is _F for x in a.leaves()):
                 need = sum(1 for x in a.leaves() if x.type is _F)
@@ -254,7 +238,7 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
                     if s is None:
                         break
                     run_chunk(r, s)
-            needs = [(k, st, i, dst) for k, st, i, dst in _needs(a, S, s2r, r)]
+            needs = _needs(a, S)
             missing = [key for key in needs if key not in arrival]
             now = t_rank[r]
             arrive = max((arrival[key] for key in needs if key in arrival), default=0.0)
@@ -273,11 +257,11 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
                                     None if so is None else (so, chunk_s(so, pending[r][so][0])), later_slot=later)
                     if s is not None:
                         run_chunk(r, s)
-                        heapq.heappush(heap, (t_rank[r], r))
-                        break
+                        walk.resume(r)
+                        return False
                 if missing:
-                    parked.setdefault(missing[0], []).append(r)
-                    break
+                    walk.park(r, missing[0])
+                    return False
                 t_rank[r] = arrive
                 now = arrive
             start = now
@@ -291,17 +275,14 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
             pos[r] += 1
             pc[r] += 1
             # yield to keep global time order: others may act before this rank's next decision
-            heapq.heappush(heap, (t_rank[r], r))
-            break
-        else:
-            while True:  # after the last action: what is still pending
-                s = oldest_stage(r)
-                if s is None:
-                    break
-                run_chunk(r, s)
-    stuck = {r: str(lists[r][pc[r]]) for r in range(R) if pc[r] < len(lists[r])}
-    if stuck:
-        raise DeadlockError(f"deadlock in schedule {schedule.name!r}: ranks {sorted(stuck)} cannot progress", stuck)
+            walk.resume(r)
+            return False
+        for s in iter(lambda: oldest_stage(r), None):  # after the last action: what is still pending
+            run_chunk(r, s)
+        return False
+
+    walk.run(step)
+    Walk.check_finished(schedule.name, lists, pc)
     # gradient reduce-scatter on the comm lane
     comm_free = [0.0] * R
     if grad_sync:

@@ -1,5 +1,13 @@
-"""Discrete-event simulation of pipeline schedules (:func:`simulate`), producing a
-:class:`~tessera_lab.pipeline.timeline.Timeline`.
+"""The event engine: every walk over per-rank action lists runs here.
+
+* :func:`simulate`: discrete-event simulation of pipeline schedules, producing a
+  :class:`~tessera_lab.pipeline.timeline.Timeline` (model below). Schedules whose order of execution does not depend
+  on the times (no explicit SEND/RECV, no blocking sends) take the linear pass of :mod:`tessera_lab.pipeline.linear`
+  (the same timeline, bit for bit); the rest the event loop below.
+* :class:`Walk`: the engine for walks whose steps a caller decides, with the same dependency rule
+  (:func:`action_inputs`): an agenda of ranks by clock with a policy hook (the dynamic controller's step-by-step
+  execution, :func:`tessera_lab.dynamic.online.execute`), and a processor-sharing driver with a resource model (the
+  CPU testbed, :func:`tessera_lab.runner.testbed.sharing.simulate_shared`).
 
 Model (times in float seconds):
 
@@ -38,16 +46,17 @@ from __future__ import annotations
 
 import gc
 import math
-from typing import Callable, Iterable, Mapping
+import heapq
+from typing import Callable, Iterable
 
 from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
 from tessera_lab.pipeline.actions import ActionType
 from tessera_lab.pipeline.durations import Durations, _nonneg
 from tessera_lab.pipeline.linear import linear_plan, run_linear
 from tessera_lab.pipeline.p2p import check_nccl_order
-from tessera_lab.pipeline.timeline import Event, Timeline, _build_timeline
+from tessera_lab.pipeline.timeline import Event, Timeline, _add_comm_tasks, _build_timeline, _linear_timeline
 
-__all__ = ["compile_schedule", "simulate"]
+__all__ = ["compile_schedule", "simulate", "Walk", "action_inputs"]
 
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 _OV = ActionType.OVERLAP_F_B
@@ -211,6 +220,10 @@ def compile_schedule(schedule) -> tuple:
     return programs, explicit_send, explicit_recv, plan
 
 
+#: from this many actions up the linear pass's timeline is analysed on numpy arrays (below, numpy's per-call cost
+#: exceeds the work: the event list is made and analysed in Python); both give the same timeline
+ARRAY_TIMELINE_MIN_ACTIONS = 1024
+
 #: compiled programs of recently simulated schedules, by identity and a fingerprint of every action list
 _COMPILED: dict[int, tuple] = {}
 
@@ -237,8 +250,12 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, 
     ranks = range(R)
     programs, explicit_send, explicit_recv, plan = compiled if compiled is not None else _compiled_for(schedule)
     if plan is not None and not blocking_sends:  # the order is fixed: one pass (pipeline.linear)
-        events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer)
-        return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
+        if time_only and not comm:
+            return run_linear(plan, R, durations, xfer).iteration_time()
+        if comm or len(plan.entries) < ARRAY_TIMELINE_MIN_ACTIONS:
+            events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer, make_events=True)
+            return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
+        return _linear_timeline(schedule, run_linear(plan, R, durations, xfer), R)
 
     # ---- state ----------------------------------------------------------------------------
     done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action
@@ -421,68 +438,148 @@ def _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only):
     return _build_timeline(schedule, events, preds, R, busy, act_deltas)
 
 
-def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: int) -> None:
-    parsed = []  # (n, rank, name, seconds, label or None), in task order, up to the first malformed task
-    failure: ConfigError | None = None
-    try:
-        for n, task in enumerate(comm):
-            if isinstance(task, Mapping):
-                try:
-                    rank, name, seconds, after = task["rank"], task["collective"], task["seconds"], task.get("after")
-                except KeyError as exc:
-                    raise ConfigError(f"comm task {n}: missing key {exc.args[0]!r}; keys: rank, collective, seconds, after") from None
-            else:
-                try:
-                    rank, name, seconds, after = task
-                except (TypeError, ValueError):
-                    raise ConfigError(
-                        f"comm task {n}: expected (rank, collective_name, seconds, after_action), got {task!r}"
-                    ) from None
-            if not isinstance(rank, int) or not 0 <= rank < R:
-                raise ConfigError(f"comm task {n}: rank={rank!r} is out of range; allowed 0..{R - 1}")
-            seconds = _nonneg(f"comm task {n} seconds", seconds)
-            if seconds == 0:
-                continue  # zero-size collective: a no-op
-            parsed.append((n, rank, name, seconds, None if after is None else str(after)))
-    except ConfigError as exc:
-        failure = exc
-    # the event each named action ended with: the last compute event with that label on that rank (an
-    # OVERLAP_F_B event "(0F7;7B3)OVERLAP_F_B" also answers to each sub-action's label); found scanning backwards
-    needed = {(rank, label) for _, rank, _, _, label in parsed if label is not None}
-    found: dict[tuple[int, str], int] = {}
-    ov = _OV.value
-    for idx in range(len(events) - 1, -1, -1):
-        if len(found) == len(needed):
-            break
-        e = events[idx]
-        if e.lane != "compute":
-            continue
-        key = (e.rank, e.label)
-        if key in needed and key not in found:
-            found[key] = idx
-        if e.type == ov:
-            for x in e.label[1:e.label.index(")")].split(";"):
-                key = (e.rank, x.strip())
-                if key in needed and key not in found:
-                    found[key] = idx
-    tasks = []
-    for n, rank, name, seconds, label in parsed:
-        if label is None:
-            ready_t, pred, stage, mb = 0.0, -1, -1, None
-        else:
-            idx = found.get((rank, label))
-            if idx is None:
-                raise ConfigError(f"comm task {n}: action {label!r} does not run on rank {rank}")
-            ev = events[idx]
-            ready_t, pred, stage, mb = ev.end, idx, ev.stage, ev.microbatch
-        tasks.append((ready_t, n, rank, str(name), seconds, pred, stage, mb))
-    if failure is not None:
-        raise failure
-    tasks.sort()
-    lane_free = [0.0] * R
-    for ready_t, n, rank, name, seconds, pred, stage, mb in tasks:
-        start = max(ready_t, lane_free[rank])
-        end = start + seconds
-        lane_free[rank] = end
-        events.append(Event(rank, stage, mb, name, start, end, "comm", name))
-        preds.append(pred)
+# ---- the engine for walks that decide step by step ------------------------------------------------------------
+
+
+def action_inputs(a, num_stages: int, weight: bool = True) -> list[tuple[str, int, int, int]]:
+    """The inputs of compute action ``a`` (each leaf of a pair) under the dependency rule of this module:
+    ``(kind, producing stage, micro-batch, consuming stage)`` with kind ``"F"`` (a forward output) or ``"G"`` (an
+    input gradient); a ``W`` leaf needs its stage's own ``G`` (left out with ``weight=False``)."""
+    out = []
+    for x in (a.sub_actions or (a,)):
+        s, i, k = x.stage, x.microbatch, x.type
+        if k is _F:
+            if s > 0:
+                out.append(("F", s - 1, i, s))
+        elif k is _B or k is _I:
+            out.append(("F", s, i, s))
+            if s < num_stages - 1:
+                out.append(("G", s + 1, i, s))
+        elif k is _W and weight:
+            out.append(("G", s, i, s))
+    return out
+
+
+class Walk:
+    """The event engine's state for a walk over per-rank action lists whose steps a caller decides: each rank's
+    clock (``clock[r]``, seconds), the inputs produced so far (``arrival[key]``: the time the input is at its
+    consumer), the ranks parked on a missing input, and an agenda of ranks by clock (ties: lower rank first).
+
+    Two drivers: :meth:`run` (each rank on its own lane; the policy hook ``step(r)`` runs the rank's next
+    action(s) at its clock, calls :meth:`produce` for their outputs and :meth:`resume` or :meth:`park`; the
+    dynamic controller's execution, :func:`tessera_lab.dynamic.online.execute`) and :meth:`run_shared` (ranks
+    share processors; a resource model turns the number of ranks computing at once into their speed; the CPU
+    testbed's processor sharing, :func:`tessera_lab.runner.testbed.sharing.simulate_shared`)."""
+
+    __slots__ = ("clock", "arrival", "parked", "agenda")
+
+    def __init__(self, num_ranks: int):
+        self.clock = [0.0] * num_ranks
+        self.arrival: dict[tuple, float] = {}
+        self.parked: dict[tuple, list[int]] = {}
+        self.agenda = [(0.0, r) for r in range(num_ranks)]
+
+    def produce(self, key: tuple, when: float) -> None:
+        """Input ``key`` is at its consumer at ``when``: the ranks parked on it are due again at their clocks."""
+        self.arrival[key] = when
+        for q in self.parked.pop(key, ()):
+            heapq.heappush(self.agenda, (self.clock[q], q))
+
+    def park(self, r: int, key: tuple) -> None:
+        """Rank ``r`` waits for input ``key`` (due again when it is produced)."""
+        self.parked.setdefault(key, []).append(r)
+
+    def resume(self, r: int) -> None:
+        """Rank ``r`` is due again at its clock (after the ranks due earlier: global time order)."""
+        heapq.heappush(self.agenda, (self.clock[r], r))
+
+    def run(self, step: Callable[[int], bool]) -> None:
+        """Pop the rank due first, move its clock to that time and call the policy hook ``step(r)`` (again while it
+        returns ``True``: the rank goes on at once), until no rank is due (all finished, or the rest parked: see
+        :meth:`check_finished`)."""
+        agenda, clock, pop = self.agenda, self.clock, heapq.heappop
+        while agenda:
+            t, r = pop(agenda)
+            if t > clock[r]:
+                clock[r] = t
+            while step(r):
+                pass
+
+    @staticmethod
+    def check_finished(name: str, lists: list, pc: list[int]) -> None:
+        """Raise :class:`DeadlockError` (``stuck``: rank -> its next action) when a rank has actions left."""
+        stuck = {r: str(lists[r][pc[r]]) for r in range(len(lists)) if pc[r] < len(lists[r])}
+        if stuck:
+            raise DeadlockError(f"deadlock in schedule {name!r}: ranks {sorted(stuck)} cannot progress", stuck)
+
+    def run_shared(self, programs: list[list[tuple]], speed: Callable[[int, int], float],
+                   spent: Callable[[float, int], None], p2p: float = 0.0) -> tuple[float, list[float]]:
+        """Processor sharing: every rank runs ``programs[r]``, entries ``(needs, produces, work, latency)``
+        (``needs``: ``(kind, stage, mb, cross)``; ``produces``: ``(kind, stage, mb)``; ``work`` seconds at speed 1
+        then ``latency`` seconds blocked), each action once its inputs are available (``p2p`` seconds after their
+        producer ended when ``cross``). The resource model ``speed(computing, waiting)`` gives the speed of each
+        computing rank while ``computing`` ranks compute and ``waiting`` ranks wait or block; ``spent(dt,
+        computing)`` is told each interval. Time advances to the next completion or arrival.
+
+        Returns ``(iteration seconds, per-rank computing + blocked seconds)``.
+
+        Raises:
+            ConfigError: no rank can progress (an input never produced)."""
+        R = len(programs)
+        done = self.arrival
+        pos = [0] * R
+        state = ["idle"] * R  # idle (waiting for inputs) | cpu | block
+        left = [0.0] * R  # remaining work (cpu) or blocked seconds (block)
+        busy = [0.0] * R
+        t = 0.0
+
+        def ready(r: int) -> float | None:
+            at = 0.0
+            for kind, s, i, cross in programs[r][pos[r]][0]:
+                if (kind, s, i) not in done:
+                    return None
+                at = max(at, done[(kind, s, i)] + (p2p if cross else 0.0))
+            return at
+
+        while True:
+            pending = []
+            for r in range(R):
+                if state[r] == "idle" and pos[r] < len(programs[r]):
+                    at = ready(r)
+                    if at is not None and at <= t + 1e-15:
+                        state[r], left[r] = "cpu", programs[r][pos[r]][2]
+                    elif at is not None:
+                        pending.append(at)
+            if all(pos[r] >= len(programs[r]) for r in range(R)):
+                break
+            n_cpu = sum(1 for r in range(R) if state[r] == "cpu")
+            n_wait = sum(1 for r in range(R) if state[r] != "cpu" and pos[r] < len(programs[r]))
+            rate = speed(n_cpu, n_wait)
+            dts = [left[r] / rate for r in range(R) if state[r] == "cpu"]
+            dts += [left[r] for r in range(R) if state[r] == "block"]
+            dts += [a - t for a in pending]
+            if not dts:
+                stuck = {r: pos[r] for r in range(R) if pos[r] < len(programs[r])}
+                raise ConfigError(f"simulate_shared: no rank can progress (rank -> next action index: {stuck})")
+            dt = max(0.0, min(dts))
+            spent(dt, n_cpu)
+            for r in range(R):
+                if state[r] == "cpu":
+                    left[r] -= rate * dt
+                    busy[r] += dt
+                elif state[r] == "block":
+                    left[r] -= dt
+                    busy[r] += dt
+            t += dt
+            for r in range(R):
+                if state[r] == "cpu" and left[r] <= 1e-12:
+                    d = programs[r][pos[r]][3]
+                    state[r], left[r] = ("block", d) if d > 0 else ("end", 0.0)
+                if state[r] == "block" and left[r] <= 1e-12:
+                    state[r] = "end"
+                if state[r] == "end":
+                    for p in programs[r][pos[r]][1]:
+                        done[p] = t
+                    pos[r] += 1
+                    state[r] = "idle"
+        return t, busy

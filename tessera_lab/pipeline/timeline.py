@@ -6,12 +6,17 @@ imported only by :meth:`Timeline.to_dataframe`. Never imports torch.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.pipeline.durations import _nonneg
 
 __all__ = ["Event", "Timeline", "merge_intervals", "overlap_length", "interval_gaps", "P2P_COLLECTIVE"]
 
 P2P_COLLECTIVE = "pp_p2p"
+_OVERLAP = "OVERLAP_F_B"
 
 
 @dataclass(slots=True)
@@ -251,3 +256,237 @@ def _build_timeline(
         schedule_name=schedule.name,
         num_ranks=R,
     )
+
+
+def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: int) -> None:
+    parsed = []  # (n, rank, name, seconds, label or None), in task order, up to the first malformed task
+    failure: ConfigError | None = None
+    try:
+        for n, task in enumerate(comm):
+            if isinstance(task, Mapping):
+                try:
+                    rank, name, seconds, after = task["rank"], task["collective"], task["seconds"], task.get("after")
+                except KeyError as exc:
+                    raise ConfigError(f"comm task {n}: missing key {exc.args[0]!r}; keys: rank, collective, seconds, after") from None
+            else:
+                try:
+                    rank, name, seconds, after = task
+                except (TypeError, ValueError):
+                    raise ConfigError(
+                        f"comm task {n}: expected (rank, collective_name, seconds, after_action), got {task!r}"
+                    ) from None
+            if not isinstance(rank, int) or not 0 <= rank < R:
+                raise ConfigError(f"comm task {n}: rank={rank!r} is out of range; allowed 0..{R - 1}")
+            seconds = _nonneg(f"comm task {n} seconds", seconds)
+            if seconds == 0:
+                continue  # zero-size collective: a no-op
+            parsed.append((n, rank, name, seconds, None if after is None else str(after)))
+    except ConfigError as exc:
+        failure = exc
+    # the event each named action ended with: the last compute event with that label on that rank (an
+    # OVERLAP_F_B event "(0F7;7B3)OVERLAP_F_B" also answers to each sub-action's label); found scanning backwards
+    needed = {(rank, label) for _, rank, _, _, label in parsed if label is not None}
+    found: dict[tuple[int, str], int] = {}
+    ov = _OVERLAP
+    for idx in range(len(events) - 1, -1, -1):
+        if len(found) == len(needed):
+            break
+        e = events[idx]
+        if e.lane != "compute":
+            continue
+        key = (e.rank, e.label)
+        if key in needed and key not in found:
+            found[key] = idx
+        if e.type == ov:
+            for x in e.label[1:e.label.index(")")].split(";"):
+                key = (e.rank, x.strip())
+                if key in needed and key not in found:
+                    found[key] = idx
+    tasks = []
+    for n, rank, name, seconds, label in parsed:
+        if label is None:
+            ready_t, pred, stage, mb = 0.0, -1, -1, None
+        else:
+            idx = found.get((rank, label))
+            if idx is None:
+                raise ConfigError(f"comm task {n}: action {label!r} does not run on rank {rank}")
+            ev = events[idx]
+            ready_t, pred, stage, mb = ev.end, idx, ev.stage, ev.microbatch
+        tasks.append((ready_t, n, rank, str(name), seconds, pred, stage, mb))
+    if failure is not None:
+        raise failure
+    tasks.sort()
+    lane_free = [0.0] * R
+    for ready_t, n, rank, name, seconds, pred, stage, mb in tasks:
+        start = max(ready_t, lane_free[rank])
+        end = start + seconds
+        lane_free[rank] = end
+        events.append(Event(rank, stage, mb, name, start, end, "comm", name))
+        preds.append(pred)
+
+
+# ---- the linear pass's timeline: analyses on arrays, events made when first read ---------------------------------
+
+
+class _Lazy:
+    """A value a :class:`Timeline` computes when the attribute is first read: ``make(timeline)``."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make):
+        self.make = make
+
+
+def _lazy_attribute(name: str) -> property:
+    slot = "_" + name
+
+    def get(self):
+        v = self.__dict__[slot]
+        if isinstance(v, _Lazy):
+            was_enabled = gc.isenabled()
+            gc.disable()  # many small objects and no cycles, as in the simulator itself
+            try:
+                v = self.__dict__[slot] = v.make(self)
+            finally:
+                if was_enabled:
+                    gc.enable()
+        return v
+
+    def set(self, v):
+        self.__dict__[slot] = v
+
+    return property(get, set, doc=f"``{name}`` (made when first read)")
+
+
+def _timeline_state(self) -> dict:
+    """Pickle/copy state with every lazily made attribute made."""
+    return {k: (v.make(self) if isinstance(v, _Lazy) else v) for k, v in self.__dict__.items()}
+
+
+Timeline.events = _lazy_attribute("events")
+Timeline.critical_path = _lazy_attribute("critical_path")
+Timeline.__getstate__ = _timeline_state
+
+
+def _exposed_on_rank(np, cs, ce, T: float, qs, qe) -> float | None:
+    """:func:`overlap_length` of the merged comm intervals ``(qs, qe)`` with the idle gaps that the rank's compute
+    intervals ``(cs, ce)`` (in lane order) leave in ``[0, T]``, on arrays; the overlaps are summed in the same
+    order as :func:`overlap_length` (so the float is the same). ``None`` when the compute intervals are not in lane
+    order (the caller then uses the interval helpers)."""
+    keep = ce > cs
+    cs, ce = cs[keep], ce[keep]
+    if len(cs) > 1 and bool((cs[1:] < ce[:-1]).any()):
+        return None
+    gs, ge = np.concatenate(([0.0], ce)), np.concatenate((cs, [T]))
+    g = ge > gs
+    gs, ge = gs[g], ge[g]
+    o = np.lexsort((qe, qs))
+    s, e = qs[o], qe[o]
+    k = e > s
+    s, e = s[k], e[k]
+    if not len(s) or not len(gs):
+        return 0.0
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > np.maximum.accumulate(e)[:-1]
+    first = np.flatnonzero(new)
+    a, b = s[first], np.maximum.reduceat(e, first)
+    lo = np.searchsorted(ge, a, "right")
+    counts = np.maximum(np.searchsorted(gs, b, "left") - lo, 0)
+    total = int(counts.sum())
+    if not total:
+        return 0.0
+    gi = np.repeat(np.arange(len(a)), counts)
+    h = np.arange(total) - np.repeat(np.cumsum(counts) - counts - lo, counts)
+    lengths = np.minimum(b[gi], ge[h]) - np.maximum(a[gi], gs[h])
+    return float(np.cumsum(lengths)[-1])
+
+
+def _linear_timeline(schedule, run, R: int):
+    """The :class:`Timeline` of a :func:`tessera_lab.pipeline.linear.run_linear` pass, the same as
+    :func:`_build_timeline` of its events, computed on arrays (events and critical path made when first read)."""
+    import numpy as np
+
+    pk = run.packed
+    cs, ce = np.array(run.start, dtype=float), np.array(run.end, dtype=float)
+    n = len(ce)
+    if len(pk.tr_pair):
+        dts = np.array(run.pair_time, dtype=float)[pk.tr_pair]
+        mask = dts > 0
+        tr_e = pk.tr_entry[mask]
+        qs = ce[tr_e]
+        qe = qs + dts[mask]
+        qr = pk.tr_rank[mask]
+    else:
+        tr_e = np.zeros(0, dtype=np.int64)
+        qs = qe = np.zeros(0)
+        qr = tr_e
+    nq = len(qe)
+    T = max(0.0, float(ce.max()) if n else 0.0, float(qe.max()) if nq else 0.0)
+
+    def critical_path(tl) -> list[Event]:
+        """From the last-ending event (a compute one on ties) back along the predecessors (global event indices:
+        each compute event followed by its transfers)."""
+        if not n + nq:
+            return []
+        gc = np.arange(n) + np.searchsorted(tr_e, np.arange(n), "left")
+        gq = tr_e + np.arange(nq) + 1
+        jc = np.flatnonzero(ce == T)
+        kq = np.flatnonzero(qe == T)
+        last_compute = int(gc[jc[-1]]) if len(jc) else -1
+        last_any = max(last_compute, int(gq[kq[-1]]) if len(kq) else -1)
+        idx = last_compute if last_compute >= 0 else last_any
+        preds = np.empty(n + nq, dtype=np.int64)
+        preds[gc] = run.pred
+        preds[gq] = gc[tr_e]
+        preds = preds.tolist()
+        path, seen = [], set()
+        while idx >= 0 and idx not in seen:
+            seen.add(idx)
+            path.append(idx)
+            idx = preds[idx]
+        events = tl.events
+        return [events[i] for i in reversed(path)]
+    busy = run.busy
+    idle = [max(0.0, T - b) for b in busy]
+    total_busy, total_idle = sum(busy), sum(idle)
+    exposed: dict[str, float] = {}
+    if nq:
+        by_rank, c_lo = pk.by_rank(R)
+        q_order = np.argsort(qr, kind="stable")
+        q_lo = np.searchsorted(qr[q_order], np.arange(R + 1), "left")
+        ranks, first = np.unique(qr, return_index=True)
+        for r in ranks[np.argsort(first, kind="stable")].tolist():
+            ci, qi = by_rank[c_lo[r]:c_lo[r + 1]], q_order[q_lo[r]:q_lo[r + 1]]
+            x = _exposed_on_rank(np, cs[ci], ce[ci], T, qs[qi], qe[qi])
+            if x is None:  # pragma: no cover - the linear pass runs each rank's lane in order
+                x = overlap_length(merge_intervals(zip(qs[qi].tolist(), qe[qi].tolist())),
+                                   interval_gaps(merge_intervals(zip(cs[ci].tolist(), ce[ci].tolist())), T))
+            exposed[P2P_COLLECTIVE] = exposed.get(P2P_COLLECTIVE, 0.0) + x
+    peaks = [0] * R
+    pm, mm = pk.plus > 0, pk.minus > 0
+    if pm.any() or mm.any():
+        t = np.concatenate((cs[pm], ce[mm]))
+        d = np.concatenate((pk.plus[pm], -pk.minus[mm]))
+        rr = np.concatenate((pk.rank[pm], pk.rank[mm]))
+        o = np.lexsort((d, t, rr))
+        cum, rr = np.cumsum(d[o]), rr[o]
+        lo = np.searchsorted(rr, np.arange(R + 1), "left")
+        for r in range(R):
+            if lo[r + 1] > lo[r]:
+                base = int(cum[lo[r] - 1]) if lo[r] > 0 else 0
+                peaks[r] = max(0, int(cum[lo[r]:lo[r + 1]].max()) - base)
+    tl = Timeline(
+        events=_Lazy(lambda tl: run.events(R)[0]),
+        iteration_time=T,
+        per_rank_busy=busy,
+        per_rank_idle=idle,
+        bubble_fraction=total_idle / (T * R) if T > 0 and R > 0 else 0.0,
+        bubble_overhead=total_idle / total_busy if total_busy > 0 else 0.0,
+        exposed_comm=exposed,
+        critical_path=_Lazy(critical_path),
+        peak_activations=peaks,
+        schedule_name=schedule.name,
+        num_ranks=R,
+    )
+    return tl

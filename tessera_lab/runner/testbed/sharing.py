@@ -31,6 +31,7 @@ from typing import Callable, Mapping
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline.actions import ActionType
+from tessera_lab.pipeline.engine import Walk, action_inputs
 
 __all__ = ["share_rate", "corun_slowdown", "simulate_shared"]
 
@@ -111,20 +112,8 @@ def simulate_shared(schedule, work: Callable[[int, int | None, ActionType], floa
         for a in schedule.actions.get(r, []):
             if not a.is_compute:
                 continue
-            needs, prods = [], []
-            for x in _leaves(a):
-                s, i, k = x.stage, x.microbatch, x.type
-                if k is _F:
-                    if s > 0:
-                        needs.append(("F", s - 1, i, s2r[s - 1] != r))
-                    prods.append(("F", s, i))
-                elif k in (_B, _I):
-                    needs.append(("F", s, i, False))
-                    if s < S - 1:
-                        needs.append(("G", s + 1, i, s2r[s + 1] != r))
-                    prods.append(("G", s, i))
-                elif k is _W:
-                    needs.append(("G", s, i, False))
+            needs = [(k, src, i, s2r[src] != r) for k, src, i, _ in action_inputs(a, S)]
+            prods = [("F" if x.type is _F else "G", x.stage, x.microbatch) for x in _leaves(a) if x.type is not _W]
             key = next(((x.stage, x.microbatch) for x in _leaves(a) if x.type is not _F),
                         (a.stage, a.microbatch)) if a.sub_actions else (a.stage, a.microbatch)
             typ = _OV if a.sub_actions else a.type
@@ -133,70 +122,36 @@ def simulate_shared(schedule, work: Callable[[int, int | None, ActionType], floa
                 raise ConfigError(f"simulate_shared: action {a} on rank {r} has work {w!r}, latency {d!r}")
             prog.append((needs, prods, w, d))
         progs.append(prog)
-    done: dict[tuple, float] = {}  # product -> time it is available on its own rank
-    pos = [0] * R
-    state = ["idle"] * R  # idle (waiting for inputs) | cpu | block
-    left = [0.0] * R  # remaining work (cpu) or blocked seconds (block)
-    busy = [0.0] * R
-    t = 0.0
-    rate_area = n_area = cpu_time = cpu_area = 0.0
-
-    def ready(r: int) -> float | None:
-        needs = progs[r][pos[r]][0]
-        at = 0.0
-        for kind, s, i, cross in needs:
-            if (kind, s, i) not in done:
-                return None
-            at = max(at, done[(kind, s, i)] + (p2p if cross else 0.0))
-        return at
-
-    while True:
-        pending = []
-        for r in range(R):
-            if state[r] == "idle" and pos[r] < len(progs[r]):
-                at = ready(r)
-                if at is not None and at <= t + 1e-15:
-                    state[r], left[r] = "cpu", progs[r][pos[r]][2]
-                elif at is not None:
-                    pending.append(at)
-        if all(pos[r] >= len(progs[r]) for r in range(R)):
-            break
-        n_cpu = sum(1 for r in range(R) if state[r] == "cpu") * procs_per_rank
-        n_wait = sum(1 for r in range(R) if state[r] != "cpu" and pos[r] < len(progs[r])) * procs_per_rank
-        share = rate = share_rate(n_cpu, cores, external, wait_cpu * n_wait)
-        if n_cpu:
-            rate /= corun_slowdown(corun, n_cpu + external + others, mc)
-        dts = [left[r] / rate for r in range(R) if state[r] == "cpu"]
-        dts += [left[r] for r in range(R) if state[r] == "block"]
-        dts += [a - t for a in pending]
-        if not dts:
-            stuck = {r: pos[r] for r in range(R) if pos[r] < len(progs[r])}
-            raise ConfigError(f"simulate_shared: no rank can progress (rank -> next action index: {stuck})")
-        dt = max(0.0, min(dts))
-        if n_cpu:
-            rate_area += rate * dt
-            cpu_time += dt
-            n_area += n_cpu * dt
-            cpu_area += n_cpu * share * dt
-        for r in range(R):
-            if state[r] == "cpu":
-                left[r] -= rate * dt
-                busy[r] += dt
-            elif state[r] == "block":
-                left[r] -= dt
-                busy[r] += dt
-        t += dt
-        for r in range(R):
-            if state[r] == "cpu" and left[r] <= 1e-12:
-                d = progs[r][pos[r]][3]
-                state[r], left[r] = ("block", d) if d > 0 else ("end", 0.0)
-            if state[r] == "block" and left[r] <= 1e-12:
-                state[r] = "end"
-            if state[r] == "end":
-                for p in progs[r][pos[r]][1]:
-                    done[p] = t
-                pos[r] += 1
-                state[r] = "idle"
+    model = _SharedCores(cores, external, procs_per_rank, wait_cpu, corun, mc, others)
+    t, busy = Walk(R).run_shared(progs, model.speed, model.spent, p2p)
     return {"iteration_s": t, "per_rank_busy_s": busy,
-            "mean_rate": rate_area / cpu_time if cpu_time > 0 else 1.0,
-            "busy_processes": n_area / t if t > 0 else 0.0, "cpu_s": cpu_area}
+            "mean_rate": model.rate_area / model.cpu_time if model.cpu_time > 0 else 1.0,
+            "busy_processes": model.n_area / t if t > 0 else 0.0, "cpu_s": model.cpu_area}
+
+
+class _SharedCores:
+    """The resource model of :func:`simulate_shared` on the engine (:meth:`tessera_lab.pipeline.engine.Walk.run_shared`):
+    the speed of a computing process from the ranks computing and waiting (:func:`share_rate`, then
+    :func:`corun_slowdown`), and the time integrals of the speed, the computing processes and the CPU they use."""
+
+    def __init__(self, cores, external, procs, wait_cpu, corun, machine_cores, others):
+        self.cores, self.external, self.procs, self.wait_cpu = cores, external, procs, wait_cpu
+        self.corun, self.mc, self.others = corun, machine_cores, others
+        self.rate = self.share = 1.0
+        self.rate_area = self.n_area = self.cpu_time = self.cpu_area = 0.0
+
+    def speed(self, computing: int, waiting: int) -> float:
+        n_cpu = computing * self.procs
+        share = rate = share_rate(n_cpu, self.cores, self.external, self.wait_cpu * waiting * self.procs)
+        if n_cpu:
+            rate /= corun_slowdown(self.corun, n_cpu + self.external + self.others, self.mc)
+        self.share, self.rate = share, rate
+        return rate
+
+    def spent(self, dt: float, computing: int) -> None:
+        if computing:
+            n_cpu = computing * self.procs
+            self.rate_area += self.rate * dt
+            self.cpu_time += dt
+            self.n_area += n_cpu * dt
+            self.cpu_area += n_cpu * self.share * dt

@@ -1,0 +1,147 @@
+"""The event engine's pieces against independent references: the array form of the exposure computation against the
+interval helpers (random intervals, touching and empty ones included), the timeline's lazily made events and
+critical path, the Walk's agenda (a hand example) and deadlock report, the processor-sharing driver by hand."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tessera_lab.errors import ConfigError, DeadlockError
+from tessera_lab.pipeline.engine import Walk, action_inputs
+from tessera_lab.pipeline.schedules import ActionType, build_schedule
+from tessera_lab.pipeline.simulate import simulate, uniform_durations
+from tessera_lab.pipeline.timeline import (_Lazy, _exposed_on_rank, interval_gaps, merge_intervals,
+                                           overlap_length)
+
+_times = st.integers(0, 12).map(lambda x: x * 0.25)  # a coarse grid: ties, touching and empty intervals are common
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_times, _times), max_size=8), st.lists(st.tuples(_times, st.integers(0, 6)), max_size=8),
+       st.integers(0, 8))
+def test_exposure_on_arrays_equals_the_interval_helpers(gaps_durs, comm, tail):
+    """A rank's compute intervals in lane order (each starts at or after the previous end), comm intervals anywhere
+    (overlapping, touching, empty): the array computation gives the float of the helpers exactly."""
+    cs, ce, t = [], [], 0.0
+    for gap, dur in gaps_durs:
+        t += gap
+        cs.append(t)
+        t += dur
+        ce.append(t)
+    qs = [s for s, _ in comm]
+    qe = [s + 0.25 * k for s, k in comm]
+    T = max([t, *qe]) + 0.25 * tail
+    want = overlap_length(merge_intervals(zip(qs, qe)), interval_gaps(merge_intervals(zip(cs, ce)), T))
+    got = _exposed_on_rank(np, np.array(cs, dtype=float), np.array(ce, dtype=float), T, np.array(qs, dtype=float),
+                           np.array(qe, dtype=float))
+    assert got == want
+
+
+def test_exposure_by_hand():
+    """Compute [0, 1] and [3, 4] in [0, 6]: idle (1, 3) and (4, 6). Transfers (0.5, 2) and (1.5, 3.5) merge into
+    (0.5, 3.5): 2 s idle under them; (5, 7) is cut at... T = 6 is the caller's: (5, 6) gives 1 more -> 3."""
+    got = _exposed_on_rank(np, np.array([0.0, 3.0]), np.array([1.0, 4.0]), 6.0, np.array([0.5, 1.5, 5.0]),
+                           np.array([2.0, 3.5, 6.0]))
+    assert got == 3.0
+
+
+def test_timeline_events_are_made_when_first_read_and_shared_with_the_critical_path(monkeypatch):
+    from tessera_lab.pipeline import engine
+
+    monkeypatch.setattr(engine, "ARRAY_TIMELINE_MIN_ACTIONS", 0)  # the array path, as for long schedules
+    s = build_schedule("1f1b", 4, 8)
+    tl = simulate(s, uniform_durations(1.0, 2.0), p2p_latency=0.1)
+    assert isinstance(tl.__dict__["_events"], _Lazy) and isinstance(tl.__dict__["_critical_path"], _Lazy)
+    # the event loop (blocking sends: same semantics without SEND/RECV actions) as the reference; without latency
+    # the closed form of 1F1B, (m + p - 1)(F + B)
+    assert tl.iteration_time == simulate(s, uniform_durations(1.0, 2.0), p2p_latency=0.1, blocking_sends=True).iteration_time
+    assert simulate(s, uniform_durations(1.0, 2.0)).iteration_time == (8 + 4 - 1) * 3.0
+    ev = tl.events
+    assert len(ev) == 2 * 4 * 8 + 2 * 3 * 8  # compute events + one transfer per boundary, direction and micro-batch
+    assert all(any(x is e for e in ev) for x in tl.critical_path)
+    assert tl.critical_path[-1].end == tl.iteration_time
+    back = pickle.loads(pickle.dumps(tl))
+    assert back.events == ev and back.summary() == tl.summary() and copy.deepcopy(tl).events == ev
+
+
+def test_walk_agenda_by_hand():
+    """Rank 0 runs two 1 s actions and its second one's output reaches rank 1 0.25 s after it ends; rank 1 then runs
+    a 0.5 s action. The policy hook sees ranks in clock order (ties: lower rank first); rank 1 parks on the missing
+    input and is due again at its own clock (0) once it is produced, then starts at the arrival (2.25) and ends at
+    2.75. Order: r0@0, r1@0 (parks), r0@1 (produces), r1@0 (runs), r0@2 (done), r1@2.75 (done)."""
+    w = Walk(2)
+    seen = []
+    work = {0: [1.0, 1.0], 1: [0.5]}
+
+    def step(r):
+        seen.append((r, w.clock[r]))
+        if r == 1 and work[1]:
+            if ("x",) not in w.arrival:
+                w.park(1, ("x",))
+                return False
+            w.clock[1] = max(w.clock[1], w.arrival[("x",)])
+        if work[r]:
+            w.clock[r] += work[r].pop(0)
+            if r == 0 and not work[0]:
+                w.produce(("x",), w.clock[0] + 0.25)
+            w.resume(r)
+        return False
+
+    w.run(step)
+    assert seen == [(0, 0.0), (1, 0.0), (0, 1.0), (1, 0.0), (0, 2.0), (1, 2.75)]
+    with pytest.raises(DeadlockError, match="ranks \\[1\\]"):
+        Walk.check_finished("demo", [["a"], ["b", "c"]], [1, 1])
+
+
+def test_run_shared_by_hand():
+    """Two ranks, one action each (2 and 1 CPU-seconds, no inputs) on one core shared equally (speed 1/2 while both
+    compute): rank 1 ends at 2 s, rank 0 then runs alone and ends at 2 + 1 = 3 s."""
+    spent = []
+    t, busy = Walk(2).run_shared([[((), (), 2.0, 0.0)], [((), (), 1.0, 0.0)]],
+                                 lambda computing, waiting: 1.0 / max(1, computing), lambda dt, n: spent.append((dt, n)))
+    assert t == 3.0 and busy == [3.0, 2.0] and spent == [(2.0, 2), (1.0, 1)]
+    with pytest.raises(ConfigError, match="no rank can progress"):
+        Walk(1).run_shared([[((("F", 0, 0, False),), (), 1.0, 0.0)]], lambda c, w: 1.0, lambda dt, n: None)
+
+
+def test_action_inputs_rule():
+    s = build_schedule("zb-h1", 3, 3)
+    acts = {str(a): a for a in s.actions[1]}
+    assert action_inputs(acts["1F0"], 3) == [("F", 0, 0, 1)]
+    assert action_inputs(acts["1I0"], 3) == [("F", 1, 0, 1), ("G", 2, 0, 1)]
+    assert action_inputs(acts["1W0"], 3) == [("G", 1, 0, 1)] and action_inputs(acts["1W0"], 3, weight=False) == []
+    assert acts["1W0"].type is ActionType.W
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "zb-h2", "overlapped", "dualpipev", "interleaved", "gpipe"])
+@pytest.mark.parametrize("p2p", [0.0, 0.05, 0.3])
+def test_array_timeline_equals_the_event_list_timeline(name, p2p, monkeypatch):
+    """The linear pass's timeline analysed on arrays (long schedules) and from its event list (short ones, and with
+    comm tasks) are the same, bit for bit: forced onto each path for the same short schedules."""
+    import random
+
+    from tessera_lab.pipeline import engine
+    from tessera_lab.pipeline.simulate import stage_durations
+
+    rng = random.Random(hash((name, p2p)) % 1000)
+    p, vpp = (3, 2) if name == "interleaved" else (4, 1)
+    sched = build_schedule(name, p, 8, vpp)
+    S = sched.num_stages
+    f = [rng.uniform(0.5, 1.5) for _ in range(S)]
+    b = [rng.uniform(1.0, 3.0) for _ in range(S)]
+    d = stage_durations(f, b, [x * 0.3 for x in b], fb=[x + y * 0.8 for x, y in zip(f, b)])
+    pt = lambda a, c: 0.01 * abs(a - c)  # noqa: E731
+    runs = []
+    for threshold in (10**9, 0):
+        monkeypatch.setattr(engine, "ARRAY_TIMELINE_MIN_ACTIONS", threshold)
+        tl = simulate(sched, d, p2p_latency=p2p, p2p_time=pt)
+        runs.append((tl.summary(), tl.bubble_fraction, tl.bubble_overhead, tl.events, tl.critical_path,
+                     simulate(sched, d, p2p_latency=p2p, p2p_time=pt, time_only=True)))
+    assert runs[0] == runs[1]
+    assert runs[0][5] == runs[0][0]["makespan"]
