@@ -3,7 +3,9 @@ in-flight count against the simulated peaks, the zb-auto search's never-slower r
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -229,3 +231,17 @@ def test_cli_zb_auto_never_slower_random(tmp_path, p, extra, f, b, wfrac, lat, k
         assert res["makespan"] <= h1 * (1 + 1e-12)
         if K >= 2 * p - 1:
             assert res["makespan"] <= h2 * (1 + 1e-12)
+
+
+_PINNED = json.loads((Path(__file__).parent / "data" / "zb_auto_makespans.json").read_text())["cases"]
+
+
+def test_zb_auto_never_longer_than_the_pinned_makespans():
+    """The makespans of the exhaustive candidate search (revision 89dd0f4, tests/data/zb_auto_makespans.json: the
+    304 searches of bench_schedules.py's profiles at pp 4, 6, 8, 12) are an upper bound on every case."""
+    worse = []
+    for c in _PINNED:
+        T = zb_auto(c["pp"], c["m"], c["f"], c["i"], c["w"], p2p=c["p2p"], memory_budget=c["K"]).meta["makespan"]
+        if T > c["makespan"] * (1 + 1e-12):
+            worse.append((c["pp"], c["m"], c["profile"], c["p2p"], c["K"], T, c["makespan"]))
+    assert not worse, worse
