@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
@@ -32,27 +31,17 @@ from tessera_lab.pipeline.durations import stage_durations
 from tessera_lab.pipeline.engine import simulate
 from tessera_lab.pipeline.generators import _check_int, zb_h1
 from tessera_lab.pipeline.ir import Schedule
+from tessera_lab.pipeline.zbsingle import (  # noqa: F401 - Policy, POLICIES re-exported
+    POLICIES,
+    Policy,
+    check_single,
+    greedy_single,
+    replay_single,
+)
 
 __all__ = ["Policy", "POLICIES", "greedy_order", "zb_h2", "zb_v", "zb_auto", "peak_memory", "order_peak"]
 
 _F, _I, _W = ActionType.F, ActionType.I, ActionType.W
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Switches of the greedy list scheduler (see the module docstring)."""
-
-    f_first: bool = True  # F before a pending W when both can run (ZB-H2-like); False: W first (ZB-H1-like)
-    stagger: bool = True  # at most 2(p - r) - 1 micro-batches awaiting I on rank r (single-chunk placement)
-    fit: bool = False  # W fills an idle gap only if it ends before the next known F/I start
-    reserve_all: bool = True  # ranks with several stages: a started micro-batch reserves room for all its later
-    # stages on the rank (False: room for one later-stage forward per stage)
-
-
-POLICIES: tuple[Policy, ...] = tuple(
-    Policy(f_first=a, stagger=b, fit=c, reserve_all=d)
-    for d in (True, False) for a in (True, False) for b in (True, False) for c in (False, True)
-)
 
 
 def _per_stage(name: str, value, n: int) -> list[float]:
@@ -92,11 +81,11 @@ def greedy_order(
         memory_budget: activations a rank may hold, in micro-batches of its whole activations.
         policy: the :class:`Policy` switches.
         inline: with one stage per rank (stage ``s`` on rank ``s``), run the inlined loop of
-            :func:`_greedy_single` (the same orders, about 3x faster); ``False`` runs the general loop.
+            :func:`~tessera_lab.pipeline.zbsingle.greedy_single` (the same orders, about 3x faster); ``False`` runs the general loop.
     """
     S = len(stage_to_rank)
     if inline and all(stage_to_rank.get(s) == s for s in range(S)):  # one stage per rank, stage s on rank s: inlined
-        return _greedy_single(m, f, i, w, p2p, memory_budget, policy)
+        return greedy_single(m, f, i, w, p2p, memory_budget, policy)
     R = max(stage_to_rank.values()) + 1
     stages = [sorted(s for s in range(S) if stage_to_rank[s] == r) for r in range(R)]
     unit = [1.0 / len(stages[stage_to_rank[s]]) for s in range(S)]
@@ -214,118 +203,6 @@ def greedy_order(
             heapq.heappush(heap, (nxt, r))
 
 
-@lru_cache(maxsize=64)
-def _action_table(S: int, m: int) -> tuple[tuple[tuple[Action, ...], ...], ...]:
-    """``table[kind][stage][k]``: the F, I and W :class:`Action` objects (kind 0, 1, 2) of ``S`` stages and ``m``
-    micro-batches, built once (frozen, shared by every order built from them)."""
-    return tuple(tuple(tuple(Action(s, kind, k) for k in range(m)) for s in range(S)) for kind in (_F, _I, _W))
-
-
-def _greedy_single(m: int, f: Sequence[float], i: Sequence[float], w: Sequence[float], p2p: float,
-                   memory_budget: float, policy: Policy) -> dict[int, list[Action]] | None:
-    """:func:`greedy_order` for one stage per rank with stage ``s`` on rank ``s``: the same decisions and the same
-    float operations, inlined (tests/test_zerobubble.py compares the orders on random inputs)."""
-    R = S = len(f)
-    f_lim = [2 * (R - r) - 1 if policy.stagger else math.inf for r in range(R)]
-    scale = max([1.0] + list(f) + list(i) + list(w))
-    tol = 1e-9 * scale
-    cap = memory_budget + 1e-9
-    f_first, fit = policy.f_first, policy.fit
-    FA, IA, WA = _action_table(S, m)
-    f_end = [[None] * m for _ in range(S)]
-    i_end = [[None] * m for _ in range(S)]
-    nf, ni, nw = [0] * S, [0] * S, [0] * S
-    live = [0.0] * R
-    t = [0.0] * R
-    left = [3 * m] * R
-    blocked: list[int] = []
-    heap = [(0.0, r) for r in range(R)]
-    lists: dict[int, list[Action]] = {r: [] for r in range(R)}
-    last = S - 1
-    pop, push = heapq.heappop, heapq.heappush
-    inf = math.inf
-    while heap:
-        T, r = pop(heap)
-        if T != t[r] or not left[r] or r in blocked:
-            continue  # stale entry
-        k = ni[r]
-        bi = None  # ready time of the oldest I, if known
-        if k < nf[r]:
-            bi = f_end[r][k]
-            if r < last:
-                e = i_end[r + 1][k]
-                if e is None:
-                    bi = None
-                else:
-                    e = e + p2p
-                    bi = e if e > bi else bi
-        kf = nf[r]
-        bf = None  # ready time of the next F, if known and allowed
-        if kf < m and live[r] + 1.0 <= cap and kf - k < f_lim[r]:
-            if r == 0:
-                bf = 0.0
-            else:
-                e = f_end[r - 1][kf]
-                bf = None if e is None else e + p2p
-        kind = None
-        if bi is not None and bi <= T + tol:
-            kind, ready = 1, bi
-        else:
-            f_now = bf is not None and bf <= T + tol
-            w_pend = nw[r] < k
-            if f_now and (f_first or not w_pend):
-                kind, ready = 0, bf
-            elif w_pend:
-                if bi is None:
-                    nxt = inf if bf is None else bf
-                else:
-                    nxt = bi if bf is None or bi < bf else bf
-                if f_now or not fit or nxt == inf or T + w[r] <= nxt + tol:
-                    kind, ready = 2, T
-        if kind is None:
-            nxt = None
-            if bi is not None:
-                nxt = bi
-            if bf is not None and (nxt is None or bf < nxt):
-                nxt = bf
-            Ttol = T + tol
-            for x in range(R):
-                if x != r and left[x] and t[x] > Ttol and (nxt is None or t[x] < nxt):
-                    nxt = t[x]
-            if nxt is None:
-                blocked.append(r)
-            else:
-                t[r] = nxt
-                push(heap, (nxt, r))
-            continue
-        tr = t[r]
-        start = ready if ready > tr else tr
-        if kind == 1:
-            end = i_end[r][k] = start + i[r]
-            ni[r] = k + 1
-            lists[r].append(IA[r][k])
-        elif kind == 0:
-            end = f_end[r][kf] = start + f[r]
-            nf[r] = kf + 1
-            live[r] += 1.0
-            lists[r].append(FA[r][kf])
-        else:
-            kw = nw[r]
-            nw[r] = kw + 1
-            live[r] -= 1.0
-            end = start + w[r]
-            lists[r].append(WA[r][kw])
-        t[r] = end
-        left[r] -= 1
-        if left[r]:
-            push(heap, (end, r))
-        if blocked:
-            for x in blocked:
-                push(heap, (t[x], x))
-            blocked.clear()
-    return lists if not any(left) else None
-
-
 def _replay(sched: Schedule, durations, p2p: float, budget: float) -> float | None:
     """Makespan of an F/I/W-only order under per-stage ``durations`` (the simulator's rules with non-blocking
     sends and the same float operations, so the same number), or ``None`` if a rank's peak activations exceed
@@ -379,84 +256,6 @@ def _replay(sched: Schedule, durations, p2p: float, budget: float) -> float | No
     if any(pos[r] < len(lists[r]) for r in range(R)):
         return None
     return max(t)
-
-
-def _replay_single(lists: dict[int, list[Action]], m: int, f, i, w, p2p: float, budget: float) -> float | None:
-    """:func:`_replay` for one stage per rank with stage ``s`` on rank ``s`` and an F/I/W order holding each
-    stage's ``3 m`` actions: the same float operations (so the same number) on lists instead of dicts; ``None``
-    if a rank's peak activations exceed ``budget`` or the orders cannot run."""
-    R = len(f)
-    cap = budget + 1e-9
-    for r in range(R):  # peak live activations from the order alone (order_peak)
-        live = 0
-        for a in lists[r]:
-            if a.type is _F:
-                live += 1
-                if live > cap:
-                    return None
-            elif a.type is _W:
-                live -= 1
-    f_end = [[None] * m for _ in range(R)]
-    i_end = [[None] * m for _ in range(R)]
-    pos, t = [0] * R, [0.0] * R
-    ns = [len(lists[r]) for r in range(R)]
-    last = R - 1
-    progress = True
-    while progress:
-        progress = False
-        for r in range(R):
-            acts, p, n, tr = lists[r], pos[r], ns[r], t[r]
-            fe, ie = f_end[r], i_end[r]
-            while p < n:
-                a = acts[p]
-                k, kind = a.microbatch, a.type
-                if kind is _F:
-                    if r > 0:
-                        e = f_end[r - 1][k]
-                        if e is None:
-                            break
-                        e = e + p2p
-                        tr = e if e > tr else tr
-                    tr = fe[k] = tr + f[r]
-                elif kind is _I:
-                    e = fe[k]
-                    if e is None:
-                        break
-                    tr = e if e > tr else tr
-                    if r < last:
-                        e = i_end[r + 1][k]
-                        if e is None:
-                            break
-                        e = e + p2p
-                        tr = e if e > tr else tr
-                    tr = ie[k] = tr + i[r]
-                else:
-                    e = ie[k]
-                    if e is None:
-                        break
-                    tr = e if e > tr else tr
-                    tr = tr + w[r]
-                p += 1
-            if p != pos[r]:
-                pos[r], t[r] = p, tr
-                progress = True
-    if pos != ns:
-        return None
-    return max(t)
-
-
-def _check_single(sched: Schedule) -> Schedule:
-    """The checks of :meth:`Schedule.validate` that the pruned search's candidates need beyond its replay (which
-    has run the orders to the end): every rank ``r`` lists exactly the F, I and W of stage ``r`` for every
-    micro-batch, once each."""
-    m = sched.num_microbatches
-    for r in range(sched.num_ranks):
-        acts = sched.actions.get(r, [])
-        want = set(_action_table(sched.num_stages, m)[0][r] + _action_table(sched.num_stages, m)[1][r]
-                   + _action_table(sched.num_stages, m)[2][r])
-        if len(acts) != 3 * m or set(acts) != want:
-            raise ScheduleError(f"zb-auto: rank {r}'s order does not hold each F, I and W of stage {r} once")
-    return sched
 
 
 def _schedule(name: str, stage_to_rank: dict[int, int], m: int, lists, **meta) -> Schedule:
@@ -666,13 +465,13 @@ PRUNED_POLICIES = (Policy(True, True, False), Policy(True, True, True), Policy(T
 
 def _zb_auto_pruned(pp: int, m: int, f, i, w, p2p: float, K: float, durations) -> Schedule:
     """The pruned search (one stage per rank): :data:`PRUNED_POLICIES` on the stage times, then the
-    time-independent candidates of :func:`_pruned_candidates`, each timed by :func:`_replay_single`; the shortest
+    time-independent candidates of :func:`_pruned_candidates`, each timed by :func:`~tessera_lab.pipeline.zbsingle.replay_single`; the shortest
     that fits ``K`` (ties: the first). The makespan is the replay's (equal to the simulator's, tested); the winner
-    is checked by :func:`_check_single` (the replay has shown that its orders run)."""
+    is checked by :func:`~tessera_lab.pipeline.zbsingle.check_single` (the replay has shown that its orders run)."""
     s2r = {s: s for s in range(pp)}
     cands = []
     for pol in PRUNED_POLICIES:
-        lists = _greedy_single(m, f, i, w, p2p, K, pol)
+        lists = greedy_single(m, f, i, w, p2p, K, pol)
         if lists is not None:
             cands.append((f"greedy(f_first={pol.f_first}, stagger={pol.stagger}, fit={pol.fit}; times)",
                           _schedule("zb-auto", s2r, m, lists)))
@@ -682,7 +481,7 @@ def _zb_auto_pruned(pp: int, m: int, f, i, w, p2p: float, K: float, durations) -
     # the simulator's per-action times (I = (i + w) - w in floats), as _replay reads them
     fs, is_, ws = ([durations(s, 0, kind) for s in range(pp)] for kind in (_F, _I, _W))
     for name, sched in cands:
-        T = _replay_single(sched.actions, m, fs, is_, ws, p2p, K)
+        T = replay_single(sched.actions, m, fs, is_, ws, p2p, K)
         table[name] = T
         if T is not None and (best is None or T < best[0] - 1e-12 * max(1.0, best[0])):
             best = (T, name, sched)
@@ -695,7 +494,7 @@ def _zb_auto_pruned(pp: int, m: int, f, i, w, p2p: float, K: float, durations) -
     out = Schedule("zb-auto", pp, pp, m, {r: list(a) for r, a in sched.actions.items()}, dict(s2r), {})
     out.meta.update({"vpp": 1, "memory_budget": K, "choice": name, "makespan": T,
                      "peak": [float(x) for x in order_peak(out)], "candidates": table, "search": "pruned"})
-    return _check_single(out)
+    return check_single(out)
 
 
 @lru_cache(maxsize=32)
@@ -708,7 +507,7 @@ def _pruned_candidates(pp: int, m: int, K: float) -> list[tuple[str, Schedule]]:
     s2r = {s: s for s in range(pp)}
     ones = [1.0] * pp
     cands = []
-    lists = _greedy_single(m, ones, ones, ones, 0.0, K, Policy(True, True, False))
+    lists = greedy_single(m, ones, ones, ones, 0.0, K, Policy(True, True, False))
     if lists is not None:
         cands.append(("greedy(f_first=True, stagger=True, fit=False; unit times)", _schedule("zb-auto", s2r, m, lists)))
     cands.append(("zb-h1", zb_h1(pp, m)))
