@@ -194,12 +194,44 @@ def _validation_results() -> dict[str, float]:
     return out
 
 
+def _cost_model() -> dict[str, float]:
+    """The analytic cost model's inputs quoted in docs/cost-model.md (``data/hardware/cost_model.json``, the fitted
+    host-sync term of ``cost.sync``), its worked host-issue example (Qwen3-30B-A3B FP8 expert forward on EP 16:
+    8 local experts x 2 GEMM shapes x (1 + 3 + 3/m) kernels, computed here by that formula from the data file's
+    kernel counts) and the published MFU bands of the default model (``report.headline.published_mfu_band``)."""
+    from tessera_lab.cost.sync import FITTED_PER_LAYER_S
+    from tessera_lab.report.headline import published_mfu_band
+
+    data = json.loads((ROOT / "data" / "hardware" / "cost_model.json").read_text())
+    v = {k: e["value"] for k, e in data.items() if isinstance(e, dict) and "value" in e}
+    q = v["fp8_quantize_kernels"]
+    experts, shapes = 8, 2  # Qwen3-30B-A3B: 128 experts / EP 16; gate-up and down GEMM shapes
+
+    def kernels(m: int) -> float:
+        return experts * shapes * (1 + q + q / m)
+
+    bands = {b["name"]: b for b in published_mfu_band()["bands"]}
+    return {
+        "attention-efficiency": v["attention_efficiency"], "linear-attention-efficiency":
+        v["linear_attention_efficiency"], "hbm-efficiency": v["hbm_efficiency"],
+        "fp8-cast-bytes": v["fp8_cast_bytes_per_element"], "kernel-launch-us": v["kernel_launch_s"] * 1e6,
+        "host-us-per-kernel": v["host_s_per_kernel"] * 1e6, "fp8-quantize-kernels": q,
+        "host-sync-ms": FITTED_PER_LAYER_S * 1e3,
+        "example.kernels-m32": kernels(32), "example.kernels-m1": kernels(1),
+        "example.host-ms-m32": kernels(32) * v["host_s_per_kernel"] * 1e3,
+        "band.tessera-lo": bands["tessera"]["lo"], "band.tessera-hi": bands["tessera"]["hi"],
+        "band.megatron-bridge-lo": bands["megatron_bridge"]["lo"],
+        "band.megatron-bridge-hi": bands["megatron_bridge"]["hi"],
+    }
+
+
 #: probe name -> function returning {key: value}; an entry names ``probe`` and ``key``
 PROBES: dict[str, Callable[[], dict[str, float]]] = {
     "default-plan": _default_plan,
     "knobs": _knobs,
     "public-runs": _public_runs,
     "validation-files": _validation_results,
+    "cost-model": _cost_model,
 }
 
 
