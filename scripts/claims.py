@@ -120,8 +120,10 @@ def _default_plan() -> dict[str, float]:
     model = load_model(DEFAULT_MODEL)
     plan = make_plan(model)
     grouped = make_plan(model, ParallelConfig(grouped_gemm="grouped"))
+    gain = plan.refinement.get("gain_s", 0.0)
     return {"iteration": plan.chosen.iteration_time_s, "tokens-per-s": plan.chosen.tokens_per_s,
-            "mfu": plan.chosen.mfu, "mfu-grouped": grouped.chosen.mfu, "gpus": plan.parallel.world_size}
+            "mfu": plan.chosen.mfu, "mfu-grouped": grouped.chosen.mfu, "gpus": plan.parallel.world_size,
+            "refinement-start": plan.chosen.iteration_time_s + gain, "refinement-end": plan.chosen.iteration_time_s}
 
 
 def _knobs() -> dict[str, float]:
@@ -225,6 +227,27 @@ def _cost_model() -> dict[str, float]:
     }
 
 
+def _zb_auto() -> dict[str, float]:
+    """zb-auto's simulated makespans on the nine cases of ``benchmarks/bench_schedules.py`` compared with sail-sg's
+    heuristic (p2p 0.05, budget 2p - 1): the pruned search (the default) and the exhaustive one (under a second of
+    CPU in all). Keys ``p{p}-m{m}-{profile}.pruned`` / ``.exhaustive``."""
+    from tessera_lab.pipeline.schedules import zb_auto
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_schedules as bench
+    finally:
+        sys.path.pop(0)
+    out = {}
+    for p, rounds, prof in bench.SAIL_CASES:
+        m = rounds * p
+        f, i, w = bench.profiles(p, 0)[prof]
+        for search in ("pruned", "exhaustive"):
+            sched = zb_auto(p, m, f, i, w, p2p=0.05, memory_budget=2 * p - 1, search=search)
+            out[f"p{p}-m{m}-{prof}.{search}"] = sched.meta["makespan"]
+    return out
+
+
 #: probe name -> function returning {key: value}; an entry names ``probe`` and ``key``
 PROBES: dict[str, Callable[[], dict[str, float]]] = {
     "default-plan": _default_plan,
@@ -232,6 +255,7 @@ PROBES: dict[str, Callable[[], dict[str, float]]] = {
     "public-runs": _public_runs,
     "validation-files": _validation_results,
     "cost-model": _cost_model,
+    "zb-auto": _zb_auto,
 }
 
 
