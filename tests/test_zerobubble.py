@@ -15,7 +15,8 @@ from tessera_lab.cost.memory import in_flight
 from tessera_lab.errors import ScheduleError
 from tessera_lab.pipeline.schedules import ActionType, build_schedule, zb_auto, zb_h1, zb_h2, zb_v
 from tessera_lab.pipeline.simulate import closed_form, simulate, stage_durations, uniform_durations
-from tessera_lab.pipeline.zerobubble import POLICIES, greedy_order, peak_memory
+from tessera_lab.pipeline.zbsingle import greedy_single
+from tessera_lab.pipeline.zerobubble import POLICIES, Policy, greedy_order, peak_memory
 
 EXAMPLES = int(os.environ.get("TESSERA_ZB_EXAMPLES", "12"))
 
@@ -260,6 +261,14 @@ def test_inlined_single_stage_greedy_gives_the_general_loops_orders(p, extra, t,
     assert (fast is None) == (slow is None)
     if fast is not None:
         assert {r: list(map(str, a)) for r, a in fast.items()} == {r: list(map(str, a)) for r, a in slow.items()}
+    if not pol.fit:  # no W ran where fit would wait: the fit policy's order is the same
+        stats: dict = {}
+        greedy_single(m, f, i, w, p2p, kw["memory_budget"], pol, stats)
+        fit = greedy_order(s2r, m, f, i, w, inline=False, **dict(kw, policy=Policy(pol.f_first, pol.stagger, True)))
+        if not stats["fit_differs"]:
+            assert (fit is None) == (slow is None)
+            if fit is not None:
+                assert {r: list(map(str, a)) for r, a in fit.items()} == {r: list(map(str, a)) for r, a in slow.items()}
 
 
 def test_pruned_search_is_the_default_and_exhaustive_is_reported_beside_it():

@@ -48,12 +48,14 @@ def action_table(S: int, m: int) -> tuple[tuple[tuple[Action, ...], ...], ...]:
 
 
 def greedy_single(m: int, f: Sequence[float], i: Sequence[float], w: Sequence[float], p2p: float,
-                   memory_budget: float, policy: Policy) -> dict[int, list[Action]] | None:
+                   memory_budget: float, policy: Policy, stats: dict | None = None) -> dict[int, list[Action]] | None:
     """:func:`~tessera_lab.pipeline.zerobubble.greedy_order` for one stage per rank with stage ``s`` on rank ``s``:
     the same decisions and the same float operations, inlined (tests/test_zerobubble.py compares the orders on
     random inputs). ``f``, ``i``, ``w``: seconds per stage; ``p2p``: seconds per transfer; ``memory_budget``:
     micro-batches of activations per rank. Returns per-rank action lists, or ``None`` if the budget is too small
-    for the order to finish. Raises nothing."""
+    for the order to finish. ``stats`` (a dict), if given, receives ``fit_differs``: whether a W ran where
+    ``policy.fit`` would have waited; when it is False, the same call with ``fit=True`` returns the same order (both
+    take the same decisions throughout). Raises nothing."""
     R = S = len(f)
     f_lim = [2 * (R - r) - 1 if policy.stagger else math.inf for r in range(R)]
     scale = max([1.0] + list(f) + list(i) + list(w))
@@ -73,6 +75,7 @@ def greedy_single(m: int, f: Sequence[float], i: Sequence[float], w: Sequence[fl
     last = S - 1
     pop, push = heapq.heappop, heapq.heappush
     inf = math.inf
+    fit_differs = False
     while heap:
         T, r = pop(heap)
         if T != t[r] or not left[r] or r in blocked:
@@ -109,8 +112,11 @@ def greedy_single(m: int, f: Sequence[float], i: Sequence[float], w: Sequence[fl
                     nxt = inf if bf is None else bf
                 else:
                     nxt = bi if bf is None or bi < bf else bf
-                if f_now or not fit or nxt == inf or T + w[r] <= nxt + tol:
+                if f_now or nxt == inf or T + w[r] <= nxt + tol:
                     kind, ready = 2, T
+                elif not fit:
+                    kind, ready = 2, T
+                    fit_differs = True  # here policy.fit would wait instead: the fit order differs
         if kind is None:
             nxt = None
             if bi is not None:
@@ -152,6 +158,8 @@ def greedy_single(m: int, f: Sequence[float], i: Sequence[float], w: Sequence[fl
             for x in blocked:
                 push(heap, (t[x], x))
             blocked.clear()
+    if stats is not None:
+        stats["fit_differs"] = fit_differs
     return lists if not any(left) else None
 
 

@@ -470,8 +470,15 @@ def _zb_auto_pruned(pp: int, m: int, f, i, w, p2p: float, K: float, durations) -
     is checked by :func:`~tessera_lab.pipeline.zbsingle.check_single` (the replay has shown that its orders run)."""
     s2r = {s: s for s in range(pp)}
     cands = []
+    found: dict[Policy, tuple] = {}
     for pol in PRUNED_POLICIES:
-        lists = greedy_single(m, f, i, w, p2p, K, pol)
+        twin = found.get(Policy(pol.f_first, pol.stagger, False))
+        if pol.fit and twin is not None and not twin[1]["fit_differs"]:
+            lists = twin[0]  # the same order as without fit (no W ran where fit would wait): not searched again
+        else:
+            stats: dict = {}
+            lists = greedy_single(m, f, i, w, p2p, K, pol, stats)
+            found[pol] = (lists, stats)
         if lists is not None:
             cands.append((f"greedy(f_first={pol.f_first}, stagger={pol.stagger}, fit={pol.fit}; times)",
                           _schedule("zb-auto", s2r, m, lists)))
@@ -480,8 +487,11 @@ def _zb_auto_pruned(pp: int, m: int, f, i, w, p2p: float, K: float, durations) -
     best = None
     # the simulator's per-action times (I = (i + w) - w in floats), as _replay reads them
     fs, is_, ws = ([durations(s, 0, kind) for s in range(pp)] for kind in (_F, _I, _W))
+    timed: dict[int, float | None] = {}  # candidates sharing one order (ZB-H2 = the unit-time greedy) replay once
     for name, sched in cands:
-        T = replay_single(sched.actions, m, fs, is_, ws, p2p, K)
+        key = id(sched.actions)
+        T = timed[key] if key in timed else replay_single(sched.actions, m, fs, is_, ws, p2p, K)
+        timed[key] = T
         table[name] = T
         if T is not None and (best is None or T < best[0] - 1e-12 * max(1.0, best[0])):
             best = (T, name, sched)
@@ -521,8 +531,9 @@ def _pruned_candidates(pp: int, m: int, K: float) -> list[tuple[str, Schedule]]:
             e = [E] * half + [0] * (pp - half)
             cands.append((f"zb-h1(extra_warmup={e}, extra_deferred={e[::-1]})",
                           zb_h1(pp, m, extra_warmup=e, extra_deferred=e[::-1])))
-    if m >= pp:
-        cands.append(("zb-h2", zb_h2(pp, m)))
+    if m >= pp:  # ZB-H2 is the unit-time order above when K = 2 pp - 1 (the same call): not built twice
+        same = lists is not None and K == 2 * pp - 1
+        cands.append(("zb-h2", _schedule("zb-h2", s2r, m, lists) if same else zb_h2(pp, m)))
     return cands
 
 
