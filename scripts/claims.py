@@ -4,7 +4,9 @@ A quoted figure carries a marker right after it, ``1.794 s<!-- claim:default-pla
 entry holds the value, the format that turns the value into the quoted text, the command that produced it, the
 environment, date and machine load, its kind (``measured``, ``simulated``, ``derived``, ``by construction``,
 ``cited``) and its tolerance. Entries with a ``probe`` are re-computed by this script: simulated and derived
-figures of the analytic planner, cheap and deterministic (a few seconds of CPU in all).
+figures of the analytic planner, the cost model's data-file inputs and zb-auto's simulated makespans, cheap and
+deterministic (a few seconds of CPU in all). Measured figures (benchmarks' CPU and wall seconds) carry the date
+and the machine load of their run and are not re-run.
 
 Usage::
 
