@@ -220,6 +220,7 @@ def _cost_model() -> dict[str, float]:
         v["linear_attention_efficiency"], "hbm-efficiency": v["hbm_efficiency"],
         "fp8-cast-bytes": v["fp8_cast_bytes_per_element"], "kernel-launch-us": v["kernel_launch_s"] * 1e6,
         "host-us-per-kernel": v["host_s_per_kernel"] * 1e6, "fp8-quantize-kernels": q,
+        "memory-reserve-gib": v["memory_reserve_gib"],
         "host-sync-ms": FITTED_PER_LAYER_S * 1e3,
         "example.kernels-m32": kernels(32), "example.kernels-m1": kernels(1),
         "example.host-ms-m32": kernels(32) * v["host_s_per_kernel"] * 1e3,
