@@ -17,8 +17,11 @@ none worse) and the load. With ``--sail-sg REPO`` the sail-sg section first prin
 the pruned search's (the default) and the exhaustive search's (``search="exhaustive"``, reported beside it) and the
 three makespans (simulated here); see docs/performance.md.
 
-Run: ``python benchmarks/bench_schedules.py [--sail-sg REPO] [--targets-only] [--pp 4 8] [--rounds 2 4] [--seed 0]
-[--no-targets]``
+With ``--random N`` it prints how the pruned search compares with the exhaustive one on N random cases outside the
+grid.
+
+Run: ``python benchmarks/bench_schedules.py [--sail-sg REPO] [--random N] [--targets-only] [--pp 4 8] [--rounds 2 4]
+[--seed 0] [--no-targets]``
 """
 
 from __future__ import annotations
@@ -220,6 +223,51 @@ def sail_sg_section(repo: str, seed: int, repeats: int = 3) -> dict:
     return dict(tot, faster=faster, not_worse=not_worse, cases=n)
 
 
+def random_section(n: int, seed: int) -> None:
+    """The pruned search against the exhaustive one on ``n`` random cases outside the grid (p 2-10, m p .. 4p,
+    budgets p .. 2p - 1, p2p 0-0.3, jittered, heterogeneous or light-W times; seeded): how many makespans are
+    equal, shorter or longer, the largest gap, and the CPU seconds of both searches."""
+    from baseline import load
+
+    rng = random.Random(seed)
+    l0 = load()
+    counts = {"equal": 0, "shorter": 0, "longer": 0}
+    gaps: list[float] = []
+    cpu = [0.0, 0.0]
+    for _ in range(n):
+        p = rng.randint(2, 10)
+        m = rng.randint(p, 4 * p)
+        kind = rng.choice(["jitter", "heterogeneous", "light-w"])
+        if kind == "jitter":
+            f = [rng.uniform(0.7, 1.3) for _ in range(p)]
+            i = [rng.uniform(0.7, 1.3) for _ in range(p)]
+            w = [rng.uniform(0.3, 1.2) for _ in range(p)]
+        elif kind == "heterogeneous":
+            f = [rng.uniform(0.5, 2) for _ in range(p)]
+            i = [x * rng.uniform(1, 2) for x in f]
+            w = [x * rng.uniform(0.3, 1) for x in f]
+        else:
+            f, i, w = [1.0] * p, [1.0] * p, [rng.uniform(0.1, 0.6)] * p
+        c, K = rng.choice([0.0, 0.02, 0.1, 0.3]), rng.randint(p, 2 * p - 1)
+        t0 = time.process_time()
+        a = zb_auto(p, m, f, i, w, p2p=c, memory_budget=K).meta["makespan"]
+        t1 = time.process_time()
+        b = zb_auto(p, m, f, i, w, p2p=c, memory_budget=K, search="exhaustive").meta["makespan"]
+        cpu[0] += t1 - t0
+        cpu[1] += time.process_time() - t1
+        if a > b * (1 + 1e-12):
+            counts["longer"] += 1
+            gaps.append(a / b - 1)
+        elif a < b * (1 - 1e-12):
+            counts["shorter"] += 1
+        else:
+            counts["equal"] += 1
+    print(f"pruned vs exhaustive search on {n} random cases (seed {seed}; p 2-10, m p..4p, K p..2p-1, p2p 0-0.3; "
+          f"makespans simulated): {counts['equal']} equal, {counts['shorter']} shorter, {counts['longer']} longer "
+          f"(largest gap {max(gaps, default=0.0):.2%}); search CPU pruned {cpu[0]:.2f} s, exhaustive {cpu[1]:.2f} s; "
+          f"load average {l0} -> {load()}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pp", type=int, nargs="+", default=[4, 8])
@@ -230,10 +278,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-targets", action="store_true", help="skip the targets section")
     ap.add_argument("--targets-only", action="store_true", help="stop after the sail-sg and targets sections")
     ap.add_argument("--repeats", type=int, default=3, help="cold calls per case in the sail-sg comparison (best)")
+    ap.add_argument("--random", type=int, default=0, metavar="N",
+                    help="also compare the pruned and the exhaustive search on N random cases (seed 7)")
     ap.add_argument("--sail-sg", metavar="REPO", default=None,
                     help="a git checkout of sail-sg/zero-bubble-pipeline-parallelism: compare with its heuristic")
     args = ap.parse_args(argv)
     sail = sail_sg_section(args.sail_sg, args.seed, args.repeats) if args.sail_sg else None
+    if args.random:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        random_section(args.random, 7)
     if not args.no_targets:
         import sys
         from pathlib import Path

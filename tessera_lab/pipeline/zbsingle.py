@@ -164,7 +164,7 @@ def greedy_single(m: int, f: Sequence[float], i: Sequence[float], w: Sequence[fl
 
 
 def replay_single(lists: dict[int, list[Action]], m: int, f, i, w, p2p: float, budget: float) -> float | None:
-    """:func:`~tessera_lab.pipeline.zerobubble._replay` for one stage per rank with stage ``s`` on rank ``s`` and an F/I/W order holding each
+    """``zerobubble._replay`` for one stage per rank with stage ``s`` on rank ``s`` and an F/I/W order holding each
     stage's ``3 m`` actions: the same float operations (so the same number) on lists instead of dicts; ``None``
     if a rank's peak activations exceed ``budget`` or the orders cannot run."""
     R = len(f)

@@ -81,7 +81,8 @@ def greedy_order(
         memory_budget: activations a rank may hold, in micro-batches of its whole activations.
         policy: the :class:`Policy` switches.
         inline: with one stage per rank (stage ``s`` on rank ``s``), run the inlined loop of
-            :func:`~tessera_lab.pipeline.zbsingle.greedy_single` (the same orders, about 3x faster); ``False`` runs the general loop.
+            :func:`~tessera_lab.pipeline.zbsingle.greedy_single` (the same orders, about 3x faster); ``False``
+            runs the general loop.
     """
     S = len(stage_to_rank)
     if inline and all(stage_to_rank.get(s) == s for s in range(S)):  # one stage per rank, stage s on rank s: inlined
@@ -465,9 +466,10 @@ PRUNED_POLICIES = (Policy(True, True, False), Policy(True, True, True), Policy(T
 
 def _zb_auto_pruned(pp: int, m: int, f, i, w, p2p: float, K: float, durations) -> Schedule:
     """The pruned search (one stage per rank): :data:`PRUNED_POLICIES` on the stage times, then the
-    time-independent candidates of :func:`_pruned_candidates`, each timed by :func:`~tessera_lab.pipeline.zbsingle.replay_single`; the shortest
-    that fits ``K`` (ties: the first). The makespan is the replay's (equal to the simulator's, tested); the winner
-    is checked by :func:`~tessera_lab.pipeline.zbsingle.check_single` (the replay has shown that its orders run)."""
+    time-independent candidates of :func:`_pruned_candidates`, each timed by
+    :func:`~tessera_lab.pipeline.zbsingle.replay_single`; the shortest that fits ``K`` (ties: the first). The
+    makespan is the replay's (equal to the simulator's, tested); the winner is checked by
+    :func:`~tessera_lab.pipeline.zbsingle.check_single` (the replay has shown that its orders run)."""
     s2r = {s: s for s in range(pp)}
     cands = []
     found: dict[Policy, tuple] = {}
@@ -511,7 +513,8 @@ def _zb_auto_pruned(pp: int, m: int, f, i, w, p2p: float, K: float, durations) -
 def _pruned_candidates(pp: int, m: int, K: float) -> list[tuple[str, Schedule]]:
     """The time-independent candidates of the pruned search (one stage per rank): the greedy order at unit times
     (F first, warm-up limit, W filling every gap), ZB-H1, ZB-H1 with ``e`` extra warm-up forwards on the first
-    ``pp // 2`` ranks for ``e`` in 2, 3 and ``E = min(K - pp, m)`` (sail-sg's warm-up sized before the first
+    ``pp // 2`` ranks for ``e`` in 2, 3 and ``E = min(K - pp, m)``, with ``E`` on the first ``j`` ranks for the other
+    ``j`` (every ``j`` up to ``pp = 6``, six spread values above: sail-sg sizes each stage's warm-up before its first
     backward), ZB-H1 with ``E`` extra warm-up forwards on the first half and ``E`` deferred W on the last half, and
     ZB-H2 (``m >= pp``)."""
     s2r = {s: s for s in range(pp)}
@@ -519,7 +522,8 @@ def _pruned_candidates(pp: int, m: int, K: float) -> list[tuple[str, Schedule]]:
     cands = []
     lists = greedy_single(m, ones, ones, ones, 0.0, K, Policy(True, True, False))
     if lists is not None:
-        cands.append(("greedy(f_first=True, stagger=True, fit=False; unit times)", _schedule("zb-auto", s2r, m, lists)))
+        cands.append(("greedy(f_first=True, stagger=True, fit=False; unit times)",
+                      _schedule("zb-auto", s2r, m, lists)))
     cands.append(("zb-h1", zb_h1(pp, m)))
     E = min(int(K) - pp, m)
     half = pp // 2
@@ -528,6 +532,11 @@ def _pruned_candidates(pp: int, m: int, K: float) -> list[tuple[str, Schedule]]:
             e = [extra] * half + [0] * (pp - half)
             cands.append((f"zb-h1(extra_warmup={e})", zb_h1(pp, m, extra_warmup=e)))
         if E >= 1:
+            spans = range(1, pp + 1) if pp <= 6 else sorted({1, 2, pp // 4, pp // 2, (3 * pp) // 4, pp})
+            for j in spans:  # the most warm-up the budget allows, on the first j ranks
+                if j != half:
+                    e = [E] * j + [0] * (pp - j)
+                    cands.append((f"zb-h1(extra_warmup={e})", zb_h1(pp, m, extra_warmup=e)))
             e = [E] * half + [0] * (pp - half)
             cands.append((f"zb-h1(extra_warmup={e}, extra_deferred={e[::-1]})",
                           zb_h1(pp, m, extra_warmup=e, extra_deferred=e[::-1])))
