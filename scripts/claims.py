@@ -4,7 +4,9 @@ A quoted figure carries a marker right after it, ``1.794 s<!-- claim:default-pla
 entry holds the value, the format that turns the value into the quoted text, the command that produced it, the
 environment, date and machine load, its kind (``measured``, ``simulated``, ``derived``, ``by construction``,
 ``cited``) and its tolerance. Entries with a ``probe`` are re-computed by this script: simulated and derived
-figures of the analytic planner, cheap and deterministic (a few seconds of CPU in all).
+figures of the analytic planner, the cost model's data-file inputs and zb-auto's simulated makespans, cheap and
+deterministic (a few seconds of CPU in all). Measured figures (benchmarks' CPU and wall seconds) carry the date
+and the machine load of their run and are not re-run.
 
 Usage::
 
@@ -120,8 +122,10 @@ def _default_plan() -> dict[str, float]:
     model = load_model(DEFAULT_MODEL)
     plan = make_plan(model)
     grouped = make_plan(model, ParallelConfig(grouped_gemm="grouped"))
+    gain = plan.refinement.get("gain_s", 0.0)
     return {"iteration": plan.chosen.iteration_time_s, "tokens-per-s": plan.chosen.tokens_per_s,
-            "mfu": plan.chosen.mfu, "mfu-grouped": grouped.chosen.mfu, "gpus": plan.parallel.world_size}
+            "mfu": plan.chosen.mfu, "mfu-grouped": grouped.chosen.mfu, "gpus": plan.parallel.world_size,
+            "refinement-start": plan.chosen.iteration_time_s + gain, "refinement-end": plan.chosen.iteration_time_s}
 
 
 def _knobs() -> dict[str, float]:
@@ -194,12 +198,67 @@ def _validation_results() -> dict[str, float]:
     return out
 
 
+def _cost_model() -> dict[str, float]:
+    """The analytic cost model's inputs quoted in docs/cost-model.md (``data/hardware/cost_model.json``, the fitted
+    host-sync term of ``cost.sync``), its worked host-issue example (Qwen3-30B-A3B FP8 expert forward on EP 16:
+    8 local experts x 2 GEMM shapes x (1 + 3 + 3/m) kernels, computed here by that formula from the data file's
+    kernel counts) and the published MFU bands of the default model (``report.headline.published_mfu_band``)."""
+    from tessera_lab.cost.sync import FITTED_PER_LAYER_S
+    from tessera_lab.report.headline import published_mfu_band
+
+    data = json.loads((ROOT / "data" / "hardware" / "cost_model.json").read_text())
+    v = {k: e["value"] for k, e in data.items() if isinstance(e, dict) and "value" in e}
+    q = v["fp8_quantize_kernels"]
+    experts, shapes = 8, 2  # Qwen3-30B-A3B: 128 experts / EP 16; gate-up and down GEMM shapes
+
+    def kernels(m: int) -> float:
+        return experts * shapes * (1 + q + q / m)
+
+    bands = {b["name"]: b for b in published_mfu_band()["bands"]}
+    return {
+        "attention-efficiency": v["attention_efficiency"], "linear-attention-efficiency":
+        v["linear_attention_efficiency"], "hbm-efficiency": v["hbm_efficiency"],
+        "fp8-cast-bytes": v["fp8_cast_bytes_per_element"], "kernel-launch-us": v["kernel_launch_s"] * 1e6,
+        "host-us-per-kernel": v["host_s_per_kernel"] * 1e6, "fp8-quantize-kernels": q,
+        "memory-reserve-gib": v["memory_reserve_gib"],
+        "host-sync-ms": FITTED_PER_LAYER_S * 1e3,
+        "example.kernels-m32": kernels(32), "example.kernels-m1": kernels(1),
+        "example.host-ms-m32": kernels(32) * v["host_s_per_kernel"] * 1e3,
+        "band.tessera-lo": bands["tessera"]["lo"], "band.tessera-hi": bands["tessera"]["hi"],
+        "band.megatron-bridge-lo": bands["megatron_bridge"]["lo"],
+        "band.megatron-bridge-hi": bands["megatron_bridge"]["hi"],
+    }
+
+
+def _zb_auto() -> dict[str, float]:
+    """zb-auto's simulated makespans on the nine cases of ``benchmarks/bench_schedules.py`` compared with sail-sg's
+    heuristic (p2p 0.05, budget 2p - 1): the pruned search (the default) and the exhaustive one (under a second of
+    CPU in all). Keys ``p{p}-m{m}-{profile}.pruned`` / ``.exhaustive``."""
+    from tessera_lab.pipeline.schedules import zb_auto
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_schedules as bench
+    finally:
+        sys.path.pop(0)
+    out = {}
+    for p, rounds, prof in bench.SAIL_CASES:
+        m = rounds * p
+        f, i, w = bench.profiles(p, 0)[prof]
+        for search in ("pruned", "exhaustive"):
+            sched = zb_auto(p, m, f, i, w, p2p=0.05, memory_budget=2 * p - 1, search=search)
+            out[f"p{p}-m{m}-{prof}.{search}"] = sched.meta["makespan"]
+    return out
+
+
 #: probe name -> function returning {key: value}; an entry names ``probe`` and ``key``
 PROBES: dict[str, Callable[[], dict[str, float]]] = {
     "default-plan": _default_plan,
     "knobs": _knobs,
     "public-runs": _public_runs,
     "validation-files": _validation_results,
+    "cost-model": _cost_model,
+    "zb-auto": _zb_auto,
 }
 
 

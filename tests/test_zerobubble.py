@@ -3,7 +3,9 @@ in-flight count against the simulated peaks, the zb-auto search's never-slower r
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -13,7 +15,8 @@ from tessera_lab.cost.memory import in_flight
 from tessera_lab.errors import ScheduleError
 from tessera_lab.pipeline.schedules import ActionType, build_schedule, zb_auto, zb_h1, zb_h2, zb_v
 from tessera_lab.pipeline.simulate import closed_form, simulate, stage_durations, uniform_durations
-from tessera_lab.pipeline.zerobubble import peak_memory
+from tessera_lab.pipeline.zbsingle import greedy_single
+from tessera_lab.pipeline.zerobubble import POLICIES, Policy, greedy_order, peak_memory
 
 EXAMPLES = int(os.environ.get("TESSERA_ZB_EXAMPLES", "12"))
 
@@ -229,3 +232,58 @@ def test_cli_zb_auto_never_slower_random(tmp_path, p, extra, f, b, wfrac, lat, k
         assert res["makespan"] <= h1 * (1 + 1e-12)
         if K >= 2 * p - 1:
             assert res["makespan"] <= h2 * (1 + 1e-12)
+
+
+_PINNED = json.loads((Path(__file__).parent / "data" / "zb_auto_makespans.json").read_text())["cases"]
+
+
+def test_zb_auto_never_longer_than_the_pinned_makespans():
+    """The makespans of the exhaustive candidate search (revision 89dd0f4, tests/data/zb_auto_makespans.json: the
+    304 searches of bench_schedules.py's profiles at pp 4, 6, 8, 12) are an upper bound on every case."""
+    worse = []
+    for c in _PINNED:
+        T = zb_auto(c["pp"], c["m"], c["f"], c["i"], c["w"], p2p=c["p2p"], memory_budget=c["K"]).meta["makespan"]
+        if T > c["makespan"] * (1 + 1e-12):
+            worse.append((c["pp"], c["m"], c["profile"], c["p2p"], c["K"], T, c["makespan"]))
+    assert not worse, worse
+
+
+@settings(max_examples=4 * EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 9), st.integers(0, 20), st.lists(st.floats(0.2, 2.0), min_size=27, max_size=27),
+       st.sampled_from([0.0, 0.05, 0.7]), st.floats(0.5, 2.5), st.sampled_from(POLICIES))
+def test_inlined_single_stage_greedy_gives_the_general_loops_orders(p, extra, t, p2p, kfrac, pol):
+    """The inlined loop (one stage per rank) against the general list scheduler: the same order on every rank."""
+    m = max(1, p + extra - 5)
+    f, i, w = t[:p], t[9:9 + p], [x if x > 0.5 else 0.0 for x in t[18:18 + p]]
+    s2r = {s: s for s in range(p)}
+    kw = dict(p2p=p2p, memory_budget=max(1.0, kfrac * p), policy=pol)
+    fast, slow = greedy_order(s2r, m, f, i, w, **kw), greedy_order(s2r, m, f, i, w, inline=False, **kw)
+    assert (fast is None) == (slow is None)
+    if fast is not None:
+        assert {r: list(map(str, a)) for r, a in fast.items()} == {r: list(map(str, a)) for r, a in slow.items()}
+    if not pol.fit:  # no W ran where fit would wait: the fit policy's order is the same
+        stats: dict = {}
+        greedy_single(m, f, i, w, p2p, kw["memory_budget"], pol, stats)
+        fit = greedy_order(s2r, m, f, i, w, inline=False, **dict(kw, policy=Policy(pol.f_first, pol.stagger, True)))
+        if not stats["fit_differs"]:
+            assert (fit is None) == (slow is None)
+            if fit is not None:
+                assert {r: list(map(str, a)) for r, a in fit.items()} == {r: list(map(str, a)) for r, a in slow.items()}
+
+
+def test_pruned_search_is_the_default_and_exhaustive_is_reported_beside_it():
+    """On the pinned cases with p2p 0.05 and budget 2p - 1 (bench_schedules.py's nine sail-sg cases among them) the
+    pruned search equals the exhaustive one; the exhaustive search reproduces the pinned makespans exactly."""
+    for c in _PINNED:
+        if c["p2p"] != 0.05 or c["K"] != 2 * c["pp"] - 1 or c["pp"] > 8:
+            continue
+        args = (c["pp"], c["m"], c["f"], c["i"], c["w"])
+        pr = zb_auto(*args, p2p=c["p2p"], memory_budget=c["K"])
+        ex = zb_auto(*args, p2p=c["p2p"], memory_budget=c["K"], search="exhaustive")
+        assert pr.meta["search"] == "pruned" and ex.meta["search"] == "exhaustive"
+        assert ex.meta["makespan"] == c["makespan"]
+        assert pr.meta["makespan"] == pytest.approx(c["makespan"], rel=1e-12)
+        assert pr.meta["makespan"] == simulate(pr, stage_durations(c["f"], [a + b for a, b in zip(c["i"], c["w"])],
+                                                                   c["w"]), p2p_time=c["p2p"]).iteration_time
+    with pytest.raises(ScheduleError, match="search='fast'"):
+        zb_auto(4, 8, search="fast")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
@@ -32,27 +31,17 @@ from tessera_lab.pipeline.durations import stage_durations
 from tessera_lab.pipeline.engine import simulate
 from tessera_lab.pipeline.generators import _check_int, zb_h1
 from tessera_lab.pipeline.ir import Schedule
+from tessera_lab.pipeline.zbsingle import (  # noqa: F401 - Policy, POLICIES re-exported
+    POLICIES,
+    Policy,
+    check_single,
+    greedy_single,
+    replay_single,
+)
 
 __all__ = ["Policy", "POLICIES", "greedy_order", "zb_h2", "zb_v", "zb_auto", "peak_memory", "order_peak"]
 
 _F, _I, _W = ActionType.F, ActionType.I, ActionType.W
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Switches of the greedy list scheduler (see the module docstring)."""
-
-    f_first: bool = True  # F before a pending W when both can run (ZB-H2-like); False: W first (ZB-H1-like)
-    stagger: bool = True  # at most 2(p - r) - 1 micro-batches awaiting I on rank r (single-chunk placement)
-    fit: bool = False  # W fills an idle gap only if it ends before the next known F/I start
-    reserve_all: bool = True  # ranks with several stages: a started micro-batch reserves room for all its later
-    # stages on the rank (False: room for one later-stage forward per stage)
-
-
-POLICIES: tuple[Policy, ...] = tuple(
-    Policy(f_first=a, stagger=b, fit=c, reserve_all=d)
-    for d in (True, False) for a in (True, False) for b in (True, False) for c in (False, True)
-)
 
 
 def _per_stage(name: str, value, n: int) -> list[float]:
@@ -80,6 +69,7 @@ def greedy_order(
     p2p: float = 0.0,
     memory_budget: float,
     policy: Policy = Policy(),
+    inline: bool = True,
 ) -> dict[int, list[Action]] | None:
     """Per-rank F/I/W orders from the greedy list scheduler, or ``None`` if it gets stuck (budget too small).
 
@@ -90,8 +80,13 @@ def greedy_order(
         p2p: seconds per transfer between stages on different ranks.
         memory_budget: activations a rank may hold, in micro-batches of its whole activations.
         policy: the :class:`Policy` switches.
+        inline: with one stage per rank (stage ``s`` on rank ``s``), run the inlined loop of
+            :func:`~tessera_lab.pipeline.zbsingle.greedy_single` (the same orders, about 3x faster); ``False``
+            runs the general loop.
     """
     S = len(stage_to_rank)
+    if inline and all(stage_to_rank.get(s) == s for s in range(S)):  # one stage per rank, stage s on rank s: inlined
+        return greedy_single(m, f, i, w, p2p, memory_budget, policy)
     R = max(stage_to_rank.values()) + 1
     stages = [sorted(s for s in range(S) if stage_to_rank[s] == r) for r in range(R)]
     unit = [1.0 / len(stages[stage_to_rank[s]]) for s in range(S)]
@@ -365,8 +360,14 @@ def zb_auto(
     p2p: float = 0.0,
     memory_budget: float | None = None,
     vpp: int = 1,
+    search: str = "pruned",
 ) -> Schedule:
     """The shortest zero-bubble schedule the greedy search finds for these times within ``memory_budget``.
+
+    ``search="pruned"`` (the default, one stage per rank) times a fixed set of about ten candidates
+    (:func:`_pruned_candidates`), the rules that sail-sg's heuristic shows are enough; ``search="exhaustive"``
+    runs the full candidate set described next (as does ``vpp=2`` under either setting). Both always include
+    ZB-H1 and ZB-H2, so both are never slower than those within their memory.
 
     Runs :func:`greedy_order` under every :data:`POLICIES` switch setting, with the given times and at unit
     times, adds ZB-H1, ZB-H1 with ``1 .. K - p`` (five spread values above 4) extra warm-up forwards on the first ``j`` ranks or extra deferred
@@ -387,14 +388,17 @@ def zb_auto(
         memory_budget: micro-batches of a rank's activations it may hold at once (``K``); default ``2 pp - 1``
             for ``vpp=1`` (ZB-H2's), ``pp`` for ``vpp=2`` (1F1B's, as ZB-V).
         vpp: 1 (stage ``r`` on rank ``r``) or 2 (V placement: rank ``r`` holds stages ``r`` and ``2 pp - 1 - r``).
+        search: ``"pruned"`` or ``"exhaustive"`` (see above); ``meta["search"]`` says which ran.
 
     Returns:
         a validated :class:`Schedule` named ``"zb-auto"`` with ``meta``: ``memory_budget``, ``choice`` (the
         winning candidate: a policy or ``"zb-h1"``/``"zb-h2"``), ``makespan`` (simulated seconds), ``peak``
-        (per-rank peak, micro-batches) and ``candidates`` (name -> makespan, or ``None`` if over budget).
+        (per-rank peak, micro-batches), ``candidates`` (name -> makespan, or ``None`` if over budget) and
+        ``search``.
 
     Raises:
-        ScheduleError: bad sizes or times, ``vpp`` not 1 or 2, a budget below 1, or no candidate fits.
+        ScheduleError: bad sizes or times, ``vpp`` not 1 or 2, ``search`` not ``"pruned"``/``"exhaustive"``, a
+            budget below 1, or no candidate fits.
     """
     pp = _check_int("pp", pp, 1, schedule="zb-auto")
     m = _check_int("microbatches", m, 1, schedule="zb-auto")
@@ -411,8 +415,12 @@ def zb_auto(
     K = float(2 * pp - 1 if vpp == 1 else pp) if memory_budget is None else memory_budget
     if isinstance(K, bool) or not isinstance(K, (int, float)) or not 1 <= K < math.inf:
         raise ScheduleError(f"zb-auto: memory_budget={memory_budget!r} is out of range; allowed >= 1 micro-batch")
+    if search not in ("pruned", "exhaustive"):
+        raise ScheduleError(f"zb-auto: search={search!r} is out of range; allowed 'pruned' or 'exhaustive'")
     s2r = {s: s for s in range(S)} if vpp == 1 else _v_placement(pp)
     durations = stage_durations(f, [a + b for a, b in zip(i, w)], w)
+    if vpp == 1 and search == "pruned":
+        return _zb_auto_pruned(pp, m, f, i, w, p2p, K, durations)
     cands: list[tuple[str, Schedule]] = []
     seen: set[tuple] = set()
     ones = [1.0] * S
@@ -446,8 +454,96 @@ def zb_auto(
     tl = simulate(out, durations, p2p_time=p2p)  # the winner, through the simulator itself (compiled once for
     T, peak = tl.iteration_time, peak_memory(out, tl)  # this, validate() and the caller's simulations)
     out.meta.update({"vpp": vpp, "memory_budget": K, "choice": name, "makespan": T, "peak": peak,
-                     "candidates": table})
+                     "candidates": table, "search": "exhaustive"})
     return out.validate()
+
+
+#: the greedy policies the pruned search runs on the stage times: F first, W filling every gap or (``fit``) only
+#: gaps it fits in (sail-sg's ``no_bubble_greedy`` switch), and with or without the per-rank warm-up limit
+#: ``2 (p - r) - 1`` (sail-sg sizes each stage's warm-up before the first backward)
+PRUNED_POLICIES = (Policy(True, True, False), Policy(True, True, True), Policy(True, False, False))
+
+
+def _zb_auto_pruned(pp: int, m: int, f, i, w, p2p: float, K: float, durations) -> Schedule:
+    """The pruned search (one stage per rank): :data:`PRUNED_POLICIES` on the stage times, then the
+    time-independent candidates of :func:`_pruned_candidates`, each timed by
+    :func:`~tessera_lab.pipeline.zbsingle.replay_single`; the shortest that fits ``K`` (ties: the first). The
+    makespan is the replay's (equal to the simulator's, tested); the winner is checked by
+    :func:`~tessera_lab.pipeline.zbsingle.check_single` (the replay has shown that its orders run)."""
+    s2r = {s: s for s in range(pp)}
+    cands = []
+    found: dict[Policy, tuple] = {}
+    for pol in PRUNED_POLICIES:
+        twin = found.get(Policy(pol.f_first, pol.stagger, False))
+        if pol.fit and twin is not None and not twin[1]["fit_differs"]:
+            lists = twin[0]  # the same order as without fit (no W ran where fit would wait): not searched again
+        else:
+            stats: dict = {}
+            lists = greedy_single(m, f, i, w, p2p, K, pol, stats)
+            found[pol] = (lists, stats)
+        if lists is not None:
+            cands.append((f"greedy(f_first={pol.f_first}, stagger={pol.stagger}, fit={pol.fit}; times)",
+                          _schedule("zb-auto", s2r, m, lists)))
+    cands.extend(_pruned_candidates(pp, m, K))
+    table: dict[str, float | None] = {}
+    best = None
+    # the simulator's per-action times (I = (i + w) - w in floats), as _replay reads them
+    fs, is_, ws = ([durations(s, 0, kind) for s in range(pp)] for kind in (_F, _I, _W))
+    timed: dict[int, float | None] = {}  # candidates sharing one order (ZB-H2 = the unit-time greedy) replay once
+    for name, sched in cands:
+        key = id(sched.actions)
+        T = timed[key] if key in timed else replay_single(sched.actions, m, fs, is_, ws, p2p, K)
+        timed[key] = T
+        table[name] = T
+        if T is not None and (best is None or T < best[0] - 1e-12 * max(1.0, best[0])):
+            best = (T, name, sched)
+    if best is None:
+        raise ScheduleError(
+            f"zb-auto: no schedule fits memory_budget={K:g} micro-batches per rank (pp={pp}, m={m}, vpp=1); "
+            "allowed budgets >= 1; raise it"
+        )
+    T, name, sched = best
+    out = Schedule("zb-auto", pp, pp, m, {r: list(a) for r, a in sched.actions.items()}, dict(s2r), {})
+    out.meta.update({"vpp": 1, "memory_budget": K, "choice": name, "makespan": T,
+                     "peak": [float(x) for x in order_peak(out)], "candidates": table, "search": "pruned"})
+    return check_single(out)
+
+
+@lru_cache(maxsize=32)
+def _pruned_candidates(pp: int, m: int, K: float) -> list[tuple[str, Schedule]]:
+    """The time-independent candidates of the pruned search (one stage per rank): the greedy order at unit times
+    (F first, warm-up limit, W filling every gap), ZB-H1, ZB-H1 with ``e`` extra warm-up forwards on the first
+    ``pp // 2`` ranks for ``e`` in 2, 3 and ``E = min(K - pp, m)``, with ``E`` on the first ``j`` ranks for the other
+    ``j`` (every ``j`` up to ``pp = 6``, six spread values above: sail-sg sizes each stage's warm-up before its first
+    backward), ZB-H1 with ``E`` extra warm-up forwards on the first half and ``E`` deferred W on the last half, and
+    ZB-H2 (``m >= pp``)."""
+    s2r = {s: s for s in range(pp)}
+    ones = [1.0] * pp
+    cands = []
+    lists = greedy_single(m, ones, ones, ones, 0.0, K, Policy(True, True, False))
+    if lists is not None:
+        cands.append(("greedy(f_first=True, stagger=True, fit=False; unit times)",
+                      _schedule("zb-auto", s2r, m, lists)))
+    cands.append(("zb-h1", zb_h1(pp, m)))
+    E = min(int(K) - pp, m)
+    half = pp // 2
+    if half:
+        for extra in sorted({e for e in (2, 3, E) if 1 <= e <= E}):
+            e = [extra] * half + [0] * (pp - half)
+            cands.append((f"zb-h1(extra_warmup={e})", zb_h1(pp, m, extra_warmup=e)))
+        if E >= 1:
+            spans = range(1, pp + 1) if pp <= 6 else sorted({1, 2, pp // 4, pp // 2, (3 * pp) // 4, pp})
+            for j in spans:  # the most warm-up the budget allows, on the first j ranks
+                if j != half:
+                    e = [E] * j + [0] * (pp - j)
+                    cands.append((f"zb-h1(extra_warmup={e})", zb_h1(pp, m, extra_warmup=e)))
+            e = [E] * half + [0] * (pp - half)
+            cands.append((f"zb-h1(extra_warmup={e}, extra_deferred={e[::-1]})",
+                          zb_h1(pp, m, extra_warmup=e, extra_deferred=e[::-1])))
+    if m >= pp:  # ZB-H2 is the unit-time order above when K = 2 pp - 1 (the same call): not built twice
+        same = lists is not None and K == 2 * pp - 1
+        cands.append(("zb-h2", _schedule("zb-h2", s2r, m, lists) if same else zb_h2(pp, m)))
+    return cands
 
 
 def _greedy_candidates(s2r: dict[int, int], m: int, f, i, w, p2p: float, K: float, vpp: int

@@ -1,0 +1,241 @@
+"""The one-stage-per-rank fast path of the zero-bubble search (:mod:`tessera_lab.pipeline.zerobubble`): the
+greedy list scheduler's :class:`Policy` switches, its loop inlined for stage ``s`` on rank ``s``
+(:func:`greedy_single`, the same orders as the general loop of
+:func:`~tessera_lab.pipeline.zerobubble.greedy_order`, tested), and a replay of an F/I/W order on lists
+(:func:`replay_single`, the same float operations as the simulator's rules with non-blocking sends). Times in
+seconds (any consistent unit). Never imports torch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+from tessera_lab.errors import ScheduleError
+from tessera_lab.pipeline.actions import Action, ActionType
+from tessera_lab.pipeline.ir import Schedule
+
+__all__ = ["Policy", "POLICIES", "greedy_single", "replay_single", "check_single", "action_table"]
+
+_F, _I, _W = ActionType.F, ActionType.I, ActionType.W
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Switches of the greedy list scheduler (the docstring of :mod:`tessera_lab.pipeline.zerobubble`)."""
+
+    f_first: bool = True  # F before a pending W when both can run (ZB-H2-like); False: W first (ZB-H1-like)
+    stagger: bool = True  # at most 2(p - r) - 1 micro-batches awaiting I on rank r (single-chunk placement)
+    fit: bool = False  # W fills an idle gap only if it ends before the next known F/I start
+    reserve_all: bool = True  # ranks with several stages: a started micro-batch reserves room for all its later
+    # stages on the rank (False: room for one later-stage forward per stage)
+
+
+POLICIES: tuple[Policy, ...] = tuple(
+    Policy(f_first=a, stagger=b, fit=c, reserve_all=d)
+    for d in (True, False) for a in (True, False) for b in (True, False) for c in (False, True)
+)
+
+
+@lru_cache(maxsize=64)
+def action_table(S: int, m: int) -> tuple[tuple[tuple[Action, ...], ...], ...]:
+    """``table[kind][stage][k]``: the F, I and W :class:`Action` objects (kind 0, 1, 2) of ``S`` stages and ``m``
+    micro-batches, built once (frozen, shared by every order built from them)."""
+    return tuple(tuple(tuple(Action(s, kind, k) for k in range(m)) for s in range(S)) for kind in (_F, _I, _W))
+
+
+def greedy_single(m: int, f: Sequence[float], i: Sequence[float], w: Sequence[float], p2p: float,
+                   memory_budget: float, policy: Policy, stats: dict | None = None) -> dict[int, list[Action]] | None:
+    """:func:`~tessera_lab.pipeline.zerobubble.greedy_order` for one stage per rank with stage ``s`` on rank ``s``:
+    the same decisions and the same float operations, inlined (tests/test_zerobubble.py compares the orders on
+    random inputs). ``f``, ``i``, ``w``: seconds per stage; ``p2p``: seconds per transfer; ``memory_budget``:
+    micro-batches of activations per rank. Returns per-rank action lists, or ``None`` if the budget is too small
+    for the order to finish. ``stats`` (a dict), if given, receives ``fit_differs``: whether a W ran where
+    ``policy.fit`` would have waited; when it is False, the same call with ``fit=True`` returns the same order (both
+    take the same decisions throughout). Raises nothing."""
+    R = S = len(f)
+    f_lim = [2 * (R - r) - 1 if policy.stagger else math.inf for r in range(R)]
+    scale = max([1.0] + list(f) + list(i) + list(w))
+    tol = 1e-9 * scale
+    cap = memory_budget + 1e-9
+    f_first, fit = policy.f_first, policy.fit
+    FA, IA, WA = action_table(S, m)
+    f_end = [[None] * m for _ in range(S)]
+    i_end = [[None] * m for _ in range(S)]
+    nf, ni, nw = [0] * S, [0] * S, [0] * S
+    live = [0.0] * R
+    t = [0.0] * R
+    left = [3 * m] * R
+    blocked: list[int] = []
+    heap = [(0.0, r) for r in range(R)]
+    lists: dict[int, list[Action]] = {r: [] for r in range(R)}
+    last = S - 1
+    pop, push = heapq.heappop, heapq.heappush
+    inf = math.inf
+    fit_differs = False
+    while heap:
+        T, r = pop(heap)
+        if T != t[r] or not left[r] or r in blocked:
+            continue  # stale entry
+        k = ni[r]
+        bi = None  # ready time of the oldest I, if known
+        if k < nf[r]:
+            bi = f_end[r][k]
+            if r < last:
+                e = i_end[r + 1][k]
+                if e is None:
+                    bi = None
+                else:
+                    e = e + p2p
+                    bi = e if e > bi else bi
+        kf = nf[r]
+        bf = None  # ready time of the next F, if known and allowed
+        if kf < m and live[r] + 1.0 <= cap and kf - k < f_lim[r]:
+            if r == 0:
+                bf = 0.0
+            else:
+                e = f_end[r - 1][kf]
+                bf = None if e is None else e + p2p
+        kind = None
+        if bi is not None and bi <= T + tol:
+            kind, ready = 1, bi
+        else:
+            f_now = bf is not None and bf <= T + tol
+            w_pend = nw[r] < k
+            if f_now and (f_first or not w_pend):
+                kind, ready = 0, bf
+            elif w_pend:
+                if bi is None:
+                    nxt = inf if bf is None else bf
+                else:
+                    nxt = bi if bf is None or bi < bf else bf
+                if f_now or nxt == inf or T + w[r] <= nxt + tol:
+                    kind, ready = 2, T
+                elif not fit:
+                    kind, ready = 2, T
+                    fit_differs = True  # here policy.fit would wait instead: the fit order differs
+        if kind is None:
+            nxt = None
+            if bi is not None:
+                nxt = bi
+            if bf is not None and (nxt is None or bf < nxt):
+                nxt = bf
+            Ttol = T + tol
+            for x in range(R):
+                if x != r and left[x] and t[x] > Ttol and (nxt is None or t[x] < nxt):
+                    nxt = t[x]
+            if nxt is None:
+                blocked.append(r)
+            else:
+                t[r] = nxt
+                push(heap, (nxt, r))
+            continue
+        tr = t[r]
+        start = ready if ready > tr else tr
+        if kind == 1:
+            end = i_end[r][k] = start + i[r]
+            ni[r] = k + 1
+            lists[r].append(IA[r][k])
+        elif kind == 0:
+            end = f_end[r][kf] = start + f[r]
+            nf[r] = kf + 1
+            live[r] += 1.0
+            lists[r].append(FA[r][kf])
+        else:
+            kw = nw[r]
+            nw[r] = kw + 1
+            live[r] -= 1.0
+            end = start + w[r]
+            lists[r].append(WA[r][kw])
+        t[r] = end
+        left[r] -= 1
+        if left[r]:
+            push(heap, (end, r))
+        if blocked:
+            for x in blocked:
+                push(heap, (t[x], x))
+            blocked.clear()
+    if stats is not None:
+        stats["fit_differs"] = fit_differs
+    return lists if not any(left) else None
+
+
+def replay_single(lists: dict[int, list[Action]], m: int, f, i, w, p2p: float, budget: float) -> float | None:
+    """``zerobubble._replay`` for one stage per rank with stage ``s`` on rank ``s`` and an F/I/W order holding each
+    stage's ``3 m`` actions: the same float operations (so the same number) on lists instead of dicts; ``None``
+    if a rank's peak activations exceed ``budget`` or the orders cannot run."""
+    R = len(f)
+    cap = budget + 1e-9
+    for r in range(R):  # peak live activations from the order alone (order_peak)
+        live = 0
+        for a in lists[r]:
+            if a.type is _F:
+                live += 1
+                if live > cap:
+                    return None
+            elif a.type is _W:
+                live -= 1
+    f_end = [[None] * m for _ in range(R)]
+    i_end = [[None] * m for _ in range(R)]
+    pos, t = [0] * R, [0.0] * R
+    ns = [len(lists[r]) for r in range(R)]
+    last = R - 1
+    progress = True
+    while progress:
+        progress = False
+        for r in range(R):
+            acts, p, n, tr = lists[r], pos[r], ns[r], t[r]
+            fe, ie = f_end[r], i_end[r]
+            while p < n:
+                a = acts[p]
+                k, kind = a.microbatch, a.type
+                if kind is _F:
+                    if r > 0:
+                        e = f_end[r - 1][k]
+                        if e is None:
+                            break
+                        e = e + p2p
+                        tr = e if e > tr else tr
+                    tr = fe[k] = tr + f[r]
+                elif kind is _I:
+                    e = fe[k]
+                    if e is None:
+                        break
+                    tr = e if e > tr else tr
+                    if r < last:
+                        e = i_end[r + 1][k]
+                        if e is None:
+                            break
+                        e = e + p2p
+                        tr = e if e > tr else tr
+                    tr = ie[k] = tr + i[r]
+                else:
+                    e = ie[k]
+                    if e is None:
+                        break
+                    tr = e if e > tr else tr
+                    tr = tr + w[r]
+                p += 1
+            if p != pos[r]:
+                pos[r], t[r] = p, tr
+                progress = True
+    if pos != ns:
+        return None
+    return max(t)
+
+
+def check_single(sched: Schedule) -> Schedule:
+    """The checks of :meth:`Schedule.validate` that the pruned search's candidates need beyond its replay (which
+    has run the orders to the end): every rank ``r`` lists exactly the F, I and W of stage ``r`` for every
+    micro-batch, once each."""
+    m = sched.num_microbatches
+    for r in range(sched.num_ranks):
+        acts = sched.actions.get(r, [])
+        want = set(action_table(sched.num_stages, m)[0][r] + action_table(sched.num_stages, m)[1][r]
+                   + action_table(sched.num_stages, m)[2][r])
+        if len(acts) != 3 * m or set(acts) != want:
+            raise ScheduleError(f"zb-auto: rank {r}'s order does not hold each F, I and W of stage {r} once")
+    return sched
