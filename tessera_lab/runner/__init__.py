@@ -12,7 +12,7 @@ Packages, one per job:
                ``train``, ``pipeline``, ``capacity``
 ``launch``     ``spawn`` (local spawner), ``supervise`` (heartbeats, faults), ``worker``, ``results``,
                ``dynamic_report``, ``launch`` (the ``run`` command line)
-``measure``    layer pairs measured with the runtime (``measure``, ``overlap_measure``)
+``measure``    layer pairs measured by running them with the runtime (``harness``, ``ranks``, ``sizing``, ``assemble``)
 ``testbed``    the CPU testbed (``calibrate``, ``predict``, ``sharing``, ``probe``, ``work_probe``, ``validate``):
                models CPU time sharing, does not transfer to GPUs; the runtime never imports it
 =============  ===============================================================================================
