@@ -1,4 +1,4 @@
-"""Overlap of two task bundles: measurement backends, the overlap scheduler and the overlap table.
+"""Overlap of two task bundles: the analytic backend, the overlap scheduler and the overlap table.
 
 DESIGN section 3 ("Overlap of two task bundles") and section 4. A :class:`Bundle` is the task graph of one
 layer phase for one micro-batch (for example the forward of layer 4 for micro-batch i+1, or the full

@@ -115,7 +115,7 @@ def _now() -> str:
 
 
 def bundle_shapes(bd: Bundle) -> dict[str, Any]:
-    """The shape parameters that define a bundle's kernels (tokens, widths, heads, experts, EP size)."""
+    """The shape parameters that define a bundle (tokens, widths, heads, experts, EP size)."""
     m, p = bd.model, bd.parallel
     if m is None or p is None:
         return {"synthetic": True, "tasks": len(bd.tasks)}
