@@ -8,7 +8,7 @@ Generated: each subcommand's options (introspected from the parser) with values 
 (0, negatives, nan, inf, 1e308, 10**7, "abc", "1e12", ...), strings, model names, schedule names, routing specs and
 files (valid and broken configs, profiles and plans: binary, non-UTF-8, deeply nested, NaN fields, strings where
 numbers belong, empty, folders, missing paths, symlinks, a private character device, a 250-character name).
-The runner's commands (``run``, ``calibrate``, ``validate``, ``measure --backend runner``) are driven with their
+The runner's commands (``run``, ``calibrate``, ``validate``) are driven with their
 files (runner plans, observation stores, run results, device files, validation results: good ones and tampered
 copies) and ``TESSERA_LAB_*`` variables; the step that would start workers or measure is replaced by a stub that
 runs every check a launch makes first (:func:`tessera_lab.runner.launch.spawn.check_launch`) and then stops: an input
@@ -436,7 +436,7 @@ def _stubs(env: dict[str, str]):
     spawn_mod = importlib.import_module("tessera_lab.runner.launch.spawn")
     cal = importlib.import_module("tessera_lab.runner.testbed.calibrate")
     val = importlib.import_module("tessera_lab.runner.testbed.validate")
-    meas = importlib.import_module("tessera_lab.runner.measure.measure")
+    meas = importlib.import_module("tessera_lab.runner.measure.harness")
 
     def fake_spawn(world, jobs, **kw):
         spawn_mod.check_launch(world, list(jobs), timeout_s=kw.get("timeout_s", 600.0), env=kw.get("env"))
@@ -446,9 +446,9 @@ def _stubs(env: dict[str, str]):
         raise WouldStart()
 
     saved = [(launch, "spawn", launch.spawn), (cal, "calibrate", cal.calibrate),
-             (val, "validate_from_args", val.validate_from_args), (meas, "measure_runner_pair", meas.measure_runner_pair)]
+             (val, "validate_from_args", val.validate_from_args), (meas, "measure_layer_pairs", meas.measure_layer_pairs)]
     old_env = {k: os.environ.get(k) for k in env}
-    launch.spawn, cal.calibrate, val.validate_from_args, meas.measure_runner_pair = fake_spawn, stop, stop, stop
+    launch.spawn, cal.calibrate, val.validate_from_args, meas.measure_layer_pairs = fake_spawn, stop, stop, stop
     os.environ.update(env)
     try:
         yield

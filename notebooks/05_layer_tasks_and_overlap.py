@@ -27,8 +27,8 @@
 #    overlap efficiency `e = (t_a + t_b - t_ab) / min(t_a, t_b)` (which can be negative),
 # 3. the overlap table for every layer-kind combination as a heatmap, and why a stage's cost after overlap is not
 #    the sum of its standalone times,
-# 4. a real measurement on this machine's CPU (torch kernels in one thread, gloo all-to-all in another, two
-#    processes), and the shipped CPU profile,
+# 4. a real measurement on this machine's CPU (the runtime's node executor on two gloo processes), and the shipped
+#    CPU profile,
 # 5. sliders for expert width and top-k: the hidden fraction of communication falls as expert GEMMs get short.
 #
 # Times from the analytic model are for an H200 cluster (`data/hardware/cost_model.json` states every assumption);
@@ -42,7 +42,8 @@ EP_CROSS_NODE = 16           # EP over two nodes for the expert-width sweep (com
 SCHED_BUDGET = 400           # orders the overlap scheduler evaluates per pair
 RUN_CPU = True               # run a real cpu-backend measurement
 CPU_SIZE_FACTOR = 1 / 32     # widths and sequence length x this factor for the cpu backend
-CPU_REPEATS = 2
+CPU_REPEATS = 3
+CPU_BUDGET_S = 60            # wall seconds the cpu measurement may take (repeats and orders are sized to it)
 SWEEP_WIDTHS = (64, 256, 1024, 2048)
 SWEEP_TOPK = (4, 10)
 # the model choice of section 6: other hybrids, the pair of their first linear-mixer layer's forward with their first
@@ -51,7 +52,6 @@ OTHER_MODELS = ("kimi-linear-48b-a3b", "minimax-m1", "nemotron-h-56b", "jamba-1.
 
 # %%
 import warnings
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -203,32 +203,49 @@ print(f"stage of layers 0-5: standalone sum {standalone * 1e3:.3f} ms, after ove
 # %% [markdown]
 # ## 4 · A real measurement on this machine (cpu backend)
 #
-# Two processes in a gloo group; in each, compute tasks run as torch kernels in one thread (matmul, SDPA with a
-# causal mask, a chunked delta-rule loop, grouped expert GEMMs with per-expert token counts from a routing) and
-# the all-to-alls run in a second thread. Shapes are scaled by `CPU_SIZE_FACTOR`; we report the median of the
-# repeats and the spread (quartiles).
+# Measuring is running: the pair is run with the runtime's own node executor (the runner's layers at the model's
+# shapes times `CPU_SIZE_FACTOR`, the five nodes of each layer issued in a candidate order) on an EP group of two
+# gloo processes, timed with the host clock (CUDA events on a GPU). Each side alone, then program order, Megatron's
+# order and the best searched orders together, narrowed by successive halving; a challenger wins only when its
+# quartiles clear program order's. We report medians and quartiles, and the sizing: what a probe planned for
+# `CPU_BUDGET_S` seconds.
 
 # %%
 if RUN_CPU:
-    cpu = ov.measure_pair(f0, b3, "cpu", size_factor=CPU_SIZE_FACTOR, repeats=CPU_REPEATS, warmup=1, timeout_s=240)
+    from tessera_lab.runner.measure.harness import measure_layer_pairs
+
+    (cpu,) = measure_layer_pairs(model, ParallelConfig(ep=2, pp=1), "cpu", size_factor=CPU_SIZE_FACTOR,
+                                 repeats=CPU_REPEATS, warmup=1, budget_s=CPU_BUDGET_S, fixed=("size_factor",),
+                                 pairs=[(f0.kind, b3.kind)], timeout_s=240)
     display(pd.DataFrame({q: {k: v * 1e3 for k, v in cpu.spread[q].items() if k in ("median", "q1", "q3", "min", "max")}
                           for q in ("t_a", "t_b", "t_ab", "t_program")}).T.rename(columns=lambda c: c + " (ms)"))
+    sz = cpu.metadata["sizing"]
     print(headline.efficiency_note(cpu.overlap_efficiency) or f"efficiency {cpu.overlap_efficiency:.3f}",
-          f"hidden fraction {cpu.comm_hidden_fraction:.2f}, "
-          f"device {cpu.metadata['device']}, torch {cpu.metadata['torch']}, size factor {cpu.metadata['size_factor']}")
+          f"hidden fraction {cpu.comm_hidden_fraction:.2f}, decision: {cpu.metadata['search']['decision']['verdict']}",
+          f"device {cpu.metadata['device']}, torch {cpu.metadata['torch']}, size factor {cpu.metadata['size_factor']}",
+          f"sizing: budget {sz['budget_s']:g} s, took {sz['wall_s']} s wall, {sz['cpu_s']} s CPU, load average "
+          f"{sz['load_average_1m']['before']}; reduced: {'; '.join(sz['reductions']) or 'nothing'}", sep="\n")
 
 # %% [markdown]
-# The shipped profile `data/profiles/cpu-qwen3-next-small.json` holds the full table measured with
-# `tessera-lab measure --backend cpu` on the 2-core machine this project was built on (size factor 1/8). Loading it
-# elsewhere warns that it is stale (another device), which is the point: a profile belongs to its machine.
+# The shipped profile `data/profiles/cpu-qwen3-next-small.json` holds the full table measured the same way with
+# `tessera-lab measure --backend cpu` (size factor 1/8, two gloo processes) on a busy 2-core machine; its `sizing`
+# records the budget, what was reduced, the wall and CPU seconds and the load average. Loading it elsewhere warns that
+# it is stale (another device), which is the point: a profile belongs to its machine.
 
 # %%
-path = Path(ov.__file__).resolve().parents[1] / "data" / "profiles" / "cpu-qwen3-next-small.json"
+from tessera_lab.paths import data_dir
+
+path = data_dir() / "profiles" / "cpu-qwen3-next-small.json"
 if path.exists():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         prof = pr.load_profile(path)
     print("stale here:" if prof.stale_reasons else "current on this machine", *prof.stale_reasons[:2], sep="\n  ")
+    psz = prof.data.get("sizing") or {}
+    if psz:
+        print(f"measured with repeats {psz['plan']['repeats']}, {psz['plan']['keep']} orders per pair, size factor "
+              f"{psz['size_factor']:g}, in {psz['wall_s']} s wall ({psz['cpu_s']} s CPU) at load average "
+              f"{psz['load_average_1m']['before']}-{psz['load_average_1m']['after']}")
     ptable = prof.table()
     shown = ptable[["kind_f", "kind_b", "t_f", "t_b", "t_sum", "t_pair", "t_pair_q1", "t_pair_q3", "gain", "efficiency"]].copy()
     shown["validity"] = headline.overlap_validity(ptable)  # efficiency > 1 and gains within the noise are flagged

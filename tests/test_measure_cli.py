@@ -15,7 +15,7 @@ from tessera_lab.cli.main import main
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.spec import load_model
 from tessera_lab.runner.runtime.orders import NAMED_ORDERS, TEMPLATE_KEYS
-from tessera_lab.runner.measure.overlap_measure import runner_config_for
+from tessera_lab.runner.measure.harness import runner_config_for
 
 CLI = [sys.executable, "-m", "tessera_lab"]
 
@@ -42,6 +42,10 @@ def test_measure_analytic_writes_a_profile_and_prints_the_table(tmp_path, capsys
     (["--backend", "analytic", "--model", "no-such-model"], "no-such-model"),
     (["--backend", "analytic", "--timeout", "-1"], "timeout"),
     (["--backend", "cpu", "--world-size", "1"], "world_size"),
+    (["--backend", "cpu", "--budget-s", "0"], "budget_s"),
+    (["--backend", "cpu", "--budget-s", "inf"], "budget_s"),
+    (["--backend", "cpu", "--orders", "1"], "orders"),
+    (["--backend", "runner"], "--backend cpu --model tiny-runner"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, field, tmp_path):
     proc = subprocess.run(CLI + ["measure", *argv, "--out", str(tmp_path / "x.json")], capture_output=True, text=True,
@@ -69,7 +73,7 @@ def test_measure_cpu_writes_a_profile_with_spread(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "cpu.json"
     proc = subprocess.run(CLI + ["measure", "--backend", "cpu", "--ep", "2", "--size-factor", "0.03125", "--repeats", "2",
-                                 "--warmup", "0", "--timeout", "400", "--out", str(out), "--json", str(tmp_path / "r.json")],
+                                 "--orders", "4", "--warmup", "0", "--timeout", "400", "--budget-s", "400", "--out", str(out), "--json", str(tmp_path / "r.json")],
                           capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr
     assert "linear_attention+moe" in proc.stdout
@@ -115,3 +119,26 @@ def test_runner_config_scales_widths_and_keeps_counts():
     assert (cfg["num_heads"], cfg["num_kv_heads"], cfg["num_experts"], cfg["top_k"]) == (16, 2, 512, 10)
     with pytest.raises(ConfigError, match="dense FFN"):
         runner_config_for(load_model("qwen3-8b"), 1 / 32, 4096)
+
+
+@pytest.mark.slow
+def test_measure_cpu_sizes_its_work_to_a_small_budget(tmp_path):
+    """A budget too small for the defaults: repeats and candidate orders are reduced (never below 3 and 2), the
+    progress lines name every pair and order, and the end says what was reduced; the sizing is in the profile."""
+    pytest.importorskip("torch")
+    out = tmp_path / "cpu.json"
+    proc = subprocess.run(CLI + ["measure", "--backend", "cpu", "--ep", "2", "--size-factor", "0.03125", "--warmup", "0",
+                                 "--budget-s", "25", "--out", str(out)], capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr
+    assert "probe at size factor 0.03125" in err and "pair 4/4" in err and "order 1/" in err
+    assert "reduced to fit:" in proc.stdout and "skipped:" in proc.stdout and "CPU" in proc.stdout
+    prof = pr.load_profile(out)
+    sz = prof.data["sizing"]
+    assert sz["budget_s"] == 25 and sz["size_factor"] == 0.03125 and sz["fixed"] == ["size_factor"]
+    assert sz["plan"]["repeats"] >= 3 and sz["plan"]["keep"] >= 2
+    assert sz["reductions"]  # the defaults (5 repeats, 4 orders, 4 pairs) do not fit 25 s on any machine so far
+    assert sz["wall_s"] > 0 and sz["cpu_s"] > 0 and sz["load_average_1m"]["before"] is not None
+    for e in prof.entries.values():
+        assert e["metadata"]["sizing"] == sz and e["metadata"]["repeats"] == e["metadata"]["pair_sizing"]["repeats"]
+        assert len(e["metadata"]["candidates"]) == e["metadata"]["pair_sizing"]["keep"]

@@ -231,12 +231,11 @@ def test_bad_input_is_named():
         ov.measure_pair(a, b, order=list(reversed(g.keys)))
     with pytest.raises(ConfigError, match="order"):
         ov.measure_pair(a, b, order=g.keys[:-1])
-    with pytest.raises(ConfigError, match="size_factor"):
-        ov.measure_pair(a, b, "cpu", size_factor=2.0)
-    with pytest.raises(ConfigError, match="repeats"):
-        ov.measure_pair(a, b, "cpu", repeats=0)
-    with pytest.raises(ConfigError, match="model"):
-        ov.measure_pair(synthetic("A", [(False, 1.0, [])]), synthetic("B", [(True, 1.0, [])]), "cpu")
+    for backend in ("cpu", "cuda"):  # measurements run the pair with the runtime; the refusal names it
+        with pytest.raises(ConfigError, match="runner.measure.harness.measure_layer_pairs"):
+            ov.measure_pair(a, b, backend)
+        with pytest.raises(ConfigError, match=f"tessera-lab measure --backend {backend}"):
+            ov.schedule_pair(a, b, backend)
     with pytest.raises(ConfigError, match="durations"):
         ov.Bundle.from_tasks("A", [Task("x", 0, "F", "gemm")], durations={"F.x": -1.0})
     with pytest.raises(ConfigError, match="cycle"):
@@ -273,123 +272,6 @@ def test_planning_modules_do_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-# ---------------------------------------------------------------------- measuring backends
-def test_delta_rule_chunked_matches_the_sequential_recurrence():
-    torch = pytest.importorskip("torch")
-    from tessera_lab.overlap.backends import _delta_rule_chunked
-
-    g = torch.Generator().manual_seed(0)
-    H, T, dk, dv = 2, 150, 8, 6  # T not a multiple of the chunk
-    q, v = torch.randn(H, T, dk, generator=g, dtype=torch.float64), torch.randn(H, T, dv, generator=g, dtype=torch.float64)
-    k = torch.nn.functional.normalize(torch.randn(H, T, dk, generator=g, dtype=torch.float64), dim=-1)
-    beta = torch.rand(H, T, generator=g, dtype=torch.float64)
-    S = torch.zeros(H, dk, dv, dtype=torch.float64)
-    ref = []
-    for t in range(T):  # u = beta (v - k S); S += k u^T; o = q S
-        u = beta[:, t, None] * (v[:, t] - torch.einsum("hk,hkv->hv", k[:, t], S))
-        S = S + torch.einsum("hk,hv->hkv", k[:, t], u)
-        ref.append(torch.einsum("hk,hkv->hv", q[:, t], S))
-    ref = torch.stack(ref, dim=1)
-    assert torch.allclose(_delta_rule_chunked(q, k, v, beta), ref, atol=1e-9)
-
-
-def test_kernels_of_every_task_run_in_process_with_the_copy_proxy():
-    torch = pytest.importorskip("torch")
-    from tessera_lab.overlap import backends as ob
-
-    torch.set_num_threads(1)
-    ctx = ob.KernelContext(torch.device("cpu"), torch.float32, 1, "copy")
-    runner = ob.ThreadRunner(30)
-    for layer, phase in ((0, "F"), (0, "BW"), (3, "F"), (3, "BW")):
-        bd = ob.scaled_bundle(ov.bundle(QWEN, layer, phase), 1 / 32)
-        assert bd.parallel.seq_len == 128 and bd.model.hidden_size == 64
-        ks = ob.build_kernels(bd, ctx)
-        assert set(ks) == set(bd.ids)
-        g = ov.pair_graph(bd)
-        spans = runner.run(g.keys, {f"{bd.name}/{k}": f for k, f in ks.items()}, g.lanes, g.deps)
-        assert set(spans) == set(g.keys)
-        for k in g.keys:  # dependencies respected
-            for d in g.deps[k]:
-                assert spans[d][1] <= spans[k][0] + 1e-9
-
-
-def test_expert_counts_sum_to_received_tokens():
-    pytest.importorskip("numpy")
-    from tessera_lab.overlap.backends import expert_counts
-
-    c = expert_counts(5120, 64, seed=3)
-    assert len(c) == 64 and sum(c) == 5120 and c == expert_counts(5120, 64, seed=3)
-
-
-@pytest.mark.slow
-def test_cpu_backend_measures_a_pair_with_spread():
-    pytest.importorskip("torch")
-    p = ParallelConfig(ep=2)
-    a, b = ov.bundle(QWEN, 0, "F", p), ov.bundle(QWEN, 3, "BW", p)
-    r = ov.measure_pair(a, b, "cpu", repeats=2, warmup=0, size_factor=1 / 32, timeout_s=120)
-    assert r.backend == "cpu"
-    for name in ("t_a", "t_b", "t_ab", "t_program"):
-        s = r.spread[name]
-        assert s["n"] >= 2 and s["min"] <= s["q1"] <= s["median"] <= s["q3"] <= s["max"]
-        assert s["median"] > 0
-    assert r.spread["t_a"]["n"] == 2
-    # measure alone -> fit -> re-search -> successive halving over >= 4 orders -> a decision with the noise
-    search = r.metadata["search"]
-    assert search["orders_measured"] >= 4 and len(r.metadata["candidates"]) >= 4
-    assert search["halving"] and search["halving"][0]["kept"][0] == 0  # program order always survives
-    assert search["fit"]["pairs"] == 1
-    d = search["decision"]
-    assert d["verdict"] in ("significant", "not significant", "program order is fastest")
-    if d["verdict"] != "significant":
-        assert r.order == ov.pair_graph(a, b).program_order and r.t_ab == r.t_program
-    else:
-        assert d["challenger_stats"]["q3"] < d["program"]["q1"]
-    assert r.metadata["world_size"] == 2  # the EP group the shapes assume and r.metadata["comm"] == "gloo" and r.metadata["comm_proxy"] is None
-    assert r.metadata["size_factor"] == 1 / 32 and r.metadata["repeats"] == 2
-    assert r.metadata["shapes"]["a"]["hidden"] == 64
-    assert 0.0 <= r.comm_hidden_fraction <= 1.0
-    assert set(r.inflation) == set(ov.pair_graph(a, b).keys)
-    assert r.overlap_efficiency == pytest.approx((r.t_a + r.t_b - r.t_ab) / min(r.t_a, r.t_b))
-
-
-@pytest.mark.slow
-def test_cpu_backend_times_out_cleanly():
-    pytest.importorskip("torch")
-    a, b = ov.bundle(QWEN, 0, "F"), ov.bundle(QWEN, 3, "BW")
-    with pytest.raises(ov.MeasurementError, match="timeout"):
-        ov.measure_pair(a, b, "cpu", repeats=50, size_factor=0.25, timeout_s=3)
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-@pytest.mark.skipif(not _cuda_available(), reason="no CUDA GPU (torch.cuda.is_available() is False)")
-def test_cuda_backend_measures_a_pair():
-    p = ParallelConfig()
-    a, b = ov.bundle(QWEN, 0, "F", p), ov.bundle(QWEN, 3, "BW", p)
-    r = ov.measure_pair(a, b, "cuda", repeats=3, warmup=2, size_factor=0.25, timeout_s=300)
-    assert r.backend == "cuda" and r.t_ab > 0 and r.spread["t_ab"]["n"] >= 3
-    import torch
-
-    if torch.cuda.device_count() < 2:
-        assert r.metadata["comm_proxy"] == "copy"
-    else:
-        assert r.metadata["comm"] == "nccl"
-
-
-def test_cuda_backend_without_a_gpu_is_a_clear_error():
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA GPU is present")
-    with pytest.raises(ov.MeasurementError, match="CUDA"):
-        ov.measure_pair(ov.bundle(QWEN, 0, "F"), ov.bundle(QWEN, 3, "BW"), "cuda")
-
-
 def test_overlap_heatmap_colour_scale_starts_at_zero():
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
@@ -413,7 +295,7 @@ def test_overlap_heatmap_colour_scale_starts_at_zero():
 
 @given(st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=2, max_size=9))
 def test_successive_halving_round_keeps_program_order_and_shrinks(meds):
-    from tessera_lab.overlap.backends import halve
+    from tessera_lab.runner.measure.sizing import halve
 
     alive = list(range(len(meds)))
     kept = halve(alive, dict(enumerate(meds)))

@@ -202,17 +202,27 @@ def test_order_from_measured_node_times(tmp_path):
 
 @pytest.mark.slow
 def test_measure_with_the_runner_itself():
-    """measure --backend runner: the runner's own node-level executor on an EP group of 2 processes."""
+    """The one harness on the tiny runner model (what --backend runner was): the runtime's node executor on an EP
+    group of 2 processes, every candidate measured, halving keeps program order, a decision by the quartile rule."""
     pytest.importorskip("torch")
-    from tessera_lab.runner.measure.measure import measure_runner_pair
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.runner.measure.harness import measure_layer_pairs
+    from tessera_lab.runner.testbed.predict import runner_model_config
 
-    r = measure_runner_pair(ep=2, repeats=2)
-    assert len(r["candidates"]) >= 4 and r["candidates"][0]["order"] == list(od.TEMPLATE_KEYS)
-    assert all(len(c["samples"]) >= 2 for c in r["candidates"])
-    assert r["halving"] and 0 in r["halving"][0]["kept"] and len(r["halving"][0]["kept"]) == 2
-    d = r["decision"]
+    seq = runner_model_config("tiny-runner")[1]["seq_len"]
+    model = load_model("tiny-runner")
+    kind = model.layers[0].kind
+    (r,) = measure_layer_pairs(model, ParallelConfig(ep=2, pp=1, dp=1, tp=1, seq_len=seq, micro_batch_size=2), "cpu",
+                               size_factor=1.0, repeats=2, warmup=0, pairs=[(kind, kind)])
+    cands = r.metadata["candidates"]
+    assert len(cands) == 4 and cands[0]["order"] == list(od.TEMPLATE_KEYS)
+    assert all(len(c["samples"]) >= 2 for c in cands)
+    halving = r.metadata["search"]["halving"]
+    assert halving and 0 in halving[0]["kept"] and len(halving[0]["kept"]) == 2
+    d = r.metadata["search"]["decision"]
     assert d["verdict"] in ("significant", "not significant", "program order is fastest")
-    assert r["chosen_order"] == r["candidates"][d["chosen"]]["order"]
-    od.check_template(r["chosen_order"])
-    assert set(r["node_durations_s"]) == set(od.TEMPLATE_KEYS) and r["node_durations_s"]["f.dispatch"] > 0
-    assert r["t_f"] > 0 and r["t_b"] > 0 and r["t_ab"] > 0
+    assert list(r.order) == cands[d["chosen"]]["order"]
+    od.check_template(r.order)
+    assert set(r.durations) == set(od.TEMPLATE_KEYS) and r.durations["f.dispatch"] > 0
+    assert r.t_a > 0 and r.t_b > 0 and r.t_ab > 0

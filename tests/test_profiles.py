@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tessera_lab.runner.runtime.orders import TEMPLATE_KEYS
+
 from tessera_lab.overlap import core as ov
 from tessera_lab.overlap import profiles as pr
 from tessera_lab.errors import ConfigError, ProfileError
@@ -206,18 +208,87 @@ def test_scaled_profile_transfers_efficiency(analytic_table):
         analytic_table.set_index(["kind_f", "kind_b"]).loc[(full, full), "t_pair"], rel=1e-6)
 
 
-def test_shipped_cpu_profile_loads_and_has_spread():
-    path = Path(__file__).resolve().parents[1] / "data" / "profiles" / "cpu-qwen3-next-small.json"
-    if not path.exists():
-        pytest.skip("no shipped CPU profile yet")
+SHIPPED_CPU = Path(__file__).resolve().parents[1] / "data" / "profiles" / "cpu-qwen3-next-small.json"
+
+
+def _shipped_cpu():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pr.StaleProfileWarning)  # measured on another machine is fine here
-        prof = pr.load_profile(path)
+        return pr.load_profile(SHIPPED_CPU)
+
+
+def test_shipped_cpu_profile_loads_and_has_spread():
+    prof = _shipped_cpu()
     assert prof.backend == "cpu" and len(prof.entries) == 4
     for e in prof.entries.values():
-        assert e["metadata"]["repeats"] >= 3
-        assert e["t_ab"]["q1"] <= e["t_ab"]["median"] <= e["t_ab"]["q3"]
-        assert len(e["t_ab"]["samples"]) == e["metadata"]["repeats"]
+        reps = e["metadata"]["repeats"]
+        assert reps >= 3
+        for name in ("t_a", "t_b", "t_ab", "t_program"):
+            s = e[name]
+            assert s["n"] == len(s["samples"]) and 0 < s["min"] <= s["q1"] <= s["median"] <= s["q3"] <= s["max"]
+        assert e["t_a"]["n"] == e["t_b"]["n"] == reps  # alone: exactly the timed repeats
+        assert e["t_program"]["n"] >= reps and e["t_ab"]["n"] >= reps  # together: halving adds samples
+
+
+def test_shipped_cpu_profile_is_measured_by_the_runtime_and_holds_no_placeholder():
+    """Every value is measured or derived with its source named: gain and efficiency recomputed here from the
+    stored medians, inflation per node measured (no 1.0 placeholders), the sizing and the load recorded."""
+    prof = _shipped_cpu()
+    sz = prof.data["sizing"]
+    assert sz["wall_s"] > 0 and sz["cpu_s"] > 0 and sz["load_average_1m"]["before"] is not None
+    for key, e in prof.entries.items():
+        meta = e["metadata"]
+        assert meta["executor"].startswith("runner node-level") and meta["clock"].startswith("host clock")
+        assert meta["communication"] == "EP all-to-all" and meta["world_size"] >= 2
+        assert set(e["tasks"]) == set(TEMPLATE_KEYS)
+        assert all(v["duration_s"] > 0 for v in e["tasks"].values())  # every node took measurable time alone
+        ta, tb, tab = e["t_a"]["median"], e["t_b"]["median"], e["t_ab"]["median"]
+        assert e["gain"] == pytest.approx(ta + tb - tab, rel=1e-12)
+        assert e["efficiency"] == pytest.approx((ta + tb - tab) / min(ta, tb), rel=1e-12)
+        derived = meta["derived_fields"]
+        assert set(derived) == {"gain", "efficiency", "inflation", "comm_hidden_fraction"}
+        assert all(isinstance(v, str) and len(v) > 10 for v in derived.values())
+        assert set(e["inflation"]) == set(TEMPLATE_KEYS)
+        assert all(v > 0 and v != 1.0 for v in e["inflation"].values()), key  # measured ratios, no placeholders
+        assert 0.0 <= e["comm_hidden_fraction"] <= 1.0
+        # the decision follows the quartile rule on the stored samples
+        d = meta["search"]["decision"]
+        cands = meta["candidates"]
+        assert cands[0]["order"] == list(TEMPLATE_KEYS) and e["order"] == cands[d["chosen"]]["order"]
+        if d["verdict"] == "significant":
+            assert pr._stats(cands[d["chosen"]]["samples"])["q3"] < pr._stats(cands[0]["samples"])["q1"]
+        else:
+            assert d["chosen"] == 0 and e["t_ab"]["samples"] == e["t_program"]["samples"]
+
+
+def test_shipped_cpu_profile_fit_reproduces_its_samples_within_the_stated_residual():
+    """The stored contention, replayed on each entry's stored order and node times, gives t_ab with the stored RMS
+    relative error; and no neighbour on the fit's fine grid does better (a local minimum of the stated loss)."""
+    from tessera_lab.cost.analytic import Contention, two_lane_makespan
+
+    prof = _shipped_cpu()
+    fit = prof.data["fit"]
+    samples = [e["fit_sample"] for e in prof.entries.values()]
+    assert fit["pairs"] == len(samples) == 4
+
+    def rel_errors(c, k):
+        out = []
+        for s in samples:
+            pred = two_lane_makespan(s["order"], s["durations"], s["lanes"], {a: tuple(b) for a, b in s["deps"].items()},
+                                     Contention(c, k)).makespan
+            out.append((pred - s["t_ab"]) / s["t_ab"])
+        return out
+
+    errs = rel_errors(fit["compute"], fit["comm"])
+    rms = (sum(x * x for x in errs) / len(errs)) ** 0.5
+    assert rms == pytest.approx(fit["rms_relative_error"], rel=1e-9)
+    fine = fit["grid_step"] / 10
+    loss = sum(x * x for x in errs)
+    for dc in (-fine, 0.0, fine):
+        for dk in (-fine, 0.0, fine):
+            c, k = fit["compute"] + dc, fit["comm"] + dk
+            if 0 <= c <= 3 and 0 <= k <= 3:
+                assert sum(x * x for x in rel_errors(c, k)) >= loss - 1e-12
 
 
 def test_refit_from_the_file_reproduces_the_fit(tmp_path, analytic_table):

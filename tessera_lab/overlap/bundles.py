@@ -36,7 +36,7 @@ class Bundle:
         tasks: the tasks in program order.
         deps: task id -> ids of tasks of this bundle it waits for. A task id is ``"<phase>.<name>"``.
         model, parallel, layer, phase, kind, expert_load: how the bundle was built by :func:`bundle`
-            (``None`` for synthetic bundles; the ``cpu`` and ``cuda`` backends need them to build kernels).
+            (``None`` for synthetic bundles).
         durations: optional standalone durations per task id, seconds; when given, the ``analytic`` backend
             uses them instead of the cost model (synthetic bundles in tests and teaching).
     """

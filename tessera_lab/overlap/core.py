@@ -1,4 +1,4 @@
-"""Overlap of two task bundles: measurement backends, the overlap scheduler and the overlap table.
+"""Overlap of two task bundles: the analytic backend, the overlap scheduler and the overlap table.
 
 DESIGN section 3 ("Overlap of two task bundles") and section 4. A :class:`Bundle` is the task graph of one
 layer phase for one micro-batch (for example the forward of layer 4 for micro-batch i+1, or the full
@@ -24,20 +24,14 @@ Backends (``backend=``):
   busy compute runs ``1 + kappa_compute`` and communication ``1 + kappa_comm`` times slower. Defaults
   come from ``data/hardware/cost_model.json`` (0.25 and 0.1); :func:`fit_contention` fits both from
   measured pairs.
-* ``cpu``: real torch kernels at the task shapes scaled by a size factor, compute in one thread and gloo
-  ``all_to_all_single`` in another, in a local process group of at least two spawned processes; median of
-  repeats with spread (see :mod:`tessera_lab.overlap.backends`).
-* ``cuda``: compute on one CUDA stream, communication on another, CUDA events, warm-up, median of repeats;
-  NCCL ``all_to_all_single`` when two or more GPUs are visible, else a device-to-device copy of the same
-  bytes on the side stream (the result records ``comm_proxy: "copy"``).
+* ``cpu`` and ``cuda`` are measurements, not models: a pair is measured by running it with the runtime's node
+  executor on an EP group (:mod:`tessera_lab.runner.measure.harness`, ``tessera-lab measure --backend cpu|cuda``),
+  so what is measured is what runs. This package only reads their results (:mod:`.profiles`); the bundle
+  functions here (:func:`measure_pair`, :func:`measure_pairs`) evaluate the analytic backend and refuse the
+  measuring ones with the replacement named.
 
-``tessera-lab measure --backend cpu|cuda`` does not use these kernels: it measures the overlap table with the
-runner's own node-level pair executor on an EP group (:mod:`tessera_lab.runner.measure.overlap_measure`), so what is
-measured is what runs. The kernel path here measures arbitrary task bundles (any layer kind, dense FFNs too) for
-notebooks and for the scheduler's tests.
-
-The overlap scheduler (:func:`schedule_pair`) is documented on the function. This module never imports
-torch; the measuring backends import it inside :mod:`tessera_lab.overlap.backends`.
+The overlap scheduler (:func:`schedule_pair`) is documented on the function. This package never imports
+torch.
 
 This module re-exports the package's parts: :mod:`.bundles`, :mod:`.search`, :mod:`.results`, :mod:`.measure`,
 :mod:`.table`.
@@ -56,7 +50,6 @@ from .search import (  # noqa: F401
 )
 from .results import (  # noqa: F401
     overlap_efficiency, hidden_fraction, spread_stats, OverlapResult, _now, bundle_shapes, default_contention,
-    assemble_measured,
 )
 from .fit import ContentionFit, fit_contention, fit_contention_samples, fit_sample  # noqa: F401
 from .measure import (  # noqa: F401

@@ -1,5 +1,6 @@
-"""Measuring a pair (analytic, cpu, cuda), the overlap scheduler entry :func:`schedule_pair`, and the contention
-fit. Torch is imported only by the measuring backends (:mod:`tessera_lab.overlap.backends`)."""
+"""A pair of bundles under the analytic backend, the overlap scheduler entry :func:`schedule_pair`, and the
+contention fit. The measuring backends (``cpu``, ``cuda``) are not here: a pair is measured by running it with the
+runtime (:mod:`tessera_lab.runner.measure.harness`); the functions below refuse them and name it. No torch."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import ParallelConfig
 
 from .bundles import (
-    BACKENDS, DEFAULT_SIZE_FACTOR, Bundle, PairGraph, _default_cost_model, _keyed_durations, analytic_durations, pair_graph,
+    BACKENDS, Bundle, PairGraph, _default_cost_model, _keyed_durations, analytic_durations, pair_graph,
 )
 from .environment import current_environment
 from .results import OverlapResult, _now, bundle_shapes, default_contention, overlap_efficiency, spread_stats
@@ -41,10 +42,8 @@ def schedule_pair(a: Bundle, b: Bundle, backend: str = "analytic", *, budget: in
 
     Args:
         a, b: the bundles (distinct names).
-        backend: ``analytic`` evaluates candidates with the two-lane executor and the contention term.
-            ``cpu`` or ``cuda`` measure the pair (:func:`measure_pair`): standalone runs give per-task times,
-            the analytic search over those times proposes ``keep`` orders (program order included), each is
-            measured, and the fastest measured one wins; the returned makespans are then measured medians.
+        backend: ``analytic`` (the only one here) evaluates candidates with the two-lane executor and the
+            contention term; ``cpu`` / ``cuda`` are refused (:func:`measure_pairs` names the harness).
         budget: maximum distinct candidates evaluated (>= 1).
         contention: analytic contention (default: the cost model's).
         cost_model: cost model for task times (default: H200 cluster fitting the bundles' parallel sizes).
@@ -58,8 +57,7 @@ def schedule_pair(a: Bundle, b: Bundle, backend: str = "analytic", *, budget: in
     if not isinstance(budget, int) or budget < 1:
         raise ConfigError(f"field 'budget' = {budget!r} is out of range; allowed: an integer >= 1")
     if backend != "analytic":
-        res = measure_pair(a, b, backend, budget=budget, keep=keep, **measure_kwargs)
-        return res.schedule
+        _refuse_measuring(backend)
     graph = pair_graph(a, b)
     if durations is None:
         cm = cost_model
@@ -123,85 +121,54 @@ def _validate_order(graph: PairGraph, order: Sequence[str]) -> tuple[str, ...]:
 
 
 def measure_pair(a: Bundle, b: Bundle, backend: str = "analytic", *, order: Sequence[str] | None = None,
-                 repeats: int = 5, warmup: int = 1, size_factor: float | None = None,
                  contention: Contention | None = None, cost_model: CostModel | None = None,
-                 budget: int = 4000, keep: int = 4, world_size: int | None = None, timeout_s: float = 600.0,
-                 seed: int = 0, progress: Callable[[int, int], None] | None = None) -> OverlapResult:
-    """Run two bundles alone and together and report ``t_a``, ``t_b``, ``t_ab``, inflation, hidden fraction
-    of communication and overlap efficiency.
+                 budget: int = 4000, keep: int = 4, **measure_kwargs: Any) -> OverlapResult:
+    """Two bundles alone and together under the analytic backend: ``t_a``, ``t_b``, ``t_ab``, inflation, hidden
+    fraction of communication and overlap efficiency (seconds).
 
     Args:
         a, b: bundles with distinct names (e.g. ``bundle(m, 0, "F")`` and ``bundle(m, 3, "BW")``).
-        backend: ``analytic`` (cost model + contention), ``cpu`` (torch kernels + gloo in spawned processes)
-            or ``cuda`` (two CUDA streams; NCCL with >= 2 GPUs, else a copy proxy).
+        backend: ``analytic`` (cost model + contention). ``cpu`` and ``cuda`` are measurements of the runtime and
+            are refused here with the replacement named (:func:`measure_pairs`).
         order: issue order for ``t_ab`` (keys ``"<bundle>/<phase>.<task>"``); default: the overlap scheduler's.
-        repeats, warmup: timed and untimed repetitions (measuring backends; >= 1 and >= 0).
-        size_factor: multiplies every width and the sequence length of the kernels (``cpu``: 0.125 by
-            default; ``cuda``: 1.0); GEMM FLOPs scale by ``f**3``, all-to-all bytes by ``f**2``.
-        contention: analytic contention (default from ``data/hardware/cost_model.json``).
-        cost_model: task times for the analytic backend.
-        budget: scheduler evaluations; keep: orders measured by the measuring backends (program order included;
-            successive halving narrows them to two, see :mod:`tessera_lab.overlap.backends`).
-        world_size: processes of the local group (``cpu``: default 2; ``cuda``: default the visible GPUs, at
-            most 8; >= 2).
-        timeout_s: the measuring processes are killed after this many seconds.
+        contention: analytic contention (default the cost model's, else ``data/hardware/cost_model.json``).
+        cost_model: task times for the analytic backend; budget, keep: scheduler evaluations and kept orders.
 
     Raises:
-        ConfigError: bad arguments (named with the allowed range).
-        MeasurementError: a measuring backend failed or timed out; torch or CUDA missing.
+        ConfigError: bad arguments (named with the allowed range), or a measuring backend.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"field 'backend' = {backend!r} is unknown; allowed: {', '.join(BACKENDS)}")
-    if backend == "analytic":
-        return _analytic_result(a, b, order=order, contention=contention, cost_model=cost_model, budget=budget, keep=keep)
-    return measure_pairs([(a, b)], backend, orders=[order] if order is not None else None, repeats=repeats,
-                         warmup=warmup, size_factor=size_factor, contention=contention, budget=budget, keep=keep,
-                         world_size=world_size, timeout_s=timeout_s, seed=seed, progress=progress)[0]
+    if backend != "analytic":
+        _refuse_measuring(backend)
+    return _analytic_result(a, b, order=order, contention=contention, cost_model=cost_model, budget=budget, keep=keep)
+
+
+def _refuse_measuring(backend: str) -> None:
+    raise ConfigError(f"field 'backend' = {backend!r}: bundles are measured only analytically here; a {backend} "
+                      f"measurement runs the layer pair with the runtime: tessera_lab.runner.measure.harness."
+                      f"measure_layer_pairs(model, parallel, {backend!r}) or tessera-lab measure --backend {backend}")
 
 
 def measure_pairs(pairs: Sequence[tuple[Bundle, Bundle]], backend: str = "analytic", *,
-                  orders: Sequence[Sequence[str] | None] | None = None, repeats: int = 5, warmup: int = 1,
-                  size_factor: float | None = None, contention: Contention | None = None,
-                  cost_model: CostModel | None = None, budget: int = 4000, keep: int = 4, world_size: int | None = None,
-                  timeout_s: float = 600.0, seed: int = 0,
-                  progress: Callable[[int, int], None] | None = None) -> list[OverlapResult]:
-    """:func:`measure_pair` for several pairs; the measuring backends start their processes once.
+                  orders: Sequence[Sequence[str] | None] | None = None, contention: Contention | None = None,
+                  cost_model: CostModel | None = None, budget: int = 4000, keep: int = 4,
+                  progress: Callable[[int, int], None] | None = None, **measure_kwargs: Any) -> list[OverlapResult]:
+    """:func:`measure_pair` for several pairs; ``progress(done, total)`` is called after each pair.
 
-    ``progress(done, total)`` is called after each pair.
+    Raises:
+        ConfigError: as :func:`measure_pair`; ``orders`` not one per pair.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"field 'backend' = {backend!r} is unknown; allowed: {', '.join(BACKENDS)}")
+    if backend != "analytic":
+        _refuse_measuring(backend)
     orders = list(orders) if orders is not None else [None] * len(pairs)
     if len(orders) != len(pairs):
         raise ConfigError(f"field 'orders' has {len(orders)} entries; allowed: one per pair ({len(pairs)})")
-    if backend == "analytic":
-        out = []
-        for i, ((a, b), o) in enumerate(zip(pairs, orders)):
-            out.append(_analytic_result(a, b, order=o, contention=contention, cost_model=cost_model, budget=budget, keep=keep))
-            if progress:
-                progress(i + 1, len(pairs))
-        return out
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ConfigError(f"field 'repeats' = {repeats!r} is out of range; allowed: an integer >= 1")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ConfigError(f"field 'warmup' = {warmup!r} is out of range; allowed: an integer >= 0")
-    f = DEFAULT_SIZE_FACTOR[backend] if size_factor is None else size_factor
-    if not (isinstance(f, (int, float)) and 0 < f <= 1):
-        raise ConfigError(f"field 'size_factor' = {size_factor!r} is out of range; allowed: a number in (0, 1]")
-    if not (isinstance(keep, int) and keep >= 1):
-        raise ConfigError(f"field 'keep' = {keep!r} is out of range; allowed: an integer >= 1")
-    for a, b in pairs:
-        for bd in (a, b):
-            if bd.model is None or bd.parallel is None:
-                raise ConfigError(f"bundle {bd.name!r} has no model; the {backend} backend needs bundles made by bundle()")
-        pair_graph(a, b)  # names differ
-    for (a, b), o in zip(pairs, orders):
-        if o is not None:
-            _validate_order(pair_graph(a, b), o)
-    from tessera_lab.overlap import backends as overlap_backends  # imports torch
-
-    return overlap_backends.measure(pairs, backend, orders=orders, repeats=repeats, warmup=warmup,
-                                    size_factor=float(f), contention=contention, budget=budget, keep=keep,
-                                    world_size=world_size, timeout_s=timeout_s, seed=seed, progress=progress)
-
-
+    out = []
+    for i, ((a, b), o) in enumerate(zip(pairs, orders)):
+        out.append(_analytic_result(a, b, order=o, contention=contention, cost_model=cost_model, budget=budget, keep=keep))
+        if progress:
+            progress(i + 1, len(pairs))
+    return out

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 from tessera_lab.cost.analytic import Contention
 from tessera_lab.errors import ConfigError
 
-from .bundles import COMM, COMPUTE, Bundle, pair_graph
+from .bundles import COMM, COMPUTE, Bundle
 from .search import ScheduleResult
 
 
@@ -115,7 +115,7 @@ def _now() -> str:
 
 
 def bundle_shapes(bd: Bundle) -> dict[str, Any]:
-    """The shape parameters that define a bundle's kernels (tokens, widths, heads, experts, EP size)."""
+    """The shape parameters that define a bundle (tokens, widths, heads, experts, EP size)."""
     m, p = bd.model, bd.parallel
     if m is None or p is None:
         return {"synthetic": True, "tasks": len(bd.tasks)}
@@ -137,75 +137,3 @@ def default_contention() -> Contention:
 
     a = cost_assumptions()
     return Contention(a["contention_compute_slowdown"], a["contention_comm_slowdown"])
-
-
-def assemble_measured(a: Bundle, b: Bundle, backend: str, runs: Mapping[str, list[dict[str, tuple[float, float]]]],
-                      candidates: Sequence[tuple[str, ...]], metadata: Mapping[str, Any],
-                      sched: ScheduleResult | None, *, decide: bool = False) -> OverlapResult:
-    """Build an :class:`OverlapResult` from measured spans (used by the measuring backends).
-
-    ``runs`` maps ``"a"``, ``"b"`` and ``"cand0"``, ``"cand1"``, ... to lists of per-run spans (key ->
-    (start, end) seconds from the run's start). ``candidates[0]`` is the program order.
-
-    ``decide=False``: the candidate with the lowest median wins. ``decide=True`` (after successive halving):
-    among the finalists (the candidates with the most samples) the lowest median is the challenger; it wins
-    only when it beats program order beyond the noise, i.e. its upper quartile is below program order's lower
-    quartile; otherwise the decision is "not significant" and program order is kept. The decision is in
-    ``metadata["search"]["decision"]``; every candidate's order and samples in ``metadata["candidates"]``.
-    """
-    graph = pair_graph(a, b)
-
-    def makespans(rs):
-        return [max((e for _, e in r.values()), default=0.0) for r in rs]
-
-    def median_run(rs):
-        ms = makespans(rs)
-        i = sorted(range(len(ms)), key=lambda j: ms[j])[len(ms) // 2]
-        return rs[i]
-
-    ta, tb = spread_stats(makespans(runs["a"])), spread_stats(makespans(runs["b"]))
-    cstats = [spread_stats(makespans(runs[f"cand{i}"])) for i in range(len(candidates))]
-    best = min(range(len(candidates)), key=lambda i: (cstats[i]["median"], i))
-    decision = None
-    if decide:
-        most = max(c["n"] for c in cstats)
-        finalists = [i for i in range(len(candidates)) if cstats[i]["n"] == most]
-        challenger = min(finalists, key=lambda i: (cstats[i]["median"], i))
-        p0, c0 = cstats[0], cstats[challenger]
-        if challenger != 0 and c0["q3"] < p0["q1"]:
-            best, verdict = challenger, "significant"
-        else:
-            best, verdict = 0, "not significant" if challenger != 0 else "program order is fastest"
-        decision = {"verdict": verdict, "chosen": best, "challenger": challenger,
-                    "program": {"median": p0["median"], "q1": p0["q1"], "q3": p0["q3"], "n": p0["n"]},
-                    "challenger_stats": {"median": c0["median"], "q1": c0["q1"], "q3": c0["q3"], "n": c0["n"]},
-                    "rule": "challenger q3 < program q1 (quartiles separated)"}
-    alone: dict[str, list[float]] = {k: [] for k in graph.keys}
-    for r in runs["a"] + runs["b"]:
-        for k, (s, e) in r.items():
-            alone[k].append(e - s)
-    together: dict[str, list[float]] = {k: [] for k in graph.keys}
-    for r in runs[f"cand{best}"]:
-        for k, (s, e) in r.items():
-            together[k].append(e - s)
-    dur = {k: spread_stats(v)["median"] for k, v in alone.items()}
-    inflation = {k: (spread_stats(together[k])["median"] / dur[k] if dur[k] > 0 else 1.0) for k in graph.keys}
-    hf = hidden_fraction(median_run(runs[f"cand{best}"]), graph.lanes)
-    t_a, t_b, t_ab = ta["median"], tb["median"], cstats[best]["median"]
-    meta = dict(metadata)
-    meta.update({"candidates_measured": len(candidates), "best_candidate": best,
-                 "candidate_medians": [c["median"] for c in cstats],
-                 "candidates": [{"order": list(o), "samples": list(c["samples"])} for o, c in zip(candidates, cstats)]})
-    if decision is not None:
-        meta.setdefault("search", {})["decision"] = decision
-    spread = {"t_a": ta, "t_b": tb, "t_ab": cstats[best], "t_program": cstats[0]}
-    measured = ScheduleResult(
-        tuple(candidates[best]), t_ab, tuple(candidates[0]), cstats[0]["median"], t_a + t_b, sum(dur.values()), t_a, t_b,
-        f"{sched.method} search on measured task times, {len(candidates)} orders measured" if sched else "measured",
-        sched.evaluated if sched else len(candidates), sched.space if sched else None,
-        sorted(((c["median"], tuple(o)) for c, o in zip(cstats, candidates)), key=lambda x: x[0]), backend)
-    return OverlapResult(a.name, b.name, a.kind, b.kind, a.phase, b.phase, t_a, t_b, t_ab, cstats[0]["median"],
-                         inflation, hf, overlap_efficiency(t_a, t_b, t_ab), backend, tuple(candidates[best]), spread,
-                         dur, dict(graph.lanes), dict(graph.deps), meta, measured)
-
-
