@@ -55,10 +55,14 @@ class F:
 
 
 def field_path(parts: list[Any]) -> str:
-    """``["runs", 3, "job"]`` -> ``runs[3].job``."""
+    """``["runs", 3, "job"]`` -> ``runs[3].job``; a key that is not a plain name (a profile's
+    ``F:a|BW:b``) in brackets: ``["entries", "F:a|BW:b", "t_ab"]`` -> ``entries[F:a|BW:b].t_ab``."""
     out = ""
     for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+        if isinstance(p, int) or not str(p).isidentifier():
+            out += f"[{p}]"
+        else:
+            out += f".{p}" if out else str(p)
     return out or "(top level)"
 
 

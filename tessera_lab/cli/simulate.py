@@ -168,6 +168,14 @@ def routed_simulation(
     from tessera_lab.pipeline.simulate import simulate
 
     spec = parse_routing(routing or "uniform")
+    log_cache: dict = {}
+    if spec.kind == "replay":  # the log is read and checked (schema, work limits) before any schedule is built
+        from tessera_lab.dynamic.routing_log import load_routing_log
+
+        log = log_cache[spec.path] = load_routing_log(spec.path)
+        if log.num_experts % ep:
+            raise ConfigError(f"routing log '{spec.path}': {log.num_experts} experts do not split over --ep {ep}; "
+                              f"allowed: --ep a divisor of {log.num_experts}")
     if isinstance(memory_cap, str) and memory_cap not in ("max", "rank") and not memory_cap.startswith("max+"):
         try:
             memory_cap = int(memory_cap)
@@ -188,7 +196,8 @@ def routed_simulation(
                                  layers_per_stage=layers_per_stage, ep=ep, num_experts=experts, top_k=top_k,
                                  tokens=tokens * ep, grad_sync=grad_sync, fb=fb)
     if not dynamic:
-        cnt = routing_counts(spec, costs, microbatches, seed=seed, group=0, step=1, jitter=DEFAULT_JITTER, log_cache={})
+        cnt = routing_counts(spec, costs, microbatches, seed=seed, group=0, step=1, jitter=DEFAULT_JITTER,
+                             log_cache=log_cache)
         kw = {} if capacity_factor is None else dict(tokens=tokens * ep, top_k=top_k, capacity_factor=capacity_factor)
         x = slowest_loads(cnt, ep, **kw)
         tl = simulate(sched, RoutedDurations(costs, x), p2p_latency=p2p_latency,
