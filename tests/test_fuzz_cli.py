@@ -76,3 +76,43 @@ def test_every_runner_file_kind_and_variable_is_refused(corpus, monkeypatch):
     assert n >= 40
     o = fuzz_cli.run_one(["run", "--plan", corpus.inputs["runner_plan"]], BOUND_S)
     assert o.kind == "accepted", o  # the good runner plan gets to the launch
+
+
+def test_every_routing_log_dynamic_source_and_profile_tamper_is_refused(corpus, monkeypatch):
+    """Each tampered routing log (simulate --routing replay:), report --dynamic source and overlap profile: exit 2,
+    one line naming the file (deterministically, all of them); the good ones are accepted."""
+    import json
+
+    from tessera_lab.errors import TesseraError
+    from tessera_lab.io import read_json
+    from tessera_lab.overlap.profile_schema import check_profile
+
+    monkeypatch.chdir(corpus.root / "cwd")
+    sim = ["simulate", "--stages", "2", "--microbatches", "4", "--f", "1", "--b", "2", "--routing"]
+    n = 0
+    for key, path in sorted(corpus.inputs.items()):
+        if key.startswith("bad_routing"):
+            argv = sim + [f"replay:{path}"]
+        elif key.startswith("bad_dynamic"):
+            argv = ["report", "--dynamic", path]
+        elif key.startswith("bad_profile"):
+            with pytest.raises(TesseraError):
+                check_profile(read_json(path, "profile"), f"profile '{path}'")
+            n += 1
+            if not fuzz_cli._PROFILES_CHECKED[0]:
+                continue
+            argv = ["plan", "--model", "qwen3-next-80b-a3b", "--pp", "4", "-m", "8", "--profile", path,
+                    "--allow-stale-profile"]
+        else:
+            continue
+        assert fuzz_cli.known_bad(argv, {}, corpus), argv
+        o = fuzz_cli.run_one(argv, BOUND_S, {}, key)
+        assert o.kind == "error" and o.rc == 2 and "Traceback" not in o.detail, (key, o)
+        assert len([l for l in o.detail.splitlines() if l.strip()]) == 1, (key, o)
+        n += 1
+    assert n >= 90
+    for argv in (sim + [f"replay:{corpus.inputs['routing_good']}"], ["report", "--dynamic", corpus.inputs["dynamic_run"]],
+                 ["report", "--dynamic", corpus.inputs["dynamic_sim"]]):
+        o = fuzz_cli.run_one(argv, BOUND_S)
+        assert o.kind == "ok", (argv, o)
+    check_profile(json.loads(open(corpus.inputs["profile_shipped"]).read()), "shipped profile")
