@@ -501,7 +501,8 @@ def argv_for(draw, command: str, corpus: Corpus) -> list[str]:
             argv += ["--model", "tiny-runner", "--pp", "2", "--ep", "2", "--device",
                      draw(_mix((corpus.inputs["device"],), _bad(corpus, "bad_device", st.nothing()), 5))]
             continue
-        if (command, a.dest) in (("simulate", "routing"), ("report", "dynamic")) and draw(st.integers(0, 2)) == 0:
+        if (command, a.dest) in (("simulate", "routing"), ("report", "dynamic"), ("plan", "profile")) \
+                and draw(st.integers(0, 1)) == 0:
             argv += draw(_option_strategy(a, corpus))  # the files these read (routing logs, dynamic sources), often
             continue
         if command == "calibrate" and a.dest == "out":
@@ -680,6 +681,9 @@ def fuzz(examples: int, seed: int = 0, bound_s: float = 60.0, root: Path | None 
         counts[o.kind] += 1
         counts["tried"] += 1
         counts["known bad"] += bool(bad)
+        if bad:  # per file type: bad_routing_*, bad_dynamic_*, bad_profile_*, bad_plan_*, ... or a variable
+            name = bad.split()[-1]
+            counts["bad:" + ("_".join(name.split("_")[:2]) if name.startswith("bad_") else "variable")] += 1
         counts["env set"] += bool(env)
         counts[f"cmd:{argv[0]}"] += 1
         if o.kind not in ("ok", "error", "accepted"):
@@ -716,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{counts['env set']} with a TESSERA_LAB_* variable) in {elapsed:.1f} s (load {os.getloadavg()[0]:.2f}): "
           + ", ".join(f"{k} {counts[k]}" for k in kinds))
     print("per command: " + ", ".join(f"{k[4:]} {v}" for k, v in sorted(counts.items()) if k.startswith("cmd:")))
+    print("bad by construction, per file type: " + ", ".join(f"{k[4:]} {v}" for k, v in sorted(counts.items())
+                                                              if k.startswith("bad:")))
     for o in breaks[:30]:
         print(f"  {o.kind}: tessera-lab {' '.join(o.argv)}\n      {o.detail}")
     return 0 if not breaks else 1
