@@ -102,3 +102,31 @@ def test_models_lists_every_knob_option_with_layers_for_every_family(capsys):
 ])
 def test_report_refuses_options_it_would_ignore(capsys, argv, needle):
     assert needle in _error(capsys, argv)
+
+
+SIM = ["simulate", "--stages", "2", "--microbatches", "4", "--f", "1", "--b", "2"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--experts", "8"], "option --experts is used only with --routing SPEC or --dynamic (it would be ignored)"),
+    (["--seed", "3"], "option --seed is used only with --routing SPEC or --dynamic"),
+    (["--routing", "zipf:1.2", "--margin", "0.3"], "option --margin is used only with --dynamic"),
+    (["--routing", "zipf:1.2", "--groups", "2"], "option --groups is used only with --dynamic"),
+    (["--routing", "zipf:1.2", "--seed", "-1"], "seed = -1 is out of range; allowed: an integer 0 to 9223372036854775807"),
+    (["--routing", "zipf:1.2", "--experts", "6", "--ep", "4"],
+     "option --ep = 4 must divide --experts = 6 (each EP rank holds the same number of experts); allowed: a divisor "
+     "of 6: 1, 2, 3, 6"),
+    (["--routing", "zipf:1.2", "--top-k", "100"], "option --top-k = 100 is out of range; allowed: an integer 1 to "
+                                                  "--experts = 64"),
+])
+def test_simulate_routing_options_refused_not_ignored(capsys, extra, needle):
+    assert needle in _error(capsys, SIM + extra)
+
+
+def test_simulate_routing_defaults_still_apply(capsys):
+    assert main(SIM + ["--routing", "zipf:1.2", "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["routing"] == "zipf:1.2" and out["busiest_rank_load_mean"] >= 1.0  # max over 8 ranks >= the mean
+    assert main(SIM + ["--dynamic", "--w", "0.5", "--seed", "2", "--groups", "2", "--margin", "0.3", "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["margin"] == 0.3 and out["groups"] == 2 and out["steps"] == 4  # steps: the default
