@@ -130,3 +130,14 @@ def test_simulate_routing_defaults_still_apply(capsys):
     assert main(SIM + ["--dynamic", "--w", "0.5", "--seed", "2", "--groups", "2", "--margin", "0.3", "--json", "-"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["margin"] == 0.3 and out["groups"] == 2 and out["steps"] == 4  # steps: the default
+
+
+@pytest.mark.parametrize("model, option, needle", [
+    ("qwen3-8b", "--attention-ratio", "option --attention-ratio = 2: model qwen3-8b (family qwen3) has no "
+                                      "linear-attention layers"),
+    ("olmoe-1b-7b", "--moe-every", "option --moe-every = 2: the olmoe family of olmoe-1b-7b has no moe_every to "
+                                   "change; allowed: leave --moe-every out (this family's options: --expert-width, "
+                                   "--experts, --layers, --top-k)"),
+])
+def test_knob_the_family_lacks_names_the_family_and_its_options(capsys, model, option, needle):
+    assert needle in _error(capsys, ["params", model, option, "2"])

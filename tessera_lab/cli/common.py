@@ -105,6 +105,19 @@ def check_knob_options(m: Any, args: argparse.Namespace) -> None:
         raise ConfigError(f"option --window = {given['--window']}: model {m.name} (family {m.family}) has no "
                           "sliding-window or chunked-attention layers; allowed: leave --window out (it sets the "
                           f"window of the families {', '.join(with_window)})")
+    if "--attention-ratio" in given and "attention_ratio" not in knobs:
+        raise ConfigError(f"option --attention-ratio = {given['--attention-ratio']}: model {m.name} (family "
+                          f"{m.family}) has no linear-attention layers to trade against full attention; allowed: leave "
+                          "--attention-ratio out, or plan a hybrid model (tessera-lab models lists each family's options)")
+    if m.num_experts > 0 or not any(o in given for o in _MOE_OPTIONS):
+        for opt, v in given.items():
+            kw = _KNOB_ARGS[opt][1]
+            if kw != "num_layers" and kw not in knobs:
+                from tessera_lab.model.knobs import KNOB_OPTIONS
+
+                has = ", ".join(sorted(KNOB_OPTIONS.get(k) or k for k in knobs | {"num_layers"}))
+                raise ConfigError(f"option {opt} = {v}: the {m.family} family of {m.name} has no {kw} to change; "
+                                  f"allowed: leave {opt} out (this family's options: {has})")
     if "--window" in given:  # the low end after the family check: a window on a model without one says so
         from tessera_lab.model.knobs import parse_knob
 
