@@ -8,6 +8,11 @@ Generated: each subcommand's options (introspected from the parser) with values 
 (0, negatives, nan, inf, 1e308, 10**7, "abc", "1e12", ...), strings, model names, schedule names, routing specs and
 files (valid and broken configs, profiles and plans: binary, non-UTF-8, deeply nested, NaN fields, strings where
 numbers belong, empty, folders, missing paths, symlinks, a private character device, a 250-character name).
+Routing logs (``simulate --routing replay:FILE``), ``report --dynamic`` sources (simulation and run results) and
+overlap profiles come as real files and tampered copies: wrong types, values out of range, huge values (1e300,
+10**30, sizes over the work limits), missing fields, broken cross-field rules and non-UTF-8 bytes; each is bad by
+construction where its command reads it (a tampered profile once the profile loader applies
+:func:`tessera_lab.overlap.profile_schema.check_profile`).
 The runner's commands (``run``, ``calibrate``, ``validate``) are driven with their
 files (runner plans, observation stores, run results, device files, validation results: good ones and tampered
 copies) and ``TESSERA_LAB_*`` variables; the step that would start workers or measure is replaced by a stub that
@@ -52,7 +57,13 @@ COMMANDS = ("models", "params", "plan", "partition", "simulate", "measure", "rep
             "calibrate", "validate")
 #: options whose file is read by the command whenever given (a bad file there must be refused)
 READ_ALWAYS = {("run", "--plan"), ("run", "--profile-store"), ("report", "--observed"), ("report", "--lifecycle"),
-               ("validate", "--repredict"), ("plan", "--device")}
+               ("validate", "--repredict"), ("plan", "--device"), ("report", "--dynamic")}
+#: options read by every command that takes them once the profile loader applies the profile schema
+PROFILE_READ = {("plan", "--profile")}
+#: options given several times, each file read (append)
+APPENDED = {"--dynamic"}
+#: set by :func:`build_corpus`: whether the profile loader applies the profile schema
+_PROFILES_CHECKED = [False]
 #: TESSERA_LAB_* values: good ones, and malformed ones (always refused)
 ENV_GOOD = {"TESSERA_LAB_MAX_LAYERS": "4096", "TESSERA_LAB_FAULT": "1:kill:5", "TESSERA_LAB_HEARTBEAT_TIMEOUT": "8",
             "TESSERA_LAB_MAX_JSON_BYTES": "100000000"}
@@ -150,14 +161,9 @@ def build_corpus(root: Path) -> Corpus:
     c.inputs["profile_nan"] = _write(inp / "profile_nan.json",
                                      (inp / "profile.json").read_text().replace('"median": 0', '"median": NaN', 1))
     c.inputs["routing_log"] = _write(inp / "routing.json", json.dumps({"format": "nope"}))
-    recs = [{"layer": l, "microbatch": mb, "routed": [3, 1, 2, 2, 0, 4, 1, 3]} for l in range(4) for mb in range(4)]
-    log = {"format": "tessera-lab/routing-log", "version": 1, "top_k": 2, "num_experts": 8, "records": recs}
-    c.inputs["routing_good"] = _write(inp / "routing_good.json", json.dumps(log))
-    for name, rec in {"string": {"layer": 0, "routed": ["abc"] * 8}, "huge_step": {"layer": 0, "step": 10**9,
-                      "routed": [1] * 8}, "float": {"layer": 0.5, "routed": [1] * 8},
-                      "negative": {"layer": 0, "routed": [-1] * 8}}.items():
-        c.inputs[f"routing_{name}"] = _write(inp / f"routing_{name}.json", json.dumps({**log, "records": [rec]}))
     _runner_corpus(c, inp)
+    _schema_corpus(c, inp)
+    _PROFILES_CHECKED[0] = _profiles_checked()
     # outputs
     out = root / "out"
     out.mkdir(parents=True, exist_ok=True)
@@ -247,6 +253,126 @@ def _runner_corpus(c: Corpus, inp: Path) -> None:
         c.inputs[f"bad_validation_{name}"] = _write(inp / f"bad_validation_{name}.json", json.dumps(d))
 
 
+DROP = object()
+
+
+def _tampered(doc, path: tuple, value):
+    """A deep copy of ``doc`` with the field at ``path`` set to ``value`` (``DROP``: removed)."""
+    import copy
+
+    d = copy.deepcopy(doc)
+    cur = d
+    for p in path[:-1]:
+        cur = cur[p]
+    if value is DROP:
+        del cur[path[-1]]
+    else:
+        cur[path[-1]] = value
+    return d
+
+
+def _not_utf8(doc) -> bytes:
+    """``doc`` as JSON with a Latin-1 byte in an added string field (not UTF-8)."""
+    return b'{"note": "caf\xe9", ' + json.dumps(doc).encode()[1:]
+
+
+#: every tamper below breaks its file by construction: wrong types, values out of range or over a work limit,
+#: missing fields, broken cross-field rules
+_HUGE = (1e300, 10**30)
+
+
+def _schema_corpus(c: Corpus, inp: Path) -> None:
+    """Routing logs (``simulate --routing replay:``), ``report --dynamic`` sources and overlap profiles: a good
+    one of each (real shipped files where there are some) and tampered copies (keys ``bad_routing_*``,
+    ``bad_dynamic_*``, ``bad_profile_*``)."""
+    log = {"format": "tessera-lab/routing-log", "version": 1, "top_k": 2, "num_experts": 8,
+           "records": [{"layer": l, "microbatch": mb, "tokens": 8, "routed": [3, 1, 2, 2, 0, 4, 1, 3]}
+                       for l in range(4) for mb in range(4)]}
+    r0 = ("records", 0)
+    tampers = {
+        "routed_string": (r0 + ("routed", 1), "abc"), "routed_negative": (r0 + ("routed", 1), -1),
+        "routed_float": (r0 + ("routed", 1), 2.5), "routed_null": (r0 + ("routed", 1), None),
+        "routed_length": (r0 + ("routed",), [1, 2]), "routed_missing": (r0 + ("routed",), DROP),
+        "routed_empty": (r0 + ("routed",), []), "layer_string": (r0 + ("layer",), "0"),
+        "layer_negative": (r0 + ("layer",), -1), "layer_huge": (r0 + ("layer",), 10**9),
+        "layer_missing": (r0 + ("layer",), DROP), "step_huge": (r0 + ("step",), 10**9),
+        "mb_float": (r0 + ("microbatch",), 1.5), "tokens_negative": (r0 + ("tokens",), -1),
+        "group_huge": (r0 + ("group",), 10**9), "top_k_over": (("top_k",), 9), "top_k_zero": (("top_k",), 0),
+        "top_k_string": (("top_k",), "2"), "experts_zero": (("num_experts",), 0),
+        "experts_mismatch": (("num_experts",), 4), "format": (("format",), "other"), "version": (("version",), 2),
+        "records_missing": (("records",), DROP), "records_empty": (("records",), []),
+        "records_string": (("records",), "x"), "records_int": (("records",), [1]),
+        "cells": (r0, {"layer": 0, "step": 999_999, "microbatch": 99_999, "routed": [1] * 8}),
+    }
+    tampers.update({f"routed_huge{i}": (r0 + ("routed", 1), v) for i, v in enumerate(_HUGE)})
+    c.inputs["routing_good"] = _write(inp / "routing_good.json", json.dumps(log))
+    for name, (path, value) in tampers.items():
+        c.inputs[f"bad_routing_{name}"] = _write(inp / f"bad_routing_{name}.json", json.dumps(_tampered(log, path, value)))
+    c.inputs["bad_routing_latin1"] = _write(inp / "bad_routing_latin1.json", _not_utf8(log))
+
+    run = json.loads((ROOT / "data" / "runs" / "runner_dynamic_overlapped_zipf1.5.json").read_text())
+    c.inputs["dynamic_run"] = _write(inp / "dynamic_run.json", json.dumps(run))
+    sim = {"schedule": "1f1b", "stages": 4, "microbatches": 8, "routing": "zipf:1.2", "dynamic": True, "steps": 4,
+           "costs": "analytic (synthetic --f/--b/--w per stage)", "predictor": "last-step", "prediction_lag_steps": 1,
+           "iteration_static_s": 47.1, "iteration_dynamic_s": 45.9, "routing_variance_s": 15.6,
+           "bubble_after_dynamic_s": 10.0, "idle_removed_s": 1.2}
+    c.inputs["dynamic_sim"] = _write(inp / "dynamic_sim.json", json.dumps(sim))
+    st_ = ("static", "step_time")
+    run_t = {"median_string": (st_ + ("median_s",), "abc"), "median_negative": (st_ + ("median_s",), -1),
+             "median_null": (st_ + ("median_s",), None), "median_missing": (st_ + ("median_s",), DROP),
+             "q3_below": (st_ + ("q3_s",), 0.0), "q1_huge": (("dynamic", "host_idle_per_step", "q1_s"), 1e12),
+             "ranks_zero": (("world", "ranks"), 0), "ranks_string": (("world", "ranks"), "4"),
+             "ranks_huge": (("world", "ranks"), 10**9), "routing_missing": (("routing",), DROP),
+             "routing_int": (("routing",), 5), "gain_string": (("gain",), "x"),
+             "verdict": (("gain_verdict",), "maybe"), "static_missing": (("static",), DROP),
+             "dynamic_string": (("dynamic",), "x"), "trials_zero": (("trials",), 0), "kind_missing": (("kind",), DROP)}
+    run_t.update({f"median_huge{i}": (st_ + ("median_s",), v) for i, v in enumerate(_HUGE)})
+    sim_t = {"static_zero": (("iteration_static_s",), 0), "static_negative": (("iteration_static_s",), -1),
+             "static_string": (("iteration_static_s",), "x"), "static_missing": (("iteration_static_s",), DROP),
+             "dynamic_missing": (("iteration_dynamic_s",), DROP), "variance_over": (("routing_variance_s",), 47.1),
+             "variance_string": (("routing_variance_s",), "x"), "bubble_negative": (("bubble_after_dynamic_s",), -1),
+             "idle_null": (("idle_removed_s",), None), "stages_huge": (("stages",), 10**9),
+             "microbatches_float": (("microbatches",), 2.5)}
+    sim_t.update({f"static_huge{i}": (("iteration_static_s",), v) for i, v in enumerate(_HUGE)})
+    for prefix, doc, ts in (("run", run, run_t), ("sim", sim, sim_t)):
+        for name, (path, value) in ts.items():
+            c.inputs[f"bad_dynamic_{prefix}_{name}"] = _write(inp / f"bad_dynamic_{prefix}_{name}.json",
+                                                              json.dumps(_tampered(doc, path, value)))
+        c.inputs[f"bad_dynamic_{prefix}_latin1"] = _write(inp / f"bad_dynamic_{prefix}_latin1.json", _not_utf8(doc))
+    c.inputs["bad_dynamic_list"] = _write(inp / "bad_dynamic_list.json", "[1, 2]")
+
+    prof = json.loads((ROOT / "data" / "profiles" / "cpu-qwen3-next-small.json").read_text())
+    c.inputs["profile_shipped"] = _write(inp / "profile_shipped.json", json.dumps(prof))
+    k0 = next(iter(prof["entries"]))
+    e0 = ("entries", k0)
+    prof_t = {"median_negative": (e0 + ("t_ab", "median"), -1.0), "median_string": (e0 + ("t_ab", "median"), "fast"),
+              "median_null": (e0 + ("t_ab", "median"), None), "median_missing": (e0 + ("t_ab", "median"), DROP),
+              "median_outside": (e0 + ("t_ab", "median"), 100.0), "samples_empty": (e0 + ("t_a", "samples"), []),
+              "samples_negative": (e0 + ("t_a", "samples"), [-1.0]), "samples_string": (e0 + ("t_a", "samples"), "x"),
+              "kind_int": (e0 + ("kind_f",), 5), "kind_missing": (e0 + ("kind_b",), DROP),
+              "metadata_missing": (e0 + ("metadata",), DROP), "hidden_over": (e0 + ("comm_hidden_fraction",), 1.5),
+              "layer_huge": (e0 + ("layer_f",), 10**9), "version": (("schema_version",), 2),
+              "version_missing": (("schema_version",), DROP), "backend": (("backend",), "gpu"),
+              "size_zero": (("size_factor",), 0), "size_over": (("size_factor",), 2),
+              "ep_string": (("parallel", "ep"), "8"), "entries_string": (("entries",), "x"),
+              "entries_missing": (("entries",), DROP),
+              "key_renamed": (("entries",), {"F:mamba|BW:mamba": prof["entries"][k0]})}
+    prof_t.update({f"median_huge{i}": (e0 + ("t_ab", "median"), v) for i, v in enumerate(_HUGE)})
+    for name, (path, value) in prof_t.items():
+        c.inputs[f"bad_profile_{name}"] = _write(inp / f"bad_profile_{name}.json", json.dumps(_tampered(prof, path, value)))
+    c.inputs["bad_profile_latin1"] = _write(inp / "bad_profile_latin1.json", _not_utf8(prof))
+
+
+def _profiles_checked() -> bool:
+    """Whether the profile loader applies :func:`tessera_lab.overlap.profile_schema.check_profile` (then a tampered
+    profile wherever it is read is bad by construction)."""
+    import inspect
+
+    from tessera_lab.overlap import profiles
+
+    return "check_profile" in inspect.getsource(profiles)
+
+
 # ---------------------------------------------------------------------------------------------- strategies
 #: how often (in ten) a flag value is drawn from the bad corpus instead of the good one (``--bad-rate``)
 BAD_IN_10 = 2
@@ -269,7 +395,7 @@ def _values_for(dest: str, corpus: Corpus) -> st.SearchStrategy[str]:
     times = _mix(GOOD_FLOATS, FLOATS)
     table = {
         "model": _mix(MODELS[:3] + (corpus.inputs["config"],), st.one_of(st.sampled_from(MODELS), files), 4),
-        "profile": _mix((corpus.inputs["profile"],), files, 6), "plan": _mix((corpus.inputs["plan"],), files, 6),
+        "profile": _mix((corpus.inputs["profile"],), st.one_of(_bad(corpus, "bad_profile", files), files), 6), "plan": _mix((corpus.inputs["plan"],), files, 6),
         "device": _mix((corpus.inputs["device"],), _bad(corpus, "bad_device", files), 6),
         "profile_store": _mix((corpus.inputs["store"], str(corpus.root / "out" / "new_store.json")),
                               _bad(corpus, "bad_store", files), 6),
@@ -281,10 +407,13 @@ def _values_for(dest: str, corpus: Corpus) -> st.SearchStrategy[str]:
         "json": outs, "plot": outs, "trace": outs, "export": outs,
         "schedule": _mix(SCHEDULES[:7], SCHEDULES), "gpu": _mix(GPUS[:3], GPUS),
         "costs": _costs(),
-        "routing": st.sampled_from(("uniform", "zipf:1.2", "zipf:nan", "zipf:-1", "drift:0.5", "drift:0.5:2", "bogus",
-                                    "zipf:", "replay:/no/such")
-                             + tuple(f"replay:{v}" for k, v in sorted(corpus.inputs.items())
-                                     if k.startswith("routing") or k in ("binary", "deep", "folder"))),
+        "routing": _mix(("uniform", "zipf:1.2", "drift:0.5", "drift:0.5:2", f"replay:{corpus.inputs['routing_good']}"),
+                        st.sampled_from(("zipf:nan", "zipf:-1", "bogus", "zipf:", "replay:/no/such")
+                                        + tuple(f"replay:{v}" for k, v in sorted(corpus.inputs.items())
+                                                if k.startswith(("routing", "bad_routing"))
+                                                or k in ("binary", "deep", "folder"))), 6),
+        "dynamic": _mix((corpus.inputs["dynamic_run"], corpus.inputs["dynamic_sim"]),
+                        _bad(corpus, "bad_dynamic", files), 6),
         "memory_cap": st.sampled_from(("max", "rank", "4", "0", "-1", "nan", "lots")),
         "diff": st.one_of(st.sampled_from(("expert_width=256", "top_k=4,seq_len=8192", "top_k=nan", "dtype=fp8",
                                            "bogus=1", "expert_width=", "qwen3-8b", "nope")), files),
@@ -349,7 +478,7 @@ def argv_for(draw, command: str, corpus: Corpus) -> list[str]:
     for a in actions:
         required = a.required or not a.option_strings
         if command == "measure" and a.dest == "backend":
-            argv += ["--backend", draw(st.sampled_from(("analytic", "analytic", "runner", "bogus")))]
+            argv += ["--backend", draw(st.sampled_from(("analytic", "analytic", "cpu", "runner", "bogus")))]
             continue
         if command == "measure" and a.dest == "out":
             argv += ["--out", draw(st.sampled_from((str(corpus.root / "out" / "prof.json"), corpus.outputs["folder"],
@@ -371,6 +500,10 @@ def argv_for(draw, command: str, corpus: Corpus) -> list[str]:
         if command == "plan" and a.dest == "device" and draw(st.integers(0, 3)) == 0:
             argv += ["--model", "tiny-runner", "--pp", "2", "--ep", "2", "--device",
                      draw(_mix((corpus.inputs["device"],), _bad(corpus, "bad_device", st.nothing()), 5))]
+            continue
+        if (command, a.dest) in (("simulate", "routing"), ("report", "dynamic"), ("plan", "profile")) \
+                and draw(st.integers(0, 1)) == 0:
+            argv += draw(_option_strategy(a, corpus))  # the files these read (routing logs, dynamic sources), often
             continue
         if command == "calibrate" and a.dest == "out":
             argv += ["--out", str(corpus.root / "out" / "device.json")]
@@ -403,10 +536,16 @@ def known_bad(argv: list[str], env: dict[str, str], corpus: Corpus) -> str:
     for k in env:
         if env[k] in ENV_BAD.get(k, ()):
             return f"{k}={env[k]}"
-    bad_files = {v for k, v in corpus.inputs.items() if k.startswith("bad_")}
+    bad_files = {v for k, v in corpus.inputs.items() if k.startswith("bad_")
+                 and (not k.startswith("bad_profile") or _PROFILES_CHECKED[0])}
+    read_always = READ_ALWAYS | (PROFILE_READ if _PROFILES_CHECKED[0] else set())
     for i in range(1, len(argv) - 1):
-        if (argv[0], argv[i]) in READ_ALWAYS and argv[i + 1] in bad_files and argv.count(argv[i]) == 1:
+        if (argv[0], argv[i]) in read_always and argv[i + 1] in bad_files and (
+                argv.count(argv[i]) == 1 or argv[i] in APPENDED):
             return f"{argv[i]} {Path(argv[i + 1]).name}"
+        if argv[0] == "simulate" and argv[i] == "--routing" and argv.count("--routing") == 1 \
+                and argv[i + 1].startswith("replay:") and argv[i + 1][len("replay:"):] in bad_files:
+            return f"--routing {Path(argv[i + 1]).name}"
     return ""
 
 
@@ -542,6 +681,9 @@ def fuzz(examples: int, seed: int = 0, bound_s: float = 60.0, root: Path | None 
         counts[o.kind] += 1
         counts["tried"] += 1
         counts["known bad"] += bool(bad)
+        if bad:  # per file type: bad_routing_*, bad_dynamic_*, bad_profile_*, bad_plan_*, ... or a variable
+            name = bad.split()[-1]
+            counts["bad:" + ("_".join(name.split("_")[:2]) if name.startswith("bad_") else "variable")] += 1
         counts["env set"] += bool(env)
         counts[f"cmd:{argv[0]}"] += 1
         if o.kind not in ("ok", "error", "accepted"):
@@ -578,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{counts['env set']} with a TESSERA_LAB_* variable) in {elapsed:.1f} s (load {os.getloadavg()[0]:.2f}): "
           + ", ".join(f"{k} {counts[k]}" for k in kinds))
     print("per command: " + ", ".join(f"{k[4:]} {v}" for k, v in sorted(counts.items()) if k.startswith("cmd:")))
+    print("bad by construction, per file type: " + ", ".join(f"{k[4:]} {v}" for k, v in sorted(counts.items())
+                                                              if k.startswith("bad:")))
     for o in breaks[:30]:
         print(f"  {o.kind}: tessera-lab {' '.join(o.argv)}\n      {o.detail}")
     return 0 if not breaks else 1

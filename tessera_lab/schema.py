@@ -55,10 +55,14 @@ class F:
 
 
 def field_path(parts: list[Any]) -> str:
-    """``["runs", 3, "job"]`` -> ``runs[3].job``."""
+    """``["runs", 3, "job"]`` -> ``runs[3].job``; a key that is not a plain name (a profile's
+    ``F:a|BW:b``) in brackets: ``["entries", "F:a|BW:b", "t_ab"]`` -> ``entries[F:a|BW:b].t_ab``."""
     out = ""
     for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+        if isinstance(p, int) or not str(p).isidentifier():
+            out += f"[{p}]"
+        else:
+            out += f".{p}" if out else str(p)
     return out or "(top level)"
 
 
@@ -114,7 +118,9 @@ def validate(data: Any, schema: F, where: str, *, error: type[Exception] = Confi
                     from tessera_lab.checks import check_work
 
                     check_work(f.limit, n, field=f"field '{name}' (entries)", where=where, error=error)
-            if f.kind == "list" and f.items is not None:
+            if f.kind == "list" and f.items is not None and _plain_number(f.items):
+                _check_numbers(value, f.items, parts, where, error)  # long lists of counts or times, fast
+            elif f.kind == "list" and f.items is not None:
                 stack.extend((v, f.items, parts + [i]) for i, v in reversed(list(enumerate(value))))
             elif f.kind == "map" and f.values is not None:
                 for k, v in value.items():
@@ -132,6 +138,37 @@ def validate(data: Any, schema: F, where: str, *, error: type[Exception] = Confi
         if f.choices is not None and value not in f.choices:
             raise error(f"{where}: field '{name}' = {_shown(value)} is not allowed; allowed: {_choices(f)}")
     return data
+
+
+def _plain_number(f: F) -> bool:
+    """An ``int``/``num`` field without choices or null: its list items can be checked in one loop."""
+    return f.kind in ("int", "num") and f.choices is None and not f.null
+
+
+def _check_numbers(values: list, f: F, parts: list[Any], where: str, error: type[Exception]) -> None:
+    """The items of a list of plain numbers: the common case (an int, or a float for ``num``, inside the range)
+    is accepted in a tight loop; any other item goes through :func:`check_int` / :func:`check_float` for its
+    message (or, for an integral float such as ``3.0``, is accepted by it)."""
+    from tessera_lab.checks import work_limit
+
+    lo = -math.inf if f.low is None else f.low
+    hi = math.inf if f.high is None else f.high
+    if f.kind == "int" and f.limit is not None:
+        lim = work_limit(f.limit)
+        hi = hi if lim is None else min(hi, lim)
+    ok = (int,) if f.kind == "int" else (int, float)
+    for i, v in enumerate(values):
+        t = type(v)
+        if t in ok and (lo < v if f.low_open else lo <= v) and v <= hi and (
+                math.isfinite(v) if t is float else (f.kind == "int" or abs(v) <= 1e300)):
+            continue
+        name = field_path(parts + [i])
+        if f.kind == "int":
+            check_int(v, name, low=None if f.low is None else int(f.low), high=None if f.high is None else int(f.high),
+                      where=where, limit=f.limit, error=error, allowed=f.allowed)
+        else:
+            check_float(v, name, low=f.low, high=f.high, low_open=f.low_open, where=where, error=error,
+                        allowed=f.allowed)
 
 
 def _choices(f: F) -> str:

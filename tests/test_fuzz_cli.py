@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("fuzz_cli", ROOT / "benchmarks" / "fuzz_cli.py")
@@ -33,6 +33,8 @@ def test_cli_contract_under_fuzzing(corpus, monkeypatch):
     @settings(max_examples=80, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(fuzz_cli.case_strategy(corpus))
+    @example((["models"], {}))  # one input of each side always runs: 80 generated ones may all be refused
+    @example((["params", "qwen3-8b", "--bogus"], {}))
     def check(case):
         argv, env = case
         o = fuzz_cli.run_one(argv, BOUND_S, env, fuzz_cli.known_bad(argv, env, corpus))
@@ -40,7 +42,9 @@ def test_cli_contract_under_fuzzing(corpus, monkeypatch):
         assert o.kind in ("ok", "error", "accepted"), f"{o.kind}: {env} tessera-lab {' '.join(argv)}: {o.detail}"
 
     check()
-    assert "ok" in seen and "error" in seen  # the generator reaches both sides of the contract
+    # both sides of the contract ran: inputs taken (finished, or accepted up to the stubbed start of workers or a
+    # measurement) and inputs refused (the two explicit examples make sure of it; most generated inputs are refused)
+    assert ({"ok", "accepted"} & set(seen)) and "error" in seen
     assert sorted(p.name for p in (corpus.root / "cwd").iterdir()) == []  # nothing written to the working folder
 
 
@@ -76,3 +80,43 @@ def test_every_runner_file_kind_and_variable_is_refused(corpus, monkeypatch):
     assert n >= 40
     o = fuzz_cli.run_one(["run", "--plan", corpus.inputs["runner_plan"]], BOUND_S)
     assert o.kind == "accepted", o  # the good runner plan gets to the launch
+
+
+def test_every_routing_log_dynamic_source_and_profile_tamper_is_refused(corpus, monkeypatch):
+    """Each tampered routing log (simulate --routing replay:), report --dynamic source and overlap profile: exit 2,
+    one line naming the file (deterministically, all of them); the good ones are accepted."""
+    import json
+
+    from tessera_lab.errors import TesseraError
+    from tessera_lab.io import read_json
+    from tessera_lab.overlap.profile_schema import check_profile
+
+    monkeypatch.chdir(corpus.root / "cwd")
+    sim = ["simulate", "--stages", "2", "--microbatches", "4", "--f", "1", "--b", "2", "--routing"]
+    n = 0
+    for key, path in sorted(corpus.inputs.items()):
+        if key.startswith("bad_routing"):
+            argv = sim + [f"replay:{path}"]
+        elif key.startswith("bad_dynamic"):
+            argv = ["report", "--dynamic", path]
+        elif key.startswith("bad_profile"):
+            with pytest.raises(TesseraError):
+                check_profile(read_json(path, "profile"), f"profile '{path}'")
+            n += 1
+            if not fuzz_cli._PROFILES_CHECKED[0]:
+                continue
+            argv = ["plan", "--model", "qwen3-next-80b-a3b", "--pp", "4", "-m", "8", "--profile", path,
+                    "--allow-stale-profile"]
+        else:
+            continue
+        assert fuzz_cli.known_bad(argv, {}, corpus), argv
+        o = fuzz_cli.run_one(argv, BOUND_S, {}, key)
+        assert o.kind == "error" and o.rc == 2 and "Traceback" not in o.detail, (key, o)
+        assert len([l for l in o.detail.splitlines() if l.strip()]) == 1, (key, o)
+        n += 1
+    assert n >= 90
+    for argv in (sim + [f"replay:{corpus.inputs['routing_good']}"], ["report", "--dynamic", corpus.inputs["dynamic_run"]],
+                 ["report", "--dynamic", corpus.inputs["dynamic_sim"]]):
+        o = fuzz_cli.run_one(argv, BOUND_S)
+        assert o.kind == "ok", (argv, o)
+    check_profile(json.loads(open(corpus.inputs["profile_shipped"]).read()), "shipped profile")

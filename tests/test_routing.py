@@ -239,9 +239,9 @@ def test_runner_route_log_loads_in_order():
 @pytest.mark.parametrize("doc, needle", [
     ({"format": "other", "records": []}, "format"),
     ({"version": 9, "records": [{"layer": 0, "routed": [1]}]}, "version"),
-    ({"records": [{"routed": [1, 2]}]}, "'layer'"),
+    ({"records": [{"routed": [1, 2]}]}, r"field 'records\[0\].layer' is missing"),
     ({"records": [{"layer": 0, "routed": [1, 2]}, {"layer": 0, "routed": [1]}]}, "experts"),
-    ({"records": []}, "non-empty"),
+    ({"records": []}, "field .records. has 0 entries; allowed: at least 1"),
 ])
 def test_bad_logs(doc, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -57,20 +57,95 @@ def _attention_ratio(text: str) -> int:
                                          "full attention)") from None
 
 
+def _knob_type(kw: str, *, check_low: bool = True):
+    """argparse ``type=`` of a model knob option: an integer in the knob's range, upper end stated
+    (:func:`tessera_lab.model.knobs.parse_knob`)."""
+    from tessera_lab.model.knobs import parse_knob
+
+    def parse(text: str) -> int:
+        from tessera_lab.errors import ConfigError
+
+        try:
+            return parse_knob(kw, text, _KNOB_LABELS.get(kw, kw), check_low=check_low)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+_KNOB_LABELS = {"moe_intermediate_size": "expert_width", "num_experts_per_tok": "top_k", "num_layers": "layers"}
+#: the knob options -> their ``args`` attribute and ``with_changes`` keyword
+_KNOB_ARGS = {"--attention-ratio": ("attention_ratio", "attention_ratio"),
+              "--expert-width": ("expert_width", "moe_intermediate_size"),
+              "--top-k": ("top_k", "num_experts_per_tok"), "--experts": ("num_experts", "num_experts"),
+              "--layers": ("layers", "num_layers"), "--shared-experts": ("shared_experts", "shared_experts"),
+              "--moe-every": ("moe_every", "moe_every"), "--window": ("window", "window")}
+_MOE_OPTIONS = ("--expert-width", "--top-k", "--experts", "--shared-experts")
+
+
+def check_knob_options(m: Any, args: argparse.Namespace) -> None:
+    """Refuse knob options the model cannot take, naming the option and the model: a window on a model without
+    sliding-window or chunked attention, an expert option on a dense model, ``--experts`` below the model's top-k
+    (without ``--top-k``), ``--top-k`` outside 1 to the (new) number of experts.
+
+    Raises:
+        ConfigError: one line with the option, its value, the model and what is allowed.
+    """
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.model.families import READERS, family_name
+
+    given = {opt: getattr(args, attr, None) for opt, (attr, _) in _KNOB_ARGS.items()}
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        return
+    reader = next((r for r in READERS if family_name(r) == m.family), None)
+    knobs = set(getattr(reader, "KNOBS", {}) or {})
+    with_window = sorted(family_name(r) for r in READERS if "window" in (getattr(r, "KNOBS", {}) or {}))
+    if "--window" in given and "window" not in knobs:
+        raise ConfigError(f"option --window = {given['--window']}: model {m.name} (family {m.family}) has no "
+                          "sliding-window or chunked-attention layers; allowed: leave --window out (it sets the "
+                          f"window of the families {', '.join(with_window)})")
+    if "--attention-ratio" in given and "attention_ratio" not in knobs:
+        raise ConfigError(f"option --attention-ratio = {given['--attention-ratio']}: model {m.name} (family "
+                          f"{m.family}) has no linear-attention layers to trade against full attention; allowed: leave "
+                          "--attention-ratio out, or plan a hybrid model (tessera-lab models lists each family's options)")
+    if m.num_experts > 0 or not any(o in given for o in _MOE_OPTIONS):
+        for opt, v in given.items():
+            kw = _KNOB_ARGS[opt][1]
+            if kw != "num_layers" and kw not in knobs:
+                from tessera_lab.model.knobs import KNOB_OPTIONS
+
+                has = ", ".join(sorted(KNOB_OPTIONS.get(k) or k for k in knobs | {"num_layers"}))
+                raise ConfigError(f"option {opt} = {v}: the {m.family} family of {m.name} has no {kw} to change; "
+                                  f"allowed: leave {opt} out (this family's options: {has})")
+    if "--window" in given:  # the low end after the family check: a window on a model without one says so
+        from tessera_lab.model.knobs import parse_knob
+
+        parse_knob("window", given["--window"], "option --window")
+    if m.num_experts == 0:
+        for opt in _MOE_OPTIONS:
+            if opt in given:
+                raise ConfigError(f"option {opt} = {given[opt]}: model {m.name} has no routed experts (a dense "
+                                  f"model); allowed: leave {opt} out, or plan a MoE model")
+    ne = given.get("--experts") or m.num_experts
+    k = given.get("--top-k")
+    if k is not None and not 1 <= k <= max(ne, 1):  # checked here, against the experts of this model
+        raise ConfigError(f"--top-k = {k} is out of range; allowed: an integer 1 to num_experts = {ne} "
+                          "(routed experts per token)")
+    if "--experts" in given and k is None and given["--experts"] < m.num_experts_per_tok:
+        e = given["--experts"]
+        raise ConfigError(f"option --experts = {e} is below the model's top-k = {m.num_experts_per_tok} "
+                          f"(num_experts_per_tok, routed experts per token of {m.name}); allowed: --experts "
+                          f"{m.num_experts_per_tok} or more, or lower the top-k as well with --top-k K (1 to {e})")
+
+
 def model_from_args(args: argparse.Namespace):
     from tessera_lab.model.knobs import model_changes
     from tessera_lab.model.spec import load_model
 
     m = load_model(args.model, allow_unknown_fields=bool(getattr(args, "allow_unknown_fields", False)),
                    plan_mtp=bool(getattr(args, "mtp", False)))
-    top_k = getattr(args, "top_k", None)
-    if top_k is not None:  # checked here, against the experts of this model, to name the option
-        from tessera_lab.errors import ConfigError
-
-        ne = getattr(args, "num_experts", None) or m.num_experts
-        if not 1 <= top_k <= max(ne, 1):
-            raise ConfigError(f"--top-k = {top_k} is out of range; allowed: an integer 1 to num_experts = {ne} "
-                              "(routed experts per token)")
+    check_knob_options(m, args)
     changes = model_changes({k: getattr(args, k, None) for k in ("attention_ratio", "expert_width", "top_k",
                                                                  "num_experts", "layers", "shared_experts",
                                                                  "moe_every", "window")})
@@ -160,19 +235,21 @@ def add_model_knobs(p: argparse.ArgumentParser) -> None:
                         "family's rule (an integer >= 0; 0: every mixer full attention; Qwen3-Next: 3)")
     p.add_argument("--allow-no-full-attention", action=Switch,
                    help="accept an --attention-ratio that leaves no full-attention layer")
-    p.add_argument("--expert-width", type=positive_int("expert_width"), default=None, metavar="W",
+    p.add_argument("--expert-width", type=_knob_type("moe_intermediate_size"), default=None, metavar="W",
                    help="routed expert intermediate size (an integer >= 1)")
-    p.add_argument("--top-k", type=int, default=None, help="routed experts per token")
-    p.add_argument("--num-experts", "--experts", dest="num_experts", type=int, default=None,
-                   help="routed experts per MoE layer")
-    p.add_argument("--shared-experts", type=int, default=None, metavar="N",
+    p.add_argument("--top-k", type=_knob_type("num_experts_per_tok", check_low=False), default=None, metavar="K",
+                   help="routed experts per token (1 to the model's number of routed experts)")
+    p.add_argument("--num-experts", "--experts", dest="num_experts", type=_knob_type("num_experts"), default=None,
+                   metavar="E", help="routed experts per MoE layer")
+    p.add_argument("--shared-experts", type=_knob_type("shared_experts"), default=None, metavar="N",
                    help="shared experts per MoE layer (each of the routed experts' width; 0 removes them)")
-    p.add_argument("--moe-every", type=int, default=None, metavar="N",
+    p.add_argument("--moe-every", type=_knob_type("moe_every"), default=None, metavar="N",
                    help="MoE every N-th layer by the family's rule (decoder_sparse_step, moe_layer_freq, "
                         "expert_layer_period, interleave_moe_layer_step)")
-    p.add_argument("--window", type=int, default=None, metavar="TOKENS",
+    p.add_argument("--window", type=_knob_type("window", check_low=False), default=None, metavar="TOKENS",
                    help="sliding window (gpt-oss, Mixtral) or attention chunk (Llama-4) in tokens")
-    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--layers", type=_knob_type("num_layers"), default=None, metavar="N",
+                   help="decoder layers (the family's layer pattern is re-derived; every family)")
     p.add_argument("--mtp", action=Switch, help="plan the config's MTP layers after the last decoder layer (last stage)")
     p.add_argument("--allow-unknown-fields", action=Switch,
                    help="plan a config with fields its family reader does not understand (listed in the notes)")

@@ -22,14 +22,31 @@ def cmd_models(args: argparse.Namespace) -> int:
             "mixers": m.mixer_kinds(), "total_B": c.total / 1e9, "active_B": c.active / 1e9,
         })
     fams = [{"family": family_name(r), "model_types": ", ".join(r.MODEL_TYPES), "example": r.EXAMPLE,
-             "knobs": ", ".join(sorted(getattr(r, "KNOBS", {}))), "source": r.SOURCE} for r in READERS]
+             "knobs": ", ".join(family_knobs(r)), "options": ", ".join(knob_options(family_knobs(r))),
+             "source": r.SOURCE} for r in READERS]
     text_rows = [{**{k: v for k, v in r.items() if k not in ("total_B", "active_B")},
                   "total": _count(r["total_B"] * 1e9), "active": _count(r["active_B"] * 1e9)} for r in rows]
     text = (table(text_rows, ".2f") + "\nparameters: computed from each config (B = 1e9, M = 1e6, k = 1e3; MTP "
-            "layers not included, see params)\n\nsupported families (tessera-lab plan --model NAME or a config.json):\n"
-            + table([{k: v for k, v in f.items() if k != "source"} for f in fams]))
+            "layers not included, see params)\n\nsupported families (tessera-lab plan --model NAME or a config.json) "
+            "and the knob options of plan, report and params each takes (report --diff KEY=VALUE takes the knobs by "
+            "their config names too):\n"
+            + table([{k: v for k, v in f.items() if k not in ("source", "knobs")} for f in fams]))
     emit(args, {"models": rows, "families": fams}, text)
     return 0
+
+
+def family_knobs(reader) -> list[str]:
+    """The knobs (``with_changes`` keywords) a family takes: its reader's ``KNOBS``, plus ``num_layers``, which
+    every family takes (:meth:`~tessera_lab.model.spec.ModelSpec.with_changes` re-derives the layer pattern)."""
+    return sorted(set(getattr(reader, "KNOBS", {}) or {}) | {"num_layers"})
+
+
+def knob_options(knobs: list[str]) -> list[str]:
+    """The CLI options of ``knobs`` (``--layers`` for ``num_layers``; a knob without an option keeps its config
+    name, set with ``report --diff KEY=VALUE``)."""
+    from tessera_lab.model.knobs import KNOB_OPTIONS
+
+    return [KNOB_OPTIONS.get(k) or f"{k}= (report --diff)" for k in knobs]
 
 
 def _count(n: float) -> str:

@@ -20,6 +20,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from tessera_lab.report.capacity import capacity_report, model_diff, parse_changes, save_report_figure
     from tessera_lab.report.routing_terms import load_routing_terms
 
+    _refuse_unused(args)
     if getattr(args, "lifecycle", None):  # the lifecycle decision from the runner's stored observations
         from tessera_lab.io import read_json
         from tessera_lab.report.lifecycle import format_store_lifecycle, store_lifecycle
@@ -44,7 +45,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     terms = load_routing_terms(getattr(args, "dynamic", None))  # bad files fail before any planning
     diff_changes = None
     if args.diff and "=" in args.diff and "[" not in args.diff and not args.diff.endswith(".json"):
-        diff_changes = parse_changes(args.diff)  # bad changes fail before any planning
+        from tessera_lab.report.diff import check_changes
+
+        diff_changes = check_changes(parse_changes(args.diff))  # bad changes fail before any planning
     if args.plan:
         plan = load_plan(args.plan, costs=args.costs)
     else:
@@ -84,6 +87,32 @@ def cmd_report(args: argparse.Namespace) -> int:
         save_report_figure(args.plot, plan, rep, diff if args.diff else None)
         print(f"figure: {args.plot}", file=sys.stderr)
     return 0
+
+
+#: the options each report kind reads besides ``--json``; any other given is refused, never ignored
+_UNUSED = {"lifecycle": ("observed", "dynamic", "plan", "costs", "diff", "plot", "device"),
+           "observed": ("plan", "costs", "diff", "plot")}
+
+
+def _refuse_unused(args: argparse.Namespace) -> None:
+    """Refuse an option the chosen report would ignore (``--lifecycle`` reads only its store and
+    ``--remaining-steps``; ``--observed`` its run, ``--device`` and ``--dynamic``; ``--device`` needs ``--observed``).
+
+    Raises:
+        ConfigError: naming the option and what it is allowed with.
+    """
+    from tessera_lab.errors import ConfigError
+
+    for kind in ("lifecycle", "observed"):
+        if getattr(args, kind, None):
+            for other in _UNUSED[kind]:
+                if getattr(args, other, None):
+                    raise ConfigError(f"option --{other} is not used by report --{kind} (it would be ignored); "
+                                      f"allowed: report --{kind} FILE without --{other}")
+            return
+    if getattr(args, "device", None):
+        raise ConfigError("option --device sets the peak of an observed run's report; allowed: with --observed "
+                          "RUN.json")
 
 
 def add_parser(sub) -> None:

@@ -6,7 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from tessera_lab.argtypes import fraction_below_one, int_at_least, nonneg_float, positive_float, positive_int, predictor_spec
+from tessera_lab.argtypes import (fraction_below_one, int_at_least, int_in, nonneg_float, positive_float, positive_int,
+                                  predictor_spec)
 from tessera_lab.cli.common import add_json, emit, table
 from tessera_lab.errors import ConfigError
 
@@ -16,6 +17,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from tessera_lab.pipeline.schedules import canonical_name
     from tessera_lab.pipeline.simulate import simulate, uniform_durations
 
+    _routed_options(args)
     if getattr(args, "routing", None) is not None or getattr(args, "dynamic", False):
         return _simulate_routed(args)
     budget = getattr(args, "memory_budget", None)
@@ -96,6 +98,33 @@ def _sync_line(seconds: float, static_tail: float, dynamic_tail: float | None = 
             f"{tail} {UNIT}, counted in the {'makespan' if dynamic_tail is None else 'iterations'} above")
 
 
+#: options of ``--routing`` / ``--dynamic`` runs and their defaults (``None`` in the parser, so a given one is known)
+_ROUTED_DEFAULTS = {"ep": 8, "experts": 64, "top_k": 8, "tokens": 4096, "layers_per_stage": 4, "expert_fraction": 0.5,
+                    "seed": 0, "capacity_factor": None}
+#: options read only with ``--dynamic`` and their defaults
+_DYNAMIC_DEFAULTS = {"groups": 1, "memory_cap": "max", "predictor": "last-step", "margin": 0.5, "steps": 4}
+
+
+def _routed_options(args: argparse.Namespace) -> None:
+    """Refuse the routing options without ``--routing``/``--dynamic`` and the controller's options without
+    ``--dynamic`` (they would be ignored), then fill in the defaults of those not given.
+
+    Raises:
+        ConfigError: naming the option and what it needs.
+    """
+    routed = getattr(args, "routing", None) is not None or getattr(args, "dynamic", False)
+    for names, needs, ok in ((_ROUTED_DEFAULTS, "--routing SPEC or --dynamic", routed),
+                             (_DYNAMIC_DEFAULTS, "--dynamic", getattr(args, "dynamic", False))):
+        for k in names:
+            if getattr(args, k, None) is not None and not ok:
+                opt = "--" + k.replace("_", "-")
+                raise ConfigError(f"option {opt} is used only with {needs} (it would be ignored); allowed: add "
+                                  f"{needs.split(' or ')[0]}, or leave {opt} out")
+    for k, v in {**_ROUTED_DEFAULTS, **_DYNAMIC_DEFAULTS}.items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, predictor_spec("predictor")(v) if k == "predictor" else v)
+
+
 def _simulate_routed(args: argparse.Namespace) -> int:
     """``simulate --routing ... [--dynamic]``: routing-dependent durations; static vs dynamic filling."""
     result, text, timelines = routed_simulation(
@@ -168,6 +197,23 @@ def routed_simulation(
     from tessera_lab.pipeline.simulate import simulate
 
     spec = parse_routing(routing or "uniform")
+    log_cache: dict = {}
+    if spec.kind != "replay":  # the routed sizes, named as options, before any work
+        from tessera_lab.checks import divisors_text
+
+        if experts % ep:
+            raise ConfigError(f"option --ep = {ep} must divide --experts = {experts} (each EP rank holds the same "
+                              f"number of experts); allowed: {divisors_text(experts)}")
+        if top_k > experts:
+            raise ConfigError(f"option --top-k = {top_k} is out of range; allowed: an integer 1 to --experts = "
+                              f"{experts} (routed experts per token)")
+    if spec.kind == "replay":  # the log is read and checked (schema, work limits) before any schedule is built
+        from tessera_lab.dynamic.routing_log import load_routing_log
+
+        log = log_cache[spec.path] = load_routing_log(spec.path)
+        if log.num_experts % ep:
+            raise ConfigError(f"routing log '{spec.path}': {log.num_experts} experts do not split over --ep {ep}; "
+                              f"allowed: --ep a divisor of {log.num_experts}")
     if isinstance(memory_cap, str) and memory_cap not in ("max", "rank") and not memory_cap.startswith("max+"):
         try:
             memory_cap = int(memory_cap)
@@ -188,7 +234,8 @@ def routed_simulation(
                                  layers_per_stage=layers_per_stage, ep=ep, num_experts=experts, top_k=top_k,
                                  tokens=tokens * ep, grad_sync=grad_sync, fb=fb)
     if not dynamic:
-        cnt = routing_counts(spec, costs, microbatches, seed=seed, group=0, step=1, jitter=DEFAULT_JITTER, log_cache={})
+        cnt = routing_counts(spec, costs, microbatches, seed=seed, group=0, step=1, jitter=DEFAULT_JITTER,
+                             log_cache=log_cache)
         kw = {} if capacity_factor is None else dict(tokens=tokens * ep, top_k=top_k, capacity_factor=capacity_factor)
         x = slowest_loads(cnt, ep, **kw)
         tl = simulate(sched, RoutedDurations(costs, x), p2p_latency=p2p_latency,
@@ -312,26 +359,27 @@ def add_parser(sub) -> None:
     g.add_argument("--dynamic", action="store_true",
                    help="compare the static order with the per-EP-group controller that defers W into predicted "
                         "waits (needs --w)")
-    g.add_argument("--ep", type=positive_int("ep"), default=8, help="EP ranks per stage (default 8)")
-    g.add_argument("--experts", type=positive_int("experts"), default=64, help="routed experts (default 64)")
-    g.add_argument("--top-k", type=positive_int("top_k"), default=8, help="experts per token (default 8)")
-    g.add_argument("--tokens", type=positive_int("tokens"), default=4096,
+    g.add_argument("--ep", type=positive_int("ep"), default=None, help="EP ranks per stage (default 8)")
+    g.add_argument("--experts", type=positive_int("experts"), default=None, help="routed experts (default 64)")
+    g.add_argument("--top-k", type=positive_int("top_k"), default=None, help="experts per token (default 8)")
+    g.add_argument("--tokens", type=positive_int("tokens"), default=None,
                    help="tokens per EP rank and micro-batch (default 4096)")
-    g.add_argument("--layers-per-stage", type=positive_int("layers_per_stage"), default=4,
+    g.add_argument("--layers-per-stage", type=positive_int("layers_per_stage"), default=None,
                    help="MoE layers per stage, each routed independently (default 4)")
-    g.add_argument("--expert-fraction", type=nonneg_float("expert_fraction"), default=0.5,
+    g.add_argument("--expert-fraction", type=nonneg_float("expert_fraction"), default=None,
                    help="share of f, b, w that scales with the busiest EP rank's load (default 0.5)")
-    g.add_argument("--groups", type=positive_int("groups"), default=1, help="EP groups, each deciding alone")
-    g.add_argument("--seed", type=int, default=0, help="routing seed")
+    g.add_argument("--groups", type=positive_int("groups"), default=None,
+                   help="with --dynamic: EP groups, each deciding alone (default 1)")
+    g.add_argument("--seed", type=int_in("seed", 0, 2**63 - 1), default=None, help="routing seed, an integer >= 0 (default 0)")
     g.add_argument("--capacity-factor", type=nonneg_float("capacity_factor"), default=None,
                    help="drop assignments above ceil(cf * tokens * k / E) per expert")
-    g.add_argument("--memory-cap", default="max",
-                   help="live micro-batches per rank: max (default: the static plan's worst rank), max+K, rank, or N")
-    g.add_argument("--predictor", default="last-step", type=predictor_spec("predictor"),
-                   help="how waits of earlier steps predict this step's: last-step (default), moving-average:K, minimum:K")
-    g.add_argument("--margin", type=fraction_below_one("margin"), default=0.5,
-                   help="share of a predicted wait left unfilled, 0 <= margin < 1 (default 0.5)")
-    g.add_argument("--steps", type=int_at_least("steps", 2), default=4,
+    g.add_argument("--memory-cap", default=None,
+                   help="with --dynamic: live micro-batches per rank: max (default: the static plan's worst rank), max+K, rank, or N")
+    g.add_argument("--predictor", default=None, type=predictor_spec("predictor"),
+                   help="with --dynamic: how waits of earlier steps predict this step's: last-step (default), moving-average:K, minimum:K")
+    g.add_argument("--margin", type=fraction_below_one("margin"), default=None,
+                   help="with --dynamic: share of a predicted wait left unfilled, 0 <= margin < 1 (default 0.5)")
+    g.add_argument("--steps", type=int_at_least("steps", 2), default=None,
                    help="consecutive training steps simulated with --dynamic, at least 2 (default 4; step 0 has no "
                         "history and is left out of the means)")
     add_json(p)

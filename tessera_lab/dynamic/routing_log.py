@@ -26,13 +26,66 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tessera_lab.checks import check_int, check_work
+from tessera_lab.checks import check_work
 from tessera_lab.errors import ConfigError
+from tessera_lab.schema import F, validate
 
-__all__ = ["LOG_FORMAT", "LOG_VERSION", "RoutingLog", "load_routing_log", "write_routing_log"]
+__all__ = ["LOG_FORMAT", "LOG_VERSION", "ROUTING_LOG", "RoutingLog", "check_routing_log", "load_routing_log",
+           "write_routing_log"]
 
 LOG_FORMAT = "tessera-lab/routing-log"
 LOG_VERSION = 1
+#: the most assignments one expert may hold in one record (2**40: far above any real batch, small enough that
+#: sums over steps and micro-batches stay exact in int64)
+MAX_ROUTED = 1 << 40
+
+#: one record of a routing log (the runner's ``route_log`` entries carry ``kept``/``dropped``/``capacity`` too:
+#: not read, so not checked)
+ROUTING_RECORD = F("dict", fields={
+    "layer": F("int", low=0, limit="layers"),
+    "routed": F("list", low=1, limit="experts", items=F("int", low=0, high=MAX_ROUTED),
+                allowed="a list of token counts per expert"),
+    "step": F("int", low=0, limit="steps", required=False),
+    "microbatch": F("int", low=0, limit="microbatches", required=False, null=True),
+    "group": F("int", low=0, limit="groups", required=False),
+    "tokens": F("int", low=0, limit="tokens", required=False, null=True),
+}, allowed="an object with fields 'layer' and 'routed'")
+
+#: a routing log (module docstring); a bare list of records is checked as ``records``
+ROUTING_LOG = F("dict", fields={
+    "format": F("str", choices=(LOG_FORMAT,), required=False),
+    "version": F("int", choices=(LOG_VERSION,), required=False, allowed=str(LOG_VERSION)),
+    "num_experts": F("int", low=1, limit="num_experts", required=False, null=True),
+    "top_k": F("int", low=1, limit="top_k", required=False, null=True),
+    "records": F("list", low=1, limit="routing_cells", items=ROUTING_RECORD,
+                 allowed="a non-empty list of per-micro-batch records"),
+}, allowed="an object with field 'records', or a list of records")
+
+
+def check_routing_log(obj: Any, where: str) -> dict:
+    """``obj`` (a parsed routing log, or a bare list of records) checked against :data:`ROUTING_LOG` and its
+    cross-field rules: every ``routed`` holds ``num_experts`` counts (the first record's count when the log does not
+    say), ``top_k <= num_experts``. Returns the log as a dict (a bare list wrapped as ``{"records": list}``).
+
+    Raises:
+        ConfigError: one line naming ``where``, the field (``records[3].routed[2]``), the value and what is allowed.
+    """
+    doc = {"records": obj} if isinstance(obj, (list, tuple)) else obj
+    if isinstance(doc, dict) and isinstance(doc.get("records"), tuple):
+        doc = {**doc, "records": list(doc["records"])}
+    validate(doc, ROUTING_LOG, where)
+    E = doc.get("num_experts")
+    first = "field 'num_experts'" if E is not None else "in records[0]"
+    E = E if E is not None else len(doc["records"][0]["routed"])
+    for n, rec in enumerate(doc["records"]):
+        if len(rec["routed"]) != E:
+            raise ConfigError(f"{where}: field 'records[{n}].routed' has {len(rec['routed'])} entries; allowed: {E} "
+                              f"(one count for each of the log's experts, as {first})")
+    k = doc.get("top_k")
+    if k is not None and k > E:
+        raise ConfigError(f"{where}: field 'top_k' = {k} is out of range; allowed: an integer 1 to {E} "
+                          "(num_experts)")
+    return doc
 
 
 @dataclass
@@ -75,8 +128,9 @@ def load_routing_log(source: str | os.PathLike | Mapping | Sequence, *, top_k: i
     """Read a routing log (path, parsed JSON dict, or a list of records; format in the module docstring).
 
     Raises:
-        ConfigError: unreadable JSON, an unknown format or version, records of different expert counts, or
-            a record without ``layer`` / ``routed``.
+        ConfigError: unreadable JSON, or any field out of :data:`ROUTING_LOG` (:func:`check_routing_log`: an unknown
+            format or version, a missing ``layer`` / ``routed``, a wrong type, a negative or huge count, records of
+            different expert counts), or a log over the work limits; one line naming the file and the field.
         FileNotFoundError: the path does not exist.
     """
     src_name = "<object>"
@@ -88,56 +142,33 @@ def load_routing_log(source: str | os.PathLike | Mapping | Sequence, *, top_k: i
         if not Path(source).exists():
             raise FileNotFoundError(2, "routing log does not exist", src_name)
         obj = read_json(source, "routing log")
-    meta: Mapping = {}
-    if isinstance(obj, Mapping):
-        meta = obj
-        fmt = obj.get("format", LOG_FORMAT)
-        if fmt != LOG_FORMAT:
-            raise ConfigError(f"routing log {src_name}: field 'format' = {fmt!r}; allowed: {LOG_FORMAT!r}")
-        ver = obj.get("version", LOG_VERSION)
-        if ver != LOG_VERSION:
-            raise ConfigError(f"routing log {src_name}: field 'version' = {ver!r}; allowed: {LOG_VERSION}")
-        records = obj.get("records")
-        if records is None:
-            raise ConfigError(f"routing log {src_name}: missing field 'records' (a list of per-micro-batch records)")
-    else:
-        records = obj
-    if not isinstance(records, (list, tuple)) or not records:
-        raise ConfigError(f"routing log {src_name}: field 'records' must be a non-empty list")
-    k = top_k if top_k is not None else meta.get("top_k")
-    E = meta.get("num_experts")
+    where = f"routing log '{src_name}'" if src_name != "<object>" else "routing log"
+    if isinstance(obj, Mapping) and not isinstance(obj, dict):
+        obj = dict(obj)
+    doc = check_routing_log(obj, where)  # every field typed and bounded before any array is built
+    records = doc["records"]
+    k = top_k if top_k is not None else doc.get("top_k")
+    E = doc.get("num_experts") or len(records[0]["routed"])
     next_mb: dict[tuple[int, int, int], int] = {}
     rows: list[tuple[int, int, int, int, list[int]]] = []
     token_fields: list[int] = []
-    for n, rec in enumerate(records):
-        if not isinstance(rec, Mapping) or "layer" not in rec or "routed" not in rec:
-            raise ConfigError(f"routing log {src_name}: record {n} needs fields 'layer' and 'routed'")
-        where = f"routing log {src_name}: record {n}"
-        if not isinstance(rec["routed"], (list, tuple)):
-            raise ConfigError(f"{where} field 'routed' must be a list of token counts per expert")
-        check_work("experts", len(rec["routed"]), field="field 'routed' (experts)", where=where)
-        routed = [check_int(x, f"routed[{i}]", low=0, high=1 << 40, where=where) for i, x in enumerate(rec["routed"])]
-        if E is None:
-            E = len(routed)
-        if len(routed) != E:
-            raise ConfigError(f"routing log {src_name}: record {n} has {len(routed)} experts; allowed: {E}")
-        step = check_int(rec.get("step", 0), "step", low=0, where=where, limit="steps")
-        layer = check_int(rec["layer"], "layer", low=0, where=where, limit="layers")
-        grp = check_int(rec.get("group", 0), "group", low=0, where=where, limit="groups")
+    for rec in records:
+        step, layer, grp = int(rec.get("step", 0)), int(rec["layer"]), int(rec.get("group", 0))
         key = (grp, step, layer)
         mb = rec.get("microbatch")
-        mb = next_mb.get(key, 0) if mb is None else check_int(mb, "microbatch", low=0, where=where,
-                                                                 limit="microbatches")
+        mb = next_mb.get(key, 0) if mb is None else int(mb)
         next_mb[key] = max(next_mb.get(key, 0), mb + 1)
-        rows.append((grp, step, layer, mb, routed))
+        rows.append((grp, step, layer, mb, [int(x) for x in rec["routed"]]))
         if rec.get("tokens") is not None:
-            token_fields.append(check_int(rec["tokens"], "tokens", low=0, where=where, limit="tokens"))
+            token_fields.append(int(rec["tokens"]))
+    check_work("microbatches", max(next_mb.values()), field="micro-batches of one (step, layer, group)",
+               where=where)
     layer_ids = sorted({r[2] for r in rows})
     lpos = {l: i for i, l in enumerate(layer_ids)}
     steps = 1 + max(r[1] for r in rows)
     mbs = 1 + max(r[3] for r in rows)
     check_work("routing_cells", steps * len(layer_ids) * mbs * E * len({r[0] for r in rows}),
-               field="steps x layers x micro-batches x experts x groups", where=f"routing log {src_name}")
+               field="steps x layers x micro-batches x experts x groups", where=where)
     counts: dict[int, np.ndarray] = {}
     for grp, step, layer, mb, routed in rows:
         arr = counts.setdefault(grp, np.zeros((steps, len(layer_ids), mbs, E), dtype=np.int64))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from tessera_lab.checks import MAX_CONFIG_INT, env_name, work_limit
 from tessera_lab.errors import ConfigError
 
 #: ``with_changes`` keyword -> (short name in variant names, other accepted names)
@@ -43,3 +44,73 @@ def model_changes(values: Mapping[str, Any], *, names: Mapping[str, str] = MODEL
             raise ConfigError(f"knob {k!r} is unknown; allowed: {', '.join(sorted(names))}")
         out[names[k]] = v
     return out
+
+
+#: ``with_changes`` keyword -> (lowest value, work limit name or ``None``, fixed highest value or ``None``): the
+#: range every entry point (CLI option, diff change, variant name) states, upper end included
+KNOB_RANGES: dict[str, tuple[int, str | None, int | None]] = {
+    "attention_ratio": (0, "attention_ratio", None),
+    "moe_intermediate_size": (1, "expert_width", None),
+    "num_experts_per_tok": (1, "top_k", None),
+    "num_experts": (1, "num_experts", None),
+    "shared_expert_intermediate_size": (0, None, MAX_CONFIG_INT),
+    "num_layers": (1, "layers", None),
+    "shared_experts": (0, "experts", None),
+    "moe_every": (1, "layers", None),
+    "window": (1, None, MAX_CONFIG_INT),
+}
+#: ``with_changes`` keyword -> the option of ``plan``/``report``/``params`` that sets it (``None``: only as a
+#: ``report --diff`` change or in a variant name)
+KNOB_OPTIONS: dict[str, str | None] = {
+    "attention_ratio": "--attention-ratio", "moe_intermediate_size": "--expert-width",
+    "num_experts_per_tok": "--top-k", "num_experts": "--experts", "shared_expert_intermediate_size": None,
+    "num_layers": "--layers", "shared_experts": "--shared-experts", "moe_every": "--moe-every", "window": "--window",
+}
+
+
+def knob_allowed(kw: str) -> tuple[int, int, str]:
+    """``(low, high, text)`` of the knob ``kw`` (a ``with_changes`` keyword): ``text`` is ``"an integer 1 to
+    65536"`` plus, when the top is a work limit, the variable that raises it."""
+    low, limit, high = KNOB_RANGES[kw]
+    top = work_limit(limit) if limit is not None else high
+    text = f"an integer {low} to {top}"
+    if limit is not None:
+        text += f" ({top}: the work limit of this kind of machine; raise it with {env_name(limit)}=N)"
+    return low, int(top), text
+
+
+def parse_knob(kw: str, value: Any, label: str, *, check_low: bool = True) -> int:
+    """``value`` (an int, or text such as ``"256"`` or ``"1e3"``) as the knob ``kw``'s integer, in its range.
+
+    Args:
+        label: how the value is named in a message (``"--experts"``, ``"change 'top_k'"``).
+        check_low: refuse values below the range (``False``: the caller checks the low end against the model).
+
+    Raises:
+        ConfigError: ``"<label> = 'x' is not an integer; allowed: an integer 0 to 4096 (...)"`` or ``"... is out of
+            range; ..."``.
+    """
+    import math
+
+    low, top, text = knob_allowed(kw)
+    v: Any = value
+    if isinstance(value, str):
+        try:
+            v = int(value.strip())
+        except ValueError:
+            try:
+                f = float(value)
+            except ValueError:
+                f = math.nan
+            if math.isfinite(f) and f == int(f) and abs(f) >= 2**62:
+                raise ConfigError(f"{label} = {value!r} is out of range; allowed: {text}")
+            v = int(f) if math.isfinite(f) and f == int(f) else value
+    if isinstance(v, float) and math.isfinite(v) and v == int(v):
+        if abs(v) >= 2**62:
+            raise ConfigError(f"{label} = {value!r} is out of range; allowed: {text}")
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{label} = {value!r} is not an integer; allowed: {text}")
+    if v > top or (check_low and v < low):
+        raise ConfigError(f"{label} = {v} is out of range; allowed: {text}")
+    return v

@@ -310,6 +310,9 @@ def load_profile(path: str | Path, *, check_stale: bool = True, environment: Map
     path = Path(path)
     data = read_json(path, "profile", error=ProfileError)  # UTF-8, size, depth, finiteness
     validate_profile_data(data, f"profile '{path}'")
+    from tessera_lab.overlap.profile_schema import check_profile
+
+    check_profile(data, f"profile '{path}'")
     prof = Profile(data, path)
     if check_stale:
         prof.stale_reasons = stale_reasons(prof, environment)

@@ -54,4 +54,38 @@ def diff_headline(labels: tuple[str, str], base_s: float, variant_s: float, base
                    f"net {dT * 1e3:+.2f} ms per GPU")
 
 
-__all__ = ["UNCHANGED_SHARE", "diff_headline"]
+def check_changes(changes: Mapping[str, object]) -> dict[str, object]:
+    """``report --diff KEY=VALUE,...`` changes (from :func:`tessera_lab.report.capacity.parse_changes`) with every
+    integer knob typed and in range before any planning: model knobs by
+    :func:`tessera_lab.model.knobs.parse_knob` (``"1e3"`` counts as 1000), run sizes (``seq_len``,
+    ``micro_batch_size``, ``microbatches``) as integers >= 1 under their work limits. Returns the changes with
+    those values as ints; ``dtype``/``precision`` are left to the parallel config's own check.
+
+    Raises:
+        ConfigError: ``change 'attention_ratio' = 'x' is not an integer; allowed: an integer 0 to 4096 (...)``.
+    """
+    from tessera_lab.checks import check_int, env_name, work_limit
+    from tessera_lab.model.knobs import MODEL_KNOBS, parse_knob
+
+    out = dict(changes)
+    for k, v in changes.items():
+        if k in MODEL_KNOBS:
+            out[k] = parse_knob(MODEL_KNOBS[k], v, f"change '{k}'")
+        elif k in _RUN_SIZES:
+            if isinstance(v, str):
+                try:
+                    f = float(v)
+                    v = int(f) if math.isfinite(f) and f == int(f) and abs(f) < 2**62 else v
+                except ValueError:
+                    pass
+            top = work_limit(_RUN_SIZES[k])
+            out[k] = check_int(v, k, low=1, high=top, noun="change", allowed=f"an integer 1 to {top} ({top}: the "
+                               f"work limit of this kind of machine; raise it with {env_name(_RUN_SIZES[k])}=N)")
+    return out
+
+
+#: run-size keys of a diff change -> their work limit
+_RUN_SIZES = {"seq_len": "seq_len", "context_length": "seq_len", "micro_batch_size": "micro_batch_size",
+              "microbatches": "microbatches"}
+
+__all__ = ["UNCHANGED_SHARE", "check_changes", "diff_headline"]

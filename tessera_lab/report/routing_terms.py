@@ -345,7 +345,9 @@ def load_routing_terms(paths: Sequence[str] | None) -> RoutingTerms:
     if len(paths) > 2:
         raise ConfigError(f"option --dynamic given {len(paths)} times; allowed: once, or twice for a run and its "
                           "uniform-routing control")
-    docs = [read_json(p, "dynamic source") for p in paths]
+    from tessera_lab.report.dynamic_schema import check_dynamic_source
+
+    docs = [check_dynamic_source(read_json(p, "dynamic source"), f"dynamic source '{p}'") for p in paths]
     if len(docs) == 1:
         return routing_terms(docs[0], what=paths[0])
     uni = [i for i, d in enumerate(docs) if isinstance(d, Mapping) and d.get("routing") in _UNIFORM_RUN]

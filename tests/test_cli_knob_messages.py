@@ -1,0 +1,143 @@
+"""The model knob options and ``report --diff`` changes say what a fresh user needs: every range states both ends
+(the upper one a work limit with the variable that raises it), an option the model cannot take names the model and
+why (no sliding-window layers, no routed experts, --experts below the model's top-k), and ``tessera-lab models``
+lists every knob option a family takes (``--layers`` for all of them). Exit 2, one line, before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tessera_lab.checks import WORK_LIMITS
+from tessera_lab.cli.main import main
+
+
+def _error(capsys, argv) -> str:
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+@pytest.mark.parametrize("option, name, low, limit", [
+    ("--experts", "num_experts", 1, "num_experts"), ("--expert-width", "expert_width", 1, "expert_width"),
+    ("--top-k", "top_k", 1, "top_k"), ("--layers", "layers", 1, "layers"),
+    ("--shared-experts", "shared_experts", 0, "experts"), ("--moe-every", "moe_every", 1, "layers"),
+])
+def test_huge_knob_values_state_both_ends_of_the_range(capsys, option, name, low, limit):
+    err = _error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", option, "1000000000"])
+    top = WORK_LIMITS[limit][0]  # the default work limit (no TESSERA_LAB_MAX_* set in the tests)
+    assert f"{name} = 1000000000 is out of range; allowed: an integer {low} to {top}" in err
+    assert f"TESSERA_LAB_MAX_{limit.upper()}=N" in err
+
+
+def test_huge_window_states_the_upper_end(capsys):
+    err = _error(capsys, ["params", "gpt-oss-20b", "--window", "1e12"])
+    assert "window = 1000000000000 is out of range; allowed: an integer 1 to 16777216" in err
+
+
+def test_window_on_a_model_without_sliding_window_layers(capsys):
+    for value in ("0", "4096"):  # the model is the problem, whatever the value
+        err = _error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--window", value])
+        assert f"option --window = {value}: model qwen3-next-80b-a3b (family qwen3_next) has no sliding-window" in err
+        assert "gpt_oss, llama4_text, mixtral" in err  # the families that have one
+    err = _error(capsys, ["params", "gpt-oss-20b", "--window", "0"])  # a model with a window: the range
+    assert "option --window = 0 is out of range; allowed: an integer 1 to 16777216" in err
+
+
+@pytest.mark.parametrize("option", ["--top-k", "--experts", "--expert-width", "--shared-experts"])
+def test_expert_options_on_a_dense_model_say_it_has_no_routed_experts(capsys, option):
+    err = _error(capsys, ["params", "nemotron-h-56b", option, "2"])
+    assert f"option {option} = 2: model nemotron-h-56b has no routed experts (a dense model)" in err
+    assert "num_experts = 0" not in err
+
+
+def test_experts_below_the_models_top_k_suggests_top_k(capsys):
+    # Qwen3-Next-80B-A3B: num_experts_per_tok = 10 in its config.json
+    cfg = json.loads(open("data/models/qwen3-next-80b-a3b.json").read())
+    k = cfg["num_experts_per_tok"]
+    err = _error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--experts", "4"])
+    assert f"option --experts = 4 is below the model's top-k = {k}" in err
+    assert f"--experts {k} or more, or lower the top-k as well with --top-k K (1 to 4)" in err
+    assert main(["params", "qwen3-next-80b-a3b", "--experts", "4", "--top-k", "2"]) == 0
+
+
+@pytest.mark.parametrize("change, needle", [
+    ("attention_ratio=x", "change 'attention_ratio' = 'x' is not an integer; allowed: an integer 0 to 4096"),
+    ("top_k=2.5", "change 'top_k' = '2.5' is not an integer; allowed: an integer 1 to 65536"),
+    ("expert_width=1e99", "change 'expert_width' = '1e99' is out of range; allowed: an integer 1 to 4194304"),
+    ("layers=-3", "change 'layers' = -3 is out of range; allowed: an integer 1 to 2048"),
+    ("seq_len=abc", "change 'seq_len' = 'abc' is not an integer; allowed: an integer 1 to 16777216"),
+    ("microbatches=0", "change 'microbatches' = 0 is out of range; allowed: an integer 1 to 100000"),
+])
+def test_report_diff_changes_typed_before_planning(capsys, change, needle):
+    assert needle in _error(capsys, ["report", "--diff", change])
+
+
+def test_diff_changes_parse_written_floats():
+    from tessera_lab.report.capacity import parse_changes
+    from tessera_lab.report.diff import check_changes
+
+    assert check_changes(parse_changes("expert_width=1e3,seq_len=8192.0,dtype=fp8")) == {
+        "expert_width": 1000, "seq_len": 8192, "dtype": "fp8"}
+
+
+def test_models_lists_every_knob_option_with_layers_for_every_family(capsys):
+    assert main(["models", "--json", "-"]) == 0
+    fams = json.loads(capsys.readouterr().out)["families"]
+    assert fams and all("--layers" in f["options"].split(", ") for f in fams)
+    assert all("num_layers" in f["knobs"].split(", ") for f in fams)
+    by = {f["family"]: f["options"].split(", ") for f in fams}
+    assert "--window" in by["gpt_oss"] and "--window" not in by["qwen3_next"]
+    assert main(["models"]) == 0
+    assert "--layers" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["report", "--lifecycle", "S.json", "--dynamic", "D.json"], "option --dynamic is not used by report --lifecycle"),
+    (["report", "--lifecycle", "S.json", "--plot", "x.png"], "option --plot is not used by report --lifecycle"),
+    (["report", "--observed", "R.json", "--diff", "top_k=2"], "option --diff is not used by report --observed"),
+    (["report", "--device", "dev.json"], "option --device sets the peak of an observed run's report"),
+])
+def test_report_refuses_options_it_would_ignore(capsys, argv, needle):
+    assert needle in _error(capsys, argv)
+
+
+SIM = ["simulate", "--stages", "2", "--microbatches", "4", "--f", "1", "--b", "2"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--experts", "8"], "option --experts is used only with --routing SPEC or --dynamic (it would be ignored)"),
+    (["--seed", "3"], "option --seed is used only with --routing SPEC or --dynamic"),
+    (["--routing", "zipf:1.2", "--margin", "0.3"], "option --margin is used only with --dynamic"),
+    (["--routing", "zipf:1.2", "--groups", "2"], "option --groups is used only with --dynamic"),
+    (["--routing", "zipf:1.2", "--seed", "-1"], "seed = -1 is out of range; allowed: an integer 0 to 9223372036854775807"),
+    (["--routing", "zipf:1.2", "--experts", "6", "--ep", "4"],
+     "option --ep = 4 must divide --experts = 6 (each EP rank holds the same number of experts); allowed: a divisor "
+     "of 6: 1, 2, 3, 6"),
+    (["--routing", "zipf:1.2", "--top-k", "100"], "option --top-k = 100 is out of range; allowed: an integer 1 to "
+                                                  "--experts = 64"),
+])
+def test_simulate_routing_options_refused_not_ignored(capsys, extra, needle):
+    assert needle in _error(capsys, SIM + extra)
+
+
+def test_simulate_routing_defaults_still_apply(capsys):
+    assert main(SIM + ["--routing", "zipf:1.2", "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["routing"] == "zipf:1.2" and out["busiest_rank_load_mean"] >= 1.0  # max over 8 ranks >= the mean
+    assert main(SIM + ["--dynamic", "--w", "0.5", "--seed", "2", "--groups", "2", "--margin", "0.3", "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["margin"] == 0.3 and out["groups"] == 2 and out["steps"] == 4  # steps: the default
+
+
+@pytest.mark.parametrize("model, option, needle", [
+    ("qwen3-8b", "--attention-ratio", "option --attention-ratio = 2: model qwen3-8b (family qwen3) has no "
+                                      "linear-attention layers"),
+    ("olmoe-1b-7b", "--moe-every", "option --moe-every = 2: the olmoe family of olmoe-1b-7b has no moe_every to "
+                                   "change; allowed: leave --moe-every out (this family's options: --expert-width, "
+                                   "--experts, --layers, --top-k)"),
+])
+def test_knob_the_family_lacks_names_the_family_and_its_options(capsys, model, option, needle):
+    assert needle in _error(capsys, ["params", model, option, "2"])
