@@ -11,7 +11,8 @@ Timings are printed, never asserted.
 The targets section (:func:`targets`) measures the simulator of the baseline revision (:mod:`baseline`, today's
 figure) and this tree in the same run, each in a fresh process, and the naive loop, on 1F1B 16 x 1,024: actions per
 CPU second (``time.process_time``: the machine is shared, so wall time is printed beside it but not compared);
-targets: >= 500k actions per CPU second and >= 10x the naive loop's.
+targets (issue 28): >= 500k actions per CPU second and >= 10x today's rate (the baseline revision's, measured
+beside it); the naive loop's rate is printed beside them.
 
 Run: ``python benchmarks/bench_simulate.py [--stages 16] [--microbatches 1024] [--repeat 3]``
 """
@@ -132,7 +133,7 @@ print(json.dumps({{"read_cpu_s": read_cpu, "actions": s.num_compute_actions, "cp
                   "makespan": tl.iteration_time, "events": len(tl.events)}}))
 """
 
-NAIVE_TARGET = 10.0  # ours >= 10x the naive reference loop (actions per CPU second, same run)
+TODAY_TARGET = 10.0  # ours >= 10x the baseline revision's rate (actions per CPU second, same run)
 RATE_TARGET = 500_000.0  # actions per CPU second on 1F1B 16 x 1,024
 
 
@@ -158,17 +159,18 @@ def targets(rev: str, p: int, m: int, repeat: int) -> None:
           f"run; load average {load0} -> {load()}")
     print(TABLE_HEAD)
     same = "same makespan" if b["makespan"] == n["makespan"] else f"MAKESPAN DIFFERS {b['makespan']} vs {n['makespan']}"
-    print(target_row(f"1F1B {p}x{m} actions per CPU second", ">= 500k", base, ours, "actions/s", higher_is_better=True,
+    print(target_row(f"1F1B {p}x{m} actions per CPU second", ">= 500k, >= 10x", base, ours, "actions/s", higher_is_better=True,
                      extra=f"CPU {b['cpu_s']:.3f} -> {n['cpu_s']:.3f} s (first run, compiling, numpy imported before: "
                            f"{b['first_cpu_s']:.3f} -> {n['first_cpu_s']:.3f} s); wall {b['wall_s']:.3f} -> {n['wall_s']:.3f} s; {same}"))
-    print(target_row("  vs the naive reference loop (actions/CPU s)", ">= 10x", naive, ours, "actions/s",
+    print(target_row("  vs the naive reference loop (actions/CPU s)", "(shown)", naive, ours, "actions/s",
                      higher_is_better=True, extra=f"naive CPU {naive_cpu:.3f} s, same makespan"))
     print(target_row("  with every event and the critical path read", "(shown)", b["actions"] / b["read_cpu_s"],
                      n["actions"] / n["read_cpu_s"], "actions/s", higher_is_better=True,
                      extra=f"CPU {b['read_cpu_s']:.3f} -> {n['read_cpu_s']:.3f} s (events made on first read)"))
-    met = ours >= RATE_TARGET and ours >= NAIVE_TARGET * naive
-    print(f"target {'met' if met else 'NOT met'}: {ours:,.0f} actions/CPU s (target >= {RATE_TARGET:,.0f}; today "
-          f"{base:,.0f}, {ours / base:.1f}x); {ours / naive:.1f}x the naive loop (target >= {NAIVE_TARGET:.0f}x)")
+    rate_met, today_met = ours >= RATE_TARGET, ours >= TODAY_TARGET * base
+    print(f"rate target {'met' if rate_met else 'NOT met'}: {ours:,.0f} actions/CPU s (target >= {RATE_TARGET:,.0f}); "
+          f"10x target {'met' if today_met else 'NOT met'}: {ours / base:.1f}x today's {base:,.0f} (target >= "
+          f"{TODAY_TARGET:.0f}x); {ours / naive:.1f}x the naive loop (shown)")
     print()
 
 
