@@ -210,6 +210,7 @@ def _unguarded():
         _inside.off = False
 
 
+@pytest.mark.multiprocess
 def test_capacity_dispatch_no_host_sync_and_bitwise(tmp_path, monkeypatch):
     from _procs import run_ranks
 
@@ -225,6 +226,7 @@ def test_capacity_dispatch_no_host_sync_and_bitwise(tmp_path, monkeypatch):
     assert all(r[2] is not None and "tolist" in r[2] for r in got), [r[2] for r in got]
 
 
+@pytest.mark.multiprocess
 def test_capacity_dispatch_with_dynamic_gaps_bitwise(tmp_path):
     """``run --dynamic`` with EP sends the gap controller's numbers with the first dispatch of a step; in capacity
     mode that is a small exchange of its own before the counts (once per step). Static and dynamic placement,
