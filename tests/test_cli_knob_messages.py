@@ -141,3 +141,24 @@ def test_simulate_routing_defaults_still_apply(capsys):
 ])
 def test_knob_the_family_lacks_names_the_family_and_its_options(capsys, model, option, needle):
     assert needle in _error(capsys, ["params", model, option, "2"])
+
+
+@pytest.mark.parametrize("model, looked", [
+    ("qwen3-next-80b-a3b", "looked for mtp_num_hidden_layers: absent or 0"),
+    ("qwen3-8b", "the qwen3 family's reader knows no MTP field"),
+    ("kimi-k2-instruct", "looked for num_nextn_predict_layers: absent or 0"),
+])
+def test_mtp_on_a_config_without_mtp_layers_is_refused(capsys, model, looked):
+    err = _error(capsys, ["plan", "--model", model, "--mtp"])
+    assert f"option --mtp: model {model}'s config declares no MTP layers ({looked})" in err, err
+    assert "allowed: leave --mtp out" in err and "num_nextn_predict_layers" in err, err
+
+
+def test_mtp_on_a_config_with_mtp_layers_is_taken():
+    import argparse
+
+    from tessera_lab.cli.common import model_from_args
+
+    args = argparse.Namespace(model="glm-4.5-air", mtp=True)
+    m = model_from_args(args)  # glm-4.5-air.json: num_nextn_predict_layers = 1
+    assert len(m.mtp_layers) == 1 and m.plan_mtp and m.layers[-1].mtp
