@@ -47,17 +47,39 @@ def _bottleneck_line(ev) -> str:
 
 
 def _bound_lines(plan) -> list[str]:
-    """``bound: ...`` of the chosen plan's slowest stage per task kind (:mod:`tessera_lab.cost.bounds`), and why a
-    knob may not move it."""
+    """``bound: ...`` of the chosen plan's slowest stage per task kind (:mod:`tessera_lab.cost.bounds`), the stage's
+    host/sync term (:mod:`tessera_lab.cost.sync`, part of its forward time) beside them with its per-MoE-layer value
+    and source, the kinds under 2% summed, and the terms' sum against the stage's standalone F+B+W; then why a knob
+    may not move the stage."""
     from tessera_lab.cost.bounds import bound_text, knob_hint, layers_bounds
+    from tessera_lab.cost.sync import FITTED_PROVENANCE
 
     stages = plan.chosen.stages
     s = max(range(len(stages)), key=lambda i: stages[i].time_s)
-    kinds = layers_bounds(plan.model, plan.parallel, plan.cluster, stages[s].layers, first=s == 0,
+    st = stages[s]
+    kinds = layers_bounds(plan.model, plan.parallel, plan.cluster, st.layers, first=s == 0,
                           last=s == len(stages) - 1)
-    lines = [f"bound: stage {s} per task kind (F+B+W per micro-batch before overlap, analytic terms): "
-             + "; ".join(bound_text(k) for k in kinds if k.time_s > 0.02 * stages[s].time_s)]
+    cut = 0.02 * st.time_s
+    terms = [(k.time_s, bound_text(k)) for k in kinds if k.time_s > cut]
+    sync = st.host_sync_s
+    if sync > 0:
+        n_moe = sum(1 for l in st.layers if plan.model.layers[l].ffn == "moe")
+        src = FITTED_PROVENANCE if plan.parallel.host_sync_s is None else "set by --host-sync-ms"
+        terms.append((sync, f"host/sync {sync * 1e3:.1f} ms: {n_moe} MoE layer{'s' if n_moe != 1 else ''} x "
+                            f"{sync / max(n_moe, 1) * 1e3:.2f} ms per forward ({src}; tessera_lab/cost/sync.py; "
+                            "--host-sync-ms sets it)"))
+    rest = sum(k.time_s for k in kinds if k.time_s <= cut)
+    terms.sort(key=lambda t: -t[0])
+    if rest > 0:
+        terms.append((rest, f"smaller kinds {rest * 1e3:.1f} ms"))
+    total = sum(t for t, _ in terms)
+    lines = [f"bound: stage {s} per task kind (F+B+W per micro-batch before overlap, analytic terms; sum "
+             f"{total * 1e3:.1f} ms, the stage's standalone F+B+W {st.standalone_s * 1e3:.1f} ms): "
+             + "; ".join(text for _, text in terms)]
     if hint := knob_hint(kinds):
+        if sync > 0:
+            hint += (f"; the host/sync term ({sync * 1e3:.1f} ms) counts MoE layers, not kernels: fewer MoE layers "
+                     "on the stage, an EP-overlap schedule or a runtime without the sync (--host-sync-ms) move it")
         lines.append(f"bound: {hint}")
     return lines
 
