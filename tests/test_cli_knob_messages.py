@@ -162,3 +162,19 @@ def test_mtp_on_a_config_with_mtp_layers_is_taken():
     args = argparse.Namespace(model="glm-4.5-air", mtp=True)
     m = model_from_args(args)  # glm-4.5-air.json: num_nextn_predict_layers = 1
     assert len(m.mtp_layers) == 1 and m.plan_mtp and m.layers[-1].mtp
+
+
+@pytest.mark.parametrize("key", ["top_k", "num_experts_per_tok", "expert_width", "num_experts", "shared_experts"])
+def test_report_diff_expert_change_on_a_dense_model_names_the_typed_key(capsys, key):
+    err = _error(capsys, ["report", "--model", "qwen3-8b", "--diff", f"{key}=2"])
+    assert err.endswith(f"change {key} = 2: model qwen3-8b has no routed experts (a dense model); allowed: leave "
+                        f"{key} out, or diff a MoE model"), err
+
+
+def test_memory_refusal_of_a_dense_model_does_not_suggest_ep(capsys):
+    for argv in (["--pp", "2"], ["--pp", "2", "--vpp", "2", "--schedule", "interleaved"]):
+        err = _error(capsys, ["plan", "--model", "nemotron-h-56b", *argv])  # 56B dense: 2 stages cannot hold it
+        assert "GiB" in err and "shard further (tp, dp with a distributed optimizer)" in err, err
+        assert "ep" not in err.split("shard further")[1].split(")")[0] and "expert" not in err, err
+    err = _error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--pp", "1", "--ep", "1"])  # MoE: ep named
+    assert "shard further (ep for experts, dp with a distributed optimizer)" in err, err

@@ -199,7 +199,7 @@ def _problem(model: ModelSpec, parallel: ParallelConfig, cm, sm: StageCostModel,
                 else sm.cost)
     return PartitionProblem(model.num_layers, parallel.pp * parallel.vpp, cost, memory=sm.memory_bytes,
                             memory_limit=memory_capacity(cm.cluster), objective="bottleneck",
-                            microbatches=parallel.microbatches, vpp=parallel.vpp)
+                            microbatches=parallel.microbatches, vpp=parallel.vpp, has_experts=model.has_moe)
 
 
 def make_plan(
