@@ -178,3 +178,23 @@ def test_memory_refusal_of_a_dense_model_does_not_suggest_ep(capsys):
         assert "ep" not in err.split("shard further")[1].split(")")[0] and "expert" not in err, err
     err = _error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--pp", "1", "--ep", "1"])  # MoE: ep named
     assert "shard further (ep for experts, dp with a distributed optimizer)" in err, err
+
+
+def _plan_json(tmp_path, argv):
+    out = tmp_path / "p.json"
+    assert main(["plan", "--model", "gpt-oss-20b", "--json", str(out), *argv]) == 0
+    return json.loads(out.read_text())
+
+
+def test_window_at_least_the_sequence_says_the_layers_are_full_attention(tmp_path, capsys):
+    """gpt-oss-20b, 4096-token sequences: a sliding window >= 4096 lets every token see all earlier ones (query i
+    sees min(i + 1, w) keys), so 100000 and 4096 cost the same and a note says so; 4095 and the config's 128 stay
+    local (no note)."""
+    wide, edge = _plan_json(tmp_path, ["--window", "100000"]), _plan_json(tmp_path, ["--window", "4096"])
+    for d, w in ((wide, 100000), (edge, 4096)):
+        note = [n for n in d["notes"] if n.startswith("window:")]
+        assert len(note) == 1 and f"12 layer(s) (sliding {w} tokens)" in note[0], d["notes"]
+        assert "compute as full causal attention" in note[0]
+    assert wide["iteration_time_s"] == pytest.approx(edge["iteration_time_s"], rel=1e-12)
+    for argv in (["--window", "4095"], []):
+        assert not [n for n in _plan_json(tmp_path, argv)["notes"] if n.startswith("window:")]

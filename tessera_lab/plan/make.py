@@ -288,6 +288,8 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
                      "parameter counts report them apart")
     if model.has_moe and parallel.ep > 1:
         notes.append(routing_load_note(model, parallel))
+    if note := window_note(model, parallel):
+        notes.append(note)
     if parallel.precision == "fp8":
         from tessera_lab.plan.precision import precision_note
 
@@ -368,6 +370,19 @@ def _partition_origin(chosen: Evaluation, solver_best: Evaluation, baselines: di
         return ""
     return next((f"baseline {name}" for name, ev in baselines.items()
                  if list(ev.partition.boundaries) == list(chosen.partition.boundaries)), "")
+
+
+def window_note(model: ModelSpec, parallel: ParallelConfig) -> str | None:
+    """A note when sliding-window or chunked layers have a window (chunk) of at least the sequence length: every
+    query then sees all earlier tokens, so they cost as full causal attention (:func:`tessera_lab.model.mixers.
+    attention_pairs`); ``None`` otherwise."""
+    wide = [ly for ly in model.layers if ly.local in ("sliding", "chunked") and ly.window >= parallel.seq_len]
+    if not wide:
+        return None
+    kinds = sorted({f"{ly.local} {ly.window}" for ly in wide})
+    return (f"window: {len(wide)} layer(s) ({', '.join(kinds)} tokens) have a window of at least the sequence length "
+            f"{parallel.seq_len}: every token sees all earlier tokens, so they compute as full causal attention "
+            f"(model/mixers.py attention_pairs); a window below {parallel.seq_len} keeps them local")
 
 
 def sync_note(model: ModelSpec, parallel: ParallelConfig, cost_model, sm: StageCostModel, chosen: Evaluation,
