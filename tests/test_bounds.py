@@ -69,3 +69,26 @@ def test_plan_names_the_bound_of_the_bottleneck_stage_expert_gemms(capsys):
     line = [ln for ln in out.splitlines() if ln.startswith("bound: stage")][0]
     assert "expert GEMMs" in line and "host issue" in line
     assert any("host-issue bound" in ln and "--grouped-gemm grouped" in ln for ln in out.splitlines())
+
+
+def test_bound_line_terms_add_up_to_the_stage_time_with_the_host_sync_term(capsys):
+    """Under 1f1b the host/sync term is not hidden: the bound line lists it (per MoE layer, with its source) and its
+    terms sum to the slowest stage's time of the table (within the 0.1 ms rounding of each term)."""
+    import re
+
+    from tessera_lab.cli.main import main
+
+    assert main(["plan", "--schedule", "1f1b", "--host-sync-ms", "3"]) == 0
+    out = capsys.readouterr().out
+    line = [ln for ln in out.splitlines() if ln.startswith("bound: stage")][0]
+    slowest = float(re.search(r"^ilp\s.*?(\d+\.\d+)\s+yes$", out, re.M).group(1))  # table: slowest stage (ms)
+    names = "expert GEMMs|EP all-to-all|dense GEMMs|elementwise|attention core|linear-attention core|TP all-reduce|" \
+            "other communication|host/sync|smaller kinds"
+    terms = dict(re.findall(rf"(?:: |; )({names}) (\d+\.\d) ms", line))
+    assert "host/sync" in terms, line
+    assert sum(float(v) for v in terms.values()) == pytest.approx(slowest, abs=0.05 * len(terms) + 0.01)
+    stage = int(re.search(r"bound: stage (\d+)", line).group(1))
+    row = re.search(rf"^\s+{stage}\s+(\d+)-(\d+) ", out.split("[ilp (chosen)]")[1], re.M)
+    n_layers = int(row.group(2)) - int(row.group(1)) + 1  # every layer of qwen3-next-80b-a3b is MoE
+    assert f"host/sync {n_layers * 3.0:.1f} ms: {n_layers} MoE layers x 3.00 ms per forward (set by --host-sync-ms" \
+        in line, line

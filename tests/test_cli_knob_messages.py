@@ -141,3 +141,60 @@ def test_simulate_routing_defaults_still_apply(capsys):
 ])
 def test_knob_the_family_lacks_names_the_family_and_its_options(capsys, model, option, needle):
     assert needle in _error(capsys, ["params", model, option, "2"])
+
+
+@pytest.mark.parametrize("model, looked", [
+    ("qwen3-next-80b-a3b", "looked for mtp_num_hidden_layers: absent or 0"),
+    ("qwen3-8b", "the qwen3 family's reader knows no MTP field"),
+    ("kimi-k2-instruct", "looked for num_nextn_predict_layers: absent or 0"),
+])
+def test_mtp_on_a_config_without_mtp_layers_is_refused(capsys, model, looked):
+    err = _error(capsys, ["plan", "--model", model, "--mtp"])
+    assert f"option --mtp: model {model}'s config declares no MTP layers ({looked})" in err, err
+    assert "allowed: leave --mtp out" in err and "num_nextn_predict_layers" in err, err
+
+
+def test_mtp_on_a_config_with_mtp_layers_is_taken():
+    import argparse
+
+    from tessera_lab.cli.common import model_from_args
+
+    args = argparse.Namespace(model="glm-4.5-air", mtp=True)
+    m = model_from_args(args)  # glm-4.5-air.json: num_nextn_predict_layers = 1
+    assert len(m.mtp_layers) == 1 and m.plan_mtp and m.layers[-1].mtp
+
+
+@pytest.mark.parametrize("key", ["top_k", "num_experts_per_tok", "expert_width", "num_experts", "shared_experts"])
+def test_report_diff_expert_change_on_a_dense_model_names_the_typed_key(capsys, key):
+    err = _error(capsys, ["report", "--model", "qwen3-8b", "--diff", f"{key}=2"])
+    assert err.endswith(f"change {key} = 2: model qwen3-8b has no routed experts (a dense model); allowed: leave "
+                        f"{key} out, or diff a MoE model"), err
+
+
+def test_memory_refusal_of_a_dense_model_does_not_suggest_ep(capsys):
+    for argv in (["--pp", "2"], ["--pp", "2", "--vpp", "2", "--schedule", "interleaved"]):
+        err = _error(capsys, ["plan", "--model", "nemotron-h-56b", *argv])  # 56B dense: 2 stages cannot hold it
+        assert "GiB" in err and "shard further (tp, dp with a distributed optimizer)" in err, err
+        assert "ep" not in err.split("shard further")[1].split(")")[0] and "expert" not in err, err
+    err = _error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--pp", "1", "--ep", "1"])  # MoE: ep named
+    assert "shard further (ep for experts, dp with a distributed optimizer)" in err, err
+
+
+def _plan_json(tmp_path, argv):
+    out = tmp_path / "p.json"
+    assert main(["plan", "--model", "gpt-oss-20b", "--json", str(out), *argv]) == 0
+    return json.loads(out.read_text())
+
+
+def test_window_at_least_the_sequence_says_the_layers_are_full_attention(tmp_path, capsys):
+    """gpt-oss-20b, 4096-token sequences: a sliding window >= 4096 lets every token see all earlier ones (query i
+    sees min(i + 1, w) keys), so 100000 and 4096 cost the same and a note says so; 4095 and the config's 128 stay
+    local (no note)."""
+    wide, edge = _plan_json(tmp_path, ["--window", "100000"]), _plan_json(tmp_path, ["--window", "4096"])
+    for d, w in ((wide, 100000), (edge, 4096)):
+        note = [n for n in d["notes"] if n.startswith("window:")]
+        assert len(note) == 1 and f"12 layer(s) (sliding {w} tokens)" in note[0], d["notes"]
+        assert "compute as full causal attention" in note[0]
+    assert wide["iteration_time_s"] == pytest.approx(edge["iteration_time_s"], rel=1e-12)
+    for argv in (["--window", "4095"], []):
+        assert not [n for n in _plan_json(tmp_path, argv)["notes"] if n.startswith("window:")]

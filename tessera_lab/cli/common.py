@@ -139,12 +139,38 @@ def check_knob_options(m: Any, args: argparse.Namespace) -> None:
                           f"{m.num_experts_per_tok} or more, or lower the top-k as well with --top-k K (1 to {e})")
 
 
+def check_mtp_option(m: Any) -> None:
+    """Refuse ``--mtp`` on a model whose config declares no MTP layers, naming the model and the fields its family's
+    reader looks for (``READS`` entries naming MTP or next-n prediction layers).
+
+    Raises:
+        ConfigError: one line with the model, the fields looked for and what is allowed.
+    """
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.model.families import READERS, family_name
+
+    if m.mtp_layers:
+        return
+    reader = next((r for r in READERS if family_name(r) == m.family), None)
+    def mtp_fields(r) -> set[str]:
+        return {f for f in getattr(r, "READS", ()) if ("mtp" in f or "nextn" in f) and "embedding" not in f}
+
+    fields = sorted(mtp_fields(reader))
+    looked = (f"looked for {', '.join(fields)}: absent or 0" if fields
+              else f"the {m.family} family's reader knows no MTP field")
+    with_mtp = sorted(set().union(*(mtp_fields(r) for r in READERS)))
+    raise ConfigError(f"option --mtp: model {m.name}'s config declares no MTP layers ({looked}); allowed: leave "
+                      f"--mtp out, or a config that declares them ({', '.join(with_mtp)})")
+
+
 def model_from_args(args: argparse.Namespace):
     from tessera_lab.model.knobs import model_changes
     from tessera_lab.model.spec import load_model
 
     m = load_model(args.model, allow_unknown_fields=bool(getattr(args, "allow_unknown_fields", False)),
                    plan_mtp=bool(getattr(args, "mtp", False)))
+    if getattr(args, "mtp", False):
+        check_mtp_option(m)
     check_knob_options(m, args)
     changes = model_changes({k: getattr(args, k, None) for k in ("attention_ratio", "expert_width", "top_k",
                                                                  "num_experts", "layers", "shared_experts",

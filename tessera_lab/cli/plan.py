@@ -47,17 +47,39 @@ def _bottleneck_line(ev) -> str:
 
 
 def _bound_lines(plan) -> list[str]:
-    """``bound: ...`` of the chosen plan's slowest stage per task kind (:mod:`tessera_lab.cost.bounds`), and why a
-    knob may not move it."""
+    """``bound: ...`` of the chosen plan's slowest stage per task kind (:mod:`tessera_lab.cost.bounds`), the stage's
+    host/sync term (:mod:`tessera_lab.cost.sync`, part of its forward time) beside them with its per-MoE-layer value
+    and source, the kinds under 2% summed, and the terms' sum against the stage's standalone F+B+W; then why a knob
+    may not move the stage."""
     from tessera_lab.cost.bounds import bound_text, knob_hint, layers_bounds
+    from tessera_lab.cost.sync import FITTED_PROVENANCE
 
     stages = plan.chosen.stages
     s = max(range(len(stages)), key=lambda i: stages[i].time_s)
-    kinds = layers_bounds(plan.model, plan.parallel, plan.cluster, stages[s].layers, first=s == 0,
+    st = stages[s]
+    kinds = layers_bounds(plan.model, plan.parallel, plan.cluster, st.layers, first=s == 0,
                           last=s == len(stages) - 1)
-    lines = [f"bound: stage {s} per task kind (F+B+W per micro-batch before overlap, analytic terms): "
-             + "; ".join(bound_text(k) for k in kinds if k.time_s > 0.02 * stages[s].time_s)]
+    cut = 0.02 * st.time_s
+    terms = [(k.time_s, bound_text(k)) for k in kinds if k.time_s > cut]
+    sync = st.host_sync_s
+    if sync > 0:
+        n_moe = sum(1 for l in st.layers if plan.model.layers[l].ffn == "moe")
+        src = FITTED_PROVENANCE if plan.parallel.host_sync_s is None else "set by --host-sync-ms"
+        terms.append((sync, f"host/sync {sync * 1e3:.1f} ms: {n_moe} MoE layer{'s' if n_moe != 1 else ''} x "
+                            f"{sync / max(n_moe, 1) * 1e3:.2f} ms per forward ({src}; tessera_lab/cost/sync.py; "
+                            "--host-sync-ms sets it)"))
+    rest = sum(k.time_s for k in kinds if k.time_s <= cut)
+    terms.sort(key=lambda t: -t[0])
+    if rest > 0:
+        terms.append((rest, f"smaller kinds {rest * 1e3:.1f} ms"))
+    total = sum(t for t, _ in terms)
+    lines = [f"bound: stage {s} per task kind (F+B+W per micro-batch before overlap, analytic terms; sum "
+             f"{total * 1e3:.1f} ms, the stage's standalone F+B+W {st.standalone_s * 1e3:.1f} ms): "
+             + "; ".join(text for _, text in terms)]
     if hint := knob_hint(kinds):
+        if sync > 0:
+            hint += (f"; the host/sync term ({sync * 1e3:.1f} ms) counts MoE layers, not kernels: fewer MoE layers "
+                     "on the stage, an EP-overlap schedule or a runtime without the sync (--host-sync-ms) move it")
         lines.append(f"bound: {hint}")
     return lines
 
@@ -122,15 +144,27 @@ def format_plan(plan) -> str:
         "",
     ]
     summary, details = [], []
-    for label, ev in [(f"{plan.chosen.method} (chosen)", plan.chosen)] + list(plan.baselines.items()):
+    origin = getattr(plan, "partition_from", "")
+    unguarded = getattr(plan, "solver_result", None) if origin else None
+    entries = [(f"{plan.chosen.method} (chosen)", plan.chosen, plan.chosen.method)]
+    if unguarded is not None:  # a guarded result is reported beside the unguarded one
+        kept = origin.split(",")[0].removeprefix("baseline ")
+        moved = ", moved by simulator refinement" if origin.endswith("refinement") else ""
+        entries = [(f"{plan.chosen.method} (chosen: the {kept} baseline's partition{moved}; it simulates faster than "
+                    f"the {unguarded.method} optimum)", plan.chosen, f"{plan.chosen.method} (from {kept})"),
+                   (f"{unguarded.method} optimum (not chosen: slower when simulated)", unguarded,
+                    f"{unguarded.method} optimum")]
+    entries += [(name, ev, ev.method) for name, ev in plan.baselines.items()]
+    for label, ev, row in entries:
+        solver = ev.partition.solver and not (unguarded is not None and ev is plan.chosen)
         details.append(f"[{label}] boundaries {ev.partition.boundaries}"
                        + ("" if ev.fits_memory else "  ** exceeds GPU memory **")
                        + (f"; solver {ev.partition.solver} {ev.partition.status} in {ev.partition.solve_time_s:.3f} s"
-                          if ev.partition.solver else ""))
+                          if solver else ""))
         details.append(table(_evaluation_rows(ev, p.pp if p.vpp > 1 else None, m), ".3f"))
         details.append("")
         summary.append({
-            "method": ev.method + ("" if ev.fits_memory else " (!)"), "iteration (s)": ev.iteration_time_s,
+            "method": row + ("" if ev.fits_memory else " (!)"), "iteration (s)": ev.iteration_time_s,
             "tokens/s": ev.tokens_per_s, "MFU": f"{ev.mfu:.1%}", "bubble_fraction": ev.bubble_fraction,
             "slowest stage (ms)": max(st.time_s for st in ev.stages) * 1e3,
             "fits memory": "yes" if ev.fits_memory else "NO",

@@ -300,7 +300,8 @@ class ModelSpec:
             if value is None:
                 continue
             if not self.has_moe and key != "moe_every":
-                raise ConfigError(f"knob '{key}' needs a MoE model; {self.name} is dense")
+                raise ConfigError(f"knob '{key}' = {value}: model {self.name} has no routed experts (a dense "
+                                  f"model); allowed: leave {key} out, or a MoE model")
             value = req_int({key: value}, key, minimum=low, allowed=f"an integer >= {low}")
             families.apply_knob(reader, cfg, key, value)
             changes.append(f"{label}={value}")

@@ -136,6 +136,11 @@ class Plan:
     #: caches spared: ``pair_searches`` run and ``pair_searches_cached``, ``stage_model`` ``"cached"`` or ``"built"``
     #: (not part of :meth:`as_dict`: it describes this run, not the plan)
     timing: dict[str, Any] = field(default_factory=dict)
+    #: where the chosen partition comes from when it is not the solver's own result: ``"baseline parameters"``
+    #: (kept, or the start of the simulator refinement, because it simulates faster); empty when it is the solver's
+    partition_from: str = ""
+    #: the solver's own (unguarded) result when :attr:`partition_from` is set, reported beside the chosen plan
+    solver_result: Evaluation | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the keys of the CLI contract (``model``, ``method``, ``stages``, ``costs``, ...)."""
@@ -169,6 +174,12 @@ class Plan:
             d["reevaluation"] = self.reevaluation
         if self.refinement:
             d["refinement"] = self.refinement
+        if self.partition_from and self.solver_result is not None:
+            r = self.solver_result
+            d["partition_from"] = self.partition_from
+            d["solver_result"] = {"method": r.method, "boundaries": list(r.partition.boundaries),
+                                  "iteration_time_s": r.iteration_time_s, "fits_memory": r.fits_memory,
+                                  "solver": r.partition.solver, "solver_status": r.partition.status or "Optimal"}
         return d
 
 
@@ -188,7 +199,7 @@ def _problem(model: ModelSpec, parallel: ParallelConfig, cm, sm: StageCostModel,
                 else sm.cost)
     return PartitionProblem(model.num_layers, parallel.pp * parallel.vpp, cost, memory=sm.memory_bytes,
                             memory_limit=memory_capacity(cm.cluster), objective="bottleneck",
-                            microbatches=parallel.microbatches, vpp=parallel.vpp)
+                            microbatches=parallel.microbatches, vpp=parallel.vpp, has_experts=model.has_moe)
 
 
 def make_plan(
@@ -277,6 +288,8 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
                      "parameter counts report them apart")
     if model.has_moe and parallel.ep > 1:
         notes.append(routing_load_note(model, parallel))
+    if note := window_note(model, parallel):
+        notes.append(note)
     if parallel.precision == "fp8":
         from tessera_lab.plan.precision import precision_note
 
@@ -330,7 +343,7 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
     if len(candidates) > 1:
         notes.append("objective auto: " + ", ".join(
             f"{label} simulates to {ev.iteration_time_s:.4f} s" for ev, label in candidates))
-    chosen = min(candidates, key=lambda c: c[0].iteration_time_s)[0]
+    chosen = solver_best = min(candidates, key=lambda c: c[0].iteration_time_s)[0]
     refinement: dict[str, Any] = {}
     if objective == "auto" and method != "uniform":
         chosen, refinement = _refine(model, parallel, cost_model, sm, steady, candidates, out, method, flops, notes,
@@ -340,8 +353,36 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
         chosen = _never_slower_than_baselines(chosen, out, method, notes)
     if sm.host_sync is not None:
         notes.append(sync_note(model, parallel, cost_model, sm, chosen, flops))
+    origin = _partition_origin(chosen, solver_best, out, refinement) if method != "uniform" else ""
     return Plan(model, parallel, cluster, chosen, out, sm.costs, flops, capacity, notes, costs=source,
-                refinement=refinement)
+                refinement=refinement, partition_from=origin, solver_result=solver_best if origin else None)
+
+
+def _partition_origin(chosen: Evaluation, solver_best: Evaluation, baselines: dict[str, Evaluation],
+                      refinement: dict[str, Any]) -> str:
+    """``"baseline NAME"`` when the chosen partition is a baseline's (kept by the never-slower rule, or the start
+    of the simulator refinement), with ``", moved by simulator refinement"`` when the refinement moved it; ``""``
+    when it is the solver's own result (moved by the refinement or not)."""
+    start = refinement.get("start", "")
+    if start.startswith("baseline"):
+        return start + (", moved by simulator refinement" if refinement.get("gain_s", 0.0) > 0 else "")
+    if refinement or list(chosen.partition.boundaries) == list(solver_best.partition.boundaries):
+        return ""
+    return next((f"baseline {name}" for name, ev in baselines.items()
+                 if list(ev.partition.boundaries) == list(chosen.partition.boundaries)), "")
+
+
+def window_note(model: ModelSpec, parallel: ParallelConfig) -> str | None:
+    """A note when sliding-window or chunked layers have a window (chunk) of at least the sequence length: every
+    query then sees all earlier tokens, so they cost as full causal attention (:func:`tessera_lab.model.mixers.
+    attention_pairs`); ``None`` otherwise."""
+    wide = [ly for ly in model.layers if ly.local in ("sliding", "chunked") and ly.window >= parallel.seq_len]
+    if not wide:
+        return None
+    kinds = sorted({f"{ly.local} {ly.window}" for ly in wide})
+    return (f"window: {len(wide)} layer(s) ({', '.join(kinds)} tokens) have a window of at least the sequence length "
+            f"{parallel.seq_len}: every token sees all earlier tokens, so they compute as full causal attention "
+            f"(model/mixers.py attention_pairs); a window below {parallel.seq_len} keeps them local")
 
 
 def sync_note(model: ModelSpec, parallel: ParallelConfig, cost_model, sm: StageCostModel, chosen: Evaluation,

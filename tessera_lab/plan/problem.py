@@ -40,6 +40,7 @@ class PartitionProblem:
             cost and memory are the sums over its virtual stages, and the objective is taken over ranks.
         monotone: the caller guarantees cost and memory never decrease when a segment grows (true for sums of
             non-negative per-layer values); large bottleneck problems then take the O(S L log L) DP.
+        has_experts: the model has routed experts (a memory refusal then suggests ep; else tp and dp).
     """
 
     num_layers: int
@@ -55,6 +56,7 @@ class PartitionProblem:
     last_stage_layers: int | None = None
     vpp: int = 1
     monotone: bool = False
+    has_experts: bool = True
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
@@ -237,7 +239,7 @@ def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
     if problem.vpp > 1:
         return InfeasiblePlanError(
             f"no partition into {problem.num_stages} virtual stages fits {problem.memory_limit / GIB:.2f} GiB on every "
-            f"rank; add pipeline ranks, recompute activations (--recompute selective|full), shard further (ep, dp) "
+            f"rank; add pipeline ranks, recompute activations (--recompute selective|full), {_shard_hint(problem)} "
             "or shorten the sequence"
         )
     S, L, limit = problem.num_stages, problem.num_layers, problem.memory_limit
@@ -261,9 +263,16 @@ def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
     return InfeasiblePlanError(
         f"no partition fits in memory: even the closest one puts stage {s} (layers {b[s]}-{b[s + 1] - 1}) at "
         f"{need / GIB:.2f} GiB, {excess[s] / GIB:.2f} GiB more than the {limit / GIB:.2f} GiB available; "
-        f"add pipeline stages, recompute activations (--recompute selective|full), shard further (ep for experts, dp "
-        "with a distributed optimizer) or shorten the sequence"
+        f"add pipeline stages, recompute activations (--recompute selective|full), {_shard_hint(problem)} or "
+        "shorten the sequence"
     )
+
+
+def _shard_hint(problem: PartitionProblem) -> str:
+    """The sharding advice of a memory refusal: ep only for a model with routed experts."""
+    if problem.has_experts:
+        return "shard further (ep for experts, dp with a distributed optimizer)"
+    return "shard further (tp, dp with a distributed optimizer)"
 
 
 def uniform(problem: PartitionProblem) -> Partition:

@@ -18,6 +18,16 @@ def solve_line(plan: Any) -> str:
     moved = (plan.refinement or {}).get("gain_s", 0.0) > 0
     after = ("; then moved by simulator refinement, which searches neighbours and proves nothing"
              if moved else "")
+    origin, own = getattr(plan, "partition_from", ""), getattr(plan, "solver_result", None)
+    if origin and own is not None:  # the chosen partition is a baseline's: say so, and what the solver proved
+        proof = (f"proven optimal for the solver's objective ({part.solver or ev.method}, status Optimal{t})"
+                 if status == "Optimal" else
+                 f"NOT proven optimal ({part.solver or ev.method}, status {status}{t})")
+        kept = origin.split(",")[0].removeprefix("baseline ")
+        return (f"chosen partition: the {kept} baseline's, not the solver's: it simulates faster "
+                f"({ev.iteration_time_s:.4f} s) than the {own.method} optimum ({own.iteration_time_s:.4f} s, "
+                f"boundaries {list(own.partition.boundaries)}), which is {proof}; the solver's objective is not the "
+                f"simulated time{after}")
     if status == "Optimal":
         return (f"chosen partition: proven optimal for the solver's objective ({part.solver or ev.method}, status "
                 f"Optimal{t}){after}")

@@ -182,6 +182,11 @@ def parse_changes(text: str) -> dict[str, Any]:
     return out
 
 
+#: ``with_changes`` keywords that need routed experts (a dense model has none to change)
+_EXPERT_KNOBS = frozenset({"moe_intermediate_size", "num_experts_per_tok", "num_experts",
+                           "shared_expert_intermediate_size", "shared_experts"})
+
+
 def apply_changes(model: ModelSpec, parallel: ParallelConfig, changes: Mapping[str, Any]) -> tuple[ModelSpec, ParallelConfig]:
     """Apply model knobs (attention ratio, expert width, top-k, experts, layers) and run knobs (context
     length ``seq_len``, precision ``dtype``, micro-batch size, micro-batches) to a model and its parallel
@@ -192,6 +197,9 @@ def apply_changes(model: ModelSpec, parallel: ParallelConfig, changes: Mapping[s
     """
     mk, pk = {}, {}
     for k, v in changes.items():
+        if k in MODEL_CHANGES and MODEL_CHANGES[k] in _EXPERT_KNOBS and not model.has_moe:
+            raise ConfigError(f"change {k} = {v}: model {model.name} has no routed experts (a dense model); allowed: "
+                              f"leave {k} out, or diff a MoE model")
         if k in MODEL_CHANGES:
             mk[MODEL_CHANGES[k]] = v
         elif k in PARALLEL_CHANGES:
