@@ -239,7 +239,7 @@ def dispatch_summary(mode: str, device_type: str, n: int, top_k: int, num_expert
     if mode != "auto":
         reason = "requested (--ep-dispatch / model field ep_dispatch)"
     elif device_type != "cuda":
-        reason = "auto on CPU: uneven (no device queue to wait for; padding would only add compute)"
+        reason = "auto on CPU: no device queue to wait for, padding would only add compute"
     else:
         cmp = "<=" if resolved == "capacity" else ">"
         reason = (f"auto on CUDA: padding {pf:.2f}x {cmp} {AUTO_MAX_PADDING:g}x limit (AUTO_MAX_PADDING)")
