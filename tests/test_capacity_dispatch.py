@@ -312,3 +312,27 @@ def test_dispatch_summary_names_mode_reason_and_padding():
     validate({"jobs": [job]}, RUN_RESULT, "run.json")
     with pytest.raises(Exception, match="ep_dispatch.mode"):
         validate({"jobs": [{**job, "ep_dispatch": {**d, "mode": "fixed"}}]}, RUN_RESULT, "run.json")
+
+
+def test_run_header_and_json_name_the_dispatch(tmp_path, capsys):
+    """A capacity run with factor 1.0 (tiny model: Ce = ceil(32 * 2 / 4) = 16, Cd = min(64, 2 * 16) = 32): the
+    header names the mode and the computed rows; the observed kept rows per call are the run's kept assignments
+    over its calls (routed / (n k)), at most the 64 routed; the result passes the run-result schema."""
+    import json
+
+    from tessera_lab.cli.main import main
+    from tessera_lab.runner.runtime.schemas import check_run_result
+
+    out = tmp_path / "run.json"
+    assert main(["run", "--pp", "2", "--ep", "2", "--steps", "2", "--ep-dispatch", "capacity",
+                 "--capacity-factor", "1.0", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "tokens/s observed" in text and "EP dispatch: capacity (requested" in text
+    assert "64 rows sent (32 per destination) vs 64 rows routed" in text and "padding factor 1.00x" in text
+    data = json.loads(out.read_text())
+    check_run_result(data, "run.json")
+    job = data["jobs"][0]
+    routed = sum(sum(t["routed"]) for t in job["routing"].values())
+    kept = sum(sum(t["kept"]) for t in job["routing"].values())
+    assert routed % 64 == 0 and kept < routed
+    assert job["ep_dispatch"]["rows_kept_observed"] == pytest.approx(kept / (routed / 64))

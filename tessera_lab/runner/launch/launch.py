@@ -248,7 +248,9 @@ def format_dispatch(d: dict | None) -> list[str]:
         lines.append(f"capacity padding (computed from the config, per rank and MoE layer call of {d['tokens_per_group']} "
                      f"tokens): {d['rows_sent']} rows sent ({d['capacity_per_destination']} per destination) vs "
                      f"{d['rows_routed']} rows routed (tokens x top-k); experts compute {d['expert_rows']} rows "
-                     f"({d['capacity_per_expert']} per expert and source rank), padding factor {d['padding_factor']:.2f}x")
+                     f"({d['capacity_per_expert']} per expert and source rank), padding factor {d['padding_factor']:.2f}x"
+                     + (f"; observed {d['rows_kept_observed']:.1f} rows kept on average (router's capacity rule)"
+                        if d.get("rows_kept_observed") is not None else ""))
     return lines
 
 

@@ -235,6 +235,10 @@ def summarize_job(raw: dict, spec: RunSpec, world: WorldSpec, device_type: str =
         "timing": timing_report(events, sched, len(records), raw["boundaries"], pp_of_rank,
                                 p2p_latency=estimate_p2p_latency(events, len(records))),
     }
+    d = result["ep_dispatch"]
+    routed = sum(sum(t["routed"]) for t in routing.values())
+    if d["mode"] == "capacity" and routed:  # observed: kept rows per rank and call (calls = routed / (n k))
+        d["rows_kept_observed"] = sum(sum(t["kept"]) for t in routing.values()) * d["rows_routed"] / routed
     if any(p.get("dynamic") for ps in records for p in ps):
         result["gap_steps"] = [{str(p["rank"]): p.get("dynamic") for p in ps} for ps in records]
     result["lifecycle"] = lifecycle_records(events, result["timing"], len(records), m, sched.num_ranks, step_times)

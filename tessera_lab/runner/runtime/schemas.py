@@ -110,6 +110,7 @@ RUN_RESULT = F("dict", fields={
             "requested": F("str", choices=("auto", "uneven", "capacity"), required=False),
             "reason": F("str", required=False),
             "padding_factor": F("num", low=0.0, high=1e12, required=False),
+            "rows_kept_observed": F("num", low=0.0, high=1e12, required=False),
             **{k: F("int", low=0, high=MAX_CONFIG_INT, required=False)
                for k in ("tokens_per_group", "capacity_per_expert", "capacity_per_destination", "rows_sent",
                          "rows_routed", "expert_rows")}}),
