@@ -133,7 +133,8 @@ display(table.round(3))
 #
 # For 1F1B the bubble per rank stays `(p - 1)(F + B)` while the useful work grows as `m(F + B)`, so
 # `bubble_fraction = (p - 1)/(m + p - 1)` falls with `m`. Interleaving divides the bubble by `v`; ZB-H1 shrinks
-# it by moving weight-gradient work into it. Dots: simulated; lines: closed form.
+# it by moving weight-gradient work into it. Dots: simulated; lines (or x where a schedule runs at some
+# micro-batch counts only): closed form.
 
 # %%
 sweep = []
@@ -147,11 +148,8 @@ for m in range(PP, SWEEP_MAX_MICROBATCHES + 1):
                       "simulated": r["simulated"]["bubble_fraction"],
                       "closed form": r["closed_form"]["bubble_fraction"]})
 sweep = pd.DataFrame(sweep)
-fig, ax = plt.subplots(figsize=(7, 3.8), layout="constrained")
-sns.lineplot(data=sweep, x="micro-batches", y="closed form", hue="schedule", ax=ax)
-sns.scatterplot(data=sweep, x="micro-batches", y="simulated", hue="schedule", ax=ax, legend=False, s=25)
-ax.set_ylabel("bubble_fraction")
-ax.set_title(f"p = {PP}: the bubble shrinks as micro-batches grow")
+from tessera_lab.teach.figures import plot_bubble_sweep
+plot_bubble_sweep(sweep, PP)  # a schedule defined at some counts only: closed form as markers, no line across gaps
 plt.show()
 
 # %% [markdown]

@@ -91,6 +91,7 @@ plt.show()
 
 # %%
 from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.teach.figures import plot_ratio_spread
 from tessera_lab.teach.sensitivity import attention_ratio_sweep, layer_time_split
 
 split = pd.concat({f"{s // 1024}K tokens": layer_time_split(MODEL, plan.parallel.replace(seq_len=s))
@@ -109,10 +110,7 @@ split.round(3)
 sweep, spread = attention_ratio_sweep(MODEL, ratios=RATIOS)
 display(sweep.set_index(["setting", "attention ratio"]).round(4))
 display(spread.map(lambda x: "n/a (no plan fits)" if x != x else f"{x:.1%}"))
-ax = (100 * spread).plot.barh(figsize=(8, 3), color=["#4c72b0", "#dd8452"])
-ax.set(xlabel="spread over attention ratios (%): (max - min) / min", ylabel="")
-ax.invert_yaxis()
-ax.set_title(f"attention ratio {', '.join(map(str, RATIOS))}: where it moves the time")
+plot_ratio_spread(spread, RATIOS)  # "n/a (does not fit)" where no plan fits at some ratio
 plt.show()
 
 # %% [markdown]

@@ -44,7 +44,7 @@ MODEL = {"num_layers": 4, "hidden_size": 32, "num_experts": 4, "top_k": 2, "atte
 import tempfile
 import matplotlib.pyplot as plt
 import pandas as pd
-from tessera_lab.ui.plots import gantt
+from tessera_lab.ui.plots import gantt, gantt_pair
 from tessera_lab.runner import RunSpec, WorldSpec, spawn, write_trace
 from tessera_lab.runner.runtime.model import TinyConfig, reference_run
 from tessera_lab.pipeline.simulate import simulate, stage_durations
@@ -142,12 +142,13 @@ d = job["timing"]["durations"]
 from tessera_lab.pipeline.schedules import build_schedule
 pred = simulate(build_schedule(SCHEDULE, PP, MICROBATCHES), stage_durations(d["f"], d["b"], d["w"], d["fb"]),
                 p2p_latency=d["p2p_latency"])
-fig, axes = plt.subplots(2, 1, figsize=(10, 4.5), layout="constrained")
-gantt(pred, ax=axes[0], title="predicted (simulate, measured stage times)")
 obs = res.timeline(0, step=STEPS - 1)
 obs.events = [e for e in obs.events if e.rank % EP == 0]  # one EP rank per stage, as the simulator sees it
 for e in obs.events:
     e.rank //= EP
 obs.num_ranks = PP
-gantt(obs, ax=axes[1], title="observed (EP rank 0 of each stage)")
+busy = [sum(e.end - e.start for e in obs.events if e.rank == r and e.lane == "compute") for r in range(PP)]
+obs.bubble_fraction = 1 - sum(busy) / (obs.iteration_time * PP)  # of these ranks only
+# one time axis (unit and range) for both, so their lengths compare by eye
+gantt_pair(pred, obs, titles=("predicted (simulate, measured stage times)", "observed (EP rank 0 of each stage)"))
 plt.show()

@@ -285,3 +285,56 @@ def test_run_option_ep_dispatch_reaches_the_model():
     with pytest.raises(SystemExit) as e:
         p.parse_args(["--ep-dispatch", "fixed"])
     assert e.value.code == 2
+
+
+def test_dispatch_summary_names_mode_reason_and_padding():
+    """The run result's ``ep_dispatch`` and the header lines: hand-computed for the tiny model (n 32 = 2 x 16
+    tokens, E 4, top 2, EP 2, no factor): Ce = n = 32, Cd = min(32 * min(2, 2), 2 * 32) = 64, sent 2 * 64 = 128,
+    routed 32 * 2 = 64, experts 2 * 2 * 32 = 128 rows, padding 4 * 32 / 64 = 2x."""
+    from tessera_lab.runner.launch.launch import format_dispatch
+    from tessera_lab.runner.runtime.moe import dispatch_summary
+    from tessera_lab.runner.runtime.schemas import RUN_RESULT
+    from tessera_lab.schema import validate
+
+    d = dispatch_summary("capacity", "cpu", 32, 2, 4, 2, None)
+    assert (d["mode"], d["capacity_per_expert"], d["capacity_per_destination"], d["rows_sent"], d["rows_routed"],
+            d["expert_rows"], d["padding_factor"]) == ("capacity", 32, 64, 128, 64, 128, 2.0)
+    text = "\n".join(format_dispatch(d))
+    assert "EP dispatch: capacity (requested" in text and "128 rows sent" in text and "64 rows routed" in text
+    a = dispatch_summary("auto", "cpu", 32, 2, 4, 2, None)
+    assert a["mode"] == "uneven" and "auto on CPU" in a["reason"] and "rows_sent" not in a
+    g = dispatch_summary("auto", "cuda", 32, 2, 4, 2, None)
+    assert g["mode"] == "capacity" and "2.00x <= 4x" in g["reason"]
+    # Qwen3-Next-80B shape: 51.2x padding -> uneven on CUDA, and the reason says so
+    q = dispatch_summary("auto", "cuda", 4096, 10, 512, 16, None)
+    assert q["mode"] == "uneven" and "51.20x > 4x" in q["reason"]
+    job = {"schedule": "1f1b", "tokens_per_step": 256, "spec": {"model": {}}, "ep_dispatch": d,
+           "timing": {"durations": {"f": [0.1], "b": [0.1]}},
+           "events": [{"step": 0, "rank": 0, "lane": "compute", "start": 0.0, "end": 1.0}]}
+    validate({"jobs": [job]}, RUN_RESULT, "run.json")
+    with pytest.raises(Exception, match="ep_dispatch.mode"):
+        validate({"jobs": [{**job, "ep_dispatch": {**d, "mode": "fixed"}}]}, RUN_RESULT, "run.json")
+
+
+def test_run_header_and_json_name_the_dispatch(tmp_path, capsys):
+    """A capacity run with factor 1.0 (tiny model: Ce = ceil(32 * 2 / 4) = 16, Cd = min(64, 2 * 16) = 32): the
+    header names the mode and the computed rows; the observed kept rows per call are the run's kept assignments
+    over its calls (routed / (n k)), at most the 64 routed; the result passes the run-result schema."""
+    import json
+
+    from tessera_lab.cli.main import main
+    from tessera_lab.runner.runtime.schemas import check_run_result
+
+    out = tmp_path / "run.json"
+    assert main(["run", "--pp", "2", "--ep", "2", "--steps", "2", "--ep-dispatch", "capacity",
+                 "--capacity-factor", "1.0", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "tokens/s observed" in text and "EP dispatch: capacity (requested" in text
+    assert "64 rows sent (32 per destination) vs 64 rows routed" in text and "padding factor 1.00x" in text
+    data = json.loads(out.read_text())
+    check_run_result(data, "run.json")
+    job = data["jobs"][0]
+    routed = sum(sum(t["routed"]) for t in job["routing"].values())
+    kept = sum(sum(t["kept"]) for t in job["routing"].values())
+    assert routed % 64 == 0 and kept < routed
+    assert job["ep_dispatch"]["rows_kept_observed"] == pytest.approx(kept / (routed / 64))

@@ -349,3 +349,30 @@ def test_cli_report_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, need
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and needle in err
+
+
+def test_repeated_diff_accumulates_like_the_comma_form(capsys):
+    """``--diff attention_ratio=1 --diff top_k=4`` means both changes (the comma form), never the last only; a plan or
+    model given with another --diff, or a key given twice with different values, is refused in one line."""
+    import argparse
+
+    from tessera_lab.cli import report as cli_report
+    from tessera_lab.cli.main import main
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.report.capacity import parse_changes
+    from tessera_lab.report.diff import merge_diff_args
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    cli_report.add_parser(sub)
+    args = sub.choices["report"].parse_args(["--diff", "attention_ratio=1", "--diff", "top_k=4"])
+    merged = merge_diff_args(args.diff)
+    assert parse_changes(merged) == parse_changes("attention_ratio=1,top_k=4") == {"attention_ratio": 1, "top_k": 4}
+    assert merge_diff_args(["top_k=4"]) == "top_k=4" and merge_diff_args(None) is None
+    with pytest.raises(ConfigError, match="allowed: one plan or model"):
+        merge_diff_args(["plan.json", "top_k=4"])
+    with pytest.raises(ConfigError, match="given twice"):
+        parse_changes(merge_diff_args(["top_k=2", "top_k=4"]))
+    assert parse_changes("top_k=4,top_k=4") == {"top_k": 4}
+    assert main(["report", "--diff", "qwen3-next-80b-a3b", "--diff", "top_k=4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--diff 'qwen3-next-80b-a3b'" in err[0]

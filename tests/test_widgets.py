@@ -37,7 +37,7 @@ def test_quickstart_panel_takes_every_notebook_parameter_and_refuses_others():
     want = plan_summary(replan(gpu="H100", pp=8, ep=32, microbatches=16, seq_len=8192))
     assert state["summary"] == want
     cap = state["caption"]
-    for part in ("qwen3-next-80b-a3b", "256 H100", "pp 8 x ep 32 x dp 1", "sequence 8192", "schedule overlapped",
+    for part in ("simulated, costs analytic (cost model ", "qwen3-next-80b-a3b", "256 H100", "pp 8 x ep 32 x dp 1", "sequence 8192", "schedule overlapped",
                  "re-planned in"):
         assert part in cap, (part, cap)
     assert "256 H100" in state["table_html"] and "bound by" in state["table_html"]
@@ -431,3 +431,18 @@ def test_partition_panel_knob_options_follow_the_model():
     assert opts[0] == ("config (1024)", "config") and 1024 not in [v for _, v in opts[1:]] and 512 in dict(opts).values()
     controls["expert_width"].value = 2048
     assert state["plan"].model.moe_intermediate_size == 2048
+
+
+def test_panel_captions_say_simulated_and_name_cost_source_gpu_and_ep():
+    """05's caption names what its figures are (simulated), the cost source, the GPU the analytic model prices on
+    (cluster_for's default, H200) and EP, not only the controls; 06's (plan_caption) the same from its plan."""
+    from tessera_lab.cost.source import analytic_source
+    from tessera_lab.teach.panels import overlap_panel
+    from tessera_lab.ui.widgets import plan_caption, replan
+
+    _, _, state = overlap_panel("minimax-m1", ep=16, expert_width=256, budget=50)
+    html = state["table_html"]
+    for part in ("simulated, costs " + analytic_source().describe(), "GPU H200", "EP 16", "expert width 256"):
+        assert part in html, (part, html)
+    cap = plan_caption(replan(pp=8, microbatches=8))
+    assert cap.startswith("simulated, costs " + analytic_source().describe()) and "H200 GPUs" in cap and "ep 8" in cap

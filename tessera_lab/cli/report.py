@@ -43,6 +43,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from tessera_lab.plan.make import make_plan
 
     terms = load_routing_terms(getattr(args, "dynamic", None))  # bad files fail before any planning
+    from tessera_lab.report.diff import merge_diff_args
+
+    args.diff = merge_diff_args(args.diff)  # repeated --diff changes accumulate
     diff_changes = None
     if args.diff and "=" in args.diff and "[" not in args.diff and not args.diff.endswith(".json"):
         from tessera_lab.report.diff import check_changes
@@ -136,9 +139,9 @@ def add_parser(sub) -> None:
                         "--json FILE' or 'run --dynamic --json FILE' (give twice: a run and its uniform-routing "
                         "control); without it they print as 'not measured'")
     add_plan_options(p, DEFAULT_MODEL, DEFAULT_GPU)
-    p.add_argument("--diff", metavar="OTHER",
+    p.add_argument("--diff", metavar="OTHER", action="append",
                    help="compare with OTHER: a plan JSON, a model name, or changes like "
-                        "'expert_width=256,top_k=4,seq_len=8192,dtype=fp8'")
+                        "'expert_width=256,top_k=4,seq_len=8192,dtype=fp8' (repeat --diff to add changes)")
     p.add_argument("--plot", metavar="PATH", help="save the waterfall of the capacity report")
     add_json(p)
     p.set_defaults(func=cmd_report)

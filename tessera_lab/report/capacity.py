@@ -165,7 +165,7 @@ def parse_changes(text: str) -> dict[str, Any]:
     """``"expert_width=256,top_k=4,seq_len=8192,dtype=fp8"`` -> dict (integers where they parse).
 
     Raises:
-        ConfigError: an item without ``=`` or an unknown key.
+        ConfigError: an item without ``=``, an unknown key, or a key given twice with different values.
     """
     out: dict[str, Any] = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
@@ -176,9 +176,12 @@ def parse_changes(text: str) -> dict[str, Any]:
                               f"{', '.join(sorted({**PARALLEL_CHANGES, **MODEL_CHANGES}))}")
         v = v.strip()
         try:
-            out[k] = int(v)
+            v = int(v)
         except ValueError:
-            out[k] = v
+            pass
+        if k in out and out[k] != v:
+            raise ConfigError(f"change {k!r} is given twice ({out[k]!r} and {v!r}); allowed: each KEY once")
+        out[k] = v
     return out
 
 

@@ -10,7 +10,9 @@ percentage of a negative or near-zero base (e.g. "+121.70 ms of -11.19 ms, -1087
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
+
+from tessera_lab.errors import ConfigError
 
 #: a net difference below this share of the base iteration time is "about unchanged"
 UNCHANGED_SHARE = 1e-3
@@ -52,6 +54,27 @@ def diff_headline(labels: tuple[str, str], base_s: float, variant_s: float, base
         by = f"{k} ({contributions_s[k] * 1e3:+.2f} ms)" + (" and others" if len(against) > 1 else "")
     return head + (f"; the largest term is {top} ({c * 1e3:+.2f} ms per GPU), offset by {by}: "
                    f"net {dT * 1e3:+.2f} ms per GPU")
+
+
+def merge_diff_args(values: str | Sequence[str] | None) -> str | None:
+    """``report --diff`` given once or several times -> one ``OTHER``: a plan JSON or model name alone, or the
+    change lists of every ``--diff KEY=VALUE,...`` joined (``--diff attention_ratio=1 --diff top_k=4`` is
+    ``attention_ratio=1,top_k=4``).
+
+    Raises:
+        ConfigError: a plan or model name given with another ``--diff`` (one comparison at a time).
+    """
+    if values is None or isinstance(values, str):
+        return values
+    vals = [v for v in values if v is not None]
+    if len(vals) <= 1:
+        return vals[0] if vals else None
+    alone = [v for v in vals if "=" not in v or "[" in v or v.endswith(".json")]
+    if alone:
+        raise ConfigError(f"option --diff {alone[0]!r} (a plan or model) was given with another --diff "
+                          f"({', '.join(repr(v) for v in vals if v != alone[0])}); allowed: one plan or model, or "
+                          "any number of KEY=VALUE changes")
+    return ",".join(vals)
 
 
 def check_changes(changes: Mapping[str, object]) -> dict[str, object]:

@@ -210,3 +210,60 @@ def plot_skew_sweep(table, *, title: str | None = None):
     return fig
 
 
+
+
+def plot_bubble_sweep(sweep, pp: int, *, title: str | None = None):
+    """Bubble fraction against micro-batches per schedule (notebook 03): ``sweep`` a DataFrame with columns
+    ``micro-batches``, ``schedule``, ``simulated`` and ``closed form``. Dots: simulated; the closed form is a line
+    where a schedule is defined at every micro-batch count of the sweep, and markers only (``x``) where it skips
+    some (interleaved needs particular counts), so no line suggests values at counts it cannot run."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    with _style():
+        fig, ax = plt.subplots(figsize=(7, 3.8), layout="constrained", facecolor="white")
+        colours = sns.color_palette("colorblind", 10)
+        every = sorted(sweep["micro-batches"].unique())
+        for i, (name, g) in enumerate(sweep.groupby("schedule", sort=False)):
+            g = g.sort_values("micro-batches")
+            gaps = list(g["micro-batches"]) != every
+            ax.plot(g["micro-batches"], g["closed form"], color=colours[i], ls="none" if gaps else "-",
+                    marker="x" if gaps else None, ms=6,
+                    label=f"{name}" + (" (defined at these counts only)" if gaps else ""))
+            ax.scatter(g["micro-batches"], g["simulated"], color=colours[i], s=25)
+        ax.set_xlabel("micro-batches")
+        ax.set_ylabel("bubble_fraction")
+        ax.legend(title="schedule (line/x: closed form; dots: simulated)", fontsize=8, title_fontsize=8)
+        ax.set_title(title or f"p = {pp}: the bubble shrinks as micro-batches grow")
+    return fig
+
+
+def plot_ratio_spread(spread, ratios, *, title: str | None = None):
+    """Spread over attention ratios per setting (notebook 06): ``spread`` the second result of
+    :func:`tessera_lab.teach.sensitivity.attention_ratio_sweep` (fractions; NaN where no plan fits). A NaN is
+    written as "n/a (does not fit)" at its bar's place instead of drawing a zero-length bar."""
+    import math
+
+    import matplotlib.pyplot as plt
+
+    cols = list(spread.columns)
+    colours = ["#4c72b0", "#dd8452", "#55a868", "#c44e52"]
+    n, h = len(cols), 0.8 / max(len(cols), 1)
+    with _style():
+        fig, ax = plt.subplots(figsize=(8, 3), layout="constrained", facecolor="white")
+        for j, col in enumerate(cols):
+            ys = [i - 0.4 + h * (j + 0.5) for i in range(len(spread))]
+            vals = [100 * v for v in spread[col]]
+            ax.barh(ys, [0.0 if math.isnan(v) else v for v in vals], height=h, color=colours[j % 4], label=col)
+            for y, v in zip(ys, vals):
+                if math.isnan(v):
+                    ax.text(0, y, " n/a (does not fit)", va="center", ha="left", fontsize=8, color="dimgray")
+        ax.set_yticks(range(len(spread)))
+        ax.set_yticklabels(list(spread.index))
+        ax.invert_yaxis()
+        ax.set_xlabel("spread over attention ratios (%): (max - min) / min")
+        ax.legend(fontsize=8)
+        ax.set_title(title or f"attention ratio {', '.join(map(str, ratios))}: where it moves the time")
+        if n and all(math.isnan(v) for col in cols for v in spread[col]):
+            ax.set_xlim(0, 1)
+    return fig

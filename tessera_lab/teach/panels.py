@@ -235,11 +235,14 @@ def overlap_panel(model: str = "qwen3-next-80b-a3b", ep: int = 16, expert_width:
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.cost.source import analytic_source
+    from tessera_lab.model.hardware import ParallelConfig, cluster_for
     from tessera_lab.overlap.core import overlap_point
+    from tessera_lab.ui.panel import CAPTION_SEP, settings_caption
 
     spec = _as_model(model)
     parallel = ParallelConfig(ep=ep, pp=1)
+    cluster = cluster_for(parallel)  # the cluster overlap_point's analytic cost model prices the pair on
     widths = sorted({64, 128, 256, 512, 1024, 2048, expert_width})
     controls = {
         "expert_width": w.SelectionSlider(options=widths, value=expert_width, description="expert width",
@@ -278,4 +281,11 @@ def overlap_panel(model: str = "qwen3-next-80b-a3b", ep: int = 16, expert_width:
         ax.set_title(f"{name}, EP={ep}: {p['comm_hidden_fraction']:.0%} of EP communication hidden", fontsize=10)
         return View(table, fig, notes)
 
-    return panel(controls, compute, render)
+    def caption(_p: dict[str, float]) -> str:
+        """Provenance first (simulated, the cost source, GPU and EP), then the controls' settings."""
+        return CAPTION_SEP.join([
+            f"simulated, costs {analytic_source().describe()}",
+            f"GPU {cluster.gpu.name} ({cluster.num_nodes} x {cluster.gpus_per_node})", f"EP {ep}",
+            settings_caption(controls)])
+
+    return panel(controls, compute, render, caption=caption)

@@ -98,7 +98,7 @@ def _fit_text_class():
     return _FIT_TEXT[0]
 
 
-def gantt(timeline, ax=None, title: str | None = None, time_unit: str | None = None) -> Any:
+def gantt(timeline, ax=None, title: str | None = None, time_unit: str | None = None, span: float | None = None) -> Any:
     """Gantt chart of a :class:`~tessera_lab.pipeline.simulate.Timeline`: one row per rank.
 
     Compute actions are bars coloured by type (F, B, I, W, overlapped F&B) with the micro-batch
@@ -113,6 +113,8 @@ def gantt(timeline, ax=None, title: str | None = None, time_unit: str | None = N
         timeline: the simulated timeline.
         ax: matplotlib axes to draw into; a new figure is made when ``None``.
         title: figure title; default names the schedule, makespan and bubble fraction.
+        span: the time axis' extent (seconds, or ``time_unit``), at least the timeline's own; charts drawn with
+            one ``span`` share their unit and x range (:func:`gantt_pair`).
 
     Returns:
         the matplotlib ``Axes``.
@@ -133,7 +135,7 @@ def gantt(timeline, ax=None, title: str | None = None, time_unit: str | None = N
     if edge in ("none", None):
         edge = "white"
 
-    span = timeline.iteration_time
+    span = max(timeline.iteration_time, span or 0.0)
     # seconds shown in s, ms or µs; ``time_unit`` names another unit (e.g. simulate's "time units") and keeps the values
     scale, unit = _time_unit(span) if time_unit is None else (1.0, time_unit)
     bar_h, comm_h = 0.72, 0.16
@@ -564,9 +566,10 @@ def fit_title(ax, text: str, fontsize: float = 10) -> None:
 
 
 def gantt_pair(static, dynamic=None, titles: tuple[str, str] | None = None, time_unit: str | None = None) -> Any:
-    """Two Gantt charts on a shared time axis: the static timeline above, the filled (dynamic) one below
-    (only the first when ``dynamic`` is ``None``); ``time_unit`` as :func:`gantt` (default: seconds). Returns the
-    matplotlib ``Figure``."""
+    """Two Gantt charts on a shared time axis (one unit, one x range: the longer timeline's): the static timeline
+    above, the filled (dynamic) one below (only the first when ``dynamic`` is ``None``); ``titles`` name them (the
+    iteration and bubble follow); ``time_unit`` as :func:`gantt` (default: seconds). Returns the matplotlib
+    ``Figure``."""
     import matplotlib.pyplot as plt
 
     tls = [t for t in (static, dynamic) if t is not None]
@@ -574,14 +577,10 @@ def gantt_pair(static, dynamic=None, titles: tuple[str, str] | None = None, time
     h = min(7.0, 0.4 * ranks + 1.4)
     fig, axes = plt.subplots(len(tls), 1, figsize=(10, h * len(tls)), layout="constrained", squeeze=False)
     names = titles or ("static", "dynamic (W moved into predicted bubbles)")
-    lims = []
+    span = max(t.iteration_time for t in tls)
     for ax, tl, name in zip(axes[:, 0], tls, names):
         gantt(tl, ax=ax, title=f"{name}: iteration {tl.iteration_time:.4g} {time_unit or 's'}, bubble "
-                              f"{tl.bubble_fraction:.1%}", time_unit=time_unit)
-        lims.append(ax.get_xlim())
-    if len({ax.get_xlabel() for ax in axes[:, 0]}) == 1:  # same time unit: one time axis
-        for ax in axes[:, 0]:
-            ax.set_xlim(min(lo for lo, _ in lims), max(hi for _, hi in lims))
+                              f"{tl.bubble_fraction:.1%}", time_unit=time_unit, span=span)
     return fig
 
 

@@ -140,16 +140,17 @@ def _expert_widths(width: int) -> list[int]:
 
 
 def plan_caption(plan: Plan, seconds: float | None = None) -> str:
-    """What a panel planned: model, GPU, GPU count, pp/ep/dp (tp, vpp when set; a model without routed experts has
-    no EP group: pp/dp with its ep ranks counted as data-parallel replicas), sequence, micro-batches, schedule,
-    recomputation, and the time the re-plan took (wall clock, measured)."""
+    """What a panel planned: that its figures are simulated and from which costs (``plan.costs``, e.g. the
+    analytic cost model and its version, or a measured profile), model, GPU, GPU count, pp/ep/dp (tp, vpp when set;
+    a model without routed experts has no EP group: pp/dp with its ep ranks counted as data-parallel replicas),
+    sequence, micro-batches, schedule, recomputation, and the time the re-plan took (wall clock, measured)."""
     from tessera_lab.ui.panel import CAPTION_SEP
 
     p, c = plan.parallel, plan.cluster
     tp = f" x tp {p.tp}" if p.tp > 1 else ""
     layout = (f"pp {p.pp} x ep {p.ep} x dp {p.dp}{tp}" if plan.model.has_moe  # no EP group without routed experts
               else f"pp {p.pp} x dp {p.dense_dp}{tp} (no MoE)") + (f", vpp {p.vpp}" if p.vpp > 1 else "")
-    parts = [f"{plan.model.name} on {p.world_size} {c.gpu.name} GPUs ({c.num_nodes} x {c.gpus_per_node})", layout,
+    parts = [f"simulated, costs {plan.costs.describe()}", f"{plan.model.name} on {p.world_size} {c.gpu.name} GPUs ({c.num_nodes} x {c.gpus_per_node})", layout,
              f"sequence {p.seq_len}", f"{p.microbatches} micro-batches of {p.micro_batch_size}",
              f"schedule {p.schedule}", f"recompute {p.recompute}"]
     if seconds is not None:

@@ -238,6 +238,22 @@ def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldS
     return world, job
 
 
+def format_dispatch(d: dict | None) -> list[str]:
+    """Lines naming a job's EP dispatch (``job["ep_dispatch"]``, :func:`tessera_lab.runner.runtime.moe.dispatch_summary`):
+    the mode used and why, and in capacity mode the padding figures per rank and MoE call (computed)."""
+    if not d:
+        return []
+    lines = [f"EP dispatch: {d['mode']} ({d['reason']})"]
+    if d["mode"] == "capacity":
+        lines.append(f"capacity padding (computed from the config, per rank and MoE layer call of {d['tokens_per_group']} "
+                     f"tokens): {d['rows_sent']} rows sent ({d['capacity_per_destination']} per destination) vs "
+                     f"{d['rows_routed']} rows routed (tokens x top-k); experts compute {d['expert_rows']} rows "
+                     f"({d['capacity_per_expert']} per expert and source rank), padding factor {d['padding_factor']:.2f}x"
+                     + (f"; observed {d['rows_kept_observed']:.1f} rows kept on average (router's capacity rule)"
+                        if d.get("rows_kept_observed") is not None else ""))
+    return lines
+
+
 def format_result(result: RunResult) -> str:
     """Readable summary: losses per step (and the reference), then predicted vs observed per stage."""
     from tabulate import tabulate
@@ -247,7 +263,8 @@ def format_result(result: RunResult) -> str:
         w = job["world"]
         lines.append(f"job {job['name']}: schedule {job['schedule']}, pp={w['pp']} ep={w['ep']} dp={w['dp']} "
                      f"({result.backend}), boundaries {job['boundaries']}, {job['tokens_per_step']} tokens/step, "
-                     f"{job['tokens_per_s']:.0f} tokens/s")
+                     f"{job['tokens_per_s']:.0f} tokens/s observed (median step wall)")
+        lines.extend(format_dispatch(job.get("ep_dispatch")))
         has_pairs = any("OVERLAP_F_B" in a for acts in (job.get("actions") or {}).values() for a in acts)
         if job.get("pair_exec") and has_pairs:
             pe = job["pair_exec"]

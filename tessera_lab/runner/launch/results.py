@@ -178,8 +178,11 @@ def lifecycle_records(events: list[dict], timing: dict, steps: int, microbatches
     return {"steps": out}
 
 
-def summarize_job(raw: dict, spec: RunSpec, world: WorldSpec) -> dict[str, Any]:
-    """Turn rank 0's gathered per-step records into the job's result dict (JSON-ready)."""
+def summarize_job(raw: dict, spec: RunSpec, world: WorldSpec, device_type: str = "cpu") -> dict[str, Any]:
+    """Turn rank 0's gathered per-step records into the job's result dict (JSON-ready). ``device_type``
+    (``"cpu"``/``"cuda"``, the ranks' device) resolves the EP dispatch mode reported under ``ep_dispatch``
+    (:func:`tessera_lab.runner.runtime.moe.dispatch_summary`)."""
+    from ..runtime.moe import dispatch_summary
     from ..runtime.reference import combine_losses
 
     sched: Schedule = raw["schedule"]
@@ -216,18 +219,26 @@ def summarize_job(raw: dict, spec: RunSpec, world: WorldSpec) -> dict[str, Any]:
     obs = _observed_steps(len(records))
     t_step = _median([step_times[s] for s in obs])
     cpu = cpu_summary(records, obs)
+    cfg = spec.model_config
     result = {
         "name": spec.name, "spec": spec.as_dict(), "world": asdict(world), "schedule": sched.name,
         "num_stages": S, "stage_to_rank": {str(k): v for k, v in sched.stage_to_rank.items()},
         "actions": {str(r): [str(a) for a in acts] for r, acts in sched.actions.items()},
         "boundaries": list(raw["boundaries"]), "tokens_per_step": N, "losses": losses, "loss_sums": loss_sums,
         "step_times_s": step_times, "tokens_per_s": N / t_step if t_step > 0 else math.nan,
-        "routing": routing, "events": events, "pair_exec": raw.get("pair_exec"), "cpu": cpu,
+        "routing": routing, "ep_dispatch": dispatch_summary(
+            cfg.ep_dispatch, device_type, spec.micro_batch_size * cfg.seq_len, cfg.top_k, cfg.num_experts,
+            world.ep, cfg.capacity_factor),
+        "events": events, "pair_exec": raw.get("pair_exec"), "cpu": cpu,
         "clocks": "shared (one host)" if all(len({p.get("host") for p in ps}) == 1 for ps in records)
                   else "per rank, aligned by a barrier",
         "timing": timing_report(events, sched, len(records), raw["boundaries"], pp_of_rank,
                                 p2p_latency=estimate_p2p_latency(events, len(records))),
     }
+    d = result["ep_dispatch"]
+    routed = sum(sum(t["routed"]) for t in routing.values())
+    if d["mode"] == "capacity" and routed:  # observed: kept rows per rank and call (calls = routed / (n k))
+        d["rows_kept_observed"] = sum(sum(t["kept"]) for t in routing.values()) * d["rows_routed"] / routed
     if any(p.get("dynamic") for ps in records for p in ps):
         result["gap_steps"] = [{str(p["rank"]): p.get("dynamic") for p in ps} for ps in records]
     result["lifecycle"] = lifecycle_records(events, result["timing"], len(records), m, sched.num_ranks, step_times)

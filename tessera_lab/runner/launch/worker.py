@@ -85,7 +85,7 @@ def run_worker(world: WorldSpec, jobs: Sequence[RunSpec], out_dir: str | None) -
     results = []
     for j, raw in zip(jobs, run_jobs(world, topo, list(jobs), out_dir, interleave=world.interleave)):
         if rank == 0:
-            res = summarize_job(raw, j, world)
+            res = summarize_job(raw, j, world, device.type)
             if j.check_reference:
                 res["reference"] = compare_reference(res, j, world, out_dir)
             results.append(res)

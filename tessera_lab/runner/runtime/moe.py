@@ -63,6 +63,7 @@ __all__ = [
     "dispatch_mode",
     "padding_factor",
     "AUTO_MAX_PADDING",
+    "dispatch_summary",
     "capacity_sizes",
     "send_index",
     "recv_index",
@@ -222,6 +223,33 @@ def capacity_sizes(n: int, top_k: int, num_experts: int, ep: int, capacity_facto
     ce = capacity_for(n, top_k, num_experts, capacity_factor)
     ce = n if ce is None else ce
     return ce, min(n * min(top_k, el), el * ce)
+
+
+def dispatch_summary(mode: str, device_type: str, n: int, top_k: int, num_experts: int, ep: int,
+                     capacity_factor: float | None) -> dict:
+    """What a job's EP dispatch is (computed from the config, the same rule the MoE blocks apply per call):
+    ``requested`` mode, resolved ``mode`` (:func:`dispatch_mode` on ``device_type`` ``"cpu"``/``"cuda"``),
+    ``reason``, ``tokens_per_group`` ``n`` (tokens one rank routes per micro-batch and MoE layer) and
+    ``padding_factor`` (:func:`padding_factor`). In capacity mode also, per rank and MoE call (rows of ``H``):
+    ``capacity_per_expert`` Ce and ``capacity_per_destination`` Cd (:func:`capacity_sizes`), ``rows_sent``
+    (``ep * Cd``, the fixed all-to-all), ``rows_routed`` (``n * k``, the assignments a rank routes; fewer are
+    kept with a capacity factor) and ``expert_rows`` (``E/ep * ep * Ce``, rows its experts compute)."""
+    pf = padding_factor(n, top_k, num_experts, capacity_factor)
+    resolved = dispatch_mode(mode, torch.device(device_type), n, top_k, num_experts, capacity_factor)
+    if mode != "auto":
+        reason = "requested (--ep-dispatch / model field ep_dispatch)"
+    elif device_type != "cuda":
+        reason = "auto on CPU: no device queue to wait for, padding would only add compute"
+    else:
+        cmp = "<=" if resolved == "capacity" else ">"
+        reason = (f"auto on CUDA: padding {pf:.2f}x {cmp} {AUTO_MAX_PADDING:g}x limit (AUTO_MAX_PADDING)")
+    out = {"requested": mode, "mode": resolved, "reason": reason, "tokens_per_group": n, "padding_factor": pf,
+           "source": "computed from the model config (runner/runtime/moe.py)"}
+    if resolved == "capacity":
+        ce, cd = capacity_sizes(n, top_k, num_experts, ep, capacity_factor)
+        out.update({"capacity_per_expert": ce, "capacity_per_destination": cd, "rows_sent": ep * cd,
+                    "rows_routed": n * top_k, "expert_rows": (num_experts // ep) * ep * ce})
+    return out
 
 
 def _pad_select(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

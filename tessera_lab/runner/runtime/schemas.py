@@ -105,6 +105,15 @@ RUN_RESULT = F("dict", fields={
         "name": F("str", required=False), "schedule": F("str"),
         "tokens_per_step": F("int", low=1, limit="runner_tokens"),
         "spec": F("dict", fields={"model": TINY_MODEL}),
+        "ep_dispatch": F("dict", required=False, fields={
+            "mode": F("str", choices=("uneven", "capacity")),
+            "requested": F("str", choices=("auto", "uneven", "capacity"), required=False),
+            "reason": F("str", required=False),
+            "padding_factor": F("num", low=0.0, high=1e12, required=False),
+            "rows_kept_observed": F("num", low=0.0, high=1e12, required=False),
+            **{k: F("int", low=0, high=MAX_CONFIG_INT, required=False)
+               for k in ("tokens_per_group", "capacity_per_expert", "capacity_per_destination", "rows_sent",
+                         "rows_routed", "expert_rows")}}),
         "timing": F("dict", fields={"durations": F("dict", fields={
             "f": _STAGE_S, "b": _STAGE_S, "w": F("list", items=seconds(), null=True, required=False),
             "fb": F("list", items=seconds(), null=True, required=False)})}),
