@@ -30,14 +30,14 @@ def _report():
 
 
 def test_the_reported_run_is_flagged_twice_with_pairs_figures_and_load():
-    ws = noise_warnings(_report(), LOAD)
+    ws = noise_warnings(_report(), LOAD, cores=2)
     checks = {w["check"]: w for w in ws}
     assert set(checks) == {"same side differs", "together faster than a side alone"}
     same = checks["same side differs"]
     assert same["pairs"] == [3, 4] and same["side"] == f"F[{FULL}]"
     assert same["figures_s"]["median"] == [0.4092, 1.3104]  # the measured values, unaltered
     assert "409.2 ms" in same["text"] and "1310.4 ms" in same["text"] and "pair 3" in same["text"]
-    assert "noise on a busy machine" in same["text"] and "14.2 -> 19.6" in same["text"]
+    assert "noise on a busy machine" in same["text"] and "14.2 -> 19.6 on 2 cores" in same["text"]
     fast = checks["together faster than a side alone"]
     assert fast["pairs"] == [4] and "1194.0 ms" in fast["text"] and "1310.4 ms" in fast["text"]
     assert fast["figures_s"]["efficiency"] == pytest.approx(1.175)

@@ -10,8 +10,10 @@ Prints the overlap table (milliseconds), the spread between the best and worst c
 the profile (merging repeated measurements of the same keys when device and versions match). ``cpu`` and
 ``cuda`` measure with the runtime's node executor on an EP group of ``--ep`` processes
 (:mod:`tessera_lab.runner.measure.harness`), sized to ``--budget-s`` wall seconds, with one progress line per
-step on stderr and the sizing (what was reduced or skipped, wall and CPU seconds, load) at the end;
-``analytic`` evaluates the cost model.
+step on stderr, noise warnings computed from the run's samples
+(:func:`tessera_lab.runner.measure.noise.noise_warnings`), and the sizing (what ran per pair, what was reduced or
+skipped, wall and CPU seconds, load) at the end; ``analytic`` evaluates the cost model. The last line names the
+profile written.
 """
 
 from __future__ import annotations
@@ -73,7 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"shipped model or config.json (default {DEFAULT_MODEL}; a runner model tiny-* is measured "
                         f"at its own shapes)")
     p.add_argument("--out", metavar="PATH", default=None,
-                   help="profile to write (default data/profiles/<backend>-<model>.json); merged if it exists")
+                   help="profile to write, merged if it exists (default data/profiles/<backend>-<model>.json in the "
+                        "package's data folder, where `tessera-lab reproduce` looks profiles up); the path written "
+                        "is the output's last line")
     p.add_argument("--budget-s", type=_positive("budget_s"), default=DEFAULT_BUDGET_S,
                    help=f"cpu/cuda: wall seconds the measurement may take, process start included (default "
                         f"{DEFAULT_BUDGET_S:g}); a probe sizes repeats, candidate orders and the size factor to it, "
@@ -269,7 +273,9 @@ def cmd_measure(args: argparse.Namespace) -> int:
     if sizing is not None:  # computed from this run's samples; the measured values are kept as they are
         from tessera_lab.runner.measure.noise import noise_warnings
 
-        noise = noise_warnings(results, sizing.get("load_average_1m"))
+        import os
+
+        noise = noise_warnings(results, sizing.get("load_average_1m"), os.cpu_count())
         for i, r in enumerate(results):
             r.metadata["noise_warnings"] = [w["text"] for w in noise if i + 1 in w["pairs"]]
     out = args.out or str(data_dir() / "profiles" / f"{args.backend}-{model.name}.json")

@@ -20,30 +20,35 @@ from typing import Any, Mapping, Sequence
 __all__ = ["noise_warnings", "load_text"]
 
 
-def load_text(load: Mapping[str, Any] | None) -> str:
-    """``"load average 1 min 12.3 -> 17.8 (measured before and after)"`` from a sizing's ``load_average_1m``."""
+def load_text(load: Mapping[str, Any] | None, cores: int | None = None) -> str:
+    """``"load average (1 min) 12.3 -> 17.8 on 2 cores, measured before and after the run"`` from a sizing's
+    ``load_average_1m`` and the machine's core count (left out when None)."""
     load = load or {}
-    return f"load average (1 min) {load.get('before')} -> {load.get('after')}, measured before and after the run"
+    on = f" on {cores} cores" if cores else ""
+    return (f"load average (1 min) {load.get('before')} -> {load.get('after')}{on}, measured before and after "
+            f"the run")
 
 
 def _ms(x: float) -> str:
     return f"{x * 1e3:.1f}"
 
 
-def noise_warnings(results: Sequence, load: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def noise_warnings(results: Sequence, load: Mapping[str, Any] | None = None,
+                   cores: int | None = None) -> list[dict[str, Any]]:
     """Noise warnings of one measurement's results (module docstring), in the order found.
 
     Args:
         results: :class:`~tessera_lab.overlap.results.OverlapResult` objects in the order measured (pair ``i + 1``
             is ``results[i]``), each with ``spread`` holding ``t_a``/``t_b`` quartiles (``q1``, ``q3``; a result
             without them is skipped by the first check).
-        load: the sizing's ``load_average_1m`` (``before``, ``after``), quoted in the text.
+        load: the sizing's ``load_average_1m`` (``before``, ``after``), quoted in the text; cores: the machine's
+            CPU count (``os.cpu_count()``), quoted beside it.
 
     Returns:
         dicts ``{"check", "pairs", "side", "figures_s", "text"}``; ``check`` is ``"same side differs"`` or
         ``"together faster than a side alone"``; ``pairs`` are 1-based pair numbers.
     """
-    where = load_text(load)
+    where = load_text(load, cores)
     out: list[dict[str, Any]] = []
     sides: dict[tuple[str, str], list[tuple[int, dict]]] = {}
     for i, r in enumerate(results):
