@@ -100,3 +100,75 @@ def test_sizing_text_prints_what_ran_per_pair_and_no_empty_skipped_line():
     assert "repeats 5, orders measured per pair 4" in same
     cut = sizing_text(_sizing(skipped=["pair 2: halving stopped before the round of 2 orders x 6 runs"]), ran)
     assert "\nskipped: pair 2: halving stopped" in cut
+
+
+# ---------------------------------------------------------------- the whole command on the recorded figures
+def _rank0(kind_f, kind_b, t_f_ms, t_b_ms, cands_ms):
+    """A rank-0 pair record as :mod:`tessera_lab.runner.measure.ranks` returns it (samples in ms here)."""
+    from tessera_lab.runner.runtime.orders import NAMED_ORDERS, TEMPLATE_KEYS
+
+    orders = [list(TEMPLATE_KEYS), list(NAMED_ORDERS["megatron"])]
+    dur = {k: 0.01 for k in TEMPLATE_KEYS}
+    cands = [{"order": orders[i % 2], "samples": [x / 1e3 for x in s]} for i, s in enumerate(cands_ms)]
+    return {"kind_f": kind_f, "kind_b": kind_b, "durations": dur, "t_f": [x / 1e3 for x in t_f_ms],
+            "t_b": [x / 1e3 for x in t_b_ms], "together": {}, "candidates": cands, "halving": [],
+            "fit": {"compute": 0.0, "comm": 0.0, "rms_relative_error": 0.381, "pairs": 1},
+            "plan": {"repeats": len(t_f_ms), "warmup": 1, "keep": len(cands_ms)}}
+
+
+def test_the_command_on_the_reported_run_warns_and_keeps_the_values(tmp_path, monkeypatch, capsys):
+    from tessera_lab.cli import measure as cm
+    from tessera_lab.cli.main import main
+    from tessera_lab.overlap import profiles as pr
+    from tessera_lab.overlap.environment import current_environment
+    from tessera_lab.runner.measure.assemble import overlap_result
+
+    sz = _sizing(plan={"repeats": 5, "keep": 4}, reductions=["pair 2: behind the plan, measured with repeats 3 and 3 "
+                                                             "orders", "pair 3: behind the plan, measured with "
+                                                             "repeats 3 and 3 orders"])
+    common = {"backend": "cpu", "size_factor": 0.0625, "world_size": 2, "sizing": sz, "repeats": 5, "warmup": 1}
+    recs = [
+        _rank0(LIN, LIN, [300, 302, 305, 298, 301], [600, 610, 590, 605, 600],
+               [[850, 860, 840, 855, 845]] * 4),
+        _rank0(LIN, FULL, [303, 305, 307], [650, 655, 645], [[900, 905, 895]] * 3),
+        _rank0(FULL, LIN, [405.0, 409.2, 412.0], [610, 612, 608], [[950, 955, 945]] * 3),
+        # pair 4: F alone 1310.4 ms, BW alone 665.14 ms, program order together 1194.0 ms, candidate 1 980.0 ms
+        _rank0(FULL, FULL, [1300.0, 1310.4, 1320.0], [660.0, 665.14, 670.0], [[1190.0, 1194.0, 1198.0], [954.2, 980.0, 1003.4]] + [[1194.0, 1194.0, 1194.0]] * 2),
+    ]
+    env = current_environment("cpu")
+    results = [overlap_result(r, "cpu", env, common) for r in recs]
+
+    def fake(args, model, seq_len, default_f):
+        from tessera_lab.model.hardware import ParallelConfig
+
+        args.ep = 2
+        return results, ParallelConfig(ep=2, tp=1, seq_len=seq_len, micro_batch_size=1, pp=1, dp=1)
+
+    monkeypatch.setattr(cm, "_measure_runtime", fake)
+    out = tmp_path / "cpu.json"
+    assert main(["measure", "--backend", "cpu", "--model", "qwen3-next-80b-a3b", "--out", str(out),
+                 "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    lines = text.rstrip().splitlines()
+    assert lines[-1] == f"profile written: {out}"
+    warn = [l for l in lines if l.startswith("noise warning")]
+    assert any("F[full_attention+moe] alone measured 409.2 ms" in l and "1310.4 ms" in l and "pair 3" in l
+               and "pair 4" in l for l in warn), warn
+    # pair 4's chosen order: candidate 1 is significant (its q3 991.7 < program q1 1192.0), so t_ab = 980.0 ms
+    assert any(l.startswith("noise warning: pair 4") and "980.0 ms" in l and "1310.4 ms" in l for l in warn), warn
+    # the pair's IQR (linear interpolation of 954.2, 980.0, 1003.4: q1 967.1, q3 991.7), same decimals on both ends
+    assert "967.1-991.7" in text
+    assert "repeats 5, 3, 3, 3 (pairs 1-4)" in text and "orders measured per pair 4, 3, 3, 4 (pairs 1-4)" in text
+    assert "skipped" not in text and "reduced to fit: pair 2: behind the plan" in text
+    prof = pr.load_profile(out)
+    assert [w["text"] for w in prof.data["noise_warnings"]] == warn  # recorded as printed
+    e4 = next(e for e in prof.entries.values() if e["kind_f"] == FULL and e["kind_b"] == FULL)
+    assert e4["t_a"]["median"] == pytest.approx(1.3104) and e4["t_ab"]["median"] == pytest.approx(0.980)  # unaltered
+    assert len(e4["metadata"]["noise_warnings"]) >= 2
+
+
+def test_a_machine_with_load_below_its_cores_is_not_called_busy():
+    ws = noise_warnings(_report(), {"before": 0.4, "after": 1.1}, cores=2)
+    assert ws and all("not busy" in w["text"] and "busy machine" not in w["text"] for w in ws)
+    assert all("noise on a busy machine" in w["text"] for w in noise_warnings(_report(), {"before": 0.4, "after": 2.5},
+                                                                              cores=2))

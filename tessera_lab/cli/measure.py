@@ -293,7 +293,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
         "efficiency": r.efficiency, "hidden comm (share)": r.comm_hidden_fraction,
     } for r in overlap.itertuples()]
     env = prof.environment
-    reps = results[0].metadata.get("repeats") if args.backend != "analytic" else 1
+    reps = _per_pair([r.metadata.get("repeats") for r in results]) if args.backend != "analytic" else 1
     text = (f"{model.name}: overlap of F (micro-batch i+1) with B+W (micro-batch i), backend {args.backend}, "
             f"device {env.get('device')}, size factor {f:g}, repeats {reps}"
             + (f", EP {args.ep} processes" if args.backend != "analytic" else "") + " (measured medians)\n"

@@ -9,7 +9,8 @@ A measurement on a busy machine can contradict itself. Two checks, each from the
   the same as ``t_ab < max(t_a, t_b)``: the pair finished before one of its sides alone, which running more work
   cannot do; the times alone were inflated (or the pair's deflated) by other load.
 
-Neither check alters a measured value; each returns a warning (dict) naming the pair(s), the figures and the load.
+Neither check alters a measured value; each returns a warning (dict) naming the pair(s), the figures and the load
+(called a busy machine when the 1-minute load average exceeded the core count, or when the core count is unknown).
 Seconds in the dicts, milliseconds in the text.
 """
 
@@ -49,6 +50,11 @@ def noise_warnings(results: Sequence, load: Mapping[str, Any] | None = None,
         ``"together faster than a side alone"``; ``pairs`` are 1-based pair numbers.
     """
     where = load_text(load, cores)
+    peak = max((v for v in (load or {}).values() if isinstance(v, (int, float))), default=None)
+    if cores and peak is not None and peak <= cores:  # the load says the machine was not busy: say so
+        cause = f"noise, though the machine was not busy ({where}); more --repeats narrow it"
+    else:
+        cause = f"noise on a busy machine ({where})"
     out: list[dict[str, Any]] = []
     sides: dict[tuple[str, str], list[tuple[int, dict]]] = {}
     for i, r in enumerate(results):
@@ -64,7 +70,7 @@ def noise_warnings(results: Sequence, load: Mapping[str, Any] | None = None,
                     text = (f"noise warning: {role}[{kind}] alone measured {_ms(si['median'])} ms (IQR "
                             f"{_ms(si['q1'])}-{_ms(si['q3'])}) in pair {pi} and {_ms(sj['median'])} ms (IQR "
                             f"{_ms(sj['q1'])}-{_ms(sj['q3'])}) in pair {pj}: the same work, quartile ranges that do "
-                            f"not overlap; the difference is noise on a busy machine ({where}), not the layer")
+                            f"not overlap; the difference is {cause}, not the layer")
                     out.append({"check": "same side differs", "pairs": [pi, pj], "side": f"{role}[{kind}]",
                                 "figures_s": {"median": [si["median"], sj["median"]], "q1": [si["q1"], sj["q1"]],
                                               "q3": [si["q3"], sj["q3"]]}, "text": text})
@@ -76,7 +82,7 @@ def noise_warnings(results: Sequence, load: Mapping[str, Any] | None = None,
             side = f"F[{r.kind_a}]" if r.t_a >= r.t_b else f"BW[{r.kind_b}]"
             text = (f"noise warning: pair {i + 1} (F[{r.kind_a}] + BW[{r.kind_b}]) ran together in {_ms(r.t_ab)} ms, "
                     f"faster than its slowest side alone ({side} {_ms(slow)} ms), efficiency {eff:.3g} > 1; a pair "
-                    f"cannot finish before one of its sides, so this is noise on a busy machine ({where})")
+                    f"cannot finish before one of its sides, so this is {cause}")
             out.append({"check": "together faster than a side alone", "pairs": [i + 1], "side": side,
                         "figures_s": {"t_a": r.t_a, "t_b": r.t_b, "t_ab": r.t_ab, "efficiency": eff}, "text": text})
     return out
