@@ -25,11 +25,15 @@ def test_measure_analytic_writes_a_profile_and_prints_the_table(tmp_path, capsys
     assert main(["measure", "--backend", "analytic", "--out", str(out), "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert "linear_attention+moe" in text and "full_attention+moe" in text and "overlap spread" in text
+    assert text.rstrip().splitlines()[-1] == f"profile written: {out}"  # the path, on its own line, last
+    assert "noise warning" not in text  # the analytic model has no noise
     prof = pr.load_profile(out)
     assert prof.backend == "analytic" and len(prof.entries) == 4
     assert main(["measure", "--backend", "analytic", "--out", str(out), "--no-progress", "--json", "-"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["backend"] == "analytic" and len(result["table"]) == 4
+    got = capsys.readouterr()
+    result = json.loads(got.out)  # stdout is the JSON only; the path goes to stderr
+    assert result["backend"] == "analytic" and len(result["table"]) == 4 and result["noise_warnings"] == []
+    assert f"profile written: {out}" in got.err
     assert {"t_pair", "t_sum", "gain", "efficiency"} <= set(result["table"][0])
     assert pr.load_profile(out).entries[next(iter(prof.entries))]["metadata"]["repeats"] == 2  # merged
 
@@ -132,9 +136,23 @@ def test_measure_cpu_sizes_its_work_to_a_small_budget(tmp_path):
     assert proc.returncode == 0, proc.stderr
     err = proc.stderr
     assert "probe at size factor 0.03125" in err and "pair 4/4" in err and "order 1/" in err
-    assert "reduced to fit:" in proc.stdout and "skipped:" in proc.stdout and "CPU" in proc.stdout
+    assert "reduced to fit:" in proc.stdout and "CPU" in proc.stdout
     prof = pr.load_profile(out)
     sz = prof.data["sizing"]
+    # "skipped:" only when something planned was not run (a halving round cut); reductions are not skips
+    assert ("skipped:" in proc.stdout) == bool(sz["skipped"])
+    assert all("halving stopped" in s for s in sz["skipped"])
+    # what ran per pair, from the run's records (not the plan's figure)
+    ran = [prof.entries[k]["metadata"] for k in prof.entries]
+    orders = sorted({m["candidates_measured"] for m in ran})
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("sizing"))
+    assert "orders measured per pair" in line
+    if len(orders) == 1:
+        assert f"orders measured per pair {orders[0]}" in line
+    # noise warnings are computed and recorded (maybe none), and the written path closes the output
+    assert isinstance(prof.data["noise_warnings"], list)
+    assert all(("noise warning" in w["text"]) and w["text"] in proc.stdout for w in prof.data["noise_warnings"])
+    assert proc.stdout.rstrip().splitlines()[-1] == f"profile written: {out}"
     assert sz["budget_s"] == 25 and sz["size_factor"] == 0.03125 and sz["fixed"] == ["size_factor"]
     assert sz["plan"]["repeats"] >= 3 and sz["plan"]["keep"] >= 2
     assert sz["reductions"]  # the defaults (5 repeats, 4 orders, 4 pairs) do not fit 25 s on any machine so far

@@ -10,8 +10,10 @@ Prints the overlap table (milliseconds), the spread between the best and worst c
 the profile (merging repeated measurements of the same keys when device and versions match). ``cpu`` and
 ``cuda`` measure with the runtime's node executor on an EP group of ``--ep`` processes
 (:mod:`tessera_lab.runner.measure.harness`), sized to ``--budget-s`` wall seconds, with one progress line per
-step on stderr and the sizing (what was reduced or skipped, wall and CPU seconds, load) at the end;
-``analytic`` evaluates the cost model.
+step on stderr, noise warnings computed from the run's samples
+(:func:`tessera_lab.runner.measure.noise.noise_warnings`), and the sizing (what ran per pair, what was reduced or
+skipped, wall and CPU seconds, load) at the end; ``analytic`` evaluates the cost model. The last line names the
+profile written.
 """
 
 from __future__ import annotations
@@ -73,7 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"shipped model or config.json (default {DEFAULT_MODEL}; a runner model tiny-* is measured "
                         f"at its own shapes)")
     p.add_argument("--out", metavar="PATH", default=None,
-                   help="profile to write (default data/profiles/<backend>-<model>.json); merged if it exists")
+                   help="profile to write, merged if it exists (default data/profiles/<backend>-<model>.json in the "
+                        "package's data folder, where `tessera-lab reproduce` looks profiles up); the path written "
+                        "is the output's last line")
     p.add_argument("--budget-s", type=_positive("budget_s"), default=DEFAULT_BUDGET_S,
                    help=f"cpu/cuda: wall seconds the measurement may take, process start included (default "
                         f"{DEFAULT_BUDGET_S:g}); a probe sizes repeats, candidate orders and the size factor to it, "
@@ -140,21 +144,75 @@ def _measure_runtime(args: argparse.Namespace, model, seq_len: int, default_f: f
     return results, parallel
 
 
-def sizing_text(sz: dict) -> str:
-    """The sizing of a measurement in words: budget, wall and CPU seconds, load, what was reduced or skipped."""
+def _per_pair(values: list) -> str:
+    """``"4"`` when every pair has the same value, else ``"4, 3, 3, 4 (pairs 1-4)"``."""
+    if len(set(values)) == 1:
+        return f"{values[0]}"
+    return ", ".join(str(v) for v in values) + f" (pairs 1-{len(values)})"
+
+
+def sizing_text(sz: dict, ran: list[dict] | None = None) -> str:
+    """The sizing of a measurement in words: budget, wall and CPU seconds, load, what was reduced or skipped.
+
+    Args:
+        sz: the sizing dict of the harness (``metadata["sizing"]``).
+        ran: per pair, in the order measured, ``{"repeats", "orders"}`` as the run's records say (each result's
+            ``metadata["repeats"]`` and ``metadata["candidates_measured"]``); without it the plan's values are
+            printed and named as planned.
+    """
     load = sz.get("load_average_1m") or {}
     req = sz.get("requested") or {}
     plan = sz.get("plan") or {}
+    if ran:
+        what = (f"repeats {_per_pair([p['repeats'] for p in ran])}, orders measured per pair "
+                f"{_per_pair([p['orders'] for p in ran])}")
+    else:
+        what = f"planned: repeats {plan.get('repeats')}, {plan.get('keep')} orders per pair"
     lines = [f"sizing (budget {sz.get('budget_s'):g} s): took {sz.get('wall_s')} s wall, {sz.get('cpu_s')} s CPU "
              f"(user + sys, all processes), load average {load.get('before')} -> {load.get('after')}; "
-             f"size factor {sz.get('size_factor'):g}, repeats {plan.get('repeats')}, {plan.get('keep')} orders per pair"]
+             f"size factor {sz.get('size_factor'):g}, {what}"]
     red = list(sz.get("reductions") or [])
     lines.append("reduced to fit: " + ("; ".join(red) if red else "nothing")
                  + f" (requested size factor {req.get('size_factor'):g}, repeats {req.get('repeats')}, "
                    f"{req.get('keep')} orders)")
+    if sz.get("over_budget"):
+        lines.append(f"over budget: {sz['over_budget']}")
     sk = list(sz.get("skipped") or [])
-    lines.append("skipped: " + ("; ".join(sk) if sk else "nothing"))
+    if sk:
+        lines.append("skipped: " + "; ".join(sk))
     return "\n".join(lines)
+
+
+def iqr_text(q1_s: float, q3_s: float) -> str:
+    """``"954.2-1003.4"``: an interquartile range (seconds in) as milliseconds with the same decimals on both
+    ends, enough for four significant digits of the lower end (at most 6 decimals)."""
+    import math
+
+    lo_ms, hi_ms = q1_s * 1e3, q3_s * 1e3
+    mag = math.floor(math.log10(abs(lo_ms))) if lo_ms and math.isfinite(lo_ms) else 0
+    d = min(6, max(0, 3 - mag))
+    return f"{lo_ms:.{d}f}-{hi_ms:.{d}f}"
+
+
+def fit_text(fit: dict) -> str:
+    """The contention fit in words (:func:`tessera_lab.overlap.fit.fit_contention_samples`): the compute and
+    communication slowdowns while both run at once, fitted to the measured pair samples, and what its rms
+    relative error says."""
+    err = fit["rms_relative_error"]
+    c, k = fit["compute"], fit["comm"]
+
+    def slow(name: str, v: float) -> str:
+        if v == 0:
+            return f"{name} +0 (no slowdown from running together found)"
+        return f"{name} +{v:.3g} ({name} {v * 100:.0f}% slower while both run)"
+
+    quality = ("the fitted model explains the samples well" if err <= 0.1 else
+               "the fitted model explains the samples poorly (its predictions miss the measured pair times by "
+               f"{err * 100:.0f}% on average)")
+    return (f"contention fit over {fit['pairs']} pairs (computed from the measured pair samples): the slowdown of "
+            f"compute and of communication while both run at once, fitted so that the two-lane model's pair time "
+            f"matches the measured one: {slow('compute', c)}, {slow('comm', k)}; rms relative error {err:.3g}: "
+            f"{quality} (rule of this output: <= 0.1 well, above poorly)")
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
@@ -211,21 +269,31 @@ def cmd_measure(args: argparse.Namespace) -> int:
         overlap = results_table(results)
         sizing = results[0].metadata.get("sizing")
         f = results[0].metadata["size_factor"]
+    noise = []
+    if sizing is not None:  # computed from this run's samples; the measured values are kept as they are
+        from tessera_lab.runner.measure.noise import noise_warnings
+
+        import os
+
+        noise = noise_warnings(results, sizing.get("load_average_1m"), os.cpu_count())
+        for i, r in enumerate(results):
+            r.metadata["noise_warnings"] = [w["text"] for w in noise if i + 1 in w["pairs"]]
     out = args.out or str(data_dir() / "profiles" / f"{args.backend}-{model.name}.json")
     gpu = args.gpu if args.backend == "analytic" else None
     prof = update_profile(out, results, backend=args.backend, model=model.name, parallel=parallel, size_factor=f, gpu=gpu)
-    if sizing is not None:  # the last measurement's sizing, also in every entry's metadata
+    if sizing is not None:  # the last measurement's sizing and noise warnings, also in every entry's metadata
         prof.data["sizing"] = sizing
+        prof.data["noise_warnings"] = noise
         save_profile(prof, prof.path)
     spread = overlap_spread(overlap)
     rows = [{
         "F kind": r.kind_f, "BW kind": r.kind_b, "t_f (ms)": r.t_f * 1e3, "t_b (ms)": r.t_b * 1e3,
         "sum (ms)": r.t_sum * 1e3, "pair (ms)": r.t_pair * 1e3,
-        "IQR (ms)": f"{r.t_pair_q1 * 1e3:.3g}-{r.t_pair_q3 * 1e3:.3g}", "gain (ms)": r.gain * 1e3,
+        "IQR (ms)": iqr_text(r.t_pair_q1, r.t_pair_q3), "gain (ms)": r.gain * 1e3,
         "efficiency": r.efficiency, "hidden comm (share)": r.comm_hidden_fraction,
     } for r in overlap.itertuples()]
     env = prof.environment
-    reps = results[0].metadata.get("repeats") if args.backend != "analytic" else 1
+    reps = _per_pair([r.metadata.get("repeats") for r in results]) if args.backend != "analytic" else 1
     text = (f"{model.name}: overlap of F (micro-batch i+1) with B+W (micro-batch i), backend {args.backend}, "
             f"device {env.get('device')}, size factor {f:g}, repeats {reps}"
             + (f", EP {args.ep} processes" if args.backend != "analytic" else "") + " (measured medians)\n"
@@ -245,17 +313,23 @@ def cmd_measure(args: argparse.Namespace) -> int:
                      f"halving), decision: {_decision_text(d)}")
     fit = prof.data.get("fit")
     if fit:
-        text += (f"\ncontention fit over {fit['pairs']} pairs (measured): compute +{fit['compute']:.3g}, comm "
-                 f"+{fit['comm']:.3g}, rms relative error {fit['rms_relative_error']:.3g}")
+        text += "\n" + fit_text(fit)
+    for w in noise:
+        text += "\n" + w["text"]
     if sizing is not None:
-        text += "\n" + sizing_text(sizing)
+        ran = [{"repeats": r.metadata.get("repeats"), "orders": r.metadata.get("candidates_measured")}
+               for r in results]
+        text += "\n" + sizing_text(sizing, ran)
+    text += f"\nprofile written: {prof.path}"
     result = {
         "model": model.name, "backend": args.backend, "size_factor": f, "profile": str(prof.path),
         "overlap_spread": spread, "environment": env,
         "table": overlap.to_dict(orient="records"), "decisions": decisions, "fit": fit, "sizing": sizing,
+        "noise_warnings": noise,
     }
     emit(args, result, text)
-    print(f"profile: {prof.path}", file=sys.stderr)
+    if getattr(args, "json", None):  # the text (ending with the path) was not printed
+        print(f"profile written: {prof.path}", file=sys.stderr)
     return 0
 
 

@@ -171,12 +171,11 @@ def measure_rank(rank: int, ep: int, jobs: list, ladder: list, mbs: int, opts: d
         li += 1
     reductions += plan_d["reductions"]
     costs = [round_cost(probe["fwd_s"], probe["bwd_s"], kf, kb) for kf, kb in jobs]
+    # reductions: work made smaller to fit (fewer repeats or orders, a smaller size factor); skipped: work planned
+    # and then not run (a halving round cut at the pair's share of the budget); over_budget: the plan did not fit
     skipped: list[str] = []
-    if plan_d["keep"] < opts["keep"]:
-        skipped.append(f"candidate orders not tried: {opts['keep'] - plan_d['keep']} per pair (the last-ranked of "
-                       f"the template search)")
-    if budget and not plan_d["fits"]:
-        skipped.append(f"over budget: the smallest plan needs about {plan_d['estimate_s']:.0f} s")
+    over_budget = (f"the smallest plan needs about {plan_d['estimate_s']:.0f} s"
+                   if budget and not plan_d["fits"] else None)
 
     results, fit_samples = [], []
     spent_wall, spent_est = 0.0, 0.0  # measured seconds vs the probe's estimate for them (corrects later plans)
@@ -196,8 +195,8 @@ def measure_rank(rank: int, ep: int, jobs: list, ladder: list, mbs: int, opts: d
             say(f"pair {ji + 1}/{len(jobs)}: F[{kind_f}] + BW[{kind_b}]: repeats {pp.repeats}, {pp.keep} orders, "
                 f"about {payload['estimate_s']:.0f} s")
             if pp.repeats < plan_d["repeats"] or pp.keep < plan_d["keep"]:
-                skipped.append(f"pair {ji + 1}: behind the plan, measured with repeats {pp.repeats} and {pp.keep} "
-                               f"orders")
+                reductions.append(f"pair {ji + 1}: behind the plan, measured with repeats {pp.repeats} and "
+                                  f"{pp.keep} orders")
         pplan = broadcast(payload)
         repeats, warmup, keep = pplan["repeats"], pplan["warmup"], pplan["keep"]
         rounds = 0
@@ -309,7 +308,7 @@ def measure_rank(rank: int, ep: int, jobs: list, ladder: list, mbs: int, opts: d
     sizing = {"budget_s": budget, "requested": {"size_factor": ladder[0][0], "repeats": opts["repeats"],
                                                 "warmup": opts["warmup"], "keep": opts["keep"]},
               "fixed": sorted(fixed), "size_factor": ladder[li][0], "probes": probes, "plan": plan_d,
-              "reductions": reductions, "skipped": skipped,
+              "reductions": reductions, "skipped": skipped, "over_budget": over_budget,
               "method": "probe: one forward and one backward of each layer kind, timed after one untimed round; "
                         "a round of pair (F kind, B kind) costs F[B kind] + F[F kind] + B[B kind]; rounds per pair "
                         "from the halving loop (sizing.pair_rounds); later pairs re-planned with the measured/"
