@@ -373,6 +373,10 @@ def test_repeated_diff_accumulates_like_the_comma_form(capsys):
     with pytest.raises(ConfigError, match="given twice"):
         parse_changes(merge_diff_args(["top_k=2", "top_k=4"]))
     assert parse_changes("top_k=4,top_k=4") == {"top_k": 4}
+    for a, b in (("top_k=4", "num_experts_per_tok=2"), ("expert_width=256", "moe_intermediate_size=256"),
+                 ("seq_len=8192", "context_length=4096")):  # two names of one setting: refused, whichever values
+        with pytest.raises(ConfigError, match="sets the same setting"):
+            parse_changes(merge_diff_args([a, b]))
     assert main(["report", "--diff", "qwen3-next-80b-a3b", "--diff", "top_k=4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--diff 'qwen3-next-80b-a3b'" in err[0]

@@ -165,7 +165,8 @@ def parse_changes(text: str) -> dict[str, Any]:
     """``"expert_width=256,top_k=4,seq_len=8192,dtype=fp8"`` -> dict (integers where they parse).
 
     Raises:
-        ConfigError: an item without ``=``, an unknown key, or a key given twice with different values.
+        ConfigError: an item without ``=``, an unknown key, a key given twice with different values, or two keys
+            that set the same setting (``top_k`` and ``num_experts_per_tok``).
     """
     out: dict[str, Any] = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
@@ -181,6 +182,11 @@ def parse_changes(text: str) -> dict[str, Any]:
             pass
         if k in out and out[k] != v:
             raise ConfigError(f"change {k!r} is given twice ({out[k]!r} and {v!r}); allowed: each KEY once")
+        target = PARALLEL_CHANGES.get(k) or MODEL_CHANGES[k]
+        alias = next((o for o in out if o != k and (PARALLEL_CHANGES.get(o) or MODEL_CHANGES[o]) == target), None)
+        if alias is not None:
+            raise ConfigError(f"change {k!r} = {v!r} sets the same setting ({target}) as {alias!r} = {out[alias]!r}; "
+                              "allowed: one key per setting")
         out[k] = v
     return out
 
