@@ -136,7 +136,10 @@ def test_ctrl_c_stops_cleanly_with_one_line():
 
     proc = subprocess.Popen([sys.executable, "-m", "tessera_lab", "simulate", "--stages", "64", "--microbatches",
                              "7000", "--f", "1", "--b", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True,
+                            # a test run started in the background inherits SIGINT ignored (shell job control), and
+                            # Python then installs no KeyboardInterrupt handler: give the child the default back
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(3)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
