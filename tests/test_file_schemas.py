@@ -5,8 +5,9 @@ any work."""
 
 from __future__ import annotations
 
-import copy
+import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,19 +21,11 @@ from tessera_lab.report.dynamic_schema import check_dynamic_source
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "data" / "runs"
 PROFILE = ROOT / "data" / "profiles" / "cpu-qwen3-next-small.json"
-DROP = object()
-
-
-def _set(doc, path, value):
-    d = copy.deepcopy(doc)
-    cur = d
-    for p in path[:-1]:
-        cur = cur[p]
-    if value is DROP:
-        del cur[path[-1]]
-    else:
-        cur[path[-1]] = value
-    return d
+_spec = importlib.util.spec_from_file_location("fuzz_cli", ROOT / "benchmarks" / "fuzz_cli.py")
+fuzz_cli = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("fuzz_cli", fuzz_cli)
+_spec.loader.exec_module(fuzz_cli)
+DROP, _set = fuzz_cli.DROP, fuzz_cli._tampered  # the fuzzer's tamperer: one owner
 
 
 # ------------------------------------------------------------------------------------------ routing logs

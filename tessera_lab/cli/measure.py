@@ -53,16 +53,6 @@ def _positive(name: str):
     return parse
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"timeout = {text!r} is not a number; allowed: seconds > 0") from None
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"timeout = {text} is out of range; allowed: seconds > 0")
-    return v
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``tessera-lab measure`` (``--json`` is added by the caller)."""
     from tessera_lab.overlap.bundles import BACKENDS
@@ -100,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default=DEFAULT_GPU, help="GPU of the analytic model (default H200)")
     p.add_argument("--world-size", type=int_at_least("world_size", 2), default=None,
                    help="processes of the local group; must equal --ep for cpu/cuda (kept for old scripts)")
-    p.add_argument("--timeout", type=_seconds, default=600.0, help="kill the measuring processes after S seconds")
+    p.add_argument("--timeout", type=_positive("timeout"), default=600.0, help="kill the measuring processes after S seconds")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
 
 
