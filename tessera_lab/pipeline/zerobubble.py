@@ -437,18 +437,7 @@ def zb_auto(
     if vpp == 1:
         cands.extend(_h1_candidates(pp, m, K))
     table: dict[str, float | None] = {}
-    best = None
-    for name, sched in cands:
-        T = _replay(sched, durations, p2p, K)
-        table[name] = T
-        if T is not None and (best is None or T < best[0] - 1e-12 * max(1.0, best[0])):
-            best = (T, name, sched)
-    if best is None:
-        raise ScheduleError(
-            f"zb-auto: no schedule fits memory_budget={K:g} micro-batches per rank (pp={pp}, m={m}, vpp={vpp}); "
-            "allowed budgets >= 1; raise it"
-        )
-    _, name, sched = best
+    _, name, sched = _best_candidate(((n, c, _replay(c, durations, p2p, K)) for n, c in cands), table, pp, m, vpp, K)
     actions = {r: list(a) for r, a in sched.actions.items()}  # memoised candidates stay unchanged
     out = Schedule("zb-auto", sched.num_ranks, sched.num_stages, m, actions, dict(sched.stage_to_rank), {})
     tl = simulate(out, durations, p2p_time=p2p)  # the winner, through the simulator itself (compiled once for
@@ -486,23 +475,18 @@ def _zb_auto_pruned(pp: int, m: int, f, i, w, p2p: float, K: float, durations) -
                           _schedule("zb-auto", s2r, m, lists)))
     cands.extend(_pruned_candidates(pp, m, K))
     table: dict[str, float | None] = {}
-    best = None
     # the simulator's per-action times (I = (i + w) - w in floats), as _replay reads them
     fs, is_, ws = ([durations(s, 0, kind) for s in range(pp)] for kind in (_F, _I, _W))
     timed: dict[int, float | None] = {}  # candidates sharing one order (ZB-H2 = the unit-time greedy) replay once
-    for name, sched in cands:
-        key = id(sched.actions)
-        T = timed[key] if key in timed else replay_single(sched.actions, m, fs, is_, ws, p2p, K)
-        timed[key] = T
-        table[name] = T
-        if T is not None and (best is None or T < best[0] - 1e-12 * max(1.0, best[0])):
-            best = (T, name, sched)
-    if best is None:
-        raise ScheduleError(
-            f"zb-auto: no schedule fits memory_budget={K:g} micro-batches per rank (pp={pp}, m={m}, vpp=1); "
-            "allowed budgets >= 1; raise it"
-        )
-    T, name, sched = best
+
+    def timed_cands():
+        for name, sched in cands:
+            key = id(sched.actions)
+            if key not in timed:
+                timed[key] = replay_single(sched.actions, m, fs, is_, ws, p2p, K)
+            yield name, sched, timed[key]
+
+    T, name, sched = _best_candidate(timed_cands(), table, pp, m, 1, K)
     out = Schedule("zb-auto", pp, pp, m, {r: list(a) for r, a in sched.actions.items()}, dict(s2r), {})
     out.meta.update({"vpp": 1, "memory_budget": K, "choice": name, "makespan": T,
                      "peak": [float(x) for x in order_peak(out)], "candidates": table, "search": "pruned"})
@@ -588,3 +572,23 @@ def _h1_candidates(pp: int, m: int, K: float) -> list[tuple[str, Schedule]]:
     if m >= pp:
         cands.append(("zb-h2", zb_h2(pp, m)))
     return cands
+
+
+def _best_candidate(timed, table: dict, pp: int, m: int, vpp: int, K: float) -> tuple:
+    """``(T, name, schedule)`` of the shortest of ``timed`` (``(name, schedule, T or None)``; the first of equal
+    makespans, within 1e-12 relative), recording every ``T`` in ``table``.
+
+    Raises:
+        ScheduleError: no candidate fits the memory budget (every ``T`` is None).
+    """
+    best = None
+    for name, sched, T in timed:
+        table[name] = T
+        if T is not None and (best is None or T < best[0] - 1e-12 * max(1.0, best[0])):
+            best = (T, name, sched)
+    if best is None:
+        raise ScheduleError(
+            f"zb-auto: no schedule fits memory_budget={K:g} micro-batches per rank (pp={pp}, m={m}, vpp={vpp}); "
+            "allowed budgets >= 1; raise it"
+        )
+    return best
