@@ -55,16 +55,16 @@ other kernels than the CPU reference, and no deterministic mode is set.
 Importing this package does not import torch; ``model``, ``moe`` and ``pipeline`` do.
 """
 
-from .launch.launch import (
-    RunnerError,
-    RunResult,
-    RunSpec,
-    TinyConfig,
-    WorldSpec,
-    observed_timeline,
-    spawn,
-    write_trace,
-)
-
-__all__ = ["RunnerError", "RunResult", "RunSpec", "TinyConfig", "WorldSpec", 
+__all__ = ["RunnerError", "RunResult", "RunSpec", "TinyConfig", "WorldSpec",
            "observed_timeline", "spawn", "write_trace"]
+
+
+def __getattr__(name: str):
+    """The public names, imported from :mod:`.launch.launch` on first use (PEP 562), so that importing a light
+    submodule (``launch.supervise`` when the CLI parses ``TESSERA_LAB_*`` before every command) does not import
+    the launcher, its results and numpy."""
+    if name in __all__:
+        from .launch import launch
+
+        return getattr(launch, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
