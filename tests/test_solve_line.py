@@ -71,3 +71,28 @@ def test_plan_of_the_solver_own_partition_keeps_the_plain_labels(tmp_path):
     assert main(["plan", "--json", str(out_json)]) == 0  # qwen3-next-80b-a3b: the ILP optimum is kept
     d = json.loads(out_json.read_text())
     assert "partition_from" not in d and "solver_result" not in d
+
+
+def test_a_kept_baseline_survives_the_plan_json_round_trip(tmp_path, capsys):
+    """gpt-oss-20b keeps the parameters baseline's partition: reloading its plan JSON keeps that origin, so a report
+    on it names the baseline's partition, never an ILP partition it is not; a tampered origin is refused (exit 2)."""
+    import json
+
+    from tessera_lab.cli.main import main
+    from tessera_lab.plan.load import load_plan
+    from tessera_lab.plan.proof import partition_label
+
+    out_json = tmp_path / "plan.json"
+    assert main(["plan", "--model", "gpt-oss-20b", "--json", str(out_json)]) == 0
+    plan = load_plan(out_json)
+    assert plan.partition_from == "baseline parameters"
+    assert partition_label(plan) == "parameters baseline's partition (kept over the ilp optimum: it simulates faster)"
+    capsys.readouterr()
+    assert main(["report", "--plan", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "parameters baseline's partition" in out and "ilp partition" not in out
+    d = json.loads(out_json.read_text())
+    d["partition_from"] = 5
+    out_json.write_text(json.dumps(d))
+    assert main(["report", "--plan", str(out_json)]) == 2
+    assert "field 'partition_from' = 5 is not a string" in capsys.readouterr().err

@@ -148,6 +148,10 @@ def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None)
         raise ConfigError(f"field 'plan.boundaries' = {b!r} is invalid; allowed: {S + 1} non-decreasing "
                           f"integers from 0 to {L}")
     _check_plan_consistency(data, parallel, b, where)
+    origin = data.get("partition_from", "")
+    if not isinstance(origin, str):
+        raise ConfigError(f"{where}: field 'partition_from' = {origin!r} is not a string; allowed: the baseline whose "
+                          "partition the plan kept, e.g. 'baseline parameters'")
     recorded = CostSource.from_dict(data.get("costs"))
     profile = None
     if costs is None:
@@ -179,4 +183,4 @@ def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None)
         how.append(f"the recorded iteration time {was:.4f} s differs from the re-evaluated "
                      f"{ev.iteration_time_s:.4f} s" + ("" if changed else " (the cost model or simulator changed)"))
     return Plan(model, parallel, cluster, ev, {}, sm.costs, flops, memory_capacity(cluster), notes, costs=current,
-                reevaluation=how)
+                reevaluation=how, partition_from=origin)

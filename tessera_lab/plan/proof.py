@@ -33,3 +33,15 @@ def solve_line(plan: Any) -> str:
                 f"Optimal{t}){after}")
     return (f"chosen partition: NOT proven optimal: the solver's time limit decided ({part.solver or ev.method}, "
             f"status {status}{t}){after}")
+
+
+def partition_label(plan: Any, evaluation: Any = None) -> str:
+    """``"<method> partition"`` for figure captions and report sources; for a plan whose chosen boundaries are a
+    baseline's (``plan.partition_from``, kept because they simulate faster than the solver's optimum, also after a
+    plan JSON round trip) it says so: ``"parameters baseline's partition (kept over the ilp optimum)"``."""
+    ev = plan.chosen if evaluation is None else evaluation
+    origin = getattr(plan, "partition_from", "") or ""
+    if origin and ev is plan.chosen:
+        kept = origin.split(",")[0].removeprefix("baseline ")
+        return f"{kept} baseline's partition (kept over the {ev.method} optimum: it simulates faster)"
+    return f"{ev.method} partition"

@@ -99,6 +99,7 @@ from tessera_lab.model.spec import ModelSpec, layer_summary
 from tessera_lab.report.breakdown import (MFU_CONVENTION, CapacityReport, capacity_breakdown, capacity_from_observed,
                                           capacity_from_runner, nominal_from_timeline)
 from tessera_lab.report.diff import diff_headline
+from tessera_lab.plan.proof import partition_label
 from tessera_lab.report.categories import (CATEGORIES, DEFINITIONS, GIB, LABELS, ActionBreakdown, collective_category,
                                            evaluation_recipes, lane_breakdown)
 
@@ -144,9 +145,10 @@ def capacity_report(plan: Any, evaluation: Any | str | None = None, *, timeline:
                      + ("" if plan.costs.kind == "analytic" else
                         f" (recipes split the analytic model's times; the plan's costs are {plan.costs.describe()})"))
     p = plan.parallel
-    src = (f"simulated plan: {plan.model.name}, {ev.method} partition, {p.schedule}, pp={p.pp} ep={p.ep} "
+    part = partition_label(plan, ev)
+    src = (f"simulated plan: {plan.model.name}, {part}, {p.schedule}, pp={p.pp} ep={p.ep} "
            f"tp={p.tp} dp={p.dp}, m={p.microbatches}" if timeline is None else
-           f"timeline of {plan.model.name}, {ev.method} partition")
+           f"timeline of {plan.model.name}, {part}")
     rep = capacity_breakdown(tl, recipes, gpus=p.world_size, model_flops=plan.model_flops,
                              peak_flops=plan.cluster.gpu.peak_flops, nominal_iteration_s=nominal_iteration_s,
                              source=src, notes=notes)
@@ -378,7 +380,7 @@ def plan_caption(plan: Any, evaluation: Any = None, *, name: str | None = None, 
     lines)."""
     ev = plan.chosen if evaluation is None else evaluation
     p = plan.parallel
-    return (f"{name or plan.model.name} on {p.world_size} x {plan.cluster.gpu.name}{sep}{ev.method} partition, "
+    return (f"{name or plan.model.name} on {p.world_size} x {plan.cluster.gpu.name}{sep}{partition_label(plan, ev)}, "
             f"{p.schedule}, pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}" + (f" vpp={p.vpp}" if p.vpp > 1 else "")
             + f", m={p.microbatches}, seq {p.seq_len}, {p.dtype}")
 

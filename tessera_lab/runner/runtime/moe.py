@@ -237,7 +237,7 @@ def dispatch_summary(mode: str, device_type: str, n: int, top_k: int, num_expert
     pf = padding_factor(n, top_k, num_experts, capacity_factor)
     resolved = dispatch_mode(mode, torch.device(device_type), n, top_k, num_experts, capacity_factor)
     if mode != "auto":
-        reason = "requested (--ep-dispatch / model field ep_dispatch)"
+        reason = "requested with --ep-dispatch or the model field ep_dispatch"
     elif device_type != "cuda":
         reason = "auto on CPU: no device queue to wait for, padding would only add compute"
     else:
