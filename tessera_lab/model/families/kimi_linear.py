@@ -1,11 +1,11 @@
 """Kimi-Linear: Kimi Delta Attention (KDA) linear attention with MLA full attention, DeepSeek-V3-style MoE.
 
-Rules (vLLM ``vllm/transformers_utils/configs/kimi_linear.py`` ``KimiLinearConfig.is_kda_layer`` and the
+Rules (vLLM ``vllm/transformers_utils/configs/kimi_linear.py`` @6b06599499a6 ``KimiLinearConfig.is_kda_layer`` and the
 checkpoint's ``configuration_kimi.py``): ``linear_attn_config["kda_layers"]`` and ``["full_attn_layers"]`` list
 **1-based** layer numbers: layer ``i`` (0-based) is KDA when ``i + 1`` is in ``kda_layers``, else MLA (NoPE when
 ``mla_use_nope``; no effect on the counts). KDA: ``num_heads`` heads of ``head_dim`` (keys and values), short
 convolutions of ``short_conv_kernel_size`` (shapes in :mod:`tessera_lab.model.kinds`, from flash-linear-attention
-``fla/layers/kda.py`` as vLLM ``vllm/model_executor/models/kimi_linear.py`` loads it). FFN: MoE when
+``fla/layers/kda.py`` as vLLM ``vllm/model_executor/models/kimi_linear.py`` @8744bb0924a5 loads it). FFN (``KimiDecoderLayer`` there): MoE when
 ``i >= first_k_dense_replace`` and ``i % moe_layer_freq == 0`` (DeepSeek-V3's rule), ``num_experts`` of
 ``moe_intermediate_size``, top ``num_experts_per_token``, ``num_shared_experts`` shared experts, a sigmoid router
 with a score-correction bias; else a dense SwiGLU of ``intermediate_size``.
@@ -27,7 +27,7 @@ from tessera_lab.model.hf_families import (
 MODEL_TYPES = ("kimi_linear",)
 ARCHITECTURES = ("KimiLinearForCausalLM",)
 EXAMPLE = "kimi-linear-48b-a3b"
-SOURCE = "vLLM vllm/transformers_utils/configs/kimi_linear.py, vllm/model_executor/models/kimi_linear.py"
+SOURCE = "vLLM vllm/transformers_utils/configs/kimi_linear.py @6b06599499a6, vllm/model_executor/models/kimi_linear.py @8744bb0924a5"
 READS = frozenset({"num_attention_heads", "num_key_value_heads", "head_dim", "kv_lora_rank", "q_lora_rank",
                    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "mla_use_nope", "linear_attn_config",
                    "intermediate_size", "num_experts", "num_experts_per_token", "num_shared_experts",

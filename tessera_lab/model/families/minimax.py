@@ -3,7 +3,7 @@
 Rules: the checkpoint's ``modeling_minimax_m1.py`` (``MiniMaxM1DecoderLayer``: ``attn_type_list[i] == 0`` is
 lightning attention, ``1`` softmax attention; ``MiniMaxM1SparseMoeBlock``: ``num_local_experts`` SwiGLU experts of
 ``intermediate_size``, top ``num_experts_per_tok``, no shared expert), as vLLM
-``vllm/model_executor/models/minimax_text_01.py`` reads it; transformers ``src/transformers/models/minimax/`` uses
+``vllm/model_executor/models/minimax_text_01.py`` @98370df70c18 reads it (``attn_type_list``, else ``layer_types``); transformers ``src/transformers/models/minimax/`` uses
 ``layer_types`` (``linear_attention`` / ``full_attention``) for the same thing. Lightning attention
 (``MiniMaxText01LightningAttention``): ``qkv_proj``, ``output_gate``, an RMSNorm and ``out_proj`` over
 ``num_attention_heads x head_dim``. The ``layernorm_*_alpha/beta`` residual scalings and ``postnorm`` do not change
@@ -29,7 +29,7 @@ from tessera_lab.model.hf_families import (
 MODEL_TYPES = ("minimax_m1", "minimax_text_01", "minimax", "minimax_m2")
 ARCHITECTURES = ("MiniMaxM1ForCausalLM", "MiniMaxText01ForCausalLM", "MiniMaxForCausalLM", "MiniMaxM2ForCausalLM")
 EXAMPLE = "minimax-m1"
-SOURCE = "vLLM vllm/model_executor/models/minimax_text_01.py, minimax_m2.py; transformers src/transformers/models/minimax/"
+SOURCE = "vLLM vllm/model_executor/models/minimax_text_01.py @98370df70c18, minimax_m2.py; transformers src/transformers/models/minimax/"
 READS = frozenset({"num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "num_local_experts",
                    "num_experts_per_tok", "attn_type_list", "layer_types", "hidden_act", "block_size", "use_qk_norm",
                    "qk_norm_type", "use_routing_bias", "use_mtp", "num_mtp_modules", "mtp_transformer_layers",

@@ -1,7 +1,7 @@
 """Mixtral: GQA attention (optionally sliding-window) and a MoE FFN of ``num_local_experts`` SwiGLU experts of width
 ``intermediate_size`` in every layer.
 
-Rules: transformers ``src/transformers/models/mixtral/modeling_mixtral.py`` (``MixtralSparseMoeBlock``; the
+Rules: transformers ``src/transformers/models/mixtral/modeling_mixtral.py`` @00d4b3d2142c (``MixtralSparseMoeBlock``; the
 attention's ``sliding_window`` masks every layer when set).
 """
 
@@ -16,7 +16,7 @@ from tessera_lab.model.hf_families import _from_mixtral, opt_int
 MODEL_TYPES = ("mixtral",)
 ARCHITECTURES = ("MixtralForCausalLM",)
 EXAMPLE = "mixtral-8x7b (bring the config.json)"
-SOURCE = "transformers src/transformers/models/mixtral/modeling_mixtral.py"
+SOURCE = "transformers src/transformers/models/mixtral/modeling_mixtral.py @00d4b3d2142c"
 READS = frozenset({"num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "num_local_experts",
                    "num_experts_per_tok", "sliding_window", "hidden_act"})
 IGNORES = frozenset()

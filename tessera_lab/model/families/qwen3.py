@@ -1,6 +1,6 @@
 """Qwen3 (dense), Qwen3-MoE and Qwen3-VL-MoE's language model.
 
-Rules (transformers ``src/transformers/models/qwen3_moe/modeling_qwen3_moe.py`` @ the stored version,
+Rules (transformers ``src/transformers/models/qwen3_moe/modeling_qwen3_moe.py`` @00d4b3d2142c,
 ``Qwen3MoeDecoderLayer``): a layer is MoE when it is not in ``mlp_only_layers``, there are experts and
 ``(i + 1) % decoder_sparse_step == 0``; attention is GQA with per-head q/k RMSNorm. Qwen3-VL-MoE's text model
 (``qwen3_vl_moe/modeling_qwen3_vl_moe.py``, ``Qwen3VLMoeTextDecoderLayer``) is the same decoder.
@@ -17,7 +17,7 @@ from tessera_lab.model.hf_families import _from_qwen3, _from_qwen3_moe
 MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_vl_moe_text", "qwen3_vl_text")
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 EXAMPLE = "qwen3-30b-a3b"
-SOURCE = "transformers src/transformers/models/qwen3_moe/modeling_qwen3_moe.py"
+SOURCE = "transformers src/transformers/models/qwen3_moe/modeling_qwen3_moe.py @00d4b3d2142c"
 READS = frozenset({"num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
                    "moe_intermediate_size", "num_experts", "num_experts_per_tok", "decoder_sparse_step",
                    "mlp_only_layers", "attention_bias", "use_sliding_window", "sliding_window", "max_window_layers",
