@@ -389,11 +389,25 @@ def _head(g: _Fwd, model: ModelSpec, p: ParallelConfig, T: int, after: str | Non
                deps=(head,), saved_bytes=loss_saved))
 
 
+#: decompositions built in this process, keyed by ``(model, parallel, expert_load)``: one plan decomposes the same
+#: model several times (stage costs, the bound lines); all three are frozen and hashable; oldest dropped past the bound
+_DECOMPOSED: dict[tuple, tuple[LayerTasks, ...]] = {}
+_DECOMPOSED_MAX = 32
+
+
 def decompose(model: ModelSpec, parallel: ParallelConfig, *, expert_load: float = 1.0) -> list[LayerTasks]:
-    """Tasks of every layer: the embedding, each decoder layer in order, then the LM head and loss."""
-    return [embedding_tasks(model, parallel)] + [
-        layer_tasks(model, layer, parallel, expert_load=expert_load) for layer in model.layers
-    ] + [head_tasks(model, parallel)]
+    """Tasks of every layer: the embedding, each decoder layer in order, then the LM head and loss (a new list of
+    immutable :class:`LayerTasks`, built once per model, parallel config and expert load in a process)."""
+    key = (model, parallel, float(expert_load))
+    held = _DECOMPOSED.get(key)
+    if held is None:
+        held = (embedding_tasks(model, parallel),) + tuple(
+            layer_tasks(model, layer, parallel, expert_load=expert_load) for layer in model.layers
+        ) + (head_tasks(model, parallel),)
+        if len(_DECOMPOSED) >= _DECOMPOSED_MAX:
+            del _DECOMPOSED[next(iter(_DECOMPOSED))]
+        _DECOMPOSED[key] = held
+    return list(held)
 
 
 def p2p_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:
