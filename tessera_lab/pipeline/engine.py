@@ -252,7 +252,7 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, 
     if plan is not None and not blocking_sends:  # the order is fixed: one pass (pipeline.linear)
         if time_only and not comm:
             return run_linear(plan, R, durations, xfer).iteration_time()
-        if comm or len(plan.entries) < ARRAY_TIMELINE_MIN_ACTIONS:
+        if comm or plan.n < ARRAY_TIMELINE_MIN_ACTIONS:
             events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer, make_events=True)
             return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
         return _linear_timeline(schedule, run_linear(plan, R, durations, xfer), R)

@@ -2,13 +2,14 @@
 
 In that case the order in which :func:`tessera_lab.pipeline.engine.simulate`'s event loop runs the actions (a
 stack of ready ranks, each running until an input is missing, woken when it arrives) depends on which inputs
-exist, never on the durations. :func:`linear_plan` replays that loop once without times and records the order
-(with the dependencies as integer slots, transfers as stage-pair indices: a :class:`Packed` plan);
-:func:`run_linear` then computes every start and end in one pass over it: the same events, in the same order, with
-the same arithmetic and tie rules as the event loop (so the timelines are identical), without wait lists or
-tuple-keyed dictionaries, and for long schedules without event objects (:class:`LinearRun`: starts, ends and
-predecessors in lists, analysed on arrays by :func:`tessera_lab.pipeline.timeline._linear_timeline`; the events are
-made when first read).
+exist, never on the durations. :func:`linear_plan` replays that loop once without times and records the order as
+flat integer lists (a :class:`Packed` plan); :func:`run_linear` then computes every end time in one tight pass over
+them: an action starts at the later of its rank's previous end and the arrival of each input produced on another
+rank (the producer's end plus the stage pair's transfer time), and ends ``duration`` seconds later. Inputs produced
+on the same rank need no test: their producer ran earlier on the same lane, so they are there by the rank's clock.
+The floats are those of the event loop (the same additions and comparisons); the starts, each start's predecessor
+(the event loop's tie rules) and the events are derived from the ends on arrays when first read
+(:class:`LinearRun`), so the timeline is the event loop's, bit for bit.
 """
 
 from __future__ import annotations
@@ -23,23 +24,25 @@ _OP_COMPUTE = 0
 
 def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
     """The execution order of ``programs`` (compute ops only) as the event loop would run them, as a
-    :class:`Packed` plan (dependencies as integer slots, transfers as stage-pair indices); ``None`` when the
-    programs cannot all run (a deadlock: the event loop then reports it) or hold a non-compute op."""
+    :class:`Packed` plan; ``None`` when the programs cannot all run (a deadlock: the event loop then reports it) or
+    hold a non-compute op."""
     R = len(programs)
     slots: dict[tuple, int] = {}  # the outputs produced so far, each with its slot
     pairs: dict[tuple[int, int], int] = {}  # (src stage, dst stage) of each cross-rank transfer -> index
-    arrived: set[tuple] = set()
+    arrived: dict[tuple, int] = {}  # key -> index of the transfer that brought it (the latest)
     w_done: dict[tuple, list[int]] = {}
     w_arr: dict[tuple, list[int]] = {}
     pc = [0] * R
     ready = list(range(R))
     in_ready = [True] * R
-    entries: list[tuple] = []
-    ev_entries: list[tuple] = []
+    last_of = [0] * R  # per rank: 1 + its latest entry (0: none yet)
     meta: list[tuple] = []
     ranks: list[int] = []
     pluses: list[int] = []
     minuses: list[int] = []
+    prev: list[int] = []
+    need: list[list[int]] = [[], [], [], [], [], []]  # p1, x1, k1, p2, x2, k2 (producer + 1, pair, transfer)
+    keys: list[list] = [[], [], []]
     tr_entry: list[int] = []
     tr_pair: list[int] = []
     tr_rank: list[int] = []
@@ -68,36 +71,40 @@ def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
             if missing is not None:
                 missing[0].setdefault(missing[1], []).append(r)
                 break
-            j = len(entries)
-            prods, transfers, full = [], [], []
+            j = len(meta)
+            cross_needs = [arrived[key] for cross, key in needs if cross]
+            if len(cross_needs) > 2:  # pragma: no cover - a pair's leaves have at most two inputs from other ranks
+                return None
+            for c in range(2):
+                t = cross_needs[c] if c < len(cross_needs) else -1
+                need[3 * c].append(tr_entry[t] + 1 if t >= 0 else 0)
+                need[3 * c + 1].append(tr_pair[t] if t >= 0 else -1)
+                need[3 * c + 2].append(t)
+            transfers = []
             for key, dst in produces:
-                got = slots.get(key)
-                if got is None:
-                    got = slots[key] = len(slots)
+                if key not in slots:
+                    slots[key] = len(slots)
                 if key in w_done:
                     wake(w_done, key)
                 if dst < 0:
-                    prods.append((got, -1))
-                    full.append((got, None))
                     continue
                 pair = pairs.get((key[1], dst))
                 if pair is None:
                     pair = pairs[(key[1], dst)] = len(pairs)
                 dst_rank = s2r[dst]
-                prods.append((got, pair))
                 kind = "RECV_F" if key[0] == "F" else "RECV_B"
                 transfers.append((pair, dst_rank, dst, kind, key[2], f"{dst}{kind}{key[2]}"))
-                full.append((got, transfers[-1]))
+                arrived[key] = len(tr_entry)
                 tr_entry.append(j)
                 tr_pair.append(pair)
                 tr_rank.append(dst_rank)
-                arrived.add(key)
                 if key in w_arr:
                     wake(w_arr, key)
             meta.append((r, ev_stage, ev_mb, typ, label, tuple(transfers), (plus, minus) if plus or minus else None))
-            slot_needs = tuple((cross, slots[key]) for cross, key in needs)
-            entries.append((r, slot_needs, tuple(prods), *dur_key))
-            ev_entries.append((r, slot_needs, tuple(full), *dur_key, ev_stage, ev_mb, typ, label, plus, minus))
+            for c in range(3):
+                keys[c].append(dur_key[c])
+            prev.append(last_of[r])
+            last_of[r] = j + 1
             ranks.append(r)
             pluses.append(plus)
             minuses.append(minus)
@@ -105,25 +112,168 @@ def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
         pc[r] = k
     if any(pc[r] < len(programs[r]) for r in range(R)):
         return None
-    return Packed(entries, ev_entries, meta, len(slots), list(pairs), ranks, pluses, minuses, tr_entry, tr_pair,
-                  tr_rank)
+    used = set(need[2]) | set(need[5])
+    dangling = [t for t in range(len(tr_entry)) if t not in used]  # transfers no action waits for
+    return Packed(meta, keys, prev, need, list(pairs), ranks, pluses, minuses, tr_entry, tr_pair, tr_rank, dangling)
+
+
+class Packed:
+    """A :func:`linear_plan`, in the plan's order (entry ``j`` = the ``j``-th compute action the event loop runs):
+
+    * the pass's lists: ``keys`` (the ``durations`` arguments: stages, micro-batches, types), ``prev`` (1 + the
+      rank's previous entry, 0 for its first), and per input from another rank (at most two) ``p1``/``p2`` (1 + the
+      producing entry, 0 none), ``x1``/``x2`` (its stage pair, an index into ``pairs``; -1 none) and ``k1``/``k2``
+      (the transfer that brings it; -1 none);
+    * ``meta`` per entry ``(rank, stage, mb, type, label, transfers, deltas)`` with transfers ``(pair, dst rank, dst
+      stage, kind, mb, label)`` and deltas ``(plus, minus)`` or ``None``, for the events;
+    * numpy arrays per entry (``rank``, ``plus``, ``minus``: activations taken at the start and freed at the end,
+      ``prev``, ``p1``, ``p2``, ``k1``, ``k2``) and per transfer in event order (``tr_entry``, ``tr_pair``,
+      ``tr_rank``: producing entry, stage pair, receiving rank), ``dangling`` (transfers no entry waits for)."""
+
+    __slots__ = ("meta", "keys", "loop", "n", "pairs", "dangling", "rank", "plus", "minus", "prev", "p1", "x1",
+                 "k1", "p2", "x2", "k2", "tr_entry", "tr_pair", "tr_rank", "_by_rank", "_offsets")
+
+    def __init__(self, meta, keys, prev, need, pairs, ranks, plus, minus, tr_entry, tr_pair, tr_rank, dangling):
+        import numpy as np
+
+        self.meta, self.keys, self.pairs, self.n = meta, keys, pairs, len(meta)
+        self.loop = (prev, need[0], need[3])  # the pass's lists: prev, p1, p2
+        self.rank, self.plus, self.minus, self.prev, self.p1, self.x1, self.k1, self.p2, self.x2, self.k2, \
+            self.tr_entry, self.tr_pair, self.tr_rank = (
+                np.array(v, dtype=np.int64) for v in (ranks, plus, minus, prev, *need, tr_entry, tr_pair, tr_rank))
+        self.dangling = [(tr_entry[t] + 1, tr_pair[t]) for t in dangling]
+        self._by_rank = None
+        self._offsets = None
+
+    def by_rank(self, R: int):
+        """``(order, lo)``: the entries grouped by rank (stable: lane order), rank ``r``'s at ``order[lo[r]:lo[r +
+        1]]``."""
+        if self._by_rank is None:
+            import numpy as np
+
+            rank = self.rank
+            order = np.argsort(rank, kind="stable")
+            self._by_rank = (order, np.searchsorted(rank[order], np.arange(R + 1), "left"))
+        return self._by_rank
+
+    def offsets(self, pair_time: list[float]):
+        """Per entry, the transfer seconds of its inputs from other ranks as the pass reads them: ``(o1, o2)`` lists
+        and arrays (0 where no input), for ``pair_time`` per stage pair (the last set kept)."""
+        key = tuple(pair_time)
+        if self._offsets is None or self._offsets[0] != key:
+            import numpy as np
+
+            pt = np.array(list(pair_time) + [0.0], dtype=float)  # index -1: no input
+            a1, a2 = pt[self.x1], pt[self.x2]
+            self._offsets = (key, a1.tolist(), a2.tolist(), a1, a2, pt[:-1])
+        return self._offsets[1:]
 
 
 class LinearRun:
     """What one :func:`run_linear` pass computed, in the plan's order (entry ``j`` = its ``j``-th compute action):
-    ``start[j]``, ``end[j]`` (seconds), ``pred[j]`` (event index that set its start, -1 none), ``busy`` per rank,
-    ``pair_time`` (seconds per transfer pair), ``arrival_max``. :meth:`events` lays out the events as the event loop lists them
-    (each compute event followed by its transfers that take time) with their predecessors."""
+    ``ends`` (``ends[j + 1]``: entry ``j``'s end, seconds; ``ends[0] = 0``), the durations, ``pair_time`` (seconds
+    per stage pair). Derived on arrays when first read: ``end``, ``start`` (lists, seconds), ``end_array``,
+    ``start_array``, ``pred`` (event index that set each start, -1 none: the event loop's tie rules), ``busy`` (per
+    rank, the durations summed in lane order). :meth:`events` lays out the events as the event loop lists them (each
+    compute event followed by its transfers that take time) with their predecessors."""
 
-    __slots__ = ("packed", "start", "end", "pred", "busy", "pair_time", "arrival_max")
+    __slots__ = ("packed", "R", "ends", "durs", "pair_time", "_o", "_cache")
 
-    def __init__(self, packed, start, end, pred, busy, pair_time, arrival_max=0.0):
-        self.packed, self.start, self.end, self.pred, self.busy, self.pair_time = packed, start, end, pred, busy, pair_time
-        self.arrival_max = arrival_max  # the latest input arrival: the latest transfer end (an end + 0 otherwise)
+    def __init__(self, packed, R, ends, durs, pair_time, offsets):
+        self.packed, self.R, self.ends, self.durs, self.pair_time, self._o = packed, R, ends, durs, pair_time, offsets
+        self._cache: dict = {}
 
     def iteration_time(self) -> float:
-        """The latest event end (seconds; 0 without events)."""
-        return max(0.0, max(self.end, default=0.0), self.arrival_max)
+        """The latest event end (seconds; 0 without events): the latest end, or a transfer no action waits for (one
+        an action waits for ends by that action's start)."""
+        ends, pt = self.ends, self.pair_time
+        return max(0.0, max(ends), *(ends[p] + pt[x] for p, x in self.packed.dangling))
+
+    def _get(self, name, make):
+        got = self._cache.get(name)
+        if got is None:
+            got = self._cache[name] = make()
+        return got
+
+    @property
+    def end_array(self):
+        import numpy as np
+
+        return self._get("end_array", lambda: np.array(self.ends, dtype=float))
+
+    @property
+    def start_array(self):
+        """Each start from the ends: the same comparisons as the pass (a missing input reads ``ends[0] + 0``)."""
+        def make():
+            import numpy as np
+
+            pk, E = self.packed, self.end_array
+            s = E[pk.prev]
+            s = np.maximum(s, E[pk.p1] + self._o[2])
+            return np.maximum(s, E[pk.p2] + self._o[3])
+
+        return self._get("start_array", make)
+
+    @property
+    def start(self) -> list[float]:
+        return self._get("start", lambda: self.start_array.tolist())
+
+    @property
+    def end(self) -> list[float]:
+        return self.ends[1:]
+
+    @property
+    def busy(self) -> list[float]:
+        """Per rank, its durations summed in lane order (sequential float additions, as the event loop)."""
+        def make():
+            import numpy as np
+
+            order, lo = self.packed.by_rank(self.R)
+            d = np.array(self.durs, dtype=float)[order]
+            return [float(np.cumsum(d[lo[r]:lo[r + 1]])[-1]) if lo[r + 1] > lo[r] else 0.0 for r in range(self.R)]
+
+        return self._get("busy", make)
+
+    def event_index(self):
+        """``(gc, gq, tmask)``: each entry's event index, each transfer that takes time's event index, and which
+        transfers take time (event order: each compute event followed by its transfers that take time)."""
+        def make():
+            import numpy as np
+
+            pk = self.packed
+            tmask = self._o[4][pk.tr_pair] > 0
+            tr_e = pk.tr_entry[tmask]
+            n = pk.n
+            gc = np.arange(n) + np.searchsorted(tr_e, np.arange(n), "left")
+            return gc, tr_e + np.arange(len(tr_e)) + 1, tmask
+
+        return self._get("event_index", make)
+
+    @property
+    def pred(self) -> list[int]:
+        """The event that set each entry's start under the event loop's rules: the rank's previous event; an input
+        from another rank that arrives later, or at the same time while the previous event still holds (in input
+        order); the arrival's event is the transfer, or the producer itself when the transfer takes no time."""
+        def make():
+            import numpy as np
+
+            pk, E = self.packed, self.end_array
+            if not pk.n:
+                return []
+            gc, gq, tmask = self.event_index()
+            tr_ev = np.append(gc[pk.tr_entry], -1)  # index -1: no input
+            tr_ev[:-1][tmask] = gq
+            last = np.where(pk.prev > 0, gc[pk.prev - 1], -1)
+            t = E[pk.prev]
+            v1 = E[pk.p1] + self._o[2]
+            fire = (pk.p1 > 0) & (v1 >= t)
+            pred = np.where(fire, tr_ev[pk.k1], last)
+            s = np.where(fire, v1, t)
+            v2 = E[pk.p2] + self._o[3]
+            fire = (pk.p2 > 0) & ((v2 > s) | ((v2 == s) & (pred == last)))
+            return np.where(fire, tr_ev[pk.k2], pred).tolist()
+
+        return self._get("pred", make)
 
     def events(self, R: int) -> tuple[list[Event], list[int], list[list[tuple[float, int]]]]:
         """``(events, preds, act_deltas)`` as the event loop builds them (``act_deltas``: per rank, ``(time,
@@ -132,9 +282,9 @@ class LinearRun:
         preds: list[int] = []
         act_deltas: list[list[tuple[float, int]]] = [[] for _ in range(R)]
         ev_append, pred_append = events.append, preds.append
-        pt, start, end, pred = self.pair_time, self.start, self.end, self.pred
+        pt, start, end, pred = self.pair_time, self.start, self.ends, self.pred
         for j, (r, stage, mb, typ, label, transfers, pm) in enumerate(self.packed.meta):
-            e = end[j]
+            e = end[j + 1]
             idx = len(events)
             ev_append(Event(r, stage, mb, typ, start[j], e, "compute", label))
             pred_append(pred[j])
@@ -151,143 +301,42 @@ class LinearRun:
         return events, preds, act_deltas
 
 
-class Packed:
-    """A :func:`linear_plan` in the form the pass reads: ``entries`` ``(rank, needs, produces, *dur_key)`` with
-    ``needs`` ``(cross, slot)`` and ``produces`` ``(slot, pair)`` (pair -1: no cross-rank transfer, else an index
-    into ``pairs``, the ``(src stage, dst stage)`` list); ``meta`` per entry ``(rank, stage, mb, type, label,
-    transfers, deltas)`` with transfers ``(pair, dst rank, dst stage, kind, mb, label)`` and deltas ``(plus,
-    minus)`` or ``None``; ``ev_entries``, the same with the event fields, for the pass that makes events; numpy arrays per entry (``rank``,
-    ``plus``, ``minus``: activations taken at the start and freed at the end) and per transfer (``tr_entry``,
-    ``tr_pair``, ``tr_rank``: producing entry, stage pair, receiving rank), in event order."""
-
-    __slots__ = ("entries", "ev_entries", "meta", "n_slots", "pairs", "rank", "plus", "minus", "tr_entry", "tr_pair",
-                 "tr_rank", "_by_rank")
-
-    def __init__(self, entries, ev_entries, meta, n_slots, pairs, ranks, plus, minus, tr_entry, tr_pair, tr_rank):
-        import numpy as np
-
-        self.entries, self.ev_entries, self.meta, self.n_slots, self.pairs = entries, ev_entries, meta, n_slots, pairs
-        self.rank, self.plus, self.minus = (np.array(x, dtype=np.int64) for x in (ranks, plus, minus))
-        self.tr_entry, self.tr_pair, self.tr_rank = (np.array(x, dtype=np.int64) for x in (tr_entry, tr_pair, tr_rank))
-        self._by_rank = None
-
-    def by_rank(self, R: int):
-        """``(order, lo)``: the entries grouped by rank (stable), rank ``r``'s at ``order[lo[r]:lo[r + 1]]``."""
-        if self._by_rank is None:
-            import numpy as np
-
-            order = np.argsort(self.rank, kind="stable")
-            self._by_rank = (order, np.searchsorted(self.rank[order], np.arange(R + 1), "left"))
-        return self._by_rank
-
-
 def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = False):
-    """One pass over a :class:`Packed` :func:`linear_plan`: every start and end with the event loop's arithmetic
-    and tie rules (``xfer(src, dst)`` asked once per stage pair, before the pass; ``durations`` once per action).
+    """One pass over a :class:`Packed` :func:`linear_plan`: every end with the event loop's arithmetic (``xfer(src,
+    dst)`` asked once per stage pair, before the pass; ``durations`` once per action, in the plan's order).
 
-    Returns a :class:`LinearRun` (no event objects made: :meth:`LinearRun.events` makes them when asked), or with
-    ``make_events`` ``(events, preds, busy, act_deltas)`` as the event loop builds them (one pass: the cheaper way
-    for short schedules whose timeline is analysed from its events).
+    Returns a :class:`LinearRun` (starts, predecessors and events derived when read), or with ``make_events``
+    ``(events, preds, busy, act_deltas)`` as the event loop builds them.
 
     Raises:
         ScheduleError: a duration that is negative or not finite.
     """
     pair_time = [xfer(a, b) for a, b in packed.pairs]
-    n_slots = packed.n_slots
-    done = [0.0] * n_slots
-    done_ev = [-1] * n_slots
-    arrival = [0.0] * n_slots
-    arrival_ev = [-1] * n_slots
-    t_rank = [0.0] * R
-    last_ev = [-1] * R
-    busy = [0.0] * R
-    start_of: list[float] = []
-    end_of: list[float] = []
-    pred_of: list[int] = []
-    start_append, end_append, pred_append = start_of.append, end_of.append, pred_of.append
-    events: list[Event] = []
-    ev_append = events.append
-    act_deltas: list[list[tuple[float, int]]] = [[] for _ in range(R)]
-    inf = math.inf
-    n_ev = 0
+    o1, o2, a1, a2, pt = packed.offsets(pair_time)
+    durs = list(map(durations, *packed.keys))
+    if durs:
+        lo, hi = min(durs), max(durs)
+        if not (lo >= 0.0 and hi < math.inf) or math.isnan(sum(durs)):
+            for j, d in enumerate(durs):
+                if not 0.0 <= d < math.inf:
+                    key = tuple(k[j] for k in packed.keys)
+                    raise ScheduleError(f"durations{key} returned {d!r}; allowed finite seconds >= 0")
+    E = [0.0]
+    append = E.append
+    prev, p1s, p2s = packed.loop
+    for q, p1, a, p2, b, d in zip(prev, p1s, o1, p2s, o2, durs):
+        s = E[q]
+        if p1:
+            v = E[p1] + a
+            if v > s:
+                s = v
+            if p2:
+                v = E[p2] + b
+                if v > s:
+                    s = v
+        append(s + d)
+    run = LinearRun(packed, R, E, durs, pair_time, (o1, o2, a1, a2, pt))
     if make_events:
-        for r, needs, produces, ds, dm, dk, ev_stage, ev_mb, typ, label, plus, minus in packed.ev_entries:
-            last = last_ev[r]
-            start, pred = t_rank[r], last
-            for cross, s in needs:
-                if cross:
-                    v = arrival[s]
-                    if v > start or (v == start and pred == last):
-                        start, pred = v, arrival_ev[s]
-                else:
-                    v = done[s]
-                    if v > start:
-                        start, pred = v, done_ev[s]
-            d = durations(ds, dm, dk)
-            if not 0.0 <= d < inf:
-                raise ScheduleError(f"durations{(ds, dm, dk)} returned {d!r}; allowed finite seconds >= 0")
-            end = start + d
-            idx = n_ev
-            ev_append(Event(r, ev_stage, ev_mb, typ, start, end, "compute", label))
-            pred_append(pred)
-            n_ev += 1
-            t_rank[r] = end
-            last_ev[r] = idx
-            busy[r] += d
-            if plus:
-                act_deltas[r].append((start, plus))
-            if minus:
-                act_deltas[r].append((end, -minus))
-            for s, transfer in produces:
-                done[s] = end
-                done_ev[s] = idx
-                if transfer is None:
-                    continue
-                dt = pair_time[transfer[0]]
-                if dt > 0:
-                    ev_append(Event(transfer[1], transfer[2], transfer[4], transfer[3], end, end + dt, "comm",
-                                    transfer[5]))
-                    pred_append(idx)
-                    arrival_ev[s] = n_ev
-                    n_ev += 1
-                else:
-                    arrival_ev[s] = idx
-                arrival[s] = end + dt
-        return events, pred_of, busy, act_deltas
-    for r, needs, produces, ds, dm, dk in packed.entries:
-        last = last_ev[r]
-        start, pred = t_rank[r], last
-        for cross, s in needs:
-            if cross:
-                v = arrival[s]
-                if v > start or (v == start and pred == last):
-                    start, pred = v, arrival_ev[s]
-            else:
-                v = done[s]
-                if v > start:
-                    start, pred = v, done_ev[s]
-        d = durations(ds, dm, dk)
-        if not 0.0 <= d < inf:
-            raise ScheduleError(f"durations{(ds, dm, dk)} returned {d!r}; allowed finite seconds >= 0")
-        end = start + d
-        idx = n_ev
-        n_ev += 1
-        start_append(start)
-        end_append(end)
-        pred_append(pred)
-        t_rank[r] = end
-        last_ev[r] = idx
-        busy[r] += d
-        for s, pair in produces:
-            done[s] = end
-            done_ev[s] = idx
-            if pair < 0:
-                continue
-            dt = pair_time[pair]
-            if dt > 0:
-                arrival_ev[s] = n_ev
-                n_ev += 1
-            else:
-                arrival_ev[s] = idx
-            arrival[s] = end + dt
-    return LinearRun(packed, start_of, end_of, pred_of, busy, pair_time, max(arrival, default=0.0))
+        events, preds, act_deltas = run.events(R)
+        return events, preds, run.busy, act_deltas
+    return run

@@ -408,7 +408,7 @@ def _linear_timeline(schedule, run, R: int):
     import numpy as np
 
     pk = run.packed
-    cs, ce = np.array(run.start, dtype=float), np.array(run.end, dtype=float)
+    cs, ce = run.start_array, run.end_array[1:]
     n = len(ce)
     if len(pk.tr_pair):
         dts = np.array(run.pair_time, dtype=float)[pk.tr_pair]
