@@ -224,22 +224,25 @@ def compile_schedule(schedule) -> tuple:
 #: exceeds the work: the event list is made and analysed in Python); both give the same timeline
 ARRAY_TIMELINE_MIN_ACTIONS = 1024
 
-#: compiled programs of recently simulated schedules, by identity and a fingerprint of every action list
+#: compiled programs of recently simulated schedules, by identity, with a copy of every action list
 _COMPILED: dict[int, tuple] = {}
 
 
 def _compiled_for(schedule) -> tuple:
-    """:func:`compile_schedule` of ``schedule``, reused while its actions (each list's action objects, held alive by
-    the cache so their identities stay unique) and ``stage_to_rank`` are unchanged."""
-    fp = (schedule.num_stages, schedule.num_ranks, tuple(sorted(schedule.stage_to_rank.items())),
-          tuple(tuple(map(id, schedule.actions.get(r, []))) for r in range(schedule.num_ranks)))
+    """:func:`compile_schedule` of ``schedule``, reused while its actions and ``stage_to_rank`` are unchanged: each
+    action list equal to the copy held with the compiled programs (a list compare, by identity first; an equal action
+    compiles the same)."""
+    lists = schedule.actions
+    R = schedule.num_ranks
     held = _COMPILED.get(id(schedule))
-    if held is not None and held[0] is schedule and held[1] == fp:
-        return held[2]
+    if (held is not None and held[0] is schedule and held[1] == (schedule.num_stages, R, schedule.stage_to_rank)
+            and all(lists.get(r, []) == h for r, h in zip(range(R), held[2]))):
+        return held[3]
     compiled = compile_schedule(schedule)
     if len(_COMPILED) >= 8:
         _COMPILED.pop(next(iter(_COMPILED)))
-    _COMPILED[id(schedule)] = (schedule, fp, compiled)
+    _COMPILED[id(schedule)] = (schedule, (schedule.num_stages, R, dict(schedule.stage_to_rank)),
+                               [list(lists.get(r, [])) for r in range(R)], compiled)
     return compiled
 
 

@@ -368,38 +368,101 @@ Timeline.critical_path = _lazy_attribute("critical_path")
 Timeline.__getstate__ = _timeline_state
 
 
-def _exposed_on_rank(np, cs, ce, T: float, qs, qe) -> float | None:
-    """:func:`overlap_length` of the merged comm intervals ``(qs, qe)`` with the idle gaps that the rank's compute
-    intervals ``(cs, ce)`` (in lane order) leave in ``[0, T]``, on arrays; the overlaps are summed in the same
-    order as :func:`overlap_length` (so the float is the same). ``None`` when the compute intervals are not in lane
-    order (the caller then uses the interval helpers)."""
+def _keys(np, rank, t):
+    """``(rank, time)`` as complex numbers: numpy orders complex values lexicographically (real part first), so one
+    running maximum covers every rank at once."""
+    z = np.empty(len(t), dtype=complex)
+    z.real = rank
+    z.imag = t
+    return z
+
+
+def _small(np, ranks, R: int):
+    """Rank numbers in the narrowest integer type that holds them (a stable sort of 16-bit integers is a radix
+    sort)."""
+    return ranks.astype(np.int16) if R <= np.iinfo(np.int16).max else ranks
+
+
+def _exposed_by_rank(np, cr, cs, ce, T: float, qr, qs, qe, R: int) -> list[float]:
+    """Per rank ``r < R``: :func:`overlap_length` of the merged comm intervals ``(qs, qe)`` on rank ``qr`` with the
+    idle gaps that the rank's compute intervals leave in ``[0, T]``, for every rank at once on arrays. The compute
+    intervals ``(cr, cs, ce)`` come grouped by rank (ascending) and in lane order (each starts at or after the
+    previous end); the comm intervals in any order. Each rank's overlaps are summed in time order, as
+    :func:`overlap_length` adds them (so the floats are the same)."""
     keep = ce > cs
-    cs, ce = cs[keep], ce[keep]
-    if len(cs) > 1 and bool((cs[1:] < ce[:-1]).any()):
-        return None
-    gs, ge = np.concatenate(([0.0], ce)), np.concatenate((cs, [T]))
+    cr, cs, ce = cr[keep], cs[keep], ce[keep]
+    gs = np.empty(len(cs))  # the gap before each compute interval: from the previous end on the rank, or 0
+    if len(cs):
+        gs[0] = 0.0
+        gs[1:] = np.where(cr[1:] != cr[:-1], 0.0, ce[:-1])
+    rank_end = np.searchsorted(cr, np.arange(R), "right")  # the gap after the rank's last interval, up to T
+    some = rank_end > np.searchsorted(cr, np.arange(R), "left")
+    last = np.zeros(R)
+    last[some] = ce[rank_end[some] - 1]
+    gr = np.insert(cr, rank_end, np.arange(R))
+    gs, ge = np.insert(gs, rank_end, last), np.insert(cs, rank_end, T)
     g = ge > gs
-    gs, ge = gs[g], ge[g]
-    o = np.lexsort((qe, qs))
-    s, e = qs[o], qe[o]
-    k = e > s
-    s, e = s[k], e[k]
-    if not len(s) or not len(gs):
-        return 0.0
+    gr, gs, ge = gr[g], gs[g], ge[g]
+    k = qe > qs
+    qr, qs, qe = qr[k], qs[k], qe[k]
+    out = [0.0] * R
+    if not len(qs) or not len(gs):
+        return out
+    o = np.argsort(qs, kind="stable")
+    o = o[np.argsort(_small(np, qr[o], R), kind="stable")]
+    r, s, e = qr[o], qs[o], qe[o]
+    top = np.maximum.accumulate(_keys(np, r, e))  # per rank, the latest end so far
     new = np.empty(len(s), dtype=bool)
     new[0] = True
-    new[1:] = s[1:] > np.maximum.accumulate(e)[:-1]
+    new[1:] = (r[1:] != r[:-1]) | (s[1:] > top.imag[:-1])
     first = np.flatnonzero(new)
-    a, b = s[first], np.maximum.reduceat(e, first)
-    lo = np.searchsorted(ge, a, "right")
-    counts = np.maximum(np.searchsorted(gs, b, "left") - lo, 0)
+    a, b, ar = s[first], np.maximum.reduceat(e, first), r[first]  # merged comm intervals
+    lo, hi = np.empty(len(a), dtype=np.int64), np.empty(len(a), dtype=np.int64)
+    gb = np.searchsorted(gr, np.arange(R + 1), "left").tolist()
+    ab = np.searchsorted(ar, np.arange(R + 1), "left").tolist()
+    for x in range(R):
+        if ab[x + 1] > ab[x]:  # the gaps of the rank ending after a, and starting before b
+            g0, g1, a0, a1 = gb[x], gb[x + 1], ab[x], ab[x + 1]
+            lo[a0:a1] = np.searchsorted(ge[g0:g1], a[a0:a1], "right") + g0
+            hi[a0:a1] = np.searchsorted(gs[g0:g1], b[a0:a1], "left") + g0
+    counts = np.maximum(hi - lo, 0)
     total = int(counts.sum())
     if not total:
-        return 0.0
+        return out
     gi = np.repeat(np.arange(len(a)), counts)
     h = np.arange(total) - np.repeat(np.cumsum(counts) - counts - lo, counts)
     lengths = np.minimum(b[gi], ge[h]) - np.maximum(a[gi], gs[h])
-    return float(np.cumsum(lengths)[-1])
+    bounds = np.searchsorted(ar[gi], np.arange(R + 1), "left").tolist()
+    for x in range(R):
+        if bounds[x + 1] > bounds[x]:
+            out[x] = float(np.cumsum(lengths[bounds[x]:bounds[x + 1]])[-1])
+    return out
+
+
+def _peaks_in_lane_order(np, r, cs, ce, plus, minus, R: int) -> list[int]:
+    """Per rank, the most activations alive at once, from its actions in lane order (grouped by rank, ascending):
+    ``plus`` taken at each start and ``minus`` freed at each end. The times in lane order never decrease, so no sort
+    is needed: at equal times the event loop's order frees first, and then the most alive within a group of equal
+    times is reached at the group's end; the peak is the largest count at a group's end (at least 0)."""
+    n = len(cs)
+    if not n:
+        return [0] * R
+    t = np.empty(2 * n)
+    t[0::2], t[1::2] = cs, ce
+    d = np.empty(2 * n, dtype=np.int64)
+    d[0::2], d[1::2] = plus, -minus
+    rr = np.repeat(r, 2)
+    cum = np.cumsum(d)
+    end = np.ones(2 * n, dtype=bool)
+    end[:-1] = (t[1:] != t[:-1]) | (rr[1:] != rr[:-1])
+    lo = np.searchsorted(rr, np.arange(R + 1), "left")
+    base = np.where(lo[:-1] > 0, cum[np.maximum(lo[:-1] - 1, 0)], 0)
+    held = np.flatnonzero(lo[1:] > lo[:-1])
+    peaks = np.zeros(R, dtype=np.int64)
+    if len(held):
+        top = np.maximum.reduceat(np.where(end, cum, np.iinfo(np.int64).min), lo[held])
+        peaks[held] = np.maximum(top - base[held], 0)
+    return peaks.tolist()
 
 
 def _linear_timeline(schedule, run, R: int):
@@ -429,8 +492,7 @@ def _linear_timeline(schedule, run, R: int):
         each compute event followed by its transfers)."""
         if not n + nq:
             return []
-        gc = np.arange(n) + np.searchsorted(tr_e, np.arange(n), "left")
-        gq = tr_e + np.arange(nq) + 1
+        gc, gq, _ = run.event_index()
         jc = np.flatnonzero(ce == T)
         kq = np.flatnonzero(qe == T)
         last_compute = int(gc[jc[-1]]) if len(jc) else -1
@@ -450,32 +512,16 @@ def _linear_timeline(schedule, run, R: int):
     busy = run.busy
     idle = [max(0.0, T - b) for b in busy]
     total_busy, total_idle = sum(busy), sum(idle)
+    order, _ = pk.by_rank(R)
+    r_o, cs_o, ce_o = pk.rank[order], cs[order], ce[order]
     exposed: dict[str, float] = {}
-    if nq:
-        by_rank, c_lo = pk.by_rank(R)
-        q_order = np.argsort(qr, kind="stable")
-        q_lo = np.searchsorted(qr[q_order], np.arange(R + 1), "left")
-        ranks, first = np.unique(qr, return_index=True)
+    if nq:  # summed over the ranks in the order their first transfer appears, as the event list's analysis does
+        per_rank = _exposed_by_rank(np, r_o, cs_o, ce_o, T, qr, qs, qe, R)
+        ranks, first = np.unique(_small(np, qr, R), return_index=True)
+        total = 0.0
         for r in ranks[np.argsort(first, kind="stable")].tolist():
-            ci, qi = by_rank[c_lo[r]:c_lo[r + 1]], q_order[q_lo[r]:q_lo[r + 1]]
-            x = _exposed_on_rank(np, cs[ci], ce[ci], T, qs[qi], qe[qi])
-            if x is None:  # pragma: no cover - the linear pass runs each rank's lane in order
-                x = overlap_length(merge_intervals(zip(qs[qi].tolist(), qe[qi].tolist())),
-                                   interval_gaps(merge_intervals(zip(cs[ci].tolist(), ce[ci].tolist())), T))
-            exposed[P2P_COLLECTIVE] = exposed.get(P2P_COLLECTIVE, 0.0) + x
-    peaks = [0] * R
-    pm, mm = pk.plus > 0, pk.minus > 0
-    if pm.any() or mm.any():
-        t = np.concatenate((cs[pm], ce[mm]))
-        d = np.concatenate((pk.plus[pm], -pk.minus[mm]))
-        rr = np.concatenate((pk.rank[pm], pk.rank[mm]))
-        o = np.lexsort((d, t, rr))
-        cum, rr = np.cumsum(d[o]), rr[o]
-        lo = np.searchsorted(rr, np.arange(R + 1), "left")
-        for r in range(R):
-            if lo[r + 1] > lo[r]:
-                base = int(cum[lo[r] - 1]) if lo[r] > 0 else 0
-                peaks[r] = max(0, int(cum[lo[r]:lo[r + 1]].max()) - base)
+            total += per_rank[r]
+        exposed[P2P_COLLECTIVE] = total
     tl = Timeline(
         events=_Lazy(lambda tl: run.events(R)[0]),
         iteration_time=T,
@@ -485,7 +531,7 @@ def _linear_timeline(schedule, run, R: int):
         bubble_overhead=total_idle / total_busy if total_busy > 0 else 0.0,
         exposed_comm=exposed,
         critical_path=_Lazy(critical_path),
-        peak_activations=peaks,
+        peak_activations=_peaks_in_lane_order(np, r_o, cs_o, ce_o, pk.plus[order], pk.minus[order], R),
         schedule_name=schedule.name,
         num_ranks=R,
     )
