@@ -1,0 +1,84 @@
+"""The simulator's fast path (the linear pass of pipeline/linear.py: one loop over flat lists, starts, predecessors
+and analyses derived on arrays) against its general path (the event loop, which runs when sends are blocking:
+without SEND/RECV actions the same semantics, so an independent reference) on random schedules and times: every
+event, predecessor, critical path, exposure, peak, busy time and the makespan are the same floats. Times come from
+a coarse grid (ties, zero durations, zero transfers common) or are uniform, per stage, micro-batch and type."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tessera_lab.pipeline import engine
+from tessera_lab.pipeline.schedules import build_schedule
+from tessera_lab.pipeline.simulate import simulate
+
+_GRID = (0.0, 0.5, 1.0, 1.5, 2.0)
+
+
+def _random_case(name: str, seed: int):
+    rng = random.Random(f"{name}-{seed}")
+    p = rng.randint(2, 5)
+    if name == "interleaved":
+        vpp = rng.randint(2, 3)
+        m = p * rng.randint(1, 3)
+    else:
+        vpp = 1
+        m = rng.randint(2 * p if name == "dualpipev" else p, 3 * p)
+        if name == "dualpipev":
+            m += m % 2
+    sched = build_schedule(name, p, m, vpp)
+    grid = rng.random() < 0.5
+    table: dict = {}
+
+    def durations(stage, mb, kind):
+        key = (stage, mb, kind)
+        if key not in table:
+            table[key] = rng.choice(_GRID) if grid else rng.uniform(0.1, 3.0)
+        return table[key]
+
+    pair: dict = {}
+
+    def p2p_time(src, dst):
+        if (src, dst) not in pair:
+            pair[(src, dst)] = rng.choice((0.0, 0.0, 0.25, 0.5)) if grid else rng.uniform(0.0, 0.4)
+        return pair[(src, dst)]
+
+    latency = rng.choice((0.0, 0.0, 0.125)) if grid else rng.uniform(0.0, 0.05)
+    return sched, durations, dict(p2p_latency=latency, p2p_time=p2p_time)
+
+
+def _facts(tl):
+    return (tl.iteration_time, tl.events, [str(e) for e in tl.critical_path], [(e.start, e.end) for e in tl.critical_path],
+            tl.exposed_comm, tl.peak_activations, tl.per_rank_busy, tl.per_rank_idle, tl.bubble_fraction,
+            tl.bubble_overhead)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved", "zb-h1", "zb-h2", "dualpipev", "overlapped", "gpipe"])
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_path_equals_the_event_loop(name, seed, monkeypatch):
+    sched, durations, kw = _random_case(name, seed)
+    ref = simulate(sched, durations, blocking_sends=True, **kw)  # the event loop
+    for threshold in (0, 10**9):  # the fast path analysed on arrays, and from its event list
+        monkeypatch.setattr(engine, "ARRAY_TIMELINE_MIN_ACTIONS", threshold)
+        fast = simulate(sched, durations, **kw)
+        assert _facts(fast) == _facts(ref)
+        assert simulate(sched, durations, time_only=True, **kw) == ref.iteration_time
+    comm = [(r, "dp_grad_sync", 0.75, sched.actions[r][-1]) for r in range(sched.num_ranks)]
+    assert _facts(simulate(sched, durations, comm=comm, **kw)) == _facts(
+        simulate(sched, durations, comm=comm, blocking_sends=True, **kw))
+
+
+def test_fast_path_by_hand():
+    """1F1B on 2 ranks, 2 micro-batches, F 1 s, B 2 s, transfers 0.5 s: rank 0 runs F0 [0, 1], F1 [1, 2]; rank 1
+    F0 [1.5, 2.5], B0 [2.5, 4.5], F1 [4.5, 5.5] (F1 arrived at 2.5), B1 [5.5, 7.5]; rank 0 B0 waits for the gradient
+    (4.5 + 0.5) [5, 7], B1 [8, 10]. Makespan 10."""
+    sched = build_schedule("1f1b", 2, 2)
+    d = lambda s, i, k: 1.0 if k.value == "F" else 2.0  # noqa: E731
+    tl = simulate(sched, d, p2p_latency=0.5)
+    got = {(e.rank, str(e.label)): (e.start, e.end) for e in tl.events if e.lane == "compute"}
+    assert got == {(0, "0F0"): (0.0, 1.0), (0, "0F1"): (1.0, 2.0), (1, "1F0"): (1.5, 2.5), (1, "1B0"): (2.5, 4.5),
+                   (1, "1F1"): (4.5, 5.5), (1, "1B1"): (5.5, 7.5), (0, "0B0"): (5.0, 7.0), (0, "0B1"): (8.0, 10.0)}
+    assert tl.iteration_time == 10.0
+    assert [e.label for e in tl.critical_path] == ["0F0", "1RECV_F0", "1F0", "1B0", "1F1", "1B1", "0RECV_B1", "0B1"]
