@@ -82,3 +82,23 @@ def test_fast_path_by_hand():
                    (1, "1F1"): (4.5, 5.5), (1, "1B1"): (5.5, 7.5), (0, "0B0"): (5.0, 7.0), (0, "0B1"): (8.0, 10.0)}
     assert tl.iteration_time == 10.0
     assert [e.label for e in tl.critical_path] == ["0F0", "1RECV_F0", "1F0", "1B0", "1F1", "1B1", "0RECV_B1", "0B1"]
+
+
+def test_batch_durations_equal_the_calls():
+    """The makers' ``batch`` (the simulator's one call for every action) returns what calling them returns, and a
+    stage without times raises the call's error."""
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.pipeline.actions import ActionType
+    from tessera_lab.pipeline.simulate import stage_durations, uniform_durations
+
+    rng = random.Random(5)
+    kinds = [ActionType.F, ActionType.B, ActionType.I, ActionType.W, ActionType.OVERLAP_F_B]
+    stages = [rng.randrange(4) for _ in range(200)]
+    mbs = [rng.randrange(9) for _ in range(200)]
+    types = [rng.choice(kinds) for _ in range(200)]
+    for d in (uniform_durations(1.0, 2.5, w=0.75, fb=3.0),
+              stage_durations([1.0, 2.0, 3.0, 4.0], [2.0, 3.0, 4.0, 5.0], [0.5, 1.0, 1.5, 2.0], fb=max)):
+        assert d.batch(stages, mbs, types) == [d(s, i, k) for s, i, k in zip(stages, mbs, types)]
+    short = stage_durations([1.0], [2.0])
+    with pytest.raises(ConfigError, match="no times for stage 3"):
+        short.batch([0, 3], [0, 0], [ActionType.F, ActionType.F])

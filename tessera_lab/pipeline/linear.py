@@ -303,7 +303,8 @@ class LinearRun:
 
 def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = False):
     """One pass over a :class:`Packed` :func:`linear_plan`: every end with the event loop's arithmetic (``xfer(src,
-    dst)`` asked once per stage pair, before the pass; ``durations`` once per action, in the plan's order).
+    dst)`` asked once per stage pair, before the pass; ``durations`` once per action, in the plan's order, or once
+    for all through its ``batch`` method where it has one: see :mod:`tessera_lab.pipeline.durations`).
 
     Returns a :class:`LinearRun` (starts, predecessors and events derived when read), or with ``make_events``
     ``(events, preds, busy, act_deltas)`` as the event loop builds them.
@@ -313,7 +314,8 @@ def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = Fals
     """
     pair_time = [xfer(a, b) for a, b in packed.pairs]
     o1, o2, a1, a2, pt = packed.offsets(pair_time)
-    durs = list(map(durations, *packed.keys))
+    batch = getattr(durations, "batch", None)
+    durs = batch(*packed.keys) if batch is not None else list(map(durations, *packed.keys))
     if durs:
         lo, hi = min(durs), max(durs)
         if not (lo >= 0.0 and hi < math.inf) or math.isnan(sum(durs)):
