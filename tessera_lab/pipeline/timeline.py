@@ -368,15 +368,6 @@ Timeline.critical_path = _lazy_attribute("critical_path")
 Timeline.__getstate__ = _timeline_state
 
 
-def _keys(np, rank, t):
-    """``(rank, time)`` as complex numbers: numpy orders complex values lexicographically (real part first), so one
-    running maximum covers every rank at once."""
-    z = np.empty(len(t), dtype=complex)
-    z.real = rank
-    z.imag = t
-    return z
-
-
 def _small(np, ranks, R: int):
     """Rank numbers in the narrowest integer type that holds them (a stable sort of 16-bit integers is a radix
     sort)."""
@@ -385,10 +376,10 @@ def _small(np, ranks, R: int):
 
 def _exposed_by_rank(np, cr, cs, ce, T: float, qr, qs, qe, R: int) -> list[float]:
     """Per rank ``r < R``: :func:`overlap_length` of the merged comm intervals ``(qs, qe)`` on rank ``qr`` with the
-    idle gaps that the rank's compute intervals leave in ``[0, T]``, for every rank at once on arrays. The compute
-    intervals ``(cr, cs, ce)`` come grouped by rank (ascending) and in lane order (each starts at or after the
-    previous end); the comm intervals in any order. Each rank's overlaps are summed in time order, as
-    :func:`overlap_length` adds them (so the floats are the same)."""
+    idle gaps that the rank's compute intervals leave in ``[0, T]``, on arrays (the gaps of every rank at once,
+    then per rank a sort, merge and search). The compute intervals ``(cr, cs, ce)`` come grouped by rank
+    (ascending) and in lane order (each starts at or after the previous end); the comm intervals in any order. Each
+    rank's overlaps are summed in time order, as :func:`overlap_length` adds them (so the floats are the same)."""
     keep = ce > cs
     cr, cs, ce = cr[keep], cs[keep], ce[keep]
     gs = np.empty(len(cs))  # the gap before each compute interval: from the previous end on the rank, or 0
@@ -406,36 +397,35 @@ def _exposed_by_rank(np, cr, cs, ce, T: float, qr, qs, qe, R: int) -> list[float
     k = qe > qs
     qr, qs, qe = qr[k], qs[k], qe[k]
     out = [0.0] * R
-    if not len(qs) or not len(gs):
-        return out
-    o = np.argsort(qs, kind="stable")
-    o = o[np.argsort(_small(np, qr[o], R), kind="stable")]
-    r, s, e = qr[o], qs[o], qe[o]
-    top = np.maximum.accumulate(_keys(np, r, e))  # per rank, the latest end so far
-    new = np.empty(len(s), dtype=bool)
-    new[0] = True
-    new[1:] = (r[1:] != r[:-1]) | (s[1:] > top.imag[:-1])
-    first = np.flatnonzero(new)
-    a, b, ar = s[first], np.maximum.reduceat(e, first), r[first]  # merged comm intervals
-    lo, hi = np.empty(len(a), dtype=np.int64), np.empty(len(a), dtype=np.int64)
+    o = np.argsort(_small(np, qr, R), kind="stable")
+    qr, qs, qe = qr[o], qs[o], qe[o]
+    qb = np.searchsorted(qr, np.arange(R + 1), "left").tolist()
     gb = np.searchsorted(gr, np.arange(R + 1), "left").tolist()
-    ab = np.searchsorted(ar, np.arange(R + 1), "left").tolist()
     for x in range(R):
-        if ab[x + 1] > ab[x]:  # the gaps of the rank ending after a, and starting before b
-            g0, g1, a0, a1 = gb[x], gb[x + 1], ab[x], ab[x + 1]
-            lo[a0:a1] = np.searchsorted(ge[g0:g1], a[a0:a1], "right") + g0
-            hi[a0:a1] = np.searchsorted(gs[g0:g1], b[a0:a1], "left") + g0
-    counts = np.maximum(hi - lo, 0)
-    total = int(counts.sum())
-    if not total:
-        return out
-    gi = np.repeat(np.arange(len(a)), counts)
-    h = np.arange(total) - np.repeat(np.cumsum(counts) - counts - lo, counts)
-    lengths = np.minimum(b[gi], ge[h]) - np.maximum(a[gi], gs[h])
-    bounds = np.searchsorted(ar[gi], np.arange(R + 1), "left").tolist()
-    for x in range(R):
-        if bounds[x + 1] > bounds[x]:
-            out[x] = float(np.cumsum(lengths[bounds[x]:bounds[x + 1]])[-1])
+        q0, q1, g0, g1 = qb[x], qb[x + 1], gb[x], gb[x + 1]
+        if q1 == q0 or g1 == g0:
+            continue
+        s, e = qs[q0:q1], qe[q0:q1]
+        o = np.argsort(s, kind="stable")
+        s, e = s[o], e[o]
+        top = np.maximum.accumulate(e)  # the latest end so far
+        new = np.empty(len(s), dtype=bool)
+        new[0] = True
+        np.greater(s[1:], top[:-1], out=new[1:])
+        first = np.flatnonzero(new)
+        a = s[first]  # merged comm intervals [a, b]: b, the running maximum at the last of each
+        b = top[np.append(first[1:] - 1, len(s) - 1)]
+        gsx, gex = gs[g0:g1], ge[g0:g1]
+        lo = np.searchsorted(gex, a, "right")  # the first gap ending after a
+        counts = np.searchsorted(gsx, b, "left") - lo  # ... up to the last starting before b
+        np.maximum(counts, 0, out=counts)
+        total = int(counts.sum())
+        if not total:
+            continue
+        gi = np.repeat(np.arange(len(a)), counts)
+        h = np.arange(total) - np.repeat(np.cumsum(counts) - counts - lo, counts)
+        lengths = np.minimum(b[gi], gex[h]) - np.maximum(a[gi], gsx[h])
+        out[x] = float(np.cumsum(lengths)[-1])
     return out
 
 
