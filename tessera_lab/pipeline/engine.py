@@ -258,7 +258,7 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, 
         if comm or plan.n < ARRAY_TIMELINE_MIN_ACTIONS:
             events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer, make_events=True)
             return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
-        return _linear_timeline(schedule, run_linear(plan, R, durations, xfer), R)
+        return _linear_timeline(schedule, run_linear(plan, R, durations, xfer, arrays=True), R)
 
     # ---- state ----------------------------------------------------------------------------
     done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action

@@ -229,7 +229,8 @@ class LinearRun:
             import numpy as np
 
             order, lo = self.packed.by_rank(self.R)
-            d = np.array(self.durs, dtype=float)[order]
+            d = self._cache.get("durs_array")
+            d = (np.array(self.durs, dtype=float) if d is None else d)[order]
             return [float(np.cumsum(d[lo[r]:lo[r + 1]])[-1]) if lo[r + 1] > lo[r] else 0.0 for r in range(self.R)]
 
         return self._get("busy", make)
@@ -301,13 +302,22 @@ class LinearRun:
         return events, preds, act_deltas
 
 
-def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = False):
+def _check(durs: list, keys) -> None:
+    """Raise :class:`ScheduleError` naming the first duration that is negative or not finite (``keys``: the
+    ``durations`` arguments, three lists)."""
+    for j, d in enumerate(durs):
+        if not 0.0 <= d < math.inf:
+            raise ScheduleError(f"durations{tuple(k[j] for k in keys)} returned {d!r}; allowed finite seconds >= 0")
+
+
+def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = False, arrays: bool = False):
     """One pass over a :class:`Packed` :func:`linear_plan`: every end with the event loop's arithmetic (``xfer(src,
     dst)`` asked once per stage pair, before the pass; ``durations`` once per action, in the plan's order, or once
     for all through its ``batch`` method where it has one: see :mod:`tessera_lab.pipeline.durations`).
 
     Returns a :class:`LinearRun` (starts, predecessors and events derived when read), or with ``make_events``
-    ``(events, preds, busy, act_deltas)`` as the event loop builds them.
+    ``(events, preds, busy, act_deltas)`` as the event loop builds them. ``arrays``: the caller will read the
+    run's arrays (the durations are then checked on an array, which the busy times reuse).
 
     Raises:
         ScheduleError: a duration that is negative or not finite.
@@ -316,13 +326,20 @@ def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = Fals
     o1, o2, a1, a2, pt = packed.offsets(pair_time)
     batch = getattr(durations, "batch", None)
     durs = batch(*packed.keys) if batch is not None else list(map(durations, *packed.keys))
-    if durs:
-        lo, hi = min(durs), max(durs)
-        if not (lo >= 0.0 and hi < math.inf) or math.isnan(sum(durs)):
-            for j, d in enumerate(durs):
-                if not 0.0 <= d < math.inf:
-                    key = tuple(k[j] for k in packed.keys)
-                    raise ScheduleError(f"durations{key} returned {d!r}; allowed finite seconds >= 0")
+    darr = None
+    if arrays and durs:
+        import numpy as np
+
+        try:
+            darr = np.array(durs, dtype=float)
+        except (TypeError, ValueError):
+            _check(durs, packed.keys)
+            raise
+        if not (np.isfinite(darr).all() and (darr >= 0.0).all()):
+            _check(durs, packed.keys)
+    elif durs:
+        if not (min(durs) >= 0.0 and max(durs) < math.inf) or math.isnan(sum(durs)):
+            _check(durs, packed.keys)
     E = [0.0]
     append = E.append
     prev, p1s, p2s = packed.loop
@@ -338,6 +355,8 @@ def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = Fals
                     s = v
         append(s + d)
     run = LinearRun(packed, R, E, durs, pair_time, (o1, o2, a1, a2, pt))
+    if darr is not None:
+        run._cache["durs_array"] = darr
     if make_events:
         events, preds, act_deltas = run.events(R)
         return events, preds, run.busy, act_deltas
