@@ -65,9 +65,16 @@ def test_fast_path_equals_the_event_loop(name, seed, monkeypatch):
         fast = simulate(sched, durations, **kw)
         assert _facts(fast) == _facts(ref)
         assert simulate(sched, durations, time_only=True, **kw) == ref.iteration_time
-    comm = [(r, "dp_grad_sync", 0.75, sched.actions[r][-1]) for r in range(sched.num_ranks)]
-    assert _facts(simulate(sched, durations, comm=comm, **kw)) == _facts(
-        simulate(sched, durations, comm=comm, blocking_sends=True, **kw))
+    rng = random.Random(seed)
+    comm = [(r, "dp_grad_sync", rng.choice((0.0, 0.75, 40.0)), rng.choice(sched.actions[r] + [None]))
+            for r in range(sched.num_ranks) for _ in range(2)]  # after any action (pairs: a sub-action), or none
+    for r in range(sched.num_ranks):
+        pairs = [a for a in sched.actions[r] if a.sub_actions]
+        if pairs:
+            comm.append((r, "ep_a2a", 0.5, rng.choice(pairs).sub_actions[1]))
+    with_comm = simulate(sched, durations, comm=comm, blocking_sends=True, **kw)
+    assert _facts(simulate(sched, durations, comm=comm, **kw)) == _facts(with_comm)
+    assert simulate(sched, durations, comm=comm, time_only=True, **kw) == with_comm.iteration_time
 
 
 def test_fast_path_by_hand():
@@ -102,3 +109,19 @@ def test_batch_durations_equal_the_calls():
     short = stage_durations([1.0], [2.0])
     with pytest.raises(ConfigError, match="no times for stage 3"):
         short.batch([0, 3], [0, 0], [ActionType.F, ActionType.F])
+
+
+def test_time_only_with_comm_tasks_reports_the_same_errors():
+    """The fast path's iteration time with extra collectives finds their actions on the plan: a task after an action
+    that does not run on its rank, and a malformed task, raise the errors of the full simulation."""
+    from tessera_lab.errors import ConfigError
+
+    sched = build_schedule("1f1b", 2, 2)
+    d = lambda s, i, k: 1.0  # noqa: E731
+    for comm, match in (([(0, "x", 1.0, "1F0")], "does not run on rank 0"), ([(0, "x", 1.0)], "expected"),
+                        ([(5, "x", 1.0, None)], "rank=5 is out of range")):
+        for time_only in (False, True):
+            with pytest.raises(ConfigError, match=match):
+                simulate(sched, d, comm=comm, time_only=time_only)
+    assert simulate(sched, d, comm=[(0, "x", 0.0, "0B1")], time_only=True) == 6.0  # a zero-second task: a no-op
+    assert simulate(sched, d, comm=[(0, "x", 2.5, "0B1")], time_only=True) == 8.5

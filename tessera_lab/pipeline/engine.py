@@ -54,7 +54,8 @@ from tessera_lab.pipeline.actions import ActionType
 from tessera_lab.pipeline.durations import Durations, _nonneg
 from tessera_lab.pipeline.linear import linear_plan, run_linear
 from tessera_lab.pipeline.p2p import check_nccl_order
-from tessera_lab.pipeline.timeline import Event, Timeline, _add_comm_tasks, _build_timeline, _linear_timeline
+from tessera_lab.pipeline.timeline import (Event, Timeline, _add_comm_tasks, _build_timeline, _comm_tasks,
+                                          _linear_timeline)
 
 __all__ = ["compile_schedule", "simulate", "Walk", "action_inputs"]
 
@@ -253,8 +254,12 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, 
     ranks = range(R)
     programs, explicit_send, explicit_recv, plan = compiled if compiled is not None else _compiled_for(schedule)
     if plan is not None and not blocking_sends:  # the order is fixed: one pass (pipeline.linear)
-        if time_only and not comm:
-            return run_linear(plan, R, durations, xfer).iteration_time()
+        if time_only:
+            run = run_linear(plan, R, durations, xfer)
+            T = run.iteration_time()
+            if comm:  # the extra collectives' ends, their actions found on the plan (no events made)
+                T = max([T, *(end for *_, end, _ in _comm_tasks(comm, R, run.locate))])
+            return T
         if comm or plan.n < ARRAY_TIMELINE_MIN_ACTIONS:
             events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer, make_events=True)
             return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)

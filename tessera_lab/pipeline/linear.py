@@ -131,7 +131,7 @@ class Packed:
       ``tr_rank``: producing entry, stage pair, receiving rank), ``dangling`` (transfers no entry waits for)."""
 
     __slots__ = ("meta", "keys", "loop", "n", "pairs", "dangling", "rank", "plus", "minus", "prev", "p1", "x1",
-                 "k1", "p2", "x2", "k2", "tr_entry", "tr_pair", "tr_rank", "_by_rank", "_offsets")
+                 "k1", "p2", "x2", "k2", "tr_entry", "tr_pair", "tr_rank", "_by_rank", "_offsets", "_labels")
 
     def __init__(self, meta, keys, prev, need, pairs, ranks, plus, minus, tr_entry, tr_pair, tr_rank, dangling):
         import numpy as np
@@ -144,6 +144,20 @@ class Packed:
         self.dangling = [(tr_entry[t] + 1, tr_pair[t]) for t in dangling]
         self._by_rank = None
         self._offsets = None
+        self._labels = None
+
+    def last_by_label(self) -> dict:
+        """``(rank, label) -> entry``: the rank's last entry with that label (a pair's entry also answers to each
+        sub-action's label)."""
+        if self._labels is None:
+            got = {}
+            for j, (r, _, _, typ, label, _, _) in enumerate(self.meta):
+                got[(r, label)] = j
+                if typ == "OVERLAP_F_B":
+                    for x in label[1:label.index(")")].split(";"):
+                        got[(r, x.strip())] = j
+            self._labels = got
+        return self._labels
 
     def by_rank(self, R: int):
         """``(order, lo)``: the entries grouped by rank (stable: lane order), rank ``r``'s at ``order[lo[r]:lo[r +
@@ -275,6 +289,17 @@ class LinearRun:
             return np.where(fire, tr_ev[pk.k2], pred).tolist()
 
         return self._get("pred", make)
+
+    def locate(self, needed: set) -> dict:
+        """For :func:`tessera_lab.pipeline.timeline._comm_tasks`: each needed ``(rank, label)`` that runs -> ``(end,
+        event index, stage, mb)`` of the rank's last compute event with that label."""
+        last = self.packed.last_by_label()
+        found = {k: last[k] for k in needed if k in last}
+        if not found:
+            return {}
+        gc = self.event_index()[0]
+        meta, ends = self.packed.meta, self.ends
+        return {k: (ends[j + 1], int(gc[j]), meta[j][1], meta[j][2]) for k, j in found.items()}
 
     def events(self, R: int) -> tuple[list[Event], list[int], list[list[tuple[float, int]]]]:
         """``(events, preds, act_deltas)`` as the event loop builds them (``act_deltas``: per rank, ``(time,

@@ -258,7 +258,11 @@ def _build_timeline(
     )
 
 
-def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: int) -> None:
+def _comm_tasks(comm: Iterable, R: int, locate) -> list[tuple]:
+    """The extra collectives on the comm lanes: ``(rank, stage, mb, name, start, end, pred)`` each, in the order
+    they are laid out. ``locate(needed)`` maps each needed ``(rank, label)`` to ``(end, event index, stage, mb)`` of
+    the last compute event on that rank with that label (an ``OVERLAP_F_B`` event answers to each sub-action's
+    label), leaving out those that do not run."""
     parsed = []  # (n, rank, name, seconds, label or None), in task order, up to the first malformed task
     failure: ConfigError | None = None
     try:
@@ -284,43 +288,56 @@ def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: in
     except ConfigError as exc:
         failure = exc
     # the event each named action ended with: the last compute event with that label on that rank (an
-    # OVERLAP_F_B event "(0F7;7B3)OVERLAP_F_B" also answers to each sub-action's label); found scanning backwards
+    # OVERLAP_F_B event "(0F7;7B3)OVERLAP_F_B" also answers to each sub-action's label)
     needed = {(rank, label) for _, rank, _, _, label in parsed if label is not None}
-    found: dict[tuple[int, str], int] = {}
-    ov = _OVERLAP
-    for idx in range(len(events) - 1, -1, -1):
-        if len(found) == len(needed):
-            break
-        e = events[idx]
-        if e.lane != "compute":
-            continue
-        key = (e.rank, e.label)
-        if key in needed and key not in found:
-            found[key] = idx
-        if e.type == ov:
-            for x in e.label[1:e.label.index(")")].split(";"):
-                key = (e.rank, x.strip())
-                if key in needed and key not in found:
-                    found[key] = idx
+    found = locate(needed) if needed else {}
     tasks = []
     for n, rank, name, seconds, label in parsed:
         if label is None:
             ready_t, pred, stage, mb = 0.0, -1, -1, None
         else:
-            idx = found.get((rank, label))
-            if idx is None:
+            got = found.get((rank, label))
+            if got is None:
                 raise ConfigError(f"comm task {n}: action {label!r} does not run on rank {rank}")
-            ev = events[idx]
-            ready_t, pred, stage, mb = ev.end, idx, ev.stage, ev.microbatch
+            ready_t, pred, stage, mb = got
         tasks.append((ready_t, n, rank, str(name), seconds, pred, stage, mb))
     if failure is not None:
         raise failure
     tasks.sort()
     lane_free = [0.0] * R
+    out = []
     for ready_t, n, rank, name, seconds, pred, stage, mb in tasks:
         start = max(ready_t, lane_free[rank])
         end = start + seconds
         lane_free[rank] = end
+        out.append((rank, stage, mb, name, start, end, pred))
+    return out
+
+
+def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: int) -> None:
+    """Append the extra collectives (:func:`_comm_tasks`) to ``events`` and ``preds``, each after the event its
+    action ended with (found scanning the events backwards)."""
+
+    def locate(needed: set) -> dict:
+        found: dict[tuple[int, str], int] = {}
+        ov = _OVERLAP
+        for idx in range(len(events) - 1, -1, -1):
+            if len(found) == len(needed):
+                break
+            e = events[idx]
+            if e.lane != "compute":
+                continue
+            key = (e.rank, e.label)
+            if key in needed and key not in found:
+                found[key] = idx
+            if e.type == ov:
+                for x in e.label[1:e.label.index(")")].split(";"):
+                    key = (e.rank, x.strip())
+                    if key in needed and key not in found:
+                        found[key] = idx
+        return {k: (events[i].end, i, events[i].stage, events[i].microbatch) for k, i in found.items()}
+
+    for rank, stage, mb, name, start, end, pred in _comm_tasks(comm, R, locate):
         events.append(Event(rank, stage, mb, name, start, end, "comm", name))
         preds.append(pred)
 
