@@ -125,3 +125,58 @@ def test_time_only_with_comm_tasks_reports_the_same_errors():
                 simulate(sched, d, comm=comm, time_only=time_only)
     assert simulate(sched, d, comm=[(0, "x", 0.0, "0B1")], time_only=True) == 6.0  # a zero-second task: a no-op
     assert simulate(sched, d, comm=[(0, "x", 2.5, "0B1")], time_only=True) == 8.5
+
+
+def _random_order_schedule(rng: random.Random):
+    """Stages placed on ranks at random (several per rank, neighbours on the same rank or not), each micro-batch's
+    backward full (B) or split (I, W), and every rank's list in the order of one random valid execution: an
+    executable schedule unlike the generators'."""
+    from tessera_lab.pipeline.actions import Action, ActionType
+    from tessera_lab.pipeline.ir import Schedule
+
+    F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
+    R = rng.randint(1, 4)
+    S = rng.randint(R, 2 * R + 1)
+    s2r = {s: (s if s < R else rng.randrange(R)) for s in range(S)}
+    m = rng.randint(1, 5)
+    split = {(s, i): rng.random() < 0.5 for s in range(S) for i in range(m)}
+    done: set = set()
+
+    def ready(a):
+        s, i, k = a.stage, a.microbatch, a.type
+        if k is F:
+            return s == 0 or ("F", s - 1, i) in done
+        if k is W:
+            return ("G", s, i) in done
+        return ("F", s, i) in done and (s == S - 1 or ("G", s + 1, i) in done)
+
+    todo = [Action(s, F, i) for s in range(S) for i in range(m)]
+    todo += [a for s in range(S) for i in range(m)
+             for a in ((Action(s, I, i), Action(s, W, i)) if split[(s, i)] else (Action(s, B, i),))]
+    lists = {r: [] for r in range(R)}
+    while todo:
+        a = rng.choice([x for x in todo if ready(x)])
+        todo.remove(a)
+        lists[s2r[a.stage]].append(a)
+        done.add(("F" if a.type is F else "G" if a.type in (B, I) else "W", a.stage, a.microbatch))
+    return Schedule("random-order", R, S, m, lists, s2r)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fast_path_equals_the_event_loop_on_random_orders(seed, monkeypatch):
+    rng = random.Random(seed)
+    sched = _random_order_schedule(rng)
+    grid = seed % 2 == 0
+    table: dict = {}
+
+    def durations(stage, mb, kind):
+        if (stage, mb, kind) not in table:
+            table[(stage, mb, kind)] = rng.choice(_GRID) if grid else rng.uniform(0.0, 2.0)
+        return table[(stage, mb, kind)]
+
+    kw = dict(p2p_latency=rng.choice((0.0, 0.25)), p2p_time=lambda a, b: 0.125 * ((a + 2 * b) % 3))
+    ref = simulate(sched, durations, blocking_sends=True, **kw)
+    for threshold in (0, 10**9):
+        monkeypatch.setattr(engine, "ARRAY_TIMELINE_MIN_ACTIONS", threshold)
+        assert _facts(simulate(sched, durations, **kw)) == _facts(ref)
+    assert simulate(sched, durations, time_only=True, **kw) == ref.iteration_time

@@ -120,15 +120,16 @@ def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
 class Packed:
     """A :func:`linear_plan`, in the plan's order (entry ``j`` = the ``j``-th compute action the event loop runs):
 
-    * the pass's lists: ``keys`` (the ``durations`` arguments: stages, micro-batches, types), ``prev`` (1 + the
-      rank's previous entry, 0 for its first), and per input from another rank (at most two) ``p1``/``p2`` (1 + the
-      producing entry, 0 none), ``x1``/``x2`` (its stage pair, an index into ``pairs``; -1 none) and ``k1``/``k2``
-      (the transfer that brings it; -1 none);
+    * ``keys``: the ``durations`` arguments of every entry (lists of stages, micro-batches, types);
+    * per entry (numpy arrays): ``prev`` (1 + the rank's previous entry, 0 for its first), and per input from
+      another rank (at most two, in input order) ``p1``/``p2`` (1 + the producing entry, 0 none), ``x1``/``x2`` (its
+      stage pair, an index into ``pairs``; -1 none), ``k1``/``k2`` (the transfer that brings it; -1 none); ``rank``,
+      ``plus``, ``minus`` (activations taken at the start and freed at the end); ``loop``: ``prev``, ``p1``, ``p2``
+      as lists, for the pass;
+    * per transfer in event order (numpy arrays): ``tr_entry``, ``tr_pair``, ``tr_rank`` (producing entry, stage
+      pair, receiving rank); ``dangling``: ``(1 + producing entry, pair)`` of the transfers no entry waits for;
     * ``meta`` per entry ``(rank, stage, mb, type, label, transfers, deltas)`` with transfers ``(pair, dst rank, dst
-      stage, kind, mb, label)`` and deltas ``(plus, minus)`` or ``None``, for the events;
-    * numpy arrays per entry (``rank``, ``plus``, ``minus``: activations taken at the start and freed at the end,
-      ``prev``, ``p1``, ``p2``, ``k1``, ``k2``) and per transfer in event order (``tr_entry``, ``tr_pair``,
-      ``tr_rank``: producing entry, stage pair, receiving rank), ``dangling`` (transfers no entry waits for)."""
+      stage, kind, mb, label)`` and deltas ``(plus, minus)`` or ``None``, for the events."""
 
     __slots__ = ("meta", "keys", "loop", "n", "pairs", "dangling", "rank", "plus", "minus", "prev", "p1", "x1",
                  "k1", "p2", "x2", "k2", "tr_entry", "tr_pair", "tr_rank", "_by_rank", "_offsets", "_labels")
