@@ -15,6 +15,7 @@ The floats are those of the event loop (the same additions and comparisons); the
 from __future__ import annotations
 
 import math
+from itertools import repeat
 
 from tessera_lab.errors import ScheduleError
 from tessera_lab.pipeline.timeline import Event
@@ -124,21 +125,21 @@ class Packed:
     * per entry (numpy arrays): ``prev`` (1 + the rank's previous entry, 0 for its first), and per input from
       another rank (at most two, in input order) ``p1``/``p2`` (1 + the producing entry, 0 none), ``x1``/``x2`` (its
       stage pair, an index into ``pairs``; -1 none), ``k1``/``k2`` (the transfer that brings it; -1 none); ``rank``,
-      ``plus``, ``minus`` (activations taken at the start and freed at the end); ``loop``: ``prev``, ``p1``, ``p2``
-      as lists, for the pass;
+      ``plus``, ``minus`` (activations taken at the start and freed at the end); ``loop``: ``prev``, ``p1``, ``p2``,
+      ``k1``, ``k2`` as lists, for the passes;
     * per transfer in event order (numpy arrays): ``tr_entry``, ``tr_pair``, ``tr_rank`` (producing entry, stage
       pair, receiving rank); ``dangling``: ``(1 + producing entry, pair)`` of the transfers no entry waits for;
     * ``meta`` per entry ``(rank, stage, mb, type, label, transfers, deltas)`` with transfers ``(pair, dst rank, dst
       stage, kind, mb, label)`` and deltas ``(plus, minus)`` or ``None``, for the events."""
 
     __slots__ = ("meta", "keys", "loop", "n", "pairs", "dangling", "rank", "plus", "minus", "prev", "p1", "x1",
-                 "k1", "p2", "x2", "k2", "tr_entry", "tr_pair", "tr_rank", "_by_rank", "_offsets", "_labels")
+                 "k1", "p2", "x2", "k2", "tr_entry", "tr_pair", "tr_rank", "_by_rank", "_offsets", "_labels", "_columns")
 
     def __init__(self, meta, keys, prev, need, pairs, ranks, plus, minus, tr_entry, tr_pair, tr_rank, dangling):
         import numpy as np
 
         self.meta, self.keys, self.pairs, self.n = meta, keys, pairs, len(meta)
-        self.loop = (prev, need[0], need[3])  # the pass's lists: prev, p1, p2
+        self.loop = (prev, need[0], need[3], need[2], need[5])  # as lists, for the passes: prev, p1, p2, k1, k2
         self.rank, self.plus, self.minus, self.prev, self.p1, self.x1, self.k1, self.p2, self.x2, self.k2, \
             self.tr_entry, self.tr_pair, self.tr_rank = (
                 np.array(v, dtype=np.int64) for v in (ranks, plus, minus, prev, *need, tr_entry, tr_pair, tr_rank))
@@ -146,6 +147,7 @@ class Packed:
         self._by_rank = None
         self._offsets = None
         self._labels = None
+        self._columns = None
 
     def last_by_label(self) -> dict:
         """``(rank, label) -> entry``: the rank's last entry with that label (a pair's entry also answers to each
@@ -159,6 +161,16 @@ class Packed:
                         got[(r, x.strip())] = j
             self._labels = got
         return self._labels
+
+    def columns(self) -> tuple:
+        """The events' fields as lists: per entry rank, stage, micro-batch, type, label; per transfer (event order)
+        ``[ranks, stages, micro-batches, kinds, labels]``."""
+        if self._columns is None:
+            cols = [list(c) for c in zip(*[m[:5] for m in self.meta])] if self.meta else [[], [], [], [], []]
+            flat = [(t[1], t[2], t[4], t[3], t[5]) for m in self.meta for t in m[5]]
+            tcols = [list(c) for c in zip(*flat)] if flat else [[], [], [], [], []]
+            self._columns = (*cols, tcols)
+        return self._columns
 
     def by_rank(self, R: int):
         """``(order, lo)``: the entries grouped by rank (stable: lane order), rank ``r``'s at ``order[lo[r]:lo[r +
@@ -302,30 +314,33 @@ class LinearRun:
         meta, ends = self.packed.meta, self.ends
         return {k: (ends[j + 1], int(gc[j]), meta[j][1], meta[j][2]) for k, j in found.items()}
 
-    def events(self, R: int) -> tuple[list[Event], list[int], list[list[tuple[float, int]]]]:
-        """``(events, preds, act_deltas)`` as the event loop builds them (``act_deltas``: per rank, ``(time,
-        +activations taken)`` at each start and ``(time, -activations freed)`` at each end)."""
-        events: list[Event] = []
-        preds: list[int] = []
-        act_deltas: list[list[tuple[float, int]]] = [[] for _ in range(R)]
-        ev_append, pred_append = events.append, preds.append
-        pt, start, end, pred = self.pair_time, self.start, self.ends, self.pred
-        for j, (r, stage, mb, typ, label, transfers, pm) in enumerate(self.packed.meta):
-            e = end[j + 1]
-            idx = len(events)
-            ev_append(Event(r, stage, mb, typ, start[j], e, "compute", label))
-            pred_append(pred[j])
-            if pm is not None:
-                if pm[0]:
-                    act_deltas[r].append((start[j], pm[0]))
-                if pm[1]:
-                    act_deltas[r].append((e, -pm[1]))
-            for pair, dst_rank, dst, kind, tmb, tlabel in transfers:
-                dt = pt[pair]
-                if dt > 0:
-                    ev_append(Event(dst_rank, dst, tmb, kind, e, e + dt, "comm", tlabel))
-                    pred_append(idx)
-        return events, preds, act_deltas
+    def events(self) -> tuple[list[Event], list[int]]:
+        """``(events, preds)`` as the event loop builds them: each compute event followed by its transfers that take
+        time, and each event's predecessor; made on arrays."""
+        import numpy as np
+
+        pk = self.packed
+        n = pk.n
+        ranks, stages, mbs, types, labels, tcols = pk.columns()
+        gc, gq, tmask = self.event_index()
+        events = list(map(Event, ranks, stages, mbs, types, self.start, self.end, repeat("compute", n), labels))
+        preds = np.empty(n + len(gq), dtype=np.int64)
+        preds[gc] = self.pred
+        if len(gq):
+            sel = np.flatnonzero(tmask)
+            cols = tcols if len(sel) == len(tmask) else [[c[i] for i in sel.tolist()] for c in tcols]
+            qs = self.end_array[pk.tr_entry[sel] + 1]
+            qe = qs + self._o[4][pk.tr_pair[sel]]  # the producer's end + the pair's seconds, as the event loop adds
+            comm = list(map(Event, cols[0], cols[1], cols[2], cols[3], qs.tolist(), qe.tolist(),
+                            repeat("comm", len(sel)), cols[4]))
+            preds[gq] = gc[pk.tr_entry[sel]]
+            laid = [None] * (n + len(gq))
+            for i, e in zip(gc.tolist(), events):
+                laid[i] = e
+            for i, e in zip(gq.tolist(), comm):
+                laid[i] = e
+            events = laid
+        return events, preds.tolist()
 
 
 def _check(durs: list, keys) -> None:
@@ -342,8 +357,8 @@ def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = Fals
     for all through its ``batch`` method where it has one: see :mod:`tessera_lab.pipeline.durations`).
 
     Returns a :class:`LinearRun` (starts, predecessors and events derived when read), or with ``make_events``
-    ``(events, preds, busy, act_deltas)`` as the event loop builds them. ``arrays``: the caller will read the
-    run's arrays (the durations are then checked on an array, which the busy times reuse).
+    ``(events, preds, busy, act_deltas)`` as the event loop builds them (:func:`_pass_with_events`). ``arrays``:
+    the caller will read the run's arrays (the durations are then checked on an array, which the busy times reuse).
 
     Raises:
         ScheduleError: a duration that is negative or not finite.
@@ -368,7 +383,9 @@ def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = Fals
             _check(durs, packed.keys)
     E = [0.0]
     append = E.append
-    prev, p1s, p2s = packed.loop
+    if make_events:
+        return _pass_with_events(packed, R, durs, pair_time, o1, o2)
+    prev, p1s, p2s = packed.loop[:3]
     for q, p1, a, p2, b, d in zip(prev, p1s, o1, p2s, o2, durs):
         s = E[q]
         if p1:
@@ -383,7 +400,58 @@ def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = Fals
     run = LinearRun(packed, R, E, durs, pair_time, (o1, o2, a1, a2, pt))
     if darr is not None:
         run._cache["durs_array"] = darr
-    if make_events:
-        events, preds, act_deltas = run.events(R)
-        return events, preds, run.busy, act_deltas
     return run
+
+
+def _pass_with_events(packed: Packed, R: int, durs: list, pair_time: list, o1: list, o2: list):
+    """The pass that also makes the events as it goes (cheaper than the arrays for short schedules): the same
+    starts and ends, each start's predecessor by the event loop's rules (the rank's previous event; an input from
+    another rank arriving later, or at the same time while the previous event still holds); returns ``(events,
+    preds, busy, act_deltas)`` as the event loop builds them."""
+    prev, p1s, p2s, k1s, k2s = packed.loop
+    E = [0.0]  # 1 + entry -> its end
+    G = [-1]  # 1 + entry -> its event index
+    arr_ev = [-1] * len(packed.tr_entry)  # transfer -> the event its input is there by (itself, or its producer)
+    events: list[Event] = []
+    preds: list[int] = []
+    busy = [0.0] * R
+    act_deltas: list[list[tuple[float, int]]] = [[] for _ in range(R)]
+    ev_append, pred_append = events.append, preds.append
+    t = 0
+    for j, (r, stage, mb, typ, label, transfers, pm) in enumerate(packed.meta):
+        q = prev[j]
+        start = E[q]
+        pred = last = G[q]
+        p1 = p1s[j]
+        if p1:
+            v = E[p1] + o1[j]
+            if v >= start:
+                start, pred = v, arr_ev[k1s[j]]
+            p2 = p2s[j]
+            if p2:
+                v = E[p2] + o2[j]
+                if v > start or (v == start and pred == last):
+                    start, pred = v, arr_ev[k2s[j]]
+        d = durs[j]
+        e = start + d
+        idx = len(events)
+        ev_append(Event(r, stage, mb, typ, start, e, "compute", label))
+        pred_append(pred)
+        E.append(e)
+        G.append(idx)
+        busy[r] += d
+        if pm is not None:
+            if pm[0]:
+                act_deltas[r].append((start, pm[0]))
+            if pm[1]:
+                act_deltas[r].append((e, -pm[1]))
+        for pair, dst_rank, dst, kind, tmb, tlabel in transfers:
+            dt = pair_time[pair]
+            if dt > 0:
+                arr_ev[t] = len(events)
+                ev_append(Event(dst_rank, dst, tmb, kind, e, e + dt, "comm", tlabel))
+                pred_append(idx)
+            else:
+                arr_ev[t] = idx
+            t += 1
+    return events, preds, busy, act_deltas

@@ -530,7 +530,7 @@ def _linear_timeline(schedule, run, R: int):
             total += per_rank[r]
         exposed[P2P_COLLECTIVE] = total
     tl = Timeline(
-        events=_Lazy(lambda tl: run.events(R)[0]),
+        events=_Lazy(lambda tl: run.events()[0]),
         iteration_time=T,
         per_rank_busy=busy,
         per_rank_idle=idle,
