@@ -28,7 +28,7 @@ def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
     :class:`Packed` plan; ``None`` when the programs cannot all run (a deadlock: the event loop then reports it) or
     hold a non-compute op."""
     R = len(programs)
-    slots: dict[tuple, int] = {}  # the outputs produced so far, each with its slot
+    produced: set[tuple] = set()  # the outputs produced so far
     pairs: dict[tuple[int, int], int] = {}  # (src stage, dst stage) of each cross-rank transfer -> index
     arrived: dict[tuple, int] = {}  # key -> index of the transfer that brought it (the latest)
     w_done: dict[tuple, list[int]] = {}
@@ -38,15 +38,10 @@ def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
     in_ready = [True] * R
     last_of = [0] * R  # per rank: 1 + its latest entry (0: none yet)
     meta: list[tuple] = []
-    ranks: list[int] = []
-    pluses: list[int] = []
-    minuses: list[int] = []
-    prev: list[int] = []
-    need: list[list[int]] = [[], [], [], [], [], []]  # p1, x1, k1, p2, x2, k2 (producer + 1, pair, transfer)
-    keys: list[list] = [[], [], []]
-    tr_entry: list[int] = []
-    tr_pair: list[int] = []
-    tr_rank: list[int] = []
+    rows: list[tuple] = []  # per entry: rank, plus, minus, prev, p1, x1, k1, p2, x2, k2, *durations key
+    transfers_of: list[tuple] = []  # per transfer: producing entry, pair, receiving rank
+    meta_append, rows_append, tr_append = meta.append, rows.append, transfers_of.append
+    no_input = (0, -1, -1)
 
     def wake(wdict: dict, key: tuple) -> None:
         for q in wdict.pop(key):
@@ -65,26 +60,31 @@ def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
                 return None
             _, a, needs, produces, dur_key, ev_stage, ev_mb, typ, label, plus, minus = op
             missing = None
+            inputs = []  # (1 + producing entry, pair, transfer) of each input from another rank
             for cross, key in needs:
-                if key not in (arrived if cross else slots):
-                    missing = (w_arr if cross else w_done, key)
+                if cross:
+                    t = arrived.get(key)
+                    if t is None:
+                        missing = (w_arr, key)
+                        break
+                    e_, pair_, _ = transfers_of[t]
+                    inputs.append((e_ + 1, pair_, t))
+                elif key not in produced:
+                    missing = (w_done, key)
                     break
             if missing is not None:
                 missing[0].setdefault(missing[1], []).append(r)
                 break
             j = len(meta)
-            cross_needs = [arrived[key] for cross, key in needs if cross]
-            if len(cross_needs) > 2:  # pragma: no cover - a pair's leaves have at most two inputs from other ranks
+            if len(inputs) > 2:  # pragma: no cover - a pair's leaves have at most two inputs from other ranks
                 return None
-            for c in range(2):
-                t = cross_needs[c] if c < len(cross_needs) else -1
-                need[3 * c].append(tr_entry[t] + 1 if t >= 0 else 0)
-                need[3 * c + 1].append(tr_pair[t] if t >= 0 else -1)
-                need[3 * c + 2].append(t)
+            first = inputs[0] if inputs else no_input
+            second = inputs[1] if len(inputs) > 1 else no_input
+            rows_append((r, plus, minus, last_of[r], *first, *second, *dur_key))
+            last_of[r] = j + 1
             transfers = []
             for key, dst in produces:
-                if key not in slots:
-                    slots[key] = len(slots)
+                produced.add(key)
                 if key in w_done:
                     wake(w_done, key)
                 if dst < 0:
@@ -95,27 +95,20 @@ def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
                 dst_rank = s2r[dst]
                 kind = "RECV_F" if key[0] == "F" else "RECV_B"
                 transfers.append((pair, dst_rank, dst, kind, key[2], f"{dst}{kind}{key[2]}"))
-                arrived[key] = len(tr_entry)
-                tr_entry.append(j)
-                tr_pair.append(pair)
-                tr_rank.append(dst_rank)
+                arrived[key] = len(transfers_of)
+                tr_append((j, pair, dst_rank))
                 if key in w_arr:
                     wake(w_arr, key)
-            meta.append((r, ev_stage, ev_mb, typ, label, tuple(transfers), (plus, minus) if plus or minus else None))
-            for c in range(3):
-                keys[c].append(dur_key[c])
-            prev.append(last_of[r])
-            last_of[r] = j + 1
-            ranks.append(r)
-            pluses.append(plus)
-            minuses.append(minus)
+            meta_append((r, ev_stage, ev_mb, typ, label, tuple(transfers), (plus, minus) if plus or minus else None))
             k += 1
         pc[r] = k
     if any(pc[r] < len(programs[r]) for r in range(R)):
         return None
-    used = set(need[2]) | set(need[5])
-    dangling = [t for t in range(len(tr_entry)) if t not in used]  # transfers no action waits for
-    return Packed(meta, keys, prev, need, list(pairs), ranks, pluses, minuses, tr_entry, tr_pair, tr_rank, dangling)
+    cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in range(13)]
+    tr = [list(c) for c in zip(*transfers_of)] if transfers_of else [[], [], []]
+    used = set(cols[6]) | set(cols[9])
+    dangling = [t for t in range(len(transfers_of)) if t not in used]  # transfers no action waits for
+    return Packed(meta, cols[10:13], cols[3], cols[4:10], list(pairs), cols[0], cols[1], cols[2], *tr, dangling)
 
 
 class Packed:
