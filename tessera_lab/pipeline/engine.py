@@ -54,8 +54,8 @@ from tessera_lab.pipeline.actions import ActionType
 from tessera_lab.pipeline.durations import Durations, _nonneg
 from tessera_lab.pipeline.linear import linear_plan, run_linear
 from tessera_lab.pipeline.p2p import check_nccl_order
-from tessera_lab.pipeline.timeline import (Event, Timeline, _add_comm_tasks, _build_timeline, _comm_tasks,
-                                          _linear_timeline)
+from tessera_lab.pipeline.timeline import (P2P_COLLECTIVE, Event, Timeline, _add_comm_tasks, _build_timeline,
+                                          _comm_tasks, _linear_timeline)
 
 __all__ = ["compile_schedule", "simulate", "Walk", "action_inputs"]
 
@@ -221,6 +221,8 @@ def compile_schedule(schedule) -> tuple:
     return programs, explicit_send, explicit_recv, plan
 
 
+_P2P_NAMES = frozenset({P2P_COLLECTIVE, "RECV_F", "RECV_B"})
+
 #: from this many actions up the linear pass's timeline is analysed on numpy arrays (below, numpy's per-call cost
 #: exceeds the work: the event list is made and analysed in Python); both give the same timeline
 ARRAY_TIMELINE_MIN_ACTIONS = 1024
@@ -260,10 +262,13 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, 
             if comm:  # the extra collectives' ends, their actions found on the plan (no events made)
                 T = max([T, *(end for *_, end, _ in _comm_tasks(comm, R, run.locate))])
             return T
-        if comm or plan.n < ARRAY_TIMELINE_MIN_ACTIONS:
-            events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer, make_events=True)
-            return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
-        return _linear_timeline(schedule, run_linear(plan, R, durations, xfer, arrays=True), R)
+        if plan.n >= ARRAY_TIMELINE_MIN_ACTIONS:
+            run = run_linear(plan, R, durations, xfer, arrays=True)
+            tasks = _comm_tasks(comm, R, run.locate) if comm else []
+            if not any(x[3] in _P2P_NAMES for x in tasks):  # (a collective named as the transfers joins their lane)
+                return _linear_timeline(schedule, run, R, tasks)
+        events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer, make_events=True)
+        return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
 
     # ---- state ----------------------------------------------------------------------------
     done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action

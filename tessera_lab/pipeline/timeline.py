@@ -472,9 +472,11 @@ def _peaks_in_lane_order(np, r, cs, ce, plus, minus, R: int) -> list[int]:
     return peaks.tolist()
 
 
-def _linear_timeline(schedule, run, R: int):
+def _linear_timeline(schedule, run, R: int, tasks: list | None = None):
     """The :class:`Timeline` of a :func:`tessera_lab.pipeline.linear.run_linear` pass, the same as
-    :func:`_build_timeline` of its events, computed on arrays (events and critical path made when first read)."""
+    :func:`_build_timeline` of its events, computed on arrays (events and critical path made when first read).
+    ``tasks``: the extra collectives (:func:`_comm_tasks`, none named as the p2p transfers count), events after the
+    pass's."""
     import numpy as np
 
     pk = run.packed
@@ -492,23 +494,25 @@ def _linear_timeline(schedule, run, R: int):
         qs = qe = np.zeros(0)
         qr = tr_e
     nq = len(qe)
-    T = max(0.0, float(ce.max()) if n else 0.0, float(qe.max()) if nq else 0.0)
+    tasks = tasks or []
+    T = max(0.0, float(ce.max()) if n else 0.0, float(qe.max()) if nq else 0.0, *(x[5] for x in tasks))
 
     def critical_path(tl) -> list[Event]:
         """From the last-ending event (a compute one on ties) back along the predecessors (global event indices:
-        each compute event followed by its transfers)."""
-        if not n + nq:
+        each compute event followed by its transfers, then the collectives)."""
+        if not n + nq + len(tasks):
             return []
         gc, gq, _ = run.event_index()
         jc = np.flatnonzero(ce == T)
         kq = np.flatnonzero(qe == T)
         last_compute = int(gc[jc[-1]]) if len(jc) else -1
-        last_any = max(last_compute, int(gq[kq[-1]]) if len(kq) else -1)
+        last_any = max(last_compute, int(gq[kq[-1]]) if len(kq) else -1,
+                       *(n + nq + i for i, x in enumerate(tasks) if x[5] == T))
         idx = last_compute if last_compute >= 0 else last_any
         preds = np.empty(n + nq, dtype=np.int64)
         preds[gc] = run.pred
         preds[gq] = gc[tr_e]
-        preds = preds.tolist()
+        preds = preds.tolist() + [x[6] for x in tasks]
         path, seen = [], set()
         while idx >= 0 and idx not in seen:
             seen.add(idx)
@@ -516,21 +520,29 @@ def _linear_timeline(schedule, run, R: int):
             idx = preds[idx]
         events = tl.events
         return [events[i] for i in reversed(path)]
+
+    def events(tl) -> list[Event]:
+        return run.events()[0] + [Event(r, st, mb, name, a, b, "comm", name) for r, st, mb, name, a, b, _ in tasks]
+
     busy = run.busy
     idle = [max(0.0, T - b) for b in busy]
     total_busy, total_idle = sum(busy), sum(idle)
     order, _ = pk.by_rank(R)
     r_o, cs_o, ce_o = pk.rank[order], cs[order], ce[order]
+    lanes = {P2P_COLLECTIVE: (qr, qs, qe)} if nq else {}  # collective -> its intervals (rank, start, end)
+    for name in dict.fromkeys(x[3] for x in tasks):
+        got = [x for x in tasks if x[3] == name]
+        lanes[name] = tuple(np.array([x[i] for x in got], dtype=float if i else np.int64) for i in (0, 4, 5))
     exposed: dict[str, float] = {}
-    if nq:  # summed over the ranks in the order their first transfer appears, as the event list's analysis does
-        per_rank = _exposed_by_rank(np, r_o, cs_o, ce_o, T, qr, qs, qe, R)
-        ranks, first = np.unique(_small(np, qr, R), return_index=True)
+    for name, (lr, ls, le) in lanes.items():  # summed over the ranks in the order of their first interval
+        per_rank = _exposed_by_rank(np, r_o, cs_o, ce_o, T, lr, ls, le, R)
+        ranks, first = np.unique(_small(np, lr, R), return_index=True)
         total = 0.0
         for r in ranks[np.argsort(first, kind="stable")].tolist():
             total += per_rank[r]
-        exposed[P2P_COLLECTIVE] = total
+        exposed[name] = total
     tl = Timeline(
-        events=_Lazy(lambda tl: run.events()[0]),
+        events=_Lazy(events),
         iteration_time=T,
         per_rank_busy=busy,
         per_rank_idle=idle,
