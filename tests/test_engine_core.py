@@ -16,39 +16,73 @@ from tessera_lab.errors import ConfigError, DeadlockError
 from tessera_lab.pipeline.engine import Walk, action_inputs
 from tessera_lab.pipeline.schedules import ActionType, build_schedule
 from tessera_lab.pipeline.simulate import simulate, uniform_durations
-from tessera_lab.pipeline.timeline import (_Lazy, _exposed_on_rank, interval_gaps, merge_intervals,
-                                           overlap_length)
+from tessera_lab.pipeline.timeline import (_Lazy, _exposed_by_rank, _peaks_in_lane_order, interval_gaps,
+                                           merge_intervals, overlap_length)
 
 _times = st.integers(0, 12).map(lambda x: x * 0.25)  # a coarse grid: ties, touching and empty intervals are common
+_lane = st.lists(st.tuples(_times, _times), max_size=8)  # (gap before, duration) of each compute interval
+_comm = st.lists(st.tuples(_times, st.integers(0, 6)), max_size=8)  # (start, quarters) of each comm interval
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(_times, _times), max_size=8), st.lists(st.tuples(_times, st.integers(0, 6)), max_size=8),
-       st.integers(0, 8))
-def test_exposure_on_arrays_equals_the_interval_helpers(gaps_durs, comm, tail):
-    """A rank's compute intervals in lane order (each starts at or after the previous end), comm intervals anywhere
-    (overlapping, touching, empty): the array computation gives the float of the helpers exactly."""
-    cs, ce, t = [], [], 0.0
-    for gap, dur in gaps_durs:
-        t += gap
-        cs.append(t)
-        t += dur
-        ce.append(t)
-    qs = [s for s, _ in comm]
-    qe = [s + 0.25 * k for s, k in comm]
-    T = max([t, *qe]) + 0.25 * tail
-    want = overlap_length(merge_intervals(zip(qs, qe)), interval_gaps(merge_intervals(zip(cs, ce)), T))
-    got = _exposed_on_rank(np, np.array(cs, dtype=float), np.array(ce, dtype=float), T, np.array(qs, dtype=float),
-                           np.array(qe, dtype=float))
-    assert got == want
+@given(st.lists(st.tuples(_lane, _comm), min_size=1, max_size=4), st.integers(0, 8), st.randoms())
+def test_exposure_on_arrays_equals_the_interval_helpers(ranks, tail, rnd):
+    """Per rank, compute intervals in lane order (each starts at or after the previous end), comm intervals anywhere
+    (overlapping, touching, empty, in any order, ranks mixed): the array computation for all ranks at once gives
+    the float of the helpers exactly, rank by rank."""
+    lanes, comms = [], []
+    for r, (gaps_durs, comm) in enumerate(ranks):
+        t = 0.0
+        for gap, dur in gaps_durs:
+            lanes.append((r, t + gap, t + gap + dur))
+            t += gap + dur
+        comms += [(r, s, s + 0.25 * k) for s, k in comm]
+    rnd.shuffle(comms)
+    R = len(ranks)
+    T = max([0.0] + [e for _, _, e in lanes + comms]) + 0.25 * tail
+    want = [overlap_length(merge_intervals((s, e) for q, s, e in comms if q == r),
+                           interval_gaps(merge_intervals((s, e) for q, s, e in lanes if q == r), T)) for r in range(R)]
+    cr, cs, ce = (np.array([x[i] for x in lanes], dtype=float if i else np.int64) for i in range(3))
+    qr, qs, qe = (np.array([x[i] for x in comms], dtype=float if i else np.int64) for i in range(3))
+    assert _exposed_by_rank(np, cr, cs, ce, T, qr, qs, qe, R) == want
 
 
 def test_exposure_by_hand():
-    """Compute [0, 1] and [3, 4] in [0, 6]: idle (1, 3) and (4, 6). Transfers (0.5, 2) and (1.5, 3.5) merge into
-    (0.5, 3.5): 2 s idle under them; (5, 7) is cut at... T = 6 is the caller's: (5, 6) gives 1 more -> 3."""
-    got = _exposed_on_rank(np, np.array([0.0, 3.0]), np.array([1.0, 4.0]), 6.0, np.array([0.5, 1.5, 5.0]),
-                           np.array([2.0, 3.5, 6.0]))
-    assert got == 3.0
+    """Rank 0 computes [0, 1] and [3, 4] in [0, 6]: idle (1, 3) and (4, 6). Transfers (0.5, 2) and (1.5, 3.5) merge
+    into (0.5, 3.5): 2 s idle under them; (5, 7) is cut at T = 6 (the caller's): (5, 6) gives 1 more -> 3. Rank 1
+    computes nothing: its transfer (2, 2.5) is all exposed; rank 2 has no transfer."""
+    got = _exposed_by_rank(np, np.array([0, 0]), np.array([0.0, 3.0]), np.array([1.0, 4.0]), 6.0,
+                           np.array([0, 1, 0, 0]), np.array([0.5, 2.0, 1.5, 5.0]), np.array([2.0, 2.5, 3.5, 7.0]), 3)
+    assert got == [3.0, 0.5, 0.0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(_times, _times, st.integers(0, 2), st.integers(0, 2)), max_size=8), min_size=1,
+                max_size=4))
+def test_peaks_in_lane_order_equal_the_sorted_deltas(ranks):
+    """Per rank, actions in lane order (gap, duration, activations taken at the start, freed at the end; zero
+    durations and ties common): the peak equals the count over the (time, delta) pairs sorted with frees first at
+    equal times, as the event list's analysis counts it."""
+    r_, cs, ce, plus, minus, want = [], [], [], [], [], []
+    for r, acts in enumerate(ranks):
+        t, deltas = 0.0, []
+        for gap, dur, p, m in acts:
+            r_.append(r)
+            cs.append(t + gap)
+            ce.append(t + gap + dur)
+            plus.append(p)
+            minus.append(m)
+            deltas += [(t + gap, p), (t + gap + dur, -m)]
+            t += gap + dur
+        live = peak = 0
+        for _, d in sorted(x for x in deltas if x[1]):
+            live += d
+            peak = max(peak, live)
+        want.append(peak)
+    a = (np.array(x, dtype=np.int64) for x in (r_, plus, minus))
+    r_a, plus_a, minus_a = a
+    assert _peaks_in_lane_order(np, r_a, np.array(cs, dtype=float), np.array(ce, dtype=float), plus_a, minus_a,
+                                len(ranks)) == want
 
 
 def test_timeline_events_are_made_when_first_read_and_shared_with_the_critical_path(monkeypatch):

@@ -25,6 +25,10 @@ class Durations(Protocol):
     (weight gradient) or ``OVERLAP_F_B`` (called with the backward sub-action's stage and
     micro-batch; returns the pair makespan). Any callable with this signature works, e.g. one
     that reads per-(stage, micro-batch) expert loads for variable routing.
+
+    Optionally the object also has ``batch(stages, microbatches, types) -> list[float]``: the values of calling it
+    on each triple of the three equal-length lists, in order. The simulator then asks for every action's time in
+    one call (the makers below have it).
     """
 
     def __call__(self, stage: int, microbatch: int, type: ActionType) -> float: ...
@@ -55,6 +59,10 @@ class _Uniform:
 
     def __call__(self, stage: int, microbatch: int, type: ActionType) -> float:
         return self._table[type]
+
+    def batch(self, stages, microbatches, types) -> list[float]:
+        """``[self(s, i, k) for s, i, k in zip(stages, microbatches, types)]``."""
+        return list(map(self._table.__getitem__, types))
 
     def __repr__(self) -> str:
         return f"uniform_durations(f={self.f}, b={self.b}, w={self.w}, fb={self.fb})"
@@ -91,6 +99,14 @@ class _PerStage:
             raise ConfigError(
                 f"stage_durations: no times for stage {stage}; lists cover stages 0..{len(self.tables) - 1}"
             ) from None
+
+    def batch(self, stages, microbatches, types) -> list[float]:
+        """``[self(s, i, k) for s, i, k in zip(stages, microbatches, types)]``."""
+        tables = self.tables
+        try:
+            return [tables[s][k] for s, k in zip(stages, types)]
+        except IndexError:
+            return list(map(self, stages, microbatches, types))  # raises the call's error
 
 
 def stage_durations(

@@ -54,7 +54,8 @@ from tessera_lab.pipeline.actions import ActionType
 from tessera_lab.pipeline.durations import Durations, _nonneg
 from tessera_lab.pipeline.linear import linear_plan, run_linear
 from tessera_lab.pipeline.p2p import check_nccl_order
-from tessera_lab.pipeline.timeline import Event, Timeline, _add_comm_tasks, _build_timeline, _linear_timeline
+from tessera_lab.pipeline.timeline import (P2P_COLLECTIVE, Event, Timeline, _add_comm_tasks, _build_timeline,
+                                          _comm_tasks, _linear_timeline)
 
 __all__ = ["compile_schedule", "simulate", "Walk", "action_inputs"]
 
@@ -220,26 +221,31 @@ def compile_schedule(schedule) -> tuple:
     return programs, explicit_send, explicit_recv, plan
 
 
+_P2P_NAMES = frozenset({P2P_COLLECTIVE, "RECV_F", "RECV_B"})
+
 #: from this many actions up the linear pass's timeline is analysed on numpy arrays (below, numpy's per-call cost
 #: exceeds the work: the event list is made and analysed in Python); both give the same timeline
 ARRAY_TIMELINE_MIN_ACTIONS = 1024
 
-#: compiled programs of recently simulated schedules, by identity and a fingerprint of every action list
+#: compiled programs of recently simulated schedules, by identity, with a copy of every action list
 _COMPILED: dict[int, tuple] = {}
 
 
 def _compiled_for(schedule) -> tuple:
-    """:func:`compile_schedule` of ``schedule``, reused while its actions (each list's action objects, held alive by
-    the cache so their identities stay unique) and ``stage_to_rank`` are unchanged."""
-    fp = (schedule.num_stages, schedule.num_ranks, tuple(sorted(schedule.stage_to_rank.items())),
-          tuple(tuple(map(id, schedule.actions.get(r, []))) for r in range(schedule.num_ranks)))
+    """:func:`compile_schedule` of ``schedule``, reused while its actions and ``stage_to_rank`` are unchanged: each
+    action list equal to the copy held with the compiled programs (a list compare, by identity first; an equal action
+    compiles the same)."""
+    lists = schedule.actions
+    R = schedule.num_ranks
     held = _COMPILED.get(id(schedule))
-    if held is not None and held[0] is schedule and held[1] == fp:
-        return held[2]
+    if (held is not None and held[0] is schedule and held[1] == (schedule.num_stages, R, schedule.stage_to_rank)
+            and all(lists.get(r, []) == h for r, h in zip(range(R), held[2]))):
+        return held[3]
     compiled = compile_schedule(schedule)
     if len(_COMPILED) >= 8:
         _COMPILED.pop(next(iter(_COMPILED)))
-    _COMPILED[id(schedule)] = (schedule, fp, compiled)
+    _COMPILED[id(schedule)] = (schedule, (schedule.num_stages, R, dict(schedule.stage_to_rank)),
+                               [list(lists.get(r, [])) for r in range(R)], compiled)
     return compiled
 
 
@@ -250,12 +256,19 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, 
     ranks = range(R)
     programs, explicit_send, explicit_recv, plan = compiled if compiled is not None else _compiled_for(schedule)
     if plan is not None and not blocking_sends:  # the order is fixed: one pass (pipeline.linear)
-        if time_only and not comm:
-            return run_linear(plan, R, durations, xfer).iteration_time()
-        if comm or len(plan.entries) < ARRAY_TIMELINE_MIN_ACTIONS:
-            events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer, make_events=True)
-            return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
-        return _linear_timeline(schedule, run_linear(plan, R, durations, xfer), R)
+        if time_only:
+            run = run_linear(plan, R, durations, xfer)
+            T = run.iteration_time()
+            if comm:  # the extra collectives' ends, their actions found on the plan (no events made)
+                T = max([T, *(end for *_, end, _ in _comm_tasks(comm, R, run.locate))])
+            return T
+        if plan.n >= ARRAY_TIMELINE_MIN_ACTIONS:
+            run = run_linear(plan, R, durations, xfer, arrays=True)
+            tasks = _comm_tasks(comm, R, run.locate) if comm else []
+            if not any(x[3] in _P2P_NAMES for x in tasks):  # (a collective named as the transfers joins their lane)
+                return _linear_timeline(schedule, run, R, tasks)
+        events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer, make_events=True)
+        return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
 
     # ---- state ----------------------------------------------------------------------------
     done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action

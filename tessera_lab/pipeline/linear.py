@@ -2,18 +2,20 @@
 
 In that case the order in which :func:`tessera_lab.pipeline.engine.simulate`'s event loop runs the actions (a
 stack of ready ranks, each running until an input is missing, woken when it arrives) depends on which inputs
-exist, never on the durations. :func:`linear_plan` replays that loop once without times and records the order
-(with the dependencies as integer slots, transfers as stage-pair indices: a :class:`Packed` plan);
-:func:`run_linear` then computes every start and end in one pass over it: the same events, in the same order, with
-the same arithmetic and tie rules as the event loop (so the timelines are identical), without wait lists or
-tuple-keyed dictionaries, and for long schedules without event objects (:class:`LinearRun`: starts, ends and
-predecessors in lists, analysed on arrays by :func:`tessera_lab.pipeline.timeline._linear_timeline`; the events are
-made when first read).
+exist, never on the durations. :func:`linear_plan` replays that loop once without times and records the order as
+flat integer lists (a :class:`Packed` plan); :func:`run_linear` then computes every end time in one tight pass over
+them: an action starts at the later of its rank's previous end and the arrival of each input produced on another
+rank (the producer's end plus the stage pair's transfer time), and ends ``duration`` seconds later. Inputs produced
+on the same rank need no test: their producer ran earlier on the same lane, so they are there by the rank's clock.
+The floats are those of the event loop (the same additions and comparisons); the starts, each start's predecessor
+(the event loop's tie rules) and the events are derived from the ends on arrays when first read
+(:class:`LinearRun`), so the timeline is the event loop's, bit for bit.
 """
 
 from __future__ import annotations
 
 import math
+from itertools import repeat
 
 from tessera_lab.errors import ScheduleError
 from tessera_lab.pipeline.timeline import Event
@@ -23,26 +25,23 @@ _OP_COMPUTE = 0
 
 def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
     """The execution order of ``programs`` (compute ops only) as the event loop would run them, as a
-    :class:`Packed` plan (dependencies as integer slots, transfers as stage-pair indices); ``None`` when the
-    programs cannot all run (a deadlock: the event loop then reports it) or hold a non-compute op."""
+    :class:`Packed` plan; ``None`` when the programs cannot all run (a deadlock: the event loop then reports it) or
+    hold a non-compute op."""
     R = len(programs)
-    slots: dict[tuple, int] = {}  # the outputs produced so far, each with its slot
+    produced: set[tuple] = set()  # the outputs produced so far
     pairs: dict[tuple[int, int], int] = {}  # (src stage, dst stage) of each cross-rank transfer -> index
-    arrived: set[tuple] = set()
+    arrived: dict[tuple, int] = {}  # key -> index of the transfer that brought it (the latest)
     w_done: dict[tuple, list[int]] = {}
     w_arr: dict[tuple, list[int]] = {}
     pc = [0] * R
     ready = list(range(R))
     in_ready = [True] * R
-    entries: list[tuple] = []
-    ev_entries: list[tuple] = []
+    last_of = [0] * R  # per rank: 1 + its latest entry (0: none yet)
     meta: list[tuple] = []
-    ranks: list[int] = []
-    pluses: list[int] = []
-    minuses: list[int] = []
-    tr_entry: list[int] = []
-    tr_pair: list[int] = []
-    tr_rank: list[int] = []
+    rows: list[tuple] = []  # per entry: rank, plus, minus, prev, p1, x1, k1, p2, x2, k2, *durations key
+    transfers_of: list[tuple] = []  # per transfer: producing entry, pair, receiving rank
+    meta_append, rows_append, tr_append = meta.append, rows.append, transfers_of.append
+    no_input = (0, -1, -1)
 
     def wake(wdict: dict, key: tuple) -> None:
         for q in wdict.pop(key):
@@ -61,233 +60,391 @@ def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
                 return None
             _, a, needs, produces, dur_key, ev_stage, ev_mb, typ, label, plus, minus = op
             missing = None
+            inputs = []  # (1 + producing entry, pair, transfer) of each input from another rank
             for cross, key in needs:
-                if key not in (arrived if cross else slots):
-                    missing = (w_arr if cross else w_done, key)
+                if cross:
+                    t = arrived.get(key)
+                    if t is None:
+                        missing = (w_arr, key)
+                        break
+                    e_, pair_, _ = transfers_of[t]
+                    inputs.append((e_ + 1, pair_, t))
+                elif key not in produced:
+                    missing = (w_done, key)
                     break
             if missing is not None:
                 missing[0].setdefault(missing[1], []).append(r)
                 break
-            j = len(entries)
-            prods, transfers, full = [], [], []
+            j = len(meta)
+            if len(inputs) > 2:  # pragma: no cover - a pair's leaves have at most two inputs from other ranks
+                return None
+            first = inputs[0] if inputs else no_input
+            second = inputs[1] if len(inputs) > 1 else no_input
+            rows_append((r, plus, minus, last_of[r], *first, *second, *dur_key))
+            last_of[r] = j + 1
+            transfers = []
             for key, dst in produces:
-                got = slots.get(key)
-                if got is None:
-                    got = slots[key] = len(slots)
+                produced.add(key)
                 if key in w_done:
                     wake(w_done, key)
                 if dst < 0:
-                    prods.append((got, -1))
-                    full.append((got, None))
                     continue
                 pair = pairs.get((key[1], dst))
                 if pair is None:
                     pair = pairs[(key[1], dst)] = len(pairs)
                 dst_rank = s2r[dst]
-                prods.append((got, pair))
                 kind = "RECV_F" if key[0] == "F" else "RECV_B"
                 transfers.append((pair, dst_rank, dst, kind, key[2], f"{dst}{kind}{key[2]}"))
-                full.append((got, transfers[-1]))
-                tr_entry.append(j)
-                tr_pair.append(pair)
-                tr_rank.append(dst_rank)
-                arrived.add(key)
+                arrived[key] = len(transfers_of)
+                tr_append((j, pair, dst_rank))
                 if key in w_arr:
                     wake(w_arr, key)
-            meta.append((r, ev_stage, ev_mb, typ, label, tuple(transfers), (plus, minus) if plus or minus else None))
-            slot_needs = tuple((cross, slots[key]) for cross, key in needs)
-            entries.append((r, slot_needs, tuple(prods), *dur_key))
-            ev_entries.append((r, slot_needs, tuple(full), *dur_key, ev_stage, ev_mb, typ, label, plus, minus))
-            ranks.append(r)
-            pluses.append(plus)
-            minuses.append(minus)
+            meta_append((r, ev_stage, ev_mb, typ, label, tuple(transfers), (plus, minus) if plus or minus else None))
             k += 1
         pc[r] = k
     if any(pc[r] < len(programs[r]) for r in range(R)):
         return None
-    return Packed(entries, ev_entries, meta, len(slots), list(pairs), ranks, pluses, minuses, tr_entry, tr_pair,
-                  tr_rank)
+    cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in range(13)]
+    tr = [list(c) for c in zip(*transfers_of)] if transfers_of else [[], [], []]
+    used = set(cols[6]) | set(cols[9])
+    dangling = [t for t in range(len(transfers_of)) if t not in used]  # transfers no action waits for
+    return Packed(meta, cols[10:13], cols[3], cols[4:10], list(pairs), cols[0], cols[1], cols[2], *tr, dangling)
+
+
+class Packed:
+    """A :func:`linear_plan`, in the plan's order (entry ``j`` = the ``j``-th compute action the event loop runs):
+
+    * ``keys``: the ``durations`` arguments of every entry (lists of stages, micro-batches, types);
+    * per entry (numpy arrays): ``prev`` (1 + the rank's previous entry, 0 for its first), and per input from
+      another rank (at most two, in input order) ``p1``/``p2`` (1 + the producing entry, 0 none), ``x1``/``x2`` (its
+      stage pair, an index into ``pairs``; -1 none), ``k1``/``k2`` (the transfer that brings it; -1 none); ``rank``,
+      ``plus``, ``minus`` (activations taken at the start and freed at the end); ``loop``: ``prev``, ``p1``, ``p2``,
+      ``k1``, ``k2`` as lists, for the passes;
+    * per transfer in event order (numpy arrays): ``tr_entry``, ``tr_pair``, ``tr_rank`` (producing entry, stage
+      pair, receiving rank); ``dangling``: ``(1 + producing entry, pair)`` of the transfers no entry waits for;
+    * ``meta`` per entry ``(rank, stage, mb, type, label, transfers, deltas)`` with transfers ``(pair, dst rank, dst
+      stage, kind, mb, label)`` and deltas ``(plus, minus)`` or ``None``, for the events."""
+
+    __slots__ = ("meta", "keys", "loop", "n", "pairs", "dangling", "rank", "plus", "minus", "prev", "p1", "x1",
+                 "k1", "p2", "x2", "k2", "tr_entry", "tr_pair", "tr_rank", "_by_rank", "_offsets", "_labels", "_columns")
+
+    def __init__(self, meta, keys, prev, need, pairs, ranks, plus, minus, tr_entry, tr_pair, tr_rank, dangling):
+        import numpy as np
+
+        self.meta, self.keys, self.pairs, self.n = meta, keys, pairs, len(meta)
+        self.loop = (prev, need[0], need[3], need[2], need[5])  # as lists, for the passes: prev, p1, p2, k1, k2
+        self.rank, self.plus, self.minus, self.prev, self.p1, self.x1, self.k1, self.p2, self.x2, self.k2, \
+            self.tr_entry, self.tr_pair, self.tr_rank = (
+                np.array(v, dtype=np.int64) for v in (ranks, plus, minus, prev, *need, tr_entry, tr_pair, tr_rank))
+        self.dangling = [(tr_entry[t] + 1, tr_pair[t]) for t in dangling]
+        self._by_rank = None
+        self._offsets = None
+        self._labels = None
+        self._columns = None
+
+    def last_by_label(self) -> dict:
+        """``(rank, label) -> entry``: the rank's last entry with that label (a pair's entry also answers to each
+        sub-action's label)."""
+        if self._labels is None:
+            got = {}
+            for j, (r, _, _, typ, label, _, _) in enumerate(self.meta):
+                got[(r, label)] = j
+                if typ == "OVERLAP_F_B":
+                    for x in label[1:label.index(")")].split(";"):
+                        got[(r, x.strip())] = j
+            self._labels = got
+        return self._labels
+
+    def columns(self) -> tuple:
+        """The events' fields as lists: per entry rank, stage, micro-batch, type, label; per transfer (event order)
+        ``[ranks, stages, micro-batches, kinds, labels]``."""
+        if self._columns is None:
+            cols = [list(c) for c in zip(*[m[:5] for m in self.meta])] if self.meta else [[], [], [], [], []]
+            flat = [(t[1], t[2], t[4], t[3], t[5]) for m in self.meta for t in m[5]]
+            tcols = [list(c) for c in zip(*flat)] if flat else [[], [], [], [], []]
+            self._columns = (*cols, tcols)
+        return self._columns
+
+    def by_rank(self, R: int):
+        """``(order, lo)``: the entries grouped by rank (stable: lane order), rank ``r``'s at ``order[lo[r]:lo[r +
+        1]]``."""
+        if self._by_rank is None:
+            import numpy as np
+
+            rank = self.rank
+            order = np.argsort(rank, kind="stable")
+            self._by_rank = (order, np.searchsorted(rank[order], np.arange(R + 1), "left"))
+        return self._by_rank
+
+    def offsets(self, pair_time: list[float]):
+        """Per entry, the transfer seconds of its inputs from other ranks as the pass reads them: ``(o1, o2)`` lists
+        and arrays (0 where no input), for ``pair_time`` per stage pair (the last set kept)."""
+        key = tuple(pair_time)
+        if self._offsets is None or self._offsets[0] != key:
+            import numpy as np
+
+            pt = np.array(list(pair_time) + [0.0], dtype=float)  # index -1: no input
+            a1, a2 = pt[self.x1], pt[self.x2]
+            self._offsets = (key, a1.tolist(), a2.tolist(), a1, a2, pt[:-1])
+        return self._offsets[1:]
 
 
 class LinearRun:
     """What one :func:`run_linear` pass computed, in the plan's order (entry ``j`` = its ``j``-th compute action):
-    ``start[j]``, ``end[j]`` (seconds), ``pred[j]`` (event index that set its start, -1 none), ``busy`` per rank,
-    ``pair_time`` (seconds per transfer pair), ``arrival_max``. :meth:`events` lays out the events as the event loop lists them
-    (each compute event followed by its transfers that take time) with their predecessors."""
+    ``ends`` (``ends[j + 1]``: entry ``j``'s end, seconds; ``ends[0] = 0``), the durations, ``pair_time`` (seconds
+    per stage pair). Derived on arrays when first read: ``end``, ``start`` (lists, seconds), ``end_array``,
+    ``start_array``, ``pred`` (event index that set each start, -1 none: the event loop's tie rules), ``busy`` (per
+    rank, the durations summed in lane order). :meth:`events` lays out the events as the event loop lists them (each
+    compute event followed by its transfers that take time) with their predecessors."""
 
-    __slots__ = ("packed", "start", "end", "pred", "busy", "pair_time", "arrival_max")
+    __slots__ = ("packed", "R", "ends", "durs", "pair_time", "_o", "_cache")
 
-    def __init__(self, packed, start, end, pred, busy, pair_time, arrival_max=0.0):
-        self.packed, self.start, self.end, self.pred, self.busy, self.pair_time = packed, start, end, pred, busy, pair_time
-        self.arrival_max = arrival_max  # the latest input arrival: the latest transfer end (an end + 0 otherwise)
+    def __init__(self, packed, R, ends, durs, pair_time, offsets):
+        self.packed, self.R, self.ends, self.durs, self.pair_time, self._o = packed, R, ends, durs, pair_time, offsets
+        self._cache: dict = {}
 
     def iteration_time(self) -> float:
-        """The latest event end (seconds; 0 without events)."""
-        return max(0.0, max(self.end, default=0.0), self.arrival_max)
+        """The latest event end (seconds; 0 without events): the latest end, or a transfer no action waits for (one
+        an action waits for ends by that action's start)."""
+        ends, pt = self.ends, self.pair_time
+        return max(0.0, max(ends), *(ends[p] + pt[x] for p, x in self.packed.dangling))
 
-    def events(self, R: int) -> tuple[list[Event], list[int], list[list[tuple[float, int]]]]:
-        """``(events, preds, act_deltas)`` as the event loop builds them (``act_deltas``: per rank, ``(time,
-        +activations taken)`` at each start and ``(time, -activations freed)`` at each end)."""
-        events: list[Event] = []
-        preds: list[int] = []
-        act_deltas: list[list[tuple[float, int]]] = [[] for _ in range(R)]
-        ev_append, pred_append = events.append, preds.append
-        pt, start, end, pred = self.pair_time, self.start, self.end, self.pred
-        for j, (r, stage, mb, typ, label, transfers, pm) in enumerate(self.packed.meta):
-            e = end[j]
-            idx = len(events)
-            ev_append(Event(r, stage, mb, typ, start[j], e, "compute", label))
-            pred_append(pred[j])
-            if pm is not None:
-                if pm[0]:
-                    act_deltas[r].append((start[j], pm[0]))
-                if pm[1]:
-                    act_deltas[r].append((e, -pm[1]))
-            for pair, dst_rank, dst, kind, tmb, tlabel in transfers:
-                dt = pt[pair]
-                if dt > 0:
-                    ev_append(Event(dst_rank, dst, tmb, kind, e, e + dt, "comm", tlabel))
-                    pred_append(idx)
-        return events, preds, act_deltas
+    def _get(self, name, make):
+        got = self._cache.get(name)
+        if got is None:
+            got = self._cache[name] = make()
+        return got
 
-
-class Packed:
-    """A :func:`linear_plan` in the form the pass reads: ``entries`` ``(rank, needs, produces, *dur_key)`` with
-    ``needs`` ``(cross, slot)`` and ``produces`` ``(slot, pair)`` (pair -1: no cross-rank transfer, else an index
-    into ``pairs``, the ``(src stage, dst stage)`` list); ``meta`` per entry ``(rank, stage, mb, type, label,
-    transfers, deltas)`` with transfers ``(pair, dst rank, dst stage, kind, mb, label)`` and deltas ``(plus,
-    minus)`` or ``None``; ``ev_entries``, the same with the event fields, for the pass that makes events; numpy arrays per entry (``rank``,
-    ``plus``, ``minus``: activations taken at the start and freed at the end) and per transfer (``tr_entry``,
-    ``tr_pair``, ``tr_rank``: producing entry, stage pair, receiving rank), in event order."""
-
-    __slots__ = ("entries", "ev_entries", "meta", "n_slots", "pairs", "rank", "plus", "minus", "tr_entry", "tr_pair",
-                 "tr_rank", "_by_rank")
-
-    def __init__(self, entries, ev_entries, meta, n_slots, pairs, ranks, plus, minus, tr_entry, tr_pair, tr_rank):
+    @property
+    def end_array(self):
         import numpy as np
 
-        self.entries, self.ev_entries, self.meta, self.n_slots, self.pairs = entries, ev_entries, meta, n_slots, pairs
-        self.rank, self.plus, self.minus = (np.array(x, dtype=np.int64) for x in (ranks, plus, minus))
-        self.tr_entry, self.tr_pair, self.tr_rank = (np.array(x, dtype=np.int64) for x in (tr_entry, tr_pair, tr_rank))
-        self._by_rank = None
+        return self._get("end_array", lambda: np.array(self.ends, dtype=float))
 
-    def by_rank(self, R: int):
-        """``(order, lo)``: the entries grouped by rank (stable), rank ``r``'s at ``order[lo[r]:lo[r + 1]]``."""
-        if self._by_rank is None:
+    @property
+    def start_array(self):
+        """Each start from the ends: the same comparisons as the pass (a missing input reads ``ends[0] + 0``)."""
+        def make():
             import numpy as np
 
-            order = np.argsort(self.rank, kind="stable")
-            self._by_rank = (order, np.searchsorted(self.rank[order], np.arange(R + 1), "left"))
-        return self._by_rank
+            pk, E = self.packed, self.end_array
+            s = E[pk.prev]
+            s = np.maximum(s, E[pk.p1] + self._o[2])
+            return np.maximum(s, E[pk.p2] + self._o[3])
+
+        return self._get("start_array", make)
+
+    @property
+    def start(self) -> list[float]:
+        return self._get("start", lambda: self.start_array.tolist())
+
+    @property
+    def end(self) -> list[float]:
+        return self.ends[1:]
+
+    @property
+    def busy(self) -> list[float]:
+        """Per rank, its durations summed in lane order (sequential float additions, as the event loop)."""
+        def make():
+            import numpy as np
+
+            order, lo = self.packed.by_rank(self.R)
+            d = self._cache.get("durs_array")
+            d = (np.array(self.durs, dtype=float) if d is None else d)[order]
+            return [float(np.cumsum(d[lo[r]:lo[r + 1]])[-1]) if lo[r + 1] > lo[r] else 0.0 for r in range(self.R)]
+
+        return self._get("busy", make)
+
+    def event_index(self):
+        """``(gc, gq, tmask)``: each entry's event index, each transfer that takes time's event index, and which
+        transfers take time (event order: each compute event followed by its transfers that take time)."""
+        def make():
+            import numpy as np
+
+            pk = self.packed
+            tmask = self._o[4][pk.tr_pair] > 0
+            tr_e = pk.tr_entry[tmask]
+            n = pk.n
+            gc = np.arange(n) + np.searchsorted(tr_e, np.arange(n), "left")
+            return gc, tr_e + np.arange(len(tr_e)) + 1, tmask
+
+        return self._get("event_index", make)
+
+    @property
+    def pred(self) -> list[int]:
+        """The event that set each entry's start under the event loop's rules: the rank's previous event; an input
+        from another rank that arrives later, or at the same time while the previous event still holds (in input
+        order); the arrival's event is the transfer, or the producer itself when the transfer takes no time."""
+        def make():
+            import numpy as np
+
+            pk, E = self.packed, self.end_array
+            if not pk.n:
+                return []
+            gc, gq, tmask = self.event_index()
+            tr_ev = np.append(gc[pk.tr_entry], -1)  # index -1: no input
+            tr_ev[:-1][tmask] = gq
+            last = np.where(pk.prev > 0, gc[pk.prev - 1], -1)
+            t = E[pk.prev]
+            v1 = E[pk.p1] + self._o[2]
+            fire = (pk.p1 > 0) & (v1 >= t)
+            pred = np.where(fire, tr_ev[pk.k1], last)
+            s = np.where(fire, v1, t)
+            v2 = E[pk.p2] + self._o[3]
+            fire = (pk.p2 > 0) & ((v2 > s) | ((v2 == s) & (pred == last)))
+            return np.where(fire, tr_ev[pk.k2], pred).tolist()
+
+        return self._get("pred", make)
+
+    def locate(self, needed: set) -> dict:
+        """For :func:`tessera_lab.pipeline.timeline._comm_tasks`: each needed ``(rank, label)`` that runs -> ``(end,
+        event index, stage, mb)`` of the rank's last compute event with that label."""
+        last = self.packed.last_by_label()
+        found = {k: last[k] for k in needed if k in last}
+        if not found:
+            return {}
+        gc = self.event_index()[0]
+        meta, ends = self.packed.meta, self.ends
+        return {k: (ends[j + 1], int(gc[j]), meta[j][1], meta[j][2]) for k, j in found.items()}
+
+    def events(self) -> tuple[list[Event], list[int]]:
+        """``(events, preds)`` as the event loop builds them: each compute event followed by its transfers that take
+        time, and each event's predecessor; made on arrays."""
+        import numpy as np
+
+        pk = self.packed
+        n = pk.n
+        ranks, stages, mbs, types, labels, tcols = pk.columns()
+        gc, gq, tmask = self.event_index()
+        events = list(map(Event, ranks, stages, mbs, types, self.start, self.end, repeat("compute", n), labels))
+        preds = np.empty(n + len(gq), dtype=np.int64)
+        preds[gc] = self.pred
+        if len(gq):
+            sel = np.flatnonzero(tmask)
+            cols = tcols if len(sel) == len(tmask) else [[c[i] for i in sel.tolist()] for c in tcols]
+            qs = self.end_array[pk.tr_entry[sel] + 1]
+            qe = qs + self._o[4][pk.tr_pair[sel]]  # the producer's end + the pair's seconds, as the event loop adds
+            comm = list(map(Event, cols[0], cols[1], cols[2], cols[3], qs.tolist(), qe.tolist(),
+                            repeat("comm", len(sel)), cols[4]))
+            preds[gq] = gc[pk.tr_entry[sel]]
+            laid = [None] * (n + len(gq))
+            for i, e in zip(gc.tolist(), events):
+                laid[i] = e
+            for i, e in zip(gq.tolist(), comm):
+                laid[i] = e
+            events = laid
+        return events, preds.tolist()
 
 
-def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = False):
-    """One pass over a :class:`Packed` :func:`linear_plan`: every start and end with the event loop's arithmetic
-    and tie rules (``xfer(src, dst)`` asked once per stage pair, before the pass; ``durations`` once per action).
+def _check(durs: list, keys) -> None:
+    """Raise :class:`ScheduleError` naming the first duration that is negative or not finite (``keys``: the
+    ``durations`` arguments, three lists)."""
+    for j, d in enumerate(durs):
+        if not 0.0 <= d < math.inf:
+            raise ScheduleError(f"durations{tuple(k[j] for k in keys)} returned {d!r}; allowed finite seconds >= 0")
 
-    Returns a :class:`LinearRun` (no event objects made: :meth:`LinearRun.events` makes them when asked), or with
-    ``make_events`` ``(events, preds, busy, act_deltas)`` as the event loop builds them (one pass: the cheaper way
-    for short schedules whose timeline is analysed from its events).
+
+def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = False, arrays: bool = False):
+    """One pass over a :class:`Packed` :func:`linear_plan`: every end with the event loop's arithmetic (``xfer(src,
+    dst)`` asked once per stage pair, before the pass; ``durations`` once per action, in the plan's order, or once
+    for all through its ``batch`` method where it has one: see :mod:`tessera_lab.pipeline.durations`).
+
+    Returns a :class:`LinearRun` (starts, predecessors and events derived when read), or with ``make_events``
+    ``(events, preds, busy, act_deltas)`` as the event loop builds them (:func:`_pass_with_events`). ``arrays``:
+    the caller will read the run's arrays (the durations are then checked on an array, which the busy times reuse).
 
     Raises:
         ScheduleError: a duration that is negative or not finite.
     """
     pair_time = [xfer(a, b) for a, b in packed.pairs]
-    n_slots = packed.n_slots
-    done = [0.0] * n_slots
-    done_ev = [-1] * n_slots
-    arrival = [0.0] * n_slots
-    arrival_ev = [-1] * n_slots
-    t_rank = [0.0] * R
-    last_ev = [-1] * R
-    busy = [0.0] * R
-    start_of: list[float] = []
-    end_of: list[float] = []
-    pred_of: list[int] = []
-    start_append, end_append, pred_append = start_of.append, end_of.append, pred_of.append
-    events: list[Event] = []
-    ev_append = events.append
-    act_deltas: list[list[tuple[float, int]]] = [[] for _ in range(R)]
-    inf = math.inf
-    n_ev = 0
+    o1, o2, a1, a2, pt = packed.offsets(pair_time)
+    batch = getattr(durations, "batch", None)
+    durs = batch(*packed.keys) if batch is not None else list(map(durations, *packed.keys))
+    darr = None
+    if arrays and durs:
+        import numpy as np
+
+        try:
+            darr = np.array(durs, dtype=float)
+        except (TypeError, ValueError):
+            _check(durs, packed.keys)
+            raise
+        if not (np.isfinite(darr).all() and (darr >= 0.0).all()):
+            _check(durs, packed.keys)
+    elif durs:
+        if not (min(durs) >= 0.0 and max(durs) < math.inf) or math.isnan(sum(durs)):
+            _check(durs, packed.keys)
+    E = [0.0]
+    append = E.append
     if make_events:
-        for r, needs, produces, ds, dm, dk, ev_stage, ev_mb, typ, label, plus, minus in packed.ev_entries:
-            last = last_ev[r]
-            start, pred = t_rank[r], last
-            for cross, s in needs:
-                if cross:
-                    v = arrival[s]
-                    if v > start or (v == start and pred == last):
-                        start, pred = v, arrival_ev[s]
-                else:
-                    v = done[s]
-                    if v > start:
-                        start, pred = v, done_ev[s]
-            d = durations(ds, dm, dk)
-            if not 0.0 <= d < inf:
-                raise ScheduleError(f"durations{(ds, dm, dk)} returned {d!r}; allowed finite seconds >= 0")
-            end = start + d
-            idx = n_ev
-            ev_append(Event(r, ev_stage, ev_mb, typ, start, end, "compute", label))
-            pred_append(pred)
-            n_ev += 1
-            t_rank[r] = end
-            last_ev[r] = idx
-            busy[r] += d
-            if plus:
-                act_deltas[r].append((start, plus))
-            if minus:
-                act_deltas[r].append((end, -minus))
-            for s, transfer in produces:
-                done[s] = end
-                done_ev[s] = idx
-                if transfer is None:
-                    continue
-                dt = pair_time[transfer[0]]
-                if dt > 0:
-                    ev_append(Event(transfer[1], transfer[2], transfer[4], transfer[3], end, end + dt, "comm",
-                                    transfer[5]))
-                    pred_append(idx)
-                    arrival_ev[s] = n_ev
-                    n_ev += 1
-                else:
-                    arrival_ev[s] = idx
-                arrival[s] = end + dt
-        return events, pred_of, busy, act_deltas
-    for r, needs, produces, ds, dm, dk in packed.entries:
-        last = last_ev[r]
-        start, pred = t_rank[r], last
-        for cross, s in needs:
-            if cross:
-                v = arrival[s]
+        return _pass_with_events(packed, R, durs, pair_time, o1, o2)
+    prev, p1s, p2s = packed.loop[:3]
+    for q, p1, a, p2, b, d in zip(prev, p1s, o1, p2s, o2, durs):
+        s = E[q]
+        if p1:
+            v = E[p1] + a
+            if v > s:
+                s = v
+            if p2:
+                v = E[p2] + b
+                if v > s:
+                    s = v
+        append(s + d)
+    run = LinearRun(packed, R, E, durs, pair_time, (o1, o2, a1, a2, pt))
+    if darr is not None:
+        run._cache["durs_array"] = darr
+    return run
+
+
+def _pass_with_events(packed: Packed, R: int, durs: list, pair_time: list, o1: list, o2: list):
+    """The pass that also makes the events as it goes (cheaper than the arrays for short schedules): the same
+    starts and ends, each start's predecessor by the event loop's rules (the rank's previous event; an input from
+    another rank arriving later, or at the same time while the previous event still holds); returns ``(events,
+    preds, busy, act_deltas)`` as the event loop builds them."""
+    prev, p1s, p2s, k1s, k2s = packed.loop
+    E = [0.0]  # 1 + entry -> its end
+    G = [-1]  # 1 + entry -> its event index
+    arr_ev = [-1] * len(packed.tr_entry)  # transfer -> the event its input is there by (itself, or its producer)
+    events: list[Event] = []
+    preds: list[int] = []
+    busy = [0.0] * R
+    act_deltas: list[list[tuple[float, int]]] = [[] for _ in range(R)]
+    ev_append, pred_append = events.append, preds.append
+    t = 0
+    for j, (r, stage, mb, typ, label, transfers, pm) in enumerate(packed.meta):
+        q = prev[j]
+        start = E[q]
+        pred = last = G[q]
+        p1 = p1s[j]
+        if p1:
+            v = E[p1] + o1[j]
+            if v >= start:
+                start, pred = v, arr_ev[k1s[j]]
+            p2 = p2s[j]
+            if p2:
+                v = E[p2] + o2[j]
                 if v > start or (v == start and pred == last):
-                    start, pred = v, arrival_ev[s]
-            else:
-                v = done[s]
-                if v > start:
-                    start, pred = v, done_ev[s]
-        d = durations(ds, dm, dk)
-        if not 0.0 <= d < inf:
-            raise ScheduleError(f"durations{(ds, dm, dk)} returned {d!r}; allowed finite seconds >= 0")
-        end = start + d
-        idx = n_ev
-        n_ev += 1
-        start_append(start)
-        end_append(end)
+                    start, pred = v, arr_ev[k2s[j]]
+        d = durs[j]
+        e = start + d
+        idx = len(events)
+        ev_append(Event(r, stage, mb, typ, start, e, "compute", label))
         pred_append(pred)
-        t_rank[r] = end
-        last_ev[r] = idx
+        E.append(e)
+        G.append(idx)
         busy[r] += d
-        for s, pair in produces:
-            done[s] = end
-            done_ev[s] = idx
-            if pair < 0:
-                continue
+        if pm is not None:
+            if pm[0]:
+                act_deltas[r].append((start, pm[0]))
+            if pm[1]:
+                act_deltas[r].append((e, -pm[1]))
+        for pair, dst_rank, dst, kind, tmb, tlabel in transfers:
             dt = pair_time[pair]
             if dt > 0:
-                arrival_ev[s] = n_ev
-                n_ev += 1
+                arr_ev[t] = len(events)
+                ev_append(Event(dst_rank, dst, tmb, kind, e, e + dt, "comm", tlabel))
+                pred_append(idx)
             else:
-                arrival_ev[s] = idx
-            arrival[s] = end + dt
-    return LinearRun(packed, start_of, end_of, pred_of, busy, pair_time, max(arrival, default=0.0))
+                arr_ev[t] = idx
+            t += 1
+    return events, preds, busy, act_deltas

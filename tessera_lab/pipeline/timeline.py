@@ -258,7 +258,11 @@ def _build_timeline(
     )
 
 
-def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: int) -> None:
+def _comm_tasks(comm: Iterable, R: int, locate) -> list[tuple]:
+    """The extra collectives on the comm lanes: ``(rank, stage, mb, name, start, end, pred)`` each, in the order
+    they are laid out. ``locate(needed)`` maps each needed ``(rank, label)`` to ``(end, event index, stage, mb)`` of
+    the last compute event on that rank with that label (an ``OVERLAP_F_B`` event answers to each sub-action's
+    label), leaving out those that do not run."""
     parsed = []  # (n, rank, name, seconds, label or None), in task order, up to the first malformed task
     failure: ConfigError | None = None
     try:
@@ -284,43 +288,56 @@ def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: in
     except ConfigError as exc:
         failure = exc
     # the event each named action ended with: the last compute event with that label on that rank (an
-    # OVERLAP_F_B event "(0F7;7B3)OVERLAP_F_B" also answers to each sub-action's label); found scanning backwards
+    # OVERLAP_F_B event "(0F7;7B3)OVERLAP_F_B" also answers to each sub-action's label)
     needed = {(rank, label) for _, rank, _, _, label in parsed if label is not None}
-    found: dict[tuple[int, str], int] = {}
-    ov = _OVERLAP
-    for idx in range(len(events) - 1, -1, -1):
-        if len(found) == len(needed):
-            break
-        e = events[idx]
-        if e.lane != "compute":
-            continue
-        key = (e.rank, e.label)
-        if key in needed and key not in found:
-            found[key] = idx
-        if e.type == ov:
-            for x in e.label[1:e.label.index(")")].split(";"):
-                key = (e.rank, x.strip())
-                if key in needed and key not in found:
-                    found[key] = idx
+    found = locate(needed) if needed else {}
     tasks = []
     for n, rank, name, seconds, label in parsed:
         if label is None:
             ready_t, pred, stage, mb = 0.0, -1, -1, None
         else:
-            idx = found.get((rank, label))
-            if idx is None:
+            got = found.get((rank, label))
+            if got is None:
                 raise ConfigError(f"comm task {n}: action {label!r} does not run on rank {rank}")
-            ev = events[idx]
-            ready_t, pred, stage, mb = ev.end, idx, ev.stage, ev.microbatch
+            ready_t, pred, stage, mb = got
         tasks.append((ready_t, n, rank, str(name), seconds, pred, stage, mb))
     if failure is not None:
         raise failure
     tasks.sort()
     lane_free = [0.0] * R
+    out = []
     for ready_t, n, rank, name, seconds, pred, stage, mb in tasks:
         start = max(ready_t, lane_free[rank])
         end = start + seconds
         lane_free[rank] = end
+        out.append((rank, stage, mb, name, start, end, pred))
+    return out
+
+
+def _add_comm_tasks(comm: Iterable, events: list[Event], preds: list[int], R: int) -> None:
+    """Append the extra collectives (:func:`_comm_tasks`) to ``events`` and ``preds``, each after the event its
+    action ended with (found scanning the events backwards)."""
+
+    def locate(needed: set) -> dict:
+        found: dict[tuple[int, str], int] = {}
+        ov = _OVERLAP
+        for idx in range(len(events) - 1, -1, -1):
+            if len(found) == len(needed):
+                break
+            e = events[idx]
+            if e.lane != "compute":
+                continue
+            key = (e.rank, e.label)
+            if key in needed and key not in found:
+                found[key] = idx
+            if e.type == ov:
+                for x in e.label[1:e.label.index(")")].split(";"):
+                    key = (e.rank, x.strip())
+                    if key in needed and key not in found:
+                        found[key] = idx
+        return {k: (events[i].end, i, events[i].stage, events[i].microbatch) for k, i in found.items()}
+
+    for rank, stage, mb, name, start, end, pred in _comm_tasks(comm, R, locate):
         events.append(Event(rank, stage, mb, name, start, end, "comm", name))
         preds.append(pred)
 
@@ -368,47 +385,102 @@ Timeline.critical_path = _lazy_attribute("critical_path")
 Timeline.__getstate__ = _timeline_state
 
 
-def _exposed_on_rank(np, cs, ce, T: float, qs, qe) -> float | None:
-    """:func:`overlap_length` of the merged comm intervals ``(qs, qe)`` with the idle gaps that the rank's compute
-    intervals ``(cs, ce)`` (in lane order) leave in ``[0, T]``, on arrays; the overlaps are summed in the same
-    order as :func:`overlap_length` (so the float is the same). ``None`` when the compute intervals are not in lane
-    order (the caller then uses the interval helpers)."""
+def _small(np, ranks, R: int):
+    """Rank numbers in the narrowest integer type that holds them (a stable sort of 16-bit integers is a radix
+    sort)."""
+    return ranks.astype(np.int16) if R <= np.iinfo(np.int16).max else ranks
+
+
+def _exposed_by_rank(np, cr, cs, ce, T: float, qr, qs, qe, R: int) -> list[float]:
+    """Per rank ``r < R``: :func:`overlap_length` of the merged comm intervals ``(qs, qe)`` on rank ``qr`` with the
+    idle gaps that the rank's compute intervals leave in ``[0, T]``, on arrays (the gaps of every rank at once,
+    then per rank a sort, merge and search). The compute intervals ``(cr, cs, ce)`` come grouped by rank
+    (ascending) and in lane order (each starts at or after the previous end); the comm intervals in any order. Each
+    rank's overlaps are summed in time order, as :func:`overlap_length` adds them (so the floats are the same)."""
     keep = ce > cs
-    cs, ce = cs[keep], ce[keep]
-    if len(cs) > 1 and bool((cs[1:] < ce[:-1]).any()):
-        return None
-    gs, ge = np.concatenate(([0.0], ce)), np.concatenate((cs, [T]))
+    cr, cs, ce = cr[keep], cs[keep], ce[keep]
+    gs = np.empty(len(cs))  # the gap before each compute interval: from the previous end on the rank, or 0
+    if len(cs):
+        gs[0] = 0.0
+        gs[1:] = np.where(cr[1:] != cr[:-1], 0.0, ce[:-1])
+    rank_end = np.searchsorted(cr, np.arange(R), "right")  # the gap after the rank's last interval, up to T
+    some = rank_end > np.searchsorted(cr, np.arange(R), "left")
+    last = np.zeros(R)
+    last[some] = ce[rank_end[some] - 1]
+    gr = np.insert(cr, rank_end, np.arange(R))
+    gs, ge = np.insert(gs, rank_end, last), np.insert(cs, rank_end, T)
     g = ge > gs
-    gs, ge = gs[g], ge[g]
-    o = np.lexsort((qe, qs))
-    s, e = qs[o], qe[o]
-    k = e > s
-    s, e = s[k], e[k]
-    if not len(s) or not len(gs):
-        return 0.0
-    new = np.empty(len(s), dtype=bool)
-    new[0] = True
-    new[1:] = s[1:] > np.maximum.accumulate(e)[:-1]
-    first = np.flatnonzero(new)
-    a, b = s[first], np.maximum.reduceat(e, first)
-    lo = np.searchsorted(ge, a, "right")
-    counts = np.maximum(np.searchsorted(gs, b, "left") - lo, 0)
-    total = int(counts.sum())
-    if not total:
-        return 0.0
-    gi = np.repeat(np.arange(len(a)), counts)
-    h = np.arange(total) - np.repeat(np.cumsum(counts) - counts - lo, counts)
-    lengths = np.minimum(b[gi], ge[h]) - np.maximum(a[gi], gs[h])
-    return float(np.cumsum(lengths)[-1])
+    gr, gs, ge = gr[g], gs[g], ge[g]
+    k = qe > qs
+    qr, qs, qe = qr[k], qs[k], qe[k]
+    out = [0.0] * R
+    o = np.argsort(_small(np, qr, R), kind="stable")
+    qr, qs, qe = qr[o], qs[o], qe[o]
+    qb = np.searchsorted(qr, np.arange(R + 1), "left").tolist()
+    gb = np.searchsorted(gr, np.arange(R + 1), "left").tolist()
+    for x in range(R):
+        q0, q1, g0, g1 = qb[x], qb[x + 1], gb[x], gb[x + 1]
+        if q1 == q0 or g1 == g0:
+            continue
+        s, e = qs[q0:q1], qe[q0:q1]
+        o = np.argsort(s, kind="stable")
+        s, e = s[o], e[o]
+        top = np.maximum.accumulate(e)  # the latest end so far
+        new = np.empty(len(s), dtype=bool)
+        new[0] = True
+        np.greater(s[1:], top[:-1], out=new[1:])
+        first = np.flatnonzero(new)
+        a = s[first]  # merged comm intervals [a, b]: b, the running maximum at the last of each
+        b = top[np.append(first[1:] - 1, len(s) - 1)]
+        gsx, gex = gs[g0:g1], ge[g0:g1]
+        lo = np.searchsorted(gex, a, "right")  # the first gap ending after a
+        counts = np.searchsorted(gsx, b, "left") - lo  # ... up to the last starting before b
+        np.maximum(counts, 0, out=counts)
+        total = int(counts.sum())
+        if not total:
+            continue
+        gi = np.repeat(np.arange(len(a)), counts)
+        h = np.arange(total) - np.repeat(np.cumsum(counts) - counts - lo, counts)
+        lengths = np.minimum(b[gi], gex[h]) - np.maximum(a[gi], gsx[h])
+        out[x] = float(np.cumsum(lengths)[-1])
+    return out
 
 
-def _linear_timeline(schedule, run, R: int):
+def _peaks_in_lane_order(np, r, cs, ce, plus, minus, R: int) -> list[int]:
+    """Per rank, the most activations alive at once, from its actions in lane order (grouped by rank, ascending):
+    ``plus`` taken at each start and ``minus`` freed at each end. The times in lane order never decrease, so no sort
+    is needed: at equal times the event loop's order frees first, and then the most alive within a group of equal
+    times is reached at the group's end; the peak is the largest count at a group's end (at least 0)."""
+    n = len(cs)
+    if not n:
+        return [0] * R
+    t = np.empty(2 * n)
+    t[0::2], t[1::2] = cs, ce
+    d = np.empty(2 * n, dtype=np.int64)
+    d[0::2], d[1::2] = plus, -minus
+    rr = np.repeat(r, 2)
+    cum = np.cumsum(d)
+    end = np.ones(2 * n, dtype=bool)
+    end[:-1] = (t[1:] != t[:-1]) | (rr[1:] != rr[:-1])
+    lo = np.searchsorted(rr, np.arange(R + 1), "left")
+    base = np.where(lo[:-1] > 0, cum[np.maximum(lo[:-1] - 1, 0)], 0)
+    held = np.flatnonzero(lo[1:] > lo[:-1])
+    peaks = np.zeros(R, dtype=np.int64)
+    if len(held):
+        top = np.maximum.reduceat(np.where(end, cum, np.iinfo(np.int64).min), lo[held])
+        peaks[held] = np.maximum(top - base[held], 0)
+    return peaks.tolist()
+
+
+def _linear_timeline(schedule, run, R: int, tasks: list | None = None):
     """The :class:`Timeline` of a :func:`tessera_lab.pipeline.linear.run_linear` pass, the same as
-    :func:`_build_timeline` of its events, computed on arrays (events and critical path made when first read)."""
+    :func:`_build_timeline` of its events, computed on arrays (events and critical path made when first read).
+    ``tasks``: the extra collectives (:func:`_comm_tasks`, none named as the p2p transfers count), events after the
+    pass's."""
     import numpy as np
 
     pk = run.packed
-    cs, ce = np.array(run.start, dtype=float), np.array(run.end, dtype=float)
+    cs, ce = run.start_array, run.end_array[1:]
     n = len(ce)
     if len(pk.tr_pair):
         dts = np.array(run.pair_time, dtype=float)[pk.tr_pair]
@@ -422,24 +494,25 @@ def _linear_timeline(schedule, run, R: int):
         qs = qe = np.zeros(0)
         qr = tr_e
     nq = len(qe)
-    T = max(0.0, float(ce.max()) if n else 0.0, float(qe.max()) if nq else 0.0)
+    tasks = tasks or []
+    T = max(0.0, float(ce.max()) if n else 0.0, float(qe.max()) if nq else 0.0, *(x[5] for x in tasks))
 
     def critical_path(tl) -> list[Event]:
         """From the last-ending event (a compute one on ties) back along the predecessors (global event indices:
-        each compute event followed by its transfers)."""
-        if not n + nq:
+        each compute event followed by its transfers, then the collectives)."""
+        if not n + nq + len(tasks):
             return []
-        gc = np.arange(n) + np.searchsorted(tr_e, np.arange(n), "left")
-        gq = tr_e + np.arange(nq) + 1
+        gc, gq, _ = run.event_index()
         jc = np.flatnonzero(ce == T)
         kq = np.flatnonzero(qe == T)
         last_compute = int(gc[jc[-1]]) if len(jc) else -1
-        last_any = max(last_compute, int(gq[kq[-1]]) if len(kq) else -1)
+        last_any = max(last_compute, int(gq[kq[-1]]) if len(kq) else -1,
+                       *(n + nq + i for i, x in enumerate(tasks) if x[5] == T))
         idx = last_compute if last_compute >= 0 else last_any
         preds = np.empty(n + nq, dtype=np.int64)
         preds[gc] = run.pred
         preds[gq] = gc[tr_e]
-        preds = preds.tolist()
+        preds = preds.tolist() + [x[6] for x in tasks]
         path, seen = [], set()
         while idx >= 0 and idx not in seen:
             seen.add(idx)
@@ -447,37 +520,29 @@ def _linear_timeline(schedule, run, R: int):
             idx = preds[idx]
         events = tl.events
         return [events[i] for i in reversed(path)]
+
+    def events(tl) -> list[Event]:
+        return run.events()[0] + [Event(r, st, mb, name, a, b, "comm", name) for r, st, mb, name, a, b, _ in tasks]
+
     busy = run.busy
     idle = [max(0.0, T - b) for b in busy]
     total_busy, total_idle = sum(busy), sum(idle)
+    order, _ = pk.by_rank(R)
+    r_o, cs_o, ce_o = pk.rank[order], cs[order], ce[order]
+    lanes = {P2P_COLLECTIVE: (qr, qs, qe)} if nq else {}  # collective -> its intervals (rank, start, end)
+    for name in dict.fromkeys(x[3] for x in tasks):
+        got = [x for x in tasks if x[3] == name]
+        lanes[name] = tuple(np.array([x[i] for x in got], dtype=float if i else np.int64) for i in (0, 4, 5))
     exposed: dict[str, float] = {}
-    if nq:
-        by_rank, c_lo = pk.by_rank(R)
-        q_order = np.argsort(qr, kind="stable")
-        q_lo = np.searchsorted(qr[q_order], np.arange(R + 1), "left")
-        ranks, first = np.unique(qr, return_index=True)
+    for name, (lr, ls, le) in lanes.items():  # summed over the ranks in the order of their first interval
+        per_rank = _exposed_by_rank(np, r_o, cs_o, ce_o, T, lr, ls, le, R)
+        ranks, first = np.unique(_small(np, lr, R), return_index=True)
+        total = 0.0
         for r in ranks[np.argsort(first, kind="stable")].tolist():
-            ci, qi = by_rank[c_lo[r]:c_lo[r + 1]], q_order[q_lo[r]:q_lo[r + 1]]
-            x = _exposed_on_rank(np, cs[ci], ce[ci], T, qs[qi], qe[qi])
-            if x is None:  # pragma: no cover - the linear pass runs each rank's lane in order
-                x = overlap_length(merge_intervals(zip(qs[qi].tolist(), qe[qi].tolist())),
-                                   interval_gaps(merge_intervals(zip(cs[ci].tolist(), ce[ci].tolist())), T))
-            exposed[P2P_COLLECTIVE] = exposed.get(P2P_COLLECTIVE, 0.0) + x
-    peaks = [0] * R
-    pm, mm = pk.plus > 0, pk.minus > 0
-    if pm.any() or mm.any():
-        t = np.concatenate((cs[pm], ce[mm]))
-        d = np.concatenate((pk.plus[pm], -pk.minus[mm]))
-        rr = np.concatenate((pk.rank[pm], pk.rank[mm]))
-        o = np.lexsort((d, t, rr))
-        cum, rr = np.cumsum(d[o]), rr[o]
-        lo = np.searchsorted(rr, np.arange(R + 1), "left")
-        for r in range(R):
-            if lo[r + 1] > lo[r]:
-                base = int(cum[lo[r] - 1]) if lo[r] > 0 else 0
-                peaks[r] = max(0, int(cum[lo[r]:lo[r + 1]].max()) - base)
+            total += per_rank[r]
+        exposed[name] = total
     tl = Timeline(
-        events=_Lazy(lambda tl: run.events(R)[0]),
+        events=_Lazy(events),
         iteration_time=T,
         per_rank_busy=busy,
         per_rank_idle=idle,
@@ -485,7 +550,7 @@ def _linear_timeline(schedule, run, R: int):
         bubble_overhead=total_idle / total_busy if total_busy > 0 else 0.0,
         exposed_comm=exposed,
         critical_path=_Lazy(critical_path),
-        peak_activations=peaks,
+        peak_activations=_peaks_in_lane_order(np, r_o, cs_o, ce_o, pk.plus[order], pk.minus[order], R),
         schedule_name=schedule.name,
         num_ranks=R,
     )
