@@ -188,7 +188,7 @@ class Schedule:
                     raise ScheduleError(f"schedule {self.name!r}: stage {s} micro-batch {i} is missing {missing}")
         # jointly executable orders: dependency-only simulation
         try:
-            simulate(self, lambda stage, mb, kind: 1.0)
+            simulate(self, lambda stage, mb, kind: 1.0, time_only=True)  # executability only: no timeline analyses
         except DeadlockError as exc:
             raise ScheduleError(
                 f"schedule {self.name!r}: the per-rank orders cannot all run (dependency cycle); stuck: "
