@@ -179,6 +179,26 @@ def test_loaded_module_is_the_one_highspy_uses():
     assert out.stdout.split() == [b"True", b"True"]
 
 
+def test_package_import_fallback_is_silent_and_equal():
+    """Without a loadable ``_core`` extension the partitioner uses ``import highspy`` and its ``Highs`` class (which
+    prints a banner when created): the same plan as the exact DP, and still nothing on file descriptor 1."""
+    out = _run(
+        "import importlib.machinery, sys\n"
+        "saved = importlib.machinery.EXTENSION_SUFFIXES[:]\n"
+        "importlib.machinery.EXTENSION_SUFFIXES[:] = []  # no _core file is found: the package import is used\n"
+        "from tessera_lab.plan import ilp\n"
+        "core = ilp.highs_core()\n"
+        "importlib.machinery.EXTENSION_SUFFIXES[:] = saved\n"
+        "from tessera_lab.plan.partition import additive_problem, solve_dp\n"
+        "p = additive_problem([3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0], 3)\n"
+        "got, want = ilp.solve_ilp(p), solve_dp(p)\n"
+        "sys.stderr.write(f'{type(core).__name__} {got.status} {got.boundaries == want.boundaries}')\n"
+    )
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout == b""
+    assert out.stderr.decode().endswith("SimpleNamespace Optimal True")
+
+
 def test_without_highspy_ilp_falls_back_to_the_dp(monkeypatch):
     monkeypatch.setitem(sys.modules, "highspy", None)  # import highspy now fails
     monkeypatch.delitem(sys.modules, "highspy._core", raising=False)

@@ -9,12 +9,14 @@ over its non-contiguous chunks (constraints per rank), which the DP cannot expre
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import math
 import os
 import sys
 import time
+import types
 from dataclasses import replace
 
 from tessera_lab.errors import PartitionError, TesseraError
@@ -27,37 +29,42 @@ SOLVER = "HiGHS"
 #: virtual-stage model); switching that presolve rule off keeps the limit (HiGHS' own advice)
 PRESOLVE_RULE_OFF = 32768
 _CORE: list = []  # the loaded module (or None when highspy is missing), once looked up
+#: what the partitioner uses of highspy's compiled module
+_NAMES = ("_Highs", "HighsLp", "HighsModelStatus", "HighsVarType", "kHighsInf", "kSolutionStatusFeasible")
 
 
 def highs_core():
     """highspy's compiled module (``highspy._core``: ``_Highs``, ``HighsLp``, the enums), or ``None`` when highspy is
-    not installed.
+    not installed (or lacks one of those names).
 
     ``import highspy`` also imports numpy for its Python wrapper (about 0.1 s of CPU, a third of the default plan's
-    budget); the compiled module alone does not, and every call made here (scalar setters, list-typed matrix fields,
-    list-valued solutions) keeps it that way. The module is loaded from the installed package's directory without
-    running the package's ``__init__``, registered under its own name, so a later ``import highspy`` reuses it;
-    a layout without a separate ``_core`` extension falls back to ``import highspy``.
+    budget); the compiled module alone does not, and every call made here (scalar setters, list-typed row fields,
+    list-valued solutions) keeps it that way. The module is loaded from the installed package's folder without
+    running the package's ``__init__`` and registered under its own name, so a later ``import highspy`` reuses it.
+    A layout without a ``_core`` extension falls back to ``import highspy`` (its ``Highs`` class stands in for
+    ``_Highs``).
     """
     if _CORE:
         return _CORE[0]
     core = sys.modules.get("highspy._core")
-    if core is None:
+    try:
+        spec = importlib.util.find_spec("highspy") if core is None else None
+    except (ImportError, ValueError):  # pragma: no cover - a broken installation
+        spec = None
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(folder, "_core" + suffix)
+            if core is None and os.path.isfile(path):
+                core = _load_extension("highspy._core", path)
+    if core is None and spec is not None:
         try:
-            spec = importlib.util.find_spec("highspy")
-        except (ImportError, ValueError):  # pragma: no cover - a broken installation
-            spec = None
-        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-                path = os.path.join(folder, "_core" + suffix)
-                if core is None and os.path.isfile(path):
-                    core = _load_extension("highspy._core", path)
-        if core is None and spec is not None:
-            try:
-                from highspy import _core as core  # type: ignore[no-redef]
-            except ImportError:  # pragma: no cover - an unusable installation
-                core = None
-    if core is not None and not all(hasattr(core, n) for n in ("_Highs", "HighsLp", "HighsModelStatus")):
+            import highspy
+        except ImportError:  # pragma: no cover - an unusable installation
+            highspy = None
+        if highspy is not None and hasattr(highspy, "Highs"):
+            core = types.SimpleNamespace(**{n: getattr(highspy, n) for n in _NAMES[1:] if hasattr(highspy, n)},
+                                         _Highs=highspy.Highs)
+    if core is not None and not all(hasattr(core, n) for n in _NAMES):
         core = None  # pragma: no cover - an incompatible highspy
     _CORE.append(core)
     return core
@@ -80,6 +87,31 @@ def _load_extension(name: str, path: str):
 def available_solver(time_limit_s: float | None = None) -> str | None:
     """The ILP solver's name (``"HiGHS"``) when ``highspy`` is installed, else ``None`` (use the exact DP)."""
     return SOLVER if highs_core() is not None else None
+
+
+@contextlib.contextmanager
+def _native_stdout_silenced():
+    """Send file descriptor 1 to /dev/null while native HiGHS code runs. HiGHS writes to the C stdout, past Python's
+    ``sys.stdout``: the compiled ``_Highs`` is silent once ``output_flag`` is off, but highspy's Python ``Highs``
+    class (the fallback of :func:`highs_core`) prints a banner when it is created. ``--json -`` stays valid and
+    notebooks (whose kernels forward fd 1 into cell output) stay clean."""
+    try:
+        sys.stdout.flush()
+    except (AttributeError, ValueError):  # pragma: no cover - a closed or odd stream
+        pass
+    try:
+        saved = os.dup(1)
+    except OSError:  # pragma: no cover - no fd 1 at all
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def greedy_upper_bound(problem: PartitionProblem, costs: dict[tuple[int, int, int], float]) -> list[int] | None:
@@ -260,8 +292,9 @@ def _run_highs(core, problem: PartitionProblem, seg: dict[tuple[int, int, int], 
             if (s, x) in ends or (s + 1, x) in starts}
     fixed = rows(1, -inf, phase2_bound)[0] if phase2_bound is not None else None
 
-    h = core._Highs()
-    h.setOptionValue("output_flag", False)
+    with _native_stdout_silenced():
+        h = core._Highs()
+        h.setOptionValue("output_flag", False)
     h.setOptionValue("presolve_rule_off", PRESOLVE_RULE_OFF)
     lp = core.HighsLp()
     lp.num_row_ = lp.a_matrix_.num_row_ = len(lower)
@@ -308,7 +341,8 @@ def _run_highs(core, problem: PartitionProblem, seg: dict[tuple[int, int, int], 
     if seconds <= 0.01:
         return "NotSolved", None, math.inf
     h.setOptionValue("time_limit", float(seconds))
-    h.run()  # silent: output_flag is off from the first call (nothing reaches fd 1; tests/test_partition.py checks)
+    with _native_stdout_silenced():
+        h.run()
     model_status, info = h.getModelStatus(), h.getInfo()
     solved = info.primal_solution_status == core.kSolutionStatusFeasible
     name = model_status.name.removeprefix("k")
