@@ -1,5 +1,5 @@
-"""The ILP partitioner: HiGHS through its compiled ``highspy`` module (a sparse model built column by column, one
-binary per feasible (stage, segment) pair); always with a time limit.
+"""The ILP partitioner: HiGHS through its compiled ``highspy`` module (the sparse model passed column by column, no
+modelling layer); always with a time limit.
 
 One binary per feasible (stage, segment) pair, linked as a path from layer 0 to layer L (flow conservation
 between consecutive stages); segments that cannot be in an optimal plan because their cost already exceeds a
