@@ -209,3 +209,20 @@ def test_without_highspy_ilp_falls_back_to_the_dp(monkeypatch):
     assert part.boundaries == solve_dp(prob).boundaries
     with pytest.raises(PartitionError, match="install highspy"):
         solve_ilp(prob)
+
+
+def test_on_paths_keeps_exactly_the_segments_of_some_plan():
+    """The pruning pass keeps a segment iff some plan (every cut placement, enumerated) made only of the given
+    segments uses it: random segment subsets of small problems."""
+    rng = random.Random(5)
+    for _ in range(60):
+        L = rng.randint(2, 9)
+        S = rng.randint(1, min(4, L))
+        seg = {(s, i, j): 1.0 for s in range(S) for i in range(L) for j in range(i + 1, L + 1) if rng.random() < 0.6}
+        want = set()
+        for cuts in itertools.combinations(range(1, L), S - 1):
+            b = (0,) + cuts + (L,)
+            plan = {(s, b[s], b[s + 1]) for s in range(S)}
+            if plan <= seg.keys():
+                want |= plan
+        assert set(ilp._on_paths(seg, S, L)) == want

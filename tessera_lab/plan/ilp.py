@@ -183,8 +183,9 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Parti
 
     Pruning (exact): a segment of cost c forces the objective >= c (bottleneck) or >= m c (schedule,
     since the sum is at least the max); segments above the objective of a feasible plan found by
-    :func:`greedy_upper_bound` (or the uniform plan, whichever is better) are left out. The second pass
-    keeps only segments no costlier than the optimal bottleneck.
+    :func:`greedy_upper_bound` (or the uniform plan, whichever is better) are left out; with the bottleneck objective
+    so are those no path of the remaining segments from layer 0 to layer L passes through (:func:`_on_paths`: every
+    plan at or below that objective is such a path). The second pass does the same at the optimum.
 
     Time: both passes share ``time_limit_s`` (model building included; the second gets what the first left). When
     the limit stops the first pass, the better of its incumbent and the best heuristic plan (greedy, uniform, or for
@@ -223,7 +224,10 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Parti
             return c if before < math.inf and after < math.inf else math.inf
         return before + c + after + (m - 1) * c
 
-    seg = {k: c for k, c in all_seg.items() if lower_bound(k, c) <= ub * (1 + 1e-9) + 1e-15}
+    # bottleneck: only segments of plans at or below the bound remain (schedule: the path bounds already prune; its
+    # hard virtual-stage models end at the time limit, where a different model gives a different incumbent)
+    paths = _on_paths if problem.objective == "bottleneck" else (lambda seg, S, L: seg)
+    seg = paths({k: c for k, c in all_seg.items() if lower_bound(k, c) <= ub * (1 + 1e-9) + 1e-15}, S, L)
     status, chosen, value = _run_highs(core, problem, seg, ub, None, deadline)
     if status == "Infeasible" and best_heuristic is None:
         raise infeasible_error(problem)
@@ -241,7 +245,7 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Parti
     elif status == "Optimal" and deadline - time.perf_counter() > 0.05 * time_limit_s:
         # second pass: smallest spread among optimal plans (only segments no costlier than the optimum)
         bound = value * (1 + 1e-9) + 1e-15
-        seg2 = {k: c for k, c in seg.items() if lower_bound(k, c) <= bound}
+        seg2 = paths({k: c for k, c in seg.items() if lower_bound(k, c) <= bound}, S, L)
         status2, chosen2, _ = _run_highs(core, problem, seg2, ub, bound, deadline)
         if status2 == "Optimal":
             boundaries = _read_boundaries(chosen2, S)
@@ -358,6 +362,29 @@ def _run_highs(core, problem: PartitionProblem, seg: dict[tuple[int, int, int], 
         return status, None, math.inf
     x = h.getSolution().col_value
     return status, [k for col, k in enumerate(keys, start=1) if x[col] > 0.5], info.objective_function_value
+
+
+def _on_paths(seg: dict[tuple[int, int, int], float], S: int, L: int) -> dict[tuple[int, int, int], float]:
+    """The segments of ``seg`` on some path stage 0 .. S-1 from layer 0 to layer L that uses only segments of
+    ``seg`` (forward reachability from layer 0, backward from layer L); a plan whose segments all lie in ``seg`` is
+    such a path, so dropping the others loses no plan. For the bottleneck objective at the greedy bound this
+    leaves the segments of near-optimal plans only (measured on the default plan's two models: 8 of 944 and 17 of
+    931 segments)."""
+    reach = [set() for _ in range(S + 1)]
+    reach[0].add(0)
+    by_stage: list[list[tuple[int, int, int]]] = [[] for _ in range(S)]
+    for k in seg:
+        by_stage[k[0]].append(k)
+    for s in range(S):
+        reach[s + 1].update(k[2] for k in by_stage[s] if k[1] in reach[s])
+    back = {L}
+    keep: list[tuple[int, int, int]] = []
+    for s in range(S - 1, -1, -1):
+        here = [k for k in by_stage[s] if k[2] in back and k[1] in reach[s]]
+        keep += here
+        back = {k[1] for k in here}
+    kept = set(keep)
+    return {k: c for k, c in seg.items() if k in kept}
 
 
 def _virtual_dp(problem: PartitionProblem) -> list[int] | None:
