@@ -1,4 +1,4 @@
-"""Partitioning layers into contiguous pipeline stages: uniform, exact DP and ILP (PuLP).
+"""Partitioning layers into contiguous pipeline stages: uniform, exact DP and ILP (HiGHS).
 
 All methods work on the same *segment costs*: ``cost(s, i, j)`` is the time per micro-batch of stage
 ``s`` owning layers ``i .. j-1`` (seconds; this lets a stage's cost depend on its layers jointly, e.g.
@@ -13,9 +13,9 @@ smallest spread).
 
 The ILP uses one binary per feasible (stage, segment) pair, linked as a path from layer 0 to layer L
 (flow conservation between consecutive stages); segments that cannot be in an optimal plan because
-their cost already exceeds a known feasible plan's objective are left out. Solver: HiGHS through
-``highspy`` when installed, else CBC; always with a time limit. The exact DP over the same costs is
-the cross-check and the fallback when no solver is available.
+their cost already exceeds a known feasible plan's objective are left out. Solver: HiGHS through its
+``highspy`` bindings (the model passed as a sparse matrix, no modelling layer); always with a time limit. The
+exact DP over the same costs is the cross-check and the fallback when highspy is not installed.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def ilp_size(problem: PartitionProblem) -> int:
 
 
 def solve(problem: PartitionProblem, method: str = "ilp", *, time_limit_s: float = 10.0) -> Partition:
-    """Partition with ``uniform``, ``dp`` or ``ilp``; ``ilp`` falls back to ``dp`` (and says so in
-    ``solver``) when no ILP solver is installed, or, with one stage per rank, when the ILP would have more than
+    """Partition with ``uniform``, ``dp`` or ``ilp``; ``ilp`` falls back to ``dp`` (and says so in ``solver``) when
+    highspy (the ILP solver) is not installed, or, with one stage per rank, when the ILP would have more than
     :data:`ILP_MAX_SEGMENTS` segment variables (the DP is exact there and bounded in time and memory).
 
     Raises:
@@ -64,7 +64,7 @@ def solve(problem: PartitionProblem, method: str = "ilp", *, time_limit_s: float
     if method == "dp":
         return solve_dp(problem)
     if method == "ilp":
-        reason = ("no ILP solver installed" if available_solver(time_limit_s) is None else
+        reason = ("no ILP solver installed (highspy)" if available_solver() is None else
                   f"ILP too large: {ilp_size(problem)} > {ILP_MAX_SEGMENTS} segments"
                   if problem.vpp == 1 and ilp_size(problem) > ILP_MAX_SEGMENTS else None)
         if reason:
