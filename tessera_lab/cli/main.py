@@ -60,7 +60,7 @@ OPTION_HELP = {
     "--microbatches": "micro-batches per iteration (m)",
     "--micro-batch-size": "sequences per micro-batch",
     "--seq-len": "tokens per sequence",
-    "--method": "partition method: ilp (PuLP, exact DP fallback), dp (exact dynamic program) or uniform",
+    "--method": "partition method: ilp (HiGHS, exact DP fallback), dp (exact dynamic program) or uniform",
     "--no-distributed-optimizer": "replicate optimizer state on every data-parallel rank (no ZeRO-1 sharding)",
     "--top-k": "experts per token (num_experts_per_tok)",
     "--num-experts": "routed experts per MoE layer",

@@ -14,6 +14,8 @@ The floats are those of the event loop (the same additions and comparisons); the
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import math
 from itertools import repeat
 
@@ -125,17 +127,16 @@ class Packed:
     * ``meta`` per entry ``(rank, stage, mb, type, label, transfers, deltas)`` with transfers ``(pair, dst rank, dst
       stage, kind, mb, label)`` and deltas ``(plus, minus)`` or ``None``, for the events."""
 
-    __slots__ = ("meta", "keys", "loop", "n", "pairs", "dangling", "rank", "plus", "minus", "prev", "p1", "x1",
-                 "k1", "p2", "x2", "k2", "tr_entry", "tr_pair", "tr_rank", "_by_rank", "_offsets", "_labels", "_columns")
+    __slots__ = ("meta", "keys", "loop", "n", "pairs", "dangling", "_lists", "_arrays", "_by_rank", "_offsets",
+                 "_labels", "_columns")
 
     def __init__(self, meta, keys, prev, need, pairs, ranks, plus, minus, tr_entry, tr_pair, tr_rank, dangling):
-        import numpy as np
-
         self.meta, self.keys, self.pairs, self.n = meta, keys, pairs, len(meta)
         self.loop = (prev, need[0], need[3], need[2], need[5])  # as lists, for the passes: prev, p1, p2, k1, k2
-        self.rank, self.plus, self.minus, self.prev, self.p1, self.x1, self.k1, self.p2, self.x2, self.k2, \
-            self.tr_entry, self.tr_pair, self.tr_rank = (
-                np.array(v, dtype=np.int64) for v in (ranks, plus, minus, prev, *need, tr_entry, tr_pair, tr_rank))
+        # the integer columns as lists; as numpy arrays (attributes of the same names) only when an array path reads
+        # them, so a short schedule's pass never imports numpy
+        self._lists = dict(zip(_ARRAY_FIELDS, (ranks, plus, minus, prev, *need, tr_entry, tr_pair, tr_rank)))
+        self._arrays: dict = {}
         self.dangling = [(tr_entry[t] + 1, tr_pair[t]) for t in dangling]
         self._by_rank = None
         self._offsets = None
@@ -177,16 +178,33 @@ class Packed:
         return self._by_rank
 
     def offsets(self, pair_time: list[float]):
-        """Per entry, the transfer seconds of its inputs from other ranks as the pass reads them: ``(o1, o2)`` lists
-        and arrays (0 where no input), for ``pair_time`` per stage pair (the last set kept)."""
+        """Per entry, the transfer seconds of its inputs from other ranks as the pass reads them: ``(o1, o2, pt)``
+        lists (0 where no input; ``pt``: ``pair_time``), for ``pair_time`` per stage pair (the last set kept)."""
         key = tuple(pair_time)
         if self._offsets is None or self._offsets[0] != key:
+            pt = list(pair_time) + [0.0]  # index -1: no input
+            self._offsets = (key, [pt[x] for x in self._lists["x1"]], [pt[x] for x in self._lists["x2"]], pt[:-1])
+        return self._offsets[1:]
+
+
+#: :class:`Packed`'s integer columns, read as numpy arrays (int64) by the array paths
+_ARRAY_FIELDS = ("rank", "plus", "minus", "prev", "p1", "x1", "k1", "p2", "x2", "k2", "tr_entry", "tr_pair", "tr_rank")
+
+
+def _array_field(name: str) -> property:
+    def get(self):
+        got = self._arrays.get(name)
+        if got is None:
             import numpy as np
 
-            pt = np.array(list(pair_time) + [0.0], dtype=float)  # index -1: no input
-            a1, a2 = pt[self.x1], pt[self.x2]
-            self._offsets = (key, a1.tolist(), a2.tolist(), a1, a2, pt[:-1])
-        return self._offsets[1:]
+            got = self._arrays[name] = np.array(self._lists[name], dtype=np.int64)
+        return got
+
+    return property(get, doc=f"``{name}`` per entry (or transfer) as an int64 array, made when first read")
+
+
+for _name in _ARRAY_FIELDS:
+    setattr(Packed, _name, _array_field(_name))
 
 
 class LinearRun:
@@ -202,6 +220,16 @@ class LinearRun:
     def __init__(self, packed, R, ends, durs, pair_time, offsets):
         self.packed, self.R, self.ends, self.durs, self.pair_time, self._o = packed, R, ends, durs, pair_time, offsets
         self._cache: dict = {}
+
+    @property
+    def _oarr(self):
+        """The offsets as arrays: ``(o1, o2, pair_time)`` (the same floats as the lists the pass read)."""
+        def make():
+            import numpy as np
+
+            return tuple(np.array(v, dtype=float) for v in self._o)
+
+        return self._get("oarr", make)
 
     def iteration_time(self) -> float:
         """The latest event end (seconds; 0 without events): the latest end, or a transfer no action waits for (one
@@ -229,8 +257,8 @@ class LinearRun:
 
             pk, E = self.packed, self.end_array
             s = E[pk.prev]
-            s = np.maximum(s, E[pk.p1] + self._o[2])
-            return np.maximum(s, E[pk.p2] + self._o[3])
+            s = np.maximum(s, E[pk.p1] + self._oarr[0])
+            return np.maximum(s, E[pk.p2] + self._oarr[1])
 
         return self._get("start_array", make)
 
@@ -262,7 +290,7 @@ class LinearRun:
             import numpy as np
 
             pk = self.packed
-            tmask = self._o[4][pk.tr_pair] > 0
+            tmask = self._oarr[2][pk.tr_pair] > 0
             tr_e = pk.tr_entry[tmask]
             n = pk.n
             gc = np.arange(n) + np.searchsorted(tr_e, np.arange(n), "left")
@@ -286,11 +314,11 @@ class LinearRun:
             tr_ev[:-1][tmask] = gq
             last = np.where(pk.prev > 0, gc[pk.prev - 1], -1)
             t = E[pk.prev]
-            v1 = E[pk.p1] + self._o[2]
+            v1 = E[pk.p1] + self._oarr[0]
             fire = (pk.p1 > 0) & (v1 >= t)
             pred = np.where(fire, tr_ev[pk.k1], last)
             s = np.where(fire, v1, t)
-            v2 = E[pk.p2] + self._o[3]
+            v2 = E[pk.p2] + self._oarr[1]
             fire = (pk.p2 > 0) & ((v2 > s) | ((v2 == s) & (pred == last)))
             return np.where(fire, tr_ev[pk.k2], pred).tolist()
 
@@ -303,9 +331,11 @@ class LinearRun:
         found = {k: last[k] for k in needed if k in last}
         if not found:
             return {}
-        gc = self.event_index()[0]
+        # entry j's event index: j plus the transfers that take time made before it (as event_index, without arrays)
+        lists, pt = self.packed._lists, self.pair_time
+        timed = [e for e, p in zip(lists["tr_entry"], lists["tr_pair"]) if pt[p] > 0]  # ascending: event order
         meta, ends = self.packed.meta, self.ends
-        return {k: (ends[j + 1], int(gc[j]), meta[j][1], meta[j][2]) for k, j in found.items()}
+        return {k: (ends[j + 1], j + bisect_left(timed, j), meta[j][1], meta[j][2]) for k, j in found.items()}
 
     def events(self) -> tuple[list[Event], list[int]]:
         """``(events, preds)`` as the event loop builds them: each compute event followed by its transfers that take
@@ -323,7 +353,7 @@ class LinearRun:
             sel = np.flatnonzero(tmask)
             cols = tcols if len(sel) == len(tmask) else [[c[i] for i in sel.tolist()] for c in tcols]
             qs = self.end_array[pk.tr_entry[sel] + 1]
-            qe = qs + self._o[4][pk.tr_pair[sel]]  # the producer's end + the pair's seconds, as the event loop adds
+            qe = qs + self._oarr[2][pk.tr_pair[sel]]  # the producer's end + the pair's seconds, as the event loop adds
             comm = list(map(Event, cols[0], cols[1], cols[2], cols[3], qs.tolist(), qe.tolist(),
                             repeat("comm", len(sel)), cols[4]))
             preds[gq] = gc[pk.tr_entry[sel]]
@@ -357,7 +387,7 @@ def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = Fals
         ScheduleError: a duration that is negative or not finite.
     """
     pair_time = [xfer(a, b) for a, b in packed.pairs]
-    o1, o2, a1, a2, pt = packed.offsets(pair_time)
+    o1, o2, pt = packed.offsets(pair_time)
     batch = getattr(durations, "batch", None)
     durs = batch(*packed.keys) if batch is not None else list(map(durations, *packed.keys))
     darr = None
@@ -390,7 +420,7 @@ def run_linear(packed: Packed, R: int, durations, xfer, make_events: bool = Fals
                 if v > s:
                     s = v
         append(s + d)
-    run = LinearRun(packed, R, E, durs, pair_time, (o1, o2, a1, a2, pt))
+    run = LinearRun(packed, R, E, durs, pair_time, (o1, o2, pt))
     if darr is not None:
         run._cache["durs_array"] = darr
     return run
@@ -404,7 +434,7 @@ def _pass_with_events(packed: Packed, R: int, durs: list, pair_time: list, o1: l
     prev, p1s, p2s, k1s, k2s = packed.loop
     E = [0.0]  # 1 + entry -> its end
     G = [-1]  # 1 + entry -> its event index
-    arr_ev = [-1] * len(packed.tr_entry)  # transfer -> the event its input is there by (itself, or its producer)
+    arr_ev = [-1] * len(packed._lists["tr_entry"])  # transfer -> the event its input is there by (itself, or its producer)
     events: list[Event] = []
     preds: list[int] = []
     busy = [0.0] * R
