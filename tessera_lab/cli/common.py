@@ -28,9 +28,9 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 
 def table(rows: list[dict[str, Any]], floatfmt: "str | tuple[str, ...]" = ".4g") -> str:
-    from tabulate import tabulate
+    from tessera_lab.textable import simple_table
 
-    return tabulate(rows, headers="keys", floatfmt=floatfmt, tablefmt="simple")
+    return simple_table(rows, floatfmt=floatfmt)
 
 
 def emit(args: argparse.Namespace, result: Any, text: str) -> None:

@@ -122,7 +122,7 @@ class CapacityReport:
 
     def format(self) -> str:
         """Readable text: the headline numbers and the table."""
-        from tabulate import tabulate
+        from tessera_lab.textable import simple_table
 
         head = (f"capacity report ({self.source}): iteration {self.iteration_time_s:.4f} s x {self.gpus} GPUs = "
                 f"{self.gpu_time_s:.4g} GPU-s; model FLOPs at peak {self.useful_gpu_s:.4g} GPU-s; "
@@ -138,7 +138,7 @@ class CapacityReport:
                      "of lost": f"{total / self.lost_gpu_s:.1%}" if self.lost_gpu_s else "-",
                      "of GPU time": f"{total / self.gpu_time_s:.1%}" if self.gpu_time_s else "-"})
         lines = [head] + ([f"costs: {self.costs['description']}"] if self.costs else []) + [
-            tabulate(rows, headers="keys", floatfmt=".4g", tablefmt="simple")]
+            simple_table(rows, floatfmt=".4g")]
         if self.ep_comm_gpu_s > 0:
             lines.append(f"EP all-to-all: {self.ep_hidden_fraction:.1%} hidden under compute; exposed part "
                          f"{self.ep_exposed_share:.1%} of the iteration's GPU time")

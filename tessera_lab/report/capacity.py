@@ -285,18 +285,16 @@ class DiffReport:
                 "plans": [p.as_dict() for p in self.plans], "capacity": [c.as_dict() for c in self.capacity]}
 
     def format(self) -> str:
-        from tabulate import tabulate
-
         from tessera_lab.report.formatting import diff_summary_rows
+        from tessera_lab.textable import simple_table
 
         rows = diff_summary_rows(self.summary_rows(), self.labels)  # shares in %, fitting digits per unit
         return "\n".join([
             f"model-change diff: {self.labels[0]}  vs  {self.labels[1]}",
-            tabulate(rows, headers="keys", tablefmt="simple", disable_numparse=True,
-                     colalign=("left", "right", "right", "right", "left")), "",
+            simple_table(rows, disable_numparse=True, colalign=("left", "right", "right", "right", "left")), "",
             f"per stage (a = {self.labels[0]}, b = {self.labels[1]}; ms/mb: time per micro-batch as the schedule "
             "sees it)",
-            tabulate(self.stage_rows(), headers="keys", floatfmt=".3f", tablefmt="simple"), "",
+            simple_table(self.stage_rows(), floatfmt=".3f"), "",
             self.headline])
 
 

@@ -256,7 +256,7 @@ def format_dispatch(d: dict | None) -> list[str]:
 
 def format_result(result: RunResult) -> str:
     """Readable summary: losses per step (and the reference), then predicted vs observed per stage."""
-    from tabulate import tabulate
+    from tessera_lab.textable import simple_table
 
     lines = []
     for job in result.jobs:
@@ -278,8 +278,8 @@ def format_result(result: RunResult) -> str:
                 row["reference"] = f"{ref['reference_losses'][s]:.9f}"
                 row["equal"] = "bitwise" if loss == ref["reference_losses"][s] else f"{abs(loss - ref['reference_losses'][s]):.2e}"
             rows.append(row)
-        lines.append(tabulate([{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows],
-                              headers="keys", disable_numparse=True))
+        text_rows = [{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
+        lines.append(simple_table(text_rows, disable_numparse=True))
         if ref and "grads_bitwise_equal" in ref:
             lines.append(f"gradients of step 0 against the reference ({ref['grads_compared']} parameters): "
                          + ("bitwise equal" if ref["grads_bitwise_equal"]
@@ -295,7 +295,7 @@ def format_result(result: RunResult) -> str:
                      "simulator (not a prediction; its 'predicted_*' columns are that replay"
                      + ("; the plan's prediction, made before the run, is the line after):" if job.get("plan_vs_observed")
                         else "):"))
-        lines.append(tabulate(srows, headers="keys", floatfmt=".3f"))
+        lines.append(simple_table(srows, floatfmt=".3f"))
         pv = job.get("plan_vs_observed")
         if pv:
             lines.append(f"plan ({pv['costs']}, predicted {pv['predicted_at']}, before the run): iteration "

@@ -264,7 +264,7 @@ def _apart_text(r: dict[str, Any]) -> str:
 
 
 def format_validation(r: dict[str, Any]) -> str:
-    from tabulate import tabulate
+    from tessera_lab.textable import simple_table
 
     rows = [{"case": c["name"], "predicted (ms)": c["predicted_s"] * 1e3, "observed (ms)": c["observed_s"] * 1e3,
              "observed IQR (ms)": f"{c['observed_q1_s'] * 1e3:.1f}-{c['observed_q3_s'] * 1e3:.1f}",
@@ -274,7 +274,7 @@ def format_validation(r: dict[str, Any]) -> str:
     m, t = r["machine"], r["targets"]
     return "\n".join([
         "CPU testbed (models CPU time sharing on this machine; does not transfer to GPUs)",
-        tabulate(rows, headers="keys", floatfmt=".1f"),
+        simple_table(rows, floatfmt=".1f"),
         f"median |error| {r['median_abs_error'] * 100:.1f}% (target <= {t['median_abs_error_busy'] * 100:.0f}% busy, "
         f"<= {t['median_abs_error_quiet'] * 100:.0f}% quiet); rank agreement {r['rank_agreement'] * 100:.0f}% over "
         f"{r['rank_pairs']} pairs (target >= {t['rank_agreement'] * 100:.0f}%)" + _apart_text(r),
