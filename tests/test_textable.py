@@ -104,3 +104,19 @@ def test_control_characters_are_refused():
         simple_table([{"a": "two\nlines"}])
     with pytest.raises(ValueError, match="control character"):
         simple_table([{"a\tb": 1}])
+
+
+def test_default_plan_imports_neither_tabulate_nor_numpy():
+    """The default ``plan`` prints its tables without tabulate (which imports importlib.metadata and wcwidth) and
+    plans without numpy (issue 28: the whole process's CPU time)."""
+    import subprocess
+    import sys
+
+    code = ("import contextlib, io, sys\n"
+            "from tessera_lab.cli.main import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    rc = main(['plan'])\n"
+            "print(rc, sorted(m for m in ('tabulate', 'wcwidth', 'numpy') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "0 []"
