@@ -61,8 +61,9 @@ def speed_targets(rev: str, repeats: int) -> None:
 
     base = baseline_tree(rev)
     trees = {"baseline": base, "now": ROOT}
-    print(f"planning speed targets: baseline {rev} vs this tree, measured side by side in this run; CPU = user + sys "
-          f"of the child process; load average {load()} (2-core machine shared by several agents)")
+    print(f"planning speed targets: baseline {rev} vs this tree, measured side by side in this run, both trees "
+          f"byte-compiled first; CPU = user + sys of the child process; load average {load()} (2-core machine shared "
+          "by several agents)")
     print(TABLE_HEAD)
 
     def best(tree, fn):

@@ -25,7 +25,6 @@ import json
 import math
 import os
 import re
-import secrets
 import stat
 import sys
 import time
@@ -173,6 +172,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     except OSError as exc:
         raise _error(exc, user) from None
     _remove_stale_temps(folder, name)
+    import secrets  # here: importing it (random, base64) costs every command's start-up; only writers need it
+
     tmp = folder / f"{_tmp_prefix(name)}{os.getpid()}.{secrets.token_hex(3)}.tmp"
     try:
         old = os.stat(dest)

@@ -252,11 +252,14 @@ def _backward(fwd: _Fwd) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
         coll = t.collective
         if coll is not None and again:
             coll = replace(coll, bytes=coll.bytes * 2.0)
-        b_tasks.append(replace(t, phase="B", flops=t.flops * (scale + again),
-                               bytes=t.bytes * ((2.0 if t.op == "elementwise" else 1.0) + again),
-                               collective=coll, deps=deps, saved_bytes=0.0))
+        # built field by field (dataclasses.replace costs twice as much, and a plan makes thousands of these)
+        b_tasks.append(Task(t.name, t.layer, "B", t.op, t.flops * (scale + again),
+                            t.bytes * ((2.0 if t.op == "elementwise" else 1.0) + again), coll, deps, t.deferrable,
+                            0.0, t.gemms, t.groups))
         if t.name in fwd.weighted:
-            w_tasks.append(replace(fwd.weighted[t.name], phase="W", deps=(), deferrable=True, saved_bytes=0.0))
+            w = fwd.weighted[t.name]
+            w_tasks.append(Task(w.name, w.layer, "W", w.op, w.flops, w.bytes, w.collective, (), True, 0.0, w.gemms,
+                                w.groups))
     return tuple(b_tasks), tuple(w_tasks)
 
 
