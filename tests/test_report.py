@@ -380,3 +380,36 @@ def test_repeated_diff_accumulates_like_the_comma_form(capsys):
     assert main(["report", "--diff", "qwen3-next-80b-a3b", "--diff", "top_k=4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--diff 'qwen3-next-80b-a3b'" in err[0]
+
+
+def test_report_plan_of_a_config_path_model_needs_no_file(tmp_path, capsys):
+    """A plan of a model given as a config.json path carries the config: ``report --plan`` rebuilds the same model
+    (same iteration time) after the file is gone; a tampered ``hf_config`` is one line, exit 2."""
+    import json
+    import shutil
+
+    from tessera_lab.cli.main import main
+    from tessera_lab.plan.load import load_plan
+
+    src = tmp_path / "Kimi-Linear-48B-A3B.json"
+    shutil.copy(_shipped_config("kimi-linear-48b-a3b"), src)  # the real config.json, under its own name
+    out = tmp_path / "p.json"
+    assert main(["plan", "--model", str(src), "--json", str(out)]) == 0
+    src.unlink()
+    d = json.loads(out.read_text())
+    assert d["model"] == "Kimi-Linear-48B-A3B" and d["hf_config"]["model_type"] == "kimi_linear"
+    plan = load_plan(out)
+    assert plan.chosen.iteration_time_s == d["iteration_time_s"]
+    capsys.readouterr()
+    assert main(["report", "--plan", str(out)]) == 0
+    assert "Kimi-Linear-48B-A3B" in capsys.readouterr().out
+    d["hf_config"] = [1, 2]
+    out.write_text(json.dumps(d))
+    assert main(["report", "--plan", str(out)]) == 2
+    assert "field 'hf_config' is a JSON list" in capsys.readouterr().err
+
+
+def _shipped_config(name):
+    from tessera_lab.model.spec import shipped_models
+
+    return shipped_models()[name]

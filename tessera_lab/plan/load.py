@@ -61,6 +61,24 @@ def model_from_name(name: str) -> ModelSpec:
     return base.with_changes(**changes, name=name)
 
 
+def _model_of(data: Mapping[str, Any], where: str) -> ModelSpec:
+    """The plan's model: from its ``hf_config`` (a model planned from a config.json path; ``hf_config_options``:
+    ``plan_mtp``, ``allow_unknown_fields``), else by name (:func:`model_from_name`)."""
+    cfg = data.get("hf_config")
+    if cfg is None:
+        return model_from_name(str(data["model"]))
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(f"{where}: field 'hf_config' is a JSON {type(cfg).__name__}; allowed: an object (the model's "
+                          "config.json, as 'tessera-lab plan --json' writes it)")
+    opts = data.get("hf_config_options", {})
+    if not isinstance(opts, Mapping) or set(opts) - {"plan_mtp", "allow_unknown_fields"} or \
+            not all(isinstance(v, bool) for v in opts.values()):
+        raise ConfigError(f"{where}: field 'hf_config_options' = {opts!r} is invalid; allowed: an object with the "
+                          "booleans plan_mtp and allow_unknown_fields")
+    return ModelSpec.from_hf_config(dict(cfg), name=str(data["model"]), plan_mtp=opts.get("plan_mtp", False),
+                                    allow_unknown_fields=opts.get("allow_unknown_fields", False))
+
+
 def read_plan_json(data: Mapping[str, Any] | str | Path) -> tuple[dict[str, Any], str]:
     """``(plan dict, where)`` of a file path (UTF-8 JSON with size and depth limits, :func:`tessera_lab.io.read_json`)
     or an already parsed dict (checked to be a JSON object); ``where`` names the file for error messages."""
@@ -124,7 +142,7 @@ def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None)
     for key in ("model", "parallel", "boundaries"):
         if key not in data:
             raise ConfigError(f"field 'plan.{key}' is missing; allowed: the output of 'tessera-lab plan --json'")
-    model = model_from_name(str(data["model"]))
+    model = _model_of(data, where)
     par = data["parallel"]
     if not isinstance(par, Mapping):
         raise ConfigError("field 'plan.parallel' must be an object with pp, ep, tp, dp, ...")

@@ -25,7 +25,7 @@ from tessera_lab.defaults import DEFAULT_GPU, DEFAULT_MODEL
 from tessera_lab.errors import ConfigError, PartitionError, TesseraError
 from tessera_lab.checks import divisors_text
 from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfig, check_fits, cluster_for
-from tessera_lab.model.spec import DENSE, FULL_ATTENTION, ModelSpec
+from tessera_lab.model.spec import DENSE, FULL_ATTENTION, ModelSpec, shipped_models
 from tessera_lab.model.tasks import model_flops_per_iteration, routing_load_note
 from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, evaluate
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
@@ -174,6 +174,13 @@ class Plan:
             d["reevaluation"] = self.reevaluation
         if self.refinement:
             d["refinement"] = self.refinement
+        base = self.model.name.split("[", 1)[0]
+        if base not in shipped_models() and self.model.raw:
+            # a model from a config.json path: the plan carries its (resolved) config, so that report --plan and
+            # run --plan rebuild it anywhere, without the file
+            d["hf_config"] = dict(self.model.raw)
+            d["hf_config_options"] = {"plan_mtp": self.model.plan_mtp,
+                                      "allow_unknown_fields": self.model.allow_unknown_fields}
         if self.partition_from and self.solver_result is not None:
             r = self.solver_result
             d["partition_from"] = self.partition_from
