@@ -61,7 +61,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         model = model_from_args(args)
         parallel = parallel_from_args(args)
         cluster = Cluster.dgx(args.gpu, args.nodes) if args.nodes else None
-        plan = make_plan(model, parallel, cluster, method=args.method, baselines=(), gpu=args.gpu)
+        # the same plan as "tessera-lab plan" with these options: its baselines take part in the choice
+        plan = make_plan(model, parallel, cluster, method=args.method, gpu=args.gpu)
     rep = capacity_report(plan)
     result: dict[str, Any] = {"costs": plan.costs.as_dict(), "capacity": rep.as_dict(), "plan": plan.as_dict()}
     result["routing_dynamic"] = terms.as_dict()
