@@ -226,3 +226,17 @@ def test_on_paths_keeps_exactly_the_segments_of_some_plan():
             if plan <= seg.keys():
                 want |= plan
         assert set(ilp._on_paths(seg, S, L)) == want
+
+
+def test_virtual_stages_that_cannot_fit_even_one_chunk_per_rank_are_refused_before_the_ilp():
+    """A rank's memory sums its chunks, so when no split fits with each chunk alone under the limit none fits at
+    all: the memory reason at once, not a time limit (seen: Nemotron-H vpp 2 timed out at 10 s)."""
+    import time
+
+    from tessera_lab.errors import InfeasiblePlanError
+
+    p = additive_problem([1.0] * 64, 16, vpp=4, memory=lambda s, i, j: float(j - i), memory_limit=3.0)
+    t0 = time.perf_counter()
+    with pytest.raises(InfeasiblePlanError, match="virtual stages fits"):
+        solve_ilp(p, time_limit_s=30.0)
+    assert time.perf_counter() - t0 < 5.0

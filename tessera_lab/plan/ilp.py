@@ -19,7 +19,7 @@ import time
 import types
 from dataclasses import replace
 
-from tessera_lab.errors import PartitionError, TesseraError
+from tessera_lab.errors import InfeasiblePlanError, PartitionError, TesseraError
 from tessera_lab.plan.dp import fast_path_ok, solve_dp, solve_monotone
 from tessera_lab.plan.problem import Partition, PartitionProblem, infeasible_error, score_boundaries, uniform_boundaries
 
@@ -238,7 +238,8 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Parti
             boundaries, status = None, status + " (heuristic plan kept: better than the incumbent)"
     if boundaries is None:
         if best_heuristic is None:
-            raise PartitionError(f"ILP stopped with status {status} and no solution within {time_limit_s} s")
+            raise PartitionError(f"ILP stopped with status {status} and no solution within {time_limit_s} s (no heuristic "
+                                 "plan fits either); allowed: a longer --time-limit, or fewer virtual stages (--vpp)")
         boundaries = best_heuristic.boundaries
         if "heuristic" not in status:
             status += " (time limit: best heuristic plan)"
@@ -389,10 +390,18 @@ def _on_paths(seg: dict[tuple[int, int, int], float], S: int, L: int) -> dict[tu
 
 def _virtual_dp(problem: PartitionProblem) -> list[int] | None:
     """A feasible plan for ``vpp > 1`` (a bound for pruning): the exact bottleneck DP over the virtual stages as
-    if each were a rank; ``None`` when it finds none."""
+    if each were a rank; ``None`` when it finds none for another reason than memory.
+
+    Raises:
+        InfeasiblePlanError: no virtual stage split fits memory even one chunk per rank, so none fits at all.
+    """
     flat = replace(problem, vpp=1, objective="bottleneck")
     try:
         return (solve_monotone(flat) if flat.monotone and fast_path_ok(flat) else solve_dp(flat)).boundaries
+    except InfeasiblePlanError:
+        # a rank's memory is the sum of its chunks, so every chunk of a feasible plan fits alone: no flat plan,
+        # no plan at all (proven here, before the ILP spends its time limit looking)
+        raise infeasible_error(problem) from None
     except TesseraError:
         return None
 
