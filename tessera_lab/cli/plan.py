@@ -8,6 +8,7 @@ from typing import Any
 
 from tessera_lab.argtypes import positive_float
 from tessera_lab.cli.common import GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args, table
+from tessera_lab.model.hardware import layout_text
 from tessera_lab.model.spec import kind_letter, layer_summary
 from tessera_lab.plan.proof import solve_line
 from tessera_lab.report.headline import mfu_note, mfu_text
@@ -84,23 +85,6 @@ def _bound_lines(plan) -> list[str]:
     return lines
 
 
-def _layout_text(p, moe: bool = True) -> str:
-    """``pp=8 ep=8 tp=1 dp=1 (64 GPUs)``; with ``ep_spans_tp`` the world, the dense and the expert data-parallel
-    sizes spelled out, so that pp x dp x ep x tp is not read as the world size. A model without routed experts
-    (``moe`` false) has no EP group: ``pp=8 tp=1 dp=8 (64 GPUs; no MoE, ep 8 counts as data-parallel replicas)``,
-    dp being the dense data-parallel size (:attr:`~tessera_lab.model.hardware.ParallelConfig.dense_dp`)."""
-    vpp = f" vpp={p.vpp}" if p.vpp > 1 else ""
-    if not moe:
-        as_dp = f", ep {p.ep} counts as data-parallel replicas" if p.ep > 1 else ""
-        return f"pp={p.pp} tp={p.tp} dp={p.dense_dp}{vpp} ({p.world_size} GPUs; no MoE{as_dp})"
-    if not p.ep_spans_tp:
-        return f"pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}{vpp} ({p.world_size} GPUs)"
-    return (f"pp={p.pp}{vpp} x {p.ep} GPUs per stage = {p.world_size} GPUs; EP spans TP: each stage's EP group of "
-            f"{p.ep} = TP {p.tp} x dense DP {p.dense_dp} (expert TP 1, expert DP {p.expert_dp}); dense part TP {p.tp} "
-            f"with sequence parallelism x DP {p.dense_dp}, so {p.dense_dp} pipelines' micro-batches per iteration "
-            f"({p.tokens_per_iteration:,} tokens)")
-
-
 def _recompute_text(p) -> str:
     """``none``, ``full`` or ``selective (core_attn, moe_act)``: the module names recomputed (the default set
     :data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES` when none are given)."""
@@ -134,7 +118,7 @@ def format_plan(plan) -> str:
         "- / E: MLP / MoE block without mixer; stage tables count them: Ax2 Ldx1 = two A layers, one L with a dense "
         "FFN)",
         f"cluster {plan.cluster.num_nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}; "
-        + _layout_text(p, m.has_moe) + f", schedule {p.schedule}, "
+        + layout_text(p, m.has_moe) + f", schedule {p.schedule}, "
         f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "
         f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU; recompute {_recompute_text(p)}, "
         + (f"dispatcher {getattr(p, 'dispatcher', 'alltoall')}, " if m.has_moe else "")

@@ -93,7 +93,7 @@ from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.io import save_figure
-from tessera_lab.model.hardware import Cluster, ParallelConfig
+from tessera_lab.model.hardware import Cluster, ParallelConfig, layout_text
 from tessera_lab.model.knobs import MODEL_KNOBS
 from tessera_lab.model.spec import ModelSpec, layer_summary
 from tessera_lab.report.breakdown import (MFU_CONVENTION, CapacityReport, capacity_breakdown, capacity_from_observed,
@@ -146,9 +146,8 @@ def capacity_report(plan: Any, evaluation: Any | str | None = None, *, timeline:
                         f" (recipes split the analytic model's times; the plan's costs are {plan.costs.describe()})"))
     p = plan.parallel
     part = partition_label(plan, ev)
-    src = (f"simulated plan: {plan.model.name}, {part}, {p.schedule}, pp={p.pp} ep={p.ep} "
-           f"tp={p.tp} dp={p.dp}, m={p.microbatches}" if timeline is None else
-           f"timeline of {plan.model.name}, {part}")
+    src = (f"simulated plan: {plan.model.name}, {part}, {p.schedule}, {layout_text(p, plan.model.has_moe)}, "
+           f"m={p.microbatches}" if timeline is None else f"timeline of {plan.model.name}, {part}")
     rep = capacity_breakdown(tl, recipes, gpus=p.world_size, model_flops=plan.model_flops,
                              peak_flops=plan.cluster.gpu.peak_flops, nominal_iteration_s=nominal_iteration_s,
                              source=src, notes=notes)
@@ -379,8 +378,7 @@ def plan_caption(plan: Any, evaluation: Any = None, *, name: str | None = None, 
     ev = plan.chosen if evaluation is None else evaluation
     p = plan.parallel
     return (f"{name or plan.model.name} on {p.world_size} x {plan.cluster.gpu.name}{sep}{partition_label(plan, ev)}, "
-            f"{p.schedule}, pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}" + (f" vpp={p.vpp}" if p.vpp > 1 else "")
-            + f", m={p.microbatches}, seq {p.seq_len}, {p.dtype}")
+            f"{p.schedule}, {layout_text(p, plan.model.has_moe)}, m={p.microbatches}, seq {p.seq_len}, {p.dtype}")
 
 
 def report_figure(plan: Any, report: CapacityReport | None = None, diff: DiffReport | None = None) -> Any:
