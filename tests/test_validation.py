@@ -273,3 +273,19 @@ def test_a_malformed_limit_variable_is_named(monkeypatch, capsys):
     monkeypatch.setenv("TESSERA_LAB_MAX_STAGES", "lots")
     assert main(["simulate", "--stages", "2", "--microbatches", "4", "--f", "1", "--b", "1"]) == 2
     assert "TESSERA_LAB_MAX_STAGES = 'lots'" in one_error_line(capsys)
+
+
+def test_simulate_fb_range_and_use(capsys):
+    """--fb below the longer half of the pair is impossible (exit 2, the range named); on a schedule without
+    overlapped pairs it would be ignored (exit 2); a split schedule without --w says what it assumed."""
+    from tessera_lab.cli.main import main
+
+    base = ["simulate", "--stages", "4", "--microbatches", "8", "--f", "1", "--b", "2"]
+    assert main(base + ["--schedule", "overlapped", "--fb", "0.5"]) == 2
+    assert "allowed: >= max(--f, --b) = 2" in capsys.readouterr().err
+    assert main(base + ["--schedule", "1f1b", "--fb", "2.5"]) == 2
+    assert "has none, so it would be ignored" in capsys.readouterr().err
+    assert main(base + ["--schedule", "overlapped", "--fb", "2"]) == 0  # perfect overlap: the lower end is allowed
+    capsys.readouterr()
+    assert main(base + ["--schedule", "zb-v"]) == 0
+    assert "note: --w not given: a split backward takes I = --b = 2 and W = 0" in capsys.readouterr().out

@@ -15,9 +15,16 @@ from tessera_lab.errors import ConfigError
 def cmd_simulate(args: argparse.Namespace) -> int:
     from tessera_lab.errors import ScheduleError
     from tessera_lab.pipeline.schedules import canonical_name
+    from tessera_lab.pipeline.actions import ActionType
     from tessera_lab.pipeline.simulate import simulate, uniform_durations
 
     _routed_options(args)
+    if args.fb is not None and args.fb < max(args.f, args.b):
+        from tessera_lab.errors import ConfigError
+
+        raise ConfigError(f"option --fb = {args.fb:g} is out of range; allowed: >= max(--f, --b) = "
+                          f"{max(args.f, args.b):g} (an overlapped F+B pair takes at least its longer part; above "
+                          f"--f + --b = {args.f + args.b:g} when contention makes overlap slower)")
     if getattr(args, "routing", None) is not None or getattr(args, "dynamic", False):
         return _simulate_routed(args)
     budget = getattr(args, "memory_budget", None)
@@ -25,6 +32,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ScheduleError(f"--memory-budget is used only with --schedule zb-auto, not {args.schedule!r}")
     sched = built_schedule(args.schedule, args.stages, args.microbatches, args.vpp, f=args.f, b=args.b, w=args.w,
                            p2p_latency=args.p2p_latency, memory_budget=budget)
+    types = {a.type for acts in sched.actions.values() for a in acts}
+    if args.fb is not None and ActionType.OVERLAP_F_B not in types:
+        from tessera_lab.errors import ConfigError
+
+        raise ConfigError(f"option --fb is used only by schedules with overlapped F+B pairs (e.g. overlapped, "
+                          f"interleaved-overlapped); schedule {sched.name!r} has none, so it would be ignored")
+    notes = []
+    if args.w is None and ActionType.I in types:
+        notes.append(f"--w not given: a split backward takes I = --b = {args.b:g} and W = 0 (the split is unknown); "
+                     f"{sched.name}'s order is built for W about half of B: give --w")
     gs = getattr(args, "grad_sync", 0.0) or 0.0
     comm = static_grad_sync(sched, gs)
     tl = simulate(sched, uniform_durations(args.f, args.b, args.w, args.fb), p2p_latency=args.p2p_latency, comm=comm)
@@ -43,7 +60,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
              "peak activations (micro-batches)": tl.peak_activations[r]} for r in range(len(tl.per_rank_busy))]
     text = (table(rows) + f"\nmakespan {tl.iteration_time:.6g} {UNIT}  bubble_fraction {tl.bubble_fraction:.4f} "
             f"(idle share of rank-time)  bubble_overhead {tl.bubble_overhead:.4f} (idle / busy)"
-            + ("" if gs <= 0 else f"\n{_sync_line(gs, sync_tail(tl))}") + f"\n({UNIT_NOTE})")
+            + ("" if gs <= 0 else f"\n{_sync_line(gs, sync_tail(tl))}") + f"\n({UNIT_NOTE})"
+            + "".join(f"\nnote: {n}" for n in notes))
+    if notes:
+        result["notes"] = notes
     emit(args, result, text)
     if args.trace:
         tl.to_chrome_trace(args.trace)
