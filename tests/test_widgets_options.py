@@ -124,3 +124,25 @@ def test_error_figure_caption_is_wrapped_inside_the_figure():
         box = text.get_window_extent(renderer)
         assert box.x0 >= fig.bbox.x0 - 1 and box.x1 <= fig.bbox.x1 + 1, (text.get_text(), box, fig.bbox)
     assert any("expert width 4096" in t.get_text() for t in fig.texts)
+
+
+def test_partition_panel_stage_options_pass_the_planners_validation_at_each_models_layout():
+    """Notebook 06: every stage count offered for each of its models, at that model's EP and TP, passes the
+    planner's checks (ParallelConfig, the cluster, check_parallel_for_model, stages <= layers)."""
+    from tessera_lab.errors import TesseraError
+    from tessera_lab.model.hardware import ParallelConfig, check_fits, cluster_for
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.make import check_parallel_for_model
+    from tessera_lab.ui.widgets import MODEL_LAYOUTS, partition_panel
+
+    _, controls, _ = partition_panel(microbatches=16)
+    for name, (_, ep, tp) in MODEL_LAYOUTS.items():
+        spec = load_model(name)
+        for pp in [v for _, v in controls["pp"].options if v != "layout"]:
+            try:
+                parallel = ParallelConfig(pp=pp, ep=ep, tp=tp, microbatches=32)
+                check_fits(parallel, cluster_for(parallel))
+                check_parallel_for_model(spec, parallel, cluster_for(parallel))
+            except TesseraError as exc:
+                raise AssertionError((name, pp, str(exc))) from exc
+            assert pp <= spec.num_layers
