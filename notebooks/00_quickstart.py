@@ -126,8 +126,11 @@ if plan is not None:
 # layer keeps only its input and re-runs its forward in the backward; the CLI's `--recompute`), and the
 # model knobs that apply to the chosen model: the attention ratio (linear-attention layers per full-attention
 # layer) only for hybrid models, expert width and top-k only for MoE models. Each change re-runs the same
-# `make_plan` and redraws. The caption says what was planned (model, GPU, GPU count, pp/ep/dp, sequence,
-# schedule, recompute), how long the re-plan took, and what bounds the bottleneck stage's main tasks: where the expert GEMMs
+# `make_plan` and redraws. The dropdowns offer only what the chosen model can be planned with (pp up to its layer
+# count, ep a divisor of its routed experts, ep 1 for a dense model, micro-batches at least pp); a value the new
+# model cannot take is moved to the nearest one it can, and the caption says so. The caption says what was planned
+# (model, GPU, GPU count, pp/ep/dp, sequence, schedule, recompute), how long the re-plan took (wall and CPU seconds,
+# measured), and what bounds the bottleneck stage's main tasks: where the expert GEMMs
 # are *host issue* bound, a narrower expert barely moves the iteration; at long sequences (`sequence` 32768) the
 # attention ratio starts to matter. A model that does not fit in memory (Nemotron-H 56B on 8 stages, say) may fit
 # with `recompute` set to `full`, at the cost of a longer iteration.

@@ -119,7 +119,9 @@ plt.show()
 # The model (Qwen3-Next, Kimi-Linear, MiniMax-M1, Nemotron-H, Jamba, Qwen3.5, each at its layout), attention ratio
 # (linear-mixer layers per full-attention layer, placed by the family's rule), routed expert width, top-k ("config":
 # the model's own), stages and micro-batches. Each change re-plans with the same functions; a knob a model does not
-# have (expert width on the dense Nemotron-H) or a variant that cannot fit in GPU memory says so.
+# have (expert width on the dense Nemotron-H) is hidden, a value the new model cannot take goes back to "config"
+# (the caption says so), and a variant that cannot fit in GPU memory says so. The caption ends with how long the
+# change took (wall and CPU seconds, measured).
 
 # %% tags=["panel"]
 from tessera_lab.ui.widgets import partition_panel

@@ -59,9 +59,9 @@ def figure_png(fig: Any, *, caption: str | None = None, dpi: int = PANEL_DPI) ->
     fig = _figure_of(fig)
     FigureCanvasAgg(fig)  # attaches a fresh Agg canvas: no GUI or inline backend involved
     managed = fig.get_layout_engine() is not None  # constrained/tight layout already fits every label
-    if caption:  # balanced lines of at most FIGURE_CAPTION_CHARS, broken between settings only
-        caption = "\n".join(CAPTION_SEP.join(line) for line in
-                             caption_lines(caption.split(CAPTION_SEP), FIGURE_CAPTION_CHARS))
+    if caption:  # balanced lines that fit the figure's width, broken between settings only
+        chars = min(FIGURE_CAPTION_CHARS, int(fig.get_figwidth() * CAPTION_CHARS_PER_INCH))
+        caption = "\n".join(CAPTION_SEP.join(line) for line in caption_lines(caption.split(CAPTION_SEP), chars))
         if managed and getattr(fig, "_supxlabel", None) is None:  # the layout engine makes room for it
             fig.supxlabel(caption, x=0.005, ha="left", fontsize=7, color="dimgray")
         else:
@@ -170,6 +170,9 @@ CAPTION_SEP = " · "
 
 #: characters per line of a figure's caption (7 pt text across a panel figure)
 FIGURE_CAPTION_CHARS = 150
+#: characters of 7 pt caption text per inch of figure width (DejaVu Sans averages about 4 pt a character, kept
+#: below 72 / 4 = 18 so a line of wide characters still fits)
+CAPTION_CHARS_PER_INCH = 15
 
 
 def settings_caption(controls: dict[str, Any]) -> str:

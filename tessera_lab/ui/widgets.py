@@ -18,7 +18,7 @@ from tessera_lab.ui.panel import LABEL_STYLE, View, panel
 
 __all__ = ["LABEL_STYLE", "panel", "replan", "plan_summary", "summary_table", "plan_notes", "quickstart_panel",
            "compare_partitions", "partition_panel", "MODEL_LAYOUTS", "QUICKSTART_PARAMETERS", "model_knobs",
-           "plan_caption", "bottleneck_bounds"]
+           "plan_caption", "bottleneck_bounds", "control_options", "valid_value"]
 
 def replan(
     model: str = "qwen3-next-80b-a3b",
@@ -139,11 +139,57 @@ def _expert_widths(width: int) -> list[int]:
     return sorted({max(32, width // 4), max(32, width // 2), width, width * 2})
 
 
-def plan_caption(plan: Plan, seconds: float | None = None) -> str:
+def control_options(spec) -> dict[str, list[int]]:
+    """Values of the planning panels' model-dependent controls that the planner accepts for ``spec``.
+
+    ``pp``: :data:`PP_CHOICES` up to the model's layer count (more stages than layers cannot be partitioned);
+    ``ep``: the divisors of its routed experts among :data:`EP_CHOICES` (``check_parallel_for_model``'s rule),
+    ``[1]`` without routed experts; ``top_k``: 1 to its routed experts (``[]`` without experts; only the model's
+    own value where its family cannot rebuild the config with another, e.g. a config that states top-k twice);
+    ``attention_ratio``: the ratios 0-11 its family's rule can place (``ModelSpec.with_changes`` accepts them;
+    ``[]`` where the model has no ratio to change). The GPU count follows (``cluster_for`` sizes the cluster).
+    """
+    from tessera_lab.errors import TesseraError
+
+    ratios = []
+    if model_knobs(spec)["attention_ratio"]:
+        for r in range(12):
+            try:
+                spec.with_changes(attention_ratio=r)
+            except TesseraError:
+                continue
+            ratios.append(r)
+    top_k = list(range(1, spec.num_experts + 1)) if spec.has_moe else []
+    other = next((k for k in top_k if k != spec.num_experts_per_tok), None)
+    if other is not None:
+        try:
+            spec.with_changes(num_experts_per_tok=other)
+        except TesseraError:
+            top_k = [spec.num_experts_per_tok]
+    return {"pp": [p for p in PP_CHOICES if p <= spec.num_layers],
+            "ep": [e for e in EP_CHOICES if spec.num_experts % e == 0] if spec.has_moe else [1],
+            "top_k": top_k,
+            "attention_ratio": ratios}
+
+
+def valid_value(value: Any, options: list, prefer: Any = None) -> Any:
+    """``value`` if it is one of ``options``, else ``prefer`` if it is, else the largest option below ``value``
+    (the smallest option when none is below)."""
+    if value in options:
+        return value
+    if prefer in options:
+        return prefer
+    below = [o for o in options if o < value]
+    return below[-1] if below else options[0]
+
+
+def plan_caption(plan: Plan, seconds: float | None = None, cpu_seconds: float | None = None) -> str:
     """What a panel planned: that its figures are simulated and from which costs (``plan.costs``, e.g. the
     analytic cost model and its version, or a measured profile), model, GPU, GPU count, pp/ep/dp (tp, vpp when set;
     a model without routed experts has no EP group: pp/dp with its ep ranks counted as data-parallel replicas),
-    sequence, micro-batches, schedule, recomputation, and the time the re-plan took (wall clock, measured)."""
+    sequence, micro-batches, schedule, recomputation, and the time the re-plan took, measured: ``seconds`` wall
+    and ``cpu_seconds`` of this process (a panel passes what it timed around the whole change), else
+    ``plan.timing`` (:func:`~tessera_lab.plan.make.make_plan`'s own ``wall_s`` / ``cpu_s``)."""
     from tessera_lab.ui.panel import CAPTION_SEP
 
     p, c = plan.parallel, plan.cluster
@@ -153,8 +199,11 @@ def plan_caption(plan: Plan, seconds: float | None = None) -> str:
     parts = [f"simulated, costs {plan.costs.describe()}", f"{plan.model.name} on {p.world_size} {c.gpu.name} GPUs ({c.num_nodes} x {c.gpus_per_node})", layout,
              f"sequence {p.seq_len}", f"{p.microbatches} micro-batches of {p.micro_batch_size}",
              f"schedule {p.schedule}", f"recompute {p.recompute}"]
+    if seconds is None and cpu_seconds is None:
+        seconds, cpu_seconds = plan.timing.get("wall_s"), plan.timing.get("cpu_s")
     if seconds is not None:
-        parts.append(f"re-planned in {seconds:.2f} s (wall)")
+        cpu = f", {cpu_seconds:.2f} s CPU" if cpu_seconds is not None else ""
+        parts.append(f"re-planned in {seconds:.2f} s wall{cpu} (measured)")
     return CAPTION_SEP.join(parts)
 
 
@@ -196,6 +245,7 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
     from tessera_lab.errors import ConfigError
     from tessera_lab.model.hardware import RECOMPUTE
     from tessera_lab.model.spec import shipped_models
+    from tessera_lab.ui.panel import CAPTION_SEP
     from tessera_lab.ui.plots import stage_cost_bars
 
     unknown = sorted(set(params) - set(QUICKSTART_PARAMETERS))
@@ -207,6 +257,7 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
                           f"{', '.join(RECOMPUTE)}")
     spec = load_model(model)
     knobs = model_knobs(spec)
+    valid = control_options(spec)
     gpu = str(params.get("gpu", "H200"))
     width = params.get("expert_width", spec.moe_intermediate_size or 512)
     slider = dict(style=LABEL_STYLE, continuous_update=False)
@@ -214,66 +265,88 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
         "model": w.Dropdown(options=_with(tuple(shipped_models()), model), value=model, description="model",
                             style=LABEL_STYLE),
         "gpu": w.Dropdown(options=_with(GPU_CHOICES, gpu), value=gpu, description="GPU", style=LABEL_STYLE),
-        "pp": w.Dropdown(options=_with(PP_CHOICES, params.get("pp", 8)), value=params.get("pp", 8), description="pp",
-                         style=LABEL_STYLE),
-        "ep": w.Dropdown(options=_with(EP_CHOICES, params.get("ep", 8)), value=params.get("ep", 8), description="ep",
-                         style=LABEL_STYLE),
-        "microbatches": w.IntSlider(value=params.get("microbatches", 32), min=1, max=128, description="micro-batches",
-                                    **slider),
+        "pp": w.Dropdown(options=_with(tuple(valid["pp"]), params.get("pp")),
+                         value=params.get("pp", valid_value(8, valid["pp"])), description="pp", style=LABEL_STYLE),
+        "ep": w.Dropdown(options=_with(tuple(valid["ep"]), params.get("ep")),
+                         value=params.get("ep", valid_value(8, valid["ep"])), description="ep", style=LABEL_STYLE),
+        "microbatches": w.IntSlider(value=params.get("microbatches", 32), min=min(1, params.get("microbatches", 32)),
+                                    max=128, description="micro-batches", **slider),
         "seq_len": w.Dropdown(options=_with(SEQ_CHOICES, params.get("seq_len", 4096)),
                               value=params.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
         "recompute": w.Dropdown(options=list(RECOMPUTE), value=params.get("recompute", "none"),
                                 description="recompute", style=LABEL_STYLE),
-        "attention_ratio": w.IntSlider(value=params.get("attention_ratio", spec.attention_ratio or 3), min=0, max=11,
-                                       description="attn ratio", **slider),
+        "attention_ratio": w.IntSlider(value=params.get("attention_ratio", spec.attention_ratio or 3), min=0,
+                                       max=max(valid["attention_ratio"] or [11]), description="attn ratio", **slider),
         "expert_width": w.Dropdown(options=_expert_widths(width), value=width, description="expert width",
                                    style=LABEL_STYLE),
-        "top_k": w.IntSlider(value=params.get("top_k", spec.num_experts_per_tok or 1), min=1,
-                             max=max(1, spec.num_experts or 1), description="top-k", **slider),
+        "top_k": w.IntSlider(value=params.get("top_k", spec.num_experts_per_tok or 1), min=min(valid["top_k"] or [1]),
+                             max=max(valid["top_k"] or [1]), description="top-k", **slider),
     }
-    current = {"spec": spec, "knobs": knobs}
-    start_ep = controls["ep"].value if spec.has_moe else 8
+    controls["microbatches"].min = min(controls["pp"].value, controls["microbatches"].value)
+    current: dict[str, Any] = {"spec": spec, "knobs": knobs, "moved": []}
+    start = {"pp": controls["pp"].value, "ep": controls["ep"].value if spec.has_moe else 8}
 
     def show_knobs() -> None:
         for name, on in current["knobs"].items():
             controls[name].layout.display = None if on else "none"
 
     def on_change(name: str) -> None:
-        """A new model: its own knob values and ranges, only the knobs that apply; ep 1 for a dense model."""
-        if name != "model":
-            return
+        """A new model: its own knob values and ranges, only the knobs that apply, the pp and ep it accepts
+        (values it cannot take moved, the caption says so); micro-batches at least pp (the overlapped 1F1B
+        schedule's rule, :mod:`tessera_lab.pipeline.generators`)."""
+        if name == "model":
+            new_model()
+        if name in ("model", "pp"):
+            mb, pp = controls["microbatches"], controls["pp"].value
+            if mb.value < pp:
+                current["moved"].append(f"micro-batches {mb.value} -> {pp} (at least pp for the overlapped schedule)")
+            mb.min = 1  # the slider clamps a value below its minimum
+            mb.value = max(mb.value, pp)
+            mb.min = pp
+
+    def new_model() -> None:
         new = load_model(controls["model"].value)
-        current.update(spec=new, knobs=model_knobs(new))
-        if new.attention_ratio is not None:
+        options = control_options(new)
+        current.update(spec=new, knobs=model_knobs(new), moved=[])
+        if options["attention_ratio"]:
+            controls["attention_ratio"].max = max(options["attention_ratio"])
             controls["attention_ratio"].value = new.attention_ratio
         if new.has_moe:
             controls["expert_width"].options = _expert_widths(new.moe_intermediate_size)
             controls["expert_width"].value = new.moe_intermediate_size
-            controls["top_k"].max = max(1, new.num_experts)
+            controls["top_k"].max = max(options["top_k"][-1], controls["top_k"].min)
+            controls["top_k"].min = options["top_k"][0]
+            controls["top_k"].max = options["top_k"][-1]
             controls["top_k"].value = new.num_experts_per_tok
-        elif controls["ep"].value != 1:
-            controls["ep"].value = 1
-        if new.has_moe and controls["ep"].value == 1 and start_ep != 1:  # back from a dense model: the EP it had
-            controls["ep"].value = start_ep
+        for name in ("pp", "ep"):  # only values the planner accepts for this model (control_options)
+            old = controls[name].value
+            back = start[name] if name == "ep" and old == 1 and start[name] != 1 else None  # back from a dense model
+            value = valid_value(old, options[name], prefer=None) if back is None else valid_value(back, options[name])
+            controls[name].options = options[name]
+            controls[name].value = value
+            if value != old and back is None:
+                why = (f"{new.num_experts} routed experts" if name == "ep" and new.has_moe else
+                       "no routed experts" if name == "ep" else f"{new.num_layers} layers")
+                current["moved"].append(f"{name} {old} -> {value} ({new.name} has {why})")
         show_knobs()
 
     def compute(v: dict[str, Any]) -> dict[str, Any]:
         k = current["knobs"]
-        t0 = time.perf_counter()
+        moved, current["moved"] = current["moved"], []
+        t0, c0 = time.perf_counter(), time.process_time()
         plan = replan(v["model"], attention_ratio=v["attention_ratio"] if k["attention_ratio"] else None,
                       expert_width=v["expert_width"] if k["expert_width"] else None,
                       top_k=v["top_k"] if k["top_k"] else None, pp=v["pp"], ep=v["ep"],
                       microbatches=v["microbatches"], seq_len=v["seq_len"], gpu=v["gpu"], recompute=v["recompute"])
-        seconds = time.perf_counter() - t0
-        return {"summary": plan_summary(plan), "plan": plan, "seconds": seconds,
-                "caption": plan_caption(plan, seconds), "bounds": bottleneck_bounds(plan)}
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        caption = plan_caption(plan, seconds, cpu) + "".join(CAPTION_SEP + m for m in moved)
+        return {"summary": plan_summary(plan), "plan": plan, "seconds": seconds, "cpu_seconds": cpu,
+                "caption": caption, "bounds": bottleneck_bounds(plan)}
 
     def render(res: dict[str, Any]) -> View:
         return View(summary_table(res["plan"]), stage_cost_bars(res["plan"]), plan_notes(res["plan"]))
 
     def caption(res: dict[str, Any]) -> str:
-        from tessera_lab.ui.panel import CAPTION_SEP
-
         return res["caption"] + CAPTION_SEP + res["bounds"]
 
     show_knobs()
@@ -350,12 +423,23 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
 
     def knob_options(spec, name: str, keep: Any = None) -> list:
         """``("config (V)", "config")`` first -- ipywidgets shows a None-valued option as no selection, so "config"
-        stands for the model's own value V -- then the other values (V itself would be the same plan twice)."""
+        stands for the model's own value V -- then the other values the planner accepts for this model
+        (:func:`control_options`; V itself would be the same plan twice; none for a knob the model lacks)."""
         own = {"attention_ratio": spec.attention_ratio, "expert_width": spec.moe_intermediate_size or None,
                "top_k": spec.num_experts_per_tok or None}[name]
         label = "config" if own is None else f"config ({own})"
-        return [(label, "config")] + [(str(v), v) for v in sorted(set(candidates[name]) | ({keep} - {None, "config"}))
+        if not model_knobs(spec)[name]:
+            return [(label, "config")]
+        valid = control_options(spec).get(name)
+        values = [v for v in candidates[name] if valid is None or v in valid]
+        return [(label, "config")] + [(str(v), v) for v in sorted(set(values) | ({keep} - {None, "config"}))
                                       if v != own]
+
+    def pp_options(spec, keep: Any = None) -> list:
+        """``("model's layout", "layout")`` then the stage counts the model has layers for."""
+        valid = control_options(spec)["pp"]
+        return [("model's layout", "layout")] + [(str(n), n) for n in sorted({2, 4, 8, 12, 16} & set(valid) |
+                                                                             ({keep} - {None, "layout"}))]
 
     spec = load_model(model)
     controls = {
@@ -368,18 +452,26 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
                                    style=LABEL_STYLE),
         "top_k": w.Dropdown(options=knob_options(spec, "top_k", defaults.get("top_k")),
                             value=_given(defaults, "top_k", "config"), description="top-k", style=LABEL_STYLE),
-        "pp": w.Dropdown(options=[("model's layout", "layout")] + [(str(n), n) for n in (2, 4, 8, 12, 16)],
-                         value=_given(defaults, "pp", "layout"), description="stages", style=LABEL_STYLE),
+        "pp": w.Dropdown(options=pp_options(spec, defaults.get("pp")), value=_given(defaults, "pp", "layout"), description="stages", style=LABEL_STYLE),
         "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
                                     description="micro-batches", style=LABEL_STYLE, continuous_update=False),
         "seq_len": w.Dropdown(options=_with(SEQ_CHOICES[:5], defaults.get("seq_len", 4096)),
                               value=defaults.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
     }
 
+    for knob, on in model_knobs(spec).items():  # a knob the model lacks is not shown
+        controls[knob].layout.display = None if on else "none"
+    moved: list[str] = []
+
     def compute(v: dict[str, Any]) -> dict[str, Any]:
+        import time
+
         v = {k: None if x in ("config", "layout") else x for k, x in v.items()}
+        t0, c0 = time.perf_counter(), time.process_time()
         plan, table = compare_partitions(v.pop("model"), **v)
-        return {"table": table, "plan": plan}
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        notes, moved[:] = list(moved), []
+        return {"table": table, "plan": plan, "seconds": seconds, "cpu_seconds": cpu, "moved": notes}
 
     def render(res: dict[str, Any]) -> View:
         table = res["table"].assign(**{"fits memory": res["table"]["fits memory"].map({True: "yes", False: "NO"})})
@@ -388,17 +480,36 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     def caption(res: dict[str, Any]) -> str:
         from tessera_lab.ui.panel import CAPTION_SEP
 
-        return plan_caption(res["plan"]) + CAPTION_SEP + bottleneck_bounds(res["plan"])
+        return CAPTION_SEP.join([plan_caption(res["plan"], res["seconds"], res["cpu_seconds"]), *res["moved"],
+                                 bottleneck_bounds(res["plan"])])
 
     def on_change(name: str) -> None:
-        """A new model: its own knob values as "config (V)", the other values after it."""
-        if name != "model":
-            return
+        """A new model: its own knob values as "config (V)", the other values it accepts after it (values it cannot
+        take moved, the caption says so); micro-batches at least the stages (the overlapped schedule's rule)."""
+        if name == "model":
+            new_model()
+        if name in ("model", "pp"):
+            mb, pp = controls["microbatches"], controls["pp"].value
+            if pp == "layout":
+                pp = MODEL_LAYOUTS.get(controls["model"].value, (8, 8, 1))[0]
+            if mb.value < pp:
+                moved.append(f"micro-batches {mb.value} -> {pp} (at least the stages for the overlapped schedule)")
+            mb.min = 1  # the slider clamps a value below its minimum
+            mb.value = max(mb.value, pp)
+            mb.min = pp
+
+    def new_model() -> None:
         new = load_model(controls["model"].value)
-        for knob in candidates:
+        moved.clear()
+        for knob in [*candidates, "pp"]:
             value = controls[knob].value
-            controls[knob].options = knob_options(new, knob)
-            controls[knob].value = value if value in [v for _, v in controls[knob].options] else "config"
+            controls[knob].options = pp_options(new) if knob == "pp" else knob_options(new, knob)
+            own = "layout" if knob == "pp" else "config"
+            controls[knob].value = value if value in [v for _, v in controls[knob].options] else own
+            if controls[knob].value != value:
+                moved.append(f"{controls[knob].description} {value} -> {own} (not valid for {new.name})")
+            if knob != "pp":
+                controls[knob].layout.display = None if model_knobs(new)[knob] else "none"
 
     names = list(controls)
     return panel(controls, compute, render, rows=[names[:3], names[3:]], state_key=None, error_prefix="cannot plan",
