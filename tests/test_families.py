@@ -423,3 +423,12 @@ def test_attention_ratio_is_the_period_of_the_placement():
     assert kimi.layer_pattern().upper().count("A") == 7
     assert kimi.attention_ratio == 3
     assert load_model("jamba-1.5-mini").attention_ratio == 7  # attn_layer_period 8
+
+
+def test_gpt_oss_top_k_knob_sets_both_spellings():
+    """gpt-oss's config carries top-k as experts_per_token and num_experts_per_tok (refused when they differ): the
+    knob changes both, so every top-k plans."""
+    from tessera_lab.model.spec import load_model
+
+    m = load_model("gpt-oss-20b").with_changes(num_experts_per_tok=2)
+    assert m.num_experts_per_tok == 2 and m.raw["experts_per_token"] == 2

@@ -58,6 +58,15 @@ def _count(n: float) -> str:
 
 
 def cmd_params(args: argparse.Namespace) -> int:
+    from tessera_lab.errors import ConfigError
+
+    given = [x for x in (args.model, args.model_option) if x is not None]
+    if not given:
+        raise ConfigError("field 'model' is missing; allowed: a shipped model name or a config.json path "
+                          "(tessera-lab params MODEL, or --model MODEL)")
+    if len(given) == 2 and given[0] != given[1]:
+        raise ConfigError(f"field 'model' is given twice, as {given[0]!r} and --model {given[1]!r}; allowed: one")
+    args.model = given[0]
     m = model_from_args(args)
     c = m.param_counts().as_dict()
     labels = {"mtp": "mtp (apart: not in total)", "mtp_active": "mtp_active (apart)"}
@@ -77,7 +86,9 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("params", help="parameter counts of a model")
-    p.add_argument("model", help="a shipped model name or a config.json path")
+    p.add_argument("model", nargs="?", help="a shipped model name or a config.json path (or --model, as plan and "
+                   "report take it)")
+    p.add_argument("--model", dest="model_option", default=None, metavar="MODEL", help="the same as the positional MODEL")
     add_model_knobs(p)
     add_json(p)
     p.set_defaults(func=cmd_params)

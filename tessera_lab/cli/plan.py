@@ -138,7 +138,10 @@ def format_plan(plan) -> str:
                     f"the {unguarded.method} optimum)", plan.chosen, f"{plan.chosen.method} (from {kept})"),
                    (f"{unguarded.method} optimum (not chosen: slower when simulated)", unguarded,
                     f"{unguarded.method} optimum")]
-    entries += [(name, ev, ev.method) for name, ev in plan.baselines.items()]
+    # with --method uniform the chosen plan is the uniform baseline itself: one row, not two identical ones
+    entries += [(name, ev, ev.method) for name, ev in plan.baselines.items()
+                if not (name == plan.chosen.method == "uniform"
+                        and list(ev.partition.boundaries) == list(plan.chosen.partition.boundaries))]
     for label, ev, row in entries:
         solver = ev.partition.solver and not (unguarded is not None and ev is plan.chosen)
         details.append(f"[{label}] boundaries {ev.partition.boundaries}"

@@ -31,8 +31,16 @@ def _layers_knob(cfg: dict[str, Any], n: int) -> None:
     cfg.pop("layer_types", None)  # the default alternation
 
 
+def _top_k_knob(cfg: dict[str, Any], k: int) -> None:
+    """The released config spells top-k twice (``experts_per_token`` and ``num_experts_per_tok``, checked equal):
+    the knob sets both."""
+    cfg["num_experts_per_tok"] = k
+    if "experts_per_token" in cfg:
+        cfg["experts_per_token"] = k
+
+
 KNOBS = {"num_layers": _layers_knob, "window": "sliding_window", "moe_intermediate_size": "intermediate_size",
-         "num_experts_per_tok": "num_experts_per_tok", "num_experts": "num_local_experts"}
+         "num_experts_per_tok": _top_k_knob, "num_experts": "num_local_experts"}
 
 
 def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
