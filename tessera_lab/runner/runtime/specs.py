@@ -393,9 +393,13 @@ class RunSpec:
             b = list(self.boundaries)
             if (len(b) != sched.num_stages + 1 or b[0] != 0 or b[-1] != layers
                     or any(b[s + 1] <= b[s] for s in range(sched.num_stages))):
+                per_rank = sched.num_stages // max(1, world.pp)
                 raise ConfigError(
                     f"{w}: plan field 'boundaries' = {b} is not allowed; need {sched.num_stages + 1} strictly "
-                    f"increasing layer indices from 0 to num_layers = {layers}")
+                    f"increasing layer indices from 0 to num_layers = {layers}: the run has {sched.num_stages} "
+                    f"stages (pp {world.pp} x {per_rank} per rank), the plan {len(b) - 1}"
+                    + (f" (run it with --pp {(len(b) - 1) // per_rank})" if len(b) - 1 != sched.num_stages
+                       and (len(b) - 1) % per_rank == 0 else ""))
         if self.fault is not None and not isinstance(self.fault, dict):
             raise ConfigError(f"{w} field 'fault' must be a dict with rank, step, action")
         return sched
