@@ -238,8 +238,10 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Parti
             boundaries, status = None, status + " (heuristic plan kept: better than the incumbent)"
     if boundaries is None:
         if best_heuristic is None:
-            raise PartitionError(f"ILP stopped with status {status} and no solution within {time_limit_s} s (no heuristic "
-                                 "plan fits either); allowed: a longer --time-limit, or fewer virtual stages (--vpp)")
+            raise PartitionError(f"ILP stopped with status {status} and no solution within {time_limit_s} s; no "
+                                 "heuristic plan fits memory either, so perhaps none does (a longer --time-limit lets "
+                                 "the solver prove it or find one); allowed: a longer --time-limit, fewer virtual "
+                                 "stages (--vpp), recompute (--recompute selective|full) or more pipeline ranks")
         boundaries = best_heuristic.boundaries
         if "heuristic" not in status:
             status += " (time limit: best heuristic plan)"
