@@ -146,3 +146,16 @@ def test_partition_panel_stage_options_pass_the_planners_validation_at_each_mode
             except TesseraError as exc:
                 raise AssertionError((name, pp, str(exc))) from exc
             assert pp <= spec.num_layers
+
+
+def test_partition_panel_does_not_call_the_new_models_own_value_invalid():
+    """top-k 8 on Qwen3-Next, then Kimi-Linear (whose own top-k is 8): the control shows "config (8)", the same
+    value, and the caption says nothing was moved."""
+    from tessera_lab.ui.widgets import partition_panel
+
+    _, controls, state = partition_panel(microbatches=8)
+    controls["top_k"].value = 8
+    controls["model"].value = "kimi-linear-48b-a3b"
+    assert controls["top_k"].value == "config" and controls["top_k"].options[0] == ("config (8)", "config")
+    assert "error" not in state, state.get("error")
+    assert "not valid for kimi-linear-48b-a3b" not in html.unescape(state["table_html"])

@@ -421,12 +421,16 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     candidates = {"attention_ratio": list(range(0, 12)), "expert_width": [128, 256, 512, 1024, 2048, 4096],
                   "top_k": list(range(1, 17))}
 
+    def own_value(spec, name: str) -> Any:
+        """The model's own value of a knob (``None`` where it has none)."""
+        return {"attention_ratio": spec.attention_ratio, "expert_width": spec.moe_intermediate_size or None,
+                "top_k": spec.num_experts_per_tok or None}[name]
+
     def knob_options(spec, name: str, keep: Any = None) -> list:
         """``("config (V)", "config")`` first -- ipywidgets shows a None-valued option as no selection, so "config"
         stands for the model's own value V -- then the other values the planner accepts for this model
         (:func:`control_options`; V itself would be the same plan twice; none for a knob the model lacks)."""
-        own = {"attention_ratio": spec.attention_ratio, "expert_width": spec.moe_intermediate_size or None,
-               "top_k": spec.num_experts_per_tok or None}[name]
+        own = own_value(spec, name)
         label = "config" if own is None else f"config ({own})"
         if not model_knobs(spec)[name]:
             return [(label, "config")]
@@ -506,7 +510,8 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
             controls[knob].options = pp_options(new) if knob == "pp" else knob_options(new, knob)
             own = "layout" if knob == "pp" else "config"
             controls[knob].value = value if value in [v for _, v in controls[knob].options] else own
-            if controls[knob].value != value:
+            same = knob != "pp" and value == own_value(new, knob)  # the new model's own value: "config" is it
+            if controls[knob].value != value and not same:
                 moved.append(f"{controls[knob].description} {value} -> {own} (not valid for {new.name})")
             if knob != "pp":
                 controls[knob].layout.display = None if model_knobs(new)[knob] else "none"
