@@ -550,11 +550,12 @@ def kind_letter(kind: str) -> str:
 
 
 def layer_summary(layers: list[int], kinds: list[str]) -> str:
-    """Short text of a stage's layers: ``"first-last (Ax1 Lx3)"``, the letters of :meth:`ModelSpec.layer_pattern`
+    """Short text of a stage's layers: ``"first-last (Ax1 Lx3)"`` (``"39 (Ax1)"`` for one layer), the letters of :meth:`ModelSpec.layer_pattern`
     (L linear mixer, A full attention, S sliding window, C chunked, T MTP, - no mixer) with a ``d`` suffix for a
     dense FFN; ``"-"`` for no layers."""
     if not layers:
         return "-"
     counts = Counter(kind_letter(k) + ("d" if k.endswith("+dense") else "") for k in kinds)
     parts = " ".join(f"{k}x{n}" for k, n in sorted(counts.items()))
-    return f"{layers[0]}-{layers[-1]} ({parts})"
+    span = str(layers[0]) if len(layers) == 1 else f"{layers[0]}-{layers[-1]}"
+    return f"{span} ({parts})"
