@@ -123,9 +123,14 @@ def test_node_level_pairs_fill_combine_waits_bitwise_equal(tmp_path):
         gs = torch.load(tmp_path / f"grads_static_rank{r}.pt")
         gd = torch.load(tmp_path / f"grads_dynamic_rank{r}.pt")
         assert gs.keys() == gd.keys() and all(torch.equal(gs[k], gd[k]) for k in gs)
-    pp_of = {e["rank"]: e["pp_rank"] for e in d["events"]}
-    for st in d["gap_steps"]:  # EP ranks of a pipeline rank decide alike, in combine waits too
-        for pr in set(pp_of.values()):
-            recs = [st[str(r)] for r in pp_of if pp_of[r] == pr]
-            assert recs[0]["filled"] == recs[1]["filled"]
+    # the EP ranks of a pipeline rank plan alike (the group's predicted waits), but each stops filling as soon as
+    # its own input has arrived (a completion query, never a wait), so their fills may differ by that tail; what
+    # must hold on every rank: W passes in micro-batch order per stage (the gradients above are bitwise equal)
+    for st in d["gap_steps"]:
+        for v in st.values():
+            mbs = [int(f.split("W")[1]) for f in v["filled"]]
+            stages = [f.split(":")[1].split("W")[0] for f in v["filled"]]
+            for stg in set(stages):
+                got = [m for m, g in zip(mbs, stages) if g == stg]
+                assert got == sorted(got), v["filled"]
     assert any(f.startswith("c") for st in d["gap_steps"] for v in st.values() for f in v["filled"])

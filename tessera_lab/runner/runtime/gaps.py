@@ -350,7 +350,7 @@ class GapFiller:
         the step's end, :meth:`end_step`)."""
         t0 = self.clock()
         ev0 = self._event()
-        used = 0.0  # planned W seconds so far in this wait (not a local clock: the group decides alike)
+        used = 0.0  # planned W seconds so far in this wait (not a local clock: the group plans alike)
         while self.fill and not self.completed(work):
             nxt = self._oldest_ready(complete)
             if nxt is None:
