@@ -413,3 +413,21 @@ def _shipped_config(name):
     from tessera_lab.model.spec import shipped_models
 
     return shipped_models()[name]
+
+
+def test_a_config_named_like_a_shipped_model_is_carried_not_replaced(tmp_path):
+    """A config.json whose file name is a shipped model's but whose contents differ (30 layers, not 36): the plan
+    carries it, and reloading gives its 30 layers, never the shipped model of that name."""
+    import json
+
+    from tessera_lab.cli.main import main
+    from tessera_lab.plan.load import load_plan
+
+    cfg = json.loads(_shipped_config("qwen3-8b").read_text())
+    cfg["num_hidden_layers"] = 30
+    src = tmp_path / "qwen3-8b.json"
+    src.write_text(json.dumps(cfg))
+    out = tmp_path / "p.json"
+    assert main(["plan", "--model", str(src), "--json", str(out)]) == 0
+    assert "hf_config" in json.loads(out.read_text())
+    assert load_plan(out).model.num_layers == 30

@@ -10,7 +10,7 @@ from tessera_lab.argtypes import positive_float
 from tessera_lab.cli.common import GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args, table
 from tessera_lab.model.hardware import layout_text
 from tessera_lab.model.spec import kind_letter, layer_summary
-from tessera_lab.plan.proof import solve_line
+from tessera_lab.plan.proof import kept_baseline, solve_line
 from tessera_lab.report.headline import mfu_note, mfu_text
 
 
@@ -132,7 +132,7 @@ def format_plan(plan) -> str:
     unguarded = getattr(plan, "solver_result", None) if origin else None
     entries = [(f"{plan.chosen.method} (chosen)", plan.chosen, plan.chosen.method)]
     if unguarded is not None:  # a guarded result is reported beside the unguarded one
-        kept = origin.split(",")[0].removeprefix("baseline ")
+        kept = kept_baseline(plan)
         moved = ", moved by simulator refinement" if origin.endswith("refinement") else ""
         entries = [(f"{plan.chosen.method} (chosen: the {kept} baseline's partition{moved}; it simulates faster than "
                     f"the {unguarded.method} optimum)", plan.chosen, f"{plan.chosen.method} (from {kept})"),

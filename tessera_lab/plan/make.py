@@ -142,6 +142,18 @@ class Plan:
     #: the solver's own (unguarded) result when :attr:`partition_from` is set, reported beside the chosen plan
     solver_result: Evaluation | None = None
 
+    def _named_model_is_this(self) -> bool:
+        """True when the model's name alone rebuilds it (a shipped model, or a variant of one written as
+        ``name[key=value]``): the same spec, not merely the same name (a config.json named like a shipped model)."""
+        from tessera_lab.plan.load import model_from_name  # load imports this module
+
+        if self.model.name.split("[", 1)[0] not in shipped_models():
+            return False
+        try:
+            return model_from_name(self.model.name) == self.model
+        except TesseraError:
+            return False
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the keys of the CLI contract (``model``, ``method``, ``stages``, ``costs``, ...)."""
         d = {
@@ -174,10 +186,9 @@ class Plan:
             d["reevaluation"] = self.reevaluation
         if self.refinement:
             d["refinement"] = self.refinement
-        base = self.model.name.split("[", 1)[0]
-        if base not in shipped_models() and self.model.raw:
-            # a model from a config.json path: the plan carries its (resolved) config, so that report --plan and
-            # run --plan rebuild it anywhere, without the file
+        if self.model.raw and not self._named_model_is_this():
+            # a model from a config.json path: the plan carries its (resolved) config, so that report --plan
+            # rebuilds it anywhere, without the file
             d["hf_config"] = dict(self.model.raw)
             d["hf_config_options"] = {"plan_mtp": self.model.plan_mtp,
                                       "allow_unknown_fields": self.model.allow_unknown_fields}

@@ -5,6 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 
+def kept_baseline(plan: Any) -> str:
+    """The baseline whose partition the plan kept (``"parameters"`` of ``partition_from = "baseline parameters,
+    moved by simulator refinement"``), or ``""`` when the partition is the solver's."""
+    origin = getattr(plan, "partition_from", "") or ""
+    return origin.split(",")[0].removeprefix("baseline ") if origin else ""
+
+
 def solve_line(plan: Any) -> str:
     """One line saying whether the chosen partition is proven optimal: ``proven optimal`` when the solver (exact DP, or
     HiGHS with solution status optimal) finished, else that its time limit decided (``Partition.status``); a given
@@ -18,12 +25,11 @@ def solve_line(plan: Any) -> str:
     moved = (plan.refinement or {}).get("gain_s", 0.0) > 0
     after = ("; then moved by simulator refinement, which searches neighbours and proves nothing"
              if moved else "")
-    origin, own = getattr(plan, "partition_from", ""), getattr(plan, "solver_result", None)
-    if origin and own is not None:  # the chosen partition is a baseline's: say so, and what the solver proved
+    kept, own = kept_baseline(plan), getattr(plan, "solver_result", None)
+    if kept and own is not None:  # the chosen partition is a baseline's: say so, and what the solver proved
         proof = (f"proven optimal for the solver's objective ({part.solver or ev.method}, status Optimal{t})"
                  if status == "Optimal" else
                  f"NOT proven optimal ({part.solver or ev.method}, status {status}{t})")
-        kept = origin.split(",")[0].removeprefix("baseline ")
         return (f"chosen partition: the {kept} baseline's, not the solver's: it simulates faster "
                 f"({ev.iteration_time_s:.4f} s) than the {own.method} optimum ({own.iteration_time_s:.4f} s, "
                 f"boundaries {list(own.partition.boundaries)}), which is {proof}; the solver's objective is not the "
@@ -40,8 +46,7 @@ def partition_label(plan: Any, evaluation: Any = None) -> str:
     baseline's (``plan.partition_from``, kept because they simulate faster than the solver's optimum, also after a
     plan JSON round trip) it says so: ``"parameters baseline's partition (kept over the ilp optimum)"``."""
     ev = plan.chosen if evaluation is None else evaluation
-    origin = getattr(plan, "partition_from", "") or ""
-    if origin and ev is plan.chosen:
-        kept = origin.split(",")[0].removeprefix("baseline ")
+    kept = kept_baseline(plan)
+    if kept and ev is plan.chosen:
         return f"{kept} baseline's partition (kept over the {ev.method} optimum: it simulates faster)"
     return f"{ev.method} partition"
