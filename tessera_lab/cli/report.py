@@ -16,7 +16,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     plan JSON, a model name or ``KEY=VALUE,...`` changes), ``--plot PATH`` (:func:`save_report_figure`: the
     waterfall, or with ``--diff`` both waterfalls side by side) and ``--json``."""
     from tessera_lab.model.hardware import Cluster
-    from tessera_lab.plan.load import load_plan, model_from_name
+    from tessera_lab.model.spec import model_from_name
+    from tessera_lab.plan.load import load_plan
     from tessera_lab.report.capacity import capacity_report, model_diff, parse_changes, save_report_figure
     from tessera_lab.report.routing_terms import load_routing_terms
 

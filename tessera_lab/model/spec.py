@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -26,6 +27,7 @@ from tessera_lab.errors import ConfigError
 from tessera_lab.io import read_json
 from tessera_lab.model import families, kinds
 from tessera_lab.model.families import SUPPORTED_MODEL_TYPES
+from tessera_lab.model.knobs import VARIANT_KEYS
 from tessera_lab.model.hf_families import (  # noqa: F401  (re-exported: the public names of model kinds)
     DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MIXER_LABELS, MOE, NO_FFN, NO_MIXER, LayerSpec, opt_int, req_int,
 )
@@ -509,6 +511,32 @@ def load_model(name_or_path: str | Path, *, allow_unknown_fields: bool = False, 
     if path.is_file():
         return ModelSpec.from_hf_config(path, **kw)
     raise ConfigError(f"model '{key}' is neither a shipped model ({', '.join(models)}) nor a config.json path")
+
+
+_VARIANT = re.compile(r"^(?P<base>[^\[]+)\[(?P<changes>[^\]]*)\]$")
+
+
+def model_from_name(name: str) -> ModelSpec:
+    """A shipped model or config path, or a variant name as :meth:`ModelSpec.with_changes` writes it
+    (``qwen3-next-80b-a3b[expert=256,topk=4]``; keys of :data:`tessera_lab.model.knobs.VARIANT_KEYS`).
+
+    Raises:
+        ConfigError: unknown model or change key.
+    """
+    m = _VARIANT.match(name.strip())
+    if not m:
+        return load_model(name)
+    base = load_model(m.group("base"))
+    changes = {}
+    for item in filter(None, m.group("changes").split(",")):
+        k, _, v = item.partition("=")
+        if k not in VARIANT_KEYS:
+            raise ConfigError(f"field 'model' = {name!r}: change {k!r} is unknown; allowed: {', '.join(VARIANT_KEYS)}")
+        try:
+            changes[VARIANT_KEYS[k]] = int(v)
+        except ValueError:
+            raise ConfigError(f"field 'model' = {name!r}: {k}={v!r} is not an integer") from None
+    return base.with_changes(**changes, name=name)
 
 
 def published_params() -> dict[str, Any]:

@@ -12,7 +12,6 @@ Raises (all functions): :class:`~tessera_lab.errors.ConfigError` naming the fiel
 from __future__ import annotations
 
 import math
-import re
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -23,42 +22,17 @@ from tessera_lab.cost.source import CostSource, analytic_source, check_same_sour
 from tessera_lab.errors import ConfigError, ProfileError
 from tessera_lab.io import read_json
 from tessera_lab.model.hardware import Cluster, ParallelConfig, cluster_for
-from tessera_lab.model.knobs import VARIANT_KEYS
-from tessera_lab.model.spec import ModelSpec, load_model
+from tessera_lab.model.spec import ModelSpec, model_from_name
 from tessera_lab.model.tasks import model_flops_per_iteration
 from tessera_lab.plan.evaluate import evaluate
 from tessera_lab.plan.make import Plan
 from tessera_lab.plan.partition import Partition
 from tessera_lab.plan.stages import build_stage_model
 
-_VARIANT = re.compile(r"^(?P<base>[^\[]+)\[(?P<changes>[^\]]*)\]$")
 PARALLEL_KEYS = ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
                  "distributed_optimizer", "schedule", "dispatcher", "recompute", "precision", "grad_reduce_dtype",
                  "expert_load", "grouped_gemm", "fused_cross_entropy", "ep_placement", "ep_spans_tp",
                  "sequence_parallel", "adam_moment_dtype", "recompute_modules", "host_sync_s")
-
-
-def model_from_name(name: str) -> ModelSpec:
-    """A shipped model or config path, or a variant name as :meth:`ModelSpec.with_changes` writes it
-    (``qwen3-next-80b-a3b[expert=256,topk=4]``; keys of :data:`tessera_lab.model.knobs.VARIANT_KEYS`).
-
-    Raises:
-        ConfigError: unknown model or change key.
-    """
-    m = _VARIANT.match(name.strip())
-    if not m:
-        return load_model(name)
-    base = load_model(m.group("base"))
-    changes = {}
-    for item in filter(None, m.group("changes").split(",")):
-        k, _, v = item.partition("=")
-        if k not in VARIANT_KEYS:
-            raise ConfigError(f"field 'model' = {name!r}: change {k!r} is unknown; allowed: {', '.join(VARIANT_KEYS)}")
-        try:
-            changes[VARIANT_KEYS[k]] = int(v)
-        except ValueError:
-            raise ConfigError(f"field 'model' = {name!r}: {k}={v!r} is not an integer") from None
-    return base.with_changes(**changes, name=name)
 
 
 def _model_of(data: Mapping[str, Any], where: str) -> ModelSpec:

@@ -25,7 +25,7 @@ from tessera_lab.defaults import DEFAULT_GPU, DEFAULT_MODEL
 from tessera_lab.errors import ConfigError, PartitionError, TesseraError
 from tessera_lab.checks import divisors_text
 from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfig, check_fits, cluster_for
-from tessera_lab.model.spec import DENSE, FULL_ATTENTION, ModelSpec, shipped_models
+from tessera_lab.model.spec import DENSE, FULL_ATTENTION, ModelSpec, model_from_name, shipped_models
 from tessera_lab.model.tasks import model_flops_per_iteration, routing_load_note
 from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, evaluate
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
@@ -145,8 +145,6 @@ class Plan:
     def _named_model_is_this(self) -> bool:
         """True when the model's name alone rebuilds it (a shipped model, or a variant of one written as
         ``name[key=value]``): the same spec, not merely the same name (a config.json named like a shipped model)."""
-        from tessera_lab.plan.load import model_from_name  # load imports this module
-
         if self.model.name.split("[", 1)[0] not in shipped_models():
             return False
         try:
