@@ -4,6 +4,7 @@ nothing below ``cli/`` imports ``cli/``, modules stay small, and the planning co
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +99,86 @@ def test_no_import_cycles():
     assert not new, f"import cycles: {new}"
     gone = [sorted(k) for k in KNOWN_CYCLES if k not in [set(c) for c in cycles]]
     assert not gone, f"remove from KNOWN_CYCLES (broken now): {gone}"
+
+
+ARCHITECTURE = PKG.parent / "docs" / "architecture.md"
+
+
+def _documented_order() -> tuple[dict[str, int], set[str]]:
+    """Package -> level along the data flow, and the top-level helper modules, both read from
+    ``docs/architecture.md``: its first code block is the chain ``a ─► b / c ─► ...`` (peers joined by ``/`` share
+    a level), and the sentence naming "the top-level helpers" lists them in backticks up to its full stop."""
+    text = ARCHITECTURE.read_text()
+    chain = text.split("```")[1].strip()
+    levels = {name.strip(): i for i, group in enumerate(chain.split("─►")) for name in group.split("/")}
+    sentence = text[text.index("top-level helpers"):]
+    sentence = sentence[: sentence.index(". ")]
+    helpers = set(re.findall(r"`([a-z_]+)`", sentence))
+    return levels, helpers
+
+
+def _arrows_against_the_order(graph: dict[str, set[str]]) -> list[str]:
+    """Every import ``a -> b`` between two packages (or a helper and a package) that the documented order does not
+    allow: ``b`` must sit strictly to the left of ``a`` (peers import neither way), helpers import only helpers, and
+    every package and top-level module must be named in the document."""
+    levels, helpers = _documented_order()
+    top = {"tessera_lab.__main__": levels["cli"]}  # the ``python -m tessera_lab`` entry point sits with cli
+
+    def where(module: str) -> tuple[str, int | None]:
+        if module in top:
+            return "cli", top[module]
+        part = module.split(".")[1]
+        if part in helpers:
+            return part, -1
+        return part, levels.get(part)
+
+    bad = []
+    for a, deps in sorted(graph.items()):
+        if a == "tessera_lab":
+            continue
+        pa, la = where(a)
+        if la is None:
+            bad.append(f"{a}: package or module '{pa}' is not in docs/architecture.md")
+            continue
+        for b in sorted(deps):
+            pb, lb = where(b)
+            if pa == pb:
+                continue
+            if lb is None:
+                bad.append(f"{b}: package or module '{pb}' is not in docs/architecture.md")
+            elif not lb < la and not (la == -1 and lb == -1):
+                bad.append(f"{a} -> {b}")
+    return bad
+
+
+def test_imports_follow_the_documented_order():
+    """Every import in tessera_lab/ (function-local ones included) points to the left of the order in
+    docs/architecture.md; no exception list."""
+    bad = _arrows_against_the_order(_graph())
+    assert not bad, f"imports against docs/architecture.md's order: {bad}"
+
+
+def test_the_order_check_can_fail():
+    """The check sees an upward arrow, an arrow between peers, and a helper importing a package."""
+    graph = {"tessera_lab.report.capacity": {"tessera_lab.ui.plots"},
+             "tessera_lab.runner.runtime.capacity": {"tessera_lab.report.capacity"},
+             "tessera_lab.io": {"tessera_lab.model.spec"},
+             "tessera_lab.plan.make": {"tessera_lab.model.spec", "tessera_lab.errors"}}
+    assert _arrows_against_the_order(graph) == ["tessera_lab.io -> tessera_lab.model.spec",
+                                                "tessera_lab.report.capacity -> tessera_lab.ui.plots",
+                                                "tessera_lab.runner.runtime.capacity -> tessera_lab.report.capacity"]
+    levels, helpers = _documented_order()
+    assert levels["runner"] == levels["report"] and levels["model"] == 0 and levels["cli"] == max(levels.values())
+    assert {"errors", "io", "paths", "samples"} <= helpers
+
+
+def test_report_and_runner_stay_apart_and_report_imports_no_ui():
+    graph = _graph()
+    for a, deps in graph.items():
+        for b in deps:
+            pa, pb = a.split(".")[1:2], b.split(".")[1:2]
+            assert not (pa == ["report"] and pb in (["ui"], ["runner"])), f"{a} -> {b}"
+            assert not (pa == ["runner"] and pb == ["report"]), f"{a} -> {b}"
 
 
 def test_nothing_below_cli_imports_cli():

@@ -6,10 +6,10 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from tessera_lab.cost.analytic import Contention
-from tessera_lab.errors import ConfigError
+from tessera_lab.samples import spread_stats  # noqa: F401  (re-exported: one summary of repeated timings)
 
 from .bundles import COMM, COMPUTE, Bundle
 from .search import ScheduleResult
@@ -32,22 +32,6 @@ def hidden_fraction(spans: Mapping[str, tuple[float, float]], lanes: Mapping[str
         return 0.0
     hidden = sum(max(0.0, min(ce, e) - max(cs, s)) for cs, ce in comm for s, e in comp)
     return min(1.0, hidden / total)
-
-
-def spread_stats(samples: Sequence[float]) -> dict[str, Any]:
-    """Median, quartiles (IQR), min, max and the samples of repeated timings (seconds)."""
-    xs = sorted(float(x) for x in samples)
-    if not xs:
-        raise ConfigError("field 'samples' is empty; allowed: at least one measurement")
-
-    def q(p: float) -> float:  # linear interpolation (numpy's default)
-        pos = p * (len(xs) - 1)
-        lo = math.floor(pos)
-        hi = min(lo + 1, len(xs) - 1)
-        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-    return {"median": q(0.5), "q1": q(0.25), "q3": q(0.75), "min": xs[0], "max": xs[-1], "n": len(xs),
-            "samples": list(samples)}
 
 
 @dataclass

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tessera_lab.cost.device import DEVICE_SCHEMA, KINDS, layer_flops
+from tessera_lab.samples import lower_quartile, time_calls
 
 from ..runtime.specs import TinyConfig
 
@@ -45,25 +46,12 @@ def widened(cfg: TinyConfig, factor: int) -> TinyConfig:
                             shared_expert_width=cfg.shared_expert_width * factor)
 
 
-def _median_time(fn, repeats: int) -> float:
-    """Lower quartile of ``repeats`` timings after one warm-up. On a shared machine the upper tail is other
-    processes' time slices; the runner's own oversubscription is priced separately (on this 2-core machine at
-    load ~10 the lower quartile predicted better than the median: median |error| 28 % vs 41 %)."""
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return lower_quartile(ts)
-
-
-def lower_quartile(xs: Sequence[float]) -> float:
-    """The lower quartile of ``xs`` within the data (``statistics.quantiles(method="inclusive")``; the default
-    exclusive method extrapolates below the smallest sample for few samples, e.g. below 0 s for two timings);
-    one sample: itself."""
-    xs = list(xs)
-    return statistics.quantiles(xs, n=4, method="inclusive")[0] if len(xs) >= 2 else xs[0]
+def _quartile_time(fn, repeats: int) -> float:
+    """Lower quartile of ``repeats`` timings after one warm-up (:func:`tessera_lab.samples.time_calls`). On a
+    shared machine the upper tail is other processes' time slices; the runner's own oversubscription is priced
+    separately (why the lower quartile and not the median: docs/design-notes.md, "Measurement and
+    significance")."""
+    return lower_quartile(time_calls(fn, repeats))
 
 
 def _fit(points: Sequence[tuple[float, float]]) -> dict[str, float]:
@@ -95,12 +83,12 @@ def _layer_points(cfg: TinyConfig, mbs: int, repeats: int) -> tuple[dict, dict]:
             layer = model.layers[idx]
             h = torch.randn(mbs, c.seq_len, c.hidden_size, requires_grad=True)
             g = torch.ones(mbs, c.seq_len, c.hidden_size) * 1e-3
-            t_f = _median_time(lambda: layer(h), repeats)
+            t_f = _quartile_time(lambda: layer(h), repeats)
 
             def fb():
                 layer(h).backward(g)
 
-            t_fb = _median_time(fb, repeats)
+            t_fb = _quartile_time(fb, repeats)
             key = ("cal", kind, factor)
 
             def iw():
@@ -124,19 +112,19 @@ def _layer_points(cfg: TinyConfig, mbs: int, repeats: int) -> tuple[dict, dict]:
         if factor == 1:
             tok = torch.randint(0, c.vocab_size, (mbs, c.seq_len))
             tgt = torch.randint(0, c.vocab_size, (mbs, c.seq_len))
-            extras["embed_F_s"] = _median_time(lambda: model.embed(tok), repeats)
+            extras["embed_F_s"] = _quartile_time(lambda: model.embed(tok), repeats)
 
             def emb_fb():
                 model.embed(tok).sum().backward()
 
-            extras["embed_B_s"] = max(0.0, _median_time(emb_fb, repeats) - extras["embed_F_s"])
+            extras["embed_B_s"] = max(0.0, _quartile_time(emb_fb, repeats) - extras["embed_F_s"])
             hh = torch.randn(mbs, c.seq_len, c.hidden_size, requires_grad=True)
-            extras["head_F_s"] = _median_time(lambda: TinyMoEModel.loss_sum(model.head(hh), tgt), repeats)
+            extras["head_F_s"] = _quartile_time(lambda: TinyMoEModel.loss_sum(model.head(hh), tgt), repeats)
 
             def head_fb():
                 TinyMoEModel.loss_sum(model.head(hh), tgt).backward()
 
-            extras["head_B_s"] = max(0.0, _median_time(head_fb, repeats) - extras["head_F_s"])
+            extras["head_B_s"] = max(0.0, _quartile_time(head_fb, repeats) - extras["head_F_s"])
             extras["head_tokens"] = tokens
     for kind in KINDS:
         ws = layers[kind].pop("w_share")
@@ -191,10 +179,10 @@ def _throughput(cfg: TinyConfig, mbs: int, repeats: int) -> dict[str, float]:
 
     T, H = mbs * cfg.seq_len, cfg.hidden_size
     a, b = torch.randn(T, H), torch.randn(H, 4 * H)
-    t = _median_time(lambda: torch.mm(a, b), repeats * 5)
+    t = _quartile_time(lambda: torch.mm(a, b), repeats * 5)
     big = torch.empty(8 * 1024 * 1024)
     dst = torch.empty_like(big)
-    tc = _median_time(lambda: dst.copy_(big), repeats)
+    tc = _quartile_time(lambda: dst.copy_(big), repeats)
     return {"gemm_flop_per_s": 2 * T * H * 4 * H / t, "gemm_shape": [T, H, 4 * H],
             "memory_bytes_per_s": 2 * big.numel() * 4 / tc}
 
