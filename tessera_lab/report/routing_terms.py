@@ -307,7 +307,7 @@ def _from_runs(d: Mapping[str, Any], control: Mapping[str, Any] | None, what: st
     terms.routing_variance_s = st["median_s"] - cst["median_s"]
     terms.source += f"; control: routing {control.get('routing')}, pair handler {_pairs(control) or 'not recorded'}"
     terms.source += ", static median"
-    terms.routing_variance_significant = apart(st, cst)
+    terms.routing_variance_significant = apart(_iqr(st), _iqr(cst))
     if not terms.routing_variance_significant:
         notes.append("routing variance not significant: the interquartile ranges of the static step times under "
                      "the routing and under the control overlap")
