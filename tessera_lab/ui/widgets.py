@@ -219,6 +219,69 @@ def bottleneck_bounds(plan: Plan) -> str:
     return f"bottleneck stage {s} is bound by: " + ", ".join(f"{k.kind} {k.bound}" for k in big)
 
 
+def _quickstart_controls(spec: Any, model: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The controls of :func:`quickstart_panel` for ``spec`` (the shipped model ``model``), started at the
+    notebook's ``params``."""
+    import ipywidgets as w
+
+    from tessera_lab.model.hardware import RECOMPUTE
+    from tessera_lab.model.spec import shipped_models
+
+    valid = control_options(spec)
+    gpu = str(params.get("gpu", "H200"))
+    width = params.get("expert_width", spec.moe_intermediate_size or 512)
+    slider = dict(style=LABEL_STYLE, continuous_update=False)
+    return {
+        "model": w.Dropdown(options=_with(tuple(shipped_models()), model), value=model, description="model",
+                            style=LABEL_STYLE),
+        "gpu": w.Dropdown(options=_with(GPU_CHOICES, gpu), value=gpu, description="GPU", style=LABEL_STYLE),
+        "pp": w.Dropdown(options=_with(tuple(valid["pp"]), params.get("pp")),
+                         value=params.get("pp", valid_value(8, valid["pp"])), description="pp", style=LABEL_STYLE),
+        "ep": w.Dropdown(options=_with(tuple(valid["ep"]), params.get("ep")),
+                         value=params.get("ep", valid_value(8, valid["ep"])), description="ep", style=LABEL_STYLE),
+        "microbatches": w.IntSlider(value=params.get("microbatches", 32), min=min(1, params.get("microbatches", 32)),
+                                    max=128, description="micro-batches", **slider),
+        "seq_len": w.Dropdown(options=_with(SEQ_CHOICES, params.get("seq_len", 4096)),
+                              value=params.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
+        "recompute": w.Dropdown(options=list(RECOMPUTE), value=params.get("recompute", "none"),
+                                description="recompute", style=LABEL_STYLE),
+        "attention_ratio": w.IntSlider(value=params.get("attention_ratio", spec.attention_ratio or 3), min=0,
+                                       max=max(valid["attention_ratio"] or [11]), description="attn ratio", **slider),
+        "expert_width": w.Dropdown(options=_expert_widths(width), value=width, description="expert width",
+                                   style=LABEL_STYLE),
+        "top_k": w.IntSlider(value=params.get("top_k", spec.num_experts_per_tok or 1), min=min(valid["top_k"] or [1]),
+                             max=max(valid["top_k"] or [1]), description="top-k", **slider),
+    }
+
+
+def _new_model(controls: dict[str, Any], current: dict[str, Any], start: dict[str, int]) -> None:
+    """:func:`quickstart_panel` after a new model is picked: its own knob values and ranges, and the pp and ep it
+    accepts (values it cannot take moved; ``current["moved"]`` says so for the caption)."""
+    new = load_model(controls["model"].value)
+    options = control_options(new)
+    current.update(spec=new, knobs=model_knobs(new), moved=[])
+    if options["attention_ratio"]:
+        controls["attention_ratio"].max = max(options["attention_ratio"])
+        controls["attention_ratio"].value = new.attention_ratio
+    if new.has_moe:
+        controls["expert_width"].options = _expert_widths(new.moe_intermediate_size)
+        controls["expert_width"].value = new.moe_intermediate_size
+        controls["top_k"].max = max(options["top_k"][-1], controls["top_k"].min)
+        controls["top_k"].min = options["top_k"][0]
+        controls["top_k"].max = options["top_k"][-1]
+        controls["top_k"].value = new.num_experts_per_tok
+    for name in ("pp", "ep"):  # only values the planner accepts for this model (control_options)
+        old = controls[name].value
+        back = start[name] if name == "ep" and old == 1 and start[name] != 1 else None  # back from a dense model
+        value = valid_value(old, options[name], prefer=None) if back is None else valid_value(back, options[name])
+        controls[name].options = options[name]
+        controls[name].value = value
+        if value != old and back is None:
+            why = (f"{new.num_experts} routed experts" if name == "ep" and new.has_moe else
+                   "no routed experts" if name == "ep" else f"{new.num_layers} layers")
+            current["moved"].append(f"{name} {old} -> {value} ({new.name} has {why})")
+
+
 def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
     """Notebook 00's re-planning panel: model, GPU, pp, ep, micro-batches, sequence, activation recomputation and
     the model knobs that apply.
@@ -240,11 +303,8 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
     """
     import time
 
-    import ipywidgets as w
-
     from tessera_lab.errors import ConfigError
     from tessera_lab.model.hardware import RECOMPUTE
-    from tessera_lab.model.spec import shipped_models
     from tessera_lab.ui.panel import CAPTION_SEP
     from tessera_lab.ui.plots import stage_cost_bars
 
@@ -257,31 +317,7 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
                           f"{', '.join(RECOMPUTE)}")
     spec = load_model(model)
     knobs = model_knobs(spec)
-    valid = control_options(spec)
-    gpu = str(params.get("gpu", "H200"))
-    width = params.get("expert_width", spec.moe_intermediate_size or 512)
-    slider = dict(style=LABEL_STYLE, continuous_update=False)
-    controls = {
-        "model": w.Dropdown(options=_with(tuple(shipped_models()), model), value=model, description="model",
-                            style=LABEL_STYLE),
-        "gpu": w.Dropdown(options=_with(GPU_CHOICES, gpu), value=gpu, description="GPU", style=LABEL_STYLE),
-        "pp": w.Dropdown(options=_with(tuple(valid["pp"]), params.get("pp")),
-                         value=params.get("pp", valid_value(8, valid["pp"])), description="pp", style=LABEL_STYLE),
-        "ep": w.Dropdown(options=_with(tuple(valid["ep"]), params.get("ep")),
-                         value=params.get("ep", valid_value(8, valid["ep"])), description="ep", style=LABEL_STYLE),
-        "microbatches": w.IntSlider(value=params.get("microbatches", 32), min=min(1, params.get("microbatches", 32)),
-                                    max=128, description="micro-batches", **slider),
-        "seq_len": w.Dropdown(options=_with(SEQ_CHOICES, params.get("seq_len", 4096)),
-                              value=params.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
-        "recompute": w.Dropdown(options=list(RECOMPUTE), value=params.get("recompute", "none"),
-                                description="recompute", style=LABEL_STYLE),
-        "attention_ratio": w.IntSlider(value=params.get("attention_ratio", spec.attention_ratio or 3), min=0,
-                                       max=max(valid["attention_ratio"] or [11]), description="attn ratio", **slider),
-        "expert_width": w.Dropdown(options=_expert_widths(width), value=width, description="expert width",
-                                   style=LABEL_STYLE),
-        "top_k": w.IntSlider(value=params.get("top_k", spec.num_experts_per_tok or 1), min=min(valid["top_k"] or [1]),
-                             max=max(valid["top_k"] or [1]), description="top-k", **slider),
-    }
+    controls = _quickstart_controls(spec, model, params)
     controls["microbatches"].min = min(controls["pp"].value, controls["microbatches"].value)
     current: dict[str, Any] = {"spec": spec, "knobs": knobs, "moved": []}
     start = {"pp": controls["pp"].value, "ep": controls["ep"].value if spec.has_moe else 8}
@@ -305,29 +341,7 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
             mb.min = pp
 
     def new_model() -> None:
-        new = load_model(controls["model"].value)
-        options = control_options(new)
-        current.update(spec=new, knobs=model_knobs(new), moved=[])
-        if options["attention_ratio"]:
-            controls["attention_ratio"].max = max(options["attention_ratio"])
-            controls["attention_ratio"].value = new.attention_ratio
-        if new.has_moe:
-            controls["expert_width"].options = _expert_widths(new.moe_intermediate_size)
-            controls["expert_width"].value = new.moe_intermediate_size
-            controls["top_k"].max = max(options["top_k"][-1], controls["top_k"].min)
-            controls["top_k"].min = options["top_k"][0]
-            controls["top_k"].max = options["top_k"][-1]
-            controls["top_k"].value = new.num_experts_per_tok
-        for name in ("pp", "ep"):  # only values the planner accepts for this model (control_options)
-            old = controls[name].value
-            back = start[name] if name == "ep" and old == 1 and start[name] != 1 else None  # back from a dense model
-            value = valid_value(old, options[name], prefer=None) if back is None else valid_value(back, options[name])
-            controls[name].options = options[name]
-            controls[name].value = value
-            if value != old and back is None:
-                why = (f"{new.num_experts} routed experts" if name == "ep" and new.has_moe else
-                       "no routed experts" if name == "ep" else f"{new.num_layers} layers")
-                current["moved"].append(f"{name} {old} -> {value} ({new.name} has {why})")
+        _new_model(controls, current, start)
         show_knobs()
 
     def compute(v: dict[str, Any]) -> dict[str, Any]:
