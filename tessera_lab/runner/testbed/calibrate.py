@@ -396,7 +396,7 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
     # the validation uses (runner.predict: processor sharing with the co-running table) without transfer CPU
     # and with 1 ms of it; the transfer CPU is the least-squares slope through the observed excess.
     if (out.get("1") or {}).get("factor") and p2p is not None:
-        from .predict import predict_runner
+        from .predict import MachineState, predict_runner
 
         m2 = 6
         rows, jobs_info = [], []
@@ -411,7 +411,8 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
                 dev = {**device, "p2p": p2p, "metadata": {"cores": cores},
                        "runner_cpu": {**out, "transfer_cpu_s": tx, **({"corun": corun} if corun else {})}}
                 pred.append(predict_runner(dev, d, pp=pp, ep=1, schedule="gpipe", microbatches=m2,
-                                           micro_batch_size=mbs, cores_available=avail)["cpu_per_step_s"])
+                                           micro_batch_size=mbs,
+                                           machine=MachineState(cores_available=avail))["cpu_per_step_s"])
             rows.append((per - pred[0], (pred[1] - pred[0]) / 1e-3))
             jobs_info.append({"pp": pp, "ep": 1, "schedule": "gpipe", "microbatches": m2, "cpu_per_step_s": per,
                               "predicted_without_transfers_s": pred[0], "cores_available": avail,
