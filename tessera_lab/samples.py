@@ -1,5 +1,5 @@
 """Repeated timings and what is read from them: the one host-clock timing harness, quartiles, and the one
-significance rule of the project (docs/design-notes.md, "Measurement and significance").
+significance rule of the project (docs/concepts.md, "Measurement and significance").
 
 * :func:`time_calls` times a callable ``repeats`` times after warm-up calls (host clock, ``time.perf_counter``;
   a host clock does not time asynchronous GPU work: CUDA timings go through events in the runner).

@@ -24,7 +24,7 @@ def test_shipped_models_listed():
 
 
 def test_qwen3_next_layer_pattern(qwen3_next):
-    # full attention at layers 3, 7, ..., 47: (i + 1) % 4 == 0 (DESIGN section 3)
+    # full attention at layers 3, 7, ..., 47: (i + 1) % 4 == 0 (docs/concepts.md)
     full = [l.index for l in qwen3_next.layers if l.mixer == "full_attention"]
     assert full == list(range(3, 48, 4))
     assert all(l.ffn == "moe" for l in qwen3_next.layers)

@@ -50,7 +50,7 @@ class _NoP2P:
 
 def test_path_cost_equals_the_1f1b_makespan_for_equal_stages(qwen3_next):
     """p = 4 stages of one layer (F = 1, B = 2), m = 8, no p2p, no DP sync (ep = dp = 1): the slowest rank's path
-    cost is (m + p - 1)(F + B) = 33, DESIGN section 3's worked 1F1B makespan, which the simulator gives too."""
+    cost is (m + p - 1)(F + B) = 33, the worked 1F1B makespan of docs/concepts.md ("Bubble"), which the simulator gives too."""
     par = ParallelConfig(pp=4, ep=1, dp=1, microbatches=8, schedule="1f1b")
     cost = schedule_path_cost(qwen3_next, par, _NoP2P(par), _Uniform())
     b = [0, 1, 2, 3, 4]

@@ -17,7 +17,7 @@ from .search import ScheduleResult
 
 # ---------------------------------------------------------------------- results
 def overlap_efficiency(t_a: float, t_b: float, t_ab: float) -> float:
-    """``(t_a + t_b - t_ab) / min(t_a, t_b)`` (DESIGN section 3); NaN when ``min(t_a, t_b) == 0``.
+    """``(t_a + t_b - t_ab) / min(t_a, t_b)`` (docs/concepts.md, "Overlap of two task bundles"); NaN when ``min(t_a, t_b) == 0``.
     Negative when running together is slower than one after the other."""
     m = min(t_a, t_b)
     return (t_a + t_b - t_ab) / m if m > 0 else math.nan
@@ -36,7 +36,7 @@ def hidden_fraction(spans: Mapping[str, tuple[float, float]], lanes: Mapping[str
 
 @dataclass
 class OverlapResult:
-    """Two bundles alone and together (DESIGN section 3). Times in seconds (medians when measured).
+    """Two bundles alone and together (docs/concepts.md, "Overlap of two task bundles"). Times in seconds (medians when measured).
 
     Attributes:
         a, b: bundle names; kind_a, kind_b: layer kinds; phase_a, phase_b: bundle phases.

@@ -1,9 +1,9 @@
-"""Capacity report (where the lost MFU goes) and the model-change diff (DESIGN sections 3 and 9).
+"""Capacity report (where the lost MFU goes) and the model-change diff (docs/concepts.md, "Capacity report").
 
 Capacity report
 ===============
 
-MFU follows DESIGN section 3: model FLOPs per iteration in Megatron-LM's convention
+MFU follows docs/concepts.md ("Model FLOPs and MFU"): model FLOPs per iteration in Megatron-LM's convention
 (:func:`tessera_lab.model.tasks.model_flops_per_iteration`: 3 x forward GEMM and attention-core FLOPs, causal
 attention at half, MoE through top-k x expert width plus the shared expert, no recomputation) divided by
 ``iteration time x GPUs x peak dense bf16 FLOP/s``. The **lost time** of one iteration is
