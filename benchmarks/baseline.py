@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the revision the performance targets were measured against (issue 28)
+#: the revision the performance targets were measured against
 BASELINE_REV = "a5a8568"
 
 

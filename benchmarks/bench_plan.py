@@ -132,7 +132,7 @@ def main() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Section: plan time of each model family (issue 23). Kept apart from main() above: CPU seconds (user + sys of this
+# Section: plan time of each model family. Kept apart from main() above: CPU seconds (user + sys of this
 # process and its children, time.process_time and resource.RUSAGE_CHILDREN) and wall seconds of make_plan with the
 # default method, at a layout each model fits at (H200, 4,096-token sequences, m = 2 pp).
 FAMILY_LAYOUTS = {

@@ -1,4 +1,4 @@
-"""The planner plans what the runner runs (issue 13, items 3-5): the tiny runner model as a ModelSpec, calibrated
+"""The planner plans what the runner runs: the tiny runner model as a ModelSpec, calibrated
 device files, predictions checked by hand, ``plan --device``, ``run --plan`` (prediction before the run vs
 observation), ``report --observed`` and the validation matrix. Torch-free except the one launch (a few seconds).
 """

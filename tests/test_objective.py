@@ -1,5 +1,4 @@
-"""The planner optimises what the pipeline pays (issue 16 items 1, 2, 5) and keeps its cost source (issue 12
-item 2): the schedule-aware path cost, simulator refinement, never slower than a baseline or random partitions,
+"""The planner optimises what the pipeline pays and keeps its cost source: the schedule-aware path cost, simulator refinement, never slower than a baseline or random partitions,
 virtual stages, ``--schedule auto``, and plan JSON that round-trips under its profile."""
 
 from __future__ import annotations
@@ -94,7 +93,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_chosen_plan_beats_baselines_and_200_random_partitions(qwen3_next, case):
-    """Issue 16 acceptance: the chosen plan simulates no slower than every baseline that fits memory and than the
+    """The chosen plan simulates no slower than every baseline that fits memory and than the
     best of 200 random valid (memory-feasible) partitions, all under the same schedule and simulator."""
     knobs, par, gpu = CASES[case]
     model = qwen3_next.with_changes(**knobs) if knobs else qwen3_next
@@ -196,7 +195,7 @@ def test_schedule_auto_prints_every_refusal_whole_and_tries_the_given_vpp():
 
 
 def test_profile_plan_round_trips_and_a_change_of_source_is_asked_for(tmp_path, capsys):
-    """Issue 12 acceptance: ``plan --profile P --export X`` then ``report --plan X --json -`` gives the same
+    """``plan --profile P --export X`` then ``report --plan X --json -`` gives the same
     iteration time and a ``costs`` field naming the profile; ``--costs analytic`` re-evaluates and says so; a
     missing profile refuses (exit 2) instead of silently re-costing analytically."""
     from tessera_lab.overlap.profiles import STALE_FIELDS, current_environment

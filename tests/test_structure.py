@@ -1,4 +1,4 @@
-"""Package structure (issue 12): imports point down the data flow, no cycles (function-local imports count),
+"""Package structure: imports point down the data flow, no cycles (function-local imports count),
 nothing below ``cli/`` imports ``cli/``, modules stay small, and the planning core imports no torch."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-#: import cycles still being broken (issue 12); this list only ever shrinks
+#: import cycles still being broken; this list only ever shrinks
 KNOWN_CYCLES: list[set[str]] = []
 PKG = Path(__file__).resolve().parents[1] / "tessera_lab"
 MAX_LINES = 600
@@ -300,7 +300,7 @@ def test_every_module_has_a_docstring(mod):
 
 
 # ----------------------------------------------------------------------------------------------
-# the runner's jobs (issue 24): runtime, launch, measure and the CPU testbed behind a fence
+# the runner's jobs: runtime, launch, measure and the CPU testbed behind a fence
 # ----------------------------------------------------------------------------------------------
 
 RUNNER_PACKAGES = ("runtime", "launch", "measure", "testbed")
@@ -341,7 +341,7 @@ def test_everything_the_cpu_testbed_prints_says_so():
                 assert "CPU testbed" in ast.unparse(node), f"{path.name}: {node.name} does not say CPU testbed"
 
 
-#: the modules that execute action lists step by step: on the pipeline engine (issue 28, "one event engine")
+#: the modules that execute action lists step by step: on the pipeline engine ("one event engine")
 ENGINE_USERS = ("tessera_lab.dynamic.online", "tessera_lab.runner.testbed.sharing")
 
 

@@ -1,7 +1,7 @@
 """Routing variance and the bubble left after dynamic correction, taken from a dynamic simulation or run.
 
 A plan's capacity report simulates the plan under uniform routing, so its ``routing_variance`` row is 0 by
-construction. The two numbers the dynamic bubble optimizer is about come from elsewhere (issue 14):
+construction. The two numbers the dynamic bubble optimizer is about come from elsewhere:
 
 - ``tessera-lab simulate ... --routing SPEC --dynamic --json F`` (provenance ``simulated``): the online controller's
   static and dynamic iterations under the routing, and the same controller under uniform routing;

@@ -293,7 +293,7 @@ class RunSpec:
         defer_w: split every backward into I now and W later (:func:`tessera_lab.pipeline.passes.split_backward`); w_lag: see there.
         deterministic: one intra-op thread and deterministic algorithms (bitwise reproducible on CPU).
         grad_sync: ``"ordered"`` (deterministic replica sum) or ``"allreduce"``.
-        overlap: ``"thread"`` (OVERLAP_F_B pairs run concurrently) or ``"serial"`` (turn-1 names; used when
+        overlap: ``"thread"`` (OVERLAP_F_B pairs run concurrently) or ``"serial"`` (older names; used when
             ``pair_exec`` is None).
         pair_exec: pair handler (:mod:`tessera_lab.runner.runtime.pairs`: ``serial``, ``threads``, ``scheduled``, or one
             registered later); None: from ``overlap``.
