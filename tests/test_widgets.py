@@ -391,8 +391,6 @@ def test_plan_notes_carry_the_mfu_validity_note():
     plan = replan(pp=8, microbatches=8)
     flag = H.mfu_note(plan.chosen.mfu, moe=True)
     assert (flag in plan_notes(plan)) if flag else not any("MFU" in n for n in plan_notes(plan))
-    if not hasattr(H, "published_mfu_band"):
-        pytest.skip("the published MoE MFU band (report.headline.published_mfu_band) is not on this branch yet")
     assert H.mfu_note(0.31, moe=True) and "published" in H.mfu_note(0.31, moe=True)
 
 
