@@ -270,6 +270,51 @@ def test_function_sizes_are_counted_as_stated(tmp_path):
     assert sizes == {"pkg.m.C.m": (3, 4), "pkg.m.C.m.inner": (2, 0), "pkg.m.long": (121, 13)}
 
 
+#: fields of a Hugging Face ``config.json`` that only a config reader looks up
+HF_CONFIG_KEYS = frozenset({
+    "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "num_experts_per_tok", "n_routed_experts",
+    "moe_intermediate_size", "intermediate_size", "full_attention_interval", "layer_types", "linear_num_key_heads",
+    "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "shared_expert_intermediate_size",
+    "num_local_experts", "kv_lora_rank", "q_lora_rank", "first_k_dense_replace", "text_config",
+})
+#: the one reader of Hugging Face configs: ``model/`` (``spec.ModelSpec.from_hf_config`` and its family readers)
+CONFIG_READER = "tessera_lab.model"
+
+
+def _config_reads(source: str) -> list[str]:
+    """Lines of ``source`` that read a Hugging Face config field: ``cfg["num_hidden_layers"]`` (a load, not a
+    store) or ``cfg.get("num_hidden_layers", ...)`` / ``.pop`` / ``.setdefault``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        key = None
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Constant):
+            key = node.slice.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("get", "pop", "setdefault") and node.args and isinstance(node.args[0], ast.Constant)):
+            key = node.args[0].value
+        if key in HF_CONFIG_KEYS:
+            found.append(f"line {node.lineno}: {key}")
+    return found
+
+
+def test_one_config_reader():
+    """Only ``model/`` reads Hugging Face config fields; everything else (the runner's tiny model included) builds
+    on :class:`~tessera_lab.model.spec.ModelSpec`. Scans every module of the package."""
+    found = {}
+    for name, path in _modules().items():
+        if name == CONFIG_READER or name.startswith(CONFIG_READER + "."):
+            continue
+        reads = _config_reads(path.read_text())
+        if reads:
+            found[name] = reads
+    assert not found, f"Hugging Face config fields read outside {CONFIG_READER}: {found}"
+    # the criterion sees the reader itself, and a second reader (a check that it can fail)
+    assert _config_reads((PKG / "model" / "hf_families.py").read_text())
+    assert _config_reads("def f(cfg):\n    return cfg.get('num_hidden_layers', 1) + cfg['num_attention_heads']\n") \
+        == ["line 2: num_hidden_layers", "line 2: num_attention_heads"]
+    assert not _config_reads("heads = {}\nheads['num_attention_heads'] = 4\n")
+
+
 PLANNING = ["tessera_lab.model.spec", "tessera_lab.model.tasks", "tessera_lab.model.hardware", "tessera_lab.model.layout",
             "tessera_lab.cost.analytic", "tessera_lab.cost.memory", "tessera_lab.pipeline.schedules",
             "tessera_lab.pipeline.passes", "tessera_lab.pipeline.simulate", "tessera_lab.plan.make",

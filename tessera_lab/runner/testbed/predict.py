@@ -253,16 +253,12 @@ def runner_model_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
     Raises:
         ConfigError: not a runner model.
     """
-    import json
-    from pathlib import Path
-
-    from tessera_lab.model.spec import load_model, shipped_models
+    from tessera_lab.model.spec import load_model
 
     from ..runtime.specs import TinyConfig
 
     spec = load_model(name_or_path)
-    path = shipped_models().get(str(name_or_path)) or Path(name_or_path)
-    return spec.name, TinyConfig.from_hf_config(json.loads(Path(path).read_text())).as_dict()
+    return spec.name, TinyConfig.from_model_spec(spec).as_dict()
 
 
 def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: int = 1, schedule: str = "1f1b",
