@@ -107,3 +107,12 @@ def test_no_work_log_wording_in_code_or_test_names():
                 bad.append(f"{p.name}::{node.name}")
     assert not bad
     assert WORK_LOG.search("as issue 17 saw") and WORK_LOG.search("test every turn3 config")
+
+
+def test_readme_is_short_and_its_quick_start_installs_what_it_opens():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    quick = text[text.index("## Quick start"):]
+    quick = quick[: quick.index("\n## ", 1)]
+    first_install = next(line for line in quick.splitlines() if "pip install" in line)
+    assert "jupyter lab" in quick and ".[notebooks]" in first_install
