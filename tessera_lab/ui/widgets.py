@@ -419,6 +419,62 @@ def _given(defaults: dict[str, Any], name: str, sentinel: str) -> Any:
     return sentinel if value is None else value
 
 
+#: the values :func:`partition_panel` offers for each model knob (those the model accepts)
+_PARTITION_KNOB_VALUES = {"attention_ratio": list(range(0, 12)), "expert_width": [128, 256, 512, 1024, 2048, 4096],
+                          "top_k": list(range(1, 17))}
+
+
+def _own_value(spec, name: str) -> Any:
+    """The model's own value of a knob (``None`` where it has none)."""
+    return {"attention_ratio": spec.attention_ratio, "expert_width": spec.moe_intermediate_size or None,
+            "top_k": spec.num_experts_per_tok or None}[name]
+
+
+def _knob_options(spec, name: str, keep: Any = None) -> list:
+    """``("config (V)", "config")`` first -- ipywidgets shows a None-valued option as no selection, so "config"
+    stands for the model's own value V -- then the other values the planner accepts for this model
+    (:func:`control_options`; V itself would be the same plan twice; none for a knob the model lacks)."""
+    own = _own_value(spec, name)
+    label = "config" if own is None else f"config ({own})"
+    if not model_knobs(spec)[name]:
+        return [(label, "config")]
+    valid = control_options(spec).get(name)
+    values = [v for v in _PARTITION_KNOB_VALUES[name] if valid is None or v in valid]
+    return [(label, "config")] + [(str(v), v) for v in sorted(set(values) | ({keep} - {None, "config"}))
+                                  if v != own]
+
+
+def _pp_options(spec, keep: Any = None) -> list:
+    """``("model's layout", "layout")`` then the stage counts the model has layers for."""
+    valid = control_options(spec)["pp"]
+    return [("model's layout", "layout")] + [(str(n), n) for n in sorted({2, 4, 8, 12, 16} & set(valid) |
+                                                                         ({keep} - {None, "layout"}))]
+
+
+def _partition_controls(spec: Any, model: str, choices: list, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The controls of :func:`partition_panel` for ``spec`` (the model ``model``, one of ``choices``), started
+    at the notebook's ``defaults``."""
+    import ipywidgets as w
+
+    return {
+        "model": w.Dropdown(options=choices, value=model, description="model", style=LABEL_STYLE),
+        "attention_ratio": w.Dropdown(options=_knob_options(spec, "attention_ratio", defaults.get("attention_ratio")),
+                                      value=_given(defaults, "attention_ratio", "config"), description="attn ratio",
+                                      style=LABEL_STYLE),
+        "expert_width": w.Dropdown(options=_knob_options(spec, "expert_width", defaults.get("expert_width")),
+                                   value=_given(defaults, "expert_width", "config"), description="expert width",
+                                   style=LABEL_STYLE),
+        "top_k": w.Dropdown(options=_knob_options(spec, "top_k", defaults.get("top_k")),
+                            value=_given(defaults, "top_k", "config"), description="top-k", style=LABEL_STYLE),
+        "pp": w.Dropdown(options=_pp_options(spec, defaults.get("pp")), value=_given(defaults, "pp", "layout"),
+                         description="stages", style=LABEL_STYLE),
+        "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
+                                    description="micro-batches", style=LABEL_STYLE, continuous_update=False),
+        "seq_len": w.Dropdown(options=_with(SEQ_CHOICES[:5], defaults.get("seq_len", 4096)),
+                              value=defaults.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
+    }
+
+
 def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     """Notebook 06's panel: the model (the choices of :data:`MODEL_LAYOUTS`, each at its layout), attention ratio,
     expert width, top-k (each "config" or a value), stages, micro-batches and sequence length.
@@ -427,56 +483,11 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
         ``(panel, controls, state)`` like :func:`quickstart_panel`; ``state["table"]`` and ``state["plan"]``
         hold the latest :func:`compare_partitions` result or ``state["error"]`` the reason it could not plan.
     """
-    import ipywidgets as w
-
     from tessera_lab.ui.plots import standalone_vs_overlap_bars
 
     choices = list(MODEL_LAYOUTS) + ([model] if model not in MODEL_LAYOUTS else [])
-    candidates = {"attention_ratio": list(range(0, 12)), "expert_width": [128, 256, 512, 1024, 2048, 4096],
-                  "top_k": list(range(1, 17))}
-
-    def own_value(spec, name: str) -> Any:
-        """The model's own value of a knob (``None`` where it has none)."""
-        return {"attention_ratio": spec.attention_ratio, "expert_width": spec.moe_intermediate_size or None,
-                "top_k": spec.num_experts_per_tok or None}[name]
-
-    def knob_options(spec, name: str, keep: Any = None) -> list:
-        """``("config (V)", "config")`` first -- ipywidgets shows a None-valued option as no selection, so "config"
-        stands for the model's own value V -- then the other values the planner accepts for this model
-        (:func:`control_options`; V itself would be the same plan twice; none for a knob the model lacks)."""
-        own = own_value(spec, name)
-        label = "config" if own is None else f"config ({own})"
-        if not model_knobs(spec)[name]:
-            return [(label, "config")]
-        valid = control_options(spec).get(name)
-        values = [v for v in candidates[name] if valid is None or v in valid]
-        return [(label, "config")] + [(str(v), v) for v in sorted(set(values) | ({keep} - {None, "config"}))
-                                      if v != own]
-
-    def pp_options(spec, keep: Any = None) -> list:
-        """``("model's layout", "layout")`` then the stage counts the model has layers for."""
-        valid = control_options(spec)["pp"]
-        return [("model's layout", "layout")] + [(str(n), n) for n in sorted({2, 4, 8, 12, 16} & set(valid) |
-                                                                             ({keep} - {None, "layout"}))]
-
     spec = load_model(model)
-    controls = {
-        "model": w.Dropdown(options=choices, value=model, description="model", style=LABEL_STYLE),
-        "attention_ratio": w.Dropdown(options=knob_options(spec, "attention_ratio", defaults.get("attention_ratio")),
-                                      value=_given(defaults, "attention_ratio", "config"), description="attn ratio",
-                                      style=LABEL_STYLE),
-        "expert_width": w.Dropdown(options=knob_options(spec, "expert_width", defaults.get("expert_width")),
-                                   value=_given(defaults, "expert_width", "config"), description="expert width",
-                                   style=LABEL_STYLE),
-        "top_k": w.Dropdown(options=knob_options(spec, "top_k", defaults.get("top_k")),
-                            value=_given(defaults, "top_k", "config"), description="top-k", style=LABEL_STYLE),
-        "pp": w.Dropdown(options=pp_options(spec, defaults.get("pp")), value=_given(defaults, "pp", "layout"), description="stages", style=LABEL_STYLE),
-        "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
-                                    description="micro-batches", style=LABEL_STYLE, continuous_update=False),
-        "seq_len": w.Dropdown(options=_with(SEQ_CHOICES[:5], defaults.get("seq_len", 4096)),
-                              value=defaults.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
-    }
-
+    controls = _partition_controls(spec, model, choices, defaults)
     for knob, on in model_knobs(spec).items():  # a knob the model lacks is not shown
         controls[knob].layout.display = None if on else "none"
     moved: list[str] = []
@@ -519,12 +530,12 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     def new_model() -> None:
         new = load_model(controls["model"].value)
         moved.clear()
-        for knob in [*candidates, "pp"]:
+        for knob in [*_PARTITION_KNOB_VALUES, "pp"]:
             value = controls[knob].value
-            controls[knob].options = pp_options(new) if knob == "pp" else knob_options(new, knob)
+            controls[knob].options = _pp_options(new) if knob == "pp" else _knob_options(new, knob)
             own = "layout" if knob == "pp" else "config"
             controls[knob].value = value if value in [v for _, v in controls[knob].options] else own
-            same = knob != "pp" and value == own_value(new, knob)  # the new model's own value: "config" is it
+            same = knob != "pp" and value == _own_value(new, knob)  # the new model's own value: "config" is it
             if controls[knob].value != value and not same:
                 moved.append(f"{controls[knob].description} {value} -> {own} (not valid for {new.name})")
             if knob != "pp":
