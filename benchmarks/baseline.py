@@ -1,7 +1,7 @@
 """Side-by-side measurements against a baseline revision of the package, for the benchmarks' target tables.
 
 :func:`baseline_tree` extracts ``tessera_lab/`` and ``data/`` of a git revision (default :data:`BASELINE_REV`, the
-revision the performance targets of docs/performance.md were set against) into a temporary folder once;
+revision the performance targets were set against; CHANGELOG.md) into a temporary folder once;
 :func:`run_code` runs a snippet of Python in a fresh interpreter on either tree and returns what it printed as JSON
 plus the child's CPU seconds (user + sys, from ``getrusage(RUSAGE_CHILDREN)``) and wall seconds, so that the
 baseline and the current code are measured in the same run on the same (busy, shared) machine. Provenance of every
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the revision the performance targets were measured against (issue 28)
+#: the revision the performance targets were measured against
 BASELINE_REV = "a5a8568"
 
 

@@ -1,4 +1,4 @@
-"""Fidelity of the planner's prediction of the runner on this machine (issue 13): ``tessera-lab validate``'s
+"""Fidelity of the planner's prediction of the runner on this machine: ``tessera-lab validate``'s
 matrix, printed with the targets. Prints, never asserts (timings on a shared 2-core machine are noisy).
 
     python benchmarks/bench_fidelity.py [--quick] [--device data/devices/NAME.json] [--json PATH] [--repeat N]

@@ -6,7 +6,7 @@
 (b) Simulated iteration time (overlapped 1F1B) of the overlap-aware plan against the uniform and the
     standalone-balanced plans, for Qwen3-Next and variants (attention ratio 1, 3, 7; expert width 256, 512,
     2048), printed as ratios (> 1 means the overlap-aware plan is faster). Timings are printed, never asserted.
-(c) Solver limits (issue 18): 1,000 and 3,000 layers on 64 stages (``partition --costs`` sizes) with the exact DP:
+(c) Solver limits: 1,000 and 3,000 layers on 64 stages (``partition --costs`` sizes) with the exact DP:
     time and peak Python memory (tracemalloc; the bar is under 1 GiB), and the ILP's wall time against its
     ``time_limit_s`` on a virtual-stage problem it cannot close quickly.
 

@@ -1,6 +1,6 @@
 """Benchmark of the main job.
 
-Prints (0) the speed targets of docs/performance.md (:func:`speed_targets`): the default ``plan`` as a whole process
+Prints (0) the speed targets (:func:`speed_targets`; the run they were met in: CHANGELOG.md): the default ``plan`` as a whole process
 (CPU seconds, target <= 0.3 s), a notebook-panel re-plan in process (only the micro-batches changed, target <= 0.2 s
 CPU), the two 12,288-GPU plans (pp 16, ep 64, dp 12, m 128; target <= 2 s CPU each, partition proven optimal) and
 ``--help``-level start-up (target < 0.1 s), each beside the same figure for the baseline revision measured in this
@@ -132,7 +132,7 @@ def main() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Section: plan time of each model family (issue 23). Kept apart from main() above: CPU seconds (user + sys of this
+# Section: plan time of each model family. Kept apart from main() above: CPU seconds (user + sys of this
 # process and its children, time.process_time and resource.RUSAGE_CHILDREN) and wall seconds of make_plan with the
 # default method, at a layout each model fits at (H200, 4,096-token sequences, m = 2 pp).
 FAMILY_LAYOUTS = {

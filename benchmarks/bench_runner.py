@@ -9,7 +9,7 @@ of each and the ratio ours / torch.
 Part 2 (``pp * ep`` processes, at the given ep and again at ep = 1): our executor with plain ``1f1b``
 (monolithic autograd, and node level), and ``overlapped`` 1F1B with the ``scheduled`` pair handler (node level,
 asynchronous all-to-alls; the order searched over nominal node times, the order searched over node times the
-runner measured in a plain node-level 1F1B step, and Megatron's combined-1F1B order) and with the turn-1
+runner measured in a plain node-level 1F1B step, and Megatron's combined-1F1B order) and with the
 ``threads`` handler. Prints tokens/s, ratios, and the **hidden fraction of the all-to-all** measured from the
 runner's own events: exposed all-to-all time = the time the host was blocked in all-to-all waits (lane
 ``wait``); with plain node-level 1F1B every all-to-all is waited for right after it is issued, so its exposed

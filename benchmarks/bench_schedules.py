@@ -9,7 +9,7 @@ peak exceeds K), the search's CPU and wall seconds (measured on this machine, no
 Profiles (seconds per micro-batch and stage): ``uniform`` F = I = W = 1; ``jitter`` every F, I, W drawn from
 1 +- 25 % (seeded); ``head`` uniform except a last stage 1.5x (an LM head); ``light-w`` W = 0.4.
 
-The targets section (:func:`targets`, issue 28) runs the same grid's zb-auto searches and the nine cases of
+The targets section (:func:`targets`) runs the same grid's zb-auto searches and the nine cases of
 :data:`SAIL_CASES` on the baseline revision (:mod:`baseline`) and on this tree, each in a fresh process in this run:
 search CPU seconds summed (targets: no more than the baseline's over the grid, no more than sail-sg's heuristic on
 the nine cases) beside the process's CPU and wall seconds, how many makespans are equal, better or worse (target:
@@ -95,7 +95,7 @@ print(json.dumps(out))
 
 
 def targets(rev: str, pps, rounds, p2ps, seed: int, sail: dict | None = None, repeats: int = 3) -> None:
-    """Issue 28's zb-auto targets: this tree against the baseline revision over the grid (search CPU seconds, no
+    """The zb-auto targets: this tree against the baseline revision over the grid (search CPU seconds, no
     more than the baseline's, makespans none worse) and, on :data:`SAIL_CASES`, against sail-sg's heuristic
     (``sail``: the totals of :func:`sail_sg_section`; search CPU no more than sail-sg's). Each tree runs in a fresh
     process in this run; the CPU of the searches (``time.process_time`` around ``zb_auto``) is printed beside the
@@ -118,7 +118,7 @@ def targets(rev: str, pps, rounds, p2ps, seed: int, sail: dict | None = None, re
     scode = SAIL_CODE.format(profiles_src=inspect.getsource(profiles), cases=list(SAIL_CASES), seed=seed,
                              repeats=repeats)
     sg = {k: run_code(t, scode) for k, t in trees.items()}
-    print(f"zb-auto targets (issue 28): baseline {rev} vs this tree, each in a fresh process in this run; CPU = "
+    print(f"zb-auto targets: baseline {rev} vs this tree, each in a fresh process in this run; CPU = "
           f"user + sys seconds; load average {l0} (2-core machine shared by several agents)")
     print(TABLE_HEAD)
     print(target_row(f"zb-auto search, {len(n)} grid searches (CPU s)", "<= baseline", sum(x[6] for x in b),

@@ -11,7 +11,7 @@ Timings are printed, never asserted.
 The targets section (:func:`targets`) measures the simulator of the baseline revision (:mod:`baseline`, today's
 figure) and this tree in the same run, each in a fresh process, and the naive loop, on 1F1B 16 x 1,024: actions per
 CPU second (``time.process_time``: the machine is shared, so wall time is printed beside it but not compared);
-targets (issue 28): >= 500k actions per CPU second and >= 10x today's rate (the baseline revision's, measured
+targets: >= 500k actions per CPU second and >= 10x today's rate (the baseline revision's, measured
 beside it); the naive loop's rate is printed beside them, and so are the rates with every event and the critical
 path read and with a plain callable for the durations (``uniform_durations`` has a ``batch`` method, which the
 simulator uses to ask for every action's time in one call).

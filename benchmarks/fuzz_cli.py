@@ -1,4 +1,4 @@
-"""Fuzz the command-line contract (issue 18): every subcommand, generated flags and files.
+"""Fuzz the command-line contract: every subcommand, generated flags and files.
 
 The contract: exit status 0 or 2; no traceback; on exit 2 at most two lines on stderr (on exit 0 at most two lines
 besides the "result: / figure: / trace: / plan written to" notices of written files); every run within a time

@@ -13,8 +13,7 @@ does (another option of a dropdown; arrow keys on a focused slider handle), and 
 
 It saves ``artifacts/browser/NN_name_panel.png`` per panel and ``artifacts/browser/panels.json`` (timings).
 ``test_check_catches_blank_figures_of_an_output_capture_panel`` runs the same check on
-``tests/data/browser/output_capture_panel.ipynb`` (the Output + ``plt.show()`` pattern the panels used before
-issue 17) and requires it to find blank redraws. Needs the Debian packages ``chromium`` and ``chromium-driver``
+``tests/data/browser/output_capture_panel.ipynb`` (the Output + ``plt.show()`` pattern no panel uses) and requires it to find blank redraws. Needs the Debian packages ``chromium`` and ``chromium-driver``
 (``/usr/bin/chromium``, ``/usr/bin/chromedriver``); the tests skip when they are missing. JupyterLab, its
 kernels, chromedriver and Chromium are stopped in every case; each step has its own timeout.
 """
@@ -593,7 +592,7 @@ def test_every_panel_redraws_on_every_change_in_chromium(browser):
 @pytest.mark.timeout(600)
 def test_check_catches_blank_figures_of_an_output_capture_panel(browser):
     """The same check on the old pattern (an Output widget, display() and plt.show() in the callback) finds
-    redraws without a figure: the check can see what issue 17 saw."""
+    redraws without a figure: the check can see a blank redraw."""
     import random
 
     browser.run_notebook(FIXTURE.name)

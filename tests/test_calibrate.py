@@ -44,7 +44,7 @@ def test_available_cores_by_hand(monkeypatch):
 def test_calibrate_records_probes_and_in_situ_all_to_all():
     pytest.importorskip("torch")
     from tessera_lab.runner.testbed.calibrate import calibrate
-    from tessera_lab.runner.testbed.predict import predict_runner
+    from tessera_lab.runner.testbed.predict import MachineState, predict_runner
 
     dev = calibrate(repeats=2)
     meta = dev["metadata"]
@@ -60,5 +60,5 @@ def test_calibrate_records_probes_and_in_situ_all_to_all():
     table = rcx["corun"]["table"]  # co-running slowdowns never below 1 and never shrinking with more processes
     assert table["1"] == 1.0 and 1.0 <= table["2"] <= table["4"]
     assert 0 <= dev["p2p"]["wait_cpu_share"] <= 1 and dev["p2p"]["cpu_per_op_s"] >= 0
-    p = predict_runner(dev, dev["metadata"]["model"], pp=2, ep=2, microbatches=4, cores_available=1.0)
+    p = predict_runner(dev, dev["metadata"]["model"], pp=2, ep=2, microbatches=4, machine=MachineState(cores_available=1.0))
     assert p["iteration_s"] > 0 and p["cores_available"] == 1.0

@@ -1,4 +1,4 @@
-"""The input contract of the runner's files (issue 27): concurrent store appends lose nothing, damaged stores and
+"""The input contract of the runner's files: concurrent store appends lose nothing, damaged stores and
 tampered runner plans are refused with one line (exit 2) before any worker starts, malformed report inputs too.
 Values are worked out by hand from the files written here (no run needed, except where stated)."""
 

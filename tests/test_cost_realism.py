@@ -1,4 +1,4 @@
-"""Cost-model realism (issue 15): shape-aware GEMM efficiency, kernel-class contention, dispatchers, busiest-rank
+"""Cost-model realism: shape-aware GEMM efficiency, kernel-class contention, dispatchers, busiest-rank
 load, recompute and memory. Every expected value is worked by hand in the comment beside it (or brute-forced)."""
 
 from __future__ import annotations

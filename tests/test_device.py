@@ -1,4 +1,4 @@
-"""The planner plans what the runner runs (issue 13, items 3-5): the tiny runner model as a ModelSpec, calibrated
+"""The planner plans what the runner runs: the tiny runner model as a ModelSpec, calibrated
 device files, predictions checked by hand, ``plan --device``, ``run --plan`` (prediction before the run vs
 observation), ``report --observed`` and the validation matrix. Torch-free except the one launch (a few seconds).
 """
@@ -15,7 +15,8 @@ from tessera_lab.cli.main import main as cli
 from tessera_lab.cost.device import layer_flops, layer_times, load_device
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.spec import load_model
-from tessera_lab.runner.testbed.predict import balanced_boundaries, device_plan, predict_runner
+from tessera_lab.runner.testbed.predict import (MachineState, PlanChoices, balanced_boundaries, device_plan,
+                                                 predict_runner)
 from tessera_lab.runner.runtime.specs import TinyConfig
 from tessera_lab.runner.testbed.validate import cases
 
@@ -87,18 +88,18 @@ def test_prediction_by_hand():
     assert p4["cores_available"] == 2.0 and p4["oversubscription"] > 1.0
     # half a core available (measured before the run): every step of the timeline 4x slower
     p5 = predict_runner(synthetic_device(cores=2), cfg, pp=2, ep=2, schedule="1f1b", microbatches=4,
-                        micro_batch_size=2, cores_available=0.5)
+                        micro_batch_size=2, machine=MachineState(cores_available=0.5))
     assert p5["iteration_s"] == pytest.approx(4 * 24 * s0)
     # the same work taking 1.5x the CPU now (work probe 3 ms against the calibration's 2 ms): one stage,
     # nothing shared, no latency -> 1.5x the step and the CPU; a device without a probe ignores it
     dev6 = {**synthetic_device(), "runner_cpu": {"work_probe": {"ref_s": 2e-3}}}
     p6 = predict_runner(dev6, cfg, pp=1, ep=1, schedule="gpipe", microbatches=4, micro_batch_size=2,
-                        work_probe_s=3e-3)
+                        machine=MachineState(work_probe_s=3e-3))
     assert p6["work_scale"] == pytest.approx(1.5)
     assert p6["iteration_s"] == pytest.approx(1.5 * p["iteration_s"])
     assert p6["cpu_per_step_s"] == pytest.approx(1.5 * 4 * 3 * sum(per_layer))
     assert predict_runner(dev, cfg, pp=1, ep=1, schedule="gpipe", microbatches=4, micro_batch_size=2,
-                          work_probe_s=3e-3)["iteration_s"] == pytest.approx(p["iteration_s"])
+                          machine=MachineState(work_probe_s=3e-3))["iteration_s"] == pytest.approx(p["iteration_s"])
     # the co-running table: two processes of one stage (ep = 2, no all-to-all cost) on 2 cores, slowed 1.2x
     # each by the other: 1.2 x the one-process step
     dev7 = {**synthetic_device(cores=2), "runner_cpu": {"corun": {"table": {"1": 1.0, "2": 1.2}}}}
@@ -175,7 +176,7 @@ def test_run_plan_executes_the_plan_and_reports_the_prediction(tmp_path, capsys)
     dev_path = tmp_path / "dev.json"
     dev_path.write_text(json.dumps(synthetic_device(cores=2)))
     plan = device_plan(load_device(dev_path), "tiny-runner", pp=2, ep=2, schedule="overlapped", microbatches=4,
-                       micro_batch_size=2, partition="uniform", pair_order="megatron")
+                       micro_batch_size=2, choices=PlanChoices(partition="uniform", pair_order="megatron"))
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     rc = cli(["run", "--plan", str(tmp_path / "plan.json"), "--steps", "3", "--check", "--json",
               str(tmp_path / "run.json"), "--profile-store", str(tmp_path / "store.json")])
@@ -252,7 +253,7 @@ def test_validation_summary_and_offline_reprediction_by_hand():
                                 "rank_agreement": True}
     dev = synthetic_device(cores=2)
     cfg = TinyConfig().as_dict()
-    want = predict_runner(dev, cfg, pp=2, ep=2, schedule="1f1b", boundaries=[0, 2, 4], cores_available=1.0)
+    want = predict_runner(dev, cfg, pp=2, ep=2, schedule="1f1b", boundaries=[0, 2, 4], machine=MachineState(cores_available=1.0))
     stored = {"prediction_inputs": {"cores_available": {"pp2-ep2": {"cores_available": 1.0}}},
               "cases": [{"name": "x", "schedule": "1f1b", "pp": 2, "ep": 2, "width": 1, "boundaries": [0, 2, 4],
                          "observed_s": want["iteration_s"] * 2}]}
@@ -266,7 +267,7 @@ def test_repredict_cli_uses_the_calibration_stored_in_the_result(tmp_path, capsy
     `validate --repredict RESULT` needs no --device; a result without one is refused in one line, exit 2."""
     dev = synthetic_device(cores=2)
     cfg = TinyConfig().as_dict()
-    want = predict_runner(dev, cfg, pp=2, ep=2, schedule="1f1b", boundaries=[0, 2, 4], cores_available=1.0)
+    want = predict_runner(dev, cfg, pp=2, ep=2, schedule="1f1b", boundaries=[0, 2, 4], machine=MachineState(cores_available=1.0))
     stored = {"prediction_inputs": {"cores_available": {"pp2-ep2": {"cores_available": 1.0}}},
               "calibration": {"device_file": dev},
               "cases": [{"name": "x", "schedule": "1f1b", "pp": 2, "ep": 2, "width": 1, "boundaries": [0, 2, 4],

@@ -1,5 +1,5 @@
 """The capacity report's routing variance and bubble after dynamic correction come from a dynamic simulation or
-run (``report --dynamic FILE``), with provenance, and print ``not measured`` when absent (issue 14, item 5)."""
+run (``report --dynamic FILE``), with provenance, and print ``not measured`` when absent."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The runner's gap filler (issue 14): gradient-sync chunks launched in receive waits (bucket order, finality, the
+"""The runner's gap filler: gradient-sync chunks launched in receive waits (bucket order, finality, the
 memory cap, a run with replicas) and W in EP combine waits inside node-level pairs (their own slots, never the
 action in progress, a run); losses and gradients stay bitwise equal to the static run."""
 

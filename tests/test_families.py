@@ -1,8 +1,8 @@
-"""The layer-kind registry (issue 23): every turn3 config reads, counts and plans; layer patterns against each
+"""The layer-kind registry: every shipped config reads, counts and plans; layer patterns against each
 config's own rule; model FLOPs against hand derivations; nothing dropped silently; knobs by the family's rule.
 
-Card figures (total / active) are from each model's card as listed in shared/reference/models/turn3/README.md; the
-convention each card counts by is stated next to its expectation.
+Card figures (total / active) are from each model's Hugging Face model card; the convention each card counts by is
+stated next to its expectation.
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ LAYOUTS = {
 
 
 @pytest.mark.parametrize("name", NEW)
-def test_every_turn3_config_plans(name, capsys):
+def test_every_added_family_config_plans(name, capsys):
     pp = LAYOUTS[name][1]
     args = ["plan", "--model", name, *LAYOUTS[name], "--microbatches", str(2 * int(pp))]
     assert main(args) == 0, capsys.readouterr().err

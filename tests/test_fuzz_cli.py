@@ -1,4 +1,4 @@
-"""Fuzz of the command-line contract (issue 18) with a bounded number of examples: every subcommand (``run`` and
+"""Fuzz of the command-line contract with a bounded number of examples: every subcommand (``run`` and
 real measurements excluded; ``reproduce`` only in cheap cases) with generated flags and files exits 0 or 2, prints
 no traceback, at most two lines on stderr (written-file notices aside) and finishes within its bound.
 The generator lives in ``benchmarks/fuzz_cli.py`` (``--examples N`` for longer runs)."""

@@ -1,8 +1,10 @@
-"""The default ``plan``, ``simulate`` and ``report`` outputs stay what they were before the package restructure
-(issue 12): values taken from the flat-module version (commit 2985cb8) and stored under ``tests/data/golden``.
+"""The default ``plan``, ``simulate`` and ``report`` outputs stay what they are: the JSON of each command, stored
+under ``tests/data/golden``, compared field by field (floats to 1e-9 relative).
 
-A change that is meant to move these numbers (a cost-model fix, say) regenerates them with
-``python tests/test_golden.py --update`` and says so in its commit message.
+The stored files are the outputs of the commit that last changed them, not of a fixed revision:
+``git log -- tests/data/golden`` lists every change with its reason. A change that is meant to move these numbers
+(a cost-model fix, say) regenerates them with ``python tests/test_golden.py --update`` and says why in its commit
+message; a refactor leaves them as they are.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def test_cli_json_to_a_private_device_node_keeps_it(tmp_path, capsys):
 
 
 def test_cli_json_dev_null_leaves_a_character_device(capsys):
-    assert main(["plan", "--pp", "4", "-m", "8", "--json", "/dev/null"]) == 0  # the case of issue 18
+    assert main(["plan", "--pp", "4", "-m", "8", "--json", "/dev/null"]) == 0  # a JSON path that is not a regular file
     st = os.lstat("/dev/null")
     assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
 

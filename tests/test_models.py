@@ -16,15 +16,15 @@ def raw(name: str) -> dict:
 
 def test_shipped_models_listed():
     assert set(shipped_models()) == {"qwen3-next-80b-a3b", "qwen3-30b-a3b", "qwen3-235b-a22b", "qwen3-8b", "deepseek-v3",
-                                     "tiny-runner",  # tiny-runner: the runner's model (issue 13)
-                                     # current MoE and hybrid models (issue 23)
+                                     "tiny-runner",  # tiny-runner: the runner's model
+                                     # current MoE and hybrid models
                                      "kimi-linear-48b-a3b", "minimax-m1", "jamba-1.5-mini", "nemotron-h-56b",
                                      "qwen3.5-35b-a3b", "glm-4.5-air", "gpt-oss-20b", "llama-4-scout-17b-16e",
                                      "deepseek-v3.2", "kimi-k2-instruct", "olmoe-1b-7b", "qwen3-vl-30b-a3b"}
 
 
 def test_qwen3_next_layer_pattern(qwen3_next):
-    # full attention at layers 3, 7, ..., 47: (i + 1) % 4 == 0 (DESIGN section 3)
+    # full attention at layers 3, 7, ..., 47: (i + 1) % 4 == 0 (docs/concepts.md)
     full = [l.index for l in qwen3_next.layers if l.mixer == "full_attention"]
     assert full == list(range(3, 48, 4))
     assert all(l.ffn == "moe" for l in qwen3_next.layers)
@@ -90,7 +90,7 @@ def test_mixtral_counts():
         ({"num_experts_per_tok": 600}, "num_experts_per_tok"),
         ({"layer_types": ["linear_attention"] * 47}, "layer_types"),
         ({"layer_types": ["linear_attention"] * 47 + ["mamba"]}, "layer_types"),
-        ({"model_type": "gpt9", "architectures": None}, "model_type"),  # with architectures it is an alias (issue 23)
+        ({"model_type": "gpt9", "architectures": None}, "model_type"),  # with architectures it is an alias
         ({"num_experts": None}, "num_experts"),
         ({"moe_intermediate_size": "wide"}, "moe_intermediate_size"),
     ],

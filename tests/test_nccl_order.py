@@ -4,7 +4,7 @@ NCCL runs a rank's p2p batches in posting order and matches a rank pair's transf
 tags; gloo matches by tag. The fixture :func:`legacy_steps` reproduces how the runner posted transfers before it
 executed lowered action lists (``_prefetch`` posted the next action's receives, ``_post_recvs`` a missing
 receive, ``_send`` an action's sends: each its own ``batch_isend_irecv``); that order deadlocks under NCCL's rule
-(the issue's logged 1F1B example) both in the simulator's check and on the NCCL-order transport over gloo,
+(a 1F1B example with pp 2 and 2 micro-batches) both in the simulator's check and on the NCCL-order transport over gloo,
 while gloo's tag matching let it pass. Every schedule lowered by :func:`tessera_lab.pipeline.passes.lower` is
 deadlock-free under the rule for pp 2..8.
 """
@@ -85,7 +85,7 @@ def _fmt(steps) -> list[str]:
     return ["[" + " ".join(str(a) for a in acts) + "]" if kind == "batch" else str(acts[0]) for kind, _, acts in steps]
 
 
-def test_legacy_posting_reproduces_the_issue_log():
+def test_legacy_posting_order_of_a_two_rank_1f1b():
     steps = legacy_steps(build_schedule("1f1b", 2, 2))
     assert _fmt(steps[0]) == ["0F0", "[0SEND_F0]", "[0RECV_B0]", "0F1", "[0SEND_F1]", "[0RECV_B1]",
                                "0B0", "0B1"]

@@ -1,4 +1,4 @@
-"""The node-level pair executor (issue 13, item 1): template orders, the handler registry, node programs equal
+"""The node-level pair executor: template orders, the handler registry, node programs equal
 to the monolithic autograd pass, and bitwise parity with the single-process reference for every pair handler.
 
 Cost: the order tests are pure Python; the in-process node test runs one tiny stage; the quick launch (pp=2,

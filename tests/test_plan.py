@@ -105,7 +105,7 @@ def test_overlap_aware_plan_not_slower_than_uniform_on_variants(qwen3_next, chan
 
 
 def test_stage_cost_after_overlap_is_sum_of_pairs(qwen3_next):
-    """Stage cost after overlap = sum over k of pair(F of layer i+k, B+W of layer j-1-k) (DESIGN section 3)."""
+    """Stage cost after overlap = sum over k of pair(F of layer i+k, B+W of layer j-1-k) (docs/concepts.md, "Stage cost after overlap")."""
     from tessera_lab.cost.analytic import CostModel
     from tessera_lab.model.hardware import cluster_for
     from tessera_lab.plan.make import layer_pair_costs

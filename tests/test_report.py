@@ -273,7 +273,8 @@ def test_report_figure_names_the_configuration_and_shows_both_diff_variants(plan
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tessera_lab.report.capacity import plan_caption, report_figure
+    from tessera_lab.report.capacity import plan_caption
+    from tessera_lab.ui.report_figure import report_figure
 
     fig = report_figure(plan, report)
     (ax,) = fig.axes

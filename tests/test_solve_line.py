@@ -1,4 +1,4 @@
-"""``plan``'s summary line says whether the chosen partition is proven optimal (issue 25, large solves)."""
+"""``plan``'s summary line says whether the chosen partition is proven optimal (large solves)."""
 
 from __future__ import annotations
 

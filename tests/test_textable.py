@@ -126,7 +126,7 @@ def test_control_characters_are_refused():
 
 def test_default_plan_imports_neither_tabulate_nor_numpy():
     """The default ``plan`` prints its tables without tabulate (which imports importlib.metadata and wcwidth) and
-    plans without numpy (issue 28: the whole process's CPU time)."""
+    plans without numpy (the whole process's CPU time)."""
     import subprocess
     import sys
 

@@ -1,4 +1,4 @@
-"""Validation at the boundary and work limits (issue 18): every bad number, file and size gets one line naming the
+"""Validation at the boundary and work limits: every bad number, file and size gets one line naming the
 field, the file when there is one, the value and the allowed range, with exit status 2; nothing hangs."""
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ def test_partition_panel_matches_pure_function():
 
 
 def test_partition_panel_model_choice():
-    """Notebook 06's model choice (issue 23): each hybrid re-plans at its own layout; a knob a model lacks is not
+    """Notebook 06's model choice: each hybrid re-plans at its own layout; a knob a model lacks is not
     offered (only its "config" value, hidden)."""
     from tessera_lab.ui.widgets import MODEL_LAYOUTS, compare_partitions, partition_panel
 
@@ -135,7 +135,7 @@ def test_panels_draw_a_png_figure_and_an_html_table():
 
 
 def test_overlap_panel_model_choice():
-    """Notebook 05's model choice (issue 23): the pair of each hybrid's first MoE layer; a dense model says so."""
+    """Notebook 05's model choice: the pair of each hybrid's first MoE layer; a dense model says so."""
     from tessera_lab.model.spec import load_model
     from tessera_lab.model.hardware import ParallelConfig
     from tessera_lab.overlap.table import overlap_point
@@ -391,8 +391,6 @@ def test_plan_notes_carry_the_mfu_validity_note():
     plan = replan(pp=8, microbatches=8)
     flag = H.mfu_note(plan.chosen.mfu, moe=True)
     assert (flag in plan_notes(plan)) if flag else not any("MFU" in n for n in plan_notes(plan))
-    if not hasattr(H, "published_mfu_band"):
-        pytest.skip("the published MoE MFU band (report.headline.published_mfu_band) is not on this branch yet")
     assert H.mfu_note(0.31, moe=True) and "published" in H.mfu_note(0.31, moe=True)
 
 

@@ -52,13 +52,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise ConfigError(f"device name {name!r} is not allowed; allowed: letters, digits, '.', '_', '-'")
     cfg = TinyConfig()
     if args.model:
-        from tessera_lab.model.spec import load_model, shipped_models
+        from tessera_lab.model.spec import load_model
 
-        import json
-
-        path = shipped_models().get(args.model) or Path(args.model)
-        load_model(args.model)  # validates
-        cfg = TinyConfig.from_hf_config(json.loads(Path(path).read_text()))
+        cfg = TinyConfig.from_model_spec(load_model(args.model))  # the one config reader, then the runner's model
     dev = calibrate(cfg, name=name, micro_batch_size=args.micro_batch_size, group_sizes=groups,
                     repeats=args.repeats)
     write_json(args.out, dev)

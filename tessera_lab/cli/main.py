@@ -1,4 +1,4 @@
-"""The ``tessera-lab`` command line (DESIGN section 10): one module per subcommand under :mod:`tessera_lab.cli`.
+"""The ``tessera-lab`` command line (docs/cli.md): one module per subcommand under :mod:`tessera_lab.cli`.
 
 Every subcommand prints a readable table and accepts ``--json PATH`` (``--json -`` for stdout, which
 then replaces the table) to write its result; the paths of written files are printed on stderr. Bad input

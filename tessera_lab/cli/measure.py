@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from tessera_lab.argtypes import int_at_least
 from tessera_lab.cli.common import add_json, emit, table
@@ -205,77 +206,36 @@ def fit_text(fit: dict) -> str:
             f"{quality} (rule of this output: <= 0.1 well, above poorly)")
 
 
-def cmd_measure(args: argparse.Namespace) -> int:
-    """``tessera-lab measure``: the overlap table of a model's layer kinds, written to a profile."""
-    from tessera_lab.errors import ConfigError
+def _measure_analytic(args: argparse.Namespace, model: Any, seq_len: int) -> tuple[Any, Any]:
+    """``measure --backend analytic``: the overlap table from the cost model (with a progress bar) and the
+    parallel configuration it was computed for."""
+    from tqdm import tqdm
 
-    if args.backend == "runner":
-        raise ConfigError("option --backend = 'runner' is merged into --backend cpu (one harness: the runtime's node "
-                          "executor); use: tessera-lab measure --backend cpu --model tiny-runner --ep 2")
-    if args.model is None:
-        from tessera_lab.plan.make import DEFAULT_MODEL
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.hardware import ParallelConfig, cluster_for
+    from tessera_lab.overlap.core import overlap_table
 
-        args.model = DEFAULT_MODEL
-    from tessera_lab.model.spec import load_model
-    from tessera_lab.overlap.bundles import DEFAULT_SIZE_FACTOR
-    from tessera_lab.overlap.core import overlap_spread, overlap_table
-    from tessera_lab.overlap.profiles import save_profile, update_profile
-    from tessera_lab.overlap.table import results_table
-    from tessera_lab.paths import data_dir
+    parallel = ParallelConfig(ep=args.ep or 8, tp=args.tp, seq_len=seq_len,
+                              micro_batch_size=args.micro_batch_size, pp=1, dp=1)
+    bar = tqdm(total=len({l.kind for l in model.layers}) ** 2, desc="measure analytic", unit="pair",
+               file=sys.stderr, disable=args.no_progress, leave=False)
 
-    model = load_model(args.model)
-    seq_len, default_f = args.seq_len, DEFAULT_SIZE_FACTOR[args.backend]
-    sizing = None
-    if args.backend == "analytic":
-        from tqdm import tqdm
+    def progress(done: int, total: int) -> None:
+        bar.total, bar.n = total, done
+        bar.refresh()
 
-        from tessera_lab.cost.analytic import CostModel
-        from tessera_lab.model.hardware import ParallelConfig, cluster_for
+    try:
+        overlap = overlap_table(model, parallel, "analytic", progress=progress,
+                                cost_model=CostModel(cluster_for(parallel, args.gpu), parallel))
+    finally:
+        bar.close()
+    return overlap, parallel
 
-        parallel = ParallelConfig(ep=args.ep or 8, tp=args.tp, seq_len=seq_len,
-                                  micro_batch_size=args.micro_batch_size, pp=1, dp=1)
-        f = 1.0
-        bar = tqdm(total=len({l.kind for l in model.layers}) ** 2, desc="measure analytic", unit="pair",
-                   file=sys.stderr, disable=args.no_progress, leave=False)
 
-        def progress(done: int, total: int) -> None:
-            bar.total, bar.n = total, done
-            bar.refresh()
-
-        try:
-            overlap = overlap_table(model, parallel, "analytic", progress=progress,
-                                    cost_model=CostModel(cluster_for(parallel, args.gpu), parallel))
-        finally:
-            bar.close()
-        results = overlap.attrs["results"]
-    else:
-        from tessera_lab.runner.testbed.predict import runner_model_config
-
-        try:  # a runner model (data/models/tiny-*.json) is measured at its own shapes
-            seq_len, default_f = runner_model_config(args.model)[1]["seq_len"], 1.0
-        except ConfigError:
-            pass
-        results, parallel = _measure_runtime(args, model, seq_len, default_f)
-        overlap = results_table(results)
-        sizing = results[0].metadata.get("sizing")
-        f = results[0].metadata["size_factor"]
-    noise = []
-    if sizing is not None:  # computed from this run's samples; the measured values are kept as they are
-        from tessera_lab.runner.measure.noise import noise_warnings
-
-        import os
-
-        noise = noise_warnings(results, sizing.get("load_average_1m"), os.cpu_count())
-        for i, r in enumerate(results):
-            r.metadata["noise_warnings"] = [w["text"] for w in noise if i + 1 in w["pairs"]]
-    out = args.out or str(data_dir() / "profiles" / f"{args.backend}-{model.name}.json")
-    gpu = args.gpu if args.backend == "analytic" else None
-    prof = update_profile(out, results, backend=args.backend, model=model.name, parallel=parallel, size_factor=f, gpu=gpu)
-    if sizing is not None:  # the last measurement's sizing and noise warnings, also in every entry's metadata
-        prof.data["sizing"] = sizing
-        prof.data["noise_warnings"] = noise
-        save_profile(prof, prof.path)
-    spread = overlap_spread(overlap)
+def _measure_text(args: argparse.Namespace, model: Any, overlap: Any, results: list, prof: Any, f: float,
+                  spread: Any, noise: list, sizing: dict | None) -> tuple[str, list[dict[str, Any]]]:
+    """The text of ``measure`` (table, spread, decisions, fit, noise, sizing, profile path) and the order
+    decisions of each pair."""
     rows = [{
         "F kind": r.kind_f, "BW kind": r.kind_b, "t_f (ms)": r.t_f * 1e3, "t_b (ms)": r.t_b * 1e3,
         "sum (ms)": r.t_sum * 1e3, "pair (ms)": r.t_pair * 1e3,
@@ -311,9 +271,66 @@ def cmd_measure(args: argparse.Namespace) -> int:
                for r in results]
         text += "\n" + sizing_text(sizing, ran)
     text += f"\nprofile written: {prof.path}"
+    return text, decisions
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    """``tessera-lab measure``: the overlap table of a model's layer kinds, written to a profile."""
+    from tessera_lab.errors import ConfigError
+
+    if args.backend == "runner":
+        raise ConfigError("option --backend = 'runner' is merged into --backend cpu (one harness: the runtime's node "
+                          "executor); use: tessera-lab measure --backend cpu --model tiny-runner --ep 2")
+    if args.model is None:
+        from tessera_lab.plan.make import DEFAULT_MODEL
+
+        args.model = DEFAULT_MODEL
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.overlap.bundles import DEFAULT_SIZE_FACTOR
+    from tessera_lab.overlap.core import overlap_spread
+    from tessera_lab.overlap.profiles import save_profile, update_profile
+    from tessera_lab.overlap.table import results_table
+    from tessera_lab.paths import data_dir
+
+    model = load_model(args.model)
+    seq_len, default_f = args.seq_len, DEFAULT_SIZE_FACTOR[args.backend]
+    sizing = None
+    if args.backend == "analytic":
+        overlap, parallel = _measure_analytic(args, model, seq_len)
+        results, f = overlap.attrs["results"], 1.0
+    else:
+        from tessera_lab.runner.testbed.predict import runner_model_config
+
+        try:  # a runner model (data/models/tiny-*.json) is measured at its own shapes
+            seq_len, default_f = runner_model_config(args.model)[1]["seq_len"], 1.0
+        except ConfigError:
+            pass
+        results, parallel = _measure_runtime(args, model, seq_len, default_f)
+        overlap = results_table(results)
+        sizing = results[0].metadata.get("sizing")
+        f = results[0].metadata["size_factor"]
+    noise = []
+    if sizing is not None:  # computed from this run's samples; the measured values are kept as they are
+        from tessera_lab.runner.measure.noise import noise_warnings
+
+        import os
+
+        noise = noise_warnings(results, sizing.get("load_average_1m"), os.cpu_count())
+        for i, r in enumerate(results):
+            r.metadata["noise_warnings"] = [w["text"] for w in noise if i + 1 in w["pairs"]]
+    out = args.out or str(data_dir() / "profiles" / f"{args.backend}-{model.name}.json")
+    gpu = args.gpu if args.backend == "analytic" else None
+    prof = update_profile(out, results, backend=args.backend, model=model.name, parallel=parallel, size_factor=f, gpu=gpu)
+    if sizing is not None:  # the last measurement's sizing and noise warnings, also in every entry's metadata
+        prof.data["sizing"] = sizing
+        prof.data["noise_warnings"] = noise
+        save_profile(prof, prof.path)
+    spread = overlap_spread(overlap)
+    text, decisions = _measure_text(args, model, overlap, results, prof, f, spread, noise, sizing)
+    fit = prof.data.get("fit")
     result = {
         "model": model.name, "backend": args.backend, "size_factor": f, "profile": str(prof.path),
-        "overlap_spread": spread, "environment": env,
+        "overlap_spread": spread, "environment": prof.environment,
         "table": overlap.to_dict(orient="records"), "decisions": decisions, "fit": fit, "sizing": sizing,
         "noise_warnings": noise,
     }

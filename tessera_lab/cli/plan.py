@@ -186,7 +186,7 @@ def format_plan(plan) -> str:
                              + f": {t['error']}")
     lines.append(f"MFU of the chosen plan: {mfu_text(plan.chosen.mfu, moe=m.num_experts > 0, model=m)}")
     flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0, model=m,
-                    grouped_gemm=getattr(p, "grouped_gemm", None))  # validity flag (issue 17)
+                    grouped_gemm=getattr(p, "grouped_gemm", None))  # validity flag
     if flag:
         lines.append(f"warning: {flag}")
     lines.append("MFU: Megatron-LM model FLOPs (3 x forward GEMM + attention FLOPs, causal at half) / "
@@ -223,7 +223,7 @@ def check_device_plan_options(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    if getattr(args, "device", None):  # the runner on a calibrated device (issue 13)
+    if getattr(args, "device", None):  # the runner on a calibrated device
         from tessera_lab.runner.testbed.predict import cmd_plan_device
 
         check_device_plan_options(args)

@@ -18,7 +18,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from tessera_lab.model.hardware import Cluster
     from tessera_lab.model.spec import model_from_name
     from tessera_lab.plan.load import load_plan
-    from tessera_lab.report.capacity import capacity_report, model_diff, parse_changes, save_report_figure
+    from tessera_lab.report.capacity import capacity_report, model_diff, parse_changes
     from tessera_lab.report.routing_terms import load_routing_terms
 
     _refuse_unused(args)
@@ -33,11 +33,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         emit(args, {k: v for k, v in res.items() if k != "lifecycle"} | {"history": res["lifecycle"]["history"]},
              format_store_lifecycle(res))
         return 0
-    if getattr(args, "observed", None):  # the capacity report of an actual run (issue 13)
-        from tessera_lab.runner.runtime.capacity import observed_report
-
+    if getattr(args, "observed", None):  # the capacity report of an actual run
         terms = load_routing_terms(getattr(args, "dynamic", None))  # every input checked before the report
-        data, text = observed_report(args.observed, getattr(args, "device", None))
+        data, text = _observed(args.observed, getattr(args, "device", None))
         data["routing_dynamic"] = terms.as_dict()
         emit(args, data, text + "\n" + terms.format())
         return 0
@@ -89,9 +87,34 @@ def cmd_report(args: argparse.Namespace) -> int:
         text += "\n\n" + diff.format()
     emit(args, result, text)
     if args.plot:
+        from tessera_lab.ui.report_figure import save_report_figure
+
         save_report_figure(args.plot, plan, rep, diff if args.diff else None)
         print(f"figure: {args.plot}", file=sys.stderr)
     return 0
+
+
+def _observed(run_path: str, device_path: str | None) -> tuple[dict[str, Any], str]:
+    """``report --observed``: the runner's checked run file and model FLOPs, the calibrated device (``--device``,
+    else the first of ``data/devices/``), then :func:`tessera_lab.report.observed.observed_report` of its first
+    job.
+
+    Raises:
+        ConfigError: unreadable run file, not a runner result, or no device file.
+    """
+    from tessera_lab.cost.device import load_device
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.paths import data_dir
+    from tessera_lab.report.observed import observed_report
+    from tessera_lab.runner.runtime.capacity import read_run_result, run_model_flops
+
+    job = read_run_result(run_path)["jobs"][0]
+    if device_path is None:
+        found = sorted((data_dir() / "devices").glob("*.json"))
+        if not found:
+            raise ConfigError("report --observed needs --device FILE (a calibrated device: tessera-lab calibrate)")
+        device_path = str(found[0])
+    return observed_report(run_path, job, load_device(device_path), run_model_flops(job))
 
 
 #: the options each report kind reads besides ``--json``; any other given is refused, never ignored

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tessera_lab.argtypes import (fraction_below_one, int_at_least, int_in, nonneg_float, positive_float, positive_int,
@@ -147,13 +148,7 @@ def _routed_options(args: argparse.Namespace) -> None:
 
 def _simulate_routed(args: argparse.Namespace) -> int:
     """``simulate --routing ... [--dynamic]``: routing-dependent durations; static vs dynamic filling."""
-    result, text, timelines = routed_simulation(
-        schedule=args.schedule, stages=args.stages, microbatches=args.microbatches, f=args.f, b=args.b, w=args.w,
-        routing=args.routing, dynamic=args.dynamic, vpp=args.vpp, ep=args.ep, experts=args.experts, top_k=args.top_k,
-        tokens=args.tokens, layers_per_stage=args.layers_per_stage, expert_fraction=args.expert_fraction,
-        groups=args.groups, seed=args.seed, capacity_factor=args.capacity_factor, grad_sync=args.grad_sync,
-        p2p_latency=args.p2p_latency, memory_cap=args.memory_cap, fb=args.fb, predictor=args.predictor,
-        margin=args.margin, steps=args.steps)
+    result, text, timelines = routed_simulation(RoutedRun.from_args(args))
     emit(args, result, text)
     tl = timelines.get("dynamic", timelines["static"])
     if args.trace:
@@ -169,63 +164,97 @@ def _simulate_routed(args: argparse.Namespace) -> int:
     return 0
 
 
-def routed_simulation(
-    *,
-    schedule: str,
-    stages: int,
-    microbatches: int,
-    f: float,
-    b: float,
-    w: float | None,
-    routing: str | None = None,
-    dynamic: bool = False,
-    vpp: int = 1,
-    ep: int = 8,
-    experts: int = 64,
-    top_k: int = 8,
-    tokens: int = 4096,
-    layers_per_stage: int = 4,
-    expert_fraction: float = 0.5,
-    groups: int = 1,
-    seed: int = 0,
-    capacity_factor: float | None = None,
-    grad_sync: float = 0.0,
-    p2p_latency: float = 0.0,
-    memory_cap: int | str | None = "max",
-    fb: float | None = None,
-    predictor: str = "last-step",
-    margin: float = 0.5,
-    steps: int = 4,
-) -> tuple[dict[str, Any], str, dict[str, Any]]:
+@dataclass(frozen=True)
+class RoutedRun:
+    """The options of ``tessera-lab simulate --routing ... [--dynamic]`` (the CLI's names and defaults).
+
+    ``f``, ``b``, ``w`` are per stage (chunk) at uniform routing (``w`` None: no W split); ``tokens`` per EP rank
+    and micro-batch (the EP group routes ``ep * tokens``); ``memory_cap``: ``max``, ``max+K``, ``rank`` or a count
+    (text is accepted). The rest as the CLI options of the same names (docs/cli.md).
+    """
+
+    schedule: str
+    stages: int
+    microbatches: int
+    f: float
+    b: float
+    w: float | None
+    routing: str | None = None
+    dynamic: bool = False
+    vpp: int = 1
+    ep: int = 8
+    experts: int = 64
+    top_k: int = 8
+    tokens: int = 4096
+    layers_per_stage: int = 4
+    expert_fraction: float = 0.5
+    groups: int = 1
+    seed: int = 0
+    capacity_factor: float | None = None
+    grad_sync: float = 0.0
+    p2p_latency: float = 0.0
+    memory_cap: int | str | None = "max"
+    fb: float | None = None
+    predictor: str = "last-step"
+    margin: float = 0.5
+    steps: int = 4
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "RoutedRun":
+        """The run the parsed options ask for (after :func:`_routed_options` filled in the defaults)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def routed_simulation(run: RoutedRun) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """What ``tessera-lab simulate --routing ... [--dynamic]`` runs: returns ``(result, text, timelines)``.
 
-    ``f``, ``b``, ``w`` are per stage (chunk) at uniform routing; ``tokens`` per EP rank and micro-batch (the
-    EP group routes ``ep * tokens``). Without ``dynamic`` the static order is simulated under the routing;
-    with it, ``steps`` consecutive steps run static and with the per-EP-group controller
-    (:func:`tessera_lab.dynamic.online.run_online`), and the gain is split into its static part (the same run
-    under uniform routing) and its dynamic part. ``memory_cap``: ``max``, ``max+K``, ``rank`` or a count (text is
-    accepted).
+    Without ``run.dynamic`` the static order is simulated under the routing; with it, ``run.steps`` consecutive
+    steps run static and with the per-EP-group controller (:func:`tessera_lab.dynamic.online.run_online`), and the
+    gain is split into its static part (the same run under uniform routing) and its dynamic part.
 
     Raises:
         ConfigError: ``dynamic`` without ``w`` (nothing deferrable), bad sizes, routing or memory cap.
         ScheduleError: a schedule the filler cannot use.
     """
-    from tessera_lab.dynamic.durations import RoutedDurations, StageCosts, slowest_loads
-    from tessera_lab.dynamic.evaluate import routing_counts
-    from tessera_lab.dynamic.routing import DEFAULT_JITTER, parse_routing
-    from tessera_lab.pipeline.schedules import canonical_name
-    from tessera_lab.pipeline.simulate import simulate
+    from tessera_lab.checks import check_work
+    from tessera_lab.dynamic.durations import StageCosts
 
-    spec = parse_routing(routing or "uniform")
+    from tessera_lab.pipeline.schedules import canonical_name
+
+    spec, log_cache, memory_cap = _routed_inputs(run)
+    canonical_name(run.schedule)  # an unknown name is refused before any schedule is built
+    # the same schedule as without --routing/--dynamic (zb-auto searches with the --f/--b/--w times)
+    sched = built_schedule(run.schedule, run.stages, run.microbatches, run.vpp, f=run.f, b=run.b, w=run.w,
+                           p2p_latency=run.p2p_latency)
+    check_work("routing_cells", sched.num_stages * run.layers_per_stage * run.microbatches * run.experts * run.groups,
+               field="routed counts layers x micro-batches x experts x groups")
+    costs = StageCosts.synthetic(sched.num_stages, run.f, run.b, run.w or 0.0, expert_fraction=run.expert_fraction,
+                                 layers_per_stage=run.layers_per_stage, ep=run.ep, num_experts=run.experts,
+                                 top_k=run.top_k, tokens=run.tokens * run.ep, grad_sync=run.grad_sync, fb=run.fb)
+    if not run.dynamic:
+        return _static_routed(run, spec, sched, costs, log_cache)
+    return _dynamic_routed(run, spec, sched, costs, memory_cap)
+
+
+def _routed_inputs(run: RoutedRun) -> tuple[Any, dict, int | str | None]:
+    """The routing spec, the routing-log cache and the memory cap of ``run``, every size checked before any work.
+
+    Raises:
+        ConfigError: naming the option and the allowed range.
+    """
+    from tessera_lab.dynamic.routing import parse_routing
+
+    spec = parse_routing(run.routing or "uniform")
     log_cache: dict = {}
+    ep, experts = run.ep, run.experts
     if spec.kind != "replay":  # the routed sizes, named as options, before any work
         from tessera_lab.checks import divisors_text
 
         if experts % ep:
             raise ConfigError(f"option --ep = {ep} must divide --experts = {experts} (each EP rank holds the same "
                               f"number of experts); allowed: {divisors_text(experts)}")
-        if top_k > experts:
-            raise ConfigError(f"option --top-k = {top_k} is out of range; allowed: an integer 1 to --experts = "
+        if run.top_k > experts:
+            raise ConfigError(f"option --top-k = {run.top_k} is out of range; allowed: an integer 1 to --experts = "
                               f"{experts} (routed experts per token)")
     if spec.kind == "replay":  # the log is read and checked (schema, work limits) before any schedule is built
         from tessera_lab.dynamic.routing_log import load_routing_log
@@ -234,60 +263,69 @@ def routed_simulation(
         if log.num_experts % ep:
             raise ConfigError(f"routing log '{spec.path}': {log.num_experts} experts do not split over --ep {ep}; "
                               f"allowed: --ep a divisor of {log.num_experts}")
+    memory_cap = run.memory_cap
     if isinstance(memory_cap, str) and memory_cap not in ("max", "rank") and not memory_cap.startswith("max+"):
         try:
             memory_cap = int(memory_cap)
         except ValueError:
             raise ConfigError(f"field 'memory_cap' = {memory_cap!r} is unknown; allowed: max, max+K, rank or an integer >= 1"
                               ) from None
-    if dynamic and not w:
+    if run.dynamic and not run.w:
         raise ConfigError("field 'w' is required with --dynamic and must be > 0: the weight-gradient part of b is "
                           "the deferrable work that fills bubbles")
-    name = canonical_name(schedule)
-    from tessera_lab.checks import check_work
+    return spec, log_cache, memory_cap
 
-    # the same schedule as without --routing/--dynamic (zb-auto searches with the --f/--b/--w times)
-    sched = built_schedule(name, stages, microbatches, vpp, f=f, b=b, w=w, p2p_latency=p2p_latency)
-    check_work("routing_cells", sched.num_stages * layers_per_stage * microbatches * experts * groups,
-               field="routed counts layers x micro-batches x experts x groups")
-    costs = StageCosts.synthetic(sched.num_stages, f, b, w or 0.0, expert_fraction=expert_fraction,
-                                 layers_per_stage=layers_per_stage, ep=ep, num_experts=experts, top_k=top_k,
-                                 tokens=tokens * ep, grad_sync=grad_sync, fb=fb)
-    if not dynamic:
-        cnt = routing_counts(spec, costs, microbatches, seed=seed, group=0, step=1, jitter=DEFAULT_JITTER,
-                             log_cache=log_cache)
-        kw = {} if capacity_factor is None else dict(tokens=tokens * ep, top_k=top_k, capacity_factor=capacity_factor)
-        x = slowest_loads(cnt, ep, **kw)
-        tl = simulate(sched, RoutedDurations(costs, x), p2p_latency=p2p_latency,
-                      comm=static_grad_sync(sched, grad_sync))
-        result = {"schedule": sched.name, "stages": stages, "microbatches": microbatches, "vpp": vpp,
-                  "routing": str(spec), "busiest_rank_load_mean": float(x.mean()),
-                  "busiest_rank_load_max": float(x.max()), "makespan": tl.iteration_time,
-                  "bubble_fraction": tl.bubble_fraction, "bubble_overhead": tl.bubble_overhead,
-                  "per_rank_idle": tl.per_rank_idle, "per_rank_busy": tl.per_rank_busy,
-                  "peak_activations": tl.peak_activations}
-        if grad_sync > 0:
-            result["grad_sync"] = {"seconds_per_stage": grad_sync, "placement_static": "after the rank's last action",
-                                   "exposed_tail_static_s": sync_tail(tl)}
-        rows = [{"rank": r, f"busy ({UNIT})": tl.per_rank_busy[r], f"idle ({UNIT})": tl.per_rank_idle[r],
-                 "peak activations (micro-batches)": tl.peak_activations[r]} for r in range(len(tl.per_rank_busy))]
-        text = (table(rows) +
-                f"\nrouting {spec}: busiest EP rank carries {x.mean():.3f}x its share on average (max {x.max():.3f}x; "
-                f"ep={ep}, {experts} experts, top-{top_k})\nmakespan {tl.iteration_time:.6g} {UNIT}  "
-                f"bubble_fraction {tl.bubble_fraction:.4f} (idle share of rank-time)  "
-                f"bubble_overhead {tl.bubble_overhead:.4f} (idle / busy)"
-                + ("" if grad_sync <= 0 else f"\n{_sync_line(grad_sync, sync_tail(tl))}") + f"\n({UNIT_NOTE})")
-        return result, text, {"static": tl}
+
+def _static_routed(run: RoutedRun, spec: Any, sched: Any, costs: Any,
+                   log_cache: dict) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """``simulate --routing`` without ``--dynamic``: the static order simulated under one routed step."""
+    from tessera_lab.dynamic.durations import RoutedDurations, slowest_loads
+    from tessera_lab.dynamic.evaluate import routing_counts
+    from tessera_lab.dynamic.routing import DEFAULT_JITTER
+    from tessera_lab.pipeline.simulate import simulate
+
+    ep, grad_sync = run.ep, run.grad_sync
+    cnt = routing_counts(spec, costs, run.microbatches, seed=run.seed, group=0, step=1, jitter=DEFAULT_JITTER,
+                         log_cache=log_cache)
+    kw = ({} if run.capacity_factor is None
+          else dict(tokens=run.tokens * ep, top_k=run.top_k, capacity_factor=run.capacity_factor))
+    x = slowest_loads(cnt, ep, **kw)
+    tl = simulate(sched, RoutedDurations(costs, x), p2p_latency=run.p2p_latency,
+                  comm=static_grad_sync(sched, grad_sync))
+    result = {"schedule": sched.name, "stages": run.stages, "microbatches": run.microbatches, "vpp": run.vpp,
+              "routing": str(spec), "busiest_rank_load_mean": float(x.mean()),
+              "busiest_rank_load_max": float(x.max()), "makespan": tl.iteration_time,
+              "bubble_fraction": tl.bubble_fraction, "bubble_overhead": tl.bubble_overhead,
+              "per_rank_idle": tl.per_rank_idle, "per_rank_busy": tl.per_rank_busy,
+              "peak_activations": tl.peak_activations}
+    if grad_sync > 0:
+        result["grad_sync"] = {"seconds_per_stage": grad_sync, "placement_static": "after the rank's last action",
+                               "exposed_tail_static_s": sync_tail(tl)}
+    rows = [{"rank": r, f"busy ({UNIT})": tl.per_rank_busy[r], f"idle ({UNIT})": tl.per_rank_idle[r],
+             "peak activations (micro-batches)": tl.peak_activations[r]} for r in range(len(tl.per_rank_busy))]
+    text = (table(rows) +
+            f"\nrouting {spec}: busiest EP rank carries {x.mean():.3f}x its share on average (max {x.max():.3f}x; "
+            f"ep={ep}, {run.experts} experts, top-{run.top_k})\nmakespan {tl.iteration_time:.6g} {UNIT}  "
+            f"bubble_fraction {tl.bubble_fraction:.4f} (idle share of rank-time)  "
+            f"bubble_overhead {tl.bubble_overhead:.4f} (idle / busy)"
+            + ("" if grad_sync <= 0 else f"\n{_sync_line(grad_sync, sync_tail(tl))}") + f"\n({UNIT_NOTE})")
+    return result, text, {"static": tl}
+
+
+def _dynamic_routed(run: RoutedRun, spec: Any, sched: Any, costs: Any,
+                    memory_cap: int | str | None) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """``simulate --dynamic``: ``run.steps`` steps static and with the controller, under the routing and (for the
+    gain's static part) under uniform routing."""
     from tessera_lab.dynamic.online import run_online
 
-    kw = dict(schedule=sched, microbatches=microbatches, vpp=vpp, groups=groups, seed=seed, steps=steps,
-              predictor=predictor, margin=margin, capacity_factor=capacity_factor, p2p_latency=p2p_latency,
-              memory_cap=memory_cap)
+    kw = dict(schedule=sched, microbatches=run.microbatches, vpp=run.vpp, groups=run.groups, seed=run.seed,
+              steps=run.steps, predictor=run.predictor, margin=run.margin, capacity_factor=run.capacity_factor,
+              p2p_latency=run.p2p_latency, memory_cap=memory_cap)
     res = run_online(costs, spec, **kw)
     uni = res if spec.kind == "uniform" else run_online(costs, "uniform", **kw)
     s = res.summary()
     static_part = uni.throughput_gain
-    result = {"schedule": res.schedule, "stages": stages, "microbatches": microbatches, "vpp": vpp,
+    result = {"schedule": res.schedule, "stages": run.stages, "microbatches": run.microbatches, "vpp": run.vpp,
               "routing": str(spec), "dynamic": True, "costs": "analytic (synthetic --f/--b/--w per stage)",
               **{k: v for k, v in s.items() if k not in ("schedule", "routing")},
               "gain_static_part": static_part, "gain_dynamic_part": res.throughput_gain - static_part,
@@ -296,12 +334,22 @@ def routed_simulation(
               # rank left after dynamic correction
               "routing_variance_s": res.iteration_static_s - uni.iteration_static_s,
               "bubble_after_dynamic_s": res.idle_dynamic_s}
-    if grad_sync > 0:
+    if run.grad_sync > 0:
         result["grad_sync"] = {
-            "seconds_per_stage": grad_sync,
+            "seconds_per_stage": run.grad_sync,
             "placement_static": "after the rank's last action", "placement_dynamic": "after the stage's last W part",
             "exposed_tail_static_s": sync_tail(res.timelines["static"]),
             "exposed_tail_dynamic_s": sync_tail(res.timelines["dynamic"]), "timeline": "last simulated step"}
+    text = _dynamic_text(run, spec, res, s, static_part, result)
+    return result, text, {"static": res.timelines["static"], "dynamic": res.timelines["dynamic"]}
+
+
+def _dynamic_text(run: RoutedRun, spec: Any, res: Any, s: dict[str, Any], static_part: float,
+                  result: dict[str, Any]) -> str:
+    """The text of ``simulate --dynamic``: the as-built / static / dynamic table and what the controller did."""
+    from tessera_lab.pipeline.schedules import canonical_name
+
+    name = canonical_name(run.schedule)
     built = res.iteration_as_built_s
 
     def row(plan: str, it: float, idle: float) -> dict[str, Any]:
@@ -317,11 +365,11 @@ def routed_simulation(
                   f"`simulate` runs without --dynamic) it takes {built:.5g} {UNIT}, so the split alone saves "
                   f"{built - res.iteration_static_s:.5g} {UNIT}; gains below are against the split static plan")
     slower = ", ".join(str(x) for x in s["slower_steps"]) or "none"
-    text = (table(rows, ".5g") + split_line +
-            f"\nrouting {spec}; {name}, {stages} ranks, {microbatches} micro-batches; simulated, means over steps "
-            f"{s['warmup_steps']}..{s['steps'] - 1} (step 0 has no history); ep={ep}, {experts} experts, top-{top_k}, "
-            f"{groups} EP group(s)"
-            f"\ncontroller: predictor {s['predictor']} (waits of earlier steps, lag 1 step), margin {margin:g}, "
+    return (table(rows, ".5g") + split_line +
+            f"\nrouting {spec}; {name}, {run.stages} ranks, {run.microbatches} micro-batches; simulated, means over steps "
+            f"{s['warmup_steps']}..{s['steps'] - 1} (step 0 has no history); ep={run.ep}, {run.experts} experts, "
+            f"top-{run.top_k}, {run.groups} EP group(s)"
+            f"\ncontroller: predictor {s['predictor']} (waits of earlier steps, lag 1 step), margin {run.margin:g}, "
             f"W in {s['w_chunks']} parts, memory cap {s['memory_cap']} micro-batches per rank; W durations "
             f"({UNIT}) from the counts already routed"
             f"\ndynamic: idle time removed {s['idle_removed_s']:.5g} {UNIT} per rank, iteration "
@@ -331,10 +379,9 @@ def routed_simulation(
             f"{100 * (res.throughput_gain - static_part):+.2f}% (the extra under this routing)"
             f"\npredicted waits: mean |error| {s['gap_mae_s']:.4g} {UNIT} ({100 * s['gap_rel_error']:.0f}% of realised wait); "
             f"steps slower than static on the realised routing: {slower}"
-            + ("" if grad_sync <= 0 else "\n" + _sync_line(grad_sync, result["grad_sync"]["exposed_tail_static_s"],
-                                                          result["grad_sync"]["exposed_tail_dynamic_s"]))
+            + ("" if run.grad_sync <= 0 else "\n" + _sync_line(run.grad_sync, result["grad_sync"]["exposed_tail_static_s"],
+                                                              result["grad_sync"]["exposed_tail_dynamic_s"]))
             + f"\n({UNIT_NOTE})")
-    return result, text, {"static": res.timelines["static"], "dynamic": res.timelines["dynamic"]}
 
 
 def sync_tail(timeline) -> float:

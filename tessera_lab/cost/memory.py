@@ -1,6 +1,6 @@
 """Memory per pipeline stage: parameters, gradients and optimizer state plus activations in flight.
 
-Bytes per parameter (DESIGN section 3; Megatron-LM mixed precision with Adam): bf16 weights (2) +
+Bytes per parameter (docs/concepts.md, "Memory per stage"; Megatron-LM mixed precision with Adam): bf16 weights (2) +
 gradient buffer (4 in fp32, Megatron-LM's default for bf16, or 2 with ``grad_reduce_dtype = bf16``; the
 gradient sync moves the same dtype, :attr:`ParallelConfig.grad_sync_bytes_per_param`) + fp32 master weights,
 Adam m and v (12) = 18 (16); with a distributed optimizer the 12 bytes of optimizer state are sharded over the

@@ -1,4 +1,4 @@
-"""Cost provenance: where the times a plan was made from came from (DESIGN section 2, "Cost provenance").
+"""Cost provenance: where the times a plan was made from came from (docs/design-notes.md, "Cost provenance").
 
 A :class:`CostSource` travels with every :class:`~tessera_lab.plan.make.Plan`: into its JSON (key ``costs``), the
 CLI output (``costs: analytic`` / ``costs: measured profile P on DEVICE, DATE``) and every report built from it.

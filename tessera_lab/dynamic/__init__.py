@@ -1,4 +1,4 @@
-"""Dynamic bubble optimizer (DESIGN section 7): routing models and replay, routing-dependent durations, gap
+"""Dynamic bubble optimizer (docs/design-notes.md, "Dynamic optimizer"): routing models and replay, routing-dependent durations, gap
 prediction without oracles, and the filling policy shared by simulator and runner.
 
 Modules, along the flow: :mod:`.routing` (token counts per expert: uniform, Zipf, drifting, per-layer walks) and

@@ -149,7 +149,7 @@ class StageCosts:
         boundaries: Sequence[int] | None = None,
         load_resolution: float = 1.0 / 64,
     ) -> "StageCosts":
-        """Stage times of a real model from the analytic cost model (DESIGN sections 3 and 5).
+        """Stage times of a real model from the analytic cost model (docs/concepts.md).
 
         Stage F/I/W at uniform routing are the planner's (embedding on the first stage, LM head and loss on
         the last); the extra time of a MoE layer at busiest-rank load ``x`` is ``cost(x) - cost(1)`` of

@@ -210,7 +210,7 @@ class ParallelConfig:
         seq_len: tokens per sequence.
         dtype: ``bf16`` (default), ``fp16``, ``fp8`` or ``fp32`` for activations and communication.
         distributed_optimizer: shard optimizer state over the data-parallel ranks (6 + 12/dp bytes per
-            parameter instead of 18; DESIGN section 3).
+            parameter instead of 18; docs/concepts.md, "Memory per stage").
         schedule: pipeline schedule the planner simulates; default ``overlapped`` (1F1B whose steady state runs
             the forward of one micro-batch together with the backward of another, as Tessera's plans assume).
         dispatcher: ``alltoall`` (one copy per token and expert, Megatron's) or ``deepep`` (one copy per token and

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from tessera_lab.checks import MAX_CONFIG_INT, check_int
 from tessera_lab.errors import ConfigError
 
-#: Mixer kinds (DESIGN section 3); ``none``: a block without a mixer (Nemotron-H's MLP-only blocks).
+#: Mixer kinds (docs/concepts.md, "Layer kinds and their tasks"); ``none``: a block without a mixer (Nemotron-H's MLP-only blocks).
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
 NO_MIXER = "none"

@@ -233,27 +233,17 @@ class ModelSpec:
             raise ConfigError("config field 'intermediate_size' must be >= 1 for a dense MLP layer")
 
     # ------------------------------------------------------------------ knobs
-    def with_changes(
-        self,
-        *,
-        attention_ratio: int | None = None,
-        full_attention_interval: int | None = None,
-        moe_intermediate_size: int | None = None,
-        num_experts: int | None = None,
-        num_experts_per_tok: int | None = None,
-        shared_expert_intermediate_size: int | None = None,
-        shared_experts: int | None = None,
-        moe_every: int | None = None,
-        window: int | None = None,
-        num_layers: int | None = None,
-        allow_no_full_attention: bool = False,
-        plan_mtp: bool | None = None,
-        name: str | None = None,
-    ) -> "ModelSpec":
-        """A copy of this spec with the research knobs changed, by the family's own rule
-        (``KNOBS`` of its reader in :mod:`tessera_lab.model.families`).
+    #: the knobs :meth:`with_changes` takes (keywords, in the order they name a variant)
+    CHANGE_KNOBS = ("attention_ratio", "full_attention_interval", "moe_intermediate_size", "num_experts_per_tok",
+                    "num_experts", "shared_expert_intermediate_size", "shared_experts", "moe_every", "window",
+                    "num_layers")
 
-        Args:
+    def with_changes(self, *, allow_no_full_attention: bool = False, plan_mtp: bool | None = None,
+                     name: str | None = None, **knobs: int | None) -> "ModelSpec":
+        """A copy of this spec with the research knobs changed, by the family's own rule
+        (``KNOBS`` of its reader in :mod:`tessera_lab.model.families`). A knob given as ``None`` is left as is.
+
+        Knobs (keywords, :data:`CHANGE_KNOBS`):
             attention_ratio: linear-mixer layers per full-attention layer (Qwen3-Next: 3), placed by the family's
                 rule (Qwen3-Next/3.5: every ``ratio + 1``-th layer full; Kimi-Linear: every ``ratio + 1``-th and
                 the last; MiniMax: every ``ratio + 1``-th; Jamba: period ``ratio + 1``; Nemotron-H: every
@@ -267,46 +257,27 @@ class ModelSpec:
             moe_every: MoE every N-th layer by the family's rule (the others dense).
             window: sliding window (gpt-oss, Mixtral) or attention chunk (Llama-4), in tokens.
             num_layers: number of decoder layers (the layer pattern is re-derived by the family's rule).
+
+        Args:
             allow_no_full_attention: accept a ratio that leaves no full-attention layer.
             plan_mtp: put the MTP layers in the plan (default: as this spec).
             name: name of the variant (default: this name plus the changes).
 
         Raises:
-            ConfigError: a knob out of range (named), a knob the family does not have, or a ratio that leaves no
-                full-attention layer (unless ``allow_no_full_attention``).
+            ConfigError: an unknown knob, a knob out of range (named), a knob the family does not have, or a ratio
+                that leaves no full-attention layer (unless ``allow_no_full_attention``).
         """
+        unknown = sorted(set(knobs) - set(self.CHANGE_KNOBS))
+        if unknown:
+            raise ConfigError(f"knob {unknown[0]!r} is unknown; allowed: {', '.join(self.CHANGE_KNOBS)}")
         reader = families.reader_for(self.model_type) if self.model_type in SUPPORTED_MODEL_TYPES else \
             families.resolve(self.raw)[0]
         cfg = dict(self.raw)
         changes: list[str] = []
-        if attention_ratio is not None and full_attention_interval is not None:
-            raise ConfigError("give either 'attention_ratio' or 'full_attention_interval', not both")
-        if full_attention_interval is not None:
-            attention_ratio = req_int({"full_attention_interval": full_attention_interval},
-                                      "full_attention_interval") - 1
-        if attention_ratio is not None:
-            if isinstance(attention_ratio, bool) or not isinstance(attention_ratio, int) or attention_ratio < 0:
-                raise ConfigError(f"knob 'attention_ratio' = {attention_ratio!r} is out of range; allowed: an integer >= 0")
-            if "attention_ratio" not in getattr(reader, "KNOBS", {}):
-                raise ConfigError(f"knob 'attention_ratio'/'full_attention_interval' needs a hybrid model with a linear "
-                                  f"and a full-attention mixer; {self.name} is {self.model_type}")
-            families.apply_knob(reader, cfg, "attention_ratio", attention_ratio)
-            changes.append(f"ratio={attention_ratio}")
-        moe_knobs = (("moe_intermediate_size", moe_intermediate_size, "expert", 1),
-                     ("num_experts_per_tok", num_experts_per_tok, "topk", 1),
-                     ("num_experts", num_experts, "experts", 1),
-                     ("shared_expert_intermediate_size", shared_expert_intermediate_size, "shared", 0),
-                     ("shared_experts", shared_experts, "nshared", 0),
-                     ("moe_every", moe_every, "moe_every", 1))
-        for key, value, label, low in moe_knobs:
-            if value is None:
-                continue
-            if not self.has_moe and key != "moe_every":
-                raise ConfigError(f"knob '{key}' = {value}: model {self.name} has no routed experts (a dense "
-                                  f"model); allowed: leave {key} out, or a MoE model")
-            value = req_int({key: value}, key, minimum=low, allowed=f"an integer >= {low}")
-            families.apply_knob(reader, cfg, key, value)
-            changes.append(f"{label}={value}")
+        ratio = self._change_ratio(reader, cfg, knobs.get("attention_ratio"), knobs.get("full_attention_interval"),
+                                   changes)
+        self._change_moe(reader, cfg, knobs, changes)
+        window, num_layers = knobs.get("window"), knobs.get("num_layers")
         if window is not None:
             families.apply_knob(reader, cfg, "window", req_int({"window": window}, "window"))
             changes.append(f"window={window}")
@@ -322,12 +293,46 @@ class ModelSpec:
         spec = ModelSpec.from_hf_config(cfg, name=new_name, allow_unknown_fields=self.allow_unknown_fields,
                                         plan_mtp=self.plan_mtp if plan_mtp is None else plan_mtp, notes=self.notes)
         has_linear = any(l.mixer == LINEAR_ATTENTION for l in self.layers)
-        if attention_ratio is not None and has_linear and not allow_no_full_attention and \
+        if ratio is not None and has_linear and not allow_no_full_attention and \
                 not any(l.mixer == FULL_ATTENTION for l in spec.layers if not l.mtp):
-            raise ConfigError(f"knob 'attention_ratio' = {attention_ratio} leaves no full-attention layer in "
+            raise ConfigError(f"knob 'attention_ratio' = {ratio} leaves no full-attention layer in "
                               f"{spec.num_decoder_layers} layers; allowed: at most {self._max_ratio(reader, cfg)} "
                               "(or ask for it: --allow-no-full-attention)")
         return spec
+
+    def _change_ratio(self, reader, cfg: dict, attention_ratio: int | None, full_attention_interval: int | None,
+                      changes: list[str]) -> int | None:
+        """Apply the attention-ratio knob (given either way) to ``cfg``; returns the ratio (None: not given)."""
+        if attention_ratio is not None and full_attention_interval is not None:
+            raise ConfigError("give either 'attention_ratio' or 'full_attention_interval', not both")
+        if full_attention_interval is not None:
+            attention_ratio = req_int({"full_attention_interval": full_attention_interval},
+                                      "full_attention_interval") - 1
+        if attention_ratio is not None:
+            if isinstance(attention_ratio, bool) or not isinstance(attention_ratio, int) or attention_ratio < 0:
+                raise ConfigError(f"knob 'attention_ratio' = {attention_ratio!r} is out of range; allowed: an integer >= 0")
+            if "attention_ratio" not in getattr(reader, "KNOBS", {}):
+                raise ConfigError(f"knob 'attention_ratio'/'full_attention_interval' needs a hybrid model with a linear "
+                                  f"and a full-attention mixer; {self.name} is {self.model_type}")
+            families.apply_knob(reader, cfg, "attention_ratio", attention_ratio)
+            changes.append(f"ratio={attention_ratio}")
+        return attention_ratio
+
+    def _change_moe(self, reader, cfg: dict, knobs: Mapping[str, Any], changes: list[str]) -> None:
+        """Apply the expert knobs given in ``knobs`` to ``cfg`` (a dense model takes only ``moe_every``)."""
+        moe_knobs = (("moe_intermediate_size", "expert", 1), ("num_experts_per_tok", "topk", 1),
+                     ("num_experts", "experts", 1), ("shared_expert_intermediate_size", "shared", 0),
+                     ("shared_experts", "nshared", 0), ("moe_every", "moe_every", 1))
+        for key, label, low in moe_knobs:
+            value = knobs.get(key)
+            if value is None:
+                continue
+            if not self.has_moe and key != "moe_every":
+                raise ConfigError(f"knob '{key}' = {value}: model {self.name} has no routed experts (a dense "
+                                  f"model); allowed: leave {key} out, or a MoE model")
+            value = req_int({key: value}, key, minimum=low, allowed=f"an integer >= {low}")
+            families.apply_knob(reader, cfg, key, value)
+            changes.append(f"{label}={value}")
 
     def _max_ratio(self, reader, cfg: Mapping[str, Any]) -> int:
         """The largest attention ratio that keeps a full-attention layer (searched by the family's rule)."""

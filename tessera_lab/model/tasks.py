@@ -1,7 +1,7 @@
 """Layer-task decomposition: every layer becomes F, B and W task graphs.
 
 For one micro-batch on one rank (``T = micro_batch_size * seq_len`` tokens), each decoder layer is split
-into the tasks of DESIGN section 3: the mixer (norm, projections, core), the router, permute, the
+into the tasks of docs/concepts.md ("Layer kinds and their tasks"): the mixer (norm, projections, core), the router, permute, the
 **dispatch all-to-all** over the EP group, the grouped expert GEMMs, the **combine all-to-all**, unpermute,
 the shared expert (independent of the all-to-all) and the residual; a dense layer has an MLP instead.
 Backward is the reverse graph: B (input gradient) for every task and W (weight gradient) for every

@@ -1,6 +1,6 @@
 """Overlap of two task bundles: the analytic backend, the overlap scheduler and the overlap table.
 
-DESIGN section 3 ("Overlap of two task bundles") and section 4. A :class:`Bundle` is the task graph of one
+docs/concepts.md, "Overlap of two task bundles". A :class:`Bundle` is the task graph of one
 layer phase for one micro-batch (for example the forward of layer 4 for micro-batch i+1, or the full
 backward of layer 7 for micro-batch i). Two bundles run on one device with two in-order lanes: a
 **compute** lane (one CUDA stream, or one CPU thread) and a **comm** lane (a second stream or thread).

@@ -1,4 +1,5 @@
-"""The profile store: measured overlap of layer pairs as schema-versioned JSON (DESIGN section 4).
+"""The profile store: measured overlap of layer pairs as schema-versioned JSON (docs/concepts.md, "Overlap of two
+task bundles"; format: docs/file-schemas.md).
 
 File layout (``schema_version`` 1)::
 

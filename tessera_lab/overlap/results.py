@@ -6,10 +6,10 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from tessera_lab.cost.analytic import Contention
-from tessera_lab.errors import ConfigError
+from tessera_lab.samples import spread_stats  # noqa: F401  (re-exported: one summary of repeated timings)
 
 from .bundles import COMM, COMPUTE, Bundle
 from .search import ScheduleResult
@@ -17,7 +17,7 @@ from .search import ScheduleResult
 
 # ---------------------------------------------------------------------- results
 def overlap_efficiency(t_a: float, t_b: float, t_ab: float) -> float:
-    """``(t_a + t_b - t_ab) / min(t_a, t_b)`` (DESIGN section 3); NaN when ``min(t_a, t_b) == 0``.
+    """``(t_a + t_b - t_ab) / min(t_a, t_b)`` (docs/concepts.md, "Overlap of two task bundles"); NaN when ``min(t_a, t_b) == 0``.
     Negative when running together is slower than one after the other."""
     m = min(t_a, t_b)
     return (t_a + t_b - t_ab) / m if m > 0 else math.nan
@@ -34,25 +34,9 @@ def hidden_fraction(spans: Mapping[str, tuple[float, float]], lanes: Mapping[str
     return min(1.0, hidden / total)
 
 
-def spread_stats(samples: Sequence[float]) -> dict[str, Any]:
-    """Median, quartiles (IQR), min, max and the samples of repeated timings (seconds)."""
-    xs = sorted(float(x) for x in samples)
-    if not xs:
-        raise ConfigError("field 'samples' is empty; allowed: at least one measurement")
-
-    def q(p: float) -> float:  # linear interpolation (numpy's default)
-        pos = p * (len(xs) - 1)
-        lo = math.floor(pos)
-        hi = min(lo + 1, len(xs) - 1)
-        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-    return {"median": q(0.5), "q1": q(0.25), "q3": q(0.75), "min": xs[0], "max": xs[-1], "n": len(xs),
-            "samples": list(samples)}
-
-
 @dataclass
 class OverlapResult:
-    """Two bundles alone and together (DESIGN section 3). Times in seconds (medians when measured).
+    """Two bundles alone and together (docs/concepts.md, "Overlap of two task bundles"). Times in seconds (medians when measured).
 
     Attributes:
         a, b: bundle names; kind_a, kind_b: layer kinds; phase_a, phase_b: bundle phases.

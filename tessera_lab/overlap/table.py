@@ -113,7 +113,7 @@ def pair_costs_from_table(table: "Any", column: str = "t_pair") -> dict[tuple[st
 
 
 def stage_pair_cost(kinds: Sequence[str], pair_costs: Mapping[tuple[str, str], float]) -> float:
-    """Per-micro-batch cost of a stage after overlap (DESIGN section 3), seconds, without stage extras.
+    """Per-micro-batch cost of a stage after overlap (docs/concepts.md, "Stage cost after overlap"), seconds, without stage extras.
 
     In the steady state of overlapped 1F1B the forward walks the stage's layers up while the backward of
     an earlier micro-batch walks them down: for a stage owning layers ``i .. j-1`` (kinds in order), layer

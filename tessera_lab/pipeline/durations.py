@@ -78,7 +78,7 @@ def uniform_durations(f: float, b: float, w: float | None = None, fb: float | No
             ``None`` means the split is unknown: ``I = b`` and ``W = 0``.
         fb: makespan of an overlapped F+B pair (``OVERLAP_F_B``); default ``f + b`` (no overlap
             gain). Perfect overlap would be ``max(f, b)``; measured values can even exceed
-            ``f + b`` (DESIGN section 3).
+            ``f + b`` (docs/concepts.md, "Overlap of two task bundles").
 
     Raises:
         ConfigError: a negative or non-finite time, or ``w > b``.

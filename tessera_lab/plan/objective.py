@@ -1,4 +1,4 @@
-"""What the pipeline pays, as a partition objective, and simulator-in-the-loop refinement (DESIGN section 5).
+"""What the pipeline pays, as a partition objective, and simulator-in-the-loop refinement (docs/design-notes.md, "Planner").
 
 **Schedule-aware objective** (``schedule``). For a schedule with one stage per rank, rank ``s`` owning layers
 ``i .. j-1`` cannot finish its part of the iteration before

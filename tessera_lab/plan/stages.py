@@ -113,7 +113,7 @@ class StageCostModel:
         return self.f(s, i, j) + self.b(s, i, j)
 
     def fb(self, s: int, i: int, j: int) -> float:
-        """Time per micro-batch after overlap (DESIGN section 3): the steady state of overlapped 1F1B pairs
+        """Time per micro-batch after overlap (docs/concepts.md, "Stage cost after overlap"): the steady state of overlapped 1F1B pairs
         layer ``i+k``'s forward with layer ``j-1-k``'s full backward (B then W); the stage costs the sum of the
         pair makespans plus its extras (embedding on the first stage, LM head and loss on the last), which
         run standalone. Requires ``pair_costs``."""

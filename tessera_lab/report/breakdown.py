@@ -221,24 +221,57 @@ def capacity_breakdown(
     if not peak_flops > 0:
         raise ConfigError(f"field 'peak_flops' = {peak_flops} is out of range; allowed: > 0")
     G = gpus / R
-    parts: dict[str, float] = defaultdict(float)
-    comm_total: dict[str, float] = defaultdict(float)
-    model_at_peak = 0.0
-    unsplit = False
-    busy_sum = [0.0] * R
-    busy0 = [0.0] * R
-    comp_iv: list[list[tuple[float, float]]] = [[] for _ in range(R)]
-    mem_iv: list[list[tuple[float, float]]] = [[] for _ in range(R)]
-    comm_ev: list[list[tuple[float, float, str]]] = [[] for _ in range(R)]
-    for e in events:
+    tally = _Tally.of(R)
+    for e in events:  # phase 1: every action against its recipe and nominal duration
+        tally.add_event(e, recipes, nominal)
+    per_rank = [tally.split_idle(r, T, nominal_iteration_s) for r in range(R)]  # phase 2: each rank's idle time
+    ordered = _ordered_parts(tally, G, model_flops / peak_flops)  # phase 3: GPU-seconds, in report order
+    ordered["residual"] = T * gpus - model_flops / peak_flops - math.fsum(ordered.values())
+    all_notes = list(notes)
+    if not tally.mem_iv or not any(tally.mem_iv):
+        all_notes.append("memory wait: no memory_wait events in this timeline (the simulator models none)")
+    if nominal_iteration_s is None and nominal is not None:
+        all_notes.append("routing variance: idle caused by slow micro-batches counts as bubble (no nominal "
+                         "iteration time given)")
+    return CapacityReport(
+        source=source, iteration_time_s=T, gpus=int(gpus), peak_flops=peak_flops, model_flops=model_flops,
+        parts=ordered, ep_comm_gpu_s=tally.comm_total.get("all_to_all:ep", 0.0) * G,
+        comm_gpu_s={k: v * G for k, v in tally.comm_total.items()}, per_rank=per_rank, notes=all_notes)
+
+
+@dataclass
+class _Tally:
+    """What :func:`capacity_breakdown` sums over the events (rank-seconds, before scaling to GPUs)."""
+
+    parts: dict[str, float]
+    comm_total: dict[str, float]
+    busy_sum: list[float]
+    busy0: list[float]
+    comp_iv: list[list[tuple[float, float]]]
+    mem_iv: list[list[tuple[float, float]]]
+    comm_ev: list[list[tuple[float, float, str]]]
+    model_at_peak: float = 0.0
+    unsplit: bool = False
+    busy0_max: float | None = None
+
+    @classmethod
+    def of(cls, ranks: int) -> "_Tally":
+        return cls(defaultdict(float), defaultdict(float), [0.0] * ranks, [0.0] * ranks,
+                   [[] for _ in range(ranks)], [[] for _ in range(ranks)], [[] for _ in range(ranks)])
+
+    def add_event(self, e: Any, recipes: Mapping[tuple[int, str], ActionBreakdown | float],
+                  nominal: Mapping[tuple[int, str], float] | None) -> None:
+        """One event: a comm-lane or memory-wait interval is kept for phase 2; a compute action adds its recipe's
+        parts, its runtime overhead (nominal - predicted) and its routing variance (actual - nominal)."""
+        parts = self.parts
         if e.lane != "compute":
             name = "pp_p2p" if e.type in ("RECV_F", "RECV_B") else e.type
             if e.end > e.start:
-                comm_ev[e.rank].append((e.start, e.end, name))
-            continue
+                self.comm_ev[e.rank].append((e.start, e.end, name))
+            return
         if e.type in MEMORY_WAIT_TYPES:
-            mem_iv[e.rank].append((e.start, e.end))
-            continue
+            self.mem_iv[e.rank].append((e.start, e.end))
+            return
         key = (int(e.stage), str(e.type))
         if key not in recipes:
             raise ConfigError(f"no predicted breakdown for action type {key[1]!r} on stage {key[0]} "
@@ -249,43 +282,47 @@ def capacity_breakdown(
             p0 = rec.total
             for k, v in rec.parts.items():
                 if k == "model_at_peak":
-                    model_at_peak += v
+                    self.model_at_peak += v
                 else:
                     parts[k] += v
             for k, v in rec.comm.items():
-                comm_total[k] += v
+                self.comm_total[k] += v
         else:
             p0 = float(rec)
             parts["compute_unsplit"] += p0
-            unsplit = True
+            self.unsplit = True
         d0 = float(nominal[key]) if nominal is not None and key in nominal else p0
         parts["runtime_overhead"] += d0 - p0
         parts["routing_variance"] += d - d0
-        busy_sum[e.rank] += d
-        busy0[e.rank] += d0
-        comp_iv[e.rank].append((e.start, e.end))
-    busy0_max = max(busy0) if busy0 else 0.0
-    per_rank = []
-    for r in range(R):
-        merged = merge_intervals(comp_iv[r])
+        self.busy_sum[e.rank] += d
+        self.busy0[e.rank] += d0
+        self.comp_iv[e.rank].append((e.start, e.end))
+
+    def split_idle(self, r: int, T: float, nominal_iteration_s: float | None) -> dict[str, float]:
+        """Rank ``r``'s idle time over the iteration ``[0, T]``: memory wait, exposed communication, stage
+        imbalance, the idle part of routing variance and bubble (added to :attr:`parts`); returns its row."""
+        if self.busy0_max is None:
+            self.busy0_max = max(self.busy0) if self.busy0 else 0.0
+        parts = self.parts
+        merged = merge_intervals(self.comp_iv[r])
         union = sum(b - a for a, b in merged)
-        parts["runtime_overhead"] -= busy_sum[r] - union  # compute events overlapping each other
+        parts["runtime_overhead"] -= self.busy_sum[r] - union  # compute events overlapping each other
         gaps = interval_gaps(merged, T)
-        mem = merge_intervals(mem_iv[r])
+        mem = merge_intervals(self.mem_iv[r])
         mem_wait = overlap_length(gaps, mem)
         parts["memory_wait"] += mem_wait
         idle_iv = _subtract(gaps, mem)
         idle = sum(b - a for a, b in idle_iv)
-        exposed = _attribute(idle_iv, comm_ev[r])
+        exposed = _attribute(idle_iv, self.comm_ev[r])
         exp_total = 0.0
         for name, v in exposed.items():
             parts[collective_category(name)] += v
             exp_total += v
         rem = max(0.0, idle - exp_total)
-        imb = min(rem, max(0.0, busy0_max - busy0[r]))
+        imb = min(rem, max(0.0, self.busy0_max - self.busy0[r]))
         rv_idle = 0.0
         if nominal_iteration_s is not None:
-            excess = (idle + mem_wait) - (nominal_iteration_s - busy0[r])
+            excess = (idle + mem_wait) - (nominal_iteration_s - self.busy0[r])
             rv_idle = min(rem - imb, max(0.0, excess))
         bubble = rem - imb - rv_idle
         parts["stage_imbalance"] += imb
@@ -294,36 +331,28 @@ def capacity_breakdown(
         # exposed comm can exceed idle only by float noise; keep the sum exact through ``bubble``
         if idle - exp_total < 0:
             parts["bubble"] += idle - exp_total
-        per_rank.append({"rank": r, "busy_s": union, "idle_s": idle, "memory_wait_s": mem_wait,
-                         "exposed_comm_s": exp_total, "stage_imbalance_s": imb, "routing_variance_idle_s": rv_idle,
-                         "bubble_s": bubble + min(0.0, idle - exp_total)})
-    useful = model_flops / peak_flops
-    scaled = {k: v * G for k, v in parts.items()}
-    if unsplit:
-        scaled["compute_unsplit"] = scaled.get("compute_unsplit", 0.0) + model_at_peak * G - useful
+        return {"rank": r, "busy_s": union, "idle_s": idle, "memory_wait_s": mem_wait,
+                "exposed_comm_s": exp_total, "stage_imbalance_s": imb, "routing_variance_idle_s": rv_idle,
+                "bubble_s": bubble + min(0.0, idle - exp_total)}
+
+
+def _ordered_parts(tally: _Tally, G: float, useful: float) -> dict[str, float]:
+    """The parts in GPU-seconds (``G`` GPUs per rank) in the report's order, without ``residual``; ``useful``:
+    model FLOPs at peak, GPU-seconds."""
+    scaled = {k: v * G for k, v in tally.parts.items()}
+    if tally.unsplit:
+        scaled["compute_unsplit"] = scaled.get("compute_unsplit", 0.0) + tally.model_at_peak * G - useful
     else:
-        scaled["non_model_work"] = scaled.get("non_model_work", 0.0) + model_at_peak * G - useful
+        scaled["non_model_work"] = scaled.get("non_model_work", 0.0) + tally.model_at_peak * G - useful
     ordered: dict[str, float] = {}
     std = [c for c in CATEGORIES if c != "residual"]
     extra_exposed = sorted(k for k in scaled if k.startswith("exposed_") and k not in std)
-    names = std[:5] + extra_exposed + std[5:] + (["compute_unsplit"] if unsplit else [])
+    names = std[:5] + extra_exposed + std[5:] + (["compute_unsplit"] if tally.unsplit else [])
     for k in names:
         ordered[k] = scaled.get(k, 0.0)
-    leftovers = [k for k in scaled if k not in ordered]
-    for k in leftovers:
+    for k in [k for k in scaled if k not in ordered]:
         ordered[k] = scaled[k]
-    lost = T * gpus - useful
-    ordered["residual"] = lost - math.fsum(ordered.values())
-    all_notes = list(notes)
-    if not mem_iv or not any(mem_iv):
-        all_notes.append("memory wait: no memory_wait events in this timeline (the simulator models none)")
-    if nominal_iteration_s is None and nominal is not None:
-        all_notes.append("routing variance: idle caused by slow micro-batches counts as bubble (no nominal "
-                         "iteration time given)")
-    return CapacityReport(
-        source=source, iteration_time_s=T, gpus=int(gpus), peak_flops=peak_flops, model_flops=model_flops,
-        parts=ordered, ep_comm_gpu_s=comm_total.get("all_to_all:ep", 0.0) * G,
-        comm_gpu_s={k: v * G for k, v in comm_total.items()}, per_rank=per_rank, notes=all_notes)
+    return ordered
 
 
 def _subtract(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -1,9 +1,9 @@
-"""Capacity report (where the lost MFU goes) and the model-change diff (DESIGN sections 3 and 9).
+"""Capacity report (where the lost MFU goes) and the model-change diff (docs/concepts.md, "Capacity report").
 
 Capacity report
 ===============
 
-MFU follows DESIGN section 3: model FLOPs per iteration in Megatron-LM's convention
+MFU follows docs/concepts.md ("Model FLOPs and MFU"): model FLOPs per iteration in Megatron-LM's convention
 (:func:`tessera_lab.model.tasks.model_flops_per_iteration`: 3 x forward GEMM and attention-core FLOPs, causal
 attention at half, MoE through top-k x expert width plus the shared expert, no recomputation) divided by
 ``iteration time x GPUs x peak dense bf16 FLOP/s``. The **lost time** of one iteration is
@@ -88,11 +88,9 @@ the ``report --plot`` figures. Never imports torch; pandas is imported only by t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.io import save_figure
 from tessera_lab.model.hardware import Cluster, ParallelConfig, layout_text
 from tessera_lab.model.knobs import MODEL_KNOBS
 from tessera_lab.model.spec import ModelSpec, layer_summary
@@ -106,8 +104,7 @@ from tessera_lab.report.categories import (CATEGORIES, DEFINITIONS, GIB, LABELS,
 __all__ = ["CATEGORIES", "DEFINITIONS", "LABELS", "MFU_CONVENTION", "ActionBreakdown", "CapacityReport", "DiffReport",
            "apply_changes", "capacity_breakdown", "capacity_from_observed", "capacity_from_runner", "capacity_report",
            "collective_category", "diff_contributions", "evaluation_recipes", "lane_breakdown", "memory_headroom",
-           "model_diff", "nominal_from_timeline", "parse_changes", "plan_caption", "report_figure",
-           "save_report_figure"]
+           "model_diff", "nominal_from_timeline", "parse_changes", "plan_caption"]
 
 
 def capacity_report(plan: Any, evaluation: Any | str | None = None, *, timeline: Any = None,
@@ -379,32 +376,3 @@ def plan_caption(plan: Any, evaluation: Any = None, *, name: str | None = None, 
     p = plan.parallel
     return (f"{name or plan.model.name} on {p.world_size} x {plan.cluster.gpu.name}{sep}{partition_label(plan, ev)}, "
             f"{p.schedule}, {layout_text(p, plan.model.has_moe)}, m={p.microbatches}, seq {p.seq_len}, {p.dtype}")
-
-
-def report_figure(plan: Any, report: CapacityReport | None = None, diff: DiffReport | None = None) -> Any:
-    """The ``report --plot`` figure: the waterfall of ``plan`` titled with its model and configuration; with
-    a ``diff``, both variants' waterfalls side by side on one y scale under the diff's headline. Returns the
-    matplotlib ``Figure``."""
-    from tessera_lab.ui.plots import waterfall, waterfall_pair
-
-    if diff is None:
-        rep = report or capacity_report(plan)
-        ax = waterfall(rep, title=f"{plan_caption(plan)}\nwhere the iteration goes: MFU {rep.mfu:.1%}, "
-                                  f"lost {1 - rep.mfu:.1%}")
-        return ax.figure
-    titles = [f"{plan_caption(pl, name=label, sep=chr(10))}\nMFU {cap.mfu:.1%}, iteration {cap.iteration_time_s:.4f} s"
-              for label, pl, cap in zip(diff.labels, diff.plans, diff.capacity)]
-    return waterfall_pair(diff.capacity, titles=titles, suptitle=diff.headline)
-
-
-def save_report_figure(path: str | Path, plan: Any, report: CapacityReport | None = None,
-                       diff: DiffReport | None = None) -> Path:
-    """Write :func:`report_figure` to ``path`` (PNG, 120 dpi); returns the path."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig = report_figure(plan, report, diff)
-    save_figure(fig, path)
-    plt.close(fig)
-    return path

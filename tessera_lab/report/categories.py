@@ -1,7 +1,7 @@
 """Capacity categories and per-action recipes: what one action's predicted time is made of.
 
-The category names, labels and definitions of the capacity report (:mod:`tessera_lab.report.capacity`, DESIGN
-section 3), :func:`lane_breakdown` (a bundle's two-lane makespan split into categories) and the recipes of an
+The category names, labels and definitions of the capacity report (:mod:`tessera_lab.report.capacity`,
+docs/concepts.md), :func:`lane_breakdown` (a bundle's two-lane makespan split into categories) and the recipes of an
 evaluated plan (:func:`evaluation_recipes`: per stage and action type, built from the same per-layer tasks and
 the same analytic pair orders the planner used, :func:`tessera_lab.plan.stages.analytic_pair`). Seconds on one
 rank. Never imports torch.

@@ -34,6 +34,8 @@ import json
 import math
 from typing import Any, Sequence
 
+from tessera_lab.samples import within_spread
+
 #: best BF16 MFU of a published large-scale run: Llama 3 405B pre-training on 8,192-16,384 H100s reached 38-43%
 #: (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4): the ceiling for dense models; MoE models are checked
 #: against :func:`published_mfu_band` instead. A planned MFU above it is flagged, not hidden.
@@ -256,7 +258,7 @@ def gain_note(gain: float, spread: float) -> str | None:
     """A gain whose magnitude is within the measurement spread could have either sign: not significant."""
     if spread_note(spread):
         return "gain not significant: " + spread_note(spread)
-    if abs(gain) <= abs(spread):
+    if within_spread(gain, spread):
         return f"gain {gain:+.1%} not significant: within the measurement spread ±{abs(spread):.1%}"
     return None
 
@@ -310,7 +312,7 @@ def overlap_validity(table: Any) -> list[str]:
         note = efficiency_note(float(row["efficiency"])) if "efficiency" in row else None
         if note is None and "t_pair_q1" in row and "t_pair_q3" in row and not math.isnan(float(row["t_pair_q1"])):
             iqr = float(row["t_pair_q3"]) - float(row["t_pair_q1"])
-            if abs(float(row["gain"])) <= iqr:
+            if within_spread(float(row["gain"]), iqr):
                 note = (f"gain {float(row['gain']) * 1e3:+.3g} ms not significant: within the repeats' "
                         f"interquartile range {iqr * 1e3:.3g} ms")
         notes.append(note or "")

@@ -1,5 +1,5 @@
 """Profile lifecycle: compare predicted with observed times, re-plan only when the error persists and pays
-back (DESIGN section 9).
+back (docs/design-notes.md, "Reports").
 
 The lifecycle works on plain data so that it serves simulated drifts, the runner's predicted-vs-observed
 JSON and the profile store alike: each training step gives a mapping ``key -> seconds`` of predictions and

@@ -1,4 +1,4 @@
-"""Reproducing the Tessera paper's claims on its own scale, with public stand-ins (DESIGN section 13, docs/reproduce.md).
+"""Reproducing the Tessera paper's claims on its own scale, with public stand-ins (docs/reproduce.md).
 
 Every table shows the paper's **reported** numbers (``data/paper/tessera_paper_reported.json``, an editorial
 digest of the paper; internal model sizes are not public) beside this library's result on the paper's jobs as

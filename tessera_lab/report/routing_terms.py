@@ -1,7 +1,7 @@
 """Routing variance and the bubble left after dynamic correction, taken from a dynamic simulation or run.
 
 A plan's capacity report simulates the plan under uniform routing, so its ``routing_variance`` row is 0 by
-construction. The two numbers the dynamic bubble optimizer is about come from elsewhere (issue 14):
+construction. The two numbers the dynamic bubble optimizer is about come from elsewhere:
 
 - ``tessera-lab simulate ... --routing SPEC --dynamic --json F`` (provenance ``simulated``): the online controller's
   static and dynamic iterations under the routing, and the same controller under uniform routing;
@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.samples import apart
 
 __all__ = ["RoutingTerms", "routing_terms", "load_routing_terms", "check_same_job", "NOT_MEASURED"]
 
@@ -230,7 +231,7 @@ def _pairs(d: Mapping[str, Any]) -> str | None:
 def _identity(d: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of a ``run --dynamic`` result that must match between a run and its control: the top-level
     schedule, steps, trials and world sizes, plus every field of its ``job`` block (pair handler and order,
-    micro-batches, model config, ...; :func:`tessera_lab.runner.launch.dynamic_report.job_identity`) when recorded."""
+    micro-batches, model config, ...; ``job_identity`` of the runner's dynamic report) when recorded."""
     w = d.get("world") if isinstance(d.get("world"), Mapping) else {}
     out: dict[str, Any] = {k: d.get(k) for k in ("schedule", "steps", "trials")}
     out.update({k: w.get(k) for k in ("pp", "ep", "dp", "ranks")})
@@ -264,9 +265,12 @@ def check_same_job(run: Mapping[str, Any], control: Mapping[str, Any]) -> list[s
     return []
 
 
-def _from_runs(d: Mapping[str, Any], control: Mapping[str, Any] | None, what: str) -> RoutingTerms:
-    from tessera_lab.runner.launch.dynamic_report import apart  # noqa: PLC0415 - the one significance rule
+def _iqr(side: Mapping[str, Any]) -> tuple[float, float]:
+    """``(q1_s, q3_s)`` of one side of a ``run --dynamic`` result (seconds)."""
+    return side["q1_s"], side["q3_s"]
 
+
+def _from_runs(d: Mapping[str, Any], control: Mapping[str, Any] | None, what: str) -> RoutingTerms:
     st, dy = _side(d, "static", "step_time", what), _side(d, "dynamic", "step_time", what)
     ist, idy = _side(d, "static", "host_idle_per_step", what), _side(d, "dynamic", "host_idle_per_step", what)
     ranks = _ranks(d)
@@ -285,8 +289,8 @@ def _from_runs(d: Mapping[str, Any], control: Mapping[str, Any] | None, what: st
                          iteration_static_s=st["median_s"], iteration_dynamic_s=dy["median_s"],
                          bubble_after_dynamic_s=idy["median_s"] / div,
                          idle_removed_s=(ist["median_s"] - idy["median_s"]) / div, notes=notes,
-                         idle_removed_significant=apart(ist, idy), gain=gain,
-                         gain_verdict=(d.get("gain_verdict") or ("significant" if apart(st, dy) else "not significant"))
+                         idle_removed_significant=apart(_iqr(ist), _iqr(idy)), gain=gain,
+                         gain_verdict=(d.get("gain_verdict") or ("significant" if apart(_iqr(st), _iqr(dy)) else "not significant"))
                          if gain is not None else None,
                          foreign_workload="the run is the runner's tiny model on this machine's CPU processes, not "
                                           "this plan's model and cluster")
@@ -303,7 +307,7 @@ def _from_runs(d: Mapping[str, Any], control: Mapping[str, Any] | None, what: st
     terms.routing_variance_s = st["median_s"] - cst["median_s"]
     terms.source += f"; control: routing {control.get('routing')}, pair handler {_pairs(control) or 'not recorded'}"
     terms.source += ", static median"
-    terms.routing_variance_significant = apart(st, cst)
+    terms.routing_variance_significant = apart(_iqr(st), _iqr(cst))
     if not terms.routing_variance_significant:
         notes.append("routing variance not significant: the interquartile ranges of the static step times under "
                      "the routing and under the control overlap")

@@ -1,4 +1,4 @@
-"""Paper-scale study with the analytic backend (DESIGN section 13).
+"""Paper-scale study with the analytic backend (docs/reproduce.md).
 
 Two questions, on public configurations (the paper's internal model sizes are not public):
 

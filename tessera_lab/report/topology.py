@@ -1,5 +1,5 @@
 """Topology: ranks on nodes, each group's link, weak links and mixed GPU types per stage, and admission
-(DESIGN section 9).
+(docs/design-notes.md, "Reports").
 
 * **Placement** follows :meth:`tessera_lab.model.hardware.ParallelConfig.rank` (TP innermost, then EP, DP, PP) on
   nodes of ``gpus_per_node`` GPUs (8 on DGX): rank ``r`` sits on node ``r // 8``, local GPU ``r % 8``.

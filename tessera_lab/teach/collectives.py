@@ -23,7 +23,7 @@ from tessera_lab.model.hardware import Cluster, GPUSpec, ParallelConfig, cost_as
 from tessera_lab.model.tasks import Collective
 
 
-#: the five collectives of DESIGN section 12, in teaching order.
+#: the five collectives notebook 01 teaches, in teaching order.
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
 _DESCRIPTION = {

@@ -2,7 +2,7 @@
 deterministically.
 
 A panel never prints into an ``ipywidgets.Output`` and never calls ``plt.show()`` (that Output-capture pattern
-loses figures: issue 17 saw 3 of 4 redraws blank in JupyterLab). Instead, on every change of a control:
+loses figures: 3 of 4 redraws came out blank in JupyterLab). Instead, on every change of a control:
 
 * ``compute`` (a pure, tested function) runs with the controls' values;
 * ``render`` turns its result into a :class:`View`: a table (DataFrame, Series or text), one figure or several

@@ -219,6 +219,69 @@ def bottleneck_bounds(plan: Plan) -> str:
     return f"bottleneck stage {s} is bound by: " + ", ".join(f"{k.kind} {k.bound}" for k in big)
 
 
+def _quickstart_controls(spec: Any, model: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The controls of :func:`quickstart_panel` for ``spec`` (the shipped model ``model``), started at the
+    notebook's ``params``."""
+    import ipywidgets as w
+
+    from tessera_lab.model.hardware import RECOMPUTE
+    from tessera_lab.model.spec import shipped_models
+
+    valid = control_options(spec)
+    gpu = str(params.get("gpu", "H200"))
+    width = params.get("expert_width", spec.moe_intermediate_size or 512)
+    slider = dict(style=LABEL_STYLE, continuous_update=False)
+    return {
+        "model": w.Dropdown(options=_with(tuple(shipped_models()), model), value=model, description="model",
+                            style=LABEL_STYLE),
+        "gpu": w.Dropdown(options=_with(GPU_CHOICES, gpu), value=gpu, description="GPU", style=LABEL_STYLE),
+        "pp": w.Dropdown(options=_with(tuple(valid["pp"]), params.get("pp")),
+                         value=params.get("pp", valid_value(8, valid["pp"])), description="pp", style=LABEL_STYLE),
+        "ep": w.Dropdown(options=_with(tuple(valid["ep"]), params.get("ep")),
+                         value=params.get("ep", valid_value(8, valid["ep"])), description="ep", style=LABEL_STYLE),
+        "microbatches": w.IntSlider(value=params.get("microbatches", 32), min=min(1, params.get("microbatches", 32)),
+                                    max=128, description="micro-batches", **slider),
+        "seq_len": w.Dropdown(options=_with(SEQ_CHOICES, params.get("seq_len", 4096)),
+                              value=params.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
+        "recompute": w.Dropdown(options=list(RECOMPUTE), value=params.get("recompute", "none"),
+                                description="recompute", style=LABEL_STYLE),
+        "attention_ratio": w.IntSlider(value=params.get("attention_ratio", spec.attention_ratio or 3), min=0,
+                                       max=max(valid["attention_ratio"] or [11]), description="attn ratio", **slider),
+        "expert_width": w.Dropdown(options=_expert_widths(width), value=width, description="expert width",
+                                   style=LABEL_STYLE),
+        "top_k": w.IntSlider(value=params.get("top_k", spec.num_experts_per_tok or 1), min=min(valid["top_k"] or [1]),
+                             max=max(valid["top_k"] or [1]), description="top-k", **slider),
+    }
+
+
+def _new_model(controls: dict[str, Any], current: dict[str, Any], start: dict[str, int]) -> None:
+    """:func:`quickstart_panel` after a new model is picked: its own knob values and ranges, and the pp and ep it
+    accepts (values it cannot take moved; ``current["moved"]`` says so for the caption)."""
+    new = load_model(controls["model"].value)
+    options = control_options(new)
+    current.update(spec=new, knobs=model_knobs(new), moved=[])
+    if options["attention_ratio"]:
+        controls["attention_ratio"].max = max(options["attention_ratio"])
+        controls["attention_ratio"].value = new.attention_ratio
+    if new.has_moe:
+        controls["expert_width"].options = _expert_widths(new.moe_intermediate_size)
+        controls["expert_width"].value = new.moe_intermediate_size
+        controls["top_k"].max = max(options["top_k"][-1], controls["top_k"].min)
+        controls["top_k"].min = options["top_k"][0]
+        controls["top_k"].max = options["top_k"][-1]
+        controls["top_k"].value = new.num_experts_per_tok
+    for name in ("pp", "ep"):  # only values the planner accepts for this model (control_options)
+        old = controls[name].value
+        back = start[name] if name == "ep" and old == 1 and start[name] != 1 else None  # back from a dense model
+        value = valid_value(old, options[name], prefer=None) if back is None else valid_value(back, options[name])
+        controls[name].options = options[name]
+        controls[name].value = value
+        if value != old and back is None:
+            why = (f"{new.num_experts} routed experts" if name == "ep" and new.has_moe else
+                   "no routed experts" if name == "ep" else f"{new.num_layers} layers")
+            current["moved"].append(f"{name} {old} -> {value} ({new.name} has {why})")
+
+
 def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
     """Notebook 00's re-planning panel: model, GPU, pp, ep, micro-batches, sequence, activation recomputation and
     the model knobs that apply.
@@ -240,11 +303,8 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
     """
     import time
 
-    import ipywidgets as w
-
     from tessera_lab.errors import ConfigError
     from tessera_lab.model.hardware import RECOMPUTE
-    from tessera_lab.model.spec import shipped_models
     from tessera_lab.ui.panel import CAPTION_SEP
     from tessera_lab.ui.plots import stage_cost_bars
 
@@ -257,31 +317,7 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
                           f"{', '.join(RECOMPUTE)}")
     spec = load_model(model)
     knobs = model_knobs(spec)
-    valid = control_options(spec)
-    gpu = str(params.get("gpu", "H200"))
-    width = params.get("expert_width", spec.moe_intermediate_size or 512)
-    slider = dict(style=LABEL_STYLE, continuous_update=False)
-    controls = {
-        "model": w.Dropdown(options=_with(tuple(shipped_models()), model), value=model, description="model",
-                            style=LABEL_STYLE),
-        "gpu": w.Dropdown(options=_with(GPU_CHOICES, gpu), value=gpu, description="GPU", style=LABEL_STYLE),
-        "pp": w.Dropdown(options=_with(tuple(valid["pp"]), params.get("pp")),
-                         value=params.get("pp", valid_value(8, valid["pp"])), description="pp", style=LABEL_STYLE),
-        "ep": w.Dropdown(options=_with(tuple(valid["ep"]), params.get("ep")),
-                         value=params.get("ep", valid_value(8, valid["ep"])), description="ep", style=LABEL_STYLE),
-        "microbatches": w.IntSlider(value=params.get("microbatches", 32), min=min(1, params.get("microbatches", 32)),
-                                    max=128, description="micro-batches", **slider),
-        "seq_len": w.Dropdown(options=_with(SEQ_CHOICES, params.get("seq_len", 4096)),
-                              value=params.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
-        "recompute": w.Dropdown(options=list(RECOMPUTE), value=params.get("recompute", "none"),
-                                description="recompute", style=LABEL_STYLE),
-        "attention_ratio": w.IntSlider(value=params.get("attention_ratio", spec.attention_ratio or 3), min=0,
-                                       max=max(valid["attention_ratio"] or [11]), description="attn ratio", **slider),
-        "expert_width": w.Dropdown(options=_expert_widths(width), value=width, description="expert width",
-                                   style=LABEL_STYLE),
-        "top_k": w.IntSlider(value=params.get("top_k", spec.num_experts_per_tok or 1), min=min(valid["top_k"] or [1]),
-                             max=max(valid["top_k"] or [1]), description="top-k", **slider),
-    }
+    controls = _quickstart_controls(spec, model, params)
     controls["microbatches"].min = min(controls["pp"].value, controls["microbatches"].value)
     current: dict[str, Any] = {"spec": spec, "knobs": knobs, "moved": []}
     start = {"pp": controls["pp"].value, "ep": controls["ep"].value if spec.has_moe else 8}
@@ -305,29 +341,7 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
             mb.min = pp
 
     def new_model() -> None:
-        new = load_model(controls["model"].value)
-        options = control_options(new)
-        current.update(spec=new, knobs=model_knobs(new), moved=[])
-        if options["attention_ratio"]:
-            controls["attention_ratio"].max = max(options["attention_ratio"])
-            controls["attention_ratio"].value = new.attention_ratio
-        if new.has_moe:
-            controls["expert_width"].options = _expert_widths(new.moe_intermediate_size)
-            controls["expert_width"].value = new.moe_intermediate_size
-            controls["top_k"].max = max(options["top_k"][-1], controls["top_k"].min)
-            controls["top_k"].min = options["top_k"][0]
-            controls["top_k"].max = options["top_k"][-1]
-            controls["top_k"].value = new.num_experts_per_tok
-        for name in ("pp", "ep"):  # only values the planner accepts for this model (control_options)
-            old = controls[name].value
-            back = start[name] if name == "ep" and old == 1 and start[name] != 1 else None  # back from a dense model
-            value = valid_value(old, options[name], prefer=None) if back is None else valid_value(back, options[name])
-            controls[name].options = options[name]
-            controls[name].value = value
-            if value != old and back is None:
-                why = (f"{new.num_experts} routed experts" if name == "ep" and new.has_moe else
-                       "no routed experts" if name == "ep" else f"{new.num_layers} layers")
-                current["moved"].append(f"{name} {old} -> {value} ({new.name} has {why})")
+        _new_model(controls, current, start)
         show_knobs()
 
     def compute(v: dict[str, Any]) -> dict[str, Any]:
@@ -405,6 +419,62 @@ def _given(defaults: dict[str, Any], name: str, sentinel: str) -> Any:
     return sentinel if value is None else value
 
 
+#: the values :func:`partition_panel` offers for each model knob (those the model accepts)
+_PARTITION_KNOB_VALUES = {"attention_ratio": list(range(0, 12)), "expert_width": [128, 256, 512, 1024, 2048, 4096],
+                          "top_k": list(range(1, 17))}
+
+
+def _own_value(spec, name: str) -> Any:
+    """The model's own value of a knob (``None`` where it has none)."""
+    return {"attention_ratio": spec.attention_ratio, "expert_width": spec.moe_intermediate_size or None,
+            "top_k": spec.num_experts_per_tok or None}[name]
+
+
+def _knob_options(spec, name: str, keep: Any = None) -> list:
+    """``("config (V)", "config")`` first -- ipywidgets shows a None-valued option as no selection, so "config"
+    stands for the model's own value V -- then the other values the planner accepts for this model
+    (:func:`control_options`; V itself would be the same plan twice; none for a knob the model lacks)."""
+    own = _own_value(spec, name)
+    label = "config" if own is None else f"config ({own})"
+    if not model_knobs(spec)[name]:
+        return [(label, "config")]
+    valid = control_options(spec).get(name)
+    values = [v for v in _PARTITION_KNOB_VALUES[name] if valid is None or v in valid]
+    return [(label, "config")] + [(str(v), v) for v in sorted(set(values) | ({keep} - {None, "config"}))
+                                  if v != own]
+
+
+def _pp_options(spec, keep: Any = None) -> list:
+    """``("model's layout", "layout")`` then the stage counts the model has layers for."""
+    valid = control_options(spec)["pp"]
+    return [("model's layout", "layout")] + [(str(n), n) for n in sorted({2, 4, 8, 12, 16} & set(valid) |
+                                                                         ({keep} - {None, "layout"}))]
+
+
+def _partition_controls(spec: Any, model: str, choices: list, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The controls of :func:`partition_panel` for ``spec`` (the model ``model``, one of ``choices``), started
+    at the notebook's ``defaults``."""
+    import ipywidgets as w
+
+    return {
+        "model": w.Dropdown(options=choices, value=model, description="model", style=LABEL_STYLE),
+        "attention_ratio": w.Dropdown(options=_knob_options(spec, "attention_ratio", defaults.get("attention_ratio")),
+                                      value=_given(defaults, "attention_ratio", "config"), description="attn ratio",
+                                      style=LABEL_STYLE),
+        "expert_width": w.Dropdown(options=_knob_options(spec, "expert_width", defaults.get("expert_width")),
+                                   value=_given(defaults, "expert_width", "config"), description="expert width",
+                                   style=LABEL_STYLE),
+        "top_k": w.Dropdown(options=_knob_options(spec, "top_k", defaults.get("top_k")),
+                            value=_given(defaults, "top_k", "config"), description="top-k", style=LABEL_STYLE),
+        "pp": w.Dropdown(options=_pp_options(spec, defaults.get("pp")), value=_given(defaults, "pp", "layout"),
+                         description="stages", style=LABEL_STYLE),
+        "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
+                                    description="micro-batches", style=LABEL_STYLE, continuous_update=False),
+        "seq_len": w.Dropdown(options=_with(SEQ_CHOICES[:5], defaults.get("seq_len", 4096)),
+                              value=defaults.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
+    }
+
+
 def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     """Notebook 06's panel: the model (the choices of :data:`MODEL_LAYOUTS`, each at its layout), attention ratio,
     expert width, top-k (each "config" or a value), stages, micro-batches and sequence length.
@@ -413,56 +483,11 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
         ``(panel, controls, state)`` like :func:`quickstart_panel`; ``state["table"]`` and ``state["plan"]``
         hold the latest :func:`compare_partitions` result or ``state["error"]`` the reason it could not plan.
     """
-    import ipywidgets as w
-
     from tessera_lab.ui.plots import standalone_vs_overlap_bars
 
     choices = list(MODEL_LAYOUTS) + ([model] if model not in MODEL_LAYOUTS else [])
-    candidates = {"attention_ratio": list(range(0, 12)), "expert_width": [128, 256, 512, 1024, 2048, 4096],
-                  "top_k": list(range(1, 17))}
-
-    def own_value(spec, name: str) -> Any:
-        """The model's own value of a knob (``None`` where it has none)."""
-        return {"attention_ratio": spec.attention_ratio, "expert_width": spec.moe_intermediate_size or None,
-                "top_k": spec.num_experts_per_tok or None}[name]
-
-    def knob_options(spec, name: str, keep: Any = None) -> list:
-        """``("config (V)", "config")`` first -- ipywidgets shows a None-valued option as no selection, so "config"
-        stands for the model's own value V -- then the other values the planner accepts for this model
-        (:func:`control_options`; V itself would be the same plan twice; none for a knob the model lacks)."""
-        own = own_value(spec, name)
-        label = "config" if own is None else f"config ({own})"
-        if not model_knobs(spec)[name]:
-            return [(label, "config")]
-        valid = control_options(spec).get(name)
-        values = [v for v in candidates[name] if valid is None or v in valid]
-        return [(label, "config")] + [(str(v), v) for v in sorted(set(values) | ({keep} - {None, "config"}))
-                                      if v != own]
-
-    def pp_options(spec, keep: Any = None) -> list:
-        """``("model's layout", "layout")`` then the stage counts the model has layers for."""
-        valid = control_options(spec)["pp"]
-        return [("model's layout", "layout")] + [(str(n), n) for n in sorted({2, 4, 8, 12, 16} & set(valid) |
-                                                                             ({keep} - {None, "layout"}))]
-
     spec = load_model(model)
-    controls = {
-        "model": w.Dropdown(options=choices, value=model, description="model", style=LABEL_STYLE),
-        "attention_ratio": w.Dropdown(options=knob_options(spec, "attention_ratio", defaults.get("attention_ratio")),
-                                      value=_given(defaults, "attention_ratio", "config"), description="attn ratio",
-                                      style=LABEL_STYLE),
-        "expert_width": w.Dropdown(options=knob_options(spec, "expert_width", defaults.get("expert_width")),
-                                   value=_given(defaults, "expert_width", "config"), description="expert width",
-                                   style=LABEL_STYLE),
-        "top_k": w.Dropdown(options=knob_options(spec, "top_k", defaults.get("top_k")),
-                            value=_given(defaults, "top_k", "config"), description="top-k", style=LABEL_STYLE),
-        "pp": w.Dropdown(options=pp_options(spec, defaults.get("pp")), value=_given(defaults, "pp", "layout"), description="stages", style=LABEL_STYLE),
-        "microbatches": w.IntSlider(value=defaults.get("microbatches", 32), min=1, max=128,
-                                    description="micro-batches", style=LABEL_STYLE, continuous_update=False),
-        "seq_len": w.Dropdown(options=_with(SEQ_CHOICES[:5], defaults.get("seq_len", 4096)),
-                              value=defaults.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
-    }
-
+    controls = _partition_controls(spec, model, choices, defaults)
     for knob, on in model_knobs(spec).items():  # a knob the model lacks is not shown
         controls[knob].layout.display = None if on else "none"
     moved: list[str] = []
@@ -505,12 +530,12 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     def new_model() -> None:
         new = load_model(controls["model"].value)
         moved.clear()
-        for knob in [*candidates, "pp"]:
+        for knob in [*_PARTITION_KNOB_VALUES, "pp"]:
             value = controls[knob].value
-            controls[knob].options = pp_options(new) if knob == "pp" else knob_options(new, knob)
+            controls[knob].options = _pp_options(new) if knob == "pp" else _knob_options(new, knob)
             own = "layout" if knob == "pp" else "config"
             controls[knob].value = value if value in [v for _, v in controls[knob].options] else own
-            same = knob != "pp" and value == own_value(new, knob)  # the new model's own value: "config" is it
+            same = knob != "pp" and value == _own_value(new, knob)  # the new model's own value: "config" is it
             if controls[knob].value != value and not same:
                 moved.append(f"{controls[knob].description} {value} -> {own} (not valid for {new.name})")
             if knob != "pp":

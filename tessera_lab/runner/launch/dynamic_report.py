@@ -48,9 +48,11 @@ def _stats(xs: list[float]) -> dict[str, float]:
 
 
 def apart(a: dict[str, float], b: dict[str, float]) -> bool:
-    """The significance rule of ``run --dynamic``: the interquartile ranges (``q1_s``..``q3_s``) of two sides do
-    not overlap."""
-    return bool(a["q3_s"] < b["q1_s"] or b["q3_s"] < a["q1_s"])
+    """The significance rule (:func:`tessera_lab.samples.apart`) on two ``run --dynamic`` sides: their
+    interquartile ranges (``q1_s``..``q3_s``) do not overlap."""
+    from tessera_lab.samples import apart as _apart
+
+    return _apart((a["q1_s"], a["q3_s"]), (b["q1_s"], b["q3_s"]))
 
 
 def job_identity(spec: dict, world: dict) -> dict[str, Any]:

@@ -96,7 +96,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "filling p2p receive waits with deferred W (tessera_lab.runner.runtime.gaps)")
     p.add_argument("--trials", type=positive_int("trials"), default=3, help="with --dynamic: static/dynamic pairs")
     p.add_argument("--overlap", choices=["thread", "serial"], default="thread",
-                   help="turn-1 name of --pair-exec threads|serial (used when --pair-exec is not given)")
+                   help="older name of --pair-exec threads|serial (used when --pair-exec is not given)")
     p.add_argument("--pair-exec", default=None, metavar="NAME",
                    help="overlapped-pair handler: serial | threads | scheduled (node level, async all-to-alls)")
     p.add_argument("--pair-order", default=None, metavar="ORDER",

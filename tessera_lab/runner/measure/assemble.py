@@ -13,6 +13,7 @@ def overlap_result(r: dict, backend: str, env: dict, meta_common: dict):
     """An :class:`~tessera_lab.overlap.results.OverlapResult` from one measured pair (rank 0's dict)."""
     from tessera_lab.overlap.results import OverlapResult, overlap_efficiency, spread_stats
     from tessera_lab.overlap.search import ScheduleResult
+    from tessera_lab.samples import below
 
     from ..runtime.orders import template_graph
 
@@ -21,7 +22,7 @@ def overlap_result(r: dict, backend: str, env: dict, meta_common: dict):
     most = max(s["n"] for s in stats)
     finalists = [i for i, s in enumerate(stats) if s["n"] == most]
     ch = min(finalists, key=lambda i: (stats[i]["median"], i))
-    sig = ch != 0 and stats[ch]["q3"] < stats[0]["q1"]
+    sig = ch != 0 and below((stats[ch]["q1"], stats[ch]["q3"]), (stats[0]["q1"], stats[0]["q3"]))
     best = ch if sig else 0
     verdict = "significant" if sig else ("not significant" if ch != 0 else "program order is fastest")
     decision = {"verdict": verdict, "chosen": best, "challenger": ch,

@@ -61,7 +61,7 @@ class PipelineExecutor:
         stages: ``{stage: StageModule}`` held by this rank (``schedule.rank_stages(pp_rank)``).
         act_shape: ``(micro_batch_size, seq_len, hidden)`` of the tensors crossing stage boundaries.
         num_tokens: global tokens per step ``N`` (the loss divisor).
-        overlap: ``"thread"`` or ``"serial"`` (turn-1 names of the ``threads`` / ``serial`` pair handlers).
+        overlap: ``"thread"`` or ``"serial"`` (older names of the ``threads`` / ``serial`` pair handlers).
         pair_exec: a pair handler of :mod:`tessera_lab.runner.runtime.pairs` (default: from ``overlap``); a node-level
             one runs every forward and backward as nodes (:mod:`tessera_lab.runner.runtime.nodes`).
         pair_order: issue order of the ``scheduled`` handler (:func:`tessera_lab.runner.runtime.orders.resolve_order`).

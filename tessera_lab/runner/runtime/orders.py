@@ -1,6 +1,6 @@
 """Issue orders of an overlapped pair's nodes (torch-free).
 
-A runner layer is five nodes, named as the task decomposition names them (DESIGN section 3):
+A runner layer is five nodes, named as the task decomposition names them (docs/concepts.md):
 
 * forward ``pre`` (input norm, mixer, residual, post-attention norm, router, top-k, permute), ``dispatch``
   (count exchange and the dispatch all-to-all), ``experts`` (one GEMM per local expert), ``combine`` (the

@@ -7,7 +7,7 @@ its output gradient ``grad``, None on the last stage). Built in:
 
 * ``serial``: the whole backward, then the whole forward (monolithic autograd passes);
 * ``threads``: the whole forward on a side thread (a side CUDA stream on GPUs) beside the whole backward on
-  the calling thread (turn-1 behaviour; on CPU it measures thread parallelism as much as hidden
+  the calling thread (the first handler; on CPU it measures thread parallelism as much as hidden
   communication);
 * ``scheduled``: node level (:mod:`tessera_lab.runner.runtime.nodes`): the nodes of F and B in a given issue order
   (:mod:`tessera_lab.runner.runtime.orders`: a named candidate such as ``megatron``, the searched order, or an

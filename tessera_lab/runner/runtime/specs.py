@@ -187,27 +187,44 @@ class TinyConfig:
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> "TinyConfig":
-        """Inverse of :meth:`to_hf_config` (a ``config.json`` dict with a ``"tessera_runner"`` block).
+        """Inverse of :meth:`to_hf_config` (a ``config.json`` dict with a ``"tessera_runner"`` block): the config is
+        read by :class:`~tessera_lab.model.spec.ModelSpec` (the one reader of Hugging Face configs), then
+        :meth:`from_model_spec`.
 
         Raises:
-            ConfigError: the dict is not a runner model (no ``tessera_runner`` block, or q/k and v head
-                counts or sizes that the runner cannot build).
+            ConfigError: the dict is not a runner model (no ``tessera_runner`` block, a config ``ModelSpec``
+                refuses, or q/k and v head counts or sizes that the runner cannot build).
         """
-        extra = cfg.get("tessera_runner")
+        from tessera_lab.model.spec import ModelSpec
+
+        if not isinstance(cfg.get("tessera_runner"), dict):
+            raise ConfigError("model config has no field 'tessera_runner'; the runner runs only its tiny models "
+                              "(data/models/tiny-*.json)")
+        return cls.from_model_spec(ModelSpec.from_hf_config(cfg))
+
+    @classmethod
+    def from_model_spec(cls, spec: Any) -> "TinyConfig":
+        """The runner's model of a :class:`~tessera_lab.model.spec.ModelSpec` read from a runner config (its
+        ``tessera_runner`` block gives sequence length, chunk, seed, capacity factor and router bias).
+
+        Raises:
+            ConfigError: no ``tessera_runner`` block, or linear-attention head counts or sizes other than the
+                full-attention ones (the runner uses one head count and size for both mixers).
+        """
+        extra = spec.raw.get("tessera_runner")
         if not isinstance(extra, dict):
             raise ConfigError("model config has no field 'tessera_runner'; the runner runs only its tiny models "
                               "(data/models/tiny-*.json)")
-        if (cfg.get("linear_num_key_heads") != cfg.get("num_attention_heads")
-                or cfg.get("linear_num_value_heads") != cfg.get("num_attention_heads")
-                or cfg.get("linear_key_head_dim") != cfg.get("head_dim")
-                or cfg.get("linear_value_head_dim") != cfg.get("head_dim")):
+        if (spec.linear_num_key_heads != spec.num_attention_heads
+                or spec.linear_num_value_heads != spec.num_attention_heads
+                or spec.linear_key_head_dim != spec.head_dim or spec.linear_value_head_dim != spec.head_dim):
             raise ConfigError("runner model: linear-attention head counts and sizes must equal the full-attention "
                               "ones (fields 'linear_num_key_heads', 'linear_key_head_dim', ...)")
-        d = {"vocab_size": cfg["vocab_size"], "hidden_size": cfg["hidden_size"], "num_layers": cfg["num_hidden_layers"],
-             "attention_ratio": int(cfg.get("full_attention_interval", 4)) - 1, "num_heads": cfg["num_attention_heads"],
-             "head_dim": cfg["head_dim"], "num_kv_heads": cfg["num_key_value_heads"], "num_experts": cfg["num_experts"],
-             "top_k": cfg["num_experts_per_tok"], "expert_width": cfg["moe_intermediate_size"],
-             "shared_expert_width": cfg.get("shared_expert_intermediate_size", 0)}
+        d = {"vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size, "num_layers": spec.num_decoder_layers,
+             "attention_ratio": spec.attention_ratio, "num_heads": spec.num_attention_heads,
+             "head_dim": spec.head_dim, "num_kv_heads": spec.num_key_value_heads, "num_experts": spec.num_experts,
+             "top_k": spec.num_experts_per_tok, "expert_width": spec.moe_intermediate_size,
+             "shared_expert_width": spec.shared_expert_intermediate_size}
         d.update({k: v for k, v in extra.items() if k in ("seq_len", "linear_chunk", "seed", "capacity_factor",
                                                           "router_bias")})
         return cls.from_dict(d)
@@ -293,7 +310,7 @@ class RunSpec:
         defer_w: split every backward into I now and W later (:func:`tessera_lab.pipeline.passes.split_backward`); w_lag: see there.
         deterministic: one intra-op thread and deterministic algorithms (bitwise reproducible on CPU).
         grad_sync: ``"ordered"`` (deterministic replica sum) or ``"allreduce"``.
-        overlap: ``"thread"`` (OVERLAP_F_B pairs run concurrently) or ``"serial"`` (turn-1 names; used when
+        overlap: ``"thread"`` (OVERLAP_F_B pairs run concurrently) or ``"serial"`` (older names; used when
             ``pair_exec`` is None).
         pair_exec: pair handler (:mod:`tessera_lab.runner.runtime.pairs`: ``serial``, ``threads``, ``scheduled``, or one
             registered later); None: from ``overlap``.

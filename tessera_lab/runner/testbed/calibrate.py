@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tessera_lab.cost.device import DEVICE_SCHEMA, KINDS, layer_flops
+from tessera_lab.samples import lower_quartile, time_calls
 
 from ..runtime.specs import TinyConfig
 
@@ -45,25 +46,12 @@ def widened(cfg: TinyConfig, factor: int) -> TinyConfig:
                             shared_expert_width=cfg.shared_expert_width * factor)
 
 
-def _median_time(fn, repeats: int) -> float:
-    """Lower quartile of ``repeats`` timings after one warm-up. On a shared machine the upper tail is other
-    processes' time slices; the runner's own oversubscription is priced separately (on this 2-core machine at
-    load ~10 the lower quartile predicted better than the median: median |error| 28 % vs 41 %)."""
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return lower_quartile(ts)
-
-
-def lower_quartile(xs: Sequence[float]) -> float:
-    """The lower quartile of ``xs`` within the data (``statistics.quantiles(method="inclusive")``; the default
-    exclusive method extrapolates below the smallest sample for few samples, e.g. below 0 s for two timings);
-    one sample: itself."""
-    xs = list(xs)
-    return statistics.quantiles(xs, n=4, method="inclusive")[0] if len(xs) >= 2 else xs[0]
+def _quartile_time(fn, repeats: int) -> float:
+    """Lower quartile of ``repeats`` timings after one warm-up (:func:`tessera_lab.samples.time_calls`). On a
+    shared machine the upper tail is other processes' time slices; the runner's own oversubscription is priced
+    separately (on this 2-core machine at load ~10 the lower quartile predicted better than the median: median
+    |error| 28 % vs 41 %; docs/concepts.md, "Measurement and significance")."""
+    return lower_quartile(time_calls(fn, repeats))
 
 
 def _fit(points: Sequence[tuple[float, float]]) -> dict[str, float]:
@@ -95,12 +83,12 @@ def _layer_points(cfg: TinyConfig, mbs: int, repeats: int) -> tuple[dict, dict]:
             layer = model.layers[idx]
             h = torch.randn(mbs, c.seq_len, c.hidden_size, requires_grad=True)
             g = torch.ones(mbs, c.seq_len, c.hidden_size) * 1e-3
-            t_f = _median_time(lambda: layer(h), repeats)
+            t_f = _quartile_time(lambda: layer(h), repeats)
 
             def fb():
                 layer(h).backward(g)
 
-            t_fb = _median_time(fb, repeats)
+            t_fb = _quartile_time(fb, repeats)
             key = ("cal", kind, factor)
 
             def iw():
@@ -124,19 +112,19 @@ def _layer_points(cfg: TinyConfig, mbs: int, repeats: int) -> tuple[dict, dict]:
         if factor == 1:
             tok = torch.randint(0, c.vocab_size, (mbs, c.seq_len))
             tgt = torch.randint(0, c.vocab_size, (mbs, c.seq_len))
-            extras["embed_F_s"] = _median_time(lambda: model.embed(tok), repeats)
+            extras["embed_F_s"] = _quartile_time(lambda: model.embed(tok), repeats)
 
             def emb_fb():
                 model.embed(tok).sum().backward()
 
-            extras["embed_B_s"] = max(0.0, _median_time(emb_fb, repeats) - extras["embed_F_s"])
+            extras["embed_B_s"] = max(0.0, _quartile_time(emb_fb, repeats) - extras["embed_F_s"])
             hh = torch.randn(mbs, c.seq_len, c.hidden_size, requires_grad=True)
-            extras["head_F_s"] = _median_time(lambda: TinyMoEModel.loss_sum(model.head(hh), tgt), repeats)
+            extras["head_F_s"] = _quartile_time(lambda: TinyMoEModel.loss_sum(model.head(hh), tgt), repeats)
 
             def head_fb():
                 TinyMoEModel.loss_sum(model.head(hh), tgt).backward()
 
-            extras["head_B_s"] = max(0.0, _median_time(head_fb, repeats) - extras["head_F_s"])
+            extras["head_B_s"] = max(0.0, _quartile_time(head_fb, repeats) - extras["head_F_s"])
             extras["head_tokens"] = tokens
     for kind in KINDS:
         ws = layers[kind].pop("w_share")
@@ -191,10 +179,10 @@ def _throughput(cfg: TinyConfig, mbs: int, repeats: int) -> dict[str, float]:
 
     T, H = mbs * cfg.seq_len, cfg.hidden_size
     a, b = torch.randn(T, H), torch.randn(H, 4 * H)
-    t = _median_time(lambda: torch.mm(a, b), repeats * 5)
+    t = _quartile_time(lambda: torch.mm(a, b), repeats * 5)
     big = torch.empty(8 * 1024 * 1024)
     dst = torch.empty_like(big)
-    tc = _median_time(lambda: dst.copy_(big), repeats)
+    tc = _quartile_time(lambda: dst.copy_(big), repeats)
     return {"gemm_flop_per_s": 2 * T * H * 4 * H / t, "gemm_shape": [T, H, 4 * H],
             "memory_bytes_per_s": 2 * big.numel() * 4 / tc}
 
@@ -408,7 +396,7 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
     # the validation uses (runner.predict: processor sharing with the co-running table) without transfer CPU
     # and with 1 ms of it; the transfer CPU is the least-squares slope through the observed excess.
     if (out.get("1") or {}).get("factor") and p2p is not None:
-        from .predict import predict_runner
+        from .predict import MachineState, predict_runner
 
         m2 = 6
         rows, jobs_info = [], []
@@ -423,7 +411,8 @@ def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, 
                 dev = {**device, "p2p": p2p, "metadata": {"cores": cores},
                        "runner_cpu": {**out, "transfer_cpu_s": tx, **({"corun": corun} if corun else {})}}
                 pred.append(predict_runner(dev, d, pp=pp, ep=1, schedule="gpipe", microbatches=m2,
-                                           micro_batch_size=mbs, cores_available=avail)["cpu_per_step_s"])
+                                           micro_batch_size=mbs,
+                                           machine=MachineState(cores_available=avail))["cpu_per_step_s"])
             rows.append((per - pred[0], (pred[1] - pred[0]) / 1e-3))
             jobs_info.append({"pp": pp, "ep": 1, "schedule": "gpipe", "microbatches": m2, "cpu_per_step_s": per,
                               "predicted_without_transfers_s": pred[0], "cores_available": avail,

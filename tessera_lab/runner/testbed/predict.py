@@ -4,6 +4,7 @@ the iteration time of a job, and stage boundaries balanced on the calibrated per
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from tessera_lab.cost.device import a2a_entry, alpha_beta, cost_source, layer_times
@@ -13,16 +14,41 @@ from tessera_lab.pipeline.schedules import build_schedule, canonical_name
 from tessera_lab.pipeline.simulate import stage_durations
 from tessera_lab.plan.partition import uniform_boundaries
 
-__all__ = ["predict_runner", "balanced_boundaries", "device_plan", "available_cores", "work_scale",
+__all__ = ["MachineState", "PlanChoices", "predict_runner", "balanced_boundaries", "device_plan", "available_cores", "work_scale",
            "runner_cpu_entry"]
+
+
+@dataclass(frozen=True)
+class MachineState:
+    """What was measured of this machine when a prediction is made (each None: not measured).
+
+    Attributes:
+        machine_load: the 1-minute load average.
+        cpu_probe_s: :func:`tessera_lab.runner.testbed.probe.cpu_probe` of the job's processes, seconds.
+        cores_available: :func:`tessera_lab.runner.testbed.probe.available_cores` with the job's processes.
+        work_probe_s: :func:`tessera_lab.runner.testbed.work_probe.work_probe`, seconds.
+    """
+
+    machine_load: float | None = None
+    cpu_probe_s: float | None = None
+    cores_available: float | None = None
+    work_probe_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PlanChoices:
+    """What a runner plan chooses besides its sizes: the partition (``balanced`` on the calibrated layer costs,
+    or ``uniform``), the pair handler and its issue order (:mod:`tessera_lab.runner.runtime.orders`)."""
+
+    partition: str = "balanced"
+    pair_exec: str = "scheduled"
+    pair_order: Any = None
 
 
 def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int, ep: int, dp: int = 1,
                    schedule: str = "1f1b", microbatches: int = 4, micro_batch_size: int = 2,
                    boundaries: Sequence[int] | None = None, vpp: int | None = None,
-                   defer_w: bool = False, machine_load: float | None = None,
-                   cpu_probe_s: float | None = None, cores_available: float | None = None,
-                   work_probe_s: float | None = None) -> dict[str, Any]:
+                   defer_w: bool = False, machine: MachineState = MachineState()) -> dict[str, Any]:
     """Predicted iteration time of a runner job (seconds) and its parts.
 
     Per stage, the CPU work of F / B / W (the calibrated layer times, embedding and LM head, times the
@@ -32,14 +58,14 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     and the time blocked on all-to-all peers per action; then processor sharing over the schedule's timeline
     (:func:`tessera_lab.runner.testbed.sharing.simulate_shared`, with the co-running slowdown table
     ``runner_cpu.corun.table`` of processes computing at once): the job's computing processes (``ep * dp`` per busy
-    pipeline rank) share the cores available to this job, ``C``: ``cores_available`` (measured just before
+    pipeline rank) share the cores available to this job, ``C``: ``machine.cores_available`` (measured just before
     the run by :func:`tessera_lab.runner.testbed.probe.available_cores` with as many processes as the job, each in a
     session of its own as the spawned workers are), else from
     ``cpu_probe_s`` (the older median probe of ``world`` processes: ``world x calibration probe / probe``),
     else ``machine_load`` (the 1-minute load average: ``cores x cores / max(cores, load + world)``... as a
     per-process share), else all the cores (a quiet machine).
 
-    ``work_probe_s``: :func:`tessera_lab.runner.testbed.work_probe.work_probe` measured just before the run; every
+    ``machine.work_probe_s``: :func:`tessera_lab.runner.testbed.work_probe.work_probe` measured just before the run; every
     CPU work term is scaled by it over the calibration's (``runner_cpu.work_probe.ref_s``; :func:`work_scale`).
 
     Returns ``{"iteration_s", "bubble_fraction", "bubble_s", "ep_a2a_s", "stage_f_s", "stage_b_s",
@@ -55,6 +81,8 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
     """
     from .sharing import simulate_shared
 
+    machine_load, cpu_probe_s = machine.machine_load, machine.cpu_probe_s
+    cores_available, work_probe_s = machine.cores_available, machine.work_probe_s
     name = canonical_name(schedule)
     v = vpp if vpp is not None else (2 if name in ("interleaved", "dualpipev") else 1)
     sched = build_schedule(name, pp, microbatches, v)
@@ -225,31 +253,23 @@ def runner_model_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
     Raises:
         ConfigError: not a runner model.
     """
-    import json
-    from pathlib import Path
-
-    from tessera_lab.model.spec import load_model, shipped_models
+    from tessera_lab.model.spec import load_model
 
     from ..runtime.specs import TinyConfig
 
     spec = load_model(name_or_path)
-    path = shipped_models().get(str(name_or_path)) or Path(name_or_path)
-    return spec.name, TinyConfig.from_hf_config(json.loads(Path(path).read_text())).as_dict()
+    return spec.name, TinyConfig.from_model_spec(spec).as_dict()
 
 
 def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: int = 1, schedule: str = "1f1b",
                 microbatches: int = 4, micro_batch_size: int = 2, vpp: int | None = None,
-                partition: str = "balanced", pair_exec: str = "scheduled", pair_order: Any = None,
-                config: Mapping[str, Any] | None = None, machine_load: float | None = None,
-                cpu_probe_s: float | None = None, cores_available: float | None = None,
-                work_probe_s: float | None = None) -> dict[str, Any]:
+                choices: PlanChoices = PlanChoices(), config: Mapping[str, Any] | None = None,
+                machine: MachineState = MachineState()) -> dict[str, Any]:
     """A runner plan predicted from a calibrated device: the partition (``balanced`` on the calibrated layer
     costs, or ``uniform``), the schedule, micro-batches, pair handler and order, and the prediction made now,
     before any run. ``tessera-lab run --plan`` executes exactly this plan. ``config``: TinyConfig fields
-    (then ``model`` is only the label). ``machine_load``: the 1-minute load average when predicting (gives
-    the cores available, :func:`available_cores`); None: a quiet machine. ``cpu_probe_s``: :func:`tessera_lab.runner.testbed.probe.cpu_probe`
-    of the job's processes measured now (used instead of the load average when the device has a calibration
-    probe).
+    (then ``model`` is only the label). ``machine``: what was measured of the machine now
+    (:func:`predict_runner`); ``machine.machine_load`` None and nothing else measured: a quiet machine.
 
     Raises:
         ConfigError: not a runner model, bad sizes, or a partition name other than balanced / uniform.
@@ -258,6 +278,7 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
 
     from ..runtime.orders import resolve_order
 
+    partition, pair_exec, pair_order = choices.partition, choices.pair_exec, choices.pair_order
     if config is not None:
         name, cfg = model, dict(config)
     else:
@@ -276,9 +297,8 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
     else:
         raise ConfigError(f"field 'partition' = {partition!r} is unknown; allowed: balanced, uniform")
     pred = predict_runner(device, cfg, pp=pp, ep=ep, dp=dp, schedule=schedule, microbatches=microbatches,
-                          micro_batch_size=micro_batch_size, boundaries=bounds, vpp=vpp, machine_load=machine_load,
-                          cpu_probe_s=cpu_probe_s, cores_available=cores_available, work_probe_s=work_probe_s)
-    pred["machine_load_at_prediction"] = machine_load
+                          micro_batch_size=micro_batch_size, boundaries=bounds, vpp=vpp, machine=machine)
+    pred["machine_load_at_prediction"] = machine.machine_load
     label, template = resolve_order(pair_order, ep)
     return {
         "kind": "runner_plan", "schema_version": RUNNER_PLAN_SCHEMA, "model": name, "model_config": cfg,
@@ -328,9 +348,9 @@ def cmd_plan_device(args) -> int:
     plan = device_plan(dev, args.model, pp=args.pp, ep=args.ep, dp=args.dp, schedule=args.schedule,
                        microbatches=args.microbatches, micro_batch_size=args.micro_batch_size,
                        vpp=args.vpp if args.vpp != 1 else None,
-                       partition="uniform" if args.method == "uniform" else "balanced",
-                       machine_load=os.getloadavg()[0], cores_available=avail["cores_available"],
-                       work_probe_s=device_work_probe(dev))
+                       choices=PlanChoices(partition="uniform" if args.method == "uniform" else "balanced"),
+                       machine=MachineState(machine_load=os.getloadavg()[0], cores_available=avail["cores_available"],
+                                            work_probe_s=device_work_probe(dev)))
     text = format_device_plan(plan)
     if getattr(args, "json", None) == "-":
         write_json("-", plan)

@@ -19,6 +19,8 @@ import os
 import statistics
 import time
 
+from tessera_lab.samples import time_calls
+
 __all__ = ["ITERATIONS", "cpu_probe", "cpu_share", "available_cores"]
 
 #: loop iterations of one probe repetition (about 15 ms on one quiet 2.6 GHz Xeon core)
@@ -26,14 +28,12 @@ ITERATIONS = 300_000
 
 
 def _spin(iterations: int, repeats: int, q) -> None:
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+    def loop() -> None:
         x = 0
         for i in range(iterations):
             x += i & 7
-        out.append(time.perf_counter() - t)
-    q.put(out)
+
+    q.put(time_calls(loop, repeats, warmup=0))
 
 
 def cpu_probe(processes: int, *, repeats: int = 10, iterations: int = ITERATIONS) -> float:

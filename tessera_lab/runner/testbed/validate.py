@@ -59,7 +59,7 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
              micro_batch_size: int = 2, progress=None) -> dict[str, Any]:
     """Predict, run and compare every case; returns the JSON-ready result (module docstring)."""
     from .calibrate import widened
-    from .predict import device_plan, device_work_probe
+    from .predict import MachineState, PlanChoices, device_plan, device_work_probe
     from .probe import available_cores
     from ..launch.spawn import spawn
     from ..runtime.specs import RunSpec, TinyConfig, WorldSpec
@@ -74,8 +74,9 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
         cfg = widened(base, c["width"]).as_dict()
         plans[_name(c)] = device_plan(device, f"tiny-runner x{c['width']}", pp=c["pp"], ep=c["ep"],
                                       schedule=c["schedule"], microbatches=microbatches,
-                                      micro_batch_size=micro_batch_size, partition=c["partition"], config=cfg,
-                                      machine_load=load0[0])
+                                      micro_batch_size=micro_batch_size,
+                                      choices=PlanChoices(partition=c["partition"]), config=cfg,
+                                      machine=MachineState(machine_load=load0[0]))
     out_cases = []
     by_world: dict[tuple[int, int], list[dict]] = {}
     for c in matrix:
@@ -93,9 +94,10 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
         for c in cs:
             group_plans[_name(c)] = device_plan(
                 device, f"tiny-runner x{c['width']}", pp=pp, ep=ep, schedule=c["schedule"],
-                microbatches=microbatches, micro_batch_size=micro_batch_size, partition=c["partition"],
-                config=widened(base, c["width"]).as_dict(), machine_load=os.getloadavg()[0],
-                cores_available=a["cores_available"], work_probe_s=a["work_probe_s"])
+                microbatches=microbatches, micro_batch_size=micro_batch_size,
+                choices=PlanChoices(partition=c["partition"]), config=widened(base, c["width"]).as_dict(),
+                machine=MachineState(machine_load=os.getloadavg()[0], cores_available=a["cores_available"],
+                                     work_probe_s=a["work_probe_s"]))
         for c in cs:
             pl = group_plans[_name(c)]
             jobs.append(RunSpec(name=_name(c), model=pl["model_config"], schedule=c["schedule"],
@@ -233,7 +235,7 @@ def repredict(result: dict[str, Any], device: dict, *, microbatches: int = 4,
     median probes ``cpu_probe_s``) as inputs, the stored observations unchanged. Returns ``{"cases":
     [{name, predicted_s, observed_s, error}], **summarize(...)}``."""
     from .calibrate import widened
-    from .predict import predict_runner
+    from .predict import MachineState, predict_runner
     from ..runtime.specs import TinyConfig
 
     pi = result.get("prediction_inputs") or {}
@@ -247,9 +249,10 @@ def repredict(result: dict[str, Any], device: dict, *, microbatches: int = 4,
             dev = {**device, "metadata": {**device["metadata"], "cpu_probe_s": pi["calibration_cpu_probe_s"]}}
         p = predict_runner(dev, widened(TinyConfig(), c["width"]).as_dict(), pp=c["pp"], ep=c["ep"],
                            schedule=c["schedule"], microbatches=microbatches, micro_batch_size=micro_batch_size,
-                           boundaries=c["boundaries"], cores_available=av["cores_available"] if av else None,
-                           cpu_probe_s=probe if av is None else None,
-                           work_probe_s=av.get("work_probe_s") if av else None)
+                           boundaries=c["boundaries"],
+                           machine=MachineState(cores_available=av["cores_available"] if av else None,
+                                                cpu_probe_s=probe if av is None else None,
+                                                work_probe_s=av.get("work_probe_s") if av else None))
         out.append({"name": c["name"], "predicted_s": p["iteration_s"], "observed_s": c["observed_s"],
                     "error": (p["iteration_s"] - c["observed_s"]) / c["observed_s"]})
     return {"cases": out, **summarize(out)}
