@@ -200,8 +200,14 @@ def test_minimax_relabelled_mixtral_is_refused_naming_fields():
     with pytest.raises(ConfigError, match=r"'attn_type_list'.*mixtral") as err:
         ModelSpec.from_hf_config(cfg)
     assert "postnorm" in str(err.value)
-    m = ModelSpec.from_hf_config(cfg, allow_unknown_fields=True)
-    assert any("attn_type_list" in n for n in m.notes) and all(l.attention == "gqa" for l in m.layers)
+    # attn_type_list names a layer-kind list: --allow-unknown-fields alone still refuses it (the model has 70
+    # lightning-attention layers a mixtral reading would drop)
+    with pytest.raises(ConfigError, match=r"'attn_type_list' \(its name says.*--allow-structural-fields"):
+        ModelSpec.from_hf_config(cfg, allow_unknown_fields=True)
+    m = ModelSpec.from_hf_config(cfg, allow_unknown_fields=True, allow_structural_fields=True)
+    assert m.notes[0].startswith("approximate: ") and "attn_type_list" in m.notes[0] and m.approximate == m.notes[0]
+    assert all(l.attention == "gqa" for l in m.layers)
+    assert any("MiniMaxM1ForCausalLM" in n and "model_type decides" in n for n in m.notes)
 
 
 def test_nemotron_h_infinity_is_not_the_error(tmp_path):

@@ -102,6 +102,22 @@ def opt_int(cfg: Mapping[str, Any], key: str, default: int, *, minimum: int = 1)
     return req_int(cfg, key, minimum=minimum)
 
 
+def opt_bool(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
+    """An optional boolean config field: ``default`` (Hugging Face's) when absent or null, else it must be a JSON
+    boolean (a string ``"false"`` would read as true).
+
+    Raises:
+        ConfigError: naming the field and the value.
+    """
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ConfigError(f"config field '{key}' = {v!r} is not a boolean; allowed: true or false (a JSON boolean, "
+                          "or null for the default)")
+    return v
+
+
 def _moe_rule_qwen(cfg: Mapping[str, Any], n_layers: int, num_experts: int) -> list[str]:
     """transformers Qwen3-MoE / Qwen3-Next rule: a layer is MoE when it is not in ``mlp_only_layers``,
     there are experts, and ``(i + 1) % decoder_sparse_step == 0``."""

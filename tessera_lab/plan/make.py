@@ -171,6 +171,10 @@ class Plan:
                 "expert_load", "grouped_gemm", "fused_cross_entropy")},
             "notes": self.notes,
         }
+        if self.model.approximate:  # unknown config fields ignored: every export made from the plan says so
+            d["approximate"] = self.model.approximate
+        if self.model.path:
+            d["model_path"] = self.model.path
         # layout and memory fields, written only when set (plans without them read as before)
         defaults = ParallelConfig()
         for k in ("ep_placement", "ep_spans_tp", "sequence_parallel", "adam_moment_dtype", "recompute_modules",
@@ -189,7 +193,8 @@ class Plan:
             # rebuilds it anywhere, without the file
             d["hf_config"] = dict(self.model.raw)
             d["hf_config_options"] = {"plan_mtp": self.model.plan_mtp,
-                                      "allow_unknown_fields": self.model.allow_unknown_fields}
+                                      "allow_unknown_fields": self.model.allow_unknown_fields,
+                                      "allow_structural_fields": self.model.allow_structural_fields}
         if self.partition_from and self.solver_result is not None:
             r = self.solver_result
             d["partition_from"] = self.partition_from

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from tessera_lab.model.families.deepseek import mtp_layers
 from tessera_lab.model.families.qwen3 import check_act
 from tessera_lab.model.hf_families import (
-    DENSE, FULL_ATTENTION, MOE, _gqa_fields, _layers, _moe_common, opt_int, req_int,
+    DENSE, FULL_ATTENTION, MOE, _gqa_fields, _layers, _moe_common, opt_bool, opt_int, req_int,
 )
 
 MODEL_TYPES = ("glm4_moe",)
@@ -39,10 +39,10 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     first_dense = opt_int(cfg, "first_k_dense_replace", 0, minimum=0)
     width = req_int(cfg, "moe_intermediate_size")
     layers = _layers([FULL_ATTENTION] * n, ["gqa"] * n, [MOE if i >= first_dense else DENSE for i in range(n)])
-    bias = bool(cfg.get("attention_bias", False))
+    bias = opt_bool(cfg, "attention_bias", False)
     return dict(
         **_gqa_fields(cfg), **moe,
-        qk_norm=bool(cfg.get("use_qk_norm", False)),
+        qk_norm=opt_bool(cfg, "use_qk_norm", False),
         attention_bias=bias,
         intermediate_size=req_int(cfg, "intermediate_size"),
         moe_intermediate_size=width,

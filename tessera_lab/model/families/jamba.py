@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.families.qwen3 import check_act
 from tessera_lab.model.hf_families import (
-    DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MOE, _gqa_fields, _layers, opt_int, req_int,
+    DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MOE, _gqa_fields, _layers, opt_bool, opt_int, req_int,
 )
 
 MODEL_TYPES = ("jamba",)
@@ -69,7 +69,7 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
         moe_intermediate_size=width, intermediate_size=width,
         mamba_d_inner=opt_int(cfg, "mamba_expand", 2) * h, ssm_state_size=opt_int(cfg, "mamba_d_state", 16),
         mamba_conv_kernel=opt_int(cfg, "mamba_d_conv", 4), mamba_dt_rank=dt_rank,
-        mamba_conv_bias=bool(cfg.get("mamba_conv_bias", True)), mamba_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
-        mamba_bcdt_norms=bool(cfg.get("mamba_inner_layernorms", True)),  # Jamba v0.1 names them
+        mamba_conv_bias=opt_bool(cfg, "mamba_conv_bias", True), mamba_proj_bias=opt_bool(cfg, "mamba_proj_bias", False),
+        mamba_bcdt_norms=opt_bool(cfg, "mamba_inner_layernorms", True),  # Jamba v0.1 names them
         layers=_layers(mixers, ["gqa" if m == FULL_ATTENTION else "mamba" for m in mixers], ffns),
     )

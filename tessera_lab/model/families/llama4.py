@@ -16,7 +16,9 @@ from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.families.qwen3 import check_act
-from tessera_lab.model.hf_families import DENSE, FULL_ATTENTION, MOE, LayerSpec, _gqa_fields, _moe_common, opt_int, req_int
+from tessera_lab.model.hf_families import (
+    DENSE, FULL_ATTENTION, MOE, LayerSpec, _gqa_fields, _moe_common, opt_bool, opt_int, req_int,
+)
 
 MODEL_TYPES = ("llama4_text",)
 ARCHITECTURES = ("Llama4ForCausalLM",)
@@ -67,7 +69,7 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
                                 window=chunk if local else 0, local="chunked" if local else "", rope=bool(rope[i]),
                                 dense_width=0 if i in moe_layers else opt_int(cfg, "intermediate_size_mlp", 16384)))
     width = req_int(cfg, "intermediate_size")
-    bias = bool(cfg.get("attention_bias", False))
+    bias = opt_bool(cfg, "attention_bias", False)
     return dict(**_gqa_fields(cfg), **_moe_common(cfg, "num_local_experts"), attention_bias=bias, o_bias=bias,
                 moe_intermediate_size=width, intermediate_size=width, shared_expert_intermediate_size=width,
                 layers=tuple(layers))

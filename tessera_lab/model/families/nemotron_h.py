@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hf_families import (
-    DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MOE, NO_FFN, NO_MIXER, LayerSpec, opt_int, req_int,
+    DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MOE, NO_FFN, NO_MIXER, LayerSpec, opt_bool, opt_int, req_int,
 )
 
 MODEL_TYPES = ("nemotron_h",)
@@ -71,7 +71,7 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     layers = tuple(LayerSpec(i, *_KINDS[c]) for i, c in enumerate(pat))
     nh = req_int(cfg, "num_attention_heads")
     hd = opt_int(cfg, "attention_head_dim", 0) or opt_int(cfg, "head_dim", req_int(cfg, "hidden_size") // nh)
-    bias = bool(cfg.get("attention_bias", False))
+    bias = opt_bool(cfg, "attention_bias", False)
     moe: dict[str, Any] = {}
     if "E" in pat:  # NemotronHMoE: ReLU^2 routed experts, shared expert(s), sigmoid router with a correction bias
         E = req_int(cfg, "n_routed_experts")
@@ -87,10 +87,10 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return dict(**moe,
         num_attention_heads=nh, num_key_value_heads=opt_int(cfg, "num_key_value_heads", nh), head_dim=hd,
         attention_bias=bias, o_bias=bias,
-        intermediate_size=req_int(cfg, "intermediate_size"), ffn_act="relu2", mlp_bias=bool(cfg.get("mlp_bias", False)),
+        intermediate_size=req_int(cfg, "intermediate_size"), ffn_act="relu2", mlp_bias=opt_bool(cfg, "mlp_bias", False),
         mamba_num_heads=req_int(cfg, "mamba_num_heads"), mamba_head_dim=req_int(cfg, "mamba_head_dim"),
         mamba_n_groups=opt_int(cfg, "n_groups", 1), ssm_state_size=req_int(cfg, "ssm_state_size"),
         mamba_conv_kernel=opt_int(cfg, "conv_kernel", 4), mamba_chunk_size=opt_int(cfg, "chunk_size", 128),
-        mamba_conv_bias=bool(cfg.get("use_conv_bias", True)), mamba_proj_bias=bool(cfg.get("use_bias", False)),
+        mamba_conv_bias=opt_bool(cfg, "use_conv_bias", True), mamba_proj_bias=opt_bool(cfg, "use_bias", False),
         layers=layers,
     )

@@ -1,0 +1,48 @@
+"""Model types whose architecture has a feature the cost model does not have yet: refused with one line naming it
+(the list is in docs/models.md). Not a reader: :func:`tessera_lab.model.families.resolve` consults it before
+refusing an unknown ``model_type``, and the readers call :func:`refuse` for such a feature inside a known family.
+
+This module never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from tessera_lab.errors import ConfigError
+
+#: model_type -> the architecture feature the cost model does not have (one line each; docs/models.md lists them)
+FEATURES: dict[str, str] = {
+    "deepseek_v4": "DeepSeek-V4's compressed sparse attention (compress_ratios), hyper-connections (hc_mult) and "
+                   "hash-routed MoE layers (num_hash_layers)",
+    "deepseek_ref": "DeepSeek-V4's compressed sparse attention (compress_ratios), hyper-connections (hc_mult) and "
+                    "hash-routed MoE layers (num_hash_layers)",
+    "minimax_m3": "MiniMax-M3's sparse attention (sparse_attention_config) and MTP modules (num_mtp_modules)",
+    "minimax_m3_vl": "MiniMax-M3's sparse attention (sparse_attention_config) and MTP modules (num_mtp_modules)",
+    "mimo_v2_flash": "MiMo-V2-Flash's sliding-window layers with their own head counts (swa_num_attention_heads, "
+                     "swa_num_key_value_heads) and a value head dim unlike the key's (v_head_dim)",
+    "step3p7": "Step-3.x's per-layer attention kinds with a shared expert of its own width (share_expert_dim) and "
+               "3 MTP layers (no reference modeling file read yet)",
+    "step3p5": "Step-3.x's per-layer attention kinds with a shared expert of its own width (share_expert_dim) "
+               "(no reference modeling file read yet)",
+    "gemma4_text": "Gemma-4's global-attention layers with their own head_dim and key-value heads (global_head_dim, "
+                   "attention_k_eq_v) and, in the MoE models, a dense MLP beside the MoE block (enable_moe_block)",
+    "gemma4": "Gemma-4's global-attention layers with their own head_dim and key-value heads (global_head_dim, "
+              "attention_k_eq_v) and, in the MoE models, a dense MLP beside the MoE block (enable_moe_block)",
+}
+
+#: architecture feature inside a known family -> its one line (readers refuse with it)
+LATENT_MOE = ("latent MoE (routed experts run on a down-projected hidden state of {field} = {value}; the cost "
+              "model's expert GEMMs and all-to-all volumes use hidden_size)")
+
+
+def feature_of(cfg: Mapping[str, Any]) -> str | None:
+    """The unsupported feature named by a config's ``model_type`` (``None``: not listed)."""
+    mt = cfg.get("model_type")
+    return FEATURES.get(mt) if isinstance(mt, str) else None
+
+
+def refuse(model_type: Any, feature: str) -> ConfigError:
+    """The one-line refusal: ``model_type 'x' has <feature>, which the cost model does not have yet (docs/models.md)``."""
+    return ConfigError(f"config field 'model_type' = {model_type!r}: the model has {feature}, which the cost model "
+                       "does not have yet (docs/models.md, 'Not yet modelled'); allowed: a model without it")
