@@ -116,10 +116,19 @@ def dense_mlp_params(m: ModelSpec, layer: LayerSpec) -> int:
 
 
 def routed_expert_params(m: ModelSpec) -> int:
-    """Parameters of one routed expert (gate, up and down projections; biases for gpt-oss)."""
-    w, h = m.moe_intermediate_size, m.hidden_size
+    """Parameters of one routed expert (gate, up and down projections; biases for gpt-oss); a latent MoE's experts
+    read and write the ``moe_latent_size`` state (transformers ``NemotronHExperts`` on ``fc1_latent_proj``'s output)."""
+    w, h = m.moe_intermediate_size, (m.moe_latent_size or m.hidden_size)
     mats = 3 if m.expert_act == "swiglu" else 2  # Nemotron-H's ReLU^2 experts: up and down only
     return mats * h * w + ((2 * w + h) if m.expert_bias else 0)
+
+
+def latent_projection_params(m: ModelSpec) -> int:
+    """A latent MoE's ``fc1_latent_proj`` (h -> latent) and ``fc2_latent_proj`` (latent -> h), biases with
+    ``mlp_bias`` (transformers ``modeling_nemotron_h.py`` @008d9e9577b0 ``NemotronHMoE``); every token uses them, so
+    they count with the shared expert; 0 without a latent."""
+    lat, h = m.moe_latent_size, m.hidden_size
+    return 2 * h * lat + ((lat + h) if m.mlp_bias else 0) if lat else 0
 
 
 def router_params(m: ModelSpec) -> int:
@@ -139,7 +148,7 @@ def layer_params(m: ModelSpec, layer: LayerSpec) -> dict[str, int]:
     if layer.ffn == MOE:
         out["router"] = router_params(m)
         out["experts"] = m.num_experts * routed_expert_params(m)
-        out["shared"] = m.shared_expert_params()
+        out["shared"] = m.shared_expert_params() + latent_projection_params(m)
     elif layer.ffn == DENSE:
         out["dense_mlp"] = dense_mlp_params(m, layer)
     return out

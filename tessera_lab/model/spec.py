@@ -99,6 +99,9 @@ class ModelSpec:
     num_experts_per_tok: int = 0
     shared_expert_intermediate_size: int = 0
     shared_expert_gate: bool = False
+    #: latent MoE (Nemotron 3 Super/Ultra): routed experts run on an h -> moe_latent_size projection of the hidden
+    #: state (and it back); 0: experts on the hidden state
+    moe_latent_size: int = 0
     router_bias: bool = False
     # group-limited routing (DeepSeek-V3: experts in n_group groups, a token picks experts in topk_group of them)
     n_group: int = 1

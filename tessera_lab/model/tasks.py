@@ -15,7 +15,9 @@ FLOP conventions (per micro-batch, per rank):
   value head, ``S^T k``, the rank-1 state update and ``S^T q`` cost ``6 d_k d_v``; the chunked kernel adds
   the intra-chunk products ``2 C (d_k + d_v)`` with chunk size ``C = 64`` (flash-linear-attention's
   default). B = 2 x F, no W.
-* Routed experts: tokens received by the rank times top-k copies, three GEMMs of width ``moe_intermediate_size``;
+* Routed experts: tokens received by the rank times top-k copies, three GEMMs of width ``moe_intermediate_size``
+  (a latent MoE, ``moe_latent_size``: the tokens are projected to the latent before the dispatch and back after the
+  combine, so the all-to-alls and the expert GEMMs work on the latent, as Megatron-Core's ``moe_latent_size``);
   with ``tp > 1`` each TP rank routes ``T / tp`` tokens (sequence parallel, expert tensor parallel 1, as
   Megatron-Core does), so expert work and all-to-all bytes are not repeated on every TP rank.
 
@@ -156,7 +158,11 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
                         deps=(after,), saved_bytes=4.0 * T * E, gemms=((T, h, E),)),
                    w=Task("router", g.layer, "W", "gemm", 2.0 * T * h * E, dt * (T * h + h * E + T * E),
                           gemms=((T, h, E),)))
-    permute = g.elementwise("permute", dt * sent * h * 2, [router])
+    h_all, deps = h, [router]
+    if m.moe_latent_size:  # latent MoE: fc1_latent_proj before the dispatch, experts and all-to-alls on the latent
+        deps.append(g.gemm("latent_down", T, h, m.moe_latent_size, [after]))
+        h = m.moe_latent_size
+    permute = g.elementwise("permute", dt * sent * h * 2, deps)
     route = (T, E, k, p.dispatcher, m.n_group, m.topk_group)
     dispatch = g.comm("dispatch", "all_to_all", dt * sent * h, "ep", p.ep, [permute], route)
     width = m.moe_intermediate_size
@@ -184,6 +190,9 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
         g.recomputed.add(act)
     combine = g.comm("combine", "all_to_all", dt * sent * h, "ep", p.ep, [act], route)
     unpermute = g.elementwise("unpermute", dt * (sent * h + T * h), [combine], saved=dt * sent * h)
+    if m.moe_latent_size:  # fc2_latent_proj back to the hidden state
+        unpermute = g.gemm("latent_up", T, h, h_all, [unpermute])
+        h = h_all
     outs = [unpermute]
     if m.shared_expert_intermediate_size:
         Is = m.shared_expert_intermediate_size / p.tp

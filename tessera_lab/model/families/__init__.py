@@ -124,6 +124,9 @@ def resolve(cfg: Mapping[str, Any]) -> tuple[ModuleType, dict[str, Any], list[st
         cfg, model_type = inner, inner.get("model_type")
     else:
         cfg = dict(cfg)
+    feature = unsupported.feature_of(cfg)  # a text_config's own type or fields
+    if feature is not None:
+        raise unsupported.refuse(model_type, feature)
     if model_type in _BY_TYPE:
         reader = _BY_TYPE[model_type]
         notes += _arch_note(reader, cfg)
@@ -136,9 +139,6 @@ def resolve(cfg: Mapping[str, Any]) -> tuple[ModuleType, dict[str, Any], list[st
                 notes.append(f"model_type {model_type!r} is not a known type; read as {family_name(reader)} because "
                              f"'architectures' names {arch} (the same architecture)")
                 return reader, cfg, notes
-    feature = unsupported.feature_of(cfg)
-    if feature is not None:
-        raise unsupported.refuse(model_type, feature)
     reader_for(str(model_type) if model_type is not None else None)  # raises the one-line error
     raise AssertionError  # pragma: no cover
 

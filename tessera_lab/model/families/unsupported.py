@@ -31,15 +31,30 @@ FEATURES: dict[str, str] = {
               "attention_k_eq_v) and, in the MoE models, a dense MLP beside the MoE block (enable_moe_block)",
 }
 
-#: architecture feature inside a known family -> its one line (readers refuse with it)
-LATENT_MOE = ("latent MoE (routed experts run on a down-projected hidden state of {field} = {value}; the cost "
-              "model's expert GEMMs and all-to-all volumes use hidden_size)")
+#: a config field (set, not null) that brings a feature the cost model does not have, whatever the model_type
+FIELD_FEATURES: dict[str, str] = {
+    "attn_res_block_size": "Kimi-K3's block attention residuals (attn_res_block_size) and normed latent MoE "
+                           "(routed_expert_hidden_size, latent_moe_use_norm)",
+    "routed_expert_hidden_size": "Kimi-K3's block attention residuals (attn_res_block_size) and normed latent MoE "
+                                 "(routed_expert_hidden_size, latent_moe_use_norm)",
+    "hc_mult": "hyper-connections (hc_mult: several residual streams mixed per layer)",
+    "compress_ratios": "compressed sparse attention (compress_ratios)",
+    "num_hash_layers": "hash-routed MoE layers (num_hash_layers)",
+    "index_topk_freq": "DSA indexers shared across layers (indexer_types 'shared', index_topk_freq: a layer reuses "
+                       "another layer's selection)",
+}
+#: values of a :data:`FIELD_FEATURES` field that bring no such feature (one residual stream, every layer its indexer)
+_NO_FEATURE = (None, 0, 1, False)
 
 
 def feature_of(cfg: Mapping[str, Any]) -> str | None:
-    """The unsupported feature named by a config's ``model_type`` (``None``: not listed)."""
+    """The unsupported feature named by a config's ``model_type`` or by one of its fields (``None``: none)."""
     mt = cfg.get("model_type")
-    return FEATURES.get(mt) if isinstance(mt, str) else None
+    if isinstance(mt, str) and mt in FEATURES:
+        return FEATURES[mt]
+    return next((FIELD_FEATURES[k] for k in FIELD_FEATURES
+                 if not any(cfg.get(k) is v or (type(v) is int and type(cfg.get(k)) is int and cfg.get(k) == v)
+                            for v in _NO_FEATURE)), None)
 
 
 def refuse(model_type: Any, feature: str) -> ConfigError:
