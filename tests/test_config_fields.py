@@ -174,3 +174,60 @@ def test_params_prints_pattern_legend_and_split(capsys):
     assert main(["params", "deepseek-v3"]) == 0
     text = capsys.readouterr().out
     assert "pattern aaaA" in text and "lower case: dense FFN" in text and "moe: 58 layers" in text
+
+
+# ---------------------------------------------------------------------- knobs the family rule cannot realise
+def test_jamba_attention_ratio_100_is_refused_with_the_ratios_it_can():
+    m = load_model("jamba-1.5-mini")
+    with pytest.raises(ConfigError) as err:
+        m.with_changes(attention_ratio=100)
+    text = str(err.value)
+    assert "'attention_ratio' = 100 cannot be realised by the jamba rule in 32 layers" in text
+    allowed = [int(x) for x in text.split("allowed: ")[1].split(", ")]
+    # by Jamba's rule (attention when i % (r + 1) == min(4, r)), brute force over the 32 layers: the linear runs
+    # (before each attention layer, and the trailing one) are r long more often than not
+    def realised(r):
+        full = [i for i in range(32) if i % (r + 1) == min(4, r)]
+        runs = [b - a - 1 for a, b in zip([-1] + full, full)] + ([31 - full[-1]] if full[-1] < 31 else [])
+        return bool(full) and 2 * runs.count(r) > len(runs)
+    assert allowed == [r for r in range(32) if realised(r)] and 7 in allowed and 100 not in allowed
+    for r in allowed:
+        assert m.with_changes(attention_ratio=r).num_decoder_layers == 32
+
+
+def test_kimi_ratio_keeps_its_rule_and_refuses_what_it_cannot():
+    m = load_model("kimi-linear-48b-a3b")
+    assert m.with_changes(attention_ratio=3).layer_pattern() == m.layer_pattern()
+    with pytest.raises(ConfigError, match="cannot be realised by the kimi_linear rule"):
+        m.with_changes(attention_ratio=20)  # MLA at 21 and 27: runs 20 and 5
+
+
+def test_jamba_offset_at_or_past_the_period_is_refused():
+    for key, period in (("attn_layer_offset", "attn_layer_period"), ("expert_layer_offset", "expert_layer_period")):
+        cfg = shipped("jamba-1.5-mini")
+        cfg[key] = cfg[period]
+        with pytest.raises(ConfigError, match=rf"'{key}' = {cfg[period]} is out of range; allowed: 0 to "
+                                              rf"{period} - 1 = {cfg[period] - 1}$"):
+            ModelSpec.from_hf_config(cfg)
+
+
+def test_kimi_layer_in_both_lists_is_refused():
+    cfg = shipped("kimi-linear-48b-a3b")
+    lac = cfg["linear_attn_config"]
+    lac["full_attn_layers"] = sorted(set(lac.get("full_attn_layers") or [4]) | {lac["kda_layers"][0]})
+    with pytest.raises(ConfigError, match=rf"layer {lac['kda_layers'][0]} \(1-based\) in both kda_layers"):
+        ModelSpec.from_hf_config(cfg)
+
+
+def test_expert_width_names_what_else_it_changed():
+    jamba = load_model("jamba-1.5-mini").with_changes(moe_intermediate_size=7168)
+    # Jamba: layers i % 2 == 0 are dense (expert_layer_period 2, offset 1): 16 of 32
+    assert any("16 dense MLP layers' width 14336 -> 7168" in n for n in jamba.notes)
+    scout = load_model("llama-4-scout-17b-16e").with_changes(moe_intermediate_size=4096)
+    assert any("shared expert's width 8192 -> 4096" in n for n in scout.notes)
+    # Qwen3-Next's shared expert has its own field: nothing else changes, nothing said
+    nxt = load_model("qwen3-next-80b-a3b").with_changes(moe_intermediate_size=256)
+    assert not any("also changed" in n for n in nxt.notes)
+    # asked for both: nothing to say about the shared expert
+    ds = load_model("deepseek-v3").with_changes(moe_intermediate_size=1024, shared_experts=1)
+    assert not any("shared expert's width" in n for n in ds.notes)

@@ -343,7 +343,33 @@ class ModelSpec:
             raise ConfigError(f"knob 'attention_ratio' = {attention_ratio} leaves no full-attention layer in "
                               f"{spec.num_decoder_layers} layers; allowed: at most {self._max_ratio(reader, cfg)} "
                               "(or ask for it: --allow-no-full-attention)")
-        return spec
+        if attention_ratio is not None and has_linear and not realises_ratio(spec, attention_ratio) and \
+                any(l.mixer == FULL_ATTENTION for l in spec.layers if not l.mtp):
+            can = self._ratios(reader, cfg)
+            raise ConfigError(f"knob 'attention_ratio' = {attention_ratio} cannot be realised by the {spec.family} "
+                              f"rule in {spec.num_decoder_layers} layers (it gives the pattern "
+                              f"{spec.layer_pattern()}); allowed: {', '.join(map(str, can))}")
+        side = _side_effects(self, spec, {k for k, v in (("moe_intermediate_size", moe_intermediate_size),
+                                                          ("shared_expert_intermediate_size",
+                                                           shared_expert_intermediate_size),
+                                                          ("shared_experts", shared_experts)) if v is not None})
+        return dataclasses.replace(spec, notes=spec.notes + tuple(n for n in side if n not in spec.notes)) \
+            if side else spec
+
+    def _ratios(self, reader, cfg: Mapping[str, Any]) -> list[int]:
+        """The attention ratios the family's rule realises in this many layers (the built model's
+        :attr:`attention_ratio` equals the ratio asked, and a full-attention layer is left)."""
+        out = []
+        for r in range(0, self.num_decoder_layers):
+            c = dict(cfg)
+            families.apply_knob(reader, c, "attention_ratio", r)
+            try:
+                m = ModelSpec.from_hf_config(c, allow_unknown_fields=True, allow_structural_fields=True)
+            except ConfigError:
+                continue
+            if any(l.mixer == FULL_ATTENTION for l in m.layers if not l.mtp) and realises_ratio(m, r):
+                out.append(r)
+        return out
 
     def _max_ratio(self, reader, cfg: Mapping[str, Any]) -> int:
         """The largest attention ratio that keeps a full-attention layer (searched by the family's rule)."""
@@ -502,6 +528,43 @@ class ModelSpec:
             "shared_expert_width": self.shared_expert_intermediate_size,
             "attention_ratio": self.attention_ratio,
         }
+
+
+def realises_ratio(m: ModelSpec, ratio: int) -> bool:
+    """Whether a model's layers realise ``ratio`` linear-mixer layers per full-attention layer: the runs of linear
+    mixers (before each full-attention layer, and the trailing run when there is one) are ``ratio`` long more often
+    than not (Kimi-Linear's MLA at 4, 8, ..., 24 and 27: six runs of 3, one of 2, realise 3; Jamba's period 27 at
+    offset 4 in 32 layers, runs 4 and 26, realises nothing)."""
+    runs, run = Counter(), 0
+    for layer in m.layers:
+        if layer.mtp or layer.mixer == NO_MIXER:
+            continue
+        if layer.mixer == FULL_ATTENTION:
+            runs[run] += 1
+            run = 0
+        else:
+            run += 1
+    if run:
+        runs[run] += 1
+    return runs[ratio] > sum(runs.values()) - runs[ratio]
+
+
+def _side_effects(before: ModelSpec, after: ModelSpec, asked: set[str]) -> list[str]:
+    """Notes naming what a knob changed beyond its name: the dense MLP width (Jamba's experts and dense MLPs share
+    ``intermediate_size``) or the shared expert's width (Llama-4's shared expert has the routed width; DeepSeek-V3's
+    and Kimi's shared experts are ``n_shared x`` the routed width), when the knob that sets it was not given."""
+    notes = []
+    dense = [l for l in after.layers if l.ffn == DENSE and not l.dense_width]
+    if dense and after.intermediate_size != before.intermediate_size and "moe_intermediate_size" in asked:
+        notes.append(f"the expert width knob also changed the {len(dense)} dense MLP layers' width "
+                     f"{before.intermediate_size} -> {after.intermediate_size} (the {after.family} config has one "
+                     "intermediate_size for both)")
+    if after.shared_expert_intermediate_size != before.shared_expert_intermediate_size and \
+            not asked & {"shared_expert_intermediate_size", "shared_experts"}:
+        notes.append(f"the expert width knob also changed the shared expert's width "
+                     f"{before.shared_expert_intermediate_size} -> {after.shared_expert_intermediate_size} (the "
+                     f"{after.family} rule sizes the shared expert from the routed width)")
+    return notes
 
 
 def mixer_kinds_text(labels: "list[str]") -> str:

@@ -39,9 +39,9 @@ READS = frozenset({"num_attention_heads", "num_key_value_heads", "q_lora_rank", 
                    "num_experts_per_tok", "n_shared_experts", "first_k_dense_replace", "moe_layer_freq", "n_group",
                    "topk_group", "topk_method", "num_nextn_predict_layers", "index_n_heads", "index_head_dim",
                    "index_topk", "hidden_act", "attention_bias", "head_dim", "mlp_layer_types", "qk_head_dim",
-                   "indexer_types", "index_topk_freq", "index_topk_pattern", "index_skip_topk_offset",
-                   "index_share_for_mtp_iteration"})
-IGNORES = frozenset({"indexer_rope_interleave"})
+                   "indexer_types", "index_topk_freq", "index_topk_pattern", "index_skip_topk_offset"})
+#: indexer_rope_interleave: RoPE layout; index_share_for_mtp_iteration: only with shared indexers (refused)
+IGNORES = frozenset({"indexer_rope_interleave", "index_share_for_mtp_iteration"})
 KNOBS = {"moe_intermediate_size": "moe_intermediate_size", "num_experts_per_tok": "num_experts_per_tok",
          "num_experts": "n_routed_experts", "shared_experts": "n_shared_experts", "moe_every": "moe_layer_freq"}
 

@@ -55,6 +55,11 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     n, h = req_int(cfg, "num_hidden_layers"), req_int(cfg, "hidden_size")
     ap, ao = opt_int(cfg, "attn_layer_period", 8), opt_int(cfg, "attn_layer_offset", 4, minimum=0)
     ep, eo = opt_int(cfg, "expert_layer_period", 2), opt_int(cfg, "expert_layer_offset", 1, minimum=0)
+    for key, period, offset in (("attn_layer_offset", ap, ao), ("expert_layer_offset", ep, eo)):
+        if offset >= period:  # the rule i % period == offset would never hold: no attention / no MoE layer
+            pkey = key.replace("offset", "period")
+            raise ConfigError(f"config field '{key}' = {offset} is out of range; allowed: 0 to {pkey} - 1 = "
+                              f"{period - 1}")
     E = opt_int(cfg, "num_experts", 16)
     k = opt_int(cfg, "num_experts_per_tok", 2)
     if k > E:
