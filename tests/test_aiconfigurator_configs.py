@@ -166,3 +166,16 @@ def test_latent_moe_moves_the_latent_over_the_all_to_all():
     assert tasks["latent_down"].flops == pytest.approx(2 * 4096 * 4096 * 1024)
     assert tasks["latent_up"].flops == pytest.approx(2 * 4096 * 1024 * 4096)
     assert tasks["experts"].flops == pytest.approx(base["experts"].flops * 1024 / 4096)
+
+
+def test_nemotron35_mtp_step_by_hand():
+    m = load("nvidia--NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4")
+    h, nh, nkv, hd = 2688, 32, 2, 128
+    E, w, sw = 128, 1856, 3712
+    # sglang nemotron_h_mtp.py: eh_proj 2h x h, enorm, hnorm, final norm; an attention block and a MoE block, each
+    # with its own norm; attention without biases; ReLU^2 experts and shared expert; router with correction bias
+    attention = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
+    moe = E * 2 * h * w + 2 * h * sw + h * E + E
+    assert len(m.mtp_layers) == 1
+    assert m.param_counts().mtp == 2 * h * h + 3 * h + attention + 2 * h + moe
+    assert m.moe_latent_size == 0  # moe_latent_size: null, no latent

@@ -231,3 +231,27 @@ def test_expert_width_names_what_else_it_changed():
     # asked for both: nothing to say about the shared expert
     ds = load_model("deepseek-v3").with_changes(moe_intermediate_size=1024, shared_experts=1)
     assert not any("shared expert's width" in n for n in ds.notes)
+
+
+def test_approximate_is_the_reports_first_line_and_survives_a_saved_plan(tmp_path, capsys):
+    folder = tmp_path / "Qwen3-8B-custom"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**shipped("qwen3-8b"), "router_warmup_coef": 1}))
+    assert main(["report", "--model", str(folder / "config.json"), "--pp", "2", "--allow-unknown-fields"]) == 0
+    assert capsys.readouterr().out.startswith("approximate: 1 unknown field(s) ignored: router_warmup_coef")
+    saved = tmp_path / "plan.json"
+    assert main(["plan", "--model", str(folder / "config.json"), "--pp", "2", "--allow-unknown-fields",
+                 "--json", str(saved)]) == 0
+    capsys.readouterr()
+    assert main(["report", "--plan", str(saved)]) == 0
+    assert capsys.readouterr().out.startswith("approximate: 1 unknown field(s) ignored")
+
+
+def test_moe_only_blocks_print_e_in_stage_tables():
+    from tessera_lab.model.spec import layer_summary
+
+    m = ModelSpec.from_hf_config(AIC / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16_config.json")
+    # MEMEM*E M: Mamba, MoE, Mamba, MoE, Mamba, attention, MoE, Mamba
+    assert layer_summary(list(range(8)), [l.kind for l in m.layers[:8]]) == "0-7 (Ax1 Ex3 Lx4)"
+    h56 = load_model("nemotron-h-56b")
+    assert layer_summary([0, 1], [l.kind for l in h56.layers[:2]]) == "0-1 (-dx1 Lx1)"
