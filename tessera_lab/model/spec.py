@@ -15,7 +15,6 @@ This module never imports torch.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,12 +24,13 @@ from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.io import read_json
-from tessera_lab.model import families, kinds
+from tessera_lab.model import families, kinds, knobs
 from tessera_lab.model.families import SUPPORTED_MODEL_TYPES
 from tessera_lab.model.knobs import VARIANT_KEYS
 from tessera_lab.model.hf_families import (  # noqa: F401  (re-exported: the public names of model kinds)
     DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MIXER_LABELS, MOE, NO_FFN, NO_MIXER, LayerSpec, opt_int, req_int,
 )
+from tessera_lab.model.published import matches_published, published_params  # noqa: F401  (re-exported)
 from tessera_lab.paths import data_dir
 
 
@@ -160,7 +160,7 @@ class ModelSpec:
 
         Args:
             path_or_dict: path to ``config.json`` or its parsed contents.
-            name: display name; defaults to :func:`config_name` (the config's ``_name_or_path``, its folder, its
+            name: display name; defaults to :func:`~tessera_lab.model.families.config_name` (the config's ``_name_or_path``, its folder, its
                 stem) or ``model_type``.
             allow_unknown_fields: plan without the unknown fields whose name does not say structural (the first
                 note starts ``approximate:``, :attr:`approximate`).
@@ -181,7 +181,7 @@ class ModelSpec:
             if not isinstance(cfg, dict):
                 raise ConfigError(f"config file '{path}' holds a JSON {type(cfg).__name__}; allowed: a JSON object "
                                   "(a Hugging Face config.json)")
-            name = name or config_name(cfg, path)
+            name = name or families.config_name(cfg, path)
         elif isinstance(path_or_dict, Mapping):
             cfg = dict(path_or_dict)
         else:
@@ -341,49 +341,20 @@ class ModelSpec:
         if attention_ratio is not None and has_linear and not allow_no_full_attention and \
                 not any(l.mixer == FULL_ATTENTION for l in spec.layers if not l.mtp):
             raise ConfigError(f"knob 'attention_ratio' = {attention_ratio} leaves no full-attention layer in "
-                              f"{spec.num_decoder_layers} layers; allowed: at most {self._max_ratio(reader, cfg)} "
+                              f"{spec.num_decoder_layers} layers; allowed: at most {knobs.ratios(reader, cfg, self.num_decoder_layers)[0]} "
                               "(or ask for it: --allow-no-full-attention)")
-        if attention_ratio is not None and has_linear and not realises_ratio(spec, attention_ratio) and \
+        if attention_ratio is not None and has_linear and not knobs.realises_ratio(spec, attention_ratio) and \
                 any(l.mixer == FULL_ATTENTION for l in spec.layers if not l.mtp):
-            can = self._ratios(reader, cfg)
+            can = knobs.ratios(reader, cfg, self.num_decoder_layers)[1]
             raise ConfigError(f"knob 'attention_ratio' = {attention_ratio} cannot be realised by the {spec.family} "
                               f"rule in {spec.num_decoder_layers} layers (it gives the pattern "
                               f"{spec.layer_pattern()}); allowed: {', '.join(map(str, can))}")
-        side = _side_effects(self, spec, {k for k, v in (("moe_intermediate_size", moe_intermediate_size),
+        side = knobs.side_effects(self, spec, {k for k, v in (("moe_intermediate_size", moe_intermediate_size),
                                                           ("shared_expert_intermediate_size",
                                                            shared_expert_intermediate_size),
                                                           ("shared_experts", shared_experts)) if v is not None})
         return dataclasses.replace(spec, notes=spec.notes + tuple(n for n in side if n not in spec.notes)) \
             if side else spec
-
-    def _ratios(self, reader, cfg: Mapping[str, Any]) -> list[int]:
-        """The attention ratios the family's rule realises in this many layers (the built model's
-        :attr:`attention_ratio` equals the ratio asked, and a full-attention layer is left)."""
-        out = []
-        for r in range(0, self.num_decoder_layers):
-            c = dict(cfg)
-            families.apply_knob(reader, c, "attention_ratio", r)
-            try:
-                m = ModelSpec.from_hf_config(c, allow_unknown_fields=True, allow_structural_fields=True)
-            except ConfigError:
-                continue
-            if any(l.mixer == FULL_ATTENTION for l in m.layers if not l.mtp) and realises_ratio(m, r):
-                out.append(r)
-        return out
-
-    def _max_ratio(self, reader, cfg: Mapping[str, Any]) -> int:
-        """The largest attention ratio that keeps a full-attention layer (searched by the family's rule)."""
-        best = 0
-        for r in range(0, self.num_decoder_layers + 1):
-            c = dict(cfg)
-            families.apply_knob(reader, c, "attention_ratio", r)
-            try:
-                layers = reader.build(c)["layers"]
-            except ConfigError:
-                continue
-            if any(l.mixer == FULL_ATTENTION for l in layers):
-                best = r
-        return best
 
     # ------------------------------------------------------------------ derived
     @property
@@ -530,43 +501,6 @@ class ModelSpec:
         }
 
 
-def realises_ratio(m: ModelSpec, ratio: int) -> bool:
-    """Whether a model's layers realise ``ratio`` linear-mixer layers per full-attention layer: the runs of linear
-    mixers (before each full-attention layer, and the trailing run when there is one) are ``ratio`` long more often
-    than not (Kimi-Linear's MLA at 4, 8, ..., 24 and 27: six runs of 3, one of 2, realise 3; Jamba's period 27 at
-    offset 4 in 32 layers, runs 4 and 26, realises nothing)."""
-    runs, run = Counter(), 0
-    for layer in m.layers:
-        if layer.mtp or layer.mixer == NO_MIXER:
-            continue
-        if layer.mixer == FULL_ATTENTION:
-            runs[run] += 1
-            run = 0
-        else:
-            run += 1
-    if run:
-        runs[run] += 1
-    return runs[ratio] > sum(runs.values()) - runs[ratio]
-
-
-def _side_effects(before: ModelSpec, after: ModelSpec, asked: set[str]) -> list[str]:
-    """Notes naming what a knob changed beyond its name: the dense MLP width (Jamba's experts and dense MLPs share
-    ``intermediate_size``) or the shared expert's width (Llama-4's shared expert has the routed width; DeepSeek-V3's
-    and Kimi's shared experts are ``n_shared x`` the routed width), when the knob that sets it was not given."""
-    notes = []
-    dense = [l for l in after.layers if l.ffn == DENSE and not l.dense_width]
-    if dense and after.intermediate_size != before.intermediate_size and "moe_intermediate_size" in asked:
-        notes.append(f"the expert width knob also changed the {len(dense)} dense MLP layers' width "
-                     f"{before.intermediate_size} -> {after.intermediate_size} (the {after.family} config has one "
-                     "intermediate_size for both)")
-    if after.shared_expert_intermediate_size != before.shared_expert_intermediate_size and \
-            not asked & {"shared_expert_intermediate_size", "shared_experts"}:
-        notes.append(f"the expert width knob also changed the shared expert's width "
-                     f"{before.shared_expert_intermediate_size} -> {after.shared_expert_intermediate_size} (the "
-                     f"{after.family} rule sizes the shared expert from the routed width)")
-    return notes
-
-
 def mixer_kinds_text(labels: "list[str]") -> str:
     """``KDA x3 + MLA`` from per-layer mixer labels (order of first appearance; ``x1`` left out)."""
     counts = Counter(labels)
@@ -577,24 +511,6 @@ def mixer_kinds_text(labels: "list[str]") -> str:
 def shipped_models() -> dict[str, Path]:
     """Shipped configs: name (file stem, e.g. ``qwen3-next-80b-a3b``) -> path under ``data/models``."""
     return {p.stem: p for p in sorted((data_dir() / "models").glob("*.json")) if not p.stem.startswith("_")}
-
-
-def config_name(cfg: Mapping[str, Any], path: Path) -> str:
-    """The name of a model read from ``path``: the config's ``_name_or_path`` or ``name_or_path`` (a non-empty
-    string), else the name of the folder that holds the file, else the file's stem (never a bare ``config``
-    when a folder names the model)."""
-    for key in ("_name_or_path", "name_or_path"):
-        v = cfg.get(key)
-        if isinstance(v, str) and v.strip():
-            return v.strip()
-    folder = path.resolve().parent.name
-    stem = path.stem
-    for suffix in ("_config", "-config", ".config"):  # Org--Model_config.json: the model's name
-        if stem.endswith(suffix) and len(stem) > len(suffix):
-            stem = stem[: -len(suffix)]
-    if stem == "config" and folder:
-        return folder
-    return stem or folder
 
 
 def load_model(name_or_path: str | Path, *, allow_unknown_fields: bool = False, plan_mtp: bool = False,
@@ -642,27 +558,6 @@ def model_from_name(name: str) -> ModelSpec:
         except ValueError:
             raise ConfigError(f"field 'model' = {name!r}: {k}={v!r} is not an integer") from None
     return base.with_changes(**changes, name=name)
-
-
-def published_params() -> dict[str, Any]:
-    """The authors' published parameter counts with their conventions (``data/models/_published_params.json``)."""
-    return json.loads((data_dir() / "models" / "_published_params.json").read_text())
-
-
-def matches_published(value: float, published: float) -> bool:
-    """Whether a computed count agrees with a published one to the precision published.
-
-    A figure given in billions with d decimals (``30.5e9`` -> d = 1) matches when the computed count,
-    rounded *or* truncated to d decimals of a billion, equals it. Model cards do both: Qwen3-235B-A22B's
-    non-embedding 233.85B is published as "234B" (rounded) while Qwen3-30B-A3B's 3.353B activated is
-    published as "3.3B" (truncated).
-    """
-    text = f"{published / 1e9:.6f}".rstrip("0").rstrip(".")
-    decimals = len(text.split(".")[1]) if "." in text else 0
-    scale = 10**decimals
-    b = value / 1e9
-    target = round(published / 1e9 * scale)
-    return round(b * scale) == target or int(b * scale + 1e-9) == target
 
 
 __all__ = [

@@ -298,3 +298,21 @@ def apply_knob(reader: ModuleType, cfg: dict[str, Any], knob: str, value: Any) -
         action(cfg, value)
     else:
         cfg[action] = value
+
+
+def config_name(cfg: Mapping[str, Any], path: Any) -> str:
+    """The name of a model read from ``path``: the config's ``_name_or_path`` or ``name_or_path`` (a non-empty
+    string), else the name of the folder that holds the file (``path``, a :class:`pathlib.Path`), else the
+    file's stem (never a bare ``config`` when a folder names the model; ``Org--Model_config.json``: ``Org--Model``)."""
+    for key in ("_name_or_path", "name_or_path"):
+        v = cfg.get(key)
+        if isinstance(v, str) and v.strip():
+            return v.strip()
+    folder = path.resolve().parent.name
+    stem = path.stem
+    for suffix in ("_config", "-config", ".config"):  # Org--Model_config.json: the model's name
+        if stem.endswith(suffix) and len(stem) > len(suffix):
+            stem = stem[: -len(suffix)]
+    if stem == "config" and folder:
+        return folder
+    return stem or folder

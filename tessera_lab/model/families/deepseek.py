@@ -26,7 +26,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.model.families import unsupported
+from tessera_lab.model.families.unsupported import refuse as refuse_feature
 from tessera_lab.model.families.qwen3 import check_act
 from tessera_lab.model.hf_families import DENSE, MOE, _from_deepseek_v3, opt_int, req_int
 
@@ -68,7 +68,7 @@ def _check_indexer_sharing(cfg: Mapping[str, Any]) -> None:
         raise ConfigError("config field 'indexer_types' must list 'full' or 'shared' per layer")
     freq = cfg.get("index_topk_freq")
     if (types and "shared" in types) or freq not in (None, 1) or cfg.get("index_topk_pattern") is not None:
-        raise unsupported.refuse(cfg.get("model_type"), "DSA indexers shared across layers (indexer_types "
+        raise refuse_feature(cfg.get("model_type"), "DSA indexers shared across layers (indexer_types "
                                  "'shared', index_topk_freq, index_topk_pattern: a layer reuses another's selection)")
 
 
