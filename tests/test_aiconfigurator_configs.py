@@ -179,3 +179,24 @@ def test_nemotron35_mtp_step_by_hand():
     assert len(m.mtp_layers) == 1
     assert m.param_counts().mtp == 2 * h * h + 3 * h + attention + 2 * h + moe
     assert m.moe_latent_size == 0  # moe_latent_size: null, no latent
+
+
+def test_glm5_layer_pattern_by_its_rule():
+    cfg = json.loads((AIC / "zai-org--GLM-5_config.json").read_text())
+    m = load("zai-org--GLM-5")
+    # GlmMoeDsaConfig: mlp_layer_types default the first 3 dense, the rest sparse (= first_k_dense_replace 3); every
+    # layer MLA with the DSA indexer
+    assert m.layer_pattern() == "aaa" + "A" * (cfg["num_hidden_layers"] - 3)
+    assert {l.attention for l in m.layers} == {"mla_sparse"} and len(m.mtp_layers) == 1
+    types = ["dense"] * 5 + ["sparse"] * (cfg["num_hidden_layers"] - 5)
+    assert ModelSpec.from_hf_config({**cfg, "mlp_layer_types": types}).layer_pattern().startswith("aaaaaA")
+    with pytest.raises(ConfigError, match="'qk_head_dim' = 200 is out of range; allowed: qk_nope_head_dim"):
+        ModelSpec.from_hf_config({**cfg, "qk_head_dim": 200})
+
+
+def test_glm4_moe_lite_reads_as_deepseek_v3():
+    cfg = json.loads((AIC / "deepseek-ai--DeepSeek-V3_config.json").read_text())
+    lite = {**cfg, "model_type": "glm4_moe_lite", "architectures": ["Glm4MoeLiteForCausalLM"]}
+    m = ModelSpec.from_hf_config(lite)
+    assert m.param_counts() == load("deepseek-ai--DeepSeek-V3").param_counts() and m.family == "deepseek_v3"
+    assert not any("architectures" in n for n in m.notes)

@@ -28,7 +28,8 @@ READS = frozenset({"layer_types", "full_attention_interval", "linear_num_key_hea
                    "attention_bias", "attn_output_gate", "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",
                    "hidden_act"})
 IGNORES = frozenset({"max_window_layers"})  # used only with use_sliding_window (accepted only false)
-#: fields the checkpoints write that change nothing at these values (Qwen3-Next-80B-A3B-Thinking: no sliding window)
+#: fields the checkpoints write that change nothing at these values (Qwen3-Next-80B-A3B-Thinking: no sliding window;
+#: Qwen3.6: ``output_gate_type: "swish"``, the gate's activation, no effect on shapes)
 NEUTRAL = {"use_sliding_window": False, "sliding_window": None, "qkv_bias": False, "use_qk_norm": True,
            "output_gate_type": "swish"}
 
