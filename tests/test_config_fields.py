@@ -255,3 +255,22 @@ def test_moe_only_blocks_print_e_in_stage_tables():
     assert layer_summary(list(range(8)), [l.kind for l in m.layers[:8]]) == "0-7 (Ax1 Ex3 Lx4)"
     h56 = load_model("nemotron-h-56b")
     assert layer_summary([0, 1], [l.kind for l in h56.layers[:2]]) == "0-1 (-dx1 Lx1)"
+
+
+@pytest.mark.parametrize("model,field,value", [("deepseek-v3.2", "q_lora_rank", "1536"),
+                                               ("deepseek-v3.2", "q_lora_rank", 1536.5),
+                                               ("kimi-linear-48b-a3b", "num_experts", "256"),
+                                               ("qwen3-30b-a3b", "num_experts", 128.5)])
+def test_wrongly_typed_integer_is_one_line(model, field, value):
+    with pytest.raises(ConfigError, match=rf"config field '{field}' = .* is not an integer"):
+        ModelSpec.from_hf_config({**shipped(model), field: value})
+
+
+def test_llama4_layer_lists_must_hold_integers():
+    cfg = shipped("llama-4-scout-17b-16e")
+    text = cfg["text_config"]
+    n = text["num_hidden_layers"]
+    with pytest.raises(ConfigError, match="'no_rope_layers' must list"):
+        ModelSpec.from_hf_config({**cfg, "text_config": {**text, "no_rope_layers": ["1"] * n}})
+    with pytest.raises(ConfigError, match="'moe_layers' must list layer indices"):
+        ModelSpec.from_hf_config({**cfg, "text_config": {**text, "moe_layers": ["3"]}})

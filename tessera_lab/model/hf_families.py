@@ -228,7 +228,7 @@ def _from_deepseek_v3(cfg: Mapping[str, Any]) -> dict[str, Any]:
         num_attention_heads=req_int(cfg, "num_attention_heads"),
         num_key_value_heads=opt_int(cfg, "num_key_value_heads", 1),
         head_dim=req_int(cfg, "qk_nope_head_dim") + req_int(cfg, "qk_rope_head_dim"),
-        q_lora_rank=cfg.get("q_lora_rank") or None,
+        q_lora_rank=opt_int(cfg, "q_lora_rank", 0, minimum=0) or None,
         kv_lora_rank=req_int(cfg, "kv_lora_rank"),
         qk_nope_head_dim=req_int(cfg, "qk_nope_head_dim"),
         qk_rope_head_dim=req_int(cfg, "qk_rope_head_dim"),

@@ -53,10 +53,13 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     n = req_int(cfg, "num_hidden_layers")
     interval = opt_int(cfg, "no_rope_layer_interval", 4)
     rope = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
-    if not isinstance(rope, list) or len(rope) != n:
+    if not isinstance(rope, list) or len(rope) != n or any(type(r) is not int or r not in (0, 1) for r in rope):
         raise ConfigError(f"config field 'no_rope_layers' must list {n} entries (1: RoPE, 0: NoPE)")
     step = opt_int(cfg, "interleave_moe_layer_step", 1)
     moe_layers = cfg.get("moe_layers")
+    if moe_layers is not None and (not isinstance(moe_layers, list) or
+                                   any(type(i) is not int or not 0 <= i < n for i in moe_layers)):
+        raise ConfigError(f"config field 'moe_layers' must list layer indices in 0..{n - 1}")
     moe_layers = set(range(step - 1, n, step) if moe_layers is None else moe_layers)
     chunk = opt_int(cfg, "attention_chunk_size", 8192)
     types = cfg.get("layer_types")
