@@ -173,7 +173,9 @@ BOOLEAN_FIELDS = frozenset({
     "tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias", "use_qk_norm", "use_sliding_window",
     "attn_output_gate", "attention_output_gate", "use_conv_bias", "use_bias", "mamba_conv_bias", "mamba_proj_bias",
     "mamba_inner_layernorms", "use_routing_bias", "use_mtp", "mla_use_nope", "norm_topk_prob",
-    "moe_shared_expert_overlap", "mtp_use_dedicated_embeddings", "use_cache", "enable_moe_block",
+    "moe_shared_expert_overlap", "mtp_use_dedicated_embeddings", "use_cache", "enable_moe_block", "postnorm",
+    "use_moe_router_bias", "use_grouped_topk", "moe_renormalize", "rope_interleave", "indexer_rope_interleave",
+    "attention_k_eq_v", "mla_use_output_gate", "add_swa_attention_sink_bias", "add_full_attention_sink_bias",
 })
 
 
