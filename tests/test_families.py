@@ -438,3 +438,14 @@ def test_gpt_oss_top_k_knob_sets_both_spellings():
 
     m = load_model("gpt-oss-20b").with_changes(num_experts_per_tok=2)
     assert m.num_experts_per_tok == 2 and m.raw["experts_per_token"] == 2
+
+
+def test_glm4v_moe_wrapper_reads_its_text_model_as_glm4_moe():
+    # GLM-4.5V: Glm4vMoeTextConfig subclasses Glm4MoeConfig (modular_glm4v_moe.py); its text model is GLM-4.5-Air's
+    text = {**raw("glm-4.5-air"), "model_type": "glm4v_moe_text"}
+    text.pop("architectures", None)
+    wrapper = {"model_type": "glm4v_moe", "architectures": ["Glm4vMoeForConditionalGeneration"], "text_config": text,
+               "vision_config": {"hidden_size": 1536}, "image_token_id": 151363}
+    m = ModelSpec.from_hf_config(wrapper)
+    assert m.family == "glm4_moe" and m.param_counts() == load_model("glm-4.5-air").param_counts()
+    assert any("vision tower" in n for n in m.notes)
