@@ -175,3 +175,21 @@ def ratios(reader: Any, cfg: Mapping[str, Any], n: int) -> tuple[int, list[int]]
             if realises_ratio(SimpleNamespace(layers=layers), r):
                 ok.append(r)
     return best, ok
+
+
+def check_ratio(spec: Any, ratio: int, reader: Any, cfg: Mapping[str, Any], allow_no_full: bool) -> None:
+    """Refuse an attention ratio that leaves ``spec`` (the model the family's rule built) without a full-attention
+    layer (unless ``allow_no_full``), or that the rule does not realise (:func:`realises_ratio`).
+
+    Raises:
+        ConfigError: naming the ratio and the ratios the rule can realise in the model's layers.
+    """
+    has_full = any(l.mixer == FULL_ATTENTION for l in spec.layers if not l.mtp)
+    n = spec.num_decoder_layers
+    if not has_full and not allow_no_full:
+        raise ConfigError(f"knob 'attention_ratio' = {ratio} leaves no full-attention layer in {n} layers; allowed: "
+                          f"at most {ratios(reader, cfg, n)[0]} (or ask for it: --allow-no-full-attention)")
+    if has_full and not realises_ratio(spec, ratio):
+        raise ConfigError(f"knob 'attention_ratio' = {ratio} cannot be realised by the {spec.family} rule in {n} "
+                          f"layers (it gives the pattern {spec.layer_pattern()}); allowed: "
+                          f"{', '.join(map(str, ratios(reader, cfg, n)[1]))}")

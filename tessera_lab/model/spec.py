@@ -337,18 +337,8 @@ class ModelSpec:
                                         allow_structural_fields=self.allow_structural_fields,
                                         plan_mtp=self.plan_mtp if plan_mtp is None else plan_mtp, notes=self.notes)
         spec = dataclasses.replace(spec, path=self.path)
-        has_linear = any(l.mixer == LINEAR_ATTENTION for l in self.layers)
-        if attention_ratio is not None and has_linear and not allow_no_full_attention and \
-                not any(l.mixer == FULL_ATTENTION for l in spec.layers if not l.mtp):
-            raise ConfigError(f"knob 'attention_ratio' = {attention_ratio} leaves no full-attention layer in "
-                              f"{spec.num_decoder_layers} layers; allowed: at most {knobs.ratios(reader, cfg, self.num_decoder_layers)[0]} "
-                              "(or ask for it: --allow-no-full-attention)")
-        if attention_ratio is not None and has_linear and not knobs.realises_ratio(spec, attention_ratio) and \
-                any(l.mixer == FULL_ATTENTION for l in spec.layers if not l.mtp):
-            can = knobs.ratios(reader, cfg, self.num_decoder_layers)[1]
-            raise ConfigError(f"knob 'attention_ratio' = {attention_ratio} cannot be realised by the {spec.family} "
-                              f"rule in {spec.num_decoder_layers} layers (it gives the pattern "
-                              f"{spec.layer_pattern()}); allowed: {', '.join(map(str, can))}")
+        if attention_ratio is not None and any(l.mixer == LINEAR_ATTENTION for l in self.layers):
+            knobs.check_ratio(spec, attention_ratio, reader, cfg, allow_no_full_attention)
         side = knobs.side_effects(self, spec, {k for k, v in (("moe_intermediate_size", moe_intermediate_size),
                                                           ("shared_expert_intermediate_size",
                                                            shared_expert_intermediate_size),
