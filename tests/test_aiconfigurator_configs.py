@@ -84,6 +84,8 @@ CARDS = {
     "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": (31.6e9, 3.2e9, "active_no_input_embedding", 0.01),
     "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8": (120e9, 12e9, "active_no_input_embedding", 0.02),
     "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": (550e9, 55e9, "active_no_input_embedding", 0.01),
+    # MiMo-V2-Flash 309B / 15B: "15B" is the active count with embedding and head, truncated
+    "XiaomiMiMo--MiMo-V2-Flash": (309e9, 15e9, "active", None),
     # gpt-oss: OpenAI's card counts the unembedding, not the embedding
     "openai--gpt-oss-120b": (116.8e9, 5.1e9, "active_no_input_embedding", 0.01),
     "openai--gpt-oss-20b": (20.9e9, 3.6e9, "active_no_input_embedding", 0.01),
@@ -200,3 +202,31 @@ def test_glm4_moe_lite_reads_as_deepseek_v3():
     m = ModelSpec.from_hf_config(lite)
     assert m.param_counts() == load("deepseek-ai--DeepSeek-V3").param_counts() and m.family == "deepseek_v3"
     assert not any("architectures" in n for n in m.notes)
+
+
+def test_mimo_v2_flash_layers_by_the_reference_rule_and_attention_by_hand():
+    cfg = json.loads((AIC / "XiaomiMiMo--MiMo-V2-Flash_config.json").read_text())
+    m = load("XiaomiMiMo--MiMo-V2-Flash")
+    # MiMoV2DecoderLayer: SWA when hybrid_layer_pattern[i] == 1; MoE when moe_layer_freq[i]
+    expect = "".join(("S" if s else "A").lower() if not f else ("S" if s else "A")
+                     for s, f in zip(cfg["hybrid_layer_pattern"], cfg["moe_layer_freq"]))
+    assert m.layer_pattern() == expect and expect.count("S") + expect.count("s") == 39
+    h = 4096
+    full, swa = m.layers[0], m.layers[1]
+    assert swa.window == cfg["sliding_window_size"] == 128 and swa.sinks and not full.sinks
+    # MiMoV2Attention: q and k of head_dim 192, v and o of v_head_dim 128; full: 64 heads, 4 kv; SWA: 64, 8 kv + sinks
+    assert m.mixer_params(full) == h * 64 * 192 + h * 4 * (192 + 128) + 64 * 128 * h
+    assert m.mixer_params(swa) == h * 64 * 192 + h * 8 * (192 + 128) + 64 * 128 * h + 64
+    # the attention core: q k^T over 192, p v over 128 (2 x pairs x heads x (192 + 128) at one micro-batch)
+    from tessera_lab.model.mixers import attention_pairs
+    from tessera_lab.model.tasks import layer_tasks
+
+    p = ParallelConfig(pp=1, ep=1, microbatches=1, seq_len=4096)
+    core = next(t for t in layer_tasks(m, full, p).F if t.name == "core")
+    assert core.flops == pytest.approx(2.0 * attention_pairs(4096, 0, "") * 64 * (192 + 128))
+    with pytest.raises(ConfigError, match="'hybrid_layer_pattern' must list 48 entries"):
+        ModelSpec.from_hf_config({**cfg, "hybrid_layer_pattern": cfg["hybrid_layer_pattern"][:-1]})
+    with pytest.raises(ConfigError, match="'n_shared_experts' = 1 is not supported"):
+        ModelSpec.from_hf_config({**cfg, "n_shared_experts": 1})
+    with pytest.raises(ConfigError, match="'add_swa_attention_sink_bias' = 'true' is not a boolean"):
+        ModelSpec.from_hf_config({**cfg, "add_swa_attention_sink_bias": "true"})

@@ -92,18 +92,26 @@ def mixer_params(m: ModelSpec, layer: LayerSpec) -> int:
             ni, di = m.index_n_heads, m.index_head_dim
             params += (m.q_lora_rank or h) * ni * di + h * di + 2 * di + h * ni
         return params
-    nh, nkv, hd = m.num_attention_heads, m.num_key_value_heads, m.head_dim
+    nh, nkv, hd, vd = gqa_shape(m, layer)
     q_out = nh * hd * (2 if a == "gated_gqa" else 1)
-    params = h * q_out + 2 * h * nkv * hd + nh * hd * h
+    params = h * q_out + h * nkv * (hd + vd) + nh * vd * h  # q, k, v (MiMo-V2-Flash: v of its own width), o
     if m.qk_norm:
         params += (nh + nkv) * hd if m.qk_norm_full else 2 * hd
     if m.attention_bias:
-        params += q_out + 2 * nkv * hd
+        params += q_out + nkv * (hd + vd)
     if m.o_bias:
         params += h
-    if m.attention_sinks:
+    if m.attention_sinks or layer.sinks:
         params += nh
     return params
+
+
+def gqa_shape(m: ModelSpec, layer: LayerSpec) -> tuple[int, int, int, int]:
+    """``(heads, kv_heads, head_dim, v_head_dim)`` of a GQA layer: the layer's own (:class:`LayerSpec` ``heads``
+    ...) where set, else the model's; the value head dim is the head dim unless set."""
+    hd = layer.head_dim or m.head_dim
+    return (layer.heads or m.num_attention_heads, layer.kv_heads or m.num_key_value_heads, hd,
+            layer.v_head_dim or hd)
 
 
 def dense_mlp_params(m: ModelSpec, layer: LayerSpec) -> int:

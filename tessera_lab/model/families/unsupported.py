@@ -19,8 +19,6 @@ FEATURES: dict[str, str] = {
                     "hash-routed MoE layers (num_hash_layers)",
     "minimax_m3": "MiniMax-M3's sparse attention (sparse_attention_config) and MTP modules (num_mtp_modules)",
     "minimax_m3_vl": "MiniMax-M3's sparse attention (sparse_attention_config) and MTP modules (num_mtp_modules)",
-    "mimo_v2_flash": "MiMo-V2-Flash's sliding-window layers with their own head counts (swa_num_attention_heads, "
-                     "swa_num_key_value_heads) and a value head dim unlike the key's (v_head_dim)",
     "step3p7": "Step-3.x's per-layer attention kinds with a shared expert of its own width (share_expert_dim) and "
                "3 MTP layers (no reference modeling file read yet)",
     "step3p5": "Step-3.x's per-layer attention kinds with a shared expert of its own width (share_expert_dim) "
