@@ -72,6 +72,11 @@ def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster
     heads = {"num_attention_heads": model.num_attention_heads, "num_key_value_heads": model.num_key_value_heads}
     if model.linear_num_key_heads:
         heads["linear_num_key_heads"] = model.linear_num_key_heads
+    # layers with their own head counts (MiMo-V2-Flash's sliding-window layers): each distinct count
+    for key, own in (("a layer's heads", {l.heads for l in model.layers}),
+                     ("a layer's kv_heads", {l.kv_heads for l in model.layers})):
+        for v in sorted(own - set(heads.values()) - {0}):
+            heads[f"{key} ({v})"] = v
     import math
 
     common = math.gcd(cluster.gpus_per_node, *heads.values())
