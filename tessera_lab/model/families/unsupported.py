@@ -19,10 +19,10 @@ FEATURES: dict[str, str] = {
                     "hash-routed MoE layers (num_hash_layers)",
     "minimax_m3": "MiniMax-M3's sparse attention (sparse_attention_config) and MTP modules (num_mtp_modules)",
     "minimax_m3_vl": "MiniMax-M3's sparse attention (sparse_attention_config) and MTP modules (num_mtp_modules)",
-    "step3p7": "Step-3.x's per-layer attention kinds with a shared expert of its own width (share_expert_dim) and "
-               "3 MTP layers (no reference modeling file read yet)",
-    "step3p5": "Step-3.x's per-layer attention kinds with a shared expert of its own width (share_expert_dim) "
-               "(no reference modeling file read yet)",
+    "step3p7": "Step-3.x's attention and MoE layout (its reference modeling file is not read yet: head-wise "
+               "gates, per-kind attention shapes and the MTP layers cannot be placed by a known rule)",
+    "step3p5": "Step-3.x's attention and MoE layout (its reference modeling file is not read yet: head-wise "
+               "gates, per-kind attention shapes and the MTP layers cannot be placed by a known rule)",
     "gemma4_text": "Gemma-4's global-attention layers with their own head_dim and key-value heads (global_head_dim, "
                    "attention_k_eq_v) and, in the MoE models, a dense MLP beside the MoE block (enable_moe_block)",
     "gemma4": "Gemma-4's global-attention layers with their own head_dim and key-value heads (global_head_dim, "
