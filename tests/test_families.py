@@ -200,8 +200,14 @@ def test_minimax_relabelled_mixtral_is_refused_naming_fields():
     with pytest.raises(ConfigError, match=r"'attn_type_list'.*mixtral") as err:
         ModelSpec.from_hf_config(cfg)
     assert "postnorm" in str(err.value)
-    m = ModelSpec.from_hf_config(cfg, allow_unknown_fields=True)
-    assert any("attn_type_list" in n for n in m.notes) and all(l.attention == "gqa" for l in m.layers)
+    # attn_type_list names a layer-kind list: --allow-unknown-fields alone still refuses it (the model has 70
+    # lightning-attention layers a mixtral reading would drop)
+    with pytest.raises(ConfigError, match=r"'attn_type_list' \(its name says.*--allow-structural-fields"):
+        ModelSpec.from_hf_config(cfg, allow_unknown_fields=True)
+    m = ModelSpec.from_hf_config(cfg, allow_unknown_fields=True, allow_structural_fields=True)
+    assert m.notes[0].startswith("approximate: ") and "attn_type_list" in m.notes[0] and m.approximate == m.notes[0]
+    assert all(l.attention == "gqa" for l in m.layers)
+    assert any("MiniMaxM1ForCausalLM" in n and "model_type decides" in n for n in m.notes)
 
 
 def test_nemotron_h_infinity_is_not_the_error(tmp_path):
@@ -432,3 +438,14 @@ def test_gpt_oss_top_k_knob_sets_both_spellings():
 
     m = load_model("gpt-oss-20b").with_changes(num_experts_per_tok=2)
     assert m.num_experts_per_tok == 2 and m.raw["experts_per_token"] == 2
+
+
+def test_glm4v_moe_wrapper_reads_its_text_model_as_glm4_moe():
+    # GLM-4.5V: Glm4vMoeTextConfig subclasses Glm4MoeConfig (modular_glm4v_moe.py); its text model is GLM-4.5-Air's
+    text = {**raw("glm-4.5-air"), "model_type": "glm4v_moe_text"}
+    text.pop("architectures", None)
+    wrapper = {"model_type": "glm4v_moe", "architectures": ["Glm4vMoeForConditionalGeneration"], "text_config": text,
+               "vision_config": {"hidden_size": 1536}, "image_token_id": 151363}
+    m = ModelSpec.from_hf_config(wrapper)
+    assert m.family == "glm4_moe" and m.param_counts() == load_model("glm-4.5-air").param_counts()
+    assert any("vision tower" in n for n in m.notes)

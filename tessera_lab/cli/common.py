@@ -167,8 +167,9 @@ def model_from_args(args: argparse.Namespace):
     from tessera_lab.model.knobs import model_changes
     from tessera_lab.model.spec import load_model
 
-    m = load_model(args.model, allow_unknown_fields=bool(getattr(args, "allow_unknown_fields", False)),
-                   plan_mtp=bool(getattr(args, "mtp", False)))
+    structural = bool(getattr(args, "allow_structural_fields", False))
+    m = load_model(args.model, allow_unknown_fields=structural or bool(getattr(args, "allow_unknown_fields", False)),
+                   plan_mtp=bool(getattr(args, "mtp", False)), allow_structural_fields=structural)
     if getattr(args, "mtp", False):
         check_mtp_option(m)
     check_knob_options(m, args)
@@ -278,7 +279,11 @@ def add_model_knobs(p: argparse.ArgumentParser) -> None:
                    help="decoder layers (the family's layer pattern is re-derived; every family)")
     p.add_argument("--mtp", action=Switch, help="plan the config's MTP layers after the last decoder layer (last stage)")
     p.add_argument("--allow-unknown-fields", action=Switch,
-                   help="plan a config with fields its family reader does not understand (listed in the notes)")
+                   help="plan an approximate model without the config fields its family reader does not know "
+                        "(the plan's first line lists them); fields named like shapes or layer kinds stay refused")
+    p.add_argument("--allow-structural-fields", action=Switch,
+                   help="with --allow-unknown-fields: also plan without unknown fields named like shapes or layer "
+                        "kinds (*_size, *_layers, *_experts, *_pattern, *_type*; the plan says approximate)")
 
 
 #: options that name an output file, and the commands whose ``--out`` is a folder

@@ -318,7 +318,8 @@ def cmd_measure(args: argparse.Namespace) -> int:
         noise = noise_warnings(results, sizing.get("load_average_1m"), os.cpu_count())
         for i, r in enumerate(results):
             r.metadata["noise_warnings"] = [w["text"] for w in noise if i + 1 in w["pairs"]]
-    out = args.out or str(data_dir() / "profiles" / f"{args.backend}-{model.name}.json")
+    # a model named by its config's _name_or_path ("Org/Model") gets one file name, not a sub-folder
+    out = args.out or str(data_dir() / "profiles" / f"{args.backend}-{model.name.replace('/', '--')}.json")
     gpu = args.gpu if args.backend == "analytic" else None
     prof = update_profile(out, results, backend=args.backend, model=model.name, parallel=parallel, size_factor=f, gpu=gpu)
     if sizing is not None:  # the last measurement's sizing and noise warnings, also in every entry's metadata

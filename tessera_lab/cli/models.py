@@ -72,12 +72,36 @@ def cmd_params(args: argparse.Namespace) -> int:
     labels = {"mtp": "mtp (apart: not in total)", "mtp_active": "mtp_active (apart)"}
     rows = [{"count": labels.get(k, k), "parameters": v, "billions": v / 1e9} for k, v in c.items()
             if m.mtp_layers or not k.startswith("mtp")]
-    head = (f"{m.name} ({m.model_type}, family {m.family}, {m.num_decoder_layers} layers: {m.mixer_kinds()}"
+    head = (f"{m.name} ({m.model_type}, family {m.family}{f', from {m.path}' if m.path else ''}, "
+            f"{m.num_decoder_layers} layers: {m.mixer_kinds()}"
             f"{f'; {len(m.mtp_layers)} MTP layer(s)' if m.mtp_layers else ''})")
+    split = layer_split(m)
+    split_text = "; ".join(f"{ {'none': 'no FFN'}.get(k, k)}: {v['layers']} layers, {v['parameters'] / 1e9:.3f} B" for k, v in split.items()
+                           if v["layers"])
     notes = "".join(f"\nnote: {n}" for n in m.notes)
-    emit(args, {"model": m.name, "family": m.family, "mixers": m.mixer_kinds(), **c, "notes": list(m.notes)},
-         head + "\n" + table(rows, ".3f") + "\nparameters: computed from the config's module shapes" + notes)
+    text = ((m.approximate + "\n") if m.approximate else "") + head + "\n" \
+        + f"pattern {m.layer_pattern()}\n  ({PATTERN_LEGEND})\nlayers by FFN (decoder-layer parameters, computed): " \
+        + split_text + "\n" + table(rows, ".3f") + "\nparameters: computed from the config's module shapes" + notes
+    emit(args, {"model": m.name, "family": m.family, "mixers": m.mixer_kinds(), **c, "pattern": m.layer_pattern(),
+                "pattern_legend": PATTERN_LEGEND, "split": split, "approximate": m.approximate or None,
+                "path": m.path or None, "notes": list(m.notes)}, text)
     return 0
+
+
+#: the letters of :meth:`ModelSpec.layer_pattern`
+PATTERN_LEGEND = ("L linear mixer, A full attention, S sliding window, C chunked, T MTP; lower case: dense FFN; "
+                  "- / E: MLP / MoE block without mixer")
+
+
+def layer_split(m) -> dict[str, dict[str, int]]:
+    """Decoder layers and their parameters (computed from the module shapes) by FFN: ``dense`` (a dense MLP),
+    ``moe``, ``none`` (a block without FFN: Mamba or attention blocks), ``mtp`` (the MTP layers, apart)."""
+    out = {k: {"layers": 0, "parameters": 0} for k in ("dense", "moe", "none", "mtp")}
+    for layer in [l for l in m.layers if not l.mtp] + list(m.mtp_layers):
+        key = "mtp" if layer.mtp else layer.ffn
+        out[key]["layers"] += 1
+        out[key]["parameters"] += sum(m.layer_params(layer).values())
+    return out
 
 
 def add_parser(sub) -> None:

@@ -109,9 +109,13 @@ def format_plan(plan) -> str:
     """Readable text of a plan: the header and the summary of every method first (infeasible ones marked), the
     bottleneck stage and its cause, then per-stage tables for the chosen method and each baseline, notes last."""
     p, m = plan.parallel, plan.model
-    lines = [
-        f"model {m.name} ({m.family}): {m.num_layers} layers ({m.mixer_kinds()})"
-        + (f"; MoE {m.num_experts} experts of width {m.moe_intermediate_size}, top-{m.num_experts_per_tok}, shared "
+    lines = [m.approximate] if m.approximate else []
+    lines += [
+        f"model {m.name} ({m.family}{f', from {m.path}' if m.path else ''}): {m.num_layers} layers "
+        f"({m.mixer_kinds()})"
+        + (f"; MoE {m.num_experts} experts of width {m.moe_intermediate_size}"
+           + (f" on a latent of {m.moe_latent_size}" if m.moe_latent_size else "")
+           + f", top-{m.num_experts_per_tok}, shared "
            f"expert width {m.shared_expert_intermediate_size or 'none'}" if m.has_moe else "; dense")
         + f", pattern {m.layer_pattern()}",
         "  (pattern: L linear mixer, A full attention, S sliding window, C chunked, T MTP; lower case: dense FFN; "

@@ -72,6 +72,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     band = f"MFU against published runs: {mfu_text(rep.mfu, moe=moe, model=plan.model)}\n" + (f"warning: {flag}\n" if flag else "")
     text = ("".join(f"plan: {line}\n" for line in plan.reevaluation) + rep.format() + "\n" + band
             + terms.format(rep.iteration_time_s))
+    if plan.model.approximate:  # unknown config fields were ignored: said first, as in the plan
+        text = plan.model.approximate + "\n" + text
+        result["approximate"] = plan.model.approximate
     if args.diff:
         other = args.diff
         if other.endswith(".json"):

@@ -48,6 +48,9 @@ class LayerSpec:
         rope: whether the layer applies RoPE (Llama-4's NoPE layers: ``False``; no effect on the counts).
         dense_width: this layer's dense MLP width when it differs from the model's ``intermediate_size`` (0: that).
         mtp: a multi-token-prediction layer (after the last decoder layer; not in the card's totals).
+        heads, kv_heads, head_dim, v_head_dim: this GQA layer's own attention shapes when they differ from the
+            model's (MiMo-V2-Flash's sliding-window layers); 0: the model's (``v_head_dim`` 0: ``head_dim``).
+        sinks: this layer has per-head attention-sink biases (MiMo-V2-Flash's sliding-window layers).
     """
 
     index: int
@@ -59,6 +62,11 @@ class LayerSpec:
     rope: bool = True
     dense_width: int = 0
     mtp: bool = False
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    v_head_dim: int = 0
+    sinks: bool = False
 
     @property
     def kind(self) -> str:
@@ -66,6 +74,8 @@ class LayerSpec:
         table and the planner's pair costs use one layer per kind). Layers that differ beyond mixer and FFN carry a
         detail after the mixer: ``full_attention/sliding128+moe``, ``full_attention/mtp+moe``, ``.../w16384+dense``."""
         detail = "/mtp" if self.mtp else (f"/{self.local}{self.window}" if self.local else "")
+        if self.heads or self.kv_heads or self.head_dim or self.v_head_dim:
+            detail += f"/h{self.heads}kv{self.kv_heads}d{self.head_dim}v{self.v_head_dim}"
         if self.dense_width:
             detail += f"/w{self.dense_width}"
         return f"{self.mixer}{detail}+{self.ffn}"
@@ -100,6 +110,22 @@ def opt_int(cfg: Mapping[str, Any], key: str, default: int, *, minimum: int = 1)
     if cfg.get(key) is None:
         return default
     return req_int(cfg, key, minimum=minimum)
+
+
+def opt_bool(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
+    """An optional boolean config field: ``default`` (Hugging Face's) when absent or null, else it must be a JSON
+    boolean (a string ``"false"`` would read as true).
+
+    Raises:
+        ConfigError: naming the field and the value.
+    """
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ConfigError(f"config field '{key}' = {v!r} is not a boolean; allowed: true or false (a JSON boolean, "
+                          "or null for the default)")
+    return v
 
 
 def _moe_rule_qwen(cfg: Mapping[str, Any], n_layers: int, num_experts: int) -> list[str]:
@@ -212,7 +238,7 @@ def _from_deepseek_v3(cfg: Mapping[str, Any]) -> dict[str, Any]:
         num_attention_heads=req_int(cfg, "num_attention_heads"),
         num_key_value_heads=opt_int(cfg, "num_key_value_heads", 1),
         head_dim=req_int(cfg, "qk_nope_head_dim") + req_int(cfg, "qk_rope_head_dim"),
-        q_lora_rank=cfg.get("q_lora_rank") or None,
+        q_lora_rank=opt_int(cfg, "q_lora_rank", 0, minimum=0) or None,
         kv_lora_rank=req_int(cfg, "kv_lora_rank"),
         qk_nope_head_dim=req_int(cfg, "qk_nope_head_dim"),
         qk_rope_head_dim=req_int(cfg, "qk_rope_head_dim"),

@@ -92,18 +92,26 @@ def mixer_params(m: ModelSpec, layer: LayerSpec) -> int:
             ni, di = m.index_n_heads, m.index_head_dim
             params += (m.q_lora_rank or h) * ni * di + h * di + 2 * di + h * ni
         return params
-    nh, nkv, hd = m.num_attention_heads, m.num_key_value_heads, m.head_dim
+    nh, nkv, hd, vd = gqa_shape(m, layer)
     q_out = nh * hd * (2 if a == "gated_gqa" else 1)
-    params = h * q_out + 2 * h * nkv * hd + nh * hd * h
+    params = h * q_out + h * nkv * (hd + vd) + nh * vd * h  # q, k, v (MiMo-V2-Flash: v of its own width), o
     if m.qk_norm:
         params += (nh + nkv) * hd if m.qk_norm_full else 2 * hd
     if m.attention_bias:
-        params += q_out + 2 * nkv * hd
+        params += q_out + nkv * (hd + vd)
     if m.o_bias:
         params += h
-    if m.attention_sinks:
+    if m.attention_sinks or layer.sinks:
         params += nh
     return params
+
+
+def gqa_shape(m: ModelSpec, layer: LayerSpec) -> tuple[int, int, int, int]:
+    """``(heads, kv_heads, head_dim, v_head_dim)`` of a GQA layer: the layer's own (:class:`LayerSpec` ``heads``
+    ...) where set, else the model's; the value head dim is the head dim unless set."""
+    hd = layer.head_dim or m.head_dim
+    return (layer.heads or m.num_attention_heads, layer.kv_heads or m.num_key_value_heads, hd,
+            layer.v_head_dim or hd)
 
 
 def dense_mlp_params(m: ModelSpec, layer: LayerSpec) -> int:
@@ -116,10 +124,19 @@ def dense_mlp_params(m: ModelSpec, layer: LayerSpec) -> int:
 
 
 def routed_expert_params(m: ModelSpec) -> int:
-    """Parameters of one routed expert (gate, up and down projections; biases for gpt-oss)."""
-    w, h = m.moe_intermediate_size, m.hidden_size
+    """Parameters of one routed expert (gate, up and down projections; biases for gpt-oss); a latent MoE's experts
+    read and write the ``moe_latent_size`` state (transformers ``NemotronHExperts`` on ``fc1_latent_proj``'s output)."""
+    w, h = m.moe_intermediate_size, (m.moe_latent_size or m.hidden_size)
     mats = 3 if m.expert_act == "swiglu" else 2  # Nemotron-H's ReLU^2 experts: up and down only
     return mats * h * w + ((2 * w + h) if m.expert_bias else 0)
+
+
+def latent_projection_params(m: ModelSpec) -> int:
+    """A latent MoE's ``fc1_latent_proj`` (h -> latent) and ``fc2_latent_proj`` (latent -> h), biases with
+    ``mlp_bias`` (transformers ``modeling_nemotron_h.py`` @008d9e9577b0 ``NemotronHMoE``); every token uses them, so
+    they count with the shared expert; 0 without a latent."""
+    lat, h = m.moe_latent_size, m.hidden_size
+    return 2 * h * lat + ((lat + h) if m.mlp_bias else 0) if lat else 0
 
 
 def router_params(m: ModelSpec) -> int:
@@ -139,7 +156,7 @@ def layer_params(m: ModelSpec, layer: LayerSpec) -> dict[str, int]:
     if layer.ffn == MOE:
         out["router"] = router_params(m)
         out["experts"] = m.num_experts * routed_expert_params(m)
-        out["shared"] = m.shared_expert_params()
+        out["shared"] = m.shared_expert_params() + latent_projection_params(m)
     elif layer.ffn == DENSE:
         out["dense_mlp"] = dense_mlp_params(m, layer)
     return out

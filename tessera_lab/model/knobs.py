@@ -7,10 +7,13 @@ Each knob maps to the keyword of :meth:`ModelSpec.with_changes` it sets.
 
 from __future__ import annotations
 
+from collections import Counter
+from types import SimpleNamespace
 from typing import Any, Mapping
 
 from tessera_lab.checks import MAX_CONFIG_INT, env_name, work_limit
 from tessera_lab.errors import ConfigError
+from tessera_lab.model.hf_families import DENSE, FULL_ATTENTION, NO_MIXER
 
 #: ``with_changes`` keyword -> (short name in variant names, other accepted names)
 KNOBS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -114,3 +117,79 @@ def parse_knob(kw: str, value: Any, label: str, *, check_low: bool = True) -> in
     if v > top or (check_low and v < low):
         raise ConfigError(f"{label} = {v} is out of range; allowed: {text}")
     return v
+
+
+def realises_ratio(m: Any, ratio: int) -> bool:
+    """Whether a model's layers realise ``ratio`` linear-mixer layers per full-attention layer: the runs of linear
+    mixers (before each full-attention layer, and the trailing run when there is one) are ``ratio`` long more often
+    than not (Kimi-Linear's MLA at 4, 8, ..., 24 and 27: six runs of 3, one of 2, realise 3; Jamba's period 27 at
+    offset 4 in 32 layers, runs 4 and 26, realises nothing)."""
+    runs, run = Counter(), 0
+    for layer in m.layers:
+        if layer.mtp or layer.mixer == NO_MIXER:
+            continue
+        if layer.mixer == FULL_ATTENTION:
+            runs[run] += 1
+            run = 0
+        else:
+            run += 1
+    if run:
+        runs[run] += 1
+    return runs[ratio] > sum(runs.values()) - runs[ratio]
+
+
+def side_effects(before: Any, after: Any, asked: set[str]) -> list[str]:
+    """Notes naming what a knob changed beyond its name: the dense MLP width (Jamba's experts and dense MLPs share
+    ``intermediate_size``) or the shared expert's width (Llama-4's shared expert has the routed width; DeepSeek-V3's
+    and Kimi's shared experts are ``n_shared x`` the routed width), when the knob that sets it was not given."""
+    notes = []
+    dense = [l for l in after.layers if l.ffn == DENSE and not l.dense_width]
+    if dense and after.intermediate_size != before.intermediate_size and "moe_intermediate_size" in asked:
+        notes.append(f"the expert width knob also changed the {len(dense)} dense MLP layers' width "
+                     f"{before.intermediate_size} -> {after.intermediate_size} (the {after.family} config has one "
+                     "intermediate_size for both)")
+    if after.shared_expert_intermediate_size != before.shared_expert_intermediate_size and \
+            not asked & {"shared_expert_intermediate_size", "shared_experts"}:
+        notes.append(f"the expert width knob also changed the shared expert's width "
+                     f"{before.shared_expert_intermediate_size} -> {after.shared_expert_intermediate_size} (the "
+                     f"{after.family} rule sizes the shared expert from the routed width)")
+    return notes
+
+
+def ratios(reader: Any, cfg: Mapping[str, Any], n: int) -> tuple[int, list[int]]:
+    """``(largest, realised)`` attention ratios of a family's rule (``reader.KNOBS['attention_ratio']``) in a model
+    of ``n`` decoder layers: the largest that keeps a full-attention layer, and those :func:`realises_ratio` holds for
+    (searched over ``0..n``)."""
+    from tessera_lab.model import families
+
+    best, ok = 0, []
+    for r in range(0, n + 1):
+        c = dict(cfg)
+        families.apply_knob(reader, c, "attention_ratio", r)
+        try:
+            layers = reader.build(c)["layers"]
+        except ConfigError:
+            continue
+        if any(l.mixer == FULL_ATTENTION for l in layers):
+            best = r
+            if realises_ratio(SimpleNamespace(layers=layers), r):
+                ok.append(r)
+    return best, ok
+
+
+def check_ratio(spec: Any, ratio: int, reader: Any, cfg: Mapping[str, Any], allow_no_full: bool) -> None:
+    """Refuse an attention ratio that leaves ``spec`` (the model the family's rule built) without a full-attention
+    layer (unless ``allow_no_full``), or that the rule does not realise (:func:`realises_ratio`).
+
+    Raises:
+        ConfigError: naming the ratio and the ratios the rule can realise in the model's layers.
+    """
+    has_full = any(l.mixer == FULL_ATTENTION for l in spec.layers if not l.mtp)
+    n = spec.num_decoder_layers
+    if not has_full and not allow_no_full:
+        raise ConfigError(f"knob 'attention_ratio' = {ratio} leaves no full-attention layer in {n} layers; allowed: "
+                          f"at most {ratios(reader, cfg, n)[0]} (or ask for it: --allow-no-full-attention)")
+    if has_full and not realises_ratio(spec, ratio):
+        raise ConfigError(f"knob 'attention_ratio' = {ratio} cannot be realised by the {spec.family} rule in {n} "
+                          f"layers (it gives the pattern {spec.layer_pattern()}); allowed: "
+                          f"{', '.join(map(str, ratios(reader, cfg, n)[1]))}")

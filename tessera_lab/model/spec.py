@@ -15,7 +15,6 @@ This module never imports torch.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,11 +25,13 @@ from typing import Any, Mapping
 from tessera_lab.errors import ConfigError
 from tessera_lab.io import read_json
 from tessera_lab.model import families, kinds
+from tessera_lab.model import knobs as knob_rules
 from tessera_lab.model.families import SUPPORTED_MODEL_TYPES
 from tessera_lab.model.knobs import VARIANT_KEYS
 from tessera_lab.model.hf_families import (  # noqa: F401  (re-exported: the public names of model kinds)
     DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MIXER_LABELS, MOE, NO_FFN, NO_MIXER, LayerSpec, opt_int, req_int,
 )
+from tessera_lab.model.published import matches_published, published_params  # noqa: F401  (re-exported)
 from tessera_lab.paths import data_dir
 
 
@@ -99,6 +100,9 @@ class ModelSpec:
     num_experts_per_tok: int = 0
     shared_expert_intermediate_size: int = 0
     shared_expert_gate: bool = False
+    #: latent MoE (Nemotron 3 Super/Ultra): routed experts run on an h -> moe_latent_size projection of the hidden
+    #: state (and it back); 0: experts on the hidden state
+    moe_latent_size: int = 0
     router_bias: bool = False
     # group-limited routing (DeepSeek-V3: experts in n_group groups, a token picks experts in topk_group of them)
     n_group: int = 1
@@ -137,24 +141,31 @@ class ModelSpec:
     source: str = ""
     notes: tuple[str, ...] = field(default=(), compare=False)
     allow_unknown_fields: bool = field(default=False, compare=False)
+    allow_structural_fields: bool = field(default=False, compare=False)
+    #: the config.json file read (empty for a dict or a derived variant's own config)
+    path: str = field(default="", compare=False)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any], name: str | None = None, *,
                        allow_unknown_fields: bool = False, plan_mtp: bool = False,
-                       notes: tuple[str, ...] = ()) -> "ModelSpec":
+                       notes: tuple[str, ...] = (), allow_structural_fields: bool = False) -> "ModelSpec":
         """Build a spec from a Hugging Face ``config.json`` (a path or an already parsed dict).
 
         The family's reader is found by ``model_type`` first (:func:`tessera_lab.model.families.resolve`:
         ``text_config`` of a multimodal config, an alias named by ``architectures``); then fields no reader
         understands refuse the config unless ``allow_unknown_fields`` (then listed in :attr:`notes`); then the reader
-        checks only the fields it reads.
+        checks only the fields it reads. Boolean fields must be JSON booleans; a field the reader knows only at its
+        neutral value is accepted at that value, with a note.
 
         Args:
             path_or_dict: path to ``config.json`` or its parsed contents.
-            name: display name; defaults to the file stem or ``model_type``.
-            allow_unknown_fields: plan without the fields the reader does not understand (listed in the notes).
+            name: display name; defaults to :func:`~tessera_lab.model.families.config_name` (the config's ``_name_or_path``, its folder, its
+                stem) or ``model_type``.
+            allow_unknown_fields: plan without the unknown fields whose name does not say structural (the first
+                note starts ``approximate:``, :attr:`approximate`).
+            allow_structural_fields: with ``allow_unknown_fields``, plan without structural-named unknown fields too.
             plan_mtp: put the MTP layers in :attr:`layers` after the decoder layers (the last stage holds them).
             notes: notes carried over from the spec this one derives from.
 
@@ -171,16 +182,19 @@ class ModelSpec:
             if not isinstance(cfg, dict):
                 raise ConfigError(f"config file '{path}' holds a JSON {type(cfg).__name__}; allowed: a JSON object "
                                   "(a Hugging Face config.json)")
-            name = name or path.stem
+            name = name or families.config_name(cfg, path)
         elif isinstance(path_or_dict, Mapping):
             cfg = dict(path_or_dict)
         else:
             raise ConfigError(f"config must be a path or a dict, got {type(path_or_dict).__name__}")
         try:
             reader, cfg, found = families.resolve(cfg)
-            all_notes = list(notes) + [n for n in found if n not in notes]
-            all_notes += [n for n in families.check_unknown(reader, cfg, allow=allow_unknown_fields)
-                          if n not in all_notes]
+            families.check_types(cfg)
+            approx = families.check_unknown(reader, cfg, allow=allow_unknown_fields,
+                                            allow_structural=allow_structural_fields)
+            found = found + families.check_neutral(reader, cfg)
+            carried = [n for n in notes if not n.startswith("approximate:")]
+            all_notes = approx + carried + [n for n in found if n not in carried]
             kwargs = reader.build(cfg)
             mtp = tuple(kwargs.pop("mtp_layers", ()))
             layers = tuple(kwargs.pop("layers"))
@@ -192,11 +206,12 @@ class ModelSpec:
                 family=families.family_name(reader),
                 hidden_size=req_int(cfg, "hidden_size"),
                 vocab_size=req_int(cfg, "vocab_size"),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                tie_word_embeddings=cfg.get("tie_word_embeddings") is True,
                 source=str(cfg.get("_source", "")),
                 layers=layers, mtp_layers=mtp, plan_mtp=plan_mtp,
                 notes=tuple(all_notes), allow_unknown_fields=allow_unknown_fields,
-                raw=cfg,
+                allow_structural_fields=allow_structural_fields, raw=cfg,
+                path=str(path_or_dict) if isinstance(path_or_dict, (str, Path)) else "",
             )
             spec = cls(**kwargs)
             spec.validate()
@@ -291,14 +306,16 @@ class ModelSpec:
             changes.append(f"layers={num_layers}")
         new_name = name or (f"{self.name}[{','.join(changes)}]" if changes else self.name)
         spec = ModelSpec.from_hf_config(cfg, name=new_name, allow_unknown_fields=self.allow_unknown_fields,
+                                        allow_structural_fields=self.allow_structural_fields,
                                         plan_mtp=self.plan_mtp if plan_mtp is None else plan_mtp, notes=self.notes)
-        has_linear = any(l.mixer == LINEAR_ATTENTION for l in self.layers)
-        if ratio is not None and has_linear and not allow_no_full_attention and \
-                not any(l.mixer == FULL_ATTENTION for l in spec.layers if not l.mtp):
-            raise ConfigError(f"knob 'attention_ratio' = {ratio} leaves no full-attention layer in "
-                              f"{spec.num_decoder_layers} layers; allowed: at most {self._max_ratio(reader, cfg)} "
-                              "(or ask for it: --allow-no-full-attention)")
-        return spec
+        spec = dataclasses.replace(spec, path=self.path)
+        if ratio is not None and any(l.mixer == LINEAR_ATTENTION for l in self.layers):
+            knob_rules.check_ratio(spec, ratio, reader, cfg, allow_no_full_attention)
+        asked = {k for k in ("moe_intermediate_size", "shared_expert_intermediate_size", "shared_experts")
+                 if knobs.get(k) is not None}
+        side = knob_rules.side_effects(self, spec, asked)
+        return dataclasses.replace(spec, notes=spec.notes + tuple(n for n in side if n not in spec.notes)) \
+            if side else spec
 
     def _change_ratio(self, reader, cfg: dict, attention_ratio: int | None, full_attention_interval: int | None,
                       changes: list[str]) -> int | None:
@@ -334,21 +351,13 @@ class ModelSpec:
             families.apply_knob(reader, cfg, key, value)
             changes.append(f"{label}={value}")
 
-    def _max_ratio(self, reader, cfg: Mapping[str, Any]) -> int:
-        """The largest attention ratio that keeps a full-attention layer (searched by the family's rule)."""
-        best = 0
-        for r in range(0, self.num_decoder_layers + 1):
-            c = dict(cfg)
-            families.apply_knob(reader, c, "attention_ratio", r)
-            try:
-                layers = reader.build(c)["layers"]
-            except ConfigError:
-                continue
-            if any(l.mixer == FULL_ATTENTION for l in layers):
-                best = r
-        return best
-
     # ------------------------------------------------------------------ derived
+    @property
+    def approximate(self) -> str:
+        """``"approximate: N unknown field(s) ignored: ..."`` when unknown config fields were ignored
+        (``--allow-unknown-fields``), else ``""``: plans, exports and reports made from this spec show it first."""
+        return next((n for n in self.notes if n.startswith("approximate:")), "")
+
     @property
     def num_layers(self) -> int:
         """Layers the plan places (the decoder layers, plus the MTP layers when ``plan_mtp``)."""
@@ -499,19 +508,21 @@ def shipped_models() -> dict[str, Path]:
     return {p.stem: p for p in sorted((data_dir() / "models").glob("*.json")) if not p.stem.startswith("_")}
 
 
-def load_model(name_or_path: str | Path, *, allow_unknown_fields: bool = False, plan_mtp: bool = False) -> ModelSpec:
+def load_model(name_or_path: str | Path, *, allow_unknown_fields: bool = False, plan_mtp: bool = False,
+               allow_structural_fields: bool = False) -> ModelSpec:
     """A shipped model by name (``tessera-lab models`` lists them) or a ``config.json`` path.
 
-    ``allow_unknown_fields`` and ``plan_mtp``: see :meth:`ModelSpec.from_hf_config`.
+    ``allow_unknown_fields``, ``allow_structural_fields`` and ``plan_mtp``: see :meth:`ModelSpec.from_hf_config`.
 
     Raises:
         ConfigError: the name is neither a shipped model nor an existing file (lists the shipped names).
     """
     models = shipped_models()
     key = str(name_or_path)
-    kw = {"allow_unknown_fields": allow_unknown_fields, "plan_mtp": plan_mtp}
-    if key in models:
-        return ModelSpec.from_hf_config(models[key], name=key, **kw)
+    kw = {"allow_unknown_fields": allow_unknown_fields, "plan_mtp": plan_mtp,
+          "allow_structural_fields": allow_structural_fields}
+    if key in models:  # a shipped model is named, not located (its path is this machine's)
+        return dataclasses.replace(ModelSpec.from_hf_config(models[key], name=key, **kw), path="")
     path = Path(key)
     if path.is_file():
         return ModelSpec.from_hf_config(path, **kw)
@@ -544,27 +555,6 @@ def model_from_name(name: str) -> ModelSpec:
     return base.with_changes(**changes, name=name)
 
 
-def published_params() -> dict[str, Any]:
-    """The authors' published parameter counts with their conventions (``data/models/_published_params.json``)."""
-    return json.loads((data_dir() / "models" / "_published_params.json").read_text())
-
-
-def matches_published(value: float, published: float) -> bool:
-    """Whether a computed count agrees with a published one to the precision published.
-
-    A figure given in billions with d decimals (``30.5e9`` -> d = 1) matches when the computed count,
-    rounded *or* truncated to d decimals of a billion, equals it. Model cards do both: Qwen3-235B-A22B's
-    non-embedding 233.85B is published as "234B" (rounded) while Qwen3-30B-A3B's 3.353B activated is
-    published as "3.3B" (truncated).
-    """
-    text = f"{published / 1e9:.6f}".rstrip("0").rstrip(".")
-    decimals = len(text.split(".")[1]) if "." in text else 0
-    scale = 10**decimals
-    b = value / 1e9
-    target = round(published / 1e9 * scale)
-    return round(b * scale) == target or int(b * scale + 1e-9) == target
-
-
 __all__ = [
     "ConfigError", "LayerSpec", "ModelSpec", "ParamCounts", "load_model", "shipped_models", "kind_letter",
     "published_params", "matches_published", "SUPPORTED_MODEL_TYPES",
@@ -573,10 +563,12 @@ __all__ = [
 
 def kind_letter(kind: str) -> str:
     """The :meth:`ModelSpec.layer_pattern` letter of a :attr:`LayerSpec.kind`: L linear mixer, A full (global)
-    attention, S sliding window, C chunked, T MTP, - no mixer."""
+    attention, S sliding window, C chunked, T MTP; a block without mixer: - (MLP) or E (MoE)."""
     mixer, _, detail = kind.split("+")[0].partition("/")
     if detail.startswith("mtp"):
         return "T"
+    if mixer == NO_MIXER:
+        return "E" if kind.endswith("+" + MOE) else "-"
     if mixer == FULL_ATTENTION and detail.startswith(("sliding", "chunked")):
         return "S" if detail.startswith("sliding") else "C"
     return {LINEAR_ATTENTION: "L", FULL_ATTENTION: "A", "none": "-"}.get(mixer, "?")
@@ -584,8 +576,8 @@ def kind_letter(kind: str) -> str:
 
 def layer_summary(layers: list[int], kinds: list[str]) -> str:
     """Short text of a stage's layers: ``"first-last (Ax1 Lx3)"`` (``"39 (Ax1)"`` for one layer), the letters of :meth:`ModelSpec.layer_pattern`
-    (L linear mixer, A full attention, S sliding window, C chunked, T MTP, - no mixer) with a ``d`` suffix for a
-    dense FFN; ``"-"`` for no layers."""
+    (L linear mixer, A full attention, S sliding window, C chunked, T MTP, - / E an MLP / MoE block without mixer)
+    with a ``d`` suffix for a dense FFN; ``"-"`` for no layers."""
     if not layers:
         return "-"
     counts = Counter(kind_letter(k) + ("d" if k.endswith("+dense") else "") for k in kinds)

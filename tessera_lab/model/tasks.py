@@ -15,7 +15,9 @@ FLOP conventions (per micro-batch, per rank):
   value head, ``S^T k``, the rank-1 state update and ``S^T q`` cost ``6 d_k d_v``; the chunked kernel adds
   the intra-chunk products ``2 C (d_k + d_v)`` with chunk size ``C = 64`` (flash-linear-attention's
   default). B = 2 x F, no W.
-* Routed experts: tokens received by the rank times top-k copies, three GEMMs of width ``moe_intermediate_size``;
+* Routed experts: tokens received by the rank times top-k copies, three GEMMs of width ``moe_intermediate_size``
+  (a latent MoE, ``moe_latent_size``: the tokens are projected to the latent before the dispatch and back after the
+  combine, so the all-to-alls and the expert GEMMs work on the latent, as Megatron-Core's ``moe_latent_size``);
   with ``tp > 1`` each TP rank routes ``T / tp`` tokens (sequence parallel, expert tensor parallel 1, as
   Megatron-Core does), so expert work and all-to-all bytes are not repeated on every TP rank.
 
@@ -49,7 +51,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.model import mixers
+from tessera_lab.model import kinds, mixers
 from tessera_lab.model.ep_traffic import busiest_rank_load, copies_per_token
 from tessera_lab.model.graph import PHASES, Collective, LayerTasks, Task, _Fwd  # noqa: F401  (re-exported)
 from tessera_lab.model.hardware import ParallelConfig
@@ -89,23 +91,25 @@ def _mixer_gated_deltanet(g: _Fwd, m: ModelSpec, T: int, tp: int, after: str) ->
 
 def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, tp: int, after: str) -> str:
     h, dt = m.hidden_size, g.dt
-    nh, nkv, hd = m.num_attention_heads / tp, max(m.num_key_value_heads / tp, 1), m.head_dim
+    nh, nkv, hd, vd = kinds.gqa_shape(m, layer)  # vd: the value head dim (MiMo-V2-Flash: unlike hd)
+    nh, nkv = nh / tp, max(nkv / tp, 1)
     gated = layer.attention == "gated_gqa"
-    qkv = g.gemm("qkv_proj", T, h, nh * hd * (2 if gated else 1) + 2 * nkv * hd, [after], seq=True)
+    qkv = g.gemm("qkv_proj", T, h, nh * hd * (2 if gated else 1) + nkv * (hd + vd), [after], seq=True)
     rope = g.elementwise("qk_norm_rope", dt * T * (nh + nkv) * hd * 2, [qkv], saved=dt * T * (nh + nkv) * hd)
-    flops = 4.0 * b * mixers.attention_pairs(s, layer.window, layer.local) * nh * hd  # causal: s^2/2 pairs
-    io = dt * T * (2 * nh * hd + 2 * nkv * hd)
+    # causal: s^2/2 pairs; q k^T over hd, p v over vd (4 s^2 H d at half when vd = hd)
+    flops = 2.0 * b * mixers.attention_pairs(s, layer.window, layer.local) * nh * (hd + vd)
+    io = dt * T * (nh * hd + nkv * (hd + vd) + nh * vd)
     # the core keeps q, k, v, its output o and the fp32 lse; o is the very tensor its consumer keeps (the output
     # gate, or o_proj's input in bf16), one storage, so it is counted there (an FP8 o_proj keeps its own FP8 copy)
-    o = dt * T * nh * hd
+    o = dt * T * nh * vd
     shared = o if (gated or g.gemm_in == dt) else 0.0
     core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=(rope,),
-                      saved_bytes=io + 4.0 * T * nh - shared), b_scale=2.0, selective=dt * T * (nh + 2 * nkv) * hd,
-                 module="core_attn")
+                      saved_bytes=io + 4.0 * T * nh - shared), b_scale=2.0,
+                 selective=dt * T * (nh * hd + nkv * (hd + vd)), module="core_attn")
     last = core
     if gated:
-        last = g.elementwise("output_gate", dt * T * nh * hd * 3, [core], saved=dt * T * nh * hd * 2)
-    return g.gemm("o_proj", T, nh * hd, h, [last])
+        last = g.elementwise("output_gate", dt * T * nh * vd * 3, [core], saved=dt * T * nh * vd * 2)
+    return g.gemm("o_proj", T, nh * vd, h, [last])
 
 
 def _mixer_mla(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, tp: int, after: str) -> str:
@@ -156,7 +160,11 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
                         deps=(after,), saved_bytes=4.0 * T * E, gemms=((T, h, E),)),
                    w=Task("router", g.layer, "W", "gemm", 2.0 * T * h * E, dt * (T * h + h * E + T * E),
                           gemms=((T, h, E),)))
-    permute = g.elementwise("permute", dt * sent * h * 2, [router])
+    h_all, deps = h, [router]
+    if m.moe_latent_size:  # latent MoE: fc1_latent_proj before the dispatch, experts and all-to-alls on the latent
+        deps.append(g.gemm("latent_down", T, h, m.moe_latent_size, [after]))
+        h = m.moe_latent_size
+    permute = g.elementwise("permute", dt * sent * h * 2, deps)
     route = (T, E, k, p.dispatcher, m.n_group, m.topk_group)
     dispatch = g.comm("dispatch", "all_to_all", dt * sent * h, "ep", p.ep, [permute], route)
     width = m.moe_intermediate_size
@@ -184,6 +192,9 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
         g.recomputed.add(act)
     combine = g.comm("combine", "all_to_all", dt * sent * h, "ep", p.ep, [act], route)
     unpermute = g.elementwise("unpermute", dt * (sent * h + T * h), [combine], saved=dt * sent * h)
+    if m.moe_latent_size:  # fc2_latent_proj back to the hidden state
+        unpermute = g.gemm("latent_up", T, h, h_all, [unpermute])
+        h = h_all
     outs = [unpermute]
     if m.shared_expert_intermediate_size:
         Is = m.shared_expert_intermediate_size / p.tp

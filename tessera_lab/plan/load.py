@@ -45,12 +45,13 @@ def _model_of(data: Mapping[str, Any], where: str) -> ModelSpec:
         raise ConfigError(f"{where}: field 'hf_config' is a JSON {type(cfg).__name__}; allowed: an object (the model's "
                           "config.json, as 'tessera-lab plan --json' writes it)")
     opts = data.get("hf_config_options", {})
-    if not isinstance(opts, Mapping) or set(opts) - {"plan_mtp", "allow_unknown_fields"} or \
-            not all(isinstance(v, bool) for v in opts.values()):
+    if not isinstance(opts, Mapping) or set(opts) - {"plan_mtp", "allow_unknown_fields", "allow_structural_fields"} \
+            or not all(isinstance(v, bool) for v in opts.values()):
         raise ConfigError(f"{where}: field 'hf_config_options' = {opts!r} is invalid; allowed: an object with the "
-                          "booleans plan_mtp and allow_unknown_fields")
+                          "booleans plan_mtp, allow_unknown_fields and allow_structural_fields")
     return ModelSpec.from_hf_config(dict(cfg), name=str(data["model"]), plan_mtp=opts.get("plan_mtp", False),
-                                    allow_unknown_fields=opts.get("allow_unknown_fields", False))
+                                    allow_unknown_fields=opts.get("allow_unknown_fields", False),
+                                    allow_structural_fields=opts.get("allow_structural_fields", False))
 
 
 def read_plan_json(data: Mapping[str, Any] | str | Path) -> tuple[dict[str, Any], str]:

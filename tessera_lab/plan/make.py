@@ -72,6 +72,11 @@ def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster
     heads = {"num_attention_heads": model.num_attention_heads, "num_key_value_heads": model.num_key_value_heads}
     if model.linear_num_key_heads:
         heads["linear_num_key_heads"] = model.linear_num_key_heads
+    # layers with their own head counts (MiMo-V2-Flash's sliding-window layers): each distinct count
+    for key, own in (("a layer's heads", {l.heads for l in model.layers}),
+                     ("a layer's kv_heads", {l.kv_heads for l in model.layers})):
+        for v in sorted(own - set(heads.values()) - {0}):
+            heads[f"{key} ({v})"] = v
     import math
 
     common = math.gcd(cluster.gpus_per_node, *heads.values())
@@ -171,6 +176,10 @@ class Plan:
                 "expert_load", "grouped_gemm", "fused_cross_entropy")},
             "notes": self.notes,
         }
+        if self.model.approximate:  # unknown config fields ignored: every export made from the plan says so
+            d["approximate"] = self.model.approximate
+        if self.model.path:
+            d["model_path"] = self.model.path
         # layout and memory fields, written only when set (plans without them read as before)
         defaults = ParallelConfig()
         for k in ("ep_placement", "ep_spans_tp", "sequence_parallel", "adam_moment_dtype", "recompute_modules",
@@ -189,7 +198,8 @@ class Plan:
             # rebuilds it anywhere, without the file
             d["hf_config"] = dict(self.model.raw)
             d["hf_config_options"] = {"plan_mtp": self.model.plan_mtp,
-                                      "allow_unknown_fields": self.model.allow_unknown_fields}
+                                      "allow_unknown_fields": self.model.allow_unknown_fields,
+                                      "allow_structural_fields": self.model.allow_structural_fields}
         if self.partition_from and self.solver_result is not None:
             r = self.solver_result
             d["partition_from"] = self.partition_from

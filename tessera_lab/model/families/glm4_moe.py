@@ -6,6 +6,10 @@ Rules: transformers ``src/transformers/models/glm4_moe/modeling_glm4_moe.py`` @a
 ``bias=config.attention_bias``, o without bias, ``q_norm``/``k_norm`` when ``use_qk_norm``;
 ``Glm4MoeDecoderLayer``: ``Glm4MoeMoE`` if ``layer_idx >= config.first_k_dense_replace`` else ``Glm4MoeMLP``).
 The MTP layer (stored as layer ``num_hidden_layers``, as DeepSeek-V3's) is counted apart: the card's 106B excludes it.
+GLM-4.5V / 4.6V's language model (``glm4v_moe_text``, the ``glm4v_moe`` wrapper's ``text_config``) is the same decoder:
+transformers ``src/transformers/models/glm4v_moe/modular_glm4v_moe.py`` @28f64d214c42 (``Glm4vMoeTextConfig``
+subclasses ``Glm4MoeConfig``; ``Glm4MoeDecoderLayer``, ``Glm4MoeMoE``; attention ``Glm4Attention`` with q/k/v biases and
+multimodal RoPE sections, no q/k norm).
 """
 
 from __future__ import annotations
@@ -15,10 +19,10 @@ from typing import Any, Mapping
 from tessera_lab.model.families.deepseek import mtp_layers
 from tessera_lab.model.families.qwen3 import check_act
 from tessera_lab.model.hf_families import (
-    DENSE, FULL_ATTENTION, MOE, _gqa_fields, _layers, _moe_common, opt_int, req_int,
+    DENSE, FULL_ATTENTION, MOE, _gqa_fields, _layers, _moe_common, opt_bool, opt_int, req_int,
 )
 
-MODEL_TYPES = ("glm4_moe",)
+MODEL_TYPES = ("glm4_moe", "glm4v_moe_text")
 ARCHITECTURES = ("Glm4MoeForCausalLM",)
 EXAMPLE = "glm-4.5-air"
 SOURCE = "transformers src/transformers/models/glm4_moe/modeling_glm4_moe.py @a0699c971daf"
@@ -39,10 +43,10 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     first_dense = opt_int(cfg, "first_k_dense_replace", 0, minimum=0)
     width = req_int(cfg, "moe_intermediate_size")
     layers = _layers([FULL_ATTENTION] * n, ["gqa"] * n, [MOE if i >= first_dense else DENSE for i in range(n)])
-    bias = bool(cfg.get("attention_bias", False))
+    bias = opt_bool(cfg, "attention_bias", False)
     return dict(
         **_gqa_fields(cfg), **moe,
-        qk_norm=bool(cfg.get("use_qk_norm", False)),
+        qk_norm=opt_bool(cfg, "use_qk_norm", False),
         attention_bias=bias,
         intermediate_size=req_int(cfg, "intermediate_size"),
         moe_intermediate_size=width,

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.families.qwen3 import check_act
-from tessera_lab.model.hf_families import FULL_ATTENTION, MOE, LayerSpec, _gqa_fields, _moe_common, req_int
+from tessera_lab.model.hf_families import FULL_ATTENTION, MOE, LayerSpec, _gqa_fields, _moe_common, opt_bool, req_int
 
 MODEL_TYPES = ("gpt_oss",)
 ARCHITECTURES = ("GptOssForCausalLM",)
@@ -56,7 +56,7 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError("config fields 'experts_per_token' and 'num_experts_per_tok' disagree; allowed: equal")
     layers = tuple(LayerSpec(i, FULL_ATTENTION, "gqa", MOE, window=window if t == "sliding_attention" else 0,
                              local="sliding" if t == "sliding_attention" else "") for i, t in enumerate(types))
-    bias = bool(cfg.get("attention_bias", True))
+    bias = opt_bool(cfg, "attention_bias", True)
     width = req_int(cfg, "intermediate_size")
     return dict(**_gqa_fields(cfg), **_moe_common(cfg, "num_local_experts"), attention_bias=bias, o_bias=bias,
                 attention_sinks=True, moe_intermediate_size=width, intermediate_size=width, expert_bias=True,

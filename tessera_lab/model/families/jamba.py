@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.families.qwen3 import check_act
 from tessera_lab.model.hf_families import (
-    DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MOE, _gqa_fields, _layers, opt_int, req_int,
+    DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MOE, _gqa_fields, _layers, opt_bool, opt_int, req_int,
 )
 
 MODEL_TYPES = ("jamba",)
@@ -55,6 +55,11 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     n, h = req_int(cfg, "num_hidden_layers"), req_int(cfg, "hidden_size")
     ap, ao = opt_int(cfg, "attn_layer_period", 8), opt_int(cfg, "attn_layer_offset", 4, minimum=0)
     ep, eo = opt_int(cfg, "expert_layer_period", 2), opt_int(cfg, "expert_layer_offset", 1, minimum=0)
+    for key, period, offset in (("attn_layer_offset", ap, ao), ("expert_layer_offset", ep, eo)):
+        if offset >= period:  # the rule i % period == offset would never hold: no attention / no MoE layer
+            pkey = key.replace("offset", "period")
+            raise ConfigError(f"config field '{key}' = {offset} is out of range; allowed: 0 to {pkey} - 1 = "
+                              f"{period - 1}")
     E = opt_int(cfg, "num_experts", 16)
     k = opt_int(cfg, "num_experts_per_tok", 2)
     if k > E:
@@ -69,7 +74,7 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
         moe_intermediate_size=width, intermediate_size=width,
         mamba_d_inner=opt_int(cfg, "mamba_expand", 2) * h, ssm_state_size=opt_int(cfg, "mamba_d_state", 16),
         mamba_conv_kernel=opt_int(cfg, "mamba_d_conv", 4), mamba_dt_rank=dt_rank,
-        mamba_conv_bias=bool(cfg.get("mamba_conv_bias", True)), mamba_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
-        mamba_bcdt_norms=bool(cfg.get("mamba_inner_layernorms", True)),  # Jamba v0.1 names them
+        mamba_conv_bias=opt_bool(cfg, "mamba_conv_bias", True), mamba_proj_bias=opt_bool(cfg, "mamba_proj_bias", False),
+        mamba_bcdt_norms=opt_bool(cfg, "mamba_inner_layernorms", True),  # Jamba v0.1 names them
         layers=_layers(mixers, ["gqa" if m == FULL_ATTENTION else "mamba" for m in mixers], ffns),
     )

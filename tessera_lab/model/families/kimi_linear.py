@@ -76,6 +76,15 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(kda, list) or any(not isinstance(i, int) or not 1 <= i <= n for i in kda):
         raise ConfigError(f"config field 'linear_attn_config.kda_layers' must list 1-based layer numbers in 1..{n}")
     kda_set = set(kda)
+    full = lac.get("full_attn_layers")
+    if full is not None:
+        if not isinstance(full, list) or any(not isinstance(i, int) or not 1 <= i <= n for i in full):
+            raise ConfigError(f"config field 'linear_attn_config.full_attn_layers' must list 1-based layer numbers "
+                              f"in 1..{n}")
+        both = sorted(kda_set & set(full))
+        if both:
+            raise ConfigError(f"config field 'linear_attn_config' lists layer {both[0]} (1-based) in both kda_layers "
+                              "and full_attn_layers; allowed: each layer in one of them")
     mixers = [LINEAR_ATTENTION if i + 1 in kda_set else FULL_ATTENTION for i in range(n)]
     E = req_int(cfg, "num_experts")
     k = req_int(cfg, "num_experts_per_token")
@@ -92,7 +101,7 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
         num_attention_heads=req_int(cfg, "num_attention_heads"),
         num_key_value_heads=req_int(cfg, "num_attention_heads"),  # MLA: every head has its own k and v
         head_dim=req_int(cfg, "qk_nope_head_dim") + req_int(cfg, "qk_rope_head_dim"),
-        q_lora_rank=cfg.get("q_lora_rank") or None,
+        q_lora_rank=opt_int(cfg, "q_lora_rank", 0, minimum=0) or None,
         kv_lora_rank=req_int(cfg, "kv_lora_rank"),
         qk_nope_head_dim=req_int(cfg, "qk_nope_head_dim"), qk_rope_head_dim=req_int(cfg, "qk_rope_head_dim"),
         v_head_dim=req_int(cfg, "v_head_dim"),

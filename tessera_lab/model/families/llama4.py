@@ -16,7 +16,9 @@ from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.families.qwen3 import check_act
-from tessera_lab.model.hf_families import DENSE, FULL_ATTENTION, MOE, LayerSpec, _gqa_fields, _moe_common, opt_int, req_int
+from tessera_lab.model.hf_families import (
+    DENSE, FULL_ATTENTION, MOE, LayerSpec, _gqa_fields, _moe_common, opt_bool, opt_int, req_int,
+)
 
 MODEL_TYPES = ("llama4_text",)
 ARCHITECTURES = ("Llama4ForCausalLM",)
@@ -51,10 +53,13 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     n = req_int(cfg, "num_hidden_layers")
     interval = opt_int(cfg, "no_rope_layer_interval", 4)
     rope = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
-    if not isinstance(rope, list) or len(rope) != n:
+    if not isinstance(rope, list) or len(rope) != n or any(type(r) is not int or r not in (0, 1) for r in rope):
         raise ConfigError(f"config field 'no_rope_layers' must list {n} entries (1: RoPE, 0: NoPE)")
     step = opt_int(cfg, "interleave_moe_layer_step", 1)
     moe_layers = cfg.get("moe_layers")
+    if moe_layers is not None and (not isinstance(moe_layers, list) or
+                                   any(type(i) is not int or not 0 <= i < n for i in moe_layers)):
+        raise ConfigError(f"config field 'moe_layers' must list layer indices in 0..{n - 1}")
     moe_layers = set(range(step - 1, n, step) if moe_layers is None else moe_layers)
     chunk = opt_int(cfg, "attention_chunk_size", 8192)
     types = cfg.get("layer_types")
@@ -67,7 +72,7 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
                                 window=chunk if local else 0, local="chunked" if local else "", rope=bool(rope[i]),
                                 dense_width=0 if i in moe_layers else opt_int(cfg, "intermediate_size_mlp", 16384)))
     width = req_int(cfg, "intermediate_size")
-    bias = bool(cfg.get("attention_bias", False))
+    bias = opt_bool(cfg, "attention_bias", False)
     return dict(**_gqa_fields(cfg), **_moe_common(cfg, "num_local_experts"), attention_bias=bias, o_bias=bias,
                 moe_intermediate_size=width, intermediate_size=width, shared_expert_intermediate_size=width,
                 layers=tuple(layers))

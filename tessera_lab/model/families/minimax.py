@@ -23,7 +23,7 @@ from tessera_lab.errors import ConfigError
 from tessera_lab.model.families.deepseek import mtp_layers
 from tessera_lab.model.families.qwen3 import check_act
 from tessera_lab.model.hf_families import (
-    FULL_ATTENTION, LINEAR_ATTENTION, MOE, _gqa_fields, _layers, _moe_common, opt_int, req_int,
+    FULL_ATTENTION, LINEAR_ATTENTION, MOE, _gqa_fields, _layers, _moe_common, opt_bool, opt_int, req_int,
 )
 
 MODEL_TYPES = ("minimax_m1", "minimax_text_01", "minimax", "minimax_m2")
@@ -93,8 +93,8 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
            if cfg.get("use_mtp") else 0)
     return dict(
         **_gqa_fields(cfg), **_moe_common(cfg, "num_local_experts"),
-        qk_norm=bool(cfg.get("use_qk_norm", False)), qk_norm_full=norm == "per_layer",
-        router_bias=bool(cfg.get("use_routing_bias", False)),
+        qk_norm=opt_bool(cfg, "use_qk_norm", False), qk_norm_full=norm == "per_layer",
+        router_bias=opt_bool(cfg, "use_routing_bias", False),
         moe_intermediate_size=width, intermediate_size=width, layers=layers,
         mtp_layers=mtp_layers(n, mtp, layers[-1]),
     )

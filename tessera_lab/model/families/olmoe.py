@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tessera_lab.model.families.qwen3 import check_act
-from tessera_lab.model.hf_families import FULL_ATTENTION, MOE, _gqa_fields, _layers, _moe_common, req_int
+from tessera_lab.model.hf_families import FULL_ATTENTION, MOE, _gqa_fields, _layers, _moe_common, opt_bool, req_int
 
 MODEL_TYPES = ("olmoe",)
 ARCHITECTURES = ("OlmoeForCausalLM",)
@@ -28,7 +28,7 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     check_act(cfg)
     n = req_int(cfg, "num_hidden_layers")
     width = req_int(cfg, "intermediate_size")
-    bias = bool(cfg.get("attention_bias", False))
+    bias = opt_bool(cfg, "attention_bias", False)
     return dict(**_gqa_fields(cfg), **_moe_common(cfg, "num_experts"), qk_norm=True, qk_norm_full=True,
                 attention_bias=bias, o_bias=bias, moe_intermediate_size=width, intermediate_size=width,
                 layers=_layers([FULL_ATTENTION] * n, ["gqa"] * n, [MOE] * n))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.model.hf_families import _from_qwen3, _from_qwen3_moe
+from tessera_lab.model.hf_families import _from_qwen3, _from_qwen3_moe, opt_bool
 
 MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_vl_moe_text", "qwen3_vl_text")
 ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
@@ -23,6 +23,9 @@ READS = frozenset({"num_attention_heads", "num_key_value_heads", "head_dim", "in
                    "mlp_only_layers", "attention_bias", "use_sliding_window", "sliding_window", "max_window_layers",
                    "hidden_act"})
 IGNORES = frozenset()
+#: fields Qwen3 checkpoints write that change nothing at these values (Qwen3-Coder-480B-A35B writes them): no
+#: q/k/v bias, the q/k RMSNorm every Qwen3 layer has, no shared expert
+NEUTRAL = {"qkv_bias": False, "use_qk_norm": True, "shared_expert_intermediate_size": 0}
 KNOBS = {"moe_intermediate_size": "moe_intermediate_size", "num_experts_per_tok": "num_experts_per_tok",
          "num_experts": "num_experts", "moe_every": "decoder_sparse_step"}
 
@@ -37,9 +40,11 @@ def check_act(cfg: Mapping[str, Any], key: str = "hidden_act", allowed: tuple[st
 
 def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """ModelSpec keyword arguments of a Qwen3 / Qwen3-MoE config (rules in the module docstring)."""
-    if cfg.get("use_sliding_window"):
+    if opt_bool(cfg, "use_sliding_window", False):
         raise ConfigError("config field 'use_sliding_window' = true is not supported for qwen3; allowed: false")
     check_act(cfg)
-    kw = _from_qwen3(cfg) if cfg.get("model_type") == "qwen3" else _from_qwen3_moe(cfg)
-    kw["attention_bias"] = kw["o_bias"] = bool(cfg.get("attention_bias", False))
+    # Qwen3-VL's dense text model (qwen3_vl_text) has no experts: the Qwen3 decoder
+    dense = cfg.get("model_type") == "qwen3" or (cfg.get("model_type") == "qwen3_vl_text" and "num_experts" not in cfg)
+    kw = _from_qwen3(cfg) if dense else _from_qwen3_moe(cfg)
+    kw["attention_bias"] = kw["o_bias"] = opt_bool(cfg, "attention_bias", False)
     return kw

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tessera_lab.model.families.qwen3 import check_act
-from tessera_lab.model.hf_families import DENSE, FULL_ATTENTION, MOE, LayerSpec, _from_qwen3_next, opt_int
+from tessera_lab.model.hf_families import DENSE, FULL_ATTENTION, MOE, LayerSpec, _from_qwen3_next, opt_bool, opt_int
 
 MODEL_TYPES = ("qwen3_next", "qwen3_5_moe_text", "qwen3_5_text")
 ARCHITECTURES = ("Qwen3NextForCausalLM",)
@@ -27,7 +27,11 @@ READS = frozenset({"layer_types", "full_attention_interval", "linear_num_key_hea
                    "num_experts_per_tok", "shared_expert_intermediate_size", "decoder_sparse_step", "mlp_only_layers",
                    "attention_bias", "attn_output_gate", "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings",
                    "hidden_act"})
-IGNORES = frozenset()
+IGNORES = frozenset({"max_window_layers"})  # used only with use_sliding_window (accepted only false)
+#: fields the checkpoints write that change nothing at these values (Qwen3-Next-80B-A3B-Thinking: no sliding window;
+#: Qwen3.6: ``output_gate_type: "swish"``, the gate's activation, no effect on shapes)
+NEUTRAL = {"use_sliding_window": False, "sliding_window": None, "qkv_bias": False, "use_qk_norm": True,
+           "output_gate_type": "swish"}
 
 
 def _ratio(cfg: dict[str, Any], ratio: int) -> None:
@@ -60,7 +64,7 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if cfg.get("attn_output_gate") is False:
         kw["layers"] = tuple(LayerSpec(l.index, l.mixer, "gqa" if l.attention == "gated_gqa" else l.attention, l.ffn)
                              for l in kw["layers"])
-    kw["attention_bias"] = bool(cfg.get("attention_bias", False))
+    kw["attention_bias"] = opt_bool(cfg, "attention_bias", False)
     n, mtp = len(kw["layers"]), opt_int(cfg, "mtp_num_hidden_layers", 0, minimum=0)
     kw["mtp_layers"] = tuple(LayerSpec(n + j, FULL_ATTENTION, "gated_gqa" if cfg.get("attn_output_gate", True)
                                        else "gqa", DENSE if dense else MOE, mtp=True) for j in range(mtp))
