@@ -63,7 +63,7 @@ def test_default_is_the_fitted_value_and_the_rule_where_it_is_zero(small):
     # default (None): the fitted 3.33 ms, with its provenance in the note
     on = _plan(small)
     assert on.chosen.stages[0].host_sync_s == pytest.approx(8 * sync.FITTED_PER_LAYER_S)
-    assert any("fitted on half of the published runs" in n for n in on.notes)
+    assert any("fitted on the fit set of the published runs" in n for n in on.notes)
     base = ParallelConfig(ep=8, schedule="1f1b")
     assert sync.planner_per_layer_s(base) == sync.FITTED_PER_LAYER_S
     assert sync.planner_per_layer_s(base.replace(dispatcher="deepep")) == sync.FITTED_PER_LAYER_S  # normal mode waits

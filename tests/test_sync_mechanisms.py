@@ -25,16 +25,40 @@ def test_sync_term_by_hand():
     assert sync.fit_per_layer_s([3e-3, 5e-3]) == pytest.approx(4e-3) and sync.fit_per_layer_s([]) == 0.0
 
 
-def test_fit_half_alternates_in_id_order():
-    import importlib.util
-    from pathlib import Path
+def test_split_rule_by_hand():
+    # the split is a pure function of the id (SHA-256 parity), never of an error; ModelZoo runs are always test
+    import hashlib
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_public_runs.py"
-    spec = importlib.util.spec_from_file_location("bench_public_runs", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    rows = [{"id": i, "reference_only": i == "r"} for i in ("d", "a", "c", "r", "b")]
-    assert bench.fit_half(rows) == (["a", "c"], ["b", "d"])
+    from tessera_lab.report.fidelity_set import split_for_run
+
+    # hand values: sha256("a") ends in ...bb (odd): fit; sha256("b") ends in ...9d (odd): fit
+    assert hashlib.sha256(b"a").hexdigest().endswith("bb") and hashlib.sha256(b"b").hexdigest().endswith("9d")
+    assert split_for_run({"id": "a", "source_family": "megatron-bridge"}) == "fit"
+    assert split_for_run({"id": "b", "source_family": "megatron-bridge"}) == "fit"
+    for rid in ("c", "d", "qwen3-30b-a3b/16xH100/fp8/ep16"):
+        even = int(hashlib.sha256(rid.encode()).hexdigest()[-1], 16) % 2 == 0
+        assert split_for_run({"id": rid, "source_family": "megatron-bridge"}) == ("test" if even else "fit")
+    assert split_for_run({"id": "a", "source_family": "megatron-moe-modelzoo"}) == "test"
+    assert split_for_run({"id": "a", "source_family": "megatron-bridge", "reference_only": True}) == "reference"
+
+
+def test_a_runs_file_whose_split_was_edited_is_refused(tmp_path):
+    import json
+
+    import pytest
+
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.report.fidelity_set import load_runs
+
+    run = {"id": "a", "source": "x", "source_family": "megatron-bridge", "split": "test", "model": "m", "gpu": "H100",
+           "gpus": 8, "precision": "bf16", "gbs": 8, "mbs": 1, "seq_len": 4096, "tp": 1, "pp": 1, "ep": 8,
+           "dispatcher": "alltoall", "recompute": "none", "step_time_s": 1.0}
+    p = tmp_path / "runs.json"
+    p.write_text(json.dumps({"runs": [run]}))
+    with pytest.raises(ConfigError, match="field 'split' = 'test' disagrees with the split rule"):
+        load_runs([p])
+    p.write_text(json.dumps({"runs": [dict(run, split="fit")]}))
+    assert load_runs([p])[0][0]["id"] == "a"
 
 
 def test_mechanism_split_on_a_synthetic_pipeline():
