@@ -43,3 +43,16 @@ def test_the_published_runs_headline_is_the_test_sets():
     assert abs(float(head.group(3)) - max(test)) <= 0.1
     assert abs(statistics.median(fit) - statistics.median(test)) > 0.1  # the two figures are told apart
     assert not re.search(r"(headline|median)[^.\n]*\b%.1f%%" % statistics.median(fit), text.split("Headline")[0], re.I)
+
+
+def test_every_report_category_is_defined_in_docs_and_help(capsys):
+    # each capacity-report row has its definition and formula in docs/cli.md and in `report --help`
+    from tessera_lab.cli.main import main
+    from tessera_lab.report.categories import CATEGORIES, DEFINITIONS, FORMULAS, LABELS
+
+    cli = (DOCS / "cli.md").read_text()
+    assert main(["report", "--help"]) == 0
+    helptext = " ".join(capsys.readouterr().out.split())
+    for k in CATEGORIES:
+        assert f"| {LABELS[k]} (`{k}`) | {DEFINITIONS[k]} | `{FORMULAS[k]}` |" in cli, k
+        assert " ".join(f"{LABELS[k]}: {DEFINITIONS[k]}; = {FORMULAS[k]}".split()) in helptext, k
