@@ -80,3 +80,20 @@ def test_mechanism_split_on_a_synthetic_pipeline():
     assert need["needed_idle_removed_ms"] == pytest.approx(1e3 * r["iteration_static_s"] * (1 - 1 / 1.034))
     v = routing_variance(costs, "uniform", microbatches=4, steps=2)
     assert v["busiest"][0]["max"] == pytest.approx(1.0) and v["hot_overlap"] <= 1.0
+
+
+def test_memory_limit_bounds_by_hand():
+    from tessera_lab.dynamic.durations import StageCosts
+    from tessera_lab.dynamic.mechanisms import memory_limit
+
+    costs = StageCosts.synthetic(4, 1.0, 2.0, 1.0, layers_per_stage=2, ep=8, num_experts=64, top_k=8, tokens=8 * 512)
+    r = memory_limit(costs, "uniform", schedule="1f1b", microbatches=8, extra=(0, 2, 8))
+    # 1F1B, 4 stages, 8 micro-batches, F 1 s, B 2 s = I 1 s + W 1 s (W right after I, local to its rank): the
+    # bottleneck rank runs 8 x (F + I + W) = 24 s, plus the fill and drain chain of (4 - 1) x (F + I) = 6 s: T = 30 s;
+    # with W free: 8 x 2 + 6 = 22 s, so no W order can gain more than 30 / 22 - 1 = 36.4%
+    assert r["iteration_static_s"] == pytest.approx(30.0)
+    assert r["w_free_gain"] == pytest.approx(30 / 22 - 1)
+    assert r["bottleneck_w_per_microbatch_ms"] == pytest.approx(1000.0)
+    gains = [r["by_extra"][k]["total"] for k in (0, 2, 8)]
+    assert all(-1e-12 <= g <= r["w_free_gain"] + 1e-12 for g in gains)
+    assert gains[0] <= gains[1] + 1e-12 <= gains[2] + 2e-12  # more activation memory never moves less W here
