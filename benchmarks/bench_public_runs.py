@@ -1,19 +1,26 @@
-"""Predicted vs published training throughput for public runs (the cost model checked against the field).
+"""Predicted vs published training time for public runs: the cost model judged on runs it was not fitted on.
 
-Plans every run of ``data/published/megatron_bridge.json`` (NVIDIA Megatron-Bridge performance summary pages:
-model, GPU count, parallel sizes, precision, dispatcher and recompute as the page and its recipe state) with the
-analytic cost model, and prints predicted vs published Model TFLOP/s per GPU (Megatron-LM model-FLOPs
-convention, the pages' metric), each with its source, then the median |error|. Target: <= 15% on the median and
-no run beyond 35%.
+Plans every run of the runs files in ``data/published`` (:data:`tessera_lab.report.fidelity_set.DEFAULT_FILES`:
+NVIDIA Megatron-Bridge performance pages, the Megatron-MoE-ModelZoo best-practice tables, model technical reports;
+schema in docs/file-schemas.md) with the analytic cost model at the run's own layout, and prints the published
+against the predicted iteration time, ``error = published / predicted - 1`` (= predicted throughput / published -
+1), each with its source, source family and split. The published time is the source's step time, else its global
+batch tokens over its tokens/s per GPU x GPUs, else the model FLOPs over its Model TFLOP/s per GPU x GPUs
+(:func:`tessera_lab.report.fidelity_set.published_iteration_s`).
 
-Host/synchronisation term (:mod:`tessera_lab.cost.sync`, basis cited there: the dropless dispatcher's
-``torch.cuda.current_stream().synchronize()`` before the EP all-to-all in every MoE layer): ``c`` seconds per MoE
-layer forward and micro-batch, which the planner itself applies (0 under the combined-1F1B EP overlap). The fit
-plans every run with the planner's term off (``host_sync_s = 0``) and takes ``c`` as the mean, over every other
-counted run in id order (:func:`fit_half`) without EP overlap, of the per-layer seconds that close its gap
-(published - planned iteration over the busiest rank's MoE layers x ``(m + (pp - 1) / vpp)``); then every run is
-planned again by the planner with ``host_sync_s = c`` (:func:`apply_sync_term`; the bench adds nothing itself). The
-other half is reported as held out; the error with the term off is printed beside.
+Split: ``split: fit | test`` is written into the data before any fitting, by the rule of
+:func:`tessera_lab.report.fidelity_set.split_for_run` (ModelZoo runs test; otherwise SHA-256 parity of the id); a
+file whose split disagrees is refused. The headline (``HEADLINE`` line, ``summary.test_median_abs_error`` and
+``test_max_abs_error``) is the test set's; target: median <= 15%, no test run beyond 35%; a miss stays printed.
+
+Host/synchronisation term (:mod:`tessera_lab.cost.sync`, basis cited there): ``c`` seconds per MoE layer forward
+and micro-batch, which the planner itself applies (0 under the combined-1F1B EP overlap). The fit plans every run
+with the planner's term off (``host_sync_s = 0``) and takes ``c`` as the mean, over the fit set's runs the term
+applies to (EP > 1, a dispatcher that waits on host counts, no EP overlap), of the per-layer seconds that close
+each run's gap (published - planned iteration over the busiest rank's MoE layers x ``(m + (pp - 1) / vpp)``);
+then every run is planned again by the planner with ``host_sync_s = c`` (:func:`apply_sync_term`; the bench adds
+nothing itself). ``--runs FILE`` evaluates another runs file with the shipped ``c`` (no refit). The error with
+the term off is printed beside.
 
 Layout mapping (stated per run): Megatron's data-parallel size ``DP = GPUs / (TP * PP)``; our non-expert
 data-parallel group is ``ParallelConfig.dense_dp``. Where ``EP <= DP``: ``ep = EP``, ``dp = DP / EP`` (EP inside
@@ -47,7 +54,7 @@ Partition: the recipe's own, Megatron's even split of the layers over the stages
 planner's choice: a memory-driven uneven split (stage 0 holding ``p`` micro-batches in flight gets fewer layers)
 makes the last stages the bottleneck of a layout the recipe does not use. Where our memory model does not fit that
 split, the time is priced without the memory limit (the run exists) and the row's ``fits`` column says ``NO``.
-Rows marked ``reference_only`` are printed but left out of the median. Tokens are balanced (``expert_load = 1``) as
+Rows marked ``reference_only`` (split ``reference``) are printed but in neither set. Tokens are balanced (``expert_load = 1``) as
 the pages state.
 
 Table: one row per run (units in the headers: Model TFLOP/s per GPU, tokens/s per GPU, GiB per GPU), precision as
@@ -56,7 +63,8 @@ peak and capacity GiB with a ``fits`` column; sources and mapping notes below it
 standalone F + B + W (before overlap) beside the plan's per-layer time (after overlap) and the published per-layer
 budget, and the gap budget - standalone sum the README quotes (:func:`breakdown`).
 
-Run: python benchmarks/bench_public_runs.py [--json PATH] [--breakdown]   (analytic: no GPU needed; a few seconds per run)
+Run: python benchmarks/bench_public_runs.py [--json PATH|-] [--runs FILE] [--breakdown]   (analytic; about 10 s of CPU
+for the 27 shipped runs)
 """
 
 from __future__ import annotations
@@ -287,6 +295,10 @@ def apply_sync_term(rows: list[dict], runs: dict[str, dict], c: float | None = N
             r["plan_s"] += plan_s
         r.update(off)
         r["sync_s_per_iteration"] = r["iteration_time_s"] - r["iteration_without_sync_s"]
+    if not fitted:  # the shipped value: its own fit set (cost/sync.py FIT_SET), not this file's fit rows
+        from tessera_lab.cost.sync import FIT_SET
+
+        fit_ids = sorted(FIT_SET)
     return {"per_layer_s": c, "fitted_here": fitted, "fit_ids": fit_ids,
             "fit_runs_used": [r["id"] for r in used] if fitted else [], "basis": BASIS}
 
@@ -524,8 +536,9 @@ def print_report(rows: list[dict], sync: dict, summ: dict, out) -> None:
           f"|error| {summ['test_median_abs_error']:.1%}, max {summ['test_max_abs_error']:.1%} (target <= "
           f"{TARGET_MEDIAN:.0%} median, <= {TARGET_MAX:.0%} max: {met}); without the sync term the test median is "
           f"{summ['test_median_abs_error_without_sync']:.1%}", file=out)
-    print(f"fit set ({summ['n_fit']} runs; not the headline): median |error| {summ['fit_median_abs_error']:.1%}",
-          file=out)
+    if summ["n_fit"]:
+        print(f"fit set ({summ['n_fit']} runs; not the headline): median |error| {summ['fit_median_abs_error']:.1%}",
+              file=out)
     beyond = [r for r in rows if r["split"] == "test" and abs(r["error"]) > TARGET_MAX]
     if beyond:
         print("test runs beyond 35%: " + ", ".join(f"{r['id']} {r['error']:+.1%}" for r in beyond), file=out)
