@@ -115,7 +115,7 @@ def test_claim_rows_from_hand_made_results():
     assert "standalone" not in st["ours"]
     assert "within 2x" in st["rule"] and "+22.0% stated" in q["paper"]  # the paper's stated gain, not 22.2%
     assert "from the MFU ratio" in m["paper"]  # no stated gain for Qwen3-Next-M: derived, and said so
-    assert len(rows) == 15  # every claim has a row, run or not
+    assert len(rows) == 17  # every claim has a row, run or not (the two overlap jobs' one-layout rows included)
     assert all(r["verdict"] in C.VERDICTS and r["reason"] for r in rows.values())
 
 
@@ -131,7 +131,7 @@ def test_reproduce_cli_subset(tmp_path, capsys):
         assert "simulated" in sources and sources <= {"reported", "simulated"} | {s for s in sources
                                                                                 if s.startswith("measured (")}
     claims = {r["claim"]: r for r in d["claims"]}
-    assert len(claims) == 15 and all(r["verdict"] in C.VERDICTS for r in claims.values())
+    assert len(claims) == 17 and all(r["verdict"] in C.VERDICTS for r in claims.values())
     # the 256-GPU row: its gain is the scenario's gain over Megatron-Core's best, read by the gain rule
     sc = next(s for s in d["scenarios"] if s["id"] == "megatron-256")
     row = claims["up to 1.24x MFU over Megatron-Core MoE (256 GPUs)"]
@@ -163,3 +163,15 @@ def test_dynamic_scenario_states_the_routing_the_code_uses():
 
     sc = load_scenarios(["dynamic-6144"])[0]
     assert sc.assume["routing"].split()[0] == DYNAMIC_ROUTING
+
+
+def test_one_layout_verdict_by_hand():
+    # a job claims hidden 73% and exposed 8.3%; variant a: 73% / 20% (exposed 141% off), b: 60% / 9% (hidden 18% off,
+    # exposed 8% off): b is the best single layout, 18% <= 25% -> reproduced; without b, a's 2.4x is beyond 2x
+    paper = {"ep_hidden": 0.73, "ep_exposed_share": 0.083}
+    a = {"knob": "ep_placement", "value": "in_node", "fits": True, "ep_hidden": 0.73, "ep_exposed_share": 0.20}
+    b = {"knob": "dispatcher", "value": "deepep", "fits": True, "ep_hidden": 0.60, "ep_exposed_share": 0.09}
+    v, ours, why = C.one_layout_verdict(paper, [a, b])
+    assert v == "reproduced" and "dispatcher = deepep" in ours and "18% from the paper" in why
+    assert C.one_layout_verdict(paper, [a])[0] == "contradicted"
+    assert C.one_layout_verdict(paper, [dict(a, fits=False)])[0] == "not modelled"

@@ -9,7 +9,7 @@ from tessera_lab.cli.common import add_json, emit, table
 
 def claims_text(rep) -> str:
     """The claim rows and a band per scenario, as text."""
-    from tessera_lab.report.claims import GAIN_RULE, RANGE_RULE, VALUE_RULE
+    from tessera_lab.report.claims import GAIN_RULE, ONE_LAYOUT_RULE, RANGE_RULE, VALUE_RULE
 
     recs = rep.claims.to_dict(orient="records")
 
@@ -20,7 +20,7 @@ def claims_text(rep) -> str:
 
     claims = table([{"claim": r["claim"], "paper": r["paper"], "ours (simulated)": r["ours"], "verdict": judged(r)}
                     for r in recs])
-    claims += "\nverdict thresholds: " + "; ".join((GAIN_RULE, VALUE_RULE, RANGE_RULE))
+    claims += "\nverdict thresholds: " + "; ".join((GAIN_RULE, VALUE_RULE, RANGE_RULE, ONE_LAYOUT_RULE))
     reasons = "\n".join(f"- {r['verdict']}" + (f" ({r['rule']})" if r["verdict"] != "not modelled" else "")
                          + f": {r['claim']}: {r['reason']}" for r in recs)
     bands = table([{"scenario": s["id"], "GPUs": s["gpus"], "model": s["model"], "MFU after": f"{s['after']['mfu']:.1%}",
