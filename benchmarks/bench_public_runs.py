@@ -1,19 +1,26 @@
-"""Predicted vs published training throughput for public runs (the cost model checked against the field).
+"""Predicted vs published training time for public runs: the cost model judged on runs it was not fitted on.
 
-Plans every run of ``data/published/megatron_bridge.json`` (NVIDIA Megatron-Bridge performance summary pages:
-model, GPU count, parallel sizes, precision, dispatcher and recompute as the page and its recipe state) with the
-analytic cost model, and prints predicted vs published Model TFLOP/s per GPU (Megatron-LM model-FLOPs
-convention, the pages' metric), each with its source, then the median |error|. Target: <= 15% on the median and
-no run beyond 35%.
+Plans every run of the runs files in ``data/published`` (:data:`tessera_lab.report.fidelity_set.DEFAULT_FILES`:
+NVIDIA Megatron-Bridge performance pages, the Megatron-MoE-ModelZoo best-practice tables, model technical reports;
+schema in docs/file-schemas.md) with the analytic cost model at the run's own layout, and prints the published
+against the predicted iteration time, ``error = published / predicted - 1`` (= predicted throughput / published -
+1), each with its source, source family and split. The published time is the source's step time, else its global
+batch tokens over its tokens/s per GPU x GPUs, else the model FLOPs over its Model TFLOP/s per GPU x GPUs
+(:func:`tessera_lab.report.fidelity_set.published_iteration_s`).
 
-Host/synchronisation term (:mod:`tessera_lab.cost.sync`, basis cited there: the dropless dispatcher's
-``torch.cuda.current_stream().synchronize()`` before the EP all-to-all in every MoE layer): ``c`` seconds per MoE
-layer forward and micro-batch, which the planner itself applies (0 under the combined-1F1B EP overlap). The fit
-plans every run with the planner's term off (``host_sync_s = 0``) and takes ``c`` as the mean, over every other
-counted run in id order (:func:`fit_half`) without EP overlap, of the per-layer seconds that close its gap
-(published - planned iteration over the busiest rank's MoE layers x ``(m + (pp - 1) / vpp)``); then every run is
-planned again by the planner with ``host_sync_s = c`` (:func:`apply_sync_term`; the bench adds nothing itself). The
-other half is reported as held out; the error with the term off is printed beside.
+Split: ``split: fit | test`` is written into the data before any fitting, by the rule of
+:func:`tessera_lab.report.fidelity_set.split_for_run` (ModelZoo runs test; otherwise SHA-256 parity of the id); a
+file whose split disagrees is refused. The headline (``HEADLINE`` line, ``summary.test_median_abs_error`` and
+``test_max_abs_error``) is the test set's; target: median <= 15%, no test run beyond 35%; a miss stays printed.
+
+Host/synchronisation term (:mod:`tessera_lab.cost.sync`, basis cited there): ``c`` seconds per MoE layer forward
+and micro-batch, which the planner itself applies (0 under the combined-1F1B EP overlap). The fit plans every run
+with the planner's term off (``host_sync_s = 0``) and takes ``c`` as the mean, over the fit set's runs the term
+applies to (EP > 1, a dispatcher that waits on host counts, no EP overlap), of the per-layer seconds that close
+each run's gap (published - planned iteration over the busiest rank's MoE layers x ``(m + (pp - 1) / vpp)``);
+then every run is planned again by the planner with ``host_sync_s = c`` (:func:`apply_sync_term`; the bench adds
+nothing itself). ``--runs FILE`` evaluates another runs file with the shipped ``c`` (no refit). The error with
+the term off is printed beside.
 
 Layout mapping (stated per run): Megatron's data-parallel size ``DP = GPUs / (TP * PP)``; our non-expert
 data-parallel group is ``ParallelConfig.dense_dp``. Where ``EP <= DP``: ``ep = EP``, ``dp = DP / EP`` (EP inside
@@ -47,7 +54,7 @@ Partition: the recipe's own, Megatron's even split of the layers over the stages
 planner's choice: a memory-driven uneven split (stage 0 holding ``p`` micro-batches in flight gets fewer layers)
 makes the last stages the bottleneck of a layout the recipe does not use. Where our memory model does not fit that
 split, the time is priced without the memory limit (the run exists) and the row's ``fits`` column says ``NO``.
-Rows marked ``reference_only`` are printed but left out of the median. Tokens are balanced (``expert_load = 1``) as
+Rows marked ``reference_only`` (split ``reference``) are printed but in neither set. Tokens are balanced (``expert_load = 1``) as
 the pages state.
 
 Table: one row per run (units in the headers: Model TFLOP/s per GPU, tokens/s per GPU, GiB per GPU), precision as
@@ -56,7 +63,8 @@ peak and capacity GiB with a ``fits`` column; sources and mapping notes below it
 standalone F + B + W (before overlap) beside the plan's per-layer time (after overlap) and the published per-layer
 budget, and the gap budget - standalone sum the README quotes (:func:`breakdown`).
 
-Run: python benchmarks/bench_public_runs.py [--json PATH] [--breakdown]   (analytic: no GPU needed; a few seconds per run)
+Run: python benchmarks/bench_public_runs.py [--json PATH|-] [--runs FILE] [--breakdown]   (analytic; about 10 s of CPU
+for the 27 shipped runs)
 """
 
 from __future__ import annotations
@@ -70,6 +78,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from tessera_lab.report.fidelity_set import DEFAULT_FILES  # noqa: E402
 
 
 def parallel_for(run: dict, host_sync_s: float | None = 0.0):
@@ -96,13 +106,16 @@ def parallel_for(run: dict, host_sync_s: float | None = 0.0):
         schedule = "interleaved-overlapped" if run.get("ep_overlap") else "interleaved"
     else:  # Megatron refuses the EP overlap with PP > 1 and no VP (transformer_config.py)
         schedule = "overlapped" if run.get("ep_overlap") else "1f1b"
+    schedule = run.get("schedule") or schedule  # a run whose source names its schedule (DualPipe: dualpipev)
     par = ParallelConfig(pp=pp, vpp=vp, tp=tp, ep=ep, dp=dp, microbatches=m, ep_spans_tp=spans,
                          micro_batch_size=run["mbs"], seq_len=run["seq_len"], schedule=schedule,
                          precision=run["precision"], dispatcher=run["dispatcher"], recompute=run["recompute"],
                          recompute_modules=tuple(run.get("recompute_modules", ())),
                          adam_moment_dtype=run.get("adam_moment_dtype", "fp32"),
                          sequence_parallel=tp > 1,  # the recipes set sequence_parallel = True with TP > 1
-                         grad_reduce_dtype=run.get("grad_reduce_dtype", "fp32"), expert_load=1.0,
+                         grad_reduce_dtype=run.get("grad_reduce_dtype", "fp32"),
+                         # balanced unless the run says otherwise (null: our routing model's busiest rank)
+                         expert_load=run.get("expert_load", 1.0),
                          fused_cross_entropy=True,  # _benchmark_common: cross_entropy_fusion_impl = "te"
                          ep_placement="contiguous",  # Megatron-Core's expert grid: EP on consecutive ranks (ETP 1)
                          host_sync_s=host_sync_s,
@@ -210,16 +223,23 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
     b = ev.partition.boundaries
     for v in range(len(b) - 1):  # Megatron's interleaving: virtual stage v on rank v % pp
         moe_per_rank[v % par.pp] += sum(1 for i in range(b[v], b[v + 1]) if model.layers[i].ffn == "moe")
-    published_s = plan.model_flops / (run["model_tflops_per_gpu"] * 1e12 * par.world_size)
     from tessera_lab.cost.sync import per_layer_needed_s, planner_per_layer_s
+    from tessera_lab.report.fidelity_set import published_iteration_s
+
+    published_s, basis = published_iteration_s(run, plan.model_flops)
+    published_tflops = plan.model_flops / (published_s * par.world_size) / 1e12
+    published_tokens = run["gbs"] * run["seq_len"] / (published_s * run["gpus"])
 
     return {
         "host_sync_per_layer_s": planner_per_layer_s(par),
         "moe_layers_per_rank": moe_per_rank, "iteration_published_s": published_s,
         "sync_needed_per_layer_s": per_layer_needed_s(published_s, ev.iteration_time_s, moe_per_rank,
                                                       par.microbatches, par.pp, par.vpp),
-        "id": run["id"], "precision_label": precision_label(run), "published_tflops_per_gpu": run["model_tflops_per_gpu"],
-        "predicted_tflops_per_gpu": tflops, "error": tflops / run["model_tflops_per_gpu"] - 1.0,
+        "id": run["id"], "source_family": run["source_family"], "split": run["split"],
+        "published": {"iteration_s": published_s, "basis": basis},
+        "predicted": {"iteration_s": ev.iteration_time_s},
+        "precision_label": precision_label(run), "published_tflops_per_gpu": published_tflops,
+        "predicted_tflops_per_gpu": tflops, "error": published_s / ev.iteration_time_s - 1.0,
         "predicted_mfu_bf16_peak": ev.mfu, "iteration_time_s": ev.iteration_time_s,
         "fits_memory": max(rank_mem) <= capacity,
         "peak_memory_gib": max(rank_mem) / 2**30,
@@ -227,29 +247,30 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
         "parallel": {k: getattr(par, k) for k in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "schedule",
                                                   "precision", "dispatcher", "recompute", "ep_spans_tp",
                                                   "recompute_modules", "adam_moment_dtype")},
-        "mapping_notes": notes, "reference_only": bool(run.get("reference_only")), "source": f"Megatron-Bridge {run['container']}: {run['source']}",
+        "mapping_notes": notes + ([run["recipe"]] if run.get("recipe") else []),
+        "reference_only": run["split"] == "reference",
+        "source": (f"Megatron-Bridge {run['container']}: " if run.get("container") else "") + run["source"],
         "plan_s": time.perf_counter() - t0,
-        "published_tokens_per_s_per_gpu": run["tokens_per_s_per_gpu"],
+        "published_tokens_per_s_per_gpu": published_tokens,
         "predicted_tokens_per_s_per_gpu": ev.tokens_per_s / par.world_size,
     }
 
 
-def fit_half(rows: list[dict]) -> tuple[list[str], list[str]]:
-    """``(fit ids, held-out ids)``: the counted runs in id order, every other one (first, third, fifth: fit),
-    chosen by position before any residual is looked at, so each half mixes GPUs, sizes and EP overlap."""
-    ids = sorted(r["id"] for r in rows if not r["reference_only"])
-    return ids[0::2], ids[1::2]
+def fit_ids_of(rows: list[dict]) -> list[str]:
+    """The fit set: the runs whose data file says ``split: fit`` (written before any fitting by the rule of
+    :func:`tessera_lab.report.fidelity_set.split_for_run`), in id order."""
+    return sorted(r["id"] for r in rows if r["split"] == "fit")
 
 
-def apply_sync_term(rows: list[dict], runs: dict[str, dict] | None = None) -> dict:
-    """Fit the per-MoE-layer host/sync seconds ``c`` (:mod:`tessera_lab.cost.sync`) on the fit half's runs without
-    EP overlap, from ``rows`` planned with the planner's term off (``predict(run, 0)``: the fit never sees its own
-    term), then re-plan every run whose layout the planner's rule gives a non-zero term
-    (:func:`~tessera_lab.cost.sync.planner_per_layer_s`) through the planner with ``c``
-    (``ParallelConfig.host_sync_s``); a run it gives 0 is the same plan either way and keeps its row. Rows are
-    updated in place and keep the error without the term as ``error_without_sync``; ``sync_s_per_iteration`` is
-    the planner's simulated iteration with the term minus without. ``runs``: id -> published run (default: the
-    data file's). Returns the fit.
+def apply_sync_term(rows: list[dict], runs: dict[str, dict], c: float | None = None) -> dict:
+    """Fit the per-MoE-layer host/sync seconds ``c`` (:mod:`tessera_lab.cost.sync`) on the fit set's runs to which
+    the planner's rule gives the term (EP > 1, a dispatcher that waits on host counts, no EP overlap), from
+    ``rows`` planned with the planner's term off (``predict(run, 0)``: the fit never sees its own term); with
+    ``c`` given, use it as it is (no fit: ``--runs FILE``). Then re-plan every run whose layout the rule gives a
+    non-zero term through the planner with ``c`` (``ParallelConfig.host_sync_s``); a run it gives 0 keeps its row.
+    Rows are updated in place and keep the error without the term as ``error_without_sync``;
+    ``sync_s_per_iteration`` is the planner's simulated iteration with the term minus without. ``runs``: id ->
+    published run. Returns the fit.
 
     Raises:
         ValueError: a row planned with the term on (the fit would be circular).
@@ -258,17 +279,15 @@ def apply_sync_term(rows: list[dict], runs: dict[str, dict] | None = None) -> di
 
     if any(r.get("host_sync_per_layer_s", 0.0) for r in rows):
         raise ValueError("apply_sync_term fits on rows planned with the host/sync term off (predict(run, 0.0))")
-    if runs is None:
-        data = json.loads((ROOT / "data" / "published" / "megatron_bridge.json").read_text())
-        runs = {r["id"]: r for r in data["runs"]}
-    fit_ids, held_ids = fit_half(rows)
+    fit_ids = fit_ids_of(rows)
     by = {r["id"]: r for r in rows}
-    used = [by[i] for i in fit_ids if by[i]["parallel"]["schedule"] not in ("overlapped", "interleaved-overlapped")]
-    c = fit_per_layer_s([r["sync_needed_per_layer_s"] for r in used])
+    used = [by[i] for i in fit_ids if planner_per_layer_s(parallel_for(runs[i], 1.0)[0]) > 0]
+    fitted = c is None
+    if fitted:  # the mean per-layer gap over the fit runs the term applies to (the estimator fixed before this set)
+        c = fit_per_layer_s([r["sync_needed_per_layer_s"] for r in used])
     for r in rows:
         off = {"error_without_sync": r["error"], "iteration_without_sync_s": r["iteration_time_s"],
-               "sync_needed_per_layer_s": r["sync_needed_per_layer_s"],
-               "sync_fit_role": "fit" if r["id"] in fit_ids else ("held-out" if r["id"] in held_ids else "reference")}
+               "sync_needed_per_layer_s": r["sync_needed_per_layer_s"]}
         run = runs[r["id"]]
         if planner_per_layer_s(parallel_for(run, c)[0]) > 0:
             plan_s = r["plan_s"]
@@ -276,8 +295,12 @@ def apply_sync_term(rows: list[dict], runs: dict[str, dict] | None = None) -> di
             r["plan_s"] += plan_s
         r.update(off)
         r["sync_s_per_iteration"] = r["iteration_time_s"] - r["iteration_without_sync_s"]
-    return {"per_layer_s": c, "fit_ids": fit_ids, "held_out_ids": held_ids, "fit_runs_used": [r["id"] for r in used],
-            "basis": BASIS}
+    if not fitted:  # the shipped value: its own fit set (cost/sync.py FIT_SET), not this file's fit rows
+        from tessera_lab.cost.sync import FIT_SET
+
+        fit_ids = sorted(FIT_SET)
+    return {"per_layer_s": c, "fitted_here": fitted, "fit_ids": fit_ids,
+            "fit_runs_used": [r["id"] for r in used] if fitted else [], "basis": BASIS}
 
 
 def precision_label(run: dict) -> str:
@@ -355,24 +378,29 @@ where the time goes: one MoE decoder layer, one micro-batch, one rank (analytic;
   time (tessera_lab/cost/host.py); kernels issued (communication tasks: n/a)"""
 
 
-def print_breakdown(b: dict) -> None:
+def print_breakdown(b: dict, out=sys.stdout) -> None:
     ph, ms = b["phase_s"], 1e3
+
+    def emit(line: str) -> None:
+        print(line, file=out)
+
+
     tag = " (reference only)" if b.get("reference_only") else ""
-    print(f"{b['id']}{tag}: MoE layer {b['layer']}")
-    print(f"  standalone sum (before overlap) {b['standalone_layer_s'] * ms:8.2f} ms  = F {ph['F'] * ms:.2f} + "
+    emit(f"{b['id']}{tag}: MoE layer {b['layer']}")
+    emit(f"  standalone sum (before overlap) {b['standalone_layer_s'] * ms:8.2f} ms  = F {ph['F'] * ms:.2f} + "
           f"B {ph['B'] * ms:.2f} + W {ph['W'] * ms:.2f}")
     if "plan_layer_time_s" in b:
-        print(f"  plan per layer (after overlap)  {b['plan_layer_time_s'] * ms:8.2f} ms  (predicted "
+        emit(f"  plan per layer (after overlap)  {b['plan_layer_time_s'] * ms:8.2f} ms  (predicted "
               f"{b['predicted_tokens_per_s_per_gpu']:.0f} tokens/s per GPU)")
-    print(f"  published budget per layer      {b['published_layer_budget_s'] * ms:8.2f} ms  (published "
+    emit(f"  published budget per layer      {b['published_layer_budget_s'] * ms:8.2f} ms  (published "
           f"{b['published_tokens_per_s_per_gpu']:.0f} tokens/s per GPU)")
     plan_gap = f"  (budget - plan {b['gap_vs_plan_s'] * ms:+.2f} ms)" if "gap_vs_plan_s" in b else ""
-    print(f"  gap: budget - standalone sum    {b['gap_vs_standalone_s'] * ms:+8.2f} ms{plan_gap}")
-    print(f"    {'task':20s} {'GPU/link ms':>11s} {'host-bound ms':>14s}  kernels")
+    emit(f"  gap: budget - standalone sum    {b['gap_vs_standalone_s'] * ms:+8.2f} ms{plan_gap}")
+    emit(f"    {'task':20s} {'GPU/link ms':>11s} {'host-bound ms':>14s}  kernels")
     rows = sorted(b["tasks"].items(), key=lambda kv: -(kv[1]["gpu_s"] + kv[1]["host_excess_s"]))
     for name, r in rows[:8]:
         kern = "n/a (communication)" if r["kernels"] is None else f"{r['kernels']:.0f}"
-        print(f"    {name:20s} {r['gpu_s'] * ms:11.3f} {'+' + format(r['host_excess_s'] * ms, '.3f'):>14s}  {kern}")
+        emit(f"    {name:20s} {r['gpu_s'] * ms:11.3f} {'+' + format(r['host_excess_s'] * ms, '.3f'):>14s}  {kern}")
 
 
 def gap_summary(breakdowns: list[dict]) -> str:
@@ -395,99 +423,125 @@ def table_rows(rows: list[dict]) -> list[list]:
     out = []
     for r in rows:
         mtp = r["fits_memory_with_mtp_estimate"]
-        out.append([r["id"], "no (ref. only)" if r["reference_only"] else "yes", r.get("sync_fit_role", "-"),
-                    r["precision_label"], round(r["published_tflops_per_gpu"]), round(r["predicted_tflops_per_gpu"], 1),
+        out.append([r["id"], r["source_family"], r["split"], r["precision_label"],
+                    f"{r['published']['iteration_s']:.3f}", f"{r['predicted']['iteration_s']:.3f}",
                     f"{r['error']:+.1%}", f"{r.get('error_without_sync', r['error']):+.1%}",
-                    round(r["published_tokens_per_s_per_gpu"]),
-                    round(r["predicted_tokens_per_s_per_gpu"]), f"{r['peak_memory_gib']:.1f}",
-                    f"{r['capacity_gib']:.1f}", "yes" if r["fits_memory"] else "NO",
+                    round(r["published_tflops_per_gpu"]), round(r["predicted_tflops_per_gpu"], 1),
+                    f"{r['peak_memory_gib']:.1f}", f"{r['capacity_gib']:.1f}", "yes" if r["fits_memory"] else "NO",
                     "n/a" if mtp is None else ("yes" if mtp else "NO")])
     return out
 
 
-HEADERS = ["run", "in\nmedian", "sync\nterm\nrole", "precision\n(per source)", "Model\nTFLOP/s/GPU\npublished",
-           "Model\nTFLOP/s/GPU\npredicted", "\n\nerror", "error\nwithout\nsync term", "\ntokens/s/GPU\npublished",
-           "\ntokens/s/GPU\npredicted",
-           "memory\npeak\nGiB/GPU", "memory\ncapacity\nGiB/GPU", "\n\nfits", "fits\nwith MTP\nestimate"]
+HEADERS = ["run", "source\nfamily", "\nsplit", "precision\n(per source)", "iteration s\npublished",
+           "iteration s\npredicted", "\n\nerror", "error\nwithout\nsync term", "Model\nTFLOP/s/GPU\npublished",
+           "Model\nTFLOP/s/GPU\npredicted", "memory\npeak\nGiB/GPU", "memory\ncapacity\nGiB/GPU", "\n\nfits",
+           "fits\nwith MTP\nestimate"]
+#: the target the headline is judged against (test set)
+TARGET_MEDIAN, TARGET_MAX = 0.15, 0.35
 
 
-def main() -> None:
+def summary(rows: list[dict], sync: dict) -> dict:
+    """The headline over the test set (and the fit set's beside it, never as the headline)."""
+    test = [r for r in rows if r["split"] == "test"]
+    fit = [r for r in rows if r["split"] == "fit"]
+
+    def med(rs, key="error"):
+        return statistics.median(abs(r[key]) for r in rs) if rs else float("nan")
+
+    return {"test_median_abs_error": med(test), "test_max_abs_error": max((abs(r["error"]) for r in test),
+                                                                          default=float("nan")),
+            "n_test": len(test), "n_fit": len(fit), "fit_ids": sync["fit_ids"],
+            "fit_median_abs_error": med(fit), "test_median_abs_error_without_sync": med(test, "error_without_sync"),
+            "source_families": sorted({r["source_family"] for r in rows}), "n_runs": len(rows),
+            "target": {"median": TARGET_MEDIAN, "max": TARGET_MAX},
+            "target_met": bool(test) and med(test) <= TARGET_MEDIAN and max(abs(r["error"]) for r in test) <= TARGET_MAX,
+            "sync_per_layer_s": sync["per_layer_s"], "sync_fitted_on": sync["fit_runs_used"]}
+
+
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--json", metavar="PATH", help="write the rows and the median |error| as JSON")
+    ap.add_argument("--json", metavar="PATH", help="write the rows and the summary as JSON ('-': stdout, and the "
+                    "table goes to stderr)")
+    ap.add_argument("--runs", metavar="FILE", action="append",
+                    help="evaluate this runs file (schema: docs/file-schemas.md) with the shipped fitted values, no "
+                         "refit; repeatable (default: data/published/" + ", ".join(DEFAULT_FILES) + ", fitted on their "
+                         "fit set)")
     ap.add_argument("--breakdown", action="store_true",
                     help="also print where the predicted time of one MoE layer goes, per run (GPU and host-bound)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     import tabulate as tabulate_mod
 
-    tabulate_mod.MIN_PADDING = 0  # columns as wide as their widest cell or header line
+    from tessera_lab.cost.sync import FITTED_PER_LAYER_S
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.report.fidelity_set import load_runs
 
-    data = json.loads((ROOT / "data" / "published" / "megatron_bridge.json").read_text())
+    out = sys.stderr if args.json == "-" else sys.stdout
+    files = args.runs or [ROOT / "data" / "published" / f for f in DEFAULT_FILES]
+    try:
+        runs, sources = load_runs(files)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    tabulate_mod.MIN_PADDING = 0  # columns as wide as their widest cell or header line
     rows = []
-    for run in data["runs"]:
+    for run in runs:
         try:
             rows.append(predict(run, 0.0))  # the planner's host/sync term off: what the fit sees
         except Exception as exc:  # noqa: BLE001 - a benchmark prints what failed and goes on
-            print(f"{run['id']}: not planned: {exc}")
-    sync = apply_sync_term(rows, {r["id"]: r for r in data["runs"]})
-    print("costs: analytic (cost model of data/hardware/cost_model.json; no measured profile), the planner's "
-          "per-MoE-layer host/sync term (tessera_lab/cost/sync.py) included")
-    print(f"host/sync term: {sync['per_layer_s'] * 1e3:.2f} ms per MoE layer and micro-batch (fitted, with the "
-          f"planner's term off: mean of what closes each run's gap, over the fit half's runs without EP overlap: "
-          f"{', '.join(sync['fit_runs_used'])}), then every run planned by the planner with it (--host-sync-ms; "
-          f"0 under the combined-1F1B EP overlap); basis: {sync['basis']}")
-    print("Model TFLOP/s per GPU: Megatron-LM's model-FLOPs convention (the pages' metric); error = predicted / "
-          "published - 1; fits: peak <= capacity (MTP: n/a where the recipe has no MTP layer)")
-    print(tabulate_mod.tabulate(table_rows(rows), headers=HEADERS, tablefmt="simple", disable_numparse=True,
-                                colalign=("left",) * 4 + ("right",) * 8 + ("left",) * 2))
-    print("\nper run: source and how it was planned")
-    for r in rows:
-        print(f"  {r['id']}: {r['source']}")
-        for n in r["mapping_notes"]:
-            print(f"      note: {n}")
-    counted = [r for r in rows if not r["reference_only"]]
-    med = statistics.median(abs(r["error"]) for r in counted) if counted else float("nan")
-    held = [r for r in counted if r.get("sync_fit_role") == "held-out"]
-    med_held = statistics.median(abs(r["error"]) for r in held) if held else float("nan")
-    med_before = statistics.median(abs(r["error_without_sync"]) for r in counted) if counted else float("nan")
-    worst = max(counted, key=lambda r: abs(r["error"])) if counted else None
-    result = {"rows": rows, "median_abs_error": med, "median_abs_error_held_out": med_held,
-              "median_abs_error_without_sync": med_before, "sync_term": sync, "source_pages": data["source_pages"]}
+            print(f"{run['id']}: not planned: {exc}", file=out)
+    sync = apply_sync_term(rows, {r["id"]: r for r in runs}, FITTED_PER_LAYER_S if args.runs else None)
+    summ = summary(rows, sync)
+    print_report(rows, sync, summ, out)
+    result = {"rows": rows, "summary": summ, "sync_term": sync, "source_pages": sources}
     if args.breakdown:
-        print()
-        print(BREAKDOWN_HEAD)
-        pred = {r["id"]: r["predicted_tokens_per_s_per_gpu"] for r in rows}
-        bds = [breakdown(run, pred.get(run["id"])) for run in data["runs"]]
-        for b in bds:
-            print_breakdown(b)
-        print(gap_summary(bds))
+        print(BREAKDOWN_HEAD, file=out)
+        bds = []
+        for run, r in zip(runs, rows):
+            b = breakdown({**run, "tokens_per_s_per_gpu": r["published_tokens_per_s_per_gpu"]},
+                          r["predicted_tokens_per_s_per_gpu"])
+            bds.append(b)
+            print_breakdown(b, out)
+        print(gap_summary(bds), file=out)
         result["breakdown"] = bds
-    print(f"median |error| over {len(counted)} published runs (latest container per model and GPU): {med:.1%} "
-          f"(target <= 15%, no run beyond 35%; without the sync term {med_before:.1%}); reference-only rows: "
-          f"{', '.join(r['id'] for r in rows if r['reference_only']) or 'none'}")
-    print("per-layer seconds that would close each run's gap exactly (published - planned iteration over the busiest "
-          "rank's MoE layers x (m + (pp - 1) / vpp)): " + ", ".join(
-              f"{r['id']} {r['sync_needed_per_layer_s'] * 1e3:.2f} ms"
-              + (" [EP overlap]" if r["parallel"]["schedule"] in ("overlapped", "interleaved-overlapped") else "")
-              for r in rows))
-    ds = next((r for r in counted if r["id"].startswith("deepseek-v3/1024xH100")), None)
-    small = [r["sync_needed_per_layer_s"] for r in counted if r["id"].startswith("qwen3-30b-a3b")]
-    if ds is not None and small:
-        ref = statistics.mean(small)
-        print(f"DeepSeek-V3 on 1,024 H100: its layers are GPU-bound (a host floor max(host, GPU) cannot bind), yet it "
-              f"needs {ds['sync_needed_per_layer_s'] * 1e3:.2f} ms per MoE layer and micro-batch, "
-              f"{ds['sync_needed_per_layer_s'] / ref:.2f}x the Qwen3-30B-A3B runs' {ref * 1e3:.2f} ms: an additive "
-              "per-layer cost that does not scale with the GPU work, as a host sync that drains the queue gives (no "
-              f"EP overlap in its recipe); with the fitted term its error is {ds['error']:+.1%} (without "
-              f"{ds['error_without_sync']:+.1%})")
-    if worst is not None:
-        print(f"largest |error|: {worst['id']} {worst['error']:+.1%}"
-              + (" (beyond 35%)" if abs(worst["error"]) > 0.35 else " (within 35%)"))
-    print(f"held-out half (not used to fit the sync term): median |error| {med_held:.1%} over {len(held)} runs: "
-          + ", ".join(f"{r['id']} {r['error']:+.1%}" for r in held))
     if args.json:
-        from tessera_lab.io import write_json
+        if args.json == "-":
+            json.dump(result, sys.stdout, indent=1, default=str)
+            print()
+        else:
+            from tessera_lab.io import write_json
 
-        write_json(args.json, result)
+            write_json(args.json, result)
+
+
+def print_report(rows: list[dict], sync: dict, summ: dict, out) -> None:
+    """The human-readable table and the headline (test set) lines."""
+    import tabulate as tabulate_mod
+
+    how = (f"fitted on the fit set's runs to which the term applies ({', '.join(sync['fit_runs_used']) or 'none'})"
+           if sync["fitted_here"] else "the shipped fitted value (tessera_lab/cost/sync.py), not refitted on this file")
+    print("costs: analytic (data/hardware/cost_model.json; no measured profile), the planner's per-MoE-layer "
+          f"host/sync term included: {sync['per_layer_s'] * 1e3:.2f} ms per MoE layer and micro-batch, {how}; "
+          f"basis: {sync['basis']}", file=out)
+    print("error = published iteration time / predicted - 1 (= predicted throughput / published - 1); published "
+          "time from the source's step time, else its tokens/s per GPU, else its Model TFLOP/s per GPU", file=out)
+    print(tabulate_mod.tabulate(table_rows(rows), headers=HEADERS, tablefmt="simple", disable_numparse=True,
+                                colalign=("left",) * 4 + ("right",) * 8 + ("left",) * 2), file=out)
+    print("\nper run: source and how it was planned", file=out)
+    for r in rows:
+        print(f"  {r['id']} [{r['split']}]: {r['source']}", file=out)
+        for n in r["mapping_notes"]:
+            print(f"      note: {n}", file=out)
+    met = "met" if summ["target_met"] else "MISSED"
+    print(f"HEADLINE (test set, {summ['n_test']} runs from {len(summ['source_families'])} source families): median "
+          f"|error| {summ['test_median_abs_error']:.1%}, max {summ['test_max_abs_error']:.1%} (target <= "
+          f"{TARGET_MEDIAN:.0%} median, <= {TARGET_MAX:.0%} max: {met}); without the sync term the test median is "
+          f"{summ['test_median_abs_error_without_sync']:.1%}", file=out)
+    if summ["n_fit"]:
+        print(f"fit set ({summ['n_fit']} runs; not the headline): median |error| {summ['fit_median_abs_error']:.1%}",
+              file=out)
+    beyond = [r for r in rows if r["split"] == "test" and abs(r["error"]) > TARGET_MAX]
+    if beyond:
+        print("test runs beyond 35%: " + ", ".join(f"{r['id']} {r['error']:+.1%}" for r in beyond), file=out)
 
 
 if __name__ == "__main__":

@@ -68,31 +68,34 @@ def test_published_mfu_band_by_hand():
     tessera, mb = band["bands"]
     # Tessera paper, Qwen3-Next jobs: M 16.7% -> 20.0%, XL 15.9% -> 21.1% (4,096 and 12,288 GPUs)
     assert (tessera["lo"], tessera["hi"]) == (0.159, 0.211) and "4,096-12,288 GPUs" in tessera["source"]
-    # Megatron-Bridge Qwen3-30B-A3B on H100: 118 and 203 model TFLOP/s per GPU over the 989 TFLOP/s bf16 peak
-    assert mb["lo"] == pytest.approx(118 / 989) and mb["hi"] == pytest.approx(203 / 989)
+    # Megatron-Bridge Qwen3-30B-A3B on H100: 118 (26.02) to 208 (26.02.01) model TFLOP/s per GPU over the 989
+    # TFLOP/s bf16 peak (its runs of containers 25.11-26.06: 118, 121, 203, 208)
+    assert mb["lo"] == pytest.approx(118 / 989) and mb["hi"] == pytest.approx(208 / 989)
     assert band["lo"] == pytest.approx(118 / 989) and band["hi"] == 0.211
-    # the default plan: inside the paper's band, above Megatron-Bridge's 20.5%
-    assert H.mfu_text(0.2099).startswith("21.0%: inside 15.9%-21.1% Tessera paper")
-    assert "; above 11.9%-20.5% Megatron-Bridge" in H.mfu_text(0.2099)
+    # 21.08%: inside the paper's band, above Megatron-Bridge's 21.03%
+    assert H.mfu_text(0.2108).startswith("21.1%: inside 15.9%-21.1% Tessera paper")
+    assert "; above 11.9%-21.0% Megatron-Bridge" in H.mfu_text(0.2108)
     assert H.mfu_text(0.18).startswith("18.0%, inside the published band (15.9%-21.1% Tessera paper")
     assert H.mfu_text(0.312).startswith("31.2%, ABOVE the published band")
     assert H.mfu_text(0.10).startswith("10.0%, below")
-    # 13.1%: below the paper's 15.9-21.1%, inside Megatron-Bridge's 11.9-20.5%: each band named with its position
+    # 13.1%: below the paper's 15.9-21.1%, inside Megatron-Bridge's 11.9-21.0%: each band named with its position
     t = H.mfu_text(0.131)
-    assert t.startswith("13.1%: below 15.9%-21.1% Tessera paper") and "; inside 11.9%-20.5% Megatron-Bridge" in t
+    assert t.startswith("13.1%: below 15.9%-21.1% Tessera paper") and "; inside 11.9%-21.0% Megatron-Bridge" in t
     assert "published band" not in t
     assert H.mfu_text(0.3, moe=False) == "30.0%"
 
 
 def test_band_per_family_and_model():
     # Qwen3-235B-A22B (qwen3_moe): the paper's Qwen3 jobs, L 29.7% -> 36.3% and XL 32.0% -> 39.0%, and its own
-    # Megatron-Bridge run on H100, 253 / 989 = 25.6%; 35.4% (its plan) is inside the first, above the second
+    # Megatron-Bridge runs on H100, 233 / 989 = 23.6% (25.11) to 253 / 989 = 25.6% (26.04.01); 35.4% (its plan) is
+    # inside the first, above the second
     band = H.published_mfu_band("qwen3-235b-a22b")
     tessera, mb = band["bands"]
     assert (tessera["lo"], tessera["hi"]) == (0.297, 0.390) and "Qwen3 MoE" in tessera["source"]
-    assert mb["lo"] == mb["hi"] == pytest.approx(253 / 989) and "qwen3-235b-a22b on H100" in mb["source"]
+    assert mb["lo"] == pytest.approx(233 / 989) and mb["hi"] == pytest.approx(253 / 989)
+    assert "qwen3-235b-a22b on H100" in mb["source"]
     t = H.mfu_text(0.354, model="qwen3-235b-a22b")
-    assert t.startswith("35.4%: inside 29.7%-39.0% Tessera paper, Qwen3 MoE") and "; above 25.6% Megatron" in t
+    assert t.startswith("35.4%: inside 29.7%-39.0% Tessera paper, Qwen3 MoE") and "; above 23.6%-25.6% Megatron" in t
     assert H.mfu_note(0.354, model="qwen3-235b-a22b") is None
     assert "ABOVE" not in t and "1.05x" in H.mfu_note(0.41, model="qwen3-235b-a22b")  # 0.41 / 0.39
     # Qwen3-Next: the default band (its stand-in named); DeepSeek-V3: its own run only, 338 / 989

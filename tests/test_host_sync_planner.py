@@ -63,7 +63,7 @@ def test_default_is_the_fitted_value_and_the_rule_where_it_is_zero(small):
     # default (None): the fitted 3.33 ms, with its provenance in the note
     on = _plan(small)
     assert on.chosen.stages[0].host_sync_s == pytest.approx(8 * sync.FITTED_PER_LAYER_S)
-    assert any("fitted on half of the published runs" in n for n in on.notes)
+    assert any("fitted on the fit set of the published runs" in n for n in on.notes)
     base = ParallelConfig(ep=8, schedule="1f1b")
     assert sync.planner_per_layer_s(base) == sync.FITTED_PER_LAYER_S
     assert sync.planner_per_layer_s(base.replace(dispatcher="deepep")) == sync.FITTED_PER_LAYER_S  # normal mode waits
@@ -108,3 +108,19 @@ def test_saved_plan_reloads_with_its_term(small):
     again = load_plan(on.as_dict())
     assert again.parallel.host_sync_s == C
     assert again.chosen.iteration_time_s == pytest.approx(on.chosen.iteration_time_s, rel=1e-12)
+
+
+def test_auto_table_shows_what_the_term_adds_per_schedule(small):
+    # one stage, 4 micro-batches, 8 MoE layers: the term adds 4 x 8 x c to 1f1b (and gpipe), 0 to overlapped; the
+    # plan records it (host_sync_added_s) and the auto trials carry it beside each iteration
+    one = _plan(small, host_sync_s=C)
+    assert one.host_sync_added_s == pytest.approx(4 * 8 * C, rel=1e-9)
+    assert _plan(small, host_sync_s=C, schedule="overlapped").host_sync_added_s == 0.0
+    auto = make_plan(small, ParallelConfig(pp=1, ep=8, microbatches=4, seq_len=1024, schedule="auto", host_sync_s=C),
+                     method="uniform", baselines=())
+    by = {t["schedule"]: t for t in auto.schedule_trials if "iteration_time_s" in t}
+    assert by["1f1b"]["host_sync_s"] == pytest.approx(4 * 8 * C, rel=1e-9) and by["overlapped"]["host_sync_s"] == 0.0
+    from tessera_lab.cli.plan import format_plan
+
+    text = format_plan(auto)
+    assert "of which host/sync (s)" in text and "without it (s)" in text and "FITTED" in text

@@ -19,7 +19,9 @@ def test_shipped_models_listed():
                                      "tiny-runner",  # tiny-runner: the runner's model
                                      # current MoE and hybrid models
                                      "kimi-linear-48b-a3b", "minimax-m1", "jamba-1.5-mini", "nemotron-h-56b",
-                                     "qwen3.5-35b-a3b", "glm-4.5-air", "gpt-oss-20b", "llama-4-scout-17b-16e",
+                                     "qwen3.5-35b-a3b", "glm-4.5-air", "gpt-oss-20b",
+                                     "gpt-oss-120b",  # a published-run model (data/published)
+                                     "llama-4-scout-17b-16e",
                                      "deepseek-v3.2", "kimi-k2-instruct", "olmoe-1b-7b", "qwen3-vl-30b-a3b"}
 
 

@@ -287,7 +287,10 @@ def test_refinement_from_the_solver_start_too_when_a_baseline_starts_faster():
 
     from tessera_lab.model.spec import load_model
 
-    plan = make_plan(load_model("qwen3.5-35b-a3b"), ParallelConfig(pp=8, ep=8, vpp=2, schedule="interleaved"))
+    # the host/sync term pinned at 3.33 ms per MoE layer: the case this test was built on (the mechanism, not the
+    # term's fitted value, is what it checks)
+    plan = make_plan(load_model("qwen3.5-35b-a3b"), ParallelConfig(pp=8, ep=8, vpp=2, schedule="interleaved",
+                                                                    host_sync_s=3.33e-3))
     ends = [float(re.search(r"\(([0-9.]+) s\)$", n).group(1)) if "faster (" in n else None
             for n in plan.notes if n.startswith("simulator refinement from the ")]
     assert len(ends) == 2 and all(e is not None for e in ends)

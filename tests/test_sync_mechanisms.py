@@ -25,16 +25,40 @@ def test_sync_term_by_hand():
     assert sync.fit_per_layer_s([3e-3, 5e-3]) == pytest.approx(4e-3) and sync.fit_per_layer_s([]) == 0.0
 
 
-def test_fit_half_alternates_in_id_order():
-    import importlib.util
-    from pathlib import Path
+def test_split_rule_by_hand():
+    # the split is a pure function of the id (SHA-256 parity), never of an error; ModelZoo runs are always test
+    import hashlib
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_public_runs.py"
-    spec = importlib.util.spec_from_file_location("bench_public_runs", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    rows = [{"id": i, "reference_only": i == "r"} for i in ("d", "a", "c", "r", "b")]
-    assert bench.fit_half(rows) == (["a", "c"], ["b", "d"])
+    from tessera_lab.report.fidelity_set import split_for_run
+
+    # hand values: sha256("a") ends in ...bb (odd): fit; sha256("b") ends in ...9d (odd): fit
+    assert hashlib.sha256(b"a").hexdigest().endswith("bb") and hashlib.sha256(b"b").hexdigest().endswith("9d")
+    assert split_for_run({"id": "a", "source_family": "megatron-bridge"}) == "fit"
+    assert split_for_run({"id": "b", "source_family": "megatron-bridge"}) == "fit"
+    for rid in ("c", "d", "qwen3-30b-a3b/16xH100/fp8/ep16"):
+        even = int(hashlib.sha256(rid.encode()).hexdigest()[-1], 16) % 2 == 0
+        assert split_for_run({"id": rid, "source_family": "megatron-bridge"}) == ("test" if even else "fit")
+    assert split_for_run({"id": "a", "source_family": "megatron-moe-modelzoo"}) == "test"
+    assert split_for_run({"id": "a", "source_family": "megatron-bridge", "reference_only": True}) == "reference"
+
+
+def test_a_runs_file_whose_split_was_edited_is_refused(tmp_path):
+    import json
+
+    import pytest
+
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.report.fidelity_set import load_runs
+
+    run = {"id": "a", "source": "x", "source_family": "megatron-bridge", "split": "test", "model": "m", "gpu": "H100",
+           "gpus": 8, "precision": "bf16", "gbs": 8, "mbs": 1, "seq_len": 4096, "tp": 1, "pp": 1, "ep": 8,
+           "dispatcher": "alltoall", "recompute": "none", "step_time_s": 1.0}
+    p = tmp_path / "runs.json"
+    p.write_text(json.dumps({"runs": [run]}))
+    with pytest.raises(ConfigError, match="field 'split' = 'test' disagrees with the split rule"):
+        load_runs([p])
+    p.write_text(json.dumps({"runs": [dict(run, split="fit")]}))
+    assert load_runs([p])[0][0]["id"] == "a"
 
 
 def test_mechanism_split_on_a_synthetic_pipeline():
@@ -56,3 +80,20 @@ def test_mechanism_split_on_a_synthetic_pipeline():
     assert need["needed_idle_removed_ms"] == pytest.approx(1e3 * r["iteration_static_s"] * (1 - 1 / 1.034))
     v = routing_variance(costs, "uniform", microbatches=4, steps=2)
     assert v["busiest"][0]["max"] == pytest.approx(1.0) and v["hot_overlap"] <= 1.0
+
+
+def test_memory_limit_bounds_by_hand():
+    from tessera_lab.dynamic.durations import StageCosts
+    from tessera_lab.dynamic.mechanisms import memory_limit
+
+    costs = StageCosts.synthetic(4, 1.0, 2.0, 1.0, layers_per_stage=2, ep=8, num_experts=64, top_k=8, tokens=8 * 512)
+    r = memory_limit(costs, "uniform", schedule="1f1b", microbatches=8, extra=(0, 2, 8))
+    # 1F1B, 4 stages, 8 micro-batches, F 1 s, B 2 s = I 1 s + W 1 s (W right after I, local to its rank): the
+    # bottleneck rank runs 8 x (F + I + W) = 24 s, plus the fill and drain chain of (4 - 1) x (F + I) = 6 s: T = 30 s;
+    # with W free: 8 x 2 + 6 = 22 s, so no W order can gain more than 30 / 22 - 1 = 36.4%
+    assert r["iteration_static_s"] == pytest.approx(30.0)
+    assert r["w_free_gain"] == pytest.approx(30 / 22 - 1)
+    assert r["bottleneck_w_per_microbatch_ms"] == pytest.approx(1000.0)
+    gains = [r["by_extra"][k]["total"] for k in (0, 2, 8)]
+    assert all(-1e-12 <= g <= r["w_free_gain"] + 1e-12 for g in gains)
+    assert gains[0] <= gains[1] + 1e-12 <= gains[2] + 2e-12  # more activation memory never moves less W here

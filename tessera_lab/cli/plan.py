@@ -179,9 +179,15 @@ def format_plan(plan) -> str:
     lines.extend(details)
     if plan.schedule_trials:
         lines.append("")
-        lines.append("schedules tried (--schedule auto):")
+        lines.append("schedules tried (--schedule auto); 'of which host/sync': what the host/sync term adds to "
+                     "that schedule's iteration (a FITTED per-MoE-layer value, tessera_lab/cost/sync.py; 0 under the "
+                     "EP-overlap schedules), so a ranking it changes is visible:")
         lines.append(table([{"schedule": t["schedule"], "vpp": t.get("vpp", 1),
                              "iteration (s)": (f"{t['iteration_time_s']:.3f}" if "iteration_time_s" in t else "-"),
+                             "of which host/sync (s)": (f"{t.get('host_sync_s', 0.0):.3f}"
+                                                        if "iteration_time_s" in t else "-"),
+                             "without it (s)": (f"{t['iteration_time_s'] - t.get('host_sync_s', 0.0):.3f}"
+                                                if "iteration_time_s" in t else "-"),
                              "fits memory": ("-" if "error" in t else "yes" if t.get("fits_memory") else "NO")}
                             for t in plan.schedule_trials]))
         for t in plan.schedule_trials:  # full reasons, never cut

@@ -149,7 +149,10 @@ def _refuse_unused(args: argparse.Namespace) -> None:
 def add_parser(sub) -> None:
     from tessera_lab.defaults import DEFAULT_GPU, DEFAULT_MODEL
 
-    p = sub.add_parser("report", help="capacity report (where the lost MFU goes) of a plan, and a model-change diff")
+    from tessera_lab.report.categories import categories_help
+
+    p = sub.add_parser("report", help="capacity report (where the lost MFU goes) of a plan, and a model-change diff",
+                       epilog=categories_help())
     p.add_argument("--plan", metavar="PLAN.json", help="a plan from 'tessera-lab plan --json' (else the plan options)")
     p.add_argument("--costs", metavar="SOURCE", default=None,
                    help="with --plan: re-evaluate under another cost source, 'analytic' or a profile JSON (default: "

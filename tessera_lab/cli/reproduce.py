@@ -9,9 +9,20 @@ from tessera_lab.cli.common import add_json, emit, table
 
 def claims_text(rep) -> str:
     """The claim rows and a band per scenario, as text."""
-    claims = table([{"claim": r["claim"], "paper": r["paper"], "ours (simulated)": r["ours"], "verdict": r["verdict"]}
-                    for r in rep.claims.to_dict(orient="records")])
-    reasons = "\n".join(f"- {r['verdict']}: {r['claim']}: {r['reason']}" for r in rep.claims.to_dict(orient="records"))
+    from tessera_lab.report.claims import GAIN_RULE, ONE_LAYOUT_RULE, RANGE_RULE, VALUE_RULE
+
+    recs = rep.claims.to_dict(orient="records")
+
+    def judged(r) -> str:  # the verdict with the rules (thresholds) it was judged by
+        if r["verdict"] == "not modelled":
+            return r["verdict"]
+        return f"{r['verdict']} [{', '.join(part.split(':')[0] for part in r['rule'].split('; '))}]"
+
+    claims = table([{"claim": r["claim"], "paper": r["paper"], "ours (simulated)": r["ours"], "verdict": judged(r)}
+                    for r in recs])
+    claims += "\nverdict thresholds: " + "; ".join((GAIN_RULE, VALUE_RULE, RANGE_RULE, ONE_LAYOUT_RULE))
+    reasons = "\n".join(f"- {r['verdict']}" + (f" ({r['rule']})" if r["verdict"] != "not modelled" else "")
+                         + f": {r['claim']}: {r['reason']}" for r in recs)
     bands = table([{"scenario": s["id"], "GPUs": s["gpus"], "model": s["model"], "MFU after": f"{s['after']['mfu']:.1%}",
                     "MFU band": f"{s['mfu_band'][0]:.1%}-{s['mfu_band'][1]:.1%}",
                     "EP hidden band": f"{s['ep_hidden_band'][0]:.0%}-{s['ep_hidden_band'][1]:.0%}",

@@ -1,5 +1,6 @@
-"""``tessera-lab validate``: predicted vs observed runner iteration times, out of sample (see
-:mod:`tessera_lab.runner.testbed.validate`)."""
+"""``tessera-lab validate``: predicted vs observed runner iteration times, calibration runs kept apart from the
+validated ones; the CPU cost parameters were tuned on this matrix, so its figures are in sample (see
+:mod:`tessera_lab.runner.testbed.validate`, docs/fidelity.md)."""
 
 from __future__ import annotations
 

@@ -102,6 +102,54 @@ def mechanism_split(costs: StageCosts, routing: str = "drift:0.2", *, schedule: 
             "busiest_load_mean": float(slowest_loads(real, costs.ep).mean()), "not_modelled": list(NOT_MODELLED)}
 
 
+class _ScaledW:
+    """Durations with every W scaled by ``scale`` (0: W for free), the rest unchanged."""
+
+    def __init__(self, base, scale: float):
+        self.base, self.scale = base, scale
+
+    def __call__(self, stage: int, microbatch: int, type):
+        from tessera_lab.pipeline.schedules import ActionType
+
+        v = self.base(stage, microbatch, type)
+        return v * self.scale if type is ActionType.W else v
+
+
+def memory_limit(costs: StageCosts, routing: str = "drift:0.2", *, schedule: str = "zb-h1", microbatches: int = 32,
+                 extra: Sequence[int] = (0, 1, 4, 32), seed: int = 0, step: int = 1) -> dict[str, Any]:
+    """What limits the W the dynamic optimizer moves: its gain as the activation-memory cap grows, against the
+    most any W placement could gain.
+
+    ``by_extra``: for each ``k`` of ``extra``, :func:`mechanism_split` with ``memory_cap = "max+k"`` (``k`` more
+    micro-batches of activations allowed on every rank than the static plan's worst rank holds; ``k = 0`` is the
+    default ``"max"``): ``total`` and ``oracle_total`` gains and the idle removed per rank (ms).
+    ``w_free_gain``: ``T_static / T_(W = 0) - 1`` on the realised routing, the static order simulated with every W
+    taking no time: no order of the W work can gain more. ``bottleneck_rank``: the rank with the most busy time
+    (seconds) in the static order, ``bottleneck_w_per_microbatch_ms``: its W per micro-batch (what one more deferred
+    W moves). Seconds are simulated (:func:`~tessera_lab.pipeline.simulate.simulate`).
+    """
+    spec = parse_routing(routing)
+    sched = schedule_for(costs, schedule, microbatches)
+    m = sched.num_microbatches
+    out: dict[str, Any] = {"routing": str(spec), "schedule": sched.name, "by_extra": {}}
+    for k in extra:
+        r = mechanism_split(costs, routing, schedule=schedule, microbatches=m, seed=seed, step=step,
+                            memory_cap="max" if k == 0 else f"max+{k}")
+        out["by_extra"][int(k)] = {"total": r["gain"]["total"], "oracle_total": r["gain"]["oracle_total"],
+                                   "idle_removed_ms": r["idle_removed_ms"]}
+    real = routing_counts(spec, costs, m, seed=seed, group=0, step=step, jitter=DEFAULT_JITTER, log_cache={})
+    plan = _decide(costs, sched, real, 1, None)
+    d = PairDurations(RoutedDurations(costs, slowest_loads(real, costs.ep)), plan.static)
+    tl = simulate(plan.static, d, **plan.sim)
+    t_free = simulate(plan.static, _ScaledW(d, 0.0), **plan.sim).iteration_time
+    busy = list(tl.per_rank_busy)
+    r0 = int(np.argmax(busy))
+    w_rank = sum(e.end - e.start for e in tl.events if e.rank == r0 and e.lane == "compute" and e.type == "W")
+    out.update(w_free_gain=tl.iteration_time / t_free - 1.0, bottleneck_rank=r0,
+               bottleneck_w_per_microbatch_ms=1e3 * w_rank / m, iteration_static_s=tl.iteration_time)
+    return out
+
+
 def routing_variance(costs: StageCosts, routing: str, *, microbatches: int = 32, steps: int = 4, seed: int = 0,
                      group: int = 0, jitter: float = DEFAULT_JITTER) -> dict[str, Any]:
     """Busiest-EP-rank load and hot-expert drift over ``steps`` steps of one EP group.

@@ -144,6 +144,9 @@ class Plan:
     #: where the chosen partition comes from when it is not the solver's own result: ``"baseline parameters"``
     #: (kept, or the start of the simulator refinement, because it simulates faster); empty when it is the solver's
     partition_from: str = ""
+    #: seconds the host/sync term (:mod:`tessera_lab.cost.sync`, a FITTED value unless set) adds to the chosen
+    #: plan's simulated iteration (with - without, same partition); 0 where the planner's rule gives no term
+    host_sync_added_s: float = 0.0
     #: the solver's own (unguarded) result when :attr:`partition_from` is set, reported beside the chosen plan
     solver_result: Evaluation | None = None
 
@@ -377,11 +380,14 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
                                      else refine_budget)
     elif method != "uniform":
         chosen = _never_slower_than_baselines(chosen, out, method, notes)
+    sync_added = 0.0
     if sm.host_sync is not None:
-        notes.append(sync_note(model, parallel, cost_model, sm, chosen, flops))
+        text, sync_added = sync_note(model, parallel, cost_model, sm, chosen, flops)
+        notes.append(text)
     origin = _partition_origin(chosen, solver_best, out, refinement) if method != "uniform" else ""
     return Plan(model, parallel, cluster, chosen, out, sm.costs, flops, capacity, notes, costs=source,
-                refinement=refinement, partition_from=origin, solver_result=solver_best if origin else None)
+                refinement=refinement, partition_from=origin, solver_result=solver_best if origin else None,
+                host_sync_added_s=sync_added)
 
 
 def _partition_origin(chosen: Evaluation, solver_best: Evaluation, baselines: dict[str, Evaluation],
@@ -412,9 +418,10 @@ def window_note(model: ModelSpec, parallel: ParallelConfig) -> str | None:
 
 
 def sync_note(model: ModelSpec, parallel: ParallelConfig, cost_model, sm: StageCostModel, chosen: Evaluation,
-              flops: float) -> str:
-    """What the host/sync term (:mod:`tessera_lab.cost.sync`) adds to the chosen plan: its per-layer seconds and
-    provenance, and the iteration simulated with and without it (same partition)."""
+              flops: float) -> tuple[str, float]:
+    """``(note, seconds)``: what the host/sync term (:mod:`tessera_lab.cost.sync`) adds to the chosen plan: its
+    per-layer seconds and provenance, and the iteration simulated with and without it (same partition); seconds =
+    with - without."""
     from tessera_lab.cost.sync import FITTED_PROVENANCE
 
     c = max(sm.host_sync)
@@ -422,11 +429,11 @@ def sync_note(model: ModelSpec, parallel: ParallelConfig, cost_model, sm: StageC
                   time_only=True)
     t = chosen.iteration_time_s
     given = parallel.host_sync_s is None
-    return (f"host/sync term: {c * 1e3:.2f} ms per MoE layer forward and micro-batch "
+    return ((f"host/sync term: {c * 1e3:.2f} ms per MoE layer forward and micro-batch "
             f"({FITTED_PROVENANCE if given else 'set by --host-sync-ms'}; the dropless EP dispatch "
             f"({parallel.dispatcher}) waits on the host's token counts before its all-to-all; hidden only under the "
             f"EP-overlap schedules; tessera_lab/cost/sync.py) adds {t - t0:.4f} s to the iteration (simulated: {t:.4f} s with, "
-            f"{t0:.4f} s without, +{t / t0 - 1:.1%}); --host-sync-ms 0 turns it off")
+            f"{t0:.4f} s without, +{t / t0 - 1:.1%}); --host-sync-ms 0 turns it off"), t - t0)
 
 
 def _never_slower_than_baselines(chosen: Evaluation, baselines: dict[str, Evaluation], method: str,
@@ -552,7 +559,8 @@ def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
             trials.append({"schedule": name, "vpp": vpp, "error": str(exc).splitlines()[0]})
             continue
         trials.append({"schedule": name, "vpp": vpp, "iteration_time_s": pl.chosen.iteration_time_s,
-                       "fits_memory": pl.chosen.fits_memory, "boundaries": pl.chosen.partition.boundaries})
+                       "fits_memory": pl.chosen.fits_memory, "boundaries": pl.chosen.partition.boundaries,
+                       "host_sync_s": pl.host_sync_added_s})
         if pl.chosen.fits_memory:
             plans.append(pl)
 

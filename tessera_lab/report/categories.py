@@ -78,6 +78,34 @@ DEFINITIONS = {
     "compute_unsplit": "compute time minus model FLOPs at peak, without a per-task prediction to split it",
 }
 
+#: each row's formula (GPU-seconds per iteration; G = GPUs / pp: the GPUs one simulated rank stands for; the
+#: lost time is iteration time x GPUs x (1 - MFU)); printed by ``report --help`` and in docs/cli.md
+FORMULAS = {
+    "stage_imbalance": "G x sum_r min(idle_r', busy0_max - busy0_r), busy0 = compute time at nominal durations",
+    "exposed_ep_all_to_all": "G x sum over actions of the time only the EP all-to-all runs (no compute kernel)",
+    "exposed_pp_p2p": "G x idle compute-lane time covered by a RECV_F / RECV_B into the rank",
+    "exposed_tp": "G x sum over actions of the time only the TP all-reduce runs",
+    "exposed_dp_grad_sync": "G x idle compute-lane time covered by the end-of-iteration gradient sync",
+    "bubble": "G x idle time left after the rows above (fill, drain, dependency waits)",
+    "routing_variance": "G x sum (duration - nominal duration) + idle beyond the nominal idle T0 - busy0_r",
+    "memory_wait": "G x compute-lane memory_wait events (0 in simulation)",
+    "runtime_overhead": "G x (kernel_launch_s per compute task + host issue beyond GPU time + host/sync per MoE "
+                        "layer without EP overlap)",
+    "non_model_work": "G x time of compute that is not model FLOPs (+ uncounted model-op FLOPs at peak)",
+    "kernel_efficiency": "G x sum over model-FLOP kernels of (time without launch - model FLOPs / peak FLOP/s)",
+    "overlap_contention": "G x sum over compute spans of (time beside communication - standalone time)",
+    "residual": "lost time - sum of the rows above",
+}
+
+
+def categories_help() -> str:
+    """The capacity report's rows, each with its label, definition and formula (``report --help``)."""
+    lines = ["capacity report rows (GPU-seconds per iteration; lost time = iteration time x GPUs x (1 - MFU), MFU = "
+             "model FLOPs / (iteration time x GPUs x peak dense bf16)):"]
+    for k in CATEGORIES:
+        lines.append(f"  {LABELS[k]}: {DEFINITIONS[k]}; = {FORMULAS[k]}")
+    return "\n".join(lines)
+
 _COLLECTIVE_CATEGORY = {
     "all_to_all:ep": "exposed_ep_all_to_all",
     "all_reduce:tp": "exposed_tp",

@@ -136,7 +136,7 @@ def position(value: float, lo: float, hi: float) -> str:
 
 
 def mfu_text(mfu: float, *, moe: bool = True, model: Any = None) -> str:
-    """``"21.0%: inside 15.9%-21.1% Tessera paper, ...; above 11.9%-20.5% Megatron-Bridge ..."``: the MFU against
+    """``"21.0%: inside 15.9%-21.1% Tessera paper, ...; above 11.9%-21.0% Megatron-Bridge ..."``: the MFU against
     the published band of ``model``'s family (:func:`published_mfu_band`); dense models get the bare percentage
     (no published band here)."""
     if not moe:

@@ -281,7 +281,7 @@ def scenario_notes(results: list[dict[str, Any]], dynamic: dict[str, Any] | None
         lo, hi = r["mfu_band"]
         b = r["baselines"]
         gains = "; ".join(f"{b[k]['setup']} {b[k]['gain']:+.1%}" if b[k]["fits"] else f"{k}: does not fit memory"
-                          for k in ("even_1f1b", "even", "standalone", "megatron_core"))
+                          for k in ("even_1f1b", "even", "standalone", "parameters", "megatron_core") if k in b)
         head = f"{r['id']} ({r['model']}, {r['gpus']:,} GPUs): after {r['after']['mfu']:.1%}, band {lo:.1%}-{hi:.1%}"
         if job:
             head += (f"; the paper's {job['mfu_after']:.1%} after is {position(job['mfu_after'], lo, hi)} our band")

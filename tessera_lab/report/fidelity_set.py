@@ -1,0 +1,100 @@
+"""The published-run fidelity set: reading a runs file, its fixed fit/test split, and each run's published time.
+
+A runs file (``data/published/*.json``; schema in ``docs/file-schemas.md``) holds ``runs``: public training runs
+with their layout as published and one published measurement. The split into ``fit`` (what a fitted parameter may
+see) and ``test`` (the headline figure) is written into the data before any fitting, by :func:`split_for_run`;
+:func:`load_runs` refuses a file whose written split disagrees with the rule, so a split cannot drift by hand.
+
+Published iteration seconds (:func:`published_iteration_s`): the step time where the source states one, else the
+global batch's tokens over the published tokens/s per GPU times the GPUs, else the model FLOPs (Megatron-LM's
+convention, :attr:`tessera_lab.plan.make.Plan.model_flops`) over the published Model TFLOP/s per GPU times the GPUs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from tessera_lab.errors import ConfigError
+
+#: the runs files the fidelity bench evaluates by default (relative to the repository's data/published)
+DEFAULT_FILES = ("megatron_bridge.json", "megatron_moe_modelzoo.json", "tech_reports.json")
+#: independent publishers a run may come from
+SOURCE_FAMILIES = ("megatron-bridge", "megatron-moe-modelzoo", "tech-report")
+SPLITS = ("fit", "test", "reference")
+#: source families whose runs are always test runs (another acceptance compares layouts with them)
+ALWAYS_TEST = ("megatron-moe-modelzoo",)
+REQUIRED = ("id", "source", "source_family", "split", "model", "gpu", "gpus", "precision", "gbs", "mbs", "seq_len",
+            "tp", "pp", "ep", "dispatcher", "recompute")
+MEASUREMENTS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")
+
+
+def split_for_run(run: dict) -> str:
+    """``"test"``, ``"fit"`` or ``"reference"`` for one run, by the stated rule: a run of :data:`ALWAYS_TEST` is a
+    test run; a ``reference_only`` run (superseded by a later container's run of the same layout) is in neither
+    set; else test when the SHA-256 of the id (UTF-8) read as a hexadecimal integer is even, fit when odd. The
+    rule never looks at an error."""
+    if run.get("source_family") in ALWAYS_TEST:
+        return "test"
+    if run.get("reference_only"):
+        return "reference"
+    return "test" if int(hashlib.sha256(str(run["id"]).encode()).hexdigest(), 16) % 2 == 0 else "fit"
+
+
+def _check_run(run: dict, where: str) -> None:
+    for key in REQUIRED:
+        if key not in run:
+            raise ConfigError(f"{where}: field '{key}' is missing; allowed: a run has {', '.join(REQUIRED)}")
+    rid = run["id"]
+    if run["source_family"] not in SOURCE_FAMILIES:
+        raise ConfigError(f"{where} run {rid}: field 'source_family' = {run['source_family']!r} is unknown; allowed: "
+                          f"{', '.join(SOURCE_FAMILIES)}")
+    if run["split"] != split_for_run(run):
+        raise ConfigError(f"{where} run {rid}: field 'split' = {run['split']!r} disagrees with the split rule "
+                          f"({split_for_run(run)!r}); allowed: the rule's value (split_for_run)")
+    if not any(isinstance(run.get(k), (int, float)) and run[k] > 0 for k in MEASUREMENTS):
+        raise ConfigError(f"{where} run {rid}: no published measurement; allowed: one of {', '.join(MEASUREMENTS)} "
+                          "as a number > 0")
+    for key in ("gpus", "gbs", "mbs", "seq_len", "tp", "pp", "ep"):
+        v = run[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{where} run {rid}: field '{key}' = {v!r} is out of range; allowed: an integer >= 1")
+
+
+def load_runs(paths) -> tuple[list[dict], dict]:
+    """``(runs, sources)``: every run of the runs files ``paths`` (checked), and their ``source_pages`` merged.
+
+    Raises:
+        ConfigError: an unreadable file, a run missing a field, a split that disagrees with
+            :func:`split_for_run`, an unknown source family, no published measurement, or a repeated id.
+    """
+    runs, sources, seen = [], {}, set()
+    for p in paths:
+        p = Path(p)
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"runs file {p}: cannot read it as JSON ({exc}); allowed: a runs file "
+                              "(docs/file-schemas.md)") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
+            raise ConfigError(f"runs file {p}: field 'runs' is missing; allowed: an object with a 'runs' list")
+        for run in doc["runs"]:
+            _check_run(run, f"runs file {p}")
+            if run["id"] in seen:
+                raise ConfigError(f"runs file {p}: field 'id' = {run['id']!r} is repeated; allowed: unique ids")
+            seen.add(run["id"])
+            runs.append(run)
+        sources.update(doc.get("source_pages", {}))
+    return runs, sources
+
+
+def published_iteration_s(run: dict, model_flops: float) -> tuple[float, str]:
+    """``(seconds, basis)``: one iteration's published wall time and which measurement it comes from
+    (``"step time"``, ``"tokens/s per GPU"`` or ``"Model TFLOP/s per GPU"``; formulas in the module docstring).
+    ``model_flops``: the iteration's model FLOPs (used only for the last basis)."""
+    if run.get("step_time_s"):
+        return float(run["step_time_s"]), "step time"
+    if run.get("tokens_per_s_per_gpu"):
+        return run["gbs"] * run["seq_len"] / (run["tokens_per_s_per_gpu"] * run["gpus"]), "tokens/s per GPU"
+    return model_flops / (run["model_tflops_per_gpu"] * 1e12 * run["gpus"]), "Model TFLOP/s per GPU"

@@ -1,0 +1,61 @@
+"""Labels in docs/ are true: a fitted value is never called unfitted, and a headline is never a fit-set figure."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+UNFITTED = re.compile(r"nothing (is )?fitted|not fitted|unfitted|out of sample", re.I)
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def test_a_fitted_value_is_never_named_unfitted():
+    # every paragraph that quotes the fitted host/sync term (its claim marker) says it is fitted and nowhere that
+    # nothing is fitted; the CPU validation, tuned on its own matrix, is never called out of sample
+    hits = 0
+    for page in DOCS.glob("*.md"):
+        for para in _paragraphs(page.read_text()):
+            if "claim:cost.host-sync-ms" in para or "FITTED_PER_LAYER_S" in para:
+                hits += 1
+                assert re.search(r"fitted", para, re.I), (page.name, para[:120])
+                assert not UNFITTED.search(para), (page.name, para[:200])
+    assert hits >= 1
+    fidelity = (DOCS / "fidelity.md").read_text()
+    assert "in sample" in fidelity
+    # nothing in docs/ calls the tuned CPU validation out of sample
+    for page in DOCS.glob("*.md"):
+        assert "out of sample" not in page.read_text().lower(), page.name
+
+
+def test_the_published_runs_headline_is_the_test_sets():
+    # the headline sentence's median and max are recomputed from the doc's own per-run table, test rows only; a
+    # fit-set figure in its place fails
+    text = (DOCS / "reproduce.md").read_text()
+    head = re.search(r"Headline \(test set, (\d+) runs[^)]*\): median \|error\|\s+([\d.]+)%, largest ([\d.]+)%", text)
+    assert head, "no test-set headline in docs/reproduce.md"
+    rows = re.findall(r"^\| (\S+) \| (\S+) \| (fit|test|reference) \| [\d.]+ \| [\d.]+ \| ([+-][\d.]+)% \|", text, re.M)
+    test = [abs(float(e)) for _, _, s, e in rows if s == "test"]
+    fit = [abs(float(e)) for _, _, s, e in rows if s == "fit"]
+    assert int(head.group(1)) == len(test) >= 10
+    assert abs(float(head.group(2)) - statistics.median(test)) <= 0.1
+    assert abs(float(head.group(3)) - max(test)) <= 0.1
+    assert abs(statistics.median(fit) - statistics.median(test)) > 0.1  # the two figures are told apart
+    assert not re.search(r"(headline|median)[^.\n]*\b%.1f%%" % statistics.median(fit), text.split("Headline")[0], re.I)
+
+
+def test_every_report_category_is_defined_in_docs_and_help(capsys):
+    # each capacity-report row has its definition and formula in docs/cli.md and in `report --help`
+    from tessera_lab.cli.main import main
+    from tessera_lab.report.categories import CATEGORIES, DEFINITIONS, FORMULAS, LABELS
+
+    cli = (DOCS / "cli.md").read_text()
+    assert main(["report", "--help"]) == 0
+    helptext = " ".join(capsys.readouterr().out.split())
+    for k in CATEGORIES:
+        assert f"| {LABELS[k]} (`{k}`) | {DEFINITIONS[k]} | `{FORMULAS[k]}` |" in cli, k
+        assert " ".join(f"{LABELS[k]}: {DEFINITIONS[k]}; = {FORMULAS[k]}".split()) in helptext, k
