@@ -242,3 +242,26 @@ def profile_mismatches(profile: Any, model_name: str, gpu: str | None = None) ->
     if stale:
         reasons.append(f"stale: {stale[0]}" + (f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""))
     return reasons
+
+
+def check_profile_fits(profile: Any, path: str, model_name: str, gpu: str | None, *, allow: bool,
+                       used_by: str = "this plan") -> None:
+    """Refuse a profile that does not fit where it is used (:func:`profile_mismatches`), or with ``allow``
+    (``--allow-stale-profile``) warn once (:class:`~tessera_lab.overlap.profiles.StaleProfileWarning`).
+
+    Raises:
+        ProfileError: naming the profile, what it was measured for and what it is used for.
+    """
+    import warnings
+
+    from tessera_lab.errors import ProfileError
+    from tessera_lab.overlap.profiles import StaleProfileWarning
+
+    wrong = profile_mismatches(profile, model_name, gpu)
+    if wrong and not allow:
+        raise ProfileError(f"profile '{path}' does not match {used_by} ({'; '.join(wrong)}); re-measure it "
+                           f"(tessera-lab measure --backend {profile.backend} --model {model_name}) or pass "
+                           "--allow-stale-profile to use it anyway")
+    if wrong:
+        warnings.warn(f"using profile '{path}' although it does not match ({'; '.join(wrong)})",
+                      StaleProfileWarning, stacklevel=2)

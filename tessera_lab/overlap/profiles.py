@@ -240,7 +240,8 @@ def validate_profile_data(data: Any, source: str = "profile") -> None:
     """Check the document's structure.
 
     Raises:
-        ProfileError: naming the field (``schema_version``, ``backend``, ``entries``, ``entries[<key>].t_ab``).
+        ProfileError: naming the field (``schema_version``, ``backend``, ``entries``, ``entries[<key>].t_ab``);
+            an empty ``entries`` too (nothing measured: costs from it would be analytic under the profile's name).
     """
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: top level must be a JSON object")
@@ -252,6 +253,9 @@ def validate_profile_data(data: Any, source: str = "profile") -> None:
     entries = data.get("entries")
     if not isinstance(entries, dict):
         raise ProfileError(f"{source}: field 'entries' must be an object")
+    if not entries:  # its costs would be the analytic model's under the profile's name
+        raise ProfileError(f"{source}: field 'entries' is empty; allowed: at least one measured layer pair "
+                           "(tessera-lab measure writes them)")
     for key, e in entries.items():
         if not isinstance(e, dict):
             raise ProfileError(f"{source}: field 'entries[{key}]' must be an object")
