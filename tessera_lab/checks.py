@@ -49,6 +49,9 @@ WORK_LIMITS: dict[str, tuple[int, str]] = {
     "repeats": (100_000, "repetitions"),
     "warmup": (100_000, "repetitions"),
     "steps": (1_000_000, "training steps"),
+    "online_actions": (400_000, "steps x groups x (stages x vpp x micro-batches + 4) simulated online by simulate "
+                                "--dynamic (at the limit about 100 s per run on one idle core; a skewed routing adds a "
+                                "uniform control run)"),
     "expert_width": (1 << 22, "expert intermediate size"),
     "routing_cells": (50_000_000, "token counts held from a routing log (8 bytes each)"),
     "attention_ratio": (4096, "linear-attention layers per full-attention layer"),
@@ -243,25 +246,3 @@ def profile_mismatches(profile: Any, model_name: str, gpu: str | None = None) ->
         reasons.append(f"stale: {stale[0]}" + (f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""))
     return reasons
 
-
-def check_profile_fits(profile: Any, path: str, model_name: str, gpu: str | None, *, allow: bool,
-                       used_by: str = "this plan") -> None:
-    """Refuse a profile that does not fit where it is used (:func:`profile_mismatches`), or with ``allow``
-    (``--allow-stale-profile``) warn once (:class:`~tessera_lab.overlap.profiles.StaleProfileWarning`).
-
-    Raises:
-        ProfileError: naming the profile, what it was measured for and what it is used for.
-    """
-    import warnings
-
-    from tessera_lab.errors import ProfileError
-    from tessera_lab.overlap.profiles import StaleProfileWarning
-
-    wrong = profile_mismatches(profile, model_name, gpu)
-    if wrong and not allow:
-        raise ProfileError(f"profile '{path}' does not match {used_by} ({'; '.join(wrong)}); re-measure it "
-                           f"(tessera-lab measure --backend {profile.backend} --model {model_name}) or pass "
-                           "--allow-stale-profile to use it anyway")
-    if wrong:
-        warnings.warn(f"using profile '{path}' although it does not match ({'; '.join(wrong)})",
-                      StaleProfileWarning, stacklevel=2)

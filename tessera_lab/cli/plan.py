@@ -238,8 +238,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.profile:
         import warnings
 
-        from tessera_lab.checks import check_profile_fits
-        from tessera_lab.overlap.profiles import StaleProfileWarning, load_profile
+        from tessera_lab.overlap.profiles import StaleProfileWarning, check_profile_fits, load_profile
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", StaleProfileWarning)  # reported below, once

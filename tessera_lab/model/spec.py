@@ -15,7 +15,6 @@ This module never imports torch.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from tessera_lab.model.knobs import VARIANT_KEYS
 from tessera_lab.model.hf_families import (  # noqa: F401  (re-exported: the public names of model kinds)
     DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MIXER_LABELS, MOE, NO_FFN, NO_MIXER, LayerSpec, opt_int, req_int,
 )
-from tessera_lab.paths import data_dir
+from tessera_lab.paths import data_dir, read_data_json
 
 
 @dataclass(frozen=True)
@@ -541,7 +540,7 @@ def model_from_name(name: str) -> ModelSpec:
 
 def published_params() -> dict[str, Any]:
     """The authors' published parameter counts with their conventions (``data/models/_published_params.json``)."""
-    return json.loads((data_dir() / "models" / "_published_params.json").read_text())
+    return read_data_json("models/_published_params.json", "published parameter counts")
 
 
 def matches_published(value: float, published: float) -> bool:

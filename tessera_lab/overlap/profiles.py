@@ -326,6 +326,26 @@ def load_profile(path: str | Path, *, check_stale: bool = True, environment: Map
     return prof
 
 
+def check_profile_fits(profile: Any, path: str, model_name: str, gpu: str | None, *, allow: bool,
+                       used_by: str = "this plan") -> None:
+    """Refuse a profile that does not fit where it is used (:func:`tessera_lab.checks.profile_mismatches`), or with ``allow``
+    (``--allow-stale-profile``) warn once (:class:`StaleProfileWarning`).
+
+    Raises:
+        ProfileError: naming the profile, what it was measured for and what it is used for.
+    """
+    from tessera_lab.checks import profile_mismatches
+
+    wrong = profile_mismatches(profile, model_name, gpu)
+    if wrong and not allow:
+        raise ProfileError(f"profile '{path}' does not match {used_by} ({'; '.join(wrong)}); re-measure it "
+                           f"(tessera-lab measure --backend {profile.backend} --model {model_name}) or pass "
+                           "--allow-stale-profile to use it anyway")
+    if wrong:
+        warnings.warn(f"using profile '{path}' although it does not match ({'; '.join(wrong)})",
+                      StaleProfileWarning, stacklevel=2)
+
+
 def update_profile(path: str | Path, results: Iterable[Any], *, backend: str, model: str, parallel: Any = None,
                    size_factor: float = 1.0, gpu: str | None = None) -> Profile:
     """Load ``path`` if it exists (a stale or foreign profile is replaced), add ``results`` (merging repeats)

@@ -197,7 +197,7 @@ def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None,
         check_same_source(recorded, current, allowed=False)
     else:
         if costs != "analytic":
-            from tessera_lab.checks import check_profile_fits
+            from tessera_lab.overlap.profiles import check_profile_fits
 
             profile = _load_profile_for(costs, f"--costs {costs}")
             check_profile_fits(profile, costs, model.name, gpu, allow=allow_stale_profile,
