@@ -297,6 +297,10 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
+#: share of a core a rank past its start-up deadline must use to count as still working (given up to BUSY_FACTOR x)
+BUSY_SHARE = 0.02
+
+
 class _Watch:
     """The spawner's watch over its workers: exit statuses, heartbeats of ready ranks, start-up deadlines.
 
@@ -311,7 +315,8 @@ class _Watch:
         self.codes: dict[int, int | None] = {}
         self.causes: list[Cause] = []
         self.stack, self.detected_at = "", 0.0
-        self.cpu: dict[int, int] = {}  # rank -> CPU ticks when it was last seen fresh (heartbeat) or on time
+        self.cpu: dict[int, int] = {}  # rank -> CPU ticks when its heartbeat was last fresh
+        self.on_time: dict[int, tuple[int, float]] = {}  # rank -> (CPU ticks, time) when last within its deadline
 
     def run(self, grace_s: float) -> bool:
         """Poll every 50 ms until every worker exited, a rank failed (+ ``grace_s``; at once for a hung rank), or
@@ -394,13 +399,20 @@ class _Watch:
                          detail=f"was stopped (process state {state}) before it reported {what}: no heartbeat for "
                                 f"{silent:.1f} s; {how}")
         if limit is None or elapsed <= limit:
-            self.cpu[r] = _cpu_ticks(p.pid)
+            self.on_time[r] = (_cpu_ticks(p.pid), now)
             return None
-        if _cpu_ticks(p.pid) > self.cpu.get(r, -1) >= 0 and elapsed <= BUSY_FACTOR * limit:
+        if self._working(r, p.pid, now) and elapsed <= BUSY_FACTOR * limit:
             return None  # still working (a slow import on a busy machine)
         return Cause(r, "start", now, state=state,
                      detail=f"did not report {what} within {elapsed:.1f} s (process state {state}, last heartbeat "
                             f"{silent:.1f} s ago); {how}")
+
+    def _working(self, r: int, pid: int, now: float) -> bool:
+        """Whether the rank used at least :data:`BUSY_SHARE` of a core since it was last on time (the heartbeat
+        thread alone uses far less; a rank importing on a busy machine more)."""
+        ticks, then = self.on_time.get(r, (-1, now))
+        used = (_cpu_ticks(pid) - ticks) / (os.sysconf("SC_CLK_TCK") or 100)
+        return ticks >= 0 and now > then and used / (now - then) >= BUSY_SHARE
 
     def _deadline_text(self, limit: float | None, took: list[float], what: str) -> str:
         if limit is None:

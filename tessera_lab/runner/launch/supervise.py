@@ -304,7 +304,8 @@ def start_checkpoint() -> None:
 
 
 class Cause:
-    """One observed failure of a rank: ``kind`` is ``"signal"``, ``"heartbeat"`` or ``"exit"`` (a non-zero
+    """One observed failure of a rank: ``kind`` is ``"signal"``, ``"heartbeat"``, ``"start"`` (no start-up report
+    by its deadline, or stopped before ready; ``detail`` says which and the deadline) or ``"exit"`` (a non-zero
     status, with or without a failure record); ``time`` is the wall-clock time it happened (s since epoch)."""
 
     PRIORITY = {"signal": 0, "heartbeat": 0, "start": 0, "exit": 1}
