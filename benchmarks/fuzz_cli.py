@@ -19,6 +19,11 @@ copies) and ``TESSERA_LAB_*`` variables; the step that would start workers or me
 runs every check a launch makes first (:func:`tessera_lab.runner.launch.spawn.check_launch`) and then stops: an input
 that gets there was accepted (``accepted``). An input known to be bad by construction (a tampered file where the
 command reads it, a malformed variable) that is accepted or exits 0 is a contract break (``silent``).
+Plan JSONs that claim what they are not (a ``partition_from`` that is none of their baselines, nodes that cannot
+hold their GPUs) are bad where ``report --plan`` reads them; option combinations are bad by construction too: a
+``run --pair-order`` without the scheduled pair handler (it would be ignored), ``report --plan P --costs PROFILE``
+with a profile of another model or backend without ``--allow-stale-profile``, ``simulate --dynamic --steps
+1000000`` (over the online work limit).
 Not driven: ``measure --backend cpu|cuda`` (real measurements) and ``reproduce`` without ``--quick`` (minutes).
 
 Usage::
@@ -57,7 +62,10 @@ COMMANDS = ("models", "params", "plan", "partition", "simulate", "measure", "rep
             "calibrate", "validate")
 #: options whose file is read by the command whenever given (a bad file there must be refused)
 READ_ALWAYS = {("run", "--plan"), ("run", "--profile-store"), ("report", "--observed"), ("report", "--lifecycle"),
-               ("validate", "--repredict"), ("plan", "--device"), ("report", "--dynamic")}
+               ("validate", "--repredict"), ("plan", "--device"), ("report", "--dynamic"), ("report", "--plan")}
+#: files bad only where a given option reads them (option -> key prefix): a plan JSON tampered in what it claims
+#: (partition_from, nodes, gpus) is bad for report --plan, not for run --plan (which reads only its boundaries)
+ONLY_FOR = {"bad_pjson": ("report", "--plan")}
 #: options read by every command that takes them once the profile loader applies the profile schema
 PROFILE_READ = {("plan", "--profile")}
 #: options given several times, each file read (append)
@@ -66,10 +74,13 @@ APPENDED = {"--dynamic"}
 _PROFILES_CHECKED = [False]
 #: TESSERA_LAB_* values: good ones, and malformed ones (always refused)
 ENV_GOOD = {"TESSERA_LAB_MAX_LAYERS": "4096", "TESSERA_LAB_FAULT": "1:kill:5", "TESSERA_LAB_HEARTBEAT_TIMEOUT": "8",
-            "TESSERA_LAB_MAX_JSON_BYTES": "100000000"}
-ENV_BAD = {"TESSERA_LAB_MAX_JSON_BYTES": ("-5", "abc", "0"), "TESSERA_LAB_FAULT": ("x:kill", "1:boom", "1:kill:-1", "1"),
+            "TESSERA_LAB_MAX_JSON_BYTES": "100000000", "TESSERA_LAB_STARTUP_FLOOR": "20",
+            "TESSERA_LAB_MAX_ONLINE_ACTIONS": "500000"}
+ENV_BAD = {"TESSERA_LAB_MAX_JSON_BYTES": ("-5", "abc", "0"),
+           "TESSERA_LAB_FAULT": ("x:kill", "1:boom", "1:kill:-1", "1", "1:start-boom", "1:start-hang:nan"),
            "TESSERA_LAB_HEARTBEAT_TIMEOUT": ("0", "nan", "x"), "TESSERA_LAB_MAX_LAYERS": ("0", "-3", "many"),
-           "TESSERA_LAB_MAX_LAYRES": ("5",)}
+           "TESSERA_LAB_MAX_LAYRES": ("5",), "TESSERA_LAB_STARTUP_FLOOR": ("0", "nan", "x", "-2"),
+           "TESSERA_LAB_MAX_ONLINE_ACTIONS": ("0", "lots")}
 NOTICE_PREFIXES = ("result:", "figure:", "figures:", "trace:", "plan written to", "profile:")
 NUMBERS = ("0", "1", "2", "3", "4", "8", "16", "64", "-1", "-5", "2.5", "1e12", "10000000", "1e308", "-1e308", "nan",
            "inf", "-inf", "abc", "", "0x10", "1_000", "  3")
@@ -149,6 +160,15 @@ def build_corpus(root: Path) -> Corpus:
         bad = {**plan, "parallel": {**plan["parallel"], **par}}
         c.inputs[f"plan_{name}"] = _write(inp / f"plan_{name}.json", json.dumps(bad))
     c.inputs["plan_boundaries"] = _write(inp / "plan_boundaries.json", json.dumps({**plan, "boundaries": [0, 99]}))
+    # plan JSONs that claim what they are not (bad where report --plan reads them): a partition_from that is none
+    # of the plan's baselines, a baseline whose boundaries are not the plan's, nodes that cannot hold its GPUs
+    other = next((n for n, b in plan.get("baselines", {}).items() if b.get("boundaries") != plan["boundaries"]), None)
+    for name, change in {"origin_fake": {"partition_from": "baseline made-up", "solver_result": {}},
+                         "origin_text": {"partition_from": "the ILP optimum", "solver_result": {}},
+                         "origin_other": {"partition_from": f"baseline {other}", "solver_result": {}} if other else {},
+                         "nodes_one": {"nodes": 1}, "gpus": {"gpus": plan["gpus"] + 1}}.items():
+        if change:
+            c.inputs[f"bad_pjson_{name}"] = _write(inp / f"bad_pjson_{name}.json", json.dumps({**plan, **change}))
     prof = json.loads((inp / "profile.json").read_text())
     entries = prof.get("entries", {})
     if entries:
@@ -305,6 +325,10 @@ def _schema_corpus(c: Corpus, inp: Path) -> None:
         "cells": (r0, {"layer": 0, "step": 999_999, "microbatch": 99_999, "routed": [1] * 8}),
     }
     tampers.update({f"routed_huge{i}": (r0 + ("routed", 1), v) for i, v in enumerate(_HUGE)})
+    # totals that contradict the log: tokens x top_k = 16 per record, at most 8 per expert, one record per cell
+    tampers.update({"sum_short": (r0 + ("routed",), [3, 1, 2, 2, 0, 4, 1, 2]),
+                    "over_tokens": (r0 + ("routed",), [9, 1, 2, 2, 0, 0, 1, 1]),
+                    "repeated": (("records", 1), dict(log["records"][0]))})
     c.inputs["routing_good"] = _write(inp / "routing_good.json", json.dumps(log))
     for name, (path, value) in tampers.items():
         c.inputs[f"bad_routing_{name}"] = _write(inp / f"bad_routing_{name}.json", json.dumps(_tampered(log, path, value)))
@@ -356,7 +380,8 @@ def _schema_corpus(c: Corpus, inp: Path) -> None:
               "size_zero": (("size_factor",), 0), "size_over": (("size_factor",), 2),
               "ep_string": (("parallel", "ep"), "8"), "entries_string": (("entries",), "x"),
               "entries_missing": (("entries",), DROP),
-              "key_renamed": (("entries",), {"F:mamba|BW:mamba": prof["entries"][k0]})}
+              "key_renamed": (("entries",), {"F:mamba|BW:mamba": prof["entries"][k0]}),
+              "entries_empty": (("entries",), {})}
     prof_t.update({f"median_huge{i}": (e0 + ("t_ab", "median"), v) for i, v in enumerate(_HUGE)})
     for name, (path, value) in prof_t.items():
         c.inputs[f"bad_profile_{name}"] = _write(inp / f"bad_profile_{name}.json", json.dumps(_tampered(prof, path, value)))
@@ -395,7 +420,8 @@ def _values_for(dest: str, corpus: Corpus) -> st.SearchStrategy[str]:
     times = _mix(GOOD_FLOATS, FLOATS)
     table = {
         "model": _mix(MODELS[:3] + (corpus.inputs["config"],), st.one_of(st.sampled_from(MODELS), files), 4),
-        "profile": _mix((corpus.inputs["profile"],), st.one_of(_bad(corpus, "bad_profile", files), files), 6), "plan": _mix((corpus.inputs["plan"],), files, 6),
+        "profile": _mix((corpus.inputs["profile"],), st.one_of(_bad(corpus, "bad_profile", files), files), 6), "plan": _mix((corpus.inputs["plan"],), st.one_of(_bad(corpus, "bad_pjson", files), files), 6),
+        "pair_order": _mix(("searched", "megatron", "comm-first", "program"), ("bogus", "", "measured:/no/such"), 3),
         "device": _mix((corpus.inputs["device"],), _bad(corpus, "bad_device", files), 6),
         "profile_store": _mix((corpus.inputs["store"], str(corpus.root / "out" / "new_store.json")),
                               _bad(corpus, "bad_store", files), 6),
@@ -424,6 +450,7 @@ def _values_for(dest: str, corpus: Corpus) -> st.SearchStrategy[str]:
         "size_factor": _mix(("0.125", "1"), ("0", "2", "nan", "x")),
         "seq_len": _mix(("1", "64", "4096"), NUMBERS), "micro_batch_size": _mix(SMALL_INTS, NUMBERS),
         "tokens": _mix(("1", "64", "4096"), NUMBERS),
+        "steps": _mix(("2", "4", "10"), NUMBERS + ("1000000",)),
     }
     if dest in table:
         return table[dest]
@@ -505,6 +532,13 @@ def argv_for(draw, command: str, corpus: Corpus) -> list[str]:
                 and draw(st.integers(0, 1)) == 0:
             argv += draw(_option_strategy(a, corpus))  # the files these read (routing logs, dynamic sources), often
             continue
+        if command == "report" and a.dest == "costs" and draw(st.integers(0, 2)) == 0:  # profiles of other setups
+            argv += ["--costs", draw(st.sampled_from(("analytic", corpus.inputs["profile"], corpus.inputs["profile_shipped"],
+                                                      corpus.inputs["bad_profile_entries_empty"])))]
+            continue
+        if command == "run" and a.dest == "pair_exec" and draw(st.integers(0, 3)) == 0:
+            argv += ["--pair-exec", draw(st.sampled_from(("scheduled", "threads", "serial")))]
+            continue
         if command == "calibrate" and a.dest == "out":
             argv += ["--out", str(corpus.root / "out" / "device.json")]
             continue
@@ -540,12 +574,36 @@ def known_bad(argv: list[str], env: dict[str, str], corpus: Corpus) -> str:
                  and (not k.startswith("bad_profile") or _PROFILES_CHECKED[0])}
     read_always = READ_ALWAYS | (PROFILE_READ if _PROFILES_CHECKED[0] else set())
     for i in range(1, len(argv) - 1):
+        name = Path(argv[i + 1]).name
+        only = next((use for prefix, use in ONLY_FOR.items() if name.startswith(prefix)), None)
         if (argv[0], argv[i]) in read_always and argv[i + 1] in bad_files and (
-                argv.count(argv[i]) == 1 or argv[i] in APPENDED):
-            return f"{argv[i]} {Path(argv[i + 1]).name}"
+                argv.count(argv[i]) == 1 or argv[i] in APPENDED) and only in (None, (argv[0], argv[i])):
+            return f"{argv[i]} {name}"
         if argv[0] == "simulate" and argv[i] == "--routing" and argv.count("--routing") == 1 \
                 and argv[i + 1].startswith("replay:") and argv[i + 1][len("replay:"):] in bad_files:
             return f"--routing {Path(argv[i + 1]).name}"
+    return _bad_combination(argv, corpus)
+
+
+def _last(argv: list[str], opt: str) -> str | None:
+    """The value of the last ``opt`` in ``argv`` (argparse keeps the last), None when absent."""
+    idx = [i for i in range(1, len(argv) - 1) if argv[i] == opt]
+    return argv[idx[-1] + 1] if idx else None
+
+
+def _bad_combination(argv: list[str], corpus: Corpus) -> str:
+    """Inputs bad by how options combine: a --pair-order the run would ignore (no scheduled pair handler), a
+    profile of another model or backend for report --plan without --allow-stale-profile, simulate --dynamic at
+    the --steps maximum."""
+    order = _last(argv, "--pair-order")
+    if argv[0] == "run" and order is not None and order != "searched" and _last(argv, "--pair-exec") != "scheduled":
+        return f"--pair-order {order} without --pair-exec scheduled"
+    costs = _last(argv, "--costs")
+    if (argv[0] == "report" and _last(argv, "--plan") is not None and "--allow-stale-profile" not in argv
+            and costs in (corpus.inputs["profile"], corpus.inputs["profile_shipped"])):
+        return f"--costs {Path(costs).name} (another model or a cpu profile)"
+    if argv[0] == "simulate" and "--dynamic" in argv and _last(argv, "--steps") == "1000000":
+        return "simulate --dynamic --steps 1000000"
     return ""
 
 

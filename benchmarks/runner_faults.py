@@ -6,13 +6,17 @@ Usage::
 
     PYTHONPATH=$PWD python benchmarks/runner_faults.py --trials 20 --clean 10 --load 8 \
         [--kinds kill,raise,hang] [--schedules 1f1b,overlapped,zb-h1,dualpipev,dynamic]
+    PYTHONPATH=$PWD python benchmarks/runner_faults.py --kinds start-hang --schedules 1f1b --trials 10 \
+        --clean 10 --load 6
 
 ``--load N`` starts N busy processes (``while True: pass``) for the whole benchmark and stops them at the end.
 Per schedule and fault kind it prints: trials, named correctly, exit status 3, ended within the bound, and the
 end time after the fault (median, max). *End time* is measured: the wall-clock time written by the faulty rank
 just before its fault (``fault-<rank>.json``) to the moment the ``run`` process has exited (every worker reaped).
-The bound is :data:`tessera_lab.runner.launch.supervise.DETECT_BOUND_S` (stated). The faulty rank cycles over the
-ranks. Clean runs are ``run --pp 2 --ep 2 --steps 3 --check`` with default settings: it prints passed (exit 0,
+The bound is :data:`tessera_lab.runner.launch.supervise.DETECT_BOUND_S` (stated) for faults after ready and
+:data:`~tessera_lab.runner.launch.supervise.STARTUP_DETECT_BOUND_S` for ``start-hang`` (SIGSTOP ``--delay`` s after
+the worker started, before it reports ready; the first line must also print the start-up deadline). The faulty
+rank cycles over the ranks. Clean runs are ``run --pp 2 --ep 2 --steps 3 --check`` with default settings: it prints passed (exit 0,
 every loss bitwise equal to the reference) and declared hung. Every line of counts starts with
 ``COUNT``. The load average and the CPU seconds of the benchmark's children are printed at the end.
 """
@@ -65,7 +69,8 @@ def fault_trial(schedule: str, kind: str, rank: int, delay: float) -> dict:
     m = re.search(r"error: rank (\d+) ", first)
     named = int(m.group(1)) if m else None
     end_s = ended - injected if injected is not None else None
-    return {"named": named, "ok": named == rank, "rc": rc, "end_s": end_s, "first": first[:160]}
+    ok = named == rank and (kind not in supervise.START_FAULTS or "start-up deadline" in first)
+    return {"named": named, "ok": ok, "rc": rc, "end_s": end_s, "first": first[:240]}
 
 
 def clean_trial() -> dict:
@@ -82,7 +87,8 @@ def clean_trial() -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=20, help="fault trials per schedule and kind")
-    p.add_argument("--kinds", default="kill,raise,hang", help="comma-separated: kill,raise,hang")
+    p.add_argument("--kinds", default="kill,raise,hang",
+                   help="comma-separated: " + ",".join(supervise.FAULT_KINDS))
     p.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated: " + ",".join(SCHEDULES))
     p.add_argument("--clean", type=int, default=10, help="clean runs (no fault)")
     p.add_argument("--load", type=int, default=0, help="busy processes to start for the benchmark")
@@ -92,7 +98,8 @@ def main(argv=None) -> int:
     scheds = args.schedules.split(",")
     if (args.trials < 0 or args.clean < 0 or args.load < 0 or any(k not in supervise.FAULT_KINDS for k in kinds)
             or any(s not in SCHEDULES for s in scheds)):
-        print("runner_faults: error: --trials/--clean/--load >= 0, --kinds from kill,raise,hang, --schedules from "
+        print(f"runner_faults: error: --trials/--clean/--load >= 0, --kinds from {','.join(supervise.FAULT_KINDS)}, "
+              "--schedules from "
               + ",".join(SCHEDULES), file=sys.stderr)
         return 2
     load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
@@ -100,10 +107,12 @@ def main(argv=None) -> int:
     try:
         print(f"busy processes started: {args.load}; cores {os.cpu_count()}; heartbeat every {supervise.HEARTBEAT_S} s, "
               f"hung after {supervise.heartbeat_timeout()} s ({supervise.MISSED_BEATS} beats); stated bound "
-              f"{supervise.DETECT_BOUND_S} s", flush=True)
-        bound = supervise.DETECT_BOUND_S
+              f"{supervise.DETECT_BOUND_S} s (start faults {supervise.STARTUP_DETECT_BOUND_S} s); start-up deadline "
+              f"floor {supervise.startup_floor()} s, {supervise.STARTUP_FACTOR:g} x the slowest rank that reported",
+              flush=True)
         for sched in scheds:
             for kind in kinds:
+                bound = supervise.STARTUP_DETECT_BOUND_S if kind in supervise.START_FAULTS else supervise.DETECT_BOUND_S
                 rows = []
                 for i in range(args.trials):
                     rows.append(fault_trial(sched, kind, i % 4, args.delay))

@@ -15,7 +15,9 @@ Usage::
     python scripts/claims.py regen            # re-run the probes, update their entries, rewrite the quoted text
     python scripts/claims.py list             # every entry: id, kind, quoted text, date
 
-Exit status: 0 when everything agrees, 1 with one line per disagreement.
+Exit status: 0 when everything agrees, 1 with one line per disagreement, 2 when the registry itself cannot be used
+(unreadable, empty, not UTF-8, not JSON, a null or malformed entry, a missing field, a duplicate id, a format
+that does not format its value): one line per problem on stderr, nothing checked or written.
 """
 
 from __future__ import annotations
@@ -44,15 +46,109 @@ def doc_files(root: Path = ROOT) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
-def load_registry(path: Path = REGISTRY) -> dict[str, dict[str, Any]]:
-    """The registry as ``{id: entry}``. Raises ValueError on a duplicate id."""
-    entries = json.loads(path.read_text())["claims"]
+class RegistryError(ValueError):
+    """A registry that cannot be used: ``problems`` holds one line per problem (file, entry, field, value)."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def _read_json_doc(path: Path) -> tuple[Any, list[str]]:
+    """``(parsed document, problems)`` of a JSON file: unreadable, empty, not UTF-8 or not JSON is one problem."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return None, [f"{path}: cannot read it ({exc.strerror or exc})"]
+    if not raw.strip():
+        return None, [f"{path}: the file is empty; allowed: a JSON object {{\"claims\": [...]}}"]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, [f"{path}: not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); allowed: UTF-8 JSON"]
+    try:
+        return json.loads(text), []
+    except json.JSONDecodeError as exc:
+        return None, [f"{path}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"]
+    except RecursionError:
+        return None, [f"{path}: not valid JSON: nested too deeply"]
+
+
+def _entry_problems(n: int, e: Any, seen: dict[str, int]) -> list[str]:
+    """Problems of the registry's ``claims[n]``: not an object, missing fields, a bad id (or one seen before), a
+    value that is not a finite number, a format that does not format it, an unknown kind or probe, a bad
+    tolerance."""
+    import math
+
+    where = f"claims[{n}]"
+    if not isinstance(e, dict):
+        return [f"{where} is {json.dumps(e)[:40]}; allowed: an object with fields {', '.join(REQUIRED)}"]
+    cid = e.get("id")
+    bad = []
+    if not isinstance(cid, str) or not MARKER.fullmatch(f"<!-- claim:{cid} -->"):
+        bad.append(f"{where}: field 'id' = {cid!r}; allowed: a string of letters, digits, '_', '.', '-'")
+    elif cid in seen:
+        bad.append(f"{where}: field 'id' = {cid!r} appears twice (also claims[{seen[cid]}]); allowed: unique ids")
+    else:
+        seen[cid] = n
+    where = f"{where} ({cid!r})" if isinstance(cid, str) else where
+    missing = [k for k in REQUIRED if k not in e]
+    if missing:
+        bad.append(f"{where}: missing field(s) {', '.join(missing)}")
+    v = e.get("value")
+    if "value" in e and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+        bad.append(f"{where}: field 'value' = {v!r}; allowed: a finite number")
+    elif "format" in e:
+        try:
+            if not isinstance(e["format"], str):
+                raise TypeError
+            e["format"].format(v)
+        except (TypeError, ValueError, IndexError, KeyError, AttributeError):
+            bad.append(f"{where}: field 'format' = {e['format']!r} cannot format value {v!r}; allowed: a format "
+                       "string with one field, e.g. '{:.3f} s'")
+    if "kind" in e and e["kind"] not in KINDS:
+        bad.append(f"{where}: field 'kind' = {e['kind']!r}; allowed: {', '.join(KINDS)}")
+    tol = e.get("tolerance", {})
+    if (not isinstance(tol, dict) or not set(tol) <= {"abs", "rel", "note"}
+            or any(isinstance(tol.get(k), bool) or not isinstance(tol.get(k, 0.0), (int, float)) for k in ("abs", "rel"))):
+        bad.append(f"{where}: field 'tolerance' = {tol!r}; allowed: {{'abs': x}} and/or {{'rel': x}} (numbers; "
+                   "and a 'note')")
+    if e.get("probe") is not None and (e["probe"] not in PROBES or not isinstance(e.get("key"), str)):
+        bad.append(f"{where}: field 'probe' = {e['probe']!r} with key {e.get('key')!r}; allowed: a probe of "
+                   f"{', '.join(PROBES)} and a string 'key'")
+    return bad
+
+
+def read_registry(path: Path = REGISTRY) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """``({id: entry}, problems)``: the registry checked entry by entry (:func:`_entry_problems`), one line per
+    problem; entries with problems are left out of the dict."""
+    doc, bad = _read_json_doc(path)
+    if bad:
+        return {}, bad
+    if not isinstance(doc, dict) or not isinstance(doc.get("claims"), list):
+        return {}, [f"{path}: top level is {type(doc).__name__}{' without a list claims' if isinstance(doc, dict) else ''}"
+                    "; allowed: a JSON object {\"claims\": [entry, ...]}"]
     out: dict[str, dict[str, Any]] = {}
-    for e in entries:
-        if e["id"] in out:
-            raise ValueError(f"claim id {e['id']!r} appears twice in {path}")
-        out[e["id"]] = e
-    return out
+    seen: dict[str, int] = {}
+    for n, e in enumerate(doc["claims"]):
+        problems = _entry_problems(n, e, seen)
+        bad += [f"{path}: {line}" for line in problems]
+        if not problems:
+            out[e["id"]] = e
+    return out, bad
+
+
+def load_registry(path: Path = REGISTRY) -> dict[str, dict[str, Any]]:
+    """The registry as ``{id: entry}``.
+
+    Raises:
+        RegistryError: one line per problem (:func:`read_registry`): unreadable, empty, not UTF-8, not JSON, a
+            null or malformed entry, a missing field, a duplicate id, a format that does not format its value.
+    """
+    reg, bad = read_registry(path)
+    if bad:
+        raise RegistryError(bad)
+    return reg
 
 
 def text_of(entry: dict[str, Any]) -> str:
@@ -76,18 +172,9 @@ def quoted(text: str) -> list[tuple[str, str, int, int]]:
 
 
 def check_entries(reg: dict[str, dict[str, Any]]) -> list[str]:
-    """Problems with the entries themselves: missing fields, unknown kinds."""
-    bad = []
-    for cid, e in reg.items():
-        missing = [k for k in REQUIRED if k not in e]
-        if missing:
-            bad.append(f"{cid}: missing field(s) {', '.join(missing)}")
-        if e.get("kind") not in KINDS:
-            bad.append(f"{cid}: kind {e.get('kind')!r}; allowed: {', '.join(KINDS)}")
-        tol = e.get("tolerance", {})
-        if not isinstance(tol, dict) or not set(tol) <= {"abs", "rel", "note"}:
-            bad.append(f"{cid}: tolerance {tol!r}; allowed: {{'abs': x}} and/or {{'rel': x}} (and a 'note')")
-    return bad
+    """Problems with the entries themselves (:func:`_entry_problems`): missing fields, unknown kinds, ..."""
+    seen: dict[str, int] = {}
+    return [f"{cid}: {line}" for n, (cid, e) in enumerate(reg.items()) for line in _entry_problems(n, e, seen)]
 
 
 def check_text(name: str, text: str, reg: dict[str, dict[str, Any]]) -> list[str]:
@@ -319,8 +406,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("action", choices=["check", "regen", "list"])
     ap.add_argument("--no-rerun", action="store_true", help="check: only compare the quoted text with the registry")
     ap.add_argument("--probe", action="append", choices=sorted(PROBES), help="re-run only this probe (repeatable)")
+    ap.add_argument("--registry", type=Path, default=REGISTRY, help=f"the registry (default {REGISTRY})")
     args = ap.parse_args(argv)
-    reg = load_registry()
+    reg, bad = read_registry(args.registry)
+    if bad:  # a broken registry: one line per problem, exit 2 (bad input), nothing checked or written
+        for line in bad:
+            print(f"claims.py: error: {line}", file=sys.stderr)
+        return 2
     if args.action == "list":
         for cid, e in reg.items():
             print(f"{cid:44} {e['kind']:15} {text_of(e):>14}  {e['date']}  load {e['load']}")
@@ -339,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     for cid, v in values.items():
         if reg[cid]["value"] != v:
             reg[cid].update(value=v, date=today, load=_load_now())
-    REGISTRY.write_text(json.dumps({"claims": list(reg.values())}, indent=1) + "\n")
+    args.registry.write_text(json.dumps({"claims": list(reg.values())}, indent=1) + "\n")
     changed = []
     for path in doc_files():
         if path.exists():

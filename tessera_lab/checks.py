@@ -49,6 +49,9 @@ WORK_LIMITS: dict[str, tuple[int, str]] = {
     "repeats": (100_000, "repetitions"),
     "warmup": (100_000, "repetitions"),
     "steps": (1_000_000, "training steps"),
+    "online_actions": (400_000, "steps x groups x (stages x vpp x micro-batches + 4) simulated online by simulate "
+                                "--dynamic (at the limit about 100 s per run on one idle core; a skewed routing adds a "
+                                "uniform control run)"),
     "expert_width": (1 << 22, "expert intermediate size"),
     "routing_cells": (50_000_000, "token counts held from a routing log (8 bytes each)"),
     "attention_ratio": (4096, "linear-attention layers per full-attention layer"),
@@ -242,3 +245,4 @@ def profile_mismatches(profile: Any, model_name: str, gpu: str | None = None) ->
     if stale:
         reasons.append(f"stale: {stale[0]}" + (f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""))
     return reasons
+

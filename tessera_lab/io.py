@@ -11,6 +11,9 @@ Writes (:func:`atomic_write_bytes`, :func:`atomic_write_text`, :func:`write_json
 - new files get the permissions a plain ``open()`` gives (``0o666`` minus the umask); a replaced file keeps its mode;
 - errors raise :class:`~tessera_lab.errors.OutputError` naming the user's path, never the temporary file.
 
+Several files of one output (:func:`staged_folder`): written into a temporary folder beside the target folder and
+moved into it at the end; on failure the temporary folder is removed and nothing new is left.
+
 Reads (:func:`read_json`): UTF-8 JSON with one-line errors (naming the file) for a missing, unreadable, binary,
 non-UTF-8, oversized, too deeply nested or malformed file, and for non-finite numbers (``NaN``, ``Infinity``,
 ``1e400``), which are refused wherever they appear (field path in the message).
@@ -33,7 +36,7 @@ from typing import Any
 
 from tessera_lab.errors import ConfigError, OutputError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "dumps", "write_json", "save_figure", "read_json",
+__all__ = ["atomic_write_bytes", "atomic_write_text", "dumps", "write_json", "save_figure", "read_json", "staged_folder",
            "MAX_JSON_BYTES", "MAX_JSON_DEPTH"]
 
 #: files read by :func:`read_json` larger than this are refused (bytes; ``TESSERA_LAB_MAX_JSON_BYTES`` raises it)
@@ -224,6 +227,52 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     except OSError:
         pass
     return user
+
+
+class staged_folder:
+    """``with staged_folder(out) as tmp:`` write every file of one output into ``tmp``, a new temporary folder
+    beside ``out`` (same file system); on a clean exit each file is renamed into ``out`` (created if missing; a
+    missing ``out`` is the renamed folder itself), on an exception ``tmp`` is removed and ``out`` is left as it was.
+    Files of ``out`` not written this time are kept. The renames at the end are the only step that is not atomic
+    as a whole: each file is replaced atomically (``os.replace``).
+
+    Raises:
+        OutputError: the temporary folder cannot be made or its files moved (naming ``out`` and the reason).
+    """
+
+    def __init__(self, out: str | os.PathLike):
+        self.out = Path(out)
+        self.tmp: Path | None = None
+
+    def __enter__(self) -> Path:
+        import tempfile
+
+        parent = self.out.absolute().parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name[:_NAME_KEEP]}.", suffix=".tmp", dir=parent))
+        except OSError as exc:
+            raise _error(exc, self.out) from None
+        return self.tmp
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        import shutil
+
+        assert self.tmp is not None
+        if kind is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return False
+        try:
+            if not self.out.exists():
+                os.rename(self.tmp, self.out)
+                return False
+            for f in sorted(self.tmp.iterdir()):
+                os.replace(f, self.out / f.name)
+            self.tmp.rmdir()
+        except OSError as e:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise _error(e, self.out) from None
+        return False
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

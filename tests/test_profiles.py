@@ -169,8 +169,7 @@ def test_a_write_killed_midway_leaves_the_previous_profile_intact(tmp_path):
         pr.save_profile(old, path)  # the write won the race; restore and try again
     assert caught, "could not kill the writer mid-write"
     assert path.read_bytes() == before
-    back = pr.load_profile(path, check_stale=False)
-    assert back.model == "old-model"
+    assert json.loads(path.read_text())["model"] == "old-model"  # (an empty profile is refused as costs)
 
 
 def test_pair_time_lookup_and_planner_costs(tmp_path, analytic_table):

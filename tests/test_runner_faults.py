@@ -230,3 +230,61 @@ def test_hang_error_carries_the_python_stack(tmp_path):
     text = str(err)
     assert err.failed_rank == 1 and "(stopped)" in text.splitlines()[0]
     assert "Python stack of rank 1 when it was declared hung" in text and 'File "' in text
+
+
+# ----------------------------------------------------------------------------------------------
+# start-up: a rank that never reports ready
+# ----------------------------------------------------------------------------------------------
+
+
+def test_startup_deadline_is_sized_from_the_ranks_that_reported():
+    # nothing measured yet: no deadline (only --timeout); then 3 x the slowest report, never under the floor
+    assert supervise.startup_deadline([], 30.0) is None
+    assert supervise.startup_deadline([4.0, 5.5, 5.0], 30.0) == 30.0  # 3 x 5.5 = 16.5 < floor
+    assert supervise.startup_deadline([4.0, 12.5], 30.0) == 37.5  # 3 x 12.5
+    assert parse_fault("1:start-hang:0.5") == (1, "start-hang", 0.5)
+    assert parse_fault("2:start-block") == (2, "start-block", 1.0)
+
+
+@pytest.mark.parametrize("value", ["0", "nan", "x"])
+def test_malformed_startup_floor_fails_before_workers(value, tmp_path, capsys, monkeypatch):
+    from tessera_lab.cli.main import main
+
+    monkeypatch.setenv("TESSERA_LAB_STARTUP_FLOOR", value)
+    rc = main(["run", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "TESSERA_LAB_STARTUP_FLOOR" in err[0], err
+    assert not list(tmp_path.glob("rank*.log"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", [1, 2])
+def test_rank_stopped_before_ready_is_named_with_its_deadline(rank, tmp_path):
+    """SIGSTOP 1 s after the worker started (before it imported torch): the stopped rank is named, not the peer
+    that times out waiting for it in the rendezvous, within the stated bound; the deadline is printed."""
+    with pytest.raises(RunnerError) as info:
+        spawn(WorldSpec(pp=2, ep=2, timeout_s=60), [RunSpec(name="fault", steps=10_000)], out_dir=tmp_path,
+              timeout_s=300, env={"TESSERA_LAB_FAULT": f"{rank}:start-hang:1"})
+    err = info.value
+    injected = json.loads((tmp_path / f"fault-{rank}.json").read_text())["time"]
+    first = str(err).splitlines()[0]
+    assert err.peer_failed and err.failed_rank == rank, first
+    assert first.startswith(f"rank {rank} was stopped (process state T) before it reported") and "start-up deadline" in first
+    assert not (tmp_path / f"ready-{rank}").exists()
+    assert err.detected_at - injected < supervise.STARTUP_DETECT_BOUND_S
+    assert "Python stack of rank" in str(err)
+    assert not any(_alive(p) for p in err.pids.values())
+
+
+@pytest.mark.slow
+def test_rank_blocked_before_ready_is_named_at_its_startup_deadline(tmp_path):
+    """A rank whose main thread blocks after importing torch (its heartbeat goes on): named when its start-up
+    deadline, max(floor, 3 x the slowest peer's import), has passed; the peers waiting for it are not blamed."""
+    with pytest.raises(RunnerError) as info:
+        spawn(WorldSpec(pp=2, ep=2, timeout_s=120), [RunSpec(name="fault", steps=10_000)], out_dir=tmp_path,
+              timeout_s=300, env={"TESSERA_LAB_FAULT": "3:start-block", "TESSERA_LAB_STARTUP_FLOOR": "3"})
+    err = info.value
+    first = str(err).splitlines()[0]
+    assert err.failed_rank == 3 and "did not report that it had imported torch" in first, first
+    assert "start-up deadline" in first and "the slowest of the 3 ranks that did" in first
+    assert "start_checkpoint" in str(err)  # its Python stack shows where it blocked

@@ -203,11 +203,10 @@ MAX_PARAMETERS = 12
 OVERSIZE_FUNCTIONS: dict[str, tuple[int, int]] = {
     "tessera_lab.dynamic.evaluate.run_dynamic": (82, 15),
     "tessera_lab.dynamic.online.execute": (243, 7),
-    "tessera_lab.dynamic.online.run_online": (108, 17),
+    "tessera_lab.dynamic.online.run_online": (112, 18),
     "tessera_lab.pipeline.closedform.closed_form": (136, 8),
     "tessera_lab.pipeline.engine._simulate": (191, 8),
     "tessera_lab.pipeline.zerobubble.greedy_order": (143, 9),
-    "tessera_lab.runner.launch.spawn.spawn": (128, 7),
     "tessera_lab.runner.measure.harness.measure_layer_pairs": (128, 12),
     "tessera_lab.runner.measure.ranks.measure_rank": (271, 9),
     "tessera_lab.runner.runtime.executor.PipelineExecutor.__init__": (50, 14),

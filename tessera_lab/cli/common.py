@@ -293,8 +293,9 @@ _PLOT_SUFFIXES = ("", ".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
 
 def check_output_paths(args: argparse.Namespace) -> None:
-    """Refuse unusable output paths before any work is done (a folder where a file goes, a file where a
-    folder goes, an unknown figure format), so that a long measurement never ends in a failed write.
+    """Refuse unusable output paths before any work is done (an empty path, a folder where a file goes, a file
+    where a folder goes, a folder this user may not write in, an unknown figure format), so that a long
+    measurement never ends in a failed write.
 
     Raises:
         ConfigError: naming the option and what is allowed.
@@ -309,6 +310,17 @@ def check_output_paths(args: argparse.Namespace) -> None:
                 return None if parent.is_dir() else parent
         return None
 
+    def unwritable(opt: str, value: str, path: Path, folder: bool) -> None:
+        """An empty path, or a nearest existing folder (the output itself for a folder output) not writable."""
+        if not str(value).strip():
+            raise ConfigError(f"option {opt} = {value!r} is {'blank' if value else 'empty'}; allowed: a {'folder' if folder else 'file'} path")
+        import os
+
+        here = next((q for q in ([path] if folder else []) + list(path.absolute().parents) if q.exists()), None)
+        if here is not None and here.is_dir() and not os.access(here, os.W_OK | os.X_OK):
+            raise ConfigError(f"option {opt} = '{value}': folder '{here}' is not writable; allowed: a path where "
+                              "this user may create files")
+
     outputs = [(name, getattr(args, name, None)) for name in _FILE_OUTPUTS]
     out = getattr(args, "out", None)
     if out is not None and args.command not in _DIR_OUT_COMMANDS:
@@ -317,6 +329,7 @@ def check_output_paths(args: argparse.Namespace) -> None:
         if value is None or value == "-":
             continue
         path, opt = Path(value), "--" + name.replace("_", "-")
+        unwritable(opt, value, path, False)
         if path.is_dir():
             raise ConfigError(f"option {opt} = '{value}' is a folder; allowed: a file path")
         bad = blocked_by_file(path)
@@ -327,6 +340,7 @@ def check_output_paths(args: argparse.Namespace) -> None:
                               f"allowed: .png, .pdf, .svg, .jpg")
     if out is not None and args.command in _DIR_OUT_COMMANDS:
         path = Path(out)
+        unwritable("--out", out, path, True)
         if path.exists() and not path.is_dir():
             raise ConfigError(f"option --out = '{out}' is a file; allowed: a folder")
         bad = blocked_by_file(path)

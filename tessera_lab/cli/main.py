@@ -152,14 +152,15 @@ def build_parser(only: str | None = None, *, listing: bool = False) -> Parser:
 
 def check_environment() -> None:
     """Every ``TESSERA_LAB_*`` variable parsed before any work (one line, exit 2 when malformed): the work limits
-    (:func:`tessera_lab.checks.check_environment`), ``TESSERA_LAB_FAULT`` and ``TESSERA_LAB_HEARTBEAT_TIMEOUT``
-    (:mod:`tessera_lab.runner.launch.supervise`; torch-free)."""
+    (:func:`tessera_lab.checks.check_environment`), ``TESSERA_LAB_FAULT``, ``TESSERA_LAB_HEARTBEAT_TIMEOUT`` and
+    ``TESSERA_LAB_STARTUP_FLOOR`` (:mod:`tessera_lab.runner.launch.supervise`; torch-free)."""
     from tessera_lab.checks import check_environment as check_limits
-    from tessera_lab.runner.launch.supervise import heartbeat_timeout, parse_fault
+    from tessera_lab.runner.launch.supervise import heartbeat_timeout, parse_fault, startup_floor
 
     check_limits()
     parse_fault(os.environ.get("TESSERA_LAB_FAULT"))
     heartbeat_timeout()
+    startup_floor()
 
 
 def check_work_limits(args: argparse.Namespace) -> None:

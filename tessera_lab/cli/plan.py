@@ -248,21 +248,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.profile:
         import warnings
 
-        from tessera_lab.checks import profile_mismatches
-        from tessera_lab.errors import ProfileError
-        from tessera_lab.overlap.profiles import StaleProfileWarning, load_profile
+        from tessera_lab.overlap.profiles import StaleProfileWarning, check_profile_fits, load_profile
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", StaleProfileWarning)  # reported below, once
             profile = load_profile(args.profile)
-        wrong = profile_mismatches(profile, model.name, args.gpu)
-        if wrong and not args.allow_stale_profile:
-            raise ProfileError(f"profile '{args.profile}' does not match this plan ({'; '.join(wrong)}); re-measure "
-                               f"it (tessera-lab measure --backend {profile.backend} --model {model.name}) or pass "
-                               "--allow-stale-profile to use it anyway")
-        if wrong:
-            warnings.warn(f"using profile '{args.profile}' although it does not match ({'; '.join(wrong)})",
-                          StaleProfileWarning, stacklevel=1)
+        check_profile_fits(profile, args.profile, model.name, args.gpu, allow=args.allow_stale_profile)
     plan = make_plan(model, parallel, cluster, method=args.method, objective=args.objective,
                      time_limit_s=args.time_limit, gpu=args.gpu, profile=profile)
     emit(args, plan.as_dict(), format_plan(plan))

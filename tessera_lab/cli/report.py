@@ -51,7 +51,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         diff_changes = check_changes(parse_changes(args.diff))  # bad changes fail before any planning
     if args.plan:
-        plan = load_plan(args.plan, costs=args.costs)
+        plan = load_plan(args.plan, costs=args.costs, allow_stale_profile=args.allow_stale_profile)
     else:
         if args.costs:
             from tessera_lab.errors import ConfigError
@@ -78,7 +78,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.diff:
         other = args.diff
         if other.endswith(".json"):
-            diff = model_diff(plan.model, plan.model, plan.parallel, plans=(plan, load_plan(other, costs=args.costs)))
+            diff = model_diff(plan.model, plan.model, plan.parallel, plans=(plan, load_plan(
+                other, costs=args.costs, allow_stale_profile=args.allow_stale_profile)))
         elif diff_changes is not None:
             diff = model_diff(plan.model, diff_changes, plan.parallel, None if not args.nodes else plan.cluster,
                               method=getattr(args, "method", "ilp"), gpu=plan.cluster.gpu.name)
@@ -121,8 +122,8 @@ def _observed(run_path: str, device_path: str | None) -> tuple[dict[str, Any], s
 
 
 #: the options each report kind reads besides ``--json``; any other given is refused, never ignored
-_UNUSED = {"lifecycle": ("observed", "dynamic", "plan", "costs", "diff", "plot", "device"),
-           "observed": ("plan", "costs", "diff", "plot")}
+_UNUSED = {"lifecycle": ("observed", "dynamic", "plan", "costs", "diff", "plot", "device", "allow_stale_profile"),
+           "observed": ("plan", "costs", "diff", "plot", "allow_stale_profile")}
 
 
 def _refuse_unused(args: argparse.Namespace) -> None:
@@ -138,9 +139,13 @@ def _refuse_unused(args: argparse.Namespace) -> None:
         if getattr(args, kind, None):
             for other in _UNUSED[kind]:
                 if getattr(args, other, None):
-                    raise ConfigError(f"option --{other} is not used by report --{kind} (it would be ignored); "
-                                      f"allowed: report --{kind} FILE without --{other}")
+                    opt = other.replace("_", "-")
+                    raise ConfigError(f"option --{opt} is not used by report --{kind} (it would be ignored); "
+                                      f"allowed: report --{kind} FILE without --{opt}")
             return
+    if getattr(args, "allow_stale_profile", False) and (not args.costs or args.costs == "analytic"):
+        raise ConfigError(f"option --allow-stale-profile applies to a profile given with --costs (got --costs "
+                          f"{args.costs!r}; it would be ignored); allowed: with --plan PLAN.json --costs PROFILE.json")
     if getattr(args, "device", None):
         raise ConfigError("option --device sets the peak of an observed run's report; allowed: with --observed "
                           "RUN.json")
@@ -157,6 +162,8 @@ def add_parser(sub) -> None:
     p.add_argument("--costs", metavar="SOURCE", default=None,
                    help="with --plan: re-evaluate under another cost source, 'analytic' or a profile JSON (default: "
                         "the plan's own; a report that would change it refuses unless asked)")
+    p.add_argument("--allow-stale-profile", action="store_true",
+                   help="with --costs PROFILE: use a profile of another model or device anyway (with a warning)")
     p.add_argument("--observed", metavar="RUN.json", help="capacity report of an actual run (tessera-lab run --json)")
     p.add_argument("--lifecycle", metavar="STORE",
                    help="decide hold / re-measure / re-plan (with payback) from the observations that "

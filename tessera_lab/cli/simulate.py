@@ -13,6 +13,57 @@ from tessera_lab.cli.common import add_json, emit, table
 from tessera_lab.errors import ConfigError
 
 
+#: seconds per unit of online work (:func:`online_units`) and controller run, measured on the 2-core VM with no other
+#: load: ``simulate --dynamic --routing zipf:1.2`` with 1f1b, interleaved and dualpipev gave 0.19-0.26 ms
+ONLINE_UNIT_S = 2.5e-4
+#: work estimated to take longer than this (seconds) prints its estimate before it starts and progress while it runs
+LONG_WORK_S = 10.0
+
+
+def online_units(sched: Any, steps: int, groups: int) -> int:
+    """Units of ``simulate --dynamic`` work: ``steps x groups x (stages x vpp x micro-batches + 4)`` (the 4: the
+    per-step overhead of one controller step, measured as about 3-4 stage-micro-batches), checked against the work
+    limit ``online_actions`` (:data:`tessera_lab.checks.WORK_LIMITS`, ``TESSERA_LAB_MAX_ONLINE_ACTIONS``).
+
+    Raises:
+        ConfigError: over the limit, naming --steps, --groups, the schedule's size and the limit.
+    """
+    from tessera_lab.checks import check_work
+
+    units = steps * groups * (sched.num_stages * sched.num_microbatches + 4)
+    check_work("online_actions", units, field=f"--steps {steps} x --groups {groups} x (stages x vpp x micro-batches "
+                                              f"{sched.num_stages * sched.num_microbatches} + 4)")
+    return units
+
+
+def online_progress(sched: Any, steps: int, groups: int, runs: int):
+    """``None`` for short work; else prints the estimate (stderr) and returns a ``progress(done, steps)`` callback
+    for :func:`tessera_lab.dynamic.online.run_online` that prints each tenth done, the time spent and left."""
+    import time
+
+    est = online_units(sched, steps, groups) * runs * ONLINE_UNIT_S
+    if est < LONG_WORK_S:
+        return None
+    total = steps * runs
+    print(f"simulate --dynamic: {steps} steps x {groups} group(s) x {runs} run(s) on {sched.num_stages} stages x "
+          f"{sched.num_microbatches} micro-batches; estimated {est:.0f} s on one idle core (rate measured on a 2-core "
+          f"VM: {ONLINE_UNIT_S * 1e3:.2f} ms per stage-micro-batch-step; longer on a busy machine); progress every 10%",
+          file=sys.stderr, flush=True)
+    state = {"done": 0, "shown": 0, "t0": time.monotonic()}
+
+    def progress(done: int, of: int) -> None:
+        state["done"] += 1
+        tenth = state["done"] * 10 // total
+        if tenth > state["shown"]:
+            state["shown"] = tenth
+            spent = time.monotonic() - state["t0"]
+            left = spent * (total - state["done"]) / state["done"]
+            print(f"simulate --dynamic: {tenth * 10}% ({state['done']} of {total} steps), {spent:.0f} s spent, about "
+                  f"{left:.0f} s left", file=sys.stderr, flush=True)
+
+    return progress
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from tessera_lab.errors import ScheduleError
     from tessera_lab.pipeline.schedules import canonical_name
@@ -226,6 +277,8 @@ def routed_simulation(run: RoutedRun) -> tuple[dict[str, Any], str, dict[str, An
     # the same schedule as without --routing/--dynamic (zb-auto searches with the --f/--b/--w times)
     sched = built_schedule(run.schedule, run.stages, run.microbatches, run.vpp, f=run.f, b=run.b, w=run.w,
                            p2p_latency=run.p2p_latency)
+    if run.dynamic:
+        online_units(sched, run.steps, run.groups)  # the work limit, before any step is simulated
     check_work("routing_cells", sched.num_stages * run.layers_per_stage * run.microbatches * run.experts * run.groups,
                field="routed counts layers x micro-batches x experts x groups")
     costs = StageCosts.synthetic(sched.num_stages, run.f, run.b, run.w or 0.0, expert_fraction=run.expert_fraction,
@@ -321,6 +374,8 @@ def _dynamic_routed(run: RoutedRun, spec: Any, sched: Any, costs: Any,
     kw = dict(schedule=sched, microbatches=run.microbatches, vpp=run.vpp, groups=run.groups, seed=run.seed,
               steps=run.steps, predictor=run.predictor, margin=run.margin, capacity_factor=run.capacity_factor,
               p2p_latency=run.p2p_latency, memory_cap=memory_cap)
+    runs = 1 if spec.kind == "uniform" else 2  # a skewed routing is also run under uniform routing (the control)
+    kw["progress"] = online_progress(sched, run.steps, run.groups, runs)
     res = run_online(costs, spec, **kw)
     uni = res if spec.kind == "uniform" else run_online(costs, "uniform", **kw)
     s = res.summary()
@@ -448,7 +503,8 @@ def add_parser(sub) -> None:
                    help="with --dynamic: share of a predicted wait left unfilled, 0 <= margin < 1 (default 0.5)")
     g.add_argument("--steps", type=int_at_least("steps", 2), default=None,
                    help="consecutive training steps simulated with --dynamic, at least 2 (default 4; step 0 has no "
-                        "history and is left out of the means)")
+                        "history and is left out of the means); steps x groups x (stages x vpp x micro-batches + 4) "
+                        "at most 400000 (TESSERA_LAB_MAX_ONLINE_ACTIONS; about 100 s per run on one idle core)")
     add_json(p)
     p.set_defaults(func=cmd_simulate)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -434,6 +434,7 @@ def run_online(
     p2p_latency: float = 0.0,
     jitter: float = DEFAULT_JITTER,
     w_chunks: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> OnlineResult:
     """Run ``steps`` consecutive steps static and dynamic; the controllers carry their history across steps.
 
@@ -447,6 +448,7 @@ def run_online(
         predictor, margin: :class:`~tessera_lab.dynamic.controller.GapController` settings.
         memory_cap: :func:`tessera_lab.pipeline.passes.memory_caps` policy on the static order.
         w_chunks: parts per W (default: the stage's MoE layers).
+        progress: called as ``progress(done, steps)`` after each step (the CLI's progress line).
 
     Raises:
         ConfigError: bad sizes, routing, predictor or margin.
@@ -520,6 +522,8 @@ def run_online(
             idle_d.append(float(np.mean([Td - b for busy in dy_idle for b in busy])))
             if ab_T:
                 idle_b.append(float(np.mean([max(ab_T) - b for busy in ab_busy for b in busy])))
+        if progress is not None:
+            progress(t + 1, steps)
     return OnlineResult(str(spec), sched.name, str(pred), float(margin), rows, warmup, float(np.mean(idle_s)),
                         float(np.mean(idle_d)), decisions, caps, chunks, groups, last, float(np.mean(loads)),
                         float(np.mean(idle_b)) if idle_b else None)

@@ -124,13 +124,35 @@ class RoutingLog:
         return self.counts[group]
 
 
+def _check_totals(rec: Mapping, n: int, top_k: int | None, where: str) -> None:
+    """A record with ``tokens`` routes each token to ``top_k`` distinct experts: ``sum(routed) == tokens * top_k``
+    (when ``top_k`` is known; assignments before capacity) and no expert holds more than ``tokens``.
+
+    Raises:
+        ConfigError: naming the record, both sides and what is allowed.
+    """
+    t = rec.get("tokens")
+    if t is None:
+        return
+    routed = rec["routed"]
+    if top_k is not None and sum(routed) != t * top_k:
+        raise ConfigError(f"{where}: field 'records[{n}].routed' sums to {sum(routed)} but tokens x top_k = {t} x "
+                          f"{top_k} = {t * top_k}; allowed: every token routed to top_k experts (sum == tokens x top_k)")
+    worst = max(routed)
+    if worst > t:
+        raise ConfigError(f"{where}: field 'records[{n}].routed[{routed.index(worst)}]' = {worst} exceeds tokens = "
+                          f"{t}; allowed: at most one assignment per token and expert (<= tokens)")
+
+
 def load_routing_log(source: str | os.PathLike | Mapping | Sequence, *, top_k: int | None = None) -> RoutingLog:
     """Read a routing log (path, parsed JSON dict, or a list of records; format in the module docstring).
 
     Raises:
         ConfigError: unreadable JSON, or any field out of :data:`ROUTING_LOG` (:func:`check_routing_log`: an unknown
             format or version, a missing ``layer`` / ``routed``, a wrong type, a negative or huge count, records of
-            different expert counts), or a log over the work limits; one line naming the file and the field.
+            different expert counts), a repeated (group, step, layer, micro-batch), totals that contradict
+            ``tokens`` and ``top_k`` (:func:`_check_totals`), or a log over the work limits; one line naming the
+            file and the field.
         FileNotFoundError: the path does not exist.
     """
     src_name = "<object>"
@@ -152,12 +174,18 @@ def load_routing_log(source: str | os.PathLike | Mapping | Sequence, *, top_k: i
     next_mb: dict[tuple[int, int, int], int] = {}
     rows: list[tuple[int, int, int, int, list[int]]] = []
     token_fields: list[int] = []
-    for rec in records:
+    seen: dict[tuple[int, int, int, int], int] = {}
+    for n, rec in enumerate(records):
         step, layer, grp = int(rec.get("step", 0)), int(rec["layer"]), int(rec.get("group", 0))
         key = (grp, step, layer)
         mb = rec.get("microbatch")
         mb = next_mb.get(key, 0) if mb is None else int(mb)
         next_mb[key] = max(next_mb.get(key, 0), mb + 1)
+        if (*key, mb) in seen:
+            raise ConfigError(f"{where}: field 'records[{n}]' repeats records[{seen[(*key, mb)]}] (group {grp}, step "
+                              f"{step}, layer {layer}, micro-batch {mb}); allowed: one record per micro-batch")
+        seen[(*key, mb)] = n
+        _check_totals(rec, n, k, where)
         rows.append((grp, step, layer, mb, [int(x) for x in rec["routed"]]))
         if rec.get("tokens") is not None:
             token_fields.append(int(rec["tokens"]))

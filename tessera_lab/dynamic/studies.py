@@ -95,11 +95,10 @@ def paper_comparison(result: DynamicResult | Mapping[str, Any]) -> list[dict[str
     +3.4% throughput, 6,144 GPUs, internal model). Simulated values are this library's, on public configs
     and an analytic cost model: compare the shape, not the digits.
     """
-    import json
 
-    from tessera_lab.paths import data_dir
+    from tessera_lab.paths import read_data_json
 
-    rep = json.loads((data_dir() / "paper" / "tessera_paper_reported.json").read_text())["ablation"]
+    rep = read_data_json("paper/tessera_paper_reported.json", "paper figures")["ablation"]
     s = result.summary() if isinstance(result, DynamicResult) else dict(result)
     return [
         {"metric": "idle time removed per rank (ms)", "reported (paper)": rep["dynamic_only_idle_reduction_ms"],

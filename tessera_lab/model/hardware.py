@@ -13,7 +13,6 @@ part of a stage is data-parallel over ``ep * dp`` ranks, each of which runs its 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 from tessera_lab.checks import check_work
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.layout import RankGrid
-from tessera_lab.paths import data_dir
+from tessera_lab.paths import read_data_json
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
 MIB = 2**20
@@ -52,13 +51,13 @@ EP_PLACEMENTS = ("grid", "contiguous")
 @lru_cache(maxsize=None)
 def hardware_data() -> dict[str, Any]:
     """``data/hardware/hardware.json`` parsed."""
-    return json.loads((data_dir() / "hardware" / "hardware.json").read_text())
+    return read_data_json("hardware/hardware.json", "hardware")
 
 
 @lru_cache(maxsize=None)
 def cost_assumptions() -> dict[str, float]:
     """Values of ``data/hardware/cost_model.json`` (each documented with its source there)."""
-    raw = json.loads((data_dir() / "hardware" / "cost_model.json").read_text())
+    raw = read_data_json("hardware/cost_model.json", "cost model inputs")
     return {k: float(v["value"]) for k, v in raw.items() if not k.startswith("_")}
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tessera_lab.paths import data_dir
+from tessera_lab.paths import read_data_json
 
 
 def published_params() -> dict[str, Any]:
     """The authors' published parameter counts with their conventions (``data/models/_published_params.json``)."""
-    return json.loads((data_dir() / "models" / "_published_params.json").read_text())
+    return read_data_json("models/_published_params.json", "published parameter counts")
 
 
 def matches_published(value: float, published: float) -> bool:

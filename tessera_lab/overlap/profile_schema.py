@@ -70,7 +70,7 @@ PROFILE = F("dict", fields={
     "environment": F("dict", required=False),
     "fit": F("dict", null=True, required=False, fields={
         "grid_step": F("num", low=0.0, low_open=True, high=1.0, required=False)}),
-    "entries": F("map", limit="costs", values=PROFILE_ENTRY),
+    "entries": F("map", low=1, limit="costs", values=PROFILE_ENTRY),
 }, allowed="an object (a profile from tessera-lab measure)")
 
 

@@ -241,7 +241,8 @@ def validate_profile_data(data: Any, source: str = "profile") -> None:
     """Check the document's structure.
 
     Raises:
-        ProfileError: naming the field (``schema_version``, ``backend``, ``entries``, ``entries[<key>].t_ab``).
+        ProfileError: naming the field (``schema_version``, ``backend``, ``entries``, ``entries[<key>].t_ab``);
+            an empty ``entries`` too (nothing measured: costs from it would be analytic under the profile's name).
     """
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: top level must be a JSON object")
@@ -253,6 +254,9 @@ def validate_profile_data(data: Any, source: str = "profile") -> None:
     entries = data.get("entries")
     if not isinstance(entries, dict):
         raise ProfileError(f"{source}: field 'entries' must be an object")
+    if not entries:  # its costs would be the analytic model's under the profile's name
+        raise ProfileError(f"{source}: field 'entries' is empty; allowed: at least one measured layer pair "
+                           "(tessera-lab measure writes them)")
     for key, e in entries.items():
         if not isinstance(e, dict):
             raise ProfileError(f"{source}: field 'entries[{key}]' must be an object")
@@ -321,6 +325,26 @@ def load_profile(path: str | Path, *, check_stale: bool = True, environment: Map
             warnings.warn(f"profile '{path}' is stale ({'; '.join(prof.stale_reasons[:3])}); re-measure it with "
                           f"tessera-lab measure --backend {prof.backend}", StaleProfileWarning, stacklevel=2)
     return prof
+
+
+def check_profile_fits(profile: Any, path: str, model_name: str, gpu: str | None, *, allow: bool,
+                       used_by: str = "this plan") -> None:
+    """Refuse a profile that does not fit where it is used (:func:`tessera_lab.checks.profile_mismatches`), or with ``allow``
+    (``--allow-stale-profile``) warn once (:class:`StaleProfileWarning`).
+
+    Raises:
+        ProfileError: naming the profile, what it was measured for and what it is used for.
+    """
+    from tessera_lab.checks import profile_mismatches
+
+    wrong = profile_mismatches(profile, model_name, gpu)
+    if wrong and not allow:
+        raise ProfileError(f"profile '{path}' does not match {used_by} ({'; '.join(wrong)}); re-measure it "
+                           f"(tessera-lab measure --backend {profile.backend} --model {model_name}) or pass "
+                           "--allow-stale-profile to use it anyway")
+    if wrong:
+        warnings.warn(f"using profile '{path}' although it does not match ({'; '.join(wrong)})",
+                      StaleProfileWarning, stacklevel=2)
 
 
 def update_profile(path: str | Path, results: Iterable[Any], *, backend: str, model: str, parallel: Any = None,

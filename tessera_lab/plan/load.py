@@ -88,6 +88,42 @@ def _check_plan_consistency(data: Mapping[str, Any], parallel: Any, b: list[int]
                               f"(layers {b[s]} to {b[s + 1] - 1}); every layer belongs to exactly one stage")
 
 
+MOVED = ", moved by simulator refinement"
+
+
+def _check_partition_from(data: Mapping[str, Any], b: list[int], where: str) -> str:
+    """The plan's ``partition_from`` (``""`` when absent), checked against the plan itself: ``"baseline NAME"``
+    (optionally ``+ MOVED``) with NAME one of the plan's own ``baselines``, the plan carrying the ``solver_result``
+    it was kept over, and, unless moved, the chosen ``boundaries`` equal to that baseline's.
+
+    Raises:
+        ConfigError: naming the field, its value and the plan's baselines.
+    """
+    origin = data.get("partition_from", "")
+    if origin == "":
+        return ""
+    own = data.get("baselines") if isinstance(data.get("baselines"), Mapping) else {}
+    names = sorted(own)
+    allowed = (f"'baseline NAME' or 'baseline NAME{MOVED}' with NAME one of the plan's baselines "
+               f"({', '.join(names) or 'none recorded'})")
+    if not isinstance(origin, str):
+        raise ConfigError(f"{where}: field 'partition_from' = {origin!r} is not a string; allowed: {allowed}")
+    if not origin.startswith("baseline "):
+        raise ConfigError(f"{where}: field 'partition_from' = {origin!r} is invalid; allowed: {allowed}")
+    name = origin.removeprefix("baseline ").removesuffix(MOVED)
+    if name not in own:
+        raise ConfigError(f"{where}: field 'partition_from' = {origin!r} names no baseline of this plan; allowed: "
+                          f"{allowed}")
+    if not isinstance(data.get("solver_result"), Mapping):
+        raise ConfigError(f"{where}: field 'partition_from' = {origin!r} without field 'solver_result' (the solver's "
+                          "partition it was kept over); allowed: the output of 'tessera-lab plan --json'")
+    kept = own[name].get("boundaries") if isinstance(own[name], Mapping) else None
+    if not origin.endswith(MOVED) and kept != b:
+        raise ConfigError(f"{where}: field 'partition_from' = {origin!r} but field 'boundaries' = {b} differs from "
+                          f"baseline {name}'s {kept}; allowed: the boundaries of the baseline it names")
+    return origin
+
+
 def _load_profile_for(path: str, why: str):
     from tessera_lab.overlap.profiles import StaleProfileWarning, load_profile
 
@@ -99,14 +135,17 @@ def _load_profile_for(path: str, why: str):
         raise ConfigError(f"{why}: {exc}; re-evaluate under the analytic model with --costs analytic") from None
 
 
-def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None) -> Plan:
+def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None,
+              allow_stale_profile: bool = False) -> Plan:
     """Rebuild a :class:`~tessera_lab.plan.make.Plan` from plan JSON (keys ``model``, ``parallel``,
     ``boundaries``, ``gpu``, ``nodes``, ``costs``) and re-evaluate its partition (baselines are not rebuilt).
 
     Args:
         data: a path or a parsed dict.
         costs: ``None`` (default): under the recorded cost source; ``"analytic"`` or a profile path: under that
-            source, with a note when it differs from the recorded one.
+            source, with a note when it differs from the recorded one. A profile of another model or device
+            (:func:`tessera_lab.checks.profile_mismatches`) is refused unless ``allow_stale_profile`` (then a
+            :class:`~tessera_lab.overlap.profiles.StaleProfileWarning`), as ``plan --profile`` does.
 
     Raises:
         ConfigError: missing keys, a malformed file, boundaries that do not partition the model's layers, or a
@@ -134,6 +173,10 @@ def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None)
     gpu = data.get("gpu", "H200")
     nodes = check_int(data["nodes"], "nodes", where=where, limit="nodes") if data.get("nodes") is not None else None
     cluster = Cluster.dgx(gpu, nodes) if nodes else cluster_for(parallel, gpu)
+    if parallel.world_size > cluster.num_gpus:  # as 'plan --nodes' refuses it
+        raise ConfigError(f"{where}: field 'nodes' = {nodes} holds {cluster.num_gpus} GPUs but field 'parallel' needs "
+                          f"pp x dp x ep x tp = {parallel.world_size}; allowed: nodes >= "
+                          f"{-(-parallel.world_size // cluster.gpus_per_node)}")
     b = data["boundaries"]
     L, S = model.num_layers, parallel.pp * parallel.vpp
     if (not isinstance(b, list) or len(b) != S + 1 or not all(isinstance(x, int) for x in b)
@@ -141,10 +184,7 @@ def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None)
         raise ConfigError(f"field 'plan.boundaries' = {b!r} is invalid; allowed: {S + 1} non-decreasing "
                           f"integers from 0 to {L}")
     _check_plan_consistency(data, parallel, b, where)
-    origin = data.get("partition_from", "")
-    if not isinstance(origin, str):
-        raise ConfigError(f"{where}: field 'partition_from' = {origin!r} is not a string; allowed: the baseline whose "
-                          "partition the plan kept, e.g. 'baseline parameters'")
+    origin = _check_partition_from(data, b, where)
     recorded = CostSource.from_dict(data.get("costs"))
     profile = None
     if costs is None:
@@ -158,7 +198,11 @@ def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None)
         check_same_source(recorded, current, allowed=False)
     else:
         if costs != "analytic":
+            from tessera_lab.overlap.profiles import check_profile_fits
+
             profile = _load_profile_for(costs, f"--costs {costs}")
+            check_profile_fits(profile, costs, model.name, gpu, allow=allow_stale_profile,
+                               used_by=f"{where} ({model.name} on {gpu})")
         current = profile_source(profile) if profile is not None else analytic_source()
     changed = check_same_source(recorded, current, allowed=True)
     cost_model, sm = build_stage_model(model, parallel, cluster, profile)

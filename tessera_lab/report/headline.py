@@ -30,7 +30,6 @@ Validity notes (:func:`efficiency_note`, :func:`spread_note`, :func:`gain_note`,
 from __future__ import annotations
 
 import functools
-import json
 import math
 from typing import Any, Sequence
 
@@ -95,12 +94,12 @@ def published_mfu_band(model: Any = None) -> dict[str, Any]:
 @functools.lru_cache(maxsize=32)
 def _band(name: str, model_type: str) -> dict[str, Any]:
     from tessera_lab.model.hardware import hardware_data
-    from tessera_lab.paths import data_dir
+    from tessera_lab.paths import read_data_json
 
     family = PAPER_FAMILY.get(model_type)
     bands = []
     if family:
-        jobs = [j for j in json.loads((data_dir() / "paper" / "tessera_paper_reported.json").read_text())[
+        jobs = [j for j in read_data_json("paper/tessera_paper_reported.json", "paper figures")[
             "production_jobs"] if j["family"] == family]
         paper = [j[k] for j in jobs for k in ("mfu_before", "mfu_after") if j.get(k) is not None]
         gpus = sorted({j["gpus"] for j in jobs})
@@ -108,7 +107,7 @@ def _band(name: str, model_type: str) -> dict[str, Any]:
         span = f"{gpus[0]:,}" if len(gpus) == 1 else f"{gpus[0]:,}-{gpus[-1]:,}"
         bands.append({"name": "tessera", "lo": min(paper), "hi": max(paper),
                       "source": f"Tessera paper, {label} at {span} GPUs"})
-    all_runs = json.loads((data_dir() / "published" / "megatron_bridge.json").read_text())["runs"]
+    all_runs = read_data_json("published/megatron_bridge.json", "published runs")["runs"]
     mb_model = name if any(r["model"] == name for r in all_runs) else MB_PROXY.get(model_type)
     runs = [r for r in all_runs if r["model"] == mb_model and r["gpu"] == MB_BAND_GPU]
     if runs:

@@ -24,7 +24,6 @@ This module imports the planner, the overlap scheduler, the dynamic optimizer an
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,14 +32,14 @@ from typing import Any, Sequence
 from tessera_lab.cost.source import CostSource, analytic_source
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import load_model
-from tessera_lab.paths import data_dir
+from tessera_lab.paths import data_dir, read_data_json
 
 REPORTED, SIMULATED = "reported", "simulated"
 
 
 def reported() -> dict[str, Any]:
     """The paper's reported numbers (``data/paper/tessera_paper_reported.json``)."""
-    return json.loads((data_dir() / "paper" / "tessera_paper_reported.json").read_text())
+    return read_data_json("paper/tessera_paper_reported.json", "paper figures")
 
 
 @dataclass
@@ -514,28 +513,35 @@ def plot_width(rep: Reproduction, ax=None):
 
 def write(rep: Reproduction, out: str | Path) -> list[Path]:
     """Write the four figures (PNG), the tables and scenario results (JSON) and the claims, tables and notes
-    (Markdown) to ``out``; returns the paths."""
+    (Markdown) to ``out``, all or none (:class:`tessera_lab.io.staged_folder`); returns the paths.
+
+    Raises:
+        OutputError: a file cannot be written (nothing new is left in ``out``).
+    """
     import matplotlib.pyplot as plt
 
-    from tessera_lab.io import atomic_write_text, dumps, save_figure
+    from tessera_lab.io import atomic_write_text, dumps, save_figure, staged_folder
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, fn in (("mfu", plot_mfu), ("ablation", plot_ablation), ("overlap", plot_overlap), ("width", plot_width)):
-        ax = fn(rep)
-        p = out / f"{name}.png"
-        save_figure(ax.figure, p)
-        plt.close(ax.figure)
-        paths.append(p)
-    paths.append(atomic_write_text(out / "reproduction.json", dumps(rep.as_dict())))
-    lines = ["# Tessera paper claims: reported vs tessera-lab", ""]
-    for name in Reproduction.TABLES:
-        if getattr(rep, name) is not None:
-            lines += [f"## {name}", "", _table_text(getattr(rep, name)), ""]
-    lines += ["## What differs and why", ""] + [f"- {n}" for n in rep.notes]
-    paths.append(atomic_write_text(out / "README.md", "\n".join(lines) + "\n"))
-    return paths
+    names = []
+    with staged_folder(out) as tmp:  # every file or none: a failure leaves nothing new in ``out``
+        for name, fn in (("mfu", plot_mfu), ("ablation", plot_ablation), ("overlap", plot_overlap),
+                         ("width", plot_width)):
+            ax = fn(rep)
+            try:
+                save_figure(ax.figure, tmp / f"{name}.png")
+            finally:
+                plt.close(ax.figure)
+            names.append(f"{name}.png")
+        atomic_write_text(tmp / "reproduction.json", dumps(rep.as_dict()))
+        lines = ["# Tessera paper claims: reported vs tessera-lab", ""]
+        for name in Reproduction.TABLES:
+            if getattr(rep, name) is not None:
+                lines += [f"## {name}", "", _table_text(getattr(rep, name)), ""]
+        lines += ["## What differs and why", ""] + [f"- {n}" for n in rep.notes]
+        atomic_write_text(tmp / "README.md", "\n".join(lines) + "\n")
+        names += ["reproduction.json", "README.md"]
+    return [out / n for n in names]
 
 
 def _table_text(df) -> str:

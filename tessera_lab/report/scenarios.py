@@ -35,7 +35,6 @@ This module imports the planner, not torch.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +52,25 @@ KNOB_VALUES = {"ep_placement": ("across_nodes", "in_node"), "dispatcher": ("allt
                "grouped_gemm": ("multistream", "grouped"), "seq_len": (2048, 4096, 8192)}
 LAYOUT_FIELDS = ("pp", "ep", "dp", "tp", "microbatches", "seq_len", "dispatcher", "grouped_gemm", "precision",
                  "recompute", "ep_placement")
+
+
+def _scenario_schema():
+    from tessera_lab.schema import F
+
+    size = {k: F("int", low=1, limit=k if k in ("pp", "ep", "dp", "tp", "microbatches", "seq_len") else None,
+                 required=k in ("pp", "ep", "dp")) for k in ("pp", "ep", "dp", "tp", "microbatches", "seq_len")}
+    words = {k: F("str", required=False) for k in ("dispatcher", "grouped_gemm", "precision", "recompute",
+                                                   "ep_placement")}
+    return F("dict", fields={
+        "id": F("str"), "paper": F("dict"), "gpus": F("int", low=1, limit="world_size"),
+        "model": F("dict", fields={"name": F("str"), "changes": F("dict", required=False),
+                                   "why": F("str", required=False)}),
+        "layout": F("dict", fields={**size, **words}), "assume": F("dict"),
+        "knobs": F("map", required=False, values=F("list", low=1, items=F("any")))})
+
+
+#: a ``data/paper/scenarios`` file (:func:`load_scenario`; unknown fields are allowed, as everywhere)
+SCENARIO = _scenario_schema()
 
 
 def scenario_dir() -> Path:
@@ -94,12 +112,20 @@ def load_scenario(path: str | Path) -> Scenario:
     Raises:
         ConfigError: a missing field or a layout that does not place ``gpus`` GPUs (names the field and value).
     """
+    from tessera_lab.io import read_json
+    from tessera_lab.schema import validate
+
     path = Path(path)
-    d = json.loads(path.read_text())
+    d = read_json(path, "scenario file")  # missing, empty, not UTF-8, not JSON: one line
+    where = f"scenario file '{path}'"
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: top level is a JSON {type(d).__name__}; allowed: a scenario object with id, "
+                          "paper, gpus, model, layout and assume")
     for key in ("id", "paper", "gpus", "model", "layout", "assume"):
         if key not in d:
             raise ConfigError(f"{path.name}: field '{key}' is missing; allowed: a scenario with id, paper, gpus, "
                               "model, layout and assume")
+    validate(d, SCENARIO, where)  # every field typed and bounded: a string 'pp' is named, never multiplied
     lay = d["layout"]
     world = lay["pp"] * lay["ep"] * lay["dp"] * lay.get("tp", 1)
     if world != d["gpus"]:

@@ -24,14 +24,13 @@ time issued in the iteration, and the part of it during which no compute kernel 
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Sequence
 
 from tessera_lab.errors import PartitionError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import load_model
-from tessera_lab.paths import data_dir
+from tessera_lab.paths import read_data_json
 
 GPU_COUNTS = (4096, 8192, 12288)
 FAMILIES = {"qwen3_next": "qwen3-next-80b-a3b", "qwen3": "qwen3-30b-a3b"}
@@ -44,7 +43,7 @@ WIDTH_STUDY_PARALLEL = ParallelConfig(pp=8, ep=32, dp=32)
 
 def paper_reported() -> dict[str, Any]:
     """``data/paper/tessera_paper_reported.json`` parsed (reported values, not measured here)."""
-    return json.loads((data_dir() / "paper" / "tessera_paper_reported.json").read_text())
+    return read_data_json("paper/tessera_paper_reported.json", "paper figures")
 
 
 def parallel_for_gpus(gpus: int, *, pp: int = 8, ep: int = 8, tp: int = 1, microbatches: int = 32,

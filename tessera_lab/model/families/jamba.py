@@ -8,6 +8,7 @@ SwiGLU MLP of ``intermediate_size``; ``modeling_jamba.py`` ``JambaMambaMixer``: 
 ``mamba_dt_rank`` (``auto``: ``ceil(h / 16)``), ``mamba_d_state``, ``mamba_d_conv``, dt/B/C RMSNorms). Experts have
 ``intermediate_size`` too (``JambaSparseMoeBlock``), no shared expert.
 Knob ``attention_ratio``: period ``ratio + 1``, the offset kept inside the period (``min(offset, period - 1)``).
+An offset at or past its period (no layer would match) is refused.
 """
 
 from __future__ import annotations
@@ -55,11 +56,10 @@ def build(cfg: Mapping[str, Any]) -> dict[str, Any]:
     n, h = req_int(cfg, "num_hidden_layers"), req_int(cfg, "hidden_size")
     ap, ao = opt_int(cfg, "attn_layer_period", 8), opt_int(cfg, "attn_layer_offset", 4, minimum=0)
     ep, eo = opt_int(cfg, "expert_layer_period", 2), opt_int(cfg, "expert_layer_offset", 1, minimum=0)
-    for key, period, offset in (("attn_layer_offset", ap, ao), ("expert_layer_offset", ep, eo)):
-        if offset >= period:  # the rule i % period == offset would never hold: no attention / no MoE layer
-            pkey = key.replace("offset", "period")
-            raise ConfigError(f"config field '{key}' = {offset} is out of range; allowed: 0 to {pkey} - 1 = "
-                              f"{period - 1}")
+    for name, period, offset in (("attn_layer", ap, ao), ("expert_layer", ep, eo)):
+        if offset >= period:  # i % period never equals it: a model with no attention (no MoE) layer at all
+            raise ConfigError(f"config field '{name}_offset' = {offset} is out of range for '{name}_period' = "
+                              f"{period}; allowed: 0 to {period - 1}")
     E = opt_int(cfg, "num_experts", 16)
     k = opt_int(cfg, "num_experts_per_tok", 2)
     if k > E:

@@ -33,7 +33,8 @@ from tessera_lab.errors import ConfigError, TesseraError
 
 from tessera_lab.io import atomic_write_text, read_json
 
-from .supervise import BUSY_FACTOR, HEARTBEAT_S, Cause, busy_hint, describe, heartbeat_timeout, parse_fault, root_cause
+from .supervise import (BUSY_FACTOR, HEARTBEAT_S, STARTUP_FACTOR, Cause, busy_hint, describe, heartbeat_timeout,
+                        parse_fault, root_cause, startup_deadline, startup_floor)
 from .results import RunResult
 from ..runtime.specs import RunnerError, RunSpec, WorldSpec
 
@@ -82,19 +83,6 @@ def gpu_count() -> int:
             break
         k += 1
     return min(n, k)
-
-
-def _silent_for(hb: Path, ready: Path) -> float | None:
-    """Seconds since the last heartbeat in ``hb``; None before the worker reported ready (no deadline yet)."""
-    if not ready.exists():
-        return None
-    try:
-        return max(0.0, time.time() - hb.stat().st_mtime)
-    except OSError:
-        try:
-            return max(0.0, time.time() - ready.stat().st_mtime)
-        except OSError:  # pragma: no cover
-            return None
 
 
 def _cpu_ticks(pid: int) -> int:
@@ -155,12 +143,14 @@ def _tail(path: str, n: int = 25) -> str:
 
 
 def check_launch(world: WorldSpec, jobs: Sequence[RunSpec], *, timeout_s: float = 600.0,
-                 env: dict | None = None) -> float:
-    """Every check a launch makes before a process starts; returns the heartbeat timeout (seconds).
+                 env: dict | None = None) -> tuple[float, float]:
+    """Every check a launch makes before a process starts; returns the heartbeat timeout and the start-up deadline
+    floor (seconds).
 
     Raises:
         ConfigError: bad timeout, no/duplicate jobs, a bad job, a malformed ``$TESSERA_LAB_FAULT`` (or one naming
-            a rank outside the world), a bad ``$TESSERA_LAB_HEARTBEAT_TIMEOUT``, or NCCL with fewer GPUs than ranks.
+            a rank outside the world), a bad ``$TESSERA_LAB_HEARTBEAT_TIMEOUT`` or ``$TESSERA_LAB_STARTUP_FLOOR``, or
+            NCCL with fewer GPUs than ranks.
     """
     jobs = list(jobs)
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not (math.isfinite(timeout_s)
@@ -180,18 +170,8 @@ def check_launch(world: WorldSpec, jobs: Sequence[RunSpec], *, timeout_s: float 
         if world.world_size > gpus:
             raise ConfigError(f"run --backend nccl: pp x ep x dp = {world.world_size} ranks is out of range for "
                               f"{gpus} visible GPU{'s' if gpus != 1 else ''}; allowed: <= {gpus} (one rank per GPU)")
-    old = os.environ.get("TESSERA_LAB_HEARTBEAT_TIMEOUT")
-    hb = merged.get("TESSERA_LAB_HEARTBEAT_TIMEOUT")
-    try:
-        if hb is not None:
-            os.environ["TESSERA_LAB_HEARTBEAT_TIMEOUT"] = hb
-        hb_timeout = heartbeat_timeout()
-    finally:
-        if hb is not None:
-            if old is None:
-                os.environ.pop("TESSERA_LAB_HEARTBEAT_TIMEOUT", None)
-            else:
-                os.environ["TESSERA_LAB_HEARTBEAT_TIMEOUT"] = old
+    hb_timeout = _with_env(merged, "TESSERA_LAB_HEARTBEAT_TIMEOUT", heartbeat_timeout)
+    floor = _with_env(merged, "TESSERA_LAB_STARTUP_FLOOR", startup_floor)
     if not jobs:
         raise ConfigError("run: no jobs given")
     names = [j.name for j in jobs]
@@ -199,7 +179,22 @@ def check_launch(world: WorldSpec, jobs: Sequence[RunSpec], *, timeout_s: float 
         raise ConfigError(f"run: job names must be unique, got {names}")
     for j in jobs:
         j.validate(world)
-    return hb_timeout
+    return hb_timeout, floor
+
+
+def _with_env(merged: dict, name: str, read) -> float:
+    """``read()`` with ``os.environ[name]`` set as in ``merged`` (the launch's environment), restored after."""
+    old, new = os.environ.get(name), merged.get(name)
+    try:
+        if new is not None:
+            os.environ[name] = new
+        return read()
+    finally:
+        if new is not None:
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
 
 
 def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLike | None = None,
@@ -224,7 +219,7 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
         RunnerError: a worker failed or the launch timed out (every worker has exited when it is raised).
     """
     jobs = list(jobs)
-    hb_timeout = check_launch(world, jobs, timeout_s=timeout_s, env=env)
+    hb_timeout, floor = check_launch(world, jobs, timeout_s=timeout_s, env=env)
     temporary = out_dir is None
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="tessera-run-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -232,7 +227,7 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
     atomic_write_text(spec_path, json.dumps({"world": asdict(world), "jobs": [j.as_dict() for j in jobs]}, indent=1))
     result_path = out / "result.json"
     for old in [result_path, *out.glob("failure-*.json"), *out.glob("fault-*.json"), *out.glob("hb-*"),
-                *out.glob("ready-*"), *out.glob("stack-*.txt")]:
+                *out.glob("ready-*"), *out.glob("imported-*"), *out.glob("stack-*.txt")]:
         old.unlink(missing_ok=True)
     port = _free_port()
     n = world.world_size
@@ -244,7 +239,7 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
     procs: list[subprocess.Popen] = []
     logs: dict[int, str] = {}
     handles = []
-    codes: dict[int, int | None] = {r: None for r in range(n)}
+    watch = _Watch(procs, out, hb_timeout, floor, timeout_s)
     try:
         for r in range(n):
             e = dict(base_env, RANK=str(r), LOCAL_RANK=str(r), GROUP_RANK="0")
@@ -256,50 +251,13 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
                 [python or sys.executable, "-m", "tessera_lab.runner", "--worker", "--spec", str(spec_path),
                  "--out", str(out)],
                 stdout=fh, stderr=subprocess.STDOUT, env=e, start_new_session=True))
-        start = time.monotonic()
-        deadline = start + timeout_s
-        causes: list[Cause] = []
-        fail_time, detected_at = 0.0, 0.0
-        timed_out = False
-        busy_cpu: dict[int, int] = {}  # rank -> CPU ticks when its heartbeat was last fresh
-        stack = ""
-        while True:
-            now = time.monotonic()
-            for r, p in enumerate(procs):
-                if codes[r] is None and p.poll() is not None:
-                    codes[r] = p.returncode
-                    if p.returncode != 0:
-                        kind = "signal" if p.returncode < 0 else "exit"
-                        causes.append(Cause(r, kind, time.time(), code=p.returncode))
-                elif codes[r] is None and not any(c.rank == r for c in causes):
-                    silent = _silent_for(out / f"hb-{r}", out / f"ready-{r}")
-                    if silent is None:
-                        continue
-                    if silent <= 2 * HEARTBEAT_S or r not in busy_cpu:
-                        busy_cpu[r] = _cpu_ticks(p.pid)
-                    if silent > hb_timeout:
-                        state = _state(p.pid)
-                        working = state not in ("T", "t") and _cpu_ticks(p.pid) > busy_cpu[r] >= 0
-                        if working and silent <= BUSY_FACTOR * hb_timeout:
-                            continue  # silent but using CPU (starved, or a long call holding the GIL)
-                        causes.append(Cause(r, "heartbeat", time.time() - silent, silent_s=silent, state=state))
-                        detected_at = time.time()
-                        stack = _dump_stack(p.pid, out / f"stack-{r}.txt", state in ("T", "t"))
-            if causes and not fail_time:
-                fail_time = now
-                detected_at = detected_at or time.time()
-            if all(c is not None for c in codes.values()):
-                break
-            if now > deadline:
-                timed_out = True
-                break
-            if causes and (now - fail_time > world.grace_s or any(c.kind == "heartbeat" for c in causes)):
-                break  # a hung rank never exits by itself: stop everyone now
-            time.sleep(0.05)
+            watch.spawned[r] = time.time()
+        timed_out = watch.run(world.grace_s)
     finally:
-        _kill_all(procs, codes)
+        _kill_all(procs, watch.codes)
         for fh in handles:
             fh.close()
+    codes, causes, stack = watch.codes, watch.causes, watch.stack
     pids = {r: p.pid for r, p in enumerate(procs)}
     if timed_out and not causes:
         raise RunnerError(f"run timed out after {timeout_s:.0f} s (--timeout); all {n} workers were killed (exit "
@@ -315,14 +273,14 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
                 pass
         bad = root_cause(causes, recorded)
         extra = ""
-        if bad.kind == "heartbeat":
+        if bad.kind in ("heartbeat", "start"):
             hint = busy_hint()
             extra = (f"; {hint}" if hint else "") + (f"\nPython stack of rank {bad.rank} when it was declared hung:\n"
                                                       f"{stack}" if stack else "")
         err = RunnerError(
             f"{describe(bad, n)}; exit codes {codes}; logs kept in {out}{extra}\nlog tail of rank {bad.rank}:\n"
             + _tail(logs[bad.rank]), codes, logs, pids)
-        err.peer_failed, err.failed_rank, err.cause, err.detected_at = True, bad.rank, bad.how(), detected_at
+        err.peer_failed, err.failed_rank, err.cause, err.detected_at = True, bad.rank, bad.how(), watch.detected_at
         err.ended_at = time.time()
         raise err
     data = json.loads(result_path.read_text())
@@ -330,6 +288,140 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
         shutil.rmtree(out, ignore_errors=True)
         return RunResult(data["jobs"], data["backend"], data["world"], None, {}, pids)
     return RunResult(data["jobs"], data["backend"], data["world"], str(out), logs, pids)
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+#: share of a core a rank past its start-up deadline must use to count as still working (given up to BUSY_FACTOR x)
+BUSY_SHARE = 0.02
+
+
+class _Watch:
+    """The spawner's watch over its workers: exit statuses, heartbeats of ready ranks, start-up deadlines.
+
+    ``spawned``: rank -> wall-clock time of its spawn (filled by the caller). After :meth:`run`: ``codes``
+    (rank -> exit status or None), ``causes`` (:class:`Cause`), ``stack`` (the hung rank's Python stack),
+    ``detected_at`` (wall-clock time of the first cause).
+    """
+
+    def __init__(self, procs: list, out: Path, hb_timeout: float, floor: float, timeout_s: float):
+        self.procs, self.out, self.hb_timeout, self.floor, self.timeout_s = procs, out, hb_timeout, floor, timeout_s
+        self.spawned: dict[int, float] = {}
+        self.codes: dict[int, int | None] = {}
+        self.causes: list[Cause] = []
+        self.stack, self.detected_at = "", 0.0
+        self.cpu: dict[int, int] = {}  # rank -> CPU ticks when its heartbeat was last fresh
+        self.on_time: dict[int, tuple[int, float]] = {}  # rank -> (CPU ticks, time) when last within its deadline
+
+    def run(self, grace_s: float) -> bool:
+        """Poll every 50 ms until every worker exited, a rank failed (+ ``grace_s``; at once for a hung rank), or
+        the launch timeout; True on timeout."""
+        n = len(self.spawned)
+        self.codes.update({r: None for r in range(n)})
+        deadline = time.monotonic() + self.timeout_s
+        fail_time = 0.0
+        while True:
+            now = time.monotonic()
+            self._poll(n)
+            if self.causes and not fail_time:
+                fail_time = now
+                self.detected_at = self.detected_at or time.time()
+            if all(c is not None for c in self.codes.values()):
+                return False
+            if now > deadline:
+                return True
+            if self.causes and (now - fail_time > grace_s or any(c.kind in ("heartbeat", "start")
+                                                                for c in self.causes)):
+                return False  # a hung rank never exits by itself: stop everyone now
+            time.sleep(0.05)
+
+    def _poll(self, n: int) -> None:
+        imported = {r: _mtime(self.out / f"imported-{r}") for r in range(n)}
+        ready = {r: _mtime(self.out / f"ready-{r}") for r in range(n)}
+        for r, p in enumerate(self.procs):
+            if self.codes[r] is None and p.poll() is not None:
+                self.codes[r] = p.returncode
+                if p.returncode != 0:
+                    self.causes.append(Cause(r, "signal" if p.returncode < 0 else "exit", time.time(),
+                                             code=p.returncode))
+            elif self.codes[r] is None and not any(c.rank == r for c in self.causes):
+                cause = (self._heartbeat(r, p) if ready[r] is not None else self._startup(r, p, imported, ready))
+                if cause is not None:
+                    self.causes.append(cause)
+                    self.detected_at = time.time()
+                    self.stack = _dump_stack(p.pid, self.out / f"stack-{r}.txt", cause.state in ("T", "t"))
+                    return
+
+    def _silent(self, r: int) -> float:
+        last = _mtime(self.out / f"hb-{r}") or _mtime(self.out / f"ready-{r}") or self.spawned[r]
+        return max(0.0, time.time() - last)
+
+    def _heartbeat(self, r: int, p) -> Cause | None:
+        """A ready rank: hung when silent past the heartbeat timeout and stopped or idle (busy: BUSY_FACTOR x)."""
+        silent = self._silent(r)
+        if silent <= 2 * HEARTBEAT_S or r not in self.cpu:
+            self.cpu[r] = _cpu_ticks(p.pid)
+        if silent <= self.hb_timeout:
+            return None
+        state = _state(p.pid)
+        working = state not in ("T", "t") and _cpu_ticks(p.pid) > self.cpu[r] >= 0
+        if working and silent <= BUSY_FACTOR * self.hb_timeout:
+            return None  # silent but using CPU (starved, or a long call holding the GIL)
+        return Cause(r, "heartbeat", time.time() - silent, silent_s=silent, state=state)
+
+    def _startup(self, r: int, p, imported: dict, ready: dict) -> Cause | None:
+        """A rank not ready yet: named when stopped and silent past the heartbeat timeout, or past its start-up
+        deadline (a rank that has imported torch is judged only once every rank has)."""
+        now, state = time.time(), _state(p.pid)
+        silent = self._silent(r)
+        if imported[r] is None:
+            what = "that it had imported torch"
+            took = [imported[q] - self.spawned[q] for q in imported if imported[q] is not None]
+            elapsed = now - self.spawned[r]
+        elif all(t is not None for t in imported.values()):
+            what = "that it had joined the process group"
+            last = max(imported.values())
+            took = [max(0.0, ready[q] - last) for q in ready if ready[q] is not None]
+            elapsed = now - last
+        else:
+            return None  # waiting for a peer that has not imported torch: that peer is the one to name
+        limit = startup_deadline(took, self.floor)
+        if limit is None and imported[r] is not None:
+            limit = self.floor  # every rank imported torch and none has joined yet: the floor applies
+        how = self._deadline_text(limit, took, what)
+        if state in ("T", "t") and silent > self.hb_timeout:
+            return Cause(r, "start", now - silent, silent_s=silent, state=state,
+                         detail=f"was stopped (process state {state}) before it reported {what}: no heartbeat for "
+                                f"{silent:.1f} s; {how}")
+        if limit is None or elapsed <= limit:
+            self.on_time[r] = (_cpu_ticks(p.pid), now)
+            return None
+        if self._working(r, p.pid, now) and elapsed <= BUSY_FACTOR * limit:
+            return None  # still working (a slow import on a busy machine)
+        return Cause(r, "start", now, state=state,
+                     detail=f"did not report {what} within {elapsed:.1f} s (process state {state}, last heartbeat "
+                            f"{silent:.1f} s ago); {how}")
+
+    def _working(self, r: int, pid: int, now: float) -> bool:
+        """Whether the rank used at least :data:`BUSY_SHARE` of a core since it was last on time (the heartbeat
+        thread alone uses far less; a rank importing on a busy machine more)."""
+        ticks, then = self.on_time.get(r, (-1, now))
+        used = (_cpu_ticks(pid) - ticks) / (os.sysconf("SC_CLK_TCK") or 100)
+        return ticks >= 0 and now > then and used / (now - then) >= BUSY_SHARE
+
+    def _deadline_text(self, limit: float | None, took: list[float], what: str) -> str:
+        if limit is None:
+            return (f"start-up deadline not set yet (no rank had reported {what}; --timeout "
+                    f"{self.timeout_s:.0f} s applies)")
+        if not took:
+            return f"start-up deadline {limit:.1f} s (the floor; no rank had reported {what})"
+        return (f"start-up deadline {limit:.1f} s = max(floor {self.floor:.0f} s, {STARTUP_FACTOR:g} x {max(took):.1f} "
+                f"s, the slowest of the {len(took)} rank{'s' if len(took) != 1 else ''} that did)")
 
 
 def _kill_all(procs: list, codes: dict) -> None:

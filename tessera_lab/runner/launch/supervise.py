@@ -2,9 +2,16 @@
 
 Never imports torch (both the spawner and the worker import it).
 
-Readiness: a worker writes ``{out}/ready-<rank>`` once it has imported torch and joined the process group
-(:func:`mark_ready`). Before that no heartbeat deadline applies (importing torch on a loaded machine takes many
-seconds, during which a process may not be scheduled at all); only the launch's ``--timeout`` bounds start-up.
+Start-up: a worker writes ``{out}/imported-<rank>`` once it has imported torch (:func:`mark_imported`, just before
+it joins the process group) and ``{out}/ready-<rank>`` once it has joined (:func:`mark_ready`). Importing torch on a
+loaded machine takes many seconds, during which a process may not be scheduled at all, so the heartbeat deadline
+does not apply before ready; instead every rank has a start-up deadline (:func:`startup_deadline`): once one rank
+has reported a step, every other rank must report it within ``max(floor, STARTUP_FACTOR x`` the slowest time the
+ranks that did report took (measured by the spawner from each rank's spawn)``)``; the floor is
+:data:`STARTUP_FLOOR_S` (``$TESSERA_LAB_STARTUP_FLOOR``). A rank still using CPU at its deadline gets up to
+:data:`BUSY_FACTOR` times it. A rank that is *stopped* (``/proc/PID/stat`` state ``T``) and silent for the
+heartbeat timeout is named at once, ready or not. Peers waiting in the rendezvous for a rank that never came are
+not blamed: a rank that never reported ``imported`` is named before one that never reported ready.
 
 Heartbeat: every worker runs a daemon thread that rewrites ``{out}/hb-<rank>`` every :data:`HEARTBEAT_S`
 seconds. A stopped (SIGSTOP) or wedged process stops writing. The spawner declares a *ready* rank hung when its
@@ -25,7 +32,10 @@ Fault injection (tests, ``benchmarks/runner_faults.py``): ``TESSERA_LAB_FAULT=RA
 ``raise`` (an exception raised asynchronously in the main thread, :func:`ctypes.pythonapi.PyThreadState_SetAsyncExc`;
 if the main thread stays inside a C call, the fault thread ends the rank as an uncaught exception would, exit
 status 1, after :data:`RAISE_FALLBACK_S`), ``kill`` (SIGKILL to itself) or ``hang`` (SIGSTOP to itself),
-DELAY_S seconds (default 1) after the rank reported ready. None of them depends on signal dispositions (a job
+DELAY_S seconds (default 1) after the rank reported ready; ``start-hang`` (SIGSTOP to itself DELAY_S seconds after
+the worker started, or when it has imported torch if that comes first: always before it reports ready) and
+``start-block`` (the main thread sleeps for ever once torch is imported; the heartbeat goes on, so only the
+start-up deadline catches it). None of them depends on signal dispositions (a job
 started in the background from a shell ignores SIGINT). The spawner parses the variable before any worker starts.
 """
 
@@ -40,7 +50,9 @@ from pathlib import Path
 
 __all__ = ["HEARTBEAT_S", "HEARTBEAT_TIMEOUT_S", "DETECT_BOUND_S", "EXIT_PEER_FAILED", "MISSED_BEATS",
            "start_heartbeat", "mark_ready", "install_stack_dump", "arm_fault", "parse_fault", "heartbeat_timeout",
-           "busy_hint", "FaultInjected", "Cause", "root_cause", "describe"]
+           "busy_hint", "FaultInjected", "Cause", "root_cause", "describe", "STARTUP_FLOOR_S", "STARTUP_FACTOR",
+           "STARTUP_DETECT_BOUND_S",
+           "startup_floor", "startup_deadline", "mark_imported", "arm_start_fault", "start_checkpoint"]
 
 #: seconds between two heartbeats of a worker
 HEARTBEAT_S = 0.5
@@ -52,28 +64,56 @@ HEARTBEAT_TIMEOUT_S = MISSED_BEATS * HEARTBEAT_S
 BUSY_FACTOR = 3.0
 #: the stated detection bound of a stopped rank (seconds after it stopped): timeout + one beat + polling slack
 DETECT_BOUND_S = 10.0
+#: the stated detection bound of a rank stopped before it reported ready (seconds after it stopped): a stopped
+#: rank is named once silent for the heartbeat timeout, as a ready one; the rest covers the stack dump and reaping
+#: the workers on a busy two-core machine (the start-up deadline itself applies only to ranks still running)
+STARTUP_DETECT_BOUND_S = 40.0
 #: ``tessera-lab run`` exit status when a rank failed and its peers were stopped (bad input stays 2)
 EXIT_PEER_FAILED = 3
 #: seconds the ``raise`` fault waits for the main thread to raise before it ends the rank itself
 RAISE_FALLBACK_S = 2.0
 
-FAULT_KINDS = ("raise", "kill", "hang")
+#: the least start-up deadline (seconds from a rank's spawn to its report)
+STARTUP_FLOOR_S = 30.0
+#: a rank's start-up deadline is this many times the slowest time of the ranks that did report the same step
+STARTUP_FACTOR = 3.0
+
+FAULT_KINDS = ("raise", "kill", "hang", "start-hang", "start-block")
+START_FAULTS = ("start-hang", "start-block")
 
 
-def heartbeat_timeout() -> float:
-    """:data:`HEARTBEAT_TIMEOUT_S`, or ``$TESSERA_LAB_HEARTBEAT_TIMEOUT`` (seconds, finite, >= 1)."""
+def _env_seconds(name: str, default: float) -> float:
     from tessera_lab.errors import ConfigError
 
-    v = os.environ.get("TESSERA_LAB_HEARTBEAT_TIMEOUT")
+    v = os.environ.get(name)
     if v is None:
-        return HEARTBEAT_TIMEOUT_S
+        return default
     try:
         t = float(v)
     except ValueError:
         t = math.nan
     if not (math.isfinite(t) and t >= 1.0):
-        raise ConfigError(f"environment variable TESSERA_LAB_HEARTBEAT_TIMEOUT = {v!r}; allowed: seconds >= 1")
+        raise ConfigError(f"environment variable {name} = {v!r}; allowed: seconds >= 1")
     return t
+
+
+def startup_floor() -> float:
+    """:data:`STARTUP_FLOOR_S`, or ``$TESSERA_LAB_STARTUP_FLOOR`` (seconds, finite, >= 1). Raises ConfigError."""
+    return _env_seconds("TESSERA_LAB_STARTUP_FLOOR", STARTUP_FLOOR_S)
+
+
+def startup_deadline(reported_s: list[float], floor: float) -> float | None:
+    """Seconds a rank may take from its spawn to a start-up report: ``max(floor, STARTUP_FACTOR * max(reported_s))``
+    where ``reported_s`` are the measured times (seconds from spawn) of the ranks that did report; None while no
+    rank has reported (nothing measured: only ``--timeout`` applies)."""
+    if not reported_s:
+        return None
+    return max(floor, STARTUP_FACTOR * max(reported_s))
+
+
+def heartbeat_timeout() -> float:
+    """:data:`HEARTBEAT_TIMEOUT_S`, or ``$TESSERA_LAB_HEARTBEAT_TIMEOUT`` (seconds, finite, >= 1)."""
+    return _env_seconds("TESSERA_LAB_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT_S)
 
 
 def start_heartbeat(out_dir: str | None, rank: int) -> None:
@@ -92,6 +132,15 @@ def start_heartbeat(out_dir: str | None, rank: int) -> None:
             time.sleep(HEARTBEAT_S)
 
     threading.Thread(target=loop, name="tessera-heartbeat", daemon=True).start()
+
+
+def mark_imported(out_dir: str | None, rank: int) -> None:
+    """Write ``{out_dir}/imported-<rank>`` (torch imported, about to join the process group)."""
+    if out_dir:
+        try:
+            (Path(out_dir) / f"imported-{rank}").write_text(f"{time.time():.3f}\n")
+        except OSError:  # pragma: no cover - the spawner's start-up deadline then names this rank
+            pass
 
 
 def mark_ready(out_dir: str | None, rank: int) -> None:
@@ -185,19 +234,13 @@ def arm_fault(rank: int, out_dir: str | None = None) -> None:
     wall-clock time of the injection goes to ``{out_dir}/fault-<rank>.json`` (for detection-time benchmarks).
     Call after :func:`mark_ready`."""
     f = parse_fault(os.environ.get("TESSERA_LAB_FAULT"))
-    if f is None or f[0] != rank:
+    if f is None or f[0] != rank or f[1] in START_FAULTS:
         return
     _, kind, delay = f
 
     def fire() -> None:
         time.sleep(delay)
-        print(f"tessera-lab runner: injecting fault '{kind}' on rank {rank}", flush=True)
-        if out_dir:
-            import json
-
-            from tessera_lab.io import atomic_write_text
-
-            atomic_write_text(Path(out_dir) / f"fault-{rank}.json", json.dumps({"kind": kind, "time": time.time()}))
+        _note_fault(kind, rank, out_dir)
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         elif kind == "hang":
@@ -208,16 +251,70 @@ def arm_fault(rank: int, out_dir: str | None = None) -> None:
     threading.Thread(target=fire, name="tessera-fault", daemon=True).start()
 
 
+def _note_fault(kind: str, rank: int, out_dir: str | None) -> None:
+    """Print and record (``{out_dir}/fault-<rank>.json``, wall-clock time) an injection about to happen."""
+    print(f"tessera-lab runner: injecting fault '{kind}' on rank {rank}", flush=True)
+    if out_dir:
+        import json
+
+        from tessera_lab.io import atomic_write_text
+
+        atomic_write_text(Path(out_dir) / f"fault-{rank}.json", json.dumps({"kind": kind, "time": time.time()}))
+
+
+_START_FAULT: dict = {}
+_START_LOCK = threading.Lock()
+
+
+def arm_start_fault(rank: int, out_dir: str | None = None) -> None:
+    """If ``$TESSERA_LAB_FAULT`` names this rank with a start fault, arm it (call first thing in the worker):
+    ``start-hang`` stops the process DELAY_S s from now from a daemon thread, or at :func:`start_checkpoint` if
+    that comes first; ``start-block`` blocks the main thread at :func:`start_checkpoint`."""
+    try:
+        f = parse_fault(os.environ.get("TESSERA_LAB_FAULT"))
+    except Exception:  # noqa: BLE001 - the spawner checked it; a worker started by hand ignores a bad one
+        return
+    if f is None or f[0] != rank or f[1] not in START_FAULTS:
+        return
+    _START_FAULT.update(kind=f[1], rank=rank, out=out_dir, fired=False)
+    if f[1] == "start-hang":
+        def fire() -> None:
+            time.sleep(f[2])
+            _fire_start_fault()
+
+        threading.Thread(target=fire, name="tessera-fault", daemon=True).start()
+
+
+def _fire_start_fault() -> None:
+    with _START_LOCK:
+        if not _START_FAULT or _START_FAULT["fired"]:
+            return
+        _START_FAULT["fired"] = True
+    _note_fault(_START_FAULT["kind"], _START_FAULT["rank"], _START_FAULT["out"])
+    if _START_FAULT["kind"] == "start-hang":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    else:
+        while True:
+            time.sleep(3600)
+
+
+def start_checkpoint() -> None:
+    """Where an armed start fault fires at the latest: torch imported, the process group not joined yet."""
+    _fire_start_fault()
+
+
 class Cause:
-    """One observed failure of a rank: ``kind`` is ``"signal"``, ``"heartbeat"`` or ``"exit"`` (a non-zero
+    """One observed failure of a rank: ``kind`` is ``"signal"``, ``"heartbeat"``, ``"start"`` (no start-up report
+    by its deadline, or stopped before ready; ``detail`` says which and the deadline) or ``"exit"`` (a non-zero
     status, with or without a failure record); ``time`` is the wall-clock time it happened (s since epoch)."""
 
-    PRIORITY = {"signal": 0, "heartbeat": 0, "exit": 1}
+    PRIORITY = {"signal": 0, "heartbeat": 0, "start": 0, "exit": 1}
 
     def __init__(self, rank: int, kind: str, time_s: float, *, code: int | None = None, silent_s: float = 0.0,
-                 state: str = "?"):
+                 state: str = "?", detail: str = ""):
         self.rank, self.kind, self.time, self.code, self.silent_s = rank, kind, time_s, code, silent_s
         self.state = state  # process state letter when a heartbeat was lost ("T": stopped)
+        self.detail = detail  # "start": what the rank did not report and the deadline
 
     def how(self) -> str:
         if self.kind == "signal":
@@ -229,6 +326,8 @@ class Cause:
         if self.kind == "heartbeat":
             what = "stopped" if self.state in ("T", "t") else "hung"
             return f"sent no heartbeat for {self.silent_s:.1f} s ({what})"
+        if self.kind == "start":
+            return self.detail
         return f"failed with exit status {self.code}"
 
     def __repr__(self) -> str:  # pragma: no cover - debugging

@@ -14,7 +14,8 @@ from typing import Sequence
 
 from tessera_lab.errors import ConfigError, TesseraError
 
-from .supervise import arm_fault, install_stack_dump, mark_ready, start_heartbeat
+from .supervise import (arm_fault, arm_start_fault, install_stack_dump, mark_imported, mark_ready, start_checkpoint,
+                        start_heartbeat)
 from .results import RunResult, compare_reference, summarize_job
 from ..runtime.specs import RunSpec, WorldSpec
 
@@ -62,6 +63,8 @@ def run_worker(world: WorldSpec, jobs: Sequence[RunSpec], out_dir: str | None) -
     from ..runtime.topology import build_topology
     from ..runtime.train import run_jobs
 
+    start_checkpoint()  # an armed start fault fires here at the latest (before the rank reports anything)
+    mark_imported(out_dir, rank)  # the spawner's start-up deadline: torch imported, joining now
     torch.set_num_threads(1)
     cuda = torch.cuda.is_available() and world.backend != "gloo"
     if world.backend == "nccl" and not cuda:
@@ -117,6 +120,7 @@ def worker_main(spec_path: str, out_dir: str | None) -> int:
         rank = int(os.environ.get("RANK", "-1"))
         install_stack_dump(out_dir, rank)
         start_heartbeat(out_dir, rank)
+        arm_start_fault(rank, out_dir)
     except ValueError:
         pass
     try:

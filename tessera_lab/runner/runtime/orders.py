@@ -205,15 +205,16 @@ def durations_from_events(events: Sequence[Mapping]) -> dict[str, float]:
 
 
 def _measured_order(path: str) -> tuple[str, tuple[str, ...]]:
-    import json
-    from pathlib import Path
+    from tessera_lab.io import read_json
 
-    try:
-        data = json.loads(Path(path).read_text())
-        events = data["jobs"][0]["events"]
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
-        raise ConfigError(f"field 'pair_order' = 'measured:{path}': not a readable run result with events "
-                          "(write one with tessera-lab run --pair-exec scheduled --json PATH)") from None
+    from .schemas import check_run_result
+
+    where = f"field 'pair_order' = 'measured:{path}'"
+    data = read_json(path, where)  # UTF-8 JSON, size and depth limits
+    if not isinstance(data, dict) or "jobs" not in data:
+        raise ConfigError(f"{where}: not a run result with events (write one with tessera-lab run --pair-exec "
+                          "scheduled --json PATH)")
+    events = check_run_result(data, where)["jobs"][0]["events"]  # every event's start <= end
     d = durations_from_events(events)
     if not any(d.values()):
         raise ConfigError(f"run '{path}' has no node-level events; run it with --pair-exec scheduled")

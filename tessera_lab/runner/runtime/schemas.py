@@ -117,6 +117,7 @@ RUN_RESULT = F("dict", fields={
         "timing": F("dict", fields={"durations": F("dict", fields={
             "f": _STAGE_S, "b": _STAGE_S, "w": F("list", items=seconds(), null=True, required=False),
             "fb": F("list", items=seconds(), null=True, required=False)})}),
+        "step_times_s": F("list", items=seconds(), limit="steps", required=False),
         "events": F("list", low=1, limit="runner_events", items=F("dict", fields={
             "step": F("int", low=0, limit="steps"), "rank": F("int", low=0, limit="world_size"),
             "lane": F("str"), "type": F("str", required=False),
@@ -157,8 +158,19 @@ def check_runner_store(data: Any, where: str, *, append: bool = False) -> dict:
 
 
 def check_run_result(data: Any, where: str) -> dict:
-    """A run result (``run --json``) checked against :data:`RUN_RESULT`."""
-    return validate(data, RUN_RESULT, where)
+    """A run result (``run --json``) checked against :data:`RUN_RESULT`, and every event ending no earlier than it
+    starts (a negative duration is a damaged file, never a time to replay).
+
+    Raises:
+        ConfigError: naming the file, the field (``jobs[0].events[3]``), the values and what is allowed.
+    """
+    validate(data, RUN_RESULT, where)
+    for j, job in enumerate(data["jobs"]):
+        for n, e in enumerate(job["events"]):
+            if e["end"] < e["start"]:
+                raise ConfigError(f"{where}: field 'jobs[{j}].events[{n}]' has end = {e['end']:g} before start = "
+                                  f"{e['start']:g}; allowed: end >= start (a duration >= 0 s)")
+    return data
 
 
 def runner_params(cfg: Any) -> int:

@@ -367,6 +367,21 @@ class RunSpec:
         sched = build_schedule(self.schedule, pp, self.microbatches, self.vpp)
         return split_backward(sched, self.w_lag) if self.defer_w else sched
 
+    def _check_pair_order_used(self, sched: Schedule, w: str) -> None:
+        """A ``pair_order`` is read only by the ``scheduled`` handler on overlapped pairs: refuse it elsewhere
+        (it would be ignored)."""
+        if self.pair_order is None or self.pair_order == "searched":
+            return
+        from tessera_lab.pipeline.actions import ActionType
+
+        pairs = any(a.type is ActionType.OVERLAP_F_B for acts in sched.actions.values() for a in acts)
+        if self.pair_exec != "scheduled" or not pairs:
+            why = (f"schedule {self.schedule!r} has no overlapped pairs" if not pairs else
+                   f"field 'pair_exec' = {self.pair_exec!r} does not read it")
+            raise ConfigError(f"{w} field 'pair_order' = {self.pair_order!r} would be ignored: {why}; allowed: "
+                              "with pair_exec 'scheduled' (--pair-exec scheduled) and a schedule with overlapped "
+                              "pairs (overlapped, dualpipev)")
+
     def validate(self, world: WorldSpec) -> Schedule:
         """Check the job against the world without torch; returns its schedule.
 
@@ -398,6 +413,7 @@ class RunSpec:
         check_runner_work(self.model_config, world.pp, self.vpp or 1, self.microbatches, self.micro_batch_size,
                           where=w)  # before the schedule is built: its size grows with pp x vpp x microbatches
         sched = self.build_schedule(world.pp)
+        self._check_pair_order_used(sched, w)
         cfg = self.model_config
         layers, experts = cfg.num_layers, cfg.num_experts
         if experts % world.ep:
