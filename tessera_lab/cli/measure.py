@@ -92,6 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes of the local group; must equal --ep for cpu/cuda (kept for old scripts)")
     p.add_argument("--timeout", type=_positive("timeout"), default=600.0, help="kill the measuring processes after S seconds")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--dry-run", action="store_true",
+                   help="cpu/cuda: print the host memory per process, the steps and the estimated time, and start "
+                        "nothing (runs without the GPUs)")
 
 
 def _default_ep(backend: str, model) -> int:
@@ -132,6 +135,27 @@ def _measure_runtime(args: argparse.Namespace, model, seq_len: int, default_f: f
         repeats=args.repeats or DEFAULT_REPEATS, warmup=args.warmup, keep=args.orders or DEFAULT_ORDERS,
         budget_s=args.budget_s, fixed=fixed, timeout_s=args.timeout, progress=line)
     return results, parallel
+
+
+def _dry_run(args: argparse.Namespace, model, seq_len: int, default_f: float) -> int:
+    """``measure --dry-run``: the validated measurement laid out (:mod:`tessera_lab.runner.measure.dryrun`);
+    nothing is started and no GPU is needed."""
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.runner.measure.dryrun import dry_run_text
+    from tessera_lab.runner.measure.harness import prepare_measurement
+
+    if args.ep is None:
+        args.ep = _default_ep(args.backend, model)
+    parallel = ParallelConfig(ep=args.ep, tp=args.tp, seq_len=seq_len, micro_batch_size=args.micro_batch_size,
+                              pp=1, dp=1)
+    fixed = [name for name, v in (("repeats", args.repeats), ("keep", args.orders), ("size_factor", args.size_factor))
+             if v is not None]
+    setup = prepare_measurement(
+        model, parallel, args.backend, size_factor=args.size_factor if args.size_factor is not None else default_f,
+        repeats=args.repeats or DEFAULT_REPEATS, warmup=args.warmup, keep=args.orders or DEFAULT_ORDERS,
+        budget_s=args.budget_s, fixed=fixed)
+    print(dry_run_text(model.name, setup, args.timeout))
+    return 0
 
 
 def _per_pair(values: list) -> str:
@@ -225,6 +249,9 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
     model = load_model(args.model)
     seq_len, default_f = args.seq_len, DEFAULT_SIZE_FACTOR[args.backend]
+    if args.dry_run and args.backend == "analytic":
+        raise ConfigError("option --dry-run applies to --backend cpu or cuda (the analytic backend starts no "
+                          "processes); allowed: drop --dry-run")
     sizing = None
     if args.backend == "analytic":
         from tqdm import tqdm
@@ -255,6 +282,8 @@ def cmd_measure(args: argparse.Namespace) -> int:
             seq_len, default_f = runner_model_config(args.model)[1]["seq_len"], 1.0
         except ConfigError:
             pass
+        if args.dry_run:
+            return _dry_run(args, model, seq_len, default_f)
         results, parallel = _measure_runtime(args, model, seq_len, default_f)
         overlap = results_table(results)
         sizing = results[0].metadata.get("sizing")
