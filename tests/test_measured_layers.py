@@ -58,7 +58,8 @@ def _layer_params(H, h, d, kv, E, E_local, W, S, mixer):
 def test_measured_layers_on_the_meta_device_at_qwen3_next_shapes():
     """Qwen3-Next-80B-A3B at size factor 1 with EP 8 (config.json: hidden 2048, 16 heads of 256, 2 KV heads, 512
     experts of width 512, shared expert 512): 64 experts per rank, nothing allocated, and the host memory a
-    measuring CUDA process needs is far below 8 GiB (the whole 4-layer, 512-expert model is 24.6 GiB in fp32)."""
+    measuring CUDA process needs is below 8 GiB (the routed experts alone of the whole 4-layer, 512-expert model
+    are 24 GiB in fp32)."""
     cfg = runner_config_for(load_model("qwen3-next-80b-a3b"), 1.0, 4096)
     stages = measured_layers_meta(cfg, 8)
     params = [p for st in stages.values() for p in st.parameters()]
@@ -73,9 +74,6 @@ def test_measured_layers_on_the_meta_device_at_qwen3_next_shapes():
     # than one input [1, 4096, 2048]), fp32
     assert mem["staging"] == 2 * (4 * 16 * 256 + 2 * 16) * 2048 * 4 > 4096 * 2048 * 4
     assert mem["total"] < 8 * GiB and mem["device"] == 2 * n * 4
-    # the whole model a rank used to build: 4 layers with all 512 experts
-    whole = 512 * 3 * 2048 * 512 * 4 * 4
-    assert whole / GiB > 24
 
 
 def test_dry_run_prints_host_memory_first_and_starts_nothing(tmp_path):
