@@ -45,7 +45,7 @@ from .worker import _watch_parent, run_worker, worker_main
 
 __all__ = [
     "WorldSpec", "RunSpec", "RunnerError", "RunResult", "spawn", "worker_main", "main", "timing_report",
-    "observed_timeline", "write_trace", "record_profile", "TinyConfig", "_alive", "_free_port",
+    "observed_timeline", "write_trace", "record_profile", "TinyConfig", "_alive", "_free_port", "torchrun_worker",
 ]
 
 
@@ -392,6 +392,24 @@ def _run_dynamic(world: WorldSpec, job: RunSpec, args: argparse.Namespace) -> in
     return 0
 
 
+def torchrun_worker(args: argparse.Namespace) -> int:
+    """One rank of a job launched by torchrun: the job of ``tessera-lab run`` with the same options, its rank and
+    world size from torchrun's ``RANK`` / ``WORLD_SIZE`` (rendezvous through ``MASTER_ADDR`` / ``MASTER_PORT``),
+    its GPU from ``LOCAL_RANK`` (NCCL; gloo on CPU); rank 0 prints the summary and writes the outputs. Returns 0;
+    raises what failed (:func:`main` runs it under torchelastic's ``record``, which writes the exception to
+    ``$TORCHELASTIC_ERROR_FILE`` for the agent to report as the root cause).
+
+    Raises:
+        ConfigError: bad options, or ``WORLD_SIZE != pp * ep * dp``, before any process group exists.
+    """
+    world, job = specs_from_args(args)
+    _watch_parent()  # torchrun's agent: a worker whose agent dies exits
+    res = run_worker(world, [job], args.out)
+    if res is not None:
+        emit_outputs(res, args)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tessera_lab.runner``: a worker under torchrun (``RANK`` set), else the local spawner."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -409,12 +427,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     try:
         if under_torchrun:
-            world, job = specs_from_args(args)
-            _watch_parent()
-            res = run_worker(world, [job], args.out)
-            if res is not None:
-                emit_outputs(res, args)
-            return 0
+            from torch.distributed.elastic.multiprocessing.errors import record
+
+            return record(torchrun_worker)(args)
         return run_from_args(args)
     except TesseraError as exc:
         print(f"tessera_lab.runner: error: {exc}", file=sys.stderr)
