@@ -92,6 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes of the local group; must equal --ep for cpu/cuda (kept for old scripts)")
     p.add_argument("--timeout", type=_positive("timeout"), default=600.0, help="kill the measuring processes after S seconds")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--pair", default=None, metavar="F_KIND,BW_KIND",
+                   help="cpu/cuda: measure only this pair of layer kinds, e.g. linear_attention+moe,full_attention+moe "
+                        "(default: every ordered pair of the model's kinds)")
     p.add_argument("--dry-run", action="store_true",
                    help="cpu/cuda: print the host memory per process, the steps and the estimated time, and start "
                         "nothing (runs without the GPUs)")
@@ -133,8 +136,25 @@ def _measure_runtime(args: argparse.Namespace, model, seq_len: int, default_f: f
     results = measure_layer_pairs(
         model, parallel, args.backend, size_factor=args.size_factor if args.size_factor is not None else default_f,
         repeats=args.repeats or DEFAULT_REPEATS, warmup=args.warmup, keep=args.orders or DEFAULT_ORDERS,
-        budget_s=args.budget_s, fixed=fixed, timeout_s=args.timeout, progress=line)
+        budget_s=args.budget_s, fixed=fixed, timeout_s=args.timeout, pairs=_pairs(args), progress=line)
     return results, parallel
+
+
+def _pairs(args: argparse.Namespace) -> list[tuple[str, str]] | None:
+    """``--pair F,B`` as ``[(F, B)]`` (the kinds are checked against the model by the harness), else None.
+
+    Raises:
+        ConfigError: not two comma-separated kinds.
+    """
+    from tessera_lab.errors import ConfigError
+
+    if args.pair is None:
+        return None
+    parts = [x.strip() for x in args.pair.split(",")]
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"option --pair = {args.pair!r} is not two layer kinds; allowed: F_KIND,BW_KIND "
+                          f"(e.g. linear_attention+moe,full_attention+moe)")
+    return [(parts[0], parts[1])]
 
 
 def _dry_run(args: argparse.Namespace, model, seq_len: int, default_f: float) -> int:
@@ -153,7 +173,7 @@ def _dry_run(args: argparse.Namespace, model, seq_len: int, default_f: float) ->
     setup = prepare_measurement(
         model, parallel, args.backend, size_factor=args.size_factor if args.size_factor is not None else default_f,
         repeats=args.repeats or DEFAULT_REPEATS, warmup=args.warmup, keep=args.orders or DEFAULT_ORDERS,
-        budget_s=args.budget_s, fixed=fixed)
+        budget_s=args.budget_s, fixed=fixed, pairs=_pairs(args))
     print(dry_run_text(model.name, setup, args.timeout))
     return 0
 
