@@ -309,6 +309,13 @@ def format_result(result: RunResult) -> str:
                          + (f"predicted {pc * 1e3:.1f} ms (plan), " if pc else "")
                          + f"observed {cpu['actions_s'] * 1e3:.1f} ms (workers' process CPU time, median of steps "
                            f"{cpu['steps']}; gradient sync + optimizer {cpu['sync_opt_s'] * 1e3:.1f} ms more)")
+        pm = job.get("peak_memory")
+        if pm:
+            pred = pm["predicted_bytes"]
+            lines.append(f"peak memory per rank (MiB), observed ({pm['observed']}): "
+                         + ", ".join(f"{b / 2**20:.1f}" for b in pm["observed_bytes"])
+                         + ("; predicted (" + pm["predicted"] + "): " + ", ".join(f"{b / 2**20:.1f}" for b in pred)
+                            if pred else "; predicted: none (no memory formula for this schedule)"))
         it = t["iteration"]
         lines.append(f"in-sample replay of the iteration: simulated {it['predicted_s'] * 1e3:.3f} ms from this run's own "
                      f"action times, observed {it['observed_s'] * 1e3:.3f} ms "
