@@ -59,6 +59,10 @@ skipped=0
             "gpus", torch.cuda.device_count())' 2>&1
 } > "$OUT/meta.txt"
 
+if ! grep -q "^torch " "$OUT/meta.txt"; then
+  echo "meta fail $py cannot import torch (see meta.txt); set PYTHON or activate the environment" | tee -a "$summary" >&2
+  exit 2
+fi
 if [ "$rehearse" = 0 ]; then
   ngpu=$("$py" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
   if [ "$ngpu" -lt 1 ]; then
