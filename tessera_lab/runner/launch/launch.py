@@ -2,9 +2,11 @@
 
 Two ways to start ``pp * ep * dp`` processes:
 
-* ``torchrun --nproc-per-node N [--nnodes ...] -m tessera_lab.runner --pp 2 --ep 2 ...``: torchrun sets
-  ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; each process runs :func:`worker_main`; rank 0
-  prints the summary and writes ``--json`` / ``--trace`` / ``--profile-store``. Multi-node works unchanged.
+* ``torchrun --nproc-per-node N [--nnodes M --rdzv-backend c10d ...] -m tessera_lab.runner --pp 2 --ep 2 ...``:
+  torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; each process runs
+  :func:`torchrun_worker` under torchelastic's ``record`` (a failure is written to the agent's error file and
+  reported as the root cause), on ``cuda:$LOCAL_RANK`` with NCCL or on CPU with gloo; global rank 0 prints the
+  summary and writes ``--json`` / ``--trace`` / ``--profile-store``. Supervision is torchelastic's (docs/cli.md).
 * ``tessera-lab run --pp 2 --ep 2 ...`` (or ``python -m tessera_lab.runner`` without torchrun's variables):
   :func:`spawn` starts the workers locally (``127.0.0.1``, a free port), collects rank 0's result and writes
   the outputs. The spawner itself never imports torch.

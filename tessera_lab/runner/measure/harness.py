@@ -5,6 +5,10 @@ real EP group of ``ep`` spawned processes (gloo on CPU, NCCL on GPUs), timed wit
 ``tessera-lab measure --backend cpu|cuda`` (any MoE model at its shapes times a size factor, or a runner model
 ``tiny-*`` at its own shapes).
 
+Each rank builds only the two layers it measures, with only its own experts
+(:func:`~tessera_lab.runner.runtime.topology.build_measured_stages`: constructed on the meta device, then allocated
+and initialised by name), never the whole model; :mod:`tessera_lab.runner.measure.dryrun` says what that holds.
+
 For every ordered pair of layer kinds ``(kind_f, kind_b)`` (the rows of the overlap table) the forward of a
 ``kind_f`` runner layer for micro-batch 1 is paired with the full backward (B with W) of a ``kind_b`` runner layer
 for micro-batch 0. Runner layers are built at the model's shapes times the size factor ``f``
