@@ -249,6 +249,31 @@ def fit_text(fit: dict) -> str:
             f"{quality} (rule of this output: <= 0.1 well, above poorly)")
 
 
+def _measure_analytic(args: argparse.Namespace, model, seq_len: int):
+    """``--backend analytic``: the cost model's overlap table (with a progress bar); ``(table, parallel)``."""
+    from tqdm import tqdm
+
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.hardware import ParallelConfig, cluster_for
+    from tessera_lab.overlap.core import overlap_table
+
+    parallel = ParallelConfig(ep=args.ep or 8, tp=args.tp, seq_len=seq_len,
+                              micro_batch_size=args.micro_batch_size, pp=1, dp=1)
+    bar = tqdm(total=len({l.kind for l in model.layers}) ** 2, desc="measure analytic", unit="pair",
+               file=sys.stderr, disable=args.no_progress, leave=False)
+
+    def progress(done: int, total: int) -> None:
+        bar.total, bar.n = total, done
+        bar.refresh()
+
+    try:
+        overlap = overlap_table(model, parallel, "analytic", progress=progress,
+                                cost_model=CostModel(cluster_for(parallel, args.gpu), parallel))
+    finally:
+        bar.close()
+    return overlap, parallel
+
+
 def cmd_measure(args: argparse.Namespace) -> int:
     """``tessera-lab measure``: the overlap table of a model's layer kinds, written to a profile."""
     from tessera_lab.errors import ConfigError
@@ -262,7 +287,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
         args.model = DEFAULT_MODEL
     from tessera_lab.model.spec import load_model
     from tessera_lab.overlap.bundles import DEFAULT_SIZE_FACTOR
-    from tessera_lab.overlap.core import overlap_spread, overlap_table
+    from tessera_lab.overlap.core import overlap_spread
     from tessera_lab.overlap.profiles import save_profile, update_profile
     from tessera_lab.overlap.table import results_table
     from tessera_lab.paths import data_dir
@@ -274,27 +299,8 @@ def cmd_measure(args: argparse.Namespace) -> int:
                           "processes); allowed: drop --dry-run")
     sizing = None
     if args.backend == "analytic":
-        from tqdm import tqdm
-
-        from tessera_lab.cost.analytic import CostModel
-        from tessera_lab.model.hardware import ParallelConfig, cluster_for
-
-        parallel = ParallelConfig(ep=args.ep or 8, tp=args.tp, seq_len=seq_len,
-                                  micro_batch_size=args.micro_batch_size, pp=1, dp=1)
-        f = 1.0
-        bar = tqdm(total=len({l.kind for l in model.layers}) ** 2, desc="measure analytic", unit="pair",
-                   file=sys.stderr, disable=args.no_progress, leave=False)
-
-        def progress(done: int, total: int) -> None:
-            bar.total, bar.n = total, done
-            bar.refresh()
-
-        try:
-            overlap = overlap_table(model, parallel, "analytic", progress=progress,
-                                    cost_model=CostModel(cluster_for(parallel, args.gpu), parallel))
-        finally:
-            bar.close()
-        results = overlap.attrs["results"]
+        overlap, parallel = _measure_analytic(args, model, seq_len)
+        results, f = overlap.attrs["results"], 1.0
     else:
         from tessera_lab.runner.testbed.predict import runner_model_config
 
