@@ -9,6 +9,7 @@
 #            run-1f1b      run --pp 1 --ep 1 --schedule 1f1b --check: losses match the CPU reference
 #            run-ovl       run --pp 1 --ep 1 --schedule overlapped --pair-exec scheduled --check: the same
 #            trace         the overlapped run under the torch profiler: Chrome traces in torch-trace/
+#            dry-run       measure --dry-run of Qwen3-Next at EP 8: host memory per process <= 8 GiB
 #            pair-ep1      measure of one layer pair at EP 1: a table labelled "no communication"
 #            optable       the op table (GEMM, grouped GEMM, attention, Gated DeltaNet; with 2+ GPUs all-to-all
 #                          and p2p too): op-table.json, schema checked (tessera_lab.cost.optable)
@@ -71,7 +72,9 @@ if [ "$rehearse" = 0 ]; then
   fi
   size=1; [ "$ngpu" -ge 2 ] && size=2; [ "$ngpu" -ge 8 ] && size=8
   B=nccl; MB=cuda; MODEL=qwen3-next-80b-a3b; MODE=close; OPSIZES=gpu
-  PAIR=(--size-factor 1.0 --repeats 5 --orders 2 --warmup 1 --budget-s 100 --timeout 150)
+  # half of Qwen3-Next's widths: at size factor 1 and EP 1 the 512 experts alone take minutes to initialise on one
+  # host thread (measure --dry-run prints the estimate)
+  PAIR=(--size-factor 0.5 --repeats 5 --orders 2 --warmup 1 --budget-s 100 --timeout 150)
   RUNT=120; PAIRT=160
   echo "meta pass $ngpu GPU(s), running the $size-GPU steps (see meta.txt)" | tee -a "$summary"
 else
@@ -122,6 +125,9 @@ run_step run-1f1b "tessera-lab run --pp 1 --ep 1 1F1B: losses match the single-p
 run_step run-ovl "overlapped pairs node by node at pp 1 ep 1: losses match the reference" --pp 1 --ep 1 "${ovl[@]}"
 step trace "$RUNT" "torch profiler Chrome traces, one per rank" "${verify[*]} trace '$OUT/torch-trace'" -- \
   env TESSERA_LAB_TORCH_PROFILE="$OUT/torch-trace" "${cli[@]}" run --backend "$B" --pp 1 --ep 1 "${ovl[@]}" --steps 2
+step dry-run 60 "measure --dry-run at Qwen3-Next's shapes, EP 8: host memory per process <= 8 GiB, nothing started" \
+  "awk '/^host memory per process:/ { ok = (\$5 <= 8); print (ok ? \"ok: \" : \"FAIL: \") \$0; exit !ok }' '$OUT/dry-run.log'" -- \
+  "${cli[@]}" measure --backend "$MB" --model qwen3-next-80b-a3b --ep 8 --size-factor 1.0 --dry-run
 step pair-ep1 "$PAIRT" "one layer pair measured at EP 1, labelled no communication" \
   "${verify[*]} measure '$OUT/pair-ep1.json' no-comm '$OUT/pair-ep1.log'" -- \
   "${cli[@]}" measure --backend "$MB" --model "$MODEL" --ep 1 --pair "$KF,$KB" "${PAIR[@]}" --no-progress \
