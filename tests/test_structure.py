@@ -207,8 +207,6 @@ OVERSIZE_FUNCTIONS: dict[str, tuple[int, int]] = {
     "tessera_lab.pipeline.closedform.closed_form": (136, 8),
     "tessera_lab.pipeline.engine._simulate": (191, 8),
     "tessera_lab.pipeline.zerobubble.greedy_order": (143, 9),
-    "tessera_lab.runner.measure.harness.measure_layer_pairs": (128, 12),
-    "tessera_lab.runner.measure.ranks.measure_rank": (271, 9),
     "tessera_lab.runner.runtime.executor.PipelineExecutor.__init__": (50, 14),
 }
 #: the packages whose functions may stand in OVERSIZE_FUNCTIONS

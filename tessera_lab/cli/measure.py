@@ -113,6 +113,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes of the local group; must equal --ep for cpu/cuda (kept for old scripts)")
     p.add_argument("--timeout", type=_positive("timeout"), default=600.0, help="kill the measuring processes after S seconds")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--pair", default=None, metavar="F_KIND,BW_KIND",
+                   help="cpu/cuda: measure only this pair of layer kinds, e.g. linear_attention+moe,full_attention+moe "
+                        "(default: every ordered pair of the model's kinds)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="cpu/cuda: print the host memory per process, the steps and the estimated time, and start "
+                        "nothing (runs without the GPUs)")
 
 
 def _default_ep(backend: str, model) -> int:
@@ -157,12 +163,50 @@ def _measure_runtime(args: argparse.Namespace, model, seq_len: int, default_f: f
     results = measure_layer_pairs(
         model, parallel, args.backend, size_factor=args.size_factor if args.size_factor is not None else default_f,
         repeats=args.repeats or DEFAULT_REPEATS, warmup=args.warmup, keep=args.orders or DEFAULT_ORDERS,
-        budget_s=left, fixed=fixed, timeout_s=args.timeout, progress=line)
+        budget_s=left, fixed=fixed, timeout_s=args.timeout, pairs=_pairs(args), progress=line)
     for r in results:  # one sizing dict shared by every result: the budget as given, the clock from process start
         sz = r.metadata.get("sizing")
         if sz is not None and sz.get("budget_s") == left:
             sz.update(budget_s=args.budget_s, harness_budget_s=round(left, 2), startup_before_harness_s=round(spent, 2))
     return results, parallel
+
+
+def _pairs(args: argparse.Namespace) -> list[tuple[str, str]] | None:
+    """``--pair F,B`` as ``[(F, B)]`` (the kinds are checked against the model by the harness), else None.
+
+    Raises:
+        ConfigError: not two comma-separated kinds.
+    """
+    from tessera_lab.errors import ConfigError
+
+    if args.pair is None:
+        return None
+    parts = [x.strip() for x in args.pair.split(",")]
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"option --pair = {args.pair!r} is not two layer kinds; allowed: F_KIND,BW_KIND "
+                          f"(e.g. linear_attention+moe,full_attention+moe)")
+    return [(parts[0], parts[1])]
+
+
+def _dry_run(args: argparse.Namespace, model, seq_len: int, default_f: float) -> int:
+    """``measure --dry-run``: the validated measurement laid out (:mod:`tessera_lab.runner.measure.dryrun`);
+    nothing is started and no GPU is needed."""
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.runner.measure.dryrun import dry_run_text
+    from tessera_lab.runner.measure.harness import prepare_measurement
+
+    if args.ep is None:
+        args.ep = _default_ep(args.backend, model)
+    parallel = ParallelConfig(ep=args.ep, tp=args.tp, seq_len=seq_len, micro_batch_size=args.micro_batch_size,
+                              pp=1, dp=1)
+    fixed = [name for name, v in (("repeats", args.repeats), ("keep", args.orders), ("size_factor", args.size_factor))
+             if v is not None]
+    setup = prepare_measurement(
+        model, parallel, args.backend, size_factor=args.size_factor if args.size_factor is not None else default_f,
+        repeats=args.repeats or DEFAULT_REPEATS, warmup=args.warmup, keep=args.orders or DEFAULT_ORDERS,
+        budget_s=args.budget_s, fixed=fixed, pairs=_pairs(args))
+    print(dry_run_text(model.name, setup, args.timeout))
+    return 0
 
 
 def _per_pair(values: list) -> str:
@@ -324,6 +368,9 @@ def cmd_measure(args: argparse.Namespace) -> int:
 
     model = load_model(args.model)
     seq_len, default_f = args.seq_len, DEFAULT_SIZE_FACTOR[args.backend]
+    if args.dry_run and args.backend == "analytic":
+        raise ConfigError("option --dry-run applies to --backend cpu or cuda (the analytic backend starts no "
+                          "processes); allowed: drop --dry-run")
     sizing = None
     if args.backend == "analytic":
         overlap, parallel = _measure_analytic(args, model, seq_len)
@@ -335,6 +382,8 @@ def cmd_measure(args: argparse.Namespace) -> int:
             seq_len, default_f = runner_model_config(args.model)[1]["seq_len"], 1.0
         except ConfigError:
             pass
+        if args.dry_run:
+            return _dry_run(args, model, seq_len, default_f)
         results, parallel = _measure_runtime(args, model, seq_len, default_f)
         overlap = results_table(results)
         sizing = results[0].metadata.get("sizing")

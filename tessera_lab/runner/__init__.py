@@ -11,8 +11,10 @@ Packages, one per job:
                action lists only), ``gradsync`` (ordered reduce-scatter), ``gaps`` (run --dynamic), ``topology``,
                ``train``, ``pipeline``, ``capacity``
 ``launch``     ``spawn`` (local spawner), ``supervise`` (heartbeats, faults), ``worker``, ``results``,
-               ``dynamic_report``, ``launch`` (the ``run`` command line)
-``measure``    layer pairs measured by running them with the runtime (``harness``, ``ranks``, ``sizing``, ``assemble``)
+               ``dynamic_report``, ``memory`` (peak memory and its prediction), ``launch`` (the ``run`` command
+               line and the torchrun entry)
+``measure``    layer pairs measured by running them with the runtime (``harness``, ``ranks``, ``sizing``, ``assemble``,
+               ``dryrun``), and the op table (``optable``)
 ``testbed``    the CPU testbed (``calibrate``, ``predict``, ``sharing``, ``probe``, ``work_probe``, ``validate``):
                models CPU time sharing, does not transfer to GPUs; the runtime never imports it
 =============  ===============================================================================================

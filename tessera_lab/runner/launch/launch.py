@@ -2,9 +2,11 @@
 
 Two ways to start ``pp * ep * dp`` processes:
 
-* ``torchrun --nproc-per-node N [--nnodes ...] -m tessera_lab.runner --pp 2 --ep 2 ...``: torchrun sets
-  ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; each process runs :func:`worker_main`; rank 0
-  prints the summary and writes ``--json`` / ``--trace`` / ``--profile-store``. Multi-node works unchanged.
+* ``torchrun --nproc-per-node N [--nnodes M --rdzv-backend c10d ...] -m tessera_lab.runner --pp 2 --ep 2 ...``:
+  torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; each process runs
+  :func:`torchrun_worker` under torchelastic's ``record`` (a failure is written to the agent's error file and
+  reported as the root cause), on ``cuda:$LOCAL_RANK`` with NCCL or on CPU with gloo; global rank 0 prints the
+  summary and writes ``--json`` / ``--trace`` / ``--profile-store``. Supervision is torchelastic's (docs/cli.md).
 * ``tessera-lab run --pp 2 --ep 2 ...`` (or ``python -m tessera_lab.runner`` without torchrun's variables):
   :func:`spawn` starts the workers locally (``127.0.0.1``, a free port), collects rank 0's result and writes
   the outputs. The spawner itself never imports torch.
@@ -45,7 +47,7 @@ from .worker import _watch_parent, run_worker, worker_main
 
 __all__ = [
     "WorldSpec", "RunSpec", "RunnerError", "RunResult", "spawn", "worker_main", "main", "timing_report",
-    "observed_timeline", "write_trace", "record_profile", "TinyConfig", "_alive", "_free_port",
+    "observed_timeline", "write_trace", "record_profile", "TinyConfig", "_alive", "_free_port", "torchrun_worker",
 ]
 
 
@@ -309,6 +311,13 @@ def format_result(result: RunResult) -> str:
                          + (f"predicted {pc * 1e3:.1f} ms (plan), " if pc else "")
                          + f"observed {cpu['actions_s'] * 1e3:.1f} ms (workers' process CPU time, median of steps "
                            f"{cpu['steps']}; gradient sync + optimizer {cpu['sync_opt_s'] * 1e3:.1f} ms more)")
+        pm = job.get("peak_memory")
+        if pm:
+            pred = pm["predicted_bytes"]
+            lines.append(f"peak memory per rank (MiB), observed ({pm['observed']}): "
+                         + ", ".join(f"{b / 2**20:.1f}" for b in pm["observed_bytes"])
+                         + ("; predicted (" + pm["predicted"] + "): " + ", ".join(f"{b / 2**20:.1f}" for b in pred)
+                            if pred else "; predicted: none (no memory formula for this schedule)"))
         it = t["iteration"]
         lines.append(f"in-sample replay of the iteration: simulated {it['predicted_s'] * 1e3:.3f} ms from this run's own "
                      f"action times, observed {it['observed_s'] * 1e3:.3f} ms "
@@ -392,6 +401,24 @@ def _run_dynamic(world: WorldSpec, job: RunSpec, args: argparse.Namespace) -> in
     return 0
 
 
+def torchrun_worker(args: argparse.Namespace) -> int:
+    """One rank of a job launched by torchrun: the job of ``tessera-lab run`` with the same options, its rank and
+    world size from torchrun's ``RANK`` / ``WORLD_SIZE`` (rendezvous through ``MASTER_ADDR`` / ``MASTER_PORT``),
+    its GPU from ``LOCAL_RANK`` (NCCL; gloo on CPU); rank 0 prints the summary and writes the outputs. Returns 0;
+    raises what failed (:func:`main` runs it under torchelastic's ``record``, which writes the exception to
+    ``$TORCHELASTIC_ERROR_FILE`` for the agent to report as the root cause).
+
+    Raises:
+        ConfigError: bad options, or ``WORLD_SIZE != pp * ep * dp``, before any process group exists.
+    """
+    world, job = specs_from_args(args)
+    _watch_parent()  # torchrun's agent: a worker whose agent dies exits
+    res = run_worker(world, [job], args.out)
+    if res is not None:
+        emit_outputs(res, args)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tessera_lab.runner``: a worker under torchrun (``RANK`` set), else the local spawner."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -409,12 +436,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     try:
         if under_torchrun:
-            world, job = specs_from_args(args)
-            _watch_parent()
-            res = run_worker(world, [job], args.out)
-            if res is not None:
-                emit_outputs(res, args)
-            return 0
+            from torch.distributed.elastic.multiprocessing.errors import record
+
+            return record(torchrun_worker)(args)
         return run_from_args(args)
     except TesseraError as exc:
         print(f"tessera_lab.runner: error: {exc}", file=sys.stderr)

@@ -92,11 +92,26 @@ def run_worker(world: WorldSpec, jobs: Sequence[RunSpec], out_dir: str | None) -
             if j.check_reference:
                 res["reference"] = compare_reference(res, j, world, out_dir)
             results.append(res)
+    _add_peak_memory(results, jobs, world, device)
     dist.barrier()
     dist.destroy_process_group()
     if rank != 0:
         return None
     return RunResult(results, backend, asdict(world), out_dir)
+
+
+def _add_peak_memory(results: list, jobs: Sequence[RunSpec], world: WorldSpec, device) -> None:
+    """Gather every rank's peak memory (a collective: every rank calls it) and, on rank 0, give each job's result
+    ``peak_memory`` (:mod:`.memory`: observed per rank beside the planner's prediction)."""
+    import torch.distributed as dist
+
+    from .memory import observed_peak, peak_memory_record, predicted_peak_bytes
+
+    gathered: list = [None] * world.world_size
+    dist.all_gather_object(gathered, observed_peak(device))
+    for res, j in zip(results, jobs):
+        res["peak_memory"] = peak_memory_record(gathered, predicted_peak_bytes(j, world, res["boundaries"],
+                                                                               res["schedule"]))
 
 
 def _record_failure(out_dir: str | None) -> None:

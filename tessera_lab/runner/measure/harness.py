@@ -5,6 +5,10 @@ real EP group of ``ep`` spawned processes (gloo on CPU, NCCL on GPUs), timed wit
 ``tessera-lab measure --backend cpu|cuda`` (any MoE model at its shapes times a size factor, or a runner model
 ``tiny-*`` at its own shapes).
 
+Each rank builds only the two layers it measures, with only its own experts
+(:func:`~tessera_lab.runner.runtime.topology.build_measured_stages`: constructed on the meta device, then allocated
+and initialised by name), never the whole model; :mod:`tessera_lab.runner.measure.dryrun` says what that holds.
+
 For every ordered pair of layer kinds ``(kind_f, kind_b)`` (the rows of the overlap table) the forward of a
 ``kind_f`` runner layer for micro-batch 1 is paired with the full backward (B with W) of a ``kind_b`` runner layer
 for micro-batch 0. Runner layers are built at the model's shapes times the size factor ``f``
@@ -39,6 +43,7 @@ import os
 import resource
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -46,7 +51,8 @@ from tessera_lab.errors import ConfigError
 
 from .sizing import MIN_KEEP
 
-__all__ = ["runner_config_for", "measure_layer_pairs", "preflight", "size_ladder", "MIXERS"]
+__all__ = ["runner_config_for", "measure_layer_pairs", "prepare_measurement", "MeasureSetup", "preflight",
+           "size_ladder", "MIXERS"]
 
 #: the layer kinds the runner builds (``mixer+ffn``); its FFN is always MoE
 MIXERS = ("linear_attention", "full_attention")
@@ -151,55 +157,34 @@ def _loadavg() -> float | None:
         return None
 
 
-def measure_layer_pairs(model, parallel, backend: str = "cpu", *, size_factor: float = 0.125, repeats: int = 5,
-                        warmup: int = 1, keep: int = 4, budget_s: float | None = None,
-                        fixed: Sequence[str] = (), timeout_s: float = 600.0,
-                        pairs: Sequence[tuple[str, str]] | None = None,
-                        progress: Callable[[str], None] | None = None) -> list:
-    """Measure the overlap table's pairs of ``model`` with the runtime's node executor (module docstring).
+@dataclass
+class MeasureSetup:
+    """A validated measurement before anything starts: ``ep`` processes on ``backend``, the size ``ladder``
+    (:func:`size_ladder`), the ``(kind_f, kind_b)`` ``jobs``, ``mbs`` sequences per micro-batch and rank, and the
+    options every rank reads (``opts``: repeats, warmup, keep, fixed, budget_s, t_start)."""
 
-    Args:
-        model: a :class:`~tessera_lab.model.spec.ModelSpec` with MoE layers; parallel: its
-            :class:`~tessera_lab.model.hardware.ParallelConfig` (``ep`` processes, 1..8; ``seq_len`` and
-            ``micro_batch_size`` set the tokens per rank).
-        backend: ``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per process).
-        size_factor: widths and sequence length multiplier in (0, 1]; repeats >= 1, warmup >= 0; keep: candidate
-            orders per pair (>= 2).
-        budget_s: wall seconds the whole measurement may take, process start included (None: no sizing, the
-            given work is run as is); the sizing reduces repeats, then candidate orders, then the size factor,
-            except the options named in ``fixed`` (``"repeats"``, ``"keep"``, ``"size_factor"``).
-        pairs: the ``(kind_f, kind_b)`` pairs to measure (default: every ordered pair of the model's layer kinds).
-        progress: called with one line of text per step (process start, probe, plan, pair, candidate order,
-            halving round).
+    backend: str
+    ep: int
+    ladder: list
+    jobs: list
+    mbs: int
+    opts: dict
 
-    Returns:
-        one :class:`~tessera_lab.overlap.results.OverlapResult` per pair; each result's metadata ``sizing`` holds
-        the budget, the probe, the plan, what was reduced or skipped, wall and CPU seconds and the load average.
+
+def prepare_measurement(model, parallel, backend: str, *, size_factor: float, repeats: int, warmup: int, keep: int,
+                        budget_s: float | None, fixed: Sequence[str] = (),
+                        pairs: Sequence[tuple[str, str]] | None = None) -> MeasureSetup:
+    """Validate a measurement (arguments of :func:`measure_layer_pairs`) and lay it out, starting nothing and
+    without looking at the GPUs (``measure --dry-run`` runs where they are not; :func:`check_gpus` does).
 
     Raises:
-        ConfigError: bad sizes or a model the runner cannot build; MeasurementError: a rank failed or the
-        measurement ran past ``timeout_s``.
+        ConfigError: naming the field, its value and the allowed range.
     """
-    import queue as _queue
-
-    import torch
-    import torch.multiprocessing as mp
-
-    from tessera_lab.overlap.bundles import MeasurementError
-    from tessera_lab.overlap.environment import current_environment
-    from tessera_lab.overlap.table import layer_kind_examples
-
-    from .assemble import overlap_result
-
-    t_start, cpu0 = time.time(), time.process_time()
-    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if backend not in ("cpu", "cuda"):
         raise ConfigError(f"field 'backend' = {backend!r} is unknown here; allowed: cpu, cuda")
     ep = parallel.ep
     if not 1 <= ep <= 8:
         raise ConfigError(f"field 'ep' = {ep} is out of range for the {backend} backend; allowed: 1..8 processes")
-    if backend == "cuda" and torch.cuda.device_count() < ep:
-        raise ConfigError(f"field 'ep' = {ep} needs {ep} GPUs; this machine has {torch.cuda.device_count()}")
     if not (isinstance(keep, int) and keep >= MIN_KEEP):
         raise ConfigError(f"field 'keep' = {keep!r} is out of range; allowed: an integer >= {MIN_KEEP}")
     if budget_s is not None and not budget_s > 0:
@@ -208,26 +193,48 @@ def measure_layer_pairs(model, parallel, backend: str = "cpu", *, size_factor: f
     ladder = size_ladder(model, size_factor, parallel.seq_len, fixed=budget_s is None or "size_factor" in fixed)
     if ladder[0][1]["num_experts"] % ep:
         raise ConfigError(f"field 'ep' = {ep} must divide num_experts = {ladder[0][1]['num_experts']}")
+    from tessera_lab.overlap.table import layer_kind_examples
+
     kinds = list(layer_kind_examples(model))
     jobs = [tuple(p) for p in pairs] if pairs is not None else [(a, b) for a in kinds for b in kinds]
     for kf, kb in jobs:
         for k in (kf, kb):
             if k not in kinds:
                 raise ConfigError(f"field 'pairs' names layer kind {k!r}; allowed: {', '.join(kinds)}")
-    env = current_environment(backend)
-    load_before = _loadavg()
-    say = progress or (lambda text: None)
     opts = {"repeats": repeats, "warmup": warmup, "keep": keep, "fixed": sorted(fixed), "budget_s": budget_s,
-            "t_start": t_start}
-    say(f"starting {ep} {'NCCL' if backend == 'cuda' else 'gloo'} processes (load average {load_before})"
-        + (f"; budget {budget_s:g} s" if budget_s is not None else ""))
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
+            "t_start": time.time()}
+    return MeasureSetup(backend, ep, ladder, jobs, parallel.micro_batch_size, opts)
+
+
+def check_gpus(backend: str, ep: int) -> None:
+    """Raise :class:`ConfigError` when ``backend`` is ``cuda`` and fewer than ``ep`` GPUs are visible."""
+    if backend == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < ep:
+            raise ConfigError(f"field 'ep' = {ep} needs {ep} GPUs; this machine has {torch.cuda.device_count()}")
+
+
+def _run_ranks(setup: MeasureSetup, timeout_s: float, say: Callable[[str], None]) -> tuple[dict, float | None]:
+    """Spawn the ``ep`` measuring processes, relay their progress, return rank 0's result and when the group was
+    ready (wall clock).
+
+    Raises:
+        MeasurementError: a rank failed or died, or ``timeout_s`` passed.
+    """
+    import queue as _queue
+
+    import torch.multiprocessing as mp
+
+    from tessera_lab.overlap.bundles import MeasurementError
+
+    backend, t_start = setup.backend, setup.opts["t_start"]
+    q = mp.get_context("spawn").Queue()
     got, ready_at = None, None
     with tempfile.TemporaryDirectory(prefix="tessera-measure-") as tmp:
-        pc = mp.start_processes(_worker, args=(ep, str(Path(tmp) / "store"), jobs, ladder, parallel.micro_batch_size,
-                                               opts, backend == "cuda", timeout_s, q),
-                                nprocs=ep, start_method="spawn", join=False)
+        pc = mp.start_processes(_worker, args=(setup.ep, str(Path(tmp) / "store"), setup.jobs, setup.ladder,
+                                               setup.mbs, setup.opts, backend == "cuda", timeout_s, q),
+                                nprocs=setup.ep, start_method="spawn", join=False)
         deadline = time.monotonic() + timeout_s
         try:
             while got is None:
@@ -257,12 +264,60 @@ def measure_layer_pairs(model, parallel, backend: str = "cpu", *, size_factor: f
                 if p.is_alive():
                     p.kill()
                     p.join(timeout=5)
+    return got, ready_at
+
+
+def measure_layer_pairs(model, parallel, backend: str = "cpu", *, size_factor: float = 0.125, repeats: int = 5,
+                        warmup: int = 1, keep: int = 4, budget_s: float | None = None,
+                        fixed: Sequence[str] = (), timeout_s: float = 600.0,
+                        pairs: Sequence[tuple[str, str]] | None = None,
+                        progress: Callable[[str], None] | None = None) -> list:
+    """Measure the overlap table's pairs of ``model`` with the runtime's node executor (module docstring).
+
+    Args:
+        model: a :class:`~tessera_lab.model.spec.ModelSpec` with MoE layers; parallel: its
+            :class:`~tessera_lab.model.hardware.ParallelConfig` (``ep`` processes, 1..8; ``seq_len`` and
+            ``micro_batch_size`` set the tokens per rank).
+        backend: ``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per process).
+        size_factor: widths and sequence length multiplier in (0, 1]; repeats >= 1, warmup >= 0; keep: candidate
+            orders per pair (>= 2).
+        budget_s: wall seconds the whole measurement may take, process start included (None: no sizing, the
+            given work is run as is); the sizing reduces repeats, then candidate orders, then the size factor,
+            except the options named in ``fixed`` (``"repeats"``, ``"keep"``, ``"size_factor"``).
+        pairs: the ``(kind_f, kind_b)`` pairs to measure (default: every ordered pair of the model's layer kinds).
+        progress: called with one line of text per step (process start, probe, plan, pair, candidate order,
+            halving round).
+
+    Returns:
+        one :class:`~tessera_lab.overlap.results.OverlapResult` per pair; each result's metadata ``sizing`` holds
+        the budget, the probe, the plan, what was reduced or skipped, wall and CPU seconds and the load average.
+
+    Raises:
+        ConfigError: bad sizes or a model the runner cannot build; MeasurementError: a rank failed or the
+        measurement ran past ``timeout_s``.
+    """
+    from tessera_lab.overlap.environment import current_environment
+
+    from .assemble import overlap_result
+
+    cpu0 = time.process_time()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    setup = prepare_measurement(model, parallel, backend, size_factor=size_factor, repeats=repeats, warmup=warmup,
+                                keep=keep, budget_s=budget_s, fixed=fixed, pairs=pairs)
+    check_gpus(backend, setup.ep)
+    t_start, ep = setup.opts["t_start"], setup.ep
+    env = current_environment(backend)
+    load_before = _loadavg()
+    say = progress or (lambda text: None)
+    say(f"starting {ep} {'NCCL' if backend == 'cuda' else 'gloo'} processes (load average {load_before})"
+        + (f"; budget {budget_s:g} s" if budget_s is not None else ""))
+    got, ready_at = _run_ranks(setup, timeout_s, say)
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.time() - t_start
     cpu = (time.process_time() - cpu0) + (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     sizing = dict(got["sizing"])
     f = sizing["size_factor"]
-    cfg = dict(ladder)[f]
+    cfg = dict(setup.ladder)[f]
     load_after = _loadavg()
     sizing.update({"wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
                    "cpu_s_note": "user + sys of this process and the measuring processes (spawn and import included)",

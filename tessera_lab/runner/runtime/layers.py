@@ -71,6 +71,8 @@ __all__ = [
     "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
     "is_expert_param",
+    "init_parameter",
+    "router_bias_of",
     "read_route_log",
 ]
 
@@ -354,6 +356,15 @@ class Expert(nn.Module):
         return self.down(F.silu(gate) * up)
 
 
+def router_bias_of(cfg: TinyConfig, layer_index: int, device: torch.device | str | None = None) -> torch.Tensor | None:
+    """Layer ``layer_index``'s fixed router logit offsets ``[E]`` float32 from ``cfg.router_bias`` (one list for
+    every layer or one per layer), or None."""
+    rb = cfg.router_bias
+    if rb is not None and rb and isinstance(rb[0], tuple):  # per layer
+        rb = rb[layer_index]
+    return torch.tensor(rb, dtype=torch.float32, device=device) if rb is not None else None
+
+
 class MoEBlock(nn.Module):
     """Router, routed experts (all, or this EP rank's subset) and the sigmoid-gated shared expert.
 
@@ -380,11 +391,7 @@ class MoEBlock(nn.Module):
         self.experts = nn.ModuleDict({str(e): Expert(cfg.hidden_size, cfg.expert_width) for e in range(cfg.num_experts)})
         self.shared = Expert(cfg.hidden_size, cfg.shared_expert_width) if cfg.shared_expert_width else None
         self.shared_gate = DeferrableLinear(cfg.hidden_size, 1) if cfg.shared_expert_width else None
-        rb = cfg.router_bias
-        if rb is not None and rb and isinstance(rb[0], tuple):  # per layer
-            rb = rb[layer_index]
-        bias = torch.tensor(rb, dtype=torch.float32) if rb is not None else None
-        self.register_buffer("router_bias", bias, persistent=False)
+        self.register_buffer("router_bias", router_bias_of(cfg, layer_index), persistent=False)
         self.route_log: list | None = None
 
     def keep_experts(self, ids: Sequence[int]) -> None:
@@ -531,6 +538,27 @@ def is_expert_param(name: str) -> bool:
     return ".moe.experts." in name
 
 
+@torch.no_grad()
+def init_parameter(name: str, p: torch.Tensor, seed: int) -> None:
+    """Deterministic init of parameter ``name`` (its full name in :class:`TinyMoEModel`, e.g.
+    ``layers.1.moe.experts.5.down.weight``) in place, from a CPU generator seeded by ``(seed, crc32(name))``, so
+    a module built alone gets the values the whole model would give it, on any device.
+
+    Norm weights 1; ``A_log`` = log of U(1, 16); ``dt_bias`` 0; embedding N(0, 1); GEMM weights N(0, 1/in_features).
+    """
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+    if name.endswith("norm.weight"):
+        p.fill_(1.0)
+    elif name.endswith("A_log"):
+        p.copy_(torch.empty(p.shape).uniform_(1.0, 16.0, generator=gen).log())
+    elif name.endswith("dt_bias"):
+        p.zero_()
+    elif name == "embed.weight":
+        p.copy_(torch.randn(p.shape, generator=gen))
+    else:
+        p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+
+
 class TinyMoEModel(nn.Module):
     """Embedding, ``num_layers`` :class:`DecoderLayer`, final norm and LM head. ``[b, T]`` ids -> ``[b, T, V]``."""
 
@@ -545,23 +573,9 @@ class TinyMoEModel(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
-        """Deterministic init: parameter ``name`` from a generator seeded by ``(seed, crc32(name))``.
-
-        Norm weights 1; ``A_log`` = log of U(1, 16); ``dt_bias`` 0; embedding N(0, 1); GEMM weights
-        N(0, 1/in_features).
-        """
+        """Deterministic init of every parameter by :func:`init_parameter` (its full name in this model)."""
         for name, p in self.named_parameters():
-            gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(1.0, 16.0, generator=gen).log())
-            elif name.endswith("dt_bias"):
-                p.zero_()
-            elif name == "embed.weight":
-                p.copy_(torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+            init_parameter(name, p, seed)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: ``[b, T, H] -> [b, T, V]`` logits."""

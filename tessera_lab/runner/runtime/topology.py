@@ -4,6 +4,7 @@ model (see :mod:`tessera_lab.runner.runtime.pipeline` for the rank layout)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -13,11 +14,12 @@ import torch.nn as nn
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.layout import RankGrid
 
-from .layers import TinyMoEModel
+from .layers import DecoderLayer, TinyMoEModel, init_parameter, router_bias_of
 from .moe import ExpertParallelComm
 from .specs import TinyConfig, WorldSpec
 
-__all__ = ["Topology", "rank_coords", "build_topology", "StageModule", "check_boundaries", "build_stages"]
+__all__ = ["Topology", "rank_coords", "build_topology", "StageModule", "check_boundaries", "build_stages",
+           "build_layers_alone", "build_measured_stages"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -110,7 +112,7 @@ class StageModule(nn.Module):
     :class:`~tessera_lab.runner.runtime.moe.ExpertParallelComm` for expert parallelism (None: all experts local).
     """
 
-    def __init__(self, model: TinyMoEModel, stage: int, num_stages: int, boundaries: list[int]):
+    def __init__(self, model: TinyMoEModel | Any, stage: int, num_stages: int, boundaries: list[int]):
         super().__init__()
         self.stage, self.num_stages = stage, num_stages
         self.is_first, self.is_last = stage == 0, stage == num_stages - 1
@@ -160,3 +162,51 @@ def build_stages(cfg: TinyConfig, boundaries: list[int], stages: list[int], num_
     return model, {s: StageModule(model, s, num_stages, boundaries) for s in stages}
 
 
+
+
+def build_layers_alone(cfg: TinyConfig, layer_ids: list[int], local_experts: list[int] | None,
+                       device: torch.device | str) -> dict[int, DecoderLayer]:
+    """Decoder layers ``layer_ids`` of ``cfg``'s model, built alone: each is constructed on the meta device (no
+    memory), keeps only ``local_experts`` (None: all), and is then allocated on ``device`` and initialised
+    parameter by parameter with the whole model's names (:func:`~tessera_lab.runner.runtime.layers.init_parameter`),
+    so every value equals what :func:`build_stages` gives the same layer and expert (tested), and EP ranks agree.
+    The host holds at most one parameter's CPU draw at a time besides the layers themselves (none of them when
+    ``device`` is a GPU). ``device="meta"``: shapes only, nothing allocated or initialised.
+
+    Raises:
+        IndexError: a layer id outside ``0 .. cfg.num_layers - 1``.
+    """
+    kinds = cfg.layer_kinds()
+    dev = torch.device(device)
+    out: dict[int, DecoderLayer] = {}
+    for i in layer_ids:
+        with torch.device("meta"):
+            layer = DecoderLayer(cfg, i, kinds[i])
+        if local_experts is not None:
+            layer.moe.keep_experts(local_experts)
+        if dev.type != "meta":
+            layer = layer.to_empty(device=dev)
+            for name, p in layer.named_parameters():
+                init_parameter(f"layers.{i}.{name}", p, cfg.seed)
+            layer.moe.router_bias = router_bias_of(cfg, i, dev)  # to_empty left it uninitialised
+        out[i] = layer
+    return out
+
+
+def build_measured_stages(cfg: TinyConfig, layer_ids: list[int], local_experts: list[int] | None,
+                          device: torch.device | str) -> dict[int, StageModule]:
+    """One single-layer :class:`StageModule` per id in ``layer_ids`` (stage ``i`` of ``cfg.num_layers``, layer
+    ``i``; no embedding, no head, so ``0 < i < num_layers - 1``), built by :func:`build_layers_alone`: what the
+    overlap measurement runs, without ever building the rest of the model.
+
+    Raises:
+        ConfigError: a layer id that is the first or the last layer (those stages carry the embedding or the head).
+    """
+    n = cfg.num_layers
+    bad = [i for i in layer_ids if not 0 < i < n - 1]
+    if bad:
+        raise ConfigError(f"measured layer ids {bad} are out of range; allowed: 1..{n - 2} (the first and last "
+                          f"stages carry the embedding and the head)")
+    layers = build_layers_alone(cfg, layer_ids, local_experts, device)
+    holder = SimpleNamespace(layers=layers, embed=None, norm=None, lm_head=None)
+    return {i: StageModule(holder, i, n, list(range(n + 1))) for i in layer_ids}
