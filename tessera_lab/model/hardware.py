@@ -68,6 +68,12 @@ _GPU_ALIASES = {"H100": "H100-SXM", "H100-SXM": "H100-SXM", "H200": "H200", "B20
                 "GB200": "GB200", "GB200-NVL72": "GB200"}
 
 
+def gpu_types() -> tuple[str, ...]:
+    """The GPU types of ``data/hardware/hardware.json`` (canonical names, e.g. ``H100-SXM``, ``GB200``), each a valid
+    :meth:`GPUSpec.named` argument; what a layout search enumerates."""
+    return tuple(hardware_data()["gpus"])
+
+
 @dataclass(frozen=True)
 class GPUSpec:
     """One GPU type.
