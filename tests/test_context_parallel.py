@@ -104,7 +104,11 @@ def test_cp_layout_and_counting():
     assert p.tokens_per_iteration == ParallelConfig(pp=2, ep=4, tp=2).tokens_per_iteration  # same global batch
     assert p.group_ranks("tp") == [0, 1]
     assert p.group_ranks("cp") == [0, 2]  # CP next to TP (Megatron's tp-cp-ep-dp-pp)
-    assert p.group_ranks("ep") == [0, 4, 8, 12]
+    # EP spans CP as in Megatron-Core's expert grid: the 8 ranks of TP index 0 in a stage (0, 2, ..., 14), in
+    # rank order, cut into cp = 2 groups of ep = 4
+    assert p.group_ranks("ep") == [0, 2, 4, 6]
+    assert p.group_ranks("ep", ep_i=2) == [8, 10, 12, 14]
+    assert ParallelConfig(pp=1, ep=8, cp=2).ep_link_ranks() == list(range(8))  # inside one DGX node
     assert p.dense_shard_dp == 8 and p.expert_dp == 4
     assert sorted(r for k in ("tp", "cp", "ep") for r in p.group_ranks(k)) != list(range(16))  # groups differ
 

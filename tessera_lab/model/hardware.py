@@ -269,9 +269,9 @@ class ParallelConfig:
         cp: context-parallel size: each micro-batch's sequences are split over ``cp`` ranks (``seq_len / cp`` tokens
             each, Megatron's load-balanced causal split into ``2 cp`` chunks, so ``seq_len`` must be a multiple of
             ``2 cp``); CP ranks sit next to the TP ranks (Megatron's order ``tp-cp-ep-dp-pp``) and multiply the world.
-            EP does not take CP ranks in this count (``ep`` groups are drawn from the data-parallel replicas); in
-            Megatron-Core an EP group may span CP ranks (its expert grid is carved from ``tp x cp x dp``), which
-            moves the same bytes per rank: ``ep_placement = contiguous`` places it so (docs/context-parallel.md).
+            ``ep`` still counts the EP ranks of a group and the world grows by ``cp``; the EP groups span CP ranks as
+            Megatron-Core's expert grid does (carved from ``tp x cp x dp``, :meth:`group_ranks`), each rank routing
+            its own ``seq_len / cp`` tokens (docs/context-parallel.md).
         host_sync_s: seconds per MoE layer and micro-batch the host/device synchronisation of the dropless EP
             dispatch exposes (:mod:`tessera_lab.cost.sync`, applied only where that module's rule says);
             ``None`` = the value fitted on published runs (``FITTED_PER_LAYER_S``), 0 = off.
@@ -429,8 +429,11 @@ class ParallelConfig:
         """Ranks of the ``tp``, ``cp``, ``ep``, ``dp``, ``edp`` or ``pp`` group containing the coordinate (CP index 0)
         (:meth:`~tessera_lab.model.layout.RankGrid.group_ranks`); with ``ep_spans_tp`` the ``ep`` group is the
         ``ep / tp`` x ``tp`` block of consecutive ranks (expert TP 1) and ``edp`` the dense data-parallel group;
-        the ``cp`` group is the ``cp`` ranks ``tp`` apart; ``edp`` takes every CP rank (:attr:`dense_shard_dp`)."""
+        the ``cp`` group is the ``cp`` ranks ``tp`` apart; ``edp`` takes every CP rank (:attr:`dense_shard_dp`);
+        with ``cp > 1`` an ``ep`` group spans CP ranks (:meth:`_ep_group_across_cp`)."""
         g = self.grid
+        if kind == "ep" and self.cp > 1:
+            return self._ep_group_across_cp(pp_i, dp_i, ep_i, tp_i)
         if kind == "cp":
             return [g.rank(pp_i, dp_i, ep_i, c * self.tp + tp_i) for c in range(self.cp)]
         if kind == "tp" and self.cp > 1:
@@ -440,6 +443,18 @@ class ParallelConfig:
         if kind == "edp" and self.cp > 1:
             return sorted(r for c in range(self.cp) for r in g.group_ranks("edp", pp_i, dp_i, ep_i, c * self.tp + tp_i))
         return g.group_ranks(kind, pp_i, dp_i, ep_i, tp_i)
+
+    def _ep_group_across_cp(self, pp_i: int, dp_i: int, ep_i: int, tp_i: int) -> list[int]:
+        """The EP group of a coordinate (CP index 0) when ``cp > 1``: as Megatron-Core's expert grid carves EP groups
+        from the ``tp x cp x dp`` ranks of a stage (``megatron/core/parallel_state.py``, expert order ``tp-ep-dp-pp``
+        with expert TP 1), the ``ep x cp`` candidate ranks of the coordinate's ``dp`` index (its TP rank only, or every
+        TP rank with ``ep_spans_tp``) in rank order, cut into ``cp`` groups of ``ep``: an EP group takes CP ranks
+        first. With ``tp = 1`` the group of rank 0 is ranks ``0 .. ep-1``."""
+        g = self.grid
+        tps = range(self.tp) if self.ep_spans_tp else (tp_i,)
+        ranks = sorted(g.rank(pp_i, dp_i, e, c * self.tp + t) for e in range(g.ep) for c in range(self.cp) for t in tps)
+        block = ranks.index(g.rank(pp_i, dp_i, ep_i, tp_i)) // self.ep
+        return ranks[block * self.ep:(block + 1) * self.ep]
 
     def ep_link_ranks(self) -> list[int]:
         """Ranks of the first EP group as the links see them: :meth:`group_ranks` (``ep_placement = grid``) or the
