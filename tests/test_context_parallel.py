@@ -191,7 +191,7 @@ def test_cp4_faster_than_cp2_at_64k(capsys):
     times = {}
     for cp in (2, 4):
         assert main(["plan", "--model", "qwen3-next-80b-a3b", "--seq-len", "65536", "--pp", "8", "--ep", "8",
-                     "--recompute", "full", "--cp", str(cp), "--method", "uniform", "--json", "-"]) == 0
+                     "--recompute", "full", "--cp", str(cp), "--json", "-"]) == 0
         times[cp] = json.loads(capsys.readouterr().out)
     it = {cp: d["iteration_time_s"] for cp, d in times.items()}
     assert it[4] < it[2]
@@ -210,3 +210,18 @@ def test_plan_json_keeps_cp():
     again = load_plan(d)
     assert again.parallel == par
     assert again.chosen.iteration_time_s == pytest.approx(plan.chosen.iteration_time_s)
+
+
+def test_cp_ring_on_the_right_link():
+    """TP 8 x CP 2: the CP pair (ranks 0 and 8) spans two DGX H200 nodes (the ring runs at the 50 GB/s NIC) but one
+    GB200 NVL72 rack (900 GB/s NVLink a direction): S x 1/2 over each."""
+    m = load_model("qwen3-next-80b-a3b")
+    p = ParallelConfig(pp=1, ep=8, tp=8, cp=2, seq_len=16384, expert_load=1.0)
+    assert p.group_ranks("cp") == [0, 8]
+    ring = _task(layer_tasks(m, _layer(m, "gated_gqa"), p), "F", "cp_kv").collective
+    a = cost_assumptions()
+    eff = a["nccl_bus_efficiency"]
+    t_h = CostModel(cluster_for(p, "H200"), p).collective_time(ring)
+    t_gb = CostModel(cluster_for(p, "GB200"), p).collective_time(ring)
+    assert t_h == pytest.approx(a["alpha_inter_node_s"] + ring.bytes / 2 / (50e9 * eff))
+    assert t_gb == pytest.approx(a["alpha_intra_node_s"] + ring.bytes / 2 / (900e9 * eff))
