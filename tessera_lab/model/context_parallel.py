@@ -9,8 +9,9 @@ tokens unchanged. The mixers exchange data over the ``cp`` group (the ``cp`` ran
 * **Full attention** (GQA, MLA, DeepSeek sparse attention): Transformer Engine's ``cp_comm_type = "p2p"`` (Megatron's
   default, ``--cp-comm-type``): the KV chunks travel a ring, ``cp - 1`` steps, each overlapped with the attention of
   the chunk already there (``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``,
-  ``AttnFuncWithCPAndKVP2P``). Each rank sends ``(cp - 1) x KV`` bytes, ``KV = T x kv_width x dtype``; priced as an
-  all-gather of ``S = cp x KV`` (nccl-tests' ``S``, time ``S (cp-1)/cp / B``, the same bytes per link as the ring and
+  ``AttnFuncWithCPAndKVP2P``, ``flash_attn_p2p_communicate``: KV in the forward, KV and dKV in the backward;
+  TransformerEngine commit ``9c61cd7e5e0c93217ad38d4682568ff5dde4f08b``). Each rank sends ``(cp - 1) x KV`` bytes,
+  ``KV = T x kv_width x dtype``; priced as an all-gather of ``S = cp x KV`` (nccl-tests' ``S``, time ``S (cp-1)/cp / B``, the same bytes per link as the ring and
   as ``cp_comm_type = "all_gather"``). The backward sends the KV around again and the KV gradients back: twice the
   forward bytes. The attention core's FLOPs are the sequence's causal pairs over ``cp``.
 * **Mamba-2** (``megatron/core/ssm/mamba_context_parallel.py``, ``MambaContextParallel.pre_conv_ssm`` /
@@ -23,8 +24,8 @@ tokens unchanged. The mixers exchange data over the ``cp`` group (the ``cp`` ran
 * **KDA, lightning attention, Mamba-1**: Megatron-Core has no CP for them; assumed to run as its Gated DeltaNet
   does (head sharding: the in-projection's output all-to-all'd before the convolution and recurrence, the gated
   output back before the out-projection), since each head's recurrence is independent. The alternative of passing
-  the recurrent state between CP ranks (flash-linear-attention's GDN CP, ``fla/ops/chunk_cp.py``) moves less
-  (one ``d_k x d_v`` state per head) but serialises the ranks along the sequence; it is not modelled.
+  the recurrent state between CP ranks (flash-linear-attention's GDN CP, ``fla/ops/chunk_cp.py`` as its ``tests/cp/README.md``
+  lists it, commit ``a5a967c1600cc4841fd8642ad64d5c43e9bcfc83``) moves less (one ``d_k x d_v`` state per head) but serialises the ranks along the sequence; it is not modelled.
 
 The backward of an all-to-all is the reverse all-to-all of the same bytes. Commit read: Megatron-LM
 ``d98e8a64ddf34856e74b24714e3bedb2f5a39553``. Rationale and worked examples: docs/context-parallel.md.
