@@ -6,26 +6,28 @@ so every rank has the same share of the causal (query, key) pairs). Norms, proje
 tokens unchanged. The mixers exchange data over the ``cp`` group (the ``cp`` ranks ``tp`` apart,
 :meth:`~tessera_lab.model.hardware.ParallelConfig.group_ranks`), as Megatron-Core runs them:
 
-* **Full attention** (GQA, MLA, DeepSeek sparse attention): Transformer Engine's ``cp_comm_type = "p2p"`` (Megatron's
-  default, ``--cp-comm-type``): the KV chunks travel a ring, ``cp - 1`` steps, each overlapped with the attention of
-  the chunk already there (``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``,
-  ``AttnFuncWithCPAndKVP2P``, ``flash_attn_p2p_communicate``: KV in the forward, KV and dKV in the backward;
-  TransformerEngine commit ``9c61cd7e5e0c93217ad38d4682568ff5dde4f08b``). Each rank sends ``(cp - 1) x KV`` bytes,
-  ``KV = T x kv_width x dtype``; priced as an all-gather of ``S = cp x KV`` (nccl-tests' ``S``, time ``S (cp-1)/cp / B``, the same bytes per link as the ring and
-  as ``cp_comm_type = "all_gather"``). The backward sends the KV around again and the KV gradients back: twice the
-  forward bytes. The attention core's FLOPs are the sequence's causal pairs over ``cp``.
+* **Full attention** (GQA, MLA, DeepSeek sparse attention): Transformer Engine's ``cp_comm_type = "p2p"``
+  (Megatron's default, ``--cp-comm-type``): the KV chunks travel a ring, ``cp - 1`` steps, each overlapped with the
+  attention of the chunk already there
+  (``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``, ``AttnFuncWithCPAndKVP2P``,
+  ``flash_attn_p2p_communicate``: KV in the forward, KV and dKV in the backward; TransformerEngine commit
+  ``9c61cd7e5e0c93217ad38d4682568ff5dde4f08b``). Each rank sends ``(cp - 1) x KV`` bytes, ``KV = T x kv_width x
+  dtype``; priced as an all-gather of ``S = cp x KV`` (nccl-tests' ``S``, time ``S (cp-1)/cp / B``, the same bytes
+  per link as the ring and as ``cp_comm_type = "all_gather"``). The backward sends the KV around again and the KV
+  gradients back: twice the forward bytes. The attention core's FLOPs are the sequence's causal pairs over ``cp``.
 * **Mamba-2** (``megatron/core/ssm/mamba_context_parallel.py``, ``MambaContextParallel.pre_conv_ssm`` /
-  ``post_conv_ssm``): an all-to-all from sequence to head sharding of the in-projection's output (z, x, B, C, dt;
-  B and C repeated to ``cp`` groups when the rank has fewer SSM groups than ``cp``) before the convolution and the
-  scan, and an all-to-all back of the scan's output before the out-projection. Each all-to-all's ``S`` is the
-  rank's whole buffer, ``T x width x dtype`` (it keeps ``1/cp`` of it).
+  ``post_conv_ssm``): an all-to-all from sequence to head sharding of the in-projection's output (z, x, B, C, dt; B
+  and C repeated to ``cp`` groups when the rank has fewer SSM groups than ``cp``) before the convolution and the
+  scan, and an all-to-all back of the scan's output before the out-projection. Each all-to-all's ``S`` is the rank's
+  whole buffer, ``T x width x dtype`` (it keeps ``1/cp`` of it).
 * **Gated DeltaNet** (``megatron/core/ssm/gated_delta_net/gdn.py`` and ``common.py``: ``a2a_cp_to_hp`` of the whole
   in-projection output ``qkvzba``, ``a2a_hp_to_cp`` of the gated norm's output): the same two all-to-alls.
-* **KDA, lightning attention, Mamba-1**: Megatron-Core has no CP for them; assumed to run as its Gated DeltaNet
-  does (head sharding: the in-projection's output all-to-all'd before the convolution and recurrence, the gated
-  output back before the out-projection), since each head's recurrence is independent. The alternative of passing
-  the recurrent state between CP ranks (flash-linear-attention's GDN CP, ``fla/ops/chunk_cp.py`` as its ``tests/cp/README.md``
-  lists it, commit ``a5a967c1600cc4841fd8642ad64d5c43e9bcfc83``) moves less (one ``d_k x d_v`` state per head) but serialises the ranks along the sequence; it is not modelled.
+* **KDA, lightning attention, Mamba-1**: Megatron-Core has no CP for them; assumed to run as its Gated DeltaNet does
+  (head sharding: the in-projection's output all-to-all'd before the convolution and recurrence, the gated output
+  back before the out-projection), since each head's recurrence is independent. The alternative of passing the
+  recurrent state between CP ranks (flash-linear-attention's GDN CP, ``fla/ops/chunk_cp.py`` as its
+  ``tests/cp/README.md`` lists it, commit ``a5a967c1600cc4841fd8642ad64d5c43e9bcfc83``) moves less (one ``d_k x
+  d_v`` state per head) but serialises the ranks along the sequence; it is not modelled.
 
 The backward of an all-to-all is the reverse all-to-all of the same bytes. Commit read: Megatron-LM
 ``d98e8a64ddf34856e74b24714e3bedb2f5a39553``. Rationale and worked examples: docs/context-parallel.md.
