@@ -341,6 +341,44 @@ def _zb_auto() -> dict[str, float]:
     return out
 
 
+def _context_parallel() -> dict[str, float]:
+    """docs/context-parallel.md: the GPU figures of ``data/hardware/hardware.json`` it tabulates (per GPU, dense), the
+    worked CP volumes (the task graph's ``cp_kv`` / ``cp_a2a_*`` bytes, which the tests check against the hand
+    formulas) and the EP 64 all-to-all bandwidth-term ratio of DGX H200 over GB200 NVL72 (the cost model's)."""
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.graph import Collective
+    from tessera_lab.model.hardware import GPUSpec, ParallelConfig, cluster_for, cost_assumptions
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.model.tasks import layer_tasks
+
+    out: dict[str, float] = {}
+    for name in ("H100", "H200", "B200", "B300", "GB200"):
+        g = GPUSpec.named(name)
+        hbm_gb = json.loads((ROOT / "data" / "hardware" / "hardware.json").read_text())["gpus"][g.name]["hbm_gb"]
+        out.update({f"{name}.bf16-tflops": g.peak_flops / 1e12, f"{name}.hbm-gb": hbm_gb,
+                    f"{name}.hbm-tb-s": g.hbm_bytes_per_s / 1e12, f"{name}.nvlink-gb-s": g.nvlink_bytes_per_s * 2e-9,
+                    f"{name}.domain": g.nvlink_domain, f"{name}.nic-gbit": g.nic_bytes_per_s * 8e-9})
+
+    def coll(model, attention, name, **par):
+        m = load_model(model)
+        layer = next(l for l in m.layers if l.attention == attention)
+        lt = layer_tasks(m, layer, ParallelConfig(pp=1, expert_load=1.0, **par))
+        return {ph: next(t for t in getattr(lt, ph) if t.name == name).collective.bytes for ph in ("F", "B")}
+
+    ring = coll("qwen3-next-80b-a3b", "gated_gqa", "cp_kv", ep=8, cp=4, seq_len=65536)
+    out.update({"ring.S": ring["F"], "ring.backward": ring["B"]})
+    out["gdn.in"] = coll("qwen3-next-80b-a3b", "gated_deltanet", "cp_a2a_in", ep=8, cp=2, seq_len=16384)["F"]
+    out["gdn.out"] = coll("qwen3-next-80b-a3b", "gated_deltanet", "cp_a2a_out", ep=8, cp=2, seq_len=16384)["F"]
+    out["mamba2.in-width"] = coll("nemotron-h-56b", "mamba2", "cp_a2a_in", ep=1, tp=4, cp=4,
+                                  seq_len=8192)["F"] / (2048 * 2)
+    p, a = ParallelConfig(pp=1, ep=64), cost_assumptions()
+    c = Collective("all_to_all", 1e9, "ep", 64)
+    t_gb = CostModel(cluster_for(p, "GB200"), p).collective_time(c) - a["alpha_intra_node_s"]
+    t_h = CostModel(cluster_for(p, "H200"), p).collective_time(c) - a["alpha_inter_node_s"]
+    out["ep64.h200-over-gb200"] = t_h / t_gb
+    return out
+
+
 #: probe name -> function returning {key: value}; an entry names ``probe`` and ``key``
 PROBES: dict[str, Callable[[], dict[str, float]]] = {
     "default-plan": _default_plan,
@@ -349,6 +387,7 @@ PROBES: dict[str, Callable[[], dict[str, float]]] = {
     "validation-files": _validation_results,
     "cost-model": _cost_model,
     "zb-auto": _zb_auto,
+    "context-parallel": _context_parallel,
 }
 
 

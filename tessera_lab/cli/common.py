@@ -186,6 +186,7 @@ def parallel_from_args(args: argparse.Namespace):
 
     return ParallelConfig(
         pp=args.pp, vpp=args.vpp, tp=args.tp, ep=args.ep, dp=args.dp, microbatches=args.microbatches,
+        **({"cp": args.cp} if getattr(args, "cp", 1) != 1 else {}),
         **({"grouped_gemm": args.grouped_gemm} if getattr(args, "grouped_gemm", None) else {}),
         micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, schedule=args.schedule,
         distributed_optimizer=not args.no_distributed_optimizer,
@@ -201,15 +202,20 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     """The model, hardware, parallel and partition options that build a plan (``plan`` and ``report``; read
     by :func:`model_from_args`, :func:`parallel_from_args` and ``Cluster.dgx(gpu, nodes)``)."""
     p.add_argument("--model", default=default_model, help=f"shipped model or config.json (default {default_model})")
-    p.add_argument("--gpu", default=default_gpu, help=f"H100, H200 or B200 (default {default_gpu})")
+    p.add_argument("--gpu", default=default_gpu,
+                   help=f"H100, H200, B200, B300 (DGX/HGX nodes of 8) or GB200 (NVL72 racks of 72) (default {default_gpu})")
     p.add_argument("--nodes", type=positive_int("nodes"), default=None,
-                   help="nodes of 8 GPUs (default: the fewest that hold pp*dp*ep*tp)")
+                   help="NVLink domains: nodes of 8 GPUs, or GB200 NVL72 racks of 72 (default: the fewest that hold "
+                        "pp*dp*ep*tp*cp)")
     p.add_argument("--pp", type=positive_int("pp"), default=8)
     p.add_argument("--vpp", type=positive_int("vpp"), default=1,
                    help="virtual stages (model chunks) per pipeline rank; >= 2 needs --schedule interleaved or auto")
     p.add_argument("--ep", type=positive_int("ep"), default=8)
     p.add_argument("--tp", type=positive_int("tp"), default=1)
     p.add_argument("--dp", type=positive_int("dp"), default=1)
+    p.add_argument("--cp", type=positive_int("cp"), default=1,
+                   help="context parallelism: each sequence split over cp ranks (seq-len a multiple of 2 x cp); "
+                        "multiplies the GPUs (docs/context-parallel.md)")
     p.add_argument("--microbatches", "-m", type=positive_int("microbatches"), default=32)
     p.add_argument("--micro-batch-size", type=positive_int("micro_batch_size"), default=1)
     p.add_argument("--seq-len", type=positive_int("seq_len"), default=4096)

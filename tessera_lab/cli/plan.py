@@ -121,7 +121,9 @@ def format_plan(plan) -> str:
         "  (pattern: L linear mixer, A full attention, S sliding window, C chunked, T MTP; lower case: dense FFN; "
         "- / E: MLP / MoE block without mixer; stage tables count them: Ax2 Ldx1 = two A layers, one L with a dense "
         "FFN)",
-        f"cluster {plan.cluster.num_nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}; "
+        f"cluster {plan.cluster.num_nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}"
+        + (f" (a node is one NVLink domain of {plan.cluster.gpus_per_node} GPUs)" if plan.cluster.gpus_per_node != 8
+           else "") + "; "
         + layout_text(p, m.has_moe) + f", schedule {p.schedule}, "
         f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "
         f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU; recompute {_recompute_text(p)}, "

@@ -24,7 +24,7 @@ from tessera_lab.model.tasks import LayerTasks, Task
 
 #: task kinds in the order they are reported
 KIND_ORDER = ("expert GEMMs", "EP all-to-all", "attention core", "linear-attention core", "dense GEMMs",
-              "elementwise", "TP all-reduce", "other communication")
+              "elementwise", "TP all-reduce", "CP communication", "other communication")
 
 
 def task_kind(task: Task) -> str:
@@ -35,6 +35,8 @@ def task_kind(task: Task) -> str:
             return "EP all-to-all"
         if c.kind == "all_reduce" and c.group == "tp":
             return "TP all-reduce"
+        if c.group == "cp":  # the KV ring or the head-sharding all-to-alls (model/context_parallel.py)
+            return "CP communication"
         return "other communication"
     return {"grouped_gemm": "expert GEMMs", "attention": "attention core", "linear_attention": "linear-attention core",
             "gemm": "dense GEMMs"}.get(task.op, "elementwise")

@@ -14,10 +14,10 @@ Recomputation (``ParallelConfig.recompute``) changes the saved bytes of the forw
 the routed experts' input instead of their intermediate activations (re-running the expert GEMMs in the
 backward); ``full`` keeps only each layer's input; ``selective`` with ``recompute_modules`` follows Megatron-LM's
 module names (:mod:`tessera_lab.model.tasks`). Expert parameters are data-parallel over ``ParallelConfig.expert_dp``
-ranks (``tp * dp``: with expert TP 1 each TP rank sits in its own EP group, or ``dp`` when the EP group spans the
-TP ranks); the rest of a
-stage over ``ParallelConfig.dense_dp`` ranks (``ep * dp``, or ``ep / tp * dp`` when the EP group spans the TP
-ranks; see :mod:`tessera_lab.model.hardware`). With a distributed optimizer the optimizer state
+ranks (``tp * dp * cp``: with expert TP 1 each TP rank sits in its own EP group, or ``dp * cp`` when the EP group
+spans the TP ranks); the rest of a stage over ``ParallelConfig.dense_shard_dp`` ranks (``ep * dp * cp``, or
+``ep / tp * dp * cp`` when the EP group spans the TP ranks; CP ranks hold the same parameters; see
+:mod:`tessera_lab.model.hardware`). With a distributed optimizer the optimizer state
 (``ParallelConfig.optimizer_state_bytes``: fp32 master weights and Adam's moments, 12 bytes, or 8 with bf16
 moments as Megatron-Core's precision-aware optimizer keeps them) is sharded over those ranks.
 
@@ -117,10 +117,10 @@ def layer_memory(model: ModelSpec, parallel: ParallelConfig, tasks: Sequence[Lay
     """Memory of the embedding, every decoder layer and the LM head (same order as ``decompose``).
 
     Parameter bytes on one GPU (:func:`gpu_params`) times the bytes per parameter of each part's data-parallel
-    degree (:attr:`ParallelConfig.dense_dp` for dense parameters, :attr:`ParallelConfig.expert_dp` for experts).
+    degree (:attr:`ParallelConfig.dense_shard_dp` for dense parameters, :attr:`ParallelConfig.expert_dp` for experts).
     """
     p = parallel
-    dense_bpp = bytes_per_param(p, p.dense_dp)
+    dense_bpp = bytes_per_param(p, p.dense_shard_dp)
     expert_bpp = bytes_per_param(p, p.expert_dp)
     out = []
     for lt in tasks:

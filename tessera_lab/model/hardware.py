@@ -5,9 +5,11 @@ nccl-tests ``doc/PERFORMANCE.md``) and the cost-model assumptions from ``data/ha
 Bandwidths here are **per GPU, per direction, in bytes/s** (NVLink datasheet figures are bidirectional
 totals and are halved on load).
 
-Rank placement (Megatron-style, TP innermost): ``rank = ((pp_i * dp + dp_i) * ep + ep_i) * tp + tp_i``.
-World size is ``pp * dp * ep * tp``. Experts are sharded over the ``ep`` ranks of a stage; the non-expert
-part of a stage is data-parallel over ``ep * dp`` ranks, each of which runs its own micro-batches.
+Rank placement (Megatron-style, TP innermost, then CP): ``rank = (((pp_i * dp + dp_i) * ep + ep_i) * cp + cp_i) * tp
++ tp_i``. World size is ``pp * dp * ep * tp * cp``. Experts are sharded over the ``ep`` ranks of a stage; the
+non-expert part of a stage is data-parallel over ``ep * dp`` ranks, each of which runs its own micro-batches, and
+each micro-batch's sequence is split over the ``cp`` ranks of a context-parallel group (docs/context-parallel.md).
+A cluster's node is one NVLink domain: 8 GPUs on a DGX/HGX node, 72 on a GB200 NVL72 rack (``hardware.json``).
 """
 
 from __future__ import annotations
@@ -61,7 +63,14 @@ def cost_assumptions() -> dict[str, float]:
     return {k: float(v["value"]) for k, v in raw.items() if not k.startswith("_")}
 
 
-_GPU_ALIASES = {"H100": "H100-SXM", "H100-SXM": "H100-SXM", "H200": "H200", "B200": "B200"}
+_GPU_ALIASES = {"H100": "H100-SXM", "H100-SXM": "H100-SXM", "H200": "H200", "B200": "B200", "B300": "B300",
+                "GB200": "GB200", "GB200-NVL72": "GB200"}
+
+
+def gpu_types() -> tuple[str, ...]:
+    """The GPU types of ``data/hardware/hardware.json`` (canonical names, e.g. ``H100-SXM``, ``GB200``), each a valid
+    :meth:`GPUSpec.named` argument; what a layout search enumerates."""
+    return tuple(hardware_data()["gpus"])
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,10 @@ class GPUSpec:
         sms: streaming multiprocessors.
         source: datasheet reference.
         peak_fp8_flops: dense FP8 peak, FLOP/s (0 when the GPU has none listed).
+        nvlink_domain: GPUs joined by NVLink switches in the system this GPU ships in (8 on a DGX/HGX node, 72 on a
+            GB200 NVL72 rack); a :class:`Cluster` node is one such domain.
+        nic_bytes_per_s: compute-fabric NIC bandwidth per GPU per direction across NVLink domains, bytes/s
+            (400 Gb/s ConnectX-7: 50e9; 800 Gb/s ConnectX-8: 100e9).
     """
 
     name: str
@@ -88,6 +101,8 @@ class GPUSpec:
     sms: int
     source: str
     peak_fp8_flops: float = 0.0
+    nvlink_domain: int = 8
+    nic_bytes_per_s: float = 50e9
 
     def peak_for(self, precision: str) -> float:
         """Dense peak FLOP/s for GEMM inputs of ``precision`` (``bf16`` or ``fp8``).
@@ -104,7 +119,8 @@ class GPUSpec:
 
     @classmethod
     def named(cls, name: str) -> "GPUSpec":
-        """A GPU from ``data/hardware/hardware.json`` (``H100``/``H100-SXM``, ``H200``, ``B200``).
+        """A GPU from ``data/hardware/hardware.json`` (``H100``/``H100-SXM``, ``H200``, ``B200``, ``B300``,
+        ``GB200``/``GB200-NVL72``), with the NVLink domain and NIC of the system it ships in.
 
         Raises:
             ConfigError: unknown name (lists the known ones).
@@ -123,6 +139,9 @@ class GPUSpec:
             sms=int(g["sms"]),
             source=g["source"],
             peak_fp8_flops=float(g.get("fp8_dense_tflops", 0.0)) * 1e12,
+            nvlink_domain=int(g.get("nvlink_domain_gpus", hardware_data()["node"]["gpus_per_node"])),
+            nic_bytes_per_s=float(g.get("nic_gb_per_s_per_direction",
+                                        hardware_data()["node"]["inter_node"]["gb_per_s_per_direction"])) * 1e9,
         )
 
 
@@ -137,12 +156,13 @@ class Link:
 
 @dataclass(frozen=True)
 class Cluster:
-    """Nodes of identical GPUs: NVLink inside a node, one InfiniBand NIC per GPU across nodes.
+    """Nodes of identical GPUs: NVLink inside a node, one InfiniBand NIC per GPU across nodes. A node is one NVLink
+    domain (a DGX/HGX node of 8 GPUs, or a GB200 NVL72 rack of 72).
 
     Attributes:
         gpu: the GPU type.
-        num_nodes: nodes (>= 1).
-        gpus_per_node: GPUs per node (DGX: 8).
+        num_nodes: nodes (NVLink domains, >= 1).
+        gpus_per_node: GPUs per node (NVLink domain: DGX 8, NVL72 72).
         inter_node_bytes_per_s: per-GPU inter-node bandwidth per direction, bytes/s (NDR: 50e9).
         weak_link_factor: multiplies the inter-node bandwidth (1.0 = healthy; 0.5 = a link at half speed).
     """
@@ -163,15 +183,11 @@ class Cluster:
 
     @classmethod
     def dgx(cls, gpu: str | GPUSpec = "H200", num_nodes: int = 1) -> "Cluster":
-        """DGX-style nodes of 8 GPUs with one 400 Gb/s NDR NIC per GPU (``hardware.json`` ``node``)."""
-        node = hardware_data()["node"]
+        """``num_nodes`` NVLink domains of the GPU's system (:attr:`GPUSpec.nvlink_domain` GPUs each: a DGX/HGX node
+        of 8, a GB200 NVL72 rack of 72) with its NIC per GPU across them (:attr:`GPUSpec.nic_bytes_per_s`)."""
         spec = gpu if isinstance(gpu, GPUSpec) else GPUSpec.named(gpu)
-        return cls(
-            gpu=spec,
-            num_nodes=num_nodes,
-            gpus_per_node=int(node["gpus_per_node"]),
-            inter_node_bytes_per_s=float(node["inter_node"]["gb_per_s_per_direction"]) * 1e9,
-        )
+        return cls(gpu=spec, num_nodes=num_nodes, gpus_per_node=int(spec.nvlink_domain),
+                   inter_node_bytes_per_s=float(spec.nic_bytes_per_s))
 
     @property
     def num_gpus(self) -> int:
@@ -249,6 +265,12 @@ class ParallelConfig:
         recompute_modules: with ``recompute = selective``, Megatron-LM's module names to recompute
             (:data:`RECOMPUTE_MODULES`); empty = this project's ``selective`` (attention core and routed-expert
             activations).
+        cp: context-parallel size: each micro-batch's sequences are split over ``cp`` ranks (``seq_len / cp`` tokens
+            each, Megatron's load-balanced causal split into ``2 cp`` chunks, so ``seq_len`` must be a multiple of
+            ``2 cp``); CP ranks sit next to the TP ranks (Megatron's order ``tp-cp-ep-dp-pp``) and multiply the world.
+            ``ep`` still counts the EP ranks of a group and the world grows by ``cp``; the EP groups span CP ranks as
+            Megatron-Core's expert grid does (carved from ``tp x cp x dp``, :meth:`group_ranks`), each rank routing
+            its own ``seq_len / cp`` tokens (docs/context-parallel.md).
         host_sync_s: seconds per MoE layer and micro-batch the host/device synchronisation of the dropless EP
             dispatch exposes (:mod:`tessera_lab.cost.sync`, applied only where that module's rule says);
             ``None`` = the value fitted on published runs (``FITTED_PER_LAYER_S``), 0 = off.
@@ -278,9 +300,10 @@ class ParallelConfig:
     adam_moment_dtype: str = "fp32"
     recompute_modules: tuple[str, ...] = ()
     host_sync_s: float | None = None
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len"):
+        for name in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "cp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"field '{name}' = {value!r} is out of range; allowed: an integer >= 1")
@@ -288,7 +311,10 @@ class ParallelConfig:
         if self.ep_spans_tp and (self.tp < 2 or self.ep % self.tp):
             raise ConfigError(f"field 'ep_spans_tp' needs tp >= 2 dividing ep; got tp = {self.tp}, ep = {self.ep}; "
                               "allowed: ep a multiple of tp (the EP group spans the TP ranks)")
-        check_work("world_size", self.world_size, field="field 'pp x dp x ep x tp'")
+        if self.cp > 1 and self.seq_len % (2 * self.cp):
+            raise ConfigError(f"field 'cp' = {self.cp} does not split field 'seq_len' = {self.seq_len}; allowed: cp with "
+                              f"seq_len a multiple of 2 x cp (Megatron's load-balanced split into 2 x cp chunks)")
+        check_work("world_size", self.world_size, field="field 'pp x dp x ep x tp x cp'")
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError(f"field 'dtype' = {self.dtype!r} is unknown; allowed: {', '.join(DTYPE_BYTES)}")
         for name, allowed in (("dispatcher", DISPATCHERS), ("recompute", RECOMPUTE), ("precision", PRECISIONS),
@@ -316,8 +342,9 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        """GPUs: ``pp * dp * ep * tp``, or ``pp * dp * ep`` when the EP group spans the TP ranks."""
-        return self.pp * self.dp * self.ep * (1 if self.ep_spans_tp else self.tp)
+        """GPUs: ``pp * dp * ep * tp * cp``, or ``pp * dp * ep * cp`` when the EP group spans the TP ranks (Megatron's
+        ``tp x cp x pp x`` data-parallel replicas)."""
+        return self.pp * self.dp * self.ep * (1 if self.ep_spans_tp else self.tp) * self.cp
 
     @property
     def dense_dp(self) -> int:
@@ -329,8 +356,21 @@ class ParallelConfig:
     def expert_dp(self) -> int:
         """Data-parallel degree of the routed experts (the ranks holding the same experts, over which a
         distributed optimizer shards their state): ``tp * dp`` (each TP rank is in its own EP group, expert TP 1,
-        Megatron-Core's ``EP * EDP = TP * DP``), or ``dp`` when the EP group spans the TP ranks."""
-        return self.dp * (1 if self.ep_spans_tp else self.tp)
+        Megatron-Core's ``EP * EDP = TP * CP * DP``), or ``dp`` when the EP group spans the TP ranks; times ``cp``
+        (each CP rank holds the same experts)."""
+        return self.dp * (1 if self.ep_spans_tp else self.tp) * self.cp
+
+    @property
+    def dense_shard_dp(self) -> int:
+        """Ranks holding the same dense (TP-sharded) parameters, over which their gradients are reduced and a
+        distributed optimizer shards their state: :attr:`dense_dp` x ``cp`` (Megatron-Core's data-parallel group
+        with CP, ``get_data_parallel_group(with_context_parallel=True)``)."""
+        return self.dense_dp * self.cp
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """Tokens one rank holds per micro-batch: ``micro_batch_size * seq_len / cp``."""
+        return self.micro_batch_size * self.seq_len // self.cp
 
     @property
     def optimizer_state_bytes(self) -> float:
@@ -375,21 +415,45 @@ class ParallelConfig:
     def grid(self) -> RankGrid:
         """The rank layout (:class:`~tessera_lab.model.layout.RankGrid`: TP innermost, then EP, DP, PP); when the EP
         group spans the TP ranks the grid's ep axis holds ``ep / tp`` (the EP group is then a whole ep x tp block,
-        :meth:`group_ranks`)."""
-        return RankGrid(pp=self.pp, dp=self.dp, ep=self.ep // (self.tp if self.ep_spans_tp else 1), tp=self.tp)
+        :meth:`group_ranks`). With ``cp > 1`` the grid's tp axis holds the ``tp x cp`` block (CP ranks next to the
+        TP ranks, Megatron's ``tp-cp-ep-dp-pp``): position ``cp_i * tp + tp_i``."""
+        return RankGrid(pp=self.pp, dp=self.dp, ep=self.ep // (self.tp if self.ep_spans_tp else 1),
+                        tp=self.tp * self.cp)
 
-    def rank(self, pp_i: int, dp_i: int = 0, ep_i: int = 0, tp_i: int = 0) -> int:
-        """Global rank of a coordinate (see :class:`~tessera_lab.model.layout.RankGrid`)."""
-        return self.grid.rank(pp_i, dp_i, ep_i, tp_i)
+    def rank(self, pp_i: int, dp_i: int = 0, ep_i: int = 0, tp_i: int = 0, cp_i: int = 0) -> int:
+        """Global rank of a coordinate (see :class:`~tessera_lab.model.layout.RankGrid`; ``cp_i`` the CP index)."""
+        return self.grid.rank(pp_i, dp_i, ep_i, cp_i * self.tp + tp_i)
 
     def group_ranks(self, kind: str, pp_i: int = 0, dp_i: int = 0, ep_i: int = 0, tp_i: int = 0) -> list[int]:
-        """Ranks of the ``tp``, ``ep``, ``dp``, ``edp`` or ``pp`` group containing the coordinate
+        """Ranks of the ``tp``, ``cp``, ``ep``, ``dp``, ``edp`` or ``pp`` group containing the coordinate (CP index 0)
         (:meth:`~tessera_lab.model.layout.RankGrid.group_ranks`); with ``ep_spans_tp`` the ``ep`` group is the
-        ``ep / tp`` x ``tp`` block of consecutive ranks (expert TP 1) and ``edp`` the dense data-parallel group."""
+        ``ep / tp`` x ``tp`` block of consecutive ranks (expert TP 1) and ``edp`` the dense data-parallel group;
+        the ``cp`` group is the ``cp`` ranks ``tp`` apart; ``edp`` takes every CP rank (:attr:`dense_shard_dp`);
+        with ``cp > 1`` an ``ep`` group spans CP ranks (:meth:`_ep_group_across_cp`)."""
+        g = self.grid
+        if kind == "ep" and self.cp > 1:
+            return self._ep_group_across_cp(pp_i, dp_i, ep_i, tp_i)
+        if kind == "cp":
+            return [g.rank(pp_i, dp_i, ep_i, c * self.tp + tp_i) for c in range(self.cp)]
+        if kind == "tp" and self.cp > 1:
+            return [g.rank(pp_i, dp_i, ep_i, t) for t in range(self.tp)]
         if kind == "ep" and self.ep_spans_tp:
-            g = self.grid
-            return sorted(r for t in range(g.tp) for r in g.group_ranks("ep", pp_i, dp_i, ep_i, t))
-        return self.grid.group_ranks(kind, pp_i, dp_i, ep_i, tp_i)
+            return sorted(r for t in range(self.tp) for r in g.group_ranks("ep", pp_i, dp_i, ep_i, t))
+        if kind == "edp" and self.cp > 1:
+            return sorted(r for c in range(self.cp) for r in g.group_ranks("edp", pp_i, dp_i, ep_i, c * self.tp + tp_i))
+        return g.group_ranks(kind, pp_i, dp_i, ep_i, tp_i)
+
+    def _ep_group_across_cp(self, pp_i: int, dp_i: int, ep_i: int, tp_i: int) -> list[int]:
+        """The EP group of a coordinate (CP index 0) when ``cp > 1``: as Megatron-Core's expert grid carves EP groups
+        from the ``tp x cp x dp`` ranks of a stage (``megatron/core/parallel_state.py``, expert order ``tp-ep-dp-pp``
+        with expert TP 1), the ``ep x cp`` candidate ranks of the coordinate's ``dp`` index (its TP rank only, or every
+        TP rank with ``ep_spans_tp``) in rank order, cut into ``cp`` groups of ``ep``: an EP group takes CP ranks
+        first. With ``tp = 1`` the group of rank 0 is ranks ``0 .. ep-1``."""
+        g = self.grid
+        tps = range(self.tp) if self.ep_spans_tp else (tp_i,)
+        ranks = sorted(g.rank(pp_i, dp_i, e, c * self.tp + t) for e in range(g.ep) for c in range(self.cp) for t in tps)
+        block = ranks.index(g.rank(pp_i, dp_i, ep_i, tp_i)) // self.ep
+        return ranks[block * self.ep:(block + 1) * self.ep]
 
     def ep_link_ranks(self) -> list[int]:
         """Ranks of the first EP group as the links see them: :meth:`group_ranks` (``ep_placement = grid``) or the
@@ -400,19 +464,19 @@ class ParallelConfig:
 
 
 def cluster_for(parallel: ParallelConfig, gpu: str | GPUSpec = "H200") -> Cluster:
-    """The smallest DGX-style cluster (8 GPUs a node) that holds ``parallel.world_size`` ranks."""
-    per_node = int(hardware_data()["node"]["gpus_per_node"])
-    nodes = max(1, -(-parallel.world_size // per_node))
-    return Cluster.dgx(gpu, nodes)
+    """The smallest cluster of the GPU's NVLink domains (8 GPUs a DGX/HGX node, 72 a GB200 NVL72 rack) that holds
+    ``parallel.world_size`` ranks."""
+    spec = gpu if isinstance(gpu, GPUSpec) else GPUSpec.named(gpu)
+    nodes = max(1, -(-parallel.world_size // spec.nvlink_domain))
+    return Cluster.dgx(spec, nodes)
 
 
 def check_fits(parallel: ParallelConfig, cluster: Cluster) -> None:
     """Raise ConfigError if the parallel sizes need more GPUs than the cluster has."""
     if parallel.world_size > cluster.num_gpus:
-        raise ConfigError(
-            f"field 'world_size' = {'pp*dp*ep' if parallel.ep_spans_tp else 'pp*dp*ep*tp'} = {parallel.world_size} exceeds the cluster's {cluster.num_gpus} GPUs; "
-            f"allowed: at most {cluster.num_gpus}"
-        )
+        sizes = ("pp*dp*ep" if parallel.ep_spans_tp else "pp*dp*ep*tp") + ("*cp" if parallel.cp > 1 else "")
+        raise ConfigError(f"field 'world_size' = {sizes} = {parallel.world_size} exceeds the cluster's "
+                          f"{cluster.num_gpus} GPUs; allowed: at most {cluster.num_gpus}")
 
 
 def layout_text(p: "ParallelConfig", moe: bool = True) -> str:
@@ -421,6 +485,7 @@ def layout_text(p: "ParallelConfig", moe: bool = True) -> str:
     (``moe`` false) has no EP group: ``pp=8 tp=1 dp=8 (64 GPUs; no MoE, ep 8 counts as data-parallel replicas)``,
     dp being the dense data-parallel size (:attr:`~tessera_lab.model.hardware.ParallelConfig.dense_dp`)."""
     vpp = f" vpp={p.vpp}" if p.vpp > 1 else ""
+    vpp += f" cp={p.cp}" if p.cp > 1 else ""
     if not moe:
         as_dp = f", ep {p.ep} counts as data-parallel replicas" if p.ep > 1 else ""
         return f"pp={p.pp} tp={p.tp} dp={p.dense_dp}{vpp} ({p.world_size} GPUs; no MoE{as_dp})"

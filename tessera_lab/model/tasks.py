@@ -52,6 +52,7 @@ from dataclasses import replace
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.model import kinds, mixers
+from tessera_lab.model.context_parallel import add_cp_comms
 from tessera_lab.model.ep_traffic import busiest_rank_load, copies_per_token
 from tessera_lab.model.graph import PHASES, Collective, LayerTasks, Task, _Fwd  # noqa: F401  (re-exported)
 from tessera_lab.model.hardware import ParallelConfig
@@ -261,8 +262,8 @@ def _backward(fwd: _Fwd) -> tuple[tuple[Task, ...], tuple[Task, ...]]:
         scale = fwd.b_scale.get(t.name, 1.0)
         again = 1.0 if t.name in fwd.recomputed else 0.0
         coll = t.collective
-        if coll is not None and again:
-            coll = replace(coll, bytes=coll.bytes * 2.0)
+        if coll is not None and (again or scale != 1.0):  # a collective's B moves b_scale x its bytes (+1 re-run)
+            coll = replace(coll, bytes=coll.bytes * (scale + again))
         # built field by field (dataclasses.replace costs twice as much, and a plan makes thousands of these)
         b_tasks.append(Task(t.name, t.layer, "B", t.op, t.flops * (scale + again),
                             t.bytes * ((2.0 if t.op == "elementwise" else 1.0) + again), coll, deps, t.deferrable,
@@ -308,7 +309,7 @@ def rank_expert_load(model: ModelSpec, parallel: ParallelConfig) -> float:
         return float(parallel.expert_load)
     if not model.has_moe or parallel.ep == 1:
         return 1.0
-    return busiest_rank_load(parallel.tokens_per_microbatch, model.num_experts_per_tok, parallel.ep)
+    return busiest_rank_load(parallel.tokens_per_rank, model.num_experts_per_tok, parallel.ep)
 
 
 def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConfig, *, expert_load: float = 1.0) -> LayerTasks:
@@ -336,7 +337,7 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
     if expert_load < 0:
         raise ConfigError(f"field 'expert_load' = {expert_load} is out of range; allowed: >= 0")
     p = parallel
-    T, b, s = p.tokens_per_microbatch, p.micro_batch_size, p.seq_len
+    T, b, s = p.tokens_per_rank, p.micro_batch_size, p.seq_len  # T: this rank's tokens (seq_len / cp each)
     h, dt = model.hidden_size, p.dtype_bytes
     g = _new_fwd(layer.index, p)
     first, outs = None, []
@@ -346,7 +347,7 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
     if layer.mixer != NO_MIXER:
         n1 = g.elementwise("input_norm", dt * T * h * 2, outs, saved=dt * T * h / g.sp)
         first = first or n1
-        a = layer.attention
+        a, start = layer.attention, len(g.tasks)
         if a == "gated_deltanet":
             mix = _mixer_gated_deltanet(g, model, T, p.tp, n1)
         elif a in ("mla", "mla_sparse"):
@@ -355,6 +356,8 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
             mix = _LINEAR_MIXERS[a](g, model, T, p.tp, n1)
         else:
             mix = _mixer_gqa(g, model, layer, T, b, s, p.tp, n1)
+        if p.cp > 1:  # context parallelism: the mixer's exchange over the CP group (model/context_parallel.py)
+            add_cp_comms(g, model, a, start, mix, T, p.tp, p.cp)
         if p.tp > 1:
             mix = g.comm("attn_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [mix])
         outs = [mix]
@@ -375,7 +378,7 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
 def embedding_tasks(model: ModelSpec, parallel: ParallelConfig) -> LayerTasks:
     """Input embedding of the first stage (layer index -1): a gather forward, a scatter-add W."""
     p, h, dt = parallel, model.hidden_size, parallel.dtype_bytes
-    T = p.tokens_per_microbatch
+    T = p.tokens_per_rank
     f = Task("embedding", -1, "F", "embedding", 0.0, dt * T * h * 2 + 8.0 * T)
     w = Task("embedding", -1, "W", "embedding", float(T * h), dt * T * h * 3, deferrable=True)
     return LayerTasks(-1, "embedding", (f,), (), (w,))
@@ -384,7 +387,7 @@ def embedding_tasks(model: ModelSpec, parallel: ParallelConfig) -> LayerTasks:
 def head_tasks(model: ModelSpec, parallel: ParallelConfig) -> LayerTasks:
     """Final norm, LM head GEMM and cross-entropy loss of the last stage (layer index ``num_layers``)."""
     p = parallel
-    T = p.tokens_per_microbatch
+    T = p.tokens_per_rank
     g = _new_fwd(model.num_layers, p, recompute=False)
     _head(g, model, p, T, None)
     B, W = _backward(g)
@@ -425,8 +428,9 @@ def decompose(model: ModelSpec, parallel: ParallelConfig, *, expert_load: float 
 
 
 def p2p_activation_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:
-    """Bytes sent between consecutive pipeline stages per micro-batch (hidden states, or their gradient)."""
-    return float(parallel.tokens_per_microbatch * model.hidden_size * parallel.dtype_bytes / parallel.tp)
+    """Bytes one rank sends to the next pipeline stage per micro-batch (hidden states, or their gradient): its
+    ``seq_len / cp`` tokens, split over TP."""
+    return float(parallel.tokens_per_rank * model.hidden_size * parallel.dtype_bytes / parallel.tp)
 
 
 def model_flops_per_iteration(model: ModelSpec, parallel: ParallelConfig) -> float:
@@ -438,7 +442,7 @@ def model_flops_per_iteration(model: ModelSpec, parallel: ParallelConfig) -> flo
     norms, convolutions and element-wise work are not model FLOPs. Computed on an unsharded
     (tp = ep = 1) decomposition of one micro-batch and scaled to the global batch.
     """
-    ref = parallel.replace(tp=1, ep=1, dp=1, pp=1, vpp=1, expert_load=None, recompute="none", recompute_modules=(),
+    ref = parallel.replace(tp=1, ep=1, dp=1, pp=1, vpp=1, cp=1, expert_load=None, recompute="none", recompute_modules=(),
                            dispatcher="alltoall", ep_spans_tp=False)
     per_mb = 0.0
     for lt in decompose(model, ref):

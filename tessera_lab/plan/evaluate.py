@@ -121,7 +121,7 @@ class GradSync:
             d, e = params[idx] if idx in params else gpu_params(model, p, idx)
             dense, expert = dense + d, expert + e
         t = 0.0
-        for n_params, group, size in ((dense, "edp", p.dense_dp), (expert, "dp", p.expert_dp)):
+        for n_params, group, size in ((dense, "edp", p.dense_shard_dp), (expert, "dp", p.expert_dp)):
             if size > 1 and n_params > 0:
                 nbytes = n_params * p.grad_sync_bytes_per_param
                 key = (nbytes, group, size)

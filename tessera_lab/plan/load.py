@@ -32,7 +32,7 @@ from tessera_lab.plan.stages import build_stage_model
 PARALLEL_KEYS = ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
                  "distributed_optimizer", "schedule", "dispatcher", "recompute", "precision", "grad_reduce_dtype",
                  "expert_load", "grouped_gemm", "fused_cross_entropy", "ep_placement", "ep_spans_tp",
-                 "sequence_parallel", "adam_moment_dtype", "recompute_modules", "host_sync_s")
+                 "sequence_parallel", "adam_moment_dtype", "recompute_modules", "host_sync_s", "cp")
 
 
 def _model_of(data: Mapping[str, Any], where: str) -> ModelSpec:
@@ -75,7 +75,7 @@ def _check_plan_consistency(data: Mapping[str, Any], parallel: Any, b: list[int]
     each recorded stage holds exactly the layers its boundaries give (every layer once)."""
     gpus = data.get("gpus")
     if gpus is not None and gpus != parallel.world_size:
-        raise ConfigError(f"{where}: field 'gpus' = {gpus!r} disagrees with pp x dp x ep x tp = {parallel.world_size}")
+        raise ConfigError(f"{where}: field 'gpus' = {gpus!r} disagrees with pp x dp x ep x tp x cp = {parallel.world_size}")
     stages = data.get("stages")
     if stages is None:
         return
@@ -163,7 +163,7 @@ def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None,
     unknown = set(par) - set(PARALLEL_KEYS)
     if unknown:
         raise ConfigError(f"field 'plan.parallel' has unknown keys {sorted(unknown)}; allowed: {', '.join(PARALLEL_KEYS)}")
-    for key in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len"):
+    for key in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "cp"):
         if key in par:  # type, range and work limits before any planning work
             check_int(par[key], f"parallel.{key}", where=where, limit=key if key in WORK_LIMITS else None)
     parallel = ParallelConfig(**par)

@@ -88,6 +88,11 @@ def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster
     if cluster.gpus_per_node % tp:
         raise ConfigError(f"field 'tp' = {tp} must divide the {cluster.gpus_per_node} GPUs of a node "
                           f"(tensor parallelism stays on NVLink); {tp_allowed}")
+    if parallel.cp > 1:  # head-sharded mixers need their heads per TP rank divisible by cp (model/context_parallel.py)
+        from tessera_lab.model.context_parallel import check_heads
+
+        for attention in sorted({layer.attention for layer in model.layers}):
+            check_heads(model, attention, tp, parallel.cp)
     if model.has_moe and model.num_experts % parallel.ep:
         raise ConfigError(f"field 'ep' = {parallel.ep} must divide num_experts = {model.num_experts}; allowed: "
                           f"{divisors_text(model.num_experts)}")
@@ -186,7 +191,7 @@ class Plan:
         # layout and memory fields, written only when set (plans without them read as before)
         defaults = ParallelConfig()
         for k in ("ep_placement", "ep_spans_tp", "sequence_parallel", "adam_moment_dtype", "recompute_modules",
-                  "host_sync_s"):
+                  "host_sync_s", "cp"):
             v = getattr(self.parallel, k)
             if v != getattr(defaults, k):
                 d["parallel"][k] = list(v) if isinstance(v, tuple) else v
