@@ -92,12 +92,14 @@ def test_handle_without_a_query_falls_back_to_the_prediction():
 
 
 def test_real_handles_answer_the_query():
-    """The NCCL-order transport's handle and c10d's Work both have ``is_completed`` (the query the filler uses)."""
+    """The transports' batch handle, the CPU layer's coalesced Work and c10d's Work all have ``is_completed``
+    (the query the filler uses)."""
     import torch.distributed as dist
 
-    from tessera_lab.runner.runtime.transport import _Handle
+    from tessera_lab.runner.runtime.nccl_cpu import CoalescedWork
+    from tessera_lab.runner.runtime.transport import BatchHandle
 
-    assert hasattr(_Handle, "is_completed") and hasattr(dist.Work, "is_completed")
+    assert all(hasattr(c, "is_completed") for c in (BatchHandle, CoalescedWork, dist.Work))
 
 
 def test_cuda_waits_come_from_events_read_at_the_step_end(monkeypatch):

@@ -106,6 +106,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-deterministic", action="store_true", help="use all threads, no deterministic algorithms")
     p.add_argument("--check", action="store_true", help="compare losses with the single-process reference")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument("--p2p", choices=["auto", "nccl-order", "batch"], default="auto",
+                   help="pipeline transfers: batch (dist.batch_isend_irecv, one Work per batch as on NCCL; on gloo "
+                        "through the CPU layer with NCCL's semantics) | nccl-order (gloo only: the same plus a key "
+                        "check on every transfer) | auto (nccl-order on gloo, batch on NCCL); docs/gpu.md")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="wall-clock limit of the whole run, seconds (finite, > 0)")
     p.add_argument("--collective-timeout", type=float, default=60.0, help="per-operation timeout, seconds")
@@ -172,7 +176,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
         model.setdefault("num_layers", boundaries[-1])
     if getattr(args, "routing", None):
         model["router_bias"] = routing_bias(args.routing, model)
-    world = WorldSpec(pp=args.pp, ep=args.ep, dp=args.dp, backend=args.backend, timeout_s=args.collective_timeout)
+    world = WorldSpec(pp=args.pp, ep=args.ep, dp=args.dp, backend=args.backend, timeout_s=args.collective_timeout,
+                      p2p=getattr(args, "p2p", "auto"))
     fault = {"rank": args.fault_rank, "step": args.fault_step, "action": 1} if args.fault_rank is not None else None
     job = RunSpec(name="run", model=model, schedule=args.schedule, vpp=args.vpp, microbatches=args.microbatches,
                   micro_batch_size=args.micro_batch_size, steps=args.steps, lr=args.lr, boundaries=boundaries,
@@ -216,7 +221,7 @@ def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldS
     try:
         par = plan["parallel"]
         world = WorldSpec(pp=par["pp"], ep=par["ep"], dp=par["dp"], backend=args.backend,
-                          timeout_s=args.collective_timeout)
+                          timeout_s=args.collective_timeout, p2p=getattr(args, "p2p", "auto"))
         pmodel = dict(plan["model_config"])
         if getattr(args, "routing", None):
             pmodel["router_bias"] = routing_bias(args.routing, pmodel)
@@ -262,7 +267,7 @@ def format_result(result: RunResult) -> str:
     for job in result.jobs:
         w = job["world"]
         lines.append(f"job {job['name']}: schedule {job['schedule']}, pp={w['pp']} ep={w['ep']} dp={w['dp']} "
-                     f"({result.backend}), boundaries {job['boundaries']}, {job['tokens_per_step']} tokens/step, "
+                     f"({result.backend}, p2p {w.get('p2p', 'auto')}), boundaries {job['boundaries']}, {job['tokens_per_step']} tokens/step, "
                      f"{job['tokens_per_s']:.0f} tokens/s observed (median step wall)")
         lines.extend(format_dispatch(job.get("ep_dispatch")))
         has_pairs = any("OVERLAP_F_B" in a for acts in (job.get("actions") or {}).values() for a in acts)

@@ -106,6 +106,7 @@ class PipelineExecutor:
         self.fault = fault
         backend = dist.get_backend() if dist.is_initialized() else "gloo"
         self.transport = make_transport(p2p, backend, topo.rank, p2p_timeout_s)
+        self.transport.barrier()  # the p2p group's first collective: every rank (NCCL's rule for batches)
         init = (lambda: torch.cuda.set_device(topo.device)) if topo.device.type == "cuda" else None
         self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-side", initializer=init)
         self._side_stream = torch.cuda.Stream(topo.device) if topo.device.type == "cuda" else None
@@ -165,7 +166,8 @@ class PipelineExecutor:
         if not ops:
             return
         t = self._now()
-        for a, (op, key, buf, _), h in zip(meta, ops, self.transport.post(ops)):
+        h = self.transport.post(ops)  # one handle for the whole batch (NCCL: one coalesced Work per batch)
+        for a, (op, key, buf, _) in zip(meta, ops):
             if op == "recv":
                 self._recvs[key] = (h, buf, t)
             else:
