@@ -124,11 +124,10 @@ def _layer_rank(rank: int, port: int, q) -> None:
             out["len"] = len(works)
             out["wait"] = [works[0].wait(), works[0].wait()]
             out["x"], out["y"] = x.tolist(), y.tolist()
-        # a size mismatch (NCCL: hang or garbage) is named
-        t = torch.zeros(3 if rank == 0 else 2)
+        # with headers (the NCCL-order transport's key check), a send met by a receive of other data is named
         op = dist.isend if rank == 0 else dist.irecv
         try:
-            layer.batch_isend_irecv([dist.P2POp(op, t, peer, g)])[0].wait()
+            layer.batch_isend_irecv([dist.P2POp(op, torch.zeros(2), peer, g)], headers=[(0, 1, rank)])[0].wait()
             out["mismatch"] = "completed"
         except P2POrderError as e:
             out["mismatch"] = str(e)
@@ -152,4 +151,4 @@ def test_cpu_layer_behaves_as_process_group_nccl():
     assert res[0]["completed_before_peer"] is False  # completion lags: the peer had not posted
     assert res[0]["completed_after"] is True and res[0]["waited_s"] > 0.3  # the wait waited for the peer
     assert res[1]["x"] == [1.0, 2.0] and res[1]["y"] == [3.0, 4.0]  # posting order, tags ignored
-    assert "expected [2, 0]" in res[1]["mismatch"] and "[3, 0]" in res[1]["mismatch"], res
+    assert "expected [2, 0, 0, 1, 1]" in res[1]["mismatch"] and "[2, 0, 0, 1, 0]" in res[1]["mismatch"], res

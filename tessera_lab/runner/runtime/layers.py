@@ -141,6 +141,15 @@ class WeightGradStore:
             _accumulate(weight, _weight_grad(x, dy))
         return len(items)
 
+    def record_stream(self, key: Any, stream) -> None:
+        """The stashed ``x`` and ``dy`` of ``key`` will be read on ``stream`` (its W runs there, its I ran on
+        another CUDA stream): ``record_stream`` each, so the caching allocator keeps them until that work is done."""
+        with self._lock:
+            items = list(self._stash.get(key, []))
+        for _, x, dy in items:
+            x.record_stream(stream)
+            dy.record_stream(stream)
+
     def pending(self) -> list:
         """Keys with stashed, not yet flushed, weight gradients."""
         with self._lock:

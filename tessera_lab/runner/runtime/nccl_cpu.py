@@ -20,9 +20,10 @@ NCCL (``torch/distributed/distributed_c10d.py``):
   collective through :meth:`NcclP2P.barrier` raises :class:`P2POrderError` (stricter than NCCL, which fails only
   when a rank of the group stays out; the runtime always issues the step barrier first).
 
-A size or dtype mismatch between a send and the receive it is matched with (NCCL: a hang or corrupt data) raises
-:class:`P2POrderError`, as does a mismatch of the optional per-transfer ``headers`` (the NCCL-order transport's key
-check) and a batch that does not finish within ``timeout_s`` (a deadlock under NCCL's rule).
+With the optional per-transfer ``headers`` (the NCCL-order transport's key check), a send met by a receive of other
+data, size or dtype raises :class:`P2POrderError` naming both (NCCL: a hang or corrupt data; without headers gloo
+aborts the process on a size mismatch); a batch that does not finish within ``timeout_s`` raises it too (a deadlock
+under NCCL's rule).
 """
 
 from __future__ import annotations
@@ -157,28 +158,29 @@ class NcclP2P:
                 b.work._finish(self._error)
 
     def _run(self, b: _Batch) -> None:
-        """Headers first (size, dtype and the optional key of every transfer, checked before any data moves:
-        gloo aborts the process on a size mismatch), then the data."""
-        heads, checks = [], []
+        """Every transfer of the batch is posted, then waited for (nothing waits before all are posted: a wait
+        there could deadlock a batch NCCL completes). With ``headers``, each transfer is preceded by
+        ``[numel, dtype, *header]``, checked once the batch is done."""
+        works, checks = [], []
         for op, t, peer, group, seq, header in b.ops:
-            meta = [t.numel(), _DTYPES.get(t.dtype, 99), *(header or ())]
+            meta = None if header is None else [t.numel(), _DTYPES.get(t.dtype, 99), *header]
             if op == "send":
-                heads.append(dist.isend(torch.tensor(meta, dtype=torch.int64), peer, group, 2 * seq))
+                if meta is not None:
+                    works.append(dist.isend(torch.tensor(meta, dtype=torch.int64), peer, group, 2 * seq))
+                works.append(dist.isend(t, peer, group, 2 * seq + 1))
             else:
-                got = torch.empty(len(meta), dtype=torch.int64)
-                heads.append(dist.irecv(got, peer, group, 2 * seq))
-                checks.append((got, meta, peer, seq))
-        deadline = time.monotonic() + self.timeout_s
-        self._wait_all(b, heads, deadline)
+                if meta is not None:
+                    got = torch.empty(len(meta), dtype=torch.int64)
+                    works.append(dist.irecv(got, peer, group, 2 * seq))
+                    checks.append((got, meta, peer, seq))
+                works.append(dist.irecv(t, peer, group, 2 * seq + 1))
+        self._wait_all(b, works, time.monotonic() + self.timeout_s)
         for got, meta, peer, seq in checks:
             if got.tolist() != meta:
                 raise P2POrderError(
-                    f"rank {self.rank}: receive #{seq} from rank {peer} expected {meta} ([numel, dtype, header...]) "
+                    f"rank {self.rank}: receive #{seq} from rank {peer} expected {meta} ([numel, dtype, key...]) "
                     f"but NCCL would match it with the send of {got.tolist()} (posting order per rank pair, tags "
                     "ignored)")
-        data = [(dist.isend if op == "send" else dist.irecv)(t, peer, group, 2 * seq + 1)
-                for op, t, peer, group, seq, _ in b.ops]
-        self._wait_all(b, data, deadline)
 
     def _wait_all(self, b: _Batch, works: list, deadline: float) -> None:
         for w in works:  # gloo completes a work in wait() (once), which takes a timeout
