@@ -349,7 +349,7 @@ class GapFiller:
     @staticmethod
     def completed(work) -> bool:
         """Completion query, never a wait: ``work.is_completed()`` (c10d ``Work``: on NCCL a query of its CUDA
-        event; the NCCL-order transport's handle likewise); a handle without it counts as not completed (the
+        event; the transports' batch handle likewise); a handle without it counts as not completed (the
         prediction alone bounds the fill)."""
         query = getattr(work, "is_completed", None)
         return bool(query()) if query is not None else False
