@@ -152,3 +152,29 @@ def test_cpu_layer_behaves_as_process_group_nccl():
     assert res[0]["completed_after"] is True and res[0]["waited_s"] > 0.3  # the wait waited for the peer
     assert res[1]["x"] == [1.0, 2.0] and res[1]["y"] == [3.0, 4.0]  # posting order, tags ignored
     assert "expected [2, 0, 0, 1, 1]" in res[1]["mismatch"] and "[2, 0, 0, 1, 0]" in res[1]["mismatch"], res
+
+
+@pytest.mark.parametrize("argv,needle", [(["--p2p", "nccl-order", "--backend", "nccl"], "'p2p' = 'nccl-order'"),
+                                         (["--p2p", "fast"], "--p2p")])
+def test_run_p2p_option_bad_value_is_one_line(argv, needle, tmp_path, capsys):
+    from tessera_lab.cli.main import main
+
+    try:
+        rc = main(["run", *argv, "--out", str(tmp_path)])
+    except SystemExit as e:  # argparse's choices
+        rc = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and needle in err[-1], err
+    assert not list(tmp_path.glob("rank*.log"))  # refused before any worker started
+
+
+def test_run_p2p_option_reaches_the_world():
+    import argparse
+
+    from tessera_lab.runner.launch.launch import add_run_arguments, specs_from_args
+
+    p = argparse.ArgumentParser()
+    add_run_arguments(p)
+    world, _ = specs_from_args(p.parse_args(["--p2p", "batch", "--backend", "gloo"]))
+    assert world.p2p == "batch"
+    assert specs_from_args(p.parse_args([]))[0].p2p == "auto"
