@@ -92,12 +92,14 @@ def test_handle_without_a_query_falls_back_to_the_prediction():
 
 
 def test_real_handles_answer_the_query():
-    """The NCCL-order transport's handle and c10d's Work both have ``is_completed`` (the query the filler uses)."""
+    """The transports' batch handle, the CPU layer's coalesced Work and c10d's Work all have ``is_completed``
+    (the query the filler uses)."""
     import torch.distributed as dist
 
-    from tessera_lab.runner.runtime.transport import _Handle
+    from tessera_lab.runner.runtime.nccl_cpu import CoalescedWork
+    from tessera_lab.runner.runtime.transport import BatchHandle
 
-    assert hasattr(_Handle, "is_completed") and hasattr(dist.Work, "is_completed")
+    assert all(hasattr(c, "is_completed") for c in (BatchHandle, CoalescedWork, dist.Work))
 
 
 def test_cuda_waits_come_from_events_read_at_the_step_end(monkeypatch):
@@ -146,3 +148,81 @@ def test_cuda_waits_come_from_events_read_at_the_step_end(monkeypatch):
         assert rec["observed"]["7"] == pytest.approx(0.3) and rec["idle"]["7"] == pytest.approx(0.05)
     finally:
         WEIGHT_GRAD_STORE.clear()
+
+
+def test_cuda_w_seconds_come_from_events_not_host_launch_time():
+    """On a GPU the controller's W clock is the device's: each W is stamped with CUDA events (fake here: a device
+    clock the W's kernels advance by 0.2 s while its host launch takes no host time at all), read only in
+    ``end_step``; the stage's W seconds fed to the controller are then 0.2 s (by hand), not ~0 host seconds."""
+    now = [0.0]
+    synced = []
+
+    class Ev:
+        def __init__(self):
+            self.t = now[0]  # recorded on the stream: the device time the stream reaches it
+
+        def synchronize(self):
+            synced.append(self)
+
+        def elapsed_time(self, end):
+            assert end in synced  # read only after a synchronize
+            return (end.t - self.t) * 1e3
+
+    acts = [a for mb in range(2) for a in (Action(0, F, mb), Action(0, I, mb))] + [Action(0, W, mb) for mb in range(2)]
+
+    def run_w(a, how):  # the executor's _run_w on a GPU: stamps around the flush
+        e0 = Ev()
+        WEIGHT_GRAD_STORE.flush((a.stage, a.microbatch))
+        now[0] += 0.2
+        filler.ran_w(a, e0, Ev())
+
+    filler = GapFiller(acts, cap=8, run_w=run_w, clock=lambda: 0.0, cuda=True)
+    WEIGHT_GRAD_STORE.clear()
+    try:
+        filler.begin_step()
+        for k, a in enumerate(acts):
+            filler.at(k)
+            if a.type is W:
+                run_w(a, "static")
+        assert not synced and filler._w_obs == {}  # nothing read during the step
+        filler.end_step()
+        assert filler.w_seconds == {0: pytest.approx(0.2)}
+        # on CPU the same call takes seconds stamps: end - start
+        filler.begin_step()
+        filler.ran_w(acts[-1], 1.0, 1.25)
+        filler.end_step()
+        assert filler.w_seconds == {0: pytest.approx(0.25)}
+    finally:
+        WEIGHT_GRAD_STORE.clear()
+
+
+def test_executor_stamps_w_with_its_step_clock():
+    """``PipelineExecutor._run_w`` hands the controller its step clock's stamps around the W (CUDA events on a
+    GPU), not host seconds: a fake clock whose every stamp is 0.1 s of device time after the previous one gives
+    W = 0.1 s."""
+    from tessera_lab.runner.runtime.executor import PipelineExecutor
+
+    got = []
+
+    class Stamp:
+        n = 0
+
+        def __init__(self):
+            self.t = Stamp.n * 0.1
+            Stamp.n += 1
+
+    class Stub:
+        pair_streams = None
+        _now = staticmethod(Stamp)
+
+        def _event(self, *a):
+            pass
+
+        class gaps:  # noqa: N801
+            @staticmethod
+            def ran_w(x, start, end=None):
+                got.append((str(x), end.t - start.t))
+
+    WEIGHT_GRAD_STORE.clear()
+    PipelineExecutor._run_w(Stub(), Action(0, W, 3))
+    assert got == [("0W3", pytest.approx(0.1))]

@@ -201,7 +201,8 @@ def _play(rank: int, sched: Schedule, steps, transport) -> None:
                     buf = torch.empty(4)
                     recv[key] = buf
                     ops.append(("recv", key, buf, s2r[src]))
-            for (op, key, *_), h in zip(ops, transport.post(ops)):
+            h = transport.post(ops)  # one handle per batch (NCCL: one coalesced Work)
+            for op, key, *_ in ops:
                 if op == "recv":
                     recv[key] = (recv[key], h)
             continue
@@ -221,17 +222,17 @@ def _key_tag_transport(group):
     """The former executor's transport: one ``batch_isend_irecv`` per batch, tag from the data's key."""
     import torch.distributed as dist
 
-    from tessera_lab.runner.runtime.transport import BatchP2P
+    from tessera_lab.runner.runtime.transport import BatchHandle, BatchP2P
 
     class KeyTags(BatchP2P):
         def post(self, ops):
             p2p = [dist.P2POp(dist.isend if op == "send" else dist.irecv, t, peer, group,
                               ((0 if key[0] == "F" else 1) * 64 + key[1]) * 64 + key[2] + 1) for op, key, t, peer in ops]
-            works = dist.batch_isend_irecv(p2p)
-            self._sends.extend(w for (op, *_), w in zip(ops, works) if op == "send")
-            return works
+            h = BatchHandle(dist.batch_isend_irecv(p2p))  # gloo: one Work per op, matched by tag
+            self._sends.append(h)
+            return h
 
-    return KeyTags(group)
+    return KeyTags(dist, group)
 
 
 def _worker(rank: int, port: int, q) -> None:
@@ -247,6 +248,7 @@ def _worker(rank: int, port: int, q) -> None:
                                ("legacy-nccl-order", None, lambda g: NcclOrderP2P(rank, 3.0, g))):
         g = dist.new_group([0, 1])
         tr = make(g)
+        tr.barrier()  # the group's first collective: every rank (NCCL's rule, checked by the CPU layer)
         st = legacy_steps(sched)[rank] if steps is None else list(lowered_steps(lower(sched).actions[rank]))
         try:
             _play(rank, sched, st, tr)

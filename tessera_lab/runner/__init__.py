@@ -6,8 +6,8 @@ Packages, one per job:
 ``runtime``    the training runtime: ``specs`` (``TinyConfig``, ``WorldSpec``, ``RunSpec``; torch-free),
                ``layers`` / ``reference`` / ``model`` (the tiny model, the single-process reference), ``moe``
                (routing, expert parallelism), ``nodes`` (a stage as nodes on compute and communication
-               streams), ``orders`` / ``pairs`` (issue orders, pair handlers), ``transport`` (p2p batches;
-               NCCL's semantics emulated on gloo), ``devtime`` (CUDA events / host clock), ``executor`` (lowered
+               streams), ``orders`` / ``pairs`` (issue orders, pair handlers), ``transport`` (p2p batches),
+               ``nccl_cpu`` (ProcessGroupNCCL's p2p API over gloo), ``devtime`` (CUDA events / host clock), ``executor`` (lowered
                action lists only), ``gradsync`` (ordered reduce-scatter), ``gaps`` (run --dynamic), ``topology``,
                ``train``, ``pipeline``, ``capacity``
 ``launch``     ``spawn`` (local spawner), ``supervise`` (heartbeats, faults), ``worker``, ``results``,

@@ -106,8 +106,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "comm-first | ten comma-separated template keys (f.pre,...,b.pre)")
     p.add_argument("--grad-sync", choices=["ordered", "allreduce"], default="ordered")
     p.add_argument("--no-deterministic", action="store_true", help="use all threads, no deterministic algorithms")
-    p.add_argument("--check", action="store_true", help="compare losses with the single-process reference")
+    p.add_argument("--check", action="store_true",
+                   help="compare losses and step-0 gradients with the single-process CPU reference (same EP dispatch "
+                        "mode): bitwise on CPU, allclose with a stated tolerance on CUDA; exit 4 when it fails")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument("--p2p", choices=["auto", "nccl-order", "batch"], default="auto",
+                   help="pipeline transfers: batch (dist.batch_isend_irecv, one Work per batch as on NCCL; on gloo "
+                        "through the CPU layer with NCCL's semantics) | nccl-order (gloo only: the same plus a key "
+                        "check on every transfer) | auto (nccl-order on gloo, batch on NCCL); docs/gpu.md")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="wall-clock limit of the whole run, seconds (finite, > 0)")
     p.add_argument("--collective-timeout", type=float, default=60.0, help="per-operation timeout, seconds")
@@ -174,7 +180,8 @@ def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
         model.setdefault("num_layers", boundaries[-1])
     if getattr(args, "routing", None):
         model["router_bias"] = routing_bias(args.routing, model)
-    world = WorldSpec(pp=args.pp, ep=args.ep, dp=args.dp, backend=args.backend, timeout_s=args.collective_timeout)
+    world = WorldSpec(pp=args.pp, ep=args.ep, dp=args.dp, backend=args.backend, timeout_s=args.collective_timeout,
+                      p2p=getattr(args, "p2p", "auto"))
     fault = {"rank": args.fault_rank, "step": args.fault_step, "action": 1} if args.fault_rank is not None else None
     job = RunSpec(name="run", model=model, schedule=args.schedule, vpp=args.vpp, microbatches=args.microbatches,
                   micro_batch_size=args.micro_batch_size, steps=args.steps, lr=args.lr, boundaries=boundaries,
@@ -218,7 +225,7 @@ def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldS
     try:
         par = plan["parallel"]
         world = WorldSpec(pp=par["pp"], ep=par["ep"], dp=par["dp"], backend=args.backend,
-                          timeout_s=args.collective_timeout)
+                          timeout_s=args.collective_timeout, p2p=getattr(args, "p2p", "auto"))
         pmodel = dict(plan["model_config"])
         if getattr(args, "routing", None):
             pmodel["router_bias"] = routing_bias(args.routing, pmodel)
@@ -256,6 +263,33 @@ def format_dispatch(d: dict | None) -> list[str]:
     return lines
 
 
+#: exit status of ``run --check`` when the run differs from the reference beyond the check's rule
+EXIT_CHECK_FAILED = 4
+
+
+def _loss_equal(loss: float, ref: float, tol: dict | None) -> str:
+    if loss == ref:
+        return "bitwise"
+    d = abs(loss - ref)
+    if tol is None:
+        return f"{d:.2e}"
+    ok = d <= tol["losses"]["atol"] + tol["losses"]["rtol"] * abs(ref)
+    return f"{d:.2e} ({'allclose' if ok else 'BEYOND tolerance'})"
+
+
+def _check_line(ref: dict) -> str:
+    """The ``--check`` verdict: its rule (bitwise on CPU; allclose with the stated tolerance on CUDA) and result."""
+    if ref.get("mode") == "allclose":
+        t = ref["tolerance"]
+        rule = (f"allclose |run - ref| <= atol + rtol |ref| (losses rtol {t['losses']['rtol']:g} atol "
+                f"{t['losses']['atol']:g}; gradients rtol {t['grads']['rtol']:g} atol {t['grads']['atol']:g}; an "
+                "assumed fp32 bound, not yet calibrated on a GPU)")
+    else:
+        rule = "bitwise (CPU, same decomposition as the run)"
+    return (f"check: {'passed' if ref.get('passed') else 'FAILED'}, rule {rule}, against the CPU reference with "
+            f"EP dispatch {ref.get('dispatch', '?')}")
+
+
 def format_result(result: RunResult) -> str:
     """Readable summary: losses per step (and the reference), then predicted vs observed per stage."""
     from tessera_lab.textable import simple_table
@@ -264,7 +298,7 @@ def format_result(result: RunResult) -> str:
     for job in result.jobs:
         w = job["world"]
         lines.append(f"job {job['name']}: schedule {job['schedule']}, pp={w['pp']} ep={w['ep']} dp={w['dp']} "
-                     f"({result.backend}), boundaries {job['boundaries']}, {job['tokens_per_step']} tokens/step, "
+                     f"({result.backend}, p2p {w.get('p2p', 'auto')}), boundaries {job['boundaries']}, {job['tokens_per_step']} tokens/step, "
                      f"{job['tokens_per_s']:.0f} tokens/s observed (median step wall)")
         lines.extend(format_dispatch(job.get("ep_dispatch")))
         has_pairs = any("OVERLAP_F_B" in a for acts in (job.get("actions") or {}).values() for a in acts)
@@ -278,14 +312,19 @@ def format_result(result: RunResult) -> str:
             row = {"step": s, "loss": f"{loss:.9f}", "step wall (ms)": job["step_times_s"][s] * 1e3}
             if ref:
                 row["reference"] = f"{ref['reference_losses'][s]:.9f}"
-                row["equal"] = "bitwise" if loss == ref["reference_losses"][s] else f"{abs(loss - ref['reference_losses'][s]):.2e}"
+                row["equal"] = _loss_equal(loss, ref["reference_losses"][s], ref.get("tolerance"))
             rows.append(row)
         text_rows = [{k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
         lines.append(simple_table(text_rows, disable_numparse=True))
         if ref and "grads_bitwise_equal" in ref:
             lines.append(f"gradients of step 0 against the reference ({ref['grads_compared']} parameters): "
                          + ("bitwise equal" if ref["grads_bitwise_equal"]
-                            else f"differ, max |diff| {ref['grads_max_abs_diff']:.2e}"))
+                            else f"differ, max |diff| {ref['grads_max_abs_diff']:.2e}"
+                            + ("" if not ref.get("tolerance") else
+                               (", within" if ref.get("grads_within") else ", BEYOND") + " allclose(rtol "
+                               f"{ref['tolerance']['grads']['rtol']:g}, atol {ref['tolerance']['grads']['atol']:g})")))
+        if ref:
+            lines.append(_check_line(ref))
         t = job["timing"]
         srows = []
         for r in t["stages"]:
@@ -349,7 +388,7 @@ def emit_outputs(result: RunResult, args: argparse.Namespace) -> None:
 def run_from_args(args: argparse.Namespace) -> int:
     """``tessera-lab run``: spawn locally, print, write outputs. Returns the exit status: 0, 2 bad input,
     3 (:data:`~tessera_lab.runner.launch.supervise.EXIT_PEER_FAILED`) a rank failed and its peers were stopped,
-    1 the launch timed out."""
+    1 the launch timed out, 4 (:data:`EXIT_CHECK_FAILED`) ``--check`` failed."""
     from .supervise import EXIT_PEER_FAILED
 
     world, job = specs_from_args(args)
@@ -365,6 +404,11 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(f"tessera-lab run: error: {exc}", file=sys.stderr)
         return EXIT_PEER_FAILED if getattr(exc, "peer_failed", False) else 1
     emit_outputs(result, args)
+    failed = [j["name"] for j in result.jobs if (j.get("reference") or {}).get("passed") is False]
+    if failed:
+        print(f"tessera-lab run: --check failed for job {', '.join(failed)}: the run differs from the reference "
+              "beyond the check's rule (see 'check:' above)", file=sys.stderr)
+        return EXIT_CHECK_FAILED
     return 0
 
 

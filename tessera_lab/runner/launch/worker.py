@@ -90,7 +90,7 @@ def run_worker(world: WorldSpec, jobs: Sequence[RunSpec], out_dir: str | None) -
         if rank == 0:
             res = summarize_job(raw, j, world, device.type)
             if j.check_reference:
-                res["reference"] = compare_reference(res, j, world, out_dir)
+                res["reference"] = compare_reference(res, j, world, out_dir, device.type)
             results.append(res)
     _add_peak_memory(results, jobs, world, device)
     dist.barrier()

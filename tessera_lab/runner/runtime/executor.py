@@ -26,7 +26,7 @@ from .devtime import StepClock
 from .layers import WEIGHT_GRAD_STORE, TinyMoEModel, forward_key
 from .nodes import StageProgram
 from .orders import resolve_order
-from .pairs import get_pair_handler
+from .pairs import PairStreams, get_pair_handler
 from .topology import StageModule, Topology
 from .transport import make_transport
 
@@ -106,9 +106,11 @@ class PipelineExecutor:
         self.fault = fault
         backend = dist.get_backend() if dist.is_initialized() else "gloo"
         self.transport = make_transport(p2p, backend, topo.rank, p2p_timeout_s)
+        self.transport.barrier()  # the p2p group's first collective: every rank (NCCL's rule for batches)
         init = (lambda: torch.cuda.set_device(topo.device)) if topo.device.type == "cuda" else None
         self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-side", initializer=init)
-        self._side_stream = torch.cuda.Stream(topo.device) if topo.device.type == "cuda" else None
+        #: the threads handler's side streams on a GPU (:class:`~tessera_lab.runner.runtime.pairs.PairStreams`)
+        self.pair_streams = PairStreams(topo.device) if topo.device.type == "cuda" else None
         #: node-level all-to-alls are issued from this stream, which waits only for each producer's event
         self._comm_stream = torch.cuda.Stream(topo.device) if topo.device.type == "cuda" else None
         self._lock = threading.Lock()
@@ -165,7 +167,8 @@ class PipelineExecutor:
         if not ops:
             return
         t = self._now()
-        for a, (op, key, buf, _), h in zip(meta, ops, self.transport.post(ops)):
+        h = self.transport.post(ops)  # one handle for the whole batch (NCCL: one coalesced Work per batch)
+        for a, (op, key, buf, _) in zip(meta, ops):
             if op == "recv":
                 self._recvs[key] = (h, buf, t)
             else:
@@ -276,19 +279,6 @@ class PipelineExecutor:
         self._event("compute" if record else "sub", x.type.value, s, i, t, self._now(), f"{s}{x.type.value}{i}")
         return gx
 
-    def _forward_side(self, x: Action, inp: torch.Tensor) -> torch.Tensor:
-        """The forward of an overlapped pair, on the side thread (and, on GPU, the side stream: forward kernels
-        go to the current stream, while autograd runs backward kernels on the streams of their forward ops,
-        so it is the forward that has to move)."""
-        if self._side_stream is None:
-            return self._forward(x, inp, record=False)
-        with torch.cuda.stream(self._side_stream):
-            out = self._forward(x, inp, record=False)
-            done = torch.cuda.Event()
-            done.record(self._side_stream)
-        self._side_done = done  # the pair's caller makes its stream wait on it (no host sync)
-        return out
-
     def _finish(self, x: Action, result) -> None:
         """Route the output of leaf ``x`` (activation after F, input gradient after B/I)."""
         s, i = x.stage, x.microbatch
@@ -307,11 +297,14 @@ class PipelineExecutor:
 
     def _run_w(self, x: Action, how: str = "static") -> None:
         """Run W leaf ``x`` now (``how``: static place, ``fill`` of a wait, ``forced`` by the memory cap)."""
-        t, h0 = self._now(), self.clock.host()
+        if self.pair_streams is not None and self.pair_streams.i_ran.pop((x.stage, x.microbatch), None) is not None:
+            WEIGHT_GRAD_STORE.record_stream((x.stage, x.microbatch), torch.cuda.current_stream(self.topo.device))
+        t = self._now()
         WEIGHT_GRAD_STORE.flush((x.stage, x.microbatch))
-        self._event("compute", "W", x.stage, x.microbatch, t, self._now(), str(x) if how == "static" else f"{x}:{how}")
+        t1 = self._now()
+        self._event("compute", "W", x.stage, x.microbatch, t, t1, str(x) if how == "static" else f"{x}:{how}")
         if self.gaps is not None:
-            self.gaps.ran_w(x, self.clock.host() - h0)  # host seconds (the gap controller's clock)
+            self.gaps.ran_w(x, t, t1)  # the waits' clock: seconds on CPU, CUDA events on a GPU
 
     def _run_leaf(self, x: Action) -> None:
         if x.type is _W:
@@ -323,8 +316,15 @@ class PipelineExecutor:
             if self.gaps is not None:
                 self.gaps.before_forward()
             self._finish(x, self._forward(x, self._get_input(h, True)))
-        else:
+        elif self.pair_streams is None:
             self._finish(x, self._backward(x, self._get_input(h, False)))
+        else:  # its forward may have run on a side stream (a pair's): hand the tensors crossing streams
+            grad = self._get_input(h, False)
+            bs = self.pair_streams.backward_stream(x, grad)
+            gx = self._backward(x, grad)
+            if bs is not None:
+                PairStreams.hand(gx, torch.cuda.current_stream(self.topo.device))
+            self._finish(x, gx)
 
     def _run_pair(self, a: Action) -> None:
         f = next(x for x in a.sub_actions if x.type is _F)
@@ -356,6 +356,9 @@ class PipelineExecutor:
         fault = self.fault
         if self.gaps is not None:
             self.gaps.begin_step()
+        if self.pair_streams is not None:
+            self.pair_streams.fwd.clear()
+            self.pair_streams.i_ran.clear()
         k = -1
         for kind, _, acts in self.steps:
             if kind == "batch":

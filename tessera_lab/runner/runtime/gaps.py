@@ -8,7 +8,10 @@ the controller runs the longest prefix whose W seconds fit the wait predicted fo
 (:func:`~tessera_lab.dynamic.controller.pick_in_wait` rule, ``last-step`` predictor, margin 0.5), and a completion
 query of the awaited transfer before each W (``work.is_completed()``: c10d's query of its CUDA event on NCCL, no
 wait) ends the fill once the input has arrived: nothing in the fill blocks, and the one ``work.wait()`` after it is,
-on NCCL, a stream wait. Waits are measured with host clocks on CPU and CUDA events on a GPU. Before a
+on NCCL, a stream wait. Waits and W are measured with host clocks on CPU and CUDA events on a GPU (one clock
+for both: a W timed by its host launches would "fit" every wait); on a GPU the completion query reports the
+device's progress, which lags the host that issues ahead, so it only ever ends a fill early: the prediction
+bounds it (the query is advisory, never needed for correctness). Before a
 forward, pending W run while the rank holds ``cap`` or more deferred micro-batches (the memory cap). A W already
 run is skipped at its static place. W of one stage therefore always run in micro-batch order, so gradients
 accumulate in the same order as the static run and losses and gradients stay bitwise equal on CPU.
@@ -190,6 +193,7 @@ class GapFiller:
         self.fill = fill
         self.cuda = cuda
         self._device_waits: list[tuple] = []
+        self._device_w: list[tuple] = []  # (stage, start event, end event) of this step's W on a GPU
         self.comm = comm
         if comm is not None:
             comm.piggyback = self._piggyback
@@ -230,6 +234,7 @@ class GapFiller:
         self._sent, self._incoming = False, None
         self._node_n = 0
         self._device_waits = []
+        self._device_w = []
         if self.buckets is not None:
             self.buckets.begin_step()
 
@@ -286,9 +291,17 @@ class GapFiller:
         """Whether W ``x`` at its static place already ran in a gap."""
         return (x.stage, x.microbatch) in self.done
 
-    def ran_w(self, x: Action, seconds: float) -> None:
+    def ran_w(self, x: Action, start, end=None) -> None:
+        """W ``x`` ran from stamp ``start`` to ``end`` (:class:`~tessera_lab.runner.runtime.devtime.StepClock`
+        stamps: seconds on CPU, CUDA events on a GPU, read only in :meth:`end_step` after a synchronize; a host
+        clock would time the W's launches, not its kernels). ``end=None``: ``start`` is the W's seconds."""
         self.done.add((x.stage, x.microbatch))
-        self._w_obs.setdefault(x.stage, []).append(seconds)
+        if end is None:
+            self._w_obs.setdefault(x.stage, []).append(float(start))
+        elif isinstance(start, (int, float)):
+            self._w_obs.setdefault(x.stage, []).append(float(end) - float(start))
+        else:
+            self._device_w.append((x.stage, start, end))
 
     def _oldest_ready(self, complete: frozenset | None = None):
         """The first W of the list not run yet whose I has run (None if that W is not ready: order is kept).
@@ -336,7 +349,7 @@ class GapFiller:
     @staticmethod
     def completed(work) -> bool:
         """Completion query, never a wait: ``work.is_completed()`` (c10d ``Work``: on NCCL a query of its CUDA
-        event; the NCCL-order transport's handle likewise); a handle without it counts as not completed (the
+        event; the transports' batch handle likewise); a handle without it counts as not completed (the
         prediction alone bounds the fill)."""
         query = getattr(work, "is_completed", None)
         return bool(query()) if query is not None else False
@@ -389,7 +402,11 @@ class GapFiller:
         return ev
 
     def _resolve_device_waits(self) -> None:
-        """Turn this step's CUDA-event waits into seconds (one synchronize per step, at its end)."""
+        """Turn this step's CUDA-event waits and W times into seconds (synchronized at the step's end)."""
+        for stage, e0, e1 in self._device_w:
+            e1.synchronize()
+            self._w_obs.setdefault(stage, []).append(e0.elapsed_time(e1) / 1e3)  # elapsed_time: milliseconds
+        self._device_w = []
         if not self._device_waits:
             return
         for slot, e0, e1, e2 in self._device_waits:

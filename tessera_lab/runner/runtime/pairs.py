@@ -6,9 +6,9 @@ with the forward leaf action ``f`` (its input ``inp`` already received) and the 
 its output gradient ``grad``, None on the last stage). Built in:
 
 * ``serial``: the whole backward, then the whole forward (monolithic autograd passes);
-* ``threads``: the whole forward on a side thread (a side CUDA stream on GPUs) beside the whole backward on
-  the calling thread (the first handler; on CPU it measures thread parallelism as much as hidden
-  communication);
+* ``threads``: the whole forward on a side thread beside the whole backward on the calling thread; on a GPU
+  the forward on one of two side streams, never the stream the backward runs on (:class:`PairStreams`); on CPU
+  it measures thread parallelism as much as hidden communication;
 * ``scheduled``: node level (:mod:`tessera_lab.runner.runtime.nodes`): the nodes of F and B in a given issue order
   (:mod:`tessera_lab.runner.runtime.orders`: a named candidate such as ``megatron``, the searched order, or an
   explicit template), compute on the calling thread, all-to-alls asynchronous with their waits where the
@@ -26,7 +26,7 @@ from typing import Callable
 from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline.schedules import ActionType
 
-__all__ = ["PairHandler", "PAIR_HANDLERS", "register_pair_handler", "get_pair_handler", "interleave"]
+__all__ = ["PairStreams", "PairHandler", "PAIR_HANDLERS", "register_pair_handler", "get_pair_handler", "interleave"]
 
 
 @dataclass(frozen=True)
@@ -96,20 +96,91 @@ def _serial(ex, f, b, inp, grad):
     return out, gx
 
 
-def _threads(ex, f, b, inp, grad):
-    if ex._side_stream is not None:
-        import torch
+class PairStreams:
+    """The CUDA streams of the ``threads`` handler on a GPU (None on CPU).
 
-        ex._side_stream.wait_stream(torch.cuda.current_stream(ex.topo.device))
-    fut = ex._side.submit(ex._forward_side, f, inp)
+    Autograd runs a backward op on the stream its forward op ran on (torch "CUDA semantics: stream semantics of
+    backward passes"), so a pair overlaps only when its forward goes to another stream than its backward's
+    forward did. Two side streams by micro-batch parity: forward ``(s, i)`` of a pair goes to ``side[i % 2]``,
+    or to the other side stream when that one ran the paired backward's forward; a forward outside a pair runs
+    on the main (current) stream. Every tensor handed from one stream to another gets ``record_stream`` on the
+    stream that uses it (the caching allocator then keeps its memory until that stream's work is done), as
+    Megatron-Core's ``ScheduleNode`` does for its inputs and output gradients
+    (``megatron/core/pipeline_parallel/utils.py``, NVIDIA/Megatron-LM at 8333bd5bb6de2bdbdb3ebebf224b4a339a04ec90).
+
+    ``cuda``: ``torch.cuda`` (a fake with ``Stream``, ``Event``, ``stream`` and ``current_stream`` in tests).
+    """
+
+    def __init__(self, device, cuda=None):
+        if cuda is None:
+            import torch
+
+            cuda = torch.cuda
+        self.cuda = cuda
+        self.device = device
+        self.side = (cuda.Stream(device), cuda.Stream(device))
+        #: (stage, micro-batch) -> the side stream its forward ran on (absent: the main stream)
+        self.fwd: dict[tuple[int, int], object] = {}
+        #: (stage, micro-batch) -> the side stream its I ran on (its deferred W reads the stash on the main one)
+        self.i_ran: dict[tuple[int, int], object] = {}
+
+    def backward_stream(self, b, grad):
+        """Before backward leaf ``b`` (B or I) on the calling thread: the side stream autograd will run it on (its
+        forward's; None: the main stream), with ``grad`` handed to it."""
+        bs = self.fwd.pop((b.stage, b.microbatch), None)
+        if bs is not None:
+            self.hand(grad, bs)
+            if b.type.value == "I":
+                self.i_ran[(b.stage, b.microbatch)] = bs
+        return bs
+
+    def pick(self, f, b):
+        """The side stream for forward ``f`` paired with backward ``b``: by ``f``'s micro-batch parity, never the
+        stream ``b``'s forward ran on."""
+        s = self.side[f.microbatch % 2]
+        return self.side[1 - f.microbatch % 2] if s is self.fwd.get((b.stage, b.microbatch)) else s
+
+    @staticmethod
+    def hand(t, stream) -> None:
+        """``t`` (a tensor or None) is used on ``stream`` (allocated on another): ``t.record_stream(stream)``."""
+        if t is not None:
+            t.record_stream(stream)
+
+    def forward(self, ex, f, inp, stream):
+        """Forward leaf ``f`` on ``stream`` (called on the side thread); returns ``(output, done event)``."""
+        with self.cuda.stream(stream):
+            out = ex._forward(f, inp, record=False)
+            done = self.cuda.Event()
+            done.record(stream)
+        return out, done
+
+
+def _threads(ex, f, b, inp, grad):
+    ps = ex.pair_streams
+    if ps is None:  # CPU: the forward on the side thread, the backward on this one
+        fut = ex._side.submit(ex._forward, f, inp, False)
+        try:
+            gx = ex._backward(b, grad, record=False)
+        finally:
+            out = fut.result()  # re-raises a forward failure
+        return out, gx
+    main = ps.cuda.current_stream(ps.device)
+    side = ps.pick(f, b)
+    b_stream = ps.backward_stream(b, grad)  # autograd runs b there (None: the main stream); grad handed to it
+    side.wait_stream(main)  # the forward's input (received or produced on the main stream) is ready
+    ps.hand(inp, side)
+    if getattr(ex, "_targets", None) and f.stage == ex.S - 1:
+        ps.hand(ex._targets.get(f.microbatch), side)  # the loss reads the targets on the side stream
+    fut = ex._side.submit(ps.forward, ex, f, inp, side)
     try:
         gx = ex._backward(b, grad, record=False)
     finally:
-        out = fut.result()  # re-raises a forward failure
-    if ex._side_stream is not None:  # the forward's kernels ran on the side stream: order, do not sync the host
-        import torch
-
-        torch.cuda.current_stream(ex.topo.device).wait_event(ex._side_done)
+        out, done = fut.result()  # re-raises a forward failure
+    main.wait_event(done)  # order the main stream after the forward; the host does not wait
+    ps.fwd[(f.stage, f.microbatch)] = side
+    ps.hand(out, main)  # sent or kept by the main stream
+    if b_stream is not None:
+        ps.hand(gx, main)  # the input gradient was allocated on the backward's stream
     return out, gx
 
 

@@ -24,8 +24,9 @@ The executor runs each rank's action list in order:
 * ``I`` / ``W``: as ``B`` but the GEMM weight gradients are deferred (:class:`~tessera_lab.runner.runtime.model.
   WeightGradStore`); ``W`` computes them later with the same kernels, in the same accumulation order, so the
   gradients equal the undeferred ones bit for bit.
-* ``OVERLAP_F_B``: both inputs are received, then the forward runs on a side thread (CPU), on a side CUDA
-  stream driven by that thread (GPU), while the backward runs on the main thread; each has its own EP process
+* ``OVERLAP_F_B``: both inputs are received, then the forward runs on a side thread (CPU), on one of two side
+  CUDA streams driven by that thread (GPU; never the stream the paired backward runs on,
+  :class:`~tessera_lab.runner.runtime.pairs.PairStreams`), while the backward runs on the main thread; each has its own EP process
   group (forward collectives on one, backward on the other), so the dispatch/combine all-to-alls of one
   micro-batch proceed while the other computes. (It is the forward that moves because autograd runs backward
   kernels on the streams their forward ops used.) Caveat on GPUs: NCCL collectives on two communicators
@@ -34,9 +35,11 @@ The executor runs each rank's action list in order:
 * ``SEND_*`` / ``RECV_*``: the executor runs lowered lists only (:func:`tessera_lab.pipeline.passes.lower`); each
   maximal run of them is one batch (one ``batch_isend_irecv``, one NCCL group), posted where the list has it.
 
-Point-to-point transfers go through :mod:`tessera_lab.runner.runtime.transport`: on NCCL ``batch_isend_irecv``; on gloo
-by default an emulation of NCCL's rule (batches in posting order, a rank pair's transfers matched in posting
-order, tags ignored), so an order NCCL would deadlock on fails on CPU too. Sends are non-blocking and waited for
+Point-to-point transfers go through :mod:`tessera_lab.runner.runtime.transport`: ``batch_isend_irecv``, one handle per
+batch (NCCL returns one coalesced Work per batch); on gloo through the CPU layer
+:mod:`~tessera_lab.runner.runtime.nccl_cpu` with NCCL's observable semantics (batches in posting order, a rank pair's
+transfers matched in posting order, tags ignored, completion once the peer has posted), so an order NCCL would
+deadlock on fails on CPU too. Sends are non-blocking and waited for
 at the end of the step. Every action's start and end (``time.perf_counter``, seconds after a barrier at the start of the
 step) is recorded, with receive waits and EP all-to-alls on the communication lane.
 """

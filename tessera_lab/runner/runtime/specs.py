@@ -256,8 +256,10 @@ class WorldSpec:
         grace_s: after one rank fails, seconds the others get to exit on their own before being killed.
         interleave: run the launch's jobs a step of each in turn (:func:`tessera_lab.runner.runtime.train.run_jobs`)
             instead of one after the other.
-        p2p: pipeline transfers (:mod:`tessera_lab.runner.runtime.transport`): ``auto`` (NCCL's semantics emulated
-            on gloo, ``batch_isend_irecv`` on NCCL), ``nccl-order`` (gloo only) or ``batch``.
+        p2p: pipeline transfers (:mod:`tessera_lab.runner.runtime.transport`): ``batch`` (``batch_isend_irecv``,
+            one Work per batch; on gloo through the CPU layer :mod:`~tessera_lab.runner.runtime.nccl_cpu`),
+            ``nccl-order`` (gloo only: the same with a key check per transfer) or ``auto`` (nccl-order on gloo,
+            batch on NCCL).
     """
 
     pp: int = 2
@@ -272,6 +274,9 @@ class WorldSpec:
     def __post_init__(self) -> None:
         if self.p2p not in ("auto", "nccl-order", "batch"):
             raise ConfigError(f"run field 'p2p' = {self.p2p!r} is unknown; allowed: auto, nccl-order, batch")
+        if self.p2p == "nccl-order" and self.backend == "nccl":
+            raise ConfigError("run field 'p2p' = 'nccl-order' is the CPU layer with NCCL's semantics; allowed with "
+                              "backend gloo only (on NCCL use batch or auto)")
         for name in ("pp", "ep", "dp"):
             _int_field("run", name, getattr(self, name), 1)
         if self.world_size > _MAX_WORLD:

@@ -1,53 +1,70 @@
 """Point-to-point transports of the pipeline runtime: one *batch* (a run of SEND/RECV actions of a lowered
-schedule, :func:`tessera_lab.pipeline.p2p.lowered_steps`) is posted with :meth:`P2PTransport.post`.
+schedule, :func:`tessera_lab.pipeline.p2p.lowered_steps`) is posted with :meth:`P2PTransport.post`, which returns
+ONE handle for the whole batch: ``batch_isend_irecv`` on NCCL returns one coalesced Work per batch (torch 2.13
+``distributed_c10d.batch_isend_irecv`` -> ``_coalescing_manager(..., async_ops=True)`` -> ``cm.works``), so a
+receive of the batch is complete only when the batch is; the handle waits every Work the call returned, once
+(as torch's ``pipelining`` ``_wait_batch_p2p`` waits the returned list).
 
-* :class:`BatchP2P` (NCCL, and gloo when asked): one ``dist.batch_isend_irecv`` per batch, as
-  ``torch.distributed.pipelining``'s ``_batch_p2p``. Tags come from a per-(peer, direction) sequence counter only,
-  so gloo too matches a rank pair's transfers in posting order (NCCL ignores tags and always does).
-* :class:`NcclOrderP2P` (gloo, the CPU default): NCCL's semantics on CPU. The batches of a rank run one after
-  another on a communication thread, in posting order (NCCL's stream); every transfer is matched by its per-pair
-  sequence number only, and carries a small header with its ``(kind, stage, micro-batch)`` key, so a send met by
-  a receive of other data raises :class:`P2POrderError` at once; a batch that does not complete within
-  ``timeout_s`` raises :class:`P2POrderError` naming it (a deadlock under NCCL's rule, which gloo's tag matching
-  would have hidden).
+* :class:`BatchP2P` (``--p2p batch``): ``batch_isend_irecv`` of ``api`` per batch, as ``torch.distributed.pipelining``'s
+  ``_batch_p2p``: ``torch.distributed`` on NCCL; on gloo the CPU layer
+  :class:`~tessera_lab.runner.runtime.nccl_cpu.NcclP2P` (NCCL's return shape, completion, matching and first-collective
+  rule). Tags: a per-(peer, direction) sequence number (NCCL ignores tags and matches in posting order anyway).
+* :class:`NcclOrderP2P` (``--p2p nccl-order``, the gloo default): the same over the CPU layer, each transfer with a
+  small header carrying its ``(kind, stage, micro-batch)`` key, so a send met by a receive of other data raises
+  :class:`P2POrderError` at once, naming both.
 
-Handles returned by ``post`` have ``wait()`` and ``is_completed()`` (the runtime waits on receives only; sends are
-waited for by :meth:`P2PTransport.finish` at the end of a step).
+Handles have ``wait()`` (idempotent) and ``is_completed()`` (the runtime waits on receives; sends are waited for by
+:meth:`P2PTransport.finish` at the end of a step).
 """
 
 from __future__ import annotations
 
-import datetime
-import queue
-import threading
-import time
-
-import torch
 import torch.distributed as dist
 
 from tessera_lab.errors import ConfigError
 
-__all__ = ["P2POrderError", "P2PTransport", "BatchP2P", "NcclOrderP2P", "make_transport", "P2P_MODES"]
+from .nccl_cpu import NcclP2P, P2POrderError
+
+__all__ = ["P2POrderError", "P2PTransport", "BatchHandle", "BatchP2P", "NcclOrderP2P", "make_transport", "P2P_MODES"]
 
 #: ``auto``: :class:`NcclOrderP2P` on gloo, :class:`BatchP2P` on NCCL; ``nccl-order``; ``batch``
 P2P_MODES = ("auto", "nccl-order", "batch")
 _KIND = {"F": 0, "G": 1}
 
 
-class P2POrderError(RuntimeError):
-    """A transfer order NCCL would deadlock on or mismatch (raised by :class:`NcclOrderP2P`)."""
+class BatchHandle:
+    """The handle of one posted batch, shared by all its ops: ``works`` is what ``batch_isend_irecv`` returned
+    (one coalesced Work on NCCL, one per op on a backend without coalescing). ``wait()`` waits each Work once
+    (gloo's p2p Work must not be waited twice) and is idempotent; ``is_completed()`` is True once every Work is."""
+
+    def __init__(self, works: list):
+        self.works = list(works)
+        self._done = False
+
+    def wait(self) -> bool:
+        if not self._done:
+            for w in self.works:
+                w.wait()
+            self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done or all(w.is_completed() for w in self.works)
 
 
 class P2PTransport:
-    """Base: per-pair sequence counters. ``ops``: ``[(op, key, tensor, peer)]`` with ``op`` ``"send"`` or
-    ``"recv"``, ``key = ('F'|'G', stage, micro-batch)``, ``peer`` a global rank; returns one handle per op."""
+    """Base. ``api``: an object with ``batch_isend_irecv`` and ``barrier`` (``torch.distributed`` or
+    :class:`~tessera_lab.runner.runtime.nccl_cpu.NcclP2P`); ``group``: the process group of the transfers (peers are
+    global ranks; None: the default group)."""
 
     name = "base"
+    headers = False
 
-    def __init__(self, group=None):
-        self.group = group  # a process group (peers are global ranks); None: the default group
+    def __init__(self, api, group=None):
+        self.api = api
+        self.group = group
         self._seq: dict[tuple[str, int], int] = {}
-        self._sends: list = []
+        self._sends: list[BatchHandle] = []
 
     def _next(self, op: str, peer: int) -> int:
         k = (op, peer)
@@ -55,146 +72,64 @@ class P2PTransport:
         self._seq[k] = n + 1
         return n
 
-    def post(self, ops: list[tuple]) -> list:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def barrier(self) -> None:
+        """A collective of every rank of the group: NCCL requires one before batches of a subset of its ranks
+        (``batch_isend_irecv``'s docstring); the executor issues it once, at construction."""
+        self.api.barrier(group=self.group)
+
+    def post(self, ops: list[tuple]) -> BatchHandle | None:
+        """Post ``ops`` ``[(op, key, tensor, peer)]`` (``op`` ``"send"``/``"recv"``, ``key = ('F'|'G', stage,
+        micro-batch)``, ``peer`` a global rank) as one batch; returns its handle (None for no ops).
+
+        Raises:
+            P2POrderError: on the CPU layer, an earlier batch failed or the group has had no collective.
+        """
+        if not ops:
+            return None
+        p2p = [dist.P2POp(dist.isend if op == "send" else dist.irecv, t, peer, self.group, self._next(op, peer))
+               for op, _key, t, peer in ops]
+        if self.headers:
+            works = self.api.batch_isend_irecv(p2p, headers=[(_KIND[k[0]], k[1], k[2]) for _, k, _, _ in ops])
+        else:
+            works = self.api.batch_isend_irecv(p2p)
+        h = BatchHandle(works)
+        if any(op == "send" for op, *_ in ops):
+            self._sends.append(h)
+        return h
 
     def finish(self) -> None:
-        """Wait for every send posted so far."""
-        for w in self._sends:
-            w.wait()
+        """Wait for every batch with a send posted so far."""
+        for h in self._sends:
+            h.wait()
         self._sends = []
 
     def close(self) -> None:
-        pass
+        close = getattr(self.api, "close", None)
+        if close is not None:
+            close()
 
 
 class BatchP2P(P2PTransport):
-    """One ``dist.batch_isend_irecv`` per batch; tag = the op's per-pair sequence number (module docstring)."""
+    """``batch_isend_irecv`` of ``api`` per batch (module docstring)."""
 
     name = "batch"
 
-    def post(self, ops: list[tuple]) -> list:
-        if not ops:
-            return []
-        p2p = []
-        for op, _key, t, peer in ops:
-            fn = dist.isend if op == "send" else dist.irecv
-            p2p.append(dist.P2POp(fn, t, peer, self.group, self._next(op, peer)))
-        works = dist.batch_isend_irecv(p2p)
-        self._sends.extend(w for (op, *_), w in zip(ops, works) if op == "send")
-        return works
-
-
-class _Batch:
-    def __init__(self, ops: list[tuple], label: str):
-        self.ops = ops
-        self.label = label
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-
-class _Handle:
-    def __init__(self, batch: _Batch, timeout_s: float):
-        self.batch = batch
-        self.timeout_s = timeout_s
-
-    def is_completed(self) -> bool:
-        if self.batch.error is not None:
-            raise self.batch.error
-        return self.batch.done.is_set()
-
-    def wait(self) -> bool:
-        if not self.batch.done.wait(self.timeout_s + 5.0):
-            raise P2POrderError(f"p2p batch [{self.batch.label}] did not complete within {self.timeout_s:.0f} s: "
-                                "a deadlock under NCCL's rule (batches run in posting order, a rank pair's "
-                                "transfers match in posting order, tags ignored)")
-        if self.batch.error is not None:
-            raise self.batch.error
-        return True
-
 
 class NcclOrderP2P(P2PTransport):
-    """NCCL's p2p semantics over gloo (module docstring). ``rank``: this global rank (for messages);
-    ``timeout_s``: seconds a batch may take before it is declared deadlocked."""
+    """NCCL's p2p semantics over gloo with key headers (module docstring). ``rank``: this global rank (for
+    messages); ``timeout_s``: seconds a batch may take before it is declared deadlocked."""
 
     name = "nccl-order"
+    headers = True
 
     def __init__(self, rank: int, timeout_s: float = 60.0, group=None):
-        super().__init__(group)
+        super().__init__(NcclP2P(rank, timeout_s), group)
         self.rank = rank
-        self.timeout_s = float(timeout_s)
-        self._q: queue.Queue = queue.Queue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._loop, name="tessera-p2p", daemon=True)
-        self._thread.start()
-
-    def post(self, ops: list[tuple]) -> list:
-        if self._error is not None:
-            raise self._error
-        if not ops:
-            return []
-        seq_ops = [(op, key, t, peer, self._next(op, peer)) for op, key, t, peer in ops]
-        label = " ".join(f"{op} {key[0]}{key[1]},{key[2]} {'to' if op == 'send' else 'from'} {peer}"
-                         for op, key, _, peer, _ in seq_ops)
-        b = _Batch(seq_ops, f"rank {self.rank}: {label}")
-        self._q.put(b)
-        h = _Handle(b, self.timeout_s)
-        self._sends.extend(h for op, *_ in ops if op == "send")
-        return [h] * len(ops)
-
-    def _loop(self) -> None:
-        while True:
-            b = self._q.get()
-            if b is None:
-                return
-            if self._error is not None:
-                b.error = self._error
-                b.done.set()
-                continue
-            try:
-                self._run(b)
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
-                self._error = b.error = exc if isinstance(exc, P2POrderError) else P2POrderError(str(exc))
-            b.done.set()
-
-    def _run(self, b: _Batch) -> None:
-        works, checks = [], []
-        for op, key, t, peer, seq in b.ops:
-            if op == "send":
-                head = torch.tensor([_KIND[key[0]], key[1], key[2]], dtype=torch.int64)
-                works.append(dist.isend(head, peer, self.group, 2 * seq))
-                works.append(dist.isend(t, peer, self.group, 2 * seq + 1))
-            else:
-                head = torch.empty(3, dtype=torch.int64)
-                works.append(dist.irecv(head, peer, self.group, 2 * seq))
-                works.append(dist.irecv(t, peer, self.group, 2 * seq + 1))
-                checks.append((head, key, peer, seq))
-        deadline = time.monotonic() + self.timeout_s
-        for w in works:  # gloo completes a work only in wait(), which takes a timeout
-            left = max(0.001, deadline - time.monotonic())
-            try:
-                w.wait(datetime.timedelta(seconds=left))
-            except RuntimeError as exc:
-                if time.monotonic() < deadline - 0.5:
-                    raise P2POrderError(f"p2p batch [{b.label}] failed: {exc}") from None
-                raise P2POrderError(
-                    f"p2p batch [{b.label}] did not complete within {self.timeout_s:.0f} s: a deadlock under "
-                    "NCCL's rule (batches run in posting order, a rank pair's transfers match in posting "
-                    "order, tags ignored)") from None
-        for head, key, peer, seq in checks:
-            got = ("F" if int(head[0]) == 0 else "G", int(head[1]), int(head[2]))
-            if got != tuple(key):
-                raise P2POrderError(
-                    f"rank {self.rank}: receive #{seq} from rank {peer} expected {key[0]}{key[1:]} but NCCL would "
-                    f"match it with the send of {got[0]}{got[1:]} (posting order per rank pair, tags ignored)")
-
-    def close(self) -> None:
-        self._q.put(None)
-        self._thread.join(timeout=1.0)
 
 
 def make_transport(mode: str, backend: str, rank: int, timeout_s: float) -> P2PTransport:
-    """The transport for ``mode`` (:data:`P2P_MODES`) on ``backend`` (``"gloo"``/``"nccl"``).
+    """The transport for ``mode`` (:data:`P2P_MODES`) on ``backend`` (``"gloo"``/``"nccl"``): on NCCL
+    ``torch.distributed`` itself; on gloo the CPU layer :class:`~tessera_lab.runner.runtime.nccl_cpu.NcclP2P`.
 
     Raises:
         ConfigError: unknown mode, or ``nccl-order`` on NCCL (NCCL already has these semantics).
@@ -203,6 +138,8 @@ def make_transport(mode: str, backend: str, rank: int, timeout_s: float) -> P2PT
         raise ConfigError(f"run field 'p2p' = {mode!r} is unknown; allowed: {', '.join(P2P_MODES)}")
     if mode == "nccl-order" and backend != "gloo":
         raise ConfigError("run field 'p2p' = 'nccl-order' is the CPU emulation of NCCL; allowed on gloo only")
-    if mode == "batch" or (mode == "auto" and backend != "gloo"):
-        return BatchP2P()
+    if backend != "gloo":
+        return BatchP2P(dist)
+    if mode == "batch":
+        return BatchP2P(NcclP2P(rank, timeout_s))
     return NcclOrderP2P(rank, timeout_s)
