@@ -32,13 +32,35 @@ CONDITIONS = {
 
 
 def spread(model_name: str, kw: dict, gpu: str) -> dict:
-    from tessera_lab.cost.analytic import CostModel
-    from tessera_lab.model.hardware import ParallelConfig, cluster_for
+    """The pair rows and spreads of one condition: ``model_name`` at ``ParallelConfig(**kw)`` on ``gpu``."""
+    from tessera_lab.model.hardware import ParallelConfig
     from tessera_lab.model.spec import load_model
+
+    return spread_for(load_model(model_name), ParallelConfig(**kw), gpu)
+
+
+def scenario_spreads(gpu: str = "H200") -> dict:
+    """Per paper scenario (``data/paper/scenarios``): the spread at the scenario's own stand-in model and layout
+    (its EP placement, sequence and dispatcher), so each model the paper's jobs stand for gets its figure; a model
+    with one layer kind has one pair kind, spread 1 by construction."""
+    from tessera_lab.report.scenarios import load_scenarios
+
+    out = {}
+    for sc in load_scenarios():
+        res = spread_for(sc.model(), sc.parallel(), gpu)
+        res.update(model=sc.model().name, layout=f"pp {sc.layout['pp']} x ep {sc.layout['ep']} x dp {sc.layout['dp']}, "
+                   f"seq {sc.layout.get('seq_len', 4096)}, {sc.layout.get('dispatcher', 'alltoall')}")
+        out[sc.id] = res
+    return out
+
+
+def spread_for(model, par, gpu: str) -> dict:
+    """Pair rows (ms), the spread of the gain and of its share, and the contention used, for ``model`` (a
+    ModelSpec) at ``par`` on ``gpu``; analytic backend, best issue order."""
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.hardware import cluster_for
     from tessera_lab.overlap.core import bundle, layer_kind_examples, measure_pair
 
-    model = load_model(model_name)
-    par = ParallelConfig(**kw)
     cm = CostModel(cluster_for(par, gpu), par)
     rows = []
     ex = layer_kind_examples(model)
@@ -70,6 +92,13 @@ def main() -> None:
         for row in res["rows"]:
             print(f"  {row['pair']:52s} t_a {row['t_a_ms']:7.3f}  t_b {row['t_b_ms']:7.3f}  t_ab {row['t_ab_ms']:7.3f} ms"
                   f"  gain {row['gain_ms']:6.3f} ms ({row['gain_share']:5.1%})  comm hidden {row['hidden_comm']:5.1%}")
+    print("\nper paper scenario, at its own stand-in model and layout (the paper: up to 3x between layer combinations)")
+    out["scenarios"] = scen = scenario_spreads()
+    for sid, res in scen.items():
+        kinds = len(res["rows"])
+        print(f"  {sid:22s} {res['model'][:40]:40s} {res['layout']:44s} pair kinds {kinds:2d}  spread of the gain "
+              f"{res['spread']:.2f}x, of its share {res['share_spread']:.2f}x  comm hidden "
+              f"{min(r['hidden_comm'] for r in res['rows']):.0%}-{max(r['hidden_comm'] for r in res['rows']):.0%}")
     if args.json:
         from tessera_lab.io import write_json
 
