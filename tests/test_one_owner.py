@@ -51,3 +51,59 @@ def test_one_pair_makespan():
     planted = ast.parse("def two_lane_makespan(order, d, lanes, deps, c):\n"
                         "    return 1.0 / (1.0 + c.slowdown('compute'))\n")
     assert len(_pair_model_signs(planted)) == 2
+
+
+# ---- one FLOP counter ------------------------------------------------------------------------------------------
+
+FLOP_OWNER = "model/flops.py"
+
+
+def _bare_product(node: ast.AST) -> bool:
+    """``node`` multiplies shapes itself: a ``*`` whose operands are neither a call (a counter of model/flops.py)
+    nor an existing count (``x.flops``); calls are not looked into (their arguments are shapes)."""
+    if isinstance(node, ast.Call):
+        return False
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        counted = [isinstance(x, ast.Call) or (isinstance(x, ast.Attribute) and "flops" in x.attr)
+                   for x in (node.left, node.right)]
+        if not any(counted):
+            return True
+    return any(_bare_product(c) for c in ast.iter_child_nodes(node))
+
+
+def _flop_signs(tree: ast.Module) -> list[str]:
+    """Lines that count FLOPs from shapes: a product bound to a ``*flops*`` name, a ``flops=`` keyword, a task's
+    FLOP field (``Task(name, layer, phase, op, FLOPS, ...)``) or returned by a ``*flops*`` function; and
+    ``*flops*`` functions that call no counter."""
+    signs = []
+    for node in ast.walk(tree):
+        slots = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any("flops" in ast.unparse(t).lower() for t in targets) and node.value is not None:
+                slots.append(node.value)
+        elif isinstance(node, ast.Call):
+            slots += [k.value for k in node.keywords if k.arg == "flops"]
+            if getattr(node.func, "id", None) == "Task" and len(node.args) > 4:
+                slots.append(node.args[4])
+        elif isinstance(node, ast.FunctionDef) and "flops" in node.name.lower():
+            slots += [r.value for r in ast.walk(node) if isinstance(r, ast.Return) and r.value is not None]
+            called = {getattr(c.func, "id", getattr(c.func, "attr", "")) for c in ast.walk(node)
+                      if isinstance(c, ast.Call)}
+            if not any(c.endswith("_flops") or c == "decompose" for c in called):
+                signs.append(f"line {node.lineno}: {node.name} counts without the counters")
+        signs += [f"line {v.lineno}: {ast.unparse(v)}" for v in slots if _bare_product(v)]
+    return signs
+
+
+def test_one_flop_counter():
+    mods = _modules()
+    found = {m: s for m, tree in mods.items() if m != FLOP_OWNER and (s := _flop_signs(tree))}
+    assert not found, f"FLOP counts outside {FLOP_OWNER}: {found}"
+    assert _flop_signs(mods[FLOP_OWNER])  # the rule sees the owner's own formulas
+    planted = ast.parse("def f(T, h, E, t):\n"
+                        "    flops = 2.0 * T * h * E\n"
+                        "    x = Task('router', 0, 'F', 'router', 2.0 * T * h * E, 0.0)\n"
+                        "    y = Task('b', 0, 'B', 'gemm', t.flops * 2.0, 0.0)\n"  # scaling a count: allowed
+                        "    return g.elementwise('c', 1.0, [], flops=T * h)\n")
+    assert len(_flop_signs(planted)) == 3

@@ -170,11 +170,11 @@ class CostModel:
                 "linear_attention": self.a["linear_attention_efficiency"],
             }.get(task.op, self.a["gemm_efficiency"])
             peak = gpu.peak_flops
-        t_flops = task.flops / (peak * eff)
+        t_math = task.flops / (peak * eff)
         hbm = gpu.hbm_bytes_per_s * self.a["hbm_efficiency"]
         t_bytes = task.bytes / hbm
         t_cast = self.fp8_cast_bytes(task) / hbm
-        return {"launch": self.a["kernel_launch_s"] * launches, "compute": t_flops, "hbm": t_bytes, "cast": t_cast}
+        return {"launch": self.a["kernel_launch_s"] * launches, "compute": t_math, "hbm": t_bytes, "cast": t_cast}
 
     def host_time(self, task: Task) -> float:
         """Host seconds to issue a task's kernels in eager mode (:func:`tessera_lab.cost.host.host_issue_time`);
