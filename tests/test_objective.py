@@ -161,10 +161,8 @@ def test_schedule_auto_tries_each_and_keeps_the_fastest_that_fits(capsys):
                  "--json", "-"]) == 0
     d = json.loads(capsys.readouterr().out)
     trials = d["schedule_trials"]
-    from tessera_lab.plan.vschedules import HAS_ZB_AUTO
-
     assert [(t["schedule"], t["vpp"]) for t in trials] == [
-        (s, 1) for s in ["overlapped", "1f1b", "zb-h1", "zb-h2", "gpipe"] + (["zb-auto"] if HAS_ZB_AUTO else [])
+        (s, 1) for s in ["overlapped", "1f1b", "zb-h1", "zb-h2", "gpipe", "zb-auto"]
     ] + [("interleaved-overlapped", 2), ("interleaved", 2)]  # 4 x 2 virtual stages fit in 16 layers
     fitting = [t["iteration_time_s"] for t in trials if t.get("fits_memory")]
     assert d["iteration_time_s"] == pytest.approx(min(fitting))
@@ -236,7 +234,8 @@ def test_interleaved_overlapped_matches_interleaved_without_overlap_and_its_memo
     """With pair time F + B the overlapped interleaved schedule takes exactly interleaved 1F1B's makespan; with real
     overlap it is shorter; its peak live activations per rank equal the planner's memory model (one chunk-micro-batch
     more than interleaved; m a multiple of pp, Megatron's case)."""
-    from tessera_lab.plan.vschedules import interleaved_overlapped, plan_in_flight
+    from tessera_lab.pipeline.schedules import interleaved_overlapped
+    from tessera_lab.plan.vschedules import plan_in_flight
 
     s = interleaved_overlapped(pp, vpp, m)
     s.validate()
@@ -266,10 +265,8 @@ def test_refinement_is_recorded_and_baselines_keep_their_labels(qwen3_next, monk
 def test_zb_auto_plan_is_searched_on_the_partitions_own_times(qwen3_next):
     """``plan --schedule zb-auto``: the schedule search runs on each partition's F, I, W and p2p times within
     2p - 1 micro-batches, so on the ZB-H2 plan's own partition it simulates no slower than ZB-H2."""
-    from tessera_lab.plan.vschedules import HAS_ZB_AUTO, plan_in_flight
+    from tessera_lab.plan.vschedules import plan_in_flight
 
-    if not HAS_ZB_AUTO:
-        pytest.skip("the pipeline package has no zb-auto")
     model = qwen3_next.with_changes(num_layers=16)
     par = ParallelConfig(pp=4, microbatches=8, seq_len=1024, schedule="zb-h2")
     h2 = make_plan(model, par, baselines=(), objective="schedule")

@@ -107,3 +107,48 @@ def test_one_flop_counter():
                         "    y = Task('b', 0, 'B', 'gemm', t.flops * 2.0, 0.0)\n"  # scaling a count: allowed
                         "    return g.elementwise('c', 1.0, [], flops=T * h)\n")
     assert len(_flop_signs(planted)) == 3
+
+
+# ---- one schedule registry -------------------------------------------------------------------------------------
+
+REGISTRY_OWNER = "pipeline/schedules.py"
+#: the modules that define schedule generators (and may call them to build candidates)
+GENERATOR_MODULES = ("pipeline/generators.py", "pipeline/zerobubble.py", "pipeline/zbsingle.py")
+
+
+def _registry_signs(tree: ast.Module, generators: set[str], names: set[str]) -> list[str]:
+    """Lines that pick a schedule builder outside the registry: a call of a generator, or a dict of builders keyed
+    by schedule names."""
+    signs = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in generators:
+            signs.append(f"line {node.lineno}: calls {ast.unparse(node.func)}")
+        if isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            if len(keys & names) >= 2 and any(isinstance(v, (ast.Name, ast.Attribute, ast.Lambda))
+                                              for v in node.values):
+                signs.append(f"line {node.lineno}: a dict of schedule builders")
+    return signs
+
+
+def test_one_schedule_registry():
+    from tessera_lab.pipeline import schedules
+
+    generators = {e.build.__name__ for e in schedules.SCHEDULES.values()} | {
+        "gpipe", "one_f_one_b", "interleaved_1f1b", "zb_h1", "zb_h2", "zb_v", "zb_auto", "dualpipev",
+        "overlapped_1f1b", "interleaved_overlapped"}
+    generators.discard("<lambda>")
+    names = set(schedules.SCHEDULES)
+    mods = _modules()
+    found = {m: s for m, tree in mods.items() if m != REGISTRY_OWNER and m not in GENERATOR_MODULES
+             and (s := _registry_signs(tree, generators, names))}
+    assert not found, f"schedule builders picked outside {REGISTRY_OWNER}: {found}"
+    assert _registry_signs(mods[REGISTRY_OWNER], generators, names)  # the rule sees the registry itself
+    planted = ast.parse("def plan_schedule(name, pp, m, vpp):\n"
+                        "    if name == 'interleaved-overlapped':\n"
+                        "        return interleaved_overlapped(pp, vpp, m)\n"
+                        "    return {'gpipe': gpipe, '1f1b': one_f_one_b}[name](pp, m)\n")
+    assert len(_registry_signs(planted, generators, names)) == 2
+    # every builder the package names is in the registry, with no second name -> builder table beside it
+    assert {"interleaved-overlapped", "zb-auto"} <= names
+    assert set(schedules.ALL_SCHEDULE_NAMES) < names
