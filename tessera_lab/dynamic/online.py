@@ -32,9 +32,9 @@ import numpy as np
 
 from tessera_lab.dynamic.controller import GapController, parse_predictor
 from tessera_lab.dynamic.durations import PairDurations, RoutedDurations, StageCosts, slowest_loads
-from tessera_lab.dynamic.evaluate import routing_counts, schedule_for
+from tessera_lab.dynamic.evaluate import DynamicJob, routing_counts, schedule_for
 from tessera_lab.dynamic.planner import grad_sync_tasks
-from tessera_lab.dynamic.routing import DEFAULT_JITTER, parse_routing
+from tessera_lab.dynamic.routing import parse_routing
 from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline import passes
 from tessera_lab.pipeline.engine import Walk, action_inputs
@@ -480,55 +480,49 @@ def run_online(
     costs: StageCosts,
     routing: str = "zipf:1.0",
     *,
-    schedule: str | Schedule = "zb-h1",
-    microbatches: int = 16,
-    vpp: int = 1,
-    groups: int = 1,
-    seed: int = 0,
     steps: int = 4,
     first_step: int = 0,
     warmup: int = 1,
     predictor: str = "last-step",
     margin: float = 0.5,
-    memory_cap: int | Sequence[int] | str | None = "max",
-    capacity_factor: float | None = None,
-    p2p_latency: float = 0.0,
-    jitter: float = DEFAULT_JITTER,
-    w_chunks: int | None = None,
+    **job: Any,
 ) -> OnlineResult:
     """Run ``steps`` consecutive steps static and dynamic; the controllers carry their history across steps.
 
     Args:
         costs: stage times; routing: ``uniform | zipf:S | drift:S[:R] | walk:S[:R] | replay:PATH``.
-        schedule: any schedule name (or a :class:`Schedule`); backwards are split into I and W by
-            :func:`tessera_lab.pipeline.passes.split_backward` (also inside overlapped pairs and DualPipeV).
-        microbatches, vpp, groups, seed: as :func:`tessera_lab.dynamic.evaluate.run_dynamic`.
         steps, first_step, warmup: steps run, index of the first (drift and walk move with it), leading steps
             left out of the means.
         predictor, margin: :class:`~tessera_lab.dynamic.controller.GapController` settings.
-        memory_cap: :func:`tessera_lab.pipeline.passes.memory_caps` policy on the static order.
-        w_chunks: parts per W (default: the stage's MoE layers).
+        job: the fields of :class:`~tessera_lab.dynamic.evaluate.DynamicJob`: the schedule (any name, or a
+            :class:`Schedule`; backwards are split into I and W by
+            :func:`tessera_lab.pipeline.passes.split_backward`, also inside overlapped pairs and DualPipeV),
+            microbatches, vpp, groups, seed, capacity_factor, memory_cap (a
+            :func:`tessera_lab.pipeline.passes.memory_caps` policy on the static order), p2p_latency, jitter and
+            w_chunks (parts per W; default: the stage's MoE layers).
 
     Raises:
         ConfigError: bad sizes, routing, predictor or margin.
     """
     spec = parse_routing(routing)
     pred = parse_predictor(predictor)
+    j = DynamicJob(**job)
+    groups, seed, capacity_factor, p2p_latency, jitter = j.groups, j.seed, j.capacity_factor, j.p2p_latency, j.jitter
     for name, v, lo in (("groups", groups, 1), ("warmup", warmup, 0), ("first_step", first_step, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"field '{name}' = {v!r} is out of range; allowed: an integer >= {lo}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= warmup:
         raise ConfigError(f"field 'steps' = {steps!r} is out of range; allowed: an integer >= {warmup + 1} (the "
                           f"first {warmup} step(s) are warm-up, left out of the means: step 0 has no history)")
-    sched = schedule_for(costs, schedule, microbatches, vpp)
+    sched = schedule_for(costs, j.schedule, j.microbatches, j.vpp)
     m = sched.num_microbatches
     base = passes.split_backward(sched, 0)
     # the schedule as built, when its backwards are whole B (the static plan splits them): simulated beside it so
     # the iteration ``simulate`` (without --dynamic) prints for the same schedule is shown too
     as_built = sched if has_whole_backward(sched) else None
-    chunks = w_chunks if w_chunks is not None else max(1, max(len(ls) for ls in costs.stage_layers))
+    chunks = j.chunks(costs)
     chunked = passes.chunk_weight_gradients(base, chunks)
-    caps = passes.memory_caps(base, memory_cap, activation_bytes=costs.activation_bytes)
+    caps = passes.memory_caps(base, j.memory_cap, activation_bytes=costs.activation_bytes)
     sync = costs.grad_sync if any(costs.grad_sync) else None
     static_comm = built_comm = None
     ctls = [[GapController(pred, margin) for _ in range(sched.num_ranks)] for _ in range(groups)]
