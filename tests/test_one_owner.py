@@ -152,3 +152,75 @@ def test_one_schedule_registry():
     # every builder the package names is in the registry, with no second name -> builder table beside it
     assert {"interleaved-overlapped", "zb-auto"} <= names
     assert set(schedules.ALL_SCHEDULE_NAMES) < names
+
+
+# ---- one walker ------------------------------------------------------------------------------------------------
+
+WALKER_OWNER = "pipeline/engine.py"
+#: walks over actions outside the engine, each with its reason; this list only ever shrinks
+OTHER_WALKERS = {
+    # NCCL's matching rule on explicit SEND/RECV batches (posting order per rank pair), not a timed execution
+    "pipeline/p2p.py",
+    # list schedulers that build an order from stage times (zb-auto's search), and its candidates' replay
+    "pipeline/zbsingle.py",
+    "pipeline/zerobubble.py",
+}
+
+
+def _walker_signs(tree: ast.Module) -> list[str]:
+    """What makes a module a walker over actions of its own (the rule of tests/test_structure.py, on every module):
+    an agenda of ranks (``heapq``), a deadlock exit (``raise DeadlockError``), or a ``while`` loop advancing a
+    per-rank position (``pc[r] += 1``)."""
+    signs = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+            if "heapq" in names:
+                signs.append(f"line {node.lineno}: imports heapq")
+        elif isinstance(node, ast.Raise) and node.exc is not None:
+            call = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if getattr(call, "id", getattr(call, "attr", None)) == "DeadlockError":
+                signs.append(f"line {node.lineno}: raises DeadlockError")
+        elif isinstance(node, ast.While):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.AugAssign) and isinstance(inner.target, ast.Subscript):
+                    signs.append(f"line {node.lineno}: while loop advancing {ast.unparse(inner.target)}")
+                    break
+    return signs
+
+
+def test_one_walker():
+    """Every walk over per-rank action lists runs on the engine (simulation: its event loop and the linear pass
+    over the order that loop recorded; the dynamic controller and the CPU testbed: its Walk with policy hooks and
+    resource models), scanning the whole package; the fast path packs a recorded order and walks nothing."""
+    mods = _modules()
+    found = {m: s for m, tree in mods.items() if m != WALKER_OWNER and m not in OTHER_WALKERS
+             and (s := _walker_signs(tree))}
+    assert not found, f"walkers over actions outside {WALKER_OWNER}: {found}"
+    assert _walker_signs(mods[WALKER_OWNER])
+    assert all(_walker_signs(mods[m]) for m in OTHER_WALKERS)  # the list holds only what is still there
+    assert not _walker_signs(mods["pipeline/linear.py"]) and not _walker_signs(mods["dynamic/online.py"])
+
+
+# ---- readable phases -------------------------------------------------------------------------------------------
+
+ENGINE_PACKAGES = ("pipeline/", "dynamic/", "cost/", "plan/")
+
+
+def test_engine_packages_have_readable_phases():
+    """No function in the engine, dynamic, cost and planning packages is over 120 lines (``def`` to its last
+    line) or takes more than 12 parameters (``self``/``cls`` not counted)."""
+    long, wide = {}, {}
+    for m, tree in _modules().items():
+        if not m.startswith(ENGINE_PACKAGES):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs] + [x for x in (a.vararg, a.kwarg) if x]
+                n = len([p for p in params if p.arg not in ("self", "cls")])
+                if node.end_lineno - node.lineno + 1 > 120:
+                    long[f"{m}:{node.name}"] = node.end_lineno - node.lineno + 1
+                if n > 12:
+                    wide[f"{m}:{node.name}"] = n
+    assert not long and not wide, f"over 120 lines: {long}; over 12 parameters: {wide}"
