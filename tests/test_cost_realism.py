@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera_lab.cost.analytic import CostModel, deepep_link_shares, two_lane_makespan
+from tessera_lab.cost.analytic import CostModel, deepep_link_shares
+from tessera_lab.cost.lanes import pair_makespan
 from tessera_lab.cost.contention import (
     COMM, COMPUTE, MEMORY, Contention, InflationSample, fit_kernel_contention, hbm_share, kernel_class,
     kernel_contention, sm_slowdown,
@@ -180,13 +181,13 @@ def test_two_lane_rates_by_class():
     dur = {"a": 1.0, "c": 1.0}
     cont = Contention(compute=0.5, comm=0.0, memory=0.25, comm_beside_memory=0.25)
     # memory-bound partner: both at 1/1.25 = 0.8 -> both end at 1.25
-    r = two_lane_makespan(order, dur, lanes, deps, cont, {"a": MEMORY, "c": COMM})
+    r = pair_makespan(order, dur, lanes, deps, contention=cont, classes={"a": MEMORY, "c": COMM})
     assert r.spans["a"][1] == pytest.approx(1.25) and r.spans["c"][1] == pytest.approx(1.25)
     # compute-bound partner: a at 2/3, c at 1 -> c ends at 1, a has 1/3 left alone -> 4/3
-    r = two_lane_makespan(order, dur, lanes, deps, cont, {"a": COMPUTE, "c": COMM})
+    r = pair_makespan(order, dur, lanes, deps, contention=cont, classes={"a": COMPUTE, "c": COMM})
     assert r.spans["c"][1] == pytest.approx(1.0) and r.makespan == pytest.approx(4 / 3)
     # without classes: every compute-lane task counts as compute (the two-constant model)
-    assert two_lane_makespan(order, dur, lanes, deps, cont).makespan == pytest.approx(4 / 3)
+    assert pair_makespan(order, dur, lanes, deps, contention=cont).makespan == pytest.approx(4 / 3)
 
 
 def test_fit_kernel_contention_from_inflations():
@@ -219,8 +220,8 @@ def test_more_contention_never_makes_a_pair_faster(tasks, c1, extra, chain):
     deps = {k: (order[i - 1],) for i, k in enumerate(order) if chain and i % 2 and i > 0}
     lo = Contention(*c1)
     hi = Contention(*(a + b for a, b in zip(c1, extra)))
-    t_lo = two_lane_makespan(order, dur, lanes, deps, lo, classes).makespan
-    t_hi = two_lane_makespan(order, dur, lanes, deps, hi, classes).makespan
+    t_lo = pair_makespan(order, dur, lanes, deps, contention=lo, classes=classes).makespan
+    t_hi = pair_makespan(order, dur, lanes, deps, contention=hi, classes=classes).makespan
     assert t_hi >= t_lo * (1 - 1e-9) - 1e-12
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from tessera_lab.cost.analytic import Contention, CostModel, two_lane_makespan
+from tessera_lab.cost.analytic import Contention, CostModel
+from tessera_lab.cost.lanes import pair_makespan
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import Cluster, GPUSpec, ParallelConfig, cost_assumptions
 from tessera_lab.model.tasks import Collective, Task
@@ -69,18 +70,18 @@ def test_two_lane_hand_example():
     dur = {"A": 2, "C": 3, "E": 2, "D": 1}
     lanes = {"A": "compute", "C": "comm", "E": "compute", "D": "compute"}
     deps = {"C": ["A"], "D": ["C"]}
-    r = two_lane_makespan(order, dur, lanes, deps)
+    r = pair_makespan(order, dur, lanes, deps)
     assert r.makespan == pytest.approx(6.0)  # A 0-2, C 2-5 with E 2-4 beside it, D 5-6
     # with contention 1.0 on both lanes, C and E run at half speed while together:
     # 2..6 both run (E finishes 2 units of work at t=6, C has done 2 of 3), C alone 6..7, D 7..8
-    r2 = two_lane_makespan(order, dur, lanes, deps, Contention(1.0, 1.0))
+    r2 = pair_makespan(order, dur, lanes, deps, contention=Contention(1.0, 1.0))
     assert r2.makespan == pytest.approx(8.0)
     assert r.comm_hidden_fraction() == pytest.approx(2 / 3)
 
 
 def test_two_lane_bad_order():
     with pytest.raises(ConfigError, match="cannot complete"):
-        two_lane_makespan(["B", "A"], {"A": 1, "B": 1}, {"A": "compute", "B": "compute"}, {"B": ["A"]})
+        pair_makespan(["B", "A"], {"A": 1, "B": 1}, {"A": "compute", "B": "compute"}, {"B": ["A"]})
 
 
 @given(st.lists(st.tuples(st.floats(0, 5), st.booleans()), min_size=1, max_size=8))
@@ -89,7 +90,7 @@ def test_two_lane_bounds(tasks):
     order = [f"t{i}" for i in range(len(tasks))]
     dur = {k: d for k, (d, _) in zip(order, tasks)}
     lanes = {k: "comm" if c else "compute" for k, (_, c) in zip(order, tasks)}
-    r = two_lane_makespan(order, dur, lanes, {})
+    r = pair_makespan(order, dur, lanes, {})
     comp = sum(d for k, d in dur.items() if lanes[k] == "compute")
     comm = sum(d for k, d in dur.items() if lanes[k] == "comm")
     assert max(comp, comm) - 1e-9 <= r.makespan <= comp + comm + 1e-9

@@ -12,7 +12,8 @@ import math
 import pytest
 
 from tessera_lab.cli.main import main as cli
-from tessera_lab.cost.device import layer_flops, layer_times, load_device
+from tessera_lab.cost.device import layer_times, load_device
+from tessera_lab.model.flops import runner_layer_flops as layer_flops
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.spec import load_model
 from tessera_lab.runner.testbed.predict import (MachineState, PlanChoices, balanced_boundaries, device_plan,

@@ -90,11 +90,14 @@ def test_timeline_events_are_made_when_first_read_and_shared_with_the_critical_p
 
     monkeypatch.setattr(engine, "ARRAY_TIMELINE_MIN_ACTIONS", 0)  # the array path, as for long schedules
     s = build_schedule("1f1b", 4, 8)
+    # the event loop (blocking sends: same semantics without SEND/RECV actions) as the reference; a schedule's first
+    # simulation runs the event loop, which records the order the fast path then packs; without latency the closed
+    # form of 1F1B, (m + p - 1)(F + B)
+    ref = simulate(s, uniform_durations(1.0, 2.0), p2p_latency=0.1, blocking_sends=True)
+    assert not isinstance(ref.__dict__.get("_events"), _Lazy)
     tl = simulate(s, uniform_durations(1.0, 2.0), p2p_latency=0.1)
     assert isinstance(tl.__dict__["_events"], _Lazy) and isinstance(tl.__dict__["_critical_path"], _Lazy)
-    # the event loop (blocking sends: same semantics without SEND/RECV actions) as the reference; without latency
-    # the closed form of 1F1B, (m + p - 1)(F + B)
-    assert tl.iteration_time == simulate(s, uniform_durations(1.0, 2.0), p2p_latency=0.1, blocking_sends=True).iteration_time
+    assert tl.iteration_time == ref.iteration_time
     assert simulate(s, uniform_durations(1.0, 2.0)).iteration_time == (8 + 4 - 1) * 3.0
     ev = tl.events
     assert len(ev) == 2 * 4 * 8 + 2 * 3 * 8  # compute events + one transfer per boundary, direction and micro-batch

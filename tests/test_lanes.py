@@ -1,7 +1,7 @@
-"""The one pair-makespan function (tessera_lab.cost.lanes): its compiled ``streams`` evaluator gives exactly the
-makespan of the reference two-lane executor (cost.analytic.two_lane_makespan, which also returns spans) on random
-graphs, orders and contention; ``host_issue`` gives the hand-worked makespan; the pair-search cache returns the
-search's own result."""
+"""The one pair-makespan function (tessera_lab.cost.lanes): its ``streams`` semantics (the compiled
+``StreamPair`` that ``pair_makespan`` runs) gives exactly the makespan and every span of an independent reference
+executor written here (a dictionary-per-lane event loop) on random graphs, orders and contention; ``host_issue``
+gives the hand-worked makespan and spans; the pair-search cache returns the search's own result."""
 
 from __future__ import annotations
 
@@ -10,10 +10,53 @@ import random
 
 import pytest
 
-from tessera_lab.cost.analytic import Contention, two_lane_makespan
+from tessera_lab.cost.analytic import Contention
 from tessera_lab.cost.contention import COMM, COMPUTE, MEMORY
 from tessera_lab.cost.lanes import StreamPair, pair_makespan
 from tessera_lab.errors import ConfigError
+
+
+def _reference_streams(order, durations, lanes, deps, contention, classes):
+    """Two in-order lanes, one queue per lane in a dict; rates while both run from the compute-lane task's class.
+    Returns (makespan, spans) or None when the order cannot complete."""
+    known = set(order)
+    queues = {"compute": [k for k in order if lanes[k] == "compute"], "comm": [k for k in order if lanes[k] == "comm"]}
+    pos = {"compute": 0, "comm": 0}
+    running, done, spans, t = {}, {}, {}, 0.0
+    while len(done) < len(order):
+        progressed = True
+        while progressed:
+            progressed = False
+            for lane, q in queues.items():
+                if lane in running or pos[lane] >= len(q):
+                    continue
+                k = q[pos[lane]]
+                if all(d in done or d not in known for d in deps.get(k, ())):
+                    pos[lane] += 1
+                    if durations[k] <= 0:
+                        done[k], spans[k] = t, (t, t)
+                    else:
+                        running[lane], spans[k] = (k, float(durations[k])), (t, math.nan)
+                    progressed = True
+        if len(done) == len(order):
+            break
+        if not running:
+            return None
+        both = len(running) == 2
+        cls = classes.get(running["compute"][0], COMPUTE) if both else COMPUTE
+        rate = {"compute": 1.0 / (1.0 + contention.slowdown(cls)) if both else 1.0,
+                "comm": 1.0 / (1.0 + contention.comm_slowdown(cls)) if both else 1.0}
+        step = min(rem / rate[lane] for lane, (_, rem) in running.items())
+        t += step
+        for lane in list(running):
+            k, rem = running[lane]
+            rem -= step * rate[lane]
+            if rem <= 1e-15 * max(1.0, t):
+                del running[lane]
+                done[k], spans[k] = t, (spans[k][0], t)
+            else:
+                running[lane] = (k, rem)
+    return max(done.values(), default=0.0), spans
 
 
 def _random_graph(rng: random.Random, n: int):
@@ -37,16 +80,18 @@ def _random_order(rng: random.Random, keys, deps):
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_streams_equals_two_lane_executor_exactly(seed):
+def test_streams_equals_reference_executor_exactly(seed):
     rng = random.Random(seed)
     keys, lanes, deps, dur, classes = _random_graph(rng, rng.randint(1, 12))
     cont = Contention(rng.uniform(0, 0.5), rng.uniform(0, 0.3), rng.uniform(0, 0.8), rng.uniform(0, 0.6))
     sp = StreamPair(keys, dur, lanes, deps, cont, classes)
     for _ in range(5):
         order = _random_order(rng, keys, deps)
-        want = two_lane_makespan(order, dur, lanes, deps, cont, classes).makespan
+        want, want_spans = _reference_streams(order, dur, lanes, deps, cont, classes)
         assert sp.makespan(order) == want  # bit for bit: same arithmetic in the same order
-        assert pair_makespan(order, dur, lanes, deps, contention=cont, classes=classes) == want
+        got = pair_makespan(order, dur, lanes, deps, contention=cont, classes=classes)
+        assert got.makespan == want
+        assert list(got.spans.items()) == list(want_spans.items())  # same spans, in the order the tasks started
 
 
 def test_streams_deadlock_is_inf_and_refused():
@@ -63,7 +108,8 @@ def test_streams_hand_example_with_contention():
     # (1 s of c's work), a has 1 s left at full rate: makespan 3 s
     lanes = {"a": "compute", "c": "comm"}
     got = pair_makespan(["a", "c"], {"a": 2.0, "c": 1.0}, lanes, {}, contention=Contention(1.0, 1.0))
-    assert got == pytest.approx(3.0)
+    assert got.makespan == pytest.approx(3.0)
+    assert got.spans == {"a": (0.0, pytest.approx(3.0)), "c": (0.0, pytest.approx(2.0))}
 
 
 def test_host_issue_hand_example():
@@ -72,7 +118,9 @@ def test_host_issue_hand_example():
     lanes = {"f.x": "compute", "f.c": "comm", "b.y": "compute", "b.z": "compute"}
     deps = {"f.c": ("f.x",), "b.z": ("f.c",)}
     d = {"f.x": 2.0, "f.c": 3.0, "b.y": 1.0, "b.z": 1.0}
-    assert pair_makespan(list(lanes), d, lanes, deps, semantics="host_issue", issue_overhead=0.5) == 6.0
+    got = pair_makespan(list(lanes), d, lanes, deps, semantics="host_issue", issue_overhead=0.5)
+    assert got.makespan == 6.0
+    assert got.spans == {"f.x": (0.0, 2.0), "f.c": (2.0, 5.0), "b.y": (2.5, 3.5), "b.z": (5.0, 6.0)}
     with pytest.raises(ConfigError, match="semantics"):
         pair_makespan(list(lanes), d, lanes, deps, semantics="gpu")
 

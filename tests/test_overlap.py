@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tessera_lab.cost.analytic import Contention, two_lane_makespan
+from tessera_lab.cost.analytic import Contention
+from tessera_lab.cost.lanes import pair_makespan
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import load_model
@@ -72,7 +73,7 @@ contentions = st.builds(Contention, st.sampled_from([0.0, 0.25, 1.0, 2.0]) | st.
 def brute_force(a: ov.Bundle, b: ov.Bundle, cont: Contention) -> float:
     g = ov.pair_graph(a, b)
     d = ov._keyed_durations(a, b, a.durations, b.durations)
-    return min(two_lane_makespan(o, d, g.lanes, g.deps, cont).makespan for o in brute_force_orders(g))
+    return min(pair_makespan(o, d, g.lanes, g.deps, contention=cont).makespan for o in brute_force_orders(g))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -88,7 +89,7 @@ def test_scheduler_equals_brute_force_on_small_bundles(sa, sb, cont):
     g = ov.pair_graph(a, b)
     d = ov._keyed_durations(a, b, a.durations, b.durations)
     assert sorted(res.order) == sorted(g.keys)
-    assert two_lane_makespan(res.order, d, g.lanes, g.deps, cont).makespan == pytest.approx(res.makespan, abs=1e-12)
+    assert pair_makespan(res.order, d, g.lanes, g.deps, contention=cont).makespan == pytest.approx(res.makespan, abs=1e-12)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -98,7 +99,7 @@ def test_scheduler_never_slower_than_program_order(sa, sb, cont, budget):
     res = ov.schedule_pair(a, b, contention=cont, budget=budget)
     g = ov.pair_graph(a, b)
     d = ov._keyed_durations(a, b, a.durations, b.durations)
-    program = two_lane_makespan(g.program_order, d, g.lanes, g.deps, cont).makespan
+    program = pair_makespan(g.program_order, d, g.lanes, g.deps, contention=cont).makespan
     assert res.program_makespan == pytest.approx(program, abs=1e-12)
     assert res.makespan <= program + 1e-12
     assert res.serial_makespan == pytest.approx(res.t_a + res.t_b)

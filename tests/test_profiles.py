@@ -263,7 +263,8 @@ def test_shipped_cpu_profile_is_measured_by_the_runtime_and_holds_no_placeholder
 def test_shipped_cpu_profile_fit_reproduces_its_samples_within_the_stated_residual():
     """The stored contention, replayed on each entry's stored order and node times, gives t_ab with the stored RMS
     relative error; and no neighbour on the fit's fine grid does better (a local minimum of the stated loss)."""
-    from tessera_lab.cost.analytic import Contention, two_lane_makespan
+    from tessera_lab.cost.analytic import Contention
+    from tessera_lab.cost.lanes import pair_makespan
 
     prof = _shipped_cpu()
     fit = prof.data["fit"]
@@ -273,8 +274,8 @@ def test_shipped_cpu_profile_fit_reproduces_its_samples_within_the_stated_residu
     def rel_errors(c, k):
         out = []
         for s in samples:
-            pred = two_lane_makespan(s["order"], s["durations"], s["lanes"], {a: tuple(b) for a, b in s["deps"].items()},
-                                     Contention(c, k)).makespan
+            pred = pair_makespan(s["order"], s["durations"], s["lanes"], {a: tuple(b) for a, b in s["deps"].items()},
+                                 contention=Contention(c, k)).makespan
             out.append((pred - s["t_ab"]) / s["t_ab"])
         return out
 

@@ -1,5 +1,5 @@
-"""Analytic cost model: roofline time for compute tasks, alpha-beta time for collectives, and a
-two-lane (compute stream + communication stream) executor with a contention term.
+"""Analytic cost model: roofline time for compute tasks, alpha-beta time for collectives; a bundle's time is the
+pair makespan (:func:`tessera_lab.cost.lanes.pair_makespan`, compute and communication streams with contention).
 
 Formulas:
 
@@ -18,13 +18,13 @@ Formulas:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from tessera_lab.cost.contention import COMPUTE, Contention, comm_sms_for, kernel_class, kernel_contention
+from tessera_lab.cost.contention import Contention, comm_sms_for, kernel_class, kernel_contention
 from tessera_lab.cost.gemm import gemms_efficiency
 from tessera_lab.cost.host import host_issue_time
+from tessera_lab.cost.lanes import pair_makespan
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.ep_traffic import limited_destinations
 from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions
@@ -59,112 +59,6 @@ def deepep_link_shares(routing: tuple, ranks: int, nodes: int) -> tuple[float, f
     d_node = limited_destinations(experts, top_k, nodes, n_group, topk_group) if experts % nodes == 0 else d_rank
     g = ranks / nodes
     return d_node * (nodes - 1) / nodes / d_rank, (g - 1) / g
-
-
-@dataclass(frozen=True)
-class LaneResult:
-    """Result of :func:`two_lane_makespan`: makespan (s) and each task's (start, end) by key."""
-
-    makespan: float
-    spans: dict[str, tuple[float, float]]
-    lanes: dict[str, str]
-
-    def comm_hidden_fraction(self) -> float:
-        """Share of communication time during which the compute lane was busy (0 if no communication)."""
-        comm = [(s, e) for k, (s, e) in self.spans.items() if self.lanes[k] == "comm" and e > s]
-        comp = sorted((s, e) for k, (s, e) in self.spans.items() if self.lanes[k] == "compute" and e > s)
-        total = sum(e - s for s, e in comm)
-        if total <= 0:
-            return 0.0
-        hidden = 0.0
-        for cs, ce in comm:
-            for s, e in comp:
-                hidden += max(0.0, min(ce, e) - max(cs, s))
-        return hidden / total
-
-
-def two_lane_makespan(
-    order: Sequence[str],
-    durations: Mapping[str, float],
-    lanes: Mapping[str, str],
-    deps: Mapping[str, Sequence[str]],
-    contention: Contention = Contention(),
-    classes: Mapping[str, str] | None = None,
-) -> LaneResult:
-    """Execute tasks on two in-order lanes (``compute`` and ``comm``) and return the makespan.
-
-    Each lane issues its tasks in the order they appear in ``order``; a task starts when its lane is
-    free and all its ``deps`` have finished. While both lanes are busy each progresses at a reduced rate:
-    the compute-lane task at ``1 / (1 + contention.slowdown(class))`` and the communication at
-    ``1 / (1 + contention.comm_slowdown(class of the compute-lane task))``; progress is integrated exactly
-    between events. ``classes`` gives each key's kernel class (``compute`` / ``memory`` / ``comm``); keys
-    without one count as ``compute``.
-
-    Args:
-        order: task keys in issue order (every key once).
-        durations: standalone duration of each task, seconds (>= 0).
-        lanes: ``"compute"`` or ``"comm"`` per task.
-        deps: keys each task waits for (keys not in ``order`` are ignored: already done).
-
-    Raises:
-        ConfigError: a negative duration, an unknown lane, or an order that cannot complete (a task
-            waits on a task queued behind it on the same lane).
-    """
-    known = set(order)
-    queues: dict[str, list[str]] = {"compute": [], "comm": []}
-    for k in order:
-        lane = lanes[k]
-        if lane not in queues:
-            raise ConfigError(f"task {k!r} has lane {lane!r}; allowed: compute, comm")
-        if durations[k] < 0:
-            raise ConfigError(f"task {k!r} has duration {durations[k]}; allowed: >= 0")
-        queues[lane].append(k)
-    pos = {"compute": 0, "comm": 0}
-    running: dict[str, tuple[str, float]] = {}  # lane -> (key, remaining standalone seconds)
-    done: dict[str, float] = {}
-    spans: dict[str, tuple[float, float]] = {}
-    t = 0.0
-    n = len(order)
-    while len(done) < n:
-        progressed = True
-        while progressed:  # start everything that can start now (zero-length tasks finish at once)
-            progressed = False
-            for lane, q in queues.items():
-                if lane in running or pos[lane] >= len(q):
-                    continue
-                k = q[pos[lane]]
-                if all(d in done or d not in known for d in deps.get(k, ())):
-                    pos[lane] += 1
-                    if durations[k] <= 0:
-                        done[k] = t
-                        spans[k] = (t, t)
-                    else:
-                        running[lane] = (k, float(durations[k]))
-                        spans[k] = (t, math.nan)
-                    progressed = True
-        if len(done) == n:
-            break
-        if not running:
-            waiting = [q[pos[lane]] for lane, q in queues.items() if pos[lane] < len(q)]
-            raise ConfigError(f"issue order cannot complete: {', '.join(waiting)} wait on tasks queued behind them")
-        both = len(running) == 2
-        cls = (classes or {}).get(running["compute"][0], COMPUTE) if both else COMPUTE
-        rate = {
-            "compute": 1.0 / (1.0 + contention.slowdown(cls)) if both else 1.0,
-            "comm": 1.0 / (1.0 + contention.comm_slowdown(cls)) if both else 1.0,
-        }
-        step = min(rem / rate[lane] for lane, (_, rem) in running.items())
-        t += step
-        for lane in list(running):
-            k, rem = running[lane]
-            rem -= step * rate[lane]
-            if rem <= 1e-15 * max(1.0, t):
-                del running[lane]
-                done[k] = t
-                spans[k] = (spans[k][0], t)
-            else:
-                running[lane] = (k, rem)
-    return LaneResult(max(done.values(), default=0.0), spans, dict(lanes))
 
 
 @dataclass(frozen=True)
@@ -276,11 +170,11 @@ class CostModel:
                 "linear_attention": self.a["linear_attention_efficiency"],
             }.get(task.op, self.a["gemm_efficiency"])
             peak = gpu.peak_flops
-        t_flops = task.flops / (peak * eff)
+        t_math = task.flops / (peak * eff)
         hbm = gpu.hbm_bytes_per_s * self.a["hbm_efficiency"]
         t_bytes = task.bytes / hbm
         t_cast = self.fp8_cast_bytes(task) / hbm
-        return {"launch": self.a["kernel_launch_s"] * launches, "compute": t_flops, "hbm": t_bytes, "cast": t_cast}
+        return {"launch": self.a["kernel_launch_s"] * launches, "compute": t_math, "hbm": t_bytes, "cast": t_cast}
 
     def host_time(self, task: Task) -> float:
         """Host seconds to issue a task's kernels in eager mode (:func:`tessera_lab.cost.host.host_issue_time`);
@@ -369,8 +263,8 @@ class CostModel:
         lanes = {t.name: "comm" if t.is_comm else "compute" for t in tasks}
         deps = {t.name: t.deps for t in tasks}
         classes = {t.name: kernel_class(t.op, t.is_comm) for t in tasks}
-        res = two_lane_makespan([t.name for t in tasks], durations, lanes, deps, contention or self.contention,
-                                classes)
+        res = pair_makespan([t.name for t in tasks], durations, lanes, deps, contention=contention or self.contention,
+                            classes=classes)
         comm = sum(d for k, d in durations.items() if lanes[k] == "comm")
         compute = sum(d for k, d in durations.items() if lanes[k] == "compute")
         by_coll: dict[str, float] = {}

@@ -4,7 +4,7 @@ Kernel classes (:func:`kernel_class`): ``compute`` (GEMMs, grouped expert GEMMs,
 ``memory`` (norms, permute/unpermute, residuals, embedding, loss, and the Gated DeltaNet chunk kernels, bound by
 state and activation I/O), ``comm`` (collectives).
 
-While a communication kernel runs (rates, integrated exactly by :func:`tessera_lab.cost.analytic.two_lane_makespan`):
+While a communication kernel runs (rates, integrated exactly by :func:`tessera_lab.cost.lanes.pair_makespan`):
 
 * a ``compute`` kernel loses the SMs the communication kernel holds: rate ``1 - c/S`` (``c`` SMs of ``S``), i.e.
   slowdown ``S / (S - c) - 1``. NCCL CTAs hold their SM exclusively (NVIDIA/nccl #689); NCCL uses about 32 SMs on

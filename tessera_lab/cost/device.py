@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.model.flops import RUNNER_KINDS, runner_layer_flops
 
-__all__ = ["DEVICE_SCHEMA", "load_device", "layer_flops", "layer_times", "alpha_beta", "a2a_entry", "cost_source"]
+__all__ = ["DEVICE_SCHEMA", "load_device", "layer_times", "alpha_beta", "a2a_entry", "cost_source"]
 
 DEVICE_SCHEMA = 1
-KINDS = ("linear_attention", "full_attention")
+KINDS = RUNNER_KINDS
 
 
 def _device_schema():
@@ -85,29 +86,6 @@ def cost_source(device: Mapping[str, Any]) -> dict[str, Any]:
             "torch": meta.get("torch")}
 
 
-# ---------------------------------------------------------------------------------------------- FLOPs
-def layer_flops(cfg: Mapping[str, Any], kind: str, tokens: int) -> float:
-    """Forward FLOPs of one runner layer (GEMMs, attention core, delta rule) for ``tokens`` tokens (analytic).
-
-    ``cfg``: :class:`tessera_lab.runner.runtime.specs.TinyConfig` fields as a dict; ``kind``: ``linear_attention`` or
-    ``full_attention``. GEMM ``(T, k) @ (k, n)``: ``2 T k n``; full attention core (causal): ``2 T S h d``
-    (half of QK^T and PV); the chunked delta rule: ``~ 2 T h d (3 d + 2 C)`` with chunk ``C``.
-    """
-    H, h, d, kv = cfg["hidden_size"], cfg["num_heads"], cfg["head_dim"], cfg["num_kv_heads"]
-    E, k, w, ws = cfg["num_experts"], cfg["top_k"], cfg["expert_width"], cfg["shared_expert_width"]
-    T, C = cfg["seq_len"], cfg["linear_chunk"]
-    if kind == "linear_attention":
-        mixer = H * (4 * h * d + 2 * h) + h * d * H
-        core = 2 * tokens * h * d * (3 * d + 2 * C)
-    elif kind == "full_attention":
-        mixer = H * (2 * h * d + 2 * kv * d) + h * d * H
-        core = 2 * tokens * T * h * d
-    else:
-        raise ConfigError(f"layer kind {kind!r} is unknown; allowed: {', '.join(KINDS)}")
-    moe = H * E + k * (H * 2 * w + w * H) + ((H * 2 * ws + ws * H + H) if ws else 0)
-    return 2.0 * tokens * (mixer + moe) + core
-
-
 def _fit_line(points: Sequence[Sequence[float]]) -> tuple[float, float]:
     """Least-squares ``t = a + b x`` through ``(x, t)`` points (``b >= 0``, ``a >= 0``); one point: ``a = 0``."""
     pts = [(float(x), float(t)) for x, t in points]
@@ -129,7 +107,7 @@ def layer_times(device: Mapping[str, Any], cfg: Mapping[str, Any], kind: str, to
     entry = device["layers"].get(kind)
     if entry is None:
         raise ConfigError(f"device '{device.get('name')}' has no calibration for layer kind {kind!r}")
-    x = layer_flops(cfg, kind, tokens)
+    x = runner_layer_flops(cfg, kind, tokens)
     out = {}
     for ph in ("F", "B"):
         a, b = _fit_line(entry[ph])

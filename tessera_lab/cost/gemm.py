@@ -38,6 +38,7 @@ import math
 from typing import Mapping, Sequence
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.model.flops import gemm_flops
 
 TILE = 128
 GROUPED_IMPLS = ("grouped", "sequential", "multistream")
@@ -108,7 +109,7 @@ def gemms_efficiency(shapes: Sequence[Sequence[float]], phase: str, *, groups: i
     time_units = 0.0
     for shape in shapes:
         m, k, n = phase_shape(shape, phase)
-        flops = 2.0 * m * k * n * groups
+        flops = gemm_flops(m, k, n, groups)
         total += flops
         time_units += flops / gemm_efficiency(m, k, n, groups=groups, sms=sms, precision=precision, impl=impl,
                                               params=params)

@@ -5,28 +5,53 @@ task graph issued in one order):
 
 * ``semantics="streams"`` (a GPU: CUDA work is asynchronous, the host never blocks): a compute stream and a
   communication stream, each running its tasks in issue order; a task starts when its stream is free and its
-  dependencies are done; while both streams are busy each progresses at the contention rate of
-  :class:`~tessera_lab.cost.contention.Contention` (integrated exactly between events). This is
-  :func:`tessera_lab.cost.analytic.two_lane_makespan`'s model (which also returns every task's span).
+  dependencies are done; while both streams are busy the compute-lane task progresses at
+  ``1 / (1 + contention.slowdown(class))`` and the communication at ``1 / (1 + contention.comm_slowdown(class of
+  the compute-lane task))`` (:class:`~tessera_lab.cost.contention.Contention`, rates integrated exactly between
+  events).
 * ``semantics="host_issue"`` (the CPU testbed): one host thread walks the order; a compute task runs on the host
   when it reaches it and its inputs are there; a communication task is *issued* asynchronously and runs on the
   lane of its side (the key's prefix before the first ``.``, e.g. ``f`` / ``b``: separate process groups);
   ``issue_overhead`` seconds of host time per issued communication.
 
-:class:`StreamPair` compiles one task graph once (integer indices, per-task rates) and evaluates many issue
-orders of it with the ``streams`` semantics, bit-for-bit equal to :func:`two_lane_makespan`; the overlap
-scheduler's order search (:mod:`tessera_lab.overlap.search`) evaluates thousands of orders through it.
+:class:`StreamPair` is the ``streams`` semantics itself, compiled for one task graph (integer indices, per-task
+rates): :func:`pair_makespan` builds one and runs it once; the overlap scheduler's order search
+(:mod:`tessera_lab.overlap.search`) keeps one and evaluates thousands of issue orders through it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from tessera_lab.cost.contention import COMPUTE, Contention
 from tessera_lab.errors import ConfigError
 
 SEMANTICS = ("streams", "host_issue")
+
+
+@dataclass(frozen=True)
+class LaneResult:
+    """Result of :func:`pair_makespan`: makespan (s), each task's ``(start, end)`` seconds by key (in the order the
+    tasks started) and the lane of every key."""
+
+    makespan: float
+    spans: dict[str, tuple[float, float]]
+    lanes: dict[str, str]
+
+    def comm_hidden_fraction(self) -> float:
+        """Share of communication time during which the compute lane was busy (0 if no communication)."""
+        comm = [(s, e) for k, (s, e) in self.spans.items() if self.lanes[k] == "comm" and e > s]
+        comp = sorted((s, e) for k, (s, e) in self.spans.items() if self.lanes[k] == "compute" and e > s)
+        total = sum(e - s for s, e in comm)
+        if total <= 0:
+            return 0.0
+        hidden = 0.0
+        for cs, ce in comm:
+            for s, e in comp:
+                hidden += max(0.0, min(ce, e) - max(cs, s))
+        return hidden / total
 
 
 class StreamPair:
@@ -75,8 +100,10 @@ class StreamPair:
         idx = self.index
         return self.run([idx[k] for k in comp], [idx[k] for k in comm])
 
-    def run(self, comp: Sequence[int], comm: Sequence[int]) -> float:
-        """Makespan (s) of the compute-lane sequence ``comp`` and comm-lane sequence ``comm`` (task indices)."""
+    def run(self, comp: Sequence[int], comm: Sequence[int], spans: list | None = None) -> float:
+        """Makespan (s) of the compute-lane sequence ``comp`` and comm-lane sequence ``comm`` (task indices);
+        ``inf`` when they cannot complete. ``spans``: a list to append ``(index, start, end)`` of each task to, in
+        the order the tasks start (``end`` is filled in when the task finishes)."""
         dur, deps, rate_c, rate_m = self.dur, self.deps, self.rate_c, self.rate_m
         n = len(comp) + len(comm)
         done = [True] * len(dur)
@@ -103,8 +130,13 @@ class StreamPair:
                         if dur[k] <= 0:
                             done[k] = True
                             ndone += 1
+                            if spans is not None:
+                                spans.append([k, t, t])
                         else:
                             ck, crem = k, dur[k]
+                            if spans is not None:
+                                cspan = [k, t, math.nan]
+                                spans.append(cspan)
                         progressed = True
                 if mk < 0 and im < lm:
                     k = comm[im]
@@ -116,8 +148,13 @@ class StreamPair:
                         if dur[k] <= 0:
                             done[k] = True
                             ndone += 1
+                            if spans is not None:
+                                spans.append([k, t, t])
                         else:
                             mk, mrem = k, dur[k]
+                            if spans is not None:
+                                mspan = [k, t, math.nan]
+                                spans.append(mspan)
                         progressed = True
             if ndone == n:
                 break
@@ -133,30 +170,39 @@ class StreamPair:
                     done[ck] = True
                     ndone += 1
                     ck = -1
+                    if spans is not None:
+                        cspan[2] = t
                 if mrem <= thr:
                     done[mk] = True
                     ndone += 1
                     mk = -1
+                    if spans is not None:
+                        mspan[2] = t
             elif ck >= 0:
                 t += crem
                 done[ck] = True
                 ndone += 1
                 ck = -1
+                if spans is not None:
+                    cspan[2] = t
             elif mk >= 0:
                 t += mrem
                 done[mk] = True
                 ndone += 1
                 mk = -1
+                if spans is not None:
+                    mspan[2] = t
             else:
                 return math.inf
         return t if n else 0.0
 
 
-def host_issue(order: Sequence[str], durations: Mapping[str, float], lanes: Mapping[str, str],
-               deps: Mapping[str, Sequence[str]], issue_overhead: float = 0.0) -> float:
-    """Makespan of ``order`` under the ``host_issue`` semantics (module docstring); durations default to 0."""
+def _host_issue(order: Sequence[str], durations: Mapping[str, float], lanes: Mapping[str, str],
+                deps: Mapping[str, Sequence[str]], issue_overhead: float) -> LaneResult:
+    """``host_issue`` semantics (module docstring); durations default to 0."""
     host = 0.0
     done: dict[str, float] = {}
+    spans: dict[str, tuple[float, float]] = {}
     lane_free: dict[str, float] = {}
     for k in order:
         dep_end = max((done[d] for d in deps.get(k, ())), default=0.0)
@@ -169,26 +215,54 @@ def host_issue(order: Sequence[str], durations: Mapping[str, float], lanes: Mapp
             start = max(host, dep_end, lane_free.get(side, 0.0))
             lane_free[side] = done[k] = start + d
             host += issue_overhead
-    return max([host] + list(done.values()))
+        spans[k] = (start, done[k])
+    return LaneResult(max([host] + list(done.values())), spans, dict(lanes))
+
+
+def _streams(order: Sequence[str], durations: Mapping[str, float], lanes: Mapping[str, str],
+             deps: Mapping[str, Sequence[str]], contention: Contention,
+             classes: Mapping[str, str] | None) -> LaneResult:
+    """``streams`` semantics (module docstring), through :class:`StreamPair`, with every task's span."""
+    sp = StreamPair(order, durations, lanes, deps, contention, classes)
+    comp = [i for i, c in enumerate(sp.is_comm) if not c]
+    comm = [i for i, c in enumerate(sp.is_comm) if c]
+    got: list = []
+    t = sp.run(comp, comm, got)
+    keys = sp.keys
+    if t == math.inf:
+        started = {k for k, _, _ in got}
+        waiting = [keys[q[0]] for q in ([i for i in comp if i not in started], [i for i in comm if i not in started])
+                   if q]
+        raise ConfigError(f"issue order cannot complete: {', '.join(waiting)} wait on tasks queued behind them")
+    return LaneResult(t, {keys[k]: (s, e) for k, s, e in got}, dict(lanes))
 
 
 def pair_makespan(order: Sequence[str], durations: Mapping[str, float], lanes: Mapping[str, str],
                   deps: Mapping[str, Sequence[str]], *, semantics: str = "streams",
                   contention: Contention = Contention(), classes: Mapping[str, str] | None = None,
-                  issue_overhead: float = 0.0) -> float:
-    """Makespan (s) of tasks issued in ``order`` under ``semantics`` (``streams`` or ``host_issue``, module
-    docstring). ``streams`` raises :class:`ConfigError` for an order that cannot complete (as
-    :func:`~tessera_lab.cost.analytic.two_lane_makespan` does); ``contention``/``classes`` apply to ``streams``,
-    ``issue_overhead`` to ``host_issue``.
+                  issue_overhead: float = 0.0) -> LaneResult:
+    """Run tasks issued in ``order`` on their lanes under ``semantics`` and return the makespan and every span.
+
+    Args:
+        order: task keys in issue order (every key once).
+        durations: standalone seconds per key (>= 0).
+        lanes: ``"compute"`` or ``"comm"`` per key.
+        deps: keys each task waits for (keys not in ``order`` count as done).
+        semantics: ``"streams"`` (a GPU's two streams with contention) or ``"host_issue"`` (the CPU testbed: one
+            host thread, communication issued asynchronously); module docstring.
+        contention, classes: the slowdown while both streams are busy and each key's kernel class (default
+            ``compute``); ``streams`` only.
+        issue_overhead: host seconds per issued communication; ``host_issue`` only.
+
+    Returns:
+        :class:`LaneResult` (seconds).
 
     Raises:
-        ConfigError: unknown semantics, unknown lane, negative duration, or (streams) a deadlocked order.
+        ConfigError: unknown semantics, unknown lane, negative duration, or (streams) an order that cannot complete
+            (a task waits on a task queued behind it on its lane).
     """
     if semantics == "host_issue":
-        return host_issue(order, durations, lanes, deps, issue_overhead)
+        return _host_issue(order, durations, lanes, deps, issue_overhead)
     if semantics != "streams":
         raise ConfigError(f"field 'semantics' = {semantics!r} is unknown; allowed: {', '.join(SEMANTICS)}")
-    t = StreamPair(order, durations, lanes, deps, contention, classes).makespan(order)
-    if t == math.inf:
-        raise ConfigError("issue order cannot complete: tasks wait on tasks queued behind them")
-    return t
+    return _streams(order, durations, lanes, deps, contention, classes)

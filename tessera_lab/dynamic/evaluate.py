@@ -27,7 +27,7 @@ from tessera_lab.pipeline import passes
 from tessera_lab.pipeline.schedules import Schedule, build_schedule, canonical_name
 from tessera_lab.pipeline.simulate import Timeline, overlap_length
 
-__all__ = ["GroupResult", "DynamicResult", "run_dynamic", "gap_error", "routing_counts", "schedule_for", "stages_per_rank"]
+__all__ = ["DynamicJob", "GroupResult", "DynamicResult", "run_dynamic", "gap_error", "routing_counts", "schedule_for", "stages_per_rank"]
 
 
 @dataclass
@@ -188,23 +188,52 @@ def schedule_for(costs: StageCosts, schedule: str | Schedule, microbatches: int,
     return sched
 
 
+@dataclass(frozen=True)
+class DynamicJob:
+    """The job a dynamic run simulates, shared by :func:`run_dynamic` and
+    :func:`tessera_lab.dynamic.online.run_online` (which take these fields as keyword arguments).
+
+    Attributes:
+        schedule: the static plan: a schedule name (built with ``costs.num_stages / vpp`` ranks) or a
+            :class:`Schedule`. Default ``zb-h1`` (W already placed in the cool-down, so only routing-induced
+            gaps are left); ``1f1b`` (W right after its I) also lets filling remove the warm-up/cool-down
+            bubble.
+        microbatches: micro-batches per step; vpp: chunks per rank.
+        groups: EP groups in the job (the data-parallel replicas of an EP-coupled pipeline).
+        seed: routing seed.
+        capacity_factor: drop tokens above ``ceil(cf * tokens * k / E)`` per expert (``None``: no drops).
+        memory_cap: live micro-batches per rank (:func:`tessera_lab.pipeline.passes.memory_caps`; default
+            ``"max"``: the most activation memory the static plan needs on any rank).
+        p2p_latency: seconds per stage-to-stage hop.
+        jitter: per-micro-batch routing noise (:func:`~tessera_lab.dynamic.routing.token_counts`).
+        w_chunks: parts each stage's W is split into for filling; default one per MoE layer of the stage
+            (per-layer weight-gradient tasks), at least 1.
+    """
+
+    schedule: str | Schedule = "zb-h1"
+    microbatches: int = 16
+    vpp: int = 1
+    groups: int = 1
+    seed: int = 0
+    capacity_factor: float | None = None
+    memory_cap: int | Sequence[int] | str | None = "max"
+    p2p_latency: float = 0.0
+    jitter: float = DEFAULT_JITTER
+    w_chunks: int | None = None
+
+    def chunks(self, costs: StageCosts) -> int:
+        """Parts per W: ``w_chunks``, or the most MoE layers of a stage (at least 1)."""
+        return self.w_chunks if self.w_chunks is not None else max(1, max(len(ls) for ls in costs.stage_layers))
+
+
 def run_dynamic(
     costs: StageCosts,
     routing: str | RoutingSpec = "zipf:1.0",
     *,
-    schedule: str | Schedule = "zb-h1",
-    microbatches: int = 16,
-    vpp: int = 1,
-    groups: int = 1,
-    seed: int = 0,
     step: int = 1,
     lag: int = 1,
-    capacity_factor: float | None = None,
-    memory_cap: int | Sequence[int] | str | None = "max",
-    p2p_latency: float = 0.0,
-    jitter: float = DEFAULT_JITTER,
-    w_chunks: int | None = None,
     counts: Sequence[np.ndarray] | None = None,
+    **job: Any,
 ) -> DynamicResult:
     """Simulate one step of a job with ``groups`` EP groups, static vs dynamic.
 
@@ -216,20 +245,9 @@ def run_dynamic(
     Args:
         costs: stage times (:class:`StageCosts`); its stage count must match the schedule's.
         routing: ``uniform``, ``zipf:S``, ``drift:S[:R]`` or ``replay:PATH``.
-        schedule: the static plan: a schedule name (built with ``costs.num_stages / vpp`` ranks) or a
-            :class:`Schedule`. Default ``zb-h1`` (W already placed in the cool-down, so only routing-induced
-            gaps are left); ``1f1b`` (W right after its I) also lets filling remove the warm-up/cool-down
-            bubble.
-        microbatches: micro-batches per step.
-        groups: EP groups in the job (the data-parallel replicas of an EP-coupled pipeline).
-        seed, step, lag: routing seed, step index, and how many steps old the prediction's metadata is.
-        capacity_factor: drop tokens above ``ceil(cf * tokens * k / E)`` per expert (``None``: no drops).
-        memory_cap: live micro-batches per rank (:func:`memory_caps`; default ``"max"``: the most
-            activation memory the static plan needs on any rank).
-        p2p_latency: seconds per stage-to-stage hop.
-        jitter: per-micro-batch routing noise (:func:`~tessera_lab.dynamic.routing.token_counts`).
-        w_chunks: parts each stage's W is split into for filling; default one per MoE layer of the stage
-            (per-layer weight-gradient tasks), at least 1.
+        step, lag: step index, and how many steps old the prediction's metadata is.
+        job: the fields of :class:`DynamicJob` (schedule, microbatches, vpp, groups, seed, capacity_factor,
+            memory_cap, p2p_latency, jitter, w_chunks).
         counts: optional explicit ``[layers, microbatches, E]`` counts per group (overrides ``routing``
             for both prediction and realisation).
 
@@ -237,13 +255,15 @@ def run_dynamic(
         ConfigError / ScheduleError: bad sizes, schedules or routing.
     """
     spec = parse_routing(routing)
+    j = DynamicJob(**job)
+    groups, seed, capacity_factor, jitter = j.groups, j.seed, j.capacity_factor, j.jitter
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ConfigError(f"field 'groups' = {groups!r} is out of range; allowed: an integer >= 1")
     if isinstance(lag, bool) or not isinstance(lag, int) or lag < 0 or lag > step:
         raise ConfigError(f"field 'lag' = {lag!r} is out of range; allowed: 0 to step = {step}")
-    sched = schedule_for(costs, schedule, microbatches, vpp)
+    sched = schedule_for(costs, j.schedule, j.microbatches, j.vpp)
     microbatches = sched.num_microbatches
-    chunks = w_chunks if w_chunks is not None else max(1, max(len(ls) for ls in costs.stage_layers))
+    chunks = j.chunks(costs)
     cache: dict = {}
     out = []
     for g in range(groups):
@@ -265,8 +285,8 @@ def run_dynamic(
         d_real = RoutedDurations(costs, x_real)
         d_pred = d_real if pred is real else RoutedDurations(costs, x_pred)
         plan = plan_dynamic(sched, d_pred, grad_sync=costs.grad_sync if any(costs.grad_sync) else None,
-                            memory_cap=memory_cap, activation_bytes=costs.activation_bytes,
-                            p2p_latency=p2p_latency, w_chunks=chunks)
+                            memory_cap=j.memory_cap, activation_bytes=costs.activation_bytes,
+                            p2p_latency=j.p2p_latency, w_chunks=chunks)
         st, dy = plan.realise(d_real)
         out.append(GroupResult(g, real, x_real, x_pred, plan, st, dy))
     return DynamicResult(str(spec), sched.name, costs, out, microbatches, seed, step, lag, capacity_factor)

@@ -32,9 +32,9 @@ import numpy as np
 
 from tessera_lab.dynamic.controller import GapController, parse_predictor
 from tessera_lab.dynamic.durations import PairDurations, RoutedDurations, StageCosts, slowest_loads
-from tessera_lab.dynamic.evaluate import routing_counts, schedule_for
+from tessera_lab.dynamic.evaluate import DynamicJob, routing_counts, schedule_for
 from tessera_lab.dynamic.planner import grad_sync_tasks
-from tessera_lab.dynamic.routing import DEFAULT_JITTER, parse_routing
+from tessera_lab.dynamic.routing import parse_routing
 from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline import passes
 from tessera_lab.pipeline.engine import Walk, action_inputs
@@ -83,228 +83,289 @@ def execute(schedule: Schedule, durations, *, w_chunks: int = 1, controllers: Se
     Raises:
         ConfigError: a wrong number of controllers or caps; ScheduleError: the schedule deadlocks.
     """
-    R, S, s2r = schedule.num_ranks, schedule.num_stages, schedule.stage_to_rank
+    R = schedule.num_ranks
     if controllers is not None and len(controllers) != R:
         raise ConfigError(f"field 'controllers' has {len(controllers)} entries; allowed: one per rank ({R})")
     caps = list(memory_cap) if memory_cap is not None else [math.inf] * R
     if len(caps) != R:
         raise ConfigError(f"field 'memory_cap' has {len(caps)} entries; allowed: one per rank ({R})")
-    xfer = _transfer_fn(p2p_latency, None)
-    pair_d = PairDurations(durations, schedule)
-    lists = [list(schedule.actions.get(r, [])) for r in range(R)]
-    slots = [[k for k, a in enumerate(acts) if a.type is not _W] for acts in lists]
-    # per rank and stage, the list index of each static W place, and the first non-W slot after each index
-    w_places = [dict() for _ in range(R)]
-    next_slot: list[list[int]] = []
-    for r, acts in enumerate(lists):
-        for k, a in enumerate(acts):
-            if a.type is _W:
-                w_places[r].setdefault(a.stage, []).append(k)
-        nxt, out = -1, [0] * len(acts)
-        for k in range(len(acts) - 1, -1, -1):
-            out[k] = nxt
-            if acts[k].type is not _W:
-                nxt = k
-        next_slot.append(out)
-    records = [StepRecord() for _ in range(R)]
-    if controllers is not None:
-        for r in range(R):
-            controllers[r].begin_step(slots[r])
-            records[r].predicted = dict(controllers[r].predicted)
-    walk = Walk(R)  # the engine: rank clocks, inputs produced (key -> time at the consumer), parked ranks, agenda
-    arrival, t_rank = walk.arrival, walk.clock  # arrival keys: (kind, src stage, mb, dst stage)
-    events: list[Event] = []
-    busy = [0.0] * R
-    pc = [0] * R
-    pos = [0] * R  # non-W actions run so far
-    wait_from: list[float | None] = [None] * R
-    pending: list[dict[int, list[int]]] = [dict() for _ in range(R)]  # stage -> [mb per pending chunk]
-    pend_s = [0.0] * R  # seconds of pending W parts
-    displaced_s = [0.0] * R  # of which past their static place (deferred)
-    tail_static = [0.0] * R  # W seconds the static order itself puts after the last non-W action
-    w_run: list[dict[int, int]] = [dict() for _ in range(R)]  # stage -> W parts run
-    w_seen: list[dict[int, int]] = [dict() for _ in range(R)]  # stage -> static W places passed
-    left: list[dict[tuple[int, int], int]] = [dict() for _ in range(R)]
-    live = [0] * R
-    peak = [0] * R
-    last_w_end: dict[int, float] = {}
+    run = _StepRun(schedule, durations, w_chunks, controllers, caps, _transfer_fn(p2p_latency, None))
+    run.walk.run(run.step)  # the engine: rank clocks, inputs produced, parked ranks, agenda; run.step its hook
+    Walk.check_finished(schedule.name, run.lists, run.pc)
+    if grad_sync:
+        run.grad_sync(grad_sync)
+    return run.timeline(), run.records
 
-    def chunk_s(s: int, i: int) -> float:
-        return durations(s, i, _W) / w_chunks
 
-    def run_chunk(r: int, s: int) -> None:
-        i = pending[r][s].pop(0)
-        d = chunk_s(s, i)
-        if w_run[r].get(s, 0) < w_seen[r].get(s, 0):
-            displaced_s[r] = max(0.0, displaced_s[r] - d)
-        elif pos[r] == len(slots[r]):
-            tail_static[r] += d  # placed after the rank's last non-W action by the static order
-        t0 = t_rank[r]
-        events.append(Event(r, s, i, "W", t0, t0 + d, "compute", f"{s}W{i}"))
-        t_rank[r] = t0 + d
-        busy[r] += d
-        pend_s[r] -= d
-        w_run[r][s] = w_run[r].get(s, 0) + 1
-        last_w_end[s] = t0 + d
-        n = left[r].get((s, i), w_chunks) - 1
-        left[r][(s, i)] = n
+class _StepRun:
+    """The state of one :func:`execute` and its phases, as the engine's policy hook (:meth:`step`) runs them: a
+    static W place (:meth:`w_place`), the memory cap before a forward (:meth:`free_memory`), a wait for a missing
+    input (:meth:`wait`), the action itself (:meth:`run_slot`), and after the walk the gradient reduce-scatter
+    (:meth:`grad_sync`) and the timeline (:meth:`timeline`). Seconds throughout."""
+
+    def __init__(self, schedule: Schedule, durations, w_chunks: int, controllers, caps: list, xfer):
+        R = schedule.num_ranks
+        self.schedule, self.durations, self.w_chunks, self.controllers, self.caps = (
+            schedule, durations, w_chunks, controllers, caps)
+        self.S, self.s2r, self.xfer = schedule.num_stages, schedule.stage_to_rank, xfer
+        self.pair_d = PairDurations(durations, schedule)
+        self.lists = [list(schedule.actions.get(r, [])) for r in range(R)]
+        self.slots = [[k for k, a in enumerate(acts) if a.type is not _W] for acts in self.lists]
+        self._static_places()
+        self.records = [StepRecord() for _ in range(R)]
+        if controllers is not None:
+            for r in range(R):
+                controllers[r].begin_step(self.slots[r])
+                self.records[r].predicted = dict(controllers[r].predicted)
+        self.walk = Walk(R)
+        self.arrival, self.t_rank = self.walk.arrival, self.walk.clock  # keys: (kind, src stage, mb, dst stage)
+        self.events: list[Event] = []
+        self.busy = [0.0] * R
+        self.pc = [0] * R
+        self.pos = [0] * R  # non-W actions run so far
+        self.wait_from: list[float | None] = [None] * R
+        self.pending: list[dict[int, list[int]]] = [dict() for _ in range(R)]  # stage -> [mb per pending chunk]
+        self.pend_s = [0.0] * R  # seconds of pending W parts
+        self.displaced_s = [0.0] * R  # of which past their static place (deferred)
+        self.tail_static = [0.0] * R  # W seconds the static order itself puts after the last non-W action
+        self.w_run: list[dict[int, int]] = [dict() for _ in range(R)]  # stage -> W parts run
+        self.w_seen: list[dict[int, int]] = [dict() for _ in range(R)]  # stage -> static W places passed
+        self.left: list[dict[tuple[int, int], int]] = [dict() for _ in range(R)]
+        self.live = [0] * R
+        self.peak = [0] * R
+        self.last_w_end: dict[int, float] = {}
+
+    def _static_places(self) -> None:
+        """Per rank and stage, the list index of each static W place, and the first non-W slot after each index."""
+        self.w_places = [dict() for _ in self.lists]
+        self.next_slot: list[list[int]] = []
+        for r, acts in enumerate(self.lists):
+            for k, a in enumerate(acts):
+                if a.type is _W:
+                    self.w_places[r].setdefault(a.stage, []).append(k)
+            nxt, out = -1, [0] * len(acts)
+            for k in range(len(acts) - 1, -1, -1):
+                out[k] = nxt
+                if acts[k].type is not _W:
+                    nxt = k
+            self.next_slot.append(out)
+
+    # ---- W parts ------------------------------------------------------------------------------------------------
+    def chunk_s(self, s: int, i: int) -> float:
+        return self.durations(s, i, _W) / self.w_chunks
+
+    def run_chunk(self, r: int, s: int) -> None:
+        """Run the oldest pending W part of stage ``s`` on rank ``r`` at its clock."""
+        i = self.pending[r][s].pop(0)
+        d = self.chunk_s(s, i)
+        if self.w_run[r].get(s, 0) < self.w_seen[r].get(s, 0):
+            self.displaced_s[r] = max(0.0, self.displaced_s[r] - d)
+        elif self.pos[r] == len(self.slots[r]):
+            self.tail_static[r] += d  # placed after the rank's last non-W action by the static order
+        t0 = self.t_rank[r]
+        self.events.append(Event(r, s, i, "W", t0, t0 + d, "compute", f"{s}W{i}"))
+        self.t_rank[r] = t0 + d
+        self.busy[r] += d
+        self.pend_s[r] -= d
+        self.w_run[r][s] = self.w_run[r].get(s, 0) + 1
+        self.last_w_end[s] = t0 + d
+        n = self.left[r].get((s, i), self.w_chunks) - 1
+        self.left[r][(s, i)] = n
         if n == 0:
-            live[r] -= 1
+            self.live[r] -= 1
 
-    def oldest_stage(r: int) -> int | None:
-        best = None
-        for s, q in pending[r].items():
-            if q and (best is None or q[0] < pending[r][best][0]):
+    def oldest_stage(self, r: int) -> int | None:
+        pending, best = self.pending[r], None
+        for s, q in pending.items():
+            if q and (best is None or q[0] < pending[best][0]):
                 best = s
         return best
 
-    def run_action(r: int, a: Action, start: float) -> None:
+    def displaced_stage(self, r: int) -> int | None:
+        pending, best = self.pending[r], None
+        for s, q in pending.items():
+            if q and self.w_run[r].get(s, 0) < self.w_seen[r].get(s, 0) and (best is None or q[0] < pending[best][0]):
+                best = s
+        return best
+
+    # ---- non-W actions ------------------------------------------------------------------------------------------
+    def run_action(self, r: int, a: Action, start: float) -> None:
+        """Run ``a`` from ``start``: its event, then its outputs produced for their consumers (the engine's
+        :meth:`Walk.produce`), activations taken and freed, and its W parts pending."""
         if a.sub_actions:
             bwd = next((x for x in a.sub_actions if x.type is not _F), a.sub_actions[-1])
-            d, st, mb, typ = pair_d(bwd.stage, bwd.microbatch, a.type), bwd.stage, bwd.microbatch, a.type.value
+            d, st, mb, typ = self.pair_d(bwd.stage, bwd.microbatch, a.type), bwd.stage, bwd.microbatch, a.type.value
         else:
-            d, st, mb, typ = durations(a.stage, a.microbatch, a.type), a.stage, a.microbatch, a.type.value
+            d, st, mb, typ = self.durations(a.stage, a.microbatch, a.type), a.stage, a.microbatch, a.type.value
         end = start + d
         label = str(a) if a.sub_actions else f"{a.stage}{typ}{a.microbatch}"
-        events.append(Event(r, st, mb, typ, start, end, "compute", label))
-        busy[r] += d
-        t_rank[r] = end
+        self.events.append(Event(r, st, mb, typ, start, end, "compute", label))
+        self.busy[r] += d
+        self.t_rank[r] = end
         for x in a.leaves():
-            if x.type is _F:
-                live[r] += 1
-                peak[r] = max(peak[r], live[r])
-                _produce(("F", x.stage, x.microbatch, x.stage), end)  # the stage's own I needs it
-                if x.stage < S - 1:
-                    _produce(("F", x.stage, x.microbatch, x.stage + 1), end + (xfer(x.stage, x.stage + 1)
-                             if s2r[x.stage + 1] != r else 0.0))
-            elif x.type in (_B, _I):
-                if x.stage > 0:
-                    _produce(("G", x.stage, x.microbatch, x.stage - 1), end + (xfer(x.stage, x.stage - 1)
-                             if s2r[x.stage - 1] != r else 0.0))
-                if x.type is _B:
-                    live[r] -= 1
-                    last_w_end[x.stage] = end
-                else:
-                    pending[r].setdefault(x.stage, []).extend([x.microbatch] * w_chunks)
-                    pend_s[r] += chunk_s(x.stage, x.microbatch) * w_chunks
-        peak[r] = max(peak[r], live[r])
+            self._leaf_done(r, x, end)
+        self.peak[r] = max(self.peak[r], self.live[r])
 
-    _produce = walk.produce
+    def _leaf_done(self, r: int, x: Action, end: float) -> None:
+        produce, s2r, S = self.walk.produce, self.s2r, self.S
+        if x.type is _F:
+            self.live[r] += 1
+            self.peak[r] = max(self.peak[r], self.live[r])
+            produce(("F", x.stage, x.microbatch, x.stage), end)  # the stage's own I needs it
+            if x.stage < S - 1:
+                produce(("F", x.stage, x.microbatch, x.stage + 1), end + (self.xfer(x.stage, x.stage + 1)
+                        if s2r[x.stage + 1] != r else 0.0))
+        elif x.type in (_B, _I):
+            if x.stage > 0:
+                produce(("G", x.stage, x.microbatch, x.stage - 1), end + (self.xfer(x.stage, x.stage - 1)
+                        if s2r[x.stage - 1] != r else 0.0))
+            if x.type is _B:
+                self.live[r] -= 1
+                self.last_w_end[x.stage] = end
+            else:
+                self.pending[r].setdefault(x.stage, []).extend([x.microbatch] * self.w_chunks)
+                self.pend_s[r] += self.chunk_s(x.stage, x.microbatch) * self.w_chunks
 
-    def displaced_stage(r: int) -> int | None:
-        best = None
-        for s, q in pending[r].items():
-            if q and w_run[r].get(s, 0) < w_seen[r].get(s, 0) and (best is None or q[0] < pending[r][best][0]):
-                best = s
-        return best
-
-    def ready_next(r: int) -> bool:
+    def ready_next(self, r: int) -> bool:
         """Whether the rank's next non-W action has all its inputs now (deferring W only pays then)."""
-        acts = lists[r]
-        k = pc[r] + 1
+        acts = self.lists[r]
+        k = self.pc[r] + 1
         while k < len(acts) and acts[k].type is _W:
             k += 1
         if k >= len(acts):
             return False
-        now = t_rank[r]
-        return all(key in arrival and arrival[key] <= now for key in _needs(acts[k], S))
+        now, arrival = self.t_rank[r], self.arrival
+        return all(key in arrival and arrival[key] <= now for key in _needs(acts[k], self.S))
 
-    def step(r: int) -> bool:
+    # ---- the policy hook and its phases -------------------------------------------------------------------------
+    def step(self, r: int) -> bool:
         """The policy hook, called by the engine (:meth:`Walk.run`) while rank ``r`` is due: decide its next action
         at its clock; ``True``: the rank goes on at once (a static W place was passed)."""
-        acts = lists[r]
-        ctl = controllers[r] if controllers is not None else None
-        if pc[r] < len(acts):
-            a = acts[pc[r]]
-            if a.type is _W:
-                s = a.stage
-                w_seen[r][s] = w_seen[r].get(s, 0) + 1
-                if ctl is None:
-                    pending[r].setdefault(s, [])
-                    run_chunk(r, s)
-                elif w_run[r].get(s, 0) < w_seen[r][s]:  # not covered by a part run earlier
-                    d = chunk_s(s, pending[r][s][w_seen[r][s] - 1 - w_run[r].get(s, 0)])
-                    if ctl.at_w_place(pos[r], displaced_s[r], d, next_ready=ready_next(r), live=live[r], cap=caps[r]):
-                        displaced_s[r] += d
-                    else:
-                        run_chunk(r, s)  # runs where the static order has it
-                pc[r] += 1
-                return True
-            # a non-W action: memory cap first
-            if ctl is not None and any(x.type is _F for x in a.leaves()):
-                need = sum(1 for x in a.leaves() if x.type is _F)
-                while ctl.must_free(live[r], need, caps[r]):
-                    s = oldest_stage(r)
-                    if s is None:
-                        break
-                    run_chunk(r, s)
-            needs = _needs(a, S)
-            missing = [key for key in needs if key not in arrival]
-            now = t_rank[r]
-            arrive = max((arrival[key] for key in needs if key in arrival), default=0.0)
-            if missing or arrive > now:
-                if wait_from[r] is None:
-                    wait_from[r] = now
-                if ctl is not None:
-                    sd, so = displaced_stage(r), oldest_stage(r)
-                    later = None
-                    if so is not None:  # the slot after the oldest pending part's own static place
-                        n_run = w_run[r].get(so, 0)
-                        places = w_places[r].get(so, [])
-                        later = next_slot[r][places[n_run]] if n_run < len(places) else -1
-                    s = ctl.in_wait(pc[r], now - wait_from[r],
-                                    None if sd is None else (sd, chunk_s(sd, pending[r][sd][0])),
-                                    None if so is None else (so, chunk_s(so, pending[r][so][0])), later_slot=later)
-                    if s is not None:
-                        run_chunk(r, s)
-                        walk.resume(r)
-                        return False
-                if missing:
-                    walk.park(r, missing[0])
-                    return False
-                t_rank[r] = arrive
-                now = arrive
-            start = now
-            if wait_from[r] is not None:
-                records[r].waits[pc[r]] = start - wait_from[r]
-                wait_from[r] = None
-            else:
-                records[r].waits[pc[r]] = 0.0
-            run_action(r, a, start)
-            records[r].last_compute_end = t_rank[r]
-            pos[r] += 1
-            pc[r] += 1
-            # yield to keep global time order: others may act before this rank's next decision
-            walk.resume(r)
+        acts = self.lists[r]
+        ctl = self.controllers[r] if self.controllers is not None else None
+        if self.pc[r] >= len(acts):
+            for s in iter(lambda: self.oldest_stage(r), None):  # after the last action: what is still pending
+                self.run_chunk(r, s)
             return False
-        for s in iter(lambda: oldest_stage(r), None):  # after the last action: what is still pending
-            run_chunk(r, s)
+        a = acts[self.pc[r]]
+        if a.type is _W:
+            self.w_place(r, a, ctl)
+            return True
+        if ctl is not None and any(x.type is _F for x in a.leaves()):
+            self.free_memory(r, a, ctl)
+        if self.wait(r, a, ctl):
+            return False
+        self.run_slot(r, a)
         return False
 
-    walk.run(step)
-    Walk.check_finished(schedule.name, lists, pc)
-    # gradient reduce-scatter on the comm lane
-    comm_free = [0.0] * R
-    if grad_sync:
+    def w_place(self, r: int, a: Action, ctl) -> None:
+        """A static W place: run the part here, or (the controller deciding) defer it."""
+        s = a.stage
+        self.w_seen[r][s] = self.w_seen[r].get(s, 0) + 1
+        if ctl is None:
+            self.pending[r].setdefault(s, [])
+            self.run_chunk(r, s)
+        elif self.w_run[r].get(s, 0) < self.w_seen[r][s]:  # not covered by a part run earlier
+            d = self.chunk_s(s, self.pending[r][s][self.w_seen[r][s] - 1 - self.w_run[r].get(s, 0)])
+            if ctl.at_w_place(self.pos[r], self.displaced_s[r], d, next_ready=self.ready_next(r), live=self.live[r],
+                              cap=self.caps[r]):
+                self.displaced_s[r] += d
+            else:
+                self.run_chunk(r, s)  # runs where the static order has it
+        self.pc[r] += 1
+
+    def free_memory(self, r: int, a: Action, ctl) -> None:
+        """Before a forward that would exceed the memory cap, pending parts run."""
+        need = sum(1 for x in a.leaves() if x.type is _F)
+        while ctl.must_free(self.live[r], need, self.caps[r]):
+            s = self.oldest_stage(r)
+            if s is None:
+                break
+            self.run_chunk(r, s)
+
+    def wait(self, r: int, a: Action, ctl) -> bool:
+        """When an input of ``a`` is not there at the rank's clock: the controller may fill the wait with a pending
+        part (the rank is then due again), else the rank parks on the missing input or waits for the latest
+        arrival. ``True``: the rank yielded (it decides again later)."""
+        needs = _needs(a, self.S)
+        arrival = self.arrival
+        missing = [key for key in needs if key not in arrival]
+        now = self.t_rank[r]
+        arrive = max((arrival[key] for key in needs if key in arrival), default=0.0)
+        if not missing and arrive <= now:
+            return False
+        if self.wait_from[r] is None:
+            self.wait_from[r] = now
+        if ctl is not None:
+            s = self._fill(r, ctl, now)
+            if s is not None:
+                self.run_chunk(r, s)
+                self.walk.resume(r)
+                return True
+        if missing:
+            self.walk.park(r, missing[0])
+            return True
+        self.t_rank[r] = arrive
+        return False
+
+    def _fill(self, r: int, ctl, now: float) -> int | None:
+        """The controller's choice of a pending part's stage to run in the wait (``None``: none)."""
+        sd, so = self.displaced_stage(r), self.oldest_stage(r)
+        later = None
+        if so is not None:  # the slot after the oldest pending part's own static place
+            n_run = self.w_run[r].get(so, 0)
+            places = self.w_places[r].get(so, [])
+            later = self.next_slot[r][places[n_run]] if n_run < len(places) else -1
+        pending = self.pending[r]
+        return ctl.in_wait(self.pc[r], now - self.wait_from[r],
+                           None if sd is None else (sd, self.chunk_s(sd, pending[sd][0])),
+                           None if so is None else (so, self.chunk_s(so, pending[so][0])), later_slot=later)
+
+    def run_slot(self, r: int, a: Action) -> None:
+        """Run the non-W action ``a`` at the rank's clock and record its wait; the rank then yields, to keep global
+        time order (others may act before its next decision)."""
+        start = self.t_rank[r]
+        rec = self.records[r]
+        if self.wait_from[r] is not None:
+            rec.waits[self.pc[r]] = start - self.wait_from[r]
+            self.wait_from[r] = None
+        else:
+            rec.waits[self.pc[r]] = 0.0
+        self.run_action(r, a, start)
+        rec.last_compute_end = self.t_rank[r]
+        self.pos[r] += 1
+        self.pc[r] += 1
+        self.walk.resume(r)
+
+    # ---- after the walk -----------------------------------------------------------------------------------------
+    def grad_sync(self, grad_sync: Sequence[float]) -> None:
+        """Each stage's gradient reduce-scatter on its rank's comm lane, in the order the stages become final: after
+        the stage's last W part (dynamic) or the rank's last action (static)."""
+        R, events, s2r = self.schedule.num_ranks, self.events, self.s2r
+        comm_free = [0.0] * R
         rank_end = [max((e.end for e in events if e.rank == r and e.lane == "compute"), default=0.0) for r in range(R)]
-        ready = []  # (ready time, stage): each rank's comm lane takes its stages in the order they become final
-        for s in range(S):
+        ready = []  # (ready time, stage)
+        for s in range(self.S):
             if float(grad_sync[s]) > 0:
                 r = s2r[s]
-                ready.append((rank_end[r] if controllers is None else last_w_end.get(s, rank_end[r]), s))
+                ready.append((rank_end[r] if self.controllers is None else self.last_w_end.get(s, rank_end[r]), s))
         for after, s in sorted(ready):
             sec, r = float(grad_sync[s]), s2r[s]
             st = max(comm_free[r], after)
             events.append(Event(r, s, None, passes.GRAD_RS, st, st + sec, "comm", f"{passes.GRAD_RS}[{s}]"))
             comm_free[r] = st + sec
-    T = max((e.end for e in events), default=0.0)
-    for r in range(R):  # idle after the last non-W action that the static order does not already fill
-        records[r].tail = T - records[r].last_compute_end - tail_static[r]
-    idle = [T - b for b in busy]
-    tot_busy = sum(busy)
-    tl = Timeline(events, T, busy, idle, sum(idle) / (T * R) if T > 0 else 0.0,
-                  sum(idle) / tot_busy if tot_busy > 0 else 0.0, {}, [], peak, schedule.name, R)
-    return tl, records
+
+    def timeline(self) -> Timeline:
+        """The step's timeline (no critical path); each record's tail: idle after the rank's last non-W action that
+        the static order does not already fill."""
+        R, events, busy = self.schedule.num_ranks, self.events, self.busy
+        T = max((e.end for e in events), default=0.0)
+        for r in range(R):
+            self.records[r].tail = T - self.records[r].last_compute_end - self.tail_static[r]
+        idle = [T - b for b in busy]
+        tot_busy = sum(busy)
+        return Timeline(events, T, busy, idle, sum(idle) / (T * R) if T > 0 else 0.0,
+                        sum(idle) / tot_busy if tot_busy > 0 else 0.0, {}, [], self.peak, self.schedule.name, R)
 
 
 @dataclass
@@ -419,35 +480,27 @@ def run_online(
     costs: StageCosts,
     routing: str = "zipf:1.0",
     *,
-    schedule: str | Schedule = "zb-h1",
-    microbatches: int = 16,
-    vpp: int = 1,
-    groups: int = 1,
-    seed: int = 0,
     steps: int = 4,
     first_step: int = 0,
     warmup: int = 1,
     predictor: str = "last-step",
     margin: float = 0.5,
-    memory_cap: int | Sequence[int] | str | None = "max",
-    capacity_factor: float | None = None,
-    p2p_latency: float = 0.0,
-    jitter: float = DEFAULT_JITTER,
-    w_chunks: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    **job: Any,
 ) -> OnlineResult:
     """Run ``steps`` consecutive steps static and dynamic; the controllers carry their history across steps.
 
     Args:
         costs: stage times; routing: ``uniform | zipf:S | drift:S[:R] | walk:S[:R] | replay:PATH``.
-        schedule: any schedule name (or a :class:`Schedule`); backwards are split into I and W by
-            :func:`tessera_lab.pipeline.passes.split_backward` (also inside overlapped pairs and DualPipeV).
-        microbatches, vpp, groups, seed: as :func:`tessera_lab.dynamic.evaluate.run_dynamic`.
         steps, first_step, warmup: steps run, index of the first (drift and walk move with it), leading steps
             left out of the means.
         predictor, margin: :class:`~tessera_lab.dynamic.controller.GapController` settings.
-        memory_cap: :func:`tessera_lab.pipeline.passes.memory_caps` policy on the static order.
-        w_chunks: parts per W (default: the stage's MoE layers).
+        job: the fields of :class:`~tessera_lab.dynamic.evaluate.DynamicJob`: the schedule (any name, or a
+            :class:`Schedule`; backwards are split into I and W by
+            :func:`tessera_lab.pipeline.passes.split_backward`, also inside overlapped pairs and DualPipeV),
+            microbatches, vpp, groups, seed, capacity_factor, memory_cap (a
+            :func:`tessera_lab.pipeline.passes.memory_caps` policy on the static order), p2p_latency, jitter and
+            w_chunks (parts per W; default: the stage's MoE layers).
         progress: called as ``progress(done, steps)`` after each step (the CLI's progress line).
 
     Raises:
@@ -455,21 +508,23 @@ def run_online(
     """
     spec = parse_routing(routing)
     pred = parse_predictor(predictor)
+    j = DynamicJob(**job)
+    groups, seed, capacity_factor, p2p_latency, jitter = j.groups, j.seed, j.capacity_factor, j.p2p_latency, j.jitter
     for name, v, lo in (("groups", groups, 1), ("warmup", warmup, 0), ("first_step", first_step, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"field '{name}' = {v!r} is out of range; allowed: an integer >= {lo}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= warmup:
         raise ConfigError(f"field 'steps' = {steps!r} is out of range; allowed: an integer >= {warmup + 1} (the "
                           f"first {warmup} step(s) are warm-up, left out of the means: step 0 has no history)")
-    sched = schedule_for(costs, schedule, microbatches, vpp)
+    sched = schedule_for(costs, j.schedule, j.microbatches, j.vpp)
     m = sched.num_microbatches
     base = passes.split_backward(sched, 0)
     # the schedule as built, when its backwards are whole B (the static plan splits them): simulated beside it so
     # the iteration ``simulate`` (without --dynamic) prints for the same schedule is shown too
     as_built = sched if has_whole_backward(sched) else None
-    chunks = w_chunks if w_chunks is not None else max(1, max(len(ls) for ls in costs.stage_layers))
+    chunks = j.chunks(costs)
     chunked = passes.chunk_weight_gradients(base, chunks)
-    caps = passes.memory_caps(base, memory_cap, activation_bytes=costs.activation_bytes)
+    caps = passes.memory_caps(base, j.memory_cap, activation_bytes=costs.activation_bytes)
     sync = costs.grad_sync if any(costs.grad_sync) else None
     static_comm = built_comm = None
     ctls = [[GapController(pred, margin) for _ in range(sched.num_ranks)] for _ in range(groups)]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.model.flops import gemm_flops
 
 PHASES = ("F", "B", "W")
 
@@ -135,7 +136,7 @@ class _Fwd:
         """A dense GEMM (m, k) x (k, n); F, B and W each 2mkn FLOPs; saves its input (``gemm_in`` bytes an
         element; divided by ``sp`` when the input is in the sequence-parallel region, ``seq``; nothing when
         ``module`` is recomputed)."""
-        flops = 2.0 * m * k * n
+        flops = gemm_flops(m, k, n)
         nbytes = self.dt * (m * k + k * n + m * n)
         kept = self.gemm_in * m * k / (self.sp if seq else 1) if saved else 0.0
         t = Task(name, self.layer, "F", "gemm", flops, nbytes, deps=tuple(deps), saved_bytes=kept, gemms=((m, k, n),))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tessera_lab.model.flops import attention_flops, conv1d_flops, scan_flops, selective_scan_flops
 from tessera_lab.model.graph import Task, _Fwd
 
 LINEAR_ATTENTION_CHUNK = 64
@@ -59,10 +60,10 @@ def kda(g: _Fwd, m: Any, T: int, tp: int, after: str) -> str:
     lora = g.gemm("gate_lora_up", T, dv, kd + vd, [proj])  # f_b (decay), g_b (output gate)
     conv_dim = 2 * kd + vd
     conv = g.elementwise("conv1d", dt * T * conv_dim * 2, [proj], saved=dt * T * conv_dim,
-                         flops=2.0 * T * conv_dim * m.linear_conv_kernel_dim)
+                         flops=conv1d_flops(T, conv_dim, m.linear_conv_kernel_dim))
     C = LINEAR_ATTENTION_CHUNK
     chunks = -(-T // C)
-    flops = T * H * (6.0 * dk * dv + 2.0 * C * (dk + dv))
+    flops = scan_flops(T, H, dk, dv, C, 6.0)
     core = _linear_core(g, flops, dt * T * (3 * kd + 2 * vd), dt * T * (3 * kd + vd + H) + 4.0 * T * H * C,
                         chunks * H * dk * dv * 4, [conv, lora])
     norm = g.elementwise("gated_norm", dt * T * vd * 3, [core, lora], saved=dt * T * vd * 2)
@@ -78,7 +79,7 @@ def lightning(g: _Fwd, m: Any, T: int, tp: int, after: str) -> str:
     proj = g.gemm("qkv_gate_proj", T, h, 4 * inner, [after], seq=True)
     C = LINEAR_ATTENTION_CHUNK
     chunks = -(-T // C)
-    flops = T * H * (4.0 * d * d + 2.0 * C * 2 * d)
+    flops = scan_flops(T, H, d, d, C, 4.0)
     core = _linear_core(g, flops, dt * T * 4 * inner, dt * T * 3 * inner + 4.0 * T * H * C, chunks * H * d * d * 4,
                         [proj])
     norm = g.elementwise("norm_gate", dt * T * inner * 3, [core], saved=dt * T * inner * 2)
@@ -93,10 +94,10 @@ def mamba2(g: _Fwd, m: Any, T: int, tp: int, after: str) -> str:
     conv_dim = inner + 2 * m.mamba_n_groups * N / tp
     proj = g.gemm("in_proj", T, h, inner + conv_dim + H, [after], seq=True)
     conv = g.elementwise("conv1d", dt * T * conv_dim * 2, [proj], saved=dt * T * conv_dim,
-                         flops=2.0 * T * conv_dim * m.mamba_conv_kernel)
+                         flops=conv1d_flops(T, conv_dim, m.mamba_conv_kernel))
     C = m.mamba_chunk_size or LINEAR_ATTENTION_CHUNK
     chunks = -(-T // C)
-    flops = T * H * (4.0 * N * P + 2.0 * C * (N + P))
+    flops = scan_flops(T, H, N, P, C, 4.0)
     core = _linear_core(g, flops, dt * T * (conv_dim + inner + H), dt * T * (conv_dim + H) + 4.0 * T * H * C,
                         chunks * H * N * P * 4, [conv])
     norm = g.elementwise("gated_norm", dt * T * inner * 3, [core], saved=dt * T * inner * 2)
@@ -109,10 +110,10 @@ def mamba1(g: _Fwd, m: Any, T: int, tp: int, after: str) -> str:
     inner, N, R = m.mamba_d_inner / tp, m.ssm_state_size, m.mamba_dt_rank
     proj = g.gemm("in_proj", T, h, 2 * inner, [after], seq=True)
     conv = g.elementwise("conv1d", dt * T * inner * 2, [proj], saved=dt * T * inner,
-                         flops=2.0 * T * inner * m.mamba_conv_kernel)
+                         flops=conv1d_flops(T, inner, m.mamba_conv_kernel))
     xp = g.gemm("x_proj", T, inner, R + 2 * N, [conv])
     dtp = g.gemm("dt_proj", T, R, inner, [xp])
-    core = _linear_core(g, 9.0 * T * inner * N, dt * T * (3 * inner + 2 * N), dt * T * (3 * inner + 2 * N), 0.0,
+    core = _linear_core(g, selective_scan_flops(T, inner, N), dt * T * (3 * inner + 2 * N), dt * T * (3 * inner + 2 * N), 0.0,
                         [conv, dtp])
     gate = g.elementwise("gate", dt * T * inner * 3, [core], saved=dt * T * inner * 2)
     return g.gemm("out_proj", T, inner, h, [gate])
@@ -126,7 +127,7 @@ def indexer(g: _Fwd, m: Any, T: int, b: int, s: int, q_in: str, q_dim: int, afte
     q = g.gemm("index_q", T, q_dim, ni * di, [q_in])
     k = g.gemm("index_k", T, h, di, [after], seq=True)
     w = g.gemm("index_weights", T, h, ni, [after], seq=True)
-    flops = 2.0 * b * attention_pairs(s) * ni * di
+    flops = attention_flops(b, attention_pairs(s), ni, di, 0)
     score = g.add(Task("index_core", g.layer, "F", "attention", flops, dt * T * (ni * di + di + ni) + 2.0 * T * s,
                        deps=(q, k, w), saved_bytes=dt * T * (ni * di + di + ni)), b_scale=2.0)
     return g.elementwise("index_topk", 4.0 * T * min(s, m.index_topk) * 2, [score],

@@ -54,6 +54,8 @@ from tessera_lab.errors import ConfigError
 from tessera_lab.model import kinds, mixers
 from tessera_lab.model.context_parallel import add_cp_comms
 from tessera_lab.model.ep_traffic import busiest_rank_load, copies_per_token
+from tessera_lab.model.flops import (attention_flops, conv1d_flops, cross_entropy_flops, gemm_flops, scan_flops,
+                                     training_flops)
 from tessera_lab.model.graph import PHASES, Collective, LayerTasks, Task, _Fwd  # noqa: F401  (re-exported)
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.mixers import LINEAR_ATTENTION_CHUNK
@@ -73,11 +75,11 @@ def _mixer_gated_deltanet(g: _Fwd, m: ModelSpec, T: int, tp: int, after: str) ->
     conv_dim = 2 * kd + vd
     proj = g.gemm("in_proj", T, h, 2 * kd + 2 * vd + 2 * nvh, [after], seq=True)
     conv = g.elementwise("conv1d", dt * T * conv_dim * 2, [proj], saved=dt * T * conv_dim,
-                         flops=2.0 * T * conv_dim * m.linear_conv_kernel_dim)
+                         flops=conv1d_flops(T, conv_dim, m.linear_conv_kernel_dim))
     C = LINEAR_ATTENTION_CHUNK
     chunks = -(-T // C)
     state_bytes = chunks * nvh * dk * dv * 4  # fp32 chunk states
-    core_flops = T * nvh * (6.0 * dk * dv + 2.0 * C * (dk + dv))
+    core_flops = scan_flops(T, nvh, dk, dv, C, 6.0)
     # flash-linear-attention's chunk_gated_delta_rule saves its inputs (q, k, v, gate, beta) and the fp32
     # intra-chunk WY matrix (C per token and value head) and recomputes the chunk states in the backward
     core = g.add(
@@ -97,8 +99,8 @@ def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
     gated = layer.attention == "gated_gqa"
     qkv = g.gemm("qkv_proj", T, h, nh * hd * (2 if gated else 1) + nkv * (hd + vd), [after], seq=True)
     rope = g.elementwise("qk_norm_rope", dt * T * (nh + nkv) * hd * 2, [qkv], saved=dt * T * (nh + nkv) * hd)
-    # causal: s^2/2 pairs; q k^T over hd, p v over vd (4 s^2 H d at half when vd = hd)
-    flops = 2.0 * b * mixers.attention_pairs(s, layer.window, layer.local) * nh * (hd + vd)
+    # causal: s^2/2 pairs; q k^T over hd, p v over vd (MiMo-V2-Flash: vd unlike hd)
+    flops = attention_flops(b, mixers.attention_pairs(s, layer.window, layer.local), nh, hd, vd)
     io = dt * T * (nh * hd + nkv * (hd + vd) + nh * vd)
     # the core keeps q, k, v, its output o and the fp32 lse; o is the very tensor its consumer keeps (the output
     # gate, or o_proj's input in bf16), one storage, so it is counted there (an FP8 o_proj keeps its own FP8 copy)
@@ -136,7 +138,7 @@ def _mixer_mla(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
         # Megatron's 'mla_up_proj' (output-discarding checkpoint of the up projections and RoPE): their inputs stay
         # saved, their outputs (the core's q, k, v) are freed after the forward and rebuilt in the backward
         g.recomputed.update({q, kvb})
-    flops = 2.0 * b * pairs * nh * (qk + m.v_head_dim)
+    flops = attention_flops(b, pairs, nh, qk, m.v_head_dim)
     io = dt * T * nh * (2 * qk + 2 * m.v_head_dim)
     qkv_in = dt * T * nh * (2 * qk + m.v_head_dim)  # q, k, v; the rest of io is the output o
     # o is o_proj's input, one storage with it in bf16 (counted there); an FP8 o_proj keeps its own copy
@@ -157,9 +159,9 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     received = routed * load
     # the dispatcher moves one copy per (token, expert) (alltoall) or per (token, destination rank) (deepep)
     sent = T * copies_per_token(p.dispatcher, E, k, p.ep, m.n_group, m.topk_group) * load
-    router = g.add(Task("router", g.layer, "F", "router", 2.0 * T * h * E, dt * (T * h + h * E) + 4.0 * T * E * 2,
+    router = g.add(Task("router", g.layer, "F", "router", gemm_flops(T, h, E), dt * (T * h + h * E) + 4.0 * T * E * 2,
                         deps=(after,), saved_bytes=4.0 * T * E, gemms=((T, h, E),)),
-                   w=Task("router", g.layer, "W", "gemm", 2.0 * T * h * E, dt * (T * h + h * E + T * E),
+                   w=Task("router", g.layer, "W", "gemm", gemm_flops(T, h, E), dt * (T * h + h * E + T * E),
                           gemms=((T, h, E),)))
     h_all, deps = h, [router]
     if m.moe_latent_size:  # latent MoE: fc1_latent_proj before the dispatch, experts and all-to-alls on the latent
@@ -173,7 +175,7 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     local_experts = E // p.ep
     per_expert = received / local_experts
     shapes = ((per_expert, h, float(gm) * width), (per_expert, width, h))  # gate+up, down (one expert)
-    eflops = 2.0 * received * h * width * (gm + 1)
+    eflops = gemm_flops(received, h, width, gm + 1)
     ebytes = dt * ((gm + 1) * h * width * local_experts + received * (2 * h + (gm + 1) * width))
     # saved per token copy: fc1's input (h, as a GEMM input: FP8 under fp8), the SwiGLU input (2 x width, bf16)
     # and fc2's input (width, a GEMM input); Megatron's 'moe_act' frees fc2's input and recomputes the SwiGLU
@@ -200,7 +202,7 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     if m.shared_expert_intermediate_size:
         Is = m.shared_expert_intermediate_size / p.tp
         T = T_all  # the shared expert is tensor-parallel (width split), on all tokens
-        sflops = 2.0 * T * h * Is * (gm + 1) + (2.0 * T * h if m.shared_expert_gate else 0.0)
+        sflops = gemm_flops(T, h, Is, gm + 1) + (gemm_flops(T, h, 1) if m.shared_expert_gate else 0.0)
         sbytes = dt * ((gm + 1) * h * Is + T * (2 * h + (gm + 1) * Is))
         sshapes = ((T, h, float(gm) * Is), (T, Is, h))
         # saved: fc1's input (h, sequence-parallel, a GEMM input), the SwiGLU input (2 Is) and fc2's input (Is)
@@ -402,7 +404,7 @@ def _head(g: _Fwd, model: ModelSpec, p: ParallelConfig, T: int, after: str | Non
     # unfused: fp32 log-softmax saved for the backward; fused (TE/Megatron cross-entropy fusion): the gradient is
     # written in place into the bf16 logits during the forward, so only those are kept
     loss_saved = (dt if p.fused_cross_entropy else 4.0) * T * V / p.tp
-    g.add(Task(prefix + "loss", g.layer, "F", "loss", 5.0 * T * V / p.tp, 4.0 * T * V * 2 / p.tp,
+    g.add(Task(prefix + "loss", g.layer, "F", "loss", cross_entropy_flops(T, V) / p.tp, 4.0 * T * V * 2 / p.tp,
                deps=(head,), saved_bytes=loss_saved))
 
 
@@ -448,4 +450,4 @@ def model_flops_per_iteration(model: ModelSpec, parallel: ParallelConfig) -> flo
     for lt in decompose(model, ref):
         per_mb += sum(t.flops for t in lt.F if t.op in MODEL_FLOP_OPS)
     sequences_factor = parallel.tokens_per_iteration / ref.tokens_per_microbatch
-    return 3.0 * per_mb * sequences_factor
+    return training_flops(per_mb) * sequences_factor

@@ -20,7 +20,7 @@ Quantities (seconds unless stated):
 Backends (``backend=``):
 
 * ``analytic``: :class:`~tessera_lab.cost.analytic.CostModel` task times and the exact two-lane executor
-  :func:`~tessera_lab.cost.analytic.two_lane_makespan` with its rate-based contention term: while both lanes are
+  :func:`~tessera_lab.cost.lanes.pair_makespan` (``streams``) with its rate-based contention term: while both lanes are
   busy compute runs ``1 + kappa_compute`` and communication ``1 + kappa_comm`` times slower. Defaults
   come from ``data/hardware/cost_model.json`` (0.25 and 0.1); :func:`fit_contention` fits both from
   measured pairs.

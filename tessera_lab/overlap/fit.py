@@ -7,7 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from tessera_lab.cost.analytic import Contention, two_lane_makespan
+from tessera_lab.cost.analytic import Contention
+from tessera_lab.cost.lanes import pair_makespan
 from tessera_lab.errors import ConfigError
 
 from .results import OverlapResult
@@ -82,8 +83,8 @@ def fit_contention_samples(samples: Sequence[Mapping[str, Any]], *, max_slowdown
         cont = Contention(c, k)
         err = 0.0
         for m in ms:
-            pred = two_lane_makespan(m["order"], m["durations"], m["lanes"], m["deps"], cont,
-                                     m.get("classes")).makespan
+            pred = pair_makespan(m["order"], m["durations"], m["lanes"], m["deps"], contention=cont,
+                                 classes=m.get("classes")).makespan
             err += ((pred - m["t_ab"]) / m["t_ab"]) ** 2
         return err
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
-from tessera_lab.cost.analytic import Contention, CostModel, two_lane_makespan
+from tessera_lab.cost.analytic import Contention, CostModel
+from tessera_lab.cost.lanes import pair_makespan
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import ParallelConfig
 
@@ -79,9 +80,9 @@ def _analytic_result(a: Bundle, b: Bundle, *, order: Sequence[str] | None, conte
         chosen = tuple(order)
     else:
         chosen = sched.order
-    together = two_lane_makespan(chosen, durations, graph.lanes, graph.deps, cont, graph.classes)
-    alone_a = two_lane_makespan(graph.of("a"), durations, graph.lanes, graph.deps, cont, graph.classes)
-    alone_b = two_lane_makespan(graph.of("b"), durations, graph.lanes, graph.deps, cont, graph.classes)
+    together = pair_makespan(chosen, durations, graph.lanes, graph.deps, contention=cont, classes=graph.classes)
+    alone_a = pair_makespan(graph.of("a"), durations, graph.lanes, graph.deps, contention=cont, classes=graph.classes)
+    alone_b = pair_makespan(graph.of("b"), durations, graph.lanes, graph.deps, contention=cont, classes=graph.classes)
     alone = {**alone_a.spans, **alone_b.spans}
     inflation = {}
     for k in graph.keys:
@@ -114,7 +115,7 @@ def _validate_order(graph: PairGraph, order: Sequence[str]) -> tuple[str, ...]:
         extra = sorted(set(order) - set(graph.keys))
         raise ConfigError(f"field 'order' must list every task key once; missing {missing[:5]}, unknown {extra[:5]}")
     try:
-        two_lane_makespan(order, {k: 1.0 for k in order}, graph.lanes, graph.deps)
+        pair_makespan(order, {k: 1.0 for k in order}, graph.lanes, graph.deps)
     except ConfigError as exc:
         raise ConfigError(f"field 'order' is not dependency-respecting: {exc}") from None
     return order

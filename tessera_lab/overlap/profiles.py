@@ -418,7 +418,7 @@ def profile_stage_pair_costs(profile: Profile, model: Any, parallel: Any, cost_m
     ex = layer_kind_examples(model)
     out: dict[tuple[str, str], float] = {}
     standalone: dict[tuple[str, str], float] = {}
-    from tessera_lab.cost.analytic import two_lane_makespan
+    from tessera_lab.cost.lanes import pair_makespan
     from tessera_lab.overlap.bundles import pair_graph
 
     def alone(layer: int, phase: str) -> float:
@@ -426,7 +426,7 @@ def profile_stage_pair_costs(profile: Profile, model: Any, parallel: Any, cost_m
             bd = bundle(model, layer, phase, parallel)
             g = pair_graph(bd)
             d = {f"{bd.name}/{k}": v for k, v in analytic_durations(bd, cm).items()}
-            standalone[(str(layer), phase)] = two_lane_makespan(g.keys, d, g.lanes, g.deps, cm.contention).makespan
+            standalone[(str(layer), phase)] = pair_makespan(g.keys, d, g.lanes, g.deps, contention=cm.contention).makespan
         return standalone[(str(layer), phase)]
 
     for kf, lf in ex.items():

@@ -306,7 +306,7 @@ def _merge_projection(graph: PairGraph, order: Sequence[str]) -> tuple[str, ...]
 
 def _analytic_fn(graph: PairGraph, durations: Mapping[str, float], contention: Contention) -> Callable[[Sequence[str]], float]:
     """Makespan of an issue order under the ``streams`` semantics (:class:`tessera_lab.cost.lanes.StreamPair`,
-    equal to :func:`~tessera_lab.cost.analytic.two_lane_makespan`; ``inf`` for an order that cannot complete)."""
+    the compiled form of :func:`~tessera_lab.cost.lanes.pair_makespan`; ``inf`` for an order that cannot complete)."""
     return StreamPair(graph.keys, durations, graph.lanes, graph.deps, contention, graph.classes).makespan
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from tessera_lab.cost.analytic import Contention, CostModel, two_lane_makespan
+from tessera_lab.cost.analytic import Contention, CostModel
+from tessera_lab.cost.lanes import pair_makespan
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import ModelSpec
@@ -147,7 +148,7 @@ def lane_timeline(a: Bundle, b: Bundle | None = None, *, order: Sequence[str] | 
     cont = contention or cm.contention
     if order is None:
         order = graph.keys if b is None else _schedule(graph, durations, cont).order
-    res = two_lane_makespan(tuple(order), durations, graph.lanes, graph.deps, cont)
+    res = pair_makespan(tuple(order), durations, graph.lanes, graph.deps, contention=cont)
     rows = [{"task": k, "bundle": k.split("/")[0], "lane": graph.lanes[k], "start": s, "end": e, "duration": e - s}
             for k, (s, e) in res.spans.items()]
     return pd.DataFrame(rows).sort_values(["start", "lane"]).reset_index(drop=True)

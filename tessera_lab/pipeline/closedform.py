@@ -74,7 +74,6 @@ def closed_form(
     if name in ("zb-v", "zb-auto"):
         raise ScheduleError(f"{name}: no closed form (the order comes from a search); simulate it instead")
     d = _Uniform(f, b, w, fb)
-    f, b, w_, i, fbv = d.f, d.b, d.w, d.i, d.fb
     sched = build_schedule(name, pp, m, vpp=vpp)
     p = sched.num_ranks
     busy = [0.0] * p
@@ -82,59 +81,7 @@ def closed_form(
         for a in acts:
             if a.type in (_F, _B, _I, _W, _OV):
                 busy[r] += d._table[a.type]
-    eps = 1e-12 * max(1.0, f + b)
-    published = None
-    if name in ("gpipe", "1f1b"):
-        T = (m + p - 1) * (f + b)
-        formula, source, exact = "(m + p - 1)(F + B)", "GPipe (Huang et al. 2019); 1F1B: Narayanan et al., SC21", True
-        note = "bubble per rank (p - 1)(F + B); bubble_overhead (p - 1)/m"
-        assumptions = [("every stage takes the same F and B", True)]
-    elif name == "interleaved":
-        v = sched.stages_per_rank
-        T = v * m * (f + b) + (p - 1) * (f + b)
-        formula = "v m (F + B) + (p - 1)(F + B) with per-chunk F, B; bubble_overhead (p - 1)/(v m)"
-        source = "Megatron-LM interleaved 1F1B (Narayanan et al., SC21)"
-        exact = m % p == 0
-        note = "" if exact else "micro-batches not a multiple of pp: the closed form is only a guide"
-        assumptions = [("every chunk takes the same F and B", True),
-                       (f"m is a multiple of p (m = {m}, p = {p}): each rank's v chunks run in groups of p "
-                        "micro-batches; with m < p ranks wait for whole groups and the formula undercounts", exact)]
-    elif name == "zb-h1":
-        T = m * (f + b) + (p - 1) * (f + i - w_)
-        formula = "m (F + B) + (p - 1)(F + I - W), I = B - W"
-        source = "Zero Bubble (Qi et al., ICLR 2024), ZB-H1; their B is our I"
-        exact = w_ <= min(f, i) + eps
-        note = "" if exact else "exact only when W <= min(F, I)"
-        assumptions = [("every stage takes the same F, I and W", True), ("W <= min(F, I)", exact)]
-    elif name == "zb-h2":
-        published = (p - 1) * (f + i - 2 * w_)
-        T = m * (f + b) + (p - 1) * max(f, f + i - 2 * w_)
-        formula = "m (F + B) + (p - 1) max(F, F + I - 2W); paper: bubble (p - 1)(F + I - 2W)"
-        source = "Zero Bubble (Qi et al., ICLR 2024), ZB-H2"
-        exact = m >= 2 * p - 1 and w_ <= min(f, i) + eps
-        note = (
-            "one iteration keeps the start-up skew (p - 1) F; the paper hides it across iterations "
-            "(optimizer post-validation)"
-            + ("" if exact else "; exact only for m >= 2p - 1 and W <= min(F, I)")
-        )
-        assumptions = [("every stage takes the same F, I and W", True), (f"m >= 2p - 1 (m = {m}, p = {p})",
-                                                                       m >= 2 * p - 1),
-                       ("W <= min(F, I)", w_ <= min(f, i) + eps)]
-    elif name == "dualpipev":
-        published = (p - 1) * (fbv + b - 3 * w_)
-        T = min(busy) + published
-        formula = "(PP/2 - 1)(F&B + B - 3W), PP = 2 pp stages (idle time of the last rank)"
-        source = "DeepSeek DualPipe README (DualPipeV row)"
-        exact = abs(i - f) <= eps and w_ <= f + eps
-        note = "" if exact else "exact only when I = F (input-gradient time equals forward time) and W <= F"
-        assumptions = [("I = F (input-gradient time equals forward time)", abs(i - f) <= eps), ("W <= F", w_ <= f + eps)]
-    else:  # overlapped
-        T = p * (f + b) + (m - 1) * fbv
-        formula = "p (F + B) + (m - 1) F&B"
-        source = "tessera-lab overlapped 1F1B (pairs F(j + k) with B(j)); reduces to 1F1B for F&B = F + B"
-        exact = fbv >= max(f, b) - eps
-        note = "" if exact else "exact only when F&B >= max(F, B)"
-        assumptions = [("every stage takes the same F, B and F&B", True), ("F&B >= max(F, B)", exact)]
+    T, formula, source, exact, note, assumptions, published = _formula(name, p, m, sched.stages_per_rank, d, busy)
     idle = [max(0.0, T - x) for x in busy]
     out = {
         "schedule": name,
@@ -230,3 +177,62 @@ def compare_with_closed_form(
         "note": cf["note"],
         "rows": rows,
     }
+
+
+def _formula(name: str, p: int, m: int, v: int, d: "_Uniform", busy: list[float]) -> tuple:
+    """``(makespan, formula, source, exact, note, assumptions, published bubble or None)`` of schedule ``name``
+    (the table of :func:`closed_form`); ``busy``: each rank's work, seconds."""
+    f, b, w_, i, fbv = d.f, d.b, d.w, d.i, d.fb
+    eps = 1e-12 * max(1.0, f + b)
+    published = None
+    if name in ("gpipe", "1f1b"):
+        T = (m + p - 1) * (f + b)
+        formula, source, exact = "(m + p - 1)(F + B)", "GPipe (Huang et al. 2019); 1F1B: Narayanan et al., SC21", True
+        note = "bubble per rank (p - 1)(F + B); bubble_overhead (p - 1)/m"
+        assumptions = [("every stage takes the same F and B", True)]
+    elif name == "interleaved":
+        T = v * m * (f + b) + (p - 1) * (f + b)
+        formula = "v m (F + B) + (p - 1)(F + B) with per-chunk F, B; bubble_overhead (p - 1)/(v m)"
+        source = "Megatron-LM interleaved 1F1B (Narayanan et al., SC21)"
+        exact = m % p == 0
+        note = "" if exact else "micro-batches not a multiple of pp: the closed form is only a guide"
+        assumptions = [("every chunk takes the same F and B", True),
+                       (f"m is a multiple of p (m = {m}, p = {p}): each rank's v chunks run in groups of p "
+                        "micro-batches; with m < p ranks wait for whole groups and the formula undercounts", exact)]
+    elif name == "zb-h1":
+        T = m * (f + b) + (p - 1) * (f + i - w_)
+        formula = "m (F + B) + (p - 1)(F + I - W), I = B - W"
+        source = "Zero Bubble (Qi et al., ICLR 2024), ZB-H1; their B is our I"
+        exact = w_ <= min(f, i) + eps
+        note = "" if exact else "exact only when W <= min(F, I)"
+        assumptions = [("every stage takes the same F, I and W", True), ("W <= min(F, I)", exact)]
+    elif name == "zb-h2":
+        published = (p - 1) * (f + i - 2 * w_)
+        T = m * (f + b) + (p - 1) * max(f, f + i - 2 * w_)
+        formula = "m (F + B) + (p - 1) max(F, F + I - 2W); paper: bubble (p - 1)(F + I - 2W)"
+        source = "Zero Bubble (Qi et al., ICLR 2024), ZB-H2"
+        exact = m >= 2 * p - 1 and w_ <= min(f, i) + eps
+        note = (
+            "one iteration keeps the start-up skew (p - 1) F; the paper hides it across iterations "
+            "(optimizer post-validation)"
+            + ("" if exact else "; exact only for m >= 2p - 1 and W <= min(F, I)")
+        )
+        assumptions = [("every stage takes the same F, I and W", True), (f"m >= 2p - 1 (m = {m}, p = {p})",
+                                                                       m >= 2 * p - 1),
+                       ("W <= min(F, I)", w_ <= min(f, i) + eps)]
+    elif name == "dualpipev":
+        published = (p - 1) * (fbv + b - 3 * w_)
+        T = min(busy) + published
+        formula = "(PP/2 - 1)(F&B + B - 3W), PP = 2 pp stages (idle time of the last rank)"
+        source = "DeepSeek DualPipe README (DualPipeV row)"
+        exact = abs(i - f) <= eps and w_ <= f + eps
+        note = "" if exact else "exact only when I = F (input-gradient time equals forward time) and W <= F"
+        assumptions = [("I = F (input-gradient time equals forward time)", abs(i - f) <= eps), ("W <= F", w_ <= f + eps)]
+    else:  # overlapped
+        T = p * (f + b) + (m - 1) * fbv
+        formula = "p (F + B) + (m - 1) F&B"
+        source = "tessera-lab overlapped 1F1B (pairs F(j + k) with B(j)); reduces to 1F1B for F&B = F + B"
+        exact = fbv >= max(f, b) - eps
+        note = "" if exact else "exact only when F&B >= max(F, B)"
+        assumptions = [("every stage takes the same F, B and F&B", True), ("F&B >= max(F, B)", exact)]
+    return T, formula, source, exact, note, assumptions, published

@@ -1,9 +1,12 @@
 """The event engine: every walk over per-rank action lists runs here.
 
 * :func:`simulate`: discrete-event simulation of pipeline schedules, producing a
-  :class:`~tessera_lab.pipeline.timeline.Timeline` (model below). Schedules whose order of execution does not depend
-  on the times (no explicit SEND/RECV, no blocking sends) take the linear pass of :mod:`tessera_lab.pipeline.linear`
-  (the same timeline, bit for bit); the rest the event loop below.
+  :class:`~tessera_lab.pipeline.timeline.Timeline` (model below), in phases: compile each rank's actions to ops
+  (:mod:`tessera_lab.pipeline.programs`), walk them with the event loop (:class:`_EventLoop`), then lay out the extra
+  collectives and build the timeline. Where the order of execution cannot depend on the times (no explicit
+  SEND/RECV), the event loop's order is recorded on a schedule's first simulation and later simulations of the same
+  schedule run its compiled form, a linear pass over that order (:mod:`tessera_lab.pipeline.linear`: the same
+  timeline, bit for bit); a one-shot simulation runs the event loop alone.
 * :class:`Walk`: the engine for walks whose steps a caller decides, with the same dependency rule
   (:func:`action_inputs`): an agenda of ranks by clock with a policy hook (the dynamic controller's step-by-step
   execution, :func:`tessera_lab.dynamic.online.execute`), and a processor-sharing driver with a resource model (the
@@ -52,21 +55,15 @@ from typing import Callable, Iterable
 from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
 from tessera_lab.pipeline.actions import ActionType
 from tessera_lab.pipeline.durations import Durations, _nonneg
-from tessera_lab.pipeline.linear import linear_plan, run_linear
-from tessera_lab.pipeline.p2p import check_nccl_order
+from tessera_lab.pipeline.linear import pack_trace, run_linear
+from tessera_lab.pipeline.programs import _OP_COMPUTE, _OP_RECV, _OP_SEND, _compile_programs
 from tessera_lab.pipeline.timeline import (P2P_COLLECTIVE, Event, Timeline, _add_comm_tasks, _build_timeline,
                                           _comm_tasks, _linear_timeline)
 
 __all__ = ["compile_schedule", "simulate", "Walk", "action_inputs"]
 
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
-_OV = ActionType.OVERLAP_F_B
-_SEND_F, _RECV_F, _SEND_B, _RECV_B = ActionType.SEND_F, ActionType.RECV_F, ActionType.SEND_B, ActionType.RECV_B
 
-# compiled op kinds
-_OP_COMPUTE, _OP_SEND, _OP_RECV = 0, 1, 2
-_COMM_OPS = frozenset({_SEND_F, _SEND_B, _RECV_F, _RECV_B})
-_TYPE_STR = {t: t.value for t in ActionType}
 
 
 def _transfer_fn(p2p_latency: float, p2p_time) -> Callable[[int, int], float]:
@@ -141,83 +138,19 @@ def simulate(
 
 
 def compile_schedule(schedule) -> tuple:
-    """The schedule's per-rank programs as the event loop reads them (a pure function of the schedule's actions
-    and ``stage_to_rank``): pass it back as ``simulate(..., compiled=...)`` to simulate the same, unchanged
-    schedule again under other durations without compiling it again."""
-    S = schedule.num_stages
-    s2r = schedule.stage_to_rank
-    R = schedule.num_ranks
-    ranks = range(R)
-
-    # ---- compile --------------------------------------------------------------------------
-    # Per op: needs = ((cross_rank, key), ...) where key = ('F'|'G', stage, mb): 'F' = forward
-    # output of that stage, 'G' = input gradient of that stage (from B or I). Local needs read
-    # ``done``; cross-rank needs read ``arrival`` (same key = the producing stage).
-    explicit_send: set[tuple] = set()
-    explicit_recv: set[tuple] = set()
-    programs: list[list[tuple]] = []
-    for r in ranks:
-        prog = []
-        for a in schedule.actions.get(r, []):
-            t = a.type
-            if t in _COMM_OPS:
-                if t is _SEND_F:
-                    key, src, dst = ("F", a.stage, a.microbatch), a.stage, a.stage + 1
-                elif t is _SEND_B:
-                    key, src, dst = ("G", a.stage, a.microbatch), a.stage, a.stage - 1
-                elif t is _RECV_F:
-                    key, src, dst = ("F", a.stage - 1, a.microbatch), a.stage - 1, a.stage
-                else:
-                    key, src, dst = ("G", a.stage + 1, a.microbatch), a.stage + 1, a.stage
-                if src not in s2r or dst not in s2r:
-                    raise ScheduleError(f"{a} on rank {r}: stages {src} -> {dst} are not both in the schedule")
-                if t is _SEND_F or t is _SEND_B:
-                    explicit_send.add(key)
-                    prog.append((_OP_SEND, a, key, src, dst))
-                else:
-                    explicit_recv.add(key)
-                    prog.append((_OP_RECV, a, key, src, dst))
-                continue
-            leaves = a.sub_actions if a.sub_actions else (a,)
-            needs = []
-            produces = []
-            plus = minus = 0
-            for x in leaves:
-                s, i, k = x.stage, x.microbatch, x.type
-                if s not in s2r:
-                    raise ScheduleError(f"{x} on rank {r}: stage {s} has no rank in stage_to_rank")
-                if k is _F:
-                    if s > 0:
-                        needs.append((s2r[s - 1] != r, ("F", s - 1, i)))
-                    produces.append((("F", s, i), s + 1 if s + 1 < S and s2r[s + 1] != r else -1))
-                    plus += 1
-                elif k is _B or k is _I:
-                    needs.append((False, ("F", s, i)))
-                    if s < S - 1:
-                        needs.append((s2r[s + 1] != r, ("G", s + 1, i)))
-                    produces.append((("G", s, i), s - 1 if s > 0 and s2r[s - 1] != r else -1))
-                    if k is _B:
-                        minus += 1
-                elif k is _W:
-                    needs.append((False, ("G", s, i)))
-                    minus += 1
-                else:
-                    raise ScheduleError(f"{x} on rank {r}: cannot simulate action type {k.value} inside a pair")
-            if a.sub_actions:
-                bwd = next((x for x in leaves if x.type is not _F), leaves[-1])
-                dur_key = (bwd.stage, bwd.microbatch, _OV)
-                ev_stage, ev_mb, label = bwd.stage, bwd.microbatch, str(a)
-            else:
-                dur_key = (a.stage, a.microbatch, t)
-                ev_stage, ev_mb = a.stage, a.microbatch
-                label = f"{a.stage}{_TYPE_STR[t]}{'' if a.microbatch is None else a.microbatch}"
-            prog.append(
-                (_OP_COMPUTE, a, tuple(needs), tuple(produces), dur_key, ev_stage, ev_mb, _TYPE_STR[t], label, plus, minus)
-            )
-        programs.append(prog)
-    if explicit_send or explicit_recv:
-        check_nccl_order(schedule)
-    plan = None if explicit_send or explicit_recv else linear_plan(programs, s2r)
+    """The schedule's per-rank programs as the event loop reads them, with the fast path's plan where the order of
+    execution cannot depend on the times (a pure function of the schedule's actions and ``stage_to_rank``): pass it
+    back as ``simulate(..., compiled=...)`` to simulate the same, unchanged schedule again under other durations
+    without compiling it again. The plan is the event loop's own order, recorded on one run at zero times
+    (:func:`tessera_lab.pipeline.linear.pack_trace`); ``None`` with explicit SEND/RECV actions or a deadlock."""
+    programs, explicit_send, explicit_recv = _compile_programs(schedule)
+    plan = None
+    if not (explicit_send or explicit_recv):
+        loop = _EventLoop(programs, schedule.stage_to_rank, lambda src, dst: 0.0, lambda s, i, k: 0.0, False,
+                          explicit_send, explicit_recv)
+        loop.run()
+        if loop.finished():
+            plan = pack_trace(programs, schedule.stage_to_rank, loop.order)
     return programs, explicit_send, explicit_recv, plan
 
 
@@ -227,117 +160,168 @@ _P2P_NAMES = frozenset({P2P_COLLECTIVE, "RECV_F", "RECV_B"})
 #: exceeds the work: the event list is made and analysed in Python); both give the same timeline
 ARRAY_TIMELINE_MIN_ACTIONS = 1024
 
-#: compiled programs of recently simulated schedules, by identity, with a copy of every action list
-_COMPILED: dict[int, tuple] = {}
+
+class _Held:
+    """A schedule's compiled programs, held by identity with a copy of every action list; the fast path's plan is
+    packed from the first event-loop run's order (a one-shot simulation pays for the event loop only)."""
+
+    __slots__ = ("schedule", "shape", "lists", "programs", "sends", "recvs", "plan", "order")
+
+    def __init__(self, schedule):
+        R = schedule.num_ranks
+        self.schedule = schedule
+        self.shape = (schedule.num_stages, R, dict(schedule.stage_to_rank))
+        self.lists = [list(schedule.actions.get(r, [])) for r in range(R)]
+        self.programs, self.sends, self.recvs = _compile_programs(schedule)
+        self.plan = self.order = None
+
+    def holds(self, schedule) -> bool:
+        """``schedule`` is the one held, unchanged: each action list equal to the copy (by identity first)."""
+        lists, R = schedule.actions, schedule.num_ranks
+        return (self.schedule is schedule and self.shape == (schedule.num_stages, R, schedule.stage_to_rank)
+                and all(lists.get(r, []) == h for r, h in zip(range(R), self.lists)))
+
+    def compiled(self) -> tuple:
+        if self.plan is None and self.order is not None:
+            self.plan = pack_trace(self.programs, self.schedule.stage_to_rank, self.order)
+            self.order = None
+        return self.programs, self.sends, self.recvs, self.plan
 
 
-def _compiled_for(schedule) -> tuple:
-    """:func:`compile_schedule` of ``schedule``, reused while its actions and ``stage_to_rank`` are unchanged: each
-    action list equal to the copy held with the compiled programs (a list compare, by identity first; an equal action
-    compiles the same)."""
-    lists = schedule.actions
-    R = schedule.num_ranks
+#: compiled programs of recently simulated schedules, by identity
+_COMPILED: dict[int, _Held] = {}
+
+
+def _held_for(schedule) -> _Held:
+    """The held compilation of ``schedule``, made (and the oldest of eight dropped) when it is new or changed."""
     held = _COMPILED.get(id(schedule))
-    if (held is not None and held[0] is schedule and held[1] == (schedule.num_stages, R, schedule.stage_to_rank)
-            and all(lists.get(r, []) == h for r, h in zip(range(R), held[2]))):
-        return held[3]
-    compiled = compile_schedule(schedule)
-    if len(_COMPILED) >= 8:
+    if held is not None and held.holds(schedule):
+        return held
+    held = _Held(schedule)
+    if len(_COMPILED) >= 8 and id(schedule) not in _COMPILED:
         _COMPILED.pop(next(iter(_COMPILED)))
-    _COMPILED[id(schedule)] = (schedule, (schedule.num_stages, R, dict(schedule.stage_to_rank)),
-                               [list(lists.get(r, [])) for r in range(R)], compiled)
-    return compiled
+    _COMPILED[id(schedule)] = held
+    return held
 
 
 def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, compiled=None, time_only=False):
+    """One simulation in three phases: compile (or reuse) the programs; walk them, by the fast path's packed order
+    when there is one (:func:`_linear`) or the event loop; then the extra collectives and the timeline."""
     xfer = _transfer_fn(p2p_latency, p2p_time)
-    s2r = schedule.stage_to_rank
     R = schedule.num_ranks
-    ranks = range(R)
-    programs, explicit_send, explicit_recv, plan = compiled if compiled is not None else _compiled_for(schedule)
+    held = None
+    if compiled is None:
+        held = _held_for(schedule)
+        compiled = held.compiled()
+    programs, explicit_send, explicit_recv, plan = compiled
     if plan is not None and not blocking_sends:  # the order is fixed: one pass (pipeline.linear)
-        if time_only:
-            run = run_linear(plan, R, durations, xfer)
-            T = run.iteration_time()
-            if comm:  # the extra collectives' ends, their actions found on the plan (no events made)
-                T = max([T, *(end for *_, end, _ in _comm_tasks(comm, R, run.locate))])
-            return T
-        if plan.n >= ARRAY_TIMELINE_MIN_ACTIONS:
-            run = run_linear(plan, R, durations, xfer, arrays=True)
-            tasks = _comm_tasks(comm, R, run.locate) if comm else []
-            if not any(x[3] in _P2P_NAMES for x in tasks):  # (a collective named as the transfers joins their lane)
-                return _linear_timeline(schedule, run, R, tasks)
-        events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer, make_events=True)
-        return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
+        return _linear(schedule, plan, R, durations, xfer, comm, time_only)
+    loop = _EventLoop(programs, schedule.stage_to_rank, xfer, durations, blocking_sends, explicit_send, explicit_recv)
+    loop.run()
+    if not loop.finished():
+        raise loop.deadlock(schedule.name)
+    if held is not None and plan is None and not (explicit_send or explicit_recv):
+        held.order = loop.order  # the next simulation of this schedule takes the fast path
+    return _finish(schedule, loop.events, loop.preds, R, loop.busy, loop.act_deltas, comm, time_only)
 
-    # ---- state ----------------------------------------------------------------------------
-    done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action
-    done_ev: dict[tuple, int] = {}  # -> its event index
-    arrival: dict[tuple, float] = {}  # ('F'|'G', src_stage, mb) -> time the data is at the consumer
-    arrival_ev: dict[tuple, int] = {}  # -> transfer event index (producer's if zero-time)
-    send_post: dict[tuple, float] = {}
-    recv_post: dict[tuple, float] = {}
-    w_done: dict[tuple, list[int]] = {}  # waiters per key
-    w_arr: dict[tuple, list[int]] = {}
-    w_post: dict[tuple, list[int]] = {}
-    post_implicit = blocking_sends and bool(explicit_send)
-    events: list[Event] = []
-    preds: list[int] = []  # event index -> event that set its start (-1 none)
-    busy = [0.0] * R
-    act_deltas: list[list[tuple[float, int]]] = [[] for _ in ranks]
-    pc = [0] * R
-    t_rank = [0.0] * R
-    last_ev = [-1] * R
-    reached = [-1] * R
-    ready = list(ranks)
-    in_ready = [True] * R
-    inf = math.inf
 
-    def wake(wdict: dict, key: tuple) -> None:
+def _linear(schedule, plan, R, durations, xfer, comm, time_only):
+    """The fast path: one pass over the packed order (:func:`tessera_lab.pipeline.linear.run_linear`)."""
+    if time_only:
+        run = run_linear(plan, R, durations, xfer)
+        T = run.iteration_time()
+        if comm:  # the extra collectives' ends, their actions found on the plan (no events made)
+            T = max([T, *(end for *_, end, _ in _comm_tasks(comm, R, run.locate))])
+        return T
+    if plan.n >= ARRAY_TIMELINE_MIN_ACTIONS:
+        run = run_linear(plan, R, durations, xfer, arrays=True)
+        tasks = _comm_tasks(comm, R, run.locate) if comm else []
+        if not any(x[3] in _P2P_NAMES for x in tasks):  # (a collective named as the transfers joins their lane)
+            return _linear_timeline(schedule, run, R, tasks)
+    events, preds, busy, act_deltas = run_linear(plan, R, durations, xfer, make_events=True)
+    return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
+
+
+class _EventLoop:
+    """The event loop: a stack of ready ranks, each running its program until an input is missing (it then waits on
+    that input's key and is woken when it is produced or arrives). State: ``done``/``arrival`` (key -> time, and
+    the event that set it), posted sends and receives, waiters per key, the events with their predecessors, per-rank
+    busy time and activation deltas, and ``order`` (the rank of each compute action run, in run order: the fast
+    path's plan, :func:`tessera_lab.pipeline.linear.pack_trace`)."""
+
+    def __init__(self, programs, s2r, xfer, durations, blocking_sends, explicit_send, explicit_recv):
+        R = len(programs)
+        self.programs, self.s2r, self.xfer, self.durations = programs, s2r, xfer, durations
+        self.blocking, self.explicit_send, self.explicit_recv = blocking_sends, explicit_send, explicit_recv
+        self.done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action
+        self.done_ev: dict[tuple, int] = {}  # -> its event index
+        self.arrival: dict[tuple, float] = {}  # ('F'|'G', src_stage, mb) -> time the data is at the consumer
+        self.arrival_ev: dict[tuple, int] = {}  # -> transfer event index (producer's if zero-time)
+        self.send_post: dict[tuple, float] = {}
+        self.recv_post: dict[tuple, float] = {}
+        self.w_done: dict[tuple, list[int]] = {}  # waiters per key
+        self.w_arr: dict[tuple, list[int]] = {}
+        self.w_post: dict[tuple, list[int]] = {}
+        self.events: list[Event] = []
+        self.preds: list[int] = []  # event index -> event that set its start (-1 none)
+        self.busy = [0.0] * R
+        self.act_deltas: list[list[tuple[float, int]]] = [[] for _ in range(R)]
+        self.pc, self.t_rank, self.last_ev, self.reached = [0] * R, [0.0] * R, [-1] * R, [-1] * R
+        self.ready = list(range(R))
+        self.in_ready = [True] * R
+        self.order: list[int] = []
+
+    def wake(self, wdict: dict, key: tuple) -> None:
         for q in wdict.pop(key):
-            if not in_ready[q]:
-                in_ready[q] = True
-                ready.append(q)
+            if not self.in_ready[q]:
+                self.in_ready[q] = True
+                self.ready.append(q)
 
-    def add_transfer(key: tuple, start: float, src: int, dst: int, pred: int) -> None:
-        dt = xfer(src, dst)
+    def add_transfer(self, key: tuple, start: float, src: int, dst: int, pred: int) -> None:
+        dt = self.xfer(src, dst)
         end = start + dt
         if dt > 0:
             kind = "RECV_F" if key[0] == "F" else "RECV_B"
-            events.append(Event(s2r[dst], dst, key[2], kind, start, end, "comm", f"{dst}{kind}{key[2]}"))
-            preds.append(pred)
-            arrival_ev[key] = len(events) - 1
+            self.events.append(Event(self.s2r[dst], dst, key[2], kind, start, end, "comm", f"{dst}{kind}{key[2]}"))
+            self.preds.append(pred)
+            self.arrival_ev[key] = len(self.events) - 1
         else:
-            arrival_ev[key] = pred
-        arrival[key] = end
-        if key in w_arr:
-            wake(w_arr, key)
+            self.arrival_ev[key] = pred
+        self.arrival[key] = end
+        if key in self.w_arr:
+            self.wake(self.w_arr, key)
 
-    arrival_get = arrival.get
-    done_get = done.get
-    ev_append = events.append
-    pred_append = preds.append
-    while ready:
-        r = ready.pop()
-        in_ready[r] = False
-        prog = programs[r]
-        n = len(prog)
-        k = pc[r]
-        t = t_rank[r]
-        last = last_ev[r]
-        acts_r = act_deltas[r]
-        while k < n:
-            op = prog[k]
-            kind = op[0]
-            if kind == _OP_COMPUTE:
+    def run(self) -> None:
+        """Run until no rank is ready (all finished, or the rest waiting: :meth:`finished`). A compute op starts at
+        the later of the rank's clock and its inputs (``done`` on the rank, ``arrival`` from another rank; a missing
+        one parks the rank on its key), runs ``durations(*key)`` seconds and produces its outputs (waking their
+        waiters, starting transfers to other ranks); SEND/RECV ops are :meth:`send` and :meth:`recv`. The compute
+        step is inlined: it runs once per action of every simulation."""
+        programs, ready, in_ready, order_append = self.programs, self.ready, self.in_ready, self.order.append
+        done, done_ev, arrival, arrival_ev = self.done, self.done_ev, self.arrival, self.arrival_ev
+        w_done, w_arr, wake, add_transfer = self.w_done, self.w_arr, self.wake, self.add_transfer
+        events, preds, busy, durations, explicit_send = self.events, self.preds, self.busy, self.durations, \
+            self.explicit_send
+        post_implicit = self.blocking and bool(explicit_send)
+        arrival_get, done_get, ev_append, pred_append, inf = arrival.get, done.get, events.append, preds.append, math.inf
+        while ready:
+            r = ready.pop()
+            in_ready[r] = False
+            prog = programs[r]
+            n, k, t, last, acts_r = len(prog), self.pc[r], self.t_rank[r], self.last_ev[r], self.act_deltas[r]
+            while k < n:
+                op = prog[k]
+                if op[0] != _OP_COMPUTE:
+                    got = (self.send if op[0] == _OP_SEND else self.recv)(r, op, t, last)
+                    if got is None:
+                        break
+                    t, last = got
+                    k += 1
+                    continue
                 _, a, needs, produces, dur_key, ev_stage, ev_mb, typ, label, plus, minus = op
-                if post_implicit and reached[r] != k:
-                    reached[r] = k
-                    for cross, key in needs:  # implicit receives are posted on reaching the consumer
-                        if cross and key not in explicit_recv and key not in recv_post:
-                            recv_post[key] = t
-                            if key in w_post:
-                                wake(w_post, key)
+                if post_implicit and self.reached[r] != k:
+                    self.reached[r] = k
+                    self.post_receives(needs, t)
                 start, pred = t, last
                 blocked = None
                 for cross, key in needs:
@@ -364,6 +348,7 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, 
                 end = start + d
                 ev_append(Event(r, ev_stage, ev_mb, typ, start, end, "compute", label))
                 pred_append(pred)
+                order_append(r)
                 last = len(events) - 1
                 t = end
                 busy[r] += d
@@ -379,67 +364,73 @@ def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, 
                     if dst >= 0 and key not in explicit_send:
                         add_transfer(key, end, key[1], dst, last)
                 k += 1
-            elif kind == _OP_SEND:
-                _, a, key, src, dst = op
-                v = done_get(key)
-                if v is None:
-                    w_done.setdefault(key, []).append(r)
-                    break
-                post = t if t > v else v
-                send_post.setdefault(key, post)
-                if s2r[dst] == r:  # same-rank "send": nothing moves
-                    k += 1
-                    continue
-                if blocking_sends:
-                    rp = recv_post.get(key)
-                    if rp is None:
-                        w_post.setdefault(key, []).append(r)
-                        break
-                    if key not in arrival:
-                        add_transfer(key, max(post, rp), src, dst, done_ev[key])
-                    if arrival[key] > post:
-                        t = arrival[key]
-                        if arrival_ev[key] >= 0:
-                            last = arrival_ev[key]
-                    else:
-                        t = post
-                else:
-                    if key not in arrival:
-                        add_transfer(key, post, src, dst, done_ev[key])
-                    t = post
-                k += 1
-            else:  # _OP_RECV
-                _, a, key, src, dst = op
-                if key not in recv_post:
-                    recv_post[key] = t
-                    if key in w_post:
-                        wake(w_post, key)
-                if s2r[src] == r or not blocking_sends:
-                    k += 1  # non-blocking receive: the consumer waits for the data
-                    continue
-                v = arrival_get(key)
-                if v is None:
-                    w_arr.setdefault(key, []).append(r)
-                    break
-                if v > t:
-                    t = v
-                    last = arrival_ev[key]
-                k += 1
-        pc[r] = k
-        t_rank[r] = t
-        last_ev[r] = last
+            self.pc[r], self.t_rank[r], self.last_ev[r] = k, t, last
 
-    if any(pc[r] < len(programs[r]) for r in ranks):
-        stuck = {r: str(programs[r][pc[r]][1]) for r in ranks if pc[r] < len(programs[r])}
+    def post_receives(self, needs: tuple, t: float) -> None:
+        """With blocking sends, the implicit receives of a compute op's inputs from other ranks are posted when its
+        rank reaches it (at ``t``)."""
+        for cross, key in needs:
+            if cross and key not in self.explicit_recv and key not in self.recv_post:
+                self.recv_post[key] = t
+                if key in self.w_post:
+                    self.wake(self.w_post, key)
+
+    def send(self, r: int, op: tuple, t: float, last: int) -> tuple[float, int] | None:
+        """An explicit send: posted when the rank reaches it; with blocking sends a rendezvous with the receive."""
+        _, a, key, src, dst = op
+        v = self.done.get(key)
+        if v is None:
+            self.w_done.setdefault(key, []).append(r)
+            return None
+        post = t if t > v else v
+        self.send_post.setdefault(key, post)
+        if self.s2r[dst] == r:  # same-rank "send": nothing moves
+            return t, last
+        if not self.blocking:
+            if key not in self.arrival:
+                self.add_transfer(key, post, src, dst, self.done_ev[key])
+            return post, last
+        rp = self.recv_post.get(key)
+        if rp is None:
+            self.w_post.setdefault(key, []).append(r)
+            return None
+        if key not in self.arrival:
+            self.add_transfer(key, max(post, rp), src, dst, self.done_ev[key])
+        if self.arrival[key] > post:
+            ev = self.arrival_ev[key]
+            return self.arrival[key], (ev if ev >= 0 else last)
+        return post, last
+
+    def recv(self, r: int, op: tuple, t: float, last: int) -> tuple[float, int] | None:
+        """An explicit receive: posted when reached; it blocks until the data arrives only with blocking sends."""
+        _, a, key, src, dst = op
+        if key not in self.recv_post:
+            self.recv_post[key] = t
+            if key in self.w_post:
+                self.wake(self.w_post, key)
+        if self.s2r[src] == r or not self.blocking:
+            return t, last  # non-blocking receive: the consumer waits for the data
+        v = self.arrival.get(key)
+        if v is None:
+            self.w_arr.setdefault(key, []).append(r)
+            return None
+        if v > t:
+            return v, self.arrival_ev[key]
+        return t, last
+
+    def finished(self) -> bool:
+        return all(self.pc[r] >= len(p) for r, p in enumerate(self.programs))
+
+    def deadlock(self, name: str) -> DeadlockError:
+        """The error naming each stuck rank and its next action."""
+        programs, pc = self.programs, self.pc
+        stuck = {r: str(programs[r][pc[r]][1]) for r in range(len(programs)) if pc[r] < len(programs[r])}
         detail = "; ".join(f"rank {r} waits at {a}" for r, a in sorted(stuck.items()))
-        raise DeadlockError(
-            f"deadlock in schedule {schedule.name!r}"
-            + (" with blocking sends" if blocking_sends else "")
+        return DeadlockError(
+            f"deadlock in schedule {name!r}" + (" with blocking sends" if self.blocking else "")
             + f": ranks {sorted(stuck)} cannot progress ({detail})",
             stuck,
         )
-
-    return _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only)
 
 
 def _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only):

@@ -1,4 +1,5 @@
-"""Hand-written schedule generators: GPipe, 1F1B, interleaved 1F1B, ZB-H1, DualPipeV and overlapped 1F1B.
+"""Hand-written schedule generators: GPipe, 1F1B, interleaved 1F1B, ZB-H1, DualPipeV, overlapped 1F1B and
+interleaved-overlapped (interleaved 1F1B with overlapped pairs).
 
 Each ``generator(pp, m)`` (``interleaved_1f1b(pp, vpp, m)``) returns a :class:`~tessera_lab.pipeline.ir.Schedule`
 whose per-rank orders match ``torch.distributed.pipelining``'s generators where torch has the schedule, and
@@ -322,3 +323,43 @@ def overlapped_1f1b(pp: int, m: int) -> Schedule:
         acts.extend(Action(r, B, j) for j in range(m - k, m))
         lists[r] = acts
     return _single_chunk("overlapped", pp, m, lists)
+
+
+#: name of the interleaved 1F1B schedule with overlapped pairs (built for the planner)
+INTERLEAVED_OVERLAPPED = "interleaved-overlapped"
+
+
+def interleaved_overlapped(pp: int, vpp: int, m: int) -> Schedule:
+    """Interleaved 1F1B (``vpp`` chunks per rank, Megatron-LM placement) whose steady state runs each backward
+    together with the next forward as one ``OVERLAP_F_B`` pair, as Megatron-Core's EP-overlap path does (combined
+    1F1B with VPP > 1).
+
+    Built from the interleaved lists by one rewrite: every rank runs one more warm-up forward (Megatron's extra
+    warm-up micro-batch in ``get_pp_rank_microbatches``), and each steady-state ``B`` is fused with the ``F`` that
+    follows it. The forward and the backward of a pair may belong to different chunks; the simulator times a pair
+    by its backward's stage (``fb[stage of B]``). Peak live activations per rank: one chunk-micro-batch more than
+    interleaved 1F1B.
+
+    Raises:
+        ScheduleError: as :func:`interleaved_1f1b`.
+    """
+    base = interleaved_1f1b(pp, vpp, m)
+    F, B = ActionType.F, ActionType.B
+    lists = {}
+    for r, acts in base.actions.items():
+        n = len(acts)
+        warm = 0  # warm-up forwards: up to the first F that a B follows
+        while warm < n and not (acts[warm].type == F and warm + 1 < n and acts[warm + 1].type == B):
+            warm += 1
+        out = list(acts[:warm + 1])  # one more warm-up forward
+        rest = acts[warm + 1:]
+        k = 0
+        while k < len(rest):
+            if rest[k].type == B and k + 1 < len(rest) and rest[k + 1].type == F:
+                out.append(overlap(rest[k + 1], rest[k]))
+                k += 2
+            else:
+                out.append(rest[k])
+                k += 1
+        lists[r] = out
+    return Schedule(INTERLEAVED_OVERLAPPED, pp, base.num_stages, m, lists, dict(base.stage_to_rank), {"vpp": vpp})

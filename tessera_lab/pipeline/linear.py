@@ -2,9 +2,9 @@
 
 In that case the order in which :func:`tessera_lab.pipeline.engine.simulate`'s event loop runs the actions (a
 stack of ready ranks, each running until an input is missing, woken when it arrives) depends on which inputs
-exist, never on the durations. :func:`linear_plan` replays that loop once without times and records the order as
-flat integer lists (a :class:`Packed` plan); :func:`run_linear` then computes every end time in one tight pass over
-them: an action starts at the later of its rank's previous end and the arrival of each input produced on another
+exist, never on the durations. The event loop records that order on its first run of a schedule;
+:func:`pack_trace` packs it as flat integer lists (a :class:`Packed` plan: the event loop's compiled form, not a
+second walk); :func:`run_linear` then computes every end time in one tight pass over them: an action starts at the later of its rank's previous end and the arrival of each input produced on another
 rank (the producer's end plus the stage pair's transfer time), and ends ``duration`` seconds later. Inputs produced
 on the same rank need no test: their producer ran earlier on the same lane, so they are there by the rank's clock.
 The floats are those of the event loop (the same additions and comparisons); the starts, each start's predecessor
@@ -22,90 +22,48 @@ from itertools import repeat
 from tessera_lab.errors import ScheduleError
 from tessera_lab.pipeline.timeline import Event
 
-_OP_COMPUTE = 0
 
 
-def linear_plan(programs: list[list[tuple]], s2r) -> "Packed | None":
-    """The execution order of ``programs`` (compute ops only) as the event loop would run them, as a
-    :class:`Packed` plan; ``None`` when the programs cannot all run (a deadlock: the event loop then reports it) or
-    hold a non-compute op."""
-    R = len(programs)
-    produced: set[tuple] = set()  # the outputs produced so far
+def pack_trace(programs: list[list[tuple]], s2r, order: list[int]) -> "Packed":
+    """The event loop's run of ``programs`` (compute ops only), recorded as ``order`` (the rank of each compute
+    action, in the order the loop ran them: :class:`tessera_lab.pipeline.engine._EventLoop`), as a :class:`Packed`
+    plan: per entry its rank's previous entry and its inputs from other ranks (the producing entry, the stage pair,
+    the transfer), per transfer its producer, pair and receiving rank. Not a walk: the order is given."""
     pairs: dict[tuple[int, int], int] = {}  # (src stage, dst stage) of each cross-rank transfer -> index
     arrived: dict[tuple, int] = {}  # key -> index of the transfer that brought it (the latest)
-    w_done: dict[tuple, list[int]] = {}
-    w_arr: dict[tuple, list[int]] = {}
-    pc = [0] * R
-    ready = list(range(R))
-    in_ready = [True] * R
-    last_of = [0] * R  # per rank: 1 + its latest entry (0: none yet)
+    pc = [0] * len(programs)
+    last_of = [0] * len(programs)  # per rank: 1 + its latest entry (0: none yet)
     meta: list[tuple] = []
     rows: list[tuple] = []  # per entry: rank, plus, minus, prev, p1, x1, k1, p2, x2, k2, *durations key
     transfers_of: list[tuple] = []  # per transfer: producing entry, pair, receiving rank
-    meta_append, rows_append, tr_append = meta.append, rows.append, transfers_of.append
     no_input = (0, -1, -1)
-
-    def wake(wdict: dict, key: tuple) -> None:
-        for q in wdict.pop(key):
-            if not in_ready[q]:
-                in_ready[q] = True
-                ready.append(q)
-
-    while ready:
-        r = ready.pop()
-        in_ready[r] = False
-        prog = programs[r]
-        n, k = len(prog), pc[r]
-        while k < n:
-            op = prog[k]
-            if op[0] != _OP_COMPUTE:
-                return None
-            _, a, needs, produces, dur_key, ev_stage, ev_mb, typ, label, plus, minus = op
-            missing = None
-            inputs = []  # (1 + producing entry, pair, transfer) of each input from another rank
-            for cross, key in needs:
-                if cross:
-                    t = arrived.get(key)
-                    if t is None:
-                        missing = (w_arr, key)
-                        break
-                    e_, pair_, _ = transfers_of[t]
-                    inputs.append((e_ + 1, pair_, t))
-                elif key not in produced:
-                    missing = (w_done, key)
-                    break
-            if missing is not None:
-                missing[0].setdefault(missing[1], []).append(r)
-                break
-            j = len(meta)
-            if len(inputs) > 2:  # pragma: no cover - a pair's leaves have at most two inputs from other ranks
-                return None
-            first = inputs[0] if inputs else no_input
-            second = inputs[1] if len(inputs) > 1 else no_input
-            rows_append((r, plus, minus, last_of[r], *first, *second, *dur_key))
-            last_of[r] = j + 1
-            transfers = []
-            for key, dst in produces:
-                produced.add(key)
-                if key in w_done:
-                    wake(w_done, key)
-                if dst < 0:
-                    continue
-                pair = pairs.get((key[1], dst))
-                if pair is None:
-                    pair = pairs[(key[1], dst)] = len(pairs)
-                dst_rank = s2r[dst]
-                kind = "RECV_F" if key[0] == "F" else "RECV_B"
-                transfers.append((pair, dst_rank, dst, kind, key[2], f"{dst}{kind}{key[2]}"))
-                arrived[key] = len(transfers_of)
-                tr_append((j, pair, dst_rank))
-                if key in w_arr:
-                    wake(w_arr, key)
-            meta_append((r, ev_stage, ev_mb, typ, label, tuple(transfers), (plus, minus) if plus or minus else None))
-            k += 1
-        pc[r] = k
-    if any(pc[r] < len(programs[r]) for r in range(R)):
-        return None
+    for j, r in enumerate(order):
+        op = programs[r][pc[r]]
+        pc[r] += 1
+        _, a, needs, produces, dur_key, ev_stage, ev_mb, typ, label, plus, minus = op
+        inputs = []  # (1 + producing entry, pair, transfer) of each input from another rank
+        for cross, key in needs:
+            if cross:
+                t = arrived[key]
+                e_, pair_, _ = transfers_of[t]
+                inputs.append((e_ + 1, pair_, t))
+        first = inputs[0] if inputs else no_input
+        second = inputs[1] if len(inputs) > 1 else no_input
+        rows.append((r, plus, minus, last_of[r], *first, *second, *dur_key))
+        last_of[r] = j + 1
+        transfers = []
+        for key, dst in produces:
+            if dst < 0:
+                continue
+            pair = pairs.get((key[1], dst))
+            if pair is None:
+                pair = pairs[(key[1], dst)] = len(pairs)
+            dst_rank = s2r[dst]
+            kind = "RECV_F" if key[0] == "F" else "RECV_B"
+            transfers.append((pair, dst_rank, dst, kind, key[2], f"{dst}{kind}{key[2]}"))
+            arrived[key] = len(transfers_of)
+            transfers_of.append((j, pair, dst_rank))
+        meta.append((r, ev_stage, ev_mb, typ, label, tuple(transfers), (plus, minus) if plus or minus else None))
     cols = [list(c) for c in zip(*rows)] if rows else [[] for _ in range(13)]
     tr = [list(c) for c in zip(*transfers_of)] if transfers_of else [[], [], []]
     used = set(cols[6]) | set(cols[9])

@@ -22,6 +22,8 @@ A :class:`Schedule` maps each pipeline rank to its ordered action list. Generato
 ``dualpipev``      DeepSeek DualPipeV (cut-in-half DualPipe, V placement), as in torch's
                    ``ScheduleDualPipeV`` and DeepSeek's ``dualpipev.py``
 ``overlapped``     overlapped 1F1B: the steady state runs ``F(i+k)`` together with ``B(i)``
+``interleaved-``   interleaved 1F1B with (B; next F) overlapped pairs, as Megatron-Core's EP overlap
+``overlapped``     with VPP > 1 (built for the planner: ``build_schedule(..., planner=True)``)
 =================  ===========================================================================
 
 Stage placement: one stage per rank for the single-chunk schedules (stage ``r`` on rank ``r``);
@@ -30,20 +32,23 @@ DualPipeV (rank ``r`` holds stages ``r`` and ``2 pp - 1 - r``).
 
 This module is the public entry: it re-exports the IR (:mod:`~tessera_lab.pipeline.actions`,
 :mod:`~tessera_lab.pipeline.ir`) and the generators (:mod:`~tessera_lab.pipeline.generators`,
-:mod:`~tessera_lab.pipeline.zerobubble`) and builds schedules by name (:func:`build_schedule`).
+:mod:`~tessera_lab.pipeline.zerobubble`) and builds schedules by name from its one registry, :data:`SCHEDULES` (:func:`build_schedule`).
 Never imports torch.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from tessera_lab.errors import ScheduleError
 from tessera_lab.pipeline.actions import Action, ActionType, overlap, parse_action
 from tessera_lab.pipeline.generators import (
     dualpipev,
+    INTERLEAVED_OVERLAPPED,
     gpipe,
     interleaved_1f1b,
+    interleaved_overlapped,
     one_f_one_b,
     overlapped_1f1b,
     zb_h1,
@@ -66,7 +71,10 @@ __all__ = [
     "zb_auto",
     "dualpipev",
     "overlapped_1f1b",
+    "interleaved_overlapped",
     "build_schedule",
+    "SCHEDULES",
+    "ScheduleEntry",
     "canonical_name",
     "schedule_from_lists",
     "SCHEDULE_NAMES",
@@ -77,48 +85,71 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class ScheduleEntry:
+    """One schedule of the registry.
+
+    Attributes:
+        name: canonical name.
+        build: ``build(pp, m, vpp, **search)`` -> :class:`Schedule` (``search``: zb-auto's keyword arguments).
+        kind: ``"hand"`` (hand-written, with a closed form in :mod:`tessera_lab.pipeline.closedform`),
+            ``"searched"`` (built by the zero-bubble search) or ``"planner"`` (built for the planner only: not a
+            name :func:`canonical_name` accepts from a user).
+        aliases: other spellings accepted by :func:`canonical_name`.
+        vpp: the ``vpp`` values it accepts (``None``: any >= 2, the interleaved schedules check it themselves).
+    """
+
+    name: str
+    build: Callable[..., Schedule]
+    kind: str
+    aliases: tuple[str, ...] = ()
+    vpp: tuple[int, ...] | None = (1,)
+
+
+def _zb_auto(pp, m, vpp, *, memory_budget=None, f=None, i=None, w=None, p2p=0.0):
+    return zb_auto(pp, m, 1.0 if f is None else f, 1.0 if i is None else i, 1.0 if w is None else w,
+                   p2p=p2p, memory_budget=memory_budget, vpp=vpp)
+
+
+#: the one schedule registry: every schedule the package builds, by canonical name (as torch's
+#: ``torch.distributed.pipelining.schedules`` keeps one name -> class table)
+SCHEDULES: dict[str, ScheduleEntry] = {e.name: e for e in (
+    ScheduleEntry("gpipe", lambda pp, m, vpp, **_: gpipe(pp, m), "hand"),
+    ScheduleEntry("1f1b", lambda pp, m, vpp, **_: one_f_one_b(pp, m), "hand", ("one_f_one_b",)),
+    ScheduleEntry("interleaved", lambda pp, m, vpp, **_: interleaved_1f1b(pp, vpp, m), "hand",
+                  ("interleaved_1f1b", "interleaved-1f1b"), None),
+    ScheduleEntry("zb-h1", lambda pp, m, vpp, **_: zb_h1(pp, m), "hand", ("zbh1", "zb_h1")),
+    ScheduleEntry("zb-h2", lambda pp, m, vpp, **_: zb_h2(pp, m), "hand", ("zbh2", "zb_h2")),
+    ScheduleEntry("dualpipev", lambda pp, m, vpp, **_: dualpipev(pp, m), "hand", ("dualpipe-v",), (1, 2)),
+    ScheduleEntry("overlapped", lambda pp, m, vpp, **_: overlapped_1f1b(pp, m), "hand",
+                  ("overlapped-1f1b", "overlapped_1f1b")),
+    ScheduleEntry("zb-v", lambda pp, m, vpp, **_: zb_v(pp, m), "searched", ("zbv", "zb_v"), (1, 2)),
+    ScheduleEntry("zb-auto", _zb_auto, "searched", ("zb_auto", "zbauto"), None),
+    ScheduleEntry(INTERLEAVED_OVERLAPPED, lambda pp, m, vpp, **_: interleaved_overlapped(pp, vpp, m), "planner",
+                  (), None),
+)}
+
 #: hand-written schedules (each has a closed form in :mod:`tessera_lab.pipeline.closedform`)
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "dualpipev", "overlapped")
+SCHEDULE_NAMES = tuple(n for n, e in SCHEDULES.items() if e.kind == "hand")
 #: schedules built by the zero-bubble search (:mod:`tessera_lab.pipeline.zerobubble`)
-SEARCHED_SCHEDULE_NAMES = ("zb-v", "zb-auto")
+SEARCHED_SCHEDULE_NAMES = tuple(n for n, e in SCHEDULES.items() if e.kind == "searched")
+#: the names a user may give (``canonical_name``)
 ALL_SCHEDULE_NAMES = SCHEDULE_NAMES + SEARCHED_SCHEDULE_NAMES
-_ALIASES = {
-    "gpipe": "gpipe",
-    "1f1b": "1f1b",
-    "one_f_one_b": "1f1b",
-    "interleaved": "interleaved",
-    "interleaved_1f1b": "interleaved",
-    "interleaved-1f1b": "interleaved",
-    "zb-h1": "zb-h1",
-    "zbh1": "zb-h1",
-    "zb_h1": "zb-h1",
-    "zb-h2": "zb-h2",
-    "zbh2": "zb-h2",
-    "zb_h2": "zb-h2",
-    "dualpipev": "dualpipev",
-    "dualpipe-v": "dualpipev",
-    "overlapped": "overlapped",
-    "overlapped-1f1b": "overlapped",
-    "overlapped_1f1b": "overlapped",
-    "zb-v": "zb-v",
-    "zbv": "zb-v",
-    "zb_v": "zb-v",
-    "zb-auto": "zb-auto",
-    "zb_auto": "zb-auto",
-    "zbauto": "zb-auto",
-}
+_ALIASES = {a: e.name for e in SCHEDULES.values() for a in (e.name, *e.aliases)}
 
 
-def canonical_name(name: str) -> str:
-    """The canonical schedule name for ``name`` (case-insensitive, a few aliases).
+def canonical_name(name: str, *, planner: bool = False) -> str:
+    """The canonical schedule name for ``name`` (case-insensitive, a few aliases); ``planner=True`` also accepts the
+    schedules built for the planner only (``interleaved-overlapped``).
 
     Raises:
         ScheduleError: unknown name; the message lists the allowed names.
     """
     key = str(name).strip().lower()
-    if key not in _ALIASES:
+    got = _ALIASES.get(key)
+    if got is None or (SCHEDULES[got].kind == "planner" and not planner):
         raise ScheduleError(f"unknown schedule {name!r}; allowed: {'|'.join(ALL_SCHEDULE_NAMES)}")
-    return _ALIASES[key]
+    return got
 
 
 def build_schedule(
@@ -132,8 +163,10 @@ def build_schedule(
     i: float | Sequence[float] | None = None,
     w: float | Sequence[float] | None = None,
     p2p: float = 0.0,
+    planner: bool = False,
 ) -> Schedule:
-    """Build a schedule by name: ``gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped|zb-v|zb-auto``.
+    """Build a schedule by name: ``gpipe|1f1b|interleaved|zb-h1|zb-h2|dualpipev|overlapped|zb-v|zb-auto`` (and,
+    with ``planner=True``, ``interleaved-overlapped``), from :data:`SCHEDULES`.
 
     ``vpp`` (chunks per rank) is used by ``interleaved`` (must be >= 2); DualPipeV and ZB-V always hold two
     chunks per rank and accept ``vpp`` 1 or 2; ``zb-auto`` takes 1 (one stage per rank) or 2 (V placement);
@@ -145,24 +178,12 @@ def build_schedule(
     Raises:
         ScheduleError: unknown name (listing the allowed names) or settings the schedule refuses.
     """
-    key = canonical_name(name)
-    if key == "interleaved":
-        return interleaved_1f1b(pp, vpp, m)
-    if key in ("dualpipev", "zb-v"):
-        if vpp not in (1, 2):
-            raise ScheduleError(f"{key}: vpp={vpp} is out of range; {key} holds exactly 2 stages per rank (vpp 1 or 2)")
-        return dualpipev(pp, m) if key == "dualpipev" else zb_v(pp, m)
-    if key == "zb-auto":
-        return zb_auto(pp, m, 1.0 if f is None else f, 1.0 if i is None else i, 1.0 if w is None else w,
-                       p2p=p2p, memory_budget=memory_budget, vpp=vpp)
-    if vpp != 1:
+    entry = SCHEDULES[canonical_name(name, planner=planner)]
+    key = entry.name
+    if entry.vpp == (1, 2) and vpp not in (1, 2):
+        raise ScheduleError(f"{key}: vpp={vpp} is out of range; {key} holds exactly 2 stages per rank (vpp 1 or 2)")
+    if entry.vpp == (1,) and vpp != 1:
         raise ScheduleError(
             f"{key}: vpp={vpp} is out of range; allowed vpp = 1 (only 'interleaved' takes vpp >= 2)"
         )
-    return {
-        "gpipe": gpipe,
-        "1f1b": one_f_one_b,
-        "zb-h1": zb_h1,
-        "zb-h2": zb_h2,
-        "overlapped": overlapped_1f1b,
-    }[key](pp, m)
+    return entry.build(pp, m, vpp, memory_budget=memory_budget, f=f, i=i, w=w, p2p=p2p)

@@ -1,7 +1,6 @@
-"""The one-stage-per-rank fast path of the zero-bubble search (:mod:`tessera_lab.pipeline.zerobubble`): the
-greedy list scheduler's :class:`Policy` switches, its loop inlined for stage ``s`` on rank ``s``
-(:func:`greedy_single`, the same orders as the general loop of
-:func:`~tessera_lab.pipeline.zerobubble.greedy_order`, tested), and a replay of an F/I/W order on lists
+"""The greedy list scheduler of the zero-bubble search (:mod:`tessera_lab.pipeline.zerobubble`): its
+:class:`Policy` switches, its general loop (:class:`GreedyGeneral`, any placement), the loop inlined for stage ``s``
+on rank ``s`` (:func:`greedy_single`, the same orders as the general loop, tested), and a replay of an F/I/W order on lists
 (:func:`replay_single`, the same float operations as the simulator's rules with non-blocking sends). Times in
 seconds (any consistent unit). Never imports torch.
 """
@@ -18,7 +17,7 @@ from tessera_lab.errors import ScheduleError
 from tessera_lab.pipeline.actions import Action, ActionType
 from tessera_lab.pipeline.ir import Schedule
 
-__all__ = ["Policy", "POLICIES", "greedy_single", "replay_single", "check_single", "action_table"]
+__all__ = ["Policy", "POLICIES", "greedy_single", "GreedyGeneral", "replay_single", "check_single", "action_table"]
 
 _F, _I, _W = ActionType.F, ActionType.I, ActionType.W
 
@@ -239,3 +238,140 @@ def check_single(sched: Schedule) -> Schedule:
         if len(acts) != 3 * m or set(acts) != want:
             raise ScheduleError(f"zb-auto: rank {r}'s order does not hold each F, I and W of stage {r} once")
     return sched
+
+
+class GreedyGeneral:
+    """The general greedy list scheduler of :func:`greedy_order`: ranks in order of the time they are free (a heap
+    with stale entries skipped); at its time a rank runs an I whose inputs are there, else a forward that fits the
+    memory budget (and the stagger limit), else a pending W (when it fits before the next known input, with
+    ``policy.fit``), else waits for the next input or another rank's progress."""
+
+    def __init__(self, stage_to_rank, m, f, i, w, p2p, memory_budget, policy):
+        S = len(stage_to_rank)
+        R = max(stage_to_rank.values()) + 1
+        self.s2r, self.m, self.f, self.i, self.w, self.p2p, self.policy, self.S, self.R = (
+            stage_to_rank, m, f, i, w, p2p, policy, S, R)
+        self.stages = [sorted(s for s in range(S) if stage_to_rank[s] == r) for r in range(R)]
+        self.unit = [1.0 / len(self.stages[stage_to_rank[s]]) for s in range(S)]
+        self.single = all(len(x) == 1 for x in self.stages)
+        self.f_lim = [2 * (R - r) - 1 if (policy.stagger and self.single) else math.inf for r in range(R)]
+        self.tol = 1e-9 * max([1.0] + list(f) + list(i) + list(w))
+        self.cap = memory_budget + 1e-9
+        self.first = [x[0] for x in self.stages]
+        self.later_stages = [x[1:] for x in self.stages]
+        self.f_end = [[None] * m for _ in range(S)]
+        self.i_end = [[None] * m for _ in range(S)]
+        self.nf, self.ni, self.nw = [0] * S, [0] * S, [0] * S
+        self.live = [0.0] * R
+        self.t = [0.0] * R
+        self.left = [3 * m * len(self.stages[r]) for r in range(R)]
+        self.blocked: set[int] = set()
+        self.heap = [(0.0, r) for r in range(R)]  # (time the rank is free, rank); stale entries are skipped
+        self.lists: dict[int, list[Action]] = {r: [] for r in range(R)}
+
+    def reserved(self, r: int, extra: int) -> float:
+        """Room held for later-stage forwards of started micro-batches."""
+        if not self.later_stages[r]:
+            return 0.0
+        nf, unit = self.nf, self.unit
+        n0 = nf[self.first[r]] + extra
+        if self.policy.reserve_all:
+            return sum(unit[s] * (n0 - nf[s]) for s in self.stages[r][1:])
+        return sum(unit[s] * min(1, n0 - nf[s]) for s in self.stages[r][1:])
+
+    def hop(self, a: int, b: int) -> float:
+        return self.p2p if self.s2r[a] != self.s2r[b] else 0.0
+
+    def place(self, r: int, kind: ActionType, s: int, ready: float) -> None:
+        """Append ``kind`` of stage ``s``'s next micro-batch to rank ``r`` from ``max(its time, ready)``."""
+        t = self.t
+        start = max(t[r], ready)
+        if kind is _F:
+            k = self.nf[s]
+            self.f_end[s][k] = start + self.f[s]
+            self.nf[s] += 1
+            self.live[r] += self.unit[s]
+            t[r] = start + self.f[s]
+        elif kind is _I:
+            k = self.ni[s]
+            self.i_end[s][k] = start + self.i[s]
+            self.ni[s] += 1
+            t[r] = start + self.i[s]
+        else:
+            k = self.nw[s]
+            self.nw[s] += 1
+            self.live[r] -= self.unit[s]
+            t[r] = start + self.w[s]
+        self.lists[r].append(Action(s, kind, k))
+        self.left[r] -= 1
+        if self.left[r]:
+            heapq.heappush(self.heap, (t[r], r))
+        for x in self.blocked:
+            heapq.heappush(self.heap, (t[x], x))
+        self.blocked.clear()
+
+    def candidates(self, r: int) -> tuple:
+        """``(best I, best F, W stage)`` of rank ``r``: each ``(ready time, tie-break, stage)`` or ``None``."""
+        S, m, nf, ni, nw, own = self.S, self.m, self.nf, self.ni, self.nw, self.stages[r]
+        best_i = best_f = None
+        awaiting = nf[own[0]] - ni[own[0]] if self.single else sum(nf[s] - ni[s] for s in own)
+        for s in own:
+            k = ni[s]
+            if k < nf[s]:
+                rd = self.f_end[s][k]
+                if s < S - 1:
+                    e = self.i_end[s + 1][k]
+                    rd = None if e is None else max(rd, e + self.hop(s + 1, s))
+                if rd is not None and (best_i is None or (rd, s) < best_i[:2]):
+                    best_i = (rd, s, s)
+            k = nf[s]
+            # a micro-batch entering the rank's first stage must leave room for later-stage forwards
+            fits = self.live[r] + self.unit[s] + (self.reserved(r, 1) if s == self.first[r] else 0.0) <= self.cap
+            if k < m and fits and awaiting < self.f_lim[r]:
+                if s == 0:
+                    rd = 0.0
+                else:
+                    e = self.f_end[s - 1][k]
+                    rd = None if e is None else e + self.hop(s - 1, s)
+                if rd is not None and (best_f is None or (rd, -s) < best_f[:2]):
+                    best_f = (rd, -s, s)
+        if self.single:
+            w_stage = own[0] if nw[own[0]] < ni[own[0]] else None
+        else:
+            pend = [s for s in own if nw[s] < ni[s]]
+            w_stage = min(pend, key=lambda s: (self.i_end[s][nw[s]], s)) if pend else None
+        return best_i, best_f, w_stage
+
+    def decide(self, r: int, T: float) -> None:
+        """Rank ``r`` at its time ``T``: place an I, an F or a W, or move its time to the next event (or block)."""
+        best_i, best_f, w_stage = self.candidates(r)
+        tol, policy = self.tol, self.policy
+        i_now = best_i is not None and best_i[0] <= T + tol
+        f_now = best_f is not None and best_f[0] <= T + tol
+        if i_now:
+            return self.place(r, _I, best_i[2], best_i[0])
+        if f_now and (policy.f_first or w_stage is None):
+            return self.place(r, _F, best_f[2], best_f[0])
+        known = [c[0] for c in (best_i, best_f) if c is not None]
+        if w_stage is not None:
+            nxt = min(known, default=math.inf)
+            if f_now or not policy.fit or nxt == math.inf or T + self.w[w_stage] <= nxt + tol:
+                return self.place(r, _W, w_stage, T)
+        t, left = self.t, self.left
+        later = [t[x] for x in range(self.R) if x != r and left[x] and t[x] > T + tol]
+        nxt = min(known + later, default=None)
+        if nxt is None:
+            self.blocked.add(r)
+        else:
+            t[r] = nxt
+            heapq.heappush(self.heap, (nxt, r))
+
+    def run(self) -> dict[int, list[Action]] | None:
+        heap, t, left, blocked = self.heap, self.t, self.left, self.blocked
+        while True:
+            if not heap:
+                return self.lists if not any(left) else None
+            T, r = heapq.heappop(heap)
+            if T != t[r] or not left[r] or r in blocked:
+                continue  # stale entry
+            self.decide(r, T)

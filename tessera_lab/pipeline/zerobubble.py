@@ -20,7 +20,6 @@ rank's activations. Times in seconds (any consistent unit). Never imports torch.
 
 from __future__ import annotations
 
-import heapq
 import math
 from functools import lru_cache
 from typing import Sequence
@@ -32,6 +31,7 @@ from tessera_lab.pipeline.engine import simulate
 from tessera_lab.pipeline.generators import _check_int, zb_h1
 from tessera_lab.pipeline.ir import Schedule
 from tessera_lab.pipeline.zbsingle import (  # noqa: F401 - Policy, POLICIES re-exported
+    GreedyGeneral,
     POLICIES,
     Policy,
     check_single,
@@ -87,121 +87,7 @@ def greedy_order(
     S = len(stage_to_rank)
     if inline and all(stage_to_rank.get(s) == s for s in range(S)):  # one stage per rank, stage s on rank s: inlined
         return greedy_single(m, f, i, w, p2p, memory_budget, policy)
-    R = max(stage_to_rank.values()) + 1
-    stages = [sorted(s for s in range(S) if stage_to_rank[s] == r) for r in range(R)]
-    unit = [1.0 / len(stages[stage_to_rank[s]]) for s in range(S)]
-    single = all(len(x) == 1 for x in stages)
-    f_lim = [2 * (R - r) - 1 if (policy.stagger and single) else math.inf for r in range(R)]
-    scale = max([1.0] + list(f) + list(i) + list(w))
-    tol = 1e-9 * scale
-    cap = memory_budget + 1e-9
-
-    first = [x[0] for x in stages]
-
-    later_stages = [x[1:] for x in stages]
-
-    def reserved(r: int, extra: int) -> float:  # room held for later-stage forwards of started micro-batches
-        if not later_stages[r]:
-            return 0.0
-        n0 = nf[first[r]] + extra
-        if policy.reserve_all:
-            return sum(unit[s] * (n0 - nf[s]) for s in stages[r][1:])
-        return sum(unit[s] * min(1, n0 - nf[s]) for s in stages[r][1:])
-
-    def hop(a: int, b: int) -> float:
-        return p2p if stage_to_rank[a] != stage_to_rank[b] else 0.0
-
-    f_end = [[None] * m for _ in range(S)]
-    i_end = [[None] * m for _ in range(S)]
-    nf, ni, nw = [0] * S, [0] * S, [0] * S
-    live = [0.0] * R
-    t = [0.0] * R
-    left = [3 * m * len(stages[r]) for r in range(R)]
-    blocked: set[int] = set()
-    heap = [(0.0, r) for r in range(R)]  # (time the rank is free, rank); stale entries are skipped
-    lists: dict[int, list[Action]] = {r: [] for r in range(R)}
-
-    def run(r: int, kind: ActionType, s: int, ready: float) -> None:
-        start = max(t[r], ready)
-        if kind is _F:
-            k = nf[s]
-            f_end[s][k] = start + f[s]
-            nf[s] += 1
-            live[r] += unit[s]
-            t[r] = start + f[s]
-        elif kind is _I:
-            k = ni[s]
-            i_end[s][k] = start + i[s]
-            ni[s] += 1
-            t[r] = start + i[s]
-        else:
-            k = nw[s]
-            nw[s] += 1
-            live[r] -= unit[s]
-            t[r] = start + w[s]
-        lists[r].append(Action(s, kind, k))
-        left[r] -= 1
-        if left[r]:
-            heapq.heappush(heap, (t[r], r))
-        for x in blocked:
-            heapq.heappush(heap, (t[x], x))
-        blocked.clear()
-
-    while True:
-        if not heap:
-            return lists if not any(left) else None
-        T, r = heapq.heappop(heap)
-        if T != t[r] or not left[r] or r in blocked:
-            continue  # stale entry
-        best_i = best_f = None  # (ready time, tie-break, stage)
-        own = stages[r]
-        awaiting = nf[own[0]] - ni[own[0]] if single else sum(nf[s] - ni[s] for s in own)
-        for s in stages[r]:
-            k = ni[s]
-            if k < nf[s]:
-                rd = f_end[s][k]
-                if s < S - 1:
-                    e = i_end[s + 1][k]
-                    rd = None if e is None else max(rd, e + hop(s + 1, s))
-                if rd is not None and (best_i is None or (rd, s) < best_i[:2]):
-                    best_i = (rd, s, s)
-            k = nf[s]
-            # a micro-batch entering the rank's first stage must leave room for later-stage forwards
-            fits = live[r] + unit[s] + (reserved(r, 1) if s == first[r] else 0.0) <= cap
-            if k < m and fits and awaiting < f_lim[r]:
-                if s == 0:
-                    rd = 0.0
-                else:
-                    e = f_end[s - 1][k]
-                    rd = None if e is None else e + hop(s - 1, s)
-                if rd is not None and (best_f is None or (rd, -s) < best_f[:2]):
-                    best_f = (rd, -s, s)
-        if single:
-            w_stage = own[0] if nw[own[0]] < ni[own[0]] else None
-        else:
-            pend = [s for s in own if nw[s] < ni[s]]
-            w_stage = min(pend, key=lambda s: (i_end[s][nw[s]], s)) if pend else None
-        i_now = best_i is not None and best_i[0] <= T + tol
-        f_now = best_f is not None and best_f[0] <= T + tol
-        if i_now:
-            run(r, _I, best_i[2], best_i[0])
-            continue
-        if f_now and (policy.f_first or w_stage is None):
-            run(r, _F, best_f[2], best_f[0])
-            continue
-        known = [c[0] for c in (best_i, best_f) if c is not None]
-        if w_stage is not None:
-            nxt = min(known, default=math.inf)
-            if f_now or not policy.fit or nxt == math.inf or T + w[w_stage] <= nxt + tol:
-                run(r, _W, w_stage, T)
-                continue
-        later = [t[x] for x in range(R) if x != r and left[x] and t[x] > T + tol]
-        nxt = min(known + later, default=None)
-        if nxt is None:
-            blocked.add(r)
-        else:
-            t[r] = nxt
-            heapq.heappush(heap, (nxt, r))
+    return GreedyGeneral(stage_to_rank, m, f, i, w, p2p, memory_budget, policy).run()
 
 
 def _replay(sched: Schedule, durations, p2p: float, budget: float) -> float | None:

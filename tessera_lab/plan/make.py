@@ -32,7 +32,6 @@ from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
 from tessera_lab.plan.partition import (Partition, PartitionProblem, check_memory, score_boundaries, solve,
                                        uniform_boundaries)
 from tessera_lab.plan.stages import PAIR_SEARCH_BUDGET, StageCostModel, build_stage_model, layer_pair_costs
-from tessera_lab.plan.vschedules import HAS_ZB_AUTO
 
 __all__ = ["BASELINES", "DEFAULT_GPU", "DEFAULT_MODEL", "Evaluation", "OBJECTIVES", "PAIR_SEARCH_BUDGET",
            "PLAN_SCHEDULES", "Plan", "StageCostModel", "StagePlan", "build_stage_model", "dp_grad_sync_time",
@@ -44,12 +43,11 @@ __all__ = ["BASELINES", "DEFAULT_GPU", "DEFAULT_MODEL", "Evaluation", "OBJECTIVE
 BASELINES = ("uniform", "standalone", "parameters")
 OBJECTIVES = ("auto", "bottleneck", "schedule")
 #: schedules the planner simulates: one stage per pipeline rank, or ``interleaved`` / ``interleaved-overlapped``
-#: (:mod:`tessera_lab.plan.vschedules`) with ``vpp >= 2``
-PLAN_SCHEDULES = ("overlapped", "1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved", "interleaved-overlapped") + (
-    ("zb-auto",) if HAS_ZB_AUTO else ())
+#: (:data:`tessera_lab.pipeline.schedules.SCHEDULES`) with ``vpp >= 2``
+PLAN_SCHEDULES = ("overlapped", "1f1b", "gpipe", "zb-h1", "zb-h2", "interleaved", "interleaved-overlapped", "zb-auto")
 VIRTUAL_SCHEDULES = ("interleaved-overlapped", "interleaved")
-#: what ``schedule="auto"`` tries with one stage per rank (``zb-auto`` where the pipeline package has it)
-AUTO_SCHEDULES = ("overlapped", "1f1b", "zb-h1", "zb-h2", "gpipe") + (("zb-auto",) if HAS_ZB_AUTO else ())
+#: what ``schedule="auto"`` tries with one stage per rank
+AUTO_SCHEDULES = ("overlapped", "1f1b", "zb-h1", "zb-h2", "gpipe", "zb-auto")
 #: simulations the refinement spends on ``zb-auto`` (each runs the schedule search again)
 ZB_AUTO_REFINE_BUDGET = 8
 

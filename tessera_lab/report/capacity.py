@@ -17,7 +17,7 @@ plans; it is reported, never hidden).
 
 Busy time of a rank (its compute lane) is split per action with a *recipe*: the action's predicted time
 decomposed over the layer-task bundles it runs, each bundle executed on the two-lane (compute stream +
-communication stream) model of :func:`tessera_lab.cost.analytic.two_lane_makespan` in the order the plan uses
+communication stream) model of :func:`tessera_lab.cost.lanes.pair_makespan` in the order the plan uses
 (program order for a standalone F / B / W, the overlap scheduler's best order for an overlapped F&B pair).
 A bundle's makespan is exactly the sum of its compute tasks' span times and the time only communication
 runs, so each recipe sums to the action's time.

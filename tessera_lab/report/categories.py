@@ -14,7 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from tessera_lab.cost.analytic import Contention, CostModel, two_lane_makespan
+from tessera_lab.cost.analytic import Contention, CostModel
+from tessera_lab.cost.lanes import pair_makespan
 from tessera_lab.cost.contention import kernel_class
 from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.spec import ModelSpec
@@ -172,7 +173,7 @@ def lane_breakdown(
 ) -> ActionBreakdown:
     """Split the makespan of tasks run on the two lanes into capacity categories (seconds, one rank).
 
-    Runs :func:`tessera_lab.cost.analytic.two_lane_makespan` and attributes: per compute task its launch time
+    Runs :func:`tessera_lab.cost.lanes.pair_makespan` and attributes: per compute task its launch time
     (``min(launch_s, duration)``) to ``runtime_overhead``; the rest to ``model_at_peak`` (FLOPs / peak) and
     ``kernel_efficiency`` for model-FLOP ops (:data:`tessera_lab.model.tasks.MODEL_FLOP_OPS`), else to
     ``non_model_work``; its span beyond its duration to ``overlap_contention``; per communication task the
@@ -187,7 +188,7 @@ def lane_breakdown(
             (:meth:`tessera_lab.cost.analytic.CostModel.host_excess`), also ``runtime_overhead``.
     """
     classes = {k: kernel_class(t.op, t.is_comm) for k, t in tasks.items()}  # as the cost model runs them
-    res = two_lane_makespan(tuple(order), durations, lanes, deps, contention, classes)
+    res = pair_makespan(tuple(order), durations, lanes, deps, contention=contention, classes=classes)
     parts: dict[str, float] = defaultdict(float)
     comm_total: dict[str, float] = defaultdict(float)
     comp_iv = []

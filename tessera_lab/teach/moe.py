@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from tessera_lab.cost.analytic import CostModel
 from tessera_lab.errors import ConfigError
+from tessera_lab.model.flops import gemm_flops
 from tessera_lab.model.hardware import DTYPE_BYTES, Cluster, ParallelConfig, cost_assumptions
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import Collective
@@ -167,7 +168,7 @@ def all_to_all_volumes(counts, ep: int, hidden: int, *, dtype: str = "bf16", exp
     a = cost_assumptions()
     expert_t = []
     for r in range(ep):
-        flops = 2.0 * float(load[r]) * hidden * expert_width * 3
+        flops = gemm_flops(float(load[r]), hidden, expert_width, 3)
         nbytes = DTYPE_BYTES[dtype] * (3 * hidden * expert_width * per + float(load[r]) * (2 * hidden + 3 * expert_width))
         expert_t.append(0.0 if expert_width <= 0 else a["kernel_launch_s"] + max(
             flops / (gpu_spec.peak_flops * a["gemm_efficiency"]), nbytes / (gpu_spec.hbm_bytes_per_s * a["hbm_efficiency"])))

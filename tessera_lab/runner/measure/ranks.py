@@ -18,14 +18,14 @@ __all__ = ["measure_rank"]
 
 def _candidates(dur: dict, fit, cuda: bool, keep: int) -> list[tuple[str, ...]]:
     """Program order, Megatron's order, then the searched templates, ``keep`` (>= 2) distinct orders."""
-    from tessera_lab.cost.analytic import two_lane_makespan
+    from tessera_lab.cost.lanes import pair_makespan
 
     from ..runtime.orders import NAMED_ORDERS, TEMPLATE_KEYS, all_templates, host_issue_makespan, template_graph
 
     g = template_graph()
     if cuda and fit is not None:
         def score(o):
-            return two_lane_makespan(o, dur, g.lanes, g.deps, fit.contention).makespan
+            return pair_makespan(o, dur, g.lanes, g.deps, contention=fit.contention).makespan
     else:
         def score(o):
             return host_issue_makespan(o, dur, graph=g)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from tessera_lab.cost.device import layer_flops
+from tessera_lab.model.flops import gemm_flops, runner_layer_flops, training_flops
 from tessera_lab.errors import ConfigError
 
 __all__ = ["run_model_flops", "read_run_result"]
@@ -20,8 +20,8 @@ def run_model_flops(job: Mapping[str, Any]) -> float:
     cfg = TinyConfig.from_dict(job["spec"]["model"]).as_dict()
     tokens = int(job["tokens_per_step"])
     kinds = TinyConfig.from_dict(job["spec"]["model"]).layer_kinds()
-    fwd = sum(layer_flops(cfg, k, tokens) for k in kinds) + 2.0 * tokens * cfg["hidden_size"] * cfg["vocab_size"]
-    return 3.0 * fwd
+    fwd = sum(runner_layer_flops(cfg, k, tokens) for k in kinds) + gemm_flops(tokens, cfg["hidden_size"], cfg["vocab_size"])
+    return training_flops(fwd)
 
 
 def read_run_result(run_path: str) -> dict[str, Any]:

@@ -19,7 +19,7 @@ Semantics on CPU (:func:`host_issue_makespan`): one host thread walks the order;
 the host reaches it and its inputs are there (waiting on an all-to-all it depends on); a communication node
 is *issued* (asynchronously: gloo/NCCL work handles) when the host reaches it and runs on its side's lane
 (forward and backward use separate EP process groups). On a GPU the host also does not block on compute, so
-the two-lane model of :func:`tessera_lab.cost.analytic.two_lane_makespan` applies instead.
+the ``streams`` semantics of :func:`tessera_lab.cost.lanes.pair_makespan` applies instead.
 
 Named candidates (:data:`NAMED_ORDERS`; :data:`ORDER_SOURCES` says where each comes from): ``program`` (forward
 layer, then backward layer: what a runtime without overlap issues), ``megatron`` (Megatron-Core's combined 1F1B
@@ -148,10 +148,11 @@ def host_issue_makespan(order: Sequence[str], durations: Mapping[str, float], *,
     ``b`` have separate lanes, as they use separate process groups); ``issue_overhead``: host time to issue
     one communication.
     """
-    from tessera_lab.cost.lanes import host_issue
+    from tessera_lab.cost.lanes import pair_makespan
 
     g = graph or template_graph()
-    return host_issue(order, durations, g.lanes, g.deps, issue_overhead)
+    return pair_makespan(order, durations, g.lanes, g.deps, semantics="host_issue",
+                         issue_overhead=issue_overhead).makespan
 
 
 def all_templates() -> list[tuple[str, ...]]:

@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from tessera_lab.cost.device import DEVICE_SCHEMA, KINDS, layer_flops
+from tessera_lab.cost.device import DEVICE_SCHEMA, KINDS
+from tessera_lab.model.flops import runner_layer_flops
 from tessera_lab.samples import lower_quartile, time_calls
 
 from ..runtime.specs import TinyConfig
@@ -105,7 +106,7 @@ def _layer_points(cfg: TinyConfig, mbs: int, repeats: int) -> tuple[dict, dict]:
             parts = [iw() for _ in range(repeats)]
             t_i = lower_quartile([p[0] for p in parts])
             t_w = lower_quartile([p[1] for p in parts])
-            x = layer_flops(d, kind, tokens)
+            x = runner_layer_flops(d, kind, tokens)
             layers[kind]["F"].append([x, t_f])
             layers[kind]["B"].append([x, max(0.0, t_fb - t_f)])
             layers[kind]["w_share"].append(t_w / (t_i + t_w) if t_i + t_w > 0 else 0.0)

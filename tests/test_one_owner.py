@@ -1,0 +1,226 @@
+"""One definition per concept, found by scanning every module of the package (not a list of directories):
+
+* one pair makespan: only ``cost/lanes.py`` turns a :class:`Contention` into lane rates (``.slowdown(...)``,
+  ``.comm_slowdown(...)``), and only it defines a function or class of the pair model's names;
+* one FLOP counter: only ``model/flops.py`` turns shapes into FLOPs (no arithmetic bound to a ``flops`` name, a
+  ``flops=`` keyword or a task's FLOP field anywhere else);
+* one schedule registry: only ``pipeline/registry.py`` maps schedule names to builders.
+
+Each rule is also run on a planted copy of the thing it forbids, so the test can fail."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "tessera_lab"
+
+
+@functools.lru_cache(maxsize=1)
+def _modules() -> dict[str, ast.Module]:
+    return {str(p.relative_to(PKG)): ast.parse(p.read_text()) for p in sorted(PKG.rglob("*.py"))}
+
+
+# ---- one pair makespan -----------------------------------------------------------------------------------------
+
+PAIR_OWNER = "cost/lanes.py"
+PAIR_NAMES = ("two_lane", "pair_makespan", "streampair", "host_issue_makespan", "_host_issue", "_streams")
+
+
+def _pair_model_signs(tree: ast.Module) -> list[str]:
+    """Lines that compute pair-model lane rates or define a pair-model function (a wrapper that only calls
+    :func:`pair_makespan` is allowed: ``host_issue_makespan`` fills in the CPU template's graph)."""
+    signs = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("slowdown", "comm_slowdown")):
+            signs.append(f"line {node.lineno}: lane rate {ast.unparse(node.func)}(...)")
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and any(n in node.name.lower() for n in PAIR_NAMES):
+            calls = {getattr(c.func, "id", getattr(c.func, "attr", None)) for c in ast.walk(node)
+                     if isinstance(c, ast.Call)}
+            if "pair_makespan" not in calls:
+                signs.append(f"line {node.lineno}: defines {node.name}")
+    return signs
+
+
+def test_one_pair_makespan():
+    found = {m: s for m, tree in _modules().items() if m != PAIR_OWNER and (s := _pair_model_signs(tree))}
+    assert not found, f"pair-makespan code outside {PAIR_OWNER}: {found}"
+    assert _pair_model_signs(_modules()[PAIR_OWNER])  # the rule sees the owner's own code
+    planted = ast.parse("def two_lane_makespan(order, d, lanes, deps, c):\n"
+                        "    return 1.0 / (1.0 + c.slowdown('compute'))\n")
+    assert len(_pair_model_signs(planted)) == 2
+
+
+# ---- one FLOP counter ------------------------------------------------------------------------------------------
+
+FLOP_OWNER = "model/flops.py"
+
+
+def _bare_product(node: ast.AST) -> bool:
+    """``node`` multiplies shapes itself: a ``*`` whose operands are neither a call (a counter of model/flops.py)
+    nor an existing count (``x.flops``); calls are not looked into (their arguments are shapes)."""
+    if isinstance(node, ast.Call):
+        return False
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        counted = [isinstance(x, ast.Call) or (isinstance(x, ast.Attribute) and "flops" in x.attr)
+                   for x in (node.left, node.right)]
+        if not any(counted):
+            return True
+    return any(_bare_product(c) for c in ast.iter_child_nodes(node))
+
+
+def _flop_signs(tree: ast.Module) -> list[str]:
+    """Lines that count FLOPs from shapes: a product bound to a ``*flops*`` name, a ``flops=`` keyword, a task's
+    FLOP field (``Task(name, layer, phase, op, FLOPS, ...)``) or returned by a ``*flops*`` function; and
+    ``*flops*`` functions that call no counter."""
+    signs = []
+    for node in ast.walk(tree):
+        slots = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any("flops" in ast.unparse(t).lower() for t in targets) and node.value is not None:
+                slots.append(node.value)
+        elif isinstance(node, ast.Call):
+            slots += [k.value for k in node.keywords if k.arg == "flops"]
+            if getattr(node.func, "id", None) == "Task" and len(node.args) > 4:
+                slots.append(node.args[4])
+        elif isinstance(node, ast.FunctionDef) and "flops" in node.name.lower():
+            slots += [r.value for r in ast.walk(node) if isinstance(r, ast.Return) and r.value is not None]
+            called = {getattr(c.func, "id", getattr(c.func, "attr", "")) for c in ast.walk(node)
+                      if isinstance(c, ast.Call)}
+            if not any(c.endswith("_flops") or c == "decompose" for c in called):
+                signs.append(f"line {node.lineno}: {node.name} counts without the counters")
+        signs += [f"line {v.lineno}: {ast.unparse(v)}" for v in slots if _bare_product(v)]
+    return signs
+
+
+def test_one_flop_counter():
+    mods = _modules()
+    found = {m: s for m, tree in mods.items() if m != FLOP_OWNER and (s := _flop_signs(tree))}
+    assert not found, f"FLOP counts outside {FLOP_OWNER}: {found}"
+    assert _flop_signs(mods[FLOP_OWNER])  # the rule sees the owner's own formulas
+    planted = ast.parse("def f(T, h, E, t):\n"
+                        "    flops = 2.0 * T * h * E\n"
+                        "    x = Task('router', 0, 'F', 'router', 2.0 * T * h * E, 0.0)\n"
+                        "    y = Task('b', 0, 'B', 'gemm', t.flops * 2.0, 0.0)\n"  # scaling a count: allowed
+                        "    return g.elementwise('c', 1.0, [], flops=T * h)\n")
+    assert len(_flop_signs(planted)) == 3
+
+
+# ---- one schedule registry -------------------------------------------------------------------------------------
+
+REGISTRY_OWNER = "pipeline/schedules.py"
+#: the modules that define schedule generators (and may call them to build candidates)
+GENERATOR_MODULES = ("pipeline/generators.py", "pipeline/zerobubble.py", "pipeline/zbsingle.py")
+
+
+def _registry_signs(tree: ast.Module, generators: set[str], names: set[str]) -> list[str]:
+    """Lines that pick a schedule builder outside the registry: a call of a generator, or a dict of builders keyed
+    by schedule names."""
+    signs = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in generators:
+            signs.append(f"line {node.lineno}: calls {ast.unparse(node.func)}")
+        if isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            if len(keys & names) >= 2 and any(isinstance(v, (ast.Name, ast.Attribute, ast.Lambda))
+                                              for v in node.values):
+                signs.append(f"line {node.lineno}: a dict of schedule builders")
+    return signs
+
+
+def test_one_schedule_registry():
+    from tessera_lab.pipeline import schedules
+
+    generators = {e.build.__name__ for e in schedules.SCHEDULES.values()} | {
+        "gpipe", "one_f_one_b", "interleaved_1f1b", "zb_h1", "zb_h2", "zb_v", "zb_auto", "dualpipev",
+        "overlapped_1f1b", "interleaved_overlapped"}
+    generators.discard("<lambda>")
+    names = set(schedules.SCHEDULES)
+    mods = _modules()
+    found = {m: s for m, tree in mods.items() if m != REGISTRY_OWNER and m not in GENERATOR_MODULES
+             and (s := _registry_signs(tree, generators, names))}
+    assert not found, f"schedule builders picked outside {REGISTRY_OWNER}: {found}"
+    assert _registry_signs(mods[REGISTRY_OWNER], generators, names)  # the rule sees the registry itself
+    planted = ast.parse("def plan_schedule(name, pp, m, vpp):\n"
+                        "    if name == 'interleaved-overlapped':\n"
+                        "        return interleaved_overlapped(pp, vpp, m)\n"
+                        "    return {'gpipe': gpipe, '1f1b': one_f_one_b}[name](pp, m)\n")
+    assert len(_registry_signs(planted, generators, names)) == 2
+    # every builder the package names is in the registry, with no second name -> builder table beside it
+    assert {"interleaved-overlapped", "zb-auto"} <= names
+    assert set(schedules.ALL_SCHEDULE_NAMES) < names
+
+
+# ---- one walker ------------------------------------------------------------------------------------------------
+
+WALKER_OWNER = "pipeline/engine.py"
+#: walks over actions outside the engine, each with its reason; this list only ever shrinks
+OTHER_WALKERS = {
+    # NCCL's matching rule on explicit SEND/RECV batches (posting order per rank pair), not a timed execution
+    "pipeline/p2p.py",
+    # list schedulers that build an order from stage times (zb-auto's search), and its candidates' replay
+    "pipeline/zbsingle.py",
+    "pipeline/zerobubble.py",
+}
+
+
+def _walker_signs(tree: ast.Module) -> list[str]:
+    """What makes a module a walker over actions of its own (the rule of tests/test_structure.py, on every module):
+    an agenda of ranks (``heapq``), a deadlock exit (``raise DeadlockError``), or a ``while`` loop advancing a
+    per-rank position (``pc[r] += 1``)."""
+    signs = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+            if "heapq" in names:
+                signs.append(f"line {node.lineno}: imports heapq")
+        elif isinstance(node, ast.Raise) and node.exc is not None:
+            call = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if getattr(call, "id", getattr(call, "attr", None)) == "DeadlockError":
+                signs.append(f"line {node.lineno}: raises DeadlockError")
+        elif isinstance(node, ast.While):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.AugAssign) and isinstance(inner.target, ast.Subscript):
+                    signs.append(f"line {node.lineno}: while loop advancing {ast.unparse(inner.target)}")
+                    break
+    return signs
+
+
+def test_one_walker():
+    """Every walk over per-rank action lists runs on the engine (simulation: its event loop and the linear pass
+    over the order that loop recorded; the dynamic controller and the CPU testbed: its Walk with policy hooks and
+    resource models), scanning the whole package; the fast path packs a recorded order and walks nothing."""
+    mods = _modules()
+    found = {m: s for m, tree in mods.items() if m != WALKER_OWNER and m not in OTHER_WALKERS
+             and (s := _walker_signs(tree))}
+    assert not found, f"walkers over actions outside {WALKER_OWNER}: {found}"
+    assert _walker_signs(mods[WALKER_OWNER])
+    assert all(_walker_signs(mods[m]) for m in OTHER_WALKERS)  # the list holds only what is still there
+    assert not _walker_signs(mods["pipeline/linear.py"]) and not _walker_signs(mods["dynamic/online.py"])
+
+
+# ---- readable phases -------------------------------------------------------------------------------------------
+
+ENGINE_PACKAGES = ("pipeline/", "dynamic/", "cost/", "plan/")
+
+
+def test_engine_packages_have_readable_phases():
+    """No function in the engine, dynamic, cost and planning packages is over 120 lines (``def`` to its last
+    line) or takes more than 12 parameters (``self``/``cls`` not counted)."""
+    long, wide = {}, {}
+    for m, tree in _modules().items():
+        if not m.startswith(ENGINE_PACKAGES):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs] + [x for x in (a.vararg, a.kwarg) if x]
+                n = len([p for p in params if p.arg not in ("self", "cls")])
+                if node.end_lineno - node.lineno + 1 > 120:
+                    long[f"{m}:{node.name}"] = node.end_lineno - node.lineno + 1
+                if n > 12:
+                    wide[f"{m}:{node.name}"] = n
+    assert not long and not wide, f"over 120 lines: {long}; over 12 parameters: {wide}"
