@@ -55,7 +55,7 @@ PLAN_OPTIONS = {"method": "dp", "objective": "auto"}
 #: and its time limit per solve, seconds (at the limit the planner keeps the best of the ILP's incumbent and its
 #: heuristic plan, and says so in the row's ``solver_status``)
 VIRTUAL_METHOD = "ilp"
-VIRTUAL_TIME_LIMIT_S = 0.1
+VIRTUAL_TIME_LIMIT_S = 0.05
 
 
 @dataclass(frozen=True, order=True)
@@ -160,17 +160,38 @@ class _Group:
     tasks: list
     comm: list[float] = field(default_factory=list)  # F+B+W communication seconds per micro-batch, per entry
 
+    def sums(self) -> tuple[float, float, float, float]:
+        """(sum of compute, of F+B compute, of communication, the largest entry's compute), seconds."""
+        if not hasattr(self, "_sums"):
+            self._sums = (sum(self.compute), sum(self.fb_compute), sum(self.comm), max(self.compute))
+        return self._sums
+
+
+def kind_tasks(model: ModelSpec, parallel: ParallelConfig) -> list:
+    """:func:`~tessera_lab.model.tasks.decompose` built once per layer kind: layers of one kind have the same
+    tasks but for their index (the planner's pair costs assume as much; the tests compare with ``decompose``)."""
+    from dataclasses import replace
+
+    from tessera_lab.model.tasks import embedding_tasks, head_tasks, layer_tasks
+
+    by_kind: dict[str, Any] = {}
+    body = []
+    for layer in model.layers:
+        rep = by_kind.get(layer.kind)
+        if rep is None:
+            rep = by_kind[layer.kind] = layer_tasks(model, layer, parallel)
+        body.append(rep if rep.layer == layer.index else replace(rep, layer=layer.index))
+    return [embedding_tasks(model, parallel), *body, head_tasks(model, parallel)]
+
 
 def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster) -> _Group:
-    """Costs of one group: :func:`~tessera_lab.model.tasks.decompose` and the analytic cost model, one
-    :meth:`~tessera_lab.cost.analytic.CostModel.layer_cost` per layer kind (layers of one kind have the same tasks,
-    as the planner's pair costs assume)."""
+    """Costs of one group: :func:`kind_tasks` and the analytic cost model, one
+    :meth:`~tessera_lab.cost.analytic.CostModel.layer_cost` per layer kind."""
     from tessera_lab.cost.analytic import CostModel
-    from tessera_lab.model.tasks import decompose
 
     par = layout.parallel(seq_len).replace(schedule="1f1b", vpp=1)
     cm = CostModel(cluster, par)
-    tasks = decompose(model, par)
+    tasks = kind_tasks(model, par)
     by_kind: dict[tuple, Any] = {}
     costs = []
     for i, lt in enumerate(tasks):
@@ -212,12 +233,13 @@ def time_lower_bound(group: _Group, layout: Layout, sync_s: float = 0.0) -> floa
     of its two lane sums), counting F+B only for the schedules that may defer W (:data:`SPLIT_SCHEDULES`); the rank
     holding the heaviest entry needs at least ``m x`` that entry's compute."""
     m, pp = layout.microbatches, layout.pp
-    total = max(sum(group.compute) + sync_s, sum(group.comm))
+    c, fb, comm, top = group.sums()
+    total = max(c + sync_s, comm)
     busy = total / pp
     if layout.vpp == 1:
-        path = (sum(group.fb_compute) + sync_s) if layout.schedule in SPLIT_SCHEDULES else total
+        path = (fb + sync_s) if layout.schedule in SPLIT_SCHEDULES else total
         busy = max(busy, path / pp * bubble_factor(pp, m))
-    return m * max(busy, max(group.compute))
+    return m * max(busy, top)
 
 
 def memory_lower_bound(model: ModelSpec, group: _Group, layout: Layout, seq_len: int) -> float:
@@ -366,6 +388,7 @@ class _Bounds:
         self.model, self.seq_len, self.cluster = model, seq_len, cluster
         self.groups: dict[tuple, _Group] = {}
         self.tasks: dict[tuple, list] = {}
+        self.sync: dict[tuple, float] = {}
         self.moe_layers = sum(1 for ly in model.layers if ly.ffn == "moe")
 
     def group(self, layout: Layout) -> _Group:
@@ -379,16 +402,16 @@ class _Bounds:
 
         from tessera_lab.cost.sync import planner_per_layer_s
 
-        sync = planner_per_layer_s(layout.parallel(self.seq_len)) * self.moe_layers
-        return time_lower_bound(self.group(replace(layout, recompute="none")), layout, sync)
+        key = (layout.ep, layout.schedule, layout.dispatcher)
+        if key not in self.sync:
+            self.sync[key] = planner_per_layer_s(layout.parallel(self.seq_len)) * self.moe_layers
+        return time_lower_bound(self.group(replace(layout, recompute="none")), layout, self.sync[key])
 
     def memory(self, layout: Layout) -> float:
-        from tessera_lab.model.tasks import decompose
-
         key = layout.cost_group()
         if key not in self.tasks:
             par = layout.parallel(self.seq_len).replace(schedule="1f1b", vpp=1)
-            self.tasks[key] = decompose(self.model, par)
+            self.tasks[key] = kind_tasks(self.model, par)
         return memory_lower_bound(self.model, _Group([], [], self.tasks[key]), layout, self.seq_len)
 
 
@@ -466,7 +489,7 @@ def _next_batch(cands: list[Candidate], i: int, threshold: float, bounds: _Bound
 
 
 #: full planner runs a search makes at most by default (about 0.06-0.1 CPU s each)
-DEFAULT_MAX_PLANS = 240
+DEFAULT_MAX_PLANS = 210
 
 
 def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 4096,
@@ -559,3 +582,83 @@ def _plan_all(model, cands, seq_len, cluster, bounds, capacity, pruned, top, job
     rest = [c for c in cands[i:] if c.lower_bound_s < threshold]
     pruned["bound"] += len(cands) - i - len(rest)
     return planned, rest
+
+
+#: Megatron-Core's names (``megatron/training/arguments.py``) of the layout options :func:`megatron_arguments` writes
+_MEGATRON_FLAGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+                   "vpp": "--num-virtual-stages-per-pipeline-rank", "ep": "--expert-model-parallel-size",
+                   "micro_batch_size": "--micro-batch-size"}
+#: this project's schedules Megatron-Core runs (``overlapped``: its combined 1F1B with the EP communication
+#: overlapped, ``--overlap-moe-expert-parallel-comm``); the zero-bubble ones it does not
+MEGATRON_SCHEDULES = ("1f1b", "interleaved", "overlapped", "interleaved-overlapped")
+
+
+def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
+    """A planned candidate as Megatron-Core command-line arguments: ``argv`` (TP, PP, VPP, EP with expert TP 1,
+    CP 1, sequence parallelism with TP, the pipeline layout of the planned partition, micro-batch and global batch
+    sizes, sequence length, recompute, dispatcher, the EP-overlap flag) plus ``layout`` (the search's fields,
+    read back by :func:`layout_from_megatron`) and ``notes`` (what Megatron-Core does not run as planned)."""
+    from tessera_lab.plan.exports import megatron_layout
+
+    lay = cand.layout
+    argv = []
+    for key, flag in _MEGATRON_FLAGS.items():
+        if key != "vpp" or lay.vpp > 1:
+            argv += [flag, str(getattr(lay, key))]
+    dense_dp = lay.ep * lay.dp // (lay.tp if lay.ep_spans_tp else 1)
+    argv += ["--expert-tensor-parallel-size", "1", "--context-parallel-size", "1",
+             "--global-batch-size", str(lay.microbatches * lay.micro_batch_size * dense_dp),
+             "--seq-length", str(seq_len), "--use-distributed-optimizer"]
+    if lay.tp > 1:
+        argv.append("--sequence-parallel")
+    if cand.result and cand.result.get("boundaries"):
+        argv += ["--pipeline-model-parallel-layout", megatron_layout(cand.result["boundaries"])]
+    if lay.recompute == "full":
+        argv += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    elif lay.recompute == "selective":
+        argv += ["--recompute-granularity", "selective"]
+    argv += ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"] if lay.dispatcher == "deepep" else \
+        ["--moe-token-dispatcher-type", "alltoall"]
+    if lay.schedule.endswith("overlapped"):
+        argv.append("--overlap-moe-expert-parallel-comm")
+    notes = [] if lay.schedule in MEGATRON_SCHEDULES else [
+        f"schedule {lay.schedule} is not a Megatron-Core schedule (it runs 1F1B or interleaved 1F1B)"]
+    return {"argv": argv, "layout": asdict(lay), "seq_len": seq_len, "notes": notes}
+
+
+def layout_from_megatron(argv: Sequence[str], gpus: int, *, ep_spans_tp: bool = False) -> tuple[Layout, list[int]]:
+    """The :class:`Layout` and stage boundaries of Megatron-Core arguments written by :func:`megatron_arguments` on
+    ``gpus`` GPUs. Megatron's expert grid (expert TP 1) forms EP groups from consecutive ranks of the TP x DP grid,
+    so whether an EP group spans the TP ranks is this project's placement, not a Megatron flag: pass it.
+
+    Raises:
+        ConfigError: a size flag missing or not an integer, or sizes that do not divide ``gpus``.
+    """
+    from tessera_lab.plan.exports import parse_megatron_layout
+
+    args = list(argv)
+    vals = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--") and not args[i + 1].startswith("--")}
+    flags = {a for a in args if a.startswith("--")} - set(vals)
+    try:
+        get = {k: int(vals.get(flag, "1")) for k, flag in _MEGATRON_FLAGS.items()}
+        gbs = int(vals["--global-batch-size"])
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"Megatron arguments: {exc} is missing or not an integer; allowed: the arguments "
+                          "megatron_arguments writes") from None
+    tp, pp, ep = get["tp"], get["pp"], get["ep"]
+    per_stage = ep * (1 if ep_spans_tp else tp)
+    if gpus % (per_stage * pp):
+        raise ConfigError(f"Megatron arguments: pp {pp} x ep {ep}{'' if ep_spans_tp else f' x tp {tp}'} does not "
+                          f"divide {gpus} GPUs; allowed: sizes whose product divides the GPUs")
+    dp = gpus // (per_stage * pp)
+    dense_dp = ep * dp // (tp if ep_spans_tp else 1)
+    m = gbs // (get["micro_batch_size"] * dense_dp)
+    overlap = "--overlap-moe-expert-parallel-comm" in flags
+    sched = (("interleaved-overlapped" if overlap else "interleaved") if get["vpp"] > 1
+             else ("overlapped" if overlap else "1f1b"))
+    layout = Layout(pp, get["vpp"], ep, tp, dp, m, get["micro_batch_size"], sched,
+                    vals.get("--recompute-granularity", "none"),
+                    "deepep" if "--moe-enable-deepep" in flags else vals.get("--moe-token-dispatcher-type", "alltoall"),
+                    ep_spans_tp)
+    layout_text = vals.get("--pipeline-model-parallel-layout")
+    return layout, (parse_megatron_layout(layout_text) if layout_text else [])
