@@ -49,8 +49,10 @@ SEARCH_MICRO_BATCH_SIZES = (1, 2, 4)
 #: candidates are planned)
 BATCH = 8
 #: the planner options the search plans with: ``plan``'s defaults except the partition method (the exact DP; the
-#: ILP finds the same optimum, more slowly)
-PLAN_OPTIONS = {"method": "dp", "objective": "auto"}
+#: ILP finds the same optimum, more slowly) and the baselines: the uniform one only (``plan`` also balances on
+#: standalone times and on parameter bytes, two more DP solves and simulations; the search's other candidates are
+#: its comparison)
+PLAN_OPTIONS = {"method": "dp", "objective": "auto", "baselines": ("uniform",)}
 #: the partition method with virtual stages (the DP balances one stage at a time; a rank sums non-adjacent chunks)
 #: and its time limit per solve, seconds (at the limit the planner keeps the best of the ILP's incumbent and its
 #: heuristic plan, and says so in the row's ``solver_status``)
