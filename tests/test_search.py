@@ -16,6 +16,7 @@ from tessera_lab.errors import ConfigError, TesseraError
 from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.spec import load_model
 from tessera_lab.plan import search as S
+from tessera_lab.plan import search_export as X
 from tessera_lab.plan.make import make_plan
 
 
@@ -146,11 +147,11 @@ def test_jobs_two_gives_the_same_result(qwen, small):
 
 def test_megatron_export_round_trip(small):
     for c in small.ranked[:3]:
-        out = S.megatron_arguments(c, 4096)
-        lay, bounds = S.layout_from_megatron(out["argv"], 64, ep_spans_tp=c.layout.ep_spans_tp)
+        out = X.megatron_arguments(c, 4096)
+        lay, bounds = X.layout_from_megatron(out["argv"], 64, ep_spans_tp=c.layout.ep_spans_tp)
         want = c.layout
         if lay.recompute != want.recompute or lay.schedule != want.schedule:  # zero-bubble: not a Megatron schedule
-            assert want.schedule not in S.MEGATRON_SCHEDULES and out["notes"]
+            assert want.schedule not in X.MEGATRON_SCHEDULES and out["notes"]
             continue
         assert lay == want
         assert bounds == c.result["boundaries"]
@@ -159,7 +160,7 @@ def test_megatron_export_round_trip(small):
 def test_megatron_flags_by_hand():
     lay = S.Layout(4, 2, 8, 2, 2, 16, 1, "interleaved-overlapped", "full", "deepep", False)
     c = S.Candidate(lay, 0.0, 0.0, {"boundaries": [0, 6, 12, 18, 24, 30, 36, 42, 48], "fits": True})
-    argv = S.megatron_arguments(c, 8192)["argv"]
+    argv = X.megatron_arguments(c, 8192)["argv"]
     text = " ".join(argv)
     for part in ("--tensor-model-parallel-size 2", "--pipeline-model-parallel-size 4",
                  "--num-virtual-stages-per-pipeline-rank 2", "--expert-model-parallel-size 8",

@@ -125,7 +125,7 @@ def _export(res, path: str) -> None:
     """Write the first layout as Megatron-Core arguments (:func:`tessera_lab.plan.search.megatron_arguments`)."""
     from tessera_lab.errors import ConfigError
     from tessera_lab.io import write_json
-    from tessera_lab.plan.search import megatron_arguments
+    from tessera_lab.plan.search_export import megatron_arguments
 
     if not res.ranked:
         raise ConfigError("option --export: no layout fits, nothing to export; allowed: a search with a fitting layout")

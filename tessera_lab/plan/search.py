@@ -27,14 +27,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 from tessera_lab.cost.memory import layer_memory, memory_capacity
 from tessera_lab.errors import ConfigError, TesseraError
 from tessera_lab.model.hardware import Cluster, ParallelConfig, hardware_data
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.plan.make import VIRTUAL_SCHEDULES, make_plan
-from tessera_lab.plan.stages import build_stage_model
 from tessera_lab.plan.vschedules import plan_in_flight
 
 #: one-chunk schedules the search tries (``gpipe`` holds every micro-batch: never faster than 1F1B at more memory;
@@ -128,16 +127,20 @@ def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_pe
                         continue
                     dp = gpus // per_stage // pp
                     dense_dp = ep * dp // (tp if spans else 1)
-                    out += _batch_layouts(model, pp, ep, tp, dp, dense_dp, spans, global_batch, schedules, vpps,
-                                          recomputes, dispatchers if moe and ep > 1 else ("alltoall",),
-                                          micro_batch_sizes)
+                    space = {"schedules": schedules, "vpps": vpps, "recomputes": recomputes,
+                             "dispatchers": dispatchers if moe and ep > 1 else ("alltoall",),
+                             "micro_batch_sizes": micro_batch_sizes}
+                    out += _batch_layouts(model, (pp, ep, tp, dp, spans), dense_dp, global_batch, space)
     return sorted(out)
 
 
-def _batch_layouts(model, pp, ep, tp, dp, dense_dp, spans, global_batch, schedules, vpps, recomputes, dispatchers,
-                   micro_batch_sizes) -> list[Layout]:
+def _batch_layouts(model, sizes: tuple, dense_dp: int, global_batch: int, space: dict) -> list[Layout]:
+    """The layouts of one structure ``(pp, ep, tp, dp, spans)``: every micro-batching, schedule, recompute and
+    dispatcher of ``space`` the structural rules allow."""
+    pp, ep, tp, dp, spans = sizes
+    schedules, vpps, recomputes, dispatchers = (space[k] for k in ("schedules", "vpps", "recomputes", "dispatchers"))
     out = []
-    for mbs in micro_batch_sizes:
+    for mbs in space["micro_batch_sizes"]:
         if global_batch % (mbs * dense_dp):
             continue
         m = global_batch // (mbs * dense_dp)
@@ -536,8 +539,7 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
                           f"allowed: about {need} GPUs or more (a multiple of {node})")
     cands = _canonical_first(cands, bounds, capacity)
     pruned = {"memory (parameter state)": by_params, "memory": 0, "bound": 0, "budget": 0}
-    planned, rest = _plan_all(model, cands, seq_len, cluster, bounds, capacity, pruned, top, jobs, max_plans,
-                              progress)
+    planned, rest = _plan_all(cands, bounds, capacity, pruned, (top, jobs, max_plans), progress)
     pruned["budget"] = len(rest)
     errors: dict[str, int] = {}
     for c in planned:
@@ -549,10 +551,13 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
     return res
 
 
-def _plan_all(model, cands, seq_len, cluster, bounds, capacity, pruned, top, jobs, max_plans, progress
-              ) -> tuple[list[Candidate], list[Candidate]]:
-    """Plan the candidates in order, batch by batch, updating the pruning threshold between batches; returns the
-    planned candidates and those left unplanned when ``max_plans`` was reached (not pruned by a rule)."""
+def _plan_all(cands, bounds: _Bounds, capacity: float, pruned: dict[str, int], limits: tuple[int, int, int],
+              progress) -> tuple[list[Candidate], list[Candidate]]:
+    """Plan the candidates in order, batch by batch, updating the pruning threshold between batches (``limits``:
+    top, jobs, max_plans); returns the planned candidates and those left unplanned when ``max_plans`` was reached
+    (not pruned by a rule)."""
+    top, jobs, max_plans = limits
+    model, seq_len, cluster = bounds.model, bounds.seq_len, bounds.cluster
     planned: list[Candidate] = []
     pool = None
     if jobs > 1:
@@ -584,83 +589,3 @@ def _plan_all(model, cands, seq_len, cluster, bounds, capacity, pruned, top, job
     rest = [c for c in cands[i:] if c.lower_bound_s < threshold]
     pruned["bound"] += len(cands) - i - len(rest)
     return planned, rest
-
-
-#: Megatron-Core's names (``megatron/training/arguments.py``) of the layout options :func:`megatron_arguments` writes
-_MEGATRON_FLAGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
-                   "vpp": "--num-virtual-stages-per-pipeline-rank", "ep": "--expert-model-parallel-size",
-                   "micro_batch_size": "--micro-batch-size"}
-#: this project's schedules Megatron-Core runs (``overlapped``: its combined 1F1B with the EP communication
-#: overlapped, ``--overlap-moe-expert-parallel-comm``); the zero-bubble ones it does not
-MEGATRON_SCHEDULES = ("1f1b", "interleaved", "overlapped", "interleaved-overlapped")
-
-
-def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
-    """A planned candidate as Megatron-Core command-line arguments: ``argv`` (TP, PP, VPP, EP with expert TP 1,
-    CP 1, sequence parallelism with TP, the pipeline layout of the planned partition, micro-batch and global batch
-    sizes, sequence length, recompute, dispatcher, the EP-overlap flag) plus ``layout`` (the search's fields,
-    read back by :func:`layout_from_megatron`) and ``notes`` (what Megatron-Core does not run as planned)."""
-    from tessera_lab.plan.exports import megatron_layout
-
-    lay = cand.layout
-    argv = []
-    for key, flag in _MEGATRON_FLAGS.items():
-        if key != "vpp" or lay.vpp > 1:
-            argv += [flag, str(getattr(lay, key))]
-    dense_dp = lay.ep * lay.dp // (lay.tp if lay.ep_spans_tp else 1)
-    argv += ["--expert-tensor-parallel-size", "1", "--context-parallel-size", "1",
-             "--global-batch-size", str(lay.microbatches * lay.micro_batch_size * dense_dp),
-             "--seq-length", str(seq_len), "--use-distributed-optimizer"]
-    if lay.tp > 1:
-        argv.append("--sequence-parallel")
-    if cand.result and cand.result.get("boundaries"):
-        argv += ["--pipeline-model-parallel-layout", megatron_layout(cand.result["boundaries"])]
-    if lay.recompute == "full":
-        argv += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    elif lay.recompute == "selective":
-        argv += ["--recompute-granularity", "selective"]
-    argv += ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"] if lay.dispatcher == "deepep" else \
-        ["--moe-token-dispatcher-type", "alltoall"]
-    if lay.schedule.endswith("overlapped"):
-        argv.append("--overlap-moe-expert-parallel-comm")
-    notes = [] if lay.schedule in MEGATRON_SCHEDULES else [
-        f"schedule {lay.schedule} is not a Megatron-Core schedule (it runs 1F1B or interleaved 1F1B)"]
-    return {"argv": argv, "layout": asdict(lay), "seq_len": seq_len, "notes": notes}
-
-
-def layout_from_megatron(argv: Sequence[str], gpus: int, *, ep_spans_tp: bool = False) -> tuple[Layout, list[int]]:
-    """The :class:`Layout` and stage boundaries of Megatron-Core arguments written by :func:`megatron_arguments` on
-    ``gpus`` GPUs. Megatron's expert grid (expert TP 1) forms EP groups from consecutive ranks of the TP x DP grid,
-    so whether an EP group spans the TP ranks is this project's placement, not a Megatron flag: pass it.
-
-    Raises:
-        ConfigError: a size flag missing or not an integer, or sizes that do not divide ``gpus``.
-    """
-    from tessera_lab.plan.exports import parse_megatron_layout
-
-    args = list(argv)
-    vals = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--") and not args[i + 1].startswith("--")}
-    flags = {a for a in args if a.startswith("--")} - set(vals)
-    try:
-        get = {k: int(vals.get(flag, "1")) for k, flag in _MEGATRON_FLAGS.items()}
-        gbs = int(vals["--global-batch-size"])
-    except (KeyError, ValueError) as exc:
-        raise ConfigError(f"Megatron arguments: {exc} is missing or not an integer; allowed: the arguments "
-                          "megatron_arguments writes") from None
-    tp, pp, ep = get["tp"], get["pp"], get["ep"]
-    per_stage = ep * (1 if ep_spans_tp else tp)
-    if gpus % (per_stage * pp):
-        raise ConfigError(f"Megatron arguments: pp {pp} x ep {ep}{'' if ep_spans_tp else f' x tp {tp}'} does not "
-                          f"divide {gpus} GPUs; allowed: sizes whose product divides the GPUs")
-    dp = gpus // (per_stage * pp)
-    dense_dp = ep * dp // (tp if ep_spans_tp else 1)
-    m = gbs // (get["micro_batch_size"] * dense_dp)
-    overlap = "--overlap-moe-expert-parallel-comm" in flags
-    sched = (("interleaved-overlapped" if overlap else "interleaved") if get["vpp"] > 1
-             else ("overlapped" if overlap else "1f1b"))
-    layout = Layout(pp, get["vpp"], ep, tp, dp, m, get["micro_batch_size"], sched,
-                    vals.get("--recompute-granularity", "none"),
-                    "deepep" if "--moe-enable-deepep" in flags else vals.get("--moe-token-dispatcher-type", "alltoall"),
-                    ep_spans_tp)
-    layout_text = vals.get("--pipeline-model-parallel-layout")
-    return layout, (parse_megatron_layout(layout_text) if layout_text else [])
