@@ -200,7 +200,7 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     """The model, hardware, parallel and partition options that build a plan (``plan`` and ``report``; read
     by :func:`model_from_args`, :func:`parallel_from_args` and ``Cluster.dgx(gpu, nodes)``)."""
     p.add_argument("--model", default=default_model, help=f"shipped model or config.json (default {default_model})")
-    p.add_argument("--gpu", default=default_gpu, help=f"H100, H200 or B200 (default {default_gpu})")
+    p.add_argument("--gpu", default=default_gpu, help=f"H100, H200, B200 or GB200 (NVL72 rack: NVLink domain of 72) (default {default_gpu})")
     p.add_argument("--nodes", type=positive_int("nodes"), default=None,
                    help="nodes of 8 GPUs (default: the fewest that hold pp*dp*ep*tp)")
     p.add_argument("--pp", type=positive_int("pp"), default=8)

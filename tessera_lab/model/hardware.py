@@ -62,7 +62,7 @@ def cost_assumptions() -> dict[str, float]:
     return {k: float(v["value"]) for k, v in raw.items() if not k.startswith("_")}
 
 
-_GPU_ALIASES = {"H100": "H100-SXM", "H100-SXM": "H100-SXM", "H200": "H200", "B200": "B200"}
+_GPU_ALIASES = {"H100": "H100-SXM", "H100-SXM": "H100-SXM", "H200": "H200", "B200": "B200", "GB200": "GB200"}
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,8 @@ class GPUSpec:
         sms: streaming multiprocessors.
         source: datasheet reference.
         peak_fp8_flops: dense FP8 peak, FLOP/s (0 when the GPU has none listed).
+        nvlink_domain: GPUs that share one NVLink fabric (8 on a DGX/HGX node, 72 on a GB200 NVL72 rack): the
+            "node" a :class:`Cluster` of this GPU is built from; groups inside it use NVLink, others the NICs.
     """
 
     name: str
@@ -89,6 +91,7 @@ class GPUSpec:
     sms: int
     source: str
     peak_fp8_flops: float = 0.0
+    nvlink_domain: int = 8
 
     def peak_for(self, precision: str) -> float:
         """Dense peak FLOP/s for GEMM inputs of ``precision`` (``bf16`` or ``fp8``).
@@ -124,6 +127,7 @@ class GPUSpec:
             sms=int(g["sms"]),
             source=g["source"],
             peak_fp8_flops=float(g.get("fp8_dense_tflops", 0.0)) * 1e12,
+            nvlink_domain=int(g.get("nvlink_domain_gpus", hardware_data()["node"]["gpus_per_node"])),
         )
 
 
@@ -164,13 +168,14 @@ class Cluster:
 
     @classmethod
     def dgx(cls, gpu: str | GPUSpec = "H200", num_nodes: int = 1) -> "Cluster":
-        """DGX-style nodes of 8 GPUs with one 400 Gb/s NDR NIC per GPU (``hardware.json`` ``node``)."""
+        """Nodes of one NVLink domain each (:attr:`GPUSpec.nvlink_domain`: 8 GPUs on a DGX node, 72 on a GB200 NVL72
+        rack) with one 400 Gb/s NDR NIC per GPU (``hardware.json`` ``node``)."""
         node = hardware_data()["node"]
         spec = gpu if isinstance(gpu, GPUSpec) else GPUSpec.named(gpu)
         return cls(
             gpu=spec,
             num_nodes=num_nodes,
-            gpus_per_node=int(node["gpus_per_node"]),
+            gpus_per_node=spec.nvlink_domain,
             inter_node_bytes_per_s=float(node["inter_node"]["gb_per_s_per_direction"]) * 1e9,
         )
 
@@ -401,10 +406,12 @@ class ParallelConfig:
 
 
 def cluster_for(parallel: ParallelConfig, gpu: str | GPUSpec = "H200") -> Cluster:
-    """The smallest DGX-style cluster (8 GPUs a node) that holds ``parallel.world_size`` ranks."""
-    per_node = int(hardware_data()["node"]["gpus_per_node"])
+    """The smallest cluster of whole NVLink domains (8 GPUs on a DGX node, 72 on a GB200 NVL72 rack) that holds
+    ``parallel.world_size`` ranks."""
+    spec = gpu if isinstance(gpu, GPUSpec) else GPUSpec.named(gpu)
+    per_node = spec.nvlink_domain
     nodes = max(1, -(-parallel.world_size // per_node))
-    return Cluster.dgx(gpu, nodes)
+    return Cluster.dgx(spec, nodes)
 
 
 def check_fits(parallel: ParallelConfig, cluster: Cluster) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 from tessera_lab.cost.memory import layer_memory, memory_capacity
 from tessera_lab.errors import ConfigError, TesseraError
-from tessera_lab.model.hardware import Cluster, ParallelConfig, hardware_data
+from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.plan.make import VIRTUAL_SCHEDULES, make_plan
 from tessera_lab.plan.vschedules import plan_in_flight
@@ -370,8 +370,8 @@ def check_search_inputs(model: ModelSpec, gpus: int, seq_len: int, global_batch_
             sequences of ``seq_len`` tokens.
     """
     if gpus < 1 or gpus % cluster_node:
-        raise ConfigError(f"--gpus = {gpus} is out of range; allowed: a multiple of the {cluster_node} GPUs of a "
-                          "node (whole nodes)")
+        raise ConfigError(f"--gpus = {gpus} is out of range; allowed: a multiple of the {cluster_node} GPUs of an "
+                          "NVLink domain (a node; whole nodes)")
     if global_batch_tokens < seq_len or global_batch_tokens % seq_len:
         lo = seq_len
         raise ConfigError(f"--global-batch-tokens = {global_batch_tokens:,} is not a whole number of sequences of "
@@ -518,7 +518,9 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
             of the GPUs makes, or GPUs too few for the model's parameters in any layout.
     """
     t0 = time.process_time()
-    node = int(hardware_data()["node"]["gpus_per_node"])
+    from tessera_lab.model.hardware import GPUSpec
+
+    node = GPUSpec.named(gpu).nvlink_domain
     seqs = check_search_inputs(model, gpus, seq_len, global_batch_tokens or DEFAULT_GLOBAL_SEQUENCES * seq_len,
                                node)
     cluster = Cluster.dgx(gpu, gpus // node)
