@@ -211,3 +211,14 @@ def test_kind_tasks_equal_decompose(name):
         assert g.layer == w.layer and g.kind == w.kind
         assert sum(t.saved_bytes for t in g.F) == sum(t.saved_bytes for t in w.F)
         assert cm.layer_cost(g).total == pytest.approx(cm.layer_cost(w).total, rel=1e-12)
+
+
+@pytest.mark.slow
+def test_acceptance_qwen3_next_256(qwen):
+    """The 256-GPU search plans at least 200 layouts and its first is no slower than `plan --pp 8 --ep 8 --dp 4`
+    (same GPUs and 4,194,304 tokens per iteration, `plan`'s defaults)."""
+    res = S.search(qwen, 256, global_batch_tokens=4194304)
+    assert len(res.planned) >= 200
+    ref = make_plan(qwen, ParallelConfig(pp=8, ep=8, dp=4, microbatches=32))
+    assert ref.parallel.tokens_per_iteration == 4194304
+    assert res.ranked[0].result["iteration_time_s"] <= ref.chosen.iteration_time_s
