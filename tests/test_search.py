@@ -196,7 +196,8 @@ def test_search_errors_before_work(qwen):
     assert math.isfinite(S.bubble_factor(3, 1))
 
 
-@pytest.mark.parametrize("name", ["qwen3-next-80b-a3b", "deepseek-v3", "gpt-oss-20b", "nemotron-h-56b", "llama-4-scout-17b-16e"])
+@pytest.mark.parametrize("name", ["qwen3-next-80b-a3b", "deepseek-v3", "gpt-oss-20b", "nemotron-h-56b",
+                                  "llama-4-scout-17b-16e"])
 def test_kind_tasks_equal_decompose(name):
     """The bounds' per-kind decomposition gives the saved bytes and the analytic costs ``decompose`` gives."""
     from tessera_lab.cost.analytic import CostModel

@@ -200,9 +200,11 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     """The model, hardware, parallel and partition options that build a plan (``plan`` and ``report``; read
     by :func:`model_from_args`, :func:`parallel_from_args` and ``Cluster.dgx(gpu, nodes)``)."""
     p.add_argument("--model", default=default_model, help=f"shipped model or config.json (default {default_model})")
-    p.add_argument("--gpu", default=default_gpu, help=f"H100, H200, B200 or GB200 (NVL72 rack: NVLink domain of 72) (default {default_gpu})")
+    p.add_argument("--gpu", default=default_gpu,
+                   help=f"H100, H200, B200 or GB200 (NVL72 rack: NVLink domain of 72) (default {default_gpu})")
     p.add_argument("--nodes", type=positive_int("nodes"), default=None,
-                   help="nodes of 8 GPUs (default: the fewest that hold pp*dp*ep*tp)")
+                   help="nodes, each one NVLink domain of the GPU (8 GPUs; 72 on GB200) (default: the fewest that "
+                        "hold the world size)")
     p.add_argument("--pp", type=positive_int("pp"), default=8)
     p.add_argument("--vpp", type=positive_int("vpp"), default=1,
                    help="virtual stages (model chunks) per pipeline rank; >= 2 needs --schedule interleaved or auto")

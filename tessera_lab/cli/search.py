@@ -18,7 +18,8 @@ _FIELDS = ("tp", "pp", "vpp", "ep", "ep_spans_tp", "dp", "microbatches", "micro_
 
 def _row(rank: int, c) -> dict[str, Any]:
     r, lay = c.result, c.layout
-    return {"#": rank, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "ep": lay.ep if not lay.ep_spans_tp else f"{lay.ep}*",
+    return {"#": rank, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp,
+            "ep": lay.ep if not lay.ep_spans_tp else f"{lay.ep}*",
             "dp": lay.dp, "m x mbs": f"{lay.microbatches} x {lay.micro_batch_size}", "schedule": lay.schedule,
             "recompute": lay.recompute, "dispatcher": lay.dispatcher, "iteration (s)": r["iteration_time_s"],
             "tokens/s": f"{r['tokens_per_s']:,.0f}", "MFU": f"{r['mfu']:.1%}", "bubble": r["bubble_fraction"],
@@ -141,7 +142,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("search", help=HELP)
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"shipped model or config.json (default {DEFAULT_MODEL})")
     p.add_argument("--gpus", type=positive_int("gpus"), required=True, help="GPUs to lay out (whole nodes of 8)")
-    p.add_argument("--gpu", default=DEFAULT_GPU, help=f"H100, H200, B200 or GB200 (NVL72 rack: NVLink domain of 72) (default {DEFAULT_GPU})")
+    p.add_argument("--gpu", default=DEFAULT_GPU,
+                   help=f"H100, H200, B200 or GB200 (NVL72 rack: NVLink domain of 72) (default {DEFAULT_GPU})")
     p.add_argument("--seq-len", type=positive_int("seq_len"), default=4096)
     p.add_argument("--global-batch-tokens", type=positive_int("global_batch_tokens"), default=None, metavar="T",
                    help=f"tokens per iteration (default {DEFAULT_GLOBAL_SEQUENCES} sequences of --seq-len)")

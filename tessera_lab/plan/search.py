@@ -387,7 +387,8 @@ DEFAULT_GLOBAL_SEQUENCES = 1024
 class _Bounds:
     """Bounds of layouts from lazily built groups: the time bound from the costs of the layout's TP, EP,
     micro-batch size and dispatcher with recompute none (:func:`time_lower_bound`; recomputation only adds work,
-    so this bounds every recompute, checked by the tests), the memory bound from the layout's own saved activations (:func:`memory_lower_bound`)."""
+    so this bounds every recompute, checked by the tests), the memory bound from the layout's own saved activations
+    (:func:`memory_lower_bound`)."""
 
     def __init__(self, model: ModelSpec, seq_len: int, cluster: Cluster):
         self.model, self.seq_len, self.cluster = model, seq_len, cluster
