@@ -293,7 +293,7 @@ def add_model_knobs(p: argparse.ArgumentParser) -> None:
 
 
 #: options that name an output file, and the commands whose ``--out`` is a folder
-_FILE_OUTPUTS = ("json", "plot", "export", "trace", "profile_store")
+_FILE_OUTPUTS = ("json", "plot", "export", "trace", "profile_store", "csv")
 _DIR_OUT_COMMANDS = ("reproduce", "run")
 _PLOT_SUFFIXES = ("", ".png", ".pdf", ".svg", ".jpg", ".jpeg")
 

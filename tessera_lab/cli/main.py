@@ -23,7 +23,7 @@ from tessera_lab.errors import ConfigError, TesseraError
 
 #: subcommands in the order ``tessera-lab --help`` lists them; each is the module ``tessera_lab.cli.<name>``,
 #: imported only when its parser is needed (a run of one subcommand imports that one alone)
-COMMAND_NAMES = ("models", "plan", "partition", "reproduce", "simulate", "measure", "report", "run", "calibrate",
+COMMAND_NAMES = ("models", "plan", "search", "partition", "reproduce", "simulate", "measure", "report", "run", "calibrate",
                  "validate")
 
 
@@ -33,6 +33,8 @@ COMMAND_HELP = {
     "models": "list the shipped models and the supported model families",
     "params": "parameter counts of a model",
     "plan": "the main job: partition, simulate and report a pipeline plan",
+    "search": "search the parallel layouts (TP, EP, PP/VPP, DP, micro-batching, schedule, recompute) for the fastest "
+              "that fits",
     "partition": "partition a plain per-layer cost list",
     "reproduce": "the paper's claims on its jobs as scenarios, with computed verdicts (PNG, JSON, Markdown)",
     "simulate": "simulate a uniform pipeline",

@@ -178,10 +178,17 @@ COST_CACHE_STATS = {"hits": 0, "builds": 0}
 
 
 def cost_key_parallel(parallel: ParallelConfig) -> ParallelConfig:
-    """The parallel sizes as the per-layer costs see them: micro-batches enter only FP8 weight-cast amortisation
-    (:meth:`~tessera_lab.cost.analytic.CostModel.fp8_cast_bytes`, :func:`tessera_lab.cost.host.task_kernels`), so
-    outside FP8 they are normalised to 1."""
-    return parallel if parallel.precision == "fp8" else parallel.replace(microbatches=1)
+    """The parallel sizes as the per-layer costs and pair costs see them: micro-batches enter only FP8 weight-cast
+    amortisation (:meth:`~tessera_lab.cost.analytic.CostModel.fp8_cast_bytes`, :func:`tessera_lab.cost.host.
+    task_kernels`), so outside FP8 they are normalised to 1; the pipeline and data-parallel sizes and the virtual
+    stages enter no layer task or group placement (TP innermost, then EP: :class:`~tessera_lab.model.layout.
+    RankGrid`), so they are normalised to 1, and the schedule to whether it pairs layers (``overlapped``) or not
+    (``1f1b``). Memory, which the data-parallel size shards, is rebuilt from the cached tasks on every call."""
+    changes = {"pp": 1, "vpp": 1, "dp": 1,
+               "schedule": "overlapped" if parallel.schedule in OVERLAPPED_SCHEDULES else "1f1b"}
+    if parallel.precision != "fp8":
+        changes["microbatches"] = 1
+    return parallel.replace(**changes)
 
 
 def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, profile=None
@@ -200,8 +207,9 @@ def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Clust
     held = _COSTS.get(key) if key is not None else None
     if held is not None:
         COST_CACHE_STATS["hits"] += 1
-        layer_costs, mem, pairs = held
-        return cost_model, StageCostModel(layer_costs, mem, parallel, pairs, host_sync)
+        layer_costs, tasks, pairs = held
+        return cost_model, StageCostModel(layer_costs, layer_memory(model, parallel, tasks), parallel, pairs,
+                                          host_sync)
     COST_CACHE_STATS["builds"] += 1
     tasks = decompose(model, parallel)
     layer_costs = [cost_model.layer_cost(lt) for lt in tasks]
@@ -212,10 +220,10 @@ def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Clust
             from tessera_lab.overlap.profiles import profile_stage_pair_costs
 
             pairs = profile_stage_pair_costs(profile, model, parallel, cost_model, budget=PAIR_SEARCH_BUDGET)
-        else:
-            pairs = layer_pair_costs(model, parallel, cost_model)
+        else:  # pair makespans see what the layer costs see: searched once per cost key
+            pairs = layer_pair_costs(model, key[1], CostModel(cluster, key[1]))
     if key is not None:
         if len(_COSTS) >= _COSTS_MAX:
             _COSTS.clear()
-        _COSTS[key] = (layer_costs, mem, pairs)
+        _COSTS[key] = (layer_costs, tasks, pairs)
     return cost_model, StageCostModel(layer_costs, mem, parallel, pairs, host_sync)

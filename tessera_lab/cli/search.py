@@ -1,0 +1,158 @@
+"""``tessera-lab search``: which layout to train on (the parallel-configuration search of
+:mod:`tessera_lab.plan.search`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tessera_lab.argtypes import positive_int
+from tessera_lab.cli.common import add_json, emit, table
+
+HELP = "search the parallel layouts (TP, EP, PP/VPP, DP, micro-batching, schedule, recompute) for the fastest that fits"
+#: layout fields compared between a candidate and the first one
+_FIELDS = ("tp", "pp", "vpp", "ep", "ep_spans_tp", "dp", "microbatches", "micro_batch_size", "schedule", "recompute",
+           "dispatcher")
+
+
+def _row(rank: int, c) -> dict[str, Any]:
+    r, lay = c.result, c.layout
+    return {"#": rank, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp,
+            "ep": lay.ep if not lay.ep_spans_tp else f"{lay.ep}*",
+            "dp": lay.dp, "m x mbs": f"{lay.microbatches} x {lay.micro_batch_size}", "schedule": lay.schedule,
+            "recompute": lay.recompute, "dispatcher": lay.dispatcher, "iteration (s)": r["iteration_time_s"],
+            "tokens/s": f"{r['tokens_per_s']:,.0f}", "MFU": f"{r['mfu']:.1%}", "bubble": r["bubble_fraction"],
+            "peak (GiB)": r["peak_memory_gib"], "headroom (GiB)": r["headroom_gib"]}
+
+
+def separation(first, other) -> str:
+    """What separates ``other`` from ``first``: the layout fields that differ and the terms that moved
+    (iteration, slowest stage per micro-batch, bubble fraction; simulated)."""
+    a, b = first.layout, other.layout
+    diff = [f"{k} {getattr(a, k)}->{getattr(b, k)}" for k in _FIELDS if getattr(a, k) != getattr(b, k)]
+    ra, rb = first.result, other.result
+    d_it = rb["iteration_time_s"] / ra["iteration_time_s"] - 1
+    d_stage = rb["slowest_stage_ms"] * b.microbatches - ra["slowest_stage_ms"] * a.microbatches
+    d_bub = rb["bubble_fraction"] - ra["bubble_fraction"]
+    moved = max((("slowest stage x m", abs(d_stage) / 1e3, f"slowest stage x m {d_stage / 1e3:+.3f} s"),
+                 ("bubble", abs(d_bub) * rb["iteration_time_s"], f"bubble {d_bub:+.1%} of the iteration")),
+                key=lambda t: t[1])[2]
+    return f"{', '.join(diff) or 'same layout'}: {d_it:+.1%} iteration; the term that moved most: {moved}"
+
+
+def format_search(res, top: int) -> str:
+    """Readable text of a :class:`~tessera_lab.plan.search.SearchResult`: counts, the top table, the separations."""
+    pr = res.pruned
+    lines = [f"search {res.model} on {res.gpus} x {res.gpu}: sequence {res.seq_len:,}, global batch {res.global_batch} "
+             f"sequences ({res.global_batch * res.seq_len:,} tokens); memory limit "
+             f"{res.memory_capacity_bytes / 2**30:.1f} GiB per GPU",
+             f"layouts: {res.enumerated:,} enumerated; pruned {pr['memory (parameter state)']:,} by parameter-state "
+             f"memory, {pr['memory']:,} by the memory bound, {pr['bound']:,} by the time bound (could not beat the "
+             f"{res.top}-th best planned); {len(res.planned)} planned ({res.cpu_s:.1f} CPU s)"
+             + (f"; {pr['budget']:,} left unplanned at the --max-plans budget (their time bounds from "
+                f"{res.unplanned_bound_s:.3f} s)" if pr.get("budget") else ""), ""]
+    ranked = res.ranked[:top]
+    if not ranked:
+        lines.append("no planned layout fits memory: " + no_fit_hint(res))
+        return "\n".join(lines)
+    lines.append(table([_row(i + 1, c) for i, c in enumerate(ranked)], ".3f"))
+    lines.append("iteration, tokens/s, MFU, bubble: simulated by the planner of `tessera-lab plan` (objective auto, "
+                 "method dp; ilp with virtual stages); peak memory: computed; headroom: capacity less peak; "
+                 "ep N*: the EP group spans the TP ranks")
+    for i, c in enumerate(ranked[1:], start=2):
+        lines.append(f"#{i} against #1: {separation(ranked[0], c)}")
+    if res.errors:
+        lines.append(f"planner refusals: {sum(res.errors.values())} ({len(res.errors)} distinct; --json lists them)")
+    return "\n".join(lines)
+
+
+def no_fit_hint(res) -> str:
+    """The smallest change that would fit, from the planned candidates' memory: the lightest peak against the
+    capacity, and the options that lower it (more GPUs, recompute, a shorter sequence)."""
+    rows = [c.result for c in res.planned if c.result and "peak_memory_gib" in c.result]
+    cap = res.memory_capacity_bytes / 2**30
+    if not rows:
+        return (f"every candidate was refused by the planner; allowed: more GPUs (--gpus {res.gpus * 2}), a shorter "
+                f"--seq-len (below {res.seq_len}) or a smaller global batch")
+    light = min(r["peak_memory_gib"] for r in rows)
+    return (f"the lightest planned layout peaks at {light:.1f} GiB against {cap:.1f} GiB; allowed: about "
+            f"{light / cap:.2f}x the GPUs (--gpus {res.gpus * 2}), or a shorter --seq-len (below {res.seq_len})")
+
+
+def _progress():
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        end = "\n" if done >= total else ""
+        print(f"\rsearch: {done}/{total} candidates looked at", end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
+def _write_csv(res, path: str) -> None:
+    import pandas as pd
+
+    from tessera_lab.io import atomic_write_text
+
+    rows = res.as_dict()["candidates"]
+    frame = pd.DataFrame([{k: v for k, v in r.items() if k != "boundaries"} for r in rows])
+    text = frame.to_csv(index=False)
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        atomic_write_text(path, text)
+        print(f"csv: {path}", file=sys.stderr)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from tessera_lab.cli.common import model_from_args
+    from tessera_lab.plan.search import search
+
+    model = model_from_args(args)
+    res = search(model, args.gpus, gpu=args.gpu, seq_len=args.seq_len, global_batch_tokens=args.global_batch_tokens,
+                 top=args.top, jobs=args.jobs, max_plans=args.max_plans, progress=_progress())
+    if args.csv:
+        _write_csv(res, args.csv)
+    if args.csv != "-":
+        emit(args, res.as_dict(), format_search(res, args.top))
+    if args.export:
+        _export(res, args.export)
+    return 0 if res.ranked else 2
+
+
+def _export(res, path: str) -> None:
+    """Write the first layout as Megatron-Core arguments (:func:`tessera_lab.plan.search.megatron_arguments`)."""
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.io import write_json
+    from tessera_lab.plan.search_export import megatron_arguments
+
+    if not res.ranked:
+        raise ConfigError("option --export: no layout fits, nothing to export; allowed: a search with a fitting layout")
+    write_json(path, megatron_arguments(res.ranked[0], res.seq_len))
+    print(f"export: {path} (Megatron-Core arguments of layout #1)", file=sys.stderr)
+
+
+def add_parser(sub) -> None:
+    from tessera_lab.cli.common import add_model_knobs
+    from tessera_lab.defaults import DEFAULT_GPU, DEFAULT_MODEL
+    from tessera_lab.plan.search import DEFAULT_GLOBAL_SEQUENCES, DEFAULT_MAX_PLANS
+
+    p = sub.add_parser("search", help=HELP)
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"shipped model or config.json (default {DEFAULT_MODEL})")
+    p.add_argument("--gpus", type=positive_int("gpus"), required=True, help="GPUs to lay out (whole nodes of 8)")
+    p.add_argument("--gpu", default=DEFAULT_GPU,
+                   help=f"H100, H200, B200 or GB200 (NVL72 rack: NVLink domain of 72) (default {DEFAULT_GPU})")
+    p.add_argument("--seq-len", type=positive_int("seq_len"), default=4096)
+    p.add_argument("--global-batch-tokens", type=positive_int("global_batch_tokens"), default=None, metavar="T",
+                   help=f"tokens per iteration (default {DEFAULT_GLOBAL_SEQUENCES} sequences of --seq-len)")
+    p.add_argument("--top", type=positive_int("top"), default=10, help="layouts printed and kept exact (default 10)")
+    p.add_argument("--jobs", type=positive_int("jobs"), default=1, help="planner processes (same result for any)")
+    p.add_argument("--max-plans", type=positive_int("max_plans"), default=DEFAULT_MAX_PLANS,
+                   help=f"full planner runs at most (default {DEFAULT_MAX_PLANS}, about 0.1 CPU s each)")
+    p.add_argument("--csv", metavar="PATH", help="write every planned candidate as CSV ('-' for stdout)")
+    p.add_argument("--export", metavar="PATH", help="write layout #1 as Megatron-Core arguments (JSON)")
+    add_model_knobs(p)
+    add_json(p)
+    p.set_defaults(func=cmd_search)

@@ -1,0 +1,594 @@
+"""Parallel-configuration search: every layout Megatron-Core can run for a model on N GPUs, pruned by memory and by
+a lower bound on the iteration, the survivors planned by :func:`tessera_lab.plan.make.make_plan` (the planner of
+``tessera-lab plan``: overlap-aware partition, schedule simulation, objective ``auto``).
+
+Dimensions (:class:`Layout`): TP (dividing every head count and the GPUs of a node; sequence parallel on), EP
+(dividing the routed experts; expert TP 1; with TP > 1 the EP group either sits on one TP rank, or spans the TP
+ranks as Megatron's expert grid allows, ``ep_spans_tp``), PP with VPP, the data-parallel replicas, micro-batch size
+and count making the global batch, recompute (none, selective, full), schedule and dispatcher.
+
+Pruning, in this order (counts per rule in :class:`SearchResult`):
+
+* ``rules``: structural (world size, divisibility, ``m >= pp``, ``m`` a multiple of ``pp`` for the interleaved
+  schedules as Megatron-Core requires, ``pp x vpp`` at most the layers);
+* ``memory``: a lower bound on the busiest rank's memory over every partition (:func:`memory_lower_bound`) above
+  the GPU's capacity;
+* ``bound``: the candidates are planned in increasing order of a lower bound on the iteration
+  (:func:`time_lower_bound`); once ``top`` plans are known, a candidate whose bound is not below the ``top``-th
+  best planned iteration is never planned (nor any later one: the order is by bound).
+
+Both bounds are computed from the per-layer costs and memory of :mod:`tessera_lab.plan.stages` (one decomposition
+per group of layouts that share TP, EP, micro-batch size, recompute and dispatcher: those costs do not see PP, DP,
+VPP or the schedule), so a pruned candidate costs microseconds and a planned one a full planner run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+from tessera_lab.cost.memory import layer_memory, memory_capacity
+from tessera_lab.errors import ConfigError, TesseraError
+from tessera_lab.model.hardware import Cluster, ParallelConfig
+from tessera_lab.model.spec import ModelSpec
+from tessera_lab.plan.make import VIRTUAL_SCHEDULES, make_plan
+from tessera_lab.plan.vschedules import plan_in_flight
+
+#: one-chunk schedules the search tries (``gpipe`` holds every micro-batch: never faster than 1F1B at more memory;
+#: ``zb-auto`` runs a schedule search per plan)
+SEARCH_SCHEDULES = ("overlapped", "1f1b", "zb-h1", "zb-h2")
+#: virtual stages per rank tried with the interleaved schedules
+SEARCH_VPP = (2, 3, 4)
+SEARCH_RECOMPUTE = ("none", "selective", "full")
+SEARCH_DISPATCHERS = ("alltoall", "deepep")
+SEARCH_MICRO_BATCH_SIZES = (1, 2, 4)
+#: candidates planned between two updates of the pruning threshold (fixed, so that ``jobs`` never changes which
+#: candidates are planned)
+BATCH = 8
+#: the planner options the search plans with: ``plan``'s defaults except the partition method (the exact DP; the
+#: ILP finds the same optimum, more slowly) and the baselines: the uniform one only (``plan`` also balances on
+#: standalone times and on parameter bytes, two more DP solves and simulations; the search's other candidates are
+#: its comparison)
+PLAN_OPTIONS = {"method": "dp", "objective": "auto", "baselines": ("uniform",)}
+#: the partition method with virtual stages (the DP balances one stage at a time; a rank sums non-adjacent chunks)
+#: and its time limit per solve, seconds (at the limit the planner keeps the best of the ILP's incumbent and its
+#: heuristic plan, and says so in the row's ``solver_status``)
+VIRTUAL_METHOD = "ilp"
+VIRTUAL_TIME_LIMIT_S = 0.05
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """One parallel layout (sizes as :class:`~tessera_lab.model.hardware.ParallelConfig` counts them)."""
+
+    pp: int
+    vpp: int
+    ep: int
+    tp: int
+    dp: int
+    microbatches: int
+    micro_batch_size: int
+    schedule: str
+    recompute: str
+    dispatcher: str
+    ep_spans_tp: bool = False
+
+    def parallel(self, seq_len: int) -> ParallelConfig:
+        """The :class:`ParallelConfig` of this layout at ``seq_len`` tokens per sequence."""
+        return ParallelConfig(pp=self.pp, vpp=self.vpp, ep=self.ep, tp=self.tp, dp=self.dp,
+                              microbatches=self.microbatches, micro_batch_size=self.micro_batch_size,
+                              seq_len=seq_len, schedule=self.schedule, recompute=self.recompute,
+                              dispatcher=self.dispatcher, ep_spans_tp=self.ep_spans_tp)
+
+    def cost_group(self) -> tuple:
+        """What the per-layer costs and saved activations see (not PP, DP, VPP, schedule or micro-batches)."""
+        return (self.tp, self.ep, self.ep_spans_tp, self.micro_batch_size, self.recompute, self.dispatcher)
+
+    def text(self) -> str:
+        vpp = f" vpp {self.vpp}" if self.vpp > 1 else ""
+        spans = " (EP spans TP)" if self.ep_spans_tp else ""
+        return (f"tp {self.tp} pp {self.pp}{vpp} ep {self.ep}{spans} dp {self.dp}, {self.microbatches} x "
+                f"{self.micro_batch_size}, {self.schedule}, recompute {self.recompute}, {self.dispatcher}")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def tp_choices(model: ModelSpec, gpus_per_node: int) -> list[int]:
+    """TP sizes Megatron can run: divisors of every attention, key-value and linear-attention head count and of
+    the GPUs of a node (the rule of :func:`tessera_lab.plan.make.check_parallel_for_model`)."""
+    heads = [model.num_attention_heads, model.num_key_value_heads] + (
+        [model.linear_num_key_heads] if model.linear_num_key_heads else [])
+    return _divisors(math.gcd(gpus_per_node, *heads))
+
+
+def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_per_node: int = 8,
+                      schedules: Sequence[str] = SEARCH_SCHEDULES, vpps: Sequence[int] = SEARCH_VPP,
+                      recomputes: Sequence[str] = SEARCH_RECOMPUTE, dispatchers: Sequence[str] = SEARCH_DISPATCHERS,
+                      micro_batch_sizes: Sequence[int] = SEARCH_MICRO_BATCH_SIZES) -> list[Layout]:
+    """Every layout of ``gpus`` GPUs making a global batch of ``global_batch`` sequences under the structural rules
+    (module docstring); a dense model takes EP 1 and the alltoall dispatcher only. Sorted (deterministic)."""
+    out = []
+    moe = model.has_moe
+    eps = [e for e in _divisors(model.num_experts) if gpus % e == 0] if moe else [1]
+    for tp in tp_choices(model, gpus_per_node):
+        for ep in eps:
+            for spans in ((False, True) if moe and tp > 1 else (False,)):
+                if spans and ep % tp:
+                    continue
+                per_stage = ep * (1 if spans else tp)
+                if gpus % per_stage:
+                    continue
+                for pp in _divisors(gpus // per_stage):
+                    if pp > model.num_layers:
+                        continue
+                    dp = gpus // per_stage // pp
+                    dense_dp = ep * dp // (tp if spans else 1)
+                    space = {"schedules": schedules, "vpps": vpps, "recomputes": recomputes,
+                             "dispatchers": dispatchers if moe and ep > 1 else ("alltoall",),
+                             "micro_batch_sizes": micro_batch_sizes}
+                    out += _batch_layouts(model, (pp, ep, tp, dp, spans), dense_dp, global_batch, space)
+    return sorted(out)
+
+
+def _batch_layouts(model, sizes: tuple, dense_dp: int, global_batch: int, space: dict) -> list[Layout]:
+    """The layouts of one structure ``(pp, ep, tp, dp, spans)``: every micro-batching, schedule, recompute and
+    dispatcher of ``space`` the structural rules allow."""
+    pp, ep, tp, dp, spans = sizes
+    schedules, vpps, recomputes, dispatchers = (space[k] for k in ("schedules", "vpps", "recomputes", "dispatchers"))
+    out = []
+    for mbs in space["micro_batch_sizes"]:
+        if global_batch % (mbs * dense_dp):
+            continue
+        m = global_batch // (mbs * dense_dp)
+        if pp > 1 and m < pp:
+            continue
+        scheds = [(s, 1) for s in schedules] if pp > 1 else [("1f1b", 1)]
+        if pp > 1 and m % pp == 0:
+            scheds += [(s, v) for s in VIRTUAL_SCHEDULES for v in vpps if pp * v <= model.num_layers]
+        for sched, vpp in scheds:
+            for rc in recomputes:
+                for disp in dispatchers:
+                    out.append(Layout(pp, vpp, ep, tp, dp, m, mbs, sched, rc, disp, spans))
+    return out
+
+
+@dataclass
+class _Group:
+    """Per-entry costs and saved activations shared by the layouts of one :meth:`Layout.cost_group`."""
+
+    compute: list[float]  # F+B+W compute seconds per micro-batch, per entry (embedding, layers, head)
+    fb_compute: list[float]  # F+B compute seconds (W deferred) per micro-batch, per entry
+    tasks: list
+    comm: list[float] = field(default_factory=list)  # F+B+W communication seconds per micro-batch, per entry
+
+    def sums(self) -> tuple[float, float, float, float]:
+        """(sum of compute, of F+B compute, of communication, the largest entry's compute), seconds."""
+        if not hasattr(self, "_sums"):
+            self._sums = (sum(self.compute), sum(self.fb_compute), sum(self.comm), max(self.compute))
+        return self._sums
+
+
+def kind_tasks(model: ModelSpec, parallel: ParallelConfig) -> list:
+    """:func:`~tessera_lab.model.tasks.decompose` built once per layer kind: layers of one kind have the same
+    tasks but for their index (the planner's pair costs assume as much; the tests compare with ``decompose``)."""
+    from dataclasses import replace
+
+    from tessera_lab.model.tasks import embedding_tasks, head_tasks, layer_tasks
+
+    by_kind: dict[str, Any] = {}
+    body = []
+    for layer in model.layers:
+        rep = by_kind.get(layer.kind)
+        if rep is None:
+            rep = by_kind[layer.kind] = layer_tasks(model, layer, parallel)
+        body.append(rep if rep.layer == layer.index else replace(rep, layer=layer.index))
+    return [embedding_tasks(model, parallel), *body, head_tasks(model, parallel)]
+
+
+def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster) -> _Group:
+    """Costs of one group: :func:`kind_tasks` and the analytic cost model, one
+    :meth:`~tessera_lab.cost.analytic.CostModel.layer_cost` per layer kind."""
+    from tessera_lab.cost.analytic import CostModel
+
+    par = layout.parallel(seq_len).replace(schedule="1f1b", vpp=1)
+    cm = CostModel(cluster, par)
+    tasks = kind_tasks(model, par)
+    by_kind: dict[tuple, Any] = {}
+    costs = []
+    for i, lt in enumerate(tasks):
+        key = (lt.kind, i == 0, i == len(tasks) - 1)
+        if key not in by_kind:
+            by_kind[key] = cm.layer_cost(lt)
+        costs.append(by_kind[key])
+    return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs],
+                  [c.F.compute + c.B.compute for c in costs], tasks,
+                  [c.F.comm + c.B.comm + c.W.comm for c in costs])
+
+
+#: schedules that split the backward and may defer W past a rank's last B
+SPLIT_SCHEDULES = ("zb-h1", "zb-h2", "zb-auto")
+
+
+def bubble_factor(pp: int, microbatches: int) -> float:
+    """Lower bound of iteration / (``m`` x per-micro-batch work over ``pp``) with one model chunk per rank.
+
+    Rank ``r`` starts after micro-batch 0's forward has passed ranks ``0 .. r-1``, and after its last backward
+    that micro-batch's backward passes them again, so ``T >= m u_r + sum_{s<r} u_s`` (``u_s``: stage ``s``'s
+    work per micro-batch). The partition minimising the largest right-hand side makes them all equal,
+    ``u_r = u_0 (1 - 1/m)^r``, so ``T >= W / (1 - (1 - 1/m)^pp)`` (``W``: all stages' work per micro-batch);
+    returned over ``m W / pp`` (>= 1; 1 for ``pp = 1``)."""
+    if pp <= 1:
+        return 1.0
+    m = microbatches
+    return pp / m / (1.0 - (1.0 - 1.0 / m) ** pp)
+
+
+def time_lower_bound(group: _Group, layout: Layout, sync_s: float = 0.0) -> float:
+    """Seconds no partition of ``layout`` can beat in the simulator.
+
+    Compute kernels run one after another on a rank's compute lane and collectives on its communication lane
+    (:mod:`tessera_lab.cost.analytic`; overlap lets the two lanes run together, contention only slows them), so
+    the busiest rank needs at least ``m x max(C, M) / pp`` (``C``: F+B+W compute of every entry per micro-batch
+    plus ``sync_s``, the host/sync seconds the schedule exposes per micro-batch; ``M``: their communication);
+    with one chunk per rank times :func:`bubble_factor` (each stage's work per micro-batch is at least the larger
+    of its two lane sums), counting F+B only for the schedules that may defer W (:data:`SPLIT_SCHEDULES`); the rank
+    holding the heaviest entry needs at least ``m x`` that entry's compute."""
+    m, pp = layout.microbatches, layout.pp
+    c, fb, comm, top = group.sums()
+    total = max(c + sync_s, comm)
+    busy = total / pp
+    if layout.vpp == 1:
+        path = (fb + sync_s) if layout.schedule in SPLIT_SCHEDULES else total
+        busy = max(busy, path / pp * bubble_factor(pp, m))
+    return m * max(busy, top)
+
+
+def memory_lower_bound(model: ModelSpec, group: _Group, layout: Layout, seq_len: int) -> float:
+    """Bytes the busiest rank holds at least, over every partition: the ranks together hold every parameter's
+    training state and every entry's saved activations times at least the fewest micro-batches any stage keeps in
+    flight (:func:`tessera_lab.plan.vschedules.plan_in_flight`), so the busiest holds the ``1 / pp`` share; stage 0
+    holds the embedding and the last stage the LM head with their own in-flight counts."""
+    par = layout.parallel(seq_len)
+    mem = layer_memory(model, par, group.tasks)
+    S = layout.pp * layout.vpp
+    flights = [plan_in_flight(layout.schedule, layout.pp, s % layout.pp, layout.microbatches, layout.vpp)
+               for s in range(S)]
+    total = sum(x.param_bytes for x in mem) + min(flights) * sum(x.activation_bytes for x in mem)
+    ends = max(mem[0].param_bytes + flights[0] * mem[0].activation_bytes,
+               mem[-1].param_bytes + flights[-1] * mem[-1].activation_bytes)
+    return max(total / layout.pp, ends)
+
+
+@dataclass
+class Candidate:
+    """A layout with its bounds and, once planned, the planner's result (``plan`` keys as :meth:`as_dict`)."""
+
+    layout: Layout
+    lower_bound_s: float
+    memory_bound_bytes: float
+    result: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self.layout), "lower_bound_s": self.lower_bound_s,
+                "memory_bound_gib": self.memory_bound_bytes / 2**30, **(self.result or {})}
+
+
+@dataclass
+class SearchResult:
+    """What :func:`search` found: every planned candidate (fastest first), counts of enumerated, pruned (by rule)
+    and planned layouts, and the CPU seconds spent."""
+
+    model: str
+    gpus: int
+    gpu: str
+    seq_len: int
+    global_batch: int
+    top: int
+    planned: list[Candidate]
+    enumerated: int
+    pruned: dict[str, int]
+    errors: dict[str, int] = field(default_factory=dict)
+    cpu_s: float = 0.0
+    memory_capacity_bytes: float = 0.0
+    #: smallest time bound among the candidates left unplanned at the ``max_plans`` budget (None: none left)
+    unplanned_bound_s: float | None = None
+
+    @property
+    def ranked(self) -> list[Candidate]:
+        """Planned candidates that fit memory, fastest first (ties by layout, deterministic)."""
+        ok = [c for c in self.planned if c.result and c.result["fits"]]
+        return sorted(ok, key=lambda c: (c.result["iteration_time_s"], c.layout))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "gpus": self.gpus, "gpu": self.gpu, "seq_len": self.seq_len,
+                "global_batch_sequences": self.global_batch, "global_batch_tokens": self.global_batch * self.seq_len,
+                "top": self.top, "enumerated": self.enumerated, "pruned": self.pruned,
+                "evaluated": len(self.planned), "planner_errors": self.errors, "cpu_s": self.cpu_s,
+                "memory_capacity_gib": self.memory_capacity_bytes / 2**30,
+                "unplanned_bound_s": self.unplanned_bound_s,
+                "candidates": [c.as_dict() for c in self.ranked]
+                + [c.as_dict() for c in self.planned if not (c.result and c.result["fits"])]}
+
+
+def plan_layout(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster) -> dict[str, Any]:
+    """Plan one layout with the planner of ``tessera-lab plan`` (:data:`PLAN_OPTIONS`); the row the search writes
+    (``tokens_per_s``, ``iteration_time_s``, ``mfu``, ``peak_memory_gib``, ``fits``, ...) or ``{"error": line}``."""
+    try:
+        opts = dict(PLAN_OPTIONS, **({"method": VIRTUAL_METHOD, "time_limit_s": VIRTUAL_TIME_LIMIT_S}
+                                     if layout.vpp > 1 else {}))
+        pl = make_plan(model, layout.parallel(seq_len), cluster, **opts)
+    except TesseraError as exc:
+        return {"error": str(exc).splitlines()[0], "fits": False}
+    ev = pl.chosen
+    peak = max(_rank_memory(ev, layout.pp))
+    return {"iteration_time_s": ev.iteration_time_s, "tokens_per_s": ev.tokens_per_s, "mfu": ev.mfu,
+            "bubble_fraction": ev.bubble_fraction, "peak_memory_gib": peak / 2**30,
+            "headroom_gib": (pl.memory_capacity_bytes - peak) / 2**30, "fits": bool(ev.fits_memory),
+            "slowest_stage_ms": max(st.time_s for st in ev.stages) * 1e3,
+            "boundaries": list(ev.partition.boundaries), "solver_status": ev.partition.status or "Optimal",
+            "cpu_s": pl.timing.get("cpu_s", 0.0)}
+
+
+def _rank_memory(ev, pp: int) -> list[float]:
+    """Bytes per pipeline rank (a rank's virtual stages summed)."""
+    out = [0.0] * pp
+    for st in ev.stages:
+        out[st.index % pp] += st.memory_bytes
+    return out
+
+
+def _plan_batch(args) -> list[dict[str, Any]]:
+    model, layouts, seq_len, cluster = args
+    return [plan_layout(model, lay, seq_len, cluster) for lay in layouts]
+
+
+def param_memory_bytes(model: ModelSpec, layout: Layout, seq_len: int) -> float:
+    """Training-state bytes of every parameter the ``pp`` ranks of one pipeline hold together (weights, gradients,
+    optimizer state as :func:`tessera_lab.cost.memory.bytes_per_param` counts them for each part's data-parallel
+    degree); the busiest rank holds at least ``1 / pp`` of it whatever the partition."""
+    from tessera_lab.cost.memory import bytes_per_param, gpu_params
+
+    p = layout.parallel(seq_len)
+    dense_bpp, expert_bpp = bytes_per_param(p, p.dense_dp), bytes_per_param(p, p.expert_dp)
+    total = 0.0
+    for idx in range(-1, model.num_layers + 1):
+        dense, expert = gpu_params(model, p, idx)
+        total += dense * dense_bpp + expert * expert_bpp
+    return total
+
+
+def check_search_inputs(model: ModelSpec, gpus: int, seq_len: int, global_batch_tokens: int,
+                        cluster_node: int) -> int:
+    """The global batch in sequences, after the checks ``search`` makes before any work.
+
+    Raises:
+        ConfigError: ``gpus`` not a multiple of the GPUs of a node, or a global batch that is not a whole number of
+            sequences of ``seq_len`` tokens.
+    """
+    if gpus < 1 or gpus % cluster_node:
+        raise ConfigError(f"--gpus = {gpus} is out of range; allowed: a multiple of the {cluster_node} GPUs of an "
+                          "NVLink domain (a node; whole nodes)")
+    if global_batch_tokens < seq_len or global_batch_tokens % seq_len:
+        lo = seq_len
+        raise ConfigError(f"--global-batch-tokens = {global_batch_tokens:,} is not a whole number of sequences of "
+                          f"--seq-len {seq_len:,} tokens; allowed: a multiple of {lo:,} (e.g. "
+                          f"{max(1, global_batch_tokens // seq_len) * seq_len:,})")
+    return global_batch_tokens // seq_len
+
+
+#: default global batch, in sequences of ``--seq-len``
+DEFAULT_GLOBAL_SEQUENCES = 1024
+
+
+class _Bounds:
+    """Bounds of layouts from lazily built groups: the time bound from the costs of the layout's TP, EP,
+    micro-batch size and dispatcher with recompute none (:func:`time_lower_bound`; recomputation only adds work,
+    so this bounds every recompute, checked by the tests), the memory bound from the layout's own saved activations
+    (:func:`memory_lower_bound`)."""
+
+    def __init__(self, model: ModelSpec, seq_len: int, cluster: Cluster):
+        self.model, self.seq_len, self.cluster = model, seq_len, cluster
+        self.groups: dict[tuple, _Group] = {}
+        self.tasks: dict[tuple, list] = {}
+        self.sync: dict[tuple, float] = {}
+        self.moe_layers = sum(1 for ly in model.layers if ly.ffn == "moe")
+
+    def group(self, layout: Layout) -> _Group:
+        key = layout.cost_group()
+        if key not in self.groups:
+            self.groups[key] = _group(self.model, layout, self.seq_len, self.cluster)
+        return self.groups[key]
+
+    def time(self, layout: Layout) -> float:
+        from dataclasses import replace
+
+        from tessera_lab.cost.sync import planner_per_layer_s
+
+        key = (layout.ep, layout.schedule, layout.dispatcher)
+        if key not in self.sync:
+            self.sync[key] = planner_per_layer_s(layout.parallel(self.seq_len)) * self.moe_layers
+        return time_lower_bound(self.group(replace(layout, recompute="none")), layout, self.sync[key])
+
+    def memory(self, layout: Layout) -> float:
+        key = layout.cost_group()
+        if key not in self.tasks:
+            par = layout.parallel(self.seq_len).replace(schedule="1f1b", vpp=1)
+            self.tasks[key] = kind_tasks(self.model, par)
+        return memory_lower_bound(self.model, _Group([], [], self.tasks[key]), layout, self.seq_len)
+
+
+def _first_pass(model: ModelSpec, layouts: list[Layout], seq_len: int, capacity: float,
+                bounds: _Bounds) -> tuple[list[Candidate], int, float]:
+    """Candidates that pass the parameter-memory rule with their time bounds, sorted by bound (ties by layout);
+    the count pruned by the rule and the lightest parameter share per GPU seen (bytes)."""
+    params: dict[tuple, float] = {}
+    out, pruned, lightest = [], 0, math.inf
+    for lay in layouts:
+        key = (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp)
+        if key not in params:
+            params[key] = param_memory_bytes(model, lay, seq_len) / lay.pp
+        lightest = min(lightest, params[key])
+        if params[key] > capacity:
+            pruned += 1
+            continue
+        out.append(Candidate(lay, bounds.time(lay), 0.0))
+    out.sort(key=lambda c: (c.lower_bound_s, c.layout))
+    return out, pruned, lightest
+
+
+def _structure(lay: Layout) -> tuple:
+    return (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp)
+
+
+def _canonical_first(cands: list[Candidate], bounds: _Bounds, capacity: float) -> list[Candidate]:
+    """The candidates reordered: first, per structure (TP, EP, PP, DP) in bound order, its plain layout (micro-batch
+    size 1, the planner's default schedule, alltoall, the lightest recompute whose memory bound fits), so that
+    every structure is planned once before the knobs of the best ones; then the rest in bound order."""
+    order = {"none": 0, "selective": 1, "full": 2}
+    best: dict[tuple, Candidate] = {}
+    for c in cands:
+        lay = c.layout
+        if lay.micro_batch_size != 1 or lay.dispatcher != "alltoall" or lay.vpp != 1 or \
+                lay.schedule != ("overlapped" if lay.pp > 1 else "1f1b"):
+            continue
+        k = _structure(lay)
+        have = best.get(k)
+        if have is not None and order[have.layout.recompute] <= order[lay.recompute]:
+            continue
+        c.memory_bound_bytes = bounds.memory(lay)
+        if c.memory_bound_bytes <= capacity:
+            best[k] = c
+    first = sorted(best.values(), key=lambda c: (c.lower_bound_s, c.layout))
+    chosen = {id(c) for c in first}
+    return first + [c for c in cands if id(c) not in chosen]
+
+
+def _threshold(planned: list[Candidate], top: int) -> float:
+    """The ``top``-th best planned iteration among the candidates that fit (infinite while fewer fit)."""
+    times = sorted(c.result["iteration_time_s"] for c in planned if c.result and c.result["fits"])
+    return times[top - 1] if len(times) >= top else math.inf
+
+
+def _next_batch(cands: list[Candidate], i: int, threshold: float, bounds: _Bounds, capacity: float,
+                pruned: dict[str, int]) -> tuple[list[Candidate], int]:
+    """Up to :data:`BATCH` candidates to plan from position ``i`` on; those whose memory bound exceeds the
+    capacity or whose time bound reaches ``threshold`` are counted in ``pruned`` and skipped. Returns the batch and
+    the next position."""
+    batch = []
+    while len(batch) < BATCH and i < len(cands):
+        c = cands[i]
+        i += 1
+        if c.lower_bound_s >= threshold:
+            pruned["bound"] += 1
+            continue
+        if not c.memory_bound_bytes:
+            c.memory_bound_bytes = bounds.memory(c.layout)
+        if c.memory_bound_bytes > capacity:
+            pruned["memory"] += 1
+            continue
+        batch.append(c)
+    return batch, i
+
+
+#: full planner runs a search makes at most by default (about 0.06-0.1 CPU s each)
+DEFAULT_MAX_PLANS = 210
+
+
+def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 4096,
+           global_batch_tokens: int | None = None, top: int = 10, jobs: int = 1, max_plans: int = DEFAULT_MAX_PLANS,
+           progress: Callable[[int, int], None] | None = None, layouts: Sequence[Layout] | None = None
+           ) -> SearchResult:
+    """Search the layouts of ``model`` on ``gpus`` GPUs of type ``gpu`` (module docstring).
+
+    Args:
+        global_batch_tokens: tokens per iteration (default :data:`DEFAULT_GLOBAL_SEQUENCES` sequences).
+        top: how many of the best plans the bound pruning keeps exact (the ``top``-th best sets its threshold).
+        jobs: processes planning candidates at once (the same candidates are planned, and the same result
+            returned, for any ``jobs``).
+        max_plans: full planner runs at most; candidates left then are counted as ``budget`` with the smallest
+            bound among them (:attr:`SearchResult.unplanned_bound_s`).
+        progress: called with (candidates looked at, candidates after the parameter-memory rule).
+        layouts: the layouts to consider instead of :func:`enumerate_layouts`' (tests, studies).
+
+    Raises:
+        ConfigError: bad ``gpus`` or global batch (:func:`check_search_inputs`), a global batch no micro-batching
+            of the GPUs makes, or GPUs too few for the model's parameters in any layout.
+    """
+    t0 = time.process_time()
+    from tessera_lab.model.hardware import GPUSpec
+
+    node = GPUSpec.named(gpu).nvlink_domain
+    seqs = check_search_inputs(model, gpus, seq_len, global_batch_tokens or DEFAULT_GLOBAL_SEQUENCES * seq_len,
+                               node)
+    cluster = Cluster.dgx(gpu, gpus // node)
+    capacity = memory_capacity(cluster)
+    if layouts is None:
+        layouts = enumerate_layouts(model, gpus, seqs, gpus_per_node=node)
+    if not layouts:
+        raise ConfigError(f"--global-batch-tokens = {seqs * seq_len:,} ({seqs} sequences) cannot be split over "
+                          f"{gpus} GPUs by any micro-batching; allowed: a multiple of {seq_len:,} tokens whose "
+                          "sequence count the data-parallel replicas divide (e.g. "
+                          f"{max(gpus, seqs - seqs % gpus) * seq_len:,})")
+    bounds = _Bounds(model, seq_len, cluster)
+    cands, by_params, lightest = _first_pass(model, list(layouts), seq_len, capacity, bounds)
+    if not cands:
+        need = -(-math.ceil(gpus * lightest / capacity) // node) * node
+        raise ConfigError(f"--gpus = {gpus} is too small for {model.name}: the lightest layout holds "
+                          f"{lightest / 2**30:.1f} GiB of parameter state per GPU against {capacity / 2**30:.1f} GiB; "
+                          f"allowed: about {need} GPUs or more (a multiple of {node})")
+    cands = _canonical_first(cands, bounds, capacity)
+    pruned = {"memory (parameter state)": by_params, "memory": 0, "bound": 0, "budget": 0}
+    planned, rest = _plan_all(cands, bounds, capacity, pruned, (top, jobs, max_plans), progress)
+    pruned["budget"] = len(rest)
+    errors: dict[str, int] = {}
+    for c in planned:
+        if "error" in c.result:
+            errors[c.result["error"]] = errors.get(c.result["error"], 0) + 1
+    res = SearchResult(model.name, gpus, cluster.gpu.name, seq_len, seqs, top, planned, len(layouts), pruned,
+                       errors, time.process_time() - t0, capacity)
+    res.unplanned_bound_s = min((c.lower_bound_s for c in rest), default=None)
+    return res
+
+
+def _plan_all(cands, bounds: _Bounds, capacity: float, pruned: dict[str, int], limits: tuple[int, int, int],
+              progress) -> tuple[list[Candidate], list[Candidate]]:
+    """Plan the candidates in order, batch by batch, updating the pruning threshold between batches (``limits``:
+    top, jobs, max_plans); returns the planned candidates and those left unplanned when ``max_plans`` was reached
+    (not pruned by a rule)."""
+    top, jobs, max_plans = limits
+    model, seq_len, cluster = bounds.model, bounds.seq_len, bounds.cluster
+    planned: list[Candidate] = []
+    pool = None
+    if jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
+    try:
+        i = 0
+        while i < len(cands) and len(planned) < max_plans:
+            batch, i = _next_batch(cands, i, _threshold(planned, top), bounds, capacity, pruned)
+            if pool is None or len(batch) < 2:
+                rows = [plan_layout(model, c.layout, seq_len, cluster) for c in batch]
+            else:
+                parts = [batch[k::jobs] for k in range(jobs)]
+                outs = list(pool.map(_plan_batch, [(model, [c.layout for c in part], seq_len, cluster)
+                                                   for part in parts]))
+                done = {id(c): r for part, out in zip(parts, outs) for c, r in zip(part, out)}
+                rows = [done[id(c)] for c in batch]
+            for c, r in zip(batch, rows):
+                c.result = r
+            planned += batch
+            if progress is not None:
+                progress(i, len(cands))
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    threshold = _threshold(planned, top)
+    rest = [c for c in cands[i:] if c.lower_bound_s < threshold]
+    pruned["bound"] += len(cands) - i - len(rest)
+    return planned, rest

@@ -1,0 +1,90 @@
+"""Megatron-Core command-line arguments of a searched layout (:mod:`tessera_lab.plan.search`), and the layout read
+back from them (the round trip the tests check). Flag names: ``megatron/training/arguments.py``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Sequence
+
+from tessera_lab.errors import ConfigError
+from tessera_lab.plan.search import Candidate, Layout
+
+
+#: Megatron-Core's names (``megatron/training/arguments.py``) of the layout options :func:`megatron_arguments` writes
+_MEGATRON_FLAGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model-parallel-size",
+                   "vpp": "--num-virtual-stages-per-pipeline-rank", "ep": "--expert-model-parallel-size",
+                   "micro_batch_size": "--micro-batch-size"}
+#: this project's schedules Megatron-Core runs (``overlapped``: its combined 1F1B with the EP communication
+#: overlapped, ``--overlap-moe-expert-parallel-comm``); the zero-bubble ones it does not
+MEGATRON_SCHEDULES = ("1f1b", "interleaved", "overlapped", "interleaved-overlapped")
+
+
+def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
+    """A planned candidate as Megatron-Core command-line arguments: ``argv`` (TP, PP, VPP, EP with expert TP 1,
+    CP 1, sequence parallelism with TP, the pipeline layout of the planned partition, micro-batch and global batch
+    sizes, sequence length, recompute, dispatcher, the EP-overlap flag) plus ``layout`` (the search's fields,
+    read back by :func:`layout_from_megatron`) and ``notes`` (what Megatron-Core does not run as planned)."""
+    from tessera_lab.plan.exports import megatron_layout
+
+    lay = cand.layout
+    argv = []
+    for key, flag in _MEGATRON_FLAGS.items():
+        if key != "vpp" or lay.vpp > 1:
+            argv += [flag, str(getattr(lay, key))]
+    dense_dp = lay.ep * lay.dp // (lay.tp if lay.ep_spans_tp else 1)
+    argv += ["--expert-tensor-parallel-size", "1", "--context-parallel-size", "1",
+             "--global-batch-size", str(lay.microbatches * lay.micro_batch_size * dense_dp),
+             "--seq-length", str(seq_len), "--use-distributed-optimizer"]
+    if lay.tp > 1:
+        argv.append("--sequence-parallel")
+    if cand.result and cand.result.get("boundaries"):
+        argv += ["--pipeline-model-parallel-layout", megatron_layout(cand.result["boundaries"])]
+    if lay.recompute == "full":
+        argv += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    elif lay.recompute == "selective":
+        argv += ["--recompute-granularity", "selective"]
+    argv += ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"] if lay.dispatcher == "deepep" else \
+        ["--moe-token-dispatcher-type", "alltoall"]
+    if lay.schedule.endswith("overlapped"):
+        argv.append("--overlap-moe-expert-parallel-comm")
+    notes = [] if lay.schedule in MEGATRON_SCHEDULES else [
+        f"schedule {lay.schedule} is not a Megatron-Core schedule (it runs 1F1B or interleaved 1F1B)"]
+    return {"argv": argv, "layout": asdict(lay), "seq_len": seq_len, "notes": notes}
+
+
+def layout_from_megatron(argv: Sequence[str], gpus: int, *, ep_spans_tp: bool = False) -> tuple[Layout, list[int]]:
+    """The :class:`Layout` and stage boundaries of Megatron-Core arguments written by :func:`megatron_arguments` on
+    ``gpus`` GPUs. Megatron's expert grid (expert TP 1) forms EP groups from consecutive ranks of the TP x DP grid,
+    so whether an EP group spans the TP ranks is this project's placement, not a Megatron flag: pass it.
+
+    Raises:
+        ConfigError: a size flag missing or not an integer, or sizes that do not divide ``gpus``.
+    """
+    from tessera_lab.plan.exports import parse_megatron_layout
+
+    args = list(argv)
+    vals = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--") and not args[i + 1].startswith("--")}
+    flags = {a for a in args if a.startswith("--")} - set(vals)
+    try:
+        get = {k: int(vals.get(flag, "1")) for k, flag in _MEGATRON_FLAGS.items()}
+        gbs = int(vals["--global-batch-size"])
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"Megatron arguments: {exc} is missing or not an integer; allowed: the arguments "
+                          "megatron_arguments writes") from None
+    tp, pp, ep = get["tp"], get["pp"], get["ep"]
+    per_stage = ep * (1 if ep_spans_tp else tp)
+    if gpus % (per_stage * pp):
+        raise ConfigError(f"Megatron arguments: pp {pp} x ep {ep}{'' if ep_spans_tp else f' x tp {tp}'} does not "
+                          f"divide {gpus} GPUs; allowed: sizes whose product divides the GPUs")
+    dp = gpus // (per_stage * pp)
+    dense_dp = ep * dp // (tp if ep_spans_tp else 1)
+    m = gbs // (get["micro_batch_size"] * dense_dp)
+    overlap = "--overlap-moe-expert-parallel-comm" in flags
+    sched = (("interleaved-overlapped" if overlap else "interleaved") if get["vpp"] > 1
+             else ("overlapped" if overlap else "1f1b"))
+    layout = Layout(pp, get["vpp"], ep, tp, dp, m, get["micro_batch_size"], sched,
+                    vals.get("--recompute-granularity", "none"),
+                    "deepep" if "--moe-enable-deepep" in flags else vals.get("--moe-token-dispatcher-type", "alltoall"),
+                    ep_spans_tp)
+    layout_text = vals.get("--pipeline-model-parallel-layout")
+    return layout, (parse_megatron_layout(layout_text) if layout_text else [])
