@@ -60,7 +60,7 @@ from tessera_lab.pipeline.programs import _OP_COMPUTE, _OP_RECV, _OP_SEND, _comp
 from tessera_lab.pipeline.timeline import (P2P_COLLECTIVE, Event, Timeline, _add_comm_tasks, _build_timeline,
                                           _comm_tasks, _linear_timeline)
 
-__all__ = ["compile_schedule", "simulate", "Walk", "action_inputs"]
+__all__ = ["compile_schedule", "simulate", "Walk", "action_inputs", "action_outputs"]
 
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 
@@ -462,6 +462,21 @@ def action_inputs(a, num_stages: int, weight: bool = True) -> list[tuple[str, in
         elif k is _W and weight:
             out.append(("G", s, i, s))
     return out
+
+
+def action_outputs(x, num_stages: int, weight: bool = True) -> list[tuple[str, int, int, int]]:
+    """What compute leaf ``x`` produces under the dependency rule of this module, the keys of
+    :func:`action_inputs` seen from the producer, in delivery order: a forward its output for its own stage's
+    backward and for the next stage's forward; a backward (``B`` or ``I``) its input gradient for the previous
+    stage, and an ``I`` the gradient its own stage's ``W`` needs (left out with ``weight=False``); a ``W``
+    nothing."""
+    s, i, k = x.stage, x.microbatch, x.type
+    if k is _F:
+        return [("F", s, i, s)] + ([("F", s, i, s + 1)] if s < num_stages - 1 else [])
+    if k is _B or k is _I:
+        out = [("G", s, i, s - 1)] if s > 0 else []
+        return out + [("G", s, i, s)] if k is _I and weight else out
+    return []
 
 
 class Walk:
