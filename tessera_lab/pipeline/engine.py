@@ -65,7 +65,6 @@ __all__ = ["compile_schedule", "simulate", "Walk", "action_inputs", "action_outp
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 
 
-
 def _transfer_fn(p2p_latency: float, p2p_time) -> Callable[[int, int], float]:
     lat = _nonneg("p2p_latency", p2p_latency)
     if p2p_time is None:
@@ -452,9 +451,8 @@ def action_inputs(a, num_stages: int, weight: bool = True) -> list[tuple[str, in
     out = []
     for x in (a.sub_actions or (a,)):
         s, i, k = x.stage, x.microbatch, x.type
-        if k is _F:
-            if s > 0:
-                out.append(("F", s - 1, i, s))
+        if k is _F and s > 0:
+            out.append(("F", s - 1, i, s))
         elif k is _B or k is _I:
             out.append(("F", s, i, s))
             if s < num_stages - 1:
@@ -465,11 +463,9 @@ def action_inputs(a, num_stages: int, weight: bool = True) -> list[tuple[str, in
 
 
 def action_outputs(x, num_stages: int, weight: bool = True) -> list[tuple[str, int, int, int]]:
-    """What compute leaf ``x`` produces under the dependency rule of this module, the keys of
-    :func:`action_inputs` seen from the producer, in delivery order: a forward its output for its own stage's
-    backward and for the next stage's forward; a backward (``B`` or ``I``) its input gradient for the previous
-    stage, and an ``I`` the gradient its own stage's ``W`` needs (left out with ``weight=False``); a ``W``
-    nothing."""
+    """The keys of :func:`action_inputs` that compute leaf ``x`` produces, in delivery order: a forward's output for
+    its stage and the next, a backward's gradient for the previous stage and an ``I``'s for its own ``W`` (left out
+    with ``weight=False``); a ``W`` nothing."""
     s, i, k = x.stage, x.microbatch, x.type
     if k is _F:
         return [("F", s, i, s)] + ([("F", s, i, s + 1)] if s < num_stages - 1 else [])
