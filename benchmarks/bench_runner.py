@@ -45,7 +45,7 @@ def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> No
     from tessera_lab.runner.launch.launch import RunSpec, WorldSpec
     from tessera_lab.runner.runtime.model import TinyMoEModel, make_batch, shard_rows
     from tessera_lab.runner.runtime.moe import ExpertParallelComm
-    from tessera_lab.runner.runtime.pipeline import PipelineExecutor, build_stages, build_topology
+    from tessera_lab.runner.runtime.pipeline import ExecutorOptions, PipelineExecutor, build_stages, build_topology
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -64,8 +64,8 @@ def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> No
     inputs = {i: r[:, :-1] for i, r in rows.items()}
     targets = {i: r[:, 1:] for i, r in rows.items()}
 
-    def executor(schedule: str, overlap: str = "thread", pair_exec=None, pair_order=None):
-        spec = RunSpec(schedule=schedule, microbatches=m, micro_batch_size=mbs, model=model_cfg, overlap=overlap)
+    def executor(schedule: str, pair_exec=None, pair_order=None):
+        spec = RunSpec(schedule=schedule, microbatches=m, micro_batch_size=mbs, model=model_cfg)
         sched = spec.build_schedule(args.pp)
         comm = (ExpertParallelComm(topo.ep_fwd, topo.ep_bwd, topo.ep, topo.ep_rank, cfg.num_experts)
                 if topo.ep > 1 else None)
@@ -74,8 +74,8 @@ def _worker(rank: int, world_size: int, port: int, args, part: str, queue) -> No
                                  comm.local_experts if comm else None)
         for st in stages.values():
             st.comm = comm
-        ex = PipelineExecutor(topo, sched, stages, (mbs, cfg.seq_len, cfg.hidden_size), N, overlap=overlap,
-                              pair_exec=pair_exec, pair_order=pair_order)
+        ex = PipelineExecutor(topo, sched, stages, (mbs, cfg.seq_len, cfg.hidden_size), N,
+                              ExecutorOptions(pair_exec=pair_exec, pair_order=pair_order))
         return ex, stages
 
     exposed: dict[str, list[float]] = {}

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera_lab.errors import ConfigError, DeadlockError
-from tessera_lab.pipeline.engine import Walk, action_inputs
+from tessera_lab.pipeline.engine import Walk, action_inputs, action_outputs
 from tessera_lab.pipeline.schedules import ActionType, build_schedule
 from tessera_lab.pipeline.simulate import simulate, uniform_durations
 from tessera_lab.pipeline.timeline import (_Lazy, _exposed_by_rank, _peaks_in_lane_order, interval_gaps,
@@ -182,3 +182,24 @@ def test_array_timeline_equals_the_event_list_timeline(name, p2p, monkeypatch):
                      simulate(sched, d, p2p_latency=p2p, p2p_time=pt, time_only=True)))
     assert runs[0] == runs[1]
     assert runs[0][5] == runs[0][0]["makespan"]
+
+
+@pytest.mark.parametrize("name,vpp", [("1f1b", 1), ("zb-h1", 1), ("overlapped", 1), ("dualpipev", 2),
+                                      ("interleaved", 2)])
+@pytest.mark.parametrize("weight", [True, False])
+def test_what_actions_produce_is_what_actions_consume(name, vpp, weight):
+    """The producer side of the data-flow rule matches its consumer side on whole schedules: every input some
+    action needs is produced by exactly one leaf, and nothing is produced that no action needs."""
+    sched = build_schedule(name, 4, 8, vpp)
+    S = sched.num_stages
+    acts = [a for r in range(sched.num_ranks) for a in sched.actions[r]]
+    needed = [k for a in acts for k in action_inputs(a, S, weight=weight)]
+    made = [k for a in acts for x in (a.sub_actions or (a,)) for k in action_outputs(x, S, weight=weight)]
+    assert len(made) == len(set(made)) and sorted(set(needed)) == sorted(made)
+    # by hand, stage 1 of 3: a forward feeds its own backward and stage 2; an I feeds stage 0 and its own W
+    leaf = {t: next(a for a in build_schedule("zb-h1", 3, 3).actions[1] if a.type is t)
+            for t in (ActionType.F, ActionType.I, ActionType.W)}
+    assert action_outputs(leaf[ActionType.F], 3) == [("F", 1, 0, 1), ("F", 1, 0, 2)]
+    assert action_outputs(leaf[ActionType.I], 3) == [("G", 1, 0, 0), ("G", 1, 0, 1)]
+    assert action_outputs(leaf[ActionType.W], 3) == []
+

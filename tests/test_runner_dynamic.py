@@ -22,6 +22,22 @@ def _args(*argv: str) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
+def test_the_pair_handler_has_one_option_name(capsys):
+    """``--pair-exec`` (``pair_exec`` in a job) is the option; ``--overlap`` and a job field ``overlap`` are refused
+    with one line naming it (exit 2 on the command line)."""
+    from tessera_lab.runner.runtime.specs import RunSpec
+
+    assert specs_from_args(_args("--pair-exec", "serial"))[1].pair_exec == "serial"
+    assert specs_from_args(_args())[1].pair_exec is None  # the executor's default, threads
+    with pytest.raises(SystemExit) as exc:
+        _args("--overlap", "serial")
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "--overlap = 'serial' is replaced by --pair-exec" in err
+    with pytest.raises(ConfigError, match="field 'overlap' = 'thread' is replaced by 'pair_exec'"):
+        RunSpec.from_dict({"schedule": "overlapped", "overlap": "thread"})
+    assert "overlap" not in RunSpec().as_dict()
+
+
 def test_routing_bias_rows_are_the_per_layer_shares():
     bias = np.array(routing_bias("zipf:1.5", {"num_layers": 4, "num_experts": 4}))
     assert bias.shape == (4, 4)
@@ -246,7 +262,7 @@ def test_job_identity_names_the_pair_handler_and_drops_the_routing_bias():
 
     world = asdict(WorldSpec(pp=2, ep=2))
     a = job_identity(RunSpec(schedule="overlapped", model={"router_bias": [[0.0] * 4] * 4}).as_dict(), world)
-    b = job_identity(RunSpec(schedule="overlapped", overlap="serial").as_dict(), world)
+    b = job_identity(RunSpec(schedule="overlapped", pair_exec="serial").as_dict(), world)
     c = job_identity(RunSpec(schedule="overlapped", pair_exec="scheduled").as_dict(), world)
     assert a["pair_exec"] == "threads" and b["pair_exec"] == "serial" and c["pair_exec"] == "scheduled"
     assert "router_bias" not in a["model"] and a["model"]["hidden_size"] == 32 and a["model"] == b["model"]

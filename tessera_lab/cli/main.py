@@ -73,7 +73,6 @@ OPTION_HELP = {
     "--lr": "learning rate (SGD)",
     "--expert-width": "routed expert intermediate size",
     "--capacity-factor": "drop expert assignments above ceil(cf x tokens x top_k / experts) per expert",
-    "--overlap": "how the two halves of an overlapped pair run: thread (concurrently) or serial",
     "--grad-sync": "data-parallel gradient sum: ordered (all-gather, summed in replica order: deterministic) or allreduce",
     "--backend": "torch.distributed backend: auto (NCCL with GPUs, else gloo), gloo or nccl",
 }

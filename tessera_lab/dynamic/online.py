@@ -37,7 +37,7 @@ from tessera_lab.dynamic.planner import grad_sync_tasks
 from tessera_lab.dynamic.routing import parse_routing
 from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline import passes
-from tessera_lab.pipeline.engine import Walk, action_inputs
+from tessera_lab.pipeline.engine import Walk, action_inputs, action_outputs
 from tessera_lab.pipeline.schedules import Action, ActionType, Schedule
 from tessera_lab.pipeline.simulate import Event, Timeline, _transfer_fn, simulate
 
@@ -207,18 +207,16 @@ class _StepRun:
         self.peak[r] = max(self.peak[r], self.live[r])
 
     def _leaf_done(self, r: int, x: Action, end: float) -> None:
-        produce, s2r, S = self.walk.produce, self.s2r, self.S
+        produce, s2r = self.walk.produce, self.s2r
         if x.type is _F:
             self.live[r] += 1
             self.peak[r] = max(self.peak[r], self.live[r])
-            produce(("F", x.stage, x.microbatch, x.stage), end)  # the stage's own I needs it
-            if x.stage < S - 1:
-                produce(("F", x.stage, x.microbatch, x.stage + 1), end + (self.xfer(x.stage, x.stage + 1)
-                        if s2r[x.stage + 1] != r else 0.0))
-        elif x.type in (_B, _I):
-            if x.stage > 0:
-                produce(("G", x.stage, x.microbatch, x.stage - 1), end + (self.xfer(x.stage, x.stage - 1)
-                        if s2r[x.stage - 1] != r else 0.0))
+        # the engine's data-flow rule (W parts are this module's own, so no key for them): a cross-rank transfer
+        # arrives xfer(src, dst) after the producer ends, a same-rank one at once
+        for key in action_outputs(x, self.S, weight=False):
+            dst = key[3]
+            produce(key, end + self.xfer(x.stage, dst) if s2r[dst] != r else end)
+        if x.type in (_B, _I):
             if x.type is _B:
                 self.live[r] -= 1
                 self.last_w_end[x.stage] = end

@@ -60,10 +60,9 @@ from tessera_lab.pipeline.programs import _OP_COMPUTE, _OP_RECV, _OP_SEND, _comp
 from tessera_lab.pipeline.timeline import (P2P_COLLECTIVE, Event, Timeline, _add_comm_tasks, _build_timeline,
                                           _comm_tasks, _linear_timeline)
 
-__all__ = ["compile_schedule", "simulate", "Walk", "action_inputs"]
+__all__ = ["compile_schedule", "simulate", "Walk", "action_inputs", "action_outputs"]
 
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
-
 
 
 def _transfer_fn(p2p_latency: float, p2p_time) -> Callable[[int, int], float]:
@@ -452,9 +451,8 @@ def action_inputs(a, num_stages: int, weight: bool = True) -> list[tuple[str, in
     out = []
     for x in (a.sub_actions or (a,)):
         s, i, k = x.stage, x.microbatch, x.type
-        if k is _F:
-            if s > 0:
-                out.append(("F", s - 1, i, s))
+        if k is _F and s > 0:
+            out.append(("F", s - 1, i, s))
         elif k is _B or k is _I:
             out.append(("F", s, i, s))
             if s < num_stages - 1:
@@ -462,6 +460,19 @@ def action_inputs(a, num_stages: int, weight: bool = True) -> list[tuple[str, in
         elif k is _W and weight:
             out.append(("G", s, i, s))
     return out
+
+
+def action_outputs(x, num_stages: int, weight: bool = True) -> list[tuple[str, int, int, int]]:
+    """The keys of :func:`action_inputs` that compute leaf ``x`` produces, in delivery order: a forward's output for
+    its stage and the next, a backward's gradient for the previous stage and an ``I``'s for its own ``W`` (left out
+    with ``weight=False``); a ``W`` nothing."""
+    s, i, k = x.stage, x.microbatch, x.type
+    if k is _F:
+        return [("F", s, i, s)] + ([("F", s, i, s + 1)] if s < num_stages - 1 else [])
+    if k is _B or k is _I:
+        out = [("G", s, i, s - 1)] if s > 0 else []
+        return out + [("G", s, i, s)] if k is _I and weight else out
+    return []
 
 
 class Walk:

@@ -58,7 +58,7 @@ def apart(a: dict[str, float], b: dict[str, float]) -> bool:
 def job_identity(spec: dict, world: dict) -> dict[str, Any]:
     """What makes two ``run --dynamic`` results the same job apart from routing (``report --dynamic RUN
     --dynamic CONTROL`` compares these): sizes, schedule, micro-batches, steps, optimizer, data seed, gradient
-    sync, pair handler (``spec.pair_exec``, else from ``overlap`` as the executor picks it) and pair order, and
+    sync, pair handler (``spec.pair_exec``, else ``threads`` as the executor picks it) and pair order, and
     the resolved tiny-model config without its routing bias. ``spec``: a :class:`RunSpec` dict; ``world``: a
     :class:`~tessera_lab.runner.runtime.specs.WorldSpec` dict."""
     from ..runtime.specs import TinyConfig
@@ -70,7 +70,7 @@ def job_identity(spec: dict, world: dict) -> dict[str, Any]:
             "micro_batch_size": spec["micro_batch_size"], "steps": spec["steps"], "lr": spec["lr"],
             "data_seed": spec.get("data_seed"), "boundaries": spec.get("boundaries"),
             "deterministic": spec.get("deterministic"), "grad_sync": spec.get("grad_sync"),
-            "pair_exec": spec.get("pair_exec") or {"thread": "threads", "serial": "serial"}.get(spec.get("overlap")),
+            "pair_exec": spec.get("pair_exec") or "threads",
             "pair_order": spec.get("pair_order"), "model": cfg}
 
 

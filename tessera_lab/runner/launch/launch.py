@@ -97,10 +97,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="compare static and dynamic W placement: --trials interleaved pairs of jobs, the dynamic one "
                         "filling p2p receive waits with deferred W (tessera_lab.runner.runtime.gaps)")
     p.add_argument("--trials", type=positive_int("trials"), default=3, help="with --dynamic: static/dynamic pairs")
-    p.add_argument("--overlap", choices=["thread", "serial"], default="thread",
-                   help="older name of --pair-exec threads|serial (used when --pair-exec is not given)")
     p.add_argument("--pair-exec", default=None, metavar="NAME",
-                   help="overlapped-pair handler: serial | threads | scheduled (node level, async all-to-alls)")
+                   help="how the two halves of an overlapped pair run: threads (concurrently; default) | serial | "
+                        "scheduled (node level, async all-to-alls)")
+    p.add_argument("--overlap", action=_Replaced, nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--pair-order", default=None, metavar="ORDER",
                    help="issue order for --pair-exec scheduled: searched (default) | measured:RUN.json | program | megatron | "
                         "comm-first | ten comma-separated template keys (f.pre,...,b.pre)")
@@ -123,6 +123,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--fault-step", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH ('-' for stdout)")
+
+
+class _Replaced(argparse.Action):
+    """``--overlap``: refused with one line naming its replacement, ``--pair-exec`` (exit 2)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = f"option {option_string}" + (f" = {values!r}" if values is not None else "")
+        parser.exit(2, f"{parser.prog}: error: {given} is replaced by --pair-exec; allowed: --pair-exec threads "
+                       "(for --overlap thread) | serial | scheduled\n")
 
 
 def _pair_order_arg(value: str | None):
@@ -186,8 +195,7 @@ def specs_from_args(args: argparse.Namespace) -> tuple[WorldSpec, RunSpec]:
     job = RunSpec(name="run", model=model, schedule=args.schedule, vpp=args.vpp, microbatches=args.microbatches,
                   micro_batch_size=args.micro_batch_size, steps=args.steps, lr=args.lr, boundaries=boundaries,
                   defer_w=args.defer_w, deterministic=not args.no_deterministic, grad_sync=args.grad_sync,
-                  overlap=args.overlap, check_reference=args.check, save_grads=args.check, fault=fault,
-                  pair_exec=args.pair_exec,
+                  check_reference=args.check, save_grads=args.check, fault=fault, pair_exec=args.pair_exec,
                   pair_order=_pair_order_arg(args.pair_order))
     return world, job
 

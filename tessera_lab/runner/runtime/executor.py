@@ -30,7 +30,7 @@ from .pairs import PairStreams, get_pair_handler
 from .topology import StageModule, Topology
 from .transport import make_transport
 
-__all__ = ["StepRecord", "PipelineExecutor"]
+__all__ = ["StepRecord", "ExecutorOptions", "PipelineExecutor"]
 
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
 
@@ -51,19 +51,13 @@ class StepRecord:
     dynamic: dict | None = None
 
 
-class PipelineExecutor:
-    """Runs one rank's action list per step (see the module docstring).
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """How a :class:`PipelineExecutor` runs its list (every field has the default of a plain ``run``).
 
-    Args:
-        topo: this rank's :class:`Topology`.
-        schedule: the :class:`~tessera_lab.pipeline.schedules.Schedule`: compute-only (lowered here with
-            :func:`~tessera_lab.pipeline.passes.lower`) or already lowered (checked by the NCCL rule).
-        stages: ``{stage: StageModule}`` held by this rank (``schedule.rank_stages(pp_rank)``).
-        act_shape: ``(micro_batch_size, seq_len, hidden)`` of the tensors crossing stage boundaries.
-        num_tokens: global tokens per step ``N`` (the loss divisor).
-        overlap: ``"thread"`` or ``"serial"`` (older names of the ``threads`` / ``serial`` pair handlers).
-        pair_exec: a pair handler of :mod:`tessera_lab.runner.runtime.pairs` (default: from ``overlap``); a node-level
-            one runs every forward and backward as nodes (:mod:`tessera_lab.runner.runtime.nodes`).
+    Attributes:
+        pair_exec: a pair handler of :mod:`tessera_lab.runner.runtime.pairs` (None: ``threads``); a node-level one
+            runs every forward and backward as nodes (:mod:`tessera_lab.runner.runtime.nodes`).
         pair_order: issue order of the ``scheduled`` handler (:func:`tessera_lab.runner.runtime.orders.resolve_order`).
         fault: ``{"rank", "step", "action"}``: raise before that action (tests).
         timing: time every EP all-to-all (lane ``comm``); None (default): on CPU yes, on CUDA no (opt-in:
@@ -76,10 +70,36 @@ class PipelineExecutor:
         fill: with ``w_cap``, False only records the waits (the static side of ``run --dynamic``).
     """
 
+    pair_exec: str | None = None
+    pair_order: object = None
+    fault: dict | None = None
+    timing: bool | None = None
+    p2p: str = "auto"
+    p2p_timeout_s: float = 60.0
+    w_cap: int | None = None
+    fill: bool = True
+
+
+class PipelineExecutor:
+    """Runs one rank's action list per step (see the module docstring).
+
+    Args:
+        topo: this rank's :class:`Topology`.
+        schedule: the :class:`~tessera_lab.pipeline.schedules.Schedule`: compute-only (lowered here with
+            :func:`~tessera_lab.pipeline.passes.lower`) or already lowered (checked by the NCCL rule).
+        stages: ``{stage: StageModule}`` held by this rank (``schedule.rank_stages(pp_rank)``).
+        act_shape: ``(micro_batch_size, seq_len, hidden)`` of the tensors crossing stage boundaries.
+        num_tokens: global tokens per step ``N`` (the loss divisor).
+        options: :class:`ExecutorOptions` (pair handler and order, transport, W filling, timing, fault); None: the
+            defaults.
+
+    Raises:
+        ConfigError: an unknown pair handler or pair order.
+    """
+
     def __init__(self, topo: Topology, schedule: Schedule, stages: dict[int, StageModule], act_shape: tuple,
-                 num_tokens: int, *, overlap: str = "thread", fault: dict | None = None,
-                 pair_exec: str | None = None, pair_order=None, w_cap: int | None = None, fill: bool = True,
-                 p2p: str = "auto", p2p_timeout_s: float = 60.0, timing: bool | None = None):
+                 num_tokens: int, options: ExecutorOptions | None = None):
+        opts = options if options is not None else ExecutorOptions()
         self.topo = topo
         self.sched = schedule
         self.stages = stages
@@ -93,19 +113,16 @@ class PipelineExecutor:
         self.actions = [acts[0] for kind, _, acts in self.steps if kind == "compute"]
         self.act_shape = tuple(act_shape)
         self.N = num_tokens
-        if overlap not in ("thread", "serial"):
-            raise ConfigError(f"field 'overlap' = {overlap!r} is unknown; allowed: thread, serial")
-        self.overlap = overlap
-        self.handler = get_pair_handler(pair_exec or {"thread": "threads", "serial": "serial"}[overlap])
+        self.handler = get_pair_handler(opts.pair_exec or "threads")
         self.node_level = self.handler.node_level
-        self.pair_order_label, self.pair_template = resolve_order(pair_order, topo.ep)
+        self.pair_order_label, self.pair_template = resolve_order(opts.pair_order, topo.ep)
         self._comm = next((st.comm for st in stages.values()), None)
         #: node-level runs call ``dispatch_hook(key, layer, recv_counts, send_counts)`` after every count
         #: exchange (the seam for a per-EP-group dynamic controller); None: no hook
         self.dispatch_hook = None
-        self.fault = fault
+        self.fault = opts.fault
         backend = dist.get_backend() if dist.is_initialized() else "gloo"
-        self.transport = make_transport(p2p, backend, topo.rank, p2p_timeout_s)
+        self.transport = make_transport(opts.p2p, backend, topo.rank, opts.p2p_timeout_s)
         self.transport.barrier()  # the p2p group's first collective: every rank (NCCL's rule for batches)
         init = (lambda: torch.cuda.set_device(topo.device)) if topo.device.type == "cuda" else None
         self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-side", initializer=init)
@@ -116,18 +133,18 @@ class PipelineExecutor:
         self._lock = threading.Lock()
         self._tls = threading.local()
         self.clock = StepClock(topo.device)
-        if timing if timing is not None else topo.device.type != "cuda":
+        if opts.timing if opts.timing is not None else topo.device.type != "cuda":
             hook = functools.partial(self._comm_hook)
             hook.clock = self.clock.now  # the all-to-all's stamps come from this rank's step clock
             for st in stages.values():
                 if st.comm is not None:
                     st.comm.hook = hook
         self.gaps = None
-        if w_cap is not None:
+        if opts.w_cap is not None:
             from .gaps import GapFiller
 
-            self.gaps = GapFiller(self.actions, w_cap, self._run_w, self.clock.host, fill=fill, comm=self._comm,
-                                  cuda=topo.device.type == "cuda")
+            self.gaps = GapFiller(self.actions, opts.w_cap, self._run_w, self.clock.host, fill=opts.fill,
+                                  comm=self._comm, cuda=topo.device.type == "cuda")
 
     def close(self) -> None:
         self._side.shutdown(wait=True)

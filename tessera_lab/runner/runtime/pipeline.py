@@ -45,9 +45,9 @@ step) is recorded, with receive waits and EP all-to-alls on the communication la
 """
 from __future__ import annotations
 
-from .executor import PipelineExecutor, StepRecord
+from .executor import ExecutorOptions, PipelineExecutor, StepRecord
 from .topology import StageModule, Topology, build_stages, build_topology, check_boundaries, rank_coords
 from .train import run_job, sync_grads
 
 __all__ = ["Topology", "rank_coords", "build_topology", "StageModule", "build_stages", "check_boundaries",
-           "PipelineExecutor", "StepRecord", "sync_grads", "run_job"]
+           "ExecutorOptions", "PipelineExecutor", "StepRecord", "sync_grads", "run_job"]

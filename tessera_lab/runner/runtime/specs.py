@@ -315,10 +315,9 @@ class RunSpec:
         defer_w: split every backward into I now and W later (:func:`tessera_lab.pipeline.passes.split_backward`); w_lag: see there.
         deterministic: one intra-op thread and deterministic algorithms (bitwise reproducible on CPU).
         grad_sync: ``"ordered"`` (deterministic replica sum) or ``"allreduce"``.
-        overlap: ``"thread"`` (OVERLAP_F_B pairs run concurrently) or ``"serial"`` (older names; used when
-            ``pair_exec`` is None).
-        pair_exec: pair handler (:mod:`tessera_lab.runner.runtime.pairs`: ``serial``, ``threads``, ``scheduled``, or one
-            registered later); None: from ``overlap``.
+        pair_exec: how the two halves of an overlapped pair run: a pair handler of
+            :mod:`tessera_lab.runner.runtime.pairs` (``serial``, ``threads``, ``scheduled``, or one registered
+            later); None: ``threads``.
         pair_order: issue order of the ``scheduled`` handler: ``"searched"`` / None, a name of
             :data:`tessera_lab.runner.runtime.orders.NAMED_ORDERS` (``program``, ``megatron``, ``comm-first``) or a list
             of the ten template keys.
@@ -347,7 +346,6 @@ class RunSpec:
     w_lag: int | None = None
     deterministic: bool = True
     grad_sync: str = "ordered"
-    overlap: str = "thread"
     pair_exec: str | None = None
     pair_order: Any = None
     gaps: str | None = None
@@ -400,8 +398,6 @@ class RunSpec:
             raise ConfigError(f"{w} field 'lr' = {self.lr!r} is out of range; allowed: a finite number > 0")
         if self.grad_sync not in ("ordered", "allreduce"):
             raise ConfigError(f"{w} field 'grad_sync' = {self.grad_sync!r} is unknown; allowed: ordered, allreduce")
-        if self.overlap not in ("thread", "serial"):
-            raise ConfigError(f"{w} field 'overlap' = {self.overlap!r} is unknown; allowed: thread, serial")
         if self.w_lag is not None:
             _int_field(w, "w_lag", self.w_lag, 0)
         if self.gaps not in (None, "fill", "observe"):
@@ -447,6 +443,14 @@ class RunSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunSpec":
+        """The job of a dict of its fields.
+
+        Raises:
+            ConfigError: a field that is not one of the job's (``overlap`` names its replacement, ``pair_exec``).
+        """
+        if "overlap" in d:
+            raise ConfigError(f"job field 'overlap' = {d['overlap']!r} is replaced by 'pair_exec'; allowed: "
+                              "pair_exec 'threads' (for overlap 'thread'), 'serial' or 'scheduled'")
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise ConfigError(f"unknown job field(s) {sorted(unknown)}; allowed: {[f.name for f in fields(cls)]}")

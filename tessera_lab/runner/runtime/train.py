@@ -14,7 +14,7 @@ import torch.distributed as dist
 from tessera_lab.errors import ConfigError
 from tessera_lab.plan.partition import uniform_boundaries
 
-from .executor import PipelineExecutor
+from .executor import ExecutorOptions, PipelineExecutor
 from .gradsync import ordered_all_reduce
 from .layers import WEIGHT_GRAD_STORE, is_expert_param, read_route_log
 from .moe import ExpertParallelComm
@@ -149,10 +149,10 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
     model.to(topo.device)
     opt = make_optimizer([p for _, p in named], spec.lr)
     N = m * R * mbs * T
-    ex = PipelineExecutor(topo, sched, stages, (mbs, T, cfg.hidden_size), N, overlap=spec.overlap, fault=spec.fault,
-                          pair_exec=spec.pair_exec, pair_order=spec.pair_order,
-                          w_cap=(spec.w_cap or world.pp) if spec.gaps else None, fill=spec.gaps == "fill",
-                          p2p=getattr(world, "p2p", "auto"), p2p_timeout_s=world.timeout_s)
+    ex = PipelineExecutor(topo, sched, stages, (mbs, T, cfg.hidden_size), N, ExecutorOptions(
+        pair_exec=spec.pair_exec, pair_order=spec.pair_order, fault=spec.fault,
+        w_cap=(spec.w_cap or world.pp) if spec.gaps else None, fill=spec.gaps == "fill",
+        p2p=getattr(world, "p2p", "auto"), p2p_timeout_s=world.timeout_s))
     buckets = None  # run --dynamic: the replica gradient sum in chunks launched in receive waits (runner/runtime/gaps.py)
     if ex.gaps is not None and ex.gaps.fill and spec.grad_sync == "ordered" and topo.replicas > 1:
         from .gaps import GradBuckets

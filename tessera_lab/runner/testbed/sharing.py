@@ -31,7 +31,7 @@ from typing import Callable, Mapping
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline.actions import ActionType
-from tessera_lab.pipeline.engine import Walk, action_inputs
+from tessera_lab.pipeline.engine import Walk, action_inputs, action_outputs
 
 __all__ = ["share_rate", "corun_slowdown", "simulate_shared"]
 
@@ -113,7 +113,7 @@ def simulate_shared(schedule, work: Callable[[int, int | None, ActionType], floa
             if not a.is_compute:
                 continue
             needs = [(k, src, i, s2r[src] != r) for k, src, i, _ in action_inputs(a, S)]
-            prods = [("F" if x.type is _F else "G", x.stage, x.microbatch) for x in _leaves(a) if x.type is not _W]
+            prods = list(dict.fromkeys(key[:3] for x in _leaves(a) for key in action_outputs(x, S)))
             key = next(((x.stage, x.microbatch) for x in _leaves(a) if x.type is not _F),
                         (a.stage, a.microbatch)) if a.sub_actions else (a.stage, a.microbatch)
             typ = _OV if a.sub_actions else a.type
