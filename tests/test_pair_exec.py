@@ -193,10 +193,16 @@ def test_order_from_measured_node_times(tmp_path):
     assert d["f.pre"] == 4.0 and d["b.post"] == 2.0 and d["f.dispatch"] == 1.5 and d["b.combine"] == 0.5
     assert d["f.experts"] == 0.0 and set(d) == set(od.TEMPLATE_KEYS)
     path = tmp_path / "run.json"
-    path.write_text(json.dumps({"jobs": [{"events": ev}]}))
+    from tessera_lab.runner.runtime.specs import TinyConfig
+
+    # a run result as `tessera-lab run --json` writes it (the reader checks the whole schema), with these events
+    job = {"schedule": "overlapped", "tokens_per_step": 64, "spec": {"model": TinyConfig().as_dict()},
+           "timing": {"durations": {"f": [1.0], "b": [2.0]}},
+           "events": [{**e, "step": 0, "rank": 0} for e in ev]}
+    path.write_text(json.dumps({"jobs": [job]}))
     label, tpl = od.resolve_order(f"measured:{path}", 2)
     assert "measured" in label and od.host_issue_makespan(tpl, d) == od.search_template(d, keep=1)[0][0]
-    with pytest.raises(ConfigError, match="readable run"):
+    with pytest.raises(ConfigError, match="none.json' does not exist"):
         od.resolve_order(f"measured:{tmp_path / 'none.json'}", 2)
 
 
