@@ -86,6 +86,10 @@ CARDS = {
     "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": (550e9, 55e9, "active_no_input_embedding", 0.01),
     # MiMo-V2-Flash 309B / 15B: "15B" is the active count with embedding and head, truncated
     "XiaomiMiMo--MiMo-V2-Flash": (309e9, 15e9, "active", None),
+    # Gemma-4: 25.2B total / 3.8B active (26B-A4B), 30.7B (31B dense): the language model's, the tied embedding
+    # counted once, active with it; the card lists the ~550M vision encoder apart
+    "google--gemma-4-26B-A4B": (25.2e9, 3.8e9, "active", None),
+    "nvidia--Gemma-4-31B-IT-NVFP4": (30.7e9, 30.7e9, "active", None),
     # gpt-oss: OpenAI's card counts the unembedding, not the embedding
     "openai--gpt-oss-120b": (116.8e9, 5.1e9, "active_no_input_embedding", 0.01),
     "openai--gpt-oss-20b": (20.9e9, 3.6e9, "active_no_input_embedding", 0.01),
@@ -230,3 +234,51 @@ def test_mimo_v2_flash_layers_by_the_reference_rule_and_attention_by_hand():
         ModelSpec.from_hf_config({**cfg, "n_shared_experts": 1})
     with pytest.raises(ConfigError, match="'add_swa_attention_sink_bias' = 'true' is not a boolean"):
         ModelSpec.from_hf_config({**cfg, "add_swa_attention_sink_bias": "true"})
+
+
+def test_gemma4_layers_by_the_reference_rule_and_attention_by_hand():
+    cfg = json.loads((AIC / "google--gemma-4-26B-A4B_config.json").read_text())["text_config"]
+    m = load("google--gemma-4-26B-A4B")
+    # Gemma4TextConfig: the listed layer_types; global (full) layers every 6th; enable_moe_block: MoE in every layer
+    expect = "".join("S" if t == "sliding_attention" else "A" for t in cfg["layer_types"])
+    assert m.layer_pattern() == expect == ("S" * 5 + "A") * 5
+    # the default rule without the list: sliding when (i + 1) % 6, the last layer global (forced)
+    rule = ModelSpec.from_hf_config({k: v for k, v in cfg.items() if k != "layer_types"} | {"num_hidden_layers": 32})
+    assert rule.layer_pattern() == ("S" * 5 + "A") * 5 + "SA"
+    h, nh, hd, nkv, ghd, gkv, E, w, mw = 2816, 16, 256, 8, 512, 2, 128, 704, 2112
+    local, glob = m.layers[0], m.layers[5]
+    assert local.window == 1024 and glob.window == 0 and glob.k_eq_v and not local.k_eq_v
+    # Gemma4TextAttention: q, k, v, o with q/k RMSNorm of the head dim; global layers: head dim 512, 2 KV heads,
+    # no v_proj (attention_k_eq_v)
+    assert m.mixer_params(local) == h * nh * hd + 2 * h * nkv * hd + nh * hd * h + 2 * hd
+    assert m.mixer_params(glob) == h * nh * ghd + h * gkv * ghd + nh * ghd * h + 2 * ghd
+    # MoE: router h x E, experts gate-up and down; the dense MLP beside them counted as the shared expert
+    p = m.layer_params(local)
+    assert (p["router"], p["experts"], p["shared"]) == (h * E, E * 3 * h * w, 3 * h * mw)
+    assert m.num_experts_per_tok == 8 and m.tie_word_embeddings
+    # the q/k/v GEMM of a global layer has no value output
+    from tessera_lab.model.tasks import layer_tasks
+
+    par = ParallelConfig(pp=1, ep=1, microbatches=1, seq_len=4096)
+    qkv = next(t for t in layer_tasks(m, glob, par).F if t.name == "qkv_proj")
+    assert qkv.flops == pytest.approx(2 * 4096 * h * (nh * ghd + gkv * ghd))
+
+
+def test_gemma4_refusals_and_types():
+    cfg = json.loads((AIC / "google--gemma-4-26B-A4B_config.json").read_text())
+    text = cfg["text_config"]
+    for change, match in (({"hidden_size_per_layer_input": 256}, "per-layer input embeddings"),
+                          ({"num_kv_shared_layers": 20}, "'num_kv_shared_layers' = 20 is not supported"),
+                          ({"use_bidirectional_attention": "all"}, "'use_bidirectional_attention' = \"all\""),
+                          ({"enable_moe_block": "true"}, "'enable_moe_block' = 'true' is not a boolean"),
+                          ({"attention_k_eq_v": "false"}, "'attention_k_eq_v' = 'false' is not a boolean"),
+                          ({"top_k_experts": 129}, "'top_k_experts' = 129 is out of range"),
+                          ({"num_global_key_value_heads": 3}, "'num_global_key_value_heads' = 3 must divide")):
+        with pytest.raises(ConfigError, match=match):
+            ModelSpec.from_hf_config({**cfg, "text_config": {**text, **change}})
+    # the per-layer input embeddings are on by default (Gemma4TextConfig: 256): a config without the field is refused
+    with pytest.raises(ConfigError, match="per-layer input embeddings"):
+        ModelSpec.from_hf_config({k: v for k, v in text.items() if k != "hidden_size_per_layer_input"})
+    # tie_word_embeddings defaults to true; false unties the head (one more vocab x h)
+    untied = ModelSpec.from_hf_config({**text, "tie_word_embeddings": False}).param_counts().total
+    assert untied - load("google--gemma-4-26B-A4B").param_counts().total == 262144 * 2816

@@ -51,6 +51,7 @@ class LayerSpec:
         heads, kv_heads, head_dim, v_head_dim: this GQA layer's own attention shapes when they differ from the
             model's (MiMo-V2-Flash's sliding-window layers); 0: the model's (``v_head_dim`` 0: ``head_dim``).
         sinks: this layer has per-head attention-sink biases (MiMo-V2-Flash's sliding-window layers).
+        k_eq_v: the values are the keys (no value projection; Gemma-4's global layers, ``attention_k_eq_v``).
     """
 
     index: int
@@ -67,6 +68,7 @@ class LayerSpec:
     head_dim: int = 0
     v_head_dim: int = 0
     sinks: bool = False
+    k_eq_v: bool = False
 
     @property
     def kind(self) -> str:
@@ -76,6 +78,8 @@ class LayerSpec:
         detail = "/mtp" if self.mtp else (f"/{self.local}{self.window}" if self.local else "")
         if self.heads or self.kv_heads or self.head_dim or self.v_head_dim:
             detail += f"/h{self.heads}kv{self.kv_heads}d{self.head_dim}v{self.v_head_dim}"
+        if self.k_eq_v:
+            detail += "/keqv"
         if self.dense_width:
             detail += f"/w{self.dense_width}"
         return f"{self.mixer}{detail}+{self.ffn}"

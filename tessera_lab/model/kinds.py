@@ -4,7 +4,8 @@ Every function takes a :class:`~tessera_lab.model.spec.ModelSpec` and returns a 
 Shapes (``h`` hidden size, all linear layers without bias unless the config says):
 
 * ``gqa`` / ``gated_gqa`` (MHA, GQA, MQA; transformers ``LlamaAttention``-style): q ``h x nh hd`` (x2 with the output
-  gate of Qwen3-Next/Qwen3.5), k and v ``h x nkv hd``, o ``nh hd x h``; ``attention_bias``: q, k, v biases
+  gate of Qwen3-Next/Qwen3.5), k and v ``h x nkv hd`` (no v when the values are the keys, Gemma-4's
+  ``attention_k_eq_v`` global layers), o ``nh hd x h``; ``attention_bias``: q, k, v biases
   (``o_bias``: o's too, gpt-oss); per-head q/k RMSNorm ``2 hd`` (Qwen3) or over the whole projection
   ``nh hd + nkv hd`` (OLMoE ``q_norm``/``k_norm``); gpt-oss sinks: one logit per head.
 * ``mla`` (DeepSeek-V3 ``DeepseekV3Attention``): q through a LoRA (``q_a``, norm, ``q_b``) or ``q_proj``; ``kv_a``
@@ -94,11 +95,12 @@ def mixer_params(m: ModelSpec, layer: LayerSpec) -> int:
         return params
     nh, nkv, hd, vd = gqa_shape(m, layer)
     q_out = nh * hd * (2 if a == "gated_gqa" else 1)
-    params = h * q_out + h * nkv * (hd + vd) + nh * vd * h  # q, k, v (MiMo-V2-Flash: v of its own width), o
+    kv = nkv * (hd + (0 if layer.k_eq_v else vd))  # Gemma-4's global layers: v is k (no v_proj)
+    params = h * q_out + h * kv + nh * vd * h  # q, k, v (MiMo-V2-Flash: v of its own width), o
     if m.qk_norm:
         params += (nh + nkv) * hd if m.qk_norm_full else 2 * hd
     if m.attention_bias:
-        params += q_out + nkv * (hd + vd)
+        params += q_out + kv
     if m.o_bias:
         params += h
     if m.attention_sinks or layer.sinks:

@@ -97,7 +97,8 @@ def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
     nh, nkv, hd, vd = kinds.gqa_shape(m, layer)  # vd: the value head dim (MiMo-V2-Flash: unlike hd)
     nh, nkv = nh / tp, max(nkv / tp, 1)
     gated = layer.attention == "gated_gqa"
-    qkv = g.gemm("qkv_proj", T, h, nh * hd * (2 if gated else 1) + nkv * (hd + vd), [after], seq=True)
+    kv_out = nkv * (hd + (0 if layer.k_eq_v else vd))  # Gemma-4's global layers: v is k (no v_proj)
+    qkv = g.gemm("qkv_proj", T, h, nh * hd * (2 if gated else 1) + kv_out, [after], seq=True)
     rope = g.elementwise("qk_norm_rope", dt * T * (nh + nkv) * hd * 2, [qkv], saved=dt * T * (nh + nkv) * hd)
     # causal: s^2/2 pairs; q k^T over hd, p v over vd (MiMo-V2-Flash: vd unlike hd)
     flops = attention_flops(b, mixers.attention_pairs(s, layer.window, layer.local), nh, hd, vd)

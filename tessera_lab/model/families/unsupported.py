@@ -23,10 +23,6 @@ FEATURES: dict[str, str] = {
                "gates, per-kind attention shapes and the MTP layers cannot be placed by a known rule)",
     "step3p5": "Step-3.x's attention and MoE layout (its reference modeling file is not read yet: head-wise "
                "gates, per-kind attention shapes and the MTP layers cannot be placed by a known rule)",
-    "gemma4_text": "Gemma-4's global-attention layers with their own head_dim and key-value heads (global_head_dim, "
-                   "attention_k_eq_v) and, in the MoE models, a dense MLP beside the MoE block (enable_moe_block)",
-    "gemma4": "Gemma-4's global-attention layers with their own head_dim and key-value heads (global_head_dim, "
-              "attention_k_eq_v) and, in the MoE models, a dense MLP beside the MoE block (enable_moe_block)",
 }
 
 #: a config field (set, not null) that brings a feature the cost model does not have, whatever the model_type
