@@ -52,6 +52,8 @@ class LayerSpec:
             model's (MiMo-V2-Flash's sliding-window layers); 0: the model's (``v_head_dim`` 0: ``head_dim``).
         sinks: this layer has per-head attention-sink biases (MiMo-V2-Flash's sliding-window layers).
         k_eq_v: the values are the keys (no value projection; Gemma-4's global layers, ``attention_k_eq_v``).
+        head_gate: a head-wise output gate (one scalar per head from ``g_proj`` ``h x heads``, applied to the head's
+            attention output before o; Laguna).
     """
 
     index: int
@@ -69,6 +71,7 @@ class LayerSpec:
     v_head_dim: int = 0
     sinks: bool = False
     k_eq_v: bool = False
+    head_gate: bool = False
 
     @property
     def kind(self) -> str:
@@ -80,6 +83,8 @@ class LayerSpec:
             detail += f"/h{self.heads}kv{self.kv_heads}d{self.head_dim}v{self.v_head_dim}"
         if self.k_eq_v:
             detail += "/keqv"
+        if self.head_gate:
+            detail += "/hgate"
         if self.dense_width:
             detail += f"/w{self.dense_width}"
         return f"{self.mixer}{detail}+{self.ffn}"

@@ -7,7 +7,8 @@ Shapes (``h`` hidden size, all linear layers without bias unless the config says
   gate of Qwen3-Next/Qwen3.5), k and v ``h x nkv hd`` (no v when the values are the keys, Gemma-4's
   ``attention_k_eq_v`` global layers), o ``nh hd x h``; ``attention_bias``: q, k, v biases
   (``o_bias``: o's too, gpt-oss); per-head q/k RMSNorm ``2 hd`` (Qwen3) or over the whole projection
-  ``nh hd + nkv hd`` (OLMoE ``q_norm``/``k_norm``); gpt-oss sinks: one logit per head.
+  ``nh hd + nkv hd`` (OLMoE ``q_norm``/``k_norm``); gpt-oss sinks: one logit per head; a head-wise output gate
+  (Laguna ``g_proj``) ``h x nh``.
 * ``mla`` (DeepSeek-V3 ``DeepseekV3Attention``): q through a LoRA (``q_a``, norm, ``q_b``) or ``q_proj``; ``kv_a``
   ``h x (r_kv + d_rope)``, its norm, ``kv_b`` ``r_kv x nh (d_nope + d_v)``, o ``nh d_v x h``. ``mla_sparse``
   adds DeepSeek-V3.2's lightning indexer (DeepSeek-V3.2-Exp ``inference/model.py`` ``Indexer``): ``wq_b``
@@ -105,6 +106,8 @@ def mixer_params(m: ModelSpec, layer: LayerSpec) -> int:
         params += h
     if m.attention_sinks or layer.sinks:
         params += nh
+    if layer.head_gate:  # Laguna's g_proj: one gate per head
+        params += h * nh
     return params
 
 

@@ -98,7 +98,8 @@ def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
     nh, nkv = nh / tp, max(nkv / tp, 1)
     gated = layer.attention == "gated_gqa"
     kv_out = nkv * (hd + (0 if layer.k_eq_v else vd))  # Gemma-4's global layers: v is k (no v_proj)
-    qkv = g.gemm("qkv_proj", T, h, nh * hd * (2 if gated else 1) + kv_out, [after], seq=True)
+    head_gate = nh if layer.head_gate else 0  # Laguna's g_proj (h x heads), on the same input: one GEMM here
+    qkv = g.gemm("qkv_proj", T, h, nh * hd * (2 if gated else 1) + kv_out + head_gate, [after], seq=True)
     rope = g.elementwise("qk_norm_rope", dt * T * (nh + nkv) * hd * 2, [qkv], saved=dt * T * (nh + nkv) * hd)
     # causal: s^2/2 pairs; q k^T over hd, p v over vd (MiMo-V2-Flash: vd unlike hd)
     flops = attention_flops(b, mixers.attention_pairs(s, layer.window, layer.local), nh, hd, vd)
@@ -106,13 +107,15 @@ def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
     # the core keeps q, k, v, its output o and the fp32 lse; o is the very tensor its consumer keeps (the output
     # gate, or o_proj's input in bf16), one storage, so it is counted there (an FP8 o_proj keeps its own FP8 copy)
     o = dt * T * nh * vd
-    shared = o if (gated or g.gemm_in == dt) else 0.0
+    shared = o if (gated or layer.head_gate or g.gemm_in == dt) else 0.0
     core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=(rope,),
                       saved_bytes=io + 4.0 * T * nh - shared), b_scale=2.0,
                  selective=dt * T * (nh * hd + nkv * (hd + vd)), module="core_attn")
     last = core
     if gated:
         last = g.elementwise("output_gate", dt * T * nh * vd * 3, [core], saved=dt * T * nh * vd * 2)
+    elif layer.head_gate:  # o times one gate value per head: reads o and the gates, writes o_proj's input
+        last = g.elementwise("head_gate", dt * T * (2 * nh * vd + nh), [core], saved=dt * T * (nh * vd + nh))
     return g.gemm("o_proj", T, nh * vd, h, [last])
 
 
