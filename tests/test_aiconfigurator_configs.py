@@ -80,6 +80,9 @@ CARDS = {
     # GLM-5 744B / 40B: active without embedding and head; MTP apart
     "zai-org--GLM-5": (744e9, 40e9, "active_non_embedding", 0.01),
     "zai-org--GLM-5.1": (744e9, 40e9, "active_non_embedding", 0.01),
+    # GLM-5.2 744B-A40B: GLM-5's shapes less 57 indexers (its shared layers have none): 39.35B active, the name's
+    # "A40B" rounded (within 2%)
+    "zai-org--GLM-5.2": (744e9, 40e9, "active_non_embedding", 0.02),
     # Nemotron 3: active without the input embedding (the head counted), as the Nano card states; MTP apart
     "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": (31.6e9, 3.2e9, "active_no_input_embedding", 0.01),
     "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8": (120e9, 12e9, "active_no_input_embedding", 0.02),
@@ -282,3 +285,47 @@ def test_gemma4_refusals_and_types():
     # tie_word_embeddings defaults to true; false unties the head (one more vocab x h)
     untied = ModelSpec.from_hf_config({**text, "tie_word_embeddings": False}).param_counts().total
     assert untied - load("google--gemma-4-26B-A4B").param_counts().total == 262144 * 2816
+
+
+def test_glm52_shared_indexers_by_the_reference_rule():
+    cfg = json.loads((AIC / "zai-org--GLM-5.2_config.json").read_text())
+    m = load("zai-org--GLM-5.2")
+    # IndexShare: layer i runs its own indexer when max(i - offset + 1, 0) % freq == 0 (offset 3, freq 4): 21 of 78
+    shared = [max(i - 3 + 1, 0) % 4 != 0 for i in range(78)]
+    assert [l.shared_index for l in m.layers] == shared and shared.count(False) == 21
+    assert [t == "shared" for t in cfg["indexer_types"]] == shared
+    # the schedule alone (no list) reads the same layers; a list that disagrees with it is refused
+    alone = ModelSpec.from_hf_config({k: v for k, v in cfg.items() if k != "indexer_types"})
+    assert [l.shared_index for l in alone.layers] == shared
+    bad = list(cfg["indexer_types"])
+    bad[4] = "full"
+    with pytest.raises(ConfigError, match="disagree at layer 4"):
+        ModelSpec.from_hf_config({**cfg, "indexer_types": bad})
+    with pytest.raises(ConfigError, match="starts with 'shared'"):
+        ModelSpec.from_hf_config({k: v for k, v in cfg.items() if k not in ("index_topk_freq", "index_skip_topk_offset")}
+                                 | {"indexer_types": ["shared"] + cfg["indexer_types"][1:]})
+    # a shared layer has no indexer weights: GLM-5 (same shapes, every layer its indexer) less 57 indexers
+    # (wq_b r_q x n_i d_i, wk h x d_i, k_norm 2 d_i, weights_proj h x n_i)
+    h, rq, ni, di = 6144, 2048, 32, 128
+    indexer = rq * ni * di + h * di + 2 * di + h * ni
+    assert load("zai-org--GLM-5").param_counts().total - m.param_counts().total == 57 * indexer
+    # its tasks: no indexer; the core attends the index_topk keys as a full layer's does
+    from tessera_lab.model.tasks import layer_tasks
+
+    par = ParallelConfig(pp=1, ep=8, microbatches=1, seq_len=8192)
+    full, reuse = ({t.name: t for t in layer_tasks(m, m.layers[i], par).F} for i in (6, 7))
+    assert "index_core" in full and not any(n.startswith("index") for n in reuse)
+    assert reuse["core"].flops == full["core"].flops
+
+
+def test_exported_fields_beside_the_reference():
+    # NVIDIA's GLM-5.2 NVFP4 config adds layer_types (every layer deepseek_sparse_attention), num_experts (=
+    # n_routed_experts) and mlp_bias false: the same model as zai-org's
+    nv, zai = load("nvidia--GLM-5.2-NVFP4"), load("zai-org--GLM-5.2")
+    assert nv.param_counts() == zai.param_counts() and nv.layer_pattern() == zai.layer_pattern()
+    cfg = json.loads((AIC / "nvidia--GLM-5.2-NVFP4_config.json").read_text())
+    for change, match in (({"num_experts": 128}, "'num_experts' = 128 and 'n_routed_experts' = 256 disagree"),
+                          ({"layer_types": ["full_attention"] * 78}, "'layer_types' must list 78 entries"),
+                          ({"mlp_bias": True}, "'mlp_bias' = true is not supported")):
+        with pytest.raises(ConfigError, match=match):
+            ModelSpec.from_hf_config({**cfg, **change})

@@ -54,6 +54,8 @@ class LayerSpec:
         k_eq_v: the values are the keys (no value projection; Gemma-4's global layers, ``attention_k_eq_v``).
         head_gate: a head-wise output gate (one scalar per head from ``g_proj`` ``h x heads``, applied to the head's
             attention output before o; Laguna).
+        shared_index: a DSA layer (``mla_sparse``) without its own indexer: it attends the ``index_topk`` keys an
+            earlier layer's indexer selected (GLM-5.2's ``indexer_types`` ``shared``).
     """
 
     index: int
@@ -72,6 +74,7 @@ class LayerSpec:
     sinks: bool = False
     k_eq_v: bool = False
     head_gate: bool = False
+    shared_index: bool = False
 
     @property
     def kind(self) -> str:
@@ -85,6 +88,8 @@ class LayerSpec:
             detail += "/keqv"
         if self.head_gate:
             detail += "/hgate"
+        if self.shared_index:
+            detail += "/sharedidx"
         if self.dense_width:
             detail += f"/w{self.dense_width}"
         return f"{self.mixer}{detail}+{self.ffn}"

@@ -13,7 +13,7 @@ Shapes (``h`` hidden size, all linear layers without bias unless the config says
   ``h x (r_kv + d_rope)``, its norm, ``kv_b`` ``r_kv x nh (d_nope + d_v)``, o ``nh d_v x h``. ``mla_sparse``
   adds DeepSeek-V3.2's lightning indexer (DeepSeek-V3.2-Exp ``inference/model.py`` ``Indexer``): ``wq_b``
   ``r_q x n_i d_i``, ``wk`` ``h x d_i``, ``k_norm`` LayerNorm (weight and bias) ``2 d_i``, ``weights_proj``
-  ``h x n_i``.
+  ``h x n_i`` (none on a layer that reuses an earlier layer's selection, GLM-5.2's ``shared`` layers).
 * ``gated_deltanet`` (transformers ``Qwen3NextGatedDeltaNet``): see :func:`mixer_params`.
 * ``kda`` (Kimi Delta Attention, flash-linear-attention ``fla/layers/kda.py`` as vLLM ``kimi_linear.py`` loads it):
   q, k ``h x H d_k``, v ``h x H d_v``, three depthwise short convolutions (no bias) ``(2 H d_k + H d_v) K``,
@@ -90,7 +90,7 @@ def mixer_params(m: ModelSpec, layer: LayerSpec) -> int:
         kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
         kv += m.kv_lora_rank * nh * (m.qk_nope_head_dim + m.v_head_dim)
         params = q + kv + nh * m.v_head_dim * h
-        if a == "mla_sparse":
+        if a == "mla_sparse" and not layer.shared_index:  # GLM-5.2's shared layers have no indexer of their own
             ni, di = m.index_n_heads, m.index_head_dim
             params += (m.q_lora_rank or h) * ni * di + h * di + 2 * di + h * ni
         return params

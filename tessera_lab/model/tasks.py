@@ -135,8 +135,10 @@ def _mixer_mla(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
     kvb = g.gemm("kv_b_proj", T, m.kv_lora_rank, nh * (m.qk_nope_head_dim + m.v_head_dim), [kvn], seq=True)
     core_deps, pairs = (q, kvb), mixers.attention_pairs(s)
     if layer.attention == "mla_sparse":  # DeepSeek-V3.2: each query attends the index_topk keys its indexer picks
-        sel = mixers.indexer(g, m, T, b, s, qn if m.q_lora_rank else after, m.q_lora_rank or h, after)
-        core_deps, pairs = (q, kvb, sel), mixers.attention_pairs(s, m.index_topk, "sliding")
+        pairs = mixers.attention_pairs(s, m.index_topk, "sliding")
+        if not layer.shared_index:  # GLM-5.2's shared layers reuse an earlier layer's selection: no indexer here
+            sel = mixers.indexer(g, m, T, b, s, qn if m.q_lora_rank else after, m.q_lora_rank or h, after)
+            core_deps = (q, kvb, sel)
     up = "mla_up_proj" in g.modules
     if up:
         # Megatron's 'mla_up_proj' (output-discarding checkpoint of the up projections and RoPE): their inputs stay

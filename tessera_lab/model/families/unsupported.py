@@ -34,8 +34,6 @@ FIELD_FEATURES: dict[str, str] = {
     "hc_mult": "hyper-connections (hc_mult: several residual streams mixed per layer)",
     "compress_ratios": "compressed sparse attention (compress_ratios)",
     "num_hash_layers": "hash-routed MoE layers (num_hash_layers)",
-    "index_topk_freq": "DSA indexers shared across layers (indexer_types 'shared', index_topk_freq: a layer reuses "
-                       "another layer's selection)",
 }
 #: values of a :data:`FIELD_FEATURES` field that bring no such feature (one residual stream, every layer its indexer)
 _NO_FEATURE = (None, 0, 1, False)
