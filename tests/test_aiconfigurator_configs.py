@@ -293,6 +293,7 @@ def test_glm52_shared_indexers_by_the_reference_rule():
     # IndexShare: layer i runs its own indexer when max(i - offset + 1, 0) % freq == 0 (offset 3, freq 4): 21 of 78
     shared = [max(i - 3 + 1, 0) % 4 != 0 for i in range(78)]
     assert [l.shared_index for l in m.layers] == shared and shared.count(False) == 21
+    assert (m.layers[6].label, m.layers[7].label) == ("DSA-MLA", "DSA-MLA(shared idx)")
     assert [t == "shared" for t in cfg["indexer_types"]] == shared
     # the schedule alone (no list) reads the same layers; a list that disagrees with it is refused
     alone = ModelSpec.from_hf_config({k: v for k, v in cfg.items() if k != "indexer_types"})

@@ -105,6 +105,8 @@ class LayerSpec:
             return "Chunked"
         if self.attention == "none":  # a block without mixer: named by its FFN
             return "MoE-only" if self.ffn == MOE else "MLP-only"
+        if self.shared_index:  # GLM-5.2: DSA on an earlier layer's selection
+            return "DSA-MLA(shared idx)"
         return MIXER_LABELS.get(self.attention, self.attention)
 
 
