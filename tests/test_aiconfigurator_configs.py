@@ -330,3 +330,17 @@ def test_exported_fields_beside_the_reference():
                           ({"mlp_bias": True}, "'mlp_bias' = true is not supported")):
         with pytest.raises(ConfigError, match=match):
             ModelSpec.from_hf_config({**cfg, **change})
+
+
+def test_cp_ring_carries_each_layers_own_kv_shapes():
+    from tessera_lab.model.tasks import layer_tasks
+
+    m = load("google--gemma-4-26B-A4B")
+    p = ParallelConfig(pp=1, ep=8, cp=4, seq_len=65536, expert_load=1.0)
+    T = 65536 // 4
+    ring = {i: next(t for t in layer_tasks(m, m.layers[i], p).F if t.name == "cp_kv").collective.bytes
+            for i in (0, 5)}
+    # sliding layer: 8 KV heads of 256, K and V; global layer: 2 KV heads of 512, K and V (the values are the keys
+    # before v_norm: two tensors in the core); all-gather S = cp x T x width x 2 bytes
+    assert ring[0] == 4 * T * 8 * (256 + 256) * 2
+    assert ring[5] == 4 * T * 2 * (512 + 512) * 2

@@ -365,7 +365,7 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
         else:
             mix = _mixer_gqa(g, model, layer, T, b, s, p.tp, n1)
         if p.cp > 1:  # context parallelism: the mixer's exchange over the CP group (model/context_parallel.py)
-            add_cp_comms(g, model, a, start, mix, T, p.tp, p.cp)
+            add_cp_comms(g, model, a, start, mix, T, p.tp, p.cp, layer)
         if p.tp > 1:
             mix = g.comm("attn_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [mix])
         outs = [mix]
