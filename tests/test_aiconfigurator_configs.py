@@ -344,3 +344,12 @@ def test_cp_ring_carries_each_layers_own_kv_shapes():
     # before v_norm: two tensors in the core); all-gather S = cp x T x width x 2 bytes
     assert ring[0] == 4 * T * 8 * (256 + 256) * 2
     assert ring[5] == 4 * T * 2 * (512 + 512) * 2
+
+
+def test_glm52_layers_knob_rederives_the_index_schedule():
+    m = load("zai-org--GLM-5.2").with_changes(num_layers=20)
+    # IndexShare rule for 20 layers (offset 3, freq 4): full at 0, 1, 2, 6, 10, 14, 18; the first 3 layers dense
+    assert [i for i, l in enumerate(m.layers) if not l.shared_index] == [0, 1, 2, 6, 10, 14, 18]
+    assert m.layer_pattern() == "aaa" + "A" * 17
+    nv = load("nvidia--GLM-5.2-NVFP4").with_changes(num_layers=20)
+    assert nv.param_counts() == m.param_counts()

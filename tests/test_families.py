@@ -507,3 +507,9 @@ def test_laguna_refusals_and_types():
                           ({"use_mla": True}, "'use_mla'")):
         with pytest.raises(ConfigError, match=match):
             ModelSpec.from_hf_config({**cfg, **change})
+
+
+def test_laguna_layers_knob_keeps_the_layout():
+    m = ModelSpec.from_hf_config(LAGUNA).with_changes(num_layers=10)
+    # the per-layer lists tiled: global (48 heads) then three sliding (64 heads); the first layer stays dense
+    assert m.layer_pattern() == "aSSSASSSAS" and [l.heads for l in m.layers[:5]] == [48, 64, 64, 64, 48]

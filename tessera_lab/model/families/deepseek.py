@@ -50,8 +50,27 @@ READS = frozenset({"num_attention_heads", "num_key_value_heads", "q_lora_rank", 
 IGNORES = frozenset({"indexer_rope_interleave", "index_share_for_mtp_iteration", "moe_router_dtype"})
 #: no MLP biases (DeepseekV3MLP has none)
 NEUTRAL = {"mlp_bias": (None, False)}
+def _layers_knob(cfg: dict[str, Any], n: int) -> None:
+    """``n`` layers by the family's rules: ``mlp_layer_types`` kept as far as it goes and ``sparse`` after;
+    ``indexer_types`` re-derived from the schedule fields when the config has them (GLM-5.2), else kept as far as
+    it goes and ``full`` after; an exported ``layer_types`` (one value) written for ``n`` layers."""
+    old = cfg.get("num_hidden_layers")
+    mlp, idx, lt = cfg.get("mlp_layer_types"), cfg.get("indexer_types"), cfg.get("layer_types")
+    if isinstance(mlp, list) and len(mlp) == old:
+        cfg["mlp_layer_types"] = (mlp + ["sparse"] * n)[:n]
+    if isinstance(idx, list) and len(idx) == old:
+        if _indexer_rule({**cfg, "num_hidden_layers": n}, n) is not None:
+            cfg.pop("indexer_types")
+        else:
+            cfg["indexer_types"] = (idx + ["full"] * n)[:n]
+    if isinstance(lt, list) and lt and len(set(lt)) == 1:
+        cfg["layer_types"] = lt[:1] * n
+    cfg["num_hidden_layers"] = n
+
+
 KNOBS = {"moe_intermediate_size": "moe_intermediate_size", "num_experts_per_tok": "num_experts_per_tok",
-         "num_experts": "n_routed_experts", "shared_experts": "n_shared_experts", "moe_every": "moe_layer_freq"}
+         "num_experts": "n_routed_experts", "shared_experts": "n_shared_experts", "moe_every": "moe_layer_freq",
+         "num_layers": _layers_knob}
 
 
 def mtp_layers(n: int, count: int, like: Any) -> tuple:

@@ -47,9 +47,20 @@ NEUTRAL = {"gating": (None, "per-head"), "moe_apply_router_weight_on_input": (No
 
 
 def _layers_knob(cfg: dict[str, Any], n: int) -> None:
+    """``n`` layers keeping the config's layout: ``layer_types`` and ``num_attention_heads_per_layer`` tiled from
+    their first entries (Laguna XS.2: global then three sliding, repeated), ``mlp_layer_types`` kept as far as it
+    goes and ``sparse`` after; lists the config does not give keep the reference's defaults."""
+    old = cfg.get("num_hidden_layers")
+    for key in ("layer_types", "num_attention_heads_per_layer"):
+        v = cfg.get(key)
+        if isinstance(v, list) and v and len(v) == old:
+            cfg[key] = [v[i % len(v)] for i in range(n)]
+    v = cfg.get("mlp_layer_types")
+    if isinstance(v, list) and len(v) == old:
+        cfg["mlp_layer_types"] = (v + ["sparse"] * n)[:n]
+        if cfg.get("mlp_only_layers") is not None:
+            cfg["mlp_only_layers"] = [i for i, t in enumerate(cfg["mlp_layer_types"]) if t == "dense"]
     cfg["num_hidden_layers"] = n
-    for key in ("layer_types", "mlp_layer_types", "num_attention_heads_per_layer", "mlp_only_layers"):
-        cfg.pop(key, None)  # the reference's defaults
 
 
 KNOBS = {"num_layers": _layers_knob, "window": "sliding_window", "moe_intermediate_size": "moe_intermediate_size",
