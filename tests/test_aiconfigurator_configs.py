@@ -353,3 +353,14 @@ def test_glm52_layers_knob_rederives_the_index_schedule():
     assert m.layer_pattern() == "aaa" + "A" * 17
     nv = load("nvidia--GLM-5.2-NVFP4").with_changes(num_layers=20)
     assert nv.param_counts() == m.param_counts()
+
+
+def test_gemma4_defaults_are_the_reference_configs():
+    # Gemma4TextConfig: num_key_value_heads 4, head_dim 256, sliding_window 512, global_head_dim 512 when absent
+    text = json.loads((AIC / "google--gemma-4-26B-A4B_config.json").read_text())["text_config"]
+    bare = {k: v for k, v in text.items() if k not in ("num_key_value_heads", "head_dim", "sliding_window",
+                                                        "global_head_dim", "num_global_key_value_heads")}
+    m = ModelSpec.from_hf_config(bare)
+    local, glob = m.layers[0], m.layers[5]
+    assert (local.kv_heads, local.head_dim, local.window) == (4, 256, 512)
+    assert (glob.kv_heads, glob.head_dim) == (4, 512)  # num_global_key_value_heads: num_key_value_heads

@@ -84,8 +84,8 @@ def _refuse_features(cfg: Mapping[str, Any]) -> None:
 
 def _attention_shapes(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The sliding and the global layers' :class:`LayerSpec` fields (head counts, head dims, window, k = v)."""
-    nh, hd = req_int(cfg, "num_attention_heads"), req_int(cfg, "head_dim")
-    nkv = opt_int(cfg, "num_key_value_heads", nh)
+    nh, hd = req_int(cfg, "num_attention_heads"), opt_int(cfg, "head_dim", 256)
+    nkv = opt_int(cfg, "num_key_value_heads", 4)  # Gemma4TextConfig's defaults
     k_eq_v = opt_bool(cfg, "attention_k_eq_v", False)
     gkv = opt_int(cfg, "num_global_key_value_heads", nkv) if k_eq_v else nkv
     local = dict(heads=nh, kv_heads=nkv, head_dim=hd, window=opt_int(cfg, "sliding_window", 512), local="sliding")
