@@ -80,12 +80,19 @@ CARDS = {
     # GLM-5 744B / 40B: active without embedding and head; MTP apart
     "zai-org--GLM-5": (744e9, 40e9, "active_non_embedding", 0.01),
     "zai-org--GLM-5.1": (744e9, 40e9, "active_non_embedding", 0.01),
+    # GLM-5.2 744B-A40B: GLM-5's shapes less 57 indexers (its shared layers have none): 39.35B active, the name's
+    # "A40B" rounded (within 2%)
+    "zai-org--GLM-5.2": (744e9, 40e9, "active_non_embedding", 0.02),
     # Nemotron 3: active without the input embedding (the head counted), as the Nano card states; MTP apart
     "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": (31.6e9, 3.2e9, "active_no_input_embedding", 0.01),
     "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8": (120e9, 12e9, "active_no_input_embedding", 0.02),
     "nvidia--NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16": (550e9, 55e9, "active_no_input_embedding", 0.01),
     # MiMo-V2-Flash 309B / 15B: "15B" is the active count with embedding and head, truncated
     "XiaomiMiMo--MiMo-V2-Flash": (309e9, 15e9, "active", None),
+    # Gemma-4: 25.2B total / 3.8B active (26B-A4B), 30.7B (31B dense): the language model's, the tied embedding
+    # counted once, active with it; the card lists the ~550M vision encoder apart
+    "google--gemma-4-26B-A4B": (25.2e9, 3.8e9, "active", None),
+    "nvidia--Gemma-4-31B-IT-NVFP4": (30.7e9, 30.7e9, "active", None),
     # gpt-oss: OpenAI's card counts the unembedding, not the embedding
     "openai--gpt-oss-120b": (116.8e9, 5.1e9, "active_no_input_embedding", 0.01),
     "openai--gpt-oss-20b": (20.9e9, 3.6e9, "active_no_input_embedding", 0.01),
@@ -230,3 +237,130 @@ def test_mimo_v2_flash_layers_by_the_reference_rule_and_attention_by_hand():
         ModelSpec.from_hf_config({**cfg, "n_shared_experts": 1})
     with pytest.raises(ConfigError, match="'add_swa_attention_sink_bias' = 'true' is not a boolean"):
         ModelSpec.from_hf_config({**cfg, "add_swa_attention_sink_bias": "true"})
+
+
+def test_gemma4_layers_by_the_reference_rule_and_attention_by_hand():
+    cfg = json.loads((AIC / "google--gemma-4-26B-A4B_config.json").read_text())["text_config"]
+    m = load("google--gemma-4-26B-A4B")
+    # Gemma4TextConfig: the listed layer_types; global (full) layers every 6th; enable_moe_block: MoE in every layer
+    expect = "".join("S" if t == "sliding_attention" else "A" for t in cfg["layer_types"])
+    assert m.layer_pattern() == expect == ("S" * 5 + "A") * 5
+    # the default rule without the list: sliding when (i + 1) % 6, the last layer global (forced)
+    rule = ModelSpec.from_hf_config({k: v for k, v in cfg.items() if k != "layer_types"} | {"num_hidden_layers": 32})
+    assert rule.layer_pattern() == ("S" * 5 + "A") * 5 + "SA"
+    h, nh, hd, nkv, ghd, gkv, E, w, mw = 2816, 16, 256, 8, 512, 2, 128, 704, 2112
+    local, glob = m.layers[0], m.layers[5]
+    assert local.window == 1024 and glob.window == 0 and glob.k_eq_v and not local.k_eq_v
+    # Gemma4TextAttention: q, k, v, o with q/k RMSNorm of the head dim; global layers: head dim 512, 2 KV heads,
+    # no v_proj (attention_k_eq_v)
+    assert m.mixer_params(local) == h * nh * hd + 2 * h * nkv * hd + nh * hd * h + 2 * hd
+    assert m.mixer_params(glob) == h * nh * ghd + h * gkv * ghd + nh * ghd * h + 2 * ghd
+    # MoE: router h x E, experts gate-up and down; the dense MLP beside them counted as the shared expert
+    p = m.layer_params(local)
+    assert (p["router"], p["experts"], p["shared"]) == (h * E, E * 3 * h * w, 3 * h * mw)
+    assert m.num_experts_per_tok == 8 and m.tie_word_embeddings
+    # the q/k/v GEMM of a global layer has no value output
+    from tessera_lab.model.tasks import layer_tasks
+
+    par = ParallelConfig(pp=1, ep=1, microbatches=1, seq_len=4096)
+    qkv = next(t for t in layer_tasks(m, glob, par).F if t.name == "qkv_proj")
+    assert qkv.flops == pytest.approx(2 * 4096 * h * (nh * ghd + gkv * ghd))
+
+
+def test_gemma4_refusals_and_types():
+    cfg = json.loads((AIC / "google--gemma-4-26B-A4B_config.json").read_text())
+    text = cfg["text_config"]
+    for change, match in (({"hidden_size_per_layer_input": 256}, "per-layer input embeddings"),
+                          ({"num_kv_shared_layers": 20}, "'num_kv_shared_layers' = 20 is not supported"),
+                          ({"use_bidirectional_attention": "all"}, "'use_bidirectional_attention' = \"all\""),
+                          ({"enable_moe_block": "true"}, "'enable_moe_block' = 'true' is not a boolean"),
+                          ({"attention_k_eq_v": "false"}, "'attention_k_eq_v' = 'false' is not a boolean"),
+                          ({"top_k_experts": 129}, "'top_k_experts' = 129 is out of range"),
+                          ({"num_global_key_value_heads": 3}, "'num_global_key_value_heads' = 3 must divide")):
+        with pytest.raises(ConfigError, match=match):
+            ModelSpec.from_hf_config({**cfg, "text_config": {**text, **change}})
+    # the per-layer input embeddings are on by default (Gemma4TextConfig: 256): a config without the field is refused
+    with pytest.raises(ConfigError, match="per-layer input embeddings"):
+        ModelSpec.from_hf_config({k: v for k, v in text.items() if k != "hidden_size_per_layer_input"})
+    # tie_word_embeddings defaults to true; false unties the head (one more vocab x h)
+    untied = ModelSpec.from_hf_config({**text, "tie_word_embeddings": False}).param_counts().total
+    assert untied - load("google--gemma-4-26B-A4B").param_counts().total == 262144 * 2816
+
+
+def test_glm52_shared_indexers_by_the_reference_rule():
+    cfg = json.loads((AIC / "zai-org--GLM-5.2_config.json").read_text())
+    m = load("zai-org--GLM-5.2")
+    # IndexShare: layer i runs its own indexer when max(i - offset + 1, 0) % freq == 0 (offset 3, freq 4): 21 of 78
+    shared = [max(i - 3 + 1, 0) % 4 != 0 for i in range(78)]
+    assert [l.shared_index for l in m.layers] == shared and shared.count(False) == 21
+    assert (m.layers[6].label, m.layers[7].label) == ("DSA-MLA", "DSA-MLA(shared idx)")
+    assert [t == "shared" for t in cfg["indexer_types"]] == shared
+    # the schedule alone (no list) reads the same layers; a list that disagrees with it is refused
+    alone = ModelSpec.from_hf_config({k: v for k, v in cfg.items() if k != "indexer_types"})
+    assert [l.shared_index for l in alone.layers] == shared
+    bad = list(cfg["indexer_types"])
+    bad[4] = "full"
+    with pytest.raises(ConfigError, match="disagree at layer 4"):
+        ModelSpec.from_hf_config({**cfg, "indexer_types": bad})
+    with pytest.raises(ConfigError, match="starts with 'shared'"):
+        ModelSpec.from_hf_config({k: v for k, v in cfg.items() if k not in ("index_topk_freq", "index_skip_topk_offset")}
+                                 | {"indexer_types": ["shared"] + cfg["indexer_types"][1:]})
+    # a shared layer has no indexer weights: GLM-5 (same shapes, every layer its indexer) less 57 indexers
+    # (wq_b r_q x n_i d_i, wk h x d_i, k_norm 2 d_i, weights_proj h x n_i)
+    h, rq, ni, di = 6144, 2048, 32, 128
+    indexer = rq * ni * di + h * di + 2 * di + h * ni
+    assert load("zai-org--GLM-5").param_counts().total - m.param_counts().total == 57 * indexer
+    # its tasks: no indexer; the core attends the index_topk keys as a full layer's does
+    from tessera_lab.model.tasks import layer_tasks
+
+    par = ParallelConfig(pp=1, ep=8, microbatches=1, seq_len=8192)
+    full, reuse = ({t.name: t for t in layer_tasks(m, m.layers[i], par).F} for i in (6, 7))
+    assert "index_core" in full and not any(n.startswith("index") for n in reuse)
+    assert reuse["core"].flops == full["core"].flops
+
+
+def test_exported_fields_beside_the_reference():
+    # NVIDIA's GLM-5.2 NVFP4 config adds layer_types (every layer deepseek_sparse_attention), num_experts (=
+    # n_routed_experts) and mlp_bias false: the same model as zai-org's
+    nv, zai = load("nvidia--GLM-5.2-NVFP4"), load("zai-org--GLM-5.2")
+    assert nv.param_counts() == zai.param_counts() and nv.layer_pattern() == zai.layer_pattern()
+    cfg = json.loads((AIC / "nvidia--GLM-5.2-NVFP4_config.json").read_text())
+    for change, match in (({"num_experts": 128}, "'num_experts' = 128 and 'n_routed_experts' = 256 disagree"),
+                          ({"layer_types": ["full_attention"] * 78}, "'layer_types' must list 78 entries"),
+                          ({"mlp_bias": True}, "'mlp_bias' = true is not supported")):
+        with pytest.raises(ConfigError, match=match):
+            ModelSpec.from_hf_config({**cfg, **change})
+
+
+def test_cp_ring_carries_each_layers_own_kv_shapes():
+    from tessera_lab.model.tasks import layer_tasks
+
+    m = load("google--gemma-4-26B-A4B")
+    p = ParallelConfig(pp=1, ep=8, cp=4, seq_len=65536, expert_load=1.0)
+    T = 65536 // 4
+    ring = {i: next(t for t in layer_tasks(m, m.layers[i], p).F if t.name == "cp_kv").collective.bytes
+            for i in (0, 5)}
+    # sliding layer: 8 KV heads of 256, K and V; global layer: 2 KV heads of 512, K and V (the values are the keys
+    # before v_norm: two tensors in the core); all-gather S = cp x T x width x 2 bytes
+    assert ring[0] == 4 * T * 8 * (256 + 256) * 2
+    assert ring[5] == 4 * T * 2 * (512 + 512) * 2
+
+
+def test_glm52_layers_knob_rederives_the_index_schedule():
+    m = load("zai-org--GLM-5.2").with_changes(num_layers=20)
+    # IndexShare rule for 20 layers (offset 3, freq 4): full at 0, 1, 2, 6, 10, 14, 18; the first 3 layers dense
+    assert [i for i, l in enumerate(m.layers) if not l.shared_index] == [0, 1, 2, 6, 10, 14, 18]
+    assert m.layer_pattern() == "aaa" + "A" * 17
+    nv = load("nvidia--GLM-5.2-NVFP4").with_changes(num_layers=20)
+    assert nv.param_counts() == m.param_counts()
+
+
+def test_gemma4_defaults_are_the_reference_configs():
+    # Gemma4TextConfig: num_key_value_heads 4, head_dim 256, sliding_window 512, global_head_dim 512 when absent
+    text = json.loads((AIC / "google--gemma-4-26B-A4B_config.json").read_text())["text_config"]
+    bare = {k: v for k, v in text.items() if k not in ("num_key_value_heads", "head_dim", "sliding_window",
+                                                        "global_head_dim", "num_global_key_value_heads")}
+    m = ModelSpec.from_hf_config(bare)
+    local, glob = m.layers[0], m.layers[5]
+    assert (local.kv_heads, local.head_dim, local.window) == (4, 256, 512)
+    assert (glob.kv_heads, glob.head_dim) == (4, 512)  # num_global_key_value_heads: num_key_value_heads

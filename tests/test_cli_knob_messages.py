@@ -41,7 +41,7 @@ def test_window_on_a_model_without_sliding_window_layers(capsys):
     for value in ("0", "4096"):  # the model is the problem, whatever the value
         err = _error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--window", value])
         assert f"option --window = {value}: model qwen3-next-80b-a3b (family qwen3_next) has no sliding-window" in err
-        assert "gpt_oss, llama4_text, mixtral" in err  # the families that have one
+        assert "gemma4_text, gpt_oss, laguna, llama4_text, mixtral" in err  # the families that have one
     err = _error(capsys, ["params", "gpt-oss-20b", "--window", "0"])  # a model with a window: the range
     assert "option --window = 0 is out of range; allowed: an integer 1 to 16777216" in err
 

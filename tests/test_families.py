@@ -449,3 +449,67 @@ def test_glm4v_moe_wrapper_reads_its_text_model_as_glm4_moe():
     m = ModelSpec.from_hf_config(wrapper)
     assert m.family == "glm4_moe" and m.param_counts() == load_model("glm-4.5-air").param_counts()
     assert any("vision tower" in n for n in m.notes)
+
+
+# ---------------------------------------------------------------------- Laguna (transformers modeling_laguna.py)
+LAGUNA = __import__("pathlib").Path(__file__).parent / "data" / "laguna" / "poolside--Laguna-XS.2_config.json"
+
+
+def test_laguna_layers_by_the_reference_rule_and_card_counts():
+    cfg = json.loads(LAGUNA.read_text())
+    m = ModelSpec.from_hf_config(LAGUNA)
+    # LagunaDecoderLayer: sliding when layer_types[i] == "sliding_attention"; MoE when mlp_layer_types[i] == "sparse"
+    expect = "".join(("S" if t == "sliding_attention" else "A").lower() if f == "dense" else
+                     ("S" if t == "sliding_attention" else "A")
+                     for t, f in zip(cfg["layer_types"], cfg["mlp_layer_types"]))
+    assert m.layer_pattern() == expect == "aSSS" + "ASSS" * 9
+    assert [l.heads for l in m.layers[:4]] == [48, 64, 64, 64] and all(l.head_gate for l in m.layers)
+    # card (sglang cookbook, Poolside's model card): 33.4B total, 3.0B active, both with embedding and head
+    c = m.param_counts()
+    assert matches_published(c.total, 33.4e9) and matches_published(c.active, 3.0e9), (c.total, c.active)
+    # LagunaConfig defaults: without the lists every layer global with num_attention_heads, the first layer dense
+    plain = {k: v for k, v in cfg.items() if k not in ("layer_types", "num_attention_heads_per_layer",
+                                                         "mlp_layer_types", "mlp_only_layers")}
+    assert ModelSpec.from_hf_config(plain).layer_pattern() == "a" + "A" * 39
+
+
+def test_laguna_layer_params_and_head_gate_by_hand():
+    m = ModelSpec.from_hf_config(LAGUNA)
+    h, hd, nkv, E, w, sw, dw = 2048, 128, 8, 256, 512, 512, 8192
+    full, swa = m.layers[4], m.layers[1]
+    # LagunaAttention: q, k, v, o, q/k RMSNorm of head_dim, g_proj h x heads (one gate per head)
+    for layer, nh in ((full, 48), (swa, 64)):
+        assert m.mixer_params(layer) == h * nh * hd + 2 * h * nkv * hd + nh * hd * h + 2 * hd + h * nh
+    p = m.layer_params(full)
+    # router weight and e_score_correction_bias, SwiGLU experts, ungated shared expert
+    assert (p["router"], p["experts"], p["shared"]) == (h * E + E, E * 3 * h * w, 3 * h * sw)
+    assert m.layer_params(m.layers[0])["dense_mlp"] == 3 * h * dw
+    # the gate's GEMM rides on the q/k/v projection (h -> q, k, v and the heads' gates); the gating reads o and
+    # the gates and writes o_proj's input
+    from tessera_lab.model.tasks import layer_tasks
+
+    par = ParallelConfig(pp=1, ep=1, microbatches=1, seq_len=4096)
+    tasks = {t.name: t for t in layer_tasks(m, swa, par).F}
+    assert tasks["qkv_proj"].flops == pytest.approx(2 * 4096 * h * (64 * hd + 2 * nkv * hd + 64))
+    assert tasks["head_gate"].bytes == pytest.approx(2 * 4096 * (2 * 64 * hd + 64))
+
+
+def test_laguna_refusals_and_types():
+    cfg = json.loads(LAGUNA.read_text())
+    for change, match in (({"gating": "per-element"}, "'gating' = \"per-element\" is not supported"),
+                          ({"moe_apply_router_weight_on_input": True}, "'moe_apply_router_weight_on_input' = true"),
+                          ({"mlp_only_layers": [0, 1]}, "'mlp_only_layers' = \\[0, 1\\] and 'mlp_layer_types' disagree"),
+                          ({"num_attention_heads_per_layer": [48] * 39}, "'num_attention_heads_per_layer' must list 40"),
+                          ({"num_key_value_heads": 7}, "'num_key_value_heads' = 7 must divide"),
+                          ({"attention_bias": "false"}, "'attention_bias' = 'false' is not a boolean"),
+                          ({"tie_word_embeddings": "false"}, "'tie_word_embeddings' = 'false' is not a boolean"),
+                          ({"num_experts_per_tok": 8.5}, "num_experts_per_tok"),
+                          ({"use_mla": True}, "'use_mla'")):
+        with pytest.raises(ConfigError, match=match):
+            ModelSpec.from_hf_config({**cfg, **change})
+
+
+def test_laguna_layers_knob_keeps_the_layout():
+    m = ModelSpec.from_hf_config(LAGUNA).with_changes(num_layers=10)
+    # the per-layer lists tiled: global (48 heads) then three sliding (64 heads); the first layer stays dense
+    assert m.layer_pattern() == "aSSSASSSAS" and [l.heads for l in m.layers[:5]] == [48, 64, 64, 64, 48]

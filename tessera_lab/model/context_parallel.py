@@ -44,23 +44,31 @@ from tessera_lab.model.graph import Collective, Task, _Fwd
 HEAD_SHARDED = ("gated_deltanet", "kda", "lightning", "mamba2", "mamba")
 
 
-def kv_width(model, attention: str, tp: int) -> float:
+def kv_width(model, attention: str, tp: int, layer=None) -> float:
     """Elements per token of the K and V one rank passes around the CP ring (per TP rank).
 
-    GQA: ``2 x kv_heads / tp x head_dim`` (at least one KV head a TP rank); MLA (``mla``, ``mla_sparse``): the
-    up-projected ``heads / tp x (qk_nope + qk_rope + v_head_dim)``, the K and V Transformer Engine's attention gets.
+    GQA: ``kv_heads / tp x (head_dim + v_head_dim)`` (at least one KV head a TP rank), the layer's own shapes when
+    ``layer`` (a :class:`~tessera_lab.model.hf_families.LayerSpec`) has them (MiMo-V2-Flash, Gemma-4's global
+    layers), else the model's; MLA (``mla``, ``mla_sparse``): the up-projected
+    ``heads / tp x (qk_nope + qk_rope + v_head_dim)``, the K and V Transformer Engine's attention gets.
     """
     if attention in ("mla", "mla_sparse"):
         return model.num_attention_heads / tp * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim)
+    if layer is not None:
+        from tessera_lab.model.kinds import gqa_shape
+
+        _, nkv, hd, vd = gqa_shape(model, layer)
+        return max(nkv / tp, 1) * (hd + vd)
     return 2.0 * max(model.num_key_value_heads / tp, 1) * model.head_dim
 
 
-def attention_ring_bytes(model, attention: str, tokens: float, tp: int, cp: int, dtype_bytes: int) -> float:
+def attention_ring_bytes(model, attention: str, tokens: float, tp: int, cp: int, dtype_bytes: int,
+                         layer=None) -> float:
     """nccl-tests ``S`` of the forward KV ring of one full-attention layer, bytes: ``cp x tokens x kv_width x dtype``
     (``tokens`` = the rank's ``T``); each rank sends ``(cp - 1) / cp`` of it. 0 when ``cp = 1``."""
     if cp <= 1:
         return 0.0
-    return float(cp * tokens * kv_width(model, attention, tp) * dtype_bytes)
+    return float(cp * tokens * kv_width(model, attention, tp, layer) * dtype_bytes)
 
 
 def mamba2_in_width(model, tp: int, cp: int) -> float:
@@ -95,14 +103,16 @@ def _rewire(g: _Fwd, old: str, new: str, skip: str) -> None:
                                                                                    for d in t.deps)) for t in g.tasks]
 
 
-def add_cp_comms(g: _Fwd, model, attention: str, start: int, out: str, tokens: float, tp: int, cp: int) -> None:
+def add_cp_comms(g: _Fwd, model, attention: str, start: int, out: str, tokens: float, tp: int, cp: int,
+                 layer=None) -> None:
     """Add the CP communication of the mixer whose forward tasks are ``g.tasks[start:]`` (its last task ``out``).
 
     Full attention: the attention core's FLOPs over ``cp`` and a ``cp_kv`` ring (all-gather ``S`` of
     :func:`attention_ring_bytes`, backward twice the bytes) issued with the core's inputs and waited for by the
     core's consumers, so the ring overlaps the core. Head-sharded mixers (:data:`HEAD_SHARDED`): ``cp_a2a_in`` after
     the first projection (``S = tokens x its output width x dtype``; Mamba-2: :func:`mamba2_in_width`) and
-    ``cp_a2a_out`` before ``out`` (``S = tokens x out's input width x dtype``). ``tokens``: the rank's ``T``.
+    ``cp_a2a_out`` before ``out`` (``S = tokens x out's input width x dtype``). ``tokens``: the rank's ``T``;
+    ``layer``: the layer (its own attention shapes size the ring).
     """
     dt = g.dt
     if attention in HEAD_SHARDED:
@@ -125,8 +135,9 @@ def add_cp_comms(g: _Fwd, model, attention: str, start: int, out: str, tokens: f
     i = g.tasks.index(core)
     g.tasks[i] = replace(core, flops=core.flops / cp)
     ring = _insert(g, i, Task("cp_kv", g.layer, "F", "all_gather", 0.0, 0.0,
-                              Collective("all_gather", attention_ring_bytes(model, attention, tokens, tp, cp, dt),
-                                         "cp", cp), core.deps), b_scale=2.0)
+                              Collective("all_gather", attention_ring_bytes(model, attention, tokens, tp, cp, dt,
+                                                                            layer), "cp", cp), core.deps),
+                 b_scale=2.0)
     if core.name in g.recomputed:
         g.recomputed.add(ring)  # recomputing the core re-runs its ring
     g.tasks = [replace(t, deps=t.deps + (ring,)) if core.name in t.deps else t for t in g.tasks]

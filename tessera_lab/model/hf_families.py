@@ -51,6 +51,11 @@ class LayerSpec:
         heads, kv_heads, head_dim, v_head_dim: this GQA layer's own attention shapes when they differ from the
             model's (MiMo-V2-Flash's sliding-window layers); 0: the model's (``v_head_dim`` 0: ``head_dim``).
         sinks: this layer has per-head attention-sink biases (MiMo-V2-Flash's sliding-window layers).
+        k_eq_v: the values are the keys (no value projection; Gemma-4's global layers, ``attention_k_eq_v``).
+        head_gate: a head-wise output gate (one scalar per head from ``g_proj`` ``h x heads``, applied to the head's
+            attention output before o; Laguna).
+        shared_index: a DSA layer (``mla_sparse``) without its own indexer: it attends the ``index_topk`` keys an
+            earlier layer's indexer selected (GLM-5.2's ``indexer_types`` ``shared``).
     """
 
     index: int
@@ -67,6 +72,9 @@ class LayerSpec:
     head_dim: int = 0
     v_head_dim: int = 0
     sinks: bool = False
+    k_eq_v: bool = False
+    head_gate: bool = False
+    shared_index: bool = False
 
     @property
     def kind(self) -> str:
@@ -76,6 +84,12 @@ class LayerSpec:
         detail = "/mtp" if self.mtp else (f"/{self.local}{self.window}" if self.local else "")
         if self.heads or self.kv_heads or self.head_dim or self.v_head_dim:
             detail += f"/h{self.heads}kv{self.kv_heads}d{self.head_dim}v{self.v_head_dim}"
+        if self.k_eq_v:
+            detail += "/keqv"
+        if self.head_gate:
+            detail += "/hgate"
+        if self.shared_index:
+            detail += "/sharedidx"
         if self.dense_width:
             detail += f"/w{self.dense_width}"
         return f"{self.mixer}{detail}+{self.ffn}"
@@ -91,6 +105,8 @@ class LayerSpec:
             return "Chunked"
         if self.attention == "none":  # a block without mixer: named by its FFN
             return "MoE-only" if self.ffn == MOE else "MLP-only"
+        if self.shared_index:  # GLM-5.2: DSA on an earlier layer's selection
+            return "DSA-MLA(shared idx)"
         return MIXER_LABELS.get(self.attention, self.attention)
 
 

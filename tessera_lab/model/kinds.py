@@ -4,14 +4,16 @@ Every function takes a :class:`~tessera_lab.model.spec.ModelSpec` and returns a 
 Shapes (``h`` hidden size, all linear layers without bias unless the config says):
 
 * ``gqa`` / ``gated_gqa`` (MHA, GQA, MQA; transformers ``LlamaAttention``-style): q ``h x nh hd`` (x2 with the output
-  gate of Qwen3-Next/Qwen3.5), k and v ``h x nkv hd``, o ``nh hd x h``; ``attention_bias``: q, k, v biases
+  gate of Qwen3-Next/Qwen3.5), k and v ``h x nkv hd`` (no v when the values are the keys, Gemma-4's
+  ``attention_k_eq_v`` global layers), o ``nh hd x h``; ``attention_bias``: q, k, v biases
   (``o_bias``: o's too, gpt-oss); per-head q/k RMSNorm ``2 hd`` (Qwen3) or over the whole projection
-  ``nh hd + nkv hd`` (OLMoE ``q_norm``/``k_norm``); gpt-oss sinks: one logit per head.
+  ``nh hd + nkv hd`` (OLMoE ``q_norm``/``k_norm``); gpt-oss sinks: one logit per head; a head-wise output gate
+  (Laguna ``g_proj``) ``h x nh``.
 * ``mla`` (DeepSeek-V3 ``DeepseekV3Attention``): q through a LoRA (``q_a``, norm, ``q_b``) or ``q_proj``; ``kv_a``
   ``h x (r_kv + d_rope)``, its norm, ``kv_b`` ``r_kv x nh (d_nope + d_v)``, o ``nh d_v x h``. ``mla_sparse``
   adds DeepSeek-V3.2's lightning indexer (DeepSeek-V3.2-Exp ``inference/model.py`` ``Indexer``): ``wq_b``
   ``r_q x n_i d_i``, ``wk`` ``h x d_i``, ``k_norm`` LayerNorm (weight and bias) ``2 d_i``, ``weights_proj``
-  ``h x n_i``.
+  ``h x n_i`` (none on a layer that reuses an earlier layer's selection, GLM-5.2's ``shared`` layers).
 * ``gated_deltanet`` (transformers ``Qwen3NextGatedDeltaNet``): see :func:`mixer_params`.
 * ``kda`` (Kimi Delta Attention, flash-linear-attention ``fla/layers/kda.py`` as vLLM ``kimi_linear.py`` loads it):
   q, k ``h x H d_k``, v ``h x H d_v``, three depthwise short convolutions (no bias) ``(2 H d_k + H d_v) K``,
@@ -88,21 +90,24 @@ def mixer_params(m: ModelSpec, layer: LayerSpec) -> int:
         kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
         kv += m.kv_lora_rank * nh * (m.qk_nope_head_dim + m.v_head_dim)
         params = q + kv + nh * m.v_head_dim * h
-        if a == "mla_sparse":
+        if a == "mla_sparse" and not layer.shared_index:  # GLM-5.2's shared layers have no indexer of their own
             ni, di = m.index_n_heads, m.index_head_dim
             params += (m.q_lora_rank or h) * ni * di + h * di + 2 * di + h * ni
         return params
     nh, nkv, hd, vd = gqa_shape(m, layer)
     q_out = nh * hd * (2 if a == "gated_gqa" else 1)
-    params = h * q_out + h * nkv * (hd + vd) + nh * vd * h  # q, k, v (MiMo-V2-Flash: v of its own width), o
+    kv = nkv * (hd + (0 if layer.k_eq_v else vd))  # Gemma-4's global layers: v is k (no v_proj)
+    params = h * q_out + h * kv + nh * vd * h  # q, k, v (MiMo-V2-Flash: v of its own width), o
     if m.qk_norm:
         params += (nh + nkv) * hd if m.qk_norm_full else 2 * hd
     if m.attention_bias:
-        params += q_out + nkv * (hd + vd)
+        params += q_out + kv
     if m.o_bias:
         params += h
     if m.attention_sinks or layer.sinks:
         params += nh
+    if layer.head_gate:  # Laguna's g_proj: one gate per head
+        params += h * nh
     return params
 
 

@@ -206,7 +206,8 @@ class ModelSpec:
                 family=families.family_name(reader),
                 hidden_size=req_int(cfg, "hidden_size"),
                 vocab_size=req_int(cfg, "vocab_size"),
-                tie_word_embeddings=cfg.get("tie_word_embeddings") is True,
+                # a reader whose family ties by default (Gemma-4) says so; else only a JSON true ties
+                tie_word_embeddings=kwargs.pop("tie_word_embeddings", cfg.get("tie_word_embeddings") is True),
                 source=str(cfg.get("_source", "")),
                 layers=layers, mtp_layers=mtp, plan_mtp=plan_mtp,
                 notes=tuple(all_notes), allow_unknown_fields=allow_unknown_fields,

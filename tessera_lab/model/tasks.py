@@ -97,7 +97,9 @@ def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
     nh, nkv, hd, vd = kinds.gqa_shape(m, layer)  # vd: the value head dim (MiMo-V2-Flash: unlike hd)
     nh, nkv = nh / tp, max(nkv / tp, 1)
     gated = layer.attention == "gated_gqa"
-    qkv = g.gemm("qkv_proj", T, h, nh * hd * (2 if gated else 1) + nkv * (hd + vd), [after], seq=True)
+    kv_out = nkv * (hd + (0 if layer.k_eq_v else vd))  # Gemma-4's global layers: v is k (no v_proj)
+    head_gate = nh if layer.head_gate else 0  # Laguna's g_proj (h x heads), on the same input: one GEMM here
+    qkv = g.gemm("qkv_proj", T, h, nh * hd * (2 if gated else 1) + kv_out + head_gate, [after], seq=True)
     rope = g.elementwise("qk_norm_rope", dt * T * (nh + nkv) * hd * 2, [qkv], saved=dt * T * (nh + nkv) * hd)
     # causal: s^2/2 pairs; q k^T over hd, p v over vd (MiMo-V2-Flash: vd unlike hd)
     flops = attention_flops(b, mixers.attention_pairs(s, layer.window, layer.local), nh, hd, vd)
@@ -105,13 +107,15 @@ def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
     # the core keeps q, k, v, its output o and the fp32 lse; o is the very tensor its consumer keeps (the output
     # gate, or o_proj's input in bf16), one storage, so it is counted there (an FP8 o_proj keeps its own FP8 copy)
     o = dt * T * nh * vd
-    shared = o if (gated or g.gemm_in == dt) else 0.0
+    shared = o if (gated or layer.head_gate or g.gemm_in == dt) else 0.0
     core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=(rope,),
                       saved_bytes=io + 4.0 * T * nh - shared), b_scale=2.0,
                  selective=dt * T * (nh * hd + nkv * (hd + vd)), module="core_attn")
     last = core
     if gated:
         last = g.elementwise("output_gate", dt * T * nh * vd * 3, [core], saved=dt * T * nh * vd * 2)
+    elif layer.head_gate:  # o times one gate value per head: reads o and the gates, writes o_proj's input
+        last = g.elementwise("head_gate", dt * T * (2 * nh * vd + nh), [core], saved=dt * T * (nh * vd + nh))
     return g.gemm("o_proj", T, nh * vd, h, [last])
 
 
@@ -131,8 +135,10 @@ def _mixer_mla(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
     kvb = g.gemm("kv_b_proj", T, m.kv_lora_rank, nh * (m.qk_nope_head_dim + m.v_head_dim), [kvn], seq=True)
     core_deps, pairs = (q, kvb), mixers.attention_pairs(s)
     if layer.attention == "mla_sparse":  # DeepSeek-V3.2: each query attends the index_topk keys its indexer picks
-        sel = mixers.indexer(g, m, T, b, s, qn if m.q_lora_rank else after, m.q_lora_rank or h, after)
-        core_deps, pairs = (q, kvb, sel), mixers.attention_pairs(s, m.index_topk, "sliding")
+        pairs = mixers.attention_pairs(s, m.index_topk, "sliding")
+        if not layer.shared_index:  # GLM-5.2's shared layers reuse an earlier layer's selection: no indexer here
+            sel = mixers.indexer(g, m, T, b, s, qn if m.q_lora_rank else after, m.q_lora_rank or h, after)
+            core_deps = (q, kvb, sel)
     up = "mla_up_proj" in g.modules
     if up:
         # Megatron's 'mla_up_proj' (output-discarding checkpoint of the up projections and RoPE): their inputs stay
@@ -359,7 +365,7 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
         else:
             mix = _mixer_gqa(g, model, layer, T, b, s, p.tp, n1)
         if p.cp > 1:  # context parallelism: the mixer's exchange over the CP group (model/context_parallel.py)
-            add_cp_comms(g, model, a, start, mix, T, p.tp, p.cp)
+            add_cp_comms(g, model, a, start, mix, T, p.tp, p.cp, layer)
         if p.tp > 1:
             mix = g.comm("attn_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [mix])
         outs = [mix]

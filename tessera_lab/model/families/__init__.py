@@ -31,13 +31,14 @@ from typing import Any, Mapping
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.families import (
-    deepseek, glm4_moe, gpt_oss, jamba, kimi_linear, llama4, mimo_v2, minimax, mixtral, nemotron_h, olmoe, qwen3,
-    qwen3_next, unsupported,
+    deepseek, gemma4, glm4_moe, gpt_oss, jamba, kimi_linear, laguna, llama4, mimo_v2, minimax, mixtral, nemotron_h,
+    olmoe, qwen3, qwen3_next, unsupported,
 )
 
 #: every reader, in the order ``tessera-lab models`` lists the families
 READERS: tuple[ModuleType, ...] = (qwen3, qwen3_next, deepseek, mixtral, kimi_linear, minimax, jamba, nemotron_h,
-                                   glm4_moe, gpt_oss, llama4, olmoe, mimo_v2)
+                                   glm4_moe, gpt_oss, llama4, olmoe, mimo_v2, gemma4,
+                                   laguna)
 
 #: fields of every ``PretrainedConfig`` (and of common checkpoints) that do not change the plan: token ids,
 #: initialisation, dropout, RoPE and its scaling, norm epsilons, context length, cache, dtype, quantization of the
@@ -175,7 +176,7 @@ BOOLEAN_FIELDS = frozenset({
     "mamba_inner_layernorms", "use_routing_bias", "use_mtp", "mla_use_nope", "norm_topk_prob",
     "moe_shared_expert_overlap", "mtp_use_dedicated_embeddings", "use_cache", "enable_moe_block", "postnorm",
     "use_moe_router_bias", "use_grouped_topk", "moe_renormalize", "rope_interleave", "indexer_rope_interleave",
-    "attention_k_eq_v", "mla_use_output_gate", "add_swa_attention_sink_bias", "add_full_attention_sink_bias",
+    "attention_k_eq_v", "mla_use_output_gate", "use_double_wide_mlp", "add_swa_attention_sink_bias", "add_full_attention_sink_bias",
 })
 
 

@@ -19,14 +19,12 @@ FEATURES: dict[str, str] = {
                     "hash-routed MoE layers (num_hash_layers)",
     "minimax_m3": "MiniMax-M3's sparse attention (sparse_attention_config) and MTP modules (num_mtp_modules)",
     "minimax_m3_vl": "MiniMax-M3's sparse attention (sparse_attention_config) and MTP modules (num_mtp_modules)",
-    "step3p7": "Step-3.x's attention and MoE layout (its reference modeling file is not read yet: head-wise "
-               "gates, per-kind attention shapes and the MTP layers cannot be placed by a known rule)",
-    "step3p5": "Step-3.x's attention and MoE layout (its reference modeling file is not read yet: head-wise "
-               "gates, per-kind attention shapes and the MTP layers cannot be placed by a known rule)",
-    "gemma4_text": "Gemma-4's global-attention layers with their own head_dim and key-value heads (global_head_dim, "
-                   "attention_k_eq_v) and, in the MoE models, a dense MLP beside the MoE block (enable_moe_block)",
-    "gemma4": "Gemma-4's global-attention layers with their own head_dim and key-value heads (global_head_dim, "
-              "attention_k_eq_v) and, in the MoE models, a dense MLP beside the MoE block (enable_moe_block)",
+    "step3p7": "Step-3.x's MTP layers, each with an output head of its own (num_nextn_predict_layers; vLLM "
+               "step3p5_mtp.py @375a5cf222eb: a vocab x h head per MTP layer, where the cost model's MTP layers share "
+               "the model's head)",
+    "step3p5": "Step-3.x's MTP layers, each with an output head of its own (num_nextn_predict_layers; vLLM "
+               "step3p5_mtp.py @375a5cf222eb: a vocab x h head per MTP layer, where the cost model's MTP layers share "
+               "the model's head)",
 }
 
 #: a config field (set, not null) that brings a feature the cost model does not have, whatever the model_type
@@ -38,8 +36,6 @@ FIELD_FEATURES: dict[str, str] = {
     "hc_mult": "hyper-connections (hc_mult: several residual streams mixed per layer)",
     "compress_ratios": "compressed sparse attention (compress_ratios)",
     "num_hash_layers": "hash-routed MoE layers (num_hash_layers)",
-    "index_topk_freq": "DSA indexers shared across layers (indexer_types 'shared', index_topk_freq: a layer reuses "
-                       "another layer's selection)",
 }
 #: values of a :data:`FIELD_FEATURES` field that bring no such feature (one residual stream, every layer its indexer)
 _NO_FEATURE = (None, 0, 1, False)
