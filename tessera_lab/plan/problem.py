@@ -61,9 +61,10 @@ class PartitionProblem:
     def __post_init__(self) -> None:
         if self.num_layers < 1:
             raise PartitionError(f"field 'layers' = {self.num_layers} is out of range; allowed: >= 1")
-        if not 1 <= self.num_stages <= self.num_layers:
+        if not 1 <= self.num_stages <= self.num_layers + 2:  # + 2: an embedding-only and a loss-only stage
             raise PartitionError(
-                f"field 'stages' = {self.num_stages} is out of range; allowed: 1 to the number of layers ({self.num_layers})"
+                f"field 'stages' = {self.num_stages} is out of range; allowed: 1 to the number of layers + 2 "
+                f"({self.num_layers + 2})"
             )
         if self.objective not in ("bottleneck", "schedule"):
             raise PartitionError(f"field 'objective' = {self.objective!r} is unknown; allowed: bottleneck, schedule")
