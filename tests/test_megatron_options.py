@@ -109,3 +109,18 @@ def test_accounted_split_by_hand():
     # the capacity report's recipe split is the same rule (it refuses stages left without a layer)
     assert accounted_split(94, 32) == accounted_boundaries(94, 32, embedding=True, loss=True)
     assert accounted_split(94, 96) is None
+
+
+def test_fsdp_plan_records_and_reads_back():
+    from tessera_lab.plan.load import load_plan
+    from tessera_lab.plan.make import make_plan
+
+    m = load_model("qwen3-30b-a3b")
+    par = ParallelConfig(pp=2, ep=8, dp=2, microbatches=4, schedule="1f1b", fsdp=True)
+    plan = make_plan(m, par, method="uniform", baselines=(), gpu="H100")
+    d = plan.as_dict()
+    assert d["parallel"]["fsdp"] is True
+    assert load_plan(d).parallel.fsdp
+    # every byte of training state sharded: fewer parameter bytes per GPU, the unsharded buffers included
+    plain = make_plan(m, par.replace(fsdp=False), method="uniform", baselines=(), gpu="H100")
+    assert plan.chosen.stages[0].param_bytes < plain.chosen.stages[0].param_bytes

@@ -194,7 +194,7 @@ class Plan:
         # layout and memory fields, written only when set (plans without them read as before)
         defaults = ParallelConfig()
         for k in ("ep_placement", "ep_spans_tp", "sequence_parallel", "adam_moment_dtype", "recompute_modules",
-                  "host_sync_s", "cp"):
+                  "host_sync_s", "cp", "fsdp"):
             v = getattr(self.parallel, k)
             if v != getattr(defaults, k):
                 d["parallel"][k] = list(v) if isinstance(v, tuple) else v
