@@ -248,8 +248,8 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                    help="with --recompute selective: Megatron's module names, comma-separated (core_attn, mla_up_proj, "
                         "mlp, moe_act, moe, layernorm, shared_experts)")
     p.add_argument("--fsdp", action=Switch,
-                   help="Megatron FSDP: parameters, gradients and optimizer state sharded over the data-parallel ranks; "
-                        "each layer's parameters all-gathered before its forward and backward and its gradients "
+                   help="Megatron FSDP: parameters, gradients and optimizer state sharded over the data-parallel "
+                        "ranks; each layer's parameters all-gathered before its forward and backward and its gradients "
                         "reduce-scattered, every micro-batch")
     p.add_argument("--account-for-embedding-in-pipeline-split", action=Switch,
                    help="the embedding counts as one layer in the split (Megatron's option): the first virtual stage "

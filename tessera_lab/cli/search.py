@@ -10,10 +10,11 @@ from typing import Any
 from tessera_lab.argtypes import positive_int
 from tessera_lab.cli.common import add_json, emit, table
 
-HELP = "search the parallel layouts (TP, CP, EP, PP/VPP, DP, micro-batching, schedule, recompute) for the fastest that fits"
+HELP = ("search the parallel layouts (TP, CP, EP, PP/VPP, DP, micro-batching, schedule, recompute) for the fastest "
+        "that fits")
 #: layout fields compared between a candidate and the first one
-_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "ep_spans_tp", "dp", "microbatches", "micro_batch_size", "schedule", "recompute",
-           "dispatcher")
+_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "ep_spans_tp", "dp", "microbatches", "micro_batch_size", "schedule",
+           "recompute", "dispatcher")
 
 
 def _row(rank: int, c) -> dict[str, Any]:

@@ -53,7 +53,8 @@ GIB = 2**30
 
 def bytes_per_param(parallel: ParallelConfig, dp_degree: int) -> float:
     """Training-state bytes per parameter: ``2 + g + o`` (18 with fp32 gradients, 16 with bf16), or
-    ``2 + g + o/dp_degree`` with a distributed optimizer, ``(2 + g + o)/dp_degree`` with Megatron FSDP (``g`` = :attr:`ParallelConfig.grad_bytes`, ``o`` =
+    ``2 + g + o/dp_degree`` with a distributed optimizer, ``(2 + g + o)/dp_degree`` with Megatron FSDP
+    (``g`` = :attr:`ParallelConfig.grad_bytes`, ``o`` =
     :attr:`ParallelConfig.optimizer_state_bytes`: 12, or 8 with bf16 Adam moments)."""
     base = 2.0 + parallel.grad_bytes
     state = parallel.optimizer_state_bytes

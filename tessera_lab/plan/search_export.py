@@ -75,8 +75,8 @@ def layout_from_megatron(argv: Sequence[str], gpus: int, *, ep_spans_tp: bool = 
     tp, pp, ep = get["tp"], get["pp"], get["ep"]
     per_stage = ep * (1 if ep_spans_tp else tp) * cp
     if gpus % (per_stage * pp):
-        raise ConfigError(f"Megatron arguments: pp {pp} x ep {ep}{'' if ep_spans_tp else f' x tp {tp}'} x cp {cp} does not "
-                          f"divide {gpus} GPUs; allowed: sizes whose product divides the GPUs")
+        raise ConfigError(f"Megatron arguments: pp {pp} x ep {ep}{'' if ep_spans_tp else f' x tp {tp}'} x cp {cp} "
+                          f"does not divide {gpus} GPUs; allowed: sizes whose product divides the GPUs")
     dp = gpus // (per_stage * pp)
     dense_dp = ep * dp // (tp if ep_spans_tp else 1)
     m = gbs // (get["micro_batch_size"] * dense_dp)
