@@ -229,14 +229,15 @@ def planning_problem(model: ModelSpec, parallel: ParallelConfig, cluster: Cluste
     return _problem(model, parallel, cm, sm, objective), sm
 
 
-def _problem(model: ModelSpec, parallel: ParallelConfig, cm, sm: StageCostModel, objective: str, cost=None
-             ) -> PartitionProblem:
+def _problem(model: ModelSpec, parallel: ParallelConfig, cm, sm: StageCostModel, objective: str, cost=None,
+             given_split: bool = False) -> PartitionProblem:
     if cost is None:
         cost = (schedule_path_cost(model, parallel, cm, sm) if objective == "schedule" and parallel.vpp == 1
                 else sm.cost)
     return PartitionProblem(model.num_layers, parallel.pp * parallel.vpp, cost, memory=sm.memory_bytes,
                             memory_limit=memory_capacity(cm.cluster), objective="bottleneck",
-                            microbatches=parallel.microbatches, vpp=parallel.vpp, has_experts=model.has_moe)
+                            microbatches=parallel.microbatches, vpp=parallel.vpp, has_experts=model.has_moe,
+                            given_split=given_split)
 
 
 def make_plan(
@@ -355,7 +356,7 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
                     boundaries[0] != 0 or boundaries[-1] != model.num_layers:
                 raise ConfigError(f"field 'boundaries' = {list(boundaries)} is out of range; allowed: with method "
                                   f"'uniform', {S + 1} non-decreasing layer indices from 0 to {model.num_layers}")
-            problem = _problem(model, parallel, cost_model, sm, obj)
+            problem = _problem(model, parallel, cost_model, sm, obj, given_split=True)
             part = score_boundaries(problem, boundaries, method)
             check_memory(problem, part)
         else:
