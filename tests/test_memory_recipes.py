@@ -117,7 +117,7 @@ def test_adam_moment_dtype_and_module_checks():
     with pytest.raises(ConfigError, match="adam_moment_dtype"):
         ParallelConfig(adam_moment_dtype="fp16")
     with pytest.raises(ConfigError, match="recompute_modules"):
-        ParallelConfig(recompute="selective", recompute_modules=("layernorm",))  # not modelled: refused
+        ParallelConfig(recompute="selective", recompute_modules=("gdn",))  # not modelled: refused
     with pytest.raises(ConfigError, match="recompute_modules"):
         ParallelConfig(recompute_modules=("core_attn",))  # needs recompute = selective
 

@@ -223,3 +223,22 @@ def test_acceptance_qwen3_next_256(qwen):
     ref = make_plan(qwen, ParallelConfig(pp=8, ep=8, dp=4, microbatches=32))
     assert ref.parallel.tokens_per_iteration == 4194304
     assert res.ranked[0].result["iteration_time_s"] <= ref.chosen.iteration_time_s
+
+
+def test_cp_choices_and_layouts_by_hand(qwen):
+    # Qwen3-Next: 16 Gated DeltaNet key heads, 16 attention heads; CP sizes are powers of two with tp x cp <= 8,
+    # seq_len a multiple of 2 cp, 16 / tp GDN heads a multiple of cp, and >= 4,096 tokens of a sequence per rank
+    assert S.cp_choices(qwen, 32768, 1, 8) == [1, 2, 4, 8]
+    assert S.cp_choices(qwen, 32768, 4, 8) == [1, 2]
+    assert S.cp_choices(qwen, 8192, 1, 8) == [1, 2]
+    assert S.cp_choices(qwen, 4096, 1, 8) == [1]
+    lays = S.enumerate_layouts(qwen, 64, 64, seq_len=32768)
+    assert {l.cp for l in lays} == {1, 2, 4, 8}
+    for l in lays:  # every layout fills the GPUs: pp x dp x ep x (tp unless spanned) x cp
+        assert l.parallel(32768).world_size == 64
+    # the Megatron export carries CP and reads it back
+    lay = next(l for l in lays if l.cp == 4 and l.schedule == "1f1b" and l.recompute == "none")
+    out = X.megatron_arguments(S.Candidate(lay, 0.0, 0.0), 32768)
+    assert out["argv"][out["argv"].index("--context-parallel-size") + 1] == "4"
+    back, _ = X.layout_from_megatron(out["argv"], 64, ep_spans_tp=lay.ep_spans_tp)
+    assert back == lay

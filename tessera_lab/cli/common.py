@@ -195,7 +195,20 @@ def parallel_from_args(args: argparse.Namespace):
         **({"ep_spans_tp": True} if getattr(args, "ep_spans_tp", False) else {}),
         **({"recompute_modules": tuple(args.recompute_modules)} if getattr(args, "recompute_modules", None) else {}),
         **({"host_sync_s": args.host_sync_ms / 1e3} if getattr(args, "host_sync_ms", None) is not None else {}),
+        **({"fsdp": True} if getattr(args, "fsdp", False) else {}),
     )
+
+
+def split_from_args(args: argparse.Namespace, model, parallel) -> list[int] | None:
+    """The decoder-layer boundaries Megatron's ``--account-for-{embedding,loss}-in-pipeline-split`` give
+    (:func:`tessera_lab.plan.stages.accounted_boundaries`), or ``None`` when neither option is set."""
+    emb = bool(getattr(args, "account_for_embedding_in_pipeline_split", False))
+    loss = bool(getattr(args, "account_for_loss_in_pipeline_split", False))
+    if not (emb or loss):
+        return None
+    from tessera_lab.plan.stages import accounted_boundaries
+
+    return accounted_boundaries(model.num_layers, parallel.pp * parallel.vpp, embedding=emb, loss=loss)
 
 
 def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu: str) -> None:
@@ -233,7 +246,17 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     p.add_argument("--recompute-modules", default=None, metavar="LIST",
                    type=module_list("recompute_modules", RECOMPUTE_MODULES),
                    help="with --recompute selective: Megatron's module names, comma-separated (core_attn, mla_up_proj, "
-                        "mlp, moe_act, moe)")
+                        "mlp, moe_act, moe, layernorm, shared_experts)")
+    p.add_argument("--fsdp", action=Switch,
+                   help="Megatron FSDP: parameters, gradients and optimizer state sharded over the data-parallel "
+                        "ranks; each layer's parameters all-gathered before its forward and backward and its gradients "
+                        "reduce-scattered, every micro-batch")
+    p.add_argument("--account-for-embedding-in-pipeline-split", action=Switch,
+                   help="the embedding counts as one layer in the split (Megatron's option): the first virtual stage "
+                        "gets one decoder layer less; the split is then Megatron's even one, not searched")
+    p.add_argument("--account-for-loss-in-pipeline-split", action=Switch,
+                   help="the loss counts as one layer in the split (Megatron's option): the last virtual stage gets "
+                        "one decoder layer less; the split is then Megatron's even one, not searched")
     p.add_argument("--ep-spans-tp", action=Switch,
                    help="the EP group spans the TP ranks too (Megatron's expert grid with expert TP 1, as recipes with "
                         "EP > DP run); world pp*dp*ep")

@@ -7,7 +7,8 @@ import sys
 from typing import Any
 
 from tessera_lab.argtypes import positive_float
-from tessera_lab.cli.common import GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args, table
+from tessera_lab.cli.common import (GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args,
+                                    split_from_args, table)
 from tessera_lab.model.hardware import layout_text
 from tessera_lab.model.spec import kind_letter, layer_summary
 from tessera_lab.plan.proof import kept_baseline, solve_line
@@ -256,8 +257,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             warnings.simplefilter("ignore", StaleProfileWarning)  # reported below, once
             profile = load_profile(args.profile)
         check_profile_fits(profile, args.profile, model.name, args.gpu, allow=args.allow_stale_profile)
-    plan = make_plan(model, parallel, cluster, method=args.method, objective=args.objective,
-                     time_limit_s=args.time_limit, gpu=args.gpu, profile=profile)
+    boundaries = split_from_args(args, model, parallel)
+    plan = make_plan(model, parallel, cluster, method="uniform" if boundaries else args.method,
+                     objective=args.objective, time_limit_s=args.time_limit, gpu=args.gpu, profile=profile,
+                     boundaries=boundaries, **({"baselines": ()} if boundaries else {}))
     emit(args, plan.as_dict(), format_plan(plan))
     if args.export:
         from tessera_lab.plan.exports import write_plan

@@ -7,7 +7,8 @@ import sys
 from typing import Any
 
 from tessera_lab.argtypes import int_at_least
-from tessera_lab.cli.common import add_json, add_plan_options, emit, model_from_args, parallel_from_args
+from tessera_lab.cli.common import (add_json, add_plan_options, emit, model_from_args, parallel_from_args,
+                                    split_from_args)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -61,7 +62,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         parallel = parallel_from_args(args)
         cluster = Cluster.dgx(args.gpu, args.nodes) if args.nodes else None
         # the same plan as "tessera-lab plan" with these options: its baselines take part in the choice
-        plan = make_plan(model, parallel, cluster, method=args.method, gpu=args.gpu)
+        boundaries = split_from_args(args, model, parallel)  # Megatron's embedding/loss-accounted split, if asked
+        plan = make_plan(model, parallel, cluster, method="uniform" if boundaries else args.method, gpu=args.gpu,
+                         boundaries=boundaries, **({"baselines": ()} if boundaries else {}))
     rep = capacity_report(plan)
     result: dict[str, Any] = {"costs": plan.costs.as_dict(), "capacity": rep.as_dict(), "plan": plan.as_dict()}
     result["routing_dynamic"] = terms.as_dict()

@@ -10,15 +10,16 @@ from typing import Any
 from tessera_lab.argtypes import positive_int
 from tessera_lab.cli.common import add_json, emit, table
 
-HELP = "search the parallel layouts (TP, EP, PP/VPP, DP, micro-batching, schedule, recompute) for the fastest that fits"
+HELP = ("search the parallel layouts (TP, CP, EP, PP/VPP, DP, micro-batching, schedule, recompute) for the fastest "
+        "that fits")
 #: layout fields compared between a candidate and the first one
-_FIELDS = ("tp", "pp", "vpp", "ep", "ep_spans_tp", "dp", "microbatches", "micro_batch_size", "schedule", "recompute",
-           "dispatcher")
+_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "ep_spans_tp", "dp", "microbatches", "micro_batch_size", "schedule",
+           "recompute", "dispatcher")
 
 
 def _row(rank: int, c) -> dict[str, Any]:
     r, lay = c.result, c.layout
-    return {"#": rank, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp,
+    return {"#": rank, "tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "vpp": lay.vpp,
             "ep": lay.ep if not lay.ep_spans_tp else f"{lay.ep}*",
             "dp": lay.dp, "m x mbs": f"{lay.microbatches} x {lay.micro_batch_size}", "schedule": lay.schedule,
             "recompute": lay.recompute, "dispatcher": lay.dispatcher, "iteration (s)": r["iteration_time_s"],

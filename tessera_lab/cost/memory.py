@@ -19,7 +19,10 @@ spans the TP ranks); the rest of a stage over ``ParallelConfig.dense_shard_dp`` 
 ``ep / tp * dp * cp`` when the EP group spans the TP ranks; CP ranks hold the same parameters; see
 :mod:`tessera_lab.model.hardware`). With a distributed optimizer the optimizer state
 (``ParallelConfig.optimizer_state_bytes``: fp32 master weights and Adam's moments, 12 bytes, or 8 with bf16
-moments as Megatron-Core's precision-aware optimizer keeps them) is sharded over those ranks.
+moments as Megatron-Core's precision-aware optimizer keeps them) is sharded over those ranks; with Megatron FSDP
+(``ParallelConfig.fsdp``) the bf16 weights and the gradient buffer too, and each GPU also holds the unsharded
+parameters of the layer it computes and the one it prefetches, and one layer's unsharded gradients
+(:func:`fsdp_buffer_bytes`).
 
 Activations: the ``saved_bytes`` of every forward task of the stage's layers (:mod:`tessera_lab.model.tasks`)
 per micro-batch, times the micro-batches in flight on that stage at its peak for the schedule (a micro-batch
@@ -43,17 +46,20 @@ from typing import Sequence
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import Cluster, ParallelConfig, cost_assumptions
 from tessera_lab.model.spec import ModelSpec
-from tessera_lab.model.tasks import LayerTasks
+from tessera_lab.model.tasks import LayerTasks, rank_params
 
 GIB = 2**30
 
 
 def bytes_per_param(parallel: ParallelConfig, dp_degree: int) -> float:
     """Training-state bytes per parameter: ``2 + g + o`` (18 with fp32 gradients, 16 with bf16), or
-    ``2 + g + o/dp_degree`` with a distributed optimizer (``g`` = :attr:`ParallelConfig.grad_bytes`, ``o`` =
+    ``2 + g + o/dp_degree`` with a distributed optimizer, ``(2 + g + o)/dp_degree`` with Megatron FSDP
+    (``g`` = :attr:`ParallelConfig.grad_bytes`, ``o`` =
     :attr:`ParallelConfig.optimizer_state_bytes`: 12, or 8 with bf16 Adam moments)."""
     base = 2.0 + parallel.grad_bytes
     state = parallel.optimizer_state_bytes
+    if parallel.fsdp:
+        return (base + state) / dp_degree
     if parallel.distributed_optimizer:
         return base + state / dp_degree
     return base + state
@@ -96,21 +102,19 @@ class LayerMemory:
 
 
 def gpu_params(model: ModelSpec, parallel: ParallelConfig, layer: int) -> tuple[float, float]:
-    """Parameters one GPU holds for one entry of ``decompose`` order, split ``(dense, expert)``.
+    """Parameters one GPU holds for one entry of ``decompose`` order, split ``(dense, expert)``
+    (:func:`tessera_lab.model.tasks.rank_params`, the one owner of that split)."""
+    return rank_params(model, parallel, layer)
 
-    ``layer`` is a decoder layer index, ``-1`` for the input embedding or ``num_layers`` for the final norm and
-    LM head. Dense parameters (mixer, shared expert, dense MLP, embedding, head) are split over ``tp``; norms and
-    the router are replicated; routed experts are split over ``ep``.
-    """
-    p = parallel
-    if layer < 0:
-        return model.vocab_size * model.hidden_size / p.tp, 0.0
-    if layer >= model.num_layers:
-        head = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
-        return head / p.tp + model.hidden_size, 0.0
-    comp = model.layer_params(model.layers[layer])
-    dense = (comp["mixer"] + comp["shared"] + comp["dense_mlp"] + comp["mtp"]) / p.tp + comp["norms"] + comp["router"]
-    return dense, comp["experts"] / p.ep
+
+def fsdp_buffer_bytes(model: ModelSpec, parallel: ParallelConfig) -> float:
+    """Bytes per GPU that Megatron FSDP holds unsharded on top of the shards: the bf16 parameters of two layers
+    (the one computing and the one prefetched) and one layer's gradients before their reduce-scatter
+    (``grad_bytes`` each), for the largest decoder layer; 0 without ``fsdp``."""
+    if not parallel.fsdp:
+        return 0.0
+    largest = max(sum(rank_params(model, parallel, i)) for i in range(model.num_layers))
+    return largest * (2.0 * parallel.dtype_bytes + parallel.grad_bytes)
 
 
 def layer_memory(model: ModelSpec, parallel: ParallelConfig, tasks: Sequence[LayerTasks]) -> list[LayerMemory]:

@@ -39,9 +39,11 @@ ADAM_MOMENT_DTYPES = ("fp32", "bf16")
 #: Megatron-LM ``--recompute-modules`` this model knows (``recompute = selective`` with ``recompute_modules``):
 #: ``core_attn`` (attention core), ``mla_up_proj`` (MLA up projections and RoPE, output-discarding), ``mlp`` (the
 #: dense MLP of a dense layer), ``moe_act`` (the routed experts' SwiGLU, output-discarding), ``moe`` (the whole
-#: MoE block) (``megatron/core/transformer/transformer_config.py``, ``recompute_modules``; Megatron's
-#: ``layernorm``, ``shared_experts`` and the GDN/GDP modules are not modelled and are refused)
-RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act", "moe")
+#: MoE block), ``layernorm`` (the input and pre-MLP norms, output-discarding: their outputs are freed and re-made
+#: in the backward), ``shared_experts`` (the shared-expert MLP, a normal checkpoint keeping its input)
+#: (``megatron/core/transformer/transformer_config.py``, ``recompute_modules``, NVIDIA/Megatron-LM commit
+#: 002526d81b81f6ab534e93844f9a228709887494; the GDN/GDP modules are not modelled and are refused)
+RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act", "moe", "layernorm", "shared_experts")
 #: what ``recompute = selective`` without ``recompute_modules`` recomputes: the attention core and the routed
 #: experts' SwiGLU (Gated DeltaNet chunk states are always recomputed)
 SELECTIVE_DEFAULT_MODULES = ("core_attn", "moe_act")
@@ -274,6 +276,12 @@ class ParallelConfig:
         host_sync_s: seconds per MoE layer and micro-batch the host/device synchronisation of the dropless EP
             dispatch exposes (:mod:`tessera_lab.cost.sync`, applied only where that module's rule says);
             ``None`` = the value fitted on published runs (``FITTED_PER_LAYER_S``), 0 = off.
+        fsdp: Megatron FSDP (``--use-megatron-fsdp`` with ``optim_grads_params`` sharding): parameters, gradients
+            and optimizer state all sharded over the data-parallel ranks of each part (:attr:`dense_shard_dp`,
+            :attr:`expert_dp`); each layer's bf16 parameters are all-gathered before its forward and again before
+            its backward, and its gradients reduce-scattered after the backward, every micro-batch
+            (:mod:`tessera_lab.model.tasks`; memory in :mod:`tessera_lab.cost.memory`). Supersedes
+            ``distributed_optimizer``.
     """
 
     pp: int = 8
@@ -301,6 +309,7 @@ class ParallelConfig:
     recompute_modules: tuple[str, ...] = ()
     host_sync_s: float | None = None
     cp: int = 1
+    fsdp: bool = False
 
     def __post_init__(self) -> None:
         for name in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "cp"):
@@ -337,6 +346,8 @@ class ParallelConfig:
             raise ConfigError(f"field 'recompute_modules' = {self.recompute_modules!r} is unknown; allowed: a list of "
                               f"{', '.join(RECOMPUTE_MODULES)}")
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        if not isinstance(self.fsdp, bool):
+            raise ConfigError(f"field 'fsdp' = {self.fsdp!r} is out of range; allowed: true or false")
         if self.recompute_modules and self.recompute != "selective":
             raise ConfigError(f"field 'recompute_modules' needs recompute = 'selective'; got {self.recompute!r}")
 

@@ -218,20 +218,24 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
                  gemms=sshapes),
             w=Task("shared_expert", g.layer, "W", "gemm", sflops, sbytes, gemms=sshapes),
         )
+        shared_first = shared
         shared = g.elementwise("shared_act", dt * T * Is * (gm + 1), [shared])  # its SwiGLU, as the routed experts'
         if p.tp > 1:
             shared = g.comm("shared_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [shared])
+        if "shared_experts" in g.modules:  # Megatron's 'shared_experts': a normal checkpoint keeping the block's input
+            _checkpoint(g, first=shared_first, keep=g.gemm_in * T * h / g.sp, last=shared)
         outs.append(shared)
     if "moe" in g.modules:
         _checkpoint(g, first=router, keep=dt * T_all * h / g.sp)  # Megatron's 'moe': the block keeps its input
     return outs
 
 
-def _checkpoint(g: _Fwd, first: str, keep: float) -> None:
-    """Normal checkpointing of the tasks from ``first`` to the end of the graph so far: they save nothing but
-    the block's input (``keep`` bytes, charged to ``first``) and re-run their forward in the backward."""
+def _checkpoint(g: _Fwd, first: str, keep: float, last: str | None = None) -> None:
+    """Normal checkpointing of the tasks from ``first`` to ``last`` (default: the end of the graph so far): they
+    save nothing but the block's input (``keep`` bytes, charged to ``first``) and re-run their forward in the
+    backward."""
     names = [t.name for t in g.tasks]
-    block = set(names[names.index(first):])
+    block = set(names[names.index(first):(names.index(last) + 1 if last is not None else None)])
     g.recomputed |= block
     g.tasks = [replace(t, saved_bytes=(keep if t.name == first else 0.0)) if t.name in block else t for t in g.tasks]
 
@@ -377,10 +381,63 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
     res = g.elementwise("residual", dt * T * h * 3, outs)
     if layer.mtp:  # the shared head and a loss on the next-next token
         _head(g, model, p, T, res, prefix="mtp_")
+    if "layernorm" in g.modules:
+        _layernorm_recompute(g, ("input_norm", "post_attn_norm"), dt * T * h / g.sp)
     if p.recompute == "full":
         _full_recompute(g, first)
+    if p.fsdp:
+        _fsdp_comms(g, model, p, layer.index)
     B, W = _backward(g)
     return LayerTasks(layer.index, layer.kind, tuple(g.tasks), B, W)
+
+
+def _layernorm_recompute(g: _Fwd, norms: tuple[str, ...], out_bytes: float) -> None:
+    """Megatron's ``layernorm`` recompute (output-discarding checkpoint of the input and pre-MLP norms): each
+    norm's output (``out_bytes``, sequence-parallel) is freed after the forward and re-made by re-running the norm
+    in the backward, so the GEMMs that keep it as their saved input (one storage with it in bf16; an FP8 GEMM keeps
+    its own FP8 copy) no longer hold it."""
+    present = {t.name for t in g.tasks} & set(norms)
+    g.recomputed |= present
+    if g.gemm_in != g.dt:
+        return
+    g.tasks = [replace(t, saved_bytes=max(0.0, t.saved_bytes - out_bytes)) if t.op == "gemm" and
+               present.intersection(t.deps) and t.saved_bytes >= out_bytes else t for t in g.tasks]
+
+
+def _fsdp_comms(g: _Fwd, model: ModelSpec, p: ParallelConfig, layer: int) -> None:
+    """Megatron FSDP's per-layer collectives (``ParallelConfig.fsdp``): an all-gather of the layer's bf16
+    parameters before its forward (dense over the ``edp`` group of :attr:`ParallelConfig.dense_shard_dp` ranks,
+    routed experts over the ``dp`` group of :attr:`ParallelConfig.expert_dp`), the same all-gather again before
+    its backward (the B of the gather task), and a reduce-scatter of its gradients (``grad_bytes`` each) after it
+    (the W). Nothing in the layer waits on the gathers: Megatron FSDP prefetches the next layer's parameters while
+    this one computes, so they overlap compute on their own link."""
+    dense, expert = rank_params(model, p, layer)
+    for name, n, group, size in (("fsdp_gather", dense, "edp", p.dense_shard_dp),
+                                 ("fsdp_gather_experts", expert, "dp", p.expert_dp)):
+        if n <= 0 or size < 2:
+            continue
+        gather = Collective("all_gather", p.dtype_bytes * n, group, size)
+        scatter = Collective("reduce_scatter", p.grad_bytes * n, group, size)
+        g.add(Task(name, g.layer, "F", "all_gather", 0.0, 0.0, gather, ()),
+              w=Task(name, g.layer, "W", "reduce_scatter", 0.0, 0.0, scatter, (), True))
+
+
+def rank_params(model: ModelSpec, parallel: ParallelConfig, layer: int) -> tuple[float, float]:
+    """Parameters one GPU holds for one entry of ``decompose`` order, split ``(dense, expert)``.
+
+    ``layer`` is a decoder layer index, ``-1`` for the input embedding or ``num_layers`` for the final norm and
+    LM head. Dense parameters (mixer, shared expert, dense MLP, embedding, head) are split over ``tp``; norms and
+    the router are replicated; routed experts are split over ``ep``.
+    """
+    p = parallel
+    if layer < 0:
+        return model.vocab_size * model.hidden_size / p.tp, 0.0
+    if layer >= model.num_layers:
+        head = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
+        return head / p.tp + model.hidden_size, 0.0
+    comp = model.layer_params(model.layers[layer])
+    dense = (comp["mixer"] + comp["shared"] + comp["dense_mlp"] + comp["mtp"]) / p.tp + comp["norms"] + comp["router"]
+    return dense, comp["experts"] / p.ep
 
 
 def embedding_tasks(model: ModelSpec, parallel: ParallelConfig) -> LayerTasks:

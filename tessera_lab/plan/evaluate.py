@@ -114,7 +114,10 @@ class GradSync:
         """Seconds of the gradient sync of (virtual) stage ``index`` owning decoder ``layers``."""
         model, p = self.model, self.cost_model.parallel
         last = (num_stages or p.pp) - 1
-        entries = list(layers) + ([-1] if index == 0 else []) + ([model.num_layers] if index == last else [])
+        # with FSDP the decoder layers' gradients are reduce-scattered every micro-batch (their W tasks,
+        # tessera_lab.model.tasks); only the embedding's and head's are left to the end of the iteration
+        entries = ([] if p.fsdp else list(layers)) + ([-1] if index == 0 else []) + \
+            ([model.num_layers] if index == last else [])
         dense = expert = 0.0
         params = self._params
         for idx in entries:

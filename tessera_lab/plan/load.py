@@ -32,7 +32,7 @@ from tessera_lab.plan.stages import build_stage_model
 PARALLEL_KEYS = ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "dtype",
                  "distributed_optimizer", "schedule", "dispatcher", "recompute", "precision", "grad_reduce_dtype",
                  "expert_load", "grouped_gemm", "fused_cross_entropy", "ep_placement", "ep_spans_tp",
-                 "sequence_parallel", "adam_moment_dtype", "recompute_modules", "host_sync_s", "cp")
+                 "sequence_parallel", "adam_moment_dtype", "recompute_modules", "host_sync_s", "cp", "fsdp")
 
 
 def _model_of(data: Mapping[str, Any], where: str) -> ModelSpec:

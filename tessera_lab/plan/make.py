@@ -25,7 +25,7 @@ from tessera_lab.defaults import DEFAULT_GPU, DEFAULT_MODEL
 from tessera_lab.errors import ConfigError, PartitionError, TesseraError
 from tessera_lab.checks import divisors_text
 from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfig, check_fits, cluster_for
-from tessera_lab.model.spec import DENSE, FULL_ATTENTION, ModelSpec, model_from_name, shipped_models
+from tessera_lab.model.spec import DENSE, FULL_ATTENTION, NO_FFN, NO_MIXER, ModelSpec, model_from_name, shipped_models
 from tessera_lab.model.tasks import model_flops_per_iteration, routing_load_note
 from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, evaluate
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
@@ -104,7 +104,8 @@ def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster
 
 #: what each Megatron recompute module needs in the model (``recompute_modules`` check)
 _MODULE_NEEDS = {"core_attn": "needs a full-attention layer", "mla_up_proj": "needs MLA attention",
-                 "mlp": "needs a dense-FFN layer", "moe_act": "needs an MoE layer", "moe": "needs an MoE layer"}
+                 "mlp": "needs a dense-FFN layer", "moe_act": "needs an MoE layer", "moe": "needs an MoE layer",
+                 "layernorm": "needs a decoder layer with a norm", "shared_experts": "needs a shared expert"}
 
 
 def _model_has_module(model: ModelSpec, module: str) -> bool:
@@ -116,6 +117,10 @@ def _model_has_module(model: ModelSpec, module: str) -> bool:
         return any(layer.attention in ("mla", "mla_sparse") for layer in layers)
     if module == "mlp":
         return any(layer.ffn == DENSE for layer in layers)
+    if module == "layernorm":
+        return any(layer.mixer != NO_MIXER or layer.ffn != NO_FFN for layer in layers)
+    if module == "shared_experts":
+        return model.has_moe and bool(model.shared_expert_intermediate_size)
     return model.has_moe
 
 
@@ -189,7 +194,7 @@ class Plan:
         # layout and memory fields, written only when set (plans without them read as before)
         defaults = ParallelConfig()
         for k in ("ep_placement", "ep_spans_tp", "sequence_parallel", "adam_moment_dtype", "recompute_modules",
-                  "host_sync_s", "cp"):
+                  "host_sync_s", "cp", "fsdp"):
             v = getattr(self.parallel, k)
             if v != getattr(defaults, k):
                 d["parallel"][k] = list(v) if isinstance(v, tuple) else v
@@ -224,14 +229,15 @@ def planning_problem(model: ModelSpec, parallel: ParallelConfig, cluster: Cluste
     return _problem(model, parallel, cm, sm, objective), sm
 
 
-def _problem(model: ModelSpec, parallel: ParallelConfig, cm, sm: StageCostModel, objective: str, cost=None
-             ) -> PartitionProblem:
+def _problem(model: ModelSpec, parallel: ParallelConfig, cm, sm: StageCostModel, objective: str, cost=None,
+             given_split: bool = False) -> PartitionProblem:
     if cost is None:
         cost = (schedule_path_cost(model, parallel, cm, sm) if objective == "schedule" and parallel.vpp == 1
                 else sm.cost)
     return PartitionProblem(model.num_layers, parallel.pp * parallel.vpp, cost, memory=sm.memory_bytes,
                             memory_limit=memory_capacity(cm.cluster), objective="bottleneck",
-                            microbatches=parallel.microbatches, vpp=parallel.vpp, has_experts=model.has_moe)
+                            microbatches=parallel.microbatches, vpp=parallel.vpp, has_experts=model.has_moe,
+                            given_split=given_split)
 
 
 def make_plan(
@@ -303,9 +309,12 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
                               time_limit_s=time_limit_s, objective=objective, profile=profile,
                               refine_budget=refine_budget)
     S = parallel.pp * parallel.vpp
-    if S > model.num_layers:
+    # a given split may leave the first and last virtual stage only the embedding and the loss (Megatron's
+    # account_for_embedding/loss_in_pipeline_split with one slot per virtual stage)
+    most = model.num_layers + (2 if boundaries is not None else 0)
+    if S > most:
         raise PartitionError(f"field 'pp' x 'vpp' = {S} is out of range; allowed: 1 to the number of layers "
-                             f"({model.num_layers})")
+                             f"({model.num_layers}){', + 2 with a given split' if boundaries is not None else ''}")
     cost_model, sm = build_stage_model(model, parallel, cluster, profile)
     capacity = memory_capacity(cluster)
     flops = model_flops_per_iteration(model, parallel)
@@ -347,7 +356,7 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
                     boundaries[0] != 0 or boundaries[-1] != model.num_layers:
                 raise ConfigError(f"field 'boundaries' = {list(boundaries)} is out of range; allowed: with method "
                                   f"'uniform', {S + 1} non-decreasing layer indices from 0 to {model.num_layers}")
-            problem = _problem(model, parallel, cost_model, sm, obj)
+            problem = _problem(model, parallel, cost_model, sm, obj, given_split=True)
             part = score_boundaries(problem, boundaries, method)
             check_memory(problem, part)
         else:

@@ -41,6 +41,9 @@ class PartitionProblem:
         monotone: the caller guarantees cost and memory never decrease when a segment grows (true for sums of
             non-negative per-layer values); large bottleneck problems then take the O(S L log L) DP.
         has_experts: the model has routed experts (a memory refusal then suggests ep; else tp and dp).
+        given_split: the problem only scores a given split (``score_boundaries``), which may leave the first and
+            last stage only the embedding and the loss (Megatron's embedding/loss-accounted split): up to
+            ``L + 2`` stages; never solved.
     """
 
     num_layers: int
@@ -57,13 +60,15 @@ class PartitionProblem:
     vpp: int = 1
     monotone: bool = False
     has_experts: bool = True
+    given_split: bool = False
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
             raise PartitionError(f"field 'layers' = {self.num_layers} is out of range; allowed: >= 1")
-        if not 1 <= self.num_stages <= self.num_layers:
+        most = self.num_layers + (2 if self.given_split else 0)  # + 2: an embedding-only and a loss-only stage
+        if not 1 <= self.num_stages <= most:
             raise PartitionError(
-                f"field 'stages' = {self.num_stages} is out of range; allowed: 1 to the number of layers ({self.num_layers})"
+                f"field 'stages' = {self.num_stages} is out of range; allowed: 1 to the number of layers ({most})"
             )
         if self.objective not in ("bottleneck", "schedule"):
             raise PartitionError(f"field 'objective' = {self.objective!r} is unknown; allowed: bottleneck, schedule")

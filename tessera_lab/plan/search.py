@@ -4,7 +4,8 @@ a lower bound on the iteration, the survivors planned by :func:`tessera_lab.plan
 
 Dimensions (:class:`Layout`): TP (dividing every head count and the GPUs of a node; sequence parallel on), EP
 (dividing the routed experts; expert TP 1; with TP > 1 the EP group either sits on one TP rank, or spans the TP
-ranks as Megatron's expert grid allows, ``ep_spans_tp``), PP with VPP, the data-parallel replicas, micro-batch size
+ranks as Megatron's expert grid allows, ``ep_spans_tp``), CP (:func:`cp_choices`; the EP groups span the CP ranks
+as Megatron-Core's expert grid does), PP with VPP, the data-parallel replicas, micro-batch size
 and count making the global batch, recompute (none, selective, full), schedule and dispatcher.
 
 Pruning, in this order (counts per rule in :class:`SearchResult`):
@@ -18,7 +19,7 @@ Pruning, in this order (counts per rule in :class:`SearchResult`):
   best planned iteration is never planned (nor any later one: the order is by bound).
 
 Both bounds are computed from the per-layer costs and memory of :mod:`tessera_lab.plan.stages` (one decomposition
-per group of layouts that share TP, EP, micro-batch size, recompute and dispatcher: those costs do not see PP, DP,
+per group of layouts that share TP, CP, EP, micro-batch size, recompute and dispatcher: those costs do not see PP, DP,
 VPP or the schedule), so a pruned candidate costs microseconds and a planned one a full planner run.
 """
 
@@ -34,6 +35,7 @@ from tessera_lab.errors import ConfigError, TesseraError
 from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.plan.make import VIRTUAL_SCHEDULES, make_plan
+from tessera_lab.plan.search_space import _divisors, cp_choices, tp_choices
 from tessera_lab.plan.vschedules import plan_in_flight
 
 #: one-chunk schedules the search tries (``gpipe`` holds every micro-batch: never faster than 1F1B at more memory;
@@ -74,70 +76,63 @@ class Layout:
     recompute: str
     dispatcher: str
     ep_spans_tp: bool = False
+    cp: int = 1
 
     def parallel(self, seq_len: int) -> ParallelConfig:
         """The :class:`ParallelConfig` of this layout at ``seq_len`` tokens per sequence."""
         return ParallelConfig(pp=self.pp, vpp=self.vpp, ep=self.ep, tp=self.tp, dp=self.dp,
                               microbatches=self.microbatches, micro_batch_size=self.micro_batch_size,
                               seq_len=seq_len, schedule=self.schedule, recompute=self.recompute,
-                              dispatcher=self.dispatcher, ep_spans_tp=self.ep_spans_tp)
+                              dispatcher=self.dispatcher, ep_spans_tp=self.ep_spans_tp, cp=self.cp)
 
     def cost_group(self) -> tuple:
         """What the per-layer costs and saved activations see (not PP, DP, VPP, schedule or micro-batches)."""
-        return (self.tp, self.ep, self.ep_spans_tp, self.micro_batch_size, self.recompute, self.dispatcher)
+        return (self.tp, self.ep, self.ep_spans_tp, self.micro_batch_size, self.recompute, self.dispatcher, self.cp)
 
     def text(self) -> str:
         vpp = f" vpp {self.vpp}" if self.vpp > 1 else ""
         spans = " (EP spans TP)" if self.ep_spans_tp else ""
-        return (f"tp {self.tp} pp {self.pp}{vpp} ep {self.ep}{spans} dp {self.dp}, {self.microbatches} x "
+        cp = f" cp {self.cp}" if self.cp > 1 else ""
+        return (f"tp {self.tp}{cp} pp {self.pp}{vpp} ep {self.ep}{spans} dp {self.dp}, {self.microbatches} x "
                 f"{self.micro_batch_size}, {self.schedule}, recompute {self.recompute}, {self.dispatcher}")
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def tp_choices(model: ModelSpec, gpus_per_node: int) -> list[int]:
-    """TP sizes Megatron can run: divisors of every attention, key-value and linear-attention head count and of
-    the GPUs of a node (the rule of :func:`tessera_lab.plan.make.check_parallel_for_model`)."""
-    heads = [model.num_attention_heads, model.num_key_value_heads] + (
-        [model.linear_num_key_heads] if model.linear_num_key_heads else [])
-    return _divisors(math.gcd(gpus_per_node, *heads))
 
 
 def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_per_node: int = 8,
                       schedules: Sequence[str] = SEARCH_SCHEDULES, vpps: Sequence[int] = SEARCH_VPP,
                       recomputes: Sequence[str] = SEARCH_RECOMPUTE, dispatchers: Sequence[str] = SEARCH_DISPATCHERS,
-                      micro_batch_sizes: Sequence[int] = SEARCH_MICRO_BATCH_SIZES) -> list[Layout]:
-    """Every layout of ``gpus`` GPUs making a global batch of ``global_batch`` sequences under the structural rules
-    (module docstring); a dense model takes EP 1 and the alltoall dispatcher only. Sorted (deterministic)."""
+                      micro_batch_sizes: Sequence[int] = SEARCH_MICRO_BATCH_SIZES, seq_len: int = 4096
+                      ) -> list[Layout]:
+    """Every layout of ``gpus`` GPUs making a global batch of ``global_batch`` sequences of ``seq_len`` tokens under
+    the structural rules (module docstring; CP sizes from :func:`cp_choices`); a dense model takes EP 1 and the
+    alltoall dispatcher only. Sorted (deterministic)."""
     out = []
     moe = model.has_moe
     eps = [e for e in _divisors(model.num_experts) if gpus % e == 0] if moe else [1]
     for tp in tp_choices(model, gpus_per_node):
-        for ep in eps:
-            for spans in ((False, True) if moe and tp > 1 else (False,)):
-                if spans and ep % tp:
-                    continue
-                per_stage = ep * (1 if spans else tp)
-                if gpus % per_stage:
-                    continue
-                for pp in _divisors(gpus // per_stage):
-                    if pp > model.num_layers:
+        for cp in cp_choices(model, seq_len, tp, gpus_per_node):
+            for ep in eps:
+                for spans in ((False, True) if moe and tp > 1 else (False,)):
+                    if spans and ep % tp:
                         continue
-                    dp = gpus // per_stage // pp
-                    dense_dp = ep * dp // (tp if spans else 1)
-                    space = {"schedules": schedules, "vpps": vpps, "recomputes": recomputes,
-                             "dispatchers": dispatchers if moe and ep > 1 else ("alltoall",),
-                             "micro_batch_sizes": micro_batch_sizes}
-                    out += _batch_layouts(model, (pp, ep, tp, dp, spans), dense_dp, global_batch, space)
+                    per_stage = ep * (1 if spans else tp) * cp
+                    if gpus % per_stage:
+                        continue
+                    for pp in _divisors(gpus // per_stage):
+                        if pp > model.num_layers:
+                            continue
+                        dp = gpus // per_stage // pp
+                        dense_dp = ep * dp // (tp if spans else 1)
+                        space = {"schedules": schedules, "vpps": vpps, "recomputes": recomputes,
+                                 "dispatchers": dispatchers if moe and ep > 1 else ("alltoall",),
+                                 "micro_batch_sizes": micro_batch_sizes}
+                        out += _batch_layouts(model, (pp, ep, tp, dp, spans, cp), dense_dp, global_batch, space)
     return sorted(out)
 
 
 def _batch_layouts(model, sizes: tuple, dense_dp: int, global_batch: int, space: dict) -> list[Layout]:
     """The layouts of one structure ``(pp, ep, tp, dp, spans)``: every micro-batching, schedule, recompute and
     dispatcher of ``space`` the structural rules allow."""
-    pp, ep, tp, dp, spans = sizes
+    pp, ep, tp, dp, spans, cp = sizes
     schedules, vpps, recomputes, dispatchers = (space[k] for k in ("schedules", "vpps", "recomputes", "dispatchers"))
     out = []
     for mbs in space["micro_batch_sizes"]:
@@ -152,7 +147,7 @@ def _batch_layouts(model, sizes: tuple, dense_dp: int, global_batch: int, space:
         for sched, vpp in scheds:
             for rc in recomputes:
                 for disp in dispatchers:
-                    out.append(Layout(pp, vpp, ep, tp, dp, m, mbs, sched, rc, disp, spans))
+                    out.append(Layout(pp, vpp, ep, tp, dp, m, mbs, sched, rc, disp, spans, cp))
     return out
 
 
@@ -353,7 +348,7 @@ def param_memory_bytes(model: ModelSpec, layout: Layout, seq_len: int) -> float:
     from tessera_lab.cost.memory import bytes_per_param, gpu_params
 
     p = layout.parallel(seq_len)
-    dense_bpp, expert_bpp = bytes_per_param(p, p.dense_dp), bytes_per_param(p, p.expert_dp)
+    dense_bpp, expert_bpp = bytes_per_param(p, p.dense_shard_dp), bytes_per_param(p, p.expert_dp)
     total = 0.0
     for idx in range(-1, model.num_layers + 1):
         dense, expert = gpu_params(model, p, idx)
@@ -527,7 +522,7 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
     cluster = Cluster.dgx(gpu, gpus // node)
     capacity = memory_capacity(cluster)
     if layouts is None:
-        layouts = enumerate_layouts(model, gpus, seqs, gpus_per_node=node)
+        layouts = enumerate_layouts(model, gpus, seqs, gpus_per_node=node, seq_len=seq_len)
     if not layouts:
         raise ConfigError(f"--global-batch-tokens = {seqs * seq_len:,} ({seqs} sequences) cannot be split over "
                           f"{gpus} GPUs by any micro-batching; allowed: a multiple of {seq_len:,} tokens whose "

@@ -32,7 +32,7 @@ def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
         if key != "vpp" or lay.vpp > 1:
             argv += [flag, str(getattr(lay, key))]
     dense_dp = lay.ep * lay.dp // (lay.tp if lay.ep_spans_tp else 1)
-    argv += ["--expert-tensor-parallel-size", "1", "--context-parallel-size", "1",
+    argv += ["--expert-tensor-parallel-size", "1", "--context-parallel-size", str(lay.cp),
              "--global-batch-size", str(lay.microbatches * lay.micro_batch_size * dense_dp),
              "--seq-length", str(seq_len), "--use-distributed-optimizer"]
     if lay.tp > 1:
@@ -68,14 +68,15 @@ def layout_from_megatron(argv: Sequence[str], gpus: int, *, ep_spans_tp: bool = 
     try:
         get = {k: int(vals.get(flag, "1")) for k, flag in _MEGATRON_FLAGS.items()}
         gbs = int(vals["--global-batch-size"])
+        cp = int(vals.get("--context-parallel-size", "1"))
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"Megatron arguments: {exc} is missing or not an integer; allowed: the arguments "
                           "megatron_arguments writes") from None
     tp, pp, ep = get["tp"], get["pp"], get["ep"]
-    per_stage = ep * (1 if ep_spans_tp else tp)
+    per_stage = ep * (1 if ep_spans_tp else tp) * cp
     if gpus % (per_stage * pp):
-        raise ConfigError(f"Megatron arguments: pp {pp} x ep {ep}{'' if ep_spans_tp else f' x tp {tp}'} does not "
-                          f"divide {gpus} GPUs; allowed: sizes whose product divides the GPUs")
+        raise ConfigError(f"Megatron arguments: pp {pp} x ep {ep}{'' if ep_spans_tp else f' x tp {tp}'} x cp {cp} "
+                          f"does not divide {gpus} GPUs; allowed: sizes whose product divides the GPUs")
     dp = gpus // (per_stage * pp)
     dense_dp = ep * dp // (tp if ep_spans_tp else 1)
     m = gbs // (get["micro_batch_size"] * dense_dp)
@@ -85,6 +86,6 @@ def layout_from_megatron(argv: Sequence[str], gpus: int, *, ep_spans_tp: bool = 
     layout = Layout(pp, get["vpp"], ep, tp, dp, m, get["micro_batch_size"], sched,
                     vals.get("--recompute-granularity", "none"),
                     "deepep" if "--moe-enable-deepep" in flags else vals.get("--moe-token-dispatcher-type", "alltoall"),
-                    ep_spans_tp)
+                    ep_spans_tp, cp)
     layout_text = vals.get("--pipeline-model-parallel-layout")
     return layout, (parse_megatron_layout(layout_text) if layout_text else [])

@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Sequence
 
 from tessera_lab.cost.analytic import CostModel, LayerCost
-from tessera_lab.cost.memory import LayerMemory, layer_memory
+from tessera_lab.cost.memory import LayerMemory, fsdp_buffer_bytes, layer_memory
 from tessera_lab.cost.sync import planner_per_layer_s
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import Cluster, ParallelConfig
@@ -46,10 +46,14 @@ class StageCostModel:
     ``host_sync``: seconds per micro-batch added to decoder layer ``l``'s forward (entry ``l``; the host/device
     synchronisation of :mod:`tessera_lab.cost.sync` on MoE layers), included in :meth:`f`, :meth:`standalone`
     and :meth:`cost` and reported by :meth:`sync`; ``None`` = none.
+
+    ``rank_extra_bytes``: bytes every pipeline rank holds once whatever its layers (Megatron FSDP's unsharded
+    buffers, :func:`tessera_lab.cost.memory.fsdp_buffer_bytes`), charged to each rank's first chunk.
     """
 
     def __init__(self, layer_costs: Sequence[LayerCost], memory: Sequence[LayerMemory], parallel: ParallelConfig,
-                 pair_costs: dict[tuple[str, str], float] | None = None, host_sync: Sequence[float] | None = None):
+                 pair_costs: dict[tuple[str, str], float] | None = None, host_sync: Sequence[float] | None = None,
+                 rank_extra_bytes: float = 0.0):
         self.costs = list(layer_costs)
         self.host_sync = list(host_sync) if host_sync is not None and any(host_sync) else None
         self.memory = list(memory)
@@ -69,7 +73,9 @@ class StageCostModel:
         # per-stage constants (the embedding / head a stage owns, micro-batches in flight), computed once
         S = self.num_stages
         self._extras = [{a: self._extra_sum(s, a) for a in ("f", "b", "w")} for s in range(S)]
-        self._end_param = [sum(self.memory[e].param_bytes for e in self._ends(s)) for s in range(S)]
+        self.rank_extra_bytes = rank_extra_bytes
+        self._end_param = [sum(self.memory[e].param_bytes for e in self._ends(s)) + (rank_extra_bytes if s < parallel.pp
+                                                                                    else 0.0) for s in range(S)]
         self._end_act = [sum(self.memory[e].activation_bytes for e in self._ends(s)) for s in range(S)]
         p = parallel
         self._in_flight = [plan_in_flight(p.schedule, p.pp, s % p.pp, p.microbatches, p.vpp) for s in range(S)]
@@ -98,7 +104,8 @@ class StageCostModel:
 
     def without_sync(self) -> "StageCostModel":
         """The same stage costs with no host/sync term (to state what the term adds)."""
-        return StageCostModel(self.costs, self.memory, self.parallel, self.pair_costs)
+        return StageCostModel(self.costs, self.memory, self.parallel, self.pair_costs,
+                              rank_extra_bytes=self.rank_extra_bytes)
 
     def b(self, s: int, i: int, j: int) -> float:
         """Full backward (B + W) of the segment, seconds per micro-batch."""
@@ -180,11 +187,12 @@ COST_CACHE_STATS = {"hits": 0, "builds": 0}
 def cost_key_parallel(parallel: ParallelConfig) -> ParallelConfig:
     """The parallel sizes as the per-layer costs and pair costs see them: micro-batches enter only FP8 weight-cast
     amortisation (:meth:`~tessera_lab.cost.analytic.CostModel.fp8_cast_bytes`, :func:`tessera_lab.cost.host.
-    task_kernels`), so outside FP8 they are normalised to 1; the pipeline and data-parallel sizes and the virtual
-    stages enter no layer task or group placement (TP innermost, then EP: :class:`~tessera_lab.model.layout.
+    task_kernels`), so outside FP8 they are normalised to 1; the pipeline size, the virtual stages and (without
+    FSDP, whose per-layer gathers run over it) the data-parallel size enter no layer task or group placement (TP
+    innermost, then EP: :class:`~tessera_lab.model.layout.
     RankGrid`), so they are normalised to 1, and the schedule to whether it pairs layers (``overlapped``) or not
     (``1f1b``). Memory, which the data-parallel size shards, is rebuilt from the cached tasks on every call."""
-    changes = {"pp": 1, "vpp": 1, "dp": 1,
+    changes = {"pp": 1, "vpp": 1, **({} if parallel.fsdp else {"dp": 1}),
                "schedule": "overlapped" if parallel.schedule in OVERLAPPED_SCHEDULES else "1f1b"}
     if parallel.precision != "fp8":
         changes["microbatches"] = 1
@@ -209,7 +217,7 @@ def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Clust
         COST_CACHE_STATS["hits"] += 1
         layer_costs, tasks, pairs = held
         return cost_model, StageCostModel(layer_costs, layer_memory(model, parallel, tasks), parallel, pairs,
-                                          host_sync)
+                                          host_sync, rank_extra_bytes=fsdp_buffer_bytes(model, parallel))
     COST_CACHE_STATS["builds"] += 1
     tasks = decompose(model, parallel)
     layer_costs = [cost_model.layer_cost(lt) for lt in tasks]
@@ -226,4 +234,30 @@ def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Clust
         if len(_COSTS) >= _COSTS_MAX:
             _COSTS.clear()
         _COSTS[key] = (layer_costs, tasks, pairs)
-    return cost_model, StageCostModel(layer_costs, mem, parallel, pairs, host_sync)
+    return cost_model, StageCostModel(layer_costs, mem, parallel, pairs, host_sync,
+                                      rank_extra_bytes=fsdp_buffer_bytes(model, parallel))
+
+
+def accounted_boundaries(num_layers: int, stages: int, *, embedding: bool, loss: bool) -> list[int]:
+    """Megatron-Core's ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``
+    (``get_num_layers_to_build``, ``megatron/core/transformer/transformer_block.py``): the embedding and the loss
+    each count as one layer slot, every one of the ``stages`` virtual stages (``pp * vpp``) gets ``slots =
+    (num_layers + embedding + loss) / stages`` of them, the embedding taking one on the first virtual stage and the
+    loss one on the last (either may be left with no decoder layer, as Megatron allows). Returns the
+    ``stages + 1`` decoder-layer boundaries.
+
+    Raises:
+        ConfigError: ``stages`` not dividing ``num_layers + embedding + loss`` (Megatron refuses that layout), or a
+            stage left with fewer than zero layers.
+    """
+    total = num_layers + int(embedding) + int(loss)
+    slots, rest = divmod(total, stages)
+    if rest or slots < 1:
+        raise ConfigError(f"field 'pp x vpp' = {stages} does not split {num_layers} layers"
+                          f"{' + embedding' if embedding else ''}{' + loss' if loss else ''} = {total} slots evenly; "
+                          f"allowed: a pp x vpp dividing {total}")
+    counts = [slots - (embedding and s == 0) - (loss and s == stages - 1) for s in range(stages)]
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + c)
+    return bounds

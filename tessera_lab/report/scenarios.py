@@ -43,6 +43,7 @@ from typing import Any, Sequence
 from tessera_lab.errors import ConfigError, TesseraError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.paths import data_dir
+from tessera_lab.plan.stages import accounted_boundaries
 
 #: ILP time limit per scenario plan (s); ``Plan``'s status says when it decided
 TIME_LIMIT_S = 5.0
@@ -187,11 +188,7 @@ def accounted_split(num_layers: int, stages: int) -> list[int] | None:
     slots, rest = divmod(num_layers + 2, stages)
     if rest or slots < 2:
         return None
-    counts = [slots - (s == 0) - (s == stages - 1) for s in range(stages)]
-    bounds = [0]
-    for c in counts:
-        bounds.append(bounds[-1] + c)
-    return bounds
+    return accounted_boundaries(num_layers, stages, embedding=True, loss=True)
 
 
 def megatron_core_best(model, par: ParallelConfig, *, _recomputing: bool = False) -> dict[str, Any]:

@@ -1,0 +1,126 @@
+"""Megatron-Core options the published recipes use: the ``layernorm`` and ``shared_experts`` recompute modules,
+Megatron FSDP (memory and per-layer collectives) and the embedding/loss-accounted pipeline split. Every expected
+number is worked out by hand in the comment beside it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tessera_lab.cost.memory import bytes_per_param, fsdp_buffer_bytes
+from tessera_lab.errors import ConfigError
+from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.model.spec import load_model
+from tessera_lab.model.tasks import layer_tasks, rank_params
+from tessera_lab.plan.stages import accounted_boundaries
+from tessera_lab.report.scenarios import accounted_split
+
+QWEN = load_model("qwen3-235b-a22b")  # h 4096, 64 q heads, 4 kv heads, head_dim 128, 128 experts of 1536, top-8
+
+
+def _f(model, layer, par):
+    return {t.name: t for t in layer_tasks(model, layer, par).F}
+
+
+def test_layernorm_recompute_frees_the_norm_output_by_hand():
+    base = ParallelConfig(pp=1, tp=2, ep=8, expert_load=1.0)
+    ln = base.replace(recompute="selective", recompute_modules=("layernorm",))
+    a, b = _f(QWEN, 0, base), _f(QWEN, 0, ln)
+    # qkv_proj keeps its input, the input norm's output: bf16, sequence parallel over tp 2: 2 * 2048 * 4096 =
+    # 16,777,216 bytes; with 'layernorm' that storage is freed (the norm re-runs in the backward)
+    assert a["qkv_proj"].saved_bytes == 16_777_216 and b["qkv_proj"].saved_bytes == 0.0
+    # nothing else changes: the norms keep their own inputs, the router its probabilities
+    assert {k: t.saved_bytes for k, t in a.items() if k != "qkv_proj"} == \
+        {k: t.saved_bytes for k, t in b.items() if k != "qkv_proj"}
+    bw = {t.name: t for t in layer_tasks(QWEN, 0, ln).B}
+    bw0 = {t.name: t for t in layer_tasks(QWEN, 0, base).B}
+    # the norm's backward re-runs its forward: bytes 2x (elementwise B) + 1x again = 3x the forward's
+    assert bw["input_norm"].bytes == pytest.approx(bw0["input_norm"].bytes * 3 / 2)
+    # under FP8 qkv_proj keeps its own FP8 copy, which 'layernorm' does not free
+    f8 = _f(QWEN, 0, ln.replace(precision="fp8"))
+    assert f8["qkv_proj"].saved_bytes == 8_388_608
+
+
+def test_shared_experts_recompute_by_hand():
+    m = load_model("qwen3-next-80b-a3b")  # h 2048, shared expert width 512, SwiGLU
+    base = ParallelConfig(pp=1, tp=1, ep=8, expert_load=1.0)
+    layer = next(i for i, ly in enumerate(m.layers) if ly.ffn == "moe")
+    a = _f(m, layer, base)
+    b = _f(m, layer, base.replace(recompute="selective", recompute_modules=("shared_experts",)))
+    # without recompute: fc1's input 2 * 4096 * 2048 + SwiGLU input 2 * 4096 * 1024 + fc2's input 2 * 4096 * 512 =
+    # 16,777,216 + 8,388,608 + 4,194,304 = 29,360,128; the checkpoint keeps only the input (16,777,216)
+    assert a["shared_expert"].saved_bytes == 29_360_128
+    assert b["shared_expert"].saved_bytes == 16_777_216 and b["shared_act"].saved_bytes == 0.0
+    bb = {t.name: t for t in layer_tasks(m, layer, base.replace(recompute="selective",
+                                                                  recompute_modules=("shared_experts",))).B}
+    ba = {t.name: t for t in layer_tasks(m, layer, base).B}
+    f = a["shared_expert"].flops  # its B re-runs the forward: dgrad (1x) + 1x again
+    assert bb["shared_expert"].flops == pytest.approx(ba["shared_expert"].flops + f)
+
+
+def test_fsdp_memory_by_hand():
+    p = ParallelConfig(pp=1, tp=2, ep=8, dp=16, fsdp=True)
+    # bf16 weight 2 + fp32 gradient 4 + optimizer 12 = 18 bytes, all sharded over 128 ranks: 0.140625
+    assert bytes_per_param(p, 128) == 18 / 128
+    assert bytes_per_param(p.replace(fsdp=False), 128) == 6 + 12 / 128
+    dense, expert = rank_params(QWEN, p, 0)
+    # attention: q 4096 x 8192, k and v 4096 x 512 each, o 8192 x 4096, q/k norms 128 each -> 71,303,424 / tp 2 =
+    # 35,651,712, plus the two replicated layer norms (2 x 4096) and the router (4096 x 128 = 524,288)
+    assert dense == 35_651_712 + 8192 + 524_288
+    # experts: 128 x 3 x 4096 x 1536 / ep 8 = 301,989,888
+    assert expert == 301_989_888
+    # buffers: two layers' bf16 parameters and one layer's fp32 gradients, (2 x 2 + 4) bytes per parameter
+    assert fsdp_buffer_bytes(QWEN, p) == (dense + expert) * 8
+    assert fsdp_buffer_bytes(QWEN, p.replace(fsdp=False)) == 0.0
+    with pytest.raises(ConfigError, match="fsdp"):
+        ParallelConfig(fsdp=1)
+
+
+def test_fsdp_collectives_by_hand():
+    p = ParallelConfig(pp=1, tp=2, ep=8, dp=16, fsdp=True, expert_load=1.0)
+    lt = layer_tasks(QWEN, 0, p)
+    dense, expert = rank_params(QWEN, p, 0)
+    f = {t.name: t.collective for t in lt.F if t.name.startswith("fsdp")}
+    b = {t.name: t.collective for t in lt.B if t.name.startswith("fsdp")}
+    w = {t.name: t.collective for t in lt.W if t.name.startswith("fsdp")}
+    # dense: all-gathered in bf16 over the ep x dp = 128 ranks holding the same TP shard; experts over tp x dp = 32
+    assert (f["fsdp_gather"].kind, f["fsdp_gather"].bytes, f["fsdp_gather"].group, f["fsdp_gather"].group_size) == \
+        ("all_gather", 2 * dense, "edp", 128)
+    assert (f["fsdp_gather_experts"].bytes, f["fsdp_gather_experts"].group_size) == (2 * expert, 32)
+    assert b == f  # gathered again before the backward
+    # gradients reduce-scattered in fp32 (4 bytes)
+    assert w["fsdp_gather_experts"].kind == "reduce_scatter" and w["fsdp_gather_experts"].bytes == 4 * expert
+    assert not [t for t in layer_tasks(QWEN, 0, p.replace(fsdp=False)).F if t.name.startswith("fsdp")]
+
+
+def test_accounted_split_by_hand():
+    # 94 layers + embedding + loss = 96 slots over pp 32 x vpp 3 = 96 virtual stages: one each, so the first
+    # virtual stage holds only the embedding and the last only the loss
+    b = accounted_boundaries(94, 96, embedding=True, loss=True)
+    assert b[:3] == [0, 0, 1] and b[-2:] == [94, 94] and len(b) == 97
+    assert all(b[s + 1] - b[s] == 1 for s in range(1, 95))
+    # pp 8 x vpp 4 = 32: 3 slots each -> 2, 3 x 30, 2
+    b = accounted_boundaries(94, 32, embedding=True, loss=True)
+    assert [b[s + 1] - b[s] for s in range(32)] == [2] + [3] * 30 + [2]
+    # embedding only: 95 slots over 5 stages -> 18, 19, 19, 19, 19
+    b = accounted_boundaries(94, 5, embedding=True, loss=False)
+    assert [b[s + 1] - b[s] for s in range(5)] == [18, 19, 19, 19, 19]
+    with pytest.raises(ConfigError, match="pp x vpp"):
+        accounted_boundaries(94, 7, embedding=True, loss=True)
+    # the capacity report's recipe split is the same rule (it refuses stages left without a layer)
+    assert accounted_split(94, 32) == accounted_boundaries(94, 32, embedding=True, loss=True)
+    assert accounted_split(94, 96) is None
+
+
+def test_fsdp_plan_records_and_reads_back():
+    from tessera_lab.plan.load import load_plan
+    from tessera_lab.plan.make import make_plan
+
+    m = load_model("qwen3-30b-a3b")
+    par = ParallelConfig(pp=2, ep=8, dp=2, microbatches=4, schedule="1f1b", fsdp=True)
+    plan = make_plan(m, par, method="uniform", baselines=(), gpu="H100")
+    d = plan.as_dict()
+    assert d["parallel"]["fsdp"] is True
+    assert load_plan(d).parallel.fsdp
+    # every byte of training state sharded: fewer parameter bytes per GPU, the unsharded buffers included
+    plain = make_plan(m, par.replace(fsdp=False), method="uniform", baselines=(), gpu="H100")
+    assert plan.chosen.stages[0].param_bytes < plain.chosen.stages[0].param_bytes
