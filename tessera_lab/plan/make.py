@@ -237,7 +237,7 @@ def _problem(model: ModelSpec, parallel: ParallelConfig, cm, sm: StageCostModel,
     return PartitionProblem(model.num_layers, parallel.pp * parallel.vpp, cost, memory=sm.memory_bytes,
                             memory_limit=memory_capacity(cm.cluster), objective="bottleneck",
                             microbatches=parallel.microbatches, vpp=parallel.vpp, has_experts=model.has_moe,
-                            given_split=given_split)
+                            given_split=given_split, recompute=parallel.recompute)
 
 
 def make_plan(

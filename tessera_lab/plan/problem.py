@@ -41,6 +41,8 @@ class PartitionProblem:
         monotone: the caller guarantees cost and memory never decrease when a segment grows (true for sums of
             non-negative per-layer values); large bottleneck problems then take the O(S L log L) DP.
         has_experts: the model has routed experts (a memory refusal then suggests ep; else tp and dp).
+        recompute: the activation recomputation already planned (``none``, ``selective`` or ``full``): a memory
+            refusal suggests only more than that.
         given_split: the problem only scores a given split (``score_boundaries``), which may leave the first and
             last stage only the embedding and the loss (Megatron's embedding/loss-accounted split): up to
             ``L + 2`` stages; never solved.
@@ -60,6 +62,7 @@ class PartitionProblem:
     vpp: int = 1
     monotone: bool = False
     has_experts: bool = True
+    recompute: str = "none"
     given_split: bool = False
 
     def __post_init__(self) -> None:
@@ -244,8 +247,8 @@ def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
     if problem.vpp > 1:
         return InfeasiblePlanError(
             f"no partition into {problem.num_stages} virtual stages fits {problem.memory_limit / GIB:.2f} GiB on every "
-            f"rank; add pipeline ranks, recompute activations (--recompute selective|full), {_shard_hint(problem)} "
-            "or shorten the sequence"
+            f"rank; add pipeline ranks, {_recompute_hint(problem)}{_shard_hint(problem)} or shorten the sequence "
+            "(tessera-lab search lists layouts that fit)"
         )
     S, L, limit = problem.num_stages, problem.num_layers, problem.memory_limit
     best: dict[int, tuple[float, tuple[int, ...]]] = {0: (-math.inf, (0,))}
@@ -268,9 +271,18 @@ def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
     return InfeasiblePlanError(
         f"no partition fits in memory: even the closest one puts stage {s} (layers {b[s]}-{b[s + 1] - 1}) at "
         f"{need / GIB:.2f} GiB, {excess[s] / GIB:.2f} GiB more than the {limit / GIB:.2f} GiB available; "
-        f"add pipeline stages, recompute activations (--recompute selective|full), {_shard_hint(problem)} or "
-        "shorten the sequence"
+        f"add pipeline stages, {_recompute_hint(problem)}{_shard_hint(problem)} or shorten the sequence "
+        "(tessera-lab search lists layouts that fit)"
     )
+
+
+def _recompute_hint(problem: PartitionProblem) -> str:
+    """The recomputation advice of a memory refusal: only what goes beyond the recomputation already planned."""
+    if problem.recompute == "full":
+        return ""
+    if problem.recompute == "none":
+        return "recompute activations (--recompute selective|full), "
+    return "recompute more (--recompute full), "
 
 
 def _shard_hint(problem: PartitionProblem) -> str:
