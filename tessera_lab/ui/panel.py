@@ -288,7 +288,7 @@ def panel(
             status.value = f"<b style='color:firebrick'>{html.escape(error_prefix)}</b>: {html.escape(str(exc))}"
             table.value = ""
             image.value = state["png"]
-            show_actions()
+            show(state)
             return
         if state_key is None:
             state.update(result)
@@ -307,18 +307,10 @@ def panel(
                                    for n in view.notes)
         table.value = state["table_html"]
         image.value = state["png"]
-        show_actions()
-
-    def show_actions() -> None:
-        if "line" in done:
-            state["action"] = done["line"]
-        for (act, button), line in zip(buttons, lines):
-            button.layout.display = None if act.when is None or act.when(state) else "none"
-            line.value = (f"<span style='color:#1a5e20'>{html.escape(done['line'])}</span>"
-                          if done.get("by") is act and "line" in done else "")
+        show(state)
 
     done: dict[str, Any] = {}
-    buttons, lines = _action_buttons(actions or [], controls, status, done, (syncing, on_change, update))
+    rows_of_actions, show = _action_buttons(actions or [], controls, status, done, (syncing, on_change, update))
     for c in controls.values():
         style = getattr(c, "style", None)
         if style is not None and hasattr(style, "description_width") and not style.description_width:
@@ -326,16 +318,16 @@ def panel(
         c.observe(update, names="value")
     update()
     layout = [w.HBox([controls[name] for name in row]) for row in (rows if rows is not None else [list(controls)])]
-    layout += [w.HBox([button, line]) for (_, button), line in zip(buttons, lines)]
-    box = w.VBox([*layout, status, table, image])
+    box = w.VBox([*layout, *rows_of_actions, status, table, image])
     box.add_class("tessera-panel")
     return box, controls, state
 
 
 def _action_buttons(actions: list[Action], controls: dict[str, Any], status, done: dict[str, Any], wiring: tuple):
-    """The buttons of :func:`panel`'s ``actions`` and a line beside each; ``wiring`` is the panel's
-    ``(syncing flag, on_change, update)``. A click runs the action, sets the controls it
-    returns with recomputation held off (``on_change`` called for each), then recomputes once."""
+    """A row per action of :func:`panel` (its button and a line beside it) and ``show(state)``, which shows each
+    button while its ``when`` holds and the line of the action last done; ``wiring`` is the panel's
+    ``(syncing flag, on_change, update)``. A click runs the action, sets the controls it returns with
+    recomputation held off (``on_change`` called for each), then recomputes once."""
     import ipywidgets as w
 
     from tessera_lab.errors import TesseraError
@@ -371,4 +363,13 @@ def _action_buttons(actions: list[Action], controls: dict[str, Any], status, don
         button.on_click(lambda _b, act=act, line=line: click(act, line))
         buttons.append((act, button))
         lines.append(line)
-    return buttons, lines
+
+    def show(state: dict[str, Any]) -> None:
+        if "line" in done:
+            state["action"] = done["line"]
+        for (act, button), line in zip(buttons, lines):
+            button.layout.display = None if act.when is None or act.when(state) else "none"
+            line.value = (f"<span style='color:#1a5e20'>{html.escape(done['line'])}</span>"
+                          if done.get("by") is act and "line" in done else "")
+
+    return [w.HBox([button, line]) for (_, button), line in zip(buttons, lines)], show

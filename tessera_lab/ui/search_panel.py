@@ -1,16 +1,16 @@
-"""The layout-search panel (notebook 11) and the "suggest a layout that fits" action of the planning panels.
+"""The layout-search panel (notebook 11).
 
-Both run :func:`tessera_lab.plan.search.search` (the search of ``tessera-lab search``, docs/search.md) and nothing
-else: the panel on every layout it enumerates, with a planning budget (``max_plans``) small enough to answer a
-change in seconds, said in its caption; the suggestion on the layouts a planning panel's controls can set. The
-chosen layout's timeline is the planner's simulation of the partition the search planned (its boundaries scored
+It runs :func:`tessera_lab.plan.search.search` (the search of ``tessera-lab search``, docs/search.md) on every
+layout it enumerates, with a planning budget (``max_plans``) small enough to answer a change in seconds, said in
+its caption (the planning panels' "suggest a layout that fits" is :mod:`tessera_lab.ui.suggest`). The chosen
+layout's timeline is the planner's simulation of the partition the search planned (its boundaries scored
 again, not re-solved), so its iteration is the table's. ipywidgets and matplotlib are imported inside the builders.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 from tessera_lab.plan.search import DEFAULT_GLOBAL_SEQUENCES, DEFAULT_MAX_PLANS, Candidate, SearchResult
 from tessera_lab.ui.panel import LABEL_STYLE, View, panel
@@ -52,15 +52,16 @@ def layout_search(model: str, gpus: int, *, gpu: str = "H200", seq_len: int = 40
     return search(spec, gpus, gpu=gpu, seq_len=seq_len, top=top, max_plans=max_plans)
 
 
-def top_table(res: SearchResult, k: int = TOP):
+def top_table(res: SearchResult, k: int = TOP, shown: int | None = None):
     """The ``k`` fastest planned layouts that fit, fastest first, as a DataFrame indexed by rank (``#``): layout
-    columns and the planner's tokens/s, iteration (s), MFU (%), peak memory and headroom (GiB)."""
+    columns and the planner's tokens/s, iteration (s), MFU (%), peak memory and headroom (GiB); with ``shown``, a
+    ``timeline`` column marks that rank's row (the layout drawn under the table)."""
     import pandas as pd
 
     rows = []
     for i, c in enumerate(res.ranked[:k], start=1):
         lay, r = c.layout, c.result
-        rows.append({"#": i, "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp,
+        rows.append({"#": i, **({"timeline": "drawn" if i == shown else ""} if shown else {}), "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp,
                      "ep": f"{lay.ep}*" if lay.ep_spans_tp else lay.ep, "dp": lay.dp,
                      "micro-batches": lay.microbatches, "micro-batch size": lay.micro_batch_size,
                      "schedule": lay.schedule, "recompute": lay.recompute, "dispatcher": lay.dispatcher,
@@ -243,7 +244,7 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
     from tessera_lab.ui.widgets import model_variant
 
     t0, c0, reused = timing
-    table, grid = top_table(res), pp_ep_grid(res)
+    grid = pp_ep_grid(res)
     notes = [f"planning budget {v['max_plans']} of {DEFAULT_MAX_PLANS} (tessera-lab search's default): "
              f"{res.pruned['budget']:,} layouts left unplanned; a larger budget may find faster ones"] \
         if res.pruned.get("budget") else []
@@ -253,6 +254,7 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
         raise ConfigError(f"no planned layout of {res.model} on {res.gpus} {res.gpu} fits memory "
                           f"({len(res.planned)} planned); allowed: more GPUs, a shorter sequence or a larger budget")
     show = min(v["show"], len(res.ranked))  # fewer layouts fit than the one asked for: the last that fits
+    table = top_table(res, shown=show)
     cand = res.ranked[show - 1]
     plan = layout_plan(res, cand, model_variant(v["model"], **knobs))
     figs = [search_heatmap(grid, (cand.layout.pp, cand.layout.ep)),
@@ -265,55 +267,5 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
             "seconds": seconds, "cpu_seconds": cpu, "caption": caption, "shown": show}
 
 
-# ----------------------------------------------------------------------------- "suggest a layout that fits"
-#: full planner runs a suggestion makes at most
-SUGGEST_MAX_PLANS = 24
-
-
-def suggest_layout(spec, gpus: int, *, gpu: str, seq_len: int, global_batch_tokens: int,
-                   settable: Callable[[Any], bool], max_plans: int = SUGGEST_MAX_PLANS) -> tuple[Candidate, SearchResult]:
-    """The fastest layout that fits memory among those a planning panel can set: :func:`search` of ``spec`` on
-    ``gpus`` GPUs (the panel's count, global batch and sequence) over the enumerated layouts with micro-batch size
-    1, the overlapped schedule (the panel's), the alltoall dispatcher and every recompute, kept where
-    ``settable(layout)`` holds.
-
-    Raises:
-        ConfigError: what :func:`search` refuses (GPUs not whole NVLink domains of ``gpu``, too few for the model),
-            no layout the panel can set, or none of them fits memory (the lightest peak against the capacity).
-    """
-    from tessera_lab.errors import ConfigError
-    from tessera_lab.model.hardware import GPUSpec
-    from tessera_lab.plan.search import check_search_inputs, enumerate_layouts, search
-
-    node = GPUSpec.named(gpu).nvlink_domain
-    seqs = check_search_inputs(spec, gpus, seq_len, global_batch_tokens, node)
-    layouts = [lay for lay in enumerate_layouts(spec, gpus, seqs, gpus_per_node=node, schedules=("overlapped",),
-                                                vpps=(), dispatchers=("alltoall",), micro_batch_sizes=(1,))
-               if lay.schedule == "overlapped" and settable(lay)]
-    if not layouts:
-        raise ConfigError(f"no layout of {gpus} {gpu} GPUs that this panel can set makes a global batch of {seqs} "
-                          f"sequences; allowed: notebook 11's search, which also varies TP, DP and micro-batching")
-    res = search(spec, gpus, gpu=gpu, seq_len=seq_len, global_batch_tokens=global_batch_tokens, top=1,
-                 max_plans=max_plans, layouts=layouts)
-    if not res.ranked:
-        peaks = [c.result["peak_memory_gib"] for c in res.planned if c.result and "peak_memory_gib" in c.result]
-        light = f"the lightest planned peaks at {min(peaks):.1f} GiB" if peaks else "none was planned"
-        raise ConfigError(f"no layout this panel can set fits on {gpus} {gpu} at sequence {seq_len:,} "
-                          f"({len(layouts)} tried, {light} against {res.memory_capacity_bytes / 2**30:.1f} GiB); "
-                          "allowed: more GPUs, a shorter sequence, or notebook 11's search (TP, DP, VPP too)")
-    return res.ranked[0], res
-
-
-def suggestion_line(cand: Candidate, res: SearchResult, seconds: float, cpu: float) -> str:
-    """What a suggestion applied: the layout, its planned tokens/s and peak memory, how many layouts were looked at
-    and the wall and CPU seconds of the search (measured)."""
-    r = cand.result
-    return (f"suggested (search of the {res.enumerated} layouts this panel can set: {len(res.planned)} planned, the "
-            f"others ruled out by the memory or time bound): pp {cand.layout.pp} x ep {cand.layout.ep}, {cand.layout.microbatches} micro-batches, "
-            f"recompute {cand.layout.recompute}: {r['tokens_per_s']:,.0f} tokens/s, peak {r['peak_memory_gib']:.1f} "
-            f"of {res.memory_capacity_bytes / 2**30:.1f} GiB (simulated); searched in {seconds:.2f} s wall, "
-            f"{cpu:.2f} s CPU (measured)")
-
-
 __all__ = ["layout_search", "top_table", "pp_ep_grid", "layout_plan", "search_heatmap", "search_panel",
-           "suggest_layout", "suggestion_line", "gpu_counts", "PANEL_MAX_PLANS", "SUGGEST_MAX_PLANS"]
+           "gpu_counts", "PANEL_MAX_PLANS"]

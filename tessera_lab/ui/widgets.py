@@ -15,6 +15,7 @@ from tessera_lab.model.spec import load_model
 from tessera_lab.plan.make import Plan, make_plan
 from tessera_lab.report.headline import memory_note, mfu_note
 from tessera_lab.ui.panel import GPU_CHOICES, LABEL_STYLE, View, panel
+from tessera_lab.ui.suggest import suggest_action
 
 __all__ = ["LABEL_STYLE", "panel", "replan", "plan_summary", "summary_table", "plan_notes", "quickstart_panel",
            "compare_partitions", "partition_panel", "MODEL_LAYOUTS", "QUICKSTART_PARAMETERS", "model_knobs",
@@ -292,39 +293,6 @@ def _new_model(controls: dict[str, Any], current: dict[str, Any], start: dict[st
             current["moved"].append(f"{name} {old} -> {value} ({new.name} has {why})")
 
 
-def suggest_action(current, settable, apply):
-    """The "suggest a layout that fits" button of a planning panel (:class:`~tessera_lab.ui.panel.Action`), shown
-    while the panel cannot plan (an error, or a chosen partition over memory).
-
-    Args:
-        current: the controls' values -> ``(model spec, ParallelConfig, GPU name)`` of the panel's setting; the
-            search keeps its GPU count (``world_size``), global batch (``tokens_per_iteration``) and sequence.
-        settable: ``(layout, values) -> bool``: whether the panel's controls can express a searched
-            :class:`~tessera_lab.plan.search.Layout`.
-        apply: ``(layout, values) -> {control name: value}``: the controls that set it.
-
-    A click runs :func:`tessera_lab.ui.search_panel.suggest_layout` and applies the fastest layout that fits; the
-    line beside the button says what was applied, its planned tokens/s and peak memory, and the search's wall and
-    CPU seconds (measured), or why nothing fits.
-    """
-    import time
-
-    from tessera_lab.ui.panel import Action
-    from tessera_lab.ui.search_panel import suggest_layout, suggestion_line
-
-    def run(v: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        t0, c0 = time.perf_counter(), time.process_time()
-        spec, par, gpu = current(v)
-        cand, res = suggest_layout(spec, par.world_size, gpu=gpu, seq_len=par.seq_len,
-                                   global_batch_tokens=par.tokens_per_iteration, settable=lambda lay: settable(lay, v))
-        return apply(cand.layout, v), suggestion_line(cand, res, time.perf_counter() - t0, time.process_time() - c0)
-
-    def when(state: dict[str, Any]) -> bool:
-        return "error" in state or ("plan" in state and not state["plan"].chosen.fits_memory)
-
-    return Action("suggest a layout that fits", run, when, busy="searching the layouts this panel can set")
-
-
 def _quickstart_suggestion(controls: dict[str, Any], current: dict[str, Any]):
     """Notebook 00's "suggest a layout that fits": the layouts of the panel's GPU count with tp 1, dp 1 and pp, ep
     and micro-batches its controls offer; applied to pp, ep, micro-batches and recompute."""
@@ -334,7 +302,7 @@ def _quickstart_suggestion(controls: dict[str, Any], current: dict[str, Any]):
         return spec, ParallelConfig(pp=v["pp"], ep=v["ep"], microbatches=v["microbatches"], seq_len=v["seq_len"],
                                     recompute=v["recompute"]), v["gpu"]
 
-    def settable(lay, v: dict[str, Any]) -> bool:
+    def settable(lay, v: dict[str, Any], par) -> bool:
         return (lay.tp == 1 and lay.dp == 1 and not lay.ep_spans_tp and lay.pp in controls["pp"].options
                 and lay.ep in controls["ep"].options and lay.microbatches <= controls["microbatches"].max)
 
@@ -613,30 +581,15 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
                  caption=caption, on_change=on_change, actions=[_partition_suggestion()])
 
 
-def _partition_sizes(v: dict[str, Any]) -> tuple[int, int, int]:
-    """(pp, ep, tp) of notebook 06's panel values: the model's layout (:data:`MODEL_LAYOUTS`) where ``pp`` is
-    ``"layout"``, else the chosen stages at its ep and tp."""
-    lay = MODEL_LAYOUTS.get(v["model"], (8, 8, 1))
-    return (lay[0] if v["pp"] == "layout" else v["pp"]), lay[1], lay[2]
-
-
 def _partition_suggestion():
-    """Notebook 06's "suggest a layout that fits": the panel's pp, ep and tp (its GPU count) with every recompute
-    and the micro-batches of its global batch; applied to recompute and micro-batches."""
+    """Notebook 06's "suggest a layout that fits": its pp, ep and tp (its GPU count; the model's layout,
+    :data:`MODEL_LAYOUTS`, where ``pp`` is "layout") with every recompute and the micro-batches of its global batch."""
     def setting(v: dict[str, Any]):
-        pp, ep, tp = _partition_sizes(v)
-        knobs = {k: None if v[k] == "config" else v[k] for k in _PARTITION_KNOB_VALUES}
-        spec = model_variant(v["model"], **knobs)
-        ep = ep if spec.has_moe else 1
-        return spec, ParallelConfig(pp=pp, ep=ep, tp=tp, microbatches=v["microbatches"], seq_len=v["seq_len"],
-                                    recompute=v["recompute"]), "H200"
+        pp, ep, tp = MODEL_LAYOUTS.get(v["model"], (8, 8, 1))
+        spec = model_variant(v["model"], **{k: None if v[k] == "config" else v[k] for k in _PARTITION_KNOB_VALUES})
+        return spec, ParallelConfig(pp=pp if v["pp"] == "layout" else v["pp"], ep=ep, tp=tp, seq_len=v["seq_len"],
+                                    microbatches=v["microbatches"], recompute=v["recompute"]), "H200"
 
-    def settable(lay, v: dict[str, Any]) -> bool:
-        pp, ep, tp = _partition_sizes(v)
-        return lay.pp == pp and lay.tp == tp and lay.dp == 1 and not lay.ep_spans_tp and lay.ep == ep \
-            and lay.microbatches <= 128
-
-    def apply(lay, v: dict[str, Any]) -> dict[str, Any]:
-        return {"microbatches": lay.microbatches, "recompute": lay.recompute}
-
-    return suggest_action(setting, settable, apply)
+    return suggest_action(setting, lambda lay, v, par: (lay.pp, lay.ep, lay.tp, lay.dp, lay.ep_spans_tp) == (
+        par.pp, par.ep, par.tp, 1, False) and lay.microbatches <= 128,
+        lambda lay, v: {"microbatches": lay.microbatches, "recompute": lay.recompute})
