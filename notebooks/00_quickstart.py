@@ -74,7 +74,8 @@ try:
 except TesseraError as exc:  # e.g. GPU = "H100" with SEQ_LEN = 8192 at pp 8 x ep 8: no partition fits in memory
     plan = None
     print(f"cannot plan these parameters: {exc}\nThe cells below skip; the panel at the end starts from them, so "
-          "change pp, ep, the sequence or recompute there (or PP, EP, SEQ_LEN, RECOMPUTE above).")
+          "change pp, ep, the sequence or recompute there (or PP, EP, SEQ_LEN, RECOMPUTE above), or press its "
+          "'suggest a layout that fits' button.")
 by_stage = None
 if plan is not None:
     print(f"planned in {time.perf_counter() - t0:.2f} s (wall clock, measured on this machine; ILP and baselines)")
@@ -133,7 +134,11 @@ if plan is not None:
 # measured), and what bounds the bottleneck stage's main tasks: where the expert GEMMs
 # are *host issue* bound, a narrower expert barely moves the iteration; at long sequences (`sequence` 32768) the
 # attention ratio starts to matter. A model that does not fit in memory (Nemotron-H 56B on 8 stages, say) may fit
-# with `recompute` set to `full`, at the cost of a longer iteration.
+# with `recompute` set to `full`, at the cost of a longer iteration. Where the panel cannot plan, a "suggest a layout
+# that fits" button appears: it runs the layout search (notebook 11) over the layouts this panel can set on the same
+# GPUs (pp x ep), global batch and sequence (every pp and ep of the dropdowns, every recompute, the micro-batches
+# that keep the global batch), applies the fastest that fits to the controls and says what it applied, its tokens/s
+# and peak memory, and how long the search took.
 
 # %% tags=["panel"]
 from tessera_lab.ui.widgets import quickstart_panel

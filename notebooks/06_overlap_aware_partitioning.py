@@ -121,7 +121,10 @@ plt.show()
 # the model's own), stages and micro-batches. Each change re-plans with the same functions; a knob a model does not
 # have (expert width on the dense Nemotron-H) is hidden, a value the new model cannot take goes back to "config"
 # (the caption says so), and a variant that cannot fit in GPU memory says so. The caption ends with how long the
-# change took (wall and CPU seconds, measured).
+# change took (wall and CPU seconds, measured). `recompute` (`none`, `selective`, `full`, the CLI's `--recompute`)
+# trades time for activation memory; where the panel cannot plan (a 16K sequence, say), a "suggest a layout that
+# fits" button runs the layout search (notebook 11) over what this panel can set on the same GPUs (the recompute
+# levels, the micro-batches of the same global batch) and applies the fastest that fits.
 
 # %% tags=["panel"]
 from tessera_lab.ui.widgets import partition_panel

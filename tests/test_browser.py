@@ -4,7 +4,7 @@ Starts JupyterLab on 127.0.0.1 (a free port, a random token, headless, isolated 
 in a temporary folder holding ``panels.ipynb``, built from the notebooks' own cells (each notebook's
 ``parameters`` cell, the cells tagged ``panel-setup`` and the cell tagged ``panel``), opens it in headless
 Chromium driven by selenium and runs it through JupyterLab's ``notebook:run-all-cells``. Then, for each panel
-(notebooks 00 to 07), it changes every control once and then ``RANDOM_CHANGES`` (10) random ones the way a user
+(notebooks 00 to 07 and 11), it changes every control once and then ``RANDOM_CHANGES`` (10) random ones the way a user
 does (another option of a dropdown; arrow keys on a focused slider handle), and after each change requires
 
 * the panel's figure (its largest ``<img>``) to be a non-blank image (at least 1% of its pixels drawn),
@@ -245,13 +245,14 @@ def _wait(driver, what: str, timeout: float, predicate, poll: float = 0.5):
 PANEL_NOTEBOOKS = ["00_quickstart.ipynb", "01_collectives.ipynb", "02_tensor_vs_pipeline.ipynb",
                    "03_bubbles_and_microbatches.ipynb", "04_moe_all_to_all.ipynb",
                    "05_layer_tasks_and_overlap.ipynb", "06_overlap_aware_partitioning.ipynb",
-                   "07_dynamic_bubbles.ipynb"]
+                   "07_dynamic_bubbles.ipynb", "11_layout_search.ipynb"]
 #: ``TESSERA_BROWSER_NOTEBOOKS=00,07`` checks only those notebooks' panels (by number; default: every one above)
 _ONLY = {n.strip() for n in os.environ.get("TESSERA_BROWSER_NOTEBOOKS", "").split(",") if n.strip()}
 PANEL_NOTEBOOKS = [n for n in PANEL_NOTEBOOKS if not _ONLY or n[:2] in _ONLY]
 PANELS_NOTEBOOK = "panels.ipynb"  # built by panels_notebook() from the notebooks' tagged cells
 RANDOM_CHANGES = int(os.environ.get("TESSERA_BROWSER_RANDOM_CHANGES", "10"))
-CHANGE_S = 90          # one recompute (a re-plan is about a second; notebook 07's panel simulates two timelines)
+CHANGE_S = 90          # one recompute (a re-plan is about a second; notebook 07's panel simulates two timelines;
+                       # notebook 11's searches layouts with a budget of 48 plans, a few CPU seconds)
 SETTLE_S = 2.0         # after the kernel is idle again, how long a redraw may still take to arrive
 MIN_INK = 0.01         # a figure is blank when fewer than 1% of its pixels differ from white
 
@@ -695,6 +696,46 @@ def test_notebook_00_parameters_reach_the_panel_and_pp_shows_the_gpu_count(brows
     except Exception:
         with contextlib.suppress(Exception):
             d.save_screenshot(str(ARTIFACTS / "nb00_failure.png"))
+        raise
+    finally:
+        browser.close_notebook()
+
+
+#: notebook 00's parameters where no partition fits (H100, 16,384-token sequences on 8 x 8): the panel offers a
+#: layout that fits
+NB00_NO_FIT = {"GPU": '"H100"', "SEQ_LEN": "16384", "EP": "8"}
+
+
+@pytest.mark.timeout(600)
+def test_suggest_button_applies_a_layout_that_fits_in_chromium(browser):
+    """Notebook 00's panel at a setting that cannot plan shows the "suggest a layout that fits" button; a click
+    (as a user's) moves the controls to the layout the search found, the panel plans it (a table with tokens/s)
+    and the line beside the button names it; the button is hidden again."""
+    from selenium.webdriver.common.by import By
+
+    name = "nb00_no_fit.ipynb"
+    quickstart_notebook(NOTEBOOKS, browser.root_dir / name, NB00_NO_FIT)
+    d = browser.driver
+    try:
+        browser.run_notebook(name)
+        state = _settled(d, 0, time.monotonic() + CHANGE_S)
+        assert "cannot plan" in state["status"] and not state["table"].strip(), state
+        panel = d.find_elements(By.CSS_SELECTOR, ".tessera-panel")[0]
+        button = panel.find_element(By.CSS_SELECTOR, ".tessera-panel-action")
+        assert button.is_displayed() and "suggest a layout that fits" in button.text
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        panel.screenshot(str(ARTIFACTS / "00_quickstart_cannot_plan.png"))
+        d.execute_script("arguments[0].scrollIntoView({block: 'center'});", button)
+        button.click()
+        after = _redraw(d, 0, state, CHANGE_S)
+        assert "tokens/s" in after["table"] and "cannot plan" not in after["status"], after
+        assert "suggested" in after["status"] and "recompute" in after["status"], after["status"]
+        assert (why := _judge(state, after)) is None, why
+        assert not button.is_displayed()
+        panel.screenshot(str(ARTIFACTS / "00_quickstart_suggested.png"))
+    except Exception:
+        with contextlib.suppress(Exception):
+            d.save_screenshot(str(ARTIFACTS / "nb00_suggest_failure.png"))
         raise
     finally:
         browser.close_notebook()

@@ -14,7 +14,7 @@ from tessera_lab.teach.collectives import collective_cost_table
 from tessera_lab.teach.figures import _style, plot_cost_bars, plot_moe
 from tessera_lab.teach.moe import AllToAllVolumes, moe_all_to_all
 from tessera_lab.teach.tp_pp import TpPpVolumes, _as_model, tp_vs_pp_volumes
-from tessera_lab.ui.panel import LABEL_STYLE, View, panel
+from tessera_lab.ui.panel import GPU_CHOICES, LABEL_STYLE, View, panel
 
 
 def collective_cost_panel(n: int = 8, gpu: str = "H100", message_mib: float = 64.0, *, show_figure: bool = True):
@@ -28,7 +28,7 @@ def collective_cost_panel(n: int = 8, gpu: str = "H100", message_mib: float = 64
                                         readout_format=".4g"),
         "n": w.IntSlider(value=n, min=2, max=64, description="ranks n", style=LABEL_STYLE,
                          continuous_update=False),
-        "gpu": w.Dropdown(options=["H100", "H200", "B200"], value=gpu, description="GPU", style=LABEL_STYLE),
+        "gpu": w.Dropdown(options=list(GPU_CHOICES), value=gpu, description="GPU", style=LABEL_STYLE),
     }
 
     def compute(v: dict[str, Any]):
@@ -58,7 +58,7 @@ def tp_pp_panel(model: str = "qwen3-8b", tp: int = 8, pp: int = 4, seq_len: int 
         "pp": w.Dropdown(options=pps, value=pp, description="pp", style=LABEL_STYLE),
         "seq_len": w.Dropdown(options=sorted({1024, 2048, 4096, 8192, 16384, seq_len}), value=seq_len,
                               description="seq len", style=LABEL_STYLE),
-        "gpu": w.Dropdown(options=["H100", "H200", "B200"], value=gpu, description="GPU", style=LABEL_STYLE),
+        "gpu": w.Dropdown(options=list(GPU_CHOICES), value=gpu, description="GPU", style=LABEL_STYLE),
     }
 
     def compute(v: dict[str, Any]) -> TpPpVolumes:

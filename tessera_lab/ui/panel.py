@@ -24,6 +24,9 @@ from typing import Any, Callable
 
 #: ``style`` of every control: labels take the width they need, so JupyterLab does not cut "expert width" short.
 LABEL_STYLE = {"description_width": "initial"}
+#: GPU types the panels offer (``data/hardware/hardware.json``): DGX/HGX nodes of 8 and the GB200 NVL72 rack (an
+#: NVLink domain of 72 GPUs)
+GPU_CHOICES = ("H100", "H200", "B200", "B300", "GB200")
 #: resolution of panel figures (dots per inch of the PNG)
 PANEL_DPI = 96
 
@@ -41,6 +44,24 @@ class View:
     table: Any = None
     figures: Any = None
     notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Action:
+    """A button of a panel that sets several controls at once (one recompute).
+
+    Attributes:
+        label: the button's text.
+        run: the controls' values -> ``(new values by control name, one line saying what was done)``; a
+            :class:`~tessera_lab.errors.TesseraError` it raises is shown on the action's line, nothing is changed.
+        when: the panel's state after a recompute -> whether the button is shown (default: always).
+        busy: the status line while ``run`` works.
+    """
+
+    label: str
+    run: Callable[[dict[str, Any]], tuple[dict[str, Any], str]]
+    when: Callable[[dict[str, Any]], bool] | None = None
+    busy: str = "working"
 
 
 def _figure_of(obj: Any):
@@ -198,6 +219,7 @@ def panel(
     error_prefix: str = "cannot compute",
     caption: Callable[[Any], str] | None = None,
     on_change: Callable[[str], None] | None = None,
+    actions: list[Action] | None = None,
 ):
     """Wire ipywidgets controls to a pure function; draw its table and figure deterministically.
 
@@ -217,6 +239,9 @@ def panel(
         caption: result -> the caption of its table and figure (default: the controls' settings).
         on_change: called with the name of the control that changed, before ``compute``; changes it makes to
             other controls (options, values, visibility) do not recompute on their own.
+        actions: buttons under the controls (:class:`Action`), each shown while its ``when`` holds; a click sets
+            the controls ``run`` returns (``on_change`` called for each, as for a user's change) and recomputes
+            once; ``state["action"]`` then holds its line (cleared by the next change of a control).
 
     Returns:
         ``(panel, controls, state)``: the ``ipywidgets.VBox`` (rows of controls, status line, table, image),
@@ -240,6 +265,8 @@ def panel(
     def update(change=None) -> None:
         if syncing[0]:
             return
+        if change is not None:
+            done.pop("line", None)
         if on_change is not None and change is not None:
             syncing[0] = True
             try:
@@ -261,6 +288,7 @@ def panel(
             status.value = f"<b style='color:firebrick'>{html.escape(error_prefix)}</b>: {html.escape(str(exc))}"
             table.value = ""
             image.value = state["png"]
+            show(state)
             return
         if state_key is None:
             state.update(result)
@@ -279,7 +307,10 @@ def panel(
                                    for n in view.notes)
         table.value = state["table_html"]
         image.value = state["png"]
+        show(state)
 
+    done: dict[str, Any] = {}
+    rows_of_actions, show = _action_buttons(actions or [], controls, status, done, (syncing, on_change, update))
     for c in controls.values():
         style = getattr(c, "style", None)
         if style is not None and hasattr(style, "description_width") and not style.description_width:
@@ -287,6 +318,58 @@ def panel(
         c.observe(update, names="value")
     update()
     layout = [w.HBox([controls[name] for name in row]) for row in (rows if rows is not None else [list(controls)])]
-    box = w.VBox([*layout, status, table, image])
+    box = w.VBox([*layout, *rows_of_actions, status, table, image])
     box.add_class("tessera-panel")
     return box, controls, state
+
+
+def _action_buttons(actions: list[Action], controls: dict[str, Any], status, done: dict[str, Any], wiring: tuple):
+    """A row per action of :func:`panel` (its button and a line beside it) and ``show(state)``, which shows each
+    button while its ``when`` holds and the line of the action last done; ``wiring`` is the panel's
+    ``(syncing flag, on_change, update)``. A click runs the action, sets the controls it returns with
+    recomputation held off (``on_change`` called for each), then recomputes once."""
+    import ipywidgets as w
+
+    from tessera_lab.errors import TesseraError
+
+    syncing, on_change, update = wiring
+    buttons, lines = [], []
+
+    def click(act: Action, line) -> None:
+        status.value = f"<span style='color:dimgray'>&#8987; {html.escape(act.busy)}&hellip;</span>"
+        try:
+            values, text = act.run({name: c.value for name, c in controls.items()})
+        except TesseraError as exc:
+            status.value = ""
+            line.value = f"<span style='color:firebrick'>{html.escape(str(exc))}</span>"
+            return
+        syncing[0] = True
+        try:
+            for name in [n for n in controls if n in values]:
+                controls[name].value = values[name]
+                if on_change is not None:
+                    on_change(name)
+            for name in [n for n in controls if n in values]:  # on_change may have moved a later one back
+                controls[name].value = values[name]
+        finally:
+            syncing[0] = False
+        done.update(by=act, line=text)
+        update()
+
+    for act in actions:
+        button = w.Button(description=act.label, layout=w.Layout(width="auto"))
+        button.add_class("tessera-panel-action")
+        line = w.HTML()
+        button.on_click(lambda _b, act=act, line=line: click(act, line))
+        buttons.append((act, button))
+        lines.append(line)
+
+    def show(state: dict[str, Any]) -> None:
+        if "line" in done:
+            state["action"] = done["line"]
+        for (act, button), line in zip(buttons, lines):
+            button.layout.display = None if act.when is None or act.when(state) else "none"
+            line.value = (f"<span style='color:#1a5e20'>{html.escape(done['line'])}</span>"
+                          if done.get("by") is act and "line" in done else "")
+
+    return [w.HBox([button, line]) for (_, button), line in zip(buttons, lines)], show

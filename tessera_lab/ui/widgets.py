@@ -14,11 +14,13 @@ from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import load_model
 from tessera_lab.plan.make import Plan, make_plan
 from tessera_lab.report.headline import memory_note, mfu_note
-from tessera_lab.ui.panel import LABEL_STYLE, View, panel
+from tessera_lab.ui.panel import GPU_CHOICES, LABEL_STYLE, View, panel
+from tessera_lab.ui.suggest import suggest_action
 
 __all__ = ["LABEL_STYLE", "panel", "replan", "plan_summary", "summary_table", "plan_notes", "quickstart_panel",
            "compare_partitions", "partition_panel", "MODEL_LAYOUTS", "QUICKSTART_PARAMETERS", "model_knobs",
-           "plan_caption", "bottleneck_bounds", "control_options", "valid_value"]
+           "plan_caption", "bottleneck_bounds", "control_options", "valid_value", "model_variant",
+           "GPU_CHOICES", "suggest_action"]
 
 def replan(
     model: str = "qwen3-next-80b-a3b",
@@ -49,15 +51,25 @@ def replan(
     Raises:
         ConfigError / PartitionError: as :func:`tessera_lab.plan.make.make_plan`.
     """
+    spec = model_variant(model, attention_ratio=attention_ratio, expert_width=expert_width, top_k=top_k)
+    parallel = ParallelConfig(pp=pp, ep=ep, tp=tp, microbatches=microbatches, seq_len=seq_len, recompute=recompute)
+    return make_plan(spec, parallel, method=method, gpu=gpu)
+
+
+def model_variant(model: str, *, attention_ratio: int | None = None, expert_width: int | None = None,
+                  top_k: int | None = None):
+    """The shipped model ``model`` with the knobs given (``None``: its own value) changed
+    (:meth:`~tessera_lab.model.spec.ModelSpec.with_changes`; the model itself where nothing changes).
+
+    Raises:
+        ConfigError: a knob value the model's family cannot place.
+    """
     from tessera_lab.model.knobs import model_changes
 
     spec = load_model(model)
     asked = model_changes({"attention_ratio": attention_ratio, "expert_width": expert_width, "top_k": top_k})
     changes = {k: v for k, v in asked.items() if v != getattr(spec, k)}
-    if changes:
-        spec = spec.with_changes(**changes)
-    parallel = ParallelConfig(pp=pp, ep=ep, tp=tp, microbatches=microbatches, seq_len=seq_len, recompute=recompute)
-    return make_plan(spec, parallel, method=method, gpu=gpu)
+    return spec.with_changes(**changes) if changes else spec
 
 
 #: the model choice of notebooks 05 and 06 -> a layout it fits at on H200 with 4,096-token sequences (pp, ep, tp)
@@ -116,7 +128,6 @@ def summary_table(plan: Plan):
 #: the parameters :func:`quickstart_panel` takes (notebook 00's parameters cell passes each); others are refused
 QUICKSTART_PARAMETERS = ("gpu", "pp", "ep", "microbatches", "seq_len", "recompute", "attention_ratio",
                          "expert_width", "top_k")
-GPU_CHOICES = ("H100", "H200", "B200")
 PP_CHOICES = (1, 2, 4, 8, 12, 16)
 EP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 SEQ_CHOICES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -282,6 +293,25 @@ def _new_model(controls: dict[str, Any], current: dict[str, Any], start: dict[st
             current["moved"].append(f"{name} {old} -> {value} ({new.name} has {why})")
 
 
+def _quickstart_suggestion(controls: dict[str, Any], current: dict[str, Any]):
+    """Notebook 00's "suggest a layout that fits": the layouts of the panel's GPU count with tp 1, dp 1 and pp, ep
+    and micro-batches its controls offer; applied to pp, ep, micro-batches and recompute."""
+    def setting(v: dict[str, Any]):
+        k = current["knobs"]
+        spec = model_variant(v["model"], **{n: v[n] for n in k if k[n]})
+        return spec, ParallelConfig(pp=v["pp"], ep=v["ep"], microbatches=v["microbatches"], seq_len=v["seq_len"],
+                                    recompute=v["recompute"]), v["gpu"]
+
+    def settable(lay, v: dict[str, Any], par) -> bool:
+        return (lay.tp == 1 and lay.dp == 1 and not lay.ep_spans_tp and lay.pp in controls["pp"].options
+                and lay.ep in controls["ep"].options and lay.microbatches <= controls["microbatches"].max)
+
+    def apply(lay, v: dict[str, Any]) -> dict[str, Any]:
+        return {"pp": lay.pp, "ep": lay.ep, "microbatches": lay.microbatches, "recompute": lay.recompute}
+
+    return suggest_action(setting, settable, apply)
+
+
 def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
     """Notebook 00's re-planning panel: model, GPU, pp, ep, micro-batches, sequence, activation recomputation and
     the model knobs that apply.
@@ -367,7 +397,8 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
     return panel(controls, compute, render,
                  rows=[["model", "gpu", "pp", "ep"], ["microbatches", "seq_len", "recompute"],
                        ["attention_ratio", "expert_width", "top_k"]],
-                 state_key=None, error_prefix="cannot plan", caption=caption, on_change=on_change)
+                 state_key=None, error_prefix="cannot plan", caption=caption, on_change=on_change,
+                 actions=[_quickstart_suggestion(controls, current)])
 
 
 def compare_partitions(
@@ -381,11 +412,13 @@ def compare_partitions(
     ep: int | None = None,
     tp: int | None = None,
     seq_len: int = 4096,
+    recompute: str = "none",
 ):
     """The overlap-aware plan beside the uniform, standalone-balanced and parameter-balanced partitions, all
     simulated with overlapped 1F1B (pure function behind notebook 06's panel). ``pp``, ``ep``, ``tp`` left
     ``None`` take the model's layout in :data:`MODEL_LAYOUTS` (default pp 8, ep 8, tp 1); ``seq_len`` tokens per
-    sequence (the attention ratio matters at long sequences, where full attention's quadratic core grows).
+    sequence (the attention ratio matters at long sequences, where full attention's quadratic core grows);
+    ``recompute`` as :func:`replan`.
 
     Returns:
         ``(plan, table)``: the :class:`~tessera_lab.plan.make.Plan` and a pandas DataFrame with one row per
@@ -397,7 +430,7 @@ def compare_partitions(
     lay = MODEL_LAYOUTS.get(model, (8, 8, 1))
     plan = replan(model, attention_ratio=attention_ratio, expert_width=expert_width, top_k=top_k,
                   pp=lay[0] if pp is None else pp, ep=lay[1] if ep is None else ep, tp=lay[2] if tp is None else tp,
-                  microbatches=microbatches, seq_len=seq_len)
+                  microbatches=microbatches, seq_len=seq_len, recompute=recompute)
     rows = []
     for ev in [plan.chosen, *plan.baselines.values()]:
         rows.append({
@@ -472,6 +505,8 @@ def _partition_controls(spec: Any, model: str, choices: list, defaults: dict[str
                                     description="micro-batches", style=LABEL_STYLE, continuous_update=False),
         "seq_len": w.Dropdown(options=_with(SEQ_CHOICES[:5], defaults.get("seq_len", 4096)),
                               value=defaults.get("seq_len", 4096), description="sequence", style=LABEL_STYLE),
+        "recompute": w.Dropdown(options=["none", "selective", "full"], value=defaults.get("recompute", "none"),
+                                description="recompute", style=LABEL_STYLE),
     }
 
 
@@ -542,5 +577,19 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
                 controls[knob].layout.display = None if model_knobs(new)[knob] else "none"
 
     names = list(controls)
-    return panel(controls, compute, render, rows=[names[:3], names[3:]], state_key=None, error_prefix="cannot plan",
-                 caption=caption, on_change=on_change)
+    return panel(controls, compute, render, rows=[names[:4], names[4:]], state_key=None, error_prefix="cannot plan",
+                 caption=caption, on_change=on_change, actions=[_partition_suggestion()])
+
+
+def _partition_suggestion():
+    """Notebook 06's "suggest a layout that fits": its pp, ep and tp (its GPU count; the model's layout,
+    :data:`MODEL_LAYOUTS`, where ``pp`` is "layout") with every recompute and the micro-batches of its global batch."""
+    def setting(v: dict[str, Any]):
+        pp, ep, tp = MODEL_LAYOUTS.get(v["model"], (8, 8, 1))
+        spec = model_variant(v["model"], **{k: None if v[k] == "config" else v[k] for k in _PARTITION_KNOB_VALUES})
+        return spec, ParallelConfig(pp=pp if v["pp"] == "layout" else v["pp"], ep=ep, tp=tp, seq_len=v["seq_len"],
+                                    microbatches=v["microbatches"], recompute=v["recompute"]), "H200"
+
+    return suggest_action(setting, lambda lay, v, par: (lay.pp, lay.ep, lay.tp, lay.dp, lay.ep_spans_tp) == (
+        par.pp, par.ep, par.tp, 1, False) and lay.microbatches <= 128,
+        lambda lay, v: {"microbatches": lay.microbatches, "recompute": lay.recompute})

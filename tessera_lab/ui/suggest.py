@@ -1,0 +1,94 @@
+"""The "suggest a layout that fits" button of the planning panels (notebooks 00 and 06).
+
+Where a panel cannot plan, the button runs :func:`tessera_lab.plan.search.search` (the search of ``tessera-lab
+search``, docs/search.md) on the panel's GPU count, global batch and sequence over the layouts its controls can
+set, and applies the fastest that fits (:class:`~tessera_lab.ui.panel.Action`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from tessera_lab.plan.search import Candidate, SearchResult
+from tessera_lab.ui.panel import Action
+
+#: full planner runs a suggestion makes at most
+SUGGEST_MAX_PLANS = 24
+
+
+def suggest_layout(spec, gpus: int, *, gpu: str, seq_len: int, global_batch_tokens: int,
+                   settable: Callable[[Any], bool], max_plans: int = SUGGEST_MAX_PLANS) -> tuple[Candidate, SearchResult]:
+    """The fastest layout that fits memory among those a planning panel can set: :func:`search` of ``spec`` on
+    ``gpus`` GPUs (the panel's count, global batch and sequence) over the enumerated layouts with micro-batch size
+    1, the overlapped schedule (the panel's), the alltoall dispatcher and every recompute, kept where
+    ``settable(layout)`` holds.
+
+    Raises:
+        ConfigError: what :func:`search` refuses (GPUs not whole NVLink domains of ``gpu``, too few for the model),
+            no layout the panel can set, or none of them fits memory (the lightest peak against the capacity).
+    """
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.model.hardware import GPUSpec
+    from tessera_lab.plan.search import check_search_inputs, enumerate_layouts, search
+
+    node = GPUSpec.named(gpu).nvlink_domain
+    seqs = check_search_inputs(spec, gpus, seq_len, global_batch_tokens, node)
+    layouts = [lay for lay in enumerate_layouts(spec, gpus, seqs, gpus_per_node=node, schedules=("overlapped",),
+                                                vpps=(), dispatchers=("alltoall",), micro_batch_sizes=(1,))
+               if lay.schedule == "overlapped" and settable(lay)]
+    if not layouts:
+        raise ConfigError(f"no layout of {gpus} {gpu} GPUs that this panel can set makes a global batch of {seqs} "
+                          f"sequences; allowed: notebook 11's search, which also varies TP, DP and micro-batching")
+    res = search(spec, gpus, gpu=gpu, seq_len=seq_len, global_batch_tokens=global_batch_tokens, top=1,
+                 max_plans=max_plans, layouts=layouts)
+    if not res.ranked:
+        peaks = [c.result["peak_memory_gib"] for c in res.planned if c.result and "peak_memory_gib" in c.result]
+        light = f"the lightest planned peaks at {min(peaks):.1f} GiB" if peaks else "none was planned"
+        raise ConfigError(f"no layout this panel can set fits on {gpus} {gpu} at sequence {seq_len:,} "
+                          f"({len(layouts)} tried, {light} against {res.memory_capacity_bytes / 2**30:.1f} GiB); "
+                          "allowed: more GPUs, a shorter sequence, or notebook 11's search (TP, DP, VPP too)")
+    return res.ranked[0], res
+
+
+def suggestion_line(cand: Candidate, res: SearchResult, seconds: float, cpu: float) -> str:
+    """What a suggestion applied: the layout, its planned tokens/s and peak memory, how many layouts were looked at
+    and the wall and CPU seconds of the search (measured)."""
+    r = cand.result
+    return (f"suggested (search of the {res.enumerated} layouts this panel can set: {len(res.planned)} planned, the "
+            f"others ruled out by the memory or time bound): pp {cand.layout.pp} x ep {cand.layout.ep}, {cand.layout.microbatches} micro-batches, "
+            f"recompute {cand.layout.recompute}: {r['tokens_per_s']:,.0f} tokens/s, peak {r['peak_memory_gib']:.1f} "
+            f"of {res.memory_capacity_bytes / 2**30:.1f} GiB (simulated); searched in {seconds:.2f} s wall, "
+            f"{cpu:.2f} s CPU (measured)")
+
+
+
+def suggest_action(current, settable, apply):
+    """The "suggest a layout that fits" button of a planning panel (:class:`~tessera_lab.ui.panel.Action`), shown
+    while the panel cannot plan (an error, or a chosen partition over memory).
+
+    Args:
+        current: the controls' values -> ``(model spec, ParallelConfig, GPU name)`` of the panel's setting; the
+            search keeps its GPU count (``world_size``), global batch (``tokens_per_iteration``) and sequence.
+        settable: ``(layout, values, the panel's ParallelConfig) -> bool``: whether the panel's controls can
+            express a searched :class:`~tessera_lab.plan.search.Layout`.
+        apply: ``(layout, values) -> {control name: value}``: the controls that set it.
+
+    A click runs :func:`suggest_layout` and applies the fastest layout that fits; the
+    line beside the button says what was applied, its planned tokens/s and peak memory, and the search's wall and
+    CPU seconds (measured), or why nothing fits.
+    """
+    def run(v: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        spec, par, gpu = current(v)
+        cand, res = suggest_layout(spec, par.world_size, gpu=gpu, seq_len=par.seq_len,
+                                   global_batch_tokens=par.tokens_per_iteration, settable=lambda lay: settable(lay, v, par))
+        return apply(cand.layout, v), suggestion_line(cand, res, time.perf_counter() - t0, time.process_time() - c0)
+
+    def when(state: dict[str, Any]) -> bool:
+        return "error" in state or ("plan" in state and not state["plan"].chosen.fits_memory)
+
+    return Action("suggest a layout that fits", run, when, busy="searching the layouts this panel can set")
+
+
+__all__ = ["suggest_layout", "suggestion_line", "suggest_action", "SUGGEST_MAX_PLANS"]

@@ -1,0 +1,154 @@
+"""Notebook 11's layout-search panel and the "suggest a layout that fits" button of the planning panels, driven
+in process (no browser): controls set, buttons clicked, results compared with the search and the planner run
+directly."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+
+def _action(box):
+    """(button, line) of a panel's action row."""
+    import ipywidgets as w
+
+    rows = [c for c in box.children if isinstance(c, w.HBox) and c.children and isinstance(c.children[0], w.Button)]
+    assert len(rows) == 1, "one action row"
+    return rows[0].children
+
+
+@pytest.fixture(scope="module")
+def searched():
+    from tessera_lab.ui.search_panel import search_panel
+
+    return search_panel("qwen3-next-80b-a3b", gpu="H200", gpus=64, max_plans=16)
+
+
+def test_search_panel_shows_the_search_its_grid_and_the_chosen_layouts_timeline(searched):
+    from tessera_lab.ui.search_panel import layout_search
+
+    box, controls, state = searched
+    assert "error" not in state, state.get("error")
+    res = state["result"]
+    direct = layout_search("qwen3-next-80b-a3b", 64, gpu="H200", max_plans=16)  # the search run directly
+    assert [c.layout for c in direct.ranked] == [c.layout for c in res.ranked]
+    assert list(state["table"]["tokens/s"]) == [c.result["tokens_per_s"] for c in direct.ranked[:10]]
+    # the grid: per (pp, ep) the best planned layout that fits, worked out from every planned row
+    grid = state["grid"]
+    for pp in grid.index:
+        for ep in grid.columns:
+            fit = [c.result["tokens_per_s"] for c in res.planned
+                   if c.layout.pp == pp and c.layout.ep == ep and c.result.get("fits")]
+            cell = grid.loc[pp, ep]
+            assert (cell == max(fit)) if fit else cell != cell, (pp, ep, cell, fit)
+    # the timeline is the planner's simulation of layout #1's own partition: the same iteration as its row
+    assert state["plan"].chosen.iteration_time_s == pytest.approx(res.ranked[0].result["iteration_time_s"], rel=1e-9)
+    assert state["plan"].parallel.pp == res.ranked[0].layout.pp
+    cap = state["caption"]
+    for part in ("search of qwen3-next-80b-a3b on 64 H200", "panel budget 16 plans (tessera-lab search: 210)",
+                 "s wall", "s CPU (measured)"):
+        assert part in cap, (part, cap)
+    assert state["notes"] and "left unplanned" in state["notes"][0]  # 16 plans leave layouts unplanned
+    assert state["png"][:4] == b"\x89PNG" and "<table" in state["table_html"]
+
+
+def test_search_panel_draws_another_layout_without_searching_again(searched):
+    box, controls, state = searched
+    res = state["result"]
+    controls["show"].value = 3
+    assert state["result"] is res, "the search is reused"
+    assert "search reused" in state["caption"]
+    assert state["plan"].chosen.iteration_time_s == pytest.approx(res.ranked[2].result["iteration_time_s"], rel=1e-9)
+    controls["show"].value = 1
+
+
+def test_search_panel_gpu_choice_moves_the_count_to_whole_nvlink_domains():
+    from tessera_lab.ui.search_panel import gpu_counts, search_panel
+
+    assert gpu_counts("GB200")[0] == 72 and all(n % 72 == 0 for n in gpu_counts("GB200"))
+    assert all(n % 8 == 0 for n in gpu_counts("B300"))
+    box, controls, state = search_panel("qwen3-30b-a3b", gpus=64, max_plans=4)
+    assert {"GB200", "B300"} <= set(controls["gpu"].options)
+    assert controls["attention_ratio"].layout.display == "none"  # full attention only: no ratio knob
+    controls["gpu"].value = "GB200"
+    assert controls["gpus"].value == 72 and "GPUs 64 -> 72" in state["caption"], state.get("error")
+    assert state["result"].gpus == 72 and state["result"].gpu == "GB200"
+
+
+def test_quickstart_suggest_applies_the_fastest_layout_that_fits():
+    """H100 at sequence 16,384 on 8 x 8: no partition fits. The button applies the fastest layout among those the
+    panel can set on the same 64 GPUs and global batch (256 sequences), found here by planning each directly."""
+    from tessera_lab.errors import TesseraError
+    from tessera_lab.ui.widgets import quickstart_panel, replan
+
+    box, controls, state = quickstart_panel(gpu="H100", pp=8, ep=8, microbatches=32, seq_len=16384)
+    button, line = _action(box)
+    assert "error" in state and button.layout.display != "none"
+    best = None
+    for pp, ep in ((2, 32), (4, 16), (8, 8), (16, 4)):  # pp x ep = 64, dp 1, global batch 32 x 8 sequences
+        for rc in ("none", "selective", "full"):
+            try:
+                ev = replan(gpu="H100", pp=pp, ep=ep, microbatches=256 // ep, seq_len=16384, recompute=rc).chosen
+            except TesseraError:
+                continue
+            if ev.fits_memory and (best is None or ev.tokens_per_s > best[0]):
+                best = (ev.tokens_per_s, pp, ep, 256 // ep, rc)
+    assert best is not None
+    button.click()
+    assert "error" not in state, state.get("error")
+    got = (controls["pp"].value, controls["ep"].value, controls["microbatches"].value, controls["recompute"].value)
+    assert state["plan"].chosen.fits_memory
+    assert state["plan"].chosen.tokens_per_s == pytest.approx(best[0], rel=1e-3), (got, best)
+    assert "suggested" in line.value and f"{state['plan'].chosen.tokens_per_s:,.0f} tokens/s" in line.value
+    assert state["action"].startswith("suggested") and button.layout.display == "none"
+    controls["seq_len"].value = 4096  # a user's change clears the line
+    assert "action" not in state and line.value == ""
+
+
+def test_quickstart_suggest_says_why_when_the_search_refuses():
+    """64 GB200 GPUs are not whole NVL72 racks: the search refuses, the line says why, no control moves."""
+    from tessera_lab.ui.widgets import quickstart_panel
+
+    box, controls, state = quickstart_panel(gpu="GB200", pp=8, ep=8, microbatches=32, seq_len=32768)
+    button, line = _action(box)
+    assert "error" in state
+    before = {k: c.value for k, c in controls.items()}
+    button.click()
+    assert "72" in line.value and "gpus" in line.value.lower()
+    assert {k: c.value for k, c in controls.items()} == before and "error" in state
+
+
+def test_partition_suggest_sets_recompute_and_the_panel_plans():
+    from tessera_lab.errors import TesseraError
+    from tessera_lab.ui.widgets import compare_partitions, partition_panel
+
+    box, controls, state = partition_panel(microbatches=32)
+    button, line = _action(box)
+    assert button.layout.display == "none"  # it plans: no suggestion offered
+    controls["seq_len"].value = 16384
+    assert "error" in state and button.layout.display != "none"
+    button.click()
+    assert "error" not in state and controls["recompute"].value in ("selective", "full")
+    plan, table = compare_partitions(seq_len=16384, microbatches=32, recompute=controls["recompute"].value)
+    assert state["table"].equals(table) and plan.chosen.fits_memory
+    if controls["recompute"].value == "full":  # selective is faster where it fits: here it must not
+        try:
+            fits = compare_partitions(seq_len=16384, microbatches=32, recompute="selective")[0].chosen.fits_memory
+        except TesseraError:
+            fits = False
+        assert not fits
+
+
+def test_gpu_dropdowns_offer_gb200_and_b300():
+    from tessera_lab.teach.panels import collective_cost_panel, tp_pp_panel
+    from tessera_lab.ui.widgets import quickstart_panel
+
+    for build in (lambda: collective_cost_panel(show_figure=False), lambda: tp_pp_panel(show_figure=False)):
+        _, controls, state = build()
+        assert {"H100", "H200", "B200", "B300", "GB200"} <= set(controls["gpu"].options)
+        controls["gpu"].value = "GB200"
+        assert "error" not in state
+    _, controls, state = quickstart_panel(pp=8, microbatches=8)
+    controls["gpu"].value = "B300"
+    assert "64 B300" in state["caption"]
