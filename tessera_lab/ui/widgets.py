@@ -565,16 +565,22 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
     def new_model() -> None:
         new = load_model(controls["model"].value)
         moved.clear()
-        for knob in [*_PARTITION_KNOB_VALUES, "pp"]:
+        for knob in _PARTITION_KNOB_VALUES:  # model knobs start at the new model's own values, as in notebook 00
             value = controls[knob].value
-            controls[knob].options = _pp_options(new) if knob == "pp" else _knob_options(new, knob)
-            own = "layout" if knob == "pp" else "config"
-            controls[knob].value = value if value in [v for _, v in controls[knob].options] else own
-            same = knob != "pp" and value == _own_value(new, knob)  # the new model's own value: "config" is it
-            if controls[knob].value != value and not same:
-                moved.append(f"{controls[knob].description} {value} -> {own} (not valid for {new.name})")
-            if knob != "pp":
-                controls[knob].layout.display = None if model_knobs(new)[knob] else "none"
+            controls[knob].options = _knob_options(new, knob)
+            controls[knob].value = "config"
+            own = _own_value(new, knob)
+            if value != "config" and value != own and model_knobs(new)[knob]:
+                moved.append(f"{controls[knob].description} {value} -> config ({own}) (a new model starts at its "
+                             "own values)")
+            elif value != "config" and value != own:
+                moved.append(f"{controls[knob].description} {value} -> config (not valid for {new.name})")
+            controls[knob].layout.display = None if model_knobs(new)[knob] else "none"
+        value = controls["pp"].value  # stages: kept where the new model has the layers for them
+        controls["pp"].options = _pp_options(new)
+        controls["pp"].value = value if value in [v for _, v in controls["pp"].options] else "layout"
+        if controls["pp"].value != value:
+            moved.append(f"{controls['pp'].description} {value} -> layout (not valid for {new.name})")
 
     names = list(controls)
     return panel(controls, compute, render, rows=[names[:4], names[4:]], state_key=None, error_prefix="cannot plan",
