@@ -23,7 +23,14 @@ Plan JSONs that claim what they are not (a ``partition_from`` that is none of th
 hold their GPUs) are bad where ``report --plan`` reads them; option combinations are bad by construction too: a
 ``run --pair-order`` without the scheduled pair handler (it would be ignored), ``report --plan P --costs PROFILE``
 with a profile of another model or backend without ``--allow-stale-profile``, ``simulate --dynamic --steps
-1000000`` (over the online work limit).
+1000000`` (over the online work limit), ``measure --backend cpu|cuda`` with a ``--budget-s`` over its ``--timeout``.
+``search`` (with few ``--max-plans``), ``plan --cp``, ``--gpu GB200|B300``, real HF configs of several families
+(tests/data/aiconfigurator_configs) and tampered ones (a boolean as a string: refused always; an unknown field:
+refused without ``--allow-unknown-fields``; an unknown field named like a shape: refused without both allow
+flags) where plan and search read them, ``measure --dry-run`` and ``--pair``, and the torchrun entry
+``python -m tessera_lab.runner`` (pseudo-command ``runner``): without torchrun's variables it is the local spawner
+(stubbed as for ``run``); with all five it runs up to the process group (stubbed: ``accepted``); with one of them
+missing or malformed it is bad by construction.
 Not driven: ``measure --backend cpu|cuda`` (real measurements) and ``reproduce`` without ``--quick`` (minutes).
 
 Usage::
@@ -684,6 +691,13 @@ def _bad_combination(argv: list[str], corpus: Corpus) -> str:
         return f"--costs {Path(costs).name} (another model or a cpu profile)"
     if argv[0] == "simulate" and "--dynamic" in argv and _last(argv, "--steps") == "1000000":
         return "simulate --dynamic --steps 1000000"
+    budget, timeout = _last(argv, "--budget-s"), _last(argv, "--timeout") or "600"
+    if argv[0] == "measure" and _last(argv, "--backend") in ("cpu", "cuda") and budget is not None:
+        try:
+            if float(budget) > float(timeout):
+                return f"--budget-s {budget} over --timeout {timeout}"
+        except ValueError:
+            pass
     return _bad_config(argv, corpus)
 
 
