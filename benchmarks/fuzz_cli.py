@@ -760,7 +760,11 @@ def _stubs(env: dict[str, str]):
     def stop(*a, **k):
         raise WouldStart()
 
+    real_exit, me = os._exit, os.getpid()
+
     def exit_now(code=0):  # the runner entry ends a failing torchrun rank with os._exit: here a status instead
+        if os.getpid() != me:  # a process forked meanwhile (search --jobs, a fork pool) ends as it would
+            real_exit(code)
         raise Exited(code)
 
     dist = importlib.import_module("torch.distributed")
