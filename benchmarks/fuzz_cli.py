@@ -711,9 +711,9 @@ def _bad_config(argv: list[str], corpus: Corpus) -> str:
     if name.startswith("bad_cfg_"):
         return f"--model {name}"
     if name == "cfg_unknown.json" and "--allow-unknown-fields" not in argv:
-        return f"--model {name} without --allow-unknown-fields"
+        return f"without --allow-unknown-fields: --model {name}"
     if name == "cfg_structural.json" and not {"--allow-unknown-fields", "--allow-structural-fields"} <= set(argv):
-        return f"--model {name} without --allow-unknown-fields --allow-structural-fields"
+        return f"without --allow-unknown-fields --allow-structural-fields: --model {name}"
     return ""
 
 
@@ -894,7 +894,7 @@ def fuzz(examples: int, seed: int = 0, bound_s: float = 60.0, root: Path | None 
         counts["known bad"] += bool(bad)
         if bad:  # per file type: bad_routing_*, bad_dynamic_*, bad_profile_*, bad_plan_*, ... or a variable
             name = bad.split()[-1]
-            counts["bad:" + ("_".join(name.split("_")[:2]) if name.startswith("bad_") else "variable")] += 1
+            counts["bad:" + ("_".join(name.split("_")[:2]) if name.startswith(("bad_", "cfg_")) else "variable")] += 1
         counts["env set"] += bool(env)
         counts[f"cmd:{argv[0]}"] += 1
         if o.kind not in ("ok", "error", "accepted"):
