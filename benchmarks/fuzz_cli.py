@@ -23,7 +23,14 @@ Plan JSONs that claim what they are not (a ``partition_from`` that is none of th
 hold their GPUs) are bad where ``report --plan`` reads them; option combinations are bad by construction too: a
 ``run --pair-order`` without the scheduled pair handler (it would be ignored), ``report --plan P --costs PROFILE``
 with a profile of another model or backend without ``--allow-stale-profile``, ``simulate --dynamic --steps
-1000000`` (over the online work limit).
+1000000`` (over the online work limit), ``measure --backend cpu|cuda`` with a ``--budget-s`` over its ``--timeout``.
+``search`` (with few ``--max-plans``), ``plan --cp``, ``--gpu GB200|B300``, real HF configs of several families
+(tests/data/aiconfigurator_configs) and tampered ones (a boolean as a string: refused always; an unknown field:
+refused without ``--allow-unknown-fields``; an unknown field named like a shape: refused without both allow
+flags) where plan and search read them, ``measure --dry-run`` and ``--pair``, and the torchrun entry
+``python -m tessera_lab.runner`` (pseudo-command ``runner``): without torchrun's variables it is the local spawner
+(stubbed as for ``run``); with all five it runs up to the process group (stubbed: ``accepted``); with one of them
+missing or malformed it is bad by construction.
 Not driven: ``measure --backend cpu|cuda`` (real measurements) and ``reproduce`` without ``--quick`` (minutes).
 
 Usage::
@@ -58,8 +65,10 @@ if str(ROOT) not in sys.path:
 from hypothesis import strategies as st  # noqa: E402
 
 #: commands the fuzzer drives, and how often (cheap ones more often)
-COMMANDS = ("models", "params", "plan", "partition", "simulate", "measure", "report", "reproduce", "run",
+COMMANDS = ("models", "params", "plan", "search", "partition", "simulate", "measure", "report", "reproduce", "run",
             "calibrate", "validate")
+#: the torchrun entry ``python -m tessera_lab.runner`` (its own parser), driven as the pseudo-command "runner"
+RUNNER_ENTRY = "runner"
 #: options whose file is read by the command whenever given (a bad file there must be refused)
 READ_ALWAYS = {("run", "--plan"), ("run", "--profile-store"), ("report", "--observed"), ("report", "--lifecycle"),
                ("validate", "--repredict"), ("plan", "--device"), ("report", "--dynamic"), ("report", "--plan")}
@@ -89,7 +98,16 @@ FLOATS = ("0", "0.5", "1", "2", "3.5", "1e-9", "-1", "nan", "inf", "-inf", "1e30
 MODELS = ("qwen3-8b", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "deepseek-v3", "nope", "")
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1", "zb-h2", "dualpipev", "overlapped", "zb-v", "zb-auto", "bogus",
              "")
-GPUS = ("H100", "H200", "B200", "A100", "")
+GPUS = ("H100", "H200", "B200", "B300", "GB200", "A100", "gb200", "")
+#: real HF configs of the families the readers cover (tests/data/aiconfigurator_configs), a few per run
+AICONF = ROOT / "tests" / "data" / "aiconfigurator_configs"
+#: torchrun's variables for the runner entry: a whole good set, and sets with one variable broken or missing
+#: (each refused in one line before any process group: ``bad`` ones are bad by construction)
+TORCHRUN_GOOD = {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": "29999"}
+TORCHRUN_BAD = ({"MASTER_ADDR": None}, {"MASTER_PORT": None}, {"MASTER_PORT": "x"}, {"MASTER_PORT": "0"},
+                {"MASTER_PORT": "70000"}, {"RANK": "4"}, {"RANK": "-1"}, {"RANK": "x"}, {"WORLD_SIZE": "3"},
+                {"WORLD_SIZE": "0"}, {"LOCAL_RANK": "x"}, {"LOCAL_RANK": "-2"}, {"MASTER_ADDR": ""})
 
 
 class FuzzTimeout(BaseException):
@@ -183,6 +201,7 @@ def build_corpus(root: Path) -> Corpus:
     c.inputs["routing_log"] = _write(inp / "routing.json", json.dumps({"format": "nope"}))
     _runner_corpus(c, inp)
     _schema_corpus(c, inp)
+    _config_corpus(c, inp)
     _PROFILES_CHECKED[0] = _profiles_checked()
     # outputs
     out = root / "out"
@@ -204,6 +223,29 @@ def build_corpus(root: Path) -> Corpus:
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
         c.outputs["device"] = str(node)
     return c
+
+
+#: real configs of several families (each a different reader), and the one tampered below
+HF_CONFIGS = ("Qwen--Qwen3-30B-A3B", "deepseek-ai--DeepSeek-V3", "mistralai--Mixtral-8x7B-v0.1",
+              "meta-llama--Llama-4-Scout-17B-16E-Instruct", "MiniMaxAI--MiniMax-M2.5", "moonshotai--Kimi-K2-Instruct",
+              "XiaomiMiMo--MiMo-V2-Flash", "google--gemma-4-26B-A4B", "nvidia--GLM-5-NVFP4")
+
+
+def _config_corpus(c: Corpus, inp: Path) -> None:
+    """Real HF configs (keys ``hf_*``) and a Qwen3-MoE config tampered in how its fields are read: a boolean as a
+    string (``bad_cfg_*``: refused always), an unknown field (``cfg_unknown``: refused without
+    --allow-unknown-fields) and an unknown field named like a shape (``cfg_structural``: refused without
+    --allow-unknown-fields --allow-structural-fields)."""
+    for name in HF_CONFIGS:
+        path = AICONF / f"{name}_config.json"
+        if path.exists():
+            c.inputs[f"hf_{name}"] = _write(inp / f"hf_{name}.json", path.read_bytes())
+    cfg = json.loads((AICONF / "Qwen--Qwen3-30B-A3B_config.json").read_text())
+    for name, change in {"bool_false": {"tie_word_embeddings": "false"}, "bool_true": {"norm_topk_prob": "true"},
+                         "bool_int": {"attention_bias": 0}}.items():
+        c.inputs[f"bad_cfg_{name}"] = _write(inp / f"bad_cfg_{name}.json", json.dumps({**cfg, **change}))
+    c.inputs["cfg_unknown"] = _write(inp / "cfg_unknown.json", json.dumps({**cfg, "my_custom_flag": 1}))
+    c.inputs["cfg_structural"] = _write(inp / "cfg_structural.json", json.dumps({**cfg, "num_extra_layers": 2}))
 
 
 def _runner_corpus(c: Corpus, inp: Path) -> None:
@@ -419,7 +461,17 @@ def _values_for(dest: str, corpus: Corpus) -> st.SearchStrategy[str]:
     outs = st.sampled_from(sorted(corpus.outputs.values()))
     times = _mix(GOOD_FLOATS, FLOATS)
     table = {
-        "model": _mix(MODELS[:3] + (corpus.inputs["config"],), st.one_of(st.sampled_from(MODELS), files), 4),
+        "model": _mix(MODELS[:3] + (corpus.inputs["config"],) + _hf(corpus),
+                      st.one_of(st.sampled_from(MODELS), files, _cfg_files(corpus)), 4),
+        "gpus": _mix(("8", "16", "64", "72", "128", "512"), NUMBERS + ("100000", "12", "1e3")),
+        "global_batch_tokens": _mix(("4096", "65536", "1048576"), NUMBERS),
+        "max_plans": _mix(("1", "5", "20"), NUMBERS),
+        "jobs": _mix(("1", "1", "1", "2"), ("0", "-1", "abc", "1000", "nan", "")),
+        "top": _mix(("1", "3", "10"), NUMBERS),
+        "cp": _mix(("1", "2", "4"), NUMBERS + ("3", "4096")),
+        "csv": st.one_of(outs, st.just("-")),
+        "pair": _mix(("linear_attention+moe,full_attention+moe", "full_attention+moe,full_attention+moe"),
+                     ("bogus", "a,b,c", "", ",", "moe,moe", "full_attention+moe")),
         "profile": _mix((corpus.inputs["profile"],), st.one_of(_bad(corpus, "bad_profile", files), files), 6), "plan": _mix((corpus.inputs["plan"],), st.one_of(_bad(corpus, "bad_pjson", files), files), 6),
         "pair_order": _mix(("searched", "megatron", "comm-first", "program"), ("bogus", "", "measured:/no/such"), 3),
         "device": _mix((corpus.inputs["device"],), _bad(corpus, "bad_device", files), 6),
@@ -457,6 +509,15 @@ def _values_for(dest: str, corpus: Corpus) -> st.SearchStrategy[str]:
     return _mix(SMALL_INTS, NUMBERS)
 
 
+def _hf(corpus: Corpus) -> tuple[str, ...]:
+    return tuple(sorted(v for k, v in corpus.inputs.items() if k.startswith("hf_")))
+
+
+def _cfg_files(corpus: Corpus) -> st.SearchStrategy[str]:
+    """The tampered configs (string booleans, unknown and structural-named unknown fields)."""
+    return st.sampled_from(sorted(v for k, v in corpus.inputs.items() if k.startswith(("bad_cfg", "cfg_"))))
+
+
 def _bad(corpus: Corpus, prefix: str, files) -> st.SearchStrategy[str]:
     """The tampered files of one kind (most of the time) or any corpus file."""
     mine = sorted(v for k, v in corpus.inputs.items() if k.startswith(prefix))
@@ -490,9 +551,15 @@ def _option_strategy(action: argparse.Action, corpus: Corpus) -> st.SearchStrate
 def _command_parsers():
     from tessera_lab.cli.main import build_parser
 
+    from tessera_lab.runner.launch.launch import add_run_arguments
+
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {name: sub.choices[name] for name in COMMANDS}
+    parsers = {name: sub.choices[name] for name in COMMANDS}
+    entry = argparse.ArgumentParser(prog="python -m tessera_lab.runner")
+    add_run_arguments(entry)
+    parsers[RUNNER_ENTRY] = entry
+    return parsers
 
 
 @st.composite
@@ -539,6 +606,15 @@ def argv_for(draw, command: str, corpus: Corpus) -> list[str]:
         if command == "run" and a.dest == "pair_exec" and draw(st.integers(0, 3)) == 0:
             argv += ["--pair-exec", draw(st.sampled_from(("scheduled", "threads", "serial")))]
             continue
+        if command == "search" and a.dest == "max_plans" and draw(st.integers(0, 4)) > 0:  # cheap: few plans
+            argv += ["--max-plans", draw(st.sampled_from(("1", "3", "8")))]
+            continue
+        if command == "search" and a.dest in ("allow_unknown_fields", "allow_structural_fields") \
+                or command in ("plan", "params") and a.dest == "allow_unknown_fields" \
+                or command == "measure" and a.dest in ("dry_run", "pair"):
+            if draw(st.integers(0, 2)) == 0:
+                argv += draw(_option_strategy(a, corpus))
+            continue
         if command == "calibrate" and a.dest == "out":
             argv += ["--out", str(corpus.root / "out" / "device.json")]
             continue
@@ -560,9 +636,18 @@ def env_strategy() -> st.SearchStrategy[dict[str, str]]:
     return st.integers(0, 9).flatmap(lambda i: bad if i == 0 else (good if i == 1 else st.just({})))
 
 
+def torchrun_env_strategy() -> st.SearchStrategy[dict[str, str | None]]:
+    """The runner entry's environment: none (the local spawner), torchrun's whole set, or the set with one variable
+    broken or removed (None: unset)."""
+    bad = st.sampled_from(TORCHRUN_BAD).map(lambda change: {**TORCHRUN_GOOD, **change})
+    return st.integers(0, 3).flatmap(lambda i: st.just({}) if i == 0 else (st.just(dict(TORCHRUN_GOOD)) if i == 1
+                                                                           else bad))
+
+
 def case_strategy(corpus: Corpus) -> st.SearchStrategy[tuple[list[str], dict[str, str]]]:
     """(argv, environment) pairs."""
-    return st.tuples(argv_strategy(corpus), env_strategy())
+    return argv_strategy(corpus).flatmap(lambda argv: st.tuples(
+        st.just(argv), torchrun_env_strategy() if argv[0] == RUNNER_ENTRY else env_strategy()))
 
 
 def known_bad(argv: list[str], env: dict[str, str], corpus: Corpus) -> str:
@@ -570,6 +655,8 @@ def known_bad(argv: list[str], env: dict[str, str], corpus: Corpus) -> str:
     for k in env:
         if env[k] in ENV_BAD.get(k, ()):
             return f"{k}={env[k]}"
+    if argv[0] == RUNNER_ENTRY and env and env != TORCHRUN_GOOD:
+        return "torchrun variables " + ", ".join(f"{k}={v}" for k, v in env.items() if TORCHRUN_GOOD.get(k) != v)
     bad_files = {v for k, v in corpus.inputs.items() if k.startswith("bad_")
                  and (not k.startswith("bad_profile") or _PROFILES_CHECKED[0])}
     read_always = READ_ALWAYS | (PROFILE_READ if _PROFILES_CHECKED[0] else set())
@@ -604,13 +691,36 @@ def _bad_combination(argv: list[str], corpus: Corpus) -> str:
         return f"--costs {Path(costs).name} (another model or a cpu profile)"
     if argv[0] == "simulate" and "--dynamic" in argv and _last(argv, "--steps") == "1000000":
         return "simulate --dynamic --steps 1000000"
+    budget, timeout = _last(argv, "--budget-s"), _last(argv, "--timeout") or "600"
+    if argv[0] == "measure" and _last(argv, "--backend") in ("cpu", "cuda") and budget is not None:
+        try:
+            if float(budget) > float(timeout):
+                return f"--budget-s {budget} over --timeout {timeout}"
+        except ValueError:
+            pass
+    return _bad_config(argv, corpus)
+
+
+def _bad_config(argv: list[str], corpus: Corpus) -> str:
+    """A tampered config where plan or search reads it: a string boolean always; an unknown field without
+    --allow-unknown-fields; an unknown field named like a shape without both allow flags."""
+    model = _last(argv, "--model")
+    if argv[0] not in ("plan", "search") or model is None or argv.count("--model") > 1 + ("--device" in argv):
+        return ""
+    name = Path(model).name
+    if name.startswith("bad_cfg_"):
+        return f"--model {name}"
+    if name == "cfg_unknown.json" and "--allow-unknown-fields" not in argv:
+        return f"without --allow-unknown-fields: --model {name}"
+    if name == "cfg_structural.json" and not {"--allow-unknown-fields", "--allow-structural-fields"} <= set(argv):
+        return f"without --allow-unknown-fields --allow-structural-fields: --model {name}"
     return ""
 
 
 def argv_strategy(corpus: Corpus) -> st.SearchStrategy[list[str]]:
     """Any command: cheap ones weighted up (plan, report and measure cost about a second each)."""
-    weights = {"models": 1, "params": 2, "partition": 4, "simulate": 5, "plan": 3, "report": 3, "measure": 1,
-               "reproduce": 1, "run": 4, "calibrate": 1, "validate": 2}
+    weights = {"models": 1, "params": 2, "partition": 4, "simulate": 5, "plan": 3, "report": 3, "measure": 2,
+               "reproduce": 1, "run": 4, "calibrate": 1, "validate": 2, "search": 3, RUNNER_ENTRY: 3}
     pool = [c for c, w in weights.items() for _ in range(w)]
     return st.sampled_from(pool).flatmap(lambda c: argv_for(c, corpus))
 
@@ -622,6 +732,14 @@ def _alarm(signum, frame):  # pragma: no cover - only on a hang
 
 class WouldStart(BaseException):
     """Raised by the stubs in place of starting workers or a measurement: the input was accepted."""
+
+
+class Exited(BaseException):
+    """Raised in place of ``os._exit(code)`` while an example runs."""
+
+
+#: set when the runner entry's torchrun path reached the (stubbed) process group: the input was accepted
+_ACCEPTED = [False]
 
 
 @contextlib.contextmanager
@@ -642,11 +760,38 @@ def _stubs(env: dict[str, str]):
     def stop(*a, **k):
         raise WouldStart()
 
+    real_exit, me = os._exit, os.getpid()
+
+    def exit_now(code=0):  # the runner entry ends a failing torchrun rank with os._exit: here a status instead
+        if os.getpid() != me:  # a process forked meanwhile (search --jobs, a fork pool) ends as it would
+            real_exit(code)
+        raise Exited(code)
+
+    dist = importlib.import_module("torch.distributed")
+    worker = importlib.import_module("tessera_lab.runner.launch.worker")
+    real_worker = launch.torchrun_worker
+
+    def torchrun_worker(args):  # torchelastic's record() passes BaseException through; main would os._exit on it
+        try:
+            return real_worker(args)
+        except WouldStart:
+            _ACCEPTED[0] = True
+            return 0
+
     saved = [(launch, "spawn", launch.spawn), (cal, "calibrate", cal.calibrate),
-             (val, "validate_from_args", val.validate_from_args), (meas, "measure_layer_pairs", meas.measure_layer_pairs)]
+             (val, "validate_from_args", val.validate_from_args), (meas, "measure_layer_pairs", meas.measure_layer_pairs),
+             (dist, "init_process_group", dist.init_process_group), (os, "_exit", os._exit),
+             (launch, "torchrun_worker", launch.torchrun_worker), (launch, "_watch_parent", launch._watch_parent),
+             (worker, "_watch_parent", worker._watch_parent)]
     old_env = {k: os.environ.get(k) for k in env}
     launch.spawn, cal.calibrate, val.validate_from_args, meas.measure_layer_pairs = fake_spawn, stop, stop, stop
-    os.environ.update(env)
+    dist.init_process_group, os._exit, launch.torchrun_worker = stop, exit_now, torchrun_worker
+    launch._watch_parent = worker._watch_parent = lambda: None
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         yield
     finally:
@@ -665,8 +810,11 @@ def run_one(argv: list[str], bound_s: float = 60.0, env: dict[str, str] | None =
     result against the contract; ``must_refuse``: why the input is bad by construction (then exit 2 is required)."""
     import traceback
 
-    from tessera_lab.cli.main import main
+    from tessera_lab.cli.main import main as cli_main
+    from tessera_lab.runner.launch.launch import main as entry_main
 
+    main = (lambda a: entry_main(a[1:])) if argv and argv[0] == RUNNER_ENTRY else cli_main
+    _ACCEPTED[0] = False
     out, err = io.StringIO(), io.StringIO()
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, bound_s)
@@ -678,9 +826,13 @@ def run_one(argv: list[str], bound_s: float = 60.0, env: dict[str, str] | None =
         with _stubs(env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
                 warnings.catch_warnings():
             warnings.simplefilter("default")
+            # torchelastic's record() enables faulthandler on sys.stderr, a StringIO here (no fileno): in-process only
+            warnings.filterwarnings("ignore", message="Unable to enable fault handler")
             rc = main(argv)
     except WouldStart:
         accepted, rc = True, 0
+    except Exited as exc:
+        rc = exc.args[0] if exc.args else 0
     except FuzzTimeout:
         return Outcome("slow", argv, None, time.perf_counter() - t0, f"over {bound_s} s")
     except SystemExit as exc:  # main should return, not exit; still a status
@@ -697,6 +849,7 @@ def run_one(argv: list[str], bound_s: float = 60.0, env: dict[str, str] | None =
         except Exception:  # noqa: BLE001
             pass
     seconds = time.perf_counter() - t0
+    accepted = accepted or _ACCEPTED[0]
     text = err.getvalue()
     if crash or "Traceback" in text:
         return Outcome("traceback", argv, rc, seconds, (crash or text).strip().splitlines()[-1][:300])
@@ -741,7 +894,7 @@ def fuzz(examples: int, seed: int = 0, bound_s: float = 60.0, root: Path | None 
         counts["known bad"] += bool(bad)
         if bad:  # per file type: bad_routing_*, bad_dynamic_*, bad_profile_*, bad_plan_*, ... or a variable
             name = bad.split()[-1]
-            counts["bad:" + ("_".join(name.split("_")[:2]) if name.startswith("bad_") else "variable")] += 1
+            counts["bad:" + ("_".join(name.split("_")[:2]) if name.startswith(("bad_", "cfg_")) else "variable")] += 1
         counts["env set"] += bool(env)
         counts[f"cmd:{argv[0]}"] += 1
         if o.kind not in ("ok", "error", "accepted"):

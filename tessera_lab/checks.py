@@ -59,6 +59,9 @@ WORK_LIMITS: dict[str, tuple[int, str]] = {
     "runner_tokens": (50_000_000, "activation elements per layer and micro-batch of the runner"),
     "runner_actions": (20_000, "stage-micro-batches per step of the runner"),
     "runner_events": (5_000_000, "events in a run result"),
+    "max_plans": (2000, "full planner runs of one search (search --max-plans; about 0.1 CPU s each)"),
+    "jobs": (64, "planner processes of one search (search --jobs)"),
+    "gpus": (65_536, "GPUs laid out by one search (search --gpus; the layouts enumerated grow with it)"),
 }
 
 #: the largest time accepted in seconds (about 31.7 years): larger values overflow sums and mean a typo

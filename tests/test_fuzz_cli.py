@@ -120,3 +120,33 @@ def test_every_routing_log_dynamic_source_and_profile_tamper_is_refused(corpus, 
         o = fuzz_cli.run_one(argv, BOUND_S)
         assert o.kind == "ok", (argv, o)
     check_profile(json.loads(open(corpus.inputs["profile_shipped"]).read()), "shipped profile")
+
+
+def test_tampered_configs_and_torchrun_variables_are_refused(corpus, monkeypatch):
+    """The config tampers (string booleans, unknown and shape-named unknown fields) where plan and search read
+    them, and each broken torchrun variable for the runner entry: exit 2 in one line; the allow flags accept the
+    unknown fields (the fuzzer's rule, checked both ways)."""
+    monkeypatch.chdir(corpus.root / "cwd")
+    n = 0
+    for key, path in sorted(corpus.inputs.items()):
+        if not key.startswith(("bad_cfg", "cfg_")):
+            continue
+        for cmd in (["plan", "--pp", "4", "-m", "8"], ["search", "--gpus", "64", "--max-plans", "1"]):
+            argv = cmd + ["--model", path]
+            bad = fuzz_cli.known_bad(argv, {}, corpus)
+            assert bad, argv
+            o = fuzz_cli.run_one(argv, BOUND_S, {}, bad)
+            assert o.kind == "error", (key, o)
+            n += 1
+    allowed = ["plan", "--pp", "4", "-m", "8", "--model", corpus.inputs["cfg_structural"], "--allow-unknown-fields",
+               "--allow-structural-fields"]
+    assert fuzz_cli.known_bad(allowed, {}, corpus) == ""
+    assert fuzz_cli.run_one(allowed, BOUND_S).kind == "ok"
+    for change in fuzz_cli.TORCHRUN_BAD:
+        env = {**fuzz_cli.TORCHRUN_GOOD, **change}
+        o = fuzz_cli.run_one([fuzz_cli.RUNNER_ENTRY], BOUND_S, env, fuzz_cli.known_bad(["runner"], env, corpus))
+        assert o.kind == "error", (change, o)
+        n += 1
+    o = fuzz_cli.run_one([fuzz_cli.RUNNER_ENTRY], BOUND_S, dict(fuzz_cli.TORCHRUN_GOOD))
+    assert o.kind == "accepted", o  # the whole set reaches the (stubbed) process group
+    assert n >= 20

@@ -93,3 +93,16 @@ def test_dry_run_is_refused_for_the_analytic_backend():
                           timeout=60)
     assert proc.returncode == 2
     assert [l for l in proc.stderr.splitlines() if l.strip()][-1].count("--dry-run") >= 1
+
+
+@pytest.mark.parametrize("extra", [["--dry-run"], []])
+def test_budget_over_timeout_is_refused(extra, tmp_path):
+    """A budget the --timeout would cut short (the dry run printed 'at most about 1e+12 s' and the run would be
+    killed after 600 s): one line naming both, exit 2, nothing started or written."""
+    out = tmp_path / "p.json"
+    proc = subprocess.run(CLI + ["measure", "--backend", "cpu", "--model", "tiny-runner", "--budget-s", "1e12",
+                                 "--out", str(out), *extra], capture_output=True, text=True, timeout=120)
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "--budget-s = 1e+12 is over --timeout = 600" in lines[0]
+    assert not out.exists()

@@ -371,6 +371,9 @@ def cmd_measure(args: argparse.Namespace) -> int:
     if args.dry_run and args.backend == "analytic":
         raise ConfigError("option --dry-run applies to --backend cpu or cuda (the analytic backend starts no "
                           "processes); allowed: drop --dry-run")
+    if args.backend != "analytic" and args.budget_s > args.timeout:
+        raise ConfigError(f"option --budget-s = {args.budget_s:g} is over --timeout = {args.timeout:g}: the measuring "
+                          "processes would be killed before the budget is spent; allowed: --budget-s <= --timeout")
     sizing = None
     if args.backend == "analytic":
         overlap, parallel = _measure_analytic(args, model, seq_len)

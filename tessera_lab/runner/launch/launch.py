@@ -471,17 +471,24 @@ def torchrun_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit status 2 (the CLI's contract, for the runner entry)."""
+
+    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tessera_lab.runner``: a worker under torchrun (``RANK`` set), else the local spawner."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--worker" in argv:
-        p = argparse.ArgumentParser(prog="tessera_lab.runner --worker")
+        p = _Parser(prog="tessera_lab.runner --worker")
         p.add_argument("--worker", action="store_true")
         p.add_argument("--spec", required=True)
         p.add_argument("--out", default=None)
         a = p.parse_args(argv)
         return worker_main(a.spec, a.out)
-    p = argparse.ArgumentParser(prog="python -m tessera_lab.runner",
+    p = _Parser(prog="python -m tessera_lab.runner",
                                 description="Run the tiny MoE model with pipeline and expert parallelism.")
     add_run_arguments(p)
     args = p.parse_args(argv)

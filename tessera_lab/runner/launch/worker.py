@@ -37,6 +37,29 @@ def _watch_parent() -> None:
     threading.Thread(target=loop, name="tessera-parent-watch", daemon=True).start()
 
 
+def check_rendezvous_env(rank: int, world_size: int) -> None:
+    """Refuse, before any process group, what ``init_process_group``'s ``env://`` rendezvous would fail on with a
+    traceback or wait on: ``RANK`` outside ``[0, WORLD_SIZE)``, ``MASTER_ADDR`` unset or empty, ``MASTER_PORT`` not
+    an integer in 1..65535, ``LOCAL_RANK`` (when set) not an integer >= 0. torchrun and the spawner set all five.
+
+    Raises:
+        ConfigError: one line naming the variable, its value and the allowed range.
+    """
+    how = "(set by torchrun or the spawner; run `tessera-lab run` to launch locally)"
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"environment variable RANK = {rank} is outside 0..WORLD_SIZE-1 = 0..{world_size - 1} {how}")
+    if not os.environ.get("MASTER_ADDR"):
+        raise ConfigError(f"environment variable MASTER_ADDR = {os.environ.get('MASTER_ADDR')!r} is unset or empty; "
+                          f"allowed: the rendezvous host {how}")
+    port = os.environ.get("MASTER_PORT")
+    if not (port or "").strip().isdigit() or not 1 <= int(port) <= 65535:  # type: ignore[arg-type]
+        raise ConfigError(f"environment variable MASTER_PORT = {port!r} is not a port; allowed: an integer 1..65535 "
+                          f"{how}")
+    local = os.environ.get("LOCAL_RANK")
+    if local is not None and not local.strip().isdigit():
+        raise ConfigError(f"environment variable LOCAL_RANK = {local!r} is not an integer >= 0 {how}")
+
+
 def _env_int(name: str) -> int:
     v = os.environ.get(name)
     try:
@@ -53,6 +76,7 @@ def run_worker(world: WorldSpec, jobs: Sequence[RunSpec], out_dir: str | None) -
     """
     rank, world_size = _env_int("RANK"), _env_int("WORLD_SIZE")
     world.check_world_size(world_size)  # before any process group exists
+    check_rendezvous_env(rank, world_size)
     for j in jobs:
         j.validate(world)
     import datetime
