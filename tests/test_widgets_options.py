@@ -159,3 +159,19 @@ def test_partition_panel_does_not_call_the_new_models_own_value_invalid():
     assert controls["top_k"].value == "config" and controls["top_k"].options[0] == ("config (8)", "config")
     assert "error" not in state, state.get("error")
     assert "not valid for kimi-linear-48b-a3b" not in html.unescape(state["table_html"])
+
+
+def test_partition_panel_starts_a_new_model_at_its_own_ratio():
+    """Attention ratio 1 on Qwen3-Next (its own: 3), then Kimi-Linear (its own: 3): the ratio goes back to "config
+    (3)" as notebook 00 does, and the caption names the reset (a kept 1 would plan kimi-linear[ratio=1] unasked)."""
+    from tessera_lab.ui.widgets import partition_panel
+
+    _, controls, state = partition_panel(microbatches=8)
+    controls["attention_ratio"].value = 1
+    controls["model"].value = "kimi-linear-48b-a3b"
+    assert controls["attention_ratio"].value == "config"
+    assert controls["attention_ratio"].options[0] == ("config (3)", "config")
+    assert "error" not in state, state.get("error")
+    text = html.unescape(state["table_html"])
+    assert "attn ratio 1 -> config (3) (a new model starts at its own values)" in text
+    assert "ratio=1" not in state["plan"].model.name

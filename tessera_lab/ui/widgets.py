@@ -569,12 +569,10 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
             value = controls[knob].value
             controls[knob].options = _knob_options(new, knob)
             controls[knob].value = "config"
-            own = _own_value(new, knob)
-            if value != "config" and value != own and model_knobs(new)[knob]:
-                moved.append(f"{controls[knob].description} {value} -> config ({own}) (a new model starts at its "
-                             "own values)")
-            elif value != "config" and value != own:
-                moved.append(f"{controls[knob].description} {value} -> config (not valid for {new.name})")
+            own, on = _own_value(new, knob), model_knobs(new)[knob]
+            if value not in ("config", own):
+                why = "a new model starts at its own values" if on else f"not valid for {new.name}"
+                moved.append(f"{controls[knob].description} {value} -> config{f' ({own})' if on else ''} ({why})")
             controls[knob].layout.display = None if model_knobs(new)[knob] else "none"
         value = controls["pp"].value  # stages: kept where the new model has the layers for them
         controls["pp"].options = _pp_options(new)
