@@ -29,6 +29,7 @@ WORK_LIMITS: dict[str, tuple[int, str]] = {
     "pp": (1024, "pipeline stages"),
     "vpp": (64, "virtual stages per rank"),
     "virtual_stages": (4096, "stages x vpp"),
+    "partition_segments": (262_144, "layer segments a partition weighs: stages x vpp x (layers - stages x vpp + 1)"),
     "microbatches": (100_000, "micro-batches"),
     "actions": (500_000, "stages x vpp x micro-batches to simulate"),
     "search_actions": (4096, "stages x vpp x micro-batches searched by zb-auto (about 10 s at the limit)"),

@@ -27,3 +27,16 @@ def test_search_limit_raised_by_its_variable(capsys, monkeypatch):
     assert main(["search", "--gpus", "8", "--model", "deepseek-v3", "--max-plans", "4000"]) == 2
     err = capsys.readouterr().err
     assert "work limit" not in err and "--gpus = 8 is too small" in err, err
+
+
+def test_plan_partition_segments_bounded_before_any_work(capsys):
+    """2,048 layers on 1,024 stages weigh 1,024 x 1,025 = 1,049,600 layer segments (over 10 minutes on two cores):
+    refused in one line naming the product and the limit, before the model is decomposed."""
+    import time
+
+    t0 = time.process_time()
+    assert main(["plan", "--layers", "2048", "--pp", "1024"]) == 2
+    lines = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+    assert len(lines) == 1 and "1024 x (layers 2048 - stages + 1) = 1049600" in lines[0], lines
+    assert f"at most {WORK_LIMITS['partition_segments'][0]}" in lines[0]
+    assert time.process_time() - t0 < 5.0

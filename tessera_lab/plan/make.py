@@ -23,7 +23,7 @@ from tessera_lab.cost.memory import memory_capacity
 from tessera_lab.cost.source import CostSource, analytic_source, profile_source
 from tessera_lab.defaults import DEFAULT_GPU, DEFAULT_MODEL
 from tessera_lab.errors import ConfigError, PartitionError, TesseraError
-from tessera_lab.checks import divisors_text
+from tessera_lab.checks import check_work, divisors_text
 from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfig, check_fits, cluster_for
 from tessera_lab.model.spec import DENSE, FULL_ATTENTION, NO_FFN, NO_MIXER, ModelSpec, model_from_name, shipped_models
 from tessera_lab.model.tasks import model_flops_per_iteration, routing_load_note
@@ -94,6 +94,9 @@ def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster
     if model.has_moe and model.num_experts % parallel.ep:
         raise ConfigError(f"field 'ep' = {parallel.ep} must divide num_experts = {model.num_experts}; allowed: "
                           f"{divisors_text(model.num_experts)}")
+    stages = parallel.pp * parallel.vpp  # the partition weighs every (stage, segment) pair the layer counts allow
+    check_work("partition_segments", stages * max(1, model.num_layers - stages + 1),
+               field=f"pipeline stages {stages} x (layers {model.num_layers} - stages + 1)")
     missing = [mod for mod in parallel.recompute_modules if not _model_has_module(model, mod)]
     if missing:
         have = [mod for mod in RECOMPUTE_MODULES if _model_has_module(model, mod)]
