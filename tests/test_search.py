@@ -242,3 +242,19 @@ def test_cp_choices_and_layouts_by_hand(qwen):
     assert out["argv"][out["argv"].index("--context-parallel-size") + 1] == "4"
     back, _ = X.layout_from_megatron(out["argv"], 64, ep_spans_tp=lay.ep_spans_tp)
     assert back == lay
+
+
+def test_megatron_overlap_rules_named_in_the_export_notes():
+    """Megatron-Core's TransformerConfig refuses --overlap-moe-expert-parallel-comm without EP > 1, with full
+    recomputation, or at pp > 1 without virtual stages: the export says which rule a layout breaks (hand cases)."""
+    from dataclasses import replace
+
+    from tessera_lab.plan import search_export as X
+
+    base = S.Layout(pp=4, vpp=2, ep=8, tp=1, dp=2, microbatches=8, micro_batch_size=1,
+                    schedule="interleaved-overlapped", recompute="none", dispatcher="alltoall")
+    assert X.overlap_rule_breaks(base) == []
+    (note,) = X.overlap_rule_breaks(replace(base, vpp=1, schedule="overlapped", recompute="full", ep=1))
+    for rule in ("expert parallelism > 1", "no full recomputation", "virtual pipeline stages when pp > 1"):
+        assert rule in note
+    assert X.overlap_rule_breaks(replace(base, pp=1, vpp=1, schedule="overlapped")) == []

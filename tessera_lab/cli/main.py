@@ -33,7 +33,7 @@ COMMAND_HELP = {
     "models": "list the shipped models and the supported model families",
     "params": "parameter counts of a model",
     "plan": "the main job: partition, simulate and report a pipeline plan",
-    "search": "search the parallel layouts (TP, EP, PP/VPP, DP, micro-batching, schedule, recompute) for the fastest "
+    "search": "search the parallel layouts (TP, CP, EP, PP/VPP, DP, micro-batching, schedule, recompute) for the fastest "
               "that fits",
     "partition": "partition a plain per-layer cost list",
     "reproduce": "the paper's claims on its jobs as scenarios, with computed verdicts (PNG, JSON, Markdown)",

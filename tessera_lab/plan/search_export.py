@@ -45,11 +45,26 @@ def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
         argv += ["--recompute-granularity", "selective"]
     argv += ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"] if lay.dispatcher == "deepep" else \
         ["--moe-token-dispatcher-type", "alltoall"]
-    if lay.schedule.endswith("overlapped"):
-        argv.append("--overlap-moe-expert-parallel-comm")
     notes = [] if lay.schedule in MEGATRON_SCHEDULES else [
         f"schedule {lay.schedule} is not a Megatron-Core schedule (it runs 1F1B or interleaved 1F1B)"]
+    if lay.schedule.endswith("overlapped"):
+        argv.append("--overlap-moe-expert-parallel-comm")
+        notes += overlap_rule_breaks(lay)
     return {"argv": argv, "layout": asdict(lay), "seq_len": seq_len, "notes": notes}
+
+
+def overlap_rule_breaks(lay: Any) -> list[str]:
+    """What Megatron-Core's ``TransformerConfig`` checks refuse in ``--overlap-moe-expert-parallel-comm`` for this
+    layout (NVIDIA/Megatron-LM ``megatron/core/transformer/transformer_config.py``, ``__post_init__``): expert
+    parallelism > 1, no full recomputation, and virtual stages when pp > 1. Empty when Megatron-Core runs it."""
+    rules = [(lay.ep <= 1, "expert parallelism > 1"), (lay.recompute == "full", "no full recomputation"),
+             (lay.pp > 1 and lay.vpp <= 1, "virtual pipeline stages when pp > 1")]
+    broken = [why for bad, why in rules if bad]
+    if not broken:
+        return []
+    return [f"Megatron-Core refuses --overlap-moe-expert-parallel-comm for this layout: it requires {', '.join(broken)}; "
+            "the planned time assumes the EP overlap this project's overlapped schedule runs, which Megatron-Core "
+            "would run as plain 1F1B here"]
 
 
 def layout_from_megatron(argv: Sequence[str], gpus: int, *, ep_spans_tp: bool = False) -> tuple[Layout, list[int]]:
