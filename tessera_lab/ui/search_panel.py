@@ -61,7 +61,7 @@ def top_table(res: SearchResult, k: int = TOP, shown: int | None = None):
     rows = []
     for i, c in enumerate(res.ranked[:k], start=1):
         lay, r = c.layout, c.result
-        rows.append({"#": i, **({"timeline": "drawn" if i == shown else ""} if shown else {}), "tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp,
+        rows.append({"#": i, **({"timeline": "drawn" if i == shown else ""} if shown else {}), "tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "vpp": lay.vpp,
                      "ep": f"{lay.ep}*" if lay.ep_spans_tp else lay.ep, "dp": lay.dp,
                      "micro-batches": lay.microbatches, "micro-batch size": lay.micro_batch_size,
                      "schedule": lay.schedule, "recompute": lay.recompute, "dispatcher": lay.dispatcher,
