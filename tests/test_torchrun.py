@@ -82,13 +82,20 @@ def test_two_nodes_on_one_machine_with_a_c10d_rendezvous(tmp_path, run_losses):
 
 
 def test_a_failing_rank_is_torchelastics_root_cause(tmp_path):
-    """An injected fault on rank 1: torchrun exits non-zero and names rank 1 and its exception as the root cause
-    (recorded by torchelastic's ``record`` in the rank's error file)."""
+    """An injected fault on rank 1: torchrun exits non-zero and reports rank 1 with its exception, recorded by
+    torchelastic's ``record`` in the rank's error file. Torchelastic's root cause is the failure with the smallest
+    timestamp, in whole seconds (torch 2.13 ``elastic/multiprocessing/errors/__init__.py``, ``ProcessFailure``): the
+    peer that fails on the closed connection in the same second may be listed first, so rank 1's report is looked
+    for among the failures, and it is the root cause unless the root cause's second is the same."""
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "tessera_lab.runner", *JOB, "--fault-rank", "1", "--collective-timeout", "30"],
                           env=_env(), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
+    report = proc.stderr[proc.stderr.index("Failures:"):] if "Failures:" in proc.stderr else proc.stderr
+    blocks = [b for b in report.split("\n[") if "rank      : 1 (local_rank: 1)" in b]
+    assert blocks, proc.stderr[-3000:]
+    assert "injected fault on rank 1 at step 0" in blocks[0] and "error_file: <N/A>" not in blocks[0]
     root = proc.stderr.split("Root Cause (first observed failure):", 1)[1]
-    assert "rank      : 1 (local_rank: 1)" in root
-    assert "error_file: <N/A>" not in root.split("====")[0]
-    assert "injected fault on rank 1 at step 0" in root
+    if "rank      : 1 (local_rank: 1)" not in root:  # a tie on the second: both failures in the same second
+        stamp = lambda text: text.split("time      : ", 1)[1].split("\n", 1)[0]  # noqa: E731
+        assert stamp(root) == stamp(blocks[0]), (root[:400], blocks[0][:400])
