@@ -14,13 +14,13 @@ file whose split disagrees is refused. The headline (``HEADLINE`` line, ``summar
 ``test_max_abs_error``) is the test set's; target: median <= 15%, no test run beyond 35%; a miss stays printed.
 
 Host/synchronisation term (:mod:`tessera_lab.cost.sync`, basis cited there): ``c`` seconds per MoE layer forward
-and micro-batch, which the planner itself applies (0 under the combined-1F1B EP overlap). The fit plans every run
-with the planner's term off (``host_sync_s = 0``) and takes ``c`` as the mean, over the fit set's runs the term
-applies to (EP > 1, a dispatcher that waits on host counts, no EP overlap), of the per-layer seconds that close
-each run's gap (published - planned iteration over the busiest rank's MoE layers x ``(m + (pp - 1) / vpp)``);
-then every run is planned again by the planner with ``host_sync_s = c`` (:func:`apply_sync_term`; the bench adds
-nothing itself). ``--runs FILE`` evaluates another runs file with the shipped ``c`` (no refit). The error with
-the term off is printed beside.
+and micro-batch, one value per syncing dispatcher (``alltoall``, ``deepep``), which the planner itself applies (0
+under the combined-1F1B EP overlap). The fit plans every run with the planner's term off (``host_sync_s = 0``) and
+takes, per dispatcher, the median over the fit set's runs the term applies to (EP > 1, that dispatcher, no EP
+overlap) of the per-layer seconds that close each run's gap (published - planned iteration over the busiest rank's
+MoE layers x ``(m + (pp - 1) / vpp)``); then every run is planned again by the planner with its dispatcher's
+``host_sync_s = c`` (:func:`apply_sync_term`; the bench adds nothing itself). ``--runs FILE`` and ``--split
+test`` use the shipped values (no refit). The error with the term off is printed beside.
 
 Layout mapping (stated per run): Megatron's data-parallel size ``DP = GPUs / (TP * PP)``; our non-expert
 data-parallel group is ``ParallelConfig.dense_dp``. Where ``EP <= DP``: ``ep = EP``, ``dp = DP / EP`` (EP inside
@@ -262,20 +262,21 @@ def fit_ids_of(rows: list[dict]) -> list[str]:
     return sorted(r["id"] for r in rows if r["split"] == "fit")
 
 
-def apply_sync_term(rows: list[dict], runs: dict[str, dict], c: float | None = None) -> dict:
-    """Fit the per-MoE-layer host/sync seconds ``c`` (:mod:`tessera_lab.cost.sync`) on the fit set's runs to which
-    the planner's rule gives the term (EP > 1, a dispatcher that waits on host counts, no EP overlap), from
-    ``rows`` planned with the planner's term off (``predict(run, 0)``: the fit never sees its own term); with
-    ``c`` given, use it as it is (no fit: ``--runs FILE``). Then re-plan every run whose layout the rule gives a
-    non-zero term through the planner with ``c`` (``ParallelConfig.host_sync_s``); a run it gives 0 keeps its row.
-    Rows are updated in place and keep the error without the term as ``error_without_sync``;
-    ``sync_s_per_iteration`` is the planner's simulated iteration with the term minus without. ``runs``: id ->
-    published run. Returns the fit.
+def apply_sync_term(rows: list[dict], runs: dict[str, dict], c: dict[str, float] | None = None) -> dict:
+    """Fit the per-MoE-layer host/sync seconds ``c`` per dispatcher (:mod:`tessera_lab.cost.sync`) on the fit set's
+    runs to which the planner's rule gives the term (EP > 1, a dispatcher that waits on host counts, no EP
+    overlap), from ``rows`` planned with the planner's term off (``predict(run, 0)``: the fit never sees its own
+    term): per dispatcher, the median of the runs' :func:`~tessera_lab.cost.sync.per_layer_needed_s`. With ``c``
+    given (dispatcher -> seconds), use it as it is (no fit: ``--runs FILE``). Then re-plan every run whose layout
+    the rule gives a non-zero term through the planner with its dispatcher's ``c`` (``ParallelConfig.host_sync_s``);
+    a run it gives 0 keeps its row. Rows are updated in place and keep the error without the term as
+    ``error_without_sync``; ``sync_s_per_iteration`` is the planner's simulated iteration with the term minus
+    without. ``runs``: id -> published run. Returns the fit (``per_layer_s``: dispatcher -> seconds).
 
     Raises:
         ValueError: a row planned with the term on (the fit would be circular).
     """
-    from tessera_lab.cost.sync import BASIS, fit_per_layer_s, planner_per_layer_s
+    from tessera_lab.cost.sync import BASIS, SYNC_DISPATCHERS, fit_per_layer_s, planner_per_layer_s
 
     if any(r.get("host_sync_per_layer_s", 0.0) for r in rows):
         raise ValueError("apply_sync_term fits on rows planned with the host/sync term off (predict(run, 0.0))")
@@ -283,24 +284,27 @@ def apply_sync_term(rows: list[dict], runs: dict[str, dict], c: float | None = N
     by = {r["id"]: r for r in rows}
     used = [by[i] for i in fit_ids if planner_per_layer_s(parallel_for(runs[i], 1.0)[0]) > 0]
     fitted = c is None
-    if fitted:  # the mean per-layer gap over the fit runs the term applies to (the estimator fixed before this set)
-        c = fit_per_layer_s([r["sync_needed_per_layer_s"] for r in used])
+    if fitted:  # per dispatcher, the median per-layer gap over its fit runs (the estimator fixed on the fit set)
+        c = {d: fit_per_layer_s([r["sync_needed_per_layer_s"] for r in used if r["parallel"]["dispatcher"] == d])
+             for d in SYNC_DISPATCHERS}
     for r in rows:
         off = {"error_without_sync": r["error"], "iteration_without_sync_s": r["iteration_time_s"],
                "sync_needed_per_layer_s": r["sync_needed_per_layer_s"]}
         run = runs[r["id"]]
-        if planner_per_layer_s(parallel_for(run, c)[0]) > 0:
+        c_run = c.get(run["dispatcher"], 0.0)
+        if planner_per_layer_s(parallel_for(run, c_run)[0]) > 0:
             plan_s = r["plan_s"]
-            r.update(predict(run, c))  # the planner's own term: no addition here
+            r.update(predict(run, c_run))  # the planner's own term: no addition here
             r["plan_s"] += plan_s
         r.update(off)
         r["sync_s_per_iteration"] = r["iteration_time_s"] - r["iteration_without_sync_s"]
-    if not fitted:  # the shipped value: its own fit set (cost/sync.py FIT_SET), not this file's fit rows
+    if not fitted:  # the shipped values: their own fit set (cost/sync.py FIT_SET), not this file's fit rows
         from tessera_lab.cost.sync import FIT_SET
 
-        fit_ids = sorted(FIT_SET)
-    return {"per_layer_s": c, "fitted_here": fitted, "fit_ids": fit_ids,
-            "fit_runs_used": [r["id"] for r in used] if fitted else [], "basis": BASIS}
+        fit_ids = sorted(i for ids in FIT_SET.values() for i in ids)
+    return {"per_layer_s": dict(c), "fitted_here": fitted, "fit_ids": fit_ids,
+            "fit_runs_used": {d: sorted(r["id"] for r in used if r["parallel"]["dispatcher"] == d) for d in c}
+            if fitted else {}, "basis": BASIS}
 
 
 def precision_label(run: dict) -> str:
@@ -495,7 +499,8 @@ def main(argv=None) -> None:
             rows.append(predict(run, 0.0))  # the planner's host/sync term off: what the fit sees
         except Exception as exc:  # noqa: BLE001 - a benchmark prints what failed and goes on
             print(f"{run['id']}: not planned: {exc}", file=out)
-    sync = apply_sync_term(rows, {r["id"]: r for r in runs}, FITTED_PER_LAYER_S if args.runs else None)
+    shipped = bool(args.runs) or args.split in ("test", "reference")  # no fit rows to fit on: the shipped values
+    sync = apply_sync_term(rows, {r["id"]: r for r in runs}, dict(FITTED_PER_LAYER_S) if shipped else None)
     summ = summary(rows, sync)
     print_report(rows, sync, summ, out)
     result = {"rows": rows, "summary": summ, "sync_term": sync, "source_pages": sources}
@@ -523,10 +528,13 @@ def print_report(rows: list[dict], sync: dict, summ: dict, out) -> None:
     """The human-readable table and the headline (test set) lines."""
     import tabulate as tabulate_mod
 
-    how = (f"fitted on the fit set's runs to which the term applies ({', '.join(sync['fit_runs_used']) or 'none'})"
-           if sync["fitted_here"] else "the shipped fitted value (tessera_lab/cost/sync.py), not refitted on this file")
+    used = sync["fit_runs_used"]
+    how = ("per dispatcher, the median over the fit set's runs to which the term applies ("
+           + "; ".join(f"{d}: {', '.join(ids) or 'none'}" for d, ids in used.items()) + ")"
+           if sync["fitted_here"] else "the shipped fitted values (tessera_lab/cost/sync.py), not refitted on this file")
+    each = ", ".join(f"{d} {v * 1e3:.2f} ms" for d, v in sync["per_layer_s"].items())
     print("costs: analytic (data/hardware/cost_model.json; no measured profile), the planner's per-MoE-layer "
-          f"host/sync term included: {sync['per_layer_s'] * 1e3:.2f} ms per MoE layer and micro-batch, {how}; "
+          f"host/sync term included: {each} per MoE layer and micro-batch, {how}; "
           f"basis: {sync['basis']}", file=out)
     print("error = published iteration time / predicted - 1 (= predicted throughput / published - 1); published "
           "time from the source's step time, else its tokens/s per GPU, else its Model TFLOP/s per GPU", file=out)

@@ -60,13 +60,17 @@ def test_capacity_report_puts_it_in_runtime_overhead(small):
 
 
 def test_default_is_the_fitted_value_and_the_rule_where_it_is_zero(small):
-    # default (None): the fitted 3.33 ms, with its provenance in the note
+    # default (None): the dispatcher's fitted value, with its provenance in the note
     on = _plan(small)
-    assert on.chosen.stages[0].host_sync_s == pytest.approx(8 * sync.FITTED_PER_LAYER_S)
-    assert any("fitted on the fit set of the published runs" in n for n in on.notes)
-    base = ParallelConfig(ep=8, schedule="1f1b")
-    assert sync.planner_per_layer_s(base) == sync.FITTED_PER_LAYER_S
-    assert sync.planner_per_layer_s(base.replace(dispatcher="deepep")) == sync.FITTED_PER_LAYER_S  # normal mode waits
+    fitted = sync.FITTED_PER_LAYER_S[on.parallel.dispatcher]
+    assert on.chosen.stages[0].host_sync_s == pytest.approx(8 * fitted)
+    assert any("fitted per dispatcher on the fit set of the published runs" in n for n in on.notes)
+    base = ParallelConfig(ep=8, schedule="1f1b", dispatcher="alltoall")
+    assert sync.planner_per_layer_s(base) == sync.FITTED_PER_LAYER_S["alltoall"]
+    # DeepEP's normal mode waits too, with its own fitted value (less host work behind its wait)
+    assert sync.planner_per_layer_s(base.replace(dispatcher="deepep")) == sync.FITTED_PER_LAYER_S["deepep"]
+    assert sync.FITTED_PER_LAYER_S["deepep"] < sync.FITTED_PER_LAYER_S["alltoall"]
+    assert sync.planner_per_layer_s(base.replace(host_sync_s=2e-3, dispatcher="deepep")) == 2e-3  # one value for any
     assert sync.planner_per_layer_s(base.replace(host_sync_s=0.0)) == 0.0
     assert sync.planner_per_layer_s(base.replace(ep=1)) == 0.0
     assert sync.planner_per_layer_s(base, analytic=False) == 0.0  # a measured profile holds what the device does

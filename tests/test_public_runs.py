@@ -183,8 +183,10 @@ def test_printed_table_and_breakdown(tmp_path):
 
 
 def test_sync_term_fit_is_the_shipped_constant():
-    # the fitted host/sync seconds per MoE layer the planner ships is what the bench fits on the fit set now, and
-    # it names that fit set; no fit run is a test run
+    # the fitted host/sync seconds per MoE layer the planner ships, per dispatcher, is what the bench fits on the fit
+    # set now, and it names that fit set; no fit run is a test run
+    import statistics
+
     from tessera_lab.cost.sync import FIT_SET, FITTED_PER_LAYER_S
 
     import pytest
@@ -194,19 +196,37 @@ def test_sync_term_fit_is_the_shipped_constant():
     rows = [bench.predict(r, 0.0) for r in runs.values() if r["split"] == "fit"]  # the fit sees the term off
     assert all(r["host_sync_per_layer_s"] == 0.0 for r in rows)
     fit = bench.apply_sync_term(rows, runs)
-    c = fit["per_layer_s"]
-    assert abs(c - FITTED_PER_LAYER_S) < 0.01e-3, c
-    assert tuple(fit["fit_runs_used"]) == FIT_SET and all(runs[i]["split"] == "fit" for i in FIT_SET)
-    # the fit is the mean of what each used run needs (per_layer_needed_s), worked out here from the rows
     by = {r["id"]: r for r in rows}
-    assert c == pytest.approx(sum(by[i]["sync_needed_per_layer_s"] for i in FIT_SET) / len(FIT_SET), rel=1e-12)
-    # the predictions come from the planner with c: c on the runs without EP overlap, 0 under it
+    for d, ids in FIT_SET.items():
+        c = fit["per_layer_s"][d]
+        assert abs(c - FITTED_PER_LAYER_S[d]) < 0.01e-3, (d, c)
+        assert tuple(fit["fit_runs_used"][d]) == ids and all(runs[i]["split"] == "fit" for i in ids)
+        assert all(runs[i]["dispatcher"] == d for i in ids)
+        # the fit is the median of what each used run needs (per_layer_needed_s), worked out here from the rows
+        assert c == pytest.approx(statistics.median(by[i]["sync_needed_per_layer_s"] for i in ids), rel=1e-12)
+    # the predictions come from the planner with the dispatcher's c: c without EP overlap, 0 under it
     for r in rows:
         overlap = r["parallel"]["schedule"] in ("overlapped", "interleaved-overlapped")
+        c = fit["per_layer_s"][r["parallel"]["dispatcher"]]
         assert r["host_sync_per_layer_s"] == (0.0 if overlap else c), r["id"]
-    # one-stage Qwen3-30B-A3B on 16 H100 (48 MoE layers, m 64): the planner adds 64 x 48 x c to the iteration
+    # one-stage Qwen3-30B-A3B on 16 H100 (48 MoE layers, m 64, DeepEP): the planner adds 64 x 48 x c to the iteration
     q = by["qwen3-30b-a3b/16xH100/fp8/ep16"]
+    c = fit["per_layer_s"]["deepep"]
     assert q["sync_s_per_iteration"] == pytest.approx(64 * 48 * c, rel=1e-9)
     # a fit on rows planned with the term on would be circular: refused
     with pytest.raises(ValueError, match="term off"):
         bench.apply_sync_term([bench.predict(runs[q["id"]], c)], runs)
+
+
+def test_split_fit_prints_the_fit_set_only(tmp_path, capsys):
+    # model development looks at the fit set alone: --split fit plans and prints fit runs only, no test error and
+    # no headline; the sync term is still fitted on them
+    bench = _bench()
+    out = tmp_path / "fit.json"
+    bench.main(["--split", "fit", "--json", str(out)])
+    text = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    fit_ids = {i for i, r in _runs(ALL_FILES).items() if r["split"] == "fit"}
+    assert {r["id"] for r in data["rows"]} == fit_ids and data["summary"]["n_test"] == 0
+    assert "HEADLINE" not in text and "no test runs in this selection" in text
+    assert "[test]" not in text and "  test  " not in text and data["sync_term"]["fitted_here"]

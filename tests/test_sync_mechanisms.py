@@ -22,7 +22,9 @@ def test_sync_term_by_hand():
     # per_layer_needed_s inverts iteration_sync_s
     need = sync.per_layer_needed_s(10.0 + 1.038, 10.0, [8, 7], 128, 8, 4)
     assert need == pytest.approx(1.038 / (8 * (128 + 7 / 4)))
-    assert sync.fit_per_layer_s([3e-3, 5e-3]) == pytest.approx(4e-3) and sync.fit_per_layer_s([]) == 0.0
+    # the fit is the median (an odd count: the middle value; even: the mean of the two middle ones), 0 without runs
+    assert sync.fit_per_layer_s([3e-3, 20e-3, 5e-3]) == pytest.approx(5e-3)
+    assert sync.fit_per_layer_s([3e-3, 5e-3, 4e-3, 30e-3]) == pytest.approx(4.5e-3) and sync.fit_per_layer_s([]) == 0.0
 
 
 def test_split_rule_by_hand():

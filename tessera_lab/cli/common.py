@@ -279,7 +279,8 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                    default=None, metavar="MS",
                    help="host/device sync exposed per MoE layer forward and micro-batch, in ms, where the dropless EP "
                         "dispatch waits on the host (EP > 1, schedules without EP overlap, analytic costs; "
-                        f"default {FITTED_PER_LAYER_S * 1e3:.2f}, {FITTED_PROVENANCE}; 0 turns it off)")
+                        "default per dispatcher: " + ", ".join(f"{d} {v * 1e3:.2f}" for d, v in FITTED_PER_LAYER_S.items())
+                        + f", {FITTED_PROVENANCE}; 0 turns it off)")
     add_model_knobs(p)
 
 

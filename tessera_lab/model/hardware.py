@@ -275,7 +275,7 @@ class ParallelConfig:
             its own ``seq_len / cp`` tokens (docs/context-parallel.md).
         host_sync_s: seconds per MoE layer and micro-batch the host/device synchronisation of the dropless EP
             dispatch exposes (:mod:`tessera_lab.cost.sync`, applied only where that module's rule says);
-            ``None`` = the value fitted on published runs (``FITTED_PER_LAYER_S``), 0 = off.
+            ``None`` = the dispatcher's value fitted on published runs (``FITTED_PER_LAYER_S``), 0 = off.
         fsdp: Megatron FSDP (``--use-megatron-fsdp`` with ``optim_grads_params`` sharding): parameters, gradients
             and optimizer state all sharded over the data-parallel ranks of each part (:attr:`dense_shard_dp`,
             :attr:`expert_dp`); each layer's bf16 parameters are all-gathered before its forward and again before
