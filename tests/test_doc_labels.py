@@ -59,3 +59,39 @@ def test_every_report_category_is_defined_in_docs_and_help(capsys):
     for k in CATEGORIES:
         assert f"| {LABELS[k]} (`{k}`) | {DEFINITIONS[k]} | `{FORMULAS[k]}` |" in cli, k
         assert " ".join(f"{LABELS[k]}: {DEFINITIONS[k]}; = {FORMULAS[k]}".split()) in helptext, k
+
+
+def test_every_quote_of_the_fitted_sync_values_says_fitted():
+    # wherever a page quotes one of the planner's fitted host/sync values (as `plan --help` prints them), the text
+    # around the quote (400 characters before, 100 after, within its paragraph) says the value is fitted, and the
+    # paragraph never says it is not
+    from tessera_lab.cost.sync import FITTED_PER_LAYER_S
+
+    quotes = [f"{v * 1e3:.2f} ms" for v in FITTED_PER_LAYER_S.values()]
+    hits = 0
+    for page in [DOCS.parent / "README.md", *DOCS.glob("*.md")]:
+        for para in _paragraphs(page.read_text()):
+            for q in quotes:
+                for m in re.finditer(re.escape(q), para):
+                    hits += 1
+                    near = para[max(0, m.start() - 400): m.end() + 100]
+                    assert re.search(r"fitted", near, re.I), (page.name, near)
+                    assert not UNFITTED.search(para), (page.name, para[:200])
+    assert hits >= len(quotes)
+
+
+def test_fidelity_headline_is_the_test_figure_not_the_fit_figure():
+    # docs/fidelity.md's published-runs headline quotes the test set's median and max, the same figures the per-run
+    # table of docs/reproduce.md gives for its test rows; the fit rows' median (in sample) is never that headline
+    text = (DOCS / "fidelity.md").read_text()
+    head = re.search(r"Headline \(test set, (\d+) runs\): median \|error\| ([\d.]+)%<!-- claim:public\.test-median"
+                     r"-abs-error -->, largest\s+([\d.]+)%<!-- claim:public\.test-max-abs-error -->", text)
+    assert head, "no test-set headline in docs/fidelity.md"
+    table = (DOCS / "reproduce.md").read_text()
+    rows = re.findall(r"^\| (\S+) \| (\S+) \| (fit|test|reference) \| [\d.]+ \| [\d.]+ \| ([+-][\d.]+)% \|", table, re.M)
+    test = [abs(float(e)) for *_, s, e in rows if s == "test"]
+    fit = [abs(float(e)) for *_, s, e in rows if s == "fit"]
+    assert int(head.group(1)) == len(test)
+    assert abs(float(head.group(2)) - statistics.median(test)) <= 0.1
+    assert abs(float(head.group(3)) - max(test)) <= 0.1
+    assert f"{statistics.median(fit):.1f}%" not in text.split("## Published GPU runs")[1].split("\n## ")[0]

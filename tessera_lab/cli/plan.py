@@ -183,7 +183,7 @@ def format_plan(plan) -> str:
     if plan.schedule_trials:
         lines.append("")
         lines.append("schedules tried (--schedule auto); 'of which host/sync': what the host/sync term adds to "
-                     "that schedule's iteration (a FITTED per-MoE-layer value, tessera_lab/cost/sync.py; 0 under the "
+                     "that schedule's iteration (a per-MoE-layer value FITTED per dispatcher, tessera_lab/cost/sync.py; 0 under the "
                      "EP-overlap schedules), so a ranking it changes is visible:")
         lines.append(table([{"schedule": t["schedule"], "vpp": t.get("vpp", 1),
                              "iteration (s)": (f"{t['iteration_time_s']:.3f}" if "iteration_time_s" in t else "-"),
