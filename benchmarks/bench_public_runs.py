@@ -61,7 +61,10 @@ Table: one row per run (units in the headers: Model TFLOP/s per GPU, tokens/s pe
 the source states it (the B200 rows' MXFP8, ``source_precision``, is planned as FP8: ``mxfp8 (planned as fp8)``),
 peak and capacity GiB with a ``fits`` column; sources and mapping notes below it. ``--breakdown``: one MoE layer's
 standalone F + B + W (before overlap) beside the plan's per-layer time (after overlap) and the published per-layer
-budget, and the gap budget - standalone sum the README quotes (:func:`breakdown`).
+budget, and the gap budget - standalone sum the README quotes (:func:`breakdown`); then, per run, the component
+classes of the mean decoder layer (expert GEMMs, dense GEMMs, attention core, memory-bound kernels, FP8 casts,
+host-bound issue, EP all-to-all, TP collectives: :func:`layer_components`) beside the time per layer the plan
+without the host/sync term leaves unexplained and its ratio to the modelled compute (:func:`components_table`).
 
 Run: python benchmarks/bench_public_runs.py [--json PATH|-] [--runs FILE] [--split fit|test] [--breakdown]   (analytic; about 10 s of CPU
 for the 27 shipped runs)
@@ -350,6 +353,11 @@ def breakdown(run: dict, predicted_tokens_per_s_per_gpu: float | None = None) ->
                 row["kernels"] += task_kernels(t, precision=par.precision, grouped_impl=par.grouped_gemm, params=cm.a,
                                               microbatches=par.microbatches)
     phases = {ph: cm.phase_cost(lt.phase(ph)).time for ph in "FBW"}
+    # component classes averaged over every decoder layer (the budget per layer is an average over all layers;
+    # GPT-OSS alternates sliding-window and full attention, DeepSeek-V3 starts with dense layers)
+    per = [layer_components(cm, [t for ph in "FBW" for t in layer_tasks(model, i, par).phase(ph)])
+           for i in range(model.num_layers)]
+    components = {k: sum(c[k] for c in per) / len(per) for k in COMPONENTS}
 
     def per_layer(tokens_per_s_per_gpu: float) -> float:
         return par.tokens_per_microbatch / (tokens_per_s_per_gpu * par.tp * model.num_layers)
@@ -359,6 +367,7 @@ def breakdown(run: dict, predicted_tokens_per_s_per_gpu: float | None = None) ->
     out = {"id": run["id"], "layer": layer, "tasks": tasks, "phase_s": phases, "published_layer_budget_s": budget,
            "standalone_layer_s": standalone, "gap_vs_standalone_s": budget - standalone,
            "published_tokens_per_s_per_gpu": run["tokens_per_s_per_gpu"],
+           "components_s": components,  # mean over the decoder layers (layer_components)
            "experts_host_bound": tasks.get("experts", {}).get("host_excess_s", 0.0) > 0,
            "reference_only": bool(run.get("reference_only"))}
     if predicted_tokens_per_s_per_gpu:
@@ -366,6 +375,61 @@ def breakdown(run: dict, predicted_tokens_per_s_per_gpu: float | None = None) ->
         out.update(plan_layer_time_s=plan_layer, gap_vs_plan_s=budget - plan_layer,
                    predicted_tokens_per_s_per_gpu=predicted_tokens_per_s_per_gpu)
     return out
+
+
+#: component classes of one layer's time (:func:`component_of`), in print order
+COMPONENTS = ("expert GEMMs", "dense GEMMs", "attention core", "memory-bound kernels", "FP8 casts",
+              "host-bound issue", "EP all-to-all", "TP collectives", "other communication")
+
+
+def component_of(task) -> str:
+    """The component class of one task (its GPU time without FP8 casts): by ``Task.op`` (``grouped_gemm`` ->
+    expert GEMMs; ``gemm`` and ``router`` -> dense GEMMs; ``attention`` / ``linear_attention`` -> attention core;
+    any other compute op -> memory-bound kernels) and, for communication, by the collective's group (``ep`` -> EP
+    all-to-all, ``tp`` -> TP collectives)."""
+    if task.is_comm:
+        return {"ep": "EP all-to-all", "tp": "TP collectives"}.get(task.collective.group, "other communication")
+    return {"grouped_gemm": "expert GEMMs", "gemm": "dense GEMMs", "router": "dense GEMMs",
+            "attention": "attention core", "linear_attention": "attention core"}.get(task.op, "memory-bound kernels")
+
+
+def layer_components(cm, tasks) -> dict[str, float]:
+    """Seconds of one layer's ``tasks`` (F, B and W, one micro-batch, each priced alone) per component class
+    (:data:`COMPONENTS`): a compute task's GPU time minus its FP8 quantization (``FP8 casts``, the ``cast`` term
+    of :meth:`~tessera_lab.cost.analytic.CostModel.gpu_terms`) goes to its class, the host's issue time beyond the
+    GPU time to ``host-bound issue``; a communication task's link time to its class. The sum is the breakdown's
+    per-task GPU/link + host-bound sum (before overlap)."""
+    out = dict.fromkeys(COMPONENTS, 0.0)
+    for t in tasks:
+        if t.is_comm:
+            out[component_of(t)] += cm.task_time(t)
+            continue
+        cast = cm.gpu_terms(t)["cast"]
+        out[component_of(t)] += cm.gpu_time(t) - cast
+        out["FP8 casts"] += cast
+        out["host-bound issue"] += cm.host_excess(t)
+    return out
+
+
+def components_table(rows: list[dict], breakdowns: list[dict]) -> str:
+    """Per run, the component classes of the mean decoder layer (ms per layer and micro-batch, before overlap)
+    beside the time
+    the plan without the host/sync term leaves unexplained per layer: ``needed = budget x (1 - predicted
+    iteration without the term / published iteration)`` (the per-layer formula of :func:`breakdown` is
+    proportional to the iteration time), and that as a multiple of the run's modelled compute (all classes but
+    communication)."""
+    import tabulate as tabulate_mod
+
+    body = []
+    for r, b in zip(rows, breakdowns):
+        c = b["components_s"]
+        off = r.get("iteration_without_sync_s", r["iteration_time_s"])
+        needed = b["published_layer_budget_s"] * (1.0 - off / r["published"]["iteration_s"])
+        compute = sum(v for k, v in c.items() if k not in ("EP all-to-all", "TP collectives", "other communication"))
+        body.append([r["id"], r["split"], r["parallel"]["dispatcher"], r["parallel"]["schedule"]]
+                    + [f"{c[k] * 1e3:.2f}" for k in COMPONENTS] + [f"{needed * 1e3:+.2f}", f"{needed / compute:+.2f}"])
+    heads = ["run", "split", "dispatcher", "schedule"] + list(COMPONENTS) + ["needed\nper layer", "needed /\ncompute"]
+    return tabulate_mod.tabulate(body, headers=heads, tablefmt="simple", disable_numparse=True)
 
 
 BREAKDOWN_HEAD = """\
@@ -513,6 +577,10 @@ def main(argv=None) -> None:
             bds.append(b)
             print_breakdown(b, out)
         print(gap_summary(bds), file=out)
+        print("\ncomponents of the mean decoder layer (ms per layer and micro-batch, F + B + W each priced alone, "
+              "before overlap; layer_components) and the time per layer the plan without the host/sync term leaves "
+              "unexplained (needed; components_table)", file=out)
+        print(components_table(rows, bds), file=out)
         result["breakdown"] = bds
     if args.json:
         if args.json == "-":

@@ -230,3 +230,55 @@ def test_split_fit_prints_the_fit_set_only(tmp_path, capsys):
     assert {r["id"] for r in data["rows"]} == fit_ids and data["summary"]["n_test"] == 0
     assert "HEADLINE" not in text and "no test runs in this selection" in text
     assert "[test]" not in text and "  test  " not in text and data["sync_term"]["fitted_here"]
+
+
+def test_component_classes_by_op_and_collective_group():
+    from tessera_lab.model.graph import Collective, Task
+
+    bench = _bench()
+    want = {"grouped_gemm": "expert GEMMs", "gemm": "dense GEMMs", "router": "dense GEMMs",
+            "attention": "attention core", "linear_attention": "attention core", "elementwise": "memory-bound kernels",
+            "loss": "memory-bound kernels"}
+    for op, cls in want.items():
+        assert bench.component_of(Task("t", 0, "F", op, 1.0, 1.0)) == cls, op
+    for group, cls in (("ep", "EP all-to-all"), ("tp", "TP collectives"), ("dp", "other communication")):
+        t = Task("c", 0, "F", "all_to_all", 0.0, 0.0, Collective("all_to_all", 1e6, group, 8))
+        assert bench.component_of(t) == cls, group
+
+
+def test_layer_components_sum_to_the_per_task_breakdown():
+    # one decoder layer: the classes (FP8 casts and host-bound issue split out) add up to the breakdown's per-task
+    # GPU/link + host-bound seconds, and the FP8 run has casts where the bf16 run has none
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.hardware import cluster_for
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.model.tasks import layer_tasks
+
+    bench = _bench()
+    for rid in ("qwen3-30b-a3b/16xH100/fp8/ep16", "gpt-oss-120b/64xB200/bf16/ep8-mbs4"):
+        run = _runs()[rid]
+        b = bench.breakdown(run)
+        par, _ = bench.parallel_for(run)
+        model = load_model(run["model"])
+        cm = CostModel(cluster_for(par, run["gpu"]), par)
+        comps = bench.layer_components(cm, [t for ph in "FBW" for t in layer_tasks(model, b["layer"], par).phase(ph)])
+        per_task = sum(r["gpu_s"] + r["host_excess_s"] for r in b["tasks"].values())
+        assert abs(sum(comps.values()) / per_task - 1) < 1e-12, rid
+        assert abs(comps["EP all-to-all"] - b["tasks"]["dispatch"]["gpu_s"] - b["tasks"]["combine"]["gpu_s"]) < 1e-15
+        assert (comps["FP8 casts"] > 0) == (par.precision == "fp8"), rid
+        # the mean over the decoder layers is what the JSON keeps
+        assert set(b["components_s"]) == set(bench.COMPONENTS)
+
+
+def test_components_table_needed_by_hand():
+    # needed per layer = budget x (1 - predicted iteration without the term / published iteration), worked out by
+    # hand for a made-up row: budget 10 ms, 6 s predicted without the term, 8 s published -> 2.5 ms; compute (all
+    # classes but communication) 5 ms -> 0.5
+    bench = _bench()
+    comps = dict.fromkeys(bench.COMPONENTS, 0.0)
+    comps.update({"expert GEMMs": 3e-3, "memory-bound kernels": 2e-3, "EP all-to-all": 7e-3})
+    row = {"id": "x", "split": "fit", "parallel": {"dispatcher": "alltoall", "schedule": "1f1b"},
+           "iteration_time_s": 7.0, "iteration_without_sync_s": 6.0, "published": {"iteration_s": 8.0}}
+    text = bench.components_table([row], [{"components_s": comps, "published_layer_budget_s": 10e-3}])
+    last = text.splitlines()[-1].split()
+    assert last[-2:] == ["+2.50", "+0.50"]
