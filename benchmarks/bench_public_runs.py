@@ -411,6 +411,19 @@ def layer_components(cm, tasks) -> dict[str, float]:
     return out
 
 
+def needed_and_compute(row: dict, b: dict) -> tuple[float, float]:
+    """``(needed, compute)`` seconds per layer and micro-batch of one run: the time the plan without the host/sync
+    term leaves unexplained, ``budget x (1 - predicted iteration without the term / published iteration)`` (the
+    per-layer formula of :func:`breakdown` is proportional to the iteration time), and the modelled compute of the
+    mean decoder layer (every class of :func:`layer_components` but communication). ``row``: :func:`predict`'s row
+    (``iteration_without_sync_s`` once :func:`apply_sync_term` ran, else its term-off ``iteration_time_s``);
+    ``b``: :func:`breakdown` of the same run."""
+    off = row.get("iteration_without_sync_s", row["iteration_time_s"])
+    needed = b["published_layer_budget_s"] * (1.0 - off / row["published"]["iteration_s"])
+    comm = ("EP all-to-all", "TP collectives", "other communication")
+    return needed, sum(v for k, v in b["components_s"].items() if k not in comm)
+
+
 def components_table(rows: list[dict], breakdowns: list[dict]) -> str:
     """Per run, the component classes of the mean decoder layer (ms per layer and micro-batch, before overlap)
     beside the time
@@ -423,9 +436,7 @@ def components_table(rows: list[dict], breakdowns: list[dict]) -> str:
     body = []
     for r, b in zip(rows, breakdowns):
         c = b["components_s"]
-        off = r.get("iteration_without_sync_s", r["iteration_time_s"])
-        needed = b["published_layer_budget_s"] * (1.0 - off / r["published"]["iteration_s"])
-        compute = sum(v for k, v in c.items() if k not in ("EP all-to-all", "TP collectives", "other communication"))
+        needed, compute = needed_and_compute(r, b)
         body.append([r["id"], r["split"], r["parallel"]["dispatcher"], r["parallel"]["schedule"]]
                     + [f"{c[k] * 1e3:.2f}" for k in COMPONENTS] + [f"{needed * 1e3:+.2f}", f"{needed / compute:+.2f}"])
     heads = ["run", "split", "dispatcher", "schedule"] + list(COMPONENTS) + ["needed\nper layer", "needed /\ncompute"]

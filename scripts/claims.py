@@ -270,6 +270,39 @@ def _public_runs() -> dict[str, float]:
     return out
 
 
+def _public_fit_components() -> dict[str, float]:
+    """On the fit set only (no test run is planned): the per-layer time the plan without the host/sync term leaves
+    unexplained, in ms and over the modelled compute (``bench_public_runs.needed_and_compute``), for the GPT-OSS runs
+    and for the Qwen3-30B-A3B runs with the ``deepep`` dispatcher (``bench_public_runs.py --split fit --breakdown``)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_public_runs as bench
+    finally:
+        sys.path.pop(0)
+    from tessera_lab.report.fidelity_set import DEFAULT_FILES, load_runs
+
+    runs, _ = load_runs([ROOT / "data" / "published" / f for f in DEFAULT_FILES])
+    groups: dict[str, list[tuple[float, float]]] = {"gpt-oss": [], "qwen3-deepep": []}
+    for run in runs:
+        if run["split"] != "fit":
+            continue
+        group = ("gpt-oss" if run["model"].startswith("gpt-oss") else
+                 "qwen3-deepep" if run["model"].startswith("qwen3-30b") and run["dispatcher"] == "deepep" else None)
+        if group is None:
+            continue
+        row = bench.predict(run, 0.0)
+        b = bench.breakdown({**run, "tokens_per_s_per_gpu": row["published_tokens_per_s_per_gpu"]})
+        groups[group].append(bench.needed_and_compute(row, b))
+    out: dict[str, float] = {}
+    for g, vals in groups.items():
+        ms = [n * 1e3 for n, _ in vals]
+        ratio = [n / c for n, c in vals]
+        out.update({f"{g}.needed-ms.min": min(ms), f"{g}.needed-ms.max": max(ms),
+                    f"{g}.needed-over-compute.min": min(ratio), f"{g}.needed-over-compute.max": max(ratio),
+                    f"{g}.runs": float(len(vals))})
+    return out
+
+
 #: validated runs quoted in docs/fidelity.md: claim key -> result file under data/devices/validation/
 _VALIDATION_FILES = {
     "quick-1": "cpu-2core-quick-2026-12-01-cpu-1.json", "quick-2": "cpu-2core-quick-2026-12-01-cpu-2.json",
@@ -389,6 +422,7 @@ PROBES: dict[str, Callable[[], dict[str, float]]] = {
     "default-plan": _default_plan,
     "knobs": _knobs,
     "public-runs": _public_runs,
+    "public-fit-components": _public_fit_components,
     "validation-files": _validation_results,
     "cost-model": _cost_model,
     "zb-auto": _zb_auto,
