@@ -51,7 +51,12 @@ them). The estimator (per dispatcher, median) was chosen by leave-one-out on the
 both dispatchers 27% median |error| left out, per-dispatcher means 17.5%, per-dispatcher medians 10.8%; models
 from the host's kernel counts (:mod:`tessera_lab.cost.host`, ``c = h x kernels`` or ``a + h x kernels``) did no
 better than one constant (27-29%) on the fit set, so the exposure is not the counted kernels' issue time. The
-test set judges it (docs/fidelity.md). This module never imports torch.
+test set judges it (docs/fidelity.md). What the values hold, checked on the fit set alone
+(``benchmarks/bench_public_runs.py --split fit --breakdown``, docs/cost-model.md): on the Qwen3-30B-A3B ``deepep``
+runs a per-layer constant (about 4 ms at 4,096 and 16,384 tokens per micro-batch), as a sync is; on the GPT-OSS
+``alltoall`` runs a time that grows with the layer's GPU work (1.2-1.4 times the modelled compute), i.e. mostly
+GPU-side work of that model the cost model lacks; the EP all-to-all rates, the schedules' critical paths and the
+expert load were checked against cited measurements and do not explain it. This module never imports torch.
 """
 
 from __future__ import annotations
