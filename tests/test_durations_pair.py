@@ -65,3 +65,19 @@ def test_from_model_lanes_add_up_to_the_stage_times():
             assert ln[phase][0] + ln[phase][1] == pytest.approx(total)
             assert 0.0 <= ln[phase][1] <= total
         assert ln["F"][1] > 0 and ln["W"][1] == 0.0  # the forward's all-to-alls are partly exposed; W has none
+
+
+def test_pairs_go_through_the_one_pair_model():
+    """The dynamic durations price a pair only through cost.lanes.pair_makespan: no scalar overlap factor."""
+    import ast
+    import inspect
+
+    import tessera_lab.dynamic.durations as mod
+
+    tree = ast.parse(inspect.getsource(mod))
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | {
+        n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert "pair_overlap" not in names and "overlap" not in names
+    pair_fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "pair")
+    calls = {getattr(c.func, "id", None) for c in ast.walk(pair_fn) if isinstance(c, ast.Call)}
+    assert "pair_makespan" in calls
