@@ -94,7 +94,8 @@ plt.show()
 # Bundle a: the forward of layer 0; bundle b: the full backward (B then W) of layer 3 (full attention + MoE). The
 # overlap scheduler searches dependency-respecting issue orders (program order is always a candidate; the search
 # is exhaustive for small bundles and a seeded local search otherwise) and evaluates each with the two-lane
-# executor. While both lanes are busy, compute runs 1.25x and communication 1.1x slower (the contention term).
+# executor. While both lanes are busy, each compute task and collective run at the rates their demands on the
+# shared SMs, HBM and host thread give (the contention term, `tessera_lab.cost.contention.shared_rates`).
 
 # %%
 b3 = ov.bundle(model, 3, "BW", parallel)

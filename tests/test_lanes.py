@@ -145,7 +145,7 @@ def test_pair_search_cache_returns_the_search_result():
     assert search_cache_info()["hits"] == hits + 1
     g = pair_graph(a, b)
     fresh = _search(g, _keyed_durations(a, b, analytic_durations(a, cm), analytic_durations(b, cm)), cm.contention,
-                    budget=50)
+                    budget=50, demands=cm.demands(g.tasks))
     for res in (first, again):
         assert (res.order, res.makespan, res.evaluated, res.candidates) == (
             fresh.order, fresh.makespan, fresh.evaluated, fresh.candidates)

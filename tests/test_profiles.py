@@ -198,7 +198,7 @@ def test_scaled_profile_transfers_efficiency(analytic_table):
     m = fake_measured(r, {"t_a": [0.010], "t_b": [0.020], "t_ab": [0.025], "t_program": [0.03]}, env)  # e = 0.5
     prof = pr.new_profile("cpu", QWEN.name, P, size_factor=0.125, environment=env)
     pr.add_results(prof, [m])
-    costs = pr.profile_stage_pair_costs(prof, QWEN, P)
+    costs = pr.profile_stage_pair_costs(prof, QWEN, P, budget=400)  # the table's search budget: the same search
     row = analytic_table.set_index(["kind_f", "kind_b"]).loc[(lin, lin)]
     assert costs[(lin, lin)] == pytest.approx(row["t_f"] + row["t_b"] - 0.5 * min(row["t_f"], row["t_b"]))
     # combinations the profile lacks fall back to the analytic pair time

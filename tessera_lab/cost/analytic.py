@@ -11,9 +11,10 @@ Formulas:
   (``all_reduce`` 2(n-1)/n, ``all_to_all``/``all_gather``/``reduce_scatter`` (n-1)/n, ``p2p`` 1;
   NVIDIA nccl-tests ``doc/PERFORMANCE.md``). For an all-to-all whose group spans nodes, the bytes that
   stay in the node go over NVLink and the rest over the inter-node link; the slower part sets the time.
-* contention by kernel class (:mod:`tessera_lab.cost.contention`): while both lanes are busy, a compute-bound
-  kernel runs at the SM share communication leaves it, a memory-bound kernel and the communication share HBM
-  bandwidth (rates, integrated exactly between events).
+* contention from shared resources (:mod:`tessera_lab.cost.contention`, :meth:`CostModel.demand`): while both
+  lanes are busy, each (compute task, collective) pair runs at the rates their demands on the SMs, HBM and the
+  one host thread give (:func:`~tessera_lab.cost.contention.shared_rates`; integrated exactly between events).
+  A cost model given an explicit :class:`Contention` (a measured fit) uses its class constants instead.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from tessera_lab.cost.contention import Contention, comm_sms_for, kernel_class, kernel_contention
+from tessera_lab.cost.contention import Contention, Demand, comm_sms_for, kernel_class, kernel_contention
 from tessera_lab.cost.gemm import gemms_efficiency
 from tessera_lab.cost.host import host_issue_time
 from tessera_lab.cost.lanes import pair_makespan
@@ -99,8 +100,9 @@ class CostModel:
         cluster: nodes, GPU type and links.
         parallel: parallel sizes and rank placement (which link each group uses).
         assumptions: overrides of ``data/hardware/cost_model.json`` values (same keys).
-        contention: slowdowns while compute and communication overlap (default: by kernel class, from the EP
-            dispatcher's SMs and the link's HBM share, :meth:`class_contention`).
+        contention: slowdowns while compute and communication overlap by kernel class (a measured fit); default:
+            none given, so overlaps are priced per task pair from shared resources (:meth:`demand`), and
+            ``self.contention`` holds the class summary of the same physics (:meth:`class_contention`).
     """
 
     def __init__(
@@ -119,6 +121,9 @@ class CostModel:
                 raise ConfigError(f"unknown cost assumption(s) {sorted(unknown)}; allowed: {sorted(a)}")
             a.update(assumptions)
         self.a = a
+        #: overlaps are priced from each task's demands on shared resources unless a contention fit was given
+        self.shared = contention is None
+        self._sm_share: dict[tuple[str, str], float] = {}
         self.contention = contention or self.class_contention()
 
     def class_contention(self) -> Contention:
@@ -133,6 +138,39 @@ class CostModel:
             sms=gpu.sms, comm_sms=comm_sms_for(p.dispatcher, spans, self.a),
             link_bytes_per_s=link.bytes_per_s * self.a["nccl_bus_efficiency"],
             hbm_bytes_per_s=gpu.hbm_bytes_per_s * self.a["hbm_efficiency"], params=self.a)
+
+    def demand(self, task: Task) -> Demand:
+        """What ``task`` asks of the resources the two streams share (:class:`~tessera_lab.cost.contention.Demand`,
+        seconds): a compute task its :meth:`gpu_terms` and :meth:`host_time`; a collective its time, its HBM
+        traffic (``comm_hbm_bytes_per_link_byte`` x the bytes it moves per rank, at the effective HBM bandwidth),
+        one kernel's host issue and the SMs its kernel holds (:meth:`comm_sm_share`)."""
+        if not task.is_comm:
+            t = self.gpu_terms(task)
+            return Demand(self.compute_time(task), t["compute"], t["hbm"], t["cast"], self.host_time(task), t["launch"])
+        time = self.collective_time(task.collective)
+        c = task.collective
+        if time <= 0:
+            return Demand(0.0)
+        moved = c.bytes * BUS_FACTOR[c.kind](c.group_size) * self.a["comm_hbm_bytes_per_link_byte"]
+        hbm = moved / (self.cluster.gpu.hbm_bytes_per_s * self.a["hbm_efficiency"])
+        return Demand(time, hbm=min(hbm, time), host=self.host_time(task), sm_share=self.comm_sm_share(c))
+
+    def comm_sm_share(self, coll: Collective) -> float:
+        """Share of the SMs a collective's kernel holds: the EP dispatcher's (DeepEP's configured count, or NCCL's)
+        for the EP all-to-all, NCCL's for any other group; NCCL's count inside a node or across nodes by where the
+        group's ranks sit (``data/hardware/cost_model.json``, ``comm_sms_*``)."""
+        key = (coll.group, coll.kind)
+        if key not in self._sm_share:
+            ranks = self.group_link_ranks(coll.group) if coll.group != "pp" else [0]
+            spans = len({self.cluster.node_of(r) for r in ranks}) > 1
+            dispatcher = self.parallel.dispatcher if coll.group == "ep" and coll.kind == "all_to_all" else "alltoall"
+            self._sm_share[key] = comm_sms_for(dispatcher, spans, self.a) / self.cluster.gpu.sms
+        return self._sm_share[key]
+
+    def demands(self, tasks: Mapping[str, Task]) -> dict[str, Demand] | None:
+        """:meth:`demand` of every task by key, or ``None`` when this model was given a contention fit (its class
+        constants then price overlaps)."""
+        return {k: self.demand(t) for k, t in tasks.items()} if self.shared else None
 
     def gemm_efficiency(self, task: Task) -> float:
         """Shape-aware efficiency of a GEMM task in its phase (:func:`tessera_lab.cost.gemm.gemms_efficiency`)."""
@@ -263,8 +301,9 @@ class CostModel:
         lanes = {t.name: "comm" if t.is_comm else "compute" for t in tasks}
         deps = {t.name: t.deps for t in tasks}
         classes = {t.name: kernel_class(t.op, t.is_comm) for t in tasks}
+        demands = self.demands({t.name: t for t in tasks}) if contention is None else None
         res = pair_makespan([t.name for t in tasks], durations, lanes, deps, contention=contention or self.contention,
-                            classes=classes)
+                            classes=classes, demands=demands)
         comm = sum(d for k, d in durations.items() if lanes[k] == "comm")
         compute = sum(d for k, d in durations.items() if lanes[k] == "compute")
         by_coll: dict[str, float] = {}

@@ -16,6 +16,25 @@ While a communication kernel runs (rates, integrated exactly by :func:`tessera_l
 * communication beside a ``compute`` kernel slows by ``comm_slowdown_beside_compute`` (assumption, small).
 
 All parameters can be fitted from measured per-task inflations with :func:`fit_kernel_contention`.
+
+The analytic cost model does not use these class constants: it prices each (compute task, communication task)
+overlap from what the two tasks ask of the resources the streams share (:class:`Demand`, :func:`shared_rates`):
+
+* **SMs**: a communication kernel holds ``sm_share`` of the SMs exclusively (NCCL CTAs, DeepEP's configured
+  count); the compute task's tensor-core work runs on the rest: ``math / (1 - sm_share)``.
+* **HBM**: each task's HBM demand is its bytes over its own time as a share ``u`` of the effective bandwidth
+  (a memory-bound kernel ``u = 1``; a collective ``2 x bytes on the link / (t x B_hbm)``); while the two demands
+  sum to more than 1 both are stretched by ``max(1, u_c + u_m)`` (proportional sharing).
+* **host**: one CPU thread issues both streams' kernels; host demand ``v = host issue seconds / task seconds``
+  (a host-issue-bound task ``v = 1``); both are stretched by ``max(1, v_c + v_m)`` (the host's work is
+  conserved; it is spread over the task, an approximation for a collective whose one launch comes first).
+* **link**: the two micro-batches' collectives run one after the other on the communication stream, so each has
+  the link to itself (two transfers sharing a link finish together no sooner than one after the other).
+
+The compute task's time beside the communication is ``max(launch + max(math sigma, hbm phi) + cast phi,
+host psi)`` with ``sigma = 1 / (1 - sm_share)``, ``phi`` the HBM and ``psi`` the host stretch: a task bound by
+host issue loses nothing to the SMs communication takes; a GEMM loses their share; a norm or permute loses its
+HBM share. The communication runs at ``1 / max(phi, psi)``.
 """
 
 from __future__ import annotations
@@ -77,6 +96,53 @@ class Contention:
     def as_dict(self) -> dict[str, float | None]:
         return {"compute": self.compute, "comm": self.comm, "memory": self.memory,
                 "comm_beside_memory": self.comm_beside_memory}
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one task asks of the resources the compute and communication streams share (seconds, shares).
+
+    Attributes:
+        time: standalone seconds (``max(launch + max(math, hbm) + cast, host)`` for a compute task).
+        math: tensor-core seconds on all SMs; hbm: seconds of HBM traffic at the effective bandwidth
+            (for a collective: its HBM traffic, 2 bytes per byte on the link); cast: FP8 cast seconds (HBM-bound);
+        host: seconds of host issue; launch: GPU launch seconds;
+        sm_share: share of the SMs the task holds exclusively (a communication kernel), in [0, 1).
+    """
+
+    time: float
+    math: float = 0.0
+    hbm: float = 0.0
+    cast: float = 0.0
+    host: float = 0.0
+    launch: float = 0.0
+    sm_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sm_share < 1.0:
+            raise ConfigError(f"field 'sm_share' = {self.sm_share} is out of range; allowed: 0 <= sm_share < 1")
+        if min(self.time, self.math, self.hbm, self.cast, self.host, self.launch) < 0:
+            raise ConfigError("field 'demand' has a negative time; allowed: seconds >= 0")
+
+    def share(self, seconds: float) -> float:
+        """``seconds / time`` capped at 1 (the share of a resource the task keeps busy), 0 for a zero-time task."""
+        return min(1.0, seconds / self.time) if self.time > 0 else 0.0
+
+
+def shared_rates(c: Demand, m: Demand) -> tuple[float, float]:
+    """Rates (work per second, 1 = as fast as alone) of compute task ``c`` and communication task ``m`` while they
+    run together (formulas in the module docstring).
+
+    Example: an expert GEMM bound by host issue (math 0.61, host 1.28 ms) beside an NVLink all-to-all (0.42 ms,
+    HBM demand 0.167, 10 us host, 32 of 132 SMs): host stretch 1 + 10/420, GPU 0.61 x 132/100 = 0.81 ms < 1.28:
+    rates 0.977 and 0.977.
+    """
+    sigma = 1.0 / (1.0 - m.sm_share)
+    phi = max(1.0, c.share(c.hbm + c.cast) + m.share(m.hbm))
+    psi = max(1.0, c.share(c.host) + m.share(m.host))
+    together = max(c.launch + max(c.math * sigma, c.hbm * phi) + c.cast * phi, c.host * psi)
+    rate_c = c.time / together if together > 0 else 1.0
+    return min(1.0, rate_c), 1.0 / max(phi, psi)
 
 
 def sm_slowdown(comm_sms: float, sms: int) -> float:

@@ -8,7 +8,9 @@ task graph issued in one order):
   dependencies are done; while both streams are busy the compute-lane task progresses at
   ``1 / (1 + contention.slowdown(class))`` and the communication at ``1 / (1 + contention.comm_slowdown(class of
   the compute-lane task))`` (:class:`~tessera_lab.cost.contention.Contention`, rates integrated exactly between
-  events).
+  events); or, when ``demands`` are given (the analytic cost model), at the rates
+  :func:`~tessera_lab.cost.contention.shared_rates` derives for each (compute task, communication task) from what
+  the two ask of the SMs, HBM and the one host thread that issues both streams (docs/cost-model.md).
 * ``semantics="host_issue"`` (the CPU testbed): one host thread walks the order; a compute task runs on the host
   when it reaches it and its inputs are there; a communication task is *issued* asynchronously and runs on the
   lane of its side (the key's prefix before the first ``.``, e.g. ``f`` / ``b``: separate process groups);
@@ -25,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from tessera_lab.cost.contention import COMPUTE, Contention
+from tessera_lab.cost.contention import COMPUTE, Contention, Demand, shared_rates
 from tessera_lab.errors import ConfigError
 
 SEMANTICS = ("streams", "host_issue")
@@ -63,6 +65,9 @@ class StreamPair:
         lanes: ``compute`` or ``comm`` per key.
         deps: keys each task waits for.
         contention: slowdowns while both lanes are busy; classes: kernel class per key (default ``compute``).
+        demands: per key, what the task asks of the shared resources
+            (:class:`~tessera_lab.cost.contention.Demand`); a (compute, comm) overlap whose two keys both have one
+            runs at :func:`~tessera_lab.cost.contention.shared_rates` instead of the class constants.
 
     Raises:
         ConfigError: an unknown lane or a negative duration.
@@ -70,7 +75,7 @@ class StreamPair:
 
     def __init__(self, keys: Sequence[str], durations: Mapping[str, float], lanes: Mapping[str, str],
                  deps: Mapping[str, Sequence[str]], contention: Contention = Contention(),
-                 classes: Mapping[str, str] | None = None):
+                 classes: Mapping[str, str] | None = None, demands: Mapping[str, Demand] | None = None):
         self.keys = tuple(keys)
         self.index = {k: i for i, k in enumerate(self.keys)}
         for k in self.keys:
@@ -86,6 +91,21 @@ class StreamPair:
         # rates while both lanes are busy, by the compute-lane task: its own rate and the communication's
         self.rate_c = [1.0 / (1.0 + contention.slowdown(classes.get(k, COMPUTE))) for k in self.keys]
         self.rate_m = [1.0 / (1.0 + contention.comm_slowdown(classes.get(k, COMPUTE))) for k in self.keys]
+        self.pair_rates = self._pair_rates(demands) if demands else None
+
+    def _pair_rates(self, demands: Mapping[str, Demand]) -> list:
+        """``[compute index][comm index] -> (rate_c, rate_m)`` from the demands (class rates where one is missing)."""
+        keys, comm = self.keys, [i for i, c in enumerate(self.is_comm) if c]
+        table: list = [None] * len(keys)
+        for i, k in enumerate(keys):
+            if self.is_comm[i]:
+                continue
+            row: list = [None] * len(keys)
+            for j in comm:
+                dc, dm = demands.get(k), demands.get(keys[j])
+                row[j] = shared_rates(dc, dm) if dc is not None and dm is not None else (self.rate_c[i], self.rate_m[i])
+            table[i] = row
+        return table
 
     def makespan(self, order: Sequence[str]) -> float:
         """Makespan (s) of an issue order (keys, each once; keys left out count as done); ``inf`` when the order
@@ -104,7 +124,7 @@ class StreamPair:
         """Makespan (s) of the compute-lane sequence ``comp`` and comm-lane sequence ``comm`` (task indices);
         ``inf`` when they cannot complete. ``spans``: a list to append ``(index, start, end)`` of each task to, in
         the order the tasks start (``end`` is filled in when the task finishes)."""
-        dur, deps, rate_c, rate_m = self.dur, self.deps, self.rate_c, self.rate_m
+        dur, deps, rate_c, rate_m, pair = self.dur, self.deps, self.rate_c, self.rate_m, self.pair_rates
         n = len(comp) + len(comm)
         done = [True] * len(dur)
         for i in comp:
@@ -159,7 +179,7 @@ class StreamPair:
             if ndone == n:
                 break
             if ck >= 0 and mk >= 0:
-                rc, rm = rate_c[ck], rate_m[ck]
+                rc, rm = pair[ck][mk] if pair is not None else (rate_c[ck], rate_m[ck])
                 a, b = crem / rc, mrem / rm
                 step = a if a < b else b
                 t += step
@@ -221,9 +241,9 @@ def _host_issue(order: Sequence[str], durations: Mapping[str, float], lanes: Map
 
 def _streams(order: Sequence[str], durations: Mapping[str, float], lanes: Mapping[str, str],
              deps: Mapping[str, Sequence[str]], contention: Contention,
-             classes: Mapping[str, str] | None) -> LaneResult:
+             classes: Mapping[str, str] | None, demands: Mapping[str, Demand] | None = None) -> LaneResult:
     """``streams`` semantics (module docstring), through :class:`StreamPair`, with every task's span."""
-    sp = StreamPair(order, durations, lanes, deps, contention, classes)
+    sp = StreamPair(order, durations, lanes, deps, contention, classes, demands)
     comp = [i for i, c in enumerate(sp.is_comm) if not c]
     comm = [i for i, c in enumerate(sp.is_comm) if c]
     got: list = []
@@ -240,7 +260,7 @@ def _streams(order: Sequence[str], durations: Mapping[str, float], lanes: Mappin
 def pair_makespan(order: Sequence[str], durations: Mapping[str, float], lanes: Mapping[str, str],
                   deps: Mapping[str, Sequence[str]], *, semantics: str = "streams",
                   contention: Contention = Contention(), classes: Mapping[str, str] | None = None,
-                  issue_overhead: float = 0.0) -> LaneResult:
+                  demands: Mapping[str, Demand] | None = None, issue_overhead: float = 0.0) -> LaneResult:
     """Run tasks issued in ``order`` on their lanes under ``semantics`` and return the makespan and every span.
 
     Args:
@@ -252,6 +272,10 @@ def pair_makespan(order: Sequence[str], durations: Mapping[str, float], lanes: M
             host thread, communication issued asynchronously); module docstring.
         contention, classes: the slowdown while both streams are busy and each key's kernel class (default
             ``compute``); ``streams`` only.
+        demands: per key, what the task asks of the SMs, HBM and the host thread both streams share
+            (:class:`~tessera_lab.cost.contention.Demand`); given, overlaps run at
+            :func:`~tessera_lab.cost.contention.shared_rates` (``streams`` only; the analytic cost model's
+            :meth:`~tessera_lab.cost.analytic.CostModel.demand`).
         issue_overhead: host seconds per issued communication; ``host_issue`` only.
 
     Returns:
@@ -265,4 +289,4 @@ def pair_makespan(order: Sequence[str], durations: Mapping[str, float], lanes: M
         return _host_issue(order, durations, lanes, deps, issue_overhead)
     if semantics != "streams":
         raise ConfigError(f"field 'semantics' = {semantics!r} is unknown; allowed: {', '.join(SEMANTICS)}")
-    return _streams(order, durations, lanes, deps, contention, classes)
+    return _streams(order, durations, lanes, deps, contention, classes, demands)

@@ -11,6 +11,9 @@ relative load ``x = max_rank load / uniform share`` (:func:`slowest_loads`, from
 * :class:`RoutedDurations`: ``durations(stage, microbatch, type) -> seconds`` for the simulator from stage
   costs and loads ``[layers, microbatches]``; overlapped pairs use the pair's own forward and backward.
 * :class:`ChunkedDurations`: W divided into equal parts (one per chunk of a chunked W).
+* :class:`StagePairModel` / :class:`PairDurations`: an overlapped F+B pair priced by the one pair model,
+  :func:`tessera_lab.cost.lanes.pair_makespan` (two streams, contention), from each side's compute and exposed
+  communication seconds.
 
 Times are float seconds; loads are dimensionless (1.0 = the uniform share). numpy only.
 """
@@ -23,13 +26,54 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tessera_lab.cost.contention import Contention
+from tessera_lab.cost.lanes import pair_makespan
 from tessera_lab.dynamic.routing import apply_capacity, ep_rank_load
 from tessera_lab.errors import ConfigError, ScheduleError
 from tessera_lab.pipeline.schedules import ActionType, Schedule
 
-__all__ = ["StageCosts", "slowest_loads", "RoutedDurations", "routed_durations", "ChunkedDurations", "PairDurations"]
+__all__ = ["StageCosts", "slowest_loads", "RoutedDurations", "routed_durations", "ChunkedDurations", "PairDurations",
+           "StagePairModel"]
 
 _F, _B, _I, _W, _OV = ActionType.F, ActionType.B, ActionType.I, ActionType.W, ActionType.OVERLAP_F_B
+
+
+@dataclass(frozen=True)
+class StagePairModel:
+    """How an overlapped pair of a forward and a backward runs on one rank, from the lanes of its two sides.
+
+    Attributes:
+        lanes: per stage, ``{"F": (compute, exposed), "I": (...), "W": (...)}`` seconds per micro-batch at uniform
+            routing: the phase's compute-stream time and its communication not hidden under its own compute (the
+            phase's time is their sum).
+        contention: slowdowns while one side's exposed communication runs beside the other side's compute.
+
+    :meth:`pair` builds each side as its compute task followed by its exposed communication, scales both to the
+    side's routed seconds, and returns the :func:`~tessera_lab.cost.lanes.pair_makespan` (``streams``) of the
+    better of the two issue orders (backward first, forward first), as the planner's pair search takes the best
+    order. A side with no exposed communication cannot overlap: the pair costs the two sides' sum.
+    """
+
+    lanes: tuple
+    contention: Contention = Contention()
+
+    def side(self, stage: int, phases: Sequence[str], seconds: float) -> tuple[float, float]:
+        """``(compute, exposed)`` seconds of a side made of ``phases`` of ``stage``, scaled to ``seconds``."""
+        ln = self.lanes[stage]
+        c = sum(ln[p][0] for p in phases)
+        e = sum(ln[p][1] for p in phases)
+        if c + e <= 0:
+            return float(seconds), 0.0
+        k = seconds / (c + e)
+        return c * k, e * k
+
+    def pair(self, f_side: tuple[float, float], b_side: tuple[float, float]) -> float:
+        """Makespan (s) of a forward ``(compute, exposed)`` beside a backward ``(compute, exposed)``."""
+        durations = {"b.c": b_side[0], "b.e": b_side[1], "f.c": f_side[0], "f.e": f_side[1]}
+        lanes = {"b.c": "compute", "b.e": "comm", "f.c": "compute", "f.e": "comm"}
+        deps = {"b.e": ("b.c",), "f.e": ("f.c",)}
+        return min(pair_makespan(order, durations, lanes, deps, contention=self.contention).makespan
+                   for order in (("b.c", "b.e", "f.c", "f.e"), ("f.c", "f.e", "b.c", "b.e")))
 
 
 @dataclass
@@ -48,8 +92,8 @@ class StageCosts:
         num_experts, top_k, tokens: the routing group (``tokens`` per micro-batch per EP group).
         activation_bytes: activation bytes kept per micro-batch by each stage (``None``: equal), for the
             memory cap.
-        pair_overlap: makespan of an overlapped F+B pair over ``F + B`` (1.0: no overlap gain); applied to
-            the pair's own parts by :class:`PairDurations`.
+        pairs: how an overlapped F+B pair runs (:class:`StagePairModel`); ``None``: every phase is compute, so
+            a pair costs the sum of its parts.
     """
 
     f: list[float]
@@ -65,7 +109,7 @@ class StageCosts:
     tokens: int = 4096 * 8
     activation_bytes: list[float] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
-    pair_overlap: float = 1.0
+    pairs: StagePairModel | None = None
 
     @property
     def num_stages(self) -> int:
@@ -104,10 +148,12 @@ class StageCosts:
             layers_per_stage: MoE layers per stage (each with its own routing).
             ep, num_experts, top_k, tokens: routing-group shape (``tokens`` per micro-batch per EP group).
             grad_sync: seconds of each stage's gradient reduce-scatter.
-            fb: makespan of an overlapped F+B pair at uniform routing (``None``: ``f + b``, no overlap gain).
+            fb: makespan of an overlapped F+B pair at uniform routing (``None``: ``f + b``, no overlap gain),
+                in ``[max(f, b), f + b]``: the backward's input-gradient part then carries ``f + b - fb`` seconds
+                of exposed communication that the forward's compute hides (:class:`StagePairModel`).
 
         Raises:
-            ConfigError: out-of-range values (``w > b``, fraction outside [0, 1], ...).
+            ConfigError: out-of-range values (``w > b``, fraction outside [0, 1], ``fb`` outside its range, ...).
         """
         for name, v in (("f", f), ("b", b), ("w", w), ("grad_sync", grad_sync)):
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
@@ -123,8 +169,14 @@ class StageCosts:
         if num_experts % ep:
             raise ConfigError(f"field 'ep' = {ep} must divide num_experts = {num_experts}")
         i = b - w
+        exposed = 0.0 if fb is None else f + b - float(fb)
+        if fb is not None and not (max(f, b) <= fb <= f + b and exposed <= i):
+            raise ConfigError(f"field 'fb' = {fb!r} is out of range; allowed: max(f, b) = {max(f, b):g} to f + b = "
+                              f"{f + b:g}, and f + b - fb <= b - w = {i:g} (the overlap hides the backward's exposed "
+                              f"communication)")
         L = layers_per_stage
         per = (expert_fraction * f / L, expert_fraction * i / L, expert_fraction * w / L)
+        lanes = tuple({"F": (float(f), 0.0), "I": (i - exposed, exposed), "W": (float(w), 0.0)} for _ in range(stages))
 
         def delta(layer: int, x: float) -> tuple[float, float, float]:
             return ((x - 1.0) * per[0], (x - 1.0) * per[1], (x - 1.0) * per[2])
@@ -134,8 +186,7 @@ class StageCosts:
             [list(range(s * L, (s + 1) * L)) for s in range(stages)], delta, [float(grad_sync)] * stages, ep,
             f"synthetic: {stages} stages x {L} MoE layers, F={f:g} I={i:g} W={w:g} s, "
             f"{expert_fraction:.0%} of each scales with the busiest EP rank's load",
-            num_experts, top_k, tokens,
-            pair_overlap=1.0 if fb is None or f + b <= 0 else float(fb) / (f + b),
+            num_experts, top_k, tokens, pairs=StagePairModel(lanes),
         )
 
     @classmethod
@@ -199,13 +250,14 @@ class StageCosts:
             raise ConfigError(f"field 'boundaries' = {b} is out of range; allowed: pp + 1 = {parallel.pp + 1} "
                               f"non-decreasing ints from 0 to {model.num_layers}")
         cost_model, sm = build_stage_model(model, parallel, cluster)
-        f, i, w, sync = [], [], [], []
+        f, i, w, sync, lanes = [], [], [], [], []
         # stage extras (embedding, head) are in sm.f/b/w; activations per micro-batch for the memory cap
         for s in range(parallel.pp):
             fs, bs, ws = sm.f(s, b[s], b[s + 1]), sm.b(s, b[s], b[s + 1]), sm.w(s, b[s], b[s + 1])
             f.append(fs)
             i.append(bs - ws)
             w.append(ws)
+            lanes.append(_stage_lanes(sm, s, b[s], b[s + 1], {"F": fs, "I": bs - ws, "W": ws}))
             st = StagePlan(s, list(range(b[s], b[s + 1])), [], fs, bs, ws, 0.0, 0.0, 0.0)
             sync.append(dp_grad_sync_time(model, cost_model, st))
         moe_layers = [l.index for l in model.layers if l.ffn == "moe"]
@@ -248,7 +300,21 @@ class StageCosts:
             [sm.activations(s, b[s], b[s + 1]) for s in range(parallel.pp)],
             {"boundaries": b, "model": model.name, "microbatches": parallel.microbatches,
              "tokens_per_iteration": parallel.tokens_per_iteration},
+            StagePairModel(tuple(lanes), cost_model.contention),
         )
+
+
+def _stage_lanes(sm, s: int, i: int, j: int, totals: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """``{"F"|"I"|"W": (compute, exposed)}`` of stage ``s`` owning layers ``i..j-1`` of a
+    :class:`~tessera_lab.plan.stages.StageCostModel`: exposed = each phase's makespan less its compute-stream time,
+    summed over the stage's layers (and embedding / head), compute = the phase's total less that."""
+    entries = [l + 1 for l in range(i, j)] + [e if e >= 0 else len(sm.costs) - 1 for e in sm._ends(s)]
+    out = {}
+    for phase, attr in (("F", "F"), ("I", "B"), ("W", "W")):
+        exposed = sum(max(0.0, getattr(sm.costs[e], attr).time - getattr(sm.costs[e], attr).compute) for e in entries)
+        exposed = min(exposed, totals[phase])
+        out[phase] = (totals[phase] - exposed, exposed)
+    return out
 
 
 def slowest_loads(counts: np.ndarray, ep: int, *, tokens: int | None = None, top_k: int | None = None,
@@ -316,7 +382,7 @@ class RoutedDurations:
                 self.I[s, j] = max(0.0, costs.i[s] + di)
                 self.W[s, j] = max(0.0, costs.w[s] + dw)
         self._M = M
-        self.pair_overlap = float(costs.pair_overlap)
+        self.pair_model = costs.pairs
 
     def __call__(self, stage: int, microbatch: int, type: ActionType) -> float:
         j = microbatch % self._M
@@ -342,6 +408,7 @@ class ChunkedDurations:
 
     def __init__(self, base, chunks: int):
         self.base, self.chunks = base, chunks
+        self.pair_model = getattr(base, "pair_model", None)
 
     def __call__(self, stage: int, microbatch: int, type: ActionType) -> float:
         d = self.base(stage, microbatch, type)
@@ -349,22 +416,25 @@ class ChunkedDurations:
 
 
 class PairDurations:
-    """``base`` durations with every overlapped pair priced from its own sub-actions.
+    """``base`` durations with every overlapped pair priced from its own sub-actions by the pair model.
 
     The simulator asks for an ``OVERLAP_F_B`` pair with its backward's (stage, micro-batch) only; a pair
-    ``(F(s', i');B|I(s, i))`` then takes ``overlap * (base(s', i', F) + base(s, i, B|I))``, where ``overlap`` is the
-    pair makespan over the sum of its parts (``StageCosts.pair_overlap``-style factor, 1.0 = no overlap gain).
-    So a pair whose backward was split into I no longer carries its W. Other actions pass through.
+    ``(F(s', i'); B|I(s, i))`` then takes :meth:`StagePairModel.pair` of its forward side (``base(s', i', F)``
+    seconds) and its backward side (``base(s, i, B|I)``), both split into compute and exposed communication as
+    ``base.pair_model`` (:class:`StagePairModel`, from :attr:`StageCosts.pairs`) splits their stages; without one,
+    the sum of the two. So a pair whose backward was split into I no longer carries its W. Other actions pass
+    through. Pair times are memoised by their inputs.
 
     Raises:
         ScheduleError: a pair asked for that is not in ``schedule``.
     """
 
-    def __init__(self, base, schedule: Schedule, overlap: float | None = None):
+    def __init__(self, base, schedule: Schedule):
         if isinstance(base, PairDurations):
-            base, overlap = base.base, base.overlap if overlap is None else overlap
+            base = base.base
         self.base = base
-        self.overlap = float(getattr(base, "pair_overlap", 1.0) if overlap is None else overlap)
+        self.model: StagePairModel | None = getattr(base, "pair_model", None)
+        self._memo: dict[tuple, float] = {}
         self.pairs: dict[tuple[int, int], tuple] = {}
         for acts in schedule.actions.values():
             for a in acts:
@@ -381,4 +451,13 @@ class PairDurations:
         if pair is None:
             return self.base(stage, microbatch, type)
         f, b = pair
-        return self.overlap * (self.base(f.stage, f.microbatch, _F) + self.base(b.stage, b.microbatch, b.type))
+        tf, tb = self.base(f.stage, f.microbatch, _F), self.base(b.stage, b.microbatch, b.type)
+        if self.model is None:
+            return tf + tb
+        key = (f.stage, b.stage, b.type is _I, tf, tb)
+        got = self._memo.get(key)
+        if got is None:
+            phases = ("I",) if b.type is _I else ("I", "W")
+            got = self._memo[key] = self.model.pair(self.model.side(f.stage, ("F",), tf),
+                                                    self.model.side(b.stage, phases, tb))
+        return got

@@ -166,6 +166,7 @@ class PairGraph:
         deps: key -> keys it waits for (inside its own bundle only).
         owner: key -> ``"a"`` or ``"b"``.
         classes: key -> kernel class (``compute`` / ``memory`` / ``comm``, :mod:`tessera_lab.cost.contention`).
+        tasks: key -> the :class:`~tessera_lab.model.tasks.Task` (what its demands on shared resources come from).
     """
 
     keys: tuple[str, ...]
@@ -173,6 +174,7 @@ class PairGraph:
     deps: Mapping[str, tuple[str, ...]]
     owner: Mapping[str, str]
     classes: Mapping[str, str] = field(default_factory=dict)
+    tasks: Mapping[str, Task] = field(default_factory=dict)
 
     @property
     def program_order(self) -> tuple[str, ...]:
@@ -192,7 +194,7 @@ def pair_graph(a: Bundle, b: Bundle | None = None) -> PairGraph:
     bundles = [("a", a)] + ([("b", b)] if b is not None else [])
     if b is not None and a.name == b.name:
         raise ConfigError(f"bundles a and b are both named {a.name!r}; give one another name (Bundle.renamed)")
-    keys, lanes, deps, owner, classes = [], {}, {}, {}, {}
+    keys, lanes, deps, owner, classes, tasks = [], {}, {}, {}, {}, {}
     for tag, bd in bundles:
         for t in bd.tasks:
             k = f"{bd.name}/{Bundle.task_id(t)}"
@@ -201,7 +203,18 @@ def pair_graph(a: Bundle, b: Bundle | None = None) -> PairGraph:
             deps[k] = tuple(f"{bd.name}/{d}" for d in bd.deps[Bundle.task_id(t)])
             owner[k] = tag
             classes[k] = kernel_class(t.op, t.is_comm)
-    return PairGraph(tuple(keys), lanes, deps, owner, classes)
+            tasks[k] = t
+    return PairGraph(tuple(keys), lanes, deps, owner, classes, tasks)
+
+
+def analytic_demands(graph: PairGraph, bundles: Sequence[Bundle], cost_model: CostModel | None,
+                     contention: Any = None) -> dict | None:
+    """Each key's demand on the resources the two streams share (:meth:`CostModel.demands
+    <tessera_lab.cost.analytic.CostModel.demands>`), or ``None`` (overlaps then priced by class constants) when a
+    contention was given, a bundle carries its own durations, or the cost model holds a contention fit."""
+    if contention is not None or cost_model is None or any(b is not None and b.durations is not None for b in bundles):
+        return None
+    return cost_model.demands(graph.tasks)
 
 
 def analytic_durations(bd: Bundle, cost_model: CostModel | None = None) -> dict[str, float]:

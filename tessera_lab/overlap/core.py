@@ -20,10 +20,10 @@ Quantities (seconds unless stated):
 Backends (``backend=``):
 
 * ``analytic``: :class:`~tessera_lab.cost.analytic.CostModel` task times and the exact two-lane executor
-  :func:`~tessera_lab.cost.lanes.pair_makespan` (``streams``) with its rate-based contention term: while both lanes are
-  busy compute runs ``1 + kappa_compute`` and communication ``1 + kappa_comm`` times slower. Defaults
-  come from ``data/hardware/cost_model.json`` (0.25 and 0.1); :func:`fit_contention` fits both from
-  measured pairs.
+  :func:`~tessera_lab.cost.lanes.pair_makespan` (``streams``) with rate-based contention: while both lanes are
+  busy each (compute task, collective) pair runs at the rates their demands on the shared SMs, HBM and host thread
+  give (:func:`tessera_lab.cost.contention.shared_rates`); a given ``contention`` (e.g. :func:`fit_contention` of
+  measured pairs) prices them by kernel-class constants instead.
 * ``cpu`` and ``cuda`` are measurements, not models: a pair is measured by running it with the runtime's node
   executor on an EP group (:mod:`tessera_lab.runner.measure.harness`, ``tessera-lab measure --backend cpu|cuda``),
   so what is measured is what runs. This package only reads their results (:mod:`.profiles`); the bundle

@@ -12,7 +12,8 @@ from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import ParallelConfig
 
 from .bundles import (
-    BACKENDS, Bundle, PairGraph, _default_cost_model, _keyed_durations, analytic_durations, pair_graph,
+    BACKENDS, Bundle, PairGraph, _default_cost_model, _keyed_durations, analytic_demands, analytic_durations,
+    pair_graph,
 )
 from .environment import current_environment
 from .results import OverlapResult, _now, bundle_shapes, default_contention, overlap_efficiency, spread_stats
@@ -60,12 +61,15 @@ def schedule_pair(a: Bundle, b: Bundle, backend: str = "analytic", *, budget: in
     if backend != "analytic":
         _refuse_measuring(backend)
     graph = pair_graph(a, b)
+    cm = cost_model or (_default_cost_model(a.parallel or ParallelConfig())
+                        if a.durations is None or b.durations is None else None)
+    demands = None
     if durations is None:
-        cm = cost_model
         durations = _keyed_durations(a, b, analytic_durations(a, cm), analytic_durations(b, cm))
+        demands = analytic_demands(graph, (a, b), cm, contention)
     if contention is None:
-        contention = (cost_model or _default_cost_model(a.parallel or ParallelConfig())).contention
-    return _schedule(graph, durations, contention, budget=budget, beam=beam, keep=keep)
+        contention = cm.contention if cm is not None else default_contention()
+    return _schedule(graph, durations, contention, budget=budget, beam=beam, keep=keep, demands=demands)
 
 
 def _analytic_result(a: Bundle, b: Bundle, *, order: Sequence[str] | None, contention: Contention | None,
@@ -73,16 +77,18 @@ def _analytic_result(a: Bundle, b: Bundle, *, order: Sequence[str] | None, conte
     graph = pair_graph(a, b)
     cm = cost_model or (_default_cost_model(a.parallel or ParallelConfig()) if a.durations is None or b.durations is None else None)
     durations = _keyed_durations(a, b, analytic_durations(a, cm), analytic_durations(b, cm))
+    demands = analytic_demands(graph, (a, b), cm, contention)
     cont = contention or (cm.contention if cm is not None else default_contention())
-    sched = _schedule(graph, durations, cont, budget=budget, keep=keep)
+    sched = _schedule(graph, durations, cont, budget=budget, keep=keep, demands=demands)
     if order is not None:
         order = _validate_order(graph, order)
         chosen = tuple(order)
     else:
         chosen = sched.order
-    together = pair_makespan(chosen, durations, graph.lanes, graph.deps, contention=cont, classes=graph.classes)
-    alone_a = pair_makespan(graph.of("a"), durations, graph.lanes, graph.deps, contention=cont, classes=graph.classes)
-    alone_b = pair_makespan(graph.of("b"), durations, graph.lanes, graph.deps, contention=cont, classes=graph.classes)
+    kw = {"contention": cont, "classes": graph.classes, "demands": demands}
+    together = pair_makespan(chosen, durations, graph.lanes, graph.deps, **kw)
+    alone_a = pair_makespan(graph.of("a"), durations, graph.lanes, graph.deps, **kw)
+    alone_b = pair_makespan(graph.of("b"), durations, graph.lanes, graph.deps, **kw)
     alone = {**alone_a.spans, **alone_b.spans}
     inflation = {}
     for k in graph.keys:
@@ -94,8 +100,9 @@ def _analytic_result(a: Bundle, b: Bundle, *, order: Sequence[str] | None, conte
     meta.update({
         "backend": "analytic", "date": _now(),
         "device": f"analytic model of {cm.cluster.gpu.name}" if cm is not None else "analytic model (given durations)",
-        "contention": {"compute": cont.compute, "comm": cont.comm, "memory": cont.memory,
-                       "comm_beside_memory": cont.comm_beside_memory},
+        "contention": ("shared resources per task pair (cost.contention.shared_rates)" if demands else
+                       {"compute": cont.compute, "comm": cont.comm, "memory": cont.memory,
+                        "comm_beside_memory": cont.comm_beside_memory}),
         "cost_assumptions": dict(cm.a) if cm is not None else None,
         "dtype": (a.parallel.dtype if a.parallel else None), "shapes": {"a": bundle_shapes(a), "b": bundle_shapes(b)},
         "repeats": 1, "spread": "none (deterministic model)", "size_factor": 1.0, "comm_proxy": None,

@@ -426,7 +426,8 @@ def profile_stage_pair_costs(profile: Profile, model: Any, parallel: Any, cost_m
             bd = bundle(model, layer, phase, parallel)
             g = pair_graph(bd)
             d = {f"{bd.name}/{k}": v for k, v in analytic_durations(bd, cm).items()}
-            standalone[(str(layer), phase)] = pair_makespan(g.keys, d, g.lanes, g.deps, contention=cm.contention).makespan
+            standalone[(str(layer), phase)] = pair_makespan(g.keys, d, g.lanes, g.deps, contention=cm.contention,
+                                                            classes=g.classes, demands=cm.demands(g.tasks)).makespan
         return standalone[(str(layer), phase)]
 
     for kf, lf in ex.items():

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tessera_lab.cost.analytic import Contention
+from tessera_lab.cost.contention import Demand
 from tessera_lab.cost.lanes import StreamPair
 from tessera_lab.errors import ConfigError
 
@@ -304,10 +305,11 @@ def _merge_projection(graph: PairGraph, order: Sequence[str]) -> tuple[str, ...]
     return tuple(out)
 
 
-def _analytic_fn(graph: PairGraph, durations: Mapping[str, float], contention: Contention) -> Callable[[Sequence[str]], float]:
+def _analytic_fn(graph: PairGraph, durations: Mapping[str, float], contention: Contention,
+                 demands: Mapping[str, Demand] | None = None) -> Callable[[Sequence[str]], float]:
     """Makespan of an issue order under the ``streams`` semantics (:class:`tessera_lab.cost.lanes.StreamPair`,
     the compiled form of :func:`~tessera_lab.cost.lanes.pair_makespan`; ``inf`` for an order that cannot complete)."""
-    return StreamPair(graph.keys, durations, graph.lanes, graph.deps, contention, graph.classes).makespan
+    return StreamPair(graph.keys, durations, graph.lanes, graph.deps, contention, graph.classes, demands).makespan
 
 
 #: searched pairs by shape: (graph structure, durations, contention, search options) -> ScheduleResult. A re-plan
@@ -325,19 +327,21 @@ _SEARCH_STATS = {"hits": 0, "searches": 0}
 
 
 def _schedule(graph: PairGraph, durations: Mapping[str, float], contention: Contention, *, budget: int = 4000,
-              beam: int = 3, keep: int = 3) -> ScheduleResult:
+              beam: int = 3, keep: int = 3, demands: Mapping[str, Demand] | None = None) -> ScheduleResult:
     """The analytic search of :func:`~tessera_lab.overlap.measure.schedule_pair`, cached by shape: the graph's keys,
-    lanes, dependencies and kernel classes, every task's duration, the contention and the search options."""
+    lanes, dependencies and kernel classes, every task's duration and demands, the contention and the search
+    options."""
     keys = graph.keys
     key = (keys, tuple(graph.lanes[k] for k in keys), tuple(tuple(graph.deps[k]) for k in keys),
            tuple(graph.owner[k] for k in keys), tuple(graph.classes.get(k) for k in keys),
-           tuple(durations.items()), contention, budget, beam, keep)
+           tuple(durations.items()), contention, budget, beam, keep,
+           tuple(demands.get(k) for k in keys) if demands else None)
     hit = _SEARCHED.get(key)
     if hit is not None:
         _SEARCH_STATS["hits"] += 1
         return replace(hit, candidates=list(hit.candidates))
     _SEARCH_STATS["searches"] += 1
-    res = _search(graph, durations, contention, budget=budget, beam=beam, keep=keep)
+    res = _search(graph, durations, contention, budget=budget, beam=beam, keep=keep, demands=demands)
     if len(_SEARCHED) >= _SEARCHED_MAX:
         _SEARCHED.clear()
     _SEARCHED[key] = replace(res, candidates=list(res.candidates))
@@ -345,8 +349,8 @@ def _schedule(graph: PairGraph, durations: Mapping[str, float], contention: Cont
 
 
 def _search(graph: PairGraph, durations: Mapping[str, float], contention: Contention, *, budget: int = 4000,
-            beam: int = 3, keep: int = 3) -> ScheduleResult:
-    fn = _analytic_fn(graph, durations, contention)
+            beam: int = 3, keep: int = 3, demands: Mapping[str, Demand] | None = None) -> ScheduleResult:
+    fn = _analytic_fn(graph, durations, contention, demands)
     method, cands, evaluated, space = search_orders(graph, fn, durations, budget=budget, beam=beam, keep=keep)
     program = graph.program_order
     prog_ms = fn(program)

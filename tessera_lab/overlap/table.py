@@ -12,7 +12,8 @@ from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import ModelSpec
 
-from .bundles import COMM, Bundle, _default_cost_model, _keyed_durations, analytic_durations, bundle, pair_graph
+from .bundles import (COMM, Bundle, _default_cost_model, _keyed_durations, analytic_demands, analytic_durations,
+                      bundle, pair_graph)
 from .measure import _analytic_result, measure_pairs
 from .results import OverlapResult
 from .search import _schedule
@@ -145,10 +146,12 @@ def lane_timeline(a: Bundle, b: Bundle | None = None, *, order: Sequence[str] | 
     graph = pair_graph(a, b)
     cm = cost_model or _default_cost_model(a.parallel or ParallelConfig())
     durations = _keyed_durations(a, b, analytic_durations(a, cm), analytic_durations(b, cm) if b is not None else None)
+    demands = analytic_demands(graph, (a, b), cm, contention)
     cont = contention or cm.contention
     if order is None:
-        order = graph.keys if b is None else _schedule(graph, durations, cont).order
-    res = pair_makespan(tuple(order), durations, graph.lanes, graph.deps, contention=cont)
+        order = graph.keys if b is None else _schedule(graph, durations, cont, demands=demands).order
+    res = pair_makespan(tuple(order), durations, graph.lanes, graph.deps, contention=cont, classes=graph.classes,
+                        demands=demands)
     rows = [{"task": k, "bundle": k.split("/")[0], "lane": graph.lanes[k], "start": s, "end": e, "duration": e - s}
             for k, (s, e) in res.spans.items()]
     return pd.DataFrame(rows).sort_values(["start", "lane"]).reset_index(drop=True)

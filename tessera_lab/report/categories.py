@@ -170,6 +170,7 @@ def lane_breakdown(
     peak_flops: float,
     launch_s: float,
     host_excess: Mapping[str, float] | None = None,
+    demands: Mapping[str, Any] | None = None,
 ) -> ActionBreakdown:
     """Split the makespan of tasks run on the two lanes into capacity categories (seconds, one rank).
 
@@ -186,9 +187,11 @@ def lane_breakdown(
         contention: the cost model's contention; peak_flops: FLOP/s; launch_s: seconds per compute kernel.
         host_excess: key -> seconds a compute task waits on the host's eager kernel issue beyond its GPU time
             (:meth:`tessera_lab.cost.analytic.CostModel.host_excess`), also ``runtime_overhead``.
+        demands: key -> the task's demand on shared resources (:meth:`tessera_lab.cost.analytic.CostModel.demands`;
+            ``None``: the class constants of ``contention``).
     """
     classes = {k: kernel_class(t.op, t.is_comm) for k, t in tasks.items()}  # as the cost model runs them
-    res = pair_makespan(tuple(order), durations, lanes, deps, contention=contention, classes=classes)
+    res = pair_makespan(tuple(order), durations, lanes, deps, contention=contention, classes=classes, demands=demands)
     parts: dict[str, float] = defaultdict(float)
     comm_total: dict[str, float] = defaultdict(float)
     comp_iv = []
@@ -236,7 +239,8 @@ class _RecipeBuilder:
     def _run(self, order, durations, lanes, deps, tasks) -> ActionBreakdown:
         return lane_breakdown(order, durations, lanes, deps, tasks, contention=self.cm.contention,
                               peak_flops=self.peak, launch_s=self.launch,
-                              host_excess={k: self.cm.host_excess(t) for k, t in tasks.items()})
+                              host_excess={k: self.cm.host_excess(t) for k, t in tasks.items()},
+                              demands=self.cm.demands(tasks))
 
     def phase(self, entry: int, phase: str) -> ActionBreakdown:
         """Breakdown of a standalone F/B/W bundle in program order; ``entry`` indexes ``decompose`` (0 =
