@@ -22,6 +22,7 @@ __all__ = ["LABEL_STYLE", "panel", "replan", "plan_summary", "summary_table", "p
            "plan_caption", "bottleneck_bounds", "control_options", "valid_value", "model_variant",
            "GPU_CHOICES", "suggest_action"]
 
+# params: one keyword per control of the notebooks' re-planning panel
 def replan(
     model: str = "qwen3-next-80b-a3b",
     *,

@@ -261,6 +261,7 @@ def runner_model_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
     return spec.name, TinyConfig.from_model_spec(spec).as_dict()
 
 
+# params: one per 'plan --device' option; PlanChoices and MachineState already group the rest
 def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: int = 1, schedule: str = "1f1b",
                 microbatches: int = 4, micro_batch_size: int = 2, vpp: int | None = None,
                 choices: PlanChoices = PlanChoices(), config: Mapping[str, Any] | None = None,
