@@ -45,6 +45,7 @@ class F:
     __slots__ = ("kind", "low", "high", "required", "null", "choices", "items", "fields", "values", "limit",
                  "allowed", "low_open")
 
+    # params: a schema field's keyword-only options (a slotted, dataclass-like __init__)
     def __init__(self, kind: str, *, low: float | None = None, high: float | None = None, required: bool = True,
                  null: bool = False, choices: tuple | None = None, items: "F | None" = None,
                  fields: Mapping[str, "F"] | None = None, values: "F | None" = None, limit: str | None = None,

@@ -236,6 +236,81 @@ def test_functions_are_readable():
     assert not over, f"functions over {MAX_FUNCTION_LINES} lines or {MAX_PARAMETERS} parameters: {over}"
 
 
+READABLE_LINES = 80
+READABLE_PARAMETERS = 10
+#: functions over READABLE_LINES / READABLE_PARAMETERS in files being refactored in parallel (pipeline/,
+#: cost/lanes.py, cost/memory.py, dynamic/durations.py, dynamic/online.py, model/spec.py, plan/search*.py);
+#: tolerated here until those refactors land, then this set is deleted
+BEING_REFACTORED_IN_PARALLEL = {
+    "tessera_lab.cost.lanes.StreamPair.run", "tessera_lab.dynamic.durations.StageCosts.synthetic",
+    "tessera_lab.dynamic.durations.StageCosts.from_model", "tessera_lab.dynamic.online.run_online",
+    "tessera_lab.pipeline.closedform.closed_form", "tessera_lab.pipeline.generators.dualpipev",
+    "tessera_lab.pipeline.ir.Schedule.validate", "tessera_lab.pipeline.linear.Packed.__init__",
+    "tessera_lab.pipeline.p2p.check_nccl_steps", "tessera_lab.pipeline.timeline._linear_timeline",
+    "tessera_lab.pipeline.zbsingle.greedy_single", "tessera_lab.pipeline.zerobubble.zb_auto",
+}
+#: the reason beside a long def: ``# long: <reason>``, ``# params: <reason>`` or ``# long, params: <reason>``
+_REASON = re.compile(r"#\s*(long|params)(?:\s*,\s*(long|params))?\s*:\s*\S")
+
+
+def _unexplained(module: str, path: Path) -> dict[str, tuple[int, int]]:
+    """Functions in ``path`` over READABLE_LINES lines without ``# long: <reason>``, or over READABLE_PARAMETERS
+    parameters without ``# params: <reason>``, on the def line or the line above it (above its decorators when it
+    has any)."""
+    lines = path.read_text().splitlines()
+    tree = ast.parse("\n".join(lines))
+    where: dict[str, list[int]] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                where[f"{prefix}{child.name}"] = [child.lineno, child.lineno - 1, first - 1]
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(tree, f"{module}.")
+    out = {}
+    for name, (n, params) in _function_sizes(module, path).items():
+        need = {k for k, over in (("long", n > READABLE_LINES), ("params", params > READABLE_PARAMETERS)) if over}
+        if not need:
+            continue
+        given = set()
+        for ln in where[name]:
+            if 1 <= ln <= len(lines) and (m := _REASON.search(lines[ln - 1])):
+                given |= {g for g in m.groups() if g}
+        if need - given:
+            out[name] = (n, params)
+    return out
+
+
+def test_long_functions_say_why():
+    """Every function in tessera_lab/ over 80 lines or 10 parameters carries its reason beside the def
+    (``# long: ...`` / ``# params: ...``); the rest read as named phases or take grouped inputs."""
+    found: dict[str, tuple[int, int]] = {}
+    for name, path in _modules().items():
+        found.update(_unexplained(name, path))
+    over = {k: v for k, v in found.items() if k not in BEING_REFACTORED_IN_PARALLEL}
+    assert not over, (f"functions over {READABLE_LINES} lines or {READABLE_PARAMETERS} parameters with no "
+                      f"'# long: <reason>' / '# params: <reason>' beside the def (lines, parameters): {over}")
+
+
+def test_the_reason_check_can_fail(tmp_path):
+    src = tmp_path / "m.py"
+    body = "\n".join(f"    x{i} = {i}" for i in range(80))
+    params = ", ".join(f"p{i}" for i in range(11))
+    src.write_text(f"def bare():\n{body}\n\n"
+                   f"# long: a table read top to bottom\ndef told():\n{body}\n\n"
+                   f"def wide({params}):  # long: a table\n{body}\n\n"
+                   f"def both({params}):  # long, params: mirrors a public signature\n{body}\n\n"
+                   "class C:\n    @staticmethod\n    # params: as the API it wraps\n"
+                   f"    def narrow({params}):\n        pass\n")
+    assert _unexplained("pkg.m", src) == {"pkg.m.bare": (81, 0), "pkg.m.wide": (81, 11)}
+
+
 def test_function_sizes_are_counted_as_stated(tmp_path):
     src = tmp_path / "m.py"
     body = "\n".join(f"    x{i} = {i}" for i in range(119))

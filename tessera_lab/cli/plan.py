@@ -106,12 +106,11 @@ BASELINE_TEXT = {
 SUMMARY_FLOATFMT = ("", ".3f", ",.0f", "", ".3f", ".2f", "")
 
 
-def format_plan(plan) -> str:
-    """Readable text of a plan: the header and the summary of every method first (infeasible ones marked), the
-    bottleneck stage and its cause, then per-stage tables for the chosen method and each baseline, notes last."""
+def _header_lines(plan) -> list[str]:
+    """The plan's header: the model (and its approximation note), the pattern legend, cluster and layout, costs."""
     p, m = plan.parallel, plan.model
     lines = [m.approximate] if m.approximate else []
-    lines += [
+    return lines + [
         f"model {m.name} ({m.family}{f', from {m.path}' if m.path else ''}): {m.num_layers} layers "
         f"({m.mixer_kinds()})"
         + (f"; MoE {m.num_experts} experts of width {m.moe_intermediate_size}"
@@ -134,6 +133,38 @@ def format_plan(plan) -> str:
         f"costs: {plan.costs.describe()}",
         "",
     ]
+
+
+def _trial_lines(plan) -> list[str]:
+    """The schedules ``--schedule auto`` tried, with what the host/sync term adds to each, and every refusal in
+    full; none without trials."""
+    lines: list[str] = []
+    if not plan.schedule_trials:
+        return lines
+    lines.append("")
+    lines.append("schedules tried (--schedule auto); 'of which host/sync': what the host/sync term adds to "
+                 "that schedule's iteration (a per-MoE-layer value FITTED per dispatcher, tessera_lab/cost/sync.py; 0 under the "
+                 "EP-overlap schedules), so a ranking it changes is visible:")
+    lines.append(table([{"schedule": t["schedule"], "vpp": t.get("vpp", 1),
+                         "iteration (s)": (f"{t['iteration_time_s']:.3f}" if "iteration_time_s" in t else "-"),
+                         "of which host/sync (s)": (f"{t.get('host_sync_s', 0.0):.3f}"
+                                                    if "iteration_time_s" in t else "-"),
+                         "without it (s)": (f"{t['iteration_time_s'] - t.get('host_sync_s', 0.0):.3f}"
+                                            if "iteration_time_s" in t else "-"),
+                         "fits memory": ("-" if "error" in t else "yes" if t.get("fits_memory") else "NO")}
+                        for t in plan.schedule_trials]))
+    for t in plan.schedule_trials:  # full reasons, never cut
+        if "error" in t:
+            lines.append(f"refused {t['schedule']}" + (f" vpp {t['vpp']}" if t.get("vpp", 1) > 1 else "")
+                         + f": {t['error']}")
+    return lines
+
+
+def format_plan(plan) -> str:
+    """Readable text of a plan: the header and the summary of every method first (infeasible ones marked), the
+    bottleneck stage and its cause, then per-stage tables for the chosen method and each baseline, notes last."""
+    p, m = plan.parallel, plan.model
+    lines = _header_lines(plan)
     summary, details = [], []
     origin = getattr(plan, "partition_from", "")
     unguarded = getattr(plan, "solver_result", None) if origin else None
@@ -180,23 +211,7 @@ def format_plan(plan) -> str:
                      "another, best issue order); standalone: the same work run one task after the other")
         lines.append("")
     lines.extend(details)
-    if plan.schedule_trials:
-        lines.append("")
-        lines.append("schedules tried (--schedule auto); 'of which host/sync': what the host/sync term adds to "
-                     "that schedule's iteration (a per-MoE-layer value FITTED per dispatcher, tessera_lab/cost/sync.py; 0 under the "
-                     "EP-overlap schedules), so a ranking it changes is visible:")
-        lines.append(table([{"schedule": t["schedule"], "vpp": t.get("vpp", 1),
-                             "iteration (s)": (f"{t['iteration_time_s']:.3f}" if "iteration_time_s" in t else "-"),
-                             "of which host/sync (s)": (f"{t.get('host_sync_s', 0.0):.3f}"
-                                                        if "iteration_time_s" in t else "-"),
-                             "without it (s)": (f"{t['iteration_time_s'] - t.get('host_sync_s', 0.0):.3f}"
-                                                if "iteration_time_s" in t else "-"),
-                             "fits memory": ("-" if "error" in t else "yes" if t.get("fits_memory") else "NO")}
-                            for t in plan.schedule_trials]))
-        for t in plan.schedule_trials:  # full reasons, never cut
-            if "error" in t:
-                lines.append(f"refused {t['schedule']}" + (f" vpp {t['vpp']}" if t.get("vpp", 1) > 1 else "")
-                             + f": {t['error']}")
+    lines.extend(_trial_lines(plan))
     lines.append(f"MFU of the chosen plan: {mfu_text(plan.chosen.mfu, moe=m.num_experts > 0, model=m)}")
     flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0, model=m,
                     grouped_gemm=getattr(p, "grouped_gemm", None))  # validity flag

@@ -17,9 +17,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     plan JSON, a model name or ``KEY=VALUE,...`` changes), ``--plot PATH`` (:func:`save_report_figure`: the
     waterfall, or with ``--diff`` both waterfalls side by side) and ``--json``."""
     from tessera_lab.model.hardware import Cluster
-    from tessera_lab.model.spec import model_from_name
     from tessera_lab.plan.load import load_plan
-    from tessera_lab.report.capacity import capacity_report, model_diff, parse_changes
+    from tessera_lab.report.capacity import capacity_report, parse_changes
     from tessera_lab.report.routing_terms import load_routing_terms
 
     _refuse_unused(args)
@@ -78,27 +77,38 @@ def cmd_report(args: argparse.Namespace) -> int:
     if plan.model.approximate:  # unknown config fields were ignored: said first, as in the plan
         text = plan.model.approximate + "\n" + text
         result["approximate"] = plan.model.approximate
-    if args.diff:
-        other = args.diff
-        if other.endswith(".json"):
-            diff = model_diff(plan.model, plan.model, plan.parallel, plans=(plan, load_plan(
-                other, costs=args.costs, allow_stale_profile=args.allow_stale_profile)))
-        elif diff_changes is not None:
-            diff = model_diff(plan.model, diff_changes, plan.parallel, None if not args.nodes else plan.cluster,
-                              method=getattr(args, "method", "ilp"), gpu=plan.cluster.gpu.name)
-        else:
-            om = model_from_name(other)
-            diff = model_diff(plan.model, om, plan.parallel, None if not args.nodes else plan.cluster,
-                              method=getattr(args, "method", "ilp"), gpu=plan.cluster.gpu.name)
+    diff = _diff(args, plan, diff_changes) if args.diff else None
+    if diff is not None:
         result["diff"] = diff.as_dict()
         text += "\n\n" + diff.format()
     emit(args, result, text)
     if args.plot:
         from tessera_lab.ui.report_figure import save_report_figure
 
-        save_report_figure(args.plot, plan, rep, diff if args.diff else None)
+        save_report_figure(args.plot, plan, rep, diff)
         print(f"figure: {args.plot}", file=sys.stderr)
     return 0
+
+
+def _diff(args: argparse.Namespace, plan, diff_changes):
+    """``report --diff``: the plan against another plan JSON, a model with ``KEY=VALUE,...`` changes, or another
+    model by name (:func:`tessera_lab.report.capacity.model_diff`)."""
+    from tessera_lab.model.spec import model_from_name
+    from tessera_lab.plan.load import load_plan
+    from tessera_lab.report.capacity import model_diff
+
+    other = args.diff
+    if other.endswith(".json"):
+        diff = model_diff(plan.model, plan.model, plan.parallel, plans=(plan, load_plan(
+            other, costs=args.costs, allow_stale_profile=args.allow_stale_profile)))
+    elif diff_changes is not None:
+        diff = model_diff(plan.model, diff_changes, plan.parallel, None if not args.nodes else plan.cluster,
+                          method=getattr(args, "method", "ilp"), gpu=plan.cluster.gpu.name)
+    else:
+        om = model_from_name(other)
+        diff = model_diff(plan.model, om, plan.parallel, None if not args.nodes else plan.cluster,
+                          method=getattr(args, "method", "ilp"), gpu=plan.cluster.gpu.name)
+    return diff
 
 
 def _observed(run_path: str, device_path: str | None) -> tuple[dict[str, Any], str]:

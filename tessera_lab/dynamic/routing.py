@@ -321,6 +321,7 @@ def _cap_and_refill(counts: np.ndarray, cap: int, shares: np.ndarray, rng: np.ra
     raise RuntimeError("capacity refill did not converge")  # pragma: no cover - each pass moves the excess on
 
 
+# long, params: the generator's public keyword options, each documented below (the body is ~50 lines)
 def token_counts(
     spec: str | RoutingSpec,
     *,

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 import types
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tessera_lab.errors import InfeasiblePlanError, PartitionError, TesseraError
 from tessera_lab.plan.dp import fast_path_ok, solve_dp, solve_monotone
@@ -171,6 +171,22 @@ def _path_bounds(problem: PartitionProblem, costs: dict[tuple[int, int, int], fl
     return fwd, bwd
 
 
+def _heuristic_start(problem: PartitionProblem, all_seg: dict[tuple[int, int, int], float]
+                     ) -> tuple[float, Partition | None]:
+    """``(objective, plan)`` of the best heuristic plan that fits memory (greedy, or for ``vpp > 1`` the exact DP
+    over virtual stages scored per rank, and the uniform plan): the ILP's upper bound and its time-limit fallback;
+    ``(inf, None)`` when none fits."""
+    S = problem.num_stages
+    ub, best_heuristic = math.inf, None
+    for b in (greedy_upper_bound(problem, all_seg) if problem.vpp == 1 else _virtual_dp(problem),
+              uniform_boundaries(problem.num_layers, S)):
+        if b is not None and all((s, b[s], b[s + 1]) in all_seg for s in range(S)):
+            h = score_boundaries(problem, b, "ilp")
+            if all(problem.memory_ok_rank(x) for x in h.rank_memory) and h.objective < ub:
+                ub, best_heuristic = h.objective, h
+    return ub, best_heuristic
+
+
 def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Partition:
     """Integer linear program over (stage, segment) binaries, solved with HiGHS (``highspy``).
 
@@ -207,13 +223,7 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Parti
     all_seg = {(s, i, j): problem.cost(s, i, j) for s in range(S) for i, j in problem.segments(s)}
     if not all_seg:
         raise infeasible_error(problem)
-    ub, best_heuristic = math.inf, None
-    for b in (greedy_upper_bound(problem, all_seg) if problem.vpp == 1 else _virtual_dp(problem),
-              uniform_boundaries(L, S)):
-        if b is not None and all((s, b[s], b[s + 1]) in all_seg for s in range(S)):
-            h = score_boundaries(problem, b, "ilp")
-            if all(problem.memory_ok_rank(x) for x in h.rank_memory) and h.objective < ub:
-                ub, best_heuristic = h.objective, h
+    ub, best_heuristic = _heuristic_start(problem, all_seg)
     # exact pruning: the objective of any plan using segment k is at least lower_bound(k)
     fwd, bwd = _path_bounds(problem, all_seg)
 
@@ -277,35 +287,17 @@ def _run_highs(core, problem: PartitionProblem, seg: dict[tuple[int, int, int], 
     if deadline - time.perf_counter() <= 0.01:  # the limit is spent before the model is built
         return "NotSolved", None, math.inf
     inf = core.kHighsInf
-    S, L, P, m, vpp = problem.num_stages, problem.num_layers, problem.num_ranks, problem.microbatches, problem.vpp
-    bottleneck = problem.objective == "bottleneck"
-    lower: list[float] = []
-    upper: list[float] = []
-
-    def rows(n: int, lo: float, hi: float) -> list[int]:
-        lower.extend([lo] * n)
-        upper.extend([hi] * n)
-        return list(range(len(lower) - n, len(lower)))
-
-    one = rows(S, 1.0, 1.0)
-    neck, mem = [], []
-    for _ in range(P):
-        neck += rows(1, 0.0, inf)
-        if vpp > 1 and problem.memory is not None:
-            mem += rows(1, -inf, problem.memory_limit)
-    chunk = rows(S, 0.0, inf) if vpp > 1 and bottleneck else []
-    ends, starts = {(k[0], k[2]) for k in seg}, {(k[0], k[1]) for k in seg}
-    flow = {(s, x): rows(1, 0.0, 0.0)[0] for s in range(S - 1) for x in range(L + 1)
-            if (s, x) in ends or (s + 1, x) in starts}
-    fixed = rows(1, -inf, phase2_bound)[0] if phase2_bound is not None else None
-
+    m, vpp, bottleneck = problem.microbatches, problem.vpp, problem.objective == "bottleneck"
+    P, S = problem.num_ranks, problem.num_stages
+    r = _Rows.lay_out(problem, seg, phase2_bound, inf)
+    one, neck, mem, chunk, flow, fixed = r.one, r.neck, r.mem, r.chunk, r.flow, r.fixed
     with _native_stdout_silenced():
         h = core._Highs()
         h.setOptionValue("output_flag", False)
     h.setOptionValue("presolve_rule_off", PRESOLVE_RULE_OFF)
     lp = core.HighsLp()
-    lp.num_row_ = lp.a_matrix_.num_row_ = len(lower)
-    lp.row_lower_, lp.row_upper_ = lower, upper
+    lp.num_row_ = lp.a_matrix_.num_row_ = len(r.lower)
+    lp.row_lower_, lp.row_upper_ = r.lower, r.upper
     h.passModel(lp)  # rows only; columns follow one by one (scalar calls: no array types, so no numpy)
     add_var, set_cost, set_int, set_coeff = h.addVar, h.changeColCost, h.changeColIntegrality, h.changeCoeff
     # T: continuous, >= 0; bounded by the heuristic's objective for the bottleneck objective without virtual stages
@@ -350,6 +342,56 @@ def _run_highs(core, problem: PartitionProblem, seg: dict[tuple[int, int, int], 
     h.setOptionValue("time_limit", float(seconds))
     with _native_stdout_silenced():
         h.run()
+    status, solved, value = _status(core, h)
+    if not solved:
+        return status, None, math.inf
+    x = h.getSolution().col_value
+    return status, [k for col, k in enumerate(keys, start=1) if x[col] > 0.5], value
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The row layout of :func:`_run_highs`' model, in order: one segment per stage (``one``), per rank the
+    bottleneck row (``neck``) and, with virtual stages and a memory model, the memory row (``mem``), per stage the
+    chunk row with virtual stages and the bottleneck objective (``chunk``), flow conservation per (stage boundary,
+    layer) (``flow``), and in the second pass the fixed objective (``fixed``); their bounds ``lower`` / ``upper``."""
+    lower: list[float]
+    upper: list[float]
+    one: list[int]
+    neck: list[int]
+    mem: list[int]
+    chunk: list[int]
+    flow: dict[tuple[int, int], int]
+    fixed: int | None
+
+    @staticmethod
+    def lay_out(problem: PartitionProblem, seg: dict[tuple[int, int, int], float], phase2_bound: float | None,
+                inf: float) -> "_Rows":
+        S, L, P, vpp = problem.num_stages, problem.num_layers, problem.num_ranks, problem.vpp
+        lower: list[float] = []
+        upper: list[float] = []
+
+        def rows(n: int, lo: float, hi: float) -> list[int]:
+            lower.extend([lo] * n)
+            upper.extend([hi] * n)
+            return list(range(len(lower) - n, len(lower)))
+
+        one = rows(S, 1.0, 1.0)
+        neck, mem = [], []
+        for _ in range(P):
+            neck += rows(1, 0.0, inf)
+            if vpp > 1 and problem.memory is not None:
+                mem += rows(1, -inf, problem.memory_limit)
+        chunk = rows(S, 0.0, inf) if vpp > 1 and problem.objective == "bottleneck" else []
+        ends, starts = {(k[0], k[2]) for k in seg}, {(k[0], k[1]) for k in seg}
+        flow = {(s, x): rows(1, 0.0, 0.0)[0] for s in range(S - 1) for x in range(L + 1)
+                if (s, x) in ends or (s + 1, x) in starts}
+        fixed = rows(1, -inf, phase2_bound)[0] if phase2_bound is not None else None
+        return _Rows(lower, upper, one, neck, mem, chunk, flow, fixed)
+
+
+def _status(core, h) -> tuple[str, bool, float]:
+    """``(status, solved, objective)`` of a finished HiGHS run, in :func:`_run_highs`' words."""
     model_status, info = h.getModelStatus(), h.getInfo()
     solved = info.primal_solution_status == core.kSolutionStatusFeasible
     name = model_status.name.removeprefix("k")
@@ -361,10 +403,7 @@ def _run_highs(core, problem: PartitionProblem, seg: dict[tuple[int, int, int], 
         status = "Infeasible"
     else:
         status = name
-    if not solved:
-        return status, None, math.inf
-    x = h.getSolution().col_value
-    return status, [k for col, k in enumerate(keys, start=1) if x[col] > 0.5], info.objective_function_value
+    return status, solved, info.objective_function_value
 
 
 def _on_paths(seg: dict[tuple[int, int, int], float], S: int, L: int) -> dict[tuple[int, int, int], float]:

@@ -135,6 +135,66 @@ def _load_profile_for(path: str, why: str):
         raise ConfigError(f"{why}: {exc}; re-evaluate under the analytic model with --costs analytic") from None
 
 
+def _layout_of(data: Mapping[str, Any], where: str) -> tuple[ParallelConfig, Cluster, str]:
+    """``(parallel, cluster, gpu)`` of plan JSON: field ``parallel`` (known keys, integers in range and within the
+    work limits), ``gpu`` (default H200) and ``nodes`` (default the smallest cluster holding the world size).
+
+    Raises:
+        ConfigError: naming the field, its value and the allowed range.
+    """
+    par = data["parallel"]
+    if not isinstance(par, Mapping):
+        raise ConfigError("field 'plan.parallel' must be an object with pp, ep, tp, dp, ...")
+    unknown = set(par) - set(PARALLEL_KEYS)
+    if unknown:
+        raise ConfigError(f"field 'plan.parallel' has unknown keys {sorted(unknown)}; allowed: {', '.join(PARALLEL_KEYS)}")
+    for key in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "cp"):
+        if key in par:  # type, range and work limits before any planning work
+            check_int(par[key], f"parallel.{key}", where=where, limit=key if key in WORK_LIMITS else None)
+    parallel = ParallelConfig(**par)
+    check_work("world_size", parallel.world_size, field="field 'parallel' world size pp x dp x ep x tp", where=where)
+    check_work("actions", parallel.pp * parallel.vpp * parallel.microbatches,
+               field="field 'parallel' pp x vpp x microbatches", where=where)
+    gpu = data.get("gpu", "H200")
+    nodes = check_int(data["nodes"], "nodes", where=where, limit="nodes") if data.get("nodes") is not None else None
+    cluster = Cluster.dgx(gpu, nodes) if nodes else cluster_for(parallel, gpu)
+    if parallel.world_size > cluster.num_gpus:  # as 'plan --nodes' refuses it
+        raise ConfigError(f"{where}: field 'nodes' = {nodes} holds {cluster.num_gpus} GPUs but field 'parallel' needs "
+                          f"pp x dp x ep x tp = {parallel.world_size}; allowed: nodes >= "
+                          f"{-(-parallel.world_size // cluster.gpus_per_node)}")
+    return parallel, cluster, gpu
+
+
+def _cost_source(recorded: CostSource, costs: str | None, model: ModelSpec, gpu: str, allow_stale_profile: bool,
+                 where: str):
+    """``(profile or None, the cost source to re-evaluate under)``: the recorded source (rebuilt; refused when it
+    cannot be, e.g. a runner plan's observed costs, or when it changed), or the one ``costs`` names (a profile
+    checked against the model and GPU as ``plan --profile`` checks it).
+
+    Raises:
+        ConfigError / ProfileError: as :func:`load_plan` says.
+    """
+    profile = None
+    if costs is None:
+        if recorded.kind in ("observed", "calibrated_device"):
+            raise ConfigError(f"the plan's costs are {recorded.describe()}, which this re-evaluation cannot rebuild "
+                              "(runner plans: tessera-lab run --plan / validate); ask for another source with "
+                              "--costs analytic or --costs PROFILE.json")
+        if recorded.kind == "profile":
+            profile = _load_profile_for(recorded.path, f"the plan's costs name profile {recorded.path!r}")
+        current = profile_source(profile) if profile is not None else analytic_source()
+        check_same_source(recorded, current, allowed=False)
+    else:
+        if costs != "analytic":
+            from tessera_lab.overlap.profiles import check_profile_fits
+
+            profile = _load_profile_for(costs, f"--costs {costs}")
+            check_profile_fits(profile, costs, model.name, gpu, allow=allow_stale_profile,
+                               used_by=f"{where} ({model.name} on {gpu})")
+        current = profile_source(profile) if profile is not None else analytic_source()
+    return profile, current
+
+
 def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None,
               allow_stale_profile: bool = False) -> Plan:
     """Rebuild a :class:`~tessera_lab.plan.make.Plan` from plan JSON (keys ``model``, ``parallel``,
@@ -157,26 +217,7 @@ def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None,
         if key not in data:
             raise ConfigError(f"field 'plan.{key}' is missing; allowed: the output of 'tessera-lab plan --json'")
     model = _model_of(data, where)
-    par = data["parallel"]
-    if not isinstance(par, Mapping):
-        raise ConfigError("field 'plan.parallel' must be an object with pp, ep, tp, dp, ...")
-    unknown = set(par) - set(PARALLEL_KEYS)
-    if unknown:
-        raise ConfigError(f"field 'plan.parallel' has unknown keys {sorted(unknown)}; allowed: {', '.join(PARALLEL_KEYS)}")
-    for key in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "cp"):
-        if key in par:  # type, range and work limits before any planning work
-            check_int(par[key], f"parallel.{key}", where=where, limit=key if key in WORK_LIMITS else None)
-    parallel = ParallelConfig(**par)
-    check_work("world_size", parallel.world_size, field="field 'parallel' world size pp x dp x ep x tp", where=where)
-    check_work("actions", parallel.pp * parallel.vpp * parallel.microbatches,
-               field="field 'parallel' pp x vpp x microbatches", where=where)
-    gpu = data.get("gpu", "H200")
-    nodes = check_int(data["nodes"], "nodes", where=where, limit="nodes") if data.get("nodes") is not None else None
-    cluster = Cluster.dgx(gpu, nodes) if nodes else cluster_for(parallel, gpu)
-    if parallel.world_size > cluster.num_gpus:  # as 'plan --nodes' refuses it
-        raise ConfigError(f"{where}: field 'nodes' = {nodes} holds {cluster.num_gpus} GPUs but field 'parallel' needs "
-                          f"pp x dp x ep x tp = {parallel.world_size}; allowed: nodes >= "
-                          f"{-(-parallel.world_size // cluster.gpus_per_node)}")
+    parallel, cluster, gpu = _layout_of(data, where)
     b = data["boundaries"]
     L, S = model.num_layers, parallel.pp * parallel.vpp
     if (not isinstance(b, list) or len(b) != S + 1 or not all(isinstance(x, int) for x in b)
@@ -186,24 +227,7 @@ def load_plan(data: Mapping[str, Any] | str | Path, *, costs: str | None = None,
     _check_plan_consistency(data, parallel, b, where)
     origin = _check_partition_from(data, b, where)
     recorded = CostSource.from_dict(data.get("costs"))
-    profile = None
-    if costs is None:
-        if recorded.kind in ("observed", "calibrated_device"):
-            raise ConfigError(f"the plan's costs are {recorded.describe()}, which this re-evaluation cannot rebuild "
-                              "(runner plans: tessera-lab run --plan / validate); ask for another source with "
-                              "--costs analytic or --costs PROFILE.json")
-        if recorded.kind == "profile":
-            profile = _load_profile_for(recorded.path, f"the plan's costs name profile {recorded.path!r}")
-        current = profile_source(profile) if profile is not None else analytic_source()
-        check_same_source(recorded, current, allowed=False)
-    else:
-        if costs != "analytic":
-            from tessera_lab.overlap.profiles import check_profile_fits
-
-            profile = _load_profile_for(costs, f"--costs {costs}")
-            check_profile_fits(profile, costs, model.name, gpu, allow=allow_stale_profile,
-                               used_by=f"{where} ({model.name} on {gpu})")
-        current = profile_source(profile) if profile is not None else analytic_source()
+    profile, current = _cost_source(recorded, costs, model, gpu, allow_stale_profile, where)
     changed = check_same_source(recorded, current, allowed=True)
     cost_model, sm = build_stage_model(model, parallel, cluster, profile)
     part = Partition(list(b), [sm.cost(s, b[s], b[s + 1]) for s in range(S)], 0.0, 0.0,

@@ -26,8 +26,9 @@ from tessera_lab.errors import ConfigError, PartitionError, TesseraError
 from tessera_lab.checks import check_work, divisors_text
 from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfig, check_fits, cluster_for
 from tessera_lab.model.spec import DENSE, FULL_ATTENTION, NO_FFN, NO_MIXER, ModelSpec, model_from_name, shipped_models
-from tessera_lab.model.tasks import model_flops_per_iteration, routing_load_note
+from tessera_lab.model.tasks import model_flops_per_iteration
 from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, evaluate
+from tessera_lab.plan.notes import plan_notes, sync_note
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
 from tessera_lab.plan.partition import (Partition, PartitionProblem, check_memory, score_boundaries, solve,
                                        uniform_boundaries)
@@ -243,6 +244,7 @@ def _problem(model: ModelSpec, parallel: ParallelConfig, cm, sm: StageCostModel,
                             given_split=given_split, recompute=parallel.recompute)
 
 
+# params: the planner's public options, one per 'tessera-lab plan' flag (keyword-only after the cluster)
 def make_plan(
     model: ModelSpec,
     parallel: ParallelConfig | None = None,
@@ -299,6 +301,7 @@ def make_plan(
     return pl
 
 
+# params: make_plan's options, passed through
 def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, objective, gpu, profile, refine_budget,
                boundaries) -> Plan:
     parallel = parallel or ParallelConfig()
@@ -312,39 +315,12 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
                               time_limit_s=time_limit_s, objective=objective, profile=profile,
                               refine_budget=refine_budget)
     S = parallel.pp * parallel.vpp
-    # a given split may leave the first and last virtual stage only the embedding and the loss (Megatron's
-    # account_for_embedding/loss_in_pipeline_split with one slot per virtual stage)
-    most = model.num_layers + (2 if boundaries is not None else 0)
-    if S > most:
-        raise PartitionError(f"field 'pp' x 'vpp' = {S} is out of range; allowed: 1 to the number of layers "
-                             f"({model.num_layers}){', + 2 with a given split' if boundaries is not None else ''}")
+    _check_split(model, S, method, boundaries)
     cost_model, sm = build_stage_model(model, parallel, cluster, profile)
     capacity = memory_capacity(cluster)
     flops = model_flops_per_iteration(model, parallel)
     source = profile_source(profile) if profile is not None else analytic_source()
-    notes = list(model.notes)
-    if model.mtp_layers and not model.plan_mtp:
-        mtp = model.param_counts().mtp
-        notes.append(f"{len(model.mtp_layers)} MTP layer(s) ({mtp / 1e9:.2f} B parameters, computed) are not planned; "
-                     "--mtp plans them after the last decoder layer, on the last stage")
-    elif model.plan_mtp and model.mtp_layers:
-        notes.append(f"{len(model.mtp_layers)} MTP layer(s) planned after the last decoder layer (last stage); "
-                     "parameter counts report them apart")
-    if model.has_moe and parallel.ep > 1:
-        notes.append(routing_load_note(model, parallel))
-    if note := window_note(model, parallel):
-        notes.append(note)
-    if parallel.precision == "fp8":
-        from tessera_lab.plan.precision import precision_note
-
-        notes.append(precision_note(model, parallel, cluster))
-    if profile is not None:
-        notes.append(f"layer-pair costs from profile {profile.path or '(in memory)'}: backend {profile.backend}, "
-                     f"device {profile.environment.get('device', '?')}, size factor {profile.size_factor:g}; its "
-                     "measured overlap efficiency is transferred onto this model's analytic standalone times")
-        if profile.backend != "cuda":
-            notes.append(f"the profile was measured with the {profile.backend} backend, not on a {cluster.gpu.name}: "
-                         "its efficiencies describe that device")
+    notes = plan_notes(model, parallel, cluster, profile)
 
     def run(part: Partition, label: str) -> Evaluation:
         return evaluate(model, parallel, cost_model, sm, part, label, flops)
@@ -355,10 +331,6 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
     candidates = []
     for obj in objectives:
         if boundaries is not None:  # a given (recipe) split, scored and memory-checked as the even one is
-            if method != "uniform" or len(boundaries) != S + 1 or list(boundaries) != sorted(boundaries) or \
-                    boundaries[0] != 0 or boundaries[-1] != model.num_layers:
-                raise ConfigError(f"field 'boundaries' = {list(boundaries)} is out of range; allowed: with method "
-                                  f"'uniform', {S + 1} non-decreasing layer indices from 0 to {model.num_layers}")
             problem = _problem(model, parallel, cost_model, sm, obj, given_split=True)
             part = score_boundaries(problem, boundaries, method)
             check_memory(problem, part)
@@ -405,6 +377,25 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
                 host_sync_added_s=sync_added)
 
 
+def _check_split(model: ModelSpec, S: int, method: str, boundaries: Sequence[int] | None) -> None:
+    """Refuse ``S`` (virtual) stages for the model's layers, and a given split that is not ``S + 1`` non-decreasing
+    layer indices from 0 to ``num_layers`` under method ``uniform``.
+
+    Raises:
+        PartitionError: too many stages; ConfigError: a bad given split (the field, its value, the allowed form).
+    """
+    # a given split may leave the first and last virtual stage only the embedding and the loss (Megatron's
+    # account_for_embedding/loss_in_pipeline_split with one slot per virtual stage)
+    L = model.num_layers
+    if S > L + (2 if boundaries is not None else 0):
+        raise PartitionError(f"field 'pp' x 'vpp' = {S} is out of range; allowed: 1 to the number of layers "
+                             f"({L}){', + 2 with a given split' if boundaries is not None else ''}")
+    if boundaries is not None and (method != "uniform" or len(boundaries) != S + 1 or list(boundaries) != sorted(
+            boundaries) or boundaries[0] != 0 or boundaries[-1] != L):
+        raise ConfigError(f"field 'boundaries' = {list(boundaries)} is out of range; allowed: with method "
+                          f"'uniform', {S + 1} non-decreasing layer indices from 0 to {L}")
+
+
 def _partition_origin(chosen: Evaluation, solver_best: Evaluation, baselines: dict[str, Evaluation],
                       refinement: dict[str, Any]) -> str:
     """``"baseline NAME"`` when the chosen partition is a baseline's (kept by the never-slower rule, or the start
@@ -417,38 +408,6 @@ def _partition_origin(chosen: Evaluation, solver_best: Evaluation, baselines: di
         return ""
     return next((f"baseline {name}" for name, ev in baselines.items()
                  if list(ev.partition.boundaries) == list(chosen.partition.boundaries)), "")
-
-
-def window_note(model: ModelSpec, parallel: ParallelConfig) -> str | None:
-    """A note when sliding-window or chunked layers have a window (chunk) of at least the sequence length: every
-    query then sees all earlier tokens, so they cost as full causal attention (:func:`tessera_lab.model.mixers.
-    attention_pairs`); ``None`` otherwise."""
-    wide = [ly for ly in model.layers if ly.local in ("sliding", "chunked") and ly.window >= parallel.seq_len]
-    if not wide:
-        return None
-    kinds = sorted({f"{ly.local} {ly.window}" for ly in wide})
-    return (f"window: {len(wide)} layer(s) ({', '.join(kinds)} tokens) have a window of at least the sequence length "
-            f"{parallel.seq_len}: every token sees all earlier tokens, so they compute as full causal attention "
-            f"(model/mixers.py attention_pairs); a window below {parallel.seq_len} keeps them local")
-
-
-def sync_note(model: ModelSpec, parallel: ParallelConfig, cost_model, sm: StageCostModel, chosen: Evaluation,
-              flops: float) -> tuple[str, float]:
-    """``(note, seconds)``: what the host/sync term (:mod:`tessera_lab.cost.sync`) adds to the chosen plan: its
-    per-layer seconds and provenance, and the iteration simulated with and without it (same partition); seconds =
-    with - without."""
-    from tessera_lab.cost.sync import FITTED_PROVENANCE
-
-    c = max(sm.host_sync)
-    t0 = evaluate(model, parallel, cost_model, sm.without_sync(), chosen.partition, chosen.method, flops,
-                  time_only=True)
-    t = chosen.iteration_time_s
-    given = parallel.host_sync_s is None
-    return ((f"host/sync term: {c * 1e3:.2f} ms per MoE layer forward and micro-batch "
-            f"({FITTED_PROVENANCE if given else 'set by --host-sync-ms'}; the dropless EP dispatch "
-            f"({parallel.dispatcher}) waits on the host's token counts before its all-to-all; hidden only under the "
-            f"EP-overlap schedules; tessera_lab/cost/sync.py) adds {t - t0:.4f} s to the iteration (simulated: {t:.4f} s with, "
-            f"{t0:.4f} s without, +{t / t0 - 1:.1%}); --host-sync-ms 0 turns it off"), t - t0)
 
 
 def _never_slower_than_baselines(chosen: Evaluation, baselines: dict[str, Evaluation], method: str,
@@ -486,6 +445,7 @@ def _result_word(part: Partition, method: str) -> str:
     return f"{method} best feasible plan ({part.solver or 'solver'} stopped at its time limit, not proven optimal)"
 
 
+# params: the planning context (model, sizes, cost and stage models, FLOPs) that _make_plan owns
 def _refine(model, parallel, cost_model, sm, steady: PartitionProblem, candidates, baselines, method: str,
             flops: float, notes: list[str], budget: int) -> tuple[Evaluation, dict[str, Any]]:
     """Refine by simulation from the fastest simulated start (a solver candidate or a fitting baseline) and, when

@@ -250,19 +250,8 @@ class ProfileLifecycle:
         obs = self._check(observed, "observed")
         if predicted is not None:
             self.predicted.update(self._check(predicted, "predicted"))
-        pred = self.predicted
-        errors = {}
-        for k, o in obs.items():
-            if k in pred:
-                e = (o - pred[k]) / pred[k]
-                errors[k] = e
-                self.history.append({"step": step, "key": k, "predicted": pred[k], "observed": o, "error": e})
-                self._recent.setdefault(k, deque(maxlen=self.policy.persistence)).append(o)
-        if not errors:
-            raise ConfigError(f"step {step}: no observed key has a prediction; predicted keys: {sorted(pred)}")
-        pol = self.policy
-        for k, e in errors.items():
-            self.streaks[k] = self.streaks.get(k, 0) + 1 if abs(e) > pol.threshold else 0
+        pred, pol = self.predicted, self.policy
+        errors = self._record(step, obs)
         worst = max(errors, key=lambda k: abs(errors[k]))
         step_err = abs(errors[worst])
         self._errors.append(step_err)
@@ -318,6 +307,27 @@ class ProfileLifecycle:
         d = Decision(step, action, step_err, rolling, worst, dict(self.streaks), reason, pb)
         self.log.append(d)
         return d
+
+    def _record(self, step: int, obs: Mapping[str, float]) -> dict[str, float]:
+        """Record the step's observations of predicted keys (history, recent values, error streaks) and return
+        their relative errors ``(observed - predicted) / predicted``.
+
+        Raises:
+            ConfigError: no observed key has a prediction.
+        """
+        pred = self.predicted
+        errors = {}
+        for k, o in obs.items():
+            if k in pred:
+                e = (o - pred[k]) / pred[k]
+                errors[k] = e
+                self.history.append({"step": step, "key": k, "predicted": pred[k], "observed": o, "error": e})
+                self._recent.setdefault(k, deque(maxlen=self.policy.persistence)).append(o)
+        if not errors:
+            raise ConfigError(f"step {step}: no observed key has a prediction; predicted keys: {sorted(pred)}")
+        for k, e in errors.items():
+            self.streaks[k] = self.streaks.get(k, 0) + 1 if abs(e) > self.policy.threshold else 0
+        return errors
 
     # ------------------------------------------------------------------ views
     def decisions(self):

@@ -236,14 +236,36 @@ def _knob_parallel(par: ParallelConfig, knob: str, value) -> ParallelConfig | No
 def run_scenario(sc: Scenario, *, knobs: bool = True, time_limit_s: float = TIME_LIMIT_S) -> dict[str, Any]:
     """Plan one scenario: ``after``, ``baselines``, ``ablation``, ``band`` (module docstring). Every number is
     simulated (analytic cost model); ``after["solve"]`` says whether the partition is proven optimal."""
-    from tessera_lab.plan.proof import solve_line
-    from tessera_lab.plan.make import make_plan
-
     model = sc.model()
     # the first reading: every setup planned with the planner's host/sync term off (cost/sync.py); the second
     # (gain_with_sync) adds the term below, so the two are never merged
     par0 = sc.parallel().replace(host_sync_s=0.0)
     mc_best = megatron_core_best(model, par0)
+    plans = _overlap_plans(model, par0, mc_best, time_limit_s)
+    if not plans:
+        raise ConfigError(f"scenario {sc.id}: no overlap-aware plan fits memory at its layout")
+    fitting = [p for p in plans if p.chosen.fits_memory] or plans
+    plan = min(fitting, key=lambda p: p.chosen.iteration_time_s)
+    after = _after(plan, plans)
+    base = _baselines(model, par0, plan, mc_best)
+    t0, t1, t2 = base["even_1f1b"]["iteration_s"], base["even"]["iteration_s"], after["iteration_s"]
+    ablation = {"total": t0 / t2 - 1, "overlap": t0 / t1 - 1, "balance": t0 / t2 - t0 / t1,
+                "fits": base["even_1f1b"]["fits"] and base["even"]["fits"]}
+    band = [{"knob": "central", "value": "as in the scenario", "fits": after["fits"], "mfu": after["mfu"],
+             **{k: after[k] for k in ("ep_hidden", "ep_exposed_share", "pipeline_idle_share")}, "note": ""}]
+    if knobs:
+        band += _knob_band(sc, model, plan.parallel, after)
+    out = {"id": sc.id, "paper": sc.paper, "gpus": sc.gpus, "model": model.name, "model_why": sc.model_why,
+           "layout": sc.layout, "assume": sc.assume, "after": after, "baselines": base, "ablation": ablation,
+           "band": band}
+    return out | _band_ranges(band)
+
+
+def _overlap_plans(model, par0: ParallelConfig, mc_best: dict[str, Any], time_limit_s: float) -> list:
+    """The overlap-aware plans tried: one and two chunks per rank, each with no recomputation and, when the
+    Megatron-Core baseline needed it to fit, selective recomputation; setups that do not plan are left out."""
+    from tessera_lab.plan.make import make_plan
+
     # the plan may use what the Megatron-Core baseline needed to fit: selective recomputation, when it did
     recomputes = ("none", "selective") if "recomputation" in mc_best["setup"] else ("none",)
     plans = []
@@ -257,21 +279,30 @@ def run_scenario(sc: Scenario, *, knobs: bool = True, time_limit_s: float = TIME
                                        refine_budget=REFINE_BUDGET))
             except TesseraError:
                 continue
-    if not plans:
-        raise ConfigError(f"scenario {sc.id}: no overlap-aware plan fits memory at its layout")
-    fitting = [p for p in plans if p.chosen.fits_memory] or plans
-    plan = min(fitting, key=lambda p: p.chosen.iteration_time_s)
+    return plans
+
+
+def _after(plan, plans: list) -> dict[str, Any]:
+    """The chosen plan's reading (``after``): MFU, iteration time, layout, every candidate tried, the solve line
+    and the capacity shares."""
+    from tessera_lab.plan.proof import solve_line
+
+    par, ev = plan.parallel, plan.chosen
+    return {"mfu": ev.mfu, "iteration_s": ev.iteration_time_s, "fits": bool(ev.fits_memory), "schedule": par.schedule,
+            "vpp": par.vpp, "recompute": par.recompute,
+            "candidates": [{"schedule": p.parallel.schedule, "vpp": p.parallel.vpp, "recompute": p.parallel.recompute,
+                            "mfu": p.chosen.mfu,
+                            "fits": bool(p.chosen.fits_memory), "boundaries": list(p.chosen.partition.boundaries)}
+                           for p in plans],
+            "boundaries": list(ev.partition.boundaries), "solve": solve_line(plan),
+            "proven_optimal": (ev.partition.status or "Optimal") == "Optimal", **_capacity(plan)}
+
+
+def _baselines(model, par0: ParallelConfig, plan, mc_best: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The baselines (even split with plain 1F1B, the plan's own baselines under its schedule, Megatron-Core's best),
+    each with its gain over the plan, read with the host/sync term off and then at its fitted value."""
     par = plan.parallel
-    ev = plan.chosen
-    t2 = ev.iteration_time_s
-    after = {"mfu": ev.mfu, "iteration_s": t2, "fits": bool(ev.fits_memory), "schedule": par.schedule, "vpp": par.vpp,
-             "recompute": par.recompute,
-             "candidates": [{"schedule": p.parallel.schedule, "vpp": p.parallel.vpp, "recompute": p.parallel.recompute,
-                             "mfu": p.chosen.mfu,
-                             "fits": bool(p.chosen.fits_memory), "boundaries": list(p.chosen.partition.boundaries)}
-                            for p in plans],
-             "boundaries": list(ev.partition.boundaries), "solve": solve_line(plan),
-             "proven_optimal": (ev.partition.status or "Optimal") == "Optimal", **_capacity(plan)}
+    t2 = plan.chosen.iteration_time_s
 
     def gain(t: float) -> float:
         return t / t2 - 1.0 if t == t == t and t > 0 else math.nan
@@ -312,37 +343,39 @@ def run_scenario(sc: Scenario, *, knobs: bool = True, time_limit_s: float = TIME
                   sync_s=mc_sync["iteration_s"] - same["iteration_s"])
     else:
         mc.update(gain_with_sync=math.nan, sync_s=0.0)
-    t0, t1 = base["even_1f1b"]["iteration_s"], base["even"]["iteration_s"]
-    ablation = {"total": t0 / t2 - 1, "overlap": t0 / t1 - 1, "balance": t0 / t2 - t0 / t1,
-                "fits": base["even_1f1b"]["fits"] and base["even"]["fits"]}
-    band = [{"knob": "central", "value": "as in the scenario", "fits": after["fits"], "mfu": after["mfu"],
-             **{k: after[k] for k in ("ep_hidden", "ep_exposed_share", "pipeline_idle_share")}, "note": ""}]
-    if knobs:
-        bounds = after["boundaries"]
-        better = {}
-        for knob, values in KNOB_VALUES.items():
-            for value in values:
-                if value == _central(sc, knob):
-                    continue
-                kp = _knob_parallel(par, knob, value)
-                if kp is None:
-                    continue
-                r = _even(model, kp, boundaries=bounds, capacity=True)
-                band.append({"knob": knob, "value": value, **r})
-                if r["fits"] and r["mfu"] > after["mfu"]:
-                    better[knob] = value
-        if better:
-            kp = par
-            for knob, value in better.items():
-                kp = _knob_parallel(kp, knob, value)
-            if len(better) > 1:
-                r = _even(model, kp, boundaries=bounds, capacity=True)
-                band.append({"knob": "favourable together", "value": ", ".join(f"{k} {v}" for k, v in better.items()),
-                             **r})
+    return base
+
+
+def _knob_band(sc: Scenario, model, par: ParallelConfig, after: dict[str, Any]) -> list[dict[str, Any]]:
+    """The band's rows away from the centre: the plan's partition under each other knob value (even-split
+    evaluation) and, when more than one knob gains, under all the favourable ones together."""
+    bounds = after["boundaries"]
+    band, better = [], {}
+    for knob, values in KNOB_VALUES.items():
+        for value in values:
+            if value == _central(sc, knob):
+                continue
+            kp = _knob_parallel(par, knob, value)
+            if kp is None:
+                continue
+            r = _even(model, kp, boundaries=bounds, capacity=True)
+            band.append({"knob": knob, "value": value, **r})
+            if r["fits"] and r["mfu"] > after["mfu"]:
+                better[knob] = value
+    if len(better) > 1:
+        kp = par
+        for knob, value in better.items():
+            kp = _knob_parallel(kp, knob, value)
+        r = _even(model, kp, boundaries=bounds, capacity=True)
+        band.append({"knob": "favourable together", "value": ", ".join(f"{k} {v}" for k, v in better.items()), **r})
+    return band
+
+
+def _band_ranges(band: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """``[min, max]`` over the band's fitting rows of MFU, EP hidden, EP exposed, pipeline idle and exposed + idle
+    (NaN without such rows)."""
     fit = [b for b in band if b["fits"]]
-    out = {"id": sc.id, "paper": sc.paper, "gpus": sc.gpus, "model": model.name, "model_why": sc.model_why,
-           "layout": sc.layout, "assume": sc.assume, "after": after, "baselines": base, "ablation": ablation,
-           "band": band}
+    out = {}
     for key in ("mfu", "ep_hidden", "ep_exposed_share", "pipeline_idle_share"):
         vals = [b[key] for b in fit if key in b and b[key] == b[key]]
         out[f"{key}_band"] = [min(vals), max(vals)] if vals else [math.nan, math.nan]

@@ -249,6 +249,7 @@ def migration_bytes(stage_model: Any, old: Sequence[int], new: Sequence[int]) ->
     return max((max(x, y) for x, y in zip(send, recv)), default=0.0)
 
 
+# params: per-stage factor lists and solve()'s options, keyword-only, as the panel and CLI pass them
 def partition_with_factors(model, parallel: ParallelConfig | None = None, cluster: Cluster | None = None, *,
                            stage_gpus: Sequence[str] | None = None, link_factors: Sequence[float] | None = None,
                            speed_factors: Sequence[float] | None = None, method: str = "ilp",

@@ -90,6 +90,44 @@ def _as_model(model: str | ModelSpec) -> ModelSpec:
     return model if isinstance(model, ModelSpec) else load_model(model)
 
 
+def _layer_allreduces(spec: ModelSpec, parallel: ParallelConfig, cm: CostModel) -> tuple[list, list, list, float]:
+    """Per layer: its TP all-reduces in the forward and the backward (0 without TP) and its standalone compute
+    (seconds); and the largest all-reduce's bytes (0 without TP)."""
+    tp = parallel.tp
+    f_counts, b_counts, compute = [], [], []
+    ar_bytes = 0.0
+    for layer in spec.layers:
+        lt = layer_tasks(spec, layer, parallel)
+        f_ar = [t for t in lt.F if t.collective is not None and t.collective.kind == "all_reduce" and t.collective.group == "tp"]
+        b_ar = [t for t in lt.B if t.collective is not None and t.collective.kind == "all_reduce" and t.collective.group == "tp"]
+        f_counts.append(len(f_ar) if tp > 1 else 0)
+        b_counts.append(len(b_ar) if tp > 1 else 0)
+        if f_ar and tp > 1:
+            ar_bytes = max(ar_bytes, max(t.collective.bytes for t in f_ar))
+        compute.append(sum(cm.compute_time(t) for t in lt.all() if t.collective is None))
+    return f_counts, b_counts, compute, ar_bytes
+
+
+def _pp_rows(pp: int, p2p_bytes: float, links: list[str], p2p_times: list[float], intra: str) -> list[dict[str, Any]]:
+    """The table's two PP rows (forward activations, backward gradients) at the slowest stage boundary."""
+    rows = []
+    crossing = [i for i, name in enumerate(links) if name != intra]
+    worst = max(range(len(p2p_times)), key=lambda i: p2p_times[i]) if p2p_times else None
+    for phase, what in (("forward", "activations"), ("backward", "gradients")):
+        rows.append({
+            "communication": f"PP send {what} ({phase})", "parallelism": "PP", "pattern": "send/recv",
+            "group size": 2 if pp > 1 else 1, "per layer": 0, "per stage per micro-batch": 1 if pp > 1 else 0,
+            "bytes each (MiB)": p2p_bytes / 2**20 if pp > 1 else 0.0,
+            "bytes per stage per micro-batch (MiB)": p2p_bytes / 2**20 if pp > 1 else 0.0,
+            "link": (links[worst] if worst is not None else "-")
+            + (f" ({len(crossing)} of {len(links)} boundaries cross nodes)" if links else ""),
+            "time each (us)": p2p_times[worst] * 1e6 if worst is not None else 0.0,
+            "time per stage per micro-batch (ms)": p2p_times[worst] * 1e3 if worst is not None else 0.0,
+            "on the critical path": "only at stage boundaries; overlaps other micro-batches' compute",
+        })
+    return rows
+
+
 def tp_vs_pp_volumes(model: str | ModelSpec = "qwen3-8b", tp: int = 8, pp: int = 4, *, seq_len: int = 4096,
                      micro_batch_size: int = 1, gpu: str = "H100", dtype: str = "bf16") -> TpPpVolumes:
     """Tensor-parallel all-reduces vs pipeline point-to-point traffic for one micro-batch.
@@ -124,18 +162,7 @@ def tp_vs_pp_volumes(model: str | ModelSpec = "qwen3-8b", tp: int = 8, pp: int =
     tp_link = cluster.link_for(parallel.group_ranks("tp"))
     other = inter if tp_link.name == intra.name else intra
 
-    # tasks of each layer: TP all-reduces and standalone compute
-    f_counts, b_counts, compute = [], [], []
-    ar_bytes = 0.0
-    for layer in spec.layers:
-        lt = layer_tasks(spec, layer, parallel)
-        f_ar = [t for t in lt.F if t.collective is not None and t.collective.kind == "all_reduce" and t.collective.group == "tp"]
-        b_ar = [t for t in lt.B if t.collective is not None and t.collective.kind == "all_reduce" and t.collective.group == "tp"]
-        f_counts.append(len(f_ar) if tp > 1 else 0)
-        b_counts.append(len(b_ar) if tp > 1 else 0)
-        if f_ar and tp > 1:
-            ar_bytes = max(ar_bytes, max(t.collective.bytes for t in f_ar))
-        compute.append(sum(cm.compute_time(t) for t in lt.all() if t.collective is None))
+    f_counts, b_counts, compute, ar_bytes = _layer_allreduces(spec, parallel, cm)
     if tp == 1:  # what one all-reduce would carry if the layer were split
         ar_bytes = float(parallel.tokens_per_microbatch * spec.hidden_size * parallel.dtype_bytes)
     bounds = [round(s * spec.num_layers / pp) for s in range(pp + 1)]
@@ -170,20 +197,7 @@ def tp_vs_pp_volumes(model: str | ModelSpec = "qwen3-8b", tp: int = 8, pp: int =
             "time per stage per micro-batch (ms)": n_ops * t_each * 1e3,
             "on the critical path": "yes: the next GEMM needs the sum",
         })
-    crossing = [i for i, name in enumerate(links) if name != intra.name]
-    worst = max(range(len(p2p_times)), key=lambda i: p2p_times[i]) if p2p_times else None
-    for phase, what in (("forward", "activations"), ("backward", "gradients")):
-        rows.append({
-            "communication": f"PP send {what} ({phase})", "parallelism": "PP", "pattern": "send/recv",
-            "group size": 2 if pp > 1 else 1, "per layer": 0, "per stage per micro-batch": 1 if pp > 1 else 0,
-            "bytes each (MiB)": p2p_bytes / 2**20 if pp > 1 else 0.0,
-            "bytes per stage per micro-batch (MiB)": p2p_bytes / 2**20 if pp > 1 else 0.0,
-            "link": (links[worst] if worst is not None else "-")
-            + (f" ({len(crossing)} of {len(links)} boundaries cross nodes)" if links else ""),
-            "time each (us)": p2p_times[worst] * 1e6 if worst is not None else 0.0,
-            "time per stage per micro-batch (ms)": p2p_times[worst] * 1e3 if worst is not None else 0.0,
-            "on the critical path": "only at stage boundaries; overlaps other micro-batches' compute",
-        })
+    rows += _pp_rows(pp, p2p_bytes, links, p2p_times, intra.name)
     return TpPpVolumes(
         model=spec.name, gpu=cluster.gpu.name, tp=tp, pp=pp, nodes=nodes, layers=spec.num_layers,
         layers_per_stage=n_stage_layers, tokens=parallel.tokens_per_microbatch,

@@ -209,6 +209,7 @@ def settings_caption(controls: dict[str, Any]) -> str:
     return "settings: " + CAPTION_SEP.join(parts)
 
 
+# long: the widgets and their update callback share the panel's state (syncing, last result) as closures
 def panel(
     controls: dict[str, Any],
     compute: Callable[[dict[str, Any]], Any],

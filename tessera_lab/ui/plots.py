@@ -98,6 +98,7 @@ def _fit_text_class():
     return _FIT_TEXT[0]
 
 
+# long: one figure drawn in commented steps (rows, bars, micro-batch labels, axes, legend, title) on shared locals
 def gantt(timeline, ax=None, title: str | None = None, time_unit: str | None = None, span: float | None = None) -> Any:
     """Gantt chart of a :class:`~tessera_lab.pipeline.simulate.Timeline`: one row per rank.
 

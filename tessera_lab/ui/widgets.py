@@ -22,7 +22,7 @@ __all__ = ["LABEL_STYLE", "panel", "replan", "plan_summary", "summary_table", "p
            "plan_caption", "bottleneck_bounds", "control_options", "valid_value", "model_variant",
            "GPU_CHOICES", "suggest_action"]
 
-def replan(
+def replan(  # params: one keyword per control of the notebooks' re-planning panel
     model: str = "qwen3-next-80b-a3b",
     *,
     attention_ratio: int | None = None,
@@ -312,7 +312,7 @@ def _quickstart_suggestion(controls: dict[str, Any], current: dict[str, Any]):
     return suggest_action(setting, settable, apply)
 
 
-def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):
+def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):  # long: its callbacks close over the controls
     """Notebook 00's re-planning panel: model, GPU, pp, ep, micro-batches, sequence, activation recomputation and
     the model knobs that apply.
 

@@ -52,6 +52,25 @@ def estimate_p2p_latency(events: list[dict], steps: int) -> float:
     return _median(samples) if samples else 0.0
 
 
+def _stage_medians(comp: list[dict], typ: str, S: int) -> list[float]:
+    """Median duration (s) of the compute actions of type ``typ`` per stage (NaN for a stage without any)."""
+    return [_median([e["end"] - e["start"] for e in comp if e["type"] == typ and e["stage"] == s]) for s in range(S)]
+
+
+def _observed_steps_busy(comp: list[dict], obs: set[int], ranks: list[int]) -> tuple[list[float], dict[int, list]]:
+    """Per observed step with compute: the iteration time (the latest compute end) and each rank's busy time (the
+    sum of its compute actions), seconds."""
+    iters, busy = [], {r: [] for r in ranks}
+    for st in sorted(obs):
+        ev = [e for e in comp if e["step"] == st]
+        if not ev:
+            continue
+        iters.append(max(e["end"] for e in ev))
+        for r in ranks:
+            busy[r].append(sum(e["end"] - e["start"] for e in ev if e["rank"] == r))
+    return iters, busy
+
+
 def timing_report(events: list[dict], schedule: Schedule, steps: int, boundaries: Sequence[int],
                   pp_of_rank: dict[int, int], p2p_latency: float = 0.0) -> dict[str, Any]:
     """Predicted vs observed timing of a run (seconds).
@@ -73,14 +92,8 @@ def timing_report(events: list[dict], schedule: Schedule, steps: int, boundaries
     obs = set(_observed_steps(steps))
     comp = [e for e in events if e["lane"] == "compute" and e["step"] in obs]
 
-    def med(typ: str, s: int) -> float:
-        return _median([e["end"] - e["start"] for e in comp if e["type"] == typ and e["stage"] == s])
-
-    f = [med("F", s) for s in range(S)]
+    f, i_t, w_t, b_t, fb = (_stage_medians(comp, typ, S) for typ in ("F", "I", "W", "B", "OVERLAP_F_B"))
     has_b = any(e["type"] == "B" for e in comp)
-    i_t = [med("I", s) for s in range(S)]
-    w_t = [med("W", s) for s in range(S)]
-    b_t = [med("B", s) for s in range(S)]
     split = any(e["type"] in ("I", "W") for e in comp)
     bfull = []
     for s in range(S):
@@ -91,21 +104,12 @@ def timing_report(events: list[dict], schedule: Schedule, steps: int, boundaries
     w_arg = [0.0 if math.isnan(x) else x for x in w_t] if split else None
     if w_arg is not None and has_b:
         w_arg = [min(w, b) for w, b in zip(w_arg, bfull)]
-    fb = [med("OVERLAP_F_B", s) for s in range(S)]
     fb_arg = [x if not math.isnan(x) else f[s] + bfull[s] for s, x in enumerate(fb)]
     f_arg = [0.0 if math.isnan(x) else x for x in f]
     tl = simulate(schedule, stage_durations(f_arg, bfull, w_arg, fb_arg), p2p_latency=max(0.0, p2p_latency))
     # observed per global rank and step
     ranks = sorted(pp_of_rank)
-    iters, busy = [], {r: [] for r in ranks}
-    for st in sorted(obs):
-        ev = [e for e in comp if e["step"] == st]
-        if not ev:
-            continue
-        T = max(e["end"] for e in ev)
-        iters.append(T)
-        for r in ranks:
-            busy[r].append(sum(e["end"] - e["start"] for e in ev if e["rank"] == r))
+    iters, busy = _observed_steps_busy(comp, obs, ranks)
     T_obs = _median(iters)
     rank_rows = []
     for pr in range(schedule.num_ranks):

@@ -222,13 +222,7 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
     hb_timeout, floor = check_launch(world, jobs, timeout_s=timeout_s, env=env)
     temporary = out_dir is None
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="tessera-run-"))
-    out.mkdir(parents=True, exist_ok=True)
-    spec_path = out / "spec.json"
-    atomic_write_text(spec_path, json.dumps({"world": asdict(world), "jobs": [j.as_dict() for j in jobs]}, indent=1))
-    result_path = out / "result.json"
-    for old in [result_path, *out.glob("failure-*.json"), *out.glob("fault-*.json"), *out.glob("hb-*"),
-                *out.glob("ready-*"), *out.glob("imported-*"), *out.glob("stack-*.txt")]:
-        old.unlink(missing_ok=True)
+    spec_path, result_path = _prepare_out(out, world, jobs)
     port = _free_port()
     n = world.world_size
     base_env = dict(os.environ)
@@ -257,37 +251,57 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
         _kill_all(procs, watch.codes)
         for fh in handles:
             fh.close()
-    codes, causes, stack = watch.codes, watch.causes, watch.stack
-    pids = {r: p.pid for r, p in enumerate(procs)}
-    if timed_out and not causes:
+    codes, pids = watch.codes, {r: p.pid for r, p in enumerate(procs)}
+    if timed_out and not watch.causes:
         raise RunnerError(f"run timed out after {timeout_s:.0f} s (--timeout); all {n} workers were killed (exit "
                           f"codes {codes}); logs kept in {out}", codes, logs, pids)
-    if causes or any(c != 0 for c in codes.values()):
-        if not causes:  # pragma: no cover - every non-zero exit before the kill phase is a cause
-            causes = [Cause(r, "exit", time.time(), code=c) for r, c in codes.items() if c != 0]
-        recorded = {}
-        for r in codes:
-            try:
-                recorded[r] = float(read_json(out / f"failure-{r}.json", "failure record")["time"])
-            except (TesseraError, OSError, ValueError, KeyError, TypeError):
-                pass
-        bad = root_cause(causes, recorded)
-        extra = ""
-        if bad.kind in ("heartbeat", "start"):
-            hint = busy_hint()
-            extra = (f"; {hint}" if hint else "") + (f"\nPython stack of rank {bad.rank} when it was declared hung:\n"
-                                                      f"{stack}" if stack else "")
-        err = RunnerError(
-            f"{describe(bad, n)}; exit codes {codes}; logs kept in {out}{extra}\nlog tail of rank {bad.rank}:\n"
-            + _tail(logs[bad.rank]), codes, logs, pids)
-        err.peer_failed, err.failed_rank, err.cause, err.detected_at = True, bad.rank, bad.how(), watch.detected_at
-        err.ended_at = time.time()
-        raise err
+    if watch.causes or any(c != 0 for c in codes.values()):
+        raise _failure(watch, out, logs, pids, n)
     data = json.loads(result_path.read_text())
     if temporary and not keep:
         shutil.rmtree(out, ignore_errors=True)
         return RunResult(data["jobs"], data["backend"], data["world"], None, {}, pids)
     return RunResult(data["jobs"], data["backend"], data["world"], str(out), logs, pids)
+
+
+def _prepare_out(out: Path, world: WorldSpec, jobs: list[RunSpec]) -> tuple[Path, Path]:
+    """Create the run folder, write the spec (atomically) and remove what an earlier launch left there (result,
+    failure and fault records, heartbeats, ready and import marks, stacks); returns the spec and result paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path = out / "spec.json"
+    atomic_write_text(spec_path, json.dumps({"world": asdict(world), "jobs": [j.as_dict() for j in jobs]}, indent=1))
+    result_path = out / "result.json"
+    for old in [result_path, *out.glob("failure-*.json"), *out.glob("fault-*.json"), *out.glob("hb-*"),
+                *out.glob("ready-*"), *out.glob("imported-*"), *out.glob("stack-*.txt")]:
+        old.unlink(missing_ok=True)
+    return spec_path, result_path
+
+
+def _failure(watch: "_Watch", out: Path, logs: dict[int, str], pids: dict[int, int], n: int) -> RunnerError:
+    """The error of a failed launch: the root cause among the watcher's causes and the ranks' failure records,
+    the exit codes, where the logs are, a busy-machine hint and the hung rank's Python stack for a heartbeat or
+    start timeout, and the failed rank's log tail."""
+    codes, causes, stack = watch.codes, watch.causes, watch.stack
+    if not causes:  # pragma: no cover - every non-zero exit before the kill phase is a cause
+        causes = [Cause(r, "exit", time.time(), code=c) for r, c in codes.items() if c != 0]
+    recorded = {}
+    for r in codes:
+        try:
+            recorded[r] = float(read_json(out / f"failure-{r}.json", "failure record")["time"])
+        except (TesseraError, OSError, ValueError, KeyError, TypeError):
+            pass
+    bad = root_cause(causes, recorded)
+    extra = ""
+    if bad.kind in ("heartbeat", "start"):
+        hint = busy_hint()
+        extra = (f"; {hint}" if hint else "") + (f"\nPython stack of rank {bad.rank} when it was declared hung:\n"
+                                                  f"{stack}" if stack else "")
+    err = RunnerError(
+        f"{describe(bad, n)}; exit codes {codes}; logs kept in {out}{extra}\nlog tail of rank {bad.rank}:\n"
+        + _tail(logs[bad.rank]), codes, logs, pids)
+    err.peer_failed, err.failed_rank, err.cause, err.detected_at = True, bad.rank, bad.how(), watch.detected_at
+    err.ended_at = time.time()
+    return err
 
 
 def _mtime(path: Path) -> float | None:

@@ -267,6 +267,7 @@ def _run_ranks(setup: MeasureSetup, timeout_s: float, say: Callable[[str], None]
     return got, ready_at
 
 
+# params: the options of 'tessera-lab measure' (keyword-only after model, parallel and backend)
 def measure_layer_pairs(model, parallel, backend: str = "cpu", *, size_factor: float = 0.125, repeats: int = 5,
                         warmup: int = 1, keep: int = 4, budget_s: float | None = None,
                         fixed: Sequence[str] = (), timeout_s: float = 600.0,

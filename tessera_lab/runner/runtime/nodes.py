@@ -203,69 +203,13 @@ class StageProgram:
             return self._timed(name, run, "F")
         lid, node = name[1:].split(".")
         i = int(lid)
-        layer, st = self.layers[i], self.state[i]
-        moe, c = layer.moe, self.comm
         if node == "pre":
-            def run():
-                st.h_in = h = self._first_input(i)
-                h_mid = layer.mix(h)
-                x = layer.post_norm(h_mid).reshape(-1, h_mid.shape[-1])
-                x_router, x_perm, x_shared, x_gate = moe._inputs(x)
-                fixed = moe.capacity_mode(x.device, x.shape[0])
-                st.plan = moe._route(x_router, fixed)
-                xp = permute(x_perm, st.plan)
-                if fixed:  # capacity dispatch: rows packed per destination here, indices built on the device
-                    P = 1 if c is None else c.ep_size
-                    st.cap = CapacityDispatch(P, moe.num_experts // P, *moe.capacity(st.plan.num_tokens, P))
-                    xp = st.cap.send(xp, st.plan.send_counts)
-                st.outs = [h_mid, xp, x_shared, x_gate, st.plan.topk_weight]
-                st.leaves = [_leaf(o) for o in st.outs]
-            return self._timed(name, run, "F")
+            return self._forward_pre(name, i)
         if node == "dispatch":
-            xp = st.leaves[1].detach()
-            if c is None:
-                st.recv = xp
-                return
-            P, El = c.ep_size, c.experts_per_rank
-            if st.cap is not None:  # equal splits known in advance, counts sent with the rows: no host read
-                cd = [st.cap.cd] * P
-                st.splits = (cd, cd, None)
-                self._a2a(name, xp, cd, cd, c.group_fwd, counts=st.plan.send_counts)
-                return
-            sc = st.plan.send_counts.tolist()
-            in_splits = [sum(sc[q * El:(q + 1) * El]) for q in range(P)]
-            t = self.clock()
-            recv_counts = c.exchange_counts(st.plan.send_counts)  # blocking: it sizes the dispatch
-            self.record("wait", "a2a_wait", f"L{i}.counts[{self.key[0]},{self.mb}]", t, self.clock())
-            if self.on_counts is not None:
-                self.on_counts(self.key, i, recv_counts, sc)
-            st.splits = (in_splits, [sum(r) for r in recv_counts], recv_counts)
-            self._a2a(name, xp, st.splits[1], in_splits, c.group_fwd)
-            return
+            return self._forward_dispatch(name, i)
         if node == "experts":
-            def run():
-                if st.cap is not None:
-                    if c is None:
-                        st.recv, counts = _leaf(st.recv), st.plan.send_counts
-                    else:
-                        st.recv = _leaf(self._wait(f"L{i}.dispatch"))
-                        counts = self._wait(f"L{i}.dispatch.counts")
-                    xs = st.cap.expert_inputs(st.recv, counts)
-                    ids = range(moe.num_experts) if c is None else c.local_experts
-                    st.y = st.cap.expert_outputs([moe.experts[str(e)](xe) for e, xe in zip(ids, xs)])
-                    return
-                if c is None:
-                    st.recv = _leaf(st.recv)
-                    xs = st.recv.split(st.plan.send_counts.tolist(), dim=0)
-                    st.y = torch.cat([moe.experts[str(e)](xs[e]) for e in range(moe.num_experts)], dim=0)
-                    return
-                st.recv = _leaf(self._wait(f"L{i}.dispatch"))
-                gather, inverse, per_expert = expert_major(st.splits[2], c.ep_size, c.experts_per_rank,
-                                                            st.recv.device)
-                xs = list(st.recv.index_select(0, gather).split(per_expert, dim=0))
-                ys = [moe.experts[str(e)](xe) for e, xe in zip(c.local_experts, xs)]
-                st.y = torch.cat(ys, dim=0).index_select(0, inverse)
-            return self._timed(name, run, "F")
+            return self._forward_experts(name, i)
+        st, c, moe = self.state[i], self.comm, self.layers[i].moe
         if node == "combine":
             if c is None:
                 st.yp = st.y.detach()
@@ -286,6 +230,82 @@ class StageProgram:
                     self.output = st.h_out
             return self._timed(name, run, "F")
         raise KeyError(name)  # pragma: no cover - names come from node_names()
+
+    def _forward_pre(self, name: str, i: int) -> None:
+        """Layer ``i``'s mixer, post-norm and router: the routing plan, the permuted expert inputs (packed per
+        destination under capacity dispatch) and the leaves the backward starts from."""
+        layer, st = self.layers[i], self.state[i]
+        moe, c = layer.moe, self.comm
+
+        def run():
+            st.h_in = h = self._first_input(i)
+            h_mid = layer.mix(h)
+            x = layer.post_norm(h_mid).reshape(-1, h_mid.shape[-1])
+            x_router, x_perm, x_shared, x_gate = moe._inputs(x)
+            fixed = moe.capacity_mode(x.device, x.shape[0])
+            st.plan = moe._route(x_router, fixed)
+            xp = permute(x_perm, st.plan)
+            if fixed:  # capacity dispatch: rows packed per destination here, indices built on the device
+                P = 1 if c is None else c.ep_size
+                st.cap = CapacityDispatch(P, moe.num_experts // P, *moe.capacity(st.plan.num_tokens, P))
+                xp = st.cap.send(xp, st.plan.send_counts)
+            st.outs = [h_mid, xp, x_shared, x_gate, st.plan.topk_weight]
+            st.leaves = [_leaf(o) for o in st.outs]
+        return self._timed(name, run, "F")
+
+    def _forward_dispatch(self, name: str, i: int) -> None:
+        """Issue layer ``i``'s dispatch all-to-all (after the blocking count exchange that sizes it, unless capacity
+        dispatch fixed the splits); without expert parallelism the inputs stay local."""
+        st, c = self.state[i], self.comm
+        xp = st.leaves[1].detach()
+        if c is None:
+            st.recv = xp
+            return
+        P, El = c.ep_size, c.experts_per_rank
+        if st.cap is not None:  # equal splits known in advance, counts sent with the rows: no host read
+            cd = [st.cap.cd] * P
+            st.splits = (cd, cd, None)
+            self._a2a(name, xp, cd, cd, c.group_fwd, counts=st.plan.send_counts)
+            return
+        sc = st.plan.send_counts.tolist()
+        in_splits = [sum(sc[q * El:(q + 1) * El]) for q in range(P)]
+        t = self.clock()
+        recv_counts = c.exchange_counts(st.plan.send_counts)  # blocking: it sizes the dispatch
+        self.record("wait", "a2a_wait", f"L{i}.counts[{self.key[0]},{self.mb}]", t, self.clock())
+        if self.on_counts is not None:
+            self.on_counts(self.key, i, recv_counts, sc)
+        st.splits = (in_splits, [sum(r) for r in recv_counts], recv_counts)
+        self._a2a(name, xp, st.splits[1], in_splits, c.group_fwd)
+
+    def _forward_experts(self, name: str, i: int) -> None:
+        """Layer ``i``'s local experts on the received rows (capacity slots, local splits, or expert-major order of
+        the received counts)."""
+        layer, st = self.layers[i], self.state[i]
+        moe, c = layer.moe, self.comm
+
+        def run():
+            if st.cap is not None:
+                if c is None:
+                    st.recv, counts = _leaf(st.recv), st.plan.send_counts
+                else:
+                    st.recv = _leaf(self._wait(f"L{i}.dispatch"))
+                    counts = self._wait(f"L{i}.dispatch.counts")
+                xs = st.cap.expert_inputs(st.recv, counts)
+                ids = range(moe.num_experts) if c is None else c.local_experts
+                st.y = st.cap.expert_outputs([moe.experts[str(e)](xe) for e, xe in zip(ids, xs)])
+                return
+            if c is None:
+                st.recv = _leaf(st.recv)
+                xs = st.recv.split(st.plan.send_counts.tolist(), dim=0)
+                st.y = torch.cat([moe.experts[str(e)](xs[e]) for e in range(moe.num_experts)], dim=0)
+                return
+            st.recv = _leaf(self._wait(f"L{i}.dispatch"))
+            gather, inverse, per_expert = expert_major(st.splits[2], c.ep_size, c.experts_per_rank,
+                                                       st.recv.device)
+            xs = list(st.recv.index_select(0, gather).split(per_expert, dim=0))
+            ys = [moe.experts[str(e)](xe) for e, xe in zip(c.local_experts, xs)]
+            st.y = torch.cat(ys, dim=0).index_select(0, inverse)
+        return self._timed(name, run, "F")
 
     def _backward_a2a(self, name: str, st: Any, attr: str, local_key: str, splits: tuple[int, int]) -> None:
         """Backward of an all-to-all node: the gradient of ``st.<attr>`` goes back with the forward's splits

@@ -103,6 +103,7 @@ def _add_routing(total: dict, log: list) -> None:
             t[key] = list(rec[key]) if t[key] is None else [a + b for a, b in zip(t[key], rec[key])]
 
 
+# params: the job's RunSpec sizes and training options, keyword-only, as the tests name them
 def reference_run(
     cfg: TinyConfig,
     *,

@@ -7,6 +7,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -125,7 +126,37 @@ def _job_steps(world: WorldSpec, topo: Topology, spec: RunSpec, out_dir: str | N
     return (yield from _run_job(world, topo, spec, sched, boundaries, out_dir))
 
 
+def _rank_parameters(model, stages: dict, my_stages) -> tuple[dict[int, str], list[tuple[str, Any]]]:
+    """``(name by parameter id, [(name, parameter)])``: this rank's parameters over its stages in order, each once
+    (a parameter shared by two of its stages is listed at its first)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    seen: set[int] = set()
+    named = []
+    for s in my_stages:
+        for p in stages[s].parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                named.append((names[id(p)], p))
+    return names, named
+
+
+def _export_profile(prof, spec, topo) -> None:
+    """Close the torch profiler and write its Chrome trace to ``$TESSERA_LAB_TORCH_PROFILE/<job>-rank<r>.json``."""
+    prof.__exit__(None, None, None)
+    out = Path(os.environ["TESSERA_LAB_TORCH_PROFILE"])
+    out.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(out / f"{spec.name or 'job'}-rank{topo.rank}.json"))
+
+
+def _attach_route_log(stages: dict, my_stages, log: list | None) -> None:
+    """Point the MoE router of every layer of this rank's stages at ``log`` (None: detach)."""
+    for s in my_stages:
+        for layer in stages[s].layers:
+            layer.moe.route_log = log
+
+
 def _run_job(world, topo, spec, sched, boundaries, out_dir):
+    """Run one job on this rank, a step per ``next()``; rank 0 returns every rank's step records at the end."""
     cfg = spec.model_config
     S, m, mbs, T = sched.num_stages, spec.microbatches, spec.micro_batch_size, cfg.seq_len
     R = topo.replicas
@@ -138,14 +169,7 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
     model, stages = build_stages(cfg, boundaries, my_stages, S, local)
     for st in stages.values():
         st.comm = comm
-    names = {id(p): n for n, p in model.named_parameters()}
-    seen: set[int] = set()
-    named = []
-    for s in my_stages:
-        for p in stages[s].parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                named.append((names[id(p)], p))
+    names, named = _rank_parameters(model, stages, my_stages)
     model.to(topo.device)
     opt = make_optimizer([p for _, p in named], spec.lr)
     N = m * R * mbs * T
@@ -161,9 +185,7 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
             ex.gaps.actions, {s: [(names[id(p)], p) for p in stages[s].parameters()] for s in my_stages},
             (topo.replica_group, topo.replicas, topo.dp_group, topo.dp), is_expert_param, m)
     route_log: list = []
-    for s in my_stages:
-        for layer in stages[s].layers:
-            layer.moe.route_log = route_log
+    _attach_route_log(stages, my_stages, route_log)
     records = []
     prof = _torch_profiler(topo)
     try:
@@ -205,14 +227,9 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
             yield
     finally:
         if prof is not None:
-            prof.__exit__(None, None, None)
-            out = Path(os.environ["TESSERA_LAB_TORCH_PROFILE"])
-            out.mkdir(parents=True, exist_ok=True)
-            prof.export_chrome_trace(str(out / f"{spec.name or 'job'}-rank{topo.rank}.json"))
+            _export_profile(prof, spec, topo)
         ex.close()
-        for s in my_stages:
-            for layer in stages[s].layers:
-                layer.moe.route_log = None
+        _attach_route_log(stages, my_stages, None)
     if topo.rank != 0:
         return None
     pair = {"handler": ex.handler.name, "node_level": ex.node_level, "order_label": ex.pair_order_label,

@@ -188,20 +188,42 @@ def _throughput(cfg: TinyConfig, mbs: int, repeats: int) -> dict[str, float]:
             "memory_bytes_per_s": 2 * big.numel() * 4 / tc}
 
 
+#: untimed rounds per size: the first messages of a gloo pair pay connection set-up
+_WARM = 3
+
+
 def _comm_worker(rank: int, world: int, store: str, sizes: list[int], groups: list[int], repeats: int, q) -> None:
+    """One process of the communication calibration (``world`` of them, gloo): the p2p ping-pong between ranks 0
+    and 1, whether a blocked receive spins, the all-to-all per group size, then the all-to-all in situ; rank 0
+    puts the results on ``q``. Every rank takes part in every phase in the same order."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=_dt.timedelta(seconds=120))
-    out: dict[str, Any] = {"p2p": [], "a2a": {}}
-    warm = 3  # untimed rounds per size: the first messages of a gloo pair pay connection set-up
-    cpu_ops = []  # CPU seconds of one send or receive on this rank (process_time: every thread)
+    cpu_ops: list[float] = []  # CPU seconds of one send or receive on this rank (process_time: every thread)
+    out: dict[str, Any] = {"p2p": _ping_pong(rank, sizes, repeats, cpu_ops), "a2a": {}}
+    out.update(_p2p_cpu(rank, world, cpu_ops))
+    out["a2a"] = _all_to_all_times(rank, sizes, groups, repeats)
+    out["in_situ"] = _in_situ_all_to_all(rank, world, sizes, groups, repeats)
+    if rank == 0:
+        q.put(out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _ping_pong(rank: int, sizes: list[int], repeats: int, cpu_ops: list[float]) -> list[list[float]]:
+    """``[[bytes, one-way seconds]]`` per size (median, on rank 0; empty elsewhere) of a send/receive ping-pong
+    between ranks 0 and 1; appends each timed send or receive's CPU seconds on ranks 0 and 1 to ``cpu_ops``."""
+    import torch
+    import torch.distributed as dist
+
+    pts = []
     for n in sizes:  # ping-pong 0 <-> 1
         buf = torch.zeros(max(1, n // 4))
         ts = []
-        for r in range(repeats + warm):
+        for r in range(repeats + _WARM):
             dist.barrier()
             t0 = time.perf_counter()
             c0 = time.process_time()
@@ -211,13 +233,21 @@ def _comm_worker(rank: int, world: int, store: str, sizes: list[int], groups: li
             elif rank == 1:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
-            if r >= warm:
+            if r >= _WARM:
                 ts.append((time.perf_counter() - t0) / 2)
                 if rank < 2:
                     cpu_ops.append((time.process_time() - c0) / 2)
         if rank == 0:
-            out["p2p"].append([buf.numel() * 4, statistics.median(ts)])
-    # does a blocked receive consume CPU (spinning) or sleep? rank 1 waits while rank 0 sleeps, then sends
+            pts.append([buf.numel() * 4, statistics.median(ts)])
+    return pts
+
+
+def _p2p_cpu(rank: int, world: int, cpu_ops: list[float]) -> dict[str, float]:
+    """``p2p_wait_cpu_share``: does a blocked receive consume CPU (spinning) or sleep? (rank 1 waits while rank 0
+    sleeps, then sends); ``p2p_cpu_per_op_s``: the median CPU of a send or receive over ranks 0 and 1."""
+    import torch
+    import torch.distributed as dist
+
     buf = torch.zeros(64)
     shares = []
     for _ in range(5):
@@ -231,9 +261,19 @@ def _comm_worker(rank: int, world: int, store: str, sizes: list[int], groups: li
             shares.append((time.process_time() - c0) / max(time.perf_counter() - w0, 1e-9))
     box = [None] * world
     dist.all_gather_object(box, statistics.median(shares) if shares else None)
-    out["p2p_wait_cpu_share"] = box[1]
+    out = {"p2p_wait_cpu_share": box[1]}
     dist.all_gather_object(box, statistics.median(cpu_ops) if cpu_ops else None)
     out["p2p_cpu_per_op_s"] = statistics.median([x for x in box[:2] if x is not None] or [0.0])
+    return out
+
+
+def _all_to_all_times(rank: int, sizes: list[int], groups: list[int], repeats: int) -> dict[str, list]:
+    """Per group size ``g`` (ranks ``0..g-1``), barrier-synchronised: ``[[bytes sent per rank, seconds]]`` per
+    size (median, on rank 0; empty elsewhere)."""
+    import torch
+    import torch.distributed as dist
+
+    out = {}
     for g in groups:
         grp = dist.new_group(list(range(g)))
         if rank < g:
@@ -242,20 +282,28 @@ def _comm_worker(rank: int, world: int, store: str, sizes: list[int], groups: li
                 per = max(1, n // 4 // g)
                 x, y = torch.zeros(per * g), torch.zeros(per * g)
                 ts = []
-                for r in range(repeats + warm):
+                for r in range(repeats + _WARM):
                     dist.barrier(group=grp)
                     t0 = time.perf_counter()
                     dist.all_to_all_single(y, x, group=grp)
-                    if r >= warm:
+                    if r >= _WARM:
                         ts.append(time.perf_counter() - t0)
                 pts.append([per * (g - 1) * 4, statistics.median(ts)])
             if rank == 0:
-                out["a2a"][str(g)] = pts
+                out[str(g)] = pts
         dist.barrier()
-    # in situ: every rank of the world at once, in EP groups of g, runs a runner-like compute segment then an
-    # all-to-all, without a barrier in between: the all-to-all then also pays the skew between the peers'
-    # arrivals and the wake-ups, as in a run (the barrier-synchronised timings above exclude both)
-    out["in_situ"] = {}
+    return out
+
+
+def _in_situ_all_to_all(rank: int, world: int, sizes: list[int], groups: list[int], repeats: int) -> dict[str, dict]:
+    """In situ: every rank of the world at once, in EP groups of g, runs a runner-like compute segment then an
+    all-to-all, without a barrier in between: the all-to-all then also pays the skew between the peers' arrivals
+    and the wake-ups, as in a run (the barrier-synchronised timings exclude both). Per ``g`` dividing the world
+    (on rank 0; empty elsewhere): the median over ranks of the time added per all-to-all, and the segment's time."""
+    import torch
+    import torch.distributed as dist
+
+    out = {}
     a = torch.randn(32, 64)
     b = torch.randn(64, 64)
 
@@ -290,13 +338,10 @@ def _comm_worker(rank: int, world: int, store: str, sizes: list[int], groups: li
         box = [None] * world
         dist.all_gather_object(box, max(0.0, total - alone))
         if rank == 0:
-            out["in_situ"][str(g)] = {"per_all_to_all_s": statistics.median(box), "compute_segment_s": alone,
-                                      "bytes": per * (g - 1) * 4, "processes": world}
+            out[str(g)] = {"per_all_to_all_s": statistics.median(box), "compute_segment_s": alone,
+                           "bytes": per * (g - 1) * 4, "processes": world}
         dist.barrier()
-    if rank == 0:
-        q.put(out)
-    dist.barrier()
-    dist.destroy_process_group()
+    return out
 
 
 def _comm(cfg: TinyConfig, mbs: int, groups: Sequence[int], repeats: int) -> dict[str, Any]:
@@ -326,6 +371,7 @@ def _comm(cfg: TinyConfig, mbs: int, groups: Sequence[int], repeats: int) -> dic
     return {"p2p": p2p, "all_to_all": a2a, "comm_world": world}
 
 
+# long: two job series (one stage per EP size, then GPipe jobs for the transfer fit) share one probe-bracketed run
 def _runner_cpu(device: dict, cfg: TinyConfig, mbs: int, eps: Sequence[int], *, microbatches: int = 4,
                 steps: int = 12, work_ref: float | None = None, corun: dict | None = None,
                 p2p: dict | None = None) -> dict[str, Any]:

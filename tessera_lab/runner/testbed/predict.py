@@ -45,6 +45,7 @@ class PlanChoices:
     pair_order: Any = None
 
 
+# params: one per runner-plan option, keyword-only as device_plan passes them (MachineState groups the machine's)
 def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int, ep: int, dp: int = 1,
                    schedule: str = "1f1b", microbatches: int = 4, micro_batch_size: int = 2,
                    boundaries: Sequence[int] | None = None, vpp: int | None = None,
@@ -83,60 +84,23 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
 
     machine_load, cpu_probe_s = machine.machine_load, machine.cpu_probe_s
     cores_available, work_probe_s = machine.cores_available, machine.work_probe_s
-    name = canonical_name(schedule)
-    v = vpp if vpp is not None else (2 if name in ("interleaved", "dualpipev") else 1)
-    sched = build_schedule(name, pp, microbatches, v)
-    if defer_w:
-        sched = split_backward(sched, None)
-    S = sched.num_stages
-    L = cfg["num_layers"]
-    if boundaries is None:
-        boundaries = uniform_boundaries(L, S)
-    if len(boundaries) != S + 1 or boundaries[0] != 0 or boundaries[-1] != L:
-        raise ConfigError(f"plan field 'boundaries' = {list(boundaries)} does not fit {S} stages of {L} layers")
+    name, sched, boundaries = _schedule_and_split(schedule, pp, microbatches, vpp, defer_w, cfg["num_layers"],
+                                                  boundaries)
+    S, L = sched.num_stages, cfg["num_layers"]
     r = cfg["attention_ratio"] + 1
     kinds = ["full_attention" if (i + 1) % r == 0 else "linear_attention" for i in range(L)]
     tokens = micro_batch_size * cfg["seq_len"]
-    H = cfg["hidden_size"]
     world = pp * ep * dp
     per_kind = {k: layer_times(device, cfg, k, tokens) for k in set(kinds)}
-    ex = device["extras"]
     rc = runner_cpu_entry(device, ep)
     factor = float(rc["factor"]) if rc else 1.0
-    a2a_block = 0.0  # seconds blocked on all-to-all peers per layer and F or B action
-    if ep > 1:
-        if rc:
-            a2a_block = float(rc["blocked_s"])
-        else:  # no in-situ calibration: the all-to-all microbenchmark, as blocked time
-            e = a2a_entry(device, ep)
-            rows = tokens * cfg["top_k"] * (ep - 1) / ep
-            a2a_block = float(e["alpha_s"]) + 2 * alpha_beta(e, rows * H * 4)
+    a2a_block = _a2a_blocked(device, cfg, ep, tokens, rc)
     scale = work_scale(device, work_probe_s)  # the machine's state now against the calibration's
     factor *= scale
     tx = (device.get("runner_cpu") or {}).get("transfer_cpu_s")  # in situ, both ends of one transfer
     p2p_cpu = scale * (float(tx) / 2 if tx is not None else float(device["p2p"].get("cpu_per_op_s", 0.0)))
-    f, b, w, blk = [], [], [], []
-    for s in range(S):
-        lo, hi = boundaries[s], boundaries[s + 1]
-        fs = sum(per_kind[kinds[i]]["F"] for i in range(lo, hi))
-        bs = sum(per_kind[kinds[i]]["B"] for i in range(lo, hi))
-        ws = sum(per_kind[kinds[i]]["W"] for i in range(lo, hi))
-        if s == 0:
-            fs += ex["embed_F_s"]
-            bs += ex["embed_B_s"]
-        if s == S - 1:
-            fs += ex["head_F_s"] * tokens / ex.get("head_tokens", tokens)
-            bs += ex["head_B_s"] * tokens / ex.get("head_tokens", tokens)
-        fs += ex.get("action_overhead_s", 0.0)
-        bs += ex.get("action_overhead_s", 0.0)
-        # CPU of posting / completing the stage-to-stage transfers: F receives from s-1 and sends to s+1,
-        # B the reverse (calibrated send or receive CPU, ping-pong)
-        hops = (s > 0) + (s < S - 1)
-        f.append(fs * factor + hops * p2p_cpu)
-        b.append(bs * factor + hops * p2p_cpu)
-        w.append(ws * factor)
-        blk.append((hi - lo) * a2a_block)
-    p2p = alpha_beta(device["p2p"], tokens * H * 4)
+    f, b, w, blk = _stage_work(device["extras"], per_kind, kinds, boundaries, tokens, factor, p2p_cpu, a2a_block)
+    p2p = alpha_beta(device["p2p"], tokens * cfg["hidden_size"] * 4)
     split = defer_w or name in ("zb-h1", "zb-h2")
     cores = int(device["metadata"].get("cores") or 1)
     avail = available_cores(device, world, cores_available=cores_available, cpu_probe_s=cpu_probe_s,
@@ -162,6 +126,69 @@ def predict_runner(device: Mapping[str, Any], cfg: Mapping[str, Any], *, pp: int
             "work_scale": scale, "work_probe_s": work_probe_s,
             "layer_s": {k: v for k, v in per_kind.items()}, "schedule": sched.name,
             "boundaries": list(boundaries), "source": cost_source(device)["source"]}
+
+
+def _schedule_and_split(schedule: str, pp: int, microbatches: int, vpp: int | None, defer_w: bool, L: int,
+                        boundaries: Sequence[int] | None):
+    """``(canonical name, schedule, boundaries)``: the schedule built (two chunks per rank by default for interleaved
+    and DualPipeV; W split off when ``defer_w``) and the boundaries checked against it (default uniform).
+
+    Raises:
+        ConfigError: boundaries that do not cut ``L`` layers into the schedule's stages.
+    """
+    name = canonical_name(schedule)
+    v = vpp if vpp is not None else (2 if name in ("interleaved", "dualpipev") else 1)
+    sched = build_schedule(name, pp, microbatches, v)
+    if defer_w:
+        sched = split_backward(sched, None)
+    S = sched.num_stages
+    if boundaries is None:
+        boundaries = uniform_boundaries(L, S)
+    if len(boundaries) != S + 1 or boundaries[0] != 0 or boundaries[-1] != L:
+        raise ConfigError(f"plan field 'boundaries' = {list(boundaries)} does not fit {S} stages of {L} layers")
+    return name, sched, boundaries
+
+
+def _a2a_blocked(device: Mapping[str, Any], cfg: Mapping[str, Any], ep: int, tokens: int, rc) -> float:
+    """Seconds blocked on all-to-all peers per layer and F or B action: the in-situ calibration's at this EP size
+    (``rc``), else the all-to-all microbenchmark's time for the routed rows; 0 without expert parallelism."""
+    if ep <= 1:
+        return 0.0
+    if rc:
+        return float(rc["blocked_s"])
+    e = a2a_entry(device, ep)  # no in-situ calibration: the all-to-all microbenchmark, as blocked time
+    rows = tokens * cfg["top_k"] * (ep - 1) / ep
+    return float(e["alpha_s"]) + 2 * alpha_beta(e, rows * cfg["hidden_size"] * 4)
+
+
+def _stage_work(ex: Mapping[str, Any], per_kind: dict, kinds: list[str], boundaries: Sequence[int], tokens: int,
+                factor: float, p2p_cpu: float, a2a_block: float) -> tuple[list, list, list, list]:
+    """Per stage ``(F, B, W, blocked)`` seconds: its layers' calibrated times (embedding on the first stage, LM
+    head on the last, the per-action overhead) times ``factor``, plus ``p2p_cpu`` per stage-to-stage transfer
+    posted; blocked: the all-to-all wait of its layers."""
+    S = len(boundaries) - 1
+    f, b, w, blk = [], [], [], []
+    for s in range(S):
+        lo, hi = boundaries[s], boundaries[s + 1]
+        fs = sum(per_kind[kinds[i]]["F"] for i in range(lo, hi))
+        bs = sum(per_kind[kinds[i]]["B"] for i in range(lo, hi))
+        ws = sum(per_kind[kinds[i]]["W"] for i in range(lo, hi))
+        if s == 0:
+            fs += ex["embed_F_s"]
+            bs += ex["embed_B_s"]
+        if s == S - 1:
+            fs += ex["head_F_s"] * tokens / ex.get("head_tokens", tokens)
+            bs += ex["head_B_s"] * tokens / ex.get("head_tokens", tokens)
+        fs += ex.get("action_overhead_s", 0.0)
+        bs += ex.get("action_overhead_s", 0.0)
+        # CPU of posting / completing the stage-to-stage transfers: F receives from s-1 and sends to s+1,
+        # B the reverse (calibrated send or receive CPU, ping-pong)
+        hops = (s > 0) + (s < S - 1)
+        f.append(fs * factor + hops * p2p_cpu)
+        b.append(bs * factor + hops * p2p_cpu)
+        w.append(ws * factor)
+        blk.append((hi - lo) * a2a_block)
+    return f, b, w, blk
 
 
 def work_scale(device: Mapping[str, Any], work_probe_s: float | None) -> float:
@@ -261,6 +288,7 @@ def runner_model_config(name_or_path: str) -> tuple[str, dict[str, Any]]:
     return spec.name, TinyConfig.from_model_spec(spec).as_dict()
 
 
+# params: one per 'plan --device' option; PlanChoices and MachineState already group the rest
 def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: int = 1, schedule: str = "1f1b",
                 microbatches: int = 4, micro_batch_size: int = 2, vpp: int | None = None,
                 choices: PlanChoices = PlanChoices(), config: Mapping[str, Any] | None = None,

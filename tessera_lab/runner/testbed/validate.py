@@ -62,7 +62,7 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
     from .predict import MachineState, PlanChoices, device_plan, device_work_probe
     from .probe import available_cores
     from ..launch.spawn import spawn
-    from ..runtime.specs import RunSpec, TinyConfig, WorldSpec
+    from ..runtime.specs import TinyConfig, WorldSpec
 
     steps = steps or (9 if quick else 5)
     base = TinyConfig()
@@ -83,7 +83,6 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
         by_world.setdefault((c["pp"], c["ep"]), []).append(c)
     avail: dict[str, dict[str, float]] = {}
     for (pp, ep), cs in by_world.items():
-        jobs = []
         # the cores this job gets now, measured right before the group's runs in processes of its own
         # (runner.probe.available_cores); the plans made at the start from the load average stay for comparison
         a = avail[f"pp{pp}-ep{ep}"] = available_cores(int(device["metadata"].get("cores") or os.cpu_count() or 1),
@@ -98,39 +97,14 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
                 choices=PlanChoices(partition=c["partition"]), config=widened(base, c["width"]).as_dict(),
                 machine=MachineState(machine_load=os.getloadavg()[0], cores_available=a["cores_available"],
                                      work_probe_s=a["work_probe_s"]))
-        for c in cs:
-            pl = group_plans[_name(c)]
-            jobs.append(RunSpec(name=_name(c), model=pl["model_config"], schedule=c["schedule"],
-                                microbatches=microbatches, micro_batch_size=micro_batch_size, steps=steps,
-                                boundaries=pl["boundaries"], pair_exec=pl["pair_exec"],
-                                pair_order=pl["pair_order"]["template"],
-                                plan_prediction={"predicted_s": pl["prediction"]["iteration_s"],
-                                                 "stage_f_s": pl["prediction"]["stage_f_s"],
-                                                 "stage_b_s": pl["prediction"]["stage_b_s"],
-                                                 "bubble_s": pl["prediction"].get("bubble_s"),
-                                                 "ep_a2a_s": pl["prediction"].get("ep_a2a_s"),
-                                                 "costs": pl["costs"]["source"], "predicted_at": pl["predicted_at"]}))
+        jobs = [_job(c, group_plans[_name(c)], microbatches, micro_batch_size, steps) for c in cs]
         # a step of each case in turn: drift of the machine during the group falls on every case alike
         res = spawn(WorldSpec(pp=pp, ep=ep, timeout_s=120, interleave=True), jobs, timeout_s=900, keep=False)
         # the work probe after the group: with the one before, the machine's state the group ran in (a
         # diagnostic of the observation, never an input of the prediction)
         a["work_probe_after_s"] = device_work_probe(device)
         drift = (a["work_probe_after_s"] / a["work_probe_s"]) if a["work_probe_s"] else None
-        for c in cs:
-            job = res.job(_name(c))
-            pv = job["plan_vs_observed"]
-            pc = group_plans[_name(c)]["prediction"]["cpu_per_step_s"]
-            oc = (job.get("cpu") or {}).get("actions_s")
-            # the observed CPU in the state the prediction assumed (the probe before): the CPU work error apart
-            # from the machine's drift during the group
-            oc_ref = oc / ((1 + drift) / 2) if oc is not None and drift else oc
-            out_cases.append({"name": _name(c), **c, "boundaries": group_plans[_name(c)]["boundaries"],
-                              "predicted_s": pv["predicted_s"], "observed_s": pv["observed_s"],
-                              "predicted_loadavg_s": plans[_name(c)]["prediction"]["iteration_s"],
-                              "observed_q1_s": pv["observed_q1_s"], "observed_q3_s": pv["observed_q3_s"],
-                              "error": pv["error"], "predicted_cpu_s": pc, "observed_cpu_s": oc,
-                              "observed_cpu_ref_s": oc_ref,
-                              "work_error": (pc - oc_ref) / oc_ref if oc_ref else None})
+        out_cases += [_case(c, res.job(_name(c)), group_plans[_name(c)], plans[_name(c)], drift) for c in cs]
         if progress:
             progress(len(out_cases), len(matrix))
     errs = [abs(c["error"]) for c in out_cases if math.isfinite(c["error"])]
@@ -149,19 +123,60 @@ def validate(device: dict, *, quick: bool = False, steps: int | None = None, mic
         "cases": out_cases, "median_abs_error": statistics.median(errs) if errs else math.nan,
         "rank_agreement": agree / total if total else math.nan, "rank_pairs": total,
         "rank_agreement_apart": ranks["rank_agreement_apart"], "rank_pairs_apart": ranks["rank_pairs_apart"],
-        "calibration": {"device": device.get("name"), "path": device.get("_path"), "date": meta.get("date"),
-                        "runs": [f"layer microbenchmarks ({', '.join(device['layers'])}) x widths 1, 2",
-                                 "embedding and LM head microbenchmarks", "GEMM and memory throughput",
-                                 f"gloo p2p ping-pong and all-to-all (groups {', '.join(device['all_to_all'])}) "
-                                 f"in {meta.get('comm_world')} processes"],
-                        "disjoint_from_validated_runs": True, "load_average_1m": meta.get("load_average_1m"),
-                        "warnings": list(meta.get("warnings") or [])},
+        "calibration": _calibration(device),
         "machine": {"cores": os.cpu_count(), "load_before": [round(x, 2) for x in load0],
                     "load_after": [round(x, 2) for x in os.getloadavg()], "seconds": round(time.time() - t0, 1)},
         "targets": TARGETS, "steps": steps, "quick": quick,
         "targets_met": _targets_met(statistics.median(errs) if errs else math.nan,
                                     agree / total if total else math.nan),
     }
+
+
+def _job(c: dict, pl: dict, microbatches: int, micro_batch_size: int, steps: int):
+    """The runner job of case ``c`` under its plan ``pl`` (:func:`~.predict.device_plan`), carrying the plan's
+    prediction so the run reports plan against observation."""
+    from ..runtime.specs import RunSpec
+
+    return RunSpec(name=_name(c), model=pl["model_config"], schedule=c["schedule"],
+                   microbatches=microbatches, micro_batch_size=micro_batch_size, steps=steps,
+                   boundaries=pl["boundaries"], pair_exec=pl["pair_exec"],
+                   pair_order=pl["pair_order"]["template"],
+                   plan_prediction={"predicted_s": pl["prediction"]["iteration_s"],
+                                    "stage_f_s": pl["prediction"]["stage_f_s"],
+                                    "stage_b_s": pl["prediction"]["stage_b_s"],
+                                    "bubble_s": pl["prediction"].get("bubble_s"),
+                                    "ep_a2a_s": pl["prediction"].get("ep_a2a_s"),
+                                    "costs": pl["costs"]["source"], "predicted_at": pl["predicted_at"]})
+
+
+def _case(c: dict, job: dict, plan: dict, plan_loadavg: dict, drift: float | None) -> dict[str, Any]:
+    """Case ``c``'s row: predicted (now, and from the load average at the start) against observed time and CPU;
+    ``drift``: the work probe after the group over the one before."""
+    pv = job["plan_vs_observed"]
+    pc = plan["prediction"]["cpu_per_step_s"]
+    oc = (job.get("cpu") or {}).get("actions_s")
+    # the observed CPU in the state the prediction assumed (the probe before): the CPU work error apart
+    # from the machine's drift during the group
+    oc_ref = oc / ((1 + drift) / 2) if oc is not None and drift else oc
+    return {"name": _name(c), **c, "boundaries": plan["boundaries"],
+            "predicted_s": pv["predicted_s"], "observed_s": pv["observed_s"],
+            "predicted_loadavg_s": plan_loadavg["prediction"]["iteration_s"],
+            "observed_q1_s": pv["observed_q1_s"], "observed_q3_s": pv["observed_q3_s"],
+            "error": pv["error"], "predicted_cpu_s": pc, "observed_cpu_s": oc,
+            "observed_cpu_ref_s": oc_ref,
+            "work_error": (pc - oc_ref) / oc_ref if oc_ref else None}
+
+
+def _calibration(device: dict) -> dict[str, Any]:
+    """What the device's calibration ran, and when; disjoint from the validated runs."""
+    meta = device["metadata"]
+    return {"device": device.get("name"), "path": device.get("_path"), "date": meta.get("date"),
+            "runs": [f"layer microbenchmarks ({', '.join(device['layers'])}) x widths 1, 2",
+                     "embedding and LM head microbenchmarks", "GEMM and memory throughput",
+                     f"gloo p2p ping-pong and all-to-all (groups {', '.join(device['all_to_all'])}) "
+                     f"in {meta.get('comm_world')} processes"],
+            "disjoint_from_validated_runs": True, "load_average_1m": meta.get("load_average_1m"),
+            "warnings": list(meta.get("warnings") or [])}
 
 
 def _targets_met(median_abs_error: float, rank_agreement: float) -> dict[str, bool]:

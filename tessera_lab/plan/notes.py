@@ -1,0 +1,71 @@
+"""The notes a plan carries about its inputs (the model's own, MTP layers, routing load, attention windows, fp8,
+the overlap profile its layer-pair costs come from) and about the host/sync term the chosen plan pays."""
+
+from __future__ import annotations
+
+from tessera_lab.model.hardware import Cluster, ParallelConfig
+from tessera_lab.model.spec import ModelSpec
+from tessera_lab.model.tasks import routing_load_note
+from tessera_lab.plan.evaluate import Evaluation, evaluate
+from tessera_lab.plan.stages import StageCostModel
+
+
+def plan_notes(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, profile) -> list[str]:
+    """The plan's notes on its inputs: the model's own, MTP layers planned or not, routing load, attention
+    windows, fp8 precision and the overlap profile the layer-pair costs come from."""
+    notes = list(model.notes)
+    if model.mtp_layers and not model.plan_mtp:
+        mtp = model.param_counts().mtp
+        notes.append(f"{len(model.mtp_layers)} MTP layer(s) ({mtp / 1e9:.2f} B parameters, computed) are not planned; "
+                     "--mtp plans them after the last decoder layer, on the last stage")
+    elif model.plan_mtp and model.mtp_layers:
+        notes.append(f"{len(model.mtp_layers)} MTP layer(s) planned after the last decoder layer (last stage); "
+                     "parameter counts report them apart")
+    if model.has_moe and parallel.ep > 1:
+        notes.append(routing_load_note(model, parallel))
+    if note := window_note(model, parallel):
+        notes.append(note)
+    if parallel.precision == "fp8":
+        from tessera_lab.plan.precision import precision_note
+
+        notes.append(precision_note(model, parallel, cluster))
+    if profile is not None:
+        notes.append(f"layer-pair costs from profile {profile.path or '(in memory)'}: backend {profile.backend}, "
+                     f"device {profile.environment.get('device', '?')}, size factor {profile.size_factor:g}; its "
+                     "measured overlap efficiency is transferred onto this model's analytic standalone times")
+        if profile.backend != "cuda":
+            notes.append(f"the profile was measured with the {profile.backend} backend, not on a {cluster.gpu.name}: "
+                         "its efficiencies describe that device")
+    return notes
+
+
+def window_note(model: ModelSpec, parallel: ParallelConfig) -> str | None:
+    """A note when sliding-window or chunked layers have a window (chunk) of at least the sequence length: every
+    query then sees all earlier tokens, so they cost as full causal attention (:func:`tessera_lab.model.mixers.
+    attention_pairs`); ``None`` otherwise."""
+    wide = [ly for ly in model.layers if ly.local in ("sliding", "chunked") and ly.window >= parallel.seq_len]
+    if not wide:
+        return None
+    kinds = sorted({f"{ly.local} {ly.window}" for ly in wide})
+    return (f"window: {len(wide)} layer(s) ({', '.join(kinds)} tokens) have a window of at least the sequence length "
+            f"{parallel.seq_len}: every token sees all earlier tokens, so they compute as full causal attention "
+            f"(model/mixers.py attention_pairs); a window below {parallel.seq_len} keeps them local")
+
+
+def sync_note(model: ModelSpec, parallel: ParallelConfig, cost_model, sm: StageCostModel, chosen: Evaluation,
+              flops: float) -> tuple[str, float]:
+    """``(note, seconds)``: what the host/sync term (:mod:`tessera_lab.cost.sync`) adds to the chosen plan: its
+    per-layer seconds and provenance, and the iteration simulated with and without it (same partition); seconds =
+    with - without."""
+    from tessera_lab.cost.sync import FITTED_PROVENANCE
+
+    c = max(sm.host_sync)
+    t0 = evaluate(model, parallel, cost_model, sm.without_sync(), chosen.partition, chosen.method, flops,
+                  time_only=True)
+    t = chosen.iteration_time_s
+    given = parallel.host_sync_s is None
+    return ((f"host/sync term: {c * 1e3:.2f} ms per MoE layer forward and micro-batch "
+            f"({FITTED_PROVENANCE if given else 'set by --host-sync-ms'}; the dropless EP dispatch "
+            f"({parallel.dispatcher}) waits on the host's token counts before its all-to-all; hidden only under the "
+            f"EP-overlap schedules; tessera_lab/cost/sync.py) adds {t - t0:.4f} s to the iteration (simulated: {t:.4f} s with, "
+            f"{t0:.4f} s without, +{t / t0 - 1:.1%}); --host-sync-ms 0 turns it off"), t - t0)
