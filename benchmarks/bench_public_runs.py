@@ -69,8 +69,8 @@ without the host/sync term leaves unexplained and its ratio to the modelled comp
 on stderr; ``python scripts/claims.py regen`` writes the same table into that page, and the figures its reading
 quotes come from :func:`reading_figures` on the same rows.
 
-Run: python benchmarks/bench_public_runs.py [--json PATH|-] [--markdown] [--runs FILE] [--split fit|test] [--breakdown]   (analytic; about 10 s of CPU
-for the 27 shipped runs)
+Run: python benchmarks/bench_public_runs.py [--json PATH|-] [--markdown] [--runs FILE] [--split fit|test]
+[--breakdown]   (analytic; about 10 s of CPU for the 27 shipped runs)
 """
 
 from __future__ import annotations

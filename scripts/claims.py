@@ -9,7 +9,8 @@ deterministic (a few seconds of CPU in all). Measured figures (benchmarks' CPU a
 and the machine load of their run and are not re-run.
 
 A generated block (a table) sits between ``<!-- claim-block:ID -->`` and ``<!-- /claim-block:ID -->`` lines (a
-blank line on either side of it); its text is what the block's function (:data:`BLOCKS`) prints, e.g. ``benchmarks/bench_public_runs.py --markdown``.
+blank line on either side of it); its text is what the block's function (:data:`BLOCKS`) returns, the same text a
+command prints (``benchmarks/bench_public_runs.py --markdown``).
 ``check`` compares the block with a fresh run, ``regen`` rewrites it, ``check --no-rerun`` checks only that every
 block is known and closed.
 
@@ -43,10 +44,11 @@ REQUIRED = ("id", "value", "format", "kind", "command", "environment", "date", "
 
 #: a marker after a quoted figure; the figure is the text right before it (number, optional sign and unit)
 MARKER = re.compile(r"<!-- claim:(?P<id>[A-Za-z0-9_.\-]+) -->")
-#: a generated block: its opening line, its text (every line up to the closing marker) and its closing line
-BLOCK = re.compile(r"<!-- claim-block:(?P<id>[A-Za-z0-9_.\-]+) -->\n(?P<body>(?:(?!<!-- /?claim-block:).*\n)*?)"
-                   r"<!-- /claim-block:(?P=id) -->")
-BLOCK_OPEN = re.compile(r"<!-- claim-block:(?P<id>[A-Za-z0-9_.\-]+) -->")
+#: a generated block: its opening line, its text (every line up to the closing marker) and its closing line; a
+#: block marker is a line of its own (a marker quoted inside a sentence is not one)
+BLOCK = re.compile(r"^<!-- claim-block:(?P<id>[A-Za-z0-9_.\-]+) -->\n(?P<body>(?:(?!<!-- /?claim-block:).*\n)*?)"
+                   r"<!-- /claim-block:(?P=id) -->$", re.M)
+BLOCK_OPEN = re.compile(r"^<!-- claim-block:(?P<id>[A-Za-z0-9_.\-]+) -->$", re.M)
 FIGURE = re.compile(r"[+\-]?\d[\d,]*(?:\.\d+)?(?: ?(?:%|s|ms|minutes|min|GiB|x|tokens/s))?$")
 
 
@@ -202,7 +204,7 @@ def check_text(name: str, text: str, reg: dict[str, dict[str, Any]]) -> list[str
 
 def check_blocks(name: str, text: str) -> list[str]:
     """Problems with the generated blocks of one document: an unknown block id, an opening marker without its
-    closing marker (``<!-- /claim-block:ID -->`` at the start of a line after the block's text)."""
+    closing marker (``<!-- /claim-block:ID -->`` on a line of its own after the block's text)."""
     closed = {m.start() for m in BLOCK.finditer(text)}
     bad = []
     for m in BLOCK_OPEN.finditer(text):
@@ -210,7 +212,7 @@ def check_blocks(name: str, text: str) -> list[str]:
             bad.append(f"{name}: claim-block:{m.group('id')} is not a block of scripts/claims.py; known: "
                        f"{', '.join(BLOCKS)}")
         elif m.start() not in closed:
-            bad.append(f"{name}: claim-block:{m.group('id')} is not closed by a line starting "
+            bad.append(f"{name}: claim-block:{m.group('id')} is not closed by a line "
                        f"<!-- /claim-block:{m.group('id')} -->")
     return bad
 
@@ -624,7 +626,8 @@ def main(argv: list[str] | None = None) -> int:
             if new != old:
                 path.write_text(new)
                 changed.append(str(path.relative_to(ROOT)))
-    print(f"{len(values)} claims and {len(blocks)} block(s) re-run; rewritten: {', '.join(changed) or 'nothing'}", file=sys.stderr)
+    print(f"{len(values)} claims and {len(blocks)} block(s) re-run; rewritten: {', '.join(changed) or 'nothing'}",
+          file=sys.stderr)
     return 0
 
 
