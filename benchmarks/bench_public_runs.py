@@ -65,9 +65,12 @@ budget, and the gap budget - standalone sum the README quotes (:func:`breakdown`
 classes of the mean decoder layer (expert GEMMs, dense GEMMs, attention core, memory-bound kernels, FP8 casts,
 host-bound issue, EP all-to-all, TP collectives: :func:`layer_components`) beside the time per layer the plan
 without the host/sync term leaves unexplained and its ratio to the modelled compute (:func:`components_table`).
+``--markdown``: only the per-run Markdown table of docs/reproduce.md (:func:`markdown_table`) on stdout, the report
+on stderr; ``python scripts/claims.py regen`` writes the same table into that page, and the figures its reading
+quotes come from :func:`reading_figures` on the same rows.
 
-Run: python benchmarks/bench_public_runs.py [--json PATH|-] [--runs FILE] [--split fit|test] [--breakdown]   (analytic; about 10 s of CPU
-for the 27 shipped runs)
+Run: python benchmarks/bench_public_runs.py [--json PATH|-] [--markdown] [--runs FILE] [--split fit|test]
+[--breakdown]   (analytic; about 10 s of CPU for the 27 shipped runs)
 """
 
 from __future__ import annotations
@@ -538,10 +541,114 @@ def summary(rows: list[dict], sync: dict) -> dict:
             "sync_per_layer_s": sync["per_layer_s"], "sync_fitted_on": sync["fit_runs_used"]}
 
 
+#: the columns of :func:`markdown_table` (docs/reproduce.md's per-run table)
+MARKDOWN_HEADERS = ("run", "source family", "split", "published s", "predicted s", "error", "error without the term",
+                    "dispatcher")
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The per-run table docs/reproduce.md quotes, as Markdown (one line per row, ending in a newline): id, source
+    family, split, published and predicted iteration seconds (3 decimals), ``error`` and the error without the
+    host/sync term (``error_without_sync`` once :func:`apply_sync_term` ran, else ``error``) as signed percentages
+    with one decimal, and the dispatcher; rows in the order given (the data files' order)."""
+    lines = ["| " + " | ".join(MARKDOWN_HEADERS) + " |", "|" + "---|" * len(MARKDOWN_HEADERS)]
+    for r in rows:
+        cells = [r["id"], r["source_family"], r["split"], f"{r['published']['iteration_s']:.3f}",
+                 f"{r['predicted']['iteration_s']:.3f}", f"{r['error']:+.1%}",
+                 f"{r.get('error_without_sync', r['error']):+.1%}", r["parallel"]["dispatcher"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+#: the rows docs/reproduce.md's reading of the table names: the ModelZoo's cross-node EP pair (without and with the
+#: combined-1F1B EP overlap) and its long-context table's forced-balance and dropless rows
+PAIR_IDS = ("mz/qwen3-235b-a22b/256xH100/bf16/deepep-tp2-pp8-vp4-ep32",
+            "mz/qwen3-235b-a22b/256xH100/bf16/deepep-tp2-pp8-vp4-ep32-a2a-overlap")
+LOAD_IDS = ("mz/qwen3-235b-a22b/256xH100/bf16/seq16k-tp4-pp8-vp4-ep8-forced-balance",
+            "mz/qwen3-235b-a22b/256xH100/bf16/seq16k-tp4-pp8-vp4-ep8-dropless")
+
+
+def reading_figures(rows: list[dict]) -> dict[str, float]:
+    """The figures the reading of the per-run table quotes (docs/reproduce.md, docs/fidelity.md), computed from
+    ``rows`` after :func:`apply_sync_term` (errors as fractions, ``error = published / predicted - 1``; seconds;
+    counts as floats). "Term applies": the planner gave the run a non-zero ``host_sync_per_layer_s``; reference
+    rows are in no count.
+
+    Keys: ``term.runs`` / ``term.too-fast-without``: fit and test runs the term applies to, and of them those whose
+    error without the term is > 0 (predicted too fast); ``deepep.test.{n,min,max,median-abs}``: the ``deepep`` test
+    runs the term applies to, their error with it; ``qwen3-alltoall.test.{n,min,max,without-min,without-max}``: the
+    Qwen3 ``alltoall`` test runs the term applies to, with and without it; ``pair.plain`` / ``pair.overlap``: the
+    errors of :data:`PAIR_IDS`; ``load.{published,predicted}.{forced,dropless}`` (s) and ``load.{published,
+    predicted}.slowdown`` (dropless / forced - 1) of :data:`LOAD_IDS`; ``test.beyond-target`` /
+    ``test.beyond-target.term-zero``: test runs with |error| above :data:`TARGET_MAX`, and of them those the term
+    does not apply to.
+
+    Raises:
+        KeyError: a row of :data:`PAIR_IDS` or :data:`LOAD_IDS` is missing (a runs file without them).
+    """
+    counted = [r for r in rows if r["split"] in ("fit", "test")]
+    term = [r for r in counted if r["host_sync_per_layer_s"] > 0]
+    deepep = [r for r in term if r["split"] == "test" and r["parallel"]["dispatcher"] == "deepep"]
+    a2a = [r for r in term if r["split"] == "test" and r["parallel"]["dispatcher"] == "alltoall"
+           and r["id"].startswith(("qwen3", "mz/qwen3"))]
+    by = {r["id"]: r for r in rows}
+    beyond = [r for r in counted if r["split"] == "test" and abs(r["error"]) > TARGET_MAX]
+    t = {k: by[i]["iteration_time_s"] for k, i in zip(("forced", "dropless"), LOAD_IDS)}
+    p = {k: by[i]["published"]["iteration_s"] for k, i in zip(("forced", "dropless"), LOAD_IDS)}
+    return {
+        "term.runs": float(len(term)),
+        "term.too-fast-without": float(sum(r["error_without_sync"] > 0 for r in term)),
+        "deepep.test.n": float(len(deepep)), "deepep.test.min": min(r["error"] for r in deepep),
+        "deepep.test.max": max(r["error"] for r in deepep),
+        "deepep.test.median-abs": statistics.median(abs(r["error"]) for r in deepep),
+        "qwen3-alltoall.test.n": float(len(a2a)), "qwen3-alltoall.test.min": min(r["error"] for r in a2a),
+        "qwen3-alltoall.test.max": max(r["error"] for r in a2a),
+        "qwen3-alltoall.test.without-min": min(r["error_without_sync"] for r in a2a),
+        "qwen3-alltoall.test.without-max": max(r["error_without_sync"] for r in a2a),
+        "pair.plain": by[PAIR_IDS[0]]["error"], "pair.overlap": by[PAIR_IDS[1]]["error"],
+        "load.published.forced": p["forced"], "load.published.dropless": p["dropless"],
+        "load.predicted.forced": t["forced"], "load.predicted.dropless": t["dropless"],
+        "load.published.slowdown": p["dropless"] / p["forced"] - 1.0,
+        "load.predicted.slowdown": t["dropless"] / t["forced"] - 1.0,
+        "test.beyond-target": float(len(beyond)),
+        "test.beyond-target.term-zero": float(sum(r["host_sync_per_layer_s"] == 0 for r in beyond)),
+    }
+
+
+def evaluate(files: list | None = None, split: str | None = None, out=sys.stderr) -> tuple:
+    """Plan the runs and apply the host/sync term as the bench does: ``(runs, rows, sync, summary, sources)``.
+
+    ``files``: runs files (default :data:`DEFAULT_FILES` in ``data/published``, the term fitted on their fit set;
+    given files use the shipped fitted values, no refit); ``split``: keep only that split's runs (``test`` and
+    ``reference`` use the shipped values too). A run that cannot be planned is named on ``out`` and left out.
+
+    Raises:
+        tessera_lab.errors.ConfigError: a runs file that cannot be used (``load_runs``).
+    """
+    from tessera_lab.cost.sync import FITTED_PER_LAYER_S
+    from tessera_lab.report.fidelity_set import load_runs
+
+    runs, sources = load_runs(files or [ROOT / "data" / "published" / f for f in DEFAULT_FILES])
+    if split:
+        runs = [r for r in runs if r["split"] == split]
+    rows = []
+    for run in runs:
+        try:
+            rows.append(predict(run, 0.0))  # the planner's host/sync term off: what the fit sees
+        except Exception as exc:  # noqa: BLE001 - a benchmark prints what failed and goes on
+            print(f"{run['id']}: not planned: {exc}", file=out)
+    shipped = bool(files) or split in ("test", "reference")  # no fit rows to fit on: the shipped values
+    sync = apply_sync_term(rows, {r["id"]: r for r in runs}, dict(FITTED_PER_LAYER_S) if shipped else None)
+    return runs, rows, sync, summary(rows, sync), sources
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", metavar="PATH", help="write the rows and the summary as JSON ('-': stdout, and the "
                     "table goes to stderr)")
+    ap.add_argument("--markdown", action="store_true",
+                    help="print only the per-run Markdown table of docs/reproduce.md on stdout (markdown_table); "
+                         "the report goes to stderr")
     ap.add_argument("--runs", metavar="FILE", action="append",
                     help="evaluate this runs file (schema: docs/file-schemas.md) with the shipped fitted values, no "
                          "refit; repeatable (default: data/published/" + ", ".join(DEFAULT_FILES) + ", fitted on their "
@@ -552,31 +659,19 @@ def main(argv=None) -> None:
     ap.add_argument("--breakdown", action="store_true",
                     help="also print where the predicted time of one MoE layer goes, per run (GPU and host-bound)")
     args = ap.parse_args(argv)
+    if args.markdown and args.json == "-":
+        ap.error("--markdown and --json - both write to stdout; give --json a PATH")
     import tabulate as tabulate_mod
 
-    from tessera_lab.cost.sync import FITTED_PER_LAYER_S
     from tessera_lab.errors import ConfigError
-    from tessera_lab.report.fidelity_set import load_runs
 
-    out = sys.stderr if args.json == "-" else sys.stdout
-    files = args.runs or [ROOT / "data" / "published" / f for f in DEFAULT_FILES]
+    out = sys.stderr if args.json == "-" or args.markdown else sys.stdout
+    tabulate_mod.MIN_PADDING = 0  # columns as wide as their widest cell or header line
     try:
-        runs, sources = load_runs(files)
+        runs, rows, sync, summ, sources = evaluate(args.runs, args.split, out)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if args.split:
-        runs = [r for r in runs if r["split"] == args.split]
-    tabulate_mod.MIN_PADDING = 0  # columns as wide as their widest cell or header line
-    rows = []
-    for run in runs:
-        try:
-            rows.append(predict(run, 0.0))  # the planner's host/sync term off: what the fit sees
-        except Exception as exc:  # noqa: BLE001 - a benchmark prints what failed and goes on
-            print(f"{run['id']}: not planned: {exc}", file=out)
-    shipped = bool(args.runs) or args.split in ("test", "reference")  # no fit rows to fit on: the shipped values
-    sync = apply_sync_term(rows, {r["id"]: r for r in runs}, dict(FITTED_PER_LAYER_S) if shipped else None)
-    summ = summary(rows, sync)
     print_report(rows, sync, summ, out)
     result = {"rows": rows, "summary": summ, "sync_term": sync, "source_pages": sources}
     if args.breakdown:
@@ -593,6 +688,8 @@ def main(argv=None) -> None:
               "unexplained (needed; components_table)", file=out)
         print(components_table(rows, bds), file=out)
         result["breakdown"] = bds
+    if args.markdown:
+        print(markdown_table(rows), end="")
     if args.json:
         if args.json == "-":
             json.dump(result, sys.stdout, indent=1, default=str)

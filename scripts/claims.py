@@ -8,6 +8,12 @@ figures of the analytic planner, the cost model's data-file inputs and zb-auto's
 deterministic (a few seconds of CPU in all). Measured figures (benchmarks' CPU and wall seconds) carry the date
 and the machine load of their run and are not re-run.
 
+A generated block (a table) sits between ``<!-- claim-block:ID -->`` and ``<!-- /claim-block:ID -->`` lines (a
+blank line on either side of it); its text is what the block's function (:data:`BLOCKS`) returns, the same text a
+command prints (``benchmarks/bench_public_runs.py --markdown``).
+``check`` compares the block with a fresh run, ``regen`` rewrites it, ``check --no-rerun`` checks only that every
+block is known and closed.
+
 Usage::
 
     python scripts/claims.py check            # quoted text == registry text; probes re-run within tolerance
@@ -38,6 +44,11 @@ REQUIRED = ("id", "value", "format", "kind", "command", "environment", "date", "
 
 #: a marker after a quoted figure; the figure is the text right before it (number, optional sign and unit)
 MARKER = re.compile(r"<!-- claim:(?P<id>[A-Za-z0-9_.\-]+) -->")
+#: a generated block: its opening line, its text (every line up to the closing marker) and its closing line; a
+#: block marker is a line of its own (a marker quoted inside a sentence is not one)
+BLOCK = re.compile(r"^<!-- claim-block:(?P<id>[A-Za-z0-9_.\-]+) -->\n(?P<body>(?:(?!<!-- /?claim-block:).*\n)*?)"
+                   r"<!-- /claim-block:(?P=id) -->$", re.M)
+BLOCK_OPEN = re.compile(r"^<!-- claim-block:(?P<id>[A-Za-z0-9_.\-]+) -->$", re.M)
 FIGURE = re.compile(r"[+\-]?\d[\d,]*(?:\.\d+)?(?: ?(?:%|s|ms|minutes|min|GiB|x|tokens/s))?$")
 
 
@@ -191,11 +202,27 @@ def check_text(name: str, text: str, reg: dict[str, dict[str, Any]]) -> list[str
     return bad
 
 
+def check_blocks(name: str, text: str) -> list[str]:
+    """Problems with the generated blocks of one document: an unknown block id, an opening marker without its
+    closing marker (``<!-- /claim-block:ID -->`` on a line of its own after the block's text)."""
+    closed = {m.start() for m in BLOCK.finditer(text)}
+    bad = []
+    for m in BLOCK_OPEN.finditer(text):
+        if m.group("id") not in BLOCKS:
+            bad.append(f"{name}: claim-block:{m.group('id')} is not a block of scripts/claims.py; known: "
+                       f"{', '.join(BLOCKS)}")
+        elif m.start() not in closed:
+            bad.append(f"{name}: claim-block:{m.group('id')} is not closed by a line "
+                       f"<!-- /claim-block:{m.group('id')} -->")
+    return bad
+
+
 def check_docs(reg: dict[str, dict[str, Any]], root: Path = ROOT) -> list[str]:
     bad = check_entries(reg)
     for path in doc_files(root):
         if path.exists():
-            bad += check_text(str(path.relative_to(root)), path.read_text(), reg)
+            name, text = str(path.relative_to(root)), path.read_text()
+            bad += check_text(name, text, reg) + check_blocks(name, text)
     return bad
 
 
@@ -268,6 +295,38 @@ def _public_runs() -> dict[str, float]:
     out["test-median-abs-error"] = statistics.median(with_term)
     out["test-max-abs-error"] = max(with_term)
     return out
+
+
+_EVALUATION: dict[str, tuple] = {}
+
+
+def _public_evaluation() -> tuple:
+    """``bench_public_runs.evaluate()`` on the shipped runs files (term fitted on their fit set, as the bench prints
+    it), computed once per process: the per-run table block and the ``public-runs-table`` probe read the same rows."""
+    if "rows" not in _EVALUATION:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        try:
+            import bench_public_runs as bench
+        finally:
+            sys.path.pop(0)
+        _, rows, _, summ, _ = bench.evaluate()
+        _EVALUATION.update(bench=bench, rows=rows, summary=summ)
+    return _EVALUATION["bench"], _EVALUATION["rows"], _EVALUATION["summary"]
+
+
+def _public_runs_markdown() -> str:
+    """The per-run table of docs/reproduce.md: ``python benchmarks/bench_public_runs.py --markdown``."""
+    bench, rows, _ = _public_evaluation()
+    return bench.markdown_table(rows)
+
+
+def _public_runs_table() -> dict[str, float]:
+    """The figures the reading of the per-run table quotes (``bench_public_runs.reading_figures``) and the headline
+    counts beside them (test runs, source families, the fit set's median |error|), from the rows of that table."""
+    bench, rows, summ = _public_evaluation()
+    return {**bench.reading_figures(rows), "n-test": float(summ["n_test"]),
+            "source-families": float(len(summ["source_families"])),
+            "fit-median-abs-error": summ["fit_median_abs_error"]}
 
 
 def _public_fit_components() -> dict[str, float]:
@@ -423,10 +482,19 @@ PROBES: dict[str, Callable[[], dict[str, float]]] = {
     "knobs": _knobs,
     "public-runs": _public_runs,
     "public-fit-components": _public_fit_components,
+    "public-runs-table": _public_runs_table,
     "validation-files": _validation_results,
     "cost-model": _cost_model,
     "zb-auto": _zb_auto,
     "context-parallel": _context_parallel,
+}
+
+
+#: generated block id -> (the probe whose run it shares, the command that prints the same text, the function
+#: returning its text)
+BLOCKS: dict[str, tuple[str, str, Callable[[], str]]] = {
+    "public-runs.table": ("public-runs-table", "python benchmarks/bench_public_runs.py --markdown",
+                          _public_runs_markdown),
 }
 
 
@@ -458,6 +526,43 @@ def rerun(reg: dict[str, dict[str, Any]], probes: list[str] | None = None) -> tu
                 bad.append(f"{cid}: re-run gives {e['format'].format(got[e['key']])} ({got[e['key']]!r}), the registry "
                            f"says {text_of(e)} ({e['value']!r}); tolerance {e['tolerance']}")
     return values, bad
+
+
+def framed(text: str) -> str:
+    """A block's text as a document holds it between its markers: a blank line, the text (ending in a newline),
+    a blank line (so that Markdown renders the table apart from the markers)."""
+    return "\n" + text + ("" if text.endswith("\n") else "\n") + "\n"
+
+
+def rerun_blocks(probes: list[str] | None = None, root: Path = ROOT) -> tuple[dict[str, str], list[str]]:
+    """Re-make the generated blocks the documents hold (all, or those of the probes named): ``(text by block id,
+    problems)``, a problem per block whose text in a document differs from the fresh one."""
+    texts: dict[str, str] = {}
+    bad = []
+    for path in doc_files(root):
+        if not path.exists():
+            continue
+        for m in BLOCK.finditer(path.read_text()):
+            bid = m.group("id")
+            if bid not in BLOCKS or BLOCKS[bid][0] not in (probes or PROBES):
+                continue
+            if bid not in texts:
+                texts[bid] = BLOCKS[bid][2]()
+            if m.group("body") != framed(texts[bid]):
+                bad.append(f"{path.relative_to(root)}: claim-block:{bid} differs from a fresh run of "
+                           f"`{BLOCKS[bid][1]}` (python scripts/claims.py regen rewrites it)")
+    return texts, bad
+
+
+def rewrite_blocks(text: str, texts: dict[str, str]) -> str:
+    """``text`` with every generated block named in ``texts`` replaced by that text."""
+    def body(m: re.Match) -> str:
+        bid = m.group("id")
+        if bid not in texts:
+            return m.group(0)
+        return f"<!-- claim-block:{bid} -->\n{framed(texts[bid])}<!-- /claim-block:{bid} -->"
+
+    return BLOCK.sub(body, text)
 
 
 def rewrite(text: str, reg: dict[str, dict[str, Any]]) -> str:
@@ -494,17 +599,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "list":
         for cid, e in reg.items():
             print(f"{cid:44} {e['kind']:15} {text_of(e):>14}  {e['date']}  load {e['load']}")
+        for bid, (_, command, _) in BLOCKS.items():
+            print(f"{bid:44} {'block':15} {'(table)':>14}  {command}")
         return 0
     if args.action == "check":
         bad = check_docs(reg)
         if not args.no_rerun:
-            bad += rerun(reg, args.probe)[1]
+            bad += rerun(reg, args.probe)[1] + rerun_blocks(args.probe)[1]
         for line in bad:
             print(line)
         print(f"{len(reg)} claims, {len(bad)} problem(s)", file=sys.stderr)
         return 1 if bad else 0
     # regen: re-run the probes, update their entries (value, date, load), rewrite every document
     values, _ = rerun(reg, args.probe)
+    blocks, _ = rerun_blocks(args.probe)
     today = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     for cid, v in values.items():
         if reg[cid]["value"] != v:
@@ -514,11 +622,12 @@ def main(argv: list[str] | None = None) -> int:
     for path in doc_files():
         if path.exists():
             old = path.read_text()
-            new = rewrite(old, reg)
+            new = rewrite_blocks(rewrite(old, reg), blocks)
             if new != old:
                 path.write_text(new)
                 changed.append(str(path.relative_to(ROOT)))
-    print(f"{len(values)} claims re-run; rewritten: {', '.join(changed) or 'nothing'}", file=sys.stderr)
+    print(f"{len(values)} claims and {len(blocks)} block(s) re-run; rewritten: {', '.join(changed) or 'nothing'}",
+          file=sys.stderr)
     return 0
 
 

@@ -57,6 +57,29 @@ def test_cheap_deterministic_claims_rerun_within_tolerance(registry):
     rerun_kinds = {registry[cid]["kind"] for cid in values}
     assert {"simulated", "derived"} <= rerun_kinds
     assert "default-plan.mfu" in values and "public.median-abs-error" in values
+    # the generated per-run table of docs/reproduce.md is what bench_public_runs.py --markdown prints now
+    texts, bad = claims.rerun_blocks()
+    assert not bad, "\n".join(bad)
+    assert "public-runs.table" in texts and texts["public-runs.table"].startswith("| run | source family |")
+
+
+def test_a_generated_block_is_checked_and_rewritten(monkeypatch, tmp_path):
+    table = "| a |\n|---|\n| 1 |\n"
+    monkeypatch.setitem(claims.BLOCKS, "t.table", ("default-plan", "echo table", lambda: table))
+    good = f"x\n<!-- claim-block:t.table -->\n\n{table}\n<!-- /claim-block:t.table -->\ny\n"
+    assert claims.check_blocks("x.md", good) == []
+    assert "not a block" in claims.check_blocks("x.md", good.replace("t.table", "no.such"))[0]
+    assert "not closed" in claims.check_blocks("x.md", good.replace("<!-- /claim-block:t.table -->", ""))[0]
+    assert claims.check_blocks("x.md", "a marker quoted in a sentence, `<!-- claim-block:no.such -->`, is none") == []
+    changed = good.replace("| 1 |", "| 2 |")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "x.md").write_text(changed)
+    texts, bad = claims.rerun_blocks(["default-plan"], root=tmp_path)
+    assert texts == {"t.table": table} and len(bad) == 1 and "docs/x.md: claim-block:t.table differs" in bad[0]
+    assert claims.rewrite_blocks(changed, texts) == good
+    (tmp_path / "docs" / "x.md").write_text(good)
+    assert claims.rerun_blocks(["default-plan"], root=tmp_path)[1] == []
+    assert claims.rerun_blocks(["knobs"], root=tmp_path) == ({}, [])  # another probe's run: the block is not made
 
 
 def test_every_result_figure_in_the_readme_is_registered():

@@ -36,7 +36,9 @@ def test_the_published_runs_headline_is_the_test_sets():
     # the headline sentence's median and max are recomputed from the doc's own per-run table, test rows only; a
     # fit-set figure in its place fails
     text = (DOCS / "reproduce.md").read_text()
-    head = re.search(r"Headline \(test set, (\d+) runs[^)]*\): median \|error\|\s+([\d.]+)%, largest ([\d.]+)%", text)
+    mark = r"(?:<!-- claim:[\w.\-]+ -->)?"  # a figure's claim marker (scripts/claims.py), if any
+    head = re.search(rf"Headline \(test set, (\d+){mark} runs[^)]*\): median \|error\|\s+([\d.]+)%{mark}, largest "
+                     rf"([\d.]+)%{mark}", text)
     assert head, "no test-set headline in docs/reproduce.md"
     rows = re.findall(r"^\| (\S+) \| (\S+) \| (fit|test|reference) \| [\d.]+ \| [\d.]+ \| ([+-][\d.]+)% \|", text, re.M)
     test = [abs(float(e)) for _, _, s, e in rows if s == "test"]
@@ -84,7 +86,8 @@ def test_fidelity_headline_is_the_test_figure_not_the_fit_figure():
     # docs/fidelity.md's published-runs headline quotes the test set's median and max, the same figures the per-run
     # table of docs/reproduce.md gives for its test rows; the fit rows' median (in sample) is never that headline
     text = (DOCS / "fidelity.md").read_text()
-    head = re.search(r"Headline \(test set, (\d+) runs\): median \|error\| ([\d.]+)%<!-- claim:public\.test-median"
+    head = re.search(r"Headline \(test set, (\d+)(?:<!-- claim:public\.table\.n-test -->)? runs\): median \|error\| "
+                     r"([\d.]+)%<!-- claim:public\.test-median"
                      r"-abs-error -->, largest\s+([\d.]+)%<!-- claim:public\.test-max-abs-error -->", text)
     assert head, "no test-set headline in docs/fidelity.md"
     table = (DOCS / "reproduce.md").read_text()

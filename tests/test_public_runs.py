@@ -282,3 +282,65 @@ def test_components_table_needed_by_hand():
     text = bench.components_table([row], [{"components_s": comps, "published_layer_budget_s": 10e-3}])
     last = text.splitlines()[-1].split()
     assert last[-2:] == ["+2.50", "+0.50"]
+
+
+def _row(rid, split, dispatcher, published, predicted, without, term):
+    """A hand-made row of the shape ``apply_sync_term`` leaves (error = published / predicted - 1)."""
+    return {"id": rid, "source_family": "fam", "split": split, "published": {"iteration_s": published},
+            "predicted": {"iteration_s": predicted}, "iteration_time_s": predicted,
+            "error": published / predicted - 1.0, "error_without_sync": without, "host_sync_per_layer_s": term,
+            "parallel": {"dispatcher": dispatcher}}
+
+
+def test_markdown_table_and_reading_figures_by_hand():
+    import pytest
+
+    bench = _bench()
+    pair, load = bench.PAIR_IDS, bench.LOAD_IDS
+    rows = [_row("qwen3-x/a", "test", "alltoall", 6.0, 10.0, 0.50, 0.01),       # error -0.40
+            _row("mz/qwen3-y/b", "test", "alltoall", 8.0, 10.0, 0.30, 0.01),    # -0.20
+            _row("gpt-oss/c", "test", "alltoall", 11.0, 10.0, 0.60, 0.01),      # +0.10, not a Qwen3 run
+            _row(pair[0], "test", "deepep", 9.0, 10.0, 0.20, 0.004),           # -0.10
+            _row(pair[1], "test", "deepep", 14.5, 10.0, 0.45, 0.0),            # +0.45, EP overlap: no term
+            _row(load[0], "test", "deepep", 11.0, 10.0, 0.30, 0.004),          # +0.10
+            _row(load[1], "test", "deepep", 13.2, 10.5, 0.50, 0.004),          # 13.2 / 10.5 - 1 = +0.2571
+            _row("fit/d", "fit", "deepep", 10.2, 10.0, -0.05, 0.004),          # +0.02, too slow without the term
+            _row("ref/e", "reference", "alltoall", 19.0, 10.0, 0.90, 0.01)]    # in no count
+    f = bench.reading_figures(rows)
+    # the term applies to 7 fit/test rows (a, b, c, pair[0], both load rows, d); 6 of them are too fast without it
+    assert (f["term.runs"], f["term.too-fast-without"]) == (7, 6)
+    # deepep test rows with the term: -0.10, +0.10, +0.2571 -> median |error| 0.10
+    assert f["deepep.test.n"] == 3 and f["deepep.test.min"] == pytest.approx(-0.10)
+    assert f["deepep.test.max"] == pytest.approx(13.2 / 10.5 - 1) and f["deepep.test.median-abs"] == pytest.approx(0.10)
+    # Qwen3 alltoall test rows with the term: a and b (c is GPT-OSS, e a reference row)
+    assert f["qwen3-alltoall.test.n"] == 2
+    assert (f["qwen3-alltoall.test.min"], f["qwen3-alltoall.test.max"]) == pytest.approx((-0.40, -0.20))
+    assert (f["qwen3-alltoall.test.without-min"], f["qwen3-alltoall.test.without-max"]) == (0.30, 0.50)
+    assert (f["pair.plain"], f["pair.overlap"]) == pytest.approx((-0.10, 0.45))
+    assert (f["load.published.forced"], f["load.published.dropless"]) == (11.0, 13.2)
+    assert (f["load.predicted.forced"], f["load.predicted.dropless"]) == (10.0, 10.5)
+    assert f["load.published.slowdown"] == pytest.approx(0.2) and f["load.predicted.slowdown"] == pytest.approx(0.05)
+    # test rows beyond 35%: a (-0.40) and pair[1] (+0.45, no term); e is a reference row
+    assert (f["test.beyond-target"], f["test.beyond-target.term-zero"]) == (2, 1)
+    table = bench.markdown_table(rows[:1]).splitlines()
+    assert table == ["| run | source family | split | published s | predicted s | error | error without the term | "
+                     "dispatcher |", "|---|---|---|---|---|---|---|---|",
+                     "| qwen3-x/a | fam | test | 6.000 | 10.000 | -40.0% | +50.0% | alltoall |"]
+
+
+def test_markdown_flag_prints_only_the_table(capsys):
+    # --markdown: stdout holds the Markdown table and nothing else; the report goes to stderr (one reference run)
+    bench = _bench()
+    bench.main(["--markdown", "--split", "reference"])
+    cap = capsys.readouterr()
+    lines = cap.out.splitlines()
+    ref = [i for i, r in _runs(ALL_FILES).items() if r["split"] == "reference"]
+    assert lines[0].startswith("| run | source family | split |") and lines[1] == "|" + "---|" * 8
+    assert len(lines) == 2 + len(ref) and all(ln.startswith("| ") and ln.endswith(" |") for ln in lines[2:])
+    assert [ln.split(" | ")[0][2:] for ln in lines[2:]] == ref and all(" | reference | " in ln for ln in lines[2:])
+    assert "no test runs in this selection" in cap.err and "per run: source" in cap.err
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:  # both on stdout: refused before any work
+        bench.main(["--markdown", "--json", "-"])
+    assert exc.value.code == 2 and "--markdown and --json -" in capsys.readouterr().err
