@@ -136,3 +136,17 @@ def test_fsdp_plan_records_and_reads_back():
     # every byte of training state sharded: fewer parameter bytes per GPU, the unsharded buffers included
     plain = make_plan(m, par.replace(fsdp=False), method="uniform", baselines=(), gpu="H100")
     assert plan.chosen.stages[0].param_bytes < plain.chosen.stages[0].param_bytes
+
+
+def test_split_with_more_virtual_stages_than_layers_plans():
+    """An embedding- and loss-accounted split may hold pp x vpp = layers + 2 virtual stages (the first only the
+    embedding, the last only the loss): the plan scores that split, its baselines included, instead of refusing it.
+    Qwen3-30B-A3B: 48 layers + 2 = 50 = pp 25 x vpp 2, one decoder layer on each of virtual stages 1..48."""
+    from tessera_lab.plan.make import make_plan
+
+    m = load_model("qwen3-30b-a3b")
+    par = ParallelConfig(pp=25, vpp=2, ep=8, microbatches=50, schedule="interleaved", expert_load=1.0)
+    b = accounted_boundaries(48, 50, embedding=True, loss=True)
+    plan = make_plan(m, par, None, method="uniform", gpu="H100", boundaries=b)
+    assert list(plan.chosen.partition.boundaries) == b
+    assert [b[s + 1] - b[s] for s in (0, 1, 48, 49)] == [0, 1, 1, 0]
