@@ -12,14 +12,15 @@ candidates predicted strictly faster).
 
 The recipe's layout in the search's terms (:func:`recipe_layout`): TP, PP, VPP, EP, CP, the data-parallel replicas,
 micro-batches and micro-batch size, the schedule and the expert grid as ``bench_public_runs.parallel_for`` maps them
-(EP spanning TP where EP > Megatron's DP), the dispatcher, and the recompute granularity (``none``, ``selective``,
-``full``). What the search's space does not hold is left out of both sides and listed per run: the precision (the
-search plans bf16, so FP8 recipes are compared at their layout in bf16), Megatron's recompute module lists (a
-``selective`` recipe is planned with the search's ``selective``), Megatron FSDP, the recipe's fixed pipeline split
-(the planner chooses the partition for both), a published balanced routing (both use the planner's busiest-rank
-load). A recipe layout the enumeration does not produce (a VPP, micro-batch size or schedule outside the search's
-values) is added to the candidates the search considers (the ``layouts`` argument), when the planner accepts it
-(Megatron-Core can run it); the row names the dimension.
+(EP spanning TP where EP > Megatron's DP), the dispatcher and the recompute granularity. The run's training settings
+that are not layout choices apply to every candidate of its search alike (:class:`RecipeLayout`, passed to the
+search through its ``layouts`` argument): precision (FP8 runs are searched in FP8), Adam moment and gradient dtypes,
+the published routing balance, the recipes' cross-entropy fusion and Megatron-Core's contiguous expert grid. The
+recipe's own recompute modules and Megatron FSDP, which the search's space does not vary, are kept on the recipe's
+layout; a recipe layout the enumeration does not produce (such a setting, or a VPP, micro-batch size or schedule
+outside the search's values) is added to the candidates when the planner accepts it (Megatron-Core can run it), and
+the row names the dimension. Both sides get the planner's partition (a recipe's fixed pipeline split is listed, not
+imposed).
 
 Ranking agreement of the Megatron-MoE-ModelZoo Qwen3 table (several layouts of one model on the same GPUs with their
 step times): :func:`bench_modelzoo_ranking.rank_agreement` over the layouts ``bench_modelzoo_ranking.py`` plans
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import astuple
 import os
 import sys
 import time
@@ -52,31 +54,68 @@ MAX_PLANS = 12
 TOP = 3
 
 
-def recipe_layout(run: dict):
-    """The run's layout as a :class:`tessera_lab.plan.search.Layout` (module docstring) and the recipe settings the
-    search's space leaves out (list of short strings)."""
-    from bench_public_runs import parallel_for
+def _recipe_layout_class():
+    """:class:`RecipeLayout`, built on first use (the benchmark imports the package lazily)."""
+    global RecipeLayout
+    if "RecipeLayout" in globals():
+        return RecipeLayout
+    from dataclasses import dataclass
 
     from tessera_lab.plan.search import Layout
 
+    @dataclass(frozen=True, order=True)
+    class RecipeLayout(Layout):
+        """A :class:`~tessera_lab.plan.search.Layout` planned with a published run's training settings: its precision,
+        Adam moment and gradient dtypes, routing balance (``expert_load``), the recipes' cross-entropy fusion and
+        Megatron-Core's contiguous expert grid (as ``bench_public_runs.parallel_for`` sets them), and, for the recipe's
+        own layout, its recompute modules and Megatron FSDP. The search plans every candidate through
+        :meth:`parallel`, so all candidates of a run share these settings."""
+
+        precision: str = "bf16"
+        adam_moment_dtype: str = "fp32"
+        grad_reduce_dtype: str = "fp32"
+        expert_load: float | None = None
+        recompute_modules: tuple = ()
+        fsdp: bool = False
+
+        def parallel(self, seq_len: int):
+            return Layout.parallel(self, seq_len).replace(
+                precision=self.precision, adam_moment_dtype=self.adam_moment_dtype,
+                grad_reduce_dtype=self.grad_reduce_dtype, expert_load=self.expert_load, fused_cross_entropy=True,
+                ep_placement="contiguous", recompute_modules=self.recompute_modules, fsdp=self.fsdp)
+
+        def cost_group(self) -> tuple:
+            return Layout.cost_group(self) + (self.recompute_modules, self.fsdp)
+
+    globals()["RecipeLayout"] = RecipeLayout
+    return RecipeLayout
+
+
+def run_settings(run: dict) -> dict:
+    """The run's training settings every candidate of its search shares (:class:`RecipeLayout`)."""
+    return {"precision": run["precision"], "adam_moment_dtype": run.get("adam_moment_dtype", "fp32"),
+            "grad_reduce_dtype": run.get("grad_reduce_dtype", "fp32"), "expert_load": run.get("expert_load", 1.0)}
+
+
+def recipe_layout(run: dict):
+    """The run's layout as a :class:`RecipeLayout` (module docstring) and what of the recipe it leaves out."""
+    from bench_public_runs import parallel_for
+
     par, _ = parallel_for(run)
-    lay = Layout(par.pp, par.vpp, par.ep, par.tp, par.dp, par.microbatches, par.micro_batch_size, par.schedule,
-                 par.recompute, par.dispatcher, par.ep_spans_tp, par.cp)
+    extra = {"recompute_modules": par.recompute_modules if par.recompute == "selective" else (),
+             "fsdp": bool(run.get("fsdp"))}
+    lay = _recipe_layout_class()(par.pp, par.vpp, par.ep, par.tp, par.dp, par.microbatches, par.micro_batch_size,
+                                 par.schedule, par.recompute, par.dispatcher, par.ep_spans_tp, par.cp,
+                                 **run_settings(run), **extra)
     left = []
-    if run["precision"] != "bf16":
-        left.append(f"{run['precision']} planned as bf16")
-    if run.get("recompute_modules"):
-        left.append(f"recompute modules {','.join(run['recompute_modules'])} as the search's selective")
-    if run.get("fsdp"):
-        left.append("Megatron FSDP as the distributed optimizer")
     if run.get("pipeline_split"):
-        left.append("the recipe's pipeline split as the planner's")
+        left.append("the recipe's pipeline split as the planner's partition")
     if run.get("schedule") and run["schedule"] != par.schedule:
         left.append(f"schedule {run['schedule']}")
     return lay, left
 
 
-def outside_space(model, lay, gpus: int, node: int, seq_len: int) -> list[str]:
+def outside_space(model, lay, node: int, seq_len: int) -> list[str]:
     """Why ``lay`` is not among :func:`tessera_lab.plan.search.enumerate_layouts`' values (empty when the value of
     every dimension is one the search tries)."""
     from tessera_lab.plan.make import VIRTUAL_SCHEDULES
@@ -96,6 +135,10 @@ def outside_space(model, lay, gpus: int, node: int, seq_len: int) -> list[str]:
         why.append(f"cp {lay.cp}")
     if lay.pp * lay.vpp > model.num_layers:
         why.append(f"pp x vpp {lay.pp * lay.vpp} over {model.num_layers} layers")
+    if getattr(lay, "recompute_modules", ()):
+        why.append(f"recompute modules {','.join(lay.recompute_modules)}")
+    if getattr(lay, "fsdp", False):
+        why.append("Megatron FSDP")
     return why
 
 
@@ -110,9 +153,11 @@ def check_run(run: dict, max_plans: int, top: int) -> dict:
     lay, left = recipe_layout(run)
     gpus, seq = run["gpus"], run["seq_len"]
     node = GPUSpec.named(run["gpu"]).nvlink_domain
-    space = enumerate_layouts(model, gpus, run["gbs"], gpus_per_node=node, seq_len=seq)
+    cls, settings = _recipe_layout_class(), run_settings(run)
+    space = [cls(*astuple(x), **settings) for x in enumerate_layouts(model, gpus, run["gbs"], gpus_per_node=node,
+                                                                       seq_len=seq)]
     recipe = plan_layout(model, lay, seq, Cluster.dgx(run["gpu"], gpus // node))
-    outside = [] if lay in set(space) else (outside_space(model, lay, gpus, node, seq) or ["not enumerated"])
+    outside = [] if lay in set(space) else (outside_space(model, lay, node, seq) or ["not enumerated"])
     added = bool(outside) and "error" not in recipe  # the planner accepts it: Megatron-Core runs it
     res = search(model, gpus, gpu=run["gpu"], seq_len=seq, global_batch_tokens=run["gbs"] * seq, top=top,
                  max_plans=max_plans, layouts=space + [lay] if added else space)
