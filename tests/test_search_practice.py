@@ -59,3 +59,20 @@ def test_practice_small_run_end_to_end():
     assert row["best_iteration_s"] <= row["recipe_iteration_s"]
     assert 1 <= row["recipe_rank"] <= row["fitting_planned"] + 1
     assert row["evaluated"] >= 1 and row["cpu_s"] > 0
+
+
+def test_practice_megatron_schedules_by_hand():
+    from tessera_lab.plan.search import Layout
+
+    runs = _bench().megatron_runs
+    base = dict(pp=8, vpp=1, ep=8, tp=1, dp=1, microbatches=64, micro_batch_size=1, recompute="none",
+                dispatcher="alltoall")
+    assert runs(Layout(schedule="1f1b", **base)) and runs(Layout(schedule="interleaved", **dict(base, vpp=2)))
+    # the EP overlap with PP > 1 needs virtual stages (TransformerConfig); at PP 1 it runs without
+    assert not runs(Layout(schedule="overlapped", **base))
+    assert runs(Layout(schedule="overlapped", **dict(base, pp=1)))
+    assert runs(Layout(schedule="interleaved-overlapped", **dict(base, vpp=2)))
+    # nor with full recompute, nor without EP; the zero-bubble schedules are this project's
+    assert not runs(Layout(schedule="interleaved-overlapped", **dict(base, vpp=2, recompute="full")))
+    assert not runs(Layout(schedule="interleaved-overlapped", **dict(base, vpp=2, ep=1)))
+    assert not runs(Layout(schedule="zb-h1", **base))
