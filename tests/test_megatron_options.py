@@ -25,19 +25,31 @@ def test_layernorm_recompute_frees_the_norm_output_by_hand():
     base = ParallelConfig(pp=1, tp=2, ep=8, expert_load=1.0)
     ln = base.replace(recompute="selective", recompute_modules=("layernorm",))
     a, b = _f(QWEN, 0, base), _f(QWEN, 0, ln)
-    # qkv_proj keeps its input, the input norm's output: bf16, sequence parallel over tp 2: 2 * 2048 * 4096 =
-    # 16,777,216 bytes; with 'layernorm' that storage is freed (the norm re-runs in the backward)
-    assert a["qkv_proj"].saved_bytes == 16_777_216 and b["qkv_proj"].saved_bytes == 0.0
-    # nothing else changes: the norms keep their own inputs, the router its probabilities
-    assert {k: t.saved_bytes for k, t in a.items() if k != "qkv_proj"} == \
-        {k: t.saved_bytes for k, t in b.items() if k != "qkv_proj"}
+    # the router's gating GEMM keeps its input, the pre-MLP norm's output: bf16, sequence parallel over tp 2:
+    # 2 * 2048 * 4096 = 16,777,216 bytes, beside its fp32 logits 4 * 2048 * 128 = 1,048,576; the pre-MLP norm is a
+    # module of its own in an MoE layer, so 'layernorm' frees that storage (the norm re-runs in the backward)
+    assert a["router"].saved_bytes == 16_777_216 + 1_048_576 and b["router"].saved_bytes == 1_048_576
+    # the input norm is fused into linear_qkv (Megatron-Core's TE spec for GQA): 'layernorm' leaves it, and qkv_proj
+    # keeps the norm output, 16,777,216; nothing else changes
+    assert a["qkv_proj"].saved_bytes == b["qkv_proj"].saved_bytes == 16_777_216
+    assert {k: t.saved_bytes for k, t in a.items() if k != "router"} == \
+        {k: t.saved_bytes for k, t in b.items() if k != "router"}
     bw = {t.name: t for t in layer_tasks(QWEN, 0, ln).B}
     bw0 = {t.name: t for t in layer_tasks(QWEN, 0, base).B}
-    # the norm's backward re-runs its forward: bytes 2x (elementwise B) + 1x again = 3x the forward's
-    assert bw["input_norm"].bytes == pytest.approx(bw0["input_norm"].bytes * 3 / 2)
-    # under FP8 qkv_proj keeps its own FP8 copy, which 'layernorm' does not free
+    # the pre-MLP norm's backward re-runs its forward: bytes 2x (elementwise B) + 1x again = 3x the forward's; the
+    # fused input norm's does not
+    assert bw["post_attn_norm"].bytes == pytest.approx(bw0["post_attn_norm"].bytes * 3 / 2)
+    assert bw["input_norm"].bytes == bw0["input_norm"].bytes
+    # under FP8 qkv_proj keeps its own FP8 copy (2048 x 4096 x 1 B); the router's input is bf16 either way
     f8 = _f(QWEN, 0, ln.replace(precision="fp8"))
-    assert f8["qkv_proj"].saved_bytes == 8_388_608
+    assert f8["qkv_proj"].saved_bytes == 8_388_608 and f8["router"].saved_bytes == 1_048_576
+    # an MLA layer's input norm is a module of its own (TENorm): 'layernorm' frees its output where the q/kv down
+    # projections keep it in bf16 (DeepSeek-V3 layer 0, tp 1: 2 * 4096 * 7168 = 58,720,256 each)
+    ds = load_model("deepseek-v3")
+    d0 = _f(ds, 0, ParallelConfig(pp=1, ep=8, expert_load=1.0))
+    d1 = _f(ds, 0, ParallelConfig(pp=1, ep=8, expert_load=1.0, recompute="selective", recompute_modules=("layernorm",)))
+    freed = [k for k in d0 if d0[k].saved_bytes - d1[k].saved_bytes == 58_720_256]
+    assert freed and all("input_norm" in d0[k].deps for k in freed)
 
 
 def test_shared_experts_recompute_by_hand():
@@ -124,3 +136,17 @@ def test_fsdp_plan_records_and_reads_back():
     # every byte of training state sharded: fewer parameter bytes per GPU, the unsharded buffers included
     plain = make_plan(m, par.replace(fsdp=False), method="uniform", baselines=(), gpu="H100")
     assert plan.chosen.stages[0].param_bytes < plain.chosen.stages[0].param_bytes
+
+
+def test_split_with_more_virtual_stages_than_layers_plans():
+    """An embedding- and loss-accounted split may hold pp x vpp = layers + 2 virtual stages (the first only the
+    embedding, the last only the loss): the plan scores that split, its baselines included, instead of refusing it.
+    Qwen3-30B-A3B: 48 layers + 2 = 50 = pp 25 x vpp 2, one decoder layer on each of virtual stages 1..48."""
+    from tessera_lab.plan.make import make_plan
+
+    m = load_model("qwen3-30b-a3b")
+    par = ParallelConfig(pp=25, vpp=2, ep=8, microbatches=50, schedule="interleaved", expert_load=1.0)
+    b = accounted_boundaries(48, 50, embedding=True, loss=True)
+    plan = make_plan(m, par, None, method="uniform", gpu="H100", boundaries=b)
+    assert list(plan.chosen.partition.boundaries) == b
+    assert [b[s + 1] - b[s] for s in (0, 1, 48, 49)] == [0, 1, 1, 0]

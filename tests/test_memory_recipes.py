@@ -39,10 +39,10 @@ def test_sequence_parallel_and_fp8_saved_bytes_by_hand():
     # (2 * 4096 * 16 * 128 = 16,777,216) is o_proj's saved input, one storage counted there: 21,233,664
     assert sp["core"] == 21_233_664 and fp8["core"] == 38_010_880
     # routed experts: each TP rank routes 2048 tokens x top-8 = 16,384 copies; per copy fc1's input (2048), the
-    # SwiGLU input (2 x 768, bf16) and fc2's input (768): bf16 2*(2048 + 1536 + 768) = 8704 B, FP8 2048 + 3072 + 768
-    # = 5888 B -> 142,606,336 and 96,468,992
-    assert sp["experts"] == 16_384 * 8704 == 142_606_336
-    assert fp8["experts"] == 16_384 * 5888 == 96_468_992
+    # SwiGLU input (2 x 768, bf16), its fp32 routing probability (4 B) and fc2's input (768): bf16
+    # 2*(2048 + 1536 + 768) + 4 = 8708 B, FP8 2048 + 3072 + 4 + 768 = 5892 B -> 142,671,872 and 96,534,528
+    assert sp["experts"] == 16_384 * 8708 == 142_671_872
+    assert fp8["experts"] == 16_384 * 5892 == 96_534_528
     # tp = 1: no split, sequence_parallel has no effect
     one = ParallelConfig(pp=1, ep=8, expert_load=1.0)
     assert _saved(m, 0, one) == _saved(m, 0, one.replace(sequence_parallel=False))
@@ -71,12 +71,12 @@ def test_megatron_recompute_modules_by_hand():
     assert rf["gate_up_proj"].saved_bytes == rf["silu_mul"].saved_bytes == rf["down_proj"].saved_bytes == 0
     assert rb["gate_up_proj"].flops == 2 * rf["gate_up_proj"].flops
     # a MoE layer (3): 'mlp' is the dense MLP only, so the routed experts keep everything:
-    # 4096 * 8 copies * 2 B * (7168 + 2*2048 + 2048) = 32,768 * 26,624 = 872,415,232
+    # 4096 * 8 copies * (2 B * (7168 + 2*2048 + 2048) + 4 B probability) = 32,768 * 26,628 = 872,546,304
     moe = {t.name: t.saved_bytes for t in layer_tasks(m, 3, rec).F}
-    assert moe["experts"] == 872_415_232
-    # 'moe_act' frees fc2's input (32,768 * 2 * 2048 = 134,217,728): 738,197,504, and the SwiGLU re-runs
+    assert moe["experts"] == 872_546_304
+    # 'moe_act' frees fc2's input (32,768 * 2 * 2048 = 134,217,728): 738,328,576, and the SwiGLU re-runs
     act = layer_tasks(m, 3, none.replace(recompute="selective", recompute_modules=("moe_act",)))
-    assert {t.name: t.saved_bytes for t in act.F}["experts"] == 738_197_504
+    assert {t.name: t.saved_bytes for t in act.F}["experts"] == 738_328_576
     fa, ba = {t.name: t for t in act.F}, {t.name: t for t in act.B}
     assert ba["expert_act"].bytes == 3 * fa["expert_act"].bytes  # B of an elementwise op 2x its bytes, +1 re-run
     # 'moe': the whole MoE block keeps only its input, 2 * 4096 * 7168 = 58,720,256 (charged to the router); the
@@ -223,3 +223,61 @@ def test_cli_options_reach_the_plan(tmp_path, capsys):
     capsys.readouterr()
     assert main(["plan", "--tp", "3", "--ep", "8", "--ep-spans-tp"]) == 2  # one clear line, exit 2
     assert "ep_spans_tp" in capsys.readouterr().err
+
+
+def test_megatron_moe_layer_saved_tensors_by_hand():
+    """What Megatron-Core keeps for the backward of a Qwen3-235B-A22B layer (h 4096, 64 q / 4 kv heads of 128, 128
+    experts top-8, width 1536, no shared expert) at the ModelZoo's TP 2 / EP 8 layout with selective recompute of
+    ``layernorm`` and ``moe_act``: the input norm is fused into linear_qkv (not recomputed), the pre-MLP norm is a
+    module of its own (recomputed), the router's bf16 input is that norm's output, the unpermute keeps no tokens."""
+    m = load_model("qwen3-235b-a22b")
+    par = ParallelConfig(pp=32, vpp=3, tp=2, ep=8, ep_spans_tp=True, microbatches=512, schedule="interleaved",
+                         recompute="selective", recompute_modules=("layernorm", "moe_act"), expert_load=1.0)
+    s = _saved(m, 0, par)
+    rows = 2 * 2048 * 4096  # one bf16 [4096 / tp tokens, h] tensor of the sequence-parallel region: 16,777,216
+    assert s["input_norm"] == rows  # the layer input, kept by the fused LayerNormLinear
+    assert s["qkv_proj"] == rows  # its ln_out: the fused input norm is an IdentityOp to the recompute, so it stays
+    assert s["qk_norm_rope"] == 2 * 4096 * (32 + 2) * 128 == 35_651_584  # q (32 heads / rank) and k (2) norm inputs
+    # q, k, v and the fp32 lse: 2 * 4096 * (32*128 + 2*2*128) + 4 * 4096 * 32 = 37,748,736 + 524,288
+    assert s["core"] == 38_273_024
+    assert s["o_proj"] == 2 * 4096 * 32 * 128 == 33_554_432
+    assert s["post_attn_norm"] == rows  # the recompute checkpoint keeps the norm's input
+    assert s["router"] == 4 * 2048 * 128 == 1_048_576  # fp32 logits; its bf16 input (the norm output) freed
+    assert s["permute"] == 4 * 2048 * 128  # the int32 row-id map (token x expert)
+    # 2048 tokens x top-8 = 16,384 copies x (fc1 input 2*4096 + SwiGLU input 2*3072 + fp32 prob 4) = 14,340 B each
+    assert s["experts"] == 16_384 * 14_340 == 234_946_560
+    assert s["unpermute"] == s["combine"] == s["expert_act"] == s["residual"] == 0
+    assert sum(s.values()) == 394_854_400
+    # without the recompute: the router's gating GEMM keeps the norm output (one bf16 storage, 16,777,216 B) and
+    # fc2's input (16,384 x 2 x 1536 = 50,331,648) stays
+    full = _saved(m, 0, par.replace(recompute="none", recompute_modules=()))
+    assert full["router"] == 1_048_576 + rows and full["experts"] == 234_946_560 + 50_331_648
+    assert full["qkv_proj"] == rows and full["unpermute"] == 0
+    # a shared expert (DeepSeek-V3, bf16) keeps the same norm-output storage as its fc1 input: the router only its
+    # logits, 4 * 4096 * 256 = 4,194,304
+    ds = _saved(load_model("deepseek-v3"), 3, ParallelConfig(pp=1, ep=8, expert_load=1.0))
+    assert ds["router"] == 4_194_304 and ds["shared_expert"] >= 2 * 4096 * 7168
+
+
+def test_modelzoo_a2a_layout_peak_by_hand():
+    """The ModelZoo's all-to-all layout (TP 2, EP 8 spanning TP, PP 32, VPP 3, 512 micro-batches, embedding and loss
+    in the split): pipeline rank 1 holds one decoder layer in each of its 3 chunks and, in interleaved 1F1B,
+    2 (p - s - 1) + (v - 1) p + 1 = 2*30 + 2*32 + 1 = 125 chunk-micro-batches in flight; its peak is its training state
+    plus 125 x the layer's 394,854,400 saved bytes (previous test), which fits the H100's 80 GiB less the reserve."""
+    from tessera_lab.cost.memory import memory_capacity
+    from tessera_lab.model.hardware import Cluster
+    from tessera_lab.plan.stages import accounted_boundaries, build_stage_model
+
+    m = load_model("qwen3-235b-a22b")
+    par = ParallelConfig(pp=32, vpp=3, tp=2, ep=8, ep_spans_tp=True, microbatches=512, schedule="interleaved",
+                         recompute="selective", recompute_modules=("layernorm", "moe_act"), expert_load=1.0)
+    assert plan_in_flight("interleaved", 32, 1, 512, 3) * 3 == 125
+    b = accounted_boundaries(m.num_layers, 96, embedding=True, loss=True)
+    assert [b[s + 1] - b[s] for s in (1, 33, 65)] == [1, 1, 1]
+    mem = layer_memory(m, par, decompose(m, par))
+    params = sum(mem[1 + b[s]].param_bytes for s in (1, 33, 65))
+    rank1 = params + 125 * 394_854_400
+    cluster = Cluster.dgx("H100", 32)
+    _, sm = build_stage_model(m, par, cluster)
+    assert sum(sm.memory_bytes(s, b[s], b[s + 1]) for s in (1, 33, 65)) == pytest.approx(rank1)
+    assert rank1 < memory_capacity(cluster)

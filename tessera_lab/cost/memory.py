@@ -24,8 +24,10 @@ moments as Megatron-Core's precision-aware optimizer keeps them) is sharded over
 parameters of the layer it computes and the one it prefetches, and one layer's unsharded gradients
 (:func:`fsdp_buffer_bytes`).
 
-Activations: the ``saved_bytes`` of every forward task of the stage's layers (:mod:`tessera_lab.model.tasks`)
-per micro-batch, times the micro-batches in flight on that stage at its peak for the schedule (a micro-batch
+Activations: the ``saved_bytes`` of every forward task of the stage's layers (:mod:`tessera_lab.model.tasks`: what
+Megatron-Core's modules keep for the backward, read at NVIDIA/Megatron-LM@1e057005959b; an MoE block keeps the
+router's logits and input, the permute's row-id map and the experts' inputs, and its unpermute no tokens, since the
+routing probabilities are applied in the experts' weighted SwiGLU; docs/design-notes.md, "Memory") per micro-batch, times the micro-batches in flight on that stage at its peak for the schedule (a micro-batch
 is in flight from the start of its F to the end of its B, or of its W when the backward is split). These
 closed forms equal the peaks of :mod:`tessera_lab.pipeline.schedules`' action lists in the simulator (tested):
 GPipe ``m``; 1F1B ``min(p - s, m)`` on stage ``s`` of ``p``; overlapped 1F1B ``min(2 (p - s), m)`` (its warm-up

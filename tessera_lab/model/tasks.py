@@ -41,7 +41,15 @@ Saved bytes (activation memory), three mechanisms beyond the tensors' shapes:
   bf16) keeps, so it is counted with the consumer (PyTorch's saved tensors share storage with the graph's).
 * Recomputation (``ParallelConfig.recompute``; ``recompute_modules`` as Megatron-LM names them, see
   :data:`tessera_lab.model.hardware.RECOMPUTE_MODULES`): a recomputed task saves only what its checkpoint keeps
-  and re-runs its forward in the backward.
+  and re-runs its forward in the backward. ``layernorm`` covers only the norms that are modules of their own
+  (:func:`_separate_norms`: Megatron-Core's TE spec fuses a GQA layer's input norm into ``linear_qkv`` and a dense
+  MLP's into ``linear_fc1``).
+* The MoE block keeps what Megatron-Core's MoE layer keeps (NVIDIA/Megatron-LM@1e057005959b,
+  ``megatron/core/transformer/moe/``: ``router.py``, ``token_dispatcher.py``, ``experts.py``; docs/design-notes.md,
+  "Memory"): the router its fp32 logits and its gating GEMM's input (the pre-MLP norm's output, one storage with it);
+  the fused permute its int32 row-id map; the experts fc1's input, the SwiGLU input and the fp32 routing
+  probabilities (``weighted_bias_swiglu`` applies them, so the unpermute merges without probabilities and keeps
+  only the row-id map, Transformer Engine's ``moe_unpermute``), and fc2's input unless ``moe_act``.
 
 This module never imports torch.
 """
@@ -165,15 +173,19 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     received = routed * load
     # the dispatcher moves one copy per (token, expert) (alltoall) or per (token, destination rank) (deepep)
     sent = T * copies_per_token(p.dispatcher, E, k, p.ep, m.n_group, m.topk_group) * load
+    # saved: the fp32 logits, and the gating GEMM's input (pre_mlp_layernorm's output, bf16, one storage with it)
+    # unless the shared expert's fc1 already keeps that storage (_router_keeps_norm_output)
+    router_in = dt * T * h if _router_keeps_norm_output(g, m) else 0.0
     router = g.add(Task("router", g.layer, "F", "router", gemm_flops(T, h, E), dt * (T * h + h * E) + 4.0 * T * E * 2,
-                        deps=(after,), saved_bytes=4.0 * T * E, gemms=((T, h, E),)),
+                        deps=(after,), saved_bytes=4.0 * T * E + router_in, gemms=((T, h, E),)),
                    w=Task("router", g.layer, "W", "gemm", gemm_flops(T, h, E), dt * (T * h + h * E + T * E),
                           gemms=((T, h, E),)))
     h_all, deps = h, [router]
     if m.moe_latent_size:  # latent MoE: fc1_latent_proj before the dispatch, experts and all-to-alls on the latent
         deps.append(g.gemm("latent_down", T, h, m.moe_latent_size, [after]))
         h = m.moe_latent_size
-    permute = g.elementwise("permute", dt * sent * h * 2, deps)
+    # the fused permute keeps only its int32 row-id map (token x expert), shared with the unpermute
+    permute = g.elementwise("permute", dt * sent * h * 2, deps, saved=4.0 * T * E)
     route = (T, E, k, p.dispatcher, m.n_group, m.topk_group)
     dispatch = g.comm("dispatch", "all_to_all", dt * sent * h, "ep", p.ep, [permute], route)
     width = m.moe_intermediate_size
@@ -183,10 +195,11 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     shapes = ((per_expert, h, float(gm) * width), (per_expert, width, h))  # gate+up, down (one expert)
     eflops = gemm_flops(received, h, width, gm + 1)
     ebytes = dt * ((gm + 1) * h * width * local_experts + received * (2 * h + (gm + 1) * width))
-    # saved per token copy: fc1's input (h, as a GEMM input: FP8 under fp8), the SwiGLU input (2 x width, bf16)
-    # and fc2's input (width, a GEMM input); Megatron's 'moe_act' frees fc2's input and recomputes the SwiGLU
+    # saved per token copy: fc1's input (h, as a GEMM input: FP8 under fp8), the SwiGLU input (2 x width, bf16),
+    # its routing probability (fp32: the weighted SwiGLU applies the probabilities) and fc2's input (width, a GEMM
+    # input); Megatron's 'moe_act' frees fc2's input and recomputes the SwiGLU
     fc2_in = g.gemm_in * received * width
-    exp_saved = g.gemm_in * received * h + dt * received * gm * width + fc2_in
+    exp_saved = g.gemm_in * received * h + dt * received * gm * width + 4.0 * received + fc2_in
     experts = g.add(
         Task("experts", g.layer, "F", "grouped_gemm", eflops, ebytes, deps=(dispatch,),
              saved_bytes=exp_saved - (fc2_in if "moe_act" in g.modules else 0.0), gemms=shapes, groups=local_experts),
@@ -200,7 +213,9 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     if "moe_act" in g.modules:
         g.recomputed.add(act)
     combine = g.comm("combine", "all_to_all", dt * sent * h, "ep", p.ep, [act], route)
-    unpermute = g.elementwise("unpermute", dt * (sent * h + T * h), [combine], saved=dt * sent * h)
+    # the probabilities were applied in the experts, so the unpermute merges without them and keeps only the
+    # permute's row-id map (counted there), not the expert outputs
+    unpermute = g.elementwise("unpermute", dt * (sent * h + T * h), [combine])
     if m.moe_latent_size:  # fc2_latent_proj back to the hidden state
         unpermute = g.gemm("latent_up", T, h, h_all, [unpermute])
         h = h_all
@@ -230,6 +245,13 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     return outs
 
 
+def _router_keeps_norm_output(g: _Fwd, m: ModelSpec) -> bool:
+    """Whether the router's gating GEMM is the one saved holder of pre_mlp_layernorm's output: Megatron-Core's
+    ``RouterGatingLinearFunction`` saves its bf16 input (``megatron/core/transformer/moe/moe_utils.py``), one storage
+    with the norm output; a shared expert whose fc1 keeps a bf16 input holds that same storage (counted there)."""
+    return not (m.shared_expert_intermediate_size and g.gemm_in == g.dt)
+
+
 def _checkpoint(g: _Fwd, first: str, keep: float, last: str | None = None) -> None:
     """Normal checkpointing of the tasks from ``first`` to ``last`` (default: the end of the graph so far): they
     save nothing but the block's input (``keep`` bytes, charged to ``first``) and re-run their forward in the
@@ -255,6 +277,13 @@ def _ffn_dense(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, p: ParallelConfi
         down = g.comm("mlp_tp_allreduce", "all_reduce", dt * T * h, "tp", p.tp, [down])
     return [down]
 
+
+#: mixers whose input norm is a module of its own in Megatron-Core (not fused into the first GEMM): MLA's
+#: ``input_layernorm=TENorm`` and DSA's (``fuse_input_layernorm: False``); Gated DeltaNet fuses it into ``in_proj``
+#: (``fuse_input_layernorm: True``, ``megatron/core/models/gpt/experimental_attention_variant_module_specs.py``,
+#: NVIDIA/Megatron-LM@d98e8a64ddf3), Mamba's ``MambaLayer`` keeps an ``IdentityOp`` norm before its fused ``in_proj``;
+#: KDA and Lightning, without a Megatron-Core module, are taken as the other linear mixers (:func:`_separate_norms`)
+_SEPARATE_INPUT_NORM = frozenset({"mla", "mla_sparse"})
 
 #: linear mixers built in :mod:`tessera_lab.model.mixers` (attention name -> graph builder)
 _LINEAR_MIXERS = {"kda": mixers.kda, "lightning": mixers.lightning, "mamba2": mixers.mamba2, "mamba": mixers.mamba1}
@@ -382,7 +411,7 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
     if layer.mtp:  # the shared head and a loss on the next-next token
         _head(g, model, p, T, res, prefix="mtp_")
     if "layernorm" in g.modules:
-        _layernorm_recompute(g, ("input_norm", "post_attn_norm"), dt * T * h / g.sp)
+        _layernorm_recompute(g, model, _separate_norms(layer), dt * T * h / g.sp)
     if p.recompute == "full":
         _full_recompute(g, first)
     if p.fsdp:
@@ -391,17 +420,34 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
     return LayerTasks(layer.index, layer.kind, tuple(g.tasks), B, W)
 
 
-def _layernorm_recompute(g: _Fwd, norms: tuple[str, ...], out_bytes: float) -> None:
-    """Megatron's ``layernorm`` recompute (output-discarding checkpoint of the input and pre-MLP norms): each
-    norm's output (``out_bytes``, sequence-parallel) is freed after the forward and re-made by re-running the norm
-    in the backward, so the GEMMs that keep it as their saved input (one storage with it in bf16; an FP8 GEMM keeps
-    its own FP8 copy) no longer hold it."""
+def _separate_norms(layer: LayerSpec) -> tuple[str, ...]:
+    """The norms of a layer that are modules of their own, which Megatron's ``layernorm`` recompute covers
+    (``TransformerLayer.__init__`` skips an ``IdentityOp`` norm). Megatron-Core's Transformer Engine GPT spec fuses
+    the input norm into ``linear_qkv`` (``TELayerNormColumnParallelLinear``) for GQA/MHA self-attention and the
+    pre-MLP norm into ``linear_fc1`` for a dense MLP, leaving those norms ``IdentityOp``; MLA and DSA keep a
+    separate input norm (``TENorm``, :data:`_SEPARATE_INPUT_NORM`), an MoE layer a separate pre-MLP norm
+    (``get_gpt_layer_with_transformer_engine_spec``, ``megatron/core/models/gpt/gpt_layer_specs.py``,
+    NVIDIA/Megatron-LM@1e057005959b)."""
+    fused_in = layer.mixer != NO_MIXER and layer.attention not in _SEPARATE_INPUT_NORM
+    fused_mlp = layer.ffn not in (MOE, NO_FFN)
+    return tuple(n for n, fused in (("input_norm", fused_in), ("post_attn_norm", fused_mlp)) if not fused)
+
+
+def _layernorm_recompute(g: _Fwd, model: ModelSpec, norms: tuple[str, ...], out_bytes: float) -> None:
+    """Megatron's ``layernorm`` recompute (output-discarding checkpoint of the separate input and pre-MLP norms,
+    :func:`_separate_norms`): each norm's output (``out_bytes``, sequence-parallel) is freed after the forward and
+    re-made by re-running the norm in the backward, so the GEMMs that keep it as their saved input (one storage with
+    it in bf16; an FP8 GEMM keeps its own FP8 copy) and the router's gating GEMM (bf16 always) no longer hold it."""
     present = {t.name for t in g.tasks} & set(norms)
     g.recomputed |= present
-    if g.gemm_in != g.dt:
-        return
-    g.tasks = [replace(t, saved_bytes=max(0.0, t.saved_bytes - out_bytes)) if t.op == "gemm" and
-               present.intersection(t.deps) and t.saved_bytes >= out_bytes else t for t in g.tasks]
+    router = _router_keeps_norm_output(g, model)
+
+    def holds(t: Task) -> bool:
+        if not present.intersection(t.deps):
+            return False
+        return (t.op == "router" and router) or (t.op == "gemm" and g.gemm_in == g.dt and t.saved_bytes >= out_bytes)
+
+    g.tasks = [replace(t, saved_bytes=max(0.0, t.saved_bytes - out_bytes)) if holds(t) else t for t in g.tasks]
 
 
 def _fsdp_comms(g: _Fwd, model: ModelSpec, p: ParallelConfig, layer: int) -> None:

@@ -338,7 +338,11 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
             part = solve(_problem(model, parallel, cost_model, sm, obj), method, time_limit_s=time_limit_s)
         candidates.append((run(part, method), f"{_result_word(part, method)} ({obj} objective)"))
     out: dict[str, Evaluation] = {}
-    steady = _problem(model, parallel, cost_model, sm, "bottleneck")
+    # a given split may hold more virtual stages than layers (embedding-only and loss-only stages)
+    steady = _problem(model, parallel, cost_model, sm, "bottleneck", given_split=boundaries is not None)
+    if baselines and S > model.num_layers:  # no other split has a layer on every stage
+        notes.append(f"baselines skipped: {S} virtual stages for {model.num_layers} layers, only the given split exists")
+        baselines = ()
     for name in baselines:
         if name not in BASELINES:
             raise ConfigError(f"baseline {name!r} is unknown; allowed: {', '.join(BASELINES)}")

@@ -1,0 +1,45 @@
+"""benchmarks/bench_modelzoo_ranking.py: the rank agreement worked out by hand, and the all-to-all layout (r4),
+which ran, planned from its CLI options and fitting memory."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_modelzoo_ranking", ROOT / "benchmarks" / "bench_modelzoo_ranking.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_modelzoo_rank_agreement_by_hand():
+    b = _bench()
+    pub = {"r1": 19.7, "r2": 17.6, "r3": 17.6, "r4": 24.2, "r5": 29.0}
+    # the published order itself: every pair agrees; tau-b with the r2/r3 tie in both orders: 9 concordant of 10
+    # pairs, (9 - 0) / sqrt((10 - 1) (10 - 1)) = 1
+    same = {k: v for k, v in pub.items()}
+    a = b.rank_agreement(same, pub)
+    assert (a["agree"], a["pairs"], a["disagree"]) == (10, 10, [])
+    assert math.isclose(a["kendall_tau_b"], 1.0)
+    # r4 and r5 swapped: one pair disagrees; concordant 8, discordant 1: (8 - 1) / sqrt(9 x 9) = 7 / 9
+    swapped = dict(same, r4=29.0, r5=24.2)
+    a = b.rank_agreement(swapped, pub)
+    assert (a["agree"], a["disagree"]) == (9, ["r4/r5"]) and math.isclose(a["kendall_tau_b"], 7 / 9)
+    # a published tie (r2/r3 within 5%) agrees with either predicted order; tau-b leaves it out of the numerator:
+    # the other 9 pairs concordant, the r2/r3 pair tied in x only: 9 / sqrt(9 x 10)
+    a = b.rank_agreement(dict(same, r2=18.0, r3=17.0), pub)
+    assert a["agree"] == 10 and math.isclose(a["kendall_tau_b"], 9 / math.sqrt(90))
+
+
+def test_modelzoo_a2a_layout_plans_and_fits():
+    b = _bench()
+    row = b.plan_one(b.LAYOUTS["r4"][1])
+    assert "error" not in row and row["fits"]
+    assert row["peak_gib"] < 73.65  # H100: 80 GiB less the 6 GiB reserve, as nvidia-smi reports the HBM
