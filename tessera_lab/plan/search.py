@@ -58,7 +58,7 @@ PLAN_OPTIONS = {"method": "dp", "objective": "auto", "baselines": ("uniform",)}
 #: and its time limit per solve, seconds (at the limit the planner keeps the best of the ILP's incumbent and its
 #: heuristic plan, and says so in the row's ``solver_status``)
 VIRTUAL_METHOD = "ilp"
-VIRTUAL_TIME_LIMIT_S = 0.05
+VIRTUAL_TIME_LIMIT_S = 0.02
 
 
 @dataclass(frozen=True, order=True)

@@ -36,6 +36,24 @@ def _prefix(values: Sequence[float]) -> list[float]:
     return out
 
 
+#: stage pair-cost sums by (layer kinds, pair costs): stage models of layouts that share their pair costs (a
+#: search's candidates, re-plans) share the sums of :meth:`StageCostModel.fb`
+_FB_CACHES: dict[tuple, dict[tuple[int, int], float]] = {}
+
+
+def _fb_cache(kinds: list[str], pair_costs: dict | None) -> dict[tuple[int, int], float]:
+    """The memo of :meth:`StageCostModel.fb`'s pair sums for ``(kinds, pair_costs)`` (a fresh one without pairs)."""
+    if pair_costs is None:
+        return {}
+    key = (tuple(kinds), tuple(sorted(pair_costs.items())))
+    got = _FB_CACHES.get(key)
+    if got is None:
+        if len(_FB_CACHES) >= 64:
+            _FB_CACHES.clear()
+        got = _FB_CACHES[key] = {}
+    return got
+
+
 class StageCostModel:
     """Per-layer times and memory turned into segment functions for the partitioner.
 
@@ -62,7 +80,7 @@ class StageCostModel:
         self.num_layers = len(self.costs) - 2
         self.num_stages = parallel.pp * parallel.vpp
         self.kinds = [c.kind for c in self.costs[1:-1]]
-        self._fb_cache: dict[tuple[int, int], float] = {}
+        self._fb_cache = _fb_cache(self.kinds, pair_costs)
         body = self.costs[1:-1]
         self._psync = _prefix(self.host_sync or [0.0] * len(body))
         self._pf = _prefix([c.F.time + x for c, x in zip(body, self.host_sync or [0.0] * len(body))])
