@@ -44,6 +44,12 @@ SEARCH_SCHEDULES = ("overlapped", "1f1b", "zb-h1", "zb-h2")
 #: virtual stages per rank tried with the interleaved schedules
 SEARCH_VPP = (2, 3, 4)
 SEARCH_RECOMPUTE = ("none", "selective", "full")
+#: Megatron ``--recompute-modules`` sets tried with ``recompute = selective`` besides its default (attention core and
+#: routed-expert activations), each where the model has every module (:func:`recompute_choices`): the norms with the
+#: routed-expert activations (Megatron-MoE-ModelZoo's Qwen3 recipes), plus the shared expert, plus MLA's up
+#: projections
+SEARCH_RECOMPUTE_MODULES = (("layernorm", "moe_act"), ("layernorm", "moe_act", "shared_experts"),
+                            ("layernorm", "mla_up_proj", "moe_act"))
 SEARCH_DISPATCHERS = ("alltoall", "deepep")
 SEARCH_MICRO_BATCH_SIZES = (1, 2, 4)
 #: candidates planned between two updates of the pruning threshold (fixed, so that ``jobs`` never changes which
@@ -77,24 +83,68 @@ class Layout:
     dispatcher: str
     ep_spans_tp: bool = False
     cp: int = 1
+    #: Megatron ``--recompute-modules`` with ``recompute = selective`` (empty: its default modules)
+    recompute_modules: tuple[str, ...] = ()
+    #: Megatron FSDP instead of the distributed optimizer
+    fsdp: bool = False
 
     def parallel(self, seq_len: int) -> ParallelConfig:
         """The :class:`ParallelConfig` of this layout at ``seq_len`` tokens per sequence."""
         return ParallelConfig(pp=self.pp, vpp=self.vpp, ep=self.ep, tp=self.tp, dp=self.dp,
                               microbatches=self.microbatches, micro_batch_size=self.micro_batch_size,
                               seq_len=seq_len, schedule=self.schedule, recompute=self.recompute,
-                              dispatcher=self.dispatcher, ep_spans_tp=self.ep_spans_tp, cp=self.cp)
+                              dispatcher=self.dispatcher, ep_spans_tp=self.ep_spans_tp, cp=self.cp,
+                              recompute_modules=self.recompute_modules, fsdp=self.fsdp)
+
+    @property
+    def megatron_dp(self) -> int:
+        """Megatron's data-parallel size: GPUs / (TP x CP x PP) (``dp`` here counts the replicas of one EP group,
+        as :class:`ParallelConfig` does: GPUs = PP x DP x EP x TP x CP, TP counted once when EP spans it)."""
+        return self.ep * self.dp // (self.tp if self.ep_spans_tp else 1)
 
     def cost_group(self) -> tuple:
-        """What the per-layer costs and saved activations see (not PP, DP, VPP, schedule or micro-batches)."""
-        return (self.tp, self.ep, self.ep_spans_tp, self.micro_batch_size, self.recompute, self.dispatcher, self.cp)
+        """What the per-layer costs and saved activations see (not PP, VPP, schedule or micro-batches; DP only
+        with FSDP, whose per-layer gathers run over it)."""
+        return (self.tp, self.ep, self.ep_spans_tp, self.micro_batch_size, self.recompute, self.dispatcher, self.cp,
+                self.recompute_modules, self.fsdp, self.dp if self.fsdp else 0)
 
-    def text(self) -> str:
+    def recompute_text(self) -> str:
+        """``none``, ``full``, ``selective`` or ``selective(modules)``."""
+        return f"{self.recompute}({','.join(self.recompute_modules)})" if self.recompute_modules else self.recompute
+
+    def text(self, moe: bool = True) -> str:
+        """One line; ``moe`` False leaves out EP and the dispatcher (a dense model has neither)."""
         vpp = f" vpp {self.vpp}" if self.vpp > 1 else ""
         spans = " (EP spans TP)" if self.ep_spans_tp else ""
         cp = f" cp {self.cp}" if self.cp > 1 else ""
-        return (f"tp {self.tp}{cp} pp {self.pp}{vpp} ep {self.ep}{spans} dp {self.dp}, {self.microbatches} x "
-                f"{self.micro_batch_size}, {self.schedule}, recompute {self.recompute}, {self.dispatcher}")
+        ep = f" ep {self.ep}{spans}" if moe else ""
+        return (f"tp {self.tp}{cp} pp {self.pp}{vpp}{ep} dp {self.dp} (Megatron DP {self.megatron_dp})"
+                f"{', FSDP' if self.fsdp else ''}, {self.microbatches} x {self.micro_batch_size}, {self.schedule}, "
+                f"recompute {self.recompute_text()}" + (f", {self.dispatcher}" if moe else ""))
+
+
+def recompute_choices(model: ModelSpec, recomputes: Sequence[str] = SEARCH_RECOMPUTE,
+                      module_sets: Sequence[tuple[str, ...]] = SEARCH_RECOMPUTE_MODULES) -> list[tuple[str, tuple]]:
+    """``(recompute, recompute_modules)`` pairs the search tries: each of ``recomputes`` (selective with Megatron's
+    default modules), plus selective with each of ``module_sets`` whose every module ``model`` has
+    (:func:`tessera_lab.plan.make.model_has_module`)."""
+    from tessera_lab.plan.make import model_has_module
+
+    out = [(rc, ()) for rc in recomputes]
+    if "selective" in recomputes:
+        out += [("selective", tuple(ms)) for ms in module_sets if all(model_has_module(model, m) for m in ms)]
+    return out
+
+
+def overlap_rule_breaks(lay: Any) -> list[str]:
+    """The rules of Megatron-Core's ``TransformerConfig.__post_init__`` for ``overlap_moe_expert_parallel_comm``
+    (the EP-overlap schedules, ``overlapped`` and ``interleaved-overlapped``) that ``lay`` breaks (NVIDIA/Megatron-LM
+    ``megatron/core/transformer/transformer_config.py`` at commit d2c5e8b4f4fa0062d8cd9cbe18a7fca7cf1f99a3):
+    expert parallelism > 1, no full recomputation, and virtual pipeline stages when pp > 1 (its dispatcher rule,
+    alltoall or flex, holds for both dispatchers the search tries). Empty when Megatron-Core runs it."""
+    rules = [(lay.ep <= 1, "expert parallelism > 1"), (lay.recompute == "full", "no full recomputation"),
+             (lay.pp > 1 and lay.vpp <= 1, "virtual pipeline stages when pp > 1")]
+    return [why for bad, why in rules if bad]
 
 
 def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_per_node: int = 8,
@@ -103,8 +153,9 @@ def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_pe
                       micro_batch_sizes: Sequence[int] = SEARCH_MICRO_BATCH_SIZES, seq_len: int = 4096
                       ) -> list[Layout]:
     """Every layout of ``gpus`` GPUs making a global batch of ``global_batch`` sequences of ``seq_len`` tokens under
-    the structural rules (module docstring; CP sizes from :func:`cp_choices`); a dense model takes EP 1 and the
-    alltoall dispatcher only. Sorted (deterministic)."""
+    the structural rules (module docstring; CP sizes from :func:`cp_choices`, recompute from
+    :func:`recompute_choices`, the distributed optimizer and, with more than one data-parallel rank, Megatron FSDP);
+    a dense model takes EP 1 and the alltoall dispatcher only. Sorted (deterministic)."""
     out = []
     moe = model.has_moe
     eps = [e for e in _divisors(model.num_experts) if gpus % e == 0] if moe else [1]
@@ -122,7 +173,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_pe
                             continue
                         dp = gpus // per_stage // pp
                         dense_dp = ep * dp // (tp if spans else 1)
-                        space = {"schedules": schedules, "vpps": vpps, "recomputes": recomputes,
+                        space = {"schedules": schedules, "vpps": vpps, "recomputes": recompute_choices(model, recomputes),
                                  "dispatchers": dispatchers if moe and ep > 1 else ("alltoall",),
                                  "micro_batch_sizes": micro_batch_sizes}
                         out += _batch_layouts(model, (pp, ep, tp, dp, spans, cp), dense_dp, global_batch, space)
@@ -141,13 +192,16 @@ def _batch_layouts(model, sizes: tuple, dense_dp: int, global_batch: int, space:
         m = global_batch // (mbs * dense_dp)
         if pp > 1 and m < pp:
             continue
-        scheds = [(s, 1) for s in schedules] if pp > 1 else [("1f1b", 1)]
+        scheds = [(s, 1) for s in schedules] if pp > 1 else [("1f1b", 1), ("overlapped", 1)]
         if pp > 1 and m % pp == 0:
             scheds += [(s, v) for s in VIRTUAL_SCHEDULES for v in vpps if pp * v <= model.num_layers]
         for sched, vpp in scheds:
-            for rc in recomputes:
-                for disp in dispatchers:
-                    out.append(Layout(pp, vpp, ep, tp, dp, m, mbs, sched, rc, disp, spans, cp))
+            for rc, mods in recomputes:
+                for fsdp in ((False, True) if dense_dp > 1 else (False,)):
+                    for disp in dispatchers:
+                        lay = Layout(pp, vpp, ep, tp, dp, m, mbs, sched, rc, disp, spans, cp, mods, fsdp)
+                        if not (sched.endswith("overlapped") and overlap_rule_breaks(lay)):
+                            out.append(lay)
     return out
 
 
@@ -291,6 +345,16 @@ class SearchResult:
     memory_capacity_bytes: float = 0.0
     #: smallest time bound among the candidates left unplanned at the ``max_plans`` budget (None: none left)
     unplanned_bound_s: float | None = None
+    #: CPU seconds of the planner processes (``jobs > 1``; ``getrusage(RUSAGE_CHILDREN)``), beside ``cpu_s`` (this
+    #: process's)
+    children_cpu_s: float = 0.0
+    #: whether the model has MoE layers (EP and the dispatcher mean something)
+    moe: bool = True
+
+    @property
+    def planned_per_cpu_s(self) -> float:
+        """Full planner runs per CPU second of the whole search (this process and its planner processes)."""
+        return len(self.planned) / max(self.cpu_s + self.children_cpu_s, 1e-9)
 
     @property
     def ranked(self) -> list[Candidate]:
@@ -303,6 +367,7 @@ class SearchResult:
                 "global_batch_sequences": self.global_batch, "global_batch_tokens": self.global_batch * self.seq_len,
                 "top": self.top, "enumerated": self.enumerated, "pruned": self.pruned,
                 "evaluated": len(self.planned), "planner_errors": self.errors, "cpu_s": self.cpu_s,
+                "children_cpu_s": self.children_cpu_s, "planned_per_cpu_s": self.planned_per_cpu_s,
                 "memory_capacity_gib": self.memory_capacity_bytes / 2**30,
                 "unplanned_bound_s": self.unplanned_bound_s,
                 "candidates": [c.as_dict() for c in self.ranked]
@@ -406,7 +471,8 @@ class _Bounds:
         key = (layout.ep, layout.schedule, layout.dispatcher)
         if key not in self.sync:
             self.sync[key] = planner_per_layer_s(layout.parallel(self.seq_len)) * self.moe_layers
-        return time_lower_bound(self.group(replace(layout, recompute="none")), layout, self.sync[key])
+        return time_lower_bound(self.group(replace(layout, recompute="none", recompute_modules=())), layout,
+                                self.sync[key])
 
     def memory(self, layout: Layout) -> float:
         key = layout.cost_group()
@@ -423,7 +489,7 @@ def _first_pass(model: ModelSpec, layouts: list[Layout], seq_len: int, capacity:
     params: dict[tuple, float] = {}
     out, pruned, lightest = [], 0, math.inf
     for lay in layouts:
-        key = (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp)
+        key = (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp, lay.fsdp)
         if key not in params:
             params[key] = param_memory_bytes(model, lay, seq_len) / lay.pp
         lightest = min(lightest, params[key])
@@ -436,19 +502,19 @@ def _first_pass(model: ModelSpec, layouts: list[Layout], seq_len: int, capacity:
 
 
 def _structure(lay: Layout) -> tuple:
-    return (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp)
+    return (lay.tp, lay.cp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp)
 
 
 def _canonical_first(cands: list[Candidate], bounds: _Bounds, capacity: float) -> list[Candidate]:
-    """The candidates reordered: first, per structure (TP, EP, PP, DP) in bound order, its plain layout (micro-batch
-    size 1, the planner's default schedule, alltoall, the lightest recompute whose memory bound fits), so that
-    every structure is planned once before the knobs of the best ones; then the rest in bound order."""
+    """The candidates reordered: first, per structure (TP, CP, EP, PP, DP) in bound order, its plain layout
+    (micro-batch size 1, alltoall, the distributed optimizer, the lightest recompute whose memory bound fits, with
+    Megatron's default modules, and of those the schedule with the smallest bound), so that every structure is
+    planned once before the knobs of the best ones; then the rest in bound order (``cands`` are in bound order)."""
     order = {"none": 0, "selective": 1, "full": 2}
     best: dict[tuple, Candidate] = {}
     for c in cands:
         lay = c.layout
-        if lay.micro_batch_size != 1 or lay.dispatcher != "alltoall" or lay.vpp != 1 or \
-                lay.schedule != ("overlapped" if lay.pp > 1 else "1f1b"):
+        if lay.micro_batch_size != 1 or lay.dispatcher != "alltoall" or lay.fsdp or lay.recompute_modules:
             continue
         k = _structure(lay)
         have = best.get(k)
@@ -469,21 +535,22 @@ def _threshold(planned: list[Candidate], top: int) -> float:
 
 
 def _next_batch(cands: list[Candidate], i: int, threshold: float, bounds: _Bounds, capacity: float,
-                pruned: dict[str, int]) -> tuple[list[Candidate], int]:
+                skipped: list[Candidate]) -> tuple[list[Candidate], int]:
     """Up to :data:`BATCH` candidates to plan from position ``i`` on; those whose memory bound exceeds the
-    capacity or whose time bound reaches ``threshold`` are counted in ``pruned`` and skipped. Returns the batch and
-    the next position."""
+    capacity are passed over (their ``memory_bound_bytes`` says so), those whose time bound reaches ``threshold``
+    are appended to ``skipped``. Returns the batch and the next position."""
     batch = []
     while len(batch) < BATCH and i < len(cands):
         c = cands[i]
         i += 1
+        if c.result is not None:
+            continue
         if c.lower_bound_s >= threshold:
-            pruned["bound"] += 1
+            skipped.append(c)
             continue
         if not c.memory_bound_bytes:
             c.memory_bound_bytes = bounds.memory(c.layout)
         if c.memory_bound_bytes > capacity:
-            pruned["memory"] += 1
             continue
         batch.append(c)
     return batch, i
@@ -536,26 +603,40 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
                           f"{lightest / 2**30:.1f} GiB of parameter state per GPU against {capacity / 2**30:.1f} GiB; "
                           f"allowed: about {need} GPUs or more (a multiple of {node})")
     cands = _canonical_first(cands, bounds, capacity)
-    pruned = {"memory (parameter state)": by_params, "memory": 0, "bound": 0, "budget": 0}
-    planned, rest = _plan_all(cands, bounds, capacity, pruned, (top, jobs, max_plans), progress)
-    pruned["budget"] = len(rest)
+    children = _children_cpu_s()
+    planned, rest = _plan_all(cands, bounds, capacity, (top, jobs, max_plans), progress)
+    over = sum(1 for c in cands if c.result is None and c.memory_bound_bytes > capacity)
+    pruned = {"memory (parameter state)": by_params, "memory": over,
+              "bound": len(cands) - len(planned) - over - len(rest), "budget": len(rest)}
     errors: dict[str, int] = {}
     for c in planned:
         if "error" in c.result:
             errors[c.result["error"]] = errors.get(c.result["error"], 0) + 1
     res = SearchResult(model.name, gpus, cluster.gpu.name, seq_len, seqs, top, planned, len(layouts), pruned,
                        errors, time.process_time() - t0, capacity)
+    res.children_cpu_s = _children_cpu_s() - children
     res.unplanned_bound_s = min((c.lower_bound_s for c in rest), default=None)
+    res.moe = model.has_moe
     return res
 
 
-def _plan_all(cands, bounds: _Bounds, capacity: float, pruned: dict[str, int], limits: tuple[int, int, int],
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's finished (waited-for) child processes (``getrusage``)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _plan_all(cands, bounds: _Bounds, capacity: float, limits: tuple[int, int, int],
               progress) -> tuple[list[Candidate], list[Candidate]]:
     """Plan the candidates in order, batch by batch, updating the pruning threshold between batches (``limits``:
-    top, jobs, max_plans); returns the planned candidates and those left unplanned when ``max_plans`` was reached
-    (not pruned by a rule)."""
+    top, jobs, max_plans), in two passes: the first prunes against the best planned iteration (so the budget finds
+    #1 whatever ``top``), the second, with the budget left, plans the candidates the first passed over whose bound
+    is below the ``top``-th best. Returns the planned candidates and those left unplanned at ``max_plans`` whose bound
+    is below the ``top``-th best (neither pruned by memory nor planned). Memory-pruned candidates keep their
+    ``memory_bound_bytes`` above ``capacity`` and no result."""
     top, jobs, max_plans = limits
-    model, seq_len, cluster = bounds.model, bounds.seq_len, bounds.cluster
     planned: list[Candidate] = []
     pool = None
     if jobs > 1:
@@ -564,26 +645,40 @@ def _plan_all(cands, bounds: _Bounds, capacity: float, pruned: dict[str, int], l
 
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
     try:
-        i = 0
-        while i < len(cands) and len(planned) < max_plans:
-            batch, i = _next_batch(cands, i, _threshold(planned, top), bounds, capacity, pruned)
-            if pool is None or len(batch) < 2:
-                rows = [plan_layout(model, c.layout, seq_len, cluster) for c in batch]
-            else:
-                parts = [batch[k::jobs] for k in range(jobs)]
-                outs = list(pool.map(_plan_batch, [(model, [c.layout for c in part], seq_len, cluster)
-                                                   for part in parts]))
-                done = {id(c): r for part, out in zip(parts, outs) for c, r in zip(part, out)}
-                rows = [done[id(c)] for c in batch]
-            for c, r in zip(batch, rows):
-                c.result = r
-            planned += batch
-            if progress is not None:
-                progress(i, len(cands))
+        skipped: list[Candidate] = []
+        _plan_pass(cands, bounds, capacity, planned, (1, pool, jobs, max_plans), skipped, progress)
+        if top > 1:
+            again = [c for c in skipped if c.lower_bound_s < _threshold(planned, top)]
+            _plan_pass(again, bounds, capacity, planned, (top, pool, jobs, max_plans), [], None)
     finally:
         if pool is not None:
             pool.shutdown()
     threshold = _threshold(planned, top)
-    rest = [c for c in cands[i:] if c.lower_bound_s < threshold]
-    pruned["bound"] += len(cands) - i - len(rest)
+    rest = [c for c in cands if c.result is None and c.lower_bound_s < threshold and
+            not c.memory_bound_bytes > capacity]
     return planned, rest
+
+
+def _plan_pass(cands, bounds: _Bounds, capacity: float, planned: list[Candidate], limits: tuple,
+               skipped: list[Candidate], progress) -> None:
+    """One pass of :func:`_plan_all` over ``cands`` (``limits``: top, process pool or None, its processes,
+    max_plans), appending
+    to ``planned`` and to ``skipped`` (passed over by the bound)."""
+    top, pool, jobs, max_plans = limits
+    model, seq_len, cluster = bounds.model, bounds.seq_len, bounds.cluster
+    i = 0
+    while i < len(cands) and len(planned) < max_plans:
+        batch, i = _next_batch(cands, i, _threshold(planned, top), bounds, capacity, skipped)
+        if pool is None or len(batch) < 2:
+            rows = [plan_layout(model, c.layout, seq_len, cluster) for c in batch]
+        else:
+            parts = [batch[k::jobs] for k in range(jobs)]
+            outs = list(pool.map(_plan_batch, [(model, [c.layout for c in part], seq_len, cluster)
+                                               for part in parts]))
+            done = {id(c): r for part, out in zip(parts, outs) for c, r in zip(part, out)}
+            rows = [done[id(c)] for c in batch]
+        for c, r in zip(batch, rows):
+            c.result = r
+        planned += batch
+        if progress is not None:
+            progress(i, len(cands))
