@@ -318,3 +318,39 @@ def test_recompute_modules_and_fsdp_enumerated_and_exported(qwen):
     # DeepSeek-V3 has MLA: its set with the up projections is tried
     dsv3 = load_model("deepseek-v3")
     assert ("selective", ("layernorm", "mla_up_proj", "moe_act")) in S.recompute_choices(dsv3)
+
+
+def test_plan_memory_refusal_names_cp_that_fits(qwen):
+    """A long-sequence memory refusal of `plan` names the context-parallel size that fits, and it does: planning
+    the same layout with that --cp fits memory (the planner's own answer), while the refused one does not."""
+    import re
+
+    r = subprocess.run([sys.executable, "-m", "tessera_lab", "plan", "--model", "qwen3-next-80b-a3b", "--pp", "8",
+                        "--ep", "8", "--seq-len", "32768"], capture_output=True, text=True, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr
+    got = re.search(r"--cp (\d+) plans with a peak of ([\d.]+) GiB per GPU", lines[0])
+    assert got, lines[0]
+    cp, peak = int(got.group(1)), float(got.group(2))
+    pl = make_plan(qwen, ParallelConfig(pp=8, ep=8, seq_len=32768, cp=cp))
+    assert pl.chosen.fits_memory
+    assert peak <= memory_capacity(pl.cluster) / 2**30
+    # a short sequence gets no CP advice (CP would leave under 4,096 tokens per rank)
+    r = subprocess.run([sys.executable, "-m", "tessera_lab", "plan", "--model", "deepseek-v3", "--pp", "2",
+                        "--ep", "8"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--cp" not in r.stderr
+
+
+def test_no_fit_hint_names_the_cp_searched():
+    """The search's no-fit line says how far CP was searched at a long sequence (hand-made result), and says
+    nothing of CP where only CP 1 was tried."""
+    from types import SimpleNamespace
+
+    from tessera_lab.cli.search import no_fit_hint
+
+    planned = [S.Candidate(S.Layout(8, 1, 8, 1, 1, 8, 1, "1f1b", "full", "alltoall"), 1.0, 0.0,
+                           {"peak_memory_gib": 201.6, "fits": False})]
+    res = SimpleNamespace(planned=planned, memory_capacity_bytes=134.4 * 2**30, gpus=64, seq_len=65536, max_cp=8)
+    line = no_fit_hint(res)
+    assert "201.6 GiB against 134.4 GiB" in line and "1.50x the GPUs" in line and "--cp 8" in line
+    assert "--cp" not in no_fit_hint(SimpleNamespace(**{**res.__dict__, "max_cp": 1}))

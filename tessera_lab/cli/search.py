@@ -94,9 +94,15 @@ def no_fit_hint(res) -> str:
     if not rows:
         return (f"every candidate was refused by the planner; allowed: more GPUs (--gpus {res.gpus * 2}), a shorter "
                 f"--seq-len (below {res.seq_len}) or a smaller global batch")
+    from tessera_lab.plan.search_space import CP_MIN_TOKENS
+
     light = min(r["peak_memory_gib"] for r in rows)
+    cp = getattr(res, "max_cp", 1)
+    tried = (f"; context parallelism up to --cp {cp} was among the layouts searched (CP ranks of at least "
+             f"{CP_MIN_TOKENS:,} tokens inside one NVLink domain)" if cp > 1 else "")
     return (f"the lightest planned layout peaks at {light:.1f} GiB against {cap:.1f} GiB; allowed: about "
-            f"{light / cap:.2f}x the GPUs (--gpus {res.gpus * 2}), or a shorter --seq-len (below {res.seq_len})")
+            f"{light / cap:.2f}x the GPUs (--gpus {res.gpus * 2}), or a shorter --seq-len (below {res.seq_len})"
+            f"{tried}")
 
 
 def _progress():

@@ -350,6 +350,8 @@ class SearchResult:
     children_cpu_s: float = 0.0
     #: whether the model has MoE layers (EP and the dispatcher mean something)
     moe: bool = True
+    #: the largest context-parallel size among the layouts considered
+    max_cp: int = 1
 
     @property
     def planned_per_cpu_s(self) -> float:
@@ -616,7 +618,7 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
                        errors, time.process_time() - t0, capacity)
     res.children_cpu_s = _children_cpu_s() - children
     res.unplanned_bound_s = min((c.lower_bound_s for c in rest), default=None)
-    res.moe = model.has_moe
+    res.moe, res.max_cp = model.has_moe, max(lay.cp for lay in layouts)
     return res
 
 
