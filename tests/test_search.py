@@ -85,12 +85,19 @@ def test_recompute_none_bounds_the_recompute_groups(qwen):
     assert ("selective", ("layernorm", "moe_act", "shared_experts")) in choices  # Qwen3-Next has a shared expert
     assert not any("mla_up_proj" in mods for _, mods in choices)  # and no MLA
     for lay in S.enumerate_layouts(qwen, 64, 256)[::397]:
-        base = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": "none", "recompute_modules": ()}), 4096, cl)
+        base = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": "none", "recompute_modules": (), "fsdp": False}),
+                        4096, cl)
         for rc, mods in choices[1:]:
             g = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": rc, "recompute_modules": mods}), 4096, cl)
             assert sum(g.compute) >= sum(base.compute) - 1e-12
             assert sum(g.comm) >= sum(base.comm) - 1e-12
             assert sum(g.fb_compute) >= sum(base.fb_compute) - 1e-12
+        if lay.megatron_dp > 1:  # Megatron FSDP only adds per-layer communication: the bound's group stays below
+            g = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": "none", "recompute_modules": (),
+                                            "fsdp": True}), 4096, cl)
+            assert sum(g.compute) >= sum(base.compute) - 1e-12 and sum(g.comm) >= sum(base.comm) - 1e-12
+            assert sum(g.fb_compute) >= sum(base.fb_compute) - 1e-12
+            assert max(g.compute) >= max(base.compute) - 1e-12
 
 
 def test_memory_pruned_layouts_do_not_fit(qwen):

@@ -448,8 +448,9 @@ DEFAULT_GLOBAL_SEQUENCES = 1024
 
 class _Bounds:
     """Bounds of layouts from lazily built groups: the time bound from the costs of the layout's TP, EP,
-    micro-batch size and dispatcher with recompute none (:func:`time_lower_bound`; recomputation only adds work,
-    so this bounds every recompute, checked by the tests), the memory bound from the layout's own saved activations
+    micro-batch size and dispatcher with recompute none and the distributed optimizer (:func:`time_lower_bound`;
+    recomputation only adds work and Megatron FSDP only adds its per-layer gathers and reduce-scatters, so this
+    bounds every recompute and both optimizers, checked by the tests), the memory bound from the layout's own saved activations
     (:func:`memory_lower_bound`)."""
 
     def __init__(self, model: ModelSpec, seq_len: int, cluster: Cluster):
@@ -473,8 +474,8 @@ class _Bounds:
         key = (layout.ep, layout.schedule, layout.dispatcher)
         if key not in self.sync:
             self.sync[key] = planner_per_layer_s(layout.parallel(self.seq_len)) * self.moe_layers
-        return time_lower_bound(self.group(replace(layout, recompute="none", recompute_modules=())), layout,
-                                self.sync[key])
+        return time_lower_bound(self.group(replace(layout, recompute="none", recompute_modules=(), fsdp=False)),
+                                layout, self.sync[key])
 
     def memory(self, layout: Layout) -> float:
         key = layout.cost_group()
