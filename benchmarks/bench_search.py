@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import time
 
 CASES = {"qwen": ("qwen3-next-80b-a3b", 256, 4194304), "dsv3": ("deepseek-v3", 1024, None)}
 

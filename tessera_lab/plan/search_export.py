@@ -8,7 +8,8 @@ from dataclasses import asdict
 from typing import Any, Sequence
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.plan.search import Candidate, Layout, overlap_rule_breaks
+from tessera_lab.plan.search import Candidate
+from tessera_lab.plan.search_space import Layout, overlap_rule_breaks
 
 
 #: Megatron-Core's names (``megatron/training/arguments.py``) of the layout options :func:`megatron_arguments` writes
