@@ -361,3 +361,22 @@ def test_no_fit_hint_names_the_cp_searched():
     line = no_fit_hint(res)
     assert "201.6 GiB against 134.4 GiB" in line and "1.50x the GPUs" in line and "--cp 8" in line
     assert "--cp" not in no_fit_hint(SimpleNamespace(**{**res.__dict__, "max_cp": 1}))
+
+
+def test_dense_model_rows_carry_no_moe_labels():
+    """A dense model's search rows and separations name no EP and no dispatcher (it has no MoE layer); MoE rows print
+    Megatron's data-parallel size beside the per-EP-group DP, N / (tp x cp x pp) worked out here."""
+    from tessera_lab.cli.search import _row, format_search
+
+    dense = load_model("qwen3-8b")
+    res = S.search(dense, 16, top=3, max_plans=8)
+    text = format_search(res, 3)
+    assert res.ranked and not res.moe
+    for word in ("dispatcher", "alltoall", "deepep", " ep "):
+        assert word not in text, word
+    assert "ep " not in res.ranked[0].layout.text(moe=False)
+    lay = S.Layout(4, 2, 16, 2, 4, 8, 1, "interleaved-overlapped", "none", "deepep", True)  # EP spans TP
+    row = _row(1, S.Candidate(lay, 0.0, 0.0, {"iteration_time_s": 1.0, "tokens_per_s": 1.0, "mfu": 0.1,
+                                               "bubble_fraction": 0.1, "peak_memory_gib": 1.0, "headroom_gib": 1.0}))
+    gpus = lay.parallel(4096).world_size
+    assert row["DP (Megatron)"] == gpus // (lay.tp * lay.cp * lay.pp) == 32 and row["dp"] == 4
