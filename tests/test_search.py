@@ -380,3 +380,15 @@ def test_dense_model_rows_carry_no_moe_labels():
                                                "bubble_fraction": 0.1, "peak_memory_gib": 1.0, "headroom_gib": 1.0}))
     gpus = lay.parallel(4096).world_size
     assert row["DP (Megatron)"] == gpus // (lay.tp * lay.cp * lay.pp) == 32 and row["dp"] == 4
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-overlapped", "1f1b"])
+def test_stage_cost_table_equals_cost(qwen, schedule):
+    """The batched segment costs a partition solve reads are the stage cost model's own, bit for bit."""
+    from tessera_lab.plan.make import planning_problem
+
+    p = ParallelConfig(pp=4, vpp=2 if schedule.startswith("interleaved") else 1, ep=8, dp=2, schedule=schedule)
+    problem, sm = planning_problem(qwen, p, Cluster.dgx("H200", 8))
+    for s in range(problem.num_stages):
+        seg = problem.segments(s)
+        assert seg and problem.segment_costs(s, seg) == [sm.cost(s, i, j) for i, j in seg]

@@ -137,6 +137,15 @@ class PartitionProblem:
                     out.append((i, j))
         return out
 
+    def segment_costs(self, s: int, segments) -> list[float]:
+        """``cost(s, i, j)`` for every ``(i, j)`` of ``segments``: one batched call where the cost is a stage cost
+        model's :meth:`~tessera_lab.plan.stages.StageCostModel.cost` (its ``cost_table``, the same numbers), else
+        one call per segment."""
+        owner = getattr(self.cost, "__self__", None)
+        if getattr(self.cost, "__name__", "") == "cost" and hasattr(owner, "cost_table"):
+            return owner.cost_table(s, segments)
+        return [self.cost(s, i, j) for i, j in segments]
+
     @property
     def num_ranks(self) -> int:
         """Pipeline ranks (``num_stages / vpp``)."""

@@ -155,6 +155,22 @@ class StageCostModel:
             return self.fb(s, i, j)
         return self.standalone(s, i, j)
 
+    def cost_table(self, s: int, segments) -> list[float]:
+        """:meth:`cost` of stage ``s`` for every ``(i, j)`` of ``segments``, the same numbers computed in one loop
+        (a partition solve weighs every feasible segment of every stage)."""
+        if self.pair_costs is not None and self.parallel.schedule in OVERLAPPED_SCHEDULES:
+            cache, kinds, pairs = self._fb_cache, self.kinds, self.pair_costs
+            ef, eb = self._extra(s, "f"), self._extra(s, "b")
+            out = []
+            for i, j in segments:
+                core = cache.get((i, j))
+                if core is None:
+                    core = cache[(i, j)] = stage_pair_cost(kinds[i:j], pairs)
+                out.append(core + ef + eb)
+            return out
+        pf, pb, ef, eb = self._pf, self._pb, self._extra(s, "f"), self._extra(s, "b")
+        return [(pf[j] - pf[i] + ef) + (pb[j] - pb[i] + eb) for i, j in segments]
+
     def params(self, s: int, i: int, j: int) -> float:
         """Parameter and training-state bytes per GPU of the segment."""
         return self._pparam[j] - self._pparam[i] + self._end_param[s]
