@@ -392,3 +392,15 @@ def test_stage_cost_table_equals_cost(qwen, schedule):
     for s in range(problem.num_stages):
         seg = problem.segments(s)
         assert seg and problem.segment_costs(s, seg) == [sm.cost(s, i, j) for i, j in seg]
+
+
+def test_stage_memory_row_equals_memory_bytes(qwen):
+    """The batched memory a partition problem's segment list reads is the stage cost model's own, bit for bit."""
+    from tessera_lab.plan.make import planning_problem
+
+    _, sm = planning_problem(qwen, ParallelConfig(pp=4, vpp=2, ep=8, dp=2, schedule="interleaved-overlapped"),
+                             Cluster.dgx("H200", 8))
+    for s in range(sm.num_stages):
+        for i in (0, 5, 20):
+            js = list(range(i + 1, sm.num_layers + 1))
+            assert sm.memory_row(s, i, js) == [sm.memory_bytes(s, i, j) for j in js]
