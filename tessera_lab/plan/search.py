@@ -424,7 +424,8 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
 
     Args:
         global_batch_tokens: tokens per iteration (default :data:`DEFAULT_GLOBAL_SEQUENCES` sequences).
-        top: how many of the best plans the bound pruning keeps exact (the ``top``-th best sets its threshold).
+        top: how many of the best plans the bound pruning keeps exact (the ``top``-th best sets its threshold in
+            the second planning pass; #1 comes from the first, which prunes against the best plan whatever ``top``).
         jobs: processes planning candidates at once (the same candidates are planned, and the same result
             returned, for any ``jobs``).
         max_plans: full planner runs at most; candidates left then are counted as ``budget`` with the smallest
