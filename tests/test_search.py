@@ -79,15 +79,25 @@ def test_bounds_hold_for_every_planned_candidate(small):
 
 def test_recompute_none_bounds_the_recompute_groups(qwen):
     """The time bound of a layout uses its group with recompute none: recomputation only adds compute and
-    communication (checked on every group of a 64-GPU search)."""
+    communication (checked on a sample of the groups of a 64-GPU search, every recompute choice and module set)."""
     cl = Cluster.dgx("H200", 8)
-    for lay in S.enumerate_layouts(qwen, 64, 256)[::97]:
-        base = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": "none"}), 4096, cl)
-        for rc in ("selective", "full"):
-            g = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": rc}), 4096, cl)
+    choices = S.recompute_choices(qwen)
+    assert ("selective", ("layernorm", "moe_act", "shared_experts")) in choices  # Qwen3-Next has a shared expert
+    assert not any("mla_up_proj" in mods for _, mods in choices)  # and no MLA
+    for lay in S.enumerate_layouts(qwen, 64, 256)[::397]:
+        base = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": "none", "recompute_modules": (), "fsdp": False}),
+                        4096, cl)
+        for rc, mods in choices[1:]:
+            g = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": rc, "recompute_modules": mods}), 4096, cl)
             assert sum(g.compute) >= sum(base.compute) - 1e-12
             assert sum(g.comm) >= sum(base.comm) - 1e-12
             assert sum(g.fb_compute) >= sum(base.fb_compute) - 1e-12
+        if lay.megatron_dp > 1:  # Megatron FSDP only adds per-layer communication: the bound's group stays below
+            g = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": "none", "recompute_modules": (),
+                                            "fsdp": True}), 4096, cl)
+            assert sum(g.compute) >= sum(base.compute) - 1e-12 and sum(g.comm) >= sum(base.comm) - 1e-12
+            assert sum(g.fb_compute) >= sum(base.fb_compute) - 1e-12
+            assert max(g.compute) >= max(base.compute) - 1e-12
 
 
 def test_memory_pruned_layouts_do_not_fit(qwen):
@@ -143,6 +153,18 @@ def test_jobs_two_gives_the_same_result(qwen, small):
     assert [c.layout for c in two.ranked] == [c.layout for c in small.ranked]
     assert [c.result["iteration_time_s"] for c in two.ranked] == [c.result["iteration_time_s"] for c in small.ranked]
     assert two.pruned == small.pruned
+    # the planner processes' CPU is counted (getrusage of the children), and the rate divides by both
+    assert two.children_cpu_s > 0 and small.children_cpu_s == 0
+    assert two.planned_per_cpu_s == pytest.approx(len(two.planned) / (two.cpu_s + two.children_cpu_s))
+
+
+def test_first_layout_does_not_depend_on_top(qwen):
+    """With a budget too small to plan every candidate, a larger --top must not spend it elsewhere: #1 is found by
+    a first pass that prunes against the best plan, whatever top (the rest fills the top with what is left)."""
+    runs = [S.search(qwen, 64, global_batch_tokens=256 * 4096, top=top, max_plans=40) for top in (1, 10)]
+    assert runs[0].ranked[0].layout == runs[1].ranked[0].layout
+    assert runs[0].ranked[0].result["iteration_time_s"] == runs[1].ranked[0].result["iteration_time_s"]
+    assert len(runs[1].ranked) > 1
 
 
 def test_megatron_export_round_trip(small):
@@ -253,8 +275,132 @@ def test_megatron_overlap_rules_named_in_the_export_notes():
 
     base = S.Layout(pp=4, vpp=2, ep=8, tp=1, dp=2, microbatches=8, micro_batch_size=1,
                     schedule="interleaved-overlapped", recompute="none", dispatcher="alltoall")
-    assert X.overlap_rule_breaks(base) == []
-    (note,) = X.overlap_rule_breaks(replace(base, vpp=1, schedule="overlapped", recompute="full", ep=1))
+    assert X.overlap_rule_breaks(base) == [] and X.overlap_notes(base) == []
+    (note,) = X.overlap_notes(replace(base, vpp=1, schedule="overlapped", recompute="full", ep=1))
     for rule in ("expert parallelism > 1", "no full recomputation", "virtual pipeline stages when pp > 1"):
         assert rule in note
     assert X.overlap_rule_breaks(replace(base, pp=1, vpp=1, schedule="overlapped")) == []
+
+
+def test_enumeration_obeys_megatron_overlap_rules(qwen):
+    """The search enumerates an EP-overlap schedule exactly where Megatron-Core's TransformerConfig accepts
+    --overlap-moe-expert-parallel-comm: EP > 1, no full recomputation, virtual stages when pp > 1 (rules written
+    out here, not taken from the code): for every enumerated layout with the plain schedule of its chunk count
+    (1f1b / interleaved), its overlapped twin is enumerated iff the rules hold."""
+    from dataclasses import replace
+
+    lays = S.enumerate_layouts(qwen, 32, 64)
+    have = set(lays)
+    twins = {"1f1b": "overlapped", "interleaved": "interleaved-overlapped"}
+    checked = 0
+    for lay in lays:
+        if lay.schedule.endswith("overlapped"):
+            assert lay.ep > 1 and lay.recompute != "full" and (lay.pp == 1 or lay.vpp > 1), lay
+        if lay.schedule in twins and lay.vpp == (1 if lay.schedule == "1f1b" else lay.vpp):
+            ok = lay.ep > 1 and lay.recompute != "full" and (lay.pp == 1 or lay.vpp > 1)
+            assert (replace(lay, schedule=twins[lay.schedule]) in have) == ok, lay
+            checked += ok
+    assert checked > 0
+    # pp 1 with EP runs the overlap (no virtual stages needed); full recompute never does
+    assert any(l.pp == 1 and l.schedule == "overlapped" for l in lays)
+    assert not any(l.schedule.endswith("overlapped") and l.recompute == "full" for l in lays)
+
+
+def test_recompute_modules_and_fsdp_enumerated_and_exported(qwen):
+    """Selective recompute with Megatron module sets and Megatron FSDP are search dimensions; the export writes them
+    (--recompute-modules, --use-megatron-fsdp) and reads them back."""
+    lays = S.enumerate_layouts(qwen, 32, 64)
+    mods = {l.recompute_modules for l in lays if l.recompute == "selective"}
+    assert mods == {(), ("layernorm", "moe_act"), ("layernorm", "moe_act", "shared_experts")}
+    assert all(not l.recompute_modules for l in lays if l.recompute != "selective")
+    assert any(l.fsdp for l in lays)
+    assert all(l.megatron_dp > 1 for l in lays if l.fsdp)  # FSDP shards over a data-parallel group of 2 or more
+    lay = next(l for l in lays if l.fsdp and l.recompute_modules == ("layernorm", "moe_act", "shared_experts"))
+    out = X.megatron_arguments(S.Candidate(lay, 0.0, 0.0), 4096)
+    text = " ".join(out["argv"])
+    assert "--recompute-granularity selective --recompute-modules layernorm moe_act shared_experts" in text
+    assert "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params" in text
+    back, _ = X.layout_from_megatron(out["argv"], 32, ep_spans_tp=lay.ep_spans_tp)
+    assert back == lay
+    # DeepSeek-V3 has MLA: its set with the up projections is tried
+    dsv3 = load_model("deepseek-v3")
+    assert ("selective", ("layernorm", "mla_up_proj", "moe_act")) in S.recompute_choices(dsv3)
+
+
+def test_plan_memory_refusal_names_cp_that_fits(qwen):
+    """A long-sequence memory refusal of `plan` names the context-parallel size that fits, and it does: planning
+    the same layout with that --cp fits memory (the planner's own answer), while the refused one does not."""
+    import re
+
+    r = subprocess.run([sys.executable, "-m", "tessera_lab", "plan", "--model", "qwen3-next-80b-a3b", "--pp", "8",
+                        "--ep", "8", "--seq-len", "32768"], capture_output=True, text=True, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr
+    got = re.search(r"--cp (\d+) plans with a peak of ([\d.]+) GiB per GPU", lines[0])
+    assert got, lines[0]
+    cp, peak = int(got.group(1)), float(got.group(2))
+    pl = make_plan(qwen, ParallelConfig(pp=8, ep=8, seq_len=32768, cp=cp))
+    assert pl.chosen.fits_memory
+    assert peak <= memory_capacity(pl.cluster) / 2**30
+    # a short sequence gets no CP advice (CP would leave under 4,096 tokens per rank)
+    r = subprocess.run([sys.executable, "-m", "tessera_lab", "plan", "--model", "deepseek-v3", "--pp", "2",
+                        "--ep", "8"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--cp" not in r.stderr
+
+
+def test_no_fit_hint_names_the_cp_searched():
+    """The search's no-fit line says how far CP was searched at a long sequence (hand-made result), and says
+    nothing of CP where only CP 1 was tried."""
+    from types import SimpleNamespace
+
+    from tessera_lab.cli.search import no_fit_hint
+
+    planned = [S.Candidate(S.Layout(8, 1, 8, 1, 1, 8, 1, "1f1b", "full", "alltoall"), 1.0, 0.0,
+                           {"peak_memory_gib": 201.6, "fits": False})]
+    res = SimpleNamespace(planned=planned, memory_capacity_bytes=134.4 * 2**30, gpus=64, seq_len=65536, max_cp=8)
+    line = no_fit_hint(res)
+    assert "201.6 GiB against 134.4 GiB" in line and "1.50x the GPUs" in line and "--cp 8" in line
+    assert "--cp" not in no_fit_hint(SimpleNamespace(**{**res.__dict__, "max_cp": 1}))
+
+
+def test_dense_model_rows_carry_no_moe_labels():
+    """A dense model's search rows and separations name no EP and no dispatcher (it has no MoE layer); MoE rows print
+    Megatron's data-parallel size beside the per-EP-group DP, N / (tp x cp x pp) worked out here."""
+    from tessera_lab.cli.search import _row, format_search
+
+    dense = load_model("qwen3-8b")
+    res = S.search(dense, 16, top=3, max_plans=8)
+    text = format_search(res, 3)
+    assert res.ranked and not res.moe
+    for word in ("dispatcher", "alltoall", "deepep", " ep "):
+        assert word not in text, word
+    assert "ep " not in res.ranked[0].layout.text(moe=False)
+    lay = S.Layout(4, 2, 16, 2, 4, 8, 1, "interleaved-overlapped", "none", "deepep", True)  # EP spans TP
+    row = _row(1, S.Candidate(lay, 0.0, 0.0, {"iteration_time_s": 1.0, "tokens_per_s": 1.0, "mfu": 0.1,
+                                               "bubble_fraction": 0.1, "peak_memory_gib": 1.0, "headroom_gib": 1.0}))
+    gpus = lay.parallel(4096).world_size
+    assert row["DP (Megatron)"] == gpus // (lay.tp * lay.cp * lay.pp) == 32 and row["dp"] == 4
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-overlapped", "1f1b"])
+def test_stage_cost_table_equals_cost(qwen, schedule):
+    """The batched segment costs a partition solve reads are the stage cost model's own, bit for bit."""
+    from tessera_lab.plan.make import planning_problem
+
+    p = ParallelConfig(pp=4, vpp=2 if schedule.startswith("interleaved") else 1, ep=8, dp=2, schedule=schedule)
+    problem, sm = planning_problem(qwen, p, Cluster.dgx("H200", 8))
+    for s in range(problem.num_stages):
+        seg = problem.segments(s)
+        assert seg and problem.segment_costs(s, seg) == [sm.cost(s, i, j) for i, j in seg]
+
+
+def test_stage_memory_row_equals_memory_bytes(qwen):
+    """The batched memory a partition problem's segment list reads is the stage cost model's own, bit for bit."""
+    from tessera_lab.plan.make import planning_problem
+
+    _, sm = planning_problem(qwen, ParallelConfig(pp=4, vpp=2, ep=8, dp=2, schedule="interleaved-overlapped"),
+                             Cluster.dgx("H200", 8))
+    for s in range(sm.num_stages):
+        for i in (0, 5, 20):
+            js = list(range(i + 1, sm.num_layers + 1))
+            assert sm.memory_row(s, i, js) == [sm.memory_bytes(s, i, j) for j in js]

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from tessera_lab.argtypes import positive_float
+from tessera_lab.errors import InfeasiblePlanError
 from tessera_lab.cli.common import (GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args,
                                     split_from_args, table)
 from tessera_lab.model.hardware import layout_text
@@ -250,6 +251,35 @@ def check_device_plan_options(args: argparse.Namespace) -> None:
                               "without --device")
 
 
+def cp_fit_hint(model, parallel, nodes, opts: dict) -> str:
+    """``"; --cp N fits ..."`` for a memory refusal at a long sequence (at least twice the search's
+    :data:`~tessera_lab.plan.search_space.CP_MIN_TOKENS` per sequence) where a larger context-parallel size than
+    ``parallel.cp`` (the next ones Megatron-Core can run with this TP inside one NVLink domain,
+    :func:`~tessera_lab.plan.search_space.cp_choices`) plans and fits on the GPUs it needs; ``""`` otherwise. Each
+    try is a planner run with the refused plan's options (the refusal path only)."""
+    from tessera_lab.errors import TesseraError
+    from tessera_lab.model.hardware import GPUSpec
+    from tessera_lab.plan.make import make_plan
+    from tessera_lab.plan.search_space import CP_MIN_TOKENS, cp_choices
+
+    if parallel.seq_len < 2 * CP_MIN_TOKENS:
+        return ""
+    node = GPUSpec.named(opts["gpu"]).nvlink_domain
+    for cp in [c for c in cp_choices(model, parallel.seq_len, parallel.tp, node) if c > parallel.cp][:2]:
+        try:
+            pl = make_plan(model, parallel.replace(cp=cp), None, **opts)
+        except TesseraError:
+            continue
+        if pl.chosen.fits_memory:
+            ranks = [0.0] * pl.parallel.pp
+            for st in pl.chosen.stages:
+                ranks[st.index % pl.parallel.pp] += st.memory_bytes
+            return (f"; context parallelism would fit: --cp {cp} plans with a peak of {max(ranks) / 2**30:.1f} GiB "
+                    f"per GPU (computed) on {pl.parallel.world_size} GPUs, each CP rank holding 1/{cp} of a "
+                    "sequence's activations")
+    return ""
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     if getattr(args, "device", None):  # the runner on a calibrated device
         from tessera_lab.runner.testbed.predict import cmd_plan_device
@@ -273,9 +303,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
             profile = load_profile(args.profile)
         check_profile_fits(profile, args.profile, model.name, args.gpu, allow=args.allow_stale_profile)
     boundaries = split_from_args(args, model, parallel)
-    plan = make_plan(model, parallel, cluster, method="uniform" if boundaries else args.method,
-                     objective=args.objective, time_limit_s=args.time_limit, gpu=args.gpu, profile=profile,
-                     boundaries=boundaries, **({"baselines": ()} if boundaries else {}))
+    opts = dict(method="uniform" if boundaries else args.method, objective=args.objective,
+                time_limit_s=args.time_limit, gpu=args.gpu, profile=profile, boundaries=boundaries,
+                **({"baselines": ()} if boundaries else {}))
+    try:
+        plan = make_plan(model, parallel, cluster, **opts)
+    except InfeasiblePlanError as exc:
+        hint = cp_fit_hint(model, parallel, args.nodes, opts) if args.nodes is None else ""
+        raise InfeasiblePlanError(f"{exc}{hint}") from None
     emit(args, plan.as_dict(), format_plan(plan))
     if args.export:
         from tessera_lab.plan.exports import write_plan

@@ -13,25 +13,32 @@ from tessera_lab.cli.common import add_json, emit, table
 HELP = ("search the parallel layouts (TP, CP, EP, PP/VPP, DP, micro-batching, schedule, recompute) for the fastest "
         "that fits")
 #: layout fields compared between a candidate and the first one
-_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "ep_spans_tp", "dp", "microbatches", "micro_batch_size", "schedule",
-           "recompute", "dispatcher")
+_FIELDS = ("tp", "cp", "pp", "vpp", "ep", "ep_spans_tp", "dp", "fsdp", "microbatches", "micro_batch_size",
+           "schedule", "recompute", "recompute_modules", "dispatcher")
+#: fields a dense model has no use for (EP 1, the alltoall dispatcher: no MoE layer to dispatch)
+_MOE_FIELDS = ("ep", "ep_spans_tp", "dispatcher")
 
 
-def _row(rank: int, c) -> dict[str, Any]:
+def _row(rank: int, c, moe: bool = True) -> dict[str, Any]:
     r, lay = c.result, c.layout
-    return {"#": rank, "tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "vpp": lay.vpp,
-            "ep": lay.ep if not lay.ep_spans_tp else f"{lay.ep}*",
-            "dp": lay.dp, "m x mbs": f"{lay.microbatches} x {lay.micro_batch_size}", "schedule": lay.schedule,
-            "recompute": lay.recompute, "dispatcher": lay.dispatcher, "iteration (s)": r["iteration_time_s"],
-            "tokens/s": f"{r['tokens_per_s']:,.0f}", "MFU": f"{r['mfu']:.1%}", "bubble": r["bubble_fraction"],
-            "peak (GiB)": r["peak_memory_gib"], "headroom (GiB)": r["headroom_gib"]}
+    row = {"#": rank, "tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "vpp": lay.vpp,
+           "ep": lay.ep if not lay.ep_spans_tp else f"{lay.ep}*", "dp": lay.dp, "DP (Megatron)": lay.megatron_dp,
+           "optimizer": "fsdp" if lay.fsdp else "dist-opt",
+           "m x mbs": f"{lay.microbatches} x {lay.micro_batch_size}", "schedule": lay.schedule,
+           "recompute": lay.recompute_text(), "dispatcher": lay.dispatcher, "iteration (s)": r["iteration_time_s"],
+           "tokens/s": f"{r['tokens_per_s']:,.0f}", "MFU": f"{r['mfu']:.1%}", "bubble": r["bubble_fraction"],
+           "peak (GiB)": r["peak_memory_gib"], "headroom (GiB)": r["headroom_gib"]}
+    if not moe:
+        del row["ep"], row["dispatcher"], row["dp"]
+    return row
 
 
-def separation(first, other) -> str:
+def separation(first, other, moe: bool = True) -> str:
     """What separates ``other`` from ``first``: the layout fields that differ and the terms that moved
     (iteration, slowest stage per micro-batch, bubble fraction; simulated)."""
     a, b = first.layout, other.layout
-    diff = [f"{k} {getattr(a, k)}->{getattr(b, k)}" for k in _FIELDS if getattr(a, k) != getattr(b, k)]
+    diff = [f"{k} {getattr(a, k)}->{getattr(b, k)}" for k in _FIELDS
+            if getattr(a, k) != getattr(b, k) and (moe or k not in _MOE_FIELDS)]
     ra, rb = first.result, other.result
     d_it = rb["iteration_time_s"] / ra["iteration_time_s"] - 1
     d_stage = rb["slowest_stage_ms"] * b.microbatches - ra["slowest_stage_ms"] * a.microbatches
@@ -50,22 +57,33 @@ def format_search(res, top: int) -> str:
              f"{res.memory_capacity_bytes / 2**30:.1f} GiB per GPU",
              f"layouts: {res.enumerated:,} enumerated; pruned {pr['memory (parameter state)']:,} by parameter-state "
              f"memory, {pr['memory']:,} by the memory bound, {pr['bound']:,} by the time bound (could not beat the "
-             f"{res.top}-th best planned); {len(res.planned)} planned ({res.cpu_s:.1f} CPU s)"
+             f"{res.top}-th best planned); {len(res.planned)} planned ({_cpu_text(res)})"
              + (f"; {pr['budget']:,} left unplanned at the --max-plans budget (their time bounds from "
                 f"{res.unplanned_bound_s:.3f} s)" if pr.get("budget") else ""), ""]
     ranked = res.ranked[:top]
     if not ranked:
         lines.append("no planned layout fits memory: " + no_fit_hint(res))
         return "\n".join(lines)
-    lines.append(table([_row(i + 1, c) for i, c in enumerate(ranked)], ".3f"))
+    moe = getattr(res, "moe", True)
+    lines.append(table([_row(i + 1, c, moe) for i, c in enumerate(ranked)], ".3f"))
     lines.append("iteration, tokens/s, MFU, bubble: simulated by the planner of `tessera-lab plan` (objective auto, "
                  "method dp; ilp with virtual stages); peak memory: computed; headroom: capacity less peak; "
-                 "ep N*: the EP group spans the TP ranks")
+                 + ("ep N*: the EP group spans the TP ranks; dp: data-parallel replicas of one EP group (GPUs = "
+                    "pp x dp x ep x tp x cp, tp once when EP spans it); " if moe else "")
+                 + "DP (Megatron): GPUs / (tp x cp x pp), Megatron's --data-parallel size")
     for i, c in enumerate(ranked[1:], start=2):
-        lines.append(f"#{i} against #1: {separation(ranked[0], c)}")
+        lines.append(f"#{i} against #1: {separation(ranked[0], c, moe)}")
     if res.errors:
         lines.append(f"planner refusals: {sum(res.errors.values())} ({len(res.errors)} distinct; --json lists them)")
     return "\n".join(lines)
+
+
+def _cpu_text(res) -> str:
+    """CPU seconds of the search, with its planner processes' when ``--jobs`` > 1."""
+    kids = getattr(res, "children_cpu_s", 0.0)
+    if kids <= 0:
+        return f"{res.cpu_s:.1f} CPU s"
+    return f"{res.cpu_s + kids:.1f} CPU s: {res.cpu_s:.1f} here, {kids:.1f} in the planner processes"
 
 
 def no_fit_hint(res) -> str:
@@ -76,9 +94,15 @@ def no_fit_hint(res) -> str:
     if not rows:
         return (f"every candidate was refused by the planner; allowed: more GPUs (--gpus {res.gpus * 2}), a shorter "
                 f"--seq-len (below {res.seq_len}) or a smaller global batch")
+    from tessera_lab.plan.search_space import CP_MIN_TOKENS
+
     light = min(r["peak_memory_gib"] for r in rows)
+    cp = getattr(res, "max_cp", 1)
+    tried = (f"; context parallelism up to --cp {cp} was among the layouts searched (CP ranks of at least "
+             f"{CP_MIN_TOKENS:,} tokens inside one NVLink domain)" if cp > 1 else "")
     return (f"the lightest planned layout peaks at {light:.1f} GiB against {cap:.1f} GiB; allowed: about "
-            f"{light / cap:.2f}x the GPUs (--gpus {res.gpus * 2}), or a shorter --seq-len (below {res.seq_len})")
+            f"{light / cap:.2f}x the GPUs (--gpus {res.gpus * 2}), or a shorter --seq-len (below {res.seq_len})"
+            f"{tried}")
 
 
 def _progress():

@@ -32,7 +32,7 @@ def solve_dp(problem: PartitionProblem) -> Partition:
     t0 = time.perf_counter()
     S, L = problem.num_stages, problem.num_layers
     seg = [problem.segments(s) for s in range(S)]
-    cost = [{(i, j): problem.cost(s, i, j) for i, j in seg[s]} for s in range(S)]
+    cost = [dict(zip(seg[s], problem.segment_costs(s, seg[s]))) for s in range(S)]
 
     def min_bottleneck() -> float:
         INF = math.inf

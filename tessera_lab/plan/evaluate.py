@@ -109,9 +109,17 @@ class GradSync:
         p = cost_model.parallel
         self._params = {idx: gpu_params(model, p, idx) for idx in range(-1, model.num_layers + 1)}
         self._coll: dict[tuple[float, str, int], float] = {}
+        self._times: dict[tuple, float] = {}  # memo of :meth:`time` by its arguments
 
     def time(self, index: int, layers, num_stages: int | None = None) -> float:
         """Seconds of the gradient sync of (virtual) stage ``index`` owning decoder ``layers``."""
+        key = (index, tuple(layers), num_stages)
+        got = self._times.get(key)
+        if got is None:
+            got = self._times[key] = self._time(index, layers, num_stages)
+        return got
+
+    def _time(self, index: int, layers, num_stages: int | None) -> float:
         model, p = self.model, self.cost_model.parallel
         last = (num_stages or p.pp) - 1
         # with FSDP the decoder layers' gradients are reduce-scattered every micro-batch (their W tasks,
@@ -153,6 +161,26 @@ def _fixed_schedule(name: str, pp: int, m: int, vpp: int):
     compiled once (private to :func:`evaluate`, which never changes it)."""
     schedule = plan_schedule(name, pp, m, vpp)
     return schedule, compile_schedule(schedule)
+
+
+def stage_p2p_times(model: ModelSpec, per: Sequence[tuple[CostModel, StageCostModel]], S: int, pp: int
+                    ) -> list[float]:
+    """Seconds of one micro-batch's transfer from virtual stage ``s`` to ``s + 1``, per ``s < S`` (``pp`` ranks,
+    ``per[s]`` the costs of stage ``s``): a transfer runs on the slower of the two ends' links
+    (:meth:`~tessera_lab.cost.analytic.CostModel.p2p_time`)."""
+    return [max(per[s][0].p2p_time(model, s % pp), per[min(s + 1, S - 1)][0].p2p_time(model, s % pp))
+            for s in range(S)]
+
+
+def _shared_p2p(model: ModelSpec, cost_model: CostModel, S: int, pp: int) -> list[float]:
+    """:func:`stage_p2p_times` with one cost model for every stage, kept on the cost model (a planner run simulates
+    many partitions of one layout; the transfer times do not depend on the partition)."""
+    held = cost_model.__dict__.setdefault("_p2p_by_stages", {})
+    key = (id(model), S, pp)
+    got = held.get(key)
+    if got is None or got[0] is not model:
+        got = held[key] = (model, stage_p2p_times(model, [(cost_model, None)] * S, S, pp))
+    return list(got[1])
 
 
 def stage_plans(model: ModelSpec, stage_models: Sequence[StageCostModel], boundaries: Sequence[int],
@@ -203,9 +231,7 @@ def evaluate(
     per = list(per_stage) if per_stage is not None else [(cost_model, stage_model)] * S
     b = partition.boundaries
     stages = stage_plans(model, [sm for _, sm in per], b, speed)
-    # a transfer between virtual stages s and s+1 runs on the slower of the two ends' links
-    p2p = [max(per[s][0].p2p_time(model, s % p.pp), per[min(s + 1, S - 1)][0].p2p_time(model, s % p.pp))
-           for s in range(S)]
+    p2p = stage_p2p_times(model, per, S, p.pp) if per_stage is not None else _shared_p2p(model, cost_model, S, p.pp)
     compiled = None
     if p.schedule in DURATION_DEPENDENT_SCHEDULES:
         schedule = plan_schedule(p.schedule, p.pp, p.microbatches, p.vpp, f=[st.f_s for st in stages],

@@ -220,7 +220,10 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Parti
     if core is None:
         raise PartitionError("no ILP solver available (install highspy, or use method 'dp')")
     S, L, m = problem.num_stages, problem.num_layers, problem.microbatches
-    all_seg = {(s, i, j): problem.cost(s, i, j) for s in range(S) for i, j in problem.segments(s)}
+    all_seg = {}
+    for s in range(S):
+        seg = problem.segments(s)
+        all_seg.update(zip(((s, i, j) for i, j in seg), problem.segment_costs(s, seg)))
     if not all_seg:
         raise infeasible_error(problem)
     ub, best_heuristic = _heuristic_start(problem, all_seg)

@@ -98,9 +98,9 @@ def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster
     stages = parallel.pp * parallel.vpp  # the partition weighs every (stage, segment) pair the layer counts allow
     check_work("partition_segments", stages * max(1, model.num_layers - stages + 1),
                field=f"pipeline stages {stages} x (layers {model.num_layers} - stages + 1)")
-    missing = [mod for mod in parallel.recompute_modules if not _model_has_module(model, mod)]
+    missing = [mod for mod in parallel.recompute_modules if not model_has_module(model, mod)]
     if missing:
-        have = [mod for mod in RECOMPUTE_MODULES if _model_has_module(model, mod)]
+        have = [mod for mod in RECOMPUTE_MODULES if model_has_module(model, mod)]
         raise ConfigError(f"field 'recompute_modules' names {', '.join(missing)}, which {model.name} does not have "
                           f"({'; '.join(_MODULE_NEEDS[mod] for mod in missing)}): recomputing it would do nothing; "
                           f"allowed for this model: {', '.join(have) or 'none'}")
@@ -112,7 +112,7 @@ _MODULE_NEEDS = {"core_attn": "needs a full-attention layer", "mla_up_proj": "ne
                  "layernorm": "needs a decoder layer with a norm", "shared_experts": "needs a shared expert"}
 
 
-def _model_has_module(model: ModelSpec, module: str) -> bool:
+def model_has_module(model: ModelSpec, module: str) -> bool:
     """Whether a Megatron ``--recompute-modules`` name has anything to recompute in ``model``."""
     layers = model.layers
     if module == "core_attn":

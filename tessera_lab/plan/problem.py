@@ -129,13 +129,29 @@ class PartitionProblem:
         out = []
         memory, limit = self.memory, (self.memory_limit or 0.0) * (1 + 1e-12)
         length_ok = self.length_ok
+        owner = getattr(memory, "__self__", None)  # a stage cost model's memory_bytes: one row per start
+        row = owner.memory_row if getattr(memory, "__name__", "") == "memory_bytes" and hasattr(
+            owner, "memory_row") else None
         for i in range(lo_i, hi_i + 1):
             j_end = L if s == S - 1 else L - (S - 1 - s) * self.min_layers
             j_start = L if s == S - 1 else i + self.min_layers
-            for j in range(j_start, j_end + 1):  # memory_ok, inlined
-                if length_ok(s, i, j) and (memory is None or memory(s, i, j) <= limit):
-                    out.append((i, j))
+            js = [j for j in range(j_start, j_end + 1) if length_ok(s, i, j)]
+            if memory is None:
+                out += [(i, j) for j in js]
+            elif row is not None:
+                out += [(i, j) for j, m in zip(js, row(s, i, js)) if m <= limit]
+            else:  # memory_ok, inlined
+                out += [(i, j) for j in js if memory(s, i, j) <= limit]
         return out
+
+    def segment_costs(self, s: int, segments) -> list[float]:
+        """``cost(s, i, j)`` for every ``(i, j)`` of ``segments``: one batched call where the cost is a stage cost
+        model's :meth:`~tessera_lab.plan.stages.StageCostModel.cost` (its ``cost_table``, the same numbers), else
+        one call per segment."""
+        owner = getattr(self.cost, "__self__", None)
+        if getattr(self.cost, "__name__", "") == "cost" and hasattr(owner, "cost_table"):
+            return owner.cost_table(s, segments)
+        return [self.cost(s, i, j) for i, j in segments]
 
     @property
     def num_ranks(self) -> int:

@@ -2,11 +2,14 @@
 a lower bound on the iteration, the survivors planned by :func:`tessera_lab.plan.make.make_plan` (the planner of
 ``tessera-lab plan``: overlap-aware partition, schedule simulation, objective ``auto``).
 
-Dimensions (:class:`Layout`): TP (dividing every head count and the GPUs of a node; sequence parallel on), EP
-(dividing the routed experts; expert TP 1; with TP > 1 the EP group either sits on one TP rank, or spans the TP
-ranks as Megatron's expert grid allows, ``ep_spans_tp``), CP (:func:`cp_choices`; the EP groups span the CP ranks
-as Megatron-Core's expert grid does), PP with VPP, the data-parallel replicas, micro-batch size
-and count making the global batch, recompute (none, selective, full), schedule and dispatcher.
+Dimensions (:class:`~tessera_lab.plan.search_space.Layout`, enumerated by
+:func:`~tessera_lab.plan.search_space.enumerate_layouts`): TP (dividing every head count and the GPUs of a node;
+sequence parallel on), EP (dividing the routed experts; expert TP 1; with TP > 1 the EP group either sits on one TP
+rank, or spans the TP ranks as Megatron's expert grid allows, ``ep_spans_tp``), CP (:func:`cp_choices`; the EP groups
+span the CP ranks as Megatron-Core's expert grid does), PP with VPP, the data-parallel replicas with the distributed
+optimizer or Megatron FSDP, micro-batch size and count making the global batch, recompute (none, selective with
+Megatron's default or a listed module set, full), schedule (the EP-overlap ones only where Megatron-Core's
+``TransformerConfig`` accepts them, :func:`overlap_rule_breaks`) and dispatcher.
 
 Pruning, in this order (counts per rule in :class:`SearchResult`):
 
@@ -34,18 +37,12 @@ from tessera_lab.cost.memory import layer_memory, memory_capacity
 from tessera_lab.errors import ConfigError, TesseraError
 from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.spec import ModelSpec
-from tessera_lab.plan.make import VIRTUAL_SCHEDULES, make_plan
-from tessera_lab.plan.search_space import _divisors, cp_choices, tp_choices
+from tessera_lab.plan.make import make_plan
+# the search space (layouts, what is enumerated) lives in search_space; its names are the search's too
+from tessera_lab.plan.search_space import (Layout, cp_choices, enumerate_layouts, overlap_rule_breaks,  # noqa: F401
+                                            recompute_choices, tp_choices)
 from tessera_lab.plan.vschedules import plan_in_flight
 
-#: one-chunk schedules the search tries (``gpipe`` holds every micro-batch: never faster than 1F1B at more memory;
-#: ``zb-auto`` runs a schedule search per plan)
-SEARCH_SCHEDULES = ("overlapped", "1f1b", "zb-h1", "zb-h2")
-#: virtual stages per rank tried with the interleaved schedules
-SEARCH_VPP = (2, 3, 4)
-SEARCH_RECOMPUTE = ("none", "selective", "full")
-SEARCH_DISPATCHERS = ("alltoall", "deepep")
-SEARCH_MICRO_BATCH_SIZES = (1, 2, 4)
 #: candidates planned between two updates of the pruning threshold (fixed, so that ``jobs`` never changes which
 #: candidates are planned)
 BATCH = 8
@@ -58,97 +55,7 @@ PLAN_OPTIONS = {"method": "dp", "objective": "auto", "baselines": ("uniform",)}
 #: and its time limit per solve, seconds (at the limit the planner keeps the best of the ILP's incumbent and its
 #: heuristic plan, and says so in the row's ``solver_status``)
 VIRTUAL_METHOD = "ilp"
-VIRTUAL_TIME_LIMIT_S = 0.05
-
-
-@dataclass(frozen=True, order=True)
-class Layout:
-    """One parallel layout (sizes as :class:`~tessera_lab.model.hardware.ParallelConfig` counts them)."""
-
-    pp: int
-    vpp: int
-    ep: int
-    tp: int
-    dp: int
-    microbatches: int
-    micro_batch_size: int
-    schedule: str
-    recompute: str
-    dispatcher: str
-    ep_spans_tp: bool = False
-    cp: int = 1
-
-    def parallel(self, seq_len: int) -> ParallelConfig:
-        """The :class:`ParallelConfig` of this layout at ``seq_len`` tokens per sequence."""
-        return ParallelConfig(pp=self.pp, vpp=self.vpp, ep=self.ep, tp=self.tp, dp=self.dp,
-                              microbatches=self.microbatches, micro_batch_size=self.micro_batch_size,
-                              seq_len=seq_len, schedule=self.schedule, recompute=self.recompute,
-                              dispatcher=self.dispatcher, ep_spans_tp=self.ep_spans_tp, cp=self.cp)
-
-    def cost_group(self) -> tuple:
-        """What the per-layer costs and saved activations see (not PP, DP, VPP, schedule or micro-batches)."""
-        return (self.tp, self.ep, self.ep_spans_tp, self.micro_batch_size, self.recompute, self.dispatcher, self.cp)
-
-    def text(self) -> str:
-        vpp = f" vpp {self.vpp}" if self.vpp > 1 else ""
-        spans = " (EP spans TP)" if self.ep_spans_tp else ""
-        cp = f" cp {self.cp}" if self.cp > 1 else ""
-        return (f"tp {self.tp}{cp} pp {self.pp}{vpp} ep {self.ep}{spans} dp {self.dp}, {self.microbatches} x "
-                f"{self.micro_batch_size}, {self.schedule}, recompute {self.recompute}, {self.dispatcher}")
-
-
-def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_per_node: int = 8,
-                      schedules: Sequence[str] = SEARCH_SCHEDULES, vpps: Sequence[int] = SEARCH_VPP,
-                      recomputes: Sequence[str] = SEARCH_RECOMPUTE, dispatchers: Sequence[str] = SEARCH_DISPATCHERS,
-                      micro_batch_sizes: Sequence[int] = SEARCH_MICRO_BATCH_SIZES, seq_len: int = 4096
-                      ) -> list[Layout]:
-    """Every layout of ``gpus`` GPUs making a global batch of ``global_batch`` sequences of ``seq_len`` tokens under
-    the structural rules (module docstring; CP sizes from :func:`cp_choices`); a dense model takes EP 1 and the
-    alltoall dispatcher only. Sorted (deterministic)."""
-    out = []
-    moe = model.has_moe
-    eps = [e for e in _divisors(model.num_experts) if gpus % e == 0] if moe else [1]
-    for tp in tp_choices(model, gpus_per_node):
-        for cp in cp_choices(model, seq_len, tp, gpus_per_node):
-            for ep in eps:
-                for spans in ((False, True) if moe and tp > 1 else (False,)):
-                    if spans and ep % tp:
-                        continue
-                    per_stage = ep * (1 if spans else tp) * cp
-                    if gpus % per_stage:
-                        continue
-                    for pp in _divisors(gpus // per_stage):
-                        if pp > model.num_layers:
-                            continue
-                        dp = gpus // per_stage // pp
-                        dense_dp = ep * dp // (tp if spans else 1)
-                        space = {"schedules": schedules, "vpps": vpps, "recomputes": recomputes,
-                                 "dispatchers": dispatchers if moe and ep > 1 else ("alltoall",),
-                                 "micro_batch_sizes": micro_batch_sizes}
-                        out += _batch_layouts(model, (pp, ep, tp, dp, spans, cp), dense_dp, global_batch, space)
-    return sorted(out)
-
-
-def _batch_layouts(model, sizes: tuple, dense_dp: int, global_batch: int, space: dict) -> list[Layout]:
-    """The layouts of one structure ``(pp, ep, tp, dp, spans)``: every micro-batching, schedule, recompute and
-    dispatcher of ``space`` the structural rules allow."""
-    pp, ep, tp, dp, spans, cp = sizes
-    schedules, vpps, recomputes, dispatchers = (space[k] for k in ("schedules", "vpps", "recomputes", "dispatchers"))
-    out = []
-    for mbs in space["micro_batch_sizes"]:
-        if global_batch % (mbs * dense_dp):
-            continue
-        m = global_batch // (mbs * dense_dp)
-        if pp > 1 and m < pp:
-            continue
-        scheds = [(s, 1) for s in schedules] if pp > 1 else [("1f1b", 1)]
-        if pp > 1 and m % pp == 0:
-            scheds += [(s, v) for s in VIRTUAL_SCHEDULES for v in vpps if pp * v <= model.num_layers]
-        for sched, vpp in scheds:
-            for rc in recomputes:
-                for disp in dispatchers:
-                    out.append(Layout(pp, vpp, ep, tp, dp, m, mbs, sched, rc, disp, spans, cp))
-    return out
+VIRTUAL_TIME_LIMIT_S = 0.02
 
 
 @dataclass
@@ -291,6 +198,18 @@ class SearchResult:
     memory_capacity_bytes: float = 0.0
     #: smallest time bound among the candidates left unplanned at the ``max_plans`` budget (None: none left)
     unplanned_bound_s: float | None = None
+    #: CPU seconds of the planner processes (``jobs > 1``; ``getrusage(RUSAGE_CHILDREN)``), beside ``cpu_s`` (this
+    #: process's)
+    children_cpu_s: float = 0.0
+    #: whether the model has MoE layers (EP and the dispatcher mean something)
+    moe: bool = True
+    #: the largest context-parallel size among the layouts considered
+    max_cp: int = 1
+
+    @property
+    def planned_per_cpu_s(self) -> float:
+        """Full planner runs per CPU second of the whole search (this process and its planner processes)."""
+        return len(self.planned) / max(self.cpu_s + self.children_cpu_s, 1e-9)
 
     @property
     def ranked(self) -> list[Candidate]:
@@ -303,6 +222,7 @@ class SearchResult:
                 "global_batch_sequences": self.global_batch, "global_batch_tokens": self.global_batch * self.seq_len,
                 "top": self.top, "enumerated": self.enumerated, "pruned": self.pruned,
                 "evaluated": len(self.planned), "planner_errors": self.errors, "cpu_s": self.cpu_s,
+                "children_cpu_s": self.children_cpu_s, "planned_per_cpu_s": self.planned_per_cpu_s,
                 "memory_capacity_gib": self.memory_capacity_bytes / 2**30,
                 "unplanned_bound_s": self.unplanned_bound_s,
                 "candidates": [c.as_dict() for c in self.ranked]
@@ -381,8 +301,9 @@ DEFAULT_GLOBAL_SEQUENCES = 1024
 
 class _Bounds:
     """Bounds of layouts from lazily built groups: the time bound from the costs of the layout's TP, EP,
-    micro-batch size and dispatcher with recompute none (:func:`time_lower_bound`; recomputation only adds work,
-    so this bounds every recompute, checked by the tests), the memory bound from the layout's own saved activations
+    micro-batch size and dispatcher with recompute none and the distributed optimizer (:func:`time_lower_bound`;
+    recomputation only adds work and Megatron FSDP only adds its per-layer gathers and reduce-scatters, so this
+    bounds every recompute and both optimizers, checked by the tests), the memory bound from the layout's own saved activations
     (:func:`memory_lower_bound`)."""
 
     def __init__(self, model: ModelSpec, seq_len: int, cluster: Cluster):
@@ -406,7 +327,8 @@ class _Bounds:
         key = (layout.ep, layout.schedule, layout.dispatcher)
         if key not in self.sync:
             self.sync[key] = planner_per_layer_s(layout.parallel(self.seq_len)) * self.moe_layers
-        return time_lower_bound(self.group(replace(layout, recompute="none")), layout, self.sync[key])
+        return time_lower_bound(self.group(replace(layout, recompute="none", recompute_modules=(), fsdp=False)),
+                                layout, self.sync[key])
 
     def memory(self, layout: Layout) -> float:
         key = layout.cost_group()
@@ -423,7 +345,7 @@ def _first_pass(model: ModelSpec, layouts: list[Layout], seq_len: int, capacity:
     params: dict[tuple, float] = {}
     out, pruned, lightest = [], 0, math.inf
     for lay in layouts:
-        key = (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp)
+        key = (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp, lay.fsdp)
         if key not in params:
             params[key] = param_memory_bytes(model, lay, seq_len) / lay.pp
         lightest = min(lightest, params[key])
@@ -436,19 +358,19 @@ def _first_pass(model: ModelSpec, layouts: list[Layout], seq_len: int, capacity:
 
 
 def _structure(lay: Layout) -> tuple:
-    return (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp)
+    return (lay.tp, lay.cp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp)
 
 
 def _canonical_first(cands: list[Candidate], bounds: _Bounds, capacity: float) -> list[Candidate]:
-    """The candidates reordered: first, per structure (TP, EP, PP, DP) in bound order, its plain layout (micro-batch
-    size 1, the planner's default schedule, alltoall, the lightest recompute whose memory bound fits), so that
-    every structure is planned once before the knobs of the best ones; then the rest in bound order."""
+    """The candidates reordered: first, per structure (TP, CP, EP, PP, DP) in bound order, its plain layout
+    (micro-batch size 1, alltoall, the distributed optimizer, the lightest recompute whose memory bound fits, with
+    Megatron's default modules, and of those the schedule with the smallest bound), so that every structure is
+    planned once before the knobs of the best ones; then the rest in bound order (``cands`` are in bound order)."""
     order = {"none": 0, "selective": 1, "full": 2}
     best: dict[tuple, Candidate] = {}
     for c in cands:
         lay = c.layout
-        if lay.micro_batch_size != 1 or lay.dispatcher != "alltoall" or lay.vpp != 1 or \
-                lay.schedule != ("overlapped" if lay.pp > 1 else "1f1b"):
+        if lay.micro_batch_size != 1 or lay.dispatcher != "alltoall" or lay.fsdp or lay.recompute_modules:
             continue
         k = _structure(lay)
         have = best.get(k)
@@ -469,21 +391,22 @@ def _threshold(planned: list[Candidate], top: int) -> float:
 
 
 def _next_batch(cands: list[Candidate], i: int, threshold: float, bounds: _Bounds, capacity: float,
-                pruned: dict[str, int]) -> tuple[list[Candidate], int]:
+                skipped: list[Candidate]) -> tuple[list[Candidate], int]:
     """Up to :data:`BATCH` candidates to plan from position ``i`` on; those whose memory bound exceeds the
-    capacity or whose time bound reaches ``threshold`` are counted in ``pruned`` and skipped. Returns the batch and
-    the next position."""
+    capacity are passed over (their ``memory_bound_bytes`` says so), those whose time bound reaches ``threshold``
+    are appended to ``skipped``. Returns the batch and the next position."""
     batch = []
     while len(batch) < BATCH and i < len(cands):
         c = cands[i]
         i += 1
+        if c.result is not None:
+            continue
         if c.lower_bound_s >= threshold:
-            pruned["bound"] += 1
+            skipped.append(c)
             continue
         if not c.memory_bound_bytes:
             c.memory_bound_bytes = bounds.memory(c.layout)
         if c.memory_bound_bytes > capacity:
-            pruned["memory"] += 1
             continue
         batch.append(c)
     return batch, i
@@ -501,7 +424,8 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
 
     Args:
         global_batch_tokens: tokens per iteration (default :data:`DEFAULT_GLOBAL_SEQUENCES` sequences).
-        top: how many of the best plans the bound pruning keeps exact (the ``top``-th best sets its threshold).
+        top: how many of the best plans the bound pruning keeps exact (the ``top``-th best sets its threshold in
+            the second planning pass; #1 comes from the first, which prunes against the best plan whatever ``top``).
         jobs: processes planning candidates at once (the same candidates are planned, and the same result
             returned, for any ``jobs``).
         max_plans: full planner runs at most; candidates left then are counted as ``budget`` with the smallest
@@ -536,26 +460,40 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
                           f"{lightest / 2**30:.1f} GiB of parameter state per GPU against {capacity / 2**30:.1f} GiB; "
                           f"allowed: about {need} GPUs or more (a multiple of {node})")
     cands = _canonical_first(cands, bounds, capacity)
-    pruned = {"memory (parameter state)": by_params, "memory": 0, "bound": 0, "budget": 0}
-    planned, rest = _plan_all(cands, bounds, capacity, pruned, (top, jobs, max_plans), progress)
-    pruned["budget"] = len(rest)
+    children = _children_cpu_s()
+    planned, rest = _plan_all(cands, bounds, capacity, (top, jobs, max_plans), progress)
+    over = sum(1 for c in cands if c.result is None and c.memory_bound_bytes > capacity)
+    pruned = {"memory (parameter state)": by_params, "memory": over,
+              "bound": len(cands) - len(planned) - over - len(rest), "budget": len(rest)}
     errors: dict[str, int] = {}
     for c in planned:
         if "error" in c.result:
             errors[c.result["error"]] = errors.get(c.result["error"], 0) + 1
     res = SearchResult(model.name, gpus, cluster.gpu.name, seq_len, seqs, top, planned, len(layouts), pruned,
                        errors, time.process_time() - t0, capacity)
+    res.children_cpu_s = _children_cpu_s() - children
     res.unplanned_bound_s = min((c.lower_bound_s for c in rest), default=None)
+    res.moe, res.max_cp = model.has_moe, max(lay.cp for lay in layouts)
     return res
 
 
-def _plan_all(cands, bounds: _Bounds, capacity: float, pruned: dict[str, int], limits: tuple[int, int, int],
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's finished (waited-for) child processes (``getrusage``)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _plan_all(cands, bounds: _Bounds, capacity: float, limits: tuple[int, int, int],
               progress) -> tuple[list[Candidate], list[Candidate]]:
     """Plan the candidates in order, batch by batch, updating the pruning threshold between batches (``limits``:
-    top, jobs, max_plans); returns the planned candidates and those left unplanned when ``max_plans`` was reached
-    (not pruned by a rule)."""
+    top, jobs, max_plans), in two passes: the first prunes against the best planned iteration (so the budget finds
+    #1 whatever ``top``), the second, with the budget left, plans the candidates the first passed over whose bound
+    is below the ``top``-th best. Returns the planned candidates and those left unplanned at ``max_plans`` whose bound
+    is below the ``top``-th best (neither pruned by memory nor planned). Memory-pruned candidates keep their
+    ``memory_bound_bytes`` above ``capacity`` and no result."""
     top, jobs, max_plans = limits
-    model, seq_len, cluster = bounds.model, bounds.seq_len, bounds.cluster
     planned: list[Candidate] = []
     pool = None
     if jobs > 1:
@@ -564,26 +502,40 @@ def _plan_all(cands, bounds: _Bounds, capacity: float, pruned: dict[str, int], l
 
         pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
     try:
-        i = 0
-        while i < len(cands) and len(planned) < max_plans:
-            batch, i = _next_batch(cands, i, _threshold(planned, top), bounds, capacity, pruned)
-            if pool is None or len(batch) < 2:
-                rows = [plan_layout(model, c.layout, seq_len, cluster) for c in batch]
-            else:
-                parts = [batch[k::jobs] for k in range(jobs)]
-                outs = list(pool.map(_plan_batch, [(model, [c.layout for c in part], seq_len, cluster)
-                                                   for part in parts]))
-                done = {id(c): r for part, out in zip(parts, outs) for c, r in zip(part, out)}
-                rows = [done[id(c)] for c in batch]
-            for c, r in zip(batch, rows):
-                c.result = r
-            planned += batch
-            if progress is not None:
-                progress(i, len(cands))
+        skipped: list[Candidate] = []
+        _plan_pass(cands, bounds, capacity, planned, (1, pool, jobs, max_plans), skipped, progress)
+        if top > 1:
+            again = [c for c in skipped if c.lower_bound_s < _threshold(planned, top)]
+            _plan_pass(again, bounds, capacity, planned, (top, pool, jobs, max_plans), [], None)
     finally:
         if pool is not None:
             pool.shutdown()
     threshold = _threshold(planned, top)
-    rest = [c for c in cands[i:] if c.lower_bound_s < threshold]
-    pruned["bound"] += len(cands) - i - len(rest)
+    rest = [c for c in cands if c.result is None and c.lower_bound_s < threshold and
+            not c.memory_bound_bytes > capacity]
     return planned, rest
+
+
+def _plan_pass(cands, bounds: _Bounds, capacity: float, planned: list[Candidate], limits: tuple,
+               skipped: list[Candidate], progress) -> None:
+    """One pass of :func:`_plan_all` over ``cands`` (``limits``: top, process pool or None, its processes,
+    max_plans), appending
+    to ``planned`` and to ``skipped`` (passed over by the bound)."""
+    top, pool, jobs, max_plans = limits
+    model, seq_len, cluster = bounds.model, bounds.seq_len, bounds.cluster
+    i = 0
+    while i < len(cands) and len(planned) < max_plans:
+        batch, i = _next_batch(cands, i, _threshold(planned, top), bounds, capacity, skipped)
+        if pool is None or len(batch) < 2:
+            rows = [plan_layout(model, c.layout, seq_len, cluster) for c in batch]
+        else:
+            parts = [batch[k::jobs] for k in range(jobs)]
+            outs = list(pool.map(_plan_batch, [(model, [c.layout for c in part], seq_len, cluster)
+                                               for part in parts]))
+            done = {id(c): r for part, out in zip(parts, outs) for c, r in zip(part, out)}
+            rows = [done[id(c)] for c in batch]
+        for c, r in zip(batch, rows):
+            c.result = r
+        planned += batch
+        if progress is not None:
+            progress(i, len(cands))

@@ -3,11 +3,13 @@ back from them (the round trip the tests check). Flag names: ``megatron/training
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict
 from typing import Any, Sequence
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.plan.search import Candidate, Layout
+from tessera_lab.plan.search import Candidate
+from tessera_lab.plan.search_space import Layout, overlap_rule_breaks
 
 
 #: Megatron-Core's names (``megatron/training/arguments.py``) of the layout options :func:`megatron_arguments` writes
@@ -35,6 +37,8 @@ def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
     argv += ["--expert-tensor-parallel-size", "1", "--context-parallel-size", str(lay.cp),
              "--global-batch-size", str(lay.microbatches * lay.micro_batch_size * dense_dp),
              "--seq-length", str(seq_len), "--use-distributed-optimizer"]
+    if lay.fsdp:  # Megatron FSDP sharding parameters, gradients and optimizer state (the recipes keep the flag above)
+        argv += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"]
     if lay.tp > 1:
         argv.append("--sequence-parallel")
     if cand.result and cand.result.get("boundaries"):
@@ -43,23 +47,23 @@ def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
         argv += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     elif lay.recompute == "selective":
         argv += ["--recompute-granularity", "selective"]
+        if lay.recompute_modules:
+            argv += ["--recompute-modules", *lay.recompute_modules]
     argv += ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"] if lay.dispatcher == "deepep" else \
         ["--moe-token-dispatcher-type", "alltoall"]
     notes = [] if lay.schedule in MEGATRON_SCHEDULES else [
         f"schedule {lay.schedule} is not a Megatron-Core schedule (it runs 1F1B or interleaved 1F1B)"]
     if lay.schedule.endswith("overlapped"):
         argv.append("--overlap-moe-expert-parallel-comm")
-        notes += overlap_rule_breaks(lay)
+        notes += overlap_notes(lay)
     return {"argv": argv, "layout": asdict(lay), "seq_len": seq_len, "notes": notes}
 
 
-def overlap_rule_breaks(lay: Any) -> list[str]:
-    """What Megatron-Core's ``TransformerConfig`` checks refuse in ``--overlap-moe-expert-parallel-comm`` for this
-    layout (NVIDIA/Megatron-LM ``megatron/core/transformer/transformer_config.py``, ``__post_init__``): expert
-    parallelism > 1, no full recomputation, and virtual stages when pp > 1. Empty when Megatron-Core runs it."""
-    rules = [(lay.ep <= 1, "expert parallelism > 1"), (lay.recompute == "full", "no full recomputation"),
-             (lay.pp > 1 and lay.vpp <= 1, "virtual pipeline stages when pp > 1")]
-    broken = [why for bad, why in rules if bad]
+def overlap_notes(lay: Any) -> list[str]:
+    """A note naming the rules of Megatron-Core's ``TransformerConfig`` that refuse
+    ``--overlap-moe-expert-parallel-comm`` for ``lay`` (:func:`tessera_lab.plan.search.overlap_rule_breaks`; the
+    search enumerates no such layout, a layout given by hand may be one); empty when Megatron-Core runs it."""
+    broken = overlap_rule_breaks(lay)
     if not broken:
         return []
     return [f"Megatron-Core refuses --overlap-moe-expert-parallel-comm for this layout: it requires {', '.join(broken)}; "
@@ -80,6 +84,10 @@ def layout_from_megatron(argv: Sequence[str], gpus: int, *, ep_spans_tp: bool = 
     args = list(argv)
     vals = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--") and not args[i + 1].startswith("--")}
     flags = {a for a in args if a.startswith("--")} - set(vals)
+    modules: tuple[str, ...] = ()
+    if "--recompute-modules" in args:  # nargs='*': the words up to the next flag
+        rest = args[args.index("--recompute-modules") + 1:]
+        modules = tuple(itertools.takewhile(lambda a: not a.startswith("--"), rest))
     try:
         get = {k: int(vals.get(flag, "1")) for k, flag in _MEGATRON_FLAGS.items()}
         gbs = int(vals["--global-batch-size"])
@@ -101,6 +109,6 @@ def layout_from_megatron(argv: Sequence[str], gpus: int, *, ep_spans_tp: bool = 
     layout = Layout(pp, get["vpp"], ep, tp, dp, m, get["micro_batch_size"], sched,
                     vals.get("--recompute-granularity", "none"),
                     "deepep" if "--moe-enable-deepep" in flags else vals.get("--moe-token-dispatcher-type", "alltoall"),
-                    ep_spans_tp, cp)
+                    ep_spans_tp, cp, modules, "--use-megatron-fsdp" in flags)
     layout_text = vals.get("--pipeline-model-parallel-layout")
     return layout, (parse_megatron_layout(layout_text) if layout_text else [])

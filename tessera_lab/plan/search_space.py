@@ -1,12 +1,18 @@
-"""The sizes the layout search (:mod:`tessera_lab.plan.search`) tries per dimension: TP (:func:`tp_choices`) and CP
-(:func:`cp_choices`), each by Megatron-Core's rules as ``plan`` checks them (docs/search.md, "What is enumerated")."""
+"""The layouts the search (:mod:`tessera_lab.plan.search`) tries (:class:`Layout`, :func:`enumerate_layouts`) and
+the sizes per dimension: TP (:func:`tp_choices`), CP (:func:`cp_choices`), recompute (:func:`recompute_choices`),
+each by Megatron-Core's rules as ``plan`` checks them, and the EP-overlap rules of Megatron-Core's
+``TransformerConfig`` (:func:`overlap_rule_breaks`) (docs/search.md, "What is enumerated")."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import ModelSpec
+from tessera_lab.plan.make import VIRTUAL_SCHEDULES
 
 #: context parallelism is tried only where each CP rank keeps at least this many tokens of a sequence (the search's
 #: limit: below it the per-rank attention is short and the KV exchange is not hidden; ``plan --cp`` takes any size)
@@ -42,4 +48,159 @@ def cp_choices(model: ModelSpec, seq_len: int, tp: int, gpus_per_node: int) -> l
         except ConfigError:
             pass
         cp *= 2
+    return out
+
+
+#: one-chunk schedules the search tries at pp > 1 (``gpipe`` holds every micro-batch: never faster than 1F1B at more
+#: memory; ``zb-auto`` runs a schedule search per plan; ``overlapped`` needs virtual stages in Megatron-Core at
+#: pp > 1, so it is tried at pp 1 only, beside ``1f1b``)
+SEARCH_SCHEDULES = ("1f1b", "zb-h1", "zb-h2")
+#: virtual stages per rank tried with the interleaved schedules
+SEARCH_VPP = (2, 3, 4)
+SEARCH_RECOMPUTE = ("none", "selective", "full")
+#: Megatron ``--recompute-modules`` sets tried with ``recompute = selective`` besides its default (attention core and
+#: routed-expert activations), each where the model has every module (:func:`recompute_choices`): the norms with the
+#: routed-expert activations (Megatron-MoE-ModelZoo's Qwen3 recipes), plus the shared expert, plus MLA's up
+#: projections
+SEARCH_RECOMPUTE_MODULES = (("layernorm", "moe_act"), ("layernorm", "moe_act", "shared_experts"),
+                            ("layernorm", "mla_up_proj", "moe_act"))
+SEARCH_DISPATCHERS = ("alltoall", "deepep")
+SEARCH_MICRO_BATCH_SIZES = (1, 2, 4)
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """One parallel layout (sizes as :class:`~tessera_lab.model.hardware.ParallelConfig` counts them)."""
+
+    pp: int
+    vpp: int
+    ep: int
+    tp: int
+    dp: int
+    microbatches: int
+    micro_batch_size: int
+    schedule: str
+    recompute: str
+    dispatcher: str
+    ep_spans_tp: bool = False
+    cp: int = 1
+    #: Megatron ``--recompute-modules`` with ``recompute = selective`` (empty: its default modules)
+    recompute_modules: tuple[str, ...] = ()
+    #: Megatron FSDP instead of the distributed optimizer
+    fsdp: bool = False
+
+    def parallel(self, seq_len: int) -> ParallelConfig:
+        """The :class:`ParallelConfig` of this layout at ``seq_len`` tokens per sequence."""
+        return ParallelConfig(pp=self.pp, vpp=self.vpp, ep=self.ep, tp=self.tp, dp=self.dp,
+                              microbatches=self.microbatches, micro_batch_size=self.micro_batch_size,
+                              seq_len=seq_len, schedule=self.schedule, recompute=self.recompute,
+                              dispatcher=self.dispatcher, ep_spans_tp=self.ep_spans_tp, cp=self.cp,
+                              recompute_modules=self.recompute_modules, fsdp=self.fsdp)
+
+    @property
+    def megatron_dp(self) -> int:
+        """Megatron's data-parallel size: GPUs / (TP x CP x PP) (``dp`` here counts the replicas of one EP group,
+        as :class:`ParallelConfig` does: GPUs = PP x DP x EP x TP x CP, TP counted once when EP spans it)."""
+        return self.ep * self.dp // (self.tp if self.ep_spans_tp else 1)
+
+    def cost_group(self) -> tuple:
+        """What the per-layer costs and saved activations see (not PP, VPP, schedule or micro-batches; DP only
+        with FSDP, whose per-layer gathers run over it)."""
+        return (self.tp, self.ep, self.ep_spans_tp, self.micro_batch_size, self.recompute, self.dispatcher, self.cp,
+                self.recompute_modules, self.fsdp, self.dp if self.fsdp else 0)
+
+    def recompute_text(self) -> str:
+        """``none``, ``full``, ``selective`` or ``selective(modules)``."""
+        return f"{self.recompute}({','.join(self.recompute_modules)})" if self.recompute_modules else self.recompute
+
+    def text(self, moe: bool = True) -> str:
+        """One line; ``moe`` False leaves out EP and the dispatcher (a dense model has neither)."""
+        vpp = f" vpp {self.vpp}" if self.vpp > 1 else ""
+        spans = " (EP spans TP)" if self.ep_spans_tp else ""
+        cp = f" cp {self.cp}" if self.cp > 1 else ""
+        ep = f" ep {self.ep}{spans}" if moe else ""
+        return (f"tp {self.tp}{cp} pp {self.pp}{vpp}{ep} dp {self.dp} (Megatron DP {self.megatron_dp})"
+                f"{', FSDP' if self.fsdp else ''}, {self.microbatches} x {self.micro_batch_size}, {self.schedule}, "
+                f"recompute {self.recompute_text()}" + (f", {self.dispatcher}" if moe else ""))
+
+
+def recompute_choices(model: ModelSpec, recomputes: Sequence[str] = SEARCH_RECOMPUTE,
+                      module_sets: Sequence[tuple[str, ...]] = SEARCH_RECOMPUTE_MODULES) -> list[tuple[str, tuple]]:
+    """``(recompute, recompute_modules)`` pairs the search tries: each of ``recomputes`` (selective with Megatron's
+    default modules), plus selective with each of ``module_sets`` whose every module ``model`` has
+    (:func:`tessera_lab.plan.make.model_has_module`)."""
+    from tessera_lab.plan.make import model_has_module
+
+    out = [(rc, ()) for rc in recomputes]
+    if "selective" in recomputes:
+        out += [("selective", tuple(ms)) for ms in module_sets if all(model_has_module(model, m) for m in ms)]
+    return out
+
+
+def overlap_rule_breaks(lay: Any) -> list[str]:
+    """The rules of Megatron-Core's ``TransformerConfig.__post_init__`` for ``overlap_moe_expert_parallel_comm``
+    (the EP-overlap schedules, ``overlapped`` and ``interleaved-overlapped``) that ``lay`` breaks (NVIDIA/Megatron-LM
+    ``megatron/core/transformer/transformer_config.py`` at commit d2c5e8b4f4fa0062d8cd9cbe18a7fca7cf1f99a3):
+    expert parallelism > 1, no full recomputation, and virtual pipeline stages when pp > 1 (its dispatcher rule,
+    alltoall or flex, holds for both dispatchers the search tries). Empty when Megatron-Core runs it."""
+    rules = [(lay.ep <= 1, "expert parallelism > 1"), (lay.recompute == "full", "no full recomputation"),
+             (lay.pp > 1 and lay.vpp <= 1, "virtual pipeline stages when pp > 1")]
+    return [why for bad, why in rules if bad]
+
+
+def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_per_node: int = 8,
+                      schedules: Sequence[str] = SEARCH_SCHEDULES, vpps: Sequence[int] = SEARCH_VPP,
+                      recomputes: Sequence[str] = SEARCH_RECOMPUTE, dispatchers: Sequence[str] = SEARCH_DISPATCHERS,
+                      micro_batch_sizes: Sequence[int] = SEARCH_MICRO_BATCH_SIZES, seq_len: int = 4096
+                      ) -> list[Layout]:
+    """Every layout of ``gpus`` GPUs making a global batch of ``global_batch`` sequences of ``seq_len`` tokens under
+    the structural rules (module docstring; CP sizes from :func:`cp_choices`, recompute from
+    :func:`recompute_choices`, the distributed optimizer and, with more than one data-parallel rank, Megatron FSDP);
+    a dense model takes EP 1 and the alltoall dispatcher only. Sorted (deterministic)."""
+    out = []
+    moe = model.has_moe
+    eps = [e for e in _divisors(model.num_experts) if gpus % e == 0] if moe else [1]
+    for tp in tp_choices(model, gpus_per_node):
+        for cp in cp_choices(model, seq_len, tp, gpus_per_node):
+            for ep in eps:
+                for spans in ((False, True) if moe and tp > 1 else (False,)):
+                    if spans and ep % tp:
+                        continue
+                    per_stage = ep * (1 if spans else tp) * cp
+                    if gpus % per_stage:
+                        continue
+                    for pp in _divisors(gpus // per_stage):
+                        if pp > model.num_layers:
+                            continue
+                        dp = gpus // per_stage // pp
+                        dense_dp = ep * dp // (tp if spans else 1)
+                        space = {"schedules": schedules, "vpps": vpps, "recomputes": recompute_choices(model, recomputes),
+                                 "dispatchers": dispatchers if moe and ep > 1 else ("alltoall",),
+                                 "micro_batch_sizes": micro_batch_sizes}
+                        out += _batch_layouts(model, (pp, ep, tp, dp, spans, cp), dense_dp, global_batch, space)
+    return sorted(out)
+
+
+def _batch_layouts(model, sizes: tuple, dense_dp: int, global_batch: int, space: dict) -> list[Layout]:
+    """The layouts of one structure ``(pp, ep, tp, dp, spans)``: every micro-batching, schedule, recompute and
+    dispatcher of ``space`` the structural rules allow."""
+    pp, ep, tp, dp, spans, cp = sizes
+    schedules, vpps, recomputes, dispatchers = (space[k] for k in ("schedules", "vpps", "recomputes", "dispatchers"))
+    out = []
+    for mbs in space["micro_batch_sizes"]:
+        if global_batch % (mbs * dense_dp):
+            continue
+        m = global_batch // (mbs * dense_dp)
+        if pp > 1 and m < pp:
+            continue
+        scheds = [(s, 1) for s in schedules] if pp > 1 else [("1f1b", 1), ("overlapped", 1)]
+        if pp > 1 and m % pp == 0:
+            scheds += [(s, v) for s in VIRTUAL_SCHEDULES for v in vpps if pp * v <= model.num_layers]
+        for sched, vpp in scheds:
+            for rc, mods in recomputes:
+                for fsdp in ((False, True) if dense_dp > 1 else (False,)):
+                    for disp in dispatchers:
+                        lay = Layout(pp, vpp, ep, tp, dp, m, mbs, sched, rc, disp, spans, cp, mods, fsdp)
+                        if not (sched.endswith("overlapped") and overlap_rule_breaks(lay)):
+                            out.append(lay)
     return out

@@ -36,6 +36,24 @@ def _prefix(values: Sequence[float]) -> list[float]:
     return out
 
 
+#: stage pair-cost sums by (layer kinds, pair costs): stage models of layouts that share their pair costs (a
+#: search's candidates, re-plans) share the sums of :meth:`StageCostModel.fb`
+_FB_CACHES: dict[tuple, dict[tuple[int, int], float]] = {}
+
+
+def _fb_cache(kinds: list[str], pair_costs: dict | None) -> dict[tuple[int, int], float]:
+    """The memo of :meth:`StageCostModel.fb`'s pair sums for ``(kinds, pair_costs)`` (a fresh one without pairs)."""
+    if pair_costs is None:
+        return {}
+    key = (tuple(kinds), tuple(sorted(pair_costs.items())))
+    got = _FB_CACHES.get(key)
+    if got is None:
+        if len(_FB_CACHES) >= 64:
+            _FB_CACHES.clear()
+        got = _FB_CACHES[key] = {}
+    return got
+
+
 class StageCostModel:
     """Per-layer times and memory turned into segment functions for the partitioner.
 
@@ -62,7 +80,7 @@ class StageCostModel:
         self.num_layers = len(self.costs) - 2
         self.num_stages = parallel.pp * parallel.vpp
         self.kinds = [c.kind for c in self.costs[1:-1]]
-        self._fb_cache: dict[tuple[int, int], float] = {}
+        self._fb_cache = _fb_cache(self.kinds, pair_costs)
         body = self.costs[1:-1]
         self._psync = _prefix(self.host_sync or [0.0] * len(body))
         self._pf = _prefix([c.F.time + x for c, x in zip(body, self.host_sync or [0.0] * len(body))])
@@ -136,6 +154,29 @@ class StageCostModel:
         if self.pair_costs is not None and self.parallel.schedule in OVERLAPPED_SCHEDULES:
             return self.fb(s, i, j)
         return self.standalone(s, i, j)
+
+    def cost_table(self, s: int, segments) -> list[float]:
+        """:meth:`cost` of stage ``s`` for every ``(i, j)`` of ``segments``, the same numbers computed in one loop
+        (a partition solve weighs every feasible segment of every stage)."""
+        if self.pair_costs is not None and self.parallel.schedule in OVERLAPPED_SCHEDULES:
+            cache, kinds, pairs = self._fb_cache, self.kinds, self.pair_costs
+            ef, eb = self._extra(s, "f"), self._extra(s, "b")
+            out = []
+            for i, j in segments:
+                core = cache.get((i, j))
+                if core is None:
+                    core = cache[(i, j)] = stage_pair_cost(kinds[i:j], pairs)
+                out.append(core + ef + eb)
+            return out
+        pf, pb, ef, eb = self._pf, self._pb, self._extra(s, "f"), self._extra(s, "b")
+        return [(pf[j] - pf[i] + ef) + (pb[j] - pb[i] + eb) for i, j in segments]
+
+    def memory_row(self, s: int, i: int, js) -> list[float]:
+        """:meth:`memory_bytes` of stage ``s`` starting at layer ``i`` for every end ``j`` of ``js``, the same
+        numbers computed in one loop."""
+        pp, pa, f = self._pparam, self._pact, self._in_flight[s]
+        p0, a0, ep, ea = pp[i], pa[i], self._end_param[s], self._end_act[s]
+        return [(pp[j] - p0 + ep) + (pa[j] - a0 + ea) * f for j in js]
 
     def params(self, s: int, i: int, j: int) -> float:
         """Parameter and training-state bytes per GPU of the segment."""

@@ -63,8 +63,9 @@ def top_table(res: SearchResult, k: int = TOP, shown: int | None = None):
         lay, r = c.layout, c.result
         rows.append({"#": i, **({"timeline": "drawn" if i == shown else ""} if shown else {}), "tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "vpp": lay.vpp,
                      "ep": f"{lay.ep}*" if lay.ep_spans_tp else lay.ep, "dp": lay.dp,
+                     "DP (Megatron)": lay.megatron_dp, "optimizer": "fsdp" if lay.fsdp else "dist-opt",
                      "micro-batches": lay.microbatches, "micro-batch size": lay.micro_batch_size,
-                     "schedule": lay.schedule, "recompute": lay.recompute, "dispatcher": lay.dispatcher,
+                     "schedule": lay.schedule, "recompute": lay.recompute_text(), "dispatcher": lay.dispatcher,
                      "tokens/s": r["tokens_per_s"], "iteration (s)": r["iteration_time_s"], "MFU (%)": 100 * r["mfu"],
                      "peak memory (GiB)": r["peak_memory_gib"], "headroom (GiB)": r["headroom_gib"]})
     return pd.DataFrame(rows).set_index("#") if rows else pd.DataFrame()

@@ -28,15 +28,23 @@ def suggest_layout(spec, gpus: int, *, gpu: str, seq_len: int, global_batch_toke
         ConfigError: what :func:`search` refuses (GPUs not whole NVLink domains of ``gpu``, too few for the model),
             no layout the panel can set, or none of them fits memory (the lightest peak against the capacity).
     """
+    from dataclasses import replace
+
     from tessera_lab.errors import ConfigError
     from tessera_lab.model.hardware import GPUSpec
     from tessera_lab.plan.search import check_search_inputs, enumerate_layouts, search
 
     node = GPUSpec.named(gpu).nvlink_domain
     seqs = check_search_inputs(spec, gpus, seq_len, global_batch_tokens, node)
-    layouts = [lay for lay in enumerate_layouts(spec, gpus, seqs, gpus_per_node=node, schedules=("overlapped",),
-                                                vpps=(), dispatchers=("alltoall",), micro_batch_sizes=(1,))
-               if lay.schedule == "overlapped" and settable(lay)]
+    # the panels plan this project's overlapped schedule with one chunk per rank (as `plan` does; Megatron-Core's
+    # EP overlap would need virtual stages, so the search proper enumerates it only with them): the search's
+    # one-chunk 1F1B layouts with pp > 1, Megatron's default recompute modules and the distributed optimizer, run
+    # overlapped
+    layouts = [replace(lay, schedule="overlapped")
+               for lay in enumerate_layouts(spec, gpus, seqs, gpus_per_node=node, schedules=("1f1b",), vpps=(),
+                                            dispatchers=("alltoall",), micro_batch_sizes=(1,))
+               if lay.schedule == "1f1b" and lay.pp > 1 and not lay.recompute_modules and not lay.fsdp]
+    layouts = [lay for lay in layouts if settable(lay)]
     if not layouts:
         raise ConfigError(f"no layout of {gpus} {gpu} GPUs that this panel can set makes a global batch of {seqs} "
                           f"sequences; allowed: notebook 11's search, which also varies TP, DP and micro-batching")
