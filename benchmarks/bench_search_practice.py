@@ -127,26 +127,30 @@ def outside_space(model, lay, node: int, seq_len: int) -> list[str]:
     """Why ``lay`` is not among :func:`tessera_lab.plan.search.enumerate_layouts`' values (empty when the value of
     every dimension is one the search tries)."""
     from tessera_lab.plan.make import VIRTUAL_SCHEDULES
-    from tessera_lab.plan.search import SEARCH_MICRO_BATCH_SIZES, SEARCH_SCHEDULES, SEARCH_VPP
-    from tessera_lab.plan.search_space import cp_choices, tp_choices
+    from tessera_lab.plan.search_space import (SEARCH_MICRO_BATCH_SIZES, SEARCH_SCHEDULES, SEARCH_VPP, cp_choices,
+                                               overlap_rule_breaks, recompute_choices, tp_choices)
 
     why = []
     if lay.vpp > 1 and lay.vpp not in SEARCH_VPP:
         why.append(f"vpp {lay.vpp} (searched {', '.join(map(str, SEARCH_VPP))})")
     if lay.micro_batch_size not in SEARCH_MICRO_BATCH_SIZES:
         why.append(f"micro-batch size {lay.micro_batch_size}")
-    if lay.schedule not in SEARCH_SCHEDULES + VIRTUAL_SCHEDULES or (lay.pp == 1 and lay.schedule != "1f1b"):
+    overlapped = lay.schedule in ("overlapped", "interleaved-overlapped")
+    if (lay.schedule not in SEARCH_SCHEDULES + VIRTUAL_SCHEDULES + ("overlapped",)
+            or (lay.pp == 1 and lay.schedule not in ("1f1b", "overlapped"))
+            or (lay.schedule == "overlapped" and lay.pp > 1)):
         why.append(f"schedule {lay.schedule} at pp {lay.pp}")
+    elif overlapped and overlap_rule_breaks(lay):
+        why.append(f"{lay.schedule} breaks Megatron-Core's EP-overlap rules ({'; '.join(overlap_rule_breaks(lay))})")
     if lay.tp not in tp_choices(model, node):
         why.append(f"tp {lay.tp}")
     if lay.cp not in cp_choices(model, seq_len, lay.tp, node):
         why.append(f"cp {lay.cp}")
     if lay.pp * lay.vpp > model.num_layers:
         why.append(f"pp x vpp {lay.pp * lay.vpp} over {model.num_layers} layers")
-    if getattr(lay, "recompute_modules", ()):
-        why.append(f"recompute modules {','.join(lay.recompute_modules)}")
-    if getattr(lay, "fsdp", False):
-        why.append("Megatron FSDP")
+    modules = tuple(getattr(lay, "recompute_modules", ()) or ())
+    if modules and ("selective", modules) not in recompute_choices(model):
+        why.append(f"recompute modules {','.join(modules)}")
     return why
 
 

@@ -53,7 +53,7 @@ def test_practice_small_run_end_to_end():
     b = _bench()
     row = b.check_run(_run("qwen3-30b-a3b/8xB200/fp8/ep8-mbs1"), max_plans=8, top=3)
     # 8 B200, PP 1, EP 8, GBS 512, MBS 1: m = 512 / 8 = 64, one stage: 1f1b; in the search's space
-    assert row["recipe_layout"].startswith("tp 1 pp 1 ep 8 dp 1, 64 x 1, 1f1b")
+    assert row["recipe_layout"].startswith("tp 1 pp 1 ep 8 dp 1 (Megatron DP 8), 64 x 1, 1f1b")
     assert row["recipe_outside_space"] == [] and not row["recipe_added_to_space"]
     assert row["recipe_fits"] and row["best_at_least_as_fast"] and row["why_not"] is None
     assert row["best_iteration_s"] <= row["recipe_iteration_s"]

@@ -187,6 +187,21 @@ def _heuristic_start(problem: PartitionProblem, all_seg: dict[tuple[int, int, in
     return ub, best_heuristic
 
 
+def _segment_table(problem: PartitionProblem) -> dict[tuple[int, int, int], float]:
+    """Every feasible (stage, first layer, end layer) segment with its cost in s.
+
+    Raises:
+        InfeasiblePlanError: no stage has a feasible segment.
+    """
+    table = {}
+    for s in range(problem.num_stages):
+        seg = problem.segments(s)
+        table.update(zip(((s, i, j) for i, j in seg), problem.segment_costs(s, seg)))
+    if not table:
+        raise infeasible_error(problem)
+    return table
+
+
 def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Partition:
     """Integer linear program over (stage, segment) binaries, solved with HiGHS (``highspy``).
 
@@ -220,12 +235,7 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Parti
     if core is None:
         raise PartitionError("no ILP solver available (install highspy, or use method 'dp')")
     S, L, m = problem.num_stages, problem.num_layers, problem.microbatches
-    all_seg = {}
-    for s in range(S):
-        seg = problem.segments(s)
-        all_seg.update(zip(((s, i, j) for i, j in seg), problem.segment_costs(s, seg)))
-    if not all_seg:
-        raise infeasible_error(problem)
+    all_seg = _segment_table(problem)
     ub, best_heuristic = _heuristic_start(problem, all_seg)
     # exact pruning: the objective of any plan using segment k is at least lower_bound(k)
     fwd, bwd = _path_bounds(problem, all_seg)
