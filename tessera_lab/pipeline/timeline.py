@@ -202,9 +202,7 @@ def _build_timeline(
             last_any = k
             if is_compute:
                 last_compute = k
-        if is_compute:
-            compute_iv[e.rank].append((e.start, end))
-        else:
+        if not is_compute:
             coll = P2P_COLLECTIVE if e.type in p2p_types else e.type
             key = (e.rank, coll)
             got = comm_iv.get(key)
@@ -219,7 +217,10 @@ def _build_timeline(
     bubble_overhead = total_idle / total_busy if total_busy > 0 else 0.0
 
     exposed: dict[str, float] = {}
-    if comm_iv:
+    if comm_iv:  # the compute intervals are needed only to expose communication
+        for e in events:
+            if e.lane == "compute":
+                compute_iv[e.rank].append((e.start, e.end))
         idle_iv = [interval_gaps(merge_intervals(compute_iv[r]), T) for r in range(R)]
         for (r, coll), ivs in comm_iv.items():
             exposed[coll] = exposed.get(coll, 0.0) + overlap_length(merge_intervals(ivs), idle_iv[r])
