@@ -1,13 +1,19 @@
-"""The event engine's compile phase: each rank's actions as ops the event loop
-(:class:`tessera_lab.pipeline.engine._EventLoop`) reads, with the dependency rule of
-:mod:`tessera_lab.pipeline.engine` written into each op (which inputs it needs, from which rank, and what it
-produces for whom). A pure function of the schedule's actions and ``stage_to_rank``; never imports torch.
+"""The event engine's rules and its compile phase (never imports torch).
+
+The rules every walk over actions follows (:mod:`tessera_lab.pipeline.engine`): data flow, an action's inputs
+(:func:`action_inputs`) and the outputs of a compute leaf (:func:`action_outputs`); activation memory, what a leaf
+takes or frees (:data:`ACTIVATION_CHANGE`). The compile phase writes them into each rank's ops for the event loop
+(:class:`tessera_lab.pipeline.engine._EventLoop`: which inputs an op needs, from which rank, and what it produces for
+whom; the data-flow rule inlined, as the compile runs once per action of a first simulation, and checked equal to
+:func:`action_inputs` and :func:`action_outputs` by the tests), a pure function of the schedule's actions and
+``stage_to_rank``; and holds the compilations of recently simulated schedules (:func:`_held_for`).
 """
 
 from __future__ import annotations
 
 from tessera_lab.errors import ScheduleError
 from tessera_lab.pipeline.actions import ActionType
+from tessera_lab.pipeline.linear import pack_trace
 from tessera_lab.pipeline.p2p import check_nccl_order
 
 _F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
@@ -18,6 +24,42 @@ _SEND_F, _RECV_F, _SEND_B, _RECV_B = ActionType.SEND_F, ActionType.RECV_F, Actio
 _OP_COMPUTE, _OP_SEND, _OP_RECV = 0, 1, 2
 _COMM_OPS = frozenset({_SEND_F, _SEND_B, _RECV_F, _RECV_B})
 _TYPE_STR = {t: t.value for t in ActionType}
+
+#: activations a compute leaf takes (+1: a forward keeps its micro-batch's activations on its rank) or frees (-1: a
+#: whole backward, or the weight gradient ending a split one; an input gradient keeps them for its W), in
+#: micro-batches
+ACTIVATION_CHANGE = {_F: 1, _B: -1, _I: 0, _W: -1}
+
+
+def action_inputs(a, num_stages: int, weight: bool = True) -> list[tuple[str, int, int, int]]:
+    """The inputs of compute action ``a`` (each leaf of a pair) under the dependency rule of this module:
+    ``(kind, producing stage, micro-batch, consuming stage)`` with kind ``"F"`` (a forward output) or ``"G"`` (an
+    input gradient); a ``W`` leaf needs its stage's own ``G`` (left out with ``weight=False``)."""
+    out = []
+    for x in (a.sub_actions or (a,)):
+        s, i, k = x.stage, x.microbatch, x.type
+        if k is _F and s > 0:
+            out.append(("F", s - 1, i, s))
+        elif k is _B or k is _I:
+            out.append(("F", s, i, s))
+            if s < num_stages - 1:
+                out.append(("G", s + 1, i, s))
+        elif k is _W and weight:
+            out.append(("G", s, i, s))
+    return out
+
+
+def action_outputs(x, num_stages: int, weight: bool = True) -> list[tuple[str, int, int, int]]:
+    """The keys of :func:`action_inputs` that compute leaf ``x`` produces, in delivery order: a forward's output for
+    its stage and the next, a backward's gradient for the previous stage and an ``I``'s for its own ``W`` (left out
+    with ``weight=False``); a ``W`` nothing."""
+    s, i, k = x.stage, x.microbatch, x.type
+    if k is _F:
+        return [("F", s, i, s)] + ([("F", s, i, s + 1)] if s < num_stages - 1 else [])
+    if k is _B or k is _I:
+        out = [("G", s, i, s - 1)] if s > 0 else []
+        return out + [("G", s, i, s)] if k is _I and weight else out
+    return []
 
 
 def _comm_op(a, r: int, s2r) -> tuple:
@@ -62,19 +104,20 @@ def _rank_program(acts, r: int, s2r, S: int, explicit_send: set, explicit_recv: 
                 if s > 0:
                     needs.append((s2r[s - 1] != r, ("F", s - 1, i)))
                 produces.append((("F", s, i), s + 1 if s + 1 < S and s2r[s + 1] != r else -1))
-                plus += 1
             elif k is _B or k is _I:
                 needs.append((False, ("F", s, i)))
                 if s < S - 1:
                     needs.append((s2r[s + 1] != r, ("G", s + 1, i)))
                 produces.append((("G", s, i), s - 1 if s > 0 and s2r[s - 1] != r else -1))
-                if k is _B:
-                    minus += 1
             elif k is _W:
                 needs.append((False, ("G", s, i)))
-                minus += 1
             else:
                 raise ScheduleError(f"{x} on rank {r}: cannot simulate action type {k.value} inside a pair")
+            c = ACTIVATION_CHANGE[k]
+            if c > 0:
+                plus += c
+            elif c < 0:
+                minus -= c
         if a.sub_actions:
             bwd = next((x for x in leaves if x.type is not _F), leaves[-1])
             dur_key, ev_stage, ev_mb, label = (bwd.stage, bwd.microbatch, _OV), bwd.stage, bwd.microbatch, str(a)
@@ -97,3 +140,56 @@ def _compile_programs(schedule) -> tuple[list[list[tuple]], set, set]:
     if explicit_send or explicit_recv:
         check_nccl_order(schedule)
     return programs, explicit_send, explicit_recv
+
+
+class _Held:
+    """A simulated schedule, held by identity with a copy of every action list. Its first simulation compiles the
+    programs without holding them (a one-shot pays for its compile and event loop only, and keeps nothing but the
+    order that run recorded: holding every new schedule's programs made a process's first simulations slower); the
+    second compiles again and holds them, with the fast path's plan packed from that order."""
+
+    __slots__ = ("schedule", "shape", "lists", "programs", "sends", "recvs", "plan", "order", "fresh")
+
+    def __init__(self, schedule):
+        R = schedule.num_ranks
+        self.schedule = schedule
+        self.shape = (schedule.num_stages, R, dict(schedule.stage_to_rank))
+        self.lists = [list(schedule.actions.get(r, [])) for r in range(R)]
+        self.programs = self.sends = self.recvs = self.plan = self.order = None
+        self.fresh = True
+
+    def holds(self, schedule) -> bool:
+        """``schedule`` is the one held, unchanged: each action list equal to the copy (by identity first)."""
+        lists, R = schedule.actions, schedule.num_ranks
+        return (self.schedule is schedule and self.shape == (schedule.num_stages, R, schedule.stage_to_rank)
+                and all(lists.get(r, []) == h for r, h in zip(range(R), self.lists)))
+
+    def compiled(self) -> tuple:
+        """``(programs, sends, recvs, plan)`` as :func:`tessera_lab.pipeline.engine.compile_schedule` gives them
+        (``plan``: ``None`` until a run recorded its order)."""
+        if self.programs is None:
+            compiled = _compile_programs(self.schedule)
+            if self.fresh:  # the first simulation: nothing held
+                self.fresh = False
+                return (*compiled, None)
+            self.programs, self.sends, self.recvs = compiled
+        if self.plan is None and self.order is not None:
+            self.plan = pack_trace(self.programs, self.schedule.stage_to_rank, self.order)
+            self.order = None
+        return self.programs, self.sends, self.recvs, self.plan
+
+
+#: compiled programs of recently simulated schedules, by identity
+_COMPILED: dict[int, _Held] = {}
+
+
+def _held_for(schedule) -> _Held:
+    """The held compilation of ``schedule``, made (and the oldest of eight dropped) when it is new or changed."""
+    held = _COMPILED.get(id(schedule))
+    if held is not None and held.holds(schedule):
+        return held
+    held = _Held(schedule)
+    if len(_COMPILED) >= 8 and id(schedule) not in _COMPILED:
+        _COMPILED.pop(next(iter(_COMPILED)))
+    _COMPILED[id(schedule)] = held
+    return held

@@ -301,17 +301,27 @@ def _comm_tasks(comm: Iterable, R: int, locate) -> list[tuple]:
             if got is None:
                 raise ConfigError(f"comm task {n}: action {label!r} does not run on rank {rank}")
             ready_t, pred, stage, mb = got
-        tasks.append((ready_t, n, rank, str(name), seconds, pred, stage, mb))
+        tasks.append((ready_t, n, rank, seconds, str(name), pred, stage, mb))
     if failure is not None:
         raise failure
-    tasks.sort()
+    return [(rank, stage, mb, name, start, end, pred)
+            for start, end, (_, _, rank, _, name, pred, stage, mb) in serial_lanes(tasks, R)]
+
+
+def serial_lanes(tasks: list[tuple], R: int) -> list[tuple[float, float, tuple]]:
+    """The communication-lane rule: tasks ``(ready seconds, order, rank, seconds, ...)`` run one after another on
+    their rank's lane, taken by ready time (ties: by ``order``, which must be unique), each starting at the later of
+    its ready time and the end of the lane's previous task. Returns ``[(start, end, task), ...]`` in that order (the
+    simulator's extra collectives, :func:`_comm_tasks`, and the dynamic execution's gradient reduce-scatters,
+    :func:`tessera_lab.dynamic.online.execute`)."""
     lane_free = [0.0] * R
     out = []
-    for ready_t, n, rank, name, seconds, pred, stage, mb in tasks:
-        start = max(ready_t, lane_free[rank])
+    for task in sorted(tasks):
+        ready, _, rank, seconds = task[:4]
+        start = max(ready, lane_free[rank])
         end = start + seconds
         lane_free[rank] = end
-        out.append((rank, stage, mb, name, start, end, pred))
+        out.append((start, end, task))
     return out
 
 
