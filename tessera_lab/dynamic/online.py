@@ -227,14 +227,11 @@ class _StepRun:
 
     def ready_next(self, r: int) -> bool:
         """Whether the rank's next non-W action has all its inputs now (deferring W only pays then)."""
-        acts = self.lists[r]
-        k = self.pc[r] + 1
-        while k < len(acts) and acts[k].type is _W:
-            k += 1
-        if k >= len(acts):
+        k = self.next_slot[r][self.pc[r]]  # the first non-W action after the rank's position (-1: none)
+        if k < 0:
             return False
         now, arrival = self.t_rank[r], self.arrival
-        return all(key in arrival and arrival[key] <= now for key in _needs(acts[k], self.S))
+        return all(key in arrival and arrival[key] <= now for key in _needs(self.lists[r][k], self.S))
 
     # ---- the policy hook and its phases -------------------------------------------------------------------------
     def step(self, r: int) -> bool:
