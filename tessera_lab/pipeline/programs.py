@@ -29,6 +29,9 @@ _TYPE_STR = {t: t.value for t in ActionType}
 #: whole backward, or the weight gradient ending a split one; an input gradient keeps them for its W), in
 #: micro-batches
 ACTIVATION_CHANGE = {_F: 1, _B: -1, _I: 0, _W: -1}
+#: the same rule as the compile reads it, per leaf type: activations taken and freed
+(_TAKES_F, _FREES_F), (_TAKES_B, _FREES_B), (_TAKES_I, _FREES_I), (_TAKES_W, _FREES_W) = (
+    (max(ACTIVATION_CHANGE[k], 0), max(-ACTIVATION_CHANGE[k], 0)) for k in (_F, _B, _I, _W))
 
 
 def action_inputs(a, num_stages: int, weight: bool = True) -> list[tuple[str, int, int, int]]:
@@ -93,39 +96,38 @@ def _rank_program(acts, r: int, s2r, S: int, explicit_send: set, explicit_recv: 
             (explicit_send if op[0] == _OP_SEND else explicit_recv).add(op[2])
             prog.append(op)
             continue
-        leaves = a.sub_actions if a.sub_actions else (a,)
-        needs, produces = [], []
+        subs = a.sub_actions
+        needs = produces = ()  # tuples grown per leaf (a leaf's own tuples when it is alone)
         plus = minus = 0
-        for x in leaves:
+        for x in (subs or (a,)):
             s, i, k = x.stage, x.microbatch, x.type
             if s not in s2r:
                 raise ScheduleError(f"{x} on rank {r}: stage {s} has no rank in stage_to_rank")
             if k is _F:
                 if s > 0:
-                    needs.append((s2r[s - 1] != r, ("F", s - 1, i)))
-                produces.append((("F", s, i), s + 1 if s + 1 < S and s2r[s + 1] != r else -1))
+                    needs += ((s2r[s - 1] != r, ("F", s - 1, i)),)
+                produces += ((("F", s, i), s + 1 if s + 1 < S and s2r[s + 1] != r else -1),)
+                plus, minus = plus + _TAKES_F, minus + _FREES_F
             elif k is _B or k is _I:
-                needs.append((False, ("F", s, i)))
                 if s < S - 1:
-                    needs.append((s2r[s + 1] != r, ("G", s + 1, i)))
-                produces.append((("G", s, i), s - 1 if s > 0 and s2r[s - 1] != r else -1))
+                    needs += ((False, ("F", s, i)), (s2r[s + 1] != r, ("G", s + 1, i)))
+                else:
+                    needs += ((False, ("F", s, i)),)
+                produces += ((("G", s, i), s - 1 if s > 0 and s2r[s - 1] != r else -1),)
+                plus, minus = (plus + _TAKES_B, minus + _FREES_B) if k is _B else (plus + _TAKES_I, minus + _FREES_I)
             elif k is _W:
-                needs.append((False, ("G", s, i)))
+                needs += ((False, ("G", s, i)),)
+                plus, minus = plus + _TAKES_W, minus + _FREES_W
             else:
                 raise ScheduleError(f"{x} on rank {r}: cannot simulate action type {k.value} inside a pair")
-            c = ACTIVATION_CHANGE[k]
-            if c > 0:
-                plus += c
-            elif c < 0:
-                minus -= c
-        if a.sub_actions:
-            bwd = next((x for x in leaves if x.type is not _F), leaves[-1])
+        ts = _TYPE_STR[t]
+        if subs:
+            bwd = next((x for x in subs if x.type is not _F), subs[-1])
             dur_key, ev_stage, ev_mb, label = (bwd.stage, bwd.microbatch, _OV), bwd.stage, bwd.microbatch, str(a)
         else:
             dur_key, ev_stage, ev_mb = (a.stage, a.microbatch, t), a.stage, a.microbatch
-            label = f"{a.stage}{_TYPE_STR[t]}{'' if a.microbatch is None else a.microbatch}"
-        prog.append((_OP_COMPUTE, a, tuple(needs), tuple(produces), dur_key, ev_stage, ev_mb, _TYPE_STR[t], label,
-                     plus, minus))
+            label = f"{a.stage}{ts}{'' if a.microbatch is None else a.microbatch}"
+        prog.append((_OP_COMPUTE, a, needs, produces, dur_key, ev_stage, ev_mb, ts, label, plus, minus))
     return prog
 
 
