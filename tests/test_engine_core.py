@@ -1,6 +1,7 @@
 """The event engine's pieces against independent references: the array form of the exposure computation against the
 interval helpers (random intervals, touching and empty ones included), the timeline's lazily made events and
-critical path, the Walk's agenda (a hand example) and deadlock report, the processor-sharing driver by hand."""
+critical path, the Walk's agenda in both tie orders (hand examples) and deadlock report, the processor-sharing policy by hand, the
+compiled ops against the data-flow and memory rules, the communication-lane rule by hand."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera_lab.errors import ConfigError, DeadlockError
-from tessera_lab.pipeline.engine import Walk, action_inputs, action_outputs
+from tessera_lab.pipeline.engine import ACTIVATION_CHANGE, Walk, action_inputs, action_outputs, serial_lanes
+from tessera_lab.pipeline.programs import _OP_COMPUTE, _compile_programs
 from tessera_lab.pipeline.schedules import ActionType, build_schedule
 from tessera_lab.pipeline.simulate import simulate, uniform_durations
 from tessera_lab.pipeline.timeline import (_Lazy, _exposed_by_rank, _peaks_in_lane_order, interval_gaps,
@@ -134,6 +136,64 @@ def test_walk_agenda_by_hand():
     assert seen == [(0, 0.0), (1, 0.0), (0, 1.0), (1, 0.0), (0, 2.0), (1, 2.75)]
     with pytest.raises(DeadlockError, match="ranks \\[1\\]"):
         Walk.check_finished("demo", [["a"], ["b", "c"]], [1, 1])
+
+
+def test_walk_stack_order_by_hand():
+    """The event loop's tie order: a stack. Ranks 0..2 start due and are taken last first (2, 1, 0); rank 2 parks on
+    ``x``, rank 1 produces it (rank 2 due again, taken next, before rank 0) and goes on at once once (``True``);
+    a rank already due is not queued twice."""
+    w = Walk(3, by_clock=False)
+    seen, table = [], {}
+
+    def step(r):
+        seen.append(r)
+        if r == 2 and ("x",) not in w.arrival:
+            table.setdefault(("x",), []).append(2)
+            return False
+        if r == 1 and ("x",) not in w.arrival:
+            w.arrival[("x",)] = 1.0
+            w.wake(("x",), table)
+            w.resume(0)  # already due: no second entry
+            return True
+        return False
+
+    w.run(step)
+    assert seen == [2, 1, 1, 2, 0] and not table and w.agenda == []
+
+
+def test_serial_lanes_by_hand():
+    """Tasks (ready, order, rank, seconds): rank 0's two tasks ready at 1 and 0 run 0-2 then 2-3 (by ready time); a
+    tie at ready 5 on rank 1 goes by order; each starts at the later of ready and the lane's previous end."""
+    got = serial_lanes([(1.0, 0, 0, 1.0), (0.0, 1, 0, 2.0), (5.0, 3, 1, 1.0), (5.0, 2, 1, 0.5)], 2)
+    assert [(s, e, t[1]) for s, e, t in got] == [(0.0, 2.0, 1), (2.0, 3.0, 0), (5.0, 5.5, 2), (5.5, 6.5, 3)]
+
+
+@pytest.mark.parametrize("name,vpp", [("1f1b", 1), ("zb-h1", 1), ("overlapped", 1), ("dualpipev", 2),
+                                      ("interleaved", 2), ("zb-v", 2)])
+def test_compiled_ops_follow_the_rules(name, vpp):
+    """The compile phase inlines the data-flow rule: every compute op needs exactly :func:`action_inputs` (from
+    another rank or not), produces each non-W leaf's output once, sent on to the consumer :func:`action_outputs`
+    names on another rank (a stage-0 backward's gradient, which nothing reads, only locally), and takes and frees the activations :data:`ACTIVATION_CHANGE` gives."""
+    sched = build_schedule(name, 4, 8, vpp)
+    S, s2r = sched.num_stages, sched.stage_to_rank
+    programs, _, _ = _compile_programs(sched)
+    for r, prog in enumerate(programs):
+        for op in prog:
+            assert op[0] == _OP_COMPUTE
+            a, needs, produces, plus, minus = op[1], op[2], op[3], op[9], op[10]
+            assert list(needs) == [(s2r[src] != r, (k, src, i)) for k, src, i, _ in action_inputs(a, S)]
+            want = []
+            for x in a.sub_actions or (a,):
+                if x.type is ActionType.W:
+                    continue  # a W produces nothing; any other leaf its output, sent on to a consumer elsewhere
+                key = ("F" if x.type is ActionType.F else "G", x.stage, x.microbatch)
+                outs = action_outputs(x, S)
+                assert all(o[:3] == key for o in outs)
+                cross = [d for *_, d in outs if s2r[d] != r]
+                want.append((key, cross[0] if cross else -1))
+            assert [p for p in produces] == want
+            changes = [ACTIVATION_CHANGE[x.type] for x in a.sub_actions or (a,)]
+            assert (plus, minus) == (sum(c for c in changes if c > 0), -sum(c for c in changes if c < 0))
 
 
 def test_run_shared_by_hand():

@@ -37,7 +37,7 @@ from tessera_lab.dynamic.planner import grad_sync_tasks
 from tessera_lab.dynamic.routing import parse_routing
 from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline import passes
-from tessera_lab.pipeline.engine import Walk, action_inputs, action_outputs
+from tessera_lab.pipeline.engine import ACTIVATION_CHANGE, Walk, action_inputs, action_outputs, serial_lanes
 from tessera_lab.pipeline.schedules import Action, ActionType, Schedule
 from tessera_lab.pipeline.simulate import Event, Timeline, _transfer_fn, simulate
 
@@ -171,8 +171,8 @@ class _StepRun:
         self.last_w_end[s] = t0 + d
         n = self.left[r].get((s, i), self.w_chunks) - 1
         self.left[r][(s, i)] = n
-        if n == 0:
-            self.live[r] -= 1
+        if n == 0:  # the last part ends the W: the engine's memory rule
+            self.live[r] += ACTIVATION_CHANGE[_W]
 
     def oldest_stage(self, r: int) -> int | None:
         pending, best = self.pending[r], None
@@ -208,32 +208,30 @@ class _StepRun:
 
     def _leaf_done(self, r: int, x: Action, end: float) -> None:
         produce, s2r = self.walk.produce, self.s2r
-        if x.type is _F:
-            self.live[r] += 1
+        taken = ACTIVATION_CHANGE[x.type]  # the engine's memory rule: a forward takes, a whole backward frees
+        if taken > 0:
+            self.live[r] += taken
             self.peak[r] = max(self.peak[r], self.live[r])
         # the engine's data-flow rule (W parts are this module's own, so no key for them): a cross-rank transfer
         # arrives xfer(src, dst) after the producer ends, a same-rank one at once
         for key in action_outputs(x, self.S, weight=False):
             dst = key[3]
             produce(key, end + self.xfer(x.stage, dst) if s2r[dst] != r else end)
-        if x.type in (_B, _I):
-            if x.type is _B:
-                self.live[r] -= 1
-                self.last_w_end[x.stage] = end
-            else:
-                self.pending[r].setdefault(x.stage, []).extend([x.microbatch] * self.w_chunks)
-                self.pend_s[r] += self.chunk_s(x.stage, x.microbatch) * self.w_chunks
+        if taken < 0:
+            self.live[r] += taken
+        if x.type is _B:
+            self.last_w_end[x.stage] = end
+        elif x.type is _I:
+            self.pending[r].setdefault(x.stage, []).extend([x.microbatch] * self.w_chunks)
+            self.pend_s[r] += self.chunk_s(x.stage, x.microbatch) * self.w_chunks
 
     def ready_next(self, r: int) -> bool:
         """Whether the rank's next non-W action has all its inputs now (deferring W only pays then)."""
-        acts = self.lists[r]
-        k = self.pc[r] + 1
-        while k < len(acts) and acts[k].type is _W:
-            k += 1
-        if k >= len(acts):
+        k = self.next_slot[r][self.pc[r]]  # the first non-W action after the rank's position (-1: none)
+        if k < 0:
             return False
         now, arrival = self.t_rank[r], self.arrival
-        return all(key in arrival and arrival[key] <= now for key in _needs(acts[k], self.S))
+        return all(key in arrival and arrival[key] <= now for key in _needs(self.lists[r][k], self.S))
 
     # ---- the policy hook and its phases -------------------------------------------------------------------------
     def step(self, r: int) -> bool:
@@ -340,18 +338,15 @@ class _StepRun:
         """Each stage's gradient reduce-scatter on its rank's comm lane, in the order the stages become final: after
         the stage's last W part (dynamic) or the rank's last action (static)."""
         R, events, s2r = self.schedule.num_ranks, self.events, self.s2r
-        comm_free = [0.0] * R
         rank_end = [max((e.end for e in events if e.rank == r and e.lane == "compute"), default=0.0) for r in range(R)]
-        ready = []  # (ready time, stage)
+        tasks = []  # (ready time, stage, rank, seconds): the engine's communication-lane rule lays them out
         for s in range(self.S):
             if float(grad_sync[s]) > 0:
                 r = s2r[s]
-                ready.append((rank_end[r] if self.controllers is None else self.last_w_end.get(s, rank_end[r]), s))
-        for after, s in sorted(ready):
-            sec, r = float(grad_sync[s]), s2r[s]
-            st = max(comm_free[r], after)
-            events.append(Event(r, s, None, passes.GRAD_RS, st, st + sec, "comm", f"{passes.GRAD_RS}[{s}]"))
-            comm_free[r] = st + sec
+                after = rank_end[r] if self.controllers is None else self.last_w_end.get(s, rank_end[r])
+                tasks.append((after, s, r, float(grad_sync[s])))
+        for st, end, (_, s, r, _) in serial_lanes(tasks, R):
+            events.append(Event(r, s, None, passes.GRAD_RS, st, end, "comm", f"{passes.GRAD_RS}[{s}]"))
 
     def timeline(self) -> Timeline:
         """The step's timeline (no critical path); each record's tail: idle after the rank's last non-W action that

@@ -175,3 +175,25 @@ def override_durations(
         return base(stage, microbatch, type) if v is None else v
 
     return durations
+
+
+def _transfer_fn(p2p_latency: float, p2p_time) -> Callable[[int, int], float]:
+    lat = _nonneg("p2p_latency", p2p_latency)
+    if p2p_time is None:
+        return lambda src, dst: lat
+    if callable(p2p_time):
+        memo: dict[tuple[int, int], float] = {}  # p2p_time is a function of (src, dst): asked once per pair
+
+        def fn(src: int, dst: int) -> float:
+            got = memo.get((src, dst))
+            if got is not None:
+                return got
+            v = p2p_time(src, dst)
+            if not 0.0 <= v < math.inf:
+                raise ConfigError(f"p2p_time({src}, {dst}) returned {v!r}; allowed finite seconds >= 0")
+            got = memo[(src, dst)] = lat + v
+            return got
+
+        return fn
+    t = lat + _nonneg("p2p_time", p2p_time)
+    return lambda src, dst: t

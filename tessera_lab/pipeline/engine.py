@@ -1,16 +1,18 @@
 """The event engine: every walk over per-rank action lists runs here.
 
+* :class:`Walk`: the one walker. It holds each rank's clock, the inputs produced, the ranks parked on a missing
+  input and an agenda of due ranks with a tie order; its driver calls a policy hook per due rank (and a resource
+  model's ``advance`` when none is due). Its policies: the simulation's event loop (:class:`_EventLoop`, explicit
+  SEND/RECV as hooks), the dynamic controller's step-by-step execution (:func:`tessera_lab.dynamic.online.execute`)
+  and processor sharing (:meth:`Walk.run_shared`, the CPU testbed's
+  :func:`tessera_lab.runner.testbed.sharing.simulate_shared`), all under one dependency rule (:func:`action_inputs`).
 * :func:`simulate`: discrete-event simulation of pipeline schedules, producing a
   :class:`~tessera_lab.pipeline.timeline.Timeline` (model below), in phases: compile each rank's actions to ops
-  (:mod:`tessera_lab.pipeline.programs`), walk them with the event loop (:class:`_EventLoop`), then lay out the extra
-  collectives and build the timeline. Where the order of execution cannot depend on the times (no explicit
-  SEND/RECV), the event loop's order is recorded on a schedule's first simulation and later simulations of the same
-  schedule run its compiled form, a linear pass over that order (:mod:`tessera_lab.pipeline.linear`: the same
-  timeline, bit for bit); a one-shot simulation runs the event loop alone.
-* :class:`Walk`: the engine for walks whose steps a caller decides, with the same dependency rule
-  (:func:`action_inputs`): an agenda of ranks by clock with a policy hook (the dynamic controller's step-by-step
-  execution, :func:`tessera_lab.dynamic.online.execute`), and a processor-sharing driver with a resource model (the
-  CPU testbed, :func:`tessera_lab.runner.testbed.sharing.simulate_shared`).
+  (:mod:`tessera_lab.pipeline.programs`), walk them with the event loop, then lay out the extra collectives and build
+  the timeline. Where the order of execution cannot depend on the times (no explicit SEND/RECV), the event loop's
+  order is recorded on a schedule's first simulation and later simulations of the same schedule run its compiled
+  form, a linear pass over that order (:mod:`tessera_lab.pipeline.linear`: the same timeline, bit for bit); a
+  one-shot simulation compiles and runs the event loop alone and holds nothing but that order.
 
 Model (times in float seconds):
 
@@ -53,38 +55,14 @@ import heapq
 from typing import Callable, Iterable
 
 from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
-from tessera_lab.pipeline.actions import ActionType
-from tessera_lab.pipeline.durations import Durations, _nonneg
-from tessera_lab.pipeline.linear import pack_trace, run_linear
-from tessera_lab.pipeline.programs import _OP_COMPUTE, _OP_RECV, _OP_SEND, _compile_programs
+from tessera_lab.pipeline.durations import Durations, _transfer_fn
+from tessera_lab.pipeline.linear import run_linear
+from tessera_lab.pipeline.programs import (ACTIVATION_CHANGE, _OP_COMPUTE, _OP_SEND, _compile_programs, _held_for,
+                                          action_inputs, action_outputs, pack_trace)
 from tessera_lab.pipeline.timeline import (P2P_COLLECTIVE, Event, Timeline, _add_comm_tasks, _build_timeline,
-                                          _comm_tasks, _linear_timeline)
+                                          _comm_tasks, _linear_timeline, serial_lanes)
 
-__all__ = ["compile_schedule", "simulate", "Walk", "action_inputs", "action_outputs"]
-
-_F, _B, _I, _W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
-
-
-def _transfer_fn(p2p_latency: float, p2p_time) -> Callable[[int, int], float]:
-    lat = _nonneg("p2p_latency", p2p_latency)
-    if p2p_time is None:
-        return lambda src, dst: lat
-    if callable(p2p_time):
-        memo: dict[tuple[int, int], float] = {}  # p2p_time is a function of (src, dst): asked once per pair
-
-        def fn(src: int, dst: int) -> float:
-            got = memo.get((src, dst))
-            if got is not None:
-                return got
-            v = p2p_time(src, dst)
-            if not 0.0 <= v < math.inf:
-                raise ConfigError(f"p2p_time({src}, {dst}) returned {v!r}; allowed finite seconds >= 0")
-            got = memo[(src, dst)] = lat + v
-            return got
-
-        return fn
-    t = lat + _nonneg("p2p_time", p2p_time)
-    return lambda src, dst: t
+__all__ = ["compile_schedule", "simulate", "Walk", "action_inputs", "action_outputs", "ACTIVATION_CHANGE", "serial_lanes"]
 
 
 def simulate(
@@ -160,49 +138,6 @@ _P2P_NAMES = frozenset({P2P_COLLECTIVE, "RECV_F", "RECV_B"})
 ARRAY_TIMELINE_MIN_ACTIONS = 1024
 
 
-class _Held:
-    """A schedule's compiled programs, held by identity with a copy of every action list; the fast path's plan is
-    packed from the first event-loop run's order (a one-shot simulation pays for the event loop only)."""
-
-    __slots__ = ("schedule", "shape", "lists", "programs", "sends", "recvs", "plan", "order")
-
-    def __init__(self, schedule):
-        R = schedule.num_ranks
-        self.schedule = schedule
-        self.shape = (schedule.num_stages, R, dict(schedule.stage_to_rank))
-        self.lists = [list(schedule.actions.get(r, [])) for r in range(R)]
-        self.programs, self.sends, self.recvs = _compile_programs(schedule)
-        self.plan = self.order = None
-
-    def holds(self, schedule) -> bool:
-        """``schedule`` is the one held, unchanged: each action list equal to the copy (by identity first)."""
-        lists, R = schedule.actions, schedule.num_ranks
-        return (self.schedule is schedule and self.shape == (schedule.num_stages, R, schedule.stage_to_rank)
-                and all(lists.get(r, []) == h for r, h in zip(range(R), self.lists)))
-
-    def compiled(self) -> tuple:
-        if self.plan is None and self.order is not None:
-            self.plan = pack_trace(self.programs, self.schedule.stage_to_rank, self.order)
-            self.order = None
-        return self.programs, self.sends, self.recvs, self.plan
-
-
-#: compiled programs of recently simulated schedules, by identity
-_COMPILED: dict[int, _Held] = {}
-
-
-def _held_for(schedule) -> _Held:
-    """The held compilation of ``schedule``, made (and the oldest of eight dropped) when it is new or changed."""
-    held = _COMPILED.get(id(schedule))
-    if held is not None and held.holds(schedule):
-        return held
-    held = _Held(schedule)
-    if len(_COMPILED) >= 8 and id(schedule) not in _COMPILED:
-        _COMPILED.pop(next(iter(_COMPILED)))
-    _COMPILED[id(schedule)] = held
-    return held
-
-
 def _simulate(schedule, durations, p2p_latency, p2p_time, blocking_sends, comm, compiled=None, time_only=False):
     """One simulation in three phases: compile (or reuse) the programs; walk them, by the fast path's packed order
     when there is one (:func:`_linear`) or the event loop; then the extra collectives and the timeline."""
@@ -242,76 +177,87 @@ def _linear(schedule, plan, R, durations, xfer, comm, time_only):
 
 
 class _EventLoop:
-    """The event loop: a stack of ready ranks, each running its program until an input is missing (it then waits on
-    that input's key and is woken when it is produced or arrives). State: ``done``/``arrival`` (key -> time, and
-    the event that set it), posted sends and receives, waiters per key, the events with their predecessors, per-rank
-    busy time and activation deltas, and ``order`` (the rank of each compute action run, in run order: the fast
-    path's plan, :func:`tessera_lab.pipeline.linear.pack_trace`)."""
+    """The simulation's policy on the walker (:class:`Walk`, stack tie order): each rank runs its compiled program
+    until an input is missing; it then parks on that input's key and is due again when it is produced or arrives.
+    The walker holds the ranks' clocks (``clock``), the cross-rank inputs at their consumer (``arrival``), the ranks
+    parked on one (``parked``) and the agenda; beside it: ``done`` (key -> end time of the producing action, read
+    on its rank), the event indices that set them, posted sends and receives (the explicit p2p hooks :meth:`send`
+    and :meth:`recv`), the events with their predecessors, per-rank busy time and activation deltas, and ``order``
+    (the rank of each compute action run, in run order: the fast path's plan,
+    :func:`tessera_lab.pipeline.linear.pack_trace`)."""
 
     def __init__(self, programs, s2r, xfer, durations, blocking_sends, explicit_send, explicit_recv):
         R = len(programs)
         self.programs, self.s2r, self.xfer, self.durations = programs, s2r, xfer, durations
         self.blocking, self.explicit_send, self.explicit_recv = blocking_sends, explicit_send, explicit_recv
+        self.walk = walk = Walk(R, by_clock=False)
         self.done: dict[tuple, float] = {}  # ('F'|'G', stage, mb) -> end time of the producing action
         self.done_ev: dict[tuple, int] = {}  # -> its event index
-        self.arrival: dict[tuple, float] = {}  # ('F'|'G', src_stage, mb) -> time the data is at the consumer
+        self.arrival: dict[tuple, float] = walk.arrival  # ('F'|'G', src_stage, mb) -> time the data is at the consumer
         self.arrival_ev: dict[tuple, int] = {}  # -> transfer event index (producer's if zero-time)
         self.send_post: dict[tuple, float] = {}
         self.recv_post: dict[tuple, float] = {}
-        self.w_done: dict[tuple, list[int]] = {}  # waiters per key
-        self.w_arr: dict[tuple, list[int]] = {}
+        self.w_done: dict[tuple, list[int]] = {}  # ranks parked per key: on a local input, an arrival, a posted recv
+        self.w_arr: dict[tuple, list[int]] = walk.parked
         self.w_post: dict[tuple, list[int]] = {}
         self.events: list[Event] = []
         self.preds: list[int] = []  # event index -> event that set its start (-1 none)
         self.busy = [0.0] * R
         self.act_deltas: list[list[tuple[float, int]]] = [[] for _ in range(R)]
-        self.pc, self.t_rank, self.last_ev, self.reached = [0] * R, [0.0] * R, [-1] * R, [-1] * R
-        self.ready = list(range(R))
-        self.in_ready = [True] * R
+        self.pc, self.t_rank, self.last_ev, self.reached = [0] * R, walk.clock, [-1] * R, [-1] * R
         self.order: list[int] = []
+        self.add_transfer = self._transfer_maker()
 
-    def wake(self, wdict: dict, key: tuple) -> None:
-        for q in wdict.pop(key):
-            if not self.in_ready[q]:
-                self.in_ready[q] = True
-                self.ready.append(q)
+    def _transfer_maker(self) -> Callable[[tuple, float, int, int, int], None]:
+        """``add_transfer(key, start, src, dst, pred)``: the transfer of ``key`` from stage ``src`` to ``dst``'s rank,
+        started at ``start``: its arrival (an event when it takes time) and the ranks parked on it due."""
+        xfer, s2r, events, preds, arrival, arrival_ev = (self.xfer, self.s2r, self.events, self.preds, self.arrival,
+                                                         self.arrival_ev)
+        w_arr, wake = self.w_arr, self.walk.wake
 
-    def add_transfer(self, key: tuple, start: float, src: int, dst: int, pred: int) -> None:
-        dt = self.xfer(src, dst)
-        end = start + dt
-        if dt > 0:
-            kind = "RECV_F" if key[0] == "F" else "RECV_B"
-            self.events.append(Event(self.s2r[dst], dst, key[2], kind, start, end, "comm", f"{dst}{kind}{key[2]}"))
-            self.preds.append(pred)
-            self.arrival_ev[key] = len(self.events) - 1
-        else:
-            self.arrival_ev[key] = pred
-        self.arrival[key] = end
-        if key in self.w_arr:
-            self.wake(self.w_arr, key)
+        def add_transfer(key: tuple, start: float, src: int, dst: int, pred: int) -> None:
+            dt = xfer(src, dst)
+            end = start + dt
+            if dt > 0:
+                kind = "RECV_F" if key[0] == "F" else "RECV_B"
+                events.append(Event(s2r[dst], dst, key[2], kind, start, end, "comm", f"{dst}{kind}{key[2]}"))
+                preds.append(pred)
+                arrival_ev[key] = len(events) - 1
+            else:
+                arrival_ev[key] = pred
+            arrival[key] = end
+            if key in w_arr:
+                wake(key)
+
+        return add_transfer
 
     def run(self) -> None:
-        """Run until no rank is ready (all finished, or the rest waiting: :meth:`finished`). A compute op starts at
-        the later of the rank's clock and its inputs (``done`` on the rank, ``arrival`` from another rank; a missing
-        one parks the rank on its key), runs ``durations(*key)`` seconds and produces its outputs (waking their
-        waiters, starting transfers to other ranks); SEND/RECV ops are :meth:`send` and :meth:`recv`. The compute
-        step is inlined: it runs once per action of every simulation."""
-        programs, ready, in_ready, order_append = self.programs, self.ready, self.in_ready, self.order.append
+        """Walk until no rank is due (all finished, or the rest parked: :meth:`finished`)."""
+        self.walk.run(self._stepper())
+
+    def _stepper(self) -> Callable[[int], bool]:
+        """The policy hook ``step(r)``: run rank ``r``'s program from its position until an input is missing. A
+        compute op starts at the later of the rank's clock and its inputs (``done`` on the rank, ``arrival`` from
+        another rank; a missing one parks the rank on its key), runs ``durations(*key)`` seconds and produces its
+        outputs (the ranks parked on them due, transfers to other ranks started); SEND/RECV ops are the explicit p2p
+        hooks :meth:`send` and :meth:`recv`. The compute step is inlined: it runs once per action of every
+        simulation."""
+        programs, order_append, pc, t_rank, last_ev = self.programs, self.order.append, self.pc, self.t_rank, self.last_ev
         done, done_ev, arrival, arrival_ev = self.done, self.done_ev, self.arrival, self.arrival_ev
-        w_done, w_arr, wake, add_transfer = self.w_done, self.w_arr, self.wake, self.add_transfer
+        w_done, w_arr, wake, add_transfer = self.w_done, self.w_arr, self.walk.wake, self.add_transfer
         events, preds, busy, durations, explicit_send = self.events, self.preds, self.busy, self.durations, \
             self.explicit_send
-        post_implicit = self.blocking and bool(explicit_send)
+        post_implicit, act_deltas, send, recv = self.blocking and bool(explicit_send), self.act_deltas, self.send, \
+            self.recv
         arrival_get, done_get, ev_append, pred_append, inf = arrival.get, done.get, events.append, preds.append, math.inf
-        while ready:
-            r = ready.pop()
-            in_ready[r] = False
+
+        def step(r: int) -> bool:
             prog = programs[r]
-            n, k, t, last, acts_r = len(prog), self.pc[r], self.t_rank[r], self.last_ev[r], self.act_deltas[r]
+            n, k, t, last, acts_r = len(prog), pc[r], t_rank[r], last_ev[r], act_deltas[r]
             while k < n:
                 op = prog[k]
                 if op[0] != _OP_COMPUTE:
-                    got = (self.send if op[0] == _OP_SEND else self.recv)(r, op, t, last)
+                    got = (send if op[0] == _OP_SEND else recv)(r, op, t, last)
                     if got is None:
                         break
                     t, last = got
@@ -339,7 +285,7 @@ class _EventLoop:
                         if v > start:
                             start, pred = v, done_ev[key]
                 if blocked is not None:
-                    blocked.setdefault(key, []).append(r)
+                    blocked.setdefault(key, []).append(r)  # parked on the missing input
                     break
                 d = durations(*dur_key)
                 if not 0.0 <= d < inf:
@@ -359,11 +305,14 @@ class _EventLoop:
                     done[key] = end
                     done_ev[key] = last
                     if key in w_done:
-                        wake(w_done, key)
+                        wake(key, w_done)
                     if dst >= 0 and key not in explicit_send:
                         add_transfer(key, end, key[1], dst, last)
                 k += 1
-            self.pc[r], self.t_rank[r], self.last_ev[r] = k, t, last
+            pc[r], t_rank[r], last_ev[r] = k, t, last
+            return False
+
+        return step
 
     def post_receives(self, needs: tuple, t: float) -> None:
         """With blocking sends, the implicit receives of a compute op's inputs from other ranks are posted when its
@@ -372,7 +321,7 @@ class _EventLoop:
             if cross and key not in self.explicit_recv and key not in self.recv_post:
                 self.recv_post[key] = t
                 if key in self.w_post:
-                    self.wake(self.w_post, key)
+                    self.walk.wake(key, self.w_post)
 
     def send(self, r: int, op: tuple, t: float, last: int) -> tuple[float, int] | None:
         """An explicit send: posted when the rank reaches it; with blocking sends a rendezvous with the receive."""
@@ -406,7 +355,7 @@ class _EventLoop:
         if key not in self.recv_post:
             self.recv_post[key] = t
             if key in self.w_post:
-                self.wake(self.w_post, key)
+                self.walk.wake(key, self.w_post)
         if self.s2r[src] == r or not self.blocking:
             return t, last  # non-blocking receive: the consumer waits for the data
         v = self.arrival.get(key)
@@ -424,12 +373,7 @@ class _EventLoop:
         """The error naming each stuck rank and its next action."""
         programs, pc = self.programs, self.pc
         stuck = {r: str(programs[r][pc[r]][1]) for r in range(len(programs)) if pc[r] < len(programs[r])}
-        detail = "; ".join(f"rank {r} waits at {a}" for r, a in sorted(stuck.items()))
-        return DeadlockError(
-            f"deadlock in schedule {name!r}" + (" with blocking sends" if self.blocking else "")
-            + f": ranks {sorted(stuck)} cannot progress ({detail})",
-            stuck,
-        )
+        return _deadlock(name, stuck, " with blocking sends" if self.blocking else "")
 
 
 def _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only):
@@ -441,91 +385,97 @@ def _finish(schedule, events, preds, R, busy, act_deltas, comm, time_only):
     return _build_timeline(schedule, events, preds, R, busy, act_deltas)
 
 
-# ---- the engine for walks that decide step by step ------------------------------------------------------------
+# ---- the walker --------------------------------------------------------------------------------------------------
 
 
-def action_inputs(a, num_stages: int, weight: bool = True) -> list[tuple[str, int, int, int]]:
-    """The inputs of compute action ``a`` (each leaf of a pair) under the dependency rule of this module:
-    ``(kind, producing stage, micro-batch, consuming stage)`` with kind ``"F"`` (a forward output) or ``"G"`` (an
-    input gradient); a ``W`` leaf needs its stage's own ``G`` (left out with ``weight=False``)."""
-    out = []
-    for x in (a.sub_actions or (a,)):
-        s, i, k = x.stage, x.microbatch, x.type
-        if k is _F and s > 0:
-            out.append(("F", s - 1, i, s))
-        elif k is _B or k is _I:
-            out.append(("F", s, i, s))
-            if s < num_stages - 1:
-                out.append(("G", s + 1, i, s))
-        elif k is _W and weight:
-            out.append(("G", s, i, s))
-    return out
-
-
-def action_outputs(x, num_stages: int, weight: bool = True) -> list[tuple[str, int, int, int]]:
-    """The keys of :func:`action_inputs` that compute leaf ``x`` produces, in delivery order: a forward's output for
-    its stage and the next, a backward's gradient for the previous stage and an ``I``'s for its own ``W`` (left out
-    with ``weight=False``); a ``W`` nothing."""
-    s, i, k = x.stage, x.microbatch, x.type
-    if k is _F:
-        return [("F", s, i, s)] + ([("F", s, i, s + 1)] if s < num_stages - 1 else [])
-    if k is _B or k is _I:
-        out = [("G", s, i, s - 1)] if s > 0 else []
-        return out + [("G", s, i, s)] if k is _I and weight else out
-    return []
+def _deadlock(name: str, stuck: dict, blocking: str = "", detail: bool = True) -> DeadlockError:
+    """The error for a walk that cannot finish: ``stuck`` maps each rank with actions left to its next action."""
+    more = " (" + "; ".join(f"rank {r} waits at {a}" for r, a in sorted(stuck.items())) + ")" if detail else ""
+    return DeadlockError(f"deadlock in schedule {name!r}{blocking}: ranks {sorted(stuck)} cannot progress{more}", stuck)
 
 
 class Walk:
-    """The event engine's state for a walk over per-rank action lists whose steps a caller decides: each rank's
-    clock (``clock[r]``, seconds), the inputs produced so far (``arrival[key]``: the time the input is at its
-    consumer), the ranks parked on a missing input, and an agenda of ranks by clock (ties: lower rank first).
+    """The engine's one walker over per-rank action lists; what a walk does at each step is its policy's.
 
-    Two drivers: :meth:`run` (each rank on its own lane; the policy hook ``step(r)`` runs the rank's next
-    action(s) at its clock, calls :meth:`produce` for their outputs and :meth:`resume` or :meth:`park`; the
-    dynamic controller's execution, :func:`tessera_lab.dynamic.online.execute`) and :meth:`run_shared` (ranks
-    share processors; a resource model turns the number of ranks computing at once into their speed; the CPU
-    testbed's processor sharing, :func:`tessera_lab.runner.testbed.sharing.simulate_shared`)."""
+    State: each rank's clock (``clock[r]``, seconds), the inputs produced so far (``arrival[key]``: the time the
+    input is at its consumer), the ranks parked on a missing input (``parked``, or a policy's own table of the same
+    form), and the agenda of due ranks. The driver (:meth:`run`) takes the due rank the tie order gives and calls the
+    policy hook ``step(r)``; a policy with a resource model also passes ``advance()``, which moves time on when no
+    rank is due. Tie orders:
 
-    __slots__ = ("clock", "arrival", "parked", "agenda")
+    * ``by_clock=True``: the rank due first by clock, ties to the lower rank (global time order: for policies whose
+      decisions depend on the time, the dynamic controller's execution, :func:`tessera_lab.dynamic.online.execute`,
+      and processor sharing, :meth:`run_shared`);
+    * ``by_clock=False``: a stack, the rank made due last first, each running until it parks (the simulation's
+      event loop, :func:`simulate`: its times do not depend on the order; the timeline's event order does)."""
 
-    def __init__(self, num_ranks: int):
+    __slots__ = ("clock", "arrival", "parked", "agenda", "queued", "by_clock")
+
+    def __init__(self, num_ranks: int, by_clock: bool = True):
         self.clock = [0.0] * num_ranks
         self.arrival: dict[tuple, float] = {}
         self.parked: dict[tuple, list[int]] = {}
-        self.agenda = [(0.0, r) for r in range(num_ranks)]
+        self.by_clock = by_clock
+        self.agenda: list = [(0.0, r) for r in range(num_ranks)] if by_clock else list(range(num_ranks))
+        self.queued = [True] * num_ranks  # (stack order) rank is on the agenda
 
-    def produce(self, key: tuple, when: float) -> None:
-        """Input ``key`` is at its consumer at ``when``: the ranks parked on it are due again at their clocks."""
-        self.arrival[key] = when
-        for q in self.parked.pop(key, ()):
-            heapq.heappush(self.agenda, (self.clock[q], q))
+    def resume(self, r: int) -> None:
+        """Rank ``r`` is due (by clock: at its clock, after the ranks due earlier)."""
+        if self.by_clock:
+            heapq.heappush(self.agenda, (self.clock[r], r))
+        elif not self.queued[r]:
+            self.queued[r] = True
+            self.agenda.append(r)
 
     def park(self, r: int, key: tuple) -> None:
         """Rank ``r`` waits for input ``key`` (due again when it is produced)."""
         self.parked.setdefault(key, []).append(r)
 
-    def resume(self, r: int) -> None:
-        """Rank ``r`` is due again at its clock (after the ranks due earlier: global time order)."""
-        heapq.heappush(self.agenda, (self.clock[r], r))
+    def wake(self, key: tuple, table: dict | None = None) -> None:
+        """The ranks parked on ``key`` (in ``table``, default :attr:`parked`) are due again."""
+        waiting = (self.parked if table is None else table).pop(key, ())
+        if self.by_clock:
+            for q in waiting:
+                heapq.heappush(self.agenda, (self.clock[q], q))
+        else:
+            queued, agenda = self.queued, self.agenda
+            for q in waiting:
+                if not queued[q]:
+                    queued[q] = True
+                    agenda.append(q)
 
-    def run(self, step: Callable[[int], bool]) -> None:
-        """Pop the rank due first, move its clock to that time and call the policy hook ``step(r)`` (again while it
-        returns ``True``: the rank goes on at once), until no rank is due (all finished, or the rest parked: see
-        :meth:`check_finished`)."""
-        agenda, clock, pop = self.agenda, self.clock, heapq.heappop
-        while agenda:
-            t, r = pop(agenda)
-            if t > clock[r]:
-                clock[r] = t
-            while step(r):
-                pass
+    def produce(self, key: tuple, when: float) -> None:
+        """Input ``key`` is at its consumer at ``when``: the ranks parked on it are due again."""
+        self.arrival[key] = when
+        if key in self.parked:
+            self.wake(key)
+
+    def run(self, step: Callable[[int], bool], advance: Callable[[], bool] | None = None) -> None:
+        """Take the due rank the tie order gives (by clock: move its clock to the time it was due) and call the policy
+        hook ``step(r)`` (again while it returns ``True``: the rank goes on at once); when no rank is due, call
+        ``advance()`` (a resource model moving time on; ``True``: ranks may be due again) or stop (all finished, or
+        the rest parked: see :meth:`check_finished`)."""
+        agenda, clock, queued, by_clock, pop = self.agenda, self.clock, self.queued, self.by_clock, heapq.heappop
+        while True:
+            while agenda:
+                if by_clock:
+                    t, r = pop(agenda)
+                    if t > clock[r]:
+                        clock[r] = t
+                else:
+                    r = agenda.pop()
+                    queued[r] = False
+                while step(r):
+                    pass
+            if advance is None or not advance():
+                return
 
     @staticmethod
     def check_finished(name: str, lists: list, pc: list[int]) -> None:
         """Raise :class:`DeadlockError` (``stuck``: rank -> its next action) when a rank has actions left."""
         stuck = {r: str(lists[r][pc[r]]) for r in range(len(lists)) if pc[r] < len(lists[r])}
         if stuck:
-            raise DeadlockError(f"deadlock in schedule {name!r}: ranks {sorted(stuck)} cannot progress", stuck)
+            raise _deadlock(name, stuck, detail=False)
 
     def run_shared(self, programs: list[list[tuple]], speed: Callable[[int, int], float],
                    spent: Callable[[float, int], None], p2p: float = 0.0) -> tuple[float, list[float]]:
@@ -534,67 +484,87 @@ class Walk:
         then ``latency`` seconds blocked), each action once its inputs are available (``p2p`` seconds after their
         producer ended when ``cross``). The resource model ``speed(computing, waiting)`` gives the speed of each
         computing rank while ``computing`` ranks compute and ``waiting`` ranks wait or block; ``spent(dt,
-        computing)`` is told each interval. Time advances to the next completion or arrival.
+        computing)`` is told each interval. Time advances to the next completion or arrival (:class:`_Sharing`).
 
         Returns ``(iteration seconds, per-rank computing + blocked seconds)``.
 
         Raises:
             ConfigError: no rank can progress (an input never produced)."""
+        sharing = _Sharing(self, programs, speed, spent, p2p)
+        self.run(sharing.step, sharing.advance)
+        return sharing.t, sharing.busy
+
+
+class _Sharing:
+    """Processor sharing as a policy with a resource model on the walker (by clock, every rank's clock the shared
+    time ``t``): the hook ``step(r)`` starts rank ``r``'s next action when its inputs are there by ``t`` (or notes
+    when they will be); ``advance()`` asks the resource model for the computing ranks' speed, moves ``t`` to the
+    next completion or arrival, ends what completed (its outputs produced) and makes every rank due again."""
+
+    def __init__(self, walk: Walk, programs, speed, spent, p2p: float):
         R = len(programs)
-        done = self.arrival
-        pos = [0] * R
-        state = ["idle"] * R  # idle (waiting for inputs) | cpu | block
-        left = [0.0] * R  # remaining work (cpu) or blocked seconds (block)
-        busy = [0.0] * R
-        t = 0.0
+        self.walk, self.programs, self.speed, self.spent, self.p2p = walk, programs, speed, spent, p2p
+        self.pos = [0] * R
+        self.state = ["idle"] * R  # idle (waiting for inputs) | cpu | block
+        self.left = [0.0] * R  # remaining work (cpu) or blocked seconds (block)
+        self.busy = [0.0] * R
+        self.pending: list[float] = []  # arrival times of inputs not there yet
+        self.t = 0.0
 
-        def ready(r: int) -> float | None:
-            at = 0.0
-            for kind, s, i, cross in programs[r][pos[r]][0]:
-                if (kind, s, i) not in done:
-                    return None
-                at = max(at, done[(kind, s, i)] + (p2p if cross else 0.0))
-            return at
+    def ready(self, r: int) -> float | None:
+        """When rank ``r``'s next action has all its inputs (``None``: one is not produced yet)."""
+        done, p2p, at = self.walk.arrival, self.p2p, 0.0
+        for kind, s, i, cross in self.programs[r][self.pos[r]][0]:
+            if (kind, s, i) not in done:
+                return None
+            at = max(at, done[(kind, s, i)] + (p2p if cross else 0.0))
+        return at
 
-        while True:
-            pending = []
-            for r in range(R):
-                if state[r] == "idle" and pos[r] < len(programs[r]):
-                    at = ready(r)
-                    if at is not None and at <= t + 1e-15:
-                        state[r], left[r] = "cpu", programs[r][pos[r]][2]
-                    elif at is not None:
-                        pending.append(at)
-            if all(pos[r] >= len(programs[r]) for r in range(R)):
-                break
-            n_cpu = sum(1 for r in range(R) if state[r] == "cpu")
-            n_wait = sum(1 for r in range(R) if state[r] != "cpu" and pos[r] < len(programs[r]))
-            rate = speed(n_cpu, n_wait)
-            dts = [left[r] / rate for r in range(R) if state[r] == "cpu"]
-            dts += [left[r] for r in range(R) if state[r] == "block"]
-            dts += [a - t for a in pending]
-            if not dts:
-                stuck = {r: pos[r] for r in range(R) if pos[r] < len(programs[r])}
-                raise ConfigError(f"simulate_shared: no rank can progress (rank -> next action index: {stuck})")
-            dt = max(0.0, min(dts))
-            spent(dt, n_cpu)
-            for r in range(R):
-                if state[r] == "cpu":
-                    left[r] -= rate * dt
-                    busy[r] += dt
-                elif state[r] == "block":
-                    left[r] -= dt
-                    busy[r] += dt
-            t += dt
-            for r in range(R):
-                if state[r] == "cpu" and left[r] <= 1e-12:
-                    d = programs[r][pos[r]][3]
-                    state[r], left[r] = ("block", d) if d > 0 else ("end", 0.0)
-                if state[r] == "block" and left[r] <= 1e-12:
-                    state[r] = "end"
-                if state[r] == "end":
-                    for p in programs[r][pos[r]][1]:
-                        done[p] = t
-                    pos[r] += 1
-                    state[r] = "idle"
-        return t, busy
+    def step(self, r: int) -> bool:
+        if self.state[r] == "idle" and self.pos[r] < len(self.programs[r]):
+            at = self.ready(r)
+            if at is not None and at <= self.t + 1e-15:
+                self.state[r], self.left[r] = "cpu", self.programs[r][self.pos[r]][2]
+            elif at is not None:
+                self.pending.append(at)
+        return False
+
+    def advance(self) -> bool:
+        programs, pos, state, left, busy, R = self.programs, self.pos, self.state, self.left, self.busy, len(self.pos)
+        if all(pos[r] >= len(programs[r]) for r in range(R)):
+            return False
+        n_cpu = sum(1 for r in range(R) if state[r] == "cpu")
+        n_wait = sum(1 for r in range(R) if state[r] != "cpu" and pos[r] < len(programs[r]))
+        rate = self.speed(n_cpu, n_wait)
+        dts = [left[r] / rate for r in range(R) if state[r] == "cpu"]
+        dts += [left[r] for r in range(R) if state[r] == "block"]
+        dts += [a - self.t for a in self.pending]
+        if not dts:
+            stuck = {r: pos[r] for r in range(R) if pos[r] < len(programs[r])}
+            raise ConfigError(f"simulate_shared: no rank can progress (rank -> next action index: {stuck})")
+        dt = max(0.0, min(dts))
+        self.spent(dt, n_cpu)
+        for r in range(R):
+            if state[r] == "cpu":
+                left[r] -= rate * dt
+                busy[r] += dt
+            elif state[r] == "block":
+                left[r] -= dt
+                busy[r] += dt
+        self.t = t = self.t + dt
+        for r in range(R):
+            if state[r] == "cpu" and left[r] <= 1e-12:
+                d = programs[r][pos[r]][3]
+                state[r], left[r] = ("block", d) if d > 0 else ("end", 0.0)
+            if state[r] == "block" and left[r] <= 1e-12:
+                state[r] = "end"
+            if state[r] == "end":
+                for p in programs[r][pos[r]][1]:
+                    self.walk.produce(p, t)
+                pos[r] += 1
+                state[r] = "idle"
+        self.pending = []
+        for r in range(R):  # every rank looks again at the new time
+            self.walk.clock[r] = t
+            self.walk.resume(r)
+        return True

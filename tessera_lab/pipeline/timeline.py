@@ -202,9 +202,7 @@ def _build_timeline(
             last_any = k
             if is_compute:
                 last_compute = k
-        if is_compute:
-            compute_iv[e.rank].append((e.start, end))
-        else:
+        if not is_compute:
             coll = P2P_COLLECTIVE if e.type in p2p_types else e.type
             key = (e.rank, coll)
             got = comm_iv.get(key)
@@ -219,7 +217,10 @@ def _build_timeline(
     bubble_overhead = total_idle / total_busy if total_busy > 0 else 0.0
 
     exposed: dict[str, float] = {}
-    if comm_iv:
+    if comm_iv:  # the compute intervals are needed only to expose communication
+        for e in events:
+            if e.lane == "compute":
+                compute_iv[e.rank].append((e.start, e.end))
         idle_iv = [interval_gaps(merge_intervals(compute_iv[r]), T) for r in range(R)]
         for (r, coll), ivs in comm_iv.items():
             exposed[coll] = exposed.get(coll, 0.0) + overlap_length(merge_intervals(ivs), idle_iv[r])
@@ -300,17 +301,27 @@ def _comm_tasks(comm: Iterable, R: int, locate) -> list[tuple]:
             if got is None:
                 raise ConfigError(f"comm task {n}: action {label!r} does not run on rank {rank}")
             ready_t, pred, stage, mb = got
-        tasks.append((ready_t, n, rank, str(name), seconds, pred, stage, mb))
+        tasks.append((ready_t, n, rank, seconds, str(name), pred, stage, mb))
     if failure is not None:
         raise failure
-    tasks.sort()
+    return [(rank, stage, mb, name, start, end, pred)
+            for start, end, (_, _, rank, _, name, pred, stage, mb) in serial_lanes(tasks, R)]
+
+
+def serial_lanes(tasks: list[tuple], R: int) -> list[tuple[float, float, tuple]]:
+    """The communication-lane rule: tasks ``(ready seconds, order, rank, seconds, ...)`` run one after another on
+    their rank's lane, taken by ready time (ties: by ``order``, which must be unique), each starting at the later of
+    its ready time and the end of the lane's previous task. Returns ``[(start, end, task), ...]`` in that order (the
+    simulator's extra collectives, :func:`_comm_tasks`, and the dynamic execution's gradient reduce-scatters,
+    :func:`tessera_lab.dynamic.online.execute`)."""
     lane_free = [0.0] * R
     out = []
-    for ready_t, n, rank, name, seconds, pred, stage, mb in tasks:
-        start = max(ready_t, lane_free[rank])
+    for task in sorted(tasks):
+        ready, _, rank, seconds = task[:4]
+        start = max(ready, lane_free[rank])
         end = start + seconds
         lane_free[rank] = end
-        out.append((rank, stage, mb, name, start, end, pred))
+        out.append((start, end, task))
     return out
 
 
