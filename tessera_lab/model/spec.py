@@ -32,6 +32,9 @@ from tessera_lab.model.hf_families import (  # noqa: F401  (re-exported: the pub
     DENSE, FULL_ATTENTION, LINEAR_ATTENTION, MIXER_LABELS, MOE, NO_FFN, NO_MIXER, LayerSpec, opt_int, req_int,
 )
 from tessera_lab.model.published import matches_published, published_params  # noqa: F401  (re-exported)
+from tessera_lab.model.spec_groups import (  # noqa: F401  (re-exported: the groups of a ModelSpec)
+    FIELD_GROUP, FLAT_FIELDS, SPEC_GROUPS, AttentionSpec, LayerStack, LinearMixerSpec, MlpSpec, MoESpec, VocabSpec,
+)
 from tessera_lab.paths import data_dir
 
 
@@ -62,7 +65,10 @@ class ParamCounts:
 class ModelSpec:
     """Architecture of a decoder-only (hybrid) MoE or dense model.
 
-    Sizes are element counts (not bytes). ``layers`` has one :class:`LayerSpec` per decoder layer.
+    What the model is (``name``, ``model_type``, ``family``, ``hidden_size``, where it was read from) and what it
+    describes, by group: ``stack`` (:class:`LayerStack`, one :class:`LayerSpec` per layer), ``attention``
+    (:class:`AttentionSpec`), ``linear`` (:class:`LinearMixerSpec`), ``mlp`` (:class:`MlpSpec`), ``moe``
+    (:class:`MoESpec`) and ``vocab`` (:class:`VocabSpec`). Sizes are element counts (not bytes).
     Build one with :meth:`from_hf_config` or :func:`load_model`; derive variants with :meth:`with_changes`.
 
     Raises:
@@ -72,71 +78,12 @@ class ModelSpec:
     name: str
     model_type: str
     hidden_size: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    layers: tuple[LayerSpec, ...]
-    # full / softmax attention
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    qk_norm: bool = False
-    # Gated DeltaNet (qwen3_next linear attention)
-    linear_num_key_heads: int = 0
-    linear_num_value_heads: int = 0
-    linear_key_head_dim: int = 0
-    linear_value_head_dim: int = 0
-    linear_conv_kernel_dim: int = 0
-    full_attention_interval: int | None = None
-    # MLA (deepseek_v3)
-    q_lora_rank: int | None = None
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
-    # FFN
-    intermediate_size: int = 0
-    moe_intermediate_size: int = 0
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    shared_expert_intermediate_size: int = 0
-    shared_expert_gate: bool = False
-    #: latent MoE (Nemotron 3 Super/Ultra): routed experts run on an h -> moe_latent_size projection of the hidden
-    #: state (and it back); 0: experts on the hidden state
-    moe_latent_size: int = 0
-    router_bias: bool = False
-    # group-limited routing (DeepSeek-V3: experts in n_group groups, a token picks experts in topk_group of them)
-    n_group: int = 1
-    topk_group: int = 1
-    # attention details (kinds.py): biases, sinks, q/k norm over the whole projection (OLMoE)
-    attention_bias: bool = False
-    o_bias: bool = False
-    attention_sinks: bool = False
-    qk_norm_full: bool = False
-    # DeepSeek-V3.2 lightning indexer (mla_sparse)
-    index_n_heads: int = 0
-    index_head_dim: int = 0
-    index_topk: int = 0
-    # Mamba-2 (mamba2) and Mamba-1 (mamba)
-    mamba_num_heads: int = 0
-    mamba_head_dim: int = 0
-    mamba_n_groups: int = 1
-    ssm_state_size: int = 0
-    mamba_conv_kernel: int = 0
-    mamba_chunk_size: int = 0
-    mamba_conv_bias: bool = False
-    mamba_proj_bias: bool = False
-    mamba_d_inner: int = 0
-    mamba_dt_rank: int = 0
-    mamba_bcdt_norms: bool = False
-    # FFN details: dense and expert activation (swiglu, relu2, gelu; not swiglu: no gate projection), biases
-    ffn_act: str = "swiglu"
-    expert_act: str = "swiglu"
-    mlp_bias: bool = False
-    expert_bias: bool = False
-    router_linear_bias: bool = False
-    # MTP layers (counted apart; in ``layers`` after the decoder layers only when ``plan_mtp``)
-    mtp_layers: tuple[LayerSpec, ...] = ()
-    plan_mtp: bool = False
+    stack: LayerStack
+    attention: AttentionSpec
+    vocab: VocabSpec
+    linear: LinearMixerSpec = LinearMixerSpec()
+    mlp: MlpSpec = MlpSpec()
+    moe: MoESpec = MoESpec()
     family: str = ""
     source: str = ""
     notes: tuple[str, ...] = field(default=(), compare=False)
@@ -145,6 +92,39 @@ class ModelSpec:
     #: the config.json file read (empty for a dict or a derived variant's own config)
     path: str = field(default="", compare=False)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
+
+    @classmethod
+    def from_fields(cls, **flat: Any) -> "ModelSpec":
+        """A spec from flat keywords (a family reader's output plus the identity fields; :data:`FLAT_FIELDS`),
+        each put in its group (:data:`FIELD_GROUP`).
+
+        Raises:
+            TypeError: a keyword that is no field of the spec or of a group (as a dataclass constructor does).
+        """
+        groups: dict[str, dict[str, Any]] = {g: {} for g in SPEC_GROUPS}
+        top = {}
+        for key, value in flat.items():
+            if key in FIELD_GROUP:
+                groups[FIELD_GROUP[key]][key] = value
+            else:
+                top[key] = value
+        return cls(**top, **{g: SPEC_GROUPS[g](**kw) for g, kw in groups.items()})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The spec as one flat dict in the order of :data:`FLAT_FIELDS` (layers as dicts, as
+        :func:`dataclasses.asdict` writes them)."""
+        nested = dataclasses.asdict(self)
+        flat = {k: v for k, v in nested.items() if k not in SPEC_GROUPS}
+        for g in SPEC_GROUPS:
+            flat.update(nested[g])
+        return {k: flat[k] for k in FLAT_FIELDS}
+
+    def value(self, name: str, default: Any = None) -> Any:
+        """The value of a field given by its flat name (a knob or config-like name held in a data table, e.g.
+        ``"linear_num_key_heads"``), or of a property of the spec (``"attention_ratio"``); ``default`` when the spec
+        has neither."""
+        group = FIELD_GROUP.get(name)
+        return getattr(getattr(self, group), name) if group else getattr(self, name, default)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -166,7 +146,7 @@ class ModelSpec:
             allow_unknown_fields: plan without the unknown fields whose name does not say structural (the first
                 note starts ``approximate:``, :attr:`approximate`).
             allow_structural_fields: with ``allow_unknown_fields``, plan without structural-named unknown fields too.
-            plan_mtp: put the MTP layers in :attr:`layers` after the decoder layers (the last stage holds them).
+            plan_mtp: put the MTP layers in ``stack.layers`` after the decoder layers (the last stage holds them).
             notes: notes carried over from the spec this one derives from.
 
         Raises:
@@ -214,7 +194,7 @@ class ModelSpec:
                 allow_structural_fields=allow_structural_fields, raw=cfg,
                 path=str(path_or_dict) if isinstance(path_or_dict, (str, Path)) else "",
             )
-            spec = cls(**kwargs)
+            spec = cls.from_fields(**kwargs)
             spec.validate()
         except ConfigError as exc:
             if where and not str(exc).startswith(where):
@@ -228,24 +208,24 @@ class ModelSpec:
         Raises:
             ConfigError: naming the field and the allowed range.
         """
-        if not self.layers:
+        if not self.stack.layers:
             raise ConfigError("config field 'num_hidden_layers' = 0 is out of range; allowed: an integer >= 1")
-        if self.num_attention_heads % max(self.num_key_value_heads, 1):
+        if self.attention.num_attention_heads % max(self.attention.num_key_value_heads, 1):
             raise ConfigError(
-                f"config field 'num_key_value_heads' = {self.num_key_value_heads} must divide "
-                f"num_attention_heads = {self.num_attention_heads}"
+                f"config field 'num_key_value_heads' = {self.attention.num_key_value_heads} must divide "
+                f"num_attention_heads = {self.attention.num_attention_heads}"
             )
         if self.has_moe:
-            if self.num_experts < 1:
+            if self.moe.num_experts < 1:
                 raise ConfigError("config field 'num_experts' must be >= 1 for a MoE layer")
-            if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            if not 1 <= self.moe.num_experts_per_tok <= self.moe.num_experts:
                 raise ConfigError(
-                    f"config field 'num_experts_per_tok' = {self.num_experts_per_tok} is out of range; "
-                    f"allowed: 1 to num_experts = {self.num_experts}"
+                    f"config field 'num_experts_per_tok' = {self.moe.num_experts_per_tok} is out of range; "
+                    f"allowed: 1 to num_experts = {self.moe.num_experts}"
                 )
-            if self.moe_intermediate_size < 1:
+            if self.moe.moe_intermediate_size < 1:
                 raise ConfigError("config field 'moe_intermediate_size' must be >= 1 for a MoE layer")
-        if any(layer.ffn == DENSE for layer in self.layers) and self.intermediate_size < 1:
+        if any(layer.ffn == DENSE for layer in self.stack.layers) and self.mlp.intermediate_size < 1:
             raise ConfigError("config field 'intermediate_size' must be >= 1 for a dense MLP layer")
 
     # ------------------------------------------------------------------ knobs
@@ -308,9 +288,9 @@ class ModelSpec:
         new_name = name or (f"{self.name}[{','.join(changes)}]" if changes else self.name)
         spec = ModelSpec.from_hf_config(cfg, name=new_name, allow_unknown_fields=self.allow_unknown_fields,
                                         allow_structural_fields=self.allow_structural_fields,
-                                        plan_mtp=self.plan_mtp if plan_mtp is None else plan_mtp, notes=self.notes)
+                                        plan_mtp=self.stack.plan_mtp if plan_mtp is None else plan_mtp, notes=self.notes)
         spec = dataclasses.replace(spec, path=self.path)
-        if ratio is not None and any(l.mixer == LINEAR_ATTENTION for l in self.layers):
+        if ratio is not None and any(l.mixer == LINEAR_ATTENTION for l in self.stack.layers):
             knob_rules.check_ratio(spec, ratio, reader, cfg, allow_no_full_attention)
         asked = {k for k in ("moe_intermediate_size", "shared_expert_intermediate_size", "shared_experts")
                  if knobs.get(k) is not None}
@@ -362,25 +342,25 @@ class ModelSpec:
     @property
     def num_layers(self) -> int:
         """Layers the plan places (the decoder layers, plus the MTP layers when ``plan_mtp``)."""
-        return len(self.layers)
+        return len(self.stack.layers)
 
     @property
     def num_decoder_layers(self) -> int:
         """Decoder layers (without MTP layers)."""
-        return sum(1 for l in self.layers if not l.mtp)
+        return sum(1 for l in self.stack.layers if not l.mtp)
 
     @property
     def has_moe(self) -> bool:
-        return any(layer.ffn == MOE for layer in self.layers)
+        return any(layer.ffn == MOE for layer in self.stack.layers)
 
     @property
     def attention_ratio(self) -> int | None:
         """Linear-mixer layers per full-attention layer (``None`` for models without both kinds): the most common
         run of linear-mixer layers before a full-attention layer (Kimi-Linear's MLA at layers 4, 8, ..., 24 and
         27 gives 3, its period, not 20 // 7)."""
-        if self.full_attention_interval is not None:
-            return self.full_attention_interval - 1
-        mixers = [l.mixer for l in self.layers if not l.mtp]
+        if self.stack.full_attention_interval is not None:
+            return self.stack.full_attention_interval - 1
+        mixers = [l.mixer for l in self.stack.layers if not l.mtp]
         if LINEAR_ATTENTION not in mixers or FULL_ATTENTION not in mixers:
             return None
         runs, run = Counter(), 0
@@ -397,7 +377,7 @@ class ModelSpec:
         sliding window, ``C`` chunked), ``T`` an MTP layer; lower case for a dense FFN (upper case also for a block
         without FFN); a block without mixer: ``-`` (dense MLP) or ``E`` (MoE)."""
         out = []
-        for layer in self.layers:
+        for layer in self.stack.layers:
             if layer.mtp:
                 out.append("T")
                 continue
@@ -410,7 +390,7 @@ class ModelSpec:
 
     def mixer_kinds(self, layers: "list[int] | None" = None) -> str:
         """The mixer kinds of some layers (default all): ``KDA x3 + MLA``, in order of first appearance."""
-        chosen = self.layers if layers is None else [self.layers[i] for i in layers]
+        chosen = self.stack.layers if layers is None else [self.stack.layers[i] for i in layers]
         return mixer_kinds_text([l.label for l in chosen])
 
     # ------------------------------------------------------------------ parameters (cached: a plan asks ~21,000 times)
@@ -429,8 +409,8 @@ class ModelSpec:
 
     def shared_expert_params(self) -> int:
         """Parameters of the shared expert(s) of one MoE layer, including a sigmoid gate if present."""
-        p = (3 if self.expert_act == "swiglu" else 2) * self.hidden_size * self.shared_expert_intermediate_size
-        if self.shared_expert_gate and self.shared_expert_intermediate_size:
+        p = (3 if self.moe.expert_act == "swiglu" else 2) * self.hidden_size * self.moe.shared_expert_intermediate_size
+        if self.moe.shared_expert_gate and self.moe.shared_expert_intermediate_size:
             p += self.hidden_size
         return p
 
@@ -453,16 +433,16 @@ class ModelSpec:
 
     @cached_property
     def _param_counts(self) -> ParamCounts:
-        embedding = self.vocab_size * self.hidden_size
-        lm_head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        embedding = self.vocab.vocab_size * self.hidden_size
+        lm_head = 0 if self.vocab.tie_word_embeddings else self.vocab.vocab_size * self.hidden_size
         final_norm = self.hidden_size
-        main = [l for l in self.layers if not l.mtp]
+        main = [l for l in self.stack.layers if not l.mtp]
         body = sum(sum(self.layer_params(layer).values()) for layer in main) + final_norm
         active_body = sum(self.layer_active_params(layer) for layer in main) + final_norm
-        mtp = sum(sum(self.layer_params(l).values()) for l in self.mtp_layers)
-        mtp_active = sum(self.layer_active_params(l) for l in self.mtp_layers)
+        mtp = sum(sum(self.layer_params(l).values()) for l in self.stack.mtp_layers)
+        mtp_active = sum(self.layer_active_params(l) for l in self.stack.mtp_layers)
         # a tied head shares the embedding matrix: it still costs compute but adds no parameters
-        head_active = self.vocab_size * self.hidden_size
+        head_active = self.vocab.vocab_size * self.hidden_size
         return ParamCounts(
             total=body + embedding + lm_head,
             embedding=embedding,
@@ -485,14 +465,14 @@ class ModelSpec:
             "model_type": self.model_type,
             "family": self.family,
             "layers": self.num_layers,
-            "mtp_layers": len(self.mtp_layers),
+            "mtp_layers": len(self.stack.mtp_layers),
             "hidden_size": self.hidden_size,
             "pattern": self.layer_pattern(),
             "mixers": self.mixer_kinds(),
-            "num_experts": self.num_experts,
-            "top_k": self.num_experts_per_tok,
-            "expert_width": self.moe_intermediate_size,
-            "shared_expert_width": self.shared_expert_intermediate_size,
+            "num_experts": self.moe.num_experts,
+            "top_k": self.moe.num_experts_per_tok,
+            "expert_width": self.moe.moe_intermediate_size,
+            "shared_expert_width": self.moe.shared_expert_intermediate_size,
             "attention_ratio": self.attention_ratio,
         }
 
@@ -557,7 +537,8 @@ def model_from_name(name: str) -> ModelSpec:
 
 
 __all__ = [
-    "ConfigError", "LayerSpec", "ModelSpec", "ParamCounts", "load_model", "shipped_models", "kind_letter",
+    "ConfigError", "LayerSpec", "ModelSpec", "ParamCounts", "LayerStack", "AttentionSpec", "LinearMixerSpec", "MlpSpec",
+    "MoESpec", "VocabSpec", "load_model", "shipped_models", "kind_letter",
     "published_params", "matches_published", "SUPPORTED_MODEL_TYPES",
 ]
 
