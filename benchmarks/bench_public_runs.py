@@ -228,7 +228,7 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
     moe_per_rank = [0] * par.pp
     b = ev.partition.boundaries
     for v in range(len(b) - 1):  # Megatron's interleaving: virtual stage v on rank v % pp
-        moe_per_rank[v % par.pp] += sum(1 for i in range(b[v], b[v + 1]) if model.layers[i].ffn == "moe")
+        moe_per_rank[v % par.pp] += sum(1 for i in range(b[v], b[v + 1]) if model.stack.layers[i].ffn == "moe")
     from tessera_lab.cost.sync import per_layer_needed_s, planner_per_layer_s
     from tessera_lab.report.fidelity_set import published_iteration_s
 
@@ -343,7 +343,7 @@ def breakdown(run: dict, predicted_tokens_per_s_per_gpu: float | None = None) ->
     par, _ = parallel_for(run)
     model = load_model(run["model"])
     cm = CostModel(cluster_for(par, run["gpu"]), par)
-    layer = next((ly.index for ly in model.layers if ly.ffn == "moe"), 0)
+    layer = next((ly.index for ly in model.stack.layers if ly.ffn == "moe"), 0)
     lt = layer_tasks(model, layer, par)
     tasks: dict[str, dict] = {}
     for ph in "FBW":

@@ -57,7 +57,7 @@ pd.set_option("display.precision", 3)
 model = load_model(MODEL)
 print(model.layer_pattern(), " (L linear mixer: Gated DeltaNet, KDA, lightning or Mamba; A full attention, S sliding "
       "window, C chunked, T MTP; lower case: dense FFN, upper case: MoE)")
-pd.DataFrame([{"layer": l.index, "mixer": l.mixer, "attention": l.attention, "ffn": l.ffn} for l in model.layers[:8]])
+pd.DataFrame([{"layer": l.index, "mixer": l.mixer, "attention": l.attention, "ffn": l.ffn} for l in model.stack.layers[:8]])
 
 # %%
 counts = model.param_counts().as_dict()
@@ -101,8 +101,8 @@ if plan is not None:  # simulated iteration, tokens/s, MFU and bubble of each pa
                             for ev in [plan.chosen, *plan.baselines.values()]]).set_index("partition")
     # MFU against the published band of this model class, and the validity note when it is above it
     # (report.headline.mfu_text / mfu_note: one source with the CLI)
-    print("MFU of the chosen plan:", mfu_text(plan.chosen.mfu, moe=model.num_experts > 0, model=model))
-    if note := mfu_note(plan.chosen.mfu, moe=model.num_experts > 0, grouped_gemm=plan.parallel.grouped_gemm,
+    print("MFU of the chosen plan:", mfu_text(plan.chosen.mfu, moe=model.moe.num_experts > 0, model=model))
+    if note := mfu_note(plan.chosen.mfu, moe=model.moe.num_experts > 0, grouped_gemm=plan.parallel.grouped_gemm,
                         model=model):
         print(note)
 display_frame(summary) if summary is not None else None

@@ -48,8 +48,8 @@ from tessera_lab.model.tasks import layer_tasks
 from tessera_lab.teach.core import plot_tp_sweep, tp_link_sweep, tp_pp_layouts, tp_vs_pp_volumes
 pd.set_option("display.precision", 3)
 model = load_model(MODEL)
-pd.Series({"layers": model.num_layers, "hidden size": model.hidden_size, "attention heads": model.num_attention_heads,
-           "MLP width": model.intermediate_size, "experts": model.num_experts}, name=MODEL).to_frame()
+pd.Series({"layers": model.num_layers, "hidden size": model.hidden_size, "attention heads": model.attention.num_attention_heads,
+           "MLP width": model.mlp.intermediate_size, "experts": model.moe.num_experts}, name=MODEL).to_frame()
 
 # %% [markdown]
 # ## Where the all-reduces are

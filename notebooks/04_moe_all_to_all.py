@@ -52,9 +52,9 @@ from tessera_lab.teach.core import (a2a_volume_vs_topk, moe_all_to_all, plot_a2a
                                   skew_sweep)
 pd.set_option("display.precision", 3)
 model = load_model(MODEL)
-k = TOP_K or model.num_experts_per_tok
-pd.Series({"experts": model.num_experts, "top-k": model.num_experts_per_tok, "hidden size": model.hidden_size,
-           "expert width": model.moe_intermediate_size, "experts per EP rank": model.num_experts // EP},
+k = TOP_K or model.moe.num_experts_per_tok
+pd.Series({"experts": model.moe.num_experts, "top-k": model.moe.num_experts_per_tok, "hidden size": model.hidden_size,
+           "expert width": model.moe.moe_intermediate_size, "experts per EP rank": model.moe.num_experts // EP},
           name=MODEL).to_frame()
 
 # %% [markdown]

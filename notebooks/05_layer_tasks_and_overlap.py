@@ -195,7 +195,7 @@ print(f"overlap spread (best gain / worst gain): {headline.ratio_note(spread) or
 # j-1-k's backward. Its cost is the sum of those pair times, not the sum of standalone times:
 
 # %%
-kinds = [l.kind for l in model.layers[:6]]   # a stage of layers 0-5: L L L A L L
+kinds = [l.kind for l in model.stack.layers[:6]]   # a stage of layers 0-5: L L L A L L
 after = ov.stage_pair_cost(kinds, ov.pair_costs_from_table(table))
 standalone = ov.stage_pair_cost(kinds, ov.pair_costs_from_table(table, "t_sum"))
 print(f"stage of layers 0-5: standalone sum {standalone * 1e3:.3f} ms, after overlap {after * 1e3:.3f} ms "
@@ -313,8 +313,8 @@ from tessera_lab.model.spec import load_model as _load
 
 def pair_row(name: str) -> dict:
     m = _load(name)
-    pick = lambda mixer: next((l for l in m.layers if l.mixer == mixer and l.ffn == "moe"),  # noqa: E731
-                              next(l for l in m.layers if l.mixer == mixer))  # a MoE layer where there is one
+    pick = lambda mixer: next((l for l in m.stack.layers if l.mixer == mixer and l.ffn == "moe"),  # noqa: E731
+                              next(l for l in m.stack.layers if l.mixer == mixer))  # a MoE layer where there is one
     lin, full = pick("linear_attention"), pick("full_attention")
     cm = CostModel(cluster_for(parallel), parallel)
     fa, bb = ov.bundle(m, lin.index, "F", parallel), ov.bundle(m, full.index, "BW", parallel)

@@ -80,8 +80,8 @@ print(report.format())
 # the line `tessera-lab report` prints under the report (report.headline.mfu_text / mfu_note: one source)
 from tessera_lab.report.headline import mfu_note, mfu_text
 
-print(f"MFU against published runs: {mfu_text(report.mfu, moe=model.num_experts > 0, model=model)}")
-if note := mfu_note(report.mfu, moe=model.num_experts > 0, grouped_gemm=parallel.grouped_gemm, model=model):
+print(f"MFU against published runs: {mfu_text(report.mfu, moe=model.moe.num_experts > 0, model=model)}")
+if note := mfu_note(report.mfu, moe=model.moe.num_experts > 0, grouped_gemm=parallel.grouped_gemm, model=model):
     print(f"warning: {note}")
 
 # %% [markdown]
@@ -220,7 +220,7 @@ def band_verdict(mfu: float, model: str) -> str:
 scale["MFU vs published bands"] = [band_verdict(m, name) for m, name in zip(scale["mfu"], scale["model"])]
 display(scale)
 for r in scale.itertuples():
-    if note := mfu_note(r.mfu, moe=load_model(r.model).num_experts > 0, model=r.model):
+    if note := mfu_note(r.mfu, moe=load_model(r.model).moe.num_experts > 0, model=r.model):
         print(f"warning: {r.model}, {r.setup}, {r.gpus} GPUs: {note}")
 if len(GPU_COUNTS) > 1:
     plot_scale_study(scale)

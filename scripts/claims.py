@@ -249,7 +249,7 @@ def _knobs() -> dict[str, float]:
 
     model = load_model(DEFAULT_MODEL)
     base = make_plan(model).chosen.iteration_time_s
-    half = make_plan(model.with_changes(moe_intermediate_size=model.moe_intermediate_size // 2)).chosen
+    half = make_plan(model.with_changes(moe_intermediate_size=model.moe.moe_intermediate_size // 2)).chosen
     ratio1 = make_plan(model.with_changes(attention_ratio=1)).chosen
     return {"expert-width-half": half.iteration_time_s / base - 1.0,
             "attention-ratio-1": ratio1.iteration_time_s / base - 1.0}
@@ -458,7 +458,7 @@ def _context_parallel() -> dict[str, float]:
 
     def coll(model, attention, name, **par):
         m = load_model(model)
-        layer = next(l for l in m.layers if l.attention == attention)
+        layer = next(l for l in m.stack.layers if l.attention == attention)
         lt = layer_tasks(m, layer, ParallelConfig(pp=1, expert_load=1.0, **par))
         return {ph: next(t for t in getattr(lt, ph) if t.name == name).collective.bytes for ph in ("F", "B")}
 

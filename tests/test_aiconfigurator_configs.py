@@ -125,7 +125,7 @@ def test_nemotron3_super_layer_pattern_by_the_reference_rule():
     # modeling_nemotron_h.py: M -> mamba, * -> attention, E -> moe; one block a layer
     expect = cfg["hybrid_override_pattern"].replace("M", "L").replace("*", "A")
     assert m.layer_pattern() == expect and len(expect) == 88
-    assert (m.moe_latent_size, len(m.mtp_layers)) == (1024, 1)
+    assert (m.moe.moe_latent_size, len(m.stack.mtp_layers)) == (1024, 1)
     # the escape hatch gives the same model (no unknown field is left to ignore)
     path = AIC / "nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8_config.json"
     assert ModelSpec.from_hf_config(path, allow_unknown_fields=True).param_counts() == m.param_counts()
@@ -149,7 +149,7 @@ def test_nemotron3_ultra_block_list_reads_as_the_pattern():
 
 def test_latent_moe_layer_params_by_hand():
     m = load("nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8")
-    moe = next(l for l in m.layers if l.ffn == "moe")
+    moe = next(l for l in m.stack.layers if l.ffn == "moe")
     h, lat, w, E, sw = 4096, 1024, 2688, 512, 5376
     p = m.layer_params(moe)
     assert p["experts"] == E * 2 * lat * w  # ReLU^2 experts (up, down) on the latent
@@ -166,7 +166,7 @@ def test_latent_moe_moves_the_latent_over_the_all_to_all():
 
     m = load("nvidia--NVIDIA-Nemotron-3-Super-120B-A12B-FP8")
     p = ParallelConfig(pp=1, ep=8, microbatches=1, seq_len=4096)
-    moe = next(l for l in m.layers if l.ffn == "moe")
+    moe = next(l for l in m.stack.layers if l.ffn == "moe")
     tasks = {t.name: t for t in layer_tasks(m, moe, p).F}
     plain = ModelSpec.from_hf_config({**m.raw, "moe_latent_size": None})
     base = {t.name: t for t in layer_tasks(plain, moe, p).F}
@@ -185,9 +185,9 @@ def test_nemotron35_mtp_step_by_hand():
     # with its own norm; attention without biases; ReLU^2 experts and shared expert; router with correction bias
     attention = h * nh * hd + 2 * h * nkv * hd + nh * hd * h
     moe = E * 2 * h * w + 2 * h * sw + h * E + E
-    assert len(m.mtp_layers) == 1
+    assert len(m.stack.mtp_layers) == 1
     assert m.param_counts().mtp == 2 * h * h + 3 * h + attention + 2 * h + moe
-    assert m.moe_latent_size == 0  # moe_latent_size: null, no latent
+    assert m.moe.moe_latent_size == 0  # moe_latent_size: null, no latent
 
 
 def test_glm5_layer_pattern_by_its_rule():
@@ -196,7 +196,7 @@ def test_glm5_layer_pattern_by_its_rule():
     # GlmMoeDsaConfig: mlp_layer_types default the first 3 dense, the rest sparse (= first_k_dense_replace 3); every
     # layer MLA with the DSA indexer
     assert m.layer_pattern() == "aaa" + "A" * (cfg["num_hidden_layers"] - 3)
-    assert {l.attention for l in m.layers} == {"mla_sparse"} and len(m.mtp_layers) == 1
+    assert {l.attention for l in m.stack.layers} == {"mla_sparse"} and len(m.stack.mtp_layers) == 1
     types = ["dense"] * 5 + ["sparse"] * (cfg["num_hidden_layers"] - 5)
     assert ModelSpec.from_hf_config({**cfg, "mlp_layer_types": types}).layer_pattern().startswith("aaaaaA")
     with pytest.raises(ConfigError, match="'qk_head_dim' = 200 is out of range; allowed: qk_nope_head_dim"):
@@ -219,7 +219,7 @@ def test_mimo_v2_flash_layers_by_the_reference_rule_and_attention_by_hand():
                      for s, f in zip(cfg["hybrid_layer_pattern"], cfg["moe_layer_freq"]))
     assert m.layer_pattern() == expect and expect.count("S") + expect.count("s") == 39
     h = 4096
-    full, swa = m.layers[0], m.layers[1]
+    full, swa = m.stack.layers[0], m.stack.layers[1]
     assert swa.window == cfg["sliding_window_size"] == 128 and swa.sinks and not full.sinks
     # MiMoV2Attention: q and k of head_dim 192, v and o of v_head_dim 128; full: 64 heads, 4 kv; SWA: 64, 8 kv + sinks
     assert m.mixer_params(full) == h * 64 * 192 + h * 4 * (192 + 128) + 64 * 128 * h
@@ -249,7 +249,7 @@ def test_gemma4_layers_by_the_reference_rule_and_attention_by_hand():
     rule = ModelSpec.from_hf_config({k: v for k, v in cfg.items() if k != "layer_types"} | {"num_hidden_layers": 32})
     assert rule.layer_pattern() == ("S" * 5 + "A") * 5 + "SA"
     h, nh, hd, nkv, ghd, gkv, E, w, mw = 2816, 16, 256, 8, 512, 2, 128, 704, 2112
-    local, glob = m.layers[0], m.layers[5]
+    local, glob = m.stack.layers[0], m.stack.layers[5]
     assert local.window == 1024 and glob.window == 0 and glob.k_eq_v and not local.k_eq_v
     # Gemma4TextAttention: q, k, v, o with q/k RMSNorm of the head dim; global layers: head dim 512, 2 KV heads,
     # no v_proj (attention_k_eq_v)
@@ -258,7 +258,7 @@ def test_gemma4_layers_by_the_reference_rule_and_attention_by_hand():
     # MoE: router h x E, experts gate-up and down; the dense MLP beside them counted as the shared expert
     p = m.layer_params(local)
     assert (p["router"], p["experts"], p["shared"]) == (h * E, E * 3 * h * w, 3 * h * mw)
-    assert m.num_experts_per_tok == 8 and m.tie_word_embeddings
+    assert m.moe.num_experts_per_tok == 8 and m.vocab.tie_word_embeddings
     # the q/k/v GEMM of a global layer has no value output
     from tessera_lab.model.tasks import layer_tasks
 
@@ -292,12 +292,12 @@ def test_glm52_shared_indexers_by_the_reference_rule():
     m = load("zai-org--GLM-5.2")
     # IndexShare: layer i runs its own indexer when max(i - offset + 1, 0) % freq == 0 (offset 3, freq 4): 21 of 78
     shared = [max(i - 3 + 1, 0) % 4 != 0 for i in range(78)]
-    assert [l.shared_index for l in m.layers] == shared and shared.count(False) == 21
-    assert (m.layers[6].label, m.layers[7].label) == ("DSA-MLA", "DSA-MLA(shared idx)")
+    assert [l.shared_index for l in m.stack.layers] == shared and shared.count(False) == 21
+    assert (m.stack.layers[6].label, m.stack.layers[7].label) == ("DSA-MLA", "DSA-MLA(shared idx)")
     assert [t == "shared" for t in cfg["indexer_types"]] == shared
     # the schedule alone (no list) reads the same layers; a list that disagrees with it is refused
     alone = ModelSpec.from_hf_config({k: v for k, v in cfg.items() if k != "indexer_types"})
-    assert [l.shared_index for l in alone.layers] == shared
+    assert [l.shared_index for l in alone.stack.layers] == shared
     bad = list(cfg["indexer_types"])
     bad[4] = "full"
     with pytest.raises(ConfigError, match="disagree at layer 4"):
@@ -314,7 +314,7 @@ def test_glm52_shared_indexers_by_the_reference_rule():
     from tessera_lab.model.tasks import layer_tasks
 
     par = ParallelConfig(pp=1, ep=8, microbatches=1, seq_len=8192)
-    full, reuse = ({t.name: t for t in layer_tasks(m, m.layers[i], par).F} for i in (6, 7))
+    full, reuse = ({t.name: t for t in layer_tasks(m, m.stack.layers[i], par).F} for i in (6, 7))
     assert "index_core" in full and not any(n.startswith("index") for n in reuse)
     assert reuse["core"].flops == full["core"].flops
 
@@ -338,7 +338,7 @@ def test_cp_ring_carries_each_layers_own_kv_shapes():
     m = load("google--gemma-4-26B-A4B")
     p = ParallelConfig(pp=1, ep=8, cp=4, seq_len=65536, expert_load=1.0)
     T = 65536 // 4
-    ring = {i: next(t for t in layer_tasks(m, m.layers[i], p).F if t.name == "cp_kv").collective.bytes
+    ring = {i: next(t for t in layer_tasks(m, m.stack.layers[i], p).F if t.name == "cp_kv").collective.bytes
             for i in (0, 5)}
     # sliding layer: 8 KV heads of 256, K and V; global layer: 2 KV heads of 512, K and V (the values are the keys
     # before v_norm: two tensors in the core); all-gather S = cp x T x width x 2 bytes
@@ -349,7 +349,7 @@ def test_cp_ring_carries_each_layers_own_kv_shapes():
 def test_glm52_layers_knob_rederives_the_index_schedule():
     m = load("zai-org--GLM-5.2").with_changes(num_layers=20)
     # IndexShare rule for 20 layers (offset 3, freq 4): full at 0, 1, 2, 6, 10, 14, 18; the first 3 layers dense
-    assert [i for i, l in enumerate(m.layers) if not l.shared_index] == [0, 1, 2, 6, 10, 14, 18]
+    assert [i for i, l in enumerate(m.stack.layers) if not l.shared_index] == [0, 1, 2, 6, 10, 14, 18]
     assert m.layer_pattern() == "aaa" + "A" * 17
     nv = load("nvidia--GLM-5.2-NVFP4").with_changes(num_layers=20)
     assert nv.param_counts() == m.param_counts()
@@ -361,6 +361,6 @@ def test_gemma4_defaults_are_the_reference_configs():
     bare = {k: v for k, v in text.items() if k not in ("num_key_value_heads", "head_dim", "sliding_window",
                                                         "global_head_dim", "num_global_key_value_heads")}
     m = ModelSpec.from_hf_config(bare)
-    local, glob = m.layers[0], m.layers[5]
+    local, glob = m.stack.layers[0], m.stack.layers[5]
     assert (local.kv_heads, local.head_dim, local.window) == (4, 256, 512)
     assert (glob.kv_heads, glob.head_dim) == (4, 512)  # num_global_key_value_heads: num_key_value_heads

@@ -161,7 +161,7 @@ def test_mtp_on_a_config_with_mtp_layers_is_taken():
 
     args = argparse.Namespace(model="glm-4.5-air", mtp=True)
     m = model_from_args(args)  # glm-4.5-air.json: num_nextn_predict_layers = 1
-    assert len(m.mtp_layers) == 1 and m.plan_mtp and m.layers[-1].mtp
+    assert len(m.stack.mtp_layers) == 1 and m.stack.plan_mtp and m.stack.layers[-1].mtp
 
 
 @pytest.mark.parametrize("key", ["top_k", "num_experts_per_tok", "expert_width", "num_experts", "shared_experts"])

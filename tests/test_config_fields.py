@@ -243,9 +243,9 @@ def test_moe_only_blocks_print_e_in_stage_tables():
 
     m = ModelSpec.from_hf_config(AIC / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16_config.json")
     # MEMEM*E M: Mamba, MoE, Mamba, MoE, Mamba, attention, MoE, Mamba
-    assert layer_summary(list(range(8)), [l.kind for l in m.layers[:8]]) == "0-7 (Ax1 Ex3 Lx4)"
+    assert layer_summary(list(range(8)), [l.kind for l in m.stack.layers[:8]]) == "0-7 (Ax1 Ex3 Lx4)"
     h56 = load_model("nemotron-h-56b")
-    assert layer_summary([0, 1], [l.kind for l in h56.layers[:2]]) == "0-1 (-dx1 Lx1)"
+    assert layer_summary([0, 1], [l.kind for l in h56.stack.layers[:2]]) == "0-1 (-dx1 Lx1)"
 
 
 @pytest.mark.parametrize("model,field,value", [("deepseek-v3.2", "q_lora_rank", "1536"),

@@ -21,7 +21,7 @@ def _task(lt, phase, name):
 
 
 def _layer(model, kind_letter_attention):
-    return next(l for l in model.layers if l.attention == kind_letter_attention)
+    return next(l for l in model.stack.layers if l.attention == kind_letter_attention)
 
 
 # --------------------------------------------------------------------------------------------- volumes by hand

@@ -142,8 +142,8 @@ def test_expert_swiglu_is_its_own_memory_bound_kernel():
     m = load_model("qwen3-next-80b-a3b")
     p = ParallelConfig(ep=8, expert_load=1.0)
     f = {t.name: t for t in layer_tasks(m, 0, p).F}
-    assert f["expert_act"].op == "elementwise" and f["expert_act"].bytes == 2 * 40960 * m.moe_intermediate_size * 3
-    assert f["shared_act"].bytes == 2 * 4096 * m.shared_expert_intermediate_size * 3
+    assert f["expert_act"].op == "elementwise" and f["expert_act"].bytes == 2 * 40960 * m.moe.moe_intermediate_size * 3
+    assert f["shared_act"].bytes == 2 * 4096 * m.moe.shared_expert_intermediate_size * 3
     assert f["combine"].deps == ("expert_act",) and f["expert_act"].saved_bytes == 0
     assert kernel_class(f["expert_act"].op) == MEMORY
 
@@ -415,7 +415,7 @@ def test_group_limited_routing_limits_destinations():
     # no limit when the groups do not fall on whole ranks, or none is configured
     assert limited_destinations(256, 8, 4, 8, 4) == expected_destinations(256, 8, 4)
     assert limited_destinations(256, 8, 64) == expected_destinations(256, 8, 64)
-    assert load_model("deepseek-v3").n_group == 8 and load_model("deepseek-v3").topk_group == 4
+    assert load_model("deepseek-v3").moe.n_group == 8 and load_model("deepseek-v3").moe.topk_group == 4
 
 
 def test_fused_cross_entropy_keeps_bf16_logits():

@@ -39,9 +39,9 @@ def synthetic_device(cores: int = 64, a2a_alpha: float = 0.0, head: float = 0.0)
 def test_tiny_runner_is_a_shipped_model_and_round_trips():
     spec = load_model("tiny-runner")
     cfg = TinyConfig()
-    assert spec.hidden_size == cfg.hidden_size and len(spec.layers) == cfg.num_layers
-    assert [l.kind.split("+")[0] for l in spec.layers] == cfg.layer_kinds()
-    assert spec.num_experts == cfg.num_experts and spec.num_experts_per_tok == cfg.top_k
+    assert spec.hidden_size == cfg.hidden_size and len(spec.stack.layers) == cfg.num_layers
+    assert [l.kind.split("+")[0] for l in spec.stack.layers] == cfg.layer_kinds()
+    assert spec.moe.num_experts == cfg.num_experts and spec.moe.num_experts_per_tok == cfg.top_k
     assert TinyConfig.from_hf_config(cfg.to_hf_config()) == cfg
     with pytest.raises(ConfigError, match="tessera_runner"):
         TinyConfig.from_hf_config({"hidden_size": 8})

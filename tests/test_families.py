@@ -75,70 +75,70 @@ def test_kda_and_mla_layer_params_by_hand():
     kda = (3 * h * H * d + 3 * H * d * K + H + h * d + d * H * d + H * d + h * H + h * d + d * H * d + d
            + H * d * h)
     mla = h * 32 * 192 + h * 576 + 512 + 512 * 32 * 256 + 32 * 128 * h
-    assert m.mixer_params(m.layers[0]) == kda
-    assert m.mixer_params(m.layers[3]) == mla
+    assert m.mixer_params(m.stack.layers[0]) == kda
+    assert m.mixer_params(m.stack.layers[3]) == mla
 
 
 # ---------------------------------------------------------------------- layer patterns against each config's rule
 def test_kimi_linear_pattern():
     m, cfg = load_model("kimi-linear-48b-a3b"), raw("kimi-linear-48b-a3b")
     kda = set(cfg["linear_attn_config"]["kda_layers"])  # 1-based layer numbers
-    assert [l.attention for l in m.layers] == ["kda" if i + 1 in kda else "mla" for i in range(27)]
-    assert [l.index + 1 for l in m.layers if l.attention == "mla"] == cfg["linear_attn_config"]["full_attn_layers"]
-    assert [l.ffn for l in m.layers] == ["dense"] + ["moe"] * 26  # first_k_dense_replace = 1
+    assert [l.attention for l in m.stack.layers] == ["kda" if i + 1 in kda else "mla" for i in range(27)]
+    assert [l.index + 1 for l in m.stack.layers if l.attention == "mla"] == cfg["linear_attn_config"]["full_attn_layers"]
+    assert [l.ffn for l in m.stack.layers] == ["dense"] + ["moe"] * 26  # first_k_dense_replace = 1
     assert m.mixer_kinds([0, 1, 2, 3]) == "KDA x3 + MLA"
 
 
 def test_nemotron_h_pattern():
     m, pat = load_model("nemotron-h-56b"), raw("nemotron-h-56b")["hybrid_override_pattern"]
     kinds = {"M": ("mamba2", "none"), "*": ("gqa", "none"), "-": ("none", "dense")}
-    assert [(l.attention, l.ffn) for l in m.layers] == [kinds[c] for c in pat]
+    assert [(l.attention, l.ffn) for l in m.stack.layers] == [kinds[c] for c in pat]
     assert (pat.count("M"), pat.count("*"), pat.count("-")) == (54, 10, 54)
 
 
 def test_jamba_pattern():
     m = load_model("jamba-1.5-mini")
-    assert [l.index for l in m.layers if l.attention == "gqa"] == [i for i in range(32) if i % 8 == 4]
-    assert [l.index for l in m.layers if l.ffn == "moe"] == [i for i in range(32) if i % 2 == 1]
-    assert all(l.attention == "mamba" for l in m.layers if l.index % 8 != 4)
+    assert [l.index for l in m.stack.layers if l.attention == "gqa"] == [i for i in range(32) if i % 8 == 4]
+    assert [l.index for l in m.stack.layers if l.ffn == "moe"] == [i for i in range(32) if i % 2 == 1]
+    assert all(l.attention == "mamba" for l in m.stack.layers if l.index % 8 != 4)
 
 
 def test_gpt_oss_alternation():
     m = load_model("gpt-oss-20b")
-    assert [(l.local, l.window) for l in m.layers] == [("sliding", 128) if i % 2 == 0 else ("", 0) for i in range(24)]
-    assert m.attention_sinks and m.layer_pattern() == "SA" * 12
+    assert [(l.local, l.window) for l in m.stack.layers] == [("sliding", 128) if i % 2 == 0 else ("", 0) for i in range(24)]
+    assert m.attention.attention_sinks and m.layer_pattern() == "SA" * 12
 
 
 def test_llama4_chunked_nope_and_moe_interleave():
     m = load_model("llama-4-scout-17b-16e")
     nope = [i for i in range(48) if (i + 1) % 4 == 0]  # no_rope_layer_interval 4
-    assert [l.index for l in m.layers if not l.rope] == nope
-    assert [l.index for l in m.layers if l.local == "chunked"] == [i for i in range(48) if i not in nope]
-    assert all(l.window == 8192 for l in m.layers if l.local == "chunked")
-    assert all(l.ffn == "moe" for l in m.layers)  # interleave_moe_layer_step 1
+    assert [l.index for l in m.stack.layers if not l.rope] == nope
+    assert [l.index for l in m.stack.layers if l.local == "chunked"] == [i for i in range(48) if i not in nope]
+    assert all(l.window == 8192 for l in m.stack.layers if l.local == "chunked")
+    assert all(l.ffn == "moe" for l in m.stack.layers)  # interleave_moe_layer_step 1
     two = m.with_changes(moe_every=2)
-    assert [l.index for l in two.layers if l.ffn == "moe"] == list(range(1, 48, 2))
-    assert all(l.dense_width == 16384 for l in two.layers if l.ffn == "dense")  # intermediate_size_mlp
+    assert [l.index for l in two.stack.layers if l.ffn == "moe"] == list(range(1, 48, 2))
+    assert all(l.dense_width == 16384 for l in two.stack.layers if l.ffn == "dense")  # intermediate_size_mlp
 
 
 def test_deepseek_dense_first_layers_and_mtp():
     for name, dense in (("deepseek-v3", 3), ("deepseek-v3.2", 3), ("kimi-k2-instruct", 1), ("glm-4.5-air", 1)):
         m = load_model(name)
-        assert [l.ffn for l in m.layers[:dense + 1]] == ["dense"] * dense + ["moe"], name
+        assert [l.ffn for l in m.stack.layers[:dense + 1]] == ["dense"] * dense + ["moe"], name
     m = load_model("deepseek-v3")
-    assert len(m.mtp_layers) == 1 and m.num_layers == 61
+    assert len(m.stack.mtp_layers) == 1 and m.num_layers == 61
     planned = load_model("deepseek-v3", plan_mtp=True)
-    assert planned.num_layers == 62 and planned.layers[-1].mtp and planned.layers[-1].ffn == "moe"
+    assert planned.num_layers == 62 and planned.stack.layers[-1].mtp and planned.stack.layers[-1].ffn == "moe"
     assert planned.param_counts() == m.param_counts()  # planning the MTP layer does not change the card counts
-    assert all(l.attention == "mla_sparse" for l in load_model("deepseek-v3.2").layers)
+    assert all(l.attention == "mla_sparse" for l in load_model("deepseek-v3.2").stack.layers)
 
 
 def test_minimax_and_qwen35_patterns():
     m, types = load_model("minimax-m1"), raw("minimax-m1")["attn_type_list"]
-    assert [l.attention for l in m.layers] == ["gqa" if t else "lightning" for t in types]
+    assert [l.attention for l in m.stack.layers] == ["gqa" if t else "lightning" for t in types]
     q = load_model("qwen3.5-35b-a3b")
-    assert [l.index for l in q.layers if l.mixer == "full_attention"] == list(range(3, 40, 4))
-    assert any("vision tower" in n for n in q.notes) and len(q.mtp_layers) == 1
+    assert [l.index for l in q.stack.layers if l.mixer == "full_attention"] == list(range(3, 40, 4))
+    assert any("vision tower" in n for n in q.notes) and len(q.stack.mtp_layers) == 1
 
 
 # ---------------------------------------------------------------------- model FLOPs per token by hand
@@ -206,7 +206,7 @@ def test_minimax_relabelled_mixtral_is_refused_naming_fields():
         ModelSpec.from_hf_config(cfg, allow_unknown_fields=True)
     m = ModelSpec.from_hf_config(cfg, allow_unknown_fields=True, allow_structural_fields=True)
     assert m.notes[0].startswith("approximate: ") and "attn_type_list" in m.notes[0] and m.approximate == m.notes[0]
-    assert all(l.attention == "gqa" for l in m.layers)
+    assert all(l.attention == "gqa" for l in m.stack.layers)
     assert any("MiniMaxM1ForCausalLM" in n and "model_type decides" in n for n in m.notes)
 
 
@@ -242,8 +242,8 @@ def test_attention_ratio_kimi_linear_by_hand():
     m = load_model("kimi-linear-48b-a3b")
     r1 = m.with_changes(attention_ratio=1)
     full = [i for i in range(1, 28) if i % 2 == 0 or i == 27]  # every 2nd layer and the last
-    assert [l.index + 1 for l in r1.layers if l.attention == "mla"] == full
-    kda, mla = m.mixer_params(m.layers[0]), m.mixer_params(m.layers[3])
+    assert [l.index + 1 for l in r1.stack.layers if l.attention == "mla"] == full
+    kda, mla = m.mixer_params(m.stack.layers[0]), m.mixer_params(m.stack.layers[3])
     assert r1.param_counts().total - m.param_counts().total == (len(full) - 7) * (mla - kda)
     assert r1.param_counts().active - m.param_counts().active == (len(full) - 7) * (mla - kda)
 
@@ -251,7 +251,7 @@ def test_attention_ratio_kimi_linear_by_hand():
 def test_attention_ratio_qwen35_by_hand():
     m = load_model("qwen3.5-35b-a3b")
     r1 = m.with_changes(attention_ratio=1)
-    assert [l.index for l in r1.layers if l.mixer == "full_attention"] == list(range(1, 40, 2))
+    assert [l.index for l in r1.stack.layers if l.mixer == "full_attention"] == list(range(1, 40, 2))
     h = 2048
     gdn = h * (2 * 2048 + 2 * 4096) + h * 64 + 8192 * 4 + 64 + 128 + 4096 * h
     attn = h * 16 * 256 * 2 + 2 * h * 2 * 256 + 16 * 256 * h + 2 * 256
@@ -263,18 +263,18 @@ def test_ratio_without_full_attention_refused_unless_asked():
         with pytest.raises(ConfigError, match="no full-attention layer"):
             load_model(name).with_changes(attention_ratio=ratio)
         m = load_model(name).with_changes(attention_ratio=ratio, allow_no_full_attention=True)
-        assert not any(l.mixer == "full_attention" for l in m.layers)
+        assert not any(l.mixer == "full_attention" for l in m.stack.layers)
     with pytest.raises(ConfigError, match="needs a hybrid"):
         load_model("gpt-oss-20b").with_changes(attention_ratio=1)
 
 
 def test_other_knobs():
     g = load_model("glm-4.5-air").with_changes(shared_experts=2)
-    assert g.shared_expert_intermediate_size == 2 * 1408
+    assert g.moe.shared_expert_intermediate_size == 2 * 1408
     w = load_model("gpt-oss-20b").with_changes(window=1024)
-    assert {l.window for l in w.layers} == {0, 1024}
+    assert {l.window for l in w.stack.layers} == {0, 1024}
     j = load_model("jamba-1.5-mini").with_changes(moe_every=4)
-    assert [l.index for l in j.layers if l.ffn == "moe"] == [i for i in range(32) if i % 4 == 1]
+    assert [l.index for l in j.stack.layers if l.ffn == "moe"] == [i for i in range(32) if i % 4 == 1]
     n = load_model("nemotron-h-56b").with_changes(attention_ratio=3)
     assert n.layer_pattern().count("A") == 16  # 64 mixer blocks, every 4th attention
 
@@ -327,7 +327,7 @@ def test_a_config_not_given_llama4_maverick():
            "image_token_index": 200092, "model_type": "llama4", "text_config": text, "torch_dtype": "bfloat16",
            "transformers_version": "4.51.0.dev0", "vision_config": {"hidden_size": 1408, "num_hidden_layers": 34}}
     m = ModelSpec.from_hf_config(cfg)
-    assert [l.index for l in m.layers if l.ffn == "moe"] == list(range(1, 48, 2))
+    assert [l.index for l in m.stack.layers if l.ffn == "moe"] == list(range(1, 48, 2))
     c = m.param_counts()
     assert near(c.total, 400e9) and matches_published(c.active, 17e9)
 
@@ -359,7 +359,7 @@ def test_a_config_not_given_nemotron3_nano_moe_blocks():
     m = ModelSpec.from_hf_config(json.loads("".join(NEMOTRON3_NANO)))
     pat = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
     kinds = {"M": ("mamba2", "none"), "*": ("gqa", "none"), "E": ("none", "moe")}
-    assert [(l.attention, l.ffn) for l in m.layers] == [kinds[c] for c in pat]
+    assert [(l.attention, l.ffn) for l in m.stack.layers] == [kinds[c] for c in pat]
     c = m.param_counts()
     assert near(c.total, 31.6e9) and near(c.active, 3.6e9)
     # ReLU^2 experts have no gate projection: 2 h w per routed expert
@@ -399,7 +399,7 @@ def test_a_config_not_given_minimax_m2():
            'tie_word_embeddings': False}
     cfg["attn_type_list"] = [1] * 62
     m = ModelSpec.from_hf_config(cfg)
-    assert all(l.attention == "gqa" for l in m.layers) and m.qk_norm_full and len(m.mtp_layers) == 3
+    assert all(l.attention == "gqa" for l in m.stack.layers) and m.attention.qk_norm_full and len(m.stack.mtp_layers) == 3
     c = m.param_counts()
     assert near(c.total, 230e9) and matches_published(c.active_non_embedding, 10e9)
 
@@ -437,7 +437,7 @@ def test_gpt_oss_top_k_knob_sets_both_spellings():
     from tessera_lab.model.spec import load_model
 
     m = load_model("gpt-oss-20b").with_changes(num_experts_per_tok=2)
-    assert m.num_experts_per_tok == 2 and m.raw["experts_per_token"] == 2
+    assert m.moe.num_experts_per_tok == 2 and m.raw["experts_per_token"] == 2
 
 
 def test_glm4v_moe_wrapper_reads_its_text_model_as_glm4_moe():
@@ -463,7 +463,7 @@ def test_laguna_layers_by_the_reference_rule_and_card_counts():
                      ("S" if t == "sliding_attention" else "A")
                      for t, f in zip(cfg["layer_types"], cfg["mlp_layer_types"]))
     assert m.layer_pattern() == expect == "aSSS" + "ASSS" * 9
-    assert [l.heads for l in m.layers[:4]] == [48, 64, 64, 64] and all(l.head_gate for l in m.layers)
+    assert [l.heads for l in m.stack.layers[:4]] == [48, 64, 64, 64] and all(l.head_gate for l in m.stack.layers)
     # card (sglang cookbook, Poolside's model card): 33.4B total, 3.0B active, both with embedding and head
     c = m.param_counts()
     assert matches_published(c.total, 33.4e9) and matches_published(c.active, 3.0e9), (c.total, c.active)
@@ -476,14 +476,14 @@ def test_laguna_layers_by_the_reference_rule_and_card_counts():
 def test_laguna_layer_params_and_head_gate_by_hand():
     m = ModelSpec.from_hf_config(LAGUNA)
     h, hd, nkv, E, w, sw, dw = 2048, 128, 8, 256, 512, 512, 8192
-    full, swa = m.layers[4], m.layers[1]
+    full, swa = m.stack.layers[4], m.stack.layers[1]
     # LagunaAttention: q, k, v, o, q/k RMSNorm of head_dim, g_proj h x heads (one gate per head)
     for layer, nh in ((full, 48), (swa, 64)):
         assert m.mixer_params(layer) == h * nh * hd + 2 * h * nkv * hd + nh * hd * h + 2 * hd + h * nh
     p = m.layer_params(full)
     # router weight and e_score_correction_bias, SwiGLU experts, ungated shared expert
     assert (p["router"], p["experts"], p["shared"]) == (h * E + E, E * 3 * h * w, 3 * h * sw)
-    assert m.layer_params(m.layers[0])["dense_mlp"] == 3 * h * dw
+    assert m.layer_params(m.stack.layers[0])["dense_mlp"] == 3 * h * dw
     # the gate's GEMM rides on the q/k/v projection (h -> q, k, v and the heads' gates); the gating reads o and
     # the gates and writes o_proj's input
     from tessera_lab.model.tasks import layer_tasks
@@ -512,4 +512,4 @@ def test_laguna_refusals_and_types():
 def test_laguna_layers_knob_keeps_the_layout():
     m = ModelSpec.from_hf_config(LAGUNA).with_changes(num_layers=10)
     # the per-layer lists tiled: global (48 heads) then three sliding (64 heads); the first layer stays dense
-    assert m.layer_pattern() == "aSSSASSSAS" and [l.heads for l in m.layers[:5]] == [48, 64, 64, 64, 48]
+    assert m.layer_pattern() == "aSSSASSSAS" and [l.heads for l in m.stack.layers[:5]] == [48, 64, 64, 64, 48]

@@ -55,7 +55,7 @@ def test_layernorm_recompute_frees_the_norm_output_by_hand():
 def test_shared_experts_recompute_by_hand():
     m = load_model("qwen3-next-80b-a3b")  # h 2048, shared expert width 512, SwiGLU
     base = ParallelConfig(pp=1, tp=1, ep=8, expert_load=1.0)
-    layer = next(i for i, ly in enumerate(m.layers) if ly.ffn == "moe")
+    layer = next(i for i, ly in enumerate(m.stack.layers) if ly.ffn == "moe")
     a = _f(m, layer, base)
     b = _f(m, layer, base.replace(recompute="selective", recompute_modules=("shared_experts",)))
     # without recompute: fc1's input 2 * 4096 * 2048 + SwiGLU input 2 * 4096 * 1024 + fc2's input 2 * 4096 * 512 =

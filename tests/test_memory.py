@@ -34,6 +34,6 @@ def test_expert_params_sharded_over_ep(qwen3_next):
     p8 = ParallelConfig(pp=1, ep=8, distributed_optimizer=False)
     m1 = layer_memory(qwen3_next, p1, decompose(qwen3_next, p1))[1]
     m8 = layer_memory(qwen3_next, p8, decompose(qwen3_next, p8))[1]
-    comp = qwen3_next.layer_params(qwen3_next.layers[0])
+    comp = qwen3_next.layer_params(qwen3_next.stack.layers[0])
     assert m1.param_bytes == 18 * sum(comp.values())
     assert m8.param_bytes == pytest.approx(18 * (sum(comp.values()) - comp["experts"] + comp["experts"] / 8))

@@ -99,7 +99,7 @@ def test_ep_group_spanning_tp_by_hand():
     q = ParallelConfig(pp=2, tp=2, ep=8, dp=1)
     assert (q.world_size, q.dense_dp, q.expert_dp) == (32, 8, 2)
     m = load_model("qwen3-30b-a3b")
-    comp = m.layer_params(m.layers[0])
+    comp = m.layer_params(m.stack.layers[0])
     mem = layer_memory(m, p.replace(grad_reduce_dtype="bf16"), decompose(m, p))[1]
     # dense: mixer / tp + norms + router at 2 + 2 + 12/4 = 7 B; experts / 8 at 2 + 2 + 12/1 = 16 B
     dense = comp["mixer"] / 2 + comp["norms"] + comp["router"]

@@ -27,9 +27,9 @@ def test_shipped_models_listed():
 
 def test_qwen3_next_layer_pattern(qwen3_next):
     # full attention at layers 3, 7, ..., 47: (i + 1) % 4 == 0 (docs/concepts.md)
-    full = [l.index for l in qwen3_next.layers if l.mixer == "full_attention"]
+    full = [l.index for l in qwen3_next.stack.layers if l.mixer == "full_attention"]
     assert full == list(range(3, 48, 4))
-    assert all(l.ffn == "moe" for l in qwen3_next.layers)
+    assert all(l.ffn == "moe" for l in qwen3_next.stack.layers)
     assert qwen3_next.attention_ratio == 3
 
 
@@ -124,15 +124,15 @@ def test_with_changes_knobs(qwen3_next):
     assert r1.layer_pattern()[:6] == "LALALA"
     assert r1.attention_ratio == 1
     r7 = qwen3_next.with_changes(attention_ratio=7)
-    assert sum(l.mixer == "full_attention" for l in r7.layers) == 6
+    assert sum(l.mixer == "full_attention" for l in r7.stack.layers) == 6
     wide = qwen3_next.with_changes(moe_intermediate_size=2048, num_experts_per_tok=4, num_experts=256)
-    assert (wide.moe_intermediate_size, wide.num_experts_per_tok, wide.num_experts) == (2048, 4, 256)
+    assert (wide.moe.moe_intermediate_size, wide.moe.num_experts_per_tok, wide.moe.num_experts) == (2048, 4, 256)
     # routed expert parameters scale with experts x width
     assert wide.routed_expert_params() == 3 * 2048 * 2048
     assert qwen3_next.with_changes(num_layers=24).num_layers == 24
     assert qwen3_next.with_changes(shared_expert_intermediate_size=0).shared_expert_params() == 0
     # the original is unchanged
-    assert qwen3_next.moe_intermediate_size == 512
+    assert qwen3_next.moe.moe_intermediate_size == 512
 
 
 def test_with_changes_bad_knobs(qwen3_next):

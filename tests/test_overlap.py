@@ -180,7 +180,7 @@ def test_overlap_table_and_stage_cost_differs_from_standalone_sum():
     assert (table["gain"] - (table["t_sum"] - table["t_pair"])).abs().max() < 1e-15
     assert (table["t_pair"] <= table["t_program"] + 1e-15).all()
     assert (table["t_pair"] - table["t_sum"]).abs().max() > 1e-6  # at least one combination differs
-    kinds = [layer.kind for layer in QWEN.layers[:6]]  # L L L A L L
+    kinds = [layer.kind for layer in QWEN.stack.layers[:6]]  # L L L A L L
     pair = ov.pair_costs_from_table(table)
     standalone = ov.pair_costs_from_table(table, "t_sum")
     after, before = ov.stage_pair_cost(kinds, pair), ov.stage_pair_cost(kinds, standalone)

@@ -218,7 +218,7 @@ def test_measure_with_the_runner_itself():
 
     seq = runner_model_config("tiny-runner")[1]["seq_len"]
     model = load_model("tiny-runner")
-    kind = model.layers[0].kind
+    kind = model.stack.layers[0].kind
     (r,) = measure_layer_pairs(model, ParallelConfig(ep=2, pp=1, dp=1, tp=1, seq_len=seq, micro_batch_size=2), "cpu",
                                size_factor=1.0, repeats=2, warmup=0, pairs=[(kind, kind)])
     cands = r.metadata["candidates"]

@@ -48,7 +48,7 @@ def test_ilp_equals_dp_on_shipped_models(name, schedule):
 
     model = load_model(name)
     pp = 16 if model.num_layers >= 60 else 8
-    ep = 8 if model.num_experts else 1
+    ep = 8 if model.moe.num_experts else 1
     # 671B without activation recompute: shard optimizer state over 4 replicas and halve the sequence to fit
     dp, seq = {"deepseek-v3": (4, 2048), "qwen3-235b-a22b": (2, 4096)}.get(name, (1, 4096))
     parallel = ParallelConfig(pp=pp, ep=ep, dp=dp, microbatches=2 * pp, seq_len=seq, schedule=schedule)
@@ -113,7 +113,7 @@ def test_stage_cost_after_overlap_is_sum_of_pairs(qwen3_next):
     plan = make_plan(qwen3_next)
     pairs = layer_pair_costs(qwen3_next, plan.parallel, CostModel(cluster_for(plan.parallel), plan.parallel))
     st = plan.chosen.stages[1]  # a middle stage: no embedding or head
-    kinds = [qwen3_next.layers[l].kind for l in st.layers]
+    kinds = [qwen3_next.stack.layers[l].kind for l in st.layers]
     by_hand = sum(pairs[(kinds[k], kinds[len(kinds) - 1 - k])] for k in range(len(kinds)))
     assert st.overlap_s == pytest.approx(by_hand, rel=1e-12)
     # running pairs together is faster than one after the other for this model (all-to-all hides behind compute)

@@ -186,7 +186,7 @@ def test_pair_time_lookup_and_planner_costs(tmp_path, analytic_table):
     costs = pr.profile_stage_pair_costs(prof, QWEN, P)
     assert set(costs) == {(a, b) for a in (lin, full) for b in (lin, full)}
     assert costs[(lin, full)] == pytest.approx(row["t_pair"])  # full scale, same shapes: measured value as is
-    kinds = [l.kind for l in QWEN.layers[:4]]
+    kinds = [l.kind for l in QWEN.stack.layers[:4]]
     sums = ov.pair_costs_from_table(analytic_table, "t_sum")
     assert ov.stage_pair_cost(kinds, costs) < ov.stage_pair_cost(kinds, sums)
 

@@ -293,7 +293,7 @@ def test_report_figure_names_the_configuration_and_shows_both_diff_variants(plan
 def test_changes_parse_and_apply(qwen3_next):
     ch = parse_changes("expert_width=256, top_k=4, seq_len=8192, dtype=fp8, attention_ratio=1")
     m, p = apply_changes(qwen3_next, ParallelConfig(), ch)
-    assert m.moe_intermediate_size == 256 and m.num_experts_per_tok == 4 and m.attention_ratio == 1
+    assert m.moe.moe_intermediate_size == 256 and m.moe.num_experts_per_tok == 4 and m.attention_ratio == 1
     assert p.seq_len == 8192 and p.dtype == "fp8"
     with pytest.raises(ConfigError, match="invalid"):
         parse_changes("colour=blue")

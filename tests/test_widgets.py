@@ -404,7 +404,7 @@ def test_partition_panel_dropdowns_show_a_selection():
         if hasattr(c, "options"):
             assert c.index is not None and c.index >= 0, name
     assert state["plan"].parallel.pp == MODEL_LAYOUTS["qwen3-next-80b-a3b"][0]
-    assert state["plan"].model.moe_intermediate_size == 512  # Qwen3-Next's own expert width ("config")
+    assert state["plan"].model.moe.moe_intermediate_size == 512  # Qwen3-Next's own expert width ("config")
 
 
 def test_quickstart_panel_restores_ep_after_a_dense_model():
@@ -428,7 +428,7 @@ def test_partition_panel_knob_options_follow_the_model():
     opts = controls["expert_width"].options
     assert opts[0] == ("config (1024)", "config") and 1024 not in [v for _, v in opts[1:]] and 512 in dict(opts).values()
     controls["expert_width"].value = 2048
-    assert state["plan"].model.moe_intermediate_size == 2048
+    assert state["plan"].model.moe.moe_intermediate_size == 2048
 
 
 def test_panel_captions_say_simulated_and_name_cost_source_gpu_and_ep():

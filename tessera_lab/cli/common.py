@@ -109,7 +109,7 @@ def check_knob_options(m: Any, args: argparse.Namespace) -> None:
         raise ConfigError(f"option --attention-ratio = {given['--attention-ratio']}: model {m.name} (family "
                           f"{m.family}) has no linear-attention layers to trade against full attention; allowed: leave "
                           "--attention-ratio out, or plan a hybrid model (tessera-lab models lists each family's options)")
-    if m.num_experts > 0 or not any(o in given for o in _MOE_OPTIONS):
+    if m.moe.num_experts > 0 or not any(o in given for o in _MOE_OPTIONS):
         for opt, v in given.items():
             kw = _KNOB_ARGS[opt][1]
             if kw != "num_layers" and kw not in knobs:
@@ -122,21 +122,21 @@ def check_knob_options(m: Any, args: argparse.Namespace) -> None:
         from tessera_lab.model.knobs import parse_knob
 
         parse_knob("window", given["--window"], "option --window")
-    if m.num_experts == 0:
+    if m.moe.num_experts == 0:
         for opt in _MOE_OPTIONS:
             if opt in given:
                 raise ConfigError(f"option {opt} = {given[opt]}: model {m.name} has no routed experts (a dense "
                                   f"model); allowed: leave {opt} out, or plan a MoE model")
-    ne = given.get("--experts") or m.num_experts
+    ne = given.get("--experts") or m.moe.num_experts
     k = given.get("--top-k")
     if k is not None and not 1 <= k <= max(ne, 1):  # checked here, against the experts of this model
         raise ConfigError(f"--top-k = {k} is out of range; allowed: an integer 1 to num_experts = {ne} "
                           "(routed experts per token)")
-    if "--experts" in given and k is None and given["--experts"] < m.num_experts_per_tok:
+    if "--experts" in given and k is None and given["--experts"] < m.moe.num_experts_per_tok:
         e = given["--experts"]
-        raise ConfigError(f"option --experts = {e} is below the model's top-k = {m.num_experts_per_tok} "
+        raise ConfigError(f"option --experts = {e} is below the model's top-k = {m.moe.num_experts_per_tok} "
                           f"(num_experts_per_tok, routed experts per token of {m.name}); allowed: --experts "
-                          f"{m.num_experts_per_tok} or more, or lower the top-k as well with --top-k K (1 to {e})")
+                          f"{m.moe.num_experts_per_tok} or more, or lower the top-k as well with --top-k K (1 to {e})")
 
 
 def check_mtp_option(m: Any) -> None:
@@ -149,7 +149,7 @@ def check_mtp_option(m: Any) -> None:
     from tessera_lab.errors import ConfigError
     from tessera_lab.model.families import READERS, family_name
 
-    if m.mtp_layers:
+    if m.stack.mtp_layers:
         return
     reader = next((r for r in READERS if family_name(r) == m.family), None)
     def mtp_fields(r) -> set[str]:

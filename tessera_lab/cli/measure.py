@@ -127,10 +127,10 @@ def _default_ep(backend: str, model) -> int:
     from tessera_lab.runner.measure.sizing import default_ep
 
     if backend == "cpu":
-        return default_ep(model.num_experts or 1, os.cpu_count() or 1)
+        return default_ep(model.moe.num_experts or 1, os.cpu_count() or 1)
     import torch
 
-    return default_ep(model.num_experts or 1, torch.cuda.device_count())
+    return default_ep(model.moe.num_experts or 1, torch.cuda.device_count())
 
 
 def _measure_runtime(args: argparse.Namespace, model, seq_len: int, default_f: float):
@@ -291,7 +291,7 @@ def _measure_analytic(args: argparse.Namespace, model: Any, seq_len: int) -> tup
 
     parallel = ParallelConfig(ep=args.ep or 8, tp=args.tp, seq_len=seq_len,
                               micro_batch_size=args.micro_batch_size, pp=1, dp=1)
-    bar = tqdm(total=len({l.kind for l in model.layers}) ** 2, desc="measure analytic", unit="pair",
+    bar = tqdm(total=len({l.kind for l in model.stack.layers}) ** 2, desc="measure analytic", unit="pair",
                file=sys.stderr, disable=args.no_progress, leave=False)
 
     def progress(done: int, total: int) -> None:

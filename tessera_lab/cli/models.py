@@ -18,7 +18,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         c = m.param_counts()
         rows.append({
             "model": name, "type": m.model_type, "layers": m.num_layers, "hidden": m.hidden_size,
-            "experts": m.num_experts, "top_k": m.num_experts_per_tok, "attention_ratio": m.attention_ratio,
+            "experts": m.moe.num_experts, "top_k": m.moe.num_experts_per_tok, "attention_ratio": m.attention_ratio,
             "mixers": m.mixer_kinds(), "total_B": c.total / 1e9, "active_B": c.active / 1e9,
         })
     fams = [{"family": family_name(r), "model_types": ", ".join(r.MODEL_TYPES), "example": r.EXAMPLE,
@@ -71,10 +71,10 @@ def cmd_params(args: argparse.Namespace) -> int:
     c = m.param_counts().as_dict()
     labels = {"mtp": "mtp (apart: not in total)", "mtp_active": "mtp_active (apart)"}
     rows = [{"count": labels.get(k, k), "parameters": v, "billions": v / 1e9} for k, v in c.items()
-            if m.mtp_layers or not k.startswith("mtp")]
+            if m.stack.mtp_layers or not k.startswith("mtp")]
     head = (f"{m.name} ({m.model_type}, family {m.family}{f', from {m.path}' if m.path else ''}, "
             f"{m.num_decoder_layers} layers: {m.mixer_kinds()}"
-            f"{f'; {len(m.mtp_layers)} MTP layer(s)' if m.mtp_layers else ''})")
+            f"{f'; {len(m.stack.mtp_layers)} MTP layer(s)' if m.stack.mtp_layers else ''})")
     split = layer_split(m)
     split_text = "; ".join(f"{ {'none': 'no FFN'}.get(k, k)}: {v['layers']} layers, {v['parameters'] / 1e9:.3f} B" for k, v in split.items()
                            if v["layers"])
@@ -97,7 +97,7 @@ def layer_split(m) -> dict[str, dict[str, int]]:
     """Decoder layers and their parameters (computed from the module shapes) by FFN: ``dense`` (a dense MLP),
     ``moe``, ``none`` (a block without FFN: Mamba or attention blocks), ``mtp`` (the MTP layers, apart)."""
     out = {k: {"layers": 0, "parameters": 0} for k in ("dense", "moe", "none", "mtp")}
-    for layer in [l for l in m.layers if not l.mtp] + list(m.mtp_layers):
+    for layer in [l for l in m.stack.layers if not l.mtp] + list(m.stack.mtp_layers):
         key = "mtp" if layer.mtp else layer.ffn
         out[key]["layers"] += 1
         out[key]["parameters"] += sum(m.layer_params(layer).values())

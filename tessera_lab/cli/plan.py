@@ -66,7 +66,7 @@ def _bound_lines(plan) -> list[str]:
     terms = [(k.time_s, bound_text(k)) for k in kinds if k.time_s > cut]
     sync = st.host_sync_s
     if sync > 0:
-        n_moe = sum(1 for l in st.layers if plan.model.layers[l].ffn == "moe")
+        n_moe = sum(1 for l in st.layers if plan.model.stack.layers[l].ffn == "moe")
         src = FITTED_PROVENANCE if plan.parallel.host_sync_s is None else "set by --host-sync-ms"
         terms.append((sync, f"host/sync {sync * 1e3:.1f} ms: {n_moe} MoE layer{'s' if n_moe != 1 else ''} x "
                             f"{sync / max(n_moe, 1) * 1e3:.2f} ms per forward ({src}; tessera_lab/cost/sync.py; "
@@ -114,10 +114,10 @@ def _header_lines(plan) -> list[str]:
     return lines + [
         f"model {m.name} ({m.family}{f', from {m.path}' if m.path else ''}): {m.num_layers} layers "
         f"({m.mixer_kinds()})"
-        + (f"; MoE {m.num_experts} experts of width {m.moe_intermediate_size}"
-           + (f" on a latent of {m.moe_latent_size}" if m.moe_latent_size else "")
-           + f", top-{m.num_experts_per_tok}, shared "
-           f"expert width {m.shared_expert_intermediate_size or 'none'}" if m.has_moe else "; dense")
+        + (f"; MoE {m.moe.num_experts} experts of width {m.moe.moe_intermediate_size}"
+           + (f" on a latent of {m.moe.moe_latent_size}" if m.moe.moe_latent_size else "")
+           + f", top-{m.moe.num_experts_per_tok}, shared "
+           f"expert width {m.moe.shared_expert_intermediate_size or 'none'}" if m.has_moe else "; dense")
         + f", pattern {m.layer_pattern()}",
         "  (pattern: L linear mixer, A full attention, S sliding window, C chunked, T MTP; lower case: dense FFN; "
         "- / E: MLP / MoE block without mixer; stage tables count them: Ax2 Ldx1 = two A layers, one L with a dense "
@@ -213,8 +213,8 @@ def format_plan(plan) -> str:
         lines.append("")
     lines.extend(details)
     lines.extend(_trial_lines(plan))
-    lines.append(f"MFU of the chosen plan: {mfu_text(plan.chosen.mfu, moe=m.num_experts > 0, model=m)}")
-    flag = mfu_note(plan.chosen.mfu, moe=m.num_experts > 0, model=m,
+    lines.append(f"MFU of the chosen plan: {mfu_text(plan.chosen.mfu, moe=m.moe.num_experts > 0, model=m)}")
+    flag = mfu_note(plan.chosen.mfu, moe=m.moe.num_experts > 0, model=m,
                     grouped_gemm=getattr(p, "grouped_gemm", None))  # validity flag
     if flag:
         lines.append(f"warning: {flag}")

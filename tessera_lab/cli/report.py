@@ -69,7 +69,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     result["routing_dynamic"] = terms.as_dict()
     from tessera_lab.report.headline import mfu_note, mfu_text
 
-    moe = plan.model.num_experts > 0
+    moe = plan.model.moe.num_experts > 0
     flag = mfu_note(rep.mfu, moe=moe, grouped_gemm=getattr(plan.parallel, "grouped_gemm", None), model=plan.model)
     band = f"MFU against published runs: {mfu_text(rep.mfu, moe=moe, model=plan.model)}\n" + (f"warning: {flag}\n" if flag else "")
     text = ("".join(f"plan: {line}\n" for line in plan.reevaluation) + rep.format() + "\n" + band

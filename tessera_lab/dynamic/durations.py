@@ -260,13 +260,13 @@ class StageCosts:
             lanes.append(_stage_lanes(sm, s, b[s], b[s + 1], {"F": fs, "I": bs - ws, "W": ws}))
             st = StagePlan(s, list(range(b[s], b[s + 1])), [], fs, bs, ws, 0.0, 0.0, 0.0)
             sync.append(dp_grad_sync_time(model, cost_model, st))
-        moe_layers = [l.index for l in model.layers if l.ffn == "moe"]
+        moe_layers = [l.index for l in model.stack.layers if l.ffn == "moe"]
         ordinal = {idx: n for n, idx in enumerate(moe_layers)}
         stage_layers = [[ordinal[l] for l in range(b[s], b[s + 1]) if l in ordinal] for s in range(parallel.pp)]
         cache: dict[tuple, tuple[float, float, float]] = {}
 
         def scaled_cost(idx: int, q: int) -> tuple[float, float, float]:
-            layer = model.layers[idx]
+            layer = model.stack.layers[idx]
             key = (layer.kind, layer.attention, q)  # layer.kind carries window, chunk, MTP and dense width
             if key not in cache:
                 x = q * load_resolution
@@ -291,7 +291,7 @@ class StageCosts:
             a, base = scaled_cost(idx, q), scaled_cost(idx, one)
             return (a[0] - base[0], a[1] - base[1], a[2] - base[2])
 
-        E, k = model.num_experts, model.num_experts_per_tok
+        E, k = model.moe.num_experts, model.moe.num_experts_per_tok
         return cls(
             f, i, w, stage_layers, delta, sync, parallel.ep,
             f"{model.name}: analytic costs on {cluster.num_nodes} x {cluster.gpus_per_node} {cluster.gpu.name}, "

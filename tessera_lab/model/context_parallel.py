@@ -53,13 +53,13 @@ def kv_width(model, attention: str, tp: int, layer=None) -> float:
     ``heads / tp x (qk_nope + qk_rope + v_head_dim)``, the K and V Transformer Engine's attention gets.
     """
     if attention in ("mla", "mla_sparse"):
-        return model.num_attention_heads / tp * (model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim)
+        return model.attention.num_attention_heads / tp * (model.attention.qk_nope_head_dim + model.attention.qk_rope_head_dim + model.attention.v_head_dim)
     if layer is not None:
         from tessera_lab.model.kinds import gqa_shape
 
         _, nkv, hd, vd = gqa_shape(model, layer)
         return max(nkv / tp, 1) * (hd + vd)
-    return 2.0 * max(model.num_key_value_heads / tp, 1) * model.head_dim
+    return 2.0 * max(model.attention.num_key_value_heads / tp, 1) * model.attention.head_dim
 
 
 def attention_ring_bytes(model, attention: str, tokens: float, tp: int, cp: int, dtype_bytes: int,
@@ -75,9 +75,9 @@ def mamba2_in_width(model, tp: int, cp: int) -> float:
     """Elements per token of a Mamba-2 layer's sequence-to-head all-to-all: ``2 inner + 2 g' N + heads`` per TP rank,
     ``g' = max(groups / tp, cp)`` (B and C repeated to ``cp`` groups when the rank has fewer, Megatron's
     ``group_repeat_count``)."""
-    inner = model.mamba_num_heads * model.mamba_head_dim / tp
-    groups = max(model.mamba_n_groups / tp, cp)
-    return 2 * inner + 2 * groups * model.ssm_state_size + model.mamba_num_heads / tp
+    inner = model.linear.mamba_num_heads * model.linear.mamba_head_dim / tp
+    groups = max(model.linear.mamba_n_groups / tp, cp)
+    return 2 * inner + 2 * groups * model.linear.ssm_state_size + model.linear.mamba_num_heads / tp
 
 
 def check_heads(model, attention: str, tp: int, cp: int) -> None:
@@ -85,7 +85,7 @@ def check_heads(model, attention: str, tp: int, cp: int) -> None:
     asserts it, ``mamba_context_parallel.py`` and ``gated_delta_net/common.py``)."""
     heads = {"gated_deltanet": "linear_num_key_heads", "kda": "linear_num_value_heads", "lightning": "num_attention_heads",
              "mamba2": "mamba_num_heads", "mamba": None}.get(attention)
-    n = getattr(model, heads, 0) if heads else 0
+    n = model.value(heads, 0) if heads else 0
     if heads and n and (n // tp) % cp:
         raise ConfigError(f"field 'cp' = {cp} does not divide the {n // tp} {attention} heads per TP rank "
                           f"({heads} {n} / tp {tp}); allowed: cp dividing them (head sharding under CP)")

@@ -53,58 +53,58 @@ def mixer_params(m: ModelSpec, layer: LayerSpec) -> int:
     if a == "gated_deltanet":
         # transformers Qwen3NextGatedDeltaNet: in_proj_qkvz, in_proj_ba, depthwise conv1d (no bias),
         # dt_bias and A_log per value head, gated RMSNorm over the value head dim, out_proj.
-        kd = m.linear_num_key_heads * m.linear_key_head_dim
-        vd = m.linear_num_value_heads * m.linear_value_head_dim
+        kd = m.linear.linear_num_key_heads * m.linear.linear_key_head_dim
+        vd = m.linear.linear_num_value_heads * m.linear.linear_value_head_dim
         conv_dim = 2 * kd + vd
-        return (h * (2 * kd + 2 * vd) + h * 2 * m.linear_num_value_heads + conv_dim * m.linear_conv_kernel_dim
-                + 2 * m.linear_num_value_heads + m.linear_value_head_dim + vd * h)
+        return (h * (2 * kd + 2 * vd) + h * 2 * m.linear.linear_num_value_heads + conv_dim * m.linear.linear_conv_kernel_dim
+                + 2 * m.linear.linear_num_value_heads + m.linear.linear_value_head_dim + vd * h)
     if a == "kda":
-        H, dk, dv = m.linear_num_value_heads, m.linear_key_head_dim, m.linear_value_head_dim
+        H, dk, dv = m.linear.linear_num_value_heads, m.linear.linear_key_head_dim, m.linear.linear_value_head_dim
         kd, vd = H * dk, H * dv
-        return (h * (2 * kd + vd) + (2 * kd + vd) * m.linear_conv_kernel_dim + H + h * dv + dv * kd + kd
+        return (h * (2 * kd + vd) + (2 * kd + vd) * m.linear.linear_conv_kernel_dim + H + h * dv + dv * kd + kd
                 + h * H + h * dv + dv * vd + dv + vd * h)
     if a == "lightning":
-        inner = m.num_attention_heads * m.head_dim
+        inner = m.attention.num_attention_heads * m.attention.head_dim
         return 5 * h * inner + inner
     if a == "mamba2":
-        H, inner = m.mamba_num_heads, m.mamba_num_heads * m.mamba_head_dim
-        conv_dim = inner + 2 * m.mamba_n_groups * m.ssm_state_size
+        H, inner = m.linear.mamba_num_heads, m.linear.mamba_num_heads * m.linear.mamba_head_dim
+        conv_dim = inner + 2 * m.linear.mamba_n_groups * m.linear.ssm_state_size
         proj = h * (inner + conv_dim + H) + inner * h
-        if m.mamba_proj_bias:
+        if m.linear.mamba_proj_bias:
             proj += inner + conv_dim + H + h
-        conv = conv_dim * m.mamba_conv_kernel + (conv_dim if m.mamba_conv_bias else 0)
+        conv = conv_dim * m.linear.mamba_conv_kernel + (conv_dim if m.linear.mamba_conv_bias else 0)
         return proj + conv + 3 * H + inner
     if a == "mamba":
-        inner, N, R = m.mamba_d_inner, m.ssm_state_size, m.mamba_dt_rank
-        proj = h * 2 * inner + inner * h + (2 * inner + h if m.mamba_proj_bias else 0)
-        conv = inner * m.mamba_conv_kernel + (inner if m.mamba_conv_bias else 0)
+        inner, N, R = m.linear.mamba_d_inner, m.linear.ssm_state_size, m.linear.mamba_dt_rank
+        proj = h * 2 * inner + inner * h + (2 * inner + h if m.linear.mamba_proj_bias else 0)
+        conv = inner * m.linear.mamba_conv_kernel + (inner if m.linear.mamba_conv_bias else 0)
         ssm = inner * (R + 2 * N) + R * inner + inner + inner * N + inner
-        return proj + conv + ssm + ((R + 2 * N) if m.mamba_bcdt_norms else 0)
+        return proj + conv + ssm + ((R + 2 * N) if m.linear.mamba_bcdt_norms else 0)
     if a in ("mla", "mla_sparse"):
-        nh = m.num_attention_heads
-        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-        if m.q_lora_rank:
-            q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * nh * qk
+        nh = m.attention.num_attention_heads
+        qk = m.attention.qk_nope_head_dim + m.attention.qk_rope_head_dim
+        if m.attention.q_lora_rank:
+            q = h * m.attention.q_lora_rank + m.attention.q_lora_rank + m.attention.q_lora_rank * nh * qk
         else:
             q = h * nh * qk
-        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
-        kv += m.kv_lora_rank * nh * (m.qk_nope_head_dim + m.v_head_dim)
-        params = q + kv + nh * m.v_head_dim * h
+        kv = h * (m.attention.kv_lora_rank + m.attention.qk_rope_head_dim) + m.attention.kv_lora_rank
+        kv += m.attention.kv_lora_rank * nh * (m.attention.qk_nope_head_dim + m.attention.v_head_dim)
+        params = q + kv + nh * m.attention.v_head_dim * h
         if a == "mla_sparse" and not layer.shared_index:  # GLM-5.2's shared layers have no indexer of their own
-            ni, di = m.index_n_heads, m.index_head_dim
-            params += (m.q_lora_rank or h) * ni * di + h * di + 2 * di + h * ni
+            ni, di = m.attention.index_n_heads, m.attention.index_head_dim
+            params += (m.attention.q_lora_rank or h) * ni * di + h * di + 2 * di + h * ni
         return params
     nh, nkv, hd, vd = gqa_shape(m, layer)
     q_out = nh * hd * (2 if a == "gated_gqa" else 1)
     kv = nkv * (hd + (0 if layer.k_eq_v else vd))  # Gemma-4's global layers: v is k (no v_proj)
     params = h * q_out + h * kv + nh * vd * h  # q, k, v (MiMo-V2-Flash: v of its own width), o
-    if m.qk_norm:
-        params += (nh + nkv) * hd if m.qk_norm_full else 2 * hd
-    if m.attention_bias:
+    if m.attention.qk_norm:
+        params += (nh + nkv) * hd if m.attention.qk_norm_full else 2 * hd
+    if m.attention.attention_bias:
         params += q_out + kv
-    if m.o_bias:
+    if m.attention.o_bias:
         params += h
-    if m.attention_sinks or layer.sinks:
+    if m.attention.attention_sinks or layer.sinks:
         params += nh
     if layer.head_gate:  # Laguna's g_proj: one gate per head
         params += h * nh
@@ -114,40 +114,40 @@ def mixer_params(m: ModelSpec, layer: LayerSpec) -> int:
 def gqa_shape(m: ModelSpec, layer: LayerSpec) -> tuple[int, int, int, int]:
     """``(heads, kv_heads, head_dim, v_head_dim)`` of a GQA layer: the layer's own (:class:`LayerSpec` ``heads``
     ...) where set, else the model's; the value head dim is the head dim unless set."""
-    hd = layer.head_dim or m.head_dim
-    return (layer.heads or m.num_attention_heads, layer.kv_heads or m.num_key_value_heads, hd,
+    hd = layer.head_dim or m.attention.head_dim
+    return (layer.heads or m.attention.num_attention_heads, layer.kv_heads or m.attention.num_key_value_heads, hd,
             layer.v_head_dim or hd)
 
 
 def dense_mlp_params(m: ModelSpec, layer: LayerSpec) -> int:
     """Parameters of the layer's dense MLP (its own width when the layer has one)."""
-    w = layer.dense_width or m.intermediate_size
+    w = layer.dense_width or m.mlp.intermediate_size
     h = m.hidden_size
-    if m.ffn_act == "swiglu":
-        return 3 * h * w + ((2 * w + h) if m.mlp_bias else 0)
-    return 2 * h * w + ((w + h) if m.mlp_bias else 0)
+    if m.mlp.ffn_act == "swiglu":
+        return 3 * h * w + ((2 * w + h) if m.mlp.mlp_bias else 0)
+    return 2 * h * w + ((w + h) if m.mlp.mlp_bias else 0)
 
 
 def routed_expert_params(m: ModelSpec) -> int:
     """Parameters of one routed expert (gate, up and down projections; biases for gpt-oss); a latent MoE's experts
     read and write the ``moe_latent_size`` state (transformers ``NemotronHExperts`` on ``fc1_latent_proj``'s output)."""
-    w, h = m.moe_intermediate_size, (m.moe_latent_size or m.hidden_size)
-    mats = 3 if m.expert_act == "swiglu" else 2  # Nemotron-H's ReLU^2 experts: up and down only
-    return mats * h * w + ((2 * w + h) if m.expert_bias else 0)
+    w, h = m.moe.moe_intermediate_size, (m.moe.moe_latent_size or m.hidden_size)
+    mats = 3 if m.moe.expert_act == "swiglu" else 2  # Nemotron-H's ReLU^2 experts: up and down only
+    return mats * h * w + ((2 * w + h) if m.moe.expert_bias else 0)
 
 
 def latent_projection_params(m: ModelSpec) -> int:
     """A latent MoE's ``fc1_latent_proj`` (h -> latent) and ``fc2_latent_proj`` (latent -> h), biases with
     ``mlp_bias`` (transformers ``modeling_nemotron_h.py`` @008d9e9577b0 ``NemotronHMoE``); every token uses them, so
     they count with the shared expert; 0 without a latent."""
-    lat, h = m.moe_latent_size, m.hidden_size
-    return 2 * h * lat + ((lat + h) if m.mlp_bias else 0) if lat else 0
+    lat, h = m.moe.moe_latent_size, m.hidden_size
+    return 2 * h * lat + ((lat + h) if m.mlp.mlp_bias else 0) if lat else 0
 
 
 def router_params(m: ModelSpec) -> int:
     """Router (gate) weights, plus a linear bias (gpt-oss) and DeepSeek-V3's per-expert score-correction bias."""
-    E = m.num_experts
-    return m.hidden_size * E + (E if m.router_bias else 0) + (E if m.router_linear_bias else 0)
+    E = m.moe.num_experts
+    return m.hidden_size * E + (E if m.moe.router_bias else 0) + (E if m.moe.router_linear_bias else 0)
 
 
 def layer_params(m: ModelSpec, layer: LayerSpec) -> dict[str, int]:
@@ -160,7 +160,7 @@ def layer_params(m: ModelSpec, layer: LayerSpec) -> dict[str, int]:
            "mtp": 2 * h * h + 3 * h if layer.mtp else 0}
     if layer.ffn == MOE:
         out["router"] = router_params(m)
-        out["experts"] = m.num_experts * routed_expert_params(m)
+        out["experts"] = m.moe.num_experts * routed_expert_params(m)
         out["shared"] = m.shared_expert_params() + latent_projection_params(m)
     elif layer.ffn == DENSE:
         out["dense_mlp"] = dense_mlp_params(m, layer)
@@ -170,5 +170,5 @@ def layer_params(m: ModelSpec, layer: LayerSpec) -> dict[str, int]:
 def layer_active_params(m: ModelSpec, layer: LayerSpec) -> int:
     """Parameters one token touches in this layer (top-k routed experts only)."""
     p = m.layer_params(layer)
-    routed = m.num_experts_per_tok * routed_expert_params(m) if layer.ffn == MOE else 0
+    routed = m.moe.num_experts_per_tok * routed_expert_params(m) if layer.ffn == MOE else 0
     return p["mixer"] + p["norms"] + p["router"] + routed + p["shared"] + p["dense_mlp"] + p["mtp"]

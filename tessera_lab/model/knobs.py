@@ -143,15 +143,15 @@ def side_effects(before: Any, after: Any, asked: set[str]) -> list[str]:
     ``intermediate_size``) or the shared expert's width (Llama-4's shared expert has the routed width; DeepSeek-V3's
     and Kimi's shared experts are ``n_shared x`` the routed width), when the knob that sets it was not given."""
     notes = []
-    dense = [l for l in after.layers if l.ffn == DENSE and not l.dense_width]
-    if dense and after.intermediate_size != before.intermediate_size and "moe_intermediate_size" in asked:
+    dense = [l for l in after.stack.layers if l.ffn == DENSE and not l.dense_width]
+    if dense and after.mlp.intermediate_size != before.mlp.intermediate_size and "moe_intermediate_size" in asked:
         notes.append(f"the expert width knob also changed the {len(dense)} dense MLP layers' width "
-                     f"{before.intermediate_size} -> {after.intermediate_size} (the {after.family} config has one "
+                     f"{before.mlp.intermediate_size} -> {after.mlp.intermediate_size} (the {after.family} config has one "
                      "intermediate_size for both)")
-    if after.shared_expert_intermediate_size != before.shared_expert_intermediate_size and \
+    if after.moe.shared_expert_intermediate_size != before.moe.shared_expert_intermediate_size and \
             not asked & {"shared_expert_intermediate_size", "shared_experts"}:
         notes.append(f"the expert width knob also changed the shared expert's width "
-                     f"{before.shared_expert_intermediate_size} -> {after.shared_expert_intermediate_size} (the "
+                     f"{before.moe.shared_expert_intermediate_size} -> {after.moe.shared_expert_intermediate_size} (the "
                      f"{after.family} rule sizes the shared expert from the routed width)")
     return notes
 
@@ -184,12 +184,12 @@ def check_ratio(spec: Any, ratio: int, reader: Any, cfg: Mapping[str, Any], allo
     Raises:
         ConfigError: naming the ratio and the ratios the rule can realise in the model's layers.
     """
-    has_full = any(l.mixer == FULL_ATTENTION for l in spec.layers if not l.mtp)
+    has_full = any(l.mixer == FULL_ATTENTION for l in spec.stack.layers if not l.mtp)
     n = spec.num_decoder_layers
     if not has_full and not allow_no_full:
         raise ConfigError(f"knob 'attention_ratio' = {ratio} leaves no full-attention layer in {n} layers; allowed: "
                           f"at most {ratios(reader, cfg, n)[0]} (or ask for it: --allow-no-full-attention)")
-    if has_full and not realises_ratio(spec, ratio):
+    if has_full and not realises_ratio(spec.stack, ratio):
         raise ConfigError(f"knob 'attention_ratio' = {ratio} cannot be realised by the {spec.family} rule in {n} "
                           f"layers (it gives the pattern {spec.layer_pattern()}); allowed: "
                           f"{', '.join(map(str, ratios(reader, cfg, n)[1]))}")

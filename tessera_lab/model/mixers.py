@@ -53,14 +53,14 @@ def kda(g: _Fwd, m: Any, T: int, tp: int, after: str) -> str:
     """Kimi Delta Attention: q/k/v/gate projections, short convolutions, the chunked delta-rule core with
     per-channel decay, the low-rank gate up-projections, gated RMSNorm and the output projection."""
     h, dt = m.hidden_size, g.dt
-    H = m.linear_num_value_heads / tp
-    dk, dv = m.linear_key_head_dim, m.linear_value_head_dim
+    H = m.linear.linear_num_value_heads / tp
+    dk, dv = m.linear.linear_key_head_dim, m.linear.linear_value_head_dim
     kd, vd = H * dk, H * dv
     proj = g.gemm("in_proj", T, h, 2 * kd + vd + H + 2 * dv, [after], seq=True)  # q, k, v, beta, f_a, g_a
     lora = g.gemm("gate_lora_up", T, dv, kd + vd, [proj])  # f_b (decay), g_b (output gate)
     conv_dim = 2 * kd + vd
     conv = g.elementwise("conv1d", dt * T * conv_dim * 2, [proj], saved=dt * T * conv_dim,
-                         flops=conv1d_flops(T, conv_dim, m.linear_conv_kernel_dim))
+                         flops=conv1d_flops(T, conv_dim, m.linear.linear_conv_kernel_dim))
     C = LINEAR_ATTENTION_CHUNK
     chunks = -(-T // C)
     flops = scan_flops(T, H, dk, dv, C, 6.0)
@@ -74,7 +74,7 @@ def lightning(g: _Fwd, m: Any, T: int, tp: int, after: str) -> str:
     """MiniMax lightning attention: qkv and output-gate projections, the chunked linear-attention core with a
     per-head decay, RMSNorm times the sigmoid gate, and the output projection."""
     h, dt = m.hidden_size, g.dt
-    H, d = m.num_attention_heads / tp, m.head_dim
+    H, d = m.attention.num_attention_heads / tp, m.attention.head_dim
     inner = H * d
     proj = g.gemm("qkv_gate_proj", T, h, 4 * inner, [after], seq=True)
     C = LINEAR_ATTENTION_CHUNK
@@ -89,13 +89,13 @@ def lightning(g: _Fwd, m: Any, T: int, tp: int, after: str) -> str:
 def mamba2(g: _Fwd, m: Any, T: int, tp: int, after: str) -> str:
     """Mamba-2 (SSD): in_proj (z, x, B, C, dt), depthwise conv1d, the chunked scan, gated RMSNorm, out_proj."""
     h, dt = m.hidden_size, g.dt
-    H, P, N = m.mamba_num_heads / tp, m.mamba_head_dim, m.ssm_state_size
+    H, P, N = m.linear.mamba_num_heads / tp, m.linear.mamba_head_dim, m.linear.ssm_state_size
     inner = H * P
-    conv_dim = inner + 2 * m.mamba_n_groups * N / tp
+    conv_dim = inner + 2 * m.linear.mamba_n_groups * N / tp
     proj = g.gemm("in_proj", T, h, inner + conv_dim + H, [after], seq=True)
     conv = g.elementwise("conv1d", dt * T * conv_dim * 2, [proj], saved=dt * T * conv_dim,
-                         flops=conv1d_flops(T, conv_dim, m.mamba_conv_kernel))
-    C = m.mamba_chunk_size or LINEAR_ATTENTION_CHUNK
+                         flops=conv1d_flops(T, conv_dim, m.linear.mamba_conv_kernel))
+    C = m.linear.mamba_chunk_size or LINEAR_ATTENTION_CHUNK
     chunks = -(-T // C)
     flops = scan_flops(T, H, N, P, C, 4.0)
     core = _linear_core(g, flops, dt * T * (conv_dim + inner + H), dt * T * (conv_dim + H) + 4.0 * T * H * C,
@@ -107,10 +107,10 @@ def mamba2(g: _Fwd, m: Any, T: int, tp: int, after: str) -> str:
 def mamba1(g: _Fwd, m: Any, T: int, tp: int, after: str) -> str:
     """Mamba-1 (Jamba): in_proj (x, z), conv1d, x_proj (dt, B, C), dt_proj, the selective scan, out_proj."""
     h, dt = m.hidden_size, g.dt
-    inner, N, R = m.mamba_d_inner / tp, m.ssm_state_size, m.mamba_dt_rank
+    inner, N, R = m.linear.mamba_d_inner / tp, m.linear.ssm_state_size, m.linear.mamba_dt_rank
     proj = g.gemm("in_proj", T, h, 2 * inner, [after], seq=True)
     conv = g.elementwise("conv1d", dt * T * inner * 2, [proj], saved=dt * T * inner,
-                         flops=conv1d_flops(T, inner, m.mamba_conv_kernel))
+                         flops=conv1d_flops(T, inner, m.linear.mamba_conv_kernel))
     xp = g.gemm("x_proj", T, inner, R + 2 * N, [conv])
     dtp = g.gemm("dt_proj", T, R, inner, [xp])
     core = _linear_core(g, selective_scan_flops(T, inner, N), dt * T * (3 * inner + 2 * N), dt * T * (3 * inner + 2 * N), 0.0,
@@ -123,12 +123,12 @@ def indexer(g: _Fwd, m: Any, T: int, b: int, s: int, q_in: str, q_dim: int, afte
     """DeepSeek-V3.2's lightning indexer: q (from the q LoRA's normed output), k and head weights, the score core
     over all causal pairs, and the top-k selection; returns the selection task (the sparse core waits for it)."""
     h, dt = m.hidden_size, g.dt
-    ni, di = m.index_n_heads, m.index_head_dim
+    ni, di = m.attention.index_n_heads, m.attention.index_head_dim
     q = g.gemm("index_q", T, q_dim, ni * di, [q_in])
     k = g.gemm("index_k", T, h, di, [after], seq=True)
     w = g.gemm("index_weights", T, h, ni, [after], seq=True)
     flops = attention_flops(b, attention_pairs(s), ni, di, 0)
     score = g.add(Task("index_core", g.layer, "F", "attention", flops, dt * T * (ni * di + di + ni) + 2.0 * T * s,
                        deps=(q, k, w), saved_bytes=dt * T * (ni * di + di + ni)), b_scale=2.0)
-    return g.elementwise("index_topk", 4.0 * T * min(s, m.index_topk) * 2, [score],
-                         saved=4.0 * T * min(s, m.index_topk))
+    return g.elementwise("index_topk", 4.0 * T * min(s, m.attention.index_topk) * 2, [score],
+                         saved=4.0 * T * min(s, m.attention.index_topk))

@@ -76,14 +76,14 @@ COMM_OPS = frozenset({"all_to_all", "all_reduce", "reduce_scatter", "all_gather"
 
 def _mixer_gated_deltanet(g: _Fwd, m: ModelSpec, T: int, tp: int, after: str) -> str:
     h, dt = m.hidden_size, g.dt
-    nvh = m.linear_num_value_heads / tp
-    kd = m.linear_num_key_heads * m.linear_key_head_dim / tp
-    vd = m.linear_num_value_heads * m.linear_value_head_dim / tp
-    dk, dv = m.linear_key_head_dim, m.linear_value_head_dim
+    nvh = m.linear.linear_num_value_heads / tp
+    kd = m.linear.linear_num_key_heads * m.linear.linear_key_head_dim / tp
+    vd = m.linear.linear_num_value_heads * m.linear.linear_value_head_dim / tp
+    dk, dv = m.linear.linear_key_head_dim, m.linear.linear_value_head_dim
     conv_dim = 2 * kd + vd
     proj = g.gemm("in_proj", T, h, 2 * kd + 2 * vd + 2 * nvh, [after], seq=True)
     conv = g.elementwise("conv1d", dt * T * conv_dim * 2, [proj], saved=dt * T * conv_dim,
-                         flops=conv1d_flops(T, conv_dim, m.linear_conv_kernel_dim))
+                         flops=conv1d_flops(T, conv_dim, m.linear.linear_conv_kernel_dim))
     C = LINEAR_ATTENTION_CHUNK
     chunks = -(-T // C)
     state_bytes = chunks * nvh * dk * dv * 4  # fp32 chunk states
@@ -129,42 +129,42 @@ def _mixer_gqa(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, 
 
 def _mixer_mla(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, b: int, s: int, tp: int, after: str) -> str:
     h, dt = m.hidden_size, g.dt
-    nh = m.num_attention_heads / tp
-    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    nh = m.attention.num_attention_heads / tp
+    qk = m.attention.qk_nope_head_dim + m.attention.qk_rope_head_dim
     sp = g.sp  # the compressed q and kv (and their norms) are in the sequence-parallel region
-    if m.q_lora_rank:
-        qa = g.gemm("q_a_proj", T, h, m.q_lora_rank, [after], seq=True)
-        qn = g.elementwise("q_a_norm", dt * T * m.q_lora_rank * 2, [qa], saved=dt * T * m.q_lora_rank / sp)
-        q = g.gemm("q_b_proj", T, m.q_lora_rank, nh * qk, [qn], seq=True)
+    if m.attention.q_lora_rank:
+        qa = g.gemm("q_a_proj", T, h, m.attention.q_lora_rank, [after], seq=True)
+        qn = g.elementwise("q_a_norm", dt * T * m.attention.q_lora_rank * 2, [qa], saved=dt * T * m.attention.q_lora_rank / sp)
+        q = g.gemm("q_b_proj", T, m.attention.q_lora_rank, nh * qk, [qn], seq=True)
     else:
         q = g.gemm("q_proj", T, h, nh * qk, [after], seq=True)
-    kva = g.gemm("kv_a_proj", T, h, m.kv_lora_rank + m.qk_rope_head_dim, [after], seq=True)
-    kvn = g.elementwise("kv_a_norm", dt * T * m.kv_lora_rank * 2, [kva], saved=dt * T * m.kv_lora_rank / sp)
-    kvb = g.gemm("kv_b_proj", T, m.kv_lora_rank, nh * (m.qk_nope_head_dim + m.v_head_dim), [kvn], seq=True)
+    kva = g.gemm("kv_a_proj", T, h, m.attention.kv_lora_rank + m.attention.qk_rope_head_dim, [after], seq=True)
+    kvn = g.elementwise("kv_a_norm", dt * T * m.attention.kv_lora_rank * 2, [kva], saved=dt * T * m.attention.kv_lora_rank / sp)
+    kvb = g.gemm("kv_b_proj", T, m.attention.kv_lora_rank, nh * (m.attention.qk_nope_head_dim + m.attention.v_head_dim), [kvn], seq=True)
     core_deps, pairs = (q, kvb), mixers.attention_pairs(s)
     if layer.attention == "mla_sparse":  # DeepSeek-V3.2: each query attends the index_topk keys its indexer picks
-        pairs = mixers.attention_pairs(s, m.index_topk, "sliding")
+        pairs = mixers.attention_pairs(s, m.attention.index_topk, "sliding")
         if not layer.shared_index:  # GLM-5.2's shared layers reuse an earlier layer's selection: no indexer here
-            sel = mixers.indexer(g, m, T, b, s, qn if m.q_lora_rank else after, m.q_lora_rank or h, after)
+            sel = mixers.indexer(g, m, T, b, s, qn if m.attention.q_lora_rank else after, m.attention.q_lora_rank or h, after)
             core_deps = (q, kvb, sel)
     up = "mla_up_proj" in g.modules
     if up:
         # Megatron's 'mla_up_proj' (output-discarding checkpoint of the up projections and RoPE): their inputs stay
         # saved, their outputs (the core's q, k, v) are freed after the forward and rebuilt in the backward
         g.recomputed.update({q, kvb})
-    flops = attention_flops(b, pairs, nh, qk, m.v_head_dim)
-    io = dt * T * nh * (2 * qk + 2 * m.v_head_dim)
-    qkv_in = dt * T * nh * (2 * qk + m.v_head_dim)  # q, k, v; the rest of io is the output o
+    flops = attention_flops(b, pairs, nh, qk, m.attention.v_head_dim)
+    io = dt * T * nh * (2 * qk + 2 * m.attention.v_head_dim)
+    qkv_in = dt * T * nh * (2 * qk + m.attention.v_head_dim)  # q, k, v; the rest of io is the output o
     # o is o_proj's input, one storage with it in bf16 (counted there); an FP8 o_proj keeps its own copy
-    shared = dt * T * nh * m.v_head_dim if g.gemm_in == dt else 0.0
+    shared = dt * T * nh * m.attention.v_head_dim if g.gemm_in == dt else 0.0
     saved = io + 4.0 * T * nh - shared - (qkv_in if up else 0.0)
     core = g.add(Task("core", g.layer, "F", "attention", flops, io, deps=core_deps, saved_bytes=saved), b_scale=2.0,
                  selective=0.0 if up else qkv_in, module="core_attn")
-    return g.gemm("o_proj", T, nh * m.v_head_dim, h, [core])
+    return g.gemm("o_proj", T, nh * m.attention.v_head_dim, h, [core])
 
 
 def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load: float) -> list[str]:
-    h, dt, k, E = m.hidden_size, g.dt, m.num_experts_per_tok, m.num_experts
+    h, dt, k, E = m.hidden_size, g.dt, m.moe.num_experts_per_tok, m.moe.num_experts
     if E % p.ep:
         raise ConfigError(f"field 'ep' = {p.ep} must divide num_experts = {E}")
     T_all = T
@@ -172,7 +172,7 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     routed = T * k  # token copies the experts of this rank's tokens need (and, on average, this rank's experts get)
     received = routed * load
     # the dispatcher moves one copy per (token, expert) (alltoall) or per (token, destination rank) (deepep)
-    sent = T * copies_per_token(p.dispatcher, E, k, p.ep, m.n_group, m.topk_group) * load
+    sent = T * copies_per_token(p.dispatcher, E, k, p.ep, m.moe.n_group, m.moe.topk_group) * load
     # saved: the fp32 logits, and the gating GEMM's input (pre_mlp_layernorm's output, bf16, one storage with it)
     # unless the shared expert's fc1 already keeps that storage (_router_keeps_norm_output)
     router_in = dt * T * h if _router_keeps_norm_output(g, m) else 0.0
@@ -181,15 +181,15 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
                    w=Task("router", g.layer, "W", "gemm", gemm_flops(T, h, E), dt * (T * h + h * E + T * E),
                           gemms=((T, h, E),)))
     h_all, deps = h, [router]
-    if m.moe_latent_size:  # latent MoE: fc1_latent_proj before the dispatch, experts and all-to-alls on the latent
-        deps.append(g.gemm("latent_down", T, h, m.moe_latent_size, [after]))
-        h = m.moe_latent_size
+    if m.moe.moe_latent_size:  # latent MoE: fc1_latent_proj before the dispatch, experts and all-to-alls on the latent
+        deps.append(g.gemm("latent_down", T, h, m.moe.moe_latent_size, [after]))
+        h = m.moe.moe_latent_size
     # the fused permute keeps only its int32 row-id map (token x expert), shared with the unpermute
     permute = g.elementwise("permute", dt * sent * h * 2, deps, saved=4.0 * T * E)
-    route = (T, E, k, p.dispatcher, m.n_group, m.topk_group)
+    route = (T, E, k, p.dispatcher, m.moe.n_group, m.moe.topk_group)
     dispatch = g.comm("dispatch", "all_to_all", dt * sent * h, "ep", p.ep, [permute], route)
-    width = m.moe_intermediate_size
-    gm = 2 if m.expert_act == "swiglu" else 1  # gate+up (SwiGLU) or up only (ReLU^2, Nemotron-H)
+    width = m.moe.moe_intermediate_size
+    gm = 2 if m.moe.expert_act == "swiglu" else 1  # gate+up (SwiGLU) or up only (ReLU^2, Nemotron-H)
     local_experts = E // p.ep
     per_expert = received / local_experts
     shapes = ((per_expert, h, float(gm) * width), (per_expert, width, h))  # gate+up, down (one expert)
@@ -216,14 +216,14 @@ def _ffn_moe(g: _Fwd, m: ModelSpec, T: int, p: ParallelConfig, after: str, load:
     # the probabilities were applied in the experts, so the unpermute merges without them and keeps only the
     # permute's row-id map (counted there), not the expert outputs
     unpermute = g.elementwise("unpermute", dt * (sent * h + T * h), [combine])
-    if m.moe_latent_size:  # fc2_latent_proj back to the hidden state
+    if m.moe.moe_latent_size:  # fc2_latent_proj back to the hidden state
         unpermute = g.gemm("latent_up", T, h, h_all, [unpermute])
         h = h_all
     outs = [unpermute]
-    if m.shared_expert_intermediate_size:
-        Is = m.shared_expert_intermediate_size / p.tp
+    if m.moe.shared_expert_intermediate_size:
+        Is = m.moe.shared_expert_intermediate_size / p.tp
         T = T_all  # the shared expert is tensor-parallel (width split), on all tokens
-        sflops = gemm_flops(T, h, Is, gm + 1) + (gemm_flops(T, h, 1) if m.shared_expert_gate else 0.0)
+        sflops = gemm_flops(T, h, Is, gm + 1) + (gemm_flops(T, h, 1) if m.moe.shared_expert_gate else 0.0)
         sbytes = dt * ((gm + 1) * h * Is + T * (2 * h + (gm + 1) * Is))
         sshapes = ((T, h, float(gm) * Is), (T, Is, h))
         # saved: fc1's input (h, sequence-parallel, a GEMM input), the SwiGLU input (2 Is) and fc2's input (Is)
@@ -249,7 +249,7 @@ def _router_keeps_norm_output(g: _Fwd, m: ModelSpec) -> bool:
     """Whether the router's gating GEMM is the one saved holder of pre_mlp_layernorm's output: Megatron-Core's
     ``RouterGatingLinearFunction`` saves its bf16 input (``megatron/core/transformer/moe/moe_utils.py``), one storage
     with the norm output; a shared expert whose fc1 keeps a bf16 input holds that same storage (counted there)."""
-    return not (m.shared_expert_intermediate_size and g.gemm_in == g.dt)
+    return not (m.moe.shared_expert_intermediate_size and g.gemm_in == g.dt)
 
 
 def _checkpoint(g: _Fwd, first: str, keep: float, last: str | None = None) -> None:
@@ -264,9 +264,9 @@ def _checkpoint(g: _Fwd, first: str, keep: float, last: str | None = None) -> No
 
 def _ffn_dense(g: _Fwd, m: ModelSpec, layer: LayerSpec, T: int, p: ParallelConfig, after: str) -> list[str]:
     h, dt = m.hidden_size, g.dt
-    inter = (layer.dense_width or m.intermediate_size) / p.tp
+    inter = (layer.dense_width or m.mlp.intermediate_size) / p.tp
     # Megatron's 'mlp' recomputes the dense MLP from its input (post_attn_norm's saved input)
-    if m.ffn_act != "swiglu":  # squared ReLU (Nemotron-H) or GELU: one up projection, not gated
+    if m.mlp.ffn_act != "swiglu":  # squared ReLU (Nemotron-H) or GELU: one up projection, not gated
         up = g.gemm("up_proj", T, h, inter, [after], seq=True, module="mlp")
         act = g.elementwise("act", dt * T * inter * 2, [up], saved=dt * T * inter, module="mlp")
     else:
@@ -350,7 +350,7 @@ def rank_expert_load(model: ModelSpec, parallel: ParallelConfig) -> float:
         return float(parallel.expert_load)
     if not model.has_moe or parallel.ep == 1:
         return 1.0
-    return busiest_rank_load(parallel.tokens_per_rank, model.num_experts_per_tok, parallel.ep)
+    return busiest_rank_load(parallel.tokens_per_rank, model.moe.num_experts_per_tok, parallel.ep)
 
 
 def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConfig, *, expert_load: float = 1.0) -> LayerTasks:
@@ -374,7 +374,7 @@ def layer_tasks(model: ModelSpec, layer: LayerSpec | int, parallel: ParallelConf
     if isinstance(layer, int):
         if not 0 <= layer < model.num_layers:
             raise ConfigError(f"field 'layer' = {layer} is out of range; allowed: 0 to {model.num_layers - 1}")
-        layer = model.layers[layer]
+        layer = model.stack.layers[layer]
     if expert_load < 0:
         raise ConfigError(f"field 'expert_load' = {expert_load} is out of range; allowed: >= 0")
     p = parallel
@@ -477,11 +477,11 @@ def rank_params(model: ModelSpec, parallel: ParallelConfig, layer: int) -> tuple
     """
     p = parallel
     if layer < 0:
-        return model.vocab_size * model.hidden_size / p.tp, 0.0
+        return model.vocab.vocab_size * model.hidden_size / p.tp, 0.0
     if layer >= model.num_layers:
-        head = 0 if model.tie_word_embeddings else model.vocab_size * model.hidden_size
+        head = 0 if model.vocab.tie_word_embeddings else model.vocab.vocab_size * model.hidden_size
         return head / p.tp + model.hidden_size, 0.0
-    comp = model.layer_params(model.layers[layer])
+    comp = model.layer_params(model.stack.layers[layer])
     dense = (comp["mixer"] + comp["shared"] + comp["dense_mlp"] + comp["mtp"]) / p.tp + comp["norms"] + comp["router"]
     return dense, comp["experts"] / p.ep
 
@@ -507,7 +507,7 @@ def head_tasks(model: ModelSpec, parallel: ParallelConfig) -> LayerTasks:
 
 def _head(g: _Fwd, model: ModelSpec, p: ParallelConfig, T: int, after: str | None, prefix: str = "") -> None:
     """Final norm, LM head GEMM and loss (also an MTP layer's, on its shared head)."""
-    h, dt, V = model.hidden_size, p.dtype_bytes, model.vocab_size
+    h, dt, V = model.hidden_size, p.dtype_bytes, model.vocab.vocab_size
     n = g.elementwise(prefix + "final_norm", dt * T * h * 2, [after] if after else [], saved=dt * T * h / g.sp)
     head = g.gemm(prefix + "lm_head", T, h, V / p.tp, [n], seq=True)
     # unfused: fp32 log-softmax saved for the backward; fused (TE/Megatron cross-entropy fusion): the gradient is
@@ -530,7 +530,7 @@ def decompose(model: ModelSpec, parallel: ParallelConfig, *, expert_load: float 
     held = _DECOMPOSED.get(key)
     if held is None:
         held = (embedding_tasks(model, parallel),) + tuple(
-            layer_tasks(model, layer, parallel, expert_load=expert_load) for layer in model.layers
+            layer_tasks(model, layer, parallel, expert_load=expert_load) for layer in model.stack.layers
         ) + (head_tasks(model, parallel),)
         if len(_DECOMPOSED) >= _DECOMPOSED_MAX:
             del _DECOMPOSED[next(iter(_DECOMPOSED))]

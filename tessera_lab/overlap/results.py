@@ -106,11 +106,11 @@ def bundle_shapes(bd: Bundle) -> dict[str, Any]:
     return {
         "layer": bd.layer, "phase": bd.phase, "kind": bd.kind, "tokens": p.tokens_per_microbatch,
         "micro_batch_size": p.micro_batch_size, "seq_len": p.seq_len, "hidden": m.hidden_size,
-        "heads": m.num_attention_heads, "kv_heads": m.num_key_value_heads, "head_dim": m.head_dim,
-        "linear_heads": [m.linear_num_key_heads, m.linear_num_value_heads],
-        "linear_head_dims": [m.linear_key_head_dim, m.linear_value_head_dim],
-        "experts": m.num_experts, "top_k": m.num_experts_per_tok, "expert_width": m.moe_intermediate_size,
-        "shared_width": m.shared_expert_intermediate_size, "ep": p.ep, "tp": p.tp, "dtype": p.dtype,
+        "heads": m.attention.num_attention_heads, "kv_heads": m.attention.num_key_value_heads, "head_dim": m.attention.head_dim,
+        "linear_heads": [m.linear.linear_num_key_heads, m.linear.linear_num_value_heads],
+        "linear_head_dims": [m.linear.linear_key_head_dim, m.linear.linear_value_head_dim],
+        "experts": m.moe.num_experts, "top_k": m.moe.num_experts_per_tok, "expert_width": m.moe.moe_intermediate_size,
+        "shared_width": m.moe.shared_expert_intermediate_size, "ep": p.ep, "tp": p.tp, "dtype": p.dtype,
         "expert_load": bd.expert_load,
     }
 

@@ -23,7 +23,7 @@ from .search import _schedule
 def layer_kind_examples(model: ModelSpec) -> dict[str, int]:
     """First decoder layer of each layer kind, e.g. ``{"linear_attention+moe": 0, "full_attention+moe": 3}``."""
     out: dict[str, int] = {}
-    for layer in model.layers:
+    for layer in model.stack.layers:
         out.setdefault(layer.kind, layer.index)
     return out
 
@@ -185,7 +185,7 @@ def overlap_point(model: ModelSpec, parallel: ParallelConfig | None = None, *, e
     r = _analytic_result(a, b, order=None, contention=contention, cost_model=None, budget=budget, keep=1)
     expert = sum(v for k, v in r.durations.items() if k.startswith(f"{a.name}/F.experts"))
     comm = sum(v for k, v in r.durations.items() if r.lanes[k] == COMM)
-    return {"expert_width": m.moe_intermediate_size, "top_k": m.num_experts_per_tok, "t_f": r.t_a, "t_b": r.t_b,
+    return {"expert_width": m.moe.moe_intermediate_size, "top_k": m.moe.num_experts_per_tok, "t_f": r.t_a, "t_b": r.t_b,
             "t_pair": r.t_ab, "gain": r.gain, "efficiency": r.overlap_efficiency,
             "comm_hidden_fraction": r.comm_hidden_fraction, "expert_gemm_s": expert, "comm_s": comm}
 

@@ -68,12 +68,12 @@ def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster
     if (parallel.vpp > 1) != (parallel.schedule in VIRTUAL_SCHEDULES) and parallel.schedule != "auto":
         raise ConfigError(f"field 'vpp' = {parallel.vpp} does not fit schedule {parallel.schedule!r}; allowed: vpp >= 2 "
                           f"with {' or '.join(VIRTUAL_SCHEDULES)}, vpp = 1 with the others")
-    heads = {"num_attention_heads": model.num_attention_heads, "num_key_value_heads": model.num_key_value_heads}
-    if model.linear_num_key_heads:
-        heads["linear_num_key_heads"] = model.linear_num_key_heads
+    heads = {"num_attention_heads": model.attention.num_attention_heads, "num_key_value_heads": model.attention.num_key_value_heads}
+    if model.linear.linear_num_key_heads:
+        heads["linear_num_key_heads"] = model.linear.linear_num_key_heads
     # layers with their own head counts (MiMo-V2-Flash's sliding-window layers): each distinct count
-    for key, own in (("a layer's heads", {l.heads for l in model.layers}),
-                     ("a layer's kv_heads", {l.kv_heads for l in model.layers})):
+    for key, own in (("a layer's heads", {l.heads for l in model.stack.layers}),
+                     ("a layer's kv_heads", {l.kv_heads for l in model.stack.layers})):
         for v in sorted(own - set(heads.values()) - {0}):
             heads[f"{key} ({v})"] = v
     import math
@@ -90,11 +90,11 @@ def check_parallel_for_model(model: ModelSpec, parallel: ParallelConfig, cluster
     if parallel.cp > 1:  # head-sharded mixers need their heads per TP rank divisible by cp (model/context_parallel.py)
         from tessera_lab.model.context_parallel import check_heads
 
-        for attention in sorted({layer.attention for layer in model.layers}):
+        for attention in sorted({layer.attention for layer in model.stack.layers}):
             check_heads(model, attention, tp, parallel.cp)
-    if model.has_moe and model.num_experts % parallel.ep:
-        raise ConfigError(f"field 'ep' = {parallel.ep} must divide num_experts = {model.num_experts}; allowed: "
-                          f"{divisors_text(model.num_experts)}")
+    if model.has_moe and model.moe.num_experts % parallel.ep:
+        raise ConfigError(f"field 'ep' = {parallel.ep} must divide num_experts = {model.moe.num_experts}; allowed: "
+                          f"{divisors_text(model.moe.num_experts)}")
     stages = parallel.pp * parallel.vpp  # the partition weighs every (stage, segment) pair the layer counts allow
     check_work("partition_segments", stages * max(1, model.num_layers - stages + 1),
                field=f"pipeline stages {stages} x (layers {model.num_layers} - stages + 1)")
@@ -114,7 +114,7 @@ _MODULE_NEEDS = {"core_attn": "needs a full-attention layer", "mla_up_proj": "ne
 
 def model_has_module(model: ModelSpec, module: str) -> bool:
     """Whether a Megatron ``--recompute-modules`` name has anything to recompute in ``model``."""
-    layers = model.layers
+    layers = model.stack.layers
     if module == "core_attn":
         return any(layer.mixer == FULL_ATTENTION for layer in layers)
     if module == "mla_up_proj":
@@ -124,7 +124,7 @@ def model_has_module(model: ModelSpec, module: str) -> bool:
     if module == "layernorm":
         return any(layer.mixer != NO_MIXER or layer.ffn != NO_FFN for layer in layers)
     if module == "shared_experts":
-        return model.has_moe and bool(model.shared_expert_intermediate_size)
+        return model.has_moe and bool(model.moe.shared_expert_intermediate_size)
     return model.has_moe
 
 
@@ -212,7 +212,7 @@ class Plan:
             # a model from a config.json path: the plan carries its (resolved) config, so that report --plan
             # rebuilds it anywhere, without the file
             d["hf_config"] = dict(self.model.raw)
-            d["hf_config_options"] = {"plan_mtp": self.model.plan_mtp,
+            d["hf_config_options"] = {"plan_mtp": self.model.stack.plan_mtp,
                                       "allow_unknown_fields": self.model.allow_unknown_fields,
                                       "allow_structural_fields": self.model.allow_structural_fields}
         if self.partition_from and self.solver_result is not None:

@@ -14,12 +14,12 @@ def plan_notes(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, pro
     """The plan's notes on its inputs: the model's own, MTP layers planned or not, routing load, attention
     windows, fp8 precision and the overlap profile the layer-pair costs come from."""
     notes = list(model.notes)
-    if model.mtp_layers and not model.plan_mtp:
+    if model.stack.mtp_layers and not model.stack.plan_mtp:
         mtp = model.param_counts().mtp
-        notes.append(f"{len(model.mtp_layers)} MTP layer(s) ({mtp / 1e9:.2f} B parameters, computed) are not planned; "
+        notes.append(f"{len(model.stack.mtp_layers)} MTP layer(s) ({mtp / 1e9:.2f} B parameters, computed) are not planned; "
                      "--mtp plans them after the last decoder layer, on the last stage")
-    elif model.plan_mtp and model.mtp_layers:
-        notes.append(f"{len(model.mtp_layers)} MTP layer(s) planned after the last decoder layer (last stage); "
+    elif model.stack.plan_mtp and model.stack.mtp_layers:
+        notes.append(f"{len(model.stack.mtp_layers)} MTP layer(s) planned after the last decoder layer (last stage); "
                      "parameter counts report them apart")
     if model.has_moe and parallel.ep > 1:
         notes.append(routing_load_note(model, parallel))
@@ -43,7 +43,7 @@ def window_note(model: ModelSpec, parallel: ParallelConfig) -> str | None:
     """A note when sliding-window or chunked layers have a window (chunk) of at least the sequence length: every
     query then sees all earlier tokens, so they cost as full causal attention (:func:`tessera_lab.model.mixers.
     attention_pairs`); ``None`` otherwise."""
-    wide = [ly for ly in model.layers if ly.local in ("sliding", "chunked") and ly.window >= parallel.seq_len]
+    wide = [ly for ly in model.stack.layers if ly.local in ("sliding", "chunked") and ly.window >= parallel.seq_len]
     if not wide:
         return None
     kinds = sorted({f"{ly.local} {ly.window}" for ly in wide})

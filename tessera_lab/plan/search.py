@@ -83,7 +83,7 @@ def kind_tasks(model: ModelSpec, parallel: ParallelConfig) -> list:
 
     by_kind: dict[str, Any] = {}
     body = []
-    for layer in model.layers:
+    for layer in model.stack.layers:
         rep = by_kind.get(layer.kind)
         if rep is None:
             rep = by_kind[layer.kind] = layer_tasks(model, layer, parallel)
@@ -311,7 +311,7 @@ class _Bounds:
         self.groups: dict[tuple, _Group] = {}
         self.tasks: dict[tuple, list] = {}
         self.sync: dict[tuple, float] = {}
-        self.moe_layers = sum(1 for ly in model.layers if ly.ffn == "moe")
+        self.moe_layers = sum(1 for ly in model.stack.layers if ly.ffn == "moe")
 
     def group(self, layout: Layout) -> _Group:
         key = layout.cost_group()

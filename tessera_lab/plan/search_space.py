@@ -26,8 +26,8 @@ def _divisors(n: int) -> list[int]:
 def tp_choices(model: ModelSpec, gpus_per_node: int) -> list[int]:
     """TP sizes Megatron can run: divisors of every attention, key-value and linear-attention head count and of
     the GPUs of a node (the rule of :func:`tessera_lab.plan.make.check_parallel_for_model`)."""
-    heads = [model.num_attention_heads, model.num_key_value_heads] + (
-        [model.linear_num_key_heads] if model.linear_num_key_heads else [])
+    heads = [model.attention.num_attention_heads, model.attention.num_key_value_heads] + (
+        [model.linear.linear_num_key_heads] if model.linear.linear_num_key_heads else [])
     return _divisors(math.gcd(gpus_per_node, *heads))
 
 
@@ -42,7 +42,7 @@ def cp_choices(model: ModelSpec, seq_len: int, tp: int, gpus_per_node: int) -> l
     while tp * cp <= gpus_per_node and seq_len % (2 * cp if cp > 1 else 1) == 0 and (
             cp == 1 or seq_len // cp >= CP_MIN_TOKENS):
         try:
-            for attention in {layer.attention for layer in model.layers}:
+            for attention in {layer.attention for layer in model.stack.layers}:
                 check_heads(model, attention, tp, cp)
             out.append(cp)
         except ConfigError:
@@ -159,7 +159,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_pe
     a dense model takes EP 1 and the alltoall dispatcher only. Sorted (deterministic)."""
     out = []
     moe = model.has_moe
-    eps = [e for e in _divisors(model.num_experts) if gpus % e == 0] if moe else [1]
+    eps = [e for e in _divisors(model.moe.num_experts) if gpus % e == 0] if moe else [1]
     for tp in tp_choices(model, gpus_per_node):
         for cp in cp_choices(model, seq_len, tp, gpus_per_node):
             for ep in eps:

@@ -287,7 +287,7 @@ class _RecipeBuilder:
             W.add(self.phase(e, "W"))
         out = {"F": F, "B": B, "W": W, "I": B.copy().add(W, -1.0)}
         if overlapped:
-            kinds = [self.model.layers[l].kind for l in layers]
+            kinds = [self.model.stack.layers[l].kind for l in layers]
             n = len(kinds)
             ov = ActionBreakdown()
             for k in range(n):

@@ -195,9 +195,9 @@ def moe_all_to_all(model: str | ModelSpec = "qwen3-30b-a3b", *, ep: int = 8, top
     spec = _as_model(model)
     if not spec.has_moe:
         raise ConfigError(f"field 'model' = {spec.name!r} has no MoE layers; allowed: a MoE model")
-    k = spec.num_experts_per_tok if top_k is None else top_k
-    counts = sample_routing(tokens_per_rank, ep, spec.num_experts, k, skew, seed=seed, jitter=jitter)
-    return all_to_all_volumes(counts, ep, spec.hidden_size, dtype=dtype, expert_width=spec.moe_intermediate_size,
+    k = spec.moe.num_experts_per_tok if top_k is None else top_k
+    counts = sample_routing(tokens_per_rank, ep, spec.moe.num_experts, k, skew, seed=seed, jitter=jitter)
+    return all_to_all_volumes(counts, ep, spec.hidden_size, dtype=dtype, expert_width=spec.moe.moe_intermediate_size,
                               gpu=gpu)
 
 

@@ -89,9 +89,9 @@ def moe_panel(model: str = "qwen3-30b-a3b", ep: int = 8, top_k: int | None = Non
     import pandas as pd
 
     spec = _as_model(model)
-    eps = [e for e in (1, 2, 4, 8, 16, 32, 64) if spec.num_experts % e == 0]
+    eps = [e for e in (1, 2, 4, 8, 16, 32, 64) if spec.moe.num_experts % e == 0]
     controls = {
-        "top_k": w.IntSlider(value=top_k or spec.num_experts_per_tok, min=1, max=min(spec.num_experts, 32),
+        "top_k": w.IntSlider(value=top_k or spec.moe.num_experts_per_tok, min=1, max=min(spec.moe.num_experts, 32),
                              description="top-k", style=LABEL_STYLE, continuous_update=False),
         "ep": w.Dropdown(options=sorted(set(eps) | {ep}), value=ep, description="ep", style=LABEL_STYLE),
         "skew": w.FloatSlider(value=skew, min=0.0, max=2.0, step=0.1, description="skew", style=LABEL_STYLE,

@@ -50,7 +50,7 @@ def layer_time_split(model: str = "qwen3-next-80b-a3b", parallel: ParallelConfig
     parallel = parallel or ParallelConfig()
     cm = CostModel(cluster_for(parallel, gpu), parallel)
     rows, seen = [], set()
-    for layer in spec.layers:
+    for layer in spec.stack.layers:
         lt = layer_tasks(spec, layer, parallel)
         if lt.kind in seen:
             continue

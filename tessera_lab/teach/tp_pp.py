@@ -96,7 +96,7 @@ def _layer_allreduces(spec: ModelSpec, parallel: ParallelConfig, cm: CostModel) 
     tp = parallel.tp
     f_counts, b_counts, compute = [], [], []
     ar_bytes = 0.0
-    for layer in spec.layers:
+    for layer in spec.stack.layers:
         lt = layer_tasks(spec, layer, parallel)
         f_ar = [t for t in lt.F if t.collective is not None and t.collective.kind == "all_reduce" and t.collective.group == "tp"]
         b_ar = [t for t in lt.B if t.collective is not None and t.collective.kind == "all_reduce" and t.collective.group == "tp"]

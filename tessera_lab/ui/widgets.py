@@ -68,7 +68,7 @@ def model_variant(model: str, *, attention_ratio: int | None = None, expert_widt
 
     spec = load_model(model)
     asked = model_changes({"attention_ratio": attention_ratio, "expert_width": expert_width, "top_k": top_k})
-    changes = {k: v for k, v in asked.items() if v != getattr(spec, k)}
+    changes = {k: v for k, v in asked.items() if v != spec.value(k)}
     return spec.with_changes(**changes) if changes else spec
 
 
@@ -101,7 +101,7 @@ def plan_notes(plan: Plan) -> list[str]:
     for ev in [plan.chosen, *plan.baselines.values()]:
         name = "overlap-aware (ilp)" if ev is plan.chosen else ev.method
         for note in (memory_note(name, ev, plan.memory_capacity_bytes),
-                     mfu_note(ev.mfu, moe=plan.model.num_experts > 0, model=plan.model,
+                     mfu_note(ev.mfu, moe=plan.model.moe.num_experts > 0, model=plan.model,
                               grouped_gemm=getattr(plan.parallel, "grouped_gemm", None)) if ev is plan.chosen else None):
             if note:
                 notes.append(note)
@@ -136,7 +136,7 @@ SEQ_CHOICES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 def model_knobs(spec) -> dict[str, bool]:
     """Which model knobs apply to a model: ``attention_ratio`` where it has both linear (or other sub-quadratic)
     and full-attention mixers and the ratio can be changed, ``expert_width``/``top_k`` where it has experts."""
-    mixers = {layer.mixer for layer in spec.layers}
+    mixers = {layer.mixer for layer in spec.stack.layers}
     return {"attention_ratio": spec.attention_ratio is not None and len(mixers) > 1,
             "expert_width": bool(spec.has_moe), "top_k": bool(spec.has_moe)}
 
@@ -170,15 +170,15 @@ def control_options(spec) -> dict[str, list[int]]:
             except TesseraError:
                 continue
             ratios.append(r)
-    top_k = list(range(1, spec.num_experts + 1)) if spec.has_moe else []
-    other = next((k for k in top_k if k != spec.num_experts_per_tok), None)
+    top_k = list(range(1, spec.moe.num_experts + 1)) if spec.has_moe else []
+    other = next((k for k in top_k if k != spec.moe.num_experts_per_tok), None)
     if other is not None:
         try:
             spec.with_changes(num_experts_per_tok=other)
         except TesseraError:
-            top_k = [spec.num_experts_per_tok]
+            top_k = [spec.moe.num_experts_per_tok]
     return {"pp": [p for p in PP_CHOICES if p <= spec.num_layers],
-            "ep": [e for e in EP_CHOICES if spec.num_experts % e == 0] if spec.has_moe else [1],
+            "ep": [e for e in EP_CHOICES if spec.moe.num_experts % e == 0] if spec.has_moe else [1],
             "top_k": top_k,
             "attention_ratio": ratios}
 
@@ -240,7 +240,7 @@ def _quickstart_controls(spec: Any, model: str, params: dict[str, Any]) -> dict[
 
     valid = control_options(spec)
     gpu = str(params.get("gpu", "H200"))
-    width = params.get("expert_width", spec.moe_intermediate_size or 512)
+    width = params.get("expert_width", spec.moe.moe_intermediate_size or 512)
     slider = dict(style=LABEL_STYLE, continuous_update=False)
     return {
         "model": w.Dropdown(options=_with(tuple(shipped_models()), model), value=model, description="model",
@@ -260,7 +260,7 @@ def _quickstart_controls(spec: Any, model: str, params: dict[str, Any]) -> dict[
                                        max=max(valid["attention_ratio"] or [11]), description="attn ratio", **slider),
         "expert_width": w.Dropdown(options=_expert_widths(width), value=width, description="expert width",
                                    style=LABEL_STYLE),
-        "top_k": w.IntSlider(value=params.get("top_k", spec.num_experts_per_tok or 1), min=min(valid["top_k"] or [1]),
+        "top_k": w.IntSlider(value=params.get("top_k", spec.moe.num_experts_per_tok or 1), min=min(valid["top_k"] or [1]),
                              max=max(valid["top_k"] or [1]), description="top-k", **slider),
     }
 
@@ -275,12 +275,12 @@ def _new_model(controls: dict[str, Any], current: dict[str, Any], start: dict[st
         controls["attention_ratio"].max = max(options["attention_ratio"])
         controls["attention_ratio"].value = new.attention_ratio
     if new.has_moe:
-        controls["expert_width"].options = _expert_widths(new.moe_intermediate_size)
-        controls["expert_width"].value = new.moe_intermediate_size
+        controls["expert_width"].options = _expert_widths(new.moe.moe_intermediate_size)
+        controls["expert_width"].value = new.moe.moe_intermediate_size
         controls["top_k"].max = max(options["top_k"][-1], controls["top_k"].min)
         controls["top_k"].min = options["top_k"][0]
         controls["top_k"].max = options["top_k"][-1]
-        controls["top_k"].value = new.num_experts_per_tok
+        controls["top_k"].value = new.moe.num_experts_per_tok
     for name in ("pp", "ep"):  # only values the planner accepts for this model (control_options)
         old = controls[name].value
         back = start[name] if name == "ep" and old == 1 and start[name] != 1 else None  # back from a dense model
@@ -288,7 +288,7 @@ def _new_model(controls: dict[str, Any], current: dict[str, Any], start: dict[st
         controls[name].options = options[name]
         controls[name].value = value
         if value != old and back is None:
-            why = (f"{new.num_experts} routed experts" if name == "ep" and new.has_moe else
+            why = (f"{new.moe.num_experts} routed experts" if name == "ep" and new.has_moe else
                    "no routed experts" if name == "ep" else f"{new.num_layers} layers")
             current["moved"].append(f"{name} {old} -> {value} ({new.name} has {why})")
 
@@ -459,8 +459,8 @@ _PARTITION_KNOB_VALUES = {"attention_ratio": list(range(0, 12)), "expert_width":
 
 def _own_value(spec, name: str) -> Any:
     """The model's own value of a knob (``None`` where it has none)."""
-    return {"attention_ratio": spec.attention_ratio, "expert_width": spec.moe_intermediate_size or None,
-            "top_k": spec.num_experts_per_tok or None}[name]
+    return {"attention_ratio": spec.attention_ratio, "expert_width": spec.moe.moe_intermediate_size or None,
+            "top_k": spec.moe.num_experts_per_tok or None}[name]
 
 
 def _knob_options(spec, name: str, keep: Any = None) -> list:

@@ -72,18 +72,18 @@ def runner_config_for(model, size_factor: float, seq_len: int) -> dict[str, Any]
     """
     from tessera_lab.model.spec import MOE
 
-    bad = sorted({layer.kind for layer in model.layers if layer.ffn != MOE})
+    bad = sorted({layer.kind for layer in model.stack.layers if layer.ffn != MOE})
     if bad:
         raise ConfigError(f"model {model.name}: layer kind(s) {bad} have a dense FFN, which the runner's executor "
                           f"does not build; allowed for --backend cpu/cuda: MoE layers (use --backend analytic)")
     f = size_factor
     seq = _scaled(seq_len, f)
     return {"vocab_size": 64, "hidden_size": _scaled(model.hidden_size, f), "num_layers": 4, "attention_ratio": 1,
-            "num_heads": model.num_attention_heads, "head_dim": _scaled(model.head_dim, f),
-            "num_kv_heads": model.num_key_value_heads, "num_experts": model.num_experts,
-            "top_k": model.num_experts_per_tok, "expert_width": _scaled(model.moe_intermediate_size, f),
-            "shared_expert_width": (_scaled(model.shared_expert_intermediate_size, f)
-                                    if model.shared_expert_intermediate_size else 0),
+            "num_heads": model.attention.num_attention_heads, "head_dim": _scaled(model.attention.head_dim, f),
+            "num_kv_heads": model.attention.num_key_value_heads, "num_experts": model.moe.num_experts,
+            "top_k": model.moe.num_experts_per_tok, "expert_width": _scaled(model.moe.moe_intermediate_size, f),
+            "shared_expert_width": (_scaled(model.moe.shared_expert_intermediate_size, f)
+                                    if model.moe.shared_expert_intermediate_size else 0),
             "seq_len": seq, "linear_chunk": min(64, seq)}
 
 

@@ -215,16 +215,16 @@ class TinyConfig:
         if not isinstance(extra, dict):
             raise ConfigError("model config has no field 'tessera_runner'; the runner runs only its tiny models "
                               "(data/models/tiny-*.json)")
-        if (spec.linear_num_key_heads != spec.num_attention_heads
-                or spec.linear_num_value_heads != spec.num_attention_heads
-                or spec.linear_key_head_dim != spec.head_dim or spec.linear_value_head_dim != spec.head_dim):
+        if (spec.linear.linear_num_key_heads != spec.attention.num_attention_heads
+                or spec.linear.linear_num_value_heads != spec.attention.num_attention_heads
+                or spec.linear.linear_key_head_dim != spec.attention.head_dim or spec.linear.linear_value_head_dim != spec.attention.head_dim):
             raise ConfigError("runner model: linear-attention head counts and sizes must equal the full-attention "
                               "ones (fields 'linear_num_key_heads', 'linear_key_head_dim', ...)")
-        d = {"vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size, "num_layers": spec.num_decoder_layers,
-             "attention_ratio": spec.attention_ratio, "num_heads": spec.num_attention_heads,
-             "head_dim": spec.head_dim, "num_kv_heads": spec.num_key_value_heads, "num_experts": spec.num_experts,
-             "top_k": spec.num_experts_per_tok, "expert_width": spec.moe_intermediate_size,
-             "shared_expert_width": spec.shared_expert_intermediate_size}
+        d = {"vocab_size": spec.vocab.vocab_size, "hidden_size": spec.hidden_size, "num_layers": spec.num_decoder_layers,
+             "attention_ratio": spec.attention_ratio, "num_heads": spec.attention.num_attention_heads,
+             "head_dim": spec.attention.head_dim, "num_kv_heads": spec.attention.num_key_value_heads, "num_experts": spec.moe.num_experts,
+             "top_k": spec.moe.num_experts_per_tok, "expert_width": spec.moe.moe_intermediate_size,
+             "shared_expert_width": spec.moe.shared_expert_intermediate_size}
         d.update({k: v for k, v in extra.items() if k in ("seq_len", "linear_chunk", "seed", "capacity_factor",
                                                           "router_bias")})
         return cls.from_dict(d)
