@@ -238,17 +238,6 @@ def test_functions_are_readable():
 
 READABLE_LINES = 80
 READABLE_PARAMETERS = 10
-#: functions over READABLE_LINES / READABLE_PARAMETERS in files being refactored in parallel (pipeline/,
-#: cost/lanes.py, cost/memory.py, dynamic/durations.py, dynamic/online.py, model/spec.py, plan/search*.py);
-#: tolerated here until those refactors land, then this set is deleted
-BEING_REFACTORED_IN_PARALLEL = {
-    "tessera_lab.cost.lanes.StreamPair.run", "tessera_lab.dynamic.durations.StageCosts.synthetic",
-    "tessera_lab.dynamic.durations.StageCosts.from_model", "tessera_lab.dynamic.online.run_online",
-    "tessera_lab.pipeline.closedform.closed_form", "tessera_lab.pipeline.generators.dualpipev",
-    "tessera_lab.pipeline.ir.Schedule.validate", "tessera_lab.pipeline.linear.Packed.__init__",
-    "tessera_lab.pipeline.p2p.check_nccl_steps", "tessera_lab.pipeline.timeline._linear_timeline",
-    "tessera_lab.pipeline.zbsingle.greedy_single", "tessera_lab.pipeline.zerobubble.zb_auto",
-}
 #: the reason beside a long def: ``# long: <reason>``, ``# params: <reason>`` or ``# long, params: <reason>``
 _REASON = re.compile(r"#\s*(long|params)(?:\s*,\s*(long|params))?\s*:\s*\S")
 
@@ -293,7 +282,7 @@ def test_long_functions_say_why():
     found: dict[str, tuple[int, int]] = {}
     for name, path in _modules().items():
         found.update(_unexplained(name, path))
-    over = {k: v for k, v in found.items() if k not in BEING_REFACTORED_IN_PARALLEL}
+    over = found
     assert not over, (f"functions over {READABLE_LINES} lines or {READABLE_PARAMETERS} parameters with no "
                       f"'# long: <reason>' / '# params: <reason>' beside the def (lines, parameters): {over}")
 

@@ -121,6 +121,7 @@ class StageCosts:
         return 1 + max((l for ls in self.stage_layers for l in ls), default=-1)
 
     @classmethod
+    # params: keyword settings with defaults, most of them the StageCosts fields of the same name
     def synthetic(
         cls,
         stages: int,

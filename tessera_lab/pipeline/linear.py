@@ -88,6 +88,7 @@ class Packed:
     __slots__ = ("meta", "keys", "loop", "n", "pairs", "dangling", "_lists", "_arrays", "_by_rank", "_offsets",
                  "_labels", "_columns")
 
+    # params: a slotted record's constructor, one argument per column linear_plan builds (see the class docstring)
     def __init__(self, meta, keys, prev, need, pairs, ranks, plus, minus, tr_entry, tr_pair, tr_rank, dangling):
         self.meta, self.keys, self.pairs, self.n = meta, keys, pairs, len(meta)
         self.loop = (prev, need[0], need[3], need[2], need[5])  # as lists, for the passes: prev, p1, p2, k1, k2
