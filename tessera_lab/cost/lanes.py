@@ -120,8 +120,7 @@ class StreamPair:
         idx = self.index
         return self.run([idx[k] for k in comp], [idx[k] for k in comm])
 
-    # long: the hot event loop of the two-lane model (called per candidate order); its state lives in locals for
-    # speed and its steps share them all, so it stays one loop
+    # long: the two-lane model's hot event loop; its steps share state kept in locals for speed
     def run(self, comp: Sequence[int], comm: Sequence[int], spans: list | None = None) -> float:
         """Makespan (s) of the compute-lane sequence ``comp`` and comm-lane sequence ``comm`` (task indices);
         ``inf`` when they cannot complete. ``spans``: a list to append ``(index, start, end)`` of each task to, in

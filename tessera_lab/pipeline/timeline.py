@@ -483,8 +483,7 @@ def _peaks_in_lane_order(np, r, cs, ce, plus, minus, R: int) -> list[int]:
     return peaks.tolist()
 
 
-# long: one pass over the run's arrays; the lazy critical-path closure shares a dozen of them, so splitting would
-# pass them all by argument
+# long: one pass over the run's arrays, which its lazy critical-path closure shares (a split passes a dozen)
 def _linear_timeline(schedule, run, R: int, tasks: list | None = None):
     """The :class:`Timeline` of a :func:`tessera_lab.pipeline.linear.run_linear` pass, the same as
     :func:`_build_timeline` of its events, computed on arrays (events and critical path made when first read).

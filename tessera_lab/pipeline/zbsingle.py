@@ -46,8 +46,7 @@ def action_table(S: int, m: int) -> tuple[tuple[tuple[Action, ...], ...], ...]:
     return tuple(tuple(tuple(Action(s, kind, k) for k in range(m)) for s in range(S)) for kind in (_F, _I, _W))
 
 
-# long: the hot inner loop of the zero-bubble search, inlined on purpose (locals stay local for speed); it mirrors
-# greedy_order decision by decision, which tests/test_zerobubble.py checks
+# long: the zero-bubble search's hot loop, greedy_order inlined decision by decision (locals kept for speed)
 def greedy_single(m: int, f: Sequence[float], i: Sequence[float], w: Sequence[float], p2p: float,
                    memory_budget: float, policy: Policy, stats: dict | None = None) -> dict[int, list[Action]] | None:
     """:func:`~tessera_lab.pipeline.zerobubble.greedy_order` for one stage per rank with stage ``s`` on rank ``s``:
