@@ -75,34 +75,39 @@ def closed_form(
         raise ScheduleError(f"{name}: no closed form (the order comes from a search); simulate it instead")
     d = _Uniform(f, b, w, fb)
     sched = build_schedule(name, pp, m, vpp=vpp)
-    p = sched.num_ranks
-    busy = [0.0] * p
+    busy = _busy_per_rank(sched, d)
+    T, formula, source, exact, note, assumptions, published = _formula(name, sched.num_ranks, m,
+                                                                       sched.stages_per_rank, d, busy)
+    out = {"schedule": name, "pp": sched.num_ranks, "m": m, "vpp": sched.stages_per_rank,
+           **_bubble(T, busy), "formula": formula, "source": source, "exact": bool(exact), "note": note,
+           "assumptions": [{"assumption": a, "holds": bool(h)} for a, h in
+                           assumptions + [("no p2p transfer time between stages", True)]]}
+    if published is not None:
+        out["published_bubble"] = published
+    return out
+
+
+def _busy_per_rank(sched, d: "_Uniform") -> list[float]:
+    """Seconds of compute each rank of ``sched`` does: the sum of its actions' uniform times."""
+    busy = [0.0] * sched.num_ranks
     for r, acts in sched.actions.items():
         for a in acts:
             if a.type in (_F, _B, _I, _W, _OV):
                 busy[r] += d._table[a.type]
-    T, formula, source, exact, note, assumptions, published = _formula(name, p, m, sched.stages_per_rank, d, busy)
+    return busy
+
+
+def _bubble(T: float, busy: list[float]) -> dict[str, Any]:
+    """``makespan``, ``bubble_per_rank`` (the most idle rank's idle seconds), ``per_rank_busy``,
+    ``bubble_fraction`` (idle share of rank-time) and ``bubble_overhead`` (idle / busy) of makespan ``T``."""
     idle = [max(0.0, T - x) for x in busy]
-    out = {
-        "schedule": name,
-        "pp": p,
-        "m": m,
-        "vpp": sched.stages_per_rank,
+    return {
         "makespan": T,
         "bubble_per_rank": max(idle),
         "per_rank_busy": busy,
-        "bubble_fraction": sum(idle) / (T * p) if T > 0 else 0.0,
+        "bubble_fraction": sum(idle) / (T * len(busy)) if T > 0 else 0.0,
         "bubble_overhead": sum(idle) / sum(busy) if sum(busy) > 0 else 0.0,
-        "formula": formula,
-        "source": source,
-        "exact": bool(exact),
-        "note": note,
-        "assumptions": [{"assumption": a, "holds": bool(h)} for a, h in
-                        assumptions + [("no p2p transfer time between stages", True)]],
     }
-    if published is not None:
-        out["published_bubble"] = published
-    return out
 
 
 def compare_with_closed_form(

@@ -215,81 +215,92 @@ def dualpipev(pp: int, m: int) -> Schedule:
             f"dualpipev: microbatches={m} is out of range; DualPipeV needs at least as many micro-batches as "
             f"stages (2 x pp = {2 * pp}): allowed microbatches >= {2 * pp}"
         )
-    F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
-    lists: dict[int, list[Action]] = {}
-    for r in range(pp):
-        s0, s1 = r, 2 * pp - 1 - r
-        acts: list[Action] = []
-        count: dict[tuple[int, ActionType], int] = {}
-        wq: list[tuple[int, int]] = []
-
-        def nxt(stage: int, kind: ActionType) -> int:
-            return count.get((stage, kind), 0)
-
-        def bump_backward(stage: int) -> None:  # a full B advances both I and W counters
-            count[(stage, I)] = nxt(stage, I) + 1
-            count[(stage, W)] = nxt(stage, W) + 1
-
-        def add(stage: int, kind: ActionType) -> None:
-            if kind is B:
-                acts.append(Action(stage, B, nxt(stage, I)))
-                bump_backward(stage)
-                return
-            mb = nxt(stage, kind)
-            acts.append(Action(stage, kind, mb))
-            if kind is I:
-                wq.append((stage, mb))
-            count[(stage, kind)] = mb + 1
-
-        def add_pair(f_stage: int, b_stage: int) -> None:
-            f_mb, b_mb = nxt(f_stage, F), nxt(b_stage, I)
-            acts.append(overlap(Action(f_stage, F, f_mb), Action(b_stage, B, b_mb)))
-            count[(f_stage, F)] = f_mb + 1
-            bump_backward(b_stage)
-
-        def add_w() -> None:
-            if wq:
-                stage, mb = wq.pop(0)
-                acts.append(Action(stage, W, mb))
-                count[(stage, W)] = nxt(stage, W) + 1
-
-        for _ in range(2 * (pp - r - 1)):  # step 1: F0
-            add(s0, F)
-        for _ in range(r + 1):  # step 2: F0 F1
-            add(s0, F)
-            add(s1, F)
-        for _ in range(pp - r - 1):  # step 3: I1 W F1
-            add(s1, I)
-            add_w()
-            add(s1, F)
-        for i in range(m - 2 * pp + r + 1):  # step 4: (F0,B1) (F1,B0)
-            if i == 0 and r == pp - 1:
-                add(s0, F)  # not overlapped: shortens the bubble (DeepSeek)
-                add(s1, B)
-            else:
-                add_pair(s0, s1)
-            add_pair(s1, s0)
-        for _ in range(pp - r - 1):  # step 5: B1 (F1,B0)
-            add(s1, B)
-            add_pair(s1, s0)
-        zb = False  # step 6: B1 B0, second half split into I (W deferred)
-        n6 = r + 1
-        for i in range(n6):
-            if i == n6 // 2 and r % 2 == 1:
-                zb = True
-            add(s1, I if zb else B)
-            if i == n6 // 2 and r % 2 == 0:
-                zb = True
-            add(s0, I if zb else B)
-        for _ in range(pp - r - 1):  # step 7: W B0
-            add_w()
-            add(s0, I if zb else B)
-        for _ in range(r + 1):  # step 8: W
-            add_w()
-        lists[r] = acts
+    lists = {r: _dualpipev_rank(pp, m, r) for r in range(pp)}
     S = 2 * pp
     s2r = {s: (s if s < pp else S - 1 - s) for s in range(S)}
     return Schedule("dualpipev", pp, S, m, lists, s2r, {"vpp": 2})
+
+
+class _RankOrder:
+    """One rank's action list as DualPipeV appends to it: each stage's next micro-batch per kind, and the W
+    passes an I leaves for later (first in, first out)."""
+
+    def __init__(self) -> None:
+        self.acts: list[Action] = []
+        self.count: dict[tuple[int, ActionType], int] = {}
+        self.wq: list[tuple[int, int]] = []
+
+    def nxt(self, stage: int, kind: ActionType) -> int:
+        return self.count.get((stage, kind), 0)
+
+    def bump_backward(self, stage: int) -> None:  # a full B advances both I and W counters
+        self.count[(stage, ActionType.I)] = self.nxt(stage, ActionType.I) + 1
+        self.count[(stage, ActionType.W)] = self.nxt(stage, ActionType.W) + 1
+
+    def add(self, stage: int, kind: ActionType) -> None:
+        if kind is ActionType.B:
+            self.acts.append(Action(stage, ActionType.B, self.nxt(stage, ActionType.I)))
+            self.bump_backward(stage)
+            return
+        mb = self.nxt(stage, kind)
+        self.acts.append(Action(stage, kind, mb))
+        if kind is ActionType.I:
+            self.wq.append((stage, mb))
+        self.count[(stage, kind)] = mb + 1
+
+    def add_pair(self, f_stage: int, b_stage: int) -> None:
+        f_mb, b_mb = self.nxt(f_stage, ActionType.F), self.nxt(b_stage, ActionType.I)
+        self.acts.append(overlap(Action(f_stage, ActionType.F, f_mb), Action(b_stage, ActionType.B, b_mb)))
+        self.count[(f_stage, ActionType.F)] = f_mb + 1
+        self.bump_backward(b_stage)
+
+    def add_w(self) -> None:
+        if self.wq:
+            stage, mb = self.wq.pop(0)
+            self.acts.append(Action(stage, ActionType.W, mb))
+            self.count[(stage, ActionType.W)] = self.nxt(stage, ActionType.W) + 1
+
+
+def _dualpipev_rank(pp: int, m: int, r: int) -> list[Action]:
+    """Rank ``r``'s DualPipeV order, in the eight steps of DeepSeek's ``dualpipev.py`` (chunk 0 = stage ``r``,
+    chunk 1 = stage ``2 pp - 1 - r``)."""
+    F, B, I = ActionType.F, ActionType.B, ActionType.I
+    s0, s1 = r, 2 * pp - 1 - r
+    o = _RankOrder()
+    for _ in range(2 * (pp - r - 1)):  # step 1: F0
+        o.add(s0, F)
+    for _ in range(r + 1):  # step 2: F0 F1
+        o.add(s0, F)
+        o.add(s1, F)
+    for _ in range(pp - r - 1):  # step 3: I1 W F1
+        o.add(s1, I)
+        o.add_w()
+        o.add(s1, F)
+    for i in range(m - 2 * pp + r + 1):  # step 4: (F0,B1) (F1,B0)
+        if i == 0 and r == pp - 1:
+            o.add(s0, F)  # not overlapped: shortens the bubble (DeepSeek)
+            o.add(s1, B)
+        else:
+            o.add_pair(s0, s1)
+        o.add_pair(s1, s0)
+    for _ in range(pp - r - 1):  # step 5: B1 (F1,B0)
+        o.add(s1, B)
+        o.add_pair(s1, s0)
+    zb = False  # step 6: B1 B0, second half split into I (W deferred)
+    n6 = r + 1
+    for i in range(n6):
+        if i == n6 // 2 and r % 2 == 1:
+            zb = True
+        o.add(s1, I if zb else B)
+        if i == n6 // 2 and r % 2 == 0:
+            zb = True
+        o.add(s0, I if zb else B)
+    for _ in range(pp - r - 1):  # step 7: W B0
+        o.add_w()
+        o.add(s0, I if zb else B)
+    for _ in range(r + 1):  # step 8: W
+        o.add_w()
+    return o.acts
 
 
 def overlapped_1f1b(pp: int, m: int) -> Schedule:
