@@ -102,6 +102,14 @@ class Schedule:
         Raises:
             ScheduleError: naming the first problem found (rank, stage, micro-batch, action).
         """
+        self._check_shape()
+        seen = self._placed_actions()
+        self._check_coverage(seen)
+        self._check_executable()
+        return self
+
+    def _check_shape(self) -> None:
+        """Sizes >= 1, every stage on a rank in ``[0, num_ranks)``, actions only for those ranks."""
         p, S, m = self.num_ranks, self.num_stages, self.num_microbatches
         if p < 1 or S < 1 or m < 1:
             raise ScheduleError(
@@ -120,28 +128,17 @@ class Schedule:
                 f"schedule {self.name!r}: actions for ranks {sorted(set(self.actions) - set(range(p)))}, "
                 f"allowed 0..{p - 1}"
             )
+
+    def _placed_actions(self) -> dict[tuple[ActionType, int, int], int]:
+        """``(type, stage, micro-batch) -> rank`` of every leaf action, each in range, on the rank holding its stage,
+        transferring only to real neighbours and listed once (one loop: it runs over every action of every
+        schedule built)."""
+        S, m = self.num_stages, self.num_microbatches
         seen: dict[tuple[ActionType, int, int], int] = {}
-        for rank in range(p):
+        for rank in range(self.num_ranks):
             for pos, a in enumerate(self.actions.get(rank, [])):
-                if a.type is ActionType.OVERLAP_F_B:
-                    subs = a.sub_actions
-                    kinds = sorted(x.type.value for x in subs)
-                    if len(subs) != 2 or kinds not in (["B", "F"], ["F", "I"]):
-                        raise ScheduleError(
-                            f"schedule {self.name!r}: rank {rank} position {pos}: {a} must pair one F with one B or I"
-                        )
-                    fwd = next(x for x in subs if x.type is ActionType.F)
-                    bwd = next(x for x in subs if x.type is not ActionType.F)
-                    if bwd.stage == fwd.stage and bwd.microbatch == fwd.microbatch:
-                        raise ScheduleError(
-                            f"schedule {self.name!r}: rank {rank} position {pos}: {a} pairs a backward with its "
-                            "own forward, which it depends on"
-                        )
-                    leaves = subs
-                elif a.sub_actions:
-                    raise ScheduleError(f"schedule {self.name!r}: rank {rank}: only OVERLAP_F_B may have sub-actions: {a}")
-                else:
-                    leaves = (a,)
+                leaves = (a,) if a.type is not ActionType.OVERLAP_F_B and not a.sub_actions else \
+                    self._leaves(rank, pos, a)
                 for x in leaves:
                     if not 0 <= x.stage < S:
                         raise ScheduleError(
@@ -172,6 +169,32 @@ class Schedule:
                             f"schedule {self.name!r}: {x} appears twice (ranks {seen[key]} and {rank})"
                         )
                     seen[key] = rank
+        return seen
+
+    def _leaves(self, rank: int, pos: int, a: Action) -> tuple[Action, ...]:
+        """The leaf actions of ``a``: its two sub-actions for a valid overlapped pair, else ``a`` itself."""
+        if a.type is ActionType.OVERLAP_F_B:
+            subs = a.sub_actions
+            kinds = sorted(x.type.value for x in subs)
+            if len(subs) != 2 or kinds not in (["B", "F"], ["F", "I"]):
+                raise ScheduleError(
+                    f"schedule {self.name!r}: rank {rank} position {pos}: {a} must pair one F with one B or I"
+                )
+            fwd = next(x for x in subs if x.type is ActionType.F)
+            bwd = next(x for x in subs if x.type is not ActionType.F)
+            if bwd.stage == fwd.stage and bwd.microbatch == fwd.microbatch:
+                raise ScheduleError(
+                    f"schedule {self.name!r}: rank {rank} position {pos}: {a} pairs a backward with its "
+                    "own forward, which it depends on"
+                )
+            return subs
+        if a.sub_actions:
+            raise ScheduleError(f"schedule {self.name!r}: rank {rank}: only OVERLAP_F_B may have sub-actions: {a}")
+        return (a,)
+
+    def _check_coverage(self, seen: dict) -> None:
+        """Every stage runs F once per micro-batch and either B or both I and W."""
+        S, m = self.num_stages, self.num_microbatches
         F, B, I, W = ActionType.F, ActionType.B, ActionType.I, ActionType.W
         for s in range(S):
             for i in range(m):
@@ -186,7 +209,9 @@ class Schedule:
                 if not has_b and not (has_i and has_w):
                     missing = "B (or I and W)" if not (has_i or has_w) else ("W" if has_i else "I")
                     raise ScheduleError(f"schedule {self.name!r}: stage {s} micro-batch {i} is missing {missing}")
-        # jointly executable orders: dependency-only simulation
+
+    def _check_executable(self) -> None:
+        """The per-rank orders can all run: a dependency-only simulation with unit times finishes."""
         try:
             simulate(self, lambda stage, mb, kind: 1.0, time_only=True)  # executability only: no timeline analyses
         except DeadlockError as exc:
@@ -194,7 +219,6 @@ class Schedule:
                 f"schedule {self.name!r}: the per-rank orders cannot all run (dependency cycle); stuck: "
                 + ", ".join(f"rank {r} at {a}" for r, a in sorted(exc.stuck.items()))
             ) from exc
-        return self
 
     # -- CSV ---------------------------------------------------------------------------------
     def to_csv_text(self) -> str:
