@@ -100,77 +100,101 @@ def check_nccl_steps(schedule, steps: dict[int, list[tuple[str, int, tuple[Actio
     """:func:`check_nccl_order` on explicit runtime steps (``steps[rank]``: :func:`lowered_steps` items, where two
     batches may follow each other, as a runtime that posts every transfer in a batch of its own does). Reads the
     schedule's ``num_stages``, ``num_ranks``, ``stage_to_rank`` and ``name``; raises as :func:`check_nccl_order`."""
-    S, R, s2r = schedule.num_stages, schedule.num_ranks, schedule.stage_to_rank
-    pc = [0] * R
-    produced: list[set] = [set() for _ in range(R)]
-    posted: list[dict] = [{} for _ in range(R)]  # key -> batch id of its receive
-    complete: set[int] = set()
-    stream: list[deque] = [deque() for _ in range(R)]
-    batches: list[list[list]] = []  # batch id -> ops [direction, seq, key, done, action]
-    chan: dict[tuple[int, int], tuple[list, list]] = {}  # (src rank, dst rank) -> (sends, recvs): (batch, op)
+    replay = _NcclReplay(schedule, steps)
+    replay.run()
+    replay.raise_if_stuck()
 
-    def post(r: int, acts: tuple[Action, ...]) -> None:
-        bid = len(batches)
-        ops = []
+
+class _NcclReplay:
+    """The state of an NCCL replay of runtime steps: each rank's host position ``pc`` and the keys it has
+    ``produced``/``posted`` a receive for, its ``stream`` of posted batches (one at a time, in posting order),
+    ``batches`` (batch id -> ops ``[direction, seq, key, done, action]``), ``chan`` per rank pair ``(src, dst)``:
+    its sends and receives as ``(batch, op)`` in posting order, and the ``complete`` batch ids."""
+
+    def __init__(self, schedule, steps: dict[int, list[tuple[str, int, tuple[Action, ...]]]]) -> None:
+        self.schedule, self.steps = schedule, steps
+        self.S, self.R, self.s2r = schedule.num_stages, schedule.num_ranks, schedule.stage_to_rank
+        self.pc = [0] * self.R
+        self.produced: list[set] = [set() for _ in range(self.R)]
+        self.posted: list[dict] = [{} for _ in range(self.R)]  # key -> batch id of its receive
+        self.complete: set[int] = set()
+        self.stream: list[deque] = [deque() for _ in range(self.R)]
+        self.batches: list[list[list]] = []
+        self.chan: dict[tuple[int, int], tuple[list, list]] = {}
+
+    def run(self) -> None:
+        """Advance every rank's host and comm stream in turn until nothing moves."""
+        progress = True
+        while progress:
+            progress = False
+            for r in range(self.R):
+                progress |= self.host(r)
+                progress |= self.comm(r)
+
+    def post(self, r: int, acts: tuple[Action, ...]) -> None:
+        """Rank ``r`` posts one batch: its cross-rank ops join their rank pair's channel in order."""
+        s2r, bid, ops = self.s2r, len(self.batches), []
         for a in acts:
             key, src, dst = comm_route(a)
             if src not in s2r or dst not in s2r:
                 raise ScheduleError(f"{a} on rank {r}: stages {src} -> {dst} are not both in the schedule")
             a_rank, b_rank = s2r[src], s2r[dst]
             if a.type in _SEND:
-                if key not in produced[r]:
+                if key not in self.produced[r]:
                     raise ScheduleError(f"rank {r}: {a} comes before the action producing its data")
                 if b_rank == r:
                     continue
-                sends = chan.setdefault((r, b_rank), ([], []))[0]
+                sends = self.chan.setdefault((r, b_rank), ([], []))[0]
                 op = [(r, b_rank), len(sends), key, False, a]
                 sends.append((bid, op))
             else:
                 if a_rank == r:
                     continue
-                recvs = chan.setdefault((a_rank, r), ([], []))[1]
+                recvs = self.chan.setdefault((a_rank, r), ([], []))[1]
                 op = [(a_rank, r), len(recvs), key, False, a]
                 recvs.append((bid, op))
-                posted[r][key] = bid
+                self.posted[r][key] = bid
             ops.append(op)
-        batches.append(ops)
+        self.batches.append(ops)
         if ops:
-            stream[r].append(bid)
+            self.stream[r].append(bid)
         else:
-            complete.add(bid)
+            self.complete.add(bid)
 
-    def host(r: int) -> bool:
-        moved = False
-        while pc[r] < len(steps[r]):
-            kind, _, acts = steps[r][pc[r]]
+    def host(self, r: int) -> bool:
+        """Run rank ``r``'s host steps until a compute step waits on a receive not yet complete."""
+        moved, steps, posted = False, self.steps[r], self.posted[r]
+        while self.pc[r] < len(steps):
+            kind, _, acts = steps[self.pc[r]]
             if kind == "batch":
-                post(r, acts)
+                self.post(r, acts)
             else:
                 a = acts[0]
-                for key in needs_cross_rank(a, s2r, r, S):
-                    if key not in posted[r]:
+                for key in needs_cross_rank(a, self.s2r, r, self.S):
+                    if key not in posted:
                         raise ScheduleError(f"rank {r}: {a} reads {key[0]}{key[1:]} but no receive of it is posted "
                                             "before it (lower the schedule with with_comms)")
-                    if posted[r][key] not in complete:
+                    if posted[key] not in self.complete:
                         return moved
                 for x in a.leaves():
                     if x.type is _F:
-                        produced[r].add(("F", x.stage, x.microbatch))
+                        self.produced[r].add(("F", x.stage, x.microbatch))
                     elif x.type in (_B, _I):
-                        produced[r].add(("G", x.stage, x.microbatch))
-            pc[r] += 1
+                        self.produced[r].add(("G", x.stage, x.microbatch))
+            self.pc[r] += 1
             moved = True
         return moved
 
-    def comm(r: int) -> bool:
-        moved = False
+    def comm(self, r: int) -> bool:
+        """Match the ops of rank ``r``'s oldest batches with the peer ops at the head of their peers' streams."""
+        moved, stream, batches = False, self.stream, self.batches
         while stream[r]:
             bid = stream[r][0]
             for op in batches[bid]:
                 if op[3]:
                     continue
                 direction, seq = op[0], op[1]
-                sends, recvs = chan[direction]
+                sends, recvs = self.chan[direction]
                 is_send = op[4].type in _SEND
                 other = recvs if is_send else sends
                 if seq >= len(other):
@@ -182,35 +206,32 @@ def check_nccl_steps(schedule, steps: dict[int, list[tuple[str, int, tuple[Actio
                 if oop[2] != op[2]:
                     snd, rcv = (op, oop) if is_send else (oop, op)
                     raise ScheduleError(
-                        f"NCCL order mismatch in schedule {getattr(schedule, 'name', '?')!r}: send #{seq} from rank "
-                        f"{direction[0]} to rank {direction[1]} ({snd[4]}) would be matched with {rcv[4]} "
+                        f"NCCL order mismatch in schedule {getattr(self.schedule, 'name', '?')!r}: send #{seq} from "
+                        f"rank {direction[0]} to rank {direction[1]} ({snd[4]}) would be matched with {rcv[4]} "
                         "(NCCL matches a rank pair's p2p in posting order and ignores tags)")
                 op[3] = oop[3] = True
                 moved = True
             if all(op[3] for op in batches[bid]):
                 stream[r].popleft()
-                complete.add(bid)
+                self.complete.add(bid)
                 moved = True
             else:
                 break
         return moved
 
-    progress = True
-    while progress:
-        progress = False
-        for r in range(R):
-            progress |= host(r)
-            progress |= comm(r)
-    left = [r for r in range(R) if pc[r] < len(steps[r]) or stream[r]]
-    if left:
+    def raise_if_stuck(self) -> None:
+        """:class:`DeadlockError` naming where each unfinished rank waits, if any rank did not finish."""
+        left = [r for r in range(self.R) if self.pc[r] < len(self.steps[r]) or self.stream[r]]
+        if not left:
+            return
         stuck = {}
         for r in left:
-            if stream[r]:
-                stuck[r] = "[" + " ".join(str(op[4]) for op in batches[stream[r][0]] if not op[3]) + "]"
+            if self.stream[r]:
+                stuck[r] = "[" + " ".join(str(op[4]) for op in self.batches[self.stream[r][0]] if not op[3]) + "]"
             else:
-                stuck[r] = str(steps[r][pc[r]][2][0])
+                stuck[r] = str(self.steps[r][self.pc[r]][2][0])
         detail = "; ".join(f"rank {r} waits at {a}" for r, a in sorted(stuck.items()))
-        raise DeadlockError(f"deadlock in schedule {getattr(schedule, 'name', '?')!r} under the NCCL p2p rule "
+        raise DeadlockError(f"deadlock in schedule {getattr(self.schedule, 'name', '?')!r} under the NCCL p2p rule "
                             f"(batches in posting order, matching in posting order per rank pair): {detail}", stuck)
 
 
