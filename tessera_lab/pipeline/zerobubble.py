@@ -21,6 +21,7 @@ rank's activations. Times in seconds (any consistent unit). Never imports torch.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
@@ -286,27 +287,58 @@ def zb_auto(
         ScheduleError: bad sizes or times, ``vpp`` not 1 or 2, ``search`` not ``"pruned"``/``"exhaustive"``, a
             budget below 1, or no candidate fits.
     """
-    pp = _check_int("pp", pp, 1, schedule="zb-auto")
-    m = _check_int("microbatches", m, 1, schedule="zb-auto")
-    if vpp not in (1, 2):
-        raise ScheduleError(f"zb-auto: vpp={vpp!r} is out of range; allowed 1 (one stage per rank) or 2 (V placement)")
+    z = _ZbInputs.checked(pp, m, f, i, w, p2p, memory_budget, vpp, search)
+    durations = stage_durations(z.f, [a + b for a, b in zip(z.i, z.w)], z.w)
+    if z.vpp == 1 and search == "pruned":
+        return _zb_auto_pruned(z.pp, z.m, z.f, z.i, z.w, z.p2p, z.K, durations)
+    return _zb_auto_exhaustive(z, durations)
+
+
+@dataclass(frozen=True)
+class _ZbInputs:
+    """:func:`zb_auto`'s checked inputs: ranks ``pp``, micro-batches ``m``, ``vpp``, per-stage ``f``/``i``/``w``
+    seconds (lists of ``pp * vpp``), ``p2p`` seconds and the memory budget ``K`` (micro-batches)."""
+
+    pp: int
+    m: int
+    vpp: int
+    f: list
+    i: list
+    w: list
+    p2p: float
+    K: float
+
+    @classmethod
+    def checked(cls, pp, m, f, i, w, p2p, memory_budget, vpp, search) -> "_ZbInputs":
+        """The inputs of :func:`zb_auto`, checked in its argument order; raises :class:`ScheduleError` as it."""
+        pp = _check_int("pp", pp, 1, schedule="zb-auto")
+        m = _check_int("microbatches", m, 1, schedule="zb-auto")
+        if vpp not in (1, 2):
+            raise ScheduleError(f"zb-auto: vpp={vpp!r} is out of range; allowed 1 (one stage per rank) or 2 "
+                                "(V placement)")
+        S = pp * vpp
+        f, i, w = _per_stage("f", f, S), _per_stage("i", i, S), _per_stage("w", w, S)
+        try:
+            p2p = float(p2p)
+        except (TypeError, ValueError):
+            raise ScheduleError(f"zb-auto: p2p must be seconds >= 0, got {p2p!r}") from None
+        if not 0.0 <= p2p < math.inf:
+            raise ScheduleError(f"zb-auto: p2p={p2p!r} is out of range; allowed finite seconds >= 0")
+        K = float(2 * pp - 1 if vpp == 1 else pp) if memory_budget is None else memory_budget
+        if isinstance(K, bool) or not isinstance(K, (int, float)) or not 1 <= K < math.inf:
+            raise ScheduleError(f"zb-auto: memory_budget={memory_budget!r} is out of range; allowed >= 1 micro-batch")
+        if search not in ("pruned", "exhaustive"):
+            raise ScheduleError(f"zb-auto: search={search!r} is out of range; allowed 'pruned' or 'exhaustive'")
+        return cls(pp, m, vpp, f, i, w, p2p, K)
+
+
+def _zb_auto_exhaustive(z: _ZbInputs, durations) -> Schedule:
+    """The exhaustive search: every greedy candidate at the given and at unit times (and, for one stage per rank,
+    the ZB-H1 variants), each timed by :func:`_replay`; the winner simulated by
+    :func:`~tessera_lab.pipeline.engine.simulate` and validated."""
+    pp, m, vpp, f, i, w, p2p, K = z.pp, z.m, z.vpp, z.f, z.i, z.w, z.p2p, z.K
     S = pp * vpp
-    f, i, w = _per_stage("f", f, S), _per_stage("i", i, S), _per_stage("w", w, S)
-    try:
-        p2p = float(p2p)
-    except (TypeError, ValueError):
-        raise ScheduleError(f"zb-auto: p2p must be seconds >= 0, got {p2p!r}") from None
-    if not 0.0 <= p2p < math.inf:
-        raise ScheduleError(f"zb-auto: p2p={p2p!r} is out of range; allowed finite seconds >= 0")
-    K = float(2 * pp - 1 if vpp == 1 else pp) if memory_budget is None else memory_budget
-    if isinstance(K, bool) or not isinstance(K, (int, float)) or not 1 <= K < math.inf:
-        raise ScheduleError(f"zb-auto: memory_budget={memory_budget!r} is out of range; allowed >= 1 micro-batch")
-    if search not in ("pruned", "exhaustive"):
-        raise ScheduleError(f"zb-auto: search={search!r} is out of range; allowed 'pruned' or 'exhaustive'")
     s2r = {s: s for s in range(S)} if vpp == 1 else _v_placement(pp)
-    durations = stage_durations(f, [a + b for a, b in zip(i, w)], w)
-    if vpp == 1 and search == "pruned":
-        return _zb_auto_pruned(pp, m, f, i, w, p2p, K, durations)
     cands: list[tuple[str, Schedule]] = []
     seen: set[tuple] = set()
     ones = [1.0] * S
