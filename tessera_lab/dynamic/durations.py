@@ -225,73 +225,17 @@ class StageCosts:
         Raises:
             ConfigError: bad sizes or boundaries.
         """
-        from tessera_lab.model.hardware import ParallelConfig, cluster_for
-        from tessera_lab.plan.make import StagePlan, build_stage_model, dp_grad_sync_time, make_plan
-        from tessera_lab.model.tasks import layer_tasks
+        from tessera_lab.model.hardware import cluster_for
+        from tessera_lab.plan.make import build_stage_model
 
-        parallel = parallel or ParallelConfig(schedule="zb-h1")
-        if parallel.schedule in ("overlapped", "dualpipev", "interleaved"):  # one chunk per rank: pp stage costs
-            parallel = parallel.replace(schedule="zb-h1", vpp=1)
-        # loads x here are relative to the mean rank (the routing sets the busiest rank), so the plan's own
-        # busiest-rank assumption is replaced by the mean: cost(1) = uniform routing, cost(x) = busiest at x
-        parallel = parallel.replace(expert_load=1.0)
-        if parallel.host_sync_s is None:  # the planner's host/sync term only when asked for (see Args)
-            parallel = parallel.replace(host_sync_s=0.0)
+        parallel = _dynamic_parallel(parallel)
         cluster = cluster or cluster_for(parallel)
         if not (0 < load_resolution <= 1):
             raise ConfigError(f"field 'load_resolution' = {load_resolution} is out of range; allowed: (0, 1]")
-        if plan is not None:
-            boundaries = plan.chosen.partition.boundaries
-        if boundaries is None:
-            boundaries = make_plan(model, parallel, cluster, method="dp", baselines=(), objective="bottleneck"
-                                   ).chosen.partition.boundaries
-        b = list(boundaries)
-        if len(b) != parallel.pp + 1 or b[0] != 0 or b[-1] != model.num_layers or any(
-                b[s] > b[s + 1] for s in range(parallel.pp)):
-            raise ConfigError(f"field 'boundaries' = {b} is out of range; allowed: pp + 1 = {parallel.pp + 1} "
-                              f"non-decreasing ints from 0 to {model.num_layers}")
+        b = _stage_boundaries(model, parallel, cluster, plan, boundaries)
         cost_model, sm = build_stage_model(model, parallel, cluster)
-        f, i, w, sync, lanes = [], [], [], [], []
-        # stage extras (embedding, head) are in sm.f/b/w; activations per micro-batch for the memory cap
-        for s in range(parallel.pp):
-            fs, bs, ws = sm.f(s, b[s], b[s + 1]), sm.b(s, b[s], b[s + 1]), sm.w(s, b[s], b[s + 1])
-            f.append(fs)
-            i.append(bs - ws)
-            w.append(ws)
-            lanes.append(_stage_lanes(sm, s, b[s], b[s + 1], {"F": fs, "I": bs - ws, "W": ws}))
-            st = StagePlan(s, list(range(b[s], b[s + 1])), [], fs, bs, ws, 0.0, 0.0, 0.0)
-            sync.append(dp_grad_sync_time(model, cost_model, st))
-        moe_layers = [l.index for l in model.stack.layers if l.ffn == "moe"]
-        ordinal = {idx: n for n, idx in enumerate(moe_layers)}
-        stage_layers = [[ordinal[l] for l in range(b[s], b[s + 1]) if l in ordinal] for s in range(parallel.pp)]
-        cache: dict[tuple, tuple[float, float, float]] = {}
-
-        def scaled_cost(idx: int, q: int) -> tuple[float, float, float]:
-            layer = model.stack.layers[idx]
-            key = (layer.kind, layer.attention, q)  # layer.kind carries window, chunk, MTP and dense width
-            if key not in cache:
-                x = q * load_resolution
-                lt = layer_tasks(model, layer, parallel, expert_load=x)
-                scale = max(1.0, x)
-
-                def fix(tasks):
-                    return tuple(replace(t, collective=replace(t.collective, bytes=t.collective.bytes * scale))
-                                 if t.collective is not None and t.collective.kind == "all_to_all"
-                                 and t.collective.group == "ep" else t for t in tasks)
-
-                lt = replace(lt, F=fix(lt.F), B=fix(lt.B), W=fix(lt.W))
-                c = cost_model.layer_cost(lt)
-                cache[key] = (c.F.time, c.B.time, c.W.time)
-            return cache[key]
-
-        one = int(round(1.0 / load_resolution))
-
-        def delta(layer: int, x: float) -> tuple[float, float, float]:
-            idx = moe_layers[layer % len(moe_layers)]
-            q = max(0, int(round(x / load_resolution)))
-            a, base = scaled_cost(idx, q), scaled_cost(idx, one)
-            return (a[0] - base[0], a[1] - base[1], a[2] - base[2])
-
+        f, i, w, sync, lanes = _uniform_stage_costs(model, parallel, b, cost_model, sm)
+        stage_layers, delta = _moe_delta(model, parallel, b, cost_model, load_resolution)
         E, k = model.moe.num_experts, model.moe.num_experts_per_tok
         return cls(
             f, i, w, stage_layers, delta, sync, parallel.ep,
@@ -303,6 +247,100 @@ class StageCosts:
              "tokens_per_iteration": parallel.tokens_per_iteration},
             StagePairModel(tuple(lanes), cost_model.contention),
         )
+
+
+def _dynamic_parallel(parallel):
+    """The :class:`~tessera_lab.model.hardware.ParallelConfig` :meth:`StageCosts.from_model` costs stages under:
+    one chunk per rank, loads relative to the mean rank, no host sync unless set (see its Args)."""
+    from tessera_lab.model.hardware import ParallelConfig
+
+    parallel = parallel or ParallelConfig(schedule="zb-h1")
+    if parallel.schedule in ("overlapped", "dualpipev", "interleaved"):  # one chunk per rank: pp stage costs
+        parallel = parallel.replace(schedule="zb-h1", vpp=1)
+    # loads x here are relative to the mean rank (the routing sets the busiest rank), so the plan's own
+    # busiest-rank assumption is replaced by the mean: cost(1) = uniform routing, cost(x) = busiest at x
+    parallel = parallel.replace(expert_load=1.0)
+    if parallel.host_sync_s is None:  # the planner's host/sync term only when asked for (see Args)
+        parallel = parallel.replace(host_sync_s=0.0)
+    return parallel
+
+
+def _stage_boundaries(model, parallel, cluster, plan, boundaries) -> list[int]:
+    """The plan's boundaries, the given ones, or the DP partition minimising the slowest stage; checked.
+
+    Raises:
+        ConfigError: not ``pp + 1`` non-decreasing ints from 0 to the model's layers.
+    """
+    from tessera_lab.plan.make import make_plan
+
+    if plan is not None:
+        boundaries = plan.chosen.partition.boundaries
+    if boundaries is None:
+        boundaries = make_plan(model, parallel, cluster, method="dp", baselines=(), objective="bottleneck"
+                               ).chosen.partition.boundaries
+    b = list(boundaries)
+    if len(b) != parallel.pp + 1 or b[0] != 0 or b[-1] != model.num_layers or any(
+            b[s] > b[s + 1] for s in range(parallel.pp)):
+        raise ConfigError(f"field 'boundaries' = {b} is out of range; allowed: pp + 1 = {parallel.pp + 1} "
+                          f"non-decreasing ints from 0 to {model.num_layers}")
+    return b
+
+
+def _uniform_stage_costs(model, parallel, b: list[int], cost_model, sm) -> tuple[list, list, list, list, list]:
+    """Per stage at uniform routing: F, I, W seconds (embedding and head included), gradient-sync seconds
+    (:func:`tessera_lab.plan.make.dp_grad_sync_time`) and the compute/comm lanes of each phase."""
+    from tessera_lab.plan.make import StagePlan, dp_grad_sync_time
+
+    f, i, w, sync, lanes = [], [], [], [], []
+    for s in range(parallel.pp):
+        fs, bs, ws = sm.f(s, b[s], b[s + 1]), sm.b(s, b[s], b[s + 1]), sm.w(s, b[s], b[s + 1])
+        f.append(fs)
+        i.append(bs - ws)
+        w.append(ws)
+        lanes.append(_stage_lanes(sm, s, b[s], b[s + 1], {"F": fs, "I": bs - ws, "W": ws}))
+        st = StagePlan(s, list(range(b[s], b[s + 1])), [], fs, bs, ws, 0.0, 0.0, 0.0)
+        sync.append(dp_grad_sync_time(model, cost_model, st))
+    return f, i, w, sync, lanes
+
+
+def _moe_delta(model, parallel, b: list[int], cost_model, load_resolution: float) -> tuple[list[list[int]], Callable]:
+    """Each stage's MoE layers (as routing-layer indices) and ``delta(layer, x) -> (dF, dI, dW)``: the extra
+    seconds of that MoE layer at busiest-rank load ``x``, ``cost(x) - cost(1)``, its EP all-to-all bytes scaled by
+    ``x``; costs cached per layer kind and ``x`` rounded to ``load_resolution``."""
+    from tessera_lab.model.tasks import layer_tasks
+
+    moe_layers = [l.index for l in model.stack.layers if l.ffn == "moe"]
+    ordinal = {idx: n for n, idx in enumerate(moe_layers)}
+    stage_layers = [[ordinal[l] for l in range(b[s], b[s + 1]) if l in ordinal] for s in range(parallel.pp)]
+    cache: dict[tuple, tuple[float, float, float]] = {}
+
+    def scaled_cost(idx: int, q: int) -> tuple[float, float, float]:
+        layer = model.stack.layers[idx]
+        key = (layer.kind, layer.attention, q)  # layer.kind carries window, chunk, MTP and dense width
+        if key not in cache:
+            x = q * load_resolution
+            lt = layer_tasks(model, layer, parallel, expert_load=x)
+            scale = max(1.0, x)
+
+            def fix(tasks):
+                return tuple(replace(t, collective=replace(t.collective, bytes=t.collective.bytes * scale))
+                             if t.collective is not None and t.collective.kind == "all_to_all"
+                             and t.collective.group == "ep" else t for t in tasks)
+
+            lt = replace(lt, F=fix(lt.F), B=fix(lt.B), W=fix(lt.W))
+            c = cost_model.layer_cost(lt)
+            cache[key] = (c.F.time, c.B.time, c.W.time)
+        return cache[key]
+
+    one = int(round(1.0 / load_resolution))
+
+    def delta(layer: int, x: float) -> tuple[float, float, float]:
+        idx = moe_layers[layer % len(moe_layers)]
+        q = max(0, int(round(x / load_resolution)))
+        a, base = scaled_cost(idx, q), scaled_cost(idx, one)
+        return (a[0] - base[0], a[1] - base[1], a[2] - base[2])
+
+    return stage_layers, delta
 
 
 def _stage_lanes(sm, s: int, i: int, j: int, totals: dict[str, float]) -> dict[str, tuple[float, float]]:
