@@ -499,82 +499,93 @@ def run_online(
     Raises:
         ConfigError: bad sizes, routing, predictor or margin.
     """
-    spec = parse_routing(routing)
-    pred = parse_predictor(predictor)
-    j = DynamicJob(**job)
-    groups, seed, capacity_factor, p2p_latency, jitter = j.groups, j.seed, j.capacity_factor, j.p2p_latency, j.jitter
-    for name, v, lo in (("groups", groups, 1), ("warmup", warmup, 0), ("first_step", first_step, 0)):
+    spec, pred, j = parse_routing(routing), parse_predictor(predictor), DynamicJob(**job)
+    for name, v, lo in (("groups", j.groups, 1), ("warmup", warmup, 0), ("first_step", first_step, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(f"field '{name}' = {v!r} is out of range; allowed: an integer >= {lo}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= warmup:
         raise ConfigError(f"field 'steps' = {steps!r} is out of range; allowed: an integer >= {warmup + 1} (the "
                           f"first {warmup} step(s) are warm-up, left out of the means: step 0 has no history)")
-    sched = schedule_for(costs, j.schedule, j.microbatches, j.vpp)
-    m = sched.num_microbatches
-    base = passes.split_backward(sched, 0)
-    # the schedule as built, when its backwards are whole B (the static plan splits them): simulated beside it so
-    # the iteration ``simulate`` (without --dynamic) prints for the same schedule is shown too
-    as_built = sched if has_whole_backward(sched) else None
-    chunks = j.chunks(costs)
-    chunked = passes.chunk_weight_gradients(base, chunks)
-    caps = passes.memory_caps(base, j.memory_cap, activation_bytes=costs.activation_bytes)
-    sync = costs.grad_sync if any(costs.grad_sync) else None
-    static_comm = built_comm = None
-    ctls = [[GapController(pred, margin) for _ in range(sched.num_ranks)] for _ in range(groups)]
-    cache: dict = {}
-    rows, idle_s, idle_d, idle_b = [], [], [], []
-    decisions = {"fill": 0, "defer": 0, "forced": 0}
-    last: dict[str, Timeline] = {}
-    loads: list[float] = []
+    run = _OnlineRun(costs, schedule_for(costs, j.schedule, j.microbatches, j.vpp), j)
+    ctls = [[GapController(pred, margin) for _ in range(run.sched.num_ranks)] for _ in range(j.groups)]
     for t in range(steps):
-        step = first_step + t
-        st_T, dy_T, recs, st_idle, dy_idle, ab_T, ab_busy = [], [], [], [], [], [], []
-        for g in range(groups):
-            real = routing_counts(spec, costs, m, seed=seed, group=g, step=step, jitter=jitter, log_cache=cache)
-            kw: dict[str, Any] = {}
-            if capacity_factor is not None:
-                kw = dict(tokens=max(1, int(real.sum(-1).max() // costs.top_k)), top_k=costs.top_k,
-                          capacity_factor=capacity_factor)
-            x = slowest_loads(real, costs.ep, **kw)
-            loads.append(float(x.mean()))
-            d = RoutedDurations(costs, x)
-            if static_comm is None:
-                static_comm = grad_sync_tasks(base, sync, placement="static")
-            st = simulate(base, PairDurations(d, base), comm=static_comm, p2p_latency=p2p_latency)
-            if as_built is not None:
-                if built_comm is None:
-                    built_comm = grad_sync_tasks(as_built, sync, placement="static")
-                ab = simulate(as_built, PairDurations(d, as_built), comm=built_comm, p2p_latency=p2p_latency)
-                ab_T.append(ab.iteration_time)
-                ab_busy.append(ab.per_rank_busy)
-            dy, rec = execute(chunked, d, w_chunks=chunks, controllers=ctls[g], memory_cap=caps, grad_sync=sync,
-                              p2p_latency=p2p_latency)
-            for r, c in enumerate(ctls[g]):
-                c.end_step(rec[r].waits, rec[r].tail)
-                if t >= warmup:
-                    for k, v in c.decisions.items():
-                        decisions[k] = decisions.get(k, 0) + v
-            st_T.append(st.iteration_time)
-            dy_T.append(dy.iteration_time)
-            st_idle.append(st.per_rank_busy)
-            dy_idle.append(dy.per_rank_busy)
-            recs.extend(rec)
-            if g == 0:
-                last = {"static": st, "dynamic": dy}
-        Ts, Td = max(st_T), max(dy_T)
-        mae, rel = _gap_errors(recs)
-        rows.append({"step": step, "static_s": Ts, "dynamic_s": Td, "gain": Ts / Td - 1.0 if Td > 0 else 0.0,
-                     "gap_mae_s": mae, "gap_rel_error": rel, **({"as_built_s": max(ab_T)} if ab_T else {})})
-        if t >= warmup:
-            idle_s.append(float(np.mean([Ts - b for busy in st_idle for b in busy])))
-            idle_d.append(float(np.mean([Td - b for busy in dy_idle for b in busy])))
-            if ab_T:
-                idle_b.append(float(np.mean([max(ab_T) - b for busy in ab_busy for b in busy])))
+        run.step(first_step + t, spec, ctls, evaluated=t >= warmup)
         if progress is not None:
             progress(t + 1, steps)
-    return OnlineResult(str(spec), sched.name, str(pred), float(margin), rows, warmup, float(np.mean(idle_s)),
-                        float(np.mean(idle_d)), decisions, caps, chunks, groups, last, float(np.mean(loads)),
-                        float(np.mean(idle_b)) if idle_b else None)
+    return OnlineResult(str(spec), run.sched.name, str(pred), float(margin), run.rows, warmup,
+                        float(np.mean(run.idle_s)), float(np.mean(run.idle_d)), run.decisions, run.caps, run.chunks,
+                        j.groups, run.last, float(np.mean(run.loads)),
+                        float(np.mean(run.idle_b)) if run.idle_b else None)
+
+
+class _OnlineRun:
+    """:func:`run_online`'s plans (the static ``base``, the schedule ``as_built`` when it has whole backwards, the
+    ``chunked`` order the controllers run, memory ``caps``, gradient ``sync``) and what its steps gather."""
+
+    def __init__(self, costs: StageCosts, sched: Schedule, job: DynamicJob) -> None:
+        self.costs, self.sched, self.job = costs, sched, job
+        self.base = passes.split_backward(sched, 0)
+        # the schedule as built, when its backwards are whole B (the static plan splits them): simulated beside it
+        # so the iteration ``simulate`` (without --dynamic) prints for the same schedule is shown too
+        self.as_built = sched if has_whole_backward(sched) else None
+        self.chunks = job.chunks(costs)
+        self.chunked = passes.chunk_weight_gradients(self.base, self.chunks)
+        self.caps = passes.memory_caps(self.base, job.memory_cap, activation_bytes=costs.activation_bytes)
+        self.sync = costs.grad_sync if any(costs.grad_sync) else None
+        self.static_comm = self.built_comm = None  # made at the first group (after its routing)
+        self.cache: dict = {}
+        self.rows, self.idle_s, self.idle_d, self.idle_b, self.loads = [], [], [], [], []
+        self.decisions = {"fill": 0, "defer": 0, "forced": 0}
+        self.last: dict[str, Timeline] = {}
+
+    def group(self, step: int, g: int, spec, ctls: list[GapController]) -> tuple:
+        """EP group ``g`` at ``step``: ``(static, dynamic, records, as-built or None)`` timelines."""
+        costs, j = self.costs, self.job
+        real = routing_counts(spec, costs, self.sched.num_microbatches, seed=j.seed, group=g, step=step,
+                              jitter=j.jitter, log_cache=self.cache)
+        kw: dict[str, Any] = {}
+        if j.capacity_factor is not None:
+            kw = dict(tokens=max(1, int(real.sum(-1).max() // costs.top_k)), top_k=costs.top_k,
+                      capacity_factor=j.capacity_factor)
+        x = slowest_loads(real, costs.ep, **kw)
+        self.loads.append(float(x.mean()))
+        d = RoutedDurations(costs, x)
+        if self.static_comm is None:
+            self.static_comm = grad_sync_tasks(self.base, self.sync, placement="static")
+        st = simulate(self.base, PairDurations(d, self.base), comm=self.static_comm, p2p_latency=j.p2p_latency)
+        ab = None
+        if self.as_built is not None:
+            if self.built_comm is None:
+                self.built_comm = grad_sync_tasks(self.as_built, self.sync, placement="static")
+            ab = simulate(self.as_built, PairDurations(d, self.as_built), comm=self.built_comm,
+                          p2p_latency=j.p2p_latency)
+        dy, rec = execute(self.chunked, d, w_chunks=self.chunks, controllers=ctls, memory_cap=self.caps,
+                          grad_sync=self.sync, p2p_latency=j.p2p_latency)
+        for r, c in enumerate(ctls):
+            c.end_step(rec[r].waits, rec[r].tail)
+        return st, dy, rec, ab
+
+    def step(self, step: int, spec, ctls: list[list[GapController]], evaluated: bool) -> None:
+        """One step of every group: its row; its idle times and decisions too when ``evaluated`` (past warm-up)."""
+        runs = []
+        for g in range(self.job.groups):
+            runs.append(self.group(step, g, spec, ctls[g]))
+            if evaluated:
+                for c in ctls[g]:
+                    for k, v in c.decisions.items():
+                        self.decisions[k] = self.decisions.get(k, 0) + v
+        self.last = {"static": runs[0][0], "dynamic": runs[0][1]}
+        Ts, Td = max(st.iteration_time for st, *_ in runs), max(dy.iteration_time for _, dy, *_ in runs)
+        ab_T = [ab.iteration_time for *_, ab in runs if ab is not None]
+        mae, rel = _gap_errors([r for _, _, rec, _ in runs for r in rec])
+        self.rows.append({"step": step, "static_s": Ts, "dynamic_s": Td, "gain": Ts / Td - 1.0 if Td > 0 else 0.0,
+                          "gap_mae_s": mae, "gap_rel_error": rel, **({"as_built_s": max(ab_T)} if ab_T else {})})
+        if evaluated:
+            self.idle_s.append(float(np.mean([Ts - b for st, *_ in runs for b in st.per_rank_busy])))
+            self.idle_d.append(float(np.mean([Td - b for _, dy, *_ in runs for b in dy.per_rank_busy])))
+            if ab_T:
+                self.idle_b.append(float(np.mean([max(ab_T) - b for *_, ab in runs if ab is not None
+                                                  for b in ab.per_rank_busy])))
 
 
 def has_whole_backward(schedule: Schedule) -> bool:
