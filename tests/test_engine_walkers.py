@@ -28,3 +28,35 @@ def test_processor_sharing_reproduces_the_recorded_outputs():
     assert sorted(got) == sorted(want)
     for case in want:
         assert got[case] == want[case], case
+
+
+def test_walk_replay_hand_example_and_deadlock():
+    """Two stages on two ranks, one micro-batch, 0.5 s per hop: F0 ends 1, F1 runs 1.5-3.5, I1 3.5-6.5, W1 ends 7.5;
+    I0 starts at 6.5 + 0.5 = 7 and ends 10, W0 ends 11.5; both stages on one rank run back to back (1 + 2 + 3 + 3 +
+    1 + 1.5). An order whose I0 precedes F0 cannot run: None."""
+    from tessera_lab.pipeline.actions import Action, ActionType
+    from tessera_lab.pipeline.engine import Walk
+
+    F, I, W = ActionType.F, ActionType.I, ActionType.W
+    lists = [[Action(0, F, 0), Action(0, I, 0), Action(0, W, 0)], [Action(1, F, 0), Action(1, I, 0), Action(1, W, 0)]]
+    f, i, w = [1.0, 2.0], [3.0, 3.0], [1.5, 1.0]
+    assert Walk(2, by_clock=False).replay(lists, [0, 1], 1, f, i, w, 0.5) == 11.5
+    one = [[Action(0, F, 0), Action(1, F, 0), Action(1, I, 0), Action(0, I, 0), Action(1, W, 0), Action(0, W, 0)]]
+    assert Walk(1, by_clock=False).replay(one, [0, 0], 1, f, i, w, 0.5) == 11.5  # one rank: no hop, back to back
+    stuck = [[Action(0, I, 0), Action(0, F, 0), Action(0, W, 0)], lists[1]]
+    assert Walk(2, by_clock=False).replay(stuck, [0, 1], 1, f, i, w, 0.5) is None
+
+
+def test_walk_replay_equals_the_pruned_search_replay():
+    """The engine's replay and the pruned search's flat one-stage-per-rank replay give the same float."""
+    from tessera_lab.pipeline.engine import Walk
+    from tessera_lab.pipeline.generators import zb_h1
+    from tessera_lab.pipeline.zbsingle import replay_single
+
+    for p, m in ((2, 3), (4, 8), (5, 7)):
+        sched = zb_h1(p, m)
+        f = [1.0 + 0.1 * s for s in range(p)]
+        i, w = [1.3 - 0.05 * s for s in range(p)], [0.7] * p
+        lists = [sched.actions[r] for r in range(p)]
+        got = Walk(p, by_clock=False).replay(lists, list(range(p)), m, f, i, w, 0.03)
+        assert got == replay_single(sched.actions, m, f, i, w, 0.03, 10**9) and got > 0

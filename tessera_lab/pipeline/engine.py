@@ -55,6 +55,7 @@ import heapq
 from typing import Callable, Iterable
 
 from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
+from tessera_lab.pipeline.actions import ActionType
 from tessera_lab.pipeline.durations import Durations, _transfer_fn
 from tessera_lab.pipeline.linear import run_linear
 from tessera_lab.pipeline.programs import (ACTIVATION_CHANGE, _OP_COMPUTE, _OP_SEND, _compile_programs, _held_for,
@@ -407,7 +408,8 @@ class Walk:
       decisions depend on the time, the dynamic controller's execution, :func:`tessera_lab.dynamic.online.execute`,
       and processor sharing, :meth:`run_shared`);
     * ``by_clock=False``: a stack, the rank made due last first, each running until it parks (the simulation's
-      event loop, :func:`simulate`: its times do not depend on the order; the timeline's event order does)."""
+      event loop, :func:`simulate`: its times do not depend on the order; the timeline's event order does; and
+      zb-auto's candidate replay, :meth:`replay`)."""
 
     __slots__ = ("clock", "arrival", "parked", "agenda", "queued", "by_clock")
 
@@ -476,6 +478,16 @@ class Walk:
         stuck = {r: str(lists[r][pc[r]]) for r in range(len(lists)) if pc[r] < len(lists[r])}
         if stuck:
             raise _deadlock(name, stuck, detail=False)
+
+    def replay(self, lists: list, stage_to_rank: list[int], m: int, f, i, w, p2p: float) -> float | None:
+        """Makespan (seconds) of per-rank F/I/W-only orders (``lists[r]``: actions with ``.type`` F, I or W,
+        ``.stage`` < ``len(f)`` and ``.microbatch`` < ``m``; ``stage_to_rank[s]``: the rank of stage ``s``) under per-stage
+        seconds ``f[s]``, ``i[s]``, ``w[s]``, ``p2p`` seconds per hop between ranks: the simulator's rules with
+        non-blocking sends and its float operations (so its number), on flat tables and no events; ``None`` if the
+        orders cannot run (a rank waits for an input never produced). Stack order (:class:`_Replay`)."""
+        replay = _Replay(self, lists, stage_to_rank, m, f, i, w, p2p)
+        self.run(replay.step)
+        return replay.makespan()
 
     def run_shared(self, programs: list[list[tuple]], speed: Callable[[int, int], float],
                    spent: Callable[[float, int], None], p2p: float = 0.0) -> tuple[float, list[float]]:
@@ -568,3 +580,93 @@ class _Sharing:
             self.walk.clock[r] = t
             self.walk.resume(r)
         return True
+
+
+class _Replay:
+    """An F/I/W-only replay as a policy on the walker (stack order): the hook ``step(r)`` runs rank ``r``'s actions
+    while their inputs are there (F after its previous stage's F, I after its own F and the next stage's I, W after
+    its own I; a cross-rank input ``p2p`` seconds after it ended) and parks it on the first missing one; the ranks
+    holding the neighbouring stages of what ``r`` ran, if parked on an input now there, are due again."""
+
+    def __init__(self, walk: Walk, lists, stage_to_rank, m: int, f, i, w, p2p: float):
+        R, S = len(lists), len(f)
+        self.walk, self.lists, self.pos = walk, lists, [0] * R
+        f_end = [[None] * m for _ in range(S)]  # stage -> micro-batch -> end of its F (None: not yet)
+        i_end = [[None] * m for _ in range(S)]
+        cross = [p2p if stage_to_rank[s] != stage_to_rank[s + 1] else 0.0 for s in range(S - 1)]  # e + 0.0 is e
+        #: per stage: its F and I end tables, the previous stage's F table and hop (None: first stage), the next
+        #: stage's I table and hop (None: last stage), and its F, I and W seconds
+        stages = [(f_end[s], i_end[s], f_end[s - 1] if s else None, cross[s - 1] if s else 0.0,
+                   i_end[s + 1] if s < S - 1 else None, cross[s] if s < S - 1 else 0.0, f[s], i[s], w[s])
+                  for s in range(S)]
+        neighbours: list[set] = [set() for _ in range(R)]  # the ranks of the stages next to a rank's own
+        for s in range(S - 1):
+            a, b = stage_to_rank[s], stage_to_rank[s + 1]
+            if a != b:
+                neighbours[a].add(b)
+                neighbours[b].add(a)
+        self.step = self._hook(stages, [sorted(n) for n in neighbours])
+
+    def _hook(self, stages: list[tuple], neighbours: list[list[int]]) -> Callable[[int], bool]:
+        """The hook ``step(r)``: run rank ``r`` until it parks or ends, then make due again each neighbour whose
+        missing input (``wait_row[q][wait_mb[q]]``) is now there; always ``False``."""
+        lists, pos, clock, resume = self.lists, self.pos, self.walk.clock, self.walk.resume
+        wait_row: list = [None] * len(lists)  # a parked rank's missing input: its table row and micro-batch
+        wait_mb = [0] * len(lists)
+        _F, _I = ActionType.F, ActionType.I
+
+        def step(r: int) -> bool:
+            acts, p, tr, missing, cur, k = lists[r], pos[r], clock[r], None, -1, 0
+            n = len(acts)
+            while p < n:
+                a = acts[p]
+                k, kind = a.microbatch, a.type
+                if a.stage != cur:
+                    cur = a.stage
+                    fe, ie, fprev, hf, inext, hi, fs, is_, ws = stages[cur]
+                if kind is _F:
+                    if fprev is not None:
+                        e = fprev[k]
+                        if e is None:
+                            missing = fprev
+                            break
+                        e = e + hf
+                        tr = e if e > tr else tr
+                    tr = fe[k] = tr + fs
+                elif kind is _I:
+                    e = fe[k]
+                    if e is None:
+                        missing = fe
+                        break
+                    tr = e if e > tr else tr
+                    if inext is not None:
+                        e = inext[k]
+                        if e is None:
+                            missing = inext
+                            break
+                        e = e + hi
+                        tr = e if e > tr else tr
+                    tr = ie[k] = tr + is_
+                else:
+                    e = ie[k]
+                    if e is None:
+                        missing = ie
+                        break
+                    tr = e if e > tr else tr
+                    tr = tr + ws
+                p += 1
+            pos[r], clock[r], wait_row[r], wait_mb[r] = p, tr, missing, k
+            for q in neighbours[r]:
+                row = wait_row[q]
+                if row is not None and row[wait_mb[q]] is not None:
+                    wait_row[q] = None
+                    resume(q)
+            return False
+
+        return step
+
+    def makespan(self) -> float | None:
+        """The last rank's end (seconds), or ``None`` when a rank has actions left."""
+        if any(p < len(acts) for p, acts in zip(self.pos, self.lists)):
+            return None
+        return max(self.walk.clock)

@@ -28,7 +28,7 @@ from typing import Sequence
 from tessera_lab.errors import ScheduleError
 from tessera_lab.pipeline.actions import Action, ActionType
 from tessera_lab.pipeline.durations import stage_durations
-from tessera_lab.pipeline.engine import simulate
+from tessera_lab.pipeline.engine import Walk, simulate
 from tessera_lab.pipeline.generators import _check_int, zb_h1
 from tessera_lab.pipeline.ir import Schedule
 from tessera_lab.pipeline.zbsingle import (  # noqa: F401 - Policy, POLICIES re-exported
@@ -93,57 +93,15 @@ def greedy_order(
 
 def _replay(sched: Schedule, durations, p2p: float, budget: float) -> float | None:
     """Makespan of an F/I/W-only order under per-stage ``durations`` (the simulator's rules with non-blocking
-    sends and the same float operations, so the same number), or ``None`` if a rank's peak activations exceed
-    ``budget`` or the order cannot run."""
+    sends and the same float operations, so the same number: :meth:`Walk.replay`), or ``None`` if a rank's peak
+    activations exceed ``budget`` or the order cannot run."""
     s2r, S = sched.stage_to_rank, sched.num_stages
     f, i, w = ([durations(s, 0, kind) for s in range(S)] for kind in (_F, _I, _W))
     R = sched.num_ranks
     lists = [sched.actions.get(r, []) for r in range(R)]
     if any(n / max(1, len(sched.rank_stages(r))) > budget + 1e-9 for r, n in enumerate(order_peak(sched))):
         return None
-    f_end: dict[tuple[int, int], float] = {}
-    i_end: dict[tuple[int, int], float] = {}
-    pos, t = [0] * R, [0.0] * R
-    progress = True
-    while progress:
-        progress = False
-        for r in range(R):
-            acts = lists[r]
-            while pos[r] < len(acts):
-                a = acts[pos[r]]
-                s, k = a.stage, a.microbatch
-                start = t[r]
-                if a.type is _F:
-                    if s > 0:
-                        e = f_end.get((s - 1, k))
-                        if e is None:
-                            break
-                        e = e + p2p if s2r[s - 1] != r else e
-                        start = e if e > start else start
-                    t[r] = f_end[(s, k)] = start + f[s]
-                elif a.type is _I:
-                    e = f_end.get((s, k))
-                    if e is None:
-                        break
-                    start = e if e > start else start
-                    if s < S - 1:
-                        e = i_end.get((s + 1, k))
-                        if e is None:
-                            break
-                        e = e + p2p if s2r[s + 1] != r else e
-                        start = e if e > start else start
-                    t[r] = i_end[(s, k)] = start + i[s]
-                else:
-                    e = i_end.get((s, k))
-                    if e is None:
-                        break
-                    start = e if e > start else start
-                    t[r] = start + w[s]
-                pos[r] += 1
-                progress = True
-    if any(pos[r] < len(lists[r]) for r in range(R)):
-        return None
-    return max(t)
+    return Walk(R, by_clock=False).replay(lists, [s2r[s] for s in range(S)], sched.num_microbatches, f, i, w, p2p)
 
 
 def _schedule(name: str, stage_to_rank: dict[int, int], m: int, lists, **meta) -> Schedule:
