@@ -661,12 +661,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.markdown and args.json == "-":
         ap.error("--markdown and --json - both write to stdout; give --json a PATH")
-    import tabulate as tabulate_mod
-
     from tessera_lab.errors import ConfigError
 
     out = sys.stderr if args.json == "-" or args.markdown else sys.stdout
-    tabulate_mod.MIN_PADDING = 0  # columns as wide as their widest cell or header line
     try:
         runs, rows, sync, summ, sources = evaluate(args.runs, args.split, out)
     except ConfigError as exc:
@@ -714,8 +711,14 @@ def print_report(rows: list[dict], sync: dict, summ: dict, out) -> None:
           f"basis: {sync['basis']}", file=out)
     print("error = published iteration time / predicted - 1 (= predicted throughput / published - 1); published "
           "time from the source's step time, else its tokens/s per GPU, else its Model TFLOP/s per GPU", file=out)
-    print(tabulate_mod.tabulate(table_rows(rows), headers=HEADERS, tablefmt="simple", disable_numparse=True,
-                                colalign=("left",) * 4 + ("right",) * 8 + ("left",) * 2), file=out)
+    padding = tabulate_mod.MIN_PADDING
+    tabulate_mod.MIN_PADDING = 0  # columns as wide as their widest cell or header line (restored: a module global)
+    try:
+        table = tabulate_mod.tabulate(table_rows(rows), headers=HEADERS, tablefmt="simple", disable_numparse=True,
+                                      colalign=("left",) * 4 + ("right",) * 8 + ("left",) * 2)
+    finally:
+        tabulate_mod.MIN_PADDING = padding
+    print(table, file=out)
     print("\nper run: source and how it was planned", file=out)
     for r in rows:
         print(f"  {r['id']} [{r['split']}]: {r['source']}", file=out)

@@ -122,7 +122,7 @@ plt.show()
 # have (expert width on the dense Nemotron-H) is hidden, a value the new model cannot take goes back to "config"
 # (the caption says so), and a variant that cannot fit in GPU memory says so. The caption ends with how long the
 # change took (wall and CPU seconds, measured). `recompute` (`none`, `selective`, `full`, the CLI's `--recompute`)
-# trades time for activation memory; where the panel cannot plan (a 16K sequence, say), a "suggest a layout that
+# trades time for activation memory; where the panel cannot plan (a 16K sequence on 4 stages, say), a "suggest a layout that
 # fits" button runs the layout search (notebook 11) over what this panel can set on the same GPUs (the recompute
 # levels, the micro-batches of the same global batch) and applies the fastest that fits.
 

@@ -126,15 +126,17 @@ def test_partition_suggest_sets_recompute_and_the_panel_plans():
     box, controls, state = partition_panel(microbatches=32)
     button, line = _action(box)
     assert button.layout.display == "none"  # it plans: no suggestion offered
+    controls["pp"].value = 4  # 16K tokens on 4 stages: no partition fits without recompute
     controls["seq_len"].value = 16384
     assert "error" in state and button.layout.display != "none"
     button.click()
     assert "error" not in state and controls["recompute"].value in ("selective", "full")
-    plan, table = compare_partitions(seq_len=16384, microbatches=32, recompute=controls["recompute"].value)
+    plan, table = compare_partitions(pp=4, seq_len=16384, microbatches=32, recompute=controls["recompute"].value)
     assert state["table"].equals(table) and plan.chosen.fits_memory
     if controls["recompute"].value == "full":  # selective is faster where it fits: here it must not
         try:
-            fits = compare_partitions(seq_len=16384, microbatches=32, recompute="selective")[0].chosen.fits_memory
+            fits = compare_partitions(pp=4, seq_len=16384, microbatches=32,
+                                      recompute="selective")[0].chosen.fits_memory
         except TesseraError:
             fits = False
         assert not fits
