@@ -101,7 +101,7 @@ def run_case(name: str, gpus: int, tokens: int | None, args) -> dict:
 def main() -> None:
     from tessera_lab.plan.search import DEFAULT_MAX_PLANS
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--max-plans", type=int, default=DEFAULT_MAX_PLANS)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--baseline", type=int, default=24, help="layouts planned again for the baseline (default 24)")

@@ -278,7 +278,7 @@ def panel(
         caption = settings = settings_caption(controls)
         # a busy marker while ``compute`` runs (a re-plan can take seconds): the old table and figure stay, but
         # the status line says they are being replaced (the front end gets this message before the result)
-        status.value = f"<span style='color:dimgray'>&#8987; computing ({html.escape(settings)})&hellip;</span>"
+        status.value = f"<span style='color:dimgray'>computing ({html.escape(settings)})&hellip;</span>"
         try:
             result = compute({name: c.value for name, c in controls.items()})
         except TesseraError as exc:
