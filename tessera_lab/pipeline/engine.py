@@ -54,7 +54,7 @@ import math
 import heapq
 from typing import Callable, Iterable
 
-from tessera_lab.errors import ConfigError, DeadlockError, ScheduleError
+from tessera_lab.errors import DeadlockError, ScheduleError
 from tessera_lab.pipeline.actions import ActionType
 from tessera_lab.pipeline.durations import Durations, _transfer_fn
 from tessera_lab.pipeline.linear import run_linear
@@ -496,90 +496,17 @@ class Walk:
         then ``latency`` seconds blocked), each action once its inputs are available (``p2p`` seconds after their
         producer ended when ``cross``). The resource model ``speed(computing, waiting)`` gives the speed of each
         computing rank while ``computing`` ranks compute and ``waiting`` ranks wait or block; ``spent(dt,
-        computing)`` is told each interval. Time advances to the next completion or arrival (:class:`_Sharing`).
+        computing)`` is told each interval. Time advances to the next completion or arrival (:class:`~tessera_lab.pipeline.walk_policies.SharingPolicy`).
 
         Returns ``(iteration seconds, per-rank computing + blocked seconds)``.
 
         Raises:
             ConfigError: no rank can progress (an input never produced)."""
-        sharing = _Sharing(self, programs, speed, spent, p2p)
+        from tessera_lab.pipeline.walk_policies import SharingPolicy
+
+        sharing = SharingPolicy(self, programs, speed, spent, p2p)
         self.run(sharing.step, sharing.advance)
         return sharing.t, sharing.busy
-
-
-class _Sharing:
-    """Processor sharing as a policy with a resource model on the walker (by clock, every rank's clock the shared
-    time ``t``): the hook ``step(r)`` starts rank ``r``'s next action when its inputs are there by ``t`` (or notes
-    when they will be); ``advance()`` asks the resource model for the computing ranks' speed, moves ``t`` to the
-    next completion or arrival, ends what completed (its outputs produced) and makes every rank due again."""
-
-    def __init__(self, walk: Walk, programs, speed, spent, p2p: float):
-        R = len(programs)
-        self.walk, self.programs, self.speed, self.spent, self.p2p = walk, programs, speed, spent, p2p
-        self.pos = [0] * R
-        self.state = ["idle"] * R  # idle (waiting for inputs) | cpu | block
-        self.left = [0.0] * R  # remaining work (cpu) or blocked seconds (block)
-        self.busy = [0.0] * R
-        self.pending: list[float] = []  # arrival times of inputs not there yet
-        self.t = 0.0
-
-    def ready(self, r: int) -> float | None:
-        """When rank ``r``'s next action has all its inputs (``None``: one is not produced yet)."""
-        done, p2p, at = self.walk.arrival, self.p2p, 0.0
-        for kind, s, i, cross in self.programs[r][self.pos[r]][0]:
-            if (kind, s, i) not in done:
-                return None
-            at = max(at, done[(kind, s, i)] + (p2p if cross else 0.0))
-        return at
-
-    def step(self, r: int) -> bool:
-        if self.state[r] == "idle" and self.pos[r] < len(self.programs[r]):
-            at = self.ready(r)
-            if at is not None and at <= self.t + 1e-15:
-                self.state[r], self.left[r] = "cpu", self.programs[r][self.pos[r]][2]
-            elif at is not None:
-                self.pending.append(at)
-        return False
-
-    def advance(self) -> bool:
-        programs, pos, state, left, busy, R = self.programs, self.pos, self.state, self.left, self.busy, len(self.pos)
-        if all(pos[r] >= len(programs[r]) for r in range(R)):
-            return False
-        n_cpu = sum(1 for r in range(R) if state[r] == "cpu")
-        n_wait = sum(1 for r in range(R) if state[r] != "cpu" and pos[r] < len(programs[r]))
-        rate = self.speed(n_cpu, n_wait)
-        dts = [left[r] / rate for r in range(R) if state[r] == "cpu"]
-        dts += [left[r] for r in range(R) if state[r] == "block"]
-        dts += [a - self.t for a in self.pending]
-        if not dts:
-            stuck = {r: pos[r] for r in range(R) if pos[r] < len(programs[r])}
-            raise ConfigError(f"simulate_shared: no rank can progress (rank -> next action index: {stuck})")
-        dt = max(0.0, min(dts))
-        self.spent(dt, n_cpu)
-        for r in range(R):
-            if state[r] == "cpu":
-                left[r] -= rate * dt
-                busy[r] += dt
-            elif state[r] == "block":
-                left[r] -= dt
-                busy[r] += dt
-        self.t = t = self.t + dt
-        for r in range(R):
-            if state[r] == "cpu" and left[r] <= 1e-12:
-                d = programs[r][pos[r]][3]
-                state[r], left[r] = ("block", d) if d > 0 else ("end", 0.0)
-            if state[r] == "block" and left[r] <= 1e-12:
-                state[r] = "end"
-            if state[r] == "end":
-                for p in programs[r][pos[r]][1]:
-                    self.walk.produce(p, t)
-                pos[r] += 1
-                state[r] = "idle"
-        self.pending = []
-        for r in range(R):  # every rank looks again at the new time
-            self.walk.clock[r] = t
-            self.walk.resume(r)
-        return True
 
 
 class _Replay:
