@@ -47,9 +47,11 @@ def test_walk_replay_hand_example_and_deadlock():
     assert Walk(2, by_clock=False).replay(stuck, [0, 1], 1, f, i, w, 0.5) is None
 
 
-def test_walk_replay_equals_the_pruned_search_replay():
-    """The engine's replay and the pruned search's flat one-stage-per-rank replay give the same float."""
-    from tessera_lab.pipeline.engine import Walk
+def test_pruned_search_replay_equals_the_simulator():
+    """The pruned search's replay (the engine's replay policy behind an activation-budget check) gives the
+    simulator's float for one-stage-per-rank orders, and ``None`` past the budget."""
+    from tessera_lab.pipeline.durations import stage_durations
+    from tessera_lab.pipeline.engine import simulate
     from tessera_lab.pipeline.generators import zb_h1
     from tessera_lab.pipeline.zbsingle import replay_single
 
@@ -57,6 +59,7 @@ def test_walk_replay_equals_the_pruned_search_replay():
         sched = zb_h1(p, m)
         f = [1.0 + 0.1 * s for s in range(p)]
         i, w = [1.3 - 0.05 * s for s in range(p)], [0.7] * p
-        lists = [sched.actions[r] for r in range(p)]
-        got = Walk(p, by_clock=False).replay(lists, list(range(p)), m, f, i, w, 0.03)
-        assert got == replay_single(sched.actions, m, f, i, w, 0.03, 10**9) and got > 0
+        d = stage_durations(f, [a + b for a, b in zip(i, w)], w)
+        got = replay_single(sched.actions, m, f, i, w, 0.03, 10**9)
+        assert got == simulate(sched, d, p2p_time=0.03).iteration_time and got > 0
+        assert replay_single(sched.actions, m, f, i, w, 0.03, p - 1) is None  # ZB-H1 holds p on its first rank

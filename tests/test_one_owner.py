@@ -5,8 +5,8 @@
 * one FLOP counter: only ``model/flops.py`` turns shapes into FLOPs (no arithmetic bound to a ``flops`` name, a
   ``flops=`` keyword or a task's FLOP field anywhere else);
 * one schedule registry: only ``pipeline/schedules.py`` maps schedule names to builders;
-* one walker: only ``pipeline/engine.py`` walks per-rank action lists (an agenda, a deadlock exit, a loop advancing
-  per-rank positions), but the functions ``OTHER_WALKERS`` names, each with its reason.
+* one walker: only ``pipeline/walk.py`` (the walker) and ``pipeline/engine.py`` (its simulation policy) walk per-rank action lists (an agenda, a deadlock exit, a loop advancing
+  per-rank positions), but the list schedulers ``LIST_SCHEDULERS`` names (they build an order; they walk no list).
 
 Each rule is also run on a planted copy of the thing it forbids, so the test can fail."""
 
@@ -158,26 +158,26 @@ def test_one_schedule_registry():
 
 # ---- one walker ------------------------------------------------------------------------------------------------
 
-WALKER_OWNER = "pipeline/engine.py"
-#: walks over action lists outside the engine, by module and then by function (dotted for a method), each with its
-#: reason; anything else in these modules that walks is found like anywhere else. This list only ever shrinks
-OTHER_WALKERS = {
-    # NCCL's matching rule, not a timed execution: each rank's lowered p2p batches are posted in order and a rank
-    # pair's sends and receives matched in posting order (tags ignored); what it reports is a deadlock or a
-    # mismatch, never a time, and the engine runs a lowered schedule only after this check passes
-    "pipeline/p2p.py": ("_NcclReplay.host", "_NcclReplay.raise_if_stuck"),
-    # zb-auto's list schedulers build an order from stage times (a heap of rank clocks: they make the list, they do
-    # not walk one). The pruned search's replay times each candidate's one-stage-per-rank F/I/W lists on flat
-    # tables with the simulator's float operations: the engine's replay policy (Walk.replay, which times the
-    # exhaustive search's candidates) gives the same makespans at 1.26x its instructions (368 replays of 32
-    # searches, p 4 and 8: 646M against 514M), and time-only simulations at 3.8x its CPU
-    "pipeline/zbsingle.py": ("greedy_single", "GreedyGeneral.place", "GreedyGeneral.decide", "GreedyGeneral.run",
-                             "replay_single"),
+#: the walker (its driver and replay policy) and the engine (its simulation policy, the event loop)
+WALKER_OWNERS = ("pipeline/walk.py", "pipeline/engine.py")
+#: functions outside the engine that may show a walker's signs because they *build* an order, by module and then by
+#: function (dotted for a method), each with its reason. They may keep an agenda of rank clocks (``heapq``) and
+#: per-rank counters; they may not read an action list at a rank's advancing position nor report a deadlock (signs
+#: of a walk over a given list, :data:`WALK_OVER_A_LIST`), and anything else in their modules that walks is found
+#: like anywhere else. This list only ever shrinks
+LIST_SCHEDULERS = {
+    # zb-auto's greedy list schedulers build each rank's F/I/W order from the stage times (sail-sg's heuristic): a
+    # heap of rank clocks picks the next decision; they walk no list (their candidates are timed by the engine's
+    # replay policy, Walk.replay, through zbsingle.replay_single)
+    "pipeline/zbsingle.py": ("greedy_single", "GreedyGeneral.place", "GreedyGeneral.decide", "GreedyGeneral.run"),
 }
+#: the signs that only a walk over a given list shows (never allowed outside the engine)
+WALK_OVER_A_LIST = ("while loop reading", "DeadlockError")
 
 
-#: the modules that execute action lists step by step (the dynamic controller, the CPU testbed's sharing)
-ENGINE_USERS = ("dynamic/online.py", "runner/testbed/sharing.py")
+#: the modules that execute action lists step by step on the engine (the dynamic controller, the CPU testbed's
+#: sharing, the NCCL posting-order check, zb-auto's candidate replay)
+ENGINE_USERS = ("dynamic/online.py", "runner/testbed/sharing.py", "pipeline/p2p.py", "pipeline/zbsingle.py")
 
 
 def _per_rank(node: ast.AST) -> bool:
@@ -286,26 +286,30 @@ def _located_walker_signs(tree: ast.Module) -> list[tuple[frozenset[str], str]]:
 
 
 def _unexempted(module: str, tree: ast.Module) -> list[str]:
-    """The walker signs of ``module`` outside the functions :data:`OTHER_WALKERS` names for it."""
-    allowed = set(OTHER_WALKERS.get(module, ()))
-    return [sign for names, sign in _located_walker_signs(tree) if not names <= allowed]
+    """The walker signs of ``module`` outside the functions :data:`LIST_SCHEDULERS` names for it, and inside them
+    every sign of a walk over a given list (:data:`WALK_OVER_A_LIST`)."""
+    allowed = set(LIST_SCHEDULERS.get(module, ()))
+    return [sign for names, sign in _located_walker_signs(tree)
+            if not names <= allowed or any(w in sign for w in WALK_OVER_A_LIST)]
 
 
 def test_one_walker():
     """Every walk over per-rank action lists runs on the engine's one walker (:class:`Walk`: simulation, the dynamic
-    controller, the CPU testbed's processor sharing and zb-auto's candidate replay are policies on it; the fast path packs the order the event
-    loop recorded and walks nothing), scanning the whole package."""
+    controller, the CPU testbed's processor sharing, the NCCL posting-order check and zb-auto's candidate replay are
+    policies on it; the fast path packs the order the event loop recorded and walks nothing), scanning the whole
+    package; the only other functions with a walker's signs build orders (:data:`LIST_SCHEDULERS`)."""
     mods = _modules()
-    found = {m: s for m, tree in mods.items() if m != WALKER_OWNER and (s := _unexempted(m, tree))}
-    assert not found, f"walkers over actions outside {WALKER_OWNER}: {found}"
-    assert _walker_signs(mods[WALKER_OWNER])
-    for m, names in OTHER_WALKERS.items():  # the list holds only what is still there, each function a walker
+    found = {m: s for m, tree in mods.items() if m not in WALKER_OWNERS and (s := _unexempted(m, tree))}
+    assert not found, f"walkers over actions outside {WALKER_OWNERS}: {found}"
+    assert all(_walker_signs(mods[m]) for m in WALKER_OWNERS)
+    for m, names in LIST_SCHEDULERS.items():  # the list holds only what is still there, each with a walker's signs
         walking = set().union(*(owners for owners, _ in _located_walker_signs(mods[m])))
         assert set(names) <= walking, (m, set(names) - walking)
     assert not _walker_signs(mods["pipeline/linear.py"]) and not _walker_signs(mods["dynamic/online.py"])
     for m in ENGINE_USERS:  # the modules that execute action lists step by step do so on the engine
-        assert any(isinstance(n, ast.ImportFrom) and n.module == "tessera_lab.pipeline.engine"
-                   for n in ast.walk(mods[m])), m
+        assert any(isinstance(n, ast.ImportFrom) and n.module in ("tessera_lab.pipeline.engine",
+                                                                  "tessera_lab.pipeline.walk")
+                   and "Walk" in {a.name for a in n.names} for n in ast.walk(mods[m])), m
     planted = ast.parse("import heapq\nwhile todo:\n    pc[r] += 1\nraise DeadlockError('stuck')\n")
     assert len(_walker_signs(planted)) == 3
     assert not _walker_signs(ast.parse("while todo:\n    seen['pruned'] += 1\n"))  # a counter, not a walk
@@ -357,6 +361,9 @@ def test_walker_exemption_is_by_function():
     assert any("imports heapq" in f for f in _unexempted(module, ast.parse(source + heap)))
     # a method of an exempted class that is not named is not exempt
     zbs = "pipeline/zbsingle.py"
+    cursor = ("\n\ndef greedy_single(lists, pos, r):\n    while pos[r] < len(lists[r]):\n"
+              "        a = lists[r][pos[r]]\n        pos[r] += 1\n")
+    assert any("while loop reading" in f for f in _unexempted(zbs, ast.parse((PKG / zbs).read_text() + cursor)))
     method = ("\n\nclass GreedyGeneral2:\n    def run(self, pc, r):\n        while pc[r] < 3:\n"
               "            pc[r] += 1\n")
     assert _unexempted(zbs, ast.parse((PKG / zbs).read_text() + method))

@@ -29,6 +29,7 @@ from typing import Iterator, Sequence
 
 from tessera_lab.errors import DeadlockError, ScheduleError
 from tessera_lab.pipeline.actions import Action, ActionType
+from tessera_lab.pipeline.walk import Walk, _deadlock
 
 __all__ = ["comm_route", "lowered_steps", "check_nccl_order", "check_nccl_steps", "batch_p2p", "needs_cross_rank"]
 
@@ -99,20 +100,27 @@ def check_nccl_order(schedule) -> None:
 def check_nccl_steps(schedule, steps: dict[int, list[tuple[str, int, tuple[Action, ...]]]]) -> None:
     """:func:`check_nccl_order` on explicit runtime steps (``steps[rank]``: :func:`lowered_steps` items, where two
     batches may follow each other, as a runtime that posts every transfer in a batch of its own does). Reads the
-    schedule's ``num_stages``, ``num_ranks``, ``stage_to_rank`` and ``name``; raises as :func:`check_nccl_order`."""
-    replay = _NcclReplay(schedule, steps)
-    replay.run()
-    replay.raise_if_stuck()
+    schedule's ``num_stages``, ``num_ranks``, ``stage_to_rank`` and ``name``; raises as :func:`check_nccl_order`.
+    The play is a policy (:class:`_NcclReplay`) on the engine's walker (stack order)."""
+    walk = Walk(schedule.num_ranks, by_clock=False)
+    replay = _NcclReplay(walk, schedule, steps)
+    walk.run(replay.step)
+    stuck = replay.stuck()
+    if stuck:
+        raise _deadlock(getattr(schedule, "name", "?"), stuck, " under the NCCL p2p rule (batches in posting order, "
+                        "matching in posting order per rank pair)")
 
 
 class _NcclReplay:
-    """The state of an NCCL replay of runtime steps: each rank's host position ``pc`` and the keys it has
+    """The NCCL rule as a policy on the walker: each rank's host position ``pc`` and the keys it has
     ``produced``/``posted`` a receive for, its ``stream`` of posted batches (one at a time, in posting order),
-    ``batches`` (batch id -> ops ``[direction, seq, key, done, action]``), ``chan`` per rank pair ``(src, dst)``:
-    its sends and receives as ``(batch, op)`` in posting order, and the ``complete`` batch ids."""
+    ``batches`` (batch id -> ops ``[direction, seq, key, done, action]``, and the count of its ops not yet matched),
+    ``chan`` per rank pair ``(src, dst)``: its sends and receives as ``(batch, op)`` in posting order, and the
+    ``complete`` batch ids. The hook :meth:`step` makes one move of a rank; a move another rank may wait on (a new
+    batch at the head of a stream, an op matched) makes that rank due again."""
 
-    def __init__(self, schedule, steps: dict[int, list[tuple[str, int, tuple[Action, ...]]]]) -> None:
-        self.schedule, self.steps = schedule, steps
+    def __init__(self, walk, schedule, steps: dict[int, list[tuple[str, int, tuple[Action, ...]]]]) -> None:
+        self.resume, self.schedule, self.steps = walk.resume, schedule, steps
         self.S, self.R, self.s2r = schedule.num_stages, schedule.num_ranks, schedule.stage_to_rank
         self.pc = [0] * self.R
         self.produced: list[set] = [set() for _ in range(self.R)]
@@ -120,16 +128,14 @@ class _NcclReplay:
         self.complete: set[int] = set()
         self.stream: list[deque] = [deque() for _ in range(self.R)]
         self.batches: list[list[list]] = []
+        self.open: list[int] = []  # batch id -> its ops not yet matched
         self.chan: dict[tuple[int, int], tuple[list, list]] = {}
 
-    def run(self) -> None:
-        """Advance every rank's host and comm stream in turn until nothing moves."""
-        progress = True
-        while progress:
-            progress = False
-            for r in range(self.R):
-                progress |= self.host(r)
-                progress |= self.comm(r)
+    def step(self, r: int) -> bool:
+        """One move of rank ``r``: its next host step (post a batch, or run a compute whose receives are complete),
+        else matching its oldest batch's ops with the peers' oldest batches. ``True``: it moved (the walker calls
+        again at once)."""
+        return self.host(r) or self.comm(r)
 
     def post(self, r: int, acts: tuple[Action, ...]) -> None:
         """Rank ``r`` posts one batch: its cross-rank ops join their rank pair's channel in order."""
@@ -156,83 +162,94 @@ class _NcclReplay:
                 self.posted[r][key] = bid
             ops.append(op)
         self.batches.append(ops)
-        if ops:
-            self.stream[r].append(bid)
-        else:
+        self.open.append(len(ops))
+        if not ops:
             self.complete.add(bid)
+            return
+        self.stream[r].append(bid)
+        if len(self.stream[r]) == 1:
+            self._wake_peers(ops)
+
+    def _wake_peers(self, ops: list) -> None:
+        """The peers of ``ops`` (a batch now at the head of its stream) are due again: they may match with it."""
+        for op in ops:
+            a, b = op[0]
+            self.resume(a)
+            self.resume(b)
 
     def host(self, r: int) -> bool:
-        """Run rank ``r``'s host steps until a compute step waits on a receive not yet complete."""
-        moved, steps, posted = False, self.steps[r], self.posted[r]
-        while self.pc[r] < len(steps):
-            kind, _, acts = steps[self.pc[r]]
-            if kind == "batch":
-                self.post(r, acts)
-            else:
-                a = acts[0]
-                for key in needs_cross_rank(a, self.s2r, r, self.S):
-                    if key not in posted:
-                        raise ScheduleError(f"rank {r}: {a} reads {key[0]}{key[1:]} but no receive of it is posted "
-                                            "before it (lower the schedule with with_comms)")
-                    if posted[key] not in self.complete:
-                        return moved
-                for x in a.leaves():
-                    if x.type is _F:
-                        self.produced[r].add(("F", x.stage, x.microbatch))
-                    elif x.type in (_B, _I):
-                        self.produced[r].add(("G", x.stage, x.microbatch))
-            self.pc[r] += 1
-            moved = True
-        return moved
+        """Rank ``r``'s next host step, if it can run: a batch is posted, a compute runs once the batches holding
+        its cross-rank inputs' receives are complete. ``False`` at the end or waiting."""
+        steps, pc = self.steps[r], self.pc[r]
+        if pc >= len(steps):
+            return False
+        kind, _, acts = steps[pc]
+        if kind == "batch":
+            self.post(r, acts)
+        else:
+            a, posted = acts[0], self.posted[r]
+            for key in needs_cross_rank(a, self.s2r, r, self.S):
+                if key not in posted:
+                    raise ScheduleError(f"rank {r}: {a} reads {key[0]}{key[1:]} but no receive of it is posted "
+                                        "before it (lower the schedule with with_comms)")
+                if posted[key] not in self.complete:
+                    return False
+            for x in a.leaves():
+                if x.type is _F:
+                    self.produced[r].add(("F", x.stage, x.microbatch))
+                elif x.type in (_B, _I):
+                    self.produced[r].add(("G", x.stage, x.microbatch))
+        self.pc[r] = pc + 1
+        return True
 
     def comm(self, r: int) -> bool:
-        """Match the ops of rank ``r``'s oldest batches with the peer ops at the head of their peers' streams."""
-        moved, stream, batches = False, self.stream, self.batches
-        while stream[r]:
-            bid = stream[r][0]
-            for op in batches[bid]:
-                if op[3]:
-                    continue
-                direction, seq = op[0], op[1]
-                sends, recvs = self.chan[direction]
-                is_send = op[4].type in _SEND
-                other = recvs if is_send else sends
-                if seq >= len(other):
-                    continue
-                obid, oop = other[seq]
-                peer = direction[1] if is_send else direction[0]
-                if not stream[peer] or stream[peer][0] != obid:
-                    continue
-                if oop[2] != op[2]:
-                    snd, rcv = (op, oop) if is_send else (oop, op)
-                    raise ScheduleError(
-                        f"NCCL order mismatch in schedule {getattr(self.schedule, 'name', '?')!r}: send #{seq} from "
-                        f"rank {direction[0]} to rank {direction[1]} ({snd[4]}) would be matched with {rcv[4]} "
-                        "(NCCL matches a rank pair's p2p in posting order and ignores tags)")
-                op[3] = oop[3] = True
-                moved = True
-            if all(op[3] for op in batches[bid]):
-                stream[r].popleft()
-                self.complete.add(bid)
-                moved = True
-            else:
-                break
-        return moved
+        """Match the ops of rank ``r``'s oldest batch with the peer ops at the head of their peers' streams (each
+        match makes the peer due again); ``True`` when that batch completed (the next one is then the head)."""
+        stream, batches = self.stream, self.batches
+        if not stream[r]:
+            return False
+        bid = stream[r][0]
+        for op in batches[bid]:
+            if op[3]:
+                continue
+            direction, seq = op[0], op[1]
+            sends, recvs = self.chan[direction]
+            is_send = op[4].type in _SEND
+            other = recvs if is_send else sends
+            if seq >= len(other):
+                continue
+            obid, oop = other[seq]
+            peer = direction[1] if is_send else direction[0]
+            if not stream[peer] or stream[peer][0] != obid:
+                continue
+            if oop[2] != op[2]:
+                snd, rcv = (op, oop) if is_send else (oop, op)
+                raise ScheduleError(
+                    f"NCCL order mismatch in schedule {getattr(self.schedule, 'name', '?')!r}: send #{seq} from "
+                    f"rank {direction[0]} to rank {direction[1]} ({snd[4]}) would be matched with {rcv[4]} "
+                    "(NCCL matches a rank pair's p2p in posting order and ignores tags)")
+            op[3] = oop[3] = True
+            self.open[bid] -= 1
+            self.open[obid] -= 1
+            self.resume(peer)
+        if self.open[bid]:
+            return False
+        stream[r].popleft()
+        self.complete.add(bid)
+        if stream[r]:
+            self._wake_peers(batches[stream[r][0]])
+        return True
 
-    def raise_if_stuck(self) -> None:
-        """:class:`DeadlockError` naming where each unfinished rank waits, if any rank did not finish."""
-        left = [r for r in range(self.R) if self.pc[r] < len(self.steps[r]) or self.stream[r]]
-        if not left:
-            return
+    def stuck(self) -> dict[int, str]:
+        """Rank -> where it waits (its running batch's unmatched ops, or its next step) for every rank that did not
+        finish; empty when all finished."""
         stuck = {}
-        for r in left:
+        for r in range(self.R):
             if self.stream[r]:
                 stuck[r] = "[" + " ".join(str(op[4]) for op in self.batches[self.stream[r][0]] if not op[3]) + "]"
-            else:
+            elif self.pc[r] < len(self.steps[r]):
                 stuck[r] = str(self.steps[r][self.pc[r]][2][0])
-        detail = "; ".join(f"rank {r} waits at {a}" for r, a in sorted(stuck.items()))
-        raise DeadlockError(f"deadlock in schedule {getattr(self.schedule, 'name', '?')!r} under the NCCL p2p rule "
-                            f"(batches in posting order, matching in posting order per rank pair): {detail}", stuck)
+        return stuck
 
 
 def batch_p2p(schedule):

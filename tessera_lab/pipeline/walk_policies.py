@@ -1,5 +1,5 @@
 """The walker's processor-sharing policy: processor sharing, the CPU testbed's resource model: a ``step`` and an
-``advance`` hook that :class:`tessera_lab.pipeline.engine.Walk` drives; it walks no list itself."""
+``advance`` hook that :class:`tessera_lab.pipeline.walk.Walk` drives; it walks no list itself."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The greedy list scheduler of the zero-bubble search (:mod:`tessera_lab.pipeline.zerobubble`): its
 :class:`Policy` switches, its general loop (:class:`GreedyGeneral`, any placement), the loop inlined for stage ``s``
-on rank ``s`` (:func:`greedy_single`, the same orders as the general loop, tested), and a replay of an F/I/W order on lists
-(:func:`replay_single`, the same float operations as the simulator's rules with non-blocking sends). Times in
+on rank ``s`` (:func:`greedy_single`, the same orders as the general loop, tested), and the timing of a candidate order
+(:func:`replay_single`: an activation-budget check, then the engine's replay policy, the simulator's float operations
+with non-blocking sends). Times in
 seconds (any consistent unit). Never imports torch.
 """
 
@@ -15,6 +16,7 @@ from typing import Sequence
 
 from tessera_lab.errors import ScheduleError
 from tessera_lab.pipeline.actions import Action, ActionType
+from tessera_lab.pipeline.walk import Walk
 from tessera_lab.pipeline.ir import Schedule
 
 __all__ = ["Policy", "POLICIES", "greedy_single", "GreedyGeneral", "replay_single", "check_single", "action_table"]
@@ -164,9 +166,11 @@ def greedy_single(m: int, f: Sequence[float], i: Sequence[float], w: Sequence[fl
 
 
 def replay_single(lists: dict[int, list[Action]], m: int, f, i, w, p2p: float, budget: float) -> float | None:
-    """``zerobubble._replay`` for one stage per rank with stage ``s`` on rank ``s`` and an F/I/W order holding each
-    stage's ``3 m`` actions: the same float operations (so the same number) on lists instead of dicts; ``None``
-    if a rank's peak activations exceed ``budget`` or the orders cannot run."""
+    """Makespan (seconds) of one-stage-per-rank F/I/W orders (stage ``s`` on rank ``s``, ``lists[r]`` holding stage
+    ``r``'s ``3 m`` actions) under per-stage seconds ``f``, ``i``, ``w`` and ``p2p`` seconds per hop, timed by the
+    engine's replay policy (:meth:`tessera_lab.pipeline.walk.Walk.replay`: the simulator's float operations, so its
+    number); ``None`` if a rank's peak live activations (from the order alone, as ``order_peak``) exceed
+    ``budget`` or the orders cannot run."""
     R = len(f)
     cap = budget + 1e-9
     for r in range(R):  # peak live activations from the order alone (order_peak)
@@ -178,53 +182,7 @@ def replay_single(lists: dict[int, list[Action]], m: int, f, i, w, p2p: float, b
                     return None
             elif a.type is _W:
                 live -= 1
-    f_end = [[None] * m for _ in range(R)]
-    i_end = [[None] * m for _ in range(R)]
-    pos, t = [0] * R, [0.0] * R
-    ns = [len(lists[r]) for r in range(R)]
-    last = R - 1
-    progress = True
-    while progress:
-        progress = False
-        for r in range(R):
-            acts, p, n, tr = lists[r], pos[r], ns[r], t[r]
-            fe, ie = f_end[r], i_end[r]
-            while p < n:
-                a = acts[p]
-                k, kind = a.microbatch, a.type
-                if kind is _F:
-                    if r > 0:
-                        e = f_end[r - 1][k]
-                        if e is None:
-                            break
-                        e = e + p2p
-                        tr = e if e > tr else tr
-                    tr = fe[k] = tr + f[r]
-                elif kind is _I:
-                    e = fe[k]
-                    if e is None:
-                        break
-                    tr = e if e > tr else tr
-                    if r < last:
-                        e = i_end[r + 1][k]
-                        if e is None:
-                            break
-                        e = e + p2p
-                        tr = e if e > tr else tr
-                    tr = ie[k] = tr + i[r]
-                else:
-                    e = ie[k]
-                    if e is None:
-                        break
-                    tr = e if e > tr else tr
-                    tr = tr + w[r]
-                p += 1
-            if p != pos[r]:
-                pos[r], t[r] = p, tr
-                progress = True
-    if pos != ns:
-        return None
-    return max(t)
+    return Walk(R, by_clock=False).replay([lists[r] for r in range(R)], list(range(R)), m, f, i, w, p2p)
 
 
 def check_single(sched: Schedule) -> Schedule:
