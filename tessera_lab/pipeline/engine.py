@@ -215,7 +215,7 @@ class _EventLoop:
         started at ``start``: its arrival (an event when it takes time) and the ranks parked on it due."""
         xfer, s2r, events, preds, arrival, arrival_ev = (self.xfer, self.s2r, self.events, self.preds, self.arrival,
                                                          self.arrival_ev)
-        w_arr, wake = self.w_arr, self.walk.wake
+        w_arr, wake = self.w_arr, self.walk.waker()
 
         def add_transfer(key: tuple, start: float, src: int, dst: int, pred: int) -> None:
             dt = xfer(src, dst)
@@ -246,7 +246,7 @@ class _EventLoop:
         simulation."""
         programs, order_append, pc, t_rank, last_ev = self.programs, self.order.append, self.pc, self.t_rank, self.last_ev
         done, done_ev, arrival, arrival_ev = self.done, self.done_ev, self.arrival, self.arrival_ev
-        w_done, w_arr, wake, add_transfer = self.w_done, self.w_arr, self.walk.wake, self.add_transfer
+        w_done, w_arr, wake_done, add_transfer = self.w_done, self.w_arr, self.walk.waker(self.w_done), self.add_transfer
         events, preds, busy, durations, explicit_send = self.events, self.preds, self.busy, self.durations, \
             self.explicit_send
         post_implicit, act_deltas, send, recv = self.blocking and bool(explicit_send), self.act_deltas, self.send, \
@@ -307,7 +307,7 @@ class _EventLoop:
                     done[key] = end
                     done_ev[key] = last
                     if key in w_done:
-                        wake(key, w_done)
+                        wake_done(key)
                     if dst >= 0 and key not in explicit_send:
                         add_transfer(key, end, key[1], dst, last)
                 k += 1

@@ -71,6 +71,28 @@ class Walk:
                     queued[q] = True
                     agenda.append(q)
 
+    def waker(self, table: dict | None = None) -> Callable[[tuple], None]:
+        """:meth:`wake` on ``table`` (default :attr:`parked`) as a one-argument function specialised for the tie
+        order, for a policy's hot loop: ``waker(t)(key)`` does what ``wake(key, t)`` does."""
+        pop = (self.parked if table is None else table).pop
+        if self.by_clock:
+            clock, agenda, push = self.clock, self.agenda, heapq.heappush
+
+            def wake_by_clock(key: tuple) -> None:
+                for q in pop(key, ()):
+                    push(agenda, (clock[q], q))
+
+            return wake_by_clock
+        queued, agenda = self.queued, self.agenda
+
+        def wake_stack(key: tuple) -> None:
+            for q in pop(key, ()):
+                if not queued[q]:
+                    queued[q] = True
+                    agenda.append(q)
+
+        return wake_stack
+
     def produce(self, key: tuple, when: float) -> None:
         """Input ``key`` is at its consumer at ``when``: the ranks parked on it are due again."""
         self.arrival[key] = when
@@ -82,18 +104,21 @@ class Walk:
         hook ``step(r)`` (again while it returns ``True``: the rank goes on at once); when no rank is due, call
         ``advance()`` (a resource model moving time on; ``True``: ranks may be due again) or stop (all finished, or
         the rest parked: see :meth:`check_finished`)."""
-        agenda, clock, queued, by_clock, pop = self.agenda, self.clock, self.queued, self.by_clock, heapq.heappop
+        agenda, clock, queued, pop = self.agenda, self.clock, self.queued, heapq.heappop
         while True:
-            while agenda:
-                if by_clock:
+            if self.by_clock:
+                while agenda:
                     t, r = pop(agenda)
                     if t > clock[r]:
                         clock[r] = t
-                else:
+                    while step(r):
+                        pass
+            else:
+                while agenda:
                     r = agenda.pop()
                     queued[r] = False
-                while step(r):
-                    pass
+                    while step(r):
+                        pass
             if advance is None or not advance():
                 return
 
