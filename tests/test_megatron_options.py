@@ -196,3 +196,28 @@ def test_fsdp_layer_cost_is_the_lanes_or_the_own_stream_by_hand():
     # here the link binds: the gathers and reduce-scatters (2 + 2 + 4 bytes a parameter) outlast the lanes
     assert bw == pytest.approx(side_s["B"] + side_s["W"]) and side_s["W"] > lanes["B"].time + lanes["W"].time
     assert cost.F.comm == pytest.approx(lanes["F"].comm + side_s["F"])
+
+
+def test_fsdp_report_recipes_match_the_layer_costs():
+    """The report's per-phase recipes price FSDP's own-stream collectives as the cost model does: their totals are
+    the layer's F, B and W times, their parts sum to them, and a link-bound backward puts the excess on the exposed
+    all-gather and reduce-scatter rows (the backward's two gathers and the reduce-scatter share two task names)."""
+    from tessera_lab.model.hardware import cluster_for
+    from tessera_lab.model.tasks import decompose
+    from tessera_lab.report.categories import _RecipeBuilder
+
+    p, cm = _fsdp_cost_model()
+    lt = decompose(QWEN, p)[1]
+    cost = cm.layer_cost(lt)
+    rb = _RecipeBuilder(QWEN, p, cluster_for(p, "H100"))
+    side = sum(cm.task_time(t) for t in lt.B + lt.W if t.own_stream)
+    for ph in "FBW":
+        bd = rb.phase(1, ph)
+        assert bd.total == pytest.approx(getattr(cost, ph).time)
+        assert sum(bd.parts.values()) == pytest.approx(bd.total)
+    w = rb.phase(1, "W")
+    lanes_w = cm.phase_cost([t for t in lt.W if not t.own_stream])
+    assert cost.W.comm == pytest.approx(lanes_w.comm + side)  # every gather and reduce-scatter counted once
+    exposed = sum(v for k, v in w.parts.items() if k.startswith("exposed_all_gather") or
+                  k.startswith("exposed_reduce_scatter"))
+    assert exposed == pytest.approx(side - rb.phase(1, "B").total - lanes_w.time)

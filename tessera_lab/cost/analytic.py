@@ -315,14 +315,14 @@ class CostModel:
         side = [t for t in tasks if t.own_stream]
         if side:
             lanes = self.phase_cost([t for t in tasks if not t.own_stream], contention)
-            side_s = {t.name: self.task_time(t) for t in side}
+            side_s = [self.task_time(t) for t in side]  # (a B and a W task may share a name)
             by_coll = dict(lanes.comm_by_collective)
-            for t in side:
+            for t, d in zip(side, side_s):
                 key = f"{t.collective.kind}:{t.collective.group}"
-                by_coll[key] = by_coll.get(key, 0.0) + side_s[t.name]
+                by_coll[key] = by_coll.get(key, 0.0) + d
             time = self.own_stream_time(lanes_before_s + lanes.time, side) - lanes_before_s
-            exposed = lanes.exposed_comm + max(0.0, sum(side_s.values()) - lanes_before_s - lanes.time)
-            return PhaseCost(time, lanes.compute, lanes.comm + sum(side_s.values()), exposed, by_coll)
+            exposed = lanes.exposed_comm + max(0.0, sum(side_s) - lanes_before_s - lanes.time)
+            return PhaseCost(time, lanes.compute, lanes.comm + sum(side_s), exposed, by_coll)
         if not tasks:
             return PhaseCost(0.0, 0.0, 0.0, 0.0, {})
         durations = {t.name: self.task_time(t) for t in tasks}
