@@ -35,7 +35,9 @@ interleaved 1F1B (``--vpp VP``); with the recipe's EP overlap (``overlap_moe_exp
 when PP > 1, ``megatron/core/transformer/transformer_config.py``; one more warm-up micro-batch,
 ``get_pp_rank_microbatches`` in ``megatron/core/pipeline_parallel/schedules.py``). Sequence parallelism on with
 TP > 1, as the recipes set it; per-run recipe fields from ``data/published``: ``recompute_modules`` (Megatron's
-names), ``adam_moment_dtype`` (DeepSeek-V3's precision-aware optimizer keeps bf16 moments).
+names), ``adam_moment_dtype`` (DeepSeek-V3's precision-aware optimizer keeps bf16 moments), ``fsdp`` (Megatron FSDP
+with ``optim_grads_params`` sharding, ``ParallelConfig.fsdp``: its memory and its per-layer gathers and
+reduce-scatters are planned as ``plan --fsdp`` plans them).
 
 Pipeline split: the recipe's (``pipeline_split`` in ``data/published``, :func:`split_for`): Megatron's even
 split, ``account_for_embedding/loss_in_pipeline_split`` (Qwen3-235B-A22B) or DeepSeek-V3's explicit layouts
@@ -125,6 +127,7 @@ def parallel_for(run: dict, host_sync_s: float | None = 0.0):
                          fused_cross_entropy=True,  # _benchmark_common: cross_entropy_fusion_impl = "te"
                          ep_placement="contiguous",  # Megatron-Core's expert grid: EP on consecutive ranks (ETP 1)
                          host_sync_s=host_sync_s,
+                         fsdp=bool(run.get("fsdp", False)),  # Megatron FSDP (optim_grads_params) where the run used it
                          grouped_gemm="multistream")  # TEGroupedMLP -> TE GroupedLinear: per-expert cuBLAS, 4 streams
     if tp > 1 and ep > 1 and not spans:
         notes.append(f"EP {ep} on {ep} consecutive ranks (Megatron-Core's expert rank generator, expert TP 1): "
@@ -252,7 +255,7 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
         "capacity_gib": capacity / 2**30, "fits_memory_with_mtp_estimate": mtp_fits,
         "parallel": {k: getattr(par, k) for k in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "schedule",
                                                   "precision", "dispatcher", "recompute", "ep_spans_tp",
-                                                  "recompute_modules", "adam_moment_dtype")},
+                                                  "recompute_modules", "adam_moment_dtype", "fsdp")},
         "mapping_notes": notes + ([run["recipe"]] if run.get("recipe") else []),
         "reference_only": run["split"] == "reference",
         "source": (f"Megatron-Bridge {run['container']}: " if run.get("container") else "") + run["source"],

@@ -150,3 +150,74 @@ def test_split_with_more_virtual_stages_than_layers_plans():
     plan = make_plan(m, par, None, method="uniform", gpu="H100", boundaries=b)
     assert list(plan.chosen.partition.boundaries) == b
     assert [b[s + 1] - b[s] for s in (0, 1, 48, 49)] == [0, 1, 1, 0]
+
+
+def _fsdp_cost_model():
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.hardware import cluster_for
+
+    p = ParallelConfig(pp=1, tp=2, ep=8, dp=16, fsdp=True, expert_load=1.0, ep_placement="contiguous",
+                       dispatcher="deepep", micro_batch_size=4, recompute="full")
+    return p, CostModel(cluster_for(p, "H100"), p)
+
+
+def test_fsdp_collectives_on_their_own_stream_by_hand():
+    p, cm = _fsdp_cost_model()
+    lt = layer_tasks(QWEN, 0, p)
+    dense, expert = rank_params(QWEN, p, 0)
+    gather = next(t for t in lt.F if t.name == "fsdp_gather_experts")
+    assert gather.own_stream and not next(t for t in lt.F if t.name == "dispatch").own_stream
+    # the expert gather: 2 x 301,989,888 bytes over 32 ranks, one a node (EP 8 fills a node): InfiniBand 50 GB/s at
+    # NCCL's 80%: 20 us + 603,979,776 x 31/32 / 40e9 = 14.648 ms
+    t = 2e-5 + 2 * expert * 31 / 32 / 40e9
+    assert cm.task_time(gather) == pytest.approx(t)
+    # its NCCL kernel across nodes holds 16 of the 132 SMs: lanes of 10 ms beside it take 10 + 16/132 x t < t
+    assert cm.own_stream_time(0.010, [gather]) == pytest.approx(t)
+    assert cm.own_stream_time(0.001, []) == 0.001
+    assert cm.own_stream_time(0.020, [gather]) == pytest.approx(0.020 + t * 16 / 132)
+
+
+def test_fsdp_layer_cost_is_the_lanes_or_the_own_stream_by_hand():
+    p, cm = _fsdp_cost_model()
+    lt = layer_tasks(QWEN, 0, p)
+    side = {ph: [t for t in getattr(lt, ph) if t.own_stream] for ph in "FBW"}
+    lanes = {ph: cm.phase_cost([t for t in getattr(lt, ph) if not t.own_stream]) for ph in "FBW"}
+    # per micro-batch and layer: two gathers (before F, before B: one for the recomputation and the backward) of
+    # each group and one reduce-scatter of each group, Megatron-Core's optim_grads_params with full recompute
+    assert [len(side[ph]) for ph in "FBW"] == [2, 2, 2]
+    assert all(t.collective.kind == "reduce_scatter" for t in side["W"])
+    cost = cm.layer_cost(lt)
+    side_s = {ph: sum(cm.task_time(t) for t in side[ph]) for ph in "FBW"}
+    share = {ph: sum(cm.task_time(t) * cm.comm_sm_share(t.collective) for t in side[ph]) for ph in "FBW"}
+    assert cost.F.time == pytest.approx(max(side_s["F"], lanes["F"].time + share["F"]))
+    assert cost.B.time == pytest.approx(lanes["B"].time)  # the backward's gathers and reduce-scatters go with W
+    bw = max(side_s["B"] + side_s["W"], lanes["B"].time + lanes["W"].time + share["B"] + share["W"])
+    assert cost.B.time + cost.W.time == pytest.approx(bw)
+    # here the link binds: the gathers and reduce-scatters (2 + 2 + 4 bytes a parameter) outlast the lanes
+    assert bw == pytest.approx(side_s["B"] + side_s["W"]) and side_s["W"] > lanes["B"].time + lanes["W"].time
+    assert cost.F.comm == pytest.approx(lanes["F"].comm + side_s["F"])
+
+
+def test_fsdp_report_recipes_match_the_layer_costs():
+    """The report's per-phase recipes price FSDP's own-stream collectives as the cost model does: their totals are
+    the layer's F, B and W times, their parts sum to them, and a link-bound backward puts the excess on the exposed
+    all-gather and reduce-scatter rows (the backward's two gathers and the reduce-scatter share two task names)."""
+    from tessera_lab.model.hardware import cluster_for
+    from tessera_lab.model.tasks import decompose
+    from tessera_lab.report.categories import _RecipeBuilder
+
+    p, cm = _fsdp_cost_model()
+    lt = decompose(QWEN, p)[1]
+    cost = cm.layer_cost(lt)
+    rb = _RecipeBuilder(QWEN, p, cluster_for(p, "H100"))
+    side = sum(cm.task_time(t) for t in lt.B + lt.W if t.own_stream)
+    for ph in "FBW":
+        bd = rb.phase(1, ph)
+        assert bd.total == pytest.approx(getattr(cost, ph).time)
+        assert sum(bd.parts.values()) == pytest.approx(bd.total)
+    w = rb.phase(1, "W")
+    lanes_w = cm.phase_cost([t for t in lt.W if not t.own_stream])
+    assert cost.W.comm == pytest.approx(lanes_w.comm + side)  # every gather and reduce-scatter counted once
+    exposed = sum(v for k, v in w.parts.items() if k.startswith("exposed_all_gather") or
+                  k.startswith("exposed_reduce_scatter"))
+    assert exposed == pytest.approx(side - rb.phase(1, "B").total - lanes_w.time)

@@ -64,6 +64,36 @@ def test_layout_mapping_by_hand():
     assert (par.pp, par.ep, par.microbatches, par.expert_load) == (1, 16, 64, 1.0)
 
 
+def test_fsdp_run_maps_onto_fsdp_by_hand():
+    # ModelZoo's FSDP row: 256 H100, TP 2 EP 8 PP 1, EDP 32, DP 128, FSDP on, MBS 4, GBS 2048: Megatron DP = 256/2 =
+    # 128 >= EP, so ep 8, dp 128/8 = 16; dense sharded over ep x dp = 128, experts over tp x dp = 32 (the row's EDP);
+    # m = 2048 / (4 x 128) = 4; planned with Megatron FSDP as `plan --fsdp`
+    bench, runs = _bench(), _runs(ALL_FILES)
+    run = runs["mz/qwen3-235b-a22b/256xH100/bf16/deepep-tp2-ep8-fsdp"]
+    par, _ = bench.parallel_for(run)
+    assert par.fsdp and (par.tp, par.ep, par.dp, par.pp, par.microbatches, par.micro_batch_size) == (2, 8, 16, 1, 4, 4)
+    assert (par.dense_shard_dp, par.expert_dp, par.world_size) == (128, 32, 256)
+    assert not bench.parallel_for({**run, "fsdp": False})[0].fsdp
+    # it ran on 80 GB H100s: planned with FSDP's sharding it fits (without it the unsharded bf16 weights and fp32
+    # gradients of 94 layers' 16 local experts alone are 6 x 94 x 301,989,888 bytes = 159 GiB)
+    row = bench.predict(run)
+    assert row["fits_memory"] and row["parallel"]["fsdp"], row["peak_memory_gib"]
+
+
+def test_fsdp_field_is_checked(tmp_path):
+    import pytest
+
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.report.fidelity_set import load_runs
+
+    data = json.loads((ROOT / "data" / "published" / "megatron_moe_modelzoo.json").read_text())
+    data["runs"] = [dict(r, fsdp="yes") for r in data["runs"] if r.get("fsdp")]
+    bad = tmp_path / "runs.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="field 'fsdp' = 'yes'"):
+        load_runs([bad])
+
+
 def test_published_recipes_fit_memory():
     # the acceptance point: every published recipe is feasible in the memory model at its own layout (even split,
     # VP, the recomputation it uses); the bench prices the time of a row that does not fit and says "fits: NO"

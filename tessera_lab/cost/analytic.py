@@ -293,8 +293,36 @@ class CostModel:
         return self.collective_time(coll, link)
 
     # ------------------------------------------------------------------ bundles
-    def phase_cost(self, tasks: Sequence[Task], contention: Contention | None = None) -> PhaseCost:
-        """Standalone cost of a bundle run in program order on two lanes."""
+    def own_stream_time(self, lanes_s: float, side: Sequence[Task]) -> float:
+        """Seconds of a bundle whose two lanes take ``lanes_s`` beside ``side``, collectives on streams of their own
+        (:attr:`~tessera_lab.model.graph.Task.own_stream`: Megatron FSDP's gathers and reduce-scatters, prefetched so
+        nothing in the layer waits on them). They run one after another on their own link (the gathers and
+        reduce-scatters of one data-parallel group share its communicator) for ``T = sum t_i``, from the bundle's
+        start; while one runs its kernel holds the share ``s_i`` of the SMs (:meth:`comm_sm_share`) and the lanes
+        progress at ``1 - s_i``. So ``time = max(T, lanes_s + sum s_i t_i)`` (the lanes treated as compute; HBM left
+        out). Example: lanes 10 ms, one 20 ms gather at 16 of 132 SMs: 20 ms; a 4 ms one: 10.48 ms."""
+        if not side:
+            return lanes_s
+        times = [(self.task_time(t), self.comm_sm_share(t.collective)) for t in side]
+        return max(sum(t for t, _ in times), lanes_s + sum(t * s for t, s in times))
+
+    def phase_cost(self, tasks: Sequence[Task], contention: Contention | None = None, *,
+                   lanes_before_s: float = 0.0) -> PhaseCost:
+        """Standalone cost of a bundle run in program order on two lanes, tasks on streams of their own beside them
+        (:meth:`own_stream_time`). ``lanes_before_s``: lane seconds of a bundle run just before this one that the
+        own-stream tasks overlap too (a layer's B before its W, :meth:`layer_cost`); the bundle's time is what it
+        adds after those seconds."""
+        side = [t for t in tasks if t.own_stream]
+        if side:
+            lanes = self.phase_cost([t for t in tasks if not t.own_stream], contention)
+            side_s = [self.task_time(t) for t in side]  # (a B and a W task may share a name)
+            by_coll = dict(lanes.comm_by_collective)
+            for t, d in zip(side, side_s):
+                key = f"{t.collective.kind}:{t.collective.group}"
+                by_coll[key] = by_coll.get(key, 0.0) + d
+            time = self.own_stream_time(lanes_before_s + lanes.time, side) - lanes_before_s
+            exposed = lanes.exposed_comm + max(0.0, sum(side_s) - lanes_before_s - lanes.time)
+            return PhaseCost(time, lanes.compute, lanes.comm + sum(side_s), exposed, by_coll)
         if not tasks:
             return PhaseCost(0.0, 0.0, 0.0, 0.0, {})
         durations = {t.name: self.task_time(t) for t in tasks}
@@ -315,7 +343,16 @@ class CostModel:
         return PhaseCost(res.makespan, compute, comm, exposed, by_coll)
 
     def layer_cost(self, lt: LayerTasks) -> LayerCost:
-        return LayerCost(lt.layer, lt.kind, self.phase_cost(lt.F), self.phase_cost(lt.B), self.phase_cost(lt.W))
+        """F, B and W costs of one layer. Tasks on streams of their own in B and W (Megatron FSDP's gather before
+        the backward and reduce-scatter after it, one layer's apart from the next only by the prefetch) run beside
+        the whole backward: they are priced with W over B and W's lanes together (:meth:`own_stream_time`), so W
+        carries what they add."""
+        side = [t for t in lt.B if t.own_stream]
+        if not side:
+            return LayerCost(lt.layer, lt.kind, self.phase_cost(lt.F), self.phase_cost(lt.B), self.phase_cost(lt.W))
+        b = self.phase_cost([t for t in lt.B if not t.own_stream])
+        w = self.phase_cost(list(lt.W) + side, lanes_before_s=b.time)
+        return LayerCost(lt.layer, lt.kind, self.phase_cost(lt.F), b, w)
 
     def model_costs(self, model: ModelSpec, *, expert_load: float = 1.0) -> list[LayerCost]:
         """Costs of the embedding, every decoder layer and the LM head, in order (len = layers + 2)."""

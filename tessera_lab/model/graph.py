@@ -11,6 +11,15 @@ from tessera_lab.model.flops import gemm_flops
 
 PHASES = ("F", "B", "W")
 
+#: tasks that run on CUDA streams of their own, beside a layer's compute stream and its communication stream, over
+#: the data-parallel link: Megatron FSDP's parameter all-gathers and gradient reduce-scatters
+#: (:func:`tessera_lab.model.tasks._fsdp_comms`; Megatron-Core issues the gathers as asynchronous
+#: ``all_gather_into_tensor`` calls of its ``AllGatherPipeline`` and the reduce-scatters on its ``GradReducePipeline``'s
+#: side stream, both on the data-parallel process groups' communicators, not the EP or TP ones:
+#: ``megatron/core/distributed/custom_fsdp/param_and_grad_buffer.py``, NVIDIA/Megatron-LM@1e057005959b).
+#: The two-lane overlap model leaves them out; :meth:`tessera_lab.cost.analytic.CostModel.own_stream_time` prices them.
+OWN_STREAM_TASKS = ("fsdp_gather", "fsdp_gather_experts")
+
 
 @dataclass(frozen=True)
 class Collective:
@@ -71,6 +80,11 @@ class Task:
     @property
     def is_comm(self) -> bool:
         return self.collective is not None
+
+    @property
+    def own_stream(self) -> bool:
+        """Whether the task runs on a stream of its own (:data:`OWN_STREAM_TASKS`), outside the two lanes."""
+        return self.name in OWN_STREAM_TASKS
 
     @property
     def key(self) -> str:

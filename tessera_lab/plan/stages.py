@@ -19,8 +19,8 @@ from tessera_lab.cost.sync import planner_per_layer_s
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.spec import ModelSpec
-from tessera_lab.model.tasks import decompose
-from tessera_lab.overlap.core import bundle, layer_kind_examples, schedule_pair, stage_pair_cost
+from tessera_lab.model.tasks import decompose, layer_tasks
+from tessera_lab.overlap.core import Bundle, bundle, layer_kind_examples, schedule_pair, stage_pair_cost
 from tessera_lab.plan.vschedules import plan_in_flight
 
 #: candidate orders the overlap scheduler evaluates per layer-kind pair while planning
@@ -192,12 +192,22 @@ class StageCostModel:
         return self.params(s, i, j) + self.activations(s, i, j) * self._in_flight[s]
 
 
+def _lane_bundle(model: ModelSpec, layer: int, phase: str, parallel: ParallelConfig, name: str) -> Bundle:
+    """:func:`~tessera_lab.overlap.core.bundle` without its tasks on streams of their own
+    (:attr:`~tessera_lab.model.graph.Task.own_stream`), which the two-lane pair model does not run."""
+    b = bundle(model, layer, phase, parallel, name=name)
+    if not any(t.own_stream for t in b.tasks):
+        return b
+    return Bundle.from_tasks(name, [t for t in b.tasks if not t.own_stream], model=model, parallel=parallel,
+                             layer=b.layer, phase=phase, kind=b.kind, expert_load=b.expert_load)
+
+
 @lru_cache(maxsize=256)
 def _pair_result(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, kind_f: str, kind_b: str, budget: int):
     cm = CostModel(cluster, parallel)
     ex = layer_kind_examples(model)
-    a = bundle(model, ex[kind_f], "F", parallel, name="F")
-    b = bundle(model, ex[kind_b], "BW", parallel, name="BW")
+    a = _lane_bundle(model, ex[kind_f], "F", parallel, "F")
+    b = _lane_bundle(model, ex[kind_b], "BW", parallel, "BW")
     return a, b, schedule_pair(a, b, cost_model=cm, budget=budget)
 
 
@@ -205,17 +215,24 @@ def analytic_pair(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, 
                   budget: int = PAIR_SEARCH_BUDGET):
     """``(bundle F, bundle BW, PairSchedule)``: the forward of a ``kind_f`` layer with the full backward (B then
     W) of a ``kind_b`` layer in the best issue order the overlap scheduler finds under the analytic cost model
-    (memoised; the makespan is in seconds)."""
+    (memoised; the makespan is in seconds). Tasks on streams of their own (Megatron FSDP's collectives) are not in
+    the bundles: :func:`layer_pair_costs` adds them."""
     return _pair_result(model, parallel, cluster, kind_f, kind_b, budget)
 
 
 def layer_pair_costs(model: ModelSpec, parallel: ParallelConfig, cost_model: CostModel,
                      budget: int = PAIR_SEARCH_BUDGET) -> dict[tuple[str, str], float]:
     """Analytic makespan (seconds) of every (forward kind, backward kind) pair of the model's layer kinds
-    (:func:`analytic_pair`)."""
-    kinds = list(layer_kind_examples(model))
-    return {(kf, kb): analytic_pair(model, parallel, cost_model.cluster, kf, kb, budget)[2].makespan
-            for kf in kinds for kb in kinds}
+    (:func:`analytic_pair`), with the two layers' tasks on streams of their own beside it
+    (:meth:`~tessera_lab.cost.analytic.CostModel.own_stream_time`)."""
+    ex = layer_kind_examples(model)
+    side = {}
+    for kind, layer in ex.items():
+        lt = layer_tasks(model, layer, parallel)
+        side[kind] = ([t for t in lt.F if t.own_stream], [t for t in lt.B + lt.W if t.own_stream])
+    return {(kf, kb): cost_model.own_stream_time(analytic_pair(model, parallel, cost_model.cluster, kf, kb,
+                                                               budget)[2].makespan, side[kf][0] + side[kb][1])
+            for kf in ex for kb in ex}
 
 
 #: layer costs, memory and pair costs by ``(model, cost-relevant parallel sizes, cluster)``: a re-plan that changes

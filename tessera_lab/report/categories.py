@@ -20,7 +20,7 @@ from tessera_lab.cost.contention import kernel_class
 from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import MODEL_FLOP_OPS, Task, decompose
-from tessera_lab.overlap.core import Bundle, pair_graph
+from tessera_lab.overlap.core import Bundle, layer_kind_examples, pair_graph
 from tessera_lab.pipeline.simulate import merge_intervals, overlap_length
 from tessera_lab.plan.stages import PAIR_SEARCH_BUDGET, analytic_pair
 
@@ -242,13 +242,43 @@ class _RecipeBuilder:
                               host_excess={k: self.cm.host_excess(t) for k, t in tasks.items()},
                               demands=self.cm.demands(tasks))
 
+    def _own_streams(self, bd: ActionBreakdown, side: Sequence[Task], before_s: float = 0.0) -> ActionBreakdown:
+        """``bd`` (a bundle's two lanes) with ``side``, tasks on streams of their own beside them
+        (:meth:`tessera_lab.cost.analytic.CostModel.own_stream_time`, the lanes of ``before_s`` seconds of an earlier
+        bundle included): what they add is their collectives' exposed rows where the link binds, else the SM share
+        their kernels take from the lanes (``overlap_contention``)."""
+        if not side:
+            return bd
+        out = bd.copy()
+        times = [self.cm.task_time(t) for t in side]  # (a B and a W task may share a name)
+        link = sum(times)
+        total = self.cm.own_stream_time(before_s + bd.total, side) - before_s
+        extra = total - bd.total
+        binds = before_s + total <= link * (1 + 1e-12)  # the link outlasts the lanes (with the SM share they lose)
+        for t, d in zip(side, times):
+            key = f"{t.collective.kind}:{t.collective.group}"
+            out.comm[key] = out.comm.get(key, 0.0) + d
+            if binds:
+                cat = collective_category(key)
+                out.parts[cat] = out.parts.get(cat, 0.0) + extra * d / link
+        if not binds:
+            out.parts["overlap_contention"] = out.parts.get("overlap_contention", 0.0) + extra
+        out.total = total
+        return out
+
     def phase(self, entry: int, phase: str) -> ActionBreakdown:
         """Breakdown of a standalone F/B/W bundle in program order; ``entry`` indexes ``decompose`` (0 =
         embedding, ``l + 1`` = decoder layer l, last = LM head). Same execution as
-        :meth:`tessera_lab.cost.analytic.CostModel.phase_cost`."""
+        :meth:`tessera_lab.cost.analytic.CostModel.layer_cost` (tasks on streams of their own beside the lanes, a
+        layer's backward ones priced with its W)."""
         key = (entry, phase)
         if key not in self._phase:
-            tasks = getattr(self.layer_tasks[entry], phase)
+            lt = self.layer_tasks[entry]
+            tasks = [t for t in getattr(lt, phase) if not t.own_stream]
+            # as CostModel.layer_cost: F's own-stream tasks beside F, the backward's (B's and W's) beside B then W
+            side = {"F": [t for t in lt.F if t.own_stream], "B": [],
+                    "W": [t for t in lt.B + lt.W if t.own_stream]}[phase]
+            before = self.phase(entry, "B").total if side and phase == "W" else 0.0
             names = [t.name for t in tasks]
             known = set(names)
             self._phase[key] = self._run(
@@ -256,6 +286,7 @@ class _RecipeBuilder:
                 {t.name: "comm" if t.is_comm else "compute" for t in tasks},
                 {t.name: tuple(d for d in t.deps if d in known) for t in tasks},
                 {t.name: t for t in tasks})
+            self._phase[key] = self._own_streams(self._phase[key], side, before)
         return self._phase[key]
 
     def pair(self, kind_f: str, kind_b: str) -> ActionBreakdown:
@@ -271,7 +302,11 @@ class _RecipeBuilder:
                     k = f"{bd.name}/{Bundle.task_id(t)}"
                     tasks[k] = t
                     durations[k] = self.cm.task_time(t)
-            self._pair[key] = self._run(res.order, durations, graph.lanes, graph.deps, tasks)
+            bd = self._run(res.order, durations, graph.lanes, graph.deps, tasks)
+            ex = layer_kind_examples(self.model)
+            side = [t for t in self.layer_tasks[ex[kind_f] + 1].F if t.own_stream] + \
+                [t for t in self.layer_tasks[ex[kind_b] + 1].B + self.layer_tasks[ex[kind_b] + 1].W if t.own_stream]
+            self._pair[key] = self._own_streams(bd, side)
         return self._pair[key]
 
     def stage(self, s: int, layers: Sequence[int], overlapped: bool) -> dict[str, ActionBreakdown]:

@@ -56,6 +56,8 @@ def _check_run(run: dict, where: str) -> None:
     if not any(isinstance(run.get(k), (int, float)) and run[k] > 0 for k in MEASUREMENTS):
         raise ConfigError(f"{where} run {rid}: no published measurement; allowed: one of {', '.join(MEASUREMENTS)} "
                           "as a number > 0")
+    if not isinstance(run.get("fsdp", False), bool):
+        raise ConfigError(f"{where} run {rid}: field 'fsdp' = {run['fsdp']!r} is out of range; allowed: true or false")
     for key in ("gpus", "gbs", "mbs", "seq_len", "tp", "pp", "ep"):
         v = run[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
