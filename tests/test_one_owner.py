@@ -31,8 +31,9 @@ PAIR_NAMES = ("two_lane", "pair_makespan", "streampair", "host_issue_makespan", 
 
 
 def _pair_model_signs(tree: ast.Module) -> list[str]:
-    """Lines that compute pair-model lane rates or define a pair-model function (a wrapper that only calls
-    :func:`pair_makespan` is allowed: ``host_issue_makespan`` fills in the CPU template's graph)."""
+    """Lines that compute pair-model lane rates or define a pair-model function (a wrapper that calls the owner's
+    :func:`pair_makespan` or :func:`side_stream_makespan`, directly or through ``CostModel.own_stream_time``, is
+    allowed: ``host_issue_makespan`` fills in the CPU template's graph)."""
     signs = []
     for node in ast.walk(tree):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
@@ -41,7 +42,7 @@ def _pair_model_signs(tree: ast.Module) -> list[str]:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and any(n in node.name.lower() for n in PAIR_NAMES):
             calls = {getattr(c.func, "id", getattr(c.func, "attr", None)) for c in ast.walk(node)
                      if isinstance(c, ast.Call)}
-            if "pair_makespan" not in calls:
+            if not calls & {"pair_makespan", "side_stream_makespan", "own_stream_time"}:
                 signs.append(f"line {node.lineno}: defines {node.name}")
     return signs
 

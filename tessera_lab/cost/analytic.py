@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 from tessera_lab.cost.contention import Contention, Demand, comm_sms_for, kernel_class, kernel_contention
 from tessera_lab.cost.gemm import gemms_efficiency
 from tessera_lab.cost.host import host_issue_time
-from tessera_lab.cost.lanes import pair_makespan
+from tessera_lab.cost.lanes import pair_makespan, side_stream_makespan
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.ep_traffic import limited_destinations
 from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions
@@ -296,15 +296,10 @@ class CostModel:
     def own_stream_time(self, lanes_s: float, side: Sequence[Task]) -> float:
         """Seconds of a bundle whose two lanes take ``lanes_s`` beside ``side``, collectives on streams of their own
         (:attr:`~tessera_lab.model.graph.Task.own_stream`: Megatron FSDP's gathers and reduce-scatters, prefetched so
-        nothing in the layer waits on them). They run one after another on their own link (the gathers and
-        reduce-scatters of one data-parallel group share its communicator) for ``T = sum t_i``, from the bundle's
-        start; while one runs its kernel holds the share ``s_i`` of the SMs (:meth:`comm_sm_share`) and the lanes
-        progress at ``1 - s_i``. So ``time = max(T, lanes_s + sum s_i t_i)`` (the lanes treated as compute; HBM left
-        out). Example: lanes 10 ms, one 20 ms gather at 16 of 132 SMs: 20 ms; a 4 ms one: 10.48 ms."""
-        if not side:
-            return lanes_s
-        times = [(self.task_time(t), self.comm_sm_share(t.collective)) for t in side]
-        return max(sum(t for t, _ in times), lanes_s + sum(t * s for t, s in times))
+        nothing in the layer waits on them; the gathers and reduce-scatters of one data-parallel group share its
+        communicator): :func:`~tessera_lab.cost.lanes.side_stream_makespan` of each one's time and the share of the
+        SMs its kernel holds (:meth:`comm_sm_share`)."""
+        return side_stream_makespan(lanes_s, [(self.task_time(t), self.comm_sm_share(t.collective)) for t in side])
 
     def phase_cost(self, tasks: Sequence[Task], contention: Contention | None = None, *,
                    lanes_before_s: float = 0.0) -> PhaseCost:

@@ -291,3 +291,15 @@ def pair_makespan(order: Sequence[str], durations: Mapping[str, float], lanes: M
     if semantics != "streams":
         raise ConfigError(f"field 'semantics' = {semantics!r} is unknown; allowed: {', '.join(SEMANTICS)}")
     return _streams(order, durations, lanes, deps, contention, classes, demands)
+
+
+def side_stream_makespan(lanes_s: float, side: Sequence[tuple[float, float]]) -> float:
+    """Seconds of a bundle whose two lanes take ``lanes_s`` alone, beside collectives on streams of their own
+    (``side``: ``(seconds, SM share)`` per collective; Megatron FSDP's prefetched gathers and reduce-scatters). They
+    run one after another on their own link for ``T = sum t_i`` from the bundle's start; while one runs, its kernel
+    holds the share ``s_i`` of the SMs and the lanes progress at ``1 - s_i`` (treated as compute; HBM left out), so
+    ``max(T, lanes_s + sum s_i t_i)``. Example: lanes 10 ms beside one 20 ms gather holding 16 of 132 SMs: 20 ms; a
+    4 ms one: 10.48 ms."""
+    if not side:
+        return lanes_s
+    return max(sum(t for t, _ in side), lanes_s + sum(t * share for t, share in side))
