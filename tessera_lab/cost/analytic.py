@@ -19,7 +19,8 @@ Formulas:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Mapping, Sequence
 
 from tessera_lab.cost.contention import Contention, Demand, comm_sms_for, kernel_class, kernel_contention
@@ -31,6 +32,11 @@ from tessera_lab.model.ep_traffic import limited_destinations
 from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import Collective, LayerTasks, Task, decompose, p2p_activation_bytes
+
+#: a task's fields but its layer index: what :meth:`CostModel.phase_cost` is keyed by (no term of a task's time or
+#: demand reads the index)
+_content = attrgetter(*(f.name for f in fields(Task) if f.name != "layer"))
+
 
 BUS_FACTOR = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
@@ -124,6 +130,7 @@ class CostModel:
         #: overlaps are priced from each task's demands on shared resources unless a contention fit was given
         self.shared = contention is None
         self._sm_share: dict[tuple[str, str], float] = {}
+        self._phase_costs: dict[tuple, PhaseCost] = {}
         self.contention = contention or self.class_contention()
 
     def class_contention(self) -> Contention:
@@ -294,9 +301,21 @@ class CostModel:
 
     # ------------------------------------------------------------------ bundles
     def phase_cost(self, tasks: Sequence[Task], contention: Contention | None = None) -> PhaseCost:
-        """Standalone cost of a bundle run in program order on two lanes."""
+        """Standalone cost of a bundle run in program order on two lanes.
+
+        Memoised per cost model by the tasks' content without their layer index (no term of a task's time or
+        demand reads it), so the layers of one kind are priced once; the cached :class:`PhaseCost` is shared."""
         if not tasks:
             return PhaseCost(0.0, 0.0, 0.0, 0.0, {})
+        if contention is not None:
+            return self._phase_cost(tasks, contention)
+        key = tuple(_content(t) for t in tasks)
+        got = self._phase_costs.get(key)
+        if got is None:
+            got = self._phase_costs[key] = self._phase_cost(tasks, None)
+        return got
+
+    def _phase_cost(self, tasks: Sequence[Task], contention: Contention | None) -> PhaseCost:
         durations = {t.name: self.task_time(t) for t in tasks}
         lanes = {t.name: "comm" if t.is_comm else "compute" for t in tasks}
         deps = {t.name: t.deps for t in tasks}
