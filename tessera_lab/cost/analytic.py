@@ -131,6 +131,7 @@ class CostModel:
         self.shared = contention is None
         self._sm_share: dict[tuple[str, str], float] = {}
         self._phase_costs: dict[tuple, PhaseCost] = {}
+        self._coll_times: dict[Collective, float] = {}
         self.contention = contention or self.class_contention()
 
     def class_contention(self) -> Contention:
@@ -259,7 +260,16 @@ class CostModel:
         return self.parallel.group_ranks(group)
 
     def collective_time(self, coll: Collective, link: Link | None = None) -> float:
-        """Alpha-beta time of a collective, seconds (0 for a group of one or zero bytes)."""
+        """Alpha-beta time of a collective, seconds (0 for a group of one or zero bytes); memoised per cost model
+        by the collective when its link follows from the group's placement (``link`` None)."""
+        if link is not None:
+            return self._collective_time(coll, link)
+        got = self._coll_times.get(coll)
+        if got is None:
+            got = self._coll_times[coll] = self._collective_time(coll, None)
+        return got
+
+    def _collective_time(self, coll: Collective, link: Link | None) -> float:
         n = coll.group_size
         if n <= 1 or coll.bytes <= 0:
             return 0.0
