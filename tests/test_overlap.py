@@ -310,3 +310,47 @@ def test_successive_halving_round_keeps_program_order_and_shrinks(meds):
     others = [i for i in kept if i != 0]
     dropped = [i for i in alive if i not in kept and i != 0]
     assert all(meds[k] <= meds[d] for k in others for d in dropped)  # the kept challengers are the fastest
+
+
+def _seed_reference(graph, pick):
+    """The seed orders by their definition: at each step test every task's dependencies against those issued and
+    let ``pick`` choose among the ready ones (listed in program order)."""
+    done, out = set(), []
+    while len(out) < len(graph.keys):
+        ready = [k for k in graph.keys if k not in done and all(d in done for d in graph.deps[k])]
+        k = pick(ready, done, out)
+        out.append(k)
+        done.add(k)
+    return tuple(out)
+
+
+@pytest.mark.parametrize("name", ["qwen3-next-80b-a3b", "deepseek-v3"])
+def test_search_seeds_equal_their_definition(name):
+    """The pair search's seed orders (priority and list scheduling, kept ready sets) equal the orders their
+    definition gives, ties included (a priority that ties everything keeps program order among the ready)."""
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.hardware import Cluster
+    from tessera_lab.overlap import search as osearch
+    from tessera_lab.overlap.bundles import COMM, COMPUTE, pair_graph
+
+    m = load_model(name)
+    p = ParallelConfig(pp=2, ep=8, dp=2, tp=2, recompute="selective", schedule="overlapped")
+    cm, ex = CostModel(Cluster.dgx("H200", 4), p), ov.layer_kind_examples(m)
+    for kf, kb in [(a, b) for a in ex for b in ex]:
+        g = pair_graph(ov.bundle(m, ex[kf], "F", p, name="F"), ov.bundle(m, ex[kb], "BW", p, name="BW"))
+        dur = {k: cm.task_time(g.tasks[k]) for k in g.keys}
+        bl, pos = osearch._bottom_levels(g, dur), {k: i for i, k in enumerate(g.keys)}
+        for prio in (lambda k: (g.lanes[k] != COMM, -bl[k], pos[k]), lambda k: 0):
+            assert osearch._priority_order(g, prio) == _seed_reference(g, lambda ready, *_: min(ready, key=prio))
+        for comm_first in (False, True):
+            finish, free = {}, {COMPUTE: 0.0, COMM: 0.0}
+
+            def earliest(ready, done, out, comm_first=comm_first, finish=finish, free=free):
+                if out:  # account for the task issued last
+                    k = out[-1]
+                    finish[k] = max([free[g.lanes[k]]] + [finish[d] for d in g.deps[k]]) + dur.get(k, 0.0)
+                    free[g.lanes[k]] = finish[k]
+                return min(ready, key=lambda k: (max([free[g.lanes[k]]] + [finish[d] for d in g.deps[k]]),
+                                                 0 if (comm_first and g.lanes[k] == COMM) else 1, -bl[k]))
+
+            assert osearch._list_schedule(g, dur, bl, comm_first) == _seed_reference(g, earliest)

@@ -100,6 +100,18 @@ def test_recompute_none_bounds_the_recompute_groups(qwen):
             assert max(g.compute) >= max(base.compute) - 1e-12
 
 
+def test_bound_base_key_is_the_cost_group_without_recompute_or_fsdp(qwen):
+    """The time bound finds its group by a key built from the layout; it is the cost group of the layout with
+    recompute none and the distributed optimizer (every recompute, FSDP and DP choice of a 64-GPU search)."""
+    from dataclasses import replace
+
+    layouts = S.enumerate_layouts(qwen, 64, 256)
+    assert {lay.fsdp for lay in layouts} == {False, True} and len({lay.recompute for lay in layouts}) == 3
+    for lay in layouts:
+        base = replace(lay, recompute="none", recompute_modules=(), fsdp=False)
+        assert S._Bounds.base_key(lay) == base.cost_group(), lay
+
+
 def test_memory_pruned_layouts_do_not_fit(qwen):
     """A sample of layouts the memory bound prunes: the planner refuses them or plans them over capacity."""
     cl = Cluster.dgx("H200", 4)

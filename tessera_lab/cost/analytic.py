@@ -19,7 +19,8 @@ Formulas:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Mapping, Sequence
 
 from tessera_lab.cost.contention import Contention, Demand, comm_sms_for, kernel_class, kernel_contention
@@ -31,6 +32,11 @@ from tessera_lab.model.ep_traffic import limited_destinations
 from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import Collective, LayerTasks, Task, decompose, p2p_activation_bytes
+
+#: a task's fields but its layer index: what :meth:`CostModel.phase_cost` is keyed by (no term of a task's time or
+#: demand reads the index)
+_content = attrgetter(*(f.name for f in fields(Task) if f.name != "layer"))
+
 
 BUS_FACTOR = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
@@ -124,6 +130,8 @@ class CostModel:
         #: overlaps are priced from each task's demands on shared resources unless a contention fit was given
         self.shared = contention is None
         self._sm_share: dict[tuple[str, str], float] = {}
+        self._phase_costs: dict[tuple, PhaseCost] = {}
+        self._coll_times: dict[Collective, float] = {}
         self.contention = contention or self.class_contention()
 
     def class_contention(self) -> Contention:
@@ -252,7 +260,16 @@ class CostModel:
         return self.parallel.group_ranks(group)
 
     def collective_time(self, coll: Collective, link: Link | None = None) -> float:
-        """Alpha-beta time of a collective, seconds (0 for a group of one or zero bytes)."""
+        """Alpha-beta time of a collective, seconds (0 for a group of one or zero bytes); memoised per cost model
+        by the collective when its link follows from the group's placement (``link`` None)."""
+        if link is not None:
+            return self._collective_time(coll, link)
+        got = self._coll_times.get(coll)
+        if got is None:
+            got = self._coll_times[coll] = self._collective_time(coll, None)
+        return got
+
+    def _collective_time(self, coll: Collective, link: Link | None) -> float:
         n = coll.group_size
         if n <= 1 or coll.bytes <= 0:
             return 0.0
@@ -306,7 +323,10 @@ class CostModel:
         """Standalone cost of a bundle run in program order on two lanes, tasks on streams of their own beside them
         (:meth:`own_stream_time`). ``lanes_before_s``: lane seconds of a bundle run just before this one that the
         own-stream tasks overlap too (a layer's B before its W, :meth:`layer_cost`); the bundle's time is what it
-        adds after those seconds."""
+        adds after those seconds.
+
+        Memoised per cost model by the tasks' content without their layer index (no term of a task's time or
+        demand reads it), so the layers of one kind are priced once; the cached :class:`PhaseCost` is shared."""
         side = [t for t in tasks if t.own_stream]
         if side:
             lanes = self.phase_cost([t for t in tasks if not t.own_stream], contention)
@@ -320,6 +340,15 @@ class CostModel:
             return PhaseCost(time, lanes.compute, lanes.comm + sum(side_s), exposed, by_coll)
         if not tasks:
             return PhaseCost(0.0, 0.0, 0.0, 0.0, {})
+        if contention is not None:
+            return self._phase_cost(tasks, contention)
+        key = tuple(_content(t) for t in tasks)
+        got = self._phase_costs.get(key)
+        if got is None:
+            got = self._phase_costs[key] = self._phase_cost(tasks, None)
+        return got
+
+    def _phase_cost(self, tasks: Sequence[Task], contention: Contention | None) -> PhaseCost:
         durations = {t.name: self.task_time(t) for t in tasks}
         lanes = {t.name: "comm" if t.is_comm else "compute" for t in tasks}
         deps = {t.name: t.deps for t in tasks}

@@ -420,12 +420,16 @@ class ModelSpec:
 
     def layer_params(self, layer: LayerSpec) -> dict[str, int]:
         """Parameters of one layer by component: ``mixer``, ``norms``, ``router``, ``experts``
-        (all routed experts), ``shared``, ``dense_mlp`` and ``mtp`` (cached per layer kind)."""
+        (all routed experts), ``shared``, ``dense_mlp`` and ``mtp`` (cached per layer kind, and per layer so
+        that a layer seen before is found without building its index-0 key)."""
         cache = self._layer_param_cache
-        key = dataclasses.replace(layer, index=0)
-        if key not in cache:
-            cache[key] = kinds.layer_params(self, layer)
-        return dict(cache[key])
+        got = cache.get(layer)
+        if got is None:
+            key = dataclasses.replace(layer, index=0)
+            if key not in cache:
+                cache[key] = kinds.layer_params(self, layer)
+            got = cache[layer] = cache[key]
+        return dict(got)
 
     def layer_active_params(self, layer: LayerSpec) -> int:
         """Parameters one token touches in this layer (top-k routed experts only)."""

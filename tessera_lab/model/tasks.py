@@ -553,8 +553,10 @@ def model_flops_per_iteration(model: ModelSpec, parallel: ParallelConfig) -> flo
     norms, convolutions and element-wise work are not model FLOPs. Computed on an unsharded
     (tp = ep = 1) decomposition of one micro-batch and scaled to the global batch.
     """
+    # one micro-batch of the unsharded model: the count, schedule and optimizer enter no model FLOP (nor any task but
+    # FSDP's collectives), so they are normalised too and layouts that differ only there share one decomposition
     ref = parallel.replace(tp=1, ep=1, dp=1, pp=1, vpp=1, cp=1, expert_load=None, recompute="none", recompute_modules=(),
-                           dispatcher="alltoall", ep_spans_tp=False)
+                           dispatcher="alltoall", ep_spans_tp=False, microbatches=1, schedule="1f1b", fsdp=False)
     per_mb = 0.0
     for lt in decompose(model, ref):
         per_mb += sum(t.flops for t in lt.F if t.op in MODEL_FLOP_OPS)

@@ -161,30 +161,56 @@ def _bottom_levels(graph: PairGraph, durations: Mapping[str, float]) -> dict[str
     return bl
 
 
+class _Ready:
+    """The tasks of a graph whose dependencies are all issued, kept as each one is issued (the same set the test
+    ``all(d in done for d in deps[k])`` gives, without testing every dependency of every task at every step)."""
+
+    def __init__(self, graph: PairGraph):
+        self.keys = graph.keys
+        self.left = {k: len(set(graph.deps[k])) for k in graph.keys}
+        self.succ: dict[str, list[str]] = {k: [] for k in graph.keys}
+        for k in graph.keys:
+            for d in set(graph.deps[k]):
+                self.succ[d].append(k)
+        self.ready = {k: n == 0 for k, n in self.left.items()}
+
+    def now(self) -> list[str]:
+        """The ready tasks not yet issued, in program order."""
+        ready = self.ready
+        return [k for k in self.keys if ready[k]]
+
+    def issue(self, k: str) -> None:
+        self.ready[k] = False
+        left, ready = self.left, self.ready
+        for s in self.succ[k]:
+            left[s] -= 1
+            if left[s] == 0:
+                ready[s] = True
+
+
 def _priority_order(graph: PairGraph, prio: Callable[[str], Any]) -> tuple[str, ...]:
-    """A topological order that always issues the ready task with the smallest ``prio``."""
-    done: set[str] = set()
+    """A topological order that always issues the ready task with the smallest ``prio`` (the first in program order
+    on a tie)."""
+    ready = _Ready(graph)
     out: list[str] = []
     while len(out) < len(graph.keys):
-        ready = [k for k in graph.keys if k not in done and all(d in done for d in graph.deps[k])]
-        k = min(ready, key=prio)
+        k = min(ready.now(), key=prio)
         out.append(k)
-        done.add(k)
+        ready.issue(k)
     return tuple(out)
 
 
 def _list_schedule(graph: PairGraph, durations: Mapping[str, float], bl: Mapping[str, float],
                    comm_first: bool = False) -> tuple[str, ...]:
     """Greedy list scheduling without contention: repeatedly issue the ready task that can start
-    earliest on its lane (ties: comm first if asked, then the longest path to the end)."""
+    earliest on its lane (ties: comm first if asked, then the longest path to the end, then program order)."""
     lane_free = {COMPUTE: 0.0, COMM: 0.0}
     finish: dict[str, float] = {}
     out: list[str] = []
+    ready = _Ready(graph)
     while len(out) < len(graph.keys):
         best = None
-        for k in graph.keys:
-            if k in finish or not all(d in finish for d in graph.deps[k]):
-                continue
+        for k in ready.now():
             start = max([lane_free[graph.lanes[k]]] + [finish[d] for d in graph.deps[k]])
             key = (start, 0 if (comm_first and graph.lanes[k] == COMM) else 1, -bl[k])
             if best is None or key < best[0]:
@@ -193,6 +219,7 @@ def _list_schedule(graph: PairGraph, durations: Mapping[str, float], bl: Mapping
         finish[k] = start + durations.get(k, 0.0)
         lane_free[graph.lanes[k]] = finish[k]
         out.append(k)
+        ready.issue(k)
     return tuple(out)
 
 

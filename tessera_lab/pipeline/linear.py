@@ -86,7 +86,7 @@ class Packed:
       stage, kind, mb, label)`` and deltas ``(plus, minus)`` or ``None``, for the events."""
 
     __slots__ = ("meta", "keys", "loop", "n", "pairs", "dangling", "_lists", "_arrays", "_by_rank", "_offsets",
-                 "_labels", "_columns")
+                 "_labels", "_columns", "_timed")
 
     # params: a slotted record's constructor, one argument per column linear_plan builds (see the class docstring)
     def __init__(self, meta, keys, prev, need, pairs, ranks, plus, minus, tr_entry, tr_pair, tr_rank, dangling):
@@ -101,6 +101,7 @@ class Packed:
         self._offsets = None
         self._labels = None
         self._columns = None
+        self._timed = None
 
     def last_by_label(self) -> dict:
         """``(rank, label) -> entry``: the rank's last entry with that label (a pair's entry also answers to each
@@ -144,6 +145,15 @@ class Packed:
             pt = list(pair_time) + [0.0]  # index -1: no input
             self._offsets = (key, [pt[x] for x in self._lists["x1"]], [pt[x] for x in self._lists["x2"]], pt[:-1])
         return self._offsets[1:]
+
+    def timed_entries(self, pair_time: list[float]) -> list[int]:
+        """The entries of the transfers that take time under ``pair_time`` (seconds per stage pair), ascending (event
+        order); the last set kept."""
+        key = tuple(t > 0 for t in pair_time)
+        if self._timed is None or self._timed[0] != key:
+            lists = self._lists
+            self._timed = (key, [e for e, p in zip(lists["tr_entry"], lists["tr_pair"]) if key[p]])
+        return self._timed[1]
 
 
 #: :class:`Packed`'s integer columns, read as numpy arrays (int64) by the array paths
@@ -291,8 +301,7 @@ class LinearRun:
         if not found:
             return {}
         # entry j's event index: j plus the transfers that take time made before it (as event_index, without arrays)
-        lists, pt = self.packed._lists, self.pair_time
-        timed = [e for e, p in zip(lists["tr_entry"], lists["tr_pair"]) if pt[p] > 0]  # ascending: event order
+        timed = self.packed.timed_entries(self.pair_time)  # ascending: event order
         meta, ends = self.packed.meta, self.ends
         return {k: (ends[j + 1], j + bisect_left(timed, j), meta[j][1], meta[j][2]) for k, j in found.items()}
 

@@ -192,7 +192,7 @@ def stage_plans(model: ModelSpec, stage_models: Sequence[StageCostModel], bounda
         i, j = boundaries[s], boundaries[s + 1]
         k = 1.0 if speed is None else float(speed[s])
         out.append(StagePlan(
-            index=s, layers=list(range(i, j)), kinds=[model.stack.layers[l].kind for l in range(i, j)],
+            index=s, layers=list(range(i, j)), kinds=sm.kinds[i:j],
             f_s=sm.f(s, i, j) * k, b_s=sm.b(s, i, j) * k, w_s=sm.w(s, i, j) * k,
             memory_bytes=sm.memory_bytes(s, i, j), param_bytes=sm.params(s, i, j),
             activation_bytes=sm.activations(s, i, j),

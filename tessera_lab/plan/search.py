@@ -319,6 +319,13 @@ class _Bounds:
             self.groups[key] = _group(self.model, layout, self.seq_len, self.cluster)
         return self.groups[key]
 
+    @staticmethod
+    def base_key(layout: Layout) -> tuple:
+        """:meth:`Layout.cost_group` of ``layout`` with recompute none and the distributed optimizer (the group its
+        time bound uses), without building that layout."""
+        return (layout.tp, layout.ep, layout.ep_spans_tp, layout.micro_batch_size, "none", layout.dispatcher,
+                layout.cp, (), False, 0)
+
     def time(self, layout: Layout) -> float:
         from dataclasses import replace
 
@@ -327,8 +334,10 @@ class _Bounds:
         key = (layout.ep, layout.schedule, layout.dispatcher)
         if key not in self.sync:
             self.sync[key] = planner_per_layer_s(layout.parallel(self.seq_len)) * self.moe_layers
-        return time_lower_bound(self.group(replace(layout, recompute="none", recompute_modules=(), fsdp=False)),
-                                layout, self.sync[key])
+        group = self.groups.get(self.base_key(layout))
+        if group is None:
+            group = self.group(replace(layout, recompute="none", recompute_modules=(), fsdp=False))
+        return time_lower_bound(group, layout, self.sync[key])
 
     def memory(self, layout: Layout) -> float:
         key = layout.cost_group()
