@@ -158,9 +158,9 @@ def outside_space(model, lay, node: int, seq_len: int) -> list[str]:
 def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict:
     """One row: the search at the run's GPUs, batch and sequence beside the recipe's layout (module docstring).
     ``retry_plans``: the budget of the second search (only when above ``max_plans``; 0: no second search)."""
-    from tessera_lab.model.hardware import Cluster, GPUSpec
+    from tessera_lab.model.hardware import GPUSpec
     from tessera_lab.model.spec import load_model
-    from tessera_lab.plan.search import enumerate_layouts, plan_layout, search
+    from tessera_lab.plan.search import enumerate_layouts, plan_layout, search, search_cluster
 
     t0 = time.process_time()
     model = load_model(run["model"])
@@ -170,7 +170,7 @@ def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict
     cls, settings = _recipe_layout_class(), run_settings(run)
     space = [cls(*astuple(x), **settings) for x in enumerate_layouts(model, gpus, run["gbs"], gpus_per_node=node,
                                                                        seq_len=seq)]
-    recipe = plan_layout(model, lay, seq, Cluster.dgx(run["gpu"], gpus // node))
+    recipe = plan_layout(model, lay, seq, search_cluster(run["gpu"], gpus))
     outside = [] if lay in set(space) else (outside_space(model, lay, node, seq) or ["not enumerated"])
     added = bool(outside) and "error" not in recipe  # the planner accepts it: Megatron-Core runs it
     layouts = space + [lay] if added else space

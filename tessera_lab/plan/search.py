@@ -280,17 +280,40 @@ def param_memory_bytes(model: ModelSpec, layout: Layout, seq_len: int) -> float:
     return total
 
 
+def gpu_step(nvlink_domain: int) -> int:
+    """The GPU counts the search accepts are the multiples of this: the GPUs of an 8-GPU node (``hardware.json``'s
+    ``node.gpus_per_node``) where the NVLink domain is one node (H100, H200, B200, B300), and on a rack-scale domain
+    (GB200 NVL72: 72 GPUs) the same 8-GPU steps, the last rack partial as ``plan`` places it
+    (:func:`search_cluster`): ``gcd(nvlink_domain, 8)``."""
+    from tessera_lab.model.hardware import hardware_data
+
+    return math.gcd(int(nvlink_domain), int(hardware_data()["node"]["gpus_per_node"]))
+
+
+def search_cluster(gpu: str, gpus: int) -> Cluster:
+    """The cluster a search of ``gpus`` GPUs of type ``gpu`` plans on: the fewest NVLink domains holding them (as
+    :func:`~tessera_lab.model.hardware.cluster_for` gives ``plan``), a partial last domain when ``gpus`` is not a
+    multiple of the domain (16 GB200 GPUs: one NVL72 rack, 16 of its GPUs used)."""
+    from tessera_lab.model.hardware import GPUSpec
+
+    return Cluster.dgx(gpu, max(1, -(-gpus // GPUSpec.named(gpu).nvlink_domain)))
+
+
 def check_search_inputs(model: ModelSpec, gpus: int, seq_len: int, global_batch_tokens: int,
                         cluster_node: int) -> int:
     """The global batch in sequences, after the checks ``search`` makes before any work.
 
     Raises:
-        ConfigError: ``gpus`` not a multiple of the GPUs of a node, or a global batch that is not a whole number of
-            sequences of ``seq_len`` tokens.
+        ConfigError: ``gpus`` not a multiple of :func:`gpu_step` of the NVLink domain ``cluster_node``, or a global
+            batch that is not a whole number of sequences of ``seq_len`` tokens.
     """
-    if gpus < 1 or gpus % cluster_node:
-        raise ConfigError(f"--gpus = {gpus} is out of range; allowed: a multiple of the {cluster_node} GPUs of an "
-                          "NVLink domain (a node; whole nodes)")
+    step = gpu_step(cluster_node)
+    if gpus < 1 or gpus % step:
+        allowed = (f"a multiple of the {cluster_node} GPUs of an NVLink domain (a node; whole nodes)"
+                   if step == cluster_node else
+                   f"a multiple of {step} GPUs: {step}, {2 * step}, ..., {cluster_node} inside one NVLink domain of "
+                   f"{cluster_node}, or several domains, the last one partial")
+        raise ConfigError(f"--gpus = {gpus} is out of range; allowed: {allowed}")
     if global_batch_tokens < seq_len or global_batch_tokens % seq_len:
         lo = seq_len
         raise ConfigError(f"--global-batch-tokens = {global_batch_tokens:,} is not a whole number of sequences of "
@@ -447,7 +470,7 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
     node = GPUSpec.named(gpu).nvlink_domain
     seqs = check_search_inputs(model, gpus, seq_len, global_batch_tokens or DEFAULT_GLOBAL_SEQUENCES * seq_len,
                                node)
-    cluster = Cluster.dgx(gpu, gpus // node)
+    cluster = search_cluster(gpu, gpus)
     capacity = memory_capacity(cluster)
     if layouts is None:
         layouts = enumerate_layouts(model, gpus, seqs, gpus_per_node=node, seq_len=seq_len)
@@ -459,10 +482,11 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
     bounds = _Bounds(model, seq_len, cluster)
     cands, by_params, lightest = _first_pass(model, list(layouts), seq_len, capacity, bounds)
     if not cands:
-        need = -(-math.ceil(gpus * lightest / capacity) // node) * node
+        step = gpu_step(node)
+        need = -(-math.ceil(gpus * lightest / capacity) // step) * step
         raise ConfigError(f"--gpus = {gpus} is too small for {model.name}: the lightest layout holds "
                           f"{lightest / 2**30:.1f} GiB of parameter state per GPU against {capacity / 2**30:.1f} GiB; "
-                          f"allowed: about {need} GPUs or more (a multiple of {node})")
+                          f"allowed: about {need} GPUs or more (a multiple of {step})")
     cands = _canonical_first(cands, bounds, capacity)
     children = _children_cpu_s()
     planned, rest = _plan_all(cands, bounds, capacity, (top, jobs, max_plans), progress)
