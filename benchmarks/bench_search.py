@@ -12,9 +12,9 @@ prints:
   a 256-GPU search, docs/search.md);
 * **baseline**: the first ``--baseline N`` layouts the search planned, planned again one by one with nothing shared
   between runs (every cache a run shares with earlier ones emptied before it: stage costs, pair searches, stage pair
-  sums, partition segments) and the ILP with virtual stages at ``--baseline-limit`` seconds (default 0.05, the
-  limit the search used before its own, :data:`~tessera_lab.plan.search.VIRTUAL_TIME_LIMIT_S`; ``plan``'s own
-  default is 10 s); layouts per CPU second, and the search's rate over it;
+  sums, partition segments) and the ILP with virtual stages at ``--baseline-limit`` seconds of wall clock (default
+  0.05; the search itself runs that ILP under a work budget, :data:`~tessera_lab.plan.search.VIRTUAL_ILP_BUDGET`;
+  ``plan``'s own default is 10 s); layouts per CPU second, and the search's rate over it;
 * the pruning ratio: layouts ruled out by a rule (parameter memory, memory bound, time bound) over the enumerated.
 
 The load average is printed before and after (CPU seconds grow on a loaded machine). Timings are printed, never

@@ -28,7 +28,8 @@ step times): :func:`bench_modelzoo_ranking.rank_agreement` over the layouts ``be
 
 Budget: each search plans at most ``--max-plans`` layouts (default 12, planned in batches of 8, so 16; ``--top`` 3),
 which keeps the whole benchmark to a few CPU minutes; where that budget leaves the recipe's layout faster than the
-best found and candidates unplanned, the search runs again with ``--retry-plans`` (default 48). The row says how
+best found and candidates unplanned, the search runs again with ``--retry-plans`` (default 48; 0, or a budget not
+above ``--max-plans``: no second search). The row says how
 many candidates the budget left unplanned and the smallest lower bound among them (none of them can be faster than
 that bound). CPU seconds per run are printed.
 
@@ -155,10 +156,11 @@ def outside_space(model, lay, node: int, seq_len: int) -> list[str]:
 
 
 def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict:
-    """One row: the search at the run's GPUs, batch and sequence beside the recipe's layout (module docstring)."""
-    from tessera_lab.model.hardware import Cluster, GPUSpec
+    """One row: the search at the run's GPUs, batch and sequence beside the recipe's layout (module docstring).
+    ``retry_plans``: the budget of the second search (only when above ``max_plans``; 0: no second search)."""
+    from tessera_lab.model.hardware import GPUSpec
     from tessera_lab.model.spec import load_model
-    from tessera_lab.plan.search import enumerate_layouts, plan_layout, search
+    from tessera_lab.plan.search import enumerate_layouts, plan_layout, search, search_cluster
 
     t0 = time.process_time()
     model = load_model(run["model"])
@@ -168,7 +170,7 @@ def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict
     cls, settings = _recipe_layout_class(), run_settings(run)
     space = [cls(*astuple(x), **settings) for x in enumerate_layouts(model, gpus, run["gbs"], gpus_per_node=node,
                                                                        seq_len=seq)]
-    recipe = plan_layout(model, lay, seq, Cluster.dgx(run["gpu"], gpus // node))
+    recipe = plan_layout(model, lay, seq, search_cluster(run["gpu"], gpus))
     outside = [] if lay in set(space) else (outside_space(model, lay, node, seq) or ["not enumerated"])
     added = bool(outside) and "error" not in recipe  # the planner accepts it: Megatron-Core runs it
     layouts = space + [lay] if added else space
@@ -176,7 +178,8 @@ def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict
                  max_plans=max_plans, layouts=layouts)
     rt = recipe.get("iteration_time_s") if recipe.get("fits") else None
     retried = None
-    if rt is not None and res.pruned.get("budget") and (not res.ranked or res.ranked[0].result["iteration_time_s"] > rt):
+    if (retry_plans > max_plans and rt is not None and res.pruned.get("budget")
+            and (not res.ranked or res.ranked[0].result["iteration_time_s"] > rt)):
         retried = retry_plans  # the budget may hide a faster layout: search again with a larger one
         res = search(model, gpus, gpu=run["gpu"], seq_len=seq, global_batch_tokens=run["gbs"] * seq, top=top,
                      max_plans=retry_plans, layouts=layouts)
@@ -274,7 +277,7 @@ def main(argv=None) -> None:
     ap.add_argument("--top", type=int, default=TOP, help=f"the search's --top (default {TOP})")
     ap.add_argument("--retry-plans", type=int, default=RETRY_PLANS,
                     help="search again with this budget where the first budget left a faster recipe unmatched "
-                         f"(default {RETRY_PLANS}; 0: no retry)")
+                         f"(default {RETRY_PLANS}; 0, or a budget not above --max-plans: no retry)")
     ap.add_argument("--runs", default=None, metavar="IDS", help="comma-separated run ids (default: every run)")
     ap.add_argument("--no-modelzoo", action="store_true", help="skip the ModelZoo rank agreement")
     args = ap.parse_args(argv)

@@ -13,13 +13,14 @@ Standard library only (no numpy, no torch).
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
-from typing import Any
+from typing import Any, Iterable
 
 from tessera_lab.errors import ConfigError
 
-__all__ = ["WORK_LIMITS", "work_limit", "check_environment", "check_work", "check_int", "check_float", "check_time", "allowed_range",
+__all__ = ["did_you_mean", "WORK_LIMITS", "work_limit", "check_environment", "check_work", "check_int", "check_float", "check_time", "allowed_range",
            "MAX_TIME_S", "MAX_CONFIG_INT", "profile_mismatches"]
 
 #: name -> (default limit, what it counts). ``TESSERA_LAB_MAX_<NAME>`` (upper case) overrides the default.
@@ -250,3 +251,9 @@ def profile_mismatches(profile: Any, model_name: str, gpu: str | None = None) ->
         reasons.append(f"stale: {stale[0]}" + (f" (and {len(stale) - 1} more)" if len(stale) > 1 else ""))
     return reasons
 
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``" (did you mean 'num_hidden_layers'?)"`` for a mistyped ``name``: the closest of ``known`` by
+    :func:`difflib.get_close_matches` (similarity ratio at least 0.75), or ``""`` when none is that close."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -4,6 +4,9 @@ directly."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 pytest.importorskip("ipywidgets")
@@ -107,16 +110,56 @@ def test_quickstart_suggest_applies_the_fastest_layout_that_fits():
 
 
 def test_quickstart_suggest_says_why_when_the_search_refuses():
-    """64 GB200 GPUs are not whole NVL72 racks: the search refuses, the line says why, no control moves."""
+    """DeepSeek-V3 on pp 2 x ep 4 = 8 H200: too few GPUs for its parameter state. The search refuses, the line says
+    why in the panel's terms (its controls, no CLI flag), no control moves; the CLI's own line keeps its flag."""
     from tessera_lab.ui.widgets import quickstart_panel
 
-    box, controls, state = quickstart_panel(gpu="GB200", pp=8, ep=8, microbatches=32, seq_len=32768)
+    box, controls, state = quickstart_panel(model="deepseek-v3", gpu="H200", pp=2, ep=4, microbatches=8)
     button, line = _action(box)
     assert "error" in state
     before = {k: c.value for k, c in controls.items()}
     button.click()
-    assert "72" in line.value and "gpus" in line.value.lower()
+    assert "8 GPUs (pp 2 x ep 4) are too few for deepseek-v3" in line.value, line.value
+    assert "--" not in line.value and "in this panel: a larger pp or ep" in line.value
     assert {k: c.value for k, c in controls.items()} == before and "error" in state
+    r = subprocess.run([sys.executable, "-m", "tessera_lab", "search", "--model", "deepseek-v3", "--gpus", "8"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--gpus = 8 is too small for deepseek-v3" in r.stderr
+
+
+def test_partition_suggest_refusal_in_panel_terms():
+    """Notebook 06 at minimax-m1 on 2 stages: its layout's ep 32 makes 64 GPUs, too few; the line names the stages
+    control and what a stage adds (ep 32 x tp 1 = 32 GPUs), not ``--gpus``."""
+    from tessera_lab.ui.widgets import partition_panel
+
+    box, controls, state = partition_panel(model="minimax-m1", pp=2)
+    button, line = _action(box)
+    assert "error" in state and button.layout.display != "none"
+    button.click()
+    assert "64 GPUs (stages 2 x ep 32 of the model" in line.value, line.value
+    assert "--" not in line.value and "more stages (each adds 32 GPUs)" in line.value
+
+
+def test_panel_message_rewords_flags_only():
+    from tessera_lab.ui.suggest import panel_message
+
+    got = panel_message("--gpus = 12 is out of range; allowed: a multiple of 8 (--seq-len 4,096, "
+                        "--global-batch-tokens = 1,000, --max-plans)", "pp 3 x ep 4", "a larger pp")
+    assert got == ("12 GPUs (pp 3 x ep 4) are out of range; allowed: a multiple of 8 (sequence 4,096, the global "
+                   "batch (micro-batches x sequence) = 1,000, max plans); in this panel: a larger pp")
+
+
+def test_quickstart_suggest_on_a_partial_gb200_rack():
+    """pp 2 x ep 8 = 16 GB200 GPUs at sequence 32,768: no partition fits without recompute; the search accepts the
+    partial NVL72 rack as `plan` does and the button applies a layout that fits."""
+    from tessera_lab.ui.widgets import quickstart_panel
+
+    box, controls, state = quickstart_panel(gpu="GB200", pp=2, ep=8, microbatches=32, seq_len=32768)
+    button, line = _action(box)
+    assert "error" in state
+    button.click()
+    assert "error" not in state and "suggested" in line.value, line.value
+    assert state["plan"].chosen.fits_memory and controls["pp"].value * controls["ep"].value == 16
 
 
 def test_partition_suggest_sets_recompute_and_the_panel_plans():

@@ -76,3 +76,31 @@ def test_practice_megatron_schedules_by_hand():
     assert not runs(Layout(schedule="interleaved-overlapped", **dict(base, vpp=2, recompute="full")))
     assert not runs(Layout(schedule="interleaved-overlapped", **dict(base, vpp=2, ep=1)))
     assert not runs(Layout(schedule="zb-h1", **base))
+
+
+def test_retry_plans_zero_means_no_retry(monkeypatch):
+    """``--retry-plans 0`` searches once: where the first budget leaves a faster recipe unmatched, only a budget above
+    ``--max-plans`` searches again (with that budget)."""
+    import types
+
+    from tessera_lab.plan import search as S
+
+    b = _bench()
+    calls = []
+
+    def fake_search(*args, max_plans, **kwargs):
+        calls.append(max_plans)  # every search leaves candidates unplanned and finds nothing faster than the recipe
+        return types.SimpleNamespace(pruned={"budget": 5}, ranked=[], enumerated=10, planned=[],
+                                     unplanned_bound_s=0.5)
+
+    monkeypatch.setattr(S, "search", fake_search)
+    monkeypatch.setattr(S, "enumerate_layouts", lambda *a, **k: [])
+    monkeypatch.setattr(S, "plan_layout", lambda *a, **k: {"fits": True, "iteration_time_s": 1.0,
+                                                           "peak_memory_gib": 10.0})
+    run = _run("qwen3-30b-a3b/8xB200/fp8/ep8-mbs1")
+    for retry, want in ((0, [8]), (8, [8]), (4, [8]), (48, [8, 48])):
+        calls.clear()
+        row = b.check_run(run, max_plans=8, top=3, retry_plans=retry)
+        assert calls == want, (retry, calls)
+        assert row["retried_with_max_plans"] == (48 if retry == 48 else None)
+        assert row["max_plans"] == (48 if retry == 48 else 8)

@@ -11,7 +11,7 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any, Mapping
 
-from tessera_lab.checks import MAX_CONFIG_INT, env_name, work_limit
+from tessera_lab.checks import MAX_CONFIG_INT, did_you_mean, env_name, work_limit
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hf_families import DENSE, FULL_ATTENTION, NO_MIXER
 
@@ -44,7 +44,7 @@ def model_changes(values: Mapping[str, Any], *, names: Mapping[str, str] = MODEL
         if v is None:
             continue
         if k not in names:
-            raise ConfigError(f"knob {k!r} is unknown; allowed: {', '.join(sorted(names))}")
+            raise ConfigError(f"knob {k!r} is unknown{did_you_mean(k, names)}; allowed: {', '.join(sorted(names))}")
         out[names[k]] = v
     return out
 

@@ -22,6 +22,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
+from tessera_lab.checks import did_you_mean
 from tessera_lab.errors import ConfigError
 from tessera_lab.io import read_json
 from tessera_lab.model import families, kinds
@@ -265,7 +266,8 @@ class ModelSpec:
         """
         unknown = sorted(set(knobs) - set(self.CHANGE_KNOBS))
         if unknown:
-            raise ConfigError(f"knob {unknown[0]!r} is unknown; allowed: {', '.join(self.CHANGE_KNOBS)}")
+            raise ConfigError(f"knob {unknown[0]!r} is unknown{did_you_mean(unknown[0], self.CHANGE_KNOBS)}; allowed: "
+                              f"{', '.join(self.CHANGE_KNOBS)}")
         reader = families.reader_for(self.model_type) if self.model_type in SUPPORTED_MODEL_TYPES else \
             families.resolve(self.raw)[0]
         cfg = dict(self.raw)
@@ -511,7 +513,8 @@ def load_model(name_or_path: str | Path, *, allow_unknown_fields: bool = False, 
     path = Path(key)
     if path.is_file():
         return ModelSpec.from_hf_config(path, **kw)
-    raise ConfigError(f"model '{key}' is neither a shipped model ({', '.join(models)}) nor a config.json path")
+    raise ConfigError(f"model '{key}' is neither a shipped model{did_you_mean(key, models)} ({', '.join(models)}) nor a "
+                      "config.json path")
 
 
 _VARIANT = re.compile(r"^(?P<base>[^\[]+)\[(?P<changes>[^\]]*)\]$")
@@ -532,7 +535,8 @@ def model_from_name(name: str) -> ModelSpec:
     for item in filter(None, m.group("changes").split(",")):
         k, _, v = item.partition("=")
         if k not in VARIANT_KEYS:
-            raise ConfigError(f"field 'model' = {name!r}: change {k!r} is unknown; allowed: {', '.join(VARIANT_KEYS)}")
+            raise ConfigError(f"field 'model' = {name!r}: change {k!r} is unknown{did_you_mean(k, VARIANT_KEYS)}; "
+                              f"allowed: {', '.join(VARIANT_KEYS)}")
         try:
             changes[VARIANT_KEYS[k]] = int(v)
         except ValueError:

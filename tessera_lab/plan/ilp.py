@@ -1,5 +1,5 @@
 """The ILP partitioner: HiGHS through its compiled ``highspy`` module (the sparse model passed column by column, no
-modelling layer); always with a time limit.
+modelling layer); always with a limit: wall-clock seconds, or a deterministic work budget (:class:`IlpBudget`).
 
 One binary per feasible (stage, segment) pair, linked as a path from layer 0 to layer L (flow conservation
 between consecutive stages); segments that cannot be in an optimal plan because their cost already exceeds a
@@ -31,6 +31,27 @@ PRESOLVE_RULE_OFF = 32768
 _CORE: list = []  # the loaded module (or None when highspy is missing), once looked up
 #: what the partitioner uses of highspy's compiled module
 _NAMES = ("_Highs", "HighsLp", "HighsModelStatus", "HighsVarType", "kHighsInf", "kSolutionStatusFeasible")
+
+
+@dataclass(frozen=True)
+class IlpBudget:
+    """A deterministic limit on the ILP's work, in place of a wall-clock time limit: the same partition on an idle or a
+    loaded machine (a time limit stops HiGHS wherever the clock finds it, so the incumbent it returns depends on the
+    machine's load).
+
+    ``max_binaries``: a pruned model with more segment binaries is not solved; the best heuristic plan is kept, as at
+    a time limit. ``max_nodes``: HiGHS' ``mip_max_nodes`` per pass (branch-and-bound nodes; HiGHS' search is
+    deterministic for given options and model, and the model's column order is fixed). Both are counts, never
+    seconds.
+    """
+
+    max_binaries: int
+    max_nodes: int
+
+    def __post_init__(self):
+        if self.max_binaries < 0 or self.max_nodes < 0:
+            raise PartitionError(f"IlpBudget({self.max_binaries}, {self.max_nodes}) is out of range; allowed: "
+                                 "counts >= 0")
 
 
 def highs_core():
@@ -202,7 +223,7 @@ def _segment_table(problem: PartitionProblem) -> dict[tuple[int, int, int], floa
     return table
 
 
-def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Partition:
+def solve_ilp(problem: PartitionProblem, *, time_limit_s: float | IlpBudget = 10.0) -> Partition:
     """Integer linear program over (stage, segment) binaries, solved with HiGHS (``highspy``).
 
     Variables ``u[s,i,j]`` (stage s owns layers i..j-1) for feasible segments, ``T`` (bottleneck).
@@ -218,11 +239,14 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Parti
     so are those no path of the remaining segments from layer 0 to layer L passes through (:func:`_on_paths`: every
     plan at or below that objective is such a path). The second pass does the same at the optimum.
 
-    Time: both passes share ``time_limit_s`` (model building included; the second gets what the first left). When
-    the limit stops the first pass, the better of its incumbent and the best heuristic plan (greedy, uniform, or for
-    ``vpp > 1`` the exact DP over virtual stages scored per rank) is returned, with ``status`` saying so:
+    Limit: ``time_limit_s`` seconds shared by both passes (model building included; the second gets what the first
+    left), or an :class:`IlpBudget` (no clock: a model over its binaries is not solved, each pass gets its nodes;
+    the result does not depend on the machine's load). When the limit stops the first pass, the better of its
+    incumbent and the best heuristic plan (greedy, uniform, or for ``vpp > 1`` the exact DP over virtual stages scored
+    per rank) is returned, with ``status`` saying so:
     ``Optimal`` (HiGHS' model status optimal, within its default relative MIP gap 1e-4), ``TimeLimit (feasible, not
-    proven optimal)`` (an incumbent), or a heuristic plan kept (``... (time limit: best heuristic plan)``).
+    proven optimal)`` (an incumbent; ``SolutionLimit`` at a node budget), or a heuristic plan kept (``... (time
+    limit: best heuristic plan)``, ``... (work budget: best heuristic plan)``).
 
     Raises:
         InfeasiblePlanError: the ILP is infeasible (memory / layer-count constraints).
@@ -230,7 +254,8 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Parti
             feasible heuristic plan.
     """
     t0 = time.perf_counter()
-    deadline = t0 + time_limit_s
+    budget = time_limit_s if isinstance(time_limit_s, IlpBudget) else None
+    deadline = math.inf if budget is not None else t0 + time_limit_s
     core = highs_core()
     if core is None:
         raise PartitionError("no ILP solver available (install highspy, or use method 'dp')")
@@ -251,7 +276,10 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Parti
     # hard virtual-stage models end at the time limit, where a different model gives a different incumbent)
     paths = _on_paths if problem.objective == "bottleneck" else (lambda seg, S, L: seg)
     seg = paths({k: c for k, c in all_seg.items() if lower_bound(k, c) <= ub * (1 + 1e-9) + 1e-15}, S, L)
-    status, chosen, value = _run_highs(core, problem, seg, ub, None, deadline)
+    if budget is not None and len(seg) > budget.max_binaries:
+        status, chosen, value = f"NotSolved ({len(seg)} binaries over {budget.max_binaries})", None, math.inf
+    else:
+        status, chosen, value = _run_highs(core, problem, seg, ub, None, (deadline, budget))
     if status == "Infeasible" and best_heuristic is None:
         raise infeasible_error(problem)
     boundaries = _read_boundaries(chosen, S) if chosen is not None else None
@@ -260,19 +288,12 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Parti
         if status != "Optimal" and best_heuristic is not None and best_heuristic.objective < cand.objective:
             boundaries, status = None, status + " (heuristic plan kept: better than the incumbent)"
     if boundaries is None:
-        if best_heuristic is None:
-            raise PartitionError(f"ILP stopped with status {status} and no solution within {time_limit_s} s; no "
-                                 "heuristic plan fits memory either, so perhaps none does (a longer --time-limit lets "
-                                 "the solver prove it or find one); allowed: a longer --time-limit, fewer virtual "
-                                 "stages (--vpp), recompute (--recompute selective|full) or more pipeline ranks")
-        boundaries = best_heuristic.boundaries
-        if "heuristic" not in status:
-            status += " (time limit: best heuristic plan)"
-    elif status == "Optimal" and deadline - time.perf_counter() > 0.05 * time_limit_s:
+        boundaries, status = _heuristic_fallback(status, best_heuristic, time_limit_s)
+    elif status == "Optimal" and (budget is not None or deadline - time.perf_counter() > 0.05 * time_limit_s):
         # second pass: smallest spread among optimal plans (only segments no costlier than the optimum)
         bound = value * (1 + 1e-9) + 1e-15
         seg2 = paths({k: c for k, c in seg.items() if lower_bound(k, c) <= bound}, S, L)
-        status2, chosen2, _ = _run_highs(core, problem, seg2, ub, bound, deadline)
+        status2, chosen2, _ = _run_highs(core, problem, seg2, ub, bound, (deadline, budget))
         if status2 == "Optimal":
             boundaries = _read_boundaries(chosen2, S)
     part = score_boundaries(problem, boundaries, "ilp", solver=SOLVER, status=status,
@@ -281,11 +302,35 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float = 10.0) -> Parti
     return part
 
 
+def _heuristic_fallback(status: str, best_heuristic: Partition | None, limit: float | IlpBudget
+                        ) -> tuple[list[int], str]:
+    """``(boundaries, status)`` of the best heuristic plan when the ILP's limit left no better solution.
+
+    Raises:
+        PartitionError: no heuristic plan fits memory either.
+    """
+    if best_heuristic is None:
+        raise PartitionError(f"ILP stopped with status {status} and no solution within {limit_text(limit)}; no "
+                             "heuristic plan fits memory either, so perhaps none does (a longer --time-limit lets "
+                             "the solver prove it or find one); allowed: a longer --time-limit, fewer virtual "
+                             "stages (--vpp), recompute (--recompute selective|full) or more pipeline ranks")
+    word = "work budget" if isinstance(limit, IlpBudget) else "time limit"
+    return best_heuristic.boundaries, status if "heuristic" in status else f"{status} ({word}: best heuristic plan)"
+
+
+def limit_text(limit: float | IlpBudget) -> str:
+    """The ILP's limit in words: ``"10 s"`` or ``"a budget of 2000 binaries and 50 nodes"``."""
+    if isinstance(limit, IlpBudget):
+        return f"a budget of {limit.max_binaries} binaries and {limit.max_nodes} nodes"
+    return f"{limit:g} s"
+
+
 def _run_highs(core, problem: PartitionProblem, seg: dict[tuple[int, int, int], float], ub: float,
-               phase2_bound: float | None, deadline: float) -> tuple[str, list | None, float]:
+               phase2_bound: float | None, limit: tuple[float, IlpBudget | None]) -> tuple[str, list | None, float]:
     """Build the model of :func:`solve_ilp` over the segments ``seg`` (cost in s) and solve it with HiGHS until
-    ``deadline`` (a ``time.perf_counter`` value). ``phase2_bound`` None: minimise the objective; else fix it
-    ``<= phase2_bound`` and minimise ``sum_s cost_s^2``.
+    ``limit``: ``(deadline, budget)``, a ``time.perf_counter`` value (``inf``: none) and an :class:`IlpBudget` (its
+    ``max_nodes``) or None. ``phase2_bound`` None: minimise the objective; else fix it ``<= phase2_bound`` and
+    minimise ``sum_s cost_s^2``.
 
     Returns ``(status, chosen, objective)``: ``Optimal``, ``<HiGHS model status> (feasible, not proven optimal)``
     (an incumbent), ``Infeasible``, ``NotSolved`` (the limit was spent before the model was built) or HiGHS' model
@@ -297,7 +342,7 @@ def _run_highs(core, problem: PartitionProblem, seg: dict[tuple[int, int, int], 
     then the binaries ordered by their names ``u_s_i_j`` (a fixed order; HiGHS' choice among equal optima follows
     it). Zero coefficients are left out.
     """
-    if deadline - time.perf_counter() <= 0.01:  # the limit is spent before the model is built
+    if limit[0] - time.perf_counter() <= 0.01:  # the limit is spent before the model is built
         return "NotSolved", None, math.inf
     inf = core.kHighsInf
     m, vpp, bottleneck = problem.microbatches, problem.vpp, problem.objective == "bottleneck"
@@ -349,10 +394,21 @@ def _run_highs(core, problem: PartitionProblem, seg: dict[tuple[int, int, int], 
             entries.append((flow[(s - 1, i)], -1.0))
         for row, v in sorted(entries):
             set_coeff(row, col, v)
+    return _solve(core, h, keys, limit)
+
+
+def _solve(core, h, keys: list[tuple[int, int, int]], limit: tuple[float, IlpBudget | None]
+           ) -> tuple[str, list | None, float]:
+    """Run the built model ``h`` (columns: ``T``, then ``keys``) under ``limit`` (``(deadline, budget)`` as in
+    :func:`_run_highs`); its ``(status, chosen, objective)``."""
+    deadline, budget = limit
     seconds = deadline - time.perf_counter()  # what is left once the model is built
     if seconds <= 0.01:
         return "NotSolved", None, math.inf
-    h.setOptionValue("time_limit", float(seconds))
+    if seconds < math.inf:
+        h.setOptionValue("time_limit", float(seconds))
+    if budget is not None:
+        h.setOptionValue("mip_max_nodes", int(budget.max_nodes))
     with _native_stdout_silenced():
         h.run()
     status, solved, value = _status(core, h)

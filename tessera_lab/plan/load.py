@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from tessera_lab.checks import WORK_LIMITS, check_int, check_work
+from tessera_lab.checks import WORK_LIMITS, check_int, check_work, did_you_mean
 from tessera_lab.cost.memory import memory_capacity
 from tessera_lab.cost.source import CostSource, analytic_source, check_same_source, profile_source
 from tessera_lab.errors import ConfigError, ProfileError
@@ -147,7 +147,9 @@ def _layout_of(data: Mapping[str, Any], where: str) -> tuple[ParallelConfig, Clu
         raise ConfigError("field 'plan.parallel' must be an object with pp, ep, tp, dp, ...")
     unknown = set(par) - set(PARALLEL_KEYS)
     if unknown:
-        raise ConfigError(f"field 'plan.parallel' has unknown keys {sorted(unknown)}; allowed: {', '.join(PARALLEL_KEYS)}")
+        hint = "".join(did_you_mean(k, PARALLEL_KEYS) for k in sorted(unknown)[:1])
+        raise ConfigError(f"field 'plan.parallel' has unknown keys {sorted(unknown)}{hint}; allowed: "
+                          f"{', '.join(PARALLEL_KEYS)}")
     for key in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "micro_batch_size", "seq_len", "cp"):
         if key in par:  # type, range and work limits before any planning work
             check_int(par[key], f"parallel.{key}", where=where, limit=key if key in WORK_LIMITS else None)

@@ -28,6 +28,7 @@ from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfi
 from tessera_lab.model.spec import DENSE, FULL_ATTENTION, NO_FFN, NO_MIXER, ModelSpec, model_from_name, shipped_models
 from tessera_lab.model.tasks import model_flops_per_iteration
 from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, evaluate
+from tessera_lab.plan.ilp import IlpBudget, limit_text
 from tessera_lab.plan.notes import plan_notes, sync_note
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
 from tessera_lab.plan.partition import (Partition, PartitionProblem, check_memory, score_boundaries, solve,
@@ -252,7 +253,7 @@ def make_plan(
     *,
     method: str = "ilp",
     baselines: Sequence[str] = BASELINES,
-    time_limit_s: float = 10.0,
+    time_limit_s: float | IlpBudget = 10.0,
     objective: str = "auto",
     gpu: str = DEFAULT_GPU,
     profile=None,
@@ -268,7 +269,8 @@ def make_plan(
         cluster: the cluster; default the smallest DGX cluster of ``gpu`` holding the world size.
         method: ``ilp`` (default), ``dp`` or ``uniform``.
         baselines: other partitions to evaluate with the same schedule (:data:`BASELINES`).
-        time_limit_s: ILP time limit, seconds.
+        time_limit_s: ILP limit: seconds of wall clock, or an :class:`~tessera_lab.plan.ilp.IlpBudget` (a
+            deterministic budget of binaries and branch-and-bound nodes: the same partition under any machine load).
         objective: ``bottleneck`` (minimise the slowest stage's steady-state cost; ties to the smaller spread),
             ``schedule`` (minimise the schedule-aware per-rank path cost: warm-up/cool-down, p2p, DP sync tail;
             :mod:`tessera_lab.plan.objective`), or ``auto`` (default): solve both, start from the fastest in
@@ -529,7 +531,8 @@ def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
     memory; each trial is recorded in ``Plan.schedule_trials`` (``schedule``, ``vpp``, ``iteration_time_s`` and
     ``fits_memory``, or ``error``: the full first line of the refusal). Each trial's ILP gets
     ``min(time_limit_s, AUTO_TIME_LIMIT_S)`` seconds."""
-    kwargs["time_limit_s"] = min(kwargs.get("time_limit_s", AUTO_TIME_LIMIT_S), AUTO_TIME_LIMIT_S)
+    limit = kwargs.get("time_limit_s", AUTO_TIME_LIMIT_S)
+    kwargs["time_limit_s"] = limit if isinstance(limit, IlpBudget) else min(limit, AUTO_TIME_LIMIT_S)
     trials, plans = [], []
     for name, vpp in auto_candidates(model, parallel):
         try:
@@ -554,5 +557,5 @@ def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
     best.notes.append("schedule auto: " + ", ".join(
         f"{label(t)} {t['iteration_time_s']:.4f} s" if "iteration_time_s" in t else f"{label(t)} refused"
         for t in trials) + f"; kept {label({'schedule': best.parallel.schedule, 'vpp': best.parallel.vpp})}"
-        f" (ILP limit {kwargs['time_limit_s']:g} s per schedule)")
+        f" (ILP limit {limit_text(kwargs['time_limit_s'])} per schedule)")
     return best

@@ -25,7 +25,7 @@ from typing import Sequence
 
 from tessera_lab.errors import PartitionError
 from tessera_lab.plan.dp import solve_dp
-from tessera_lab.plan.ilp import available_solver, solve_ilp
+from tessera_lab.plan.ilp import IlpBudget, available_solver, solve_ilp
 from tessera_lab.plan.problem import (GIB, Partition, PartitionProblem, SegmentFn, check_memory,
                                       score_boundaries, uniform, uniform_boundaries)
 
@@ -49,10 +49,12 @@ def ilp_size(problem: PartitionProblem) -> int:
     return problem.num_stages * free * (free + 1) // 2
 
 
-def solve(problem: PartitionProblem, method: str = "ilp", *, time_limit_s: float = 10.0) -> Partition:
+def solve(problem: PartitionProblem, method: str = "ilp", *, time_limit_s: float | IlpBudget = 10.0) -> Partition:
     """Partition with ``uniform``, ``dp`` or ``ilp``; ``ilp`` falls back to ``dp`` (and says so in ``solver``) when
     highspy (the ILP solver) is not installed, or, with one stage per rank, when the ILP would have more than
     :data:`ILP_MAX_SEGMENTS` segment variables (the DP is exact there and bounded in time and memory).
+    ``time_limit_s``: the ILP's limit, seconds of wall clock or a deterministic
+    :class:`~tessera_lab.plan.ilp.IlpBudget`.
 
     Raises:
         PartitionError: unknown method; InfeasiblePlanError: nothing fits.

@@ -37,6 +37,7 @@ from tessera_lab.cost.memory import layer_memory, memory_capacity
 from tessera_lab.errors import ConfigError, TesseraError
 from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.spec import ModelSpec
+from tessera_lab.plan.ilp import IlpBudget
 from tessera_lab.plan.make import make_plan
 # the search space (layouts, what is enumerated) lives in search_space; its names are the search's too
 from tessera_lab.plan.search_space import (Layout, cp_choices, enumerate_layouts, overlap_rule_breaks,  # noqa: F401
@@ -52,10 +53,13 @@ BATCH = 8
 #: its comparison)
 PLAN_OPTIONS = {"method": "dp", "objective": "auto", "baselines": ("uniform",)}
 #: the partition method with virtual stages (the DP balances one stage at a time; a rank sums non-adjacent chunks)
-#: and its time limit per solve, seconds (at the limit the planner keeps the best of the ILP's incumbent and its
-#: heuristic plan, and says so in the row's ``solver_status``)
+#: and its limit per solve: a deterministic work budget, never a wall-clock limit, so that the ranking does not move
+#: with the machine's load (at the budget the planner keeps the better of the ILP's incumbent and its heuristic plan,
+#: and says so in the row's ``solver_status``). Measured on the acceptance search (docs/search.md): HiGHS' root node
+#: alone costs 0.03-0.6 CPU s on its 1,194-4,500-binary models (48 layers on 8-16 virtual stages) and finds no plan
+#: there; the budget solves the small models only, within a few hundredths of a CPU second each.
 VIRTUAL_METHOD = "ilp"
-VIRTUAL_TIME_LIMIT_S = 0.02
+VIRTUAL_ILP_BUDGET = IlpBudget(max_binaries=400, max_nodes=10)
 
 
 @dataclass
@@ -233,7 +237,7 @@ def plan_layout(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster
     """Plan one layout with the planner of ``tessera-lab plan`` (:data:`PLAN_OPTIONS`); the row the search writes
     (``tokens_per_s``, ``iteration_time_s``, ``mfu``, ``peak_memory_gib``, ``fits``, ...) or ``{"error": line}``."""
     try:
-        opts = dict(PLAN_OPTIONS, **({"method": VIRTUAL_METHOD, "time_limit_s": VIRTUAL_TIME_LIMIT_S}
+        opts = dict(PLAN_OPTIONS, **({"method": VIRTUAL_METHOD, "time_limit_s": VIRTUAL_ILP_BUDGET}
                                      if layout.vpp > 1 else {}))
         pl = make_plan(model, layout.parallel(seq_len), cluster, **opts)
     except TesseraError as exc:
@@ -276,17 +280,40 @@ def param_memory_bytes(model: ModelSpec, layout: Layout, seq_len: int) -> float:
     return total
 
 
+def gpu_step(nvlink_domain: int) -> int:
+    """The GPU counts the search accepts are the multiples of this: the GPUs of an 8-GPU node (``hardware.json``'s
+    ``node.gpus_per_node``) where the NVLink domain is one node (H100, H200, B200, B300), and on a rack-scale domain
+    (GB200 NVL72: 72 GPUs) the same 8-GPU steps, the last rack partial as ``plan`` places it
+    (:func:`search_cluster`): ``gcd(nvlink_domain, 8)``."""
+    from tessera_lab.model.hardware import hardware_data
+
+    return math.gcd(int(nvlink_domain), int(hardware_data()["node"]["gpus_per_node"]))
+
+
+def search_cluster(gpu: str, gpus: int) -> Cluster:
+    """The cluster a search of ``gpus`` GPUs of type ``gpu`` plans on: the fewest NVLink domains holding them (as
+    :func:`~tessera_lab.model.hardware.cluster_for` gives ``plan``), a partial last domain when ``gpus`` is not a
+    multiple of the domain (16 GB200 GPUs: one NVL72 rack, 16 of its GPUs used)."""
+    from tessera_lab.model.hardware import GPUSpec
+
+    return Cluster.dgx(gpu, max(1, -(-gpus // GPUSpec.named(gpu).nvlink_domain)))
+
+
 def check_search_inputs(model: ModelSpec, gpus: int, seq_len: int, global_batch_tokens: int,
                         cluster_node: int) -> int:
     """The global batch in sequences, after the checks ``search`` makes before any work.
 
     Raises:
-        ConfigError: ``gpus`` not a multiple of the GPUs of a node, or a global batch that is not a whole number of
-            sequences of ``seq_len`` tokens.
+        ConfigError: ``gpus`` not a multiple of :func:`gpu_step` of the NVLink domain ``cluster_node``, or a global
+            batch that is not a whole number of sequences of ``seq_len`` tokens.
     """
-    if gpus < 1 or gpus % cluster_node:
-        raise ConfigError(f"--gpus = {gpus} is out of range; allowed: a multiple of the {cluster_node} GPUs of an "
-                          "NVLink domain (a node; whole nodes)")
+    step = gpu_step(cluster_node)
+    if gpus < 1 or gpus % step:
+        allowed = (f"a multiple of the {cluster_node} GPUs of an NVLink domain (a node; whole nodes)"
+                   if step == cluster_node else
+                   f"a multiple of {step} GPUs: {step}, {2 * step}, ..., {cluster_node} inside one NVLink domain of "
+                   f"{cluster_node}, or several domains, the last one partial")
+        raise ConfigError(f"--gpus = {gpus} is out of range; allowed: {allowed}")
     if global_batch_tokens < seq_len or global_batch_tokens % seq_len:
         lo = seq_len
         raise ConfigError(f"--global-batch-tokens = {global_batch_tokens:,} is not a whole number of sequences of "
@@ -452,7 +479,7 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
     node = GPUSpec.named(gpu).nvlink_domain
     seqs = check_search_inputs(model, gpus, seq_len, global_batch_tokens or DEFAULT_GLOBAL_SEQUENCES * seq_len,
                                node)
-    cluster = Cluster.dgx(gpu, gpus // node)
+    cluster = search_cluster(gpu, gpus)
     capacity = memory_capacity(cluster)
     if layouts is None:
         layouts = enumerate_layouts(model, gpus, seqs, gpus_per_node=node, seq_len=seq_len)
@@ -464,10 +491,11 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
     bounds = _Bounds(model, seq_len, cluster)
     cands, by_params, lightest = _first_pass(model, list(layouts), seq_len, capacity, bounds)
     if not cands:
-        need = -(-math.ceil(gpus * lightest / capacity) // node) * node
+        step = gpu_step(node)
+        need = -(-math.ceil(gpus * lightest / capacity) // step) * step
         raise ConfigError(f"--gpus = {gpus} is too small for {model.name}: the lightest layout holds "
                           f"{lightest / 2**30:.1f} GiB of parameter state per GPU against {capacity / 2**30:.1f} GiB; "
-                          f"allowed: about {need} GPUs or more (a multiple of {node})")
+                          f"allowed: about {need} GPUs or more (a multiple of {step})")
     cands = _canonical_first(cands, bounds, capacity)
     children = _children_cpu_s()
     planned, rest = _plan_all(cands, bounds, capacity, (top, jobs, max_plans), progress)

@@ -95,13 +95,12 @@ def layout_plan(res: SearchResult, cand: Candidate, spec=None):
     scored and simulated again (``make_plan(method="uniform", boundaries=...)``, no solver), so the timeline is
     the one the search's row describes. ``spec``: the searched model (default: the shipped model named
     ``res.model``)."""
-    from tessera_lab.model.hardware import Cluster, GPUSpec
     from tessera_lab.model.spec import load_model
     from tessera_lab.plan.make import make_plan
+    from tessera_lab.plan.search import search_cluster
 
     spec = spec or load_model(res.model)
-    node = GPUSpec.named(res.gpu).nvlink_domain
-    cluster = Cluster.dgx(res.gpu, res.gpus // node)
+    cluster = search_cluster(res.gpu, res.gpus)
     return make_plan(spec, cand.layout.parallel(res.seq_len), cluster, method="uniform", baselines=(),
                      boundaries=cand.result["boundaries"])
 

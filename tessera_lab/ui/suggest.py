@@ -7,6 +7,7 @@ set, and applies the fastest that fits (:class:`~tessera_lab.ui.panel.Action`).
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Callable
 
@@ -25,7 +26,7 @@ def suggest_layout(spec, gpus: int, *, gpu: str, seq_len: int, global_batch_toke
     ``settable(layout)`` holds.
 
     Raises:
-        ConfigError: what :func:`search` refuses (GPUs not whole NVLink domains of ``gpu``, too few for the model),
+        ConfigError: what :func:`search` refuses (GPUs not a multiple of :func:`~tessera_lab.plan.search.gpu_step`, too few for the model),
             no layout the panel can set, or none of them fits memory (the lightest peak against the capacity).
     """
     from dataclasses import replace
@@ -71,7 +72,32 @@ def suggestion_line(cand: Candidate, res: SearchResult, seconds: float, cpu: flo
 
 
 
-def suggest_action(current, settable, apply):
+def panel_message(text: str, gpus: str, lever: str) -> str:
+    """A refusal of the search (worded for the CLI: ``--gpus = 64 is too small ...``) in a planning panel's terms:
+    ``gpus`` names how the panel's controls make its GPU count (``"stages 2 x ep 32 (the model's layout)"``),
+    ``lever`` the controls that change it (``"more stages"``); the global batch and the sequence by the panel's
+    micro-batches and sequence, any other option by its name without dashes. The CLI's own text is unchanged."""
+    text = re.sub(r"--gpus = ([\d,]+) is too small", lambda m: f"{m.group(1)} GPUs ({gpus}) are too few", text)
+    text = re.sub(r"--gpus = ([\d,]+) is", lambda m: f"{m.group(1)} GPUs ({gpus}) are", text)
+    text = text.replace("--global-batch-tokens =", "the global batch (micro-batches x sequence) =")
+    text = text.replace("--seq-len", "sequence")
+    text = re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", " "), text)
+    return f"{text}; in this panel: {lever}"
+
+
+def pp_ep_terms(values: dict[str, Any], par) -> tuple[str, str]:
+    """Notebook 00's words for its GPU count (:func:`panel_message`): its pp and ep dropdowns (tp 1, dp 1)."""
+    return f"pp {par.pp} x ep {par.ep}", "a larger pp or ep (GPUs = pp x ep), or another GPU"
+
+
+def stage_terms(values: dict[str, Any], par) -> tuple[str, str]:
+    """Notebook 06's words for its GPU count (:func:`panel_message`): its stages at the model's ep and tp."""
+    tp = f" x tp {par.tp}" if par.tp > 1 else ""
+    return (f"stages {par.pp} x ep {par.ep}{tp} of the model's layout",
+            f"more stages (each adds {par.ep * par.tp} GPUs), or another model")
+
+
+def suggest_action(current, settable, apply, terms=None):
     """The "suggest a layout that fits" button of a planning panel (:class:`~tessera_lab.ui.panel.Action`), shown
     while the panel cannot plan (an error, or a chosen partition over memory).
 
@@ -81,6 +107,8 @@ def suggest_action(current, settable, apply):
         settable: ``(layout, values, the panel's ParallelConfig) -> bool``: whether the panel's controls can
             express a searched :class:`~tessera_lab.plan.search.Layout`.
         apply: ``(layout, values) -> {control name: value}``: the controls that set it.
+        terms: ``(values, the panel's ParallelConfig) -> (how its controls make the GPU count, the controls that
+            change it)``: a refusal of the search is shown in those words (:func:`panel_message`).
 
     A click runs :func:`suggest_layout` and applies the fastest layout that fits; the
     line beside the button says what was applied, its planned tokens/s and peak memory, and the search's wall and
@@ -88,9 +116,17 @@ def suggest_action(current, settable, apply):
     """
     def run(v: dict[str, Any]) -> tuple[dict[str, Any], str]:
         t0, c0 = time.perf_counter(), time.process_time()
+        from tessera_lab.errors import ConfigError
+
         spec, par, gpu = current(v)
-        cand, res = suggest_layout(spec, par.world_size, gpu=gpu, seq_len=par.seq_len,
-                                   global_batch_tokens=par.tokens_per_iteration, settable=lambda lay: settable(lay, v, par))
+        try:
+            cand, res = suggest_layout(spec, par.world_size, gpu=gpu, seq_len=par.seq_len,
+                                       global_batch_tokens=par.tokens_per_iteration,
+                                       settable=lambda lay: settable(lay, v, par))
+        except ConfigError as exc:
+            if terms is None:
+                raise
+            raise ConfigError(panel_message(str(exc), *terms(v, par))) from None
         return apply(cand.layout, v), suggestion_line(cand, res, time.perf_counter() - t0, time.process_time() - c0)
 
     def when(state: dict[str, Any]) -> bool:
@@ -99,4 +135,4 @@ def suggest_action(current, settable, apply):
     return Action("suggest a layout that fits", run, when, busy="searching the layouts this panel can set")
 
 
-__all__ = ["suggest_layout", "suggestion_line", "suggest_action", "SUGGEST_MAX_PLANS"]
+__all__ = ["suggest_layout", "suggestion_line", "suggest_action", "panel_message", "SUGGEST_MAX_PLANS"]

@@ -15,7 +15,7 @@ from tessera_lab.model.spec import load_model
 from tessera_lab.plan.make import Plan, make_plan
 from tessera_lab.report.headline import memory_note, mfu_note
 from tessera_lab.ui.panel import GPU_CHOICES, LABEL_STYLE, View, panel
-from tessera_lab.ui.suggest import suggest_action
+from tessera_lab.ui.suggest import pp_ep_terms, stage_terms, suggest_action
 
 __all__ = ["LABEL_STYLE", "panel", "replan", "plan_summary", "summary_table", "plan_notes", "quickstart_panel",
            "compare_partitions", "partition_panel", "MODEL_LAYOUTS", "QUICKSTART_PARAMETERS", "model_knobs",
@@ -309,7 +309,7 @@ def _quickstart_suggestion(controls: dict[str, Any], current: dict[str, Any]):
     def apply(lay, v: dict[str, Any]) -> dict[str, Any]:
         return {"pp": lay.pp, "ep": lay.ep, "microbatches": lay.microbatches, "recompute": lay.recompute}
 
-    return suggest_action(setting, settable, apply)
+    return suggest_action(setting, settable, apply, pp_ep_terms)
 
 
 def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):  # long: its callbacks close over the controls
@@ -596,4 +596,4 @@ def _partition_suggestion():
 
     return suggest_action(setting, lambda lay, v, par: (lay.pp, lay.ep, lay.tp, lay.dp, lay.ep_spans_tp) == (
         par.pp, par.ep, par.tp, 1, False) and lay.microbatches <= 128,
-        lambda lay, v: {"microbatches": lay.microbatches, "recompute": lay.recompute})
+        lambda lay, v: {"microbatches": lay.microbatches, "recompute": lay.recompute}, stage_terms)

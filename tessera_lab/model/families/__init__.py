@@ -29,6 +29,7 @@ import re
 from types import ModuleType
 from typing import Any, Mapping
 
+from tessera_lab.checks import did_you_mean
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.families import (
     deepseek, gemma4, glm4_moe, gpt_oss, jamba, kimi_linear, laguna, llama4, mimo_v2, minimax, mixtral, nemotron_h,
@@ -274,8 +275,9 @@ def check_unknown(reader: ModuleType, cfg: Mapping[str, Any], *, allow: bool,
     structural = [k for k in unknown if STRUCTURAL_NAME.search(k)]
     if not allow or (structural and not allow_structural):
         refused = unknown if not allow else structural
+        known = [*reader.READS, *getattr(reader, "NEUTRAL", {}), *reader.IGNORES, *COMMON_IGNORED, *WRAPPER_FIELDS]
         why = ", ".join(f"'{k}'" + (" (its name says it sets shapes or layer kinds)" if k in structural else "")
-                        for k in refused)
+                        + did_you_mean(k, known) for k in refused)
         how = ("pass --allow-unknown-fields to plan an approximate model without them" if not structural else
                "pass --allow-unknown-fields --allow-structural-fields to plan an approximate model without them")
         raise ConfigError(
