@@ -254,6 +254,13 @@ def profile_mismatches(profile: Any, model_name: str, gpu: str | None = None) ->
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """``" (did you mean 'num_hidden_layers'?)"`` for a mistyped ``name``: the closest of ``known`` by
-    :func:`difflib.get_close_matches` (similarity ratio at least 0.75), or ``""`` when none is that close."""
-    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1, cutoff=0.75)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    the names ``name`` begins (a family named without its size: ``gpt-oss`` -> ``gpt-oss-120b`` or ``gpt-oss-20b``;
+    at most four), else the closest by :func:`difflib.get_close_matches` (similarity ratio at least 0.75), or
+    ``""``."""
+    known = [str(k) for k in known]
+    close = [k for k in known if k.startswith(str(name)) and k != str(name)] if len(str(name)) >= 3 else []
+    if not close or len(close) > 4:
+        close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.75)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(f"'{c}'" for c in close) + "?)"

@@ -68,3 +68,21 @@ def test_knob_typo():
     want = r"knob 'num_expert_per_tok' is unknown \(did you mean 'num_experts_per_tok'\?\)"
     with pytest.raises(ConfigError, match=want):
         load_model("qwen3-30b-a3b").with_changes(num_expert_per_tok=4)
+
+
+def test_a_family_named_without_its_size_is_suggested():
+    """A name that begins shipped names (a family without its size) lists them (both gpt-oss sizes, not the one
+    difflib finds closest); a path to a missing config.json says so instead of calling it an unknown model."""
+    import pytest
+
+    from tessera_lab.checks import did_you_mean
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.model.spec import load_model
+
+    known = ["gpt-oss-120b", "gpt-oss-20b", "kimi-linear-48b-a3b", "deepseek-v3"]
+    assert did_you_mean("gpt-oss", known) == " (did you mean 'gpt-oss-120b' or 'gpt-oss-20b'?)"
+    assert did_you_mean("kimi-linear", known) == " (did you mean 'kimi-linear-48b-a3b'?)"
+    assert did_you_mean("deepseek-v33", known) == " (did you mean 'deepseek-v3'?)"
+    assert did_you_mean("zz", known) == ""
+    with pytest.raises(ConfigError, match="no such file"):
+        load_model("/nonexistent-dir/config.json")

@@ -44,9 +44,10 @@ def _bottleneck_line(ev) -> str:
     mean_layers = sum(len(x.layers) for x in stages) / len(stages)
     if len(st.layers) > mean_layers:
         causes.append(f"{len(st.layers)} layers against {mean_layers:.1f} on average")
-    gap = (st.time_s / (sum(others) / len(others)) - 1) if others else 0.0
+    against = (f"{st.time_s / (sum(others) / len(others)) - 1:+.1%} against the other stages' mean" if others
+               else "the only stage")
     return (f"bottleneck: stage {s} ({layer_summary(st.layers, st.kinds)}, {st.time_s * 1e3:.2f} ms per micro-batch, "
-            f"{gap:+.1%} against the other stages' mean)" + (": " + "; ".join(causes) if causes else ""))
+            f"{against})" + (": " + "; ".join(causes) if causes else ""))
 
 
 def _bound_lines(plan) -> list[str]:

@@ -513,6 +513,9 @@ def load_model(name_or_path: str | Path, *, allow_unknown_fields: bool = False, 
     path = Path(key)
     if path.is_file():
         return ModelSpec.from_hf_config(path, **kw)
+    if path.suffix == ".json" or "/" in key:
+        raise ConfigError(f"model '{key}': no such file (a config.json path must name an existing file; shipped "
+                          f"models: {', '.join(models)})")
     raise ConfigError(f"model '{key}' is neither a shipped model{did_you_mean(key, models)} ({', '.join(models)}) nor a "
                       "config.json path")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import io
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -123,6 +124,18 @@ def message_figure(text: str, *, width: float = 7.0):
     fig = Figure(figsize=(width, 0.45 + 0.17 * len(lines)), facecolor="white", layout="constrained")
     fig.text(0.01, 0.6, "\n".join(lines), fontsize=8, va="center", ha="left", color="firebrick")
     return fig
+
+
+def panel_wording(text: str) -> str:
+    """An error worded for the command line in a panel's terms: ``--gpus = 64 is too small`` as "64 GPUs are too
+    few", the pointer to ``tessera-lab search`` as the panels' suggest button and notebook 11, and any other
+    ``--option value`` as "option value" (the control of that name)."""
+    text = re.sub(r"--gpus = ([\d,]+) is too small", r"\1 GPUs are too few", text)
+    text = re.sub(r"--gpus = ([\d,]+) is", r"\1 GPUs are", text)
+    text = text.replace("(tessera-lab search lists layouts that fit)",
+                        "(the suggest button, or notebook 11's search, finds layouts that fit)")
+    text = text.replace("tessera-lab search", "the layout search (notebook 11)")
+    return re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", " "), text)
 
 
 def _number(x: float) -> str:
@@ -285,8 +298,11 @@ def panel(
             state["error"] = str(exc)
             state["notes"] = []
             state["table_html"] = ""
-            state["png"] = figure_png(message_figure(f"{error_prefix}: {exc}"), caption=caption)
-            status.value = f"<b style='color:firebrick'>{html.escape(error_prefix)}</b>: {html.escape(str(exc))}"
+            # the reason in the status line (in the panel's words), the figure only saying there is no plot
+            state["png"] = figure_png(message_figure(f"{error_prefix}: no plot (the reason is in the line above)"),
+                                      caption=caption)
+            status.value = (f"<b style='color:firebrick'>{html.escape(error_prefix)}</b>: "
+                            f"{html.escape(panel_wording(str(exc)))}")
             table.value = ""
             image.value = state["png"]
             show(state)
@@ -337,12 +353,12 @@ def _action_buttons(actions: list[Action], controls: dict[str, Any], status, don
     buttons, lines = [], []
 
     def click(act: Action, line) -> None:
-        status.value = f"<span style='color:dimgray'>&#8987; {html.escape(act.busy)}&hellip;</span>"
+        status.value = f"<span style='color:dimgray'>{html.escape(act.busy)}&hellip;</span>"
         try:
             values, text = act.run({name: c.value for name, c in controls.items()})
         except TesseraError as exc:
             status.value = ""
-            line.value = f"<span style='color:firebrick'>{html.escape(str(exc))}</span>"
+            line.value = f"<span style='color:firebrick'>{html.escape(panel_wording(str(exc)))}</span>"
             return
         syncing[0] = True
         try:
@@ -358,9 +374,10 @@ def _action_buttons(actions: list[Action], controls: dict[str, Any], status, don
         update()
 
     for act in actions:
-        button = w.Button(description=act.label, layout=w.Layout(width="auto"))
+        # the button keeps its whole label beside a long line (flex: no shrink), the line wraps
+        button = w.Button(description=act.label, layout=w.Layout(width="auto", flex="0 0 auto"))
         button.add_class("tessera-panel-action")
-        line = w.HTML()
+        line = w.HTML(layout=w.Layout(flex="1 1 auto"))
         button.on_click(lambda _b, act=act, line=line: click(act, line))
         buttons.append((act, button))
         lines.append(line)

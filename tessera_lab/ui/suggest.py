@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable
 
 from tessera_lab.plan.search import Candidate, SearchResult
-from tessera_lab.ui.panel import Action
+from tessera_lab.ui.panel import Action, panel_wording
 
 #: full planner runs a suggestion makes at most
 SUGGEST_MAX_PLANS = 24
@@ -80,8 +80,7 @@ def panel_message(text: str, gpus: str, lever: str) -> str:
     text = re.sub(r"--gpus = ([\d,]+) is too small", lambda m: f"{m.group(1)} GPUs ({gpus}) are too few", text)
     text = re.sub(r"--gpus = ([\d,]+) is", lambda m: f"{m.group(1)} GPUs ({gpus}) are", text)
     text = text.replace("--global-batch-tokens =", "the global batch (micro-batches x sequence) =")
-    text = text.replace("--seq-len", "sequence")
-    text = re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", " "), text)
+    text = panel_wording(text.replace("--seq-len", "sequence"))
     return f"{text}; in this panel: {lever}"
 
 
