@@ -54,6 +54,32 @@ def test_ep8_in_node_uses_nvlink_ep16_crosses_nodes():
     assert t16 == pytest.approx(a["alpha_inter_node_s"] + S * 8 / 16 / (50e9 * a["nccl_bus_efficiency"]), rel=1e-12)
 
 
+@pytest.mark.parametrize("tp, dp, per_node", [(8, 4, 1), (2, 16, 4), (1, 32, 8)])
+def test_data_parallel_collective_across_nodes_uses_each_ranks_nic(tp, dp, per_node):
+    # 4 DGX H100 nodes; the dense data-parallel group holds `per_node` ranks of each node (Megatron's order puts TP
+    # innermost: ranks tp apart). Each GPU has its own 50 GB/s NIC, so the ring's inter-node bytes leave a node over
+    # per_node NICs at once (NVIDIA/nccl #812: 8 NICs of 25 GB/s give 192 GB/s all-reduce bus bandwidth on DGX-A100),
+    # capped by NVLink's 450 GB/s per direction (nccl #412): 50, 200, 400 GB/s.
+    a = cost_assumptions()
+    cm = CostModel(Cluster.dgx("H100", 4), ParallelConfig(pp=1, ep=1, tp=tp, dp=dp))
+    assert len(cm.group_link_ranks("edp")) == dp
+    S = 1e9
+    bus = {1: 50e9, 4: 200e9, 8: 400e9}[per_node]
+    for kind, factor in (("all_gather", (dp - 1) / dp), ("reduce_scatter", (dp - 1) / dp),
+                         ("all_reduce", 2 * (dp - 1) / dp)):
+        t = cm.collective_time(Collective(kind, S, "edp", dp))
+        assert t == pytest.approx(a["alpha_inter_node_s"] + S * factor / (bus * a["nccl_bus_efficiency"]), rel=1e-12)
+
+
+def test_spanning_bus_bandwidth_is_capped_by_nvlink():
+    from tessera_lab.cost.analytic import spanning_bus_bytes_per_s
+
+    # a GB200 NVL72 rack's 72 ranks would have 72 x 50 GB/s of NICs; NVLink's 900 GB/s per direction caps the ring
+    assert spanning_bus_bytes_per_s(72, 50e9, 900e9) == 900e9
+    assert spanning_bus_bytes_per_s(3, 50e9, 900e9) == 150e9
+    assert spanning_bus_bytes_per_s(1, 50e9, 450e9) == 50e9
+
+
 def test_all_reduce_bus_factor_and_noop():
     a = cost_assumptions()
     cm = CostModel(Cluster.dgx("H100", 1), ParallelConfig(pp=1, ep=1, tp=4))

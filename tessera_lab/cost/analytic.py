@@ -47,6 +47,23 @@ BUS_FACTOR = {
 }
 
 
+def spanning_bus_bytes_per_s(ranks_per_node: int, nic_bytes_per_s: float, nvlink_bytes_per_s: float) -> float:
+    """Bus bandwidth (bytes/s per direction, before ``nccl_bus_efficiency``) of a ring or tree collective (all-reduce,
+    reduce-scatter, all-gather) whose group spans nodes with ``ranks_per_node`` ranks in each (the fewest, when
+    uneven): ``min(ranks_per_node x NIC, NVLink)``.
+
+    Each GPU has its own NIC (DGX/HGX: one per GPU; :attr:`~tessera_lab.model.hardware.GPUSpec.nic_bytes_per_s`),
+    and NCCL builds its rings and trees over several channels that leave a node through different GPUs' NICs, so
+    a group with ``g`` ranks in a node moves its inter-node bytes over ``g`` NICs at once (every data-parallel group
+    of a layout syncs at the same time, each over its own ranks' NICs, so no NIC is counted twice); the intra-node
+    hops of the same rings run on NVLink, which caps the sum. Sources: NVIDIA/nccl issue #812 (AddyLaddy: "On an
+    Nvidia DGX-A100 system we have 8x200Gbit/s IB cards and we measure 192GB/s AllReduce BusBW", i.e. eight NICs'
+    worth of bus bandwidth for eight ranks per node); NVIDIA/nccl issue #412 (sjeaugey: more NICs give "more
+    bandwidth, up to 160GB/s which is the NVLink intra-node bandwidth of your system"). The all-to-all is priced
+    per rank instead (:meth:`CostModel.collective_time`): each rank sends its own share over its own NIC."""
+    return min(max(1, ranks_per_node) * nic_bytes_per_s, nvlink_bytes_per_s)
+
+
 def deepep_link_shares(routing: tuple, ranks: int, nodes: int) -> tuple[float, float]:
     """Inter-node and intra-node bytes of a DeepEP dispatch across ``nodes`` nodes, as shares of its
     ``Collective.bytes`` (one copy per token and destination rank, ``D_rank`` copies a token).
@@ -295,7 +312,8 @@ class CostModel:
             t_intra = coll.bytes * intra_share / (intra.bytes_per_s * eff)
             t_inter = coll.bytes * inter_share / (inter.bytes_per_s * eff)
             return inter.latency_s + max(t_intra, t_inter)
-        return inter.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (inter.bytes_per_s * eff)
+        return inter.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (spanning_bus_bytes_per_s(
+            min(per_node.values()), inter.bytes_per_s, intra.bytes_per_s) * eff)
 
     def task_time(self, task: Task) -> float:
         """Standalone time of any task, seconds."""
