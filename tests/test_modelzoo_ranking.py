@@ -36,6 +36,12 @@ def test_modelzoo_rank_agreement_by_hand():
     # the other 9 pairs concordant, the r2/r3 pair tied in x only: 9 / sqrt(9 x 10)
     a = b.rank_agreement(dict(same, r2=18.0, r3=17.0), pub)
     assert a["agree"] == 10 and math.isclose(a["kendall_tau_b"], 9 / math.sqrt(90))
+    # r1 predicted 2% slower than r3 where r3 is published faster: a strict disagreement, and a tie in the
+    # prediction (within 5% of the smaller); r4/r5 swapped 20% apart is no tie
+    a = b.rank_agreement(dict(same, r1=17.6 * 1.02, r3=17.6 * 1.04), pub)
+    assert a["disagree"] == ["r1/r3"] and a["predicted_ties"] == ["r1/r3"] and a["agree_or_tied"] == 10
+    a = b.rank_agreement(swapped, pub)
+    assert a["predicted_ties"] == [] and a["agree_or_tied"] == 9
 
 
 def test_modelzoo_a2a_layout_plans_and_fits():
