@@ -44,8 +44,10 @@ def test_the_published_runs_headline_is_the_test_sets():
     test = [abs(float(e)) for _, _, s, e in rows if s == "test"]
     fit = [abs(float(e)) for _, _, s, e in rows if s == "fit"]
     assert int(head.group(1)) == len(test) >= 10
-    assert abs(float(head.group(2)) - statistics.median(test)) <= 0.1
-    assert abs(float(head.group(3)) - max(test)) <= 0.1
+    # both sides are one-decimal roundings of nearby values (the table's error from its rounded times): 0.1 apart
+    # at most, plus float noise
+    assert abs(float(head.group(2)) - statistics.median(test)) <= 0.1 + 1e-9
+    assert abs(float(head.group(3)) - max(test)) <= 0.1 + 1e-9
     assert abs(statistics.median(fit) - statistics.median(test)) > 0.1  # the two figures are told apart
     assert not re.search(r"(headline|median)[^.\n]*\b%.1f%%" % statistics.median(fit), text.split("Headline")[0], re.I)
 
@@ -95,6 +97,10 @@ def test_fidelity_headline_is_the_test_figure_not_the_fit_figure():
     test = [abs(float(e)) for *_, s, e in rows if s == "test"]
     fit = [abs(float(e)) for *_, s, e in rows if s == "fit"]
     assert int(head.group(1)) == len(test)
-    assert abs(float(head.group(2)) - statistics.median(test)) <= 0.1
-    assert abs(float(head.group(3)) - max(test)) <= 0.1
-    assert f"{statistics.median(fit):.1f}%" not in text.split("## Published GPU runs")[1].split("\n## ")[0]
+    # both sides are one-decimal roundings of nearby values (the table's error from its rounded times): 0.1 apart
+    # at most, plus float noise
+    assert abs(float(head.group(2)) - statistics.median(test)) <= 0.1 + 1e-9
+    assert abs(float(head.group(3)) - max(test)) <= 0.1 + 1e-9
+    section = text.split("## Published GPU runs")[1].split("\n## ")[0]
+    # the fit median as a figure of its own (not the tail of another, as 3.2% of 53.2%)
+    assert not re.search(r"(?<![\d.])%s%%" % re.escape(f"{statistics.median(fit):.1f}"), section)

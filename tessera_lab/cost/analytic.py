@@ -56,9 +56,9 @@ def spanning_bus_bytes_per_s(ranks_per_node: int, nic_bytes_per_s: float, nvlink
     and NCCL builds its rings and trees over several channels that leave a node through different GPUs' NICs, so
     a group with ``g`` ranks in a node moves its inter-node bytes over ``g`` NICs at once (every data-parallel group
     of a layout syncs at the same time, each over its own ranks' NICs, so no NIC is counted twice); the intra-node
-    hops of the same rings run on NVLink, which caps the sum. Sources: NVIDIA/nccl issue #812 (AddyLaddy: "On an
+    hops of the same rings run on NVLink, which caps the sum. Sources: NVIDIA/nccl#812 (AddyLaddy: "On an
     Nvidia DGX-A100 system we have 8x200Gbit/s IB cards and we measure 192GB/s AllReduce BusBW", i.e. eight NICs'
-    worth of bus bandwidth for eight ranks per node); NVIDIA/nccl issue #412 (sjeaugey: more NICs give "more
+    worth of bus bandwidth for eight ranks per node); NVIDIA/nccl#412 (sjeaugey: more NICs give "more
     bandwidth, up to 160GB/s which is the NVLink intra-node bandwidth of your system"). The all-to-all is priced
     per rank instead (:meth:`CostModel.collective_time`): each rank sends its own share over its own NIC."""
     return min(max(1, ranks_per_node) * nic_bytes_per_s, nvlink_bytes_per_s)
