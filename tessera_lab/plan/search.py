@@ -42,6 +42,7 @@ from tessera_lab.plan.make import make_plan
 # the search space (layouts, what is enumerated) lives in search_space; its names are the search's too
 from tessera_lab.plan.search_space import (Layout, cp_choices, enumerate_layouts, overlap_rule_breaks,  # noqa: F401
                                             recompute_choices, tp_choices)
+from tessera_lab.plan.stages import OVERLAPPED_SCHEDULES
 from tessera_lab.plan.vschedules import plan_in_flight
 
 #: candidates planned between two updates of the pruning threshold (fixed, so that ``jobs`` never changes which
@@ -70,12 +71,22 @@ class _Group:
     fb_compute: list[float]  # F+B compute seconds (W deferred) per micro-batch, per entry
     tasks: list
     comm: list[float] = field(default_factory=list)  # F+B+W communication seconds per micro-batch, per entry
+    #: F+B+W phase times (:attr:`~tessera_lab.cost.analytic.PhaseCost.time`, each phase's two lanes in program order
+    #: with its own-stream collectives) per micro-batch, per entry: what the simulator charges a rank
+    phase: list[float] = field(default_factory=list)
+    fb_phase: list[float] = field(default_factory=list)  # F+B phase times (W deferred), per entry
 
     def sums(self) -> tuple[float, float, float, float]:
         """(sum of compute, of F+B compute, of communication, the largest entry's compute), seconds."""
         if not hasattr(self, "_sums"):
             self._sums = (sum(self.compute), sum(self.fb_compute), sum(self.comm), max(self.compute))
         return self._sums
+
+    def phase_sums(self) -> tuple[float, float, float]:
+        """(sum of F+B+W phase times, of F+B phase times, the largest entry's F+B+W phase time), seconds."""
+        if not hasattr(self, "_phase_sums"):
+            self._phase_sums = (sum(self.phase), sum(self.fb_phase), max(self.phase))
+        return self._phase_sums
 
 
 def kind_tasks(model: ModelSpec, parallel: ParallelConfig) -> list:
@@ -112,7 +123,8 @@ def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster) -> 
         costs.append(by_kind[key])
     return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs],
                   [c.F.compute + c.B.compute for c in costs], tasks,
-                  [c.F.comm + c.B.comm + c.W.comm for c in costs])
+                  [c.F.comm + c.B.comm + c.W.comm for c in costs],
+                  [c.F.time + c.B.time + c.W.time for c in costs], [c.F.time + c.B.time for c in costs])
 
 
 #: schedules that split the backward and may defer W past a rank's last B
@@ -134,21 +146,37 @@ def bubble_factor(pp: int, microbatches: int) -> float:
 
 
 def time_lower_bound(group: _Group, layout: Layout, sync_s: float = 0.0) -> float:
-    """Seconds no partition of ``layout`` can beat in the simulator.
+    """Seconds no partition of ``layout`` can beat in the simulator (``group``: the layout's own
+    :meth:`Layout.cost_group`, its recompute and optimizer included; ``sync_s``: the host/sync seconds the planner
+    adds to the MoE layers' forwards per micro-batch, :func:`tessera_lab.cost.sync.planner_per_layer_s` times the
+    MoE layers).
 
-    Compute kernels run one after another on a rank's compute lane and collectives on its communication lane
-    (:mod:`tessera_lab.cost.analytic`; overlap lets the two lanes run together, contention only slows them), so
-    the busiest rank needs at least ``m x max(C, M) / pp`` (``C``: F+B+W compute of every entry per micro-batch
-    plus ``sync_s``, the host/sync seconds the schedule exposes per micro-batch; ``M``: their communication);
-    with one chunk per rank times :func:`bubble_factor` (each stage's work per micro-batch is at least the larger
-    of its two lane sums), counting F+B only for the schedules that may defer W (:data:`SPLIT_SCHEDULES`); the rank
-    holding the heaviest entry needs at least ``m x`` that entry's compute."""
+    Without EP overlap (every schedule but :data:`~tessera_lab.plan.stages.OVERLAPPED_SCHEDULES`) the simulator
+    (:func:`tessera_lab.plan.evaluate.evaluate`, :mod:`tessera_lab.pipeline.engine`) runs a rank's actions one after
+    another, each charged its stage's phase time (:meth:`~tessera_lab.plan.stages.StageCostModel.f` / ``b`` /
+    ``w``: the sum of its entries' :attr:`~tessera_lab.cost.analytic.PhaseCost.time`, sync in F; an I and its W
+    together cost B + W), so the ranks together are busy ``m x P`` (``P``: every entry's F+B+W phase time plus
+    ``sync_s``) and the busiest at least ``m P / pp``; with one chunk per rank times :func:`bubble_factor` on the
+    path F+B (+W unless the schedule may defer it, :data:`SPLIT_SCHEDULES`); the rank holding the heaviest entry
+    needs at least ``m x`` its phase time. P2P transfers and the gradient sync only add.
+
+    With EP overlap an F and a B of two micro-batches run as one action whose pair makespan is not a sum of phase
+    times; compute kernels still run one after another on a rank's compute lane and collectives on its
+    communication lane (overlap lets the two lanes run together, contention only slows them), so the busiest rank
+    needs at least ``m x max(C, M) / pp`` (``C``: F+B+W compute of every entry plus ``sync_s``; ``M``: their
+    communication), times :func:`bubble_factor` with one chunk per rank, and ``m x`` the heaviest entry's compute.
+    """
     m, pp = layout.microbatches, layout.pp
-    c, fb, comm, top = group.sums()
-    total = max(c + sync_s, comm)
+    if layout.schedule in OVERLAPPED_SCHEDULES:
+        c, fb, comm, top = group.sums()
+        total = max(c + sync_s, comm)
+        path = total
+    else:
+        ph, fb, top = group.phase_sums()
+        total = ph + sync_s
+        path = (fb + sync_s) if layout.schedule in SPLIT_SCHEDULES else total
     busy = total / pp
     if layout.vpp == 1:
-        path = (fb + sync_s) if layout.schedule in SPLIT_SCHEDULES else total
         busy = max(busy, path / pp * bubble_factor(pp, m))
     return m * max(busy, top)
 
@@ -327,10 +355,10 @@ DEFAULT_GLOBAL_SEQUENCES = 1024
 
 
 class _Bounds:
-    """Bounds of layouts from lazily built groups: the time bound from the costs of the layout's TP, EP,
-    micro-batch size and dispatcher with recompute none and the distributed optimizer (:func:`time_lower_bound`;
-    recomputation only adds work and Megatron FSDP only adds its per-layer gathers and reduce-scatters, so this
-    bounds every recompute and both optimizers, checked by the tests), the memory bound from the layout's own saved activations
+    """Bounds of layouts from lazily built groups: the time bound from the costs of the layout's TP, CP, EP,
+    micro-batch size, recompute and dispatcher with the distributed optimizer (:func:`time_lower_bound`; Megatron
+    FSDP only adds its gathers and reduce-scatters on streams of their own, which lengthen a phase and never shorten
+    it, :meth:`~tessera_lab.cost.analytic.CostModel.own_stream_time`; checked by the tests), the memory bound from the layout's own saved activations
     (:func:`memory_lower_bound`)."""
 
     def __init__(self, model: ModelSpec, seq_len: int, cluster: Cluster):
@@ -346,13 +374,6 @@ class _Bounds:
             self.groups[key] = _group(self.model, layout, self.seq_len, self.cluster)
         return self.groups[key]
 
-    @staticmethod
-    def base_key(layout: Layout) -> tuple:
-        """:meth:`Layout.cost_group` of ``layout`` with recompute none and the distributed optimizer (the group its
-        time bound uses), without building that layout."""
-        return (layout.tp, layout.ep, layout.ep_spans_tp, layout.micro_batch_size, "none", layout.dispatcher,
-                layout.cp, (), False, 0)
-
     def time(self, layout: Layout) -> float:
         from dataclasses import replace
 
@@ -361,10 +382,7 @@ class _Bounds:
         key = (layout.ep, layout.schedule, layout.dispatcher)
         if key not in self.sync:
             self.sync[key] = planner_per_layer_s(layout.parallel(self.seq_len)) * self.moe_layers
-        group = self.groups.get(self.base_key(layout))
-        if group is None:
-            group = self.group(replace(layout, recompute="none", recompute_modules=(), fsdp=False))
-        return time_lower_bound(group, layout, self.sync[key])
+        return time_lower_bound(self.group(replace(layout, fsdp=False)), layout, self.sync[key])
 
     def memory(self, layout: Layout) -> float:
         key = layout.cost_group()
