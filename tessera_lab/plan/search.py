@@ -244,6 +244,17 @@ class SearchResult:
         return len(self.planned) / max(self.cpu_s + self.children_cpu_s, 1e-9)
 
     @property
+    def settled(self) -> int:
+        """Layouts the search decided: planned, or ruled out by a rule that is a proof (parameter memory, the memory
+        bound, the time bound); those left at the ``max_plans`` budget (``pruned["budget"]``) are not settled."""
+        return len(self.planned) + sum(v for k, v in self.pruned.items() if k != "budget")
+
+    @property
+    def settled_per_cpu_s(self) -> float:
+        """:attr:`settled` layouts per CPU second of the whole search (this process and its planner processes)."""
+        return self.settled / max(self.cpu_s + self.children_cpu_s, 1e-9)
+
+    @property
     def ranked(self) -> list[Candidate]:
         """Planned candidates that fit memory, fastest first (ties by layout, deterministic)."""
         ok = [c for c in self.planned if c.result and c.result["fits"]]
@@ -255,6 +266,8 @@ class SearchResult:
                 "top": self.top, "enumerated": self.enumerated, "pruned": self.pruned,
                 "evaluated": len(self.planned), "planner_errors": self.errors, "cpu_s": self.cpu_s,
                 "children_cpu_s": self.children_cpu_s, "planned_per_cpu_s": self.planned_per_cpu_s,
+                "settled": self.settled, "unsettled": self.pruned.get("budget", 0),
+                "settled_per_cpu_s": self.settled_per_cpu_s,
                 "memory_capacity_gib": self.memory_capacity_bytes / 2**30,
                 "unplanned_bound_s": self.unplanned_bound_s,
                 "candidates": [c.as_dict() for c in self.ranked]
