@@ -70,7 +70,7 @@ def baseline_rate(model, layouts, seq_len: int, gpus: int, limit_s: float) -> tu
     t0 = _cpu()
     for lay in layouts:
         _clear_shared_caches()
-        opts = dict(PLAN_OPTIONS, **({"method": "ilp", "time_limit_s": limit_s} if lay.vpp > 1 else {}))
+        opts = dict(PLAN_OPTIONS, **({"method": "ilp", "limit": limit_s} if lay.vpp > 1 else {}))
         try:
             make_plan(model, lay.parallel(seq_len), cluster, **opts)
         except TesseraError:

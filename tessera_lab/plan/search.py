@@ -278,7 +278,7 @@ def plan_layout(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster
     """Plan one layout with the planner of ``tessera-lab plan`` (:data:`PLAN_OPTIONS`); the row the search writes
     (``tokens_per_s``, ``iteration_time_s``, ``mfu``, ``peak_memory_gib``, ``fits``, ...) or ``{"error": line}``."""
     try:
-        opts = dict(PLAN_OPTIONS, **({"method": VIRTUAL_METHOD, "time_limit_s": VIRTUAL_ILP_BUDGET}
+        opts = dict(PLAN_OPTIONS, **({"method": VIRTUAL_METHOD, "limit": VIRTUAL_ILP_BUDGET}
                                      if layout.vpp > 1 else {}))
         pl = make_plan(model, layout.parallel(seq_len), cluster, **opts)
     except TesseraError as exc:
