@@ -96,7 +96,8 @@ def run_case(name: str, gpus: int, tokens: int | None, args) -> dict:
     return {"model": name, "gpus": gpus, "enumerated": res.enumerated, "pruned": res.pruned, "planned": planned,
             "errors": sum(res.errors.values()), "cpu_s": cpu, "planner_cpu_s": plan_cpu,
             "planned_per_cpu_s": planned / cpu, "baseline_per_cpu_s": base_rate, "baseline_cpu_s": base_cpu,
-            "settled_per_cpu_s": res.settled / cpu, "unsettled": res.pruned.get("budget", 0), "pruning_ratio": by_rule / res.enumerated,
+            "settled_per_cpu_s": res.settled / cpu, "unsettled": res.pruned.get("budget", 0),
+            "pruning_ratio": by_rule / res.enumerated,
             "best_s": res.ranked[0].result["iteration_time_s"] if res.ranked else float("nan")}
 
 
@@ -121,7 +122,8 @@ def main() -> None:
               f"{r['planned_per_cpu_s']:.1f} layouts planned per CPU s; baseline (the "
               f"first {args.baseline} planned again one by one, nothing shared, ILP limit {args.baseline_limit:g} s): "
               f"{r['baseline_per_cpu_s']:.1f} per CPU s ({r['baseline_cpu_s']:.1f} CPU s), ratio "
-              f"{r['planned_per_cpu_s'] / r['baseline_per_cpu_s']:.1f}x (planned rates); pruning ratio {r['pruning_ratio']:.1%}; best iteration {r['best_s']:.3f} s (simulated)")
+              f"{r['planned_per_cpu_s'] / r['baseline_per_cpu_s']:.1f}x (planned rates); pruning ratio "
+              f"{r['pruning_ratio']:.1%}; best iteration {r['best_s']:.3f} s (simulated)")
     print(f"load average after: {os.getloadavg()}")
 
 

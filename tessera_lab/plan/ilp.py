@@ -239,8 +239,8 @@ def solve_ilp(problem: PartitionProblem, *, limit: float | IlpBudget = 10.0) -> 
     so are those no path of the remaining segments from layer 0 to layer L passes through (:func:`_on_paths`: every
     plan at or below that objective is such a path). The second pass does the same at the optimum.
 
-    Limit: ``limit``, float seconds of wall clock shared by both passes (model building included; the second gets what the first
-    left), or an :class:`IlpBudget` (no clock: a model over its binaries is not solved, each pass gets its nodes;
+    Limit: ``limit``, float seconds of wall clock shared by both passes (model building included; the second gets
+    what the first left), or an :class:`IlpBudget` (no clock: a model over its binaries is not solved, each pass gets its nodes;
     the result does not depend on the machine's load). When the limit stops the first pass, the better of its
     incumbent and the best heuristic plan (greedy, uniform, or for ``vpp > 1`` the exact DP over virtual stages scored
     per rank) is returned, with ``status`` saying so:

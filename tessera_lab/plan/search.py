@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from tessera_lab.cost.memory import layer_memory, memory_capacity
@@ -71,10 +71,8 @@ class _Group:
     fb_compute: list[float]  # F+B compute seconds (W deferred) per micro-batch, per entry
     tasks: list
     comm: list[float] = field(default_factory=list)  # F+B+W communication seconds per micro-batch, per entry
-    #: F+B+W phase times (:attr:`~tessera_lab.cost.analytic.PhaseCost.time`, each phase's two lanes in program order
-    #: with its own-stream collectives) per micro-batch, per entry: what the simulator charges a rank
-    phase: list[float] = field(default_factory=list)
-    fb_phase: list[float] = field(default_factory=list)  # F+B phase times (W deferred), per entry
+    phase: list[float] = field(default_factory=list)  # F+B+W PhaseCost.time per micro-batch, per entry
+    fb_phase: list[float] = field(default_factory=list)  # F+B PhaseCost.time (W deferred), per entry
 
     def sums(self) -> tuple[float, float, float, float]:
         """(sum of compute, of F+B compute, of communication, the largest entry's compute), seconds."""
@@ -92,8 +90,6 @@ class _Group:
 def kind_tasks(model: ModelSpec, parallel: ParallelConfig) -> list:
     """:func:`~tessera_lab.model.tasks.decompose` built once per layer kind: layers of one kind have the same
     tasks but for their index (the planner's pair costs assume as much; the tests compare with ``decompose``)."""
-    from dataclasses import replace
-
     from tessera_lab.model.tasks import embedding_tasks, head_tasks, layer_tasks
 
     by_kind: dict[str, Any] = {}
@@ -146,26 +142,20 @@ def bubble_factor(pp: int, microbatches: int) -> float:
 
 
 def time_lower_bound(group: _Group, layout: Layout, sync_s: float = 0.0) -> float:
-    """Seconds no partition of ``layout`` can beat in the simulator (``group``: the layout's own
-    :meth:`Layout.cost_group`, its recompute and optimizer included; ``sync_s``: the host/sync seconds the planner
-    adds to the MoE layers' forwards per micro-batch, :func:`tessera_lab.cost.sync.planner_per_layer_s` times the
-    MoE layers).
+    """Seconds no partition of ``layout`` can beat in the simulator (``group``: the layout's costs, its recompute
+    included; ``sync_s``: the host/sync seconds per micro-batch in the MoE layers' forwards,
+    :mod:`~tessera_lab.cost.sync`).
 
     Without EP overlap (every schedule but :data:`~tessera_lab.plan.stages.OVERLAPPED_SCHEDULES`) the simulator
-    (:func:`tessera_lab.plan.evaluate.evaluate`, :mod:`tessera_lab.pipeline.engine`) runs a rank's actions one after
-    another, each charged its stage's phase time (:meth:`~tessera_lab.plan.stages.StageCostModel.f` / ``b`` /
-    ``w``: the sum of its entries' :attr:`~tessera_lab.cost.analytic.PhaseCost.time`, sync in F; an I and its W
-    together cost B + W), so the ranks together are busy ``m x P`` (``P``: every entry's F+B+W phase time plus
-    ``sync_s``) and the busiest at least ``m P / pp``; with one chunk per rank times :func:`bubble_factor` on the
-    path F+B (+W unless the schedule may defer it, :data:`SPLIT_SCHEDULES`); the rank holding the heaviest entry
-    needs at least ``m x`` its phase time. P2P transfers and the gradient sync only add.
-
-    With EP overlap an F and a B of two micro-batches run as one action whose pair makespan is not a sum of phase
-    times; compute kernels still run one after another on a rank's compute lane and collectives on its
-    communication lane (overlap lets the two lanes run together, contention only slows them), so the busiest rank
-    needs at least ``m x max(C, M) / pp`` (``C``: F+B+W compute of every entry plus ``sync_s``; ``M``: their
-    communication), times :func:`bubble_factor` with one chunk per rank, and ``m x`` the heaviest entry's compute.
-    """
+    (:mod:`tessera_lab.plan.evaluate`, :mod:`tessera_lab.pipeline.engine`) runs a rank's actions one after another,
+    each charged its stage's phase time (:class:`~tessera_lab.plan.stages.StageCostModel`: its entries'
+    :attr:`~tessera_lab.cost.analytic.PhaseCost.time` summed, sync in F, an I and its W costing B + W), so the
+    busiest rank needs ``m P / pp`` (``P``: every entry's F+B+W phase time plus ``sync_s``). With EP overlap an F and
+    a B run as one pair whose makespan is no sum of phase times, but compute kernels still run one after another on
+    the compute lane and collectives on the communication lane (contention only slows them): ``m max(C, M) / pp``
+    (``C``: F+B+W compute plus ``sync_s``; ``M``: communication). With one chunk per rank times
+    :func:`bubble_factor` on the path F+B (+W unless the schedule may defer it, :data:`SPLIT_SCHEDULES`); the rank
+    holding the heaviest entry needs ``m x`` its time. P2P transfers and the gradient sync only add."""
     m, pp = layout.microbatches, layout.pp
     if layout.schedule in OVERLAPPED_SCHEDULES:
         c, fb, comm, top = group.sums()
@@ -371,8 +361,8 @@ class _Bounds:
     """Bounds of layouts from lazily built groups: the time bound from the costs of the layout's TP, CP, EP,
     micro-batch size, recompute and dispatcher with the distributed optimizer (:func:`time_lower_bound`; Megatron
     FSDP only adds its gathers and reduce-scatters on streams of their own, which lengthen a phase and never shorten
-    it, :meth:`~tessera_lab.cost.analytic.CostModel.own_stream_time`; checked by the tests), the memory bound from the layout's own saved activations
-    (:func:`memory_lower_bound`)."""
+    it, :meth:`~tessera_lab.cost.analytic.CostModel.own_stream_time`; checked by the tests), the memory bound from
+    the layout's own saved activations (:func:`memory_lower_bound`)."""
 
     def __init__(self, model: ModelSpec, seq_len: int, cluster: Cluster):
         self.model, self.seq_len, self.cluster = model, seq_len, cluster
@@ -388,8 +378,6 @@ class _Bounds:
         return self.groups[key]
 
     def time(self, layout: Layout) -> float:
-        from dataclasses import replace
-
         from tessera_lab.cost.sync import planner_per_layer_s
 
         key = (layout.ep, layout.schedule, layout.dispatcher)
