@@ -68,16 +68,15 @@ class _Group:
     """Per-entry costs and saved activations shared by the layouts of one :meth:`Layout.cost_group`."""
 
     compute: list[float]  # F+B+W compute seconds per micro-batch, per entry (embedding, layers, head)
-    fb_compute: list[float]  # F+B compute seconds (W deferred) per micro-batch, per entry
     tasks: list
     comm: list[float] = field(default_factory=list)  # F+B+W communication seconds per micro-batch, per entry
     phase: list[float] = field(default_factory=list)  # F+B+W PhaseCost.time per micro-batch, per entry
     fb_phase: list[float] = field(default_factory=list)  # F+B PhaseCost.time (W deferred), per entry
 
-    def sums(self) -> tuple[float, float, float, float]:
-        """(sum of compute, of F+B compute, of communication, the largest entry's compute), seconds."""
+    def sums(self) -> tuple[float, float, float]:
+        """(sum of compute, of communication, the largest entry's compute), seconds."""
         if not hasattr(self, "_sums"):
-            self._sums = (sum(self.compute), sum(self.fb_compute), sum(self.comm), max(self.compute))
+            self._sums = (sum(self.compute), sum(self.comm), max(self.compute))
         return self._sums
 
     def phase_sums(self) -> tuple[float, float, float]:
@@ -102,13 +101,17 @@ def kind_tasks(model: ModelSpec, parallel: ParallelConfig) -> list:
     return [embedding_tasks(model, parallel), *body, head_tasks(model, parallel)]
 
 
-def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster) -> _Group:
-    """Costs of one group: :func:`kind_tasks` and the analytic cost model, one
-    :meth:`~tessera_lab.cost.analytic.CostModel.layer_cost` per layer kind."""
+def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster, cost_models: dict | None = None
+           ) -> _Group:
+    """Costs of one group: :func:`kind_tasks` and the analytic cost model, one :meth:`~tessera_lab.cost.analytic.
+    CostModel.layer_cost` per layer kind; ``cost_models`` keeps cost models by the parallel sizes without recompute
+    (recompute changes tasks, no cost), so groups that differ in recompute share their common tasks' phase costs."""
     from tessera_lab.cost.analytic import CostModel
 
     par = layout.parallel(seq_len).replace(schedule="1f1b", vpp=1)
-    cm = CostModel(cluster, par)
+    key = par.replace(recompute="none", recompute_modules=())
+    cms = {} if cost_models is None else cost_models
+    cm = cms[key] = cms.get(key) or CostModel(cluster, key)
     tasks = kind_tasks(model, par)
     by_kind: dict[tuple, Any] = {}
     costs = []
@@ -117,8 +120,7 @@ def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster) -> 
         if key not in by_kind:
             by_kind[key] = cm.layer_cost(lt)
         costs.append(by_kind[key])
-    return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs],
-                  [c.F.compute + c.B.compute for c in costs], tasks,
+    return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs], tasks,
                   [c.F.comm + c.B.comm + c.W.comm for c in costs],
                   [c.F.time + c.B.time + c.W.time for c in costs], [c.F.time + c.B.time for c in costs])
 
@@ -158,7 +160,7 @@ def time_lower_bound(group: _Group, layout: Layout, sync_s: float = 0.0) -> floa
     holding the heaviest entry needs ``m x`` its time. P2P transfers and the gradient sync only add."""
     m, pp = layout.microbatches, layout.pp
     if layout.schedule in OVERLAPPED_SCHEDULES:
-        c, fb, comm, top = group.sums()
+        c, comm, top = group.sums()
         total = max(c + sync_s, comm)
         path = total
     else:
@@ -369,12 +371,13 @@ class _Bounds:
         self.groups: dict[tuple, _Group] = {}
         self.tasks: dict[tuple, list] = {}
         self.sync: dict[tuple, float] = {}
+        self.cost_models: dict = {}
         self.moe_layers = sum(1 for ly in model.stack.layers if ly.ffn == "moe")
 
     def group(self, layout: Layout) -> _Group:
         key = layout.cost_group()
         if key not in self.groups:
-            self.groups[key] = _group(self.model, layout, self.seq_len, self.cluster)
+            self.groups[key] = _group(self.model, layout, self.seq_len, self.cluster, self.cost_models)
         return self.groups[key]
 
     def time(self, layout: Layout) -> float:
@@ -390,7 +393,7 @@ class _Bounds:
         if key not in self.tasks:
             par = layout.parallel(self.seq_len).replace(schedule="1f1b", vpp=1)
             self.tasks[key] = kind_tasks(self.model, par)
-        return memory_lower_bound(self.model, _Group([], [], self.tasks[key]), layout, self.seq_len)
+        return memory_lower_bound(self.model, _Group([], self.tasks[key]), layout, self.seq_len)
 
 
 def _first_pass(model: ModelSpec, layouts: list[Layout], seq_len: int, capacity: float,
