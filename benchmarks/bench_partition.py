@@ -8,7 +8,7 @@
     2048), printed as ratios (> 1 means the overlap-aware plan is faster). Timings are printed, never asserted.
 (c) Solver limits: 1,000 and 3,000 layers on 64 stages (``partition --costs`` sizes) with the exact DP:
     time and peak Python memory (tracemalloc; the bar is under 1 GiB), and the ILP's wall time against its
-    ``time_limit_s`` on a virtual-stage problem it cannot close quickly.
+    ``limit`` on a virtual-stage problem it cannot close quickly.
 
 Run: python benchmarks/bench_partition.py
 """
@@ -92,7 +92,7 @@ def solver_limits() -> None:
         costs = [rng.uniform(1.0, 3.0) for _ in range(L)]
         tracemalloc.start()
         t0 = time.perf_counter()
-        part = partition_costs(costs, 64, "ilp", time_limit_s=10.0)
+        part = partition_costs(costs, 64, "ilp", limit=10.0)
         dt = time.perf_counter() - t0
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
@@ -101,7 +101,7 @@ def solver_limits() -> None:
     prob = additive_problem([rng.uniform(1.0, 3.0) for _ in range(96)], 32, vpp=4)
     for limit in (1.0, 3.0):
         t0 = time.perf_counter()
-        part = solve_ilp(prob, time_limit_s=limit)
+        part = solve_ilp(prob, limit=limit)
         print(f"  ILP 96 layers, 8 ranks x vpp 4, time limit {limit:g} s: returned after "
               f"{time.perf_counter() - t0:.2f} s ({part.status})")
 

@@ -67,9 +67,9 @@ def test_ilp_equals_dp_and_brute_force(objective, with_memory):
         except InfeasiblePlanError:
             assert want is None
             with pytest.raises(InfeasiblePlanError):
-                solve_ilp(prob, time_limit_s=20)
+                solve_ilp(prob, limit=20)
             continue
-        got = solve_ilp(prob, time_limit_s=20)
+        got = solve_ilp(prob, limit=20)
         assert got.status == "Optimal" and got.solver == "HiGHS"
         assert got.objective == pytest.approx(dp.objective, rel=1e-9)
         assert got.boundaries == want, (prob.num_layers, prob.num_stages)
@@ -127,9 +127,9 @@ def test_virtual_stages_equal_brute_force(objective, with_memory):
         want = _brute_force_vpp(costs, ranks, vpp, objective, m, memory, limit)
         if want is None:
             with pytest.raises(InfeasiblePlanError):
-                solve_ilp(prob, time_limit_s=20)
+                solve_ilp(prob, limit=20)
             continue
-        part = solve_ilp(prob, time_limit_s=20)
+        part = solve_ilp(prob, limit=20)
         assert part.status == "Optimal"
         assert _ilp_value(part, costs, ranks, vpp, objective, m) == pytest.approx(want)
         if with_memory:
@@ -159,7 +159,7 @@ def test_solver_is_silent_and_needs_no_numpy():
         "import sys\n"
         "from tessera_lab.plan.partition import additive_problem, solve_ilp\n"
         "solve_ilp(additive_problem([1.0, 2.0, 3.0, 4.0, 5.0], 2))\n"
-        "solve_ilp(additive_problem([1.0 + (l * 37 % 11) / 7 for l in range(64)], 16, vpp=4), time_limit_s=0.5)\n"
+        "solve_ilp(additive_problem([1.0 + (l * 37 % 11) / 7 for l in range(64)], 16, vpp=4), limit=0.5)\n"
         "sys.stderr.write('numpy' if 'numpy' in sys.modules else 'no numpy')\n"
     )
     assert out.returncode == 0, out.stderr.decode()
@@ -238,5 +238,5 @@ def test_virtual_stages_that_cannot_fit_even_one_chunk_per_rank_are_refused_befo
     p = additive_problem([1.0] * 64, 16, vpp=4, memory=lambda s, i, j: float(j - i), memory_limit=3.0)
     t0 = time.perf_counter()
     with pytest.raises(InfeasiblePlanError, match="virtual stages fits"):
-        solve_ilp(p, time_limit_s=30.0)
+        solve_ilp(p, limit=30.0)
     assert time.perf_counter() - t0 < 5.0

@@ -67,9 +67,9 @@ def test_ilp_equals_dp_with_memory(costs, S, mem_frac, objective):
         dp = solve_dp(prob)
     except InfeasiblePlanError:
         with pytest.raises(InfeasiblePlanError):
-            solve_ilp(prob, time_limit_s=20)
+            solve_ilp(prob, limit=20)
         return
-    ilp = solve_ilp(prob, time_limit_s=20)
+    ilp = solve_ilp(prob, limit=20)
     assert ilp.status == "Optimal"
     assert ilp.objective == pytest.approx(dp.objective, rel=1e-9)
     check_valid(ilp, len(costs), S)
@@ -235,7 +235,7 @@ def test_large_partition_takes_the_bounded_dp():
     costs = [1.0 + (l * 7919 % 13) / 13 for l in range(1000)]
     prob = additive_problem(costs, 64)
     assert ilp_size(prob) > ILP_MAX_SEGMENTS
-    part = partition_costs(costs, 64, "ilp", time_limit_s=1.0)
+    part = partition_costs(costs, 64, "ilp", limit=1.0)
     assert part.solver.startswith("dp (ILP too large") and "monotone" in part.status
     assert part.bottleneck >= max(sum(costs) / 64, max(costs))
     assert part.solve_time_s < 10
@@ -248,9 +248,9 @@ def test_ilp_time_limit_bounds_both_passes():
 
     costs = [1.0 + ((l * 37) % 11) / 7 for l in range(96)]
     prob = additive_problem(costs, 32, vpp=4)  # 8 ranks x 4 chunks: about 22,000 binaries
-    solve_ilp(additive_problem([1.0, 2.0], 1), time_limit_s=1.0)  # import PuLP and HiGHS outside the timing
+    solve_ilp(additive_problem([1.0, 2.0], 1), limit=1.0)  # import PuLP and HiGHS outside the timing
     t, c = time.perf_counter(), time.process_time()
-    part = solve_ilp(prob, time_limit_s=2.0)
+    part = solve_ilp(prob, limit=2.0)
     # model building counts against the limit; on a busy machine the wall clock stretches while the process CPU
     # does not (and a threaded solver's CPU may exceed its wall time): the smaller of the two is bounded
     assert min(time.perf_counter() - t, time.process_time() - c) < 1.5 * 2.0 + 1.0

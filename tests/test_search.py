@@ -77,39 +77,27 @@ def test_bounds_hold_for_every_planned_candidate(small):
         assert c.memory_bound_bytes <= r["peak_memory_gib"] * 2**30 * (1 + 1e-9), c.layout
 
 
-def test_recompute_none_bounds_the_recompute_groups(qwen):
-    """The time bound of a layout uses its group with recompute none: recomputation only adds compute and
-    communication (checked on a sample of the groups of a 64-GPU search, every recompute choice and module set)."""
+def test_fsdp_free_group_bounds_the_fsdp_group(qwen):
+    """The time bound of a Megatron-FSDP layout uses its group with the distributed optimizer: FSDP's gathers and
+    reduce-scatters on streams of their own only lengthen a phase (checked on a sample of a 64-GPU search's groups,
+    every recompute choice: the phase-time sums, the heaviest entry's phase time and the lane sums)."""
     cl = Cluster.dgx("H200", 8)
     choices = S.recompute_choices(qwen)
     assert ("selective", ("layernorm", "moe_act", "shared_experts")) in choices  # Qwen3-Next has a shared expert
     assert not any("mla_up_proj" in mods for _, mods in choices)  # and no MLA
+    seen = 0
     for lay in S.enumerate_layouts(qwen, 64, 256)[::397]:
-        base = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": "none", "recompute_modules": (), "fsdp": False}),
-                        4096, cl)
-        for rc, mods in choices[1:]:
-            g = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": rc, "recompute_modules": mods}), 4096, cl)
-            assert sum(g.compute) >= sum(base.compute) - 1e-12
-            assert sum(g.comm) >= sum(base.comm) - 1e-12
-            assert sum(g.fb_compute) >= sum(base.fb_compute) - 1e-12
-        if lay.megatron_dp > 1:  # Megatron FSDP only adds per-layer communication: the bound's group stays below
-            g = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": "none", "recompute_modules": (),
-                                            "fsdp": True}), 4096, cl)
-            assert sum(g.compute) >= sum(base.compute) - 1e-12 and sum(g.comm) >= sum(base.comm) - 1e-12
-            assert sum(g.fb_compute) >= sum(base.fb_compute) - 1e-12
-            assert max(g.compute) >= max(base.compute) - 1e-12
-
-
-def test_bound_base_key_is_the_cost_group_without_recompute_or_fsdp(qwen):
-    """The time bound finds its group by a key built from the layout; it is the cost group of the layout with
-    recompute none and the distributed optimizer (every recompute, FSDP and DP choice of a 64-GPU search)."""
-    from dataclasses import replace
-
-    layouts = S.enumerate_layouts(qwen, 64, 256)
-    assert {lay.fsdp for lay in layouts} == {False, True} and len({lay.recompute for lay in layouts}) == 3
-    for lay in layouts:
-        base = replace(lay, recompute="none", recompute_modules=(), fsdp=False)
-        assert S._Bounds.base_key(lay) == base.cost_group(), lay
+        if lay.megatron_dp <= 1:
+            continue
+        for rc, mods in choices:
+            base = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": rc, "recompute_modules": mods,
+                                              "fsdp": False}), 4096, cl)
+            g = S._group(qwen, S.Layout(**{**lay.__dict__, "recompute": rc, "recompute_modules": mods,
+                                           "fsdp": True}), 4096, cl)
+            for x, y in zip(g.phase_sums() + g.sums(), base.phase_sums() + base.sums()):
+                assert x >= y - 1e-12, lay
+            seen += 1
+    assert seen >= 10
 
 
 def test_memory_pruned_layouts_do_not_fit(qwen):

@@ -41,7 +41,7 @@ def test_search_on_a_partial_rack_matches_plan():
     res = S.search(model, 16, gpu="GB200", global_batch_tokens=4096 * 256, top=1, max_plans=8)
     assert res.ranked, res.errors
     first = res.ranked[0]
-    opts = dict(S.PLAN_OPTIONS, **({"method": S.VIRTUAL_METHOD, "time_limit_s": S.VIRTUAL_ILP_BUDGET}
+    opts = dict(S.PLAN_OPTIONS, **({"method": S.VIRTUAL_METHOD, "limit": S.VIRTUAL_ILP_BUDGET}
                                    if first.layout.vpp > 1 else {}))
     pl = make_plan(model, first.layout.parallel(4096), None, gpu="GB200", **opts)
     assert pl.cluster.num_gpus == 72 and pl.parallel.world_size == 16

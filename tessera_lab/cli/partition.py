@@ -39,7 +39,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
         raise PartitionError(
             f"field 'stages' x 'vpp' = {args.stages} x {args.vpp} = {args.stages * args.vpp} virtual stages is out of "
             f"range; allowed: at most the number of layers ({len(args.costs)})")
-    part = partition_costs(args.costs, args.stages * args.vpp, args.method, time_limit_s=args.time_limit,
+    part = partition_costs(args.costs, args.stages * args.vpp, args.method, limit=args.time_limit,
                            vpp=args.vpp)
     from tessera_lab.plan.exports import deepspeed_parts, megatron_layout, torch_split_points
 

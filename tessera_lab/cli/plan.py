@@ -305,7 +305,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         check_profile_fits(profile, args.profile, model.name, args.gpu, allow=args.allow_stale_profile)
     boundaries = split_from_args(args, model, parallel)
     opts = dict(method="uniform" if boundaries else args.method, objective=args.objective,
-                time_limit_s=args.time_limit, gpu=args.gpu, profile=profile, boundaries=boundaries,
+                limit=args.time_limit, gpu=args.gpu, profile=profile, boundaries=boundaries,
                 **({"baselines": ()} if boundaries else {}))
     try:
         plan = make_plan(model, parallel, cluster, **opts)

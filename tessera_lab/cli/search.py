@@ -57,7 +57,8 @@ def format_search(res, top: int) -> str:
              f"{res.memory_capacity_bytes / 2**30:.1f} GiB per GPU",
              f"layouts: {res.enumerated:,} enumerated; pruned {pr['memory (parameter state)']:,} by parameter-state "
              f"memory, {pr['memory']:,} by the memory bound, {pr['bound']:,} by the time bound (could not beat the "
-             f"slowest of the best {res.top} planned); {len(res.planned)} planned ({_cpu_text(res)})"
+             f"slowest of the best {res.top} planned); {len(res.planned)} planned ({_cpu_text(res)}; "
+             f"{res.settled:,} layouts settled, planned or ruled out, {res.settled_per_cpu_s:.0f} per CPU s, measured)"
              + (f"; {pr['budget']:,} left unplanned at the --max-plans budget (their time bounds from "
                 f"{res.unplanned_bound_s:.3f} s)" if pr.get("budget") else ""), ""]
     ranked = res.ranked[:top]

@@ -223,7 +223,7 @@ def _segment_table(problem: PartitionProblem) -> dict[tuple[int, int, int], floa
     return table
 
 
-def solve_ilp(problem: PartitionProblem, *, time_limit_s: float | IlpBudget = 10.0) -> Partition:
+def solve_ilp(problem: PartitionProblem, *, limit: float | IlpBudget = 10.0) -> Partition:
     """Integer linear program over (stage, segment) binaries, solved with HiGHS (``highspy``).
 
     Variables ``u[s,i,j]`` (stage s owns layers i..j-1) for feasible segments, ``T`` (bottleneck).
@@ -239,8 +239,8 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float | IlpBudget = 10
     so are those no path of the remaining segments from layer 0 to layer L passes through (:func:`_on_paths`: every
     plan at or below that objective is such a path). The second pass does the same at the optimum.
 
-    Limit: ``time_limit_s`` seconds shared by both passes (model building included; the second gets what the first
-    left), or an :class:`IlpBudget` (no clock: a model over its binaries is not solved, each pass gets its nodes;
+    Limit: ``limit``, float seconds of wall clock shared by both passes (model building included; the second gets
+    what the first left), or an :class:`IlpBudget` (no clock: a model over its binaries is not solved, each pass gets its nodes;
     the result does not depend on the machine's load). When the limit stops the first pass, the better of its
     incumbent and the best heuristic plan (greedy, uniform, or for ``vpp > 1`` the exact DP over virtual stages scored
     per rank) is returned, with ``status`` saying so:
@@ -254,8 +254,8 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float | IlpBudget = 10
             feasible heuristic plan.
     """
     t0 = time.perf_counter()
-    budget = time_limit_s if isinstance(time_limit_s, IlpBudget) else None
-    deadline = math.inf if budget is not None else t0 + time_limit_s
+    budget = limit if isinstance(limit, IlpBudget) else None
+    deadline = math.inf if budget is not None else t0 + limit
     core = highs_core()
     if core is None:
         raise PartitionError("no ILP solver available (install highspy, or use method 'dp')")
@@ -288,8 +288,8 @@ def solve_ilp(problem: PartitionProblem, *, time_limit_s: float | IlpBudget = 10
         if status != "Optimal" and best_heuristic is not None and best_heuristic.objective < cand.objective:
             boundaries, status = None, status + " (heuristic plan kept: better than the incumbent)"
     if boundaries is None:
-        boundaries, status = _heuristic_fallback(status, best_heuristic, time_limit_s)
-    elif status == "Optimal" and (budget is not None or deadline - time.perf_counter() > 0.05 * time_limit_s):
+        boundaries, status = _heuristic_fallback(status, best_heuristic, limit)
+    elif status == "Optimal" and (budget is not None or deadline - time.perf_counter() > 0.05 * limit):
         # second pass: smallest spread among optimal plans (only segments no costlier than the optimum)
         bound = value * (1 + 1e-9) + 1e-15
         seg2 = paths({k: c for k, c in seg.items() if lower_bound(k, c) <= bound}, S, L)

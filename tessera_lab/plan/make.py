@@ -253,7 +253,7 @@ def make_plan(
     *,
     method: str = "ilp",
     baselines: Sequence[str] = BASELINES,
-    time_limit_s: float | IlpBudget = 10.0,
+    limit: float | IlpBudget = 10.0,
     objective: str = "auto",
     gpu: str = DEFAULT_GPU,
     profile=None,
@@ -269,7 +269,7 @@ def make_plan(
         cluster: the cluster; default the smallest DGX cluster of ``gpu`` holding the world size.
         method: ``ilp`` (default), ``dp`` or ``uniform``.
         baselines: other partitions to evaluate with the same schedule (:data:`BASELINES`).
-        time_limit_s: ILP limit: seconds of wall clock, or an :class:`~tessera_lab.plan.ilp.IlpBudget` (a
+        limit: ILP limit: seconds of wall clock, or an :class:`~tessera_lab.plan.ilp.IlpBudget` (a
             deterministic budget of binaries and branch-and-bound nodes: the same partition under any machine load).
         objective: ``bottleneck`` (minimise the slowest stage's steady-state cost; ties to the smaller spread),
             ``schedule`` (minimise the schedule-aware per-rank path cost: warm-up/cool-down, p2p, DP sync tail;
@@ -294,7 +294,7 @@ def make_plan(
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     searches, cached, built = (search_cache_info()["searches"], search_cache_info()["hits"],
                                COST_CACHE_STATS["builds"])
-    pl = _make_plan(model, parallel, cluster, method=method, baselines=baselines, time_limit_s=time_limit_s,
+    pl = _make_plan(model, parallel, cluster, method=method, baselines=baselines, limit=limit,
                     objective=objective, gpu=gpu, profile=profile, refine_budget=refine_budget, boundaries=boundaries)
     info = search_cache_info()
     pl.timing = {"wall_s": time.perf_counter() - t_wall, "cpu_s": time.process_time() - t_cpu,
@@ -304,7 +304,7 @@ def make_plan(
 
 
 # params: make_plan's options, passed through
-def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, objective, gpu, profile, refine_budget,
+def _make_plan(model, parallel, cluster, *, method, baselines, limit, objective, gpu, profile, refine_budget,
                boundaries) -> Plan:
     parallel = parallel or ParallelConfig()
     cluster = cluster or cluster_for(parallel, gpu)
@@ -314,7 +314,7 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
         raise ConfigError(f"field 'objective' = {objective!r} is unknown; allowed: {', '.join(OBJECTIVES)}")
     if parallel.schedule == "auto":
         return _auto_schedule(model, parallel, cluster, method=method, baselines=baselines,
-                              time_limit_s=time_limit_s, objective=objective, profile=profile,
+                              limit=limit, objective=objective, profile=profile,
                               refine_budget=refine_budget)
     S = parallel.pp * parallel.vpp
     _check_split(model, S, method, boundaries)
@@ -337,7 +337,7 @@ def _make_plan(model, parallel, cluster, *, method, baselines, time_limit_s, obj
             part = score_boundaries(problem, boundaries, method)
             check_memory(problem, part)
         else:
-            part = solve(_problem(model, parallel, cost_model, sm, obj), method, time_limit_s=time_limit_s)
+            part = solve(_problem(model, parallel, cost_model, sm, obj), method, limit=limit)
         candidates.append((run(part, method), f"{_result_word(part, method)} ({obj} objective)"))
     out: dict[str, Evaluation] = {}
     # a given split may hold more virtual stages than layers (embedding-only and loss-only stages)
@@ -530,9 +530,9 @@ def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
     """``schedule="auto"``: plan every ``(schedule, vpp)`` of :func:`auto_candidates`, keep the fastest that fits
     memory; each trial is recorded in ``Plan.schedule_trials`` (``schedule``, ``vpp``, ``iteration_time_s`` and
     ``fits_memory``, or ``error``: the full first line of the refusal). Each trial's ILP gets
-    ``min(time_limit_s, AUTO_TIME_LIMIT_S)`` seconds."""
-    limit = kwargs.get("time_limit_s", AUTO_TIME_LIMIT_S)
-    kwargs["time_limit_s"] = limit if isinstance(limit, IlpBudget) else min(limit, AUTO_TIME_LIMIT_S)
+    ``min(limit, AUTO_TIME_LIMIT_S)`` seconds."""
+    limit = kwargs.get("limit", AUTO_TIME_LIMIT_S)
+    kwargs["limit"] = limit if isinstance(limit, IlpBudget) else min(limit, AUTO_TIME_LIMIT_S)
     trials, plans = [], []
     for name, vpp in auto_candidates(model, parallel):
         try:
@@ -557,5 +557,5 @@ def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
     best.notes.append("schedule auto: " + ", ".join(
         f"{label(t)} {t['iteration_time_s']:.4f} s" if "iteration_time_s" in t else f"{label(t)} refused"
         for t in trials) + f"; kept {label({'schedule': best.parallel.schedule, 'vpp': best.parallel.vpp})}"
-        f" (ILP limit {limit_text(kwargs['time_limit_s'])} per schedule)")
+        f" (ILP limit {limit_text(kwargs['limit'])} per schedule)")
     return best

@@ -49,11 +49,11 @@ def ilp_size(problem: PartitionProblem) -> int:
     return problem.num_stages * free * (free + 1) // 2
 
 
-def solve(problem: PartitionProblem, method: str = "ilp", *, time_limit_s: float | IlpBudget = 10.0) -> Partition:
+def solve(problem: PartitionProblem, method: str = "ilp", *, limit: float | IlpBudget = 10.0) -> Partition:
     """Partition with ``uniform``, ``dp`` or ``ilp``; ``ilp`` falls back to ``dp`` (and says so in ``solver``) when
     highspy (the ILP solver) is not installed, or, with one stage per rank, when the ILP would have more than
     :data:`ILP_MAX_SEGMENTS` segment variables (the DP is exact there and bounded in time and memory).
-    ``time_limit_s``: the ILP's limit, seconds of wall clock or a deterministic
+    ``limit``: the ILP's limit, float seconds of wall clock or a deterministic
     :class:`~tessera_lab.plan.ilp.IlpBudget`.
 
     Raises:
@@ -73,7 +73,7 @@ def solve(problem: PartitionProblem, method: str = "ilp", *, time_limit_s: float
             part = solve_dp(problem)
             part.method, part.solver = "ilp", f"dp ({reason})"
             return part
-        return solve_ilp(problem, time_limit_s=time_limit_s)
+        return solve_ilp(problem, limit=limit)
     raise PartitionError(f"field 'method' = {method!r} is unknown; allowed: {', '.join(METHODS)}")
 
 
@@ -97,6 +97,8 @@ def additive_problem(costs: Sequence[float], num_stages: int, **kwargs) -> Parti
 
 
 def partition_costs(costs: Sequence[float], num_stages: int, method: str = "ilp", **kwargs) -> Partition:
-    """Partition a plain per-layer cost list (``tessera-lab partition --costs ...``)."""
-    time_limit_s = kwargs.pop("time_limit_s", 10.0)
-    return solve(additive_problem(costs, num_stages, **kwargs), method, time_limit_s=time_limit_s)
+    """Partition a plain per-layer cost list (``tessera-lab partition --costs ...``); ``limit`` (keyword, float
+    seconds or an :class:`~tessera_lab.plan.ilp.IlpBudget`) as :func:`solve`'s, the other keywords
+    :func:`additive_problem`'s."""
+    limit = kwargs.pop("limit", 10.0)
+    return solve(additive_problem(costs, num_stages, **kwargs), method, limit=limit)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from tessera_lab.cost.memory import layer_memory, memory_capacity
@@ -42,6 +42,7 @@ from tessera_lab.plan.make import make_plan
 # the search space (layouts, what is enumerated) lives in search_space; its names are the search's too
 from tessera_lab.plan.search_space import (Layout, cp_choices, enumerate_layouts, overlap_rule_breaks,  # noqa: F401
                                             recompute_choices, tp_choices)
+from tessera_lab.plan.stages import OVERLAPPED_SCHEDULES
 from tessera_lab.plan.vschedules import plan_in_flight
 
 #: candidates planned between two updates of the pruning threshold (fixed, so that ``jobs`` never changes which
@@ -67,22 +68,27 @@ class _Group:
     """Per-entry costs and saved activations shared by the layouts of one :meth:`Layout.cost_group`."""
 
     compute: list[float]  # F+B+W compute seconds per micro-batch, per entry (embedding, layers, head)
-    fb_compute: list[float]  # F+B compute seconds (W deferred) per micro-batch, per entry
     tasks: list
     comm: list[float] = field(default_factory=list)  # F+B+W communication seconds per micro-batch, per entry
+    phase: list[float] = field(default_factory=list)  # F+B+W PhaseCost.time per micro-batch, per entry
+    fb_phase: list[float] = field(default_factory=list)  # F+B PhaseCost.time (W deferred), per entry
 
-    def sums(self) -> tuple[float, float, float, float]:
-        """(sum of compute, of F+B compute, of communication, the largest entry's compute), seconds."""
+    def sums(self) -> tuple[float, float, float]:
+        """(sum of compute, of communication, the largest entry's compute), seconds."""
         if not hasattr(self, "_sums"):
-            self._sums = (sum(self.compute), sum(self.fb_compute), sum(self.comm), max(self.compute))
+            self._sums = (sum(self.compute), sum(self.comm), max(self.compute))
         return self._sums
+
+    def phase_sums(self) -> tuple[float, float, float]:
+        """(sum of F+B+W phase times, of F+B phase times, the largest entry's F+B+W phase time), seconds."""
+        if not hasattr(self, "_phase_sums"):
+            self._phase_sums = (sum(self.phase), sum(self.fb_phase), max(self.phase))
+        return self._phase_sums
 
 
 def kind_tasks(model: ModelSpec, parallel: ParallelConfig) -> list:
     """:func:`~tessera_lab.model.tasks.decompose` built once per layer kind: layers of one kind have the same
     tasks but for their index (the planner's pair costs assume as much; the tests compare with ``decompose``)."""
-    from dataclasses import replace
-
     from tessera_lab.model.tasks import embedding_tasks, head_tasks, layer_tasks
 
     by_kind: dict[str, Any] = {}
@@ -95,13 +101,17 @@ def kind_tasks(model: ModelSpec, parallel: ParallelConfig) -> list:
     return [embedding_tasks(model, parallel), *body, head_tasks(model, parallel)]
 
 
-def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster) -> _Group:
-    """Costs of one group: :func:`kind_tasks` and the analytic cost model, one
-    :meth:`~tessera_lab.cost.analytic.CostModel.layer_cost` per layer kind."""
+def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster, cost_models: dict | None = None
+           ) -> _Group:
+    """Costs of one group: :func:`kind_tasks` and the analytic cost model, one :meth:`~tessera_lab.cost.analytic.
+    CostModel.layer_cost` per layer kind; ``cost_models`` keeps cost models by the parallel sizes without recompute
+    (recompute changes tasks, no cost), so groups that differ in recompute share their common tasks' phase costs."""
     from tessera_lab.cost.analytic import CostModel
 
     par = layout.parallel(seq_len).replace(schedule="1f1b", vpp=1)
-    cm = CostModel(cluster, par)
+    key = par.replace(recompute="none", recompute_modules=())
+    cms = {} if cost_models is None else cost_models
+    cm = cms[key] = cms.get(key) or CostModel(cluster, key)
     tasks = kind_tasks(model, par)
     by_kind: dict[tuple, Any] = {}
     costs = []
@@ -110,9 +120,9 @@ def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster) -> 
         if key not in by_kind:
             by_kind[key] = cm.layer_cost(lt)
         costs.append(by_kind[key])
-    return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs],
-                  [c.F.compute + c.B.compute for c in costs], tasks,
-                  [c.F.comm + c.B.comm + c.W.comm for c in costs])
+    return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs], tasks,
+                  [c.F.comm + c.B.comm + c.W.comm for c in costs],
+                  [c.F.time + c.B.time + c.W.time for c in costs], [c.F.time + c.B.time for c in costs])
 
 
 #: schedules that split the backward and may defer W past a rank's last B
@@ -134,21 +144,31 @@ def bubble_factor(pp: int, microbatches: int) -> float:
 
 
 def time_lower_bound(group: _Group, layout: Layout, sync_s: float = 0.0) -> float:
-    """Seconds no partition of ``layout`` can beat in the simulator.
+    """Seconds no partition of ``layout`` can beat in the simulator (``group``: the layout's costs, its recompute
+    included; ``sync_s``: the host/sync seconds per micro-batch in the MoE layers' forwards,
+    :mod:`~tessera_lab.cost.sync`).
 
-    Compute kernels run one after another on a rank's compute lane and collectives on its communication lane
-    (:mod:`tessera_lab.cost.analytic`; overlap lets the two lanes run together, contention only slows them), so
-    the busiest rank needs at least ``m x max(C, M) / pp`` (``C``: F+B+W compute of every entry per micro-batch
-    plus ``sync_s``, the host/sync seconds the schedule exposes per micro-batch; ``M``: their communication);
-    with one chunk per rank times :func:`bubble_factor` (each stage's work per micro-batch is at least the larger
-    of its two lane sums), counting F+B only for the schedules that may defer W (:data:`SPLIT_SCHEDULES`); the rank
-    holding the heaviest entry needs at least ``m x`` that entry's compute."""
+    Without EP overlap (every schedule but :data:`~tessera_lab.plan.stages.OVERLAPPED_SCHEDULES`) the simulator
+    (:mod:`tessera_lab.plan.evaluate`, :mod:`tessera_lab.pipeline.engine`) runs a rank's actions one after another,
+    each charged its stage's phase time (:class:`~tessera_lab.plan.stages.StageCostModel`: its entries'
+    :attr:`~tessera_lab.cost.analytic.PhaseCost.time` summed, sync in F, an I and its W costing B + W), so the
+    busiest rank needs ``m P / pp`` (``P``: every entry's F+B+W phase time plus ``sync_s``). With EP overlap an F and
+    a B run as one pair whose makespan is no sum of phase times, but compute kernels still run one after another on
+    the compute lane and collectives on the communication lane (contention only slows them): ``m max(C, M) / pp``
+    (``C``: F+B+W compute plus ``sync_s``; ``M``: communication). With one chunk per rank times
+    :func:`bubble_factor` on the path F+B (+W unless the schedule may defer it, :data:`SPLIT_SCHEDULES`); the rank
+    holding the heaviest entry needs ``m x`` its time. P2P transfers and the gradient sync only add."""
     m, pp = layout.microbatches, layout.pp
-    c, fb, comm, top = group.sums()
-    total = max(c + sync_s, comm)
+    if layout.schedule in OVERLAPPED_SCHEDULES:
+        c, comm, top = group.sums()
+        total = max(c + sync_s, comm)
+        path = total
+    else:
+        ph, fb, top = group.phase_sums()
+        total = ph + sync_s
+        path = (fb + sync_s) if layout.schedule in SPLIT_SCHEDULES else total
     busy = total / pp
     if layout.vpp == 1:
-        path = (fb + sync_s) if layout.schedule in SPLIT_SCHEDULES else total
         busy = max(busy, path / pp * bubble_factor(pp, m))
     return m * max(busy, top)
 
@@ -216,6 +236,17 @@ class SearchResult:
         return len(self.planned) / max(self.cpu_s + self.children_cpu_s, 1e-9)
 
     @property
+    def settled(self) -> int:
+        """Layouts the search decided: planned, or ruled out by a rule that is a proof (parameter memory, the memory
+        bound, the time bound); those left at the ``max_plans`` budget (``pruned["budget"]``) are not settled."""
+        return len(self.planned) + sum(v for k, v in self.pruned.items() if k != "budget")
+
+    @property
+    def settled_per_cpu_s(self) -> float:
+        """:attr:`settled` layouts per CPU second of the whole search (this process and its planner processes)."""
+        return self.settled / max(self.cpu_s + self.children_cpu_s, 1e-9)
+
+    @property
     def ranked(self) -> list[Candidate]:
         """Planned candidates that fit memory, fastest first (ties by layout, deterministic)."""
         ok = [c for c in self.planned if c.result and c.result["fits"]]
@@ -227,6 +258,8 @@ class SearchResult:
                 "top": self.top, "enumerated": self.enumerated, "pruned": self.pruned,
                 "evaluated": len(self.planned), "planner_errors": self.errors, "cpu_s": self.cpu_s,
                 "children_cpu_s": self.children_cpu_s, "planned_per_cpu_s": self.planned_per_cpu_s,
+                "settled": self.settled, "unsettled": self.pruned.get("budget", 0),
+                "settled_per_cpu_s": self.settled_per_cpu_s,
                 "memory_capacity_gib": self.memory_capacity_bytes / 2**30,
                 "unplanned_bound_s": self.unplanned_bound_s,
                 "candidates": [c.as_dict() for c in self.ranked]
@@ -237,7 +270,7 @@ def plan_layout(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster
     """Plan one layout with the planner of ``tessera-lab plan`` (:data:`PLAN_OPTIONS`); the row the search writes
     (``tokens_per_s``, ``iteration_time_s``, ``mfu``, ``peak_memory_gib``, ``fits``, ...) or ``{"error": line}``."""
     try:
-        opts = dict(PLAN_OPTIONS, **({"method": VIRTUAL_METHOD, "time_limit_s": VIRTUAL_ILP_BUDGET}
+        opts = dict(PLAN_OPTIONS, **({"method": VIRTUAL_METHOD, "limit": VIRTUAL_ILP_BUDGET}
                                      if layout.vpp > 1 else {}))
         pl = make_plan(model, layout.parallel(seq_len), cluster, **opts)
     except TesseraError as exc:
@@ -327,51 +360,40 @@ DEFAULT_GLOBAL_SEQUENCES = 1024
 
 
 class _Bounds:
-    """Bounds of layouts from lazily built groups: the time bound from the costs of the layout's TP, EP,
-    micro-batch size and dispatcher with recompute none and the distributed optimizer (:func:`time_lower_bound`;
-    recomputation only adds work and Megatron FSDP only adds its per-layer gathers and reduce-scatters, so this
-    bounds every recompute and both optimizers, checked by the tests), the memory bound from the layout's own saved activations
-    (:func:`memory_lower_bound`)."""
+    """Bounds of layouts from lazily built groups: the time bound from the costs of the layout's TP, CP, EP,
+    micro-batch size, recompute and dispatcher with the distributed optimizer (:func:`time_lower_bound`; Megatron
+    FSDP only adds its gathers and reduce-scatters on streams of their own, which lengthen a phase and never shorten
+    it, :meth:`~tessera_lab.cost.analytic.CostModel.own_stream_time`; checked by the tests), the memory bound from
+    the layout's own saved activations (:func:`memory_lower_bound`)."""
 
     def __init__(self, model: ModelSpec, seq_len: int, cluster: Cluster):
         self.model, self.seq_len, self.cluster = model, seq_len, cluster
         self.groups: dict[tuple, _Group] = {}
         self.tasks: dict[tuple, list] = {}
         self.sync: dict[tuple, float] = {}
+        self.cost_models: dict = {}
         self.moe_layers = sum(1 for ly in model.stack.layers if ly.ffn == "moe")
 
     def group(self, layout: Layout) -> _Group:
         key = layout.cost_group()
         if key not in self.groups:
-            self.groups[key] = _group(self.model, layout, self.seq_len, self.cluster)
+            self.groups[key] = _group(self.model, layout, self.seq_len, self.cluster, self.cost_models)
         return self.groups[key]
 
-    @staticmethod
-    def base_key(layout: Layout) -> tuple:
-        """:meth:`Layout.cost_group` of ``layout`` with recompute none and the distributed optimizer (the group its
-        time bound uses), without building that layout."""
-        return (layout.tp, layout.ep, layout.ep_spans_tp, layout.micro_batch_size, "none", layout.dispatcher,
-                layout.cp, (), False, 0)
-
     def time(self, layout: Layout) -> float:
-        from dataclasses import replace
-
         from tessera_lab.cost.sync import planner_per_layer_s
 
         key = (layout.ep, layout.schedule, layout.dispatcher)
         if key not in self.sync:
             self.sync[key] = planner_per_layer_s(layout.parallel(self.seq_len)) * self.moe_layers
-        group = self.groups.get(self.base_key(layout))
-        if group is None:
-            group = self.group(replace(layout, recompute="none", recompute_modules=(), fsdp=False))
-        return time_lower_bound(group, layout, self.sync[key])
+        return time_lower_bound(self.group(replace(layout, fsdp=False)), layout, self.sync[key])
 
     def memory(self, layout: Layout) -> float:
         key = layout.cost_group()
         if key not in self.tasks:
             par = layout.parallel(self.seq_len).replace(schedule="1f1b", vpp=1)
             self.tasks[key] = kind_tasks(self.model, par)
-        return memory_lower_bound(self.model, _Group([], [], self.tasks[key]), layout, self.seq_len)
+        return memory_lower_bound(self.model, _Group([], self.tasks[key]), layout, self.seq_len)
 
 
 def _first_pass(model: ModelSpec, layouts: list[Layout], seq_len: int, capacity: float,

@@ -275,7 +275,7 @@ def _overlap_plans(model, par0: ParallelConfig, mc_best: dict[str, Any], time_li
                 continue
             try:
                 plans.append(make_plan(model, par0.replace(schedule=schedule, vpp=vpp, recompute=recompute),
-                                       baselines=("uniform", "standalone", "parameters"), time_limit_s=time_limit_s,
+                                       baselines=("uniform", "standalone", "parameters"), limit=time_limit_s,
                                        refine_budget=REFINE_BUDGET))
             except TesseraError:
                 continue

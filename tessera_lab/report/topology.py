@@ -264,7 +264,7 @@ def partition_with_factors(model, parallel: ParallelConfig | None = None, cluste
         stage_gpus: GPU type per stage (``H100``, ``H200``, ``B200``; default the cluster's).
         link_factors: inter-node link speed per stage in (0, 1] (a weak NIC / cable on that stage's node).
         speed_factors: extra time multiplier per stage (> 0; e.g. 1.25 = 25% slower, from observations).
-        method, objective, time_limit_s: as :func:`tessera_lab.plan.partition.solve`.
+        method, objective: as :func:`tessera_lab.plan.partition.solve`; time_limit_s: its ``limit``, seconds.
         unaware_boundaries: the partition the topology-unaware planner would run (default: solved on the
             reference cluster with no factors).
         costs: the cost source to report (default analytic: per-stage devices are costed analytically).
@@ -300,7 +300,7 @@ def partition_with_factors(model, parallel: ParallelConfig | None = None, cluste
 
     problem = PartitionProblem(model.num_layers, p.pp, cost, memory=mem, memory_limit=ref_cap, objective=objective,
                                microbatches=p.microbatches)
-    aware = solve(problem, method, time_limit_s=time_limit_s).boundaries
+    aware = solve(problem, method, limit=time_limit_s).boundaries
     notes = []
     if unaware_boundaries is None:
         if _base is not None:
@@ -311,7 +311,7 @@ def partition_with_factors(model, parallel: ParallelConfig | None = None, cluste
             ref_sm = build_stage_model(model, p, cluster)[1]
         ref_problem = PartitionProblem(model.num_layers, p.pp, ref_sm.cost, memory=ref_sm.memory_bytes,
                                        memory_limit=ref_cap, objective=objective, microbatches=p.microbatches)
-        unaware = solve(ref_problem, method, time_limit_s=time_limit_s).boundaries
+        unaware = solve(ref_problem, method, limit=time_limit_s).boundaries
     else:
         unaware = list(unaware_boundaries)
     over = [s for s in range(p.pp) if models.sm(s).memory_bytes(s, unaware[s], unaware[s + 1]) > caps[s]]

@@ -1,0 +1,89 @@
+"""Soundness of the search's bounds: over a varied sample of layouts of several models, planned with no pruning,
+the time bound never exceeds the planner's simulated iteration and the memory bound never exceeds the planned
+peak where the planner accepted the layout (a bound above either would prune a layout the planner could pick).
+
+``python tests/test_search_bound.py [per_family]`` runs a wider sample by hand and prints min / median / max of
+bound / planned per schedule family (computed from the planner's simulated iterations)."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+import pytest
+
+from tessera_lab.cost.memory import memory_capacity
+from tessera_lab.model.spec import load_model
+from tessera_lab.plan import search as S
+
+#: (model, GPUs, global batch in sequences of 4,096 tokens): an MoE hybrid, a big MLA MoE, a small MoE, a dense-
+#: hybrid Mamba model
+CASES = (("qwen3-next-80b-a3b", 64, 256), ("deepseek-v3", 256, 512), ("gpt-oss-20b", 16, 64),
+         ("nemotron-h-56b", 32, 128))
+
+
+def family(lay: S.Layout) -> str:
+    return lay.schedule + (" vpp>1" if lay.vpp > 1 else "")
+
+
+def sample(model, gpus: int, seqs: int, per_family: int) -> list[S.Layout]:
+    """Up to ``per_family`` layouts per schedule family, spread over the enumeration (every recompute choice and
+    both optimizers appear in the enumeration; an odd stride picks them in turn), among those whose parameter
+    state fits (the search's first rule)."""
+    cap = memory_capacity(S.search_cluster("H200", gpus))
+    lays = [lay for lay in S.enumerate_layouts(model, gpus, seqs, seq_len=4096)
+            if S.param_memory_bytes(model, lay, 4096) / lay.pp <= cap]
+    by: dict[str, list] = {}
+    for lay in lays:
+        by.setdefault(family(lay), []).append(lay)
+    out = []
+    for fam in sorted(by):
+        group = by[fam]
+        step = max(1, len(group) // per_family)
+        step += step % 2 == 0  # odd: walks through the recompute / optimizer / dispatcher choices
+        out += group[::step][:per_family]
+    return out
+
+
+def ratios(name: str, gpus: int, seqs: int, per_family: int) -> list[tuple[S.Layout, float, float, dict]]:
+    """``(layout, time bound, memory bound, planner row)`` for :func:`sample`'s layouts, every one planned."""
+    model = load_model(name)
+    cluster = S.search_cluster("H200", gpus)
+    bounds = S._Bounds(model, 4096, cluster)
+    return [(lay, bounds.time(lay), bounds.memory(lay), S.plan_layout(model, lay, 4096, cluster))
+            for lay in sample(model, gpus, seqs, per_family)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bounds_below_unpruned_plans(case):
+    rows = ratios(*case, per_family=3)
+    fams = {family(lay) for lay, *_ in rows}
+    assert {"1f1b", "zb-h1", "zb-h2", "interleaved vpp>1"} <= fams, fams
+    if case[0] != "nemotron-h-56b":  # (no MoE layer: no EP-overlap schedule)
+        assert {"overlapped", "interleaved-overlapped vpp>1"} <= fams, fams
+    assert {lay.recompute for lay, *_ in rows} == {"none", "selective", "full"}
+    planned = 0
+    for lay, t, mem, r in rows:
+        if "iteration_time_s" not in r:
+            continue
+        planned += 1
+        assert t <= r["iteration_time_s"] * (1 + 1e-9), (lay, t, r["iteration_time_s"])
+        assert mem <= r["peak_memory_gib"] * 2**30 * (1 + 1e-9), (lay, mem, r["peak_memory_gib"])
+    assert planned >= len(rows) // 3
+
+
+def main(per_family: int) -> None:
+    by: dict[str, list[float]] = {}
+    n = 0
+    for case in CASES:
+        for lay, t, _, r in ratios(*case, per_family=per_family):
+            if "iteration_time_s" in r:
+                n += 1
+                by.setdefault(family(lay), []).append(t / r["iteration_time_s"])
+    print(f"{n} layouts planned; bound / planned iteration (computed) per schedule family: min / median / max")
+    for fam, xs in sorted(by.items()):
+        print(f"  {fam:32s} n={len(xs):4d}  {min(xs):.3f} / {statistics.median(xs):.3f} / {max(xs):.3f}")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 12)
