@@ -664,6 +664,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.markdown and args.json == "-":
         ap.error("--markdown and --json - both write to stdout; give --json a PATH")
+    try:  # the tables are printed with tabulate (the [dev] extra): say so before any work, not after it
+        import tabulate  # noqa: F401
+    except ImportError:
+        ap.error("this benchmark prints its tables with tabulate, which is not installed; allowed: an environment "
+                 "with it (pip install -e '.[dev]', or pip install tabulate)")
     from tessera_lab.errors import ConfigError
 
     out = sys.stderr if args.json == "-" or args.markdown else sys.stdout

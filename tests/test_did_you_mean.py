@@ -86,3 +86,20 @@ def test_a_family_named_without_its_size_is_suggested():
     assert did_you_mean("zz", known) == ""
     with pytest.raises(ConfigError, match="no such file"):
         load_model("/nonexistent-dir/config.json")
+
+
+def test_a_model_folder_is_read_through_its_config_json(tmp_path):
+    # a Hugging Face model folder holds config.json: the folder plans as the file does; a folder without one is one
+    # clear error naming it
+    import shutil
+
+    import pytest
+
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.model.spec import load_model, shipped_models
+
+    shutil.copy(shipped_models()["qwen3-30b-a3b"], tmp_path / "config.json")
+    m = load_model(tmp_path)
+    assert (m.num_layers, m.hidden_size) == (load_model("qwen3-30b-a3b").num_layers, 2048)
+    with pytest.raises(ConfigError, match="is a folder without a config.json"):
+        load_model(tmp_path.parent)

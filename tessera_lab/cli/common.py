@@ -214,7 +214,8 @@ def split_from_args(args: argparse.Namespace, model, parallel) -> list[int] | No
 def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu: str) -> None:
     """The model, hardware, parallel and partition options that build a plan (``plan`` and ``report``; read
     by :func:`model_from_args`, :func:`parallel_from_args` and ``Cluster.dgx(gpu, nodes)``)."""
-    p.add_argument("--model", default=default_model, help=f"shipped model or config.json (default {default_model})")
+    p.add_argument("--model", default=default_model,
+                   help=f"shipped model, config.json, or a model folder holding one (default {default_model})")
     p.add_argument("--gpu", default=default_gpu,
                    help=f"H100, H200, B200, B300 (DGX/HGX nodes of 8) or GB200 (NVL72 racks of 72) (default {default_gpu})")
     p.add_argument("--nodes", type=positive_int("nodes"), default=None,

@@ -497,12 +497,14 @@ def shipped_models() -> dict[str, Path]:
 
 def load_model(name_or_path: str | Path, *, allow_unknown_fields: bool = False, plan_mtp: bool = False,
                allow_structural_fields: bool = False) -> ModelSpec:
-    """A shipped model by name (``tessera-lab models`` lists them) or a ``config.json`` path.
+    """A shipped model by name (``tessera-lab models`` lists them), a ``config.json`` path, or a folder that holds
+    one (a Hugging Face model folder).
 
     ``allow_unknown_fields``, ``allow_structural_fields`` and ``plan_mtp``: see :meth:`ModelSpec.from_hf_config`.
 
     Raises:
-        ConfigError: the name is neither a shipped model nor an existing file (lists the shipped names).
+        ConfigError: the name is neither a shipped model nor an existing file, or names a folder without a
+            ``config.json`` (lists the shipped names).
     """
     models = shipped_models()
     key = str(name_or_path)
@@ -511,6 +513,11 @@ def load_model(name_or_path: str | Path, *, allow_unknown_fields: bool = False, 
     if key in models:  # a shipped model is named, not located (its path is this machine's)
         return dataclasses.replace(ModelSpec.from_hf_config(models[key], name=key, **kw), path="")
     path = Path(key)
+    if path.is_dir():  # a Hugging Face model folder holds its config.json
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model '{key}' is a folder without a config.json; allowed: a config.json path, a folder "
+                              f"that holds one, or a shipped model ({', '.join(models)})")
+        path = path / "config.json"
     if path.is_file():
         return ModelSpec.from_hf_config(path, **kw)
     if path.suffix == ".json" or "/" in key:
