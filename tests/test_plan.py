@@ -120,3 +120,18 @@ def test_stage_cost_after_overlap_is_sum_of_pairs(qwen3_next):
     assert st.overlap_s < st.standalone_s
     # and the pair costs differ between layer-kind combinations
     assert len(set(round(v, 12) for v in pairs.values())) > 1
+
+
+def test_plan_says_when_megatron_core_does_not_run_its_ep_overlap():
+    # TransformerConfig's rules for overlap_moe_expert_parallel_comm: EP > 1, no full recompute, virtual stages when
+    # pp > 1 (the search's overlap_rule_breaks); plan's text names the broken one, and says nothing otherwise
+    from tessera_lab.cli.plan import _megatron_overlap_note
+    from tessera_lab.model.hardware import ParallelConfig
+
+    note = _megatron_overlap_note(ParallelConfig(pp=8, ep=8, schedule="overlapped"))
+    assert "virtual pipeline stages when pp > 1" in note and "overlapped" in note
+    assert _megatron_overlap_note(ParallelConfig(pp=1, ep=8, schedule="overlapped")) == ""
+    assert _megatron_overlap_note(ParallelConfig(pp=4, vpp=2, ep=8, schedule="interleaved-overlapped")) == ""
+    assert "no full recomputation" in _megatron_overlap_note(
+        ParallelConfig(pp=1, ep=8, schedule="overlapped", recompute="full"))
+    assert _megatron_overlap_note(ParallelConfig(pp=8, ep=8, schedule="1f1b")) == ""
