@@ -115,15 +115,19 @@ def search_heatmap(grid, chosen: tuple[int, int] | None = None, ax=None, title: 
     if ax is None:
         _, ax = plt.subplots(figsize=(2.6 + 0.9 * max(1, grid.shape[1]), 1.3 + 0.45 * max(1, grid.shape[0])),
                              layout="constrained", facecolor="white")
+    from matplotlib.ticker import StrMethodFormatter
+
+    # the colour bar's ticks written out like the cells (no "1e6" offset above it, where it met the title)
     sns.heatmap(grid / 1e3, annot=True, fmt=",.0f", cmap="viridis", mask=grid.isna(), ax=ax, linewidths=0.5,
-                linecolor="white", cbar_kws={"label": "tokens/s (thousands)"}, annot_kws={"fontsize": 8})
+                linecolor="white", cbar_kws={"label": "tokens/s (thousands)", "format": StrMethodFormatter("{x:,.0f}")},
+                annot_kws={"fontsize": 8})
     ax.set_facecolor("#eeeeee")  # cells with no planned layout that fits
     ax.tick_params(axis="y", rotation=0)
     if chosen is not None and chosen[0] in grid.index and chosen[1] in grid.columns:
         ax.add_patch(Rectangle((list(grid.columns).index(chosen[1]), list(grid.index).index(chosen[0])), 1, 1,
                                fill=False, edgecolor="crimson", linewidth=2.5))
-    ax.set_title(title or "best tokens/s per (pp, ep) over the other choices (grey: none planned that fits)",
-                 fontsize=9)
+    ax.set_title(title or "best tokens/s per (pp, ep) over the other choices\n(grey: none planned that fits)",
+                 fontsize=9)  # two lines: one is wider than a small grid's figure
     return ax
 
 
