@@ -148,6 +148,7 @@ class CostModel:
         self.shared = contention is None
         self._sm_share: dict[tuple[str, str], float] = {}
         self._phase_costs: dict[tuple, PhaseCost] = {}
+        self._task_memo: dict[tuple, tuple[float, Demand | None]] = {}
         self._coll_times: dict[Collective, float] = {}
         self.contention = contention or self.class_contention()
 
@@ -366,12 +367,23 @@ class CostModel:
             got = self._phase_costs[key] = self._phase_cost(tasks, None)
         return got
 
+    def _task_terms(self, task: Task) -> tuple[float, Demand | None]:
+        """(:meth:`task_time`, :meth:`demand` or ``None`` under a contention fit) of a task, memoised per cost model
+        by the task's content without its layer index (the phases of one layer kind under different recompute
+        settings share most of their tasks)."""
+        key = _content(task)
+        got = self._task_memo.get(key)
+        if got is None:
+            got = self._task_memo[key] = (self.task_time(task), self.demand(task) if self.shared else None)
+        return got
+
     def _phase_cost(self, tasks: Sequence[Task], contention: Contention | None) -> PhaseCost:
-        durations = {t.name: self.task_time(t) for t in tasks}
+        terms = {t.name: self._task_terms(t) for t in tasks}
+        durations = {k: v[0] for k, v in terms.items()}
         lanes = {t.name: "comm" if t.is_comm else "compute" for t in tasks}
         deps = {t.name: t.deps for t in tasks}
         classes = {t.name: kernel_class(t.op, t.is_comm) for t in tasks}
-        demands = self.demands({t.name: t for t in tasks}) if contention is None else None
+        demands = {k: v[1] for k, v in terms.items()} if contention is None and self.shared else None
         res = pair_makespan([t.name for t in tasks], durations, lanes, deps, contention=contention or self.contention,
                             classes=classes, demands=demands)
         comm = sum(d for k, d in durations.items() if lanes[k] == "comm")

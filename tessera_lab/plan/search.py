@@ -65,10 +65,9 @@ VIRTUAL_ILP_BUDGET = IlpBudget(max_binaries=400, max_nodes=10)
 
 @dataclass
 class _Group:
-    """Per-entry costs and saved activations shared by the layouts of one :meth:`Layout.cost_group`."""
+    """Per-entry costs shared by the layouts of one :meth:`Layout.cost_group` (entries: embedding, layers, head)."""
 
-    compute: list[float]  # F+B+W compute seconds per micro-batch, per entry (embedding, layers, head)
-    tasks: list
+    compute: list[float]  # F+B+W compute seconds per micro-batch, per entry
     comm: list[float] = field(default_factory=list)  # F+B+W communication seconds per micro-batch, per entry
     phase: list[float] = field(default_factory=list)  # F+B+W PhaseCost.time per micro-batch, per entry
     fb_phase: list[float] = field(default_factory=list)  # F+B PhaseCost.time (W deferred), per entry
@@ -103,24 +102,27 @@ def kind_tasks(model: ModelSpec, parallel: ParallelConfig) -> list:
 
 def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster, cost_models: dict | None = None
            ) -> _Group:
-    """Costs of one group: :func:`kind_tasks` and the analytic cost model, one :meth:`~tessera_lab.cost.analytic.
-    CostModel.layer_cost` per layer kind; ``cost_models`` keeps cost models by the parallel sizes without recompute
-    (recompute changes tasks, no cost), so groups that differ in recompute share their common tasks' phase costs."""
+    """Costs of one group: the analytic cost model's :meth:`~tessera_lab.cost.analytic.CostModel.layer_cost` of the
+    embedding, the head and one layer of each kind (layers of one kind have the same tasks but for their index,
+    :func:`kind_tasks`, and no cost reads the index); ``cost_models`` keeps cost models by the parallel sizes without
+    recompute (recompute changes tasks, no cost), so groups that differ in recompute share their common tasks'
+    phase costs."""
     from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.tasks import embedding_tasks, head_tasks, layer_tasks
 
     par = layout.parallel(seq_len).replace(schedule="1f1b", vpp=1)
     key = par.replace(recompute="none", recompute_modules=())
     cms = {} if cost_models is None else cost_models
     cm = cms[key] = cms.get(key) or CostModel(cluster, key)
-    tasks = kind_tasks(model, par)
-    by_kind: dict[tuple, Any] = {}
-    costs = []
-    for i, lt in enumerate(tasks):
-        key = (lt.kind, i == 0, i == len(tasks) - 1)
-        if key not in by_kind:
-            by_kind[key] = cm.layer_cost(lt)
-        costs.append(by_kind[key])
-    return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs], tasks,
+    by_kind: dict[str, Any] = {}
+    costs = [cm.layer_cost(embedding_tasks(model, par))]
+    for layer in model.stack.layers:
+        c = by_kind.get(layer.kind)
+        if c is None:
+            c = by_kind[layer.kind] = cm.layer_cost(layer_tasks(model, layer, par))
+        costs.append(c)
+    costs.append(cm.layer_cost(head_tasks(model, par)))
+    return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs],
                   [c.F.comm + c.B.comm + c.W.comm for c in costs],
                   [c.F.time + c.B.time + c.W.time for c in costs], [c.F.time + c.B.time for c in costs])
 
@@ -173,13 +175,14 @@ def time_lower_bound(group: _Group, layout: Layout, sync_s: float = 0.0) -> floa
     return m * max(busy, top)
 
 
-def memory_lower_bound(model: ModelSpec, group: _Group, layout: Layout, seq_len: int) -> float:
-    """Bytes the busiest rank holds at least, over every partition: the ranks together hold every parameter's
+def memory_lower_bound(model: ModelSpec, tasks: list, layout: Layout, seq_len: int) -> float:
+    """Bytes the busiest rank holds at least, over every partition (``tasks``: :func:`kind_tasks` of the layout's cost
+    group): the ranks together hold every parameter's
     training state and every entry's saved activations times at least the fewest micro-batches any stage keeps in
     flight (:func:`tessera_lab.plan.vschedules.plan_in_flight`), so the busiest holds the ``1 / pp`` share; stage 0
     holds the embedding and the last stage the LM head with their own in-flight counts."""
     par = layout.parallel(seq_len)
-    mem = layer_memory(model, par, group.tasks)
+    mem = layer_memory(model, par, tasks)
     S = layout.pp * layout.vpp
     flights = [plan_in_flight(layout.schedule, layout.pp, s % layout.pp, layout.microbatches, layout.vpp)
                for s in range(S)]
@@ -393,7 +396,7 @@ class _Bounds:
         if key not in self.tasks:
             par = layout.parallel(self.seq_len).replace(schedule="1f1b", vpp=1)
             self.tasks[key] = kind_tasks(self.model, par)
-        return memory_lower_bound(self.model, _Group([], self.tasks[key]), layout, self.seq_len)
+        return memory_lower_bound(self.model, self.tasks[key], layout, self.seq_len)
 
 
 def _first_pass(model: ModelSpec, layouts: list[Layout], seq_len: int, capacity: float,
