@@ -92,3 +92,30 @@ def test_bound_line_terms_add_up_to_the_stage_time_with_the_host_sync_term(capsy
     n_layers = int(row.group(2)) - int(row.group(1)) + 1  # every layer of qwen3-next-80b-a3b is MoE
     assert f"host/sync {n_layers * 3.0:.1f} ms: {n_layers} MoE layers x 3.00 ms per forward (set by --host-sync-ms" \
         in line, line
+
+
+def test_fsdp_traffic_named_in_bound_line(capsys):
+    """Megatron FSDP's gathers and reduce-scatters run on streams of their own: the bound line reports them as
+    their own kind and says why the kinds' sum exceeds the stage's standalone time; when they outweigh the compute
+    kinds the hint names the knobs that move them, and following it (larger micro-batches, the same tokens)
+    shortens the simulated iteration."""
+    import re
+
+    from tessera_lab.cli.main import main
+    from tessera_lab.cost.bounds import OWN_STREAM_KIND
+
+    def run(*extra):
+        assert main(["plan", "--dp", "4", "--fsdp", *extra]) == 0
+        out = capsys.readouterr().out
+        return out, float(re.search(r"^ilp\s+(\d+\.\d+)", out, re.M).group(1))
+
+    out, t1 = run()
+    line = [ln for ln in out.splitlines() if ln.startswith("bound: stage")][0]
+    sums = re.search(r"sum (\d+\.\d) ms, the stage's standalone F\+B\+W (\d+\.\d) ms", line)
+    assert float(sums.group(1)) > float(sums.group(2))
+    assert f"{OWN_STREAM_KIND} run beside the other kinds" in line
+    assert "other communication" not in line  # the FSDP traffic is not lumped with other collectives
+    hint = [ln for ln in out.splitlines() if ln.startswith("bound: ") and not ln.startswith("bound: stage")][0]
+    assert hint.startswith(f"bound: {OWN_STREAM_KIND} take") and "--micro-batch-size" in hint
+    _, t4 = run("--micro-batch-size", "4", "-m", "8")  # 32 sequences per replica either way
+    assert t4 < t1

@@ -55,7 +55,7 @@ def _bound_lines(plan) -> list[str]:
     host/sync term (:mod:`tessera_lab.cost.sync`, part of its forward time) beside them with its per-MoE-layer value
     and source, the kinds under 2% summed, and the terms' sum against the stage's standalone F+B+W; then why a knob
     may not move the stage."""
-    from tessera_lab.cost.bounds import bound_text, knob_hint, layers_bounds
+    from tessera_lab.cost.bounds import OWN_STREAM_KIND, bound_text, knob_hint, layers_bounds
     from tessera_lab.cost.sync import FITTED_PROVENANCE
 
     stages = plan.chosen.stages
@@ -77,8 +77,11 @@ def _bound_lines(plan) -> list[str]:
     if rest > 0:
         terms.append((rest, f"smaller kinds {rest * 1e3:.1f} ms"))
     total = sum(t for t, _ in terms)
+    side = next((k for k in kinds if k.kind == OWN_STREAM_KIND), None)
+    beside = (f"; {side.kind} run beside the other kinds, so the sum exceeds the standalone time"
+              if side is not None and total > st.standalone_s * (1 + 1e-9) else "")
     lines = [f"bound: stage {s} per task kind (F+B+W per micro-batch before overlap, analytic terms; sum "
-             f"{total * 1e3:.1f} ms, the stage's standalone F+B+W {st.standalone_s * 1e3:.1f} ms): "
+             f"{total * 1e3:.1f} ms, the stage's standalone F+B+W {st.standalone_s * 1e3:.1f} ms{beside}): "
              + "; ".join(text for _, text in terms)]
     if hint := knob_hint(kinds):
         if sync > 0:

@@ -22,13 +22,18 @@ from typing import Iterable
 from tessera_lab.cost.analytic import CostModel
 from tessera_lab.model.tasks import LayerTasks, Task
 
+#: the kind of the collectives that run on streams of their own beside the two lanes (Megatron FSDP's parameter
+#: all-gathers and gradient reduce-scatters, :attr:`~tessera_lab.model.graph.Task.own_stream`)
+OWN_STREAM_KIND = "FSDP gathers/reduce-scatters (own streams)"
 #: task kinds in the order they are reported
 KIND_ORDER = ("expert GEMMs", "EP all-to-all", "attention core", "linear-attention core", "dense GEMMs",
-              "elementwise", "TP all-reduce", "CP communication", "other communication")
+              "elementwise", "TP all-reduce", "CP communication", OWN_STREAM_KIND, "other communication")
 
 
 def task_kind(task: Task) -> str:
     """The kind a task is reported under (``expert GEMMs``, ``EP all-to-all``, ``attention core``, ...)."""
+    if task.own_stream:
+        return OWN_STREAM_KIND
     if task.is_comm:
         c = task.collective
         if c.kind == "all_to_all" and c.group == "ep":
@@ -127,8 +132,15 @@ def layers_bounds(model, parallel, cluster, layers: Iterable[int], *, first: boo
 
 
 def knob_hint(kinds: list[KindBound]) -> str | None:
-    """Why a knob may not move the stage: a line when the stage's largest compute kind is host-issue bound."""
+    """Why a knob may not move the stage: a line when Megatron FSDP's own-stream traffic outweighs the stage's compute
+    kinds together, or when the stage's largest compute kind is host-issue bound."""
     compute = [k for k in kinds if k.host_s > 0]
+    side = next((k for k in kinds if k.kind == OWN_STREAM_KIND), None)
+    if side is not None and (not compute or side.time_s >= sum(k.time_s for k in compute)):
+        return (f"{side.kind} take {side.time_s * 1e3:.1f} ms, more than the stage's compute kinds together "
+                f"({sum(k.time_s for k in compute) * 1e3:.1f} ms): they repeat every micro-batch, so fewer, larger "
+                "micro-batches (--micro-batch-size) or the distributed optimizer (no --fsdp) move this stage; a "
+                "compute knob barely does")
     if compute and compute[0].bound == "host issue":
         k = compute[0]
         return (f"{k.kind} are host-issue bound ({k.host_s * 1e3:.1f} ms to issue their kernels, {k.gpu_s * 1e3:.1f} ms "

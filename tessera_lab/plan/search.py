@@ -115,13 +115,10 @@ def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster, cos
     cms = {} if cost_models is None else cost_models
     cm = cms[key] = cms.get(key) or CostModel(cluster, key)
     by_kind: dict[str, Any] = {}
-    costs = [cm.layer_cost(embedding_tasks(model, par))]
     for layer in model.stack.layers:
-        c = by_kind.get(layer.kind)
-        if c is None:
-            c = by_kind[layer.kind] = cm.layer_cost(layer_tasks(model, layer, par))
-        costs.append(c)
-    costs.append(cm.layer_cost(head_tasks(model, par)))
+        by_kind[layer.kind] = by_kind.get(layer.kind) or cm.layer_cost(layer_tasks(model, layer, par))
+    costs = [cm.layer_cost(embedding_tasks(model, par)), *(by_kind[ly.kind] for ly in model.stack.layers),
+             cm.layer_cost(head_tasks(model, par))]
     return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs],
                   [c.F.comm + c.B.comm + c.W.comm for c in costs],
                   [c.F.time + c.B.time + c.W.time for c in costs], [c.F.time + c.B.time for c in costs])
@@ -176,11 +173,11 @@ def time_lower_bound(group: _Group, layout: Layout, sync_s: float = 0.0) -> floa
 
 
 def memory_lower_bound(model: ModelSpec, tasks: list, layout: Layout, seq_len: int) -> float:
-    """Bytes the busiest rank holds at least, over every partition (``tasks``: :func:`kind_tasks` of the layout's cost
-    group): the ranks together hold every parameter's
-    training state and every entry's saved activations times at least the fewest micro-batches any stage keeps in
-    flight (:func:`tessera_lab.plan.vschedules.plan_in_flight`), so the busiest holds the ``1 / pp`` share; stage 0
-    holds the embedding and the last stage the LM head with their own in-flight counts."""
+    """Bytes the busiest rank holds at least, over every partition (``tasks``: :func:`kind_tasks` of the layout's
+    cost group): the ranks together hold every parameter's training state and every entry's saved activations times
+    at least the fewest micro-batches any stage keeps in flight (:func:`tessera_lab.plan.vschedules.plan_in_flight`),
+    so the busiest holds the ``1 / pp`` share; stage 0 holds the embedding and the last stage the LM head with their
+    own in-flight counts."""
     par = layout.parallel(seq_len)
     mem = layer_memory(model, par, tasks)
     S = layout.pp * layout.vpp
