@@ -157,3 +157,24 @@ def test_written_files_are_named_on_stderr(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert main(["partition", "--costs", "1,2,3", "--stages", "2", "--json", str(out)]) == 0
     assert f"result: {out}" in capsys.readouterr().err
+
+
+def test_plan_gpus_sets_the_data_parallel_replicas(capsys):
+    """``--gpus`` sets dp = gpus / (pp x ep x tp x cp), tp once when EP spans it (hand values: 256 / (8 x 8) = 4;
+    128 / (4 x 8) with EP 8 spanning TP 2 = 4, i.e. Megatron's DP 16 = 128 / (tp 2 x pp 4)); a count the replica does
+    not divide, or one that disagrees with --dp, is one line and exit 2."""
+    import json
+
+    from tessera_lab.cli.main import main
+
+    assert main(["plan", "--gpus", "256", "--json", "-"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["parallel"]["dp"] == 4
+    assert main(["plan", "--gpus", "128", "--tp", "2", "--ep", "8", "--ep-spans-tp", "--pp", "4", "--json", "-"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["parallel"]["dp"] == 4 and got["parallel"]["tp"] == 2
+    for argv, words in ((["--gpus", "100"], "--gpus = 100 is not a multiple of the 64 GPUs"),
+                        (["--gpus", "256", "--dp", "2"], "--dp = 2 gives 128 GPUs, not --gpus = 256")):
+        assert main(["plan", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err

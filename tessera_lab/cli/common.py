@@ -182,10 +182,19 @@ def model_from_args(args: argparse.Namespace):
 
 
 def parallel_from_args(args: argparse.Namespace):
+    """The :class:`~tessera_lab.model.hardware.ParallelConfig` of the options; ``--gpus`` sets the data-parallel
+    replicas (:func:`dp_for_gpus`).
+
+    Raises:
+        ConfigError: ``--gpus`` that the other sizes do not divide, or that disagrees with ``--dp``.
+    """
     from tessera_lab.model.hardware import ParallelConfig
 
+    one = ParallelConfig(pp=args.pp, tp=args.tp, ep=args.ep, dp=1, cp=getattr(args, "cp", 1),
+                         ep_spans_tp=bool(getattr(args, "ep_spans_tp", False)))
+    dp = dp_for_gpus(getattr(args, "gpus", None), args.dp, one.world_size)
     return ParallelConfig(
-        pp=args.pp, vpp=args.vpp, tp=args.tp, ep=args.ep, dp=args.dp, microbatches=args.microbatches,
+        pp=args.pp, vpp=args.vpp, tp=args.tp, ep=args.ep, dp=dp, microbatches=args.microbatches,
         **({"cp": args.cp} if getattr(args, "cp", 1) != 1 else {}),
         **({"grouped_gemm": args.grouped_gemm} if getattr(args, "grouped_gemm", None) else {}),
         micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, schedule=args.schedule,
@@ -197,6 +206,28 @@ def parallel_from_args(args: argparse.Namespace):
         **({"host_sync_s": args.host_sync_ms / 1e3} if getattr(args, "host_sync_ms", None) is not None else {}),
         **({"fsdp": True} if getattr(args, "fsdp", False) else {}),
     )
+
+
+def dp_for_gpus(gpus: int | None, dp: int | None, per_replica: int) -> int:
+    """Data-parallel replicas: ``gpus / per_replica`` when ``gpus`` is given (``per_replica``: the GPUs of one
+    replica, pp x ep x tp x cp with tp once when EP spans it, :attr:`ParallelConfig.world_size` at dp 1), else ``dp``
+    (1 when not given).
+
+    Raises:
+        ConfigError: ``gpus`` not a multiple of ``per_replica``, or ``dp`` given and ``dp x per_replica != gpus``.
+    """
+    from tessera_lab.errors import ConfigError
+
+    if gpus is None:
+        return dp or 1
+    if gpus % per_replica:
+        lo = per_replica
+        raise ConfigError(f"--gpus = {gpus} is not a multiple of the {lo} GPUs of one data-parallel replica (pp x ep x "
+                          f"tp x cp, tp once when EP spans it); allowed: {lo}, {2 * lo}, {3 * lo}, ...")
+    if dp is not None and dp * per_replica != gpus:
+        raise ConfigError(f"--dp = {dp} gives {dp * per_replica} GPUs, not --gpus = {gpus}; allowed: --dp "
+                          f"{gpus // per_replica}, or leave --dp out (--gpus sets it)")
+    return gpus // per_replica
 
 
 def split_from_args(args: argparse.Namespace, model, parallel) -> list[int] | None:
@@ -226,7 +257,10 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                    help="virtual stages (model chunks) per pipeline rank; >= 2 needs --schedule interleaved or auto")
     p.add_argument("--ep", type=positive_int("ep"), default=8)
     p.add_argument("--tp", type=positive_int("tp"), default=1)
-    p.add_argument("--dp", type=positive_int("dp"), default=1)
+    p.add_argument("--dp", type=positive_int("dp"), default=None,
+                   help="data-parallel replicas of one EP group (default 1, or what --gpus leaves)")
+    p.add_argument("--gpus", type=positive_int("gpus"), default=None,
+                   help="GPUs in all: sets --dp to gpus / (pp x ep x tp x cp; tp once with --ep-spans-tp)")
     p.add_argument("--cp", type=positive_int("cp"), default=1,
                    help="context parallelism: each sequence split over cp ranks (seq-len a multiple of 2 x cp); "
                         "multiplies the GPUs (docs/context-parallel.md)")
