@@ -171,24 +171,29 @@ def greedy_upper_bound(problem: PartitionProblem, costs: dict[tuple[int, int, in
 
 
 def _path_bounds(problem: PartitionProblem, costs: dict[tuple[int, int, int], float]):
-    """Least sum of stage costs before each (stage, start layer) and after each (stage, end layer):
-    forward and backward min-sum DPs over the feasible segments (infinite where unreachable)."""
+    """Least sum of stage costs before each (stage, start layer) and after each (stage, end layer): forward and
+    backward min-sum DPs over the feasible segments, as lists indexed ``[stage][layer]`` (infinite where
+    unreachable)."""
     S, L = problem.num_stages, problem.num_layers
     by_stage: list[list[tuple[int, int, float]]] = [[] for _ in range(S)]
     for (s, i, j), c in costs.items():
         by_stage[s].append((i, j, c))
-    fwd = [dict() for _ in range(S + 1)]
+    fwd = [[math.inf] * (L + 1) for _ in range(S + 1)]
     fwd[0][0] = 0.0
     for s in range(S):
+        cur, nxt = fwd[s], fwd[s + 1]
         for i, j, c in by_stage[s]:
-            if i in fwd[s] and fwd[s][i] + c < fwd[s + 1].get(j, math.inf):
-                fwd[s + 1][j] = fwd[s][i] + c
-    bwd = [dict() for _ in range(S + 1)]
+            v = cur[i] + c  # inf where layer i is unreachable: never below nxt[j]
+            if v < nxt[j]:
+                nxt[j] = v
+    bwd = [[math.inf] * (L + 1) for _ in range(S + 1)]
     bwd[S][L] = 0.0
     for s in range(S - 1, -1, -1):
+        cur, nxt = bwd[s], bwd[s + 1]
         for i, j, c in by_stage[s]:
-            if j in bwd[s + 1] and bwd[s + 1][j] + c < bwd[s].get(i, math.inf):
-                bwd[s][i] = bwd[s + 1][j] + c
+            v = nxt[j] + c
+            if v < cur[i]:
+                cur[i] = v
     return fwd, bwd
 
 
@@ -267,7 +272,7 @@ def solve_ilp(problem: PartitionProblem, *, limit: float | IlpBudget = 10.0) -> 
 
     def lower_bound(k: tuple[int, int, int], c: float) -> float:
         s, i, j = k
-        before, after = fwd[s].get(i, math.inf), bwd[s + 1].get(j, math.inf)
+        before, after = fwd[s][i], bwd[s + 1][j]
         if problem.objective == "bottleneck":
             return c if before < math.inf and after < math.inf else math.inf
         return before + c + after + (m - 1) * c
