@@ -207,7 +207,7 @@ def _path_bounds(problem: PartitionProblem, costs: dict[tuple[int, int, int], fl
 def _heuristic_start(problem: PartitionProblem, all_seg: dict[tuple[int, int, int], float]
                      ) -> tuple[float, Partition | None]:
     """``(objective, plan)`` of the best heuristic plan that fits memory (greedy, or for ``vpp > 1`` the exact DP
-    over virtual stages scored per rank, and the uniform plan): the ILP's upper bound and its time-limit fallback;
+    over virtual stages scored per rank, and the uniform plan): the ILP's upper bound and its fallback at the limit;
     ``(inf, None)`` when none fits."""
     S = problem.num_stages
     ub, best_heuristic = math.inf, None
