@@ -205,7 +205,7 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
         notes.append(f"the recipe's split: {run['pipeline_split'] if isinstance(run['pipeline_split'], str) else 'layout'} "
                      f"-> decoder layers per virtual stage {[b - a for a, b in zip(bounds, bounds[1:])]}")
     try:  # the recipe's layer split (Megatron's even split unless the recipe sets one)
-        plan = make_plan(model, par, cluster=cluster, method="uniform", baselines=(), limit=5.0,
+        plan = make_plan(model, par, cluster=cluster, method="uniform", baselines=(),
                          boundaries=bounds)
     except InfeasiblePlanError as exc:
         # the run exists, so price its time at its own layout; the memory gap is the memory model's, its "fits" column says NO
@@ -213,7 +213,7 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
                      "memory limit")
         roomy = dataclasses.replace(GPUSpec.named(run["gpu"]), memory_bytes=float(2**50))
         plan = make_plan(model, par, cluster=Cluster.dgx(roomy, cluster.num_nodes), method="uniform",
-                         baselines=(), limit=5.0, boundaries=bounds)
+                         baselines=(), boundaries=bounds)
     ev = plan.chosen
     # per GPU: a rank holds every chunk of its virtual stages (the partition's rank memory), else one stage each
     rank_mem = list(ev.partition.rank_memory) or [st.memory_bytes for st in ev.stages]

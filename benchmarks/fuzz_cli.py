@@ -498,6 +498,7 @@ def _values_for(dest: str, corpus: Corpus) -> st.SearchStrategy[str]:
         "f": times, "b": times, "w": times, "fb": times, "p2p_latency": times, "expert_fraction": times,
         "capacity_factor": times, "grad_sync": times,
         "time_limit": _mix(("0.5", "2"), ("0", "nan", "-1", "inf", "1e12")),
+        "ilp_max_binaries": _mix(("0", "400", "3000"), NUMBERS), "ilp_max_nodes": _mix(("0", "10", "50"), NUMBERS),
         "timeout": _mix(("30",), ("0", "nan", "-1", "inf")),
         "size_factor": _mix(("0.125", "1"), ("0", "2", "nan", "x")),
         "seq_len": _mix(("1", "64", "4096"), NUMBERS), "micro_batch_size": _mix(SMALL_INTS, NUMBERS),

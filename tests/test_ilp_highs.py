@@ -240,3 +240,50 @@ def test_virtual_stages_that_cannot_fit_even_one_chunk_per_rank_are_refused_befo
     with pytest.raises(InfeasiblePlanError, match="virtual stages fits"):
         solve_ilp(p, limit=30.0)
     assert time.perf_counter() - t0 < 5.0
+
+
+def test_default_limit_is_the_deterministic_budget(monkeypatch):
+    """``plan``'s partition must not move with the machine's load: make_plan, solve and partition_costs default to the
+    work budget (a count, never seconds), and ``schedule="auto"`` gives each schedule the smaller auto budget."""
+    from tessera_lab.errors import TesseraError
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan import make, partition
+    from tessera_lab.plan.make import AUTO_ILP_BUDGET, make_plan
+
+    assert isinstance(ilp.DEFAULT_ILP_BUDGET, ilp.IlpBudget) and isinstance(AUTO_ILP_BUDGET, ilp.IlpBudget)
+    seen = []
+    real = partition.solve_ilp
+    monkeypatch.setattr(partition, "solve_ilp", lambda p, *, limit: seen.append(limit) or real(p, limit=limit))
+    partition.partition_costs([1.0, 2.0, 1.0, 3.0], 2, "ilp")
+    make_plan(load_model("qwen3-30b-a3b"), make.ParallelConfig(pp=4, ep=8, microbatches=8), gpu="H100")
+    assert seen and all(lim == ilp.DEFAULT_ILP_BUDGET for lim in seen)
+
+    trials = []
+
+    def refuse(model, parallel, cluster, **kw):  # record each schedule's limit, plan nothing
+        trials.append(kw["limit"])
+        raise TesseraError("not planned")
+
+    monkeypatch.setattr(make, "make_plan", refuse)
+    for given, expected in ((None, AUTO_ILP_BUDGET), (ilp.IlpBudget(7, 3), ilp.IlpBudget(7, 3)), (30.0, 2.0)):
+        trials.clear()
+        with pytest.raises(TesseraError):
+            make._auto_schedule(load_model("qwen3-30b-a3b"), make.ParallelConfig(schedule="auto"), None, limit=given)
+        assert trials and all(t == expected for t in trials)
+
+
+def test_work_budget_keeps_the_heuristic_plan_and_says_so(capsys):
+    """``partition --ilp-max-binaries 0``: no model is solved; the status names the budget and a heuristic plan (4
+    virtual stages over 8 layers) is returned."""
+    from tessera_lab.cli.main import main
+
+    assert main(["partition", "--costs", "1,2,1,3,2,2,1,1", "--stages", "2", "--vpp", "2",
+                 "--ilp-max-binaries", "0", "--json", "-"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert "over 0" in out["status"] and "work budget: best heuristic plan" in out["status"]
+    b = out["boundaries"]
+    assert len(b) == 5 and b[0] == 0 and b[-1] == 8 and all(x < y for x, y in zip(b, b[1:]))
+    assert ilp.limit_word(out["status"]) == "work budget"
+    assert ilp.limit_word("TimeLimit (feasible, not proven optimal)") == "time limit"

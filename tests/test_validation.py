@@ -96,6 +96,11 @@ def test_check_work_message_names_the_variable():
     (["partition", "--costs", "1,2,1e308", "--stages", "2"], "costs[2]"),
     (["partition", "--costs", "1,nan,3", "--stages", "2"], "costs[1]"),
     (["plan", "--time-limit", "nan"], "time_limit"),
+    (["plan", "--ilp-max-nodes", "-1"], "ilp_max_nodes"),
+    (["plan", "--ilp-max-binaries", "1e9"], "ilp_max_binaries"),
+    (["partition", "--costs", "1,2,3", "--stages", "2", "--ilp-max-binaries", "x"], "ilp_max_binaries"),
+    (["plan", "--time-limit", "5", "--ilp-max-nodes", "3"], "time_limit"),
+    (["partition", "--costs", "1,2,3", "--stages", "2", "--time-limit", "1", "--ilp-max-binaries", "3"], "time_limit"),
     (["plan", "--top-k", "1e12"], "top_k"),
     (["plan", "--expert-width", "abc"], "expert_width"),
 ])

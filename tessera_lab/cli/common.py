@@ -27,6 +27,53 @@ def add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write the result as JSON to PATH ('-' for stdout)")
 
 
+#: the largest ``--ilp-max-binaries`` / ``--ilp-max-nodes`` accepted (a count of binaries or nodes)
+ILP_COUNT_MAX = 10**7
+
+
+def add_ilp_limit_options(p: argparse.ArgumentParser) -> None:
+    """The ILP's limit options: ``--ilp-max-binaries`` and ``--ilp-max-nodes`` (the deterministic work budget, default
+    :data:`~tessera_lab.plan.ilp.DEFAULT_ILP_BUDGET`) and ``--time-limit`` (opt-in wall-clock seconds in place of
+    the budget; load-dependent). :func:`ilp_limit_from_args` reads them."""
+    from tessera_lab.argtypes import int_in, positive_float
+    from tessera_lab.plan.ilp import DEFAULT_ILP_BUDGET
+
+    p.add_argument("--ilp-max-binaries", type=int_in("ilp_max_binaries", 0, ILP_COUNT_MAX), default=None,
+                   metavar="N", help="ILP work budget: a model with more segment binaries keeps the best heuristic "
+                                     f"plan (default {DEFAULT_ILP_BUDGET.max_binaries}; deterministic)")
+    p.add_argument("--ilp-max-nodes", type=int_in("ilp_max_nodes", 0, ILP_COUNT_MAX), default=None, metavar="N",
+                   help="ILP work budget: HiGHS branch-and-bound nodes per pass (default "
+                        f"{DEFAULT_ILP_BUDGET.max_nodes}; deterministic)")
+    p.add_argument("--time-limit", type=positive_float("time_limit"), default=None, metavar="S",
+                   help="ILP wall-clock limit in seconds instead of the work budget; where the solver stops, and so "
+                        "the plan, then depends on the machine's load")
+
+
+def ilp_limit_from_args(args: argparse.Namespace, default=None):
+    """The ILP ``limit`` the options of :func:`add_ilp_limit_options` ask for: ``--time-limit`` seconds (float), else
+    an :class:`~tessera_lab.plan.ilp.IlpBudget` when ``--ilp-max-*`` is given (the other count from ``default``,
+    :data:`~tessera_lab.plan.ilp.DEFAULT_ILP_BUDGET` when None), else ``None`` (the callee's default budget).
+
+    Raises:
+        ConfigError: ``--time-limit`` together with ``--ilp-max-*`` (a clock or a budget, not both).
+    """
+    from dataclasses import replace
+
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.plan.ilp import DEFAULT_ILP_BUDGET
+
+    counts = {k: v for k, v in (("max_binaries", args.ilp_max_binaries), ("max_nodes", args.ilp_max_nodes))
+              if v is not None}
+    if args.time_limit is not None:
+        if counts:
+            name, value = next(iter(counts.items()))
+            raise ConfigError(f"time_limit = {args.time_limit:g} cannot be combined with ilp_{name} = {value}; "
+                              "allowed: either a wall-clock --time-limit or a work budget (--ilp-max-binaries / "
+                              "--ilp-max-nodes), not both")
+        return args.time_limit
+    return replace(default or DEFAULT_ILP_BUDGET, **counts) if counts else None
+
+
 def table(rows: list[dict[str, Any]], floatfmt: "str | tuple[str, ...]" = ".4g") -> str:
     from tessera_lab.textable import simple_table
 

@@ -68,7 +68,7 @@ OPTION_HELP = {
     "--num-experts": "routed experts per MoE layer",
     "--layers": "number of decoder layers (the family's layer pattern is re-derived)",
     "--p2p-latency": "latency of one point-to-point send between stages, same unit as --f",
-    "--time-limit": "ILP solver time limit, seconds (> 0)",
+    "--time-limit": "ILP solver wall-clock limit, seconds (> 0); the result then depends on the machine's load",
     "--steps": "training steps",
     "--lr": "learning rate (SGD)",
     "--expert-width": "routed expert intermediate size",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from tessera_lab.argtypes import positive_float, positive_int
+from tessera_lab.argtypes import positive_int
 from tessera_lab.checks import env_name, work_limit
-from tessera_lab.cli.common import add_json, emit, table
+from tessera_lab.cli.common import add_ilp_limit_options, add_json, emit, ilp_limit_from_args, table
 
 #: the largest per-layer cost accepted (any unit); larger values lose precision in the solver's sums
 MAX_COST = 1e12
@@ -39,8 +39,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
         raise PartitionError(
             f"field 'stages' x 'vpp' = {args.stages} x {args.vpp} = {args.stages * args.vpp} virtual stages is out of "
             f"range; allowed: at most the number of layers ({len(args.costs)})")
-    part = partition_costs(args.costs, args.stages * args.vpp, args.method, limit=args.time_limit,
-                           vpp=args.vpp)
+    limit = ilp_limit_from_args(args)
+    part = partition_costs(args.costs, args.stages * args.vpp, args.method, vpp=args.vpp,
+                           **({} if limit is None else {"limit": limit}))
     from tessera_lab.plan.exports import deepspeed_parts, megatron_layout, torch_split_points
 
     result = {
@@ -66,7 +67,7 @@ def add_parser(sub) -> None:
     p.add_argument("--vpp", type=positive_int("vpp"), default=1,
                    help="virtual stages per rank (stage s runs on rank s %% stages; needs --method ilp)")
     p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
-    p.add_argument("--time-limit", type=positive_float("time_limit"), default=10.0)
+    add_ilp_limit_options(p)
     add_json(p)
     p.set_defaults(func=cmd_partition)
 

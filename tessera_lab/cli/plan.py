@@ -6,10 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from tessera_lab.argtypes import positive_float
 from tessera_lab.errors import InfeasiblePlanError
-from tessera_lab.cli.common import (GIB, add_json, add_plan_options, emit, model_from_args, parallel_from_args,
-                                    split_from_args, table)
+from tessera_lab.cli.common import (GIB, add_ilp_limit_options, add_json, add_plan_options, emit, ilp_limit_from_args,
+                                    model_from_args, parallel_from_args, split_from_args, table)
 from tessera_lab.model.hardware import layout_text
 from tessera_lab.model.spec import kind_letter, layer_summary
 from tessera_lab.plan.proof import kept_baseline, solve_line
@@ -309,8 +308,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         check_device_plan_options(args)
         return cmd_plan_device(args)
     from tessera_lab.model.hardware import Cluster
-    from tessera_lab.plan.make import make_plan
+    from tessera_lab.plan.make import AUTO_ILP_BUDGET, make_plan
 
+    limit = ilp_limit_from_args(args, AUTO_ILP_BUDGET if args.schedule == "auto" else None)
     model = model_from_args(args)
     parallel = parallel_from_args(args)
     cluster = Cluster.dgx(args.gpu, args.nodes) if args.nodes else None
@@ -326,7 +326,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         check_profile_fits(profile, args.profile, model.name, args.gpu, allow=args.allow_stale_profile)
     boundaries = split_from_args(args, model, parallel)
     opts = dict(method="uniform" if boundaries else args.method, objective=args.objective,
-                limit=args.time_limit, gpu=args.gpu, profile=profile, boundaries=boundaries,
+                limit=limit, gpu=args.gpu, profile=profile, boundaries=boundaries,
                 **({"baselines": ()} if boundaries else {}))
     try:
         plan = make_plan(model, parallel, cluster, **opts)
@@ -357,7 +357,7 @@ def add_parser(sub) -> None:
     p.add_argument("--objective", default="auto", choices=["auto", "bottleneck", "schedule"],
                    help="auto (default): solve the schedule-aware and the bottleneck objective, start from the "
                         "fastest in simulation (baselines included) and refine by simulation")
-    p.add_argument("--time-limit", type=positive_float("time_limit"), default=10.0, help="ILP time limit, seconds")
+    add_ilp_limit_options(p)
     p.add_argument("--plot", metavar="PATH",
                    help="save figures: PATH.png gives PATH-stages.png (stage costs) and PATH-timeline.png (Gantt)")
     p.add_argument("--profile", metavar="PATH",

@@ -1,5 +1,6 @@
 """The ILP partitioner: HiGHS through its compiled ``highspy`` module (the sparse model passed column by column, no
-modelling layer); always with a limit: wall-clock seconds, or a deterministic work budget (:class:`IlpBudget`).
+modelling layer); always with a limit: a deterministic work budget (:class:`IlpBudget`, the default
+:data:`DEFAULT_ILP_BUDGET`), or wall-clock seconds (opt-in; the result then depends on the machine's load).
 
 One binary per feasible (stage, segment) pair, linked as a path from layer 0 to layer L (flow conservation
 between consecutive stages); segments that cannot be in an optimal plan because their cost already exceeds a
@@ -52,6 +53,17 @@ class IlpBudget:
         if self.max_binaries < 0 or self.max_nodes < 0:
             raise PartitionError(f"IlpBudget({self.max_binaries}, {self.max_nodes}) is out of range; allowed: "
                                  "counts >= 0")
+
+
+#: the ILP's default limit (``tessera-lab plan``, :func:`~tessera_lab.plan.make.make_plan`, ``partition``): a work
+#: budget, so the partition is the same on an idle and on a loaded machine. Sized on the documented commands
+#: (README, docs/cli.md; measured 2026-12-03, HiGHS 1.16, load < 2): with one stage per rank their models have
+#: 8-558 binaries and close within 1 branch-and-bound node; with virtual stages ``plan --schedule
+#: interleaved-overlapped --vpp 2`` has 1,999 binaries (proven optimal at the root, 4.6 CPU s) and ``plan --schedule
+#: interleaved --vpp 3`` 2,548 (optimal after 1 node, 7.8 CPU s), so every one is solved to the optimum the former
+#: 10 s limit reached at idle. A larger model (96 virtual stages' worth of segments) keeps the best heuristic plan
+#: and says so; HiGHS' root node has no deterministic work limit, so its CPU time grows with the binaries.
+DEFAULT_ILP_BUDGET = IlpBudget(max_binaries=3000, max_nodes=50)
 
 
 def highs_core():
@@ -200,7 +212,7 @@ def _path_bounds(problem: PartitionProblem, costs: dict[tuple[int, int, int], fl
 def _heuristic_start(problem: PartitionProblem, all_seg: dict[tuple[int, int, int], float]
                      ) -> tuple[float, Partition | None]:
     """``(objective, plan)`` of the best heuristic plan that fits memory (greedy, or for ``vpp > 1`` the exact DP
-    over virtual stages scored per rank, and the uniform plan): the ILP's upper bound and its time-limit fallback;
+    over virtual stages scored per rank, and the uniform plan): the ILP's upper bound and its fallback at the limit;
     ``(inf, None)`` when none fits."""
     S = problem.num_stages
     ub, best_heuristic = math.inf, None
@@ -228,7 +240,7 @@ def _segment_table(problem: PartitionProblem) -> dict[tuple[int, int, int], floa
     return table
 
 
-def solve_ilp(problem: PartitionProblem, *, limit: float | IlpBudget = 10.0) -> Partition:
+def solve_ilp(problem: PartitionProblem, *, limit: float | IlpBudget = DEFAULT_ILP_BUDGET) -> Partition:
     """Integer linear program over (stage, segment) binaries, solved with HiGHS (``highspy``).
 
     Variables ``u[s,i,j]`` (stage s owns layers i..j-1) for feasible segments, ``T`` (bottleneck).
@@ -244,9 +256,10 @@ def solve_ilp(problem: PartitionProblem, *, limit: float | IlpBudget = 10.0) -> 
     so are those no path of the remaining segments from layer 0 to layer L passes through (:func:`_on_paths`: every
     plan at or below that objective is such a path). The second pass does the same at the optimum.
 
-    Limit: ``limit``, float seconds of wall clock shared by both passes (model building included; the second gets
-    what the first left), or an :class:`IlpBudget` (no clock: a model over its binaries is not solved, each pass gets its nodes;
-    the result does not depend on the machine's load). When the limit stops the first pass, the better of its
+    Limit: ``limit``, an :class:`IlpBudget` (default :data:`DEFAULT_ILP_BUDGET`; no clock: a model over its binaries
+    is not solved, each pass gets its nodes; the result does not depend on the machine's load), or float seconds of
+    wall clock shared by both passes (model building included; the second gets what the first left; where HiGHS
+    stops, and so the plan, then depends on the machine's load). When the limit stops the first pass, the better of its
     incumbent and the best heuristic plan (greedy, uniform, or for ``vpp > 1`` the exact DP over virtual stages scored
     per rank) is returned, with ``status`` saying so:
     ``Optimal`` (HiGHS' model status optimal, within its default relative MIP gap 1e-4), ``TimeLimit (feasible, not
@@ -316,11 +329,19 @@ def _heuristic_fallback(status: str, best_heuristic: Partition | None, limit: fl
     """
     if best_heuristic is None:
         raise PartitionError(f"ILP stopped with status {status} and no solution within {limit_text(limit)}; no "
-                             "heuristic plan fits memory either, so perhaps none does (a longer --time-limit lets "
-                             "the solver prove it or find one); allowed: a longer --time-limit, fewer virtual "
-                             "stages (--vpp), recompute (--recompute selective|full) or more pipeline ranks")
+                             "heuristic plan fits memory either, so perhaps none does (a larger limit lets the solver "
+                             "prove it or find one); allowed: a larger --ilp-max-binaries / --ilp-max-nodes or a "
+                             "--time-limit, fewer virtual stages (--vpp), recompute (--recompute selective|full) or "
+                             "more pipeline ranks")
     word = "work budget" if isinstance(limit, IlpBudget) else "time limit"
     return best_heuristic.boundaries, status if "heuristic" in status else f"{status} ({word}: best heuristic plan)"
+
+
+def limit_word(status: str | None) -> str:
+    """Which limit stopped the ILP, from a :func:`solve_ilp` status: ``"time limit"`` (a wall-clock ``limit``: HiGHS'
+    ``TimeLimit``, or the clock spent before a pass) or ``"work budget"`` (an :class:`IlpBudget`)."""
+    s = status or ""
+    return "time limit" if s.startswith("TimeLimit") or "(time limit" in s else "work budget"
 
 
 def limit_text(limit: float | IlpBudget) -> str:

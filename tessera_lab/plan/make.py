@@ -28,7 +28,7 @@ from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfi
 from tessera_lab.model.spec import DENSE, FULL_ATTENTION, NO_FFN, NO_MIXER, ModelSpec, model_from_name, shipped_models
 from tessera_lab.model.tasks import model_flops_per_iteration
 from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, evaluate
-from tessera_lab.plan.ilp import IlpBudget, limit_text
+from tessera_lab.plan.ilp import DEFAULT_ILP_BUDGET, IlpBudget, limit_text, limit_word
 from tessera_lab.plan.notes import plan_notes, sync_note
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
 from tessera_lab.plan.partition import (Partition, PartitionProblem, check_memory, score_boundaries, solve,
@@ -253,7 +253,7 @@ def make_plan(
     *,
     method: str = "ilp",
     baselines: Sequence[str] = BASELINES,
-    limit: float | IlpBudget = 10.0,
+    limit: float | IlpBudget | None = None,
     objective: str = "auto",
     gpu: str = DEFAULT_GPU,
     profile=None,
@@ -269,8 +269,10 @@ def make_plan(
         cluster: the cluster; default the smallest DGX cluster of ``gpu`` holding the world size.
         method: ``ilp`` (default), ``dp`` or ``uniform``.
         baselines: other partitions to evaluate with the same schedule (:data:`BASELINES`).
-        limit: ILP limit: seconds of wall clock, or an :class:`~tessera_lab.plan.ilp.IlpBudget` (a
-            deterministic budget of binaries and branch-and-bound nodes: the same partition under any machine load).
+        limit: ILP limit: an :class:`~tessera_lab.plan.ilp.IlpBudget` (a deterministic budget of binaries and
+            branch-and-bound nodes: the same partition under any machine load), or seconds of wall clock (where the
+            solver stops then depends on the load). None (default): :data:`~tessera_lab.plan.ilp.DEFAULT_ILP_BUDGET`,
+            with ``schedule="auto"`` :data:`AUTO_ILP_BUDGET` per schedule.
         objective: ``bottleneck`` (minimise the slowest stage's steady-state cost; ties to the smaller spread),
             ``schedule`` (minimise the schedule-aware per-rank path cost: warm-up/cool-down, p2p, DP sync tail;
             :mod:`tessera_lab.plan.objective`), or ``auto`` (default): solve both, start from the fastest in
@@ -316,6 +318,7 @@ def _make_plan(model, parallel, cluster, *, method, baselines, limit, objective,
         return _auto_schedule(model, parallel, cluster, method=method, baselines=baselines,
                               limit=limit, objective=objective, profile=profile,
                               refine_budget=refine_budget)
+    limit = DEFAULT_ILP_BUDGET if limit is None else limit
     S = parallel.pp * parallel.vpp
     _check_split(model, S, method, boundaries)
     cost_model, sm = build_stage_model(model, parallel, cluster, profile)
@@ -443,12 +446,14 @@ def _proven(part: Partition) -> bool:
 
 def _result_word(part: Partition, method: str) -> str:
     """``ilp optimum`` for a proven optimum, else what the solver returned: ``ilp best feasible plan (HiGHS stopped
-    at its time limit, not proven optimal)`` or the heuristic plan kept at the limit."""
+    at its work budget, not proven optimal)`` (or ``time limit``) or the heuristic plan kept at the limit."""
     if _proven(part):
         return f"{method} optimum"
+    word = limit_word(part.status)
     if "heuristic" in (part.status or ""):
-        return f"{method} time-limit fallback (a heuristic plan; {part.solver or 'the solver'} stopped at its limit)"
-    return f"{method} best feasible plan ({part.solver or 'solver'} stopped at its time limit, not proven optimal)"
+        return (f"{method} {word.replace(' ', '-')} fallback (a heuristic plan; {part.solver or 'the solver'} stopped "
+                "at its limit)")
+    return f"{method} best feasible plan ({part.solver or 'solver'} stopped at its {word}, not proven optimal)"
 
 
 # params: the planning context (model, sizes, cost and stage models, FLOPs) that _make_plan owns
@@ -508,7 +513,14 @@ def _refine(model, parallel, cost_model, sm, steady: PartitionProblem, candidate
                 "gain_s": gain}
 
 
-#: ILP time limit per schedule under ``schedule="auto"`` (it solves one ILP per schedule and objective)
+#: ILP limit per schedule under ``schedule="auto"`` (it solves one ILP per schedule and objective) by default: a work
+#: budget, so the choice among schedules does not move with the machine's load. Sized on the documented ``--schedule
+#: auto`` commands (measured 2026-12-03, HiGHS 1.16): their one-chunk models have 8-558 binaries (1 node at most);
+#: with 2 virtual stages per rank the models HiGHS proved optimal within 2 s at idle have 498-1,698 binaries
+#: (0.26-1.6 CPU s), those it did not 1,999-6,862 (it kept the heuristic plan): a budget between the two keeps every
+#: one of these plans, with fewer nodes than a single schedule's plan gets (:data:`DEFAULT_ILP_BUDGET`)
+AUTO_ILP_BUDGET = IlpBudget(max_binaries=1800, max_nodes=10)
+#: the cap on a wall-clock ``limit`` per schedule under ``schedule="auto"`` (opt-in seconds), s
 AUTO_TIME_LIMIT_S = 2.0
 #: virtual stages per rank ``schedule="auto"`` tries the interleaved schedules with when given ``vpp = 1``
 AUTO_VPP = 2
@@ -529,10 +541,12 @@ def auto_candidates(model: ModelSpec, parallel: ParallelConfig) -> list[tuple[st
 def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
     """``schedule="auto"``: plan every ``(schedule, vpp)`` of :func:`auto_candidates`, keep the fastest that fits
     memory; each trial is recorded in ``Plan.schedule_trials`` (``schedule``, ``vpp``, ``iteration_time_s`` and
-    ``fits_memory``, or ``error``: the full first line of the refusal). Each trial's ILP gets
-    ``min(limit, AUTO_TIME_LIMIT_S)`` seconds."""
-    limit = kwargs.get("limit", AUTO_TIME_LIMIT_S)
-    kwargs["limit"] = limit if isinstance(limit, IlpBudget) else min(limit, AUTO_TIME_LIMIT_S)
+    ``fits_memory``, or ``error``: the full first line of the refusal). Each trial's ILP gets ``limit`` when it is
+    an :class:`~tessera_lab.plan.ilp.IlpBudget`, :data:`AUTO_ILP_BUDGET` when it is None, and
+    ``min(limit, AUTO_TIME_LIMIT_S)`` seconds when it is seconds."""
+    limit = kwargs.get("limit")
+    kwargs["limit"] = (AUTO_ILP_BUDGET if limit is None else limit if isinstance(limit, IlpBudget)
+                       else min(limit, AUTO_TIME_LIMIT_S))
     trials, plans = [], []
     for name, vpp in auto_candidates(model, parallel):
         try:

@@ -25,7 +25,7 @@ from typing import Sequence
 
 from tessera_lab.errors import PartitionError
 from tessera_lab.plan.dp import solve_dp
-from tessera_lab.plan.ilp import IlpBudget, available_solver, solve_ilp
+from tessera_lab.plan.ilp import DEFAULT_ILP_BUDGET, IlpBudget, available_solver, solve_ilp
 from tessera_lab.plan.problem import (GIB, Partition, PartitionProblem, SegmentFn, check_memory,
                                       score_boundaries, uniform, uniform_boundaries)
 
@@ -49,12 +49,13 @@ def ilp_size(problem: PartitionProblem) -> int:
     return problem.num_stages * free * (free + 1) // 2
 
 
-def solve(problem: PartitionProblem, method: str = "ilp", *, limit: float | IlpBudget = 10.0) -> Partition:
+def solve(problem: PartitionProblem, method: str = "ilp", *, limit: float | IlpBudget = DEFAULT_ILP_BUDGET
+          ) -> Partition:
     """Partition with ``uniform``, ``dp`` or ``ilp``; ``ilp`` falls back to ``dp`` (and says so in ``solver``) when
     highspy (the ILP solver) is not installed, or, with one stage per rank, when the ILP would have more than
     :data:`ILP_MAX_SEGMENTS` segment variables (the DP is exact there and bounded in time and memory).
-    ``limit``: the ILP's limit, float seconds of wall clock or a deterministic
-    :class:`~tessera_lab.plan.ilp.IlpBudget`.
+    ``limit``: the ILP's limit, a deterministic :class:`~tessera_lab.plan.ilp.IlpBudget` (default
+    :data:`~tessera_lab.plan.ilp.DEFAULT_ILP_BUDGET`) or float seconds of wall clock (load-dependent).
 
     Raises:
         PartitionError: unknown method; InfeasiblePlanError: nothing fits.
@@ -97,8 +98,8 @@ def additive_problem(costs: Sequence[float], num_stages: int, **kwargs) -> Parti
 
 
 def partition_costs(costs: Sequence[float], num_stages: int, method: str = "ilp", **kwargs) -> Partition:
-    """Partition a plain per-layer cost list (``tessera-lab partition --costs ...``); ``limit`` (keyword, float
-    seconds or an :class:`~tessera_lab.plan.ilp.IlpBudget`) as :func:`solve`'s, the other keywords
-    :func:`additive_problem`'s."""
-    limit = kwargs.pop("limit", 10.0)
+    """Partition a plain per-layer cost list (``tessera-lab partition --costs ...``); ``limit`` (keyword, an
+    :class:`~tessera_lab.plan.ilp.IlpBudget`, default :data:`~tessera_lab.plan.ilp.DEFAULT_ILP_BUDGET`, or float
+    seconds) as :func:`solve`'s, the other keywords :func:`additive_problem`'s."""
+    limit = kwargs.pop("limit", DEFAULT_ILP_BUDGET)
     return solve(additive_problem(costs, num_stages, **kwargs), method, limit=limit)

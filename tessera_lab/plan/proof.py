@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tessera_lab.plan.ilp import limit_word
+
 
 def kept_baseline(plan: Any) -> str:
     """The baseline whose partition the plan kept (``"parameters"`` of ``partition_from = "baseline parameters,
@@ -14,7 +16,7 @@ def kept_baseline(plan: Any) -> str:
 
 def solve_line(plan: Any) -> str:
     """One line saying whether the chosen partition is proven optimal: ``proven optimal`` when the solver (exact DP, or
-    HiGHS with solution status optimal) finished, else that its time limit decided (``Partition.status``); a given
+    HiGHS with solution status optimal) finished, else that its limit (work budget or time limit) decided (``Partition.status``); a given
     or even split has no solver. Simulator refinement, when it moved the boundaries, is named after it."""
     ev = plan.chosen
     part = ev.partition
@@ -37,8 +39,8 @@ def solve_line(plan: Any) -> str:
     if status == "Optimal":
         return (f"chosen partition: proven optimal for the solver's objective ({part.solver or ev.method}, status "
                 f"Optimal{t}){after}")
-    return (f"chosen partition: NOT proven optimal: the solver's time limit decided ({part.solver or ev.method}, "
-            f"status {status}{t}){after}")
+    return (f"chosen partition: NOT proven optimal: the solver's {limit_word(status)} decided "
+            f"({part.solver or ev.method}, status {status}{t}){after}")
 
 
 def partition_label(plan: Any, evaluation: Any = None) -> str:

@@ -45,8 +45,6 @@ from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.paths import data_dir
 from tessera_lab.plan.stages import accounted_boundaries
 
-#: ILP time limit per scenario plan (s); ``Plan``'s status says when it decided
-TIME_LIMIT_S = 5.0
 #: simulator refinement budget per scenario plan (the planner's default is larger; reproduce keeps to a minute)
 REFINE_BUDGET = 30
 KNOB_VALUES = {"ep_placement": ("across_nodes", "in_node"), "dispatcher": ("alltoall", "deepep"),
@@ -233,15 +231,16 @@ def _knob_parallel(par: ParallelConfig, knob: str, value) -> ParallelConfig | No
     return par.replace(**{knob: value})
 
 
-def run_scenario(sc: Scenario, *, knobs: bool = True, time_limit_s: float = TIME_LIMIT_S) -> dict[str, Any]:
+def run_scenario(sc: Scenario, *, knobs: bool = True, limit=None) -> dict[str, Any]:
     """Plan one scenario: ``after``, ``baselines``, ``ablation``, ``band`` (module docstring). Every number is
-    simulated (analytic cost model); ``after["solve"]`` says whether the partition is proven optimal."""
+    simulated (analytic cost model); ``after["solve"]`` says whether the partition is proven optimal. ``limit``: the
+    ILP's, as :func:`~tessera_lab.plan.make.make_plan`'s (None: its deterministic default budget)."""
     model = sc.model()
     # the first reading: every setup planned with the planner's host/sync term off (cost/sync.py); the second
     # (gain_with_sync) adds the term below, so the two are never merged
     par0 = sc.parallel().replace(host_sync_s=0.0)
     mc_best = megatron_core_best(model, par0)
-    plans = _overlap_plans(model, par0, mc_best, time_limit_s)
+    plans = _overlap_plans(model, par0, mc_best, limit)
     if not plans:
         raise ConfigError(f"scenario {sc.id}: no overlap-aware plan fits memory at its layout")
     fitting = [p for p in plans if p.chosen.fits_memory] or plans
@@ -261,7 +260,7 @@ def run_scenario(sc: Scenario, *, knobs: bool = True, time_limit_s: float = TIME
     return out | _band_ranges(band)
 
 
-def _overlap_plans(model, par0: ParallelConfig, mc_best: dict[str, Any], time_limit_s: float) -> list:
+def _overlap_plans(model, par0: ParallelConfig, mc_best: dict[str, Any], limit) -> list:
     """The overlap-aware plans tried: one and two chunks per rank, each with no recomputation and, when the
     Megatron-Core baseline needed it to fit, selective recomputation; setups that do not plan are left out."""
     from tessera_lab.plan.make import make_plan
@@ -275,7 +274,7 @@ def _overlap_plans(model, par0: ParallelConfig, mc_best: dict[str, Any], time_li
                 continue
             try:
                 plans.append(make_plan(model, par0.replace(schedule=schedule, vpp=vpp, recompute=recompute),
-                                       baselines=("uniform", "standalone", "parameters"), limit=time_limit_s,
+                                       baselines=("uniform", "standalone", "parameters"), limit=limit,
                                        refine_budget=REFINE_BUDGET))
             except TesseraError:
                 continue

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 from tessera_lab.cost.source import CostSource, analytic_source
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import Cluster, GPUSpec, ParallelConfig, cluster_for
+from tessera_lab.plan.ilp import DEFAULT_ILP_BUDGET, IlpBudget
 
 GROUP_KINDS = ("tp", "ep", "dp", "edp", "pp")
 
@@ -253,7 +254,7 @@ def migration_bytes(stage_model: Any, old: Sequence[int], new: Sequence[int]) ->
 def partition_with_factors(model, parallel: ParallelConfig | None = None, cluster: Cluster | None = None, *,
                            stage_gpus: Sequence[str] | None = None, link_factors: Sequence[float] | None = None,
                            speed_factors: Sequence[float] | None = None, method: str = "ilp",
-                           objective: str = "bottleneck", time_limit_s: float = 10.0,
+                           objective: str = "bottleneck", limit: float | IlpBudget = DEFAULT_ILP_BUDGET,
                            unaware_boundaries: Sequence[int] | None = None, _base: Any = None,
                            costs: CostSource | None = None) -> FactorPlan:
     """Partition with per-stage devices and compare with the topology-unaware partition.
@@ -264,7 +265,8 @@ def partition_with_factors(model, parallel: ParallelConfig | None = None, cluste
         stage_gpus: GPU type per stage (``H100``, ``H200``, ``B200``; default the cluster's).
         link_factors: inter-node link speed per stage in (0, 1] (a weak NIC / cable on that stage's node).
         speed_factors: extra time multiplier per stage (> 0; e.g. 1.25 = 25% slower, from observations).
-        method, objective: as :func:`tessera_lab.plan.partition.solve`; time_limit_s: its ``limit``, seconds.
+        method, objective: as :func:`tessera_lab.plan.partition.solve`; limit: its ``limit`` (a
+            deterministic :class:`~tessera_lab.plan.ilp.IlpBudget`, or seconds of wall clock).
         unaware_boundaries: the partition the topology-unaware planner would run (default: solved on the
             reference cluster with no factors).
         costs: the cost source to report (default analytic: per-stage devices are costed analytically).
@@ -300,7 +302,7 @@ def partition_with_factors(model, parallel: ParallelConfig | None = None, cluste
 
     problem = PartitionProblem(model.num_layers, p.pp, cost, memory=mem, memory_limit=ref_cap, objective=objective,
                                microbatches=p.microbatches)
-    aware = solve(problem, method, limit=time_limit_s).boundaries
+    aware = solve(problem, method, limit=limit).boundaries
     notes = []
     if unaware_boundaries is None:
         if _base is not None:
@@ -311,7 +313,7 @@ def partition_with_factors(model, parallel: ParallelConfig | None = None, cluste
             ref_sm = build_stage_model(model, p, cluster)[1]
         ref_problem = PartitionProblem(model.num_layers, p.pp, ref_sm.cost, memory=ref_sm.memory_bytes,
                                        memory_limit=ref_cap, objective=objective, microbatches=p.microbatches)
-        unaware = solve(ref_problem, method, limit=time_limit_s).boundaries
+        unaware = solve(ref_problem, method, limit=limit).boundaries
     else:
         unaware = list(unaware_boundaries)
     over = [s for s in range(p.pp) if models.sm(s).memory_bytes(s, unaware[s], unaware[s + 1]) > caps[s]]
