@@ -477,6 +477,20 @@ def _context_parallel() -> dict[str, float]:
 
 
 #: probe name -> function returning {key: value}; an entry names ``probe`` and ``key``
+_REPRODUCE: list = []
+
+
+def _reproduce_markdown() -> str:
+    """The verdicts, reasons and per-scenario gains of docs/reproduce.md:
+    ``tessera-lab reproduce --out DIR --quick --markdown`` (about 40 CPU s; run once per process)."""
+    from tessera_lab.cli.reproduce import claims_markdown
+    from tessera_lab.report.reproduce import reproduce
+
+    if not _REPRODUCE:
+        _REPRODUCE.append(reproduce(quick=True))
+    return claims_markdown(_REPRODUCE[0])
+
+
 PROBES: dict[str, Callable[[], dict[str, float]]] = {
     "default-plan": _default_plan,
     "knobs": _knobs,
@@ -487,7 +501,10 @@ PROBES: dict[str, Callable[[], dict[str, float]]] = {
     "cost-model": _cost_model,
     "zb-auto": _zb_auto,
     "context-parallel": _context_parallel,
+    "reproduce": dict,  # no figure of its own: its block (``reproduce.verdicts``) is the whole output
 }
+#: probes whose runs take tens of CPU seconds (the fast test suite leaves them to the slow one)
+SLOW_PROBES = ("reproduce",)
 
 
 #: generated block id -> (the probe whose run it shares, the command that prints the same text, the function
@@ -495,6 +512,7 @@ PROBES: dict[str, Callable[[], dict[str, float]]] = {
 BLOCKS: dict[str, tuple[str, str, Callable[[], str]]] = {
     "public-runs.table": ("public-runs-table", "python benchmarks/bench_public_runs.py --markdown",
                           _public_runs_markdown),
+    "reproduce.verdicts": ("reproduce", "tessera-lab reproduce --out DIR --quick --markdown", _reproduce_markdown),
 }
 
 

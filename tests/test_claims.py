@@ -7,6 +7,7 @@ tolerance. The check itself is shown to fail on a changed figure, an unknown id 
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -58,9 +59,21 @@ def test_cheap_deterministic_claims_rerun_within_tolerance(registry):
     assert {"simulated", "derived"} <= rerun_kinds
     assert "default-plan.mfu" in values and "public.median-abs-error" in values
     # the generated per-run table of docs/reproduce.md is what bench_public_runs.py --markdown prints now
-    texts, bad = claims.rerun_blocks()
+    texts, bad = claims.rerun_blocks([p for p in claims.PROBES if p not in claims.SLOW_PROBES])
     assert not bad, "\n".join(bad)
     assert "public-runs.table" in texts and texts["public-runs.table"].startswith("| run | source family |")
+
+
+@pytest.mark.slow
+def test_reproduce_verdicts_block_matches_a_fresh_run():
+    """docs/reproduce.md's verdicts, reasons and per-scenario gains are what ``tessera-lab reproduce --quick
+    --markdown`` prints now (about 40 CPU s), each verdict naming its rule."""
+    texts, bad = claims.rerun_blocks(["reproduce"])
+    assert not bad, "\n".join(bad)
+    block = texts["reproduce.verdicts"]
+    rows = [ln for ln in block.splitlines() if ln.startswith("| ") and "**" in ln]
+    assert rows and all(re.search(r"\*\* \((value|gain|range|one-layout) rule", ln) or "not modelled" in ln
+                        for ln in rows), rows
 
 
 def test_a_generated_block_is_checked_and_rewritten(monkeypatch, tmp_path):

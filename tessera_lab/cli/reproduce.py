@@ -38,6 +38,43 @@ def claims_text(rep) -> str:
               "no EP overlap))\n" + bands)
 
 
+#: the line that heads the per-scenario table of :func:`claims_markdown`
+SCENARIO_HEAD = ("Per scenario (gain = `T_baseline / T_plan - 1`; band over the knobs; \"partition\": proven optimal or "
+                 "the ILP's work budget decided -- a count of binaries and branch-and-bound nodes, so the same on an "
+                 "idle and on a loaded machine):")
+
+
+def claims_markdown(rep) -> str:
+    """The verdicts (with the rules they were judged by), their reasons and the per-scenario gains as Markdown: the
+    block docs/reproduce.md holds (``scripts/claims.py`` checks it against a fresh run)."""
+    import math
+
+    def pct(x) -> str:
+        return "no fit" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.1%}"
+
+    recs = rep.claims.to_dict(orient="records")
+    out = ["| claim | paper | ours (simulated) | verdict (rule) |", "|---|---|---|---|"]
+    for r in recs:
+        rules = ", ".join(part.split(":")[0].strip() for part in r["rule"].split("; ") if ":" in part)
+        out.append(f"| {r['claim']} | {r['paper']} | {r['ours']} | **{r['verdict']}**"
+                   + (f" ({rules}) |" if rules else " |"))
+    out += ["", "Why (as `reproduce` prints it):", ""]
+    out += [f"- {r['verdict']}" + (f" ({r['rule']})" if r["verdict"] != "not modelled" else "")
+            + f": {r['claim']}: {r['reason']}" for r in recs]
+    out += ["", SCENARIO_HEAD, "",
+            "| scenario | plan | MFU after | band | vs even 1F1B | vs even | vs standalone | vs parameters | "
+            "vs Megatron-Core | vs Megatron-Core, host/sync term | partition |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    bands = {s["id"]: s["mfu_band"] for s in rep.scenarios}
+    for b in sorted(rep.baselines.to_dict(orient="records"), key=lambda r: r["scenario"]):
+        lo, hi = bands[b["scenario"]]
+        out.append(f"| `{b['scenario']}` | {b['after_schedule']} | {b['after_mfu']:.1%} | {lo:.1%}-{hi:.1%} | "
+                   + " | ".join(pct(b.get(f"gain_vs_{k}")) for k in ("even_1f1b", "even", "standalone", "parameters",
+                                                                     "megatron_core", "megatron_core_with_sync"))
+                   + f" | {'proven optimal' if b['proven_optimal'] else 'work budget: heuristic plan'} |")
+    return "\n".join(out) + "\n"
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from tessera_lab.report.reproduce import reproduce, write
     from tessera_lab.report.scenarios import load_scenarios
@@ -47,6 +84,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     paths = write(rep, args.out)
     rows = [{"file": p.name, "path": str(p)} for p in paths]
     text = claims_text(rep) + "\n\n" + table(rows) + "\n" + "\n".join(f"- {n}" for n in rep.notes)
+    if args.markdown:
+        text = claims_markdown(rep)
     emit(args, rep.as_dict() | {"files": [str(p) for p in paths]}, text)
     return 0
 
@@ -56,6 +95,8 @@ def add_parser(sub) -> None:
                                          "(PNG, JSON, Markdown)")
     p.add_argument("--out", metavar="DIR", required=True, help="folder for the figures and tables")
     p.add_argument("--quick", action="store_true", help="fewer expert widths in the width study (seconds, not minutes)")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the verdicts, their reasons and the per-scenario gains as Markdown (docs/reproduce.md)")
     p.add_argument("--scenario", action="append", metavar="ID",
                    help="run only this scenario of data/paper/scenarios (repeatable; default all)")
     add_json(p)
