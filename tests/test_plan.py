@@ -124,14 +124,31 @@ def test_stage_cost_after_overlap_is_sum_of_pairs(qwen3_next):
 
 def test_plan_says_when_megatron_core_does_not_run_its_ep_overlap():
     # TransformerConfig's rules for overlap_moe_expert_parallel_comm: EP > 1, no full recompute, virtual stages when
-    # pp > 1 (the search's overlap_rule_breaks); plan's text names the broken one, and says nothing otherwise
-    from tessera_lab.cli.plan import _megatron_overlap_note
+    # pp > 1 (the search's overlap_rule_breaks); the plan's notes name the broken one, and say nothing otherwise
     from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.plan.notes import megatron_overlap_note
 
-    note = _megatron_overlap_note(ParallelConfig(pp=8, ep=8, schedule="overlapped"))
+    note = megatron_overlap_note(ParallelConfig(pp=8, ep=8, schedule="overlapped"))
     assert "virtual pipeline stages when pp > 1" in note and "overlapped" in note
-    assert _megatron_overlap_note(ParallelConfig(pp=1, ep=8, schedule="overlapped")) == ""
-    assert _megatron_overlap_note(ParallelConfig(pp=4, vpp=2, ep=8, schedule="interleaved-overlapped")) == ""
-    assert "no full recomputation" in _megatron_overlap_note(
+    assert megatron_overlap_note(ParallelConfig(pp=1, ep=8, schedule="overlapped")) is None
+    assert megatron_overlap_note(ParallelConfig(pp=4, vpp=2, ep=8, schedule="interleaved-overlapped")) is None
+    assert "no full recomputation" in megatron_overlap_note(
         ParallelConfig(pp=1, ep=8, schedule="overlapped", recompute="full"))
-    assert _megatron_overlap_note(ParallelConfig(pp=8, ep=8, schedule="1f1b")) == ""
+    assert megatron_overlap_note(ParallelConfig(pp=8, ep=8, schedule="1f1b")) is None
+    # pp 2 without virtual stages and EP 1 break two rules, both named
+    both = megatron_overlap_note(ParallelConfig(pp=2, ep=1, schedule="overlapped"))
+    assert "expert parallelism > 1 and virtual pipeline stages when pp > 1" in both
+
+
+def test_megatron_overlap_note_reaches_plan_json(tmp_path, capsys):
+    # the note is one of the plan's own notes: the text prints it once and --json carries it
+    import json
+
+    from tessera_lab.cli.main import main
+
+    out = tmp_path / "p.json"
+    assert main(["plan", "--pp", "4", "--ep", "8", "-m", "8", "--schedule", "overlapped", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    notes = [n for n in json.loads(out.read_text())["notes"] if n.startswith("Megatron-Core does not run")]
+    assert len(notes) == 1 and "virtual pipeline stages when pp > 1" in notes[0]
+    assert text.count("note: Megatron-Core does not run the schedule overlapped") == 1

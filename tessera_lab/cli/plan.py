@@ -225,25 +225,7 @@ def format_plan(plan) -> str:
                  f"(iteration time x {p.world_size} GPUs x {plan.cluster.gpu.peak_flops / 1e12:.0f} TFLOP/s dense bf16)")
     for note in plan.notes:
         lines.append(f"note: {note}")
-    megatron = _megatron_overlap_note(p)
-    if megatron:
-        lines.append(f"note: {megatron}")
     return "\n".join(lines)
-
-
-def _megatron_overlap_note(p) -> str:
-    """For an EP-overlap schedule that Megatron-Core's ``TransformerConfig`` refuses for this layout
-    (:func:`~tessera_lab.plan.search_space.overlap_rule_breaks`), the line saying so; else empty."""
-    from tessera_lab.plan.search_space import overlap_rule_breaks
-
-    if not p.schedule.endswith("overlapped"):
-        return ""
-    broken = overlap_rule_breaks(p)
-    if not broken:
-        return ""
-    return (f"Megatron-Core does not run the schedule {p.schedule} for this layout (its EP overlap needs "
-            f"{' and '.join(broken)}); the simulator and this project's runner do. tessera-lab search lists only "
-            "layouts Megatron-Core runs")
 
 
 #: the options a runner plan (``plan --model tiny-* --device FILE``) uses; any other set away from its default is

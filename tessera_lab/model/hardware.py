@@ -506,3 +506,14 @@ def layout_text(p: "ParallelConfig", moe: bool = True) -> str:
             f"{p.ep} = TP {p.tp} x dense DP {p.dense_dp} (expert TP 1, expert DP {p.expert_dp}); dense part TP {p.tp} "
             f"with sequence parallelism x DP {p.dense_dp}, so {p.dense_dp} pipelines' micro-batches per iteration "
             f"({p.tokens_per_iteration:,} tokens)")
+
+
+def overlap_rule_breaks(lay: Any) -> list[str]:
+    """The rules of Megatron-Core's ``TransformerConfig.__post_init__`` for ``overlap_moe_expert_parallel_comm``
+    (the EP-overlap schedules, ``overlapped`` and ``interleaved-overlapped``) that ``lay`` breaks (NVIDIA/Megatron-LM
+    ``megatron/core/transformer/transformer_config.py`` at commit d2c5e8b4f4fa0062d8cd9cbe18a7fca7cf1f99a3):
+    expert parallelism > 1, no full recomputation, and virtual pipeline stages when pp > 1 (its dispatcher rule,
+    alltoall or flex, holds for both dispatchers the search tries). Empty when Megatron-Core runs it."""
+    rules = [(lay.ep <= 1, "expert parallelism > 1"), (lay.recompute == "full", "no full recomputation"),
+             (lay.pp > 1 and lay.vpp <= 1, "virtual pipeline stages when pp > 1")]
+    return [why for bad, why in rules if bad]

@@ -1,9 +1,10 @@
 """The notes a plan carries about its inputs (the model's own, MTP layers, routing load, attention windows, fp8,
-the overlap profile its layer-pair costs come from) and about the host/sync term the chosen plan pays."""
+the overlap profile its layer-pair costs come from, an EP-overlap schedule Megatron-Core refuses for the layout) and
+about the host/sync term the chosen plan pays."""
 
 from __future__ import annotations
 
-from tessera_lab.model.hardware import Cluster, ParallelConfig
+from tessera_lab.model.hardware import Cluster, ParallelConfig, overlap_rule_breaks
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import routing_load_note
 from tessera_lab.plan.evaluate import Evaluation, evaluate
@@ -12,7 +13,8 @@ from tessera_lab.plan.stages import StageCostModel
 
 def plan_notes(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, profile) -> list[str]:
     """The plan's notes on its inputs: the model's own, MTP layers planned or not, routing load, attention
-    windows, fp8 precision and the overlap profile the layer-pair costs come from."""
+    windows, fp8 precision, the overlap profile the layer-pair costs come from and, for an EP-overlap schedule
+    Megatron-Core refuses for this layout, :func:`megatron_overlap_note`."""
     notes = list(model.notes)
     if model.stack.mtp_layers and not model.stack.plan_mtp:
         mtp = model.param_counts().mtp
@@ -36,7 +38,23 @@ def plan_notes(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, pro
         if profile.backend != "cuda":
             notes.append(f"the profile was measured with the {profile.backend} backend, not on a {cluster.gpu.name}: "
                          "its efficiencies describe that device")
+    if note := megatron_overlap_note(parallel):
+        notes.append(note)
     return notes
+
+
+def megatron_overlap_note(parallel: ParallelConfig) -> str | None:
+    """For an EP-overlap schedule (``overlapped``, ``interleaved-overlapped``) that Megatron-Core's
+    ``TransformerConfig`` refuses for this layout (:func:`tessera_lab.model.hardware.overlap_rule_breaks`), the
+    note saying so and naming the broken rules; ``None`` otherwise (another schedule, or a layout it runs)."""
+    if not parallel.schedule.endswith("overlapped"):
+        return None
+    broken = overlap_rule_breaks(parallel)
+    if not broken:
+        return None
+    return (f"Megatron-Core does not run the schedule {parallel.schedule} for this layout (its EP overlap needs "
+            f"{' and '.join(broken)}); the simulator and this project's runner do. tessera-lab search lists only "
+            "layouts Megatron-Core runs")
 
 
 def window_note(model: ModelSpec, parallel: ParallelConfig) -> str | None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.model.hardware import ParallelConfig
+from tessera_lab.model.hardware import ParallelConfig, overlap_rule_breaks  # noqa: F401  (re-exported)
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.plan.make import VIRTUAL_SCHEDULES
 
@@ -135,17 +135,6 @@ def recompute_choices(model: ModelSpec, recomputes: Sequence[str] = SEARCH_RECOM
     if "selective" in recomputes:
         out += [("selective", tuple(ms)) for ms in module_sets if all(model_has_module(model, m) for m in ms)]
     return out
-
-
-def overlap_rule_breaks(lay: Any) -> list[str]:
-    """The rules of Megatron-Core's ``TransformerConfig.__post_init__`` for ``overlap_moe_expert_parallel_comm``
-    (the EP-overlap schedules, ``overlapped`` and ``interleaved-overlapped``) that ``lay`` breaks (NVIDIA/Megatron-LM
-    ``megatron/core/transformer/transformer_config.py`` at commit d2c5e8b4f4fa0062d8cd9cbe18a7fca7cf1f99a3):
-    expert parallelism > 1, no full recomputation, and virtual pipeline stages when pp > 1 (its dispatcher rule,
-    alltoall or flex, holds for both dispatchers the search tries). Empty when Megatron-Core runs it."""
-    rules = [(lay.ep <= 1, "expert parallelism > 1"), (lay.recompute == "full", "no full recomputation"),
-             (lay.pp > 1 and lay.vpp <= 1, "virtual pipeline stages when pp > 1")]
-    return [why for bad, why in rules if bad]
 
 
 def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_per_node: int = 8,
