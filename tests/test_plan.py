@@ -152,3 +152,23 @@ def test_megatron_overlap_note_reaches_plan_json(tmp_path, capsys):
     notes = [n for n in json.loads(out.read_text())["notes"] if n.startswith("Megatron-Core does not run")]
     assert len(notes) == 1 and "virtual pipeline stages when pp > 1" in notes[0]
     assert text.count("note: Megatron-Core does not run the schedule overlapped") == 1
+
+
+def test_stage_time_is_standalone_where_the_schedule_pairs_nothing(qwen3_next):
+    # overlapped 1F1B (Megatron's combined 1F1B) runs 2 (pp - r - 1) + 1 forwards on rank r before its first
+    # backward; with pp = 4 and m = 4 micro-batches ranks 0 (7 > 4) and 1 (5 > 4) never pair a forward with a
+    # backward, rank 2 pairs F3 with B0 and rank 3 pairs three times. An unpaired stage's time per micro-batch is its
+    # standalone F + B (the simulated iteration takes no pair credit there); a paired one keeps the pair makespan.
+    plan = make_plan(qwen3_next, ParallelConfig(pp=4, ep=8, dp=2, microbatches=4, schedule="overlapped"),
+                     method="uniform", baselines=())
+    stages = plan.as_dict()["stages"]
+    for st in stages[:2]:
+        assert st["paired"] is False and st["overlap_s"] < st["f_s"] + st["b_s"]
+        assert st["time_s"] == pytest.approx(st["f_s"] + st["b_s"], rel=1e-12)
+    for st in stages[2:]:
+        assert "paired" not in st and st["time_s"] == st["overlap_s"] < st["f_s"] + st["b_s"]
+    # one stage, one micro-batch: nothing can pair, so the stage shows its standalone time (as plain 1F1B would)
+    one = make_plan(qwen3_next, ParallelConfig(pp=1, ep=64, dp=64, microbatches=1, schedule="overlapped"),
+                    method="uniform", baselines=())
+    st = one.chosen.stages[0]
+    assert not st.paired and st.time_s == pytest.approx(st.f_s + st.b_s, rel=1e-12) and st.overlap_s < st.time_s

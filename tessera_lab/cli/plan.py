@@ -212,7 +212,11 @@ def format_plan(plan) -> str:
     lines.append("")
     if plan.chosen.stages[0].overlap_s is not None:
         lines.append("time/mb: per micro-batch after overlap (forward of one micro-batch paired with the backward of "
-                     "another, best issue order); standalone: the same work run one task after the other")
+                     "another, best issue order); standalone: the same work run one task after the other"
+                     + ("; a stage the schedule never pairs (here: " + ", ".join(
+                         str(st.index) for st in plan.chosen.stages if not st.paired)
+                        + f", with {p.microbatches} micro-batch(es)) shows its standalone time"
+                        if not all(st.paired for st in plan.chosen.stages) else ""))
         lines.append("")
     lines.extend(details)
     lines.extend(_trial_lines(plan))

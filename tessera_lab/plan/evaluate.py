@@ -20,6 +20,7 @@ from tessera_lab.cost.memory import gpu_params, memory_capacity
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import Collective
+from tessera_lab.pipeline.actions import ActionType
 from tessera_lab.pipeline.engine import compile_schedule
 from tessera_lab.pipeline.simulate import Timeline, simulate, stage_durations
 from tessera_lab.plan.partition import Partition
@@ -30,7 +31,10 @@ from tessera_lab.plan.vschedules import plan_schedule
 @dataclass
 class StagePlan:
     """One pipeline stage: its layers, per-micro-batch times (seconds) and memory (bytes per GPU); ``host_sync_s``:
-    the host/sync seconds (:mod:`tessera_lab.cost.sync`) included in ``f_s``."""
+    the host/sync seconds (:mod:`tessera_lab.cost.sync`) included in ``f_s``; ``overlap_s``: the makespan of one
+    forward paired with one backward on this stage (layer-pair costs), ``None`` without pair costs; ``paired``:
+    whether the simulated schedule runs any backward of this stage in an ``OVERLAP_F_B`` pair (``False``, e.g. with
+    one micro-batch: nothing can pair, so :attr:`time_s` is the standalone time)."""
 
     index: int
     layers: list[int]
@@ -43,6 +47,7 @@ class StagePlan:
     activation_bytes: float
     overlap_s: float | None = None
     host_sync_s: float = 0.0
+    paired: bool = True
 
     @property
     def standalone_s(self) -> float:
@@ -51,15 +56,17 @@ class StagePlan:
 
     @property
     def time_s(self) -> float:
-        """Time per micro-batch as the schedule sees it: after overlap (overlapped 1F1B) or standalone."""
-        return self.overlap_s if self.overlap_s is not None else self.standalone_s
+        """Time per micro-batch as the schedule sees it: after overlap (pair costs and a schedule that pairs this
+        stage's backwards) or standalone, seconds."""
+        return self.overlap_s if self.overlap_s is not None and self.paired else self.standalone_s
 
     def as_dict(self) -> dict[str, Any]:
         return {"index": self.index, "layers": self.layers, "kinds": self.kinds, "time_s": self.time_s,
                 "standalone_s": self.standalone_s, "overlap_s": self.overlap_s, "f_s": self.f_s, "b_s": self.b_s,
                 "w_s": self.w_s, "memory_bytes": self.memory_bytes, "param_bytes": self.param_bytes,
                 "activation_bytes": self.activation_bytes,
-                **({"host_sync_s": self.host_sync_s} if self.host_sync_s else {})}
+                **({"host_sync_s": self.host_sync_s} if self.host_sync_s else {}),
+                **({"paired": False} if self.overlap_s is not None and not self.paired else {})}
 
 
 @dataclass
@@ -250,6 +257,11 @@ def evaluate(
                         time_only=time_only)
     if time_only:
         return timeline
+    if overlapped:  # a stage whose backwards the schedule never pairs (one micro-batch, say) runs standalone
+        paired = {a.sub_actions[1].stage for acts in schedule.actions.values() for a in acts
+                  if a.type is ActionType.OVERLAP_F_B}
+        for st in stages:
+            st.paired = st.index in paired
     T = timeline.iteration_time
     exposed = dict(timeline.exposed_comm)
     # EP all-to-all and TP all-reduce not hidden inside the stage's own bundles (per rank, summed over ranks)
