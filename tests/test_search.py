@@ -404,3 +404,34 @@ def test_stage_memory_row_equals_memory_bytes(qwen):
         for i in (0, 5, 20):
             js = list(range(i + 1, sm.num_layers + 1))
             assert sm.memory_row(s, i, js) == [sm.memory_bytes(s, i, j) for j in js]
+
+
+def test_separation_names_the_real_share_or_the_spread():
+    """The separation splits the iteration change into slowest stage x vpp x m, bubble seconds (fraction x
+    iteration) and the rest, with shares of the summed absolute moves worked out here; never a 0.0% term."""
+    from types import SimpleNamespace as N
+
+    from tessera_lab.cli.search import _FIELDS, separation
+
+    def cand(t, slowest_ms, bubble, m=8, vpp=1):
+        lay = N(**{**{k: 0 for k in _FIELDS}, "microbatches": m, "vpp": vpp})
+        return N(layout=lay, result={"iteration_time_s": t, "slowest_stage_ms": slowest_ms, "bubble_fraction": bubble})
+
+    a = cand(1.0, 100.0, 0.1)
+    # stage 8 x 110 - 8 x 100 = +80 ms, bubble 0.1 x 1.1 - 0.1 = +10 ms, rest 100 - 80 - 10 = +10 ms: 80 %, 10 %, 10 %
+    assert separation(a, cand(1.1, 110.0, 0.1)).endswith(
+        "+10.0% iteration; the term that moved most: slowest stage x m +80.0 ms (80% of the moved seconds)")
+    # stage +40 ms, bubble 0.06 - 0.1 = -40 ms, rest 0: spread, 50 % each
+    line = separation(a, cand(1.0, 105.0, 0.06))
+    assert "spread across terms (shares of the moved seconds): " in line
+    assert "slowest stage x m +40.0 ms (50%)" in line and "bubble -40.0 ms (50%)" in line
+    # the old wording picked the bubble here and printed "+0.0%": stage +0.8 ms, bubble 0.1003 x 1.01 - 0.1
+    # = +1.303 ms, rest 10 - 0.8 - 1.303 = +7.897 ms of 10 ms moved: 79 %
+    line = separation(a, cand(1.01, 100.1, 0.1003))
+    assert line.endswith("the term that moved most: rest (sync, exposed comm, lighter ranks) +7.9 ms (79% of the "
+                         "moved seconds)") and "0.0%" not in line
+    # virtual stages: a rank runs vpp chunks per micro-batch, 2 x 8 x 60 - 8 x 100 = +160 ms; bubble 0.1 x 1.2 - 0.1
+    # = +20 ms, rest +20 ms: 160 of 200 ms moved (80 %)
+    assert separation(a, cand(1.2, 60.0, 0.1, vpp=2)).endswith(
+        "slowest stage x vpp x m +160.0 ms (80% of the moved seconds)")
+    assert separation(a, a).endswith("+0.0% iteration; no term moved")

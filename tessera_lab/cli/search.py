@@ -33,20 +33,42 @@ def _row(rank: int, c, moe: bool = True) -> dict[str, Any]:
     return row
 
 
+#: a term whose share of the moved seconds is at least this is named alone; below it the top two are named
+_ONE_TERM_SHARE = 2 / 3
+
+
 def separation(first, other, moe: bool = True) -> str:
-    """What separates ``other`` from ``first``: the layout fields that differ and the terms that moved
-    (iteration, slowest stage per micro-batch, bubble fraction; simulated)."""
+    """What separates ``other`` from ``first``: the layout fields that differ, the iteration change and the terms it
+    splits into (seconds, simulated): the slowest (virtual) stage per micro-batch x vpp x m, the bubble (idle share
+    x iteration, the mean rank's idle seconds) and the rest of the mean rank's busy time (gradient sync and
+    communication not hidden, ranks lighter than the slowest stage): iteration = slowest x vpp x m + bubble + rest.
+    Each term's share is its absolute change over the sum of the three absolute changes; one term of at least two
+    thirds is named with its share, else the difference is spread and the top two are named with theirs."""
     a, b = first.layout, other.layout
     diff = [f"{k} {getattr(a, k)}->{getattr(b, k)}" for k in _FIELDS
             if getattr(a, k) != getattr(b, k) and (moe or k not in _MOE_FIELDS)]
     ra, rb = first.result, other.result
-    d_it = rb["iteration_time_s"] / ra["iteration_time_s"] - 1
-    d_stage = rb["slowest_stage_ms"] * b.microbatches - ra["slowest_stage_ms"] * a.microbatches
-    d_bub = rb["bubble_fraction"] - ra["bubble_fraction"]
-    moved = max((("slowest stage x m", abs(d_stage) / 1e3, f"slowest stage x m {d_stage / 1e3:+.3f} s"),
-                 ("bubble", abs(d_bub) * rb["iteration_time_s"], f"bubble {d_bub:+.1%} of the iteration")),
-                key=lambda t: t[1])[2]
-    return f"{', '.join(diff) or 'same layout'}: {d_it:+.1%} iteration; the term that moved most: {moved}"
+    ta, tb = ra["iteration_time_s"], rb["iteration_time_s"]
+    d_it = tb / ta - 1
+    d_stage = (rb["slowest_stage_ms"] * b.microbatches * b.vpp - ra["slowest_stage_ms"] * a.microbatches * a.vpp) / 1e3
+    d_bub = rb["bubble_fraction"] * tb - ra["bubble_fraction"] * ta
+    terms = [("slowest stage x m" if a.vpp == b.vpp == 1 else "slowest stage x vpp x m", d_stage), ("bubble", d_bub),
+             ("rest (sync, exposed comm, lighter ranks)", (tb - ta) - d_stage - d_bub)]
+    total = sum(abs(x) for _, x in terms)
+    head = f"{', '.join(diff) or 'same layout'}: {d_it:+.1%} iteration"
+    if total == 0:
+        return head + "; no term moved"
+    terms.sort(key=lambda t: -abs(t[1]))
+    shown = [f"{name} {_ms(x)} ({abs(x) / total:.0%}" for name, x in terms]
+    if abs(terms[0][1]) / total >= _ONE_TERM_SHARE:
+        return f"{head}; the term that moved most: {shown[0]} of the moved seconds)"
+    return f"{head}; spread across terms (shares of the moved seconds): {shown[0]}), {shown[1]})"
+
+
+def _ms(x: float) -> str:
+    """Signed seconds as milliseconds: one decimal, or two significant digits below 0.1 ms."""
+    v = x * 1e3
+    return f"{v:+,.1f} ms" if abs(v) >= 0.1 else f"{v:+.2g} ms"
 
 
 def format_search(res, top: int) -> str:
