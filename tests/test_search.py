@@ -200,7 +200,7 @@ def _cli(*args):
 @pytest.mark.parametrize("args, words", [
     (["--gpus", "12"], ["--gpus = 12", "multiple of the 8"]),
     (["--gpus", "64", "--global-batch-tokens", "4000"], ["--global-batch-tokens = 4,000", "multiple of 4,096"]),
-    (["--model", "deepseek-v3", "--gpus", "8"], ["--gpus = 8", "too small", "GPUs or more"]),
+    (["--model", "deepseek-v3", "--gpus", "8"], ["--gpus = 8", "too small", "at least 88 GPUs"]),
     (["--gpus", "64", "--global-batch-tokens", str(4096 * 3)], ["--global-batch-tokens = 12,288", "allowed"]),
 ])
 def test_bad_input_one_line_exit_2(args, words):
@@ -435,3 +435,24 @@ def test_separation_names_the_real_share_or_the_spread():
     assert separation(a, cand(1.2, 60.0, 0.1, vpp=2)).endswith(
         "slowest stage x vpp x m +160.0 ms (80% of the moved seconds)")
     assert separation(a, a).endswith("+0.0% iteration; no term moved")
+
+
+def test_too_few_gpus_names_a_count_the_first_pass_accepts():
+    """deepseek-v3 on 8 GPUs: the lightest layout holds 1406.1 GiB of parameter state per GPU against 134.4 GiB;
+    by hand 1406.1 x 8 / 134.4 = 83.7 GPUs, the next multiple of 8 is 88. The count named is one the first pass
+    (parameter-memory rule) accepts, and 80, one step fewer, is not."""
+    from types import SimpleNamespace
+
+    model = load_model("deepseek-v3")
+    cap = memory_capacity(S.search_cluster("H200", 8))
+    with pytest.raises(ConfigError) as err:
+        S.search(model, 8)
+    line = str(err.value)
+    assert "\n" not in line and "1406.1 GiB" in line and "allowed: at least 88 GPUs (a multiple of 8" in line
+    stub = SimpleNamespace(time=lambda lay: 0.0)
+    for n, passes in ((80, False), (88, True)):
+        lays = S.enumerate_layouts(model, n, S.DEFAULT_GLOBAL_SEQUENCES, gpus_per_node=8, seq_len=4096)
+        assert bool(S._first_pass(model, lays, 4096, cap, stub)[0]) is passes, n
+    # one sequence per iteration: no data parallelism shards the state, no count up to 4 x 88 = 352 holds it
+    assert "allowed: more than 352 GPUs or a larger --global-batch-tokens" in S.too_few_gpus_text(
+        model, 8, 1, 4096, 8, cap, 1406.1 * 2**30)

@@ -40,8 +40,9 @@ from tessera_lab.model.spec import ModelSpec
 from tessera_lab.plan.ilp import IlpBudget
 from tessera_lab.plan.make import make_plan
 # the search space (layouts, what is enumerated) lives in search_space; its names are the search's too
-from tessera_lab.plan.search_space import (Layout, cp_choices, enumerate_layouts, overlap_rule_breaks,  # noqa: F401
-                                            recompute_choices, tp_choices)
+from tessera_lab.plan.search_space import (Layout, cp_choices, enumerate_layouts, fewest_gpus,  # noqa: F401
+                                            gpu_step, overlap_rule_breaks, param_memory_bytes, recompute_choices,
+                                            too_few_gpus_text, tp_choices)
 from tessera_lab.plan.stages import OVERLAPPED_SCHEDULES
 from tessera_lab.plan.vschedules import plan_in_flight
 
@@ -298,31 +299,6 @@ def _plan_batch(args) -> list[dict[str, Any]]:
     return [plan_layout(model, lay, seq_len, cluster) for lay in layouts]
 
 
-def param_memory_bytes(model: ModelSpec, layout: Layout, seq_len: int) -> float:
-    """Training-state bytes of every parameter the ``pp`` ranks of one pipeline hold together (weights, gradients,
-    optimizer state as :func:`tessera_lab.cost.memory.bytes_per_param` counts them for each part's data-parallel
-    degree); the busiest rank holds at least ``1 / pp`` of it whatever the partition."""
-    from tessera_lab.cost.memory import bytes_per_param, gpu_params
-
-    p = layout.parallel(seq_len)
-    dense_bpp, expert_bpp = bytes_per_param(p, p.dense_shard_dp), bytes_per_param(p, p.expert_dp)
-    total = 0.0
-    for idx in range(-1, model.num_layers + 1):
-        dense, expert = gpu_params(model, p, idx)
-        total += dense * dense_bpp + expert * expert_bpp
-    return total
-
-
-def gpu_step(nvlink_domain: int) -> int:
-    """The GPU counts the search accepts are the multiples of this: the GPUs of an 8-GPU node (``hardware.json``'s
-    ``node.gpus_per_node``) where the NVLink domain is one node (H100, H200, B200, B300), and on a rack-scale domain
-    (GB200 NVL72: 72 GPUs) the same 8-GPU steps, the last rack partial as ``plan`` places it
-    (:func:`search_cluster`): ``gcd(nvlink_domain, 8)``."""
-    from tessera_lab.model.hardware import hardware_data
-
-    return math.gcd(int(nvlink_domain), int(hardware_data()["node"]["gpus_per_node"]))
-
-
 def search_cluster(gpu: str, gpus: int) -> Cluster:
     """The cluster a search of ``gpus`` GPUs of type ``gpu`` plans on: the fewest NVLink domains holding them (as
     :func:`~tessera_lab.model.hardware.cluster_for` gives ``plan``), a partial last domain when ``gpus`` is not a
@@ -513,11 +489,7 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
     bounds = _Bounds(model, seq_len, cluster)
     cands, by_params, lightest = _first_pass(model, list(layouts), seq_len, capacity, bounds)
     if not cands:
-        step = gpu_step(node)
-        need = -(-math.ceil(gpus * lightest / capacity) // step) * step
-        raise ConfigError(f"--gpus = {gpus} is too small for {model.name}: the lightest layout holds "
-                          f"{lightest / 2**30:.1f} GiB of parameter state per GPU against {capacity / 2**30:.1f} GiB; "
-                          f"allowed: about {need} GPUs or more (a multiple of {step})")
+        raise ConfigError(too_few_gpus_text(model, gpus, seqs, seq_len, node, capacity, lightest))
     cands = _canonical_first(cands, bounds, capacity)
     children = _children_cpu_s()
     planned, rest = _plan_all(cands, bounds, capacity, (top, jobs, max_plans), progress)

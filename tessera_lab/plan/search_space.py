@@ -1,7 +1,9 @@
 """The layouts the search (:mod:`tessera_lab.plan.search`) tries (:class:`Layout`, :func:`enumerate_layouts`) and
 the sizes per dimension: TP (:func:`tp_choices`), CP (:func:`cp_choices`), recompute (:func:`recompute_choices`),
 each by Megatron-Core's rules as ``plan`` checks them, and the EP-overlap rules of Megatron-Core's
-``TransformerConfig`` (:func:`overlap_rule_breaks`) (docs/search.md, "What is enumerated")."""
+``TransformerConfig`` (:func:`overlap_rule_breaks`) (docs/search.md, "What is enumerated"); the parameter state of a
+layout (:func:`param_memory_bytes`), the GPU counts searched (:func:`gpu_step`) and the fewest that hold a model's
+parameter state (:func:`fewest_gpus`)."""
 
 from __future__ import annotations
 
@@ -193,3 +195,68 @@ def _batch_layouts(model, sizes: tuple, dense_dp: int, global_batch: int, space:
                         if not (sched.endswith("overlapped") and overlap_rule_breaks(lay)):
                             out.append(lay)
     return out
+
+
+def param_memory_bytes(model: ModelSpec, layout: Layout, seq_len: int) -> float:
+    """Training-state bytes of every parameter the ``pp`` ranks of one pipeline hold together (weights, gradients,
+    optimizer state as :func:`tessera_lab.cost.memory.bytes_per_param` counts them for each part's data-parallel
+    degree); the busiest rank holds at least ``1 / pp`` of it whatever the partition."""
+    from tessera_lab.cost.memory import bytes_per_param, gpu_params
+
+    p = layout.parallel(seq_len)
+    dense_bpp, expert_bpp = bytes_per_param(p, p.dense_shard_dp), bytes_per_param(p, p.expert_dp)
+    total = 0.0
+    for idx in range(-1, model.num_layers + 1):
+        dense, expert = gpu_params(model, p, idx)
+        total += dense * dense_bpp + expert * expert_bpp
+    return total
+
+
+def gpu_step(nvlink_domain: int) -> int:
+    """The GPU counts the search accepts are the multiples of this: the GPUs of an 8-GPU node (``hardware.json``'s
+    ``node.gpus_per_node``) where the NVLink domain is one node (H100, H200, B200, B300), and on a rack-scale domain
+    (GB200 NVL72: 72 GPUs) the same 8-GPU steps, the last rack partial as ``plan`` places it
+    (:func:`search_cluster`): ``gcd(nvlink_domain, 8)``."""
+    from tessera_lab.model.hardware import hardware_data
+
+    return math.gcd(int(nvlink_domain), int(hardware_data()["node"]["gpus_per_node"]))
+
+
+def fewest_gpus(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_domain: int, capacity: float,
+                limit: int) -> tuple[int, float] | None:
+    """The fewest GPUs above ``gpus``, a multiple of :func:`gpu_step`, at most ``limit``, for which some layout
+    :func:`enumerate_layouts` gives for ``seqs`` sequences of ``seq_len`` tokens passes the parameter-memory rule of
+    :func:`tessera_lab.plan.search._first_pass` (its parameter state per GPU, :func:`param_memory_bytes` / pp, at
+    most ``capacity`` bytes); with that lightest share (bytes). ``None`` when no count up to ``limit`` does."""
+    step = gpu_step(nvlink_domain)
+    for n in range(gpus + step, limit + 1, step):
+        seen: set[tuple] = set()
+        lightest = math.inf
+        for lay in enumerate_layouts(model, n, seqs, gpus_per_node=nvlink_domain, seq_len=seq_len):
+            key = (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp, lay.fsdp)
+            if key not in seen:
+                seen.add(key)
+                lightest = min(lightest, param_memory_bytes(model, lay, seq_len) / lay.pp)
+        if lightest <= capacity:
+            return n, lightest
+    return None
+
+
+def too_few_gpus_text(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_domain: int, capacity: float,
+                      lightest: float) -> str:
+    """The one-line refusal of a search whose every layout fails the parameter-memory rule (``lightest``: the
+    lightest parameter state per GPU seen, bytes), naming the fewest GPUs that pass it (:func:`fewest_gpus`, looked
+    for up to 4x the GPUs a linear scaling of ``lightest`` asks for); saved activations may need more, so the count
+    is a floor ("at least")."""
+    step = gpu_step(nvlink_domain)
+    linear = -(-math.ceil(gpus * lightest / capacity) // step) * step
+    limit = max(4 * linear, gpus + 16 * step)
+    head = (f"--gpus = {gpus} is too small for {model.name}: the lightest layout holds {lightest / 2**30:.1f} GiB of "
+            f"parameter state per GPU against {capacity / 2**30:.1f} GiB; allowed: ")
+    got = fewest_gpus(model, gpus, seqs, seq_len, nvlink_domain, capacity, limit)
+    if got is None:
+        return head + (f"more than {limit} GPUs or a larger --global-batch-tokens (no multiple of {step} GPUs up "
+                       f"to {limit} holds its parameter state with {seqs} sequences per iteration)")
+    n, share = got
+    return head + (f"at least {n} GPUs (a multiple of {step}; the fewest whose lightest layout's parameter state fits: "
+                   f"{share / 2**30:.1f} GiB per GPU, computed; saved activations may need more)")
