@@ -172,3 +172,24 @@ def test_stage_time_is_standalone_where_the_schedule_pairs_nothing(qwen3_next):
                     method="uniform", baselines=())
     st = one.chosen.stages[0]
     assert not st.paired and st.time_s == pytest.approx(st.f_s + st.b_s, rel=1e-12) and st.overlap_s < st.time_s
+
+
+def test_auto_schedule_table_says_whether_a_refused_schedule_fits(qwen3_next):
+    # GPipe keeps all m = 32 micro-batches' activations until the backward: by the 1F1B plan's own stage bytes
+    # (parameters + activations per micro-batch, additive over layers), the 8 stages need sum(param + 32 x act)
+    # = 1,167.9 GiB > 8 x 134.4 GiB, so some stage exceeds memory whatever the partition: gpipe does not fit ("NO");
+    # a refusal for another reason (method dp with virtual stages) is not planned, and says so
+    from tessera_lab.cli.plan import _trial_lines
+    from tessera_lab.cost.memory import memory_capacity
+
+    one = make_plan(qwen3_next, ParallelConfig(pp=8, ep=8, schedule="1f1b"), method="dp", baselines=())
+    need = sum(st.param_bytes + 32 * st.activation_bytes for st in one.chosen.stages)
+    assert one.parallel.microbatches == 32 and need > 8 * memory_capacity(one.cluster)
+    auto = make_plan(qwen3_next, ParallelConfig(pp=8, ep=8, schedule="auto"), method="dp", baselines=())
+    by = {t["schedule"]: t for t in auto.schedule_trials}
+    assert by["gpipe"]["fits_memory"] is False and "no partition fits in memory" in by["gpipe"]["error"]
+    assert "fits_memory" not in by["interleaved"] and "method 'dp' needs vpp = 1" in by["interleaved"]["error"]
+    rows = {line.split()[0]: line for line in "\n".join(_trial_lines(auto)).splitlines()
+            if line.split() and line.split()[0] in by}
+    assert rows["gpipe"].split()[2:] == ["refused", "-", "-", "NO"]
+    assert rows["interleaved"].endswith("not planned (refused)") and rows["1f1b"].endswith("yes")

@@ -141,7 +141,8 @@ def _header_lines(plan) -> list[str]:
 
 def _trial_lines(plan) -> list[str]:
     """The schedules ``--schedule auto`` tried, with what the host/sync term adds to each, and every refusal in
-    full; none without trials."""
+    full; a schedule refused because no partition fits memory shows ``NO`` under fits memory, any other refusal
+    ``not planned (refused)``; none without trials."""
     lines: list[str] = []
     if not plan.schedule_trials:
         return lines
@@ -150,12 +151,13 @@ def _trial_lines(plan) -> list[str]:
                  "that schedule's iteration (a per-MoE-layer value FITTED per dispatcher, tessera_lab/cost/sync.py; 0 under the "
                  "EP-overlap schedules), so a ranking it changes is visible:")
     lines.append(table([{"schedule": t["schedule"], "vpp": t.get("vpp", 1),
-                         "iteration (s)": (f"{t['iteration_time_s']:.3f}" if "iteration_time_s" in t else "-"),
+                         "iteration (s)": (f"{t['iteration_time_s']:.3f}" if "iteration_time_s" in t else "refused"),
                          "of which host/sync (s)": (f"{t.get('host_sync_s', 0.0):.3f}"
                                                     if "iteration_time_s" in t else "-"),
                          "without it (s)": (f"{t['iteration_time_s'] - t.get('host_sync_s', 0.0):.3f}"
                                             if "iteration_time_s" in t else "-"),
-                         "fits memory": ("-" if "error" in t else "yes" if t.get("fits_memory") else "NO")}
+                         "fits memory": ("yes" if t.get("fits_memory") else "NO" if "fits_memory" in t
+                                         else "not planned (refused)")}
                         for t in plan.schedule_trials]))
     for t in plan.schedule_trials:  # full reasons, never cut
         if "error" in t:

@@ -22,7 +22,7 @@ from tessera_lab.cost.analytic import LayerCost
 from tessera_lab.cost.memory import memory_capacity
 from tessera_lab.cost.source import CostSource, analytic_source, profile_source
 from tessera_lab.defaults import DEFAULT_GPU, DEFAULT_MODEL
-from tessera_lab.errors import ConfigError, PartitionError, TesseraError
+from tessera_lab.errors import ConfigError, InfeasiblePlanError, PartitionError, TesseraError
 from tessera_lab.checks import check_work, divisors_text
 from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfig, check_fits, cluster_for
 from tessera_lab.model.spec import DENSE, FULL_ATTENTION, NO_FFN, NO_MIXER, ModelSpec, model_from_name, shipped_models
@@ -31,6 +31,7 @@ from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, 
 from tessera_lab.plan.ilp import DEFAULT_ILP_BUDGET, IlpBudget, limit_text, limit_word
 from tessera_lab.plan.notes import plan_notes, sync_note
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
+from tessera_lab.plan.problem import LAYER_COUNT_REFUSAL
 from tessera_lab.plan.partition import (Partition, PartitionProblem, check_memory, score_boundaries, solve,
                                        uniform_boundaries)
 from tessera_lab.plan.stages import PAIR_SEARCH_BUDGET, StageCostModel, build_stage_model, layer_pair_costs
@@ -541,7 +542,8 @@ def auto_candidates(model: ModelSpec, parallel: ParallelConfig) -> list[tuple[st
 def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
     """``schedule="auto"``: plan every ``(schedule, vpp)`` of :func:`auto_candidates`, keep the fastest that fits
     memory; each trial is recorded in ``Plan.schedule_trials`` (``schedule``, ``vpp``, ``iteration_time_s`` and
-    ``fits_memory``, or ``error``: the full first line of the refusal). Each trial's ILP gets ``limit`` when it is
+    ``fits_memory``, or ``error``: the full first line of the refusal, with ``fits_memory`` False when the refusal
+    is that no partition fits memory). Each trial's ILP gets ``limit`` when it is
     an :class:`~tessera_lab.plan.ilp.IlpBudget`, :data:`AUTO_ILP_BUDGET` when it is None, and
     ``min(limit, AUTO_TIME_LIMIT_S)`` seconds when it is seconds."""
     limit = kwargs.get("limit")
@@ -552,7 +554,10 @@ def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
         try:
             pl = make_plan(model, parallel.replace(schedule=name, vpp=vpp), cluster, **kwargs)
         except TesseraError as exc:
-            trials.append({"schedule": name, "vpp": vpp, "error": str(exc).splitlines()[0]})
+            # a memory refusal (no partition fits) is a plan that does not fit: fits_memory False
+            memory = isinstance(exc, InfeasiblePlanError) and not str(exc).startswith(LAYER_COUNT_REFUSAL)
+            trials.append({"schedule": name, "vpp": vpp, "error": str(exc).splitlines()[0],
+                           **({"fits_memory": False} if memory else {})})
             continue
         trials.append({"schedule": name, "vpp": vpp, "iteration_time_s": pl.chosen.iteration_time_s,
                        "fits_memory": pl.chosen.fits_memory, "boundaries": pl.chosen.partition.boundaries,

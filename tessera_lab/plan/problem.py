@@ -15,6 +15,9 @@ from tessera_lab.errors import InfeasiblePlanError, PartitionError
 
 SegmentFn = Callable[[int, int, int], float]
 GIB = 2**30
+#: the refusal of a problem no partition satisfies for layer counts alone (every other
+#: :class:`~tessera_lab.errors.InfeasiblePlanError` is a memory refusal)
+LAYER_COUNT_REFUSAL = "no partition satisfies the layer-count constraints"
 
 
 #: feasible segments per (memory function, limit, sizes, bounds, stage): see :meth:`PartitionProblem.segments`
@@ -259,7 +262,7 @@ def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
     layer-count rules, the one whose worst memory excess is smallest names its worst stage and the
     shortfall in GiB (a min-max DP over memory excess)."""
     if problem.memory is None:
-        return InfeasiblePlanError("no partition satisfies the layer-count constraints")
+        return InfeasiblePlanError(LAYER_COUNT_REFUSAL)
     if problem.vpp > 1:
         return InfeasiblePlanError(
             f"no partition into {problem.num_stages} virtual stages fits {problem.memory_limit / GIB:.2f} GiB on every "
@@ -279,7 +282,7 @@ def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
                     nxt[j] = (v, path + (j,))
         best = nxt
     if L not in best:
-        return InfeasiblePlanError("no partition satisfies the layer-count constraints")
+        return InfeasiblePlanError(LAYER_COUNT_REFUSAL)
     b = list(best[L][1])
     excess = [problem.memory(s, b[s], b[s + 1]) - limit for s in range(S)]
     s = max(range(S), key=lambda k: excess[k])
