@@ -285,8 +285,9 @@ def test_megatron_overlap_rules_named_in_the_export_notes():
 def test_enumeration_obeys_megatron_overlap_rules(qwen):
     """The search enumerates an EP-overlap schedule exactly where Megatron-Core's TransformerConfig accepts
     --overlap-moe-expert-parallel-comm: EP > 1, no full recomputation, virtual stages when pp > 1 (rules written
-    out here, not taken from the code): for every enumerated layout with the plain schedule of its chunk count
-    (1f1b / interleaved), its overlapped twin is enumerated iff the rules hold."""
+    out here, not taken from the code), and where it can pair anything: two micro-batches or more (with one,
+    Megatron-Core runs it as plain 1F1B, the twin already enumerated); for every enumerated layout with the plain
+    schedule of its chunk count (1f1b / interleaved), its overlapped twin is enumerated iff the rules hold."""
     from dataclasses import replace
 
     lays = S.enumerate_layouts(qwen, 32, 64)
@@ -296,8 +297,9 @@ def test_enumeration_obeys_megatron_overlap_rules(qwen):
     for lay in lays:
         if lay.schedule.endswith("overlapped"):
             assert lay.ep > 1 and lay.recompute != "full" and (lay.pp == 1 or lay.vpp > 1), lay
+            assert lay.microbatches >= 2, lay
         if lay.schedule in twins and lay.vpp == (1 if lay.schedule == "1f1b" else lay.vpp):
-            ok = lay.ep > 1 and lay.recompute != "full" and (lay.pp == 1 or lay.vpp > 1)
+            ok = lay.ep > 1 and lay.recompute != "full" and (lay.pp == 1 or lay.vpp > 1) and lay.microbatches >= 2
             assert (replace(lay, schedule=twins[lay.schedule]) in have) == ok, lay
             checked += ok
     assert checked > 0

@@ -235,7 +235,7 @@ def parallel_from_args(args: argparse.Namespace):
     Raises:
         ConfigError: ``--gpus`` that the other sizes do not divide, or that disagrees with ``--dp``.
     """
-    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.hardware import ParallelConfig, dp_for_gpus
 
     one = ParallelConfig(pp=args.pp, tp=args.tp, ep=args.ep, dp=1, cp=getattr(args, "cp", 1),
                          ep_spans_tp=bool(getattr(args, "ep_spans_tp", False)))
@@ -253,28 +253,6 @@ def parallel_from_args(args: argparse.Namespace):
         **({"host_sync_s": args.host_sync_ms / 1e3} if getattr(args, "host_sync_ms", None) is not None else {}),
         **({"fsdp": True} if getattr(args, "fsdp", False) else {}),
     )
-
-
-def dp_for_gpus(gpus: int | None, dp: int | None, per_replica: int) -> int:
-    """Data-parallel replicas: ``gpus / per_replica`` when ``gpus`` is given (``per_replica``: the GPUs of one
-    replica, pp x ep x tp x cp with tp once when EP spans it, :attr:`ParallelConfig.world_size` at dp 1), else ``dp``
-    (1 when not given).
-
-    Raises:
-        ConfigError: ``gpus`` not a multiple of ``per_replica``, or ``dp`` given and ``dp x per_replica != gpus``.
-    """
-    from tessera_lab.errors import ConfigError
-
-    if gpus is None:
-        return dp or 1
-    if gpus % per_replica:
-        lo = per_replica
-        raise ConfigError(f"--gpus = {gpus} is not a multiple of the {lo} GPUs of one data-parallel replica (pp x ep x "
-                          f"tp x cp, tp once when EP spans it); allowed: {lo}, {2 * lo}, {3 * lo}, ...")
-    if dp is not None and dp * per_replica != gpus:
-        raise ConfigError(f"--dp = {dp} gives {dp * per_replica} GPUs, not --gpus = {gpus}; allowed: --dp "
-                          f"{gpus // per_replica}, or leave --dp out (--gpus sets it)")
-    return gpus // per_replica
 
 
 def split_from_args(args: argparse.Namespace, model, parallel) -> list[int] | None:

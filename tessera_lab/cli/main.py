@@ -177,6 +177,8 @@ def check_work_limits(args: argparse.Namespace) -> None:
         if name in WORK_LIMITS and isinstance(value, int) and not isinstance(value, bool):
             check_work(name, value, field="--" + name.replace("_", "-"))
     sizes = [getattr(args, k, None) for k in ("pp", "dp", "ep", "tp")]
+    if sizes[1] is None and "dp" in vars(args):  # plan / report: dp left to --gpus (itself limited) or 1
+        sizes[1] = 1
     if all(isinstance(v, int) for v in sizes):
         world = sizes[0] * sizes[1] * sizes[2] * sizes[3]
         check_work("world_size", world, field=f"world size pp x dp x ep x tp = {' x '.join(map(str, sizes))}")

@@ -517,3 +517,23 @@ def overlap_rule_breaks(lay: Any) -> list[str]:
     rules = [(lay.ep <= 1, "expert parallelism > 1"), (lay.recompute == "full", "no full recomputation"),
              (lay.pp > 1 and lay.vpp <= 1, "virtual pipeline stages when pp > 1")]
     return [why for bad, why in rules if bad]
+
+
+def dp_for_gpus(gpus: int | None, dp: int | None, per_replica: int) -> int:
+    """Data-parallel replicas: ``gpus / per_replica`` when ``gpus`` is given (``per_replica``: the GPUs of one
+    replica, pp x ep x tp x cp with tp once when EP spans it, :attr:`ParallelConfig.world_size` at dp 1), else ``dp``
+    (1 when not given).
+
+    Raises:
+        ConfigError: ``gpus`` not a multiple of ``per_replica``, or ``dp`` given and ``dp x per_replica != gpus``.
+    """
+    if gpus is None:
+        return dp or 1
+    if gpus % per_replica:
+        lo = per_replica
+        raise ConfigError(f"--gpus = {gpus} is not a multiple of the {lo} GPUs of one data-parallel replica (pp x ep x "
+                          f"tp x cp, tp once when EP spans it); allowed: {lo}, {2 * lo}, {3 * lo}, ...")
+    if dp is not None and dp * per_replica != gpus:
+        raise ConfigError(f"--dp = {dp} gives {dp * per_replica} GPUs, not --gpus = {gpus}; allowed: --dp "
+                          f"{gpus // per_replica}, or leave --dp out (--gpus sets it)")
+    return gpus // per_replica

@@ -147,7 +147,9 @@ def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_pe
     """Every layout of ``gpus`` GPUs making a global batch of ``global_batch`` sequences of ``seq_len`` tokens under
     the structural rules (module docstring; CP sizes from :func:`cp_choices`, recompute from
     :func:`recompute_choices`, the distributed optimizer and, with more than one data-parallel rank, Megatron FSDP);
-    a dense model takes EP 1 and the alltoall dispatcher only. Sorted (deterministic)."""
+    a dense model takes EP 1 and the alltoall dispatcher only. The EP-overlap schedules need two micro-batches or
+    more: with one, nothing pairs and Megatron-Core runs plain 1F1B (the 1F1B candidate is that layout), while the
+    planner's host/sync term takes the overlap as hiding the sync. Sorted (deterministic)."""
     out = []
     moe = model.has_moe
     eps = [e for e in _divisors(model.moe.num_experts) if gpus % e == 0] if moe else [1]
@@ -192,7 +194,7 @@ def _batch_layouts(model, sizes: tuple, dense_dp: int, global_batch: int, space:
                 for fsdp in ((False, True) if dense_dp > 1 else (False,)):
                     for disp in dispatchers:
                         lay = Layout(pp, vpp, ep, tp, dp, m, mbs, sched, rc, disp, spans, cp, mods, fsdp)
-                        if not (sched.endswith("overlapped") and overlap_rule_breaks(lay)):
+                        if not (sched.endswith("overlapped") and (m < 2 or overlap_rule_breaks(lay))):
                             out.append(lay)
     return out
 

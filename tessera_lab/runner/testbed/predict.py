@@ -368,12 +368,15 @@ def cmd_plan_device(args) -> int:
     from tessera_lab.cost.device import load_device
     from tessera_lab.io import write_json
 
+    from tessera_lab.model.hardware import dp_for_gpus
+
     dev = load_device(args.device)
     from .probe import available_cores
 
+    dp = dp_for_gpus(getattr(args, "gpus", None), args.dp, args.pp * args.ep)  # the runner's world: pp x ep x dp
     avail = available_cores(int(dev["metadata"].get("cores") or os.cpu_count() or 1),
-                            processes=args.pp * args.ep * args.dp)
-    plan = device_plan(dev, args.model, pp=args.pp, ep=args.ep, dp=args.dp, schedule=args.schedule,
+                            processes=args.pp * args.ep * dp)
+    plan = device_plan(dev, args.model, pp=args.pp, ep=args.ep, dp=dp, schedule=args.schedule,
                        microbatches=args.microbatches, micro_batch_size=args.micro_batch_size,
                        vpp=args.vpp if args.vpp != 1 else None,
                        choices=PlanChoices(partition="uniform" if args.method == "uniform" else "balanced"),
