@@ -119,3 +119,15 @@ def test_fsdp_traffic_named_in_bound_line(capsys):
     assert hint.startswith(f"bound: {OWN_STREAM_KIND} take") and "--micro-batch-size" in hint
     _, t4 = run("--micro-batch-size", "4", "-m", "8")  # 32 sequences per replica either way
     assert t4 < t1
+
+
+def test_fsdp_hint_offers_fewer_micro_batches_only_where_there_are_several():
+    """With one micro-batch, fewer micro-batches are no option: the FSDP hint then names the distributed optimizer
+    alone (hand-made kinds: 30 ms of FSDP traffic against 20 ms of compute)."""
+    from tessera_lab.cost.bounds import OWN_STREAM_KIND, KindBound, knob_hint
+
+    kinds = [KindBound(OWN_STREAM_KIND, 0.030, {"link bandwidth": 0.030}),
+             KindBound("expert GEMMs", 0.020, {"compute": 0.020}, host_s=0.005, gpu_s=0.020)]
+    assert "--micro-batch-size" in knob_hint(kinds, 8) and "--micro-batch-size" in knob_hint(kinds)
+    one = knob_hint(kinds, 1)
+    assert "--micro-batch-size" not in one and "the distributed optimizer (no --fsdp)" in one

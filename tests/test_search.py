@@ -363,6 +363,15 @@ def test_no_fit_hint_names_the_cp_searched():
     line = no_fit_hint(res)
     assert "201.6 GiB against 134.4 GiB" in line and "1.50x the GPUs" in line and "--cp 8" in line
     assert "--cp" not in no_fit_hint(SimpleNamespace(**{**res.__dict__, "max_cp": 1}))
+    # every planned candidate refused, the budget leaving layouts unplanned: the hint says both, with the commonest
+    # refusal and its count
+    refused = [S.Candidate(planned[0].layout, 1.0, 0.0, {"error": "no partition fits"}) for _ in range(3)]
+    res2 = SimpleNamespace(planned=refused, memory_capacity_bytes=134.4 * 2**30, gpus=88, seq_len=4096, max_cp=1,
+                           pruned={"budget": 1284}, errors={"no partition fits": 2, "other": 1})
+    line = no_fit_hint(res2)
+    assert line.startswith("every planned candidate (3) was refused by the planner (most often, 2 of them: no "
+                           "partition fits); 1,284 layouts were left unplanned at the --max-plans budget"), line
+    assert "--gpus 176" in line
 
 
 def test_dense_model_rows_carry_no_moe_labels():
@@ -377,6 +386,9 @@ def test_dense_model_rows_carry_no_moe_labels():
     for word in ("dispatcher", "alltoall", "deepep", " ep "):
         assert word not in text, word
     assert "ep " not in res.ranked[0].layout.text(moe=False)
+    # with the model, the first layout's MFU line: a dense model has no published band, the bare percentage
+    mfu_line = next(ln for ln in format_search(res, 3, dense).splitlines() if ln.startswith("MFU of #1"))
+    assert mfu_line == f"MFU of #1 (simulated): {res.ranked[0].result['mfu']:.1%}"
     lay = S.Layout(4, 2, 16, 2, 4, 8, 1, "interleaved-overlapped", "none", "deepep", True)  # EP spans TP
     row = _row(1, S.Candidate(lay, 0.0, 0.0, {"iteration_time_s": 1.0, "tokens_per_s": 1.0, "mfu": 0.1,
                                                "bubble_fraction": 0.1, "peak_memory_gib": 1.0, "headroom_gib": 1.0}))

@@ -71,8 +71,9 @@ def _ms(x: float) -> str:
     return f"{v:+,.1f} ms" if abs(v) >= 0.1 else f"{v:+.2g} ms"
 
 
-def format_search(res, top: int) -> str:
-    """Readable text of a :class:`~tessera_lab.plan.search.SearchResult`: counts, the top table, the separations."""
+def format_search(res, top: int, model=None) -> str:
+    """Readable text of a :class:`~tessera_lab.plan.search.SearchResult`: counts, the top table, the first layout's
+    MFU against the published band of ``model``'s family (a ModelSpec; ``None``: no band line), the separations."""
     pr = res.pruned
     lines = [f"search {res.model} on {res.gpus} x {res.gpu}: sequence {res.seq_len:,}, global batch {res.global_batch} "
              f"sequences ({res.global_batch * res.seq_len:,} tokens); memory limit "
@@ -94,6 +95,10 @@ def format_search(res, top: int) -> str:
                  + ("ep N*: the EP group spans the TP ranks; dp: data-parallel replicas of one EP group (GPUs = "
                     "pp x dp x ep x tp x cp, tp once when EP spans it); " if moe else "")
                  + "DP (Megatron): GPUs / (tp x cp x pp), Megatron's --data-parallel size")
+    if model is not None:
+        from tessera_lab.report.headline import mfu_text
+
+        lines.append(f"MFU of #1 (simulated): {mfu_text(ranked[0].result['mfu'], moe=moe, model=model)}")
     for i, c in enumerate(ranked[1:], start=2):
         lines.append(f"#{i} against #1: {separation(ranked[0], c, moe)}")
     if res.errors:
@@ -114,9 +119,18 @@ def no_fit_hint(res) -> str:
     capacity, and the options that lower it (more GPUs, recompute, a shorter sequence)."""
     rows = [c.result for c in res.planned if c.result and "peak_memory_gib" in c.result]
     cap = res.memory_capacity_bytes / 2**30
+    left = (getattr(res, "pruned", None) or {}).get("budget", 0)
+    unplanned = (f"; {left:,} layouts were left unplanned at the --max-plans budget (a larger --max-plans plans "
+                 "them; they may fit)" if left else "")
     if not rows:
-        return (f"every candidate was refused by the planner; allowed: more GPUs (--gpus {res.gpus * 2}), a shorter "
-                f"--seq-len (below {res.seq_len}) or a smaller global batch")
+        errors = getattr(res, "errors", None) or {}
+        why = ""
+        if errors:
+            reason, n = max(errors.items(), key=lambda kv: kv[1])
+            why = f" (most often, {n} of them: {reason})"
+        return (f"every planned candidate ({len(res.planned)}) was refused by the planner{why}{unplanned}; allowed: "
+                f"more GPUs (--gpus {res.gpus * 2}), a shorter --seq-len (below {res.seq_len}) or a smaller global "
+                "batch")
     from tessera_lab.plan.search_space import CP_MIN_TOKENS
 
     light = min(r["peak_memory_gib"] for r in rows)
@@ -125,7 +139,7 @@ def no_fit_hint(res) -> str:
              f"{CP_MIN_TOKENS:,} tokens inside one NVLink domain)" if cp > 1 else "")
     return (f"the lightest planned layout peaks at {light:.1f} GiB against {cap:.1f} GiB; allowed: about "
             f"{light / cap:.2f}x the GPUs (--gpus {res.gpus * 2}), or a shorter --seq-len (below {res.seq_len})"
-            f"{tried}")
+            f"{tried}{unplanned}")
 
 
 def _progress():
@@ -164,7 +178,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if args.csv:
         _write_csv(res, args.csv)
     if args.csv != "-":
-        emit(args, res.as_dict(), format_search(res, args.top))
+        emit(args, res.as_dict(), format_search(res, args.top, model))
     if args.export:
         _export(res, args.export)
     return 0 if res.ranked else 2

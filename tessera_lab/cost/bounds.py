@@ -131,16 +131,17 @@ def layers_bounds(model, parallel, cluster, layers: Iterable[int], *, first: boo
     return stage_bounds(cm, [lt for lt in decompose(model, parallel, expert_load=expert_load) if lt.layer in wanted])
 
 
-def knob_hint(kinds: list[KindBound]) -> str | None:
+def knob_hint(kinds: list[KindBound], microbatches: int | None = None) -> str | None:
     """Why a knob may not move the stage: a line when Megatron FSDP's own-stream traffic outweighs the stage's compute
-    kinds together, or when the stage's largest compute kind is host-issue bound."""
+    kinds together, or when the stage's largest compute kind is host-issue bound. ``microbatches``: the plan's
+    micro-batch count (with one, fewer micro-batches are not an option and the line does not offer them)."""
     compute = [k for k in kinds if k.host_s > 0]
     side = next((k for k in kinds if k.kind == OWN_STREAM_KIND), None)
     if side is not None and (not compute or side.time_s >= sum(k.time_s for k in compute)):
+        fewer = ("" if microbatches == 1 else "fewer, larger micro-batches (--micro-batch-size) or ")
         return (f"{side.kind} take {side.time_s * 1e3:.1f} ms, more than the stage's compute kinds together "
-                f"({sum(k.time_s for k in compute) * 1e3:.1f} ms): they repeat every micro-batch, so fewer, larger "
-                "micro-batches (--micro-batch-size) or the distributed optimizer (no --fsdp) move this stage; a "
-                "compute knob barely does")
+                f"({sum(k.time_s for k in compute) * 1e3:.1f} ms): they repeat every micro-batch, so {fewer}the "
+                "distributed optimizer (no --fsdp) move this stage; a compute knob barely does")
     if compute and compute[0].bound == "host issue":
         k = compute[0]
         return (f"{k.kind} are host-issue bound ({k.host_s * 1e3:.1f} ms to issue their kernels, {k.gpu_s * 1e3:.1f} ms "

@@ -70,6 +70,9 @@ def solve(problem: PartitionProblem, method: str = "ilp", *, limit: float | IlpB
         reason = ("no ILP solver installed (highspy)" if available_solver() is None else
                   f"ILP too large: {ilp_size(problem)} > {ILP_MAX_SEGMENTS} segments"
                   if problem.vpp == 1 and ilp_size(problem) > ILP_MAX_SEGMENTS else None)
+        if reason and problem.vpp > 1:  # the DP sums adjacent stages only: no fallback for virtual stages
+            raise PartitionError(f"field 'vpp' = {problem.vpp} needs the ILP partitioner and {reason}; allowed: vpp 1, "
+                                 "or install highspy (a dependency of tessera-lab)")
         if reason:
             part = solve_dp(problem)
             part.method, part.solver = "ilp", f"dp ({reason})"
