@@ -12,7 +12,7 @@ fidelity set (nothing is fitted on them); the result is printed, never tuned to.
 the fitted host/sync term off (``--host-sync-ms 0``, :mod:`tessera_lab.cost.sync`), so a ranking the fitted term
 decides shows as such.
 
-Run: python benchmarks/bench_modelzoo_ranking.py [--json PATH]
+Run: python benchmarks/bench_modelzoo_ranking.py [--json PATH] [--markdown]
 """
 
 from __future__ import annotations
@@ -136,15 +136,60 @@ def _tau_b(x: list[float], y: list[float]) -> float:
     return (conc - disc) / den if den else float("nan")
 
 
+def evaluate() -> dict:
+    """Plan every layout with the fitted host/sync term and with it off: ``rows``, ``published_s``, ``agreement``,
+    ``rows_without_sync_term``, ``agreement_without_sync_term`` (the keys :func:`main` writes with ``--json``)."""
+    pub = published_times()
+    rows = {label: plan_one(argv) for label, (_, argv) in LAYOUTS.items()}
+    pred = {k: r["iteration_time_s"] for k, r in rows.items() if "error" not in r and r["fits"]}
+    off = {label: plan_one([*argv, "--host-sync-ms", "0"]) for label, (_, argv) in LAYOUTS.items() if label in pred}
+    pred_off = {k: r["iteration_time_s"] for k, r in off.items() if "error" not in r and r["fits"]}
+    return {"rows": rows, "published_s": pub, "agreement": rank_agreement(pred, pub), "rows_without_sync_term": off,
+            "agreement_without_sync_term": rank_agreement(pred_off, pub)}
+
+
+def markdown(res: dict) -> str:
+    """The table and agreement figures docs/search.md quotes ("The Megatron-MoE-ModelZoo Qwen3 table"), computed
+    from :func:`evaluate`'s result: per layout the options, peak memory (computed), predicted iteration (simulated)
+    with the fitted term and with it off, the published step (cited) and predicted / published; then both orders'
+    agreement."""
+    rows, pub, off = res["rows"], res["published_s"], res["rows_without_sync_term"]
+    out = ["| layout | options (after `--gpu H100 --seq-len 4096`) | peak GiB (computed) | predicted s (simulated) | "
+           "predicted s, host/sync term off | published s | predicted / published |", "|---|---|---|---|---|---|---|"]
+    for label, (_, argv) in LAYOUTS.items():
+        r, o = rows[label], off.get(label, {})
+        model, opts = argv[1], " ".join(argv[2:])
+        if "error" in r:
+            out.append(f"| {label} | {model} `{opts}` | cannot plan: {r['error']} | | | {pub.get(label)} | |")
+            continue
+        t_off = f"{o['iteration_time_s']:.2f}" if "iteration_time_s" in o else "-"
+        out.append(f"| {label} | {model} `{opts}` | {r['peak_gib']:.2f}{'' if r['fits'] else ' (does not fit)'} | "
+                   f"{r['iteration_time_s']:.2f} | {t_off} | {pub[label]:g} | {r['iteration_time_s'] / pub[label]:.2f} |")
+    a, b = res["agreement"], res["agreement_without_sync_term"]
+    fits = sum(1 for r in rows.values() if "error" not in r and r["fits"])
+    out += ["", f"{fits} of {len(rows)} layouts plan and fit. Rank agreement over {', '.join(a['layouts'])} "
+            f"(published ties within {TIE:.0%} agree with either order): {a['agree']} of {a['pairs']} pairs, "
+            f"Kendall's tau-b {a['kendall_tau_b']:.2f}; disagreeing: {', '.join(a['disagree']) or 'none'}; of those, "
+            f"predicted within {TIE:.0%} of each other: {', '.join(a['predicted_ties']) or 'none'}, so "
+            f"{a['agree_or_tied']} of {a['pairs']} pairs agree or are tied. With the fitted host/sync term off: "
+            f"{b['agree']} of {b['pairs']} pairs, Kendall's tau-b {b['kendall_tau_b']:.2f}; disagreeing: "
+            f"{', '.join(b['disagree']) or 'none'} (all computed)."]
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None, help="write the rows and the agreement here")
+    ap.add_argument("--markdown", action="store_true", help="print only the table of docs/search.md (markdown)")
     args = ap.parse_args()
-    print(f"load average before: {os.getloadavg()}")
-    pub = published_times()
-    rows = {}
-    for label, (_, argv) in LAYOUTS.items():
-        rows[label] = r = plan_one(argv)
+    load0 = os.getloadavg()
+    res = evaluate()
+    if args.markdown:
+        print(markdown(res))
+        return
+    print(f"load average before: {load0}")
+    pub, rows, agr, agr_off = res["published_s"], res["rows"], res["agreement"], res["agreement_without_sync_term"]
+    for label, r in rows.items():
         pt = pub.get(label)
         if "error" in r:
             print(f"{label}: cannot plan ({r['error']}); published {pt} s; planner CPU {r['cpu_s']:.1f} s")
@@ -152,16 +197,12 @@ def main() -> None:
             print(f"{label}: fits {r['fits']}, peak {r['peak_gib']:.2f} GiB (computed), iteration "
                   f"{r['iteration_time_s']:.2f} s (simulated), published {pt} s (data/published), ratio "
                   f"{r['iteration_time_s'] / pt:.2f}; planner CPU {r['cpu_s']:.1f} s")
-    pred = {k: r["iteration_time_s"] for k, r in rows.items() if "error" not in r and r["fits"]}
-    agr = rank_agreement(pred, pub)
     print(f"rank agreement over {agr['layouts']}: {agr['agree']} of {agr['pairs']} pairs (published ties within "
           f"{TIE:.0%} agree with any order); disagreeing pairs {agr['disagree'] or 'none'}; Kendall tau-b "
           f"{agr['kendall_tau_b']:.2f} (computed); of the disagreeing pairs, predicted within {TIE:.0%} of each "
           f"other (a tie in the prediction): {agr['predicted_ties'] or 'none'}, so {agr['agree_or_tied']} of "
           f"{agr['pairs']} pairs agree or are tied (computed)")
-    off = {label: plan_one([*argv, "--host-sync-ms", "0"]) for label, (_, argv) in LAYOUTS.items() if label in pred}
-    pred_off = {k: r["iteration_time_s"] for k, r in off.items() if "error" not in r and r["fits"]}
-    agr_off = rank_agreement(pred_off, pub)
+    pred_off = {k: r["iteration_time_s"] for k, r in res["rows_without_sync_term"].items() if "error" not in r and r["fits"]}
     print("with the fitted host/sync term off (--host-sync-ms 0): " + ", ".join(
         f"{k} {v:.2f} s" for k, v in pred_off.items()) + f" (simulated); {agr_off['agree']} of {agr_off['pairs']} "
           f"pairs agree, disagreeing {agr_off['disagree'] or 'none'}, Kendall tau-b {agr_off['kendall_tau_b']:.2f} "
@@ -169,8 +210,7 @@ def main() -> None:
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "published_s": pub, "agreement": agr, "rows_without_sync_term": off,
-                       "agreement_without_sync_term": agr_off}, f, indent=1)
+            json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":

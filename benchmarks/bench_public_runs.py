@@ -14,8 +14,8 @@ file whose split disagrees is refused. The headline (``HEADLINE`` line, ``summar
 ``test_max_abs_error``) is the test set's; target: median <= 15%, no test run beyond 35%; a miss stays printed.
 
 Host/synchronisation term (:mod:`tessera_lab.cost.sync`, basis cited there): ``c`` seconds per MoE layer forward
-and micro-batch, one value per syncing dispatcher (``alltoall``, ``deepep``), which the planner itself applies (0
-under the combined-1F1B EP overlap). The fit plans every run with the planner's term off (``host_sync_s = 0``) and
+and micro-batch, one value per syncing dispatcher (``alltoall``, ``deepep``), which the planner itself applies (to every
+forward run apart; hidden in the forwards the combined-1F1B EP overlap pairs with a backward). The fit plans every run with the planner's term off (``host_sync_s = 0``) and
 takes, per dispatcher, the median over the fit set's runs the term applies to (EP > 1, that dispatcher, no EP
 overlap) of the per-layer seconds that close each run's gap (published - planned iteration over the busiest rank's
 MoE layers x ``(m + (pp - 1) / vpp)``); then every run is planned again by the planner with its dispatcher's
@@ -232,7 +232,7 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
     b = ev.partition.boundaries
     for v in range(len(b) - 1):  # Megatron's interleaving: virtual stage v on rank v % pp
         moe_per_rank[v % par.pp] += sum(1 for i in range(b[v], b[v + 1]) if model.stack.layers[i].ffn == "moe")
-    from tessera_lab.cost.sync import per_layer_needed_s, planner_per_layer_s
+    from tessera_lab.cost.sync import host_waits_per_layer, per_layer_needed_s, planner_per_layer_s
     from tessera_lab.report.fidelity_set import published_iteration_s
 
     published_s, basis = published_iteration_s(run, plan.model_flops)
@@ -240,7 +240,8 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
     published_tokens = run["gbs"] * run["seq_len"] / (published_s * run["gpus"])
 
     return {
-        "host_sync_per_layer_s": planner_per_layer_s(par),
+        "host_sync_per_layer_s": planner_per_layer_s(par, model=model),
+        "host_waits_per_layer": host_waits_per_layer(par, model),
         "moe_layers_per_rank": moe_per_rank, "iteration_published_s": published_s,
         "sync_needed_per_layer_s": per_layer_needed_s(published_s, ev.iteration_time_s, moe_per_rank,
                                                       par.microbatches, par.pp, par.vpp),
@@ -273,8 +274,8 @@ def fit_ids_of(rows: list[dict]) -> list[str]:
 
 def apply_sync_term(rows: list[dict], runs: dict[str, dict], c: dict[str, float] | None = None) -> dict:
     """Fit the per-MoE-layer host/sync seconds ``c`` per dispatcher (:mod:`tessera_lab.cost.sync`) on the fit set's
-    runs to which the planner's rule gives the term (EP > 1, a dispatcher that waits on host counts, no EP
-    overlap), from ``rows`` planned with the planner's term off (``predict(run, 0)``: the fit never sees its own
+    runs whose every forward carries the planner's term (EP > 1, a dispatcher that waits on host counts, no EP
+    overlap: :func:`~tessera_lab.cost.sync.fully_exposed`), from ``rows`` planned with the planner's term off (``predict(run, 0)``: the fit never sees its own
     term): per dispatcher, the median of the runs' :func:`~tessera_lab.cost.sync.per_layer_needed_s`. With ``c``
     given (dispatcher -> seconds), use it as it is (no fit: ``--runs FILE``). Then re-plan every run whose layout
     the rule gives a non-zero term through the planner with its dispatcher's ``c`` (``ParallelConfig.host_sync_s``);
@@ -285,17 +286,17 @@ def apply_sync_term(rows: list[dict], runs: dict[str, dict], c: dict[str, float]
     Raises:
         ValueError: a row planned with the term on (the fit would be circular).
     """
-    from tessera_lab.cost.sync import BASIS, SYNC_DISPATCHERS, fit_per_layer_s, planner_per_layer_s
+    from tessera_lab.cost.sync import BASIS, SYNC_DISPATCHERS, fit_per_layer_s, fully_exposed, planner_per_layer_s
 
     if any(r.get("host_sync_per_layer_s", 0.0) for r in rows):
         raise ValueError("apply_sync_term fits on rows planned with the host/sync term off (predict(run, 0.0))")
     fit_ids = fit_ids_of(rows)
     by = {r["id"]: r for r in rows}
-    used = [by[i] for i in fit_ids if planner_per_layer_s(parallel_for(runs[i], 1.0)[0]) > 0]
+    used = [by[i] for i in fit_ids if fully_exposed(parallel_for(runs[i], 1.0)[0])]
     fitted = c is None
     if fitted:  # per dispatcher, the median per-layer gap over its fit runs (the estimator fixed on the fit set)
-        c = {d: fit_per_layer_s([r["sync_needed_per_layer_s"] for r in used if r["parallel"]["dispatcher"] == d])
-             for d in SYNC_DISPATCHERS}
+        c = {d: fit_per_layer_s([r["sync_needed_per_layer_s"] / r["host_waits_per_layer"] for r in used
+                                 if r["parallel"]["dispatcher"] == d]) for d in SYNC_DISPATCHERS}
     for r in rows:
         off = {"error_without_sync": r["error"], "iteration_without_sync_s": r["iteration_time_s"],
                "sync_needed_per_layer_s": r["sync_needed_per_layer_s"]}
@@ -574,23 +575,27 @@ LOAD_IDS = ("mz/qwen3-235b-a22b/256xH100/bf16/seq16k-tp4-pp8-vp4-ep8-forced-bala
 def reading_figures(rows: list[dict]) -> dict[str, float]:
     """The figures the reading of the per-run table quotes (docs/reproduce.md, docs/fidelity.md), computed from
     ``rows`` after :func:`apply_sync_term` (errors as fractions, ``error = published / predicted - 1``; seconds;
-    counts as floats). "Term applies": the planner gave the run a non-zero ``host_sync_per_layer_s``; reference
-    rows are in no count.
+    counts as floats). "Every forward carries the term": the planner gave the run a non-zero
+    ``host_sync_per_layer_s`` and its schedule pairs no forward with a backward (no EP overlap,
+    :func:`~tessera_lab.cost.sync.fully_exposed`); reference rows are in no count.
 
-    Keys: ``term.runs`` / ``term.too-fast-without``: fit and test runs the term applies to, and of them those whose
-    error without the term is > 0 (predicted too fast); ``deepep.test.{n,min,max,median-abs}``: the ``deepep`` test
-    runs the term applies to, their error with it; ``qwen3-alltoall.test.{n,min,max,without-min,without-max}``: the
-    Qwen3 ``alltoall`` test runs the term applies to, with and without it; ``pair.plain`` / ``pair.overlap``: the
-    errors of :data:`PAIR_IDS`; ``load.{published,predicted}.{forced,dropless}`` (s) and ``load.{published,
-    predicted}.slowdown`` (dropless / forced - 1) of :data:`LOAD_IDS`; ``test.beyond-target`` /
-    ``test.beyond-target.term-zero``: test runs with |error| above :data:`TARGET_MAX`, and of them those the term
-    does not apply to.
+    Keys: ``term.runs`` / ``term.too-fast-without``: fit and test runs whose every forward carries the term, and of
+    them those whose error without the term is > 0 (predicted too fast); ``deepep.test.{n,min,max,median-abs}``: the
+    ``deepep`` test runs whose every forward carries it, their error with it;
+    ``qwen3-alltoall.test.{n,min,max,without-min,without-max}``: the Qwen3 ``alltoall`` test runs whose every forward
+    carries it, with and without it; ``pair.plain`` / ``pair.overlap``: the errors of :data:`PAIR_IDS`;
+    ``load.{published,predicted}.{forced,dropless}`` (s) and ``load.{published,predicted}.slowdown`` (dropless /
+    forced - 1) of :data:`LOAD_IDS`; ``test.beyond-target`` / ``test.beyond-target.ep-overlap``: test runs with
+    |error| above :data:`TARGET_MAX`, and of them those planned with an EP-overlap schedule.
 
     Raises:
         KeyError: a row of :data:`PAIR_IDS` or :data:`LOAD_IDS` is missing (a runs file without them).
     """
+    from tessera_lab.cost.sync import EP_OVERLAP_SCHEDULES
+
     counted = [r for r in rows if r["split"] in ("fit", "test")]
-    term = [r for r in counted if r["host_sync_per_layer_s"] > 0]
+    overlap = {r["id"] for r in counted if r["parallel"].get("schedule") in EP_OVERLAP_SCHEDULES}
+    term = [r for r in counted if r["host_sync_per_layer_s"] > 0 and r["id"] not in overlap]
     deepep = [r for r in term if r["split"] == "test" and r["parallel"]["dispatcher"] == "deepep"]
     a2a = [r for r in term if r["split"] == "test" and r["parallel"]["dispatcher"] == "alltoall"
            and r["id"].startswith(("qwen3", "mz/qwen3"))]
@@ -614,7 +619,7 @@ def reading_figures(rows: list[dict]) -> dict[str, float]:
         "load.published.slowdown": p["dropless"] / p["forced"] - 1.0,
         "load.predicted.slowdown": t["dropless"] / t["forced"] - 1.0,
         "test.beyond-target": float(len(beyond)),
-        "test.beyond-target.term-zero": float(sum(r["host_sync_per_layer_s"] == 0 for r in beyond)),
+        "test.beyond-target.ep-overlap": float(sum(r["id"] in overlap for r in beyond)),
     }
 
 
@@ -628,7 +633,7 @@ def evaluate(files: list | None = None, split: str | None = None, out=sys.stderr
     Raises:
         tessera_lab.errors.ConfigError: a runs file that cannot be used (``load_runs``).
     """
-    from tessera_lab.cost.sync import FITTED_PER_LAYER_S
+    from tessera_lab.cost.sync import FITTED_PER_WAIT_S
     from tessera_lab.report.fidelity_set import load_runs
 
     runs, sources = load_runs(files or [ROOT / "data" / "published" / f for f in DEFAULT_FILES])
@@ -641,7 +646,7 @@ def evaluate(files: list | None = None, split: str | None = None, out=sys.stderr
         except Exception as exc:  # noqa: BLE001 - a benchmark prints what failed and goes on
             print(f"{run['id']}: not planned: {exc}", file=out)
     shipped = bool(files) or split in ("test", "reference")  # no fit rows to fit on: the shipped values
-    sync = apply_sync_term(rows, {r["id"]: r for r in runs}, dict(FITTED_PER_LAYER_S) if shipped else None)
+    sync = apply_sync_term(rows, {r["id"]: r for r in runs}, dict(FITTED_PER_WAIT_S) if shipped else None)
     return runs, rows, sync, summary(rows, sync), sources
 
 

@@ -389,7 +389,7 @@ def _cost_model() -> dict[str, float]:
     host-sync term of ``cost.sync``), its worked host-issue example (Qwen3-30B-A3B FP8 expert forward on EP 16:
     8 local experts x 2 GEMM shapes x (1 + 3 + 3/m) kernels, computed here by that formula from the data file's
     kernel counts) and the published MFU bands of the default model (``report.headline.published_mfu_band``)."""
-    from tessera_lab.cost.sync import FITTED_PER_LAYER_S
+    from tessera_lab.cost.sync import FITTED_PER_WAIT_S
     from tessera_lab.report.headline import published_mfu_band
 
     data = json.loads((ROOT / "data" / "hardware" / "cost_model.json").read_text())
@@ -407,8 +407,8 @@ def _cost_model() -> dict[str, float]:
         "fp8-cast-bytes": v["fp8_cast_bytes_per_element"], "kernel-launch-us": v["kernel_launch_s"] * 1e6,
         "host-us-per-kernel": v["host_s_per_kernel"] * 1e6, "fp8-quantize-kernels": q,
         "memory-reserve-gib": v["memory_reserve_gib"],
-        "host-sync-ms.alltoall": FITTED_PER_LAYER_S["alltoall"] * 1e3,
-        "host-sync-ms.deepep": FITTED_PER_LAYER_S["deepep"] * 1e3,
+        "host-sync-ms.alltoall": FITTED_PER_WAIT_S["alltoall"] * 1e3,
+        "host-sync-ms.deepep": FITTED_PER_WAIT_S["deepep"] * 1e3,
         "example.kernels-m32": kernels(32), "example.kernels-m1": kernels(1),
         "example.host-ms-m32": kernels(32) * v["host_s_per_kernel"] * 1e3,
         "band.tessera-lo": bands["tessera"]["lo"], "band.tessera-hi": bands["tessera"]["hi"],
@@ -491,6 +491,17 @@ def _reproduce_markdown() -> str:
     return claims_markdown(_REPRODUCE[0])
 
 
+def _modelzoo_markdown() -> str:
+    """The Megatron-MoE-ModelZoo Qwen3 table of docs/search.md: ``python benchmarks/bench_modelzoo_ranking.py
+    --markdown`` (twelve plans, about 12 CPU s)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_modelzoo_ranking as bench
+    finally:
+        sys.path.pop(0)
+    return bench.markdown(bench.evaluate())
+
+
 PROBES: dict[str, Callable[[], dict[str, float]]] = {
     "default-plan": _default_plan,
     "knobs": _knobs,
@@ -502,9 +513,10 @@ PROBES: dict[str, Callable[[], dict[str, float]]] = {
     "zb-auto": _zb_auto,
     "context-parallel": _context_parallel,
     "reproduce": dict,  # no figure of its own: its block (``reproduce.verdicts``) is the whole output
+    "modelzoo": dict,  # likewise: its block (``modelzoo.table``)
 }
 #: probes whose runs take tens of CPU seconds (the fast test suite leaves them to the slow one)
-SLOW_PROBES = ("reproduce",)
+SLOW_PROBES = ("reproduce", "modelzoo")
 
 
 #: generated block id -> (the probe whose run it shares, the command that prints the same text, the function
@@ -513,6 +525,7 @@ BLOCKS: dict[str, tuple[str, str, Callable[[], str]]] = {
     "public-runs.table": ("public-runs-table", "python benchmarks/bench_public_runs.py --markdown",
                           _public_runs_markdown),
     "reproduce.verdicts": ("reproduce", "tessera-lab reproduce --out DIR --quick --markdown", _reproduce_markdown),
+    "modelzoo.table": ("modelzoo", "python benchmarks/bench_modelzoo_ranking.py --markdown", _modelzoo_markdown),
 }
 
 

@@ -76,6 +76,15 @@ def test_reproduce_verdicts_block_matches_a_fresh_run():
                         for ln in rows), rows
 
 
+@pytest.mark.slow
+def test_modelzoo_block_matches_a_fresh_run():
+    """docs/search.md's ModelZoo table and its agreement figures are what ``bench_modelzoo_ranking.py --markdown``
+    prints now (twelve plans)."""
+    texts, bad = claims.rerun_blocks(["modelzoo"])
+    assert not bad, "\n".join(bad)
+    assert texts["modelzoo.table"].startswith("| layout | options")
+
+
 def test_a_generated_block_is_checked_and_rewritten(monkeypatch, tmp_path):
     table = "| a |\n|---|\n| 1 |\n"
     monkeypatch.setitem(claims.BLOCKS, "t.table", ("default-plan", "echo table", lambda: table))

@@ -29,11 +29,12 @@ def _main(argv, capsys):
 
 @pytest.fixture(scope="module")
 def olmoe_plan(tmp_path_factory):
-    """A plan JSON of olmoe-1b-7b (pp 8 x ep 8 = 64 GPUs on 8 nodes), written by ``tessera-lab plan``."""
+    """A plan JSON of olmoe-1b-7b (pp 8 x ep 8 = 64 GPUs on 8 nodes), written by ``tessera-lab plan``; host/sync
+    term off, where the chosen partition differs from the uniform baseline's (a case below needs that)."""
     from tessera_lab.cli.main import main
 
     path = tmp_path_factory.mktemp("plan") / "olmoe.json"
-    assert main(["plan", "--model", "olmoe-1b-7b", "--json", str(path)]) == 0
+    assert main(["plan", "--model", "olmoe-1b-7b", "--host-sync-ms", "0", "--json", str(path)]) == 0
     return json.loads(path.read_text())
 
 

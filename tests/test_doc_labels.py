@@ -20,7 +20,7 @@ def test_a_fitted_value_is_never_named_unfitted():
     hits = 0
     for page in DOCS.glob("*.md"):
         for para in _paragraphs(page.read_text()):
-            if "claim:cost.host-sync-ms" in para or "FITTED_PER_LAYER_S" in para:
+            if "claim:cost.host-sync-ms" in para or "FITTED_PER_WAIT_S" in para:
                 hits += 1
                 assert re.search(r"fitted", para, re.I), (page.name, para[:120])
                 assert not UNFITTED.search(para), (page.name, para[:200])
@@ -69,9 +69,9 @@ def test_every_quote_of_the_fitted_sync_values_says_fitted():
     # wherever a page quotes one of the planner's fitted host/sync values (as `plan --help` prints them), the text
     # around the quote (400 characters before, 100 after, within its paragraph) says the value is fitted, and the
     # paragraph never says it is not
-    from tessera_lab.cost.sync import FITTED_PER_LAYER_S
+    from tessera_lab.cost.sync import FITTED_PER_WAIT_S
 
-    quotes = [f"{v * 1e3:.2f} ms" for v in FITTED_PER_LAYER_S.values()]
+    quotes = [f"{v * 1e3:.2f} ms" for v in FITTED_PER_WAIT_S.values()]
     hits = 0
     for page in [DOCS.parent / "README.md", *DOCS.glob("*.md")]:
         for para in _paragraphs(page.read_text()):

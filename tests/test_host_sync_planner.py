@@ -62,22 +62,24 @@ def test_capacity_report_puts_it_in_runtime_overhead(small):
 def test_default_is_the_fitted_value_and_the_rule_where_it_is_zero(small):
     # default (None): the dispatcher's fitted value, with its provenance in the note
     on = _plan(small)
-    fitted = sync.FITTED_PER_LAYER_S[on.parallel.dispatcher]
+    fitted = sync.FITTED_PER_WAIT_S[on.parallel.dispatcher]
     assert on.chosen.stages[0].host_sync_s == pytest.approx(8 * fitted)
-    assert any("fitted per dispatcher on the fit set of the published runs" in n for n in on.notes)
+    assert any("fitted per dispatcher and host wait on the fit set of the published runs" in n for n in on.notes)
     base = ParallelConfig(ep=8, schedule="1f1b", dispatcher="alltoall")
-    assert sync.planner_per_layer_s(base) == sync.FITTED_PER_LAYER_S["alltoall"]
+    assert sync.planner_per_layer_s(base) == sync.FITTED_PER_WAIT_S["alltoall"]
     # DeepEP's normal mode waits too, with its own fitted value (less host work behind its wait)
-    assert sync.planner_per_layer_s(base.replace(dispatcher="deepep")) == sync.FITTED_PER_LAYER_S["deepep"]
-    assert sync.FITTED_PER_LAYER_S["deepep"] < sync.FITTED_PER_LAYER_S["alltoall"]
+    assert sync.planner_per_layer_s(base.replace(dispatcher="deepep")) == sync.FITTED_PER_WAIT_S["deepep"]
     assert sync.planner_per_layer_s(base.replace(host_sync_s=2e-3, dispatcher="deepep")) == 2e-3  # one value for any
     assert sync.planner_per_layer_s(base.replace(host_sync_s=0.0)) == 0.0
     assert sync.planner_per_layer_s(base.replace(ep=1)) == 0.0
     assert sync.planner_per_layer_s(base, analytic=False) == 0.0  # a measured profile holds what the device does
+    # the term belongs to the forward, whatever the schedule; only fully exposed where nothing pairs forwards
     for sched in ("overlapped", "interleaved-overlapped"):
-        assert sync.planner_per_layer_s(base.replace(schedule=sched)) == 0.0
-    # the default plan (overlapped) carries none
-    assert _plan(small, schedule="overlapped").chosen.stages[0].host_sync_s == 0.0
+        assert sync.planner_per_layer_s(base.replace(schedule=sched)) == sync.FITTED_PER_WAIT_S["alltoall"]
+        assert not sync.fully_exposed(base.replace(schedule=sched))
+    assert sync.fully_exposed(base) and not sync.fully_exposed(base.replace(host_sync_s=0.0))
+    # the default plan (overlapped) carries it in its forwards: a forward run apart waits
+    assert _plan(small, schedule="overlapped").chosen.stages[0].host_sync_s == pytest.approx(8 * fitted)
     with pytest.raises(ConfigError, match="field 'host_sync_s'"):
         ParallelConfig(host_sync_s=-1e-3)
 
@@ -115,15 +117,22 @@ def test_saved_plan_reloads_with_its_term(small):
 
 
 def test_auto_table_shows_what_the_term_adds_per_schedule(small):
-    # one stage, 4 micro-batches, 8 MoE layers: the term adds 4 x 8 x c to 1f1b (and gpipe), 0 to overlapped; the
+    # one stage, 4 micro-batches, 8 MoE layers: the term adds 4 x 8 x c to 1f1b (and gpipe), 1 x 8 x c to overlapped
+    # (its one warm-up forward); the
     # plan records it (host_sync_added_s) and the auto trials carry it beside each iteration
     one = _plan(small, host_sync_s=C)
     assert one.host_sync_added_s == pytest.approx(4 * 8 * C, rel=1e-9)
-    assert _plan(small, host_sync_s=C, schedule="overlapped").host_sync_added_s == 0.0
+    # overlapped 1F1B on one stage: min(2 (p - 1 - s) + 1, m) = 1 warm-up forward runs apart and carries the term,
+    # the 3 forwards paired with a backward hide it: 1 x 8 x c; with one micro-batch nothing pairs: 1 x 8 x c too
+    assert _plan(small, host_sync_s=C, schedule="overlapped").host_sync_added_s == pytest.approx(8 * C, rel=1e-9)
+    assert _plan(small, host_sync_s=C, schedule="overlapped", microbatches=1).host_sync_added_s == pytest.approx(
+        8 * C, rel=1e-9)
+    assert _plan(small, host_sync_s=C, microbatches=1).host_sync_added_s == pytest.approx(8 * C, rel=1e-9)
     auto = make_plan(small, ParallelConfig(pp=1, ep=8, microbatches=4, seq_len=1024, schedule="auto", host_sync_s=C),
                      method="uniform", baselines=())
     by = {t["schedule"]: t for t in auto.schedule_trials if "iteration_time_s" in t}
-    assert by["1f1b"]["host_sync_s"] == pytest.approx(4 * 8 * C, rel=1e-9) and by["overlapped"]["host_sync_s"] == 0.0
+    assert by["1f1b"]["host_sync_s"] == pytest.approx(4 * 8 * C, rel=1e-9)
+    assert by["overlapped"]["host_sync_s"] == pytest.approx(8 * C, rel=1e-9)
     from tessera_lab.cli.plan import format_plan
 
     text = format_plan(auto)

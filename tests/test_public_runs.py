@@ -217,7 +217,7 @@ def test_sync_term_fit_is_the_shipped_constant():
     # set now, and it names that fit set; no fit run is a test run
     import statistics
 
-    from tessera_lab.cost.sync import FIT_SET, FITTED_PER_LAYER_S
+    from tessera_lab.cost.sync import FIT_SET, FITTED_PER_WAIT_S
 
     import pytest
 
@@ -229,16 +229,18 @@ def test_sync_term_fit_is_the_shipped_constant():
     by = {r["id"]: r for r in rows}
     for d, ids in FIT_SET.items():
         c = fit["per_layer_s"][d]
-        assert abs(c - FITTED_PER_LAYER_S[d]) < 0.01e-3, (d, c)
+        assert abs(c - FITTED_PER_WAIT_S[d]) < 0.01e-3, (d, c)
         assert tuple(fit["fit_runs_used"][d]) == ids and all(runs[i]["split"] == "fit" for i in ids)
         assert all(runs[i]["dispatcher"] == d for i in ids)
-        # the fit is the median of what each used run needs (per_layer_needed_s), worked out here from the rows
-        assert c == pytest.approx(statistics.median(by[i]["sync_needed_per_layer_s"] for i in ids), rel=1e-12)
-    # the predictions come from the planner with the dispatcher's c: c without EP overlap, 0 under it
+        # the fit is the median of what each used run needs per host wait (per_layer_needed_s over the run's
+        # host_waits_per_layer), worked out here from the rows
+        assert c == pytest.approx(statistics.median(by[i]["sync_needed_per_layer_s"] / by[i]["host_waits_per_layer"]
+                                                    for i in ids), rel=1e-12)
+    # the predictions come from the planner with the dispatcher's c per host wait, whatever the schedule (an
+    # EP-overlap schedule hides it only in the forwards it pairs)
     for r in rows:
-        overlap = r["parallel"]["schedule"] in ("overlapped", "interleaved-overlapped")
         c = fit["per_layer_s"][r["parallel"]["dispatcher"]]
-        assert r["host_sync_per_layer_s"] == (0.0 if overlap else c), r["id"]
+        assert r["host_sync_per_layer_s"] == pytest.approx(c * r["host_waits_per_layer"], rel=1e-12), r["id"]
     # one-stage Qwen3-30B-A3B on 16 H100 (48 MoE layers, m 64, DeepEP): the planner adds 64 x 48 x c to the iteration
     q = by["qwen3-30b-a3b/16xH100/fp8/ep16"]
     c = fit["per_layer_s"]["deepep"]
@@ -314,12 +316,12 @@ def test_components_table_needed_by_hand():
     assert last[-2:] == ["+2.50", "+0.50"]
 
 
-def _row(rid, split, dispatcher, published, predicted, without, term):
+def _row(rid, split, dispatcher, published, predicted, without, term, schedule="interleaved"):
     """A hand-made row of the shape ``apply_sync_term`` leaves (error = published / predicted - 1)."""
     return {"id": rid, "source_family": "fam", "split": split, "published": {"iteration_s": published},
             "predicted": {"iteration_s": predicted}, "iteration_time_s": predicted,
             "error": published / predicted - 1.0, "error_without_sync": without, "host_sync_per_layer_s": term,
-            "parallel": {"dispatcher": dispatcher}}
+            "parallel": {"dispatcher": dispatcher, "schedule": schedule}}
 
 
 def test_markdown_table_and_reading_figures_by_hand():
@@ -331,13 +333,15 @@ def test_markdown_table_and_reading_figures_by_hand():
             _row("mz/qwen3-y/b", "test", "alltoall", 8.0, 10.0, 0.30, 0.01),    # -0.20
             _row("gpt-oss/c", "test", "alltoall", 11.0, 10.0, 0.60, 0.01),      # +0.10, not a Qwen3 run
             _row(pair[0], "test", "deepep", 9.0, 10.0, 0.20, 0.004),           # -0.10
-            _row(pair[1], "test", "deepep", 14.5, 10.0, 0.45, 0.0),            # +0.45, EP overlap: no term
+            _row(pair[1], "test", "deepep", 14.5, 10.0, 0.45, 0.004,           # +0.45, EP overlap: the term only
+                 "interleaved-overlapped"),                                    # in forwards run apart
             _row(load[0], "test", "deepep", 11.0, 10.0, 0.30, 0.004),          # +0.10
             _row(load[1], "test", "deepep", 13.2, 10.5, 0.50, 0.004),          # 13.2 / 10.5 - 1 = +0.2571
             _row("fit/d", "fit", "deepep", 10.2, 10.0, -0.05, 0.004),          # +0.02, too slow without the term
             _row("ref/e", "reference", "alltoall", 19.0, 10.0, 0.90, 0.01)]    # in no count
     f = bench.reading_figures(rows)
-    # the term applies to 7 fit/test rows (a, b, c, pair[0], both load rows, d); 6 of them are too fast without it
+    # every forward carries the term in 7 fit/test rows (a, b, c, pair[0], both load rows, d; not pair[1], EP overlap);
+    # 6 of them are too fast without it
     assert (f["term.runs"], f["term.too-fast-without"]) == (7, 6)
     # deepep test rows with the term: -0.10, +0.10, +0.2571 -> median |error| 0.10
     assert f["deepep.test.n"] == 3 and f["deepep.test.min"] == pytest.approx(-0.10)
@@ -350,8 +354,8 @@ def test_markdown_table_and_reading_figures_by_hand():
     assert (f["load.published.forced"], f["load.published.dropless"]) == (11.0, 13.2)
     assert (f["load.predicted.forced"], f["load.predicted.dropless"]) == (10.0, 10.5)
     assert f["load.published.slowdown"] == pytest.approx(0.2) and f["load.predicted.slowdown"] == pytest.approx(0.05)
-    # test rows beyond 35%: a (-0.40) and pair[1] (+0.45, no term); e is a reference row
-    assert (f["test.beyond-target"], f["test.beyond-target.term-zero"]) == (2, 1)
+    # test rows beyond 35%: a (-0.40) and pair[1] (+0.45, EP overlap); e is a reference row
+    assert (f["test.beyond-target"], f["test.beyond-target.ep-overlap"]) == (2, 1)
     table = bench.markdown_table(rows[:1]).splitlines()
     assert table == ["| run | source family | split | published s | predicted s | error | error without the term | "
                      "dispatcher |", "|---|---|---|---|---|---|---|---|",

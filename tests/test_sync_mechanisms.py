@@ -9,13 +9,27 @@ from tessera_lab.errors import ConfigError
 
 
 def test_sync_term_by_hand():
-    # hidden under the combined-1F1B EP overlap, c otherwise
-    assert sync.sync_exposed_per_layer_s("overlapped", 4e-3) == 0.0
-    assert sync.sync_exposed_per_layer_s("interleaved-overlapped", 4e-3) == 0.0
-    assert sync.sync_exposed_per_layer_s("1f1b", 4e-3) == 4e-3
-    with pytest.raises(ConfigError, match="field 'c_s'"):
-        sync.sync_exposed_per_layer_s("1f1b", -1.0)
-    # pp 1 (Qwen3-30B-A3B on 16 H100): 48 MoE layers x 64 micro-batches x 4 ms = 12.288 s
+    # c for every schedule (a paired forward hides it through the pair's makespan, not through this value)
+    from tessera_lab.model.hardware import ParallelConfig
+
+    base = ParallelConfig(ep=8, schedule="1f1b", dispatcher="alltoall", host_sync_s=4e-3)
+    for sched in ("1f1b", "overlapped", "interleaved-overlapped"):
+        assert sync.planner_per_layer_s(base.replace(schedule=sched)) == 4e-3
+    # host waits per MoE layer and micro-batch, read from Megatron-Core's code paths (cost/sync.py): the dispatcher's
+    # wait, again where the MoE block is recomputed; GPT-OSS's clamped GLU activation waits at every call, again where
+    # the activation is recomputed (moe_act is in Megatron's default selective set)
+    from types import SimpleNamespace
+
+    gpt_oss, qwen = SimpleNamespace(model_type="gpt_oss"), SimpleNamespace(model_type="qwen3_moe")
+    cases = [("none", (), 1, 2), ("selective", (), 1, 3), ("selective", ("moe_act",), 1, 3),
+             ("selective", ("layernorm",), 1, 2), ("selective", ("moe",), 2, 4), ("full", (), 2, 4)]
+    for rc, mods, want_qwen, want_oss in cases:
+        par = base.replace(recompute=rc, recompute_modules=mods)
+        assert sync.host_waits_per_layer(par, qwen) == want_qwen, (rc, mods)
+        assert sync.host_waits_per_layer(par, gpt_oss) == want_oss, (rc, mods)
+        assert sync.host_waits_per_layer(par) == want_qwen  # no model: the dispatcher's waits only
+        assert sync.planner_per_layer_s(par, model=gpt_oss) == pytest.approx(4e-3 * want_oss)
+    # iteration_sync_s: every forward carries it (1F1B / interleaved: m + (pp - 1) / vpp stage slots)
     assert sync.iteration_sync_s([48], 64, 1, 1, 4e-3) == pytest.approx(48 * 64 * 4e-3)
     # pp 8, vpp 4, m 128, busiest rank 8 MoE layers: 8 x 1 ms x (128 + 7 / 4) = 1.038 s
     assert sync.iteration_sync_s([8, 7, 8, 8], 128, 8, 4, 1e-3) == pytest.approx(8e-3 * (128 + 7 / 4))

@@ -333,13 +333,15 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                    default=None, metavar="X",
                    help="busiest EP rank's tokens over the mean (>= 1; default: expected busiest rank of a "
                         "balanced random router)")
-    from tessera_lab.cost.sync import FITTED_PER_LAYER_S, FITTED_PROVENANCE
+    from tessera_lab.cost.sync import FITTED_PER_WAIT_S, FITTED_PROVENANCE
 
     p.add_argument("--host-sync-ms", type=float_in("host_sync_ms", 0.0, 1e5, allowed="milliseconds, 0 to 100000"),
                    default=None, metavar="MS",
-                   help="host/device sync exposed per MoE layer forward and micro-batch, in ms, where the dropless EP "
-                        "dispatch waits on the host (EP > 1, schedules without EP overlap, analytic costs; "
-                        "default per dispatcher: " + ", ".join(f"{d} {v * 1e3:.2f}" for d, v in FITTED_PER_LAYER_S.items())
+                   help="host/device sync exposed per host wait of a MoE layer and micro-batch, in ms, where the dropless "
+                        "EP dispatch waits on the host (EP > 1, analytic costs; one wait per MoE layer, run again "
+                        "where the MoE block is recomputed; GPT-OSS's expert activation waits too; every forward run "
+                        "apart carries it, a forward an EP-overlap schedule pairs with a backward hides it; "
+                        "default per dispatcher: " + ", ".join(f"{d} {v * 1e3:.2f}" for d, v in FITTED_PER_WAIT_S.items())
                         + f", {FITTED_PROVENANCE}; 0 turns it off)")
     add_model_knobs(p)
 

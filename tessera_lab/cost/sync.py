@@ -1,4 +1,4 @@
-"""Host/device synchronisation per MoE layer: the time eager Megatron-Core exposes when the host waits on the GPU.
+"""Host/device synchronisation of MoE layers: the time eager Megatron-Core exposes when the host waits on the GPU.
 
 Basis (Megatron-Core's MoE code paths, ``NVIDIA/Megatron-LM`` commit ``bed33f89945f41ae792d7b36a0d770b00f61ed42``,
 ``megatron/core/transformer/moe/token_dispatcher.py``, ``MoEAlltoAllTokenDispatcher``): in dropless training with
@@ -11,27 +11,36 @@ EP all-to-all, because the all-to-all split sizes and the per-expert GEMM splits
 dropless EP configuration. DeepEP's normal-mode dispatch (the ``flex`` dispatcher) likewise waits on the host
 for the received-token counts before it can size its output.
 
+More waits per layer (:func:`host_waits_per_layer`): where the MoE block is recomputed (``full``, the ``moe``
+module) its forward, and the dispatcher's wait, runs again in the backward; GPT-OSS's expert activation waits at
+every call (:data:`ACTIVATION_WAIT_MODEL_TYPES`), again where ``moe_act`` is recomputed. The term is ``c`` per
+wait; a recompute's waits, which run in the backward, are charged to the forward with the others.
+
 Reasoning (written down, not measured here): a sync drains the GPU's queue, so the host's lead over the GPU is
-lost once per MoE layer forward. Afterwards every eager op of the layer (router and aux loss, dispatcher
+lost at every wait. Afterwards every eager op of the layer (router and aux loss, dispatcher
 bookkeeping, permutes, the per-expert loop, and the layer's backward and weight-gradient ops that autograd issues
 when the backward reaches it) is issued by a host that is not ahead of the GPU, so the host's issue time adds
 to the GPU time instead of hiding under it. The cost is additive and nearly independent of the GPU and of the
-expert size: it is a per-layer count of host ops times the per-op host cost. That is why it shows on DeepSeek-V3
+expert size: it is a count of host ops after each wait times the per-op host cost. That is why it shows on DeepSeek-V3
 (GPU-bound, ~21 ms of GPU work per layer: a ``max(host, GPU)`` floor of :mod:`tessera_lab.cost.host` cannot
 bind there) as much as on the small-expert runs.
 
 Under Megatron-Core's combined-1F1B EP overlap (``overlap_moe_expert_parallel_comm``; our ``overlapped`` and
-``interleaved-overlapped`` schedules) the forward of one micro-batch is issued together with the backward of
-another, whose kernels are already queued when the host waits: the exposure is taken as hidden (assumption; the
-two published runs with the overlap are its check).
+``interleaved-overlapped`` schedules) a steady-state forward of one micro-batch is issued together with the backward
+of another, whose kernels are already queued when the host waits: there the exposure is taken as hidden
+(assumption). The forwards those schedules run apart (warm-up, and every forward when nothing pairs) are plain
+forwards and wait as in 1F1B. The term is therefore a property of the forward, not of the schedule: the planner
+charges it to every MoE layer's forward (:meth:`tessera_lab.plan.stages.StageCostModel.f`) and leaves it out of the
+makespan of a paired forward and backward (:meth:`~tessera_lab.plan.stages.StageCostModel.fb`), so the simulator
+counts it once per forward that runs apart, whatever the schedule.
 
 The planner applies it (:func:`planner_per_layer_s`): :func:`tessera_lab.plan.stages.build_stage_model` adds the
 exposed seconds to the forward of every MoE layer (per micro-batch), so the simulator propagates it through the
-schedule, when EP > 1, the schedule is not an EP-overlap one, the dispatcher is ``alltoall`` or ``deepep`` (both
-wait on host counts: DeepEP's normal-mode dispatch busy-waits on the host for the received-token counter; an
-assumption for DeepEP, which the DeepSeek-V3 run, planned with ``deepep``, checks) and the costs are analytic (a
-measured profile already holds what the device does). ``ParallelConfig.host_sync_s`` (``--host-sync-ms``) sets
-``c`` for any dispatcher; ``None`` is the dispatcher's value in :data:`FITTED_PER_LAYER_S`, 0 turns the term off.
+schedule, when EP > 1, the dispatcher is ``alltoall`` or ``deepep`` (both wait on host counts: DeepEP's normal-mode
+dispatch busy-waits on the host for the received-token counter; an assumption for DeepEP, which the DeepSeek-V3
+run, planned with ``deepep``, checks) and the costs are analytic (a measured profile already holds what the device
+does). ``ParallelConfig.host_sync_s`` (``--host-sync-ms``) sets ``c`` for any dispatcher; ``None`` is the
+dispatcher's value in :data:`FITTED_PER_WAIT_S`, 0 turns the term off.
 
 Per dispatcher (why two values): the two syncing dispatchers wait differently. Megatron-Core's ``alltoall``
 dispatcher blocks the host in ``cudaStreamSynchronize`` until the whole compute stream has drained, and only then
@@ -41,21 +50,25 @@ normal-mode dispatch (``deepseek-ai/DeepEP`` commit ``2df3680e42e933bdd827e86cc6
 ``csrc/deep_ep.cpp``, ``intranode_dispatch`` / ``internode_dispatch``: "Synchronize total received tokens and
 tokens per expert", a host busy-wait on ``moe_recv_counter``, mapped host memory the ``notify_dispatch`` kernel
 writes) wakes the host as soon as the notify kernel has run and launches the dispatch kernel at once: the same
-drain, less host work behind it. The exposure therefore has one value per dispatcher, :data:`FITTED_PER_LAYER_S`.
+drain, less host work behind it. The exposure therefore has one value per dispatcher and wait,
+:data:`FITTED_PER_WAIT_S`; fitted on disjoint runs (GPT-OSS for ``alltoall``, three waits a layer; Qwen3-30B-A3B and
+DeepSeek-V3 for ``deepep``, one) the two agree within 10%.
 
 Fit (``benchmarks/bench_public_runs.py``): on the fit set of the published runs only (``split: fit``, written
-into data/published by a hash rule before any fitting), each run the term applies to is planned with the term off,
-the per-layer seconds that close its gap (published - planned) are worked out (:func:`per_layer_needed_s`), and
-``c`` of a dispatcher is the **median** of its fit runs' values (:func:`fit_per_layer_s`; :data:`FIT_SET` names
-them). The estimator (per dispatcher, median) was chosen by leave-one-out on the fit set alone: one mean over
+into data/published by a hash rule before any fitting), each run where every forward carries the term (EP > 1, a
+syncing dispatcher, no EP overlap: :func:`fully_exposed`, the iteration formula of :func:`iteration_sync_s`) is
+planned with the term off,
+the per-layer seconds that close its gap (published - planned) are worked out (:func:`per_layer_needed_s`) and
+divided by the layer's waits, and ``c`` of a dispatcher is the **median** of its fit runs' values
+(:func:`fit_per_layer_s`; :data:`FIT_SET` names them). The estimator (per dispatcher, median) was chosen by leave-one-out on the fit set alone: one mean over
 both dispatchers 27% median |error| left out, per-dispatcher means 17.5%, per-dispatcher medians 10.8%; models
 from the host's kernel counts (:mod:`tessera_lab.cost.host`, ``c = h x kernels`` or ``a + h x kernels``) did no
 better than one constant (27-29%) on the fit set, so the exposure is not the counted kernels' issue time. The
 test set judges it (docs/fidelity.md). What the values hold, checked on the fit set alone
 (``benchmarks/bench_public_runs.py --split fit --breakdown``, docs/cost-model.md): on the Qwen3-30B-A3B ``deepep``
 runs a per-layer constant (about 4 ms at 4,096 and 16,384 tokens per micro-batch), as a sync is; on the GPT-OSS
-``alltoall`` runs a time that grows with the layer's GPU work (1.2-1.4 times the modelled compute), i.e. mostly
-GPU-side work of that model the cost model lacks; the EP all-to-all rates, the schedules' critical paths and the
+``alltoall`` runs a time that grows with the layer's GPU work (1.2-1.4 times the modelled compute), three waits'
+worth per layer; the EP all-to-all rates, the schedules' critical paths and the
 expert load were checked against cited measurements and do not explain it. This module never imports torch.
 """
 
@@ -66,12 +79,12 @@ from typing import Sequence
 
 from tessera_lab.errors import ConfigError
 
-#: ``c`` per dispatcher as ``benchmarks/bench_public_runs.py`` fits it (seconds per MoE layer and micro-batch): the
-#: median per-layer gap of the dispatcher's fit-set runs (``split: fit`` in data/published, the rule of
-#: tessera_lab/report/fidelity_set.py) that the term applies to; FIT_SET names them; tests/test_public_runs.py
-#: checks that the bench's fit still gives these values
-FITTED_PER_LAYER_S = {"alltoall": 12.97e-3, "deepep": 3.91e-3}
-#: the runs each value of ``FITTED_PER_LAYER_S`` is fitted on (data/published, split 'fit', EP > 1, that
+#: ``c`` per dispatcher as ``benchmarks/bench_public_runs.py`` fits it (seconds per host wait, one MoE layer and
+#: micro-batch: :func:`host_waits_per_layer`): the median per-wait gap of the dispatcher's fit-set runs (``split:
+#: fit`` in data/published, the rule of tessera_lab/report/fidelity_set.py) whose every forward carries the term;
+#: FIT_SET names them; tests/test_public_runs.py checks that the bench's fit still gives these values
+FITTED_PER_WAIT_S = {"alltoall": 4.32e-3, "deepep": 3.91e-3}
+#: the runs each value of ``FITTED_PER_WAIT_S`` is fitted on (data/published, split 'fit', EP > 1, that
 #: dispatcher, no EP overlap); none of them is a test run
 FIT_SET = {
     "alltoall": ("gpt-oss-120b/64xB200/bf16/ep64-mbs4", "gpt-oss-120b/64xB200/bf16/ep8-mbs4",
@@ -79,11 +92,17 @@ FIT_SET = {
     "deepep": ("deepseek-v3/1024xH100/fp8/tp2-pp8-vp4-ep64", "deepseek-v3/256xB200/fp8/pp16-ep8-gbs2048",
                "qwen3-30b-a3b/16xH100/fp8/ep16", "qwen3-30b-a3b/8xB200/fp8/ep8"),
 }
-#: schedules that run Megatron-Core's combined-1F1B EP overlap (the sync's exposure is hidden)
+#: model types whose expert activation waits on the host at every call in Megatron-Core: GPT-OSS's clamped GLU
+#: (Megatron-Bridge's GPT-OSS provider: ``quick_gelu``, ``glu_linear_offset`` 1.0, ``bias_activation_fusion``;
+#: ``weighted_bias_quick_geglu_impl`` in ``megatron/core/fusions/fused_bias_geglu.py`` builds
+#: ``torch.tensor(linear_offset, device=input.device)`` on every call, a blocking host-to-device copy, which torch runs
+#: as ``cudaMemcpyAsync`` then ``cudaStreamSynchronize``; in Megatron-LM since 2e29a5e1e3, 2025-09-09)
+ACTIVATION_WAIT_MODEL_TYPES = ("gpt_oss",)
+#: schedules that run Megatron-Core's combined-1F1B EP overlap (the sync is hidden in the forwards they pair)
 EP_OVERLAP_SCHEDULES = ("overlapped", "interleaved-overlapped")
 #: provenance of the default ``c`` as the CLI and the plan's notes state it
-FITTED_PROVENANCE = ("fitted per dispatcher on the fit set of the published runs (median of 4 alltoall and 4 deepep runs, "
-                     "tessera_lab.cost.sync.FIT_SET), benchmarks/bench_public_runs.py")
+FITTED_PROVENANCE = ("fitted per dispatcher and host wait on the fit set of the published runs (median of 4 alltoall "
+                     "and 4 deepep runs, tessera_lab.cost.sync.FIT_SET), benchmarks/bench_public_runs.py")
 #: dispatchers whose dispatch waits on host copies of the token counts (Megatron-Core's dropless all-to-all; DeepEP
 #: normal mode, assumed: its dispatch waits on the host for the received-token counts)
 SYNC_DISPATCHERS = ("alltoall", "deepep")
@@ -94,33 +113,62 @@ BASIS = ("NVIDIA/Megatron-LM@bed33f89945f41ae792d7b36a0d770b00f61ed42 "
          "torch.cuda.current_stream().synchronize() before the EP all-to-all")
 
 
-def sync_exposed_per_layer_s(schedule: str, c_s: float) -> float:
-    """Exposed seconds per MoE layer and micro-batch: ``c_s``, or 0 under the combined-1F1B EP overlap.
+def host_waits_per_layer(parallel, model=None) -> int:
+    """Host waits (stream drains) one MoE layer costs per micro-batch in Megatron-Core, forward and recompute:
 
-    Raises:
-        ConfigError: ``c_s`` negative.
-    """
-    if not c_s >= 0:
-        raise ConfigError(f"field 'c_s' = {c_s!r} is out of range; allowed: seconds >= 0")
-    return 0.0 if schedule in EP_OVERLAP_SCHEDULES else float(c_s)
-
-
-def planner_per_layer_s(parallel, *, analytic: bool = True) -> float:
-    """Seconds the planner adds to each MoE layer's forward per micro-batch: ``parallel.host_sync_s`` (``None``:
-    the dispatcher's :data:`FITTED_PER_LAYER_S`) when ``parallel.ep > 1``, the schedule is not in :data:`EP_OVERLAP_SCHEDULES`,
-    the dispatcher is in :data:`SYNC_DISPATCHERS` and the costs are ``analytic``; else 0.
+    * the dispatcher's wait on the token counts (module docstring): 1, run again where the MoE block is recomputed
+      (``recompute = full``, or the ``moe`` module of a selective recompute);
+    * for the model types of :data:`ACTIVATION_WAIT_MODEL_TYPES` (GPT-OSS), the expert activation's own wait: 1 per
+      call, run again where the activation is recomputed (``moe_act``, which Megatron's default selective set holds,
+      ``moe`` or ``full``).
 
     Args:
-        parallel: a :class:`~tessera_lab.model.hardware.ParallelConfig` (``ep``, ``schedule``, ``dispatcher``,
-            ``host_sync_s`` read). analytic: False for costs from a measured profile.
+        parallel: a :class:`~tessera_lab.model.hardware.ParallelConfig` (``recompute``, ``recompute_modules`` read).
+        model: a :class:`~tessera_lab.model.spec.ModelSpec` (``model_type`` read); ``None``: the dispatcher's waits
+            only.
+    Returns:
+        an integer >= 1.
+    """
+    from tessera_lab.model.hardware import SELECTIVE_DEFAULT_MODULES
+
+    mods = set(parallel.recompute_modules or SELECTIVE_DEFAULT_MODULES) if parallel.recompute == "selective" else set()
+    moe_again = parallel.recompute == "full" or "moe" in mods
+    waits = 2 if moe_again else 1
+    if model is not None and getattr(model, "model_type", None) in ACTIVATION_WAIT_MODEL_TYPES:
+        waits += 2 if (moe_again or "moe_act" in mods) else 1
+    return waits
+
+
+def planner_per_layer_s(parallel, *, analytic: bool = True, model=None) -> float:
+    """Seconds the planner adds to each MoE layer's forward per micro-batch: ``c`` x
+    :func:`host_waits_per_layer`, ``c`` = ``parallel.host_sync_s`` (``None``: the dispatcher's
+    :data:`FITTED_PER_WAIT_S`), when ``parallel.ep > 1``, the dispatcher is in :data:`SYNC_DISPATCHERS` and the
+    costs are ``analytic``; else 0. Whatever the schedule: a forward the EP-overlap schedules pair with a backward
+    hides it, because the pair's makespan (:meth:`~tessera_lab.plan.stages.StageCostModel.fb`) leaves it out; a
+    forward run apart carries it (the waits of a recompute, which run in the backward, are charged to the forward
+    too).
+
+    Args:
+        parallel: a :class:`~tessera_lab.model.hardware.ParallelConfig` (``ep``, ``dispatcher``, ``host_sync_s``,
+            the recompute read). analytic: False for costs from a measured profile. model: the ModelSpec
+            (:func:`host_waits_per_layer`).
     Raises:
         ConfigError: ``host_sync_s`` negative.
     """
     if not analytic or parallel.ep <= 1 or parallel.dispatcher not in SYNC_DISPATCHERS:
         return 0.0
     c = getattr(parallel, "host_sync_s", None)
-    c = FITTED_PER_LAYER_S[parallel.dispatcher] if c is None else c
-    return sync_exposed_per_layer_s(parallel.schedule, c)
+    c = FITTED_PER_WAIT_S[parallel.dispatcher] if c is None else c
+    if not c >= 0:
+        raise ConfigError(f"field 'host_sync_s' = {c!r} is out of range; allowed: seconds >= 0")
+    return float(c) * host_waits_per_layer(parallel, model)
+
+
+def fully_exposed(parallel) -> bool:
+    """Whether every MoE layer forward of the layout carries the term (:func:`planner_per_layer_s` > 0 and no
+    EP-overlap schedule, which pairs forwards with backwards): the runs :func:`iteration_sync_s` and the fit
+    (:func:`per_layer_needed_s`) describe."""
+    return parallel.schedule not in EP_OVERLAP_SCHEDULES and planner_per_layer_s(parallel) > 0
 
 
 def iteration_sync_s(moe_layers_per_rank: Sequence[int], microbatches: int, pp: int, vpp: int,
@@ -154,8 +202,9 @@ def per_layer_needed_s(published_s: float, planned_s: float, moe_layers_per_rank
 
 
 def fit_per_layer_s(needed_s: Sequence[float]) -> float:
-    """The fitted ``c`` of one dispatcher: the median of :func:`per_layer_needed_s` over that dispatcher's fit-set
-    runs the term applies to (seconds); 0 without any."""
+    """The fitted ``c`` of one dispatcher: the median over that dispatcher's fit-set runs whose every forward
+    carries the term of :func:`per_layer_needed_s` divided by the run's :func:`host_waits_per_layer` (seconds per
+    wait); 0 without any."""
     vals = [float(g) for g in needed_s]
     return float(statistics.median(vals)) if vals else 0.0
 

@@ -273,9 +273,10 @@ class ParallelConfig:
             ``ep`` still counts the EP ranks of a group and the world grows by ``cp``; the EP groups span CP ranks as
             Megatron-Core's expert grid does (carved from ``tp x cp x dp``, :meth:`group_ranks`), each rank routing
             its own ``seq_len / cp`` tokens (docs/context-parallel.md).
-        host_sync_s: seconds per MoE layer and micro-batch the host/device synchronisation of the dropless EP
-            dispatch exposes (:mod:`tessera_lab.cost.sync`, applied only where that module's rule says);
-            ``None`` = the dispatcher's value fitted on published runs (``FITTED_PER_LAYER_S``), 0 = off.
+        host_sync_s: seconds each host wait of a MoE layer exposes per micro-batch (the dropless EP dispatch's wait
+            on the token counts, and GPT-OSS's expert activation's: :func:`tessera_lab.cost.sync.
+            host_waits_per_layer`; applied only where :mod:`tessera_lab.cost.sync`'s rule says);
+            ``None`` = the dispatcher's value fitted on published runs (``FITTED_PER_WAIT_S``), 0 = off.
         fsdp: Megatron FSDP (``--use-megatron-fsdp`` with ``optim_grads_params`` sharding): parameters, gradients
             and optimizer state all sharded over the data-parallel ranks of each part (:attr:`dense_shard_dp`,
             :attr:`expert_dp`); each layer's bf16 parameters are all-gathered before its forward and again before

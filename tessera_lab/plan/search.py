@@ -155,7 +155,8 @@ def time_lower_bound(group: _Group, layout: Layout, sync_s: float = 0.0) -> floa
     busiest rank needs ``m P / pp`` (``P``: every entry's F+B+W phase time plus ``sync_s``). With EP overlap an F and
     a B run as one pair whose makespan is no sum of phase times, but compute kernels still run one after another on
     the compute lane and collectives on the communication lane (contention only slows them): ``m max(C, M) / pp``
-    (``C``: F+B+W compute plus ``sync_s``; ``M``: communication). With one chunk per rank times
+    (``C``: F+B+W compute plus ``sync_s``; ``M``: communication; :class:`_Bounds` passes ``sync_s`` 0 there, since
+    the forwards run apart, which carry the sync, depend on the partition). With one chunk per rank times
     :func:`bubble_factor` on the path F+B (+W unless the schedule may defer it, :data:`SPLIT_SCHEDULES`); the rank
     holding the heaviest entry needs ``m x`` its time. P2P transfers and the gradient sync only add."""
     m, pp = layout.microbatches, layout.pp
@@ -359,9 +360,10 @@ class _Bounds:
     def time(self, layout: Layout) -> float:
         from tessera_lab.cost.sync import planner_per_layer_s
 
-        key = (layout.ep, layout.schedule, layout.dispatcher)
-        if key not in self.sync:
-            self.sync[key] = planner_per_layer_s(layout.parallel(self.seq_len)) * self.moe_layers
+        key = (layout.ep, layout.schedule, layout.dispatcher, layout.recompute, layout.recompute_modules)
+        if key not in self.sync:  # EP overlap: how many forwards run apart depends on the partition; 0 bounds it
+            self.sync[key] = (0.0 if layout.schedule in OVERLAPPED_SCHEDULES else planner_per_layer_s(
+                layout.parallel(self.seq_len), model=self.model) * self.moe_layers)
         return time_lower_bound(self.group(replace(layout, fsdp=False)), layout, self.sync[key])
 
     def memory(self, layout: Layout) -> float:

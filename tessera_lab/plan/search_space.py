@@ -148,8 +148,8 @@ def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_pe
     the structural rules (module docstring; CP sizes from :func:`cp_choices`, recompute from
     :func:`recompute_choices`, the distributed optimizer and, with more than one data-parallel rank, Megatron FSDP);
     a dense model takes EP 1 and the alltoall dispatcher only. The EP-overlap schedules need two micro-batches or
-    more: with one, nothing pairs and Megatron-Core runs plain 1F1B (the 1F1B candidate is that layout), while the
-    planner's host/sync term takes the overlap as hiding the sync. Sorted (deterministic)."""
+    more: with one, nothing pairs and Megatron-Core runs plain 1F1B (the 1F1B candidate is that layout).
+    Sorted (deterministic)."""
     out = []
     moe = model.has_moe
     eps = [e for e in _divisors(model.moe.num_experts) if gpus % e == 0] if moe else [1]

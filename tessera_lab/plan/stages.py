@@ -267,7 +267,7 @@ def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Clust
     see, cluster)`` (:func:`cost_key_parallel`; counts in ``COST_CACHE_STATS``). Without a profile every MoE
     layer's forward also carries :func:`tessera_lab.cost.sync.planner_per_layer_s` (0 where its rule says)."""
     cost_model = CostModel(cluster, parallel)
-    c = planner_per_layer_s(parallel, analytic=profile is None)
+    c = planner_per_layer_s(parallel, analytic=profile is None, model=model)
     host_sync = [c if ly.ffn == "moe" else 0.0 for ly in model.stack.layers] if c > 0 else None
     key = (model, cost_key_parallel(parallel), cluster) if profile is None else None
     held = _COSTS.get(key) if key is not None else None
