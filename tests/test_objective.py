@@ -266,7 +266,10 @@ def test_refinement_is_recorded_and_baselines_keep_their_labels(qwen3_next, monk
 
 def test_zb_auto_plan_is_searched_on_the_partitions_own_times(qwen3_next):
     """``plan --schedule zb-auto``: the schedule search runs on each partition's F, I, W and p2p times within
-    2p - 1 micro-batches, so on the ZB-H2 plan's own partition it simulates no slower than ZB-H2."""
+    2p - 1 micro-batches, ZB-H2 among its candidates, so on the ZB-H2 plan's own partition it is never slower than
+    ZB-H2 by its own timing; the planner's simulation adds each rank's DP gradient sync after its last action, which
+    the search does not time, so there the two may differ by that tail: within 1% here (0.2% measured, host/sync
+    term in the forwards)."""
     from tessera_lab.plan.vschedules import plan_in_flight
 
     model = qwen3_next.with_changes(num_layers=16)
@@ -277,7 +280,7 @@ def test_zb_auto_plan_is_searched_on_the_partitions_own_times(qwen3_next):
     steady = _problem(model, auto_par, cm, sm, "bottleneck")
     ev = evaluate(model, auto_par, cm, sm, score_boundaries(steady, h2.chosen.partition.boundaries, "x"), "x",
                   h2.model_flops)
-    assert ev.iteration_time_s <= h2.chosen.iteration_time_s * (1 + 1e-9)
+    assert ev.iteration_time_s <= h2.chosen.iteration_time_s * 1.01
     assert [plan_in_flight("zb-auto", 4, r, 8) for r in range(4)] == [7.0] * 4
 
 

@@ -470,3 +470,25 @@ def test_too_few_gpus_names_a_count_the_first_pass_accepts():
     # one sequence per iteration: no data parallelism shards the state, no count up to 4 x 88 = 352 holds it
     assert "allowed: more than 352 GPUs or a larger --global-batch-tokens" in S.too_few_gpus_text(
         model, 8, 1, 4096, 8, cap, 1406.1 * 2**30)
+
+
+def test_no_fit_answer_is_one_error_line_on_stderr(monkeypatch, capsys):
+    """A search whose planned layouts all exceed memory exits 2 with one line on stderr, prefixed as every CLI error,
+    naming the commonest refusal without the advice to run the search it is in; stdout keeps the report's header."""
+    import tessera_lab.plan.search as search_mod
+    from tessera_lab.cli.main import main
+
+    lay = S.Layout(8, 1, 8, 1, 1, 8, 1, "1f1b", "none", "alltoall")
+    reason = "no partition fits in memory: stage 0 at 140.00 GiB (tessera-lab search lists layouts that fit)"
+    res = S.SearchResult("qwen3-next-80b-a3b", 64, "H200", 4096, 1024, 10,
+                         [S.Candidate(lay, 1.0, 0.0, {"error": reason, "fits": False})], 100, {"memory (parameter state)": 0,
+                         "memory": 0, "bound": 0, "budget": 12}, errors={reason: 1},
+                         memory_capacity_bytes=134.4 * 2**30, unplanned_bound_s=2.5)
+    monkeypatch.setattr(search_mod, "search", lambda *a, **k: res)
+    assert main(["search", "--gpus", "64"]) == 2
+    cap = capsys.readouterr()
+    err = [ln for ln in cap.err.splitlines() if ln.strip() and not ln.startswith("search:")]
+    assert len(err) == 1 and err[0].startswith("tessera-lab search: error: no planned layout fits memory: every "
+                                               "planned candidate (1) was refused"), cap.err
+    assert "lists layouts that fit" not in err[0] and "12 layouts were left unplanned" in err[0]
+    assert cap.out.startswith("search qwen3-next-80b-a3b on 64 x H200")

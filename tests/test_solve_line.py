@@ -47,7 +47,9 @@ def test_plan_kept_baseline_is_labelled_as_such_and_the_solver_result_reported(t
     from tessera_lab.cli.main import main
 
     out_json = tmp_path / "plan.json"
-    assert main(["plan", "--model", "gpt-oss-20b", "--objective", objective, "--json", str(out_json)]) == 0
+    # host/sync term off: the case (a baseline simulating faster than the ILP optimum) is the planner's, not the term's
+    assert main(["plan", "--model", "gpt-oss-20b", "--host-sync-ms", "0", "--objective", objective, "--json",
+                 str(out_json)]) == 0
     out = capsys.readouterr().out
     d = json.loads(out_json.read_text())
     base = d["baselines"]["parameters"]
@@ -83,7 +85,7 @@ def test_a_kept_baseline_survives_the_plan_json_round_trip(tmp_path, capsys):
     from tessera_lab.plan.proof import partition_label
 
     out_json = tmp_path / "plan.json"
-    assert main(["plan", "--model", "gpt-oss-20b", "--json", str(out_json)]) == 0
+    assert main(["plan", "--model", "gpt-oss-20b", "--host-sync-ms", "0", "--json", str(out_json)]) == 0
     plan = load_plan(out_json)
     assert plan.partition_from == "baseline parameters"
     assert partition_label(plan) == "parameters baseline's partition (kept over the ilp optimum: it simulates faster)"

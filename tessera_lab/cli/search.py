@@ -85,8 +85,8 @@ def format_search(res, top: int, model=None) -> str:
              + (f"; {pr['budget']:,} left unplanned at the --max-plans budget (their time bounds from "
                 f"{res.unplanned_bound_s:.3f} s)" if pr.get("budget") else ""), ""]
     ranked = res.ranked[:top]
-    if not ranked:
-        lines.append("no planned layout fits memory: " + no_fit_hint(res))
+    if not ranked:  # the command line prints the no-fit answer on stderr (cmd_search)
+        lines.append("no planned layout fits memory (stderr says what would fit)")
         return "\n".join(lines)
     moe = getattr(res, "moe", True)
     lines.append(table([_row(i + 1, c, moe) for i, c in enumerate(ranked)], ".3f"))
@@ -127,6 +127,7 @@ def no_fit_hint(res) -> str:
         why = ""
         if errors:
             reason, n = max(errors.items(), key=lambda kv: kv[1])
+            reason = reason.replace(" (tessera-lab search lists layouts that fit)", "")
             why = f" (most often, {n} of them: {reason})"
         return (f"every planned candidate ({len(res.planned)}) was refused by the planner{why}{unplanned}; allowed: "
                 f"more GPUs (--gpus {res.gpus * 2}), a shorter --seq-len (below {res.seq_len}) or a smaller global "
@@ -181,7 +182,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         emit(args, res.as_dict(), format_search(res, args.top, model))
     if args.export:
         _export(res, args.export)
-    return 0 if res.ranked else 2
+    if not res.ranked:
+        print(f"tessera-lab search: error: no planned layout fits memory: {no_fit_hint(res)}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _export(res, path: str) -> None:
@@ -215,7 +219,8 @@ def add_parser(sub) -> None:
     p.add_argument("--top", type=positive_int("top"), default=10, help="layouts printed and kept exact (default 10)")
     p.add_argument("--jobs", type=positive_int("jobs"), default=1, help="planner processes (same result for any)")
     p.add_argument("--max-plans", type=positive_int("max_plans"), default=DEFAULT_MAX_PLANS,
-                   help=f"full planner runs at most (default {DEFAULT_MAX_PLANS}, about 0.1 CPU s each)")
+                   help=f"full planner runs (default {DEFAULT_MAX_PLANS}, about 0.1 CPU s each; planned in batches of 8, "
+                        "so the count is rounded up to a multiple of 8)")
     p.add_argument("--csv", metavar="PATH", help="write every planned candidate as CSV ('-' for stdout)")
     p.add_argument("--export", metavar="PATH", help="write layout #1 as Megatron-Core arguments (JSON)")
     add_model_knobs(p)

@@ -113,6 +113,19 @@ BASIS = ("NVIDIA/Megatron-LM@bed33f89945f41ae792d7b36a0d770b00f61ed42 "
          "torch.cuda.current_stream().synchronize() before the EP all-to-all")
 
 
+def host_waits(parallel, model=None) -> list[str]:
+    """The host waits of :func:`host_waits_per_layer`, named: ``["dispatcher", "dispatcher (recompute)",
+    "expert activation", "expert activation (recompute)"]`` as they apply."""
+    from tessera_lab.model.hardware import SELECTIVE_DEFAULT_MODULES
+
+    mods = set(parallel.recompute_modules or SELECTIVE_DEFAULT_MODULES) if parallel.recompute == "selective" else set()
+    moe_again = parallel.recompute == "full" or "moe" in mods
+    out = ["dispatcher"] + (["dispatcher (recompute)"] if moe_again else [])
+    if model is not None and getattr(model, "model_type", None) in ACTIVATION_WAIT_MODEL_TYPES:
+        out += ["expert activation"] + (["expert activation (recompute)"] if moe_again or "moe_act" in mods else [])
+    return out
+
+
 def host_waits_per_layer(parallel, model=None) -> int:
     """Host waits (stream drains) one MoE layer costs per micro-batch in Megatron-Core, forward and recompute:
 
@@ -129,14 +142,7 @@ def host_waits_per_layer(parallel, model=None) -> int:
     Returns:
         an integer >= 1.
     """
-    from tessera_lab.model.hardware import SELECTIVE_DEFAULT_MODULES
-
-    mods = set(parallel.recompute_modules or SELECTIVE_DEFAULT_MODULES) if parallel.recompute == "selective" else set()
-    moe_again = parallel.recompute == "full" or "moe" in mods
-    waits = 2 if moe_again else 1
-    if model is not None and getattr(model, "model_type", None) in ACTIVATION_WAIT_MODEL_TYPES:
-        waits += 2 if (moe_again or "moe_act" in mods) else 1
-    return waits
+    return len(host_waits(parallel, model))
 
 
 def planner_per_layer_s(parallel, *, analytic: bool = True, model=None) -> float:

@@ -77,16 +77,17 @@ def sync_note(model: ModelSpec, parallel: ParallelConfig, cost_model, sm: StageC
     with - without."""
     from tessera_lab.cost.sync import FITTED_PROVENANCE
 
-    from tessera_lab.cost.sync import host_waits_per_layer
+    from tessera_lab.cost.sync import host_waits
 
     c = max(sm.host_sync)
-    waits = host_waits_per_layer(parallel, model)
+    named = host_waits(parallel, model)
+    waits = len(named)
     t0 = evaluate(model, parallel, cost_model, sm.without_sync(), chosen.partition, chosen.method, flops,
                   time_only=True)
     t = chosen.iteration_time_s
     given = parallel.host_sync_s is None
     return ((f"host/sync term: {c * 1e3:.2f} ms per MoE layer forward and micro-batch ({waits} host "
-             f"wait{'s' if waits != 1 else ''} x {c / waits * 1e3:.2f} ms) "
+             f"wait{'s' if waits != 1 else ''} x {c / waits * 1e3:.2f} ms: {', '.join(named)}) "
             f"({FITTED_PROVENANCE if given else 'set by --host-sync-ms'}; the dropless EP dispatch "
             f"({parallel.dispatcher}) waits on the host's token counts before its all-to-all; hidden only in a forward "
             f"an EP-overlap schedule pairs with a backward, carried by every forward run apart; tessera_lab/cost/sync.py) adds {t - t0:.4f} s to the iteration (simulated: {t:.4f} s with, "

@@ -288,7 +288,8 @@ def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
     s = max(range(S), key=lambda k: excess[k])
     need = excess[s] + limit
     return InfeasiblePlanError(
-        f"no partition fits in memory: even the closest one puts stage {s} (layers {b[s]}-{b[s + 1] - 1}) at "
+        f"no partition fits in memory: even the closest one puts stage {s} ("
+        f"{f'layer {b[s]}' if b[s + 1] - b[s] == 1 else f'layers {b[s]}-{b[s + 1] - 1}'}) at "
         f"{need / GIB:.2f} GiB, {excess[s] / GIB:.2f} GiB more than the {limit / GIB:.2f} GiB available; "
         f"add pipeline stages, {_recompute_hint(problem)}{_shard_hint(problem)} or shorten the sequence "
         "(tessera-lab search lists layouts that fit)"

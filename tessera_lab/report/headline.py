@@ -273,7 +273,7 @@ def mfu_note(mfu: float, *, moe: bool = True, grouped_gemm: str | None = None, m
             return (f"MFU {mfu:.1%} is above the published band (max {band['hi']:.1%}, {mfu / band['hi']:.2f}x): "
                     "an optimistic bound; likely "
                     + ("one grouped expert GEMM kernel, which recipes do not run"
-                       if grouped_gemm == "grouped" else "per-layer host work the model does not count"))
+                       if grouped_gemm == "grouped" else "host work or GPU work the model does not count"))
         return None
     ceiling = PUBLISHED_MFU_CEILING["dense"]
     if mfu > ceiling:

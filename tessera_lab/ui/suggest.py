@@ -67,7 +67,7 @@ def suggestion_line(cand: Candidate, res: SearchResult, seconds: float, cpu: flo
     return (f"suggested (search of the {res.enumerated} layouts this panel can set: {len(res.planned)} planned, the "
             f"others ruled out by the memory or time bound): pp {cand.layout.pp} x ep {cand.layout.ep}, {cand.layout.microbatches} micro-batches, "
             f"recompute {cand.layout.recompute}: {r['tokens_per_s']:,.0f} tokens/s, peak {r['peak_memory_gib']:.1f} "
-            f"of {res.memory_capacity_bytes / 2**30:.1f} GiB (simulated); searched in {seconds:.2f} s wall, "
+            f"of {res.memory_capacity_bytes / 2**30:.1f} GiB (tokens/s simulated, memory computed); searched in {seconds:.2f} s wall, "
             f"{cpu:.2f} s CPU (measured)")
 
 
