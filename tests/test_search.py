@@ -492,3 +492,20 @@ def test_no_fit_answer_is_one_error_line_on_stderr(monkeypatch, capsys):
                                                "planned candidate (1) was refused"), cap.err
     assert "lists layouts that fit" not in err[0] and "12 layouts were left unplanned" in err[0]
     assert cap.out.startswith("search qwen3-next-80b-a3b on 64 x H200")
+
+
+def test_unproven_top_is_said(monkeypatch):
+    """Layouts left unplanned at the budget whose time bounds are below #1's planned time: the text says the top is
+    not proven (hand-made result: one planned layout at 2.0 s, 7 left with bounds from 1.5 s)."""
+    from tessera_lab.cli.search import format_search
+
+    lay = S.Layout(8, 1, 8, 1, 1, 8, 1, "1f1b", "none", "alltoall")
+    row = {"iteration_time_s": 2.0, "tokens_per_s": 1.0, "mfu": 0.1, "bubble_fraction": 0.1, "peak_memory_gib": 1.0,
+           "headroom_gib": 1.0, "fits": True}
+    res = S.SearchResult("m", 64, "H200", 4096, 1024, 10, [S.Candidate(lay, 1.0, 0.0, row)], 100,
+                         {"memory (parameter state)": 0, "memory": 0, "bound": 92, "budget": 7},
+                         memory_capacity_bytes=134.4 * 2**30, unplanned_bound_s=1.5)
+    line = next(ln for ln in format_search(res, 3).splitlines() if ln.startswith("not proven"))
+    assert line.startswith("not proven: 7 layouts left unplanned have time bounds from 1.500 s, below #1's 2.000 s")
+    res.unplanned_bound_s = 2.5  # every bound above #1: proven
+    assert not any(ln.startswith("not proven") for ln in format_search(res, 3).splitlines())

@@ -95,6 +95,11 @@ def format_search(res, top: int, model=None) -> str:
                  + ("ep N*: the EP group spans the TP ranks; dp: data-parallel replicas of one EP group (GPUs = "
                     "pp x dp x ep x tp x cp, tp once when EP spans it); " if moe else "")
                  + "DP (Megatron): GPUs / (tp x cp x pp), Megatron's --data-parallel size")
+    first_s = ranked[0].result["iteration_time_s"]
+    if pr.get("budget") and res.unplanned_bound_s is not None and res.unplanned_bound_s < first_s:
+        lines.append(f"not proven: {pr['budget']:,} layouts left unplanned have time bounds from "
+                     f"{res.unplanned_bound_s:.3f} s, below #1's {first_s:.3f} s (a bound, not a plan); a larger "
+                     "--max-plans may find faster ones")
     if model is not None:
         from tessera_lab.report.headline import mfu_text
 
