@@ -32,6 +32,9 @@ def test_gpu_counts_by_hand(gpu, gpus, ok):
         assert f"--gpus = {gpus} is out of range" in line and "\n" not in line
         assert ("8, 16, ..., 72 inside one NVLink domain of 72" in line if domain == 72
                 else "a multiple of the 8 GPUs of an NVLink domain" in line)
+        # the nearest accepted counts, worked out by hand: 12 -> 8 or 16, 4 -> 8, 20 -> 16 or 24
+        near = {12: "(nearest: 8 or 16)", 4: "(nearest: 8)", 20: "(nearest: 16 or 24)"}[gpus]
+        assert line.endswith(near)
 
 
 def test_search_on_a_partial_rack_matches_plan():
@@ -46,3 +49,14 @@ def test_search_on_a_partial_rack_matches_plan():
     pl = make_plan(model, first.layout.parallel(4096), None, gpu="GB200", **opts)
     assert pl.cluster.num_gpus == 72 and pl.parallel.world_size == 16
     assert pl.chosen.iteration_time_s == pytest.approx(first.result["iteration_time_s"], rel=1e-12)
+
+
+def test_plan_header_says_how_many_gpus_of_the_rack_it_uses(capsys):
+    """64 GPUs on GB200 sit in one 72-GPU NVLink domain: the header says 64 of 1 x 72 are used; on H200 the 64 GPUs
+    fill 8 nodes of 8 and the header names the nodes only."""
+    from tessera_lab.cli.main import main
+
+    assert main(["plan", "--gpu", "GB200"]) == 0
+    assert "cluster 64 of 1 x 72 GB200 (a node is one NVLink domain of 72 GPUs);" in capsys.readouterr().out
+    assert main(["plan"]) == 0
+    assert "cluster 8 x 8 H200;" in capsys.readouterr().out

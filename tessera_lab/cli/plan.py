@@ -95,6 +95,18 @@ def _bound_lines(plan) -> list[str]:
     return lines
 
 
+def _cluster_text(cluster, used: int) -> str:
+    """``cluster 8 x 8 H200``; where the layout leaves GPUs of its last node idle, how many it uses
+    (``cluster 64 of 1 x 72 GB200 ...``); a node that is not 8 GPUs is named as the NVLink domain it is."""
+    c = cluster
+    head = f"cluster {c.num_nodes} x {c.gpus_per_node} {c.gpu.name}"
+    if used < c.num_gpus:
+        head = f"cluster {used} of {c.num_nodes} x {c.gpus_per_node} {c.gpu.name}"
+    if c.gpus_per_node != 8:
+        head += f" (a node is one NVLink domain of {c.gpus_per_node} GPUs)"
+    return head
+
+
 def _recompute_text(p) -> str:
     """``none``, ``full`` or ``selective (core_attn, moe_act)``: the module names recomputed (the default set
     :data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES` when none are given)."""
@@ -130,9 +142,7 @@ def _header_lines(plan) -> list[str]:
         "  (pattern: L linear mixer, A full attention, S sliding window, C chunked, T MTP; lower case: dense FFN; "
         "- / E: MLP / MoE block without mixer; stage tables count them: Ax2 Ldx1 = two A layers, one L with a dense "
         "FFN)",
-        f"cluster {plan.cluster.num_nodes} x {plan.cluster.gpus_per_node} {plan.cluster.gpu.name}"
-        + (f" (a node is one NVLink domain of {plan.cluster.gpus_per_node} GPUs)" if plan.cluster.gpus_per_node != 8
-           else "") + "; "
+        _cluster_text(plan.cluster, p.world_size) + "; "
         + layout_text(p, m.has_moe) + f", schedule {p.schedule}, "
         f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "
         f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU; recompute {_recompute_text(p)}, "

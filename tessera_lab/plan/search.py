@@ -323,7 +323,9 @@ def check_search_inputs(model: ModelSpec, gpus: int, seq_len: int, global_batch_
                    if step == cluster_node else
                    f"a multiple of {step} GPUs: {step}, {2 * step}, ..., {cluster_node} inside one NVLink domain of "
                    f"{cluster_node}, or several domains, the last one partial")
-        raise ConfigError(f"--gpus = {gpus} is out of range; allowed: {allowed}")
+        near = sorted({max(step, gpus // step * step), (max(gpus, 1) // step + 1) * step})
+        raise ConfigError(f"--gpus = {gpus} is out of range; allowed: {allowed} (nearest: "
+                          f"{' or '.join(str(n) for n in near)})")
     if global_batch_tokens < seq_len or global_batch_tokens % seq_len:
         lo = seq_len
         raise ConfigError(f"--global-batch-tokens = {global_batch_tokens:,} is not a whole number of sequences of "
