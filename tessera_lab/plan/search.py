@@ -366,7 +366,10 @@ class _Bounds:
         if key not in self.sync:  # EP overlap: how many forwards run apart depends on the partition; 0 bounds it
             self.sync[key] = (0.0 if layout.schedule in OVERLAPPED_SCHEDULES else planner_per_layer_s(
                 layout.parallel(self.seq_len), model=self.model) * self.moe_layers)
-        return time_lower_bound(self.group(replace(layout, fsdp=False)), layout, self.sync[key])
+        group = self.groups.get(layout.cost_group()[:-2] + (False, 0))  # the FSDP-free group, without a copy
+        if group is None:
+            group = self.group(replace(layout, fsdp=False))
+        return time_lower_bound(group, layout, self.sync[key])
 
     def memory(self, layout: Layout) -> float:
         key = layout.cost_group()
