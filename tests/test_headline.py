@@ -104,6 +104,14 @@ def test_band_per_family_and_model():
     ds = H.published_mfu_band("deepseek-v3")
     assert [b["name"] for b in ds["bands"]] == ["megatron_bridge"] and ds["hi"] == pytest.approx(338 / 989)
     assert H.position(0.2, 0.1, 0.3) == "inside" and H.position(0.4, 0.1, 0.3) == "above"
+    # Qwen3-VL's MoE text model is the Qwen3 MoE decoder: the paper's Qwen3 band (no Megatron-Bridge run of its own)
+    from tessera_lab.model.spec import load_model
+
+    vl = load_model(str(Path(__file__).parent / "data" / "aiconfigurator_configs" /
+                        "Qwen--Qwen3-VL-30B-A3B-Instruct_config.json"))
+    assert vl.model_type == "qwen3_vl_moe_text"
+    band = H.published_mfu_band(vl)
+    assert [b["name"] for b in band["bands"]] == ["tessera"] and (band["lo"], band["hi"]) == (0.297, 0.390)
 
 
 # ----------------------------------------------------------------------------------------------- one number, everywhere

@@ -42,8 +42,10 @@ PUBLISHED_MFU_CEILING = {"dense": 0.43}
 PUBLISHED_MFU_SOURCE = "Llama 3 405B on 16K H100: 38-43% BF16 MFU (Dubey et al. 2024, Table 4)"
 
 #: the Tessera paper's job family (``family`` in ``data/paper/tessera_paper_reported.json``) per Hugging Face
-#: ``model_type``: Qwen3 MoE jobs (Qwen3-L/XL, 29.7-39.0%) and Qwen3-Next jobs (Qwen3-Next-M/XL, 15.9-21.1%)
-PAPER_FAMILY = {"qwen3_moe": "qwen3", "qwen3_next": "qwen3_next"}
+#: ``model_type``: Qwen3 MoE jobs (Qwen3-L/XL, 29.7-39.0%) and Qwen3-Next jobs (Qwen3-Next-M/XL, 15.9-21.1%); Qwen3-VL's
+#: MoE text model (``qwen3_vl_moe_text``) is the Qwen3 MoE decoder (:mod:`tessera_lab.model.families.qwen3`), so it
+#: takes the Qwen3 band
+PAPER_FAMILY = {"qwen3_moe": "qwen3", "qwen3_vl_moe_text": "qwen3", "qwen3_next": "qwen3_next"}
 #: Megatron-Bridge stand-in for a family with no published run of its own: Qwen3-30B-A3B (128 experts, top-8, 3B
 #: active) is the published model closest to Qwen3-Next-80B-A3B's fine-grained 512 experts, top-10
 MB_PROXY = {"qwen3_next": "qwen3-30b-a3b"}
