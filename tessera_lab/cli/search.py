@@ -20,17 +20,10 @@ _MOE_FIELDS = ("ep", "ep_spans_tp", "dispatcher")
 
 
 def _row(rank: int, c, moe: bool = True) -> dict[str, Any]:
-    r, lay = c.result, c.layout
-    row = {"#": rank, "tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "vpp": lay.vpp,
-           "ep": lay.ep if not lay.ep_spans_tp else f"{lay.ep}*", "dp": lay.dp, "DP (Megatron)": lay.megatron_dp,
-           "optimizer": "fsdp" if lay.fsdp else "dist-opt",
-           "m x mbs": f"{lay.microbatches} x {lay.micro_batch_size}", "schedule": lay.schedule,
-           "recompute": lay.recompute_text(), "dispatcher": lay.dispatcher, "iteration (s)": r["iteration_time_s"],
-           "tokens/s": f"{r['tokens_per_s']:,.0f}", "MFU": f"{r['mfu']:.1%}", "bubble": r["bubble_fraction"],
-           "peak (GiB)": r["peak_memory_gib"], "headroom (GiB)": r["headroom_gib"]}
-    if not moe:
-        del row["ep"], row["dispatcher"], row["dp"]
-    return row
+    r = c.result
+    return {"#": rank, **c.layout.columns(moe), "iteration (s)": r["iteration_time_s"],
+            "tokens/s": f"{r['tokens_per_s']:,.0f}", "MFU": f"{r['mfu']:.1%}", "bubble": r["bubble_fraction"],
+            "peak (GiB)": r["peak_memory_gib"], "headroom (GiB)": r["headroom_gib"]}
 
 
 #: a term whose share of the moved seconds is at least this is named alone; below it the top two are named

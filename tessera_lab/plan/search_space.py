@@ -115,6 +115,20 @@ class Layout:
         """``none``, ``full``, ``selective`` or ``selective(modules)``."""
         return f"{self.recompute}({','.join(self.recompute_modules)})" if self.recompute_modules else self.recompute
 
+    def columns(self, moe: bool = True) -> dict[str, object]:
+        """The layout as table columns (the search's text table, CSV and notebook 11's table): ``tp``, ``cp``,
+        ``pp``, ``vpp``, ``ep`` (``N*`` when EP spans TP), ``dp``, ``DP (Megatron)``, ``optimizer``, ``m x mbs``,
+        ``schedule``, ``recompute``, ``dispatcher``; ``moe`` False leaves out ``ep``, ``dp`` and ``dispatcher``
+        (a dense model's replicas are Megatron's DP)."""
+        cols: dict[str, object] = {
+            "tp": self.tp, "cp": self.cp, "pp": self.pp, "vpp": self.vpp,
+            "ep": f"{self.ep}*" if self.ep_spans_tp else self.ep, "dp": self.dp, "DP (Megatron)": self.megatron_dp,
+            "optimizer": "fsdp" if self.fsdp else "dist-opt", "m x mbs": f"{self.microbatches} x {self.micro_batch_size}",
+            "schedule": self.schedule, "recompute": self.recompute_text(), "dispatcher": self.dispatcher}
+        if not moe:
+            del cols["ep"], cols["dp"], cols["dispatcher"]
+        return cols
+
     def text(self, moe: bool = True) -> str:
         """One line; ``moe`` False leaves out EP and the dispatcher (a dense model has neither)."""
         vpp = f" vpp {self.vpp}" if self.vpp > 1 else ""

@@ -146,7 +146,8 @@ def _number(x: float) -> str:
 
 def table_html(table: Any, *, caption: str | None = None) -> str:
     """HTML for a DataFrame / Series or escaped plain text; ``caption`` (the settings that produced it) goes under
-    the table, so a stale table can be told apart.
+    the table, so a stale table can be told apart. A table sits in a horizontally scrolling block, so one wider
+    than the notebook's output area is never cut off.
 
     Numbers take one format per column, set by the unit its label states, or per row in a table of metrics
     (:func:`tessera_lab.report.formatting.display_frame`: ms with 2 digits, s with 3, shares as % with 1, tokens/s
@@ -163,7 +164,8 @@ def table_html(table: Any, *, caption: str | None = None) -> str:
             head, sep, rest = out.partition(">")
             out = (f"{head}{sep}<caption style='caption-side: bottom; font-size: 0.8em; color: dimgray'>"
                    f"{caption_html(caption)}</caption>{rest}")
-        return out
+        # wider than the output area (notebook 11's 20 columns at 1,220 px): it scrolls, nothing is cut off
+        return f"<div style='overflow-x: auto; max-width: 100%'>{out}</div>"
     text = f"<pre>{html.escape(str(table))}</pre>"
     return text + (f"<div style='font-size: 0.8em; color: dimgray'>{caption_html(caption)}</div>" if caption else "")
 

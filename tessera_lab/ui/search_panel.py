@@ -54,20 +54,19 @@ def layout_search(model: str, gpus: int, *, gpu: str = "H200", seq_len: int = 40
 
 def top_table(res: SearchResult, k: int = TOP, shown: int | None = None):
     """The ``k`` fastest planned layouts that fit, fastest first, as a DataFrame indexed by rank (``#``): layout
-    columns and the planner's tokens/s, iteration (s), MFU (%), peak memory and headroom (GiB); with ``shown``, a
+    columns (:meth:`~tessera_lab.plan.search_space.Layout.columns`, as ``tessera-lab search`` prints them) and the
+    planner's tokens/s, iteration (s), MFU (%), bubble (%), peak memory and headroom (GiB); with ``shown``, a
     ``timeline`` column marks that rank's row (the layout drawn under the table)."""
     import pandas as pd
 
+    moe = getattr(res, "moe", True)
     rows = []
     for i, c in enumerate(res.ranked[:k], start=1):
-        lay, r = c.layout, c.result
-        rows.append({"#": i, **({"timeline": "drawn" if i == shown else ""} if shown else {}), "tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "vpp": lay.vpp,
-                     "ep": f"{lay.ep}*" if lay.ep_spans_tp else lay.ep, "dp": lay.dp,
-                     "DP (Megatron)": lay.megatron_dp, "optimizer": "fsdp" if lay.fsdp else "dist-opt",
-                     "micro-batches": lay.microbatches, "micro-batch size": lay.micro_batch_size,
-                     "schedule": lay.schedule, "recompute": lay.recompute_text(), "dispatcher": lay.dispatcher,
+        r = c.result
+        rows.append({"#": i, **({"timeline": "drawn" if i == shown else ""} if shown else {}), **c.layout.columns(moe),
                      "tokens/s": r["tokens_per_s"], "iteration (s)": r["iteration_time_s"], "MFU (%)": 100 * r["mfu"],
-                     "peak memory (GiB)": r["peak_memory_gib"], "headroom (GiB)": r["headroom_gib"]})
+                     "bubble (%)": 100 * r["bubble_fraction"], "peak (GiB)": r["peak_memory_gib"],
+                     "headroom (GiB)": r["headroom_gib"]})
     return pd.DataFrame(rows).set_index("#") if rows else pd.DataFrame()
 
 
