@@ -131,6 +131,22 @@ def test_memory_infeasible_names_stage_and_gib():
             solve(prob, method)
 
 
+def test_memory_refusal_of_a_one_layer_stage_does_not_advise_more_stages():
+    """A layer too big for a GPU on its own: more stages cannot shrink a stage of one layer, so the advice leaves
+    them out (by hand: 4 stages of one layer each, layer 2 needs 6 GiB of 4); a stage of several layers keeps it."""
+    GiB = 2**30
+    prob = additive_problem([1.0] * 4, 4, memory=lambda s, i, j: sum(6 * GiB if k == 2 else GiB for k in range(i, j)),
+                            memory_limit=4 * GiB)
+    with pytest.raises(InfeasiblePlanError) as got:
+        solve(prob, "dp")
+    assert "stage 2 (layer 2) at 6.00 GiB, 2.00 GiB more" in str(got.value)
+    assert "add pipeline stages" not in str(got.value)
+    wide = additive_problem([1.0] * 8, 2, memory=lambda s, i, j: (j - i) * GiB + (3 * GiB if s == 0 else 0),
+                            memory_limit=4 * GiB)
+    with pytest.raises(InfeasiblePlanError, match="add pipeline stages"):
+        solve(wide, "dp")
+
+
 def test_min_max_and_pinned_layers():
     costs = [1.0] * 12
     prob = additive_problem(costs, 3, first_stage_layers=2, max_layers=6)

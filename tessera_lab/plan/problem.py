@@ -260,7 +260,8 @@ def check_memory(problem: PartitionProblem, part: Partition) -> None:
 def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
     """The error for a problem with no feasible partition: among partitions that satisfy the
     layer-count rules, the one whose worst memory excess is smallest names its worst stage and the
-    shortfall in GiB (a min-max DP over memory excess)."""
+    shortfall in GiB (a min-max DP over memory excess). Its advice leaves out more pipeline stages when that stage
+    already holds a single layer."""
     if problem.memory is None:
         return InfeasiblePlanError(LAYER_COUNT_REFUSAL)
     if problem.vpp > 1:
@@ -287,11 +288,12 @@ def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
     excess = [problem.memory(s, b[s], b[s + 1]) - limit for s in range(S)]
     s = max(range(S), key=lambda k: excess[k])
     need = excess[s] + limit
+    one = b[s + 1] - b[s] == 1  # a stage of one layer: more stages cannot make it smaller
     return InfeasiblePlanError(
         f"no partition fits in memory: even the closest one puts stage {s} ("
-        f"{f'layer {b[s]}' if b[s + 1] - b[s] == 1 else f'layers {b[s]}-{b[s + 1] - 1}'}) at "
+        f"{f'layer {b[s]}' if one else f'layers {b[s]}-{b[s + 1] - 1}'}) at "
         f"{need / GIB:.2f} GiB, {excess[s] / GIB:.2f} GiB more than the {limit / GIB:.2f} GiB available; "
-        f"add pipeline stages, {_recompute_hint(problem)}{_shard_hint(problem)} or shorten the sequence "
+        f"{'' if one else 'add pipeline stages, '}{_recompute_hint(problem)}{_shard_hint(problem)} or shorten the sequence "
         "(tessera-lab search lists layouts that fit)"
     )
 
