@@ -114,6 +114,19 @@ def test_band_per_family_and_model():
     assert [b["name"] for b in band["bands"]] == ["tessera"] and (band["lo"], band["hi"]) == (0.297, 0.390)
 
 
+def test_a_moe_model_without_a_band_is_cautioned_above_every_published_moe_run():
+    """OLMoE has no band: above the highest MoE MFU in data/published (DeepSeek-V3 on H100, 338 / 989 = 34.2%, read
+    from the file here) the text says so; below it, and for a dense model, no caution."""
+    runs = json.loads((Path(__file__).parents[1] / "data" / "published" / "megatron_bridge.json").read_text())["runs"]
+    best = max((r for r in runs if r["gpu"] == "H100"), key=lambda r: r["model_tflops_per_gpu"])
+    assert (best["model"], best["model_tflops_per_gpu"]) == ("deepseek-v3", 338)
+    t = H.mfu_text(0.40, model="olmoe-1b-7b")
+    assert t.startswith("40.0% (no published run of this model or its family") and \
+        "ABOVE every published MoE run's MFU here (highest 34.2%, Megatron-Bridge deepseek-v3 on H100" in t
+    assert "ABOVE" not in H.mfu_text(0.30, model="olmoe-1b-7b")
+    assert H.mfu_text(0.55, moe=False) == "55.0%"
+
+
 # ----------------------------------------------------------------------------------------------- one number, everywhere
 @pytest.fixture(scope="module")
 def default_plan():

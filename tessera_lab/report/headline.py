@@ -126,6 +126,24 @@ def _band(name: str, model_type: str) -> dict[str, Any]:
             "family": model_type}
 
 
+@functools.lru_cache(maxsize=1)
+def highest_published_mfu() -> dict[str, Any] | None:
+    """The highest MFU of any (MoE) Megatron-Bridge run on :data:`MB_BAND_GPU` in ``data/published/megatron_bridge.json``
+    (model TFLOP/s per GPU / the GPU's dense bf16 peak, the bands' convention): ``{"mfu", "source"}``, or ``None``
+    without such a run. A plausibility ceiling for a model with no band of its own, not a limit."""
+    from tessera_lab.model.hardware import hardware_data
+    from tessera_lab.paths import read_data_json
+
+    runs = [r for r in read_data_json("published/megatron_bridge.json", "published runs")["runs"]
+            if r["gpu"] == MB_BAND_GPU and r.get("model_tflops_per_gpu")]
+    if not runs:
+        return None
+    peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items() if k.split("-")[0] == MB_BAND_GPU)
+    best = max(runs, key=lambda r: r["model_tflops_per_gpu"])
+    return {"mfu": best["model_tflops_per_gpu"] / peak,
+            "source": f"Megatron-Bridge {best['model']} on {MB_BAND_GPU}, model TFLOP/s / {peak:.0f} bf16"}
+
+
 def _span(b: dict) -> str:
     return f"{b['lo']:.1%}" if b["lo"] == b["hi"] else f"{b['lo']:.1%}-{b['hi']:.1%}"
 
@@ -138,13 +156,17 @@ def position(value: float, lo: float, hi: float) -> str:
 
 def mfu_text(mfu: float, *, moe: bool = True, model: Any = None) -> str:
     """``"21.0%: inside 15.9%-21.1% Tessera paper, ...; above 11.9%-21.0% Megatron-Bridge ..."``: the MFU against
-    the published band of ``model``'s family (:func:`published_mfu_band`); dense models get the bare percentage
-    (no published band here)."""
+    the published band of ``model``'s family (:func:`published_mfu_band`); dense models, and MoE models without a
+    band, get the bare percentage (the latter with a caution when it exceeds every published MoE run's MFU,
+    :func:`highest_published_mfu`)."""
     if not moe:
         return f"{mfu:.1%}"
+    top = highest_published_mfu()
+    above = (f"; ABOVE every published MoE run's MFU here (highest {top['mfu']:.1%}, {top['source']})"
+             if top and mfu > top["mfu"] else "")
     band = published_mfu_band(model)
     if not band["bands"]:
-        return f"{mfu:.1%} (no published run of this model or its family in data/paper or data/published)"
+        return f"{mfu:.1%} (no published run of this model or its family in data/paper or data/published{above})"
     where = position(mfu, band["lo"], band["hi"])
     each = [position(mfu, b["lo"], b["hi"]) for b in band["bands"]]
     if len(set(each)) > 1:  # inside one band only: say which
