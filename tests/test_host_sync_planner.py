@@ -123,8 +123,12 @@ def test_auto_table_shows_what_the_term_adds_per_schedule(small):
     one = _plan(small, host_sync_s=C)
     assert one.host_sync_added_s == pytest.approx(4 * 8 * C, rel=1e-9)
     # overlapped 1F1B on one stage: min(2 (p - 1 - s) + 1, m) = 1 warm-up forward runs apart and carries the term,
-    # the 3 forwards paired with a backward hide it: 1 x 8 x c; with one micro-batch nothing pairs: 1 x 8 x c too
-    assert _plan(small, host_sync_s=C, schedule="overlapped").host_sync_added_s == pytest.approx(8 * C, rel=1e-9)
+    # the 3 forwards paired with a backward hide it up to the paired backward's mlp node (q, the same for every
+    # layer: one MoE block): 1 x 8 x c + 3 x 8 x (c - q); with one micro-batch nothing pairs: 1 x 8 x c
+    q = _queued(small)
+    assert 0 < q < C
+    assert _plan(small, host_sync_s=C, schedule="overlapped").host_sync_added_s == pytest.approx(
+        8 * C + 3 * 8 * (C - q), rel=1e-9)
     assert _plan(small, host_sync_s=C, schedule="overlapped", microbatches=1).host_sync_added_s == pytest.approx(
         8 * C, rel=1e-9)
     assert _plan(small, host_sync_s=C, microbatches=1).host_sync_added_s == pytest.approx(8 * C, rel=1e-9)
@@ -132,8 +136,58 @@ def test_auto_table_shows_what_the_term_adds_per_schedule(small):
                      method="uniform", baselines=())
     by = {t["schedule"]: t for t in auto.schedule_trials if "iteration_time_s" in t}
     assert by["1f1b"]["host_sync_s"] == pytest.approx(4 * 8 * C, rel=1e-9)
-    assert by["overlapped"]["host_sync_s"] == pytest.approx(8 * C, rel=1e-9)
+    assert by["overlapped"]["host_sync_s"] == pytest.approx(8 * C + 3 * 8 * (C - q), rel=1e-9)
     from tessera_lab.cli.plan import format_plan
 
     text = format_plan(auto)
     assert "of which host/sync (s)" in text and "without it (s)" in text and "FITTED" in text
+
+
+def _queued(model, **kw) -> float:
+    """The backward mlp node's seconds of the model's first MoE layer under _plan's layout (one value: its MoE
+    layers share one expert block)."""
+    from tessera_lab.plan.stages import build_stage_model
+
+    par = ParallelConfig(**{"pp": 1, "ep": 8, "microbatches": 4, "seq_len": 1024, "schedule": "overlapped",
+                            "host_sync_s": C, **kw})
+    _, sm = build_stage_model(model, par, _cluster(par))
+    moe = [l for l, ly in enumerate(model.stack.layers) if ly.ffn == "moe"]
+    assert len({round(sm.mlp_queued[l], 15) for l in moe}) == 1
+    return sm.mlp_queued[moe[0]]
+
+
+def _cluster(par):
+    from tessera_lab.model.hardware import cluster_for
+
+    return cluster_for(par)
+
+
+def test_a_paired_forward_exposes_its_waits_beyond_the_paired_backwards_mlp_node():
+    """Megatron-Core queues the paired backward's mlp node before the forward's dispatch waits: each pair's makespan
+    carries max(0, waits of the forward layer - mlp node of the backward layer); a dense forward waits for nothing.
+    DeepSeek-V3 cut to 5 layers (3 dense, 2 MoE) gives all four (forward, backward) kind combinations."""
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.stages import build_stage_model
+
+    model = load_model("deepseek-v3").with_changes(num_layers=5)
+    ffn = {ly.kind: ly.ffn for ly in model.stack.layers}
+    assert sorted(ffn.values()) == ["dense", "moe"], ffn
+    for c in (2e-3, 0.2):  # below and far above the mlp nodes' times
+        par = ParallelConfig(pp=1, ep=8, microbatches=4, seq_len=1024, schedule="overlapped", host_sync_s=c)
+        _, sm = build_stage_model(model, par, _cluster(par))
+        first = {}
+        for l, ly in enumerate(model.stack.layers):
+            first.setdefault(ly.kind, l)
+        q = {k: sm.mlp_queued[l] for k, l in first.items()}
+        assert all(v > 0 for v in q.values())
+        for (kf, kb), raw in sm.raw_pair_costs.items():
+            waits = c if ffn[kf] == "moe" else 0.0
+            assert sm.pair_costs[(kf, kb)] - raw == pytest.approx(max(0.0, waits - q[kb]), abs=1e-15), (kf, kb, c)
+        # the stage's paired seconds are the sum over its pairs, and the model without the term has none
+        n = model.num_layers
+        want = sum(sm.pair_costs[(sm.kinds[k], sm.kinds[n - 1 - k])] - sm.raw_pair_costs[(sm.kinds[k],
+                   sm.kinds[n - 1 - k])] for k in range(n))
+        assert sm.paired_sync(0, 0, n) == pytest.approx(want, rel=1e-12)
+        assert sm.without_sync().paired_sync(0, 0, n) == 0.0
+        assert sm.fb(0, 0, n) - sm.without_sync().fb(0, 0, n) == pytest.approx(want, rel=1e-9)
+    assert sync.paired_exposed_s(3e-3, 1e-3) == pytest.approx(2e-3) and sync.paired_exposed_s(1e-3, 3e-3) == 0.0

@@ -27,12 +27,18 @@ bind there) as much as on the small-expert runs.
 
 Under Megatron-Core's combined-1F1B EP overlap (``overlap_moe_expert_parallel_comm``; our ``overlapped`` and
 ``interleaved-overlapped`` schedules) a steady-state forward of one micro-batch is issued together with the backward
-of another, whose kernels are already queued when the host waits: there the exposure is taken as hidden
-(assumption). The forwards those schedules run apart (warm-up, and every forward when nothing pairs) are plain
-forwards and wait as in 1F1B. The term is therefore a property of the forward, not of the schedule: the planner
-charges it to every MoE layer's forward (:meth:`tessera_lab.plan.stages.StageCostModel.f`) and leaves it out of the
-makespan of a paired forward and backward (:meth:`~tessera_lab.plan.stages.StageCostModel.fb`), so the simulator
-counts it once per forward that runs apart, whatever the schedule.
+of another. The issue order is fixed (``TransformerLayerSchedulePlan.run`` in
+``megatron/core/models/common/model_chunk_schedule_plan.py``, NVIDIA/Megatron-LM@d98e8a64): combine backward,
+the forward's attention, router and dispatch preprocessing, the backward's ``mlp`` node (the routed experts' input
+gradient; a dense layer's MLP), and only then the forward's dispatch, where the host waits (the ``alltoall``
+dispatcher's ``before_ep_alltoall`` sync sits in ``token_dispatch``; DeepEP's in its dispatch). So while the host
+waits, the GPU has exactly the paired backward's ``mlp`` node queued: the wait is hidden up to that node's time and
+the rest is exposed, :func:`paired_exposed_s` (``max(0, waits - queued)``; all of a layer's waits are set against
+that one node, a simplification for the recompute's and GPT-OSS's further waits, which sit elsewhere in the order).
+The forwards those schedules run apart (warm-up, and every forward when nothing pairs) are plain forwards and wait
+as in 1F1B. The term is therefore a property of the forward: the planner charges it in full to every MoE layer's
+forward (:meth:`tessera_lab.plan.stages.StageCostModel.f`) and only the exposed part to the makespan of a paired
+forward and backward (:meth:`~tessera_lab.plan.stages.StageCostModel.fb`), whatever the schedule.
 
 The planner applies it (:func:`planner_per_layer_s`): :func:`tessera_lab.plan.stages.build_stage_model` adds the
 exposed seconds to the forward of every MoE layer (per micro-batch), so the simulator propagates it through the
@@ -150,8 +156,8 @@ def planner_per_layer_s(parallel, *, analytic: bool = True, model=None) -> float
     :func:`host_waits_per_layer`, ``c`` = ``parallel.host_sync_s`` (``None``: the dispatcher's
     :data:`FITTED_PER_WAIT_S`), when ``parallel.ep > 1``, the dispatcher is in :data:`SYNC_DISPATCHERS` and the
     costs are ``analytic``; else 0. Whatever the schedule: a forward the EP-overlap schedules pair with a backward
-    hides it, because the pair's makespan (:meth:`~tessera_lab.plan.stages.StageCostModel.fb`) leaves it out; a
-    forward run apart carries it (the waits of a recompute, which run in the backward, are charged to the forward
+    hides it up to the paired backward's ``mlp`` node (:func:`paired_exposed_s`, in the pair's makespan,
+    :meth:`~tessera_lab.plan.stages.StageCostModel.fb`); a forward run apart carries it (the waits of a recompute, which run in the backward, are charged to the forward
     too).
 
     Args:
@@ -168,6 +174,20 @@ def planner_per_layer_s(parallel, *, analytic: bool = True, model=None) -> float
     if not c >= 0:
         raise ConfigError(f"field 'host_sync_s' = {c!r} is out of range; allowed: seconds >= 0")
     return float(c) * host_waits_per_layer(parallel, model)
+
+
+#: tasks of Megatron-Core's ``mlp`` schedule node (``build_transformer_layer_callables`` in
+#: ``megatron/core/models/gpt/fine_grained_callables.py``: the routed experts' compute, or a dense layer's MLP), whose
+#: backward is queued before a paired forward's dispatch waits (:func:`paired_exposed_s`)
+MLP_NODE_TASKS = frozenset({"experts", "expert_act", "up_proj", "act", "gate_up_proj", "silu_mul", "down_proj"})
+
+
+def paired_exposed_s(waits_s: float, queued_s: float) -> float:
+    """Seconds a forward's host waits expose when an EP-overlap schedule pairs it with a backward: the waits
+    (``waits_s``, :func:`planner_per_layer_s`) less the GPU work queued before them, the paired backward's ``mlp``
+    node (``queued_s``: the input-gradient compute of the tasks in :data:`MLP_NODE_TASKS`), never below 0. Source:
+    Megatron-Core's issue order (module docstring)."""
+    return max(0.0, waits_s - queued_s)
 
 
 def fully_exposed(parallel) -> bool:

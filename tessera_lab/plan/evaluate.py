@@ -32,7 +32,9 @@ from tessera_lab.plan.vschedules import plan_schedule
 class StagePlan:
     """One pipeline stage: its layers, per-micro-batch times (seconds) and memory (bytes per GPU); ``host_sync_s``:
     the host/sync seconds (:mod:`tessera_lab.cost.sync`) included in ``f_s``; ``overlap_s``: the makespan of one
-    forward paired with one backward on this stage (layer-pair costs), ``None`` without pair costs; ``paired``:
+    forward paired with one backward on this stage (layer-pair costs), ``None`` without pair costs;
+    ``paired_host_sync_s``: the host/sync seconds included in ``overlap_s`` (the paired forwards' waits the paired
+    backwards' ``mlp`` nodes do not hide, :func:`tessera_lab.cost.sync.paired_exposed_s`); ``paired``:
     whether the simulated schedule runs any backward of this stage in an ``OVERLAP_F_B`` pair (``False``, e.g. with
     one micro-batch: nothing can pair, so :attr:`time_s` is the standalone time)."""
 
@@ -48,6 +50,7 @@ class StagePlan:
     overlap_s: float | None = None
     host_sync_s: float = 0.0
     paired: bool = True
+    paired_host_sync_s: float = 0.0
 
     @property
     def standalone_s(self) -> float:
@@ -66,6 +69,7 @@ class StagePlan:
                 "w_s": self.w_s, "memory_bytes": self.memory_bytes, "param_bytes": self.param_bytes,
                 "activation_bytes": self.activation_bytes,
                 **({"host_sync_s": self.host_sync_s} if self.host_sync_s else {}),
+                **({"paired_host_sync_s": self.paired_host_sync_s} if self.paired_host_sync_s else {}),
                 **({"paired": False} if self.overlap_s is not None and not self.paired else {})}
 
 
@@ -204,7 +208,7 @@ def stage_plans(model: ModelSpec, stage_models: Sequence[StageCostModel], bounda
             memory_bytes=sm.memory_bytes(s, i, j), param_bytes=sm.params(s, i, j),
             activation_bytes=sm.activations(s, i, j),
             overlap_s=sm.fb(s, i, j) * k if sm.pair_costs is not None else None,
-            host_sync_s=sm.sync(s, i, j) * k))
+            host_sync_s=sm.sync(s, i, j) * k, paired_host_sync_s=sm.paired_sync(s, i, j) * k))
     return out
 
 

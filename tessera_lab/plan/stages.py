@@ -15,7 +15,7 @@ from typing import Sequence
 
 from tessera_lab.cost.analytic import CostModel, LayerCost
 from tessera_lab.cost.memory import LayerMemory, fsdp_buffer_bytes, layer_memory
-from tessera_lab.cost.sync import planner_per_layer_s
+from tessera_lab.cost.sync import MLP_NODE_TASKS, paired_exposed_s, planner_per_layer_s
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.spec import ModelSpec
@@ -67,20 +67,27 @@ class StageCostModel:
 
     ``rank_extra_bytes``: bytes every pipeline rank holds once whatever its layers (Megatron FSDP's unsharded
     buffers, :func:`tessera_lab.cost.memory.fsdp_buffer_bytes`), charged to each rank's first chunk.
+
+    ``mlp_queued``: seconds of decoder layer ``l``'s backward ``mlp`` node (entry ``l``, :func:`mlp_node_b_s`): a
+    paired forward's host waits hide behind the paired backward layer's value, and the rest,
+    :func:`~tessera_lab.cost.sync.paired_exposed_s`, is added to that pair's makespan (``pair_costs`` as given stay
+    the pairs without it, ``self.pair_costs`` holds them with it); ``None`` = 0 for every layer.
     """
 
     def __init__(self, layer_costs: Sequence[LayerCost], memory: Sequence[LayerMemory], parallel: ParallelConfig,
                  pair_costs: dict[tuple[str, str], float] | None = None, host_sync: Sequence[float] | None = None,
-                 rank_extra_bytes: float = 0.0):
+                 rank_extra_bytes: float = 0.0, mlp_queued: Sequence[float] | None = None):
         self.costs = list(layer_costs)
         self.host_sync = list(host_sync) if host_sync is not None and any(host_sync) else None
         self.memory = list(memory)
         self.parallel = parallel
-        self.pair_costs = pair_costs
+        self.raw_pair_costs = pair_costs
+        self.mlp_queued = list(mlp_queued) if mlp_queued is not None else None
         self.num_layers = len(self.costs) - 2
         self.num_stages = parallel.pp * parallel.vpp
         self.kinds = [c.kind for c in self.costs[1:-1]]
-        self._fb_cache = _fb_cache(self.kinds, pair_costs)
+        self.pair_costs = self._with_paired_sync(pair_costs)
+        self._fb_cache = _fb_cache(self.kinds, self.pair_costs)
         body = self.costs[1:-1]
         self._psync = _prefix(self.host_sync or [0.0] * len(body))
         self._pf = _prefix([c.F.time + x for c, x in zip(body, self.host_sync or [0.0] * len(body))])
@@ -97,6 +104,28 @@ class StageCostModel:
         self._end_act = [sum(self.memory[e].activation_bytes for e in self._ends(s)) for s in range(S)]
         p = parallel
         self._in_flight = [plan_in_flight(p.schedule, p.pp, s % p.pp, p.microbatches, p.vpp) for s in range(S)]
+
+    def _with_paired_sync(self, pairs: dict[tuple[str, str], float] | None) -> dict[tuple[str, str], float] | None:
+        """``pairs`` with each pair's exposed host waits added (:func:`~tessera_lab.cost.sync.paired_exposed_s` of
+        the forward kind's waits and the backward kind's ``mlp`` node; a kind's values are its first layer's)."""
+        if pairs is None or self.host_sync is None:
+            return pairs
+        first: dict[str, int] = {}
+        for idx, kind in enumerate(self.kinds):
+            first.setdefault(kind, idx)
+        queued = self.mlp_queued or [0.0] * self.num_layers
+        return {(kf, kb): v + paired_exposed_s(self.host_sync[first[kf]], queued[first[kb]])
+                if kf in first and kb in first else v for (kf, kb), v in pairs.items()}
+
+    def paired_sync(self, s: int, i: int, j: int) -> float:
+        """Host/sync seconds per micro-batch inside :meth:`fb` of the segment (the exposed part of its paired
+        forwards' waits, in the pairs of :func:`~tessera_lab.overlap.core.stage_pair_cost`); 0 without pairs or
+        the term."""
+        if self.pair_costs is None or self.host_sync is None:
+            return 0.0
+        n = j - i
+        return sum(self.pair_costs[(self.kinds[i + k], self.kinds[j - 1 - k])]
+                   - self.raw_pair_costs[(self.kinds[i + k], self.kinds[j - 1 - k])] for k in range(n))
 
     def _ends(self, s: int) -> list[int]:
         """Entries (0 = embedding, -1 = head) that stage ``s`` owns besides its decoder layers."""
@@ -122,8 +151,8 @@ class StageCostModel:
 
     def without_sync(self) -> "StageCostModel":
         """The same stage costs with no host/sync term (to state what the term adds)."""
-        return StageCostModel(self.costs, self.memory, self.parallel, self.pair_costs,
-                              rank_extra_bytes=self.rank_extra_bytes)
+        return StageCostModel(self.costs, self.memory, self.parallel, self.raw_pair_costs,
+                              rank_extra_bytes=self.rank_extra_bytes, mlp_queued=self.mlp_queued)
 
     def b(self, s: int, i: int, j: int) -> float:
         """Full backward (B + W) of the segment, seconds per micro-batch."""
@@ -273,9 +302,10 @@ def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Clust
     held = _COSTS.get(key) if key is not None else None
     if held is not None:
         COST_CACHE_STATS["hits"] += 1
-        layer_costs, tasks, pairs = held
+        layer_costs, tasks, pairs, queued = held
         return cost_model, StageCostModel(layer_costs, layer_memory(model, parallel, tasks), parallel, pairs,
-                                          host_sync, rank_extra_bytes=fsdp_buffer_bytes(model, parallel))
+                                          host_sync, rank_extra_bytes=fsdp_buffer_bytes(model, parallel),
+                                          mlp_queued=queued)
     COST_CACHE_STATS["builds"] += 1
     tasks = decompose(model, parallel)
     layer_costs = [cost_model.layer_cost(lt) for lt in tasks]
@@ -288,12 +318,20 @@ def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Clust
             pairs = profile_stage_pair_costs(profile, model, parallel, cost_model, budget=PAIR_SEARCH_BUDGET)
         else:  # pair makespans see what the layer costs see: searched once per cost key
             pairs = layer_pair_costs(model, key[1], CostModel(cluster, key[1]))
+    queued = [mlp_node_b_s(cost_model, lt) for lt in tasks[1:-1]] if pairs is not None else None
     if key is not None:
         if len(_COSTS) >= _COSTS_MAX:
             _COSTS.clear()
-        _COSTS[key] = (layer_costs, tasks, pairs)
+        _COSTS[key] = (layer_costs, tasks, pairs, queued)
     return cost_model, StageCostModel(layer_costs, mem, parallel, pairs, host_sync,
-                                      rank_extra_bytes=fsdp_buffer_bytes(model, parallel))
+                                      rank_extra_bytes=fsdp_buffer_bytes(model, parallel), mlp_queued=queued)
+
+
+def mlp_node_b_s(cost_model: CostModel, lt) -> float:
+    """Seconds of one layer's backward ``mlp`` node (the input-gradient tasks of
+    :data:`~tessera_lab.cost.sync.MLP_NODE_TASKS`: routed experts and their activation, or a dense MLP), standalone
+    analytic times summed: the GPU work queued before a paired forward's host wait (:mod:`tessera_lab.cost.sync`)."""
+    return sum(cost_model.task_time(t) for t in lt.B if t.name in MLP_NODE_TASKS and not t.is_comm)
 
 
 def accounted_boundaries(num_layers: int, stages: int, *, embedding: bool, loss: bool) -> list[int]:

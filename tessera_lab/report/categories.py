@@ -338,7 +338,8 @@ def evaluation_recipes(model: ModelSpec, parallel: ParallelConfig, cluster: Clus
     """Recipes ``{(stage, action type): ActionBreakdown}`` of an evaluated plan
     (:class:`tessera_lab.plan.make.Evaluation`), one per stage and F / B / I / W / OVERLAP_F_B; a stage's
     host/sync seconds (``StagePlan.host_sync_s``, :mod:`tessera_lab.cost.sync`) go to the F recipe's
-    ``runtime_overhead``."""
+    ``runtime_overhead``, the exposed part of its paired forwards' (``StagePlan.paired_host_sync_s``) to the
+    OVERLAP_F_B recipe's."""
     builder = builder or _RecipeBuilder(model, parallel, cluster)
     overlapped = any(st.overlap_s is not None for st in evaluation.stages)
     out = {}
@@ -348,6 +349,9 @@ def evaluation_recipes(model: ModelSpec, parallel: ParallelConfig, cluster: Clus
         sync = getattr(st, "host_sync_s", 0.0)
         if sync:  # the host/sync term in the stage's forward (cost/sync.py): the host, not the GPU, sets that time
             out[(st.index, "F")].add(ActionBreakdown({"runtime_overhead": sync}, {}, sync))
+        paired = getattr(st, "paired_host_sync_s", 0.0)
+        if paired and (st.index, "OVERLAP_F_B") in out:  # the part of the paired forwards' waits left exposed
+            out[(st.index, "OVERLAP_F_B")].add(ActionBreakdown({"runtime_overhead": paired}, {}, paired))
     return out
 
 

@@ -15,9 +15,10 @@ use (EP across nodes where EP > 8), every field not from the paper labelled in `
   ``even_1f1b`` (even layer split, plain 1F1B: the usual "before"), ``even`` (even split, same overlapped
   schedule), ``standalone`` (split balanced on standalone task times: a planner without overlap measurement),
   ``parameters`` (split balanced on parameter bytes per stage, as memory-driven splits do, same schedule) and
-  each also as ``gain_with_sync``: the baseline priced with the per-MoE-layer host/sync term fitted on published runs
-  (:mod:`tessera_lab.cost.sync`; paid only without the combined-1F1B EP overlap, so the plan's own schedules do not
-  pay it) -- a second reading, never merged with the first (the first plans every setup with the planner's own
+  each also as ``gain_with_sync``: the baseline and the plan's own partition both priced with the host/sync term
+  fitted on published runs (:mod:`tessera_lab.cost.sync`; every schedule pays what it exposes, the EP-overlap ones
+  in their forwards run apart and the part of each paired forward's waits the paired backward does not hide)
+  -- a second reading, never merged with the first (the first plans every setup with the planner's own
   term off, ``host_sync_s = 0``; the second plans the same setups with the planner's term at its fitted value);
   ``megatron_core`` (the fastest of Megatron-Core's public layout options that fits memory: even or
   embedding/loss-accounted split, ``account_for_embedding/loss_in_pipeline_split``; plain 1F1B, or interleaved
@@ -322,27 +323,46 @@ def _baselines(model, par0: ParallelConfig, plan, mc_best: dict[str, Any]) -> di
     base["even"]["schedule"] = base["standalone"]["schedule"] = base["parameters"]["schedule"] = par.schedule
     mc = base["megatron_core"]
     mc["schedule"] = "interleaved-overlapped" if "interleaved-overlapped" in mc["setup"] else "1f1b"
-    # the second reading: the same setups planned with the planner's host/sync term (cost/sync.py) at its fitted
-    # value; a setup whose schedule hides it (the combined-1F1B EP overlap) is the same plan and keeps its time
+    # the second reading: the same setups, the plan's own partition among them, priced with the planner's host/sync
+    # term (cost/sync.py) at its fitted value; every schedule pays what it exposes (the EP-overlap schedules: the
+    # forwards they run apart, and in each pair the waits the paired backward's mlp node does not hide)
     par_sync = par0.replace(host_sync_s=None)
-    priced = {"even_1f1b": _even(model, par_sync.replace(schedule="1f1b", vpp=1))}
+    t2_sync = _priced(model, plan, plan.chosen, plan.parallel.replace(host_sync_s=None))
+
+    def gain_sync(t: float) -> float:
+        return t / t2_sync - 1.0 if t == t and t > 0 else math.nan
+
+    priced = {"even_1f1b": _even(model, par_sync.replace(schedule="1f1b", vpp=1))["iteration_s"]}
+    for name, key in (("uniform", "even"), ("standalone", "standalone"), ("parameters", "parameters")):
+        priced[key] = _priced(model, plan, plan.baselines[name], plan.parallel.replace(host_sync_s=None))
     for b in base.values():
         b["gain"] = gain(b["iteration_s"]) if b["fits"] else math.nan
     for key, b in base.items():
         if key == "megatron_core":
             continue
-        t_sync = priced[key]["iteration_s"] if key in priced else b["iteration_s"]
+        t_sync = priced[key]
         b["sync_s"] = t_sync - b["iteration_s"] if b["fits"] else 0.0
-        b["gain_with_sync"] = gain(t_sync) if b["fits"] else math.nan
+        b["gain_with_sync"] = gain_sync(t_sync) if b["fits"] else math.nan
     # Megatron-Core's best with the term: the fastest of its options once each pays what its schedule exposes
     mc_sync = megatron_core_best(model, par_sync)
     if mc_sync["fits"]:
         same = next((t for t in mc["tried"] if t["setup"] == mc_sync["setup"]), mc)
-        mc.update(gain_with_sync=gain(mc_sync["iteration_s"]), sync_setup=mc_sync["setup"],
+        mc.update(gain_with_sync=gain_sync(mc_sync["iteration_s"]), sync_setup=mc_sync["setup"],
                   sync_s=mc_sync["iteration_s"] - same["iteration_s"])
     else:
         mc.update(gain_with_sync=math.nan, sync_s=0.0)
     return base
+
+
+def _priced(model, plan, evaluation, parallel: ParallelConfig) -> float:
+    """Iteration seconds (simulated) of ``evaluation``'s partition re-costed under ``parallel`` (the plan's layout
+    with the host/sync term at its fitted value): the same partition, the term added."""
+    from tessera_lab.plan.evaluate import evaluate
+    from tessera_lab.plan.stages import build_stage_model
+
+    cm, sm = build_stage_model(model, parallel, plan.cluster)
+    return evaluate(model, parallel, cm, sm, evaluation.partition, evaluation.method, plan.model_flops,
+                    time_only=True)
 
 
 def _knob_band(sc: Scenario, model, par: ParallelConfig, after: dict[str, Any]) -> list[dict[str, Any]]:
