@@ -72,6 +72,9 @@ class _Group:
     comm: list[float] = field(default_factory=list)  # F+B+W communication seconds per micro-batch, per entry
     phase: list[float] = field(default_factory=list)  # F+B+W PhaseCost.time per micro-batch, per entry
     fb_phase: list[float] = field(default_factory=list)  # F+B PhaseCost.time (W deferred), per entry
+    #: the longest backward ``mlp`` node of the layer kinds, seconds (:func:`~tessera_lab.plan.stages.mlp_node_b_s`):
+    #: no paired forward's host waits hide behind more
+    mlp_queued_max: float = 0.0
 
     def sums(self) -> tuple[float, float, float]:
         """(sum of compute, of communication, the largest entry's compute), seconds."""
@@ -115,14 +118,20 @@ def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster, cos
     key = par.replace(recompute="none", recompute_modules=())
     cms = {} if cost_models is None else cost_models
     cm = cms[key] = cms.get(key) or CostModel(cluster, key)
+    from tessera_lab.plan.stages import mlp_node_b_s
+
     by_kind: dict[str, Any] = {}
+    queued = 0.0
     for layer in model.stack.layers:
-        by_kind[layer.kind] = by_kind.get(layer.kind) or cm.layer_cost(layer_tasks(model, layer, par))
+        if layer.kind not in by_kind:
+            lt = layer_tasks(model, layer, par)
+            by_kind[layer.kind] = cm.layer_cost(lt)
+            queued = max(queued, mlp_node_b_s(cm, lt))
     costs = [cm.layer_cost(embedding_tasks(model, par)), *(by_kind[ly.kind] for ly in model.stack.layers),
              cm.layer_cost(head_tasks(model, par))]
     return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs],
                   [c.F.comm + c.B.comm + c.W.comm for c in costs],
-                  [c.F.time + c.B.time + c.W.time for c in costs], [c.F.time + c.B.time for c in costs])
+                  [c.F.time + c.B.time + c.W.time for c in costs], [c.F.time + c.B.time for c in costs], queued)
 
 
 #: schedules that split the backward and may defer W past a rank's last B
@@ -154,15 +163,17 @@ def time_lower_bound(group: _Group, layout: Layout, sync_s: float = 0.0) -> floa
     :attr:`~tessera_lab.cost.analytic.PhaseCost.time` summed, sync in F, an I and its W costing B + W), so the
     busiest rank needs ``m P / pp`` (``P``: every entry's F+B+W phase time plus ``sync_s``). With EP overlap an F and
     a B run as one pair whose makespan is no sum of phase times, but compute kernels still run one after another on
-    the compute lane and collectives on the communication lane (contention only slows them): ``m max(C, M) / pp``
-    (``C``: F+B+W compute plus ``sync_s``; ``M``: communication; :class:`_Bounds` passes ``sync_s`` 0 there, since
-    the forwards run apart, which carry the sync, depend on the partition). With one chunk per rank times
+    the compute lane and collectives on the communication lane (contention only slows them), and the pair's
+    makespan carries the waits the paired backward's ``mlp`` node does not hide, a forward run apart all of them:
+    ``m (max(C, M) + sync_s) / pp`` (``C``: F+B+W compute; ``M``: communication; :class:`_Bounds` passes as
+    ``sync_s`` each MoE layer's :func:`~tessera_lab.cost.sync.paired_exposed_s` against the longest ``mlp`` node of
+    the model's layer kinds, which every forward carries at least, paired or not). With one chunk per rank times
     :func:`bubble_factor` on the path F+B (+W unless the schedule may defer it, :data:`SPLIT_SCHEDULES`); the rank
     holding the heaviest entry needs ``m x`` its time. P2P transfers and the gradient sync only add."""
     m, pp = layout.microbatches, layout.pp
     if layout.schedule in OVERLAPPED_SCHEDULES:
         c, comm, top = group.sums()
-        total = max(c + sync_s, comm)
+        total = max(c, comm) + sync_s
         path = total
     else:
         ph, fb, top = group.phase_sums()
@@ -362,13 +373,18 @@ class _Bounds:
     def time(self, layout: Layout) -> float:
         from tessera_lab.cost.sync import planner_per_layer_s
 
-        key = (layout.ep, layout.schedule, layout.dispatcher, layout.recompute, layout.recompute_modules)
-        if key not in self.sync:  # EP overlap: how many forwards run apart depends on the partition; 0 bounds it
-            self.sync[key] = (0.0 if layout.schedule in OVERLAPPED_SCHEDULES else planner_per_layer_s(
-                layout.parallel(self.seq_len), model=self.model) * self.moe_layers)
+        from tessera_lab.cost.sync import paired_exposed_s
+
         group = self.groups.get(layout.cost_group()[:-2] + (False, 0))  # the FSDP-free group, without a copy
         if group is None:
             group = self.group(replace(layout, fsdp=False))
+        key = (layout.ep, layout.schedule, layout.dispatcher, layout.recompute, layout.recompute_modules,
+               group.mlp_queued_max)
+        if key not in self.sync:  # EP overlap: how many forwards run apart depends on the partition; each forward
+            # carries at least its waits less the longest mlp node a backward could pair it with
+            waits = planner_per_layer_s(layout.parallel(self.seq_len), model=self.model)
+            self.sync[key] = self.moe_layers * (paired_exposed_s(waits, group.mlp_queued_max)
+                                                if layout.schedule in OVERLAPPED_SCHEDULES else waits)
         return time_lower_bound(group, layout, self.sync[key])
 
     def memory(self, layout: Layout) -> float:
