@@ -88,7 +88,8 @@ def _bound_lines(plan) -> list[str]:
 
             hint += (f"; the host/sync term ({sync * 1e3:.1f} ms) counts MoE layers, not kernels: fewer MoE layers "
                      "on the stage, " + ("fewer pipeline stages (this schedule hides it in the forwards it pairs "
-                                         "with a backward; only its warm-up forwards, more the more stages, carry it)"
+                                         "with a backward up to the paired backward's expert node; its warm-up "
+                                         "forwards, more the more stages, carry all of it)"
                                          if plan.parallel.schedule in EP_OVERLAP_SCHEDULES else "an EP-overlap schedule")
                      + " or a runtime without the sync (--host-sync-ms) move it")
         lines.append(f"bound: {hint}")
