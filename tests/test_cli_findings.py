@@ -206,3 +206,17 @@ def test_summary_columns_keep_their_decimals_and_parameters_is_explained(capsys)
         assert all(len(r[c].split(".")[1]) == 3 for r in cols), rows
     assert any(x.startswith("baselines (") and "parameters: balanced on parameter bytes" in x and "DeepSpeed" in x
                for x in out)
+
+
+def test_report_refuses_plan_options_beside_a_saved_plan(tmp_path, capsys):
+    """A saved plan keeps its layout and costs: --host-sync-ms or --pp beside --plan would be ignored, so report
+    refuses them (one line, exit 2) instead of answering for the saved plan as if they applied."""
+    path = tmp_path / "p.json"
+    assert main(["plan", "--pp", "4", "-m", "8", "--json", str(path)]) == 0
+    capsys.readouterr()
+    for extra, opt in ((["--host-sync-ms", "0"], "--host-sync-ms"), (["--pp", "2"], "--pp"),
+                       (["--seq-len", "8192"], "--seq-len")):
+        assert main(["report", "--plan", str(path), *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and opt in err[0] and "saved plan" in err[0], err
+    assert main(["report", "--plan", str(path)]) == 0

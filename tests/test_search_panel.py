@@ -52,7 +52,9 @@ def test_search_panel_shows_the_search_its_grid_and_the_chosen_layouts_timeline(
     for part in ("search of qwen3-next-80b-a3b on 64 H200", "panel budget 16 plans (tessera-lab search: 210)",
                  "s wall", "s CPU (measured)"):
         assert part in cap, (part, cap)
-    assert state["notes"] and "left unplanned" in state["notes"][0]  # 16 plans leave layouts unplanned
+    # the chosen layout's MFU against the published band first (as the CLI's "MFU of #1"), then the budget
+    assert state["notes"][0].startswith("MFU of #1 (simulated): ") and "published band" in state["notes"][0]
+    assert any("left unplanned" in n for n in state["notes"])  # 16 plans leave layouts unplanned
     assert state["png"][:4] == b"\x89PNG" and "<table" in state["table_html"]
 
 

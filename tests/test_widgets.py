@@ -444,3 +444,24 @@ def test_panel_captions_say_simulated_and_name_cost_source_gpu_and_ep():
         assert part in html, (part, html)
     cap = plan_caption(replan(pp=8, microbatches=8))
     assert cap.startswith("simulated, costs " + analytic_source().describe()) and "H200 GPUs" in cap and "ep 8" in cap
+
+
+def test_bottleneck_line_names_the_host_sync_term_where_it_is_the_largest():
+    """The panels' bottleneck line counts the host/sync term as `plan`'s bound line does: the default plan's slowest
+    stage carries more host/sync seconds than any task kind (stage 0: 30 ms against its kinds' at most 20 ms), so it
+    comes first; with the term off it is absent."""
+    from tessera_lab.cost.bounds import layers_bounds
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.make import make_plan
+    from tessera_lab.ui.widgets import bottleneck_bounds
+
+    model = load_model("qwen3-next-80b-a3b")
+    plan = make_plan(model)
+    stages = plan.chosen.stages
+    s = max(range(len(stages)), key=lambda i: stages[i].time_s)
+    kinds = layers_bounds(model, plan.parallel, plan.cluster, stages[s].layers, first=s == 0,
+                          last=s == len(stages) - 1)
+    assert stages[s].host_sync_s > max(k.time_s for k in kinds)
+    assert bottleneck_bounds(plan).startswith(f"bottleneck stage {s} is bound by: host/sync")
+    assert "host/sync" not in bottleneck_bounds(make_plan(model, ParallelConfig(host_sync_s=0.0)))

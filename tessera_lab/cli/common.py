@@ -340,7 +340,8 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                    help="host/device sync exposed per host wait of a MoE layer and micro-batch, in ms, where the dropless "
                         "EP dispatch waits on the host (EP > 1, analytic costs; one wait per MoE layer, run again "
                         "where the MoE block is recomputed; GPT-OSS's expert activation waits too; every forward run "
-                        "apart carries it, a forward an EP-overlap schedule pairs with a backward hides it; "
+                        "apart carries it; a forward an EP-overlap schedule pairs with a backward carries what the "
+                        "paired backward's expert (mlp) node, queued before the wait, does not hide; "
                         "default per dispatcher: " + ", ".join(f"{d} {v * 1e3:.2f}" for d, v in FITTED_PER_WAIT_S.items())
                         + f", {FITTED_PROVENANCE}; 0 turns it off)")
     add_model_knobs(p)

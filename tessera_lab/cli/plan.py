@@ -165,7 +165,8 @@ def _trial_lines(plan) -> list[str]:
     lines.append("")
     lines.append("schedules tried (--schedule auto); 'of which host/sync': what the host/sync term adds to "
                  "that schedule's iteration (a value per host wait FITTED per dispatcher, tessera_lab/cost/sync.py; the "
-                 "EP-overlap schedules pay it only in the forwards they run apart), so a ranking it changes is visible:")
+                 "EP-overlap schedules pay all of it in the forwards they run apart and, in a paired forward, what the "
+                 "paired backward's expert node does not hide), so a ranking it changes is visible:")
     lines.append(table([{"schedule": t["schedule"], "vpp": t.get("vpp", 1),
                          "iteration (s)": (f"{t['iteration_time_s']:.3f}" if "iteration_time_s" in t else "refused"),
                          "of which host/sync (s)": (f"{t.get('host_sync_s', 0.0):.3f}"

@@ -51,6 +51,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         diff_changes = check_changes(parse_changes(args.diff))  # bad changes fail before any planning
     if args.plan:
+        _refuse_plan_options_with_saved_plan(args)
         plan = load_plan(args.plan, costs=args.costs, allow_stale_profile=args.allow_stale_profile)
     else:
         if args.costs:
@@ -162,6 +163,26 @@ def _refuse_unused(args: argparse.Namespace) -> None:
     if getattr(args, "device", None):
         raise ConfigError("option --device sets the peak of an observed run's report; allowed: with --observed "
                           "RUN.json")
+
+
+def _refuse_plan_options_with_saved_plan(args) -> None:
+    """A saved plan (``--plan``) keeps its own layout, model and costs: a plan option set beside it (``--pp``,
+    ``--host-sync-ms``, ...) would be ignored, so it is refused (ConfigError, exit 2) before any work."""
+    import argparse
+
+    from tessera_lab.defaults import DEFAULT_GPU, DEFAULT_MODEL
+    from tessera_lab.errors import ConfigError
+
+    probe = argparse.ArgumentParser(add_help=False)
+    add_plan_options(probe, DEFAULT_MODEL, DEFAULT_GPU)
+    for action in probe._actions:
+        if not action.option_strings or not hasattr(args, action.dest):
+            continue
+        if getattr(args, action.dest) != action.default:
+            opt = max(action.option_strings, key=len)
+            raise ConfigError(f"option {opt} sets up a new plan, but --plan {args.plan} is a saved plan with its own "
+                              f"layout and costs (it would be ignored); allowed: --plan without {opt}, or {opt} "
+                              "without --plan")
 
 
 def add_parser(sub) -> None:

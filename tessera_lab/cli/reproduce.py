@@ -33,9 +33,9 @@ def claims_text(rep) -> str:
                         if s["baselines"]["megatron_core"]["fits"] else "no fit")} for s in rep.scenarios])
     return ("paper claims (verdict computed from the numbers; docs/reproduce.md)\n" + claims + "\n\nwhy\n" + reasons
             + "\n\nscenarios (simulated; band over EP placement, dispatcher, grouped GEMM, sequence length; gains: "
-              "T_baseline / T_plan - 1, setups planned with the host/sync term off; host/sync term: Megatron-Core "
-              "re-planned with the planner's term (cost/sync.py's fitted per-layer seconds where its schedule has "
-              "no EP overlap))\n" + bands)
+              "T_baseline / T_plan - 1, setups planned with the host/sync term off; host/sync term: both sides "
+              "planned again with the planner's term (cost/sync.py's fitted seconds per host wait: all of them in a "
+              "forward run apart, beyond the paired expert backward in a forward the EP overlap pairs))\n" + bands)
 
 
 #: the line that heads the per-scenario table of :func:`claims_markdown`

@@ -84,7 +84,8 @@ def format_search(res, top: int, model=None) -> str:
     moe = getattr(res, "moe", True)
     lines.append(table([_row(i + 1, c, moe) for i, c in enumerate(ranked)], ".3f"))
     lines.append("iteration, tokens/s, MFU, bubble: simulated by the planner of `tessera-lab plan` (objective auto, "
-                 "method dp; ilp with virtual stages); peak memory: computed; headroom: capacity less peak; "
+                 "method dp; ilp with virtual stages; without plan's baseline partitions, so `plan` of a layout may "
+                 "keep a baseline's split that simulates a little faster); peak memory: computed; headroom: capacity less peak; "
                  + ("ep N*: the EP group spans the TP ranks; dp: data-parallel replicas of one EP group (GPUs = "
                     "pp x dp x ep x tp x cp, tp once when EP spans it); " if moe else "")
                  + "DP (Megatron): GPUs / (tp x cp x pp), Megatron's --data-parallel size")
@@ -127,6 +128,12 @@ def no_fit_hint(res) -> str:
             reason, n = max(errors.items(), key=lambda kv: kv[1])
             reason = reason.replace(" (tessera-lab search lists layouts that fit)", "")
             why = f" (most often, {n} of them: {reason})"
+        pr = getattr(res, "pruned", None) or {}
+        if not res.planned:
+            mem = pr.get("memory (parameter state)", 0) + pr.get("memory", 0)
+            return (f"no layout was planned: {mem:,} of {res.enumerated:,} were ruled out by the memory bounds (they "
+                    f"cannot fit {cap:.1f} GiB per GPU){unplanned}; allowed: more GPUs (--gpus {res.gpus * 2}), a "
+                    f"shorter --seq-len (below {res.seq_len}) or a smaller global batch")
         return (f"every planned candidate ({len(res.planned)}) was refused by the planner{why}{unplanned}; allowed: "
                 f"more GPUs (--gpus {res.gpus * 2}), a shorter --seq-len (below {res.seq_len}) or a smaller global "
                 "batch")

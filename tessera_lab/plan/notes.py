@@ -89,8 +89,9 @@ def sync_note(model: ModelSpec, parallel: ParallelConfig, cost_model, sm: StageC
     return ((f"host/sync term: {c * 1e3:.2f} ms per MoE layer forward and micro-batch ({waits} host "
              f"wait{'s' if waits != 1 else ''} x {c / waits * 1e3:.2f} ms: {', '.join(named)}) "
             f"({FITTED_PROVENANCE if given else 'set by --host-sync-ms'}; the dropless EP dispatch "
-            f"({parallel.dispatcher}) waits on the host's token counts before its all-to-all; in a forward "
-            f"an EP-overlap schedule pairs with a backward hidden up to the paired backward's expert (mlp) node, "
-            f"queued before the wait in Megatron-Core's issue order, carried in full by every forward run apart; "
-            f"tessera_lab/cost/sync.py) adds {t - t0:.4f} s to the iteration (simulated: {t:.4f} s with, "
-            f"{t0:.4f} s without, +{t / t0 - 1:.1%}); --host-sync-ms 0 turns it off"), t - t0)
+            f"({parallel.dispatcher}) waits on the host's token counts before its all-to-all; carried in full by "
+            f"every forward run apart; a forward an EP-overlap schedule pairs with a backward carries only what the "
+            f"paired backward's expert (mlp) node, queued before the wait in Megatron-Core's issue order, does not "
+            f"hide; tessera_lab/cost/sync.py) adds {t - t0:.4f} s to the iteration (simulated on the chosen "
+            f"partition: {t:.4f} s with, {t0:.4f} s without, +{t / t0 - 1:.1%}); --host-sync-ms 0 turns it off, and "
+            f"the planner then chooses its partition without it"), t - t0)

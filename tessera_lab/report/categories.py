@@ -70,8 +70,8 @@ DEFINITIONS = {
     "bubble": "rest of the idle time: pipeline fill/drain and schedule dependency waits",
     "routing_variance": "actions beyond their nominal (uniform-routing) time, plus idle beyond the nominal idle",
     "memory_wait": "compute-lane memory_wait events (none in simulation)",
-    "runtime_overhead": ("kernel launch/tail per compute task, host/sync per MoE layer forward run apart; observed "
-                         "beyond predicted time for runs"),
+    "runtime_overhead": ("kernel launch/tail per compute task, host/sync of MoE layer forwards (all of it run apart, "
+                         "beyond the paired expert backward when paired); observed beyond predicted time for runs"),
     "non_model_work": "router, norms, element-wise, permute, embedding, loss, recompute: not model FLOPs",
     "kernel_efficiency": "model-FLOP kernels below peak: their time minus their FLOPs at peak",
     "overlap_contention": "compute slowed down beside communication kernels (contention)",
@@ -91,7 +91,7 @@ FORMULAS = {
     "routing_variance": "G x sum (duration - nominal duration) + idle beyond the nominal idle T0 - busy0_r",
     "memory_wait": "G x compute-lane memory_wait events (0 in simulation)",
     "runtime_overhead": "G x (kernel_launch_s per compute task + host issue beyond GPU time + host/sync per MoE "
-                        "layer forward run apart)",
+                        "layer forward run apart + max(0, host/sync - paired expert backward) per paired one)",
     "non_model_work": "G x time of compute that is not model FLOPs (+ uncounted model-op FLOPs at peak)",
     "kernel_efficiency": "G x sum over model-FLOP kernels of (time without launch - model FLOPs / peak FLOP/s)",
     "overlap_contention": "G x sum over compute spans of (time beside communication - standalone time)",

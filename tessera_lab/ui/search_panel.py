@@ -9,6 +9,7 @@ again, not re-solved), so its iteration is the table's. ipywidgets and matplotli
 
 from __future__ import annotations
 
+import textwrap
 import time
 from typing import Any
 
@@ -260,9 +261,15 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
     table = top_table(res, shown=show)
     cand = res.ranked[show - 1]
     plan = layout_plan(res, cand, model_variant(v["model"], **knobs))
+    from tessera_lab.ui.widgets import plan_notes
+
+    from tessera_lab.report.headline import mfu_text
+
+    notes.insert(0, f"MFU of #{show} (simulated): {mfu_text(plan.chosen.mfu, moe=plan.model.has_moe, model=plan.model)}")
+    notes[1:1] = plan_notes(plan)  # the same validity notes as the planning panels (MFU above the published band)
     figs = [search_heatmap(grid, (cand.layout.pp, cand.layout.ep)),
-            gantt(plan.chosen.timeline, title=f"#{show}: {cand.layout.text()}: iteration "
-                                              f"{plan.chosen.iteration_time_s:.3f} s (simulated)")]
+            gantt(plan.chosen.timeline, title=textwrap.fill(f"#{show}: {cand.layout.text()}: iteration "
+                                                            f"{plan.chosen.iteration_time_s:.3f} s (simulated)", 90))]
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     caption = search_caption(res, v["max_plans"], seconds, cpu, reused) + "".join(CAPTION_SEP + m for m in moved)
     moved.clear()
