@@ -569,8 +569,12 @@ def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
         return t["schedule"] + (f" vpp {t['vpp']}" if t["vpp"] > 1 else "")
 
     if not plans:
+        errors = [(label(t), t.get("error", "exceeds memory")) for t in trials]
+        # each refusal's advice (after its first '; ') once, in order: the schedules mostly share it
+        advice = list(dict.fromkeys(e.split("; ", 1)[1] for _, e in errors if "; " in e))
         raise PartitionError("schedule auto: no schedule fits; " + "; ".join(
-            f"{label(t)}: {t.get('error', 'exceeds memory')}" for t in trials))
+            f"{name}: {e.split('; ', 1)[0]}" for name, e in errors) + ("; advice: " + "; ".join(advice)
+                                                                          if advice else ""))
     best = min(plans, key=lambda pl: pl.chosen.iteration_time_s)
     best.schedule_trials = trials
     best.notes.append("schedule auto: " + ", ".join(
