@@ -85,7 +85,8 @@ def format_search(res, top: int, model=None) -> str:
     lines.append(table([_row(i + 1, c, moe) for i, c in enumerate(ranked)], ".3f"))
     lines.append("iteration, tokens/s, MFU, bubble: simulated by the planner of `tessera-lab plan` (objective auto, "
                  "method dp; ilp with virtual stages; without plan's baseline partitions, so `plan` of a layout may "
-                 "keep a baseline's split that simulates a little faster); peak memory: computed; headroom: capacity less peak; "
+                 "keep a baseline's split that simulates a little faster); peak memory: computed; headroom: "
+                 "capacity less peak; "
                  + ("ep N*: the EP group spans the TP ranks; dp: data-parallel replicas of one EP group (GPUs = "
                     "pp x dp x ep x tp x cp, tp once when EP spans it); " if moe else "")
                  + "DP (Megatron): GPUs / (tp x cp x pp), Megatron's --data-parallel size")

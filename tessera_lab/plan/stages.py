@@ -108,24 +108,22 @@ class StageCostModel:
     def _with_paired_sync(self, pairs: dict[tuple[str, str], float] | None) -> dict[tuple[str, str], float] | None:
         """``pairs`` with each pair's exposed host waits added (:func:`~tessera_lab.cost.sync.paired_exposed_s` of
         the forward kind's waits and the backward kind's ``mlp`` node; a kind's values are its first layer's)."""
+        self._exposed = None
         if pairs is None or self.host_sync is None:
             return pairs
         first: dict[str, int] = {}
         for idx, kind in enumerate(self.kinds):
             first.setdefault(kind, idx)
         queued = self.mlp_queued or [0.0] * self.num_layers
-        return {(kf, kb): v + paired_exposed_s(self.host_sync[first[kf]], queued[first[kb]])
-                if kf in first and kb in first else v for (kf, kb), v in pairs.items()}
+        self._exposed = {(kf, kb): paired_exposed_s(self.host_sync[first[kf]], queued[first[kb]])
+                         if kf in first and kb in first else 0.0 for kf, kb in pairs}
+        return {key: v + self._exposed[key] for key, v in pairs.items()}
 
     def paired_sync(self, s: int, i: int, j: int) -> float:
         """Host/sync seconds per micro-batch inside :meth:`fb` of the segment (the exposed part of its paired
         forwards' waits, in the pairs of :func:`~tessera_lab.overlap.core.stage_pair_cost`); 0 without pairs or
         the term."""
-        if self.pair_costs is None or self.host_sync is None:
-            return 0.0
-        n = j - i
-        return sum(self.pair_costs[(self.kinds[i + k], self.kinds[j - 1 - k])]
-                   - self.raw_pair_costs[(self.kinds[i + k], self.kinds[j - 1 - k])] for k in range(n))
+        return 0.0 if self._exposed is None else stage_pair_cost(self.kinds[i:j], self._exposed)
 
     def _ends(self, s: int) -> list[int]:
         """Entries (0 = embedding, -1 = head) that stage ``s`` owns besides its decoder layers."""

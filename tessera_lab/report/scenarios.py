@@ -248,9 +248,9 @@ def run_scenario(sc: Scenario, *, knobs: bool = True, limit=None) -> dict[str, A
     plan = min(fitting, key=lambda p: p.chosen.iteration_time_s)
     after = _after(plan, plans)
     # the second reading plans again with the term, as Megatron-Core's options are re-picked with it
-    plans_sync = [p for p in _overlap_plans(model, par0.replace(host_sync_s=None), mc_best, limit)]
-    fitting_sync = [p for p in plans_sync if p.chosen.fits_memory] or plans_sync or [plan]
-    plan_sync = min(fitting_sync, key=lambda p: p.chosen.iteration_time_s)
+    plans_sync = _overlap_plans(model, par0.replace(host_sync_s=None), mc_best, limit)
+    fitting_sync = [p for p in plans_sync if p.chosen.fits_memory] or plans_sync
+    plan_sync = min(fitting_sync, key=lambda p: p.chosen.iteration_time_s) if fitting_sync else None
     base = _baselines(model, par0, plan, mc_best, plan_sync)
     t0, t1, t2 = base["even_1f1b"]["iteration_s"], base["even"]["iteration_s"], after["iteration_s"]
     ablation = {"total": t0 / t2 - 1, "overlap": t0 / t1 - 1, "balance": t0 / t2 - t0 / t1,
@@ -306,8 +306,8 @@ def _baselines(model, par0: ParallelConfig, plan, mc_best: dict[str, Any], plan_
                ) -> dict[str, dict[str, Any]]:
     """The baselines (even split with plain 1F1B, the plan's own baselines under its schedule, Megatron-Core's best),
     each with its gain over the plan, read with the host/sync term off and then at its fitted value (``plan_sync``:
-    the overlap-aware plan made with the term, whose own baselines are the priced ones; ``None``: ``plan``'s
-    partitions re-priced with the term)."""
+    the overlap-aware plan made with the term, whose own baselines are the priced ones; ``None``, when it does not
+    plan: no second reading, NaN)."""
     par = plan.parallel
     t2 = plan.chosen.iteration_time_s
 
@@ -334,18 +334,14 @@ def _baselines(model, par0: ParallelConfig, plan, mc_best: dict[str, Any], plan_
     # value, the overlap-aware plan among them; every schedule pays what it exposes (the EP-overlap schedules: the
     # forwards they run apart, and in each pair the waits the paired backward's mlp node does not hide)
     par_sync = par0.replace(host_sync_s=None)
-    if plan_sync is not None:
-        t2_sync = plan_sync.chosen.iteration_time_s
-    else:
-        t2_sync = _priced(model, plan, plan.chosen, plan.parallel.replace(host_sync_s=None))
+    t2_sync = plan_sync.chosen.iteration_time_s if plan_sync is not None else math.nan
 
     def gain_sync(t: float) -> float:
-        return t / t2_sync - 1.0 if t == t and t > 0 else math.nan
+        return t / t2_sync - 1.0 if t == t and t > 0 and t2_sync == t2_sync else math.nan
 
     priced = {"even_1f1b": _even(model, par_sync.replace(schedule="1f1b", vpp=1))["iteration_s"]}
     for name, key in (("uniform", "even"), ("standalone", "standalone"), ("parameters", "parameters")):
-        priced[key] = (plan_sync.baselines[name].iteration_time_s if plan_sync is not None else
-                       _priced(model, plan, plan.baselines[name], plan.parallel.replace(host_sync_s=None)))
+        priced[key] = plan_sync.baselines[name].iteration_time_s if plan_sync is not None else math.nan
     for b in base.values():
         b["gain"] = gain(b["iteration_s"]) if b["fits"] else math.nan
     for key, b in base.items():
@@ -363,17 +359,6 @@ def _baselines(model, par0: ParallelConfig, plan, mc_best: dict[str, Any], plan_
     else:
         mc.update(gain_with_sync=math.nan, sync_s=0.0)
     return base
-
-
-def _priced(model, plan, evaluation, parallel: ParallelConfig) -> float:
-    """Iteration seconds (simulated) of ``evaluation``'s partition re-costed under ``parallel`` (the plan's layout
-    with the host/sync term at its fitted value): the same partition, the term added."""
-    from tessera_lab.plan.evaluate import evaluate
-    from tessera_lab.plan.stages import build_stage_model
-
-    cm, sm = build_stage_model(model, parallel, plan.cluster)
-    return evaluate(model, parallel, cm, sm, evaluation.partition, evaluation.method, plan.model_flops,
-                    time_only=True)
 
 
 def _knob_band(sc: Scenario, model, par: ParallelConfig, after: dict[str, Any]) -> list[dict[str, Any]]:

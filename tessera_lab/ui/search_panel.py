@@ -261,12 +261,11 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
     table = top_table(res, shown=show)
     cand = res.ranked[show - 1]
     plan = layout_plan(res, cand, model_variant(v["model"], **knobs))
+    from tessera_lab.report.headline import mfu_text
     from tessera_lab.ui.widgets import plan_notes
 
-    from tessera_lab.report.headline import mfu_text
-
-    notes.insert(0, f"MFU of #{show} (simulated): {mfu_text(plan.chosen.mfu, moe=plan.model.has_moe, model=plan.model)}")
-    notes[1:1] = plan_notes(plan)  # the same validity notes as the planning panels (MFU above the published band)
+    mfu = mfu_text(plan.chosen.mfu, moe=plan.model.has_moe, model=plan.model)
+    notes[:0] = [f"MFU of #{show} (simulated): {mfu}", *plan_notes(plan)]  # the same validity notes as the planning panels (MFU above the published band)
     figs = [search_heatmap(grid, (cand.layout.pp, cand.layout.ep)),
             gantt(plan.chosen.timeline, title=textwrap.fill(f"#{show}: {cand.layout.text()}: iteration "
                                                             f"{plan.chosen.iteration_time_s:.3f} s (simulated)", 90))]
