@@ -465,3 +465,9 @@ def test_bottleneck_line_names_the_host_sync_term_where_it_is_the_largest():
     assert stages[s].host_sync_s > max(k.time_s for k in kinds)
     assert bottleneck_bounds(plan).startswith(f"bottleneck stage {s} is bound by: host/sync")
     assert "host/sync" not in bottleneck_bounds(make_plan(model, ParallelConfig(host_sync_s=0.0)))
+    # one source for both: `plan`'s bound line lists the same stage and the host/sync term first among its terms
+    from tessera_lab.cli.plan import _bound_lines
+
+    line = _bound_lines(plan)[0]
+    assert line.startswith(f"bound: stage {s} ") and line.split("): ", 1)[1].startswith(
+        f"host/sync {stages[s].host_sync_s * 1e3:.1f} ms")

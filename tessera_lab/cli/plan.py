@@ -54,25 +54,26 @@ def _bound_lines(plan) -> list[str]:
     host/sync term (:mod:`tessera_lab.cost.sync`, part of its forward time) beside them with its per-MoE-layer value
     and source, the kinds under 2% summed, and the terms' sum against the stage's standalone F+B+W; then why a knob
     may not move the stage."""
-    from tessera_lab.cost.bounds import OWN_STREAM_KIND, bound_text, knob_hint, layers_bounds
+    from tessera_lab.cost.bounds import HOST_SYNC_KIND, OWN_STREAM_KIND, bound_text, knob_hint
     from tessera_lab.cost.sync import FITTED_PROVENANCE
+    from tessera_lab.plan.notes import bottleneck_kinds
 
-    stages = plan.chosen.stages
-    s = max(range(len(stages)), key=lambda i: stages[i].time_s)
-    st = stages[s]
-    kinds = layers_bounds(plan.model, plan.parallel, plan.cluster, st.layers, first=s == 0,
-                          last=s == len(stages) - 1)
+    s, kinds = bottleneck_kinds(plan)
+    st = plan.chosen.stages[s]
     cut = 0.02 * st.time_s
-    terms = [(k.time_s, bound_text(k)) for k in kinds if k.time_s > cut]
     sync = st.host_sync_s
-    if sync > 0:
-        n_moe = sum(1 for l in st.layers if plan.model.stack.layers[l].ffn == "moe")
-        src = FITTED_PROVENANCE if plan.parallel.host_sync_s is None else "set by --host-sync-ms"
-        terms.append((sync, f"host/sync {sync * 1e3:.1f} ms: {n_moe} MoE layer{'s' if n_moe != 1 else ''} x "
-                            f"{sync / max(n_moe, 1) * 1e3:.2f} ms per forward ({src}; tessera_lab/cost/sync.py; "
-                            "--host-sync-ms sets it)"))
+    terms = []
+    for k in kinds:
+        if k.kind == HOST_SYNC_KIND:
+            n_moe = sum(1 for l in st.layers if plan.model.stack.layers[l].ffn == "moe")
+            src = FITTED_PROVENANCE if plan.parallel.host_sync_s is None else "set by --host-sync-ms"
+            terms.append((sync, f"host/sync {sync * 1e3:.1f} ms: {n_moe} MoE layer{'s' if n_moe != 1 else ''} x "
+                                f"{sync / max(n_moe, 1) * 1e3:.2f} ms per forward ({src}; tessera_lab/cost/sync.py; "
+                                "--host-sync-ms sets it)"))
+        elif k.time_s > cut:
+            terms.append((k.time_s, bound_text(k)))
+    kinds = [k for k in kinds if k.kind != HOST_SYNC_KIND]
     rest = sum(k.time_s for k in kinds if k.time_s <= cut)
-    terms.sort(key=lambda t: -t[0])
     if rest > 0:
         terms.append((rest, f"smaller kinds {rest * 1e3:.1f} ms"))
     total = sum(t for t, _ in terms)

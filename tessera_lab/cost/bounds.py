@@ -25,6 +25,8 @@ from tessera_lab.model.tasks import LayerTasks, Task
 #: the kind of the collectives that run on streams of their own beside the two lanes (Megatron FSDP's parameter
 #: all-gathers and gradient reduce-scatters, :attr:`~tessera_lab.model.graph.Task.own_stream`)
 OWN_STREAM_KIND = "FSDP gathers/reduce-scatters (own streams)"
+#: the host/sync term (:mod:`tessera_lab.cost.sync`) reported beside the task kinds of a stage
+HOST_SYNC_KIND = "host/sync"
 #: task kinds in the order they are reported
 KIND_ORDER = ("expert GEMMs", "EP all-to-all", "attention core", "linear-attention core", "dense GEMMs",
               "elementwise", "TP all-reduce", "CP communication", OWN_STREAM_KIND, "other communication")

@@ -70,6 +70,24 @@ def window_note(model: ModelSpec, parallel: ParallelConfig) -> str | None:
             f"(model/mixers.py attention_pairs); a window below {parallel.seq_len} keeps them local")
 
 
+def bottleneck_kinds(plan) -> tuple[int, list]:
+    """``(s, kinds)``: the chosen plan's slowest stage ``s`` and its per-kind bounds (F + B + W seconds per
+    micro-batch before overlap, :func:`tessera_lab.cost.bounds.layers_bounds`) with the stage's host/sync seconds
+    (:mod:`tessera_lab.cost.sync`) as one more kind, :data:`~tessera_lab.cost.bounds.HOST_SYNC_KIND`, bound by
+    ``the host's waits (fitted)`` or ``(set)``; largest first. The one source of ``plan``'s ``bound:`` lines and
+    the panels' bottleneck line."""
+    from tessera_lab.cost.bounds import HOST_SYNC_KIND, KindBound, layers_bounds
+
+    stages = plan.chosen.stages
+    s = max(range(len(stages)), key=lambda i: stages[i].time_s)
+    kinds = layers_bounds(plan.model, plan.parallel, plan.cluster, stages[s].layers, first=s == 0,
+                          last=s == len(stages) - 1)
+    if (sync := stages[s].host_sync_s) > 0:
+        given = "fitted" if plan.parallel.host_sync_s is None else "set"
+        kinds.append(KindBound(HOST_SYNC_KIND, sync, {f"the host's waits ({given})": sync}))
+    return s, sorted(kinds, key=lambda k: -k.time_s)
+
+
 def sync_note(model: ModelSpec, parallel: ParallelConfig, cost_model, sm: StageCostModel, chosen: Evaluation,
               flops: float) -> tuple[str, float]:
     """``(note, seconds)``: what the host/sync term (:mod:`tessera_lab.cost.sync`) adds to the chosen plan: its

@@ -219,15 +219,11 @@ def plan_caption(plan: Plan, seconds: float | None = None, cpu_seconds: float | 
 
 
 def bottleneck_bounds(plan: Plan) -> str:
-    """The slowest stage's bounds per task kind (cost/bounds.py) and its host/sync seconds, as `plan`'s bound line."""
-    from tessera_lab.cost.bounds import layers_bounds
+    """The slowest stage's largest bounds per task kind and host/sync (plan/notes.py), as `plan`'s bound line."""
+    from tessera_lab.plan.notes import bottleneck_kinds
 
-    stages = plan.chosen.stages
-    s = max(range(len(stages)), key=lambda i: stages[i].time_s)
-    terms = [(k.time_s, f"{k.kind} {k.bound}") for k in layers_bounds(
-        plan.model, plan.parallel, plan.cluster, stages[s].layers, first=s == 0, last=s == len(stages) - 1)]
-    terms += [(stages[s].host_sync_s, "host/sync the host's waits (fitted)")] if stages[s].host_sync_s > 0 else []
-    big = [text for t, text in sorted(terms, key=lambda t: -t[0]) if t > 0.05 * stages[s].time_s][:4]
+    s, kinds = bottleneck_kinds(plan)
+    big = [f"{k.kind} {k.bound}" for k in kinds if k.time_s > 0.05 * plan.chosen.stages[s].time_s][:4]
     return f"bottleneck stage {s} is bound by: " + ", ".join(big)
 
 
