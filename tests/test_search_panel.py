@@ -53,7 +53,8 @@ def test_search_panel_shows_the_search_its_grid_and_the_chosen_layouts_timeline(
                  "s wall", "s CPU (measured)"):
         assert part in cap, (part, cap)
     # the chosen layout's MFU against the published band first (as the CLI's "MFU of #1"), then the budget
-    assert state["notes"][0].startswith("MFU of #1 (simulated): ") and "published band" in state["notes"][0]
+    assert state["info"][0].startswith("MFU of #1 (simulated): ") and "published band" in state["info"][0]
+    assert not any(n.startswith("MFU of #") for n in state["notes"])  # information, not a warning
     assert any("left unplanned" in n for n in state["notes"])  # 16 plans leave layouts unplanned
     assert state["png"][:4] == b"\x89PNG" and "<table" in state["table_html"]
 

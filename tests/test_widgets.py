@@ -326,7 +326,7 @@ def test_dynamic_panel_table_is_the_jobs_and_titles_follow_the_choice():
     table = dynamic_summary(r)
     assert table["static iteration (s), job of 2 EP groups"] == max(g.static.iteration_time for g in ref.groups)
     assert {"choice (EP group 0)", "choice (EP group 1)"} <= set(table)
-    assert any("figures: EP group 0" in n for n in state["notes"])
+    assert any("figures: EP group 0" in n for n in state["info"])
     assert "moved" not in dynamic_titles("static")[1] and "moved" in dynamic_titles("fill")[1]
 
 

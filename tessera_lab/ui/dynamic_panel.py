@@ -128,15 +128,16 @@ def dynamic_panel(costs: Any, *, ep: int, microbatches: int, skew: float = 1.0, 
                         title=f"EP group 0, layer 0, zipf:{controls['skew'].value:.1f}")
         rank_load_bars(rt.ep_rank_load(g.counts[0], ep), ax=axes[1], title="EP group 0, per-EP-rank load")
         table = pd.Series(dynamic_summary(r, state_uniform[0]), name="simulated").to_frame()
-        notes = [f"table: the whole job ({len(r.groups)} EP group(s), the slowest group sets the iteration); "
-                 "figures: EP group 0"] if len(r.groups) > 1 else []
+        info = [f"table: the whole job ({len(r.groups)} EP group(s), the slowest group sets the iteration); "
+                "figures: EP group 0"] if len(r.groups) > 1 else []
+        notes = []
         if state_uniform[0] is not None and dynamic_gain(state_uniform[0]) > dynamic_gain(r):
             notes.append("the gain without skew (static part) exceeds the gain with it: splitting B into I and W "
                          "helps any schedule; the skew itself costs more than reacting to it wins back")
         if r.throughput_gain < 0:
             notes.append("the realised step is slower than static (stale metadata): the guard only holds on the "
                          "prediction")
-        return View(table, [fig, gantt_pair(g.static, g.dynamic, titles=dynamic_titles(str(g.plan.choice)))], notes)
+        return View(table, [fig, gantt_pair(g.static, g.dynamic, titles=dynamic_titles(str(g.plan.choice)))], notes, info)
 
     from tessera_lab.ui.panel import CAPTION_SEP, settings_caption
 

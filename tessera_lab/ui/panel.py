@@ -39,12 +39,16 @@ class View:
     Attributes:
         table: a pandas DataFrame or Series, a plain string, or ``None``.
         figures: matplotlib Figures or Axes (stacked top to bottom), or ``None``/empty for none.
-        notes: validity flags, one line each (e.g. "ilp: does not fit in memory (stage 0 needs 161.2 GiB)").
+        notes: validity flags and caveats, one line each, shown with a warning sign (e.g. "ilp: does not fit in
+            memory (stage 0 needs 161.2 GiB)").
+        info: plain information lines (what a figure shows, the MFU against its published band), shown above the
+            notes without a warning sign.
     """
 
     table: Any = None
     figures: Any = None
     notes: list[str] = field(default_factory=list)
+    info: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -262,7 +266,7 @@ def panel(
     Returns:
         ``(panel, controls, state)``: the ``ipywidgets.VBox`` (rows of controls, status line, table, image),
         the controls (set ``.value`` to recompute) and the live ``state`` dict, which also holds ``"png"`` (the
-        figure's PNG bytes), ``"table_html"`` and ``"notes"``.
+        figure's PNG bytes), ``"table_html"``, ``"notes"`` and ``"info"``.
     """
     import ipywidgets as w
 
@@ -298,7 +302,7 @@ def panel(
             result = compute({name: c.value for name, c in controls.items()})
         except TesseraError as exc:
             state["error"] = str(exc)
-            state["notes"] = []
+            state["notes"], state["info"] = [], []
             state["table_html"] = ""
             # the reason in the status line (in the panel's words), the figure only saying there is no plot
             state["png"] = figure_png(message_figure(f"{error_prefix}: no plot (the reason is in the line above)"),
@@ -318,12 +322,13 @@ def panel(
             caption = caption_of(result)
         figs = view.figures if isinstance(view.figures, (list, tuple)) else [view.figures]
         figs = [f for f in figs if f is not None] or [message_figure("no figure for these settings")]
-        state["notes"] = list(view.notes)
+        state["notes"], state["info"] = list(view.notes), list(view.info)
         state["table_html"] = table_html(view.table, caption=caption)
         state["png"] = stack_png([figure_png(f, caption=caption if i == len(figs) - 1 else None)
                                   for i, f in enumerate(figs)])
-        status.value = "<br>".join(f"<span style='color:#b35900'>&#9888; {html.escape(n)}</span>"
-                                   for n in view.notes)
+        status.value = "<br>".join([*(f"<span style='color:dimgray'>{html.escape(n)}</span>" for n in view.info),
+                                    *(f"<span style='color:#b35900'>&#9888; {html.escape(n)}</span>"
+                                      for n in view.notes)])
         table.value = state["table_html"]
         image.value = state["png"]
         show(state)
