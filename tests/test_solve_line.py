@@ -32,6 +32,11 @@ def test_solve_line_names_a_kept_baseline_and_the_solver_optimum_beside_it():
     line = solve_line(p)
     assert line.startswith("chosen partition: the parameters baseline's, not the solver's"), line
     assert "(1.0000 s) than the ilp optimum (1.2500 s, boundaries [0, 2, 4]), which is proven optimal" in line
+    # a solver stopped at its limit: its partition is not called an optimum anywhere in the line
+    p.chosen.partition.status = "TimeLimit (feasible, not proven optimal)"
+    line = solve_line(p)
+    assert "than the ilp partition (1.2500 s" in line and "NOT proven optimal" in line and "optimum" not in line
+    assert "in 1.50 s wall" in line
 
 
 

@@ -222,8 +222,9 @@ def format_plan(plan) -> str:
     lines.append("iteration, tokens/s, MFU, bubble and stage times: simulated (the schedule on the costs above); "
                  "memory: computed (memory model) against the GPU's capacity less its reserve (data/hardware)")
     lines.append(solve_line(plan))
-    lines.append("baselines (same schedule and simulator): " + "; ".join(
-        f"{name}: {BASELINE_TEXT.get(name, name)}" for name in plan.baselines))
+    lines.append("baselines (same schedule and simulator): " + ("; ".join(
+        f"{name}: {BASELINE_TEXT.get(name, name)}" for name in plan.baselines) or "none (the split is given or "
+        "even, so there is no partition to compare it with)"))
     if any(not ev.fits_memory for ev in [plan.chosen, *plan.baselines.values()]):
         lines.append("(!) does not fit in GPU memory: its times are shown for comparison only")
     lines.append(_bottleneck_line(plan.chosen))

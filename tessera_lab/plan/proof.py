@@ -23,7 +23,7 @@ def solve_line(plan: Any) -> str:
     if not part.solver and ev.method == "uniform":
         return "chosen partition: a given or even split (no solver, nothing to prove)"
     status = part.status or "Optimal"
-    t = f" in {part.solve_time_s:.2f} s" if part.solve_time_s else ""
+    t = f" in {part.solve_time_s:.2f} s wall" if part.solve_time_s else ""
     moved = (plan.refinement or {}).get("gain_s", 0.0) > 0
     after = ("; then moved by simulator refinement, which searches neighbours and proves nothing"
              if moved else "")
@@ -33,7 +33,8 @@ def solve_line(plan: Any) -> str:
                  if status == "Optimal" else
                  f"NOT proven optimal ({part.solver or ev.method}, status {status}{t})")
         return (f"chosen partition: the {kept} baseline's, not the solver's: it simulates faster "
-                f"({ev.iteration_time_s:.4f} s) than the {own.method} optimum ({own.iteration_time_s:.4f} s, "
+                f"({ev.iteration_time_s:.4f} s) than the {own.method} "
+                f"{'optimum' if status == 'Optimal' else 'partition'} ({own.iteration_time_s:.4f} s, "
                 f"boundaries {list(own.partition.boundaries)}), which is {proof}; the solver's objective is not the "
                 f"simulated time{after}")
     if status == "Optimal":
@@ -50,5 +51,6 @@ def partition_label(plan: Any, evaluation: Any = None) -> str:
     ev = plan.chosen if evaluation is None else evaluation
     kept = kept_baseline(plan)
     if kept and ev is plan.chosen:
-        return f"{kept} baseline's partition (kept over the {ev.method} optimum: it simulates faster)"
+        what = "optimum" if (ev.partition.status or "Optimal") == "Optimal" else "best partition (not proven optimal)"
+        return f"{kept} baseline's partition (kept over the {ev.method} {what}: it simulates faster)"
     return f"{ev.method} partition"
