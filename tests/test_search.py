@@ -509,3 +509,16 @@ def test_unproven_top_is_said(monkeypatch):
     assert line.startswith("not proven: 7 layouts left unplanned have time bounds from 1.500 s, below #1's 2.000 s")
     res.unplanned_bound_s = 2.5  # every bound above #1: proven
     assert not any(ln.startswith("not proven") for ln in format_search(res, 3).splitlines())
+
+
+def test_refusals_counted_by_kind_not_by_number():
+    """The terminal line counts planner refusals by kind: messages that differ only in a stage or a number are one
+    kind (hand example)."""
+    from tessera_lab.cli.search import refusal_kinds
+
+    errors = {"no partition fits in memory: even the closest one puts stage 4 (layers 26-33) at 163.33 GiB": 2,
+              "no partition fits in memory: even the closest one puts stage 12 (layers 14-15) at 138.38 GiB": 1,
+              "ILP stopped with status NotSolved (1234 binaries over 400) and no solution": 3,
+              "ILP stopped with status NotSolved (936 binaries over 400) and no solution": 4}
+    assert refusal_kinds(errors) == {"ILP stopped with status NotSolved": 7, "no partition fits in memory": 3}
+    assert list(refusal_kinds(errors)) == ["ILP stopped with status NotSolved", "no partition fits in memory"]

@@ -102,8 +102,23 @@ def format_search(res, top: int, model=None) -> str:
     for i, c in enumerate(ranked[1:], start=2):
         lines.append(f"#{i} against #1: {separation(ranked[0], c, moe)}")
     if res.errors:
-        lines.append(f"planner refusals: {sum(res.errors.values())} ({len(res.errors)} distinct; --json lists them)")
+        kinds = refusal_kinds(res.errors)
+        lines.append(f"planner refusals: {sum(res.errors.values())} (" + ", ".join(
+            f"{n} {kind}" for kind, n in kinds.items()) + "; --json lists each message)")
     return "\n".join(lines)
+
+
+def refusal_kinds(errors: dict[str, int]) -> dict[str, int]:
+    """Planner refusals (message -> count) counted by kind: the message up to its first ``(``, ``:`` or ``;``
+    (``no partition fits in memory``, ``ILP stopped with status NotSolved``), most frequent first; the stage
+    and the numbers that make each message distinct are in ``--json``."""
+    import re
+    from collections import Counter
+
+    kinds: Counter[str] = Counter()
+    for message, n in errors.items():
+        kinds[re.split(r"\s*[(:;]", message, maxsplit=1)[0].strip() or message] += n
+    return dict(kinds.most_common())
 
 
 def _cpu_text(res) -> str:
