@@ -50,6 +50,16 @@ R4_STEP_S = 24.2
 #: the published order of r1..r5 (the issue of the search: r2, r3 < r1 < r4 < r5)
 ORDERED = ("r1", "r2", "r3", "r4", "r5")
 TIE = 0.05
+#: settings a layout's source does not publish, planned as a sensitivity beside the recipe mapping (never the
+#: acceptance figure): label -> (the extra plan options, why). r3's command is not in the ModelZoo; its Megatron-Core
+#: (1e057005) reduces gradients in fp32 for bf16 training unless --grad-reduce-in-bf16 is passed
+#: (megatron/training/arguments.py, accumulate_allreduce_grads_in_fp32), which our mapping follows; NVIDIA's own
+#: Megatron-FSDP MoE example reduces them in bf16 (examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh,
+#: --megatron-fsdp-grad-comm-dtype bf16, NVIDIA/Megatron-LM@d98e8a64).
+UNPUBLISHED = {"r3": (["--grad-reduce-dtype", "bf16"],
+                      "gradients reduce-scattered in bf16 (the ModelZoo does not publish r3's command; Megatron-Core "
+                      "1e057005 reduces in fp32 unless --grad-reduce-in-bf16, NVIDIA's Megatron-FSDP DeepSeek-V3 "
+                      "example reduces in bf16)")}
 
 
 def published_times() -> dict[str, float]:
@@ -144,8 +154,22 @@ def evaluate() -> dict:
     pred = {k: r["iteration_time_s"] for k, r in rows.items() if "error" not in r and r["fits"]}
     off = {label: plan_one([*argv, "--host-sync-ms", "0"]) for label, (_, argv) in LAYOUTS.items() if label in pred}
     pred_off = {k: r["iteration_time_s"] for k, r in off.items() if "error" not in r and r["fits"]}
+    alt = {label: plan_one([*LAYOUTS[label][1], *extra]) for label, (extra, _) in UNPUBLISHED.items()}
+    pred_alt = dict(pred) | {k: r["iteration_time_s"] for k, r in alt.items() if "error" not in r and r["fits"]}
     return {"rows": rows, "published_s": pub, "agreement": rank_agreement(pred, pub), "rows_without_sync_term": off,
-            "agreement_without_sync_term": rank_agreement(pred_off, pub)}
+            "agreement_without_sync_term": rank_agreement(pred_off, pub), "rows_unpublished_settings": alt,
+            "agreement_unpublished_settings": rank_agreement(pred_alt, pub)}
+
+
+def _unpublished_text(res: dict) -> str:
+    """The sensitivity to settings the sources do not publish (:data:`UNPUBLISHED`), one sentence, computed."""
+    alt, a = res["rows_unpublished_settings"], res["agreement_unpublished_settings"]
+    parts = [f"{k} with {UNPUBLISHED[k][1]}: " + (f"{r['iteration_time_s']:.2f} s (simulated, published "
+                                                    f"{res['published_s'][k]:g} s)" if "error" not in r
+                                                    else f"cannot plan ({r['error']})") for k, r in alt.items()]
+    return ("sensitivity to settings the source does not publish (not the acceptance figure, which keeps the "
+            "recipe mapping): " + "; ".join(parts) + f"; the order then agrees on {a['agree']} of {a['pairs']} "
+            f"pairs, disagreeing {', '.join(a['disagree']) or 'none'} (computed)")
 
 
 def markdown(res: dict) -> str:
@@ -173,7 +197,7 @@ def markdown(res: dict) -> str:
             f"predicted within {TIE:.0%} of each other: {', '.join(a['predicted_ties']) or 'none'}, so "
             f"{a['agree_or_tied']} of {a['pairs']} pairs agree or are tied. With the fitted host/sync term off: "
             f"{b['agree']} of {b['pairs']} pairs, Kendall's tau-b {b['kendall_tau_b']:.2f}; disagreeing: "
-            f"{', '.join(b['disagree']) or 'none'} (all computed)."]
+            f"{', '.join(b['disagree']) or 'none'} (all computed).", "", "S" + _unpublished_text(res)[1:] + "."]
     return "\n".join(out)
 
 
@@ -207,6 +231,7 @@ def main() -> None:
         f"{k} {v:.2f} s" for k, v in pred_off.items()) + f" (simulated); {agr_off['agree']} of {agr_off['pairs']} "
           f"pairs agree, disagreeing {agr_off['disagree'] or 'none'}, Kendall tau-b {agr_off['kendall_tau_b']:.2f} "
           "(computed)")
+    print(_unpublished_text(res))
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         with open(args.json, "w") as f:
