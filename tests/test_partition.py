@@ -272,3 +272,46 @@ def test_ilp_time_limit_bounds_both_passes():
     assert min(time.perf_counter() - t, time.process_time() - c) < 1.5 * 2.0 + 1.0
     assert len(part.boundaries) == 33 and part.bottleneck > 0
     assert part.status == "Optimal" or "not proven optimal" in part.status or "heuristic" in part.status
+
+
+def test_memory_repair_hand_example():
+    """Two ranks, two chunks each, 8 layers of memory 1 (layer 0: 3) and limit 5: the even split [0,2,4,6,8] puts
+    rank 0 (stages 0 and 2) at 3+1+1+1 = 6; handing one layer of rank 0 along the pipeline gives a plan whose every
+    rank fits (by hand: rank 0 at 6 and rank 1 at 4 before; stage 0 handing layer 1 to stage 1 makes 5 and 5, the
+    only sums of 10 bytes that fit two ranks of 5)."""
+    from tessera_lab.plan.ilp import memory_repair
+
+    mem = [3, 1, 1, 1, 1, 1, 1, 1]
+    prob = PartitionProblem(8, 4, lambda s, i, j: float(j - i), memory=lambda s, i, j: float(sum(mem[i:j])),
+                            memory_limit=5.0, vpp=2)
+    b = memory_repair(prob, [0, 2, 4, 6, 8])
+    ranks = [0.0, 0.0]
+    for s in range(4):
+        ranks[s % 2] += sum(mem[b[s]:b[s + 1]])
+    assert max(ranks) <= 5 and ranks == [5, 5] and b[0] == 0 and b[-1] == 8
+    assert memory_repair(dataclasses.replace(prob, memory_limit=4.0), [0, 2, 4, 6, 8]) is None  # 10 bytes, 2 x 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=6, max_size=12), st.sampled_from([(2, 2), (2, 3), (3, 2)]),
+       st.integers(0, 10))
+def test_memory_repair_returns_only_plans_that_fit(mem, shape, slack):
+    """Whatever it starts from, a plan memory_repair returns is a partition whose every rank fits the limit, and
+    when the brute force says some plan fits, the ILP with its heuristics finds one (never a false refusal)."""
+    from tessera_lab.plan.ilp import memory_repair
+
+    ranks, vpp = shape
+    S, L = ranks * vpp, len(mem)
+    if L < S:
+        return
+    limit = sum(mem) / ranks + slack / 2
+    prob = PartitionProblem(L, S, lambda s, i, j: float(j - i), memory=lambda s, i, j: float(sum(mem[i:j])),
+                            memory_limit=limit, vpp=vpp)
+    b = memory_repair(prob, uniform_boundaries(L, S))
+    if b is not None:
+        assert b[0] == 0 and b[-1] == L and len(b) == S + 1 and all(b[s] < b[s + 1] for s in range(S))
+        per_rank = [sum(sum(mem[b[s]:b[s + 1]]) for s in range(r, S, ranks)) for r in range(ranks)]
+        assert max(per_rank) <= limit + 1e-9
+    fits = brute_force_vpp([1.0] * L, ranks, vpp, memory=lambda s, i, j: sum(mem[i:j]), limit=limit) < float("inf")
+    if fits:
+        check_valid(solve_ilp(prob), L, S)

@@ -216,8 +216,11 @@ def _heuristic_start(problem: PartitionProblem, all_seg: dict[tuple[int, int, in
     ``(inf, None)`` when none fits."""
     S = problem.num_stages
     ub, best_heuristic = math.inf, None
-    for b in (greedy_upper_bound(problem, all_seg) if problem.vpp == 1 else _virtual_dp(problem),
-              uniform_boundaries(problem.num_layers, S)):
+    starts = [greedy_upper_bound(problem, all_seg) if problem.vpp == 1 else _virtual_dp(problem),
+              uniform_boundaries(problem.num_layers, S)]
+    if problem.vpp > 1:  # the flat DP and the even split may stack a rank's chunks over the limit: repair them
+        starts += [memory_repair(problem, b) for b in starts]
+    for b in starts:
         if b is not None and all((s, b[s], b[s + 1]) in all_seg for s in range(S)):
             h = score_boundaries(problem, b, "ilp")
             if all(problem.memory_ok_rank(x) for x in h.rank_memory) and h.objective < ub:
@@ -522,6 +525,55 @@ def _on_paths(seg: dict[tuple[int, int, int], float], S: int, L: int) -> dict[tu
         back = {k[1] for k in here}
     kept = set(keep)
     return {k: c for k, c in seg.items() if k in kept}
+
+
+def memory_repair(problem: PartitionProblem, boundaries: list[int] | None,
+                  max_moves: int | None = None) -> list[int] | None:
+    """A plan whose every rank fits memory, from ``boundaries`` whose ranks may not (``vpp > 1``: a rank's memory
+    is the sum of its chunks', which a flat split does not see), or ``None``. Steepest descent on the largest rank
+    memory: a move hands one layer of a chunk of the fullest rank along the pipeline to another virtual stage ``t``
+    (the boundaries between them shift by one, so each stage between keeps its layer count); the move that leaves
+    the smallest largest rank memory is taken while it lowers it, at most ``max_moves`` (default: the virtual stage
+    count) times. A heuristic: it proves nothing (the ILP and its bound judge the plan it returns)."""
+    if boundaries is None or problem.memory is None:
+        return None
+    S, pp = problem.num_stages, problem.num_stages // problem.vpp
+    b = list(boundaries)
+
+    def stage_mem(bs: list[int], s: int) -> float | None:
+        i, j = bs[s], bs[s + 1]
+        return problem.memory(s, i, j) if problem.length_ok(s, i, j) and problem.memory_ok(s, i, j) else None
+
+    mem = [stage_mem(b, s) for s in range(S)]
+    if any(x is None for x in mem):
+        return None
+    for _ in range(max_moves if max_moves is not None else S):
+        rank = [sum(mem[s] for s in range(r, S, pp)) for r in range(pp)]
+        worst = max(range(pp), key=rank.__getitem__)
+        if problem.memory_ok_rank(rank[worst]):
+            return b
+        best = None
+        for s in range(worst, S, pp):
+            for t in range(S):
+                if t % pp == worst:
+                    continue
+                lo, hi, d = (s + 1, t + 1, -1) if t > s else (t + 1, s + 1, 1)  # boundaries lo..hi-1 move by d
+                nb = b[:lo] + [x + d for x in b[lo:hi]] + b[hi:]
+                new = {u: stage_mem(nb, u) for u in range(min(s, t), max(s, t) + 1)}
+                if any(x is None for x in new.values()):
+                    continue
+                r = list(rank)
+                for u, x in new.items():
+                    r[u % pp] += x - mem[u]
+                if best is None or max(r) < best[0]:
+                    best = (max(r), nb, new)
+        if best is None or best[0] >= rank[worst]:
+            return None
+        _, b, new = best
+        for u, x in new.items():
+            mem[u] = x
+    rank = [sum(mem[s] for s in range(r, S, pp)) for r in range(pp)]
+    return b if all(problem.memory_ok_rank(x) for x in rank) else None
 
 
 def _virtual_dp(problem: PartitionProblem) -> list[int] | None:

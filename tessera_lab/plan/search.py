@@ -187,19 +187,25 @@ def time_lower_bound(group: _Group, layout: Layout, sync_s: float = 0.0) -> floa
 
 def memory_lower_bound(model: ModelSpec, tasks: list, layout: Layout, seq_len: int) -> float:
     """Bytes the busiest rank holds at least, over every partition (``tasks``: :func:`kind_tasks` of the layout's
-    cost group): the ranks together hold every parameter's training state and every entry's saved activations times
-    at least the fewest micro-batches any stage keeps in flight (:func:`tessera_lab.plan.vschedules.plan_in_flight`),
-    so the busiest holds the ``1 / pp`` share; stage 0 holds the embedding and the last stage the LM head with their
-    own in-flight counts."""
+    cost group). Rank ``r`` keeps ``f_r`` micro-batches of its entries' activations in flight
+    (:func:`tessera_lab.plan.vschedules.plan_in_flight`), so an entry ``l`` costs it ``c_lr = p_l + f_r a_l``
+    (training state + saved activations) and the busiest rank holds ``M >= max_r sum_{l on r} c_lr``. For any
+    weights ``w_r >= 0`` summing to 1, ``M >= sum_r w_r mem_r >= sum_l min_r w_r c_lr``; with ``w_r`` proportional
+    to ``1 / (p + f_r a)`` at the mean entry this is, for equal entries, the exact fractional optimum
+    ``n / sum_r 1 / (p + f_r a)`` (the interleaved and 1F1B ranks' unequal in-flight counts make it much tighter
+    than the even share at the fewest in flight, which is kept beside it). Stage 0 holds the embedding and the last
+    stage the LM head with their own in-flight counts."""
     par = layout.parallel(seq_len)
     mem = layer_memory(model, par, tasks)
-    S = layout.pp * layout.vpp
-    flights = [plan_in_flight(layout.schedule, layout.pp, s % layout.pp, layout.microbatches, layout.vpp)
-               for s in range(S)]
-    total = sum(x.param_bytes for x in mem) + min(flights) * sum(x.activation_bytes for x in mem)
-    ends = max(mem[0].param_bytes + flights[0] * mem[0].activation_bytes,
-               mem[-1].param_bytes + flights[-1] * mem[-1].activation_bytes)
-    return max(total / layout.pp, ends)
+    f = [plan_in_flight(layout.schedule, layout.pp, r, layout.microbatches, layout.vpp) for r in range(layout.pp)]
+    P, A = sum(x.param_bytes for x in mem), sum(x.activation_bytes for x in mem)
+    even = (P + min(f) * A) / layout.pp
+    h = [(P + fr * A) / len(mem) for fr in f]  # rank r's cost of the mean entry
+    weighted = sum(min((x.param_bytes + fr * x.activation_bytes) / hr for fr, hr in zip(f, h)) for x in mem) / sum(
+        1 / hr for hr in h) if all(hr > 0 for hr in h) else 0.0
+    last = f[(layout.pp * layout.vpp - 1) % layout.pp]
+    ends = max(mem[0].param_bytes + f[0] * mem[0].activation_bytes, mem[-1].param_bytes + last * mem[-1].activation_bytes)
+    return max(even, weighted, ends)
 
 
 @dataclass
