@@ -471,3 +471,17 @@ def test_bottleneck_line_names_the_host_sync_term_where_it_is_the_largest():
     line = _bound_lines(plan)[0]
     assert line.startswith(f"bound: stage {s} ") and line.split("): ", 1)[1].startswith(
         f"host/sync {stages[s].host_sync_s * 1e3:.1f} ms")
+
+
+def test_mfu_band_not_applied_to_a_model_of_another_scale():
+    """A miniature model (tiny-runner, 60,872 parameters, of the Qwen3-Next family) gets no published band: the
+    smallest model with a published run has 30.5 B (Qwen3-30B-A3B, computed from its config); the real family
+    member keeps its band."""
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.report.headline import mfu_text, published_mfu_band
+
+    tiny = published_mfu_band("tiny-runner")
+    assert not tiny["bands"] and tiny["scale"].startswith("60,872 parameters, under 0.1 x")
+    assert "qwen3-30b-a3b, 30.5 B" in tiny["scale"]
+    assert "no published band at this scale" in mfu_text(0.02, model=load_model("tiny-runner"))
+    assert published_mfu_band("qwen3-next-80b-a3b")["bands"]

@@ -88,9 +88,45 @@ def published_mfu_band(model: Any = None) -> dict[str, Any]:
         model: a ModelSpec, a shipped model's name, or ``None`` (Qwen3-Next-80B-A3B, the default plan's model).
     Returns:
         ``{"lo", "hi", "bands": [{"name", "lo", "hi", "source"}, ...], "family"}``, shares (0.211 = 21.1%);
-        ``lo``/``hi`` are ``None`` and ``bands`` empty when neither the family nor the model has a published run.
+        ``lo``/``hi`` are ``None`` and ``bands`` empty when neither the family nor the model has a published run,
+        or when the model is under :data:`BAND_MIN_SCALE` of the smallest model with a Megatron-Bridge run
+        (``scale`` then says so: a model of millions of parameters runs kernels too small to compare).
     """
-    return _band(*_model_key(model))
+    name, model_type = _model_key(model)
+    if model is not None:
+        spec = model if not isinstance(model, str) else None
+        total = (spec.param_counts().total if spec is not None else _shipped_params(name))
+        smallest, small_name = _smallest_published()
+        if total < BAND_MIN_SCALE * smallest:
+            return {"lo": None, "hi": None, "bands": [], "family": model_type,
+                    "scale": f"{_count(total)} parameters, under {BAND_MIN_SCALE:g} x the smallest model with a "
+                             f"published run ({small_name}, {smallest / 1e9:.1f} B; computed)"}
+    return _band(name, model_type)
+
+
+def _count(n: float) -> str:
+    """``60,872``, ``60.9 M`` or ``3.05 B``."""
+    return f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.3g} M" if n >= 1e6 else f"{n:,.0f}"
+
+
+#: a model smaller than this share of the smallest published model (by total parameters) is compared with no band
+BAND_MIN_SCALE = 0.1
+
+
+@functools.lru_cache(maxsize=64)
+def _shipped_params(name: str) -> float:
+    from tessera_lab.model.spec import load_model
+
+    return float(load_model(name).param_counts().total)
+
+
+@functools.lru_cache(maxsize=1)
+def _smallest_published() -> tuple[float, str]:
+    """``(total parameters, name)`` of the smallest model with a Megatron-Bridge run (data/published)."""
+    from tessera_lab.paths import read_data_json
+
+    names = {r["model"] for r in read_data_json("published/megatron_bridge.json", "published runs")["runs"]}
+    return min((_shipped_params(n), n) for n in names)
 
 
 @functools.lru_cache(maxsize=32)
@@ -166,6 +202,8 @@ def mfu_text(mfu: float, *, moe: bool = True, model: Any = None) -> str:
              if top and mfu > top["mfu"] else "")
     band = published_mfu_band(model)
     if not band["bands"]:
+        if band.get("scale"):
+            return f"{mfu:.1%} (no published band at this scale: {band['scale']}{above})"
         return f"{mfu:.1%} (no published run of this model or its family in data/paper or data/published{above})"
     where = position(mfu, band["lo"], band["hi"])
     each = [position(mfu, b["lo"], b["hi"]) for b in band["bands"]]
