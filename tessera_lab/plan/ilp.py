@@ -529,12 +529,10 @@ def _on_paths(seg: dict[tuple[int, int, int], float], S: int, L: int) -> dict[tu
 
 def memory_repair(problem: PartitionProblem, boundaries: list[int] | None,
                   max_moves: int | None = None) -> list[int] | None:
-    """A plan whose every rank fits memory, from ``boundaries`` whose ranks may not (``vpp > 1``: a rank's memory
-    is the sum of its chunks', which a flat split does not see), or ``None``. Steepest descent on the largest rank
-    memory: a move hands one layer of a chunk of the fullest rank along the pipeline to another virtual stage ``t``
-    (the boundaries between them shift by one, so each stage between keeps its layer count); the move that leaves
-    the smallest largest rank memory is taken while it lowers it, at most ``max_moves`` (default: the virtual stage
-    count) times. A heuristic: it proves nothing (the ILP and its bound judge the plan it returns)."""
+    """A plan whose every rank fits memory, from ``boundaries`` whose ranks may not (``vpp > 1``: a rank's memory is
+    the sum of its chunks'), or ``None``. Steepest descent on the largest rank memory: a move hands one layer of a
+    chunk of the fullest rank along the pipeline to another virtual stage (the stages between keep their counts),
+    at most ``max_moves`` (default: the virtual stages) times; a heuristic (docs/design-notes.md)."""
     if boundaries is None or problem.memory is None:
         return None
     S, pp = problem.num_stages, problem.num_stages // problem.vpp

@@ -192,9 +192,8 @@ def memory_lower_bound(model: ModelSpec, tasks: list, layout: Layout, seq_len: i
     (training state + saved activations) and the busiest rank holds ``M >= max_r sum_{l on r} c_lr``. For any
     weights ``w_r >= 0`` summing to 1, ``M >= sum_r w_r mem_r >= sum_l min_r w_r c_lr``; with ``w_r`` proportional
     to ``1 / (p + f_r a)`` at the mean entry this is, for equal entries, the exact fractional optimum
-    ``n / sum_r 1 / (p + f_r a)`` (the interleaved and 1F1B ranks' unequal in-flight counts make it much tighter
-    than the even share at the fewest in flight, which is kept beside it). Stage 0 holds the embedding and the last
-    stage the LM head with their own in-flight counts."""
+    ``n / sum_r 1 / (p + f_r a)``; kept beside the even share at the fewest in flight and the first and last stage
+    with the embedding or the LM head at their own in-flight counts (docs/search.md)."""
     par = layout.parallel(seq_len)
     mem = layer_memory(model, par, tasks)
     f = [plan_in_flight(layout.schedule, layout.pp, r, layout.microbatches, layout.vpp) for r in range(layout.pp)]
