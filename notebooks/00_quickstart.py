@@ -45,7 +45,7 @@ from tessera_lab.errors import TesseraError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.plan.make import make_plan
 from tessera_lab.report.formatting import display_frame  # one format per column, by the unit its label states
-from tessera_lab.report.headline import mfu_note, mfu_text
+from tessera_lab.report.headline import mfu_line, mfu_note
 from tessera_lab.ui.plots import gantt, stage_cost_bars
 from tessera_lab.ui.widgets import bottleneck_bounds, plan_caption
 pd.set_option("display.precision", 3)
@@ -100,8 +100,8 @@ if plan is not None:  # simulated iteration, tokens/s, MFU and bubble of each pa
                              "bubble fraction": ev.bubble_fraction}
                             for ev in [plan.chosen, *plan.baselines.values()]]).set_index("partition")
     # MFU against the published band of this model class, and the validity note when it is above it
-    # (report.headline.mfu_text / mfu_note: one source with the CLI)
-    print("MFU of the chosen plan:", mfu_text(plan.chosen.mfu, moe=model.moe.num_experts > 0, model=model))
+    # (report.headline.mfu_line / mfu_note: one source with the CLI)
+    print(mfu_line(plan))
     if note := mfu_note(plan.chosen.mfu, moe=model.moe.num_experts > 0, grouped_gemm=plan.parallel.grouped_gemm,
                         model=model):
         print(note)

@@ -520,5 +520,9 @@ def test_refusals_counted_by_kind_not_by_number():
               "no partition fits in memory: even the closest one puts stage 12 (layers 14-15) at 138.38 GiB": 1,
               "ILP stopped with status NotSolved (1234 binaries over 400) and no solution": 3,
               "ILP stopped with status NotSolved (936 binaries over 400) and no solution": 4}
-    assert refusal_kinds(errors) == {"ILP stopped with status NotSolved": 7, "no partition fits in memory": 3}
-    assert list(refusal_kinds(errors)) == ["ILP stopped with status NotSolved", "no partition fits in memory"]
+    errors["no partition into 48 virtual stages fits 134.40 GiB on every rank; add pipeline ranks"] = 1
+    errors["stage model: something else (42)"] = 2
+    budget, proven = ("ILP work budget reached with no plan that fits (not proven infeasible)",
+                      "no partition fits memory (proven)")
+    assert refusal_kinds(errors) == {budget: 7, proven: 4, "stage model": 2}
+    assert list(refusal_kinds(errors)) == [budget, proven, "stage model"]

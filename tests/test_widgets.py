@@ -485,3 +485,16 @@ def test_mfu_band_not_applied_to_a_model_of_another_scale():
     assert "qwen3-30b-a3b, 30.5 B" in tiny["scale"]
     assert "no published band at this scale" in mfu_text(0.02, model=load_model("tiny-runner"))
     assert published_mfu_band("qwen3-next-80b-a3b")["bands"]
+
+
+def test_mfu_above_every_published_moe_run_is_flagged_without_a_band():
+    """A family with no band of its own (Kimi-Linear) is flagged above the highest published MoE run's MFU, as a
+    banded family is above its band; below it, nothing."""
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.report.headline import highest_published_mfu, mfu_note, published_mfu_band
+
+    kimi = load_model("kimi-linear-48b-a3b")
+    top = highest_published_mfu()["mfu"]
+    assert not published_mfu_band(kimi)["bands"]
+    assert mfu_note(top * 1.1, moe=True, model=kimi).startswith(f"MFU {top * 1.1:.1%} is above every published MoE")
+    assert mfu_note(top * 0.9, moe=True, model=kimi) is None

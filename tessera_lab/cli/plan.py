@@ -12,7 +12,7 @@ from tessera_lab.cli.common import (GIB, add_ilp_limit_options, add_json, add_pl
 from tessera_lab.model.hardware import layout_text
 from tessera_lab.model.spec import kind_letter, layer_summary
 from tessera_lab.plan.proof import kept_baseline, solve_line
-from tessera_lab.report.headline import mfu_note, mfu_text
+from tessera_lab.report.headline import mfu_line, mfu_note
 
 
 def _evaluation_rows(ev, pp: int | None = None, model=None) -> list[dict[str, Any]]:
@@ -196,10 +196,12 @@ def format_plan(plan) -> str:
     if unguarded is not None:  # a guarded result is reported beside the unguarded one
         kept = kept_baseline(plan)
         moved = ", moved by simulator refinement" if origin.endswith("refinement") else ""
+        # an optimum only where the solver proved one; at its limit the solver's partition is a heuristic plan
+        own = (f"{unguarded.method} optimum" if (unguarded.partition.status or "Optimal") == "Optimal"
+               else f"{unguarded.method} partition (not proven optimal)")
         entries = [(f"{plan.chosen.method} (chosen: the {kept} baseline's partition{moved}; it simulates faster than "
-                    f"the {unguarded.method} optimum)", plan.chosen, f"{plan.chosen.method} (from {kept})"),
-                   (f"{unguarded.method} optimum (not chosen: slower when simulated)", unguarded,
-                    f"{unguarded.method} optimum")]
+                    f"the {own})", plan.chosen, f"{plan.chosen.method} (from {kept})"),
+                   (f"{own} (not chosen: slower when simulated)", unguarded, own)]
     # with --method uniform the chosen plan is the uniform baseline itself: one row, not two identical ones
     entries += [(name, ev, ev.method) for name, ev in plan.baselines.items()
                 if not (name == plan.chosen.method == "uniform"
@@ -241,7 +243,7 @@ def format_plan(plan) -> str:
         lines.append("")
     lines.extend(details)
     lines.extend(_trial_lines(plan))
-    lines.append(f"MFU of the chosen plan: {mfu_text(plan.chosen.mfu, moe=m.moe.num_experts > 0, model=m)}")
+    lines.append(mfu_line(plan))
     flag = mfu_note(plan.chosen.mfu, moe=m.moe.num_experts > 0, model=m,
                     grouped_gemm=getattr(p, "grouped_gemm", None))  # validity flag
     if flag:

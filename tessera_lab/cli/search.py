@@ -90,15 +90,24 @@ def format_search(res, top: int, model=None) -> str:
                  + ("ep N*: the EP group spans the TP ranks; dp: data-parallel replicas of one EP group (GPUs = "
                     "pp x dp x ep x tp x cp, tp once when EP spans it); " if moe else "")
                  + "DP (Megatron): GPUs / (tp x cp x pp), Megatron's --data-parallel size")
+    statuses = [c.result.get("solver_status") or "Optimal" for c in ranked]
+    heuristic = sum("heuristic" in st for st in statuses)
+    proven = sum(st == "Optimal" for st in statuses)
+    lines.append(f"partitions of the {len(ranked)} shown: {proven} proven optimal for the solver's objective (exact DP, "
+                 f"or the ILP solved), {heuristic} the ILP's heuristic plan at its work budget, "
+                 f"{len(ranked) - proven - heuristic} an ILP incumbent not proven optimal; each then refined by "
+                 "simulation (--json: solver_status)")
     first_s = ranked[0].result["iteration_time_s"]
     if pr.get("budget") and res.unplanned_bound_s is not None and res.unplanned_bound_s < first_s:
         lines.append(f"not proven: {pr['budget']:,} layouts left unplanned have time bounds from "
                      f"{res.unplanned_bound_s:.3f} s, below #1's {first_s:.3f} s (a bound, not a plan); a larger "
                      "--max-plans may find faster ones")
     if model is not None:
-        from tessera_lab.report.headline import mfu_text
+        from tessera_lab.report.headline import mfu_note, mfu_text
 
         lines.append(f"MFU of #1 (simulated): {mfu_text(ranked[0].result['mfu'], moe=moe, model=model)}")
+        if flag := mfu_note(ranked[0].result["mfu"], moe=moe, model=model):  # as `plan` flags it
+            lines.append(f"warning: {flag}")
     for i, c in enumerate(ranked[1:], start=2):
         lines.append(f"#{i} against #1: {separation(ranked[0], c, moe)}")
     if res.errors:
@@ -109,15 +118,23 @@ def format_search(res, top: int, model=None) -> str:
 
 
 def refusal_kinds(errors: dict[str, int]) -> dict[str, int]:
-    """Planner refusals (message -> count) counted by kind: the message up to its first ``(``, ``:`` or ``;``
-    (``no partition fits in memory``, ``ILP stopped with status NotSolved``), most frequent first; the stage
-    and the numbers that make each message distinct are in ``--json``."""
+    """Planner refusals (message -> count) counted by kind, most frequent first: ``no partition fits memory
+    (proven)`` (the exact DP, or the ILP proving infeasibility), ``ILP work budget reached with no plan that fits
+    (not proven infeasible)``, else the message up to its first ``(``, ``:`` or ``;``; the stage and the numbers
+    that make each message distinct are in ``--json``."""
     import re
     from collections import Counter
 
+    def kind(message: str) -> str:
+        if message.startswith("no partition"):
+            return "no partition fits memory (proven)"
+        if message.startswith("ILP stopped"):
+            return "ILP work budget reached with no plan that fits (not proven infeasible)"
+        return re.split(r"\s*[(:;]", message, maxsplit=1)[0].strip() or message
+
     kinds: Counter[str] = Counter()
     for message, n in errors.items():
-        kinds[re.split(r"\s*[(:;]", message, maxsplit=1)[0].strip() or message] += n
+        kinds[kind(message)] += n
     return dict(kinds.most_common())
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import load_model
 from tessera_lab.plan.make import Plan, make_plan
-from tessera_lab.report.headline import memory_note, mfu_note
+from tessera_lab.report.headline import memory_note, mfu_line, mfu_note
 from tessera_lab.ui.panel import GPU_CHOICES, LABEL_STYLE, View, panel
 from tessera_lab.ui.suggest import pp_ep_terms, stage_terms, suggest_action
 
@@ -385,7 +385,8 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):  # long:
                 "caption": caption, "bounds": bottleneck_bounds(plan)}
 
     def render(res: dict[str, Any]) -> View:
-        return View(summary_table(res["plan"]), stage_cost_bars(res["plan"]), plan_notes(res["plan"]))
+        return View(summary_table(res["plan"]), stage_cost_bars(res["plan"]), plan_notes(res["plan"]),
+                    [mfu_line(res["plan"])])
 
     def caption(res: dict[str, Any]) -> str:
         return res["caption"] + CAPTION_SEP + res["bounds"]
@@ -536,7 +537,7 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
 
     def render(res: dict[str, Any]) -> View:
         table = res["table"].assign(**{"fits memory": res["table"]["fits memory"].map({True: "yes", False: "NO"})})
-        return View(table, standalone_vs_overlap_bars(res["plan"]), plan_notes(res["plan"]))
+        return View(table, standalone_vs_overlap_bars(res["plan"]), plan_notes(res["plan"]), [mfu_line(res["plan"])])
 
     def caption(res: dict[str, Any]) -> str:
         from tessera_lab.ui.panel import CAPTION_SEP
