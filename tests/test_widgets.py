@@ -380,6 +380,12 @@ def test_memory_note_uses_the_planners_gib_figures():
     ev = SimpleNamespace(fits_memory=False, stages=[SimpleNamespace(index=0, memory_bytes=162.6 * 2**30)])
     note = memory_note("uniform", ev, 134.4013671875 * 2**30)
     assert "stage 0 needs 162.60 GiB, 28.20 GiB more than the 134.40 GiB available" in note
+    # virtual stages: a rank's chunks together are what must fit; each chunk alone is under the limit
+    chunks = [SimpleNamespace(index=s, memory_bytes=m * 2**30) for s, m in enumerate((70.0, 74.2, 60.0, 74.2))]
+    ev = SimpleNamespace(fits_memory=False, stages=chunks,
+                         partition=SimpleNamespace(rank_memory=[130.0 * 2**30, 148.4 * 2**30]))
+    note = memory_note("uniform", ev, 134.4013671875 * 2**30)
+    assert "pipeline rank 1 needs 148.40 GiB over its 2 chunks, 14.00 GiB more than the 134.40 GiB available" in note
 
 
 def test_plan_notes_carry_the_mfu_validity_note():

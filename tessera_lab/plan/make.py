@@ -356,7 +356,10 @@ def _make_plan(model, parallel, cluster, *, method, baselines, limit, objective,
             part = score_boundaries(steady, uniform_boundaries(model.num_layers, S), "uniform")
             over = [s for s, mm in enumerate(part.rank_memory) if mm > capacity]
             if over:
-                notes.append(f"uniform baseline exceeds memory on stage(s) {over}")
+                where = ", ".join(f"{r} ({part.rank_memory[r] / 2**30:.2f} GiB)" for r in over)
+                notes.append(f"uniform baseline exceeds memory on pipeline rank(s) {where}" + (
+                    f", each summed over its {parallel.vpp} chunks (the stage tables list each chunk)"
+                    if parallel.vpp > 1 else "") + f"; {capacity / 2**30:.2f} GiB available")
         else:
             if name == "standalone" and sm.pair_costs is None:
                 continue  # identical to the bottleneck optimum: the schedule sees standalone costs

@@ -361,17 +361,21 @@ def memory_note(method: str, evaluation: Any, capacity_bytes: float | None = Non
     ``capacity_bytes``, the shortfall in GiB."""
     if getattr(evaluation, "fits_memory", True):
         return None
-    worst = None
-    for st in getattr(evaluation, "stages", []):
-        mem = getattr(st, "memory_bytes", None)
-        if mem is not None and (worst is None or mem > worst.memory_bytes):
-            worst = st
+    stages = getattr(evaluation, "stages", [])
+    ranks = list(getattr(getattr(evaluation, "partition", None), "rank_memory", None) or [])
+    if ranks and len(ranks) < len(stages):  # virtual stages: a rank holds several chunks, and its sum is what fits
+        r = max(range(len(ranks)), key=ranks.__getitem__)
+        name, need = f"pipeline rank {r}", ranks[r]
+        chunks = f" over its {len(stages) // len(ranks)} chunks"
+    else:
+        worst = max((st for st in stages if getattr(st, "memory_bytes", None) is not None),
+                    key=lambda st: st.memory_bytes, default=None)
+        name, need, chunks = (f"stage {worst.index}", worst.memory_bytes, "") if worst is not None else ("", 0.0, "")
     where = ""
-    if worst is not None:
-        where = f" (stage {worst.index} needs {worst.memory_bytes / 2**30:.2f} GiB"
+    if name:
+        where = f" ({name} needs {need / 2**30:.2f} GiB{chunks}"
         if capacity_bytes:  # the same figures and wording as the planner's infeasibility message
-            where += (f", {(worst.memory_bytes - capacity_bytes) / 2**30:.2f} GiB more than the "
-                      f"{capacity_bytes / 2**30:.2f} GiB available")
+            where += f", {(need - capacity_bytes) / 2**30:.2f} GiB more than the {capacity_bytes / 2**30:.2f} GiB available"
         where += ")"
     return f"{method}: does not fit in GPU memory{where}; its times are not achievable"
 
