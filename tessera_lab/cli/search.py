@@ -86,7 +86,9 @@ def format_search(res, top: int, model=None) -> str:
     lines.append("iteration, tokens/s, MFU, bubble: simulated by the planner of `tessera-lab plan` (objective auto, "
                  "method dp; ilp with virtual stages; without plan's baseline partitions, so `plan` of a layout may "
                  "keep a baseline's split that simulates a little faster); peak memory: computed; headroom: "
-                 "capacity less peak; "
+                 f"capacity less peak (capacity: HBM less a {reserve_gib():g} GiB reserve for the CUDA context, NCCL "
+                 "buffers and fragmentation, an assumption of data/hardware; a layout near 0 GiB has no margin beyond "
+                 "it for the memory model's error); "
                  + ("ep N*: the EP group spans the TP ranks; dp: data-parallel replicas of one EP group (GPUs = "
                     "pp x dp x ep x tp x cp, tp once when EP spans it); " if moe else "")
                  + "DP (Megatron): GPUs / (tp x cp x pp), Megatron's --data-parallel size")
@@ -115,6 +117,13 @@ def format_search(res, top: int, model=None) -> str:
         lines.append(f"planner refusals: {sum(res.errors.values())} (" + ", ".join(
             f"{n} {kind}" for kind, n in kinds.items()) + "; --json lists each message)")
     return "\n".join(lines)
+
+
+def reserve_gib() -> float:
+    """GiB per GPU the memory capacity holds back (``memory_reserve_gib`` of data/hardware/cost_model.json)."""
+    from tessera_lab.model.hardware import cost_assumptions
+
+    return float(cost_assumptions()["memory_reserve_gib"])
 
 
 def refusal_kinds(errors: dict[str, int]) -> dict[str, int]:
