@@ -504,3 +504,27 @@ def test_mfu_above_every_published_moe_run_is_flagged_without_a_band():
     assert not published_mfu_band(kimi)["bands"]
     assert mfu_note(top * 1.1, moe=True, model=kimi).startswith(f"MFU {top * 1.1:.1%} is above every published MoE")
     assert mfu_note(top * 0.9, moe=True, model=kimi) is None
+
+
+def test_a_failed_action_keeps_the_panels_reason():
+    """A panel that cannot compute shows why in its status line; an action (the suggest button) that fails too
+    says so on its own line and leaves that reason in place (the figure points at it)."""
+    import ipywidgets as w
+
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.ui.panel import Action, View, panel
+
+    def compute(v):
+        raise ConfigError("field 'x' = 0 is out of range; allowed: 1")
+
+    def run(_v):
+        raise ConfigError("no layout fits")
+
+    box, controls, state = panel({"x": w.IntSlider(value=0)}, compute, lambda r: View(), error_prefix="cannot plan",
+                                 actions=[Action("suggest", run)])
+    status = box.children[-3]
+    assert "cannot plan" in status.value and "out of range" in status.value
+    button, line = box.children[1].children
+    button.click()
+    assert "cannot plan" in status.value and "out of range" in status.value
+    assert "no layout fits" in line.value

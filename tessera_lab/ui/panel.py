@@ -360,11 +360,12 @@ def _action_buttons(actions: list[Action], controls: dict[str, Any], status, don
     buttons, lines = [], []
 
     def click(act: Action, line) -> None:
+        before = status.value  # the panel's reason (e.g. why it cannot plan), back in place if the action fails
         status.value = f"<span style='color:dimgray'>{html.escape(act.busy)}&hellip;</span>"
         try:
             values, text = act.run({name: c.value for name, c in controls.items()})
         except TesseraError as exc:
-            status.value = ""
+            status.value = before
             line.value = f"<span style='color:firebrick'>{html.escape(panel_wording(str(exc)))}</span>"
             return
         syncing[0] = True
