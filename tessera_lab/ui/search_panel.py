@@ -249,9 +249,7 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
 
     t0, c0, reused = timing
     grid = pp_ep_grid(res)
-    notes = [f"planning budget {v['max_plans']} of {DEFAULT_MAX_PLANS} (tessera-lab search's default): "
-             f"{res.pruned['budget']:,} layouts left unplanned; a larger budget may find faster ones"] \
-        if res.pruned.get("budget") else []
+    notes, info = [], []
     if not res.ranked:
         from tessera_lab.errors import ConfigError
 
@@ -266,7 +264,16 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
 
     mfu = mfu_text(plan.chosen.mfu, moe=plan.model.has_moe, model=plan.model)
     notes[:0] = plan_notes(plan)  # the same validity notes as the planning panels (MFU above the published band)
-    info = [f"MFU of #{show} (simulated): {mfu}"]
+    info.append(f"MFU of #{show} (simulated): {mfu}")
+    if res.pruned.get("budget"):  # a caveat only where an unplanned layout's bound is below #1 (the CLI's "not proven")
+        bound, first = res.unplanned_bound_s, res.ranked[0].result["iteration_time_s"]
+        text = (f"planning budget {v['max_plans']} of {DEFAULT_MAX_PLANS} (tessera-lab search's default): "
+                f"{res.pruned['budget']:,} layouts left unplanned, ")
+        if bound is not None and bound < first:
+            notes.append(text + f"with time bounds from {bound:.3f} s, below #1's {first:.3f} s (a bound, not a "
+                         "plan): a larger budget may find faster ones")
+        else:
+            info.append(text + "none of which can beat #1 (their time bounds are not below it)")
     figs = [search_heatmap(grid, (cand.layout.pp, cand.layout.ep)),
             gantt(plan.chosen.timeline, title=textwrap.fill(f"#{show}: {cand.layout.text()}: iteration "
                                                             f"{plan.chosen.iteration_time_s:.3f} s (simulated)", 90))]
