@@ -131,3 +131,16 @@ def test_fsdp_hint_offers_fewer_micro_batches_only_where_there_are_several():
     assert "--micro-batch-size" in knob_hint(kinds, 8) and "--micro-batch-size" in knob_hint(kinds)
     one = knob_hint(kinds, 1)
     assert "--micro-batch-size" not in one and "the distributed optimizer (no --fsdp)" in one
+
+
+def test_knob_hint_names_the_kernel_count_knob_of_the_kind():
+    """A host-issue-bound kind gets the knob that cuts its kernel count: the grouped expert GEMM for expert GEMMs
+    only; elementwise kernels get fusion, fewer layers or larger micro-batches (hand-built kinds)."""
+    from tessera_lab.cost.bounds import KindBound, knob_hint
+
+    def kind(name):
+        return KindBound(name, 1e-3, {"host issue": 1e-3}, host_s=1e-3, gpu_s=4e-4)
+
+    assert "--grouped-gemm grouped" in knob_hint([kind("expert GEMMs")])
+    hint = knob_hint([kind("elementwise")])
+    assert "grouped" not in hint and "--micro-batch-size" in hint and hint.startswith("elementwise are host-issue")

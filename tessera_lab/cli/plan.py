@@ -83,16 +83,19 @@ def _bound_lines(plan) -> list[str]:
     lines = [f"bound: stage {s} per task kind (F+B+W per micro-batch before overlap, analytic terms; sum "
              f"{total * 1e3:.1f} ms, the stage's standalone F+B+W {st.standalone_s * 1e3:.1f} ms{beside}): "
              + "; ".join(text for _, text in terms)]
-    if hint := knob_hint(kinds, plan.parallel.microbatches):
-        if sync > 0:
-            from tessera_lab.cost.sync import EP_OVERLAP_SCHEDULES
+    hint = knob_hint(kinds, plan.parallel.microbatches)
+    if sync > 0 and (hint or sync >= max((k.time_s for k in kinds), default=0.0)):
+        from tessera_lab.cost.sync import EP_OVERLAP_SCHEDULES
 
-            hint += (f"; the host/sync term ({sync * 1e3:.1f} ms) counts MoE layers, not kernels: fewer MoE layers "
-                     "on the stage, " + ("fewer pipeline stages (this schedule hides it in the forwards it pairs "
-                                         "with a backward up to the paired backward's expert node; its warm-up "
-                                         "forwards, more the more stages, carry all of it)"
-                                         if plan.parallel.schedule in EP_OVERLAP_SCHEDULES else "an EP-overlap schedule")
-                     + " or a runtime without the sync (--host-sync-ms) move it")
+        said = (f"the host/sync term ({sync * 1e3:.1f} ms) counts MoE layers, not kernels: fewer MoE layers on the "
+                "stage, " + ("fewer pipeline stages (this schedule hides it in the forwards it pairs with a backward "
+                             "up to the paired backward's expert node; its warm-up forwards, more the more stages, "
+                             "carry all of it)" if plan.parallel.schedule in EP_OVERLAP_SCHEDULES
+                             else "an EP-overlap schedule") + " or a runtime without the sync (--host-sync-ms) move it")
+        # the larger of the two first: a stage the sync dominates is not moved by the compute kinds' knobs
+        hint = said + (f"; {hint}" if hint else "") if sync >= max((k.time_s for k in kinds), default=0.0) \
+            else f"{hint}; {said}"
+    if hint:
         lines.append(f"bound: {hint}")
     return lines
 

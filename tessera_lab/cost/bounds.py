@@ -146,7 +146,10 @@ def knob_hint(kinds: list[KindBound], microbatches: int | None = None) -> str | 
                 "distributed optimizer (no --fsdp) move this stage; a compute knob barely does")
     if compute and compute[0].bound == "host issue":
         k = compute[0]
+        fewer = ("--grouped-gemm grouped, fewer local experts" if k.kind == "expert GEMMs"
+                 else "fused kernels, fewer layers on the stage, or larger micro-batches (--micro-batch-size) that "
+                      "issue the same kernels for more tokens")
         return (f"{k.kind} are host-issue bound ({k.host_s * 1e3:.1f} ms to issue their kernels, {k.gpu_s * 1e3:.1f} ms "
                 "of GPU work): a knob that shrinks their GPU work (expert width, top-k, sequence) barely moves this "
-                "stage; fewer kernels do (--grouped-gemm grouped, fewer local experts)")
+                f"stage; fewer kernels do ({fewer})")
     return None
