@@ -212,6 +212,8 @@ def main() -> None:
         print(markdown(res))
         return
     print(f"load average before: {load0}")
+    print("layouts: r1..r5 Qwen3-235B-A22B on 256 H100, n1 Qwen3-Next-80B-A3B on 128 H100 (the ModelZoo's Qwen3 table, "
+          "BF16, sequence 4096; options in LAYOUTS)")
     pub, rows, agr, agr_off = res["published_s"], res["rows"], res["agreement"], res["agreement_without_sync_term"]
     for label, r in rows.items():
         pt = pub.get(label)
@@ -221,7 +223,8 @@ def main() -> None:
             print(f"{label}: fits {r['fits']}, peak {r['peak_gib']:.2f} GiB (computed), iteration "
                   f"{r['iteration_time_s']:.2f} s (simulated), published {pt} s (data/published), ratio "
                   f"{r['iteration_time_s'] / pt:.2f}; planner CPU {r['cpu_s']:.1f} s")
-    print(f"rank agreement over {agr['layouts']}: {agr['agree']} of {agr['pairs']} pairs (published ties within "
+    print(f"acceptance figure, rank agreement over {agr['layouts']} (recipe mapping): {agr['agree']} of "
+          f"{agr['pairs']} pairs (published ties within "
           f"{TIE:.0%} agree with any order); disagreeing pairs {agr['disagree'] or 'none'}; Kendall tau-b "
           f"{agr['kendall_tau_b']:.2f} (computed); of the disagreeing pairs, predicted within {TIE:.0%} of each "
           f"other (a tie in the prediction): {agr['predicted_ties'] or 'none'}, so {agr['agree_or_tied']} of "
