@@ -49,6 +49,17 @@ def _bottleneck_line(ev) -> str:
             f"{against})" + (": " + "; ".join(causes) if causes else ""))
 
 
+def _chosen_name(plan) -> str:
+    """The chosen partition's method, or ``given split`` where ``uniform`` scored a split that is not the even one
+    (a recipe's pipeline layout, Megatron's embedding/loss-accounted split)."""
+    from tessera_lab.plan.partition import uniform_boundaries
+
+    b = list(plan.chosen.partition.boundaries)
+    if plan.chosen.method == "uniform" and b != list(uniform_boundaries(plan.model.num_layers, len(b) - 1)):
+        return "given split"
+    return plan.chosen.method
+
+
 def _bound_lines(plan) -> list[str]:
     """``bound: ...`` of the chosen plan's slowest stage per task kind (:mod:`tessera_lab.cost.bounds`), the stage's
     host/sync term (:mod:`tessera_lab.cost.sync`, part of its forward time) beside them with its per-MoE-layer value
@@ -195,7 +206,8 @@ def format_plan(plan) -> str:
     summary, details = [], []
     origin = getattr(plan, "partition_from", "")
     unguarded = getattr(plan, "solver_result", None) if origin else None
-    entries = [(f"{plan.chosen.method} (chosen)", plan.chosen, plan.chosen.method)]
+    name = _chosen_name(plan)
+    entries = [(f"{name} (chosen)", plan.chosen, name)]
     if unguarded is not None:  # a guarded result is reported beside the unguarded one
         kept = kept_baseline(plan)
         moved = ", moved by simulator refinement" if origin.endswith("refinement") else ""
