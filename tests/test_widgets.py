@@ -528,3 +528,14 @@ def test_a_failed_action_keeps_the_panels_reason():
     button.click()
     assert "cannot plan" in status.value and "out of range" in status.value
     assert "no layout fits" in line.value
+
+
+def test_quickstart_panel_says_the_gpu_count_and_mfu_as_information():
+    """The GPU count moves with ep (64 -> 128 at pp 8): the panel says it beside the table, with the MFU line, as
+    information (no warning sign)."""
+    from tessera_lab.ui.widgets import quickstart_panel
+
+    _, controls, state = quickstart_panel()
+    assert state["info"][0] == "64 GPUs (pp 8 x ep 8 x dp 1)" and state["info"][1].startswith("MFU of the chosen plan")
+    controls["ep"].value = 16
+    assert state["info"][0] == "128 GPUs (pp 8 x ep 16 x dp 1)"

@@ -385,8 +385,10 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):  # long:
                 "caption": caption, "bounds": bottleneck_bounds(plan)}
 
     def render(res: dict[str, Any]) -> View:
-        return View(summary_table(res["plan"]), stage_cost_bars(res["plan"]), plan_notes(res["plan"]),
-                    [mfu_line(res["plan"])])
+        p = res["plan"].parallel  # the GPU count moves with pp and ep: say it beside the table, not only in the caption
+        return View(summary_table(res["plan"]), stage_cost_bars(res["plan"]), plan_notes(res["plan"]), [
+            f"{p.world_size} GPUs (pp {p.pp} x ep {p.ep} x dp {p.dp}{f' x tp {p.tp}' if p.tp > 1 else ''})",
+            mfu_line(res["plan"])])
 
     def caption(res: dict[str, Any]) -> str:
         return res["caption"] + CAPTION_SEP + res["bounds"]
