@@ -354,12 +354,8 @@ def _make_plan(model, parallel, cluster, *, method, baselines, limit, objective,
             raise ConfigError(f"baseline {name!r} is unknown; allowed: {', '.join(BASELINES)}")
         if name == "uniform":
             part = score_boundaries(steady, uniform_boundaries(model.num_layers, S), "uniform")
-            over = [s for s, mm in enumerate(part.rank_memory) if mm > capacity]
-            if over:
-                where = ", ".join(f"{r} ({part.rank_memory[r] / 2**30:.2f} GiB)" for r in over)
-                notes.append(f"uniform baseline exceeds memory on pipeline rank(s) {where}" + (
-                    f", each summed over its {parallel.vpp} chunks (the stage tables list each chunk)"
-                    if parallel.vpp > 1 else "") + f"; {capacity / 2**30:.2f} GiB available")
+            if note := _over_memory_note(part.rank_memory, capacity, parallel.vpp):
+                notes.append(note)
         else:
             if name == "standalone" and sm.pair_costs is None:
                 continue  # identical to the bottleneck optimum: the schedule sees standalone costs
@@ -441,6 +437,18 @@ def _never_slower_than_baselines(chosen: Evaluation, baselines: dict[str, Evalua
                  f"also refines it by simulation)")
     return replace(best, method=method, partition=replace(best.partition, method=method, solver=ref.solver,
                                                           status=ref.status, solve_time_s=ref.solve_time_s))
+
+
+def _over_memory_note(rank_memory: list[float], capacity: float, vpp: int) -> str | None:
+    """The uniform baseline's pipeline ranks over ``capacity`` (bytes), each with its memory summed over its
+    ``vpp`` chunks; ``None`` when every rank fits."""
+    over = [r for r, mm in enumerate(rank_memory) if mm > capacity]
+    if not over:
+        return None
+    where = ", ".join(f"{r} ({rank_memory[r] / 2**30:.2f} GiB)" for r in over)
+    return (f"uniform baseline exceeds memory on pipeline rank(s) {where}"
+            + (f", each summed over its {vpp} chunks (the stage tables list each chunk)" if vpp > 1 else "")
+            + f"; {capacity / 2**30:.2f} GiB available")
 
 
 def _proven(part: Partition) -> bool:
