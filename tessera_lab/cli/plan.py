@@ -226,7 +226,9 @@ def format_plan(plan) -> str:
         details.append(f"[{label}] boundaries {ev.partition.boundaries}"
                        + ("" if ev.fits_memory else "  ** exceeds GPU memory **")
                        + (f"; solver {ev.partition.solver} {ev.partition.status} in {ev.partition.solve_time_s:.3f} s"
-                          if solver else ""))
+                          if solver else "")
+                       + ("; then moved by simulator refinement (proves nothing)" if solver and ev is plan.chosen
+                          and (plan.refinement or {}).get("gain_s", 0.0) > 0 else ""))
         details.append(table(_evaluation_rows(ev, p.pp if p.vpp > 1 else None, m), ".3f"))
         details.append("")
         summary.append({

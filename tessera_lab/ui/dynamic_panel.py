@@ -130,7 +130,9 @@ def dynamic_panel(costs: Any, *, ep: int, microbatches: int, skew: float = 1.0, 
         table = pd.Series(dynamic_summary(r, state_uniform[0]), name="simulated").to_frame()
         info = [f"table: the whole job ({len(r.groups)} EP group(s), the slowest group sets the iteration); "
                 "figures: EP group 0"] if len(r.groups) > 1 else []
-        info.append("skew S: the Zipf exponent of expert popularity (0: every expert equally likely)")
+        info.append("skew S: the Zipf exponent of expert popularity (0: every expert equally likely)" + (
+            "; at S = 0 the routing is still drawn (multinomial, with jitter) while the static part's uniform "
+            "routing is exact, so the dynamic part is the draw's" if controls["skew"].value == 0 else ""))
         notes = []
         # a reading, not a validity flag; at S = 0 both runs draw from the same distribution, and a difference
         # under the table's 0.1-point precision is not one

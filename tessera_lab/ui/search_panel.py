@@ -270,8 +270,10 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
         text = (f"planning budget {v['max_plans']} of {DEFAULT_MAX_PLANS} (tessera-lab search's default): "
                 f"{res.pruned['budget']:,} layouts left unplanned, ")
         if bound is not None and bound < first:
+            larger = ("a larger budget may find faster ones" if v["max_plans"] < max(BUDGETS) else
+                      "`tessera-lab search --max-plans N` plans more than the panel's largest budget")
             notes.append(text + f"with time bounds from {bound:.3f} s, below #1's {first:.3f} s (a bound, not a "
-                         "plan): a larger budget may find faster ones")
+                         f"plan): {larger}")
         else:
             info.append(text + "none of which can beat #1 (their time bounds are not below it)")
     figs = [search_heatmap(grid, (cand.layout.pp, cand.layout.ep)),
