@@ -279,7 +279,7 @@ def test_memory_repair_hand_example():
     rank 0 (stages 0 and 2) at 3+1+1+1 = 6; handing one layer of rank 0 along the pipeline gives a plan whose every
     rank fits (by hand: rank 0 at 6 and rank 1 at 4 before; stage 0 handing layer 1 to stage 1 makes 5 and 5, the
     only sums of 10 bytes that fit two ranks of 5)."""
-    from tessera_lab.plan.ilp import memory_repair
+    from tessera_lab.plan.heuristics import memory_repair
 
     mem = [3, 1, 1, 1, 1, 1, 1, 1]
     prob = PartitionProblem(8, 4, lambda s, i, j: float(j - i), memory=lambda s, i, j: float(sum(mem[i:j])),
@@ -298,7 +298,7 @@ def test_memory_repair_hand_example():
 def test_memory_repair_returns_only_plans_that_fit(mem, shape, slack):
     """Whatever it starts from, a plan memory_repair returns is a partition whose every rank fits the limit, and
     when the brute force says some plan fits, the ILP with its heuristics finds one (never a false refusal)."""
-    from tessera_lab.plan.ilp import memory_repair
+    from tessera_lab.plan.heuristics import memory_repair
 
     ranks, vpp = shape
     S, L = ranks * vpp, len(mem)
