@@ -31,6 +31,10 @@ class InfeasiblePlanError(PartitionError):
     """No partition fits the memory limit; the message names the stage and the shortfall in GiB."""
 
 
+class SolverLimitError(PartitionError):
+    """The ILP stopped at its limit with no plan, and no heuristic plan fits memory: not proven infeasible."""
+
+
 class DeadlockError(TesseraError, RuntimeError):
     """The simulator found ranks that can never make progress.
 

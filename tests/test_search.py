@@ -511,18 +511,19 @@ def test_unproven_top_is_said(monkeypatch):
     assert not any(ln.startswith("not proven") for ln in format_search(res, 3).splitlines())
 
 
-def test_refusals_counted_by_kind_not_by_number():
-    """The terminal line counts planner refusals by kind: messages that differ only in a stage or a number are one
-    kind (hand example)."""
-    from tessera_lab.cli.search import refusal_kinds
+def test_refusals_counted_by_what_they_prove():
+    """A planner refusal is classed by its exception type, not its text: a proven infeasibility, the ILP's limit
+    without a fitting plan (not proven), or the message's head for anything else."""
+    from tessera_lab.errors import ConfigError, InfeasiblePlanError, SolverLimitError
+    from tessera_lab.plan.search import refusal_kind
 
-    errors = {"no partition fits in memory: even the closest one puts stage 4 (layers 26-33) at 163.33 GiB": 2,
-              "no partition fits in memory: even the closest one puts stage 12 (layers 14-15) at 138.38 GiB": 1,
-              "ILP stopped with status NotSolved (1234 binaries over 400) and no solution": 3,
-              "ILP stopped with status NotSolved (936 binaries over 400) and no solution": 4}
-    errors["no partition into 48 virtual stages fits 134.40 GiB on every rank; add pipeline ranks"] = 1
-    errors["stage model: something else (42)"] = 2
-    budget, proven = ("ILP work budget reached with no plan that fits (not proven infeasible)",
-                      "no partition fits memory (proven)")
-    assert refusal_kinds(errors) == {budget: 7, proven: 4, "stage model": 2}
-    assert list(refusal_kinds(errors)) == [budget, proven, "stage model"]
+    assert refusal_kind(InfeasiblePlanError("no partition into 48 virtual stages fits 134.40 GiB")) == \
+        "no partition fits memory (proven)"
+    assert refusal_kind(SolverLimitError("ILP stopped with status NotSolved (936 binaries over 400)")) == \
+        "ILP work budget reached with no plan that fits (not proven infeasible)"
+    assert refusal_kind(ConfigError("stage model: something else (42)")) == "stage model"
+
+
+def test_search_counts_refusal_kinds(small):
+    """The search's counts by kind add up to its refusals."""
+    assert sum(small.error_kinds.values()) == sum(small.errors.values())

@@ -212,7 +212,7 @@ def format_plan(plan) -> str:
         kept = kept_baseline(plan)
         moved = ", moved by simulator refinement" if origin.endswith("refinement") else ""
         # an optimum only where the solver proved one; at its limit the solver's partition is a heuristic plan
-        own = (f"{unguarded.method} optimum" if (unguarded.partition.status or "Optimal") == "Optimal"
+        own = (f"{unguarded.method} optimum" if unguarded.partition.proven
                else f"{unguarded.method} partition (not proven optimal)")
         entries = [(f"{plan.chosen.method} (chosen: the {kept} baseline's partition{moved}; it simulates faster than "
                     f"the {own})", plan.chosen, f"{plan.chosen.method} (from {kept})"),

@@ -81,13 +81,15 @@ def format_search(res, top: int, model=None) -> str:
     if not ranked:  # the command line prints the no-fit answer on stderr (cmd_search)
         lines.append("no planned layout fits memory (stderr says what would fit)")
         return "\n".join(lines)
+    from tessera_lab.cost.memory import memory_reserve_gib
+
     moe = getattr(res, "moe", True)
     lines.append(table([_row(i + 1, c, moe) for i, c in enumerate(ranked)], ".3f"))
     lines.append("iteration, tokens/s, MFU, bubble: simulated by the planner of `tessera-lab plan` (objective auto, "
                  "method dp; ilp with virtual stages; without plan's baseline partitions, so `plan` of a layout may "
                  "keep a baseline's split that simulates a little faster); peak memory: computed; headroom: "
-                 f"capacity less peak (capacity: HBM less a {reserve_gib():g} GiB reserve for the CUDA context, NCCL "
-                 "buffers and fragmentation, an assumption of data/hardware; a layout near 0 GiB has no margin beyond "
+                 f"capacity less peak (capacity: HBM less a {memory_reserve_gib():g} GiB reserve for the CUDA context, "
+                 "NCCL buffers and fragmentation, an assumption of data/hardware; a layout near 0 GiB has no margin beyond "
                  "it for the memory model's error); "
                  + ("ep N*: the EP group spans the TP ranks; dp: data-parallel replicas of one EP group (GPUs = "
                     "pp x dp x ep x tp x cp, tp once when EP spans it); " if moe else "")
@@ -113,38 +115,9 @@ def format_search(res, top: int, model=None) -> str:
     for i, c in enumerate(ranked[1:], start=2):
         lines.append(f"#{i} against #1: {separation(ranked[0], c, moe)}")
     if res.errors:
-        kinds = refusal_kinds(res.errors)
         lines.append(f"planner refusals: {sum(res.errors.values())} (" + ", ".join(
-            f"{n} {kind}" for kind, n in kinds.items()) + "; --json lists each message)")
+            f"{n} {kind}" for kind, n in res.error_kinds.items()) + "; --json lists each message)")
     return "\n".join(lines)
-
-
-def reserve_gib() -> float:
-    """GiB per GPU the memory capacity holds back (``memory_reserve_gib`` of data/hardware/cost_model.json)."""
-    from tessera_lab.model.hardware import cost_assumptions
-
-    return float(cost_assumptions()["memory_reserve_gib"])
-
-
-def refusal_kinds(errors: dict[str, int]) -> dict[str, int]:
-    """Planner refusals (message -> count) counted by kind, most frequent first: ``no partition fits memory
-    (proven)`` (the exact DP, or the ILP proving infeasibility), ``ILP work budget reached with no plan that fits
-    (not proven infeasible)``, else the message up to its first ``(``, ``:`` or ``;``; the stage and the numbers
-    that make each message distinct are in ``--json``."""
-    import re
-    from collections import Counter
-
-    def kind(message: str) -> str:
-        if message.startswith("no partition"):
-            return "no partition fits memory (proven)"
-        if message.startswith("ILP stopped"):
-            return "ILP work budget reached with no plan that fits (not proven infeasible)"
-        return re.split(r"\s*[(:;]", message, maxsplit=1)[0].strip() or message
-
-    kinds: Counter[str] = Counter()
-    for message, n in errors.items():
-        kinds[kind(message)] += n
-    return dict(kinds.most_common())
 
 
 def _cpu_text(res) -> str:

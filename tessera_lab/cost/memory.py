@@ -135,6 +135,12 @@ def layer_memory(model: ModelSpec, parallel: ParallelConfig, tasks: Sequence[Lay
     return out
 
 
+def memory_reserve_gib() -> float:
+    """GiB per GPU held back for the CUDA context, NCCL buffers and fragmentation (``memory_reserve_gib`` of
+    ``data/hardware/cost_model.json``, an assumption)."""
+    return float(cost_assumptions()["memory_reserve_gib"])
+
+
 def memory_capacity(cluster: Cluster) -> float:
-    """Bytes usable per GPU: HBM minus the reserve of ``data/hardware/cost_model.json``."""
-    return cluster.gpu.memory_bytes - cost_assumptions()["memory_reserve_gib"] * GIB
+    """Bytes usable per GPU: HBM minus :func:`memory_reserve_gib`."""
+    return cluster.gpu.memory_bytes - memory_reserve_gib() * GIB

@@ -20,7 +20,7 @@ import time
 import types
 from dataclasses import dataclass
 
-from tessera_lab.errors import PartitionError
+from tessera_lab.errors import PartitionError, SolverLimitError
 from tessera_lab.plan.heuristics import heuristic_start
 from tessera_lab.plan.problem import Partition, PartitionProblem, infeasible_error, score_boundaries
 
@@ -274,10 +274,10 @@ def _heuristic_fallback(status: str, best_heuristic: Partition | None, limit: fl
     """``(boundaries, status)`` of the best heuristic plan when the ILP's limit left no better solution.
 
     Raises:
-        PartitionError: no heuristic plan fits memory either.
+        SolverLimitError: no heuristic plan fits memory either.
     """
     if best_heuristic is None:
-        raise PartitionError(f"ILP stopped with status {status} and no solution within {limit_text(limit)}; no "
+        raise SolverLimitError(f"ILP stopped with status {status} and no solution within {limit_text(limit)}; no "
                              "heuristic plan fits memory either, so perhaps none does (a larger limit lets the solver "
                              "prove it or find one); allowed: a larger --ilp-max-binaries / --ilp-max-nodes or a "
                              "--time-limit, fewer virtual stages (--vpp), recompute (--recompute selective|full) or "

@@ -451,15 +451,10 @@ def _over_memory_note(rank_memory: list[float], capacity: float, vpp: int) -> st
             + f"; {capacity / 2**30:.2f} GiB available")
 
 
-def _proven(part: Partition) -> bool:
-    """Whether a partition is a proven optimum of its objective (exact DP, or an ILP solved to optimality)."""
-    return (part.status or "Optimal") == "Optimal"
-
-
 def _result_word(part: Partition, method: str) -> str:
     """``ilp optimum`` for a proven optimum, else what the solver returned: ``ilp best feasible plan (HiGHS stopped
     at its work budget, not proven optimal)`` (or ``time limit``) or the heuristic plan kept at the limit."""
-    if _proven(part):
+    if part.proven:
         return f"{method} optimum"
     word = limit_word(part.status)
     if "heuristic" in (part.status or ""):
@@ -480,7 +475,7 @@ def _refine(model, parallel, cost_model, sm, steady: PartitionProblem, candidate
     solver_start = min(candidates, key=lambda c: c[0].iteration_time_s)
     best_solver = solver_start[0]
     if start_label.startswith("baseline"):
-        what = "solver optimum" if _proven(best_solver.partition) else (
+        what = "solver optimum" if best_solver.partition.proven else (
             f"solver's best plan ({_result_word(best_solver.partition, method)})")
         notes.append(f"{start_label} simulates faster ({start_ev.iteration_time_s:.4f} s) than the {what} "
                      f"({best_solver.iteration_time_s:.4f} s): the solver's objective misses part of what the "

@@ -208,6 +208,12 @@ class Partition:
     def num_stages(self) -> int:
         return len(self.boundaries) - 1
 
+    @property
+    def proven(self) -> bool:
+        """Whether this partition is a proven optimum of its objective: an exact DP (no status), or an ILP solved to
+        optimality (``status`` ``Optimal``); not a solver's incumbent or heuristic plan at its limit."""
+        return (self.status or "Optimal") == "Optimal"
+
     def stage_layers(self) -> list[list[int]]:
         return [list(range(self.boundaries[s], self.boundaries[s + 1])) for s in range(self.num_stages)]
 

@@ -51,6 +51,6 @@ def partition_label(plan: Any, evaluation: Any = None) -> str:
     ev = plan.chosen if evaluation is None else evaluation
     kept = kept_baseline(plan)
     if kept and ev is plan.chosen:
-        what = "optimum" if (ev.partition.status or "Optimal") == "Optimal" else "best partition (not proven optimal)"
+        what = "optimum" if ev.partition.proven else "best partition (not proven optimal)"
         return f"{kept} baseline's partition (kept over the {ev.method} {what}: it simulates faster)"
     return f"{ev.method} partition"

@@ -299,7 +299,7 @@ def _after(plan, plans: list) -> dict[str, Any]:
                             "fits": bool(p.chosen.fits_memory), "boundaries": list(p.chosen.partition.boundaries)}
                            for p in plans],
             "boundaries": list(ev.partition.boundaries), "solve": solve_line(plan),
-            "proven_optimal": (ev.partition.status or "Optimal") == "Optimal", **_capacity(plan)}
+            "proven_optimal": ev.partition.proven, **_capacity(plan)}
 
 
 def _baselines(model, par0: ParallelConfig, plan, mc_best: dict[str, Any], plan_sync=None

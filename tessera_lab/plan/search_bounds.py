@@ -1,0 +1,206 @@
+"""The layout search's lower bounds (:mod:`tessera_lab.plan.search`): on the iteration
+(:func:`time_lower_bound`) and on the busiest rank's memory (:func:`memory_lower_bound`), over every partition of a
+layout, from per-entry costs and memory shared by the layouts of one cost group (:class:`_Bounds`). A bound above
+the planner's result would prune a layout the planner could pick: ``tests/test_search_bound.py`` checks both
+(docs/search.md, "Pruning")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tessera_lab.cost.memory import layer_memory
+from tessera_lab.model.hardware import Cluster, ParallelConfig
+from tessera_lab.model.spec import ModelSpec
+from tessera_lab.plan.search_space import Layout
+from tessera_lab.plan.stages import OVERLAPPED_SCHEDULES
+from tessera_lab.plan.vschedules import plan_in_flight
+
+
+@dataclass
+class _Group:
+    """Per-entry costs shared by the layouts of one :meth:`Layout.cost_group` (entries: embedding, layers, head)."""
+
+    compute: list[float]  # F+B+W compute seconds per micro-batch, per entry
+    comm: list[float] = field(default_factory=list)  # F+B+W communication seconds per micro-batch, per entry
+    phase: list[float] = field(default_factory=list)  # F+B+W PhaseCost.time per micro-batch, per entry
+    fb_phase: list[float] = field(default_factory=list)  # F+B PhaseCost.time (W deferred), per entry
+    #: the longest backward ``mlp`` node of the layer kinds, seconds (:func:`~tessera_lab.plan.stages.mlp_node_b_s`):
+    #: no paired forward's host waits hide behind more
+    mlp_queued_max: float = 0.0
+
+    def sums(self) -> tuple[float, float, float]:
+        """(sum of compute, of communication, the largest entry's compute), seconds."""
+        if not hasattr(self, "_sums"):
+            self._sums = (sum(self.compute), sum(self.comm), max(self.compute))
+        return self._sums
+
+    def phase_sums(self) -> tuple[float, float, float]:
+        """(sum of F+B+W phase times, of F+B phase times, the largest entry's F+B+W phase time), seconds."""
+        if not hasattr(self, "_phase_sums"):
+            self._phase_sums = (sum(self.phase), sum(self.fb_phase), max(self.phase))
+        return self._phase_sums
+
+
+def kind_tasks(model: ModelSpec, parallel: ParallelConfig) -> list:
+    """:func:`~tessera_lab.model.tasks.decompose` built once per layer kind: layers of one kind have the same
+    tasks but for their index (the planner's pair costs assume as much; the tests compare with ``decompose``)."""
+    from tessera_lab.model.tasks import embedding_tasks, head_tasks, layer_tasks
+
+    by_kind: dict[str, Any] = {}
+    body = []
+    for layer in model.stack.layers:
+        rep = by_kind.get(layer.kind)
+        if rep is None:
+            rep = by_kind[layer.kind] = layer_tasks(model, layer, parallel)
+        body.append(rep if rep.layer == layer.index else replace(rep, layer=layer.index))
+    return [embedding_tasks(model, parallel), *body, head_tasks(model, parallel)]
+
+
+def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster, cost_models: dict | None = None
+           ) -> _Group:
+    """Costs of one group: the analytic cost model's :meth:`~tessera_lab.cost.analytic.CostModel.layer_cost` of the
+    embedding, the head and one layer of each kind (layers of one kind have the same tasks but for their index,
+    :func:`kind_tasks`, and no cost reads the index); ``cost_models`` keeps cost models by the parallel sizes without
+    recompute (recompute changes tasks, no cost), so groups that differ in recompute share their common tasks'
+    phase costs."""
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.model.tasks import embedding_tasks, head_tasks, layer_tasks
+
+    par = layout.parallel(seq_len).replace(schedule="1f1b", vpp=1)
+    key = par.replace(recompute="none", recompute_modules=())
+    cms = {} if cost_models is None else cost_models
+    cm = cms[key] = cms.get(key) or CostModel(cluster, key)
+    from tessera_lab.plan.stages import mlp_node_b_s
+
+    by_kind: dict[str, Any] = {}
+    queued = 0.0
+    for layer in model.stack.layers:
+        if layer.kind not in by_kind:
+            lt = layer_tasks(model, layer, par)
+            by_kind[layer.kind] = cm.layer_cost(lt)
+            queued = max(queued, mlp_node_b_s(cm, lt))
+    costs = [cm.layer_cost(embedding_tasks(model, par)), *(by_kind[ly.kind] for ly in model.stack.layers),
+             cm.layer_cost(head_tasks(model, par))]
+    return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs],
+                  [c.F.comm + c.B.comm + c.W.comm for c in costs],
+                  [c.F.time + c.B.time + c.W.time for c in costs], [c.F.time + c.B.time for c in costs], queued)
+
+
+#: schedules that split the backward and may defer W past a rank's last B
+SPLIT_SCHEDULES = ("zb-h1", "zb-h2", "zb-auto")
+
+
+def bubble_factor(pp: int, microbatches: int) -> float:
+    """Lower bound of iteration / (``m`` x per-micro-batch work over ``pp``) with one model chunk per rank.
+
+    Rank ``r`` starts after micro-batch 0's forward has passed ranks ``0 .. r-1``, and after its last backward
+    that micro-batch's backward passes them again, so ``T >= m u_r + sum_{s<r} u_s`` (``u_s``: stage ``s``'s
+    work per micro-batch). The partition minimising the largest right-hand side makes them all equal,
+    ``u_r = u_0 (1 - 1/m)^r``, so ``T >= W / (1 - (1 - 1/m)^pp)`` (``W``: all stages' work per micro-batch);
+    returned over ``m W / pp`` (>= 1; 1 for ``pp = 1``)."""
+    if pp <= 1:
+        return 1.0
+    m = microbatches
+    return pp / m / (1.0 - (1.0 - 1.0 / m) ** pp)
+
+
+def time_lower_bound(group: _Group, layout: Layout, sync_s: float = 0.0) -> float:
+    """Seconds no partition of ``layout`` can beat in the simulator (``group``: the layout's costs, its recompute
+    included; ``sync_s``: the host/sync seconds per micro-batch in the MoE layers' forwards,
+    :mod:`~tessera_lab.cost.sync`).
+
+    Without EP overlap (every schedule but :data:`~tessera_lab.plan.stages.OVERLAPPED_SCHEDULES`) the simulator
+    (:mod:`tessera_lab.plan.evaluate`, :mod:`tessera_lab.pipeline.engine`) runs a rank's actions one after another,
+    each charged its stage's phase time (:class:`~tessera_lab.plan.stages.StageCostModel`: its entries'
+    :attr:`~tessera_lab.cost.analytic.PhaseCost.time` summed, sync in F, an I and its W costing B + W), so the
+    busiest rank needs ``m P / pp`` (``P``: every entry's F+B+W phase time plus ``sync_s``). With EP overlap an F and
+    a B run as one pair whose makespan is no sum of phase times, but compute kernels still run one after another on
+    the compute lane and collectives on the communication lane (contention only slows them), and the pair's
+    makespan carries the waits the paired backward's ``mlp`` node does not hide, a forward run apart all of them:
+    ``m (max(C, M) + sync_s) / pp`` (``C``: F+B+W compute; ``M``: communication; :class:`_Bounds` passes as
+    ``sync_s`` each MoE layer's :func:`~tessera_lab.cost.sync.paired_exposed_s` against the longest ``mlp`` node of
+    the model's layer kinds, which every forward carries at least, paired or not). With one chunk per rank times
+    :func:`bubble_factor` on the path F+B (+W unless the schedule may defer it, :data:`SPLIT_SCHEDULES`); the rank
+    holding the heaviest entry needs ``m x`` its time. P2P transfers and the gradient sync only add."""
+    m, pp = layout.microbatches, layout.pp
+    if layout.schedule in OVERLAPPED_SCHEDULES:
+        c, comm, top = group.sums()
+        total = max(c, comm) + sync_s
+        path = total
+    else:
+        ph, fb, top = group.phase_sums()
+        total = ph + sync_s
+        path = (fb + sync_s) if layout.schedule in SPLIT_SCHEDULES else total
+    busy = total / pp
+    if layout.vpp == 1:
+        busy = max(busy, path / pp * bubble_factor(pp, m))
+    return m * max(busy, top)
+
+
+def memory_lower_bound(model: ModelSpec, tasks: list, layout: Layout, seq_len: int) -> float:
+    """Bytes the busiest rank holds at least, over every partition (``tasks``: :func:`kind_tasks` of the layout's
+    cost group). Rank ``r`` keeps ``f_r`` micro-batches of its entries' activations in flight
+    (:func:`tessera_lab.plan.vschedules.plan_in_flight`), so an entry ``l`` costs it ``c_lr = p_l + f_r a_l``
+    (training state + saved activations) and the busiest rank holds ``M >= max_r sum_{l on r} c_lr``. For any
+    weights ``w_r >= 0`` summing to 1, ``M >= sum_r w_r mem_r >= sum_l min_r w_r c_lr``; with ``w_r`` proportional
+    to ``1 / (p + f_r a)`` at the mean entry this is, for equal entries, the exact fractional optimum
+    ``n / sum_r 1 / (p + f_r a)``; kept beside the even share at the fewest in flight and the first and last stage
+    with the embedding or the LM head at their own in-flight counts (docs/search.md)."""
+    par = layout.parallel(seq_len)
+    mem = layer_memory(model, par, tasks)
+    f = [plan_in_flight(layout.schedule, layout.pp, r, layout.microbatches, layout.vpp) for r in range(layout.pp)]
+    P, A = sum(x.param_bytes for x in mem), sum(x.activation_bytes for x in mem)
+    even = (P + min(f) * A) / layout.pp
+    h = [(P + fr * A) / len(mem) for fr in f]  # rank r's cost of the mean entry
+    weighted = sum(min((x.param_bytes + fr * x.activation_bytes) / hr for fr, hr in zip(f, h)) for x in mem) / sum(
+        1 / hr for hr in h) if all(hr > 0 for hr in h) else 0.0
+    last = f[(layout.pp * layout.vpp - 1) % layout.pp]
+    ends = max(mem[0].param_bytes + f[0] * mem[0].activation_bytes, mem[-1].param_bytes + last * mem[-1].activation_bytes)
+    return max(even, weighted, ends)
+
+
+class _Bounds:
+    """Bounds of layouts from lazily built groups: the time bound from the costs of the layout's TP, CP, EP,
+    micro-batch size, recompute and dispatcher with the distributed optimizer (:func:`time_lower_bound`; Megatron
+    FSDP only adds its gathers and reduce-scatters on streams of their own, which lengthen a phase and never shorten
+    it, :meth:`~tessera_lab.cost.analytic.CostModel.own_stream_time`; checked by the tests), the memory bound from
+    the layout's own saved activations (:func:`memory_lower_bound`)."""
+
+    def __init__(self, model: ModelSpec, seq_len: int, cluster: Cluster):
+        self.model, self.seq_len, self.cluster = model, seq_len, cluster
+        self.groups: dict[tuple, _Group] = {}
+        self.tasks: dict[tuple, list] = {}
+        self.sync: dict[tuple, float] = {}
+        self.cost_models: dict = {}
+        self.moe_layers = sum(1 for ly in model.stack.layers if ly.ffn == "moe")
+
+    def group(self, layout: Layout) -> _Group:
+        key = layout.cost_group()
+        if key not in self.groups:
+            self.groups[key] = _group(self.model, layout, self.seq_len, self.cluster, self.cost_models)
+        return self.groups[key]
+
+    def time(self, layout: Layout) -> float:
+        from tessera_lab.cost.sync import planner_per_layer_s
+
+        from tessera_lab.cost.sync import paired_exposed_s
+
+        group = self.groups.get(layout.cost_group()[:-2] + (False, 0))  # the FSDP-free group, without a copy
+        if group is None:
+            group = self.group(replace(layout, fsdp=False))
+        key = (layout.ep, layout.schedule, layout.dispatcher, layout.recompute, layout.recompute_modules,
+               group.mlp_queued_max)
+        if key not in self.sync:  # EP overlap: how many forwards run apart depends on the partition; each forward
+            # carries at least its waits less the longest mlp node a backward could pair it with
+            waits = planner_per_layer_s(layout.parallel(self.seq_len), model=self.model)
+            self.sync[key] = self.moe_layers * (paired_exposed_s(waits, group.mlp_queued_max)
+                                                if layout.schedule in OVERLAPPED_SCHEDULES else waits)
+        return time_lower_bound(group, layout, self.sync[key])
+
+    def memory(self, layout: Layout) -> float:
+        key = layout.cost_group()
+        if key not in self.tasks:
+            par = layout.parallel(self.seq_len).replace(schedule="1f1b", vpp=1)
+            self.tasks[key] = kind_tasks(self.model, par)
+        return memory_lower_bound(self.model, self.tasks[key], layout, self.seq_len)
