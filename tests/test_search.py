@@ -525,5 +525,9 @@ def test_refusals_counted_by_what_they_prove():
 
 
 def test_search_counts_refusal_kinds(small):
-    """The search's counts by kind add up to its refusals."""
+    """The search's counts by kind add up to its refusals, and its fields hold what they name (CPU seconds of this
+    search, the GPU's capacity in bytes)."""
+    from tessera_lab.cost.memory import memory_capacity
+
     assert sum(small.error_kinds.values()) == sum(small.errors.values())
+    assert 0 < small.cpu_s < 600 and small.memory_capacity_bytes == memory_capacity(S.search_cluster("H200", 64))

@@ -93,10 +93,10 @@ class SearchResult:
     enumerated: int
     pruned: dict[str, int]
     errors: dict[str, int] = field(default_factory=dict)
-    #: planner refusals counted by what they prove (:func:`refusal_kind`), most frequent first
-    error_kinds: dict[str, int] = field(default_factory=dict)
     cpu_s: float = 0.0
     memory_capacity_bytes: float = 0.0
+    #: planner refusals counted by what they prove (:func:`refusal_kind`), most frequent first
+    error_kinds: dict[str, int] = field(default_factory=dict)
     #: smallest time bound among the candidates left unplanned at the ``max_plans`` budget (None: none left)
     unplanned_bound_s: float | None = None
     #: CPU seconds of the planner processes (``jobs > 1``; ``getrusage(RUSAGE_CHILDREN)``), beside ``cpu_s`` (this
@@ -357,7 +357,7 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
             errors[c.result["error"]] = errors.get(c.result["error"], 0) + 1
             kinds[c.result["error_kind"]] = kinds.get(c.result["error_kind"], 0) + 1
     res = SearchResult(model.name, gpus, cluster.gpu.name, seq_len, seqs, top, planned, len(layouts), pruned,
-                       errors, time.process_time() - t0, capacity)
+                       errors=errors, cpu_s=time.process_time() - t0, memory_capacity_bytes=capacity)
     res.error_kinds = dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
     res.children_cpu_s = _children_cpu_s() - children
     res.unplanned_bound_s = min((c.lower_bound_s for c in rest), default=None)
