@@ -33,20 +33,16 @@ LAYOUTS = {
     "r3": ("mz/qwen3-235b-a22b/256xH100/bf16/deepep-tp2-ep8-fsdp",
            ["--model", "qwen3-235b-a22b", "--tp", "2", "--ep", "8", "--dp", "16", "--pp", "1", "--micro-batch-size",
             "4", "-m", "4", "--dispatcher", "deepep", "--recompute", "full", "--fsdp"]),
-    "r4": (None, ["--model", "qwen3-235b-a22b", "--tp", "2", "--ep", "8", "--ep-spans-tp", "--dp", "1", "--pp", "32",
+    "r4": ("mz/qwen3-235b-a22b/256xH100/bf16/a2a-tp2-pp32-vp3-ep8", ["--model", "qwen3-235b-a22b", "--tp", "2", "--ep", "8", "--ep-spans-tp", "--dp", "1", "--pp", "32",
                   "--vpp", "3", "--schedule", "interleaved", "-m", "512", "--dispatcher", "alltoall", "--recompute",
                   "selective", "--recompute-modules", "layernorm,moe_act",
                   "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]),
-    "r5": (None, ["--model", "qwen3-235b-a22b", "--tp", "4", "--ep", "8", "--dp", "1", "--pp", "8", "--vpp", "4",
+    "r5": ("mz/qwen3-235b-a22b/256xH100/bf16/deepep-tp4-pp8-vp4-ep8", ["--model", "qwen3-235b-a22b", "--tp", "4", "--ep", "8", "--dp", "1", "--pp", "8", "--vpp", "4",
                   "--schedule", "interleaved", "-m", "256", "--dispatcher", "deepep"]),
-    "n1": (None, ["--model", "qwen3-next-80b-a3b", "--tp", "1", "--ep", "32", "--dp", "1", "--pp", "4", "--vpp", "3",
+    "n1": ("mz/qwen3-next-80b-a3b/128xH100/bf16/deepep-pp4-vp3-ep32", ["--model", "qwen3-next-80b-a3b", "--tp", "1", "--ep", "32", "--dp", "1", "--pp", "4", "--vpp", "3",
                   "--schedule", "interleaved", "-m", "8", "--dispatcher", "deepep", "--recompute", "selective",
                   "--recompute-modules", "layernorm,moe_act,shared_experts"]),
 }
-#: r4's step time: the all-to-all row of the same table (yanring/Megatron-MoE-ModelZoo@e8650517d60d71ab73fc6b3b0388
-#: cac4ba435181 best_practice/qwen3/readme.md, 'H100', 'Cross-node EP strategy', A2A TP2 EP8 PP32 VPP3, 24.2 s),
-#: which data/published/megatron_moe_modelzoo.json does not list
-R4_STEP_S = 24.2
 #: the published order of r1..r5 (the issue of the search: r2, r3 < r1 < r4 < r5)
 ORDERED = ("r1", "r2", "r3", "r4", "r5")
 TIE = 0.05
@@ -63,22 +59,12 @@ UNPUBLISHED = {"r3": (["--grad-reduce-dtype", "bf16"],
 
 
 def published_times() -> dict[str, float]:
-    """Step times of the six layouts from data/published/megatron_moe_modelzoo.json, matched by layout fields."""
+    """Step times of the six layouts from data/published/megatron_moe_modelzoo.json, by run id."""
     from tessera_lab.io import read_json
     from tessera_lab.paths import data_dir
 
-    runs = read_json(data_dir() / "published" / "megatron_moe_modelzoo.json")["runs"]
-    want = {"r4": dict(model="qwen3-235b-a22b", tp=2, pp=32, ep=8, seq_len=4096),
-            "r5": dict(model="qwen3-235b-a22b", tp=4, pp=8, seq_len=4096),
-            "n1": dict(model="qwen3-next-80b-a3b", pp=4, ep=32, seq_len=4096)}
-    out = {"r4": R4_STEP_S}  # replaced below if the data file holds the run
-    for label, (run_id, _) in LAYOUTS.items():
-        for r in runs:
-            if (run_id and r["id"] == run_id) or (not run_id and all(r.get(k) == v for k, v in want[label].items())
-                                                   and r.get("split") != "reference"):
-                out[label] = float(r["step_time_s"])
-                break
-    return out
+    runs = {r["id"]: r for r in read_json(data_dir() / "published" / "megatron_moe_modelzoo.json")["runs"]}
+    return {label: float(runs[run_id]["step_time_s"]) for label, (run_id, _) in LAYOUTS.items()}
 
 
 def plan_one(argv: list[str]) -> dict:

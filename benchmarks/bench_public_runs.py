@@ -22,14 +22,16 @@ MoE layers x ``(m + (pp - 1) / vpp)``); then every run is planned again by the p
 ``host_sync_s = c`` (:func:`apply_sync_term`; the bench adds nothing itself). ``--runs FILE`` and ``--split
 test`` use the shipped values (no refit). The error with the term off is printed beside.
 
-Layout mapping (stated per run): Megatron's data-parallel size ``DP = GPUs / (TP * PP)``; our non-expert
+Layout mapping (stated per run): Megatron's data-parallel size ``DP = GPUs / (TP * CP * PP)``; our non-expert
 data-parallel group is ``ParallelConfig.dense_dp``. Where ``EP <= DP``: ``ep = EP``, ``dp = DP / EP`` (EP inside
 DP). Where Megatron spreads EP over TP x DP ranks (``EP > DP``, Megatron-Core's expert grid with expert TP 1,
 ``EP * EDP = TP * DP``, ``megatron/core/parallel_state.py``): ``ep_spans_tp`` with ``tp = TP``, ``ep = EP`` and
 ``dp = TP * DP / EP`` expert replicas, so the dense part keeps its TP (sequence parallel) and its DP, and each TP
 rank routes ``T / TP`` tokens. The EP group sits on ``ep`` consecutive ranks (``ep_placement = contiguous``:
 Megatron-Core's ``expert_decoder_rank_generator``, order ``tp-cp-ep-dp-pp``), so with TP 2 an EP 64 group spans
-8 nodes, not 16. Micro-batches per pipeline ``m = GBS / (MBS * DP)``. Schedule: ``1f1b``; with VP, Megatron's
+8 nodes, not 16. With CP the world is TP x CP x PP x DP and the EP groups take CP ranks as Megatron-Core's expert
+grid does (``ParallelConfig.cp``); an EP larger than TP x DP (Megatron's grid would fill it with CP ranks) is not
+expressible and the run is refused. Micro-batches per pipeline ``m = GBS / (MBS * DP)``. Schedule: ``1f1b``; with VP, Megatron's
 interleaved 1F1B (``--vpp VP``); with the recipe's EP overlap (``overlap_moe_expert_parallel_comm``) the combined
 1F1B, ``overlapped`` without VP and ``interleaved-overlapped`` with it (Megatron requires VP for the EP overlap
 when PP > 1, ``megatron/core/transformer/transformer_config.py``; one more warm-up micro-batch,
@@ -96,26 +98,31 @@ def parallel_for(run: dict, host_sync_s: float | None = 0.0):
     fit's setting; ``None`` = the shipped fitted value)."""
     from tessera_lab.model.hardware import ParallelConfig
 
-    tp, pp, vp = run["tp"], run["pp"], run["vp"] or 1
-    dp_megatron = run["gpus"] // (tp * pp)
+    tp, pp, vp, cp = run["tp"], run["pp"], run["vp"] or 1, run.get("cp") or 1
+    dp_megatron = run["gpus"] // (tp * cp * pp)  # Megatron's data-parallel size: GPUs / (TP x CP x PP)
     notes = []
     spans = run["ep"] > dp_megatron  # Megatron spreads EP over TP x DP (expert TP 1)
     ep = run["ep"]
     if spans:
-        if (tp * dp_megatron) % ep:
-            raise ValueError(f"EP {ep} does not divide TP {tp} x DP {dp_megatron}")
-        dp = tp * dp_megatron // ep  # expert data-parallel replicas
+        if (tp * dp_megatron) % ep or ep % tp:
+            raise ValueError(f"EP {ep} over TP {tp} x DP {dp_megatron} (CP {cp}): ep_spans_tp needs whole TP groups "
+                             "and EP dividing TP x DP (CP multiplies the world); not expressible")
+        dp = tp * dp_megatron // ep  # expert data-parallel replicas (of one CP slice)
         notes.append(f"EP {ep} spans TP {tp} x DP {dp_megatron} (Megatron-Core's expert grid, expert TP 1): planned "
                      f"with ep_spans_tp (dense TP {tp} with sequence parallelism, DP {dp_megatron}; experts EP {ep})")
     else:
         dp = dp_megatron // ep
+    if cp > 1:
+        notes.append(f"CP {cp}: each sequence split over {cp} ranks (Megatron DP = {run['gpus']} / (TP {tp} x CP {cp} x "
+                     f"PP {pp}) = {dp_megatron}); the EP groups take CP ranks as Megatron-Core's expert grid does "
+                     "(docs/context-parallel.md)")
     m = run["gbs"] // (run["mbs"] * dp_megatron)
     if vp > 1:  # Megatron's interleaved 1F1B; with the EP overlap its combined-1F1B variant (one more warm-up)
         schedule = "interleaved-overlapped" if run.get("ep_overlap") else "interleaved"
     else:  # Megatron refuses the EP overlap with PP > 1 and no VP (transformer_config.py)
         schedule = "overlapped" if run.get("ep_overlap") else "1f1b"
     schedule = run.get("schedule") or schedule  # a run whose source names its schedule (DualPipe: dualpipev)
-    par = ParallelConfig(pp=pp, vpp=vp, tp=tp, ep=ep, dp=dp, microbatches=m, ep_spans_tp=spans,
+    par = ParallelConfig(pp=pp, vpp=vp, tp=tp, ep=ep, dp=dp, cp=cp, microbatches=m, ep_spans_tp=spans,
                          micro_batch_size=run["mbs"], seq_len=run["seq_len"], schedule=schedule,
                          precision=run["precision"], dispatcher=run["dispatcher"], recompute=run["recompute"],
                          recompute_modules=tuple(run.get("recompute_modules", ())),
@@ -140,19 +147,17 @@ def parallel_for(run: dict, host_sync_s: float | None = 0.0):
 def split_for(run: dict, num_layers: int) -> list[int] | None:
     """Layer boundaries of the recipe's pipeline split over its ``pp * vp`` virtual stages, or ``None`` for
     Megatron's even split. ``account_for_embedding_and_loss``: Megatron-Core's ``get_num_layers_to_build``
-    (``transformer_block.py``) gives every virtual stage ``(L + 2) / (pp * vp)`` slots, the embedding taking one on
-    the first and the loss one on the last; a list: decoder layers per virtual stage (an explicit layout)."""
+    (:func:`tessera_lab.plan.stages.accounted_boundaries`, as ``plan --account-for-embedding-in-pipeline-split
+    --account-for-loss-in-pipeline-split``); a list: decoder layers per virtual stage (an explicit layout)."""
+    from tessera_lab.plan.stages import accounted_boundaries
+
     split = run.get("pipeline_split")
     if split is None:
         return None
     stages = run["pp"] * (run["vp"] or 1)
     if split == "account_for_embedding_and_loss":
-        slots, rest = divmod(num_layers + 2, stages)
-        if rest:
-            raise ValueError(f"{num_layers} layers + embedding + loss do not divide over {stages} virtual stages")
-        counts = [slots - (s == 0) - (s == stages - 1) for s in range(stages)]
-    else:
-        counts = list(split)
+        return accounted_boundaries(num_layers, stages, embedding=True, loss=True)
+    counts = list(split)
     if len(counts) != stages or sum(counts) != num_layers:
         raise ValueError(f"pipeline_split {split} does not place {num_layers} layers on {stages} virtual stages")
     bounds = [0]
