@@ -74,7 +74,7 @@ on stderr; ``python scripts/claims.py regen`` writes the same table into that pa
 quotes come from :func:`reading_figures` on the same rows.
 
 Run: python benchmarks/bench_public_runs.py [--json PATH|-] [--markdown] [--runs FILE] [--split fit|test]
-[--breakdown]   (analytic; about 10 s of CPU for the 27 shipped runs)
+[--breakdown]   (analytic; about 10 s of CPU for the 32 shipped runs)
 """
 
 from __future__ import annotations
@@ -575,6 +575,10 @@ PAIR_IDS = ("mz/qwen3-235b-a22b/256xH100/bf16/deepep-tp2-pp8-vp4-ep32",
             "mz/qwen3-235b-a22b/256xH100/bf16/deepep-tp2-pp8-vp4-ep32-a2a-overlap")
 LOAD_IDS = ("mz/qwen3-235b-a22b/256xH100/bf16/seq16k-tp4-pp8-vp4-ep8-forced-balance",
             "mz/qwen3-235b-a22b/256xH100/bf16/seq16k-tp4-pp8-vp4-ep8-dropless")
+#: the same table's longer rows (CP 2 at 32k, CP 4 at 64k): sequence label -> (forced-balance id, dropless id)
+LOAD_IDS_CP = {f"{k}k": (f"mz/qwen3-235b-a22b/256xH100/bf16/seq{k}k-tp4-cp{cp}-pp8-vp4-ep8-forced-balance",
+                         f"mz/qwen3-235b-a22b/256xH100/bf16/seq{k}k-tp4-cp{cp}-pp8-vp4-ep8-dropless")
+               for k, cp in ((32, 2), (64, 4))}
 
 
 def reading_figures(rows: list[dict]) -> dict[str, float]:
@@ -590,11 +594,12 @@ def reading_figures(rows: list[dict]) -> dict[str, float]:
     ``qwen3-alltoall.test.{n,min,max,without-min,without-max}``: the Qwen3 ``alltoall`` test runs whose every forward
     carries it, with and without it; ``pair.plain`` / ``pair.overlap``: the errors of :data:`PAIR_IDS`;
     ``load.{published,predicted}.{forced,dropless}`` (s) and ``load.{published,predicted}.slowdown`` (dropless /
-    forced - 1) of :data:`LOAD_IDS`; ``test.beyond-target`` / ``test.beyond-target.ep-overlap``: test runs with
+    forced - 1) of :data:`LOAD_IDS`; ``load.{32k,64k}.{published,predicted}.slowdown``: the same of
+    :data:`LOAD_IDS_CP`, and ``load.{32k,64k}.{forced,dropless}.error`` their errors; ``test.beyond-target`` / ``test.beyond-target.ep-overlap``: test runs with
     |error| above :data:`TARGET_MAX`, and of them those planned with an EP-overlap schedule.
 
     Raises:
-        KeyError: a row of :data:`PAIR_IDS` or :data:`LOAD_IDS` is missing (a runs file without them).
+        KeyError: a row of :data:`PAIR_IDS`, :data:`LOAD_IDS` or :data:`LOAD_IDS_CP` is missing (a runs file without them).
     """
     from tessera_lab.cost.sync import EP_OVERLAP_SCHEDULES
 
@@ -606,8 +611,15 @@ def reading_figures(rows: list[dict]) -> dict[str, float]:
            and r["id"].startswith(("qwen3", "mz/qwen3"))]
     by = {r["id"]: r for r in rows}
     beyond = [r for r in counted if r["split"] == "test" and abs(r["error"]) > TARGET_MAX]
-    t = {k: by[i]["iteration_time_s"] for k, i in zip(("forced", "dropless"), LOAD_IDS)}
-    p = {k: by[i]["published"]["iteration_s"] for k, i in zip(("forced", "dropless"), LOAD_IDS)}
+
+    def published_s(r):
+        return r["published"]["iteration_s"]
+
+    def predicted_s(r):
+        return r["iteration_time_s"]
+
+    t = {k: predicted_s(by[i]) for k, i in zip(("forced", "dropless"), LOAD_IDS)}
+    p = {k: published_s(by[i]) for k, i in zip(("forced", "dropless"), LOAD_IDS)}
     return {
         "term.runs": float(len(term)),
         "term.too-fast-without": float(sum(r["error_without_sync"] > 0 for r in term)),
@@ -623,6 +635,11 @@ def reading_figures(rows: list[dict]) -> dict[str, float]:
         "load.predicted.forced": t["forced"], "load.predicted.dropless": t["dropless"],
         "load.published.slowdown": p["dropless"] / p["forced"] - 1.0,
         "load.predicted.slowdown": t["dropless"] / t["forced"] - 1.0,
+        **{f"load.{k}.{side}.slowdown": seconds(by[d]) / seconds(by[f]) - 1.0
+           for k, (f, d) in LOAD_IDS_CP.items() for side, seconds in (("published", published_s),
+                                                                      ("predicted", predicted_s))},
+        **{f"load.{k}.{kind}.error": by[i]["error"]
+           for k, ids in LOAD_IDS_CP.items() for kind, i in zip(("forced", "dropless"), ids)},
         "test.beyond-target": float(len(beyond)),
         "test.beyond-target.ep-overlap": float(sum(r["id"] in overlap for r in beyond)),
     }

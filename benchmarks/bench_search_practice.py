@@ -145,7 +145,7 @@ def outside_space(model, lay, node: int, seq_len: int) -> list[str]:
         why.append(f"{lay.schedule} breaks Megatron-Core's EP-overlap rules ({'; '.join(overlap_rule_breaks(lay))})")
     if lay.tp not in tp_choices(model, node):
         why.append(f"tp {lay.tp}")
-    if lay.cp not in cp_choices(model, seq_len, lay.tp, node):
+    if lay.cp not in cp_choices(model, seq_len, lay.tp):
         why.append(f"cp {lay.cp}")
     if lay.pp * lay.vpp > model.num_layers:
         why.append(f"pp x vpp {lay.pp * lay.vpp} over {model.num_layers} layers")
@@ -170,9 +170,20 @@ def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict
     cls, settings = _recipe_layout_class(), run_settings(run)
     space = [cls(*astuple(x), **settings) for x in enumerate_layouts(model, gpus, run["gbs"], gpus_per_node=node,
                                                                        seq_len=seq)]
-    recipe = plan_layout(model, lay, seq, search_cluster(run["gpu"], gpus))
+    own_split = None
+    if lay.pp * lay.vpp > model.num_layers and run.get("pipeline_split"):
+        # more virtual stages than layers: only the recipe's own split places them (Megatron's embedding/loss
+        # accounting leaves the first and last virtual stage without a decoder layer)
+        from bench_public_runs import split_for
+
+        own_split = split_for(run, model.num_layers)
+        left[:] = [x for x in left if "pipeline split" not in x]
+        left.append(f"planned with the recipe's own pipeline split ({lay.pp * lay.vpp} virtual stages for "
+                    f"{model.num_layers} layers: no other partition places them)")
+    recipe = plan_layout(model, lay, seq, search_cluster(run["gpu"], gpus), boundaries=own_split)
     outside = [] if lay in set(space) else (outside_space(model, lay, node, seq) or ["not enumerated"])
-    added = bool(outside) and "error" not in recipe  # the planner accepts it: Megatron-Core runs it
+    # the planner accepts it (Megatron-Core runs it); not a layout only its own split places (the search partitions)
+    added = bool(outside) and "error" not in recipe and own_split is None
     layouts = space + [lay] if added else space
     res = search(model, gpus, gpu=run["gpu"], seq_len=seq, global_batch_tokens=run["gbs"] * seq, top=top,
                  max_plans=max_plans, layouts=layouts)

@@ -80,6 +80,31 @@ def test_fsdp_run_maps_onto_fsdp_by_hand():
     assert row["fits_memory"] and row["parallel"]["fsdp"], row["peak_memory_gib"]
 
 
+def test_context_parallel_runs_map_by_hand():
+    # ModelZoo long context, 256 H100, TP 4 PP 8 VP 4 EP 8, GBS 256, MBS 1. CP 2 at 32k: Megatron DP = 256 / (4 x 2
+    # x 8) = 4 < EP 8, so the EP group spans whole TP groups: expert replicas dp = 4 x 4 / 8 = 2, dense DP 8 x 2 / 4
+    # = 4, world 8 x 2 x 8 x 2 = 256, m = 256 / 4 = 64, each rank 32768 / 2 tokens; CP 4 at 64k: DP 2, dp = 4 x 2 /
+    # 8 = 1, m = 128, 16384 tokens a rank
+    import pytest
+
+    bench, runs = _bench(), _runs(ALL_FILES)
+    for seq, cp, dp, dense, m in ((32, 2, 2, 4, 64), (64, 4, 1, 2, 128)):
+        run = runs[f"mz/qwen3-235b-a22b/256xH100/bf16/seq{seq}k-tp4-cp{cp}-pp8-vp4-ep8-dropless"]
+        par, notes = bench.parallel_for(run)
+        assert (par.tp, par.cp, par.ep, par.dp, par.pp, par.vpp, par.microbatches) == (4, cp, 8, dp, 8, 4, m)
+        assert par.ep_spans_tp and par.dense_dp == dense and par.world_size == 256
+        assert par.tokens_per_rank == 16384 and par.tokens_per_iteration == 256 * seq * 1024
+        assert any(f"CP {cp}" in n for n in notes)
+        # Megatron's expert grid (order tp-ep-dp, ETP 1) puts an EP 8 group on 8 consecutive ranks: TP 4 x CP 2
+        assert sorted(par.group_ranks("ep")) == list(range(8))
+    # CP 8 at 128k (left out): DP = 1, and EP 8 does not divide TP 4 x DP 1 = 4: refused, not silently re-shaped
+    tmpl = runs["mz/qwen3-235b-a22b/256xH100/bf16/seq64k-tp4-cp4-pp8-vp4-ep8-dropless"]
+    with pytest.raises(ValueError, match="not expressible"):
+        bench.parallel_for({**tmpl, "cp": 8, "seq_len": 131072})
+    left = json.loads((ROOT / "data" / "published" / "megatron_moe_modelzoo.json").read_text())["left_out"]
+    assert {r["id"] for r in left} & set(runs) == set()
+
+
 def test_fsdp_field_is_checked(tmp_path):
     import pytest
 
@@ -118,6 +143,10 @@ def test_recipe_pipeline_splits_by_hand():
     b = bench.split_for(runs["deepseek-v3/1024xH100/fp8/tp2-pp8-vp4-ep64"], 61)
     assert b[:3] == [0, 1, 3] and b[-2:] == [61, 61] and len(b) == 33
     assert bench.split_for(runs["qwen3-30b-a3b/16xH100/fp8/ep16"], 48) is None  # Megatron's even split
+    # ModelZoo A2A row, PP 32 VP 3: (94 + 2) / 96 = 1 slot a virtual stage: the embedding alone on the first, the
+    # loss alone on the last, one decoder layer on each of the 94 between
+    b = bench.split_for(_runs(ALL_FILES)["mz/qwen3-235b-a22b/256xH100/bf16/a2a-tp2-pp32-vp3-ep8"], 94)
+    assert [y - x for x, y in zip(b, b[1:])] == [0] + [1] * 94 + [0]
 
 
 def test_precision_as_the_source_says():
@@ -339,7 +368,16 @@ def test_markdown_table_and_reading_figures_by_hand():
             _row(load[1], "test", "deepep", 13.2, 10.5, 0.50, 0.004),          # 13.2 / 10.5 - 1 = +0.2571
             _row("fit/d", "fit", "deepep", 10.2, 10.0, -0.05, 0.004),          # +0.02, too slow without the term
             _row("ref/e", "reference", "alltoall", 19.0, 10.0, 0.90, 0.01)]    # in no count
+    # the CP pairs (split reference here, so the counts above stay): 32k 12 / 10 published, 20.4 / 20 predicted;
+    # 64k 30 / 24, 41 / 40
+    for (forced, dropless), pub, pred in zip(bench.LOAD_IDS_CP.values(), ((10.0, 12.0), (24.0, 30.0)),
+                                             ((20.0, 20.4), (40.0, 41.0))):
+        rows += [_row(forced, "reference", "deepep", pub[0], pred[0], 0.0, 0.004),
+                 _row(dropless, "reference", "deepep", pub[1], pred[1], 0.0, 0.004)]
     f = bench.reading_figures(rows)
+    assert (f["load.32k.published.slowdown"], f["load.32k.predicted.slowdown"]) == pytest.approx((0.20, 0.02))
+    assert (f["load.64k.published.slowdown"], f["load.64k.predicted.slowdown"]) == pytest.approx((0.25, 0.025))
+    assert (f["load.32k.forced.error"], f["load.64k.dropless.error"]) == pytest.approx((10 / 20 - 1, 30 / 41 - 1))
     # every forward carries the term in 7 fit/test rows (a, b, c, pair[0], both load rows, d; not pair[1], EP overlap);
     # 6 of them are too fast without it
     assert (f["term.runs"], f["term.too-fast-without"]) == (7, 6)

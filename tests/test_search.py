@@ -248,12 +248,14 @@ def test_acceptance_qwen3_next_256(qwen):
 
 
 def test_cp_choices_and_layouts_by_hand(qwen):
-    # Qwen3-Next: 16 Gated DeltaNet key heads, 16 attention heads; CP sizes are powers of two with tp x cp <= 8,
-    # seq_len a multiple of 2 cp, 16 / tp GDN heads a multiple of cp, and >= 4,096 tokens of a sequence per rank
-    assert S.cp_choices(qwen, 32768, 1, 8) == [1, 2, 4, 8]
-    assert S.cp_choices(qwen, 32768, 4, 8) == [1, 2]
-    assert S.cp_choices(qwen, 8192, 1, 8) == [1, 2]
-    assert S.cp_choices(qwen, 4096, 1, 8) == [1]
+    # Qwen3-Next: 16 Gated DeltaNet key heads, 16 attention heads; CP sizes are powers of two with seq_len a
+    # multiple of 2 cp, 16 / tp GDN heads a multiple of cp, and >= 4,096 tokens of a sequence per rank; the CP group
+    # may leave the NVLink domain (TP 4 x CP 4 = 16 ranks on nodes of 8, as Megatron-Core runs it)
+    assert S.cp_choices(qwen, 32768, 1) == [1, 2, 4, 8]
+    assert S.cp_choices(qwen, 32768, 4) == [1, 2, 4]  # cp 8: 16 / 4 = 4 heads a TP rank, not a multiple of 8
+    assert S.cp_choices(qwen, 65536, 1) == [1, 2, 4, 8, 16]
+    assert S.cp_choices(qwen, 8192, 1) == [1, 2]
+    assert S.cp_choices(qwen, 4096, 1) == [1]
     lays = S.enumerate_layouts(qwen, 64, 64, seq_len=32768)
     assert {l.cp for l in lays} == {1, 2, 4, 8}
     for l in lays:  # every layout fills the GPUs: pp x dp x ep x (tp unless spanned) x cp

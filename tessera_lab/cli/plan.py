@@ -301,18 +301,16 @@ def check_device_plan_options(args: argparse.Namespace) -> None:
 def cp_fit_hint(model, parallel, nodes, opts: dict) -> str:
     """``"; --cp N fits ..."`` for a memory refusal at a long sequence (at least twice the search's
     :data:`~tessera_lab.plan.search_space.CP_MIN_TOKENS` per sequence) where a larger context-parallel size than
-    ``parallel.cp`` (the next ones Megatron-Core can run with this TP inside one NVLink domain,
+    ``parallel.cp`` (the next ones Megatron-Core can run with this TP,
     :func:`~tessera_lab.plan.search_space.cp_choices`) plans and fits on the GPUs it needs; ``""`` otherwise. Each
     try is a planner run with the refused plan's options (the refusal path only)."""
     from tessera_lab.errors import TesseraError
-    from tessera_lab.model.hardware import GPUSpec
     from tessera_lab.plan.make import make_plan
     from tessera_lab.plan.search_space import CP_MIN_TOKENS, cp_choices
 
     if parallel.seq_len < 2 * CP_MIN_TOKENS:
         return ""
-    node = GPUSpec.named(opts["gpu"]).nvlink_domain
-    for cp in [c for c in cp_choices(model, parallel.seq_len, parallel.tp, node) if c > parallel.cp][:2]:
+    for cp in [c for c in cp_choices(model, parallel.seq_len, parallel.tp) if c > parallel.cp][:2]:
         try:
             pl = make_plan(model, parallel.replace(cp=cp), None, **opts)
         except TesseraError:

@@ -156,12 +156,17 @@ def refusal_kind(exc: Exception) -> str:
     return str(exc).split(":", 1)[0].strip()
 
 
-def plan_layout(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster) -> dict[str, Any]:
+def plan_layout(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster,
+                boundaries: list[int] | None = None) -> dict[str, Any]:
     """Plan one layout with the planner of ``tessera-lab plan`` (:data:`PLAN_OPTIONS`); the row the search writes
-    (``tokens_per_s``, ``iteration_time_s``, ``mfu``, ``peak_memory_gib``, ``fits``, ...) or ``{"error": line}``."""
+    (``tokens_per_s``, ``iteration_time_s``, ``mfu``, ``peak_memory_gib``, ``fits``, ...) or ``{"error": line}``.
+    ``boundaries``: a fixed pipeline split (``pp * vpp + 1`` layer boundaries, e.g. Megatron's embedding/loss-accounted
+    one, :func:`~tessera_lab.plan.stages.accounted_boundaries`) instead of the planner's partition."""
     try:
         opts = dict(PLAN_OPTIONS, **({"method": VIRTUAL_METHOD, "limit": VIRTUAL_ILP_BUDGET}
                                      if layout.vpp > 1 else {}))
+        if boundaries is not None:
+            opts.update(method="uniform", baselines=(), boundaries=boundaries)
         pl = make_plan(model, layout.parallel(seq_len), cluster, **opts)
     except TesseraError as exc:
         return {"error": str(exc).splitlines()[0], "error_kind": refusal_kind(exc), "fits": False}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import ParallelConfig, overlap_rule_breaks  # noqa: F401  (re-exported)
@@ -33,16 +33,17 @@ def tp_choices(model: ModelSpec, gpus_per_node: int) -> list[int]:
     return _divisors(math.gcd(gpus_per_node, *heads))
 
 
-def cp_choices(model: ModelSpec, seq_len: int, tp: int, gpus_per_node: int) -> list[int]:
+def cp_choices(model: ModelSpec, seq_len: int, tp: int) -> list[int]:
     """CP sizes the search tries with ``tp``: powers of two that Megatron-Core can run (``seq_len`` a multiple of
     ``2 cp``; the heads of every head-sharded mixer per TP rank a multiple of ``cp``,
-    :func:`tessera_lab.model.context_parallel.check_heads`), with the ``tp x cp`` block inside one NVLink domain
-    and at least :data:`CP_MIN_TOKENS` tokens of a sequence per CP rank (the search's limit, docs/search.md)."""
+    :func:`tessera_lab.model.context_parallel.check_heads`) and at least :data:`CP_MIN_TOKENS` tokens of a sequence
+    per CP rank (the search's limit, docs/search.md). The CP group may span NVLink domains (its ring then crosses
+    the NIC), as Megatron-Core runs it (the Megatron-MoE-ModelZoo's Qwen3-235B-A22B long-context runs: TP 4 x CP 4
+    and TP 4 x CP 8 on nodes of 8)."""
     from tessera_lab.model.context_parallel import check_heads
 
     out, cp = [], 1
-    while tp * cp <= gpus_per_node and seq_len % (2 * cp if cp > 1 else 1) == 0 and (
-            cp == 1 or seq_len // cp >= CP_MIN_TOKENS):
+    while seq_len % (2 * cp if cp > 1 else 1) == 0 and (cp == 1 or seq_len // cp >= CP_MIN_TOKENS):
         try:
             for attention in {layer.attention for layer in model.stack.layers}:
                 check_heads(model, attention, tp, cp)
@@ -168,7 +169,7 @@ def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_pe
     moe = model.has_moe
     eps = [e for e in _divisors(model.moe.num_experts) if gpus % e == 0] if moe else [1]
     for tp in tp_choices(model, gpus_per_node):
-        for cp in cp_choices(model, seq_len, tp, gpus_per_node):
+        for cp in cp_choices(model, seq_len, tp):
             for ep in eps:
                 for spans in ((False, True) if moe and tp > 1 else (False,)):
                     if spans and ep % tp:
