@@ -95,18 +95,34 @@ from tessera_lab.report.fidelity_set import DEFAULT_FILES  # noqa: E402
 def parallel_for(run: dict, host_sync_s: float | None = 0.0):
     """The ParallelConfig and the mapping notes of a published run (mapping in the module docstring);
     ``host_sync_s``: the planner's host/sync seconds per MoE layer (:mod:`tessera_lab.cost.sync`; 0 = off, the
-    fit's setting; ``None`` = the shipped fitted value)."""
+    fit's setting; ``None`` = the shipped fitted value).
+
+    Raises:
+        ConfigError: GPUs not a multiple of TP x CP x PP, a global batch not of whole micro-batches, or an EP no
+            layout of :class:`~tessera_lab.model.hardware.ParallelConfig` expresses (one line naming the field)."""
+    from tessera_lab.errors import ConfigError
     from tessera_lab.model.hardware import ParallelConfig
 
     tp, pp, vp, cp = run["tp"], run["pp"], run["vp"] or 1, run.get("cp") or 1
+    rid = run.get("id")
+    if run["gpus"] % (tp * cp * pp):
+        raise ConfigError(f"run {rid}: field 'gpus' = {run['gpus']} is not a multiple of tp x cp x pp = {tp * cp * pp}; "
+                          "allowed: Megatron's GPUs = TP x CP x PP x DP")
     dp_megatron = run["gpus"] // (tp * cp * pp)  # Megatron's data-parallel size: GPUs / (TP x CP x PP)
+    if run["gbs"] % (run["mbs"] * dp_megatron):
+        raise ConfigError(f"run {rid}: field 'gbs' = {run['gbs']} is not a multiple of mbs x DP = {run['mbs']} x "
+                          f"{dp_megatron}; allowed: a global batch of whole micro-batches on every data-parallel rank")
     notes = []
     spans = run["ep"] > dp_megatron  # Megatron spreads EP over TP x DP (expert TP 1)
     ep = run["ep"]
+    if not spans and dp_megatron % ep:
+        raise ConfigError(f"run {rid}: field 'ep' = {ep} does not divide Megatron's DP = {dp_megatron}; allowed: an EP "
+                          "dividing the data-parallel ranks, or one larger than them that spans whole TP groups")
     if spans:
         if (tp * dp_megatron) % ep or ep % tp:
-            raise ValueError(f"EP {ep} over TP {tp} x DP {dp_megatron} (CP {cp}): ep_spans_tp needs whole TP groups "
-                             "and EP dividing TP x DP (CP multiplies the world); not expressible")
+            raise ConfigError(f"run {rid}: field 'ep' = {ep} over TP {tp} x DP {dp_megatron} (CP {cp}) is not "
+                              "expressible; allowed: EP dividing DP, or a multiple of TP dividing TP x DP (CP "
+                              "multiplies the world; Megatron's grid would fill a larger EP with CP ranks)")
         dp = tp * dp_megatron // ep  # expert data-parallel replicas (of one CP slice)
         notes.append(f"EP {ep} spans TP {tp} x DP {dp_megatron} (Megatron-Core's expert grid, expert TP 1): planned "
                      f"with ep_spans_tp (dense TP {tp} with sequence parallelism, DP {dp_megatron}; experts EP {ep})")
@@ -148,7 +164,10 @@ def split_for(run: dict, num_layers: int) -> list[int] | None:
     """Layer boundaries of the recipe's pipeline split over its ``pp * vp`` virtual stages, or ``None`` for
     Megatron's even split. ``account_for_embedding_and_loss``: Megatron-Core's ``get_num_layers_to_build``
     (:func:`tessera_lab.plan.stages.accounted_boundaries`, as ``plan --account-for-embedding-in-pipeline-split
-    --account-for-loss-in-pipeline-split``); a list: decoder layers per virtual stage (an explicit layout)."""
+    --account-for-loss-in-pipeline-split``); a list: decoder layers per virtual stage (an explicit layout).
+
+    Raises:
+        ConfigError: a split that is neither, or one that does not place ``num_layers`` on ``pp * vp`` stages."""
     from tessera_lab.plan.stages import accounted_boundaries
 
     split = run.get("pipeline_split")
@@ -157,9 +176,14 @@ def split_for(run: dict, num_layers: int) -> list[int] | None:
     stages = run["pp"] * (run["vp"] or 1)
     if split == "account_for_embedding_and_loss":
         return accounted_boundaries(num_layers, stages, embedding=True, loss=True)
-    counts = list(split)
-    if len(counts) != stages or sum(counts) != num_layers:
-        raise ValueError(f"pipeline_split {split} does not place {num_layers} layers on {stages} virtual stages")
+    from tessera_lab.errors import ConfigError
+
+    counts = list(split) if isinstance(split, list) else []
+    if (len(counts) != stages or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts)
+            or sum(counts) != num_layers):
+        raise ConfigError(f"run {run.get('id')}: field 'pipeline_split' = {split} does not place {num_layers} layers "
+                          f"on {stages} virtual stages; allowed: 'account_for_embedding_and_loss' or {stages} layer "
+                          f"counts summing to {num_layers}")
     bounds = [0]
     for c in counts:
         bounds.append(bounds[-1] + c)
@@ -653,14 +677,21 @@ def evaluate(files: list | None = None, split: str | None = None, out=sys.stderr
     ``reference`` use the shipped values too). A run that cannot be planned is named on ``out`` and left out.
 
     Raises:
-        tessera_lab.errors.ConfigError: a runs file that cannot be used (``load_runs``).
+        tessera_lab.errors.ConfigError: a runs file that cannot be used (``load_runs``), or a run whose model, layout
+            or pipeline split maps onto no planner layout (:func:`parallel_for`, :func:`split_for`), before any
+            planning.
     """
     from tessera_lab.cost.sync import FITTED_PER_WAIT_S
     from tessera_lab.report.fidelity_set import load_runs
 
+    from tessera_lab.model.spec import load_model
+
     runs, sources = load_runs(files or [ROOT / "data" / "published" / f for f in DEFAULT_FILES])
     if split:
         runs = [r for r in runs if r["split"] == split]
+    for run in runs:  # every run's mapping before any planning: a field no layout expresses is refused, not skipped
+        parallel_for(run)
+        split_for(run, load_model(run["model"]).num_layers)
     rows = []
     for run in runs:
         try:

@@ -99,7 +99,9 @@ def test_context_parallel_runs_map_by_hand():
         assert sorted(par.group_ranks("ep")) == list(range(8))
     # CP 8 at 128k (left out): DP = 1, and EP 8 does not divide TP 4 x DP 1 = 4: refused, not silently re-shaped
     tmpl = runs["mz/qwen3-235b-a22b/256xH100/bf16/seq64k-tp4-cp4-pp8-vp4-ep8-dropless"]
-    with pytest.raises(ValueError, match="not expressible"):
+    from tessera_lab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="field 'ep' = 8 .* not expressible"):
         bench.parallel_for({**tmpl, "cp": 8, "seq_len": 131072})
     left = json.loads((ROOT / "data" / "published" / "megatron_moe_modelzoo.json").read_text())["left_out"]
     assert {r["id"] for r in left} & set(runs) == set()
@@ -416,3 +418,25 @@ def test_markdown_flag_prints_only_the_table(capsys):
     with pytest.raises(SystemExit) as exc:  # both on stdout: refused before any work
         bench.main(["--markdown", "--json", "-"])
     assert exc.value.code == 2 and "--markdown and --json -" in capsys.readouterr().err
+
+
+def test_runs_file_layout_errors_are_one_line_before_planning(tmp_path, capsys):
+    """A runs file whose run maps onto no planner layout is refused with one line naming the field, exit 2, before
+    any run is planned (the mapping is checked for every run first): CP 8 at TP 4 and DP 1 (EP 8 larger than TP x DP),
+    CP 0, a sequence that 2 x CP does not split, a global batch of partial micro-batches, a malformed split."""
+    import pytest
+
+    data = json.loads((ROOT / "data" / "published" / "megatron_moe_modelzoo.json").read_text())
+    base = next(r for r in data["runs"] if "seq64k" in r["id"])
+    cases = {"cp8": ({"cp": 8, "seq_len": 131072}, "field 'ep' = 8"), "cp0": ({"cp": 0}, "field 'cp' = 0"),
+             "seq": ({"seq_len": 65540}, "field 'seq_len' = 65540"), "gbs": ({"gbs": 255}, "field 'gbs' = 255"),
+             "split": ({"pipeline_split": [1, 2]}, "field 'pipeline_split'")}
+    for name, (change, field) in cases.items():
+        path = tmp_path / f"{name}.json"
+        good = dict(base, id="ok/first")  # planned only if the bad run were skipped instead of refused
+        path.write_text(json.dumps({"runs": [good, dict(base, **change, id=f"x/{name}")]}))
+        with pytest.raises(SystemExit) as exc:
+            _bench().main(["--runs", str(path)])
+        err = capsys.readouterr()
+        assert exc.value.code == 2 and field in err.err and "Traceback" not in err.err, name
+        assert "ok/first" not in err.out and "ok/first" not in err.err, name  # nothing planned first

@@ -58,10 +58,17 @@ def _check_run(run: dict, where: str) -> None:
                           "as a number > 0")
     if not isinstance(run.get("fsdp", False), bool):
         raise ConfigError(f"{where} run {rid}: field 'fsdp' = {run['fsdp']!r} is out of range; allowed: true or false")
-    for key in ("gpus", "gbs", "mbs", "seq_len", "tp", "pp", "ep"):
-        v = run[key]
+    for key in ("gpus", "gbs", "mbs", "seq_len", "tp", "pp", "ep", "cp", "vp"):
+        v = run.get(key, 1) if key in ("cp", "vp") else run[key]
+        if key in ("cp", "vp") and v is None:
+            continue  # null: none (1)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{where} run {rid}: field '{key}' = {v!r} is out of range; allowed: an integer >= 1")
+            raise ConfigError(f"{where} run {rid}: field '{key}' = {v!r} is out of range; allowed: an integer >= 1"
+                              + (" or null" if key in ("cp", "vp") else ""))
+    cp = run.get("cp") or 1
+    if cp > 1 and run["seq_len"] % (2 * cp):
+        raise ConfigError(f"{where} run {rid}: field 'seq_len' = {run['seq_len']} is not a multiple of 2 x cp = "
+                          f"{2 * cp}; allowed: Megatron's load-balanced split of a sequence into 2 x cp chunks")
 
 
 def load_runs(paths) -> tuple[list[dict], dict]:
