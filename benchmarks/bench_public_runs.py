@@ -124,8 +124,11 @@ def parallel_for(run: dict, host_sync_s: float | None = 0.0):
                               "expressible; allowed: EP dividing DP, or a multiple of TP dividing TP x DP (CP "
                               "multiplies the world; Megatron's grid would fill a larger EP with CP ranks)")
         dp = tp * dp_megatron // ep  # expert data-parallel replicas (of one CP slice)
-        notes.append(f"EP {ep} spans TP {tp} x DP {dp_megatron} (Megatron-Core's expert grid, expert TP 1): planned "
-                     f"with ep_spans_tp (dense TP {tp} with sequence parallelism, DP {dp_megatron}; experts EP {ep})")
+        spanned = ParallelConfig(pp=pp, tp=tp, ep=ep, dp=dp, cp=cp, ep_spans_tp=True, seq_len=run["seq_len"],
+                                 microbatches=1).ep_span_text()
+        notes.append(f"EP {ep} spans {spanned} (Megatron-Core's expert grid, expert TP 1; Megatron DP {dp_megatron}): "
+                     f"planned with ep_spans_tp (dense TP {tp} with sequence parallelism, DP {dp_megatron}; experts "
+                     f"EP {ep})")
     else:
         dp = dp_megatron // ep
     if cp > 1:
@@ -154,7 +157,7 @@ def parallel_for(run: dict, host_sync_s: float | None = 0.0):
                          grouped_gemm="multistream")  # TEGroupedMLP -> TE GroupedLinear: per-expert cuBLAS, 4 streams
     if tp > 1 and ep > 1 and not spans:
         notes.append(f"EP {ep} on {ep} consecutive ranks (Megatron-Core's expert rank generator, expert TP 1): "
-                     f"{-(-ep // 8)} nodes, not the {-(-ep * tp // 8)} a TP-strided EP group would span")
+                     f"{-(-ep // 8)} node(s), not the {-(-ep * tp // 8)} a TP-strided EP group would span")
     if vp > 1:
         notes.append(f"VP {vp}: {schedule} over {pp * vp} virtual stages")
     return par, notes
@@ -560,14 +563,15 @@ def summary(rows: list[dict], sync: dict) -> dict:
     test = [r for r in rows if r["split"] == "test"]
     fit = [r for r in rows if r["split"] == "fit"]
 
-    def med(rs, key="error"):
-        return statistics.median(abs(r[key]) for r in rs) if rs else float("nan")
+    def med(rs, key="error"):  # None (JSON null) for an empty set: --json stays strict JSON
+        return statistics.median(abs(r[key]) for r in rs) if rs else None
 
     return {"test_median_abs_error": med(test), "test_max_abs_error": max((abs(r["error"]) for r in test),
-                                                                          default=float("nan")),
+                                                                          default=None),
             "n_test": len(test), "n_fit": len(fit), "fit_ids": sync["fit_ids"],
             "fit_median_abs_error": med(fit),
-            "fit_max_abs_error": max((abs(r["error"]) for r in fit), default=float("nan")), "test_median_abs_error_without_sync": med(test, "error_without_sync"),
+            "fit_max_abs_error": max((abs(r["error"]) for r in fit), default=None),
+            "test_median_abs_error_without_sync": med(test, "error_without_sync"),
             "source_families": sorted({r["source_family"] for r in rows}), "n_runs": len(rows),
             "target": {"median": TARGET_MEDIAN, "max": TARGET_MAX},
             "target_met": bool(test) and med(test) <= TARGET_MEDIAN and max(abs(r["error"]) for r in test) <= TARGET_MAX,
@@ -792,8 +796,9 @@ def print_report(rows: list[dict], sync: dict, summ: dict, out) -> None:
             print(f"      note: {n}", file=out)
     met = "met" if summ["target_met"] else "MISSED"
     if not summ["n_test"]:
-        print(f"no test runs in this selection: no headline; fit set ({summ['n_fit']} runs): median |error| "
-              f"{summ['fit_median_abs_error']:.1%}, max {summ['fit_max_abs_error']:.1%}", file=out)
+        fit = (f"median |error| {summ['fit_median_abs_error']:.1%}, max {summ['fit_max_abs_error']:.1%}"
+               if summ["n_fit"] else "no run planned")
+        print(f"no test runs in this selection: no headline; fit set ({summ['n_fit']} runs): {fit}", file=out)
         return
     print(f"HEADLINE (test set, {summ['n_test']} runs from {len(summ['source_families'])} source families): median "
           f"|error| {summ['test_median_abs_error']:.1%}, max {summ['test_max_abs_error']:.1%} (target <= "

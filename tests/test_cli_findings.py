@@ -89,10 +89,14 @@ def test_header_lists_recompute_modules(capsys):
 def test_ep_spans_tp_header_spells_the_layout(capsys):
     assert main(["plan", "--pp", "4", "-m", "8", "--ep-spans-tp", "--tp", "2"]) == 0
     head = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("cluster "))
-    # pp 4 x EP 8 = 32 GPUs; EP 8 = TP 2 x dense DP 4; expert DP = dp = 1; tokens 8 x 4096 x 4 = 131,072
+    # pp 4 x EP 8 = 32 GPUs; EP 8 = TP 2 x DP 4 (dense DP 4); expert DP = dp = 1; tokens 8 x 4096 x 4 = 131,072
     p = ParallelConfig(pp=4, ep=8, tp=2, microbatches=8, ep_spans_tp=True)
     assert (p.world_size, p.dense_dp, p.expert_dp) == (32, 4, 1)
-    assert "= 32 GPUs; EP spans TP" in head and "TP 2 x dense DP 4 (expert TP 1, expert DP 1)" in head
+    assert "= 32 GPUs; EP spans TP" in head and "EP group of 8 = TP 2 x DP 4 (expert TP 1, expert DP 1)" in head
+    # with 2 expert replicas the stage holds 16 GPUs, and the EP group is still TP 2 x DP 4 (was "x dense DP 8")
+    q = ParallelConfig(pp=4, ep=8, tp=2, dp=2, microbatches=8, ep_spans_tp=True)
+    assert (q.world_size, q.dense_dp, q.ep_span_text()) == (64, 8, "TP 2 x DP 4")
+    assert sorted(q.group_ranks("ep")) == list(range(8))
     assert "(131,072 tokens)" in head
 
 

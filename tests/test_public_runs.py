@@ -96,7 +96,8 @@ def test_context_parallel_runs_map_by_hand():
         assert par.tokens_per_rank == 16384 and par.tokens_per_iteration == 256 * seq * 1024
         assert any(f"CP {cp}" in n for n in notes)
         # Megatron's expert grid (order tp-ep-dp, ETP 1) puts an EP 8 group on 8 consecutive ranks: TP 4 x CP 2
-        assert sorted(par.group_ranks("ep")) == list(range(8))
+        assert sorted(par.group_ranks("ep")) == list(range(8)) and par.ep_span_text() == "TP 4 x CP 2"
+        assert any(n.startswith("EP 8 spans TP 4 x CP 2") for n in notes)
     # CP 8 at 128k (left out): DP = 1, and EP 8 does not divide TP 4 x DP 1 = 4: refused, not silently re-shaped
     tmpl = runs["mz/qwen3-235b-a22b/256xH100/bf16/seq64k-tp4-cp4-pp8-vp4-ep8-dropless"]
     from tessera_lab.errors import ConfigError
@@ -440,3 +441,13 @@ def test_runs_file_layout_errors_are_one_line_before_planning(tmp_path, capsys):
         err = capsys.readouterr()
         assert exc.value.code == 2 and field in err.err and "Traceback" not in err.err, name
         assert "ok/first" not in err.out and "ok/first" not in err.err, name  # nothing planned first
+
+
+def test_summary_of_an_empty_selection_is_strict_json():
+    """No test and no fit run (a runs file whose only run was not planned): the medians are null, not NaN, so
+    ``--json`` output parses as strict JSON (json.loads refusing NaN)."""
+    bench = _bench()
+    summ = bench.summary([], {"fit_ids": [], "per_layer_s": {}, "fit_runs_used": {}})
+    text = json.dumps(summ)
+    json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    assert summ["test_median_abs_error"] is None and summ["fit_max_abs_error"] is None and not summ["target_met"]

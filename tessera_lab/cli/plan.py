@@ -301,7 +301,7 @@ def check_device_plan_options(args: argparse.Namespace) -> None:
 def cp_fit_hint(model, parallel, nodes, opts: dict) -> str:
     """``"; --cp N fits ..."`` for a memory refusal at a long sequence (at least twice the search's
     :data:`~tessera_lab.plan.search_space.CP_MIN_TOKENS` per sequence) where a larger context-parallel size than
-    ``parallel.cp`` (the next ones Megatron-Core can run with this TP,
+    ``parallel.cp`` (each larger one Megatron-Core can run with this TP, smallest first,
     :func:`~tessera_lab.plan.search_space.cp_choices`) plans and fits on the GPUs it needs; ``""`` otherwise. Each
     try is a planner run with the refused plan's options (the refusal path only)."""
     from tessera_lab.errors import TesseraError
@@ -310,7 +310,7 @@ def cp_fit_hint(model, parallel, nodes, opts: dict) -> str:
 
     if parallel.seq_len < 2 * CP_MIN_TOKENS:
         return ""
-    for cp in [c for c in cp_choices(model, parallel.seq_len, parallel.tp) if c > parallel.cp][:2]:
+    for cp in [c for c in cp_choices(model, parallel.seq_len, parallel.tp) if c > parallel.cp]:
         try:
             pl = make_plan(model, parallel.replace(cp=cp), None, **opts)
         except TesseraError:

@@ -14,6 +14,8 @@ A cluster's node is one NVLink domain: 8 GPUs on a DGX/HGX node, 72 on a GB200 N
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
@@ -467,6 +469,17 @@ class ParallelConfig:
         block = ranks.index(g.rank(pp_i, dp_i, ep_i, tp_i)) // self.ep
         return ranks[block * self.ep:(block + 1) * self.ep]
 
+    def ep_span_text(self) -> str:
+        """What one EP group is made of when it spans the TP ranks (``ep_spans_tp``): ``"TP 2 x DP 16"``,
+        ``"TP 4 x CP 2"`` or ``"TP 2 x CP 2 x DP 2"``: the ``ep / tp`` ranks beyond a TP group are CP ranks first,
+        then data-parallel ones, as Megatron-Core's expert grid (order ``tp-ep-dp`` over ranks ordered
+        ``tp-cp-dp``) and :meth:`group_ranks` take them."""
+        rest = self.ep // self.tp
+        cp_part = math.gcd(rest, self.cp)
+        dp_part = rest // cp_part
+        parts = [f"TP {self.tp}"] + ([f"CP {cp_part}"] if cp_part > 1 else []) + ([f"DP {dp_part}"] if dp_part > 1 else [])
+        return " x ".join(parts)
+
     def ep_link_ranks(self) -> list[int]:
         """Ranks of the first EP group as the links see them: :meth:`group_ranks` (``ep_placement = grid``) or the
         ``ep`` consecutive ranks ``0 .. ep-1`` (``contiguous``, Megatron-Core's expert grid with expert TP 1)."""
@@ -503,8 +516,8 @@ def layout_text(p: "ParallelConfig", moe: bool = True) -> str:
         return f"pp={p.pp} tp={p.tp} dp={p.dense_dp}{vpp} ({p.world_size} GPUs; no MoE{as_dp})"
     if not p.ep_spans_tp:
         return f"pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}{vpp} ({p.world_size} GPUs)"
-    return (f"pp={p.pp}{vpp} x {p.ep} GPUs per stage = {p.world_size} GPUs; EP spans TP: each stage's EP group of "
-            f"{p.ep} = TP {p.tp} x dense DP {p.dense_dp} (expert TP 1, expert DP {p.expert_dp}); dense part TP {p.tp} "
+    return (f"pp={p.pp}{vpp} x {p.world_size // p.pp} GPUs per stage = {p.world_size} GPUs; EP spans TP: each "
+            f"stage's EP group of {p.ep} = {p.ep_span_text()} (expert TP 1, expert DP {p.expert_dp}); dense part TP {p.tp} "
             f"with sequence parallelism x DP {p.dense_dp}, so {p.dense_dp} pipelines' micro-batches per iteration "
             f"({p.tokens_per_iteration:,} tokens)")
 
