@@ -31,9 +31,9 @@ rank routes ``T / TP`` tokens. The EP group sits on ``ep`` consecutive ranks (``
 Megatron-Core's ``expert_decoder_rank_generator``, order ``tp-cp-ep-dp-pp``), so with TP 2 an EP 64 group spans
 8 nodes, not 16. With CP the world is TP x CP x PP x DP and the EP groups take CP ranks as Megatron-Core's expert
 grid does (``ParallelConfig.cp``); an EP larger than TP x DP (Megatron's grid would fill it with CP ranks) is not
-expressible and the run is refused. Micro-batches per pipeline ``m = GBS / (MBS * DP)``. Schedule: ``1f1b``; with VP, Megatron's
-interleaved 1F1B (``--vpp VP``); with the recipe's EP overlap (``overlap_moe_expert_parallel_comm``) the combined
-1F1B, ``overlapped`` without VP and ``interleaved-overlapped`` with it (Megatron requires VP for the EP overlap
+expressible and the run is refused. Micro-batches per pipeline ``m = GBS / (MBS * DP)``. Schedule: ``1f1b``; with VP,
+Megatron's interleaved 1F1B (``--vpp VP``); with the recipe's EP overlap (``overlap_moe_expert_parallel_comm``) the
+combined 1F1B, ``overlapped`` without VP and ``interleaved-overlapped`` with it (Megatron requires VP for the EP overlap
 when PP > 1, ``megatron/core/transformer/transformer_config.py``; one more warm-up micro-batch,
 ``get_pp_rank_microbatches`` in ``megatron/core/pipeline_parallel/schedules.py``). Sequence parallelism on with
 TP > 1, as the recipes set it; per-run recipe fields from ``data/published``: ``recompute_modules`` (Megatron's
@@ -106,8 +106,8 @@ def parallel_for(run: dict, host_sync_s: float | None = 0.0):
     tp, pp, vp, cp = run["tp"], run["pp"], run["vp"] or 1, run.get("cp") or 1
     rid = run.get("id")
     if run["gpus"] % (tp * cp * pp):
-        raise ConfigError(f"run {rid}: field 'gpus' = {run['gpus']} is not a multiple of tp x cp x pp = {tp * cp * pp}; "
-                          "allowed: Megatron's GPUs = TP x CP x PP x DP")
+        raise ConfigError(f"run {rid}: field 'gpus' = {run['gpus']} is not a multiple of tp x cp x pp = "
+                          f"{tp * cp * pp}; allowed: Megatron's GPUs = TP x CP x PP x DP")
     dp_megatron = run["gpus"] // (tp * cp * pp)  # Megatron's data-parallel size: GPUs / (TP x CP x PP)
     if run["gbs"] % (run["mbs"] * dp_megatron):
         raise ConfigError(f"run {rid}: field 'gbs' = {run['gbs']} is not a multiple of mbs x DP = {run['mbs']} x "
@@ -124,17 +124,12 @@ def parallel_for(run: dict, host_sync_s: float | None = 0.0):
                               "expressible; allowed: EP dividing DP, or a multiple of TP dividing TP x DP (CP "
                               "multiplies the world; Megatron's grid would fill a larger EP with CP ranks)")
         dp = tp * dp_megatron // ep  # expert data-parallel replicas (of one CP slice)
-        spanned = ParallelConfig(pp=pp, tp=tp, ep=ep, dp=dp, cp=cp, ep_spans_tp=True, seq_len=run["seq_len"],
-                                 microbatches=1).ep_span_text()
-        notes.append(f"EP {ep} spans {spanned} (Megatron-Core's expert grid, expert TP 1; Megatron DP {dp_megatron}): "
-                     f"planned with ep_spans_tp (dense TP {tp} with sequence parallelism, DP {dp_megatron}; experts "
-                     f"EP {ep})")
     else:
         dp = dp_megatron // ep
     if cp > 1:
-        notes.append(f"CP {cp}: each sequence split over {cp} ranks (Megatron DP = {run['gpus']} / (TP {tp} x CP {cp} x "
-                     f"PP {pp}) = {dp_megatron}); the EP groups take CP ranks as Megatron-Core's expert grid does "
-                     "(docs/context-parallel.md)")
+        notes.append(f"CP {cp}: each sequence split over {cp} ranks (Megatron DP = {run['gpus']} / (TP {tp} x CP "
+                     f"{cp} x PP {pp}) = {dp_megatron}); the EP groups take CP ranks as Megatron-Core's expert grid "
+                     "does (docs/context-parallel.md)")
     m = run["gbs"] // (run["mbs"] * dp_megatron)
     if vp > 1:  # Megatron's interleaved 1F1B; with the EP overlap its combined-1F1B variant (one more warm-up)
         schedule = "interleaved-overlapped" if run.get("ep_overlap") else "interleaved"
@@ -155,6 +150,10 @@ def parallel_for(run: dict, host_sync_s: float | None = 0.0):
                          host_sync_s=host_sync_s,
                          fsdp=bool(run.get("fsdp", False)),  # Megatron FSDP (optim_grads_params) where the run used it
                          grouped_gemm="multistream")  # TEGroupedMLP -> TE GroupedLinear: per-expert cuBLAS, 4 streams
+    if spans:
+        notes.insert(0, f"EP {ep} spans {par.ep_span_text()} (Megatron-Core's expert grid, expert TP 1; Megatron DP "
+                        f"{dp_megatron}): planned with ep_spans_tp (dense TP {tp} with sequence parallelism, DP "
+                        f"{dp_megatron}; experts EP {ep})")
     if tp > 1 and ep > 1 and not spans:
         notes.append(f"EP {ep} on {ep} consecutive ranks (Megatron-Core's expert rank generator, expert TP 1): "
                      f"{-(-ep // 8)} node(s), not the {-(-ep * tp // 8)} a TP-strided EP group would span")
@@ -623,11 +622,13 @@ def reading_figures(rows: list[dict]) -> dict[str, float]:
     carries it, with and without it; ``pair.plain`` / ``pair.overlap``: the errors of :data:`PAIR_IDS`;
     ``load.{published,predicted}.{forced,dropless}`` (s) and ``load.{published,predicted}.slowdown`` (dropless /
     forced - 1) of :data:`LOAD_IDS`; ``load.{32k,64k}.{published,predicted}.slowdown``: the same of
-    :data:`LOAD_IDS_CP`, and ``load.{32k,64k}.{forced,dropless}.error`` their errors; ``test.beyond-target`` / ``test.beyond-target.ep-overlap``: test runs with
-    |error| above :data:`TARGET_MAX`, and of them those planned with an EP-overlap schedule.
+    :data:`LOAD_IDS_CP`, and ``load.{32k,64k}.{forced,dropless}.error`` their errors; ``test.beyond-target`` /
+    ``test.beyond-target.ep-overlap``: test runs with |error| above :data:`TARGET_MAX`, and of them those planned
+    with an EP-overlap schedule.
 
     Raises:
-        KeyError: a row of :data:`PAIR_IDS`, :data:`LOAD_IDS` or :data:`LOAD_IDS_CP` is missing (a runs file without them).
+        KeyError: a row of :data:`PAIR_IDS`, :data:`LOAD_IDS` or :data:`LOAD_IDS_CP` is missing (a runs file
+            without them).
     """
     from tessera_lab.cost.sync import EP_OVERLAP_SCHEDULES
 
@@ -686,9 +687,8 @@ def evaluate(files: list | None = None, split: str | None = None, out=sys.stderr
             planning.
     """
     from tessera_lab.cost.sync import FITTED_PER_WAIT_S
-    from tessera_lab.report.fidelity_set import load_runs
-
     from tessera_lab.model.spec import load_model
+    from tessera_lab.report.fidelity_set import load_runs
 
     runs, sources = load_runs(files or [ROOT / "data" / "published" / f for f in DEFAULT_FILES])
     if split:

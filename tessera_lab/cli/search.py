@@ -89,8 +89,8 @@ def format_search(res, top: int, model=None) -> str:
                  "method dp; ilp with virtual stages; without plan's baseline partitions, so `plan` of a layout may "
                  "keep a baseline's split that simulates a little faster); peak memory: computed; headroom: "
                  f"capacity less peak (capacity: HBM less a {memory_reserve_gib():g} GiB reserve for the CUDA context, "
-                 "NCCL buffers and fragmentation, an assumption of data/hardware; a layout near 0 GiB has no margin beyond "
-                 "it for the memory model's error); "
+                 "NCCL buffers and fragmentation, an assumption of data/hardware; a layout near 0 GiB has no margin "
+                 "beyond it for the memory model's error); "
                  + ("ep N*: the EP group spans the TP ranks; dp: data-parallel replicas of one EP group (GPUs = "
                     "pp x dp x ep x tp x cp, tp once when EP spans it); " if moe else "")
                  + "DP (Megatron): GPUs / (tp x cp x pp), Megatron's --data-parallel size")

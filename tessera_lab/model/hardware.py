@@ -14,9 +14,8 @@ A cluster's node is one NVLink domain: 8 GPUs on a DGX/HGX node, 72 on a GB200 N
 
 from __future__ import annotations
 
-import math
-
 import dataclasses
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -477,8 +476,8 @@ class ParallelConfig:
         rest = self.ep // self.tp
         cp_part = math.gcd(rest, self.cp)
         dp_part = rest // cp_part
-        parts = [f"TP {self.tp}"] + ([f"CP {cp_part}"] if cp_part > 1 else []) + ([f"DP {dp_part}"] if dp_part > 1 else [])
-        return " x ".join(parts)
+        parts = [f"TP {self.tp}", f"CP {cp_part}" if cp_part > 1 else "", f"DP {dp_part}" if dp_part > 1 else ""]
+        return " x ".join(x for x in parts if x)
 
     def ep_link_ranks(self) -> list[int]:
         """Ranks of the first EP group as the links see them: :meth:`group_ranks` (``ep_placement = grid``) or the
@@ -517,9 +516,9 @@ def layout_text(p: "ParallelConfig", moe: bool = True) -> str:
     if not p.ep_spans_tp:
         return f"pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}{vpp} ({p.world_size} GPUs)"
     return (f"pp={p.pp}{vpp} x {p.world_size // p.pp} GPUs per stage = {p.world_size} GPUs; EP spans TP: each "
-            f"stage's EP group of {p.ep} = {p.ep_span_text()} (expert TP 1, expert DP {p.expert_dp}); dense part TP {p.tp} "
-            f"with sequence parallelism x DP {p.dense_dp}, so {p.dense_dp} pipelines' micro-batches per iteration "
-            f"({p.tokens_per_iteration:,} tokens)")
+            f"stage's EP group of {p.ep} = {p.ep_span_text()} (expert TP 1, expert DP {p.expert_dp}); dense part TP "
+            f"{p.tp} with sequence parallelism x DP {p.dense_dp}, so {p.dense_dp} pipelines' micro-batches per "
+            f"iteration ({p.tokens_per_iteration:,} tokens)")
 
 
 def overlap_rule_breaks(lay: Any) -> list[str]:

@@ -156,7 +156,8 @@ def memory_lower_bound(model: ModelSpec, tasks: list, layout: Layout, seq_len: i
     weighted = sum(min((x.param_bytes + fr * x.activation_bytes) / hr for fr, hr in zip(f, h)) for x in mem) / sum(
         1 / hr for hr in h) if all(hr > 0 for hr in h) else 0.0
     last = f[(layout.pp * layout.vpp - 1) % layout.pp]
-    ends = max(mem[0].param_bytes + f[0] * mem[0].activation_bytes, mem[-1].param_bytes + last * mem[-1].activation_bytes)
+    ends = max(mem[0].param_bytes + f[0] * mem[0].activation_bytes,
+               mem[-1].param_bytes + last * mem[-1].activation_bytes)
     return max(even, weighted, ends)
 
 
