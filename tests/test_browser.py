@@ -159,7 +159,7 @@ class JupyterLab:
                                          stdin=subprocess.DEVNULL, start_new_session=True)
             log.close()
             self.tracked.add(self.proc.pid)
-            deadline = time.monotonic() + SERVER_START_S
+            deadline = time.monotonic() + SERVER_START_S * _oversubscription()
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     break
@@ -229,15 +229,28 @@ return {ready: true, path: w.context.path, kernel: kernel ? kernel.status : null
 """
 
 
+def _oversubscription() -> float:
+    """The machine's 1-minute load average over its usable cores, at least 1: on a shared machine at load 9 on 2
+    cores, Chromium, JupyterLab and a kernel get about 2/9 of a core each, so every wait below is stretched by it."""
+    try:
+        return max(1.0, os.getloadavg()[0] / max(1, len(os.sched_getaffinity(0))))
+    except (OSError, AttributeError):  # pragma: no cover
+        return 1.0
+
+
 def _wait(driver, what: str, timeout: float, predicate, poll: float = 0.5):
-    deadline = time.monotonic() + timeout
+    """Poll the notebook state until ``predicate`` holds; the limit is ``timeout`` seconds times the largest
+    oversubscription seen while waiting (a busy machine slows every step, not a broken panel)."""
+    start, scale = time.monotonic(), _oversubscription()
     last = None
-    while time.monotonic() < deadline:
+    while time.monotonic() < start + timeout * scale:
         last = driver.execute_script(_notebook_state_js())
         if predicate(last):
             return last
         time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; last notebook state: {last}")
+        scale = max(scale, _oversubscription())
+    raise AssertionError(f"timed out after {time.monotonic() - start:.0f} s (limit {timeout} s x load factor "
+                         f"{scale:.1f}) waiting for {what}; last notebook state: {last}")
 
 
 # ----------------------------------------------------------------------------------------------- panel checks
@@ -349,8 +362,8 @@ return imgs.map(i => i.src.length + ':' + i.src.slice(-48)).join('|');
 
 def _redraw(driver, index: int, before: dict, timeout: float) -> dict:
     """Wait until the panel's figure is replaced and the kernel is idle (or, for a figure that never comes, the
-    kernel has been idle for SETTLE_S); return the panel's new state."""
-    deadline = time.monotonic() + timeout
+    kernel has been idle for SETTLE_S); return the panel's new state. The limit is stretched by the load factor."""
+    deadline = time.monotonic() + timeout * _oversubscription()
     idle_since = None
     src = driver.execute_script(_SRC_JS, index)
     while time.monotonic() < deadline:
@@ -491,7 +504,7 @@ class Browser:
         self.service = Service(executable_path=CHROMEDRIVER, log_output=str(self.tmp / "chromedriver.log"))
         self.driver = webdriver.Chrome(service=self.service, options=opts)
         self.pids.add(self.service.process.pid)
-        self.driver.set_page_load_timeout(PAGE_READY_S)
+        self.driver.set_page_load_timeout(PAGE_READY_S * _oversubscription())
         self.driver.set_script_timeout(60)
 
     def run_notebook(self, notebook: str) -> dict:

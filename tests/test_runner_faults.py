@@ -288,3 +288,33 @@ def test_rank_blocked_before_ready_is_named_at_its_startup_deadline(tmp_path):
     assert err.failed_rank == 3 and "did not report that it had imported torch" in first, first
     assert "start-up deadline" in first and "the slowest of the 3 ranks that did" in first
     assert "start_checkpoint" in str(err)  # its Python stack shows where it blocked
+
+
+def test_busy_allowance_scales_with_oversubscription():
+    # a starved rank on a machine at load L on C cores gets about C / L of a core: its silence may last L / C times
+    # longer before it is called hung (BUSY_FACTOR x the timeout on an idle machine)
+    assert supervise.busy_allowance(5.0, cores=2, load=1.5) == supervise.BUSY_FACTOR * 5.0
+    assert supervise.busy_allowance(5.0, cores=2, load=9.0) == supervise.BUSY_FACTOR * 5.0 * 4.5
+    assert supervise.busy_allowance(30.0, cores=4, load=0.0) == supervise.BUSY_FACTOR * 30.0
+
+
+def test_heartbeat_goes_through_a_pipe_not_the_disk(tmp_path, monkeypatch):
+    # the worker beats into the pipe the spawner passed (no file under out/); the watch drains it and times the beat
+    import os
+    import time
+
+    from tessera_lab.runner.launch import spawn as spawn_mod
+
+    rfd, wfd = os.pipe()
+    os.set_blocking(rfd, False)
+    monkeypatch.setenv(supervise.HEARTBEAT_FD_ENV, str(wfd))
+    watch = spawn_mod._Watch([], tmp_path, 5.0, 30.0, 60.0)
+    watch.spawned[0] = time.time() - 100.0
+    watch.beats[0] = rfd
+    assert watch._silent(0) >= 99.0  # nothing beat yet: silent since the spawn
+    supervise.start_heartbeat(str(tmp_path), 0)
+    deadline = time.monotonic() + 30
+    while watch._silent(0) > 1.0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert watch._silent(0) <= 1.0
+    assert not list(tmp_path.glob("hb-*"))

@@ -33,8 +33,8 @@ from tessera_lab.errors import ConfigError, TesseraError
 
 from tessera_lab.io import atomic_write_text, read_json
 
-from .supervise import (BUSY_FACTOR, HEARTBEAT_S, STARTUP_FACTOR, Cause, busy_hint, describe, heartbeat_timeout,
-                        parse_fault, root_cause, startup_deadline, startup_floor)
+from .supervise import (HEARTBEAT_FD_ENV, HEARTBEAT_S, STARTUP_FACTOR, Cause, busy_allowance, busy_hint, describe,
+                        heartbeat_timeout, parse_fault, root_cause, startup_deadline, startup_floor)
 from .results import RunResult
 from ..runtime.specs import RunnerError, RunSpec, WorldSpec
 
@@ -241,16 +241,25 @@ def spawn(world: WorldSpec, jobs: Sequence[RunSpec], *, out_dir: str | os.PathLi
             logs[r] = str(log)
             fh = open(log, "w")
             handles.append(fh)
-            procs.append(subprocess.Popen(
-                [python or sys.executable, "-m", "tessera_lab.runner", "--worker", "--spec", str(spec_path),
-                 "--out", str(out)],
-                stdout=fh, stderr=subprocess.STDOUT, env=e, start_new_session=True))
+            beat_r, beat_w = os.pipe()  # the rank's heartbeat: it writes, the watch reads (never a disk)
+            os.set_blocking(beat_r, False)
+            watch.beats[r] = beat_r
+            e[HEARTBEAT_FD_ENV] = str(beat_w)
+            try:
+                procs.append(subprocess.Popen(
+                    [python or sys.executable, "-m", "tessera_lab.runner", "--worker", "--spec", str(spec_path),
+                     "--out", str(out)],
+                    stdout=fh, stderr=subprocess.STDOUT, env=e, start_new_session=True, pass_fds=(beat_w,)))
+            finally:
+                os.close(beat_w)
             watch.spawned[r] = time.time()
         timed_out = watch.run(world.grace_s)
     finally:
         _kill_all(procs, watch.codes)
         for fh in handles:
             fh.close()
+        for fd in watch.beats.values():
+            os.close(fd)
     codes, pids = watch.codes, {r: p.pid for r, p in enumerate(procs)}
     if timed_out and not watch.causes:
         raise RunnerError(f"run timed out after {timeout_s:.0f} s (--timeout); all {n} workers were killed (exit "
@@ -311,7 +320,8 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-#: share of a core a rank past its start-up deadline must use to count as still working (given up to BUSY_FACTOR x)
+#: share of a core a rank past its start-up deadline must use to count as still working (given up to
+#: busy_allowance of its deadline)
 BUSY_SHARE = 0.02
 
 
@@ -330,6 +340,8 @@ class _Watch:
         self.causes: list[Cause] = []
         self.stack, self.detected_at = "", 0.0
         self.cpu: dict[int, int] = {}  # rank -> CPU ticks when its heartbeat was last fresh
+        self.beats: dict[int, int] = {}  # rank -> read end of its heartbeat pipe (non-blocking)
+        self.last_beat: dict[int, float] = {}  # rank -> wall-clock time a beat was last read
         self.on_time: dict[int, tuple[int, float]] = {}  # rank -> (CPU ticks, time) when last within its deadline
 
     def run(self, grace_s: float) -> bool:
@@ -372,11 +384,22 @@ class _Watch:
                     return
 
     def _silent(self, r: int) -> float:
-        last = _mtime(self.out / f"hb-{r}") or _mtime(self.out / f"ready-{r}") or self.spawned[r]
+        """Seconds since rank ``r`` last beat (its pipe drained here; the file beat of a worker without a pipe), or
+        since it reported ready or was spawned."""
+        fd = self.beats.get(r)
+        if fd is not None:
+            try:
+                while os.read(fd, 4096):  # every unread beat; b"" once the rank has exited
+                    self.last_beat[r] = time.time()
+            except BlockingIOError:
+                pass
+        last = (self.last_beat.get(r) or _mtime(self.out / f"hb-{r}") or _mtime(self.out / f"ready-{r}")
+                or self.spawned[r])
         return max(0.0, time.time() - last)
 
     def _heartbeat(self, r: int, p) -> Cause | None:
-        """A ready rank: hung when silent past the heartbeat timeout and stopped or idle (busy: BUSY_FACTOR x)."""
+        """A ready rank: hung when silent past the heartbeat timeout and stopped or idle; one still using CPU gets
+        :func:`busy_allowance` (BUSY_FACTOR x the timeout x the machine's oversubscription)."""
         silent = self._silent(r)
         if silent <= 2 * HEARTBEAT_S or r not in self.cpu:
             self.cpu[r] = _cpu_ticks(p.pid)
@@ -384,7 +407,7 @@ class _Watch:
             return None
         state = _state(p.pid)
         working = state not in ("T", "t") and _cpu_ticks(p.pid) > self.cpu[r] >= 0
-        if working and silent <= BUSY_FACTOR * self.hb_timeout:
+        if working and silent <= busy_allowance(self.hb_timeout):
             return None  # silent but using CPU (starved, or a long call holding the GIL)
         return Cause(r, "heartbeat", time.time() - silent, silent_s=silent, state=state)
 
@@ -415,7 +438,7 @@ class _Watch:
         if limit is None or elapsed <= limit:
             self.on_time[r] = (_cpu_ticks(p.pid), now)
             return None
-        if self._working(r, p.pid, now) and elapsed <= BUSY_FACTOR * limit:
+        if self._working(r, p.pid, now) and elapsed <= busy_allowance(limit):
             return None  # still working (a slow import on a busy machine)
         return Cause(r, "start", now, state=state,
                      detail=f"did not report {what} within {elapsed:.1f} s (process state {state}, last heartbeat "

@@ -13,13 +13,18 @@ ranks that did report took (measured by the spawner from each rank's spawn)``)``
 heartbeat timeout is named at once, ready or not. Peers waiting in the rendezvous for a rank that never came are
 not blamed: a rank that never reported ``imported`` is named before one that never reported ready.
 
-Heartbeat: every worker runs a daemon thread that rewrites ``{out}/hb-<rank>`` every :data:`HEARTBEAT_S`
-seconds. A stopped (SIGSTOP) or wedged process stops writing. The spawner declares a *ready* rank hung when its
+Heartbeat: every worker runs a daemon thread that writes one byte every :data:`HEARTBEAT_S` seconds to a pipe
+the spawner made for it (``$TESSERA_LAB_HEARTBEAT_FD``; without one, e.g. a worker started by hand with ``--out``,
+it rewrites ``{out}/hb-<rank>``). A pipe never waits on a disk: a shared machine whose file system stalls for
+seconds (a file write in the heartbeat thread then blocks in ``open``) does not make a working rank look hung.
+A stopped (SIGSTOP) or wedged process stops writing. The spawner declares a *ready* rank hung when its
 heartbeat is older than :data:`HEARTBEAT_TIMEOUT_S` (:data:`MISSED_BEATS` missed beats;
 ``$TESSERA_LAB_HEARTBEAT_TIMEOUT``) and the process is stopped or used no CPU while silent; a silent rank that
 still uses CPU (starved or in a long C call holding the GIL) is given up to :data:`BUSY_FACTOR` times the
-timeout. A stopped rank is thus detected within ``HEARTBEAT_TIMEOUT_S + HEARTBEAT_S + poll`` seconds of its fault
-(stated bound :data:`DETECT_BOUND_S`); a killed or failing rank as soon as its exit status is polled (50 ms).
+timeout, times the machine's oversubscription (1-minute load average / cores, at least 1: on a machine at load 9 on
+2 cores a runnable thread gets about 2/9 of a core, so a beat due every 0.5 s may come many seconds late;
+:func:`busy_allowance`). A stopped rank is thus detected within ``HEARTBEAT_TIMEOUT_S + HEARTBEAT_S + poll``
+seconds of its fault (stated bound :data:`DETECT_BOUND_S`); a killed or failing rank as soon as its exit status is polled (50 ms).
 The hung rank's Python stack (all threads, :mod:`faulthandler` on ``SIGUSR1``, :func:`install_stack_dump`) is
 written to ``{out}/stack-<rank>.txt`` and quoted in the error, with a hint when the machine is busy
 (:func:`busy_hint`).
@@ -51,7 +56,7 @@ from pathlib import Path
 __all__ = ["HEARTBEAT_S", "HEARTBEAT_TIMEOUT_S", "DETECT_BOUND_S", "EXIT_PEER_FAILED", "MISSED_BEATS",
            "start_heartbeat", "mark_ready", "install_stack_dump", "arm_fault", "parse_fault", "heartbeat_timeout",
            "busy_hint", "FaultInjected", "Cause", "root_cause", "describe", "STARTUP_FLOOR_S", "STARTUP_FACTOR",
-           "STARTUP_DETECT_BOUND_S",
+           "STARTUP_DETECT_BOUND_S", "busy_allowance", "HEARTBEAT_FD_ENV",
            "startup_floor", "startup_deadline", "mark_imported", "arm_start_fault", "start_checkpoint"]
 
 #: seconds between two heartbeats of a worker
@@ -116,19 +121,38 @@ def heartbeat_timeout() -> float:
     return _env_seconds("TESSERA_LAB_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT_S)
 
 
-def start_heartbeat(out_dir: str | None, rank: int) -> None:
-    """Start the daemon thread that rewrites ``{out_dir}/hb-<rank>`` every :data:`HEARTBEAT_S` s (no-op without
-    ``out_dir``, e.g. under torchrun)."""
-    if not out_dir:
-        return
-    path = Path(out_dir) / f"hb-{rank}"
+#: environment variable naming the write end of the heartbeat pipe the spawner passed to a worker
+HEARTBEAT_FD_ENV = "TESSERA_LAB_HEARTBEAT_FD"
 
-    def loop() -> None:
-        while True:
+
+def start_heartbeat(out_dir: str | None, rank: int) -> None:
+    """Start the daemon thread that beats every :data:`HEARTBEAT_S` s: one byte to the pipe in
+    ``$TESSERA_LAB_HEARTBEAT_FD`` (non-blocking: a full pipe already holds unread beats), else a rewrite of
+    ``{out_dir}/hb-<rank>``. No-op without either (e.g. under torchrun)."""
+    fd = os.environ.get(HEARTBEAT_FD_ENV, "")
+    if fd.isdigit():
+        pipe = int(fd)
+        os.set_blocking(pipe, False)
+
+        def beat() -> None:
+            try:
+                os.write(pipe, b".")
+            except OSError:  # full (BlockingIOError: beats are waiting) or the spawner is gone (BrokenPipeError)
+                pass
+    elif out_dir:
+        path = Path(out_dir) / f"hb-{rank}"
+
+        def beat() -> None:
             try:
                 path.write_text(f"{time.time():.3f}\n")  # one small write; the spawner reads the mtime
             except OSError:
                 pass
+    else:
+        return
+
+    def loop() -> None:
+        while True:
+            beat()
             time.sleep(HEARTBEAT_S)
 
     threading.Thread(target=loop, name="tessera-heartbeat", daemon=True).start()
@@ -168,6 +192,20 @@ def install_stack_dump(out_dir: str | None, rank: int) -> None:
         faulthandler.register(signal.SIGUSR1, file=_STACK_FILE, all_threads=True, chain=False)
     except (OSError, ValueError, RuntimeError):  # pragma: no cover - best effort
         pass
+
+
+def busy_allowance(base_s: float, cores: int | None = None, load: float | None = None) -> float:
+    """Seconds a silent rank that still uses CPU may stay silent: ``BUSY_FACTOR x base_s x max(1, load / cores)``
+    (``load``: the 1-minute load average, ``cores``: the usable cores; both read from the machine by default). A
+    stopped or idle rank gets no allowance (the caller checks); this only keeps a starved rank on a busy machine
+    from being called hung."""
+    try:
+        load = os.getloadavg()[0] if load is None else load
+    except OSError:  # pragma: no cover
+        load = 0.0
+    if not cores:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return BUSY_FACTOR * base_s * max(1.0, load / max(1, cores))
 
 
 def busy_hint(cores: int | None = None, load: float | None = None) -> str:
