@@ -74,12 +74,13 @@ plt.show()
 # ## Search interactively
 #
 # Pick the model (every shipped model), the GPU type (GB200 counts whole NVL72 racks of 72 GPUs), the GPU count, the
-# sequence length and the model knobs that apply (attention ratio for hybrids, expert width and top-k for MoE
-# models; "config" is the model's own value). The planning budget bounds the full planner runs per search so
-# that a change answers in seconds; the caption says how many layouts it left unplanned (raise it to 210, the CLI's
-# default, for the search `tessera-lab search` runs) and the wall and CPU seconds of the last change. "timeline of"
-# draws another of the top layouts without searching again. Planning panels 00 and 06 offer a "suggest a layout that
-# fits" button where they cannot plan; it runs the same search over the layouts their controls can set.
+# sequence length (1,024 to 131,072 tokens; from 8,192 on, the search tries context parallelism with at least 4,096
+# tokens per CP rank) and the model knobs that apply (attention ratio for hybrids, expert width and top-k for MoE
+# models; "config" is the model's own value). The planning budget bounds the full planner runs per search; the caption
+# says how many layouts it left unplanned (raise it to 210, the CLI's default, for the search `tessera-lab search`
+# runs) and the wall and CPU seconds the last change took. "timeline of" draws another of the top layouts without
+# searching again. Planning panels 00 and 06 offer a "suggest a layout that fits" button where they cannot plan; it
+# runs the same search over the layouts their controls can set.
 
 # %% tags=["panel"]
 from tessera_lab.ui.search_panel import search_panel

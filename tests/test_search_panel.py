@@ -200,3 +200,11 @@ def test_gpu_dropdowns_offer_gb200_and_b300():
     _, controls, state = quickstart_panel(pp=8, microbatches=8)
     controls["gpu"].value = "B300"
     assert "64 B300" in state["caption"]
+
+
+def test_search_panel_offers_the_long_sequences_context_parallelism_is_for():
+    # the CP range the search covers (docs/search.md): 32k-128k tokens are choices of the sequence control
+    from tessera_lab.ui.search_panel import _search_controls
+
+    options = _search_controls("qwen3-next-80b-a3b", "H200", 64, 4096, 16)["seq_len"].options
+    assert {32768, 65536, 131072} <= set(options) and min(options) == 1024

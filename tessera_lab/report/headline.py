@@ -81,8 +81,9 @@ def published_mfu_band(model: Any = None) -> dict[str, Any]:
       of their MFU before and after Tessera;
     * ``megatron_bridge``: Megatron-Bridge's runs of this very model on :data:`MB_BAND_GPU`
       (``data/published/megatron_bridge.json``), model TFLOP/s per GPU / the GPU's dense bf16 peak (this
-      project's MFU convention; the runs are FP8); for a family without a published run, its stand-in
-      :data:`MB_PROXY` (named as such in ``source``).
+      project's MFU convention; the runs are FP8); for a model without a run there, its family's stand-in
+      :data:`MB_PROXY`, else the published model of the same ``model_type`` closest in size (gpt-oss-120b for
+      gpt-oss-20b), named as a stand-in in ``source``.
 
     Args:
         model: a ModelSpec, a shipped model's name, or ``None`` (Qwen3-Next-80B-A3B, the default plan's model).
@@ -146,7 +147,8 @@ def _band(name: str, model_type: str) -> dict[str, Any]:
         bands.append({"name": "tessera", "lo": min(paper), "hi": max(paper),
                       "source": f"Tessera paper, {label} at {span} GPUs"})
     all_runs = read_data_json("published/megatron_bridge.json", "published runs")["runs"]
-    mb_model = name if any(r["model"] == name for r in all_runs) else MB_PROXY.get(model_type)
+    mb_model = (name if any(r["model"] == name and r["gpu"] == MB_BAND_GPU for r in all_runs)
+                else MB_PROXY.get(model_type) or _same_type_stand_in(name, model_type, all_runs))
     runs = [r for r in all_runs if r["model"] == mb_model and r["gpu"] == MB_BAND_GPU]
     if runs:
         peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items()
@@ -160,6 +162,22 @@ def _band(name: str, model_type: str) -> dict[str, Any]:
         return {"lo": None, "hi": None, "bands": [], "family": model_type}
     return {"lo": min(b["lo"] for b in bands), "hi": max(b["hi"] for b in bands), "bands": bands,
             "family": model_type}
+
+
+def _same_type_stand_in(name: str, model_type: str, runs: list[dict]) -> str | None:
+    """The published model of the same Hugging Face ``model_type`` (the same architecture at another size, e.g.
+    gpt-oss-120b for gpt-oss-20b) with a run on :data:`MB_BAND_GPU`, closest to ``name`` in total parameters (by
+    ratio); None when there is none or ``name`` is not a shipped model."""
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.model.spec import load_model
+
+    try:
+        total = _shipped_params(name)
+    except (ConfigError, OSError):
+        return None
+    same = {r["model"] for r in runs if r["gpu"] == MB_BAND_GPU and r["model"] != name
+            and load_model(r["model"]).model_type == model_type}
+    return min(same, key=lambda m: abs(math.log(_shipped_params(m) / total)), default=None)
 
 
 @functools.lru_cache(maxsize=1)

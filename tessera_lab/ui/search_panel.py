@@ -163,7 +163,7 @@ def _search_controls(model: str, gpu: str, gpus: int, seq_len: int, max_plans: i
         "model": w.Dropdown(options=_with(tuple(shipped_models()), model), value=model, description="model"),
         "gpu": w.Dropdown(options=_with(GPU_CHOICES, gpu), value=gpu, description="GPU"),
         "gpus": w.Dropdown(options=_with(tuple(gpu_counts(gpu)), gpus), value=gpus, description="GPUs"),
-        "seq_len": w.Dropdown(options=_with(SEQ_CHOICES[:6], seq_len), value=seq_len, description="sequence"),
+        "seq_len": w.Dropdown(options=_with(SEQ_CHOICES, seq_len), value=seq_len, description="sequence"),
         "attention_ratio": w.Dropdown(options=_knob_options(spec, "attention_ratio"), value="config",
                                       description="attn ratio"),
         "expert_width": w.Dropdown(options=_knob_options(spec, "expert_width"), value="config",
