@@ -225,3 +225,23 @@ def test_cp_ring_on_the_right_link():
     t_gb = CostModel(cluster_for(p, "GB200"), p).collective_time(ring)
     assert t_h == pytest.approx(a["alpha_inter_node_s"] + ring.bytes / 2 / (50e9 * eff))
     assert t_gb == pytest.approx(a["alpha_intra_node_s"] + ring.bytes / 2 / (900e9 * eff))
+
+
+def test_a_cp_group_leaving_its_nvlink_domain_is_named():
+    # TP 4 x CP 4: the CP ranks are 4 apart (0, 4, 8, 12), two nodes of 8 on H200, one NVL72 rack on GB200;
+    # TP 1 x CP 4 stays inside a node. Qwen3-235B-A22B is full attention only: only the KV ring is named.
+    from tessera_lab.model.hardware import ParallelConfig, cluster_for
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.notes import cp_span_note
+
+    m = load_model("qwen3-235b-a22b")
+    p = ParallelConfig(pp=8, ep=8, tp=4, cp=4, seq_len=65536)
+    note = cp_span_note(m, p, cluster_for(p, "H200"))
+    assert "ranks 0, 4, 8, 12" in note and "spans 2 NVLink domains of 8 GPUs" in note, note
+    assert "KV ring" in note and "all-to-all" not in note
+    assert cp_span_note(m, p, cluster_for(p, "GB200")) is None
+    assert cp_span_note(m, ParallelConfig(pp=8, ep=8, tp=1, cp=4, seq_len=65536), cluster_for(p, "H200")) is None
+    # a hybrid names both: the ring of its attention layers and the all-to-alls of its Gated DeltaNet layers
+    hybrid = cp_span_note(load_model("qwen3-next-80b-a3b"), ParallelConfig(pp=8, ep=8, tp=2, cp=8, seq_len=65536),
+                          cluster_for(p, "H200"))
+    assert "KV ring" in hybrid and "all-to-alls" in hybrid

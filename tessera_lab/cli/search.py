@@ -156,8 +156,8 @@ def no_fit_hint(res) -> str:
 
     light = min(r["peak_memory_gib"] for r in rows)
     cp = getattr(res, "max_cp", 1)
-    tried = (f"; context parallelism up to --cp {cp} was among the layouts searched (CP ranks of at least "
-             f"{CP_MIN_TOKENS:,} tokens inside one NVLink domain)" if cp > 1 else "")
+    tried = (f"; context parallelism up to --cp {cp} was among the layouts searched (at least {CP_MIN_TOKENS:,} "
+             "tokens per CP rank; a CP group may span NVLink domains)" if cp > 1 else "")
     return (f"the lightest planned layout peaks at {light:.1f} GiB against {cap:.1f} GiB; allowed: about "
             f"{light / cap:.2f}x the GPUs (--gpus {res.gpus * 2}), or a shorter --seq-len (below {res.seq_len})"
             f"{tried}{unplanned}")

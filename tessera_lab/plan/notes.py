@@ -1,11 +1,11 @@
 """The notes a plan carries about its inputs (the model's own, MTP layers, routing load, attention windows, fp8,
-the overlap profile its layer-pair costs come from, an EP-overlap schedule Megatron-Core refuses for the layout) and
-about the host/sync term the chosen plan pays."""
+the overlap profile its layer-pair costs come from, an EP-overlap schedule Megatron-Core refuses for the layout,
+a CP group that leaves one NVLink domain) and about the host/sync term the chosen plan pays."""
 
 from __future__ import annotations
 
 from tessera_lab.model.hardware import Cluster, ParallelConfig, overlap_rule_breaks
-from tessera_lab.model.spec import ModelSpec
+from tessera_lab.model.spec import NO_MIXER, ModelSpec
 from tessera_lab.model.tasks import routing_load_note
 from tessera_lab.plan.evaluate import Evaluation, evaluate
 from tessera_lab.plan.stages import StageCostModel
@@ -40,7 +40,30 @@ def plan_notes(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, pro
                          "its efficiencies describe that device")
     if note := megatron_overlap_note(parallel):
         notes.append(note)
+    if note := cp_span_note(model, parallel, cluster):
+        notes.append(note)
     return notes
+
+
+def cp_span_note(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -> str | None:
+    """Where the CP group (``cp`` ranks ``tp`` apart, :meth:`ParallelConfig.group_ranks`) leaves one NVLink domain:
+    its KV ring and all-to-alls then run on the inter-node link (:meth:`Cluster.link_for`, as the cost model prices
+    them). None for ``cp`` 1 or a group inside one domain."""
+    if parallel.cp <= 1:
+        return None
+    ranks = parallel.group_ranks("cp")
+    domains = sorted({cluster.node_of(r) for r in ranks})
+    if len(domains) <= 1:
+        return None
+    from tessera_lab.model.context_parallel import HEAD_SHARDED
+
+    kinds = {layer.attention for layer in model.stack.layers} - {NO_MIXER}
+    what = [w for w, on in (("KV ring (full attention)", bool(kinds - set(HEAD_SHARDED))),
+                            ("all-to-alls (head-sharded mixers)", bool(kinds & set(HEAD_SHARDED)))) if on]
+    link = cluster.link_for(ranks)
+    return (f"the CP group of {parallel.cp} ranks ({parallel.tp} apart: ranks {', '.join(map(str, ranks))}) spans "
+            f"{len(domains)} NVLink domains of {cluster.gpus_per_node} GPUs: its {' and '.join(what)} run on "
+            f"{link.name} at {link.bytes_per_s / 1e9:.0f} GB/s per GPU (data/hardware), not NVLink")
 
 
 def megatron_overlap_note(parallel: ParallelConfig) -> str | None:
