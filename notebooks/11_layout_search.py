@@ -35,6 +35,7 @@ MAX_PLANS = 48
 import time
 
 import matplotlib.pyplot as plt
+from tessera_lab.report.formatting import display_frame
 from tessera_lab.ui.search_panel import layout_plan, layout_search, pp_ep_grid, search_heatmap, top_table
 from tessera_lab.ui.plots import gantt
 
@@ -49,9 +50,10 @@ from tessera_lab.ui.plots import gantt
 t0, c0 = time.perf_counter(), time.process_time()
 res = layout_search(MODEL, GPUS, gpu=GPU, seq_len=SEQ_LEN, max_plans=MAX_PLANS)
 print(f"searched in {time.perf_counter() - t0:.1f} s wall, {time.process_time() - c0:.1f} s CPU (measured)")
-print(f"{res.enumerated:,} layouts enumerated; pruned: {res.pruned}; {len(res.planned)} planned, "
+pruned = ", ".join(f"{n:,} by {rule}" for rule, n in res.pruned.items() if n)
+print(f"{res.enumerated:,} layouts enumerated; pruned {pruned or 'none'}; {len(res.planned)} planned, "
       f"{len(res.ranked)} fit memory")
-top_table(res)
+display_frame(top_table(res))  # one number format per column, by the unit its label states
 
 # %% [markdown]
 # ## Tokens/s over (pp, ep)
