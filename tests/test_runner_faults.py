@@ -318,3 +318,23 @@ def test_heartbeat_goes_through_a_pipe_not_the_disk(tmp_path, monkeypatch):
         time.sleep(0.05)
     assert watch._silent(0) <= 1.0
     assert not list(tmp_path.glob("hb-*"))
+
+
+def test_a_stopped_rank_gets_no_only_slow_hint(tmp_path, monkeypatch):
+    # a rank in process state T was stopped, not starved: the busy-machine hint ("if this rank was only slow")
+    # goes with a silent rank that was running, never with a stopped one
+    import time
+
+    from tessera_lab.runner.launch import spawn as spawn_mod
+
+    monkeypatch.setattr(spawn_mod, "busy_hint", lambda: "the machine is busy (test)")
+    logs = {r: str(tmp_path / f"rank{r}.log") for r in range(2)}
+    for path in logs.values():
+        open(path, "w").close()
+    texts = {}
+    for state in ("T", "R"):
+        watch = spawn_mod._Watch([], tmp_path, 5.0, 30.0, 60.0)
+        watch.codes = {0: -9, 1: -9}
+        watch.causes = [supervise.Cause(1, "heartbeat", time.time(), silent_s=5.0, state=state)]
+        texts[state] = str(spawn_mod._failure(watch, tmp_path, logs, {0: 1, 1: 2}, 2))
+    assert "machine is busy" not in texts["T"] and "machine is busy" in texts["R"]

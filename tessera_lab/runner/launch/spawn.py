@@ -302,7 +302,7 @@ def _failure(watch: "_Watch", out: Path, logs: dict[int, str], pids: dict[int, i
     bad = root_cause(causes, recorded)
     extra = ""
     if bad.kind in ("heartbeat", "start"):
-        hint = busy_hint()
+        hint = busy_hint() if bad.state not in ("T", "t") else ""  # a stopped rank is not slow: no such hint
         extra = (f"; {hint}" if hint else "") + (f"\nPython stack of rank {bad.rank} when it was declared hung:\n"
                                                   f"{stack}" if stack else "")
     err = RunnerError(
