@@ -238,7 +238,7 @@ def test_a_cp_group_leaving_its_nvlink_domain_is_named():
     p = ParallelConfig(pp=8, ep=8, tp=4, cp=4, seq_len=65536)
     note = cp_span_note(m, p, cluster_for(p, "H200"))
     assert "ranks 0, 4, 8, 12" in note and "spans 2 NVLink domains of 8 GPUs" in note, note
-    assert "KV ring" in note and "all-to-all" not in note
+    assert "its KV ring (full attention) runs on InfiniBand" in note and "all-to-all" not in note
     assert cp_span_note(m, p, cluster_for(p, "GB200")) is None
     assert cp_span_note(m, ParallelConfig(pp=8, ep=8, tp=1, cp=4, seq_len=65536), cluster_for(p, "H200")) is None
     # a hybrid names both: the ring of its attention layers and the all-to-alls of its Gated DeltaNet layers

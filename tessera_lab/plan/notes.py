@@ -62,7 +62,8 @@ def cp_span_note(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -
                             ("all-to-alls (head-sharded mixers)", bool(kinds & set(HEAD_SHARDED)))) if on]
     link = cluster.link_for(ranks)
     return (f"the CP group of {parallel.cp} ranks ({parallel.tp} apart: ranks {', '.join(map(str, ranks))}) spans "
-            f"{len(domains)} NVLink domains of {cluster.gpus_per_node} GPUs: its {' and '.join(what)} run on "
+            f"{len(domains)} NVLink domains of {cluster.gpus_per_node} GPUs: its {' and '.join(what)} "
+            f"{'run' if len(what) > 1 else 'runs'} on "
             f"{link.name} at {link.bytes_per_s / 1e9:.0f} GB/s per GPU (data/hardware), not NVLink")
 
 
