@@ -104,7 +104,7 @@ def test_band_per_family_and_model():
     # gpt-oss-20b has no run of its own: gpt-oss-120b (same model_type, the only one on H100) stands in, named
     oss20, oss120 = H.published_mfu_band("gpt-oss-20b"), H.published_mfu_band("gpt-oss-120b")
     assert (oss20["lo"], oss20["hi"]) == (oss120["lo"], oss120["hi"]) and oss20["lo"] is not None
-    assert "gpt-oss-120b (stand-in for gpt-oss-20b)" in oss20["bands"][0]["source"]
+    assert "gpt-oss-120b (stand-in for gpt-oss-20b) on H100 (BF16 runs" in oss20["bands"][0]["source"]  # as the file
     ds = H.published_mfu_band("deepseek-v3")
     assert [b["name"] for b in ds["bands"]] == ["megatron_bridge"] and ds["hi"] == pytest.approx(338 / 989)
     assert H.position(0.2, 0.1, 0.3) == "inside" and H.position(0.4, 0.1, 0.3) == "above"

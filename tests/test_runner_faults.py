@@ -338,3 +338,22 @@ def test_a_stopped_rank_gets_no_only_slow_hint(tmp_path, monkeypatch):
         watch.causes = [supervise.Cause(1, "heartbeat", time.time(), silent_s=5.0, state=state)]
         texts[state] = str(spawn_mod._failure(watch, tmp_path, logs, {0: 1, 1: 2}, 2))
     assert "machine is busy" not in texts["T"] and "machine is busy" in texts["R"]
+
+
+def test_a_deep_stack_quote_keeps_the_projects_frames():
+    # a rank hung inside an import: the innermost 40+ frames are importlib's; the error still names where in the
+    # job it was (its tessera_lab frames), after the count of the lines left out
+    from tessera_lab.runner.launch.spawn import STACK_QUOTE_LINES, _quote_stack
+
+    main = (["Current thread 0x1 (most recent call first):"]
+            + [f'  File "<frozen importlib._bootstrap>", line {i} in _call' for i in range(60)]
+            + ['  File "/x/tessera_lab/runner/runtime/train.py", line 91 in run_jobs',
+               '  File "/x/tessera_lab/runner/launch/worker.py", line 113 in run_worker'])
+    beat = ["Thread 0x2 (most recent call first):", '  File "/x/tessera_lab/runner/launch/supervise.py", line 9 in loop']
+    text = "\n".join(beat) + "\n\n" + "\n".join(main)  # faulthandler: newest thread (the beat) first
+    out = _quote_stack(text).splitlines()
+    assert out[0].startswith("Current thread") and len(out) == STACK_QUOTE_LINES + 3
+    assert out[STACK_QUOTE_LINES].startswith("... (") and "frames in tessera_lab" in out[STACK_QUOTE_LINES]
+    assert out[-2:] == main[-2:]
+    short = "Current thread 0x1 (most recent call first):\n  File \"a.py\", line 1 in f"
+    assert _quote_stack(short) == short

@@ -81,7 +81,7 @@ def published_mfu_band(model: Any = None) -> dict[str, Any]:
       of their MFU before and after Tessera;
     * ``megatron_bridge``: Megatron-Bridge's runs of this very model on :data:`MB_BAND_GPU`
       (``data/published/megatron_bridge.json``), model TFLOP/s per GPU / the GPU's dense bf16 peak (this
-      project's MFU convention; the runs are FP8); for a model without a run there, its family's stand-in
+      project's MFU convention; the source names the runs' precision, FP8 or BF16); for a model without a run there, its family's stand-in
       :data:`MB_PROXY`, else the published model of the same ``model_type`` closest in size (gpt-oss-120b for
       gpt-oss-20b), named as a stand-in in ``source``.
 
@@ -155,8 +155,9 @@ def _band(name: str, model_type: str) -> dict[str, Any]:
                     if k.split("-")[0] == MB_BAND_GPU)
         mb = [r["model_tflops_per_gpu"] / peak for r in runs]
         stand_in = "" if mb_model == name else f" (stand-in for {name})"
+        precision = " and ".join(sorted({str(r.get("precision", "?")).upper() for r in runs}))  # as each run states
         bands.append({"name": "megatron_bridge", "lo": min(mb), "hi": max(mb),
-                      "source": f"Megatron-Bridge {mb_model}{stand_in} on {MB_BAND_GPU} (FP8 runs, model TFLOP/s / "
+                      "source": f"Megatron-Bridge {mb_model}{stand_in} on {MB_BAND_GPU} ({precision} runs, model TFLOP/s / "
                                 f"{peak:.0f} bf16)"})
     if not bands:
         return {"lo": None, "hi": None, "bands": [], "family": model_type}

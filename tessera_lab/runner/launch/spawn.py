@@ -119,10 +119,27 @@ def _dump_stack(pid: int, path: Path, stopped: bool) -> str:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    # faulthandler lists the newest thread first: the main thread (the one that matters) goes first here
+    return _quote_stack(text)
+
+
+#: lines of a hung rank's stack quoted in the error (the whole dump stays in ``stack-<rank>.txt``)
+STACK_QUOTE_LINES = 40
+
+
+def _quote_stack(text: str) -> str:
+    """The first :data:`STACK_QUOTE_LINES` lines of a faulthandler dump, main thread first (faulthandler lists the
+    newest thread first); where that cuts the main thread's frames, its frames in this project's code
+    (``tessera_lab/``) that were cut are quoted after the count, so the error shows where the rank was in the
+    job even when its innermost frames are deep in a library (an import, torch)."""
     blocks = [b.strip() for b in text.strip().split("\n\n") if b.strip()]
     lines = "\n\n".join(reversed(blocks)).splitlines()
-    return "\n".join(lines[:40] + ([f"... ({len(lines) - 40} more lines)"] if len(lines) > 40 else []))
+    if len(lines) <= STACK_QUOTE_LINES:
+        return "\n".join(lines)
+    main = blocks[-1].splitlines() if blocks else []
+    ours = [ln for ln in main[STACK_QUOTE_LINES:] if "tessera_lab" in ln]
+    more = f"... ({len(lines) - STACK_QUOTE_LINES} more lines"
+    more += "; the main thread's frames in tessera_lab among them:)" if ours else ")"
+    return "\n".join(lines[:STACK_QUOTE_LINES] + [more] + ours)
 
 
 def _state(pid: int) -> str:
