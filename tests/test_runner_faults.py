@@ -357,3 +357,13 @@ def test_a_deep_stack_quote_keeps_the_projects_frames():
     assert out[-2:] == main[-2:]
     short = "Current thread 0x1 (most recent call first):\n  File \"a.py\", line 1 in f"
     assert _quote_stack(short) == short
+
+
+def test_run_header_names_the_steps_its_tokens_per_s_is_over():
+    # results._observed_steps: steps 1.. when there are several (step 0 warms up), else step 0
+    from tessera_lab.runner.launch.launch import _steps_text
+    from tessera_lab.runner.launch.results import _observed_steps
+
+    assert _observed_steps(3) == [1, 2] and _steps_text(3) == "median step wall of steps 1-2; step 0 (warm-up) left out"
+    assert _observed_steps(2) == [1] and _steps_text(2).startswith("median step wall of step 1;")
+    assert _observed_steps(1) == [0] and "step 0, warm-up included" in _steps_text(1)

@@ -298,6 +298,15 @@ def _check_line(ref: dict) -> str:
             f"EP dispatch {ref.get('dispatch', '?')}")
 
 
+def _steps_text(steps: int) -> str:
+    """Which steps the observed tokens/s is the median over: ``median step wall of steps 1-2; step 0 (warm-up)
+    left out``, or of the only step (:func:`~tessera_lab.runner.launch.results._observed_steps`' rule)."""
+    if steps <= 1:
+        return "wall of the only step, step 0, warm-up included"
+    span = "step 1" if steps == 2 else f"steps 1-{steps - 1}"
+    return f"median step wall of {span}; step 0 (warm-up) left out"
+
+
 def format_result(result: RunResult) -> str:
     """Readable summary: losses per step (and the reference), then predicted vs observed per stage."""
     from tessera_lab.textable import simple_table
@@ -307,7 +316,7 @@ def format_result(result: RunResult) -> str:
         w = job["world"]
         lines.append(f"job {job['name']}: schedule {job['schedule']}, pp={w['pp']} ep={w['ep']} dp={w['dp']} "
                      f"({result.backend}, p2p {w.get('p2p', 'auto')}), boundaries {job['boundaries']}, {job['tokens_per_step']} tokens/step, "
-                     f"{job['tokens_per_s']:.0f} tokens/s observed (median step wall)")
+                     f"{job['tokens_per_s']:.0f} tokens/s observed ({_steps_text(len(job['step_times_s']))})")
         lines.extend(format_dispatch(job.get("ep_dispatch")))
         has_pairs = any("OVERLAP_F_B" in a for acts in (job.get("actions") or {}).values() for a in acts)
         if job.get("pair_exec") and has_pairs:
