@@ -214,9 +214,10 @@ def test_plan_json_keeps_cp():
 
 def test_cp_ring_on_the_right_link():
     """TP 8 x CP 2: the CP pair (ranks 0 and 8) spans two DGX H200 nodes (the ring runs at the 50 GB/s NIC) but one
-    GB200 NVL72 rack (900 GB/s NVLink a direction): S x 1/2 over each."""
+    GB200 NVL72 rack (900 GB/s NVLink a direction): S x 1/2 over each. 64 GPUs (EP 4), so every CP pair is in the
+    one rack (at 128 GPUs the pairs of ranks 64-79 would straddle the rack boundary at 72)."""
     m = load_model("qwen3-next-80b-a3b")
-    p = ParallelConfig(pp=1, ep=8, tp=8, cp=2, seq_len=16384, expert_load=1.0)
+    p = ParallelConfig(pp=1, ep=4, tp=8, cp=2, seq_len=16384, expert_load=1.0)
     assert p.group_ranks("cp") == [0, 8]
     ring = _task(layer_tasks(m, _layer(m, "gated_gqa"), p), "F", "cp_kv").collective
     a = cost_assumptions()
@@ -237,9 +238,13 @@ def test_a_cp_group_leaving_its_nvlink_domain_is_named():
     m = load_model("qwen3-235b-a22b")
     p = ParallelConfig(pp=8, ep=8, tp=4, cp=4, seq_len=65536)
     note = cp_span_note(m, p, cluster_for(p, "H200"))
-    assert "ranks 0, 4, 8, 12" in note and "spans 2 NVLink domains of 8 GPUs" in note, note
-    assert "its KV ring (full attention) runs on InfiniBand" in note and "all-to-all" not in note
-    assert cp_span_note(m, p, cluster_for(p, "GB200")) is None
+    assert "(ranks 0, 4, 8, 12: 2 domains of 8 GPUs)" in note, note
+    assert "their KV ring (full attention) run on InfiniBand" in note and "all-to-all" not in note
+    # 256 GPUs of GB200 in 4 racks of 72 (tp x cp = 16 does not divide 72): some CP groups straddle a rack
+    assert "span NVLink domains" in cp_span_note(m, ParallelConfig(pp=2, ep=8, tp=4, cp=4, seq_len=65536),
+                                                  cluster_for(ParallelConfig(pp=2, ep=8, tp=4, cp=4), "GB200"))
+    single = ParallelConfig(pp=1, ep=4, tp=4, cp=4, seq_len=65536)  # 64 GPUs, one rack
+    assert cp_span_note(m, single, cluster_for(single, "GB200")) is None
     assert cp_span_note(m, ParallelConfig(pp=8, ep=8, tp=1, cp=4, seq_len=65536), cluster_for(p, "H200")) is None
     # a hybrid names both: the ring of its attention layers and the all-to-alls of its Gated DeltaNet layers
     hybrid = cp_span_note(load_model("qwen3-next-80b-a3b"), ParallelConfig(pp=8, ep=8, tp=2, cp=8, seq_len=65536),
@@ -269,14 +274,31 @@ def test_cp_groups_beyond_the_first_cross_a_gb200_rack():
     assert len(crossing) == 28, len(crossing)
 
 
-@pytest.mark.xfail(strict=True, reason="known defect: the cost model prices a collective on the first group's "
-                   "placement (group_link_ranks), so a group that crosses a rack boundary where the first does not "
-                   "(GB200 racks of 72, power-of-two groups) is priced on NVLink; the slowest group sets the step")
 def test_a_cp_collective_is_priced_on_its_slowest_groups_link():
+    # every CP group runs the collective in lockstep: the one straddling a rack sets the time (the NIC), although
+    # rank 0's group sits in one rack; the plan's note names a straddling group
+    from tessera_lab.cost.analytic import slowest_group
+    from tessera_lab.plan.notes import cp_span_note
+
     p = ParallelConfig(pp=8, ep=8, tp=4, cp=4, seq_len=65536)
     gb = cluster_for(p, "GB200")
     a = cost_assumptions()
     S = 1e9
     t = CostModel(gb, p).collective_time(Collective("all_gather", S, "cp", 4))
     slowest = min(gb.link_for(grp).bytes_per_s for grp in _cp_groups_by_brute_force(p))
-    assert t >= S * 3 / 4 / (slowest * a["nccl_bus_efficiency"])
+    assert slowest == gb.inter_link().bytes_per_s
+    # the straddling group has 2 ranks in each rack: the spanning rule of the cost model (two NICs per rack carry
+    # the crossing traffic), against NVLink alone for rank 0's group
+    from tessera_lab.cost.analytic import spanning_bus_bytes_per_s
+
+    eff = a["nccl_bus_efficiency"]
+    spanning = spanning_bus_bytes_per_s(2, gb.inter_link().bytes_per_s, gb.intra_link().bytes_per_s)
+    assert t == pytest.approx(a["alpha_inter_node_s"] + S * 3 / 4 / (spanning * eff))
+    assert t > 5 * (a["alpha_intra_node_s"] + S * 3 / 4 / (gb.intra_link().bytes_per_s * eff))
+    worst = list(slowest_group(p, gb.gpus_per_node, "cp"))
+    assert worst in _cp_groups_by_brute_force(p) and len({gb.node_of(r) for r in worst}) == 2
+    assert "span NVLink domains" in cp_span_note(load_model("qwen3-235b-a22b"), p, gb)
+    # on nodes of 8 (powers of two throughout) rank 0's group stands for all: the same placement, no enumeration
+    h = cluster_for(p, "H200")
+    assert list(slowest_group(p, 8, "cp")) == p.group_ranks("cp")
+    assert all(len({h.node_of(r) for r in grp}) == 2 for grp in _cp_groups_by_brute_force(p))

@@ -85,6 +85,63 @@ def deepep_link_shares(routing: tuple, ranks: int, nodes: int) -> tuple[float, f
     return d_node * (nodes - 1) / nodes / d_rank, (g - 1) / g
 
 
+_SLOWEST: dict[tuple, tuple[int, ...]] = {}
+
+
+def _placement_key(ranks: Sequence[int], gpus_per_node: int) -> tuple[bool, int, int]:
+    """How badly the links serve a group: spans nodes, then fewer ranks in its least-populated node (a larger
+    share of an all-to-all leaves that node), then more nodes."""
+    per: dict[int, int] = {}
+    for r in ranks:
+        per[r // gpus_per_node] = per.get(r // gpus_per_node, 0) + 1
+    return len(per) > 1, -min(per.values()), len(per)
+
+
+def slowest_group(parallel: ParallelConfig, gpus_per_node: int, kind: str) -> tuple[int, ...]:
+    """The ranks of the ``kind`` group (``tp``, ``cp``, ``ep``, ``dp``, ``edp``) whose placement on nodes of
+    ``gpus_per_node`` the links serve worst (:func:`_placement_key`).
+
+    The first group (rank 0's; the EP group as ``ep_placement`` puts it,
+    :meth:`~tessera_lab.model.hardware.ParallelConfig.ep_link_ranks`) stands for all when the world fits in one
+    node, or when the node size and every grid dimension are powers of two: the groups are then translates whose
+    rank offsets do not share bits with the group's own, so each spans nodes as the first does. Otherwise (a GB200
+    NVL72 rack of 72, a dimension of 3 or 6) the groups are enumerated as translates of the first, smallest
+    uncovered rank first, and the worst kept; where the translates do not tile the ranks (a group structure that
+    is not a translate family) the first group is kept. Memoised per grid, node size and kind.
+    """
+    g = parallel.grid
+    key = (g.pp, g.dp, g.ep, g.tp, parallel.tp, parallel.cp, parallel.ep_spans_tp, parallel.ep_placement,
+           gpus_per_node, kind)
+    got = _SLOWEST.get(key)
+    if got is not None:
+        return got
+    base = sorted(parallel.ep_link_ranks() if kind == "ep" else parallel.group_ranks(kind))
+    world = parallel.world_size
+
+    def pow2(n: int) -> bool:
+        return n > 0 and n & (n - 1) == 0
+
+    worst = tuple(base)
+    if world > gpus_per_node and not (pow2(gpus_per_node) and all(pow2(d) for d in (g.pp, g.dp, g.ep, g.tp))):
+        offsets = [b - base[0] for b in base]
+        covered = bytearray(world)
+        worst_key = _placement_key(base, gpus_per_node)
+        for r in range(world):
+            if covered[r]:
+                continue
+            grp = [r + o for o in offsets]
+            if grp[-1] >= world or any(covered[x] for x in grp):
+                worst = tuple(base)  # not a translate family: keep the first group
+                break
+            for x in grp:
+                covered[x] = 1
+            k = _placement_key(grp, gpus_per_node)
+            if k > worst_key:
+                worst, worst_key = tuple(grp), k
+    _SLOWEST[key] = worst
+    return worst
+
+
 @dataclass(frozen=True)
 class PhaseCost:
     """Standalone cost of one layer's F, B or W bundle on one rank, seconds.
@@ -157,7 +214,7 @@ class CostModel:
         node or across nodes, or DeepEP's) and the HBM share of traffic at the EP group's effective link rate
         (:func:`tessera_lab.cost.contention.kernel_contention`)."""
         p, gpu = self.parallel, self.cluster.gpu
-        ranks = p.ep_link_ranks() if p.ep > 1 else [0]
+        ranks = self.group_link_ranks("ep") if p.ep > 1 else [0]
         spans = len({self.cluster.node_of(r) for r in ranks}) > 1
         link = self.cluster.inter_link() if spans else self.cluster.intra_link()
         return kernel_contention(
@@ -271,11 +328,9 @@ class CostModel:
         return per * total
 
     def group_link_ranks(self, group: str) -> list[int]:
-        """Ranks of the first group of this kind (groups of one kind are placed alike; the EP group as
-        ``parallel.ep_placement`` puts it, :meth:`~tessera_lab.model.hardware.ParallelConfig.ep_link_ranks`)."""
-        if group == "ep":
-            return self.parallel.ep_link_ranks()
-        return self.parallel.group_ranks(group)
+        """Ranks of the group of this kind that the links serve worst (:func:`slowest_group`): every group of a
+        kind runs the same collective in lockstep, so the slowest sets the step."""
+        return list(slowest_group(self.parallel, self.cluster.gpus_per_node, group))
 
     def collective_time(self, coll: Collective, link: Link | None = None) -> float:
         """Alpha-beta time of a collective, seconds (0 for a group of one or zero bytes); memoised per cost model

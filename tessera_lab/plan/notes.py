@@ -46,12 +46,15 @@ def plan_notes(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, pro
 
 
 def cp_span_note(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -> str | None:
-    """Where the CP group (``cp`` ranks ``tp`` apart, :meth:`ParallelConfig.group_ranks`) leaves one NVLink domain:
-    its KV ring and all-to-alls then run on the inter-node link (:meth:`Cluster.link_for`, as the cost model prices
-    them). None for ``cp`` 1 or a group inside one domain."""
+    """Where a CP group (``cp`` ranks ``tp`` apart) leaves one NVLink domain: its KV ring and all-to-alls then run
+    on the inter-node link (:meth:`Cluster.link_for`), as the cost model prices them, on the group the links serve
+    worst (:func:`~tessera_lab.cost.analytic.slowest_group`; on GB200's racks of 72 that need not be rank 0's).
+    None for ``cp`` 1 or when every CP group sits inside one domain."""
     if parallel.cp <= 1:
         return None
-    ranks = parallel.group_ranks("cp")
+    from tessera_lab.cost.analytic import slowest_group
+
+    ranks = list(slowest_group(parallel, cluster.gpus_per_node, "cp"))  # the group the links serve worst
     domains = sorted({cluster.node_of(r) for r in ranks})
     if len(domains) <= 1:
         return None
@@ -61,9 +64,9 @@ def cp_span_note(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -
     what = [w for w, on in (("KV ring (full attention)", bool(kinds - set(HEAD_SHARDED))),
                             ("all-to-alls (head-sharded mixers)", bool(kinds & set(HEAD_SHARDED)))) if on]
     link = cluster.link_for(ranks)
-    return (f"the CP group of {parallel.cp} ranks ({parallel.tp} apart: ranks {', '.join(map(str, ranks))}) spans "
-            f"{len(domains)} NVLink domains of {cluster.gpus_per_node} GPUs: its {' and '.join(what)} "
-            f"{'run' if len(what) > 1 else 'runs'} on "
+    return (f"CP groups of {parallel.cp} ranks ({parallel.tp} apart) span NVLink domains (ranks "
+            f"{', '.join(map(str, ranks))}: {len(domains)} domains of {cluster.gpus_per_node} GPUs): their "
+            f"{' and '.join(what)} run on "
             f"{link.name} at {link.bytes_per_s / 1e9:.0f} GB/s per GPU (data/hardware), not NVLink")
 
 
