@@ -328,8 +328,10 @@ class CostModel:
         return per * total
 
     def group_link_ranks(self, group: str) -> list[int]:
-        """Ranks of the group of this kind that the links serve worst (:func:`slowest_group`): every group of a
-        kind runs the same collective in lockstep, so the slowest sets the step."""
+        """Ranks of the group of this kind that the links serve worst (:func:`slowest_group`): the groups of a
+        stage run the collective in lockstep, so the slowest sets that stage's time. One cost model prices every
+        stage, so a stage whose own groups all sit inside a domain is priced as the worst one (conservative; on
+        nodes of 8 with power-of-two sizes every group is placed alike and nothing changes)."""
         return list(slowest_group(self.parallel, self.cluster.gpus_per_node, group))
 
     def collective_time(self, coll: Collective, link: Link | None = None) -> float:
