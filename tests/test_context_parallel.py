@@ -277,7 +277,7 @@ def test_cp_groups_beyond_the_first_cross_a_gb200_rack():
 def test_a_cp_collective_is_priced_on_its_slowest_groups_link():
     # every CP group runs the collective in lockstep: the one straddling a rack sets the time (the NIC), although
     # rank 0's group sits in one rack; the plan's note names a straddling group
-    from tessera_lab.cost.analytic import slowest_group
+    from tessera_lab.model.hardware import slowest_group
     from tessera_lab.plan.notes import cp_span_note
 
     p = ParallelConfig(pp=8, ep=8, tp=4, cp=4, seq_len=65536)
@@ -302,3 +302,39 @@ def test_a_cp_collective_is_priced_on_its_slowest_groups_link():
     h = cluster_for(p, "H200")
     assert list(slowest_group(p, 8, "cp")) == p.group_ranks("cp")
     assert all(len({h.node_of(r) for r in grp}) == 2 for grp in _cp_groups_by_brute_force(p))
+
+
+def test_worst_tp_cp_ep_placement_does_not_depend_on_the_stage_replica_split():
+    # the per-layer cost caches share costs across pipeline sizes and replicas (plan.stages.cost_key_parallel);
+    # that is exact only if the worst-placed TP, CP and EP group on a world is the same whatever pp x dp; checked
+    # by brute force over every group (from the rank formula, not slowest_group's translates) on racks of 72
+    import itertools
+
+    from tessera_lab.model.hardware import ranks_per_node, slowest_group
+
+    def key(ranks) -> tuple:
+        per = ranks_per_node(ranks, 72)
+        return len(per) > 1, -min(per.values()), len(per)
+
+    def worst(p: ParallelConfig, kind: str) -> tuple:
+        axes = {"pp": p.pp, "dp": p.dp, "ep": p.ep, "tp": p.tp, "cp": p.cp}
+        groups: dict[tuple, list[int]] = {}
+        for c in itertools.product(*(range(n) for n in axes.values())):
+            coord = dict(zip(axes, c))
+            rest = tuple(v for k, v in coord.items() if k != kind)
+            groups.setdefault(rest, []).append(p.rank(coord["pp"], coord["dp"], coord["ep"], coord["tp"],
+                                                      coord["cp"]))
+        return max(key(g) for g in groups.values())
+
+    cases = ((144, 2, 1, 16, ("tp", "ep")), (144, 4, 4, 1, ("tp", "cp")), (216, 2, 2, 1, ("tp", "cp")),
+             (144, 1, 1, 48, ("ep",)))
+    for world, tp, cp, ep, kinds in cases:
+        rest = world // (tp * cp * ep)
+        splits = [(pp, rest // pp) for pp in range(1, rest + 1) if rest % pp == 0]
+        for kind in kinds:
+            found = {worst(ParallelConfig(pp=pp, dp=dp, ep=ep, tp=tp, cp=cp, microbatches=2 * pp), kind)
+                     for pp, dp in splits}
+            assert len(found) == 1, (world, tp, cp, ep, kind, found)
+            for pp, dp in splits:  # slowest_group finds that placement at every split
+                p = ParallelConfig(pp=pp, dp=dp, ep=ep, tp=tp, cp=cp, microbatches=2 * pp)
+                assert {key(slowest_group(p, 72, kind))} == found

@@ -87,3 +87,30 @@ def main(per_family: int) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 12)
+
+
+def test_bounds_below_plans_where_groups_straddle_a_gb200_rack():
+    # on GB200 racks of 72 the links price the worst-placed group (model.hardware.slowest_group), not rank 0's:
+    # the bounds read the same cost model, so they stay below the planned iteration for layouts whose EP group
+    # straddles a rack (144 GPUs: EP 16 over ranks 64-79, or EP 8 spanning TP 2)
+    from tessera_lab.model.hardware import slowest_group
+
+    model = load_model("qwen3-next-80b-a3b")
+    cluster = S.search_cluster("GB200", 144)
+    cap = memory_capacity(cluster)
+
+    def straddles(lay: S.Layout) -> bool:
+        return len({r // 72 for r in slowest_group(lay.parallel(4096), 72, "ep")}) > 1
+
+    lays = [lay for lay in S.enumerate_layouts(model, 144, 288, gpus_per_node=72, seq_len=4096)
+            if S.param_memory_bytes(model, lay, 4096) / lay.pp <= cap and straddles(lay)]
+    sample = lays[::max(1, len(lays) // 10)][:10]
+    bounds = S._Bounds(model, 4096, cluster)
+    planned = 0
+    for lay in sample:
+        r = S.plan_layout(model, lay, 4096, cluster)
+        if "iteration_time_s" in r:
+            planned += 1
+            assert bounds.time(lay) <= r["iteration_time_s"] * (1 + 1e-9), (lay, r["iteration_time_s"])
+            assert bounds.memory(lay) <= r["peak_memory_gib"] * 2**30 * (1 + 1e-9), lay
+    assert planned >= 5

@@ -29,7 +29,7 @@ from tessera_lab.cost.host import host_issue_time
 from tessera_lab.cost.lanes import pair_makespan, side_stream_makespan
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.ep_traffic import limited_destinations
-from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions
+from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions, ranks_per_node, slowest_group
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import Collective, LayerTasks, Task, decompose, p2p_activation_bytes
 
@@ -83,63 +83,6 @@ def deepep_link_shares(routing: tuple, ranks: int, nodes: int) -> tuple[float, f
     d_node = limited_destinations(experts, top_k, nodes, n_group, topk_group) if experts % nodes == 0 else d_rank
     g = ranks / nodes
     return d_node * (nodes - 1) / nodes / d_rank, (g - 1) / g
-
-
-_SLOWEST: dict[tuple, tuple[int, ...]] = {}
-
-
-def _placement_key(ranks: Sequence[int], gpus_per_node: int) -> tuple[bool, int, int]:
-    """How badly the links serve a group: spans nodes, then fewer ranks in its least-populated node (a larger
-    share of an all-to-all leaves that node), then more nodes."""
-    per: dict[int, int] = {}
-    for r in ranks:
-        per[r // gpus_per_node] = per.get(r // gpus_per_node, 0) + 1
-    return len(per) > 1, -min(per.values()), len(per)
-
-
-def slowest_group(parallel: ParallelConfig, gpus_per_node: int, kind: str) -> tuple[int, ...]:
-    """The ranks of the ``kind`` group (``tp``, ``cp``, ``ep``, ``dp``, ``edp``) whose placement on nodes of
-    ``gpus_per_node`` the links serve worst (:func:`_placement_key`).
-
-    The first group (rank 0's; the EP group as ``ep_placement`` puts it,
-    :meth:`~tessera_lab.model.hardware.ParallelConfig.ep_link_ranks`) stands for all when the world fits in one
-    node, or when the node size and every grid dimension are powers of two: the groups are then translates whose
-    rank offsets do not share bits with the group's own, so each spans nodes as the first does. Otherwise (a GB200
-    NVL72 rack of 72, a dimension of 3 or 6) the groups are enumerated as translates of the first, smallest
-    uncovered rank first, and the worst kept; where the translates do not tile the ranks (a group structure that
-    is not a translate family) the first group is kept. Memoised per grid, node size and kind.
-    """
-    g = parallel.grid
-    key = (g.pp, g.dp, g.ep, g.tp, parallel.tp, parallel.cp, parallel.ep_spans_tp, parallel.ep_placement,
-           gpus_per_node, kind)
-    got = _SLOWEST.get(key)
-    if got is not None:
-        return got
-    base = sorted(parallel.ep_link_ranks() if kind == "ep" else parallel.group_ranks(kind))
-    world = parallel.world_size
-
-    def pow2(n: int) -> bool:
-        return n > 0 and n & (n - 1) == 0
-
-    worst = tuple(base)
-    if world > gpus_per_node and not (pow2(gpus_per_node) and all(pow2(d) for d in (g.pp, g.dp, g.ep, g.tp))):
-        offsets = [b - base[0] for b in base]
-        covered = bytearray(world)
-        worst_key = _placement_key(base, gpus_per_node)
-        for r in range(world):
-            if covered[r]:
-                continue
-            grp = [r + o for o in offsets]
-            if grp[-1] >= world or any(covered[x] for x in grp):
-                worst = tuple(base)  # not a translate family: keep the first group
-                break
-            for x in grp:
-                covered[x] = 1
-            k = _placement_key(grp, gpus_per_node)
-            if k > worst_key:
-                worst, worst_key = tuple(grp), k
-    _SLOWEST[key] = worst
-    return worst
 
 
 @dataclass(frozen=True)
@@ -357,9 +300,7 @@ class CostModel:
             raise ConfigError("a pp collective needs an explicit link (see p2p_time)")
         ranks = self.group_link_ranks(coll.group)
         intra, inter = self.cluster.intra_link(), self.cluster.inter_link()
-        per_node: dict[int, int] = {}
-        for r in ranks:
-            per_node[self.cluster.node_of(r)] = per_node.get(self.cluster.node_of(r), 0) + 1
+        per_node = ranks_per_node(ranks, self.cluster.gpus_per_node)
         if len(per_node) == 1:
             return intra.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (intra.bytes_per_s * eff)
         if coll.kind == "all_to_all":
