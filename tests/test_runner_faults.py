@@ -33,7 +33,7 @@ def test_root_cause_prefers_signal_and_heartbeat_over_later_records():
     assert root_cause([Cause(0, "signal", 9.0, code=-15), Cause(1, "heartbeat", 5.0, silent_s=5)], {}).rank == 1
     assert "signal 9 (SIGKILL)" in causes[2].how()
     assert "no heartbeat for 5.0 s" in Cause(1, "heartbeat", 5.0, silent_s=5).how()
-    assert supervise.describe(causes[2], 4).endswith("the other 3 ranks were stopped because a peer failed")
+    assert supervise.describe(causes[2], 4).endswith("the other 3 ranks were shut down because a peer failed")
 
 
 def test_parse_fault():
@@ -103,7 +103,7 @@ def test_fault_is_named_within_bound(kind, rank, tmp_path):
     detect = err.detected_at - injected
     assert err.peer_failed and err.failed_rank == rank, str(err)
     first = str(err).splitlines()[0]
-    assert first.startswith(f"rank {rank} ") and "were stopped because a peer failed" in first
+    assert first.startswith(f"rank {rank} ") and "were shut down because a peer failed" in first
     if kind == "kill":
         assert err.exit_codes[rank] == -9 and "killed by signal 9" in first
         assert detect < 2.0, detect  # exit status polled every 50 ms

@@ -265,6 +265,13 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
     mfu = mfu_text(plan.chosen.mfu, moe=plan.model.has_moe, model=plan.model)
     notes[:0] = plan_notes(plan)  # the same validity notes as the planning panels (MFU above the published band)
     info.append(f"MFU of #{show} (simulated): {mfu}")
+    info.append(f"global batch: {res.global_batch:,} sequences of {res.seq_len:,} tokens = "
+                f"{res.global_batch * res.seq_len:,} tokens per iteration (tessera-lab search's default; its "
+                "--global-batch-tokens sets another), so the iteration grows with the sequence length")
+    if getattr(res, "moe", True):
+        info.append("table: dp counts the replicas of one EP group (GPUs = tp x cp x pp x ep x dp, TP counted once "
+                    "when EP spans it: ep N*); DP (Megatron) is GPUs / (tp x cp x pp), what --data-parallel-size "
+                    "means to Megatron; the table scrolls sideways when wider than the panel")
     if res.pruned.get("budget"):  # a caveat only where an unplanned layout's bound is below #1 (the CLI's "not proven")
         bound, first = res.unplanned_bound_s, res.ranked[0].result["iteration_time_s"]
         text = (f"planning budget {v['max_plans']} of {DEFAULT_MAX_PLANS} (tessera-lab search's default): "

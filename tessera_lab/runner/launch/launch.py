@@ -404,7 +404,7 @@ def emit_outputs(result: RunResult, args: argparse.Namespace) -> None:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """``tessera-lab run``: spawn locally, print, write outputs. Returns the exit status: 0, 2 bad input,
-    3 (:data:`~tessera_lab.runner.launch.supervise.EXIT_PEER_FAILED`) a rank failed and its peers were stopped,
+    3 (:data:`~tessera_lab.runner.launch.supervise.EXIT_PEER_FAILED`) a rank failed and its peers were shut down,
     1 the launch timed out, 4 (:data:`EXIT_CHECK_FAILED`) ``--check`` failed."""
     from .supervise import EXIT_PEER_FAILED
 

@@ -8,7 +8,7 @@ A failing worker makes the others exit within :attr:`WorldSpec.grace_s` (then th
 Each worker reports readiness and writes a heartbeat (:mod:`tessera_lab.runner.launch.supervise`): a rank killed by a
 signal is named from its exit status, a hung (stopped) rank from its missing heartbeat (with its Python stack),
 and both win over the failure records its peers write afterwards. ``RunnerError.peer_failed`` is True when a rank
-failed and the others were stopped (``tessera-lab run`` exits with
+failed and the others were shut down (``tessera-lab run`` exits with
 :data:`~tessera_lab.runner.launch.supervise.EXIT_PEER_FAILED`, 3).
 """
 

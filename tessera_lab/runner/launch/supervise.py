@@ -73,7 +73,7 @@ DETECT_BOUND_S = 10.0
 #: rank is named once silent for the heartbeat timeout, as a ready one; the rest covers the stack dump and reaping
 #: the workers on a busy two-core machine (the start-up deadline itself applies only to ranks still running)
 STARTUP_DETECT_BOUND_S = 40.0
-#: ``tessera-lab run`` exit status when a rank failed and its peers were stopped (bad input stays 2)
+#: ``tessera-lab run`` exit status when a rank failed and its peers were shut down (bad input stays 2)
 EXIT_PEER_FAILED = 3
 #: seconds the ``raise`` fault waits for the main thread to raise before it ends the rank itself
 RAISE_FALLBACK_S = 2.0
@@ -386,7 +386,7 @@ def root_cause(causes: list[Cause], recorded: dict[int, float]) -> Cause:
 
 
 def describe(cause: Cause, n: int) -> str:
-    """One sentence: which rank, how, and that the others were stopped."""
+    """One sentence: which rank, how, and that the others were shut down."""
     others = n - 1
-    return (f"rank {cause.rank} {cause.how()}; the other {others} rank{'s' if others != 1 else ''} were stopped "
+    return (f"rank {cause.rank} {cause.how()}; the other {others} rank{'s' if others != 1 else ''} were shut down "
             f"because a peer failed")

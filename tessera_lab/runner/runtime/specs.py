@@ -31,7 +31,7 @@ class RunnerError(TesseraError, RuntimeError):
         logs: global rank -> path of that rank's log file.
         pids: global rank -> process id (all reaped when the error is raised).
         peer_failed / failed_rank / cause / detected_at: set by the spawner when a rank failed and its peers
-            were stopped (the root-cause rank, how it failed, wall-clock time of detection).
+            were shut down (the root-cause rank, how it failed, wall-clock time of detection).
     """
 
     peer_failed: bool = False
