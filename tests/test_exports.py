@@ -36,9 +36,22 @@ def test_layout_round_trip(counts):
     assert layout.count("|") == len(counts) - 1 and layout.count("t") == b[-1]
 
 
+def test_accounted_split_with_an_embedding_only_and_a_loss_only_stage():
+    # Megatron's --account-for-{embedding,loss}-in-pipeline-split over as many virtual stages as layers + 2: the
+    # first stage holds the embedding alone, the last the loss alone (Megatron-LM's layout docs write such a last
+    # stage "L", as in "Et*3|(tt|)*29,m|L"); module list [embedding, layer0..layer3, head]
+    b = [0, 0, 2, 4, 4]
+    assert megatron_layout(b) == "E|tt|tt|L" and parse_megatron_layout("E|tt|tt|L") == b
+    assert deepspeed_parts(b) == [0, 1, 3, 5, 6]
+    assert torch_split_points(b) is None  # a loss-only last stage would begin at the final norm: no layer name
+    assert torch_split_points([0, 0, 2, 4]) == ["layers.0", "layers.2"]
+
+
 def test_bad_boundaries():
     with pytest.raises(PartitionError, match="boundaries"):
-        megatron_layout([0, 3, 3])
+        megatron_layout([0, 3, 3, 5])  # an empty stage between two others
+    with pytest.raises(PartitionError, match="boundaries"):
+        megatron_layout([0, 0])
     with pytest.raises(PartitionError, match="characters"):
         parse_megatron_layout("Et*3|tL")
 

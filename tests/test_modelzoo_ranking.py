@@ -49,3 +49,14 @@ def test_modelzoo_a2a_layout_plans_and_fits():
     row = b.plan_one(b.LAYOUTS["r4"][1])
     assert "error" not in row and row["fits"]
     assert row["peak_gib"] < 73.65  # H100: 80 GiB less the 6 GiB reserve, as nvidia-smi reports the HBM
+
+
+def test_modelzoo_a2a_layout_plans_from_the_cli(capsys):
+    # the acceptance's form: `tessera-lab plan` with r4's options (96 virtual stages over 94 layers: the first holds
+    # the embedding alone, the last the loss alone) exits 0 and names the recipe's split, not a uniform one
+    from tessera_lab.cli.main import main
+
+    b = _bench()
+    assert main(["plan", *b.BASE, *b.LAYOUTS["r4"][1]]) == 0
+    out = capsys.readouterr().out
+    assert "given split" in out and "boundaries [0, 0, 1, 2," in out

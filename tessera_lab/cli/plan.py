@@ -50,14 +50,10 @@ def _bottleneck_line(ev) -> str:
 
 
 def _chosen_name(plan) -> str:
-    """The chosen partition's method, or ``given split`` where ``uniform`` scored a split that is not the even one
-    (a recipe's pipeline layout, Megatron's embedding/loss-accounted split)."""
-    from tessera_lab.plan.partition import uniform_boundaries
+    """The chosen partition's method (:func:`tessera_lab.plan.proof.method_name`: ``given split`` for a recipe's)."""
+    from tessera_lab.plan.proof import method_name
 
-    b = list(plan.chosen.partition.boundaries)
-    if plan.chosen.method == "uniform" and b != list(uniform_boundaries(plan.model.num_layers, len(b) - 1)):
-        return "given split"
-    return plan.chosen.method
+    return method_name(plan)
 
 
 def _bound_lines(plan) -> list[str]:

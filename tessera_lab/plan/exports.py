@@ -24,9 +24,15 @@ PLAN_SCHEMA_VERSION = 1
 
 
 def _check(boundaries: Sequence[int]) -> list[int]:
+    """Boundaries that start at 0 and increase, every stage holding a decoder layer but the first and the last,
+    which may hold none where the split counts the embedding or the loss as a stage's share (Megatron-LM's
+    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split``: ``E|t|...|t|L``)."""
     b = [int(x) for x in boundaries]
-    if len(b) < 2 or b[0] != 0 or any(b[s] >= b[s + 1] for s in range(len(b) - 1)):
-        raise PartitionError(f"field 'boundaries' = {list(boundaries)} must start at 0 and strictly increase")
+    S = len(b) - 1
+    if (S < 1 or b[0] != 0 or b[-1] <= 0 or any(b[s] > b[s + 1] for s in range(S))
+            or any(b[s] == b[s + 1] for s in range(1, S - 1))):
+        raise PartitionError(f"field 'boundaries' = {list(boundaries)} must start at 0 and increase, every stage "
+                             "holding a layer but the first (embedding only) and the last (loss only)")
     return b
 
 
@@ -70,9 +76,13 @@ def deepspeed_parts(boundaries: Sequence[int], *, embedding_is_layer: bool = Tru
     return [0] + [x + 1 for x in b[1:-1]] + [b[-1] + 2]
 
 
-def torch_split_points(boundaries: Sequence[int], prefix: str = "layers") -> list[str]:
-    """Module names at which ``torch.distributed.pipelining.pipeline`` should split (``SplitPoint.BEGINNING``)."""
+def torch_split_points(boundaries: Sequence[int], prefix: str = "layers") -> list[str] | None:
+    """Module names at which ``torch.distributed.pipelining.pipeline`` should split (``SplitPoint.BEGINNING``);
+    ``None`` where the last stage holds no decoder layer (the loss alone): its split would begin at the model's
+    final norm, whose module name this export does not know."""
     b = _check(boundaries)
+    if b[-2] == b[-1]:
+        return None
     return [f"{prefix}.{x}" for x in b[1:-1]]
 
 

@@ -53,4 +53,19 @@ def partition_label(plan: Any, evaluation: Any = None) -> str:
     if kept and ev is plan.chosen:
         what = "optimum" if ev.partition.proven else "best partition (not proven optimal)"
         return f"{kept} baseline's partition (kept over the {ev.method} {what}: it simulates faster)"
-    return f"{ev.method} partition"
+    return f"{method_name(plan, ev)} partition"
+
+
+def method_name(plan: Any, evaluation: Any = None) -> str:
+    """The evaluation's method, or ``given split`` where ``uniform`` scored a split that is not the even one (a
+    recipe's pipeline layout, Megatron's embedding/loss-accounted split, whose first or last virtual stage may
+    hold no decoder layer)."""
+    from tessera_lab.plan.problem import uniform_boundaries
+
+    ev = plan.chosen if evaluation is None else evaluation
+    b = list(ev.partition.boundaries)
+    stages = len(b) - 1
+    if ev.method == "uniform" and (stages > plan.model.num_layers
+                                   or b != list(uniform_boundaries(plan.model.num_layers, stages))):
+        return "given split"
+    return ev.method

@@ -357,10 +357,9 @@ def mfu_note(mfu: float, *, moe: bool = True, grouped_gemm: str | None = None, m
     which the recipes do not run), else the per-layer host work the cost model may undercount."""
     if moe:
         band = published_mfu_band(model)
-        cause = ("the simulated figure is likely optimistic: " + (
-            "it prices the experts as one grouped expert GEMM kernel, which the published recipes do not run"
-            if grouped_gemm == "grouped"
-            else "real runs spend host or GPU time that the cost model prices too cheaply or not at all"))
+        cause = "simulated, likely optimistic: " + ("one grouped expert GEMM kernel, which recipes do not run"
+                                                     if grouped_gemm == "grouped"
+                                                     else "host or GPU time the cost model underprices")
         if band["bands"] and mfu > band["hi"]:  # short: the MFU line beside it already names the bands and sources
             return (f"MFU {mfu:.1%} is above the published band (max {band['hi']:.1%}, {mfu / band['hi']:.2f}x): "
                     + cause)
@@ -372,7 +371,7 @@ def mfu_note(mfu: float, *, moe: bool = True, grouped_gemm: str | None = None, m
     ceiling = PUBLISHED_MFU_CEILING["dense"]
     if mfu > ceiling:
         return (f"MFU {mfu:.1%} is above any published run of this model class ({ceiling:.0%}, "
-                f"{PUBLISHED_MFU_SOURCE}): the simulated figure is likely optimistic")
+                f"{PUBLISHED_MFU_SOURCE}): simulated, likely optimistic")
     return None
 
 
