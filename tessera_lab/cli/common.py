@@ -267,6 +267,29 @@ def split_from_args(args: argparse.Namespace, model, parallel) -> list[int] | No
     return accounted_boundaries(model.num_layers, parallel.pp * parallel.vpp, embedding=emb, loss=loss)
 
 
+def add_memory_reserve_option(p: argparse.ArgumentParser) -> None:
+    """``--memory-reserve-gib G`` (``plan``, ``report``, ``search``): GiB per GPU the memory model leaves free."""
+    from tessera_lab.cost.memory import memory_reserve_gib
+
+    p.add_argument("--memory-reserve-gib", type=float_in("memory_reserve_gib", 0.0, 1e4,
+                                                         allowed="GiB, >= 0 and below the GPU's HBM"),
+                   default=None, metavar="G",
+                   help=f"GiB per GPU held back from the HBM the plan may fill (CUDA context, NCCL buffers, "
+                        f"fragmentation, your margin; default {memory_reserve_gib():g}, data/hardware/cost_model.json)")
+
+
+def cluster_from_args(args: argparse.Namespace, parallel):
+    """The cluster ``--gpu``, ``--nodes`` and ``--memory-reserve-gib`` ask for, or ``None`` (the planner's default:
+    the fewest NVLink domains holding ``parallel``, the data file's reserve). Raises ConfigError for a reserve not
+    below the GPU's HBM, before any planning."""
+    from tessera_lab.model.hardware import Cluster, cluster_for
+
+    reserve = getattr(args, "memory_reserve_gib", None)
+    if args.nodes:
+        return Cluster.dgx(args.gpu, args.nodes, reserve)
+    return cluster_for(parallel, args.gpu, reserve) if reserve is not None else None
+
+
 def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu: str) -> None:
     """The model, hardware, parallel and partition options that build a plan (``plan`` and ``report``; read
     by :func:`model_from_args`, :func:`parallel_from_args` and ``Cluster.dgx(gpu, nodes)``)."""
@@ -277,6 +300,7 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     p.add_argument("--nodes", type=positive_int("nodes"), default=None,
                    help="NVLink domains: nodes of 8 GPUs, or GB200 NVL72 racks of 72 (default: the fewest that hold "
                         "pp*dp*ep*tp*cp)")
+    add_memory_reserve_option(p)
     p.add_argument("--pp", type=positive_int("pp"), default=8)
     p.add_argument("--vpp", type=positive_int("vpp"), default=1,
                    help="virtual stages (model chunks) per pipeline rank; >= 2 needs --schedule interleaved or auto")

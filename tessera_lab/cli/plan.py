@@ -7,7 +7,8 @@ import sys
 from typing import Any
 
 from tessera_lab.errors import InfeasiblePlanError
-from tessera_lab.cli.common import (GIB, add_ilp_limit_options, add_json, add_plan_options, emit, ilp_limit_from_args,
+from tessera_lab.cli.common import (GIB, add_ilp_limit_options, add_json, add_plan_options, cluster_from_args, emit,
+                                    ilp_limit_from_args,
                                     model_from_args, parallel_from_args, split_from_args, table)
 from tessera_lab.model.hardware import layout_text
 from tessera_lab.model.spec import kind_letter, layer_summary
@@ -157,7 +158,10 @@ def _header_lines(plan) -> list[str]:
         _cluster_text(plan.cluster, p.world_size) + "; "
         + layout_text(p, m.has_moe) + f", schedule {p.schedule}, "
         f"m={p.microbatches} micro-batches of {p.micro_batch_size} x {p.seq_len} tokens; "
-        f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU; recompute {_recompute_text(p)}, "
+        f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU"
+        + (f" (HBM less the {plan.cluster.memory_reserve_gib:g} GiB of --memory-reserve-gib)"
+           if plan.cluster.memory_reserve_gib is not None
+           else "") + f"; recompute {_recompute_text(p)}, "
         + (f"dispatcher {getattr(p, 'dispatcher', 'alltoall')}, " if m.has_moe else "")
         + f"precision {getattr(p, 'precision', p.dtype)}"
         + (f", expert GEMMs {getattr(p, 'grouped_gemm', 'grouped')}" if m.has_moe else ""),
@@ -327,13 +331,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         check_device_plan_options(args)
         return cmd_plan_device(args)
-    from tessera_lab.model.hardware import Cluster
     from tessera_lab.plan.make import AUTO_ILP_BUDGET, make_plan
 
     limit = ilp_limit_from_args(args, AUTO_ILP_BUDGET if args.schedule == "auto" else None)
     model = model_from_args(args)
     parallel = parallel_from_args(args)
-    cluster = Cluster.dgx(args.gpu, args.nodes) if args.nodes else None
+    cluster = cluster_from_args(args, parallel)
     profile = None
     if args.profile:
         import warnings
@@ -347,6 +350,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     boundaries = split_from_args(args, model, parallel)
     opts = dict(method="uniform" if boundaries else args.method, objective=args.objective,
                 limit=limit, gpu=args.gpu, profile=profile, boundaries=boundaries,
+                memory_reserve_gib=args.memory_reserve_gib,
                 **({"baselines": ()} if boundaries else {}))
     try:
         plan = make_plan(model, parallel, cluster, **opts)

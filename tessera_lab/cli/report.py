@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from tessera_lab.argtypes import int_at_least
-from tessera_lab.cli.common import (add_json, add_plan_options, emit, model_from_args, parallel_from_args,
+from tessera_lab.cli.common import (add_json, add_plan_options, cluster_from_args, emit, model_from_args, parallel_from_args,
                                     split_from_args)
 
 
@@ -16,7 +16,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     own cost source unless ``--costs`` asks for another, or from plan options), an optional ``--diff OTHER`` (a
     plan JSON, a model name or ``KEY=VALUE,...`` changes), ``--plot PATH`` (:func:`save_report_figure`: the
     waterfall, or with ``--diff`` both waterfalls side by side) and ``--json``."""
-    from tessera_lab.model.hardware import Cluster
     from tessera_lab.plan.load import load_plan
     from tessera_lab.report.capacity import capacity_report, parse_changes
     from tessera_lab.report.routing_terms import load_routing_terms
@@ -60,7 +59,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise ConfigError("option --costs re-evaluates a saved plan; allowed: with --plan PLAN.json")
         model = model_from_args(args)
         parallel = parallel_from_args(args)
-        cluster = Cluster.dgx(args.gpu, args.nodes) if args.nodes else None
+        cluster = cluster_from_args(args, parallel)
         # the same plan as "tessera-lab plan" with these options: its baselines take part in the choice
         boundaries = split_from_args(args, model, parallel)  # Megatron's embedding/loss-accounted split, if asked
         plan = make_plan(model, parallel, cluster, method="uniform" if boundaries else args.method, gpu=args.gpu,
@@ -103,11 +102,11 @@ def _diff(args: argparse.Namespace, plan, diff_changes):
         diff = model_diff(plan.model, plan.model, plan.parallel, plans=(plan, load_plan(
             other, costs=args.costs, allow_stale_profile=args.allow_stale_profile)))
     elif diff_changes is not None:
-        diff = model_diff(plan.model, diff_changes, plan.parallel, None if not args.nodes else plan.cluster,
+        diff = model_diff(plan.model, diff_changes, plan.parallel, plan.cluster if args.nodes or plan.cluster.memory_reserve_gib is not None else None,
                           method=getattr(args, "method", "ilp"), gpu=plan.cluster.gpu.name)
     else:
         om = model_from_name(other)
-        diff = model_diff(plan.model, om, plan.parallel, None if not args.nodes else plan.cluster,
+        diff = model_diff(plan.model, om, plan.parallel, plan.cluster if args.nodes or plan.cluster.memory_reserve_gib is not None else None,
                           method=getattr(args, "method", "ilp"), gpu=plan.cluster.gpu.name)
     return diff
 

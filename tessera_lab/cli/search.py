@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from tessera_lab.argtypes import positive_int
-from tessera_lab.cli.common import add_json, emit, table
+from tessera_lab.cli.common import add_json, add_memory_reserve_option, emit, table
 
 HELP = ("search the parallel layouts (TP, CP, EP, PP/VPP, DP, micro-batching, schedule, recompute) for the fastest "
         "that fits")
@@ -81,16 +81,16 @@ def format_search(res, top: int, model=None) -> str:
     if not ranked:  # the command line prints the no-fit answer on stderr (cmd_search)
         lines.append("no planned layout fits memory (stderr says what would fit)")
         return "\n".join(lines)
-    from tessera_lab.cost.memory import memory_reserve_gib
-
+    reserve = res.memory_reserve_gib
+    whose = "--memory-reserve-gib" if res.memory_reserve_given else "an assumption of data/hardware"
     moe = getattr(res, "moe", True)
     lines.append(table([_row(i + 1, c, moe) for i, c in enumerate(ranked)], ".3f"))
     lines.append("iteration, tokens/s, MFU, bubble: simulated by the planner of `tessera-lab plan` (objective auto, "
                  "method dp; ilp with virtual stages; without plan's baseline partitions, so `plan` of a layout may "
                  "keep a baseline's split that simulates a little faster); peak memory: computed; headroom: "
-                 f"capacity less peak (capacity: HBM less a {memory_reserve_gib():g} GiB reserve for the CUDA context, "
-                 "NCCL buffers and fragmentation, an assumption of data/hardware; a layout near 0 GiB has no margin "
-                 "beyond it for the memory model's error); "
+                 f"capacity less peak (capacity: HBM less a {reserve:g} GiB reserve for the CUDA context, "
+                 f"NCCL buffers and fragmentation, {whose}; a layout near 0 GiB has no margin "
+                 "beyond it for the memory model's error: --memory-reserve-gib asks for more); "
                  + ("ep N*: the EP group spans the TP ranks; dp: data-parallel replicas of one EP group (GPUs = "
                     "pp x dp x ep x tp x cp, tp once when EP spans it); " if moe else "")
                  + "DP (Megatron): GPUs / (tp x cp x pp), Megatron's --data-parallel size")
@@ -195,7 +195,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     model = model_from_args(args)
     res = search(model, args.gpus, gpu=args.gpu, seq_len=args.seq_len, global_batch_tokens=args.global_batch_tokens,
-                 top=args.top, jobs=args.jobs, max_plans=args.max_plans, progress=_progress())
+                 top=args.top, jobs=args.jobs, max_plans=args.max_plans, progress=_progress(),
+                 memory_reserve_gib=args.memory_reserve_gib)
     if args.csv:
         _write_csv(res, args.csv)
     if args.csv != "-":
@@ -236,6 +237,7 @@ def add_parser(sub) -> None:
     p.add_argument("--seq-len", type=positive_int("seq_len"), default=4096)
     p.add_argument("--global-batch-tokens", type=positive_int("global_batch_tokens"), default=None, metavar="T",
                    help=f"tokens per iteration (default {DEFAULT_GLOBAL_SEQUENCES} sequences of --seq-len)")
+    add_memory_reserve_option(p)
     p.add_argument("--top", type=positive_int("top"), default=10, help="layouts printed and kept exact (default 10)")
     p.add_argument("--jobs", type=positive_int("jobs"), default=1, help="planner processes (same result for any)")
     p.add_argument("--max-plans", type=positive_int("max_plans"), default=DEFAULT_MAX_PLANS,

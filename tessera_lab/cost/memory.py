@@ -142,5 +142,12 @@ def memory_reserve_gib() -> float:
 
 
 def memory_capacity(cluster: Cluster) -> float:
-    """Bytes usable per GPU: HBM minus :func:`memory_reserve_gib`."""
-    return cluster.gpu.memory_bytes - memory_reserve_gib() * GIB
+    """Bytes usable per GPU: HBM minus the cluster's reserve (:attr:`~tessera_lab.model.hardware.Cluster.
+    memory_reserve_gib`, by default :func:`memory_reserve_gib`)."""
+    return cluster.gpu.memory_bytes - cluster_reserve_gib(cluster) * GIB
+
+
+def cluster_reserve_gib(cluster: Cluster) -> float:
+    """GiB per GPU the cluster holds back: its own ``memory_reserve_gib`` or the data file's default."""
+    r = getattr(cluster, "memory_reserve_gib", None)
+    return memory_reserve_gib() if r is None else float(r)

@@ -168,6 +168,9 @@ class Cluster:
         gpus_per_node: GPUs per node (NVLink domain: DGX 8, NVL72 72).
         inter_node_bytes_per_s: per-GPU inter-node bandwidth per direction, bytes/s (NDR: 50e9).
         weak_link_factor: multiplies the inter-node bandwidth (1.0 = healthy; 0.5 = a link at half speed).
+        memory_reserve_gib: GiB per GPU held back from the HBM the memory model may fill (CUDA context, NCCL
+            buffers, fragmentation, a margin of the user's); ``None``: ``memory_reserve_gib`` of
+            ``data/hardware/cost_model.json`` (:func:`tessera_lab.cost.memory.memory_capacity`).
     """
 
     gpu: GPUSpec
@@ -175,6 +178,7 @@ class Cluster:
     gpus_per_node: int = 8
     inter_node_bytes_per_s: float = 50e9
     weak_link_factor: float = 1.0
+    memory_reserve_gib: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1:
@@ -183,14 +187,22 @@ class Cluster:
             raise ConfigError(f"field 'gpus_per_node' = {self.gpus_per_node} is out of range; allowed: >= 1")
         if not 0 < self.weak_link_factor <= 1:
             raise ConfigError(f"field 'weak_link_factor' = {self.weak_link_factor} is out of range; allowed: (0, 1]")
+        if self.memory_reserve_gib is not None:
+            hbm = self.gpu.memory_bytes / 2**30
+            r = self.memory_reserve_gib
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0 <= r < hbm:
+                raise ConfigError(f"field 'memory_reserve_gib' = {r!r} is out of range; allowed: a number of GiB "
+                                  f">= 0 and below the {self.gpu.name}'s {hbm:.2f} GiB")
 
     @classmethod
-    def dgx(cls, gpu: str | GPUSpec = "H200", num_nodes: int = 1) -> "Cluster":
+    def dgx(cls, gpu: str | GPUSpec = "H200", num_nodes: int = 1, memory_reserve_gib: float | None = None
+            ) -> "Cluster":
         """``num_nodes`` NVLink domains of the GPU's system (:attr:`GPUSpec.nvlink_domain` GPUs each: a DGX/HGX node
-        of 8, a GB200 NVL72 rack of 72) with its NIC per GPU across them (:attr:`GPUSpec.nic_bytes_per_s`)."""
+        of 8, a GB200 NVL72 rack of 72) with its NIC per GPU across them (:attr:`GPUSpec.nic_bytes_per_s`);
+        ``memory_reserve_gib`` as the attribute (``None``: the data file's)."""
         spec = gpu if isinstance(gpu, GPUSpec) else GPUSpec.named(gpu)
         return cls(gpu=spec, num_nodes=num_nodes, gpus_per_node=int(spec.nvlink_domain),
-                   inter_node_bytes_per_s=float(spec.nic_bytes_per_s))
+                   inter_node_bytes_per_s=float(spec.nic_bytes_per_s), memory_reserve_gib=memory_reserve_gib)
 
     @property
     def num_gpus(self) -> int:
@@ -557,12 +569,13 @@ def slowest_group(parallel: ParallelConfig, gpus_per_node: int, kind: str) -> tu
     return worst
 
 
-def cluster_for(parallel: ParallelConfig, gpu: str | GPUSpec = "H200") -> Cluster:
+def cluster_for(parallel: ParallelConfig, gpu: str | GPUSpec = "H200", memory_reserve_gib: float | None = None
+                ) -> Cluster:
     """The smallest cluster of the GPU's NVLink domains (8 GPUs a DGX/HGX node, 72 a GB200 NVL72 rack) that holds
-    ``parallel.world_size`` ranks."""
+    ``parallel.world_size`` ranks (``memory_reserve_gib``: :attr:`Cluster.memory_reserve_gib`)."""
     spec = gpu if isinstance(gpu, GPUSpec) else GPUSpec.named(gpu)
     nodes = max(1, -(-parallel.world_size // spec.nvlink_domain))
-    return Cluster.dgx(spec, nodes)
+    return Cluster.dgx(spec, nodes, memory_reserve_gib)
 
 
 def check_fits(parallel: ParallelConfig, cluster: Cluster) -> None:

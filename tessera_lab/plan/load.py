@@ -137,7 +137,8 @@ def _load_profile_for(path: str, why: str):
 
 def _layout_of(data: Mapping[str, Any], where: str) -> tuple[ParallelConfig, Cluster, str]:
     """``(parallel, cluster, gpu)`` of plan JSON: field ``parallel`` (known keys, integers in range and within the
-    work limits), ``gpu`` (default H200) and ``nodes`` (default the smallest cluster holding the world size).
+    work limits), ``gpu`` (default H200), ``nodes`` (default the smallest cluster holding the world size) and
+    ``memory_reserve_gib`` (default the data file's reserve).
 
     Raises:
         ConfigError: naming the field, its value and the allowed range.
@@ -159,7 +160,8 @@ def _layout_of(data: Mapping[str, Any], where: str) -> tuple[ParallelConfig, Clu
                field="field 'parallel' pp x vpp x microbatches", where=where)
     gpu = data.get("gpu", "H200")
     nodes = check_int(data["nodes"], "nodes", where=where, limit="nodes") if data.get("nodes") is not None else None
-    cluster = Cluster.dgx(gpu, nodes) if nodes else cluster_for(parallel, gpu)
+    reserve = data.get("memory_reserve_gib")  # written only when the plan was made with its own reserve
+    cluster = Cluster.dgx(gpu, nodes, reserve) if nodes else cluster_for(parallel, gpu, reserve)
     if parallel.world_size > cluster.num_gpus:  # as 'plan --nodes' refuses it
         raise ConfigError(f"{where}: field 'nodes' = {nodes} holds {cluster.num_gpus} GPUs but field 'parallel' needs "
                           f"pp x dp x ep x tp = {parallel.world_size}; allowed: nodes >= "

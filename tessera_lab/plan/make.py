@@ -204,6 +204,8 @@ class Plan:
             v = getattr(self.parallel, k)
             if v != getattr(defaults, k):
                 d["parallel"][k] = list(v) if isinstance(v, tuple) else v
+        if self.cluster.memory_reserve_gib is not None:  # a reserve of the user's (--memory-reserve-gib)
+            d["memory_reserve_gib"] = self.cluster.memory_reserve_gib
         if self.schedule_trials:
             d["schedule_trials"] = self.schedule_trials
         if self.reevaluation:
@@ -260,6 +262,7 @@ def make_plan(
     profile=None,
     refine_budget: int = REFINE_BUDGET,
     boundaries: Sequence[int] | None = None,
+    memory_reserve_gib: float | None = None,
 ) -> Plan:
     """Plan a pipeline for ``model``.
 
@@ -267,7 +270,9 @@ def make_plan(
         model: the model.
         parallel: parallel sizes (default :class:`ParallelConfig()`: pp=8, ep=8, m=32, seq 4096, mbs 1); its
             ``schedule`` may be ``auto`` (try every pair of :func:`auto_candidates`).
-        cluster: the cluster; default the smallest DGX cluster of ``gpu`` holding the world size.
+        cluster: the cluster; default the smallest DGX cluster of ``gpu`` holding the world size, holding back
+            ``memory_reserve_gib`` GiB per GPU (``None``: the data file's reserve; ignored when ``cluster`` is given,
+            which carries its own).
         method: ``ilp`` (default), ``dp`` or ``uniform``.
         baselines: other partitions to evaluate with the same schedule (:data:`BASELINES`).
         limit: ILP limit: an :class:`~tessera_lab.plan.ilp.IlpBudget` (a deterministic budget of binaries and
@@ -298,7 +303,8 @@ def make_plan(
     searches, cached, built = (search_cache_info()["searches"], search_cache_info()["hits"],
                                COST_CACHE_STATS["builds"])
     pl = _make_plan(model, parallel, cluster, method=method, baselines=baselines, limit=limit,
-                    objective=objective, gpu=gpu, profile=profile, refine_budget=refine_budget, boundaries=boundaries)
+                    objective=objective, gpu=gpu, profile=profile, refine_budget=refine_budget, boundaries=boundaries,
+                    memory_reserve_gib=memory_reserve_gib)
     info = search_cache_info()
     pl.timing = {"wall_s": time.perf_counter() - t_wall, "cpu_s": time.process_time() - t_cpu,
                  "pair_searches": info["searches"] - searches, "pair_searches_cached": info["hits"] - cached,
@@ -308,9 +314,9 @@ def make_plan(
 
 # params: make_plan's options, passed through
 def _make_plan(model, parallel, cluster, *, method, baselines, limit, objective, gpu, profile, refine_budget,
-               boundaries) -> Plan:
+               boundaries, memory_reserve_gib=None) -> Plan:
     parallel = parallel or ParallelConfig()
-    cluster = cluster or cluster_for(parallel, gpu)
+    cluster = cluster or cluster_for(parallel, gpu, memory_reserve_gib)
     check_fits(parallel, cluster)
     check_parallel_for_model(model, parallel, cluster)
     if objective not in OBJECTIVES:

@@ -106,6 +106,10 @@ class SearchResult:
     moe: bool = True
     #: the largest context-parallel size among the layouts considered
     max_cp: int = 1
+    #: GiB per GPU held back from the HBM (the cluster's reserve: the caller's or the data file's)
+    memory_reserve_gib: float = 0.0
+    #: whether the caller gave that reserve (``search(memory_reserve_gib=...)``), not the data file
+    memory_reserve_given: bool = False
 
     @property
     def planned_per_cpu_s(self) -> float:
@@ -138,6 +142,7 @@ class SearchResult:
                 "settled": self.settled, "unsettled": self.pruned.get("budget", 0),
                 "settled_per_cpu_s": self.settled_per_cpu_s,
                 "memory_capacity_gib": self.memory_capacity_bytes / 2**30,
+                "memory_reserve_gib": self.memory_reserve_gib,
                 "unplanned_bound_s": self.unplanned_bound_s,
                 "candidates": [c.as_dict() for c in self.ranked]
                 + [c.as_dict() for c in self.planned if not (c.result and c.result["fits"])]}
@@ -193,13 +198,14 @@ def _plan_batch(args) -> list[dict[str, Any]]:
     return [plan_layout(model, lay, seq_len, cluster) for lay in layouts]
 
 
-def search_cluster(gpu: str, gpus: int) -> Cluster:
+def search_cluster(gpu: str, gpus: int, memory_reserve_gib: float | None = None) -> Cluster:
     """The cluster a search of ``gpus`` GPUs of type ``gpu`` plans on: the fewest NVLink domains holding them (as
     :func:`~tessera_lab.model.hardware.cluster_for` gives ``plan``), a partial last domain when ``gpus`` is not a
-    multiple of the domain (16 GB200 GPUs: one NVL72 rack, 16 of its GPUs used)."""
+    multiple of the domain (16 GB200 GPUs: one NVL72 rack, 16 of its GPUs used); ``memory_reserve_gib`` as
+    :attr:`~tessera_lab.model.hardware.Cluster.memory_reserve_gib`."""
     from tessera_lab.model.hardware import GPUSpec
 
-    return Cluster.dgx(gpu, max(1, -(-gpus // GPUSpec.named(gpu).nvlink_domain)))
+    return Cluster.dgx(gpu, max(1, -(-gpus // GPUSpec.named(gpu).nvlink_domain)), memory_reserve_gib)
 
 
 def check_search_inputs(model: ModelSpec, gpus: int, seq_len: int, global_batch_tokens: int,
@@ -311,8 +317,8 @@ DEFAULT_MAX_PLANS = 210
 
 def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 4096,
            global_batch_tokens: int | None = None, top: int = 10, jobs: int = 1, max_plans: int = DEFAULT_MAX_PLANS,
-           progress: Callable[[int, int], None] | None = None, layouts: Sequence[Layout] | None = None
-           ) -> SearchResult:
+           progress: Callable[[int, int], None] | None = None, layouts: Sequence[Layout] | None = None,
+           memory_reserve_gib: float | None = None) -> SearchResult:
     """Search the layouts of ``model`` on ``gpus`` GPUs of type ``gpu`` (module docstring).
 
     Args:
@@ -325,6 +331,8 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
             bound among them (:attr:`SearchResult.unplanned_bound_s`).
         progress: called with (candidates looked at, candidates after the parameter-memory rule).
         layouts: the layouts to consider instead of :func:`enumerate_layouts`' (tests, studies).
+        memory_reserve_gib: GiB per GPU held back from the HBM every layout may fill (``None``: the data file's
+            reserve, :func:`~tessera_lab.cost.memory.memory_reserve_gib`).
 
     Raises:
         ConfigError: bad ``gpus`` or global batch (:func:`check_search_inputs`), a global batch no micro-batching
@@ -336,7 +344,7 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
     node = GPUSpec.named(gpu).nvlink_domain
     seqs = check_search_inputs(model, gpus, seq_len, global_batch_tokens or DEFAULT_GLOBAL_SEQUENCES * seq_len,
                                node)
-    cluster = search_cluster(gpu, gpus)
+    cluster = search_cluster(gpu, gpus, memory_reserve_gib)
     capacity = memory_capacity(cluster)
     if layouts is None:
         layouts = enumerate_layouts(model, gpus, seqs, gpus_per_node=node, seq_len=seq_len)
@@ -367,6 +375,9 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
     res.children_cpu_s = _children_cpu_s() - children
     res.unplanned_bound_s = min((c.lower_bound_s for c in rest), default=None)
     res.moe, res.max_cp = model.has_moe, max(lay.cp for lay in layouts)
+    from tessera_lab.cost.memory import cluster_reserve_gib
+
+    res.memory_reserve_gib, res.memory_reserve_given = cluster_reserve_gib(cluster), memory_reserve_gib is not None
     return res
 
 
