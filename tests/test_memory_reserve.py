@@ -41,11 +41,14 @@ def test_plan_with_a_reserve_plans_against_the_smaller_capacity_and_records_it(t
     assert "memory_reserve_gib" not in json.loads(path.read_text())
 
 
+@pytest.mark.parametrize("command", [["plan"], ["report"], ["search", "--gpus", "64"]])
 @pytest.mark.parametrize("value", ["200", "-1", "nan", "1e400"])
-def test_a_bad_reserve_is_one_line_exit_2(value, capsys):
-    assert main(["plan", "--memory-reserve-gib", value]) == 2
+def test_a_bad_reserve_is_one_line_exit_2(command, value, capsys):
+    assert main([*command, "--memory-reserve-gib", value]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "memory_reserve_gib" in err[0] and "allowed" in err[0]
+    assert len(err) == 1 and "--memory-reserve-gib" in err[0] and "allowed" in err[0]
+    if value == "200":
+        assert "below the H200's 140.40 GiB of HBM" in err[0]
 
 
 def test_search_headroom_is_measured_against_the_reserve(capsys):

@@ -278,13 +278,32 @@ def add_memory_reserve_option(p: argparse.ArgumentParser) -> None:
                         f"fragmentation, your margin; default {memory_reserve_gib():g}, data/hardware/cost_model.json)")
 
 
+def check_memory_reserve(args: argparse.Namespace) -> float | None:
+    """``--memory-reserve-gib`` checked against ``--gpu``'s HBM (the option's own parser checks the sign); returns it.
+
+    Raises:
+        ConfigError: a reserve not below the GPU's HBM, named as the option (one line, before any work).
+    """
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.model.hardware import GPUSpec
+
+    reserve = getattr(args, "memory_reserve_gib", None)
+    if reserve is not None:
+        spec = GPUSpec.named(args.gpu)
+        hbm = spec.memory_bytes / 2**30
+        if reserve >= hbm:
+            raise ConfigError(f"--memory-reserve-gib = {reserve:g} is out of range; allowed: >= 0 and below the "
+                              f"{spec.name}'s {hbm:.2f} GiB of HBM")
+    return reserve
+
+
 def cluster_from_args(args: argparse.Namespace, parallel):
     """The cluster ``--gpu``, ``--nodes`` and ``--memory-reserve-gib`` ask for, or ``None`` (the planner's default:
     the fewest NVLink domains holding ``parallel``, the data file's reserve). Raises ConfigError for a reserve not
     below the GPU's HBM, before any planning."""
     from tessera_lab.model.hardware import Cluster, cluster_for
 
-    reserve = getattr(args, "memory_reserve_gib", None)
+    reserve = check_memory_reserve(args)
     if args.nodes:
         return Cluster.dgx(args.gpu, args.nodes, reserve)
     return cluster_for(parallel, args.gpu, reserve) if reserve is not None else None

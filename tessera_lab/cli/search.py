@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from tessera_lab.argtypes import positive_int
-from tessera_lab.cli.common import add_json, add_memory_reserve_option, emit, table
+from tessera_lab.cli.common import add_json, add_memory_reserve_option, check_memory_reserve, emit, table
 
 HELP = ("search the parallel layouts (TP, CP, EP, PP/VPP, DP, micro-batching, schedule, recompute) for the fastest "
         "that fits")
@@ -194,6 +194,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from tessera_lab.plan.search import search
 
     model = model_from_args(args)
+    check_memory_reserve(args)
     res = search(model, args.gpus, gpu=args.gpu, seq_len=args.seq_len, global_batch_tokens=args.global_batch_tokens,
                  top=args.top, jobs=args.jobs, max_plans=args.max_plans, progress=_progress(),
                  memory_reserve_gib=args.memory_reserve_gib)
