@@ -277,7 +277,7 @@ def test_cp_groups_beyond_the_first_cross_a_gb200_rack():
 def test_a_cp_collective_is_priced_on_its_slowest_groups_link():
     # every CP group runs the collective in lockstep: the one straddling a rack sets the time (the NIC), although
     # rank 0's group sits in one rack; the plan's note names a straddling group
-    from tessera_lab.model.hardware import slowest_group
+    from tessera_lab.model.layout import slowest_group
     from tessera_lab.plan.notes import cp_span_note
 
     p = ParallelConfig(pp=8, ep=8, tp=4, cp=4, seq_len=65536)
@@ -310,7 +310,7 @@ def test_worst_tp_cp_ep_placement_does_not_depend_on_the_stage_replica_split():
     # by brute force over every group (from the rank formula, not slowest_group's translates) on racks of 72
     import itertools
 
-    from tessera_lab.model.hardware import ranks_per_node, slowest_group
+    from tessera_lab.model.layout import ranks_per_node, slowest_group
 
     def key(ranks) -> tuple:
         per = ranks_per_node(ranks, 72)

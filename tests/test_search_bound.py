@@ -93,7 +93,7 @@ def test_bounds_below_plans_where_groups_straddle_a_gb200_rack():
     # on GB200 racks of 72 the links price the worst-placed group (model.hardware.slowest_group), not rank 0's:
     # the bounds read the same cost model, so they stay below the planned iteration for layouts whose EP group
     # straddles a rack (144 GPUs: EP 16 over ranks 64-79, or EP 8 spanning TP 2)
-    from tessera_lab.model.hardware import slowest_group
+    from tessera_lab.model.layout import slowest_group
 
     model = load_model("qwen3-next-80b-a3b")
     cluster = S.search_cluster("GB200", 144)

@@ -29,7 +29,8 @@ from tessera_lab.cost.host import host_issue_time
 from tessera_lab.cost.lanes import pair_makespan, side_stream_makespan
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.ep_traffic import limited_destinations
-from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions, ranks_per_node, slowest_group
+from tessera_lab.model.hardware import Cluster, Link, ParallelConfig, cost_assumptions
+from tessera_lab.model.layout import ranks_per_node, slowest_group
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.model.tasks import Collective, LayerTasks, Task, decompose, p2p_activation_bytes
 

@@ -18,7 +18,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 from tessera_lab.checks import check_work
 from tessera_lab.errors import ConfigError
@@ -497,76 +497,6 @@ class ParallelConfig:
         if self.ep_placement == "contiguous" or self.ep_spans_tp:
             return list(range(self.ep))
         return self.group_ranks("ep")
-
-
-_SLOWEST: dict[tuple, tuple[int, ...]] = {}
-
-
-def ranks_per_node(ranks: Sequence[int], gpus_per_node: int) -> dict[int, int]:
-    """How many of ``ranks`` sit on each node (NVLink domain) of ``gpus_per_node`` GPUs: ``{node: count}``, nodes
-    numbered from 0 (rank ``r`` on node ``r // gpus_per_node``). The one count the cost model prices a group's
-    links from (inside one node: NVLink; else the fewest ranks on a node set the NIC share)."""
-    per: dict[int, int] = {}
-    for r in ranks:
-        per[r // gpus_per_node] = per.get(r // gpus_per_node, 0) + 1
-    return per
-
-
-def _placement_key(ranks: Sequence[int], gpus_per_node: int) -> tuple[bool, int, int]:
-    """How badly the links serve a group: spans nodes, then fewer ranks in its least-populated node (a larger
-    share of an all-to-all leaves that node), then more nodes."""
-    per = ranks_per_node(ranks, gpus_per_node)
-    return len(per) > 1, -min(per.values()), len(per)
-
-
-def slowest_group(parallel: ParallelConfig, gpus_per_node: int, kind: str) -> tuple[int, ...]:
-    """The ranks of the ``kind`` group (``tp``, ``cp``, ``ep``, ``dp``, ``edp``) whose placement on nodes of
-    ``gpus_per_node`` the links serve worst (:func:`_placement_key`).
-
-    The first group (rank 0's; the EP group as ``ep_placement`` puts it,
-    :meth:`~tessera_lab.model.hardware.ParallelConfig.ep_link_ranks`) stands for all when the world fits in one
-    node, or when the node size and every grid dimension are powers of two: the groups are then translates whose
-    rank offsets do not share bits with the group's own, so each spans nodes as the first does. Otherwise (a GB200
-    NVL72 rack of 72, a dimension of 3 or 6) the groups are enumerated as translates of the first, smallest
-    uncovered rank first, and the worst kept; where the translates do not tile the ranks (a group structure that
-    is not a translate family) the first group is kept. Memoised per grid, node size and kind.
-
-    A ``tp``, ``cp`` or ``ep`` group lies inside a block of consecutive ranks that the pipeline stage and the
-    data-parallel replica only index, so on a given world size its worst placement does not depend on how the
-    world splits into stages and replicas (what lets :func:`tessera_lab.plan.stages.cost_key_parallel` share
-    per-layer costs across them).
-    """
-    g = parallel.grid
-    key = (g.pp, g.dp, g.ep, g.tp, parallel.tp, parallel.cp, parallel.ep_spans_tp, parallel.ep_placement,
-           gpus_per_node, kind)
-    got = _SLOWEST.get(key)
-    if got is not None:
-        return got
-    base = sorted(parallel.ep_link_ranks() if kind == "ep" else parallel.group_ranks(kind))
-    world = parallel.world_size
-
-    def pow2(n: int) -> bool:
-        return n > 0 and n & (n - 1) == 0
-
-    worst = tuple(base)
-    if world > gpus_per_node and not (pow2(gpus_per_node) and all(pow2(d) for d in (g.pp, g.dp, g.ep, g.tp))):
-        offsets = [b - base[0] for b in base]
-        covered = bytearray(world)
-        worst_key = _placement_key(base, gpus_per_node)
-        for r in range(world):
-            if covered[r]:
-                continue
-            grp = [r + o for o in offsets]
-            if grp[-1] >= world or any(covered[x] for x in grp):
-                worst = tuple(base)  # not a translate family: keep the first group
-                break
-            for x in grp:
-                covered[x] = 1
-            k = _placement_key(grp, gpus_per_node)
-            if k > worst_key:
-                worst, worst_key = tuple(grp), k
-    _SLOWEST[key] = worst
-    return worst
 
 
 def cluster_for(parallel: ParallelConfig, gpu: str | GPUSpec = "H200", memory_reserve_gib: float | None = None

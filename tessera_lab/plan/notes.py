@@ -48,11 +48,11 @@ def plan_notes(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, pro
 def cp_span_note(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -> str | None:
     """Where a CP group (``cp`` ranks ``tp`` apart) leaves one NVLink domain: its KV ring and all-to-alls then run
     on the inter-node link (:meth:`Cluster.link_for`), as the cost model prices them, on the group the links serve
-    worst (:func:`~tessera_lab.model.hardware.slowest_group`; on GB200's racks of 72 that need not be rank 0's).
+    worst (:func:`~tessera_lab.model.layout.slowest_group`; on GB200's racks of 72 that need not be rank 0's).
     None for ``cp`` 1 or when every CP group sits inside one domain."""
     if parallel.cp <= 1:
         return None
-    from tessera_lab.model.hardware import slowest_group
+    from tessera_lab.model.layout import slowest_group
 
     ranks = list(slowest_group(parallel, cluster.gpus_per_node, "cp"))  # the group the links serve worst
     domains = sorted({cluster.node_of(r) for r in ranks})

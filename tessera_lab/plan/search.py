@@ -315,6 +315,7 @@ def _next_batch(cands: list[Candidate], i: int, threshold: float, bounds: _Bound
 DEFAULT_MAX_PLANS = 210
 
 
+# params: one per 'tessera-lab search' flag (keyword-only after the GPU count), plus the progress hook and the layouts
 def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 4096,
            global_batch_tokens: int | None = None, top: int = 10, jobs: int = 1, max_plans: int = DEFAULT_MAX_PLANS,
            progress: Callable[[int, int], None] | None = None, layouts: Sequence[Layout] | None = None,

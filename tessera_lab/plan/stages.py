@@ -274,7 +274,7 @@ def cost_key_parallel(parallel: ParallelConfig) -> ParallelConfig:
     amortisation (:meth:`~tessera_lab.cost.analytic.CostModel.fp8_cast_bytes`, :func:`tessera_lab.cost.host.
     task_kernels`), so outside FP8 they are normalised to 1; the pipeline size, the virtual stages and (without
     FSDP, whose per-layer gathers run over it) the data-parallel size enter no layer task, nor the placement of
-    the TP, CP and EP groups the links price (:func:`~tessera_lab.model.hardware.slowest_group`: the worst of them
+    the TP, CP and EP groups the links price (:func:`~tessera_lab.model.layout.slowest_group`: the worst of them
     on a given world does not depend on how it splits into stages and replicas), so they are normalised to 1, and the schedule to whether it pairs layers (``overlapped``) or not
     (``1f1b``). Memory, which the data-parallel size shards, is rebuilt from the cached tasks on every call."""
     changes = {"pp": 1, "vpp": 1, **({} if parallel.fsdp else {"dp": 1}),
