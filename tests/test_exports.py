@@ -43,6 +43,7 @@ def test_accounted_split_with_an_embedding_only_and_a_loss_only_stage():
     b = [0, 0, 2, 4, 4]
     assert megatron_layout(b) == "E|tt|tt|L" and parse_megatron_layout("E|tt|tt|L") == b
     assert deepspeed_parts(b) == [0, 1, 3, 5, 6]
+    assert deepspeed_parts(b, vpp=2) is None  # DeepSpeed gives each rank one contiguous part: no virtual stages
     assert torch_split_points(b) is None  # a loss-only last stage would begin at the final norm: no layer name
     assert torch_split_points([0, 0, 2, 4]) == ["layers.0", "layers.2"]
 

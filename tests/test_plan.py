@@ -136,7 +136,7 @@ def test_plan_says_when_megatron_core_does_not_run_its_ep_overlap():
     assert "virtual pipeline stages when pp > 1" in note and "overlapped" in note
     assert megatron_overlap_note(ParallelConfig(pp=1, ep=8, schedule="overlapped")) is None
     assert megatron_overlap_note(ParallelConfig(pp=4, vpp=2, ep=8, schedule="interleaved-overlapped")) is None
-    assert "no full recomputation" in megatron_overlap_note(
+    assert "a recompute granularity other than full" in megatron_overlap_note(
         ParallelConfig(pp=1, ep=8, schedule="overlapped", recompute="full"))
     assert megatron_overlap_note(ParallelConfig(pp=8, ep=8, schedule="1f1b")) is None
     # pp 2 without virtual stages and EP 1 break two rules, both named

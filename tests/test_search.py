@@ -279,7 +279,7 @@ def test_megatron_overlap_rules_named_in_the_export_notes():
                     schedule="interleaved-overlapped", recompute="none", dispatcher="alltoall")
     assert X.overlap_rule_breaks(base) == [] and X.overlap_notes(base) == []
     (note,) = X.overlap_notes(replace(base, vpp=1, schedule="overlapped", recompute="full", ep=1))
-    for rule in ("expert parallelism > 1", "no full recomputation", "virtual pipeline stages when pp > 1"):
+    for rule in ("expert parallelism > 1", "a recompute granularity other than full", "virtual pipeline stages when pp > 1"):
         assert rule in note
     assert X.overlap_rule_breaks(replace(base, pp=1, vpp=1, schedule="overlapped")) == []
 

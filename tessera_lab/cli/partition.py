@@ -49,7 +49,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
         "method": part.method, "solver": part.solver, "status": part.status, "solve_time_s": part.solve_time_s,
         "rank_costs": part.rank_costs, "vpp": args.vpp,
         "exports": {"megatron_pipeline_model_parallel_layout": megatron_layout(part.boundaries),
-                    "deepspeed_parts": deepspeed_parts(part.boundaries),
+                    "deepspeed_parts": deepspeed_parts(part.boundaries, vpp=args.vpp),
                     "torch_pipelining_split_points": torch_split_points(part.boundaries)},
     }
     rows = [{"stage": s, "rank": s % args.stages, "layers": f"{part.boundaries[s]}-{part.boundaries[s + 1] - 1}",

@@ -20,8 +20,13 @@ _MOE_FIELDS = ("ep", "ep_spans_tp", "dispatcher")
 
 
 def _row(rank: int, c, moe: bool = True) -> dict[str, Any]:
+    from tessera_lab.plan.search_export import MEGATRON_SCHEDULES, NOT_MEGATRON_MARK
+
     r = c.result
-    return {"#": rank, **c.layout.columns(moe), "iteration (s)": r["iteration_time_s"],
+    cols = c.layout.columns(moe)
+    if cols["schedule"] not in MEGATRON_SCHEDULES:
+        cols["schedule"] = f"{cols['schedule']}{NOT_MEGATRON_MARK}"
+    return {"#": rank, **cols, "iteration (s)": r["iteration_time_s"],
             "tokens/s": f"{r['tokens_per_s']:,.0f}", "MFU": f"{r['mfu']:.1%}", "bubble": r["bubble_fraction"],
             "peak (GiB)": r["peak_memory_gib"], "headroom (GiB)": r["headroom_gib"]}
 
@@ -81,6 +86,8 @@ def format_search(res, top: int, model=None) -> str:
     if not ranked:  # the command line prints the no-fit answer on stderr (cmd_search)
         lines.append("no planned layout fits memory (stderr says what would fit)")
         return "\n".join(lines)
+    from tessera_lab.plan.search_export import MEGATRON_SCHEDULES
+
     reserve = res.memory_reserve_gib
     whose = "--memory-reserve-gib" if res.memory_reserve_given else "an assumption of data/hardware"
     moe = getattr(res, "moe", True)
@@ -93,7 +100,10 @@ def format_search(res, top: int, model=None) -> str:
                  "beyond it for the memory model's error: --memory-reserve-gib asks for more); "
                  + ("ep N*: the EP group spans the TP ranks; dp: data-parallel replicas of one EP group (GPUs = "
                     "pp x dp x ep x tp x cp, tp once when EP spans it); " if moe else "")
-                 + "DP (Megatron): GPUs / (tp x cp x pp), Megatron's --data-parallel size")
+                 + "DP (Megatron): GPUs / (tp x cp x pp), Megatron's --data-parallel size"
+                 + ("; (†): a zero-bubble schedule Megatron-Core does not run (this project's simulator and runner do; "
+                    "the best layout with a Megatron-Core schedule is listed below)"
+                    if any(c.layout.schedule not in MEGATRON_SCHEDULES for c in ranked) else ""))
     statuses = [c.result.get("solver_status") or "Optimal" for c in ranked]
     heuristic = sum("heuristic" in st for st in statuses)
     proven = sum(st == "Optimal" for st in statuses)
@@ -112,6 +122,16 @@ def format_search(res, top: int, model=None) -> str:
         lines.append(f"MFU of #1 (simulated): {mfu_text(ranked[0].result['mfu'], moe=moe, model=model)}")
         if flag := mfu_note(ranked[0].result["mfu"], moe=moe, model=model):  # as `plan` flags it
             lines.append(f"warning: {flag}")
+    if ranked[0].layout.schedule not in MEGATRON_SCHEDULES:
+        runs = [(i, c) for i, c in enumerate(res.ranked, start=1) if c.layout.schedule in MEGATRON_SCHEDULES]
+        if runs:
+            i, c = runs[0]
+            t = c.result["iteration_time_s"]
+            lines.append(f"best layout with a Megatron-Core schedule: #{i}, {c.layout.text(moe)}: iteration "
+                         f"{t:.3f} s (simulated), {t / first_s - 1:+.1%} against #1")
+        else:
+            lines.append("no planned layout that fits has a Megatron-Core schedule (1f1b, interleaved or an "
+                         "EP-overlap one)")
     for i, c in enumerate(ranked[1:], start=2):
         lines.append(f"#{i} against #1: {separation(ranked[0], c, moe)}")
     if res.errors:

@@ -540,7 +540,7 @@ def overlap_rule_breaks(lay: Any) -> list[str]:
     ``megatron/core/transformer/transformer_config.py`` at commit d2c5e8b4f4fa0062d8cd9cbe18a7fca7cf1f99a3):
     expert parallelism > 1, no full recomputation, and virtual pipeline stages when pp > 1 (its dispatcher rule,
     alltoall or flex, holds for both dispatchers the search tries). Empty when Megatron-Core runs it."""
-    rules = [(lay.ep <= 1, "expert parallelism > 1"), (lay.recompute == "full", "no full recomputation"),
+    rules = [(lay.ep <= 1, "expert parallelism > 1"), (lay.recompute == "full", "a recompute granularity other than full"),
              (lay.pp > 1 and lay.vpp <= 1, "virtual pipeline stages when pp > 1")]
     return [why for bad, why in rules if bad]
 

@@ -64,13 +64,16 @@ def parse_megatron_layout(layout: str) -> list[int]:
     return _check(b)
 
 
-def deepspeed_parts(boundaries: Sequence[int], *, embedding_is_layer: bool = True) -> list[int]:
+def deepspeed_parts(boundaries: Sequence[int], *, embedding_is_layer: bool = True, vpp: int = 1) -> list[int] | None:
     """DeepSpeed ``parts`` over a module list ``[embedding, layer 0, ..., layer L-1, head]``.
 
     With ``embedding_is_layer`` the embedding is entry 0 (owned by stage 0) and the head the last entry
-    (owned by the last stage): ``parts = [0, b1 + 1, ..., b_{S-1} + 1, L + 2]``.
+    (owned by the last stage): ``parts = [0, b1 + 1, ..., b_{S-1} + 1, L + 2]``. ``None`` with virtual stages
+    (``vpp`` > 1): DeepSpeed's ``PipelineModule`` gives each pipeline rank one contiguous part.
     """
     b = _check(boundaries)
+    if vpp > 1:
+        return None
     if not embedding_is_layer:
         return b
     return [0] + [x + 1 for x in b[1:-1]] + [b[-1] + 2]
@@ -93,7 +96,7 @@ def plan_to_json(plan_dict: dict[str, Any]) -> str:
     d["schema_version"] = PLAN_SCHEMA_VERSION
     d["exports"] = {
         "megatron_pipeline_model_parallel_layout": megatron_layout(b),
-        "deepspeed_parts": deepspeed_parts(b),
+        "deepspeed_parts": deepspeed_parts(b, vpp=int(d.get("parallel", {}).get("vpp", 1))),
         "torch_pipelining_split_points": torch_split_points(b),
     }
     return dumps(d)

@@ -19,6 +19,8 @@ _MEGATRON_FLAGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model
 #: this project's schedules Megatron-Core runs (``overlapped``: its combined 1F1B with the EP communication
 #: overlapped, ``--overlap-moe-expert-parallel-comm``); the zero-bubble ones it does not
 MEGATRON_SCHEDULES = ("1f1b", "interleaved", "overlapped", "interleaved-overlapped")
+#: the mark tables put after a schedule Megatron-Core does not run (the search's text table, notebook 11)
+NOT_MEGATRON_MARK = " (†)"
 
 
 def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:

@@ -164,10 +164,13 @@ def gantt(timeline, ax=None, title: str | None = None, time_unit: str | None = N
             by_key.setdefault((e.rank, e.type, light), []).append((e.start * scale, (e.end - e.start) * scale))
         else:
             comm_bars.setdefault(e.rank, []).append((e.start * scale, (e.end - e.start) * scale))
+    # no edge on bars under ~2.5 points (axes ~80% of the figure): an edge in the background colour would hide them
+    pts = 0.8 * ax.figure.get_figwidth() * 72 / max(span * scale, 1e-30)
     for (rank, typ, light), bars in by_key.items():
-        ax.broken_barh(
-            bars, (rank - bar_h / 2, bar_h), facecolors=colour_of(typ, light), edgecolors=edge, linewidth=0.6
-        )
+        for thin in (False, True):
+            if group := [b for b in bars if (b[1] * pts < 2.5) == thin]:
+                ax.broken_barh(group, (rank - bar_h / 2, bar_h), facecolors=colour_of(typ, light),
+                               edgecolors="none" if thin else edge, linewidth=0 if thin else 0.6)
     for rank, bars in comm_bars.items():
         ax.broken_barh(bars, (rank + bar_h / 2 + 0.02, comm_h), facecolors=comm_colour, edgecolors="none", alpha=0.8)
 
@@ -229,18 +232,25 @@ def stage_cost_bars(plan, ax=None, title: str | None = None) -> Any:
     import pandas as pd
     import seaborn as sns
 
+    from tessera_lab.plan.proof import method_name
+
     rows = []
     for ev in [plan.chosen, *plan.baselines.values()]:
         for st in ev.stages:
-            rows.append({"partition": ev.method, "stage": st.index, "time per micro-batch (ms)": st.time_s * 1e3,
-                         "layers": len(st.layers)})
+            rows.append({"partition": method_name(plan, ev), "stage": st.index,
+                         "time per micro-batch (ms)": st.time_s * 1e3, "layers": len(st.layers)})
     df = pd.DataFrame(rows)
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 3.6), layout="constrained")
     sns.barplot(data=df, x="stage", y="time per micro-batch (ms)", hue="partition", ax=ax,
                 palette="colorblind")
     slowest = max(st.time_s for st in plan.chosen.stages) * 1e3
-    ax.axhline(slowest, color="grey", linestyle="--", linewidth=1, label=f"slowest ({plan.chosen.method})")
+    ax.axhline(slowest, color="grey", linestyle="--", linewidth=1, label=f"slowest ({method_name(plan)})")
+    stages = len(plan.chosen.stages)
+    if stages > 24:  # label every k-th stage: 96 virtual stages' numbers would run into each other
+        k = -(-stages // 16)
+        ax.set_xticks(range(0, stages, k))
+        ax.set_xticklabels([str(i) for i in range(0, stages, k)])
     # legend outside the axes (right), so it never hides the tallest bars
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="partition", title_fontsize=8,
               frameon=False)
@@ -262,6 +272,7 @@ def save_plan_figures(plan, path) -> list:
     import matplotlib.pyplot as plt
 
     from tessera_lab.io import save_figure
+    from tessera_lab.plan.proof import partition_label
 
     base = Path(path)
     base.parent.mkdir(parents=True, exist_ok=True)
@@ -272,7 +283,7 @@ def save_plan_figures(plan, path) -> list:
     save_figure(ax.figure, p1)
     plt.close(ax.figure)
     ax = gantt(plan.chosen.timeline, title=f"{plan.model.name}: {plan.parallel.schedule}, "
-               f"p={plan.parallel.pp}, m={plan.parallel.microbatches} ({plan.chosen.method} partition)")
+               f"p={plan.parallel.pp}, m={plan.parallel.microbatches} ({partition_label(plan)})")
     p2 = base.with_name(f"{stem}-timeline{suffix}")
     save_figure(ax.figure, p2)
     plt.close(ax.figure)

@@ -60,11 +60,16 @@ def top_table(res: SearchResult, k: int = TOP, shown: int | None = None):
     ``timeline`` column marks that rank's row (the layout drawn under the table)."""
     import pandas as pd
 
+    from tessera_lab.plan.search_export import MEGATRON_SCHEDULES, NOT_MEGATRON_MARK
+
     moe = getattr(res, "moe", True)
     rows = []
     for i, c in enumerate(res.ranked[:k], start=1):
         r = c.result
-        rows.append({"#": i, **({"timeline": "drawn" if i == shown else ""} if shown else {}), **c.layout.columns(moe),
+        cols = c.layout.columns(moe)
+        if cols["schedule"] not in MEGATRON_SCHEDULES:  # marked as tessera-lab search marks it
+            cols["schedule"] = f"{cols['schedule']}{NOT_MEGATRON_MARK}"
+        rows.append({"#": i, **({"timeline": "drawn" if i == shown else ""} if shown else {}), **cols,
                      "tokens/s": r["tokens_per_s"], "iteration (s)": r["iteration_time_s"], "MFU (%)": 100 * r["mfu"],
                      "bubble (%)": 100 * r["bubble_fraction"], "peak (GiB)": r["peak_memory_gib"],
                      "headroom (GiB)": r["headroom_gib"]})
@@ -268,6 +273,11 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
     info.append(f"global batch: {res.global_batch:,} sequences of {res.seq_len:,} tokens = "
                 f"{res.global_batch * res.seq_len:,} tokens per iteration (tessera-lab search's default; its "
                 "--global-batch-tokens sets another), so the iteration grows with the sequence length")
+    from tessera_lab.plan.search_export import MEGATRON_SCHEDULES
+
+    if any(c.layout.schedule not in MEGATRON_SCHEDULES for c in res.ranked[:TOP]):
+        info.append("table: (†) marks a zero-bubble schedule Megatron-Core does not run (this project's simulator "
+                    "and runner do)")
     if getattr(res, "moe", True):
         info.append("table: dp counts the replicas of one EP group (GPUs = tp x cp x pp x ep x dp, TP counted once "
                     "when EP spans it: ep N*); DP (Megatron) is GPUs / (tp x cp x pp), what --data-parallel-size "
