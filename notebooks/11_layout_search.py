@@ -23,8 +23,9 @@
 # Every tokens/s below is simulated by that planner from the analytic cost model; memory is computed.
 
 # %% tags=["parameters"]
-# parameters: the panel runs the search with a planning budget of MAX_PLANS full planner runs (tessera-lab search
-# plans up to 210); a search at this size takes a few CPU seconds (the caption measures each change)
+# parameters: the panel runs the search with a planning budget of MAX_PLANS full planner runs (tessera-lab search's
+# default is 210, planned in batches of 8, so up to 216); a search at this size takes a few CPU seconds (the caption
+# measures each change)
 MODEL = "qwen3-next-80b-a3b"
 GPU = "H200"            # H100, H200, B200, B300 (8-GPU nodes) or GB200 (NVL72: whole racks of 72 GPUs)
 GPUS = 64

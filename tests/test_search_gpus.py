@@ -52,11 +52,11 @@ def test_search_on_a_partial_rack_matches_plan():
 
 
 def test_plan_header_says_how_many_gpus_of_the_rack_it_uses(capsys):
-    """64 GPUs on GB200 sit in one 72-GPU NVLink domain: the header says 64 of 1 x 72 are used; on H200 the 64 GPUs
+    """64 GPUs on GB200 sit in one 72-GPU NVLink domain: the header says 64 GPUs of 1 x 72 are used; on H200 the 64 GPUs
     fill 8 nodes of 8 and the header names the nodes only."""
     from tessera_lab.cli.main import main
 
     assert main(["plan", "--gpu", "GB200"]) == 0
-    assert "cluster 64 of 1 x 72 GB200 (a node is one NVLink domain of 72 GPUs);" in capsys.readouterr().out
+    assert "cluster 64 GPUs of 1 x 72 GB200 (a node is one NVLink domain of 72 GPUs);" in capsys.readouterr().out
     assert main(["plan"]) == 0
     assert "cluster 8 x 8 H200;" in capsys.readouterr().out

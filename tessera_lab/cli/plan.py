@@ -43,7 +43,8 @@ def _bottleneck_line(ev) -> str:
         causes.append(f"{n_full} full-attention layer{'s' if n_full > 1 else ''}")
     mean_layers = sum(len(x.layers) for x in stages) / len(stages)
     if len(st.layers) > mean_layers:
-        causes.append(f"{len(st.layers)} layers against {mean_layers:.1f} on average")
+        causes.append(f"{len(st.layers)} layer{'s' if len(st.layers) != 1 else ''} against {mean_layers:.1f} on "
+                      "average")
     against = (f"{st.time_s / (sum(others) / len(others)) - 1:+.1%} against the other stages' mean" if others
                else "the only stage")
     return (f"bottleneck: stage {s} ({layer_summary(st.layers, st.kinds)}, {st.time_s * 1e3:.2f} ms per micro-batch, "
@@ -110,11 +111,11 @@ def _bound_lines(plan) -> list[str]:
 
 def _cluster_text(cluster, used: int) -> str:
     """``cluster 8 x 8 H200``; where the layout leaves GPUs of its last node idle, how many it uses
-    (``cluster 64 of 1 x 72 GB200 ...``); a node that is not 8 GPUs is named as the NVLink domain it is."""
+    (``cluster 64 GPUs of 1 x 72 GB200 ...``); a node that is not 8 GPUs is named as the NVLink domain it is."""
     c = cluster
     head = f"cluster {c.num_nodes} x {c.gpus_per_node} {c.gpu.name}"
     if used < c.num_gpus:
-        head = f"cluster {used} of {c.num_nodes} x {c.gpus_per_node} {c.gpu.name}"
+        head = f"cluster {used} GPUs of {c.num_nodes} x {c.gpus_per_node} {c.gpu.name}"
     if c.gpus_per_node != 8:
         head += f" (a node is one NVLink domain of {c.gpus_per_node} GPUs)"
     return head

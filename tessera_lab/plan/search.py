@@ -328,7 +328,8 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
             the second planning pass; #1 comes from the first, which prunes against the best plan whatever ``top``).
         jobs: processes planning candidates at once (the same candidates are planned, and the same result
             returned, for any ``jobs``).
-        max_plans: full planner runs at most; candidates left then are counted as ``budget`` with the smallest
+        max_plans: full planner runs, rounded up to a whole batch of 8 (candidates are planned 8 at a time: the
+            default 210 plans up to 216); candidates left then are counted as ``budget`` with the smallest
             bound among them (:attr:`SearchResult.unplanned_bound_s`).
         progress: called with (candidates looked at, candidates after the parameter-memory rule).
         layouts: the layouts to consider instead of :func:`enumerate_layouts`' (tests, studies).

@@ -69,6 +69,8 @@ def top_table(res: SearchResult, k: int = TOP, shown: int | None = None):
         cols = c.layout.columns(moe)
         if cols["schedule"] not in MEGATRON_SCHEDULES:  # marked as tessera-lab search marks it
             cols["schedule"] = f"{cols['schedule']}{NOT_MEGATRON_MARK}"
+        # spaces let the cell wrap (selective(layernorm,moe_act,shared_experts) pushed the table past the panel)
+        cols["recompute"] = str(cols["recompute"]).replace("(", " (").replace(",", ", ")
         rows.append({"#": i, **({"timeline": "drawn" if i == shown else ""} if shown else {}), **cols,
                      "tokens/s": r["tokens_per_s"], "iteration (s)": r["iteration_time_s"], "MFU (%)": 100 * r["mfu"],
                      "bubble (%)": 100 * r["bubble_fraction"], "peak (GiB)": r["peak_memory_gib"],
@@ -153,7 +155,8 @@ def search_caption(res: SearchResult, budget: int, seconds: float, cpu: float, r
         f"global batch {res.global_batch:,} sequences", f"{res.enumerated:,} layouts enumerated",
         f"pruned {pr.get('memory (parameter state)', 0) + pr.get('memory', 0):,} by memory, {pr.get('bound', 0):,} "
         "by the time bound",
-        f"{len(res.planned)} planned: panel budget {budget} plans (tessera-lab search: {DEFAULT_MAX_PLANS})",
+        f"{len(res.planned)} planned: panel budget {budget} plans (tessera-lab search: {DEFAULT_MAX_PLANS}; both "
+        "rounded up to whole batches of 8)",
         left, f"{when} in {seconds:.2f} s wall, {cpu:.2f} s CPU (measured)"])
 
 
