@@ -137,8 +137,11 @@ class CapacityReport:
         rows.append({"category": "sum", "GPU-s": total, "ms/GPU": total / self.gpus * 1e3 if self.gpus else 0.0,
                      "of lost": f"{total / self.lost_gpu_s:.1%}" if self.lost_gpu_s else "-",
                      "of GPU time": f"{total / self.gpu_time_s:.1%}" if self.gpu_time_s else "-"})
+        for row in rows:  # 4 significant digits, never an exponent: 14,410 ms/GPU prints as 14,410, not 1.441e+04
+            for k in ("GPU-s", "ms/GPU"):
+                row[k] = f"{row[k]:.4g}" if abs(row[k]) < 1e4 else f"{row[k]:,.0f}"
         lines = [head] + ([f"costs: {self.costs['description']}"] if self.costs else []) + [
-            simple_table(rows, floatfmt=".4g")]
+            simple_table(rows, disable_numparse=True, colalign=("left", "right", "right", "right", "right"))]
         if self.ep_comm_gpu_s > 0:
             lines.append(f"EP all-to-all: {self.ep_hidden_fraction:.1%} hidden under compute; exposed part "
                          f"{self.ep_exposed_share:.1%} of the iteration's GPU time")
