@@ -231,6 +231,14 @@ def format_plan(plan) -> str:
                        + ("; then moved by simulator refinement (proves nothing)" if solver and ev is plan.chosen
                           and (plan.refinement or {}).get("gain_s", 0.0) > 0 else ""))
         details.append(table(_evaluation_rows(ev, p.pp if p.vpp > 1 else None, m), ".3f"))
+        if p.vpp > 1:  # a rank holds vpp chunks: what fits is their sum, not a row's memory
+            ranks = [0.0] * p.pp
+            for st in ev.stages:
+                ranks[st.index % p.pp] += st.memory_bytes
+            r = max(range(p.pp), key=lambda k: ranks[k])
+            details.append(f"memory per GPU (a rank's {p.vpp} chunks summed; rows above are one chunk's): largest "
+                           f"{ranks[r] / GIB:.2f} GiB on rank {r}, of {plan.memory_capacity_bytes / GIB:.2f} GiB "
+                           "(computed)")
         details.append("")
         summary.append({
             "method": row + ("" if ev.fits_memory else " (!)"), "iteration (s)": ev.iteration_time_s,
