@@ -141,7 +141,7 @@ def test_plan_says_when_megatron_core_does_not_run_its_ep_overlap():
     assert megatron_overlap_note(ParallelConfig(pp=8, ep=8, schedule="1f1b")) is None
     # pp 2 without virtual stages and EP 1 break two rules, both named
     both = megatron_overlap_note(ParallelConfig(pp=2, ep=1, schedule="overlapped"))
-    assert "expert parallelism > 1 and virtual pipeline stages when pp > 1" in both
+    assert "expert parallelism > 1; virtual pipeline stages when pp > 1" in both
 
 
 def test_megatron_overlap_note_reaches_plan_json(tmp_path, capsys):

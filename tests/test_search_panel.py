@@ -49,7 +49,7 @@ def test_search_panel_shows_the_search_its_grid_and_the_chosen_layouts_timeline(
     assert state["plan"].chosen.iteration_time_s == pytest.approx(res.ranked[0].result["iteration_time_s"], rel=1e-9)
     assert state["plan"].parallel.pp == res.ranked[0].layout.pp
     cap = state["caption"]
-    for part in ("search of qwen3-next-80b-a3b on 64 H200", "panel budget 16 plans (tessera-lab search: 210)",
+    for part in ("search of qwen3-next-80b-a3b on 64 H200", "panel budget 16 plans (tessera-lab search: 210; both rounded up to whole batches of 8)",
                  "s wall", "s CPU (measured)"):
         assert part in cap, (part, cap)
     # the chosen layout's MFU against the published band first (as the CLI's "MFU of #1"), then the budget

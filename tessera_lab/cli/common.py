@@ -272,7 +272,7 @@ def add_memory_reserve_option(p: argparse.ArgumentParser) -> None:
     from tessera_lab.cost.memory import memory_reserve_gib
 
     p.add_argument("--memory-reserve-gib", type=float_in("memory_reserve_gib", 0.0, 1e4,
-                                                         allowed="GiB, >= 0 and below the GPU's HBM"),
+                                                         allowed="a number of GiB >= 0 and below the GPU's HBM"),
                    default=None, metavar="G",
                    help=f"GiB per GPU held back from the HBM the plan may fill (CUDA context, NCCL buffers, "
                         f"fragmentation, your margin; default {memory_reserve_gib():g}, data/hardware/cost_model.json)")

@@ -199,6 +199,17 @@ def _trial_lines(plan) -> list[str]:
     return lines
 
 
+def _rank_memory_line(plan, ev) -> str:
+    """With virtual stages: the largest memory per GPU (a pipeline rank's chunks summed) against the capacity."""
+    p = plan.parallel
+    ranks = [0.0] * p.pp
+    for st in ev.stages:
+        ranks[st.index % p.pp] += st.memory_bytes
+    r = max(range(p.pp), key=lambda k: ranks[k])
+    return (f"memory per GPU (a rank's {p.vpp} chunks summed; rows above are one chunk's): largest "
+            f"{ranks[r] / GIB:.2f} GiB on rank {r}, of {plan.memory_capacity_bytes / GIB:.2f} GiB (computed)")
+
+
 def format_plan(plan) -> str:
     """Readable text of a plan: the header and the summary of every method first (infeasible ones marked), the
     bottleneck stage and its cause, then per-stage tables for the chosen method and each baseline, notes last."""
@@ -232,13 +243,7 @@ def format_plan(plan) -> str:
                           and (plan.refinement or {}).get("gain_s", 0.0) > 0 else ""))
         details.append(table(_evaluation_rows(ev, p.pp if p.vpp > 1 else None, m), ".3f"))
         if p.vpp > 1:  # a rank holds vpp chunks: what fits is their sum, not a row's memory
-            ranks = [0.0] * p.pp
-            for st in ev.stages:
-                ranks[st.index % p.pp] += st.memory_bytes
-            r = max(range(p.pp), key=lambda k: ranks[k])
-            details.append(f"memory per GPU (a rank's {p.vpp} chunks summed; rows above are one chunk's): largest "
-                           f"{ranks[r] / GIB:.2f} GiB on rank {r}, of {plan.memory_capacity_bytes / GIB:.2f} GiB "
-                           "(computed)")
+            details.append(_rank_memory_line(plan, ev))
         details.append("")
         summary.append({
             "method": row + ("" if ev.fits_memory else " (!)"), "iteration (s)": ev.iteration_time_s,
@@ -248,7 +253,8 @@ def format_plan(plan) -> str:
         })
     lines.append(table(summary, SUMMARY_FLOATFMT))
     lines.append("iteration, tokens/s, MFU, bubble and stage times: simulated (the schedule on the costs above); "
-                 "memory: computed (memory model) against the GPU's capacity less its reserve (data/hardware)")
+                 "memory: computed (memory model) against the GPU's capacity less its reserve "
+                 f"({'data/hardware' if plan.cluster.memory_reserve_gib is None else '--memory-reserve-gib'})")
     lines.append(solve_line(plan))
     lines.append("baselines (same schedule and simulator): " + ("; ".join(
         f"{name}: {BASELINE_TEXT.get(name, name)}" for name in plan.baselines) or "none (the split is given or "

@@ -101,8 +101,9 @@ def format_search(res, top: int, model=None) -> str:
                  + ("ep N*: the EP group spans the TP ranks; dp: data-parallel replicas of one EP group (GPUs = "
                     "pp x dp x ep x tp x cp, tp once when EP spans it); " if moe else "")
                  + "DP (Megatron): GPUs / (tp x cp x pp), Megatron's --data-parallel size"
-                 + ("; (†): a zero-bubble schedule Megatron-Core does not run (this project's simulator and runner do; "
-                    "the best layout with a Megatron-Core schedule is listed below)"
+                 + ("; (†): a zero-bubble schedule Megatron-Core does not run (this project's simulator and runner do)"
+                    + ("; the best layout with a Megatron-Core schedule is named below"
+                       if ranked[0].layout.schedule not in MEGATRON_SCHEDULES else "")
                     if any(c.layout.schedule not in MEGATRON_SCHEDULES for c in ranked) else ""))
     statuses = [c.result.get("solver_status") or "Optimal" for c in ranked]
     heuristic = sum("heuristic" in st for st in statuses)

@@ -517,7 +517,7 @@ def check_fits(parallel: ParallelConfig, cluster: Cluster) -> None:
 
 
 def layout_text(p: "ParallelConfig", moe: bool = True) -> str:
-    """``pp=8 ep=8 tp=1 dp=1 (64 GPUs), 8 pipelines' micro-batches per iteration (1,048,576 tokens)`` (each
+    """``pp=8 ep=8 tp=1 dp=1 (64 GPUs), Megatron DP 8, 8 pipelines' micro-batches per iteration (1,048,576 tokens)`` (each
     data-parallel replica of a stage, Megatron's DP, runs its own micro-batches); with ``ep_spans_tp`` the world, the dense and the expert data-parallel
     sizes spelled out, so that pp x dp x ep x tp is not read as the world size. A model without routed experts
     (``moe`` false) has no EP group: ``pp=8 tp=1 dp=8 (64 GPUs; no MoE, ep 8 counts as data-parallel replicas)``,
@@ -527,12 +527,14 @@ def layout_text(p: "ParallelConfig", moe: bool = True) -> str:
     pipes = p.dense_dp
     per_iter = (f", {pipes} pipeline{'s' if pipes != 1 else ''}' micro-batches per iteration "
                 f"({p.tokens_per_iteration:,} tokens)")
+    if moe and not p.ep_spans_tp:  # the pipelines are the stage's data-parallel replicas, ep x dp: Megatron's DP
+        per_iter = f", Megatron DP {pipes}" + per_iter
     if not moe:
         as_dp = f", ep {p.ep} counts as data-parallel replicas" if p.ep > 1 else ""
         return f"pp={p.pp} tp={p.tp} dp={p.dense_dp}{vpp} ({p.world_size} GPUs; no MoE{as_dp}){per_iter}"
     if not p.ep_spans_tp:
         return f"pp={p.pp} ep={p.ep} tp={p.tp} dp={p.dp}{vpp} ({p.world_size} GPUs){per_iter}"
-    return (f"pp={p.pp}{vpp} x {p.world_size // p.pp} GPUs per stage = {p.world_size} GPUs; EP spans TP: each "
+    return (f"pp={p.pp} x {p.world_size // p.pp} GPUs per stage = {p.world_size} GPUs{vpp}; EP spans TP: each "
             f"stage's EP group of {p.ep} = {p.ep_span_text()} (expert TP 1, expert DP {p.expert_dp}); dense part TP "
             f"{p.tp} with sequence parallelism x DP {p.dense_dp}, so {p.dense_dp} pipelines' micro-batches per "
             f"iteration ({p.tokens_per_iteration:,} tokens)")

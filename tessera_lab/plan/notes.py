@@ -79,10 +79,9 @@ def megatron_overlap_note(parallel: ParallelConfig) -> str | None:
     broken = overlap_rule_breaks(parallel)
     if not broken:
         return None
-    return (f"Megatron-Core does not run the schedule {parallel.schedule} for this layout (its EP overlap requires "
-            f"{' and '.join(broken)}); the simulator and this project's runner do. tessera-lab search plans the "
-            "EP-overlap schedules only where Megatron-Core runs them (it also ranks the zero-bubble schedules, which "
-            "Megatron-Core does not run, and marks them)")
+    return (f"Megatron-Core does not run the schedule {parallel.schedule} for this layout (its EP overlap requires: "
+            f"{'; '.join(broken)}); the simulator and this project's runner do. tessera-lab search plans the "
+            "EP-overlap schedules only where Megatron-Core runs them")
 
 
 def window_note(model: ModelSpec, parallel: ParallelConfig) -> str | None:

@@ -284,7 +284,7 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
     if getattr(res, "moe", True):
         info.append("table: dp counts the replicas of one EP group (GPUs = tp x cp x pp x ep x dp, TP counted once "
                     "when EP spans it: ep N*); DP (Megatron) is GPUs / (tp x cp x pp), what --data-parallel-size "
-                    "means to Megatron; the table scrolls sideways when wider than the panel")
+                    "means to Megatron")
     if res.pruned.get("budget"):  # a caveat only where an unplanned layout's bound is below #1 (the CLI's "not proven")
         bound, first = res.unplanned_bound_s, res.ranked[0].result["iteration_time_s"]
         text = (f"planning budget {v['max_plans']} of {DEFAULT_MAX_PLANS} (tessera-lab search's default): "
