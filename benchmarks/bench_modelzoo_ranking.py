@@ -86,10 +86,8 @@ def plan_one(argv: list[str]) -> dict:
                          boundaries=bounds, **({"baselines": ()} if bounds else {}))
     except TesseraError as exc:
         return {"error": str(exc).splitlines()[0], "cpu_s": time.process_time() - t0}
-    ev, ranks = plan.chosen, {}
-    for s in ev.stages:  # virtual stage s sits on pipeline rank s mod pp (Megatron's interleaved placement)
-        ranks[s.index % par.pp] = ranks.get(s.index % par.pp, 0.0) + s.memory_bytes
-    peak = max(ranks.values())
+    ev = plan.chosen
+    peak = max(ev.rank_memory(par.pp))  # a pipeline rank's virtual stages summed
     return {"fits": bool(ev.fits_memory), "iteration_time_s": ev.iteration_time_s, "peak_gib": peak / 2**30,
             "cpu_s": time.process_time() - t0}
 

@@ -202,9 +202,7 @@ def _trial_lines(plan) -> list[str]:
 def _rank_memory_line(plan, ev) -> str:
     """With virtual stages: the largest memory per GPU (a pipeline rank's chunks summed) against the capacity."""
     p = plan.parallel
-    ranks = [0.0] * p.pp
-    for st in ev.stages:
-        ranks[st.index % p.pp] += st.memory_bytes
+    ranks = ev.rank_memory(p.pp)
     r = max(range(p.pp), key=lambda k: ranks[k])
     return (f"memory per GPU (a rank's {p.vpp} chunks summed; rows above are one chunk's): largest "
             f"{ranks[r] / GIB:.2f} GiB on rank {r}, of {plan.memory_capacity_bytes / GIB:.2f} GiB (computed)")
@@ -331,9 +329,7 @@ def cp_fit_hint(model, parallel, nodes, opts: dict) -> str:
         except TesseraError:
             continue
         if pl.chosen.fits_memory:
-            ranks = [0.0] * pl.parallel.pp
-            for st in pl.chosen.stages:
-                ranks[st.index % pl.parallel.pp] += st.memory_bytes
+            ranks = pl.chosen.rank_memory(pl.parallel.pp)
             return (f"; context parallelism would fit: --cp {cp} plans with a peak of {max(ranks) / 2**30:.1f} GiB "
                     f"per GPU (computed) on {pl.parallel.world_size} GPUs, each CP rank holding 1/{cp} of a "
                     "sequence's activations")

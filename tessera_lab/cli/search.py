@@ -20,12 +20,11 @@ _MOE_FIELDS = ("ep", "ep_spans_tp", "dispatcher")
 
 
 def _row(rank: int, c, moe: bool = True) -> dict[str, Any]:
-    from tessera_lab.plan.search_export import MEGATRON_SCHEDULES, NOT_MEGATRON_MARK
+    from tessera_lab.plan.search_export import schedule_label
 
     r = c.result
     cols = c.layout.columns(moe)
-    if cols["schedule"] not in MEGATRON_SCHEDULES:
-        cols["schedule"] = f"{cols['schedule']}{NOT_MEGATRON_MARK}"
+    cols["schedule"] = schedule_label(c.layout.schedule)
     return {"#": rank, **cols, "iteration (s)": r["iteration_time_s"],
             "tokens/s": f"{r['tokens_per_s']:,.0f}", "MFU": f"{r['mfu']:.1%}", "bubble": r["bubble_fraction"],
             "peak (GiB)": r["peak_memory_gib"], "headroom (GiB)": r["headroom_gib"]}

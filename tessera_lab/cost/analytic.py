@@ -159,7 +159,7 @@ class CostModel:
         (:func:`tessera_lab.cost.contention.kernel_contention`)."""
         p, gpu = self.parallel, self.cluster.gpu
         ranks = self.group_link_ranks("ep") if p.ep > 1 else [0]
-        spans = len({self.cluster.node_of(r) for r in ranks}) > 1
+        spans = len(ranks_per_node(ranks, self.cluster.gpus_per_node)) > 1
         link = self.cluster.inter_link() if spans else self.cluster.intra_link()
         return kernel_contention(
             sms=gpu.sms, comm_sms=comm_sms_for(p.dispatcher, spans, self.a),
@@ -189,7 +189,7 @@ class CostModel:
         key = (coll.group, coll.kind)
         if key not in self._sm_share:
             ranks = self.group_link_ranks(coll.group) if coll.group != "pp" else [0]
-            spans = len({self.cluster.node_of(r) for r in ranks}) > 1
+            spans = len(ranks_per_node(ranks, self.cluster.gpus_per_node)) > 1
             dispatcher = self.parallel.dispatcher if coll.group == "ep" and coll.kind == "all_to_all" else "alltoall"
             self._sm_share[key] = comm_sms_for(dispatcher, spans, self.a) / self.cluster.gpu.sms
         return self._sm_share[key]

@@ -22,7 +22,7 @@ from typing import Any
 
 from tessera_lab.checks import check_work
 from tessera_lab.errors import ConfigError
-from tessera_lab.model.layout import RankGrid
+from tessera_lab.model.layout import RankGrid, ranks_per_node
 from tessera_lab.paths import read_data_json
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "fp32": 4}
@@ -221,8 +221,7 @@ class Cluster:
 
     def link_for(self, ranks: list[int] | tuple[int, ...]) -> Link:
         """The bottleneck link of a group: NVLink if all ranks share a node, else the inter-node link."""
-        nodes = {self.node_of(r) for r in ranks}
-        return self.intra_link() if len(nodes) <= 1 else self.inter_link()
+        return self.intra_link() if len(ranks_per_node(ranks, self.gpus_per_node)) <= 1 else self.inter_link()
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,14 @@ class Evaluation:
     exposed_comm_s: dict[str, float]
     fits_memory: bool = True
 
+    def rank_memory(self, pp: int) -> list[float]:
+        """Bytes per pipeline rank: its virtual stages' memory summed (stage ``s`` runs on rank ``s mod pp``,
+        Megatron's interleaved placement); one entry per stage without virtual stages."""
+        out = [0.0] * pp
+        for st in self.stages:
+            out[st.index % pp] += st.memory_bytes
+        return out
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "method": self.method, "boundaries": self.partition.boundaries,

@@ -52,10 +52,10 @@ def cp_span_note(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster) -
     None for ``cp`` 1 or when every CP group sits inside one domain."""
     if parallel.cp <= 1:
         return None
-    from tessera_lab.model.layout import slowest_group
+    from tessera_lab.model.layout import ranks_per_node, slowest_group
 
     ranks = list(slowest_group(parallel, cluster.gpus_per_node, "cp"))  # the group the links serve worst
-    domains = sorted({cluster.node_of(r) for r in ranks})
+    domains = sorted(ranks_per_node(ranks, cluster.gpus_per_node))
     if len(domains) <= 1:
         return None
     from tessera_lab.model.context_parallel import HEAD_SHARDED

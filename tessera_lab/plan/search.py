@@ -176,21 +176,13 @@ def plan_layout(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster
     except TesseraError as exc:
         return {"error": str(exc).splitlines()[0], "error_kind": refusal_kind(exc), "fits": False}
     ev = pl.chosen
-    peak = max(_rank_memory(ev, layout.pp))
+    peak = max(ev.rank_memory(layout.pp))
     return {"iteration_time_s": ev.iteration_time_s, "tokens_per_s": ev.tokens_per_s, "mfu": ev.mfu,
             "bubble_fraction": ev.bubble_fraction, "peak_memory_gib": peak / 2**30,
             "headroom_gib": (pl.memory_capacity_bytes - peak) / 2**30, "fits": bool(ev.fits_memory),
             "slowest_stage_ms": max(st.time_s for st in ev.stages) * 1e3,
             "boundaries": list(ev.partition.boundaries), "solver_status": ev.partition.status or "Optimal",
             "cpu_s": pl.timing.get("cpu_s", 0.0)}
-
-
-def _rank_memory(ev, pp: int) -> list[float]:
-    """Bytes per pipeline rank (a rank's virtual stages summed)."""
-    out = [0.0] * pp
-    for st in ev.stages:
-        out[st.index % pp] += st.memory_bytes
-    return out
 
 
 def _plan_batch(args) -> list[dict[str, Any]]:

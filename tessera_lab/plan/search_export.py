@@ -23,6 +23,11 @@ MEGATRON_SCHEDULES = ("1f1b", "interleaved", "overlapped", "interleaved-overlapp
 NOT_MEGATRON_MARK = " (†)"
 
 
+def schedule_label(schedule: str) -> str:
+    """A schedule as the tables show it: marked :data:`NOT_MEGATRON_MARK` where Megatron-Core does not run it."""
+    return schedule if schedule in MEGATRON_SCHEDULES else f"{schedule}{NOT_MEGATRON_MARK}"
+
+
 def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
     """A planned candidate as Megatron-Core command-line arguments: ``argv`` (TP, PP, VPP, EP with expert TP 1,
     CP 1, sequence parallelism with TP, the pipeline layout of the planned partition, micro-batch and global batch

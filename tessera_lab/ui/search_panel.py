@@ -60,15 +60,14 @@ def top_table(res: SearchResult, k: int = TOP, shown: int | None = None):
     ``timeline`` column marks that rank's row (the layout drawn under the table)."""
     import pandas as pd
 
-    from tessera_lab.plan.search_export import MEGATRON_SCHEDULES, NOT_MEGATRON_MARK
+    from tessera_lab.plan.search_export import schedule_label
 
     moe = getattr(res, "moe", True)
     rows = []
     for i, c in enumerate(res.ranked[:k], start=1):
         r = c.result
         cols = c.layout.columns(moe)
-        if cols["schedule"] not in MEGATRON_SCHEDULES:  # marked as tessera-lab search marks it
-            cols["schedule"] = f"{cols['schedule']}{NOT_MEGATRON_MARK}"
+        cols["schedule"] = schedule_label(c.layout.schedule)  # marked as tessera-lab search marks it
         # spaces let the cell wrap (selective(layernorm,moe_act,shared_experts) pushed the table past the panel)
         cols["recompute"] = str(cols["recompute"]).replace("(", " (").replace(",", ", ")
         rows.append({"#": i, **({"timeline": "drawn" if i == shown else ""} if shown else {}), **cols,
