@@ -263,7 +263,9 @@ PANEL_NOTEBOOKS = ["00_quickstart.ipynb", "01_collectives.ipynb", "02_tensor_vs_
 _ONLY = {n.strip() for n in os.environ.get("TESSERA_BROWSER_NOTEBOOKS", "").split(",") if n.strip()}
 PANEL_NOTEBOOKS = [n for n in PANEL_NOTEBOOKS if not _ONLY or n[:2] in _ONLY]
 PANELS_NOTEBOOK = "panels.ipynb"  # built by panels_notebook() from the notebooks' tagged cells
-RANDOM_CHANGES = int(os.environ.get("TESSERA_BROWSER_RANDOM_CHANGES", "10"))
+#: random changes per panel after every control once (about 2.3 s each at load 2 on 2 cores: 9 panels x 4 is 80 s of
+#: the suite; TESSERA_BROWSER_RANDOM_CHANGES=10 for a longer sweep)
+RANDOM_CHANGES = int(os.environ.get("TESSERA_BROWSER_RANDOM_CHANGES", "4"))
 CHANGE_S = 90          # one recompute (a re-plan is about a second; notebook 07's panel simulates two timelines;
                        # notebook 11's searches layouts with a budget of 48 plans, a few CPU seconds)
 SETTLE_S = 2.0         # after the kernel is idle again, how long a redraw may still take to arrive
@@ -451,8 +453,28 @@ def exercise_panels(driver, owners: list[str], rng, *, random_changes: int = RAN
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         panel.screenshot(str(ARTIFACTS / f"{Path(notebook).stem}_panel.png"))
         per_panel[notebook] = round(time.monotonic() - t_panel, 1)
+    failures += _overflowing_panels(driver, owners)
     return {"panels": len(panels), "changes": changes, "failures": failures,
             "seconds": round(time.monotonic() - t0, 1), "per_panel": per_panel}
+
+
+_OVERFLOW_JS = """
+return Array.from(document.querySelectorAll('.tessera-panel')).map(p => [p.clientWidth, p.scrollWidth]);
+"""
+
+
+def _overflowing_panels(driver, owners: list[str]) -> list[str]:
+    """Panels wider than the notebook with JupyterLab's file browser open (a 1,400 px window leaves about 970
+    px): a wide table must scroll inside its own widget, never push the whole panel sideways."""
+    driver.execute_script("window.jupyterapp.shell.expandLeft();")
+    time.sleep(1.0)
+    try:
+        widths = driver.execute_script(_OVERFLOW_JS)
+    finally:
+        driver.execute_script("window.jupyterapp.shell.collapseLeft();")
+    return [f"{owners[i] if i < len(owners) else f'panel{i}'} panel {i}: {scroll} px wide in a {client} px output "
+            "area with the file browser open (the panel scrolls sideways as a whole)"
+            for i, (client, scroll) in enumerate(widths) if scroll > client + 1]
 
 
 def panels_notebook(src: Path, out: Path, notebooks: list[str]) -> list[str]:
@@ -577,7 +599,7 @@ FIXTURE = ROOT / "tests" / "data" / "browser" / "output_capture_panel.ipynb"
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_every_panel_redraws_on_every_change_in_chromium(browser):
-    """For each panel of the notebooks: every control once, then 10 random changes; after each the figure is a
+    """For each panel of the notebooks: every control once, then RANDOM_CHANGES (4) random changes; after each the figure is a
     non-blank image that differs from the last and the table changed. Screenshots: artifacts/browser/."""
     import random
 

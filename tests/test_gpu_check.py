@@ -36,7 +36,9 @@ def test_rehearse_refuses_other_sizes(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("n", [1, 2, 8])
+# 1 and 8 only: the 8-GPU list runs every 2-GPU step exactly as a 2-GPU rehearsal does (same commands, 2 ranks
+# each); the 1-GPU list is the one whose shared steps differ (the op table without all-to-all and p2p rows)
+@pytest.mark.parametrize("n", [1, 8])
 def test_rehearsal_passes_every_step_within_ten_minutes(tmp_path, n):
     pytest.importorskip("torch")
     t0 = time.monotonic()

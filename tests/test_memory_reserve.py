@@ -64,3 +64,29 @@ def test_search_headroom_is_measured_against_the_reserve(capsys):
         assert c.result["peak_memory_gib"] <= cap + 1e-9
         assert c.result["peak_memory_gib"] + c.result["headroom_gib"] == pytest.approx(cap)
     assert res.as_dict()["memory_reserve_gib"] == 40
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_report_states_the_largest_rank_memory_against_the_reserved_limit(tmp_path, capsys, vpp):
+    """report's memory line: the largest per-GPU sum of a rank's stages (stage s on rank s mod pp), worked out here
+    from the plan JSON's stage rows, against HBM less the reserve the user gave."""
+    path = tmp_path / "report.json"
+    args = ["report", "--memory-reserve-gib", "20", "--json", str(path)]
+    if vpp > 1:
+        args += ["--vpp", str(vpp), "--schedule", "interleaved"]
+    assert main(args) == 0
+    d = json.loads(path.read_text())
+    pp = d["plan"]["parallel"]["pp"]
+    per_rank = [0.0] * pp
+    for i, st in enumerate(d["plan"]["stages"]):
+        per_rank[i % pp] += st["memory_bytes"]
+    rank = max(range(pp), key=lambda r: per_rank[r])
+    hbm = GPUSpec.named("H200").memory_bytes / GIB
+    mem = d["memory"]
+    assert mem["rank"] == rank and mem["largest_gib"] == pytest.approx(per_rank[rank] / GIB)
+    assert mem["limit_gib"] == pytest.approx(hbm - 20) and mem["hbm_gib"] == pytest.approx(hbm)
+    assert mem["reserve_gib"] == 20 and mem["reserve_from"] == "--memory-reserve-gib"
+    line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("memory per GPU")]
+    assert line == [f"memory per GPU ({'a rank' + chr(39) + 's 2 chunks summed' if vpp > 1 else 'one stage per rank'}):"
+                    f" largest {per_rank[rank] / GIB:.2f} GiB on rank {rank}, of {hbm - 20:.2f} GiB ({hbm:.1f} GiB HBM "
+                    f"less a 20 GiB reserve, --memory-reserve-gib) (computed)"]

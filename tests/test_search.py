@@ -192,6 +192,22 @@ def test_megatron_flags_by_hand():
         assert part in text, part
 
 
+@pytest.mark.parametrize("modules", [(), ("layernorm", "moe_act")])
+def test_selective_export_names_the_planned_modules(modules):
+    """Megatron-Core recomputes core_attn alone when --recompute-modules is absent (TransformerConfig.__post_init__
+    at NVIDIA/Megatron-LM@d98e8a64); a bare selective layout here plans core_attn and moe_act, so the export must
+    name them, and reading Megatron arguments back maps an absent flag to core_attn alone."""
+    from tessera_lab.model.hardware import SELECTIVE_DEFAULT_MODULES
+
+    lay = S.Layout(2, 1, 8, 1, 4, 16, 1, "1f1b", "selective", "alltoall", False, 1, modules)
+    argv = X.megatron_arguments(S.Candidate(lay, 0.0, 0.0, {"fits": True}), 4096)["argv"]
+    i = argv.index("--recompute-modules")
+    assert tuple(argv[i + 1:i + 1 + len(modules or SELECTIVE_DEFAULT_MODULES)]) == (modules or ("core_attn", "moe_act"))
+    assert X.layout_from_megatron(argv, 64)[0] == lay
+    bare = argv[:i] + argv[i + 1 + len(modules or SELECTIVE_DEFAULT_MODULES):]
+    assert X.layout_from_megatron(bare, 64)[0].recompute_modules == ("core_attn",)
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "tessera_lab", "search", *args], capture_output=True, text=True,
                           timeout=120)

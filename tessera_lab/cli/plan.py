@@ -199,13 +199,32 @@ def _trial_lines(plan) -> list[str]:
     return lines
 
 
-def _rank_memory_line(plan, ev) -> str:
-    """With virtual stages: the largest memory per GPU (a pipeline rank's chunks summed) against the capacity."""
-    p = plan.parallel
-    ranks = ev.rank_memory(p.pp)
-    r = max(range(p.pp), key=lambda k: ranks[k])
-    return (f"memory per GPU (a rank's {p.vpp} chunks summed; rows above are one chunk's): largest "
-            f"{ranks[r] / GIB:.2f} GiB on rank {r}, of {plan.memory_capacity_bytes / GIB:.2f} GiB (computed)")
+def rank_memory(plan, ev=None) -> dict:
+    """The largest memory per GPU of ``ev`` (default: the chosen evaluation): a pipeline rank's virtual stages summed
+    (:meth:`~tessera_lab.plan.evaluate.Evaluation.rank_memory`), against the plan's limit per GPU, the GPU's HBM
+    less the reserve, and where the reserve comes from. Keys: ``rank``, ``largest_gib``, ``limit_gib``,
+    ``hbm_gib``, ``reserve_gib``, ``reserve_from`` (``--memory-reserve-gib`` or ``data/hardware``); GiB = 2**30
+    bytes, computed by the memory model."""
+    from tessera_lab.cost.memory import cluster_reserve_gib
+
+    ev = plan.chosen if ev is None else ev
+    pp = plan.parallel.pp
+    ranks = ev.rank_memory(pp)
+    r = max(range(pp), key=lambda k: ranks[k])
+    return {"rank": r, "largest_gib": ranks[r] / GIB, "limit_gib": plan.memory_capacity_bytes / GIB,
+            "hbm_gib": plan.cluster.gpu.memory_bytes / GIB, "reserve_gib": cluster_reserve_gib(plan.cluster),
+            "reserve_from": "data/hardware" if plan.cluster.memory_reserve_gib is None else "--memory-reserve-gib"}
+
+
+def rank_memory_line(plan, ev=None, *, rows_note: bool = True) -> str:
+    """One line of :func:`rank_memory`: ``memory per GPU (...): largest X GiB on rank r, of Y GiB (computed)``;
+    ``rows_note`` (``plan``'s per-stage tables) says the rows above are one chunk's when a rank holds several."""
+    p, mem = plan.parallel, rank_memory(plan, ev)
+    what = (f"a rank's {p.vpp} chunks summed" + ("; rows above are one chunk's" if rows_note else "")
+            if p.vpp > 1 else "one stage per rank")
+    return (f"memory per GPU ({what}): largest {mem['largest_gib']:.2f} GiB on rank {mem['rank']}, of "
+            f"{mem['limit_gib']:.2f} GiB ({mem['hbm_gib']:.1f} GiB HBM less a {mem['reserve_gib']:g} GiB reserve, "
+            f"{mem['reserve_from']}) (computed)")
 
 
 def format_plan(plan) -> str:
@@ -241,7 +260,7 @@ def format_plan(plan) -> str:
                           and (plan.refinement or {}).get("gain_s", 0.0) > 0 else ""))
         details.append(table(_evaluation_rows(ev, p.pp if p.vpp > 1 else None, m), ".3f"))
         if p.vpp > 1:  # a rank holds vpp chunks: what fits is their sum, not a row's memory
-            details.append(_rank_memory_line(plan, ev))
+            details.append(rank_memory_line(plan, ev))
         details.append("")
         summary.append({
             "method": row + ("" if ev.fits_memory else " (!)"), "iteration (s)": ev.iteration_time_s,

@@ -73,7 +73,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     flag = mfu_note(rep.mfu, moe=moe, grouped_gemm=getattr(plan.parallel, "grouped_gemm", None), model=plan.model)
     band = f"MFU against published runs: {mfu_text(rep.mfu, moe=moe, model=plan.model)}\n" + (f"warning: {flag}\n" if flag else "")
     text = ("".join(f"plan: {line}\n" for line in plan.reevaluation) + rep.format() + "\n" + band
-            + terms.format(rep.iteration_time_s))
+            + _memory_text(plan, result) + terms.format(rep.iteration_time_s))
     if plan.model.approximate:  # unknown config fields were ignored: said first, as in the plan
         text = plan.model.approximate + "\n" + text
         result["approximate"] = plan.model.approximate
@@ -88,6 +88,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         save_report_figure(args.plot, plan, rep, diff)
         print(f"figure: {args.plot}", file=sys.stderr)
     return 0
+
+
+def _memory_text(plan, result: dict[str, Any]) -> str:
+    """The report's memory line (largest memory per GPU against HBM less the reserve); its numbers go to
+    ``result["memory"]``."""
+    from tessera_lab.cli.plan import rank_memory, rank_memory_line
+
+    result["memory"] = rank_memory(plan)
+    return ("" if plan.chosen.fits_memory else "does not fit: ") + rank_memory_line(plan, rows_note=False) + "\n"
 
 
 def _diff(args: argparse.Namespace, plan, diff_changes):

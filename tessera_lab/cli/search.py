@@ -85,7 +85,7 @@ def format_search(res, top: int, model=None) -> str:
     if not ranked:  # the command line prints the no-fit answer on stderr (cmd_search)
         lines.append("no planned layout fits memory (stderr says what would fit)")
         return "\n".join(lines)
-    from tessera_lab.plan.search_export import MEGATRON_SCHEDULES
+    from tessera_lab.plan.search_export import MEGATRON_SCHEDULES, selective_note
 
     reserve = res.memory_reserve_gib
     whose = "--memory-reserve-gib" if res.memory_reserve_given else "an assumption of data/hardware"
@@ -103,7 +103,8 @@ def format_search(res, top: int, model=None) -> str:
                  + ("; (†): a zero-bubble schedule Megatron-Core does not run (this project's simulator and runner do)"
                     + ("; the best layout with a Megatron-Core schedule is named below"
                        if ranked[0].layout.schedule not in MEGATRON_SCHEDULES else "")
-                    if any(c.layout.schedule not in MEGATRON_SCHEDULES for c in ranked) else ""))
+                    if any(c.layout.schedule not in MEGATRON_SCHEDULES for c in ranked) else "")
+                 + (f"; {sel}" if (sel := selective_note([c.layout for c in ranked])) else ""))
     statuses = [c.result.get("solver_status") or "Optimal" for c in ranked]
     heuristic = sum("heuristic" in st for st in statuses)
     proven = sum(st == "Optimal" for st in statuses)

@@ -138,7 +138,7 @@ def host_waits_per_layer(parallel, model=None) -> int:
     * the dispatcher's wait on the token counts (module docstring): 1, run again where the MoE block is recomputed
       (``recompute = full``, or the ``moe`` module of a selective recompute);
     * for the model types of :data:`ACTIVATION_WAIT_MODEL_TYPES` (GPT-OSS), the expert activation's own wait: 1 per
-      call, run again where the activation is recomputed (``moe_act``, which Megatron's default selective set holds,
+      call, run again where the activation is recomputed (``moe_act``, which this project's default selective set holds,
       ``moe`` or ``full``).
 
     Args:

@@ -45,8 +45,10 @@ ADAM_MOMENT_DTYPES = ("fp32", "bf16")
 #: (``megatron/core/transformer/transformer_config.py``, ``recompute_modules``, NVIDIA/Megatron-LM commit
 #: 002526d81b81f6ab534e93844f9a228709887494; the GDN/GDP modules are not modelled and are refused)
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act", "moe", "layernorm", "shared_experts")
-#: what ``recompute = selective`` without ``recompute_modules`` recomputes: the attention core and the routed
-#: experts' SwiGLU (Gated DeltaNet chunk states are always recomputed)
+#: what ``recompute = selective`` without ``recompute_modules`` recomputes here: the attention core and the routed
+#: experts' SwiGLU (Gated DeltaNet chunk states are always recomputed). Megatron-Core's own default is
+#: ``["core_attn"]`` alone (``TransformerConfig.__post_init__``, NVIDIA/Megatron-LM@d98e8a64), so every export
+#: writes this set out as ``--recompute-modules``
 SELECTIVE_DEFAULT_MODULES = ("core_attn", "moe_act")
 #: how the EP group sits on the ranks: ``grid`` (this project's RankGrid, TP innermost, so an EP group strides by tp)
 #: or ``contiguous`` (Megatron-Core's expert rank generator with expert TP 1: EP innermost, ep consecutive ranks)

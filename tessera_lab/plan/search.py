@@ -8,7 +8,7 @@ sequence parallel on), EP (dividing the routed experts; expert TP 1; with TP > 1
 rank, or spans the TP ranks as Megatron's expert grid allows, ``ep_spans_tp``), CP (:func:`cp_choices`; the EP groups
 span the CP ranks as Megatron-Core's expert grid does), PP with VPP, the data-parallel replicas with the distributed
 optimizer or Megatron FSDP, micro-batch size and count making the global batch, recompute (none, selective with
-Megatron's default or a listed module set, full), schedule (the EP-overlap ones only where Megatron-Core's
+this project's default module set (core_attn, moe_act) or a listed one, full), schedule (the EP-overlap ones only where Megatron-Core's
 ``TransformerConfig`` accepts them, :func:`overlap_rule_breaks`) and dispatcher.
 
 Pruning, in this order (counts per rule in :class:`SearchResult`):
@@ -255,7 +255,7 @@ def _structure(lay: Layout) -> tuple:
 def _canonical_first(cands: list[Candidate], bounds: _Bounds, capacity: float) -> list[Candidate]:
     """The candidates reordered: first, per structure (TP, CP, EP, PP, DP) in bound order, its plain layout
     (micro-batch size 1, alltoall, the distributed optimizer, the lightest recompute whose memory bound fits, with
-    Megatron's default modules, and of those the schedule with the smallest bound), so that every structure is
+    the default module set, and of those the schedule with the smallest bound), so that every structure is
     planned once before the knobs of the best ones; then the rest in bound order (``cands`` are in bound order)."""
     order = {"none": 0, "selective": 1, "full": 2}
     best: dict[tuple, Candidate] = {}

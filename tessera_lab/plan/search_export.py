@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any, Sequence
 
 from tessera_lab.errors import ConfigError
+from tessera_lab.model.hardware import SELECTIVE_DEFAULT_MODULES
 from tessera_lab.plan.search import Candidate
 from tessera_lab.plan.search_space import Layout, overlap_rule_breaks
 
@@ -21,11 +22,24 @@ _MEGATRON_FLAGS = {"tp": "--tensor-model-parallel-size", "pp": "--pipeline-model
 MEGATRON_SCHEDULES = ("1f1b", "interleaved", "overlapped", "interleaved-overlapped")
 #: the mark tables put after a schedule Megatron-Core does not run (the search's text table, notebook 11)
 NOT_MEGATRON_MARK = " (†)"
+#: what Megatron-Core recomputes under ``--recompute-granularity selective`` without ``--recompute-modules``
+#: (``TransformerConfig.__post_init__``, ``megatron/core/transformer/transformer_config.py``, NVIDIA/Megatron-LM@d98e8a64)
+MEGATRON_DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 
 
 def schedule_label(schedule: str) -> str:
     """A schedule as the tables show it: marked :data:`NOT_MEGATRON_MARK` where Megatron-Core does not run it."""
     return schedule if schedule in MEGATRON_SCHEDULES else f"{schedule}{NOT_MEGATRON_MARK}"
+
+
+def selective_note(layouts: Sequence[Layout]) -> str | None:
+    """What a bare ``selective`` in a table's recompute column recomputes (this project's default set,
+    :data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES`, which :func:`megatron_arguments` writes out), or
+    ``None`` when no layout shown has it."""
+    if not any(l.recompute == "selective" and not l.recompute_modules for l in layouts):
+        return None
+    return (f"selective: recompute modules {', '.join(SELECTIVE_DEFAULT_MODULES)} (the export writes them out: "
+            "Megatron-Core's own default is core_attn alone); selective(...) names its modules")
 
 
 def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
@@ -53,9 +67,10 @@ def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
     if lay.recompute == "full":
         argv += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     elif lay.recompute == "selective":
-        argv += ["--recompute-granularity", "selective"]
-        if lay.recompute_modules:
-            argv += ["--recompute-modules", *lay.recompute_modules]
+        # always the modules planned: without --recompute-modules Megatron-Core recomputes core_attn alone
+        # (TransformerConfig.__post_init__, NVIDIA/Megatron-LM@d98e8a64), not this project's default set
+        argv += ["--recompute-granularity", "selective", "--recompute-modules",
+                 *(lay.recompute_modules or SELECTIVE_DEFAULT_MODULES)]
     argv += ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"] if lay.dispatcher == "deepep" else \
         ["--moe-token-dispatcher-type", "alltoall"]
     notes = [] if lay.schedule in MEGATRON_SCHEDULES else [
@@ -91,10 +106,12 @@ def layout_from_megatron(argv: Sequence[str], gpus: int, *, ep_spans_tp: bool = 
     args = list(argv)
     vals = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--") and not args[i + 1].startswith("--")}
     flags = {a for a in args if a.startswith("--")} - set(vals)
-    modules: tuple[str, ...] = ()
+    modules: tuple[str, ...] = MEGATRON_DEFAULT_RECOMPUTE_MODULES  # Megatron-Core's, when the flag is absent
     if "--recompute-modules" in args:  # nargs='*': the words up to the next flag
         rest = args[args.index("--recompute-modules") + 1:]
         modules = tuple(itertools.takewhile(lambda a: not a.startswith("--"), rest))
+    if set(modules) == set(SELECTIVE_DEFAULT_MODULES) or vals.get("--recompute-granularity") != "selective":
+        modules = ()  # this project's default set (or no selective recompute at all)
     try:
         get = {k: int(vals.get(flag, "1")) for k, flag in _MEGATRON_FLAGS.items()}
         gbs = int(vals["--global-batch-size"])

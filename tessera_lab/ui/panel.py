@@ -274,7 +274,9 @@ def panel(
 
     caption_of = caption
     status = w.HTML(layout=w.Layout(min_height="1.2em"))
-    table = w.HTML()
+    # the widget, not only the block inside it, scrolls a table wider than the panel: the HTML widget's content box
+    # is a flex item that grows to the table's width (min-width auto), so the panel would scroll as a whole
+    table = w.HTML(layout=w.Layout(overflow="auto", max_width="100%"))
     table.add_class("jp-RenderedHTMLCommon")
     image = w.Image(format="png", layout=w.Layout(max_width="100%"))
     image.add_class("tessera-panel-figure")

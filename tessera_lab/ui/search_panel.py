@@ -275,11 +275,13 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
     info.append(f"global batch: {res.global_batch:,} sequences of {res.seq_len:,} tokens = "
                 f"{res.global_batch * res.seq_len:,} tokens per iteration (tessera-lab search's default; its "
                 "--global-batch-tokens sets another), so the iteration grows with the sequence length")
-    from tessera_lab.plan.search_export import MEGATRON_SCHEDULES
+    from tessera_lab.plan.search_export import MEGATRON_SCHEDULES, selective_note
 
     if any(c.layout.schedule not in MEGATRON_SCHEDULES for c in res.ranked[:TOP]):
         info.append("table: (†) marks a zero-bubble schedule Megatron-Core does not run (this project's simulator "
                     "and runner do)")
+    if sel := selective_note([c.layout for c in res.ranked[:TOP]]):
+        info.append(f"table: {sel}")
     if getattr(res, "moe", True):
         info.append("table: dp counts the replicas of one EP group (GPUs = tp x cp x pp x ep x dp, TP counted once "
                     "when EP spans it: ep N*); DP (Megatron) is GPUs / (tp x cp x pp), what --data-parallel-size "

@@ -39,7 +39,7 @@ def suggest_layout(spec, gpus: int, *, gpu: str, seq_len: int, global_batch_toke
     seqs = check_search_inputs(spec, gpus, seq_len, global_batch_tokens, node)
     # the panels plan this project's overlapped schedule with one chunk per rank (as `plan` does; Megatron-Core's
     # EP overlap would need virtual stages, so the search proper enumerates it only with them): the search's
-    # one-chunk 1F1B layouts with pp > 1, Megatron's default recompute modules and the distributed optimizer, run
+    # one-chunk 1F1B layouts with pp > 1, the default recompute module set and the distributed optimizer, run
     # overlapped
     layouts = [replace(lay, schedule="overlapped")
                for lay in enumerate_layouts(spec, gpus, seqs, gpus_per_node=node, schedules=("1f1b",), vpps=(),
