@@ -204,6 +204,8 @@ def test_selective_export_names_the_planned_modules(modules):
     i = argv.index("--recompute-modules")
     assert tuple(argv[i + 1:i + 1 + len(modules or SELECTIVE_DEFAULT_MODULES)]) == (modules or ("core_attn", "moe_act"))
     assert X.layout_from_megatron(argv, 64)[0] == lay
+    assert list(X.megatron_arguments(S.Candidate(lay, 0.0, 0.0, {"fits": True}), 4096)["layout"]["recompute_modules"]) == \
+        list(modules or ("core_attn", "moe_act"))  # the JSON's layout names what the argv does
     bare = argv[:i] + argv[i + 1 + len(modules or SELECTIVE_DEFAULT_MODULES):]
     assert X.layout_from_megatron(bare, 64)[0].recompute_modules == ("core_attn",)
 
@@ -549,3 +551,18 @@ def test_search_counts_refusal_kinds(small):
 
     assert sum(small.error_kinds.values()) == sum(small.errors.values())
     assert 0 < small.cpu_s < 600 and small.memory_capacity_bytes == memory_capacity(S.search_cluster("H200", 64))
+
+
+def test_separation_names_fields_as_the_table_does():
+    """The fields that differ read as the table's columns: the optimizer (fsdp / dist-opt), EP spanning TP (yes /
+    no) and the recompute with the modules it recomputes (a bare selective's are core_attn and moe_act)."""
+    from tessera_lab.cli.search import separation
+
+    res = {"iteration_time_s": 1.0, "slowest_stage_ms": 100.0, "bubble_fraction": 0.1}
+    a = S.Layout(4, 1, 8, 2, 2, 8, 1, "1f1b", "selective", "alltoall", False, 1, (), True)
+    b = S.Layout(4, 1, 8, 2, 2, 8, 1, "1f1b", "selective", "alltoall", True, 1, ("layernorm", "moe_act"), False)
+    line = separation(S.Candidate(a, 0, 0, res), S.Candidate(b, 0, 0, res))
+    assert line.startswith("EP spans TP no->yes, optimizer fsdp->dist-opt, recompute "
+                           "selective(core_attn,moe_act)->selective(layernorm,moe_act): +0.0% iteration")
+    same = S.Layout(4, 1, 8, 2, 2, 8, 1, "1f1b", "selective", "alltoall", False, 1, ("core_attn", "moe_act"), True)
+    assert separation(S.Candidate(a, 0, 0, res), S.Candidate(same, 0, 0, res)).startswith("same layout")

@@ -349,7 +349,8 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     p.add_argument("--recompute-modules", default=None, metavar="LIST",
                    type=module_list("recompute_modules", RECOMPUTE_MODULES),
                    help="with --recompute selective: Megatron's module names, comma-separated (core_attn, mla_up_proj, "
-                        "mlp, moe_act, moe, layernorm, shared_experts)")
+                        "mlp, moe_act, moe, layernorm, shared_experts); not given: core_attn,moe_act (Megatron-Core's "
+                        "own default is core_attn alone)")
     p.add_argument("--fsdp", action=Switch,
                    help="Megatron FSDP: parameters, gradients and optimizer state sharded over the data-parallel "
                         "ranks; each layer's parameters all-gathered before its forward and backward and its gradients "

@@ -34,6 +34,21 @@ def _row(rank: int, c, moe: bool = True) -> dict[str, Any]:
 _ONE_TERM_SHARE = 2 / 3
 
 
+def _shown(lay, k: str) -> tuple[str, object]:
+    """A layout field as the separation line names it: the recompute with the modules it recomputes (a bare
+    selective's are the default set), the optimizer as the table's column, EP spanning TP as yes / no."""
+    if k == "recompute":
+        from tessera_lab.model.hardware import SELECTIVE_DEFAULT_MODULES
+
+        mods = getattr(lay, "recompute_modules", ()) or SELECTIVE_DEFAULT_MODULES
+        return "recompute", (f"selective({','.join(mods)})" if lay.recompute == "selective" else lay.recompute)
+    if k == "fsdp":
+        return "optimizer", "fsdp" if lay.fsdp else "dist-opt"
+    if k == "ep_spans_tp":
+        return "EP spans TP", "yes" if lay.ep_spans_tp else "no"
+    return k, getattr(lay, k)
+
+
 def separation(first, other, moe: bool = True) -> str:
     """What separates ``other`` from ``first``: the layout fields that differ, the iteration change and the terms it
     splits into (seconds, simulated): the slowest (virtual) stage per micro-batch x vpp x m, the bubble (idle share
@@ -42,8 +57,8 @@ def separation(first, other, moe: bool = True) -> str:
     Each term's share is its absolute change over the sum of the three absolute changes; one term of at least two
     thirds is named with its share, else the difference is spread and the top two are named with theirs."""
     a, b = first.layout, other.layout
-    diff = [f"{k} {getattr(a, k)}->{getattr(b, k)}" for k in _FIELDS
-            if getattr(a, k) != getattr(b, k) and (moe or k not in _MOE_FIELDS)]
+    diff = [f"{name} {va}->{vb}" for k in _FIELDS if k != "recompute_modules" and (moe or k not in _MOE_FIELDS)
+            for name, va, vb in [(*_shown(a, k), _shown(b, k)[1])] if va != vb]
     ra, rb = first.result, other.result
     ta, tb = ra["iteration_time_s"], rb["iteration_time_s"]
     d_it = tb / ta - 1

@@ -78,7 +78,10 @@ def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
     if lay.schedule.endswith("overlapped"):
         argv.append("--overlap-moe-expert-parallel-comm")
         notes += overlap_notes(lay)
-    return {"argv": argv, "layout": asdict(lay), "seq_len": seq_len, "notes": notes}
+    layout = asdict(lay)
+    if lay.recompute == "selective" and not lay.recompute_modules:  # the modules the argv names, as planned
+        layout["recompute_modules"] = list(SELECTIVE_DEFAULT_MODULES)
+    return {"argv": argv, "layout": layout, "seq_len": seq_len, "notes": notes}
 
 
 def overlap_notes(lay: Any) -> list[str]:
