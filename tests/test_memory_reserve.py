@@ -87,6 +87,6 @@ def test_report_states_the_largest_rank_memory_against_the_reserved_limit(tmp_pa
     assert mem["limit_gib"] == pytest.approx(hbm - 20) and mem["hbm_gib"] == pytest.approx(hbm)
     assert mem["reserve_gib"] == 20 and mem["reserve_from"] == "--memory-reserve-gib"
     line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("memory per GPU")]
-    assert line == [f"memory per GPU ({'a rank' + chr(39) + 's 2 chunks summed' if vpp > 1 else 'one stage per rank'}):"
-                    f" largest {per_rank[rank] / GIB:.2f} GiB on rank {rank}, of {hbm - 20:.2f} GiB ({hbm:.1f} GiB HBM "
-                    f"less a 20 GiB reserve, --memory-reserve-gib) (computed)"]
+    what = "a rank's 2 chunks summed" if vpp > 1 else "one stage per rank"
+    assert line == [f"memory per GPU (computed; {what}): largest {per_rank[rank] / GIB:.2f} GiB on rank {rank}, of "
+                    f"{hbm - 20:.2f} GiB ({hbm:.2f} GiB HBM less a 20 GiB reserve, --memory-reserve-gib)"]

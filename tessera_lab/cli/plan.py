@@ -199,11 +199,15 @@ def _trial_lines(plan) -> list[str]:
     return lines
 
 
+#: where the memory reserve comes from when the user gives none
+RESERVE_DEFAULT_SOURCE = "assumed in data/hardware/cost_model.json"
+
+
 def rank_memory(plan, ev=None) -> dict:
     """The largest memory per GPU of ``ev`` (default: the chosen evaluation): a pipeline rank's virtual stages summed
     (:meth:`~tessera_lab.plan.evaluate.Evaluation.rank_memory`), against the plan's limit per GPU, the GPU's HBM
     less the reserve, and where the reserve comes from. Keys: ``rank``, ``largest_gib``, ``limit_gib``,
-    ``hbm_gib``, ``reserve_gib``, ``reserve_from`` (``--memory-reserve-gib`` or ``data/hardware``); GiB = 2**30
+    ``hbm_gib``, ``reserve_gib``, ``reserve_from`` (``--memory-reserve-gib`` or :data:`RESERVE_DEFAULT_SOURCE`); GiB = 2**30
     bytes, computed by the memory model."""
     from tessera_lab.cost.memory import cluster_reserve_gib
 
@@ -213,7 +217,7 @@ def rank_memory(plan, ev=None) -> dict:
     r = max(range(pp), key=lambda k: ranks[k])
     return {"rank": r, "largest_gib": ranks[r] / GIB, "limit_gib": plan.memory_capacity_bytes / GIB,
             "hbm_gib": plan.cluster.gpu.memory_bytes / GIB, "reserve_gib": cluster_reserve_gib(plan.cluster),
-            "reserve_from": "data/hardware" if plan.cluster.memory_reserve_gib is None else "--memory-reserve-gib"}
+            "reserve_from": RESERVE_DEFAULT_SOURCE if plan.cluster.memory_reserve_gib is None else "--memory-reserve-gib"}
 
 
 def rank_memory_line(plan, ev=None, *, rows_note: bool = True) -> str:
@@ -222,9 +226,9 @@ def rank_memory_line(plan, ev=None, *, rows_note: bool = True) -> str:
     p, mem = plan.parallel, rank_memory(plan, ev)
     what = (f"a rank's {p.vpp} chunks summed" + ("; rows above are one chunk's" if rows_note else "")
             if p.vpp > 1 else "one stage per rank")
-    return (f"memory per GPU ({what}): largest {mem['largest_gib']:.2f} GiB on rank {mem['rank']}, of "
-            f"{mem['limit_gib']:.2f} GiB ({mem['hbm_gib']:.1f} GiB HBM less a {mem['reserve_gib']:g} GiB reserve, "
-            f"{mem['reserve_from']}) (computed)")
+    return (f"memory per GPU (computed; {what}): largest {mem['largest_gib']:.2f} GiB on rank {mem['rank']}, of "
+            f"{mem['limit_gib']:.2f} GiB ({mem['hbm_gib']:.2f} GiB HBM less a {mem['reserve_gib']:g} GiB reserve, "
+            f"{mem['reserve_from']})")
 
 
 def format_plan(plan) -> str:
@@ -271,7 +275,7 @@ def format_plan(plan) -> str:
     lines.append(table(summary, SUMMARY_FLOATFMT))
     lines.append("iteration, tokens/s, MFU, bubble and stage times: simulated (the schedule on the costs above); "
                  "memory: computed (memory model) against the GPU's capacity less its reserve "
-                 f"({'data/hardware' if plan.cluster.memory_reserve_gib is None else '--memory-reserve-gib'})")
+                 f"({RESERVE_DEFAULT_SOURCE if plan.cluster.memory_reserve_gib is None else '--memory-reserve-gib'})")
     lines.append(solve_line(plan))
     lines.append("baselines (same schedule and simulator): " + ("; ".join(
         f"{name}: {BASELINE_TEXT.get(name, name)}" for name in plan.baselines) or "none (the split is given or "
