@@ -57,6 +57,9 @@ def test_search_panel_shows_the_search_its_grid_and_the_chosen_layouts_timeline(
     assert not any(n.startswith("MFU of #") for n in state["notes"])  # information, not a warning
     assert any("left unplanned" in n for n in state["notes"])  # 16 plans leave layouts unplanned
     assert state["png"][:4] == b"\x89PNG" and "<table" in state["table_html"]
+    # "m x mbs" never wraps after the x: non-breaking spaces, the numbers the layout's own
+    assert list(state["table"]["m x mbs"]) == [f"{c.layout.microbatches}\u00a0x\u00a0{c.layout.micro_batch_size}"
+                                               for c in res.ranked[:10]]
 
 
 def test_search_panel_draws_another_layout_without_searching_again(searched):

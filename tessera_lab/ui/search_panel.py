@@ -70,6 +70,7 @@ def top_table(res: SearchResult, k: int = TOP, shown: int | None = None):
         cols["schedule"] = schedule_label(c.layout.schedule)  # marked as tessera-lab search marks it
         # spaces let the cell wrap (selective(layernorm,moe_act,shared_experts) pushed the table past the panel)
         cols["recompute"] = str(cols["recompute"]).replace("(", " (").replace(",", ", ")
+        cols["m x mbs"] = str(cols["m x mbs"]).replace(" ", "\u00a0")  # "16 x 4" on one line (it wrapped after "x")
         rows.append({"#": i, **({"timeline": "drawn" if i == shown else ""} if shown else {}), **cols,
                      "tokens/s": r["tokens_per_s"], "iteration (s)": r["iteration_time_s"], "MFU (%)": 100 * r["mfu"],
                      "bubble (%)": 100 * r["bubble_fraction"], "peak (GiB)": r["peak_memory_gib"],
