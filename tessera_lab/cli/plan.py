@@ -124,11 +124,11 @@ def _cluster_text(cluster, used: int) -> str:
 def _recompute_text(p) -> str:
     """``none``, ``full`` or ``selective (core_attn, moe_act)``: the module names recomputed (the default set
     :data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES` when none are given)."""
-    from tessera_lab.model.hardware import SELECTIVE_DEFAULT_MODULES
+    from tessera_lab.model.hardware import selective_modules
 
     if p.recompute != "selective":
         return p.recompute
-    return f"selective ({', '.join(p.recompute_modules or SELECTIVE_DEFAULT_MODULES)})"
+    return f"selective ({', '.join(selective_modules(p.recompute, p.recompute_modules))})"
 
 
 #: one line per baseline, printed under the summary table
@@ -207,8 +207,8 @@ def rank_memory(plan, ev=None) -> dict:
     """The largest memory per GPU of ``ev`` (default: the chosen evaluation): a pipeline rank's virtual stages summed
     (:meth:`~tessera_lab.plan.evaluate.Evaluation.rank_memory`), against the plan's limit per GPU, the GPU's HBM
     less the reserve, and where the reserve comes from. Keys: ``rank``, ``largest_gib``, ``limit_gib``,
-    ``hbm_gib``, ``reserve_gib``, ``reserve_from`` (``--memory-reserve-gib`` or :data:`RESERVE_DEFAULT_SOURCE`); GiB = 2**30
-    bytes, computed by the memory model."""
+    ``hbm_gib``, ``reserve_gib``, ``reserve_from`` (``--memory-reserve-gib`` or :data:`RESERVE_DEFAULT_SOURCE`);
+    GiB = 2**30 bytes, computed by the memory model."""
     from tessera_lab.cost.memory import cluster_reserve_gib
 
     ev = plan.chosen if ev is None else ev
@@ -217,11 +217,12 @@ def rank_memory(plan, ev=None) -> dict:
     r = max(range(pp), key=lambda k: ranks[k])
     return {"rank": r, "largest_gib": ranks[r] / GIB, "limit_gib": plan.memory_capacity_bytes / GIB,
             "hbm_gib": plan.cluster.gpu.memory_bytes / GIB, "reserve_gib": cluster_reserve_gib(plan.cluster),
-            "reserve_from": RESERVE_DEFAULT_SOURCE if plan.cluster.memory_reserve_gib is None else "--memory-reserve-gib"}
+            "reserve_from": (RESERVE_DEFAULT_SOURCE if plan.cluster.memory_reserve_gib is None
+                             else "--memory-reserve-gib")}
 
 
 def rank_memory_line(plan, ev=None, *, rows_note: bool = True) -> str:
-    """One line of :func:`rank_memory`: ``memory per GPU (...): largest X GiB on rank r, of Y GiB (computed)``;
+    """One line of :func:`rank_memory`: ``memory per GPU (computed; ...): largest X GiB on rank r, of Y GiB (...)``;
     ``rows_note`` (``plan``'s per-stage tables) says the rows above are one chunk's when a rank holds several."""
     p, mem = plan.parallel, rank_memory(plan, ev)
     what = (f"a rank's {p.vpp} chunks summed" + ("; rows above are one chunk's" if rows_note else "")

@@ -38,10 +38,10 @@ def _shown(lay, k: str) -> tuple[str, object]:
     """A layout field as the separation line names it: the recompute with the modules it recomputes (a bare
     selective's are the default set), the optimizer as the table's column, EP spanning TP as yes / no."""
     if k == "recompute":
-        from tessera_lab.model.hardware import SELECTIVE_DEFAULT_MODULES
+        from tessera_lab.model.hardware import selective_modules
 
-        mods = getattr(lay, "recompute_modules", ()) or SELECTIVE_DEFAULT_MODULES
-        return "recompute", (f"selective({','.join(mods)})" if lay.recompute == "selective" else lay.recompute)
+        mods = selective_modules(lay.recompute, getattr(lay, "recompute_modules", ()))
+        return "recompute", (f"selective({','.join(mods)})" if mods else lay.recompute)
     if k == "fsdp":
         return "optimizer", "fsdp" if lay.fsdp else "dist-opt"
     if k == "ep_spans_tp":

@@ -122,9 +122,9 @@ BASIS = ("NVIDIA/Megatron-LM@bed33f89945f41ae792d7b36a0d770b00f61ed42 "
 def host_waits(parallel, model=None) -> list[str]:
     """The host waits of :func:`host_waits_per_layer`, named: ``["dispatcher", "dispatcher (recompute)",
     "expert activation", "expert activation (recompute)"]`` as they apply."""
-    from tessera_lab.model.hardware import SELECTIVE_DEFAULT_MODULES
+    from tessera_lab.model.hardware import selective_modules
 
-    mods = set(parallel.recompute_modules or SELECTIVE_DEFAULT_MODULES) if parallel.recompute == "selective" else set()
+    mods = set(selective_modules(parallel.recompute, parallel.recompute_modules))
     moe_again = parallel.recompute == "full" or "moe" in mods
     out = ["dispatcher"] + (["dispatcher (recompute)"] if moe_again else [])
     if model is not None and getattr(model, "model_type", None) in ACTIVATION_WAIT_MODEL_TYPES:
@@ -138,8 +138,8 @@ def host_waits_per_layer(parallel, model=None) -> int:
     * the dispatcher's wait on the token counts (module docstring): 1, run again where the MoE block is recomputed
       (``recompute = full``, or the ``moe`` module of a selective recompute);
     * for the model types of :data:`ACTIVATION_WAIT_MODEL_TYPES` (GPT-OSS), the expert activation's own wait: 1 per
-      call, run again where the activation is recomputed (``moe_act``, which this project's default selective set holds,
-      ``moe`` or ``full``).
+      call, run again where the activation is recomputed (``moe_act``, which this project's default selective set
+      holds, ``moe`` or ``full``).
 
     Args:
         parallel: a :class:`~tessera_lab.model.hardware.ParallelConfig` (``recompute``, ``recompute_modules`` read).

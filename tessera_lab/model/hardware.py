@@ -50,6 +50,12 @@ RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act", "moe", "layer
 #: ``["core_attn"]`` alone (``TransformerConfig.__post_init__``, NVIDIA/Megatron-LM@d98e8a64), so every export
 #: writes this set out as ``--recompute-modules``
 SELECTIVE_DEFAULT_MODULES = ("core_attn", "moe_act")
+
+
+def selective_modules(recompute: str, modules: "tuple[str, ...] | list[str]" = ()) -> tuple[str, ...]:
+    """The Megatron modules a recompute setting recomputes selectively: ``modules``, or
+    :data:`SELECTIVE_DEFAULT_MODULES` when none are given, for ``recompute = selective``; ``()`` otherwise."""
+    return tuple(modules or SELECTIVE_DEFAULT_MODULES) if recompute == "selective" else ()
 #: how the EP group sits on the ranks: ``grid`` (this project's RankGrid, TP innermost, so an EP group strides by tp)
 #: or ``contiguous`` (Megatron-Core's expert rank generator with expert TP 1: EP innermost, ep consecutive ranks)
 EP_PLACEMENTS = ("grid", "contiguous")

@@ -8,8 +8,8 @@ sequence parallel on), EP (dividing the routed experts; expert TP 1; with TP > 1
 rank, or spans the TP ranks as Megatron's expert grid allows, ``ep_spans_tp``), CP (:func:`cp_choices`; the EP groups
 span the CP ranks as Megatron-Core's expert grid does), PP with VPP, the data-parallel replicas with the distributed
 optimizer or Megatron FSDP, micro-batch size and count making the global batch, recompute (none, selective with
-this project's default module set (core_attn, moe_act) or a listed one, full), schedule (the EP-overlap ones only where Megatron-Core's
-``TransformerConfig`` accepts them, :func:`overlap_rule_breaks`) and dispatcher.
+this project's default module set (core_attn, moe_act) or a listed one, full), schedule (the EP-overlap ones only
+where Megatron-Core's ``TransformerConfig`` accepts them, :func:`overlap_rule_breaks`) and dispatcher.
 
 Pruning, in this order (counts per rule in :class:`SearchResult`):
 

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any, Sequence
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.model.hardware import SELECTIVE_DEFAULT_MODULES
+from tessera_lab.model.hardware import SELECTIVE_DEFAULT_MODULES, selective_modules
 from tessera_lab.plan.search import Candidate
 from tessera_lab.plan.search_space import Layout, overlap_rule_breaks
 
@@ -23,7 +23,8 @@ MEGATRON_SCHEDULES = ("1f1b", "interleaved", "overlapped", "interleaved-overlapp
 #: the mark tables put after a schedule Megatron-Core does not run (the search's text table, notebook 11)
 NOT_MEGATRON_MARK = " (†)"
 #: what Megatron-Core recomputes under ``--recompute-granularity selective`` without ``--recompute-modules``
-#: (``TransformerConfig.__post_init__``, ``megatron/core/transformer/transformer_config.py``, NVIDIA/Megatron-LM@d98e8a64)
+#: (``TransformerConfig.__post_init__``, ``megatron/core/transformer/transformer_config.py``,
+#: NVIDIA/Megatron-LM@d98e8a64)
 MEGATRON_DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 
 
@@ -70,7 +71,7 @@ def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
         # always the modules planned: without --recompute-modules Megatron-Core recomputes core_attn alone
         # (TransformerConfig.__post_init__, NVIDIA/Megatron-LM@d98e8a64), not this project's default set
         argv += ["--recompute-granularity", "selective", "--recompute-modules",
-                 *(lay.recompute_modules or SELECTIVE_DEFAULT_MODULES)]
+                 *selective_modules(lay.recompute, lay.recompute_modules)]
     argv += ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"] if lay.dispatcher == "deepep" else \
         ["--moe-token-dispatcher-type", "alltoall"]
     notes = [] if lay.schedule in MEGATRON_SCHEDULES else [
@@ -79,8 +80,8 @@ def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
         argv.append("--overlap-moe-expert-parallel-comm")
         notes += overlap_notes(lay)
     layout = asdict(lay)
-    if lay.recompute == "selective" and not lay.recompute_modules:  # the modules the argv names, as planned
-        layout["recompute_modules"] = list(SELECTIVE_DEFAULT_MODULES)
+    if lay.recompute == "selective":  # the modules the argv names, as planned
+        layout["recompute_modules"] = list(selective_modules(lay.recompute, lay.recompute_modules))
     return {"argv": argv, "layout": layout, "seq_len": seq_len, "notes": notes}
 
 

@@ -61,9 +61,9 @@ SEARCH_SCHEDULES = ("1f1b", "zb-h1", "zb-h2")
 #: virtual stages per rank tried with the interleaved schedules
 SEARCH_VPP = (2, 3, 4)
 SEARCH_RECOMPUTE = ("none", "selective", "full")
-#: Megatron ``--recompute-modules`` sets tried with ``recompute = selective`` besides the default set (attention core and
-#: routed-expert activations, SELECTIVE_DEFAULT_MODULES), each where the model has every module (:func:`recompute_choices`): the norms with the
-#: routed-expert activations (Megatron-MoE-ModelZoo's Qwen3 recipes), plus the shared expert, plus MLA's up
+#: Megatron ``--recompute-modules`` sets tried with ``recompute = selective`` besides the default set (attention
+#: core and routed-expert activations, SELECTIVE_DEFAULT_MODULES), each where the model has every module
+#: (:func:`recompute_choices`): the norms with the routed-expert activations (Megatron-MoE-ModelZoo's Qwen3 recipes), plus the shared expert, plus MLA's up
 #: projections
 SEARCH_RECOMPUTE_MODULES = (("layernorm", "moe_act"), ("layernorm", "moe_act", "shared_experts"),
                             ("layernorm", "mla_up_proj", "moe_act"))
@@ -87,7 +87,8 @@ class Layout:
     dispatcher: str
     ep_spans_tp: bool = False
     cp: int = 1
-    #: Megatron ``--recompute-modules`` with ``recompute = selective`` (empty: SELECTIVE_DEFAULT_MODULES, core_attn and moe_act)
+    #: Megatron ``--recompute-modules`` with ``recompute = selective`` (empty: SELECTIVE_DEFAULT_MODULES, core_attn
+    #: and moe_act)
     recompute_modules: tuple[str, ...] = ()
     #: Megatron FSDP instead of the distributed optimizer
     fsdp: bool = False
@@ -144,8 +145,8 @@ class Layout:
 def recompute_choices(model: ModelSpec, recomputes: Sequence[str] = SEARCH_RECOMPUTE,
                       module_sets: Sequence[tuple[str, ...]] = SEARCH_RECOMPUTE_MODULES) -> list[tuple[str, tuple]]:
     """``(recompute, recompute_modules)`` pairs the search tries: each of ``recomputes`` (selective with the
-    default module set, :data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES`), plus selective with each of ``module_sets`` whose every module ``model`` has
-    (:func:`tessera_lab.plan.make.model_has_module`)."""
+    default module set, :data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES`), plus selective with each of
+    ``module_sets`` whose every module ``model`` has (:func:`tessera_lab.plan.make.model_has_module`)."""
     from tessera_lab.plan.make import model_has_module
 
     out = [(rc, ()) for rc in recomputes]
