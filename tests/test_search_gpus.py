@@ -1,5 +1,6 @@
-"""GPU counts the search accepts: multiples of the 8-GPU node on every system, so on GB200 (NVLink domain of 72) a
-partial NVL72 rack too, placed as `plan` places it (the fewest racks holding the GPUs)."""
+"""GPU counts the search accepts: part of one node (1, 2 or 4 GPUs: a workstation) or multiples of the 8-GPU node on
+every system, so on GB200 (NVLink domain of 72) a partial NVL72 rack too, placed as `plan` places it (the fewest
+racks holding the GPUs)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from tessera_lab.plan.make import make_plan
 
 @pytest.mark.parametrize("gpu, gpus, ok", [("GB200", 8, True), ("GB200", 16, True), ("GB200", 64, True),
                                            ("GB200", 72, True), ("GB200", 80, True), ("GB200", 144, True),
-                                           ("GB200", 12, False), ("GB200", 4, False), ("H200", 16, True),
-                                           ("H200", 12, False), ("B300", 20, False)])
+                                           ("GB200", 12, False), ("GB200", 4, True), ("H200", 16, True),
+                                           ("H200", 12, False), ("B300", 20, False), ("H100", 1, True),
+                                           ("H100", 2, True), ("H100", 4, True), ("H100", 3, False),
+                                           ("H100", 6, False)])
 def test_gpu_counts_by_hand(gpu, gpus, ok):
     from tessera_lab.model.hardware import GPUSpec
 
@@ -30,10 +33,11 @@ def test_gpu_counts_by_hand(gpu, gpus, ok):
             S.check_search_inputs(model, gpus, 4096, 4096 * 64, domain)
         line = str(info.value)
         assert f"--gpus = {gpus} is out of range" in line and "\n" not in line
+        assert "1, 2, 4 (part of one node)" in line
         assert ("8, 16, ..., 72 inside one NVLink domain of 72" in line if domain == 72
                 else "a multiple of the 8 GPUs of an NVLink domain" in line)
-        # the nearest accepted counts, worked out by hand: 12 -> 8 or 16, 4 -> 8, 20 -> 16 or 24
-        near = {12: "(nearest: 8 or 16)", 4: "(nearest: 8)", 20: "(nearest: 16 or 24)"}[gpus]
+        # the nearest accepted counts, worked out by hand: 12 -> 8 or 16, 20 -> 16 or 24, 3 -> 2 or 4, 6 -> 4 or 8
+        near = {12: "(nearest: 8 or 16)", 20: "(nearest: 16 or 24)", 3: "(nearest: 2 or 4)", 6: "(nearest: 4 or 8)"}[gpus]
         assert line.endswith(near)
 
 
@@ -60,3 +64,27 @@ def test_plan_header_says_how_many_gpus_of_the_rack_it_uses(capsys):
     assert "cluster 64 GPUs of 1 x 72 GB200 (a node is one NVLink domain of 72 GPUs);" in capsys.readouterr().out
     assert main(["plan"]) == 0
     assert "cluster 8 x 8 H200;" in capsys.readouterr().out
+
+
+def test_a_four_gpu_workstation_searches_and_is_told_the_next_count():
+    """4 H100 (a workstation, half a node): the search plans qwen3-8b there, every ranked layout uses the 4 GPUs and
+    fits, and the first matches `plan` of that layout on the same single node. For olmoe-1b-7b on 1 GPU the refusal
+    names 2 GPUs: its lightest parameter state, 6.92e9 parameters x 18 bytes (bf16 weight, fp32 gradient, fp32 master
+    and two fp32 moments) = 116.0 GiB, does not fit 73.6 GiB on one GPU and 58.0 GiB (half of it, pp 2) does."""
+    model = load_model("qwen3-8b")
+    res = S.search(model, 4, gpu="H100", global_batch_tokens=4096 * 64, top=2, max_plans=8)
+    assert res.ranked, res.errors
+    for cand in res.ranked:
+        assert cand.layout.parallel(4096).world_size == 4 and cand.result["fits"]
+    first = res.ranked[0]
+    opts = dict(S.PLAN_OPTIONS, **({"method": S.VIRTUAL_METHOD, "limit": S.VIRTUAL_ILP_BUDGET}
+                                   if first.layout.vpp > 1 else {}))
+    pl = make_plan(model, first.layout.parallel(4096), None, gpu="H100", **opts)
+    assert pl.cluster.num_gpus == 8 and pl.parallel.world_size == 4
+    assert pl.chosen.iteration_time_s == pytest.approx(first.result["iteration_time_s"], rel=1e-12)
+
+    with pytest.raises(ConfigError) as info:
+        S.search(load_model("olmoe-1b-7b"), 1, gpu="H100", global_batch_tokens=4096 * 64, top=1, max_plans=4)
+    line = str(info.value)
+    assert "holds 116.0 GiB of parameter state per GPU" in line
+    assert "at least 2 GPUs (part of one 8-GPU node;" in line and "58.0 GiB per GPU" in line

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tessera_lab.plan import search as S
+
 pytest.importorskip("ipywidgets")
 
 
@@ -76,7 +78,9 @@ def test_search_panel_gpu_choice_moves_the_count_to_whole_nvlink_domains():
     from tessera_lab.ui.search_panel import gpu_counts, search_panel
 
     assert gpu_counts("GB200")[0] == 72 and all(n % 72 == 0 for n in gpu_counts("GB200"))
-    assert all(n % 8 == 0 for n in gpu_counts("B300"))
+    # on 8-GPU nodes half a node (a 4-GPU workstation) and whole nodes, each a count the search accepts
+    assert gpu_counts("B300")[0] == 4 and all(n % 8 == 0 for n in gpu_counts("B300")[1:])
+    assert all(S.gpu_count_ok(n, d) for g, d in (("B300", 8), ("GB200", 72)) for n in gpu_counts(g))
     box, controls, state = search_panel("qwen3-30b-a3b", gpus=64, max_plans=4)
     assert {"GB200", "B300"} <= set(controls["gpu"].options)
     assert controls["attention_ratio"].layout.display == "none"  # full attention only: no ratio knob

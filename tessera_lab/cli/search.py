@@ -268,7 +268,9 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("search", help=HELP)
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"shipped model or config.json (default {DEFAULT_MODEL})")
-    p.add_argument("--gpus", type=positive_int("gpus"), required=True, help="GPUs to lay out (multiples of 8: whole nodes; on GB200 also part of an NVL72 rack)")
+    p.add_argument("--gpus", type=positive_int("gpus"), required=True,
+                   help="GPUs to lay out: 1, 2 or 4 (part of one node, as on a workstation) or multiples of 8 (whole "
+                        "nodes; on GB200 also part of an NVL72 rack)")
     p.add_argument("--gpu", default=DEFAULT_GPU,
                    help=f"H100, H200, B200, B300 (DGX/HGX nodes of 8) or GB200 (NVL72 racks of 72) (default {DEFAULT_GPU})")
     p.add_argument("--seq-len", type=positive_int("seq_len"), default=4096)

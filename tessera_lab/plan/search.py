@@ -41,8 +41,8 @@ from tessera_lab.plan.ilp import IlpBudget
 from tessera_lab.plan.make import make_plan
 # the search space (layouts, what is enumerated) lives in search_space; its names are the search's too
 from tessera_lab.plan.search_space import (Layout, cp_choices, enumerate_layouts, fewest_gpus,  # noqa: F401
-                                            gpu_step, overlap_rule_breaks, param_memory_bytes, recompute_choices,
-                                            too_few_gpus_text, tp_choices)
+                                            gpu_count_ok, gpu_counts_above, gpu_step, overlap_rule_breaks,
+                                            param_memory_bytes, recompute_choices, too_few_gpus_text, tp_choices)
 from tessera_lab.plan.search_bounds import (  # noqa: F401  (the search's bounds, re-exported for its callers)
     SPLIT_SCHEDULES, _Bounds, _Group, _group, bubble_factor, kind_tasks, memory_lower_bound, time_lower_bound)
 
@@ -205,16 +205,20 @@ def check_search_inputs(model: ModelSpec, gpus: int, seq_len: int, global_batch_
     """The global batch in sequences, after the checks ``search`` makes before any work.
 
     Raises:
-        ConfigError: ``gpus`` not a multiple of :func:`gpu_step` of the NVLink domain ``cluster_node``, or a global
+        ConfigError: ``gpus`` not a count :func:`gpu_count_ok` accepts (a multiple of :func:`gpu_step` of the NVLink
+            domain ``cluster_node``, or part of one node), or a global
             batch that is not a whole number of sequences of ``seq_len`` tokens.
     """
     step = gpu_step(cluster_node)
-    if gpus < 1 or gpus % step:
-        allowed = (f"a multiple of the {cluster_node} GPUs of an NVLink domain (a node; whole nodes)"
-                   if step == cluster_node else
-                   f"a multiple of {step} GPUs: {step}, {2 * step}, ..., {cluster_node} inside one NVLink domain of "
-                   f"{cluster_node}, or several domains, the last one partial")
-        near = sorted({max(step, gpus // step * step), (max(gpus, 1) // step + 1) * step})
+    if not gpu_count_ok(gpus, cluster_node):
+        part = ", ".join(str(n) for n in range(1, step) if step % n == 0)
+        allowed = (f"{part} (part of one node) or a multiple of the {cluster_node} GPUs of an NVLink domain (a node; "
+                   f"whole nodes)" if step == cluster_node else
+                   f"{part} (part of one node) or a multiple of {step} GPUs: {step}, {2 * step}, ..., {cluster_node} "
+                   f"inside one NVLink domain of {cluster_node}, or several domains, the last one partial")
+        below = max([n for n in range(1, gpus) if gpu_count_ok(n, cluster_node)], default=None)
+        above = gpu_counts_above(gpus, cluster_node, gpus + step)[0]
+        near = [n for n in (below, above) if n is not None]
         raise ConfigError(f"--gpus = {gpus} is out of range; allowed: {allowed} (nearest: "
                           f"{' or '.join(str(n) for n in near)})")
     if global_batch_tokens < seq_len or global_batch_tokens % seq_len:

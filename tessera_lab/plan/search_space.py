@@ -240,14 +240,28 @@ def gpu_step(nvlink_domain: int) -> int:
     return math.gcd(int(nvlink_domain), int(hardware_data()["node"]["gpus_per_node"]))
 
 
+def gpu_count_ok(gpus: int, nvlink_domain: int) -> bool:
+    """Whether the search accepts ``gpus``: a multiple of :func:`gpu_step`, or part of one node, a count that divides
+    the step (1, 2 or 4 GPUs of an 8-GPU node: a workstation, or a node's share, placed on one node as ``plan``
+    places it)."""
+    step = gpu_step(nvlink_domain)
+    return gpus >= 1 and (gpus % step == 0 or step % gpus == 0)
+
+
+def gpu_counts_above(gpus: int, nvlink_domain: int, limit: int) -> list[int]:
+    """The counts :func:`gpu_count_ok` accepts above ``gpus`` and at most ``limit``, ascending."""
+    step = gpu_step(nvlink_domain)
+    small = [n for n in range(gpus + 1, min(step, limit + 1)) if step % n == 0]
+    return small + list(range((gpus // step + 1) * step, limit + 1, step))
+
+
 def fewest_gpus(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_domain: int, capacity: float,
                 limit: int) -> tuple[int, float] | None:
-    """The fewest GPUs above ``gpus``, a multiple of :func:`gpu_step`, at most ``limit``, for which some layout
+    """The fewest GPUs above ``gpus`` the search accepts (:func:`gpu_counts_above`), at most ``limit``, for which some layout
     :func:`enumerate_layouts` gives for ``seqs`` sequences of ``seq_len`` tokens passes the parameter-memory rule of
     :func:`tessera_lab.plan.search._first_pass` (its parameter state per GPU, :func:`param_memory_bytes` / pp, at
     most ``capacity`` bytes); with that lightest share (bytes). ``None`` when no count up to ``limit`` does."""
-    step = gpu_step(nvlink_domain)
-    for n in range(gpus + step, limit + 1, step):
+    for n in gpu_counts_above(gpus, nvlink_domain, limit):
         seen: set[tuple] = set()
         lightest = math.inf
         for lay in enumerate_layouts(model, n, seqs, gpus_per_node=nvlink_domain, seq_len=seq_len):
@@ -273,8 +287,9 @@ def too_few_gpus_text(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvli
             f"parameter state per GPU against {capacity / 2**30:.1f} GiB; allowed: ")
     got = fewest_gpus(model, gpus, seqs, seq_len, nvlink_domain, capacity, limit)
     if got is None:
-        return head + (f"more than {limit} GPUs or a larger --global-batch-tokens (no multiple of {step} GPUs up "
-                       f"to {limit} holds its parameter state with {seqs} sequences per iteration)")
+        return head + (f"more than {limit} GPUs or a larger --global-batch-tokens (no count of GPUs the search accepts "
+                       f"up to {limit} holds its parameter state with {seqs} sequences per iteration)")
     n, share = got
-    return head + (f"at least {n} GPUs (a multiple of {step}; the fewest whose lightest layout's parameter state fits: "
+    unit = f"a multiple of {step}" if n % step == 0 else f"part of one {step}-GPU node"
+    return head + (f"at least {n} GPUs ({unit}; the fewest whose lightest layout's parameter state fits: "
                    f"{share / 2**30:.1f} GiB per GPU, computed; saved activations may need more)")

@@ -23,12 +23,14 @@ PANEL_MAX_PLANS = 48
 BUDGETS = (16, 48, 96, DEFAULT_MAX_PLANS)
 #: layouts the table lists (the search keeps this many exact: its ``top``)
 TOP = 10
-#: GPU counts the panel offers per NVLink domain size (whole domains: 8-GPU nodes, 72-GPU NVL72 racks)
-GPU_COUNTS = {8: (8, 16, 32, 64, 128, 256, 512, 1024), 72: (72, 144, 288, 576, 1152)}
+#: GPU counts the panel offers per NVLink domain size: on 8-GPU nodes half a node (a 4-GPU workstation) and whole
+#: nodes; on 72-GPU NVL72 racks whole racks
+GPU_COUNTS = {8: (4, 8, 16, 32, 64, 128, 256, 512, 1024), 72: (72, 144, 288, 576, 1152)}
 
 
 def gpu_counts(gpu: str) -> list[int]:
-    """GPU counts the search accepts for ``gpu``: whole NVLink domains (:data:`GPU_COUNTS`, or 1 to 16 domains)."""
+    """GPU counts the panel offers for ``gpu``, all of which the search accepts: :data:`GPU_COUNTS` by the NVLink
+    domain's size (else 1 to 16 domains)."""
     from tessera_lab.model.hardware import GPUSpec
 
     node = GPUSpec.named(gpu).nvlink_domain
@@ -44,7 +46,7 @@ def layout_search(model: str, gpus: int, *, gpu: str = "H200", seq_len: int = 40
 
     Raises:
         ConfigError: a bad knob value (:meth:`ModelSpec.with_changes`) or what :func:`search` refuses (GPUs not
-            whole NVLink domains, too few for the model's parameters).
+            a count :func:`~tessera_lab.plan.search_space.gpu_count_ok` refuses, too few for the model's parameters).
     """
     from tessera_lab.plan.search import search
     from tessera_lab.ui.widgets import model_variant

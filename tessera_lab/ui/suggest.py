@@ -26,7 +26,8 @@ def suggest_layout(spec, gpus: int, *, gpu: str, seq_len: int, global_batch_toke
     ``settable(layout)`` holds.
 
     Raises:
-        ConfigError: what :func:`search` refuses (GPUs not a multiple of :func:`~tessera_lab.plan.search.gpu_step`, too few for the model),
+        ConfigError: what :func:`search` refuses (a GPU count :func:`~tessera_lab.plan.search_space.gpu_count_ok`
+            refuses, too few for the model),
             no layout the panel can set, or none of them fits memory (the lightest peak against the capacity).
     """
     from dataclasses import replace
