@@ -1,16 +1,21 @@
-"""The Megatron-MoE-ModelZoo Qwen3 layouts planned from the CLI's own options, against their published step times.
+"""The Megatron-MoE-ModelZoo Qwen3 layouts against their published step times: planned from the CLI, and ranked.
 
 Six layouts of ``data/published/megatron_moe_modelzoo.json`` (BF16, sequence 4096, H100): r1..r5 are
-Qwen3-235B-A22B on 256 GPUs, n1 Qwen3-Next-80B-A3B on 128 GPUs. Each is planned with ``tessera-lab plan``'s
-parser and planner (the options listed in ``LAYOUTS``: the recipe's TP, EP, PP, VPP, schedule, micro-batches,
-dispatcher, recompute modules, FSDP, embedding/loss-accounted split), and the benchmark prints per layout whether
-it plans and fits memory, the planned peak memory, the predicted iteration time and the published step time
-(cited from the data file). It then compares the order of r1..r5 by predicted time with the published order
-(r2, r3 < r1 < r4 < r5, ties within 5%): Kendall's tau-b over the pairs (``scipy.stats.kendalltau``) and the
-pairs that agree, a published tie (within 5%) agreeing with any predicted order. These are test runs of the
-fidelity set (nothing is fitted on them); the result is printed, never tuned to. The order is printed again with
-the fitted host/sync term off (``--host-sync-ms 0``, :mod:`tessera_lab.cost.sync`), so a ranking the fitted term
-decides shows as such.
+Qwen3-235B-A22B on 256 GPUs, n1 Qwen3-Next-80B-A3B on 128 GPUs. Two things are checked:
+
+* **They plan from the CLI.** Each is planned with ``tessera-lab plan``'s parser and planner and the options the
+  search issue lists (``LAYOUTS``: TP, EP, PP, VPP, schedule, micro-batches, dispatcher, recompute modules, FSDP,
+  the embedding/loss-accounted split); the benchmark prints whether it plans and fits memory and its peak memory.
+* **Their order.** The predicted iteration of each is the fidelity set's (:func:`bench_public_runs.predict` of the
+  data file's row, with the shipped fitted host/sync term): one mapping of a published run onto a layout, shared
+  with ``bench_public_runs.py``, which follows each recipe further than the CLI options do (the expert grid on
+  consecutive ranks, as Megatron-Core builds it with expert TP 1; r3's plain schedule, no EP overlap; forced
+  balance where the recipe forces it; the fused cross entropy and grouped GEMM of the recipes). The order of r1..r5
+  by predicted time is compared with the published order (r2, r3 < r1 < r4 < r5, ties within 5%): Kendall's tau-b
+  over the pairs and the pairs that agree, a published tie (within 5%) agreeing with any predicted order. These
+  are test runs of the fidelity set (nothing is fitted on them); the result is printed, never tuned to. The order
+  is printed again with the fitted host/sync term off (:mod:`tessera_lab.cost.sync`), so a ranking the fitted term
+  decides shows as such.
 
 Run: python benchmarks/bench_modelzoo_ranking.py [--json PATH] [--markdown]
 """
@@ -49,16 +54,16 @@ LAYOUTS = {
 #: the published order of r1..r5 (the issue of the search: r2, r3 < r1 < r4 < r5)
 ORDERED = ("r1", "r2", "r3", "r4", "r5")
 TIE = 0.05
-#: settings a layout's source does not publish, planned as a sensitivity beside the recipe mapping (never the
-#: acceptance figure): label -> (the extra plan options, why). r3's command is not in the ModelZoo; its Megatron-Core
-#: (1e057005) reduces gradients in fp32 for bf16 training unless --grad-reduce-in-bf16 is passed
-#: (megatron/training/arguments.py, accumulate_allreduce_grads_in_fp32), which our mapping follows; NVIDIA's own
-#: Megatron-FSDP MoE example reduces them in bf16 (examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh,
-#: --megatron-fsdp-grad-comm-dtype bf16, NVIDIA/Megatron-LM@d98e8a64).
-UNPUBLISHED = {"r3": (["--grad-reduce-dtype", "bf16"],
-                      "gradients reduce-scattered in bf16 (the ModelZoo does not publish r3's command; Megatron-Core "
-                      "1e057005 reduces in fp32 unless --grad-reduce-in-bf16, NVIDIA's Megatron-FSDP DeepSeek-V3 "
-                      "example reduces in bf16)")}
+#: settings beside the recipe mapping, planned as a sensitivity (never the acceptance figure): label -> (the data
+#: row's fields changed, why). r3's command in the commit that published the table (yanring/Megatron-MoE-ModelZoo@
+#: 8017e112, examples/qwen3/run_235b.sh) passes no --grad-reduce-in-bf16, so its Megatron-Core (1e057005) reduces the
+#: gradients in fp32 for bf16 training (megatron/training/arguments.py, accumulate_allreduce_grads_in_fp32), as the
+#: mapping plans; NVIDIA's own Megatron-FSDP MoE example reduces them in bf16
+#: (examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh, --megatron-fsdp-grad-comm-dtype bf16, NVIDIA/Megatron-LM@d98e8a64).
+UNPUBLISHED = {"r3": ({"grad_reduce_dtype": "bf16"},
+                      "gradients reduce-scattered in bf16 (its published command reduces them in fp32, Megatron-Core "
+                      "1e057005's default without --grad-reduce-in-bf16; NVIDIA's Megatron-FSDP DeepSeek-V3 example "
+                      "reduces in bf16)")}
 
 
 def published_times() -> dict[str, float]:
@@ -133,58 +138,81 @@ def _tau_b(x: list[float], y: list[float]) -> float:
     return (conc - disc) / den if den else float("nan")
 
 
+def recipe_rows(host_sync_s: float | None = None, changes: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Each layout planned as the fidelity set plans its run (:func:`bench_public_runs.predict` of its row in
+    data/published; ``host_sync_s`` as there: ``None`` the shipped fitted value, 0 off), with ``changes`` (label ->
+    fields) applied to a row first: ``fits``/``iteration_time_s``/``peak_gib`` by label."""
+    from bench_public_runs import predict
+
+    from tessera_lab.io import read_json
+    from tessera_lab.paths import data_dir
+
+    runs = {r["id"]: r for r in read_json(data_dir() / "published" / "megatron_moe_modelzoo.json")["runs"]}
+    out = {}
+    for label, (run_id, _) in LAYOUTS.items():
+        row = predict(dict(runs[run_id], **(changes or {}).get(label, {})), host_sync_s)
+        out[label] = {"fits": bool(row["fits_memory"]), "iteration_time_s": row["iteration_time_s"],
+                      "peak_gib": row["peak_memory_gib"]}
+    return out
+
+
 def evaluate() -> dict:
-    """Plan every layout with the fitted host/sync term and with it off: ``rows``, ``published_s``, ``agreement``,
-    ``rows_without_sync_term``, ``agreement_without_sync_term`` (the keys :func:`main` writes with ``--json``)."""
+    """Plan every layout from the CLI (``cli_rows``), and as the fidelity set does with the fitted host/sync term
+    (``rows``), with it off (``rows_without_sync_term``) and with :data:`UNPUBLISHED` settings
+    (``rows_unpublished_settings``); each order's agreement with ``published_s`` (the keys :func:`main` writes with
+    ``--json``)."""
     pub = published_times()
-    rows = {label: plan_one(argv) for label, (_, argv) in LAYOUTS.items()}
-    pred = {k: r["iteration_time_s"] for k, r in rows.items() if "error" not in r and r["fits"]}
-    off = {label: plan_one([*argv, "--host-sync-ms", "0"]) for label, (_, argv) in LAYOUTS.items() if label in pred}
-    pred_off = {k: r["iteration_time_s"] for k, r in off.items() if "error" not in r and r["fits"]}
-    alt = {label: plan_one([*LAYOUTS[label][1], *extra]) for label, (extra, _) in UNPUBLISHED.items()}
-    pred_alt = dict(pred) | {k: r["iteration_time_s"] for k, r in alt.items() if "error" not in r and r["fits"]}
-    return {"rows": rows, "published_s": pub, "agreement": rank_agreement(pred, pub), "rows_without_sync_term": off,
-            "agreement_without_sync_term": rank_agreement(pred_off, pub), "rows_unpublished_settings": alt,
-            "agreement_unpublished_settings": rank_agreement(pred_alt, pub)}
+    cli = {label: plan_one(argv) for label, (_, argv) in LAYOUTS.items()}
+    rows, off = recipe_rows(None), recipe_rows(0.0)
+    alt = recipe_rows(None, {label: fields for label, (fields, _) in UNPUBLISHED.items()})
+
+    def times(rs):
+        return {k: r["iteration_time_s"] for k, r in rs.items() if r["fits"]}
+
+    return {"cli_rows": cli, "rows": rows, "published_s": pub, "agreement": rank_agreement(times(rows), pub),
+            "rows_without_sync_term": off, "agreement_without_sync_term": rank_agreement(times(off), pub),
+            "rows_unpublished_settings": {k: alt[k] for k in UNPUBLISHED},
+            "agreement_unpublished_settings": rank_agreement(times(rows) | times(
+                {k: alt[k] for k in UNPUBLISHED}), pub)}
 
 
 def _unpublished_text(res: dict) -> str:
-    """The sensitivity to settings the sources do not publish (:data:`UNPUBLISHED`), one sentence, computed."""
+    """The sensitivity to settings the recipes do not use (:data:`UNPUBLISHED`), one sentence, computed."""
     alt, a = res["rows_unpublished_settings"], res["agreement_unpublished_settings"]
-    parts = [f"{k} with {UNPUBLISHED[k][1]}: " + (f"{r['iteration_time_s']:.2f} s (simulated, published "
-                                                    f"{res['published_s'][k]:g} s)" if "error" not in r
-                                                    else f"cannot plan ({r['error']})") for k, r in alt.items()]
-    return ("sensitivity to settings the source does not publish (not the acceptance figure, which keeps the "
-            "recipe mapping): " + "; ".join(parts) + f"; the order then agrees on {a['agree']} of {a['pairs']} "
+    parts = [f"{k} with {UNPUBLISHED[k][1]}: {r['iteration_time_s']:.2f} s (simulated, published "
+             f"{res['published_s'][k]:g} s)" for k, r in alt.items()]
+    return ("sensitivity to a setting the recipe does not use (not the acceptance figure, which keeps the recipe "
+            "mapping): " + "; ".join(parts) + f"; the order then agrees on {a['agree']} of {a['pairs']} "
             f"pairs, disagreeing {', '.join(a['disagree']) or 'none'} (computed)")
 
 
 def markdown(res: dict) -> str:
     """The table and agreement figures docs/search.md quotes ("The Megatron-MoE-ModelZoo Qwen3 table"), computed
-    from :func:`evaluate`'s result: per layout the options, peak memory (computed), predicted iteration (simulated)
-    with the fitted term and with it off, the published step (cited) and predicted / published; then both orders'
-    agreement."""
-    rows, pub, off = res["rows"], res["published_s"], res["rows_without_sync_term"]
-    out = ["| layout | options (after `--gpu H100 --seq-len 4096`) | peak GiB (computed) | predicted s (simulated) | "
-           "predicted s, host/sync term off | published s | predicted / published |", "|---|---|---|---|---|---|---|"]
+    from :func:`evaluate`'s result: per layout the CLI options and what ``plan`` gives for them (fits, peak memory,
+    computed), the recipe mapping's predicted iteration (simulated) with the fitted term and with it off, the
+    published step (cited) and predicted / published; then both orders' agreement."""
+    rows, pub, off, cli = res["rows"], res["published_s"], res["rows_without_sync_term"], res["cli_rows"]
+    out = ["| layout | `plan` options (after `--gpu H100 --seq-len 4096`) | `plan`: peak GiB (computed) | "
+           "predicted s (simulated, recipe mapping) | the same, host/sync term off | published s | "
+           "predicted / published |", "|---|---|---|---|---|---|---|"]
     for label, (_, argv) in LAYOUTS.items():
-        r, o = rows[label], off.get(label, {})
+        r, o, c = rows[label], off[label], cli[label]
         model, opts = argv[1], " ".join(argv[2:])
-        if "error" in r:
-            out.append(f"| {label} | {model} `{opts}` | cannot plan: {r['error']} | | | {pub.get(label)} | |")
-            continue
-        t_off = f"{o['iteration_time_s']:.2f}" if "iteration_time_s" in o else "-"
-        out.append(f"| {label} | {model} `{opts}` | {r['peak_gib']:.2f}{'' if r['fits'] else ' (does not fit)'} | "
-                   f"{r['iteration_time_s']:.2f} | {t_off} | {pub[label]:g} | {r['iteration_time_s'] / pub[label]:.2f} |")
+        planned = (f"cannot plan: {c['error']}" if "error" in c
+                   else f"{c['peak_gib']:.2f}{'' if c['fits'] else ' (does not fit)'}")
+        out.append(f"| {label} | {model} `{opts}` | {planned} | {r['iteration_time_s']:.2f}"
+                   f"{'' if r['fits'] else ' (does not fit)'} | {o['iteration_time_s']:.2f} | {pub[label]:g} | "
+                   f"{r['iteration_time_s'] / pub[label]:.2f} |")
     a, b = res["agreement"], res["agreement_without_sync_term"]
-    fits = sum(1 for r in rows.values() if "error" not in r and r["fits"])
-    out += ["", f"{fits} of {len(rows)} layouts plan and fit. Rank agreement over {', '.join(a['layouts'])} "
-            f"(published ties within {TIE:.0%} agree with either order): {a['agree']} of {a['pairs']} pairs, "
-            f"Kendall's tau-b {a['kendall_tau_b']:.2f}; disagreeing: {', '.join(a['disagree']) or 'none'}; of those, "
-            f"predicted within {TIE:.0%} of each other: {', '.join(a['predicted_ties']) or 'none'}, so "
-            f"{a['agree_or_tied']} of {a['pairs']} pairs agree or are tied. With the fitted host/sync term off: "
-            f"{b['agree']} of {b['pairs']} pairs, Kendall's tau-b {b['kendall_tau_b']:.2f}; disagreeing: "
-            f"{', '.join(b['disagree']) or 'none'} (all computed).", "", "S" + _unpublished_text(res)[1:] + "."]
+    fits = sum(1 for c in cli.values() if "error" not in c and c["fits"])
+    out += ["", f"{fits} of {len(cli)} layouts plan from the CLI and fit. Rank agreement over "
+            f"{', '.join(a['layouts'])} (recipe mapping; published ties within {TIE:.0%} agree with either order): "
+            f"{a['agree']} of {a['pairs']} pairs, Kendall's tau-b {a['kendall_tau_b']:.2f}; disagreeing: "
+            f"{', '.join(a['disagree']) or 'none'}; of those, predicted within {TIE:.0%} of each other: "
+            f"{', '.join(a['predicted_ties']) or 'none'}, so {a['agree_or_tied']} of {a['pairs']} pairs agree or are "
+            f"tied. With the fitted host/sync term off: {b['agree']} of {b['pairs']} pairs, Kendall's tau-b "
+            f"{b['kendall_tau_b']:.2f}; disagreeing: {', '.join(b['disagree']) or 'none'} (all computed).", "",
+            "S" + _unpublished_text(res)[1:] + "."]
     return "\n".join(out)
 
 
@@ -200,27 +228,25 @@ def main() -> None:
         return
     print(f"load average before: {load0}")
     print("layouts: r1..r5 Qwen3-235B-A22B on 256 H100, n1 Qwen3-Next-80B-A3B on 128 H100 (the ModelZoo's Qwen3 table, "
-          "BF16, sequence 4096; options in LAYOUTS)")
-    pub, rows, agr, agr_off = res["published_s"], res["rows"], res["agreement"], res["agreement_without_sync_term"]
+          "BF16, sequence 4096; CLI options in LAYOUTS, recipe mapping in data/published/megatron_moe_modelzoo.json)")
+    pub, rows, cli, agr, agr_off = (res[k] for k in ("published_s", "rows", "cli_rows", "agreement",
+                                                      "agreement_without_sync_term"))
     for label, r in rows.items():
-        pt = pub.get(label)
-        if "error" in r:
-            print(f"{label}: cannot plan ({r['error']}); published {pt} s; planner CPU {r['cpu_s']:.1f} s")
-        else:
-            print(f"{label}: fits {r['fits']}, peak {r['peak_gib']:.2f} GiB (computed), iteration "
-                  f"{r['iteration_time_s']:.2f} s (simulated), published {pt} s (data/published), ratio "
-                  f"{r['iteration_time_s'] / pt:.2f}; planner CPU {r['cpu_s']:.1f} s")
+        c, pt = cli[label], pub.get(label)
+        planned = (f"cannot plan ({c['error']})" if "error" in c else
+                   f"fits {c['fits']}, peak {c['peak_gib']:.2f} GiB (computed); planner CPU {c['cpu_s']:.1f} s")
+        print(f"{label}: from the CLI: {planned}; recipe mapping: iteration {r['iteration_time_s']:.2f} s "
+              f"(simulated), published {pt} s (data/published), ratio {r['iteration_time_s'] / pt:.2f}")
     print(f"acceptance figure, rank agreement over {agr['layouts']} (recipe mapping): {agr['agree']} of "
           f"{agr['pairs']} pairs (published ties within "
           f"{TIE:.0%} agree with any order); disagreeing pairs {agr['disagree'] or 'none'}; Kendall tau-b "
           f"{agr['kendall_tau_b']:.2f} (computed); of the disagreeing pairs, predicted within {TIE:.0%} of each "
           f"other (a tie in the prediction): {agr['predicted_ties'] or 'none'}, so {agr['agree_or_tied']} of "
           f"{agr['pairs']} pairs agree or are tied (computed)")
-    pred_off = {k: r["iteration_time_s"] for k, r in res["rows_without_sync_term"].items() if "error" not in r and r["fits"]}
-    print("with the fitted host/sync term off (--host-sync-ms 0): " + ", ".join(
-        f"{k} {v:.2f} s" for k, v in pred_off.items()) + f" (simulated); {agr_off['agree']} of {agr_off['pairs']} "
-          f"pairs agree, disagreeing {agr_off['disagree'] or 'none'}, Kendall tau-b {agr_off['kendall_tau_b']:.2f} "
-          "(computed)")
+    print("with the fitted host/sync term off: " + ", ".join(
+        f"{k} {r['iteration_time_s']:.2f} s" for k, r in res["rows_without_sync_term"].items())
+          + f" (simulated); {agr_off['agree']} of {agr_off['pairs']} pairs agree, disagreeing "
+          f"{agr_off['disagree'] or 'none'}, Kendall tau-b {agr_off['kendall_tau_b']:.2f} (computed)")
     print(_unpublished_text(res))
     print(f"load average after: {os.getloadavg()}")
     if args.json:

@@ -242,13 +242,14 @@ def _why_not(row: dict, best, rt: float | None) -> str | None:
 
 
 def modelzoo_agreement() -> dict:
-    """Rank agreement of the ModelZoo Qwen3 layouts (``bench_modelzoo_ranking.py``: its plans and published times)."""
+    """Rank agreement of the ModelZoo Qwen3 layouts (``bench_modelzoo_ranking.py``: the fidelity set's plans of
+    their rows, with the shipped fitted host/sync term, and their published times)."""
     import bench_modelzoo_ranking as mz
 
     t0 = time.process_time()
     pub = mz.published_times()
-    rows = {label: mz.plan_one(argv) for label, (_, argv) in mz.LAYOUTS.items()}
-    pred = {k: r["iteration_time_s"] for k, r in rows.items() if "error" not in r and r["fits"]}
+    rows = mz.recipe_rows(None)
+    pred = {k: r["iteration_time_s"] for k, r in rows.items() if r["fits"]}
     return {"rows": rows, "published_s": pub, "agreement": mz.rank_agreement(pred, pub),
             "cpu_s": time.process_time() - t0}
 

@@ -60,3 +60,29 @@ def test_modelzoo_a2a_layout_plans_from_the_cli(capsys):
     assert main(["plan", *b.BASE, *b.LAYOUTS["r4"][1]]) == 0
     out = capsys.readouterr().out
     assert "given split" in out and "boundaries [0, 0, 1, 2," in out
+
+
+def test_ranking_plans_the_runs_as_the_fidelity_set_maps_them():
+    """The order is judged on the fidelity set's mapping of each run (bench_public_runs.predict of its data row),
+    not on the CLI options, which leave Megatron-Core's expert grid out: r5 (TP 4, EP 8, expert TP 1) has its EP group
+    on 8 consecutive ranks, one node of 8, where `--tp 4 --ep 8` without `--ep-spans-tp` strides it by TP over
+    4 nodes (ranks 0, 4, ..., 28). The five Qwen3-235B rows run with forced balance (expert_load 1), as the
+    table's commit runs them (--moe-router-force-load-balancing)."""
+    from tessera_lab.cli.common import parallel_from_args
+    from tessera_lab.cli.main import build_parser
+    from tessera_lab.cost.analytic import CostModel
+    from tessera_lab.io import read_json
+    from tessera_lab.model.hardware import cluster_for
+    from tessera_lab.paths import data_dir
+
+    b = _bench()
+    import bench_public_runs as bp
+
+    runs = {r["id"]: r for r in read_json(data_dir() / "published" / "megatron_moe_modelzoo.json")["runs"]}
+    par, _ = bp.parallel_for(runs[b.LAYOUTS["r5"][0]])
+    assert CostModel(cluster_for(par, "H100"), par).group_link_ranks("ep") == list(range(8))
+    cli = parallel_from_args(build_parser("plan").parse_args(["plan", *b.BASE, *b.LAYOUTS["r5"][1]]))
+    assert CostModel(cluster_for(cli, "H100"), cli).group_link_ranks("ep") == list(range(0, 32, 4))
+    assert all(runs[b.LAYOUTS[k][0]]["expert_load"] == 1.0 for k in ("r1", "r2", "r3", "r4", "r5"))
+    rows = b.recipe_rows(None)
+    assert rows["r5"]["iteration_time_s"] == bp.predict(runs[b.LAYOUTS["r5"][0]], None)["iteration_time_s"]
