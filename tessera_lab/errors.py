@@ -18,6 +18,19 @@ class ConfigError(TesseraError, ValueError):
     """
 
 
+class TooFewGPUsError(ConfigError):
+    """A layout search whose every layout holds more parameter state per GPU than fits.
+
+    Attributes:
+        needed: the fewest GPUs the search accepts at which some layout's parameter state fits, or ``None`` when
+            none does up to the search's limit.
+    """
+
+    def __init__(self, message: str, needed: int | None = None):
+        super().__init__(message)
+        self.needed = needed
+
+
 class ScheduleError(TesseraError, ValueError):
     """A pipeline schedule cannot run with the requested settings
     (for example 1F1B with fewer micro-batches than stages)."""

@@ -215,3 +215,25 @@ def test_search_panel_offers_the_long_sequences_context_parallelism_is_for():
 
     options = _search_controls("qwen3-next-80b-a3b", "H200", 64, 4096, 16)["seq_len"].options
     assert {32768, 65536, 131072} <= set(options) and min(options) == 1024
+
+
+def test_search_panel_searches_again_on_the_gpus_a_refusal_names():
+    """deepseek-v3.2 on 64 H200 is refused as too few GPUs for its parameter state; the refusal names 88 (the same
+    count tessera-lab search names), which the GPUs list does not offer. The button adds 88 to the list, selects
+    it and searches again; it is hidden where nothing was refused."""
+    from tessera_lab.errors import TooFewGPUsError
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.ui.search_panel import search_panel
+
+    with pytest.raises(TooFewGPUsError) as info:
+        S.search(load_model("deepseek-v3.2"), 64, gpu="H200", top=1, max_plans=4)
+    needed = info.value.needed
+    assert needed is not None and f"at least {needed} GPUs" in str(info.value)
+    box, controls, state = search_panel("deepseek-v3.2", gpu="H200", gpus=64, max_plans=4)
+    button, line = _action(box)
+    assert "too small" in state["error"] and button.layout.display != "none"
+    assert needed not in controls["gpus"].options
+    button.click()
+    assert controls["gpus"].value == needed and needed in controls["gpus"].options
+    assert state["action"].startswith(f"GPUs 64 -> {needed}:")
+    assert "too small" not in state.get("error", "") and button.layout.display == "none"

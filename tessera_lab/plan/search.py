@@ -42,7 +42,8 @@ from tessera_lab.plan.make import make_plan
 # the search space (layouts, what is enumerated) lives in search_space; its names are the search's too
 from tessera_lab.plan.search_space import (Layout, cp_choices, enumerate_layouts, fewest_gpus,  # noqa: F401
                                             gpu_count_ok, gpu_counts_above, gpu_step, overlap_rule_breaks,
-                                            param_memory_bytes, recompute_choices, too_few_gpus_text, tp_choices)
+                                            param_memory_bytes, recompute_choices, too_few_gpus, too_few_gpus_text,
+                                            tp_choices)
 from tessera_lab.plan.search_bounds import (  # noqa: F401  (the search's bounds, re-exported for its callers)
     SPLIT_SCHEDULES, _Bounds, _Group, _group, bubble_factor, kind_tasks, memory_lower_bound, time_lower_bound)
 
@@ -334,7 +335,8 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
 
     Raises:
         ConfigError: bad ``gpus`` or global batch (:func:`check_search_inputs`), a global batch no micro-batching
-            of the GPUs makes, or GPUs too few for the model's parameters in any layout.
+            of the GPUs makes; :class:`~tessera_lab.errors.TooFewGPUsError` (a ConfigError) GPUs too few for the
+            model's parameters in any layout, with the fewest that hold them as ``needed``.
     """
     t0 = time.process_time()
     from tessera_lab.model.hardware import GPUSpec
@@ -354,7 +356,7 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
     bounds = _Bounds(model, seq_len, cluster)
     cands, by_params, lightest = _first_pass(model, list(layouts), seq_len, capacity, bounds)
     if not cands:
-        raise ConfigError(too_few_gpus_text(model, gpus, seqs, seq_len, node, capacity, lightest))
+        raise too_few_gpus(model, gpus, seqs, seq_len, node, capacity, lightest)
     cands = _canonical_first(cands, bounds, capacity)
     children = _children_cpu_s()
     planned, rest = _plan_all(cands, bounds, capacity, (top, jobs, max_plans), progress)

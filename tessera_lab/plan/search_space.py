@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from tessera_lab.errors import ConfigError
+from tessera_lab.errors import ConfigError, TooFewGPUsError
 from tessera_lab.model.hardware import ParallelConfig, overlap_rule_breaks  # noqa: F401  (re-exported)
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.plan.make import VIRTUAL_SCHEDULES
@@ -274,12 +274,25 @@ def fewest_gpus(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_dom
     return None
 
 
+def too_few_gpus(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_domain: int, capacity: float,
+                 lightest: float) -> TooFewGPUsError:
+    """The refusal of a search whose every layout fails the parameter-memory rule (``lightest``: the lightest
+    parameter state per GPU seen, bytes): its one line (:func:`too_few_gpus_text`) and, as ``needed``, the fewest GPUs
+    that pass it (``None`` when none up to the limit)."""
+    text, needed = _too_few(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest)
+    return TooFewGPUsError(text, needed)
+
+
 def too_few_gpus_text(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_domain: int, capacity: float,
                       lightest: float) -> str:
     """The one-line refusal of a search whose every layout fails the parameter-memory rule (``lightest``: the
     lightest parameter state per GPU seen, bytes), naming the fewest GPUs that pass it (:func:`fewest_gpus`, looked
     for up to 4x the GPUs a linear scaling of ``lightest`` asks for); saved activations may need more, so the count
     is a floor ("at least")."""
+    return _too_few(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest)[0]
+
+
+def _too_few(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest) -> tuple[str, int | None]:
     step = gpu_step(nvlink_domain)
     linear = -(-math.ceil(gpus * lightest / capacity) // step) * step
     limit = max(4 * linear, gpus + 16 * step)
@@ -288,8 +301,8 @@ def too_few_gpus_text(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvli
     got = fewest_gpus(model, gpus, seqs, seq_len, nvlink_domain, capacity, limit)
     if got is None:
         return head + (f"more than {limit} GPUs or a larger --global-batch-tokens (no count of GPUs the search accepts "
-                       f"up to {limit} holds its parameter state with {seqs} sequences per iteration)")
+                       f"up to {limit} holds its parameter state with {seqs} sequences per iteration)"), None
     n, share = got
     unit = f"a multiple of {step}" if n % step == 0 else f"part of one {step}-GPU node"
     return head + (f"at least {n} GPUs ({unit}; the fewest whose lightest layout's parameter state fits: "
-                   f"{share / 2**30:.1f} GiB per GPU, computed; saved activations may need more)")
+                   f"{share / 2**30:.1f} GiB per GPU, computed; saved activations may need more)"), n

@@ -13,8 +13,9 @@ import textwrap
 import time
 from typing import Any
 
+from tessera_lab.errors import TooFewGPUsError
 from tessera_lab.plan.search import DEFAULT_GLOBAL_SEQUENCES, DEFAULT_MAX_PLANS, Candidate, SearchResult
-from tessera_lab.ui.panel import LABEL_STYLE, View, panel
+from tessera_lab.ui.panel import LABEL_STYLE, Action, View, panel
 
 #: full planner runs the panel allows per search by default (the CLI's ``--max-plans`` default is
 #: :data:`~tessera_lab.plan.search.DEFAULT_MAX_PLANS`); the caption says how many layouts the budget left
@@ -196,6 +197,9 @@ def search_panel(model: str = "qwen3-next-80b-a3b", *, gpu: str = "H200", gpus: 
     to draw. Shows the top layouts (:func:`top_table`), a heatmap of tokens/s over (pp, ep) (:func:`pp_ep_grid`)
     and the chosen layout's timeline (:func:`layout_plan`).
 
+    Where the search refuses the GPU count as too few for the model's parameters, a button searches again on the
+    fewest GPUs the refusal names (added to the GPUs list when it is not there).
+
     Returns:
         ``(panel, controls, state)`` (:func:`~tessera_lab.ui.panel.panel`); ``state`` holds ``result`` (the
         :class:`SearchResult`), ``plan`` (the chosen layout's Plan), ``table``, ``grid``, ``seconds``,
@@ -210,6 +214,7 @@ def search_panel(model: str = "qwen3-next-80b-a3b", *, gpu: str = "H200", gpus: 
     controls = _search_controls(model, gpu, gpus, seq_len, max_plans)
     cache: dict[tuple, SearchResult] = {}
     moved: list[str] = []
+    refused: dict[str, int | None] = {}  # the fewest GPUs the last too-few refusal named
 
     def on_change(name: str) -> None:
         if name == "gpu":  # whole NVLink domains of the new GPU (8 per node, 72 per NVL72 rack)
@@ -233,9 +238,14 @@ def search_panel(model: str = "qwen3-next-80b-a3b", *, gpu: str = "H200", gpus: 
         knobs = {k: None if v[k] == "config" else v[k] for k in ("attention_ratio", "expert_width", "top_k")}
         key = (v["model"], v["gpu"], v["gpus"], v["seq_len"], v["max_plans"], tuple(knobs.values()))
         reused = key in cache
+        refused.clear()
         if not reused:
-            res = layout_search(v["model"], v["gpus"], gpu=v["gpu"], seq_len=v["seq_len"], max_plans=v["max_plans"],
-                                **knobs)
+            try:
+                res = layout_search(v["model"], v["gpus"], gpu=v["gpu"], seq_len=v["seq_len"],
+                                    max_plans=v["max_plans"], **knobs)
+            except TooFewGPUsError as exc:
+                refused["needed"] = exc.needed
+                raise
             cache.clear()  # one search kept: the settings of the last change
             cache[key] = res
         res = cache[key]
@@ -244,10 +254,20 @@ def search_panel(model: str = "qwen3-next-80b-a3b", *, gpu: str = "H200", gpus: 
     def render(s: dict[str, Any]) -> View:
         return View(s["table"], s["figures"], s["notes"], s["info"])
 
+    def use_needed(values: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        n = refused["needed"]
+        if n not in controls["gpus"].options:
+            controls["gpus"].options = tuple(sorted({*controls["gpus"].options, n}))
+        return {"gpus": n}, (f"GPUs {values['gpus']} -> {n}: the fewest at which some layout's parameter state fits "
+                             "(computed; saved activations may need more)")
+
+    more = Action("search on the GPUs the refusal names", use_needed,
+                  when=lambda s: "error" in s and refused.get("needed") is not None, busy="searching")
     return panel(controls, compute, render,
                  rows=[["model", "gpu", "gpus", "seq_len"], ["attention_ratio", "expert_width", "top_k"],
                        ["max_plans", "show"]],
-                 state_key=None, error_prefix="cannot search", caption=lambda s: s["caption"], on_change=on_change)
+                 state_key=None, error_prefix="cannot search", caption=lambda s: s["caption"], on_change=on_change,
+                 actions=[more])
 
 
 def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], timing: tuple,
