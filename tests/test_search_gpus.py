@@ -44,15 +44,20 @@ def test_gpu_counts_by_hand(gpu, gpus, ok):
 def test_search_on_a_partial_rack_matches_plan():
     """16 GB200 GPUs: the search plans on one NVL72 rack (16 GPUs used), and its first layout's iteration is what
     `plan` computes for that layout with the search's planner options."""
-    model = load_model("qwen3-30b-a3b")
-    res = S.search(model, 16, gpu="GB200", global_batch_tokens=4096 * 256, top=1, max_plans=8)
+    res = S.search(load_model("qwen3-30b-a3b"), 16, gpu="GB200", global_batch_tokens=4096 * 256, top=1, max_plans=8)
+    pl = _first_as_planned(res, "GB200")
+    assert pl.cluster.num_gpus == 72 and pl.parallel.world_size == 16
+
+
+def _first_as_planned(res, gpu: str):
+    """`plan` of the search's first layout with the search's planner options; its iteration is the search's."""
     assert res.ranked, res.errors
     first = res.ranked[0]
     opts = dict(S.PLAN_OPTIONS, **({"method": S.VIRTUAL_METHOD, "limit": S.VIRTUAL_ILP_BUDGET}
                                    if first.layout.vpp > 1 else {}))
-    pl = make_plan(model, first.layout.parallel(4096), None, gpu="GB200", **opts)
-    assert pl.cluster.num_gpus == 72 and pl.parallel.world_size == 16
+    pl = make_plan(load_model(res.model), first.layout.parallel(4096), None, gpu=gpu, **opts)
     assert pl.chosen.iteration_time_s == pytest.approx(first.result["iteration_time_s"], rel=1e-12)
+    return pl
 
 
 def test_plan_header_says_how_many_gpus_of_the_rack_it_uses(capsys):
@@ -71,17 +76,11 @@ def test_a_four_gpu_workstation_searches_and_is_told_the_next_count():
     fits, and the first matches `plan` of that layout on the same single node. For olmoe-1b-7b on 1 GPU the refusal
     names 2 GPUs: its lightest parameter state, 6.92e9 parameters x 18 bytes (bf16 weight, fp32 gradient, fp32 master
     and two fp32 moments) = 116.0 GiB, does not fit 73.6 GiB on one GPU and 58.0 GiB (half of it, pp 2) does."""
-    model = load_model("qwen3-8b")
-    res = S.search(model, 4, gpu="H100", global_batch_tokens=4096 * 64, top=2, max_plans=8)
-    assert res.ranked, res.errors
+    res = S.search(load_model("qwen3-8b"), 4, gpu="H100", global_batch_tokens=4096 * 64, top=2, max_plans=8)
     for cand in res.ranked:
         assert cand.layout.parallel(4096).world_size == 4 and cand.result["fits"]
-    first = res.ranked[0]
-    opts = dict(S.PLAN_OPTIONS, **({"method": S.VIRTUAL_METHOD, "limit": S.VIRTUAL_ILP_BUDGET}
-                                   if first.layout.vpp > 1 else {}))
-    pl = make_plan(model, first.layout.parallel(4096), None, gpu="H100", **opts)
+    pl = _first_as_planned(res, "H100")
     assert pl.cluster.num_gpus == 8 and pl.parallel.world_size == 4
-    assert pl.chosen.iteration_time_s == pytest.approx(first.result["iteration_time_s"], rel=1e-12)
 
     with pytest.raises(ConfigError) as info:
         S.search(load_model("olmoe-1b-7b"), 1, gpu="H100", global_batch_tokens=4096 * 64, top=1, max_plans=4)
