@@ -234,11 +234,12 @@ def main() -> None:
     for label, r in rows.items():
         c, pt = cli[label], pub.get(label)
         planned = (f"cannot plan ({c['error']})" if "error" in c else
-                   f"fits {c['fits']}, peak {c['peak_gib']:.2f} GiB (computed); planner CPU {c['cpu_s']:.1f} s")
+                   f"fits {c['fits']}, peak {c['peak_gib']:.2f} GiB (computed); planner CPU {c['cpu_s']:.1f} s "
+                   "(measured)")
         print(f"{label}: from the CLI: {planned}; recipe mapping: iteration {r['iteration_time_s']:.2f} s "
               f"(simulated), published {pt} s (data/published), ratio {r['iteration_time_s'] / pt:.2f}")
-    print(f"acceptance figure, rank agreement over {agr['layouts']} (recipe mapping): {agr['agree']} of "
-          f"{agr['pairs']} pairs (published ties within "
+    print(f"acceptance figure (target: every pair in the published order, {agr['pairs']} of {agr['pairs']}), rank "
+          f"agreement over {agr['layouts']} (recipe mapping): {agr['agree']} of {agr['pairs']} pairs (published ties within "
           f"{TIE:.0%} agree with any order); disagreeing pairs {agr['disagree'] or 'none'}; Kendall tau-b "
           f"{agr['kendall_tau_b']:.2f} (computed); of the disagreeing pairs, predicted within {TIE:.0%} of each "
           f"other (a tie in the prediction): {agr['predicted_ties'] or 'none'}, so {agr['agree_or_tied']} of "

@@ -499,7 +499,9 @@ def test_no_fit_answer_is_one_error_line_on_stderr(monkeypatch, capsys):
     from tessera_lab.cli.main import main
 
     lay = S.Layout(8, 1, 8, 1, 1, 8, 1, "1f1b", "none", "alltoall")
-    reason = "no partition fits in memory: stage 0 at 140.00 GiB (tessera-lab search lists layouts that fit)"
+    from tessera_lab.plan.problem import SEARCH_POINTER
+
+    reason = f"no partition fits in memory: stage 0 at 140.00 GiB {SEARCH_POINTER}"
     res = S.SearchResult("qwen3-next-80b-a3b", 64, "H200", 4096, 1024, 10,
                          [S.Candidate(lay, 1.0, 0.0, {"error": reason, "fits": False})], 100, {"memory (parameter state)": 0,
                          "memory": 0, "bound": 0, "budget": 12}, errors={reason: 1},

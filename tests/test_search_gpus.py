@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera_lab.errors import ConfigError
+from tessera_lab.errors import ConfigError, TooFewGPUsError
 from tessera_lab.model.hardware import ParallelConfig, cluster_for
 from tessera_lab.model.spec import load_model
 from tessera_lab.plan import search as S
@@ -87,3 +87,24 @@ def test_a_four_gpu_workstation_searches_and_is_told_the_next_count():
     line = str(info.value)
     assert "holds 116.0 GiB of parameter state per GPU" in line
     assert "at least 2 GPUs (part of one 8-GPU node;" in line and "58.0 GiB per GPU" in line
+
+
+def test_the_named_count_passes_the_memory_bound_not_only_the_parameter_state():
+    """qwen3-next on 4 GB200: by parameter state alone 8 GPUs would do (167.0 GiB per GPU against 167.2), but at 8
+    every layout's lower bound with saved activations is over the capacity (brute force over every enumerated
+    layout), so the refusal names 16, where some layout passes both bounds."""
+    from tessera_lab.cost.memory import memory_capacity
+
+    model = load_model("qwen3-next-80b-a3b")
+    cluster = S.search_cluster("GB200", 8)
+    cap, bounds, seqs = memory_capacity(cluster), S._Bounds(model, 4096, cluster), 1024
+
+    def passes(n):
+        return any(S.param_memory_bytes(model, lay, 4096) / lay.pp <= cap and bounds.memory(lay) <= cap
+                   for lay in S.enumerate_layouts(model, n, seqs, gpus_per_node=72, seq_len=4096))
+
+    assert S.fewest_gpus(model, 4, seqs, 4096, 72, cap, 64)[0] == 8  # the parameter state alone
+    assert not passes(8) and passes(16)
+    with pytest.raises(TooFewGPUsError) as info:
+        S.search(model, 4, gpu="GB200", top=1, max_plans=4)
+    assert info.value.needed == 16 and "at least 16 GPUs" in str(info.value)

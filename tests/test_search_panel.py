@@ -51,7 +51,7 @@ def test_search_panel_shows_the_search_its_grid_and_the_chosen_layouts_timeline(
     assert state["plan"].chosen.iteration_time_s == pytest.approx(res.ranked[0].result["iteration_time_s"], rel=1e-9)
     assert state["plan"].parallel.pp == res.ranked[0].layout.pp
     cap = state["caption"]
-    for part in ("search of qwen3-next-80b-a3b on 64 H200", "panel budget 16 plans (tessera-lab search: 210; both rounded up to whole batches of 8)",
+    for part in ("search of qwen3-next-80b-a3b on 64 H200", "panel budget 16 plans (tessera-lab search: 210; planned in batches of up to 8, up to 7 more)",
                  "s wall", "s CPU (measured)"):
         assert part in cap, (part, cap)
     # the chosen layout's MFU against the published band first (as the CLI's "MFU of #1"), then the budget
@@ -74,19 +74,26 @@ def test_search_panel_draws_another_layout_without_searching_again(searched):
     controls["show"].value = 1
 
 
-def test_search_panel_gpu_choice_moves_the_count_to_whole_nvlink_domains():
+def test_search_panel_gpu_choice_keeps_a_count_the_search_accepts():
     from tessera_lab.ui.search_panel import gpu_counts, search_panel
 
-    assert gpu_counts("GB200")[0] == 72 and all(n % 72 == 0 for n in gpu_counts("GB200"))
+    assert 72 in gpu_counts("GB200") and all(n % 72 == 0 for n in gpu_counts("GB200") if n > 72)
     # on 8-GPU nodes half a node (a 4-GPU workstation) and whole nodes, each a count the search accepts
     assert gpu_counts("B300")[0] == 4 and all(n % 8 == 0 for n in gpu_counts("B300")[1:])
     assert all(S.gpu_count_ok(n, d) for g, d in (("B300", 8), ("GB200", 72)) for n in gpu_counts(g))
     box, controls, state = search_panel("qwen3-30b-a3b", gpus=64, max_plans=4)
     assert {"GB200", "B300"} <= set(controls["gpu"].options)
     assert controls["attention_ratio"].layout.display == "none"  # full attention only: no ratio knob
+    # 64 GPUs are part of one NVL72 rack, which the search takes: the count stays
     controls["gpu"].value = "GB200"
-    assert controls["gpus"].value == 72 and "GPUs 64 -> 72" in state["caption"], state.get("error")
-    assert state["result"].gpus == 72 and state["result"].gpu == "GB200"
+    assert controls["gpus"].value == 64 and "GPUs 64 ->" not in state["caption"], state.get("error")
+    assert state["result"].gpus == 64 and state["result"].gpu == "GB200"
+    # a count not in the lists (as the refusal button adds one) stays when the GPU changes: 24 H100 -> 24 H200
+    controls["gpu"].value = "H100"
+    controls["gpus"].options = (*controls["gpus"].options, 24)
+    controls["gpus"].value = 24
+    controls["gpu"].value = "H200"
+    assert controls["gpus"].value == 24 and 24 in controls["gpus"].options and state["result"].gpus == 24
 
 
 def test_quickstart_suggest_applies_the_fastest_layout_that_fits():
@@ -220,7 +227,9 @@ def test_search_panel_offers_the_long_sequences_context_parallelism_is_for():
 def test_search_panel_searches_again_on_the_gpus_a_refusal_names():
     """deepseek-v3.2 on 64 H200 is refused as too few GPUs for its parameter state; the refusal names 88 (the same
     count tessera-lab search names), which the GPUs list does not offer. The button adds 88 to the list, selects
-    it and searches again; it is hidden where nothing was refused."""
+    it and searches again. There every planned layout is refused by the planner (a bound is a floor), and the line
+    names the next count at which some layout passes both memory bounds (96), which the button searches next; there
+    a layout fits and the button is hidden."""
     from tessera_lab.errors import TooFewGPUsError
     from tessera_lab.model.spec import load_model
     from tessera_lab.ui.search_panel import search_panel
@@ -229,11 +238,15 @@ def test_search_panel_searches_again_on_the_gpus_a_refusal_names():
         S.search(load_model("deepseek-v3.2"), 64, gpu="H200", top=1, max_plans=4)
     needed = info.value.needed
     assert needed is not None and f"at least {needed} GPUs" in str(info.value)
-    box, controls, state = search_panel("deepseek-v3.2", gpu="H200", gpus=64, max_plans=4)
+    box, controls, state = search_panel("deepseek-v3.2", gpu="H200", gpus=64, max_plans=8)
     button, line = _action(box)
     assert "too small" in state["error"] and button.layout.display != "none"
     assert needed not in controls["gpus"].options
     button.click()
     assert controls["gpus"].value == needed and needed in controls["gpus"].options
     assert state["action"].startswith(f"GPUs 64 -> {needed}:")
-    assert "too small" not in state.get("error", "") and button.layout.display == "none"
+    assert "no planned layout of deepseek-v3.2 on 88 H200 fits memory" in state["error"]
+    assert "at least 96" in state["error"] and button.layout.display != "none"
+    button.click()
+    assert controls["gpus"].value == 96 and "error" not in state, state.get("error")
+    assert state["action"].startswith(f"GPUs {needed} -> 96:") and button.layout.display == "none"

@@ -239,7 +239,9 @@ def parallel_from_args(args: argparse.Namespace):
 
     one = ParallelConfig(pp=args.pp, tp=args.tp, ep=args.ep, dp=1, cp=getattr(args, "cp", 1),
                          ep_spans_tp=bool(getattr(args, "ep_spans_tp", False)))
-    dp = dp_for_gpus(getattr(args, "gpus", None), args.dp, one.world_size)
+    sizes = " x ".join(f"{k} {v}" for k, v in (("pp", one.pp), ("ep", one.ep), ("tp", one.tp), ("cp", one.cp))
+                       if v > 1 and not (k == "tp" and one.ep_spans_tp)) or "1"
+    dp = dp_for_gpus(getattr(args, "gpus", None), args.dp, one.world_size, sizes)
     return ParallelConfig(
         pp=args.pp, vpp=args.vpp, tp=args.tp, ep=args.ep, dp=dp, microbatches=args.microbatches,
         **({"cp": args.cp} if getattr(args, "cp", 1) != 1 else {}),

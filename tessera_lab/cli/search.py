@@ -167,8 +167,13 @@ def _cpu_text(res) -> str:
 def no_fit_hint(res) -> str:
     """The smallest change that would fit, from the planned candidates' memory: the lightest peak against the
     capacity, and the options that lower it (more GPUs, recompute, a shorter sequence)."""
+    from tessera_lab.plan.problem import SEARCH_POINTER
+
     rows = [c.result for c in res.planned if c.result and "peak_memory_gib" in c.result]
     cap = res.memory_capacity_bytes / 2**30
+    fewest = getattr(res, "fewest_fitting_gpus", None)
+    more = (f"at least --gpus {fewest}: the fewest at which some layout passes both memory bounds, computed"
+            if fewest else f"--gpus {res.gpus * 2}")
     left = (getattr(res, "pruned", None) or {}).get("budget", 0)
     unplanned = (f"; {left:,} layouts were left unplanned at the --max-plans budget (a larger --max-plans plans "
                  "them; they may fit)" if left else "")
@@ -177,16 +182,16 @@ def no_fit_hint(res) -> str:
         why = ""
         if errors:
             reason, n = max(errors.items(), key=lambda kv: kv[1])
-            reason = reason.replace(" (tessera-lab search lists layouts that fit)", "")
+            reason = reason.replace(f" {SEARCH_POINTER}", "")
             why = f" (most often, {n} of them: {reason})"
         pr = getattr(res, "pruned", None) or {}
         if not res.planned:
             mem = pr.get("memory (parameter state)", 0) + pr.get("memory", 0)
             return (f"no layout was planned: {mem:,} of {res.enumerated:,} were ruled out by the memory bounds (they "
-                    f"cannot fit {cap:.1f} GiB per GPU){unplanned}; allowed: more GPUs (--gpus {res.gpus * 2}), a "
+                    f"cannot fit {cap:.1f} GiB per GPU){unplanned}; allowed: more GPUs ({more}), a "
                     f"shorter --seq-len (below {res.seq_len}) or a smaller global batch")
         return (f"every planned candidate ({len(res.planned)}) was refused by the planner{why}{unplanned}; allowed: "
-                f"more GPUs (--gpus {res.gpus * 2}), a shorter --seq-len (below {res.seq_len}) or a smaller global "
+                f"more GPUs ({more}), a shorter --seq-len (below {res.seq_len}) or a smaller global "
                 "batch")
     from tessera_lab.plan.search_space import CP_MIN_TOKENS
 
@@ -195,7 +200,7 @@ def no_fit_hint(res) -> str:
     tried = (f"; context parallelism up to --cp {cp} was among the layouts searched (at least {CP_MIN_TOKENS:,} "
              "tokens per CP rank; a CP group may span NVLink domains)" if cp > 1 else "")
     return (f"the lightest planned layout peaks at {light:.1f} GiB against {cap:.1f} GiB; allowed: about "
-            f"{light / cap:.2f}x the GPUs (--gpus {res.gpus * 2}), or a shorter --seq-len (below {res.seq_len})"
+            f"{light / cap:.2f}x the GPUs ({more}), or a shorter --seq-len (below {res.seq_len})"
             f"{tried}{unplanned}")
 
 
@@ -280,8 +285,8 @@ def add_parser(sub) -> None:
     p.add_argument("--top", type=positive_int("top"), default=10, help="layouts printed and kept exact (default 10)")
     p.add_argument("--jobs", type=positive_int("jobs"), default=1, help="planner processes (same result for any)")
     p.add_argument("--max-plans", type=positive_int("max_plans"), default=DEFAULT_MAX_PLANS,
-                   help=f"full planner runs (default {DEFAULT_MAX_PLANS}, about 0.1 CPU s each; planned in batches of 8, "
-                        "so the count is rounded up to a multiple of 8)")
+                   help=f"full planner runs (default {DEFAULT_MAX_PLANS}, about 0.1 CPU s each; planned in batches of up "
+                        "to 8, planning stops at the first batch that reaches it, so up to 7 more)")
     p.add_argument("--csv", metavar="PATH", help="write every planned candidate as CSV ('-' for stdout)")
     p.add_argument("--export", metavar="PATH", help="write layout #1 as Megatron-Core arguments (JSON)")
     add_model_knobs(p)

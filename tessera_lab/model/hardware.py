@@ -558,10 +558,11 @@ def overlap_rule_breaks(lay: Any) -> list[str]:
     return [why for bad, why in rules if bad]
 
 
-def dp_for_gpus(gpus: int | None, dp: int | None, per_replica: int) -> int:
+def dp_for_gpus(gpus: int | None, dp: int | None, per_replica: int, sizes: str = "") -> int:
     """Data-parallel replicas: ``gpus / per_replica`` when ``gpus`` is given (``per_replica``: the GPUs of one
     replica, pp x ep x tp x cp with tp once when EP spans it, :attr:`ParallelConfig.world_size` at dp 1), else ``dp``
-    (1 when not given).
+    (1 when not given). ``sizes``: those sizes as the caller's options set them (``"pp 8 x ep 8"``), named in the
+    refusal.
 
     Raises:
         ConfigError: ``gpus`` not a multiple of ``per_replica``, or ``dp`` given and ``dp x per_replica != gpus``.
@@ -570,8 +571,13 @@ def dp_for_gpus(gpus: int | None, dp: int | None, per_replica: int) -> int:
         return dp or 1
     if gpus % per_replica:
         lo = per_replica
-        raise ConfigError(f"--gpus = {gpus} is not a multiple of the {lo} GPUs of one data-parallel replica (pp x ep x "
-                          f"tp x cp, tp once when EP spans it); allowed: {lo}, {2 * lo}, {3 * lo}, ...")
+        made = f"{sizes} = {lo}" if sizes else "pp x ep x tp x cp, tp once when EP spans it"
+        node = int(hardware_data()["node"]["gpus_per_node"])
+        search = (f" (tessera-lab search --gpus {gpus} lists layouts of {gpus} GPUs)"
+                  if gpus % node == 0 or node % gpus == 0 else "")  # the counts the search takes on nodes of 8
+        raise ConfigError(f"--gpus = {gpus} is not a multiple of the {lo} GPUs of one data-parallel replica ({made}); "
+                          f"allowed: {lo}, {2 * lo}, {3 * lo}, ..., or --pp/--ep/--tp/--cp whose product divides "
+                          f"{gpus}{search}")
     if dp is not None and dp * per_replica != gpus:
         raise ConfigError(f"--dp = {dp} gives {dp * per_replica} GPUs, not --gpus = {gpus}; allowed: --dp "
                           f"{gpus // per_replica}, or leave --dp out (--gpus sets it)")

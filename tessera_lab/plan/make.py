@@ -26,6 +26,7 @@ from tessera_lab.errors import ConfigError, InfeasiblePlanError, PartitionError,
 from tessera_lab.checks import check_work, divisors_text
 from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfig, check_fits, cluster_for
 from tessera_lab.model.spec import DENSE, FULL_ATTENTION, NO_FFN, NO_MIXER, ModelSpec, model_from_name, shipped_models
+from tessera_lab.plan.problem import without_schedule_hint
 from tessera_lab.model.tasks import model_flops_per_iteration
 from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, evaluate
 from tessera_lab.plan.ilp import DEFAULT_ILP_BUDGET, IlpBudget, limit_text, limit_word
@@ -245,7 +246,7 @@ def _problem(model: ModelSpec, parallel: ParallelConfig, cm, sm: StageCostModel,
     return PartitionProblem(model.num_layers, parallel.pp * parallel.vpp, cost, memory=sm.memory_bytes,
                             memory_limit=memory_capacity(cm.cluster), objective="bottleneck",
                             microbatches=parallel.microbatches, vpp=parallel.vpp, has_experts=model.has_moe,
-                            given_split=given_split, recompute=parallel.recompute)
+                            given_split=given_split, recompute=parallel.recompute, schedule=parallel.schedule)
 
 
 # params: the planner's public options, one per 'tessera-lab plan' flag (keyword-only after the cluster)
@@ -582,8 +583,8 @@ def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
 
     if not plans:
         errors = [(label(t), t.get("error", "exceeds memory")) for t in trials]
-        # each refusal's advice (after its first '; ') once, in order: the schedules mostly share it
-        advice = list(dict.fromkeys(e.split("; ", 1)[1] for _, e in errors if "; " in e))
+        # each refusal's advice (after its first '; ') once, in order, less the schedule advice (all were tried)
+        advice = list(dict.fromkeys(without_schedule_hint(e.split("; ", 1)[1]) for _, e in errors if "; " in e))
         raise PartitionError("schedule auto: no schedule fits; " + "; ".join(
             f"{name}: {e.split('; ', 1)[0]}" for name, e in errors) + ("; advice: " + "; ".join(advice)
                                                                           if advice else ""))

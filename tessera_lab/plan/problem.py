@@ -18,6 +18,9 @@ GIB = 2**30
 #: the refusal of a problem no partition satisfies for layer counts alone (every other
 #: :class:`~tessera_lab.errors.InfeasiblePlanError` is a memory refusal)
 LAYER_COUNT_REFUSAL = "no partition satisfies the layer-count constraints"
+#: the end of a memory refusal: where to look next (the search lists layouts of the same GPUs that fit, or names the
+#: fewest GPUs at which one could; the panels word it as their suggest button, :func:`tessera_lab.ui.panel.panel_wording`)
+SEARCH_POINTER = "(tessera-lab search lists layouts that fit, or the GPUs one needs)"
 
 
 #: feasible segments per (memory function, limit, sizes, bounds, stage): see :meth:`PartitionProblem.segments`
@@ -46,6 +49,8 @@ class PartitionProblem:
         has_experts: the model has routed experts (a memory refusal then suggests ep; else tp and dp).
         recompute: the activation recomputation already planned (``none``, ``selective`` or ``full``): a memory
             refusal suggests only more than that.
+        schedule: the pipeline schedule planned, or ``None``: a memory refusal names the schedule that keeps fewer
+            micro-batches in flight where there is one (:data:`FEWER_IN_FLIGHT`).
         given_split: the problem only scores a given split (``score_boundaries``), which may leave the first and
             last stage only the embedding and the loss (Megatron's embedding/loss-accounted split): up to
             ``L + 2`` stages; never solved.
@@ -67,6 +72,7 @@ class PartitionProblem:
     has_experts: bool = True
     recompute: str = "none"
     given_split: bool = False
+    schedule: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
@@ -273,8 +279,9 @@ def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
     if problem.vpp > 1:
         return InfeasiblePlanError(
             f"no partition into {problem.num_stages} virtual stages fits {problem.memory_limit / GIB:.2f} GiB on every "
-            f"rank; add pipeline ranks, {_recompute_hint(problem)}{_shard_hint(problem)} or shorten the sequence "
-            "(tessera-lab search lists layouts that fit)"
+            f"rank; add pipeline ranks, {_recompute_hint(problem)}{_schedule_hint(problem)}{_shard_hint(problem)} or "
+            "shorten the sequence "
+            f"{SEARCH_POINTER}"
         )
     S, L, limit = problem.num_stages, problem.num_layers, problem.memory_limit
     best: dict[int, tuple[float, tuple[int, ...]]] = {0: (-math.inf, (0,))}
@@ -299,8 +306,9 @@ def infeasible_error(problem: PartitionProblem) -> InfeasiblePlanError:
         f"no partition fits in memory: even the closest one puts stage {s} ("
         f"{f'layer {b[s]}' if one else f'layers {b[s]}-{b[s + 1] - 1}'}) at "
         f"{need / GIB:.2f} GiB, {excess[s] / GIB:.2f} GiB more than the {limit / GIB:.2f} GiB available; "
-        f"{'' if one else 'add pipeline stages, '}{_recompute_hint(problem)}{_shard_hint(problem)} or shorten the sequence "
-        "(tessera-lab search lists layouts that fit)"
+        f"{'' if one else 'add pipeline stages, '}{_recompute_hint(problem)}{_schedule_hint(problem)}"
+        f"{_shard_hint(problem)} or shorten the sequence "
+        f"{SEARCH_POINTER}"
     )
 
 
@@ -311,6 +319,28 @@ def _recompute_hint(problem: PartitionProblem) -> str:
     if problem.recompute == "none":
         return "recompute activations (--recompute selective|full), "
     return "recompute more (--recompute full), "
+
+
+#: schedule -> the schedule of the same pipeline that keeps fewer micro-batches in flight on the first rank
+#: (:func:`tessera_lab.plan.vschedules.plan_in_flight`: the EP-overlap schedules pair a forward with a backward, so
+#: they hold about twice 1F1B's; ZB-H2 holds more than ZB-H1)
+FEWER_IN_FLIGHT = {"overlapped": "1f1b", "interleaved-overlapped": "interleaved", "zb-h2": "zb-h1"}
+#: the schedule advice of a memory refusal (:func:`_schedule_hint`)
+SCHEDULE_HINT = "keep fewer micro-batches in flight (--schedule {schedule}), "
+
+
+def _schedule_hint(problem: PartitionProblem) -> str:
+    """The schedule advice of a memory refusal: the schedule that keeps fewer micro-batches in flight, if any."""
+    other = FEWER_IN_FLIGHT.get(problem.schedule or "")
+    return SCHEDULE_HINT.format(schedule=other) if other else ""
+
+
+def without_schedule_hint(text: str) -> str:
+    """A memory refusal's advice without its schedule advice (:data:`SCHEDULE_HINT`), for a refusal that tried every
+    schedule."""
+    import re
+
+    return re.sub(re.escape(SCHEDULE_HINT).replace(re.escape("{schedule}"), r"[\w-]+"), "", text)
 
 
 def _shard_hint(problem: PartitionProblem) -> str:

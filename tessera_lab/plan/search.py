@@ -111,6 +111,9 @@ class SearchResult:
     memory_reserve_gib: float = 0.0
     #: whether the caller gave that reserve (``search(memory_reserve_gib=...)``), not the data file
     memory_reserve_given: bool = False
+    #: where no planned layout fits: the fewest GPUs above ``gpus`` (up to 4x, at most 64 GPU steps more) at which some
+    #: layout passes both memory bounds (:func:`~tessera_lab.plan.search_space.fewest_gpus`), ``None`` when none does or layouts were given
+    fewest_fitting_gpus: int | None = None
 
     @property
     def planned_per_cpu_s(self) -> float:
@@ -325,8 +328,9 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
             the second planning pass; #1 comes from the first, which prunes against the best plan whatever ``top``).
         jobs: processes planning candidates at once (the same candidates are planned, and the same result
             returned, for any ``jobs``).
-        max_plans: full planner runs, rounded up to a whole batch of 8 (candidates are planned 8 at a time: the
-            default 210 plans up to 216); candidates left then are counted as ``budget`` with the smallest
+        max_plans: full planner runs; candidates are planned in batches of up to 8 and planning stops at the first
+            batch that reaches the budget, so up to 7 more are planned (a batch is short where a pass runs out of
+            candidates); candidates left then are counted as ``budget`` with the smallest
             bound among them (:attr:`SearchResult.unplanned_bound_s`).
         progress: called with (candidates looked at, candidates after the parameter-memory rule).
         layouts: the layouts to consider instead of :func:`enumerate_layouts`' (tests, studies).
@@ -346,6 +350,7 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
                                node)
     cluster = search_cluster(gpu, gpus, memory_reserve_gib)
     capacity = memory_capacity(cluster)
+    layouts_given = layouts
     if layouts is None:
         layouts = enumerate_layouts(model, gpus, seqs, gpus_per_node=node, seq_len=seq_len)
     if not layouts:
@@ -356,7 +361,7 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
     bounds = _Bounds(model, seq_len, cluster)
     cands, by_params, lightest = _first_pass(model, list(layouts), seq_len, capacity, bounds)
     if not cands:
-        raise too_few_gpus(model, gpus, seqs, seq_len, node, capacity, lightest)
+        raise too_few_gpus(model, gpus, seqs, seq_len, node, capacity, lightest, bounds.memory)
     cands = _canonical_first(cands, bounds, capacity)
     children = _children_cpu_s()
     planned, rest = _plan_all(cands, bounds, capacity, (top, jobs, max_plans), progress)
@@ -378,6 +383,10 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
     from tessera_lab.cost.memory import cluster_reserve_gib
 
     res.memory_reserve_gib, res.memory_reserve_given = cluster_reserve_gib(cluster), memory_reserve_gib is not None
+    if not res.ranked and layouts_given is None:  # nothing fits: the fewest GPUs at which some layout could
+        got = fewest_gpus(model, gpus, seqs, seq_len, node, capacity, min(4 * gpus, gpus + 64 * gpu_step(node)),
+                          bounds.memory)
+        res.fewest_fitting_gpus = got[0] if got else None
     return res
 
 

@@ -256,30 +256,33 @@ def gpu_counts_above(gpus: int, nvlink_domain: int, limit: int) -> list[int]:
 
 
 def fewest_gpus(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_domain: int, capacity: float,
-                limit: int) -> tuple[int, float] | None:
-    """The fewest GPUs above ``gpus`` the search accepts (:func:`gpu_counts_above`), at most ``limit``, for which some layout
-    :func:`enumerate_layouts` gives for ``seqs`` sequences of ``seq_len`` tokens passes the parameter-memory rule of
-    :func:`tessera_lab.plan.search._first_pass` (its parameter state per GPU, :func:`param_memory_bytes` / pp, at
-    most ``capacity`` bytes); with that lightest share (bytes). ``None`` when no count up to ``limit`` does."""
+                limit: int, memory_bound=None) -> tuple[int, float] | None:
+    """The fewest GPUs above ``gpus`` the search accepts (:func:`gpu_counts_above`), at most ``limit``, for which some
+    layout :func:`enumerate_layouts` gives for ``seqs`` sequences of ``seq_len`` tokens passes the parameter-memory
+    rule of :func:`tessera_lab.plan.search._first_pass` (its parameter state per GPU, :func:`param_memory_bytes` /
+    pp, at most ``capacity`` bytes) and, given ``memory_bound`` (layout -> bytes: the search's lower bound on the
+    busiest rank's memory, parameter state and saved activations), that bound too; with the lightest parameter
+    share of that count (bytes). ``None`` when no count up to ``limit`` does."""
     for n in gpu_counts_above(gpus, nvlink_domain, limit):
-        seen: set[tuple] = set()
-        lightest = math.inf
+        light: dict[tuple, float] = {}
+        passes = memory_bound is None
         for lay in enumerate_layouts(model, n, seqs, gpus_per_node=nvlink_domain, seq_len=seq_len):
             key = (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp, lay.fsdp)
-            if key not in seen:
-                seen.add(key)
-                lightest = min(lightest, param_memory_bytes(model, lay, seq_len) / lay.pp)
-        if lightest <= capacity:
-            return n, lightest
+            if key not in light:
+                light[key] = param_memory_bytes(model, lay, seq_len) / lay.pp
+            if not passes and light[key] <= capacity:
+                passes = memory_bound(lay) <= capacity
+        if passes and min(light.values(), default=math.inf) <= capacity:
+            return n, min(light.values())
     return None
 
 
 def too_few_gpus(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_domain: int, capacity: float,
-                 lightest: float) -> TooFewGPUsError:
+                 lightest: float, memory_bound=None) -> TooFewGPUsError:
     """The refusal of a search whose every layout fails the parameter-memory rule (``lightest``: the lightest
     parameter state per GPU seen, bytes): its one line (:func:`too_few_gpus_text`) and, as ``needed``, the fewest GPUs
-    that pass it (``None`` when none up to the limit)."""
-    text, needed = _too_few(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest)
+    at which some layout passes it and ``memory_bound`` (:func:`fewest_gpus`; ``None`` when none up to the limit)."""
+    text, needed = _too_few(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest, memory_bound)
     return TooFewGPUsError(text, needed)
 
 
@@ -287,22 +290,26 @@ def too_few_gpus_text(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvli
                       lightest: float) -> str:
     """The one-line refusal of a search whose every layout fails the parameter-memory rule (``lightest``: the
     lightest parameter state per GPU seen, bytes), naming the fewest GPUs that pass it (:func:`fewest_gpus`, looked
-    for up to 4x the GPUs a linear scaling of ``lightest`` asks for); saved activations may need more, so the count
-    is a floor ("at least")."""
+    for up to 4x the GPUs a linear scaling of ``lightest`` asks for), and ``memory_bound`` too where given
+    (:func:`too_few_gpus`); the planner's partitions may need more, so the count is a floor ("at least")."""
     return _too_few(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest)[0]
 
 
-def _too_few(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest) -> tuple[str, int | None]:
+def _too_few(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest, memory_bound=None
+             ) -> tuple[str, int | None]:
     step = gpu_step(nvlink_domain)
     linear = -(-math.ceil(gpus * lightest / capacity) // step) * step
     limit = max(4 * linear, gpus + 16 * step)
     head = (f"--gpus = {gpus} is too small for {model.name}: the lightest layout holds {lightest / 2**30:.1f} GiB of "
             f"parameter state per GPU against {capacity / 2**30:.1f} GiB; allowed: ")
-    got = fewest_gpus(model, gpus, seqs, seq_len, nvlink_domain, capacity, limit)
+    got = fewest_gpus(model, gpus, seqs, seq_len, nvlink_domain, capacity, limit, memory_bound)
+    what = "its parameter state" + (" and saved activations" if memory_bound is not None else "")
     if got is None:
         return head + (f"more than {limit} GPUs or a larger --global-batch-tokens (no count of GPUs the search accepts "
-                       f"up to {limit} holds its parameter state with {seqs} sequences per iteration)"), None
+                       f"up to {limit} holds {what} with {seqs} sequences per iteration)"), None
     n, share = got
     unit = f"a multiple of {step}" if n % step == 0 else f"part of one {step}-GPU node"
-    return head + (f"at least {n} GPUs ({unit}; the fewest whose lightest layout's parameter state fits: "
-                   f"{share / 2**30:.1f} GiB per GPU, computed; saved activations may need more)"), n
+    fit = ("some layout passes both memory bounds (parameter state, then saved activations)" if memory_bound
+           is not None else "the lightest layout's parameter state fits")
+    return head + (f"at least {n} GPUs ({unit}; the fewest at which {fit}: lightest parameter state "
+                   f"{share / 2**30:.1f} GiB per GPU, computed; the planner may need more)"), n

@@ -136,7 +136,9 @@ def panel_wording(text: str) -> str:
     ``--option value`` as "option value" (the control of that name)."""
     text = re.sub(r"--gpus = ([\d,]+) is too small", r"\1 GPUs are too few", text)
     text = re.sub(r"--gpus = ([\d,]+) is", r"\1 GPUs are", text)
-    text = text.replace("(tessera-lab search lists layouts that fit)",
+    from tessera_lab.plan.problem import SEARCH_POINTER
+
+    text = text.replace(SEARCH_POINTER,
                         "(the suggest button, or notebook 11's search, finds layouts that fit)")
     text = text.replace("tessera-lab search", "the layout search (notebook 11)")
     return re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", " "), text)

@@ -25,8 +25,8 @@ BUDGETS = (16, 48, 96, DEFAULT_MAX_PLANS)
 #: layouts the table lists (the search keeps this many exact: its ``top``)
 TOP = 10
 #: GPU counts the panel offers per NVLink domain size: on 8-GPU nodes half a node (a 4-GPU workstation) and whole
-#: nodes; on 72-GPU NVL72 racks whole racks
-GPU_COUNTS = {8: (4, 8, 16, 32, 64, 128, 256, 512, 1024), 72: (72, 144, 288, 576, 1152)}
+#: nodes; on 72-GPU NVL72 racks a compute tray's 4 GPUs, part of a rack in 8-GPU steps, and whole racks
+GPU_COUNTS = {8: (4, 8, 16, 32, 64, 128, 256, 512, 1024), 72: (4, 8, 16, 32, 64, 72, 144, 288, 576, 1152)}
 
 
 def gpu_counts(gpu: str) -> list[int]:
@@ -158,8 +158,8 @@ def search_caption(res: SearchResult, budget: int, seconds: float, cpu: float, r
         f"global batch {res.global_batch:,} sequences", f"{res.enumerated:,} layouts enumerated",
         f"pruned {pr.get('memory (parameter state)', 0) + pr.get('memory', 0):,} by memory, {pr.get('bound', 0):,} "
         "by the time bound",
-        f"{len(res.planned)} planned: panel budget {budget} plans (tessera-lab search: {DEFAULT_MAX_PLANS}; both "
-        "rounded up to whole batches of 8)",
+        f"{len(res.planned)} planned: panel budget {budget} plans (tessera-lab search: {DEFAULT_MAX_PLANS}; planned "
+        "in batches of up to 8, up to 7 more)",
         left, f"{when} in {seconds:.2f} s wall, {cpu:.2f} s CPU (measured)"])
 
 
@@ -197,8 +197,8 @@ def search_panel(model: str = "qwen3-next-80b-a3b", *, gpu: str = "H200", gpus: 
     to draw. Shows the top layouts (:func:`top_table`), a heatmap of tokens/s over (pp, ep) (:func:`pp_ep_grid`)
     and the chosen layout's timeline (:func:`layout_plan`).
 
-    Where the search refuses the GPU count as too few for the model's parameters, a button searches again on the
-    fewest GPUs the refusal names (added to the GPUs list when it is not there).
+    Where the search refuses the GPU count as too few for the model's memory, or no planned layout fits, a button
+    searches again on the fewest GPUs the refusal names (added to the GPUs list when it is not there).
 
     Returns:
         ``(panel, controls, state)`` (:func:`~tessera_lab.ui.panel.panel`); ``state`` holds ``result`` (the
@@ -217,13 +217,19 @@ def search_panel(model: str = "qwen3-next-80b-a3b", *, gpu: str = "H200", gpus: 
     refused: dict[str, int | None] = {}  # the fewest GPUs the last too-few refusal named
 
     def on_change(name: str) -> None:
-        if name == "gpu":  # whole NVLink domains of the new GPU (8 per node, 72 per NVL72 rack)
-            counts, old = gpu_counts(controls["gpu"].value), controls["gpus"].value
+        if name == "gpu":  # the counts of the new GPU; the current one stays where the search accepts it there
+            from tessera_lab.model.hardware import GPUSpec
+            from tessera_lab.plan.search_space import gpu_count_ok
+
+            gpu_name, old = controls["gpu"].value, controls["gpus"].value
+            counts = gpu_counts(gpu_name)
+            if gpu_count_ok(old, GPUSpec.named(gpu_name).nvlink_domain) and old not in counts:
+                counts = sorted({*counts, old})
             controls["gpus"].options = counts
             controls["gpus"].value = old if old in counts else min(counts, key=lambda n: (abs(n - old), n))
             if controls["gpus"].value != old:
-                moved.append(f"GPUs {old} -> {controls['gpus'].value} (whole NVLink domains of "
-                             f"{controls['gpu'].value})")
+                moved.append(f"GPUs {old} -> {controls['gpus'].value} (the search does not take {old} GPUs of "
+                             f"{gpu_name})")
         if name == "model":
             spec = load_model(controls["model"].value)
             for knob, on in model_knobs(spec).items():
@@ -239,35 +245,40 @@ def search_panel(model: str = "qwen3-next-80b-a3b", *, gpu: str = "H200", gpus: 
         key = (v["model"], v["gpu"], v["gpus"], v["seq_len"], v["max_plans"], tuple(knobs.values()))
         reused = key in cache
         refused.clear()
-        if not reused:
-            try:
+        try:  # too few GPUs for the parameter state, or no planned layout fits: the count that could
+            if not reused:
                 res = layout_search(v["model"], v["gpus"], gpu=v["gpu"], seq_len=v["seq_len"],
                                     max_plans=v["max_plans"], **knobs)
-            except TooFewGPUsError as exc:
-                refused["needed"] = exc.needed
-                raise
-            cache.clear()  # one search kept: the settings of the last change
-            cache[key] = res
-        res = cache[key]
-        return _search_state(res, v, knobs, (t0, c0, reused), moved)
+                cache.clear()  # one search kept: the settings of the last change
+                cache[key] = res
+            return _search_state(cache[key], v, knobs, (t0, c0, reused), moved)
+        except TooFewGPUsError as exc:
+            refused["needed"] = exc.needed
+            raise
 
     def render(s: dict[str, Any]) -> View:
         return View(s["table"], s["figures"], s["notes"], s["info"])
 
-    def use_needed(values: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        n = refused["needed"]
-        if n not in controls["gpus"].options:
-            controls["gpus"].options = tuple(sorted({*controls["gpus"].options, n}))
-        return {"gpus": n}, (f"GPUs {values['gpus']} -> {n}: the fewest at which some layout's parameter state fits "
-                             "(computed; saved activations may need more)")
-
-    more = Action("search on the GPUs the refusal names", use_needed,
-                  when=lambda s: "error" in s and refused.get("needed") is not None, busy="searching")
+    more = _refusal_action(controls, refused)
     return panel(controls, compute, render,
                  rows=[["model", "gpu", "gpus", "seq_len"], ["attention_ratio", "expert_width", "top_k"],
                        ["max_plans", "show"]],
                  state_key=None, error_prefix="cannot search", caption=lambda s: s["caption"], on_change=on_change,
                  actions=[more])
+
+
+def _refusal_action(controls: dict[str, Any], refused: dict[str, int | None]) -> Action:
+    """The panel's button for a refusal that names a GPU count (``refused["needed"]``, set by its compute): adds the
+    count to the GPUs list where it is not there, selects it and searches again."""
+    def use_needed(values: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        n = refused["needed"]
+        if n not in controls["gpus"].options:
+            controls["gpus"].options = tuple(sorted({*controls["gpus"].options, n}))
+        return {"gpus": n}, (f"GPUs {values['gpus']} -> {n}: the fewest at which some layout passes both memory "
+                             "bounds (computed; the planner may need more)")
+
+    return Action("search on the GPUs the refusal names", use_needed,
+                  when=lambda s: "error" in s and refused.get("needed") is not None, busy="searching")
 
 
 def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], timing: tuple,
@@ -281,10 +292,12 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
     grid = pp_ep_grid(res)
     notes, info = [], []
     if not res.ranked:
-        from tessera_lab.errors import ConfigError
-
-        raise ConfigError(f"no planned layout of {res.model} on {res.gpus} {res.gpu} fits memory "
-                          f"({len(res.planned)} planned); allowed: more GPUs, a shorter sequence or a larger budget")
+        n = res.fewest_fitting_gpus
+        more = (f"more GPUs (at least {n}: the fewest at which some layout passes both memory bounds, computed)"
+                if n else "more GPUs")
+        raise TooFewGPUsError(f"no planned layout of {res.model} on {res.gpus} {res.gpu} fits memory "
+                              f"({len(res.planned)} planned); allowed: {more}, a shorter sequence or a larger budget",
+                              n)
     show = min(v["show"], len(res.ranked))  # fewer layouts fit than the one asked for: the last that fits
     table = top_table(res, shown=show)
     cand = res.ranked[show - 1]

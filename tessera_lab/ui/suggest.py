@@ -54,9 +54,11 @@ def suggest_layout(spec, gpus: int, *, gpu: str, seq_len: int, global_batch_toke
                  max_plans=max_plans, layouts=layouts)
     if not res.ranked:
         peaks = [c.result["peak_memory_gib"] for c in res.planned if c.result and "peak_memory_gib" in c.result]
-        light = f"the lightest planned peaks at {min(peaks):.1f} GiB" if peaks else "none was planned"
+        cap = res.memory_capacity_bytes / 2**30
+        light = (f"the lightest planned peaks at {min(peaks):.1f} GiB against {cap:.1f} GiB" if peaks else
+                 f"each ruled out by its memory bound against {cap:.1f} GiB")
         raise ConfigError(f"no layout this panel can set fits on {gpus} {gpu} at sequence {seq_len:,} "
-                          f"({len(layouts)} tried, {light} against {res.memory_capacity_bytes / 2**30:.1f} GiB); "
+                          f"({len(layouts)} tried, {light}); "
                           "allowed: more GPUs, a shorter sequence, or notebook 11's search (TP, DP, VPP too)")
     return res.ranked[0], res
 
