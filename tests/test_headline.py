@@ -116,6 +116,15 @@ def test_band_per_family_and_model():
     assert vl.model_type == "qwen3_vl_moe_text"
     band = H.published_mfu_band(vl)
     assert [b["name"] for b in band["bands"]] == ["tessera"] and (band["lo"], band["hi"]) == (0.297, 0.390)
+    # shipped models of one family (one config reader) and kind stand in for each other: deepseek-v3 for
+    # deepseek-v3.2 (same reader, MoE), qwen3-30b-a3b for the shipped Qwen3-VL MoE (the Qwen3 reader, nearest in
+    # parameters: 30.5 B both); the dense qwen3-8b gets none (no dense Qwen3 run)
+    ds32 = H.published_mfu_band("deepseek-v3.2")
+    assert (ds32["lo"], ds32["hi"]) == (ds["lo"], ds["hi"]) and "deepseek-v3 (stand-in for deepseek-v3.2)" in \
+        ds32["bands"][0]["source"]
+    vl30 = H.published_mfu_band("qwen3-vl-30b-a3b")
+    assert "qwen3-30b-a3b (stand-in for qwen3-vl-30b-a3b)" in vl30["bands"][1]["source"]
+    assert H.published_mfu_band("qwen3-8b")["bands"] == []
 
 
 def test_a_moe_model_without_a_band_is_cautioned_above_every_published_moe_run():

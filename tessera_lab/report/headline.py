@@ -166,18 +166,22 @@ def _band(name: str, model_type: str) -> dict[str, Any]:
 
 
 def _same_type_stand_in(name: str, model_type: str, runs: list[dict]) -> str | None:
-    """The published model of the same Hugging Face ``model_type`` (the same architecture at another size, e.g.
-    gpt-oss-120b for gpt-oss-20b) with a run on :data:`MB_BAND_GPU`, closest to ``name`` in total parameters (by
-    ratio); None when there is none or ``name`` is not a shipped model."""
+    """The published model of the same model family (one reader of :mod:`tessera_lab.model.families`: the same
+    architecture at another size or revision, e.g. gpt-oss-120b for gpt-oss-20b, deepseek-v3 for deepseek-v3.2,
+    qwen3-30b-a3b for Qwen3-VL's MoE text model) and the same kind (MoE or dense) with a run on
+    :data:`MB_BAND_GPU`, closest to ``name`` in total parameters (by ratio); None when there is none or ``name`` is
+    not a shipped model."""
     from tessera_lab.errors import ConfigError
+    from tessera_lab.model.families import reader_for
     from tessera_lab.model.spec import load_model
 
     try:
-        total = _shipped_params(name)
+        total, spec, family = _shipped_params(name), load_model(name), reader_for(model_type)
     except (ConfigError, OSError):
         return None
     same = {r["model"] for r in runs if r["gpu"] == MB_BAND_GPU and r["model"] != name
-            and load_model(r["model"]).model_type == model_type}
+            and reader_for(load_model(r["model"]).model_type) is family
+            and load_model(r["model"]).has_moe == spec.has_moe}
     return min(same, key=lambda m: abs(math.log(_shipped_params(m) / total)), default=None)
 
 
