@@ -24,10 +24,10 @@
 
 # %% tags=["parameters"]
 # parameters: the panel runs the search with a planning budget of MAX_PLANS full planner runs (tessera-lab search's
-# default is 210, planned in batches of 8, so up to 216); a search at this size takes a few CPU seconds (the caption
+# default is 210, planned in batches of up to 8, so up to 216); a search at this size takes a few CPU seconds (the caption
 # measures each change)
 MODEL = "qwen3-next-80b-a3b"
-GPU = "H200"            # H100, H200, B200, B300 (8-GPU nodes) or GB200 (NVL72: whole racks of 72 GPUs)
+GPU = "H200"            # H100, H200, B200, B300 (8-GPU nodes) or GB200 (NVL72 racks of 72 GPUs)
 GPUS = 64
 SEQ_LEN = 4096
 MAX_PLANS = 48
@@ -76,14 +76,17 @@ plt.show()
 # %% [markdown]
 # ## Search interactively
 #
-# Pick the model (every shipped model), the GPU type (GB200 counts whole NVL72 racks of 72 GPUs), the GPU count, the
+# Pick the model (every shipped model), the GPU type, the GPU count (4, half a node as on a workstation, or multiples
+# of 8: whole 8-GPU nodes, or on GB200 part of an NVL72 rack or whole racks of 72), the
 # sequence length (1,024 to 131,072 tokens; from 8,192 on, the search tries context parallelism with at least 4,096
 # tokens per CP rank) and the model knobs that apply (attention ratio for hybrids, expert width and top-k for MoE
 # models; "config" is the model's own value). The planning budget bounds the full planner runs per search; the caption
 # says how many layouts it left unplanned (raise it to 210, the CLI's default, for the search `tessera-lab search`
 # runs) and the wall and CPU seconds the last change took. "timeline of" draws another of the top layouts without
-# searching again. Planning panels 00 and 06 offer a "suggest a layout that fits" button where they cannot plan; it
-# runs the same search over the layouts their controls can set.
+# searching again. Where the search refuses the GPU count as too few for the model's memory, or no planned layout
+# fits, the refusal names a count at which some layout passes both memory bounds, and a button searches on it.
+# Planning panels 00 and 06 offer a "suggest a layout that fits" button where they cannot plan; it runs the same
+# search over the layouts their controls can set.
 
 # %% tags=["panel"]
 from tessera_lab.ui.search_panel import search_panel

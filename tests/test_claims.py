@@ -82,7 +82,7 @@ def test_modelzoo_block_matches_a_fresh_run():
     prints now (twelve plans)."""
     texts, bad = claims.rerun_blocks(["modelzoo"])
     assert not bad, "\n".join(bad)
-    assert texts["modelzoo.table"].startswith("| layout | options")
+    assert texts["modelzoo.table"].startswith("| layout | `plan` options")
 
 
 def test_a_generated_block_is_checked_and_rewritten(monkeypatch, tmp_path):

@@ -246,7 +246,7 @@ def test_search_panel_searches_again_on_the_gpus_a_refusal_names():
     assert controls["gpus"].value == needed and needed in controls["gpus"].options
     assert state["action"].startswith(f"GPUs 64 -> {needed}:")
     assert "no planned layout of deepseek-v3.2 on 88 H200 fits memory" in state["error"]
-    assert "at least 96" in state["error"] and button.layout.display != "none"
+    assert "more GPUs (96: the next count" in state["error"] and button.layout.display != "none"
     button.click()
     assert controls["gpus"].value == 96 and "error" not in state, state.get("error")
     assert state["action"].startswith(f"GPUs {needed} -> 96:") and button.layout.display == "none"

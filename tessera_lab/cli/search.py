@@ -172,7 +172,7 @@ def no_fit_hint(res) -> str:
     rows = [c.result for c in res.planned if c.result and "peak_memory_gib" in c.result]
     cap = res.memory_capacity_bytes / 2**30
     fewest = getattr(res, "fewest_fitting_gpus", None)
-    more = (f"at least --gpus {fewest}: the fewest at which some layout passes both memory bounds, computed"
+    more = (f"--gpus {fewest}: the next count at which some layout passes both memory bounds, computed"
             if fewest else f"--gpus {res.gpus * 2}")
     left = (getattr(res, "pruned", None) or {}).get("budget", 0)
     unplanned = (f"; {left:,} layouts were left unplanned at the --max-plans budget (a larger --max-plans plans "

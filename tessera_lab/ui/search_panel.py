@@ -274,8 +274,8 @@ def _refusal_action(controls: dict[str, Any], refused: dict[str, int | None]) ->
         n = refused["needed"]
         if n not in controls["gpus"].options:
             controls["gpus"].options = tuple(sorted({*controls["gpus"].options, n}))
-        return {"gpus": n}, (f"GPUs {values['gpus']} -> {n}: the fewest at which some layout passes both memory "
-                             "bounds (computed; the planner may need more)")
+        return {"gpus": n}, (f"GPUs {values['gpus']} -> {n}: the count the refusal named, where some layout passes "
+                             "both memory bounds (computed; the planner may need more)")
 
     return Action("search on the GPUs the refusal names", use_needed,
                   when=lambda s: "error" in s and refused.get("needed") is not None, busy="searching")
@@ -293,11 +293,11 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
     notes, info = [], []
     if not res.ranked:
         n = res.fewest_fitting_gpus
-        more = (f"more GPUs (at least {n}: the fewest at which some layout passes both memory bounds, computed)"
+        more = (f"more GPUs ({n}: the next count at which some layout passes both memory bounds, computed)"
                 if n else "more GPUs")
+        budget = " or a larger budget" if res.pruned.get("budget") else ""
         raise TooFewGPUsError(f"no planned layout of {res.model} on {res.gpus} {res.gpu} fits memory "
-                              f"({len(res.planned)} planned); allowed: {more}, a shorter sequence or a larger budget",
-                              n)
+                              f"({len(res.planned)} planned); allowed: {more}, a shorter sequence{budget}", n)
     show = min(v["show"], len(res.ranked))  # fewer layouts fit than the one asked for: the last that fits
     table = top_table(res, shown=show)
     cand = res.ranked[show - 1]
