@@ -19,11 +19,12 @@ class ConfigError(TesseraError, ValueError):
 
 
 class TooFewGPUsError(ConfigError):
-    """A layout search whose every layout holds more parameter state per GPU than fits.
+    """Too few GPUs for the model's memory: a layout search whose every layout holds more parameter state per GPU
+    than fits, or (notebook 11's panel) one in which no planned layout fits.
 
     Attributes:
-        needed: the fewest GPUs the search accepts at which some layout's parameter state fits, or ``None`` when
-            none does up to the search's limit.
+        needed: a GPU count the search accepts at which some layout passes both memory bounds (parameter state, then
+            saved activations), or ``None`` when none does up to the search's limit.
     """
 
     def __init__(self, message: str, needed: int | None = None):

@@ -488,8 +488,8 @@ def test_too_few_gpus_names_a_count_the_first_pass_accepts():
         lays = S.enumerate_layouts(model, n, S.DEFAULT_GLOBAL_SEQUENCES, gpus_per_node=8, seq_len=4096)
         assert bool(S._first_pass(model, lays, 4096, cap, stub)[0]) is passes, n
     # one sequence per iteration: no data parallelism shards the state, no count up to 4 x 88 = 352 holds it
-    assert "allowed: more than 352 GPUs or a larger --global-batch-tokens" in S.too_few_gpus_text(
-        model, 8, 1, 4096, 8, cap, 1406.1 * 2**30)
+    err = S.too_few_gpus(model, 8, 1, 4096, 8, cap, 1406.1 * 2**30)
+    assert "allowed: more than 352 GPUs or a larger --global-batch-tokens" in str(err) and err.needed is None
 
 
 def test_no_fit_answer_is_one_error_line_on_stderr(monkeypatch, capsys):

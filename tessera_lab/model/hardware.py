@@ -56,6 +56,8 @@ def selective_modules(recompute: str, modules: "tuple[str, ...] | list[str]" = (
     """The Megatron modules a recompute setting recomputes selectively: ``modules``, or
     :data:`SELECTIVE_DEFAULT_MODULES` when none are given, for ``recompute = selective``; ``()`` otherwise."""
     return tuple(modules or SELECTIVE_DEFAULT_MODULES) if recompute == "selective" else ()
+
+
 #: how the EP group sits on the ranks: ``grid`` (this project's RankGrid, TP innermost, so an EP group strides by tp)
 #: or ``contiguous`` (Megatron-Core's expert rank generator with expert TP 1: EP innermost, ep consecutive ranks)
 EP_PLACEMENTS = ("grid", "contiguous")
@@ -558,6 +560,21 @@ def overlap_rule_breaks(lay: Any) -> list[str]:
     return [why for bad, why in rules if bad]
 
 
+def gpu_step(nvlink_domain: int) -> int:
+    """The GPU counts the search accepts are the multiples of this: the GPUs of an 8-GPU node (``hardware.json``'s
+    ``node.gpus_per_node``) where the NVLink domain is one node (H100, H200, B200, B300), and on a rack-scale domain
+    (GB200 NVL72: 72 GPUs) the same 8-GPU steps, the last rack partial as ``plan`` places it
+    (:func:`tessera_lab.plan.search.search_cluster`): ``gcd(nvlink_domain, 8)``."""
+    return math.gcd(int(nvlink_domain), int(hardware_data()["node"]["gpus_per_node"]))
+
+
+def gpu_count_ok(gpus: int, nvlink_domain: int) -> bool:
+    """Whether the search accepts ``gpus``: a multiple of :func:`gpu_step`, or a count dividing it (1, 2 or 4 GPUs:
+    part of one node, a workstation, placed on one node as ``plan`` places it)."""
+    step = gpu_step(nvlink_domain)
+    return gpus >= 1 and (gpus % step == 0 or step % gpus == 0)
+
+
 def dp_for_gpus(gpus: int | None, dp: int | None, per_replica: int, sizes: str = "") -> int:
     """Data-parallel replicas: ``gpus / per_replica`` when ``gpus`` is given (``per_replica``: the GPUs of one
     replica, pp x ep x tp x cp with tp once when EP spans it, :attr:`ParallelConfig.world_size` at dp 1), else ``dp``
@@ -572,9 +589,8 @@ def dp_for_gpus(gpus: int | None, dp: int | None, per_replica: int, sizes: str =
     if gpus % per_replica:
         lo = per_replica
         made = f"{sizes} = {lo}" if sizes else "pp x ep x tp x cp, tp once when EP spans it"
-        node = int(hardware_data()["node"]["gpus_per_node"])
         search = (f" (tessera-lab search --gpus {gpus} lists layouts of {gpus} GPUs)"
-                  if gpus % node == 0 or node % gpus == 0 else "")  # the counts the search takes on nodes of 8
+                  if gpu_count_ok(gpus, int(hardware_data()["node"]["gpus_per_node"])) else "")
         raise ConfigError(f"--gpus = {gpus} is not a multiple of the {lo} GPUs of one data-parallel replica ({made}); "
                           f"allowed: {lo}, {2 * lo}, {3 * lo}, ..., or --pp/--ep/--tp/--cp whose product divides "
                           f"{gpus}{search}")

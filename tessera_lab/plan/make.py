@@ -26,13 +26,12 @@ from tessera_lab.errors import ConfigError, InfeasiblePlanError, PartitionError,
 from tessera_lab.checks import check_work, divisors_text
 from tessera_lab.model.hardware import RECOMPUTE_MODULES, Cluster, ParallelConfig, check_fits, cluster_for
 from tessera_lab.model.spec import DENSE, FULL_ATTENTION, NO_FFN, NO_MIXER, ModelSpec, model_from_name, shipped_models
-from tessera_lab.plan.problem import without_schedule_hint
 from tessera_lab.model.tasks import model_flops_per_iteration
 from tessera_lab.plan.evaluate import Evaluation, StagePlan, dp_grad_sync_time, evaluate
 from tessera_lab.plan.ilp import DEFAULT_ILP_BUDGET, IlpBudget, limit_text, limit_word
 from tessera_lab.plan.notes import plan_notes, sync_note
 from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
-from tessera_lab.plan.problem import LAYER_COUNT_REFUSAL
+from tessera_lab.plan.problem import LAYER_COUNT_REFUSAL, without_schedule_hint
 from tessera_lab.plan.partition import (Partition, PartitionProblem, check_memory, score_boundaries, solve,
                                        uniform_boundaries)
 from tessera_lab.plan.stages import PAIR_SEARCH_BUDGET, StageCostModel, build_stage_model, layer_pair_costs

@@ -8,6 +8,7 @@ micro-batch, memory in bytes per GPU.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
@@ -338,8 +339,6 @@ def _schedule_hint(problem: PartitionProblem) -> str:
 def without_schedule_hint(text: str) -> str:
     """A memory refusal's advice without its schedule advice (:data:`SCHEDULE_HINT`), for a refusal that tried every
     schedule."""
-    import re
-
     return re.sub(re.escape(SCHEDULE_HINT).replace(re.escape("{schedule}"), r"[\w-]+"), "", text)
 
 

@@ -42,8 +42,7 @@ from tessera_lab.plan.make import make_plan
 # the search space (layouts, what is enumerated) lives in search_space; its names are the search's too
 from tessera_lab.plan.search_space import (Layout, cp_choices, enumerate_layouts, fewest_gpus,  # noqa: F401
                                             gpu_count_ok, gpu_counts_above, gpu_step, overlap_rule_breaks,
-                                            param_memory_bytes, recompute_choices, too_few_gpus, too_few_gpus_text,
-                                            tp_choices)
+                                            param_memory_bytes, recompute_choices, too_few_gpus, tp_choices)
 from tessera_lab.plan.search_bounds import (  # noqa: F401  (the search's bounds, re-exported for its callers)
     SPLIT_SCHEDULES, _Bounds, _Group, _group, bubble_factor, kind_tasks, memory_lower_bound, time_lower_bound)
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from tessera_lab.errors import ConfigError, TooFewGPUsError
-from tessera_lab.model.hardware import ParallelConfig, overlap_rule_breaks  # noqa: F401  (re-exported)
+from tessera_lab.model.hardware import (ParallelConfig, gpu_count_ok, gpu_step,  # noqa: F401  (re-exported)
+                                        overlap_rule_breaks)
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.plan.make import VIRTUAL_SCHEDULES
 
@@ -230,24 +231,6 @@ def param_memory_bytes(model: ModelSpec, layout: Layout, seq_len: int) -> float:
     return total
 
 
-def gpu_step(nvlink_domain: int) -> int:
-    """The GPU counts the search accepts are the multiples of this: the GPUs of an 8-GPU node (``hardware.json``'s
-    ``node.gpus_per_node``) where the NVLink domain is one node (H100, H200, B200, B300), and on a rack-scale domain
-    (GB200 NVL72: 72 GPUs) the same 8-GPU steps, the last rack partial as ``plan`` places it
-    (:func:`search_cluster`): ``gcd(nvlink_domain, 8)``."""
-    from tessera_lab.model.hardware import hardware_data
-
-    return math.gcd(int(nvlink_domain), int(hardware_data()["node"]["gpus_per_node"]))
-
-
-def gpu_count_ok(gpus: int, nvlink_domain: int) -> bool:
-    """Whether the search accepts ``gpus``: a multiple of :func:`gpu_step`, or part of one node, a count that divides
-    the step (1, 2 or 4 GPUs of an 8-GPU node: a workstation, or a node's share, placed on one node as ``plan``
-    places it)."""
-    step = gpu_step(nvlink_domain)
-    return gpus >= 1 and (gpus % step == 0 or step % gpus == 0)
-
-
 def gpu_counts_above(gpus: int, nvlink_domain: int, limit: int) -> list[int]:
     """The counts :func:`gpu_count_ok` accepts above ``gpus`` and at most ``limit``, ascending."""
     step = gpu_step(nvlink_domain)
@@ -280,19 +263,12 @@ def fewest_gpus(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_dom
 def too_few_gpus(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_domain: int, capacity: float,
                  lightest: float, memory_bound=None) -> TooFewGPUsError:
     """The refusal of a search whose every layout fails the parameter-memory rule (``lightest``: the lightest
-    parameter state per GPU seen, bytes): its one line (:func:`too_few_gpus_text`) and, as ``needed``, the fewest GPUs
-    at which some layout passes it and ``memory_bound`` (:func:`fewest_gpus`; ``None`` when none up to the limit)."""
+    parameter state per GPU seen, bytes): one line naming the fewest GPUs at which some layout passes that rule and
+    ``memory_bound`` (:func:`fewest_gpus`, looked for up to 4x the GPUs a linear scaling of ``lightest`` asks for,
+    and 16 GPU steps at least), with that count as ``needed`` (``None`` when none up to the limit). The planner's
+    partitions may need more, so the count is a floor ("at least")."""
     text, needed = _too_few(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest, memory_bound)
     return TooFewGPUsError(text, needed)
-
-
-def too_few_gpus_text(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_domain: int, capacity: float,
-                      lightest: float) -> str:
-    """The one-line refusal of a search whose every layout fails the parameter-memory rule (``lightest``: the
-    lightest parameter state per GPU seen, bytes), naming the fewest GPUs that pass it (:func:`fewest_gpus`, looked
-    for up to 4x the GPUs a linear scaling of ``lightest`` asks for), and ``memory_bound`` too where given
-    (:func:`too_few_gpus`); the planner's partitions may need more, so the count is a floor ("at least")."""
-    return _too_few(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest)[0]
 
 
 def _too_few(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest, memory_bound=None

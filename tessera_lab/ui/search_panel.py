@@ -198,7 +198,7 @@ def search_panel(model: str = "qwen3-next-80b-a3b", *, gpu: str = "H200", gpus: 
     and the chosen layout's timeline (:func:`layout_plan`).
 
     Where the search refuses the GPU count as too few for the model's memory, or no planned layout fits, a button
-    searches again on the fewest GPUs the refusal names (added to the GPUs list when it is not there).
+    searches again on the GPU count the refusal names (added to the GPUs list when it is not there).
 
     Returns:
         ``(panel, controls, state)`` (:func:`~tessera_lab.ui.panel.panel`); ``state`` holds ``result`` (the
@@ -213,23 +213,14 @@ def search_panel(model: str = "qwen3-next-80b-a3b", *, gpu: str = "H200", gpus: 
 
     controls = _search_controls(model, gpu, gpus, seq_len, max_plans)
     cache: dict[tuple, SearchResult] = {}
-    moved: list[str] = []
-    refused: dict[str, int | None] = {}  # the fewest GPUs the last too-few refusal named
+    refused: dict[str, int | None] = {}  # the GPU count the last refusal named (TooFewGPUsError.needed)
 
     def on_change(name: str) -> None:
-        if name == "gpu":  # the counts of the new GPU; the current one stays where the search accepts it there
-            from tessera_lab.model.hardware import GPUSpec
-            from tessera_lab.plan.search_space import gpu_count_ok
-
-            gpu_name, old = controls["gpu"].value, controls["gpus"].value
-            counts = gpu_counts(gpu_name)
-            if gpu_count_ok(old, GPUSpec.named(gpu_name).nvlink_domain) and old not in counts:
-                counts = sorted({*counts, old})
-            controls["gpus"].options = counts
-            controls["gpus"].value = old if old in counts else min(counts, key=lambda n: (abs(n - old), n))
-            if controls["gpus"].value != old:
-                moved.append(f"GPUs {old} -> {controls['gpus'].value} (the search does not take {old} GPUs of "
-                             f"{gpu_name})")
+        if name == "gpu":  # the counts offered for the new GPU, and the current one: the search takes the same
+            # counts on every GPU type (gpu_count_ok: gpu_step is 8 on nodes of 8 and on NVL72 racks alike)
+            old = controls["gpus"].value
+            controls["gpus"].options = sorted({*gpu_counts(controls["gpu"].value), old})
+            controls["gpus"].value = old
         if name == "model":
             spec = load_model(controls["model"].value)
             for knob, on in model_knobs(spec).items():
@@ -251,7 +242,7 @@ def search_panel(model: str = "qwen3-next-80b-a3b", *, gpu: str = "H200", gpus: 
                                     max_plans=v["max_plans"], **knobs)
                 cache.clear()  # one search kept: the settings of the last change
                 cache[key] = res
-            return _search_state(cache[key], v, knobs, (t0, c0, reused), moved)
+            return _search_state(cache[key], v, knobs, (t0, c0, reused))
         except TooFewGPUsError as exc:
             refused["needed"] = exc.needed
             raise
@@ -281,10 +272,8 @@ def _refusal_action(controls: dict[str, Any], refused: dict[str, int | None]) ->
                   when=lambda s: "error" in s and refused.get("needed") is not None, busy="searching")
 
 
-def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], timing: tuple,
-                  moved: list[str]) -> dict[str, Any]:
+def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], timing: tuple) -> dict[str, Any]:
     """The panel's state for one search result: table, grid, the chosen layout's plan, figures, notes, caption."""
-    from tessera_lab.ui.panel import CAPTION_SEP
     from tessera_lab.ui.plots import gantt
     from tessera_lab.ui.widgets import model_variant
 
@@ -337,8 +326,7 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
             gantt(plan.chosen.timeline, title=textwrap.fill(f"#{show}: {cand.layout.text()}: iteration "
                                                             f"{plan.chosen.iteration_time_s:.3f} s (simulated)", 90))]
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    caption = search_caption(res, v["max_plans"], seconds, cpu, reused) + "".join(CAPTION_SEP + m for m in moved)
-    moved.clear()
+    caption = search_caption(res, v["max_plans"], seconds, cpu, reused)
     return {"result": res, "plan": plan, "table": table, "grid": grid, "figures": figs, "notes": notes, "info": info,
             "seconds": seconds, "cpu_seconds": cpu, "caption": caption, "shown": show}
 
