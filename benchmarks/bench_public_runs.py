@@ -45,9 +45,9 @@ Pipeline split: the recipe's (``pipeline_split`` in ``data/published``, :func:`s
 split, ``account_for_embedding/loss_in_pipeline_split`` (Qwen3-235B-A22B) or DeepSeek-V3's explicit layouts
 (``Et|(tt|)*30mL``), passed to the planner as ``boundaries``.
 
-Not modelled (stated): DeepSeek-V3's MTP layer is not in the model; :func:`mtp_estimate` prints what it would add
-to the last rank (which holds the fewest micro-batches in flight) and the row says whether that still fits.
-Weights stay at 2 bytes under FP8 (assumption: the recipes' ``fp8_param_gather`` keeps FP8 primary weights, whose
+MTP: a recipe's MTP layers (``mtp_num_layers``: DeepSeek-V3's recipes, Qwen3-Next's ModelZoo run) are planned as
+``plan --mtp`` plans them (:func:`model_for`): after the decoder layers, on the last virtual stage (:func:`split_for`),
+time and memory. Weights stay at 2 bytes under FP8 (assumption: the recipes' ``fp8_param_gather`` keeps FP8 primary weights, whose
 row-wise and column-wise (transposed) FP8 copies take the 2 bytes of the bf16 weight; not checked line by line
 against Transformer Engine).
 
@@ -162,22 +162,30 @@ def parallel_for(run: dict, host_sync_s: float | None = 0.0):
     return par, notes
 
 
-def split_for(run: dict, num_layers: int) -> list[int] | None:
+def split_for(run: dict, num_layers: int, mtp_layers: int = 0) -> list[int] | None:
     """Layer boundaries of the recipe's pipeline split over its ``pp * vp`` virtual stages, or ``None`` for
     Megatron's even split. ``account_for_embedding_and_loss``: Megatron-Core's ``get_num_layers_to_build``
     (:func:`tessera_lab.plan.stages.accounted_boundaries`, as ``plan --account-for-embedding-in-pipeline-split
     --account-for-loss-in-pipeline-split``); a list: decoder layers per virtual stage (an explicit layout).
+    ``mtp_layers`` (the recipe's ``mtp_num_layers``, planned after the ``num_layers`` decoder layers): on the last
+    virtual stage, where Megatron-Core builds them without a custom layout (``mtp_on_this_rank``,
+    ``megatron/core/transformer/multi_token_prediction.py``) and DeepSeek-V3's layouts put them (``...mL``); the
+    even split is then the planner's even split of the decoder layers (``uniform_boundaries``: Megatron's where
+    ``pp * vp`` divides them), so never ``None``.
 
     Raises:
         ConfigError: a split that is neither, or one that does not place ``num_layers`` on ``pp * vp`` stages."""
+    from tessera_lab.plan.problem import uniform_boundaries
     from tessera_lab.plan.stages import accounted_boundaries
 
     split = run.get("pipeline_split")
-    if split is None:
-        return None
     stages = run["pp"] * (run["vp"] or 1)
-    if split == "account_for_embedding_and_loss":
-        return accounted_boundaries(num_layers, stages, embedding=True, loss=True)
+    if split is None and not mtp_layers:
+        return None
+    if split is None or split == "account_for_embedding_and_loss":
+        bounds = (uniform_boundaries(num_layers, stages) if split is None
+                  else accounted_boundaries(num_layers, stages, embedding=True, loss=True))
+        return list(bounds[:-1]) + [bounds[-1] + mtp_layers]
     from tessera_lab.errors import ConfigError
 
     counts = list(split) if isinstance(split, list) else []
@@ -189,30 +197,36 @@ def split_for(run: dict, num_layers: int) -> list[int] | None:
     bounds = [0]
     for c in counts:
         bounds.append(bounds[-1] + c)
+    bounds[-1] += mtp_layers
     return bounds
 
 
-def mtp_estimate(model, par, plan, run: dict) -> tuple[int, float] | None:
-    """``(rank, bytes)``: what DeepSeek-V3's MTP module would add to the last pipeline rank, which the plan leaves
-    out (the model has no MTP layer): one more MoE decoder layer (parameters and activations), the input
-    embedding the last stage then holds, and a second loss's saved logits, times that rank's micro-batches in
-    flight (``mtp_num_layers`` of the recipe; Megatron's MTP block re-embeds the shifted tokens and shares the
-    output layer)."""
-    n = int(run.get("mtp_num_layers") or 0)
-    if not n:
-        return None
-    from tessera_lab.cost.memory import layer_memory
-    from tessera_lab.model.tasks import decompose
-    from tessera_lab.plan.vschedules import plan_in_flight
+def model_for(run: dict):
+    """The run's model with the MTP layers its recipe trains planned (``mtp_num_layers``: after the decoder
+    layers, on the last stage, as ``plan --mtp``), else without them.
 
-    mem = layer_memory(model, par, decompose(model, par))
-    moe = mem[model.num_layers]  # the last decoder layer (a MoE layer), as the MTP layer is built
-    emb, head = mem[0], mem[-1]
-    rank = par.pp - 1
-    flight = plan_in_flight(par.schedule, par.pp, rank, par.microbatches, par.vpp) * par.vpp  # chunk-micro-batches
-    # the last chunk's micro-batches in flight: the rank's count is over its vpp chunks, one of which holds the MTP
-    extra = n * (moe.param_bytes + emb.param_bytes) + n * (moe.activation_bytes + head.activation_bytes) * flight / par.vpp
-    return rank, extra
+    Raises:
+        ConfigError: ``mtp_num_layers`` not an integer >= 0, or not the number of MTP layers the model's config
+            declares."""
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.model.spec import load_model
+
+    n = run.get("mtp_num_layers") or 0
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ConfigError(f"run {run.get('id')}: field 'mtp_num_layers' = {n!r}; allowed: an integer >= 0")
+    model = load_model(run["model"], plan_mtp=n > 0)
+    declared = len(model.stack.mtp_layers)
+    if n and n != declared:
+        raise ConfigError(f"run {run.get('id')}: field 'mtp_num_layers' = {n}; allowed: "
+                          + (f"0 or {declared} (the MTP layers {run['model']}'s config declares)" if declared
+                             else f"0 ({run['model']}'s config declares no MTP layers)"))
+    return model
+
+
+def run_split(run: dict, model) -> list[int] | None:
+    """:func:`split_for` of a model from :func:`model_for` (its MTP layers on the last virtual stage)."""
+    mtp = len(model.stack.mtp_layers) if model.stack.plan_mtp else 0
+    return split_for(run, model.num_layers - mtp, mtp)
 
 
 def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
@@ -227,14 +241,23 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
     from tessera_lab.plan.make import make_plan
 
     par, notes = parallel_for(run, host_sync_s)
-    model = load_model(run["model"])
+    model = model_for(run)
     cluster = cluster_for(par, run["gpu"])
     capacity = memory_capacity(cluster)
     t0 = time.perf_counter()
-    bounds = split_for(run, model.num_layers)
+    bounds = run_split(run, model)
     if bounds is not None:
-        notes.append(f"the recipe's split: {run['pipeline_split'] if isinstance(run['pipeline_split'], str) else 'layout'} "
-                     f"-> decoder layers per virtual stage {[b - a for a, b in zip(bounds, bounds[1:])]}")
+        split = run.get("pipeline_split")
+        counts = [b - a for a, b in zip(bounds, bounds[1:])]
+        mtp = len(model.stack.mtp_layers) if model.stack.plan_mtp else 0
+        counts[-1] -= mtp
+        notes.append(f"the recipe's split: {split if isinstance(split, str) else 'layout' if split else 'even split'} "
+                     f"-> decoder layers per virtual stage {counts}"
+                     + (f", and {mtp} MTP layer after them on the last virtual stage, with the output head ("
+                        + ("the layout's 'm' before 'L'" if isinstance(split, list) else
+                           "Megatron-Core's mtp_on_this_rank without a custom layout")
+                        + "; planned as plan --mtp: eh_proj, a decoder layer, the shared head and a second loss)"
+                        if mtp else ""))
     try:  # the recipe's layer split (Megatron's even split unless the recipe sets one)
         plan = make_plan(model, par, cluster=cluster, method="uniform", baselines=(),
                          boundaries=bounds)
@@ -249,16 +272,6 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
     # per GPU: a rank holds every chunk of its virtual stages (the partition's rank memory), else one stage each
     rank_mem = list(ev.partition.rank_memory) or [st.memory_bytes for st in ev.stages]
     tflops = plan.model_flops / (ev.iteration_time_s * par.world_size) / 1e12
-    mtp = mtp_estimate(model, par, plan, run)
-    mtp_fits = None
-    if mtp is not None:
-        r, extra = mtp
-        with_mtp = rank_mem[r] + extra
-        mtp_fits = with_mtp <= capacity
-        notes.append(f"MTP ({run['mtp_num_layers']} layer) is not in the model: it would add about "
-                     f"{extra / 2**30:.1f} GiB on rank {r}, {with_mtp / 2**30:.1f} of {capacity / 2**30:.1f} GiB: "
-                     f"{'fits' if mtp_fits else 'would NOT fit'} (hand estimate: one more MoE layer, the embedding "
-                     "and a second loss's logits; mtp_estimate in this file)")
     moe_per_rank = [0] * par.pp
     b = ev.partition.boundaries
     for v in range(len(b) - 1):  # Megatron's interleaving: virtual stage v on rank v % pp
@@ -284,7 +297,7 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
         "predicted_mfu_bf16_peak": ev.mfu, "iteration_time_s": ev.iteration_time_s,
         "fits_memory": max(rank_mem) <= capacity,
         "peak_memory_gib": max(rank_mem) / 2**30,
-        "capacity_gib": capacity / 2**30, "fits_memory_with_mtp_estimate": mtp_fits,
+        "capacity_gib": capacity / 2**30,
         "parallel": {k: getattr(par, k) for k in ("pp", "vpp", "tp", "ep", "dp", "microbatches", "schedule",
                                                   "precision", "dispatcher", "recompute", "ep_spans_tp",
                                                   "recompute_modules", "adam_moment_dtype", "fsdp")},
@@ -539,20 +552,17 @@ def table_rows(rows: list[dict]) -> list[list]:
     """The main table's cells, one list per run (headers: :data:`HEADERS`)."""
     out = []
     for r in rows:
-        mtp = r["fits_memory_with_mtp_estimate"]
         out.append([r["id"], r["source_family"], r["split"], r["precision_label"],
                     f"{r['published']['iteration_s']:.3f}", f"{r['predicted']['iteration_s']:.3f}",
                     f"{r['error']:+.1%}", f"{r.get('error_without_sync', r['error']):+.1%}",
                     round(r["published_tflops_per_gpu"]), round(r["predicted_tflops_per_gpu"], 1),
-                    f"{r['peak_memory_gib']:.1f}", f"{r['capacity_gib']:.1f}", "yes" if r["fits_memory"] else "NO",
-                    "n/a" if mtp is None else ("yes" if mtp else "NO")])
+                    f"{r['peak_memory_gib']:.1f}", f"{r['capacity_gib']:.1f}", "yes" if r["fits_memory"] else "NO"])
     return out
 
 
 HEADERS = ["run", "source\nfamily", "\nsplit", "precision\n(per source)", "iteration s\npublished",
            "iteration s\npredicted", "\n\nerror", "error\nwithout\nsync term", "Model\nTFLOP/s/GPU\npublished",
-           "Model\nTFLOP/s/GPU\npredicted", "memory\npeak\nGiB/GPU", "memory\ncapacity\nGiB/GPU", "\n\nfits",
-           "fits\nwith MTP\nestimate"]
+           "Model\nTFLOP/s/GPU\npredicted", "memory\npeak\nGiB/GPU", "memory\ncapacity\nGiB/GPU", "\n\nfits"]
 #: the target the headline is judged against (test set)
 TARGET_MEDIAN, TARGET_MAX = 0.15, 0.35
 
@@ -695,7 +705,7 @@ def evaluate(files: list | None = None, split: str | None = None, out=sys.stderr
         runs = [r for r in runs if r["split"] == split]
     for run in runs:  # every run's mapping before any planning: a field no layout expresses is refused, not skipped
         parallel_for(run)
-        split_for(run, load_model(run["model"]).num_layers)
+        run_split(run, model_for(run))
     rows = []
     for run in runs:
         try:

@@ -144,7 +144,6 @@ def test_knob_the_family_lacks_names_the_family_and_its_options(capsys, model, o
 
 
 @pytest.mark.parametrize("model, looked", [
-    ("qwen3-next-80b-a3b", "looked for mtp_num_hidden_layers: absent or 0"),
     ("qwen3-8b", "the qwen3 family's reader knows no MTP field"),
     ("kimi-k2-instruct", "looked for num_nextn_predict_layers: absent or 0"),
 ])
@@ -152,6 +151,16 @@ def test_mtp_on_a_config_without_mtp_layers_is_refused(capsys, model, looked):
     err = _error(capsys, ["plan", "--model", model, "--mtp"])
     assert f"option --mtp: model {model}'s config declares no MTP layers ({looked})" in err, err
     assert "allowed: leave --mtp out" in err and "num_nextn_predict_layers" in err, err
+
+
+def test_mtp_on_a_qwen3_next_config_without_the_field_is_refused(capsys, tmp_path):
+    cfg = json.loads(open("data/models/qwen3-next-80b-a3b.json").read())
+    del cfg["mtp_num_hidden_layers"]
+    path = tmp_path / "Qwen3-Next-no-MTP" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(cfg))
+    err = _error(capsys, ["plan", "--model", str(path), "--mtp"])
+    assert "declares no MTP layers (looked for mtp_num_hidden_layers: absent or 0)" in err, err
 
 
 def test_mtp_on_a_config_with_mtp_layers_is_taken():
@@ -162,6 +171,10 @@ def test_mtp_on_a_config_with_mtp_layers_is_taken():
     args = argparse.Namespace(model="glm-4.5-air", mtp=True)
     m = model_from_args(args)  # glm-4.5-air.json: num_nextn_predict_layers = 1
     assert len(m.stack.mtp_layers) == 1 and m.stack.plan_mtp and m.stack.layers[-1].mtp
+    # qwen3-next-80b-a3b.json: mtp_num_hidden_layers = 1, one gated-attention MoE layer after the 48 decoder layers
+    m = model_from_args(argparse.Namespace(model="qwen3-next-80b-a3b", mtp=True))
+    last = m.stack.layers[-1]
+    assert m.num_layers == 49 and last.mtp and last.attention == "gated_gqa" and last.ffn == "moe"
 
 
 @pytest.mark.parametrize("key", ["top_k", "num_experts_per_tok", "expert_width", "num_experts", "shared_experts"])
@@ -176,8 +189,48 @@ def test_memory_refusal_of_a_dense_model_does_not_suggest_ep(capsys):
         err = _error(capsys, ["plan", "--model", "nemotron-h-56b", *argv])  # 56B dense: 2 stages cannot hold it
         assert "GiB" in err and "shard further (tp, dp with a distributed optimizer)" in err, err
         assert "ep" not in err.split("shard further")[1].split(")")[0] and "expert" not in err, err
-    err = _error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--pp", "1", "--ep", "1"])  # MoE: ep named
+    # MoE: ep named (64 GPUs hold the parameter state; 64k-token sequences do not fit)
+    err = _error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--pp", "4", "--ep", "8", "--seq-len", "65536"])
     assert "shard further (ep for experts, dp with a distributed optimizer)" in err, err
+
+
+def test_memory_refusal_below_the_parameter_state_names_the_gpus_needed(capsys):
+    """qwen3-235b-a22b on pp 2 x ep 2 (4 GPUs): weights, gradients and Adam state take 18 bytes a parameter
+    (bf16 weights, fp32 gradients, fp32 master weights and two fp32 moments), so 235.09e9 x 18 / 4 bytes a GPU on the
+    lightest layout of 4 GPUs, above the 134.40 GiB of an H200; the fewest whole nodes at which that share fits:
+    235.09e9 x 18 / n <= 134.40 GiB gives n >= 29.3, so 32. Recompute, schedule and sequence advice cannot close
+    that gap and is left out; a refusal whose parameter state fits keeps it."""
+    from tessera_lab.model.spec import load_model
+
+    total = load_model("qwen3-235b-a22b").param_counts().total
+    err = _error(capsys, ["plan", "--model", "qwen3-235b-a22b", "--pp", "2", "--ep", "2"])
+    assert err.startswith("tessera-lab plan: error: no partition fits in memory: even the closest one"), err
+    assert (f"no layout of 4 GPUs holds qwen3-235b-a22b's parameter state (weights, gradients and optimizer state: "
+            f"the lightest layout {total * 18 / 4 / 2**30:.1f} GiB per GPU against 134.4 GiB, computed)") in err, err
+    assert "at least 32 GPUs" in err and f"{total * 18 / 32 / 2**30:.1f} GiB per GPU" in err, err
+    assert err.endswith("tessera-lab search --gpus 32 lists layouts"), err
+    assert "--recompute" not in err and "--schedule" not in err and "shard further" not in err, err
+    # --schedule auto: every schedule's finding, then the same count instead of the advice
+    err = _error(capsys, ["plan", "--model", "qwen3-235b-a22b", "--pp", "2", "--ep", "2", "--schedule", "auto"])
+    assert err.startswith("tessera-lab plan: error: schedule auto: no schedule fits; ") and "advice:" not in err, err
+    assert err.endswith("tessera-lab search --gpus 32 lists layouts"), err
+    # 1.24 GiB over with the parameter state well inside: the refusal's own advice, no GPU count
+    err = _error(capsys, ["plan", "--model", "qwen3-30b-a3b", "--pp", "4", "--ep", "1", "--recompute", "full",
+                          "-m", "32"])
+    assert "keep fewer micro-batches in flight (--schedule 1f1b)" in err and "no layout of" not in err, err
+
+
+def test_auto_refusal_gives_its_advice_once(capsys):
+    """Every schedule refused for memory: the one-chunk refusals ('add pipeline stages') and the interleaved ones
+    ('add pipeline ranks') advise the same thing, so the advice reads once, with the search pointer once, and
+    without schedule advice (every schedule was tried)."""
+    err = _error(capsys, ["plan", "--model", "qwen3-30b-a3b", "--pp", "4", "--ep", "1", "-m", "64", "--seq-len",
+                          "16384", "--schedule", "auto"])
+    assert "interleaved vpp 2: no partition into 8 virtual stages fits" in err and "1f1b: no partition fits" in err
+    advice = err.split("; advice: ", 1)[1]
+    assert advice == ("add pipeline ranks, recompute activations (--recompute selective|full), shard further (ep for "
+                      "experts, dp with a distributed optimizer) or shorten the sequence (tessera-lab search lists "
+                      "layouts that fit, or the GPUs one needs)"), advice
 
 
 def _plan_json(tmp_path, argv):

@@ -129,8 +129,7 @@ def test_published_recipes_fit_memory():
     for run in (runs[i] for i in CURRENT_RECIPES):
         row = bench.predict(run)
         assert row["fits_memory"], (run["id"], row["peak_memory_gib"], row["capacity_gib"])
-        assert not any("does not fit" in n for n in row["mapping_notes"])
-        assert row["fits_memory_with_mtp_estimate"] in (None, True)  # DeepSeek-V3's MTP (not in the model) too
+        assert not any("does not fit" in n for n in row["mapping_notes"])  # DeepSeek-V3's planned MTP layer too
 
 
 def test_recipe_pipeline_splits_by_hand():
@@ -150,6 +149,27 @@ def test_recipe_pipeline_splits_by_hand():
     # loss alone on the last, one decoder layer on each of the 94 between
     b = bench.split_for(_runs(ALL_FILES)["mz/qwen3-235b-a22b/256xH100/bf16/a2a-tp2-pp32-vp3-ep8"], 94)
     assert [y - x for x, y in zip(b, b[1:])] == [0] + [1] * 94 + [0]
+
+
+def test_mtp_layers_planned_where_megatron_places_them():
+    """A recipe's MTP layers (``mtp_num_layers``) are planned after the decoder layers on the last virtual stage, with
+    the output head: DeepSeek-V3's layout 'Et|(tt|)*30mL' puts 'm' on the last virtual stage, which holds no decoder
+    layer; Qwen3-Next's ModelZoo run has no custom layout, so Megatron-Core's even split (48 / 12 = 4) and the MTP
+    layer on the last virtual stage (``mtp_on_this_rank``)."""
+    bench, runs = _bench(), _runs(ALL_FILES)
+    b = bench.split_for(runs["deepseek-v3/1024xH100/fp8/tp2-pp8-vp4-ep64"], 61, 1)
+    assert b[:3] == [0, 1, 3] and b[-2:] == [61, 62] and len(b) == 33
+    assert bench.split_for(runs["qwen3-30b-a3b/16xH100/fp8/ep16"], 48, 1) == [0, 49]  # PP 1: one stage
+    run = runs["mz/qwen3-next-80b-a3b/128xH100/bf16/deepep-pp4-vp3-ep32"]
+    model = bench.model_for(run)
+    assert model.num_layers == 49 and model.stack.layers[-1].mtp and not model.stack.layers[47].mtp
+    assert bench.run_split(run, model) == [4 * i for i in range(12)] + [49]
+    row = bench.predict(run)
+    assert any("1 MTP layer after them on the last virtual stage" in n for n in row["mapping_notes"])
+    without = bench.predict(dict(run, mtp_num_layers=0))
+    # the last virtual stage runs 4 + 1 layers and a second head: the iteration is longer, and not by more than the
+    # whole work of that stage again
+    assert without["iteration_time_s"] < row["iteration_time_s"] < 2 * without["iteration_time_s"]
 
 
 def test_precision_as_the_source_says():
@@ -431,7 +451,9 @@ def test_runs_file_layout_errors_are_one_line_before_planning(tmp_path, capsys):
     base = next(r for r in data["runs"] if "seq64k" in r["id"])
     cases = {"cp8": ({"cp": 8, "seq_len": 131072}, "field 'ep' = 8"), "cp0": ({"cp": 0}, "field 'cp' = 0"),
              "seq": ({"seq_len": 65540}, "field 'seq_len' = 65540"), "gbs": ({"gbs": 255}, "field 'gbs' = 255"),
-             "split": ({"pipeline_split": [1, 2]}, "field 'pipeline_split'")}
+             "split": ({"pipeline_split": [1, 2]}, "field 'pipeline_split'"),
+             "mtp": ({"mtp_num_layers": 1}, "field 'mtp_num_layers' = 1; allowed: 0 (qwen3-235b-a22b's config"),
+             "mtp-str": ({"mtp_num_layers": "1"}, "field 'mtp_num_layers' = '1'; allowed: an integer >= 0")}
     for name, (change, field) in cases.items():
         path = tmp_path / f"{name}.json"
         good = dict(base, id="ok/first")  # planned only if the bad run were skipped instead of refused

@@ -139,6 +139,11 @@ def test_quickstart_suggest_says_why_when_the_search_refuses():
     assert "8 GPUs (pp 2 x ep 4) are too few for deepseek-v3" in line.value, line.value
     assert "--" not in line.value and "in this panel: a larger pp or ep" in line.value
     assert {k: c.value for k, c in controls.items()} == before and "error" in state
+    # the same controls would be refused again: the button hides until a control changes, and is back on a change
+    # that still cannot plan (pp 4 x ep 4 = 16 GPUs)
+    assert button.layout.display == "none"
+    controls["pp"].value = 4
+    assert "error" in state and button.layout.display != "none" and line.value == ""
     r = subprocess.run([sys.executable, "-m", "tessera_lab", "search", "--model", "deepseek-v3", "--gpus", "8"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--gpus = 8 is too small for deepseek-v3" in r.stderr

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from tessera_lab.errors import InfeasiblePlanError
+from tessera_lab.errors import InfeasiblePlanError, PartitionError
 from tessera_lab.cli.common import (GIB, add_ilp_limit_options, add_json, add_plan_options, cluster_from_args, emit,
                                     ilp_limit_from_args,
                                     model_from_args, parallel_from_args, split_from_args, table)
@@ -360,13 +360,29 @@ def cp_fit_hint(model, parallel, nodes, opts: dict) -> str:
     return ""
 
 
+def parameter_state_hint(model, parallel, cluster) -> str:
+    """A memory refusal's GPU count where no layout of the plan's GPUs holds the model's parameter state
+    (:func:`~tessera_lab.plan.search_space.parameter_state_hint`, at the plan's sequence length); ``""`` otherwise
+    (the refusal's own advice can then close the gap)."""
+    from tessera_lab.cost.memory import memory_capacity
+    from tessera_lab.plan import search_space
+    from tessera_lab.plan.search import DEFAULT_GLOBAL_SEQUENCES
+
+    # the search's default global batch, as the 'tessera-lab search --gpus N' the hint names runs it (a parameter
+    # share does not depend on the batch; a small plan batch would leave large data-parallel layouts out)
+    return search_space.parameter_state_hint(model, parallel.world_size, DEFAULT_GLOBAL_SEQUENCES, parallel.seq_len,
+                                             cluster.gpu.nvlink_domain, memory_capacity(cluster))
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     if getattr(args, "device", None):  # the runner on a calibrated device
         from tessera_lab.runner.testbed.predict import cmd_plan_device
 
         check_device_plan_options(args)
         return cmd_plan_device(args)
-    from tessera_lab.plan.make import AUTO_ILP_BUDGET, make_plan
+    from tessera_lab.model.hardware import cluster_for
+    from tessera_lab.plan.make import AUTO_ADVICE, AUTO_ILP_BUDGET, AUTO_REFUSAL, make_plan
+    from tessera_lab.plan.problem import without_advice
 
     limit = ilp_limit_from_args(args, AUTO_ILP_BUDGET if args.schedule == "auto" else None)
     model = model_from_args(args)
@@ -389,7 +405,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 **({"baselines": ()} if boundaries else {}))
     try:
         plan = make_plan(model, parallel, cluster, **opts)
-    except InfeasiblePlanError as exc:
+    except PartitionError as exc:
+        auto = str(exc).startswith(AUTO_REFUSAL)
+        if not (isinstance(exc, InfeasiblePlanError) or auto):
+            raise
+        params = parameter_state_hint(model, parallel, cluster or cluster_for(parallel, args.gpu))
+        if params:  # only more GPUs close it: the refusal's finding with that, without its other advice
+            finding = str(exc).split(AUTO_ADVICE, 1)[0] if auto else without_advice(str(exc))
+            raise type(exc)(f"{finding}{params}") from None
+        if auto:
+            raise
         hint = cp_fit_hint(model, parallel, args.nodes, opts) if args.nodes is None else ""
         raise InfeasiblePlanError(f"{exc}{hint}") from None
     emit(args, plan.as_dict(), format_plan(plan))

@@ -41,6 +41,8 @@ __all__ = ["BASELINES", "DEFAULT_GPU", "DEFAULT_MODEL", "Evaluation", "OBJECTIVE
            "evaluate", "layer_pair_costs", "make_plan", "planning_problem"]
 
 #: baselines evaluated beside the chosen plan, all with the same schedule and simulator:
+#: the ``--schedule auto`` refusal's opening, and where its advice begins (after every schedule's finding)
+AUTO_REFUSAL, AUTO_ADVICE = "schedule auto: no schedule fits; ", "; advice: "
 #: ``uniform`` (layer counts as even as possible), ``standalone`` (balanced on standalone F+B+W sums: what a
 #: planner without overlap measurement picks), ``parameters`` (balanced on parameter bytes, DeepSpeed's default).
 BASELINES = ("uniform", "standalone", "parameters")
@@ -582,10 +584,12 @@ def _auto_schedule(model, parallel, cluster, **kwargs) -> Plan:
 
     if not plans:
         errors = [(label(t), t.get("error", "exceeds memory")) for t in trials]
-        # each refusal's advice (after its first '; ') once, in order, less the schedule advice (all were tried)
-        advice = list(dict.fromkeys(without_schedule_hint(e.split("; ", 1)[1]) for _, e in errors if "; " in e))
-        raise PartitionError("schedule auto: no schedule fits; " + "; ".join(
-            f"{name}: {e.split('; ', 1)[0]}" for name, e in errors) + ("; advice: " + "; ".join(advice)
+        # each refusal's advice (after its first '; ') once, in order, less the schedule advice (all were tried);
+        # more pipeline stages of a one-chunk schedule are more pipeline ranks, as the interleaved advice says
+        advice = list(dict.fromkeys(without_schedule_hint(e.split("; ", 1)[1]).replace(
+            "add pipeline stages, ", "add pipeline ranks, ") for _, e in errors if "; " in e))
+        raise PartitionError(AUTO_REFUSAL + "; ".join(
+            f"{name}: {e.split('; ', 1)[0]}" for name, e in errors) + (AUTO_ADVICE + "; ".join(advice)
                                                                           if advice else ""))
     best = min(plans, key=lambda pl: pl.chosen.iteration_time_s)
     best.schedule_trials = trials

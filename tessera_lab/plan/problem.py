@@ -336,6 +336,12 @@ def _schedule_hint(problem: PartitionProblem) -> str:
     return SCHEDULE_HINT.format(schedule=other) if other else ""
 
 
+def without_advice(text: str) -> str:
+    """A memory refusal of :func:`infeasible_error` without its advice: the finding before the first ``"; "``
+    (which stage needs how much against the GiB available), for a caller whose own advice replaces it."""
+    return text.split("; ", 1)[0]
+
+
 def without_schedule_hint(text: str) -> str:
     """A memory refusal's advice without its schedule advice (:data:`SCHEDULE_HINT`), for a refusal that tried every
     schedule."""

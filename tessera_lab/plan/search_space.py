@@ -273,19 +273,50 @@ def too_few_gpus(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_do
 
 def _too_few(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest, memory_bound=None
              ) -> tuple[str, int | None]:
+    head = (f"--gpus = {gpus} is too small for {model.name}: the lightest layout holds {lightest / 2**30:.1f} GiB of "
+            f"parameter state per GPU against {capacity / 2**30:.1f} GiB; allowed: ")
+    clause, n = _fewest_clause(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest, memory_bound)
+    return head + clause, n
+
+
+def _fewest_clause(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest, memory_bound=None
+                   ) -> tuple[str, int | None]:
+    """``("at least N GPUs (...)", N)`` from :func:`fewest_gpus`, or ``("more than L GPUs or ...", None)``."""
     step = gpu_step(nvlink_domain)
     linear = -(-math.ceil(gpus * lightest / capacity) // step) * step
     limit = max(4 * linear, gpus + 16 * step)
-    head = (f"--gpus = {gpus} is too small for {model.name}: the lightest layout holds {lightest / 2**30:.1f} GiB of "
-            f"parameter state per GPU against {capacity / 2**30:.1f} GiB; allowed: ")
     got = fewest_gpus(model, gpus, seqs, seq_len, nvlink_domain, capacity, limit, memory_bound)
     what = "its parameter state" + (" and saved activations" if memory_bound is not None else "")
     if got is None:
-        return head + (f"more than {limit} GPUs or a larger --global-batch-tokens (no count of GPUs the search accepts "
-                       f"up to {limit} holds {what} with {seqs} sequences per iteration)"), None
+        return (f"more than {limit} GPUs or a larger --global-batch-tokens (no count of GPUs the search accepts "
+                f"up to {limit} holds {what} with {seqs} sequences per iteration)"), None
     n, share = got
     unit = f"a multiple of {step}" if n % step == 0 else f"part of one {step}-GPU node"
     fit = ("some layout passes both memory bounds (parameter state, then saved activations)" if memory_bound
            is not None else "the lightest layout's parameter state fits")
-    return head + (f"at least {n} GPUs ({unit}; the fewest at which {fit}: lightest parameter state "
-                   f"{share / 2**30:.1f} GiB per GPU, computed; the planner may need more)"), n
+    return (f"at least {n} GPUs ({unit}; the fewest at which {fit}: lightest parameter state "
+            f"{share / 2**30:.1f} GiB per GPU, computed; the planner may need more)"), n
+
+
+def parameter_state_hint(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_domain: int,
+                         capacity: float) -> str:
+    """For a plan refused for memory on ``gpus`` GPUs (``seqs`` sequences of ``seq_len`` tokens an iteration,
+    ``capacity`` bytes a GPU): ``""`` when some layout :func:`enumerate_layouts` gives for that count holds the
+    model's parameter state (:func:`param_memory_bytes` / pp, the busiest rank's floor whatever the partition), or
+    when the search does not take that count; else ``"; no layout of N GPUs holds ...: at least M GPUs ..."``:
+    the refusal's recompute, schedule and sequence advice cannot close that gap, only more GPUs can."""
+    if not gpu_count_ok(gpus, nvlink_domain):
+        return ""
+    shares = {}
+    for lay in enumerate_layouts(model, gpus, seqs, gpus_per_node=nvlink_domain, seq_len=seq_len):
+        key = (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp, lay.fsdp)
+        if key not in shares:
+            shares[key] = param_memory_bytes(model, lay, seq_len) / lay.pp
+    lightest = min(shares.values(), default=0.0)
+    if lightest <= capacity:
+        return ""
+    clause, n = _fewest_clause(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest)
+    return (f"; no layout of {gpus} GPU{'s' if gpus > 1 else ''} holds {model.name}'s parameter state (weights, gradients and optimizer "
+            f"state: the lightest layout {lightest / 2**30:.1f} GiB per GPU against {capacity / 2**30:.1f} GiB, "
+            "computed), which no recompute, schedule or sequence length changes: "
+            + clause + (f"; tessera-lab search --gpus {n} lists layouts" if n else ""))

@@ -355,7 +355,8 @@ def _action_buttons(actions: list[Action], controls: dict[str, Any], status, don
     """A row per action of :func:`panel` (its button and a line beside it) and ``show(state)``, which shows each
     button while its ``when`` holds and the line of the action last done; ``wiring`` is the panel's
     ``(syncing flag, on_change, update)``. A click runs the action, sets the controls it returns with
-    recomputation held off (``on_change`` called for each), then recomputes once."""
+    recomputation held off (``on_change`` called for each), then recomputes once; an action that fails shows why
+    on its line and hides its button until the next recompute (the same controls would fail the same way)."""
     import ipywidgets as w
 
     from tessera_lab.errors import TesseraError
@@ -363,7 +364,7 @@ def _action_buttons(actions: list[Action], controls: dict[str, Any], status, don
     syncing, on_change, update = wiring
     buttons, lines = [], []
 
-    def click(act: Action, line) -> None:
+    def click(act: Action, line, button) -> None:
         before = status.value  # the panel's reason (e.g. why it cannot plan), back in place if the action fails
         status.value = f"<span style='color:dimgray'>{html.escape(act.busy)}&hellip;</span>"
         try:
@@ -371,6 +372,8 @@ def _action_buttons(actions: list[Action], controls: dict[str, Any], status, don
         except TesseraError as exc:
             status.value = before
             line.value = f"<span style='color:firebrick'>{html.escape(panel_wording(str(exc)))}</span>"
+            # the same controls would give the same answer: the button is back once a control changes (show)
+            button.layout.display = "none"
             return
         syncing[0] = True
         try:
@@ -390,7 +393,7 @@ def _action_buttons(actions: list[Action], controls: dict[str, Any], status, don
         button = w.Button(description=act.label, layout=w.Layout(width="auto", flex="0 0 auto"))
         button.add_class("tessera-panel-action")
         line = w.HTML(layout=w.Layout(flex="1 1 auto"))
-        button.on_click(lambda _b, act=act, line=line: click(act, line))
+        button.on_click(lambda _b, act=act, line=line: click(act, line, _b))
         buttons.append((act, button))
         lines.append(line)
 
