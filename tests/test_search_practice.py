@@ -35,7 +35,7 @@ def test_practice_recipe_layout_by_hand():
     assert (lay.tp, lay.pp, lay.vpp, lay.ep, lay.ep_spans_tp, lay.dp, lay.microbatches, lay.micro_batch_size) == \
         (2, 8, 4, 32, True, 1, 128, 1)
     assert (lay.schedule, lay.recompute, lay.dispatcher) == ("interleaved", "selective", "deepep")
-    assert lay.recompute_modules == ("moe_act",) and lay.precision == "bf16" and not lay.fsdp
+    assert lay.recompute_modules == ("layernorm", "moe_act") and lay.precision == "bf16" and not lay.fsdp  # 'norm, act'
     assert left == ["the recipe's pipeline split as the planner's partition"]
     # Megatron-Bridge Qwen3-30B-A3B on 16 H100, PP 2, VP 12, EP 8, FP8: DP 8 = EP 8 -> dp 1; m = 1024 / 8 = 128;
     # VP 12 is not among the search's 2, 3, 4
