@@ -15,7 +15,8 @@ micro-batches and micro-batch size, the schedule and the expert grid as ``bench_
 (EP spanning TP where EP > Megatron's DP), the dispatcher and the recompute granularity. The run's training settings
 that are not layout choices apply to every candidate of its search alike (:class:`RecipeLayout`, passed to the
 search through its ``layouts`` argument): precision (FP8 runs are searched in FP8), Adam moment and gradient dtypes,
-the published routing balance, the recipes' cross-entropy fusion and Megatron-Core's contiguous expert grid. The
+the published routing balance, the recipes' cross-entropy fusion, Megatron-Core's contiguous expert grid and the MTP
+layers the recipe trains (``mtp_num_layers``, planned after the decoder layers as ``plan --mtp``). The
 recipe's own recompute modules and Megatron FSDP, which the search's space does not vary, are kept on the recipe's
 layout; a recipe layout the enumeration does not produce (such a setting, or a VPP, micro-batch size or schedule
 outside the search's values) is added to the candidates when the planner accepts it (Megatron-Core can run it), and
@@ -158,12 +159,13 @@ def outside_space(model, lay, node: int, seq_len: int) -> list[str]:
 def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict:
     """One row: the search at the run's GPUs, batch and sequence beside the recipe's layout (module docstring).
     ``retry_plans``: the budget of the second search (only when above ``max_plans``; 0: no second search)."""
+    from bench_public_runs import model_for, run_split
+
     from tessera_lab.model.hardware import GPUSpec
-    from tessera_lab.model.spec import load_model
     from tessera_lab.plan.search import enumerate_layouts, plan_layout, search, search_cluster
 
     t0 = time.process_time()
-    model = load_model(run["model"])
+    model = model_for(run)  # with the MTP layers the recipe trains (a training setting every candidate shares)
     lay, left = recipe_layout(run)
     gpus, seq = run["gpus"], run["seq_len"]
     node = GPUSpec.named(run["gpu"]).nvlink_domain
@@ -174,9 +176,7 @@ def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict
     if lay.pp * lay.vpp > model.num_layers and run.get("pipeline_split"):
         # more virtual stages than layers: only the recipe's own split places them (Megatron's embedding/loss
         # accounting leaves the first and last virtual stage without a decoder layer)
-        from bench_public_runs import split_for
-
-        own_split = split_for(run, model.num_layers)
+        own_split = run_split(run, model)
         left[:] = [x for x in left if "pipeline split" not in x]
         left.append(f"planned with the recipe's own pipeline split ({lay.pp * lay.vpp} virtual stages for "
                     f"{model.num_layers} layers: no other partition places them)")

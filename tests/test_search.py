@@ -383,14 +383,17 @@ def test_no_fit_hint_names_the_cp_searched():
     line = no_fit_hint(res)
     assert "201.6 GiB against 134.4 GiB" in line and "1.50x the GPUs" in line and "--cp 8" in line
     assert "--cp" not in no_fit_hint(SimpleNamespace(**{**res.__dict__, "max_cp": 1}))
-    # every planned candidate refused, the budget leaving layouts unplanned: the hint says both, with the commonest
-    # refusal and its count
+    # every planned candidate refused, the budget leaving layouts unplanned: the hint says both, the refusals counted
+    # by what they prove (messages differ in their stage and GiB, so a count by message would cover few), and the
+    # commonest message as an example
     refused = [S.Candidate(planned[0].layout, 1.0, 0.0, {"error": "no partition fits"}) for _ in range(3)]
     res2 = SimpleNamespace(planned=refused, memory_capacity_bytes=134.4 * 2**30, gpus=88, seq_len=4096, max_cp=1,
-                           pruned={"budget": 1284}, errors={"no partition fits": 2, "other": 1})
+                           pruned={"budget": 1284}, errors={"no partition fits: stage 1": 2, "other": 1},
+                           error_kinds={"no partition fits memory (proven)": 2, "other": 1})
     line = no_fit_hint(res2)
-    assert line.startswith("every planned candidate (3) was refused by the planner (most often, 2 of them: no "
-                           "partition fits); 1,284 layouts were left unplanned at the --max-plans budget"), line
+    assert line.startswith("every planned candidate (3) was refused by the planner (2 no partition fits memory "
+                           "(proven), 1 other; for example: no partition fits: stage 1); 1,284 layouts were left "
+                           "unplanned at the --max-plans budget"), line
     assert "--gpus 176" in line
 
 

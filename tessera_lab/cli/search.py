@@ -180,10 +180,11 @@ def no_fit_hint(res) -> str:
     if not rows:
         errors = getattr(res, "errors", None) or {}
         why = ""
-        if errors:
-            reason, n = max(errors.items(), key=lambda kv: kv[1])
-            reason = reason.replace(f" {SEARCH_POINTER}", "")
-            why = f" (most often, {n} of them: {reason})"
+        if errors:  # counted by what each refusal proves, with the most frequent message as an example
+            reason = max(errors.items(), key=lambda kv: kv[1])[0].replace(f" {SEARCH_POINTER}", "")
+            kinds = getattr(res, "error_kinds", None) or {}
+            why = f" ({', '.join(f'{n} {kind}' for kind, n in kinds.items())}; for example: {reason})" if kinds \
+                else f" (for example: {reason})"
         pr = getattr(res, "pruned", None) or {}
         if not res.planned:
             mem = pr.get("memory (parameter state)", 0) + pr.get("memory", 0)
