@@ -293,6 +293,7 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
         "published": {"iteration_s": published_s, "basis": basis},
         "predicted": {"iteration_s": ev.iteration_time_s},
         "precision_label": precision_label(run), "published_tflops_per_gpu": published_tflops,
+        "source_tflops_per_gpu": run.get("model_tflops_per_gpu"),
         "predicted_tflops_per_gpu": tflops, "error": published_s / ev.iteration_time_s - 1.0,
         "predicted_mfu_bf16_peak": ev.mfu, "iteration_time_s": ev.iteration_time_s,
         "fits_memory": max(rank_mem) <= capacity,
@@ -561,8 +562,26 @@ def table_rows(rows: list[dict]) -> list[list]:
 
 
 HEADERS = ["run", "source\nfamily", "\nsplit", "precision\n(per source)", "iteration s\npublished",
-           "iteration s\npredicted", "\n\nerror", "error\nwithout\nsync term", "Model\nTFLOP/s/GPU\npublished",
+           "iteration s\npredicted", "\n\nerror", "error\nwithout\nsync term", "Model\nTFLOP/s/GPU\nat published",
            "Model\nTFLOP/s/GPU\npredicted", "memory\npeak\nGiB/GPU", "memory\ncapacity\nGiB/GPU", "\n\nfits"]
+def tflops_line(rows: list[dict], tolerance: float = 0.02) -> str:
+    """What the Model TFLOP/s columns are (this model's FLOPs of an iteration, Megatron-LM's convention with MTP
+    layers counted, over the published or the predicted time: computed) and, where a source states its own Model
+    TFLOP/s and it differs from the published-time column by more than ``tolerance``, both figures: a source that
+    counts its FLOPs otherwise."""
+    off = [r for r in rows if r.get("source_tflops_per_gpu")
+           and abs(r["published_tflops_per_gpu"] / r["source_tflops_per_gpu"] - 1) > tolerance]
+    text = ("Model TFLOP/s per GPU: this model's FLOPs of an iteration (Megatron-LM's convention, MTP layers counted) "
+            "over the published or predicted time (computed)")
+    if not off:
+        return text + f"; every source's own figure is within {tolerance:.0%} of the published-time column"
+    return text + (f"; sources whose own figure differs by more than {tolerance:.0%} (they count FLOPs otherwise): "
+                   + ", ".join(f"{r['id']} {r['source_tflops_per_gpu']:g} (ours "
+                               f"{r['published_tflops_per_gpu']:.0f}, "
+                               f"{r['published_tflops_per_gpu'] / r['source_tflops_per_gpu'] - 1:+.0%})"
+                               for r in off))
+
+
 #: the target the headline is judged against (test set)
 TARGET_MEDIAN, TARGET_MAX = 0.15, 0.35
 
@@ -799,6 +818,7 @@ def print_report(rows: list[dict], sync: dict, summ: dict, out) -> None:
     finally:
         tabulate_mod.MIN_PADDING = padding
     print(table, file=out)
+    print(tflops_line(rows), file=out)
     print("\nper run: source and how it was planned", file=out)
     for r in rows:
         print(f"  {r['id']} [{r['split']}]: {r['source']}", file=out)

@@ -497,3 +497,15 @@ def test_summary_of_an_empty_selection_is_strict_json():
     text = json.dumps(summ)
     json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     assert summ["test_median_abs_error"] is None and summ["fit_max_abs_error"] is None and not summ["target_met"]
+
+
+def test_tflops_line_names_sources_that_count_flops_otherwise():
+    """The Model TFLOP/s columns are this model's FLOPs over a time (computed); a source whose own figure differs by
+    more than 2% from the published-time column is named with both (GPT-OSS's page: 158 where ours give 190)."""
+    bench = _bench()
+    rows = [{"id": "a", "source_tflops_per_gpu": 158, "published_tflops_per_gpu": 190.0},
+            {"id": "b", "source_tflops_per_gpu": 338, "published_tflops_per_gpu": 337.2},
+            {"id": "c", "source_tflops_per_gpu": None, "published_tflops_per_gpu": 50.0}]
+    line = bench.tflops_line(rows)
+    assert line.endswith("differs by more than 2% (they count FLOPs otherwise): a 158 (ours 190, +20%)"), line
+    assert "within 2%" in bench.tflops_line(rows[1:])
