@@ -818,7 +818,7 @@ def print_report(rows: list[dict], sync: dict, summ: dict, out) -> None:
     finally:
         tabulate_mod.MIN_PADDING = padding
     print(table, file=out)
-    print(tflops_line(rows), file=out)
+    print("\n" + tflops_line(rows), file=out)
     print("\nper run: source and how it was planned", file=out)
     for r in rows:
         print(f"  {r['id']} [{r['split']}]: {r['source']}", file=out)
