@@ -366,12 +366,14 @@ def parameter_state_hint(model, parallel, cluster) -> str:
     (the refusal's own advice can then close the gap)."""
     from tessera_lab.cost.memory import memory_capacity
     from tessera_lab.plan import search_space
-    from tessera_lab.plan.search import DEFAULT_GLOBAL_SEQUENCES
+    from tessera_lab.plan.search import DEFAULT_GLOBAL_SEQUENCES, memory_bound_of
 
     # the search's default global batch, as the 'tessera-lab search --gpus N' the hint names runs it (a parameter
-    # share does not depend on the batch; a small plan batch would leave large data-parallel layouts out)
+    # share does not depend on the batch; a small plan batch would leave large data-parallel layouts out), and the
+    # search's memory bound, so that the count named is the one that search names in turn
     return search_space.parameter_state_hint(model, parallel.world_size, DEFAULT_GLOBAL_SEQUENCES, parallel.seq_len,
-                                             cluster.gpu.nvlink_domain, memory_capacity(cluster))
+                                             cluster.gpu.nvlink_domain, memory_capacity(cluster),
+                                             memory_bound_of(model, parallel.seq_len, cluster))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

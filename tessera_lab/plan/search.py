@@ -203,6 +203,13 @@ def search_cluster(gpu: str, gpus: int, memory_reserve_gib: float | None = None)
     return Cluster.dgx(gpu, max(1, -(-gpus // GPUSpec.named(gpu).nvlink_domain)), memory_reserve_gib)
 
 
+def memory_bound_of(model: ModelSpec, seq_len: int, cluster: Cluster) -> Callable[[Layout], float]:
+    """The search's lower bound on a layout's busiest rank memory (bytes: parameter state and saved activations,
+    :func:`memory_lower_bound`) on ``cluster``, for a caller that names GPU counts as the search does
+    (:func:`~tessera_lab.plan.search_space.fewest_gpus`)."""
+    return _Bounds(model, seq_len, cluster).memory
+
+
 def check_search_inputs(model: ModelSpec, gpus: int, seq_len: int, global_batch_tokens: int,
                         cluster_node: int) -> int:
     """The global batch in sequences, after the checks ``search`` makes before any work.

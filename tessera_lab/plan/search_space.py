@@ -299,12 +299,14 @@ def _fewest_clause(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest
 
 
 def parameter_state_hint(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_domain: int,
-                         capacity: float) -> str:
+                         capacity: float, memory_bound=None) -> str:
     """For a plan refused for memory on ``gpus`` GPUs (``seqs`` sequences of ``seq_len`` tokens an iteration,
     ``capacity`` bytes a GPU): ``""`` when some layout :func:`enumerate_layouts` gives for that count holds the
     model's parameter state (:func:`param_memory_bytes` / pp, the busiest rank's floor whatever the partition), or
     when the search does not take that count; else ``"; no layout of N GPUs holds ...: at least M GPUs ..."``:
-    the refusal's recompute, schedule and sequence advice cannot close that gap, only more GPUs can."""
+    the refusal's recompute, schedule and sequence advice cannot close that gap, only more GPUs can. M is the
+    fewest count at which some layout passes the parameter rule and, given ``memory_bound`` (layout -> bytes, the
+    search's bound with saved activations), that bound too (:func:`fewest_gpus`), as the search names it."""
     if not gpu_count_ok(gpus, nvlink_domain):
         return ""
     shares = {}
@@ -315,7 +317,7 @@ def parameter_state_hint(model: ModelSpec, gpus: int, seqs: int, seq_len: int, n
     lightest = min(shares.values(), default=0.0)
     if lightest <= capacity:
         return ""
-    clause, n = _fewest_clause(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest)
+    clause, n = _fewest_clause(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest, memory_bound)
     return (f"; no layout of {gpus} GPU{'s' if gpus > 1 else ''} holds {model.name}'s parameter state (weights, gradients and optimizer "
             f"state: the lightest layout {lightest / 2**30:.1f} GiB per GPU against {capacity / 2**30:.1f} GiB, "
             "computed), which no recompute, schedule or sequence length changes: "
