@@ -134,6 +134,9 @@ def test_quickstart_suggest_says_why_when_the_search_refuses():
     box, controls, state = quickstart_panel(model="deepseek-v3", gpu="H200", pp=2, ep=4, microbatches=8)
     button, line = _action(box)
     assert "error" in state
+    # the panel's own refusal says only more GPUs help (no recompute, schedule or sequence advice, no CLI command)
+    assert "no layout of 8 GPUs holds deepseek-v3's parameter state" in state["error"], state["error"]
+    assert "--recompute" not in state["error"] and "tessera-lab search" not in state["error"]
     before = {k: c.value for k, c in controls.items()}
     button.click()
     assert "8 GPUs (pp 2 x ep 4) are too few for deepseek-v3" in line.value, line.value

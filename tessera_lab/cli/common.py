@@ -384,7 +384,7 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     p.add_argument("--host-sync-ms", type=float_in("host_sync_ms", 0.0, 1e5, allowed="milliseconds, 0 to 100000"),
                    default=None, metavar="MS",
                    help="host/device sync exposed per host wait of a MoE layer and micro-batch, in ms, where the dropless "
-                        "EP dispatch waits on the host (EP > 1, analytic costs; one wait per MoE layer, run again "
+                        "dispatch waits on the host (with or without EP, analytic costs; one wait per MoE layer, run again "
                         "where the MoE block is recomputed; GPT-OSS's expert activation waits too; every forward run "
                         "apart carries it; a forward an EP-overlap schedule pairs with a backward carries what the "
                         "paired backward's expert (mlp) node, queued before the wait, does not hide; "

@@ -360,20 +360,21 @@ def cp_fit_hint(model, parallel, nodes, opts: dict) -> str:
     return ""
 
 
-def parameter_state_hint(model, parallel, cluster) -> str:
-    """A memory refusal's GPU count where no layout of the plan's GPUs holds the model's parameter state
-    (:func:`~tessera_lab.plan.search_space.parameter_state_hint`, at the plan's sequence length); ``""`` otherwise
-    (the refusal's own advice can then close the gap)."""
-    from tessera_lab.cost.memory import memory_capacity
-    from tessera_lab.plan import search_space
-    from tessera_lab.plan.search import DEFAULT_GLOBAL_SEQUENCES, memory_bound_of
+def search_command(args: argparse.Namespace, parallel) -> str:
+    """The ``tessera-lab search`` command for the plan's model, GPU type and sequence (and its MTP and config
+    options), to which a refusal adds ``--gpus N``."""
+    import shlex
 
-    # the search's default global batch, as the 'tessera-lab search --gpus N' the hint names runs it (a parameter
-    # share does not depend on the batch; a small plan batch would leave large data-parallel layouts out), and the
-    # search's memory bound, so that the count named is the one that search names in turn
-    return search_space.parameter_state_hint(model, parallel.world_size, DEFAULT_GLOBAL_SEQUENCES, parallel.seq_len,
-                                             cluster.gpu.nvlink_domain, memory_capacity(cluster),
-                                             memory_bound_of(model, parallel.seq_len, cluster))
+    from tessera_lab.defaults import DEFAULT_GPU
+
+    parts = ["tessera-lab search --model", shlex.quote(str(args.model))]
+    if args.gpu != DEFAULT_GPU:
+        parts += ["--gpu", args.gpu]
+    if parallel.seq_len != 4096:
+        parts += ["--seq-len", str(parallel.seq_len)]
+    parts += [flag for flag, on in (("--mtp", getattr(args, "mtp", False)),
+                                    ("--allow-unknown-fields", getattr(args, "allow_unknown_fields", False))) if on]
+    return " ".join(parts)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -383,8 +384,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         check_device_plan_options(args)
         return cmd_plan_device(args)
     from tessera_lab.model.hardware import cluster_for
-    from tessera_lab.plan.make import AUTO_ADVICE, AUTO_ILP_BUDGET, AUTO_REFUSAL, make_plan
-    from tessera_lab.plan.problem import without_advice
+    from tessera_lab.plan.make import AUTO_ILP_BUDGET, make_plan
+    from tessera_lab.plan.search import with_gpu_count
 
     limit = ilp_limit_from_args(args, AUTO_ILP_BUDGET if args.schedule == "auto" else None)
     model = model_from_args(args)
@@ -408,14 +409,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     try:
         plan = make_plan(model, parallel, cluster, **opts)
     except PartitionError as exc:
-        auto = str(exc).startswith(AUTO_REFUSAL)
-        if not (isinstance(exc, InfeasiblePlanError) or auto):
-            raise
-        params = parameter_state_hint(model, parallel, cluster or cluster_for(parallel, args.gpu))
-        if params:  # only more GPUs close it: the refusal's finding with that, without its other advice
-            finding = str(exc).split(AUTO_ADVICE, 1)[0] if auto else without_advice(str(exc))
-            raise type(exc)(f"{finding}{params}") from None
-        if auto:
+        # only more GPUs close it: the refusal's finding with the count, without advice that cannot help
+        counted = with_gpu_count(exc, model, parallel, cluster or cluster_for(parallel, args.gpu),
+                                 search_command(args, parallel))
+        if counted is not None:
+            raise counted from None
+        if not isinstance(exc, InfeasiblePlanError):
             raise
         hint = cp_fit_hint(model, parallel, args.nodes, opts) if args.nodes is None else ""
         raise InfeasiblePlanError(f"{exc}{hint}") from None

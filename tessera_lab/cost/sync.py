@@ -7,8 +7,9 @@ EP > 1, ``preprocess`` copies the per-rank token counts to the host (``.to("cpu"
 "before_ep_alltoall"``; ``token_permutation`` then calls ``torch.cuda.current_stream().synchronize()`` before the
 EP all-to-all, because the all-to-all split sizes and the per-expert GEMM splits (Transformer Engine's
 ``GroupedLinear`` takes ``m_splits`` as a host list) must be host values. With a capacity factor the sync moves to
-``before_permutation_1``; without EP to ``before_finish``: there is one per MoE layer and micro-batch in every
-dropless EP configuration. DeepEP's normal-mode dispatch (the ``flex`` dispatcher) likewise waits on the host
+``before_permutation_1``; with EP and TP 1 to ``before_finish`` (``preprocess`` still needs the per-expert token
+counts on the host for the grouped GEMM's splits; d98e8a64 too): there is one per MoE layer and micro-batch in every
+dropless configuration, with or without EP. DeepEP's normal-mode dispatch (the ``flex`` dispatcher) likewise waits on the host
 for the received-token counts before it can size its output.
 
 More waits per layer (:func:`host_waits_per_layer`): where the MoE block is recomputed (``full``, the ``moe``
@@ -89,7 +90,7 @@ from tessera_lab.errors import ConfigError
 #: micro-batch: :func:`host_waits_per_layer`): the median per-wait gap of the dispatcher's fit-set runs (``split:
 #: fit`` in data/published, the rule of tessera_lab/report/fidelity_set.py) whose every forward carries the term;
 #: FIT_SET names them; tests/test_public_runs.py checks that the bench's fit still gives these values
-FITTED_PER_WAIT_S = {"alltoall": 4.31e-3, "deepep": 3.91e-3}
+FITTED_PER_WAIT_S = {"alltoall": 4.309e-3, "deepep": 3.913e-3}
 #: the runs each value of ``FITTED_PER_WAIT_S`` is fitted on (data/published, split 'fit', EP > 1, that
 #: dispatcher, no EP overlap); none of them is a test run
 FIT_SET = {
@@ -154,8 +155,9 @@ def host_waits_per_layer(parallel, model=None) -> int:
 def planner_per_layer_s(parallel, *, analytic: bool = True, model=None) -> float:
     """Seconds the planner adds to each MoE layer's forward per micro-batch: ``c`` x
     :func:`host_waits_per_layer`, ``c`` = ``parallel.host_sync_s`` (``None``: the dispatcher's
-    :data:`FITTED_PER_WAIT_S`), when ``parallel.ep > 1``, the dispatcher is in :data:`SYNC_DISPATCHERS` and the
-    costs are ``analytic``; else 0. Whatever the schedule: a forward the EP-overlap schedules pair with a backward
+    :data:`FITTED_PER_WAIT_S`), when the dispatcher is in :data:`SYNC_DISPATCHERS` and the costs are ``analytic``,
+    with or without EP (the ``alltoall`` dispatcher syncs at ``before_finish`` when EP and TP are 1, module
+    docstring); else 0. Whatever the schedule: a forward the EP-overlap schedules pair with a backward
     hides it up to the paired backward's ``mlp`` node (:func:`paired_exposed_s`, in the pair's makespan,
     :meth:`~tessera_lab.plan.stages.StageCostModel.fb`); a forward run apart carries it (the waits of a recompute, which run in the backward, are charged to the forward
     too).
@@ -167,7 +169,7 @@ def planner_per_layer_s(parallel, *, analytic: bool = True, model=None) -> float
     Raises:
         ConfigError: ``host_sync_s`` negative.
     """
-    if not analytic or parallel.ep <= 1 or parallel.dispatcher not in SYNC_DISPATCHERS:
+    if not analytic or parallel.dispatcher not in SYNC_DISPATCHERS:
         return 0.0
     c = getattr(parallel, "host_sync_s", None)
     c = FITTED_PER_WAIT_S[parallel.dispatcher] if c is None else c

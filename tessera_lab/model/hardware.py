@@ -534,8 +534,8 @@ def layout_text(p: "ParallelConfig", moe: bool = True) -> str:
     vpp = f" vpp={p.vpp}" if p.vpp > 1 else ""
     vpp += f" cp={p.cp}" if p.cp > 1 else ""
     pipes = p.dense_dp
-    per_iter = (f", {pipes} pipeline{'s' if pipes != 1 else ''}' micro-batches per iteration "
-                f"({p.tokens_per_iteration:,} tokens)")
+    per_iter = (f", {pipes} pipelines' micro-batches per iteration" if pipes != 1
+                else ", 1 pipeline's micro-batches per iteration") + f" ({p.tokens_per_iteration:,} tokens)"
     if moe and not p.ep_spans_tp:  # the pipelines are the stage's data-parallel replicas, ep x dp: Megatron's DP
         per_iter = f", Megatron DP {pipes}" + per_iter
     if not moe:

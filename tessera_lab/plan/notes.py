@@ -22,7 +22,8 @@ def plan_notes(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster, pro
                      "--mtp plans them after the last decoder layer, on the last stage")
     elif model.stack.plan_mtp and model.stack.mtp_layers:
         notes.append(f"{len(model.stack.mtp_layers)} MTP layer(s) planned after the last decoder layer (last stage); "
-                     "parameter counts report them apart")
+                     "parameter counts report them apart; model FLOPs and MFU count their layer and logits, as "
+                     "Megatron-LM's num_floating_point_operations counts mtp_num_layers")
     if model.has_moe and parallel.ep > 1:
         notes.append(routing_load_note(model, parallel))
     if note := window_note(model, parallel):

@@ -210,6 +210,50 @@ def memory_bound_of(model: ModelSpec, seq_len: int, cluster: Cluster) -> Callabl
     return _Bounds(model, seq_len, cluster).memory
 
 
+def with_gpu_count(exc: Exception, model: ModelSpec, parallel, cluster: Cluster,
+                   command: str | None = None) -> Exception | None:
+    """A memory refusal of :func:`~tessera_lab.plan.make.make_plan` (one schedule's, or ``--schedule auto``'s) whose
+    layout's GPUs cannot hold the model's parameter state in any layout: the refusal's finding with the GPU count
+    that could (:func:`~tessera_lab.plan.search_space.parameter_state_hint`, at the search's default global batch
+    and with its memory bound) in place of its advice, which recompute, schedule or sequence cannot make true; a new
+    exception of the same type. ``None`` for any other error, or where some layout of those GPUs holds the state.
+    ``command``: the search command to name (``plan``'s), ``None`` in a panel."""
+    from tessera_lab.errors import InfeasiblePlanError
+    from tessera_lab.plan.make import AUTO_ADVICE, AUTO_REFUSAL
+    from tessera_lab.plan.problem import without_advice
+    from tessera_lab.plan.search_space import parameter_state_hint
+
+    text = str(exc)
+    auto = text.startswith(AUTO_REFUSAL)
+    if not (isinstance(exc, InfeasiblePlanError) or auto):
+        return None
+    hint = parameter_state_hint(model, parallel.world_size, DEFAULT_GLOBAL_SEQUENCES, parallel.seq_len,
+                                cluster.gpu.nvlink_domain, memory_capacity(cluster),
+                                memory_bound_of(model, parallel.seq_len, cluster), command)
+    if not hint:
+        return None
+    return type(exc)((text.split(AUTO_ADVICE, 1)[0] if auto else without_advice(text)) + hint)
+
+
+def plan_or_gpu_count(model: ModelSpec, parallel, *, gpu: str, **opts):
+    """:func:`~tessera_lab.plan.make.make_plan` of ``model`` on ``parallel`` (``gpu``; ``opts`` as make_plan's);
+    a refusal for GPUs too few for the parameter state raised as :func:`with_gpu_count` words it (no command: a
+    panel's).
+
+    Raises:
+        PartitionError / ConfigError: as make_plan."""
+    from tessera_lab.errors import PartitionError
+    from tessera_lab.model.hardware import cluster_for
+
+    try:
+        return make_plan(model, parallel, gpu=gpu, **opts)
+    except PartitionError as exc:
+        counted = with_gpu_count(exc, model, parallel, cluster_for(parallel, gpu))
+        if counted is None:
+            raise
+        raise counted from None
+
+
 def check_search_inputs(model: ModelSpec, gpus: int, seq_len: int, global_batch_tokens: int,
                         cluster_node: int) -> int:
     """The global batch in sequences, after the checks ``search`` makes before any work.

@@ -299,14 +299,16 @@ def _fewest_clause(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest
 
 
 def parameter_state_hint(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_domain: int,
-                         capacity: float, memory_bound=None) -> str:
+                         capacity: float, memory_bound=None, command: str | None = None) -> str:
     """For a plan refused for memory on ``gpus`` GPUs (``seqs`` sequences of ``seq_len`` tokens an iteration,
     ``capacity`` bytes a GPU): ``""`` when some layout :func:`enumerate_layouts` gives for that count holds the
     model's parameter state (:func:`param_memory_bytes` / pp, the busiest rank's floor whatever the partition), or
     when the search does not take that count; else ``"; no layout of N GPUs holds ...: at least M GPUs ..."``:
     the refusal's recompute, schedule and sequence advice cannot close that gap, only more GPUs can. M is the
     fewest count at which some layout passes the parameter rule and, given ``memory_bound`` (layout -> bytes, the
-    search's bound with saved activations), that bound too (:func:`fewest_gpus`), as the search names it."""
+    search's bound with saved activations), that bound too (:func:`fewest_gpus`), as the search names it.
+    ``command``: the search command for the same model and GPU (``"tessera-lab search --model M"``), named with
+    ``--gpus M`` at the end; ``None``: none named (a panel has its own button)."""
     if not gpu_count_ok(gpus, nvlink_domain):
         return ""
     shares = {}
@@ -321,4 +323,4 @@ def parameter_state_hint(model: ModelSpec, gpus: int, seqs: int, seq_len: int, n
     return (f"; no layout of {gpus} GPU{'s' if gpus > 1 else ''} holds {model.name}'s parameter state (weights, gradients and optimizer "
             f"state: the lightest layout {lightest / 2**30:.1f} GiB per GPU against {capacity / 2**30:.1f} GiB, "
             "computed), which no recompute, schedule or sequence length changes: "
-            + clause + (f"; tessera-lab search --gpus {n} lists layouts" if n else ""))
+            + clause + (f"; {command} --gpus {n} lists layouts" if n and command else ""))

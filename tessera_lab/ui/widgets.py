@@ -1,10 +1,8 @@
 """The planning panels (notebooks 00 and 06) and the pure functions behind them.
 
-Each panel is :func:`tessera_lab.ui.panel.panel` over one pure function that tests call directly
-(:func:`replan` / :func:`plan_summary`, :func:`compare_partitions`). Tables name every partition that does not
-fit in GPU memory and flag a planned MFU above any published run. ipywidgets and matplotlib are imported inside
-the panel builders, so importing this module costs nothing where they are absent.
-"""
+Each panel is :func:`tessera_lab.ui.panel.panel` over one pure function that tests call directly (:func:`replan` /
+:func:`plan_summary`, :func:`compare_partitions`). Tables name every partition that does not fit in GPU memory and
+flag a planned MFU above any published run. ipywidgets and matplotlib are imported inside the panel builders."""
 
 from __future__ import annotations
 
@@ -12,15 +10,15 @@ from typing import Any
 
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.model.spec import load_model
-from tessera_lab.plan.make import Plan, make_plan
+from tessera_lab.plan.make import Plan
 from tessera_lab.report.headline import memory_note, mfu_line, mfu_note
 from tessera_lab.ui.panel import GPU_CHOICES, LABEL_STYLE, View, panel
 from tessera_lab.ui.suggest import pp_ep_terms, stage_terms, suggest_action
 
 __all__ = ["LABEL_STYLE", "panel", "replan", "plan_summary", "summary_table", "plan_notes", "quickstart_panel",
            "compare_partitions", "partition_panel", "MODEL_LAYOUTS", "QUICKSTART_PARAMETERS", "model_knobs",
-           "plan_caption", "bottleneck_bounds", "control_options", "valid_value", "model_variant",
-           "GPU_CHOICES", "suggest_action"]
+           "plan_caption", "bottleneck_bounds", "control_options", "valid_value", "model_variant", "GPU_CHOICES",
+           "suggest_action"]
 
 def replan(  # params: one keyword per control of the notebooks' re-planning panel
     model: str = "qwen3-next-80b-a3b",
@@ -49,11 +47,13 @@ def replan(  # params: one keyword per control of the notebooks' re-planning pan
             ``full`` (Megatron-LM's ``--recompute-granularity``; the CLI's ``--recompute``).
 
     Raises:
-        ConfigError / PartitionError: as :func:`tessera_lab.plan.make.make_plan`.
+        ConfigError / PartitionError: as make_plan (GPUs too few for the parameter state: the count, plan_or_gpu_count).
     """
+    from tessera_lab.plan.search import plan_or_gpu_count
+
     spec = model_variant(model, attention_ratio=attention_ratio, expert_width=expert_width, top_k=top_k)
     parallel = ParallelConfig(pp=pp, ep=ep, tp=tp, microbatches=microbatches, seq_len=seq_len, recompute=recompute)
-    return make_plan(spec, parallel, method=method, gpu=gpu)
+    return plan_or_gpu_count(spec, parallel, method=method, gpu=gpu)
 
 
 def model_variant(model: str, *, attention_ratio: int | None = None, expert_width: int | None = None,
