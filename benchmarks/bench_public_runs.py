@@ -223,10 +223,14 @@ def model_for(run: dict):
     return model
 
 
+def planned_mtp(model) -> int:
+    """MTP layers a model from :func:`model_for` plans (0 where its recipe trains none)."""
+    return len(model.stack.mtp_layers) if model.stack.plan_mtp else 0
+
+
 def run_split(run: dict, model) -> list[int] | None:
     """:func:`split_for` of a model from :func:`model_for` (its MTP layers on the last virtual stage)."""
-    mtp = len(model.stack.mtp_layers) if model.stack.plan_mtp else 0
-    return split_for(run, model.num_layers - mtp, mtp)
+    return split_for(run, model.num_layers - planned_mtp(model), planned_mtp(model))
 
 
 def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
@@ -247,16 +251,16 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
     t0 = time.perf_counter()
     bounds = run_split(run, model)
     if bounds is not None:
-        split = run.get("pipeline_split")
+        split, mtp = run.get("pipeline_split"), planned_mtp(model)
         counts = [b - a for a, b in zip(bounds, bounds[1:])]
-        mtp = len(model.stack.mtp_layers) if model.stack.plan_mtp else 0
         counts[-1] -= mtp
+        where = ("the layout's 'm' before 'L'" if isinstance(split, list) else
+                 "Megatron-Core's mtp_on_this_rank without a custom layout"
+                 if run["source_family"].startswith("megatron") else "where the run's source puts it, its recipe says")
         notes.append(f"the recipe's split: {split if isinstance(split, str) else 'layout' if split else 'even split'} "
                      f"-> decoder layers per virtual stage {counts}"
-                     + (f", and {mtp} MTP layer after them on the last virtual stage, with the output head ("
-                        + ("the layout's 'm' before 'L'" if isinstance(split, list) else
-                           "Megatron-Core's mtp_on_this_rank without a custom layout")
-                        + "; planned as plan --mtp: eh_proj, a decoder layer, the shared head and a second loss)"
+                     + (f", and {mtp} MTP layer after them on the last virtual stage, with the output head ({where}; "
+                        "planned as plan --mtp: eh_proj, a decoder layer, the shared head and a second loss)"
                         if mtp else ""))
     try:  # the recipe's layer split (Megatron's even split unless the recipe sets one)
         plan = make_plan(model, par, cluster=cluster, method="uniform", baselines=(),

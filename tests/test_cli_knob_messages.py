@@ -208,12 +208,12 @@ def test_memory_refusal_below_the_parameter_state_names_the_gpus_needed(capsys):
     assert (f"no layout of 4 GPUs holds qwen3-235b-a22b's parameter state (weights, gradients and optimizer state: "
             f"the lightest layout {total * 18 / 4 / 2**30:.1f} GiB per GPU against 134.4 GiB, computed)") in err, err
     assert "at least 32 GPUs" in err and f"{total * 18 / 32 / 2**30:.1f} GiB per GPU" in err, err
-    assert err.endswith("tessera-lab search --model qwen3-235b-a22b --gpus 32 lists layouts"), err
+    assert err.endswith("tessera-lab search --model qwen3-235b-a22b --gpu H200 --seq-len 4096 --gpus 32 lists layouts"), err
     assert "--recompute" not in err and "--schedule" not in err and "shard further" not in err, err
     # --schedule auto: every schedule's finding, then the same count instead of the advice
     err = _error(capsys, ["plan", "--model", "qwen3-235b-a22b", "--pp", "2", "--ep", "2", "--schedule", "auto"])
     assert err.startswith("tessera-lab plan: error: schedule auto: no schedule fits; ") and "advice:" not in err, err
-    assert err.endswith("tessera-lab search --model qwen3-235b-a22b --gpus 32 lists layouts"), err
+    assert err.endswith("tessera-lab search --model qwen3-235b-a22b --gpu H200 --seq-len 4096 --gpus 32 lists layouts"), err
     # 1.24 GiB over with the parameter state well inside: the refusal's own advice, no GPU count
     err = _error(capsys, ["plan", "--model", "qwen3-30b-a3b", "--pp", "4", "--ep", "1", "--recompute", "full",
                           "-m", "32"])

@@ -362,16 +362,11 @@ def cp_fit_hint(model, parallel, nodes, opts: dict) -> str:
 
 def search_command(args: argparse.Namespace, parallel) -> str:
     """The ``tessera-lab search`` command for the plan's model, GPU type and sequence (and its MTP and config
-    options), to which a refusal adds ``--gpus N``."""
+    options), to which a refusal adds ``--gpus N``; the GPU and sequence always, so that no default can differ."""
     import shlex
 
-    from tessera_lab.defaults import DEFAULT_GPU
-
-    parts = ["tessera-lab search --model", shlex.quote(str(args.model))]
-    if args.gpu != DEFAULT_GPU:
-        parts += ["--gpu", args.gpu]
-    if parallel.seq_len != 4096:
-        parts += ["--seq-len", str(parallel.seq_len)]
+    parts = ["tessera-lab search --model", shlex.quote(str(args.model)), "--gpu", args.gpu,
+             "--seq-len", str(parallel.seq_len)]
     parts += [flag for flag, on in (("--mtp", getattr(args, "mtp", False)),
                                     ("--allow-unknown-fields", getattr(args, "allow_unknown_fields", False))) if on]
     return " ".join(parts)

@@ -42,7 +42,8 @@ from tessera_lab.plan.make import make_plan
 # the search space (layouts, what is enumerated) lives in search_space; its names are the search's too
 from tessera_lab.plan.search_space import (Layout, cp_choices, enumerate_layouts, fewest_gpus,  # noqa: F401
                                             gpu_count_ok, gpu_counts_above, gpu_step, overlap_rule_breaks,
-                                            param_memory_bytes, recompute_choices, too_few_gpus, tp_choices)
+                                            param_key, param_memory_bytes, param_shares, recompute_choices,
+                                            too_few_gpus, tp_choices)
 from tessera_lab.plan.search_bounds import (  # noqa: F401  (the search's bounds, re-exported for its callers)
     SPLIT_SCHEDULES, _Bounds, _Group, _group, bubble_factor, kind_tasks, memory_lower_bound, time_lower_bound)
 
@@ -291,14 +292,10 @@ def _first_pass(model: ModelSpec, layouts: list[Layout], seq_len: int, capacity:
                 bounds: _Bounds) -> tuple[list[Candidate], int, float]:
     """Candidates that pass the parameter-memory rule with their time bounds, sorted by bound (ties by layout);
     the count pruned by the rule and the lightest parameter share per GPU seen (bytes)."""
-    params: dict[tuple, float] = {}
-    out, pruned, lightest = [], 0, math.inf
+    params = param_shares(model, layouts, seq_len)
+    out, pruned, lightest = [], 0, min(params.values(), default=math.inf)
     for lay in layouts:
-        key = (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp, lay.fsdp)
-        if key not in params:
-            params[key] = param_memory_bytes(model, lay, seq_len) / lay.pp
-        lightest = min(lightest, params[key])
-        if params[key] > capacity:
+        if params[param_key(lay)] > capacity:
             pruned += 1
             continue
         out.append(Candidate(lay, bounds.time(lay), 0.0))

@@ -231,6 +231,21 @@ def param_memory_bytes(model: ModelSpec, layout: Layout, seq_len: int) -> float:
     return total
 
 
+def param_key(layout: Layout) -> tuple:
+    """The dimensions a layout's parameter state per GPU depends on (:func:`param_memory_bytes` / pp)."""
+    return (layout.tp, layout.ep, layout.ep_spans_tp, layout.pp, layout.dp, layout.fsdp)
+
+
+def param_shares(model: ModelSpec, layouts: Sequence[Layout], seq_len: int) -> dict[tuple, float]:
+    """Parameter state per GPU (bytes, :func:`param_memory_bytes` / pp; the busiest rank's floor whatever the
+    partition) of the layouts, by :func:`param_key` (computed once per key)."""
+    shares: dict[tuple, float] = {}
+    for lay in layouts:
+        if (key := param_key(lay)) not in shares:
+            shares[key] = param_memory_bytes(model, lay, seq_len) / lay.pp
+    return shares
+
+
 def gpu_counts_above(gpus: int, nvlink_domain: int, limit: int) -> list[int]:
     """The counts :func:`gpu_count_ok` accepts above ``gpus`` and at most ``limit``, ascending."""
     step = gpu_step(nvlink_domain)
@@ -247,16 +262,12 @@ def fewest_gpus(model: ModelSpec, gpus: int, seqs: int, seq_len: int, nvlink_dom
     busiest rank's memory, parameter state and saved activations), that bound too; with the lightest parameter
     share of that count (bytes). ``None`` when no count up to ``limit`` does."""
     for n in gpu_counts_above(gpus, nvlink_domain, limit):
-        light: dict[tuple, float] = {}
-        passes = memory_bound is None
-        for lay in enumerate_layouts(model, n, seqs, gpus_per_node=nvlink_domain, seq_len=seq_len):
-            key = (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp, lay.fsdp)
-            if key not in light:
-                light[key] = param_memory_bytes(model, lay, seq_len) / lay.pp
-            if not passes and light[key] <= capacity:
-                passes = memory_bound(lay) <= capacity
-        if passes and min(light.values(), default=math.inf) <= capacity:
-            return n, min(light.values())
+        layouts = enumerate_layouts(model, n, seqs, gpus_per_node=nvlink_domain, seq_len=seq_len)
+        shares = param_shares(model, layouts, seq_len)
+        lightest = min(shares.values(), default=math.inf)
+        if lightest <= capacity and (memory_bound is None or any(
+                shares[param_key(lay)] <= capacity and memory_bound(lay) <= capacity for lay in layouts)):
+            return n, lightest
     return None
 
 
@@ -311,12 +322,8 @@ def parameter_state_hint(model: ModelSpec, gpus: int, seqs: int, seq_len: int, n
     ``--gpus M`` at the end; ``None``: none named (a panel has its own button)."""
     if not gpu_count_ok(gpus, nvlink_domain):
         return ""
-    shares = {}
-    for lay in enumerate_layouts(model, gpus, seqs, gpus_per_node=nvlink_domain, seq_len=seq_len):
-        key = (lay.tp, lay.ep, lay.ep_spans_tp, lay.pp, lay.dp, lay.fsdp)
-        if key not in shares:
-            shares[key] = param_memory_bytes(model, lay, seq_len) / lay.pp
-    lightest = min(shares.values(), default=0.0)
+    layouts = enumerate_layouts(model, gpus, seqs, gpus_per_node=nvlink_domain, seq_len=seq_len)
+    lightest = min(param_shares(model, layouts, seq_len).values(), default=0.0)
     if lightest <= capacity:
         return ""
     clause, n = _fewest_clause(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest, memory_bound)
