@@ -309,8 +309,8 @@ def _public_evaluation() -> tuple:
             import bench_public_runs as bench
         finally:
             sys.path.pop(0)
-        _, rows, _, summ, _ = bench.evaluate()
-        _EVALUATION.update(bench=bench, rows=rows, summary=summ)
+        runs, rows, _, summ, _ = bench.evaluate()
+        _EVALUATION.update(bench=bench, rows=rows, summary=summ, runs=runs)
     return _EVALUATION["bench"], _EVALUATION["rows"], _EVALUATION["summary"]
 
 
@@ -324,9 +324,12 @@ def _public_runs_table() -> dict[str, float]:
     """The figures the reading of the per-run table quotes (``bench_public_runs.reading_figures``) and the headline
     counts beside them (test runs, source families, the fit set's median |error|), from the rows of that table."""
     bench, rows, summ = _public_evaluation()
+    alt = bench.alternate_summary(_EVALUATION["runs"], None)  # every ambiguous run read the other way, refitted
     return {**bench.reading_figures(rows), "n-test": float(summ["n_test"]),
             "source-families": float(len(summ["source_families"])),
-            "fit-median-abs-error": summ["fit_median_abs_error"]}
+            "fit-median-abs-error": summ["fit_median_abs_error"],
+            "alternate.n": float(len(alt["ids"])), "alternate.test-median-abs-error": alt["test_median_abs_error"],
+            "alternate.test-max-abs-error": alt["test_max_abs_error"]}
 
 
 def _public_fit_components() -> dict[str, float]:

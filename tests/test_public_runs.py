@@ -54,9 +54,10 @@ def test_layout_mapping_by_hand():
     par, _ = bench.parallel_for(runs["deepseek-v3/1024xH100/fp8/tp2-pp8-vp4-ep64"])
     assert (par.tp, par.ep, par.dp, par.pp, par.microbatches) == (2, 64, 1, 8, 128) and par.world_size == 1024
     assert (par.precision, par.dispatcher, par.recompute, par.grad_reduce_dtype) == ("fp8", "deepep", "selective", "bf16")
-    # the recipe's modules and DeepSeek-V3's precision-aware optimizer (bf16 moments); VP 4 without EP overlap
+    # the recipe's modules and DeepSeek-V3's precision-aware optimizer (bf16 moments); VP 4 with the EP overlap
+    # (Megatron-Bridge v0.1.0rc3, the 25.09 container's, run_script.py: A2A_1F1B on H100)
     assert par.recompute_modules == ("mla_up_proj", "mlp") and par.adam_moment_dtype == "bf16"
-    assert (par.vpp, par.schedule, par.ep_spans_tp, par.expert_dp) == (4, "interleaved", False, 2)
+    assert (par.vpp, par.schedule, par.ep_spans_tp, par.expert_dp) == (4, "interleaved-overlapped", False, 2)
     # Megatron's expert grid (ETP 1): EP 64 on ranks 0..63, i.e. 8 nodes of 8 (a TP-strided group: 16 nodes of 4)
     assert par.ep_placement == "contiguous" and par.ep_link_ranks() == list(range(64))
     # Qwen3-30B-A3B on 16 H100, EP 16, one stage: m = 1024 / 16 = 64, balanced tokens as the pages state
@@ -503,9 +504,36 @@ def test_tflops_line_names_sources_that_count_flops_otherwise():
     """The Model TFLOP/s columns are this model's FLOPs over a time (computed); a source whose own figure differs by
     more than 2% from the published-time column is named with both (GPT-OSS's page: 158 where ours give 190)."""
     bench = _bench()
-    rows = [{"id": "a", "source_tflops_per_gpu": 158, "published_tflops_per_gpu": 190.0},
-            {"id": "b", "source_tflops_per_gpu": 338, "published_tflops_per_gpu": 337.2},
-            {"id": "c", "source_tflops_per_gpu": None, "published_tflops_per_gpu": 50.0}]
+    rows = [{"id": "a", "source_tflops_per_gpu": 158, "tflops_per_gpu_at_published_time": 190.0},
+            {"id": "b", "source_tflops_per_gpu": 338, "tflops_per_gpu_at_published_time": 337.2},
+            {"id": "c", "source_tflops_per_gpu": None, "tflops_per_gpu_at_published_time": 50.0}]
     line = bench.tflops_line(rows)
     assert line.endswith("differs by more than 2% (they count FLOPs otherwise): a 158 (ours 190, +20%)"), line
     assert "within 2%" in bench.tflops_line(rows[1:])
+
+
+def test_alternate_reading_applies_its_fields_and_refuses_others():
+    # a run whose source reads two ways carries the other reading; the bench plans the row as it stands and, apart,
+    # every run with its alternate_reading applied (one dict merge per run; the split and the id never move)
+    import pytest
+
+    from tessera_lab.errors import ConfigError
+
+    bench = _bench()
+    a = {"id": "a", "split": "test", "dispatcher": "alltoall", "ep_overlap": False,
+         "alternate_reading": {"fields": {"dispatcher": "deepep", "ep_overlap": True}, "why": "two presets"}}
+    b = {"id": "b", "split": "fit", "dispatcher": "deepep"}
+    out, ids = bench.alternate_runs([a, b])
+    assert ids == ["a"] and out[1] is b
+    assert (out[0]["dispatcher"], out[0]["ep_overlap"], out[0]["split"], out[0]["id"]) == ("deepep", True, "test", "a")
+    assert (a["dispatcher"], a["ep_overlap"]) == ("alltoall", False)  # the row itself is not changed
+    with pytest.raises(ConfigError, match=r"alternate_reading\.fields\.gpus"):
+        bench.alternate_runs([{**a, "alternate_reading": {"fields": {"gpus": 8}, "why": "x"}}])
+    with pytest.raises(ConfigError, match="'alternate_reading'"):
+        bench.alternate_runs([{**a, "alternate_reading": {"fields": {}, "why": "x"}}])
+    # the shipped data: the runs whose container's release reads two ways (docs/fidelity.md), each with a reason
+    runs = _runs(ALL_FILES)
+    _, ids = bench.alternate_runs(list(runs.values()))
+    assert sorted(ids) == sorted(["qwen3-30b-a3b/16xH100/fp8/pp2-vp12-ep8", "qwen3-30b-a3b/16xH100/fp8/pp2-vp12-ep8-2602.01",
+                                  "gpt-oss-120b/64xH100/bf16/pp4-ep8-mbs4-gbs512",
+                                  "gpt-oss-120b/64xB200/bf16/ep8-mbs4-gbs512"])

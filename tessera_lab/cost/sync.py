@@ -58,8 +58,8 @@ normal-mode dispatch (``deepseek-ai/DeepEP`` commit ``2df3680e42e933bdd827e86cc6
 tokens per expert", a host busy-wait on ``moe_recv_counter``, mapped host memory the ``notify_dispatch`` kernel
 writes) wakes the host as soon as the notify kernel has run and launches the dispatch kernel at once: the same
 drain, less host work behind it. The exposure therefore has one value per dispatcher and wait,
-:data:`FITTED_PER_WAIT_S`; fitted on disjoint runs (GPT-OSS for ``alltoall``, three waits a layer; Qwen3-30B-A3B and
-DeepSeek-V3 for ``deepep``, one) the two agree within 10%.
+:data:`FITTED_PER_WAIT_S`; fitted on disjoint runs (GPT-OSS, two or three waits a layer, and DeepSeek-V3, one, for
+``alltoall``; Qwen3-30B-A3B, one, for ``deepep``) the two differ by 14%.
 
 Fit (``benchmarks/bench_public_runs.py``): on the fit set of the published runs only (``split: fit``, written
 into data/published by a hash rule before any fitting), each run where every forward carries the term (EP > 1, a
@@ -67,8 +67,12 @@ syncing dispatcher, no EP overlap: :func:`fully_exposed`, the iteration formula 
 planned with the term off,
 the per-layer seconds that close its gap (published - planned) are worked out (:func:`per_layer_needed_s`) and
 divided by the layer's waits, and ``c`` of a dispatcher is the **median** of its fit runs' values
-(:func:`fit_per_layer_s`; :data:`FIT_SET` names them). The estimator (per dispatcher, median) was chosen by leave-one-out on the fit set alone: one mean over
-both dispatchers 27% median |error| left out, per-dispatcher means 17.5%, per-dispatcher medians 10.8%; models
+(:func:`fit_per_layer_s`; :data:`FIT_SET` names them). The estimator (per dispatcher, median) was chosen by
+leave-one-out on the fit set alone, before the recipes were re-read from each container's own Megatron-Bridge
+release (docs/fidelity.md): one mean over both dispatchers 27% median |error| left out, per-dispatcher means 17.5%,
+per-dispatcher medians 10.8%. On the fit set as it is now the same leave-one-out gives 19.3%, 21.0% and 21.8%
+(seven runs; the spread is within what one run moves); the estimator was not re-chosen after the test set had been
+seen. Models
 from the host's kernel counts (:mod:`tessera_lab.cost.host`, ``c = h x kernels`` or ``a + h x kernels``) did no
 better than one constant (27-29%) on the fit set, so the exposure is not the counted kernels' issue time. The
 test set judges it (docs/fidelity.md). What the values hold, checked on the fit set alone
@@ -90,14 +94,14 @@ from tessera_lab.errors import ConfigError
 #: micro-batch: :func:`host_waits_per_layer`): the median per-wait gap of the dispatcher's fit-set runs (``split:
 #: fit`` in data/published, the rule of tessera_lab/report/fidelity_set.py) whose every forward carries the term;
 #: FIT_SET names them; tests/test_public_runs.py checks that the bench's fit still gives these values
-FITTED_PER_WAIT_S = {"alltoall": 4.309e-3, "deepep": 3.913e-3}
+FITTED_PER_WAIT_S = {"alltoall": 4.445e-3, "deepep": 3.913e-3}
 #: the runs each value of ``FITTED_PER_WAIT_S`` is fitted on (data/published, split 'fit', EP > 1, that
 #: dispatcher, no EP overlap); none of them is a test run
 FIT_SET = {
-    "alltoall": ("gpt-oss-120b/64xB200/bf16/ep64-mbs4", "gpt-oss-120b/64xB200/bf16/ep8-mbs4",
-                 "gpt-oss-120b/64xH100/bf16/pp4-ep8", "gpt-oss-120b/64xH100/bf16/pp4-ep8-mbs4-gbs512"),
-    "deepep": ("deepseek-v3/1024xH100/fp8/tp2-pp8-vp4-ep64", "deepseek-v3/256xB200/fp8/pp16-ep8-gbs2048",
-               "qwen3-30b-a3b/16xH100/fp8/ep16", "qwen3-30b-a3b/8xB200/fp8/ep8"),
+    "alltoall": ("deepseek-v3/256xB200/fp8/pp16-ep8-gbs2048", "gpt-oss-120b/64xB200/bf16/ep64-mbs4",
+                 "gpt-oss-120b/64xB200/bf16/ep8-mbs4", "gpt-oss-120b/64xH100/bf16/pp4-ep8",
+                 "gpt-oss-120b/64xH100/bf16/pp4-ep8-mbs4-gbs512"),
+    "deepep": ("qwen3-30b-a3b/16xH100/fp8/ep16", "qwen3-30b-a3b/8xB200/fp8/ep8"),
 }
 #: model types whose expert activation waits on the host at every call in Megatron-Core: GPT-OSS's clamped GLU
 #: (Megatron-Bridge's GPT-OSS provider: ``quick_gelu``, ``glu_linear_offset`` 1.0, ``bias_activation_fusion``;
