@@ -537,3 +537,28 @@ def test_alternate_reading_applies_its_fields_and_refuses_others():
     assert sorted(ids) == sorted(["qwen3-30b-a3b/16xH100/fp8/pp2-vp12-ep8", "qwen3-30b-a3b/16xH100/fp8/pp2-vp12-ep8-2602.01",
                                   "gpt-oss-120b/64xH100/bf16/pp4-ep8-mbs4-gbs512",
                                   "gpt-oss-120b/64xB200/bf16/ep8-mbs4-gbs512"])
+
+
+def test_runs_file_field_types_are_refused_with_one_line(tmp_path):
+    # each broken field of a real row gives one line naming the run and the field, exit 2, before any planning
+    import copy
+    import subprocess
+    import sys
+
+    data = json.loads((ROOT / "data" / "published" / "megatron_bridge.json").read_text())
+    cases = {"expert_load": ("x", "'expert_load' = 'x'"), "ep_overlap": ("no", "'ep_overlap' = 'no'"),
+             "tokens_per_s_per_gpu": (-5, "'tokens_per_s_per_gpu' = -5"),
+             "recompute_modules": ("moe_act", "'recompute_modules' = 'moe_act'"),
+             "dispatcher": ("nccl", "'dispatcher' = 'nccl'"),
+             "alternate_reading": ({"fields": {"dispatcher": "nccl"}, "why": "w"}, "(alternate_reading)")}
+    for field, (value, expected) in cases.items():
+        d = copy.deepcopy(data)
+        run = d["runs"][2]
+        run[field] = value
+        path = tmp_path / f"{field}.json"
+        path.write_text(json.dumps(d))
+        p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_public_runs.py"), "--runs", str(path)],
+                           capture_output=True, text=True, cwd=ROOT)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, (field, p.stderr)
+        assert expected in lines[0] and run["id"] in lines[0], (field, lines[0])

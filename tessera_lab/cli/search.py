@@ -19,6 +19,14 @@ _FIELDS = ("tp", "cp", "pp", "vpp", "ep", "ep_spans_tp", "dp", "fsdp", "microbat
 _MOE_FIELDS = ("ep", "ep_spans_tp", "dispatcher")
 
 
+
+def _sync_text() -> str:
+    """The fitted host/sync values the search's plans carry (tessera_lab.cost.sync), as one clause."""
+    from tessera_lab.cost.sync import FITTED_PER_WAIT_S, FITTED_PROVENANCE
+
+    each = ", ".join(f"{d} {v * 1e3:.2f} ms" for d, v in FITTED_PER_WAIT_S.items())
+    return f"{each} per host wait ({FITTED_PROVENANCE}; docs/cost-model.md)"
+
 def _row(rank: int, c, moe: bool = True) -> dict[str, Any]:
     from tessera_lab.plan.search_export import schedule_label
 
@@ -119,7 +127,8 @@ def format_search(res, top: int, model=None) -> str:
                     + ("; the best layout with a Megatron-Core schedule is named below"
                        if ranked[0].layout.schedule not in MEGATRON_SCHEDULES else "")
                     if any(c.layout.schedule not in MEGATRON_SCHEDULES for c in ranked) else "")
-                 + (f"; {sel}" if (sel := selective_note([c.layout for c in ranked])) else ""))
+                 + (f"; {sel}" if (sel := selective_note([c.layout for c in ranked])) else "")
+                 + (f"; every MoE layer's host/sync term at its fitted value, {_sync_text()}" if moe else ""))
     statuses = [c.result.get("solver_status") or "Optimal" for c in ranked]
     heuristic = sum("heuristic" in st for st in statuses)
     proven = sum(st == "Optimal" for st in statuses)

@@ -112,8 +112,9 @@ ACTIVATION_WAIT_MODEL_TYPES = ("gpt_oss",)
 #: schedules that run Megatron-Core's combined-1F1B EP overlap (the sync is hidden in the forwards they pair)
 EP_OVERLAP_SCHEDULES = ("overlapped", "interleaved-overlapped")
 #: provenance of the default ``c`` as the CLI and the plan's notes state it
-FITTED_PROVENANCE = ("fitted per dispatcher and host wait on the fit set of the published runs (median of 4 alltoall "
-                     "and 4 deepep runs, tessera_lab.cost.sync.FIT_SET), benchmarks/bench_public_runs.py")
+FITTED_PROVENANCE = ("fitted per dispatcher and host wait on the fit set of the published runs (median of "
+                     + " and ".join(f"{len(ids)} {d}" for d, ids in FIT_SET.items())
+                     + " runs, tessera_lab.cost.sync.FIT_SET), benchmarks/bench_public_runs.py")
 #: dispatchers whose dispatch waits on host copies of the token counts (Megatron-Core's dropless all-to-all; DeepEP
 #: normal mode, assumed: its dispatch waits on the host for the received-token counts)
 SYNC_DISPATCHERS = ("alltoall", "deepep")

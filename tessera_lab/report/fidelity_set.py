@@ -28,6 +28,9 @@ ALWAYS_TEST = ("megatron-moe-modelzoo",)
 REQUIRED = ("id", "source", "source_family", "split", "model", "gpu", "gpus", "precision", "gbs", "mbs", "seq_len",
             "tp", "pp", "ep", "dispatcher", "recompute")
 MEASUREMENTS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")
+#: the mapped fields a run's ``alternate_reading`` may change (docs/file-schemas.md)
+ALTERNATE_FIELDS = ("dispatcher", "ep_overlap", "recompute", "recompute_modules", "expert_load", "grad_reduce_dtype")
+DISPATCHERS = ("alltoall", "deepep")
 
 
 def split_for_run(run: dict) -> str:
@@ -45,7 +48,8 @@ def split_for_run(run: dict) -> str:
 def _check_run(run: dict, where: str) -> None:
     for key in REQUIRED:
         if key not in run:
-            raise ConfigError(f"{where}: field '{key}' is missing; allowed: a run has {', '.join(REQUIRED)}")
+            who = f"{where} run {run['id']}" if "id" in run else where
+            raise ConfigError(f"{who}: field '{key}' is missing; allowed: a run has {', '.join(REQUIRED)}")
     rid = run["id"]
     if run["source_family"] not in SOURCE_FAMILIES:
         raise ConfigError(f"{where} run {rid}: field 'source_family' = {run['source_family']!r} is unknown; allowed: "
@@ -53,9 +57,32 @@ def _check_run(run: dict, where: str) -> None:
     if run["split"] != split_for_run(run):
         raise ConfigError(f"{where} run {rid}: field 'split' = {run['split']!r} disagrees with the split rule "
                           f"({split_for_run(run)!r}); allowed: the rule's value (split_for_run)")
-    if not any(isinstance(run.get(k), (int, float)) and run[k] > 0 for k in MEASUREMENTS):
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+    if not any(number(run.get(k)) for k in MEASUREMENTS):
         raise ConfigError(f"{where} run {rid}: no published measurement; allowed: one of {', '.join(MEASUREMENTS)} "
                           "as a number > 0")
+    for k in MEASUREMENTS:
+        if run.get(k) is not None and not number(run[k]):
+            raise ConfigError(f"{where} run {rid}: field '{k}' = {run[k]!r} is out of range; allowed: a number > 0")
+    if run["dispatcher"] not in DISPATCHERS:
+        raise ConfigError(f"{where} run {rid}: field 'dispatcher' = {run['dispatcher']!r} is unknown; allowed: "
+                          f"{', '.join(DISPATCHERS)}")
+    if not isinstance(run.get("ep_overlap", False), bool):
+        raise ConfigError(f"{where} run {rid}: field 'ep_overlap' = {run['ep_overlap']!r} is out of range; allowed: "
+                          "true or false")
+    if run.get("expert_load", 1.0) is not None and not (number(run.get("expert_load", 1.0))
+                                                          and run.get("expert_load", 1.0) >= 1.0):
+        raise ConfigError(f"{where} run {rid}: field 'expert_load' = {run['expert_load']!r} is out of range; allowed: "
+                          "a number >= 1 (the busiest EP rank's tokens over the mean) or null")
+    mods = run.get("recompute_modules", [])
+    if not isinstance(mods, list) or not all(isinstance(m, str) for m in mods):
+        raise ConfigError(f"{where} run {rid}: field 'recompute_modules' = {mods!r} is out of range; allowed: a list "
+                          "of Megatron module names")
+    fields = alternate_fields(run, where)
+    if fields is not None:
+        _check_run({**run, **fields, "alternate_reading": None}, f"{where} (alternate_reading)")
     if not isinstance(run.get("fsdp", False), bool):
         raise ConfigError(f"{where} run {rid}: field 'fsdp' = {run['fsdp']!r} is out of range; allowed: true or false")
     for key in ("gpus", "gbs", "mbs", "seq_len", "tp", "pp", "ep", "cp", "vp"):
@@ -69,6 +96,27 @@ def _check_run(run: dict, where: str) -> None:
     if cp > 1 and run["seq_len"] % (2 * cp):
         raise ConfigError(f"{where} run {rid}: field 'seq_len' = {run['seq_len']} is not a multiple of 2 x cp = "
                           f"{2 * cp}; allowed: Megatron's load-balanced split of a sequence into 2 x cp chunks")
+
+
+def alternate_fields(run: dict, where: str = "runs file") -> dict | None:
+    """The fields of ``run``'s ``alternate_reading`` (the other reading of a source that reads two ways), or
+    ``None`` without one.
+
+    Raises:
+        ConfigError: not an object of a non-empty ``fields`` object (keys among :data:`ALTERNATE_FIELDS`) and a
+            ``why`` text, nothing else (one line naming the run and the field)."""
+    alt = run.get("alternate_reading")
+    if alt is None:
+        return None
+    fields = alt.get("fields") if isinstance(alt, dict) else None
+    if not isinstance(fields, dict) or not fields or not isinstance(alt.get("why"), str) or set(alt) - {"fields", "why"}:
+        raise ConfigError(f"{where} run {run.get('id')}: field 'alternate_reading' = {alt!r} is not usable; allowed: "
+                          "an object with a non-empty 'fields' object and a 'why' text, nothing else")
+    bad = sorted(set(fields) - set(ALTERNATE_FIELDS))
+    if bad:
+        raise ConfigError(f"{where} run {run.get('id')}: field 'alternate_reading.fields.{bad[0]}' is not a mapped "
+                          f"field an alternate reading may change; allowed: {', '.join(ALTERNATE_FIELDS)}")
+    return fields
 
 
 def load_runs(paths) -> tuple[list[dict], dict]:
