@@ -241,7 +241,6 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
     from tessera_lab.cost.memory import memory_capacity
     from tessera_lab.errors import InfeasiblePlanError
     from tessera_lab.model.hardware import Cluster, GPUSpec, cluster_for
-    from tessera_lab.model.spec import load_model
     from tessera_lab.plan.make import make_plan
 
     par, notes = parallel_for(run, host_sync_s)
@@ -296,9 +295,7 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
         "id": run["id"], "source_family": run["source_family"], "split": run["split"],
         "published": {"iteration_s": published_s, "basis": basis},
         "predicted": {"iteration_s": ev.iteration_time_s},
-        "precision_label": precision_label(run),
-        # computed: this model's FLOPs over the published time (the source's own figure is source_tflops_per_gpu)
-        "tflops_per_gpu_at_published_time": published_tflops,
+        "precision_label": precision_label(run), "tflops_per_gpu_at_published_time": published_tflops,  # computed
         "source_tflops_per_gpu": run.get("model_tflops_per_gpu"),
         "predicted_tflops_per_gpu": tflops, "error": published_s / ev.iteration_time_s - 1.0,
         "predicted_mfu_bf16_peak": ev.mfu, "iteration_time_s": ev.iteration_time_s,
@@ -721,8 +718,6 @@ def evaluate(files: list | None = None, split: str | None = None, out=sys.stderr
             or pipeline split maps onto no planner layout (:func:`parallel_for`, :func:`split_for`), before any
             planning.
     """
-    from tessera_lab.cost.sync import FITTED_PER_WAIT_S
-    from tessera_lab.model.spec import load_model
     from tessera_lab.report.fidelity_set import load_runs
 
     runs, sources = load_runs(files or [ROOT / "data" / "published" / f for f in DEFAULT_FILES])
@@ -731,17 +726,24 @@ def evaluate(files: list | None = None, split: str | None = None, out=sys.stderr
     for run in runs + alternate_runs(runs)[0]:  # every mapping before any planning: refused, not skipped
         parallel_for(run)
         run_split(run, model_for(run))
-    rows = []
-    for run in runs:
-        try:
-            rows.append(predict(run, 0.0))  # the planner's host/sync term off: what the fit sees
-        except Exception as exc:  # noqa: BLE001 - a benchmark prints what failed and goes on
-            print(f"{run['id']}: not planned: {exc}", file=out)
     shipped = bool(files) or split in ("test", "reference")  # no fit rows to fit on: the shipped values
-    sync = apply_sync_term(rows, {r["id"]: r for r in runs}, dict(FITTED_PER_WAIT_S) if shipped else None)
+    rows, sync = plan_and_fit(runs, shipped, out)
     return runs, rows, sync, summary(rows, sync), sources
 
 
+def plan_and_fit(runs: list[dict], shipped: bool, out=sys.stderr, label: str = "") -> tuple[list[dict], dict]:
+    """Plan every run with the host/sync term off (what the fit sees; a run that cannot be planned is named on
+    ``out``, with ``label``, and left out), then fit the term on the fit rows (or take the shipped values,
+    ``shipped``) and re-plan with it (:func:`apply_sync_term`): ``(rows, sync)``."""
+    from tessera_lab.cost.sync import FITTED_PER_WAIT_S
+
+    rows = []
+    for run in runs:
+        try:
+            rows.append(predict(run, 0.0))
+        except Exception as exc:  # noqa: BLE001 - a benchmark prints what failed and goes on
+            print(f"{run['id']}{label}: not planned: {exc}", file=out)
+    return rows, apply_sync_term(rows, {r["id"]: r for r in runs}, dict(FITTED_PER_WAIT_S) if shipped else None)
 
 
 def alternate_runs(runs: list[dict]) -> tuple[list[dict], list[str]]:
@@ -767,18 +769,10 @@ def alternate_summary(runs: list[dict], files: list | None, out=sys.stderr) -> d
     """The headline with every ambiguous run read the other way (:func:`alternate_runs`), planned and fitted as
     :func:`evaluate` does (refitted on the fit set unless ``files`` were given): ``{"ids", "test_median_abs_error",
     "test_max_abs_error", "target_met", "sync_per_layer_s"}``, or ``None`` when no run carries one."""
-    from tessera_lab.cost.sync import FITTED_PER_WAIT_S
-
     alt, ids = alternate_runs(runs)
     if not ids:
         return None
-    rows = []
-    for run in alt:
-        try:
-            rows.append(predict(run, 0.0))
-        except Exception as exc:  # noqa: BLE001 - as evaluate
-            print(f"{run['id']} (alternate reading): not planned: {exc}", file=out)
-    sync = apply_sync_term(rows, {r["id"]: r for r in alt}, dict(FITTED_PER_WAIT_S) if files else None)
+    rows, sync = plan_and_fit(alt, bool(files), out, " (alternate reading)")
     s = summary(rows, sync)
     test = [r for r in rows if r["split"] == "test"]
     return {"ids": ids, **{k: s[k] for k in ("test_median_abs_error", "test_max_abs_error", "target_met",
@@ -857,7 +851,9 @@ def print_report(rows: list[dict], sync: dict, summ: dict, out) -> None:
     how = ("per dispatcher, the median over the fit set's runs to which the term applies ("
            + "; ".join(f"{d}: {', '.join(ids) or 'none'}" for d, ids in used.items()) + ")"
            if sync["fitted_here"] else "the shipped fitted values (tessera_lab/cost/sync.py), not refitted on this file")
-    each = ", ".join(f"{d} {v * 1e3:.2f} ms" for d, v in sync["per_layer_s"].items())
+    from tessera_lab.cost.sync import per_wait_text
+
+    each = per_wait_text(sync["per_layer_s"])
     print("costs: analytic (data/hardware/cost_model.json; no measured profile), the planner's per-MoE-layer "
           f"host/sync term included: {each} per host wait (a MoE layer waits once per micro-batch, a GPT-OSS layer two "
           f"or three times: the row's host_waits_per_layer), {how}; "
@@ -882,6 +878,7 @@ def print_report(rows: list[dict], sync: dict, summ: dict, out) -> None:
 
     def verdict(value, target):
         return "met" if value <= target else "missed"
+
     if not summ["n_test"]:
         fit = (f"median |error| {summ['fit_median_abs_error']:.1%}, max {summ['fit_max_abs_error']:.1%}"
                if summ["n_fit"] else "no run planned")

@@ -22,10 +22,10 @@ _MOE_FIELDS = ("ep", "ep_spans_tp", "dispatcher")
 
 def _sync_text() -> str:
     """The fitted host/sync values the search's plans carry (tessera_lab.cost.sync), as one clause."""
-    from tessera_lab.cost.sync import FITTED_PER_WAIT_S, FITTED_PROVENANCE
+    from tessera_lab.cost.sync import FITTED_PROVENANCE, per_wait_text
 
-    each = ", ".join(f"{d} {v * 1e3:.2f} ms" for d, v in FITTED_PER_WAIT_S.items())
-    return f"{each} per host wait ({FITTED_PROVENANCE}; docs/cost-model.md)"
+    return f"{per_wait_text()} per host wait ({FITTED_PROVENANCE}; docs/cost-model.md)"
+
 
 def _row(rank: int, c, moe: bool = True) -> dict[str, Any]:
     from tessera_lab.plan.search_export import schedule_label

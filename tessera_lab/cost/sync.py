@@ -115,6 +115,13 @@ EP_OVERLAP_SCHEDULES = ("overlapped", "interleaved-overlapped")
 FITTED_PROVENANCE = ("fitted per dispatcher and host wait on the fit set of the published runs (median of "
                      + " and ".join(f"{len(ids)} {d}" for d, ids in FIT_SET.items())
                      + " runs, tessera_lab.cost.sync.FIT_SET), benchmarks/bench_public_runs.py")
+
+def per_wait_text(values: dict[str, float] | None = None) -> str:
+    """``"alltoall 4.45 ms, deepep 3.91 ms"``: seconds per host wait by dispatcher (default
+    :data:`FITTED_PER_WAIT_S`) as the CLI and the benchmark print them."""
+    return ", ".join(f"{d} {v * 1e3:.2f} ms" for d, v in (FITTED_PER_WAIT_S if values is None else values).items())
+
+
 #: dispatchers whose dispatch waits on host copies of the token counts (Megatron-Core's dropless all-to-all; DeepEP
 #: normal mode, assumed: its dispatch waits on the host for the received-token counts)
 SYNC_DISPATCHERS = ("alltoall", "deepep")

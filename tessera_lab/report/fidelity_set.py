@@ -30,7 +30,6 @@ REQUIRED = ("id", "source", "source_family", "split", "model", "gpu", "gpus", "p
 MEASUREMENTS = ("step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu")
 #: the mapped fields a run's ``alternate_reading`` may change (docs/file-schemas.md)
 ALTERNATE_FIELDS = ("dispatcher", "ep_overlap", "recompute", "recompute_modules", "expert_load", "grad_reduce_dtype")
-DISPATCHERS = ("alltoall", "deepep")
 
 
 def split_for_run(run: dict) -> str:
@@ -45,6 +44,11 @@ def split_for_run(run: dict) -> str:
     return "test" if int(hashlib.sha256(str(run["id"]).encode()).hexdigest(), 16) % 2 == 0 else "fit"
 
 
+def _positive(v) -> bool:
+    """A JSON number (not a boolean) above 0."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
 def _check_run(run: dict, where: str) -> None:
     for key in REQUIRED:
         if key not in run:
@@ -57,23 +61,22 @@ def _check_run(run: dict, where: str) -> None:
     if run["split"] != split_for_run(run):
         raise ConfigError(f"{where} run {rid}: field 'split' = {run['split']!r} disagrees with the split rule "
                           f"({split_for_run(run)!r}); allowed: the rule's value (split_for_run)")
-    def number(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-
-    if not any(number(run.get(k)) for k in MEASUREMENTS):
+    if not any(_positive(run.get(k)) for k in MEASUREMENTS):
         raise ConfigError(f"{where} run {rid}: no published measurement; allowed: one of {', '.join(MEASUREMENTS)} "
                           "as a number > 0")
     for k in MEASUREMENTS:
-        if run.get(k) is not None and not number(run[k]):
+        if run.get(k) is not None and not _positive(run[k]):
             raise ConfigError(f"{where} run {rid}: field '{k}' = {run[k]!r} is out of range; allowed: a number > 0")
+    from tessera_lab.model.hardware import DISPATCHERS
+
     if run["dispatcher"] not in DISPATCHERS:
         raise ConfigError(f"{where} run {rid}: field 'dispatcher' = {run['dispatcher']!r} is unknown; allowed: "
                           f"{', '.join(DISPATCHERS)}")
     if not isinstance(run.get("ep_overlap", False), bool):
         raise ConfigError(f"{where} run {rid}: field 'ep_overlap' = {run['ep_overlap']!r} is out of range; allowed: "
                           "true or false")
-    if run.get("expert_load", 1.0) is not None and not (number(run.get("expert_load", 1.0))
-                                                          and run.get("expert_load", 1.0) >= 1.0):
+    load = run.get("expert_load", 1.0)
+    if load is not None and not (_positive(load) and load >= 1.0):
         raise ConfigError(f"{where} run {rid}: field 'expert_load' = {run['expert_load']!r} is out of range; allowed: "
                           "a number >= 1 (the busiest EP rank's tokens over the mean) or null")
     mods = run.get("recompute_modules", [])
