@@ -208,6 +208,11 @@ def test_selective_export_names_the_planned_modules(modules):
         list(modules or ("core_attn", "moe_act"))  # the JSON's layout names what the argv does
     bare = argv[:i] + argv[i + 1 + len(modules or SELECTIVE_DEFAULT_MODULES):]
     assert X.layout_from_megatron(bare, 64)[0].recompute_modules == ("core_attn",)
+    # the search's JSON/CSV row (Candidate.as_dict) names the planned modules too, never [] for a bare selective
+    assert S.Candidate(lay, 0.0, 0.0, {"fits": True}).as_dict()["recompute_modules"] == list(modules or
+                                                                                             ("core_attn", "moe_act"))
+    none = S.Layout(2, 1, 8, 1, 4, 16, 1, "1f1b", "none", "alltoall", False, 1, ())
+    assert S.Candidate(none, 0.0, 0.0).as_dict()["recompute_modules"] == []
 
 
 def _cli(*args):

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 
 from tessera_lab.cost.memory import memory_capacity
 from tessera_lab.errors import ConfigError, TesseraError
-from tessera_lab.model.hardware import Cluster
+from tessera_lab.model.hardware import Cluster, selective_modules
 from tessera_lab.model.spec import ModelSpec
 from tessera_lab.plan.ilp import IlpBudget
 from tessera_lab.plan.make import make_plan
@@ -75,7 +75,11 @@ class Candidate:
     result: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self.layout), "lower_bound_s": self.lower_bound_s,
+        """The layout's fields (``recompute_modules``: the modules recomputed as planned, the default set written out
+        for a bare ``selective``), its bounds and the planner's result."""
+        lay = self.layout
+        return {**asdict(lay), "recompute_modules": list(selective_modules(lay.recompute, lay.recompute_modules)),
+                "lower_bound_s": self.lower_bound_s,
                 "memory_bound_gib": self.memory_bound_bytes / 2**30, **(self.result or {})}
 
 
