@@ -51,3 +51,48 @@ def test_cpu_stamps_are_host_seconds():
     a = clk.now()
     assert isinstance(a, float) and 0.0 <= a < 5.0
     assert clk.resolve([("x", "F", 0, 0, a, a, "l")]) == [("x", "F", 0, 0, a, a, "l")]
+
+
+def test_settle_reads_the_host_clock_after_a_device_synchronize(monkeypatch):
+    import time
+
+    calls = []
+    monkeypatch.setattr(devtime.torch.cuda, "synchronize", lambda d=None: calls.append(("sync", time.perf_counter())))
+    clk = devtime.StepClock(torch.device("cuda", 0))
+    t = clk.settle()
+    assert len(calls) == 1 and calls[0][1] <= t  # the host clock is read after the synchronize returned
+    cpu = devtime.StepClock(torch.device("cpu"))
+    cpu.settle()
+    assert len(calls) == 1  # no synchronize on CPU
+
+
+def test_job_reads_the_step_end_after_the_device_finished(monkeypatch, tmp_path):
+    """The gradient sync and the optimizer only enqueue kernels on CUDA: a step's end (``step_time``, the sync+opt
+    event, tokens/s) must be read after the device ran them (:meth:`StepClock.settle`), not at their launch."""
+    import torch.distributed as dist
+
+    from tessera_lab.runner.runtime.specs import RunSpec, WorldSpec
+    from tessera_lab.runner.runtime.topology import build_topology
+    from tessera_lab.runner.runtime.train import run_job
+
+    if dist.is_initialized():  # pragma: no cover - the file runs alone in its worker
+        pytest.skip("a process group exists in this process")
+    settled = []
+    real = devtime.StepClock.settle
+
+    def settle(self):
+        settled.append(real(self))
+        return settled[-1]
+
+    monkeypatch.setattr(devtime.StepClock, "settle", settle)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        world = WorldSpec(pp=1, ep=1)
+        raw = run_job(world, build_topology(world, 0, torch.device("cpu")), RunSpec(steps=2))
+    finally:
+        dist.destroy_process_group()
+    assert len(settled) == 2  # once per step
+    for rec, t_end in zip(raw["records"], settled):
+        p = rec[0]
+        assert p["step_time"] == t_end - p["t0"]
+        assert [e for e in p["events"] if e[0] == "step"][0][5] == t_end - p["t0"]

@@ -6,7 +6,8 @@ work is asynchronous, ``work.wait()`` on NCCL returns at once).
 reaches that point of the stream. :meth:`StepClock.resolve` turns a step's stamps into seconds after the step's
 start event, with one ``torch.cuda.synchronize`` at the end of the step (off the critical path: the step's work
 is all issued). Host-side measurements (a host wait, the host time of a W run for the gap controller) use
-:meth:`StepClock.host` on every device.
+:meth:`StepClock.host` on every device; :meth:`StepClock.settle` reads the host clock once the device has run
+everything issued (a step's end after its gradient sync and optimizer, which never wait on the host).
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ class StepClock:
     def host(self) -> float:
         """Host seconds since the step's start."""
         return time.perf_counter() - self.t0
+
+    def settle(self) -> float:
+        """``time.perf_counter()`` (host seconds) once the device has run everything issued so far: after a
+        ``torch.cuda.synchronize`` on CUDA (the gradient collectives and the optimizer only enqueue kernels, so
+        the host clock alone would time their launches), at once on CPU."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def now(self):
         """A stamp: host seconds on CPU, a recorded CUDA event on a GPU."""

@@ -210,7 +210,7 @@ def _run_job(world, topo, spec, sched, boundaries, out_dir):
                 torch.save({n: p.grad.detach().cpu().clone() for n, p in named},
                            Path(out_dir) / f"grads_{spec.name or 'job'}_rank{topo.rank}.pt")
             opt.step()
-            t_end, c_end = time.perf_counter(), time.process_time()
+            t_end, c_end = ex.clock.settle(), time.process_time()  # on CUDA after the sync's and step's kernels ran
             rec.events.append(("step", "grad_sync+optimizer", -1, None, t_sync - t0, t_end - t0, "sync+opt"))
             payload = {"rank": topo.rank, "pp_rank": topo.pp_rank, "replica": topo.replica, "t0": t0,
                        "host": socket.gethostname(),
