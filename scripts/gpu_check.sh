@@ -21,8 +21,11 @@
 #   8 GPUs   run-pp2-ep4   run --pp 2 --ep 4 overlapped, scheduled --check
 #            torchrun      the same job launched by torchrun (8 processes): the same losses as run-pp2-ep4
 # Every run step also records each rank's peak memory beside the planner's prediction (its JSON, the summary).
-# $OUT/summary.txt: one line per step, `STEP pass|fail|skip WHY`. A step whose timeout would pass the 10-minute
-# budget is skipped (and says so). Exit status: 0 when no step failed (and, when rehearsing, none was skipped).
+# $OUT/summary.txt: one line per step, `STEP pass|fail|skip WHY`. A step whose timeout (plus the 10 s kill grace)
+# would pass the 10-minute budget is skipped (and says so). Exit status: 0 when every step passed; 1 when a step
+# failed or was skipped (a skipped GPU step is a check not made); 2 when nothing could start.
+# meta.txt names the commit (`git rev-parse HEAD`, else $TESSERA_LAB_COMMIT) and always a digest of the sources
+# (tessera_lab/ and scripts/), which identifies the code where the copy has no .git.
 #
 # --rehearse N runs the N-GPU list on CPU: gloo, the cpu measuring backend, the tiny runner model, the op table's
 # tiny sizes, one thread per process; it checks every flag and path without a GPU (losses then bitwise equal).
@@ -39,6 +42,7 @@ fi
 OUT="${OUT:-$PWD/gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
 py="${PYTHON:-python}"
+if [ -z "${PYTHON:-}" ] && ! command -v python >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1; then py=python3; fi
 cli=("$py" -m tessera_lab)
 verify=("$py" "$here/scripts/gpu_check_verify.py")
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
@@ -52,7 +56,10 @@ skipped=0
 
 {
   echo "date_utc $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "git $(git -C "$here" rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "git $(git -C "$here" rev-parse HEAD 2>/dev/null || echo "${TESSERA_LAB_COMMIT:-unknown (no .git; set TESSERA_LAB_COMMIT)}")"
+  echo "git_status $(git -C "$here" status --porcelain 2>/dev/null | wc -l | tr -d ' ') changed path(s) (0 when no .git)"
+  echo "sources_sha256 $(cd "$here" && find tessera_lab scripts -type f \( -name '*.py' -o -name '*.sh' \) | LC_ALL=C sort \
+    | xargs sha256sum | sha256sum | cut -c1-16)"
   echo "host $(hostname) cores $(nproc) load $(cut -d' ' -f1-3 /proc/loadavg)"
   if [ "$rehearse" = 0 ]; then nvidia-smi 2>&1 || echo "nvidia-smi: not available"; nvidia-smi topo -m 2>&1 || true; fi
   "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
@@ -93,7 +100,7 @@ KB=full_attention+moe
 step() {
   local name="$1" secs="$2" expects="$3" check="$4"; shift 5
   local left=$(( BUDGET_S - ($(date +%s) - t_begin) ))
-  if [ "$secs" -gt "$left" ]; then
+  if [ $((secs + 10)) -gt "$left" ]; then
     echo "$name skip its ${secs} s timeout would pass the 10-minute budget (${left} s left); expected: $expects" | tee -a "$summary"
     skipped=$((skipped + 1)); return 0
   fi
@@ -158,5 +165,7 @@ fi
 
 total=$(( $(date +%s) - t_begin ))
 echo "done in ${total} s: $failed failed, $skipped skipped; everything is under $OUT"
-if [ "$failed" -gt 0 ] || { [ "$rehearse" != 0 ] && [ "$skipped" -gt 0 ]; }; then exit 1; fi
+if [ "$failed" -gt 0 ] || [ "$skipped" -gt 0 ]; then
+  echo "gpu_check.sh: $failed step(s) failed, $skipped skipped (see $summary)" >&2; exit 1
+fi
 exit 0
