@@ -9,8 +9,11 @@ side also sums gradients in per-stage chunks that its controller may launch in r
 (:class:`~tessera_lab.runner.runtime.gaps.GradBuckets`); the static side keeps one end-of-step sum.
 
 Everything reported is observed on this machine (provenance ``observed``): step times (wall seconds of the step on
-its slowest rank, incl. gradient sync and optimizer), host idle (seconds a rank was blocked in a p2p receive
-wait, or with the node-level pair handler ``scheduled`` also in an EP combine wait, summed over ranks), and the error of the controller's predicted waits against the waits then observed.
+its slowest rank, incl. gradient sync and optimizer; on CUDA read after a device synchronize), host idle (the time
+a rank waited in a p2p receive, or with the node-level pair handler ``scheduled`` also in an EP combine wait, summed
+over ranks: on a CPU the seconds the host was blocked in ``Work.wait()``; on CUDA, where ``Work.wait()`` only makes the
+compute stream wait and the host runs on, the seconds the compute stream stalled, timed by CUDA events recorded on
+either side of the wait), and the error of the controller's predicted waits against the waits then observed.
 Step 0 of every job is left out of the statistics (warm-up; the controller has no history there). A
 difference of medians counts as significant only when the interquartile ranges of the two sides do not overlap;
 otherwise it is reported as ``not significant``.
@@ -179,7 +182,8 @@ def format_dynamic(rep: dict[str, Any]) -> str:
              f"step time  static  {ms(s['step_time'])}", f"step time  dynamic {ms(d['step_time'])}",
              f"gain {rep['gain'] * 100:+.2f}%{verdict(rep['gain_verdict'])}; rule: significant only when the "
              "interquartile ranges of the step times do not overlap",
-             f"host idle per step (summed over ranks): static {ms(s['host_idle_per_step'])}, dynamic "
+             "host idle per step (summed over ranks; on CUDA the compute stream's stall in the waits): "
+             f"static {ms(s['host_idle_per_step'])}, dynamic "
              f"{ms(d['host_idle_per_step'])}; removed {rep['idle_removed_s'] * 1e3:.1f} ms"
              + verdict(rep.get("idle_removed_verdict")),
              f"gap prediction ({gp['predictor']}, group maximum, lag {gp['lag_steps']} steps): mean |error| "

@@ -83,12 +83,13 @@ def build_topology(world: WorldSpec, rank: int, device: torch.device) -> Topolog
                     topo.ep_fwd, topo.ep_bwd = gf, gb
         if R > 1:
             ranks = [pr * R + x for x in range(R)]
-            if dp == 1 and ep > 1:
-                grp = None  # the EP forward group has the same members
-            else:
-                grp = dist.new_group(ranks)
+            # a communicator of its own even where the EP forward group has the same members (dp 1): run --dynamic
+            # launches gradient chunks in whichever wait finds them ready, which may differ between the ranks, and
+            # NCCL matches a communicator's collectives in issue order, so sharing ep_fwd could pair a chunk's
+            # reduction with another rank's forward all-to-all (a hang or wrong data; gloo shows neither)
+            grp = dist.new_group(ranks)
             if rank in ranks:
-                topo.replica_group = grp if grp is not None else topo.ep_fwd
+                topo.replica_group = grp
         if dp > 1:
             for er in range(ep):
                 ranks = [pr * R + dr * ep + er for dr in range(dp)]
