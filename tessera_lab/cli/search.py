@@ -231,7 +231,9 @@ def _write_csv(res, path: str) -> None:
     from tessera_lab.io import atomic_write_text
 
     rows = res.as_dict()["candidates"]
-    frame = pd.DataFrame([{k: v for k, v in r.items() if k != "boundaries"} for r in rows])
+    # lists (recompute_modules) as comma-separated names, not a Python repr
+    frame = pd.DataFrame([{k: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v
+                           for k, v in r.items() if k != "boundaries"} for r in rows])
     text = frame.to_csv(index=False)
     if path == "-":
         sys.stdout.write(text)

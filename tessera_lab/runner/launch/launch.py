@@ -242,7 +242,8 @@ def specs_from_runner_plan(plan: dict, args: argparse.Namespace) -> tuple[WorldS
                       lr=args.lr, boundaries=[int(x) for x in plan["boundaries"]],
                       deterministic=not args.no_deterministic, grad_sync=args.grad_sync,
                       check_reference=args.check, save_grads=args.check, pair_exec=plan.get("pair_exec"),
-                      pair_order=list(plan["pair_order"]["template"]) if plan.get("pair_order") else None,
+                      pair_order=list(plan["pair_order"]["template"])
+                      if plan.get("pair_order") and plan["pair_order"].get("used", True) else None,
                       plan_prediction={"predicted_s": plan["prediction"]["iteration_s"],
                                        "stage_f_s": plan["prediction"]["stage_f_s"],
                                        "stage_b_s": plan["prediction"]["stage_b_s"],

@@ -304,6 +304,8 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
     """
     import datetime as _dt
 
+    from tessera_lab.pipeline.actions import ActionType
+
     from ..runtime.orders import resolve_order
 
     partition, pair_exec, pair_order = choices.partition, choices.pair_exec, choices.pair_order
@@ -333,7 +335,11 @@ def device_plan(device: Mapping[str, Any], model: str, *, pp: int, ep: int, dp: 
         "parallel": {"pp": pp, "ep": ep, "dp": dp, "microbatches": microbatches,
                      "micro_batch_size": micro_batch_size, "schedule": canonical_name(schedule), "vpp": vpp},
         "partition": partition, "boundaries": bounds, "pair_exec": pair_exec,
-        "pair_order": {"label": label, "template": list(template)},
+        # the runner reads a pair order only where the scheduled handler runs overlapped pairs (RunSpec refuses it
+        # elsewhere as ignored): "used" says whether the job carries it
+        "pair_order": {"label": label, "template": list(template),
+                       "used": pair_exec == "scheduled" and any(a.type is ActionType.OVERLAP_F_B
+                                                                for acts in sched.actions.values() for a in acts)},
         "costs": cost_source(device), "prediction": pred,
         "predicted_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "notes": [f"costs: {cost_source(device)['source']} ({device['metadata'].get('device')}, "

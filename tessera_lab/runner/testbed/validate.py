@@ -140,7 +140,7 @@ def _job(c: dict, pl: dict, microbatches: int, micro_batch_size: int, steps: int
     return RunSpec(name=_name(c), model=pl["model_config"], schedule=c["schedule"],
                    microbatches=microbatches, micro_batch_size=micro_batch_size, steps=steps,
                    boundaries=pl["boundaries"], pair_exec=pl["pair_exec"],
-                   pair_order=pl["pair_order"]["template"],
+                   pair_order=pl["pair_order"]["template"] if pl["pair_order"].get("used", True) else None,
                    plan_prediction={"predicted_s": pl["prediction"]["iteration_s"],
                                     "stage_f_s": pl["prediction"]["stage_f_s"],
                                     "stage_b_s": pl["prediction"]["stage_b_s"],
