@@ -96,3 +96,37 @@ def test_job_reads_the_step_end_after_the_device_finished(monkeypatch, tmp_path)
         p = rec[0]
         assert p["step_time"] == t_end - p["t0"]
         assert [e for e in p["events"] if e[0] == "step"][0][5] == t_end - p["t0"]
+
+
+def test_backward_all_to_all_is_labelled_with_its_forward_action(tmp_path):
+    """On CUDA the autograd engine runs a backward Function on its device thread, where the executor's thread-local
+    action is not set. The backward exchange must carry the ``(stage, microbatch)`` read at its forward. Shown on CPU
+    by running the backward from another host thread (the same situation: a thread that never ran the action)."""
+    import functools
+    import threading
+
+    import torch.distributed as dist
+
+    from tessera_lab.runner.runtime.moe import all_to_all
+
+    if dist.is_initialized():  # pragma: no cover - the file runs alone in its worker
+        pytest.skip("a process group exists in this process")
+    tls, seen = threading.local(), []
+
+    def hook(name, start, end, nbytes, action=None):
+        seen.append((name, getattr(tls, "action", (-1, None)) if action is None else action))
+
+    hook = functools.partial(hook)
+    hook.current_action = lambda: getattr(tls, "action", (-1, None))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        tls.action = (3, 7)
+        x = torch.randn(4, 2, requires_grad=True)
+        y = all_to_all(x, [4], [4], dist.group.WORLD, hook=hook, name="ep_dispatch")
+        worker = threading.Thread(target=lambda: y.sum().backward())
+        worker.start()
+        worker.join()
+    finally:
+        dist.destroy_process_group()
+    assert seen == [("ep_dispatch", (3, 7)), ("ep_dispatch_bwd", (3, 7))]
+    assert torch.equal(x.grad, torch.ones(4, 2))

@@ -136,6 +136,7 @@ class PipelineExecutor:
         if opts.timing if opts.timing is not None else topo.device.type != "cuda":
             hook = functools.partial(self._comm_hook)
             hook.clock = self.clock.now  # the all-to-all's stamps come from this rank's step clock
+            hook.current_action = self._current_action  # read at the forward, for its backward exchange
             for st in stages.values():
                 if st.comm is not None:
                     st.comm.hook = hook
@@ -159,8 +160,12 @@ class PipelineExecutor:
         with self._lock:
             self._events.append((lane, typ, stage, mb, start, end, label))
 
-    def _comm_hook(self, name: str, start: float, end: float, nbytes: int) -> None:
-        cur = getattr(self._tls, "action", (-1, None))
+    def _current_action(self) -> tuple:
+        """The ``(stage, microbatch)`` this host thread runs now, ``(-1, None)`` outside an action."""
+        return getattr(self._tls, "action", (-1, None))
+
+    def _comm_hook(self, name: str, start: float, end: float, nbytes: int, action=None) -> None:
+        cur = self._current_action() if action is None else action
         self._event("comm", "ep_a2a", cur[0], cur[1], start, end, f"{name}[{cur[0]},{cur[1]}]")
 
     # -- p2p --------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -354,7 +354,11 @@ class CapacityDispatch:
 # all-to-all with autograd
 # ----------------------------------------------------------------------------------------------
 
-CommHook = Callable[[str, float, float, int], None]  # (name, start_s, end_s, bytes)
+#: ``hook(name, start, end, bytes, action)``: ``action`` is the ``(stage, microbatch)`` the exchange belongs to, or None
+#: for "the calling thread's current action". A hook may carry ``hook.clock`` (the stamp source) and
+#: ``hook.current_action()``; the backward exchange passes the action read at the forward, because on CUDA the autograd
+#: engine runs a backward Function on its device thread, where the caller's thread-local state is not set.
+CommHook = Callable[[str, float, float, int, Any], None]
 
 
 class _AllToAll(torch.autograd.Function):
@@ -366,12 +370,15 @@ class _AllToAll(torch.autograd.Function):
         ctx.group_bwd = group_bwd
         ctx.hook = hook
         ctx.name = name
+        current = getattr(hook, "current_action", None)
+        ctx.action = current() if current is not None else None  # read on the forward's thread
         return _exchange(x, out_splits, in_splits, group_fwd, hook, name)
 
     @staticmethod
     def backward(ctx, grad):
         in_splits, out_splits = ctx.splits
-        g = _exchange(grad.contiguous(), in_splits, out_splits, ctx.group_bwd, ctx.hook, ctx.name + "_bwd")
+        g = _exchange(grad.contiguous(), in_splits, out_splits, ctx.group_bwd, ctx.hook, ctx.name + "_bwd",
+                      ctx.action)
         return g, None, None, None, None, None, None
 
 
@@ -382,12 +389,12 @@ def _stamp(hook):
     return clock() if clock is not None else time.perf_counter()
 
 
-def _exchange(x, out_splits, in_splits, group, hook, name) -> torch.Tensor:
+def _exchange(x, out_splits, in_splits, group, hook, name, action=None) -> torch.Tensor:
     t0 = _stamp(hook) if hook is not None else None
     out = x.new_empty((int(sum(out_splits)),) + tuple(x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), list(out_splits), list(in_splits), group=group)
     if hook is not None:  # opt-in timing: stamps only (CUDA events on a GPU), never a stream synchronize
-        hook(name, t0, _stamp(hook), int(x.numel() * x.element_size()))
+        hook(name, t0, _stamp(hook), int(x.numel() * x.element_size()), action)
     return out
 
 
@@ -421,7 +428,7 @@ class ExpertParallelComm:
         ep_size: ``P``; ep_rank: this rank's index in the group (its experts are
             ``ep_rank * E/P .. (ep_rank + 1) * E/P - 1``).
         num_experts: ``E`` (a multiple of ``P``).
-        hook: optional ``hook(name, start_s, end_s, bytes)`` called after each exchange (for traces).
+        hook: optional :data:`CommHook` ``hook(name, start_s, end_s, bytes, action)`` called after each exchange (traces).
 
     Raises:
         ConfigError: ``num_experts`` not a multiple of ``ep_size``.
@@ -460,7 +467,7 @@ class ExpertParallelComm:
         t0 = _stamp(self.hook) if self.hook is not None else None
         dist.all_to_all_single(recv, msg.contiguous().reshape(-1), group=self.group_fwd)
         if self.hook is not None:
-            self.hook("ep_counts", t0, _stamp(self.hook), int(msg.numel() * 8))
+            self.hook("ep_counts", t0, _stamp(self.hook), int(msg.numel() * 8), None)
         rows = recv.view(P, El + K)
         if K and self.on_piggyback is not None:
             self.on_piggyback(rows[:, El:].tolist())
