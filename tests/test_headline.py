@@ -125,6 +125,12 @@ def test_band_per_family_and_model():
     vl30 = H.published_mfu_band("qwen3-vl-30b-a3b")
     assert "qwen3-30b-a3b (stand-in for qwen3-vl-30b-a3b)" in vl30["bands"][1]["source"]
     assert H.published_mfu_band("qwen3-8b")["bands"] == []
+    # Qwen3.5's MoE text model is read by the Qwen3-Next reader: the paper's Qwen3-Next band and its stand-in
+    q35, nxt = H.published_mfu_band("qwen3.5-35b-a3b"), H.published_mfu_band("qwen3-next-80b-a3b")
+    assert q35["family"] == "qwen3_5_moe_text" and (q35["lo"], q35["hi"]) == (nxt["lo"], nxt["hi"])
+    assert [b["name"] for b in q35["bands"]] == ["tessera", "megatron_bridge"]
+    assert H.band_type("qwen3_5_moe_text") == "qwen3_next" and H.band_type("qwen3_vl_moe_text") == "qwen3_moe"
+    assert H.band_type("deepseek_v3") == "deepseek_v3" and H.band_type("no_such_type") == "no_such_type"
 
 
 def test_a_moe_model_without_a_band_is_cautioned_above_every_published_moe_run():

@@ -42,23 +42,23 @@ PUBLISHED_MFU_CEILING = {"dense": 0.43}
 PUBLISHED_MFU_SOURCE = "Llama 3 405B on 16K H100: 38-43% BF16 MFU (Dubey et al. 2024, Table 4)"
 
 #: the Tessera paper's job family (``family`` in ``data/paper/tessera_paper_reported.json``) per Hugging Face
-#: ``model_type``: Qwen3 MoE jobs (Qwen3-L/XL, 29.7-39.0%) and Qwen3-Next jobs (Qwen3-Next-M/XL, 15.9-21.1%); Qwen3-VL's
-#: MoE text model (``qwen3_vl_moe_text``) is the Qwen3 MoE decoder (:mod:`tessera_lab.model.families.qwen3`), so it
-#: takes the Qwen3 band
-PAPER_FAMILY = {"qwen3_moe": "qwen3", "qwen3_vl_moe_text": "qwen3", "qwen3_next": "qwen3_next"}
+#: ``model_type``: Qwen3 MoE jobs (Qwen3-L/XL, 29.7-39.0%) and Qwen3-Next jobs (Qwen3-Next-M/XL, 15.9-21.1%). A
+#: ``model_type`` read by the same family reader (:mod:`tessera_lab.model.families`) takes the same band
+#: (:func:`band_type`): Qwen3-VL's MoE text model is the Qwen3 MoE decoder, Qwen3.5's the Qwen3-Next decoder
+PAPER_FAMILY = {"qwen3_moe": "qwen3", "qwen3_next": "qwen3_next"}
 #: Megatron-Bridge stand-in for a family with no published run of its own: Qwen3-30B-A3B (128 experts, top-8, 3B
 #: active) is the published model closest to Qwen3-Next-80B-A3B's fine-grained 512 experts, top-10
 MB_PROXY = {"qwen3_next": "qwen3-30b-a3b"}
 #: the GPU of the Megatron-Bridge band: H100 (its bf16 peak is the default H200's)
 MB_BAND_GPU = "H100"
 #: the model whose band a call without ``model`` uses (the default plan's model)
-DEFAULT_BAND_MODEL = ("qwen3-next-80b-a3b", "qwen3_next")
+DEFAULT_BAND_MODEL = ("qwen3-next-80b-a3b", "qwen3_next", True)
 # kept for callers that name the default band's Megatron-Bridge model
 MB_BAND_MODEL = MB_PROXY["qwen3_next"]
 
 
-def _model_key(model: Any) -> tuple[str, str]:
-    """``(name, model_type)`` of a :class:`~tessera_lab.model.spec.ModelSpec`, a shipped model's name, or ``None``
+def _model_key(model: Any) -> tuple[str, str, bool]:
+    """``(name, model_type, has MoE layers)`` of a :class:`~tessera_lab.model.spec.ModelSpec`, a shipped model's name, or ``None``
     (the default plan's model)."""
     if model is None:
         return DEFAULT_BAND_MODEL
@@ -66,8 +66,8 @@ def _model_key(model: Any) -> tuple[str, str]:
         from tessera_lab.model.spec import load_model
 
         spec = load_model(model)
-        return spec.name, spec.model_type
-    return str(model.name), str(model.model_type)
+        return spec.name, spec.model_type, bool(spec.has_moe)
+    return str(model.name), str(model.model_type), bool(model.has_moe)
 
 
 def published_mfu_band(model: Any = None) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def published_mfu_band(model: Any = None) -> dict[str, Any]:
         or when the model is under :data:`BAND_MIN_SCALE` of the smallest model with a Megatron-Bridge run
         (``scale`` then says so: a model of millions of parameters runs kernels too small to compare).
     """
-    name, model_type = _model_key(model)
+    name, model_type, moe = _model_key(model)
     if model is not None:
         spec = model if not isinstance(model, str) else None
         total = (spec.param_counts().total if spec is not None else _shipped_params(name))
@@ -102,7 +102,7 @@ def published_mfu_band(model: Any = None) -> dict[str, Any]:
             return {"lo": None, "hi": None, "bands": [], "family": model_type,
                     "scale": f"{_count(total)} parameters, under {BAND_MIN_SCALE:g} x the smallest model with a "
                              f"published run ({small_name}, {smallest / 1e9:.1f} B; computed)"}
-    return _band(name, model_type)
+    return _band(name, band_type(model_type) if moe else model_type, model_type)
 
 
 def _count(n: float) -> str:
@@ -131,11 +131,12 @@ def _smallest_published() -> tuple[float, str]:
 
 
 @functools.lru_cache(maxsize=32)
-def _band(name: str, model_type: str) -> dict[str, Any]:
+def _band(name: str, family_type: str, model_type: str) -> dict[str, Any]:
+    """The bands of ``name``, whose ``model_type`` takes the family of ``family_type`` (:func:`band_type`)."""
     from tessera_lab.model.hardware import hardware_data
     from tessera_lab.paths import read_data_json
 
-    family = PAPER_FAMILY.get(model_type)
+    family = PAPER_FAMILY.get(family_type)
     bands = []
     if family:
         jobs = [j for j in read_data_json("paper/tessera_paper_reported.json", "paper figures")[
@@ -148,7 +149,7 @@ def _band(name: str, model_type: str) -> dict[str, Any]:
                       "source": f"Tessera paper, {label} at {span} GPUs"})
     all_runs = read_data_json("published/megatron_bridge.json", "published runs")["runs"]
     mb_model = (name if any(r["model"] == name and r["gpu"] == MB_BAND_GPU for r in all_runs)
-                else MB_PROXY.get(model_type) or _same_type_stand_in(name, model_type, all_runs))
+                else MB_PROXY.get(family_type) or _same_type_stand_in(name, model_type, all_runs))
     runs = [r for r in all_runs if r["model"] == mb_model and r["gpu"] == MB_BAND_GPU]
     if runs:
         peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items()
@@ -163,6 +164,22 @@ def _band(name: str, model_type: str) -> dict[str, Any]:
         return {"lo": None, "hi": None, "bands": [], "family": model_type}
     return {"lo": min(b["lo"] for b in bands), "hi": max(b["hi"] for b in bands), "bands": bands,
             "family": model_type}
+
+
+def band_type(model_type: str) -> str:
+    """The ``model_type`` whose published band ``model_type`` takes: itself where :data:`PAPER_FAMILY` names it, else
+    the named type read by the same family reader (``qwen3_vl_moe_text`` -> ``qwen3_moe``, ``qwen3_5_moe_text`` ->
+    ``qwen3_next``), else itself. The paper's jobs are MoE: :func:`published_mfu_band` maps only MoE models."""
+    from tessera_lab.errors import ConfigError
+    from tessera_lab.model.families import reader_for
+
+    if model_type in PAPER_FAMILY:
+        return model_type
+    try:
+        reader = reader_for(model_type)
+    except ConfigError:
+        return model_type
+    return next((t for t in PAPER_FAMILY if reader_for(t) is reader), model_type)
 
 
 def _same_type_stand_in(name: str, model_type: str, runs: list[dict]) -> str | None:
