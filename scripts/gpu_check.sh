@@ -43,9 +43,17 @@ OUT="${OUT:-$PWD/gpu-check-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
 py="${PYTHON:-python}"
 if [ -z "${PYTHON:-}" ] && ! command -v python >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1; then py=python3; fi
+# wheels fetched beforehand by scripts/gpu_wheels.sh (a GPU machine may have no package index): installed into a
+# private folder put first on PYTHONPATH, never into the machine's environment
+site=""
+if compgen -G "$here/.whl/*.whl" >/dev/null; then
+  site="${TMPDIR:-/tmp}/tessera-lab-site"
+  "$py" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+    "$here"/.whl/*.whl >"$OUT/wheels.log" 2>&1 || { echo "meta fail installing .whl/ wheels (see wheels.log)" >&2; exit 2; }
+fi
 cli=("$py" -m tessera_lab)
 verify=("$py" "$here/scripts/gpu_check_verify.py")
-export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$here${site:+:$site}${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS=1
 summary="$OUT/summary.txt"
 : > "$summary"
@@ -69,6 +77,15 @@ skipped=0
 
 if ! grep -q "^torch " "$OUT/meta.txt"; then
   echo "meta fail $py cannot import torch (see meta.txt); set PYTHON or activate the environment" | tee -a "$summary" >&2
+  exit 2
+fi
+# every runtime dependency the steps import, before any step: a missing one fails here in one line, not per step
+missing=$("$py" -c 'import importlib.util as u
+print(" ".join(m for m in ("numpy", "pandas", "matplotlib", "seaborn", "tqdm", "filelock", "highspy")
+               if u.find_spec(m) is None))' 2>&1)
+echo "wheels ${site:-none} missing ${missing:-none}" >> "$OUT/meta.txt"
+if [ -n "$missing" ]; then
+  echo "meta fail $py lacks: $missing; fetch wheels with scripts/gpu_wheels.sh on a machine with an index, or set PYTHON" | tee -a "$summary" >&2
   exit 2
 fi
 if [ "$rehearse" = 0 ]; then

@@ -34,6 +34,24 @@ def test_rehearse_refuses_other_sizes(tmp_path):
     assert proc.stderr.strip() == "gpu_check.sh: --rehearse = '3' is not allowed; allowed: 1, 2 or 8"
 
 
+def test_a_missing_runtime_dependency_fails_before_any_step(tmp_path):
+    """A GPU machine's Python may lack a dependency (the lent machines have no highspy): one line naming it and the
+    way to fetch it (scripts/gpu_wheels.sh), exit 2, no step run. Hidden here by ``sys.modules['highspy'] = None``
+    in a sitecustomize (``importlib.util.find_spec`` then returns None, as for a package not installed)."""
+    pytest.importorskip("torch")
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['highspy'] = None\n")
+    env = _env(tmp_path / "out") | {"PYTHONPATH": str(hide)}
+    proc = subprocess.run(["bash", str(SCRIPT), "--rehearse", "1"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    summary = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert len(summary) == 1 and summary[0].startswith("meta fail ") and "lacks: highspy;" in summary[0]
+    assert "scripts/gpu_wheels.sh" in summary[0]
+    assert "missing highspy" in (tmp_path / "out" / "meta.txt").read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 # 1 and 8 only: the 8-GPU list runs every 2-GPU step exactly as a 2-GPU rehearsal does (same commands, 2 ranks
