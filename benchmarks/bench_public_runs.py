@@ -557,15 +557,20 @@ def table_rows(rows: list[dict]) -> list[list]:
     out = []
     for r in rows:
         out.append([r["id"], r["source_family"], r["split"], r["precision_label"],
-                    f"{r['published']['iteration_s']:.3f}", f"{r['predicted']['iteration_s']:.3f}",
+                    f"{r['published']['iteration_s']:.3f}", SHORT_BASIS.get(r["published"].get("basis"), "?"),
+                    f"{r['predicted']['iteration_s']:.3f}",
                     f"{r['error']:+.1%}", f"{r.get('error_without_sync', r['error']):+.1%}",
                     round(r["tflops_per_gpu_at_published_time"]), round(r["predicted_tflops_per_gpu"], 1),
                     f"{r['peak_memory_gib']:.1f}", f"{r['capacity_gib']:.1f}", "yes" if r["fits_memory"] else "NO"])
     return out
 
 
+#: the main table's short words for the published time's basis: the page's step time (cited) or computed from
+#: its tokens/s or Model TFLOP/s per GPU
+SHORT_BASIS = {"step time": "step (cited)", "tokens/s per GPU": "tok/s (computed)",
+               "Model TFLOP/s per GPU": "TFLOP/s (computed)"}
 HEADERS = ["run", "source\nfamily", "\nsplit", "precision\n(per source)", "iteration s\npublished",
-           "iteration s\npredicted", "\n\nerror", "error\nwithout\nsync term", "Model\nTFLOP/s/GPU\nat published",
+           "published\ns from", "iteration s\npredicted", "\n\nerror", "error\nwithout\nsync term", "Model\nTFLOP/s/GPU\nat published",
            "Model\nTFLOP/s/GPU\npredicted", "memory\npeak\nGiB/GPU", "memory\ncapacity\nGiB/GPU", "\n\nfits"]
 def tflops_line(rows: list[dict], tolerance: float = 0.02) -> str:
     """What the Model TFLOP/s columns are (this model's FLOPs of an iteration, Megatron-LM's convention with MTP
@@ -610,19 +615,26 @@ def summary(rows: list[dict], sync: dict) -> dict:
 
 
 #: the columns of :func:`markdown_table` (docs/reproduce.md's per-run table)
-MARKDOWN_HEADERS = ("run", "source family", "split", "published s", "predicted s", "error", "error without the term",
-                    "dispatcher")
+MARKDOWN_HEADERS = ("run", "source family", "split", "published s", "published s from", "predicted s", "error",
+                    "error without the term", "dispatcher")
+
+
+#: the markdown table's words for :func:`~tessera_lab.report.fidelity_set.published_iteration_s`'s basis
+BASIS_WORDS = {"step time": "step time (cited)", "tokens/s per GPU": "tokens/s per GPU (computed)",
+               "Model TFLOP/s per GPU": "Model TFLOP/s per GPU (computed)"}
 
 
 def markdown_table(rows: list[dict]) -> str:
     """The per-run table docs/reproduce.md quotes, as Markdown (one line per row, ending in a newline): id, source
-    family, split, published and predicted iteration seconds (3 decimals), ``error`` and the error without the
+    family, split, published iteration seconds (3 decimals) and what they come from (``published.basis``: the
+    page's step time, or computed from its tokens/s or Model TFLOP/s per GPU), predicted iteration seconds, ``error``
+    and the error without the
     host/sync term (``error_without_sync`` once :func:`apply_sync_term` ran, else ``error``) as signed percentages
     with one decimal, and the dispatcher; rows in the order given (the data files' order)."""
     lines = ["| " + " | ".join(MARKDOWN_HEADERS) + " |", "|" + "---|" * len(MARKDOWN_HEADERS)]
     for r in rows:
         cells = [r["id"], r["source_family"], r["split"], f"{r['published']['iteration_s']:.3f}",
-                 f"{r['predicted']['iteration_s']:.3f}", f"{r['error']:+.1%}",
+                 BASIS_WORDS.get(r["published"].get("basis"), "?"), f"{r['predicted']['iteration_s']:.3f}", f"{r['error']:+.1%}",
                  f"{r.get('error_without_sync', r['error']):+.1%}", r["parallel"]["dispatcher"]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

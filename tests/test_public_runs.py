@@ -395,7 +395,8 @@ def test_components_table_needed_by_hand():
 
 def _row(rid, split, dispatcher, published, predicted, without, term, schedule="interleaved"):
     """A hand-made row of the shape ``apply_sync_term`` leaves (error = published / predicted - 1)."""
-    return {"id": rid, "source_family": "fam", "split": split, "published": {"iteration_s": published},
+    return {"id": rid, "source_family": "fam", "split": split,
+            "published": {"iteration_s": published, "basis": "tokens/s per GPU"},
             "predicted": {"iteration_s": predicted}, "iteration_time_s": predicted,
             "error": published / predicted - 1.0, "error_without_sync": without, "host_sync_per_layer_s": term,
             "parallel": {"dispatcher": dispatcher, "schedule": schedule}}
@@ -443,9 +444,10 @@ def test_markdown_table_and_reading_figures_by_hand():
     # test rows beyond 35%: a (-0.40) and pair[1] (+0.45, EP overlap); e is a reference row
     assert (f["test.beyond-target"], f["test.beyond-target.ep-overlap"]) == (2, 1)
     table = bench.markdown_table(rows[:1]).splitlines()
-    assert table == ["| run | source family | split | published s | predicted s | error | error without the term | "
-                     "dispatcher |", "|---|---|---|---|---|---|---|---|",
-                     "| qwen3-x/a | fam | test | 6.000 | 10.000 | -40.0% | +50.0% | alltoall |"]
+    assert table == ["| run | source family | split | published s | published s from | predicted s | error | "
+                     "error without the term | dispatcher |", "|---|---|---|---|---|---|---|---|---|",
+                     "| qwen3-x/a | fam | test | 6.000 | tokens/s per GPU (computed) | 10.000 | -40.0% | +50.0% | "
+                     "alltoall |"]
 
 
 def test_markdown_flag_prints_only_the_table(capsys):
@@ -455,7 +457,7 @@ def test_markdown_flag_prints_only_the_table(capsys):
     cap = capsys.readouterr()
     lines = cap.out.splitlines()
     ref = [i for i, r in _runs(ALL_FILES).items() if r["split"] == "reference"]
-    assert lines[0].startswith("| run | source family | split |") and lines[1] == "|" + "---|" * 8
+    assert lines[0].startswith("| run | source family | split |") and lines[1] == "|" + "---|" * 9
     assert len(lines) == 2 + len(ref) and all(ln.startswith("| ") and ln.endswith(" |") for ln in lines[2:])
     assert [ln.split(" | ")[0][2:] for ln in lines[2:]] == ref and all(" | reference | " in ln for ln in lines[2:])
     assert "no test runs in this selection" in cap.err and "per run: source" in cap.err
