@@ -454,12 +454,16 @@ class ExpertParallelComm:
         el = self.experts_per_rank
         return list(range(self.ep_rank * el, (self.ep_rank + 1) * el))
 
-    def exchange_counts(self, send_counts: torch.Tensor) -> list[list[int]]:
-        """Count exchange: ``send_counts`` ``[E]`` -> rows received ``[P][E/P]`` (peer, local expert)."""
+    def exchange_counts(self, send_counts: torch.Tensor, action: Any = None) -> tuple[list[list[int]], list[int]]:
+        """Count exchange: ``send_counts`` ``[E]`` -> ``(rows received [P][E/P] (peer, local expert), send_counts as
+        a list)``, both read on the host in one transfer (on CUDA one drain of the stream per exchange, where reading
+        the send counts first would be a second). ``action``: the ``(stage, microbatch)`` the hook records it under
+        (None: the calling thread's, :data:`CommHook`)."""
         P, El = self.ep_size, self.experts_per_rank
         extra = self.piggyback() if self.piggyback is not None else None
         K = len(extra) if extra else 0
-        msg = send_counts.to(torch.int64).reshape(P, El)
+        sent = send_counts.to(torch.int64).reshape(-1)
+        msg = sent.reshape(P, El)
         if K:
             ext = torch.tensor(extra, dtype=torch.int64, device=send_counts.device).reshape(1, K).expand(P, K)
             msg = torch.cat([msg, ext], dim=1)
@@ -467,11 +471,12 @@ class ExpertParallelComm:
         t0 = _stamp(self.hook) if self.hook is not None else None
         dist.all_to_all_single(recv, msg.contiguous().reshape(-1), group=self.group_fwd)
         if self.hook is not None:
-            self.hook("ep_counts", t0, _stamp(self.hook), int(msg.numel() * 8), None)
-        rows = recv.view(P, El + K)
+            self.hook("ep_counts", t0, _stamp(self.hook), int(msg.numel() * 8), action)
+        both = torch.cat([recv, sent]).tolist()  # the one host read
+        rows = [both[q * (El + K):(q + 1) * (El + K)] for q in range(P)]
         if K and self.on_piggyback is not None:
-            self.on_piggyback(rows[:, El:].tolist())
-        return rows[:, :El].tolist()
+            self.on_piggyback([r[El:] for r in rows])
+        return [r[:El] for r in rows], both[P * (El + K):]
 
     def send_counts_async(self, send_counts: torch.Tensor, async_op: bool = False, out: torch.Tensor | None = None):
         """Counts that travel with a capacity dispatch: ``send_counts`` ``[E]`` -> ``(recv [P*E/P] int64 on the
@@ -510,12 +515,13 @@ class ExpertParallelComm:
     def dispatch(self, x_perm: torch.Tensor, send_counts: torch.Tensor) -> tuple[list[torch.Tensor], _Dispatch]:
         """Send expert-sorted rows ``[A, H]`` to the experts' owners; returns one ``[M_e, H]`` per local expert."""
         P, El = self.ep_size, self.experts_per_rank
-        sc = send_counts.tolist()
+        recv_counts, sc = self.exchange_counts(send_counts)
         in_splits = [sum(sc[p * El:(p + 1) * El]) for p in range(P)]
-        recv_counts = self.exchange_counts(send_counts)
         out_splits = [sum(r) for r in recv_counts]
-        recv = all_to_all(x_perm, out_splits, in_splits, self.group_fwd, self.group_bwd, self.hook, "ep_dispatch")
+        # before the all-to-all: the index's blocking copy to the device then waits only for the count exchange
+        # (drained by its host read), not for the dispatch
         gather, inverse, per_expert = expert_major(recv_counts, P, El, x_perm.device)
+        recv = all_to_all(x_perm, out_splits, in_splits, self.group_fwd, self.group_bwd, self.hook, "ep_dispatch")
         xs = list(recv.index_select(0, gather).split(per_expert, dim=0))
         return xs, _Dispatch(recv_counts, in_splits, out_splits, gather, inverse, per_expert)
 

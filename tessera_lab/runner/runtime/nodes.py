@@ -267,14 +267,16 @@ class StageProgram:
             st.splits = (cd, cd, None)
             self._a2a(name, xp, cd, cd, c.group_fwd, counts=st.plan.send_counts)
             return
-        sc = st.plan.send_counts.tolist()
-        in_splits = [sum(sc[q * El:(q + 1) * El]) for q in range(P)]
         t = self.clock()
-        recv_counts = c.exchange_counts(st.plan.send_counts)  # blocking: it sizes the dispatch
+        recv_counts, sc = c.exchange_counts(st.plan.send_counts, self.key)  # blocking: it sizes the dispatch
+        in_splits = [sum(sc[q * El:(q + 1) * El]) for q in range(P)]
         self.record("wait", "a2a_wait", f"L{i}.counts[{self.key[0]},{self.mb}]", t, self.clock())
         if self.on_counts is not None:
             self.on_counts(self.key, i, recv_counts, sc)
-        st.splits = (in_splits, [sum(r) for r in recv_counts], recv_counts)
+        # the expert-major index is copied to the device here, where the count exchange's host read has just drained
+        # the stream: after the dispatch's wait its blocking copy would hold the host until the all-to-all finished
+        index = expert_major(recv_counts, P, El, xp.device)
+        st.splits = (in_splits, [sum(r) for r in recv_counts], index)
         self._a2a(name, xp, st.splits[1], in_splits, c.group_fwd)
 
     def _forward_experts(self, name: str, i: int) -> None:
@@ -300,8 +302,7 @@ class StageProgram:
                 st.y = torch.cat([moe.experts[str(e)](xs[e]) for e in range(moe.num_experts)], dim=0)
                 return
             st.recv = _leaf(self._wait(f"L{i}.dispatch"))
-            gather, inverse, per_expert = expert_major(st.splits[2], c.ep_size, c.experts_per_rank,
-                                                       st.recv.device)
+            gather, inverse, per_expert = st.splits[2]  # built before the dispatch (_forward_dispatch)
             xs = list(st.recv.index_select(0, gather).split(per_expert, dim=0))
             ys = [moe.experts[str(e)](xe) for e, xe in zip(c.local_experts, xs)]
             st.y = torch.cat(ys, dim=0).index_select(0, inverse)
