@@ -13,6 +13,8 @@
 #            pair-ep1      measure of one layer pair at EP 1: a table labelled "no communication"
 #            optable       the op table (GEMM, grouped GEMM, attention, Gated DeltaNet; with 2+ GPUs all-to-all
 #                          and p2p too): op-table.json, schema checked (tessera_lab.cost.optable)
+#            sync-debug    run overlapped, scheduled, capacity dispatch (EP 2 with 2+ GPUs) with
+#                          TESSERA_LAB_SYNC_DEBUG=error: any host sync in a step's actions raises
 #   2 GPUs   run-ep2       run --pp 1 --ep 2 overlapped, scheduled, --ep-dispatch capacity --check: EP all-to-alls
 #                          on the communication stream with the capacity dispatch
 #            run-pp2-1f1b  run --pp 2 --ep 1 --schedule 1f1b --check (p2p between two GPUs)
@@ -160,6 +162,12 @@ ranks=0; [ "$size" -ge 2 ] && ranks=2
 step optable 120 "op table with compute rows (and all-to-all, p2p rows with 2+ devices), schema checked" \
   "${verify[*]} optable '$OUT/op-table.json'" -- \
   "$py" -m tessera_lab.runner.measure.optable --backend "$MB" --sizes "$OPSIZES" --ranks "$ranks" --out "$OUT/op-table.json"
+
+# every host synchronisation inside a step's actions raises (torch.cuda.set_sync_debug_mode "error" via
+# TESSERA_LAB_SYNC_DEBUG; the setting does nothing on CPU): the capacity dispatch, node by node, is claimed free of them
+sync_args=(--pp 1 --ep 1); [ "$size" -ge 2 ] && sync_args=(--pp 1 --ep 2)
+step sync-debug "$RUNT" "${sync_args[*]} overlapped, scheduled, capacity dispatch with TESSERA_LAB_SYNC_DEBUG=error: no host sync in a step's actions (no effect on CPU)" - -- \
+  env TESSERA_LAB_SYNC_DEBUG=error "${cli[@]}" run --backend "$B" "${sync_args[@]}" "${ovl[@]}" --ep-dispatch capacity --steps 2
 
 if [ "$size" -ge 2 ]; then
   run_step run-ep2 "EP 2 all-to-alls on the communication stream, capacity dispatch: losses match the reference" \

@@ -130,3 +130,29 @@ def test_backward_all_to_all_is_labelled_with_its_forward_action(tmp_path):
         dist.destroy_process_group()
     assert seen == [("ep_dispatch", (3, 7)), ("ep_dispatch_bwd", (3, 7))]
     assert torch.equal(x.grad, torch.ones(4, 2))
+
+
+def test_sync_debug_sets_and_restores_the_mode_on_cuda_only(monkeypatch):
+    """$TESSERA_LAB_SYNC_DEBUG=warn|error runs the block under torch.cuda.set_sync_debug_mode (process-wide) and puts
+    the previous mode back, also when the block raises; on CPU and when unset nothing is touched; another value is
+    one ValueError naming the variable, the value and the allowed ones."""
+    calls, state = [], {"mode": 0}
+    monkeypatch.setattr(devtime.torch.cuda, "get_sync_debug_mode", lambda: state["mode"])
+    monkeypatch.setattr(devtime.torch.cuda, "set_sync_debug_mode",
+                        lambda m: (calls.append(m), state.__setitem__("mode", m)))
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.delenv(devtime.SYNC_DEBUG_ENV, raising=False)
+    with devtime.sync_debug(cuda):
+        pass
+    monkeypatch.setenv(devtime.SYNC_DEBUG_ENV, "error")
+    with devtime.sync_debug(cpu):
+        pass
+    assert calls == []
+    with pytest.raises(RuntimeError):
+        with devtime.sync_debug(cuda):
+            assert state["mode"] == "error"
+            raise RuntimeError("a synchronizing operation")
+    assert calls == ["error", 0] and state["mode"] == 0
+    monkeypatch.setenv(devtime.SYNC_DEBUG_ENV, "loud")
+    with pytest.raises(ValueError, match=r"^TESSERA_LAB_SYNC_DEBUG = 'loud' is not allowed; allowed: warn, error "):
+        devtime.sync_debug_mode()

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 LINE = re.compile(r"^(\S+) (pass|fail|skip) (.+)$")
-STEPS = {1: ["meta", "run-1f1b", "run-ovl", "trace", "dry-run", "pair-ep1", "optable"],
+STEPS = {1: ["meta", "run-1f1b", "run-ovl", "trace", "dry-run", "pair-ep1", "optable", "sync-debug"],
          2: ["run-ep2", "run-pp2-1f1b", "run-pp2-ovl", "pair-ep2"],
          8: ["run-pp2-ep4", "torchrun"]}
 

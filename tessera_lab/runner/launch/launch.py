@@ -410,6 +410,12 @@ def run_from_args(args: argparse.Namespace) -> int:
     from .supervise import EXIT_PEER_FAILED
 
     world, job = specs_from_args(args)
+    from tessera_lab.runner.runtime.devtime import sync_debug_mode
+
+    try:  # read by every worker at each step: refused here, before any process starts
+        sync_debug_mode()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if getattr(args, "dynamic", False):
         return _run_dynamic(world, job, args)
     if getattr(args, "profile_store", None):  # refuse a bad store before the run, not after it

@@ -12,11 +12,48 @@ everything issued (a step's end after its gradient sync and optimizer, which nev
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+from typing import Iterator
 
 import torch
 
-__all__ = ["StepClock"]
+__all__ = ["StepClock", "SYNC_DEBUG_ENV", "sync_debug", "sync_debug_mode"]
+
+#: environment variable: ``warn`` or ``error`` runs a step's actions under ``torch.cuda.set_sync_debug_mode`` (CUDA
+#: only), which warns about or raises on every operation that synchronises the host with the device (``.item()``,
+#: ``.tolist()``, a blocking copy, ``torch.cuda.synchronize``): the GPU's own check that a path claimed free of host
+#: syncs is (the CPU tests guard the host reads they can see, ``tests/test_capacity_dispatch.py``)
+SYNC_DEBUG_ENV = "TESSERA_LAB_SYNC_DEBUG"
+
+
+def sync_debug_mode() -> str | None:
+    """``"warn"``, ``"error"`` or None (unset or empty) from :data:`SYNC_DEBUG_ENV`.
+
+    Raises:
+        ValueError: any other value (one line naming the variable, the value and the allowed ones).
+    """
+    mode = os.environ.get(SYNC_DEBUG_ENV, "").strip()
+    if mode in ("", "warn", "error"):
+        return mode or None
+    raise ValueError(f"{SYNC_DEBUG_ENV} = {mode!r} is not allowed; allowed: warn, error or unset")
+
+
+@contextlib.contextmanager
+def sync_debug(device: torch.device) -> Iterator[None]:
+    """Run the block under :func:`sync_debug_mode`'s setting on a CUDA ``device`` (the setting is process-wide: every
+    thread's operations count), restoring the previous setting after; nothing on CPU or when unset."""
+    mode = sync_debug_mode()
+    if mode is None or device.type != "cuda":
+        yield
+        return
+    old = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(old)
 
 
 class StepClock:

@@ -22,7 +22,7 @@ from tessera_lab.pipeline.p2p import comm_route, lowered_steps
 from tessera_lab.pipeline.passes import lower
 from tessera_lab.pipeline.schedules import Action, ActionType, Schedule
 
-from .devtime import StepClock
+from .devtime import StepClock, sync_debug
 from .layers import WEIGHT_GRAD_STORE, TinyMoEModel, forward_key
 from .nodes import StageProgram
 from .orders import resolve_order
@@ -362,6 +362,24 @@ class PipelineExecutor:
         self._finish(f, out)
 
     # -- step -------------------------------------------------------------------------------------
+    def _run_actions(self, step: int, fault: dict | None) -> None:
+        """The step's actions in list order: each run of SEND/RECV posted as one batch, the rest run."""
+        k = -1
+        for kind, _, acts in self.steps:
+            if kind == "batch":
+                self._post_batch(acts)
+                continue
+            k += 1
+            a = acts[0]
+            if self.gaps is not None:
+                self.gaps.at(k)
+            if fault and fault.get("rank") == self.topo.rank and fault.get("step", 0) == step and fault.get("action", 0) == k:
+                raise RuntimeError(f"injected fault on rank {self.topo.rank} at step {step} before action {k} ({a})")
+            if a.type is ActionType.OVERLAP_F_B:
+                self._run_pair(a)
+            else:
+                self._run_leaf(a)
+
     def run_step(self, step: int, inputs: dict[int, torch.Tensor], targets: dict[int, torch.Tensor],
                  t0: float) -> StepRecord:
         """Run the action list once. ``inputs`` / ``targets``: micro-batch -> ``[b, T]`` token ids (only needed
@@ -381,22 +399,9 @@ class PipelineExecutor:
         if self.pair_streams is not None:
             self.pair_streams.fwd.clear()
             self.pair_streams.i_ran.clear()
-        k = -1
-        for kind, _, acts in self.steps:
-            if kind == "batch":
-                self._post_batch(acts)
-                continue
-            k += 1
-            a = acts[0]
-            if self.gaps is not None:
-                self.gaps.at(k)
-            if fault and fault.get("rank") == self.topo.rank and fault.get("step", 0) == step and fault.get("action", 0) == k:
-                raise RuntimeError(f"injected fault on rank {self.topo.rank} at step {step} before action {k} ({a})")
-            if a.type is ActionType.OVERLAP_F_B:
-                self._run_pair(a)
-            else:
-                self._run_leaf(a)
-        self.transport.finish()
+        with sync_debug(self.topo.device):  # $TESSERA_LAB_SYNC_DEBUG: the actions' host syncs warned of or raised
+            self._run_actions(step, fault)
+            self.transport.finish()
         leftovers = [k for k in WEIGHT_GRAD_STORE.pending() if k[0] in self.stages]
         if self._saved or self._recvs or self._outbox or leftovers:
             raise RuntimeError(
