@@ -8,6 +8,9 @@ from pathlib import Path
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 UNFITTED = re.compile(r"nothing (is )?fitted|not fitted|unfitted|out of sample", re.I)
+#: a row of docs/reproduce.md's per-run table: run, source family, split, published s, published s from,
+#: predicted s, error (groups: run, family, split, error)
+TABLE_ROW = r"^\| (\S+) \| (\S+) \| (fit|test|reference) \| [\d.]+ \| [^|]+ \| [\d.]+ \| ([+-][\d.]+)% \|"
 
 
 def _paragraphs(text: str) -> list[str]:
@@ -40,7 +43,7 @@ def test_the_published_runs_headline_is_the_test_sets():
     head = re.search(rf"Headline \(test set, (\d+){mark} runs[^)]*\): median \|error\|\s+([\d.]+)%{mark}, largest "
                      rf"([\d.]+)%{mark}", text)
     assert head, "no test-set headline in docs/reproduce.md"
-    rows = re.findall(r"^\| (\S+) \| (\S+) \| (fit|test|reference) \| [\d.]+ \| [\d.]+ \| ([+-][\d.]+)% \|", text, re.M)
+    rows = re.findall(TABLE_ROW, text, re.M)
     test = [abs(float(e)) for _, _, s, e in rows if s == "test"]
     fit = [abs(float(e)) for _, _, s, e in rows if s == "fit"]
     assert int(head.group(1)) == len(test) >= 10
@@ -93,7 +96,7 @@ def test_fidelity_headline_is_the_test_figure_not_the_fit_figure():
                      r"-abs-error -->, largest\s+([\d.]+)%<!-- claim:public\.test-max-abs-error -->", text)
     assert head, "no test-set headline in docs/fidelity.md"
     table = (DOCS / "reproduce.md").read_text()
-    rows = re.findall(r"^\| (\S+) \| (\S+) \| (fit|test|reference) \| [\d.]+ \| [\d.]+ \| ([+-][\d.]+)% \|", table, re.M)
+    rows = re.findall(TABLE_ROW, table, re.M)
     test = [abs(float(e)) for *_, s, e in rows if s == "test"]
     fit = [abs(float(e)) for *_, s, e in rows if s == "fit"]
     assert int(head.group(1)) == len(test)
