@@ -232,3 +232,14 @@ def test_measure_with_the_runner_itself():
     od.check_template(r.order)
     assert set(r.durations) == set(od.TEMPLATE_KEYS) and r.durations["f.dispatch"] > 0
     assert r.t_a > 0 and r.t_b > 0 and r.t_ab > 0
+
+
+
+def test_default_pair_handler_is_scheduled_on_cuda_with_pairs_only():
+    """On CUDA the threads handler would issue a pair's all-to-alls on two NCCL communicators from two host threads;
+    the default there is the single-threaded scheduled handler, where the schedule has pairs at all."""
+    from tessera_lab.runner.runtime.pairs import default_pair_exec
+
+    assert default_pair_exec("cuda", True) == "scheduled"
+    assert default_pair_exec("cuda", False) == "threads"  # no pairs: no handler runs, stages run whole
+    assert default_pair_exec("cpu", True) == "threads"

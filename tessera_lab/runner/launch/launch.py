@@ -98,8 +98,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "filling p2p receive waits with deferred W (tessera_lab.runner.runtime.gaps)")
     p.add_argument("--trials", type=positive_int("trials"), default=3, help="with --dynamic: static/dynamic pairs")
     p.add_argument("--pair-exec", default=None, metavar="NAME",
-                   help="how the two halves of an overlapped pair run: threads (concurrently; default) | serial | "
-                        "scheduled (node level, async all-to-alls)")
+                   help="how the two halves of an overlapped pair run: threads (concurrently; the default on CPU) | "
+                        "serial | scheduled (node level, async all-to-alls; the default on CUDA, where threads would "
+                        "issue all-to-alls on two NCCL communicators from two threads)")
     p.add_argument("--overlap", action=_Replaced, nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--pair-order", default=None, metavar="ORDER",
                    help="issue order for --pair-exec scheduled: searched (default) | measured:RUN.json | program | megatron | "

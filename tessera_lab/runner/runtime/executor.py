@@ -26,7 +26,7 @@ from .devtime import StepClock, sync_debug
 from .layers import WEIGHT_GRAD_STORE, TinyMoEModel, forward_key
 from .nodes import StageProgram
 from .orders import resolve_order
-from .pairs import PairStreams, get_pair_handler
+from .pairs import PairStreams, default_pair_exec, get_pair_handler
 from .topology import StageModule, Topology
 from .transport import make_transport
 
@@ -113,7 +113,9 @@ class PipelineExecutor:
         self.actions = [acts[0] for kind, _, acts in self.steps if kind == "compute"]
         self.act_shape = tuple(act_shape)
         self.N = num_tokens
-        self.handler = get_pair_handler(opts.pair_exec or "threads")
+        # from every rank's list, so that all ranks pick the same handler
+        pairs = any(a.type is ActionType.OVERLAP_F_B for acts in self.lowered.actions.values() for a in acts)
+        self.handler = get_pair_handler(opts.pair_exec or default_pair_exec(topo.device.type, pairs))
         self.node_level = self.handler.node_level
         self.pair_order_label, self.pair_template = resolve_order(opts.pair_order, topo.ep)
         self._comm = next((st.comm for st in stages.values()), None)

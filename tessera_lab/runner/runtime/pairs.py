@@ -61,6 +61,16 @@ def get_pair_handler(name: str) -> PairHandler:
     return PAIR_HANDLERS[name]
 
 
+def default_pair_exec(device_type: str, has_pairs: bool) -> str:
+    """The pair handler a run without ``pair_exec`` uses: ``scheduled`` on CUDA when the schedule has overlapped
+    pairs, ``threads`` otherwise (without pairs no handler runs, and the stages run whole, not node by node). On NCCL
+    the ``threads`` handler issues a pair's EP all-to-alls on two communicators from two host threads (the side
+    thread's forward, the autograd device thread's backward) in an order that may differ between ranks, which NCCL
+    supports only while the kernels of both can run on the device together (NCCL user guide, "Using multiple NCCL
+    communicators concurrently"); ``scheduled`` issues every all-to-all from one host thread in a fixed order."""
+    return "scheduled" if device_type == "cuda" and has_pairs else "threads"
+
+
 def interleave(f_keys: list[str], f_layers: list[int], b_keys: list[str], b_layers: list[int],
                template: tuple[str, ...]) -> list[tuple[str, str]]:
     """The full issue order ``[(side, node key)]`` of a pair: the forward's embedding and the backward's head

@@ -317,7 +317,8 @@ class RunSpec:
         grad_sync: ``"ordered"`` (deterministic replica sum) or ``"allreduce"``.
         pair_exec: how the two halves of an overlapped pair run: a pair handler of
             :mod:`tessera_lab.runner.runtime.pairs` (``serial``, ``threads``, ``scheduled``, or one registered
-            later); None: ``threads``.
+            later); None: :func:`~tessera_lab.runner.runtime.pairs.default_pair_exec` (``scheduled`` on CUDA for a
+            schedule with pairs, else ``threads``).
         pair_order: issue order of the ``scheduled`` handler: ``"searched"`` / None, a name of
             :data:`tessera_lab.runner.runtime.orders.NAMED_ORDERS` (``program``, ``megatron``, ``comm-first``) or a list
             of the ten template keys.
