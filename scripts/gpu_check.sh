@@ -51,7 +51,9 @@ site=""
 if compgen -G "$here/.whl/*.whl" >/dev/null; then
   site="${TMPDIR:-/tmp}/tessera-lab-site"
   "$py" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
-    "$here"/.whl/*.whl >"$OUT/wheels.log" 2>&1 || { echo "meta fail installing .whl/ wheels (see wheels.log)" >&2; exit 2; }
+    "$here"/.whl/*.whl >"$OUT/wheels.log" 2>&1 || {
+    echo "meta fail installing .whl/ wheels into $("$py" -V 2>&1) (see wheels.log; a wheel for another Python version? fetch them with scripts/gpu_wheels.sh $("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null))" \
+      | tee "$OUT/summary.txt" >&2; exit 2; }
 fi
 cli=("$py" -m tessera_lab)
 verify=("$py" "$here/scripts/gpu_check_verify.py")
@@ -70,7 +72,7 @@ skipped=0
   echo "git_status $(git -C "$here" status --porcelain 2>/dev/null | wc -l | tr -d ' ') changed path(s) (0 when no .git)"
   echo "sources_sha256 $(cd "$here" && find tessera_lab scripts -type f \( -name '*.py' -o -name '*.sh' \) | LC_ALL=C sort \
     | xargs sha256sum | sha256sum | cut -c1-16)"
-  echo "host $(hostname) cores $(nproc) load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "host $(hostname) cores $(nproc --all) load $(cut -d' ' -f1-3 /proc/loadavg)"
   if [ "$rehearse" = 0 ]; then nvidia-smi 2>&1 || echo "nvidia-smi: not available"; nvidia-smi topo -m 2>&1 || true; fi
   "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl",
             ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
@@ -85,7 +87,8 @@ fi
 missing=$("$py" -c 'import importlib.util as u
 print(" ".join(m for m in ("numpy", "pandas", "matplotlib", "seaborn", "tqdm", "filelock", "highspy")
                if u.find_spec(m) is None))' 2>&1)
-echo "wheels ${site:-none} missing ${missing:-none}" >> "$OUT/meta.txt"
+wheels=none; [ -n "$site" ] && wheels="$(cd "$here/.whl" && ls *.whl | tr '\n' ' ')installed into $site"
+echo "wheels ${wheels} missing ${missing:-none}" >> "$OUT/meta.txt"
 if [ -n "$missing" ]; then
   echo "meta fail $py lacks: $missing; fetch wheels with scripts/gpu_wheels.sh on a machine with an index, or set PYTHON" | tee -a "$summary" >&2
   exit 2

@@ -18,3 +18,5 @@ for n in 17 24 27 28 31 34; do plats+=(--platform "manylinux_2_${n}_x86_64"); do
 "$py" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: --python-version "$ver" \
   --implementation cp "${plats[@]}" --platform manylinux2014_x86_64 -d "$here/.whl" highspy
 ls -l "$here/.whl"
+echo "next: copy .whl/ (git-ignored) with the checkout to the GPU machine, whose python -V must be $ver, and run" \
+  "OUT=/path/to/results scripts/gpu_check.sh there"
