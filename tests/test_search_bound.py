@@ -46,11 +46,12 @@ def sample(model, gpus: int, seqs: int, per_family: int) -> list[S.Layout]:
 
 
 def ratios(name: str, gpus: int, seqs: int, per_family: int) -> list[tuple[S.Layout, float, float, dict]]:
-    """``(layout, time bound, memory bound, planner row)`` for :func:`sample`'s layouts, every one planned."""
+    """``(layout, time bound, memory bound, planner row)`` for :func:`sample`'s layouts, every one planned (the
+    time bound as the search prunes with it once it reaches a layout: ``tight_time``, at least ``time``)."""
     model = load_model(name)
     cluster = S.search_cluster("H200", gpus)
     bounds = S._Bounds(model, 4096, cluster)
-    return [(lay, bounds.time(lay), bounds.memory(lay), S.plan_layout(model, lay, 4096, cluster))
+    return [(lay, bounds.tight_time(lay), bounds.memory(lay), S.plan_layout(model, lay, 4096, cluster))
             for lay in sample(model, gpus, seqs, per_family)]
 
 
@@ -111,6 +112,20 @@ def test_bounds_below_plans_where_groups_straddle_a_gb200_rack():
         r = S.plan_layout(model, lay, 4096, cluster)
         if "iteration_time_s" in r:
             planned += 1
-            assert bounds.time(lay) <= r["iteration_time_s"] * (1 + 1e-9), (lay, r["iteration_time_s"])
+            assert bounds.tight_time(lay) <= r["iteration_time_s"] * (1 + 1e-9), (lay, r["iteration_time_s"])
             assert bounds.memory(lay) <= r["peak_memory_gib"] * 2**30 * (1 + 1e-9), lay
     assert planned >= 5
+
+
+def test_tight_bound_near_the_plan_without_a_bubble():
+    # one stage, no pipeline bubble: what the tight bound leaves out is little (computed: 0.989 and 0.995 of the
+    # planned iteration, against 0.91 and 0.41 for the lane-sum bound the search sorts by; the FSDP layout's
+    # per-layer gathers are in its own costs only)
+    model = load_model("qwen3-next-80b-a3b")
+    cluster = S.search_cluster("H200", 64)
+    bounds = S._Bounds(model, 4096, cluster)
+    for lay in (S.Layout(1, 1, 64, 1, 1, 4, 1, "overlapped", "selective", "alltoall"),
+                S.Layout(1, 1, 16, 1, 4, 4, 1, "overlapped", "selective", "deepep", fsdp=True)):
+        planned = S.plan_layout(model, lay, 4096, cluster)["iteration_time_s"]
+        assert 0.98 * planned <= bounds.tight_time(lay) <= planned * (1 + 1e-9), lay
+    assert bounds.tight_time(lay) > 2 * bounds.time(lay)

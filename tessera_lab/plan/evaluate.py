@@ -182,6 +182,26 @@ def _fixed_schedule(name: str, pp: int, m: int, vpp: int):
     return schedule, compile_schedule(schedule)
 
 
+@lru_cache(maxsize=256)
+def stage_action_counts(name: str, pp: int, m: int, vpp: int) -> tuple[tuple[int, int, int, int, int], ...]:
+    """Per virtual stage ``s`` of the fixed schedule ``name`` (one that depends on ``(pp, m, vpp)`` only, not
+    :data:`DURATION_DEPENDENT_SCHEDULES`): how many actions the simulator charges stage ``s``'s times, as
+    ``(OVERLAP_F_B pairs whose backward runs on s, F, B, I, W run alone)``. A pair runs for its backward stage's
+    pair makespan (:func:`~tessera_lab.pipeline.simulate.stage_durations`), so a forward inside a pair is charged
+    nothing of its own; a rank runs its actions one after another, so a rank's busy time is the sum of these
+    counts times its stages' action times (:func:`tessera_lab.plan.search_bounds.paired_lower_bound`)."""
+    schedule, _ = _fixed_schedule(name, pp, m, vpp)
+    col = {ActionType.F: 1, ActionType.B: 2, ActionType.I: 3, ActionType.W: 4}
+    out = [[0] * 5 for _ in range(pp * vpp)]
+    for acts in schedule.actions.values():
+        for a in acts:
+            if a.type is ActionType.OVERLAP_F_B:
+                out[a.sub_actions[1].stage][0] += 1
+            elif a.type in col:
+                out[a.stage][col[a.type]] += 1
+    return tuple(tuple(row) for row in out)
+
+
 def stage_p2p_times(model: ModelSpec, per: Sequence[tuple[CostModel, StageCostModel]], S: int, pp: int
                     ) -> list[float]:
     """Seconds of one micro-batch's transfer from virtual stage ``s`` to ``s + 1``, per ``s < S`` (``pp`` ranks,

@@ -73,6 +73,9 @@ class Candidate:
     lower_bound_s: float
     memory_bound_bytes: float
     result: dict[str, Any] | None = None
+    #: whether ``lower_bound_s`` is :meth:`~tessera_lab.plan.search_bounds._Bounds.tight_time` (set when the search
+    #: reaches the candidate, which it does in the order of :meth:`~tessera_lab.plan.search_bounds._Bounds.time`)
+    tight_bound: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """The layout's fields (``recompute_modules``: the modules recomputed as planned, the default set written out
@@ -344,7 +347,10 @@ def _next_batch(cands: list[Candidate], i: int, threshold: float, bounds: _Bound
                 skipped: list[Candidate]) -> tuple[list[Candidate], int]:
     """Up to :data:`BATCH` candidates to plan from position ``i`` on; those whose memory bound exceeds the
     capacity are passed over (their ``memory_bound_bytes`` says so), those whose time bound reaches ``threshold``
-    are appended to ``skipped``. Returns the batch and the next position."""
+    are appended to ``skipped``, first the bound they were sorted by, then, once reached, their tight bound
+    (:meth:`~tessera_lab.plan.search_bounds._Bounds.tight_time`, built only for the candidates reached; the order
+    stays that of the first bound, since the tight one leaves out the pipeline bubble of virtual stages and would
+    put layouts with a large bubble first). Returns the batch and the next position."""
     batch = []
     while len(batch) < BATCH and i < len(cands):
         c = cands[i]
@@ -358,6 +364,11 @@ def _next_batch(cands: list[Candidate], i: int, threshold: float, bounds: _Bound
             c.memory_bound_bytes = bounds.memory(c.layout)
         if c.memory_bound_bytes > capacity:
             continue
+        if not c.tight_bound:  # the bound from the layout's own costs, built only for the candidates reached
+            c.tight_bound, c.lower_bound_s = True, bounds.tight_time(c.layout)
+            if c.lower_bound_s >= threshold:
+                skipped.append(c)
+                continue
         batch.append(c)
     return batch, i
 

@@ -28,6 +28,12 @@ class _Group:
     #: the longest backward ``mlp`` node of the layer kinds, seconds (:func:`~tessera_lab.plan.stages.mlp_node_b_s`):
     #: no paired forward's host waits hide behind more
     mlp_queued_max: float = 0.0
+    #: per entry: (F, I, W) phase times (seconds per micro-batch, host/sync not included) and the decoder layer's kind
+    #: (``None``: embedding, head), for :func:`busy_lower_bound`
+    phases: list[tuple[float, float, float]] = field(default_factory=list)
+    kinds: list[str | None] = field(default_factory=list)
+    #: per layer kind: its backward ``mlp`` node, seconds
+    mlp_queued: dict[str, float] = field(default_factory=dict)
 
     def sums(self) -> tuple[float, float, float]:
         """(sum of compute, of communication, the largest entry's compute), seconds."""
@@ -74,17 +80,19 @@ def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster, cos
     from tessera_lab.plan.stages import mlp_node_b_s
 
     by_kind: dict[str, Any] = {}
-    queued = 0.0
+    queued: dict[str, float] = {}
     for layer in model.stack.layers:
         if layer.kind not in by_kind:
             lt = layer_tasks(model, layer, par)
             by_kind[layer.kind] = cm.layer_cost(lt)
-            queued = max(queued, mlp_node_b_s(cm, lt))
+            queued[layer.kind] = mlp_node_b_s(cm, lt)
     costs = [cm.layer_cost(embedding_tasks(model, par)), *(by_kind[ly.kind] for ly in model.stack.layers),
              cm.layer_cost(head_tasks(model, par))]
     return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs],
                   [c.F.comm + c.B.comm + c.W.comm for c in costs],
-                  [c.F.time + c.B.time + c.W.time for c in costs], [c.F.time + c.B.time for c in costs], queued)
+                  [c.F.time + c.B.time + c.W.time for c in costs], [c.F.time + c.B.time for c in costs],
+                  max(queued.values()), [(c.F.time, c.B.time, c.W.time) for c in costs],
+                  [None, *(ly.kind for ly in model.stack.layers), None], queued)
 
 
 #: schedules that split the backward and may defer W past a rank's last B
@@ -138,6 +146,52 @@ def time_lower_bound(group: _Group, layout: Layout, sync_s: float = 0.0) -> floa
     return m * max(busy, top)
 
 
+def pair_shares(pairs: dict[tuple[str, str], float]) -> dict[str, float]:
+    """Per layer kind ``k``, seconds ``a(k) + b(k)`` with ``a(kf) + b(kb) <= pairs[(kf, kb)]`` for every pair of
+    kinds (``pairs``: pair makespans, seconds, keyed (forward kind, backward kind)): ``b(kb)`` is half the cheapest
+    pair with that backward, ``a(kf)`` the most the pairs with that forward leave. A stage's steady state pairs
+    each of its layers' forwards with one of its layers' backwards
+    (:func:`~tessera_lab.overlap.table.stage_pair_cost`), so its pair sum is at least its layers' shares summed,
+    whatever the partition; with one kind the share is that kind's pair exactly."""
+    kinds = sorted({k for pair in pairs for k in pair})
+    b = {kb: min(pairs[(kf, kb)] for kf in kinds) / 2 for kb in kinds}
+    a = {kf: min(pairs[(kf, kb)] - b[kb] for kb in kinds) for kf in kinds}
+    return {k: a[k] + b[k] for k in kinds}
+
+
+def busy_lower_bound(group: _Group, layout: Layout, shares: dict[str, float], sync: list[float],
+                       counts: tuple[tuple[int, int, int, int, int], ...]) -> float:
+    """Seconds the busiest rank of ``layout`` is busy at least, over every partition.
+
+    The simulator runs a rank's actions one after another (:mod:`tessera_lab.pipeline.engine`); an
+    ``OVERLAP_F_B`` pair is charged its backward stage's pair makespan, the stage's layer pairs plus its embedding or
+    head run alone (:meth:`~tessera_lab.plan.stages.StageCostModel.fb`), and an F, B, I or W run alone its phase
+    times (F with its host/sync). So the ranks together are busy ``sum_s n_s . t_s`` (``counts[s]``: stage ``s``'s
+    pairs and lone F, B, I, W, :func:`~tessera_lab.plan.evaluate.stage_action_counts`; ``t_s``: their times), a sum
+    of per-layer terms in which a layer's pair time is at least its kind's share (``shares``,
+    :func:`pair_shares`, host waits the paired backward does not hide included; empty without pairs); a layer may
+    sit on any stage, so it adds at least its least term over the stages, the embedding its term on stage 0 and
+    the head on the last. The busiest rank holds at least the mean over ``pp`` ranks. ``group``: the layout's
+    per-entry phase times (its own cost group: Megatron FSDP's collectives included) and kinds; ``sync``:
+    host/sync seconds per entry's forward."""
+    last = len(counts) - 1
+
+    def term(n, f, i, w, pair):
+        return n[0] * pair + n[1] * f + n[2] * (i + w) + n[3] * i + n[4] * w
+
+    total, memo = 0.0, {}
+    for e, ((f, i, w), kind, x) in enumerate(zip(group.phases, group.kinds, sync)):
+        if kind is None:  # the embedding (stage 0) or the head (the last stage): its pair time is its F + B + W
+            n = counts[0 if e == 0 else last]
+            total += term(n, f, i, w, f + i + w)
+            continue
+        key = (kind, x)
+        if key not in memo:
+            memo[key] = min(term(n, f + x, i, w, shares.get(kind, 0.0)) for n in set(counts))
+        total += memo[key]
+    return total / layout.pp
+
+
 def memory_lower_bound(model: ModelSpec, tasks: list, layout: Layout, seq_len: int) -> float:
     """Bytes the busiest rank holds at least, over every partition (``tasks``: :func:`kind_tasks` of the layout's
     cost group). Rank ``r`` keeps ``f_r`` micro-batches of its entries' activations in flight
@@ -173,6 +227,7 @@ class _Bounds:
         self.groups: dict[tuple, _Group] = {}
         self.tasks: dict[tuple, list] = {}
         self.sync: dict[tuple, float] = {}
+        self.pairs: dict[tuple, tuple[dict[str, float], list[float]]] = {}  # tight_time's, by cost group
         self.cost_models: dict = {}
         self.moe_layers = sum(1 for ly in model.stack.layers if ly.ffn == "moe")
 
@@ -198,6 +253,37 @@ class _Bounds:
             self.sync[key] = self.moe_layers * (paired_exposed_s(waits, group.mlp_queued_max)
                                                 if layout.schedule in OVERLAPPED_SCHEDULES else waits)
         return time_lower_bound(group, layout, self.sync[key])
+
+    def tight_time(self, layout: Layout) -> float:
+        """:meth:`time`, raised to :func:`busy_lower_bound` with the layout's own costs (its cost group with Megatron
+        FSDP's gathers and reduce-scatters where it has them), its schedule's action counts and, for an EP-overlap
+        schedule, the layer pair costs (:func:`~tessera_lab.plan.stages.layer_pair_costs`); built on first use, so
+        the search asks only for the candidates it reaches."""
+        from tessera_lab.cost.analytic import CostModel
+        from tessera_lab.cost.sync import paired_exposed_s, planner_per_layer_s
+        from tessera_lab.plan.evaluate import DURATION_DEPENDENT_SCHEDULES, stage_action_counts
+        from tessera_lab.plan.stages import cost_key_parallel, layer_pair_costs
+
+        loose = self.time(layout)
+        group = self.group(layout)
+        gkey = (layout.cost_group(), layout.schedule in OVERLAPPED_SCHEDULES)
+        got = self.pairs.get(gkey)
+        if got is None:
+            par = layout.parallel(self.seq_len)
+            waits = planner_per_layer_s(par, model=self.model)
+            shares: dict[str, float] = {}
+            if gkey[1]:
+                key = cost_key_parallel(par)
+                pairs = layer_pair_costs(self.model, key, CostModel(self.cluster, key))
+                moe = {ly.kind for ly in self.model.stack.layers if ly.ffn == "moe"}
+                shares = pair_shares({(kf, kb): v + (paired_exposed_s(waits, group.mlp_queued[kb]) if kf in moe
+                                                     else 0.0) for (kf, kb), v in pairs.items()})
+            sync = [0.0, *(waits if ly.ffn == "moe" else 0.0 for ly in self.model.stack.layers), 0.0]
+            got = self.pairs[gkey] = (shares, sync)
+        m, S = layout.microbatches, layout.pp * layout.vpp
+        counts = (((0, m, m, 0, 0),) * S if layout.schedule in DURATION_DEPENDENT_SCHEDULES
+                  else stage_action_counts(layout.schedule, layout.pp, m, layout.vpp))
+        return max(loose, busy_lower_bound(group, layout, got[0], got[1], counts))
 
     def memory(self, layout: Layout) -> float:
         key = layout.cost_group()
