@@ -115,7 +115,10 @@ def test_band_per_family_and_model():
                         "Qwen--Qwen3-VL-30B-A3B-Instruct_config.json"))
     assert vl.model_type == "qwen3_vl_moe_text"
     band = H.published_mfu_band(vl)
-    assert [b["name"] for b in band["bands"]] == ["tessera"] and (band["lo"], band["hi"]) == (0.297, 0.390)
+    assert [b["name"] for b in band["bands"]] == ["tessera", "megatron_bridge"]
+    assert (band["bands"][0]["lo"], band["bands"][0]["hi"]) == (0.297, 0.390)
+    # and, loaded from its config.json as from the shipped copy below, qwen3-30b-a3b's runs stand in for it
+    assert f"qwen3-30b-a3b (stand-in for {vl.name}) on H100" in band["bands"][1]["source"]
     # shipped models of one family (one config reader) and kind stand in for each other: deepseek-v3 for
     # deepseek-v3.2 (same reader, MoE), qwen3-30b-a3b for the shipped Qwen3-VL MoE (the Qwen3 reader, nearest in
     # parameters: 30.5 B both); the dense qwen3-8b gets none (no dense Qwen3 run)
@@ -193,3 +196,20 @@ def test_width_headline_is_the_reproduce_crossing():
     for p in points:
         want = H.width_at_hidden_share(list(ok["width"]), list(ok["hidden_fraction"]), p["paper_hidden"])
         assert p["width_reaching_hidden"] == want
+
+
+def test_band_of_a_config_json_model(tmp_path):
+    # a model loaded from a config.json has no shipped name: the published run of the same family reader and kind
+    # closest in size stands in for it, named, as for a shipped model without runs (DeepSeek-V3's own config:
+    # deepseek-v3's runs, 338 / 989 at most)
+    import shutil
+
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.paths import data_dir
+
+    cfg = tmp_path / "my-model.json"
+    shutil.copy(data_dir() / "models" / "deepseek-v3.json", cfg)
+    spec = load_model(str(cfg))
+    band = H.published_mfu_band(spec)
+    assert band["hi"] == pytest.approx(338 / 989)
+    assert f"deepseek-v3 (stand-in for {spec.name}) on H100" in band["bands"][0]["source"]

@@ -94,6 +94,7 @@ def published_mfu_band(model: Any = None) -> dict[str, Any]:
         (``scale`` then says so: a model of millions of parameters runs kernels too small to compare).
     """
     name, model_type, moe = _model_key(model)
+    total = None
     if model is not None:
         spec = model if not isinstance(model, str) else None
         total = (spec.param_counts().total if spec is not None else _shipped_params(name))
@@ -102,7 +103,7 @@ def published_mfu_band(model: Any = None) -> dict[str, Any]:
             return {"lo": None, "hi": None, "bands": [], "family": model_type,
                     "scale": f"{_count(total)} parameters, under {BAND_MIN_SCALE:g} x the smallest model with a "
                              f"published run ({small_name}, {smallest / 1e9:.1f} B; computed)"}
-    return _band(name, band_type(model_type) if moe else model_type, model_type)
+    return _band(name, band_type(model_type) if moe else model_type, model_type, total, moe)
 
 
 def _count(n: float) -> str:
@@ -131,8 +132,11 @@ def _smallest_published() -> tuple[float, str]:
 
 
 @functools.lru_cache(maxsize=32)
-def _band(name: str, family_type: str, model_type: str) -> dict[str, Any]:
-    """The bands of ``name``, whose ``model_type`` takes the family of ``family_type`` (:func:`band_type`)."""
+def _band(name: str, family_type: str, model_type: str, total: float | None = None, moe: bool | None = None
+          ) -> dict[str, Any]:
+    """The bands of ``name``, whose ``model_type`` takes the family of ``family_type`` (:func:`band_type`);
+    ``total`` (parameters) and ``moe``: the model's own, for a model that is not shipped (a config.json), else read
+    from the shipped model."""
     from tessera_lab.model.hardware import hardware_data
     from tessera_lab.paths import read_data_json
 
@@ -149,7 +153,7 @@ def _band(name: str, family_type: str, model_type: str) -> dict[str, Any]:
                       "source": f"Tessera paper, {label} at {span} GPUs"})
     all_runs = read_data_json("published/megatron_bridge.json", "published runs")["runs"]
     mb_model = (name if any(r["model"] == name and r["gpu"] == MB_BAND_GPU for r in all_runs)
-                else MB_PROXY.get(family_type) or _same_type_stand_in(name, model_type, all_runs))
+                else MB_PROXY.get(family_type) or _same_type_stand_in(name, model_type, all_runs, total, moe))
     runs = [r for r in all_runs if r["model"] == mb_model and r["gpu"] == MB_BAND_GPU]
     if runs:
         peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items()
@@ -182,23 +186,27 @@ def band_type(model_type: str) -> str:
     return next((t for t in PAPER_FAMILY if reader_for(t) is reader), model_type)
 
 
-def _same_type_stand_in(name: str, model_type: str, runs: list[dict]) -> str | None:
+def _same_type_stand_in(name: str, model_type: str, runs: list[dict], total: float | None = None,
+                        moe: bool | None = None) -> str | None:
     """The published model of the same model family (one reader of :mod:`tessera_lab.model.families`: the same
     architecture at another size or revision, e.g. gpt-oss-120b for gpt-oss-20b, deepseek-v3 for deepseek-v3.2,
     qwen3-30b-a3b for Qwen3-VL's MoE text model) and the same kind (MoE or dense) with a run on
-    :data:`MB_BAND_GPU`, closest to ``name`` in total parameters (by ratio); None when there is none or ``name`` is
-    not a shipped model."""
+    :data:`MB_BAND_GPU`, closest to ``name`` in total parameters (by ratio; ``total`` and ``moe``: the model's own,
+    given for a model loaded from a config.json, else read from the shipped model ``name``); None when there is
+    none, or when ``name`` is not shipped and they are not given."""
     from tessera_lab.errors import ConfigError
     from tessera_lab.model.families import reader_for
     from tessera_lab.model.spec import load_model
 
     try:
-        total, spec, family = _shipped_params(name), load_model(name), reader_for(model_type)
+        family = reader_for(model_type)
+        if total is None or moe is None:
+            total, moe = _shipped_params(name), bool(load_model(name).has_moe)
     except (ConfigError, OSError):
         return None
     same = {r["model"] for r in runs if r["gpu"] == MB_BAND_GPU and r["model"] != name
             and reader_for(load_model(r["model"]).model_type) is family
-            and load_model(r["model"]).has_moe == spec.has_moe}
+            and bool(load_model(r["model"]).has_moe) == moe}
     return min(same, key=lambda m: abs(math.log(_shipped_params(m) / total)), default=None)
 
 
