@@ -28,16 +28,23 @@ __all__ = ["StepClock", "SYNC_DEBUG_ENV", "sync_debug", "sync_debug_mode"]
 SYNC_DEBUG_ENV = "TESSERA_LAB_SYNC_DEBUG"
 
 
+#: the values ``torch.cuda.set_sync_debug_mode`` takes (torch/cuda/__init__.py: ``"default"`` or 0 off, ``"warn"`` or 1,
+#: ``"error"`` or 2), each spelled as a string in the environment, to the mode set (None: off)
+SYNC_DEBUG_VALUES = {"": None, "default": None, "0": None, "warn": "warn", "1": "warn", "error": "error", "2": "error"}
+
+
 def sync_debug_mode() -> str | None:
-    """``"warn"``, ``"error"`` or None (unset or empty) from :data:`SYNC_DEBUG_ENV`.
+    """``"warn"``, ``"error"`` or None (off: unset, empty, ``default`` or ``0``) from :data:`SYNC_DEBUG_ENV`, which
+    takes what ``torch.cuda.set_sync_debug_mode`` takes (:data:`SYNC_DEBUG_VALUES`).
 
     Raises:
         ValueError: any other value (one line naming the variable, the value and the allowed ones).
     """
     mode = os.environ.get(SYNC_DEBUG_ENV, "").strip()
-    if mode in ("", "warn", "error"):
-        return mode or None
-    raise ValueError(f"{SYNC_DEBUG_ENV} = {mode!r} is not allowed; allowed: warn, error or unset")
+    if mode in SYNC_DEBUG_VALUES:
+        return SYNC_DEBUG_VALUES[mode]
+    raise ValueError(f"{SYNC_DEBUG_ENV} = {mode!r} is not allowed; allowed: warn or 1, error or 2, default or 0 "
+                     "(off), or unset (torch.cuda.set_sync_debug_mode's values)")
 
 
 @contextlib.contextmanager
