@@ -557,7 +557,7 @@ def table_rows(rows: list[dict]) -> list[list]:
     out = []
     for r in rows:
         out.append([r["id"], r["source_family"], r["split"], r["precision_label"],
-                    f"{r['published']['iteration_s']:.3f}", SHORT_BASIS.get(r["published"].get("basis"), "?"),
+                    f"{r['published']['iteration_s']:.3f}", basis_label(r["published"].get("basis"), short=True),
                     f"{r['predicted']['iteration_s']:.3f}",
                     f"{r['error']:+.1%}", f"{r.get('error_without_sync', r['error']):+.1%}",
                     round(r["tflops_per_gpu_at_published_time"]), round(r["predicted_tflops_per_gpu"], 1),
@@ -565,13 +565,27 @@ def table_rows(rows: list[dict]) -> list[list]:
     return out
 
 
-#: the main table's short words for the published time's basis: the page's step time (cited) or computed from
-#: its tokens/s or Model TFLOP/s per GPU
-SHORT_BASIS = {"step time": "step (cited)", "tokens/s per GPU": "tok/s (computed)",
-               "Model TFLOP/s per GPU": "TFLOP/s (computed)"}
+#: the published time's basis (``published.basis``) -> (the main table's short word, the Markdown table's words,
+#: provenance): the page's step time is cited, the others computed from its tokens/s or Model TFLOP/s per GPU
+BASIS = {"step time": ("step", "step time", "cited"), "tokens/s per GPU": ("tok/s", "tokens/s per GPU", "computed"),
+         "Model TFLOP/s per GPU": ("TFLOP/s", "Model TFLOP/s per GPU", "computed")}
+
+
+def basis_label(basis: str | None, short: bool = False) -> str:
+    """``step (cited)`` (short) or ``step time (cited)``: what a published time comes from; ``?`` for an unknown
+    basis."""
+    if basis not in BASIS:
+        return "?"
+    words = BASIS[basis]
+    return f"{words[0] if short else words[1]} ({words[2]})"
+
+
 HEADERS = ["run", "source\nfamily", "\nsplit", "precision\n(per source)", "iteration s\npublished",
-           "published\ns from", "iteration s\npredicted", "\n\nerror", "error\nwithout\nsync term", "Model\nTFLOP/s/GPU\nat published",
-           "Model\nTFLOP/s/GPU\npredicted", "memory\npeak\nGiB/GPU", "memory\ncapacity\nGiB/GPU", "\n\nfits"]
+           "published\ns from", "iteration s\npredicted", "\n\nerror", "error\nwithout\nsync term",
+           "Model\nTFLOP/s/GPU\nat published", "Model\nTFLOP/s/GPU\npredicted", "memory\npeak\nGiB/GPU",
+           "memory\ncapacity\nGiB/GPU", "\n\nfits"]
+
+
 def tflops_line(rows: list[dict], tolerance: float = 0.02) -> str:
     """What the Model TFLOP/s columns are (this model's FLOPs of an iteration, Megatron-LM's convention with MTP
     layers counted, over the published or the predicted time: computed) and, where a source states its own Model
@@ -620,10 +634,6 @@ MARKDOWN_HEADERS = ("run", "source family", "split", "published s", "published s
 
 
 #: the markdown table's words for :func:`~tessera_lab.report.fidelity_set.published_iteration_s`'s basis
-BASIS_WORDS = {"step time": "step time (cited)", "tokens/s per GPU": "tokens/s per GPU (computed)",
-               "Model TFLOP/s per GPU": "Model TFLOP/s per GPU (computed)"}
-
-
 def markdown_table(rows: list[dict]) -> str:
     """The per-run table docs/reproduce.md quotes, as Markdown (one line per row, ending in a newline): id, source
     family, split, published iteration seconds (3 decimals) and what they come from (``published.basis``: the
@@ -634,7 +644,7 @@ def markdown_table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(MARKDOWN_HEADERS) + " |", "|" + "---|" * len(MARKDOWN_HEADERS)]
     for r in rows:
         cells = [r["id"], r["source_family"], r["split"], f"{r['published']['iteration_s']:.3f}",
-                 BASIS_WORDS.get(r["published"].get("basis"), "?"), f"{r['predicted']['iteration_s']:.3f}", f"{r['error']:+.1%}",
+                 basis_label(r["published"].get("basis")), f"{r['predicted']['iteration_s']:.3f}", f"{r['error']:+.1%}",
                  f"{r.get('error_without_sync', r['error']):+.1%}", r["parallel"]["dispatcher"]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
