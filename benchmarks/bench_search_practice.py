@@ -17,9 +17,9 @@ that are not layout choices apply to every candidate of its search alike (:class
 search through its ``layouts`` argument): precision (FP8 runs are searched in FP8), Adam moment and gradient dtypes,
 the published routing balance, the recipes' cross-entropy fusion, Megatron-Core's contiguous expert grid and the MTP
 layers the recipe trains (``mtp_num_layers``, planned after the decoder layers as ``plan --mtp``). The
-recipe's own recompute modules and Megatron FSDP, which the search's space does not vary, are kept on the recipe's
-layout; a recipe layout the enumeration does not produce (such a setting, or a VPP, micro-batch size or schedule
-outside the search's values) is added to the candidates when the planner accepts it (Megatron-Core can run it), and
+recipe's own recompute modules and Megatron FSDP are kept on the recipe's layout; a recipe layout the enumeration
+does not produce (modules the search does not try, or a VPP, micro-batch size or schedule outside the search's
+values) is added to the candidates when the planner accepts it (Megatron-Core can run it), and
 the row names the dimension. Both sides get the planner's partition (a recipe's fixed pipeline split is listed, not
 imposed).
 
@@ -27,12 +27,12 @@ Ranking agreement of the Megatron-MoE-ModelZoo Qwen3 table (several layouts of o
 step times): :func:`bench_modelzoo_ranking.rank_agreement` over the layouts ``bench_modelzoo_ranking.py`` plans
 (``--no-modelzoo`` skips it).
 
-Budget: each search plans at most ``--max-plans`` layouts (default 12, planned in batches of 8, so 16; ``--top`` 3),
-which keeps the whole benchmark to a few CPU minutes; where that budget leaves the recipe's layout faster than the
-best found and candidates unplanned, the search runs again with ``--retry-plans`` (default 48; 0, or a budget not
-above ``--max-plans``: no second search). The row says how
-many candidates the budget left unplanned and the smallest lower bound among them (none of them can be faster than
-that bound). CPU seconds per run are printed.
+Budget: each search plans at most ``--max-plans`` layouts (default 210, the search's own default, so what a
+researcher running ``tessera-lab search`` gets; planned in batches of 8, so 216; ``--top`` 3); with
+``--retry-plans`` N above it (default 0: none), where that budget leaves the recipe's layout faster than the best
+found and candidates unplanned, the search runs again with N. The row says how many candidates the budget left
+unplanned and the smallest lower bound among them (none of them can be faster than that bound). CPU seconds per run
+are printed.
 
 Megatron-Core's schedules (:func:`megatron_runs`): the best found may use a schedule of this project's own (ZB-H1,
 ZB-H2, or the overlapped 1F1B of several stages without virtual stages, which Megatron-Core's EP overlap refuses);
@@ -58,9 +58,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-MAX_PLANS = 12
+#: the search's own default budget (``tessera-lab search``'s ``--max-plans``, :data:`tessera_lab.plan.search.
+#: DEFAULT_MAX_PLANS`; tests/test_search_practice_budget.py checks they agree)
+MAX_PLANS = 210
 TOP = 3
-RETRY_PLANS = 48
+RETRY_PLANS = 0
 
 
 def _recipe_layout_class():
