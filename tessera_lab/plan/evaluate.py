@@ -189,7 +189,7 @@ def stage_action_counts(name: str, pp: int, m: int, vpp: int) -> tuple[tuple[int
     ``(OVERLAP_F_B pairs whose backward runs on s, F, B, I, W run alone)``. A pair runs for its backward stage's
     pair makespan (:func:`~tessera_lab.pipeline.simulate.stage_durations`), so a forward inside a pair is charged
     nothing of its own; a rank runs its actions one after another, so a rank's busy time is the sum of these
-    counts times its stages' action times (:func:`tessera_lab.plan.search_bounds.paired_lower_bound`)."""
+    counts times its stages' action times (:func:`tessera_lab.plan.search_bounds.busy_lower_bound`)."""
     schedule, _ = _fixed_schedule(name, pp, m, vpp)
     col = {ActionType.F: 1, ActionType.B: 2, ActionType.I: 3, ActionType.W: 4}
     out = [[0] * 5 for _ in range(pp * vpp)]

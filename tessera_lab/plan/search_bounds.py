@@ -23,17 +23,18 @@ class _Group:
 
     compute: list[float]  # F+B+W compute seconds per micro-batch, per entry
     comm: list[float] = field(default_factory=list)  # F+B+W communication seconds per micro-batch, per entry
-    phase: list[float] = field(default_factory=list)  # F+B+W PhaseCost.time per micro-batch, per entry
-    fb_phase: list[float] = field(default_factory=list)  # F+B PhaseCost.time (W deferred), per entry
-    #: the longest backward ``mlp`` node of the layer kinds, seconds (:func:`~tessera_lab.plan.stages.mlp_node_b_s`):
-    #: no paired forward's host waits hide behind more
-    mlp_queued_max: float = 0.0
-    #: per entry: (F, I, W) phase times (seconds per micro-batch, host/sync not included) and the decoder layer's kind
-    #: (``None``: embedding, head), for :func:`busy_lower_bound`
+    #: per entry: (F, I, W) phase times (``PhaseCost.time``, seconds per micro-batch, host/sync not included) and the
+    #: decoder layer's kind (``None``: embedding, head)
     phases: list[tuple[float, float, float]] = field(default_factory=list)
     kinds: list[str | None] = field(default_factory=list)
-    #: per layer kind: its backward ``mlp`` node, seconds
+    #: per layer kind: its backward ``mlp`` node, seconds (:func:`~tessera_lab.plan.stages.mlp_node_b_s`)
     mlp_queued: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mlp_queued_max(self) -> float:
+        """The longest backward ``mlp`` node of the layer kinds, seconds: no paired forward's host waits hide behind
+        more."""
+        return max(self.mlp_queued.values(), default=0.0)
 
     def sums(self) -> tuple[float, float, float]:
         """(sum of compute, of communication, the largest entry's compute), seconds."""
@@ -42,9 +43,11 @@ class _Group:
         return self._sums
 
     def phase_sums(self) -> tuple[float, float, float]:
-        """(sum of F+B+W phase times, of F+B phase times, the largest entry's F+B+W phase time), seconds."""
+        """(sum of F+B+W phase times, of F+B phase times (W deferred), the largest entry's F+B+W phase time),
+        seconds."""
         if not hasattr(self, "_phase_sums"):
-            self._phase_sums = (sum(self.phase), sum(self.fb_phase), max(self.phase))
+            whole = [f + i + w for f, i, w in self.phases]
+            self._phase_sums = (sum(whole), sum(f + i for f, i, _ in self.phases), max(whole))
         return self._phase_sums
 
 
@@ -89,9 +92,7 @@ def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster, cos
     costs = [cm.layer_cost(embedding_tasks(model, par)), *(by_kind[ly.kind] for ly in model.stack.layers),
              cm.layer_cost(head_tasks(model, par))]
     return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs],
-                  [c.F.comm + c.B.comm + c.W.comm for c in costs],
-                  [c.F.time + c.B.time + c.W.time for c in costs], [c.F.time + c.B.time for c in costs],
-                  max(queued.values()), [(c.F.time, c.B.time, c.W.time) for c in costs],
+                  [c.F.comm + c.B.comm + c.W.comm for c in costs], [(c.F.time, c.B.time, c.W.time) for c in costs],
                   [None, *(ly.kind for ly in model.stack.layers), None], queued)
 
 
