@@ -157,6 +157,7 @@ def test_sync_debug_sets_and_restores_the_mode_on_cuda_only(monkeypatch):
     with pytest.raises(ValueError, match=r"^TESSERA_LAB_SYNC_DEBUG = 'loud' is not allowed; allowed: warn or 1, "):
         devtime.sync_debug_mode()
     # torch.cuda.set_sync_debug_mode's own values (torch/cuda/__init__.py), as strings
-    for value, mode in (("default", None), ("0", None), ("1", "warn"), ("2", "error"), (" warn ", "warn")):
+    for value, mode in (("default", None), ("0", None), ("1", "warn"), ("2", "error"), (" warn ", "warn"),
+                        ("WARN", "warn"), ("Error", "error")):
         monkeypatch.setenv(devtime.SYNC_DEBUG_ENV, value)
         assert devtime.sync_debug_mode() == mode, value

@@ -554,6 +554,22 @@ def test_refusals_counted_by_what_they_prove():
     assert refusal_kind(ConfigError("stage model: something else (42)")) == "stage model"
 
 
+def test_an_ilp_limit_refusal_advises_the_search_user():
+    """The search has no ILP limit options: an ILP-limit refusal in its rows names the search's own budget and
+    planning the layout alone, where the planner's line named plan's options as if they were the search's."""
+    from tessera_lab.errors import ConfigError, SolverLimitError
+    from tessera_lab.plan.ilp import limit_text
+
+    budget = S.VIRTUAL_ILP_BUDGET
+    line = S._search_words(SolverLimitError(f"ILP stopped with status NotSolved and no solution within "
+                                            f"{limit_text(budget)}; no heuristic plan fits memory either; allowed: "
+                                            "a larger --ilp-max-binaries / --ilp-max-nodes or a --time-limit"))
+    assert line.endswith("allowed: this layout planned alone with tessera-lab plan and a larger --ilp-max-binaries "
+                         "/ --ilp-max-nodes or a --time-limit")
+    assert f"({budget.max_binaries} binaries, {budget.max_nodes} nodes)" in line
+    assert S._search_words(ConfigError("a: b; allowed: c\nmore")) == "a: b; allowed: c"
+
+
 def test_search_counts_refusal_kinds(small):
     """The search's counts by kind add up to its refusals, and its fields hold what they name (CPU seconds of this
     search, the GPU's capacity in bytes)."""

@@ -108,3 +108,31 @@ def test_the_named_count_passes_the_memory_bound_not_only_the_parameter_state():
     with pytest.raises(TooFewGPUsError) as info:
         S.search(model, 4, gpu="GB200", top=1, max_plans=4)
     assert info.value.needed == 16 and "at least 16 GPUs" in str(info.value)
+
+
+@pytest.mark.parametrize("name,gpus,node", [("qwen3-next-80b-a3b", 256, 8), ("qwen3-next-80b-a3b", 72, 72),
+                                            ("deepseek-v3", 64, 8), ("qwen3-8b", 24, 8)])
+def test_the_suggested_global_batch_is_the_nearest_the_layouts_make(name, gpus, node):
+    """Brute force: every sequence count up to 3 x gpus, whether enumerate_layouts makes it; the suggestion for each
+    target is a count it makes, and none it makes is nearer (ties: the larger)."""
+    model = load_model(name)
+    makes = [k for k in range(1, 3 * gpus + 1) if S.enumerate_layouts(model, gpus, k, gpus_per_node=node,
+                                                                          schedules=("1f1b",), vpps=(2,),
+                                                                          recomputes=("none",))]
+    assert makes
+    for target in (1, 2.5, gpus / 3, gpus - 1, gpus + 0.5, 2 * gpus + 3):
+        got = S.nearest_global_batch(model, gpus, target, gpus_per_node=node)
+        want = min((k for k in makes), key=lambda k: (abs(k - target), -k))
+        if want <= 2 * gpus:  # the brute-force range holds the true nearest
+            assert got == want, (target, got, want)
+
+
+def test_the_batch_errors_suggest_a_batch_the_search_accepts(capsys):
+    model = load_model("qwen3-next-80b-a3b")
+    for tokens in (4096, 1_000_000, 96 * 4096):
+        with pytest.raises(ConfigError) as err:
+            S.search(model, 256, gpu="H200", global_batch_tokens=tokens, top=1, max_plans=1)
+        text = str(err.value)
+        assert "nearest that a micro-batching of 256 GPUs makes" in text and "1 sequences" not in text
+        k = int(text.rsplit(", ", 1)[1].split()[0].replace(",", ""))
+        assert S.enumerate_layouts(model, 256, k, recomputes=("none",))

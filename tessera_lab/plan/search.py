@@ -42,7 +42,8 @@ from tessera_lab.plan.make import make_plan
 # the search space (layouts, what is enumerated) lives in search_space; its names are the search's too
 from tessera_lab.plan.search_space import (Layout, cp_choices, enumerate_layouts, fewest_gpus,  # noqa: F401
                                             gpu_count_ok, gpu_counts_above, gpu_step, overlap_rule_breaks,
-                                            param_key, param_memory_bytes, param_shares, recompute_choices,
+                                            nearest_global_batch, param_key, param_memory_bytes, param_shares,
+                                            recompute_choices,
                                             too_few_gpus, tp_choices)
 from tessera_lab.plan.search_bounds import (  # noqa: F401  (the search's bounds, re-exported for its callers)
     SPLIT_SCHEDULES, _Bounds, _Group, _group, bubble_factor, kind_tasks, memory_lower_bound, time_lower_bound)
@@ -172,6 +173,20 @@ def refusal_kind(exc: Exception) -> str:
     return str(exc).split(":", 1)[0].strip()
 
 
+def _search_words(exc: TesseraError) -> str:
+    """The refusal's first line, its advice in the search's terms: the search has no ILP limit options (it solves
+    every layout at :data:`VIRTUAL_ILP_BUDGET`), so an ILP limit is raised by planning that layout alone."""
+    from tessera_lab.errors import SolverLimitError
+
+    line = str(exc).splitlines()[0]
+    if isinstance(exc, SolverLimitError) and "; allowed:" in line:
+        b = VIRTUAL_ILP_BUDGET
+        line = (f"{line.split('; allowed:', 1)[0]}; the search solves every layout at a fixed ILP work budget "
+                f"({b.max_binaries} binaries, {b.max_nodes} nodes); allowed: this layout planned alone with "
+                "tessera-lab plan and a larger --ilp-max-binaries / --ilp-max-nodes or a --time-limit")
+    return line
+
+
 def plan_layout(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster,
                 boundaries: list[int] | None = None) -> dict[str, Any]:
     """Plan one layout with the planner of ``tessera-lab plan`` (:data:`PLAN_OPTIONS`); the row the search writes
@@ -185,7 +200,7 @@ def plan_layout(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster
             opts.update(method="uniform", baselines=(), boundaries=boundaries)
         pl = make_plan(model, layout.parallel(seq_len), cluster, **opts)
     except TesseraError as exc:
-        return {"error": str(exc).splitlines()[0], "error_kind": refusal_kind(exc), "fits": False}
+        return {"error": _search_words(exc), "error_kind": refusal_kind(exc), "fits": False}
     ev = pl.chosen
     peak = max(ev.rank_memory(layout.pp))
     return {"iteration_time_s": ev.iteration_time_s, "tokens_per_s": ev.tokens_per_s, "mfu": ev.mfu,
@@ -284,11 +299,17 @@ def check_search_inputs(model: ModelSpec, gpus: int, seq_len: int, global_batch_
         raise ConfigError(f"--gpus = {gpus} is out of range; allowed: {allowed} (nearest: "
                           f"{' or '.join(str(n) for n in near)})")
     if global_batch_tokens < seq_len or global_batch_tokens % seq_len:
-        lo = seq_len
         raise ConfigError(f"--global-batch-tokens = {global_batch_tokens:,} is not a whole number of sequences of "
-                          f"--seq-len {seq_len:,} tokens; allowed: a multiple of {lo:,} (e.g. "
-                          f"{max(1, global_batch_tokens // seq_len) * seq_len:,})")
+                          f"--seq-len {seq_len:,} tokens; allowed: a multiple of {seq_len:,}"
+                          f"{_batch_example(model, gpus, global_batch_tokens / seq_len, cluster_node, seq_len)}")
     return global_batch_tokens // seq_len
+
+
+def _batch_example(model: ModelSpec, gpus: int, sequences: float, node: int, seq_len: int) -> str:
+    """' (nearest that some layout makes: N tokens, k sequences)', or '' when no layout structure exists."""
+    k = nearest_global_batch(model, gpus, sequences, gpus_per_node=node, seq_len=seq_len)
+    return "" if k is None else (f" (nearest that a micro-batching of {gpus} GPUs makes: {k * seq_len:,}, "
+                                 f"{k:,} sequence{'s' if k != 1 else ''})")
 
 
 #: default global batch, in sequences of ``--seq-len``
@@ -416,10 +437,10 @@ def search(model: ModelSpec, gpus: int, *, gpu: str = "H200", seq_len: int = 409
     if layouts is None:
         layouts = enumerate_layouts(model, gpus, seqs, gpus_per_node=node, seq_len=seq_len)
     if not layouts:
-        raise ConfigError(f"--global-batch-tokens = {seqs * seq_len:,} ({seqs} sequences) cannot be split over "
-                          f"{gpus} GPUs by any micro-batching; allowed: a multiple of {seq_len:,} tokens whose "
-                          "sequence count the data-parallel replicas divide (e.g. "
-                          f"{max(gpus, seqs - seqs % gpus) * seq_len:,})")
+        raise ConfigError(f"--global-batch-tokens = {seqs * seq_len:,} ({seqs:,} sequence{'s' if seqs != 1 else ''})"
+                          f" cannot be split over {gpus} GPUs by any micro-batching; allowed: a multiple of "
+                          f"{seq_len:,} tokens whose sequence count the data-parallel replicas divide"
+                          f"{_batch_example(model, gpus, seqs, node, seq_len)}")
     bounds = _Bounds(model, seq_len, cluster)
     cands, by_params, lightest = _first_pass(model, list(layouts), seq_len, capacity, bounds)
     if not cands:

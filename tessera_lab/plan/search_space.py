@@ -168,6 +168,17 @@ def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_pe
     more: with one, nothing pairs and Megatron-Core runs plain 1F1B (the 1F1B candidate is that layout).
     Sorted (deterministic)."""
     out = []
+    for pp, ep, tp, dp, spans, cp, dense_dp in _structures(model, gpus, gpus_per_node, seq_len):
+        space = {"schedules": schedules, "vpps": vpps, "recomputes": recompute_choices(model, recomputes),
+                 "dispatchers": dispatchers if model.has_moe and ep > 1 else ("alltoall",),
+                 "micro_batch_sizes": micro_batch_sizes}
+        out += _batch_layouts(model, (pp, ep, tp, dp, spans, cp), dense_dp, global_batch, space)
+    return sorted(out)
+
+
+def _structures(model: ModelSpec, gpus: int, gpus_per_node: int, seq_len: int):
+    """Every ``(pp, ep, tp, dp, spans, cp, dense_dp)`` of ``gpus`` GPUs under the structural rules (module docstring),
+    ``dense_dp`` Megatron's data-parallel size (the replicas a global batch is split over)."""
     moe = model.has_moe
     eps = [e for e in _divisors(model.moe.num_experts) if gpus % e == 0] if moe else [1]
     for tp in tp_choices(model, gpus_per_node):
@@ -180,15 +191,25 @@ def enumerate_layouts(model: ModelSpec, gpus: int, global_batch: int, *, gpus_pe
                     if gpus % per_stage:
                         continue
                     for pp in _divisors(gpus // per_stage):
-                        if pp > model.num_layers:
-                            continue
-                        dp = gpus // per_stage // pp
-                        dense_dp = ep * dp // (tp if spans else 1)
-                        space = {"schedules": schedules, "vpps": vpps, "recomputes": recompute_choices(model, recomputes),
-                                 "dispatchers": dispatchers if moe and ep > 1 else ("alltoall",),
-                                 "micro_batch_sizes": micro_batch_sizes}
-                        out += _batch_layouts(model, (pp, ep, tp, dp, spans, cp), dense_dp, global_batch, space)
-    return sorted(out)
+                        if pp <= model.num_layers:
+                            dp = gpus // per_stage // pp
+                            yield pp, ep, tp, dp, spans, cp, ep * dp // (tp if spans else 1)
+
+
+def nearest_global_batch(model: ModelSpec, gpus: int, sequences: float, *, gpus_per_node: int = 8,
+                         seq_len: int = 4096) -> int | None:
+    """The global batch in sequences nearest ``sequences`` (ties: the larger; at least 1) that some layout of
+    :func:`enumerate_layouts` makes: a multiple of a structure's data-parallel size with at least ``pp``
+    micro-batches of one sequence (the search's smallest micro-batch size). ``None`` when no structure exists."""
+    best = None
+    for pp, *_, dense_dp in _structures(model, gpus, gpus_per_node, seq_len):
+        least = dense_dp * (pp if pp > 1 else 1)
+        for k in (max(least, math.floor(sequences / dense_dp) * dense_dp),
+                  max(least, math.ceil(sequences / dense_dp) * dense_dp)):
+            key = (abs(k - sequences), -k)
+            if best is None or key < best[0]:
+                best = (key, k)
+    return None if best is None else best[1]
 
 
 def _batch_layouts(model, sizes: tuple, dense_dp: int, global_batch: int, space: dict) -> list[Layout]:

@@ -35,15 +35,17 @@ SYNC_DEBUG_VALUES = {"": None, "default": None, "0": None, "warn": "warn", "1": 
 
 def sync_debug_mode() -> str | None:
     """``"warn"``, ``"error"`` or None (off: unset, empty, ``default`` or ``0``) from :data:`SYNC_DEBUG_ENV`, which
-    takes what ``torch.cuda.set_sync_debug_mode`` takes (:data:`SYNC_DEBUG_VALUES`).
+    takes what ``torch.cuda.set_sync_debug_mode`` takes (:data:`SYNC_DEBUG_VALUES`; case and surrounding blanks
+    ignored, as for the other variables a shell sets).
 
     Raises:
         ValueError: any other value (one line naming the variable, the value and the allowed ones).
     """
-    mode = os.environ.get(SYNC_DEBUG_ENV, "").strip()
+    raw = os.environ.get(SYNC_DEBUG_ENV, "")
+    mode = raw.strip().lower()
     if mode in SYNC_DEBUG_VALUES:
         return SYNC_DEBUG_VALUES[mode]
-    raise ValueError(f"{SYNC_DEBUG_ENV} = {mode!r} is not allowed; allowed: warn or 1, error or 2, default or 0 "
+    raise ValueError(f"{SYNC_DEBUG_ENV} = {raw!r} is not allowed; allowed: warn or 1, error or 2, default or 0 "
                      "(off), or unset (torch.cuda.set_sync_debug_mode's values)")
 
 
