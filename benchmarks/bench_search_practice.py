@@ -8,7 +8,10 @@ layout with the search's planner (:func:`tessera_lab.plan.search.plan_layout`: t
 :class:`~tessera_lab.model.hardware.ParallelConfig` defaults as every searched candidate, so the two are comparable).
 Per run it prints the best layout found and its predicted iteration, the recipe layout's predicted iteration, whether
 the best is at least as fast, and where the recipe's layout ranks among the searched candidates that fit (1 + the
-candidates predicted strictly faster).
+candidates predicted strictly faster). Where our memory model refuses the recipe's layout (the run exists, so the gap
+is the memory model's), the recipe is also planned without the memory limit (a GPU of 1 PiB, as
+``bench_public_runs.py`` prices such a run), and a second count compares the best with that time; the first count,
+which counts such a run as a miss, is printed beside it.
 
 The recipe's layout in the search's terms (:func:`recipe_layout`): TP, PP, VPP, EP, CP, the data-parallel replicas,
 micro-batches and micro-batch size, the schedule and the expert grid as ``bench_public_runs.parallel_for`` maps them
@@ -47,6 +50,7 @@ Run: python benchmarks/bench_search_practice.py [--json PATH|-] [--max-plans N] 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import astuple
 import os
@@ -182,7 +186,14 @@ def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict
         left[:] = [x for x in left if "pipeline split" not in x]
         left.append(f"planned with the recipe's own pipeline split ({lay.pp * lay.vpp} virtual stages for "
                     f"{model.num_layers} layers: no other partition places them)")
-    recipe = plan_layout(model, lay, seq, search_cluster(run["gpu"], gpus), boundaries=own_split)
+    cluster = search_cluster(run["gpu"], gpus)
+    recipe = plan_layout(model, lay, seq, cluster, boundaries=own_split)
+    roomy = None
+    if not recipe.get("fits"):
+        # the run exists, so our memory model is what refuses it: its time priced without the memory limit, as
+        # bench_public_runs prices such a run (a GPU of 1 PiB; the partition is then the planner's fastest)
+        big = dataclasses.replace(cluster, gpu=dataclasses.replace(cluster.gpu, memory_bytes=float(2**50)))
+        roomy = plan_layout(model, lay, seq, big, boundaries=own_split).get("iteration_time_s")
     outside = [] if lay in set(space) else (outside_space(model, lay, node, seq) or ["not enumerated"])
     # the planner accepts it (Megatron-Core runs it); not a layout only its own split places (the search partitions)
     added = bool(outside) and "error" not in recipe and own_split is None
@@ -204,6 +215,7 @@ def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict
            "recipe_left_out": left, "recipe_outside_space": outside, "recipe_added_to_space": added,
            "recipe_fits": bool(recipe.get("fits")), "recipe_iteration_s": recipe.get("iteration_time_s"),
            "recipe_peak_gib": recipe.get("peak_memory_gib"), "recipe_error": recipe.get("error"),
+           "recipe_iteration_no_memory_limit_s": roomy,
            "best_layout": best.layout.text() if best else None,
            "best_iteration_s": best.result["iteration_time_s"] if best else None,
            "best_megatron_layout": mega[0].layout.text() if mega else None,
@@ -214,6 +226,10 @@ def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict
     row["recipe_rank"] = (1 + sum(c.result["iteration_time_s"] < rt for c in ranked)) if rt is not None else None
     row["best_at_least_as_fast"] = (best is not None and rt is not None
                                     and row["best_iteration_s"] <= rt * (1 + 1e-9))
+    # the recipe over our memory model: the best against the recipe's time without the memory limit (a lower time
+    # than any partition that fits, so "at least as fast" holds for whatever memory the run really took)
+    row["best_at_least_as_fast_no_memory_limit"] = (row["best_at_least_as_fast"] or (
+        best is not None and rt is None and roomy is not None and row["best_iteration_s"] <= roomy * (1 + 1e-9)))
     row["why_not"] = _why_not(row, best, rt)
     row["cpu_s"] = time.process_time() - t0
     return row
@@ -265,9 +281,13 @@ def print_table(rows: list[dict], out) -> None:
           "| best Megatron-Core layout | its s | planned (budget left) | CPU s |", file=out)
     print("|---|---|---|---|---|---|---|---|---|---|---|---|", file=out)
     for r in rows:
-        rec = _fmt(r["recipe_iteration_s"]) + ("" if r["recipe_fits"] else " (over memory)")
+        roomy = r.get("recipe_iteration_no_memory_limit_s")
+        rec = _fmt(r["recipe_iteration_s"]) + ("" if r["recipe_fits"] else " (over memory" + (
+            f"; {roomy:.2f} without the memory limit)" if roomy is not None else ")"))
         left = r["pruned"].get("budget", 0)
-        ok = "yes" if r["best_at_least_as_fast"] else f"no: {r['why_not']}"
+        ok = ("yes" if r["best_at_least_as_fast"] else
+              f"no: {r['why_not']}" + ("; yes against its time without the memory limit"
+                                       if r.get("best_at_least_as_fast_no_memory_limit") else ""))
         print(f"| {r['id']} | {r['gpus']} x {r['gpu']} | {r['recipe_layout']} | {rec} | {_fmt(r['recipe_rank'], 'd')} "
               f"| {r['best_layout'] or '-'} | {_fmt(r['best_iteration_s'])} | {ok} | {r['best_megatron_layout'] or '-'} "
               f"| {_fmt(r['best_megatron_iteration_s'])} | {r['evaluated']} ({left}) | {r['cpu_s']:.1f} |", file=out)
@@ -315,7 +335,9 @@ def main(argv=None) -> None:
               f"{_fmt(r['best_iteration_s'])} s; {r['evaluated']} planned; CPU {r['cpu_s']:.1f} s", file=out)
     print_table(rows, out)
     doc = {"max_plans": args.max_plans, "top": args.top, "retry_plans": args.retry_plans, "rows": rows,
-           "runs": len(rows), "best_at_least_as_fast": sum(r["best_at_least_as_fast"] for r in rows)}
+           "runs": len(rows), "best_at_least_as_fast": sum(r["best_at_least_as_fast"] for r in rows),
+           "best_at_least_as_fast_no_memory_limit": sum(r["best_at_least_as_fast_no_memory_limit"] for r in rows),
+           "recipes_over_memory": sum(not r["recipe_fits"] for r in rows)}
     if not args.no_modelzoo:
         mz = modelzoo_agreement()
         a = mz["agreement"]
@@ -328,7 +350,9 @@ def main(argv=None) -> None:
         r["best_megatron_iteration_s"] is not None and r["recipe_iteration_s"] is not None and r["recipe_fits"]
         and r["best_megatron_iteration_s"] <= r["recipe_iteration_s"] * (1 + 1e-9) for r in rows)
     print(f"{doc['best_at_least_as_fast']} of {len(rows)} runs: the search's best is at least as fast as the recipe's "
-          f"layout ({doc['best_megatron_at_least_as_fast']} with a schedule Megatron-Core runs); CPU "
+          f"layout ({doc['best_megatron_at_least_as_fast']} with a schedule Megatron-Core runs); "
+          f"{doc['best_at_least_as_fast_no_memory_limit']} of {len(rows)} with the {doc['recipes_over_memory']} "
+          "recipe layout(s) our memory model refuses priced without the memory limit (the runs exist); CPU "
           f"{doc['cpu_s']:.1f} s in all (--max-plans {args.max_plans}, --retry-plans {args.retry_plans}, --top "
           f"{args.top}); load average "
           f"{load0[0]:.1f} -> {doc['load_average']['after'][0]:.1f}", file=out)

@@ -45,7 +45,7 @@ def test_plans_or_refused_naming_a_listed_feature(path):
         text = str(err)
         assert "\n" not in text
         if not _is_moe_or_hybrid(cfg):
-            return  # a dense model of a family without a reader (llama, mimo, nemotron-nas): out of scope
+            return  # a dense model of a family without a reader (mimo, nemotron-nas): out of scope
         assert "which the cost model does not have yet" in text, text
         feature = text.split("the model has ", 1)[1].split(", which the cost model")[0]
         assert feature.split(" (")[0] in DOCS, f"docs/models.md does not list: {feature}"

@@ -513,3 +513,22 @@ def test_laguna_layers_knob_keeps_the_layout():
     m = ModelSpec.from_hf_config(LAGUNA).with_changes(num_layers=10)
     # the per-layer lists tiled: global (48 heads) then three sliding (64 heads); the first layer stays dense
     assert m.layer_pattern() == "aSSSASSSAS" and [l.heads for l in m.stack.layers[:5]] == [48, 64, 64, 64, 48]
+
+
+@pytest.mark.parametrize("size,total", [("8B", 8_030_261_248), ("70B", 70_553_706_496), ("405B", 405_853_388_800)])
+def test_llama_dense_counts_and_flops_by_hand(size, total):
+    """Llama 3.1 (model_type llama, the vendored AIConfigurator configs): the parameter count by hand equals the
+    checkpoint's published total (its safetensors index); no q/k norm (LlamaAttention has none, Qwen3's has);
+    an MLP bias, which the layer decomposition does not have, is refused by name."""
+    path = f"tests/data/aiconfigurator_configs/meta-llama--Meta-Llama-3.1-{size}_config.json"
+    cfg = json.loads(open(path).read())
+    m = ModelSpec.from_hf_config(path)
+    h, f, n, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    d = h // cfg["num_attention_heads"]
+    attn = 2 * h * h + 2 * h * cfg["num_key_value_heads"] * d
+    layer = attn + 3 * h * f + 2 * h
+    assert m.param_counts().total == n * layer + h + 2 * V * h == total
+    assert not m.has_moe and m.layer_pattern() == "a" * n and m.attention.qk_norm is False
+    bad = {**cfg, "mlp_bias": True}
+    with pytest.raises(ConfigError, match="mlp_bias"):
+        ModelSpec.from_hf_config(bad)

@@ -592,3 +592,22 @@ def test_separation_names_fields_as_the_table_does():
                            "selective(core_attn,moe_act)->selective(layernorm,moe_act): +0.0% iteration")
     same = S.Layout(4, 1, 8, 2, 2, 8, 1, "1f1b", "selective", "alltoall", False, 1, ("core_attn", "moe_act"), True)
     assert separation(S.Candidate(a, 0, 0, res), S.Candidate(same, 0, 0, res)).startswith("same layout")
+
+
+def test_a_structure_that_fits_only_with_fsdp_is_planned_once_after_the_others():
+    """_canonical_first, by hand: structure A (EP 8) fits with the distributed optimizer, structure B (EP 2) only with
+    Megatron FSDP (its memory bound without FSDP is over capacity). A's plain layout comes first, then B's plain FSDP
+    layout (although its bound is the smallest), then every other candidate in bound order."""
+    def lay(ep, dp, rc, fsdp):
+        return S.Layout(1, 1, ep, 1, dp, 4, 1, "1f1b", rc, "alltoall", False, 1, (), fsdp)
+
+    class Bounds:
+        def memory(self, layout):  # GiB: B without FSDP is over the 80 GiB capacity
+            return (50 if layout.fsdp else 200 if layout.ep == 2 else 70) * 2**30
+
+    b_fsdp, b_plain, a_sel = lay(2, 4, "none", True), lay(2, 4, "none", False), lay(8, 1, "selective", False)
+    a_plain, a_fsdp = lay(8, 1, "none", False), lay(8, 1, "none", True)
+    cands = [S.Candidate(x, t, 0.0) for x, t in ((b_fsdp, 1.0), (b_plain, 1.1), (a_sel, 1.5), (a_plain, 2.0),
+                                                   (a_fsdp, 2.1))]
+    got = [c.layout for c in S._canonical_first(cands, Bounds(), 80 * 2**30)]
+    assert got == [a_plain, b_fsdp, b_plain, a_sel, a_fsdp]

@@ -337,23 +337,28 @@ def _structure(lay: Layout) -> tuple:
 
 def _canonical_first(cands: list[Candidate], bounds: _Bounds, capacity: float) -> list[Candidate]:
     """The candidates reordered: first, per structure (TP, CP, EP, PP, DP) in bound order, its plain layout
-    (micro-batch size 1, alltoall, the distributed optimizer, the lightest recompute whose memory bound fits, with
-    the default module set, and of those the schedule with the smallest bound), so that every structure is
-    planned once before the knobs of the best ones; then the rest in bound order (``cands`` are in bound order)."""
+    (micro-batch size 1, alltoall, the default module set; the distributed optimizer, else Megatron FSDP where only
+    FSDP's sharding fits; the lightest recompute whose memory bound fits, and of those the schedule with the smallest
+    bound), so that every structure that fits is planned once before the knobs of the best ones: those that fit with
+    the distributed optimizer in bound order, then those that fit only with FSDP; then the rest in bound order
+    (``cands`` are in bound order)."""
     order = {"none": 0, "selective": 1, "full": 2}
     best: dict[tuple, Candidate] = {}
     for c in cands:
         lay = c.layout
-        if lay.micro_batch_size != 1 or lay.dispatcher != "alltoall" or lay.fsdp or lay.recompute_modules:
+        if lay.micro_batch_size != 1 or lay.dispatcher != "alltoall" or lay.recompute_modules:
             continue
         k = _structure(lay)
         have = best.get(k)
-        if have is not None and order[have.layout.recompute] <= order[lay.recompute]:
+        if have is not None and ((have.layout.fsdp, order[have.layout.recompute])
+                                 <= (lay.fsdp, order[lay.recompute])):
             continue
         c.memory_bound_bytes = bounds.memory(lay)
         if c.memory_bound_bytes <= capacity:
             best[k] = c
-    first = sorted(best.values(), key=lambda c: (c.lower_bound_s, c.layout))
+    # the structures that fit with the distributed optimizer first: an FSDP-only one is the nearer to its memory
+    # bound, so more often refused by the planner
+    first = sorted(best.values(), key=lambda c: (c.layout.fsdp, c.lower_bound_s, c.layout))
     chosen = {id(c) for c in first}
     return first + [c for c in cands if id(c) not in chosen]
 

@@ -321,7 +321,7 @@ def _fewest_clause(model, gpus, seqs, seq_len, nvlink_domain, capacity, lightest
     what = "its parameter state" + (" and saved activations" if memory_bound is not None else "")
     if got is None:
         return (f"more than {limit} GPUs or a larger --global-batch-tokens (no count of GPUs the search accepts "
-                f"up to {limit} holds {what} with {seqs} sequences per iteration)"), None
+                f"up to {limit} holds {what} with {seqs:,} sequence{'s' if seqs != 1 else ''} per iteration)"), None
     n, share = got
     unit = f"a multiple of {step}" if n % step == 0 else f"part of one {step}-GPU node"
     fit = ("some layout passes both memory bounds (parameter state, then saved activations)" if memory_bound

@@ -32,14 +32,14 @@ from typing import Any, Mapping
 from tessera_lab.checks import did_you_mean
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.families import (
-    deepseek, gemma4, glm4_moe, gpt_oss, jamba, kimi_linear, laguna, llama4, mimo_v2, minimax, mixtral, nemotron_h,
-    olmoe, qwen3, qwen3_next, unsupported,
+    deepseek, gemma4, glm4_moe, gpt_oss, jamba, kimi_linear, laguna, llama, llama4, mimo_v2, minimax, mixtral,
+    nemotron_h, olmoe, qwen3, qwen3_next, unsupported,
 )
 
 #: every reader, in the order ``tessera-lab models`` lists the families
 READERS: tuple[ModuleType, ...] = (qwen3, qwen3_next, deepseek, mixtral, kimi_linear, minimax, jamba, nemotron_h,
                                    glm4_moe, gpt_oss, llama4, olmoe, mimo_v2, gemma4,
-                                   laguna)
+                                   laguna, llama)
 
 #: fields of every ``PretrainedConfig`` (and of common checkpoints) that do not change the plan: token ids,
 #: initialisation, dropout, RoPE and its scaling, norm epsilons, context length, cache, dtype, quantization of the
