@@ -4,6 +4,8 @@ racks holding the GPUs)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tessera_lab.errors import ConfigError, TooFewGPUsError
@@ -134,5 +136,7 @@ def test_the_batch_errors_suggest_a_batch_the_search_accepts(capsys):
             S.search(model, 256, gpu="H200", global_batch_tokens=tokens, top=1, max_plans=1)
         text = str(err.value)
         assert "nearest that a micro-batching of 256 GPUs makes" in text and "1 sequences" not in text
-        k = int(text.rsplit(", ", 1)[1].split()[0].replace(",", ""))
-        assert S.enumerate_layouts(model, 256, k, recomputes=("none",))
+        named = [int(k.replace(",", "")) for k in re.findall(r"(?:makes|divides): [\d,]+, ([\d,]+) sequences?", text)]
+        assert len(named) == 2 and named[1] == 256  # the nearest, then the nearest multiple of the GPU count
+        for k in named:
+            assert S.enumerate_layouts(model, 256, k, recomputes=("none",))

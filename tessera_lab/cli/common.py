@@ -228,9 +228,10 @@ def model_from_args(args: argparse.Namespace):
     return m.with_changes(**changes) if changes else m
 
 
-def parallel_from_args(args: argparse.Namespace):
+def parallel_from_args(args: argparse.Namespace, model=None):
     """The :class:`~tessera_lab.model.hardware.ParallelConfig` of the options; ``--gpus`` sets the data-parallel
-    replicas (:func:`dp_for_gpus`).
+    replicas (:func:`dp_for_gpus`). ``model``: the planned model, whose lack of routed experts a ``--gpus`` refusal
+    then names (``--ep`` counts as data-parallel replicas there).
 
     Raises:
         ConfigError: ``--gpus`` that the other sizes do not divide, or that disagrees with ``--dp``.
@@ -241,7 +242,9 @@ def parallel_from_args(args: argparse.Namespace):
                          ep_spans_tp=bool(getattr(args, "ep_spans_tp", False)))
     sizes = " x ".join(f"{k} {v}" for k, v in (("pp", one.pp), ("ep", one.ep), ("tp", one.tp), ("cp", one.cp))
                        if v > 1 and not (k == "tp" and one.ep_spans_tp)) or "1"
-    dp = dp_for_gpus(getattr(args, "gpus", None), args.dp, one.world_size, sizes)
+    hint = (f"; {model.name} has no MoE, so ep {one.ep} counts as data-parallel replicas (--ep 1 takes it out)"
+            if model is not None and not model.has_moe and one.ep > 1 else "")
+    dp = dp_for_gpus(getattr(args, "gpus", None), args.dp, one.world_size, sizes, hint=hint)
     return ParallelConfig(
         pp=args.pp, vpp=args.vpp, tp=args.tp, ep=args.ep, dp=dp, microbatches=args.microbatches,
         **({"cp": args.cp} if getattr(args, "cp", 1) != 1 else {}),

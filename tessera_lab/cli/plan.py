@@ -386,7 +386,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     limit = ilp_limit_from_args(args, AUTO_ILP_BUDGET if args.schedule == "auto" else None)
     model = model_from_args(args)
-    parallel = parallel_from_args(args)
+    parallel = parallel_from_args(args, model)
     cluster = cluster_from_args(args, parallel)
     profile = None
     if args.profile:

@@ -58,7 +58,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
             raise ConfigError("option --costs re-evaluates a saved plan; allowed: with --plan PLAN.json")
         model = model_from_args(args)
-        parallel = parallel_from_args(args)
+        parallel = parallel_from_args(args, model)
         cluster = cluster_from_args(args, parallel)
         # the same plan as "tessera-lab plan" with these options: its baselines take part in the choice
         boundaries = split_from_args(args, model, parallel)  # Megatron's embedding/loss-accounted split, if asked

@@ -575,11 +575,11 @@ def gpu_count_ok(gpus: int, nvlink_domain: int) -> bool:
     return gpus >= 1 and (gpus % step == 0 or step % gpus == 0)
 
 
-def dp_for_gpus(gpus: int | None, dp: int | None, per_replica: int, sizes: str = "") -> int:
+def dp_for_gpus(gpus: int | None, dp: int | None, per_replica: int, sizes: str = "", hint: str = "") -> int:
     """Data-parallel replicas: ``gpus / per_replica`` when ``gpus`` is given (``per_replica``: the GPUs of one
     replica, pp x ep x tp x cp with tp once when EP spans it, :attr:`ParallelConfig.world_size` at dp 1), else ``dp``
     (1 when not given). ``sizes``: those sizes as the caller's options set them (``"pp 8 x ep 8"``), named in the
-    refusal.
+    refusal; ``hint``: appended to it (``"; ..."``).
 
     Raises:
         ConfigError: ``gpus`` not a multiple of ``per_replica``, or ``dp`` given and ``dp x per_replica != gpus``.
@@ -593,7 +593,7 @@ def dp_for_gpus(gpus: int | None, dp: int | None, per_replica: int, sizes: str =
                   if gpu_count_ok(gpus, int(hardware_data()["node"]["gpus_per_node"])) else "")
         raise ConfigError(f"--gpus = {gpus} is not a multiple of the {lo} GPUs of one data-parallel replica ({made}); "
                           f"allowed: {lo}, {2 * lo}, {3 * lo}, ..., or --pp/--ep/--tp/--cp whose product divides "
-                          f"{gpus}{search}")
+                          f"{gpus}{search}{hint}")
     if dp is not None and dp * per_replica != gpus:
         raise ConfigError(f"--dp = {dp} gives {dp * per_replica} GPUs, not --gpus = {gpus}; allowed: --dp "
                           f"{gpus // per_replica}, or leave --dp out (--gpus sets it)")

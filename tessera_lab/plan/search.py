@@ -306,10 +306,19 @@ def check_search_inputs(model: ModelSpec, gpus: int, seq_len: int, global_batch_
 
 
 def _batch_example(model: ModelSpec, gpus: int, sequences: float, node: int, seq_len: int) -> str:
-    """' (nearest that some layout makes: N tokens, k sequences)', or '' when no layout structure exists."""
+    """' (nearest that some layout makes: N tokens, k sequences; ...)', or '' when no layout structure exists. The
+    nearest may suit few layouts (244 sequences on 256 GPUs: only data-parallel sizes dividing 244), so the nearest
+    multiple of the GPU count, which every layout's data-parallel size divides, is named beside it when it differs."""
     k = nearest_global_batch(model, gpus, sequences, gpus_per_node=node, seq_len=seq_len)
-    return "" if k is None else (f" (nearest that a micro-batching of {gpus} GPUs makes: {k * seq_len:,}, "
-                                 f"{k:,} sequence{'s' if k != 1 else ''})")
+    if k is None:
+        return ""
+    text = (f" (nearest that a micro-batching of {gpus} GPUs makes: {k * seq_len:,}, "
+            f"{k:,} sequence{'s' if k != 1 else ''}")
+    every = max(1, round(sequences / gpus)) * gpus
+    if every != k:
+        text += (f"; the nearest multiple of the {gpus} GPUs, which every layout's data-parallel size divides: "
+                 f"{every * seq_len:,}, {every:,} sequences")
+    return text + ")"
 
 
 #: default global batch, in sequences of ``--seq-len``
