@@ -466,7 +466,7 @@ def test_separation_names_the_real_share_or_the_spread():
     # stage +40 ms, bubble 0.06 - 0.1 = -40 ms, rest 0: spread, 50 % each
     line = separation(a, cand(1.0, 105.0, 0.06))
     assert "spread across terms (shares of the moved seconds): " in line
-    assert "slowest stage x m +40.0 ms (50%)" in line and "bubble -40.0 ms (50%)" in line
+    assert "slowest stage x m +40.0 ms (50%)" in line and "idle (pipeline bubble and waits) -40.0 ms (50%)" in line
     # the old wording picked the bubble here and printed "+0.0%": stage +0.8 ms, bubble 0.1003 x 1.01 - 0.1
     # = +1.303 ms, rest 10 - 0.8 - 1.303 = +7.897 ms of 10 ms moved: 79 %
     line = separation(a, cand(1.01, 100.1, 0.1003))
@@ -611,3 +611,14 @@ def test_a_structure_that_fits_only_with_fsdp_is_planned_once_after_the_others()
                                                    (a_fsdp, 2.1))]
     got = [c.layout for c in S._canonical_first(cands, Bounds(), 80 * 2**30)]
     assert got == [a_plain, b_fsdp, b_plain, a_sel, a_fsdp]
+
+
+def test_the_selective_legend_says_moe_act_is_idle_without_moe():
+    from tessera_lab.plan.search_export import selective_note
+
+    def lay(recompute):
+        return S.Layout(1, 1, 1, 1, 8, 4, 1, "1f1b", recompute, "alltoall", False, 1, (), False)
+
+    assert "recomputes nothing in a model without MoE layers" in selective_note([lay("selective")], moe=False)
+    assert "recomputes nothing" not in selective_note([lay("selective")])
+    assert selective_note([lay("none")], moe=False) is None

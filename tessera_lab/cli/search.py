@@ -59,8 +59,9 @@ def _shown(lay, k: str) -> tuple[str, object]:
 
 def separation(first, other, moe: bool = True) -> str:
     """What separates ``other`` from ``first``: the layout fields that differ, the iteration change and the terms it
-    splits into (seconds, simulated): the slowest (virtual) stage per micro-batch x vpp x m, the bubble (idle share
-    x iteration, the mean rank's idle seconds) and the rest of the mean rank's busy time (gradient sync and
+    splits into (seconds, simulated): the slowest (virtual) stage per micro-batch x vpp x m, the idle time (the
+    bubble column, idle share x iteration: the mean rank's idle seconds, pipeline fill and drain and waits such as an
+    exposed gradient sync, so a one-stage layout has some) and the rest of the mean rank's busy time (gradient sync and
     communication not hidden, ranks lighter than the slowest stage): iteration = slowest x vpp x m + bubble + rest.
     Each term's share is its absolute change over the sum of the three absolute changes; one term of at least two
     thirds is named with its share, else the difference is spread and the top two are named with theirs."""
@@ -72,7 +73,8 @@ def separation(first, other, moe: bool = True) -> str:
     d_it = tb / ta - 1
     d_stage = (rb["slowest_stage_ms"] * b.microbatches * b.vpp - ra["slowest_stage_ms"] * a.microbatches * a.vpp) / 1e3
     d_bub = rb["bubble_fraction"] * tb - ra["bubble_fraction"] * ta
-    terms = [("slowest stage x m" if a.vpp == b.vpp == 1 else "slowest stage x vpp x m", d_stage), ("bubble", d_bub),
+    terms = [("slowest stage x m" if a.vpp == b.vpp == 1 else "slowest stage x vpp x m", d_stage),
+             ("idle (pipeline bubble and waits)", d_bub),
              ("rest (sync, exposed comm, lighter ranks)", (tb - ta) - d_stage - d_bub)]
     total = sum(abs(x) for _, x in terms)
     head = f"{', '.join(diff) or 'same layout'}: {d_it:+.1%} iteration"
@@ -114,7 +116,9 @@ def format_search(res, top: int, model=None) -> str:
     whose = "--memory-reserve-gib" if res.memory_reserve_given else "an assumption of data/hardware"
     moe = getattr(res, "moe", True)
     lines.append(table([_row(i + 1, c, moe) for i, c in enumerate(ranked)], ".3f"))
-    lines.append("iteration, tokens/s, MFU, bubble: simulated by the planner of `tessera-lab plan` (objective auto, "
+    lines.append("iteration, tokens/s, MFU, bubble (the ranks' idle share of the iteration: pipeline fill and "
+                 "drain, and waits such as an exposed gradient sync): simulated by the planner of `tessera-lab plan` "
+                 "(objective auto, "
                  "method dp; ilp with virtual stages; without plan's baseline partitions, so `plan` of a layout may "
                  "keep a baseline's split that simulates a little faster); peak memory: computed; headroom: "
                  f"capacity less peak (capacity: HBM less a {reserve:g} GiB reserve for the CUDA context, "
@@ -127,7 +131,7 @@ def format_search(res, top: int, model=None) -> str:
                     + ("; the best layout with a Megatron-Core schedule is named below"
                        if ranked[0].layout.schedule not in MEGATRON_SCHEDULES else "")
                     if any(c.layout.schedule not in MEGATRON_SCHEDULES for c in ranked) else "")
-                 + (f"; {sel}" if (sel := selective_note([c.layout for c in ranked])) else "")
+                 + (f"; {sel}" if (sel := selective_note([c.layout for c in ranked], moe)) else "")
                  + (f"; every MoE layer's host/sync term at its fitted value, {_sync_text()}" if moe else ""))
     statuses = [c.result.get("solver_status") or "Optimal" for c in ranked]
     heuristic = sum("heuristic" in st for st in statuses)

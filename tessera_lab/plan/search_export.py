@@ -33,14 +33,17 @@ def schedule_label(schedule: str) -> str:
     return schedule if schedule in MEGATRON_SCHEDULES else f"{schedule}{NOT_MEGATRON_MARK}"
 
 
-def selective_note(layouts: Sequence[Layout]) -> str | None:
+def selective_note(layouts: Sequence[Layout], moe: bool = True) -> str | None:
     """What a bare ``selective`` in a table's recompute column recomputes (this project's default set,
     :data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES`, which :func:`megatron_arguments` writes out), or
-    ``None`` when no layout shown has it."""
+    ``None`` when no layout shown has it. ``moe``: whether the model has MoE layers (without, ``moe_act`` is said to
+    recompute nothing)."""
     if not any(l.recompute == "selective" and not l.recompute_modules for l in layouts):
         return None
     return (f"selective: recompute modules {', '.join(SELECTIVE_DEFAULT_MODULES)} (the export writes them out: "
-            "Megatron-Core's own default is core_attn alone); selective(...) names its modules")
+            "Megatron-Core's own default is core_attn alone" + ("" if moe else "; moe_act recomputes nothing in a "
+                                                                   "model without MoE layers")
+            + "); selective(...) names its modules")
 
 
 def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:

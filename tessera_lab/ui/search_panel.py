@@ -305,7 +305,7 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
     if any(c.layout.schedule not in MEGATRON_SCHEDULES for c in res.ranked[:TOP]):
         info.append("table: (†) marks a zero-bubble schedule Megatron-Core does not run (this project's simulator "
                     "and runner do)")
-    if sel := selective_note([c.layout for c in res.ranked[:TOP]]):
+    if sel := selective_note([c.layout for c in res.ranked[:TOP]], getattr(res, "moe", True)):
         info.append(f"table: {sel}")
     if getattr(res, "moe", True):
         info.append("table: dp counts the replicas of one EP group (GPUs = tp x cp x pp x ep x dp, TP counted once "
