@@ -233,14 +233,20 @@ def run_split(run: dict, model) -> list[int] | None:
     return split_for(run, model.num_layers - planned_mtp(model), planned_mtp(model))
 
 
+def without_memory_limit(cluster):
+    """``cluster`` with GPUs of 1 PiB: a published run our memory model refuses is priced at its own layout (the run
+    exists, so the gap is the memory model's); everything but the capacity as ``cluster`` has it."""
+    import dataclasses
+
+    return dataclasses.replace(cluster, gpu=dataclasses.replace(cluster.gpu, memory_bytes=float(2**50)))
+
+
 def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
     """Plan a published run with the planner (its recipe's split, ``method = uniform``) and compare with the
     page: one row. ``host_sync_s``: the planner's host/sync term per MoE layer (0: off, as the fit plans)."""
-    import dataclasses
-
     from tessera_lab.cost.memory import memory_capacity
     from tessera_lab.errors import InfeasiblePlanError
-    from tessera_lab.model.hardware import Cluster, GPUSpec, cluster_for
+    from tessera_lab.model.hardware import cluster_for
     from tessera_lab.plan.make import make_plan
 
     par, notes = parallel_for(run, host_sync_s)
@@ -268,8 +274,7 @@ def predict(run: dict, host_sync_s: float | None = 0.0) -> dict:
         # the run exists, so price its time at its own layout; the memory gap is the memory model's, its "fits" column says NO
         notes.append(f"our memory model does not fit the recipe's even split ({exc}); time priced without the "
                      "memory limit")
-        roomy = dataclasses.replace(GPUSpec.named(run["gpu"]), memory_bytes=float(2**50))
-        plan = make_plan(model, par, cluster=Cluster.dgx(roomy, cluster.num_nodes), method="uniform",
+        plan = make_plan(model, par, cluster=without_memory_limit(cluster), method="uniform",
                          baselines=(), boundaries=bounds)
     ev = plan.chosen
     # per GPU: a rank holds every chunk of its virtual stages (the partition's rank memory), else one stage each

@@ -50,7 +50,6 @@ Run: python benchmarks/bench_search_practice.py [--json PATH|-] [--max-plans N] 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from dataclasses import astuple
 import os
@@ -165,7 +164,7 @@ def outside_space(model, lay, node: int, seq_len: int) -> list[str]:
 def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict:
     """One row: the search at the run's GPUs, batch and sequence beside the recipe's layout (module docstring).
     ``retry_plans``: the budget of the second search (only when above ``max_plans``; 0: no second search)."""
-    from bench_public_runs import model_for, run_split
+    from bench_public_runs import model_for, run_split, without_memory_limit
 
     from tessera_lab.model.hardware import GPUSpec
     from tessera_lab.plan.search import enumerate_layouts, plan_layout, search, search_cluster
@@ -192,8 +191,8 @@ def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict
     if not recipe.get("fits"):
         # the run exists, so our memory model is what refuses it: its time priced without the memory limit, as
         # bench_public_runs prices such a run (a GPU of 1 PiB; the partition is then the planner's fastest)
-        big = dataclasses.replace(cluster, gpu=dataclasses.replace(cluster.gpu, memory_bytes=float(2**50)))
-        roomy = plan_layout(model, lay, seq, big, boundaries=own_split).get("iteration_time_s")
+        roomy = plan_layout(model, lay, seq, without_memory_limit(cluster),
+                            boundaries=own_split).get("iteration_time_s")
     outside = [] if lay in set(space) else (outside_space(model, lay, node, seq) or ["not enumerated"])
     # the planner accepts it (Megatron-Core runs it); not a layout only its own split places (the search partitions)
     added = bool(outside) and "error" not in recipe and own_split is None
