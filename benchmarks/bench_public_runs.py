@@ -327,8 +327,8 @@ def fit_ids_of(rows: list[dict]) -> list[str]:
 
 def apply_sync_term(rows: list[dict], runs: dict[str, dict], c: dict[str, float] | None = None) -> dict:
     """Fit the per-MoE-layer host/sync seconds ``c`` per dispatcher (:mod:`tessera_lab.cost.sync`) on the fit set's
-    runs whose every forward carries the planner's term (EP > 1, a dispatcher that waits on host counts, no EP
-    overlap: :func:`~tessera_lab.cost.sync.fully_exposed`), from ``rows`` planned with the planner's term off (``predict(run, 0)``: the fit never sees its own
+    runs whose every forward carries the planner's term (MoE layers, EP > 1, a dispatcher that waits on host counts,
+    no EP overlap: :func:`~tessera_lab.cost.sync.fully_exposed`), from ``rows`` planned with the planner's term off (``predict(run, 0)``: the fit never sees its own
     term): per dispatcher, the median of the runs' :func:`~tessera_lab.cost.sync.per_layer_needed_s`. With ``c``
     given (dispatcher -> seconds), use it as it is (no fit: ``--runs FILE``). Then re-plan every run whose layout
     the rule gives a non-zero term through the planner with its dispatcher's ``c`` (``ParallelConfig.host_sync_s``);
@@ -340,12 +340,13 @@ def apply_sync_term(rows: list[dict], runs: dict[str, dict], c: dict[str, float]
         ValueError: a row planned with the term on (the fit would be circular).
     """
     from tessera_lab.cost.sync import BASIS, SYNC_DISPATCHERS, fit_per_layer_s, fully_exposed, planner_per_layer_s
+    from tessera_lab.model.spec import load_model
 
     if any(r.get("host_sync_per_layer_s", 0.0) for r in rows):
         raise ValueError("apply_sync_term fits on rows planned with the host/sync term off (predict(run, 0.0))")
     fit_ids = fit_ids_of(rows)
     by = {r["id"]: r for r in rows}
-    used = [by[i] for i in fit_ids if fully_exposed(parallel_for(runs[i], 1.0)[0])]
+    used = [by[i] for i in fit_ids if fully_exposed(parallel_for(runs[i], 1.0)[0], load_model(runs[i]["model"]))]
     fitted = c is None
     if fitted:  # per dispatcher, the median per-layer gap over its fit runs (the estimator fixed on the fit set)
         c = {d: fit_per_layer_s([r["sync_needed_per_layer_s"] / r["host_waits_per_layer"] for r in used
@@ -355,7 +356,7 @@ def apply_sync_term(rows: list[dict], runs: dict[str, dict], c: dict[str, float]
                "sync_needed_per_layer_s": r["sync_needed_per_layer_s"]}
         run = runs[r["id"]]
         c_run = c.get(run["dispatcher"], 0.0)
-        if planner_per_layer_s(parallel_for(run, c_run)[0]) > 0:
+        if planner_per_layer_s(parallel_for(run, c_run)[0], model=load_model(run["model"])) > 0:
             plan_s = r["plan_s"]
             r.update(predict(run, c_run))  # the planner's own term: no addition here
             r["plan_s"] += plan_s

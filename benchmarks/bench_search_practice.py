@@ -209,15 +209,16 @@ def check_run(run: dict, max_plans: int, top: int, retry_plans: int = 0) -> dict
     ranked = res.ranked
     mega = [c for c in ranked if megatron_runs(c.layout)]
     best = ranked[0] if ranked else None
+    moe = model.has_moe  # a dense model's layouts have no EP and no dispatcher
     row = {"id": run["id"], "split": run["split"], "model": run["model"], "gpu": run["gpu"], "gpus": gpus,
-           "global_batch_sequences": run["gbs"], "seq_len": seq, "recipe_layout": lay.text(),
+           "global_batch_sequences": run["gbs"], "seq_len": seq, "recipe_layout": lay.text(moe),
            "recipe_left_out": left, "recipe_outside_space": outside, "recipe_added_to_space": added,
            "recipe_fits": bool(recipe.get("fits")), "recipe_iteration_s": recipe.get("iteration_time_s"),
            "recipe_peak_gib": recipe.get("peak_memory_gib"), "recipe_error": recipe.get("error"),
            "recipe_iteration_no_memory_limit_s": roomy,
-           "best_layout": best.layout.text() if best else None,
+           "best_layout": best.layout.text(moe) if best else None,
            "best_iteration_s": best.result["iteration_time_s"] if best else None,
-           "best_megatron_layout": mega[0].layout.text() if mega else None,
+           "best_megatron_layout": mega[0].layout.text(moe) if mega else None,
            "best_megatron_iteration_s": mega[0].result["iteration_time_s"] if mega else None,
            "max_plans": retried or max_plans, "retried_with_max_plans": retried,
            "enumerated": res.enumerated, "evaluated": len(res.planned), "pruned": res.pruned,

@@ -216,7 +216,7 @@ def test_memory_refusal_below_the_parameter_state_names_the_gpus_needed(capsys):
     assert err.endswith("tessera-lab search --model qwen3-235b-a22b --gpu H200 --seq-len 4096 --gpus 32 lists layouts"), err
     # 1.24 GiB over with the parameter state well inside: the refusal's own advice, no GPU count
     err = _error(capsys, ["plan", "--model", "qwen3-30b-a3b", "--pp", "4", "--ep", "1", "--recompute", "full",
-                          "-m", "32"])
+                          "-m", "32", "--schedule", "overlapped"])
     assert "keep fewer micro-batches in flight (--schedule 1f1b)" in err and "no layout of" not in err, err
 
 

@@ -139,14 +139,38 @@ def test_band_per_family_and_model():
 def test_a_moe_model_without_a_band_is_cautioned_above_every_published_moe_run():
     """OLMoE has no band: above the highest MoE MFU in data/published (DeepSeek-V3 on H100, 338 / 989 = 34.2%, read
     from the file here) the text says so; below it, and for a dense model, no caution."""
+    from tessera_lab.model.spec import load_model
+
     runs = json.loads((Path(__file__).parents[1] / "data" / "published" / "megatron_bridge.json").read_text())["runs"]
-    best = max((r for r in runs if r["gpu"] == "H100"), key=lambda r: r["model_tflops_per_gpu"])
+    best = max((r for r in runs if r["gpu"] == "H100" and load_model(r["model"]).has_moe),
+               key=lambda r: r["model_tflops_per_gpu"])
     assert (best["model"], best["model_tflops_per_gpu"]) == ("deepseek-v3", 338)
     t = H.mfu_text(0.40, model="olmoe-1b-7b")
     assert t.startswith("40.0% (no published run of this model or its family") and \
         "ABOVE every published MoE run's MFU here (highest 34.2%, Megatron-Bridge deepseek-v3 on H100" in t
     assert "ABOVE" not in H.mfu_text(0.30, model="olmoe-1b-7b")
     assert H.mfu_text(0.55, moe=False) == "55.0%"
+
+
+def test_a_dense_model_is_set_against_its_own_published_dense_runs():
+    """Llama 3 70B's Megatron-Bridge H100 rows (FP8, 719 and 731 model TFLOP/s per GPU, read from the file here) over
+    the H100's 989 TFLOP/s dense bf16: the band 72.7%-73.9%; a Llama 3.1 8B config.json takes it as the closest
+    dense Llama; Qwen3-8B (no dense Qwen3 run) keeps the bare figure and the large-scale BF16 ceiling (43%)."""
+    runs = json.loads((Path(__file__).parents[1] / "data" / "published" / "megatron_bridge.json").read_text())["runs"]
+    mine = sorted(r["model_tflops_per_gpu"] for r in runs if r["model"] == "llama-3.1-70b" and r["gpu"] == "H100")
+    assert mine == [719, 731]
+    lo, hi = 719 / 989, 731 / 989
+    t = H.mfu_text(0.80, moe=False, model="llama-3.1-70b")
+    assert t == (f"80.0%, ABOVE the published band ({lo:.1%}-{hi:.1%} Megatron-Bridge llama-3.1-70b on H100 "
+                 "(FP8 runs, model TFLOP/s / 989 bf16))")
+    assert H.mfu_note(0.80, moe=False, model="llama-3.1-70b").startswith(f"MFU 80.0% is above the published band (max {hi:.1%}")
+    assert H.mfu_note(0.70, moe=False, model="llama-3.1-70b") is None  # below the band: no caution
+    small = "tests/data/aiconfigurator_configs/meta-llama--Meta-Llama-3.1-8B_config.json"
+    from tessera_lab.model.spec import load_model
+
+    assert "llama-3.1-70b (stand-in for" in H.mfu_text(0.5, moe=False, model=load_model(small))
+    assert H.mfu_text(0.5, moe=False, model="qwen3-8b") == "50.0%"
+    assert "above any published run of this model class (43%" in H.mfu_note(0.5, moe=False, model="qwen3-8b")
 
 
 # ----------------------------------------------------------------------------------------------- one number, everywhere

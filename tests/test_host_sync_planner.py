@@ -14,6 +14,7 @@ from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import ParallelConfig
 from tessera_lab.plan.make import make_plan
 from tessera_lab.report.capacity import capacity_report
+from tessera_lab.model.spec import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 C = 2e-3  # seconds per MoE layer and micro-batch, a value of the test's own
@@ -80,6 +81,10 @@ def test_default_is_the_fitted_value_and_the_rule_where_it_is_zero(small):
         assert sync.planner_per_layer_s(base.replace(schedule=sched)) == sync.FITTED_PER_WAIT_S["alltoall"]
         assert not sync.fully_exposed(base.replace(schedule=sched))
     assert sync.fully_exposed(base) and not sync.fully_exposed(base.replace(host_sync_s=0.0))
+    # a model without MoE layers carries no term: a dense run says nothing about c (it stays out of the fit)
+    assert sync.fully_exposed(base, load_model("qwen3-30b-a3b"))
+    assert not sync.fully_exposed(base, load_model("qwen3-8b"))
+    assert sync.planner_per_layer_s(base, model=load_model("qwen3-8b")) == 0.0
     # the default plan (overlapped) carries it in its forwards: a forward run apart waits
     assert _plan(small, schedule="overlapped").chosen.stages[0].host_sync_s == pytest.approx(8 * fitted)
     with pytest.raises(ConfigError, match="field 'host_sync_s'"):

@@ -22,7 +22,8 @@ def test_shipped_models_listed():
                                      "qwen3.5-35b-a3b", "glm-4.5-air", "gpt-oss-20b",
                                      "gpt-oss-120b",  # a published-run model (data/published)
                                      "llama-4-scout-17b-16e",
-                                     "deepseek-v3.2", "kimi-k2-instruct", "olmoe-1b-7b", "qwen3-vl-30b-a3b"}
+                                     "deepseek-v3.2", "kimi-k2-instruct", "olmoe-1b-7b", "qwen3-vl-30b-a3b",
+                                     "llama-3.1-70b", "llama-3.1-405b"}  # dense published-run models
 
 
 def test_qwen3_next_layer_pattern(qwen3_next):

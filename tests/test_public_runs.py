@@ -178,7 +178,11 @@ def test_model_flops_reproduce_the_pages_tflops_with_mtp_counted():
     iteration (Megatron's convention: 3 x forward GEMMs + attention, MTP layers and their logits included, as
     ``num_floating_point_operations`` in megatron/training/training.py counts ``mtp_num_layers``) turn the one into
     the other. Every Qwen3 and DeepSeek-V3 row agrees within 1% once the recipe's MTP layer is planned (DeepSeek-V3
-    was 3.7-4.1% low without it), an independent check that those runs train it."""
+    was 3.7-4.1% low without it), an independent check that those runs train it. The dense Llama rows agree within
+    2.5%: Megatron-Bridge's own formula (``transformer_flops`` in src/megatron/bridge/training/utils/flop_utils.py at
+    c8101293: 18 h f L + 12 h^2 (1 + g/n + s/2h) L + 6 h V per token, worked out by hand for Llama 3 70B: 449.2
+    GFLOP per token) is ours, and the 70B page row's figure is 2.3% below it (731 against 747.5), the 405B rows'
+    1.1%."""
     from tessera_lab.model.hardware import cluster_for
     from tessera_lab.model.tasks import model_flops_per_iteration
 
@@ -192,7 +196,8 @@ def test_model_flops_reproduce_the_pages_tflops_with_mtp_counted():
         flops = model_flops_per_iteration(bench.model_for(run), par)
         seconds = run["gbs"] * run["seq_len"] / (run["tokens_per_s_per_gpu"] * run["gpus"])
         tflops = flops / (seconds * run["gpus"]) / 1e12
-        assert abs(tflops / run["model_tflops_per_gpu"] - 1) < 0.01, (run["id"], tflops, run["model_tflops_per_gpu"])
+        tolerance = 0.01 if bench.model_for(run).has_moe else 0.025
+        assert abs(tflops / run["model_tflops_per_gpu"] - 1) < tolerance, (run["id"], tflops, run["model_tflops_per_gpu"])
         checked += 1
     assert checked >= 10
 
@@ -316,8 +321,9 @@ def test_sync_term_fit_is_the_shipped_constant():
     # the predictions come from the planner with the dispatcher's c per host wait, whatever the schedule (an
     # EP-overlap schedule hides it only in the forwards it pairs)
     for r in rows:
-        c = fit["per_layer_s"][r["parallel"]["dispatcher"]]
+        c = fit["per_layer_s"][r["parallel"]["dispatcher"]] if any(r["moe_layers_per_rank"]) else 0.0  # dense: none
         assert r["host_sync_per_layer_s"] == pytest.approx(c * r["host_waits_per_layer"], rel=1e-12), r["id"]
+    assert any(not any(r["moe_layers_per_rank"]) for r in rows)  # the dense Llama runs carry none
     # one-stage Qwen3-30B-A3B on 16 H100 (48 MoE layers, m 64, DeepEP): the planner adds 64 x 48 x c to the iteration
     q = by["qwen3-30b-a3b/16xH100/fp8/ep16"]
     c = fit["per_layer_s"]["deepep"]

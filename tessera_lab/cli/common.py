@@ -12,6 +12,7 @@ from typing import Any
 
 from tessera_lab.argtypes import Switch, float_at_least, float_in, module_list, positive_int
 from tessera_lab.model.hardware import RECOMPUTE_MODULES
+from tessera_lab.pipeline.schedules import default_schedule
 
 GIB = 2**30
 
@@ -249,7 +250,8 @@ def parallel_from_args(args: argparse.Namespace, model=None):
         pp=args.pp, vpp=args.vpp, tp=args.tp, ep=args.ep, dp=dp, microbatches=args.microbatches,
         **({"cp": args.cp} if getattr(args, "cp", 1) != 1 else {}),
         **({"grouped_gemm": args.grouped_gemm} if getattr(args, "grouped_gemm", None) else {}),
-        micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, schedule=args.schedule,
+        micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, schedule=default_schedule(args.schedule, args.vpp,
+                                   ep_overlap=args.ep > 1 and (model is None or model.has_moe)),
         distributed_optimizer=not args.no_distributed_optimizer,
         **{k: getattr(args, k) for k in ("dispatcher", "recompute", "precision", "grad_reduce_dtype", "expert_load",
                                          "adam_moment_dtype") if getattr(args, k, None) is not None},
@@ -326,8 +328,7 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
                         "pp*dp*ep*tp*cp)")
     add_memory_reserve_option(p)
     p.add_argument("--pp", type=positive_int("pp"), default=8)
-    p.add_argument("--vpp", type=positive_int("vpp"), default=1,
-                   help="virtual stages (model chunks) per pipeline rank; >= 2 needs --schedule interleaved or auto")
+    p.add_argument("--vpp", type=positive_int("vpp"), default=1, help="virtual stages (model chunks) per pipeline rank")
     p.add_argument("--ep", type=positive_int("ep"), default=8)
     p.add_argument("--tp", type=positive_int("tp"), default=1)
     p.add_argument("--dp", type=positive_int("dp"), default=None,
@@ -340,10 +341,11 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     p.add_argument("--microbatches", "-m", type=positive_int("microbatches"), default=32)
     p.add_argument("--micro-batch-size", type=positive_int("micro_batch_size"), default=1)
     p.add_argument("--seq-len", type=positive_int("seq_len"), default=4096)
-    p.add_argument("--schedule", default="overlapped",
-                   help="overlapped (default: F of one micro-batch with B of another), 1f1b, gpipe, zb-h1, zb-h2, zb-auto, "
-                        "interleaved or interleaved-overlapped (with --vpp >= 2), or auto (try each that fits memory, "
-                        "keep the fastest)")
+    p.add_argument("--schedule", default=None,
+                   help="overlapped (F of one micro-batch with B of another: Megatron-Core's EP overlap), 1f1b, "
+                        "gpipe, zb-h1, zb-h2, zb-auto, interleaved or interleaved-overlapped (--vpp >= 2), or auto "
+                        "(each that fits memory, the fastest kept); default: overlapped with MoE and EP > 1, else "
+                        "1f1b, their interleaved forms with --vpp >= 2")
     p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
     p.add_argument("--no-distributed-optimizer", action=Switch)
     p.add_argument("--dispatcher", choices=["alltoall", "deepep"], default=None,

@@ -177,11 +177,11 @@ def planner_per_layer_s(parallel, *, analytic: bool = True, model=None) -> float
     Args:
         parallel: a :class:`~tessera_lab.model.hardware.ParallelConfig` (``ep``, ``dispatcher``, ``host_sync_s``,
             the recompute read). analytic: False for costs from a measured profile. model: the ModelSpec
-            (:func:`host_waits_per_layer`).
+            (:func:`host_waits_per_layer`; a model without MoE layers has no dispatcher and gets 0).
     Raises:
         ConfigError: ``host_sync_s`` negative.
     """
-    if not analytic or parallel.dispatcher not in SYNC_DISPATCHERS:
+    if not analytic or parallel.dispatcher not in SYNC_DISPATCHERS or not getattr(model, "has_moe", True):
         return 0.0
     c = getattr(parallel, "host_sync_s", None)
     c = FITTED_PER_WAIT_S[parallel.dispatcher] if c is None else c
@@ -204,11 +204,12 @@ def paired_exposed_s(waits_s: float, queued_s: float) -> float:
     return max(0.0, waits_s - queued_s)
 
 
-def fully_exposed(parallel) -> bool:
+def fully_exposed(parallel, model=None) -> bool:
     """Whether every MoE layer forward of the layout carries the term (:func:`planner_per_layer_s` > 0 and no
     EP-overlap schedule, which pairs forwards with backwards): the runs :func:`iteration_sync_s` and the fit
-    (:func:`per_layer_needed_s`) describe."""
-    return parallel.schedule not in EP_OVERLAP_SCHEDULES and planner_per_layer_s(parallel) > 0
+    (:func:`per_layer_needed_s`) describe. ``model`` (a ModelSpec, ``has_moe`` read): False for a model without
+    MoE layers, which carries no term at all (a dense run says nothing about ``c``); ``None``: the layout alone."""
+    return parallel.schedule not in EP_OVERLAP_SCHEDULES and planner_per_layer_s(parallel, model=model) > 0
 
 
 def iteration_sync_s(moe_layers_per_rank: Sequence[int], microbatches: int, pp: int, vpp: int,

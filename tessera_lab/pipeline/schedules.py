@@ -187,3 +187,16 @@ def build_schedule(
             f"{key}: vpp={vpp} is out of range; allowed vpp = 1 (only 'interleaved' takes vpp >= 2)"
         )
     return entry.build(pp, m, vpp, memory_budget=memory_budget, f=f, i=i, w=w, p2p=p2p)
+
+
+def default_schedule(schedule: str | None, vpp: int, ep_overlap: bool = True) -> str:
+    """The schedule ``plan`` and ``report`` use: ``schedule`` as given; else, where Megatron-Core's combined-1F1B EP
+    overlap can run (``ep_overlap``: MoE layers and EP > 1, as ``overlap_moe_expert_parallel_comm`` requires),
+    ``overlapped``, or with ``vpp >= 2`` its virtual-stage form ``interleaved-overlapped``; elsewhere (a dense
+    model, EP 1) ``1f1b``, or ``interleaved`` with ``vpp >= 2`` (only the interleaved schedules take virtual
+    stages)."""
+    if schedule is not None:
+        return schedule
+    if ep_overlap:
+        return "interleaved-overlapped" if vpp >= 2 else "overlapped"
+    return "interleaved" if vpp >= 2 else "1f1b"

@@ -218,8 +218,10 @@ def highest_published_mfu() -> dict[str, Any] | None:
     from tessera_lab.model.hardware import hardware_data
     from tessera_lab.paths import read_data_json
 
+    from tessera_lab.model.spec import load_model
+
     runs = [r for r in read_data_json("published/megatron_bridge.json", "published runs")["runs"]
-            if r["gpu"] == MB_BAND_GPU and r.get("model_tflops_per_gpu")]
+            if r["gpu"] == MB_BAND_GPU and r.get("model_tflops_per_gpu") and load_model(r["model"]).has_moe]
     if not runs:
         return None
     peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items() if k.split("-")[0] == MB_BAND_GPU)
@@ -238,13 +240,24 @@ def position(value: float, lo: float, hi: float) -> str:
     return "inside" if lo <= value <= hi else ("above" if value > hi else "below")
 
 
+def dense_band(model: Any) -> dict[str, Any] | None:
+    """The published band of a dense ``model`` (a ModelSpec or a shipped model's name): :func:`published_mfu_band`
+    (Megatron-Bridge runs of the model, or of the dense model of the same family closest in size, on
+    :data:`MB_BAND_GPU`); ``None`` without a model or without such a run."""
+    if model is None:
+        return None
+    band = published_mfu_band(model)
+    return band if band["bands"] else None
+
+
 def mfu_text(mfu: float, *, moe: bool = True, model: Any = None) -> str:
     """``"21.0%: inside 15.9%-21.1% Tessera paper, ...; above 11.9%-21.0% Megatron-Bridge ..."``: the MFU against
-    the published band of ``model``'s family (:func:`published_mfu_band`); dense models, and MoE models without a
-    band, get the bare percentage (the latter with a caution when it exceeds every published MoE run's MFU,
-    :func:`highest_published_mfu`)."""
+    the published band of ``model``'s family (:func:`published_mfu_band`; a dense model's: :func:`dense_band`);
+    a dense model without a band, and a MoE model without one, get the bare percentage (the latter with a caution
+    when it exceeds every published MoE run's MFU, :func:`highest_published_mfu`)."""
     if not moe:
-        return f"{mfu:.1%}"
+        band = dense_band(model)
+        return f"{mfu:.1%}" if band is None else _band_text(mfu, band)
     top = highest_published_mfu()
     above = (f"; ABOVE every published MoE run's MFU here (highest {top['mfu']:.1%}, {top['source']})"
              if top and mfu > top["mfu"] else "")
@@ -253,6 +266,11 @@ def mfu_text(mfu: float, *, moe: bool = True, model: Any = None) -> str:
         if band.get("scale"):
             return f"{mfu:.1%} (no published band at this scale: {band['scale']}{above})"
         return f"{mfu:.1%} (no published run of this model or its family in data/paper or data/published{above})"
+    return _band_text(mfu, band)
+
+
+def _band_text(mfu: float, band: dict[str, Any]) -> str:
+    """The sentence of :func:`mfu_text` for a model with a band."""
     where = position(mfu, band["lo"], band["hi"])
     each = [position(mfu, b["lo"], b["hi"]) for b in band["bands"]]
     if len(set(each)) > 1:  # inside one band only: say which
@@ -381,7 +399,8 @@ def gain_note(gain: float, spread: float) -> str | None:
 
 def mfu_note(mfu: float, *, moe: bool = True, grouped_gemm: str | None = None, model: Any = None) -> str | None:
     """Flag a planned MFU above the published band: for MoE models :func:`published_mfu_band` of ``model``'s family
-    (``None``: the default plan's model), for dense ones the best published run (:data:`PUBLISHED_MFU_CEILING`).
+    (``None``: the default plan's model), for dense ones their :func:`dense_band`, else the best published
+    large-scale BF16 run (:data:`PUBLISHED_MFU_CEILING`).
     ``grouped_gemm`` (the plan's expert-GEMM mode) picks the likely cause named: ``grouped`` (one grouped kernel,
     which the recipes do not run), else the per-layer host work the cost model may undercount."""
     if moe:
@@ -396,6 +415,12 @@ def mfu_note(mfu: float, *, moe: bool = True, grouped_gemm: str | None = None, m
         if not band["bands"] and top and mfu > top["mfu"]:  # no band of its own: every published MoE run's MFU
             return (f"MFU {mfu:.1%} is above every published MoE run's (highest {top['mfu']:.1%}, "
                     f"{mfu / top['mfu']:.2f}x): " + cause)
+        return None
+    band = dense_band(model)
+    if band is not None:  # the model's own (or its family's) published dense runs
+        if mfu > band["hi"]:
+            return (f"MFU {mfu:.1%} is above the published band (max {band['hi']:.1%}, {mfu / band['hi']:.2f}x): "
+                    "simulated, likely optimistic")
         return None
     ceiling = PUBLISHED_MFU_CEILING["dense"]
     if mfu > ceiling:

@@ -16,7 +16,7 @@ from tessera_lab.model.hf_families import DENSE, FULL_ATTENTION, _gqa_fields, _l
 
 MODEL_TYPES = ("llama",)
 ARCHITECTURES = ("LlamaForCausalLM",)
-EXAMPLE = "bring the config.json (Llama 3.1 8B, 70B, 405B: tests/data/aiconfigurator_configs)"
+EXAMPLE = "llama-3.1-70b"
 SOURCE = "transformers src/transformers/models/llama/modeling_llama.py @00d4b3d2142c"
 READS = frozenset({"num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "attention_bias",
                    "hidden_act"})

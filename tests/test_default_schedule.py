@@ -1,0 +1,34 @@
+"""`plan`/`report` without --schedule: Megatron-Core's EP overlap where it runs (MoE layers and EP > 1,
+``overlap_moe_expert_parallel_comm``'s requirements), 1F1B elsewhere, and each in its interleaved form with --vpp."""
+
+from tessera_lab.pipeline.schedules import default_schedule
+
+
+def test_default_schedule_by_case():
+    assert default_schedule(None, 1) == "overlapped"
+    assert default_schedule(None, 2) == "interleaved-overlapped"
+    assert default_schedule(None, 1, ep_overlap=False) == "1f1b"
+    assert default_schedule(None, 5, ep_overlap=False) == "interleaved"
+    assert default_schedule("zb-h1", 1, ep_overlap=False) == "zb-h1"  # a given schedule is kept as given
+    assert default_schedule("1f1b", 4) == "1f1b"  # (and refused later for its vpp, as before)
+
+
+def test_plan_picks_the_default_from_the_model_and_vpp():
+    import argparse
+
+    from tessera_lab.cli.common import parallel_from_args
+    from tessera_lab.cli.plan import add_parser
+    from tessera_lab.model.spec import load_model
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+
+    def schedule(argv, model):
+        args = parser.parse_args(["plan", *argv])
+        return parallel_from_args(args, load_model(model)).schedule
+
+    assert schedule(["--vpp", "2"], "qwen3-30b-a3b") == "interleaved-overlapped"
+    assert schedule([], "qwen3-30b-a3b") == "overlapped"
+    assert schedule(["--ep", "1"], "qwen3-30b-a3b") == "1f1b"  # no EP: nothing for the EP overlap to hide
+    assert schedule(["--ep", "1", "--vpp", "5", "--tp", "4"], "llama-3.1-70b") == "interleaved"
+    assert schedule(["--schedule", "zb-h2"], "qwen3-8b") == "zb-h2"
