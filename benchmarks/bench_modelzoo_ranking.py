@@ -176,6 +176,54 @@ def evaluate() -> dict:
                 {k: alt[k] for k in UNPUBLISHED}), pub)}
 
 
+def fsdp_expert_floor_s(model, *, ep: int, gpus: int, tp: int, micro_batch_size: int, global_batch: int,
+                        nic_bytes_per_s: float, param_bytes: int = 2, grad_bytes: int = 4) -> dict:
+    """The least time Megatron FSDP's expert traffic takes on one GPU's NIC in one iteration (a floor: every byte at
+    the NIC's line rate, none hidden behind another, the dense layers' traffic left out): with
+    ``optim_grads_params`` sharding (Megatron-Core 1e057005, ``custom_fsdp/fully_sharded_data_parallel.py``:
+    parameters released after the forward and the backward, gradients reduce-scattered after every backward,
+    "For grads shard mode there will actually always be gradient sync happening") each micro-batch all-gathers a
+    rank's experts twice (forward, backward; the full recompute runs inside the backward's gather) in
+    ``param_bytes`` and reduce-scatters their gradients once in ``grad_bytes`` (4: fp32, Megatron's default for bf16
+    training without --grad-reduce-in-bf16), each moving (edp - 1) / edp of the buffer through every rank's NIC
+    (ring; the expert data-parallel group one rank a node when EP fills a node). Micro-batches = global batch /
+    (micro_batch_size x gpus / tp). Returns ``{"seconds", "microbatches", "edp", "expert_params_per_rank"}``."""
+    experts = sum(1 for ly in model.stack.layers if ly.ffn == "moe") * model.moe.num_experts
+    per_rank = experts // ep * 3 * model.hidden_size * model.moe.moe_intermediate_size
+    edp = gpus // ep
+    microbatches = global_batch // (micro_batch_size * gpus // tp)
+    moved = microbatches * per_rank * (2 * param_bytes + grad_bytes) * (edp - 1) / edp
+    return {"seconds": moved / nic_bytes_per_s, "microbatches": microbatches, "edp": edp,
+            "expert_params_per_rank": per_rank}
+
+
+def fsdp_floor_text() -> str:
+    """r3's published step time against :func:`fsdp_expert_floor_s` of its layout as the table reads (TP 2, DP 128,
+    GA 4) and as the commit's script reads (TP 1, GA 2), at the H100's NIC line rate and at the cost model's bus
+    efficiency (``nccl_bus_efficiency``); one sentence, computed."""
+    from tessera_lab.io import read_json
+    from tessera_lab.model.hardware import hardware_data
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.paths import data_dir
+
+    model = load_model("qwen3-235b-a22b")
+    nic = hardware_data()["gpus"]["H100-SXM"]["nic_gb_per_s_per_direction"] * 1e9
+    eff = read_json(data_dir() / "hardware" / "cost_model.json")["nccl_bus_efficiency"]["value"]
+    pub = published_times()["r3"]
+    table = fsdp_expert_floor_s(model, ep=8, gpus=256, tp=2, micro_batch_size=4, global_batch=2048,
+                                nic_bytes_per_s=nic)
+    script = fsdp_expert_floor_s(model, ep=8, gpus=256, tp=1, micro_batch_size=4, global_batch=2048,
+                                 nic_bytes_per_s=nic)
+    return (f"r3's FSDP floor (computed; fsdp_expert_floor_s): its {table['expert_params_per_rank'] / 1e9:.2f} B "
+            f"expert parameters a rank, all-gathered twice in bf16 and reduce-scattered once in fp32 per micro-batch "
+            f"over an expert data-parallel group of {table['edp']}, take {table['seconds']:.2f} s of one GPU's "
+            f"{nic / 1e9:.0f} GB/s NIC at line rate in the table's layout (TP 2, {table['microbatches']} "
+            f"micro-batches), {table['seconds'] / eff:.2f} s at the cost model's bus efficiency {eff:g}, against "
+            f"{pub:g} s published: the table's layout reaches its time only with every byte at line rate and hidden; "
+            f"the commit's script runs the row at TP 1 ({script['microbatches']} micro-batches, floor "
+            f"{script['seconds']:.2f} s)")
+
+
 def _unpublished_text(res: dict) -> str:
     """The sensitivity to settings the recipes do not use (:data:`UNPUBLISHED`), one sentence, computed."""
     alt, a = res["rows_unpublished_settings"], res["agreement_unpublished_settings"]
@@ -212,7 +260,7 @@ def markdown(res: dict) -> str:
             f"{', '.join(a['predicted_ties']) or 'none'}, so {a['agree_or_tied']} of {a['pairs']} pairs agree or are "
             f"tied. With the fitted host/sync term off: {b['agree']} of {b['pairs']} pairs, Kendall's tau-b "
             f"{b['kendall_tau_b']:.2f}; disagreeing: {', '.join(b['disagree']) or 'none'} (all computed).", "",
-            "S" + _unpublished_text(res)[1:] + "."]
+            "S" + _unpublished_text(res)[1:] + ".", "", fsdp_floor_text() + "."]
     return "\n".join(out)
 
 
@@ -249,6 +297,7 @@ def main() -> None:
           + f" (simulated); {agr_off['agree']} of {agr_off['pairs']} pairs agree, disagreeing "
           f"{agr_off['disagree'] or 'none'}, Kendall tau-b {agr_off['kendall_tau_b']:.2f} (computed)")
     print(_unpublished_text(res))
+    print(fsdp_floor_text())
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         with open(args.json, "w") as f:

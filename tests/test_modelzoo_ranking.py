@@ -86,3 +86,22 @@ def test_ranking_plans_the_runs_as_the_fidelity_set_maps_them():
     assert all(runs[b.LAYOUTS[k][0]]["expert_load"] == 1.0 for k in ("r1", "r2", "r3", "r4", "r5"))
     rows = b.recipe_rows(None)
     assert rows["r5"]["iteration_time_s"] == bp.predict(runs[b.LAYOUTS["r5"][0]], None)["iteration_time_s"]
+
+
+def test_fsdp_expert_floor_by_hand():
+    """Qwen3-235B-A22B, EP 8 of 128 experts: 16 experts x 94 layers x 3 GEMMs of 4096 x 1536 a rank; r3 as tabled
+    (256 H100, TP 2, MBS 4, GBS 2048: DP 128, GA 4; EDP 256 / 8 = 32): per micro-batch two bf16 gathers and one fp32
+    reduce-scatter, 31/32 of each through a 50 GB/s NIC."""
+    from tessera_lab.model.spec import load_model
+
+    bench = _bench()
+    per_rank = 16 * 94 * 3 * 4096 * 1536
+    got = bench.fsdp_expert_floor_s(load_model("qwen3-235b-a22b"), ep=8, gpus=256, tp=2, micro_batch_size=4,
+                                    global_batch=2048, nic_bytes_per_s=50e9)
+    assert got["expert_params_per_rank"] == per_rank == 28_387_049_472
+    assert got["microbatches"] == 4 and got["edp"] == 32
+    assert math.isclose(got["seconds"], 4 * per_rank * (2 + 2 + 4) * 31 / 32 / 50e9)
+    assert math.isclose(got["seconds"], 17.6, rel_tol=1e-3)  # the published step time, to the 0.1 s it is given in
+    tp1 = bench.fsdp_expert_floor_s(load_model("qwen3-235b-a22b"), ep=8, gpus=256, tp=1, micro_batch_size=4,
+                                    global_batch=2048, nic_bytes_per_s=50e9)
+    assert tp1["microbatches"] == 2 and math.isclose(tp1["seconds"], got["seconds"] / 2)
