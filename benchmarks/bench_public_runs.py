@@ -128,8 +128,8 @@ def parallel_for(run: dict, host_sync_s: float | None = 0.0):
         dp = dp_megatron // ep
     if cp > 1:
         notes.append(f"CP {cp}: each sequence split over {cp} ranks (Megatron DP = {run['gpus']} / (TP {tp} x CP "
-                     f"{cp} x PP {pp}) = {dp_megatron}); the EP groups take CP ranks as Megatron-Core's expert grid "
-                     "does (docs/context-parallel.md)")
+                     f"{cp} x PP {pp}) = {dp_megatron})" + ("; the EP groups take CP ranks as Megatron-Core's expert "
+                                                            "grid does (docs/context-parallel.md)" if ep > 1 else ""))
     m = run["gbs"] // (run["mbs"] * dp_megatron)
     if vp > 1:  # Megatron's interleaved 1F1B; with the EP overlap its combined-1F1B variant (one more warm-up)
         schedule = "interleaved-overlapped" if run.get("ep_overlap") else "interleaved"

@@ -59,7 +59,7 @@ def test_validity_notes():
     for mode in ("multistream", None):  # the grouped-kernel cause only where the plan runs one
         assert "grouped" not in H.mfu_note(0.216, grouped_gemm=mode) and "host or GPU time" in H.mfu_note(0.216, grouped_gemm=mode)
     assert H.mfu_note(0.2099) is None  # the default plan: inside the band
-    assert "above any published run" in H.mfu_note(0.50, moe=False)  # dense: Llama 3's 43% ceiling
+    assert "above the best BF16 MFU of a published large-scale dense run" in H.mfu_note(0.50, moe=False)  # 43%
     assert H.mfu_note(0.40, moe=False) is None
 
 
@@ -154,23 +154,36 @@ def test_a_moe_model_without_a_band_is_cautioned_above_every_published_moe_run()
 
 def test_a_dense_model_is_set_against_its_own_published_dense_runs():
     """Llama 3 70B's Megatron-Bridge H100 rows (FP8, 719 and 731 model TFLOP/s per GPU, read from the file here) over
-    the H100's 989 TFLOP/s dense bf16: the band 72.7%-73.9%; a Llama 3.1 8B config.json takes it as the closest
-    dense Llama; Qwen3-8B (no dense Qwen3 run) keeps the bare figure and the large-scale BF16 ceiling (43%)."""
+    the H100's 989 TFLOP/s dense bf16: the band 72.7%-73.9% for an FP8 plan on H100; Llama 3.1 405B's B200 row (1667
+    over B200's 2250) for a plan on B200; a Llama 3.1 8B config.json takes the 70B's as the closest dense Llama. No
+    band across GPUs or precisions: a BF16 plan keeps the bare figure and the large-scale BF16 ceiling (43%), an FP8
+    plan without a band the bare figure alone."""
     runs = json.loads((Path(__file__).parents[1] / "data" / "published" / "megatron_bridge.json").read_text())["runs"]
     mine = sorted(r["model_tflops_per_gpu"] for r in runs if r["model"] == "llama-3.1-70b" and r["gpu"] == "H100")
     assert mine == [719, 731]
     lo, hi = 719 / 989, 731 / 989
-    t = H.mfu_text(0.80, moe=False, model="llama-3.1-70b")
+    h100 = {"gpu": "H100-SXM", "precision": "fp8"}
+    t = H.mfu_text(0.80, moe=False, model="llama-3.1-70b", **h100)
     assert t == (f"80.0%, ABOVE the published band ({lo:.1%}-{hi:.1%} Megatron-Bridge llama-3.1-70b on H100 "
                  "(FP8 runs, model TFLOP/s / 989 bf16))")
-    assert H.mfu_note(0.80, moe=False, model="llama-3.1-70b").startswith(f"MFU 80.0% is above the published band (max {hi:.1%}")
-    assert H.mfu_note(0.70, moe=False, model="llama-3.1-70b") is None  # below the band: no caution
-    small = "tests/data/aiconfigurator_configs/meta-llama--Meta-Llama-3.1-8B_config.json"
+    assert H.mfu_note(0.80, moe=False, model="llama-3.1-70b", **h100).startswith(
+        f"MFU 80.0% is above the published band (max {hi:.1%}")
+    assert H.mfu_note(0.70, moe=False, model="llama-3.1-70b", **h100) is None  # below the band: no caution
+    b200 = [r["model_tflops_per_gpu"] for r in runs if r["model"] == "llama-3.1-405b" and r["gpu"] == "B200"]
+    assert b200 == [1667]
+    assert H.mfu_text(0.80, moe=False, model="llama-3.1-405b", gpu="B200", precision="fp8").startswith(
+        f"80.0%, ABOVE the published band ({1667 / 2250:.1%} Megatron-Bridge llama-3.1-405b on B200")
     from tessera_lab.model.spec import load_model
 
-    assert "llama-3.1-70b (stand-in for" in H.mfu_text(0.5, moe=False, model=load_model(small))
-    assert H.mfu_text(0.5, moe=False, model="qwen3-8b") == "50.0%"
-    assert "above any published run of this model class (43%" in H.mfu_note(0.5, moe=False, model="qwen3-8b")
+    small = load_model("tests/data/aiconfigurator_configs/meta-llama--Meta-Llama-3.1-8B_config.json")
+    assert "llama-3.1-70b (stand-in for" in H.mfu_text(0.5, moe=False, model=small, **h100)
+    # another GPU or precision than the runs': no band
+    assert H.mfu_text(0.5, moe=False, model="llama-3.1-70b", gpu="H200", precision="fp8") == "50.0%"
+    assert H.mfu_text(0.5, moe=False, model="llama-3.1-70b", gpu="H100-SXM", precision="bf16") == "50.0%"
+    assert "best BF16 MFU of a published large-scale dense run (43%" in H.mfu_note(
+        0.5, moe=False, model="llama-3.1-70b", gpu="H100-SXM", precision="bf16")
+    assert H.mfu_note(0.5, moe=False, model="qwen3-8b", gpu="H200", precision="fp8") is None
+    assert H.mfu_text(0.5, moe=False, model="qwen3-8b", gpu="H200", precision="bf16") == "50.0%"
 
 
 # ----------------------------------------------------------------------------------------------- one number, everywhere

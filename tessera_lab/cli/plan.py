@@ -300,8 +300,8 @@ def format_plan(plan) -> str:
     lines.extend(details)
     lines.extend(_trial_lines(plan))
     lines.append(mfu_line(plan))
-    flag = mfu_note(plan.chosen.mfu, moe=m.moe.num_experts > 0, model=m,
-                    grouped_gemm=getattr(p, "grouped_gemm", None))  # validity flag
+    flag = mfu_note(plan.chosen.mfu, moe=m.moe.num_experts > 0, model=m, gpu=plan.cluster.gpu.name,
+                    precision=p.precision, grouped_gemm=getattr(p, "grouped_gemm", None))  # validity flag
     if flag:
         lines.append(f"warning: {flag}")
     lines.append("MFU: Megatron-LM model FLOPs (3 x forward GEMM + attention FLOPs, causal at half) / "

@@ -70,8 +70,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from tessera_lab.report.headline import mfu_note, mfu_text
 
     moe = plan.model.moe.num_experts > 0
-    flag = mfu_note(rep.mfu, moe=moe, grouped_gemm=getattr(plan.parallel, "grouped_gemm", None), model=plan.model)
-    band = f"MFU against published runs: {mfu_text(rep.mfu, moe=moe, model=plan.model)}\n" + (f"warning: {flag}\n" if flag else "")
+    where = {"gpu": plan.cluster.gpu.name, "precision": plan.parallel.precision}
+    flag = mfu_note(rep.mfu, moe=moe, grouped_gemm=getattr(plan.parallel, "grouped_gemm", None), model=plan.model,
+                    **where)
+    band = (f"MFU against published runs: {mfu_text(rep.mfu, moe=moe, model=plan.model, **where)}\n"
+            + (f"warning: {flag}\n" if flag else ""))
     text = ("".join(f"plan: {line}\n" for line in plan.reevaluation) + rep.format() + "\n" + band
             + _memory_text(plan, result) + terms.format(rep.iteration_time_s))
     if plan.model.approximate:  # unknown config fields were ignored: said first, as in the plan

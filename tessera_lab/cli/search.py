@@ -148,8 +148,9 @@ def format_search(res, top: int, model=None) -> str:
     if model is not None:
         from tessera_lab.report.headline import mfu_note, mfu_text
 
-        lines.append(f"MFU of #1 (simulated): {mfu_text(ranked[0].result['mfu'], moe=moe, model=model)}")
-        if flag := mfu_note(ranked[0].result["mfu"], moe=moe, model=model):  # as `plan` flags it
+        where = {"gpu": res.gpu, "precision": ranked[0].layout.parallel(res.seq_len).precision}
+        lines.append(f"MFU of #1 (simulated): {mfu_text(ranked[0].result['mfu'], moe=moe, model=model, **where)}")
+        if flag := mfu_note(ranked[0].result["mfu"], moe=moe, model=model, **where):  # as `plan` flags it
             lines.append(f"warning: {flag}")
     if ranked[0].layout.schedule not in MEGATRON_SCHEDULES:
         runs = [(i, c) for i, c in enumerate(res.ranked, start=1) if c.layout.schedule in MEGATRON_SCHEDULES]

@@ -134,8 +134,11 @@ def sync_note(model: ModelSpec, parallel: ParallelConfig, cost_model, sm: StageC
     given = parallel.host_sync_s is None
     return ((f"host/sync term: {c * 1e3:.2f} ms per MoE layer forward and micro-batch ({waits} host "
              f"wait{'s' if waits != 1 else ''} x {c / waits * 1e3:.2f} ms: {', '.join(named)}) "
-            f"({FITTED_PROVENANCE if given else 'set by --host-sync-ms'}; the dropless EP dispatch "
-            f"({parallel.dispatcher}) waits on the host's token counts before its all-to-all; carried in full by "
+            f"({FITTED_PROVENANCE if given else 'set by --host-sync-ms'}; "
+            + (f"the dropless EP dispatch ({parallel.dispatcher}) waits on the host's token counts before its "
+               "all-to-all" if parallel.ep > 1 else f"the dropless dispatch ({parallel.dispatcher}) waits on the "
+               "host's token counts for the grouped GEMM's splits (EP 1)")
+            + "; carried in full by "
             f"every forward run apart; a forward an EP-overlap schedule pairs with a backward carries only what the "
             f"paired backward's expert (mlp) node, queued before the wait in Megatron-Core's issue order, does not "
             f"hide; tessera_lab/cost/sync.py) adds {t - t0:.4f} s to the iteration (simulated on the chosen "

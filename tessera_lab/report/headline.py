@@ -187,11 +187,11 @@ def band_type(model_type: str) -> str:
 
 
 def _same_type_stand_in(name: str, model_type: str, runs: list[dict], total: float | None = None,
-                        moe: bool | None = None) -> str | None:
+                        moe: bool | None = None, gpu: str = MB_BAND_GPU) -> str | None:
     """The published model of the same model family (one reader of :mod:`tessera_lab.model.families`: the same
     architecture at another size or revision, e.g. gpt-oss-120b for gpt-oss-20b, deepseek-v3 for deepseek-v3.2,
-    qwen3-30b-a3b for Qwen3-VL's MoE text model) and the same kind (MoE or dense) with a run on
-    :data:`MB_BAND_GPU`, closest to ``name`` in total parameters (by ratio; ``total`` and ``moe``: the model's own,
+    qwen3-30b-a3b for Qwen3-VL's MoE text model) and the same kind (MoE or dense) with a run on ``gpu`` (default
+    :data:`MB_BAND_GPU`), closest to ``name`` in total parameters (by ratio; ``total`` and ``moe``: the model's own,
     given for a model loaded from a config.json, else read from the shipped model ``name``); None when there is
     none, or when ``name`` is not shipped and they are not given."""
     from tessera_lab.errors import ConfigError
@@ -204,7 +204,7 @@ def _same_type_stand_in(name: str, model_type: str, runs: list[dict], total: flo
             total, moe = _shipped_params(name), bool(load_model(name).has_moe)
     except (ConfigError, OSError):
         return None
-    same = {r["model"] for r in runs if r["gpu"] == MB_BAND_GPU and r["model"] != name
+    same = {r["model"] for r in runs if r["gpu"] == gpu and r["model"] != name
             and reader_for(load_model(r["model"]).model_type) is family
             and bool(load_model(r["model"]).has_moe) == moe}
     return min(same, key=lambda m: abs(math.log(_shipped_params(m) / total)), default=None)
@@ -240,23 +240,49 @@ def position(value: float, lo: float, hi: float) -> str:
     return "inside" if lo <= value <= hi else ("above" if value > hi else "below")
 
 
-def dense_band(model: Any) -> dict[str, Any] | None:
-    """The published band of a dense ``model`` (a ModelSpec or a shipped model's name): :func:`published_mfu_band`
-    (Megatron-Bridge runs of the model, or of the dense model of the same family closest in size, on
-    :data:`MB_BAND_GPU`); ``None`` without a model or without such a run."""
-    if model is None:
+def dense_band(model: Any, gpu: str | None = None, precision: str | None = None) -> dict[str, Any] | None:
+    """The published band of a dense ``model`` (a ModelSpec or a shipped model's name) for a plan on ``gpu`` (a GPU
+    type as ``data/hardware`` names it, ``H100-SXM`` or ``H100``) in ``precision`` (``bf16``/``fp8``): the
+    Megatron-Bridge runs (``data/published/megatron_bridge.json``) of the model, else of the dense model of the same
+    family closest in size, on that GPU type and in that precision, model TFLOP/s per GPU / the GPU's dense bf16 peak
+    (the plan's MFU convention). ``{"lo", "hi", "bands": [...], "family"}`` as :func:`published_mfu_band`; ``None``
+    without a model, a GPU or a precision, or without such a run (a dense plan is never set against runs of
+    another GPU or precision)."""
+    if model is None or gpu is None or precision is None:
         return None
-    band = published_mfu_band(model)
-    return band if band["bands"] else None
+    from tessera_lab.model.hardware import hardware_data
+    from tessera_lab.paths import read_data_json
+
+    name, model_type, moe = _model_key(model)
+    if moe:
+        return None
+    kind = gpu.split("-")[0]
+    runs = [r for r in read_data_json("published/megatron_bridge.json", "published runs")["runs"]
+            if r["gpu"] == kind and r.get("precision") == precision and r.get("model_tflops_per_gpu")]
+    total = model.param_counts().total if not isinstance(model, str) else None
+    mb_model = (name if any(r["model"] == name for r in runs)
+                else _same_type_stand_in(name, model_type, runs, total, False, gpu=kind))
+    mine = [r for r in runs if r["model"] == mb_model]
+    if not mine:
+        return None
+    peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items() if k.split("-")[0] == kind)
+    mfu = [r["model_tflops_per_gpu"] / peak for r in mine]
+    stand_in = "" if mb_model == name else f" (stand-in for {name})"
+    band = {"name": "megatron_bridge", "lo": min(mfu), "hi": max(mfu),
+            "source": f"Megatron-Bridge {mb_model}{stand_in} on {kind} ({precision.upper()} runs, model TFLOP/s / "
+                      f"{peak:.0f} bf16)"}
+    return {"lo": band["lo"], "hi": band["hi"], "bands": [band], "family": model_type}
 
 
-def mfu_text(mfu: float, *, moe: bool = True, model: Any = None) -> str:
+def mfu_text(mfu: float, *, moe: bool = True, model: Any = None, gpu: str | None = None,
+             precision: str | None = None) -> str:
     """``"21.0%: inside 15.9%-21.1% Tessera paper, ...; above 11.9%-21.0% Megatron-Bridge ..."``: the MFU against
-    the published band of ``model``'s family (:func:`published_mfu_band`; a dense model's: :func:`dense_band`);
+    the published band of ``model``'s family (:func:`published_mfu_band`; a dense model's: :func:`dense_band` on the
+    plan's ``gpu`` in its ``precision``);
     a dense model without a band, and a MoE model without one, get the bare percentage (the latter with a caution
     when it exceeds every published MoE run's MFU, :func:`highest_published_mfu`)."""
     if not moe:
-        band = dense_band(model)
+        band = dense_band(model, gpu, precision)
         return f"{mfu:.1%}" if band is None else _band_text(mfu, band)
     top = highest_published_mfu()
     above = (f"; ABOVE every published MoE run's MFU here (highest {top['mfu']:.1%}, {top['source']})"
@@ -284,7 +310,9 @@ def mfu_line(plan: Any) -> str:
     """``MFU of the chosen plan (simulated): 14.7%, below ...``: a plan's MFU against its published band
     (:func:`mfu_text`), as ``plan`` prints it and the planning panels show it."""
     m = plan.model
-    return f"MFU of the chosen plan (simulated): {mfu_text(plan.chosen.mfu, moe=m.moe.num_experts > 0, model=m)}"
+    return ("MFU of the chosen plan (simulated): "
+            + mfu_text(plan.chosen.mfu, moe=m.moe.num_experts > 0, model=m, gpu=plan.cluster.gpu.name,
+                       precision=plan.parallel.precision))
 
 
 # ----------------------------------------------------------------------------------------------- headline numbers
@@ -397,10 +425,11 @@ def gain_note(gain: float, spread: float) -> str | None:
     return None
 
 
-def mfu_note(mfu: float, *, moe: bool = True, grouped_gemm: str | None = None, model: Any = None) -> str | None:
+def mfu_note(mfu: float, *, moe: bool = True, grouped_gemm: str | None = None, model: Any = None,
+             gpu: str | None = None, precision: str | None = None) -> str | None:
     """Flag a planned MFU above the published band: for MoE models :func:`published_mfu_band` of ``model``'s family
-    (``None``: the default plan's model), for dense ones their :func:`dense_band`, else the best published
-    large-scale BF16 run (:data:`PUBLISHED_MFU_CEILING`).
+    (``None``: the default plan's model), for dense ones their :func:`dense_band` (on ``gpu`` in ``precision``),
+    else the best BF16 MFU of a published large-scale dense run (:data:`PUBLISHED_MFU_CEILING`).
     ``grouped_gemm`` (the plan's expert-GEMM mode) picks the likely cause named: ``grouped`` (one grouped kernel,
     which the recipes do not run), else the per-layer host work the cost model may undercount."""
     if moe:
@@ -416,16 +445,17 @@ def mfu_note(mfu: float, *, moe: bool = True, grouped_gemm: str | None = None, m
             return (f"MFU {mfu:.1%} is above every published MoE run's (highest {top['mfu']:.1%}, "
                     f"{mfu / top['mfu']:.2f}x): " + cause)
         return None
-    band = dense_band(model)
-    if band is not None:  # the model's own (or its family's) published dense runs
+    band = dense_band(model, gpu, precision)
+    if band is not None:  # the model's own (or its family's) published dense runs on this GPU, in this precision
         if mfu > band["hi"]:
             return (f"MFU {mfu:.1%} is above the published band (max {band['hi']:.1%}, {mfu / band['hi']:.2f}x): "
                     "simulated, likely optimistic")
         return None
     ceiling = PUBLISHED_MFU_CEILING["dense"]
-    if mfu > ceiling:
-        return (f"MFU {mfu:.1%} is above any published run of this model class ({ceiling:.0%}, "
-                f"{PUBLISHED_MFU_SOURCE}): simulated, likely optimistic")
+    if precision in (None, "bf16") and mfu > ceiling:  # a BF16 figure: an FP8 plan's MFU is not comparable
+        return (f"MFU {mfu:.1%} is above the best BF16 MFU of a published large-scale dense run ({ceiling:.0%}, "
+                f"{PUBLISHED_MFU_SOURCE}; no published run of this model's family on this GPU in this precision): "
+                "simulated, likely optimistic")
     return None
 
 

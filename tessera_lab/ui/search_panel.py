@@ -294,7 +294,8 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
     from tessera_lab.report.headline import mfu_text
     from tessera_lab.ui.widgets import plan_notes
 
-    mfu = mfu_text(plan.chosen.mfu, moe=plan.model.has_moe, model=plan.model)
+    mfu = mfu_text(plan.chosen.mfu, moe=plan.model.has_moe, model=plan.model, gpu=plan.cluster.gpu.name,
+                   precision=plan.parallel.precision)
     notes[:0] = plan_notes(plan)  # the same validity notes as the planning panels (MFU above the published band)
     info.append(f"MFU of #{show} (simulated): {mfu}")
     info.append(f"global batch: {res.global_batch:,} sequences of {res.seq_len:,} tokens = "
@@ -322,9 +323,9 @@ def _search_state(res: SearchResult, v: dict[str, Any], knobs: dict[str, Any], t
                          f"plan): {larger}")
         else:
             info.append(text + "none of which can beat #1 (their time bounds are not below it)")
+    head = f"#{show}: {cand.layout.text(plan.model.has_moe)}: iteration {plan.chosen.iteration_time_s:.3f} s (simulated)"
     figs = [search_heatmap(grid, (cand.layout.pp, cand.layout.ep)),
-            gantt(plan.chosen.timeline, title=textwrap.fill(f"#{show}: {cand.layout.text()}: iteration "
-                                                            f"{plan.chosen.iteration_time_s:.3f} s (simulated)", 90))]
+            gantt(plan.chosen.timeline, title=textwrap.fill(head, 90))]
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     caption = search_caption(res, v["max_plans"], seconds, cpu, reused)
     return {"result": res, "plan": plan, "table": table, "grid": grid, "figures": figs, "notes": notes, "info": info,

@@ -2,7 +2,7 @@
 
 Each panel is :func:`tessera_lab.ui.panel.panel` over one pure function that tests call directly (:func:`replan` /
 :func:`plan_summary`, :func:`compare_partitions`). Tables name every partition that does not fit in GPU memory and
-flag a planned MFU above any published run. ipywidgets and matplotlib are imported inside the panel builders."""
+flag a planned MFU above the published runs. ipywidgets and matplotlib are imported inside the panel builders."""
 
 from __future__ import annotations
 
@@ -96,13 +96,13 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 
 
 def plan_notes(plan: Plan) -> list[str]:
-    """Validity notes of a plan: partitions that do not fit in memory, MFU above any published run."""
-    notes = []
+    """Validity notes of a plan: partitions that do not fit in memory, MFU above the published runs."""
+    notes, p = [], plan.parallel
+    flag = mfu_note(plan.chosen.mfu, moe=plan.model.moe.num_experts > 0, model=plan.model, gpu=plan.cluster.gpu.name,
+                    precision=p.precision, grouped_gemm=getattr(p, "grouped_gemm", None))
     for ev in [plan.chosen, *plan.baselines.values()]:
         name = "overlap-aware (ilp)" if ev is plan.chosen else ev.method
-        for note in (memory_note(name, ev, plan.memory_capacity_bytes),
-                     mfu_note(ev.mfu, moe=plan.model.moe.num_experts > 0, model=plan.model,
-                              grouped_gemm=getattr(plan.parallel, "grouped_gemm", None)) if ev is plan.chosen else None):
+        for note in (memory_note(name, ev, plan.memory_capacity_bytes), flag if ev is plan.chosen else None):
             if note:
                 notes.append(note)
     return notes
