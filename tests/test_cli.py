@@ -178,11 +178,13 @@ def test_plan_gpus_sets_the_data_parallel_replicas(capsys):
         assert main(["plan", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
-    # a dense model: the default ep 8 multiplies the replica as data-parallel ranks; the line says so, and --ep 1 plans
-    assert main(["plan", "--model", "qwen3-8b", "--gpus", "16", "--pp", "4"]) == 2
+    # a dense model: the default EP is 1 (16 / 4 = dp 4); an ep given to it multiplies the replica as data-parallel
+    # ranks, and the refusal says so
+    assert main(["plan", "--model", "qwen3-8b", "--gpus", "16", "--pp", "4", "--json", "-"]) == 0
+    got = json.loads(capsys.readouterr().out)["parallel"]
+    assert got["dp"] == 4 and got["ep"] == 1
+    assert main(["plan", "--model", "qwen3-8b", "--gpus", "16", "--pp", "4", "--ep", "8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith("qwen3-8b has no MoE, so ep 8 counts as data-parallel replicas (--ep 1 "
                                              "takes it out)"), err
-    assert main(["plan", "--model", "qwen3-8b", "--gpus", "16", "--pp", "4", "--ep", "1", "--json", "-"]) == 0
-    assert json.loads(capsys.readouterr().out)["parallel"]["dp"] == 4
     assert main(["plan", "--gpus", "100"]) == 2 and "has no MoE" not in capsys.readouterr().err

@@ -185,7 +185,7 @@ def test_report_diff_expert_change_on_a_dense_model_names_the_typed_key(capsys, 
 
 
 def test_memory_refusal_of_a_dense_model_does_not_suggest_ep(capsys):
-    for argv in (["--pp", "2"], ["--pp", "2", "--vpp", "2", "--schedule", "interleaved"]):
+    for argv in (["--pp", "2", "--dp", "8"], ["--pp", "2", "--dp", "8", "--vpp", "2", "--schedule", "interleaved"]):
         err = _error(capsys, ["plan", "--model", "nemotron-h-56b", *argv])  # 56B dense: 2 stages cannot hold it
         assert "GiB" in err and "shard further (tp, dp with a distributed optimizer)" in err, err
         assert "ep" not in err.split("shard further")[1].split(")")[0] and "expert" not in err, err

@@ -239,6 +239,8 @@ def parallel_from_args(args: argparse.Namespace, model=None):
     """
     from tessera_lab.model.hardware import ParallelConfig, dp_for_gpus
 
+    if args.ep is None:  # the default: EP 8 for a MoE model, 1 for a dense one (it has no experts to shard)
+        args.ep = 8 if model is None or model.has_moe else 1
     one = ParallelConfig(pp=args.pp, tp=args.tp, ep=args.ep, dp=1, cp=getattr(args, "cp", 1),
                          ep_spans_tp=bool(getattr(args, "ep_spans_tp", False)))
     sizes = " x ".join(f"{k} {v}" for k, v in (("pp", one.pp), ("ep", one.ep), ("tp", one.tp), ("cp", one.cp))
@@ -329,7 +331,7 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     add_memory_reserve_option(p)
     p.add_argument("--pp", type=positive_int("pp"), default=8)
     p.add_argument("--vpp", type=positive_int("vpp"), default=1, help="virtual stages (model chunks) per pipeline rank")
-    p.add_argument("--ep", type=positive_int("ep"), default=8)
+    p.add_argument("--ep", type=positive_int("ep"), default=None, help="expert parallelism (default 8; dense: 1)")
     p.add_argument("--tp", type=positive_int("tp"), default=1)
     p.add_argument("--dp", type=positive_int("dp"), default=None,
                    help="data-parallel replicas of one EP group (default 1, or what --gpus leaves)")

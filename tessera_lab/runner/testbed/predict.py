@@ -379,6 +379,8 @@ def cmd_plan_device(args) -> int:
     dev = load_device(args.device)
     from .probe import available_cores
 
+    if args.ep is None:  # plan's default EP (the runner's models are MoE)
+        args.ep = 8
     dp = dp_for_gpus(getattr(args, "gpus", None), args.dp, args.pp * args.ep)  # the runner's world: pp x ep x dp
     avail = available_cores(int(dev["metadata"].get("cores") or os.cpu_count() or 1),
                             processes=args.pp * args.ep * dp)
