@@ -156,8 +156,8 @@ def test_a_dense_model_is_set_against_its_own_published_dense_runs():
     """Llama 3 70B's Megatron-Bridge H100 rows (FP8, 719 and 731 model TFLOP/s per GPU, read from the file here) over
     the H100's 989 TFLOP/s dense bf16: the band 72.7%-73.9% for an FP8 plan on H100; Llama 3.1 405B's B200 row (1667
     over B200's 2250) for a plan on B200; a Llama 3.1 8B config.json takes the 70B's as the closest dense Llama. No
-    band across GPUs or precisions: a BF16 plan keeps the bare figure and the large-scale BF16 ceiling (43%), an FP8
-    plan without a band the bare figure alone."""
+    band across GPU types (an H200 counts as an H100) or precisions: a BF16 plan keeps the bare figure and the
+    large-scale BF16 ceiling (43%), an FP8 plan without a band the bare figure alone."""
     runs = json.loads((Path(__file__).parents[1] / "data" / "published" / "megatron_bridge.json").read_text())["runs"]
     mine = sorted(r["model_tflops_per_gpu"] for r in runs if r["model"] == "llama-3.1-70b" and r["gpu"] == "H100")
     assert mine == [719, 731]
@@ -178,7 +178,10 @@ def test_a_dense_model_is_set_against_its_own_published_dense_runs():
     small = load_model("tests/data/aiconfigurator_configs/meta-llama--Meta-Llama-3.1-8B_config.json")
     assert "llama-3.1-70b (stand-in for" in H.mfu_text(0.5, moe=False, model=small, **h100)
     # another GPU or precision than the runs': no band
-    assert H.mfu_text(0.5, moe=False, model="llama-3.1-70b", gpu="H200", precision="fp8") == "50.0%"
+    assert H.mfu_text(0.5, moe=False, model="llama-3.1-70b", gpu="GB200", precision="fp8") == "50.0%"
+    # the H200 takes the H100's runs (same SMs and bf16 peak), as the MoE bands do
+    assert "Megatron-Bridge llama-3.1-70b on H100" in H.mfu_text(0.5, moe=False, model="llama-3.1-70b", gpu="H200",
+                                                                precision="fp8")
     assert H.mfu_text(0.5, moe=False, model="llama-3.1-70b", gpu="H100-SXM", precision="bf16") == "50.0%"
     assert "best BF16 MFU of a published large-scale dense run (43%" in H.mfu_note(
         0.5, moe=False, model="llama-3.1-70b", gpu="H100-SXM", precision="bf16")

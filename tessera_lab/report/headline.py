@@ -244,7 +244,8 @@ def dense_band(model: Any, gpu: str | None = None, precision: str | None = None)
     """The published band of a dense ``model`` (a ModelSpec or a shipped model's name) for a plan on ``gpu`` (a GPU
     type as ``data/hardware`` names it, ``H100-SXM`` or ``H100``) in ``precision`` (``bf16``/``fp8``): the
     Megatron-Bridge runs (``data/published/megatron_bridge.json``) of the model, else of the dense model of the same
-    family closest in size, on that GPU type and in that precision, model TFLOP/s per GPU / the GPU's dense bf16 peak
+    family closest in size, on that GPU type (H100 runs for an H200, as :func:`published_mfu_band` takes them) and in
+    that precision, model TFLOP/s per GPU / the GPU's dense bf16 peak
     (the plan's MFU convention). ``{"lo", "hi", "bands": [...], "family"}`` as :func:`published_mfu_band`; ``None``
     without a model, a GPU or a precision, or without such a run (a dense plan is never set against runs of
     another GPU or precision)."""
@@ -257,6 +258,7 @@ def dense_band(model: Any, gpu: str | None = None, precision: str | None = None)
     if moe:
         return None
     kind = gpu.split("-")[0]
+    kind = MB_BAND_GPU if kind == "H200" else kind  # the H200 is an H100 with more HBM: same SMs and bf16 peak
     runs = [r for r in read_data_json("published/megatron_bridge.json", "published runs")["runs"]
             if r["gpu"] == kind and r.get("precision") == precision and r.get("model_tflops_per_gpu")]
     total = model.param_counts().total if not isinstance(model, str) else None
