@@ -32,3 +32,19 @@ def test_plan_picks_the_default_from_the_model_and_vpp():
     assert schedule(["--ep", "1"], "qwen3-30b-a3b") == "1f1b"  # no EP: nothing for the EP overlap to hide
     assert schedule(["--ep", "1", "--vpp", "5", "--tp", "4"], "llama-3.1-70b") == "interleaved"
     assert schedule(["--schedule", "zb-h2"], "qwen3-8b") == "zb-h2"
+
+
+def test_auto_leaves_out_the_ep_overlap_where_megatron_cannot_run_it():
+    """`--schedule auto` tries the EP-overlap schedules only with MoE layers and EP > 1 (a dense model or EP 1 has
+    nothing for Megatron-Core's EP overlap to hide, and it refuses to run it), as the layout search does."""
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.plan.make import auto_candidates
+
+    moe, dense = load_model("qwen3-30b-a3b"), load_model("qwen3-8b")
+    names = {n for n, _ in auto_candidates(moe, ParallelConfig(pp=4, ep=8))}
+    assert {"overlapped", "interleaved-overlapped"} <= names
+    for m, ep in ((moe, 1), (dense, 1), (dense, 8)):
+        got = auto_candidates(m, ParallelConfig(pp=4, ep=ep))
+        assert not {"overlapped", "interleaved-overlapped"} & {n for n, _ in got}
+        assert ("1f1b", 1) in got and ("interleaved", 2) in got

@@ -152,6 +152,9 @@ def test_a_moe_model_without_a_band_is_cautioned_above_every_published_moe_run()
     assert H.mfu_text(0.55, moe=False) == "55.0%"
 
 
+NONE = " (no published dense run of this model's family on this GPU type in this precision)"
+
+
 def test_a_dense_model_is_set_against_its_own_published_dense_runs():
     """Llama 3 70B's Megatron-Bridge H100 rows (FP8, 719 and 731 model TFLOP/s per GPU, read from the file here) over
     the H100's 989 TFLOP/s dense bf16: the band 72.7%-73.9% for an FP8 plan on H100; Llama 3.1 405B's B200 row (1667
@@ -178,15 +181,15 @@ def test_a_dense_model_is_set_against_its_own_published_dense_runs():
     small = load_model("tests/data/aiconfigurator_configs/meta-llama--Meta-Llama-3.1-8B_config.json")
     assert "llama-3.1-70b (stand-in for" in H.mfu_text(0.5, moe=False, model=small, **h100)
     # another GPU or precision than the runs': no band
-    assert H.mfu_text(0.5, moe=False, model="llama-3.1-70b", gpu="GB200", precision="fp8") == "50.0%"
+    assert H.mfu_text(0.5, moe=False, model="llama-3.1-70b", gpu="GB200", precision="fp8") == "50.0%" + NONE
     # the H200 takes the H100's runs (same SMs and bf16 peak), as the MoE bands do
     assert "Megatron-Bridge llama-3.1-70b on H100" in H.mfu_text(0.5, moe=False, model="llama-3.1-70b", gpu="H200",
                                                                 precision="fp8")
-    assert H.mfu_text(0.5, moe=False, model="llama-3.1-70b", gpu="H100-SXM", precision="bf16") == "50.0%"
+    assert H.mfu_text(0.5, moe=False, model="llama-3.1-70b", gpu="H100-SXM", precision="bf16") == "50.0%" + NONE
     assert "best BF16 MFU of a published large-scale dense run (43%" in H.mfu_note(
         0.5, moe=False, model="llama-3.1-70b", gpu="H100-SXM", precision="bf16")
     assert H.mfu_note(0.5, moe=False, model="qwen3-8b", gpu="H200", precision="fp8") is None
-    assert H.mfu_text(0.5, moe=False, model="qwen3-8b", gpu="H200", precision="bf16") == "50.0%"
+    assert H.mfu_text(0.5, moe=False, model="qwen3-8b", gpu="H200", precision="bf16") == "50.0%" + NONE
 
 
 # ----------------------------------------------------------------------------------------------- one number, everywhere

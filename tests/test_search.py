@@ -416,7 +416,8 @@ def test_dense_model_rows_carry_no_moe_labels():
     assert "ep " not in res.ranked[0].layout.text(moe=False)
     # with the model, the first layout's MFU line: a dense model has no published band, the bare percentage
     mfu_line = next(ln for ln in format_search(res, 3, dense).splitlines() if ln.startswith("MFU of #1"))
-    assert mfu_line == f"MFU of #1 (simulated): {res.ranked[0].result['mfu']:.1%}"
+    assert mfu_line == (f"MFU of #1 (simulated): {res.ranked[0].result['mfu']:.1%} (no published dense run of this "
+                        "model's family on this GPU type in this precision)")
     lay = S.Layout(4, 2, 16, 2, 4, 8, 1, "interleaved-overlapped", "none", "deepep", True)  # EP spans TP
     row = _row(1, S.Candidate(lay, 0.0, 0.0, {"iteration_time_s": 1.0, "tokens_per_s": 1.0, "mfu": 0.1,
                                                "bubble_fraction": 0.1, "peak_memory_gib": 1.0, "headroom_gib": 1.0}))

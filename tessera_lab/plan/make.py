@@ -1,13 +1,12 @@
 """The main job: model -> tasks -> costs -> partition -> schedule -> simulate -> metrics.
 
-:func:`make_plan` turns a :class:`~tessera_lab.model.spec.ModelSpec`, a
-:class:`~tessera_lab.model.hardware.ParallelConfig` and a :class:`~tessera_lab.model.hardware.Cluster` into a
-:class:`Plan`: stage boundaries chosen by the requested method and objective, each stage's time per micro-batch
-and memory, the simulated iteration, tokens/s, MFU and bubble, the same numbers for baseline partitions
-evaluated with the same schedule and simulator (a fair comparison), and the :class:`~tessera_lab.cost.source.CostSource`
-the costs came from. With the default objective ``auto`` the chosen plan is never slower in simulation than a
-baseline that fits memory. ``schedule="auto"`` tries every schedule the planner can simulate and keeps the
-fastest that fits (each is reported).
+:func:`make_plan` turns a :class:`~tessera_lab.model.spec.ModelSpec`, a :class:`~tessera_lab.model.hardware.ParallelConfig`
+and a :class:`~tessera_lab.model.hardware.Cluster` into a :class:`Plan`: stage boundaries chosen by the requested method
+and objective, each stage's time per micro-batch and memory, the simulated iteration, tokens/s, MFU and bubble, the
+same numbers for baseline partitions evaluated with the same schedule and simulator (a fair comparison), and the
+:class:`~tessera_lab.cost.source.CostSource` the costs came from. With the default objective ``auto`` the chosen plan
+is never slower in simulation than a baseline that fits memory. ``schedule="auto"`` tries every schedule the planner
+can simulate (the EP-overlap ones where Megatron-Core runs them) and keeps the fastest that fits (each is reported).
 
 MFU = model FLOPs per iteration / (iteration time x GPUs x peak dense bf16 FLOP/s), with model FLOPs
 in Megatron-LM's convention (:func:`tessera_lab.model.tasks.model_flops_per_iteration`).
@@ -34,7 +33,7 @@ from tessera_lab.plan.objective import REFINE_BUDGET, refine, schedule_path_cost
 from tessera_lab.plan.problem import LAYER_COUNT_REFUSAL, without_schedule_hint
 from tessera_lab.plan.partition import (Partition, PartitionProblem, check_memory, score_boundaries, solve,
                                        uniform_boundaries)
-from tessera_lab.plan.stages import PAIR_SEARCH_BUDGET, StageCostModel, build_stage_model, layer_pair_costs
+from tessera_lab.plan.stages import OVERLAPPED_SCHEDULES, PAIR_SEARCH_BUDGET, StageCostModel, build_stage_model, layer_pair_costs
 
 __all__ = ["BASELINES", "DEFAULT_GPU", "DEFAULT_MODEL", "Evaluation", "OBJECTIVES", "PAIR_SEARCH_BUDGET",
            "PLAN_SCHEDULES", "Plan", "StageCostModel", "StagePlan", "build_stage_model", "dp_grad_sync_time",
@@ -543,13 +542,14 @@ AUTO_VPP = 2
 
 def auto_candidates(model: ModelSpec, parallel: ParallelConfig) -> list[tuple[str, int]]:
     """``(schedule, vpp)`` pairs ``schedule="auto"`` tries: with ``vpp = 1`` every one-chunk schedule of
-    :data:`AUTO_SCHEDULES`, then :data:`VIRTUAL_SCHEDULES` at ``vpp = AUTO_VPP`` (2) when ``pp x 2`` stages fit in
-    the layers; with ``vpp >= 2`` only :data:`VIRTUAL_SCHEDULES` at that ``vpp``."""
+    :data:`AUTO_SCHEDULES`, then :data:`VIRTUAL_SCHEDULES` at ``vpp = AUTO_VPP`` (2) when ``pp x 2`` stages fit in the
+    layers; with ``vpp >= 2`` those at that ``vpp``; the EP-overlap ones only with MoE layers and EP > 1 (Megatron's)."""
+    skip = () if model.has_moe and parallel.ep > 1 else OVERLAPPED_SCHEDULES
     if parallel.vpp > 1:
-        return [(name, parallel.vpp) for name in VIRTUAL_SCHEDULES]
-    out = [(name, 1) for name in AUTO_SCHEDULES]
+        return [(name, parallel.vpp) for name in VIRTUAL_SCHEDULES if name not in skip]
+    out = [(name, 1) for name in AUTO_SCHEDULES if name not in skip]
     if parallel.pp > 1 and parallel.pp * AUTO_VPP <= model.num_layers:
-        out += [(name, AUTO_VPP) for name in VIRTUAL_SCHEDULES]
+        out += [(name, AUTO_VPP) for name in VIRTUAL_SCHEDULES if name not in skip]
     return out
 
 

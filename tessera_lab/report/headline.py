@@ -285,7 +285,11 @@ def mfu_text(mfu: float, *, moe: bool = True, model: Any = None, gpu: str | None
     when it exceeds every published MoE run's MFU, :func:`highest_published_mfu`)."""
     if not moe:
         band = dense_band(model, gpu, precision)
-        return f"{mfu:.1%}" if band is None else _band_text(mfu, band)
+        if band is None:
+            asked = model is not None and gpu is not None and precision is not None
+            return f"{mfu:.1%}" + (" (no published dense run of this model's family on this GPU type in this "
+                                   "precision)" if asked else "")
+        return _band_text(mfu, band)
     top = highest_published_mfu()
     above = (f"; ABOVE every published MoE run's MFU here (highest {top['mfu']:.1%}, {top['source']})"
              if top and mfu > top["mfu"] else "")
