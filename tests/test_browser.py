@@ -334,6 +334,8 @@ def _change(driver, kind: str, el, rng) -> tuple[str, str]:
         sel = Select(el.find_element(By.CSS_SELECTOR, "select"))
         options = [o.get_attribute("value") for o in sel.options]
         choices = [i for i, o in enumerate(options) if o != before]
+        if not choices:  # a one-option dropdown (a dense model's MoE knobs read "config" only): it cannot move
+            return before, before
         sel.select_by_index(rng.choice(choices))
         return before, _value(kind, el)
     handle = el.find_element(By.CSS_SELECTOR, ".noUi-handle")
