@@ -137,7 +137,6 @@ def _band(name: str, family_type: str, model_type: str, total: float | None = No
     """The bands of ``name``, whose ``model_type`` takes the family of ``family_type`` (:func:`band_type`);
     ``total`` (parameters) and ``moe``: the model's own, for a model that is not shipped (a config.json), else read
     from the shipped model."""
-    from tessera_lab.model.hardware import hardware_data
     from tessera_lab.paths import read_data_json
 
     family = PAPER_FAMILY.get(family_type)
@@ -151,19 +150,8 @@ def _band(name: str, family_type: str, model_type: str, total: float | None = No
         span = f"{gpus[0]:,}" if len(gpus) == 1 else f"{gpus[0]:,}-{gpus[-1]:,}"
         bands.append({"name": "tessera", "lo": min(paper), "hi": max(paper),
                       "source": f"Tessera paper, {label} at {span} GPUs"})
-    all_runs = read_data_json("published/megatron_bridge.json", "published runs")["runs"]
-    mb_model = (name if any(r["model"] == name and r["gpu"] == MB_BAND_GPU for r in all_runs)
-                else MB_PROXY.get(family_type) or _same_type_stand_in(name, model_type, all_runs, total, moe))
-    runs = [r for r in all_runs if r["model"] == mb_model and r["gpu"] == MB_BAND_GPU]
-    if runs:
-        peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items()
-                    if k.split("-")[0] == MB_BAND_GPU)
-        mb = [r["model_tflops_per_gpu"] / peak for r in runs]
-        stand_in = "" if mb_model == name else f" (stand-in for {name})"
-        precision = " and ".join(sorted({str(r.get("precision", "?")).upper() for r in runs}))  # as each run states
-        bands.append({"name": "megatron_bridge", "lo": min(mb), "hi": max(mb),
-                      "source": f"Megatron-Bridge {mb_model}{stand_in} on {MB_BAND_GPU} ({precision} runs, model TFLOP/s / "
-                                f"{peak:.0f} bf16)"})
+    if (mb := _megatron_bridge_band(name, model_type, total, moe, proxy=MB_PROXY.get(family_type))) is not None:
+        bands.append(mb)
     if not bands:
         return {"lo": None, "hi": None, "bands": [], "family": model_type}
     return {"lo": min(b["lo"] for b in bands), "hi": max(b["hi"] for b in bands), "bands": bands,
@@ -251,29 +239,39 @@ def dense_band(model: Any, gpu: str | None = None, precision: str | None = None)
     another GPU or precision)."""
     if model is None or gpu is None or precision is None:
         return None
-    from tessera_lab.model.hardware import hardware_data
-    from tessera_lab.paths import read_data_json
-
     name, model_type, moe = _model_key(model)
     if moe:
         return None
     kind = gpu.split("-")[0]
     kind = MB_BAND_GPU if kind == "H200" else kind  # the H200 is an H100 with more HBM: same SMs and bf16 peak
-    runs = [r for r in read_data_json("published/megatron_bridge.json", "published runs")["runs"]
-            if r["gpu"] == kind and r.get("precision") == precision and r.get("model_tflops_per_gpu")]
     total = model.param_counts().total if not isinstance(model, str) else None
+    band = _megatron_bridge_band(name, model_type, total, False, gpu=kind, precision=precision)
+    return None if band is None else {"lo": band["lo"], "hi": band["hi"], "bands": [band], "family": model_type}
+
+
+def _megatron_bridge_band(name: str, model_type: str, total: float | None, moe: bool | None, *,
+                          gpu: str = MB_BAND_GPU, precision: str | None = None, proxy: str | None = None
+                          ) -> dict[str, Any] | None:
+    """The ``megatron_bridge`` band of ``name``: its Megatron-Bridge runs (``data/published/megatron_bridge.json``)
+    on ``gpu`` (and in ``precision`` where given), else those of ``proxy``, else of :func:`_same_type_stand_in`'s
+    model; model TFLOP/s per GPU / the GPU's dense bf16 peak (the plan's MFU convention). ``{"name", "lo", "hi",
+    "source"}``, or ``None`` without such runs."""
+    from tessera_lab.model.hardware import hardware_data
+    from tessera_lab.paths import read_data_json
+
+    runs = [r for r in read_data_json("published/megatron_bridge.json", "published runs")["runs"]
+            if r["gpu"] == gpu and (precision is None or r.get("precision") == precision)]
     mb_model = (name if any(r["model"] == name for r in runs)
-                else _same_type_stand_in(name, model_type, runs, total, False, gpu=kind))
+                else proxy or _same_type_stand_in(name, model_type, runs, total, moe, gpu=gpu))
     mine = [r for r in runs if r["model"] == mb_model]
     if not mine:
         return None
-    peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items() if k.split("-")[0] == kind)
+    peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items() if k.split("-")[0] == gpu)
     mfu = [r["model_tflops_per_gpu"] / peak for r in mine]
     stand_in = "" if mb_model == name else f" (stand-in for {name})"
-    band = {"name": "megatron_bridge", "lo": min(mfu), "hi": max(mfu),
-            "source": f"Megatron-Bridge {mb_model}{stand_in} on {kind} ({precision.upper()} runs, model TFLOP/s / "
-                      f"{peak:.0f} bf16)"}
-    return {"lo": band["lo"], "hi": band["hi"], "bands": [band], "family": model_type}
+    label = " and ".join(sorted({str(r.get("precision", "?")).upper() for r in mine}))  # as each run states
+    return {"name": "megatron_bridge", "lo": min(mfu), "hi": max(mfu),
+            "source": f"Megatron-Bridge {mb_model}{stand_in} on {gpu} ({label} runs, model TFLOP/s / {peak:.0f} bf16)"}
 
 
 def mfu_text(mfu: float, *, moe: bool = True, model: Any = None, gpu: str | None = None,
