@@ -434,3 +434,45 @@ def test_a_config_named_like_a_shipped_model_is_carried_not_replaced(tmp_path):
     assert main(["plan", "--model", str(src), "--json", str(out)]) == 0
     assert "hf_config" in json.loads(out.read_text())
     assert load_plan(out).model.num_layers == 30
+
+
+def test_fp8_gemms_beyond_the_bf16_peak_get_their_own_negative_row():
+    """A model-FLOP task faster than its FLOPs at the bf16 peak (an FP8 GEMM) books the gain as a negative
+    ``beyond_bf16_peak`` part, its FLOPs at peak in full and nothing to kernel efficiency or non-model work; a slower
+    one books the difference as kernel efficiency. By hand: 2e12 FLOP at 1e15 FLOP/s = 2 ms at peak."""
+    from tessera_lab.cost.analytic import Contention
+    from tessera_lab.model.tasks import Task
+    from tessera_lab.report.categories import lane_breakdown
+
+    gemm = Task("fc1", 0, "F", "gemm", flops=2e12)
+    for dur, eff, gain in ((1.5e-3, 0.0, -0.5e-3), (3.0e-3, 1.0e-3, 0.0)):
+        res = lane_breakdown(["fc1"], {"fc1": dur}, {"fc1": "compute"}, {}, {"fc1": gemm},
+                             contention=Contention(), peak_flops=1e15, launch_s=0.0)
+        assert res.parts["model_at_peak"] == pytest.approx(2e-3)
+        assert res.parts.get("kernel_efficiency", 0.0) == pytest.approx(eff)
+        assert res.parts.get("beyond_bf16_peak", 0.0) == pytest.approx(gain)
+        assert res.parts.get("non_model_work", 0.0) == 0.0
+        assert sum(res.parts.values()) == pytest.approx(dur)
+
+
+def test_dense_fp8_report_keeps_non_model_work_positive_and_drops_the_routing_rows(capsys):
+    """Llama 3.1 70B in FP8 on B200: its GEMMs beat the bf16 peak MFU is measured against, which shows as the
+    negative FP8 row (non-model work stays >= 0); without MoE layers the EP all-to-all and routing-variance rows,
+    zero by construction, are left out and said so; the parts still sum to the lost time."""
+    from tessera_lab.cli.main import main
+
+    assert main(["report", "--model", "llama-3.1-70b", "--gpu", "B200", "--gpus", "64", "--precision", "fp8",
+                 "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    parts = out["capacity"]["parts_gpu_s"]
+    assert parts["beyond_bf16_peak"] < 0 <= parts["non_model_work"]
+    assert "exposed_ep_all_to_all" not in parts and "routing_variance" not in parts
+    assert math.fsum(parts.values()) == pytest.approx(out["capacity"]["lost_gpu_s"], rel=1e-9)
+    assert any(n.startswith("no MoE layers: no exposed EP all-to-all or routing variance row")
+               for n in out["capacity"]["notes"])
+    assert main(["report", "--model", "llama-3.1-70b", "--gpus", "64"]) == 0
+    text = capsys.readouterr().out
+    rows = [line.split("  ")[0] for line in text.splitlines()]
+    assert "faster than bf16 peak (FP8)" not in rows and "exposed EP all-to-all" not in rows
+    assert "exposed PP p2p" in rows
+    assert "routing and dynamic correction: none (no MoE layers: nothing is routed)" in text

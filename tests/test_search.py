@@ -623,3 +623,16 @@ def test_the_selective_legend_says_moe_act_is_idle_without_moe():
     assert "recomputes nothing in a model without MoE layers" in selective_note([lay("selective")], moe=False)
     assert "recomputes nothing" not in selective_note([lay("selective")])
     assert selective_note([lay("none")], moe=False) is None
+
+
+def test_separation_of_a_dense_model_names_only_the_modules_that_recompute():
+    """Without MoE layers the MoE recompute modules recompute nothing: a bare selective reads core_attn alone."""
+    from tessera_lab.cli.search import separation
+
+    res = {"iteration_time_s": 1.0, "slowest_stage_ms": 100.0, "bubble_fraction": 0.1}
+    a = S.Layout(4, 1, 8, 2, 2, 1, 1, "1f1b", "none", "alltoall", False, 1, (), False)
+    b = S.Layout(4, 1, 8, 2, 2, 1, 1, "1f1b", "selective", "alltoall", False, 1, (), False)
+    line = separation(S.Candidate(a, 0, 0, res), S.Candidate(b, 0, 0, res), moe=False)
+    assert line.startswith("recompute none->selective(core_attn): +0.0% iteration"), line
+    line = separation(S.Candidate(a, 0, 0, res), S.Candidate(b, 0, 0, res))
+    assert line.startswith("recompute none->selective(core_attn,moe_act): +0.0% iteration"), line

@@ -539,3 +539,18 @@ def test_quickstart_panel_says_the_gpu_count_and_mfu_as_information():
     assert state["info"][0] == "64 GPUs (pp 8 x ep 8 x dp 1)" and state["info"][1].startswith("MFU of the chosen plan")
     controls["ep"].value = 16
     assert state["info"][0] == "128 GPUs (pp 8 x ep 16 x dp 1)"
+
+
+def test_planning_panels_simulate_plans_default_schedule():
+    """The panels plan with the schedule `plan` picks without --schedule: overlapped 1F1B only where the EP
+    all-to-all exists (MoE layers and EP > 1), 1F1B for a dense model or EP 1 (Megatron-Core refuses its EP overlap
+    there)."""
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.ui.suggest import panel_schedule
+    from tessera_lab.ui.widgets import replan
+
+    assert panel_schedule(load_model("qwen3-next-80b-a3b"), 8) == "overlapped"
+    assert panel_schedule(load_model("qwen3-next-80b-a3b"), 1) == "1f1b"
+    assert panel_schedule(load_model("nemotron-h-56b"), 1) == "1f1b"
+    assert panel_schedule(load_model("qwen3-8b"), 8) == "1f1b"
+    assert replan("qwen3-8b", pp=4, ep=1).parallel.schedule == "1f1b"

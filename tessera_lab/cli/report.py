@@ -76,7 +76,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     band = (f"MFU against published runs: {mfu_text(rep.mfu, moe=moe, model=plan.model, **where)}\n"
             + (f"warning: {flag}\n" if flag else ""))
     text = ("".join(f"plan: {line}\n" for line in plan.reevaluation) + rep.format() + "\n" + band
-            + _memory_text(plan, result) + terms.format(rep.iteration_time_s))
+            + _memory_text(plan, result) + _routing_text(terms, rep.iteration_time_s, moe))
     if plan.model.approximate:  # unknown config fields were ignored: said first, as in the plan
         text = plan.model.approximate + "\n" + text
         result["approximate"] = plan.model.approximate
@@ -91,6 +91,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         save_report_figure(args.plot, plan, rep, diff)
         print(f"figure: {args.plot}", file=sys.stderr)
     return 0
+
+
+def _routing_text(terms, iteration_s: float, moe: bool) -> str:
+    """The routing and dynamic-correction lines; a model without MoE layers, given no dynamic file, has none."""
+    if moe or terms.provenance:
+        return terms.format(iteration_s)
+    return "routing and dynamic correction: none (no MoE layers: nothing is routed)"
 
 
 def _memory_text(plan, result: dict[str, Any]) -> str:

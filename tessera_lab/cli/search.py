@@ -42,13 +42,19 @@ def _row(rank: int, c, moe: bool = True) -> dict[str, Any]:
 _ONE_TERM_SHARE = 2 / 3
 
 
-def _shown(lay, k: str) -> tuple[str, object]:
+#: recompute modules that recompute nothing in a model without MoE layers
+_MOE_MODULES = frozenset({"moe_act", "moe", "shared_experts"})
+
+
+def _shown(lay, k: str, moe: bool = True) -> tuple[str, object]:
     """A layout field as the separation line names it: the recompute with the modules it recomputes (a bare
-    selective's are the default set), the optimizer as the table's column, EP spanning TP as yes / no."""
+    selective's are the default set; without MoE layers (``moe`` false) the MoE modules are left out, as they
+    recompute nothing), the optimizer as the table's column, EP spanning TP as yes / no."""
     if k == "recompute":
         from tessera_lab.model.hardware import selective_modules
 
-        mods = selective_modules(lay.recompute, getattr(lay, "recompute_modules", ()))
+        mods = [m for m in selective_modules(lay.recompute, getattr(lay, "recompute_modules", ()))
+                if moe or m not in _MOE_MODULES]
         return "recompute", (f"selective({','.join(mods)})" if mods else lay.recompute)
     if k == "fsdp":
         return "optimizer", "fsdp" if lay.fsdp else "dist-opt"
@@ -67,7 +73,7 @@ def separation(first, other, moe: bool = True) -> str:
     thirds is named with its share, else the difference is spread and the top two are named with theirs."""
     a, b = first.layout, other.layout
     diff = [f"{name} {va}->{vb}" for k in _FIELDS if k != "recompute_modules" and (moe or k not in _MOE_FIELDS)
-            for name, va, vb in [(*_shown(a, k), _shown(b, k)[1])] if va != vb]
+            for name, va, vb in [(*_shown(a, k, moe), _shown(b, k, moe)[1])] if va != vb]
     ra, rb = first.result, other.result
     ta, tb = ra["iteration_time_s"], rb["iteration_time_s"]
     d_it = tb / ta - 1

@@ -13,8 +13,8 @@ from typing import Any, Mapping, Sequence
 
 from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline.simulate import interval_gaps, merge_intervals, overlap_length
-from tessera_lab.report.categories import (CATEGORIES, DEFINITIONS, LABELS, MEMORY_WAIT_TYPES, ActionBreakdown,
-                                           collective_category)
+from tessera_lab.report.categories import (CATEGORIES, CONDITIONAL, DEFINITIONS, LABELS, MEMORY_WAIT_TYPES,
+                                           ActionBreakdown, collective_category)
 
 
 # ---------------------------------------------------------------------- the report
@@ -351,6 +351,9 @@ def _ordered_parts(tally: _Tally, G: float, useful: float) -> dict[str, float]:
     std = [c for c in CATEGORIES if c != "residual"]
     extra_exposed = sorted(k for k in scaled if k.startswith("exposed_") and k not in std)
     names = std[:5] + extra_exposed + std[5:] + (["compute_unsplit"] if tally.unsplit else [])
+    for k, after in CONDITIONAL.items():  # shown in place, only when some kernel contributes
+        if scaled.get(k):
+            names.insert(names.index(after) + 1, k)
     for k in names:
         ordered[k] = scaled.get(k, 0.0)
     for k in [k for k in scaled if k not in ordered]:

@@ -18,11 +18,20 @@ from tessera_lab.ui.panel import Action, panel_wording
 SUGGEST_MAX_PLANS = 24
 
 
+def panel_schedule(spec, ep: int) -> str:
+    """The schedule the planning panels simulate, as ``plan`` picks it without ``--schedule`` and ``--vpp``
+    (:func:`~tessera_lab.pipeline.schedules.default_schedule`): the overlapped 1F1B where the EP all-to-all can be
+    overlapped (MoE layers and ``ep`` > 1), else 1F1B."""
+    from tessera_lab.pipeline.schedules import default_schedule
+
+    return default_schedule(None, 1, ep_overlap=spec.has_moe and ep > 1)
+
+
 def suggest_layout(spec, gpus: int, *, gpu: str, seq_len: int, global_batch_tokens: int,
                    settable: Callable[[Any], bool], max_plans: int = SUGGEST_MAX_PLANS) -> tuple[Candidate, SearchResult]:
     """The fastest layout that fits memory among those a planning panel can set: :func:`search` of ``spec`` on
     ``gpus`` GPUs (the panel's count, global batch and sequence) over the enumerated layouts with micro-batch size
-    1, the overlapped schedule (the panel's), the alltoall dispatcher and every recompute, kept where
+    1, the panel's schedule (:func:`panel_schedule`), the alltoall dispatcher and every recompute, kept where
     ``settable(layout)`` holds.
 
     Raises:
@@ -38,11 +47,11 @@ def suggest_layout(spec, gpus: int, *, gpu: str, seq_len: int, global_batch_toke
 
     node = GPUSpec.named(gpu).nvlink_domain
     seqs = check_search_inputs(spec, gpus, seq_len, global_batch_tokens, node)
-    # the panels plan this project's overlapped schedule with one chunk per rank (as `plan` does; Megatron-Core's
-    # EP overlap would need virtual stages, so the search proper enumerates it only with them): the search's
-    # one-chunk 1F1B layouts with pp > 1, the default recompute module set and the distributed optimizer, run
-    # overlapped
-    layouts = [replace(lay, schedule="overlapped")
+    # the panels plan one chunk per rank with plan's default schedule (panel_schedule: this project's overlapped
+    # 1F1B with MoE and EP > 1, as `plan` does; Megatron-Core's EP overlap would need virtual stages, so the search
+    # proper enumerates it only with them): the search's one-chunk 1F1B layouts with pp > 1, the default recompute
+    # module set and the distributed optimizer, run with the panel's schedule
+    layouts = [replace(lay, schedule=panel_schedule(spec, lay.ep))
                for lay in enumerate_layouts(spec, gpus, seqs, gpus_per_node=node, schedules=("1f1b",), vpps=(),
                                             dispatchers=("alltoall",), micro_batch_sizes=(1,))
                if lay.schedule == "1f1b" and lay.pp > 1 and not lay.recompute_modules and not lay.fsdp]

@@ -13,7 +13,7 @@ from tessera_lab.model.spec import load_model
 from tessera_lab.plan.make import Plan
 from tessera_lab.report.headline import memory_note, mfu_line, mfu_note
 from tessera_lab.ui.panel import GPU_CHOICES, LABEL_STYLE, View, panel
-from tessera_lab.ui.suggest import pp_ep_terms, stage_terms, suggest_action
+from tessera_lab.ui.suggest import panel_schedule, pp_ep_terms, stage_terms, suggest_action
 
 __all__ = ["LABEL_STYLE", "panel", "replan", "plan_summary", "summary_table", "plan_notes", "quickstart_panel",
            "compare_partitions", "partition_panel", "MODEL_LAYOUTS", "QUICKSTART_PARAMETERS", "model_knobs",
@@ -52,7 +52,8 @@ def replan(  # params: one keyword per control of the notebooks' re-planning pan
     from tessera_lab.plan.search import plan_or_gpu_count
 
     spec = model_variant(model, attention_ratio=attention_ratio, expert_width=expert_width, top_k=top_k)
-    parallel = ParallelConfig(pp=pp, ep=ep, tp=tp, microbatches=microbatches, seq_len=seq_len, recompute=recompute)
+    parallel = ParallelConfig(pp=pp, ep=ep, tp=tp, microbatches=microbatches, seq_len=seq_len, recompute=recompute,
+                              schedule=panel_schedule(spec, ep))
     return plan_or_gpu_count(spec, parallel, method=method, gpu=gpu)
 
 
@@ -355,14 +356,13 @@ def quickstart_panel(model: str = "qwen3-next-80b-a3b", **params: Any):  # long:
 
     def on_change(name: str) -> None:
         """A new model: its own knob values and ranges, only the knobs that apply, the pp and ep it accepts
-        (values it cannot take moved, the caption says so); micro-batches at least pp (the overlapped 1F1B
-        schedule's rule, :mod:`tessera_lab.pipeline.generators`)."""
+        (values it cannot take moved, the caption says so); micro-batches at least pp (the 1F1B rule)."""
         if name == "model":
             new_model()
         if name in ("model", "pp"):
             mb, pp = controls["microbatches"], controls["pp"].value
             if mb.value < pp:
-                current["moved"].append(f"micro-batches {mb.value} -> {pp} (at least pp for the overlapped schedule)")
+                current["moved"].append(f"micro-batches {mb.value} -> {pp} (at least pp for the 1F1B schedules)")
             mb.min = 1  # the slider clamps a value below its minimum
             mb.value = max(mb.value, pp)
             mb.min = pp
@@ -415,8 +415,8 @@ def compare_partitions(
     recompute: str = "none",
 ):
     """The overlap-aware plan beside the uniform, standalone-balanced and parameter-balanced partitions, all
-    simulated with overlapped 1F1B (pure function behind notebook 06's panel). ``pp``, ``ep``, ``tp`` left
-    ``None`` take the model's layout in :data:`MODEL_LAYOUTS` (default pp 8, ep 8, tp 1); ``seq_len`` tokens per
+    simulated with the panel's schedule (:func:`panel_schedule`: overlapped 1F1B with MoE and EP > 1, else 1F1B;
+    pure function behind notebook 06's panel). ``pp``, ``ep``, ``tp`` left ``None`` take the model's layout in :data:`MODEL_LAYOUTS` (default pp 8, ep 8, tp 1); ``seq_len`` tokens per
     sequence (the attention ratio matters at long sequences, where full attention's quadratic core grows);
     ``recompute`` as :func:`replan`.
 
@@ -550,7 +550,7 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
 
     def on_change(name: str) -> None:
         """A new model: its own knob values as "config (V)", the other values it accepts after it (values it cannot
-        take moved, the caption says so); micro-batches at least the stages (the overlapped schedule's rule)."""
+        take moved, the caption says so); micro-batches at least the stages (the 1F1B schedules' rule)."""
         if name == "model":
             new_model()
         if name in ("model", "pp"):
@@ -558,7 +558,7 @@ def partition_panel(model: str = "qwen3-next-80b-a3b", **defaults: Any):
             if pp == "layout":
                 pp = MODEL_LAYOUTS.get(controls["model"].value, (8, 8, 1))[0]
             if mb.value < pp:
-                moved.append(f"micro-batches {mb.value} -> {pp} (at least the stages for the overlapped schedule)")
+                moved.append(f"micro-batches {mb.value} -> {pp} (at least the stages for the 1F1B schedules)")
             mb.min = 1  # the slider clamps a value below its minimum
             mb.value = max(mb.value, pp)
             mb.min = pp
