@@ -170,6 +170,7 @@ def evaluate() -> dict:
         return {k: r["iteration_time_s"] for k, r in rs.items() if r["fits"]}
 
     return {"cli_rows": cli, "rows": rows, "published_s": pub, "agreement": rank_agreement(times(rows), pub),
+            "agreement_cli": rank_agreement(times({k: c for k, c in cli.items() if "error" not in c}), pub),
             "rows_without_sync_term": off, "agreement_without_sync_term": rank_agreement(times(off), pub),
             "rows_unpublished_settings": {k: alt[k] for k in UNPUBLISHED},
             "agreement_unpublished_settings": rank_agreement(times(rows) | times(
@@ -200,7 +201,7 @@ def fsdp_expert_floor_s(model, *, ep: int, gpus: int, tp: int, micro_batch_size:
 def fsdp_floor_text() -> str:
     """r3's published step time against :func:`fsdp_expert_floor_s` of its layout as the table reads (TP 2, DP 128,
     GA 4) and as the commit's script reads (TP 1, GA 2), at the H100's NIC line rate and at the cost model's bus
-    efficiency (``nccl_bus_efficiency``); one sentence, computed."""
+    efficiency across nodes (``nccl_bus_efficiency_inter_node``); one sentence, computed."""
     from tessera_lab.io import read_json
     from tessera_lab.model.hardware import hardware_data
     from tessera_lab.model.spec import load_model
@@ -208,7 +209,7 @@ def fsdp_floor_text() -> str:
 
     model = load_model("qwen3-235b-a22b")
     nic = hardware_data()["gpus"]["H100-SXM"]["nic_gb_per_s_per_direction"] * 1e9
-    eff = read_json(data_dir() / "hardware" / "cost_model.json")["nccl_bus_efficiency"]["value"]
+    eff = read_json(data_dir() / "hardware" / "cost_model.json")["nccl_bus_efficiency_inter_node"]["value"]
     pub = published_times()["r3"]
     table = fsdp_expert_floor_s(model, ep=8, gpus=256, tp=2, micro_batch_size=4, global_batch=2048,
                                 nic_bytes_per_s=nic)
@@ -218,7 +219,8 @@ def fsdp_floor_text() -> str:
             f"expert parameters a rank, all-gathered twice in bf16 and reduce-scattered once in fp32 per micro-batch "
             f"over an expert data-parallel group of {table['edp']}, take {table['seconds']:.2f} s of one GPU's "
             f"{nic / 1e9:.0f} GB/s NIC at line rate in the table's layout (TP 2, {table['microbatches']} "
-            f"micro-batches), {table['seconds'] / eff:.2f} s at the cost model's bus efficiency {eff:g}, against "
+            f"micro-batches), {table['seconds'] / eff:.2f} s at the cost model's inter-node bus efficiency {eff:g}, "
+            f"against "
             f"{pub:g} s published: the table's layout reaches its time only with every byte at line rate and hidden; "
             f"the commit's script runs the row at TP 1 ({script['microbatches']} micro-batches, floor "
             f"{script['seconds']:.2f} s)")
@@ -241,19 +243,21 @@ def markdown(res: dict) -> str:
     published step (cited) and predicted / published; then both orders' agreement."""
     rows, pub, off, cli = res["rows"], res["published_s"], res["rows_without_sync_term"], res["cli_rows"]
     out = ["| layout | `plan` options (after `--gpu H100 --seq-len 4096`) | `plan`: peak GiB (computed) | "
-           "predicted s (simulated, recipe mapping) | the same, host/sync term off | published s | "
-           "predicted / published |", "|---|---|---|---|---|---|---|"]
+           "`plan`: iteration s (simulated) | predicted s (simulated, recipe mapping) | the same, host/sync term off "
+           "| published s | predicted / published |", "|---|---|---|---|---|---|---|---|"]
     for label, (_, argv) in LAYOUTS.items():
         r, o, c = rows[label], off[label], cli[label]
         model, opts = argv[1], " ".join(argv[2:])
-        planned = (f"cannot plan: {c['error']}" if "error" in c
-                   else f"{c['peak_gib']:.2f}{'' if c['fits'] else ' (does not fit)'}")
+        planned = (f"cannot plan: {c['error']} | -" if "error" in c
+                   else f"{c['peak_gib']:.2f}{'' if c['fits'] else ' (does not fit)'} | {c['iteration_time_s']:.2f}")
         out.append(f"| {label} | {model} `{opts}` | {planned} | {r['iteration_time_s']:.2f}"
                    f"{'' if r['fits'] else ' (does not fit)'} | {o['iteration_time_s']:.2f} | {pub[label]:g} | "
                    f"{r['iteration_time_s'] / pub[label]:.2f} |")
-    a, b = res["agreement"], res["agreement_without_sync_term"]
+    a, b, p = res["agreement"], res["agreement_without_sync_term"], res["agreement_cli"]
     fits = sum(1 for c in cli.values() if "error" not in c and c["fits"])
-    out += ["", f"{fits} of {len(cli)} layouts plan from the CLI and fit. Rank agreement over "
+    out += ["", f"{fits} of {len(cli)} layouts plan from the CLI and fit; planned with `plan`'s options their order "
+            f"agrees with the published one on {p['agree']} of {p['pairs']} pairs (Kendall's tau-b "
+            f"{p['kendall_tau_b']:.2f}; disagreeing: {', '.join(p['disagree']) or 'none'}). Rank agreement over "
             f"{', '.join(a['layouts'])} (recipe mapping; published ties within {TIE:.0%} agree with either order): "
             f"{a['agree']} of {a['pairs']} pairs, Kendall's tau-b {a['kendall_tau_b']:.2f}; disagreeing: "
             f"{', '.join(a['disagree']) or 'none'}; of those, predicted within {TIE:.0%} of each other: "
@@ -292,6 +296,11 @@ def main() -> None:
           f"{agr['kendall_tau_b']:.2f} (computed); of the disagreeing pairs, predicted within {TIE:.0%} of each "
           f"other (a tie in the prediction): {agr['predicted_ties'] or 'none'}, so {agr['agree_or_tied']} of "
           f"{agr['pairs']} pairs agree or are tied (computed)")
+    cli_agr = res["agreement_cli"]
+    print("planned with plan's CLI options (each as the issue lists them): " + ", ".join(
+        f"{k} {c['iteration_time_s']:.2f} s" for k, c in cli.items() if "error" not in c)
+          + f" (simulated); {cli_agr['agree']} of {cli_agr['pairs']} pairs agree, disagreeing "
+          f"{cli_agr['disagree'] or 'none'}, Kendall tau-b {cli_agr['kendall_tau_b']:.2f} (computed)")
     print("with the fitted host/sync term off: " + ", ".join(
         f"{k} {r['iteration_time_s']:.2f} s" for k, r in res["rows_without_sync_term"].items())
           + f" (simulated); {agr_off['agree']} of {agr_off['pairs']} pairs agree, disagreeing "

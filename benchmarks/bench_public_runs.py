@@ -672,8 +672,9 @@ def reading_figures(rows: list[dict]) -> dict[str, float]:
     """The figures the reading of the per-run table quotes (docs/reproduce.md, docs/fidelity.md), computed from
     ``rows`` after :func:`apply_sync_term` (errors as fractions, ``error = published / predicted - 1``; seconds;
     counts as floats). "Every forward carries the term": the planner gave the run a non-zero
-    ``host_sync_per_layer_s`` and its schedule pairs no forward with a backward (no EP overlap,
-    :func:`~tessera_lab.cost.sync.fully_exposed`); reference rows are in no count.
+    ``host_sync_per_layer_s``, its schedule pairs no forward with a backward (no EP overlap) and it runs no Megatron
+    FSDP, whose own-stream collectives hide part of the waits (:func:`~tessera_lab.cost.sync.fully_exposed`);
+    reference rows are in no count.
 
     Keys: ``term.runs`` / ``term.too-fast-without``: fit and test runs whose every forward carries the term, and of
     them those whose error without the term is > 0 (predicted too fast); ``deepep.test.{n,min,max,median-abs}``: the
@@ -694,7 +695,8 @@ def reading_figures(rows: list[dict]) -> dict[str, float]:
 
     counted = [r for r in rows if r["split"] in ("fit", "test")]
     overlap = {r["id"] for r in counted if r["parallel"].get("schedule") in EP_OVERLAP_SCHEDULES}
-    term = [r for r in counted if r["host_sync_per_layer_s"] > 0 and r["id"] not in overlap]
+    term = [r for r in counted if r["host_sync_per_layer_s"] > 0 and r["id"] not in overlap
+            and not r["parallel"].get("fsdp")]
     deepep = [r for r in term if r["split"] == "test" and r["parallel"]["dispatcher"] == "deepep"]
     a2a = [r for r in term if r["split"] == "test" and r["parallel"]["dispatcher"] == "alltoall"
            and r["id"].startswith(("qwen3", "mz/qwen3"))]

@@ -101,7 +101,8 @@ links = link_bandwidths(GPU)
 print(f"{links['gpu']}: NVLink / InfiniBand per direction {links['ratio_per_direction']:.0f}x, bidirectional NVLink vs "
       f"one direction of IB {links['ratio_bidirectional_nvlink_vs_ib']:.0f}x (often quoted: "
       f"{links['quoted_ratio_range'][0]}-{links['quoted_ratio_range'][1]}x); NCCL reaches "
-      f"eta = {links['nccl_bus_efficiency']:.0%} of the link bandwidth")
+      f"eta = {links['nccl_bus_efficiency']:.0%} of NVLink's and {links['nccl_bus_efficiency_inter_node']:.0%} of "
+      "InfiniBand's line rate")
 pd.DataFrame({
     "bandwidth B per direction (GB/s)": {"NVLink": links["nvlink_bytes_per_s"] / 1e9,
                                          "InfiniBand": links["infiniband_bytes_per_s"] / 1e9},

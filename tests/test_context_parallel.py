@@ -154,10 +154,11 @@ def test_ep64_inside_nvl72_across_nodes_on_h200():
     coll = Collective("all_to_all", S, "ep", 64)
     t_gb = CostModel(gb, p).collective_time(coll) - a["alpha_intra_node_s"]
     t_h = CostModel(h, p).collective_time(coll) - a["alpha_inter_node_s"]
-    eff = a["nccl_bus_efficiency"]
+    eff, eff_ib = a["nccl_bus_efficiency"], a["nccl_bus_efficiency_inter_node"]  # NVLink 0.8, a NIC 0.94
     assert t_gb == pytest.approx(S * 63 / 64 / (900e9 * eff))
-    assert t_h == pytest.approx(S * 56 / 64 / (50e9 * eff))
-    assert t_h / t_gb == pytest.approx(16.0)
+    assert t_h == pytest.approx(S * 56 / 64 / (50e9 * eff_ib))
+    # (56/64 / 50 GB/s) / (63/64 / 900 GB/s) = 16 at line rate; at the links' efficiencies 16 x 0.8 / 0.94
+    assert t_h / t_gb == pytest.approx(16.0 * eff / eff_ib)
 
 
 def test_gpu_figures_from_datasheets():
@@ -224,7 +225,7 @@ def test_cp_ring_on_the_right_link():
     eff = a["nccl_bus_efficiency"]
     t_h = CostModel(cluster_for(p, "H200"), p).collective_time(ring)
     t_gb = CostModel(cluster_for(p, "GB200"), p).collective_time(ring)
-    assert t_h == pytest.approx(a["alpha_inter_node_s"] + ring.bytes / 2 / (50e9 * eff))
+    assert t_h == pytest.approx(a["alpha_inter_node_s"] + ring.bytes / 2 / (50e9 * a["nccl_bus_efficiency_inter_node"]))
     assert t_gb == pytest.approx(a["alpha_intra_node_s"] + ring.bytes / 2 / (900e9 * eff))
 
 
@@ -292,8 +293,9 @@ def test_a_cp_collective_is_priced_on_its_slowest_groups_link():
     from tessera_lab.cost.analytic import spanning_bus_bytes_per_s
 
     eff = a["nccl_bus_efficiency"]
-    spanning = spanning_bus_bytes_per_s(2, gb.inter_link().bytes_per_s, gb.intra_link().bytes_per_s)
-    assert t == pytest.approx(a["alpha_inter_node_s"] + S * 3 / 4 / (spanning * eff))
+    spanning = spanning_bus_bytes_per_s(2, gb.inter_link().bytes_per_s * a["nccl_bus_efficiency_inter_node"],
+                                        gb.intra_link().bytes_per_s * eff)  # each link at its own efficiency
+    assert t == pytest.approx(a["alpha_inter_node_s"] + S * 3 / 4 / spanning)
     assert t > 5 * (a["alpha_intra_node_s"] + S * 3 / 4 / (gb.intra_link().bytes_per_s * eff))
     worst = list(slowest_group(p, gb.gpus_per_node, "cp"))
     assert worst in _cp_groups_by_brute_force(p) and len({gb.node_of(r) for r in worst}) == 2

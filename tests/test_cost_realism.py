@@ -164,10 +164,10 @@ def test_class_contention_of_the_default_plan():
     assert c.comm_beside_memory == c.memory and c.comm == pytest.approx(0.05)
     d = ParallelConfig(dispatcher="deepep")
     assert CostModel(cluster_for(d), d).contention.compute == pytest.approx(132 / 108 - 1)
-    # EP across nodes: NCCL's 16 SMs and the IB link's HBM share (50 GB/s x 0.8 x 2 / 4300.8)
+    # EP across nodes: NCCL's 16 SMs and the IB link's HBM share (50 GB/s x 0.94, NCCL's share of a NIC, x 2 / 4300.8)
     x = ParallelConfig(pp=1, ep=16)
     cx = CostModel(cluster_for(x), x).contention
-    assert cx.compute == pytest.approx(132 / 116 - 1) and cx.memory == pytest.approx(80 / 4300.8)
+    assert cx.compute == pytest.approx(132 / 116 - 1) and cx.memory == pytest.approx(94 / 4300.8)
 
 
 def test_kernel_classes():
@@ -279,11 +279,11 @@ def test_contiguous_ep_placement_spans_fewer_nodes_by_hand():
     d_rank = 32 * (1 - math.comb(124, 8) / math.comb(128, 8))
     d_node8 = 4 * (1 - math.comb(96, 8) / math.comb(128, 8))
     d_node16 = 8 * (1 - math.comb(112, 8) / math.comb(128, 8))
-    eff = A["nccl_bus_efficiency"]
+    eff, eff_ib = A["nccl_bus_efficiency"], A["nccl_bus_efficiency_inter_node"]  # NVLink, a NIC
     inter, intra = cl.inter_link(), cl.intra_link()
-    want_c = inter.latency_s + max(1e8 * d_node8 * 7 / 8 / d_rank / (inter.bytes_per_s * eff),
+    want_c = inter.latency_s + max(1e8 * d_node8 * 7 / 8 / d_rank / (inter.bytes_per_s * eff_ib),
                                    1e8 * 7 / 8 / (intra.bytes_per_s * eff))
-    want_g = inter.latency_s + max(1e8 * d_node16 * 15 / 16 / d_rank / (inter.bytes_per_s * eff),
+    want_g = inter.latency_s + max(1e8 * d_node16 * 15 / 16 / d_rank / (inter.bytes_per_s * eff_ib),
                                    1e8 * 3 / 4 / (intra.bytes_per_s * eff))
     assert CostModel(cl, contig).collective_time(coll) == pytest.approx(want_c, rel=1e-12)
     assert CostModel(cl, grid).collective_time(coll) == pytest.approx(want_g, rel=1e-12)

@@ -48,9 +48,17 @@ BUS_FACTOR = {
 }
 
 
+def bus_efficiency(link: Link, assumptions: dict[str, float] | None = None) -> float:
+    """The share of ``link``'s line rate NCCL's bus bandwidth reaches (``data/hardware/cost_model.json``, each cited
+    there): ``nccl_bus_efficiency_inter_node`` across nodes (InfiniBand NDR: 46-48 of 50 GB/s), else
+    ``nccl_bus_efficiency`` (NVLink: about 80%). ``assumptions``: a cost model's values (default the shipped)."""
+    a = cost_assumptions() if assumptions is None else assumptions
+    return a["nccl_bus_efficiency_inter_node" if link.inter_node else "nccl_bus_efficiency"]
+
+
 def spanning_bus_bytes_per_s(ranks_per_node: int, nic_bytes_per_s: float, nvlink_bytes_per_s: float) -> float:
-    """Bus bandwidth (bytes/s per direction, before ``nccl_bus_efficiency``) of a ring or tree collective (all-reduce,
-    reduce-scatter, all-gather) whose group spans nodes with ``ranks_per_node`` ranks in each (the fewest, when
+    """Bus bandwidth (bytes/s per direction; pass rates at NCCL's efficiency for the effective one) of a ring or tree
+    collective (all-reduce, reduce-scatter, all-gather) whose group spans nodes with ``ranks_per_node`` ranks in each (the fewest, when
     uneven): ``min(ranks_per_node x NIC, NVLink)``.
 
     Each GPU has its own NIC (DGX/HGX: one per GPU; :attr:`~tessera_lab.model.hardware.GPUSpec.nic_bytes_per_s`),
@@ -92,7 +100,9 @@ class PhaseCost:
 
     ``time``: makespan of the bundle in program order on two lanes; ``compute``: sum of compute task
     times; ``comm``: sum of communication times; ``exposed_comm``: communication time not overlapped by
-    the bundle's own compute; ``comm_by_collective``: communication seconds per ``<kind>:<group>``.
+    the bundle's own compute; ``comm_by_collective``: communication seconds per ``<kind>:<group>``;
+    ``lane_slack``: seconds the lanes may stand idle (a host wait drains the compute stream) without lengthening
+    the bundle, because collectives on streams of their own bind it (:meth:`CostModel.phase_cost`; 0 without them).
     """
 
     time: float
@@ -100,6 +110,7 @@ class PhaseCost:
     comm: float
     exposed_comm: float
     comm_by_collective: dict[str, float] = field(default_factory=dict)
+    lane_slack: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -163,7 +174,7 @@ class CostModel:
         link = self.cluster.inter_link() if spans else self.cluster.intra_link()
         return kernel_contention(
             sms=gpu.sms, comm_sms=comm_sms_for(p.dispatcher, spans, self.a),
-            link_bytes_per_s=link.bytes_per_s * self.a["nccl_bus_efficiency"],
+            link_bytes_per_s=link.bytes_per_s * bus_efficiency(link, self.a),
             hbm_bytes_per_s=gpu.hbm_bytes_per_s * self.a["hbm_efficiency"], params=self.a)
 
     def demand(self, task: Task) -> Demand:
@@ -294,26 +305,26 @@ class CostModel:
             return 0.0
         if coll.kind not in BUS_FACTOR:
             raise ConfigError(f"collective kind {coll.kind!r} is unknown; allowed: {', '.join(BUS_FACTOR)}")
-        eff = self.a["nccl_bus_efficiency"]
         if link is not None:
-            return link.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (link.bytes_per_s * eff)
+            return link.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (link.bytes_per_s
+                                                                             * bus_efficiency(link, self.a))
         if coll.group == "pp":
             raise ConfigError("a pp collective needs an explicit link (see p2p_time)")
         ranks = self.group_link_ranks(coll.group)
         intra, inter = self.cluster.intra_link(), self.cluster.inter_link()
+        # effective rates: each link at the share of its line rate NCCL reaches on it
+        intra_bw, inter_bw = (lk.bytes_per_s * bus_efficiency(lk, self.a) for lk in (intra, inter))
         per_node = ranks_per_node(ranks, self.cluster.gpus_per_node)
         if len(per_node) == 1:
-            return intra.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (intra.bytes_per_s * eff)
+            return intra.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / intra_bw
         if coll.kind == "all_to_all":
             g = min(per_node.values())
             inter_share, intra_share = (n - g) / n, (g - 1) / n
             if coll.routing is not None and coll.routing[3] == "deepep":
                 inter_share, intra_share = deepep_link_shares(coll.routing, n, len(per_node))
-            t_intra = coll.bytes * intra_share / (intra.bytes_per_s * eff)
-            t_inter = coll.bytes * inter_share / (inter.bytes_per_s * eff)
-            return inter.latency_s + max(t_intra, t_inter)
-        return inter.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / (spanning_bus_bytes_per_s(
-            min(per_node.values()), inter.bytes_per_s, intra.bytes_per_s) * eff)
+            return inter.latency_s + max(coll.bytes * intra_share / intra_bw, coll.bytes * inter_share / inter_bw)
+        return inter.latency_s + coll.bytes * BUS_FACTOR[coll.kind](n) / spanning_bus_bytes_per_s(
+            min(per_node.values()), inter_bw, intra_bw)
 
     def task_time(self, task: Task) -> float:
         """Standalone time of any task, seconds."""
@@ -355,7 +366,11 @@ class CostModel:
                 by_coll[key] = by_coll.get(key, 0.0) + d
             time = self.own_stream_time(lanes_before_s + lanes.time, side) - lanes_before_s
             exposed = lanes.exposed_comm + max(0.0, sum(side_s) - lanes_before_s - lanes.time)
-            return PhaseCost(time, lanes.compute, lanes.comm + sum(side_s), exposed, by_coll)
+            # the own streams' time beyond the lanes and the SMs their kernels take from them: a lane may idle that
+            # long (nothing on the own streams waits on it) and the bundle ends no later
+            slack = max(0.0, sum(side_s) - lanes_before_s - lanes.time
+                        - sum(d * self.comm_sm_share(t.collective) for t, d in zip(side, side_s)))
+            return PhaseCost(time, lanes.compute, lanes.comm + sum(side_s), exposed, by_coll, slack)
         if not tasks:
             return PhaseCost(0.0, 0.0, 0.0, 0.0, {})
         if contention is not None:

@@ -160,11 +160,12 @@ class GPUSpec:
 
 @dataclass(frozen=True)
 class Link:
-    """A link a collective runs over: per-GPU bandwidth per direction (bytes/s) and base latency (s)."""
+    """A link: per-GPU bandwidth per direction (bytes/s), base latency (s), whether it leaves the NVLink domain."""
 
     name: str
     bytes_per_s: float
     latency_s: float
+    inter_node: bool = False
 
 
 @dataclass(frozen=True)
@@ -222,12 +223,11 @@ class Cluster:
         return rank // self.gpus_per_node
 
     def intra_link(self) -> Link:
-        a = cost_assumptions()
-        return Link("NVLink", self.gpu.nvlink_bytes_per_s, a["alpha_intra_node_s"])
+        return Link("NVLink", self.gpu.nvlink_bytes_per_s, cost_assumptions()["alpha_intra_node_s"])
 
     def inter_link(self) -> Link:
         a = cost_assumptions()
-        return Link("InfiniBand", self.inter_node_bytes_per_s * self.weak_link_factor, a["alpha_inter_node_s"])
+        return Link("InfiniBand", self.inter_node_bytes_per_s * self.weak_link_factor, a["alpha_inter_node_s"], True)
 
     def link_for(self, ranks: list[int] | tuple[int, ...]) -> Link:
         """The bottleneck link of a group: NVLink if all ranks share a node, else the inter-node link."""

@@ -29,6 +29,8 @@ class _Group:
     kinds: list[str | None] = field(default_factory=list)
     #: per layer kind: its backward ``mlp`` node, seconds (:func:`~tessera_lab.plan.stages.mlp_node_b_s`)
     mlp_queued: dict[str, float] = field(default_factory=dict)
+    #: per entry: the F and W ``lane_slack`` (seconds a host wait hides behind own-stream collectives: Megatron FSDP)
+    slack: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def mlp_queued_max(self) -> float:
@@ -93,7 +95,8 @@ def _group(model: ModelSpec, layout: Layout, seq_len: int, cluster: Cluster, cos
              cm.layer_cost(head_tasks(model, par))]
     return _Group([c.F.compute + c.B.compute + c.W.compute for c in costs],
                   [c.F.comm + c.B.comm + c.W.comm for c in costs], [(c.F.time, c.B.time, c.W.time) for c in costs],
-                  [None, *(ly.kind for ly in model.stack.layers), None], queued)
+                  [None, *(ly.kind for ly in model.stack.layers), None], queued,
+                  [(c.F.lane_slack, c.W.lane_slack) for c in costs])
 
 
 #: schedules that split the backward and may defer W past a rank's last B
@@ -261,7 +264,7 @@ class _Bounds:
         schedule, the layer pair costs (:func:`~tessera_lab.plan.stages.layer_pair_costs`); built on first use, so
         the search asks only for the candidates it reaches."""
         from tessera_lab.cost.analytic import CostModel
-        from tessera_lab.cost.sync import paired_exposed_s, planner_per_layer_s
+        from tessera_lab.cost.sync import host_waits, own_stream_hidden_s, paired_exposed_s, planner_per_layer_s
         from tessera_lab.plan.evaluate import DURATION_DEPENDENT_SCHEDULES, stage_action_counts
         from tessera_lab.plan.stages import cost_key_parallel, layer_pair_costs
 
@@ -272,14 +275,19 @@ class _Bounds:
         if got is None:
             par = layout.parallel(self.seq_len)
             waits = planner_per_layer_s(par, model=self.model)
+            names = host_waits(par, self.model)  # less what own-stream collectives hide (as the planner does)
+            sync = [0.0, *(max(0.0, waits - own_stream_hidden_s(names, waits / len(names), *sl)) if ly.ffn == "moe"
+                           else 0.0 for ly, sl in zip(self.model.stack.layers, group.slack[1:-1])), 0.0]
             shares: dict[str, float] = {}
             if gkey[1]:
                 key = cost_key_parallel(par)
                 pairs = layer_pair_costs(self.model, key, CostModel(self.cluster, key))
-                moe = {ly.kind for ly in self.model.stack.layers if ly.ffn == "moe"}
-                shares = pair_shares({(kf, kb): v + (paired_exposed_s(waits, group.mlp_queued[kb]) if kf in moe
-                                                     else 0.0) for (kf, kb), v in pairs.items()})
-            sync = [0.0, *(waits if ly.ffn == "moe" else 0.0 for ly in self.model.stack.layers), 0.0]
+                kind_sync = {}  # a MoE kind's waits after own-stream hiding (its layers share one cost)
+                for ly, x in zip(self.model.stack.layers, sync[1:-1]):
+                    if ly.ffn == "moe":
+                        kind_sync.setdefault(ly.kind, x)
+                shares = pair_shares({(kf, kb): v + (paired_exposed_s(kind_sync[kf], group.mlp_queued[kb])
+                                                     if kf in kind_sync else 0.0) for (kf, kb), v in pairs.items()})
             got = self.pairs[gkey] = (shares, sync)
         m, S = layout.microbatches, layout.pp * layout.vpp
         counts = (((0, m, m, 0, 0),) * S if layout.schedule in DURATION_DEPENDENT_SCHEDULES

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from tessera_lab.cost.analytic import CostModel, LayerCost
 from tessera_lab.cost.memory import LayerMemory, fsdp_buffer_bytes, layer_memory
-from tessera_lab.cost.sync import MLP_NODE_TASKS, paired_exposed_s, planner_per_layer_s
+from tessera_lab.cost.sync import MLP_NODE_TASKS, host_waits, own_stream_hidden_s, paired_exposed_s, planner_per_layer_s
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.hardware import Cluster, ParallelConfig
 from tessera_lab.model.spec import ModelSpec
@@ -292,18 +292,17 @@ def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Clust
 
     Without a profile the layer costs, memory and pair costs are memoised by ``(model, parallel sizes the costs
     see, cluster)`` (:func:`cost_key_parallel`; counts in ``COST_CACHE_STATS``). Without a profile every MoE
-    layer's forward also carries :func:`tessera_lab.cost.sync.planner_per_layer_s` (0 where its rule says)."""
+    layer's forward also carries :func:`tessera_lab.cost.sync.planner_per_layer_s` (0 where its rule says), less
+    what Megatron FSDP's own-stream collectives hide (:func:`layer_host_sync`)."""
     cost_model = CostModel(cluster, parallel)
-    c = planner_per_layer_s(parallel, analytic=profile is None, model=model)
-    host_sync = [c if ly.ffn == "moe" else 0.0 for ly in model.stack.layers] if c > 0 else None
     key = (model, cost_key_parallel(parallel), cluster) if profile is None else None
     held = _COSTS.get(key) if key is not None else None
     if held is not None:
         COST_CACHE_STATS["hits"] += 1
         layer_costs, tasks, pairs, queued = held
         return cost_model, StageCostModel(layer_costs, layer_memory(model, parallel, tasks), parallel, pairs,
-                                          host_sync, rank_extra_bytes=fsdp_buffer_bytes(model, parallel),
-                                          mlp_queued=queued)
+                                          layer_host_sync(model, parallel, layer_costs, profile is None),
+                                          rank_extra_bytes=fsdp_buffer_bytes(model, parallel), mlp_queued=queued)
     COST_CACHE_STATS["builds"] += 1
     tasks = decompose(model, parallel)
     layer_costs = [cost_model.layer_cost(lt) for lt in tasks]
@@ -321,8 +320,24 @@ def build_stage_model(model: ModelSpec, parallel: ParallelConfig, cluster: Clust
         if len(_COSTS) >= _COSTS_MAX:
             _COSTS.clear()
         _COSTS[key] = (layer_costs, tasks, pairs, queued)
-    return cost_model, StageCostModel(layer_costs, mem, parallel, pairs, host_sync,
+    return cost_model, StageCostModel(layer_costs, mem, parallel, pairs,
+                                      layer_host_sync(model, parallel, layer_costs, profile is None),
                                       rank_extra_bytes=fsdp_buffer_bytes(model, parallel), mlp_queued=queued)
+
+
+def layer_host_sync(model: ModelSpec, parallel: ParallelConfig, layer_costs: Sequence, analytic: bool
+                    ) -> list[float] | None:
+    """Host/sync seconds per micro-batch each decoder layer's forward carries (``None``: none): a MoE layer's
+    :func:`~tessera_lab.cost.sync.planner_per_layer_s`, less what collectives on streams of their own hide
+    (:func:`~tessera_lab.cost.sync.own_stream_hidden_s`, from the layer's F and W ``lane_slack``: Megatron FSDP);
+    ``layer_costs``: embedding, decoder layers, head, as :meth:`~tessera_lab.cost.analytic.CostModel.model_costs`."""
+    c = planner_per_layer_s(parallel, analytic=analytic, model=model)
+    if c <= 0:
+        return None
+    waits = host_waits(parallel, model)
+    per_wait = c / len(waits)
+    return [max(0.0, c - own_stream_hidden_s(waits, per_wait, lc.F.lane_slack, lc.W.lane_slack))
+            if ly.ffn == "moe" else 0.0 for ly, lc in zip(model.stack.layers, layer_costs[1:-1])]
 
 
 def mlp_node_b_s(cost_model: CostModel, lt) -> float:

@@ -333,6 +333,7 @@ def link_bandwidths(gpu: str = "H100") -> dict[str, float]:
         "ratio_bidirectional_nvlink_vs_ib": 2 * intra.bytes_per_s / inter.bytes_per_s,
         "quoted_ratio_range": tuple(seed["nvlink_over_ib_ratio_range"]),
         "nccl_bus_efficiency": cost_assumptions()["nccl_bus_efficiency"],
+        "nccl_bus_efficiency_inter_node": cost_assumptions()["nccl_bus_efficiency_inter_node"],
     }
 
 

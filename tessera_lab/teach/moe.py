@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from tessera_lab.cost.analytic import CostModel
+from tessera_lab.cost.analytic import CostModel, bus_efficiency
 from tessera_lab.errors import ConfigError
 from tessera_lab.model.flops import gemm_flops
 from tessera_lab.model.hardware import DTYPE_BYTES, Cluster, ParallelConfig, cost_assumptions
@@ -158,7 +158,7 @@ def all_to_all_volumes(counts, ep: int, hidden: int, *, dtype: str = "bf16", exp
     load = send.sum(axis=0)
     cluster = Cluster.dgx(gpu, max(1, -(-ep // 8)))
     link = cluster.intra_link() if ep <= cluster.gpus_per_node else cluster.inter_link()
-    eta = cost_assumptions()["nccl_bus_efficiency"]
+    eta = bus_efficiency(link)
     worst = float(max(sent.max(), received.max())) if ep > 1 else 0.0
     time_s = link.latency_s + worst / (link.bytes_per_s * eta) if worst > 0 else 0.0
     total_per_rank = float(send.sum()) / ep * tb  # S: the mean send buffer
