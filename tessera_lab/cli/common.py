@@ -229,6 +229,16 @@ def model_from_args(args: argparse.Namespace):
     return m.with_changes(**changes) if changes else m
 
 
+def default_ep_overlap(args, model=None) -> bool:
+    """Whether the default schedule is an EP-overlap one: MoE layers (``model`` None: assumed), EP > 1 and a recompute
+    Megatron-Core runs beside its EP overlap (not ``full``, no ``moe`` module: ``TransformerConfig.__post_init__``,
+    :func:`~tessera_lab.model.hardware.overlap_rule_breaks`)."""
+    recompute = getattr(args, "recompute", None) or "none"
+    modules = getattr(args, "recompute_modules", None) or ()
+    return (args.ep > 1 and (model is None or model.has_moe) and recompute != "full"
+            and not (recompute == "selective" and "moe" in modules))
+
+
 def parallel_from_args(args: argparse.Namespace, model=None):
     """The :class:`~tessera_lab.model.hardware.ParallelConfig` of the options; ``--gpus`` sets the data-parallel
     replicas (:func:`dp_for_gpus`). ``model``: the planned model, whose lack of routed experts a ``--gpus`` refusal
@@ -253,7 +263,7 @@ def parallel_from_args(args: argparse.Namespace, model=None):
         **({"cp": args.cp} if getattr(args, "cp", 1) != 1 else {}),
         **({"grouped_gemm": args.grouped_gemm} if getattr(args, "grouped_gemm", None) else {}),
         micro_batch_size=args.micro_batch_size, seq_len=args.seq_len, schedule=default_schedule(args.schedule, args.vpp,
-                                   ep_overlap=args.ep > 1 and (model is None or model.has_moe)),
+                                   ep_overlap=default_ep_overlap(args, model)),
         distributed_optimizer=not args.no_distributed_optimizer,
         **{k: getattr(args, k) for k in ("dispatcher", "recompute", "precision", "grad_reduce_dtype", "expert_load",
                                          "adam_moment_dtype") if getattr(args, k, None) is not None},
@@ -346,8 +356,8 @@ def add_plan_options(p: argparse.ArgumentParser, default_model: str, default_gpu
     p.add_argument("--schedule", default=None,
                    help="overlapped (F of one micro-batch with B of another: Megatron-Core's EP overlap), 1f1b, "
                         "gpipe, zb-h1, zb-h2, zb-auto, interleaved or interleaved-overlapped (--vpp >= 2), or auto "
-                        "(each that fits memory, the fastest kept); default: overlapped with MoE and EP > 1, else "
-                        "1f1b, their interleaved forms with --vpp >= 2")
+                        "(each that fits memory, the fastest kept); default: overlapped where Megatron-Core runs its EP "
+                        "overlap (MoE, EP > 1, no full or moe-module recompute), else 1f1b; interleaved forms with --vpp >= 2")
     p.add_argument("--method", default="ilp", choices=["ilp", "dp", "uniform"])
     p.add_argument("--no-distributed-optimizer", action=Switch)
     p.add_argument("--dispatcher", choices=["alltoall", "deepep"], default=None,

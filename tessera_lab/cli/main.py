@@ -91,6 +91,14 @@ class HelpFormatter(argparse.HelpFormatter):
             text += f" (default: {default})".replace("%", "%%")
         return text
 
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        """Descriptions and epilogs keep their line breaks (the report's rows, one a line); each line is wrapped."""
+        import textwrap
+
+        return "\n".join(textwrap.fill(line, width, initial_indent=indent, subsequent_indent=indent + "    ",
+                                       break_on_hyphens=False, break_long_words=False)
+                         for line in text.splitlines() if line.strip())
+
     # on/off switches (argtypes.Switch: nargs "?" only to name a stray value) show no metavar, as store_true does
     def _format_args(self, action: argparse.Action, default_metavar: str) -> str:
         from tessera_lab.argtypes import Switch

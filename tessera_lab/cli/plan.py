@@ -76,6 +76,8 @@ def _bound_lines(plan) -> list[str]:
         if k.kind == HOST_SYNC_KIND:
             n_moe = sum(1 for l in st.layers if plan.model.stack.layers[l].ffn == "moe")
             src = FITTED_PROVENANCE if plan.parallel.host_sync_s is None else "set by --host-sync-ms"
+            if plan.parallel.fsdp:  # what is left of the waits beside FSDP's own-stream collectives (the note says)
+                src = "exposed beside Megatron FSDP's own streams; the waits " + src
             per = sync / max(n_moe, 1)
             per = round(per * 1e9) / 1e9  # 4.445 ms stays 4.445, not 4.4449999 (printed as the notes print it)
             terms.append((sync, f"host/sync {sync * 1e3:.1f} ms: {n_moe} MoE layer{'s' if n_moe != 1 else ''} x "

@@ -123,17 +123,20 @@ def sync_note(model: ModelSpec, parallel: ParallelConfig, cost_model, sm: StageC
     with - without."""
     from tessera_lab.cost.sync import FITTED_PROVENANCE
 
-    from tessera_lab.cost.sync import host_waits
+    from tessera_lab.cost.sync import host_waits, planner_per_layer_s
 
-    c = max(sm.host_sync)
+    c = max(sm.host_sync)  # exposed seconds of the most-exposed MoE layer
+    full = planner_per_layer_s(parallel, model=model)  # the waits' seconds before own-stream hiding
     named = host_waits(parallel, model)
     waits = len(named)
+    hidden = (f", of which {(full - c) * 1e3:.2f} ms hide behind Megatron FSDP's own-stream gathers and "
+              "reduce-scatters, which bind the layer (cost.sync.own_stream_hidden_s)" if full - c > 1e-12 else "")
     t0 = evaluate(model, parallel, cost_model, sm.without_sync(), chosen.partition, chosen.method, flops,
                   time_only=True)
     t = chosen.iteration_time_s
     given = parallel.host_sync_s is None
     return ((f"host/sync term: {c * 1e3:.2f} ms per MoE layer forward and micro-batch ({waits} host "
-             f"wait{'s' if waits != 1 else ''} x {c / waits * 1e3:.2f} ms: {', '.join(named)}) "
+             f"wait{'s' if waits != 1 else ''} x {full / waits * 1e3:.2f} ms: {', '.join(named)}{hidden}) "
             f"({FITTED_PROVENANCE if given else 'set by --host-sync-ms'}; "
             + (f"the dropless EP dispatch ({parallel.dispatcher}) waits on the host's token counts before its "
                "all-to-all" if parallel.ep > 1 else f"the dropless dispatch ({parallel.dispatcher}) waits on the "
