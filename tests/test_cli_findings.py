@@ -237,3 +237,14 @@ def test_auto_refusal_names_every_schedule_and_each_advice_once(capsys):
     for name in ("overlapped:", "1f1b:", "zb-h1:", "interleaved vpp 2:"):
         assert name in line, name
     assert line.count("add pipeline stages") == 0 and line.count("add pipeline ranks") == 1
+
+
+def test_plan_of_a_dense_model_says_why_the_standalone_baseline_is_absent(capsys):
+    # without an overlapped schedule the standalone-balanced baseline is the planner's own balance (make.py skips it):
+    # the baselines line says so instead of leaving it out silently
+    from tessera_lab.cli.main import main
+
+    assert main(["plan", "--model", "qwen3-8b"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("baselines (same schedule"))
+    assert "uniform: even layer counts" in line and line.endswith(
+        "standalone: not shown (without overlap the planner balances the same standalone costs)")

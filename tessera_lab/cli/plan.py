@@ -100,11 +100,18 @@ def _bound_lines(plan) -> list[str]:
     if sync > 0 and (hint or sync >= max((k.time_s for k in kinds), default=0.0)):
         from tessera_lab.cost.sync import EP_OVERLAP_SCHEDULES
 
+        p = plan.parallel
+        if p.schedule not in EP_OVERLAP_SCHEDULES:
+            knob = "an EP-overlap schedule" + (" (Megatron-Core runs it only without full recompute)"
+                                               if p.recompute == "full" else "")
+        elif p.pp > 1:
+            knob = ("fewer pipeline stages (this schedule hides it in the forwards it pairs with a backward up to the "
+                    "paired backward's expert node; its warm-up forwards, more the more stages, carry all of it)")
+        else:
+            knob = ("larger micro-batches (this schedule hides it up to the paired backward's expert node, which they "
+                    "lengthen)")
         said = (f"the host/sync term ({sync * 1e3:.1f} ms) counts MoE layers, not kernels: fewer MoE layers on the "
-                "stage, " + ("fewer pipeline stages (this schedule hides it in the forwards it pairs with a backward "
-                             "up to the paired backward's expert node; its warm-up forwards, more the more stages, "
-                             "carry all of it)" if plan.parallel.schedule in EP_OVERLAP_SCHEDULES
-                             else "an EP-overlap schedule") + " or a runtime without the sync (--host-sync-ms) move it")
+                f"stage, {knob} or a runtime without the sync (--host-sync-ms) move it")
         # the larger of the two first: a stage the sync dominates is not moved by the compute kinds' knobs
         hint = said + (f"; {hint}" if hint else "") if sync >= max((k.time_s for k in kinds), default=0.0) \
             else f"{hint}; {said}"
@@ -284,7 +291,9 @@ def format_plan(plan) -> str:
     lines.append(solve_line(plan))
     lines.append("baselines (same schedule and simulator): " + ("; ".join(
         f"{name}: {BASELINE_TEXT.get(name, name)}" for name in plan.baselines) or "none (the split is given or "
-        "even, so there is no partition to compare it with)"))
+        "even, so there is no partition to compare it with)")
+        + ("; standalone: not shown (without overlap the planner balances the same standalone costs)"
+           if plan.baselines and "standalone" not in plan.baselines and "uniform" in plan.baselines else ""))
     if any(not ev.fits_memory for ev in [plan.chosen, *plan.baselines.values()]):
         lines.append("(!) does not fit in GPU memory: its times are shown for comparison only")
     lines.append(_bottleneck_line(plan.chosen))
