@@ -32,6 +32,19 @@ def test_plan_picks_the_default_from_the_model_and_vpp():
     assert schedule(["--ep", "1"], "qwen3-30b-a3b") == "1f1b"  # no EP: nothing for the EP overlap to hide
     assert schedule(["--ep", "1", "--vpp", "5", "--tp", "4"], "llama-3.1-70b") == "interleaved"
     assert schedule(["--schedule", "zb-h2"], "qwen3-8b") == "zb-h2"
+    # Megatron-Core refuses its EP overlap with full recompute or the moe recompute module (TransformerConfig)
+    assert schedule(["--recompute", "full"], "qwen3-30b-a3b") == "1f1b"
+    assert schedule(["--recompute", "selective", "--recompute-modules", "layernorm,moe"], "qwen3-30b-a3b") == "1f1b"
+    assert schedule(["--recompute", "selective", "--recompute-modules", "layernorm,moe_act"],
+                    "qwen3-30b-a3b") == "overlapped"
+
+
+def test_overlap_rules_name_the_moe_module():
+    from tessera_lab.model.hardware import VPP_RULE, ParallelConfig, overlap_rule_breaks
+
+    p = ParallelConfig(pp=8, vpp=1, ep=8, recompute="selective", recompute_modules=("moe",))
+    assert overlap_rule_breaks(p) == ["no moe recompute module", VPP_RULE]
+    assert overlap_rule_breaks(p.replace(vpp=2, recompute="selective", recompute_modules=("moe_act",))) == []
 
 
 def test_auto_leaves_out_the_ep_overlap_where_megatron_cannot_run_it():

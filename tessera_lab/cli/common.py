@@ -230,13 +230,16 @@ def model_from_args(args: argparse.Namespace):
 
 
 def default_ep_overlap(args, model=None) -> bool:
-    """Whether the default schedule is an EP-overlap one: MoE layers (``model`` None: assumed), EP > 1 and a recompute
-    Megatron-Core runs beside its EP overlap (not ``full``, no ``moe`` module: ``TransformerConfig.__post_init__``,
-    :func:`~tessera_lab.model.hardware.overlap_rule_breaks`)."""
-    recompute = getattr(args, "recompute", None) or "none"
-    modules = getattr(args, "recompute_modules", None) or ()
-    return (args.ep > 1 and (model is None or model.has_moe) and recompute != "full"
-            and not (recompute == "selective" and "moe" in modules))
+    """Whether the default schedule is an EP-overlap one: MoE layers (``model`` None: assumed) and every rule of
+    Megatron-Core's EP overlap (:func:`~tessera_lab.model.hardware.overlap_rule_breaks`) but its virtual-stage rule,
+    which the default meets by its interleaved form with ``--vpp`` >= 2 and this project's one-chunk schedule waives."""
+    from types import SimpleNamespace
+
+    from tessera_lab.model.hardware import VPP_RULE, overlap_rule_breaks
+
+    lay = SimpleNamespace(ep=args.ep, pp=args.pp, vpp=args.vpp, recompute=getattr(args, "recompute", None) or "none",
+                          recompute_modules=tuple(getattr(args, "recompute_modules", None) or ()))
+    return (model is None or model.has_moe) and not [b for b in overlap_rule_breaks(lay) if b != VPP_RULE]
 
 
 def parallel_from_args(args: argparse.Namespace, model=None):

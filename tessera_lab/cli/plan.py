@@ -102,8 +102,10 @@ def _bound_lines(plan) -> list[str]:
 
         p = plan.parallel
         if p.schedule not in EP_OVERLAP_SCHEDULES:
-            knob = "an EP-overlap schedule" + (" (Megatron-Core runs it only without full recompute)"
-                                               if p.recompute == "full" else "")
+            from tessera_lab.model.hardware import VPP_RULE, overlap_rule_breaks
+
+            needs = [b for b in overlap_rule_breaks(p) if b != VPP_RULE]
+            knob = "an EP-overlap schedule" + (f" (Megatron-Core's needs {', '.join(needs)})" if needs else "")
         elif p.pp > 1:
             knob = ("fewer pipeline stages (this schedule hides it in the forwards it pairs with a backward up to the "
                     "paired backward's expert node; its warm-up forwards, more the more stages, carry all of it)")

@@ -42,19 +42,15 @@ def _row(rank: int, c, moe: bool = True) -> dict[str, Any]:
 _ONE_TERM_SHARE = 2 / 3
 
 
-#: recompute modules that recompute nothing in a model without MoE layers
-_MOE_MODULES = frozenset({"moe_act", "moe", "shared_experts"})
-
-
 def _shown(lay, k: str, moe: bool = True) -> tuple[str, object]:
     """A layout field as the separation line names it: the recompute with the modules it recomputes (a bare
     selective's are the default set; without MoE layers (``moe`` false) the MoE modules are left out, as they
     recompute nothing), the optimizer as the table's column, EP spanning TP as yes / no."""
     if k == "recompute":
-        from tessera_lab.model.hardware import selective_modules
+        from tessera_lab.model.hardware import MOE_RECOMPUTE_MODULES, selective_modules
 
         mods = [m for m in selective_modules(lay.recompute, getattr(lay, "recompute_modules", ()))
-                if moe or m not in _MOE_MODULES]
+                if moe or m not in MOE_RECOMPUTE_MODULES]
         return "recompute", (f"selective({','.join(mods)})" if mods else lay.recompute)
     if k == "fsdp":
         return "optimizer", "fsdp" if lay.fsdp else "dist-opt"

@@ -45,6 +45,7 @@ ADAM_MOMENT_DTYPES = ("fp32", "bf16")
 #: (``megatron/core/transformer/transformer_config.py``, ``recompute_modules``, NVIDIA/Megatron-LM commit
 #: 002526d81b81f6ab534e93844f9a228709887494; the GDN/GDP modules are not modelled and are refused)
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act", "moe", "layernorm", "shared_experts")
+MOE_RECOMPUTE_MODULES = ("moe_act", "moe", "shared_experts")  # of those, the ones a model without MoE layers lacks
 #: what ``recompute = selective`` without ``recompute_modules`` recomputes here: the attention core and the routed
 #: experts' SwiGLU (Gated DeltaNet chunk states are always recomputed). Megatron-Core's own default is
 #: ``["core_attn"]`` alone (``TransformerConfig.__post_init__``, NVIDIA/Megatron-LM@d98e8a64), so every export
@@ -173,16 +174,12 @@ class Cluster:
     """Nodes of identical GPUs: NVLink inside a node, one InfiniBand NIC per GPU across nodes. A node is one NVLink
     domain (a DGX/HGX node of 8 GPUs, or a GB200 NVL72 rack of 72).
 
-    Attributes:
-        gpu: the GPU type.
-        num_nodes: nodes (NVLink domains, >= 1).
-        gpus_per_node: GPUs per node (NVLink domain: DGX 8, NVL72 72).
-        inter_node_bytes_per_s: per-GPU inter-node bandwidth per direction, bytes/s (NDR: 50e9).
-        weak_link_factor: multiplies the inter-node bandwidth (1.0 = healthy; 0.5 = a link at half speed).
-        memory_reserve_gib: GiB per GPU held back from the HBM the memory model may fill (CUDA context, NCCL
-            buffers, fragmentation, a margin of the user's); ``None``: ``memory_reserve_gib`` of
-            ``data/hardware/cost_model.json`` (:func:`tessera_lab.cost.memory.memory_capacity`).
-    """
+    Attributes: ``gpu`` the GPU type; ``num_nodes`` nodes (NVLink domains, >= 1); ``gpus_per_node`` GPUs per node
+    (DGX 8, NVL72 72); ``inter_node_bytes_per_s`` per-GPU inter-node bandwidth per direction, bytes/s (NDR: 50e9);
+    ``weak_link_factor`` multiplies it (1.0 = healthy; 0.5 = a link at half speed); ``memory_reserve_gib`` GiB per
+    GPU held back from the HBM the memory model may fill (CUDA context, NCCL buffers, fragmentation, a margin of the
+    user's); ``None``: ``memory_reserve_gib`` of ``data/hardware/cost_model.json``
+    (:func:`tessera_lab.cost.memory.memory_capacity`)."""
 
     gpu: GPUSpec
     num_nodes: int
@@ -226,8 +223,8 @@ class Cluster:
         return Link("NVLink", self.gpu.nvlink_bytes_per_s, cost_assumptions()["alpha_intra_node_s"])
 
     def inter_link(self) -> Link:
-        a = cost_assumptions()
-        return Link("InfiniBand", self.inter_node_bytes_per_s * self.weak_link_factor, a["alpha_inter_node_s"], True)
+        return Link("InfiniBand", self.inter_node_bytes_per_s * self.weak_link_factor,
+                    cost_assumptions()["alpha_inter_node_s"], inter_node=True)
 
     def link_for(self, ranks: list[int] | tuple[int, ...]) -> Link:
         """The bottleneck link of a group: NVLink if all ranks share a node, else the inter-node link."""
@@ -549,14 +546,17 @@ def layout_text(p: "ParallelConfig", moe: bool = True) -> str:
             f"iteration ({p.tokens_per_iteration:,} tokens)")
 
 
+VPP_RULE = "virtual pipeline stages when pp > 1"  # the rule this project's one-chunk `overlapped` does not keep
+
+
 def overlap_rule_breaks(lay: Any) -> list[str]:
     """The rules of Megatron-Core's ``TransformerConfig.__post_init__`` for ``overlap_moe_expert_parallel_comm``
-    (the EP-overlap schedules, ``overlapped`` and ``interleaved-overlapped``) that ``lay`` breaks (NVIDIA/Megatron-LM
-    ``megatron/core/transformer/transformer_config.py`` at commit d2c5e8b4f4fa0062d8cd9cbe18a7fca7cf1f99a3):
-    expert parallelism > 1, no full recomputation, and virtual pipeline stages when pp > 1 (its dispatcher rule,
-    alltoall or flex, holds for both dispatchers the search tries). Empty when Megatron-Core runs it."""
+    (the EP-overlap schedules) that ``lay`` breaks (NVIDIA/Megatron-LM ``transformer_config.py`` at d2c5e8b4): expert
+    parallelism > 1, no full recomputation, no ``moe`` recompute module, and virtual pipeline stages when pp > 1
+    (:data:`VPP_RULE`; its dispatcher rule, alltoall or flex, holds for both dispatchers). Empty when it runs."""
+    mods = selective_modules(lay.recompute, getattr(lay, "recompute_modules", None) or ())
     rules = [(lay.ep <= 1, "expert parallelism > 1"), (lay.recompute == "full", "a recompute granularity other than full"),
-             (lay.pp > 1 and lay.vpp <= 1, "virtual pipeline stages when pp > 1")]
+             ("moe" in mods, "no moe recompute module"), (lay.pp > 1 and lay.vpp <= 1, VPP_RULE)]
     return [why for bad, why in rules if bad]
 
 

@@ -155,7 +155,9 @@ def capacity_report(plan: Any, evaluation: Any | str | None = None, *, timeline:
     rep.costs = plan.costs.as_dict()
     if not plan.model.has_moe:  # rows that are zero by construction without MoE layers are left out, and said so
         gone = [k for k in ("exposed_ep_all_to_all", "routing_variance")
-                if abs(rep.parts.get(k, 0.0)) <= 1e-12 * max(1.0, rep.gpu_time_s) and rep.parts.pop(k, None) is not None]
+                if k in rep.parts and abs(rep.parts[k]) <= 1e-12 * max(1.0, rep.gpu_time_s)]
+        for k in gone:
+            del rep.parts[k]
         if gone:
             rep.notes.append("no MoE layers: no " + " or ".join(LABELS[k] for k in gone) + " row (nothing is routed)")
     return rep
