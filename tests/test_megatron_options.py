@@ -228,7 +228,7 @@ def test_host_waits_hide_behind_fsdp_streams_by_hand():
     """While the host waits the compute stream idles, but FSDP's prefetched gathers and reduce-scatters run on: a
     phase bound by them has ``lane_slack`` = their time - the lanes - the SMs their kernels take, and a wait hides in
     it up to its own length. By hand for the ModelZoo FSDP layer (its forward: one dispatcher wait, its recompute
-    in the backward: another, each 4.04 ms)."""
+    in the backward: another, each the fitted `deepep` value)."""
     from tessera_lab.cost.sync import FITTED_PER_WAIT_S, host_waits, own_stream_hidden_s
     from tessera_lab.plan.stages import layer_host_sync
 

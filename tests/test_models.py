@@ -23,6 +23,7 @@ def test_shipped_models_listed():
                                      "gpt-oss-120b",  # a published-run model (data/published)
                                      "llama-4-scout-17b-16e",
                                      "deepseek-v3.2", "kimi-k2-instruct", "olmoe-1b-7b", "qwen3-vl-30b-a3b",
+                                     "nemotron-3-nano-30b-a3b",  # a published-run model (data/published)
                                      "llama-3.1-70b", "llama-3.1-405b"}  # dense published-run models
 
 
