@@ -614,15 +614,25 @@ def test_a_structure_that_fits_only_with_fsdp_is_planned_once_after_the_others()
     assert got == [a_plain, b_fsdp, b_plain, a_sel, a_fsdp]
 
 
-def test_the_selective_legend_says_moe_act_is_idle_without_moe():
+def test_the_selective_legend_names_the_modules_that_act():
+    """A model with MoE layers: the default set, core_attn and moe_act, written out by the export. Without MoE layers
+    moe_act has nothing to act on: the legend names core_attn alone, as the separation line does."""
+    from tessera_lab.model.hardware import selective_modules
     from tessera_lab.plan.search_export import selective_note
 
     def lay(recompute):
         return S.Layout(1, 1, 1, 1, 8, 4, 1, "1f1b", recompute, "alltoall", False, 1, (), False)
 
-    assert "recomputes nothing in a model without MoE layers" in selective_note([lay("selective")], moe=False)
-    assert "recomputes nothing" not in selective_note([lay("selective")])
+    assert selective_note([lay("selective")], moe=False) == (
+        "selective: recompute module core_attn, Megatron-Core's own default; selective(...) names its modules")
+    assert selective_note([lay("selective")]) == (
+        "selective: recompute modules core_attn, moe_act (the export writes them out: Megatron-Core's own default is "
+        "core_attn alone); selective(...) names its modules")
     assert selective_note([lay("none")], moe=False) is None
+    assert selective_modules("selective", (), moe=False) == ("core_attn",)
+    assert selective_modules("selective", ("layernorm", "moe_act", "shared_experts"), moe=False) == ("layernorm",)
+    assert selective_modules("selective", ("layernorm", "moe_act")) == ("layernorm", "moe_act")
+    assert selective_modules("full", (), moe=False) == ()
 
 
 def test_separation_of_a_dense_model_names_only_the_modules_that_recompute():

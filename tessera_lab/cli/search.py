@@ -47,10 +47,9 @@ def _shown(lay, k: str, moe: bool = True) -> tuple[str, object]:
     selective's are the default set; without MoE layers (``moe`` false) the MoE modules are left out, as they
     recompute nothing), the optimizer as the table's column, EP spanning TP as yes / no."""
     if k == "recompute":
-        from tessera_lab.model.hardware import MOE_RECOMPUTE_MODULES, selective_modules
+        from tessera_lab.model.hardware import selective_modules
 
-        mods = [m for m in selective_modules(lay.recompute, getattr(lay, "recompute_modules", ()))
-                if moe or m not in MOE_RECOMPUTE_MODULES]
+        mods = selective_modules(lay.recompute, getattr(lay, "recompute_modules", ()), moe)
         return "recompute", (f"selective({','.join(mods)})" if mods else lay.recompute)
     if k == "fsdp":
         return "optimizer", "fsdp" if lay.fsdp else "dist-opt"

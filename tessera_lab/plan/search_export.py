@@ -34,16 +34,17 @@ def schedule_label(schedule: str) -> str:
 
 
 def selective_note(layouts: Sequence[Layout], moe: bool = True) -> str | None:
-    """What a bare ``selective`` in a table's recompute column recomputes (this project's default set,
-    :data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES`, which :func:`megatron_arguments` writes out), or
-    ``None`` when no layout shown has it. ``moe``: whether the model has MoE layers (without, ``moe_act`` is said to
-    recompute nothing)."""
+    """What a bare ``selective`` in a table's recompute column recomputes, or ``None`` when no layout shown has it:
+    this project's default set (:data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES`, which
+    :func:`megatron_arguments` writes out) in a model with MoE layers (``moe``); without, the part of it that acts,
+    core_attn alone (:func:`~tessera_lab.model.hardware.selective_modules`), which is Megatron-Core's own default."""
     if not any(l.recompute == "selective" and not l.recompute_modules for l in layouts):
         return None
-    return (f"selective: recompute modules {', '.join(SELECTIVE_DEFAULT_MODULES)} (the export writes them out: "
-            "Megatron-Core's own default is core_attn alone" + ("" if moe else "; moe_act recomputes nothing in a "
-                                                                   "model without MoE layers")
-            + "); selective(...) names its modules")
+    mods = selective_modules("selective", (), moe)
+    if mods == MEGATRON_DEFAULT_RECOMPUTE_MODULES:
+        return f"selective: recompute module {mods[0]}, Megatron-Core's own default; selective(...) names its modules"
+    return (f"selective: recompute modules {', '.join(mods)} (the export writes them out: "
+            "Megatron-Core's own default is core_attn alone); selective(...) names its modules")
 
 
 def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
