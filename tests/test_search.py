@@ -215,6 +215,27 @@ def test_selective_export_names_the_planned_modules(modules):
     assert S.Candidate(none, 0.0, 0.0).as_dict()["recompute_modules"] == []
 
 
+def test_dense_selective_export_names_core_attn_alone():
+    """A model without MoE layers: a bare selective recomputes core_attn alone (moe_act acts on nothing, and
+    Megatron-Core refuses it without --moe-grouped-gemm), so the export, its layout and the JSON row name core_attn
+    only, and reading the arguments back (with or without the flag: Megatron-Core's own default) gives the bare
+    selective layout again."""
+    lay = S.Layout(2, 1, 1, 1, 4, 16, 1, "1f1b", "selective", "alltoall", False, 1, ())
+    cand = S.Candidate(lay, 0.0, 0.0, {"fits": True})
+    out = X.megatron_arguments(cand, 4096, moe=False)
+    argv = out["argv"]
+    i = argv.index("--recompute-modules")
+    assert argv[i - 2:i + 3] == ["--recompute-granularity", "selective", "--recompute-modules", "core_attn",
+                                 "--moe-token-dispatcher-type"]
+    assert out["layout"]["recompute_modules"] == ["core_attn"]
+    assert X.layout_from_megatron(argv, 8, moe=False)[0] == lay
+    assert X.layout_from_megatron(argv[:i] + argv[i + 2:], 8, moe=False)[0] == lay  # the flag absent
+    assert cand.as_dict(moe=False)["recompute_modules"] == ["core_attn"]
+    listed = S.Layout(2, 1, 1, 1, 4, 16, 1, "1f1b", "selective", "alltoall", False, 1, ("layernorm",))
+    assert X.megatron_arguments(S.Candidate(listed, 0.0, 0.0), 4096, moe=False)["layout"]["recompute_modules"] == \
+        ["layernorm"]
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "tessera_lab", "search", *args], capture_output=True, text=True,
                           timeout=120)

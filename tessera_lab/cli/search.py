@@ -277,7 +277,7 @@ def _export(res, path: str) -> None:
 
     if not res.ranked:
         raise ConfigError("option --export: no layout fits, nothing to export; allowed: a search with a fitting layout")
-    out = megatron_arguments(res.ranked[0], res.seq_len)
+    out = megatron_arguments(res.ranked[0], res.seq_len, getattr(res, "moe", True))
     write_json(path, out)
     print(f"export: {path} (Megatron-Core arguments of layout #1)", file=sys.stderr)
     for note in out["notes"]:
