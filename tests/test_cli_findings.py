@@ -198,6 +198,9 @@ def test_selective_recompute_header_names_the_default_modules(capsys):
 
     assert _recompute_text(ParallelConfig(recompute="selective")) == "selective (core_attn, moe_act)"
     assert "default:" not in _recompute_text(ParallelConfig(recompute="selective"))
+    # a model without MoE layers: the default set's moe_act has nothing to act on, so the header names core_attn alone
+    assert _recompute_text(ParallelConfig(recompute="selective"), moe=False) == "selective (core_attn)"
+    assert _recompute_text(ParallelConfig(recompute="full"), moe=False) == "full"
 
 
 def test_summary_columns_keep_their_decimals_and_parameters_is_explained(capsys):

@@ -1,7 +1,7 @@
 """`plan`/`report` without --schedule: Megatron-Core's EP overlap where it runs (MoE layers and EP > 1,
 ``overlap_moe_expert_parallel_comm``'s requirements), 1F1B elsewhere, and each in its interleaved form with --vpp."""
 
-from tessera_lab.pipeline.schedules import default_schedule
+from tessera_lab.pipeline.schedules import default_ep_overlap, default_schedule
 
 
 def test_default_schedule_by_case():
@@ -11,6 +11,18 @@ def test_default_schedule_by_case():
     assert default_schedule(None, 5, ep_overlap=False) == "interleaved"
     assert default_schedule("zb-h1", 1, ep_overlap=False) == "zb-h1"  # a given schedule is kept as given
     assert default_schedule("1f1b", 4) == "1f1b"  # (and refused later for its vpp, as before)
+
+
+def test_default_ep_overlap_reads_any_options():
+    """The rule plan and the CPU testbed's runner plan share: options without recompute fields (the runner's) recompute
+    nothing; the virtual-stage rule is waived (the one-chunk overlapped schedule)."""
+    from types import SimpleNamespace as NS
+
+    assert default_ep_overlap(NS(ep=2, pp=2, vpp=1)) is True
+    assert default_ep_overlap(NS(ep=1, pp=2, vpp=1)) is False
+    assert default_ep_overlap(NS(ep=2, pp=2, vpp=1, recompute="full", recompute_modules=None)) is False
+    assert default_ep_overlap(NS(ep=2, pp=2, vpp=1, recompute="selective", recompute_modules=["moe"])) is False
+    assert default_ep_overlap(NS(ep=8, pp=1, vpp=1), NS(has_moe=False)) is False
 
 
 def test_plan_picks_the_default_from_the_model_and_vpp():

@@ -163,6 +163,32 @@ def test_plan_device_cli_and_plan_json(tmp_path, capsys):
     assert "tessera_runner" in capsys.readouterr().err
 
 
+def test_plan_device_default_schedule_follows_plans_ep_overlap_rule(tmp_path, capsys, monkeypatch):
+    """Without --schedule a runner plan takes plan's default: the overlapped 1F1B with EP > 1, 1F1B at EP 1, decided
+    by the planner's rule (pipeline.schedules.default_ep_overlap); the runner has no recompute, so --recompute is
+    refused in one line (exit 2) rather than ignored."""
+    import tessera_lab.runner.testbed.predict as P
+
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps(synthetic_device(cores=2)))
+
+    def schedule(ep: str) -> str:
+        out = tmp_path / f"plan-ep{ep}.json"
+        assert cli(["plan", "--model", "tiny-runner", "--device", str(path), "--pp", "2", "--ep", ep, "-m", "4",
+                    "--export", str(out)]) == 0
+        capsys.readouterr()
+        return json.loads(out.read_text())["parallel"]["schedule"]
+
+    assert schedule("2") == "overlapped" and schedule("1") == "1f1b"
+    monkeypatch.setattr(P, "default_ep_overlap", lambda args: False)  # the runner asks the planner's rule
+    assert schedule("2") == "1f1b"
+    monkeypatch.undo()
+    assert cli(["plan", "--model", "tiny-runner", "--device", str(path), "--pp", "2", "--ep", "2", "-m", "4",
+                "--recompute", "full"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--recompute" in err and len(err.splitlines()) == 1
+
+
 def test_validation_matrix_shape():
     full = cases(False)
     assert len(full) == 4 * 2 * 2 * 2 * 2

@@ -68,6 +68,21 @@ def test_every_report_category_is_defined_in_docs_and_help(capsys):
         assert " ".join(f"{LABELS[k]}: {DEFINITIONS[k]}; = {FORMULAS[k]}".split()) in helptext, k
 
 
+def test_stage_imbalance_row_has_one_notation(capsys):
+    # `report --help` and docs/cli.md give the stage-imbalance formula once, with idle_r' and busy0 defined beside it
+    from tessera_lab.cli.main import main
+
+    assert main(["report", "--help"]) == 0
+    helptext = " ".join(capsys.readouterr().out.split())
+    row = ("stage imbalance: idle while the busiest rank does more work: each rank's idle time, up to the nominal "
+           "compute it has less than the busiest rank; = G x sum_r min(idle_r', busy0_max - busy0_r), idle_r' = idle "
+           "time left after exposed communication and memory wait, busy0 = compute time at nominal durations")
+    assert row in helptext
+    cli = (DOCS / "cli.md").read_text()
+    for text in (helptext, cli):
+        assert "idle left" not in text and text.count("sum_r min(") == 1
+
+
 def test_every_quote_of_the_fitted_sync_values_says_fitted():
     # wherever a page quotes one of the planner's fitted host/sync values (as `plan --help` prints them), the text
     # around the quote (400 characters before, 100 after, within its paragraph) says the value is fitted, and the

@@ -215,6 +215,27 @@ def test_selective_export_names_the_planned_modules(modules):
     assert S.Candidate(none, 0.0, 0.0).as_dict()["recompute_modules"] == []
 
 
+def test_dense_selective_export_names_core_attn_alone():
+    """A model without MoE layers: a bare selective recomputes core_attn alone (moe_act acts on nothing, and
+    Megatron-Core refuses it without --moe-grouped-gemm), so the export, its layout and the JSON row name core_attn
+    only, and reading the arguments back (with or without the flag: Megatron-Core's own default) gives the bare
+    selective layout again."""
+    lay = S.Layout(2, 1, 1, 1, 4, 16, 1, "1f1b", "selective", "alltoall", False, 1, ())
+    cand = S.Candidate(lay, 0.0, 0.0, {"fits": True})
+    out = X.megatron_arguments(cand, 4096, moe=False)
+    argv = out["argv"]
+    i = argv.index("--recompute-modules")
+    assert argv[i - 2:i + 3] == ["--recompute-granularity", "selective", "--recompute-modules", "core_attn",
+                                 "--moe-token-dispatcher-type"]
+    assert out["layout"]["recompute_modules"] == ["core_attn"]
+    assert X.layout_from_megatron(argv, 8, moe=False)[0] == lay
+    assert X.layout_from_megatron(argv[:i] + argv[i + 2:], 8, moe=False)[0] == lay  # the flag absent
+    assert cand.as_dict(moe=False)["recompute_modules"] == ["core_attn"]
+    listed = S.Layout(2, 1, 1, 1, 4, 16, 1, "1f1b", "selective", "alltoall", False, 1, ("layernorm",))
+    assert X.megatron_arguments(S.Candidate(listed, 0.0, 0.0), 4096, moe=False)["layout"]["recompute_modules"] == \
+        ["layernorm"]
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "tessera_lab", "search", *args], capture_output=True, text=True,
                           timeout=120)
@@ -614,15 +635,25 @@ def test_a_structure_that_fits_only_with_fsdp_is_planned_once_after_the_others()
     assert got == [a_plain, b_fsdp, b_plain, a_sel, a_fsdp]
 
 
-def test_the_selective_legend_says_moe_act_is_idle_without_moe():
+def test_the_selective_legend_names_the_modules_that_act():
+    """A model with MoE layers: the default set, core_attn and moe_act, written out by the export. Without MoE layers
+    moe_act has nothing to act on: the legend names core_attn alone, as the separation line does."""
+    from tessera_lab.model.hardware import selective_modules
     from tessera_lab.plan.search_export import selective_note
 
     def lay(recompute):
         return S.Layout(1, 1, 1, 1, 8, 4, 1, "1f1b", recompute, "alltoall", False, 1, (), False)
 
-    assert "recomputes nothing in a model without MoE layers" in selective_note([lay("selective")], moe=False)
-    assert "recomputes nothing" not in selective_note([lay("selective")])
+    assert selective_note([lay("selective")], moe=False) == (
+        "selective: recompute module core_attn, Megatron-Core's own default; selective(...) names its modules")
+    assert selective_note([lay("selective")]) == (
+        "selective: recompute modules core_attn, moe_act (the export writes them out: Megatron-Core's own default is "
+        "core_attn alone); selective(...) names its modules")
     assert selective_note([lay("none")], moe=False) is None
+    assert selective_modules("selective", (), moe=False) == ("core_attn",)
+    assert selective_modules("selective", ("layernorm", "moe_act", "shared_experts"), moe=False) == ("layernorm",)
+    assert selective_modules("selective", ("layernorm", "moe_act")) == ("layernorm", "moe_act")
+    assert selective_modules("full", (), moe=False) == ()
 
 
 def test_separation_of_a_dense_model_names_only_the_modules_that_recompute():

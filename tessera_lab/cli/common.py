@@ -12,7 +12,7 @@ from typing import Any
 
 from tessera_lab.argtypes import Switch, float_at_least, float_in, module_list, positive_int
 from tessera_lab.model.hardware import RECOMPUTE_MODULES
-from tessera_lab.pipeline.schedules import default_schedule
+from tessera_lab.pipeline.schedules import default_ep_overlap, default_schedule
 
 GIB = 2**30
 
@@ -227,19 +227,6 @@ def model_from_args(args: argparse.Namespace):
     if changes and getattr(args, "allow_no_full_attention", False):
         changes["allow_no_full_attention"] = True
     return m.with_changes(**changes) if changes else m
-
-
-def default_ep_overlap(args, model=None) -> bool:
-    """Whether the default schedule is an EP-overlap one: MoE layers (``model`` None: assumed) and every rule of
-    Megatron-Core's EP overlap (:func:`~tessera_lab.model.hardware.overlap_rule_breaks`) but its virtual-stage rule,
-    which the default meets by its interleaved form with ``--vpp`` >= 2 and this project's one-chunk schedule waives."""
-    from types import SimpleNamespace
-
-    from tessera_lab.model.hardware import VPP_RULE, overlap_rule_breaks
-
-    lay = SimpleNamespace(ep=args.ep, pp=args.pp, vpp=args.vpp, recompute=getattr(args, "recompute", None) or "none",
-                          recompute_modules=tuple(getattr(args, "recompute_modules", None) or ()))
-    return (model is None or model.has_moe) and not [b for b in overlap_rule_breaks(lay) if b != VPP_RULE]
 
 
 def parallel_from_args(args: argparse.Namespace, model=None):

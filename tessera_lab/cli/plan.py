@@ -134,14 +134,15 @@ def _cluster_text(cluster, used: int) -> str:
     return head
 
 
-def _recompute_text(p) -> str:
+def _recompute_text(p, moe: bool = True) -> str:
     """``none``, ``full`` or ``selective (core_attn, moe_act)``: the module names recomputed (the default set
-    :data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES` when none are given)."""
+    :data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES` when none are given; without MoE layers, ``moe``
+    false, the MoE modules are left out: ``selective (core_attn)``)."""
     from tessera_lab.model.hardware import selective_modules
 
     if p.recompute != "selective":
         return p.recompute
-    return f"selective ({', '.join(selective_modules(p.recompute, p.recompute_modules))})"
+    return f"selective ({', '.join(selective_modules(p.recompute, p.recompute_modules, moe))})"
 
 
 #: one line per baseline, printed under the summary table
@@ -175,7 +176,7 @@ def _header_lines(plan) -> list[str]:
         f"memory limit {plan.memory_capacity_bytes / GIB:.1f} GiB per GPU"
         + (f" (HBM less the {plan.cluster.memory_reserve_gib:g} GiB of --memory-reserve-gib)"
            if plan.cluster.memory_reserve_gib is not None
-           else "") + f"; recompute {_recompute_text(p)}, "
+           else "") + f"; recompute {_recompute_text(p, m.has_moe)}, "
         + (f"dispatcher {getattr(p, 'dispatcher', 'alltoall')}, " if m.has_moe else "")
         + f"precision {getattr(p, 'precision', p.dtype)}"
         + (f", expert GEMMs {getattr(p, 'grouped_gemm', 'grouped')}" if m.has_moe else ""),

@@ -47,10 +47,9 @@ def _shown(lay, k: str, moe: bool = True) -> tuple[str, object]:
     selective's are the default set; without MoE layers (``moe`` false) the MoE modules are left out, as they
     recompute nothing), the optimizer as the table's column, EP spanning TP as yes / no."""
     if k == "recompute":
-        from tessera_lab.model.hardware import MOE_RECOMPUTE_MODULES, selective_modules
+        from tessera_lab.model.hardware import selective_modules
 
-        mods = [m for m in selective_modules(lay.recompute, getattr(lay, "recompute_modules", ()))
-                if moe or m not in MOE_RECOMPUTE_MODULES]
+        mods = selective_modules(lay.recompute, getattr(lay, "recompute_modules", ()), moe)
         return "recompute", (f"selective({','.join(mods)})" if mods else lay.recompute)
     if k == "fsdp":
         return "optimizer", "fsdp" if lay.fsdp else "dist-opt"
@@ -278,7 +277,7 @@ def _export(res, path: str) -> None:
 
     if not res.ranked:
         raise ConfigError("option --export: no layout fits, nothing to export; allowed: a search with a fitting layout")
-    out = megatron_arguments(res.ranked[0], res.seq_len)
+    out = megatron_arguments(res.ranked[0], res.seq_len, getattr(res, "moe", True))
     write_json(path, out)
     print(f"export: {path} (Megatron-Core arguments of layout #1)", file=sys.stderr)
     for note in out["notes"]:

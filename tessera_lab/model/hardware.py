@@ -47,16 +47,16 @@ ADAM_MOMENT_DTYPES = ("fp32", "bf16")
 RECOMPUTE_MODULES = ("core_attn", "mla_up_proj", "mlp", "moe_act", "moe", "layernorm", "shared_experts")
 MOE_RECOMPUTE_MODULES = ("moe_act", "moe", "shared_experts")  # of those, the ones a model without MoE layers lacks
 #: what ``recompute = selective`` without ``recompute_modules`` recomputes here: the attention core and the routed
-#: experts' SwiGLU (Gated DeltaNet chunk states are always recomputed). Megatron-Core's own default is
-#: ``["core_attn"]`` alone (``TransformerConfig.__post_init__``, NVIDIA/Megatron-LM@d98e8a64), so every export
-#: writes this set out as ``--recompute-modules``
+#: experts' SwiGLU (Gated DeltaNet chunk states are always recomputed). Megatron-Core's own default is ``["core_attn"]``
+#: alone (``TransformerConfig.__post_init__``, NVIDIA/Megatron-LM@d98e8a64), so every export writes the modules out
 SELECTIVE_DEFAULT_MODULES = ("core_attn", "moe_act")
 
 
-def selective_modules(recompute: str, modules: "tuple[str, ...] | list[str]" = ()) -> tuple[str, ...]:
-    """The Megatron modules a recompute setting recomputes selectively: ``modules``, or
-    :data:`SELECTIVE_DEFAULT_MODULES` when none are given, for ``recompute = selective``; ``()`` otherwise."""
-    return tuple(modules or SELECTIVE_DEFAULT_MODULES) if recompute == "selective" else ()
+def selective_modules(recompute: str, modules: "tuple[str, ...] | list[str]" = (), moe: bool = True) -> tuple[str, ...]:
+    """The Megatron modules recomputed selectively: ``modules`` (none given: :data:`SELECTIVE_DEFAULT_MODULES`) with
+    ``recompute = selective``, less :data:`MOE_RECOMPUTE_MODULES` where ``moe`` is false (no MoE layer); else ``()``."""
+    mods = (modules or SELECTIVE_DEFAULT_MODULES) if recompute == "selective" else ()
+    return tuple(m for m in mods if moe or m not in MOE_RECOMPUTE_MODULES)
 
 
 #: how the EP group sits on the ranks: ``grid`` (this project's RankGrid, TP innermost, so an EP group strides by tp)

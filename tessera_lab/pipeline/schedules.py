@@ -39,7 +39,7 @@ Never imports torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from tessera_lab.errors import ScheduleError
 from tessera_lab.pipeline.actions import Action, ActionType, overlap, parse_action
@@ -191,7 +191,8 @@ def build_schedule(
 
 def default_schedule(schedule: str | None, vpp: int, ep_overlap: bool = True) -> str:
     """The schedule ``plan`` and ``report`` use: ``schedule`` as given; else, where Megatron-Core's combined-1F1B EP
-    overlap can run (``ep_overlap``: MoE layers and EP > 1, as ``overlap_moe_expert_parallel_comm`` requires),
+    overlap can run (``ep_overlap``, :func:`default_ep_overlap`: MoE layers, EP > 1 and no full or ``moe``-module
+    recompute, as ``overlap_moe_expert_parallel_comm`` requires),
     ``overlapped``, or with ``vpp >= 2`` its virtual-stage form ``interleaved-overlapped``; elsewhere (a dense
     model, EP 1) ``1f1b``, or ``interleaved`` with ``vpp >= 2`` (only the interleaved schedules take virtual
     stages)."""
@@ -200,3 +201,18 @@ def default_schedule(schedule: str | None, vpp: int, ep_overlap: bool = True) ->
     if ep_overlap:
         return "interleaved-overlapped" if vpp >= 2 else "overlapped"
     return "interleaved" if vpp >= 2 else "1f1b"
+
+
+def default_ep_overlap(args: Any, model: Any = None) -> bool:
+    """Whether :func:`default_schedule`'s default is an EP-overlap one for ``args`` (``plan``'s options, or any object
+    with ``ep``, ``pp``, ``vpp`` and, where set, ``recompute`` and ``recompute_modules``; unset: no recompute): MoE
+    layers (``model`` None: assumed) and every rule of Megatron-Core's EP overlap
+    (:func:`~tessera_lab.model.hardware.overlap_rule_breaks`) but its virtual-stage rule, which the default meets by
+    its interleaved form with ``vpp`` >= 2 and this project's one-chunk schedule waives."""
+    from types import SimpleNamespace
+
+    from tessera_lab.model.hardware import VPP_RULE, overlap_rule_breaks
+
+    lay = SimpleNamespace(ep=args.ep, pp=args.pp, vpp=args.vpp, recompute=getattr(args, "recompute", None) or "none",
+                          recompute_modules=tuple(getattr(args, "recompute_modules", None) or ()))
+    return (model is None or model.has_moe) and not [b for b in overlap_rule_breaks(lay) if b != VPP_RULE]

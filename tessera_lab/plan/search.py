@@ -78,11 +78,11 @@ class Candidate:
     #: reaches the candidate, which it does in the order of :meth:`~tessera_lab.plan.search_bounds._Bounds.time`)
     tight_bound: bool = False
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, moe: bool = True) -> dict[str, Any]:
         """The layout's fields (``recompute_modules``: the modules recomputed as planned, the default set written out
-        for a bare ``selective``), its bounds and the planner's result."""
+        for a bare ``selective``, less the MoE ones where ``moe`` is false), its bounds and the planner's result."""
         lay = self.layout
-        return {**asdict(lay), "recompute_modules": list(selective_modules(lay.recompute, lay.recompute_modules)),
+        return {**asdict(lay), "recompute_modules": list(selective_modules(lay.recompute, lay.recompute_modules, moe)),
                 "lower_bound_s": self.lower_bound_s,
                 "memory_bound_gib": self.memory_bound_bytes / 2**30, **(self.result or {})}
 
@@ -156,8 +156,8 @@ class SearchResult:
                 "memory_capacity_gib": self.memory_capacity_bytes / 2**30,
                 "memory_reserve_gib": self.memory_reserve_gib,
                 "unplanned_bound_s": self.unplanned_bound_s,
-                "candidates": [c.as_dict() for c in self.ranked]
-                + [c.as_dict() for c in self.planned if not (c.result and c.result["fits"])]}
+                "candidates": [c.as_dict(self.moe) for c in self.ranked]
+                + [c.as_dict(self.moe) for c in self.planned if not (c.result and c.result["fits"])]}
 
 
 def refusal_kind(exc: Exception) -> str:

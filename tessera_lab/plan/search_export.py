@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any, Sequence
 
 from tessera_lab.errors import ConfigError
-from tessera_lab.model.hardware import SELECTIVE_DEFAULT_MODULES, selective_modules
+from tessera_lab.model.hardware import selective_modules
 from tessera_lab.plan.search import Candidate
 from tessera_lab.plan.search_space import Layout, overlap_rule_breaks
 
@@ -34,23 +34,27 @@ def schedule_label(schedule: str) -> str:
 
 
 def selective_note(layouts: Sequence[Layout], moe: bool = True) -> str | None:
-    """What a bare ``selective`` in a table's recompute column recomputes (this project's default set,
-    :data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES`, which :func:`megatron_arguments` writes out), or
-    ``None`` when no layout shown has it. ``moe``: whether the model has MoE layers (without, ``moe_act`` is said to
-    recompute nothing)."""
+    """What a bare ``selective`` in a table's recompute column recomputes, or ``None`` when no layout shown has it:
+    this project's default set (:data:`~tessera_lab.model.hardware.SELECTIVE_DEFAULT_MODULES`, which
+    :func:`megatron_arguments` writes out) in a model with MoE layers (``moe``); without, the part of it that acts,
+    core_attn alone (:func:`~tessera_lab.model.hardware.selective_modules`), which is Megatron-Core's own default."""
     if not any(l.recompute == "selective" and not l.recompute_modules for l in layouts):
         return None
-    return (f"selective: recompute modules {', '.join(SELECTIVE_DEFAULT_MODULES)} (the export writes them out: "
-            "Megatron-Core's own default is core_attn alone" + ("" if moe else "; moe_act recomputes nothing in a "
-                                                                   "model without MoE layers")
-            + "); selective(...) names its modules")
+    mods = selective_modules("selective", (), moe)
+    if mods == MEGATRON_DEFAULT_RECOMPUTE_MODULES:
+        return f"selective: recompute module {mods[0]}, Megatron-Core's own default; selective(...) names its modules"
+    return (f"selective: recompute modules {', '.join(mods)} (the export writes them out: "
+            "Megatron-Core's own default is core_attn alone); selective(...) names its modules")
 
 
-def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
+def megatron_arguments(cand: Candidate, seq_len: int, moe: bool = True) -> dict[str, Any]:
     """A planned candidate as Megatron-Core command-line arguments: ``argv`` (TP, PP, VPP, EP with expert TP 1,
     CP 1, sequence parallelism with TP, the pipeline layout of the planned partition, micro-batch and global batch
     sizes, sequence length, recompute, dispatcher, the EP-overlap flag) plus ``layout`` (the search's fields,
-    read back by :func:`layout_from_megatron`) and ``notes`` (what Megatron-Core does not run as planned)."""
+    read back by :func:`layout_from_megatron`) and ``notes`` (what Megatron-Core does not run as planned). ``moe``
+    false (a model without MoE layers): the recompute modules leave out the MoE ones, which act on nothing there
+    (and ``moe_act`` without ``--moe-grouped-gemm``, a dense model's setting, Megatron-Core refuses:
+    ``TransformerConfig.__post_init__``, NVIDIA/Megatron-LM@d98e8a64)."""
     from tessera_lab.plan.exports import megatron_layout
 
     lay = cand.layout
@@ -74,7 +78,7 @@ def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
         # always the modules planned: without --recompute-modules Megatron-Core recomputes core_attn alone
         # (TransformerConfig.__post_init__, NVIDIA/Megatron-LM@d98e8a64), not this project's default set
         argv += ["--recompute-granularity", "selective", "--recompute-modules",
-                 *selective_modules(lay.recompute, lay.recompute_modules)]
+                 *selective_modules(lay.recompute, lay.recompute_modules, moe)]
     argv += ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"] if lay.dispatcher == "deepep" else \
         ["--moe-token-dispatcher-type", "alltoall"]
     notes = [] if lay.schedule in MEGATRON_SCHEDULES else [
@@ -84,7 +88,7 @@ def megatron_arguments(cand: Candidate, seq_len: int) -> dict[str, Any]:
         notes += overlap_notes(lay)
     layout = asdict(lay)
     if lay.recompute == "selective":  # the modules the argv names, as planned
-        layout["recompute_modules"] = list(selective_modules(lay.recompute, lay.recompute_modules))
+        layout["recompute_modules"] = list(selective_modules(lay.recompute, lay.recompute_modules, moe))
     return {"argv": argv, "layout": layout, "seq_len": seq_len, "notes": notes}
 
 
@@ -100,10 +104,12 @@ def overlap_notes(lay: Any) -> list[str]:
             "would run as plain 1F1B here"]
 
 
-def layout_from_megatron(argv: Sequence[str], gpus: int, *, ep_spans_tp: bool = False) -> tuple[Layout, list[int]]:
+def layout_from_megatron(argv: Sequence[str], gpus: int, *, ep_spans_tp: bool = False,
+                         moe: bool = True) -> tuple[Layout, list[int]]:
     """The :class:`Layout` and stage boundaries of Megatron-Core arguments written by :func:`megatron_arguments` on
     ``gpus`` GPUs. Megatron's expert grid (expert TP 1) forms EP groups from consecutive ranks of the TP x DP grid,
-    so whether an EP group spans the TP ranks is this project's placement, not a Megatron flag: pass it.
+    so whether an EP group spans the TP ranks is this project's placement, not a Megatron flag: pass it, and whether
+    the model has MoE layers (``moe``; without, core_attn alone is the default module set as it acts).
 
     Raises:
         ConfigError: a size flag missing or not an integer, or sizes that do not divide ``gpus``.
@@ -117,8 +123,9 @@ def layout_from_megatron(argv: Sequence[str], gpus: int, *, ep_spans_tp: bool = 
     if "--recompute-modules" in args:  # nargs='*': the words up to the next flag
         rest = args[args.index("--recompute-modules") + 1:]
         modules = tuple(itertools.takewhile(lambda a: not a.startswith("--"), rest))
-    if set(modules) == set(SELECTIVE_DEFAULT_MODULES) or vals.get("--recompute-granularity") != "selective":
-        modules = ()  # this project's default set (or no selective recompute at all)
+    if set(modules) == set(selective_modules("selective", (), moe)) or \
+            vals.get("--recompute-granularity") != "selective":
+        modules = ()  # this project's default set as it acts (or no selective recompute at all)
     try:
         get = {k: int(vals.get(flag, "1")) for k, flag in _MEGATRON_FLAGS.items()}
         gbs = int(vals["--global-batch-size"])

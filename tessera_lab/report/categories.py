@@ -68,7 +68,8 @@ LABELS = {
 }
 
 DEFINITIONS = {
-    "stage_imbalance": "idle while the busiest rank does more work: sum_r min(idle left, busy0_max - busy0_r)",
+    "stage_imbalance": ("idle while the busiest rank does more work: each rank's idle time, up to the nominal "
+                        "compute it has less than the busiest rank"),
     "exposed_ep_all_to_all": "EP dispatch/combine all-to-all time with no compute kernel running",
     "exposed_pp_p2p": "idle compute lane covered by a stage-to-stage transfer into the rank",
     "exposed_tp": "TP all-reduce time with no compute kernel running",
@@ -90,7 +91,8 @@ DEFINITIONS = {
 #: each row's formula (GPU-seconds per iteration; G = GPUs / pp: the GPUs one simulated rank stands for; the
 #: lost time is iteration time x GPUs x (1 - MFU)); printed by ``report --help`` and in docs/cli.md
 FORMULAS = {
-    "stage_imbalance": "G x sum_r min(idle_r', busy0_max - busy0_r), busy0 = compute time at nominal durations",
+    "stage_imbalance": ("G x sum_r min(idle_r', busy0_max - busy0_r), idle_r' = idle time left after exposed "
+                        "communication and memory wait, busy0 = compute time at nominal durations"),
     "exposed_ep_all_to_all": "G x sum over actions of the time only the EP all-to-all runs (no compute kernel)",
     "exposed_pp_p2p": "G x idle compute-lane time covered by a RECV_F / RECV_B into the rank",
     "exposed_tp": "G x sum over actions of the time only the TP all-reduce runs",

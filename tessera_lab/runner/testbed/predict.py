@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 from tessera_lab.cost.device import a2a_entry, alpha_beta, cost_source, layer_times
 from tessera_lab.errors import ConfigError
 from tessera_lab.pipeline.passes import split_backward
-from tessera_lab.pipeline.schedules import build_schedule, canonical_name, default_schedule
+from tessera_lab.pipeline.schedules import build_schedule, canonical_name, default_ep_overlap, default_schedule
 from tessera_lab.pipeline.simulate import stage_durations
 from tessera_lab.plan.partition import uniform_boundaries
 
@@ -384,7 +384,10 @@ def cmd_plan_device(args) -> int:
     dp = dp_for_gpus(getattr(args, "gpus", None), args.dp, args.pp * args.ep)  # the runner's world: pp x ep x dp
     avail = available_cores(int(dev["metadata"].get("cores") or os.cpu_count() or 1),
                             processes=args.pp * args.ep * dp)
-    plan = device_plan(dev, args.model, pp=args.pp, ep=args.ep, dp=dp, schedule=default_schedule(args.schedule, args.vpp, ep_overlap=args.ep > 1),
+    # plan's default schedule rule (default_ep_overlap: Megatron-Core's EP-overlap rules); the runner has no
+    # recompute (plan --device refuses --recompute and --recompute-modules), so here it turns on EP > 1 alone
+    schedule = default_schedule(args.schedule, args.vpp, ep_overlap=default_ep_overlap(args))
+    plan = device_plan(dev, args.model, pp=args.pp, ep=args.ep, dp=dp, schedule=schedule,
                        microbatches=args.microbatches, micro_batch_size=args.micro_batch_size,
                        vpp=args.vpp if args.vpp != 1 else None,
                        choices=PlanChoices(partition="uniform" if args.method == "uniform" else "balanced"),
