@@ -553,4 +553,9 @@ def test_planning_panels_simulate_plans_default_schedule():
     assert panel_schedule(load_model("qwen3-next-80b-a3b"), 1) == "1f1b"
     assert panel_schedule(load_model("nemotron-h-56b"), 1) == "1f1b"
     assert panel_schedule(load_model("qwen3-8b"), 8) == "1f1b"
+    # Megatron-Core refuses its EP overlap with full recompute or the moe recompute module: plan's default rule
+    assert panel_schedule(load_model("qwen3-next-80b-a3b"), 8, "full") == "1f1b"
+    assert panel_schedule(load_model("qwen3-next-80b-a3b"), 8, "selective", ("moe",)) == "1f1b"
+    assert panel_schedule(load_model("qwen3-next-80b-a3b"), 8, "selective", ("core_attn", "moe_act")) == "overlapped"
     assert replan("qwen3-8b", pp=4, ep=1).parallel.schedule == "1f1b"
+    assert replan("qwen3-next-80b-a3b", pp=8, ep=8, recompute="full").parallel.schedule == "1f1b"

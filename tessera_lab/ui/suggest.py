@@ -18,13 +18,17 @@ from tessera_lab.ui.panel import Action, panel_wording
 SUGGEST_MAX_PLANS = 24
 
 
-def panel_schedule(spec, ep: int) -> str:
+def panel_schedule(spec, ep: int, recompute: str = "none", recompute_modules: tuple[str, ...] = ()) -> str:
     """The schedule the planning panels simulate, as ``plan`` picks it without ``--schedule`` and ``--vpp``
-    (:func:`~tessera_lab.pipeline.schedules.default_schedule`): the overlapped 1F1B where the EP all-to-all can be
-    overlapped (MoE layers and ``ep`` > 1), else 1F1B."""
-    from tessera_lab.pipeline.schedules import default_schedule
+    (:func:`~tessera_lab.pipeline.schedules.default_schedule`): the overlapped 1F1B where Megatron-Core's EP-overlap
+    rules allow it (:func:`~tessera_lab.pipeline.schedules.default_ep_overlap`: MoE layers, ``ep`` > 1, neither full
+    recompute nor the ``moe`` recompute module), else 1F1B. ``recompute`` / ``recompute_modules``: the layout's."""
+    from types import SimpleNamespace
 
-    return default_schedule(None, 1, ep_overlap=spec.has_moe and ep > 1)
+    from tessera_lab.pipeline.schedules import default_ep_overlap, default_schedule
+
+    lay = SimpleNamespace(ep=ep, pp=1, vpp=1, recompute=recompute, recompute_modules=tuple(recompute_modules))
+    return default_schedule(None, 1, ep_overlap=default_ep_overlap(lay, spec))
 
 
 def suggest_layout(spec, gpus: int, *, gpu: str, seq_len: int, global_batch_tokens: int,
@@ -48,10 +52,11 @@ def suggest_layout(spec, gpus: int, *, gpu: str, seq_len: int, global_batch_toke
     node = GPUSpec.named(gpu).nvlink_domain
     seqs = check_search_inputs(spec, gpus, seq_len, global_batch_tokens, node)
     # the panels plan one chunk per rank with plan's default schedule (panel_schedule: this project's overlapped
-    # 1F1B with MoE and EP > 1, as `plan` does; Megatron-Core's EP overlap would need virtual stages, so the search
+    # 1F1B with MoE, EP > 1 and no full or moe-module recompute, as `plan` does; Megatron-Core's EP overlap would
+    # need virtual stages, so the search
     # proper enumerates it only with them): the search's one-chunk 1F1B layouts with pp > 1, the default recompute
     # module set and the distributed optimizer, run with the panel's schedule
-    layouts = [replace(lay, schedule=panel_schedule(spec, lay.ep))
+    layouts = [replace(lay, schedule=panel_schedule(spec, lay.ep, lay.recompute, lay.recompute_modules))
                for lay in enumerate_layouts(spec, gpus, seqs, gpus_per_node=node, schedules=("1f1b",), vpps=(),
                                             dispatchers=("alltoall",), micro_batch_sizes=(1,))
                if lay.schedule == "1f1b" and lay.pp > 1 and not lay.recompute_modules and not lay.fsdp]

@@ -53,7 +53,7 @@ def replan(  # params: one keyword per control of the notebooks' re-planning pan
 
     spec = model_variant(model, attention_ratio=attention_ratio, expert_width=expert_width, top_k=top_k)
     parallel = ParallelConfig(pp=pp, ep=ep, tp=tp, microbatches=microbatches, seq_len=seq_len, recompute=recompute,
-                              schedule=panel_schedule(spec, ep))
+                              schedule=panel_schedule(spec, ep, recompute))
     return plan_or_gpu_count(spec, parallel, method=method, gpu=gpu)
 
 
@@ -415,7 +415,7 @@ def compare_partitions(
     recompute: str = "none",
 ):
     """The overlap-aware plan beside the uniform, standalone-balanced and parameter-balanced partitions, all
-    simulated with the panel's schedule (:func:`panel_schedule`: overlapped 1F1B with MoE and EP > 1, else 1F1B;
+    simulated with the panel's schedule (:func:`panel_schedule`: overlapped 1F1B where Megatron-Core's EP-overlap rules allow it, else 1F1B;
     pure function behind notebook 06's panel). ``pp``, ``ep``, ``tp`` left ``None`` take the model's layout in :data:`MODEL_LAYOUTS` (default pp 8, ep 8, tp 1); ``seq_len`` tokens per
     sequence (the attention ratio matters at long sequences, where full attention's quadratic core grows);
     ``recompute`` as :func:`replan`.
