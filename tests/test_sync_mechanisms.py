@@ -113,3 +113,26 @@ def test_memory_limit_bounds_by_hand():
     gains = [r["by_extra"][k]["total"] for k in (0, 2, 8)]
     assert all(-1e-12 <= g <= r["w_free_gain"] + 1e-12 for g in gains)
     assert gains[0] <= gains[1] + 1e-12 <= gains[2] + 2e-12  # more activation memory never moves less W here
+
+
+def test_w_fillable_gaps_by_hand():
+    """Rank 0: F0 [0,1], I0 [1,2], idle [2,4], F1 [4,5], W0 [5,6.5], I1 [6.5,7.5], idle [7.5,8], W1 [8,9]. The
+    first gap (2 s) may take W0 (its I ended at 2, it runs after 4): 1.5 s; the second (0.5 s) W1 (I1 ended at 7.5):
+    0.5 s. Rank 1: F0 [1,2], W0 [2.5,3] with its I after the gap: nothing fills [2,2.5]. The idle before a rank's
+    first action is not a gap."""
+    from types import SimpleNamespace
+
+    from tessera_lab.dynamic.mechanisms import w_fillable_gaps
+    from tessera_lab.pipeline.timeline import Event
+
+    def ev(rank, stage, mb, typ, a, b):
+        return Event(rank, stage, mb, typ, a, b, "compute", f"{stage}{typ}{mb}")
+
+    events = [ev(0, 0, 0, "F", 0, 1), ev(0, 0, 0, "I", 1, 2), ev(0, 0, 1, "F", 4, 5), ev(0, 0, 0, "W", 5, 6.5),
+              ev(0, 0, 1, "I", 6.5, 7.5), ev(0, 0, 1, "W", 8, 9),
+              ev(1, 1, 0, "F", 1, 2), ev(1, 1, 0, "W", 2.5, 3), ev(1, 1, 0, "I", 3, 3.5),
+              Event(0, -1, None, "pp_p2p", 2, 3, "comm", "x")]
+    r = w_fillable_gaps(SimpleNamespace(events=events))
+    assert r["per_rank_gap_s"] == pytest.approx([2.5, 0.5])
+    assert r["per_rank_fillable_s"] == pytest.approx([2.0, 0.0])
+    assert r["gap_ms"] == pytest.approx(1500.0) and r["fillable_ms"] == pytest.approx(1000.0)

@@ -115,6 +115,47 @@ class _ScaledW:
         return v * self.scale if type is ActionType.W else v
 
 
+def w_fillable_gaps(tl, eps: float = 1e-12) -> dict[str, Any]:
+    """How much of each rank's idle time W could fill if the data dependency were the only rule: on a simulated
+    timeline ``tl`` (:class:`~tessera_lab.pipeline.timeline.Timeline`, seconds), each rank's gaps are the idle
+    intervals of its compute lane between its first and its last action; a gap ``[a, b)`` may take any W of the
+    same rank that runs after it (starts at or after ``b``) and whose input gradient (``I`` or ``B`` of the same
+    stage and micro-batch) has ended by ``a``, split as finely as needed (the dynamic planner cuts W per layer).
+    Gaps are filled in time order from the earliest such W; each W's time is used once. Memory is ignored (that
+    is the rule :func:`memory_limit` measures).
+
+    Returns:
+        ``{"per_rank_gap_s": [...], "per_rank_fillable_s": [...], "gap_ms" and "fillable_ms" (means over ranks)}``.
+    """
+    gaps_out, fill_out = [], []
+    ranks = sorted({e.rank for e in tl.events if e.lane == "compute"})
+    for r in ranks:
+        ev = sorted((e for e in tl.events if e.lane == "compute" and e.rank == r), key=lambda e: e.start)
+        grad_end = {(e.stage, e.microbatch): e.end for e in ev if e.type in ("I", "B")}
+        left = {id(e): e.end - e.start for e in ev if e.type == "W"}
+        gap_s = fill_s = 0.0
+        for prev, nxt in zip(ev, ev[1:]):
+            a, b = max(prev.end, 0.0), nxt.start
+            if b - a <= eps:
+                continue
+            gap_s += b - a
+            room = b - a
+            for w in ev:
+                if room <= eps:
+                    break
+                if (w.type == "W" and w.start >= b - eps and left[id(w)] > eps
+                        and grad_end.get((w.stage, w.microbatch), float("inf")) <= a + eps):
+                    take = min(room, left[id(w)])
+                    left[id(w)] -= take
+                    room -= take
+                    fill_s += take
+        gaps_out.append(gap_s)
+        fill_out.append(fill_s)
+    n = max(len(ranks), 1)
+    return {"per_rank_gap_s": gaps_out, "per_rank_fillable_s": fill_out, "gap_ms": 1e3 * sum(gaps_out) / n,
+            "fillable_ms": 1e3 * sum(fill_out) / n}
+
+
 def memory_limit(costs: StageCosts, routing: str = "drift:0.2", *, schedule: str = "zb-h1", microbatches: int = 32,
                  extra: Sequence[int] = (0, 1, 4, 32), seed: int = 0, step: int = 1) -> dict[str, Any]:
     """What limits the W the dynamic optimizer moves: its gain as the activation-memory cap grows, against the
@@ -126,7 +167,8 @@ def memory_limit(costs: StageCosts, routing: str = "drift:0.2", *, schedule: str
     ``w_free_gain``: ``T_static / T_(W = 0) - 1`` on the realised routing, the static order simulated with every W
     taking no time: no order of the W work can gain more. ``bottleneck_rank``: the rank with the most busy time
     (seconds) in the static order, ``bottleneck_w_per_microbatch_ms``: its W per micro-batch (what one more deferred
-    W moves). Seconds are simulated (:func:`~tessera_lab.pipeline.simulate.simulate`).
+    W moves). ``data_dependency``: :func:`w_fillable_gaps` of that static timeline (the W the data dependency alone
+    would let into the gaps). Seconds are simulated (:func:`~tessera_lab.pipeline.simulate.simulate`).
     """
     spec = parse_routing(routing)
     sched = schedule_for(costs, schedule, microbatches)
@@ -146,7 +188,8 @@ def memory_limit(costs: StageCosts, routing: str = "drift:0.2", *, schedule: str
     r0 = int(np.argmax(busy))
     w_rank = sum(e.end - e.start for e in tl.events if e.rank == r0 and e.lane == "compute" and e.type == "W")
     out.update(w_free_gain=tl.iteration_time / t_free - 1.0, bottleneck_rank=r0,
-               bottleneck_w_per_microbatch_ms=1e3 * w_rank / m, iteration_static_s=tl.iteration_time)
+               bottleneck_w_per_microbatch_ms=1e3 * w_rank / m, iteration_static_s=tl.iteration_time,
+               data_dependency=w_fillable_gaps(tl))
     return out
 
 

@@ -452,6 +452,10 @@ def dynamic_at_scale(results: list[dict[str, Any]], *, routing: str = DYNAMIC_RO
               "rank may defer about one W past its next forward; with 1 / 4 / 32 more micro-batches of activations "
               f"per rank the gain is {by[1]['total']:+.2%} / {by[4]['total']:+.2%} / {by[32]['total']:+.2%} "
               f"({by[32]['idle_removed_ms']:.0f} ms removed at 32), against {lim['w_free_gain']:+.2%} with every W "
-              "free (no W order gains more); exact routing gains no more because the prediction is not what binds")
+              "free (no W order gains more); exact routing gains no more because the prediction is not what binds; "
+              f"the data dependency alone (memory aside) would let W into {lim['data_dependency']['fillable_ms']:.0f} "
+              f"ms of the {lim['data_dependency']['gap_ms']:.0f} ms idle between each rank's first and last action "
+              f"on the static timeline, against {by[32]['idle_removed_ms']:.0f} ms removed with 32 more "
+              "micro-batches of memory")
     return {**res, "total_gain": g["total"], "scenario": r["id"], "needs": needs, "required": need,
             "memory_limit": lim}
