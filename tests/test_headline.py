@@ -68,19 +68,21 @@ def test_published_mfu_band_by_hand():
     tessera, mb = band["bands"]
     # Tessera paper, Qwen3-Next jobs: M 16.7% -> 20.0%, XL 15.9% -> 21.1% (4,096 and 12,288 GPUs)
     assert (tessera["lo"], tessera["hi"]) == (0.159, 0.211) and "4,096-12,288 GPUs" in tessera["source"]
-    # Megatron-Bridge Qwen3-30B-A3B on H100: 118 (26.02) to 208 (26.02.01) model TFLOP/s per GPU over the 989
-    # TFLOP/s bf16 peak (its runs of containers 25.11-26.06: 118, 121, 203, 208)
-    assert mb["lo"] == pytest.approx(118 / 989) and mb["hi"] == pytest.approx(208 / 989)
-    assert band["lo"] == pytest.approx(118 / 989) and band["hi"] == 0.211
-    # 21.08%: inside the paper's band, above Megatron-Bridge's 21.03%
+    # Megatron-Bridge Qwen3-30B-A3B on H100: 118 (26.02) to 208 (26.02.01) model TFLOP/s per GPU on the pages over
+    # the 989 TFLOP/s bf16 peak (its runs of containers 25.11-26.06: 118, 121, 203, 208); the band counts this
+    # project's model FLOPs at the pages' tokens/s (run_tflops), within 1% of the pages' own figures for Qwen3
+    assert mb["lo"] == pytest.approx(118 / 989, rel=0.01) and mb["hi"] == pytest.approx(208 / 989, rel=0.01)
+    assert band["lo"] == mb["lo"] and band["hi"] == 0.211
+    # 21.08%: inside the paper's band, above Megatron-Bridge's 21.07%
+    assert mb["hi"] < 0.2108
     assert H.mfu_text(0.2108).startswith("21.1%: inside 15.9%-21.1% Tessera paper")
-    assert "; above 11.9%-21.0% Megatron-Bridge" in H.mfu_text(0.2108)
+    assert f"; above 11.9%-{mb['hi']:.1%} Megatron-Bridge" in H.mfu_text(0.2108)
     assert H.mfu_text(0.18).startswith("18.0%, inside the published band (15.9%-21.1% Tessera paper")
     assert H.mfu_text(0.312).startswith("31.2%, ABOVE the published band")
     assert H.mfu_text(0.10).startswith("10.0%, below")
     # 13.1%: below the paper's 15.9-21.1%, inside Megatron-Bridge's 11.9-21.0%: each band named with its position
     t = H.mfu_text(0.131)
-    assert t.startswith("13.1%: below 15.9%-21.1% Tessera paper") and "; inside 11.9%-21.0% Megatron-Bridge" in t
+    assert t.startswith("13.1%: below 15.9%-21.1% Tessera paper") and "; inside 11.9%-21.1% Megatron-Bridge" in t
     assert "published band" not in t
     assert H.mfu_text(0.3, moe=False) == "30.0%"
 
@@ -92,7 +94,7 @@ def test_band_per_family_and_model():
     band = H.published_mfu_band("qwen3-235b-a22b")
     tessera, mb = band["bands"]
     assert (tessera["lo"], tessera["hi"]) == (0.297, 0.390) and "Qwen3 MoE" in tessera["source"]
-    assert mb["lo"] == pytest.approx(233 / 989) and mb["hi"] == pytest.approx(253 / 989)
+    assert mb["lo"] == pytest.approx(233 / 989, rel=0.01) and mb["hi"] == pytest.approx(253 / 989, rel=0.01)
     assert "qwen3-235b-a22b on H100" in mb["source"]
     t = H.mfu_text(0.354, model="qwen3-235b-a22b")
     assert t.startswith("35.4%: inside 29.7%-39.0% Tessera paper, Qwen3 MoE") and "; above 23.6%-25.6% Megatron" in t
@@ -106,7 +108,13 @@ def test_band_per_family_and_model():
     assert (oss20["lo"], oss20["hi"]) == (oss120["lo"], oss120["hi"]) and oss20["lo"] is not None
     assert "gpt-oss-120b (stand-in for gpt-oss-20b) on H100 (BF16 runs" in oss20["bands"][0]["source"]  # as the file
     ds = H.published_mfu_band("deepseek-v3")
-    assert [b["name"] for b in ds["bands"]] == ["megatron_bridge"] and ds["hi"] == pytest.approx(338 / 989)
+    assert [b["name"] for b in ds["bands"]] == ["megatron_bridge"] and ds["hi"] == pytest.approx(338 / 989, rel=0.01)
+    # GPT-OSS's pages count 20% fewer FLOPs than this project (docs/fidelity.md): the band is in the plan's count,
+    # the pages' tokens/s x this project's FLOPs per token, not the pages' TFLOP/s (158-184 on H100)
+    runs = json.loads((Path(__file__).parents[1] / "data" / "published" / "megatron_bridge.json").read_text())["runs"]
+    oss = [r for r in runs if r["model"] == "gpt-oss-120b" and r["gpu"] == "H100"]
+    assert oss120["hi"] == pytest.approx(max(H.run_tflops(r) for r in oss) / 989)
+    assert oss120["hi"] > 1.15 * max(r["model_tflops_per_gpu"] for r in oss) / 989
     assert H.position(0.2, 0.1, 0.3) == "inside" and H.position(0.4, 0.1, 0.3) == "above"
     # Qwen3-VL's MoE text model is the Qwen3 MoE decoder: the paper's Qwen3 band (no Megatron-Bridge run of its own)
     from tessera_lab.model.spec import load_model
@@ -145,9 +153,10 @@ def test_a_moe_model_without_a_band_is_cautioned_above_every_published_moe_run()
     best = max((r for r in runs if r["gpu"] == "H100" and load_model(r["model"]).has_moe),
                key=lambda r: r["model_tflops_per_gpu"])
     assert (best["model"], best["model_tflops_per_gpu"]) == ("deepseek-v3", 338)
+    assert H.run_tflops(best) == pytest.approx(338, rel=0.01)  # this project's count at the page's tokens/s
     t = H.mfu_text(0.40, model="olmoe-1b-7b")
     assert t.startswith("40.0% (no published run of this model or its family") and \
-        "ABOVE every published MoE run's MFU here (highest 34.2%, Megatron-Bridge deepseek-v3 on H100" in t
+        f"ABOVE every published MoE run's MFU here (highest {H.run_tflops(best) / 989:.1%}, Megatron-Bridge deepseek-v3 on H100" in t
     assert "ABOVE" not in H.mfu_text(0.30, model="olmoe-1b-7b")
     assert H.mfu_text(0.55, moe=False) == "55.0%"
 
@@ -164,18 +173,22 @@ def test_a_dense_model_is_set_against_its_own_published_dense_runs():
     runs = json.loads((Path(__file__).parents[1] / "data" / "published" / "megatron_bridge.json").read_text())["runs"]
     mine = sorted(r["model_tflops_per_gpu"] for r in runs if r["model"] == "llama-3.1-70b" and r["gpu"] == "H100")
     assert mine == [719, 731]
-    lo, hi = 719 / 989, 731 / 989
+    # the band counts this project's model FLOPs at the pages' tokens/s: the 70B page's 731 is 2.3% below that count
+    # (747.5; tests/test_public_runs.py works it out by hand), the other row agrees
+    ours = sorted(H.run_tflops(r) for r in runs if r["model"] == "llama-3.1-70b" and r["gpu"] == "H100")
+    assert ours[0] == pytest.approx(719, rel=0.01) and ours[1] == pytest.approx(747.5, rel=0.001)
+    lo, hi = ours[0] / 989, ours[1] / 989
     h100 = {"gpu": "H100-SXM", "precision": "fp8"}
     t = H.mfu_text(0.80, moe=False, model="llama-3.1-70b", **h100)
     assert t == (f"80.0%, ABOVE the published band ({lo:.1%}-{hi:.1%} Megatron-Bridge llama-3.1-70b on H100 "
-                 "(FP8 runs, model TFLOP/s / 989 bf16))")
+                 "(FP8 runs, published tokens/s x model FLOPs per token / 989 bf16 TFLOP/s))")
     assert H.mfu_note(0.80, moe=False, model="llama-3.1-70b", **h100).startswith(
         f"MFU 80.0% is above the published band (max {hi:.1%}")
     assert H.mfu_note(0.70, moe=False, model="llama-3.1-70b", **h100) is None  # below the band: no caution
     b200 = [r["model_tflops_per_gpu"] for r in runs if r["model"] == "llama-3.1-405b" and r["gpu"] == "B200"]
     assert b200 == [1667]
     assert H.mfu_text(0.80, moe=False, model="llama-3.1-405b", gpu="B200", precision="fp8").startswith(
-        f"80.0%, ABOVE the published band ({1667 / 2250:.1%} Megatron-Bridge llama-3.1-405b on B200")
+        f"80.0%, ABOVE the published band ({1668.3 / 2250:.1%} Megatron-Bridge llama-3.1-405b on B200")
     from tessera_lab.model.spec import load_model
 
     small = load_model("tests/data/aiconfigurator_configs/meta-llama--Meta-Llama-3.1-8B_config.json")
@@ -254,5 +267,5 @@ def test_band_of_a_config_json_model(tmp_path):
     shutil.copy(data_dir() / "models" / "deepseek-v3.json", cfg)
     spec = load_model(str(cfg))
     band = H.published_mfu_band(spec)
-    assert band["hi"] == pytest.approx(338 / 989)
+    assert band["hi"] == pytest.approx(338 / 989, rel=0.01)
     assert f"deepseek-v3 (stand-in for {spec.name}) on H100" in band["bands"][0]["source"]

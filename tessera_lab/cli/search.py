@@ -98,7 +98,9 @@ def format_search(res, top: int, model=None) -> str:
     """Readable text of a :class:`~tessera_lab.plan.search.SearchResult`: counts, the top table, the first layout's
     MFU against the published band of ``model``'s family (a ModelSpec; ``None``: no band line), the separations."""
     pr = res.pruned
-    lines = [f"search {res.model} on {res.gpus} x {res.gpu}: sequence {res.seq_len:,}, global batch {res.global_batch} "
+    precision = getattr(res.planned[0].layout, "precision", "bf16") if res.planned else "bf16"  # the search's is bf16
+    lines = [f"search {res.model} on {res.gpus} x {res.gpu} in {precision}: sequence {res.seq_len:,}, global batch "
+             f"{res.global_batch} "
              f"sequences ({res.global_batch * res.seq_len:,} tokens); memory limit "
              f"{res.memory_capacity_bytes / 2**30:.1f} GiB per GPU",
              f"layouts: {res.enumerated:,} enumerated; pruned {pr['memory (parameter state)']:,} by parameter-state "
@@ -303,7 +305,7 @@ def add_parser(sub) -> None:
     p.add_argument("--top", type=positive_int("top"), default=10, help="layouts printed and kept exact (default 10)")
     p.add_argument("--jobs", type=positive_int("jobs"), default=1, help="planner processes (same result for any)")
     p.add_argument("--max-plans", type=positive_int("max_plans"), default=DEFAULT_MAX_PLANS,
-                   help=f"full planner runs (default {DEFAULT_MAX_PLANS}, about 0.1 CPU s each; planned in batches of up "
+                   help=f"full planner runs (default {DEFAULT_MAX_PLANS}, about 0.1-0.3 CPU s each, more for deeper models; planned in batches of up "
                         "to 8, planning stops at the first batch that reaches it, so up to 7 more)")
     p.add_argument("--csv", metavar="PATH", help="write every planned candidate as CSV ('-' for stdout)")
     p.add_argument("--export", metavar="PATH", help="write layout #1 as Megatron-Core arguments (JSON)")

@@ -509,7 +509,7 @@ def _refine(model, parallel, cost_model, sm, steady: PartitionProblem, candidate
     for ev0, label in [(start_ev, start_label)] + ([solver_start] if start_label.startswith("baseline") else []):
         b, t, spent = refine(ev0.partition.boundaries, sim, budget=budget)
         runs.append((t, ev0, label, b, spent))
-        notes.append(f"simulator refinement from the {label}: {spent} partitions simulated, "
+        notes.append(f"simulator refinement from the {label}: {spent} partition{'s' if spent != 1 else ''} simulated, "
                      + (f"boundaries {ev0.partition.boundaries} -> {b}, {(ev0.iteration_time_s - t) * 1e3:.2f} ms "
                         f"faster ({t:.4f} s)" if ev0.iteration_time_s - t > 0 else "no neighbour simulates faster"))
     t, start_ev, start_label, b, spent = min(runs, key=lambda r: r[0])  # the first on a tie

@@ -98,7 +98,8 @@ FORMULAS = {
     "exposed_tp": "G x sum over actions of the time only the TP all-reduce runs",
     "exposed_dp_grad_sync": "G x idle compute-lane time covered by the end-of-iteration gradient sync",
     "bubble": "G x idle time left after the rows above (fill, drain, dependency waits)",
-    "routing_variance": "G x sum (duration - nominal duration) + idle beyond the nominal idle T0 - busy0_r",
+    "routing_variance": "G x sum (duration - nominal duration) + idle beyond the nominal idle T0 - busy0_r, T0 = the "
+                         "nominal iteration time",
     "memory_wait": "G x compute-lane memory_wait events (0 in simulation)",
     "runtime_overhead": "G x (kernel_launch_s per compute task + host issue beyond GPU time + host/sync per MoE "
                         "layer forward run apart + max(0, host/sync - paired expert backward) per paired one)",

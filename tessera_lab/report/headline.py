@@ -198,10 +198,34 @@ def _same_type_stand_in(name: str, model_type: str, runs: list[dict], total: flo
     return min(same, key=lambda m: abs(math.log(_shipped_params(m) / total)), default=None)
 
 
+@functools.lru_cache(maxsize=256)
+def _run_model_tflops(model: str, seq_len: int, mtp_layers: int, tokens_per_s_per_gpu: float) -> float:
+    """Model TFLOP/s per GPU of a published run in the plan's convention: its published tokens/s per GPU times this
+    project's model FLOPs per token (:func:`~tessera_lab.model.tasks.model_flops_per_iteration` at the run's
+    sequence, its MTP layers counted). The pages' own TFLOP/s count some models otherwise (GPT-OSS 20% lower,
+    Nemotron 3 Nano 6-7% higher: docs/fidelity.md), so a band built on them would compare unlike counts."""
+    from tessera_lab.model.hardware import ParallelConfig
+    from tessera_lab.model.spec import load_model
+    from tessera_lab.model.tasks import model_flops_per_iteration
+
+    spec = load_model(model, plan_mtp=mtp_layers > 0)
+    par = ParallelConfig(pp=1, ep=1, dp=1, microbatches=1, seq_len=seq_len)
+    return tokens_per_s_per_gpu * model_flops_per_iteration(spec, par) / par.tokens_per_iteration / 1e12
+
+
+def run_tflops(run: dict) -> float:
+    """:func:`_run_model_tflops` of a run of ``data/published/megatron_bridge.json`` (its page's Model TFLOP/s per
+    GPU where it gives no tokens/s)."""
+    if not run.get("tokens_per_s_per_gpu"):
+        return float(run["model_tflops_per_gpu"])
+    return _run_model_tflops(run["model"], int(run["seq_len"]), int(run.get("mtp_num_layers") or 0),
+                             float(run["tokens_per_s_per_gpu"]))
+
+
 @functools.lru_cache(maxsize=1)
 def highest_published_mfu() -> dict[str, Any] | None:
     """The highest MFU of any (MoE) Megatron-Bridge run on :data:`MB_BAND_GPU` in ``data/published/megatron_bridge.json``
-    (model TFLOP/s per GPU / the GPU's dense bf16 peak, the bands' convention): ``{"mfu", "source"}``, or ``None``
+    (:func:`run_tflops` / the GPU's dense bf16 peak, the bands' convention): ``{"mfu", "source"}``, or ``None``
     without such a run. A plausibility ceiling for a model with no band of its own, not a limit."""
     from tessera_lab.model.hardware import hardware_data
     from tessera_lab.paths import read_data_json
@@ -213,9 +237,10 @@ def highest_published_mfu() -> dict[str, Any] | None:
     if not runs:
         return None
     peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items() if k.split("-")[0] == MB_BAND_GPU)
-    best = max(runs, key=lambda r: r["model_tflops_per_gpu"])
-    return {"mfu": best["model_tflops_per_gpu"] / peak,
-            "source": f"Megatron-Bridge {best['model']} on {MB_BAND_GPU}, model TFLOP/s / {peak:.0f} bf16"}
+    best = max(runs, key=run_tflops)
+    return {"mfu": run_tflops(best) / peak,
+            "source": f"Megatron-Bridge {best['model']} on {MB_BAND_GPU}, published tokens/s x model FLOPs per token / "
+                      f"{peak:.0f} bf16 TFLOP/s"}
 
 
 def _span(b: dict) -> str:
@@ -254,7 +279,7 @@ def _megatron_bridge_band(name: str, model_type: str, total: float | None, moe: 
                           ) -> dict[str, Any] | None:
     """The ``megatron_bridge`` band of ``name``: its Megatron-Bridge runs (``data/published/megatron_bridge.json``)
     on ``gpu`` (and in ``precision`` where given), else those of ``proxy``, else of :func:`_same_type_stand_in`'s
-    model; model TFLOP/s per GPU / the GPU's dense bf16 peak (the plan's MFU convention). ``{"name", "lo", "hi",
+    model; :func:`run_tflops` per GPU / the GPU's dense bf16 peak (the plan's MFU convention). ``{"name", "lo", "hi",
     "source"}``, or ``None`` without such runs."""
     from tessera_lab.model.hardware import hardware_data
     from tessera_lab.paths import read_data_json
@@ -267,16 +292,17 @@ def _megatron_bridge_band(name: str, model_type: str, total: float | None, moe: 
     if not mine:
         return None
     peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items() if k.split("-")[0] == gpu)
-    mfu = [r["model_tflops_per_gpu"] / peak for r in mine]
+    mfu = [run_tflops(r) / peak for r in mine]
     stand_in = "" if mb_model == name else f" (stand-in for {name})"
     label = " and ".join(sorted({str(r.get("precision", "?")).upper() for r in mine}))  # as each run states
     return {"name": "megatron_bridge", "lo": min(mfu), "hi": max(mfu),
-            "source": f"Megatron-Bridge {mb_model}{stand_in} on {gpu} ({label} runs, model TFLOP/s / {peak:.0f} bf16)"}
+            "source": f"Megatron-Bridge {mb_model}{stand_in} on {gpu} ({label} runs, published tokens/s x model FLOPs "
+                      f"per token / {peak:.0f} bf16 TFLOP/s)"}
 
 
 def mfu_text(mfu: float, *, moe: bool = True, model: Any = None, gpu: str | None = None,
              precision: str | None = None) -> str:
-    """``"21.0%: inside 15.9%-21.1% Tessera paper, ...; above 11.9%-21.0% Megatron-Bridge ..."``: the MFU against
+    """``"21.0%: inside 15.9%-21.1% Tessera paper, ...; above 11.9%-21.1% Megatron-Bridge ..."``: the MFU against
     the published band of ``model``'s family (:func:`published_mfu_band`; a dense model's: :func:`dense_band` on the
     plan's ``gpu`` in its ``precision``);
     a dense model without a band, and a MoE model without one, get the bare percentage (the latter with a caution

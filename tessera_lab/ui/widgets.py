@@ -77,7 +77,7 @@ def model_variant(model: str, *, attention_ratio: int | None = None, expert_widt
 MODEL_LAYOUTS: dict[str, tuple[int, int, int]] = {
     "qwen3-next-80b-a3b": (8, 8, 1), "kimi-linear-48b-a3b": (4, 8, 1), "minimax-m1": (16, 32, 1),
     "nemotron-h-56b": (4, 1, 8), "jamba-1.5-mini": (4, 8, 1), "qwen3.5-35b-a3b": (4, 8, 1),
-}
+    "nemotron-3-nano-30b-a3b": (4, 8, 1)}
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:
