@@ -70,7 +70,7 @@ def test_published_mfu_band_by_hand():
     assert (tessera["lo"], tessera["hi"]) == (0.159, 0.211) and "4,096-12,288 GPUs" in tessera["source"]
     # Megatron-Bridge Qwen3-30B-A3B on H100: 118 (26.02) to 208 (26.02.01) model TFLOP/s per GPU on the pages over
     # the 989 TFLOP/s bf16 peak (its runs of containers 25.11-26.06: 118, 121, 203, 208); the band counts this
-    # project's model FLOPs at the pages' tokens/s (run_tflops), within 1% of the pages' own figures for Qwen3
+    # project's model FLOPs at the pages' tokens/s (run_tflop_rate), within 1% of the pages' own figures for Qwen3
     assert mb["lo"] == pytest.approx(118 / 989, rel=0.01) and mb["hi"] == pytest.approx(208 / 989, rel=0.01)
     assert band["lo"] == mb["lo"] and band["hi"] == 0.211
     # 21.08%: inside the paper's band, above Megatron-Bridge's 21.07%
@@ -113,7 +113,7 @@ def test_band_per_family_and_model():
     # the pages' tokens/s x this project's FLOPs per token, not the pages' TFLOP/s (158-184 on H100)
     runs = json.loads((Path(__file__).parents[1] / "data" / "published" / "megatron_bridge.json").read_text())["runs"]
     oss = [r for r in runs if r["model"] == "gpt-oss-120b" and r["gpu"] == "H100"]
-    assert oss120["hi"] == pytest.approx(max(H.run_tflops(r) for r in oss) / 989)
+    assert oss120["hi"] == pytest.approx(max(H.run_tflop_rate(r) for r in oss) / 989)
     assert oss120["hi"] > 1.15 * max(r["model_tflops_per_gpu"] for r in oss) / 989
     assert H.position(0.2, 0.1, 0.3) == "inside" and H.position(0.4, 0.1, 0.3) == "above"
     # Qwen3-VL's MoE text model is the Qwen3 MoE decoder: the paper's Qwen3 band (no Megatron-Bridge run of its own)
@@ -153,10 +153,10 @@ def test_a_moe_model_without_a_band_is_cautioned_above_every_published_moe_run()
     best = max((r for r in runs if r["gpu"] == "H100" and load_model(r["model"]).has_moe),
                key=lambda r: r["model_tflops_per_gpu"])
     assert (best["model"], best["model_tflops_per_gpu"]) == ("deepseek-v3", 338)
-    assert H.run_tflops(best) == pytest.approx(338, rel=0.01)  # this project's count at the page's tokens/s
+    assert H.run_tflop_rate(best) == pytest.approx(338, rel=0.01)  # this project's count at the page's tokens/s
     t = H.mfu_text(0.40, model="olmoe-1b-7b")
     assert t.startswith("40.0% (no published run of this model or its family") and \
-        f"ABOVE every published MoE run's MFU here (highest {H.run_tflops(best) / 989:.1%}, Megatron-Bridge deepseek-v3 on H100" in t
+        f"ABOVE every published MoE run's MFU here (highest {H.run_tflop_rate(best) / 989:.1%}, Megatron-Bridge deepseek-v3 on H100" in t
     assert "ABOVE" not in H.mfu_text(0.30, model="olmoe-1b-7b")
     assert H.mfu_text(0.55, moe=False) == "55.0%"
 
@@ -175,7 +175,7 @@ def test_a_dense_model_is_set_against_its_own_published_dense_runs():
     assert mine == [719, 731]
     # the band counts this project's model FLOPs at the pages' tokens/s: the 70B page's 731 is 2.3% below that count
     # (747.5; tests/test_public_runs.py works it out by hand), the other row agrees
-    ours = sorted(H.run_tflops(r) for r in runs if r["model"] == "llama-3.1-70b" and r["gpu"] == "H100")
+    ours = sorted(H.run_tflop_rate(r) for r in runs if r["model"] == "llama-3.1-70b" and r["gpu"] == "H100")
     assert ours[0] == pytest.approx(719, rel=0.01) and ours[1] == pytest.approx(747.5, rel=0.001)
     lo, hi = ours[0] / 989, ours[1] / 989
     h100 = {"gpu": "H100-SXM", "precision": "fp8"}

@@ -199,7 +199,7 @@ def _same_type_stand_in(name: str, model_type: str, runs: list[dict], total: flo
 
 
 @functools.lru_cache(maxsize=256)
-def _run_model_tflops(model: str, seq_len: int, mtp_layers: int, tokens_per_s_per_gpu: float) -> float:
+def _run_tflop_rate(model: str, seq_len: int, mtp_layers: int, tokens_per_s_per_gpu: float) -> float:
     """Model TFLOP/s per GPU of a published run in the plan's convention: its published tokens/s per GPU times this
     project's model FLOPs per token (:func:`~tessera_lab.model.tasks.model_flops_per_iteration` at the run's
     sequence, its MTP layers counted). The pages' own TFLOP/s count some models otherwise (GPT-OSS 20% lower,
@@ -213,19 +213,19 @@ def _run_model_tflops(model: str, seq_len: int, mtp_layers: int, tokens_per_s_pe
     return tokens_per_s_per_gpu * model_flops_per_iteration(spec, par) / par.tokens_per_iteration / 1e12
 
 
-def run_tflops(run: dict) -> float:
-    """:func:`_run_model_tflops` of a run of ``data/published/megatron_bridge.json`` (its page's Model TFLOP/s per
+def run_tflop_rate(run: dict) -> float:
+    """:func:`_run_tflop_rate` of a run of ``data/published/megatron_bridge.json`` (its page's Model TFLOP/s per
     GPU where it gives no tokens/s)."""
     if not run.get("tokens_per_s_per_gpu"):
         return float(run["model_tflops_per_gpu"])
-    return _run_model_tflops(run["model"], int(run["seq_len"]), int(run.get("mtp_num_layers") or 0),
+    return _run_tflop_rate(run["model"], int(run["seq_len"]), int(run.get("mtp_num_layers") or 0),
                              float(run["tokens_per_s_per_gpu"]))
 
 
 @functools.lru_cache(maxsize=1)
 def highest_published_mfu() -> dict[str, Any] | None:
     """The highest MFU of any (MoE) Megatron-Bridge run on :data:`MB_BAND_GPU` in ``data/published/megatron_bridge.json``
-    (:func:`run_tflops` / the GPU's dense bf16 peak, the bands' convention): ``{"mfu", "source"}``, or ``None``
+    (:func:`run_tflop_rate` / the GPU's dense bf16 peak, the bands' convention): ``{"mfu", "source"}``, or ``None``
     without such a run. A plausibility ceiling for a model with no band of its own, not a limit."""
     from tessera_lab.model.hardware import hardware_data
     from tessera_lab.paths import read_data_json
@@ -237,8 +237,8 @@ def highest_published_mfu() -> dict[str, Any] | None:
     if not runs:
         return None
     peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items() if k.split("-")[0] == MB_BAND_GPU)
-    best = max(runs, key=run_tflops)
-    return {"mfu": run_tflops(best) / peak,
+    best = max(runs, key=run_tflop_rate)
+    return {"mfu": run_tflop_rate(best) / peak,
             "source": f"Megatron-Bridge {best['model']} on {MB_BAND_GPU}, published tokens/s x model FLOPs per token / "
                       f"{peak:.0f} bf16 TFLOP/s"}
 
@@ -279,7 +279,7 @@ def _megatron_bridge_band(name: str, model_type: str, total: float | None, moe: 
                           ) -> dict[str, Any] | None:
     """The ``megatron_bridge`` band of ``name``: its Megatron-Bridge runs (``data/published/megatron_bridge.json``)
     on ``gpu`` (and in ``precision`` where given), else those of ``proxy``, else of :func:`_same_type_stand_in`'s
-    model; :func:`run_tflops` per GPU / the GPU's dense bf16 peak (the plan's MFU convention). ``{"name", "lo", "hi",
+    model; :func:`run_tflop_rate` per GPU / the GPU's dense bf16 peak (the plan's MFU convention). ``{"name", "lo", "hi",
     "source"}``, or ``None`` without such runs."""
     from tessera_lab.model.hardware import hardware_data
     from tessera_lab.paths import read_data_json
@@ -292,7 +292,7 @@ def _megatron_bridge_band(name: str, model_type: str, total: float | None, moe: 
     if not mine:
         return None
     peak = next(v["bf16_dense_tflops"] for k, v in hardware_data()["gpus"].items() if k.split("-")[0] == gpu)
-    mfu = [run_tflops(r) / peak for r in mine]
+    mfu = [run_tflop_rate(r) / peak for r in mine]
     stand_in = "" if mb_model == name else f" (stand-in for {name})"
     label = " and ".join(sorted({str(r.get("precision", "?")).upper() for r in mine}))  # as each run states
     return {"name": "megatron_bridge", "lo": min(mfu), "hi": max(mfu),
