@@ -156,7 +156,8 @@ def test_a_moe_model_without_a_band_is_cautioned_above_every_published_moe_run()
     assert H.run_tflop_rate(best) == pytest.approx(338, rel=0.01)  # this project's count at the page's tokens/s
     t = H.mfu_text(0.40, model="olmoe-1b-7b")
     assert t.startswith("40.0% (no published run of this model or its family") and \
-        f"ABOVE every published MoE run's MFU here (highest {H.run_tflop_rate(best) / 989:.1%}, Megatron-Bridge deepseek-v3 on H100" in t
+        (f"ABOVE every published MoE run's MFU here (highest {H.run_tflop_rate(best) / 989:.1%}, Megatron-Bridge "
+         "deepseek-v3 on H100") in t
     assert "ABOVE" not in H.mfu_text(0.30, model="olmoe-1b-7b")
     assert H.mfu_text(0.55, moe=False) == "55.0%"
 

@@ -305,7 +305,8 @@ def add_parser(sub) -> None:
     p.add_argument("--top", type=positive_int("top"), default=10, help="layouts printed and kept exact (default 10)")
     p.add_argument("--jobs", type=positive_int("jobs"), default=1, help="planner processes (same result for any)")
     p.add_argument("--max-plans", type=positive_int("max_plans"), default=DEFAULT_MAX_PLANS,
-                   help=f"full planner runs (default {DEFAULT_MAX_PLANS}, about 0.1-0.3 CPU s each, more for deeper models; planned in batches of up "
+                   help=f"full planner runs (default {DEFAULT_MAX_PLANS}, about 0.1-0.3 CPU s each, more for deeper "
+                        "models; planned in batches of up "
                         "to 8, planning stops at the first batch that reaches it, so up to 7 more)")
     p.add_argument("--csv", metavar="PATH", help="write every planned candidate as CSV ('-' for stdout)")
     p.add_argument("--export", metavar="PATH", help="write layout #1 as Megatron-Core arguments (JSON)")

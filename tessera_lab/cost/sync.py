@@ -105,7 +105,8 @@ FIT_SET = {
     "alltoall": ("deepseek-v3/256xB200/fp8/pp16-ep8-gbs2048", "gpt-oss-120b/64xB200/bf16/ep64-mbs4",
                  "gpt-oss-120b/64xB200/bf16/ep8-mbs4", "gpt-oss-120b/64xH100/bf16/pp4-ep8",
                  "gpt-oss-120b/64xH100/bf16/pp4-ep8-mbs4-gbs512"),
-    "deepep": ("nemotron-3-nano-30b-a3b/16xH100/fp8/ep8", "qwen3-30b-a3b/16xH100/fp8/ep16", "qwen3-30b-a3b/8xB200/fp8/ep8"),
+    "deepep": ("nemotron-3-nano-30b-a3b/16xH100/fp8/ep8", "qwen3-30b-a3b/16xH100/fp8/ep16",
+               "qwen3-30b-a3b/8xB200/fp8/ep8"),
 }
 #: model types whose expert activation waits on the host at every call in Megatron-Core: GPT-OSS's clamped GLU
 #: (Megatron-Bridge's GPT-OSS provider: ``quick_gelu``, ``glu_linear_offset`` 1.0, ``bias_activation_fusion``;

@@ -59,7 +59,8 @@ def precision_note(model: ModelSpec, parallel: ParallelConfig, cluster: Cluster,
            f"{b['host_bound_s'] / b['task_s']:.0%}): {f['kernels']:.0f} kernels to issue against {b['kernels']:.0f} "
            f"(3 quantize kernels per fresh GEMM operand, TE current scaling; weights cast once per step over "
            f"m={parallel.microbatches}), {f['host_s'] * 1e3:.1f} ms of issue at "
-           f"{CostModel(cluster, parallel).a['host_s_per_kernel'] * 1e6:.0f} us per kernel (assumed, data/hardware/cost_model.json) against "
+           f"{CostModel(cluster, parallel).a['host_s_per_kernel'] * 1e6:.0f} us per kernel (assumed, "
+           "data/hardware/cost_model.json) against "
            f"{f['gpu_s'] * 1e3:.1f} ms of GPU work (bf16 {b['gpu_s'] * 1e3:.1f} ms)")
     return (f"precision fp8 is {verdict} than bf16 on these layers: {f['task_s'] * 1e3:.1f} ms against "
             f"{b['task_s'] * 1e3:.1f} ms of compute per micro-batch ({ratio - 1:+.0%}; decoder layers' F+B+W tasks "

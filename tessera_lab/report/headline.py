@@ -279,7 +279,7 @@ def _megatron_bridge_band(name: str, model_type: str, total: float | None, moe: 
                           ) -> dict[str, Any] | None:
     """The ``megatron_bridge`` band of ``name``: its Megatron-Bridge runs (``data/published/megatron_bridge.json``)
     on ``gpu`` (and in ``precision`` where given), else those of ``proxy``, else of :func:`_same_type_stand_in`'s
-    model; :func:`run_tflop_rate` per GPU / the GPU's dense bf16 peak (the plan's MFU convention). ``{"name", "lo", "hi",
+    model; :func:`run_tflop_rate` / the GPU's dense bf16 peak (the plan's MFU convention). ``{"name", "lo", "hi",
     "source"}``, or ``None`` without such runs."""
     from tessera_lab.model.hardware import hardware_data
     from tessera_lab.paths import read_data_json

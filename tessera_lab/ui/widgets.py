@@ -415,8 +415,8 @@ def compare_partitions(
     recompute: str = "none",
 ):
     """The overlap-aware plan beside the uniform, standalone-balanced and parameter-balanced partitions, all
-    simulated with the panel's schedule (:func:`panel_schedule`: overlapped 1F1B where Megatron-Core's EP-overlap rules allow it, else 1F1B;
-    pure function behind notebook 06's panel). ``pp``, ``ep``, ``tp`` left ``None`` take the model's layout in :data:`MODEL_LAYOUTS` (default pp 8, ep 8, tp 1); ``seq_len`` tokens per
+    simulated with the panel's schedule (:func:`panel_schedule`, plan's default; pure function behind notebook 06's
+    panel). ``pp``/``ep``/``tp`` left ``None``: the :data:`MODEL_LAYOUTS` layout (else pp 8, ep 8, tp 1); ``seq_len`` tokens per
     sequence (the attention ratio matters at long sequences, where full attention's quadratic core grows);
     ``recompute`` as :func:`replan`.
 
