@@ -53,9 +53,8 @@ def suggest_layout(spec, gpus: int, *, gpu: str, seq_len: int, global_batch_toke
     seqs = check_search_inputs(spec, gpus, seq_len, global_batch_tokens, node)
     # the panels plan one chunk per rank with plan's default schedule (panel_schedule: this project's overlapped
     # 1F1B with MoE, EP > 1 and no full or moe-module recompute, as `plan` does; Megatron-Core's EP overlap would
-    # need virtual stages, so the search
-    # proper enumerates it only with them): the search's one-chunk 1F1B layouts with pp > 1, the default recompute
-    # module set and the distributed optimizer, run with the panel's schedule
+    # need virtual stages, so the search proper enumerates it only with them): the search's one-chunk 1F1B layouts
+    # with pp > 1, the default recompute module set and the distributed optimizer, run with the panel's schedule
     layouts = [replace(lay, schedule=panel_schedule(spec, lay.ep, lay.recompute, lay.recompute_modules))
                for lay in enumerate_layouts(spec, gpus, seqs, gpus_per_node=node, schedules=("1f1b",), vpps=(),
                                             dispatchers=("alltoall",), micro_batch_sizes=(1,))
